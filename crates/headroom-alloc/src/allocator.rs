@@ -1,0 +1,91 @@
+//! `CachingAllocator`: the thread-safe allocator (`Send + Sync`), one mutex
+//! around one device's [`DeviceCachingAllocator`], as in PyTorch.
+
+use crate::caching::{Allocation, DeviceCachingAllocator};
+use crate::config::{AllocatorConfig, ConfigError};
+use crate::device::{DeviceMemory, StreamId};
+use crate::error::AllocError;
+use crate::snapshot::Snapshot;
+use crate::validate::InvariantViolation;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// A caching allocator that many threads can share.
+pub struct CachingAllocator<D: DeviceMemory> {
+    inner: Mutex<DeviceCachingAllocator<D>>,
+}
+
+impl<D: DeviceMemory> CachingAllocator<D> {
+    /// An allocator with `config` over `device`.
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        CachingAllocator { inner: Mutex::new(DeviceCachingAllocator::new(device, config)) }
+    }
+
+    /// Locks the allocator for several calls in a row, or for the calls not
+    /// repeated here (history, callbacks, device control).
+    pub fn lock(&self) -> MutexGuard<'_, DeviceCachingAllocator<D>> {
+        // A panic while the lock was held leaves no half-done update behind
+        // that matters more than refusing service: carry on.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// See [`DeviceCachingAllocator::malloc`].
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.lock().malloc(size, stream)
+    }
+
+    /// See [`DeviceCachingAllocator::free`].
+    pub fn free(&self, ptr: u64) -> Result<(), AllocError> {
+        self.lock().free(ptr)
+    }
+
+    /// See [`DeviceCachingAllocator::record_stream`].
+    pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        self.lock().record_stream(ptr, stream)
+    }
+
+    /// See [`DeviceCachingAllocator::empty_cache`].
+    pub fn empty_cache(&self) -> Result<(), AllocError> {
+        self.lock().empty_cache()
+    }
+
+    /// See [`DeviceCachingAllocator::set_memory_fraction`].
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
+        self.lock().set_memory_fraction(fraction)
+    }
+
+    /// See [`DeviceCachingAllocator::set_allocator_settings`].
+    pub fn set_allocator_settings(&self, conf: &str) -> Result<(), ConfigError> {
+        self.lock().set_allocator_settings(conf)
+    }
+
+    /// See [`DeviceCachingAllocator::memory_stats`].
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.lock().memory_stats()
+    }
+
+    /// See [`DeviceCachingAllocator::memory_summary`].
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        self.lock().memory_summary(abbreviated)
+    }
+
+    /// See [`DeviceCachingAllocator::snapshot`].
+    pub fn snapshot(&self) -> Snapshot {
+        self.lock().snapshot()
+    }
+
+    /// See [`DeviceCachingAllocator::validate`].
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
+        self.lock().validate()
+    }
+
+    /// Runs `f` on the device (to complete events or inject faults in a simulation).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(self.lock().device_mut())
+    }
+
+    /// The single-threaded allocator inside.
+    pub fn into_inner(self) -> DeviceCachingAllocator<D> {
+        self.inner.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,157 @@
+//! Blocks, the arena that owns them, and the per-pool free sets.
+//!
+//! A segment is one device allocation (or, for expandable segments, one
+//! virtual reservation); it is covered end to end by a doubly linked list of
+//! blocks, in address order:
+//!
+//! ```text
+//!  segment 0x7f0000000000, 20 MiB
+//!  +-----------+--------------+------------------------------+
+//!  | allocated |     free     |          allocated           |
+//!  +-----------+--------------+------------------------------+
+//!   prev=NIL     <- links ->                        next=NIL
+//! ```
+//!
+//! Invariants (checked by [`crate::CachingAllocator::validate`]): the blocks of
+//! a segment tile it exactly; two neighbours that are both free, not waiting
+//! for events and equally mapped are always merged; a free mapped block is in
+//! its pool's `blocks` set exactly once, an unmapped one in `unmapped`.
+
+use crate::device::StreamId;
+use crate::stats::PoolKind;
+use std::collections::BTreeMap;
+
+/// "No block": the end of a segment's list.
+pub(crate) const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub ptr: u64,
+    /// Rounded size; what the stats count.
+    pub size: u64,
+    /// The caller's size at the last allocation (stale once freed, as in PyTorch).
+    pub requested_size: u64,
+    /// The stream the segment was allocated for; only this stream reuses it.
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub prev: u32,
+    pub next: u32,
+    pub allocated: bool,
+    /// False only for the unmapped parts of expandable segments.
+    pub mapped: bool,
+    /// The expandable segment this block lies in, or `NIL`.
+    pub expandable: u32,
+    /// Cross-stream events still pending before the block may be reused.
+    pub event_count: u32,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    pub stream_uses: Vec<StreamId>,
+    /// The pool's search count when the block was last freed (GC age).
+    pub gc_count_base: u64,
+    /// False once the arena slot is vacant.
+    pub live: bool,
+}
+
+impl Block {
+    pub fn new(ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Self {
+        Block {
+            ptr,
+            size,
+            requested_size: 0,
+            stream,
+            pool,
+            prev: NIL,
+            next: NIL,
+            allocated: false,
+            mapped: true,
+            expandable: NIL,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+            live: true,
+        }
+    }
+
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+
+    #[inline]
+    pub fn is_expandable(&self) -> bool {
+        self.expandable != NIL
+    }
+
+    /// Free and not waiting for other streams: may be merged or reused.
+    #[inline]
+    pub fn is_reusable(&self) -> bool {
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+    }
+}
+
+/// Owns every block; ids are stable while a block lives.
+#[derive(Default, Debug, Clone)]
+pub(crate) struct Arena {
+    slots: Vec<Block>,
+    vacant: Vec<u32>,
+}
+
+impl Arena {
+    pub fn insert(&mut self, b: Block) -> u32 {
+        if let Some(id) = self.vacant.pop() {
+            self.slots[id as usize] = b;
+            id
+        } else {
+            self.slots.push(b);
+            (self.slots.len() - 1) as u32
+        }
+    }
+
+    pub fn remove(&mut self, id: u32) {
+        let b = &mut self.slots[id as usize];
+        b.live = false;
+        b.stream_uses = Vec::new();
+        self.vacant.push(id);
+    }
+
+    /// Every live block with its id, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Block)> {
+        self.slots.iter().enumerate().filter(|(_, b)| b.live).map(|(i, b)| (i as u32, b))
+    }
+}
+
+impl std::ops::Index<u32> for Arena {
+    type Output = Block;
+    #[inline]
+    fn index(&self, id: u32) -> &Block {
+        &self.slots[id as usize]
+    }
+}
+
+impl std::ops::IndexMut<u32> for Arena {
+    #[inline]
+    fn index_mut(&mut self, id: u32) -> &mut Block {
+        &mut self.slots[id as usize]
+    }
+}
+
+/// Free blocks of one pool (small or large).
+#[derive(Debug, Clone)]
+pub(crate) struct BlockPool {
+    /// Free mapped blocks by (stream, size, address): `lower_bound` is best fit.
+    pub blocks: BTreeMap<(StreamId, u64, u64), u32>,
+    /// Unmapped parts of expandable segments by (stream, address).
+    pub unmapped: BTreeMap<(StreamId, u64), u32>,
+    /// Searches of this pool so far: the clock that ages blocks for GC.
+    pub get_free_blocks_call_count: u64,
+}
+
+impl BlockPool {
+    pub fn new() -> Self {
+        BlockPool { blocks: BTreeMap::new(), unmapped: BTreeMap::new(), get_free_blocks_call_count: 0 }
+    }
+}
+
+#[inline]
+pub(crate) fn size_key(b: &Block) -> (StreamId, u64, u64) {
+    (b.stream, b.size, b.ptr)
+}

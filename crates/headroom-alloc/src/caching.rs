@@ -1,0 +1,704 @@
+//! `DeviceCachingAllocator`: one device's caching allocator, with PyTorch's
+//! policy (`c10/cuda/CUDACachingAllocator.cpp`), over any [`DeviceMemory`].
+//!
+//! This type is single-threaded (`&mut self`); [`crate::CachingAllocator`]
+//! wraps it in a mutex, as PyTorch wraps each device's state in one.
+//!
+//! The malloc path, in PyTorch's order:
+//! 1. complete the frees whose cross-stream events have finished;
+//! 2. round the request, pick the pool and the would-be segment size;
+//! 3. best fit among the free blocks of the same stream (then once more
+//!    after the free-memory callbacks, if they freed anything);
+//! 4. otherwise: garbage-collect aged blocks (with a fraction and a GC
+//!    threshold), allocate a segment; failing that, release just enough
+//!    oversize blocks and retry; failing that, flush every unsplit cached
+//!    block and retry;
+//! 5. carve the block from the front of what was found, splitting off the rest
+//!    when `should_split` says so.
+
+use crate::block::{size_key, Arena, Block, BlockPool, NIL};
+use crate::config::AllocatorConfig;
+use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
+use crate::error::{AllocError, OomReport};
+use crate::history::{Action, History, TraceEntry};
+use crate::sizing;
+use crate::stats::{self, DeviceStats, PoolKind};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Requests of 1 EB or more are refused outright, as PyTorch refuses them.
+const ONE_EXABYTE: u64 = 1 << 60;
+
+/// Someone who holds device memory on the allocator's behalf and can let go
+/// of some when memory runs short (PyTorch's `FreeCudaMemoryCallback`, used
+/// for CUDA IPC). Called with the allocator busy: return the pointers to free
+/// rather than freeing them.
+pub trait FreeMemoryCallback: Send {
+    /// Pointers (from this allocator) that may be freed now.
+    fn release(&mut self) -> Vec<u64>;
+}
+
+/// A live allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub ptr: u64,
+    /// The rounded size of the block handed out (what `allocated_bytes` counts).
+    pub size: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegmentRec {
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExpandableSegment {
+    pub base: u64,
+    pub va_size: u64,
+    pub page: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+}
+
+/// Why the last attempt to get memory failed.
+#[derive(Clone, Debug)]
+pub(crate) enum Failure {
+    OverLimit,
+    Device(DeviceError),
+}
+
+/// One device's caching allocator. See the module documentation.
+pub struct DeviceCachingAllocator<D: DeviceMemory> {
+    pub(crate) device: D,
+    pub(crate) device_index: u32,
+    pub(crate) device_total: u64,
+    pub(crate) vmm_supported: bool,
+    pub(crate) config: AllocatorConfig,
+    pub(crate) arena: Arena,
+    pub(crate) small: BlockPool,
+    pub(crate) large: BlockPool,
+    /// Allocated blocks and blocks waiting for cross-stream events, by address.
+    pub(crate) active: FxHashMap<u64, u32>,
+    /// Non-expandable segments by base address.
+    pub(crate) segments: BTreeMap<u64, SegmentRec>,
+    pub(crate) expandable: Vec<Option<ExpandableSegment>>,
+    /// Per stream, in record order: the events a pending free waits for.
+    pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, u32)>>,
+    /// Bytes currently obtained from the device (= reserved).
+    pub(crate) total_allocated_memory: u64,
+    pub(crate) allowed_memory_maximum: Option<u64>,
+    pub(crate) stats: DeviceStats,
+    pub(crate) history: Option<History>,
+    pub(crate) clock: i64,
+    pub(crate) explicit_time: Option<i64>,
+    pub(crate) last_failure: Option<Failure>,
+    callbacks: Vec<Box<dyn FreeMemoryCallback>>,
+}
+
+impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+    /// An allocator with `config` over `device`, as device number 0.
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        let info = device.info();
+        let mut a = DeviceCachingAllocator {
+            device,
+            device_index: 0,
+            device_total: info.total_bytes,
+            vmm_supported: info.vmm_granularity.is_some(),
+            config,
+            arena: Arena::default(),
+            small: BlockPool::new(),
+            large: BlockPool::new(),
+            active: FxHashMap::default(),
+            segments: BTreeMap::new(),
+            expandable: Vec::new(),
+            events: BTreeMap::new(),
+            total_allocated_memory: 0,
+            allowed_memory_maximum: None,
+            stats: DeviceStats::default(),
+            history: None,
+            clock: 0,
+            explicit_time: None,
+            last_failure: None,
+            callbacks: Vec::new(),
+        };
+        let f = a.config.per_process_memory_fraction;
+        a.apply_fraction(f);
+        a
+    }
+
+    /// Sets the device number reported in messages and snapshots.
+    pub fn with_device_index(mut self, index: u32) -> Self {
+        self.device_index = index;
+        self
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The device, for inspection.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The device, to drive it (complete events, inject faults).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    /// `torch.cuda.memory_stats()`: PyTorch's 122 keys.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.stats.to_map(self.config.max_split_size)
+    }
+
+    /// `torch.cuda.memory_summary()`.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        crate::summary::memory_summary(&self.stats, self.device_index, abbreviated)
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Starts (or, with `None`, stops) recording the history, keeping at most
+    /// `max_entries` entries (`torch.cuda.memory._record_memory_history`).
+    pub fn record_history(&mut self, max_entries: Option<usize>) {
+        self.history = max_entries.map(History::new);
+    }
+
+    /// Sets the time stamped on the next trace entries (microseconds); without
+    /// it entries carry a counter.
+    pub fn set_time_us(&mut self, t: i64) {
+        self.explicit_time = Some(t);
+    }
+
+    /// Registers a callback asked to free memory before the allocator asks the device for more.
+    pub fn attach_free_memory_callback(&mut self, cb: Box<dyn FreeMemoryCallback>) {
+        self.callbacks.push(cb);
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction`: limits reserved memory to
+    /// `fraction` of the device. 1.0 removes the limit.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(AllocError::InvalidArgument(format!("memory fraction {fraction} is outside [0, 1]")));
+        }
+        self.apply_fraction(fraction);
+        Ok(())
+    }
+
+    fn apply_fraction(&mut self, fraction: f64) {
+        self.allowed_memory_maximum =
+            (fraction < 1.0).then(|| (fraction * self.device.mem_get_info().total as f64) as u64);
+    }
+
+    /// The reserved-memory limit, if a fraction is set.
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.allowed_memory_maximum
+    }
+
+    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string at run time
+    /// (`torch._C._accelerator_setAllocatorSettings`).
+    pub fn set_allocator_settings(&mut self, conf: &str) -> Result<(), crate::config::ConfigError> {
+        self.config.apply(conf)
+    }
+
+    pub(crate) fn expandable_active(&self) -> bool {
+        self.config.expandable_segments && self.vmm_supported
+    }
+
+    pub(crate) fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+        match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    pub(crate) fn pool(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    pub(crate) fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
+        if let Some(h) = self.history.as_mut() {
+            let time_us = self.explicit_time.unwrap_or(self.clock);
+            self.clock += 1;
+            let device_free = None;
+            h.push(TraceEntry { action, addr, size, stream, time_us, device_free });
+        }
+    }
+
+    /// Allocates `size` bytes for use on `stream`.
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        if size >= ONE_EXABYTE {
+            let rounded = size;
+            return Err(AllocError::NeverFits(Box::new(self.oom_report(size, rounded, size, stream))));
+        }
+        self.process_events()?;
+        let rounded = sizing::round_size(&self.config, size);
+        let kind = sizing::pool_for(rounded);
+        let alloc_size = sizing::allocation_size(&self.config, rounded);
+
+        let mut found = self.get_free_block(kind, stream, rounded);
+        if found.is_none() && self.trigger_free_memory_callbacks()? {
+            found = self.get_free_block(kind, stream, rounded);
+        }
+        if found.is_none() {
+            if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+                self.garbage_collect_cached_blocks()?;
+            }
+            found = self.alloc_block(kind, stream, rounded, alloc_size, false)?;
+            if found.is_none() && self.release_available_cached_blocks(kind, stream, rounded)? {
+                found = self.alloc_block(kind, stream, rounded, alloc_size, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks()?;
+                found = self.alloc_block(kind, stream, rounded, alloc_size, true)?;
+            }
+        }
+        let Some(id) = found else {
+            return Err(self.out_of_memory(size, rounded, alloc_size, stream));
+        };
+        let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
+        Ok(self.alloc_found_block(id, kind, stream, rounded, size, split))
+    }
+
+    fn out_of_memory(&mut self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> AllocError {
+        let free = self.device.mem_get_info().free;
+        if let Some(h) = self.history.as_mut() {
+            let time_us = self.explicit_time.unwrap_or(self.clock);
+            self.clock += 1;
+            h.push(TraceEntry {
+                action: Action::Oom,
+                addr: free,
+                size: rounded,
+                stream,
+                time_us,
+                device_free: Some(free),
+            });
+        }
+        self.stats.num_ooms += 1;
+        let report = Box::new(self.oom_report(size, rounded, alloc_size, stream));
+        match self.last_failure.take() {
+            _ if alloc_size > self.device_total => AllocError::NeverFits(report),
+            Some(Failure::OverLimit) => AllocError::OverLimit(report),
+            Some(Failure::Device(DeviceError::NeverFits { .. })) => AllocError::NeverFits(report),
+            _ => AllocError::OutOfMemory(report),
+        }
+    }
+
+    fn oom_report(&self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> OomReport {
+        let largest = [&self.small, &self.large].iter().flat_map(|p| p.blocks.keys().map(|k| k.1)).max().unwrap_or(0);
+        OomReport {
+            device: self.device_index,
+            stream,
+            requested: size,
+            rounded,
+            alloc_size,
+            device_total: self.device_total,
+            device_free: self.device.mem_get_info().free,
+            allowed: self.allowed_memory_maximum,
+            allocated: self.stats.allocated_bytes[0].current as u64,
+            reserved: self.stats.reserved_bytes[0].current as u64,
+            largest_free_block: largest,
+            split_fragment_bytes: self.stats.inactive_split_bytes[0].current as u64,
+        }
+    }
+
+    fn trigger_free_memory_callbacks(&mut self) -> Result<bool, AllocError> {
+        if self.callbacks.is_empty() {
+            return Ok(false);
+        }
+        let mut ptrs = Vec::new();
+        for cb in &mut self.callbacks {
+            ptrs.extend(cb.release());
+        }
+        let freed = !ptrs.is_empty();
+        for p in ptrs {
+            self.free(p)?;
+        }
+        // Frees that wait for events did not make memory reusable yet; PyTorch
+        // retries the search all the same when a callback reports progress.
+        Ok(freed)
+    }
+
+    /// `get_free_block`: best fit on the request's stream, with the
+    /// expandable-segment and oversize rules. Removes the block it returns
+    /// from the free set.
+    fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
+        let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let expandable_on = self.expandable_active();
+        let (max_split, rounding) = (self.config.max_split_size, self.config.max_non_split_rounding_size);
+        let arena = &self.arena;
+        let pool = match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        if gc_clock {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let mut it = pool.blocks.range((stream, size, 0)..);
+        let (mut key, mut id) = it.next().map(|(k, v)| (*k, *v))?;
+        if key.0 != stream {
+            return None;
+        }
+        if arena[id].is_expandable() {
+            if expandable_on {
+                // Best fit counts the room an expandable block can still grow into.
+                let grow = |id: u32| {
+                    let b = &arena[id];
+                    b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
+                };
+                while arena[id].is_expandable() {
+                    match it.next() {
+                        Some((k, &n)) if k.0 == stream && grow(n) < grow(id) => (key, id) = (*k, n),
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were turned off: honour it by skipping their blocks.
+                loop {
+                    match it.next() {
+                        Some((k, &n)) if k.0 == stream => {
+                            (key, id) = (*k, n);
+                            if !arena[n].is_expandable() {
+                                break;
+                            }
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+        }
+        let found = arena[id].size;
+        if size < max_split && found >= max_split {
+            return None;
+        }
+        if size >= max_split && found >= size.saturating_add(rounding) {
+            return None;
+        }
+        pool.blocks.remove(&key);
+        Some(id)
+    }
+
+    /// `alloc_block`: a new segment from the device, or new pages of an
+    /// expandable segment. `Ok(None)` when out of memory.
+    fn alloc_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Result<Option<u32>, AllocError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory + alloc_size > allowed {
+                self.last_failure = Some(Failure::OverLimit);
+                return Ok(None);
+            }
+        }
+        if self.expandable_active() {
+            return self.try_allocate_expandable_block(kind, stream, size);
+        }
+        let ptr = match self.device.malloc(alloc_size) {
+            Ok(p) => p,
+            Err(e) if e.is_out_of_memory() => {
+                self.last_failure = Some(Failure::Device(e));
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.total_allocated_memory += alloc_size;
+        let id = self.arena.insert(Block::new(ptr, alloc_size, stream, kind));
+        stats::increase(&mut self.stats.segment, kind, 1);
+        stats::increase(&mut self.stats.reserved_bytes, kind, alloc_size);
+        if alloc_size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.segments.insert(ptr, SegmentRec { size: alloc_size, stream, pool: kind });
+        self.trace(Action::SegmentAlloc, ptr, alloc_size, stream);
+        Ok(Some(id))
+    }
+
+    /// `alloc_found_block`: hands out the front of block `id`, splitting the rest off.
+    fn alloc_found_block(
+        &mut self,
+        id: u32,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+        orig_size: u64,
+        split: bool,
+    ) -> Allocation {
+        let already_split = self.arena[id].is_split();
+        let expandable = self.arena[id].is_expandable();
+        let block = if split {
+            let rem = id;
+            let mut b = Block::new(self.arena[rem].ptr, size, stream, kind);
+            b.expandable = self.arena[rem].expandable;
+            b.prev = self.arena[rem].prev;
+            b.next = rem;
+            let new = self.arena.insert(b);
+            let prev = self.arena[new].prev;
+            if prev != NIL {
+                self.arena[prev].next = new;
+            }
+            let r = &mut self.arena[rem];
+            r.prev = new;
+            r.ptr += size;
+            r.size -= size;
+            let rem_size = r.size;
+            self.insert_into_blocks(rem);
+            if !expandable {
+                if already_split {
+                    // An inactive split block shrinks by `size`.
+                    stats::decrease(&mut self.stats.inactive_split_bytes, kind, size);
+                } else {
+                    // A new inactive split block of `rem_size` appears.
+                    stats::increase(&mut self.stats.inactive_split_bytes, kind, rem_size);
+                    stats::increase(&mut self.stats.inactive_split, kind, 1);
+                }
+            }
+            new
+        } else {
+            if already_split && !expandable {
+                let s = self.arena[id].size;
+                stats::decrease(&mut self.stats.inactive_split_bytes, kind, s);
+                stats::decrease(&mut self.stats.inactive_split, kind, 1);
+            }
+            id
+        };
+        let b = &mut self.arena[block];
+        b.allocated = true;
+        b.requested_size = orig_size;
+        let (ptr, bsize) = (b.ptr, b.size);
+        self.active.insert(ptr, block);
+        let s = &mut self.stats;
+        stats::increase(&mut s.allocation, kind, 1);
+        stats::increase(&mut s.allocated_bytes, kind, bsize);
+        stats::increase(&mut s.active, kind, 1);
+        stats::increase(&mut s.active_bytes, kind, bsize);
+        stats::increase(&mut s.requested_bytes, kind, orig_size);
+        if bsize >= self.config.max_split_size {
+            self.stats.oversize_allocations.increase(1);
+        }
+        self.trace(Action::Alloc, ptr, orig_size, stream);
+        Allocation { ptr, size: bsize }
+    }
+
+    /// Frees the allocation at `ptr`. If other streams used it
+    /// (`record_stream`), it becomes reusable only once their work recorded
+    /// so far has finished.
+    pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
+        let id = match self.active.get(&ptr) {
+            Some(&id) if self.arena[id].allocated => id,
+            _ => return Err(AllocError::InvalidPointer(ptr)),
+        };
+        let b = &mut self.arena[id];
+        b.allocated = false;
+        let (kind, size, requested, stream) = (b.pool, b.size, b.requested_size, b.stream);
+        let pending = !b.stream_uses.is_empty();
+        stats::decrease(&mut self.stats.allocation, kind, 1);
+        stats::decrease(&mut self.stats.allocated_bytes, kind, size);
+        self.trace(Action::FreeRequested, ptr, requested, stream);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if pending {
+            self.insert_events(id)?;
+        } else {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// `recordStream`: marks the allocation at `ptr` as used by `stream`, so
+    /// that freeing it waits for that stream's work. The allocation's own
+    /// stream is ignored.
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let id = match self.active.get(&ptr) {
+            Some(&id) if self.arena[id].allocated => id,
+            _ => return Err(AllocError::InvalidPointer(ptr)),
+        };
+        let b = &mut self.arena[id];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, id: u32) -> Result<(), AllocError> {
+        let streams = std::mem::take(&mut self.arena[id].stream_uses);
+        for s in streams {
+            let ev = self.device.record_event(s)?;
+            self.arena[id].event_count += 1;
+            self.events.entry(s).or_default().push_back((ev, id));
+        }
+        Ok(())
+    }
+
+    /// `process_events`: completes the pending frees whose events are done,
+    /// in record order per stream, stopping at a stream's first pending event.
+    pub(crate) fn process_events(&mut self) -> Result<(), AllocError> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for s in streams {
+            while let Some(&(ev, id)) = self.events.get(&s).and_then(|q| q.front()) {
+                if !self.device.query_event(ev)? {
+                    break;
+                }
+                self.events.get_mut(&s).expect("queue exists").pop_front();
+                self.device.destroy_event(ev);
+                self.complete_event(id);
+            }
+            if self.events.get(&s).is_some_and(|q| q.is_empty()) {
+                self.events.remove(&s);
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_event(&mut self, id: u32) {
+        let b = &mut self.arena[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// `synchronize_and_free_events`: waits for every outstanding event.
+    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        let events = std::mem::take(&mut self.events);
+        for (_, queue) in events {
+            for (ev, id) in queue {
+                self.device.synchronize_event(ev)?;
+                self.device.destroy_event(ev);
+                self.complete_event(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// `free_block`: the block is reusable now; merge it with free neighbours.
+    pub(crate) fn free_block(&mut self, id: u32) {
+        let b = &self.arena[id];
+        debug_assert!(b.is_reusable());
+        let (ptr, original_size, requested, stream, kind, prev, next) =
+            (b.ptr, b.size, b.requested_size, b.stream, b.pool, b.prev, b.next);
+        self.trace(Action::FreeCompleted, ptr, requested, stream);
+        self.active.remove(&ptr);
+        let mut net_blocks = 0i64;
+        let mut net_bytes = 0i64;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_into_blocks(id);
+        let b = &self.arena[id];
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let s = &mut self.stats;
+        // Expandable segments are left out of inactive_split: their fully free
+        // pages can always be released.
+        if !b.is_expandable() {
+            apply_net(&mut s.inactive_split, kind, net_blocks);
+            apply_net(&mut s.inactive_split_bytes, kind, net_bytes);
+        }
+        stats::decrease(&mut s.active, kind, 1);
+        stats::decrease(&mut s.active_bytes, kind, original_size);
+        stats::decrease(&mut s.requested_bytes, kind, requested);
+    }
+
+    /// `try_merge_blocks`: absorbs neighbour `src` into `dst` if `src` is free,
+    /// not waiting for events, and equally mapped. `dst` must not be in a
+    /// free set. Returns the bytes absorbed.
+    pub(crate) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = &self.arena[src];
+        if !s.is_reusable() || s.mapped != self.arena[dst].mapped {
+            return 0;
+        }
+        let (s_ptr, s_size, s_prev, s_next, s_mapped, s_stream) = (s.ptr, s.size, s.prev, s.next, s.mapped, s.stream);
+        let kind = s.pool;
+        if self.arena[dst].prev == src {
+            let d = &mut self.arena[dst];
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.arena[s_prev].next = dst;
+            }
+        } else {
+            self.arena[dst].next = s_next;
+            if s_next != NIL {
+                self.arena[s_next].prev = dst;
+            }
+        }
+        self.arena[dst].size += s_size;
+        let pool = self.pool_mut(kind);
+        if s_mapped {
+            pool.blocks.remove(&(s_stream, s_size, s_ptr));
+        } else {
+            pool.unmapped.remove(&(s_stream, s_ptr));
+        }
+        self.arena.remove(src);
+        s_size
+    }
+
+    /// Puts a free mapped block into its pool's free set and restarts its GC age.
+    pub(crate) fn insert_into_blocks(&mut self, id: u32) {
+        let kind = self.arena[id].pool;
+        let clock = self.pool(kind).get_free_blocks_call_count;
+        self.arena[id].gc_count_base = clock;
+        let key = size_key(&self.arena[id]);
+        let inserted = self.pool_mut(kind).blocks.insert(key, id).is_none();
+        debug_assert!(inserted, "block {key:?} was already free");
+    }
+
+    /// Rounded size of the live allocation at `ptr`.
+    pub fn allocation_size(&self, ptr: u64) -> Option<u64> {
+        self.active.get(&ptr).map(|&id| &self.arena[id]).filter(|b| b.allocated).map(|b| b.size)
+    }
+
+    /// Bytes currently obtained from the device.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.total_allocated_memory
+    }
+}
+
+fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
+    if net > 0 {
+        stats::increase(a, kind, net as u64);
+    } else if net < 0 {
+        stats::decrease(a, kind, (-net) as u64);
+    }
+}

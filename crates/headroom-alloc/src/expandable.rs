@@ -1,0 +1,215 @@
+//! Expandable segments (`expandable_segments:True`): one virtual reservation
+//! per stream and pool, 1.125× the device, whose pages are mapped as the pool
+//! grows and unmapped when whole pages fall free. Allocations tile densely, so
+//! slightly growing shapes stop leaving unusable slivers in many segments.
+//!
+//! ```text
+//!  reservation (1.125 x device memory), pages of 2 MiB (small) or 20 MiB (large)
+//!  +----------+----------+--------+---------------------------------------+
+//!  | alloc'd  |  alloc'd |  free  |        unmapped (in pool.unmapped)    |
+//!  +----------+----------+--------+---------------------------------------+
+//!  |<-------- mapped pages ------>|
+//! ```
+//!
+//! Growth maps `size` (the rounded request, not a segment size) starting at
+//! the lowest unmapped address that, with the free block before it, has
+//! room; each mapping is one `segment_map` and one device allocation, and
+//! never changes the `segment` count.
+
+use crate::block::{size_key, Block, NIL};
+use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
+use crate::device::{DeviceMemory, StreamId};
+use crate::error::AllocError;
+use crate::history::Action;
+use crate::sizing;
+use crate::stats::{self, PoolKind};
+
+impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+    /// `try_allocate_expandable_block`: a free mapped block of at least
+    /// `size` bytes, mapping pages as needed. `Ok(None)` when the device is
+    /// out of memory.
+    pub(crate) fn try_allocate_expandable_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<Option<u32>, AllocError> {
+        let mut candidate = self.find_expandable_block(kind, stream, size)?;
+        // The candidate is one of: unmapped -> end; unmapped -> free -> ...;
+        // free -> unmapped -> ...
+        if !self.arena[candidate].mapped {
+            let n = self.arena[candidate].size.min(size);
+            if !self.map_block(candidate, n)? {
+                return Ok(None);
+            }
+        }
+        while self.arena[candidate].size < size {
+            let remaining = size - self.arena[candidate].size;
+            let next = self.arena[candidate].next;
+            let n = remaining.min(self.arena[next].size);
+            // Mapping `next` merges it with `candidate` before it.
+            if !self.map_block(next, n)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        let key = size_key(&self.arena[candidate]);
+        self.pool_mut(kind).blocks.remove(&key);
+        Ok(Some(candidate))
+    }
+
+    /// `find_expandable_block`: the lowest-address unmapped block on `stream`
+    /// (or the free block just before it) from which `size` bytes of free or
+    /// unmapped space run on; a new reservation if there is none.
+    fn find_expandable_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Result<u32, AllocError> {
+        let arena = &self.arena;
+        let allocatable = |id: u32| id != NIL && arena[id].is_reusable();
+        let pool = self.pool(kind);
+        for (_, &id) in pool.unmapped.range((stream, 0)..(stream, u64::MAX)) {
+            let mut c = id;
+            if allocatable(arena[c].prev) {
+                c = arena[c].prev;
+            }
+            let mut bytes = 0;
+            let mut b = c;
+            while bytes < size && allocatable(b) {
+                bytes += arena[b].size;
+                b = arena[b].next;
+            }
+            if bytes >= size {
+                return Ok(c);
+            }
+        }
+        let page = sizing::expandable_page_size(&self.config, kind);
+        let total = self.device_total;
+        let va_size = (total + total / 8).div_ceil(page) * page;
+        let base = self.device.reserve(va_size)?;
+        let index = self.expandable.len() as u32;
+        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool: kind }));
+        let mut b = Block::new(base, va_size, stream, kind);
+        b.mapped = false;
+        b.expandable = index;
+        let id = self.arena.insert(b);
+        self.pool_mut(kind).unmapped.insert((stream, base), id);
+        Ok(id)
+    }
+
+    /// `map_block`: maps the pages covering the first `size` bytes of unmapped
+    /// block `id`, splits off what stays unmapped, and merges the mapped part
+    /// with free neighbours. `Ok(false)` when the device is out of memory.
+    fn map_block(&mut self, id: u32, size: u64) -> Result<bool, AllocError> {
+        let b = &self.arena[id];
+        debug_assert!(!b.mapped && size <= b.size);
+        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let (ptr, bsize, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
+        let begin = (ptr - seg.base) / seg.page;
+        let end = (ptr + size - seg.base).div_ceil(seg.page);
+        let (range_ptr, range_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
+        debug_assert_eq!(range_ptr, ptr, "unmapped blocks start on page boundaries");
+        match self.device.map(range_ptr, range_size, seg.page) {
+            Ok(()) => {}
+            Err(e) if e.is_out_of_memory() => {
+                self.last_failure = Some(Failure::Device(e));
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.pool_mut(kind).unmapped.remove(&(stream, ptr));
+        self.arena[id].mapped = true;
+        if range_size < bsize {
+            let mut rest = Block::new(ptr + range_size, bsize - range_size, stream, kind);
+            rest.mapped = false;
+            rest.expandable = self.arena[id].expandable;
+            rest.prev = id;
+            rest.next = self.arena[id].next;
+            let rest_id = self.arena.insert(rest);
+            let next = self.arena[id].next;
+            if next != NIL {
+                self.arena[next].prev = rest_id;
+            }
+            self.arena[id].next = rest_id;
+            self.arena[id].size = range_size;
+            self.pool_mut(kind).unmapped.insert((stream, ptr + range_size), rest_id);
+        }
+        let (prev, next) = (self.arena[id].prev, self.arena[id].next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_into_blocks(id);
+        self.total_allocated_memory += range_size;
+        stats::increase(&mut self.stats.reserved_bytes, kind, range_size);
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentMap, range_ptr, range_size, stream);
+        Ok(true)
+    }
+
+    /// `unmap_block`: unmaps the whole pages inside free block `id`; partial
+    /// pages at either end stay mapped as free blocks.
+    pub(crate) fn unmap_block(&mut self, id: u32) -> Result<(), AllocError> {
+        let b = &self.arena[id];
+        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let (ptr, size, stream, kind, prev, next) = (b.ptr, b.size, b.stream, b.pool, b.prev, b.next);
+        let begin = (ptr - seg.base).div_ceil(seg.page);
+        let end = (ptr + size - seg.base) / seg.page;
+        if begin >= end {
+            return Ok(());
+        }
+        let (un_ptr, un_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
+        self.device.unmap(un_ptr, un_size, seg.page, stream)?;
+        let key = size_key(&self.arena[id]);
+        self.pool_mut(kind).blocks.remove(&key);
+        let before = un_ptr - ptr;
+        if before > 0 {
+            let mut f = Block::new(ptr, before, stream, kind);
+            f.expandable = self.arena[id].expandable;
+            f.prev = prev;
+            f.next = id;
+            let fid = self.arena.insert(f);
+            if prev != NIL {
+                self.arena[prev].next = fid;
+            }
+            self.arena[id].prev = fid;
+            self.insert_into_blocks(fid);
+        }
+        let after = size - before - un_size;
+        if after > 0 {
+            let mut f = Block::new(un_ptr + un_size, after, stream, kind);
+            f.expandable = self.arena[id].expandable;
+            f.prev = id;
+            f.next = next;
+            let fid = self.arena.insert(f);
+            if next != NIL {
+                self.arena[next].prev = fid;
+            }
+            self.arena[id].next = fid;
+            self.insert_into_blocks(fid);
+        }
+        let b = &mut self.arena[id];
+        b.ptr = un_ptr;
+        b.size = un_size;
+        b.mapped = false;
+        let (prev, next) = (b.prev, b.next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        let new_ptr = self.arena[id].ptr;
+        self.pool_mut(kind).unmapped.insert((stream, new_ptr), id);
+        self.total_allocated_memory -= un_size;
+        stats::decrease(&mut self.stats.reserved_bytes, kind, un_size);
+        self.stats.num_device_free += 1;
+        self.trace(Action::SegmentUnmap, un_ptr, un_size, stream);
+        Ok(())
+    }
+
+    /// Destroys an expandable segment whose single block is entirely unmapped.
+    pub(crate) fn release_expandable_segment(&mut self, id: u32) -> Result<(), AllocError> {
+        let b = &self.arena[id];
+        let index = b.expandable as usize;
+        let seg = self.expandable[index].expect("block of a live expandable segment");
+        debug_assert!(!b.mapped && b.ptr == seg.base && b.size == seg.va_size);
+        let (stream, kind) = (b.stream, b.pool);
+        self.device.release_reservation(seg.base, seg.va_size)?;
+        self.pool_mut(kind).unmapped.remove(&(stream, seg.base));
+        self.arena.remove(id);
+        self.expandable[index] = None;
+        Ok(())
+    }
+}

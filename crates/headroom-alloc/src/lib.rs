@@ -1,0 +1,71 @@
+//! # headroom-alloc
+//!
+//! A caching device allocator that makes PyTorch's `CUDACachingAllocator`
+//! decisions, over any segment source: the simulated GPU [`SimDevice`] here,
+//! CUDA in `headroom-cuda`.
+//!
+//! Three layers, as in RMM, cubecl and PyTorch:
+//!
+//! 1. the segment source, [`DeviceMemory`]: raw device ranges, VMM pages, events;
+//! 2. the suballocator, [`DeviceCachingAllocator`]: pools, best fit, split,
+//!    merge, the out-of-memory ladder — with [`sizing`] holding the policy;
+//! 3. statistics ([`DeviceStats`], PyTorch's 122 keys), history and snapshots.
+//!
+//! | PyTorch | headroom |
+//! |---|---|
+//! | `DeviceCachingAllocator` | [`DeviceCachingAllocator`] (one device, `&mut self`) |
+//! | `NativeCachingAllocator` (thread-safe front) | [`CachingAllocator`] |
+//! | `PYTORCH_CUDA_ALLOC_CONF` | [`AllocatorConfig::parse`] |
+//! | `torch.cuda.memory_stats()` | [`DeviceCachingAllocator::memory_stats`] |
+//! | `torch.cuda.memory_summary()` | [`DeviceCachingAllocator::memory_summary`] |
+//! | `torch.cuda.memory._snapshot()` | [`DeviceCachingAllocator::snapshot`] |
+//! | `Tensor.record_stream` | [`DeviceCachingAllocator::record_stream`] |
+//! | `torch.OutOfMemoryError` | [`AllocError`] with an [`OomReport`] |
+//!
+//! Glossary: a **segment** is one device allocation (or one virtual
+//! reservation, for expandable segments); a **block** is a piece of a
+//! segment, allocated or free; a **page** is the unit an expandable segment
+//! maps (2 MiB small pool, 20 MiB large pool); the **small pool** serves
+//! rounded requests up to 1 MiB, the **large pool** the rest.
+//!
+//! ```
+//! use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice, units::GIB};
+//!
+//! let alloc = CachingAllocator::new(SimDevice::new(80 * GIB), AllocatorConfig::default());
+//! let a = alloc.malloc(3_000_000, 0).unwrap();      // a 20 MiB segment, split
+//! alloc.free(a.ptr).unwrap();                        // cached, not returned
+//! let stats = alloc.memory_stats();
+//! assert_eq!(stats["reserved_bytes.all.current"], 20 << 20);
+//! assert_eq!(stats["allocated_bytes.all.peak"], 3_000_320);
+//! alloc.empty_cache().unwrap();
+//! assert_eq!(alloc.memory_stats()["reserved_bytes.all.current"], 0);
+//! ```
+
+mod allocator;
+mod block;
+mod caching;
+pub mod config;
+pub mod device;
+mod error;
+mod expandable;
+mod history;
+mod release;
+pub mod sim;
+pub mod sizing;
+mod snapshot;
+pub mod stats;
+mod summary;
+pub mod units;
+mod validate;
+
+pub use allocator::CachingAllocator;
+pub use caching::{Allocation, DeviceCachingAllocator, FreeMemoryCallback};
+pub use config::{AllocatorConfig, ConfigError};
+pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
+pub use error::{AllocError, OomReport};
+pub use history::{Action, TraceEntry};
+pub use sim::{DeviceCalls, SimDevice};
+pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
+pub use stats::{DeviceStats, PoolKind, Stat};
+pub use summary::memory_summary;
+pub use validate::InvariantViolation;

@@ -1,0 +1,161 @@
+//! Giving cached memory back to the device: `empty_cache`, the full flush of
+//! the out-of-memory ladder, the oversize release, and garbage collection.
+
+use crate::block::size_key;
+use crate::caching::DeviceCachingAllocator;
+use crate::device::{DeviceMemory, StreamId};
+use crate::error::AllocError;
+use crate::history::Action;
+use crate::stats::{self, PoolKind};
+
+impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+    /// `torch.cuda.empty_cache()`: waits for pending cross-stream frees, then
+    /// returns every unsplit cached segment, and every fully free page of
+    /// expandable segments, to the device.
+    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.release_cached_blocks()
+    }
+
+    /// `release_cached_blocks`: large pool first, then small; within a pool in
+    /// free-set order (stream, size, address), which is the order recorded
+    /// traces show.
+    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.synchronize_and_free_events()?;
+        self.release_blocks(PoolKind::Large)?;
+        self.release_blocks(PoolKind::Small)?;
+        Ok(())
+    }
+
+    fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocError> {
+        let ids: Vec<u32> = self.pool(kind).blocks.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in ids {
+            let b = &self.arena[id];
+            if b.is_expandable() {
+                to_unmap.push(id);
+            } else if !b.is_split() {
+                self.release_block(id)?;
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(id)?;
+            if !self.arena[id].is_split() {
+                self.release_expandable_segment(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `release_block`: returns an unsplit, non-expandable free block's segment
+    /// to the device.
+    pub(crate) fn release_block(&mut self, id: u32) -> Result<(), AllocError> {
+        let b = &self.arena[id];
+        debug_assert!(!b.is_expandable() && !b.is_split() && !b.allocated);
+        let (ptr, size, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
+        let key = size_key(b);
+        self.stats.num_device_free += 1;
+        self.trace(Action::SegmentFree, ptr, size, stream);
+        self.device.free(ptr, size)?;
+        self.total_allocated_memory -= size;
+        stats::decrease(&mut self.stats.segment, kind, 1);
+        stats::decrease(&mut self.stats.reserved_bytes, kind, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.pool_mut(kind).blocks.remove(&key);
+        self.arena.remove(id);
+        self.segments.remove(&ptr);
+        Ok(())
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size` set, returns
+    /// the smallest cached oversize block on `stream` that is at least as
+    /// large as the request (or `max_split_size`); failing that, the largest
+    /// oversize blocks downward until enough is released. True if it released
+    /// enough.
+    pub(crate) fn release_available_cached_blocks(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<bool, AllocError> {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let key_size = size.max(max_split);
+        let pool = self.pool(kind);
+        let hit = pool.blocks.range((stream, key_size, 0)..).next().map(|(k, &id)| (*k, id));
+        match hit {
+            Some((k, id)) if k.0 == stream && !self.arena[id].is_expandable() && !self.arena[id].is_split() => {
+                self.release_block(id)?;
+                Ok(true)
+            }
+            _ => {
+                // Walk down from the largest block below the search key.
+                let candidates: Vec<u32> = pool
+                    .blocks
+                    .range(..(stream, key_size, 0))
+                    .rev()
+                    .take_while(|(k, _)| k.0 == stream && k.1 >= max_split)
+                    .map(|(_, &id)| id)
+                    .collect();
+                let mut released = 0;
+                for id in candidates {
+                    if released >= key_size {
+                        break;
+                    }
+                    let b = &self.arena[id];
+                    if !b.is_expandable() && !b.is_split() {
+                        released += b.size;
+                        self.release_block(id)?;
+                    }
+                }
+                Ok(released >= key_size)
+            }
+        }
+    }
+
+    /// `garbage_collect_cached_blocks`: when reserved memory exceeds the GC
+    /// threshold of the limit, returns unsplit large-pool blocks whose age
+    /// (searches of the pool since they were freed) is at least the average,
+    /// pass after pass, until enough is reclaimed. No synchronization.
+    pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        let Some(allowed) = self.allowed_memory_maximum else { return Ok(()) };
+        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= gc_threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated_memory - gc_threshold;
+        let clock = self.large.get_free_blocks_call_count;
+        let age = |b: &crate::block::Block| clock - b.gc_count_base;
+        let freeable = |b: &crate::block::Block| !b.is_split() && !b.is_expandable();
+        let mut total_age = 0u64;
+        let mut count = 0u64;
+        for &id in self.large.blocks.values() {
+            let b = &self.arena[id];
+            if freeable(b) {
+                total_age += age(b);
+                count += 1;
+            }
+        }
+        let mut reclaimed = 0;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let threshold = total_age as f64 / count as f64;
+            freed_any = false;
+            let ids: Vec<u32> = self.large.blocks.values().copied().collect();
+            for id in ids {
+                let b = &self.arena[id];
+                if freeable(b) && age(b) as f64 >= threshold {
+                    freed_any = true;
+                    reclaimed += b.size;
+                    total_age -= age(b);
+                    count -= 1;
+                    self.release_block(id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,393 @@
+//! `SimDevice`: a simulated GPU that is a full backend, not a mock.
+//!
+//! It has a capacity, hands out deterministic addresses (and can be told the
+//! address of the next segment, which replays of recorded runs need), maps
+//! and unmaps VMM pages at a granularity, records events on any number of
+//! streams and lets the caller decide when they complete, counts every call,
+//! and injects faults: fail the Nth allocation, or pretend another process
+//! holds some of the memory.
+
+use crate::device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
+use crate::units::{GIB, MIB};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Where simulated `cudaMalloc` addresses start (a typical CUDA device address).
+const MALLOC_BASE: u64 = 0x7f00_0000_0000;
+/// Where simulated VMM reservations start, far above the malloc range.
+const RESERVE_BASE: u64 = 0x7e00_0000_0000;
+/// `cudaMalloc` returns 2 MiB-aligned addresses for large allocations.
+const MALLOC_ALIGN: u64 = 2 * MIB;
+
+/// How many calls of each kind a [`SimDevice`] has served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCalls {
+    pub malloc: u64,
+    pub free: u64,
+    pub reserve: u64,
+    pub release_reservation: u64,
+    pub map: u64,
+    pub unmap: u64,
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
+    pub record_event: u64,
+    pub query_event: u64,
+    pub synchronize_event: u64,
+    /// Allocations refused for lack of memory or by fault injection.
+    pub failed_allocations: u64,
+}
+
+#[derive(Clone, Debug)]
+struct SimEvent {
+    stream: StreamId,
+    complete: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Reservation {
+    size: u64,
+    /// Mapped pages, by address, with their size.
+    pages: BTreeMap<u64, u64>,
+}
+
+/// A simulated GPU. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct SimDevice {
+    total: u64,
+    granularity: Option<u64>,
+    name: String,
+    used: u64,
+    external: u64,
+    next_malloc: u64,
+    next_reserve: u64,
+    forced: VecDeque<u64>,
+    segments: BTreeMap<u64, u64>,
+    reservations: BTreeMap<u64, Reservation>,
+    fail_in: Option<u64>,
+    calls: DeviceCalls,
+    events: FxHashMap<u64, SimEvent>,
+    next_event: u64,
+    auto_complete: bool,
+}
+
+impl SimDevice {
+    /// A device of `total_bytes` with 2 MiB VMM pages and events that stay
+    /// pending until the caller completes them.
+    pub fn new(total_bytes: u64) -> Self {
+        SimDevice {
+            total: total_bytes,
+            granularity: Some(2 * MIB),
+            name: format!("simulated GPU ({:.2} GiB)", total_bytes as f64 / GIB as f64),
+            used: 0,
+            external: 0,
+            next_malloc: MALLOC_BASE,
+            next_reserve: RESERVE_BASE,
+            forced: VecDeque::new(),
+            segments: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            fail_in: None,
+            calls: DeviceCalls::default(),
+            events: FxHashMap::default(),
+            next_event: 1,
+            auto_complete: false,
+        }
+    }
+
+    /// Sets the VMM granularity; `None` makes the device refuse to map pages.
+    pub fn with_vmm_granularity(mut self, granularity: Option<u64>) -> Self {
+        self.granularity = granularity;
+        self
+    }
+
+    /// Makes every event complete as soon as it is recorded.
+    pub fn with_auto_complete_events(mut self, yes: bool) -> Self {
+        self.auto_complete = yes;
+        self
+    }
+
+    /// The address the next `malloc` returns (queued: several may be given).
+    pub fn push_next_address(&mut self, addr: u64) {
+        self.forced.push_back(addr);
+    }
+
+    /// Makes the `n`th allocation from now (1 = the next; `malloc` and `map`
+    /// both count) fail as out of memory.
+    pub fn fail_nth_allocation(&mut self, n: u64) {
+        self.fail_in = Some(n.max(1));
+    }
+
+    /// Pretends another process holds `bytes` of this device's memory.
+    pub fn set_external_usage(&mut self, bytes: u64) {
+        self.external = bytes;
+    }
+
+    /// Completes every pending event.
+    pub fn complete_all_events(&mut self) {
+        for e in self.events.values_mut() {
+            e.complete = true;
+        }
+    }
+
+    /// Completes the pending events recorded on `stream`.
+    pub fn complete_events_on(&mut self, stream: StreamId) {
+        for e in self.events.values_mut().filter(|e| e.stream == stream) {
+            e.complete = true;
+        }
+    }
+
+    /// Number of events recorded and not yet destroyed.
+    pub fn live_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Call counts so far.
+    pub fn calls(&self) -> DeviceCalls {
+        self.calls
+    }
+
+    /// Bytes of physical memory this device has handed out (segments and mapped pages).
+    pub fn used_bytes(&self) -> u64 {
+        self.used
+    }
+
+    fn take_allocation(&mut self, size: u64) -> Result<(), DeviceError> {
+        if let Some(n) = self.fail_in.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                self.fail_in = None;
+                self.calls.failed_allocations += 1;
+                return Err(self.oom(size));
+            }
+        }
+        if size > self.total {
+            self.calls.failed_allocations += 1;
+            return Err(DeviceError::NeverFits { requested: size, total: self.total });
+        }
+        if self.used + self.external + size > self.total {
+            self.calls.failed_allocations += 1;
+            return Err(self.oom(size));
+        }
+        self.used += size;
+        Ok(())
+    }
+
+    fn oom(&self, size: u64) -> DeviceError {
+        DeviceError::OutOfMemory { requested: size, free: self.mem_get_info().free, total: self.total }
+    }
+
+    fn reservation_of(&mut self, va: u64, size: u64) -> Result<&mut Reservation, DeviceError> {
+        let (&base, r) = self
+            .reservations
+            .range_mut(..=va)
+            .next_back()
+            .ok_or_else(|| DeviceError::Invalid(format!("{va:#x} is not in a reservation")))?;
+        if va + size > base + r.size {
+            return Err(DeviceError::Invalid(format!(
+                "range {va:#x}+{size} runs past its reservation {base:#x}+{}",
+                r.size
+            )));
+        }
+        Ok(r)
+    }
+}
+
+impl DeviceMemory for SimDevice {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo { total_bytes: self.total, vmm_granularity: self.granularity, name: self.name.clone() }
+    }
+
+    fn mem_get_info(&self) -> MemInfo {
+        MemInfo { free: self.total.saturating_sub(self.used + self.external), total: self.total }
+    }
+
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.calls.malloc += 1;
+        if size == 0 {
+            return Err(DeviceError::Invalid("malloc of 0 bytes".into()));
+        }
+        self.take_allocation(size)?;
+        let ptr = match self.forced.pop_front() {
+            Some(p) => {
+                let overlaps = self.segments.range(..p + size).next_back().is_some_and(|(&b, &s)| b + s > p);
+                if overlaps {
+                    self.used -= size;
+                    return Err(DeviceError::Invalid(format!("forced address {p:#x} overlaps a live segment")));
+                }
+                p
+            }
+            None => {
+                let p = self.next_malloc;
+                self.next_malloc += size.div_ceil(MALLOC_ALIGN) * MALLOC_ALIGN;
+                p
+            }
+        };
+        self.segments.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
+        self.calls.free += 1;
+        match self.segments.get(&ptr) {
+            Some(&s) if s == size => {
+                self.segments.remove(&ptr);
+                self.used -= size;
+                Ok(())
+            }
+            Some(&s) => Err(DeviceError::Invalid(format!("free of {ptr:#x} with size {size}, segment has {s}"))),
+            None => Err(DeviceError::Invalid(format!("free of unknown segment {ptr:#x}"))),
+        }
+    }
+
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.calls.reserve += 1;
+        let g = self.granularity.ok_or(DeviceError::Unsupported("virtual memory management"))?;
+        if size == 0 || !size.is_multiple_of(g) {
+            return Err(DeviceError::Invalid(format!("reservation of {size} bytes is not a multiple of {g}")));
+        }
+        let va = self.next_reserve;
+        self.next_reserve += size.div_ceil(GIB) * GIB;
+        self.reservations.insert(va, Reservation { size, pages: BTreeMap::new() });
+        Ok(va)
+    }
+
+    fn release_reservation(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.calls.release_reservation += 1;
+        match self.reservations.get(&va) {
+            Some(r) if r.size == size && r.pages.is_empty() => {
+                self.reservations.remove(&va);
+                Ok(())
+            }
+            Some(r) if !r.pages.is_empty() => {
+                Err(DeviceError::Invalid(format!("reservation {va:#x} still has {} mapped pages", r.pages.len())))
+            }
+            _ => Err(DeviceError::Invalid(format!("no reservation {va:#x} of {size} bytes"))),
+        }
+    }
+
+    fn map(&mut self, va: u64, size: u64, page: u64) -> Result<(), DeviceError> {
+        self.calls.map += 1;
+        let g = self.granularity.ok_or(DeviceError::Unsupported("virtual memory management"))?;
+        if !page.is_multiple_of(g) || !va.is_multiple_of(g) || !size.is_multiple_of(page) || size == 0 {
+            return Err(DeviceError::Invalid(format!("map of {va:#x}+{size} in pages of {page}")));
+        }
+        let r = self.reservation_of(va, size)?;
+        if r.pages.range(va..va + size).next().is_some() {
+            return Err(DeviceError::Invalid(format!("map of {va:#x}+{size} over mapped pages")));
+        }
+        self.take_allocation(size)?;
+        let r = self.reservation_of(va, size)?;
+        let mut p = va;
+        while p < va + size {
+            r.pages.insert(p, page);
+            p += page;
+        }
+        self.calls.pages_mapped += size / page;
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64, size: u64, page: u64, _stream: StreamId) -> Result<(), DeviceError> {
+        self.calls.unmap += 1;
+        let r = self.reservation_of(va, size)?;
+        let pages: Vec<u64> = r.pages.range(va..va + size).map(|(&p, _)| p).collect();
+        if pages.len() as u64 * page != size {
+            return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size}: not every page is mapped")));
+        }
+        for p in pages {
+            r.pages.remove(&p);
+        }
+        self.used -= size;
+        self.calls.pages_unmapped += size / page;
+        Ok(())
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.calls.record_event += 1;
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, SimEvent { stream, complete: self.auto_complete });
+        Ok(EventId(id))
+    }
+
+    fn query_event(&mut self, event: EventId) -> Result<bool, DeviceError> {
+        self.calls.query_event += 1;
+        self.events
+            .get(&event.0)
+            .map(|e| e.complete)
+            .ok_or_else(|| DeviceError::Invalid(format!("query of unknown event {}", event.0)))
+    }
+
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
+        self.calls.synchronize_event += 1;
+        let e = self
+            .events
+            .get_mut(&event.0)
+            .ok_or_else(|| DeviceError::Invalid(format!("synchronize of unknown event {}", event.0)))?;
+        e.complete = true;
+        Ok(())
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        self.events.remove(&event.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_deterministic_and_can_be_forced() {
+        let mut a = SimDevice::new(GIB);
+        let mut b = SimDevice::new(GIB);
+        for s in [2 * MIB, 20 * MIB, 3 * MIB] {
+            assert_eq!(a.malloc(s).unwrap(), b.malloc(s).unwrap());
+        }
+        a.push_next_address(0x1000_0000);
+        assert_eq!(a.malloc(2 * MIB).unwrap(), 0x1000_0000);
+        a.push_next_address(0x1000_0000 + MIB);
+        assert!(matches!(a.malloc(2 * MIB), Err(DeviceError::Invalid(_))));
+    }
+
+    #[test]
+    fn capacity_external_usage_and_fault_injection() {
+        let mut d = SimDevice::new(100 * MIB);
+        assert!(matches!(d.malloc(101 * MIB), Err(DeviceError::NeverFits { .. })));
+        d.set_external_usage(90 * MIB);
+        assert!(matches!(d.malloc(20 * MIB), Err(DeviceError::OutOfMemory { free, .. }) if free == 10 * MIB));
+        d.set_external_usage(0);
+        d.fail_nth_allocation(2);
+        let p = d.malloc(20 * MIB).unwrap();
+        assert!(d.malloc(20 * MIB).is_err());
+        d.malloc(20 * MIB).unwrap();
+        d.free(p, 20 * MIB).unwrap();
+        assert_eq!(d.used_bytes(), 20 * MIB);
+        assert_eq!(d.calls().failed_allocations, 3);
+    }
+
+    #[test]
+    fn pages_map_and_unmap_within_reservations() {
+        let mut d = SimDevice::new(100 * MIB);
+        let va = d.reserve(64 * MIB).unwrap();
+        d.map(va, 40 * MIB, 20 * MIB).unwrap();
+        assert_eq!(d.mem_get_info().free, 60 * MIB);
+        assert!(d.map(va + 20 * MIB, 20 * MIB, 20 * MIB).is_err(), "double map");
+        assert!(d.release_reservation(va, 64 * MIB).is_err(), "pages still mapped");
+        d.unmap(va, 20 * MIB, 20 * MIB, 0).unwrap();
+        d.unmap(va + 20 * MIB, 20 * MIB, 20 * MIB, 0).unwrap();
+        d.release_reservation(va, 64 * MIB).unwrap();
+        assert_eq!(d.used_bytes(), 0);
+    }
+
+    #[test]
+    fn events_complete_when_told() {
+        let mut d = SimDevice::new(GIB);
+        let a = d.record_event(1).unwrap();
+        let b = d.record_event(2).unwrap();
+        assert!(!d.query_event(a).unwrap());
+        d.complete_events_on(1);
+        assert!(d.query_event(a).unwrap());
+        assert!(!d.query_event(b).unwrap());
+        d.synchronize_event(b).unwrap();
+        assert!(d.query_event(b).unwrap());
+    }
+}

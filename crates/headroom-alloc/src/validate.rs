@@ -1,0 +1,246 @@
+//! The allocator's invariants, checked by a full recount (O(blocks)).
+//!
+//! 1. The blocks of each segment are linked both ways and tile it exactly;
+//!    segments do not overlap.
+//! 2. No two neighbouring blocks are both reusable and equally mapped (they
+//!    would have been merged).
+//! 3. A free mapped block is in its pool's free set under its own key; an
+//!    unmapped block is in the unmapped set; allocated and pending blocks are
+//!    in the active map; the sets hold nothing else.
+//! 4. Each pending block's event count equals its queued events.
+//! 5. Every statistic's `current` equals a recount, "all" equals small plus
+//!    large, and allocated ≤ reserved ≤ device memory.
+
+use crate::block::{size_key, NIL};
+use crate::caching::DeviceCachingAllocator;
+use crate::device::DeviceMemory;
+use crate::stats::{PoolKind, StatArray};
+use std::collections::HashMap;
+
+/// A broken invariant, described.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("allocator invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($fmt)+)));
+        }
+    };
+}
+
+type RecountField = fn(&Recount) -> i64;
+
+#[derive(Default, Clone, Copy)]
+struct Recount {
+    allocation: i64,
+    allocated_bytes: i64,
+    active: i64,
+    active_bytes: i64,
+    requested_bytes: i64,
+    segment: i64,
+    reserved_bytes: i64,
+    inactive_split: i64,
+    inactive_split_bytes: i64,
+}
+
+impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+    /// Checks every invariant; see the module documentation. Oversize counts
+    /// are checked against the `max_split_size` in force, so they can differ
+    /// after the setting is changed at run time, as PyTorch's do.
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
+        let mut pools = [Recount::default(); 2];
+        let idx = |k: PoolKind| if k == PoolKind::Small { 0 } else { 1 };
+        let mut oversize_allocs = 0i64;
+        let mut oversize_segs = 0i64;
+        let mut reached = 0usize;
+        let (mut n_free, mut n_unmapped, mut n_active) = (0usize, 0usize, 0usize);
+        let mut extents: Vec<(u64, u64)> = Vec::new();
+        let max_split = self.config.max_split_size;
+
+        let mut queued: HashMap<u32, u32> = HashMap::new();
+        for q in self.events.values() {
+            for &(_, id) in q {
+                *queued.entry(id).or_default() += 1;
+            }
+        }
+
+        let heads: Vec<u32> = self.arena.iter().filter(|(_, b)| b.prev == NIL).map(|(i, _)| i).collect();
+        for head in heads {
+            let h = &self.arena[head];
+            let (stream, kind, exp) = (h.stream, h.pool, h.expandable);
+            let r = &mut pools[idx(kind)];
+            let mut total = 0u64;
+            let mut id = head;
+            let mut prev = NIL;
+            loop {
+                let b = &self.arena[id];
+                reached += 1;
+                ensure!(b.live, "block {id} is linked but vacant");
+                ensure!(b.prev == prev, "block {:#x}: prev link broken", b.ptr);
+                ensure!(
+                    b.stream == stream && b.pool == kind && b.expandable == exp,
+                    "block {:#x} differs from its segment",
+                    b.ptr
+                );
+                ensure!(b.size > 0, "block {:#x} is empty", b.ptr);
+                if prev != NIL {
+                    let p = &self.arena[prev];
+                    ensure!(p.ptr + p.size == b.ptr, "gap or overlap between {:#x}+{} and {:#x}", p.ptr, p.size, b.ptr);
+                    ensure!(
+                        !(p.is_reusable() && b.is_reusable() && p.mapped == b.mapped),
+                        "free neighbours {:#x} and {:#x} are not merged",
+                        p.ptr,
+                        b.ptr
+                    );
+                }
+                total += b.size;
+                let pending = !b.allocated && (b.event_count > 0 || !b.stream_uses.is_empty());
+                ensure!(
+                    queued.get(&id).copied().unwrap_or(0) == b.event_count,
+                    "block {:#x} counts {} events, {} are queued",
+                    b.ptr,
+                    b.event_count,
+                    queued.get(&id).copied().unwrap_or(0)
+                );
+                if !b.mapped {
+                    n_unmapped += 1;
+                    ensure!(!b.allocated && b.event_count == 0, "unmapped block {:#x} is in use", b.ptr);
+                    ensure!(
+                        self.pool(kind).unmapped.get(&(b.stream, b.ptr)) == Some(&id),
+                        "unmapped block {:#x} is missing from the unmapped set",
+                        b.ptr
+                    );
+                } else if b.allocated || pending {
+                    n_active += 1;
+                    ensure!(
+                        self.active.get(&b.ptr) == Some(&id),
+                        "active block {:#x} is missing from the active map",
+                        b.ptr
+                    );
+                    r.active += 1;
+                    r.active_bytes += b.size as i64;
+                    r.requested_bytes += b.requested_size as i64;
+                    if b.allocated {
+                        r.allocation += 1;
+                        r.allocated_bytes += b.size as i64;
+                        if b.size >= max_split {
+                            oversize_allocs += 1;
+                        }
+                    }
+                } else {
+                    n_free += 1;
+                    ensure!(
+                        self.pool(kind).blocks.get(&size_key(b)) == Some(&id),
+                        "free block {:#x} is missing from the free set",
+                        b.ptr
+                    );
+                    if exp == NIL && b.is_split() {
+                        r.inactive_split += 1;
+                        r.inactive_split_bytes += b.size as i64;
+                    }
+                }
+                if b.mapped && exp != NIL {
+                    r.reserved_bytes += b.size as i64;
+                }
+                if b.next == NIL {
+                    break;
+                }
+                prev = id;
+                id = b.next;
+                ensure!(self.arena[id].prev == prev, "block {:#x}: next link broken", b.ptr);
+            }
+            if exp == NIL {
+                let seg = self.segments.get(&h.ptr);
+                ensure!(seg.is_some(), "segment {:#x} is not registered", h.ptr);
+                let seg = seg.expect("checked");
+                ensure!(seg.size == total, "segment {:#x} of {} bytes has blocks of {}", h.ptr, seg.size, total);
+                ensure!(seg.stream == stream && seg.pool == kind, "segment {:#x} stream or pool differs", h.ptr);
+                r.segment += 1;
+                r.reserved_bytes += total as i64;
+                if total >= max_split {
+                    oversize_segs += 1;
+                }
+            } else {
+                let seg = self.expandable.get(exp as usize).copied().flatten();
+                ensure!(seg.is_some(), "expandable segment {exp} is gone but has blocks");
+                let seg = seg.expect("checked");
+                ensure!(seg.base == h.ptr && seg.va_size == total, "expandable segment {:#x} is not tiled", seg.base);
+                ensure!(
+                    seg.stream == stream && seg.pool == kind,
+                    "expandable segment {:#x} stream or pool differs",
+                    seg.base
+                );
+            }
+            extents.push((h.ptr, total));
+        }
+        ensure!(
+            reached == self.arena.iter().count(),
+            "{} blocks are not reachable from a segment",
+            self.arena.iter().count() - reached
+        );
+        ensure!(self.segments.len() == pools[0].segment as usize + pools[1].segment as usize, "stale segment records");
+        let set_sizes = |k: PoolKind| (self.pool(k).blocks.len(), self.pool(k).unmapped.len());
+        let (fs, us) = set_sizes(PoolKind::Small);
+        let (fl, ul) = set_sizes(PoolKind::Large);
+        ensure!(fs + fl == n_free, "free sets hold {} entries for {} free blocks", fs + fl, n_free);
+        ensure!(us + ul == n_unmapped, "unmapped sets hold {} entries for {} unmapped blocks", us + ul, n_unmapped);
+        ensure!(
+            self.active.len() == n_active,
+            "active map holds {} entries for {} active blocks",
+            self.active.len(),
+            n_active
+        );
+        extents.sort_unstable();
+        for w in extents.windows(2) {
+            ensure!(w[0].0 + w[0].1 <= w[1].0, "segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
+        }
+
+        let s = &self.stats;
+        let checks: [(&str, &StatArray, RecountField); 9] = [
+            ("allocation", &s.allocation, |r| r.allocation),
+            ("allocated_bytes", &s.allocated_bytes, |r| r.allocated_bytes),
+            ("active", &s.active, |r| r.active),
+            ("active_bytes", &s.active_bytes, |r| r.active_bytes),
+            ("requested_bytes", &s.requested_bytes, |r| r.requested_bytes),
+            ("segment", &s.segment, |r| r.segment),
+            ("reserved_bytes", &s.reserved_bytes, |r| r.reserved_bytes),
+            ("inactive_split", &s.inactive_split, |r| r.inactive_split),
+            ("inactive_split_bytes", &s.inactive_split_bytes, |r| r.inactive_split_bytes),
+        ];
+        for (name, a, f) in checks {
+            let (small, large) = (f(&pools[0]), f(&pools[1]));
+            ensure!(a[1].current == small, "{name}.small_pool.current is {}, recount {small}", a[1].current);
+            ensure!(a[2].current == large, "{name}.large_pool.current is {}, recount {large}", a[2].current);
+            ensure!(
+                a[0].current == small + large,
+                "{name}.all.current is {}, pools sum to {}",
+                a[0].current,
+                small + large
+            );
+            for (p, st) in a.iter().enumerate() {
+                ensure!(st.peak >= st.current, "{name}[{p}] peak below current: {st:?}");
+            }
+        }
+        ensure!(
+            s.oversize_allocations.current == oversize_allocs,
+            "oversize_allocations is {}, recount {oversize_allocs}",
+            s.oversize_allocations.current
+        );
+        ensure!(
+            s.oversize_segments.current == oversize_segs,
+            "oversize_segments is {}, recount {oversize_segs}",
+            s.oversize_segments.current
+        );
+        let reserved = s.reserved_bytes[0].current;
+        ensure!(
+            self.total_allocated_memory as i64 == reserved,
+            "total_allocated_memory {} != reserved {reserved}",
+            self.total_allocated_memory
+        );
+        ensure!(s.allocated_bytes[0].current <= reserved, "allocated exceeds reserved");
+        ensure!(reserved as u64 <= self.device_total, "reserved exceeds the device");
+        Ok(())
+    }
+}
