@@ -18,6 +18,7 @@
 //! its pool's `blocks` set exactly once, an unmapped one in `unmapped`.
 
 use crate::device::StreamId;
+use crate::free_set::FreeSet;
 use crate::stats::PoolKind;
 use std::collections::BTreeMap;
 
@@ -43,8 +44,9 @@ pub(crate) struct Block {
     pub expandable: u32,
     /// Cross-stream events still pending before the block may be reused.
     pub event_count: u32,
-    /// Streams other than `stream` that used the block (`record_stream`).
-    pub stream_uses: Vec<StreamId>,
+    /// Other streams used the allocated block (`record_stream`); the list is
+    /// kept beside the arena so that a block fits in one cache line.
+    pub has_stream_uses: bool,
     /// The pool's search count when the block was last freed (GC age).
     pub gc_count_base: u64,
     /// False once the arena slot is vacant.
@@ -52,6 +54,7 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    #[inline]
     pub fn new(ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Self {
         Block {
             ptr,
@@ -65,7 +68,7 @@ impl Block {
             mapped: true,
             expandable: NIL,
             event_count: 0,
-            stream_uses: Vec::new(),
+            has_stream_uses: false,
             gc_count_base: 0,
             live: true,
         }
@@ -82,9 +85,11 @@ impl Block {
     }
 
     /// Free and not waiting for other streams: may be merged or reused.
+    /// (Stream uses are turned into events when a block is freed, so a free
+    /// block has none.)
     #[inline]
     pub fn is_reusable(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+        !self.allocated && self.event_count == 0
     }
 }
 
@@ -96,6 +101,7 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
+    #[inline]
     pub fn insert(&mut self, b: Block) -> u32 {
         if let Some(id) = self.vacant.pop() {
             self.slots[id as usize] = b;
@@ -106,10 +112,10 @@ impl Arena {
         }
     }
 
+    #[inline]
     pub fn remove(&mut self, id: u32) {
         let b = &mut self.slots[id as usize];
         b.live = false;
-        b.stream_uses = Vec::new();
         self.vacant.push(id);
     }
 
@@ -138,7 +144,7 @@ impl std::ops::IndexMut<u32> for Arena {
 #[derive(Debug, Clone)]
 pub(crate) struct BlockPool {
     /// Free mapped blocks by (stream, size, address): `lower_bound` is best fit.
-    pub blocks: BTreeMap<(StreamId, u64, u64), u32>,
+    pub blocks: FreeSet,
     /// Unmapped parts of expandable segments by (stream, address).
     pub unmapped: BTreeMap<(StreamId, u64), u32>,
     /// Searches of this pool so far: the clock that ages blocks for GC.
@@ -147,11 +153,6 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     pub fn new() -> Self {
-        BlockPool { blocks: BTreeMap::new(), unmapped: BTreeMap::new(), get_free_blocks_call_count: 0 }
+        BlockPool { blocks: FreeSet::default(), unmapped: BTreeMap::new(), get_free_blocks_call_count: 0 }
     }
-}
-
-#[inline]
-pub(crate) fn size_key(b: &Block) -> (StreamId, u64, u64) {
-    (b.stream, b.size, b.ptr)
 }

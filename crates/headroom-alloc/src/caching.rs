@@ -16,7 +16,7 @@
 //! 5. carve the block from the front of what was found, splitting off the rest
 //!    when `should_split` says so.
 
-use crate::block::{size_key, Arena, Block, BlockPool, NIL};
+use crate::block::{Arena, Block, BlockPool, NIL};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
@@ -79,8 +79,11 @@ pub struct DeviceCachingAllocator<D: DeviceMemory> {
     pub(crate) arena: Arena,
     pub(crate) small: BlockPool,
     pub(crate) large: BlockPool,
-    /// Allocated blocks and blocks waiting for cross-stream events, by address.
+    /// Allocated blocks by address (PyTorch's `allocated_blocks`); blocks
+    /// waiting for cross-stream events are reachable through `events`.
     pub(crate) active: FxHashMap<u64, u32>,
+    /// The streams recorded on allocated blocks (`record_stream`), by block.
+    pub(crate) stream_uses: FxHashMap<u32, Vec<StreamId>>,
     /// Non-expandable segments by base address.
     pub(crate) segments: BTreeMap<u64, SegmentRec>,
     pub(crate) expandable: Vec<Option<ExpandableSegment>>,
@@ -111,6 +114,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
             small: BlockPool::new(),
             large: BlockPool::new(),
             active: FxHashMap::default(),
+            stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             events: BTreeMap::new(),
@@ -235,6 +239,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         }
     }
 
+    #[inline]
     pub(crate) fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
         if let Some(h) = self.history.as_mut() {
             let time_us = self.explicit_time.unwrap_or(self.clock);
@@ -304,7 +309,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     }
 
     fn oom_report(&self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> OomReport {
-        let largest = [&self.small, &self.large].iter().flat_map(|p| p.blocks.keys().map(|k| k.1)).max().unwrap_or(0);
+        let largest = [&self.small, &self.large].iter().filter_map(|p| p.blocks.largest()).max().unwrap_or(0);
         OomReport {
             device: self.device_index,
             stream,
@@ -353,11 +358,23 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if gc_clock {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut it = pool.blocks.range((stream, size, 0)..);
-        let (mut key, mut id) = it.next().map(|(k, v)| (*k, *v))?;
-        if key.0 != stream {
+        let fits = |found_size: u64| {
+            !(size < max_split && found_size >= max_split)
+                && !(size >= max_split && found_size >= size.saturating_add(rounding))
+        };
+        // Common case in one search: the best fit is an ordinary block.
+        let mut expandable_first = false;
+        let fast = pool.blocks.take_first_at_least_if(stream, size, |found_size, id| {
+            expandable_first = arena[id].is_expandable();
+            !expandable_first && fits(found_size)
+        });
+        if let Some((_, _, id)) = fast {
+            return Some(id);
+        }
+        if !expandable_first {
             return None;
         }
+        let (mut found_size, mut found_ptr, mut id) = pool.blocks.first_at_least(stream, size)?;
         if arena[id].is_expandable() {
             if expandable_on {
                 // Best fit counts the room an expandable block can still grow into.
@@ -366,34 +383,28 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                     b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
                 };
                 while arena[id].is_expandable() {
-                    match it.next() {
-                        Some((k, &n)) if k.0 == stream && grow(n) < grow(id) => (key, id) = (*k, n),
+                    match pool.blocks.next_after(stream, found_size, found_ptr) {
+                        Some((s, p, n)) if grow(n) < grow(id) => (found_size, found_ptr, id) = (s, p, n),
                         _ => break,
                     }
                 }
             } else {
                 // Expandable segments were turned off: honour it by skipping their blocks.
                 loop {
-                    match it.next() {
-                        Some((k, &n)) if k.0 == stream => {
-                            (key, id) = (*k, n);
-                            if !arena[n].is_expandable() {
-                                break;
-                            }
-                        }
-                        _ => return None,
+                    let (s, p, n) = pool.blocks.next_after(stream, found_size, found_ptr)?;
+                    (found_size, found_ptr, id) = (s, p, n);
+                    if !arena[n].is_expandable() {
+                        break;
                     }
                 }
             }
         }
-        let found = arena[id].size;
-        if size < max_split && found >= max_split {
+        // The oversize rules: requests below max_split_size never take oversize
+        // blocks, oversize requests only blocks within the rounding tolerance.
+        if !fits(found_size) {
             return None;
         }
-        if size >= max_split && found >= size.saturating_add(rounding) {
-            return None;
-        }
-        pool.blocks.remove(&key);
+        pool.blocks.remove(stream, found_size, found_ptr);
         Some(id)
     }
 
@@ -510,14 +521,12 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// (`record_stream`), it becomes reusable only once their work recorded
     /// so far has finished.
     pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
-        let id = match self.active.get(&ptr) {
-            Some(&id) if self.arena[id].allocated => id,
-            _ => return Err(AllocError::InvalidPointer(ptr)),
-        };
+        let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
         let b = &mut self.arena[id];
+        debug_assert!(b.allocated);
         b.allocated = false;
         let (kind, size, requested, stream) = (b.pool, b.size, b.requested_size, b.stream);
-        let pending = !b.stream_uses.is_empty();
+        let pending = b.has_stream_uses;
         stats::decrease(&mut self.stats.allocation, kind, 1);
         stats::decrease(&mut self.stats.allocated_bytes, kind, size);
         self.trace(Action::FreeRequested, ptr, requested, stream);
@@ -536,19 +545,21 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// that freeing it waits for that stream's work. The allocation's own
     /// stream is ignored.
     pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let id = match self.active.get(&ptr) {
-            Some(&id) if self.arena[id].allocated => id,
-            _ => return Err(AllocError::InvalidPointer(ptr)),
-        };
+        let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
         let b = &mut self.arena[id];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            b.has_stream_uses = true;
+            let uses = self.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
         }
         Ok(())
     }
 
     fn insert_events(&mut self, id: u32) -> Result<(), AllocError> {
-        let streams = std::mem::take(&mut self.arena[id].stream_uses);
+        self.arena[id].has_stream_uses = false;
+        let streams = self.stream_uses.remove(&id).unwrap_or_default();
         for s in streams {
             let ev = self.device.record_event(s)?;
             self.arena[id].event_count += 1;
@@ -609,7 +620,6 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         let (ptr, original_size, requested, stream, kind, prev, next) =
             (b.ptr, b.size, b.requested_size, b.stream, b.pool, b.prev, b.next);
         self.trace(Action::FreeCompleted, ptr, requested, stream);
-        self.active.remove(&ptr);
         let mut net_blocks = 0i64;
         let mut net_bytes = 0i64;
         for candidate in [prev, next] {
@@ -666,7 +676,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         self.arena[dst].size += s_size;
         let pool = self.pool_mut(kind);
         if s_mapped {
-            pool.blocks.remove(&(s_stream, s_size, s_ptr));
+            pool.blocks.remove(s_stream, s_size, s_ptr);
         } else {
             pool.unmapped.remove(&(s_stream, s_ptr));
         }
@@ -678,15 +688,16 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     pub(crate) fn insert_into_blocks(&mut self, id: u32) {
         let kind = self.arena[id].pool;
         let clock = self.pool(kind).get_free_blocks_call_count;
-        self.arena[id].gc_count_base = clock;
-        let key = size_key(&self.arena[id]);
-        let inserted = self.pool_mut(kind).blocks.insert(key, id).is_none();
-        debug_assert!(inserted, "block {key:?} was already free");
+        let b = &mut self.arena[id];
+        b.gc_count_base = clock;
+        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
+        let inserted = self.pool_mut(kind).blocks.insert(stream, size, ptr, id);
+        debug_assert!(inserted, "block {ptr:#x} was already free");
     }
 
     /// Rounded size of the live allocation at `ptr`.
     pub fn allocation_size(&self, ptr: u64) -> Option<u64> {
-        self.active.get(&ptr).map(|&id| &self.arena[id]).filter(|b| b.allocated).map(|b| b.size)
+        self.active.get(&ptr).map(|&id| self.arena[id].size)
     }
 
     /// Bytes currently obtained from the device.
@@ -700,5 +711,17 @@ fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
         stats::increase(a, kind, net as u64);
     } else if net < 0 {
         stats::decrease(a, kind, (-net) as u64);
+    }
+}
+
+impl<D: DeviceMemory> std::fmt::Debug for DeviceCachingAllocator<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCachingAllocator")
+            .field("device_index", &self.device_index)
+            .field("config", &self.config.raw)
+            .field("reserved_bytes", &self.total_allocated_memory)
+            .field("allocated_bytes", &self.stats.allocated_bytes[0].current)
+            .field("blocks", &self.arena.iter().count())
+            .finish()
     }
 }

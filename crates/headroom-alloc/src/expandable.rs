@@ -16,7 +16,7 @@
 //! room; each mapping is one `segment_map` and one device allocation, and
 //! never changes the `segment` count.
 
-use crate::block::{size_key, Block, NIL};
+use crate::block::{Block, NIL};
 use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
@@ -53,8 +53,9 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
             }
             candidate = next;
         }
-        let key = size_key(&self.arena[candidate]);
-        self.pool_mut(kind).blocks.remove(&key);
+        let b = &self.arena[candidate];
+        let (s, size, ptr) = (b.stream, b.size, b.ptr);
+        self.pool_mut(kind).blocks.remove(s, size, ptr);
         Ok(Some(candidate))
     }
 
@@ -155,8 +156,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         }
         let (un_ptr, un_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
         self.device.unmap(un_ptr, un_size, seg.page, stream)?;
-        let key = size_key(&self.arena[id]);
-        self.pool_mut(kind).blocks.remove(&key);
+        self.pool_mut(kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
         if before > 0 {
             let mut f = Block::new(ptr, before, stream, kind);

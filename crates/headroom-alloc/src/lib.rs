@@ -48,6 +48,7 @@ pub mod config;
 pub mod device;
 mod error;
 mod expandable;
+mod free_set;
 mod history;
 mod release;
 pub mod sim;

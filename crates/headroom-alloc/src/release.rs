@@ -1,7 +1,6 @@
 //! Giving cached memory back to the device: `empty_cache`, the full flush of
 //! the out-of-memory ladder, the oversize release, and garbage collection.
 
-use crate::block::size_key;
 use crate::caching::DeviceCachingAllocator;
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
@@ -27,7 +26,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     }
 
     fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocError> {
-        let ids: Vec<u32> = self.pool(kind).blocks.values().copied().collect();
+        let ids: Vec<u32> = self.pool(kind).blocks.ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = &self.arena[id];
@@ -52,7 +51,6 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         let b = &self.arena[id];
         debug_assert!(!b.is_expandable() && !b.is_split() && !b.allocated);
         let (ptr, size, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
-        let key = size_key(b);
         self.stats.num_device_free += 1;
         self.trace(Action::SegmentFree, ptr, size, stream);
         self.device.free(ptr, size)?;
@@ -62,7 +60,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(kind).blocks.remove(&key);
+        self.pool_mut(kind).blocks.remove(stream, size, ptr);
         self.arena.remove(id);
         self.segments.remove(&ptr);
         Ok(())
@@ -85,9 +83,8 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         }
         let key_size = size.max(max_split);
         let pool = self.pool(kind);
-        let hit = pool.blocks.range((stream, key_size, 0)..).next().map(|(k, &id)| (*k, id));
-        match hit {
-            Some((k, id)) if k.0 == stream && !self.arena[id].is_expandable() && !self.arena[id].is_split() => {
+        match pool.blocks.first_at_least(stream, key_size) {
+            Some((_, _, id)) if !self.arena[id].is_expandable() && !self.arena[id].is_split() => {
                 self.release_block(id)?;
                 Ok(true)
             }
@@ -95,10 +92,10 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                 // Walk down from the largest block below the search key.
                 let candidates: Vec<u32> = pool
                     .blocks
-                    .range(..(stream, key_size, 0))
-                    .rev()
-                    .take_while(|(k, _)| k.0 == stream && k.1 >= max_split)
-                    .map(|(_, &id)| id)
+                    .below_descending(stream, key_size)
+                    .into_iter()
+                    .take_while(|&(size, _, _)| size >= max_split)
+                    .map(|(_, _, id)| id)
                     .collect();
                 let mut released = 0;
                 for id in candidates {
@@ -132,7 +129,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         let freeable = |b: &crate::block::Block| !b.is_split() && !b.is_expandable();
         let mut total_age = 0u64;
         let mut count = 0u64;
-        for &id in self.large.blocks.values() {
+        for id in self.large.blocks.ids() {
             let b = &self.arena[id];
             if freeable(b) {
                 total_age += age(b);
@@ -144,7 +141,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         while reclaimed < target && freed_any && count > 0 {
             let threshold = total_age as f64 / count as f64;
             freed_any = false;
-            let ids: Vec<u32> = self.large.blocks.values().copied().collect();
+            let ids: Vec<u32> = self.large.blocks.ids();
             for id in ids {
                 let b = &self.arena[id];
                 if freeable(b) && age(b) as f64 >= threshold {

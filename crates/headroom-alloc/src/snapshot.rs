@@ -116,7 +116,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
             let b = &self.arena[id];
             let state = if b.allocated {
                 BlockState::ActiveAllocated
-            } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+            } else if b.event_count > 0 {
                 BlockState::ActivePendingFree
             } else {
                 BlockState::Inactive

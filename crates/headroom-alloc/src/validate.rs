@@ -5,13 +5,14 @@
 //! 2. No two neighbouring blocks are both reusable and equally mapped (they
 //!    would have been merged).
 //! 3. A free mapped block is in its pool's free set under its own key; an
-//!    unmapped block is in the unmapped set; allocated and pending blocks are
-//!    in the active map; the sets hold nothing else.
+//!    unmapped block is in the unmapped set; an allocated block is in the
+//!    allocated map; the sets hold nothing else. Only allocated blocks carry
+//!    stream uses.
 //! 4. Each pending block's event count equals its queued events.
 //! 5. Every statistic's `current` equals a recount, "all" equals small plus
 //!    large, and allocated ≤ reserved ≤ device memory.
 
-use crate::block::{size_key, NIL};
+use crate::block::NIL;
 use crate::caching::DeviceCachingAllocator;
 use crate::device::DeviceMemory;
 use crate::stats::{PoolKind, StatArray};
@@ -96,7 +97,12 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                     );
                 }
                 total += b.size;
-                let pending = !b.allocated && (b.event_count > 0 || !b.stream_uses.is_empty());
+                let pending = !b.allocated && b.event_count > 0;
+                ensure!(
+                    b.has_stream_uses == self.stream_uses.contains_key(&id) && (b.allocated || !b.has_stream_uses),
+                    "block {:#x}: stream uses out of step",
+                    b.ptr
+                );
                 ensure!(
                     queued.get(&id).copied().unwrap_or(0) == b.event_count,
                     "block {:#x} counts {} events, {} are queued",
@@ -113,12 +119,14 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                         b.ptr
                     );
                 } else if b.allocated || pending {
-                    n_active += 1;
-                    ensure!(
-                        self.active.get(&b.ptr) == Some(&id),
-                        "active block {:#x} is missing from the active map",
-                        b.ptr
-                    );
+                    if b.allocated {
+                        n_active += 1;
+                        ensure!(
+                            self.active.get(&b.ptr) == Some(&id),
+                            "allocated block {:#x} is missing from the allocated map",
+                            b.ptr
+                        );
+                    }
                     r.active += 1;
                     r.active_bytes += b.size as i64;
                     r.requested_bytes += b.requested_size as i64;
@@ -132,7 +140,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                 } else {
                     n_free += 1;
                     ensure!(
-                        self.pool(kind).blocks.get(&size_key(b)) == Some(&id),
+                        self.pool(kind).blocks.get(b.stream, b.size, b.ptr) == Some(id),
                         "free block {:#x} is missing from the free set",
                         b.ptr
                     );
@@ -188,7 +196,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         ensure!(us + ul == n_unmapped, "unmapped sets hold {} entries for {} unmapped blocks", us + ul, n_unmapped);
         ensure!(
             self.active.len() == n_active,
-            "active map holds {} entries for {} active blocks",
+            "allocated map holds {} entries for {} allocated blocks",
             self.active.len(),
             n_active
         );

@@ -385,7 +385,7 @@ fn summary_matches_pytorchs_layout() {
 #[test]
 fn stats_and_device_agree() {
     let mut a = allocator("", GIB);
-    let xs: Vec<_> = (1..20).map(|i| a.malloc(i * 700_000, (i % 3) as u64).unwrap()).collect();
+    let xs: Vec<_> = (1..20).map(|i| a.malloc(i * 700_000, i % 3).unwrap()).collect();
     for x in xs.iter().step_by(2) {
         a.free(x.ptr).unwrap();
     }

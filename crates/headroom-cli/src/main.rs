@@ -1,0 +1,34 @@
+//! The `headroom` command: parses arguments and hands each subcommand to the
+//! library crates; no allocator logic lives here.
+
+mod replay_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// GPU memory management for deep learning: measured answers instead of folklore.
+#[derive(Parser, Debug)]
+#[command(name = "headroom", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Replay(replay_cmd::ReplayArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(args) => replay_cmd::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

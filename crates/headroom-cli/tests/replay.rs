@@ -1,0 +1,198 @@
+//! `headroom replay`, run as a user runs it.
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn bundled() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/gpt2-small-train.jsonl")
+}
+
+fn headroom() -> Command {
+    Command::cargo_bin("headroom").unwrap()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn replays_the_bundled_trace() {
+    headroom()
+        .args(["replay"])
+        .arg(bundled())
+        .assert()
+        .success()
+        .stdout(contains("2640 operations on a simulated GPU of 80.00 GiB"))
+        .stdout(contains("(default)"))
+        .stdout(contains("peak reserved"));
+}
+
+#[test]
+fn json_has_the_documented_keys() {
+    let out = headroom().arg("replay").arg(bundled()).arg("--json").output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "num_device_alloc",
+        "num_device_free",
+        "num_ooms",
+        "oom_ops",
+        "stats",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    assert_eq!(v["stats"].as_object().unwrap().len(), 122);
+    assert_eq!(v["stats"]["reserved_bytes.all.peak"], v["peak_reserved_bytes"]);
+    assert_eq!(v["num_ooms"], 0);
+}
+
+#[test]
+fn comparing_settings_gives_one_run_each() {
+    let out = headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--alloc-conf", "", "--alloc-conf", "expandable_segments:True", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["alloc_conf"], "expandable_segments:True");
+    assert!(runs[1]["peak_reserved_bytes"].as_u64() < runs[0]["peak_reserved_bytes"].as_u64());
+}
+
+#[test]
+fn ooms_are_reported_with_line_numbers_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(
+        dir.path(),
+        "t.jsonl",
+        "{\"op\":\"alloc\",\"id\":\"a\",\"size\":41943040}\n{\"op\":\"alloc\",\"id\":\"b\",\"size\":41943040}\n\
+         {\"op\":\"free\",\"id\":\"b\"}\n{\"op\":\"alloc\",\"id\":\"c\",\"size\":1000}\n",
+    );
+    let out = headroom().arg("replay").arg(&t).args(["--capacity", "64MiB", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["num_ooms"], 1);
+    assert_eq!(v["oom_ops"], serde_json::json!([2]));
+    assert_eq!(v["skipped_frees"], 1);
+    assert_eq!(v["stats"]["num_ooms"], 1);
+    headroom()
+        .arg("replay")
+        .arg(&t)
+        .args(["--capacity", "64MiB"])
+        .assert()
+        .code(1)
+        .stdout(contains("1 allocations failed, at lines 2"))
+        .stdout(contains("CUDA out of memory. Tried to allocate 40.00 MiB"));
+}
+
+#[test]
+fn bad_input_is_named_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path(), "bad.jsonl", "{\"op\":\"alloc\",\"id\":1,\"size\":10}\n{\"op\":\"alloc\",\"id\":2}\n");
+    headroom().arg("replay").arg(&t).assert().code(2).stderr(contains("line 2: missing `size`"));
+    let good = write(dir.path(), "good.jsonl", "{\"op\":\"alloc\",\"id\":1,\"size\":10}\n");
+    headroom()
+        .arg("replay")
+        .arg(&good)
+        .args(["--alloc-conf", "max_split_size_mb:5"])
+        .assert()
+        .code(2)
+        .stderr(contains("max_split_size_mb"));
+    headroom().arg("replay").arg(&good).args(["--capacity", "lots"]).assert().code(2).stderr(contains("--capacity"));
+    headroom().arg("replay").arg(dir.path().join("missing.jsonl")).assert().code(2).stderr(contains("missing.jsonl"));
+    let unknown = write(dir.path(), "u.jsonl", "{\"op\":\"free\",\"id\":1}\n");
+    headroom().arg("replay").arg(&unknown).assert().code(2).stderr(contains("line 1: `1` is not a live allocation"));
+}
+
+/// The pickle is protocol 4 and holds what PyTorch's viewer reads, consistent
+/// with the trace (the viewer rebuilds earlier states from it): every active
+/// block in `segments` is an `alloc` without a matching `free_completed`, and
+/// the segment events add up to the reserved total.
+#[test]
+fn snapshot_out_writes_a_consistent_pytorch_snapshot() {
+    use serde_pickle::{HashableValue as H, Value as V};
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snap.pickle");
+    headroom()
+        .arg("replay")
+        .arg(bundled())
+        .arg("--snapshot-out")
+        .arg(&snap)
+        .assert()
+        .success()
+        .stdout(contains("memory_viz"));
+    let bytes = std::fs::read(&snap).unwrap();
+    assert_eq!(&bytes[..2], &[0x80, 4]);
+    let v = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+    let get = |v: &V, k: &str| match v {
+        V::Dict(d) => d.get(&H::String(k.into())).cloned().unwrap_or_else(|| panic!("no key {k}")),
+        _ => panic!("not a dict"),
+    };
+    let int = |v: V| match v {
+        V::I64(i) => i,
+        other => panic!("not an int: {other:?}"),
+    };
+    let list = |v: V| match v {
+        V::List(l) => l,
+        other => panic!("not a list: {other:?}"),
+    };
+    let segments = list(get(&v, "segments"));
+    let trace = list(list(get(&v, "device_traces")).remove(0));
+    assert!(!segments.is_empty() && !trace.is_empty());
+    let mut live = std::collections::BTreeMap::new();
+    let mut reserved = 0i64;
+    for e in &trace {
+        let action = match get(e, "action") {
+            V::String(s) => s,
+            _ => panic!(),
+        };
+        match action.as_str() {
+            "alloc" => assert!(live.insert(int(get(e, "addr")), int(get(e, "size"))).is_none()),
+            "free_completed" => assert!(live.remove(&int(get(e, "addr"))).is_some()),
+            "segment_alloc" | "segment_map" => reserved += int(get(e, "size")),
+            "segment_free" | "segment_unmap" => reserved -= int(get(e, "size")),
+            _ => {}
+        }
+    }
+    let mut total = 0;
+    let mut allocated = std::collections::BTreeMap::new();
+    for s in &segments {
+        total += int(get(s, "total_size"));
+        assert_eq!(get(s, "segment_pool_id"), V::Tuple(vec![V::I64(0), V::I64(0)]));
+        for b in list(get(s, "blocks")) {
+            // A freed block waiting for another stream has no free_completed yet.
+            if get(&b, "state") != V::String("inactive".into()) {
+                allocated.insert(int(get(&b, "address")), int(get(&b, "requested_size")));
+            }
+        }
+    }
+    assert_eq!(total, reserved);
+    assert!(allocated == live, "live blocks in `segments` differ from the trace");
+    let settings = get(&v, "allocator_settings");
+    assert_eq!(get(&settings, "max_split_size"), V::I64(-1));
+
+    // The same snapshot as JSON.
+    let json_path = dir.path().join("snap.json");
+    headroom().arg("replay").arg(bundled()).arg("--snapshot-out").arg(&json_path).assert().success();
+    let j: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(j["segments"].as_array().unwrap().len(), segments.len());
+}
+
+#[test]
+fn help_teaches_the_format() {
+    headroom()
+        .args(["replay", "--help"])
+        .assert()
+        .success()
+        .stdout(contains("{\"op\":\"alloc\",\"id\":1,\"size\":4096,\"stream\":0}"))
+        .stdout(contains("--alloc-conf"))
+        .stdout(contains("Exit status"));
+}

@@ -1,0 +1,28 @@
+//! # headroom-trace
+//!
+//! Allocation traces and what to do with them:
+//!
+//! - [`jsonl`]: headroom's plain trace format, one operation per line, that
+//!   anyone can write to drive the allocator;
+//! - [`replay`]: a trace pushed through the caching allocator on a simulated
+//!   GPU under any `PYTORCH_CUDA_ALLOC_CONF`, with peaks, device calls and
+//!   out-of-memory errors reported;
+//! - [`snapshot_file`]: snapshots written as PyTorch's pickle (protocol 4)
+//!   or JSON, which PyTorch's memory viewer opens;
+//! - [`synth`]: synthetic workloads (a transformer training loop).
+//!
+//! ```
+//! use headroom_trace::{jsonl::read_trace, replay::{replay, ReplayOptions}};
+//! use headroom_alloc::AllocatorConfig;
+//!
+//! let trace = read_trace(&b"{\"op\":\"alloc\",\"id\":1,\"size\":3000000}\n{\"op\":\"free\",\"id\":1}\n"[..]).unwrap();
+//! let opts = ReplayOptions { config: AllocatorConfig::default(), capacity: 80 << 30, history: None };
+//! let (report, _allocator) = replay(&trace, &opts, |_| {}).unwrap();
+//! assert_eq!(report.peak_reserved_bytes, 20 << 20);
+//! ```
+
+pub mod jsonl;
+pub mod py;
+pub mod replay;
+pub mod snapshot_file;
+pub mod synth;

@@ -1,0 +1,249 @@
+//! Python values — the plain containers a PyTorch snapshot is made of — and
+//! their two encodings: pickle protocol 4 and JSON.
+//!
+//! headroom writes its own pickler instead of using serde-pickle because
+//! serde-pickle writes only protocols 2 and 3 and cannot emit tuples from a
+//! map; PyTorch's viewer reads protocols 2–4 and snapshots carry tuples.
+//! The writer uses only opcodes the viewer's JavaScript unpickler supports.
+
+use std::io::{self, Write};
+
+/// A Python value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Py {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    List(Vec<Py>),
+    Tuple(Vec<Py>),
+    /// Insertion-ordered, like a Python dict.
+    Dict(Vec<(Py, Py)>),
+}
+
+impl Py {
+    /// A dict with string keys, in the given order.
+    pub fn dict<K: Into<String>>(items: impl IntoIterator<Item = (K, Py)>) -> Py {
+        Py::Dict(items.into_iter().map(|(k, v)| (Py::Str(k.into()), v)).collect())
+    }
+
+    /// An int from an unsigned value (addresses and sizes fit in i64).
+    pub fn uint(v: u64) -> Py {
+        Py::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+
+    /// A str.
+    pub fn str(s: impl Into<String>) -> Py {
+        Py::Str(s.into())
+    }
+}
+
+const PROTO: u8 = 0x80;
+const STOP: u8 = b'.';
+const NONE: u8 = b'N';
+const NEWTRUE: u8 = 0x88;
+const NEWFALSE: u8 = 0x89;
+const BININT: u8 = b'J';
+const BININT1: u8 = b'K';
+const BININT2: u8 = b'M';
+const LONG1: u8 = 0x8a;
+const BINFLOAT: u8 = b'G';
+const SHORT_BINUNICODE: u8 = 0x8c;
+const BINUNICODE: u8 = b'X';
+const EMPTY_LIST: u8 = b']';
+const EMPTY_DICT: u8 = b'}';
+const EMPTY_TUPLE: u8 = b')';
+const MARK: u8 = b'(';
+const APPENDS: u8 = b'e';
+const SETITEMS: u8 = b'u';
+const TUPLE: u8 = b't';
+const TUPLE1: u8 = 0x85;
+const TUPLE2: u8 = 0x86;
+const TUPLE3: u8 = 0x87;
+
+/// Items per APPENDS/SETITEMS batch, as CPython's pickler batches them.
+const BATCH: usize = 1000;
+
+/// Writes `value` as a protocol-4 pickle (no framing, no memo: both optional).
+pub fn write_pickle<W: Write>(value: &Py, out: &mut W) -> io::Result<()> {
+    let mut w = io::BufWriter::new(out);
+    w.write_all(&[PROTO, 4])?;
+    pickle_value(value, &mut w)?;
+    w.write_all(&[STOP])?;
+    w.flush()
+}
+
+fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
+    match v {
+        Py::None => w.write_all(&[NONE]),
+        Py::Bool(true) => w.write_all(&[NEWTRUE]),
+        Py::Bool(false) => w.write_all(&[NEWFALSE]),
+        Py::Int(i) => pickle_int(*i, w),
+        Py::Float(f) => {
+            w.write_all(&[BINFLOAT])?;
+            w.write_all(&f.to_be_bytes())
+        }
+        Py::Str(s) => {
+            let b = s.as_bytes();
+            if b.len() < 256 {
+                w.write_all(&[SHORT_BINUNICODE, b.len() as u8])?;
+            } else {
+                w.write_all(&[BINUNICODE])?;
+                w.write_all(&(b.len() as u32).to_le_bytes())?;
+            }
+            w.write_all(b)
+        }
+        Py::List(items) => {
+            w.write_all(&[EMPTY_LIST])?;
+            for chunk in items.chunks(BATCH) {
+                w.write_all(&[MARK])?;
+                for x in chunk {
+                    pickle_value(x, w)?;
+                }
+                w.write_all(&[APPENDS])?;
+            }
+            Ok(())
+        }
+        Py::Tuple(items) => {
+            let op = match items.len() {
+                0 => return w.write_all(&[EMPTY_TUPLE]),
+                1 => TUPLE1,
+                2 => TUPLE2,
+                3 => TUPLE3,
+                _ => {
+                    w.write_all(&[MARK])?;
+                    TUPLE
+                }
+            };
+            for x in items {
+                pickle_value(x, w)?;
+            }
+            w.write_all(&[op])
+        }
+        Py::Dict(items) => {
+            w.write_all(&[EMPTY_DICT])?;
+            for chunk in items.chunks(BATCH) {
+                w.write_all(&[MARK])?;
+                for (k, x) in chunk {
+                    pickle_value(k, w)?;
+                    pickle_value(x, w)?;
+                }
+                w.write_all(&[SETITEMS])?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn pickle_int<W: Write>(i: i64, w: &mut W) -> io::Result<()> {
+    if (0..256).contains(&i) {
+        w.write_all(&[BININT1, i as u8])
+    } else if (0..65536).contains(&i) {
+        w.write_all(&[BININT2])?;
+        w.write_all(&(i as u16).to_le_bytes())
+    } else if let Ok(small) = i32::try_from(i) {
+        w.write_all(&[BININT])?;
+        w.write_all(&small.to_le_bytes())
+    } else {
+        // LONG1: little-endian two's complement, shortest form.
+        let bytes = i.to_le_bytes();
+        let mut n = 8;
+        while n > 1 {
+            let top = bytes[n - 1];
+            let next_sign = bytes[n - 2] & 0x80;
+            if (top == 0 && next_sign == 0) || (top == 0xff && next_sign != 0) {
+                n -= 1;
+            } else {
+                break;
+            }
+        }
+        w.write_all(&[LONG1, n as u8])?;
+        w.write_all(&bytes[..n])
+    }
+}
+
+impl serde::Serialize for Py {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self {
+            Py::None => s.serialize_none(),
+            Py::Bool(b) => s.serialize_bool(*b),
+            Py::Int(i) => s.serialize_i64(*i),
+            Py::Float(f) => s.serialize_f64(*f),
+            Py::Str(x) => s.serialize_str(x),
+            Py::List(items) | Py::Tuple(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for x in items {
+                    seq.serialize_element(x)?;
+                }
+                seq.end()
+            }
+            Py::Dict(items) => {
+                let mut map = s.serialize_map(Some(items.len()))?;
+                for (k, v) in items {
+                    match k {
+                        Py::Str(k) => map.serialize_entry(k, v)?,
+                        Py::Int(i) => map.serialize_entry(&i.to_string(), v)?,
+                        other => map.serialize_entry(&format!("{other:?}"), v)?,
+                    }
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(v: &Py) -> serde_pickle::Value {
+        let mut buf = Vec::new();
+        write_pickle(v, &mut buf).unwrap();
+        assert_eq!(&buf[..2], &[0x80, 4], "protocol 4");
+        serde_pickle::value_from_slice(&buf, serde_pickle::DeOptions::new()).unwrap()
+    }
+
+    #[test]
+    fn ints_of_every_width_read_back() {
+        use serde_pickle::{HashableValue as H, Value as V};
+        for i in [
+            0,
+            1,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            -129,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            1 << 40,
+            0x7f00_0000_0000,
+            i64::MAX,
+            i64::MIN,
+            -(1 << 40),
+        ] {
+            assert_eq!(roundtrip(&Py::Int(i)), V::I64(i), "{i}");
+        }
+        let v = Py::dict([
+            ("a", Py::Tuple(vec![Py::Int(0), Py::Int(0)])),
+            ("b", Py::List(vec![Py::Bool(true), Py::None, Py::Float(0.5)])),
+        ]);
+        let V::Dict(d) = roundtrip(&v) else { panic!() };
+        assert_eq!(d[&H::String("a".into())], V::Tuple(vec![V::I64(0), V::I64(0)]));
+        assert_eq!(d[&H::String("b".into())], V::List(vec![V::Bool(true), V::None, V::F64(0.5)]));
+    }
+
+    #[test]
+    fn long_strings_and_big_containers_batch() {
+        use serde_pickle::Value as V;
+        let long = "x".repeat(70_000);
+        let list = Py::List((0..2500).map(Py::Int).collect());
+        assert_eq!(roundtrip(&Py::Str(long.clone())), V::String(long));
+        let V::List(items) = roundtrip(&list) else { panic!() };
+        assert_eq!(items.len(), 2500);
+        assert_eq!(items[2499], V::I64(2499));
+    }
+}
