@@ -359,8 +359,11 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
             pool.get_free_blocks_call_count += 1;
         }
         let fits = |found_size: u64| {
-            !(size < max_split && found_size >= max_split)
-                && !(size >= max_split && found_size >= size.saturating_add(rounding))
+            if size < max_split {
+                found_size < max_split
+            } else {
+                found_size < size.saturating_add(rounding)
+            }
         };
         // Common case in one search: the best fit is an ordinary block.
         let mut expandable_first = false;

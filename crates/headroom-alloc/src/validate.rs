@@ -56,7 +56,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         let mut oversize_allocs = 0i64;
         let mut oversize_segs = 0i64;
         let mut reached = 0usize;
-        let (mut n_free, mut n_unmapped, mut n_active) = (0usize, 0usize, 0usize);
+        let (mut n_free, mut n_unmapped, mut n_active, mut n_uses) = (0usize, 0usize, 0usize, 0usize);
         let mut extents: Vec<(u64, u64)> = Vec::new();
         let max_split = self.config.max_split_size;
 
@@ -98,6 +98,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                 }
                 total += b.size;
                 let pending = !b.allocated && b.event_count > 0;
+                n_uses += b.has_stream_uses as usize;
                 ensure!(
                     b.has_stream_uses == self.stream_uses.contains_key(&id) && (b.allocated || !b.has_stream_uses),
                     "block {:#x}: stream uses out of step",
@@ -200,6 +201,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
             self.active.len(),
             n_active
         );
+        ensure!(self.stream_uses.len() == n_uses, "stale record_stream entries");
         extents.sort_unstable();
         for w in extents.windows(2) {
             ensure!(w[0].0 + w[0].1 <= w[1].0, "segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
