@@ -4,37 +4,33 @@ use crate::stats::{DeviceStats, Stat, StatArray};
 
 const WIDTH: usize = 75;
 
-/// PyTorch's `_format_size`: the unit is chosen from `pref` (the "all" row's
-/// value of the column) and applied to `value` by integer division.
-fn format_size(mut value: i64, pref: i64) -> String {
-    let prefixes = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut prefix = prefixes[0];
+/// Divides `value` by `step` while the column's reference value `pref` (the
+/// "all" row's) stays at or above `threshold`, as PyTorch's `_format_size`
+/// and `_format_count` do; returns the value and its unit.
+fn scaled(mut value: i64, pref: i64, units: &[&'static str], threshold: f64, step: i64) -> (i64, &'static str) {
+    let mut unit = units[0];
     let mut pref = pref as f64;
-    for p in &prefixes[1..] {
-        if pref < 768.0 * 1024.0 {
+    for u in &units[1..] {
+        if pref < threshold {
             break;
         }
-        prefix = p;
-        value = value.div_euclid(1024);
-        pref /= 1024.0;
+        unit = u;
+        value = value.div_euclid(step);
+        pref /= step as f64;
     }
-    format!("{value:6} {prefix}")
+    (value, unit)
+}
+
+/// PyTorch's `_format_size`.
+fn format_size(value: i64, pref: i64) -> String {
+    let (v, unit) = scaled(value, pref, &["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"], 768.0 * 1024.0, 1024);
+    format!("{v:6} {unit}")
 }
 
 /// PyTorch's `_format_count`.
-fn format_count(mut value: i64, pref: i64) -> String {
-    let prefixes = [" ", "K", "M"];
-    let mut prefix = prefixes[0];
-    let mut pref = pref as f64;
-    for p in &prefixes[1..] {
-        if pref < 750.0 * 1000.0 {
-            break;
-        }
-        prefix = p;
-        value = value.div_euclid(1000);
-        pref /= 1000.0;
-    }
-    format!("{value:7} {prefix} ")
+fn format_count(value: i64, pref: i64) -> String {
+    let (v, unit) = scaled(value, pref, &[" ", "K", "M"], 750.0 * 1000.0, 1000);
+    format!("{v:7} {unit} ")
 }
 
 type Formatter = fn(i64, i64) -> String;
