@@ -1,6 +1,7 @@
 //! The `headroom` command: parses arguments and hands each subcommand to the
 //! library crates; no allocator logic lives here.
 
+mod kv_cmd;
 mod replay_cmd;
 
 use clap::{Parser, Subcommand};
@@ -17,12 +18,15 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     Replay(replay_cmd::ReplayArgs),
+    /// Paged KV cache for LLM serving: capacity and throughput answers.
+    Kv(kv_cmd::KvArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Kv(args) => kv_cmd::run(args),
     };
     match result {
         Ok(code) => code,
