@@ -1,6 +1,7 @@
 //! The `headroom` command: parses arguments and hands each subcommand to the
 //! library crates; no allocator logic lives here.
 
+mod checkpoint_cmd;
 mod kv_cmd;
 mod replay_cmd;
 
@@ -20,6 +21,8 @@ enum Command {
     Replay(replay_cmd::ReplayArgs),
     /// Paged KV cache for LLM serving: capacity and throughput answers.
     Kv(kv_cmd::KvArgs),
+    /// The fastest activation-checkpointing schedule within a memory budget.
+    Checkpoint(checkpoint_cmd::CheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +30,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Replay(args) => replay_cmd::run(args),
         Command::Kv(args) => kv_cmd::run(args),
+        Command::Checkpoint(args) => checkpoint_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,69 @@
+//! `headroom checkpoint`, run as a user runs it.
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn bundled() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/chains/gpt2-small-layers.json")
+}
+
+fn headroom() -> Command {
+    Command::cargo_bin("headroom").unwrap()
+}
+
+#[test]
+fn optimal_fits_and_beats_the_baselines_that_fit() {
+    let out = headroom().arg("checkpoint").arg(bundled()).args(["--budget", "1.5GiB", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (time, peak) = (v["time"].as_f64().unwrap(), v["peak_bytes"].as_u64().unwrap());
+    assert!(peak <= v["budget_bytes"].as_u64().unwrap());
+    assert!(time > v["store_all_time"].as_f64().unwrap(), "store-all does not fit, so some recomputation");
+    for b in v["baselines"].as_array().unwrap() {
+        if b["fits"].as_bool().unwrap() {
+            assert!(time <= b["time"].as_f64().unwrap() + 1e-9, "{b}");
+        }
+    }
+    assert!(v["schedule"].as_array().unwrap().iter().any(|op| op.as_str().unwrap().starts_with("Fck")));
+}
+
+#[test]
+fn infeasible_budget_names_the_least_that_fits() {
+    let out = headroom().arg("checkpoint").arg(bundled()).args(["--budget", "600MiB", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let least = v["least_feasible_budget_bytes"].as_u64().unwrap();
+    assert!(least > 600 << 20);
+    let ok = headroom().arg("checkpoint").arg(bundled()).args(["--budget", &least.to_string()]).output().unwrap();
+    assert!(ok.status.success(), "the least budget printed is enough: {}", String::from_utf8_lossy(&ok.stdout));
+}
+
+#[test]
+fn bad_input_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"input_bytes": 1, "stages": [{"forward_time": 1, "backward_time": 1, "output_bytes": 8, "saved_bytes": 4}]}"#,
+    )
+    .unwrap();
+    headroom()
+        .arg("checkpoint")
+        .arg(&bad)
+        .args(["--budget", "1GiB"])
+        .assert()
+        .code(2)
+        .stderr(contains("saved_bytes (4) must include the output"));
+    let typo = dir.path().join("typo.json");
+    std::fs::write(&typo, r#"{"input_bytes": 1, "stages": [{"forward_tim": 1}]}"#).unwrap();
+    headroom().arg("checkpoint").arg(&typo).args(["--budget", "1GiB"]).assert().code(2).stderr(contains("forward_tim"));
+    headroom()
+        .arg("checkpoint")
+        .arg(bundled())
+        .args(["--budget", "lots"])
+        .assert()
+        .code(2)
+        .stderr(contains("--budget"));
+}

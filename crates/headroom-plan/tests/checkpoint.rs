@@ -1,0 +1,261 @@
+//! The checkpointing solver: REVOLVE's closed form, rotor's values on
+//! homogeneous chains, brute force on small chains, and the invariants.
+
+use headroom_plan::checkpoint::{
+    baseline, revolve_forwards, revolve_forwards_dp, revolve_repetitions, simulate, solve, Baseline, Chain, Loss,
+    SolveError, Solver, Stage, Tree,
+};
+use proptest::prelude::*;
+
+#[test]
+fn revolve_closed_form_table() {
+    // (l, s, F, t) from the research notes' table (Griewank & Walther).
+    let table = [
+        (5, 1, 10, 4),
+        (5, 2, 6, 2),
+        (5, 3, 5, 2),
+        (5, 4, 4, 1),
+        (5, 10, 4, 1),
+        (10, 1, 45, 9),
+        (10, 2, 20, 3),
+        (10, 3, 15, 2),
+        (10, 4, 14, 2),
+        (10, 5, 13, 2),
+        (10, 10, 9, 1),
+        (20, 2, 65, 5),
+        (20, 3, 45, 3),
+        (20, 5, 33, 2),
+        (20, 10, 28, 2),
+        (50, 2, 285, 9),
+        (50, 4, 144, 4),
+        (50, 10, 88, 2),
+        (100, 1, 4950, 99),
+        (100, 3, 490, 7),
+        (100, 5, 316, 4),
+        (100, 10, 222, 3),
+        (1000, 2, 28820, 44),
+        (1000, 3, 12155, 17),
+        (1000, 4, 7998, 10),
+        (1000, 5, 6284, 8),
+        (1000, 10, 3636, 4),
+        (56, 3, 210, 5),
+        (55, 3, 205, 5),
+    ];
+    for (l, s, f, t) in table {
+        assert_eq!(revolve_forwards(l, s), f, "F({l}, {s})");
+        assert_eq!(revolve_repetitions(l, s), t, "t({l}, {s})");
+    }
+    // β(10, 10) = 184,756: ten snapshots reverse that many steps with at most ten repetitions.
+    assert_eq!(revolve_repetitions(184_756, 10), 10);
+    assert_eq!(revolve_repetitions(184_757, 10), 11);
+}
+
+#[test]
+fn revolve_closed_form_equals_its_dynamic_program() {
+    for s in 1..=6 {
+        for l in 1..80 {
+            assert_eq!(revolve_forwards(l as u64, s as u64), revolve_forwards_dp(l, s), "l {l} s {s}");
+        }
+    }
+}
+
+/// Enough slots for one byte each at the budgets of these tests.
+const BYTE_SLOTS: u32 = 1 << 20;
+
+fn cost(chain: &Chain, budget: u64) -> Option<f64> {
+    match solve(chain, budget, BYTE_SLOTS) {
+        Ok(p) => Some(p.outcome.time),
+        Err(SolveError::Infeasible { .. }) => None,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Rotor's own values (upstream C solver, measured in the research notes)
+/// on homogeneous chains, uf = ub = 1, x = x̄ = 1, one byte per slot.
+#[test]
+fn rotor_values_on_homogeneous_chains() {
+    type Row = (u64, Option<f64>);
+    let cases: [(usize, &[Row]); 3] = [
+        (5, &[(4, None), (5, Some(19.0)), (6, Some(13.0)), (7, Some(12.0)), (8, Some(10.0)), (12, Some(10.0))]),
+        (
+            8,
+            &[
+                (4, None),
+                (5, Some(43.0)),
+                (6, Some(26.0)),
+                (7, Some(22.0)),
+                (8, Some(20.0)),
+                (9, Some(19.0)),
+                (10, Some(18.0)),
+                (11, Some(16.0)),
+            ],
+        ),
+        (
+            10,
+            &[
+                (5, Some(64.0)),
+                (6, Some(36.0)),
+                (7, Some(29.0)),
+                (8, Some(27.0)),
+                (9, Some(25.0)),
+                (10, Some(24.0)),
+                (11, Some(23.0)),
+                (12, Some(22.0)),
+                (13, Some(20.0)),
+                (30, Some(20.0)),
+            ],
+        ),
+    ];
+    for (l, rows) in cases {
+        let chain = Chain::homogeneous(l, 1.0, 1.0, 1, 1);
+        for &(m, want) in rows {
+            assert_eq!(cost(&chain, m), want, "L = {l}, M = {m}");
+        }
+    }
+}
+
+fn heterogeneous() -> Chain {
+    let uf = [1.0, 2.0, 3.0, 1.0];
+    let ub = [2.0, 4.0, 6.0, 2.0];
+    let x = [2u64, 4, 1, 3, 2];
+    let xbar = [6u64, 3, 5, 3];
+    let ftmp = [0u64, 1, 0, 0];
+    let btmp = [1u64, 0, 2, 0];
+    Chain {
+        input_bytes: x[0],
+        stages: (0..4)
+            .map(|i| Stage {
+                name: format!("s{i}"),
+                forward_time: uf[i],
+                backward_time: ub[i],
+                output_bytes: x[i + 1],
+                saved_bytes: xbar[i],
+                forward_tmp_bytes: ftmp[i],
+                backward_tmp_bytes: btmp[i],
+            })
+            .collect(),
+        loss: Loss::default(),
+    }
+}
+
+/// The heterogeneous instance of the research notes. Rotor gives: ≤ 14
+/// infeasible, 15 → 28, 16–21 → 24, 22–23 → 22, ≥ 24 → 21. headroom also
+/// charges a saved forward against the gradient in memory at that moment; on
+/// this chain that agrees everywhere rotor's schedules are valid.
+#[test]
+fn heterogeneous_instance() {
+    let c = heterogeneous();
+    let got: Vec<Option<f64>> = (12..=26).map(|m| cost(&c, m)).collect();
+    let rotor: Vec<Option<f64>> = (12..=26)
+        .map(|m| match m {
+            ..=14 => None,
+            15 => Some(28.0),
+            16..=21 => Some(24.0),
+            22..=23 => Some(22.0),
+            _ => Some(21.0),
+        })
+        .collect();
+    assert_eq!(got, rotor);
+}
+
+/// Every schedule the decision trees can express, for chains of n stages (loss included).
+fn all_trees(a: usize, b: usize) -> Vec<Tree> {
+    if a == b {
+        return vec![Tree::Base(a)];
+    }
+    let mut out: Vec<Tree> = all_trees(a + 1, b).into_iter().map(|t| Tree::Chain(a, Box::new(t))).collect();
+    for j in a + 1..=b {
+        for right in all_trees(j, b) {
+            for left in all_trees(a, j - 1) {
+                out.push(Tree::Leaf { a, j, right: Box::new(right.clone()), left: Box::new(left) });
+            }
+        }
+    }
+    out
+}
+
+fn chain_from(v: &[(u8, u8, u8, u8, u8, u8)], input: u8) -> Chain {
+    Chain {
+        input_bytes: input as u64,
+        stages: v
+            .iter()
+            .enumerate()
+            .map(|(i, &(f, b, x, extra, ft, bt))| Stage {
+                name: format!("s{i}"),
+                forward_time: f as f64,
+                backward_time: b as f64,
+                output_bytes: x as u64,
+                saved_bytes: x as u64 + extra as u64,
+                forward_tmp_bytes: ft as u64,
+                backward_tmp_bytes: bt as u64,
+            })
+            .collect(),
+        loss: Loss { forward_time: 1.0, backward_time: 1.0, ..Loss::default() },
+    }
+}
+
+fn stage() -> impl Strategy<Value = (u8, u8, u8, u8, u8, u8)> {
+    (1u8..5, 1u8..8, 1u8..6, 0u8..6, 0u8..3, 0u8..3)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// The dynamic program's time equals the best of every schedule the
+    /// trees express, executed by the validator, at every budget.
+    #[test]
+    fn equals_brute_force(stages in proptest::collection::vec(stage(), 1..6), input in 1u8..6) {
+        let chain = chain_from(&stages, input);
+        let n = chain.len_with_loss();
+        let trees = all_trees(0, n - 1);
+        let outcomes: Vec<_> = trees.iter().map(|t| simulate(&chain, &t.ops(), None).expect("trees give valid schedules")).collect();
+        let max_peak = outcomes.iter().map(|o| o.peak).max().unwrap();
+        for budget in 1..=max_peak + 1 {
+            let brute = outcomes.iter().filter(|o| o.peak <= budget).map(|o| o.time).fold(f64::INFINITY, f64::min);
+            match solve(&chain, budget, BYTE_SLOTS) {
+                Ok(plan) => {
+                    prop_assert!(plan.outcome.peak <= budget);
+                    prop_assert!((plan.outcome.time - brute).abs() < 1e-6, "budget {}: solver {} brute force {}", budget, plan.outcome.time, brute);
+                }
+                Err(SolveError::Infeasible { least, .. }) => {
+                    prop_assert!(brute.is_infinite(), "budget {}: brute force found {}", budget, brute);
+                    let least_brute = outcomes.iter().map(|o| o.peak).min().unwrap();
+                    prop_assert_eq!(least, least_brute);
+                }
+                Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            }
+        }
+    }
+
+    /// Monotone in the budget, store-all above its peak, never worse than a baseline that fits.
+    #[test]
+    fn invariants(stages in proptest::collection::vec(stage(), 1..14), input in 1u8..6) {
+        let chain = chain_from(&stages, input);
+        let all = simulate(&chain, &baseline(&chain, Baseline::StoreAll, 0).ops(), None).unwrap();
+        let mut last = f64::INFINITY;
+        for budget in 1..=all.peak + 2 {
+            let t = cost(&chain, budget).unwrap_or(f64::INFINITY);
+            prop_assert!(t <= last + 1e-9, "not monotone at {}", budget);
+            last = t;
+            for b in [Baseline::FullRecompute, Baseline::SqrtN, Baseline::EveryK(2), Baseline::EveryK(3), Baseline::ChenGreedy] {
+                let o = simulate(&chain, &baseline(&chain, b, budget).ops(), None).unwrap();
+                if o.peak <= budget {
+                    prop_assert!(t <= o.time + 1e-6, "{} beats the solver at {}", b.name(), budget);
+                }
+            }
+        }
+        prop_assert!((last - all.time).abs() < 1e-9, "store-all time above its peak");
+    }
+}
+
+#[test]
+fn slots_round_sizes_up_so_plans_fit_in_bytes() {
+    let chain = Chain::homogeneous(60, 1.0, 2.0, 5_000_000, 10_000_000);
+    let all = simulate(&chain, &baseline(&chain, Baseline::StoreAll, 0).ops(), None).unwrap();
+    let budget = all.peak / 4;
+    let plan = solve(&chain, budget, 500).unwrap();
+    assert!(plan.outcome.peak <= budget);
+    assert!(plan.outcome.time > all.time && plan.outcome.recomputations > 0);
+    let s = Solver::new(&chain, budget, 500).unwrap();
+    assert!((s.predicted_time() - plan.outcome.time).abs() < 1e-3);
+}
