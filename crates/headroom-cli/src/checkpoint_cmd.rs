@@ -1,6 +1,7 @@
 //! `headroom checkpoint`: the fastest activation-checkpointing schedule of a
 //! chain of layers within a memory budget, against the usual baselines.
 
+use crate::bytes_arg::parse_bytes;
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use headroom_alloc::units::format_size;
@@ -46,13 +47,6 @@ pub struct CheckpointArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_bytes(s: &str) -> Result<u64> {
-    if let Ok(n) = s.trim().parse::<u64>() {
-        return Ok(n);
-    }
-    s.trim().parse::<bytesize::ByteSize>().map(|b| b.as_u64()).map_err(|e| anyhow!("{s:?} is not a size: {e}"))
 }
 
 pub fn run(args: CheckpointArgs) -> Result<ExitCode> {

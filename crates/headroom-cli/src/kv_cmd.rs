@@ -1,6 +1,7 @@
 //! `headroom kv simulate`: a serving workload run step by step with the paged
 //! KV-cache manager, and again with contiguous per-request reservation.
 
+use crate::bytes_arg::parse_bytes;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use headroom_alloc::units::format_size;
@@ -94,13 +95,6 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
     match args.command {
         KvCommand::Simulate(a) => simulate(a),
     }
-}
-
-fn parse_bytes(s: &str) -> Result<u64> {
-    if let Ok(n) = s.trim().parse::<u64>() {
-        return Ok(n);
-    }
-    s.trim().parse::<bytesize::ByteSize>().map(|b| b.as_u64()).map_err(|e| anyhow!("{s:?} is not a size: {e}"))
 }
 
 fn simulate(a: SimulateArgs) -> Result<ExitCode> {

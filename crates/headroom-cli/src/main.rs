@@ -1,6 +1,7 @@
 //! The `headroom` command: parses arguments and hands each subcommand to the
 //! library crates; no allocator logic lives here.
 
+mod bytes_arg;
 mod checkpoint_cmd;
 mod kv_cmd;
 mod replay_cmd;

@@ -1,6 +1,7 @@
 //! `headroom replay`: a JSONL trace through the caching allocator on a
 //! simulated GPU, under one or more `PYTORCH_CUDA_ALLOC_CONF` settings.
 
+use crate::bytes_arg::parse_bytes;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use headroom_alloc::units::format_size;
@@ -100,14 +101,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
 }
 
 fn parse_capacity(s: &str) -> Result<u64> {
-    let t = s.trim();
-    if let Ok(n) = t.parse::<u64>() {
-        return check_capacity(n, s);
-    }
-    match t.parse::<bytesize::ByteSize>() {
-        Ok(b) => check_capacity(b.as_u64(), s),
-        Err(e) => bail!("--capacity {s:?} is not a size: {e} (write bytes, or e.g. 80GiB, 24GB)"),
-    }
+    check_capacity(parse_bytes(s).map_err(|e| anyhow::anyhow!("--capacity: {e}"))?, s)
 }
 
 fn check_capacity(n: u64, s: &str) -> Result<u64> {
