@@ -27,11 +27,11 @@ pub fn step_time(model: &ModelSpec, gpu: &GpuSpec, w: &StepWork) -> f64 {
     if w.new_tokens == 0 {
         return 0.0;
     }
-    let matmul_flops = 2.0 * model.active_params as f64 * w.new_tokens as f64;
+    let matmul_flops = 2.0 * model.active_params() as f64 * w.new_tokens as f64;
     // QK^T and PV: 2 matmuls × 2 FLOP per multiply-add, per layer, over heads × head_dim.
     let attn_flops = 4.0 * (model.layers * model.heads * model.head_dim) as f64 * w.attention_token_pairs as f64;
     let compute = (matmul_flops + attn_flops) / (gpu.bf16_flops * COMPUTE_EFFICIENCY);
-    let bytes = 2.0 * model.params as f64 + w.kv_tokens_read as f64 * model.kv_bytes_per_token(2) as f64;
+    let bytes = 2.0 * model.params() as f64 + w.kv_tokens_read as f64 * model.kv_bytes_per_token(2.0);
     let memory = bytes / (gpu.bandwidth * BANDWIDTH_EFFICIENCY);
     compute.max(memory)
 }

@@ -74,9 +74,9 @@ const OVERHEAD_BYTES: u64 = 400 << 20;
 pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, String> {
     let m = &cfg.model;
     let usable = (cfg.gpu_memory_bytes as f64 * cfg.gpu_memory_utilization) as u64;
-    let weights = 2 * m.params;
+    let weights = 2 * m.params();
     let activations = cfg.max_batched_tokens as u64 * m.hidden * 32 + cfg.max_num_seqs as u64 * m.vocab * 4;
-    let per_token = m.kv_bytes_per_token(2);
+    let per_token = m.kv_bytes_per_token(2.0) as u64;
     let block_bytes = per_token * cfg.block_size as u64;
     let (kv, blocks) = match cfg.num_gpu_blocks {
         Some(n) => (n as u64 * block_bytes, n),

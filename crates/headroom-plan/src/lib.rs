@@ -1,10 +1,11 @@
 //! # headroom-plan
 //!
-//! Planning GPU memory before a run. This crate holds, so far, the
-//! activation-checkpointing solver: given a chain of layers with their
-//! forward and backward times and memory, and a memory budget, the schedule
-//! of forwards, recomputations and backwards that fits and takes the least
-//! time ([`checkpoint`]). The training and inference memory model that will
-//! use it (`headroom plan`) is a separate piece of work.
+//! Planning GPU memory before a run: the models ([`model`], from presets or a
+//! Hugging Face `config.json`, with exact parameter counts), the GPUs
+//! ([`gpu`]), the training memory model ([`train`]), and the optimal
+//! activation-checkpointing solver ([`checkpoint`]).
 
 pub mod checkpoint;
+pub mod gpu;
+pub mod model;
+pub mod train;
