@@ -4,6 +4,7 @@
 mod bytes_arg;
 mod checkpoint_cmd;
 mod kv_cmd;
+mod plan_cmd;
 mod replay_cmd;
 
 use clap::{Parser, Subcommand};
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Will it fit? Memory per GPU, term by term, for training or inference.
+    Plan(plan_cmd::PlanArgs),
     Replay(replay_cmd::ReplayArgs),
     /// Paged KV cache for LLM serving: capacity and throughput answers.
     Kv(kv_cmd::KvArgs),
@@ -29,6 +32,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
         Command::Kv(args) => kv_cmd::run(args),
         Command::Checkpoint(args) => checkpoint_cmd::run(args),

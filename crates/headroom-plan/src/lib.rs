@@ -2,10 +2,12 @@
 //!
 //! Planning GPU memory before a run: the models ([`model`], from presets or a
 //! Hugging Face `config.json`, with exact parameter counts), the GPUs
-//! ([`gpu`]), the training memory model ([`train`]), and the optimal
+//! ([`gpu`]), the training and inference memory models ([`train`],
+//! [`infer`]), and the optimal
 //! activation-checkpointing solver ([`checkpoint`]).
 
 pub mod checkpoint;
 pub mod gpu;
+pub mod infer;
 pub mod model;
 pub mod train;

@@ -1,0 +1,87 @@
+//! `headroom plan`, run as a user runs it.
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+
+fn plan(args: &[&str]) -> (i32, Value) {
+    let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
+    let code = out.status.code().unwrap();
+    assert!(code < 2, "{}", String::from_utf8_lossy(&out.stderr));
+    (code, serde_json::from_slice(&out.stdout).unwrap())
+}
+
+#[test]
+fn json_has_the_documented_keys_and_checkpointing_changes_the_answer() {
+    let common = [
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "a100-80gb",
+        "--train",
+        "--batch",
+        "8",
+        "--seq",
+        "4096",
+        "--precision",
+        "bf16",
+        "--attention",
+        "flash",
+    ];
+    let (code, none) = plan(&[&common[..], &["--checkpoint", "none"]].concat());
+    assert_eq!(code, 1);
+    assert_eq!(none["fits"], false);
+    for k in ["weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "temporary", "framework"] {
+        assert!(none["breakdown"][k].is_number(), "{k}");
+    }
+    for k in ["per_gpu_bytes", "step_time_s", "tokens_per_s", "recommendations"] {
+        assert!(none.get(k).is_some(), "{k}");
+    }
+    let (code, optimal) = plan(&[&common[..], &["--checkpoint", "optimal", "--max-batch"]].concat());
+    assert_eq!(code, 0);
+    let (_, full) = plan(&[&common[..], &["--checkpoint", "full"]].concat());
+    assert!(optimal["per_gpu_bytes"].as_f64() <= Some(80.0 * (1u64 << 30) as f64));
+    assert!(optimal["step_time_s"].as_f64() <= full["step_time_s"].as_f64());
+    assert!(optimal["max_batch"].as_u64().unwrap() >= 8);
+}
+
+#[test]
+fn zero_3_over_8_gpus_shards_the_model_states() {
+    let (_, one) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--train"]);
+    let (_, eight) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--train", "--gpus", "8", "--zero", "3"]);
+    let states = |v: &Value| {
+        ["weights", "gradients", "optimizer"].iter().map(|k| v["breakdown"][k].as_f64().unwrap()).sum::<f64>()
+    };
+    assert!((states(&one) / states(&eight) - 8.0).abs() < 1e-9);
+}
+
+#[test]
+fn inference_and_hf_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type":"mistral","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
+            "intermediate_size":14336,"vocab_size":32000,"max_position_embeddings":32768}"#,
+    )
+    .unwrap();
+    let (code, v) =
+        plan(&["--model", cfg.to_str().unwrap(), "--gpu", "l4", "--infer", "--seq", "4096", "--weights", "int4"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["params"], 7_241_732_096u64);
+    assert!(v["max_sequences"].as_u64().unwrap() >= 20);
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"model_type":"llama","hidden_size":4096}"#).unwrap();
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", bad.to_str().unwrap(), "--gpu", "l4"])
+        .assert()
+        .code(2)
+        .stderr(contains("lacks `num_attention_heads`"));
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-2-7b", "--gpu", "l4", "--checkpoint", "every-0"])
+        .assert()
+        .code(2)
+        .stderr(contains("every-K"));
+}

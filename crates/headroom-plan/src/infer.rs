@@ -1,0 +1,108 @@
+//! Inference memory per GPU: weights at their storage width, the KV cache
+//! (grouped-query aware), one layer's activations at the prefill chunk, the
+//! last tokens' logits, and the context — and how many sequences of a given
+//! length fit (research/estimation.md §3).
+
+use crate::gpu::GpuSpec;
+use crate::model::Model;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Storage width of the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    Bf16,
+    Fp8,
+    Int8,
+    /// 4-bit with a 16-bit scale per 64 weights (0.25 bit more per weight).
+    Int4,
+}
+
+impl WeightFormat {
+    pub fn bytes_per_param(self) -> f64 {
+        match self {
+            WeightFormat::Bf16 => 2.0,
+            WeightFormat::Fp8 | WeightFormat::Int8 => 1.0,
+            WeightFormat::Int4 => 0.5 + 2.0 / 64.0,
+        }
+    }
+}
+
+/// An inference configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InferConfig {
+    /// Concurrent sequences.
+    pub batch: u64,
+    /// Tokens per sequence (prompt and output).
+    pub seq: u64,
+    /// Tokens computed at once in a prefill step.
+    pub prefill_chunk: u64,
+    pub weights: WeightFormat,
+    /// Bytes per K or V element (2 for bf16, 1 for fp8).
+    pub kv_bytes: f64,
+}
+
+/// Bytes per GPU by term, and the capacity answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InferEstimate {
+    pub weights: f64,
+    pub kv_cache: f64,
+    pub activations: f64,
+    pub logits: f64,
+    pub framework: f64,
+    pub per_gpu_bytes: f64,
+    pub fits: bool,
+    /// Sequences of `seq` tokens the memory left after weights, activations and context holds.
+    pub max_sequences: u64,
+    /// Tokens of KV the same memory holds.
+    pub max_tokens: u64,
+}
+
+/// Estimates one configuration.
+pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
+    let weights = model.params() as f64 * cfg.weights.bytes_per_param();
+    let per_token = model.kv_bytes_per_token(cfg.kv_bytes);
+    let kv_cache = per_token * (cfg.batch * cfg.seq) as f64;
+    // One layer's working set at the prefill chunk (EleutherAI's 16 values per
+    // hidden unit per token, 2 bytes each), reused layer after layer.
+    let activations = cfg.prefill_chunk.min(cfg.batch * cfg.seq) as f64 * model.hidden as f64 * 32.0;
+    // Logits of the last token of each sequence, fp32.
+    let logits = cfg.batch as f64 * model.vocab as f64 * 4.0;
+    let framework = 0.5 * GIB;
+    let per_gpu = weights + kv_cache + activations + logits + framework;
+    let free_for_kv = gpu.memory_bytes as f64 - (weights + activations + logits + framework);
+    let max_tokens = if free_for_kv > 0.0 { (free_for_kv / per_token) as u64 } else { 0 };
+    InferEstimate {
+        weights,
+        kv_cache,
+        activations,
+        logits,
+        framework,
+        per_gpu_bytes: per_gpu,
+        fits: per_gpu <= gpu.memory_bytes as f64,
+        max_sequences: max_tokens / cfg.seq.max(1),
+        max_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::gpu;
+    use crate::model::preset;
+
+    #[test]
+    fn grouped_query_attention_shrinks_the_cache() {
+        let cfg = InferConfig { batch: 8, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0 };
+        let g = gpu("a100-80gb").unwrap();
+        let mha = estimate(&preset("llama-2-7b").unwrap(), &g, &cfg);
+        let gqa = estimate(&preset("llama-3-8b").unwrap(), &g, &cfg);
+        // 512 KiB vs 128 KiB a token (research/estimation.md §3.1).
+        assert_eq!(mha.kv_cache, 8.0 * 4096.0 * 512.0 * 1024.0);
+        assert_eq!(gqa.kv_cache * 4.0, mha.kv_cache);
+        assert!(gqa.max_sequences > 3 * mha.max_sequences);
+        let int4 = estimate(&preset("llama-2-70b").unwrap(), &g, &InferConfig { weights: WeightFormat::Int4, ..cfg });
+        assert!(int4.fits && int4.weights < 40e9);
+        assert!(!estimate(&preset("llama-2-70b").unwrap(), &g, &cfg).fits);
+    }
+}
