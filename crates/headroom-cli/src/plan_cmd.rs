@@ -5,9 +5,11 @@ use crate::bytes_arg::parse_bytes;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use headroom_alloc::units::format_size;
+use headroom_plan::emit::{emit, Engine};
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, WeightFormat};
 use headroom_plan::model::{preset, Model};
+use headroom_plan::search::{recommend, SearchSpace};
 use headroom_plan::train::{self, ActivationModel, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
 use serde_json::json;
 use std::path::Path;
@@ -74,6 +76,14 @@ pub struct PlanArgs {
     /// Also find the largest micro-batch that fits.
     #[arg(long)]
     max_batch: bool,
+    /// Search precision, attention kernel, checkpointing, ZeRO stage and
+    /// micro-batch (with gradient accumulation to --batch sequences per GPU
+    /// per step) for the configurations that fit, fastest first.
+    #[arg(long)]
+    recommend: bool,
+    /// Print the configuration for an engine (the best recommendation with --recommend).
+    #[arg(long, value_enum)]
+    emit: Option<EngineArg>,
     /// Inference weight format.
     #[arg(long, value_enum, default_value_t = WeightsArg::Bf16)]
     weights: WeightsArg,
@@ -109,6 +119,16 @@ enum AttentionArg {
     Eager,
     Sdpa,
     Flash,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EngineArg {
+    /// ds_config.json
+    Deepspeed,
+    /// torchrun with Hugging Face Trainer FSDP arguments
+    Fsdp,
+    /// an Accelerate config
+    Accelerate,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -188,6 +208,23 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     };
     let e = train::estimate(&model, &gpu_spec, &cfg);
     let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu_spec, &cfg, 1 << 16));
+    let (recs, tried) = if a.recommend {
+        let space = SearchSpace::for_batch(a.batch, model.layers, a.gpus);
+        recommend(&model, &gpu_spec, &cfg, a.batch, &space)
+    } else {
+        (Vec::new(), 0)
+    };
+    let emitted = a.emit.map(|engine| {
+        let engine = match engine {
+            EngineArg::Deepspeed => Engine::DeepSpeed,
+            EngineArg::Fsdp => Engine::Fsdp,
+            EngineArg::Accelerate => Engine::Accelerate,
+        };
+        match recs.first() {
+            Some(r) => emit(engine, &r.config, r.accumulation),
+            None => emit(engine, &cfg, 1),
+        }
+    });
     let b = &e.breakdown;
     if a.json {
         let out = json!({
@@ -207,7 +244,19 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             "tokens_per_s": e.tokens_per_s,
             "recompute_fraction": e.recompute_fraction,
             "max_batch": max_batch,
-            "recommendations": [],
+            "configurations_searched": tried,
+            "recommendations": recs.iter().take(20).map(|r| json!({
+                "precision": format!("{:?}", r.config.precision).to_lowercase(),
+                "attention": format!("{:?}", r.config.attention).to_lowercase(),
+                "checkpoint": checkpoint_name(r.config.checkpointing),
+                "zero_stage": r.config.zero_stage,
+                "micro_batch": r.config.micro_batch,
+                "accumulation": r.accumulation,
+                "per_gpu_bytes": r.estimate.per_gpu_bytes,
+                "step_time_s": r.step_time_s,
+                "tokens_per_s": (r.config.micro_batch * r.accumulation * a.seq * a.gpus) as f64 / r.step_time_s,
+            })).collect::<Vec<_>>(),
+            "engine_config": emitted,
             "note": e.note,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -249,14 +298,54 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             "step time ≈ {:.3} s ({:.0} tokens/s{}), recomputing {:.0}% of a forward pass",
             e.step_time_s,
             e.tokens_per_s,
-            if a.gpus > 1 { " over all GPUs, communication not included" } else { "" },
+            if a.gpus > 1 { " over all GPUs, collectives not overlapped" } else { "" },
             e.recompute_fraction * 100.0
         );
         if let Some(m) = max_batch {
             println!("largest micro-batch that fits: {m}");
         }
+        if a.recommend {
+            println!();
+            println!(
+                "{} of {tried} configurations fit; fastest for {} sequences per GPU per step:",
+                recs.len(),
+                a.batch
+            );
+            println!(
+                "  {:<6} {:<6} {:<10} {:>4} {:>6} {:>6} {:>12} {:>10} {:>10}",
+                "prec", "attn", "checkpoint", "zero", "micro", "accum", "per GPU", "step (s)", "tokens/s"
+            );
+            for r in recs.iter().take(10) {
+                println!(
+                    "  {:<6} {:<6} {:<10} {:>4} {:>6} {:>6} {:>12} {:>10.3} {:>10.0}",
+                    format!("{:?}", r.config.precision).to_lowercase(),
+                    format!("{:?}", r.config.attention).to_lowercase(),
+                    checkpoint_name(r.config.checkpointing),
+                    r.config.zero_stage,
+                    r.config.micro_batch,
+                    r.accumulation,
+                    format_size(r.estimate.per_gpu_bytes as u64),
+                    r.step_time_s,
+                    (r.config.micro_batch * r.accumulation * a.seq * a.gpus) as f64 / r.step_time_s
+                );
+            }
+        }
+        if let Some(text) = &emitted {
+            println!();
+            println!("{text}");
+        }
     }
     Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn checkpoint_name(c: Checkpointing) -> String {
+    match c {
+        Checkpointing::None => "none".into(),
+        Checkpointing::Full => "full".into(),
+        Checkpointing::Selective => "selective".into(),
+        Checkpointing::EveryK(k) => format!("every-{k}"),
+        Checkpointing::Optimal => "optimal".into(),
+    }
 }
 
 fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64) {

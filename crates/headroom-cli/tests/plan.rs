@@ -85,3 +85,34 @@ fn inference_and_hf_configs() {
         .code(2)
         .stderr(contains("every-K"));
 }
+
+#[test]
+fn recommendations_fit_are_ranked_and_become_engine_configs() {
+    let (_, v) = plan(&[
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "8",
+        "--train",
+        "--batch",
+        "32",
+        "--seq",
+        "8192",
+        "--recommend",
+        "--emit",
+        "deepspeed",
+    ]);
+    let recs = v["recommendations"].as_array().unwrap();
+    assert!(!recs.is_empty() && v["configurations_searched"].as_u64().unwrap() > 1000);
+    let times: Vec<f64> = recs.iter().map(|r| r["step_time_s"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "fastest first");
+    for r in recs {
+        assert!(r["per_gpu_bytes"].as_f64().unwrap() <= 80.0 * (1u64 << 30) as f64);
+        assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accumulation"].as_u64().unwrap(), 32);
+    }
+    let ds: Value = serde_json::from_str(v["engine_config"].as_str().unwrap()).unwrap();
+    assert_eq!(ds["zero_optimization"]["stage"], recs[0]["zero_stage"]);
+    assert_eq!(ds["train_batch_size"], 32 * 8);
+}

@@ -3,6 +3,8 @@
 //! activations of 5 slots, saved 10 slots, no transients, 500 slots of
 //! budget; and the scaling in stages and in slots.
 //!
+//! Also the planner's recommendation search.
+//!
 //! `cargo bench -p headroom-plan --bench checkpoint`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -34,5 +36,33 @@ fn end_to_end(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, end_to_end);
+/// The recommendation search over 10,368 configurations: 4 precisions × 3
+/// attention kernels × 18 checkpoint policies × 4 ZeRO stages × 12 micro-batches.
+fn plan_search(c: &mut Criterion) {
+    use headroom_plan::gpu::gpu;
+    use headroom_plan::model::preset;
+    use headroom_plan::search::{recommend, SearchSpace};
+    use headroom_plan::train::{ActivationModel, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
+    let m = preset("llama-3-8b").unwrap();
+    let g = gpu("h100-sxm").unwrap();
+    let base = TrainConfig {
+        micro_batch: 1,
+        seq: 8192,
+        precision: Precision::Mixed,
+        optimizer: Optimizer::AdamW,
+        attention: Attention::Sdpa,
+        checkpointing: Checkpointing::None,
+        gpus: 8,
+        zero_stage: 0,
+        coefficients: ActivationModel::default(),
+    };
+    let space = SearchSpace::for_batch(2048, m.layers, 8);
+    let (recs, tried) = recommend(&m, &g, &base, 2048, &space);
+    eprintln!("plan_search: {tried} configurations, {} fit", recs.len());
+    let mut g2 = c.benchmark_group("plan_search");
+    g2.bench_function(format!("{tried}_configurations"), |b| b.iter(|| recommend(&m, &g, &base, 2048, &space)));
+    g2.finish();
+}
+
+criterion_group!(benches, end_to_end, plan_search);
 criterion_main!(benches);

@@ -3,11 +3,14 @@
 //! Planning GPU memory before a run: the models ([`model`], from presets or a
 //! Hugging Face `config.json`, with exact parameter counts), the GPUs
 //! ([`gpu`]), the training and inference memory models ([`train`],
-//! [`infer`]), and the optimal
+//! [`infer`]), the recommendation search ([`search`]), engine configs
+//! ([`emit`]), and the optimal
 //! activation-checkpointing solver ([`checkpoint`]).
 
 pub mod checkpoint;
+pub mod emit;
 pub mod gpu;
 pub mod infer;
 pub mod model;
+pub mod search;
 pub mod train;

@@ -10,8 +10,13 @@
 //!
 //! Step time: 6·N·tokens FLOPs plus attention (12·L·b·s²·H·d), one more
 //! forward's worth for full recomputation (or what the optimal schedule
-//! recomputes), at [`ActivationModel::mfu`] of the GPU's dense peak.
-//! Communication is not modelled yet.
+//! recomputes), at [`ActivationModel::mfu`] of the GPU's dense peak; plus
+//! the data-parallel collectives as ring transfers of (n−1)/n of the volume
+//! at 70% of the GPU-to-GPU link, not overlapped with compute (an upper
+//! bound): an all-reduce of the gradients per optimizer step (2 × 2Ψ bytes)
+//! for plain data parallelism and ZeRO-1, a reduce-scatter of the gradients
+//! per micro-batch and an all-gather of the weights per step for ZeRO-2, and
+//! two all-gathers and a reduce-scatter per micro-batch for ZeRO-3.
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::gpu::GpuSpec;
@@ -281,7 +286,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
     let per_gpu = br.total();
     let forward = l * layer_flops + head_flops;
     let flops = 3.0 * forward + recompute_fraction * forward;
-    let step = flops / (gpu.bf16_flops * cfg.coefficients.mfu);
+    let step = flops / (gpu.bf16_flops * cfg.coefficients.mfu) + comm_time(model, gpu, cfg, 1);
     TrainEstimate {
         breakdown: br,
         per_gpu_bytes: per_gpu,
@@ -291,6 +296,26 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         recompute_fraction,
         note,
     }
+}
+
+/// Fraction of the link bandwidth collectives reach.
+const LINK_EFFICIENCY: f64 = 0.7;
+
+/// Seconds of data-parallel communication per optimizer step of
+/// `accumulation` micro-batches (see the module documentation).
+pub fn comm_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, accumulation: u64) -> f64 {
+    let n = cfg.gpus.max(1) as f64;
+    if n <= 1.0 {
+        return 0.0;
+    }
+    let psi16 = 2.0 * model.params() as f64; // 16-bit gradients and weights on the wire
+    let acc = accumulation.max(1) as f64;
+    let volume = match cfg.zero_stage {
+        0 | 1 => 2.0 * psi16,
+        2 => acc * psi16 + psi16,
+        _ => acc * 3.0 * psi16,
+    };
+    volume * (n - 1.0) / n / (gpu.link_bandwidth * LINK_EFFICIENCY)
 }
 
 /// The largest micro-batch that fits (0 if none does), up to `limit`.
