@@ -1,11 +1,10 @@
 //! `headroom kv simulate`: a serving workload run step by step with the paged
 //! KV-cache manager, and again with contiguous per-request reservation.
 
-use crate::bytes_arg::parse_bytes;
+use crate::target_arg::Target;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use headroom_alloc::units::format_size;
-use headroom_kv::catalog;
 use headroom_kv::dist::{LengthDist, Role};
 use headroom_kv::sim::{kv_budget, simulate_contiguous, simulate_paged, workload, KvBudget, RunReport, SimConfig};
 use serde_json::{json, Value};
@@ -40,15 +39,8 @@ enum KvCommand {
                         headroom kv simulate --model llama-3-8b --gpu h100-sxm --requests 2000 --shared-prefix 1024:0.8 --json"
 )]
 pub struct SimulateArgs {
-    /// Model preset (llama-3-8b, llama-2-13b, mistral-7b, qwen2.5-7b, ...).
-    #[arg(long)]
-    model: String,
-    /// GPU preset (a100-40gb, a100-80gb, h100-sxm, h200, l4, ...).
-    #[arg(long)]
-    gpu: String,
-    /// Override the GPU's memory (bytes, or e.g. 24GiB).
-    #[arg(long, value_name = "BYTES")]
-    gpu_memory: Option<String>,
+    #[command(flatten)]
+    target: Target,
     /// Fraction of GPU memory the server may use.
     #[arg(long, default_value_t = 0.9)]
     gpu_memory_utilization: f64,
@@ -98,8 +90,7 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
 }
 
 fn simulate(a: SimulateArgs) -> Result<ExitCode> {
-    let model = catalog::model(&a.model).map_err(|e| anyhow!(e))?;
-    let gpu = catalog::gpu(&a.gpu).map_err(|e| anyhow!(e))?;
+    let (model, gpu) = a.target.resolve()?;
     if !(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0) {
         bail!("--gpu-memory-utilization must be in (0, 1], got {}", a.gpu_memory_utilization);
     }
@@ -125,10 +116,7 @@ fn simulate(a: SimulateArgs) -> Result<ExitCode> {
     let cfg = SimConfig {
         model,
         gpu,
-        gpu_memory_bytes: match &a.gpu_memory {
-            Some(s) => parse_bytes(s).context("--gpu-memory")?,
-            None => gpu.memory_bytes,
-        },
+        gpu_memory_bytes: gpu.memory_bytes,
         gpu_memory_utilization: a.gpu_memory_utilization,
         num_requests: a.requests,
         prompt_len: LengthDist::parse(&a.prompt_len, Role::Prompt).map_err(|e| anyhow!("--prompt-len: {e}"))?,

@@ -6,6 +6,7 @@ mod checkpoint_cmd;
 mod kv_cmd;
 mod plan_cmd;
 mod replay_cmd;
+mod target_arg;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -1,18 +1,17 @@
 //! `headroom plan`: will this model, at this batch and sequence length, with
 //! this precision and optimizer, fit on this GPU — term by term.
 
-use crate::bytes_arg::parse_bytes;
-use anyhow::{anyhow, bail, Context, Result};
+use crate::target_arg::Target;
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use headroom_alloc::units::format_size;
 use headroom_plan::emit::{emit, Engine};
-use headroom_plan::gpu::{gpu, GpuSpec};
+use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{self, InferConfig, WeightFormat};
-use headroom_plan::model::{preset, Model};
+use headroom_plan::model::Model;
 use headroom_plan::search::{recommend, SearchSpace};
 use headroom_plan::train::{self, ActivationModel, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
 use serde_json::json;
-use std::path::Path;
 use std::process::ExitCode;
 
 /// Will it fit? Memory per GPU, term by term, for training or inference, and
@@ -37,15 +36,8 @@ use std::process::ExitCode;
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json"
 )]
 pub struct PlanArgs {
-    /// Model preset name, or path to a Hugging Face config.json.
-    #[arg(long)]
-    model: String,
-    /// GPU (a100-80gb, h100-sxm, h200, l4, rtx-4090, ...).
-    #[arg(long)]
-    gpu: String,
-    /// Override the GPU's memory (bytes, or e.g. 24GiB).
-    #[arg(long, value_name = "BYTES")]
-    gpu_memory: Option<String>,
+    #[command(flatten)]
+    target: Target,
     /// Estimate training (the default).
     #[arg(long, conflicts_with = "infer")]
     train: bool,
@@ -145,16 +137,6 @@ enum KvArg {
     Fp8,
 }
 
-fn load_model(arg: &str) -> Result<Model> {
-    let path = Path::new(arg);
-    if path.is_file() {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {arg}"))?;
-        let name = path.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or(arg);
-        return Model::from_hf_config(&text, name).with_context(|| format!("reading {arg}"));
-    }
-    preset(arg).map_err(|e| anyhow!(e))
-}
-
 fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
     Ok(match s {
         "none" => Checkpointing::None,
@@ -169,11 +151,7 @@ fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
 }
 
 pub fn run(a: PlanArgs) -> Result<ExitCode> {
-    let model = load_model(&a.model)?;
-    let mut gpu_spec: GpuSpec = gpu(&a.gpu).map_err(|e| anyhow!(e))?;
-    if let Some(m) = &a.gpu_memory {
-        gpu_spec.memory_bytes = parse_bytes(m).context("--gpu-memory")?;
-    }
+    let (model, gpu_spec) = a.target.resolve()?;
     if a.batch == 0 || a.seq == 0 || a.gpus == 0 {
         bail!("--batch, --seq and --gpus must be positive");
     }
