@@ -116,7 +116,6 @@ fn simulate(a: SimulateArgs) -> Result<ExitCode> {
     let cfg = SimConfig {
         model,
         gpu,
-        gpu_memory_bytes: gpu.memory_bytes,
         gpu_memory_utilization: a.gpu_memory_utilization,
         num_requests: a.requests,
         prompt_len: LengthDist::parse(&a.prompt_len, Role::Prompt).map_err(|e| anyhow!("--prompt-len: {e}"))?,

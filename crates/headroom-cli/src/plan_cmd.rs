@@ -261,14 +261,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             ("temporary", b.temporary),
             ("framework", b.framework),
         ];
-        print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes);
-        println!();
-        println!(
-            "{}: {} of {} per GPU",
-            if e.fits { "fits" } else { "does NOT fit" },
-            format_size(e.per_gpu_bytes as u64),
-            format_size(gpu_spec.memory_bytes)
-        );
+        print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
         if let Some(n) = &e.note {
             println!("{n}");
         }
@@ -326,13 +319,21 @@ fn checkpoint_name(c: Checkpointing) -> String {
     }
 }
 
-fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64) {
+/// A bar per term, the total, and whether it fits.
+fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
     let scale = (capacity as f64).max(total);
     for (name, bytes) in terms {
         let width = ((bytes / scale) * 40.0).round() as usize;
         println!("  {name:<12} {:>12}  {}", format_size(*bytes as u64), "█".repeat(width));
     }
     println!("  {:<12} {:>12}", "total", format_size(total as u64));
+    println!();
+    println!(
+        "{}: {} of {} per GPU",
+        if fits { "fits" } else { "does NOT fit" },
+        format_size(total as u64),
+        format_size(capacity)
+    );
 }
 
 fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> {
@@ -379,14 +380,7 @@ fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> 
             ("logits", e.logits),
             ("framework", e.framework),
         ];
-        print_terms(&terms, e.per_gpu_bytes, g.memory_bytes);
-        println!();
-        println!(
-            "{}: {} of {}",
-            if e.fits { "fits" } else { "does NOT fit" },
-            format_size(e.per_gpu_bytes as u64),
-            format_size(g.memory_bytes)
-        );
+        print_terms(&terms, e.per_gpu_bytes, g.memory_bytes, e.fits);
         println!("KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
     }
     Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })

@@ -182,7 +182,6 @@ fn scheduler_step(c: &mut Criterion) {
     let cfg = SimConfig {
         model: model("llama-3-8b").unwrap(),
         gpu: gpu("h100-sxm").unwrap(),
-        gpu_memory_bytes: 80 << 30,
         gpu_memory_utilization: 0.9,
         num_requests: 256,
         prompt_len: LengthDist::Fixed(512),

@@ -30,8 +30,6 @@ use std::collections::VecDeque;
 pub struct SimConfig {
     pub model: ModelSpec,
     pub gpu: GpuSpec,
-    /// Device memory; the GPU's unless overridden.
-    pub gpu_memory_bytes: u64,
     /// Fraction of device memory the server may use (vLLM's default 0.9).
     pub gpu_memory_utilization: f64,
     pub num_requests: usize,
@@ -73,7 +71,7 @@ const OVERHEAD_BYTES: u64 = 400 << 20;
 /// tokens, and the context overhead.
 pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, String> {
     let m = &cfg.model;
-    let usable = (cfg.gpu_memory_bytes as f64 * cfg.gpu_memory_utilization) as u64;
+    let usable = (cfg.gpu.memory_bytes as f64 * cfg.gpu_memory_utilization) as u64;
     let weights = 2 * m.params();
     let activations = cfg.max_batched_tokens as u64 * m.hidden * 32 + cfg.max_num_seqs as u64 * m.vocab * 4;
     let per_token = m.kv_bytes_per_token(2.0) as u64;
@@ -93,7 +91,7 @@ pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, String> {
                     gib(OVERHEAD_BYTES),
                     gib(usable),
                     cfg.gpu_memory_utilization,
-                    gib(cfg.gpu_memory_bytes)
+                    gib(cfg.gpu.memory_bytes)
                 ));
             }
             let kv = usable - needed;
@@ -462,7 +460,6 @@ mod tests {
         SimConfig {
             model: model("llama-2-13b").unwrap(),
             gpu: gpu("a100-40gb").unwrap(),
-            gpu_memory_bytes: 40 << 30,
             gpu_memory_utilization: 0.9,
             num_requests: 300,
             prompt_len: LengthDist::parse("sharegpt", Role::Prompt).unwrap(),
