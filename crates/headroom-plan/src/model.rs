@@ -4,8 +4,10 @@
 //! Parameter counts follow research/estimation.md §7: for decoder-only
 //! models with gated MLPs, `V·h·(1 or 2) + L·(h·H·d + 2·h·K·d + H·d·h +
 //! 3·h·f + 2h [+ QKV bias]) + h`; GPT-2 `V·h + P·h + L·(12h² + 13h) + 2h`;
-//! mixtures of experts `E·3·h·f + h·E` per layer. The tests hold them to the
-//! published counts.
+//! mixtures of experts `E·3·h·f + h·E` per layer. GPT-NeoX, BLOOM, BERT
+//! (`BertModel` with its pooler) and T5 (`T5ForConditionalGeneration`) count
+//! their biases, norms and relative-position tables as their code does. The
+//! tests hold every family to published counts.
 
 use serde_json::Value;
 use std::fmt;
@@ -17,9 +19,20 @@ pub enum Family {
     GatedDecoder,
     /// GPT-2: LayerNorm with bias, learned positions, 2-matrix GELU MLP with biases.
     Gpt2,
+    /// GPT-NeoX / Pythia: GPT-2's layer with rotary positions and an untied output embedding.
+    NeoX,
+    /// BLOOM: GPT-2's layer with ALiBi instead of positions and a LayerNorm after the embedding.
+    Bloom,
+    /// BERT: an encoder with learned positions, token types and a pooler.
+    Bert,
+    /// T5: an encoder-decoder with relative position buckets and no biases.
+    T5,
 }
 
-/// A decoder-only transformer.
+/// A transformer.
+///
+/// `layers` counts every block (an encoder-decoder's two stacks together);
+/// `decoder_layers` of them attend causally and keep a KV cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Model {
     pub name: String,
@@ -38,6 +51,14 @@ pub struct Model {
     /// Experts per layer (1 for dense models) and experts used per token.
     pub experts: u64,
     pub experts_per_token: u64,
+    /// Three MLP matrices (SwiGLU, GeGLU) rather than two.
+    pub gated_mlp: bool,
+    /// Blocks with a KV cache: all of them for decoders, none for BERT, T5's decoder stack.
+    pub decoder_layers: u64,
+    /// Sliding-window attention: the KV cache a sequence needs stops growing here.
+    pub sliding_window: Option<u64>,
+    /// T5's relative-position buckets (one table per stack).
+    pub relative_buckets: u64,
 }
 
 /// A config that cannot be read.
@@ -49,7 +70,7 @@ pub enum ModelError {
     Missing(&'static str, String),
     #[error("config.json field `{0}` must be a positive integer")]
     NotPositive(&'static str),
-    #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2, phi3, gpt2)")]
+    #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
     Unsupported(String),
     #[error("unknown model `{0}`; known presets: {1}")]
     Unknown(String, String),
@@ -58,9 +79,29 @@ pub enum ModelError {
 impl Model {
     /// Parameters, embeddings included (and the LM head when not tied).
     pub fn params(&self) -> u64 {
-        let (h, l, v) = (self.hidden, self.layers, self.vocab);
+        let (h, l, v, f) = (self.hidden, self.layers, self.vocab, self.intermediate);
+        let untied = if self.tied_embeddings { 1 } else { 2 };
+        // LayerNorm-with-bias layer: QKV and output projection with biases, two norms, a 2-matrix MLP with biases.
+        let biased_layer = 4 * h * h + 2 * h * f + 9 * h + f;
         match self.family {
-            Family::Gpt2 => v * h + self.max_position * h + l * (12 * h * h + 13 * h) + 2 * h,
+            Family::Gpt2 => v * h + self.max_position * h + l * biased_layer + 2 * h,
+            Family::NeoX => v * h * untied + l * biased_layer + 2 * h,
+            Family::Bloom => v * h * untied + 2 * h + l * biased_layer + 2 * h,
+            Family::Bert => {
+                // Word, position and two token-type embeddings with their LayerNorm; the pooler.
+                (v + self.max_position + 2) * h + 2 * h + l * biased_layer + h * h + h
+            }
+            Family::T5 => {
+                let inner = self.heads * self.head_dim;
+                let mlp = if self.gated_mlp { 3 } else { 2 } * h * f;
+                let encoder = self.layers - self.decoder_layers;
+                let tables = 2 * self.relative_buckets * self.heads;
+                v * h * untied
+                    + encoder * (4 * h * inner + mlp + 2 * h)
+                    + self.decoder_layers * (8 * h * inner + mlp + 3 * h)
+                    + tables
+                    + 2 * h
+            }
             Family::GatedDecoder => {
                 let q = self.heads * self.head_dim;
                 let kv = self.kv_heads * self.head_dim;
@@ -90,22 +131,50 @@ impl Model {
 
     /// Token (and position) embeddings, plus the LM head when untied.
     pub fn embedding_params(&self) -> u64 {
+        let untied = if self.tied_embeddings { 1 } else { 2 };
+        let h = self.hidden;
         match self.family {
-            Family::Gpt2 => (self.vocab + self.max_position) * self.hidden,
-            Family::GatedDecoder => self.vocab * self.hidden * if self.tied_embeddings { 1 } else { 2 },
+            Family::Gpt2 => (self.vocab + self.max_position) * h,
+            Family::Bert => (self.vocab + self.max_position + 2) * h + 2 * h,
+            Family::Bloom => self.vocab * h * untied + 2 * h,
+            Family::GatedDecoder | Family::NeoX | Family::T5 => self.vocab * h * untied,
         }
     }
 
+    /// What is neither embeddings nor blocks: final norms, BERT's pooler, T5's position tables.
     fn final_norm_params(&self) -> u64 {
+        let h = self.hidden;
         match self.family {
-            Family::Gpt2 => 2 * self.hidden,
-            Family::GatedDecoder => self.hidden,
+            Family::Gpt2 | Family::NeoX | Family::Bloom => 2 * h,
+            Family::Bert => h * h + h,
+            Family::T5 => 2 * h + 2 * self.relative_buckets * self.heads,
+            Family::GatedDecoder => h,
         }
     }
 
-    /// Bytes of K and V per token over all layers.
+    /// Whether it has a causal decoder (one that can generate, with a KV cache).
+    pub fn generates(&self) -> bool {
+        self.decoder_layers > 0
+    }
+
+    /// Bytes of K and V per token over all layers that keep a cache.
     pub fn kv_bytes_per_token(&self, dtype_bytes: f64) -> f64 {
-        2.0 * (self.layers * self.kv_heads * self.head_dim) as f64 * dtype_bytes
+        2.0 * (self.decoder_layers * self.kv_heads * self.head_dim) as f64 * dtype_bytes
+    }
+
+    /// (inputs, outputs) of each linear layer in one block, for adapters:
+    /// the query, key, value and output projections, then the MLP's matrices
+    /// (every expert's); T5 averages its decoder's cross-attention over the blocks.
+    pub fn block_linears(&self) -> Vec<(u64, u64)> {
+        let (h, f) = (self.hidden, self.intermediate);
+        let q = self.heads * self.head_dim;
+        let kv = self.kv_heads * self.head_dim;
+        let mut out = vec![(h, q), (h, kv), (h, kv), (q, h)];
+        let mlp: &[(u64, u64)] = if self.gated_mlp { &[(h, f), (h, f), (f, h)] } else { &[(h, f), (f, h)] };
+        for _ in 0..self.experts.max(1) {
+            out.extend_from_slice(mlp);
+        }
+        out
     }
 
     /// Reads a Hugging Face `config.json`.
@@ -141,17 +210,88 @@ impl Model {
                     qkv_bias: true,
                     experts: 1,
                     experts_per_token: 1,
+                    gated_mlp: false,
+                    decoder_layers: need("n_layer")?,
+                    sliding_window: None,
+                    relative_buckets: 0,
+                })
+            }
+            "gpt_neox" | "bloom" | "bert" => {
+                let (hidden_key, layers_key, heads_key) = match model_type.as_str() {
+                    "bloom" => ("hidden_size", "n_layer", "n_head"),
+                    _ => ("hidden_size", "num_hidden_layers", "num_attention_heads"),
+                };
+                let hidden = need(hidden_key)?;
+                let heads = need(heads_key)?;
+                let layers = need(layers_key)?;
+                let family = match model_type.as_str() {
+                    "gpt_neox" => Family::NeoX,
+                    "bloom" => Family::Bloom,
+                    _ => Family::Bert,
+                };
+                Ok(Model {
+                    name: name.to_string(),
+                    family,
+                    hidden,
+                    layers,
+                    heads,
+                    kv_heads: heads,
+                    head_dim: hidden / heads,
+                    intermediate: match family {
+                        Family::Bloom => 4 * hidden,
+                        _ => need("intermediate_size")?,
+                    },
+                    vocab: need("vocab_size")?,
+                    max_position: match family {
+                        Family::Bloom => uint("seq_length")?.unwrap_or(2048),
+                        _ => need("max_position_embeddings")?,
+                    },
+                    tied_embeddings: flag("tie_word_embeddings", family != Family::NeoX),
+                    qkv_bias: true,
+                    experts: 1,
+                    experts_per_token: 1,
+                    gated_mlp: false,
+                    decoder_layers: if family == Family::Bert { 0 } else { layers },
+                    sliding_window: None,
+                    relative_buckets: 0,
+                })
+            }
+            "t5" | "mt5" => {
+                let encoder = need("num_layers")?;
+                let decoder = uint("num_decoder_layers")?.unwrap_or(encoder);
+                let heads = need("num_heads")?;
+                let ff = v.get("feed_forward_proj").and_then(Value::as_str).unwrap_or("relu");
+                Ok(Model {
+                    name: name.to_string(),
+                    family: Family::T5,
+                    hidden: need("d_model")?,
+                    layers: encoder + decoder,
+                    heads,
+                    kv_heads: heads,
+                    head_dim: need("d_kv")?,
+                    intermediate: need("d_ff")?,
+                    vocab: need("vocab_size")?,
+                    max_position: uint("n_positions")?.unwrap_or(512),
+                    tied_embeddings: flag("tie_word_embeddings", true),
+                    qkv_bias: false,
+                    experts: 1,
+                    experts_per_token: 1,
+                    gated_mlp: ff.starts_with("gated"),
+                    decoder_layers: decoder,
+                    sliding_window: None,
+                    relative_buckets: uint("relative_attention_num_buckets")?.unwrap_or(32),
                 })
             }
             "llama" | "mistral" | "mixtral" | "qwen2" | "qwen3" | "gemma" | "gemma2" | "phi3" => {
                 let hidden = need("hidden_size")?;
                 let heads = need("num_attention_heads")?;
                 let experts = uint("num_local_experts")?.unwrap_or(1);
+                let layers = need("num_hidden_layers")?;
                 Ok(Model {
                     name: name.to_string(),
                     family: Family::GatedDecoder,
                     hidden,
-                    layers: need("num_hidden_layers")?,
+                    layers,
                     heads,
                     kv_heads: uint("num_key_value_heads")?.unwrap_or(heads),
                     head_dim: uint("head_dim")?.unwrap_or(hidden / heads),
@@ -163,10 +303,27 @@ impl Model {
                     qkv_bias: model_type == "qwen2" || flag("attention_bias", false),
                     experts,
                     experts_per_token: uint("num_experts_per_tok")?.unwrap_or(if experts > 1 { 2 } else { 1 }),
+                    gated_mlp: true,
+                    decoder_layers: layers,
+                    // Only when the config turns it on (Qwen2 writes a window it does not use).
+                    sliding_window: if flag("use_sliding_window", model_type != "qwen2" && model_type != "qwen3") {
+                        uint("sliding_window")?
+                    } else {
+                        None
+                    },
+                    relative_buckets: 0,
                 })
             }
             other => Err(ModelError::Unsupported(other.to_string())),
         }
+    }
+}
+
+impl Model {
+    /// The same model under another name.
+    pub fn renamed(mut self, name: &str) -> Model {
+        self.name = name.to_string();
+        self
     }
 }
 
@@ -193,6 +350,10 @@ fn gated(name: &str, h: u64, l: u64, heads: u64, kv: u64, d: u64, f: u64, v: u64
         qkv_bias: false,
         experts: 1,
         experts_per_token: 1,
+        gated_mlp: true,
+        decoder_layers: l,
+        sliding_window: None,
+        relative_buckets: 0,
     }
 }
 
@@ -213,7 +374,53 @@ pub fn presets() -> Vec<Model> {
         qkv_bias: true,
         experts: 1,
         experts_per_token: 1,
+        gated_mlp: false,
+        decoder_layers: l,
+        sliding_window: None,
+        relative_buckets: 0,
     };
+    let neox = |name: &str, h: u64, l: u64, a: u64, v: u64| Model {
+        family: Family::NeoX,
+        vocab: v,
+        max_position: 2048,
+        tied_embeddings: false,
+        ..gpt2(name, h, l, a)
+    };
+    let bert = |name: &str, h: u64, l: u64, a: u64, v: u64| Model {
+        family: Family::Bert,
+        vocab: v,
+        max_position: 512,
+        decoder_layers: 0,
+        ..gpt2(name, h, l, a)
+    };
+    #[allow(clippy::too_many_arguments)] // one argument per column of the preset table
+    let t5 = |name: &str, h: u64, l: u64, a: u64, d: u64, f: u64, v: u64, gated: bool| Model {
+        name: name.to_string(),
+        family: Family::T5,
+        hidden: h,
+        layers: 2 * l,
+        heads: a,
+        kv_heads: a,
+        head_dim: d,
+        intermediate: f,
+        vocab: v,
+        max_position: 512,
+        // T5 v1.0 ties the output to the embedding; v1.1 (T0, mT5, mT0) does not.
+        tied_embeddings: !gated,
+        qkv_bias: false,
+        experts: 1,
+        experts_per_token: 1,
+        gated_mlp: gated,
+        decoder_layers: l,
+        sliding_window: None,
+        relative_buckets: 32,
+    };
+    let mut bloom = gpt2("bloom-7b1", 4096, 30, 32);
+    bloom.family = Family::Bloom;
+    bloom.vocab = 250880;
+    bloom.max_position = 2048;
+    let mut mistral = gated("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, false);
+    mistral.sliding_window = Some(4096);
     let mut qwen = gated("qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, 152064, 32768, false);
     qwen.qkv_bias = true;
     let mut mixtral = gated("mixtral-8x7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, false);
@@ -230,12 +437,24 @@ pub fn presets() -> Vec<Model> {
         gated("llama-3-8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, false),
         gated("llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 131072, false),
         gated("llama-3-70b", 8192, 80, 64, 8, 128, 28672, 128256, 8192, false),
-        gated("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, false),
+        mistral,
         mixtral,
         qwen,
         gated("phi-3-mini", 3072, 32, 32, 32, 96, 8192, 32064, 4096, false),
         gated("gemma-2b", 2048, 18, 8, 1, 256, 16384, 256000, 8192, true),
         gated("gemma-7b", 3072, 28, 16, 16, 256, 24576, 256000, 8192, true),
+        neox("pythia-160m", 768, 12, 12, 50304),
+        neox("pythia-1b", 2048, 16, 8, 50304),
+        neox("pythia-6.9b", 4096, 32, 32, 50432),
+        bloom,
+        bert("bert-base-uncased", 768, 12, 12, 30522),
+        bert("bert-base-cased", 768, 12, 12, 28996),
+        bert("bert-large-uncased", 1024, 24, 16, 30522),
+        t5("t5-base", 768, 12, 12, 64, 3072, 32128, false),
+        t5("t5-large", 1024, 24, 16, 64, 4096, 32128, false),
+        t5("t5-3b", 1024, 24, 32, 128, 16384, 32128, false),
+        t5("t0-3b", 2048, 24, 32, 64, 5120, 32128, true),
+        t5("mt0-xxl", 4096, 24, 64, 64, 10240, 250112, true),
     ]
 }
 
@@ -270,6 +489,18 @@ mod tests {
             ("phi-3-mini", 3_821_079_552),
             ("gemma-2b", 2_506_172_416),
             ("gemma-7b", 8_537_680_896),
+            // Pythia's Table 1 (with embeddings).
+            ("pythia-160m", 162_322_944),
+            ("pythia-1b", 1_011_781_632),
+            ("pythia-6.9b", 6_857_302_016),
+            ("bloom-7b1", 7_069_016_064),
+            ("bert-base-uncased", 109_482_240),
+            ("bert-base-cased", 108_310_272),
+            ("bert-large-uncased", 335_141_888),
+            ("t5-base", 222_903_552),
+            // DeepSpeed's memory estimator examples: 737.67M and 2851M.
+            ("t5-large", 737_668_096),
+            ("t5-3b", 2_851_598_336),
         ] {
             assert_eq!(preset(name).unwrap().params(), count, "{name}");
         }
@@ -295,8 +526,31 @@ mod tests {
             Model::from_hf_config(missing, "x").unwrap_err().to_string(),
             "config.json lacks `num_attention_heads`, which a llama model needs"
         );
-        assert!(matches!(Model::from_hf_config(r#"{"model_type":"bert"}"#, "x"), Err(ModelError::Unsupported(_))));
+        assert!(matches!(Model::from_hf_config(r#"{"model_type":"falcon"}"#, "x"), Err(ModelError::Unsupported(_))));
         assert!(matches!(Model::from_hf_config("{", "x"), Err(ModelError::Json(_))));
         assert!(preset("gpt5").unwrap_err().to_string().contains("known presets: gpt2"));
+        // Pythia-410m, BERT, T5 v1.1 and BLOOM as their config.json files spell them.
+        let neox = r#"{"model_type":"gpt_neox","hidden_size":1024,"num_hidden_layers":24,"num_attention_heads":16,
+            "intermediate_size":4096,"vocab_size":50304,"max_position_embeddings":2048}"#;
+        assert_eq!(Model::from_hf_config(neox, "p").unwrap().params(), 405_334_016);
+        let bert = r#"{"model_type":"bert","hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,
+            "intermediate_size":3072,"vocab_size":30522,"max_position_embeddings":512,"type_vocab_size":2}"#;
+        let bert = Model::from_hf_config(bert, "b").unwrap();
+        assert_eq!(bert.params(), 109_482_240);
+        assert!(!bert.generates());
+        let t0 = r#"{"model_type":"t5","d_model":2048,"d_ff":5120,"d_kv":64,"num_heads":32,"num_layers":24,
+            "vocab_size":32128,"feed_forward_proj":"gated-gelu","tie_word_embeddings":false}"#;
+        let t0 = Model::from_hf_config(t0, "t").unwrap();
+        assert_eq!(t0, preset("t0-3b").unwrap().renamed("t"));
+        assert_eq!(t0.kv_bytes_per_token(2.0), 2.0 * 24.0 * 32.0 * 64.0 * 2.0);
+        let bloom = r#"{"model_type":"bloom","hidden_size":4096,"n_layer":30,"n_head":32,"vocab_size":250880}"#;
+        assert_eq!(Model::from_hf_config(bloom, "b").unwrap().params(), 7_069_016_064);
+        let missing_t5 = r#"{"model_type":"t5","d_model":512}"#;
+        assert_eq!(
+            Model::from_hf_config(missing_t5, "x").unwrap_err().to_string(),
+            "config.json lacks `num_layers`, which a t5 model needs"
+        );
+        // mT0-xxl: "12.9B" (the peft README rounds to 12B).
+        assert_eq!(preset("mt0-xxl").unwrap().params() / 100_000_000, 129);
     }
 }

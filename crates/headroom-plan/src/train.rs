@@ -190,7 +190,7 @@ fn layer_activations(model: &Model, cfg: &TrainConfig) -> (f64, f64) {
     let a = model.heads as f64;
     let width = activation_width(cfg.precision) / 2.0;
     let k = &cfg.coefficients;
-    let c1 = if model.family == Family::Gpt2 { k.c1_mlp } else { k.c1_gated };
+    let c1 = if model.gated_mlp { k.c1_gated } else { k.c1_mlp };
     let linear = s * b * h * (k.c0 + c1 * model.intermediate as f64 / h) * width;
     let core = match cfg.attention {
         Attention::Eager => 5.0 * a * s * s * b * width,
@@ -429,6 +429,10 @@ mod tests {
             qkv_bias: true,
             experts: 1,
             experts_per_token: 1,
+            gated_mlp: false,
+            decoder_layers: 96,
+            sliding_window: None,
+            relative_buckets: 0,
         };
         let (eager, core) = layer_activations(&gpt3, &base());
         assert!((eager / 1e9 - 2.87).abs() < 0.01, "{eager}");
