@@ -10,7 +10,11 @@ use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{self, InferConfig, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::search::{recommend, SearchSpace};
-use headroom_plan::train::{self, ActivationModel, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
+use headroom_plan::parallel::Parallelism;
+use headroom_plan::train::{
+    self, ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Optimizer,
+    PipelineStage, Precision, TrainConfig,
+};
 use serde_json::json;
 use std::process::ExitCode;
 
@@ -24,15 +28,22 @@ use std::process::ExitCode;
 /// and the framework (CUDA context, NCCL). Inference: weights at their width,
 /// the KV cache, the prefill activations, and how many sequences fit.
 ///
-/// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...) or
-/// the path of a Hugging Face config.json. Not modelled yet: tensor, pipeline
-/// and context parallelism, LoRA/QLoRA, CPU offload, communication time.
+/// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
+/// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
+/// --offload optimizer|params. Step time counts FLOPs at 50% of the GPU's
+/// dense peak, pipeline bubbles and collectives over NVLink or the network.
+///
+/// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, t5-base,
+/// bert-base-uncased, pythia-1b, ...) or the path of a Hugging Face config.json.
 ///
 /// Exit status: 0 if it fits, 1 if not, 2 on bad input.
 #[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
                         headroom plan --model llama-3-8b --gpu h100-sxm --gpus 8 --zero 3 --train --batch 4 --seq 8192 --max-batch\n  \
+                        headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
+                        headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full\n  \
+                        headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json"
 )]
 pub struct PlanArgs {
@@ -50,12 +61,48 @@ pub struct PlanArgs {
     /// Sequence length in tokens.
     #[arg(long, default_value_t = 2048)]
     seq: u64,
-    /// Data-parallel GPUs.
+    /// GPUs in the job; data parallelism is what tensor × pipeline × context parallelism leaves.
     #[arg(long, default_value_t = 1)]
     gpus: u64,
-    /// ZeRO stage (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
+    /// Tensor-parallel GPUs (Megatron; keep it inside a node).
+    #[arg(long, default_value_t = 1)]
+    tp: u64,
+    /// Pipeline stages (1F1B).
+    #[arg(long, default_value_t = 1)]
+    pp: u64,
+    /// Model chunks per pipeline stage: more than 1 is the interleaved schedule.
+    #[arg(long, default_value_t = 1)]
+    vpp: u64,
+    /// Context-parallel GPUs (the sequence split across GPUs).
+    #[arg(long, default_value_t = 1)]
+    cp: u64,
+    /// Turn off Megatron's sequence parallelism (on by default with --tp).
+    #[arg(long)]
+    no_sequence_parallel: bool,
+    /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     zero: u8,
+    /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
+    #[arg(long, default_value_t = 1)]
+    accumulation: u64,
+    /// Sequences per optimizer step over all GPUs for --recommend (default: batch × accumulation × data-parallel GPUs).
+    #[arg(long)]
+    global_batch: Option<u64>,
+    /// Full fine-tuning, LoRA adapters over a frozen base, or QLoRA (LoRA over a 4-bit NF4 base).
+    #[arg(long, value_enum, default_value_t = FinetuneArg::Full)]
+    finetune: FinetuneArg,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    lora_rank: u64,
+    /// Linear layers that get adapters: every one, or the query and value projections.
+    #[arg(long, value_enum, default_value_t = LoraTargetsArg::All)]
+    lora_targets: LoraTargetsArg,
+    /// Storage of the frozen base under LoRA (qlora implies nf4).
+    #[arg(long, value_enum)]
+    base_weights: Option<BaseWeightsArg>,
+    /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the parameters (needs --zero 3).
+    #[arg(long, value_enum, default_value_t = OffloadArg::None)]
+    offload: OffloadArg,
     #[arg(long, value_enum, default_value_t = PrecisionArg::Mixed)]
     precision: PrecisionArg,
     #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
@@ -68,8 +115,9 @@ pub struct PlanArgs {
     /// Also find the largest micro-batch that fits.
     #[arg(long)]
     max_batch: bool,
-    /// Search precision, attention kernel, checkpointing, ZeRO stage and
-    /// micro-batch (with gradient accumulation to --batch sequences per GPU
+    /// Search precision, attention kernel, checkpointing, the tensor ×
+    /// pipeline × context × data split of --gpus, ZeRO stage, offload and
+    /// micro-batch (with gradient accumulation to --global-batch sequences
     /// per step) for the configurations that fit, fastest first.
     #[arg(long)]
     recommend: bool,
@@ -95,6 +143,37 @@ enum PrecisionArg {
     Amp,
     Bf16,
     Fp32,
+    /// Transformer Engine fp8 (Hopper, Ada, Blackwell, MI300).
+    Fp8,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum FinetuneArg {
+    Full,
+    Lora,
+    Qlora,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LoraTargetsArg {
+    All,
+    Qv,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BaseWeightsArg {
+    /// The training precision's width.
+    Native,
+    Int8,
+    Nf4,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OffloadArg {
+    None,
+    Optimizer,
+    /// The optimizer and the parameters.
+    Params,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -121,6 +200,8 @@ enum EngineArg {
     Fsdp,
     /// an Accelerate config
     Accelerate,
+    /// Megatron-LM arguments (tensor, pipeline and context parallelism)
+    Megatron,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -158,14 +239,224 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     if a.infer {
         return plan_inference(&a, &model, &gpu_spec);
     }
-    let cfg = TrainConfig {
+    let cfg = train_config(&a)?;
+    if let Err(why) = cfg.check(&model, &gpu_spec) {
+        bail!("{why}");
+    }
+    let e = train::estimate(&model, &gpu_spec, &cfg);
+    let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu_spec, &cfg, 1 << 16));
+    let global_batch = a.global_batch.unwrap_or(cfg.global_batch());
+    let (recs, tried) = if a.recommend {
+        let space = SearchSpace::for_job(&model, &gpu_spec, a.gpus, a.seq, global_batch);
+        recommend(&model, &gpu_spec, &cfg, global_batch, &space)
+    } else {
+        (Vec::new(), 0)
+    };
+    let emitted = a
+        .emit
+        .map(|engine| {
+            let engine = match engine {
+                EngineArg::Deepspeed => Engine::DeepSpeed,
+                EngineArg::Fsdp => Engine::Fsdp,
+                EngineArg::Accelerate => Engine::Accelerate,
+                EngineArg::Megatron => Engine::Megatron,
+            };
+            // The fastest recommendation this engine can express, or the configuration asked about.
+            match recs.iter().find_map(|r| emit(engine, &model, &r.config).ok()) {
+                Some(text) => Ok(text),
+                None => emit(engine, &model, &cfg),
+            }
+        })
+        .transpose()
+        .map_err(|why| anyhow::anyhow!("--emit: {why}"))?;
+    let b = &e.breakdown;
+    let par = &cfg.parallel;
+    if a.json {
+        let out = json!({
+            "model": model.name,
+            "params": model.params(),
+            "gpu": gpu_spec.name,
+            "gpu_memory_bytes": gpu_spec.memory_bytes,
+            "mode": "train",
+            "gpus": par.gpus(),
+            "parallel": parallel_json(par),
+            "accumulation": cfg.accumulation,
+            "global_batch": cfg.global_batch(),
+            "finetune": finetune_name(cfg.finetune),
+            "offload": offload_name(cfg.offload),
+            "trainable_params": e.trainable_params,
+            "fits": e.fits,
+            "per_gpu_bytes": e.per_gpu_bytes,
+            "pipeline_stage": format!("{:?}", e.stage).to_lowercase(),
+            "breakdown": {
+                "weights": b.weights, "gradients": b.gradients, "optimizer": b.optimizer,
+                "activations": b.activations, "logits": b.logits, "kv_cache": 0.0,
+                "temporary": b.temporary, "framework": b.framework,
+            },
+            "host_bytes": e.host_bytes,
+            "step_time_s": e.step_time_s,
+            "tokens_per_s": e.tokens_per_s,
+            "mfu": e.mfu,
+            "recompute_fraction": e.recompute_fraction,
+            "max_batch": max_batch,
+            "configurations_searched": tried,
+            "recommendations": recs.iter().take(20).map(|r| json!({
+                "precision": format!("{:?}", r.config.precision).to_lowercase(),
+                "attention": format!("{:?}", r.config.attention).to_lowercase(),
+                "checkpoint": checkpoint_name(r.config.checkpointing),
+                "parallel": parallel_json(&r.config.parallel),
+                "zero_stage": r.config.parallel.zero_stage,
+                "offload": offload_name(r.config.offload),
+                "micro_batch": r.config.micro_batch,
+                "accumulation": r.config.accumulation,
+                "per_gpu_bytes": r.estimate.per_gpu_bytes,
+                "step_time_s": r.estimate.step_time_s,
+                "tokens_per_s": r.estimate.tokens_per_s,
+                "mfu": r.estimate.mfu,
+            })).collect::<Vec<_>>(),
+            "engine_config": emitted,
+            "note": e.note,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{model} on {} ({}), {}: micro-batch {} × {} tokens{}, {:?}, {:?}, {:?} attention, checkpointing {}",
+            gpu_spec.name,
+            format_size(gpu_spec.memory_bytes),
+            match cfg.finetune {
+                Finetune::Full => "training".to_string(),
+                _ => format!("{} fine-tuning ({} trainable parameters)", finetune_name(cfg.finetune), e.trainable_params),
+            },
+            a.batch,
+            a.seq,
+            if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
+            cfg.precision,
+            cfg.optimizer,
+            cfg.attention,
+            a.checkpoint,
+        );
+        if par.gpus() > 1 || cfg.offload != Offload::None {
+            println!("{}", layout_line(par, cfg.offload));
+        }
+        println!();
+        let terms = [
+            ("weights", b.weights),
+            ("gradients", b.gradients),
+            ("optimizer", b.optimizer),
+            ("activations", b.activations),
+            ("logits", b.logits),
+            ("temporary", b.temporary),
+            ("framework", b.framework),
+        ];
+        print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
+        if par.pipeline > 1 {
+            println!(
+                "(the {} pipeline stage: {})",
+                format!("{:?}", e.stage).to_lowercase(),
+                if e.stage == PipelineStage::First { "the embedding and the most micro-batches in flight" } else { "the head and the logits" }
+            );
+        }
+        if e.host_bytes > 0.0 {
+            println!("host memory per node for the offloaded states: {}", format_size(e.host_bytes as u64));
+        }
+        if let Some(n) = &e.note {
+            println!("{n}");
+        }
+        println!(
+            "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
+            e.step_time_s,
+            e.tokens_per_s,
+            if par.gpus() > 1 { " over all GPUs, collectives not overlapped" } else { "" },
+            e.mfu * 100.0,
+            e.recompute_fraction * 100.0
+        );
+        if let Some(m) = max_batch {
+            println!("largest micro-batch that fits: {m}");
+        }
+        if a.recommend {
+            println!();
+            println!(
+                "{} of {tried} configurations fit; fastest for {global_batch} sequences per step on {} GPUs:",
+                recs.len(),
+                a.gpus
+            );
+            println!(
+                "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
+                "prec", "attn", "checkpoint", "tp·pp·cp·dp", "zero", "offload", "micro", "accum", "per GPU", "step (s)", "tokens/s", "MFU"
+            );
+            for r in recs.iter().take(10) {
+                let p = &r.config.parallel;
+                println!(
+                    "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
+                    format!("{:?}", r.config.precision).to_lowercase(),
+                    format!("{:?}", r.config.attention).to_lowercase(),
+                    checkpoint_name(r.config.checkpointing),
+                    format!(
+                        "{}·{}{}·{}·{}",
+                        p.tensor,
+                        p.pipeline,
+                        if p.virtual_stages > 1 { format!("v{}", p.virtual_stages) } else { String::new() },
+                        p.context,
+                        p.data
+                    ),
+                    p.zero_stage,
+                    offload_name(r.config.offload),
+                    r.config.micro_batch,
+                    r.config.accumulation,
+                    format_size(r.estimate.per_gpu_bytes as u64),
+                    r.estimate.step_time_s,
+                    r.estimate.tokens_per_s,
+                    r.estimate.mfu * 100.0
+                );
+            }
+        }
+        if let Some(text) = &emitted {
+            println!();
+            println!("{text}");
+        }
+    }
+    Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
+    let model_parallel = a.tp * a.pp * a.cp;
+    if model_parallel == 0 || a.vpp == 0 || a.accumulation == 0 {
+        bail!("--tp, --pp, --vpp, --cp and --accumulation must be positive");
+    }
+    if !a.gpus.is_multiple_of(model_parallel) {
+        bail!("--gpus {} is not a multiple of tp × pp × cp = {model_parallel}", a.gpus);
+    }
+    let finetune = match a.finetune {
+        FinetuneArg::Full => {
+            if a.base_weights.is_some() {
+                bail!("--base-weights applies to --finetune lora or qlora");
+            }
+            Finetune::Full
+        }
+        FinetuneArg::Lora | FinetuneArg::Qlora => Finetune::Lora {
+            rank: a.lora_rank,
+            targets: match a.lora_targets {
+                LoraTargetsArg::All => LoraTargets::All,
+                LoraTargetsArg::Qv => LoraTargets::QueryValue,
+            },
+            base: match (a.base_weights, a.finetune) {
+                (Some(BaseWeightsArg::Native), _) => BaseWeights::Native,
+                (Some(BaseWeightsArg::Int8), _) => BaseWeights::Int8,
+                (Some(BaseWeightsArg::Nf4), _) | (None, FinetuneArg::Qlora) => BaseWeights::Nf4,
+                (None, _) => BaseWeights::Native,
+            },
+        },
+    };
+    Ok(TrainConfig {
         micro_batch: a.batch,
         seq: a.seq,
+        accumulation: a.accumulation,
         precision: match a.precision {
             PrecisionArg::Mixed => Precision::Mixed,
             PrecisionArg::Amp => Precision::Amp,
             PrecisionArg::Bf16 => Precision::Bf16,
             PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Fp8 => Precision::Fp8,
         },
         optimizer: match a.optimizer {
             OptimizerArg::Adamw => Optimizer::AdamW,
@@ -180,133 +471,74 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             AttentionArg::Flash => Attention::Flash,
         },
         checkpointing: parse_checkpointing(&a.checkpoint)?,
-        gpus: a.gpus,
-        zero_stage: a.zero,
+        parallel: Parallelism {
+            data: a.gpus / model_parallel,
+            tensor: a.tp,
+            pipeline: a.pp,
+            context: a.cp,
+            sequence_parallel: !a.no_sequence_parallel,
+            virtual_stages: a.vpp,
+            zero_stage: a.zero,
+        },
+        finetune,
+        offload: match a.offload {
+            OffloadArg::None => Offload::None,
+            OffloadArg::Optimizer => Offload::Optimizer,
+            OffloadArg::Params => Offload::OptimizerAndParams,
+        },
         coefficients: ActivationModel::default(),
-    };
-    let e = train::estimate(&model, &gpu_spec, &cfg);
-    let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu_spec, &cfg, 1 << 16));
-    let (recs, tried) = if a.recommend {
-        let space = SearchSpace::for_batch(a.batch, model.layers, a.gpus);
-        recommend(&model, &gpu_spec, &cfg, a.batch, &space)
-    } else {
-        (Vec::new(), 0)
-    };
-    let emitted = a.emit.map(|engine| {
-        let engine = match engine {
-            EngineArg::Deepspeed => Engine::DeepSpeed,
-            EngineArg::Fsdp => Engine::Fsdp,
-            EngineArg::Accelerate => Engine::Accelerate,
-        };
-        match recs.first() {
-            Some(r) => emit(engine, &r.config, r.accumulation),
-            None => emit(engine, &cfg, 1),
-        }
-    });
-    let b = &e.breakdown;
-    if a.json {
-        let out = json!({
-            "model": model.name,
-            "params": model.params(),
-            "gpu": gpu_spec.name,
-            "gpu_memory_bytes": gpu_spec.memory_bytes,
-            "mode": "train",
-            "fits": e.fits,
-            "per_gpu_bytes": e.per_gpu_bytes,
-            "breakdown": {
-                "weights": b.weights, "gradients": b.gradients, "optimizer": b.optimizer,
-                "activations": b.activations, "logits": b.logits, "kv_cache": 0.0,
-                "temporary": b.temporary, "framework": b.framework,
-            },
-            "step_time_s": e.step_time_s,
-            "tokens_per_s": e.tokens_per_s,
-            "recompute_fraction": e.recompute_fraction,
-            "max_batch": max_batch,
-            "configurations_searched": tried,
-            "recommendations": recs.iter().take(20).map(|r| json!({
-                "precision": format!("{:?}", r.config.precision).to_lowercase(),
-                "attention": format!("{:?}", r.config.attention).to_lowercase(),
-                "checkpoint": checkpoint_name(r.config.checkpointing),
-                "zero_stage": r.config.zero_stage,
-                "micro_batch": r.config.micro_batch,
-                "accumulation": r.accumulation,
-                "per_gpu_bytes": r.estimate.per_gpu_bytes,
-                "step_time_s": r.step_time_s,
-                "tokens_per_s": (r.config.micro_batch * r.accumulation * a.seq * a.gpus) as f64 / r.step_time_s,
-            })).collect::<Vec<_>>(),
-            "engine_config": emitted,
-            "note": e.note,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "{model} on {} ({}), training: micro-batch {} × {} tokens, {:?}, {:?}, {:?} attention, checkpointing {}{}",
-            gpu_spec.name,
-            format_size(gpu_spec.memory_bytes),
-            a.batch,
-            a.seq,
-            cfg.precision,
-            cfg.optimizer,
-            cfg.attention,
-            a.checkpoint,
-            if a.gpus > 1 { format!(", {} GPUs, ZeRO-{}", a.gpus, a.zero) } else { String::new() }
-        );
-        println!();
-        let terms = [
-            ("weights", b.weights),
-            ("gradients", b.gradients),
-            ("optimizer", b.optimizer),
-            ("activations", b.activations),
-            ("logits", b.logits),
-            ("temporary", b.temporary),
-            ("framework", b.framework),
-        ];
-        print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
-        if let Some(n) = &e.note {
-            println!("{n}");
-        }
-        println!(
-            "step time ≈ {:.3} s ({:.0} tokens/s{}), recomputing {:.0}% of a forward pass",
-            e.step_time_s,
-            e.tokens_per_s,
-            if a.gpus > 1 { " over all GPUs, collectives not overlapped" } else { "" },
-            e.recompute_fraction * 100.0
-        );
-        if let Some(m) = max_batch {
-            println!("largest micro-batch that fits: {m}");
-        }
-        if a.recommend {
-            println!();
-            println!(
-                "{} of {tried} configurations fit; fastest for {} sequences per GPU per step:",
-                recs.len(),
-                a.batch
-            );
-            println!(
-                "  {:<6} {:<6} {:<10} {:>4} {:>6} {:>6} {:>12} {:>10} {:>10}",
-                "prec", "attn", "checkpoint", "zero", "micro", "accum", "per GPU", "step (s)", "tokens/s"
-            );
-            for r in recs.iter().take(10) {
-                println!(
-                    "  {:<6} {:<6} {:<10} {:>4} {:>6} {:>6} {:>12} {:>10.3} {:>10.0}",
-                    format!("{:?}", r.config.precision).to_lowercase(),
-                    format!("{:?}", r.config.attention).to_lowercase(),
-                    checkpoint_name(r.config.checkpointing),
-                    r.config.zero_stage,
-                    r.config.micro_batch,
-                    r.accumulation,
-                    format_size(r.estimate.per_gpu_bytes as u64),
-                    r.step_time_s,
-                    (r.config.micro_batch * r.accumulation * a.seq * a.gpus) as f64 / r.step_time_s
-                );
-            }
-        }
-        if let Some(text) = &emitted {
-            println!();
-            println!("{text}");
-        }
+    })
+}
+
+fn parallel_json(p: &Parallelism) -> serde_json::Value {
+    json!({
+        "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
+        "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel && p.tensor > 1,
+        "zero_stage": p.zero_stage,
+    })
+}
+
+fn layout_line(p: &Parallelism, offload: Offload) -> String {
+    let mut parts = vec![format!("{} GPUs", p.gpus())];
+    if p.tensor > 1 {
+        parts.push(format!(
+            "tensor {}{}",
+            p.tensor,
+            if p.sequence_parallel { " with sequence parallelism" } else { "" }
+        ));
     }
-    Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    if p.pipeline > 1 {
+        parts.push(format!(
+            "pipeline {} ({})",
+            p.pipeline,
+            if p.virtual_stages > 1 { format!("interleaved, {} chunks", p.virtual_stages) } else { "1F1B".into() }
+        ));
+    }
+    if p.context > 1 {
+        parts.push(format!("context {}", p.context));
+    }
+    parts.push(format!("data {} with ZeRO-{}", p.data, p.zero_stage));
+    if offload != Offload::None {
+        parts.push(format!("offloading the {} to the CPU", offload_name(offload).replace('+', " and ")));
+    }
+    parts.join(", ")
+}
+
+fn finetune_name(f: Finetune) -> &'static str {
+    match f {
+        Finetune::Full => "full",
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => "qlora",
+        Finetune::Lora { base: BaseWeights::Int8, .. } => "lora-int8",
+        Finetune::Lora { .. } => "lora",
+    }
+}
+
+fn offload_name(o: Offload) -> &'static str {
+    match o {
+        Offload::None => "none",
+        Offload::Optimizer => "optimizer",
+        Offload::OptimizerAndParams => "optimizer+params",
+    }
 }
 
 fn checkpoint_name(c: Checkpointing) -> String {
@@ -337,7 +569,17 @@ fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
 }
 
 fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> {
+    if !model.generates() {
+        bail!("{} is an encoder: --infer plans generation with a KV cache; plan its training instead", model.name);
+    }
+    if a.pp > 1 || a.cp > 1 || a.gpus != a.tp {
+        bail!("--infer plans one tensor-parallel group: set --gpus equal to --tp (and no --pp or --cp)");
+    }
+    if !model.heads.is_multiple_of(a.tp) {
+        bail!("--tp {} does not divide the {} attention heads", a.tp, model.heads);
+    }
     let cfg = InferConfig {
+        tensor: a.tp,
         batch: a.batch,
         seq: a.seq,
         prefill_chunk: 2048,
@@ -356,7 +598,7 @@ fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> 
     if a.json {
         let out = json!({
             "model": model.name, "params": model.params(), "gpu": g.name, "gpu_memory_bytes": g.memory_bytes,
-            "mode": "infer", "fits": e.fits, "per_gpu_bytes": e.per_gpu_bytes,
+            "mode": "infer", "gpus": a.tp, "fits": e.fits, "per_gpu_bytes": e.per_gpu_bytes,
             "breakdown": {
                 "weights": e.weights, "gradients": 0.0, "optimizer": 0.0, "activations": e.activations,
                 "logits": e.logits, "kv_cache": e.kv_cache, "temporary": 0.0, "framework": e.framework,

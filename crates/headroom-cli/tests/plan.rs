@@ -108,11 +108,96 @@ fn recommendations_fit_are_ranked_and_become_engine_configs() {
     assert!(!recs.is_empty() && v["configurations_searched"].as_u64().unwrap() > 1000);
     let times: Vec<f64> = recs.iter().map(|r| r["step_time_s"].as_f64().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "fastest first");
+    // --batch 32 on 8 GPUs: 256 sequences per optimizer step, however the GPUs are split.
     for r in recs {
         assert!(r["per_gpu_bytes"].as_f64().unwrap() <= 80.0 * (1u64 << 30) as f64);
-        assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accumulation"].as_u64().unwrap(), 32);
+        let data = r["parallel"]["data"].as_u64().unwrap();
+        assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accumulation"].as_u64().unwrap() * data, 256);
     }
+    // DeepSpeed gets the fastest configuration it can express: pure data parallelism.
     let ds: Value = serde_json::from_str(v["engine_config"].as_str().unwrap()).unwrap();
-    assert_eq!(ds["zero_optimization"]["stage"], recs[0]["zero_stage"]);
-    assert_eq!(ds["train_batch_size"], 32 * 8);
+    assert_eq!(ds["train_batch_size"], 256);
+    let first_dp = recs.iter().find(|r| r["parallel"]["data"] == 8);
+    if let Some(r) = first_dp {
+        assert_eq!(ds["train_micro_batch_size_per_gpu"], r["micro_batch"]);
+    }
+}
+
+#[test]
+fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
+    let (code, v) = plan(&[
+        "--model",
+        "llama-3-70b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--zero",
+        "1",
+        "--accumulation",
+        "16",
+        "--seq",
+        "8192",
+        "--attention",
+        "flash",
+        "--checkpoint",
+        "selective",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["parallel"]["data"], 2);
+    assert_eq!(v["parallel"]["sequence_parallel"], true);
+    assert_eq!(v["global_batch"], 32);
+    assert!(v["mfu"].as_f64().unwrap() > 0.2 && v["mfu"].as_f64().unwrap() < 0.5);
+    // The same job without splitting the model does not fit.
+    let (code, _) = plan(&["--model", "llama-3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--zero", "1"]);
+    assert_eq!(code, 1);
+    // QLoRA of an 8B model on a 24 GB card.
+    let (code, q) = plan(&[
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "rtx-4090",
+        "--finetune",
+        "qlora",
+        "--lora-rank",
+        "32",
+        "--seq",
+        "4096",
+        "--checkpoint",
+        "full",
+        "--attention",
+        "flash",
+    ]);
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(q["finetune"], "qlora");
+    assert!(q["trainable_params"].as_u64().unwrap() < 100_000_000);
+    let (_, off) = plan(&[
+        "--model", "t5-3b", "--gpu", "a100-40gb", "--gpus", "8", "--zero", "2", "--offload", "optimizer",
+    ]);
+    assert_eq!(off["breakdown"]["optimizer"], 0.0);
+    assert!(off["host_bytes"].as_f64().unwrap() > 40e9);
+    for (args, msg) in [
+        (&["--gpus", "8", "--tp", "3"][..], "not a multiple"),
+        (&["--gpus", "6", "--tp", "3"][..], "does not divide the 32 attention heads"),
+        (&["--offload", "params"][..], "ZeRO stage 3"),
+        (&["--precision", "fp8"][..], "no fp8 tensor cores"),
+    ] {
+        Command::cargo_bin("headroom")
+            .unwrap()
+            .args(["plan", "--model", "llama-2-7b", "--gpu", "a100-80gb"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(contains(msg));
+    }
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "bert-base-uncased", "--gpu", "l4", "--infer"])
+        .assert()
+        .code(2)
+        .stderr(contains("encoder"));
 }

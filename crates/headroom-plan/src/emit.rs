@@ -1,8 +1,11 @@
 //! Configurations for the engines people already run: a DeepSpeed
 //! `ds_config.json`, a `torchrun` command with Hugging Face Trainer FSDP
-//! arguments, and an Accelerate config, for one training configuration.
+//! arguments, an Accelerate config, and Megatron-LM arguments, for one
+//! training configuration. What an engine's configuration cannot say is an
+//! error that names the engine that can.
 
-use crate::train::{Checkpointing, Precision, TrainConfig};
+use crate::model::Model;
+use crate::train::{BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Precision, TrainConfig};
 use serde_json::json;
 
 /// The engines.
@@ -11,27 +14,75 @@ pub enum Engine {
     DeepSpeed,
     Fsdp,
     Accelerate,
+    Megatron,
 }
 
 fn mixed(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "no",
+        Precision::Fp8 => "fp8",
         _ => "bf16",
     }
 }
 
-/// The configuration text for `engine`; `accumulation` micro-batches per optimizer step.
-pub fn emit(engine: Engine, cfg: &TrainConfig, accumulation: u64) -> String {
+/// TRL's command-line flags for the adapters (`trl sft` and scripts built on its `ModelConfig`).
+fn peft_flags(cfg: &TrainConfig) -> Vec<String> {
+    match cfg.finetune {
+        Finetune::Full => vec![],
+        Finetune::Lora { rank, targets, base } => {
+            let mut v = vec![
+                "--use_peft".to_string(),
+                format!("--lora_r {rank}"),
+                format!("--lora_alpha {}", 2 * rank),
+                match targets {
+                    LoraTargets::All => "--lora_target_modules all-linear".to_string(),
+                    LoraTargets::QueryValue => "--lora_target_modules q_proj v_proj".to_string(),
+                },
+            ];
+            match base {
+                BaseWeights::Nf4 => v.push("--load_in_4bit --use_bnb_nested_quant".into()),
+                BaseWeights::Int8 => v.push("--load_in_8bit".into()),
+                BaseWeights::Native => {}
+            }
+            v
+        }
+    }
+}
+
+/// The configuration text for `engine` to train `model`.
+pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
+    let par = &cfg.parallel;
     let ckpt = cfg.checkpointing != Checkpointing::None;
+    let accumulation = cfg.accumulation;
+    if engine != Engine::Megatron && par.model_parallel() > 1 {
+        return Err(format!(
+            "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron"
+        ));
+    }
+    // ZeRO-Offload needs the optimizer partitioned (stage ≥ 2 in practice); parameters need stage 3.
+    let zero = match cfg.offload {
+        Offload::None => par.zero_stage,
+        Offload::Optimizer => par.zero_stage.max(2),
+        Offload::OptimizerAndParams => 3,
+    };
     match engine {
         Engine::DeepSpeed => {
+            if cfg.precision == Precision::Fp8 {
+                return Err("DeepSpeed's config has no fp8 mode (it comes from Transformer Engine); use --emit accelerate or megatron".into());
+            }
             let mut v = json!({
                 "train_micro_batch_size_per_gpu": cfg.micro_batch,
                 "gradient_accumulation_steps": accumulation,
-                "train_batch_size": cfg.micro_batch * accumulation * cfg.gpus.max(1),
-                "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": true, "contiguous_gradients": true},
+                "train_batch_size": cfg.global_batch(),
+                "zero_optimization": {"stage": zero, "overlap_comm": true, "contiguous_gradients": true},
                 "gradient_clipping": 1.0,
             });
+            if cfg.offload != Offload::None {
+                v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
+            }
+            if cfg.offload == Offload::OptimizerAndParams {
+                v["zero_optimization"]["offload_param"] = json!({"device": "cpu", "pin_memory": true});
+            }
             if cfg.precision != Precision::Fp32 {
                 v["bf16"] = json!({"enabled": true});
             }
@@ -40,17 +91,27 @@ pub fn emit(engine: Engine, cfg: &TrainConfig, accumulation: u64) -> String {
                 // DeepSpeed's section only tunes it.
                 v["activation_checkpointing"] = json!({"partition_activations": false, "cpu_checkpointing": false});
             }
-            serde_json::to_string_pretty(&v).expect("JSON")
+            Ok(serde_json::to_string_pretty(&v).expect("JSON"))
         }
         Engine::Fsdp => {
-            let sharding = match cfg.zero_stage {
+            let sharding = match zero {
                 3 => "full_shard",
                 1 | 2 => "shard_grad_op",
                 _ => "no_shard",
             };
+            let offload = match cfg.offload {
+                Offload::None => "",
+                Offload::OptimizerAndParams => " offload",
+                Offload::Optimizer => {
+                    return Err("FSDP offloads the parameters with the optimizer; use --offload params, or --emit deepspeed".into())
+                }
+            };
+            if cfg.precision == Precision::Fp8 {
+                return Err("the Trainer's FSDP flags have no fp8 mode; use --emit accelerate or megatron".into());
+            }
             let mut args = vec![
-                format!("torchrun --nproc_per_node {} train.py", cfg.gpus.max(1)),
-                format!("--fsdp \"{sharding} auto_wrap\""),
+                format!("torchrun --nproc_per_node {} train.py", par.gpus()),
+                format!("--fsdp \"{sharding} auto_wrap{offload}\""),
                 format!("--per_device_train_batch_size {}", cfg.micro_batch),
                 format!("--gradient_accumulation_steps {accumulation}"),
             ];
@@ -60,24 +121,91 @@ pub fn emit(engine: Engine, cfg: &TrainConfig, accumulation: u64) -> String {
             if ckpt {
                 args.push("--gradient_checkpointing".into());
             }
-            args.join(" \\\n  ")
+            args.extend(peft_flags(cfg));
+            Ok(args.join(" \\\n  "))
         }
         Engine::Accelerate => {
-            let (kind, extra) = match cfg.zero_stage {
-                0 if cfg.gpus <= 1 => ("NO", String::new()),
+            let (kind, extra) = match zero {
+                0 if par.gpus() <= 1 => ("NO", String::new()),
                 0 => ("MULTI_GPU", String::new()),
                 s => (
                     "DEEPSPEED",
                     format!(
-                        "deepspeed_config:\n  zero_stage: {s}\n  gradient_accumulation_steps: {accumulation}\n  gradient_clipping: 1.0\n"
+                        "deepspeed_config:\n  zero_stage: {s}\n  gradient_accumulation_steps: {accumulation}\n  gradient_clipping: 1.0\n  offload_optimizer_device: {}\n  offload_param_device: {}\n",
+                        if cfg.offload == Offload::None { "none" } else { "cpu" },
+                        if cfg.offload == Offload::OptimizerAndParams { "cpu" } else { "none" },
                     ),
                 ),
             };
-            format!(
-                "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: 1\nnum_processes: {}\n{extra}",
+            Ok(format!(
+                "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: {}\nnum_processes: {}\n{extra}",
                 mixed(cfg.precision),
-                cfg.gpus.max(1)
-            )
+                par.gpus().div_ceil(crate::parallel::GPUS_PER_NODE),
+                par.gpus()
+            ))
+        }
+        Engine::Megatron => {
+            if matches!(cfg.finetune, Finetune::Lora { .. }) {
+                return Err("Megatron-LM trains all parameters; for LoRA use --emit deepspeed, fsdp or accelerate".into());
+            }
+            if cfg.offload == Offload::OptimizerAndParams {
+                return Err("Megatron-LM does not offload parameters; use --emit deepspeed".into());
+            }
+            let gpus = par.gpus();
+            let nodes = gpus.div_ceil(crate::parallel::GPUS_PER_NODE);
+            let mut args = vec![
+                format!(
+                    "torchrun --nproc_per_node {} --nnodes {nodes} pretrain_gpt.py",
+                    gpus.min(crate::parallel::GPUS_PER_NODE)
+                ),
+                format!("--tensor-model-parallel-size {}", par.tensor),
+                format!("--pipeline-model-parallel-size {}", par.pipeline),
+                format!("--context-parallel-size {}", par.context),
+                format!("--micro-batch-size {}", cfg.micro_batch),
+                format!("--global-batch-size {}", cfg.global_batch()),
+                format!("--seq-length {}", cfg.seq),
+                format!(
+                    "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
+                    model.layers, model.hidden, model.intermediate, model.heads
+                ),
+            ];
+            if model.kv_heads != model.heads {
+                args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
+            }
+            if model.gated_mlp {
+                args.push("--swiglu".into());
+            }
+            if par.virtual_stages > 1 {
+                args.push(format!(
+                    "--num-layers-per-virtual-pipeline-stage {}",
+                    model.layers / (par.pipeline * par.virtual_stages)
+                ));
+            }
+            if par.sequence_parallel && par.tensor > 1 {
+                args.push("--sequence-parallel".into());
+            }
+            if par.zero_stage >= 1 {
+                args.push("--use-distributed-optimizer".into());
+            }
+            match cfg.precision {
+                Precision::Fp32 => {}
+                Precision::Fp8 => args.push("--bf16 --fp8-format hybrid".into()),
+                _ => args.push("--bf16".into()),
+            }
+            match cfg.checkpointing {
+                Checkpointing::None => {}
+                Checkpointing::Selective => args.push("--recompute-granularity selective".into()),
+                Checkpointing::Full | Checkpointing::Optimal => {
+                    args.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
+                }
+                Checkpointing::EveryK(k) => args.push(format!(
+                    "--recompute-granularity full --recompute-method uniform --recompute-num-layers {k}"
+                )),
+            }
+            if cfg.offload == Offload::Optimizer {
+                args.push("--optimizer-cpu-offload".into());
+            }
+            Ok(args.join(" \\\n  "))
         }
     }
 }
@@ -85,32 +213,72 @@ pub fn emit(engine: Engine, cfg: &TrainConfig, accumulation: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::{ActivationModel, Attention, Optimizer};
+    use crate::parallel::Parallelism;
+    use crate::train::{Attention, Optimizer};
+
+    fn m() -> Model {
+        crate::model::preset("llama-3-8b").unwrap()
+    }
+
+    fn cfg() -> TrainConfig {
+        TrainConfig {
+            attention: Attention::Flash,
+            checkpointing: Checkpointing::Full,
+            accumulation: 2,
+            parallel: Parallelism::data_parallel(8, 3),
+            ..TrainConfig::new(4, 4096, Precision::Bf16, Optimizer::AdamW)
+        }
+    }
 
     #[test]
     fn configs_carry_the_plan() {
-        let cfg = TrainConfig {
-            micro_batch: 4,
-            seq: 4096,
-            precision: Precision::Bf16,
-            optimizer: Optimizer::AdamW,
-            attention: Attention::Flash,
-            checkpointing: Checkpointing::Full,
-            gpus: 8,
-            zero_stage: 3,
-            coefficients: ActivationModel::default(),
-        };
-        let ds: serde_json::Value = serde_json::from_str(&emit(Engine::DeepSpeed, &cfg, 2)).unwrap();
+        let cfg = cfg();
+        let ds: serde_json::Value = serde_json::from_str(&emit(Engine::DeepSpeed, &m(), &cfg).unwrap()).unwrap();
         assert_eq!(ds["train_batch_size"], 64);
         assert_eq!(ds["zero_optimization"]["stage"], 3);
         assert_eq!(ds["bf16"]["enabled"], true);
-        let fsdp = emit(Engine::Fsdp, &cfg, 2);
+        let fsdp = emit(Engine::Fsdp, &m(), &cfg).unwrap();
         assert!(
             fsdp.contains("full_shard auto_wrap")
                 && fsdp.contains("--gradient_checkpointing")
                 && fsdp.contains("--nproc_per_node 8")
         );
-        let acc = emit(Engine::Accelerate, &cfg, 2);
+        let acc = emit(Engine::Accelerate, &m(), &cfg).unwrap();
         assert!(acc.contains("distributed_type: DEEPSPEED") && acc.contains("zero_stage: 3"));
+    }
+
+    #[test]
+    fn offload_lora_and_model_parallelism_reach_the_engines_that_have_them() {
+        let offload = TrainConfig { offload: Offload::Optimizer, parallel: Parallelism::data_parallel(8, 1), ..cfg() };
+        let ds: serde_json::Value = serde_json::from_str(&emit(Engine::DeepSpeed, &m(), &offload).unwrap()).unwrap();
+        assert_eq!(ds["zero_optimization"]["stage"], 2);
+        assert_eq!(ds["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+        assert!(emit(Engine::Fsdp, &m(), &offload).unwrap_err().contains("--offload params"));
+        let qlora = TrainConfig {
+            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+            ..cfg()
+        };
+        let fsdp = emit(Engine::Fsdp, &m(), &qlora).unwrap();
+        assert!(fsdp.contains("--lora_r 16") && fsdp.contains("--load_in_4bit"));
+        assert!(emit(Engine::Megatron, &m(), &qlora).is_err());
+        let tp = TrainConfig {
+            parallel: Parallelism { data: 4, tensor: 8, pipeline: 2, zero_stage: 1, ..Parallelism::default() },
+            ..cfg()
+        };
+        assert!(emit(Engine::DeepSpeed, &m(), &tp).unwrap_err().contains("--emit megatron"));
+        let mega = emit(Engine::Megatron, &m(), &tp).unwrap();
+        for flag in [
+            "--nnodes 8",
+            "--tensor-model-parallel-size 8",
+            "--pipeline-model-parallel-size 2",
+            "--global-batch-size 32",
+            "--sequence-parallel",
+            "--use-distributed-optimizer",
+            "--recompute-granularity full",
+            "--num-layers 32",
+            "--num-query-groups 8",
+        ] {
+            assert!(mega.contains(flag), "{flag} in {mega}");
+        }
     }
 }

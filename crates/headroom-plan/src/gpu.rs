@@ -1,5 +1,6 @@
 //! GPUs: memory, bandwidth and dense tensor throughput (research/estimation.md
-//! §6; dense bf16/fp16 peaks, HBM or GDDR bandwidth). Memory sizes are the
+//! §6; dense peaks — the sparse figures datasheets print are twice these —,
+//! HBM or GDDR bandwidth, GPU and host links). Memory sizes are the
 //! nominal ones in GiB; a device reports a little less to `cudaMemGetInfo`.
 
 /// A GPU model.
@@ -11,84 +12,53 @@ pub struct GpuSpec {
     pub bandwidth: f64,
     /// Dense bf16 (or fp16) tensor throughput, FLOP per second.
     pub bf16_flops: f64,
+    /// Dense fp32 throughput without TF32 (PyTorch's default for fp32 matmuls).
+    pub fp32_flops: f64,
+    /// Dense fp8 tensor throughput, on parts that have fp8 tensor cores.
+    pub fp8_flops: Option<f64>,
     /// GPU-to-GPU bandwidth per direction, bytes per second (NVLink, or PCIe
     /// for parts without it; research/estimation.md §6 interconnect peaks).
     pub link_bandwidth: f64,
+    /// Host link per direction (PCIe 3, 4 or 5 x16), bytes per second.
+    pub host_bandwidth: f64,
 }
 
 const GIB: u64 = 1 << 30;
+const PCIE3: f64 = 15.75e9;
+const PCIE4: f64 = 31.5e9;
+const PCIE5: f64 = 63e9;
 
-/// The catalog.
+#[allow(clippy::too_many_arguments)] // one argument per column of the catalog
+const fn spec(
+    name: &'static str,
+    gib: u64,
+    bandwidth: f64,
+    bf16_flops: f64,
+    fp32_flops: f64,
+    fp8_flops: Option<f64>,
+    link_bandwidth: f64,
+    host_bandwidth: f64,
+) -> GpuSpec {
+    GpuSpec { name, memory_bytes: gib * GIB, bandwidth, bf16_flops, fp32_flops, fp8_flops, link_bandwidth, host_bandwidth }
+}
+
+/// The catalog: name, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and host link bytes/s.
 pub const GPUS: &[GpuSpec] = &[
-    GpuSpec {
-        name: "v100-16gb",
-        memory_bytes: 16 * GIB,
-        bandwidth: 0.90e12,
-        bf16_flops: 125e12,
-        link_bandwidth: 1.5e11,
-    },
-    GpuSpec {
-        name: "v100-32gb",
-        memory_bytes: 32 * GIB,
-        bandwidth: 0.90e12,
-        bf16_flops: 125e12,
-        link_bandwidth: 1.5e11,
-    },
-    GpuSpec { name: "t4", memory_bytes: 16 * GIB, bandwidth: 0.32e12, bf16_flops: 65e12, link_bandwidth: 1.575e10 },
-    GpuSpec { name: "a10", memory_bytes: 24 * GIB, bandwidth: 0.60e12, bf16_flops: 125e12, link_bandwidth: 3.15e10 },
-    GpuSpec { name: "l4", memory_bytes: 24 * GIB, bandwidth: 0.30e12, bf16_flops: 121e12, link_bandwidth: 3.15e10 },
-    GpuSpec { name: "l40s", memory_bytes: 48 * GIB, bandwidth: 0.864e12, bf16_flops: 362e12, link_bandwidth: 3.15e10 },
-    GpuSpec {
-        name: "a100-40gb",
-        memory_bytes: 40 * GIB,
-        bandwidth: 1.555e12,
-        bf16_flops: 312e12,
-        link_bandwidth: 3e11,
-    },
-    GpuSpec {
-        name: "a100-80gb",
-        memory_bytes: 80 * GIB,
-        bandwidth: 2.039e12,
-        bf16_flops: 312e12,
-        link_bandwidth: 3e11,
-    },
-    GpuSpec {
-        name: "h100-sxm",
-        memory_bytes: 80 * GIB,
-        bandwidth: 3.35e12,
-        bf16_flops: 989e12,
-        link_bandwidth: 4.5e11,
-    },
-    GpuSpec {
-        name: "h100-pcie",
-        memory_bytes: 80 * GIB,
-        bandwidth: 2.0e12,
-        bf16_flops: 756e12,
-        link_bandwidth: 6.3e10,
-    },
-    GpuSpec { name: "h200", memory_bytes: 141 * GIB, bandwidth: 4.8e12, bf16_flops: 989e12, link_bandwidth: 4.5e11 },
-    GpuSpec { name: "b200", memory_bytes: 180 * GIB, bandwidth: 8.0e12, bf16_flops: 2250e12, link_bandwidth: 9e11 },
-    GpuSpec {
-        name: "rtx-3090",
-        memory_bytes: 24 * GIB,
-        bandwidth: 0.936e12,
-        bf16_flops: 71e12,
-        link_bandwidth: 3.15e10,
-    },
-    GpuSpec {
-        name: "rtx-4090",
-        memory_bytes: 24 * GIB,
-        bandwidth: 1.008e12,
-        bf16_flops: 165.2e12,
-        link_bandwidth: 3.15e10,
-    },
-    GpuSpec {
-        name: "mi300x",
-        memory_bytes: 192 * GIB,
-        bandwidth: 5.3e12,
-        bf16_flops: 1307e12,
-        link_bandwidth: 4.48e11,
-    },
+    spec("v100-16gb", 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
+    spec("v100-32gb", 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
+    spec("t4", 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3),
+    spec("a10", 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4),
+    spec("l4", 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4),
+    spec("l40s", 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4),
+    spec("a100-40gb", 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4),
+    spec("a100-80gb", 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4),
+    spec("h100-sxm", 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
+    spec("h100-pcie", 80, 2.0e12, 756e12, 51e12, Some(1513e12), PCIE5, PCIE5),
+    spec("h200", 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
+    spec("b200", 180, 8.0e12, 2250e12, 80e12, Some(4500e12), 9e11, PCIE5),
+    spec("rtx-3090", 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4),
+    spec("rtx-4090", 24, 1.008e12, 165.2e12, 82.6e12, Some(330e12), PCIE4, PCIE4),
+    spec("mi300x", 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5),
 ];
 
 /// A GPU by name (case, `_` and spaces ignored).

@@ -1,7 +1,8 @@
 //! Inference memory per GPU: weights at their storage width, the KV cache
-//! (grouped-query aware), one layer's activations at the prefill chunk, the
-//! last tokens' logits, and the context — and how many sequences of a given
-//! length fit (research/estimation.md §3).
+//! (grouped-query aware, capped at a sliding window), one layer's activations
+//! at the prefill chunk, the last tokens' logits, and the context — and how
+//! many sequences of a given length fit (research/estimation.md §3). Tensor
+//! parallelism splits the weights and the KV heads.
 
 use crate::gpu::GpuSpec;
 use crate::model::Model;
@@ -40,6 +41,8 @@ pub struct InferConfig {
     pub weights: WeightFormat,
     /// Bytes per K or V element (2 for bf16, 1 for fp8).
     pub kv_bytes: f64,
+    /// Tensor-parallel GPUs.
+    pub tensor: u64,
 }
 
 /// Bytes per GPU by term, and the capacity answer.
@@ -60,14 +63,18 @@ pub struct InferEstimate {
 
 /// Estimates one configuration.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
-    let weights = model.params() as f64 * cfg.weights.bytes_per_param();
-    let per_token = model.kv_bytes_per_token(cfg.kv_bytes);
-    let kv_cache = per_token * (cfg.batch * cfg.seq) as f64;
+    let t = cfg.tensor.max(1) as f64;
+    let weights = model.params() as f64 * cfg.weights.bytes_per_param() / t;
+    // Heads split over the tensor-parallel GPUs; a group of KV heads smaller than t is replicated.
+    let kv_split = t.min(model.kv_heads as f64);
+    let per_token = model.kv_bytes_per_token(cfg.kv_bytes) / kv_split;
+    let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w));
+    let kv_cache = per_token * (cfg.batch * cached) as f64;
     // One layer's working set at the prefill chunk (EleutherAI's 16 values per
     // hidden unit per token, 2 bytes each), reused layer after layer.
-    let activations = cfg.prefill_chunk.min(cfg.batch * cfg.seq) as f64 * model.hidden as f64 * 32.0;
+    let activations = cfg.prefill_chunk.min(cfg.batch * cfg.seq) as f64 * model.hidden as f64 * 32.0 / t;
     // Logits of the last token of each sequence, fp32.
-    let logits = cfg.batch as f64 * model.vocab as f64 * 4.0;
+    let logits = cfg.batch as f64 * model.vocab as f64 * 4.0 / t;
     let framework = 0.5 * GIB;
     let per_gpu = weights + kv_cache + activations + logits + framework;
     let free_for_kv = gpu.memory_bytes as f64 - (weights + activations + logits + framework);
@@ -80,7 +87,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
         framework,
         per_gpu_bytes: per_gpu,
         fits: per_gpu <= gpu.memory_bytes as f64,
-        max_sequences: max_tokens / cfg.seq.max(1),
+        max_sequences: max_tokens / cached.max(1),
         max_tokens,
     }
 }
@@ -93,7 +100,8 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_shrinks_the_cache() {
-        let cfg = InferConfig { batch: 8, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0 };
+        let cfg =
+            InferConfig { batch: 8, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0, tensor: 1 };
         let g = gpu("a100-80gb").unwrap();
         let mha = estimate(&preset("llama-2-7b").unwrap(), &g, &cfg);
         let gqa = estimate(&preset("llama-3-8b").unwrap(), &g, &cfg);
@@ -104,5 +112,13 @@ mod tests {
         let int4 = estimate(&preset("llama-2-70b").unwrap(), &g, &InferConfig { weights: WeightFormat::Int4, ..cfg });
         assert!(int4.fits && int4.weights < 40e9);
         assert!(!estimate(&preset("llama-2-70b").unwrap(), &g, &cfg).fits);
+        // Two GPUs halve the weights and the cache (vllm #11251: Llama-3-8B at TP 2, 64 KiB a token a GPU).
+        let tp2 = estimate(&preset("llama-3-8b").unwrap(), &g, &InferConfig { tensor: 2, ..cfg });
+        assert_eq!(tp2.kv_cache * 2.0, gqa.kv_cache);
+        assert_eq!(preset("llama-3-8b").unwrap().kv_bytes_per_token(2.0) / 2.0, 65536.0);
+        // Mistral's 4,096-token window caps what a 32K sequence keeps.
+        let long = InferConfig { seq: 32768, batch: 1, ..cfg };
+        let mistral = estimate(&preset("mistral-7b").unwrap(), &g, &long);
+        assert_eq!(mistral.kv_cache, 4096.0 * 128.0 * 1024.0);
     }
 }

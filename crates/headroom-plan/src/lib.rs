@@ -12,5 +12,6 @@ pub mod emit;
 pub mod gpu;
 pub mod infer;
 pub mod model;
+pub mod parallel;
 pub mod search;
 pub mod train;

@@ -1,13 +1,15 @@
 //! The recommendation search: every combination of precision, attention
-//! kernel, checkpoint policy, ZeRO stage and micro-batch (with gradient
-//! accumulation to reach the global batch) that fits, ranked by estimated
-//! throughput. Each configuration is a closed-form estimate (the optimal
-//! checkpoint schedule, which runs a solver, is offered through `headroom plan
-//! --checkpoint optimal` instead of inside the search).
+//! kernel, checkpoint policy, parallel layout (tensor × pipeline × context ×
+//! data, interleaving), ZeRO stage, CPU offload and micro-batch (with
+//! gradient accumulation to reach the global batch) that fits, ranked by
+//! time per optimizer step. Each configuration is a closed-form estimate (the
+//! optimal checkpoint schedule, which runs a solver, is offered through
+//! `headroom plan --checkpoint optimal` instead of inside the search).
 
 use crate::gpu::GpuSpec;
 use crate::model::Model;
-use crate::train::{comm_time, estimate, Attention, Checkpointing, Precision, TrainConfig, TrainEstimate};
+use crate::parallel::{Parallelism, GPUS_PER_NODE};
+use crate::train::{estimate, Attention, Checkpointing, Offload, Precision, TrainConfig, TrainEstimate};
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -15,28 +17,68 @@ pub struct SearchSpace {
     pub precisions: Vec<Precision>,
     pub attentions: Vec<Attention>,
     pub checkpointing: Vec<Checkpointing>,
+    /// Tensor, pipeline, context and data degrees and interleaving (the ZeRO stage is varied apart).
+    pub layouts: Vec<Parallelism>,
     pub zero_stages: Vec<u8>,
+    pub offloads: Vec<Offload>,
     /// Micro-batches to try (powers of two up to the global batch).
     pub micro_batches: Vec<u64>,
 }
 
 impl SearchSpace {
-    /// The default space for a global batch per data-parallel GPU.
-    pub fn for_batch(per_gpu_batch: u64, layers: u64, gpus: u64) -> SearchSpace {
-        let mut mb = vec![];
+    /// The default space for `gpus` GPUs training `model` on sequences of
+    /// `seq` tokens, `global_batch` sequences per optimizer step. Tensor
+    /// parallelism stays inside a node; context parallelism is tried from
+    /// 16K tokens on.
+    pub fn for_job(model: &Model, gpu: &GpuSpec, gpus: u64, seq: u64, global_batch: u64) -> SearchSpace {
+        let mut micro_batches = vec![];
         let mut b = 1;
-        while b <= per_gpu_batch {
-            mb.push(b);
+        while b <= global_batch {
+            micro_batches.push(b);
             b *= 2;
         }
-        let mut ckpt = vec![Checkpointing::None, Checkpointing::Selective, Checkpointing::Full];
-        ckpt.extend((2..=layers.min(16)).map(Checkpointing::EveryK));
+        let mut checkpointing = vec![Checkpointing::None, Checkpointing::Selective, Checkpointing::Full];
+        checkpointing.extend((2..=model.layers.min(16)).map(Checkpointing::EveryK));
+        let mut precisions = vec![Precision::Mixed, Precision::Bf16, Precision::Amp, Precision::Fp32];
+        if gpu.fp8_flops.is_some() {
+            precisions.push(Precision::Fp8);
+        }
+        let powers = |limit: u64| (0..).map(|i| 1u64 << i).take_while(move |&x| x <= limit);
+        let contexts: Vec<u64> = if seq >= 16384 { powers(8).collect() } else { vec![1] };
+        let mut layouts = vec![];
+        for t in powers(GPUS_PER_NODE.min(gpus)) {
+            for c in &contexts {
+                for p in powers(gpus / t) {
+                    let model_parallel = t * c * p;
+                    if !gpus.is_multiple_of(model_parallel) {
+                        continue;
+                    }
+                    for v in [1, 2] {
+                        let layout = Parallelism {
+                            data: gpus / model_parallel,
+                            tensor: t,
+                            pipeline: p,
+                            context: *c,
+                            sequence_parallel: true,
+                            virtual_stages: v,
+                            zero_stage: 0,
+                        };
+                        if layout.check(model, seq).is_ok() {
+                            layouts.push(layout);
+                        }
+                    }
+                }
+            }
+        }
         SearchSpace {
-            precisions: vec![Precision::Mixed, Precision::Bf16, Precision::Amp, Precision::Fp32],
-            attentions: vec![Attention::Flash, Attention::Sdpa, Attention::Eager],
-            checkpointing: ckpt,
+            precisions,
+            // SDPA's flash kernel costs what FlashAttention does in this model: trying both would only duplicate rows.
+            attentions: vec![Attention::Flash, Attention::Eager],
+            checkpointing,
+            layouts,
             zero_stages: if gpus > 1 { vec![0, 1, 2, 3] } else { vec![0] },
-            micro_batches: mb,
+            offloads: vec![Offload::None, Offload::Optimizer, Offload::OptimizerAndParams],
+            micro_batches,
         }
     }
 
@@ -45,7 +87,9 @@ impl SearchSpace {
         self.precisions.len()
             * self.attentions.len()
             * self.checkpointing.len()
+            * self.layouts.len()
             * self.zero_stages.len()
+            * self.offloads.len()
             * self.micro_batches.len()
     }
 
@@ -57,45 +101,58 @@ impl SearchSpace {
 /// One configuration that fits.
 #[derive(Clone, Debug)]
 pub struct Recommendation {
+    /// The configuration; its `accumulation` reaches the global batch.
     pub config: TrainConfig,
-    /// Micro-batches accumulated per optimizer step.
-    pub accumulation: u64,
-    /// Seconds per optimizer step: the micro-batches and the communication.
-    pub step_time_s: f64,
-    /// The estimate of one micro-batch.
     pub estimate: TrainEstimate,
 }
 
-/// Every configuration of `space` around `base` (optimizer, sequence, GPUs
-/// and coefficients come from it) that fits, fastest first; ties favour less
-/// memory. `per_gpu_batch` sequences per GPU per optimizer step.
+/// Every configuration of `space` around `base` (optimizer, fine-tuning,
+/// sequence and coefficients come from it) that fits and reaches
+/// `global_batch` sequences per optimizer step, fastest first; ties favour
+/// fewer accumulation steps, then less memory. Returns the recommendations
+/// and how many configurations were considered.
 pub fn recommend(
     model: &Model,
     gpu: &GpuSpec,
     base: &TrainConfig,
-    per_gpu_batch: u64,
+    global_batch: u64,
     space: &SearchSpace,
 ) -> (Vec<Recommendation>, usize) {
     let mut out = Vec::new();
     let mut tried = 0;
-    for &precision in &space.precisions {
-        for &attention in &space.attentions {
-            for &checkpointing in &space.checkpointing {
-                for &zero_stage in &space.zero_stages {
-                    for &micro_batch in &space.micro_batches {
-                        tried += 1;
-                        if !per_gpu_batch.is_multiple_of(micro_batch) {
-                            continue;
-                        }
-                        let config =
-                            TrainConfig { micro_batch, precision, attention, checkpointing, zero_stage, ..*base };
-                        let e = estimate(model, gpu, &config);
-                        if e.fits {
-                            let accumulation = per_gpu_batch / micro_batch;
-                            let compute = e.step_time_s - comm_time(model, gpu, &config, 1);
-                            let step_time_s =
-                                compute * accumulation as f64 + comm_time(model, gpu, &config, accumulation);
-                            out.push(Recommendation { config, accumulation, step_time_s, estimate: e });
+    for layout in &space.layouts {
+        for &zero_stage in &space.zero_stages {
+            let parallel = Parallelism { zero_stage, ..*layout };
+            for &offload in &space.offloads {
+                for &micro_batch in &space.micro_batches {
+                    let per_step = micro_batch * parallel.data;
+                    let candidates = space.precisions.len() * space.attentions.len() * space.checkpointing.len();
+                    tried += candidates;
+                    if !global_batch.is_multiple_of(per_step) {
+                        continue;
+                    }
+                    let accumulation = global_batch / per_step;
+                    for &precision in &space.precisions {
+                        for &attention in &space.attentions {
+                            for &checkpointing in &space.checkpointing {
+                                let config = TrainConfig {
+                                    micro_batch,
+                                    accumulation,
+                                    precision,
+                                    attention,
+                                    checkpointing,
+                                    parallel,
+                                    offload,
+                                    ..*base
+                                };
+                                if config.check(model, gpu).is_err() {
+                                    continue;
+                                }
+                                let estimate = estimate(model, gpu, &config);
+                                if estimate.fits {
+                                    out.push(Recommendation { config, estimate });
+                                }
+                            }
                         }
                     }
                 }
@@ -104,11 +161,21 @@ pub fn recommend(
     }
     // The same tokens per optimizer step: rank by time per step. On a tie, fewer
     // accumulation steps (larger micro-batches run closer to peak than the
-    // model credits), then less memory.
+    // model credits), then the numerically safer precision (an fp32 master
+    // copy before pure bf16), then less memory.
+    let safety = |p: Precision| match p {
+        Precision::Mixed => 0,
+        Precision::Fp8 => 1,
+        Precision::Amp => 2,
+        Precision::Fp32 => 3,
+        Precision::Bf16 => 4,
+    };
     out.sort_by(|a, b| {
-        a.step_time_s
-            .total_cmp(&b.step_time_s)
-            .then(a.accumulation.cmp(&b.accumulation))
+        a.estimate
+            .step_time_s
+            .total_cmp(&b.estimate.step_time_s)
+            .then(a.config.accumulation.cmp(&b.config.accumulation))
+            .then(safety(a.config.precision).cmp(&safety(b.config.precision)))
             .then(a.estimate.per_gpu_bytes.total_cmp(&b.estimate.per_gpu_bytes))
     });
     (out, tried)
@@ -119,34 +186,39 @@ mod tests {
     use super::*;
     use crate::gpu::gpu;
     use crate::model::preset;
-    use crate::train::{ActivationModel, Optimizer};
+    use crate::train::Optimizer;
 
     #[test]
     fn best_fits_and_beats_the_rest() {
         let m = preset("llama-2-7b").unwrap();
         let g = gpu("a100-80gb").unwrap();
-        let base = TrainConfig {
-            micro_batch: 1,
-            seq: 4096,
-            precision: Precision::Mixed,
-            optimizer: Optimizer::AdamW,
-            attention: Attention::Sdpa,
-            checkpointing: Checkpointing::None,
-            gpus: 1,
-            zero_stage: 0,
-            coefficients: ActivationModel::default(),
-        };
-        let space = SearchSpace::for_batch(16, m.layers, 1);
+        let base = TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW);
+        let space = SearchSpace::for_job(&m, &g, 1, 4096, 16);
         let (recs, tried) = recommend(&m, &g, &base, 16, &space);
         assert_eq!(tried, space.len());
         assert!(!recs.is_empty());
         let best = &recs[0];
         assert!(best.estimate.fits);
-        assert_eq!(best.config.micro_batch * best.accumulation, 16);
+        assert_eq!(best.config.global_batch(), 16);
         for r in &recs {
-            assert!(best.step_time_s <= r.step_time_s + 1e-12);
+            assert!(best.estimate.step_time_s <= r.estimate.step_time_s + 1e-12);
         }
-        // Full fp32 Adam on 7B does not fit an 80 GB GPU at all.
-        assert!(recs.iter().all(|r| r.config.precision != Precision::Fp32));
+        // Full fp32 Adam on 7B needs 16 bytes a parameter: 108 GB, more than the GPU, unless offloaded.
+        assert!(recs.iter().all(|r| r.config.precision != Precision::Fp32 || r.config.offload != Offload::None));
+    }
+
+    #[test]
+    fn a_model_too_big_for_data_parallelism_gets_model_parallel_layouts() {
+        let m = preset("llama-2-70b").unwrap();
+        let g = gpu("a100-80gb").unwrap();
+        let base = TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW);
+        let mut space = SearchSpace::for_job(&m, &g, 64, 4096, 512);
+        space.offloads = vec![Offload::None];
+        space.zero_stages = vec![0, 1];
+        let (recs, _) = recommend(&m, &g, &base, 512, &space);
+        // 70B replicas need 4Ψ + 12Ψ/d = 276+ GB with ZeRO-1: only layouts that split the model fit.
+        assert!(!recs.is_empty());
+        assert!(recs.iter().all(|r| r.config.parallel.model_parallel() > 1), "{:?}", recs[0].config.parallel);
+        assert!(recs.iter().all(|r| r.config.parallel.gpus() == 64 && r.config.global_batch() == 512));
     }
 }
