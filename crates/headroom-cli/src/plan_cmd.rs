@@ -9,8 +9,8 @@ use headroom_plan::emit::{emit, Engine};
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{self, InferConfig, WeightFormat};
 use headroom_plan::model::Model;
-use headroom_plan::search::{recommend, SearchSpace};
 use headroom_plan::parallel::Parallelism;
+use headroom_plan::search::{recommend, SearchSpace};
 use headroom_plan::train::{
     self, ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Optimizer,
     PipelineStage, Precision, TrainConfig,
@@ -79,6 +79,9 @@ pub struct PlanArgs {
     /// Turn off Megatron's sequence parallelism (on by default with --tp).
     #[arg(long)]
     no_sequence_parallel: bool,
+    /// Overlap tensor-parallel communication with the GEMMs (Transformer Engine, Megatron's --tp-comm-overlap).
+    #[arg(long)]
+    tp_comm_overlap: bool,
     /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     zero: u8,
@@ -325,7 +328,8 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             format_size(gpu_spec.memory_bytes),
             match cfg.finetune {
                 Finetune::Full => "training".to_string(),
-                _ => format!("{} fine-tuning ({} trainable parameters)", finetune_name(cfg.finetune), e.trainable_params),
+                _ =>
+                    format!("{} fine-tuning ({} trainable parameters)", finetune_name(cfg.finetune), e.trainable_params),
             },
             a.batch,
             a.seq,
@@ -353,7 +357,11 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             println!(
                 "(the {} pipeline stage: {})",
                 format!("{:?}", e.stage).to_lowercase(),
-                if e.stage == PipelineStage::First { "the embedding and the most micro-batches in flight" } else { "the head and the logits" }
+                if e.stage == PipelineStage::First {
+                    "the embedding and the most micro-batches in flight"
+                } else {
+                    "the head and the logits"
+                }
             );
         }
         if e.host_bytes > 0.0 {
@@ -366,7 +374,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
             e.step_time_s,
             e.tokens_per_s,
-            if par.gpus() > 1 { " over all GPUs, collectives not overlapped" } else { "" },
+            if par.gpus() > 1 { " over all GPUs" } else { "" },
             e.mfu * 100.0,
             e.recompute_fraction * 100.0
         );
@@ -382,7 +390,18 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             );
             println!(
                 "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
-                "prec", "attn", "checkpoint", "tp·pp·cp·dp", "zero", "offload", "micro", "accum", "per GPU", "step (s)", "tokens/s", "MFU"
+                "prec",
+                "attn",
+                "checkpoint",
+                "tp·pp·cp·dp",
+                "zero",
+                "offload",
+                "micro",
+                "accum",
+                "per GPU",
+                "step (s)",
+                "tokens/s",
+                "MFU"
             );
             for r in recs.iter().take(10) {
                 let p = &r.config.parallel;
@@ -478,6 +497,7 @@ fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
             context: a.cp,
             sequence_parallel: !a.no_sequence_parallel,
             virtual_stages: a.vpp,
+            tp_comm_overlap: a.tp_comm_overlap,
             zero_stage: a.zero,
         },
         finetune,

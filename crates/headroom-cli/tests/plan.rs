@@ -175,9 +175,8 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
     assert_eq!(code, 0, "{q}");
     assert_eq!(q["finetune"], "qlora");
     assert!(q["trainable_params"].as_u64().unwrap() < 100_000_000);
-    let (_, off) = plan(&[
-        "--model", "t5-3b", "--gpu", "a100-40gb", "--gpus", "8", "--zero", "2", "--offload", "optimizer",
-    ]);
+    let (_, off) =
+        plan(&["--model", "t5-3b", "--gpu", "a100-40gb", "--gpus", "8", "--zero", "2", "--offload", "optimizer"]);
     assert_eq!(off["breakdown"]["optimizer"], 0.0);
     assert!(off["host_bytes"].as_f64().unwrap() > 40e9);
     for (args, msg) in [

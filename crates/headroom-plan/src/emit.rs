@@ -99,13 +99,15 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
                 1 | 2 => "shard_grad_op",
                 _ => "no_shard",
             };
-            let offload = match cfg.offload {
-                Offload::None => "",
-                Offload::OptimizerAndParams => " offload",
-                Offload::Optimizer => {
-                    return Err("FSDP offloads the parameters with the optimizer; use --offload params, or --emit deepspeed".into())
-                }
-            };
+            let offload =
+                match cfg.offload {
+                    Offload::None => "",
+                    Offload::OptimizerAndParams => " offload",
+                    Offload::Optimizer => return Err(
+                        "FSDP offloads the parameters with the optimizer; use --offload params, or --emit deepspeed"
+                            .into(),
+                    ),
+                };
             if cfg.precision == Precision::Fp8 {
                 return Err("the Trainer's FSDP flags have no fp8 mode; use --emit accelerate or megatron".into());
             }
@@ -146,7 +148,9 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
         }
         Engine::Megatron => {
             if matches!(cfg.finetune, Finetune::Lora { .. }) {
-                return Err("Megatron-LM trains all parameters; for LoRA use --emit deepspeed, fsdp or accelerate".into());
+                return Err(
+                    "Megatron-LM trains all parameters; for LoRA use --emit deepspeed, fsdp or accelerate".into()
+                );
             }
             if cfg.offload == Offload::OptimizerAndParams {
                 return Err("Megatron-LM does not offload parameters; use --emit deepspeed".into());
@@ -183,6 +187,9 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
             }
             if par.sequence_parallel && par.tensor > 1 {
                 args.push("--sequence-parallel".into());
+            }
+            if par.tp_comm_overlap {
+                args.push("--tp-comm-overlap".into());
             }
             if par.zero_stage >= 1 {
                 args.push("--use-distributed-optimizer".into());

@@ -39,7 +39,16 @@ const fn spec(
     link_bandwidth: f64,
     host_bandwidth: f64,
 ) -> GpuSpec {
-    GpuSpec { name, memory_bytes: gib * GIB, bandwidth, bf16_flops, fp32_flops, fp8_flops, link_bandwidth, host_bandwidth }
+    GpuSpec {
+        name,
+        memory_bytes: gib * GIB,
+        bandwidth,
+        bf16_flops,
+        fp32_flops,
+        fp8_flops,
+        link_bandwidth,
+        host_bandwidth,
+    }
 }
 
 /// The catalog: name, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and host link bytes/s.

@@ -100,8 +100,14 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_shrinks_the_cache() {
-        let cfg =
-            InferConfig { batch: 8, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0, tensor: 1 };
+        let cfg = InferConfig {
+            batch: 8,
+            seq: 4096,
+            prefill_chunk: 2048,
+            weights: WeightFormat::Bf16,
+            kv_bytes: 2.0,
+            tensor: 1,
+        };
         let g = gpu("a100-80gb").unwrap();
         let mha = estimate(&preset("llama-2-7b").unwrap(), &g, &cfg);
         let gqa = estimate(&preset("llama-3-8b").unwrap(), &g, &cfg);

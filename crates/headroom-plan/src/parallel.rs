@@ -39,6 +39,10 @@ pub struct Parallelism {
     pub sequence_parallel: bool,
     /// Model chunks per pipeline stage: 1 is 1F1B, more is interleaved 1F1B.
     pub virtual_stages: u64,
+    /// Transformer Engine's userbuffer overlap of the tensor-parallel
+    /// all-gathers and reduce-scatters with the GEMMs (Megatron's
+    /// `--tp-comm-overlap`; needs sequence parallelism).
+    pub tp_comm_overlap: bool,
     /// ZeRO stage over the data-parallel group, 0–3 (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
     pub zero_stage: u8,
 }
@@ -52,6 +56,7 @@ impl Default for Parallelism {
             context: 1,
             sequence_parallel: true,
             virtual_stages: 1,
+            tp_comm_overlap: false,
             zero_stage: 0,
         }
     }
@@ -101,6 +106,11 @@ impl Parallelism {
         }
         if !seq.is_multiple_of(c) {
             return Err(format!("context parallelism {c} does not divide the sequence of {seq} tokens"));
+        }
+        if self.tp_comm_overlap && (t == 1 || !self.sequence_parallel) {
+            return Err(
+                "tensor-parallel communication overlap needs tensor parallelism with sequence parallelism".into()
+            );
         }
         if self.zero_stage > 3 {
             return Err(format!("ZeRO stage {} does not exist (0–3)", self.zero_stage));

@@ -61,6 +61,7 @@ impl SearchSpace {
                             context: *c,
                             sequence_parallel: true,
                             virtual_stages: v,
+                            tp_comm_overlap: false,
                             zero_stage: 0,
                         };
                         if layout.check(model, seq).is_ok() {

@@ -18,13 +18,16 @@
 //! GPU's dense peak for the precision (fp8 for the linear layers under fp8);
 //! the pipeline runs m + (p−1)/v micro-batch slots (the bubble); per
 //! micro-batch, tensor parallelism's 4 all-reduces of sbh per layer (6 with
-//! recomputation), context parallelism's K/V all-gathers (forward, backward)
-//! and gradient reduce-scatter, and the stage-to-stage sends; per step, the
-//! data-parallel collectives (all-reduce of the gradients for plain data
-//! parallelism and ZeRO-1; ZeRO-2 reduce-scatters per micro-batch and gathers
-//! the weights once; ZeRO-3 gathers the weights twice and reduce-scatters per
-//! micro-batch) and offload traffic over the host link with the optimizer step
-//! on the CPU. Collectives are not overlapped with compute: an upper bound.
+//! recomputation) on the critical path (beyond the GEMMs with
+//! Transformer Engine's overlap), context parallelism's K/V
+//! all-gathers (forward, backward) and gradient reduce-scatter beyond what
+//! the attention hides, and the stage-to-stage sends; the data-parallel
+//! collectives (all-reduce of the gradients for plain data parallelism and
+//! ZeRO-1; ZeRO-2 reduce-scatters per micro-batch and gathers the weights
+//! once; ZeRO-3 gathers the weights twice and reduce-scatters per
+//! micro-batch) beyond the forward or backward they overlap; and offload
+//! traffic over the host link with the optimizer step on the CPU, not
+//! overlapped.
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::gpu::GpuSpec;
@@ -212,7 +215,9 @@ impl TrainConfig {
             return Err("offloading the parameters needs ZeRO stage 3".into());
         }
         if self.checkpointing == Checkpointing::Optimal && self.parallel.pipeline > 1 {
-            return Err("optimal checkpointing plans one pipeline stage; with --pp use full, selective or every-K".into());
+            return Err(
+                "optimal checkpointing plans one pipeline stage; with --pp use full, selective or every-K".into()
+            );
         }
         if let Finetune::Lora { rank, .. } = self.finetune {
             if rank == 0 {
@@ -447,11 +452,8 @@ fn forward_flops(model: &Model, cfg: &TrainConfig) -> (f64, f64, f64) {
 /// Estimates one configuration on one GPU model. The configuration should
 /// pass [`TrainConfig::check`]; anything else gets a best-effort answer.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
-    let stages: &[PipelineStage] = if cfg.parallel.pipeline > 1 {
-        &[PipelineStage::First, PipelineStage::Last]
-    } else {
-        &[PipelineStage::Only]
-    };
+    let stages: &[PipelineStage] =
+        if cfg.parallel.pipeline > 1 { &[PipelineStage::First, PipelineStage::Last] } else { &[PipelineStage::Only] };
     let mut best: Option<(Breakdown, PipelineStage, f64, Option<String>)> = None;
     for &stage in stages {
         let (br, recompute, note) = memory(model, gpu, cfg, stage);
@@ -478,7 +480,9 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
     let host_per_gpu = match cfg.offload {
         Offload::None => 0.0,
         // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard.
-        Offload::Optimizer => (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable / d,
+        Offload::Optimizer => {
+            (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable / d
+        }
         Offload::OptimizerAndParams => {
             (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable / d
                 + 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other) / d
@@ -528,7 +532,8 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
     let l = lp * in_flight;
     if stage != PipelineStage::First {
         let k = &cfg.coefficients;
-        let per_logit = 4.0 * k.logits_fp32_copies + if width < 4.0 { width * k.logits_low_precision_copies } else { 0.0 };
+        let per_logit =
+            4.0 * k.logits_fp32_copies + if width < 4.0 { width * k.logits_low_precision_copies } else { 0.0 };
         br.logits = s / c * b * model.vocab as f64 * per_logit / t;
     }
     let hopper = gpu.name.starts_with('h') || gpu.name.starts_with('b');
@@ -623,16 +628,26 @@ fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction
         _ => (gpu.bf16_flops, gpu.bf16_flops),
     };
     let split = (t * c * p) as f64;
-    let compute = passes * ((lin + head) / linear_peak + attn / attention_peak) / (mfu * split);
+    let attention_time = passes * attn / attention_peak / (mfu * split);
+    let compute = passes * (lin + head) / linear_peak / (mfu * split) + attention_time;
+    let forward_time = compute / passes;
+    let backward_time = compute - forward_time;
     let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
     let lp = model.layers.div_ceil(p) as f64;
-    // Tensor parallelism: 4 all-reduces of the 16-bit hidden states per layer, 6 when the forward is redone.
-    let recomputes = matches!(cfg.checkpointing, Checkpointing::Full | Checkpointing::EveryK(_) | Checkpointing::Optimal);
+    // Tensor parallelism: 4 all-reduces of the 16-bit hidden states per layer, 6 when the forward is redone;
+    // each sits between two matmuls that need it, on the critical path.
+    let recomputes =
+        matches!(cfg.checkpointing, Checkpointing::Full | Checkpointing::EveryK(_) | Checkpointing::Optimal);
     let tp_ops = if recomputes { 6.0 } else { 4.0 };
-    let tp = lp * tp_ops * parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
-    // Context parallelism: K and V gathered for the forward and again for the backward, their gradients reduce-scattered.
+    let mut tp = lp * tp_ops * parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
+    if par.tp_comm_overlap {
+        // Chunked against the GEMMs it feeds: only what outlasts them shows.
+        tp = (tp - (compute - attention_time)).max(0.0);
+    }
+    // Context parallelism: K and V gathered for the forward and again for the backward, their gradients
+    // reduce-scattered; the ring passes them while the attention computes, so only the excess shows.
     let kv = 2.0 * s * b * (model.kv_heads * model.head_dim) as f64 * 2.0 / t as f64;
-    let cp = lp * 3.0 * parallel::all_gather(kv, c, par.context_bandwidth(gpu));
+    let cp = (lp * 3.0 * parallel::all_gather(kv, c, par.context_bandwidth(gpu)) - attention_time).max(0.0);
     // Stage to stage: activations forward, their gradients backward, once per chunk.
     let boundary = s / c as f64 * b * h * 2.0 / if par.sequence_parallel { t as f64 } else { 1.0 };
     let p2p = if p > 1 { 2.0 * v as f64 * parallel::send(boundary, par.pipeline_bandwidth(gpu)) } else { 0.0 };
@@ -640,17 +655,24 @@ fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction
     let slots = m + (p as f64 - 1.0) / v as f64;
     let mut step = slots * per_micro_batch;
 
-    // Data parallelism over the 16-bit weights and gradients this GPU holds.
+    // Data parallelism over the 16-bit weights and gradients this GPU holds. The engines
+    // overlap it with compute — DDP's bucketed all-reduce and ZeRO's reduce-scatters with
+    // the backward, ZeRO-3's prefetched gathers with the pass that needs them — so only
+    // what outlasts that compute is added.
     let stage = if p > 1 { PipelineStage::First } else { PipelineStage::Only };
     let sh = share(model, cfg, stage);
     let grads16 = 2.0 * sh.trainable;
     let weights16 = 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other);
     let n = par.data.max(1);
     let bw = par.data_bandwidth(gpu);
+    let exposed = |comm: f64, under: f64| (comm - under).max(0.0);
     step += match par.zero_stage {
-        0 | 1 => parallel::all_reduce(grads16, n, bw),
-        2 => m * parallel::all_gather(grads16, n, bw) + parallel::all_gather(grads16, n, bw),
-        _ => m * (2.0 * parallel::all_gather(weights16, n, bw) + parallel::all_gather(grads16, n, bw)),
+        0 | 1 => exposed(parallel::all_reduce(grads16, n, bw), backward_time),
+        2 => m * exposed(parallel::all_gather(grads16, n, bw), backward_time) + parallel::all_gather(grads16, n, bw),
+        _ => {
+            let gather = parallel::all_gather(weights16, n, bw);
+            m * (exposed(gather, forward_time) + exposed(gather + parallel::all_gather(grads16, n, bw), backward_time))
+        }
     };
     let host = gpu.host_bandwidth * parallel::LINK_EFFICIENCY;
     if cfg.offload != Offload::None {
@@ -745,7 +767,11 @@ mod tests {
     }
 
     fn base() -> TrainConfig {
-        TrainConfig { seq: 2048, attention: Attention::Eager, ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW) }
+        TrainConfig {
+            seq: 2048,
+            attention: Attention::Eager,
+            ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+        }
     }
 
     fn gpt(name: &str, h: u64, l: u64, a: u64) -> Model {

@@ -1,0 +1,553 @@
+//! The planner against published measurements and formulas
+//! (research/estimation.md §1–§5, §8), each with a tolerance stated per
+//! metric before the comparison:
+//!
+//! - closed-form model-state and per-layer activation figures: 1% (the
+//!   sources round to three figures);
+//! - estimator outputs that count the same terms: 15% (their units and
+//!   rounding of a "largest layer" differ);
+//! - component sizes a paper reports without saying what they include: 15%;
+//! - "does it fit": the plan must agree;
+//! - the largest context that fits, as published: the plan's peak at that
+//!   context within 15% of the card's memory (a few GiB of error in fixed
+//!   terms would move the boundary by thousands of tokens);
+//! - step time and MFU: 25% (the plan assumes one efficiency for every
+//!   GEMM; the published runs range from 41% to 58% of peak).
+//!
+//! Rows whose sources leave out an input the plan needs, or count a
+//! different thing, are listed as indicative, with the reason.
+//!
+//! The table in docs/VALIDATION.md is this test's output; regenerate it with
+//! `HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation`.
+
+use headroom_plan::gpu::{gpu, GpuSpec};
+use headroom_plan::infer::{self, InferConfig, WeightFormat};
+use headroom_plan::model::{preset, Family, Model};
+use headroom_plan::parallel::Parallelism;
+use headroom_plan::train::{
+    estimate, model_states, Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Optimizer,
+    Precision, TrainConfig, TrainEstimate,
+};
+use std::path::PathBuf;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+enum Check {
+    /// |predicted / published − 1| ≤ tolerance.
+    Relative(f64),
+    /// Published "fits" or "OOM" (true = fits).
+    Fits(bool),
+    /// Not held to a tolerance, with the reason.
+    Indicative(&'static str),
+    /// Held to a tolerance it misses, for a stated limitation of the plan.
+    KnownGap(f64, &'static str),
+}
+
+struct Row {
+    source: &'static str,
+    setup: String,
+    metric: &'static str,
+    published: String,
+    predicted: String,
+    error: Option<f64>,
+    check: Check,
+}
+
+impl Row {
+    fn passes(&self) -> bool {
+        match self.check {
+            Check::Relative(tol) => self.error.is_some_and(|e| e.abs() <= tol),
+            Check::Fits(want) => self.predicted == if want { "fits" } else { "OOM" },
+            Check::Indicative(_) | Check::KnownGap(..) => true,
+        }
+    }
+
+    fn markdown(&self) -> String {
+        let (tol, verdict) = match self.check {
+            Check::Relative(t) => (format!("±{:.0}%", t * 100.0), if self.passes() { "pass" } else { "FAIL" }),
+            Check::Fits(_) => ("agree".to_string(), if self.passes() { "pass" } else { "FAIL" }),
+            Check::Indicative(why) => (format!("indicative: {why}"), "–"),
+            Check::KnownGap(t, why) => {
+                let within = self.error.is_some_and(|e| e.abs() <= t);
+                (format!("±{:.0}%", t * 100.0), if within { "pass" } else { why })
+            }
+        };
+        let err = self.error.map_or("–".to_string(), |e| format!("{:+.1}%", e * 100.0));
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            self.source, self.setup, self.metric, self.published, self.predicted, err, tol, verdict
+        )
+    }
+}
+
+fn number(
+    source: &'static str,
+    setup: impl Into<String>,
+    metric: &'static str,
+    published: f64,
+    predicted: f64,
+    unit: &str,
+    check: Check,
+) -> Row {
+    let digits = if published < 10.0 { 2 } else { 1 };
+    Row {
+        source,
+        setup: setup.into(),
+        metric,
+        published: format!("{published:.digits$} {unit}"),
+        predicted: format!("{predicted:.digits$} {unit}"),
+        error: Some(predicted / published - 1.0),
+        check,
+    }
+}
+
+fn fits(source: &'static str, setup: impl Into<String>, published_fits: bool, e_fits: bool) -> Row {
+    Row {
+        source,
+        setup: setup.into(),
+        metric: "fits on the GPU",
+        published: if published_fits { "fits" } else { "OOM" }.into(),
+        predicted: if e_fits { "fits" } else { "OOM" }.into(),
+        error: None,
+        check: Check::Fits(published_fits),
+    }
+}
+
+/// A GPT-3-style model (4h GELU MLP, learned positions) as the Megatron papers size them.
+fn gpt(name: &str, h: u64, l: u64, a: u64, vocab: u64, seq: u64) -> Model {
+    Model {
+        name: name.into(),
+        family: Family::Gpt2,
+        hidden: h,
+        layers: l,
+        heads: a,
+        kv_heads: a,
+        head_dim: h / a,
+        intermediate: 4 * h,
+        vocab,
+        max_position: seq,
+        tied_embeddings: true,
+        qkv_bias: true,
+        experts: 1,
+        experts_per_token: 1,
+        gated_mlp: false,
+        decoder_layers: l,
+        sliding_window: None,
+        relative_buckets: 0,
+    }
+}
+
+fn states(e: &TrainEstimate) -> f64 {
+    e.breakdown.weights + e.breakdown.gradients + e.breakdown.optimizer
+}
+
+fn mixed(micro_batch: u64, seq: u64) -> TrainConfig {
+    TrainConfig {
+        attention: Attention::Flash,
+        ..TrainConfig::new(micro_batch, seq, Precision::Mixed, Optimizer::AdamW)
+    }
+}
+
+fn model_state_rows(rows: &mut Vec<Row>) {
+    // ZeRO Fig. 1: Ψ = 7.5B, K = 12, N_d = 64.
+    for (stage, published) in [(0u8, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)] {
+        let cfg = TrainConfig { parallel: Parallelism::data_parallel(64, stage), ..mixed(1, 1024) };
+        let (w, g, o) = model_states(7_500_000_000, 4096, &cfg);
+        rows.push(number(
+            "ZeRO Fig. 1",
+            format!("7.5B, 64 GPUs, ZeRO-{stage}"),
+            "model states per GPU",
+            published,
+            (w + g + o) / 1e9,
+            "GB",
+            Check::Relative(0.02),
+        ));
+    }
+    // DeepSpeed's estimator, t5-3b on one node of 8 GPUs (GiB).
+    let t5 = preset("t5-3b").unwrap();
+    let a100 = gpu("a100-80gb").unwrap();
+    let ds = |zero: u8, offload: Offload| {
+        estimate(&t5, &a100, &TrainConfig { parallel: Parallelism::data_parallel(8, zero), offload, ..mixed(1, 512) })
+    };
+    // What the estimator counts: model states and ZeRO-3's gathered unit; not the cuBLAS workspace
+    // or ZeRO-Offload's gradient bucket (5e8 16-bit values, or the gradients if fewer).
+    let bucket = |offload: bool| if offload { (2.0 * t5.params() as f64).min(1e9) } else { 0.0 };
+    let gathered =
+        |e: &TrainEstimate, offload: bool| states(e) + e.breakdown.temporary - 4.0 * (1 << 20) as f64 - bucket(offload);
+    let z2off = ds(2, Offload::Optimizer);
+    rows.push(number(
+        "DeepSpeed estimator",
+        "t5-3b, 8 GPUs, ZeRO-2, optimizer offload",
+        "model states per GPU",
+        5.31,
+        states(&z2off) / GIB,
+        "GiB",
+        Check::Relative(0.02),
+    ));
+    rows.push(number(
+        "DeepSpeed estimator",
+        "t5-3b, 8 GPUs, ZeRO-3, optimizer offload",
+        "model states + gathered unit",
+        0.79,
+        gathered(&ds(3, Offload::Optimizer), true) / GIB,
+        "GiB",
+        Check::Relative(0.15),
+    ));
+    rows.push(number(
+        "DeepSpeed estimator",
+        "t5-3b, 8 GPUs, ZeRO-3",
+        "model states + gathered unit",
+        6.10,
+        gathered(&ds(3, Offload::None), false) / GIB,
+        "GiB",
+        Check::Relative(0.15),
+    ));
+    rows.push(number(
+        "DeepSpeed estimator",
+        "t5-3b, 8 GPUs, ZeRO-2",
+        "model states per GPU",
+        15.93,
+        states(&ds(2, Offload::None)) / GIB,
+        "GiB",
+        Check::Indicative("the estimator budgets 4Ψ for unpartitioned 16-bit weights and gradients; ZeRO-2 keeps 2Ψ (ZeRO Table 1 holds the plan to the paper)"),
+    ));
+    rows.push(number(
+        "DeepSpeed estimator",
+        "t5-3b, 8 GPUs, ZeRO-3, optimizer and parameter offload",
+        "gathered unit",
+        0.12,
+        gathered(&ds(3, Offload::OptimizerAndParams), true) / GIB,
+        "GiB",
+        Check::Indicative("DeepSpeed counts the largest module (the 32.9M embedding); the plan gathers a whole block (58.7M), as FSDP's auto-wrap does"),
+    ));
+    // The LoRA paper §4.2: GPT-3 175B with r = 4 adapters on Wq and Wv needs 350 GB.
+    let gpt3 = gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
+    let lora = TrainConfig {
+        finetune: Finetune::Lora { rank: 4, targets: LoraTargets::QueryValue, base: BaseWeights::Native },
+        ..mixed(1, 2048)
+    };
+    let e = estimate(&gpt3, &GpuSpec { memory_bytes: 1 << 50, ..a100 }, &lora);
+    rows.push(number(
+        "LoRA §4.2",
+        "GPT-3 175B, LoRA r=4 on Wq, Wv",
+        "model states, all GPUs",
+        350.0,
+        states(&e) / 1e9,
+        "GB",
+        Check::Relative(0.05),
+    ));
+    // QLoRA §2: LLaMA-7B's 4-bit base takes 5,048 MB (same shapes as Llama-2-7B).
+    let llama7 = preset("llama-2-7b").unwrap();
+    let q = TrainConfig {
+        finetune: Finetune::Lora { rank: 64, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+        ..mixed(1, 512)
+    };
+    let e = estimate(&llama7, &a100, &q);
+    let adapters = 2.0 * e.trainable_params as f64;
+    rows.push(number(
+        "QLoRA §2",
+        "LLaMA-7B, NF4 base (embeddings and norms fp32)",
+        "frozen base",
+        5048.0,
+        (e.breakdown.weights - adapters) / 1e6,
+        "MB",
+        Check::Relative(0.15),
+    ));
+    // The accelerate estimator doc: bert-base-cased loaded in fp32 measured 413.68 MB (MiB).
+    let bert = preset("bert-base-cased").unwrap();
+    rows.push(number(
+        "accelerate doc (#41)",
+        "bert-base-cased, fp32 load",
+        "weights",
+        413.68,
+        bert.params() as f64 * 4.0 / (1u64 << 20) as f64,
+        "MiB",
+        Check::Relative(0.01),
+    ));
+    // vllm #11251: Llama-3-8B at TP 2 loads 7.51 GiB of weights per GPU.
+    let l3 = preset("llama-3-8b").unwrap();
+    let cfg =
+        InferConfig { batch: 1, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0, tensor: 2 };
+    let e = infer::estimate(&l3, &gpu("a100-40gb").unwrap(), &cfg);
+    rows.push(number(
+        "vllm #11251",
+        "Llama-3-8B, TP 2",
+        "weights per GPU",
+        7.51,
+        e.weights / GIB,
+        "GiB",
+        Check::Relative(0.01),
+    ));
+}
+
+fn activation_rows(rows: &mut Vec<Row>) {
+    let big = GpuSpec { memory_bytes: 1 << 50, ..gpu("a100-80gb").unwrap() };
+    let per_layer = |m: &Model, cfg: &TrainConfig| estimate(m, &big, cfg).breakdown.activations / m.layers as f64;
+    let gpt3 = gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
+    let eager = TrainConfig { attention: Attention::Eager, ..mixed(1, 2048) };
+    let tp8 = |sp: bool, c: Checkpointing| TrainConfig {
+        parallel: Parallelism { tensor: 8, sequence_parallel: sp, ..Parallelism::default() },
+        checkpointing: c,
+        ..eager
+    };
+    for (setup, published, cfg) in [
+        ("GPT-3 175B, b=1, no parallelism", 2.87, eager),
+        ("GPT-3 175B, TP 8 + SP", 0.359, tp8(true, Checkpointing::None)),
+    ] {
+        rows.push(number(
+            "Korthikanti Table 2",
+            setup,
+            "activations per layer",
+            published,
+            per_layer(&gpt3, &cfg) / 1e9,
+            "GB",
+            Check::Relative(0.01),
+        ));
+    }
+    // Selective recomputation rebuilds one layer's s² tensors at a time: 5as²b/t on top of the
+    // table's 34·sbh/t per layer, 2.4% of the total here.
+    rows.push(number(
+        "Korthikanti Table 2",
+        "GPT-3 175B, TP 8 + SP + selective",
+        "activations ÷ layers (+ one layer's recomputed scores)",
+        0.107,
+        per_layer(&gpt3, &tp8(true, Checkpointing::Selective)) / 1e9,
+        "GB",
+        Check::Relative(0.03),
+    ));
+    let m22 = gpt("22b", 6144, 48, 64, 51200, 2048);
+    let b4 = |c: TrainConfig| TrainConfig { micro_batch: 4, ..c };
+    for (setup, published, cfg) in [
+        ("22B, b=4, no parallelism", 7.08, b4(eager)),
+        ("22B, b=4, TP 8 without SP", 1.33, b4(tp8(false, Checkpointing::None))),
+    ] {
+        rows.push(number(
+            "Korthikanti Table 2",
+            setup,
+            "activations per layer",
+            published,
+            per_layer(&m22, &cfg) / 1e9,
+            "GB",
+            Check::Relative(0.01),
+        ));
+    }
+    // ZeRO §3.2: GPT-2 1.5B, b = 32, s = 1024: ~60 GB of activations, ~8 GB with checkpointing.
+    let xl = preset("gpt2-xl").unwrap();
+    let zero = |c: Checkpointing| estimate(&xl, &big, &TrainConfig { checkpointing: c, ..mixed(32, 1024) });
+    rows.push(number(
+        "ZeRO §3.2",
+        "GPT-2 1.5B, 32 × 1024, full checkpointing",
+        "activations",
+        8.0,
+        zero(Checkpointing::Full).breakdown.activations / 1e9,
+        "GB",
+        Check::Relative(0.25),
+    ));
+    rows.push(number(
+        "ZeRO §3.2",
+        "GPT-2 1.5B, 32 × 1024, flash, no checkpointing",
+        "activations",
+        60.0,
+        zero(Checkpointing::None).breakdown.activations / 1e9,
+        "GB",
+        Check::Indicative("ZeRO's footnote counts 12 values per b·s·h·L (24 bytes); Korthikanti's layer, which the plan follows, keeps 34"),
+    ));
+}
+
+fn fit_rows(rows: &mut Vec<Row>) {
+    let a100 = gpu("a100-80gb").unwrap();
+    // The peft README (A100 80GB, fp32 weights as its examples load them).
+    let fp32 = |m: &Model, finetune| {
+        let cfg = TrainConfig { finetune, ..TrainConfig::new(1, 64, Precision::Fp32, Optimizer::AdamW) };
+        estimate(m, &a100, &cfg).fits
+    };
+    let lora = Finetune::Lora { rank: 8, targets: LoraTargets::QueryValue, base: BaseWeights::Native };
+    let mt0 = preset("mt0-xxl").unwrap();
+    let bloom = preset("bloom-7b1").unwrap();
+    rows.push(fits("peft README (#15)", "mt0-xxl full fine-tuning, A100 80GB", false, fp32(&mt0, Finetune::Full)));
+    rows.push(fits("peft README (#16)", "mt0-xxl LoRA, A100 80GB", true, fp32(&mt0, lora)));
+    rows.push(fits("peft README (#18)", "bloomz-7b1 full fine-tuning, A100 80GB", false, fp32(&bloom, Finetune::Full)));
+    rows.push(fits("peft README (#18)", "bloomz-7b1 LoRA, A100 80GB", true, fp32(&bloom, lora)));
+    // Unsloth's README: the longest context Hugging Face + FlashAttention 2 fits for QLoRA r = 32 on
+    // every linear layer, batch 1, with gradient checkpointing.
+    let qlora = |seq| TrainConfig {
+        finetune: Finetune::Lora { rank: 32, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+        checkpointing: Checkpointing::Full,
+        ..mixed(1, seq)
+    };
+    let card = |gib: u64| GpuSpec { memory_bytes: gib << 30, ..a100 };
+    let l31 = preset("llama-3.1-8b").unwrap();
+    let l70 = Model { name: "llama-3.3-70b".into(), max_position: 131072, ..preset("llama-3-70b").unwrap() };
+    rows.push(fits(
+        "Unsloth README (#32)",
+        "Llama 3.1 8B QLoRA, 8 GB, 256 tokens",
+        false,
+        estimate(&l31, &card(8), &qlora(256)).fits,
+    ));
+    rows.push(fits(
+        "Unsloth README (#33)",
+        "Llama 3.3 70B QLoRA, 48 GB, 256 tokens",
+        false,
+        estimate(&l70, &card(48), &qlora(256)).fits,
+    ));
+    for (m, gib, tokens) in [
+        (&l31, 12u64, 932u64),
+        (&l31, 16, 2551),
+        (&l31, 24, 5789),
+        (&l31, 40, 12264),
+        (&l31, 48, 15502),
+        (&l31, 80, 28454),
+        (&l70, 80, 6916),
+    ] {
+        let e = estimate(m, &card(gib), &qlora(tokens));
+        rows.push(number(
+            if m.name == "llama-3.1-8b" { "Unsloth README (#32)" } else { "Unsloth README (#33)" },
+            format!(
+                "{} QLoRA, {tokens} tokens (the longest that fits {gib} GB)",
+                if m.name == "llama-3.1-8b" { "Llama 3.1 8B" } else { "Llama 3.3 70B" }
+            ),
+            "peak at the boundary vs the card",
+            gib as f64,
+            e.per_gpu_bytes / GIB,
+            "GiB",
+            Check::Relative(0.15),
+        ));
+    }
+}
+
+fn time_rows(rows: &mut Vec<Row>) {
+    let a100 = gpu("a100-80gb").unwrap();
+    let h100 = gpu("h100-sxm").unwrap();
+    // Korthikanti Table 5: A100-80GB, s = 2048, V = 51,200, no data parallelism; iteration time.
+    for (name, h, l, a, p, v, global, selective, full) in [
+        ("22B", 6144u64, 48u64, 64u64, 1u64, 1u64, 4u64, 1.10, 1.42),
+        ("175B", 12288, 96, 96, 8, 3, 64, 13.75, 18.13),
+        ("530B", 20480, 105, 128, 35, 3, 280, 37.83, 49.05),
+        ("1T", 25600, 128, 160, 64, 1, 512, 71.49, 94.42),
+    ] {
+        let m = gpt(name, h, l, a, 51200, 2048);
+        let micro = if name == "22B" { 4 } else { 1 };
+        for (ckpt, published) in [(Checkpointing::Selective, selective), (Checkpointing::Full, full)] {
+            let cfg = TrainConfig {
+                accumulation: global / micro,
+                checkpointing: ckpt,
+                parallel: Parallelism { tensor: 8, pipeline: p, virtual_stages: v, ..Parallelism::default() },
+                ..mixed(micro, 2048)
+            };
+            let e = estimate(&m, &a100, &cfg);
+            let big = h >= 20480;
+            rows.push(number(
+                "Korthikanti Table 5",
+                format!(
+                    "{name}, TP 8 × PP {p}{}, {} checkpointing",
+                    if v > 1 { format!(" (interleaved, {v})") } else { String::new() },
+                    if ckpt == Checkpointing::Full { "full" } else { "SP + selective" }
+                ),
+                "iteration time",
+                published,
+                e.step_time_s,
+                "s",
+                if big {
+                    Check::KnownGap(0.25, "known gap: one 50% efficiency for every GEMM; these 20K–25K-wide layers reached 56% MFU bubble included")
+                } else {
+                    Check::Relative(0.25)
+                },
+            ));
+        }
+    }
+    // Megatron-Core on H100 (s = 4096, V = 131,072): MFU.
+    for (name, a, h, l, t, p, gpus, batch, mfu) in [
+        ("1.7B", 16u64, 2048u64, 24u64, 1u64, 1u64, 48u64, 192u64, 0.41),
+        ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 0.47),
+        ("16B", 48, 6144, 32, 4, 1, 192, 192, 0.49),
+        ("32B", 56, 7168, 48, 8, 1, 384, 192, 0.46),
+        ("70B", 64, 8192, 84, 8, 2, 768, 384, 0.42),
+        ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 0.44),
+    ] {
+        let m = gpt(name, h, l, a, 131072, 4096);
+        let data = gpus / (t * p);
+        let cfg = TrainConfig {
+            accumulation: batch / data,
+            checkpointing: Checkpointing::Selective,
+            parallel: Parallelism {
+                data,
+                tensor: t,
+                pipeline: p,
+                zero_stage: 1,
+                tp_comm_overlap: t > 1,
+                ..Parallelism::default()
+            },
+            ..mixed(1, 4096)
+        };
+        let e = estimate(&m, &h100, &cfg);
+        rows.push(number(
+            "Megatron-Core, H100",
+            format!("{name}, TP {t} × PP {p} × DP {data}, batch {batch}{}", if t > 1 { ", TP overlap" } else { "" }),
+            "MFU",
+            mfu * 100.0,
+            e.mfu * 100.0,
+            "%",
+            Check::Relative(0.25),
+        ));
+    }
+    // torchtitan: Llama-3-8B, FSDP on 64 A100-80GB, batch 1 × 8192, selective checkpointing: 57–58% MFU.
+    let l3 = preset("llama-3-8b").unwrap();
+    let cfg = TrainConfig {
+        checkpointing: Checkpointing::Selective,
+        parallel: Parallelism::data_parallel(64, 3),
+        ..mixed(1, 8192)
+    };
+    let e = estimate(&l3, &a100, &cfg);
+    rows.push(number(
+        "torchtitan",
+        "Llama-3-8B, FSDP over 64 A100s, 1 × 8192",
+        "MFU",
+        57.5,
+        e.mfu * 100.0,
+        "%",
+        Check::Relative(0.25),
+    ));
+}
+
+fn table() -> (String, Vec<Row>) {
+    let mut rows = vec![];
+    model_state_rows(&mut rows);
+    activation_rows(&mut rows);
+    fit_rows(&mut rows);
+    time_rows(&mut rows);
+    let mut text = String::from(
+        "| source | setup | metric | published | predicted | error | tolerance | verdict |\n|---|---|---|---:|---:|---:|---|---|\n",
+    );
+    for r in &rows {
+        text.push_str(&r.markdown());
+        text.push('\n');
+    }
+    (text, rows)
+}
+
+const BEGIN: &str = "<!-- plan-validation:begin -->\n";
+const END: &str = "<!-- plan-validation:end -->";
+
+#[test]
+fn published_rows_pass_their_tolerances_and_the_docs_show_them() {
+    let (text, rows) = table();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/VALIDATION.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let start = doc.find(BEGIN).expect("docs/VALIDATION.md has the plan-validation markers") + BEGIN.len();
+    let end = doc.find(END).expect("end marker");
+    let regenerate = std::env::var_os("HEADROOM_REGENERATE").is_some();
+    if regenerate {
+        std::fs::write(&path, format!("{}{}{}", &doc[..start], text, &doc[end..])).unwrap();
+    }
+    let failed: Vec<String> = rows.iter().filter(|r| !r.passes()).map(Row::markdown).collect();
+    assert!(failed.is_empty(), "rows outside their tolerance:\n{}", failed.join("\n"));
+    let held = rows.iter().filter(|r| !matches!(r.check, Check::Indicative(_))).count();
+    let gaps =
+        rows.iter().filter(|r| matches!(r.check, Check::KnownGap(t, _) if r.error.is_none_or(|e| e.abs() > t))).count();
+    assert!(gaps <= 3, "{gaps} rows outside their tolerance as known gaps");
+    assert!(held >= 40, "{held} rows held to a tolerance");
+    assert!(
+        regenerate || doc[start..end] == text,
+        "docs/VALIDATION.md's planner table is stale: run HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation"
+    );
+}
