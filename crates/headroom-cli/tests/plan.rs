@@ -200,3 +200,20 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
         .code(2)
         .stderr(contains("encoder"));
 }
+
+/// The README's main command, as a newcomer runs it on a fresh clone, fits and recommends.
+#[test]
+fn the_readme_main_command_runs() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let try_it = &readme[readme.find("## Try it").expect("a Try it section")..];
+    let line = try_it
+        .lines()
+        .find_map(|l| l.strip_prefix("cargo run --release -p headroom-cli -- "))
+        .expect("a cargo run line");
+    let args: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(args[0], "plan", "the main command is a plan run");
+    let out = Command::cargo_bin("headroom").unwrap().args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("fits: ") && text.contains("configurations fit; fastest"), "{text}");
+}

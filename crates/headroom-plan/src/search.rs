@@ -146,7 +146,10 @@ pub fn recommend(
                                     offload,
                                     ..*base
                                 };
-                                if config.check(model, gpu).is_err() {
+                                // Selective recomputation only drops the s² scores, which flash kernels never keep.
+                                let redundant =
+                                    checkpointing == Checkpointing::Selective && attention != Attention::Eager;
+                                if redundant || config.check(model, gpu).is_err() {
                                     continue;
                                 }
                                 let estimate = estimate(model, gpu, &config);
