@@ -297,6 +297,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
                 "temporary": b.temporary, "framework": b.framework,
             },
             "host_bytes": e.host_bytes,
+            "allocated_bytes": e.allocated_bytes,
             "step_time_s": e.step_time_s,
             "tokens_per_s": e.tokens_per_s,
             "mfu": e.mfu,
@@ -353,6 +354,10 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             ("framework", b.framework),
         ];
         print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
+        println!(
+            "tensors alone (torch.cuda.max_memory_allocated): {}; the framework term is the CUDA context, NCCL and the allocator's slack",
+            format_size(e.allocated_bytes as u64)
+        );
         if par.pipeline > 1 {
             println!(
                 "(the {} pipeline stage: {})",

@@ -9,7 +9,7 @@
 use crate::gpu::GpuSpec;
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
-use crate::train::{estimate, Attention, Checkpointing, Offload, Precision, TrainConfig, TrainEstimate};
+use crate::train::{estimate, fits, Attention, Checkpointing, Offload, Precision, TrainConfig, TrainEstimate};
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -149,13 +149,10 @@ pub fn recommend(
                                 // Selective recomputation only drops the s² scores, which flash kernels never keep.
                                 let redundant =
                                     checkpointing == Checkpointing::Selective && attention != Attention::Eager;
-                                if redundant || config.check(model, gpu).is_err() {
+                                if redundant || config.check(model, gpu).is_err() || !fits(model, gpu, &config) {
                                     continue;
                                 }
-                                let estimate = estimate(model, gpu, &config);
-                                if estimate.fits {
-                                    out.push(Recommendation { config, estimate });
-                                }
+                                out.push(Recommendation { config, estimate: estimate(model, gpu, &config) });
                             }
                         }
                     }

@@ -6,7 +6,7 @@
 //! | activations | per layer sbh·(c₀ + c₁·f/h) at the activation width, plus the attention core: 5as²b (eager) or 4asb (SDPA/flash); ÷t (the replicated 10·sbh stays without sequence parallelism), ÷ context parallelism; × the micro-batches a 1F1B stage holds (first stage: L layers' worth), × 1 + (p−1)/(p·v) interleaved; by checkpoint policy | §2.1, §2.3, §2.5, §8.4 |
 //! | logits | b·s·V/t on the last stage × the bytes the loss holds at its peak: Hugging Face's loss upcasts the 16-bit logits to fp32 and keeps both, log-softmax keeps its fp32 output, and the backward makes an fp32 gradient and its 16-bit copy: 2 + 4 + 4 + 4 + 2 = 16 bytes (12 in fp32) | §2.4 |
 //! | temporary | cuBLAS workspace; ZeRO-3's gathered layer (4 × layer params); a dequantized QLoRA matrix; the offload gradient bucket | §1.4, §4.1 |
-//! | framework | CUDA context; NCCL buffers with more than one GPU | §4.1 |
+//! | framework | CUDA context; NCCL buffers with more than one GPU; the caching allocator's rounding and slack over the short-lived terms (activations, logits, temporaries) | §4.1, §9 |
 //!
 //! With pipeline parallelism the first stage (most activations) and the last
 //! (the logits) are both estimated and the larger is the answer.
@@ -148,6 +148,10 @@ pub struct ActivationModel {
     pub mfu: f64,
     /// Parameters a CPU optimizer step updates per second, per GPU's share (DeepSpeed CPU-Adam).
     pub host_optimizer_params_per_s: f64,
+    /// What the caching allocator reserves beyond the tensors that churn each step
+    /// (activations, logits, temporaries): block rounding and cached free blocks, 5%
+    /// (research/estimation.md §9: 5–15% of reserved over allocated).
+    pub allocator_slack: f64,
 }
 
 impl Default for ActivationModel {
@@ -163,6 +167,7 @@ impl Default for ActivationModel {
             logits_low_precision_copies: 2.0,
             mfu: 0.5,
             host_optimizer_params_per_s: 1e9,
+            allocator_slack: 0.05,
         }
     }
 }
@@ -288,6 +293,9 @@ pub struct TrainEstimate {
     pub trainable_params: u64,
     /// Host memory per node the offloaded states take.
     pub host_bytes: f64,
+    /// What PyTorch's `torch.cuda.max_memory_allocated()` would report: the total less
+    /// the CUDA context, NCCL and the allocator's slack.
+    pub allocated_bytes: f64,
     /// With `Checkpointing::Optimal`: the schedule's peak did not fit even with every layer recomputed.
     pub note: Option<String>,
 }
@@ -499,8 +507,20 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         recompute_fraction,
         trainable_params,
         host_bytes: host_per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64,
+        allocated_bytes: per_gpu - breakdown.framework,
         note,
     }
+}
+
+/// Whether the configuration fits the GPU: the memory half of [`estimate`],
+/// for searches that discard most configurations before timing them.
+pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
+    let stages: &[PipelineStage] =
+        if cfg.parallel.pipeline > 1 { &[PipelineStage::First, PipelineStage::Last] } else { &[PipelineStage::Only] };
+    stages.iter().all(|&stage| {
+        let (br, _, note) = memory(model, gpu, cfg, stage);
+        note.is_none() && br.total() <= gpu.memory_bytes as f64
+    })
 }
 
 /// One stage's memory: (bytes by term, recomputed fraction of a forward, why nothing fits).
@@ -574,8 +594,10 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
             (l / k).ceil() * hidden_state + k * per_layer
         }
         Checkpointing::Optimal => {
-            let fixed = br.weights + br.gradients + br.optimizer + br.temporary + br.framework;
-            let budget = (gpu.memory_bytes as f64 - fixed).max(0.0) as u64;
+            // The schedule's peak (activations and logits) and the temporaries carry the allocator's slack.
+            let slack = 1.0 + cfg.coefficients.allocator_slack;
+            let fixed = br.weights + br.gradients + br.optimizer + br.framework + slack * br.temporary;
+            let budget = ((gpu.memory_bytes as f64 - fixed) / slack).max(0.0) as u64;
             let chain = Chain {
                 input_bytes: hidden_state as u64,
                 stages: (0..model.layers)
@@ -610,6 +632,7 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
             }
         }
     };
+    br.framework += cfg.coefficients.allocator_slack * (br.activations + br.logits + br.temporary);
     (br, recompute_fraction, note)
 }
 
@@ -857,6 +880,32 @@ mod tests {
         let e = estimate(&m, &g, &cfg);
         let per_stage = (12.0 * 12288f64.powi(2) * 12.0 + 51200.0 * 12288.0) / 8.0;
         assert!((e.breakdown.weights / (2.0 * per_stage) - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn fits_is_the_memory_half_of_estimate() {
+        let m = crate::model::preset("llama-2-70b").unwrap();
+        let g = crate::gpu::gpu("a100-80gb").unwrap();
+        let mut seen = [0, 0];
+        for (t, p, zero, b, ckpt) in [
+            (1, 1, 3, 1, Checkpointing::Full),
+            (8, 1, 1, 1, Checkpointing::None),
+            (8, 4, 1, 1, Checkpointing::Selective),
+            (4, 8, 0, 2, Checkpointing::Full),
+            (2, 2, 3, 4, Checkpointing::EveryK(4)),
+            (8, 8, 1, 8, Checkpointing::None),
+        ] {
+            let cfg = TrainConfig {
+                accumulation: 16,
+                checkpointing: ckpt,
+                parallel: Parallelism { data: 4, tensor: t, pipeline: p, zero_stage: zero, ..Parallelism::default() },
+                ..TrainConfig::new(b, 4096, Precision::Mixed, Optimizer::AdamW)
+            };
+            let e = estimate(&m, &g, &cfg);
+            assert_eq!(fits(&m, &g, &cfg), e.fits, "{cfg:?}");
+            seen[e.fits as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "both outcomes covered: {seen:?}");
     }
 
     #[test]
