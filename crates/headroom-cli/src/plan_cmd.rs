@@ -22,11 +22,13 @@ use std::process::ExitCode;
 /// the estimated step time.
 ///
 /// Training terms: weights, gradients and optimizer state (by precision,
-/// optimizer and ZeRO stage over --gpus), activations (by attention kernel
-/// and checkpoint policy; `optimal` solves for the fastest schedule that fits
-/// the GPU), logits, temporaries (cuBLAS workspace, ZeRO-3's gathered layer),
-/// and the framework (CUDA context, NCCL). Inference: weights at their width,
-/// the KV cache, the prefill activations, and how many sequences fit.
+/// optimizer, ZeRO stage, LoRA and offload), activations (by attention
+/// kernel, parallel layout and checkpoint policy; `optimal` solves for the
+/// fastest schedule that fits the GPU), logits and the loss, temporaries
+/// (cuBLAS workspace, ZeRO-3's gathered layer, QLoRA's dequantized matrix,
+/// the offload bucket), and the framework (CUDA context, NCCL, the
+/// allocator's slack). Inference: weights at their width, the KV cache, the
+/// prefill activations, and how many sequences fit.
 ///
 /// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
 /// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
