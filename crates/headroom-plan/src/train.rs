@@ -25,9 +25,10 @@
 //! collectives (all-reduce of the gradients for plain data parallelism and
 //! ZeRO-1; ZeRO-2 reduce-scatters per micro-batch and gathers the weights
 //! once; ZeRO-3 gathers the weights twice and reduce-scatters per
-//! micro-batch) beyond the forward or backward they overlap; and offload
-//! traffic over the host link with the optimizer step on the CPU, not
-//! overlapped.
+//! micro-batch) beyond the forward or backward they overlap; and the
+//! optimizer step: memory-bound on the GPU (the weights, gradients and
+//! states it updates read and written at 90% of the HBM bandwidth), or with
+//! offload the host-link traffic and the CPU's step, not overlapped.
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::gpu::GpuSpec;
@@ -148,6 +149,9 @@ pub struct ActivationModel {
     pub mfu: f64,
     /// Parameters a CPU optimizer step updates per second, per GPU's share (DeepSpeed CPU-Adam).
     pub host_optimizer_params_per_s: f64,
+    /// Fraction of the HBM bandwidth a memory-bound kernel (the optimizer step) reaches
+    /// (llm-analysis's default).
+    pub hbm_efficiency: f64,
     /// What the caching allocator reserves beyond the tensors that churn each step
     /// (activations, logits, temporaries): block rounding and cached free blocks, 5%
     /// (research/estimation.md §9: 5–15% of reserved over allocated).
@@ -167,6 +171,7 @@ impl Default for ActivationModel {
             logits_low_precision_copies: 2.0,
             mfu: 0.5,
             host_optimizer_params_per_s: 1e9,
+            hbm_efficiency: 0.9,
             allocator_slack: 0.05,
         }
     }
@@ -698,7 +703,13 @@ fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction
         }
     };
     let host = gpu.host_bandwidth * parallel::LINK_EFFICIENCY;
-    if cfg.offload != Offload::None {
+    if cfg.offload == Offload::None {
+        // The optimizer step is bound by HBM: it reads the gradients, weights and states of
+        // the parameters this GPU updates and writes the weights and states back.
+        let (w, g, o) = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
+        let updated = sh.trainable / if par.zero_stage >= 1 { n as f64 } else { 1.0 };
+        step += updated * (g + 2.0 * (w + o)) / (gpu.bandwidth * cfg.coefficients.hbm_efficiency);
+    } else {
         let trainable = sh.trainable / n as f64;
         // Gradients down and updated weights up, then the CPU's optimizer step.
         step += 4.0 * trainable / host + trainable / cfg.coefficients.host_optimizer_params_per_s;
