@@ -320,6 +320,32 @@ impl Model {
 }
 
 impl Model {
+    /// A GPT-2/GPT-3-shaped decoder (4h GELU MLP with biases, learned
+    /// positions, tied embeddings), as the GPT-2 presets and the Megatron
+    /// papers size their models.
+    pub fn gpt(name: &str, hidden: u64, layers: u64, heads: u64, vocab: u64, max_position: u64) -> Model {
+        Model {
+            name: name.to_string(),
+            family: Family::Gpt2,
+            hidden,
+            layers,
+            heads,
+            kv_heads: heads,
+            head_dim: hidden / heads,
+            intermediate: 4 * hidden,
+            vocab,
+            max_position,
+            tied_embeddings: true,
+            qkv_bias: true,
+            experts: 1,
+            experts_per_token: 1,
+            gated_mlp: false,
+            decoder_layers: layers,
+            sliding_window: None,
+            relative_buckets: 0,
+        }
+    }
+
     /// The same model under another name.
     pub fn renamed(mut self, name: &str) -> Model {
         self.name = name.to_string();
@@ -359,26 +385,7 @@ fn gated(name: &str, h: u64, l: u64, heads: u64, kv: u64, d: u64, f: u64, v: u64
 
 /// The presets of research/estimation.md §7, by the names users type.
 pub fn presets() -> Vec<Model> {
-    let gpt2 = |name: &str, h: u64, l: u64, a: u64| Model {
-        name: name.to_string(),
-        family: Family::Gpt2,
-        hidden: h,
-        layers: l,
-        heads: a,
-        kv_heads: a,
-        head_dim: h / a,
-        intermediate: 4 * h,
-        vocab: 50257,
-        max_position: 1024,
-        tied_embeddings: true,
-        qkv_bias: true,
-        experts: 1,
-        experts_per_token: 1,
-        gated_mlp: false,
-        decoder_layers: l,
-        sliding_window: None,
-        relative_buckets: 0,
-    };
+    let gpt2 = |name: &str, h: u64, l: u64, a: u64| Model::gpt(name, h, l, a, 50257, 1024);
     let neox = |name: &str, h: u64, l: u64, a: u64, v: u64| Model {
         family: Family::NeoX,
         vocab: v,

@@ -465,10 +465,8 @@ fn forward_flops(model: &Model, cfg: &TrainConfig) -> (f64, f64, f64) {
 /// Estimates one configuration on one GPU model. The configuration should
 /// pass [`TrainConfig::check`]; anything else gets a best-effort answer.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
-    let stages: &[PipelineStage] =
-        if cfg.parallel.pipeline > 1 { &[PipelineStage::First, PipelineStage::Last] } else { &[PipelineStage::Only] };
     let mut best: Option<(Breakdown, PipelineStage, f64, Option<String>)> = None;
-    for &stage in stages {
+    for &stage in stages(cfg) {
         let (br, recompute, note) = memory(model, gpu, cfg, stage);
         if best.as_ref().is_none_or(|b| br.total() > b.0.total()) {
             best = Some((br, stage, recompute, note));
@@ -490,15 +488,15 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
     };
     let sh = share(model, cfg, stage);
     let d = par.data.max(1) as f64;
+    // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard; with
+    // the parameters offloaded, their 16-bit copy too.
+    let offloaded_states =
+        (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable;
     let host_per_gpu = match cfg.offload {
         Offload::None => 0.0,
-        // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard.
-        Offload::Optimizer => {
-            (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable / d
-        }
+        Offload::Optimizer => offloaded_states / d,
         Offload::OptimizerAndParams => {
-            (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).2 + 4.0) * sh.trainable / d
-                + 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other) / d
+            (offloaded_states + 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other)) / d
         }
     };
     TrainEstimate {
@@ -517,12 +515,19 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
     }
 }
 
+/// The pipeline stages whose memory is estimated: the one GPU's, or the first and last stage's.
+fn stages(cfg: &TrainConfig) -> &'static [PipelineStage] {
+    if cfg.parallel.pipeline > 1 {
+        &[PipelineStage::First, PipelineStage::Last]
+    } else {
+        &[PipelineStage::Only]
+    }
+}
+
 /// Whether the configuration fits the GPU: the memory half of [`estimate`],
 /// for searches that discard most configurations before timing them.
 pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
-    let stages: &[PipelineStage] =
-        if cfg.parallel.pipeline > 1 { &[PipelineStage::First, PipelineStage::Last] } else { &[PipelineStage::Only] };
-    stages.iter().all(|&stage| {
+    stages(cfg).iter().all(|&stage| {
         let (br, _, note) = memory(model, gpu, cfg, stage);
         note.is_none() && br.total() <= gpu.memory_bytes as f64
     })
@@ -809,26 +814,7 @@ mod tests {
     }
 
     fn gpt(name: &str, h: u64, l: u64, a: u64) -> Model {
-        Model {
-            name: name.into(),
-            family: Family::Gpt2,
-            hidden: h,
-            layers: l,
-            heads: a,
-            kv_heads: a,
-            head_dim: h / a,
-            intermediate: 4 * h,
-            vocab: 51200,
-            max_position: 2048,
-            tied_embeddings: true,
-            qkv_bias: true,
-            experts: 1,
-            experts_per_token: 1,
-            gated_mlp: false,
-            decoder_layers: l,
-            sliding_window: None,
-            relative_buckets: 0,
-        }
+        Model::gpt(name, h, l, a, 51200, 2048)
     }
 
     /// Korthikanti et al.: GPT-3 175B (a = 96, s = 2048, h = 12288, b = 1): sbh(34 + 5as/h) = 2.87 GB a layer, unparallelised.

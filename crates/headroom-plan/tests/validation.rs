@@ -22,7 +22,7 @@
 
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, WeightFormat};
-use headroom_plan::model::{preset, Family, Model};
+use headroom_plan::model::{preset, Model};
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::train::{
     estimate, model_states, Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Optimizer,
@@ -113,30 +113,6 @@ fn fits(source: &'static str, setup: impl Into<String>, published_fits: bool, e_
     }
 }
 
-/// A GPT-3-style model (4h GELU MLP, learned positions) as the Megatron papers size them.
-fn gpt(name: &str, h: u64, l: u64, a: u64, vocab: u64, seq: u64) -> Model {
-    Model {
-        name: name.into(),
-        family: Family::Gpt2,
-        hidden: h,
-        layers: l,
-        heads: a,
-        kv_heads: a,
-        head_dim: h / a,
-        intermediate: 4 * h,
-        vocab,
-        max_position: seq,
-        tied_embeddings: true,
-        qkv_bias: true,
-        experts: 1,
-        experts_per_token: 1,
-        gated_mlp: false,
-        decoder_layers: l,
-        sliding_window: None,
-        relative_buckets: 0,
-    }
-}
-
 fn states(e: &TrainEstimate) -> f64 {
     e.breakdown.weights + e.breakdown.gradients + e.breakdown.optimizer
 }
@@ -221,7 +197,7 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         Check::Indicative("DeepSpeed counts the largest module (the 32.9M embedding); the plan gathers a whole block (58.7M), as FSDP's auto-wrap does"),
     ));
     // The LoRA paper §4.2: GPT-3 175B with r = 4 adapters on Wq and Wv needs 350 GB.
-    let gpt3 = gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
+    let gpt3 = Model::gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
     let lora = TrainConfig {
         finetune: Finetune::Lora { rank: 4, targets: LoraTargets::QueryValue, base: BaseWeights::Native },
         ..mixed(1, 2048)
@@ -283,7 +259,7 @@ fn model_state_rows(rows: &mut Vec<Row>) {
 fn activation_rows(rows: &mut Vec<Row>) {
     let big = GpuSpec { memory_bytes: 1 << 50, ..gpu("a100-80gb").unwrap() };
     let per_layer = |m: &Model, cfg: &TrainConfig| estimate(m, &big, cfg).breakdown.activations / m.layers as f64;
-    let gpt3 = gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
+    let gpt3 = Model::gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
     let eager = TrainConfig { attention: Attention::Eager, ..mixed(1, 2048) };
     let tp8 = |sp: bool, c: Checkpointing| TrainConfig {
         parallel: Parallelism { tensor: 8, sequence_parallel: sp, ..Parallelism::default() },
@@ -315,7 +291,7 @@ fn activation_rows(rows: &mut Vec<Row>) {
         "GB",
         Check::Relative(0.03),
     ));
-    let m22 = gpt("22b", 6144, 48, 64, 51200, 2048);
+    let m22 = Model::gpt("22b", 6144, 48, 64, 51200, 2048);
     let b4 = |c: TrainConfig| TrainConfig { micro_batch: 4, ..c };
     for (setup, published, cfg) in [
         ("22B, b=4, no parallelism", 7.08, b4(eager)),
@@ -425,7 +401,7 @@ fn time_rows(rows: &mut Vec<Row>) {
         ("530B", 20480, 105, 128, 35, 3, 280, 37.83, 49.05),
         ("1T", 25600, 128, 160, 64, 1, 512, 71.49, 94.42),
     ] {
-        let m = gpt(name, h, l, a, 51200, 2048);
+        let m = Model::gpt(name, h, l, a, 51200, 2048);
         let micro = if name == "22B" { 4 } else { 1 };
         for (ckpt, published) in [(Checkpointing::Selective, selective), (Checkpointing::Full, full)] {
             let cfg = TrainConfig {
@@ -464,7 +440,7 @@ fn time_rows(rows: &mut Vec<Row>) {
         ("70B", 64, 8192, 84, 8, 2, 768, 384, 0.42),
         ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 0.44),
     ] {
-        let m = gpt(name, h, l, a, 131072, 4096);
+        let m = Model::gpt(name, h, l, a, 131072, 4096);
         let data = gpus / (t * p);
         let cfg = TrainConfig {
             accumulation: batch / data,
