@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Requests of 1 EB or more are refused outright, as PyTorch refuses them.
-const ONE_EXABYTE: u64 = 1 << 60;
+pub(crate) const ONE_EXABYTE: u64 = 1 << 60;
 
 /// Someone who holds device memory on the allocator's behalf and can let go
 /// of some when memory runs short (PyTorch's `FreeCudaMemoryCallback`, used
@@ -182,6 +182,11 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// `max_entries` entries (`torch.cuda.memory._record_memory_history`).
     pub fn record_history(&mut self, max_entries: Option<usize>) {
         self.history = max_entries.map(History::new);
+    }
+
+    /// Trace entries the history has let go of to keep its `max_entries` (0 without history).
+    pub fn history_dropped(&self) -> u64 {
+        self.history.as_ref().map_or(0, |h| h.dropped)
     }
 
     /// Sets the time stamped on the next trace entries (microseconds); without

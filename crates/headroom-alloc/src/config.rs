@@ -65,7 +65,7 @@ pub struct AllocatorConfig {
 pub enum Backend {
     /// PyTorch's caching allocator, which headroom reproduces.
     Native,
-    /// CUDA's stream-ordered allocator; accepted for fidelity of parsing.
+    /// CUDA's stream-ordered allocator: parsed (snapshots record it), not simulated.
     CudaMallocAsync,
 }
 
@@ -137,8 +137,11 @@ impl AllocatorConfig {
                 if mb <= MIN_LARGE_ALLOC / MIB {
                     return Err(err(key, format!("must be greater than 10, got {mb}")));
                 }
-                next.large_segment_size = mb * MIB;
-                next.max_non_split_rounding_size = mb * MIB;
+                let bytes = mb.checked_mul(MIB).ok_or_else(|| {
+                    err(key, format!("{mb} MiB is more than 2^64 bytes (at most {})", u64::MAX / MIB))
+                })?;
+                next.large_segment_size = bytes;
+                next.max_non_split_rounding_size = bytes;
             } else {
                 p.skip_value();
             }
@@ -150,9 +153,55 @@ impl AllocatorConfig {
             next.parse_key(key, &mut p)?;
             p.separator(key)?;
         }
+        if next.expandable_segments && !next.large_segment_size.is_multiple_of(SMALL_BUFFER) {
+            // Pages of the large pool are this size, and the driver maps whole
+            // multiples of its 2 MiB granularity (PyTorch fails in cuMemCreate).
+            return Err(err(
+                "large_segment_size_mb",
+                format!(
+                    "{} MiB is not a multiple of 2 MiB, the mapping granularity expandable segments need",
+                    next.large_segment_size / MIB
+                ),
+            ));
+        }
         next.raw = conf.to_string();
         *self = next;
         Ok(())
+    }
+
+    /// The keys of the settings string that do not change the device
+    /// allocator's decisions: the lock around `cudaMalloc` (a simulated
+    /// device has no other threads), the pinned host allocator's keys, and
+    /// keys that only matter under CUDA graph capture or at an OOM's throw.
+    pub fn keys_without_effect(&self) -> Vec<String> {
+        let tokens = lex(&self.raw);
+        let mut keys: Vec<String> = Vec::new();
+        let mut expect_key = true;
+        let mut depth = 0;
+        for t in &tokens {
+            match t.as_str() {
+                "[" => depth += 1,
+                "]" => depth -= 1,
+                "," if depth == 0 => expect_key = true,
+                ":" | "," => {}
+                k if expect_key && depth == 0 => {
+                    expect_key = false;
+                    let inert = k.starts_with("pinned_")
+                        || matches!(
+                            k,
+                            "release_lock_on_cudamalloc"
+                                | "release_lock_on_hipmalloc"
+                                | "graph_capture_record_stream_reuse"
+                                | "throw_on_cudamalloc_oom"
+                        );
+                    if inert && !keys.iter().any(|x| x == k) {
+                        keys.push(k.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+        keys
     }
 
     fn parse_key(&mut self, key: &str, p: &mut Parser<'_>) -> Result<(), ConfigError> {
@@ -484,10 +533,37 @@ mod tests {
             ("backend:magic", "backend"),
             ("max_split_size_mb", "max_split_size_mb"),
             ("max_split_size_mb:-5", "max_split_size_mb"),
+            ("large_segment_size_mb:17592186044416", "large_segment_size_mb"),
+            ("large_segment_size_mb:18446744073709551615", "large_segment_size_mb"),
+            ("large_segment_size_mb:21,expandable_segments:True", "large_segment_size_mb"),
+            ("expandable_segments:True,large_segment_size_mb:17592186044417", "large_segment_size_mb"),
         ] {
             let e = AllocatorConfig::parse(s).unwrap_err();
             assert_eq!(e.key.as_deref(), Some(key), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn large_segments_up_to_the_largest_size_and_whole_pages_when_expandable() {
+        let c = AllocatorConfig::parse("large_segment_size_mb:17592186044415").unwrap();
+        assert_eq!(c.large_segment_size, u64::MAX / MIB * MIB);
+        let c = AllocatorConfig::parse("large_segment_size_mb:22,expandable_segments:True").unwrap();
+        assert_eq!(c.large_segment_size, 22 * MIB);
+        assert!(AllocatorConfig::parse("large_segment_size_mb:21").is_ok(), "odd sizes are fine without pages");
+    }
+
+    #[test]
+    fn keys_that_do_not_change_device_decisions_are_named() {
+        let c = AllocatorConfig::parse(
+            "release_lock_on_cudamalloc:True,roundup_power2_divisions:[256:4,>:1],pinned_num_register_threads:8,\
+             expandable_segments:True,pinned_use_cuda_host_register:True",
+        )
+        .unwrap();
+        assert_eq!(
+            c.keys_without_effect(),
+            ["release_lock_on_cudamalloc", "pinned_num_register_threads", "pinned_use_cuda_host_register"]
+        );
+        assert!(AllocatorConfig::parse("expandable_segments:True").unwrap().keys_without_effect().is_empty());
     }
 
     #[test]

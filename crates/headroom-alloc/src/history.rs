@@ -64,16 +64,19 @@ pub struct TraceEntry {
 pub(crate) struct History {
     pub max_entries: usize,
     pub entries: VecDeque<TraceEntry>,
+    /// Entries pushed out of the front to keep `max_entries`.
+    pub dropped: u64,
 }
 
 impl History {
     pub fn new(max_entries: usize) -> Self {
-        History { max_entries: max_entries.max(1), entries: VecDeque::new() }
+        History { max_entries: max_entries.max(1), entries: VecDeque::new(), dropped: 0 }
     }
 
     pub fn push(&mut self, e: TraceEntry) {
         if self.entries.len() == self.max_entries {
             self.entries.pop_front();
+            self.dropped += 1;
         }
         self.entries.push_back(e);
     }

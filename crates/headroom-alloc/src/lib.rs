@@ -61,7 +61,7 @@ mod validate;
 
 pub use allocator::CachingAllocator;
 pub use caching::{Allocation, DeviceCachingAllocator, FreeMemoryCallback};
-pub use config::{AllocatorConfig, ConfigError};
+pub use config::{AllocatorConfig, Backend, ConfigError};
 pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
 pub use error::{AllocError, OomReport};
 pub use history::{Action, TraceEntry};

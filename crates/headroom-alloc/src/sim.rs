@@ -163,7 +163,7 @@ impl SimDevice {
             self.calls.failed_allocations += 1;
             return Err(DeviceError::NeverFits { requested: size, total: self.total });
         }
-        if self.used + self.external + size > self.total {
+        if self.used.saturating_add(self.external).saturating_add(size) > self.total {
             self.calls.failed_allocations += 1;
             return Err(self.oom(size));
         }
@@ -191,13 +191,21 @@ impl SimDevice {
     }
 }
 
+/// Addresses are handed out upwards and never reused, so a run that
+/// allocates more than 2^64 bytes of segments over its life runs out of them.
+fn address_space_exhausted(size: u64) -> DeviceError {
+    DeviceError::Invalid(format!(
+        "the simulated device's 64-bit address space is used up (a new range of {size} bytes does not fit)"
+    ))
+}
+
 impl DeviceMemory for SimDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo { total_bytes: self.total, vmm_granularity: self.granularity, name: self.name.clone() }
     }
 
     fn mem_get_info(&self) -> MemInfo {
-        MemInfo { free: self.total.saturating_sub(self.used + self.external), total: self.total }
+        MemInfo { free: self.total.saturating_sub(self.used.saturating_add(self.external)), total: self.total }
     }
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
@@ -217,7 +225,13 @@ impl DeviceMemory for SimDevice {
             }
             None => {
                 let p = self.next_malloc;
-                self.next_malloc += size.div_ceil(MALLOC_ALIGN) * MALLOC_ALIGN;
+                match size.div_ceil(MALLOC_ALIGN).checked_mul(MALLOC_ALIGN).and_then(|s| p.checked_add(s)) {
+                    Some(next) => self.next_malloc = next,
+                    None => {
+                        self.used -= size;
+                        return Err(address_space_exhausted(size));
+                    }
+                }
                 p
             }
         };
@@ -245,7 +259,8 @@ impl DeviceMemory for SimDevice {
             return Err(DeviceError::Invalid(format!("reservation of {size} bytes is not a multiple of {g}")));
         }
         let va = self.next_reserve;
-        self.next_reserve += size.div_ceil(GIB) * GIB;
+        self.next_reserve =
+            size.div_ceil(GIB).checked_mul(GIB).and_then(|s| va.checked_add(s)).ok_or(address_space_exhausted(size))?;
         self.reservations.insert(va, Reservation { size, pages: BTreeMap::new() });
         Ok(va)
     }

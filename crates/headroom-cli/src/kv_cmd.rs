@@ -1,14 +1,17 @@
 //! `headroom kv simulate`: a serving workload run step by step with the paged
 //! KV-cache manager, and again with contiguous per-request reservation.
 
+use crate::progress::LazyBar;
 use crate::target_arg::Target;
+use crate::Outcome;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use headroom_alloc::units::format_size;
 use headroom_kv::dist::{LengthDist, Role};
-use headroom_kv::sim::{kv_budget, simulate_contiguous, simulate_paged, workload, KvBudget, RunReport, SimConfig};
+use headroom_kv::sim::{
+    kv_budget, simulate_contiguous, simulate_paged, KvBudget, NoRoom, RunReport, SimConfig, Workload,
+};
 use serde_json::{json, Value};
-use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct KvArgs {
@@ -32,7 +35,13 @@ enum KvCommand {
 /// Step times come from a roofline (FLOPs and bytes against the GPU's peaks).
 ///
 /// Length distributions: N or fixed:N, uniform:A-B, normal:MEAN,STD, or
-/// sharegpt (log-normal with ShareGPT's mean lengths: 161 prompt, 338 output tokens).
+/// sharegpt (log-normal with ShareGPT's mean lengths: 161 prompt, 338 output
+/// tokens). As vLLM does, a prompt of --max-model-len tokens or more is
+/// rejected, and an output stops where the sequence reaches --max-model-len;
+/// both are counted in the output.
+///
+/// Exit status: 0 when the model serves, 1 when it does not fit (no room for
+/// a KV cache, or less than one --max-model-len request), 2 on bad input.
 #[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  headroom kv simulate --model llama-2-13b --gpu a100-40gb --prompt-len sharegpt --output-len sharegpt\n  \
@@ -83,19 +92,37 @@ pub struct SimulateArgs {
     json: bool,
 }
 
-pub fn run(args: KvArgs) -> Result<ExitCode> {
+pub fn run(args: KvArgs) -> Result<Outcome> {
     match args.command {
         KvCommand::Simulate(a) => simulate(a),
     }
 }
 
-fn simulate(a: SimulateArgs) -> Result<ExitCode> {
+fn simulate(a: SimulateArgs) -> Result<Outcome> {
     let (model, gpu) = a.target.resolve()?;
+    if !model.generates() {
+        bail!("{} is an encoder: it keeps no KV cache and generates no tokens to serve", model.name);
+    }
     if !(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0) {
         bail!("--gpu-memory-utilization must be in (0, 1], got {}", a.gpu_memory_utilization);
     }
     if a.block_size == 0 || a.max_batched_tokens == 0 || a.max_num_seqs == 0 || a.requests == 0 {
         bail!("--block-size, --max-batched-tokens, --max-num-seqs and --requests must be positive");
+    }
+    if a.num_gpu_blocks == Some(0) {
+        bail!("--num-gpu-blocks must be positive");
+    }
+    let context = usize::try_from(model.max_position).unwrap_or(usize::MAX);
+    let max_model_len = match a.max_model_len {
+        // vLLM refuses a max_model_len beyond the model's context ("User-specified max_model_len … is greater than the derived").
+        Some(n) if n > context => {
+            bail!("--max-model-len {n} is more than {}'s context of {context} tokens (vLLM refuses it too)", model.name)
+        }
+        Some(n) => n,
+        None => context.min(4096),
+    };
+    if max_model_len < 2 {
+        bail!("--max-model-len must be at least 2");
     }
     let shared_prefix = match &a.shared_prefix {
         None => None,
@@ -106,13 +133,16 @@ fn simulate(a: SimulateArgs) -> Result<ExitCode> {
             if !(0.0..=1.0).contains(&fraction) {
                 bail!("--shared-prefix {s:?}: FRACTION must be in [0, 1]");
             }
+            if tokens >= max_model_len {
+                bail!(
+                    "--shared-prefix {s:?}: a prefix of {tokens} tokens leaves no room in a prompt of at most \
+                     max_model_len − 1 = {} tokens",
+                    max_model_len - 1
+                );
+            }
             Some((tokens, fraction))
         }
     };
-    let max_model_len = a.max_model_len.unwrap_or((model.max_position as usize).min(4096));
-    if max_model_len < 2 {
-        bail!("--max-model-len must be at least 2");
-    }
     let cfg = SimConfig {
         model,
         gpu,
@@ -129,27 +159,49 @@ fn simulate(a: SimulateArgs) -> Result<ExitCode> {
         num_gpu_blocks: a.num_gpu_blocks,
         seed: a.seed,
     };
-    let budget = kv_budget(&cfg).map_err(|e| anyhow!(e))?;
-    let w = workload(&cfg, budget.num_blocks as usize * cfg.block_size);
-    let paged = simulate_paged(&cfg, &budget, &w).map_err(|e| anyhow!("paged: {e}"))?;
-    let contiguous = simulate_contiguous(&cfg, &budget, &w).map_err(|e| anyhow!("contiguous: {e}"))?;
+    let mut out = String::new();
+    let budget = match kv_budget(&cfg) {
+        Ok(b) => b,
+        Err(NoRoom(why)) => {
+            if a.json {
+                let v = json!({ "model": cfg.model.name, "gpu": cfg.gpu.name, "fits": false, "reason": why });
+                outln!(out, "{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                outln!(out, "does NOT fit: {why}");
+            }
+            return Ok(Outcome::new(out, 1));
+        }
+    };
+    let total = a.requests as u64;
+    let mut bar = LazyBar::new("requests");
+    let mut w = Workload::new(&cfg);
+    let paged = simulate_paged(&cfg, &budget, &mut w, &mut |done| bar.update("paged", done as u64, total))
+        .map_err(|e| anyhow!("paged: {e}"))?;
+    let contiguous = simulate_contiguous(&cfg, &budget, Workload::lengths_only(&cfg), &mut |done| {
+        bar.update("contiguous", done as u64, total)
+    })
+    .map_err(|e| anyhow!("contiguous: {e}"))?;
+    bar.finish();
+    let served = w.drawn() - w.rejected;
     if a.json {
-        let out = json!({
+        let v = json!({
             "model": cfg.model.name,
             "gpu": cfg.gpu.name,
-            "requests": w.requests.len(),
+            "fits": true,
+            "requests": served,
             "rejected_requests": w.rejected,
+            "capped_requests": w.capped,
             "max_model_len": cfg.max_model_len,
             "block_size": cfg.block_size,
             "kv_cache": budget_json(&budget, cfg.block_size),
             "paged": report_json(&paged),
             "contiguous": report_json(&contiguous),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_human(&cfg, &budget, w.requests.len(), w.rejected, &paged, &contiguous);
+        print_human(&mut out, &cfg, &budget, (served, w.rejected, w.capped), &paged, &contiguous);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::new(out, 0))
 }
 
 fn budget_json(b: &KvBudget, block_size: usize) -> Value {
@@ -183,8 +235,16 @@ fn report_json(r: &RunReport) -> Value {
     })
 }
 
-fn print_human(cfg: &SimConfig, b: &KvBudget, n: usize, rejected: usize, p: &RunReport, c: &RunReport) {
-    println!(
+fn print_human(
+    out: &mut String,
+    cfg: &SimConfig,
+    b: &KvBudget,
+    (n, rejected, capped): (usize, usize, usize),
+    p: &RunReport,
+    c: &RunReport,
+) {
+    outln!(
+        out,
         "{} on {}: {} requests, prompts {}, outputs {}{}",
         cfg.model.name,
         cfg.gpu.name,
@@ -197,9 +257,17 @@ fn print_human(cfg: &SimConfig, b: &KvBudget, n: usize, rejected: usize, p: &Run
         }
     );
     if rejected > 0 {
-        println!("({rejected} requests longer than max_model_len or the whole KV cache were left out)");
+        outln!(
+            out,
+            "{rejected} requests rejected: their prompts reach max_model_len = {} tokens (vLLM rejects them too)",
+            cfg.max_model_len
+        );
     }
-    println!(
+    if capped > 0 {
+        outln!(out, "{capped} outputs stop early, where the sequence reaches max_model_len (as vLLM stops them)");
+    }
+    outln!(
+        out,
         "KV cache: {} = {} blocks of {} tokens ({} per token); weights {}, activations {}, context {}",
         format_size(b.kv_bytes),
         b.num_blocks,
@@ -209,9 +277,9 @@ fn print_human(cfg: &SimConfig, b: &KvBudget, n: usize, rejected: usize, p: &Run
         format_size(b.activation_bytes),
         format_size(b.overhead_bytes)
     );
-    println!();
-    println!("{:<26} {:>14} {:>22}", "", "paged", format!("contiguous ({} each)", cfg.max_model_len));
-    let row = |name: &str, x: String, y: String| println!("{name:<26} {x:>14} {y:>22}");
+    outln!(out);
+    outln!(out, "{:<26} {:>14} {:>22}", "", "paged", format!("contiguous ({} each)", cfg.max_model_len));
+    let mut row = |name: &str, x: String, y: String| outln!(out, "{name:<26} {x:>14} {y:>22}");
     row("peak running requests", p.peak_running.to_string(), c.peak_running.to_string());
     row("mean running requests", format!("{:.1}", p.mean_running), format!("{:.1}", c.mean_running));
     row("KV utilization", pct(p.kv_utilization), pct(c.kv_utilization));
@@ -228,8 +296,9 @@ fn print_human(cfg: &SimConfig, b: &KvBudget, n: usize, rejected: usize, p: &Run
     row("requests/s", format!("{:.2}", p.requests_per_s), format!("{:.2}", c.requests_per_s));
     row("time (s, estimated)", format!("{:.1}", p.elapsed_s), format!("{:.1}", c.elapsed_s));
     if c.throughput_tokens_per_s > 0.0 {
-        println!();
-        println!(
+        outln!(out);
+        outln!(
+            out,
             "paged serves {:.2}x the throughput of contiguous reservation",
             p.throughput_tokens_per_s / c.throughput_tokens_per_s
         );

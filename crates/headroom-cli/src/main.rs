@@ -1,14 +1,34 @@
 //! The `headroom` command: parses arguments and hands each subcommand to the
 //! library crates; no allocator logic lives here.
+//!
+//! Each command returns what it has to say as an [`Outcome`] and writes
+//! nothing itself: standard output is written in one place, where a reader
+//! that went away (`headroom … | head -1`) ends the command quietly with the
+//! status it earned, and a full disk is an error rather than a panic.
+
+/// Appends a line to a `String` (as `println!` prints one).
+macro_rules! outln {
+    ($out:expr) => {
+        $out.push('\n')
+    };
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        // Writing into a String cannot fail.
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
 
 mod bytes_arg;
 mod checkpoint_cmd;
 mod kv_cmd;
+mod out_file;
 mod plan_cmd;
+mod progress;
 mod replay_cmd;
 mod target_arg;
 
 use clap::{Parser, Subcommand};
+use std::io::{self, Write};
 use std::process::ExitCode;
 
 /// GPU memory management for deep learning: measured answers instead of folklore.
@@ -30,8 +50,21 @@ enum Command {
     Checkpoint(checkpoint_cmd::CheckpointArgs),
 }
 
+/// What a command prints on standard output, and its exit status.
+pub struct Outcome {
+    pub stdout: String,
+    pub code: u8,
+}
+
+impl Outcome {
+    pub fn new(stdout: String, code: u8) -> Outcome {
+        Outcome { stdout, code }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    out_file::remove_partial_on_interrupt();
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
@@ -39,10 +72,42 @@ fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint_cmd::run(args),
     };
     match result {
-        Ok(code) => code,
+        Ok(outcome) => ExitCode::from(write_stdout(outcome)),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprint_error(&e);
             ExitCode::from(2)
         }
     }
+}
+
+/// Writes the command's output; returns the exit status.
+fn write_stdout(o: Outcome) -> u8 {
+    let mut stdout = io::stdout().lock();
+    match stdout.write_all(o.stdout.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => o.code,
+        // The reader has what it wanted (`| head`); the answer stands.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => o.code,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "error: writing the output: {e}");
+            2
+        }
+    }
+}
+
+/// `error: outer: cause: cause`, leaving out a cause whose text the message
+/// before it already carries (errors that print their source as well as
+/// returning it would otherwise repeat it).
+fn eprint_error(e: &anyhow::Error) {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.contains(&s) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s);
+    }
+    let _ = writeln!(io::stderr(), "error: {text}");
 }

@@ -2,6 +2,7 @@
 //! this precision and optimizer, fit on this GPU — term by term.
 
 use crate::target_arg::Target;
+use crate::Outcome;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use headroom_alloc::units::format_size;
@@ -16,7 +17,6 @@ use headroom_plan::train::{
     PipelineStage, Precision, TrainConfig,
 };
 use serde_json::json;
-use std::process::ExitCode;
 
 /// Will it fit? Memory per GPU, term by term, for training or inference, and
 /// the estimated step time.
@@ -58,82 +58,84 @@ pub struct PlanArgs {
     #[arg(long)]
     infer: bool,
     /// Micro-batch (training) or concurrent sequences (inference).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive())]
     batch: u64,
     /// Sequence length in tokens.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = positive())]
     seq: u64,
-    /// GPUs in the job; data parallelism is what tensor × pipeline × context parallelism leaves.
-    #[arg(long, default_value_t = 1)]
+    /// GPUs in the job (at most 2^20); data parallelism is what tensor × pipeline × context parallelism leaves.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     gpus: u64,
     /// Tensor-parallel GPUs (Megatron; keep it inside a node).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive())]
     tp: u64,
-    /// Pipeline stages (1F1B).
-    #[arg(long, default_value_t = 1)]
+    /// Pipeline stages (1F1B). Where they do not divide the layers, the
+    /// first and last stage hold ⌈layers / pp⌉ and the middle ones the rest
+    /// (Megatron's --decoder-first/last-pipeline-num-layers).
+    #[arg(long, default_value_t = 1, value_parser = positive())]
     pp: u64,
     /// Model chunks per pipeline stage: more than 1 is the interleaved schedule.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
     vpp: u64,
     /// Context-parallel GPUs (the sequence split across GPUs).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive())]
     cp: u64,
     /// Turn off Megatron's sequence parallelism (on by default with --tp).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "infer")]
     no_sequence_parallel: bool,
     /// Overlap tensor-parallel communication with the GEMMs (Transformer Engine, Megatron's --tp-comm-overlap).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "infer")]
     tp_comm_overlap: bool,
     /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    #[arg(long, conflicts_with = "infer", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     zero: u8,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
     accumulation: u64,
     /// Sequences per optimizer step over all GPUs for --recommend (default: batch × accumulation × data-parallel GPUs).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "infer", value_parser = positive())]
     global_batch: Option<u64>,
     /// Full fine-tuning, LoRA adapters over a frozen base, or QLoRA (LoRA over a 4-bit NF4 base).
-    #[arg(long, value_enum, default_value_t = FinetuneArg::Full)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = FinetuneArg::Full)]
     finetune: FinetuneArg,
     /// LoRA rank.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, conflicts_with = "infer", default_value_t = 16, value_parser = positive())]
     lora_rank: u64,
     /// Linear layers that get adapters: every one, or the query and value projections.
-    #[arg(long, value_enum, default_value_t = LoraTargetsArg::All)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = LoraTargetsArg::All)]
     lora_targets: LoraTargetsArg,
     /// Storage of the frozen base under LoRA (qlora implies nf4).
-    #[arg(long, value_enum)]
+    #[arg(long, conflicts_with = "infer", value_enum)]
     base_weights: Option<BaseWeightsArg>,
     /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the parameters (needs --zero 3).
-    #[arg(long, value_enum, default_value_t = OffloadArg::None)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = OffloadArg::None)]
     offload: OffloadArg,
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Mixed)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = PrecisionArg::Mixed)]
     precision: PrecisionArg,
-    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = OptimizerArg::Adamw)]
     optimizer: OptimizerArg,
-    #[arg(long, value_enum, default_value_t = AttentionArg::Sdpa)]
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = AttentionArg::Sdpa)]
     attention: AttentionArg,
     /// none, full, selective, every-K (e.g. every-4), or optimal.
-    #[arg(long, default_value = "none")]
+    #[arg(long, conflicts_with = "infer", default_value = "none")]
     checkpoint: String,
-    /// Also find the largest micro-batch that fits.
-    #[arg(long)]
+    /// Also find the largest micro-batch that fits (searched up to 2^40).
+    #[arg(long, conflicts_with = "infer")]
     max_batch: bool,
     /// Search precision, attention kernel, checkpointing, the tensor ×
     /// pipeline × context × data split of --gpus, ZeRO stage, offload and
     /// micro-batch (with gradient accumulation to --global-batch sequences
     /// per step) for the configurations that fit, fastest first.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "infer")]
     recommend: bool,
     /// Print the configuration for an engine (the best recommendation with --recommend).
-    #[arg(long, value_enum)]
+    #[arg(long, conflicts_with = "infer", value_enum)]
     emit: Option<EngineArg>,
     /// Inference weight format.
-    #[arg(long, value_enum, default_value_t = WeightsArg::Bf16)]
+    #[arg(long, requires = "infer", value_enum, default_value_t = WeightsArg::Bf16)]
     weights: WeightsArg,
     /// Inference KV-cache element width.
-    #[arg(long, value_enum, default_value_t = KvArg::Bf16)]
+    #[arg(long, requires = "infer", value_enum, default_value_t = KvArg::Bf16)]
     kv_dtype: KvArg,
     /// Print one JSON object.
     #[arg(long)]
@@ -223,6 +225,11 @@ enum KvArg {
     Fp8,
 }
 
+/// A whole number of at least 1.
+fn positive() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..)
+}
+
 fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
     Ok(match s {
         "none" => Checkpointing::None,
@@ -236,20 +243,27 @@ fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
     })
 }
 
-pub fn run(a: PlanArgs) -> Result<ExitCode> {
+/// The largest micro-batch `--max-batch` tries; an answer of this many is "at least".
+const MAX_BATCH_SEARCHED: u64 = 1 << 40;
+
+pub fn run(a: PlanArgs) -> Result<Outcome> {
     let (model, gpu_spec) = a.target.resolve()?;
-    if a.batch == 0 || a.seq == 0 || a.gpus == 0 {
-        bail!("--batch, --seq and --gpus must be positive");
-    }
     if a.infer {
         return plan_inference(&a, &model, &gpu_spec);
     }
+    check_positions(&model, a.seq)?;
     let cfg = train_config(&a)?;
     if let Err(why) = cfg.check(&model, &gpu_spec) {
         bail!("{why}");
     }
+    if let Finetune::Lora { rank, .. } = cfg.finetune {
+        let smallest = model.block_linears().iter().map(|&(i, o)| i.min(o)).min().unwrap_or(0);
+        if rank > smallest {
+            bail!("--lora-rank {rank} is more than the smallest adapted dimension, {smallest} (a full-rank update)");
+        }
+    }
     let e = train::estimate(&model, &gpu_spec, &cfg);
-    let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu_spec, &cfg, 1 << 16));
+    let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu_spec, &cfg, MAX_BATCH_SEARCHED));
     let global_batch = a.global_batch.unwrap_or(cfg.global_batch());
     let (recs, tried) = if a.recommend {
         let space = SearchSpace::for_job(&model, &gpu_spec, a.gpus, a.seq, global_batch);
@@ -276,8 +290,10 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .map_err(|why| anyhow::anyhow!("--emit: {why}"))?;
     let b = &e.breakdown;
     let par = &cfg.parallel;
+    let mut out = String::new();
+    let context_note = context_note(&model, a.seq);
     if a.json {
-        let out = json!({
+        let v = json!({
             "model": model.name,
             "params": model.params(),
             "gpu": gpu_spec.name,
@@ -305,6 +321,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             "mfu": e.mfu,
             "recompute_fraction": e.recompute_fraction,
             "max_batch": max_batch,
+            "max_batch_is_search_limit": max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
             "configurations_searched": tried,
             "recommendations": recs.iter().take(20).map(|r| json!({
                 "precision": format!("{:?}", r.config.precision).to_lowercase(),
@@ -322,10 +339,12 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             })).collect::<Vec<_>>(),
             "engine_config": emitted,
             "note": e.note,
+            "context_note": context_note,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!(
+        outln!(
+            out,
             "{model} on {} ({}), {}: micro-batch {} × {} tokens{}, {:?}, {:?}, {:?} attention, checkpointing {}",
             gpu_spec.name,
             format_size(gpu_spec.memory_bytes),
@@ -343,9 +362,9 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             a.checkpoint,
         );
         if par.gpus() > 1 || cfg.offload != Offload::None {
-            println!("{}", layout_line(par, cfg.offload));
+            outln!(out, "{}", layout_line(par, cfg.offload));
         }
-        println!();
+        outln!(out);
         let terms = [
             ("weights", b.weights),
             ("gradients", b.gradients),
@@ -355,13 +374,15 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             ("temporary", b.temporary),
             ("framework", b.framework),
         ];
-        print_terms(&terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
-        println!(
+        print_terms(&mut out, &terms, e.per_gpu_bytes, gpu_spec.memory_bytes, e.fits);
+        outln!(
+            out,
             "tensors alone (torch.cuda.max_memory_allocated): {}; the framework term is the CUDA context, NCCL and the allocator's slack",
             format_size(e.allocated_bytes as u64)
         );
         if par.pipeline > 1 {
-            println!(
+            outln!(
+                out,
                 "(the {} pipeline stage: {})",
                 format!("{:?}", e.stage).to_lowercase(),
                 if e.stage == PipelineStage::First {
@@ -372,12 +393,16 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             );
         }
         if e.host_bytes > 0.0 {
-            println!("host memory per node for the offloaded states: {}", format_size(e.host_bytes as u64));
+            outln!(out, "host memory per node for the offloaded states: {}", format_size(e.host_bytes as u64));
         }
         if let Some(n) = &e.note {
-            println!("{n}");
+            outln!(out, "{n}");
         }
-        println!(
+        if let Some(n) = &context_note {
+            outln!(out, "note: {n}");
+        }
+        outln!(
+            out,
             "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
             e.step_time_s,
             e.tokens_per_s,
@@ -386,16 +411,22 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             e.recompute_fraction * 100.0
         );
         if let Some(m) = max_batch {
-            println!("largest micro-batch that fits: {m}");
+            if m >= MAX_BATCH_SEARCHED {
+                outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
+            } else {
+                outln!(out, "largest micro-batch that fits: {m}");
+            }
         }
         if a.recommend {
-            println!();
-            println!(
+            outln!(out);
+            outln!(
+                out,
                 "{} of {tried} configurations fit; fastest for {global_batch} sequences per step on {} GPUs:",
                 recs.len(),
                 a.gpus
             );
-            println!(
+            outln!(
+                out,
                 "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
                 "prec",
                 "attn",
@@ -412,7 +443,8 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             );
             for r in recs.iter().take(10) {
                 let p = &r.config.parallel;
-                println!(
+                outln!(
+                    out,
                     "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
                     format!("{:?}", r.config.precision).to_lowercase(),
                     format!("{:?}", r.config.attention).to_lowercase(),
@@ -437,20 +469,25 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             }
         }
         if let Some(text) = &emitted {
-            println!();
-            println!("{text}");
+            outln!(out);
+            outln!(out, "{text}");
         }
     }
-    Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(Outcome::new(out, if e.fits { 0 } else { 1 }))
 }
 
 fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
-    let model_parallel = a.tp * a.pp * a.cp;
-    if model_parallel == 0 || a.vpp == 0 || a.accumulation == 0 {
-        bail!("--tp, --pp, --vpp, --cp and --accumulation must be positive");
+    let model_parallel = a.tp.checked_mul(a.pp).and_then(|x| x.checked_mul(a.cp)).unwrap_or(u64::MAX);
+    if !a.gpus.is_multiple_of(model_parallel) || model_parallel > a.gpus {
+        bail!("--gpus {} is not a multiple of tp × pp × cp = {}", a.gpus, a.tp as u128 * a.pp as u128 * a.cp as u128);
     }
-    if !a.gpus.is_multiple_of(model_parallel) {
-        bail!("--gpus {} is not a multiple of tp × pp × cp = {model_parallel}", a.gpus);
+    let data = a.gpus / model_parallel;
+    if a.batch.checked_mul(a.accumulation).and_then(|x| x.checked_mul(data)).is_none() {
+        bail!(
+            "the global batch, --batch {} × --accumulation {} × {data} data-parallel GPUs, is more than 2^64 sequences",
+            a.batch,
+            a.accumulation
+        );
     }
     let finetune = match a.finetune {
         FinetuneArg::Full => {
@@ -498,7 +535,7 @@ fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
         },
         checkpointing: parse_checkpointing(&a.checkpoint)?,
         parallel: Parallelism {
-            data: a.gpus / model_parallel,
+            data,
             tensor: a.tp,
             pipeline: a.pp,
             context: a.cp,
@@ -514,6 +551,29 @@ fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
             OffloadArg::Params => Offload::OptimizerAndParams,
         },
         coefficients: ActivationModel::default(),
+    })
+}
+
+/// Learned position tables end at `max_position`: no longer sequence exists.
+fn check_positions(model: &Model, seq: u64) -> Result<()> {
+    if model.learned_positions() && seq > model.max_position {
+        bail!(
+            "--seq {seq}: {} has {} learned positions, and no sequence may be longer",
+            model.name,
+            model.max_position
+        );
+    }
+    Ok(())
+}
+
+/// A sequence beyond the context a model was trained for (rotary and ALiBi
+/// models run it; whether it works is the model's business, not memory's).
+fn context_note(model: &Model, seq: u64) -> Option<String> {
+    (seq > model.max_position).then(|| {
+        format!(
+            "--seq {seq} is beyond {}'s context of {} tokens (max_position_embeddings)",
+            model.name, model.max_position
+        )
     })
 }
 
@@ -579,15 +639,16 @@ fn checkpoint_name(c: Checkpointing) -> String {
 }
 
 /// A bar per term, the total, and whether it fits.
-fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
+fn print_terms(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
     let scale = (capacity as f64).max(total);
     for (name, bytes) in terms {
         let width = ((bytes / scale) * 40.0).round() as usize;
-        println!("  {name:<12} {:>12}  {}", format_size(*bytes as u64), "█".repeat(width));
+        outln!(out, "  {name:<12} {:>12}  {}", format_size(*bytes as u64), "█".repeat(width));
     }
-    println!("  {:<12} {:>12}", "total", format_size(total as u64));
-    println!();
-    println!(
+    outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
+    outln!(out);
+    outln!(
+        out,
         "{}: {} of {} per GPU",
         if fits { "fits" } else { "does NOT fit" },
         format_size(total as u64),
@@ -595,10 +656,11 @@ fn print_terms(terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
     );
 }
 
-fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> {
+fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<Outcome> {
     if !model.generates() {
         bail!("{} is an encoder: --infer plans generation with a KV cache; plan its training instead", model.name);
     }
+    check_positions(model, a.seq)?;
     if a.pp > 1 || a.cp > 1 || a.gpus != a.tp {
         bail!("--infer plans one tensor-parallel group: set --gpus equal to --tp (and no --pp or --cp)");
     }
@@ -622,8 +684,9 @@ fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> 
         },
     };
     let e = infer::estimate(model, g, &cfg);
+    let mut out = String::new();
     if a.json {
-        let out = json!({
+        let v = json!({
             "model": model.name, "params": model.params(), "gpu": g.name, "gpu_memory_bytes": g.memory_bytes,
             "mode": "infer", "gpus": a.tp, "fits": e.fits, "per_gpu_bytes": e.per_gpu_bytes,
             "breakdown": {
@@ -631,17 +694,19 @@ fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> 
                 "logits": e.logits, "kv_cache": e.kv_cache, "temporary": 0.0, "framework": e.framework,
             },
             "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
+            "context_note": context_note(model, a.seq),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!(
+        outln!(
+            out,
             "{model} on {} ({}), inference: {} sequences × {} tokens",
             g.name,
             format_size(g.memory_bytes),
             a.batch,
             a.seq
         );
-        println!();
+        outln!(out);
         let terms = [
             ("weights", e.weights),
             ("kv cache", e.kv_cache),
@@ -649,8 +714,11 @@ fn plan_inference(a: &PlanArgs, model: &Model, g: &GpuSpec) -> Result<ExitCode> 
             ("logits", e.logits),
             ("framework", e.framework),
         ];
-        print_terms(&terms, e.per_gpu_bytes, g.memory_bytes, e.fits);
-        println!("KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
+        print_terms(&mut out, &terms, e.per_gpu_bytes, g.memory_bytes, e.fits);
+        outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
+        if let Some(n) = context_note(model, a.seq) {
+            outln!(out, "note: {n}");
+        }
     }
-    Ok(if e.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(Outcome::new(out, if e.fits { 0 } else { 1 }))
 }

@@ -2,19 +2,20 @@
 //! simulated GPU, under one or more `PYTORCH_CUDA_ALLOC_CONF` settings.
 
 use crate::bytes_arg::parse_bytes;
+use crate::out_file::{check_output, write_atomically};
+use crate::progress::LazyBar;
+use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use headroom_alloc::units::format_size;
-use headroom_alloc::AllocatorConfig;
+use headroom_alloc::{AllocatorConfig, Backend};
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Replay an allocation trace through headroom's caching allocator (PyTorch's
 /// policy) on a simulated GPU, and report peak memory, device calls and OOMs.
@@ -54,79 +55,110 @@ pub struct ReplayArgs {
     #[arg(long)]
     json: bool,
 
-    /// Write the final allocator snapshot, with the whole trace of allocator
+    /// Write the final allocator snapshot, with the trace of allocator
     /// events, as a PyTorch pickle (or JSON if the name ends in .json).
-    /// With several --alloc-conf, the snapshot of the first.
+    /// With several --alloc-conf, the snapshot of the first. The file
+    /// appears only once the whole replay succeeded.
     #[arg(long, value_name = "FILE")]
     snapshot_out: Option<PathBuf>,
+
+    /// Trace entries the snapshot keeps: the most recent N, as PyTorch's
+    /// `_record_memory_history(max_entries=N)` keeps them (memory grows
+    /// with N, about 60 bytes an entry).
+    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    max_entries: u64,
 }
 
-pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+/// The most a simulated GPU may hold: 1 PiB, beyond any GPU by four orders
+/// of magnitude, so that every byte count and address of a replay fits in
+/// 64 bits (PyTorch's statistics are signed 64-bit).
+const MAX_CAPACITY: u64 = 1 << 50;
+
+pub fn run(args: ReplayArgs) -> Result<Outcome> {
     let capacity = parse_capacity(&args.capacity)?;
     let confs = if args.alloc_conf.is_empty() { vec![String::new()] } else { args.alloc_conf.clone() };
     let configs = confs
         .iter()
         .map(|c| AllocatorConfig::parse(c).with_context(|| format!("--alloc-conf {c:?}")))
         .collect::<Result<Vec<_>>>()?;
-
+    for (c, config) in confs.iter().zip(&configs) {
+        if config.backend != Backend::Native {
+            bail!(
+                "--alloc-conf {c:?}: backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated; \
+                 headroom replays PyTorch's native caching allocator"
+            );
+        }
+    }
+    if let Some(out) = &args.snapshot_out {
+        check_output(out, &[&args.trace]).context("--snapshot-out")?;
+    }
+    if args.trace.is_dir() {
+        bail!("{} is a directory; give a trace file (JSONL)", args.trace.display());
+    }
     let file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
     let ops = read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?;
 
     let mut runs = Vec::new();
+    let mut snapshot = None;
     for (i, config) in configs.into_iter().enumerate() {
         let want_snapshot = i == 0 && args.snapshot_out.is_some();
-        let opts = ReplayOptions { config, capacity, history: want_snapshot.then_some(usize::MAX) };
-        let bar = progress_bar(ops.len() as u64, &confs[i]);
-        let (report, mut alloc) = replay(&ops, &opts, |done| bar.set_position(done as u64))
+        let notes = config.keys_without_effect();
+        let history = want_snapshot.then_some(args.max_entries as usize);
+        let opts = ReplayOptions { config, capacity, history };
+        let mut bar = LazyBar::new("ops");
+        let phase = format!("replaying [{}]", confs[i]);
+        let (report, mut alloc) = replay(&ops, &opts, |done| bar.update(&phase, done as u64, ops.len() as u64))
             .with_context(|| format!("replaying {}", args.trace.display()))?;
-        bar.finish_and_clear();
-        if let (true, Some(path)) = (want_snapshot, &args.snapshot_out) {
+        bar.finish();
+        if want_snapshot {
             let snap = alloc.snapshot();
-            let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-            write_snapshot(&snap, SnapshotFormat::from_path(path), &mut f)
-                .with_context(|| format!("writing {}", path.display()))?;
+            snapshot = Some((snap, alloc.history_dropped()));
         }
-        runs.push((confs[i].clone(), report));
+        runs.push(Run { conf: confs[i].clone(), report, notes });
     }
+    // Written only now, so that a later setting that fails leaves no file behind.
+    if let (Some(path), Some((snap, _))) = (&args.snapshot_out, &snapshot) {
+        write_atomically(path, |w| write_snapshot(snap, SnapshotFormat::from_path(path), w))?;
+    }
+    let dropped = snapshot.as_ref().map_or(0, |(_, d)| *d);
 
+    let mut out = String::new();
     if args.json {
-        let objs: Vec<Value> = runs.iter().map(|(c, r)| report_json(c, capacity, r)).collect();
-        let out = if objs.len() == 1 { objs.into_iter().next().expect("one run") } else { json!({ "runs": objs }) };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        let objs: Vec<Value> = runs.iter().map(|r| report_json(r, capacity)).collect();
+        let out_value =
+            if objs.len() == 1 { objs.into_iter().next().expect("one run") } else { json!({ "runs": objs }) };
+        outln!(out, "{}", serde_json::to_string_pretty(&out_value)?);
     } else {
-        print_human(&args, capacity, &runs, ops.len());
+        print_human(&mut out, &args, capacity, &runs, ops.len(), dropped);
     }
-    let any_oom = runs.iter().any(|(_, r)| !r.ooms.is_empty());
-    Ok(if any_oom { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    let any_oom = runs.iter().any(|r| !r.report.ooms.is_empty());
+    Ok(Outcome::new(out, if any_oom { 1 } else { 0 }))
+}
+
+/// One setting's replay.
+struct Run {
+    conf: String,
+    report: ReplayReport,
+    /// Keys of the setting that do not change the device allocator's decisions.
+    notes: Vec<String>,
 }
 
 fn parse_capacity(s: &str) -> Result<u64> {
-    check_capacity(parse_bytes(s).map_err(|e| anyhow::anyhow!("--capacity: {e}"))?, s)
-}
-
-fn check_capacity(n: u64, s: &str) -> Result<u64> {
+    let n = parse_bytes(s).context("--capacity")?;
     if n < (2 << 20) {
         bail!("--capacity {s:?} is smaller than one 2 MiB segment");
+    }
+    if n > MAX_CAPACITY {
+        bail!("--capacity {s:?} is more than the largest simulated GPU, 1 PiB");
     }
     Ok(n)
 }
 
-fn progress_bar(len: u64, conf: &str) -> ProgressBar {
-    // Large traces take seconds; small ones finish before a bar would draw.
-    if len < 2_000_000 {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} ops ({eta})").unwrap_or(ProgressStyle::default_bar()),
-    );
-    bar.set_message(format!("replaying [{conf}]"));
-    bar
-}
-
-fn report_json(conf: &str, capacity: u64, r: &ReplayReport) -> Value {
+fn report_json(run: &Run, capacity: u64) -> Value {
+    let r = &run.report;
     json!({
-        "alloc_conf": conf,
+        "alloc_conf": run.conf,
         "capacity_bytes": capacity,
         "operations": r.operations,
         "peak_allocated_bytes": r.peak_allocated_bytes,
@@ -142,28 +174,37 @@ fn report_json(conf: &str, capacity: u64, r: &ReplayReport) -> Value {
             "line": o.line, "id": o.id, "size": o.size, "stream": o.stream, "kind": o.kind, "message": o.message,
         })).collect::<Vec<_>>(),
         "skipped_frees": r.skipped_frees,
+        "keys_without_effect": run.notes,
         "stats": r.stats,
     })
 }
 
-fn print_human(args: &ReplayArgs, capacity: u64, runs: &[(String, ReplayReport)], ops: usize) {
-    println!("{}: {} operations on a simulated GPU of {}", args.trace.display(), ops, format_size(capacity));
+fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run], ops: usize, dropped: u64) {
+    outln!(out, "{}: {} operations on a simulated GPU of {}", args.trace.display(), ops, format_size(capacity));
     let label = |c: &str| if c.is_empty() { "(default)".to_string() } else { c.to_string() };
-    let width = runs.iter().map(|(c, _)| label(c).len()).max().unwrap_or(0).max(16);
-    println!();
-    println!(
+    let width = runs.iter().map(|r| label(&r.conf).len()).max().unwrap_or(0).max(16);
+    outln!(out);
+    outln!(
+        out,
         "{:<width$}  {:>12}  {:>12}  {:>8}  {:>8}  {:>8}  {:>5}",
-        "PYTORCH_CUDA_ALLOC_CONF", "peak alloc", "peak reserved", "overhead", "mallocs", "frees", "OOMs"
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "peak alloc",
+        "peak reserved",
+        "overhead",
+        "mallocs",
+        "frees",
+        "OOMs"
     );
-    for (c, r) in runs {
+    for Run { conf, report: r, .. } in runs {
         let overhead = if r.peak_allocated_bytes > 0 {
             format!("{:+.1}%", (r.peak_reserved_bytes as f64 / r.peak_allocated_bytes as f64 - 1.0) * 100.0)
         } else {
             "-".to_string()
         };
-        println!(
+        outln!(
+            out,
             "{:<width$}  {:>12}  {:>12}  {:>8}  {:>8}  {:>8}  {:>5}",
-            label(c),
+            label(conf),
             format_size(r.peak_allocated_bytes),
             format_size(r.peak_reserved_bytes),
             overhead,
@@ -172,18 +213,35 @@ fn print_human(args: &ReplayArgs, capacity: u64, runs: &[(String, ReplayReport)]
             r.ooms.len()
         );
     }
-    for (c, r) in runs.iter().filter(|(_, r)| !r.ooms.is_empty()) {
-        println!();
+    for run in runs.iter().filter(|r| !r.notes.is_empty()) {
+        outln!(out);
+        outln!(
+            out,
+            "note: in {:?}, {} do not change the device allocator's decisions (they concern its lock, the pinned \
+             host allocator or CUDA graphs); replayed as without them",
+            run.conf,
+            run.notes.join(", ")
+        );
+    }
+    for Run { conf, report: r, .. } in runs.iter().filter(|r| !r.report.ooms.is_empty()) {
+        outln!(out);
         let lines: Vec<String> = r.ooms.iter().take(10).map(|o| o.line.to_string()).collect();
         let more = if r.ooms.len() > 10 { format!(" and {} more", r.ooms.len() - 10) } else { String::new() };
-        println!("{}: {} allocations failed, at lines {}{more}", label(c), r.ooms.len(), lines.join(", "));
-        println!("first failure (line {}, {} bytes):\n{}", r.ooms[0].line, r.ooms[0].size, r.ooms[0].message);
+        outln!(out, "{}: {} allocations failed, at lines {}{more}", label(conf), r.ooms.len(), lines.join(", "));
+        outln!(out, "first failure (line {}, {} bytes):\n{}", r.ooms[0].line, r.ooms[0].size, r.ooms[0].message);
         if r.skipped_frees > 0 {
-            println!("({} frees of failed allocations were skipped)", r.skipped_frees);
+            outln!(out, "({} frees of failed allocations were skipped)", r.skipped_frees);
         }
     }
     if let Some(p) = &args.snapshot_out {
-        println!();
-        println!("snapshot written to {} (open it at https://pytorch.org/memory_viz)", p.display());
+        outln!(out);
+        outln!(out, "snapshot written to {} (open it at https://pytorch.org/memory_viz)", p.display());
+        if dropped > 0 {
+            outln!(
+                out,
+                "it keeps the last {} trace entries; {dropped} earlier ones were let go (--max-entries)",
+                args.max_entries
+            );
+        }
     }
 }

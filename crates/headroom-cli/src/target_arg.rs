@@ -1,7 +1,7 @@
 //! The model and the GPU a command is about: `--model`, `--gpu`, `--gpu-memory`.
 
 use crate::bytes_arg::parse_bytes;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::model::{preset, Model};
@@ -9,7 +9,8 @@ use std::path::Path;
 
 #[derive(Args, Debug)]
 pub struct Target {
-    /// Model preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...) or the path of a Hugging Face config.json.
+    /// Model preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...), or a Hugging Face
+    /// config.json, or a model directory that holds one.
     #[arg(long)]
     pub model: String,
     /// GPU (a100-80gb, h100-sxm, h200, l4, rtx-4090, ...).
@@ -20,21 +21,50 @@ pub struct Target {
     pub gpu_memory: Option<String>,
 }
 
+/// The least `--gpu-memory` taken as meant: below it, a unit was most likely left out.
+const MIN_GPU_MEMORY: u64 = 1 << 20;
+
 impl Target {
     /// The model and the GPU, with the memory override applied.
     pub fn resolve(&self) -> Result<(Model, GpuSpec)> {
-        let path = Path::new(&self.model);
-        let model = if path.is_file() {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", self.model))?;
-            let name = path.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or(&self.model);
-            Model::from_hf_config(&text, name).with_context(|| format!("reading {}", self.model))?
-        } else {
-            preset(&self.model).map_err(|e| anyhow!(e))?
-        };
+        let model = self.model()?;
         let mut g = gpu(&self.gpu).map_err(|e| anyhow!(e))?;
         if let Some(m) = &self.gpu_memory {
-            g.memory_bytes = parse_bytes(m).context("--gpu-memory")?;
+            let bytes = parse_bytes(m).context("--gpu-memory")?;
+            if bytes < MIN_GPU_MEMORY {
+                bail!("--gpu-memory {m:?} is less than 1 MiB; give a unit, e.g. 24GiB");
+            }
+            g.memory_bytes = bytes;
         }
         Ok((model, g))
+    }
+
+    fn model(&self) -> Result<Model> {
+        let arg = &self.model;
+        let path = Path::new(arg);
+        let file = if path.is_dir() {
+            let inner = path.join("config.json");
+            if !inner.is_file() {
+                bail!("--model {arg}: the directory has no config.json");
+            }
+            inner
+        } else if path.is_file() {
+            path.to_path_buf()
+        } else {
+            return match preset(arg) {
+                Ok(m) => Ok(m),
+                // Something that looks like a path is a file that is not there, not an unknown preset.
+                Err(_) if arg.contains(['/', '\\']) || arg.ends_with(".json") => {
+                    bail!("--model {arg}: no such file (a preset name, a config.json or a model directory)")
+                }
+                Err(e) => Err(anyhow!(e)),
+            };
+        };
+        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            anyhow!("reading {}: not UTF-8 text (byte {} is not)", file.display(), e.utf8_error().valid_up_to() + 1)
+        })?;
+        let name = file.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or(arg);
+        Model::from_hf_config(&text, name).with_context(|| format!("reading {}", file.display()))
     }
 }

@@ -68,8 +68,9 @@ fn human_output_and_errors() {
     headroom()
         .args(["kv", "simulate", "--model", "llama-2-70b", "--gpu", "l4"])
         .assert()
-        .code(2)
-        .stderr(contains("does not leave room for a KV cache"));
+        .code(1)
+        .stdout(contains("does NOT fit"))
+        .stdout(contains("does not leave room for a KV cache"));
     headroom()
         .args(["kv", "simulate", "--model", "gpt2", "--gpu", "l4", "--prompt-len", "uniform:9"])
         .assert()

@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use headroom_kv::catalog::{gpu, model};
 use headroom_kv::dist::LengthDist;
 use headroom_kv::hash::{hash_block, hash_blocks, none_hash, BlockHash};
-use headroom_kv::sim::{PagedScheduler, SimConfig, Workload};
+use headroom_kv::sim::{PagedScheduler, Request, SimConfig};
 use headroom_kv::{BlockPool, FreeOrder, KvCacheManager, KvConfig, KvRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -196,12 +196,13 @@ fn scheduler_step(c: &mut Criterion) {
         seed: 1,
     };
     let mut rng = StdRng::seed_from_u64(2);
-    let w = Workload {
-        requests: (0..256).map(|_| ((0..512).map(|_| rng.random_range(0..128_000)).collect(), 3000)).collect(),
-        rejected: 0,
-    };
+    let requests = (0..256).map(|_| Request {
+        prompt: (0..512).map(|_| rng.random_range(0..128_000)).collect(),
+        prompt_len: 512,
+        output_len: 3000,
+    });
     let budget = headroom_kv::sim::kv_budget(&cfg).unwrap();
-    let mut s = PagedScheduler::new(&cfg, &budget, &w);
+    let mut s = PagedScheduler::new(&cfg, &budget, requests);
     // Run until all 256 requests are decoding.
     for _ in 0..40 {
         s.schedule();

@@ -38,17 +38,27 @@ impl LengthDist {
         let bad = |why: &str| {
             format!("bad length distribution `{s}`: {why} (use N, fixed:N, uniform:A-B, normal:MEAN,STD or sharegpt)")
         };
-        let num = |t: &str| t.trim().parse::<f64>().map_err(|_| bad(&format!("`{t}` is not a number")));
+        let num = |t: &str| match t.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() => Ok(x),
+            Ok(_) => Err(bad(&format!("`{t}` is not a finite number"))),
+            Err(_) => Err(bad(&format!("`{t}` is not a number"))),
+        };
+        let tokens = |t: &str| {
+            t.trim().parse::<usize>().map_err(|_| match t.trim().parse::<f64>() {
+                Ok(_) => bad(&format!("`{t}` is not a whole number of tokens (write it in digits, e.g. 4096)")),
+                Err(_) => bad(&format!("`{t}` is not a number")),
+            })
+        };
         let (kind, arg) = s.split_once(':').unwrap_or(if s.eq_ignore_ascii_case("sharegpt") {
             ("sharegpt", "")
         } else {
             ("fixed", s)
         });
         let d = match kind.to_ascii_lowercase().as_str() {
-            "fixed" => LengthDist::Fixed(num(arg)? as usize),
+            "fixed" => LengthDist::Fixed(tokens(arg)?),
             "uniform" => {
                 let (a, b) = arg.split_once('-').ok_or_else(|| bad("uniform needs A-B"))?;
-                let (a, b) = (num(a)? as usize, num(b)? as usize);
+                let (a, b) = (tokens(a)?, tokens(b)?);
                 if a > b {
                     return Err(bad("A must not exceed B"));
                 }
@@ -62,6 +72,7 @@ impl LengthDist {
                 }
                 LengthDist::Normal { mean, std }
             }
+            "sharegpt" if !arg.trim().is_empty() => return Err(bad("sharegpt takes no argument")),
             "sharegpt" => LengthDist::LogNormal {
                 mean: if role == Role::Prompt { SHAREGPT_PROMPT_MEAN } else { SHAREGPT_OUTPUT_MEAN },
                 sigma: SHAREGPT_SIGMA,
@@ -116,7 +127,21 @@ mod tests {
         let n = 200_000;
         let mean = (0..n).map(|_| d.sample(&mut rng) as f64).sum::<f64>() / n as f64;
         assert!((mean - SHAREGPT_OUTPUT_MEAN).abs() / SHAREGPT_OUTPUT_MEAN < 0.02, "{mean}");
-        for bad in ["uniform:5", "normal:1", "gauss:3", "0", "uniform:9-3", "normal:-1,2"] {
+        for bad in [
+            "uniform:5",
+            "normal:1",
+            "gauss:3",
+            "0",
+            "uniform:9-3",
+            "normal:-1,2",
+            "1.5",
+            "1e30",
+            "uniform:1-1e12",
+            "normal:inf,1",
+            "normal:1e30,nan",
+            "sharegpt:3",
+            "99999999999999999999999",
+        ] {
             assert!(LengthDist::parse(bad, Role::Prompt).is_err(), "{bad}");
         }
     }

@@ -14,15 +14,20 @@
 //! token per step until its output length is reached, then frees its blocks.
 //!
 //! Time is estimated per step with the roofline of [`crate::roofline`]; all
-//! requests arrive at the start (an offline throughput run).
+//! requests arrive at the start (an offline throughput run). Requests are
+//! drawn as they are admitted, so memory follows the requests in flight,
+//! not the length of the run. As in vLLM, a prompt of `max_model_len` tokens
+//! or more is rejected (it leaves no room for an output token) and an output
+//! stops when the sequence reaches `max_model_len`; both are counted.
 
 use crate::block_pool::FreeOrder;
 use crate::catalog::{GpuSpec, ModelSpec};
 use crate::dist::LengthDist;
 use crate::manager::{KvCacheManager, KvConfig, KvRequest};
 use crate::roofline::{step_time, StepWork};
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
 /// Everything a simulation needs.
@@ -62,46 +67,72 @@ pub struct KvBudget {
     pub num_blocks: u32,
 }
 
+impl KvBudget {
+    /// Tokens the KV cache holds.
+    pub fn token_slots(&self, block_size: usize) -> u64 {
+        self.num_blocks as u64 * block_size as u64
+    }
+}
+
 /// CUDA context plus library workspaces: vllm#11251's log shows 0.39 GiB of non-torch memory.
 const OVERHEAD_BYTES: u64 = 400 << 20;
+
+/// Why a configuration cannot serve: the model, GPU and settings leave no
+/// room for the KV cache a request needs (an answer, not bad input).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoRoom(pub String);
 
 /// Sizes the KV pool: usable memory minus bf16 weights, one layer's
 /// activations for a full step (16 values of 2 bytes per hidden unit per
 /// token, EleutherAI's peak estimate) plus fp32 logits for the sampled
-/// tokens, and the context overhead.
-pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, String> {
+/// tokens, and the context overhead. Fails, as vLLM's start-up does, when no
+/// block fits or when one request of `max_model_len` tokens would not.
+pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, NoRoom> {
     let m = &cfg.model;
     let usable = (cfg.gpu.memory_bytes as f64 * cfg.gpu_memory_utilization) as u64;
-    let weights = 2 * m.params();
-    let activations = cfg.max_batched_tokens as u64 * m.hidden * 32 + cfg.max_num_seqs as u64 * m.vocab * 4;
+    let weights = m.params().saturating_mul(2);
+    let step_activations = (cfg.max_batched_tokens as u64).saturating_mul(m.hidden).saturating_mul(32);
+    let logits = (cfg.max_num_seqs as u64).saturating_mul(m.vocab).saturating_mul(4);
+    let activations = step_activations.saturating_add(logits);
     let per_token = m.kv_bytes_per_token(2.0) as u64;
-    let block_bytes = per_token * cfg.block_size as u64;
+    if per_token == 0 {
+        return Err(NoRoom(format!("{} keeps no KV cache (it has no decoder layers)", m.name)));
+    }
+    let block_bytes = per_token.saturating_mul(cfg.block_size as u64);
     let (kv, blocks) = match cfg.num_gpu_blocks {
-        Some(n) => (n as u64 * block_bytes, n),
+        Some(n) => ((n as u64).saturating_mul(block_bytes), n),
         None => {
-            let needed = weights + activations + OVERHEAD_BYTES;
+            let needed = weights.saturating_add(activations).saturating_add(OVERHEAD_BYTES);
             if needed >= usable {
-                return Err(format!(
-                    "{} does not leave room for a KV cache on {}: weights {:.2} GiB + activations {:.2} GiB + overhead {:.2} GiB \
+                return Err(NoRoom(format!(
+                    "{} does not leave room for a KV cache on {}: weights {:.2} GiB + activations {:.2} GiB \
+                     (a step of --max-batched-tokens {} and the logits of --max-num-seqs {}) + overhead {:.2} GiB \
                      exceed the {:.2} GiB usable ({} of {:.2} GiB)",
                     m.name,
                     cfg.gpu.name,
                     gib(weights),
                     gib(activations),
+                    cfg.max_batched_tokens,
+                    cfg.max_num_seqs,
                     gib(OVERHEAD_BYTES),
                     gib(usable),
                     cfg.gpu_memory_utilization,
                     gib(cfg.gpu.memory_bytes)
-                ));
+                )));
             }
             let kv = usable - needed;
             (kv, (kv / block_bytes).min(u32::MAX as u64 - 2) as u32)
         }
     };
     if blocks < 2 {
-        return Err(format!("the KV cache holds {blocks} blocks of {} tokens: too few to serve", cfg.block_size));
+        return Err(NoRoom(format!(
+            "the KV cache ({:.2} GiB) holds {blocks} blocks of {} tokens: too few to serve",
+            gib(kv),
+            cfg.block_size
+        )));
     }
-    Ok(KvBudget {
+    let budget = KvBudget {
         usable_bytes: usable,
         weight_bytes: weights,
         activation_bytes: activations,
@@ -109,48 +140,140 @@ pub fn kv_budget(cfg: &SimConfig) -> Result<KvBudget, String> {
         kv_bytes: kv,
         kv_bytes_per_token: per_token,
         num_blocks: blocks,
-    })
+    };
+    let slots = budget.token_slots(cfg.block_size);
+    if cfg.max_model_len as u64 > slots {
+        return Err(NoRoom(format!(
+            "max_model_len {} is more than the KV cache holds ({slots} tokens): one request of that length would \
+             not fit (vLLM refuses to start); lower --max-model-len or raise --gpu-memory-utilization",
+            cfg.max_model_len
+        )));
+    }
+    Ok(budget)
 }
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-/// The requests of a run: prompt tokens and output lengths.
-#[derive(Clone, Debug)]
-pub struct Workload {
-    pub requests: Vec<(Vec<u32>, usize)>,
-    /// Requests dropped because they cannot fit the KV cache even alone.
-    pub rejected: usize,
+/// One request: its prompt tokens (empty when drawn for lengths only) and lengths.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub prompt_len: usize,
+    /// Output tokens, capped where the sequence reaches `max_model_len`.
+    pub output_len: usize,
 }
 
-/// Draws the workload (deterministic for a seed). Prompts are capped at
-/// `max_model_len − 1` tokens and outputs at what remains.
-pub fn workload(cfg: &SimConfig, capacity_tokens: usize) -> Workload {
-    let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let vocab = cfg.model.vocab as u32;
-    let prefix: Vec<u32> = match cfg.shared_prefix {
-        Some((n, _)) => (0..n).map(|_| rng.random_range(0..vocab)).collect(),
-        None => Vec::new(),
-    };
-    let limit = cfg.max_model_len.min(capacity_tokens);
-    let mut requests = Vec::with_capacity(cfg.num_requests);
-    let mut rejected = 0;
-    for _ in 0..cfg.num_requests {
-        let plen = cfg.prompt_len.sample(&mut rng);
-        let olen = cfg.output_len.sample(&mut rng);
-        let shared = matches!(cfg.shared_prefix, Some((_, f)) if rng.random_bool(f.clamp(0.0, 1.0)));
-        let mut prompt: Vec<u32> = if shared { prefix.clone() } else { Vec::new() };
-        prompt.extend((0..plen).map(|_| rng.random_range(0..vocab)));
-        prompt.truncate(cfg.max_model_len.saturating_sub(1).max(1));
-        let olen = olen.min(cfg.max_model_len - prompt.len());
-        if prompt.len() + olen > limit {
-            rejected += 1;
-            continue;
+/// The requests of a run, drawn one at a time and the same for a seed
+/// whatever order they are asked for: request i draws from stream i + 1 of a
+/// ChaCha8 generator (stream 0 is the shared prefix), whose output is
+/// documented not to change between versions.
+pub struct Workload {
+    seed: u64,
+    num_requests: usize,
+    prompt_len: LengthDist,
+    output_len: LengthDist,
+    sharing: f64,
+    /// Tokens of the shared prefix (empty when drawing lengths only).
+    prefix: Vec<u32>,
+    prefix_len: usize,
+    max_model_len: usize,
+    vocab: u32,
+    tokens: bool,
+    next: usize,
+    /// Requests drawn so far whose prompt reaches `max_model_len`, left out as vLLM rejects them.
+    pub rejected: usize,
+    /// Requests drawn so far whose output was cut where the sequence reaches `max_model_len`.
+    pub capped: usize,
+}
+
+impl Workload {
+    /// The requests of `cfg`, with their prompt tokens.
+    pub fn new(cfg: &SimConfig) -> Workload {
+        let vocab = cfg.model.vocab.clamp(1, u32::MAX as u64) as u32;
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let (n, sharing) = cfg.shared_prefix.unwrap_or((0, 0.0));
+        // A prefix that leaves no room for a prompt of its own is rejected with every request that shares it.
+        let prefix_len = n.min(cfg.max_model_len);
+        let prefix = (0..prefix_len).map(|_| rng.random_range(0..vocab)).collect();
+        Workload {
+            seed: cfg.seed,
+            num_requests: cfg.num_requests,
+            prompt_len: cfg.prompt_len,
+            output_len: cfg.output_len,
+            sharing: sharing.clamp(0.0, 1.0),
+            prefix,
+            prefix_len,
+            max_model_len: cfg.max_model_len,
+            vocab,
+            tokens: true,
+            next: 0,
+            rejected: 0,
+            capped: 0,
         }
-        requests.push((prompt, olen));
     }
-    Workload { requests, rejected }
+
+    /// The same requests without their tokens (for a simulation that needs only lengths).
+    pub fn lengths_only(cfg: &SimConfig) -> Workload {
+        let mut w = Workload::new(&SimConfig { shared_prefix: None, ..cfg.clone() });
+        w.tokens = false;
+        (w.prefix_len, w.sharing) =
+            cfg.shared_prefix.map_or((0, 0.0), |(n, f)| (n.min(cfg.max_model_len), f.clamp(0.0, 1.0)));
+        w
+    }
+
+    /// Requests drawn so far, rejected ones included.
+    pub fn drawn(&self) -> usize {
+        self.next
+    }
+}
+
+impl Iterator for Workload {
+    type Item = Request;
+
+    fn next(&mut self) -> Option<Request> {
+        while self.next < self.num_requests {
+            let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+            rng.set_stream(self.next as u64 + 1);
+            self.next += 1;
+            let plen = self.prompt_len.sample(&mut rng);
+            let olen = self.output_len.sample(&mut rng);
+            let shared = self.sharing > 0.0 && rng.random_bool(self.sharing);
+            let prefix_len = if shared { self.prefix_len } else { 0 };
+            let prompt_len = prefix_len.saturating_add(plen);
+            if prompt_len >= self.max_model_len {
+                self.rejected += 1;
+                continue;
+            }
+            let output_len = olen.min(self.max_model_len - prompt_len);
+            if output_len < olen {
+                self.capped += 1;
+            }
+            let prompt = if self.tokens {
+                let mut p = Vec::with_capacity(prompt_len);
+                if shared {
+                    p.extend_from_slice(&self.prefix);
+                }
+                p.extend((0..plen).map(|_| rng.random_range(0..self.vocab)));
+                p
+            } else {
+                Vec::new()
+            };
+            return Some(Request { prompt, prompt_len, output_len });
+        }
+        None
+    }
+}
+
+/// KV blocks a simulation needs at most: every request's longest sequence
+/// at once. A larger pool behaves the same (its extra blocks are never
+/// reached), so the pool is built no larger — a 100 TiB GPU does not need
+/// a block table of billions of entries to serve a thousand requests.
+fn blocks_needed(cfg: &SimConfig, budget: &KvBudget) -> u32 {
+    let per_request = cfg.max_model_len.div_ceil(cfg.block_size) as u64 + 1;
+    let needed = (cfg.num_requests as u64).saturating_mul(per_request).saturating_add(1);
+    needed.min(budget.num_blocks as u64) as u32
 }
 
 /// What a run measured.
@@ -217,54 +340,76 @@ impl Meter {
     }
 }
 
-/// The paged scheduler's state; [`PagedScheduler::step`] runs one step.
-pub struct PagedScheduler<'a> {
+/// The paged scheduler's state; [`PagedScheduler::schedule`] and
+/// [`PagedScheduler::execute`] run one step.
+pub struct PagedScheduler<'a, I: Iterator<Item = Request>> {
     cfg: &'a SimConfig,
     pub kv: KvCacheManager,
-    reqs: Vec<SimReq>,
+    /// Requests not yet admitted for the first time.
+    source: I,
+    /// Requests admitted or waiting, by id; finished ones are dropped.
+    reqs: FxHashMap<usize, SimReq>,
+    next_id: usize,
+    /// Preempted requests, then at most one drawn from the source and not yet admitted.
     waiting: VecDeque<usize>,
     running: Vec<usize>,
     scheduled: Vec<(usize, usize)>,
-    rng: StdRng,
+    rng: ChaCha8Rng,
     meter: Meter,
+    vocab: u32,
 }
 
-impl<'a> PagedScheduler<'a> {
-    pub fn new(cfg: &'a SimConfig, budget: &KvBudget, w: &Workload) -> Self {
+impl<'a, I: Iterator<Item = Request>> PagedScheduler<'a, I> {
+    pub fn new(cfg: &'a SimConfig, budget: &KvBudget, requests: I) -> Self {
+        Self::with_blocks(cfg, blocks_needed(cfg, budget), requests)
+    }
+
+    /// A scheduler over a pool of exactly `blocks` usable blocks.
+    fn with_blocks(cfg: &'a SimConfig, blocks: u32, requests: I) -> Self {
         let kv = KvCacheManager::new(KvConfig {
-            num_blocks: budget.num_blocks + 1,
+            num_blocks: blocks + 1,
             block_size: cfg.block_size,
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
             free_order: FreeOrder::PrependUnhashed,
             watermark: 0.0,
         });
-        let reqs: Vec<SimReq> = w
-            .requests
-            .iter()
-            .enumerate()
-            .map(|(i, (p, o))| SimReq {
-                kv: KvRequest::new(i as u64, p.clone(), cfg.block_size, b""),
-                output_len: *o,
-                generated: 0,
-            })
-            .collect();
-        let waiting = (0..reqs.len()).collect();
         PagedScheduler {
             cfg,
             kv,
-            reqs,
-            waiting,
+            source: requests,
+            reqs: FxHashMap::default(),
+            next_id: 0,
+            waiting: VecDeque::new(),
             running: Vec::new(),
             scheduled: Vec::new(),
-            rng: StdRng::seed_from_u64(cfg.seed ^ 0x5eed),
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5eed),
             meter: Meter::default(),
+            vocab: cfg.model.vocab.clamp(1, u32::MAX as u64) as u32,
         }
     }
 
     /// Requests running now.
     pub fn num_running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Requests finished so far.
+    pub fn num_finished(&self) -> usize {
+        self.meter.r.finished
+    }
+
+    /// The next waiting request, drawing one from the source when none waits.
+    fn front(&mut self) -> Option<usize> {
+        if self.waiting.is_empty() {
+            let r = self.source.next()?;
+            let id = self.next_id;
+            self.next_id += 1;
+            let kv = KvRequest::new(id as u64, r.prompt, self.cfg.block_size, b"");
+            self.reqs.insert(id, SimReq { kv, output_len: r.output_len, generated: 0 });
+            self.waiting.push_back(id);
+        }
+        self.waiting.front().copied()
     }
 
     /// Decides what runs this step (allocating KV slots, preempting if
@@ -276,10 +421,10 @@ impl<'a> PagedScheduler<'a> {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let r = self.running[i];
-            let req = &self.reqs[r].kv;
+            let req = &self.reqs[&r].kv;
             let n = (req.num_tokens() - req.num_computed_tokens).min(budget);
             loop {
-                if self.kv.allocate_slots(&self.reqs[r].kv, n, &[], 0, false).is_ok() {
+                if self.kv.allocate_slots(&self.reqs[&r].kv, n, &[], 0, false).is_ok() {
                     self.scheduled.push((r, n));
                     budget -= n;
                     i += 1;
@@ -288,8 +433,9 @@ impl<'a> PagedScheduler<'a> {
                 // Preempt the most recently admitted request, by recompute.
                 let victim = self.running.pop().expect("the request itself is running");
                 self.kv.free(victim as u64);
-                self.reqs[victim].kv.num_computed_tokens = 0;
-                self.reqs[victim].kv.num_preemptions += 1;
+                let v = self.reqs.get_mut(&victim).expect("running requests are known");
+                v.kv.num_computed_tokens = 0;
+                v.kv.num_preemptions += 1;
                 self.waiting.push_front(victim);
                 self.meter.r.preemptions += 1;
                 preempted = true;
@@ -299,16 +445,16 @@ impl<'a> PagedScheduler<'a> {
             }
         }
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&r) = self.waiting.front() else { break };
-            let (hits, hit_tokens) = self.kv.get_computed_blocks(&self.reqs[r].kv);
-            let req = &self.reqs[r].kv;
+            let Some(r) = self.front() else { break };
+            let (hits, hit_tokens) = self.kv.get_computed_blocks(&self.reqs[&r].kv);
+            let req = &self.reqs[&r].kv;
             debug_assert_eq!(req.num_computed_tokens, 0, "waiting requests start from scratch");
             let n = (req.num_tokens() - hit_tokens).min(budget);
             if self.kv.allocate_slots(req, n, &hits, 0, !self.running.is_empty()).is_err() {
                 break;
             }
             self.waiting.pop_front();
-            self.reqs[r].kv.num_computed_tokens = hit_tokens;
+            self.reqs.get_mut(&r).expect("waiting requests are known").kv.num_computed_tokens = hit_tokens;
             self.running.push(r);
             self.scheduled.push((r, n));
             budget -= n;
@@ -322,7 +468,7 @@ impl<'a> PagedScheduler<'a> {
         let mut work = StepWork::default();
         let mut finished = Vec::new();
         for &(r, n) in &self.scheduled {
-            let s = &mut self.reqs[r];
+            let s = self.reqs.get_mut(&r).expect("scheduled requests are known");
             let before = s.kv.num_computed_tokens;
             work.new_tokens += n as u64;
             work.attention_token_pairs += (n * before + n * (n + 1) / 2) as u64;
@@ -334,7 +480,7 @@ impl<'a> PagedScheduler<'a> {
                 if s.generated >= s.output_len {
                     finished.push(r);
                 } else {
-                    let t = self.rng.random_range(0..self.cfg.model.vocab as u32);
+                    let t = self.rng.random_range(0..self.vocab);
                     s.kv.append_tokens(&[t]);
                 }
             }
@@ -346,27 +492,40 @@ impl<'a> PagedScheduler<'a> {
         let unfilled: u64 = self
             .running
             .iter()
-            .map(|&r| self.kv.blocks(r as u64).len() as u64 * bs - self.reqs[r].kv.num_computed_tokens as u64)
+            .map(|&r| self.kv.blocks(r as u64).len() as u64 * bs - self.reqs[&r].kv.num_computed_tokens as u64)
             .sum();
         self.meter.step(dt, self.running.len(), reserved - unfilled.min(reserved), reserved);
         for r in finished {
             self.kv.free(r as u64);
             self.running.retain(|&x| x != r);
+            self.reqs.remove(&r);
             self.meter.r.finished += 1;
         }
     }
 
-    fn done(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+    /// Requests held in memory: running, preempted, or drawn and waiting.
+    pub fn num_held(&self) -> usize {
+        self.reqs.len()
     }
 
-    /// Runs to completion.
-    pub fn run(mut self) -> Result<RunReport, String> {
-        while !self.done() {
-            if self.schedule() == 0 && self.running.is_empty() {
-                return Err("no request can be scheduled: the KV cache is too small for the next request".into());
+    /// One step; `Ok(false)` once every request has finished.
+    pub fn step(&mut self) -> Result<bool, String> {
+        if self.running.is_empty() && self.front().is_none() {
+            return Ok(false);
+        }
+        if self.schedule() == 0 && self.running.is_empty() {
+            return Err("no request can be scheduled: the KV cache is too small for the next request".into());
+        }
+        self.execute();
+        Ok(true)
+    }
+
+    /// Runs to completion; `progress` hears the number of finished requests now and then.
+    pub fn run(mut self, progress: &mut dyn FnMut(usize)) -> Result<RunReport, String> {
+        while self.step()? {
+            if self.meter.r.steps.is_multiple_of(256) {
+                progress(self.meter.r.finished);
             }
-            self.execute();
         }
         let stats = self.kv.stats();
         self.meter.r.prefix_hit_rate = stats.hit_rate();
@@ -376,54 +535,70 @@ impl<'a> PagedScheduler<'a> {
     }
 }
 
-/// Runs the workload over the paged block manager.
-pub fn simulate_paged(cfg: &SimConfig, budget: &KvBudget, w: &Workload) -> Result<RunReport, String> {
-    PagedScheduler::new(cfg, budget, w).run()
+/// Runs the requests over the paged block manager.
+pub fn simulate_paged(
+    cfg: &SimConfig,
+    budget: &KvBudget,
+    requests: impl Iterator<Item = Request>,
+    progress: &mut dyn FnMut(usize),
+) -> Result<RunReport, String> {
+    PagedScheduler::new(cfg, budget, requests).run(progress)
 }
 
-/// Runs the workload with contiguous reservation: each admitted request
+/// Runs the requests with contiguous reservation: each admitted request
 /// reserves `max_model_len` token slots up front (the most it may need; a
 /// server does not know output lengths), so it never runs out and is never
-/// preempted, and nothing is shared.
-pub fn simulate_contiguous(cfg: &SimConfig, budget: &KvBudget, w: &Workload) -> Result<RunReport, String> {
-    let capacity = budget.num_blocks as usize * cfg.block_size;
+/// preempted, and nothing is shared. Only the requests' lengths are used.
+pub fn simulate_contiguous(
+    cfg: &SimConfig,
+    budget: &KvBudget,
+    requests: impl Iterator<Item = Request>,
+    progress: &mut dyn FnMut(usize),
+) -> Result<RunReport, String> {
+    let capacity = blocks_needed(cfg, budget) as usize * cfg.block_size;
     let reserve = cfg.max_model_len;
     if reserve > capacity {
         return Err(format!(
             "contiguous reservation of max_model_len = {reserve} tokens exceeds the KV cache ({capacity} tokens)"
         ));
     }
-    let mut rng = StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
-    let mut reqs: Vec<(usize, usize, usize, usize)> = w.requests.iter().map(|(p, o)| (p.len(), 0, *o, 0)).collect(); // (tokens, computed, output_len, generated)
-    let mut waiting: VecDeque<usize> = (0..reqs.len()).collect();
-    let mut running: Vec<usize> = Vec::new();
+    let mut source = requests;
+    // (tokens, computed, output_len, generated) of the running requests.
+    let mut running: Vec<(usize, usize, usize, usize)> = Vec::new();
     let mut m = Meter::default();
-    while !(waiting.is_empty() && running.is_empty()) {
+    let mut exhausted = false;
+    loop {
         let mut budget = cfg.max_batched_tokens;
         let mut scheduled = Vec::new();
-        for &r in &running {
+        for (k, &(tokens, computed, _, _)) in running.iter().enumerate() {
             if budget == 0 {
                 break;
             }
-            let (tokens, computed, _, _) = reqs[r];
             let n = (tokens - computed).min(budget);
-            scheduled.push((r, n));
+            scheduled.push((k, n));
             budget -= n;
         }
-        while budget > 0 && running.len() < cfg.max_num_seqs && (running.len() + 1) * reserve <= capacity {
-            let Some(r) = waiting.pop_front() else { break };
-            let n = reqs[r].0.min(budget);
-            running.push(r);
-            scheduled.push((r, n));
+        while !exhausted && budget > 0 && running.len() < cfg.max_num_seqs && (running.len() + 1) * reserve <= capacity
+        {
+            let Some(r) = source.next() else {
+                exhausted = true;
+                break;
+            };
+            let n = r.prompt_len.min(budget);
+            running.push((r.prompt_len, 0, r.output_len, 0));
+            scheduled.push((running.len() - 1, n));
             budget -= n;
         }
         if scheduled.is_empty() {
+            if exhausted && running.is_empty() {
+                break;
+            }
             return Err("no request can be scheduled".into());
         }
         let mut work = StepWork::default();
         let mut finished = Vec::new();
-        for (r, n) in scheduled {
-            let q = &mut reqs[r];
+        for (k, n) in scheduled {
+            let q = &mut running[k];
             work.new_tokens += n as u64;
             work.attention_token_pairs += (n * q.1 + n * (n + 1) / 2) as u64;
             work.kv_tokens_read += (q.1 + n) as u64;
@@ -432,19 +607,22 @@ pub fn simulate_contiguous(cfg: &SimConfig, budget: &KvBudget, w: &Workload) -> 
                 q.3 += 1;
                 m.r.output_tokens += 1;
                 if q.3 >= q.2 {
-                    finished.push(r);
+                    finished.push(k);
                 } else {
                     q.0 += 1;
-                    let _ = rng.random_range(0..cfg.model.vocab as u32);
                 }
             }
         }
         let dt = step_time(&cfg.model, &cfg.gpu, &work);
-        let stored: u64 = running.iter().map(|&r| reqs[r].1 as u64).sum();
+        let stored: u64 = running.iter().map(|q| q.1 as u64).sum();
         m.step(dt, running.len(), stored, (running.len() * reserve) as u64);
-        for r in finished {
-            running.retain(|&x| x != r);
+        // Finished requests leave in admission order, as `retain` kept it.
+        for &k in finished.iter().rev() {
+            running.remove(k);
             m.r.finished += 1;
+        }
+        if m.r.steps.is_multiple_of(256) {
+            progress(m.r.finished);
         }
     }
     Ok(m.finish())
@@ -483,20 +661,75 @@ mod tests {
         assert!((8_000..16_000).contains(&slots), "{slots} slots, {b:?}");
         let mut too_big = cfg();
         too_big.model = model("llama-2-70b").unwrap();
-        assert!(kv_budget(&too_big).unwrap_err().contains("does not leave room"));
+        assert!(kv_budget(&too_big).unwrap_err().0.contains("does not leave room"));
     }
 
     #[test]
     fn every_request_finishes_with_its_output_length() {
         let c = cfg();
         let b = kv_budget(&c).unwrap();
-        let w = workload(&c, b.num_blocks as usize * c.block_size);
-        let total: usize = w.requests.iter().map(|r| r.1).sum();
-        let paged = simulate_paged(&c, &b, &w).unwrap();
-        let contiguous = simulate_contiguous(&c, &b, &w).unwrap();
+        let total: usize = Workload::new(&c).map(|r| r.output_len).sum();
+        let n = Workload::new(&c).count();
+        let paged = simulate_paged(&c, &b, Workload::new(&c), &mut |_| {}).unwrap();
+        let contiguous = simulate_contiguous(&c, &b, Workload::lengths_only(&c), &mut |_| {}).unwrap();
         for r in [&paged, &contiguous] {
-            assert_eq!(r.finished, w.requests.len());
+            assert_eq!(r.finished, n);
             assert_eq!(r.output_tokens as usize, total);
         }
+    }
+
+    #[test]
+    fn requests_are_the_same_drawn_lazily_with_or_without_tokens_and_long_prompts_are_rejected() {
+        let c = SimConfig {
+            prompt_len: LengthDist::parse("uniform:1-3000", Role::Prompt).unwrap(),
+            shared_prefix: Some((100, 0.5)),
+            ..cfg()
+        };
+        let with: Vec<Request> = Workload::new(&c).collect();
+        let without: Vec<Request> = Workload::lengths_only(&c).collect();
+        assert_eq!(with.len(), without.len());
+        for (a, b) in with.iter().zip(&without) {
+            assert_eq!((a.prompt.len(), a.prompt_len, a.output_len), (b.prompt_len, b.prompt_len, b.output_len));
+            assert!(a.prompt_len < c.max_model_len && a.prompt_len + a.output_len <= c.max_model_len);
+        }
+        let mut w = Workload::new(&c);
+        let kept = w.by_ref().count();
+        assert_eq!(kept + w.rejected, c.num_requests);
+        assert!(w.rejected > 0 && w.capped > 0, "{} rejected, {} capped", w.rejected, w.capped);
+        // Prompts longer than the limit are never built: a billion-token prompt costs nothing.
+        let huge = SimConfig { prompt_len: LengthDist::Fixed(1 << 40), ..cfg() };
+        let mut w = Workload::new(&huge);
+        assert_eq!(w.next(), None);
+        assert_eq!(w.rejected, huge.num_requests);
+    }
+
+    /// Memory follows the requests in flight: a request is drawn when it is
+    /// about to be admitted and dropped when it finishes, so however long the
+    /// run, at most the running ones, the preempted ones and one more are held.
+    #[test]
+    fn requests_are_held_only_while_in_flight() {
+        let c = SimConfig { num_requests: 3000, max_num_seqs: 24, ..cfg() };
+        let b = kv_budget(&c).unwrap();
+        let mut s = PagedScheduler::new(&c, &b, Workload::new(&c));
+        let mut most = 0;
+        while s.step().unwrap() {
+            most = most.max(s.num_held());
+            assert!(s.num_held() <= 2 * c.max_num_seqs + 1, "{} held", s.num_held());
+        }
+        assert_eq!(s.num_finished(), Workload::new(&c).count());
+        assert!(most > c.max_num_seqs / 2, "{most}");
+    }
+
+    #[test]
+    fn a_pool_larger_than_the_workload_gives_the_same_run() {
+        let c = SimConfig { num_requests: 40, shared_prefix: Some((300, 0.7)), ..cfg() };
+        let b = kv_budget(&c).unwrap();
+        let big = KvBudget { num_blocks: 20_000, ..b };
+        let capped = blocks_needed(&c, &big);
+        assert!(capped < big.num_blocks / 3, "{capped}");
+        let whole = PagedScheduler::with_blocks(&c, big.num_blocks, Workload::new(&c)).run(&mut |_| {}).unwrap();
+        let built = simulate_paged(&c, &big, Workload::new(&c), &mut |_| {}).unwrap();
+        assert_eq!(whole, built);
+        assert!(whole.prefix_hit_rate > 0.0);
     }
 }

@@ -34,6 +34,22 @@ fn end_to_end(c: &mut Criterion) {
         });
     }
     g.finish();
+    // Nothing fits: the answer (the least budget at 500 slots) comes from the feasibility
+    // recurrence, with no table per byte or per slot.
+    let mut g = c.benchmark_group("checkpoint_infeasible");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    // Rotor's instance in MiB instead of slots: its least budget is 30 MiB.
+    for (stages, budget) in [(200usize, 1u64), (200, 20 << 20)] {
+        let chain = Chain::homogeneous(stages, 1.0, 2.0, 5 << 20, 10 << 20);
+        match solve(&chain, budget, 500) {
+            Err(e) => eprintln!("L = {stages}, budget {budget}: {e}"),
+            Ok(_) => panic!("a budget of {budget} fits {stages} stages"),
+        }
+        g.bench_with_input(BenchmarkId::new(format!("{stages}_stages_budget"), budget), &chain, |b, chain| {
+            b.iter(|| solve(chain, budget, 500).unwrap_err())
+        });
+    }
+    g.finish();
 }
 
 /// The recommendation search for llama-3-8b on 8 H100s, 8,192-token

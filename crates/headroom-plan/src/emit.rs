@@ -5,6 +5,7 @@
 //! error that names the engine that can.
 
 use crate::model::Model;
+use crate::parallel::GPUS_PER_NODE;
 use crate::train::{BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Precision, TrainConfig};
 use serde_json::json;
 
@@ -46,6 +47,47 @@ fn peft_flags(cfg: &TrainConfig) -> Vec<String> {
             }
             v
         }
+    }
+}
+
+/// How `torchrun` launches `gpus` processes: (nodes, processes per node).
+/// Every node runs the same number of processes (torchrun starts
+/// `--nproc_per_node` on each), at most [`GPUS_PER_NODE`], a multiple of the
+/// tensor-parallel degree so tensor-parallel groups stay inside a node as
+/// the plan assumes; the fewest nodes that allow it.
+fn launch(gpus: u64, tensor: u64) -> Result<(u64, u64), String> {
+    let first = gpus.div_ceil(GPUS_PER_NODE).max(1);
+    (first..=gpus.max(1))
+        .filter(|n| gpus.is_multiple_of(*n))
+        .map(|n| (n, gpus / n))
+        .find(|&(_, per)| per <= GPUS_PER_NODE && per.is_multiple_of(tensor.max(1)))
+        .ok_or_else(|| {
+            format!(
+                "{gpus} GPUs do not split into equal nodes of at most {GPUS_PER_NODE} with whole tensor-parallel \
+                 groups of {tensor}; choose a number of GPUs that does"
+            )
+        })
+}
+
+/// Megatron's flags for stages of unequal size: the plan gives the first
+/// and last stage ⌈L/p⌉ layers each and the middle stages the rest, evenly.
+fn uneven_stages(layers: u64, stages: u64) -> Result<Option<String>, String> {
+    if stages <= 1 || layers.is_multiple_of(stages) {
+        return Ok(None);
+    }
+    let edge = layers.div_ceil(stages);
+    if stages == 2 {
+        return Ok(Some(format!("--decoder-first-pipeline-num-layers {edge}")));
+    }
+    let middle = layers.checked_sub(2 * edge).filter(|m| m.is_multiple_of(stages - 2));
+    match middle {
+        Some(_) => {
+            Ok(Some(format!("--decoder-first-pipeline-num-layers {edge} --decoder-last-pipeline-num-layers {edge}")))
+        }
+        None => Err(format!(
+            "{layers} layers over {stages} pipeline stages: with {edge} on the first and the last, the rest does not \
+             split evenly over the middle stages as Megatron needs; choose a --pp that does"
+        )),
     }
 }
 
@@ -111,8 +153,13 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
             if cfg.precision == Precision::Fp8 {
                 return Err("the Trainer's FSDP flags have no fp8 mode; use --emit accelerate or megatron".into());
             }
+            let (nodes, per_node) = launch(par.gpus(), 1)?;
             let mut args = vec![
-                format!("torchrun --nproc_per_node {} train.py", par.gpus()),
+                if nodes > 1 {
+                    format!("torchrun --nnodes {nodes} --nproc_per_node {per_node} train.py")
+                } else {
+                    format!("torchrun --nproc_per_node {per_node} train.py")
+                },
                 format!("--fsdp \"{sharding} auto_wrap{offload}\""),
                 format!("--per_device_train_batch_size {}", cfg.micro_batch),
                 format!("--gradient_accumulation_steps {accumulation}"),
@@ -139,10 +186,10 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
                     ),
                 ),
             };
+            let (nodes, _) = launch(par.gpus(), 1)?;
             Ok(format!(
-                "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: {}\nnum_processes: {}\n{extra}",
+                "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: {nodes}\nnum_processes: {}\n{extra}",
                 mixed(cfg.precision),
-                par.gpus().div_ceil(crate::parallel::GPUS_PER_NODE),
                 par.gpus()
             ))
         }
@@ -155,13 +202,18 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
             if cfg.offload == Offload::OptimizerAndParams {
                 return Err("Megatron-LM does not offload parameters; use --emit deepspeed".into());
             }
-            let gpus = par.gpus();
-            let nodes = gpus.div_ceil(crate::parallel::GPUS_PER_NODE);
+            if par.zero_stage >= 2 {
+                return Err(format!(
+                    "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1), not ZeRO-{}'s \
+                     gradients{}; use --emit deepspeed, fsdp or accelerate, or plan with --zero 1",
+                    par.zero_stage,
+                    if par.zero_stage == 3 { " and weights" } else { "" }
+                ));
+            }
+            let (nodes, per_node) = launch(par.gpus(), par.tensor)?;
+            let uneven = uneven_stages(model.layers, par.pipeline)?;
             let mut args = vec![
-                format!(
-                    "torchrun --nproc_per_node {} --nnodes {nodes} pretrain_gpt.py",
-                    gpus.min(crate::parallel::GPUS_PER_NODE)
-                ),
+                format!("torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py"),
                 format!("--tensor-model-parallel-size {}", par.tensor),
                 format!("--pipeline-model-parallel-size {}", par.pipeline),
                 format!("--context-parallel-size {}", par.context),
@@ -173,6 +225,9 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
                     model.layers, model.hidden, model.intermediate, model.heads
                 ),
             ];
+            if let Some(flags) = uneven {
+                args.push(flags);
+            }
             if model.kv_heads != model.heads {
                 args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
             }
@@ -252,6 +307,34 @@ mod tests {
         );
         let acc = emit(Engine::Accelerate, &m(), &cfg).unwrap();
         assert!(acc.contains("distributed_type: DEEPSPEED") && acc.contains("zero_stage: 3"));
+    }
+
+    #[test]
+    fn launches_match_the_plan_s_gpus_and_stages() {
+        assert_eq!(launch(8, 1), Ok((1, 8)));
+        assert_eq!(launch(12, 1), Ok((2, 6)));
+        assert_eq!(launch(12, 4), Ok((3, 4)));
+        assert_eq!(launch(64, 8), Ok((8, 8)));
+        assert_eq!(launch(13, 1), Ok((13, 1)));
+        assert!(launch(12, 8).is_err());
+        let twelve = TrainConfig { parallel: Parallelism::data_parallel(12, 1), ..cfg() };
+        let mega = emit(Engine::Megatron, &m(), &twelve).unwrap();
+        assert!(mega.contains("--nproc_per_node 6 --nnodes 2"), "{mega}");
+        let fsdp = emit(Engine::Fsdp, &m(), &TrainConfig { parallel: Parallelism::data_parallel(64, 3), ..cfg() });
+        assert!(fsdp.unwrap().contains("torchrun --nnodes 8 --nproc_per_node 8"));
+        assert!(emit(Engine::Megatron, &m(), &cfg()).unwrap_err().contains("ZeRO-1"));
+        let pp3 = TrainConfig {
+            parallel: Parallelism { data: 1, pipeline: 3, zero_stage: 1, ..Parallelism::default() },
+            ..cfg()
+        };
+        let mega = emit(Engine::Megatron, &m(), &pp3).unwrap();
+        assert!(
+            mega.contains("--decoder-first-pipeline-num-layers 11 --decoder-last-pipeline-num-layers 11"),
+            "{mega}"
+        );
+        assert_eq!(uneven_stages(32, 2), Ok(None));
+        assert_eq!(uneven_stages(33, 2), Ok(Some("--decoder-first-pipeline-num-layers 17".into())));
+        assert!(uneven_stages(11, 4).is_err());
     }
 
     #[test]

@@ -69,10 +69,10 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
     let kv_split = t.min(model.kv_heads as f64);
     let per_token = model.kv_bytes_per_token(cfg.kv_bytes) / kv_split;
     let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w));
-    let kv_cache = per_token * (cfg.batch * cached) as f64;
+    let kv_cache = per_token * cfg.batch as f64 * cached as f64;
     // One layer's working set at the prefill chunk (EleutherAI's 16 values per
     // hidden unit per token, 2 bytes each), reused layer after layer.
-    let activations = cfg.prefill_chunk.min(cfg.batch * cfg.seq) as f64 * model.hidden as f64 * 32.0 / t;
+    let activations = cfg.prefill_chunk.min(cfg.batch.saturating_mul(cfg.seq)) as f64 * model.hidden as f64 * 32.0 / t;
     // Logits of the last token of each sequence, fp32.
     let logits = cfg.batch as f64 * model.vocab as f64 * 4.0 / t;
     let framework = 0.5 * GIB;

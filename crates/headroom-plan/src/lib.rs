@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod emit;
 pub mod gpu;
 pub mod infer;
+pub mod json;
 pub mod model;
 pub mod parallel;
 pub mod search;

@@ -64,7 +64,7 @@ pub struct Model {
 /// A config that cannot be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
-    #[error("config.json is not valid JSON: {0}")]
+    #[error("config.json {0}")]
     Json(String),
     #[error("config.json lacks `{0}`, which a {1} model needs")]
     Missing(&'static str, String),
@@ -74,44 +74,104 @@ pub enum ModelError {
     Unsupported(String),
     #[error("unknown model `{0}`; known presets: {1}")]
     Unknown(String, String),
+    #[error("config.json {0}")]
+    NotAnObject(String),
+    #[error("config.json describes no model headroom can plan: {0}")]
+    Invalid(String),
 }
 
 impl Model {
     /// Parameters, embeddings included (and the LM head when not tied).
     pub fn params(&self) -> u64 {
-        let (h, l, v, f) = (self.hidden, self.layers, self.vocab, self.intermediate);
+        u64::try_from(self.params_wide()).unwrap_or(u64::MAX)
+    }
+
+    /// [`Model::params`] in 128 bits, where no configuration overflows: what
+    /// [`Model::check`] bounds before anything else computes in 64 bits.
+    fn params_wide(&self) -> u128 {
+        let w = |x: u64| x as u128;
+        let (h, l, v, f) = (w(self.hidden), w(self.layers), w(self.vocab), w(self.intermediate));
+        let (heads, kv_heads, head_dim) = (w(self.heads), w(self.kv_heads), w(self.head_dim));
         let untied = if self.tied_embeddings { 1 } else { 2 };
         // LayerNorm-with-bias layer: QKV and output projection with biases, two norms, a 2-matrix MLP with biases.
         let biased_layer = 4 * h * h + 2 * h * f + 9 * h + f;
         match self.family {
-            Family::Gpt2 => v * h + self.max_position * h + l * biased_layer + 2 * h,
+            Family::Gpt2 => v * h + w(self.max_position) * h + l * biased_layer + 2 * h,
             Family::NeoX => v * h * untied + l * biased_layer + 2 * h,
             Family::Bloom => v * h * untied + 2 * h + l * biased_layer + 2 * h,
             Family::Bert => {
                 // Word, position and two token-type embeddings with their LayerNorm; the pooler.
-                (v + self.max_position + 2) * h + 2 * h + l * biased_layer + h * h + h
+                (v + w(self.max_position) + 2) * h + 2 * h + l * biased_layer + h * h + h
             }
             Family::T5 => {
-                let inner = self.heads * self.head_dim;
+                let inner = heads * head_dim;
                 let mlp = if self.gated_mlp { 3 } else { 2 } * h * f;
-                let encoder = self.layers - self.decoder_layers;
-                let tables = 2 * self.relative_buckets * self.heads;
+                let decoder = w(self.decoder_layers);
+                let encoder = l - decoder;
+                let tables = 2 * w(self.relative_buckets) * heads;
                 v * h * untied
                     + encoder * (4 * h * inner + mlp + 2 * h)
-                    + self.decoder_layers * (8 * h * inner + mlp + 3 * h)
+                    + decoder * (8 * h * inner + mlp + 3 * h)
                     + tables
                     + 2 * h
             }
             Family::GatedDecoder => {
-                let q = self.heads * self.head_dim;
-                let kv = self.kv_heads * self.head_dim;
+                let q = heads * head_dim;
+                let kv = kv_heads * head_dim;
                 let attention = h * q + 2 * h * kv + q * h + if self.qkv_bias { q + 2 * kv } else { 0 };
-                let mlp =
-                    self.experts * 3 * h * self.intermediate + if self.experts > 1 { h * self.experts } else { 0 };
-                let embeddings = v * h * if self.tied_embeddings { 1 } else { 2 };
-                embeddings + l * (attention + mlp + 2 * h) + h
+                let experts = w(self.experts);
+                let mlp = experts * 3 * h * f + if self.experts > 1 { h * experts } else { 0 };
+                v * h * untied + l * (attention + mlp + 2 * h) + h
             }
         }
+    }
+
+    /// Whether the shapes make a model headroom can plan; what is wrong if not.
+    /// Configurations from files go through this; the presets pass it.
+    pub fn check(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::Invalid(why));
+        // Each dimension below 2^32 (and the layers below 2^20) keeps every product
+        // of two of them, and the parameter count, far from 64-bit overflow.
+        for (what, v, max) in [
+            ("the hidden size", self.hidden, 1u64 << 32),
+            ("the layers", self.layers, 1 << 20),
+            ("the attention heads", self.heads, 1 << 32),
+            ("the key-value heads", self.kv_heads, 1 << 32),
+            ("the head dimension", self.head_dim, 1 << 32),
+            ("the MLP width", self.intermediate, 1 << 32),
+            ("the vocabulary", self.vocab, 1 << 32),
+            ("the experts", self.experts, 1 << 20),
+            ("the positions", self.max_position, 1 << 40),
+        ] {
+            if v > max {
+                return bad(format!("{what}: {v} is more than {max}"));
+            }
+        }
+        if self.head_dim == 0 {
+            return bad(format!(
+                "{} attention heads do not fit in a hidden size of {}: each head would have 0 dimensions",
+                self.heads, self.hidden
+            ));
+        }
+        if self.kv_heads > self.heads || !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} key-value heads do not divide the {} attention heads into equal groups",
+                self.kv_heads, self.heads
+            ));
+        }
+        if self.experts_per_token > self.experts {
+            return bad(format!("{} experts per token, but only {} experts", self.experts_per_token, self.experts));
+        }
+        let params = self.params_wide();
+        if params > 1 << 53 {
+            return bad(format!("{params} parameters are more than headroom plans (2^53)"));
+        }
+        Ok(())
+    }
+
+    /// Whether positions are a learned table (GPT-2, BERT), so no sequence may be longer.
+    pub fn learned_positions(&self) -> bool {
+        matches!(self.family, Family::Gpt2 | Family::Bert)
     }
 
     /// Parameters one token passes through (differs from [`Model::params`] for mixtures of experts).
@@ -177,10 +237,34 @@ impl Model {
         out
     }
 
-    /// Reads a Hugging Face `config.json`.
+    /// Reads a Hugging Face `config.json`, and checks the shapes it gives.
     pub fn from_hf_config(text: &str, name: &str) -> Result<Model, ModelError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
-        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
+        let m = Model::read_hf_config(text, name)?;
+        m.check()?;
+        Ok(m)
+    }
+
+    fn read_hf_config(text: &str, name: &str) -> Result<Model, ModelError> {
+        let v: Value = crate::json::parse(text).map_err(|e| {
+            ModelError::Json(if e.is_data() {
+                format!("is not usable: {e}")
+            } else {
+                format!("is not valid JSON: {e}")
+            })
+        })?;
+        if !v.is_object() {
+            return Err(ModelError::NotAnObject(format!("is {}, not a JSON object", crate::json::kind(&v))));
+        }
+        let model_type = match v.get("model_type") {
+            Some(Value::String(t)) => t.clone(),
+            Some(other) => {
+                return Err(ModelError::NotAnObject(format!(
+                    "field `model_type` must be a string, not {}",
+                    crate::json::kind(other)
+                )))
+            }
+            None => return Err(ModelError::NotAnObject("has no `model_type` (e.g. \"llama\", \"gpt2\")".into())),
+        };
         let uint = |key: &'static str| -> Result<Option<u64>, ModelError> {
             match v.get(key) {
                 None | Some(Value::Null) => Ok(None),
@@ -202,8 +286,8 @@ impl Model {
                     layers: need("n_layer")?,
                     heads,
                     kv_heads: heads,
-                    head_dim: hidden / heads,
-                    intermediate: uint("n_inner")?.unwrap_or(4 * hidden),
+                    head_dim: derived_head_dim(hidden, heads)?,
+                    intermediate: uint("n_inner")?.unwrap_or(hidden.saturating_mul(4)),
                     vocab: need("vocab_size")?,
                     max_position: need("n_positions")?,
                     tied_embeddings: true,
@@ -236,9 +320,9 @@ impl Model {
                     layers,
                     heads,
                     kv_heads: heads,
-                    head_dim: hidden / heads,
+                    head_dim: derived_head_dim(hidden, heads)?,
                     intermediate: match family {
-                        Family::Bloom => 4 * hidden,
+                        Family::Bloom => hidden.saturating_mul(4),
                         _ => need("intermediate_size")?,
                     },
                     vocab: need("vocab_size")?,
@@ -265,7 +349,7 @@ impl Model {
                     name: name.to_string(),
                     family: Family::T5,
                     hidden: need("d_model")?,
-                    layers: encoder + decoder,
+                    layers: encoder.saturating_add(decoder),
                     heads,
                     kv_heads: heads,
                     head_dim: need("d_kv")?,
@@ -294,7 +378,10 @@ impl Model {
                     layers,
                     heads,
                     kv_heads: uint("num_key_value_heads")?.unwrap_or(heads),
-                    head_dim: uint("head_dim")?.unwrap_or(hidden / heads),
+                    head_dim: match uint("head_dim")? {
+                        Some(d) => d,
+                        None => derived_head_dim(hidden, heads)?,
+                    },
                     intermediate: need("intermediate_size")?,
                     vocab: need("vocab_size")?,
                     max_position: need("max_position_embeddings")?,
@@ -316,6 +403,16 @@ impl Model {
             }
             other => Err(ModelError::Unsupported(other.to_string())),
         }
+    }
+}
+
+/// `hidden / heads`, when the config leaves the head dimension to follow (as transformers does, which
+/// refuses a hidden size the heads do not divide).
+fn derived_head_dim(hidden: u64, heads: u64) -> Result<u64, ModelError> {
+    if hidden.is_multiple_of(heads) {
+        Ok(hidden / heads)
+    } else {
+        Err(ModelError::Invalid(format!("{heads} attention heads do not divide the hidden size {hidden}")))
     }
 }
 

@@ -88,6 +88,13 @@ impl Parallelism {
         if !model.heads.is_multiple_of(t) {
             return Err(format!("tensor parallelism {t} does not divide the {} attention heads", model.heads));
         }
+        if !model.kv_heads.is_multiple_of(t) {
+            // Megatron splits key-value groups over the tensor-parallel ranks (num_query_groups % tp == 0).
+            return Err(format!(
+                "tensor parallelism {t} does not divide the {} key-value heads (Megatron needs whole groups per GPU)",
+                model.kv_heads
+            ));
+        }
         if !model.intermediate.is_multiple_of(t) {
             return Err(format!("tensor parallelism {t} does not divide the MLP width {}", model.intermediate));
         }

@@ -32,10 +32,11 @@ impl SearchSpace {
     /// 16K tokens on.
     pub fn for_job(model: &Model, gpu: &GpuSpec, gpus: u64, seq: u64, global_batch: u64) -> SearchSpace {
         let mut micro_batches = vec![];
-        let mut b = 1;
+        let mut b = 1u64;
         while b <= global_batch {
             micro_batches.push(b);
-            b *= 2;
+            let Some(next) = b.checked_mul(2) else { break };
+            b = next;
         }
         let mut checkpointing = vec![Checkpointing::None, Checkpointing::Selective, Checkpointing::Full];
         checkpointing.extend((2..=model.layers.min(16)).map(Checkpointing::EveryK));
@@ -126,9 +127,9 @@ pub fn recommend(
             let parallel = Parallelism { zero_stage, ..*layout };
             for &offload in &space.offloads {
                 for &micro_batch in &space.micro_batches {
-                    let per_step = micro_batch * parallel.data;
                     let candidates = space.precisions.len() * space.attentions.len() * space.checkpointing.len();
                     tried += candidates;
+                    let Some(per_step) = micro_batch.checked_mul(parallel.data) else { continue };
                     if !global_batch.is_multiple_of(per_step) {
                         continue;
                     }

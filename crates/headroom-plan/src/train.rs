@@ -239,7 +239,7 @@ impl TrainConfig {
 
     /// Sequences per optimizer step over all data-parallel replicas.
     pub fn global_batch(&self) -> u64 {
-        self.micro_batch * self.accumulation * self.parallel.data
+        self.micro_batch.saturating_mul(self.accumulation).saturating_mul(self.parallel.data)
     }
 }
 
@@ -455,9 +455,10 @@ fn layer_activations(model: &Model, cfg: &TrainConfig) -> (f64, f64, f64) {
 /// Forward FLOPs per micro-batch over the whole model: (the layers' linear
 /// layers, the layers' attention, the LM head).
 fn forward_flops(model: &Model, cfg: &TrainConfig) -> (f64, f64, f64) {
-    let tokens = (cfg.micro_batch * cfg.seq) as f64;
+    // In f64: a batch and a sequence as large as a user may type would wrap u64.
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64;
     let layer_params = model.layer_params() as f64 * model.active_params() as f64 / model.params() as f64;
-    let attention = 4.0 * (cfg.micro_batch * cfg.seq * cfg.seq * model.heads * model.head_dim) as f64;
+    let attention = 4.0 * tokens * cfg.seq as f64 * (model.heads * model.head_dim) as f64;
     let l = model.layers as f64;
     (2.0 * layer_params * tokens * l, attention * l, 2.0 * (model.vocab * model.hidden) as f64 * tokens)
 }
@@ -477,7 +478,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
     let par = &cfg.parallel;
     let trainable_params = (share(model, cfg, PipelineStage::Only).trainable * par.tensor as f64).round() as u64;
     let time = step_time(model, gpu, cfg, recompute_fraction);
-    let tokens = (cfg.micro_batch * cfg.seq * cfg.accumulation * par.data) as f64;
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 * cfg.accumulation as f64 * par.data as f64;
     let (lin, attn, head) = forward_flops(model, cfg);
     let passes = if matches!(cfg.finetune, Finetune::Lora { .. }) { 2.0 } else { 3.0 };
     let model_flops = passes * (lin + attn + head) * (cfg.accumulation * par.data) as f64;
@@ -608,6 +609,8 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
             let slack = 1.0 + cfg.coefficients.allocator_slack;
             let fixed = br.weights + br.gradients + br.optimizer + br.framework + slack * br.temporary;
             let budget = ((gpu.memory_bytes as f64 - fixed) / slack).max(0.0) as u64;
+            // Below one layer's input, no schedule can run: say why without asking the solver.
+            let floor = (hidden_state * 3.0).max(1.0) as u64;
             let chain = Chain {
                 input_bytes: hidden_state as u64,
                 stages: (0..model.layers)
@@ -628,7 +631,21 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
                     ..Loss::default()
                 },
             };
-            match checkpoint::solve(&chain, budget.max(1), 500) {
+            // rotor's 500 slots, fewer for deep models so the table stays near 40 MB.
+            let n = model.layers as f64 + 1.0;
+            let slots = (500.0 * (201.0 / n).powi(2)).clamp(50.0, 500.0) as u32;
+            let solved = if budget < floor {
+                Err(format!(
+                    "the model states and fixed terms take {:.2} GiB of the GPU's {:.2} GiB, leaving {:.2} GiB for \
+                     activations: less than any schedule needs",
+                    fixed / GIB,
+                    gpu.memory_bytes as f64 / GIB,
+                    budget as f64 / GIB
+                ))
+            } else {
+                checkpoint::solve(&chain, budget, slots).map_err(|e| e.to_string())
+            };
+            match solved {
                 Ok(plan) => {
                     recompute_fraction = (plan.outcome.time - 3.0 * forward).max(0.0) / forward;
                     // The schedule's peak holds the logits too; report them apart.

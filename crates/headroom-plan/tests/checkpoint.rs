@@ -217,10 +217,11 @@ proptest! {
                     prop_assert!(plan.outcome.peak <= budget);
                     prop_assert!((plan.outcome.time - brute).abs() < 1e-6, "budget {}: solver {} brute force {}", budget, plan.outcome.time, brute);
                 }
-                Err(SolveError::Infeasible { least, .. }) => {
+                Err(SolveError::Infeasible { least, least_bytes, .. }) => {
                     prop_assert!(brute.is_infinite(), "budget {}: brute force found {}", budget, brute);
                     let least_brute = outcomes.iter().map(|o| o.peak).min().unwrap();
-                    prop_assert_eq!(least, least_brute);
+                    prop_assert_eq!(least, Some(least_brute));
+                    prop_assert_eq!(least_bytes, least_brute);
                 }
                 Err(e) => return Err(TestCaseError::fail(e.to_string())),
             }
@@ -258,4 +259,99 @@ fn slots_round_sizes_up_so_plans_fit_in_bytes() {
     assert!(plan.outcome.time > all.time && plan.outcome.recomputations > 0);
     let s = Solver::new(&chain, budget, 500).unwrap();
     assert!((s.predicted_time() - plan.outcome.time).abs() < 1e-3);
+}
+
+fn gpt2_layers() -> Chain {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/chains/gpt2-small-layers.json");
+    Chain::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Budgets nothing fits are answered from the feasibility thresholds, with
+/// the least budget at the asked slot count, never a table per byte.
+#[test]
+fn infeasible_budgets_name_the_least_that_fits_at_their_slots() {
+    let chain = gpt2_layers();
+    for budget in [1, 1 << 10, 100 << 10, 600 << 20] {
+        match solve(&chain, budget, 500) {
+            Err(SolveError::Infeasible { least: Some(least), least_bytes, .. }) => {
+                assert!(least >= least_bytes && least > budget, "{budget}: {least} {least_bytes}");
+                assert!(solve(&chain, least, 500).is_ok(), "the least budget printed fits");
+                // Within one slot: a slot less does not.
+                let slot = least.div_ceil(500);
+                assert!(solve(&chain, least - slot, 500).is_err(), "{budget}: {least} is not the least to a slot");
+            }
+            other => panic!("{budget}: {other:?}"),
+        }
+    }
+    // One slot holds one tensor at a time; no budget fits then.
+    match solve(&chain, 1 << 30, 1) {
+        Err(e @ SolveError::Infeasible { least: None, .. }) => {
+            assert!(e.to_string().contains("whatever the budget"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn chains_too_large_to_add_up_or_to_tabulate_are_refused_by_name() {
+    let stage = |t: f64, size: u64| Stage {
+        name: String::new(),
+        forward_time: t,
+        backward_time: t,
+        output_bytes: size,
+        saved_bytes: size,
+        forward_tmp_bytes: 0,
+        backward_tmp_bytes: 0,
+    };
+    let chain = |t: f64, size: u64, n: usize| Chain {
+        input_bytes: size,
+        stages: vec![stage(t, size); n],
+        loss: Loss::default(),
+    };
+    assert!(matches!(solve(&chain(1.0, 1 << 62, 8), 1 << 30, 500), Err(SolveError::Chain(_))));
+    assert!(matches!(solve(&chain(1e308, 1, 2), 1 << 30, 500), Err(SolveError::Chain(_))));
+    // Times near the top of f64 still solve: the table works in a scaled unit.
+    let big = solve(&chain(1e300, 1 << 20, 6), 40 << 20, 500).unwrap();
+    assert!((big.outcome.time / 12e300 - 1.0).abs() < 1e-12, "{}", big.outcome.time);
+    let tiny = solve(&chain(1e-300, 1 << 20, 6), 40 << 20, 500).unwrap();
+    assert!((tiny.outcome.time / 12e-300 - 1.0).abs() < 1e-12, "{}", tiny.outcome.time);
+    match solve(&Chain::homogeneous(3000, 1.0, 2.0, 5, 10), 500, 500) {
+        Err(e @ SolveError::TooLarge { fitting, .. }) => {
+            assert!(fitting < 500 && e.to_string().contains(&format!("--slots {fitting}")), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
+
+    /// At few slots, rounding matters: the least budget reported fits at
+    /// those slots, and no budget below the unrounded least fits.
+    #[test]
+    fn least_budget_at_few_slots_fits(stages in proptest::collection::vec(stage(), 1..10), input in 1u8..6, slots in 3u32..60, scale in 1u64..5000) {
+        let mut chain = chain_from(&stages, input);
+        chain.input_bytes *= scale;
+        for s in &mut chain.stages {
+            s.output_bytes *= scale;
+            s.saved_bytes *= scale;
+            s.forward_tmp_bytes *= scale;
+            s.backward_tmp_bytes *= scale;
+        }
+        match solve(&chain, 1, slots) {
+            Err(SolveError::Infeasible { least, least_bytes, .. }) => {
+                prop_assert!(least_bytes > 1);
+                if least_bytes > 1 {
+                    prop_assert!(solve(&chain, least_bytes - 1, slots.max(1 << 16)).is_err());
+                }
+                if let Some(l) = least {
+                    prop_assert!(l >= least_bytes);
+                    let plan = solve(&chain, l, slots);
+                    prop_assert!(plan.is_ok(), "{:?}", plan);
+                    prop_assert!(plan.unwrap().outcome.peak <= l);
+                }
+            }
+            other => return Err(TestCaseError::fail(format!("{other:?}"))),
+        }
+    }
 }

@@ -10,10 +10,13 @@
 //! ```
 //!
 //! `id` is any number or string naming an allocation; `stream` defaults to
-//! 0. Blank lines are skipped. Anything else — an unknown op, a missing or
-//! mistyped field, an unknown field — is an error naming the line.
+//! 0. Blank lines are skipped, and a UTF-8 byte-order mark at the start of
+//! the file. Anything else — an unknown op, a missing, mistyped, unknown or
+//! repeated field, a line that is not UTF-8 — is an error naming the line.
 
-use serde_json::{Map, Value};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
+use std::fmt;
 use std::io::BufRead;
 
 /// An allocation's name in a trace.
@@ -54,8 +57,9 @@ pub struct TraceLine {
 pub enum TraceError {
     #[error("line {line}: {message}")]
     Parse { line: usize, message: String },
+    /// The reader failed (the message carries the system's error, which is not repeated as a source).
     #[error("reading the trace: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
 }
 
 fn perr(line: usize, message: impl Into<String>) -> TraceError {
@@ -63,12 +67,28 @@ fn perr(line: usize, message: impl Into<String>) -> TraceError {
 }
 
 /// Reads a whole trace.
-pub fn read_trace<R: BufRead>(reader: R) -> Result<Vec<TraceLine>, TraceError> {
+pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceError> {
     let mut out = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line?;
-        let n = i + 1;
-        let text = line.trim();
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf).map_err(TraceError::Io)? == 0 {
+            break;
+        }
+        n += 1;
+        let bytes = if n == 1 { buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf) } else { &buf[..] };
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            perr(
+                n,
+                format!(
+                    "not valid UTF-8: byte {} of the line is 0x{:02x}",
+                    e.valid_up_to() + 1,
+                    bytes[e.valid_up_to()]
+                ),
+            )
+        })?;
+        let text = text.trim();
         if text.is_empty() {
             continue;
         }
@@ -77,22 +97,61 @@ pub fn read_trace<R: BufRead>(reader: R) -> Result<Vec<TraceLine>, TraceError> {
     Ok(out)
 }
 
+/// The fields of one line in the order written; a repeated key is an error
+/// (JSON leaves it undefined, and taking the last one would replay a different program).
+struct Fields(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Fields;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a JSON object like {"op":"alloc",...}"#)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Fields, A::Error> {
+                let mut fields: Vec<(String, Value)> = Vec::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    if fields.iter().any(|(seen, _)| *seen == k) {
+                        return Err(de::Error::custom(format!("`{k}` is given twice")));
+                    }
+                    let v = m.next_value()?;
+                    fields.push((k, v));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Fields {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
 /// Parses one line.
 pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| perr(line, format!("not valid JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(perr(line, "expected a JSON object like {\"op\":\"alloc\",...}"));
-    };
-    let op = match obj.get("op") {
+    let fields: Fields = serde_json::from_str(text).map_err(|e| {
+        let m = e.to_string();
+        if e.is_data() {
+            // A wrong shape or a repeated key: the message says it; drop serde's position.
+            perr(line, m.split(" at line ").next().unwrap_or(&m).to_string())
+        } else {
+            perr(line, format!("not valid JSON: {m}"))
+        }
+    })?;
+    let op = match fields.get("op") {
         Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(perr(line, "`op` must be a string")),
+        Some(v) => return Err(perr(line, format!("`op` must be a string, got {v}"))),
         None => return Err(perr(line, "missing `op`")),
     };
-    let f = Fields { obj: &obj, line };
+    let f = Line { fields: &fields, line };
     let parsed = match op {
         "alloc" => {
             f.only(&["op", "id", "size", "stream"])?;
-            TraceOp::Alloc { id: f.id()?, size: f.uint("size")?, stream: f.stream()? }
+            TraceOp::Alloc { id: f.id()?, size: f.uint("size", " of bytes")?, stream: f.stream()? }
         }
         "free" => {
             f.only(&["op", "id"])?;
@@ -100,7 +159,7 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
         }
         "record_stream" => {
             f.only(&["op", "id", "stream"])?;
-            if !obj.contains_key("stream") {
+            if fields.get("stream").is_none() {
                 return Err(perr(line, "record_stream needs `stream`"));
             }
             TraceOp::RecordStream { id: f.id()?, stream: f.stream()? }
@@ -115,7 +174,7 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
         }
         "set_fraction" => {
             f.only(&["op", "value"])?;
-            let value = match obj.get("value") {
+            let value = match fields.get("value") {
                 Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
                 Some(_) => return Err(perr(line, "`value` must be a number")),
                 None => return Err(perr(line, "set_fraction needs `value`")),
@@ -137,21 +196,21 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
     Ok(parsed)
 }
 
-struct Fields<'a> {
-    obj: &'a Map<String, Value>,
+struct Line<'a> {
+    fields: &'a Fields,
     line: usize,
 }
 
-impl Fields<'_> {
+impl Line<'_> {
     fn only(&self, allowed: &[&str]) -> Result<(), TraceError> {
-        match self.obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(perr(self.line, format!("unknown field `{k}` (allowed here: {})", allowed.join(", ")))),
+        match self.fields.0.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+            Some((k, _)) => Err(perr(self.line, format!("unknown field `{k}` (allowed here: {})", allowed.join(", ")))),
             None => Ok(()),
         }
     }
 
     fn id(&self) -> Result<TraceId, TraceError> {
-        match self.obj.get("id") {
+        match self.fields.get("id") {
             Some(Value::Number(n)) => Ok(n.to_string()),
             Some(Value::String(s)) => Ok(s.clone()),
             Some(_) => Err(perr(self.line, "`id` must be a number or a string")),
@@ -159,10 +218,17 @@ impl Fields<'_> {
         }
     }
 
-    fn uint(&self, key: &str) -> Result<u64, TraceError> {
-        match self.obj.get(key) {
+    /// A field that must be a whole number in `0..=u64::MAX`; `unit` follows "whole number" in messages.
+    fn uint(&self, key: &str, unit: &str) -> Result<u64, TraceError> {
+        match self.fields.get(key) {
             Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
-                perr(self.line, format!("`{key}` must be a non-negative whole number of bytes, got {n}"))
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                let why = if x >= 18_446_744_073_709_551_615.0 {
+                    format!("is out of range: {n} is more than 2^64 − 1 ({})", u64::MAX)
+                } else {
+                    format!("must be a non-negative whole number{unit}, got {n}")
+                };
+                perr(self.line, format!("`{key}` {why}"))
             }),
             Some(v) => Err(perr(self.line, format!("`{key}` must be a number, got {v}"))),
             None => Err(perr(self.line, format!("missing `{key}`"))),
@@ -170,8 +236,8 @@ impl Fields<'_> {
     }
 
     fn stream(&self) -> Result<u64, TraceError> {
-        if self.obj.contains_key("stream") {
-            self.uint("stream")
+        if self.fields.get("stream").is_some() {
+            self.uint("stream", "")
         } else {
             Ok(0)
         }
@@ -231,10 +297,30 @@ mod tests {
             ("{\"op\":\"record_stream\",\"id\":1}", "needs `stream`"),
             ("[1,2]", "expected a JSON object"),
             ("{\"op\":\"alloc\",", "not valid JSON"),
+            ("{\"op\":\"alloc\",\"id\":1,\"size\":4096,\"size\":8192}", "`size` is given twice"),
+            ("{\"op\":\"alloc\",\"op\":\"free\",\"id\":1}", "`op` is given twice"),
+            (
+                "{\"op\":\"alloc\",\"id\":1,\"size\":1,\"stream\":-1}",
+                "`stream` must be a non-negative whole number, got -1",
+            ),
+            ("{\"op\":\"alloc\",\"id\":1,\"size\":18446744073709551616}", "`size` is out of range"),
+            ("{\"op\":\"alloc\",\"id\":1,\"size\":1.5}", "whole number of bytes, got 1.5"),
+            ("{\"op\":5}", "`op` must be a string, got 5"),
         ] {
             let input = format!("{{\"op\":\"empty_cache\"}}\n{text}\n");
             let e = read_trace(input.as_bytes()).unwrap_err().to_string();
             assert!(e.starts_with("line 2: ") && e.contains(needle), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_and_bad_utf8_is_named_by_line() {
+        let t = read_trace(&b"\xef\xbb\xbf{\"op\":\"empty_cache\"}\n"[..]).unwrap();
+        assert_eq!(t[0].op, TraceOp::EmptyCache);
+        let bad = b"{\"op\":\"empty_cache\"}\n\n\n\n\xc3\x28\n";
+        let e = read_trace(&bad[..]).unwrap_err().to_string();
+        assert_eq!(e, "line 5: not valid UTF-8: byte 1 of the line is 0xc3");
+        let e = read_trace(&b"{\"op\":\"empty_cache\"}\n\x00\xff\xfe"[..]).unwrap_err().to_string();
+        assert!(e.starts_with("line 2: "), "{e}");
     }
 }

@@ -14,6 +14,8 @@ pub enum Py {
     None,
     Bool(bool),
     Int(i64),
+    /// An int above `i64::MAX` (a stream handle, say); Python's ints have no width.
+    UInt(u64),
     Float(f64),
     Str(String),
     List(Vec<Py>),
@@ -28,9 +30,9 @@ impl Py {
         Py::Dict(items.into_iter().map(|(k, v)| (Py::Str(k.into()), v)).collect())
     }
 
-    /// An int from an unsigned value (addresses and sizes fit in i64).
+    /// An int from an unsigned value, exact at any size.
     pub fn uint(v: u64) -> Py {
-        Py::Int(i64::try_from(v).unwrap_or(i64::MAX))
+        i64::try_from(v).map_or(Py::UInt(v), Py::Int)
     }
 
     /// A str.
@@ -74,12 +76,90 @@ pub fn write_pickle<W: Write>(value: &Py, out: &mut W) -> io::Result<()> {
     w.flush()
 }
 
+/// A pickle written piece by piece, for values too large to build as one
+/// [`Py`] first (a snapshot's trace of millions of entries): the caller opens
+/// dicts and lists, writes keys and values into them, and closes them.
+pub struct Pickler<W: Write> {
+    w: W,
+    /// Per open container: whether it is a dict, and the items written since its last MARK.
+    open: Vec<(bool, usize)>,
+}
+
+impl<W: Write> Pickler<W> {
+    /// Starts a protocol-4 pickle.
+    pub fn new(mut w: W) -> io::Result<Self> {
+        w.write_all(&[PROTO, 4])?;
+        Ok(Pickler { w, open: Vec::new() })
+    }
+
+    /// Opens a dict; give it alternately keys and values, then [`Pickler::end`].
+    pub fn begin_dict(&mut self) -> io::Result<()> {
+        self.begin(true, EMPTY_DICT)
+    }
+
+    /// Opens a list; give it values, then [`Pickler::end`].
+    pub fn begin_list(&mut self) -> io::Result<()> {
+        self.begin(false, EMPTY_LIST)
+    }
+
+    fn begin(&mut self, dict: bool, op: u8) -> io::Result<()> {
+        self.item()?;
+        self.w.write_all(&[op, MARK])?;
+        self.open.push((dict, 0));
+        Ok(())
+    }
+
+    /// Writes a value (or a dict key) into the innermost open container.
+    pub fn value(&mut self, v: &Py) -> io::Result<()> {
+        self.item()?;
+        pickle_value(v, &mut self.w)
+    }
+
+    /// Closes the innermost container.
+    pub fn end(&mut self) -> io::Result<()> {
+        match self.open.pop() {
+            Some((dict, _)) => self.w.write_all(&[if dict { SETITEMS } else { APPENDS }]),
+            None => Err(io::Error::other("Pickler::end without an open container")),
+        }
+    }
+
+    /// Ends the pickle and returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        if !self.open.is_empty() {
+            return Err(io::Error::other("Pickler::finish with a container still open"));
+        }
+        self.w.write_all(&[STOP])?;
+        self.w.flush()?;
+        Ok(self.w)
+    }
+
+    /// Counts an item of the innermost container, batching as CPython does:
+    /// 1,000 list items or dict pairs between a MARK and its APPENDS/SETITEMS.
+    fn item(&mut self) -> io::Result<()> {
+        let Some((dict, n)) = self.open.last_mut() else { return Ok(()) };
+        let per_batch = if *dict { 2 * BATCH } else { BATCH };
+        if *n == per_batch {
+            *n = 0;
+            let op = if *dict { SETITEMS } else { APPENDS };
+            self.w.write_all(&[op, MARK])?;
+        }
+        *n += 1;
+        Ok(())
+    }
+}
+
 fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
     match v {
         Py::None => w.write_all(&[NONE]),
         Py::Bool(true) => w.write_all(&[NEWTRUE]),
         Py::Bool(false) => w.write_all(&[NEWFALSE]),
         Py::Int(i) => pickle_int(*i, w),
+        Py::UInt(u) => {
+            // LONG1, nine bytes: the value and a zero sign byte.
+            w.write_all(&[LONG1, 9])?;
+            w.write_all(&u.to_le_bytes())?;
+            w.write_all(&[0])
+        }
         Py::Float(f) => {
             w.write_all(&[BINFLOAT])?;
             w.write_all(&f.to_be_bytes())
@@ -170,6 +250,7 @@ impl serde::Serialize for Py {
             Py::None => s.serialize_none(),
             Py::Bool(b) => s.serialize_bool(*b),
             Py::Int(i) => s.serialize_i64(*i),
+            Py::UInt(u) => s.serialize_u64(*u),
             Py::Float(f) => s.serialize_f64(*f),
             Py::Str(x) => s.serialize_str(x),
             Py::List(items) | Py::Tuple(items) => {

@@ -7,7 +7,7 @@
 //! skipped and counted.
 
 use crate::jsonl::{TraceId, TraceLine, TraceOp};
-use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, SimDevice, StreamId};
+use headroom_alloc::{AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, SimDevice, StreamId};
 use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
@@ -61,8 +61,12 @@ pub enum ReplayError {
     DuplicateId { line: usize, id: TraceId, first: usize },
     #[error("line {line}: `{id}` is not a live allocation")]
     UnknownId { line: usize, id: TraceId },
-    #[error("line {line}: {source}")]
-    Alloc { line: usize, source: AllocError },
+    /// The allocator refused a call (its message is the whole story, so it is not also a source).
+    #[error("line {line}: {error}")]
+    Alloc { line: usize, error: AllocError },
+    /// The settings ask for an allocator headroom does not simulate.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Replays `ops`; `progress` is called with the number of operations done, now and then.
@@ -71,6 +75,13 @@ pub fn replay(
     opts: &ReplayOptions,
     mut progress: impl FnMut(usize),
 ) -> Result<(ReplayReport, DeviceCachingAllocator<SimDevice>), ReplayError> {
+    if opts.config.backend == Backend::CudaMallocAsync {
+        return Err(ReplayError::Unsupported(
+            "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated; headroom replays the native \
+             caching allocator only"
+                .into(),
+        ));
+    }
     let mut a = DeviceCachingAllocator::new(SimDevice::new(opts.capacity), opts.config.clone());
     a.record_history(opts.history);
     let mut live: FxHashMap<&str, (u64, usize)> = FxHashMap::default();
@@ -82,7 +93,7 @@ pub fn replay(
         if i % 65536 == 0 {
             progress(i);
         }
-        let wrap = |source| ReplayError::Alloc { line, source };
+        let wrap = |error| ReplayError::Alloc { line, error };
         match op {
             TraceOp::Alloc { id, size, stream } => {
                 if let Some(&(_, first)) = live.get(id.as_str()) {

@@ -3,8 +3,9 @@
 //! pytorch.org/memory_viz and `torch.cuda._memory_viz` read) or as JSON
 //! (which the newer viewer tries first).
 
-use crate::py::{write_pickle, Py};
+use crate::py::{Pickler, Py};
 use headroom_alloc::{AllocatorConfig, Snapshot, TraceEntry};
+use serde::ser::{SerializeMap, SerializeSeq};
 use std::io::{self, Write};
 
 /// Which encoding to write.
@@ -24,21 +25,97 @@ impl SnapshotFormat {
     }
 }
 
-/// Writes a snapshot in `format`.
-pub fn write_snapshot<W: Write>(snap: &Snapshot, format: SnapshotFormat, out: &mut W) -> io::Result<()> {
-    let value = snapshot_to_py(snap);
+/// Writes a snapshot in `format`. The device traces are encoded entry by
+/// entry as they are written, so memory stays at the snapshot's own size
+/// however long its trace.
+pub fn write_snapshot<W: Write + ?Sized>(snap: &Snapshot, format: SnapshotFormat, out: &mut W) -> io::Result<()> {
+    let w = io::BufWriter::new(out);
     match format {
-        SnapshotFormat::Pickle => write_pickle(&value, out),
+        SnapshotFormat::Pickle => {
+            let mut p = Pickler::new(w)?;
+            p.begin_dict()?;
+            p.value(&Py::str("segments"))?;
+            p.value(&segments(snap))?;
+            p.value(&Py::str("device_traces"))?;
+            p.begin_list()?;
+            for trace in &snap.device_traces {
+                p.begin_list()?;
+                for e in trace {
+                    p.value(&trace_entry(e))?;
+                }
+                p.end()?;
+            }
+            p.end()?;
+            for (key, value) in tail(snap) {
+                p.value(&Py::str(key))?;
+                p.value(&value)?;
+            }
+            p.end()?;
+            p.finish()?;
+            Ok(())
+        }
         SnapshotFormat::Json => {
-            let mut w = io::BufWriter::new(out);
-            serde_json::to_writer(&mut w, &value).map_err(io::Error::other)?;
+            let mut w = w;
+            serde_json::to_writer(&mut w, &JsonSnapshot(snap)).map_err(io::Error::other)?;
             w.flush()
         }
     }
 }
 
-/// The snapshot as the Python dict PyTorch builds, key for key.
+/// The snapshot as the Python dict PyTorch builds, key for key (the whole
+/// value in memory; [`write_snapshot`] streams it instead).
 pub fn snapshot_to_py(snap: &Snapshot) -> Py {
+    let traces = snap.device_traces.iter().map(|t| Py::List(t.iter().map(trace_entry).collect())).collect();
+    let mut items = vec![(Py::str("segments"), segments(snap)), (Py::str("device_traces"), Py::List(traces))];
+    items.extend(tail(snap).into_iter().map(|(k, v)| (Py::str(k), v)));
+    Py::Dict(items)
+}
+
+/// The keys after `device_traces`.
+fn tail(snap: &Snapshot) -> [(&'static str, Py); 2] {
+    [("allocator_settings", settings(&snap.allocator_settings)), ("external_annotations", Py::List(vec![]))]
+}
+
+/// The snapshot for serde_json, with the traces serialized entry by entry.
+struct JsonSnapshot<'a>(&'a Snapshot);
+
+struct JsonTraces<'a>(&'a [Vec<TraceEntry>]);
+
+struct JsonTrace<'a>(&'a [TraceEntry]);
+
+impl serde::Serialize for JsonSnapshot<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(4))?;
+        m.serialize_entry("segments", &segments(self.0))?;
+        m.serialize_entry("device_traces", &JsonTraces(&self.0.device_traces))?;
+        for (k, v) in tail(self.0) {
+            m.serialize_entry(k, &v)?;
+        }
+        m.end()
+    }
+}
+
+impl serde::Serialize for JsonTraces<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for t in self.0 {
+            seq.serialize_element(&JsonTrace(t))?;
+        }
+        seq.end()
+    }
+}
+
+impl serde::Serialize for JsonTrace<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for e in self.0 {
+            seq.serialize_element(&trace_entry(e))?;
+        }
+        seq.end()
+    }
+}
+
+fn segments(snap: &Snapshot) -> Py {
     let segments = snap
         .segments
         .iter()
@@ -72,13 +149,7 @@ pub fn snapshot_to_py(snap: &Snapshot) -> Py {
             ])
         })
         .collect();
-    let traces = snap.device_traces.iter().map(|t| Py::List(t.iter().map(trace_entry).collect())).collect();
-    Py::dict([
-        ("segments", Py::List(segments)),
-        ("device_traces", Py::List(traces)),
-        ("allocator_settings", settings(&snap.allocator_settings)),
-        ("external_annotations", Py::List(vec![])),
-    ])
+    Py::List(segments)
 }
 
 fn trace_entry(e: &TraceEntry) -> Py {
@@ -110,4 +181,53 @@ fn settings(c: &AllocatorConfig) -> Py {
         ("roundup_power2_divisions", Py::Dict(divisions)),
         ("graph_capture_record_stream_reuse", Py::Bool(c.graph_capture_record_stream_reuse)),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::py::write_pickle;
+    use headroom_alloc::{DeviceCachingAllocator, SimDevice};
+
+    /// A snapshot whose trace crosses the pickle's 1,000-item batches.
+    fn snapshot() -> Snapshot {
+        let mut a = DeviceCachingAllocator::new(SimDevice::new(1 << 30), AllocatorConfig::default());
+        a.record_history(Some(10_000));
+        let mut live = Vec::new();
+        for i in 0..1500u64 {
+            live.push(a.malloc((i % 7 + 1) << 18, i % 3).unwrap().ptr);
+            if i % 2 == 1 {
+                a.free(live.swap_remove(0)).unwrap();
+            }
+        }
+        a.snapshot()
+    }
+
+    #[test]
+    fn streamed_files_hold_the_whole_snapshot() {
+        let snap = snapshot();
+        assert!(snap.device_traces[0].len() > 2 * 1000);
+        let mut whole = Vec::new();
+        write_pickle(&snapshot_to_py(&snap), &mut whole).unwrap();
+        let mut streamed = Vec::new();
+        write_snapshot(&snap, SnapshotFormat::Pickle, &mut streamed).unwrap();
+        let read = |b: &[u8]| serde_pickle::value_from_slice(b, serde_pickle::DeOptions::new()).unwrap();
+        assert_eq!(read(&streamed), read(&whole));
+        let mut json = Vec::new();
+        write_snapshot(&snap, SnapshotFormat::Json, &mut json).unwrap();
+        let from_json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(from_json, serde_json::to_value(snapshot_to_py(&snap)).unwrap());
+    }
+
+    #[test]
+    fn stream_ids_above_i64_stay_exact() {
+        assert_eq!(Py::uint(u64::MAX), Py::UInt(u64::MAX));
+        let mut b = Vec::new();
+        write_pickle(&Py::List(vec![Py::uint(u64::MAX), Py::uint(1 << 63), Py::uint(7)]), &mut b).unwrap();
+        let v = serde_pickle::value_from_slice(&b, serde_pickle::DeOptions::new()).unwrap();
+        let serde_pickle::Value::List(items) = v else { panic!("{v:?}") };
+        assert_eq!(items[2], serde_pickle::Value::I64(7));
+        assert_eq!(format!("{:?}", items[0]), format!("{:?}", serde_pickle::Value::Int(u64::MAX.into())));
+        assert_eq!(serde_json::to_string(&Py::uint(u64::MAX)).unwrap(), "18446744073709551615");
+    }
 }

@@ -35,11 +35,6 @@ impl Baseline {
     }
 }
 
-/// Store-all for a chain of `n` stages (the loss included).
-pub(crate) fn store_all_tree(n: usize) -> Tree {
-    store_all(0, n - 1)
-}
-
 fn store_all(a: usize, b: usize) -> Tree {
     let mut t = Tree::Base(b);
     for i in (a..b).rev() {

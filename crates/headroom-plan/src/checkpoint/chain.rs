@@ -1,6 +1,7 @@
 //! The chain: per stage, times and sizes; read from JSON or built in code.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// One stage (a layer or a block of layers).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,12 +65,29 @@ pub enum ChainError {
     BadLoss(String),
     #[error("not a valid chain: {0}")]
     Json(String),
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 impl Chain {
-    /// Reads and checks a chain from JSON.
+    /// Reads and checks a chain from JSON: an object, its stages and loss
+    /// objects too (not the positional arrays serde would also take), no key twice.
     pub fn from_json(text: &str) -> Result<Chain, ChainError> {
-        let c: Chain = serde_json::from_str(text).map_err(|e| ChainError::Json(e.to_string()))?;
+        let v = crate::json::parse(text).map_err(|e| ChainError::Json(e.to_string()))?;
+        let object = |v: &Value, what: &str| match v {
+            Value::Object(_) => Ok(()),
+            other => Err(ChainError::Json(format!("{what} must be a JSON object, not {}", crate::json::kind(other)))),
+        };
+        object(&v, "the chain")?;
+        if let Some(Value::Array(stages)) = v.get("stages") {
+            for (i, stage) in stages.iter().enumerate() {
+                object(stage, &format!("stage {i}"))?;
+            }
+        }
+        if let Some(loss) = v.get("loss") {
+            object(loss, "the loss")?;
+        }
+        let c: Chain = serde_json::from_value(v).map_err(|e| ChainError::Json(e.to_string()))?;
         c.check()?;
         Ok(c)
     }
@@ -116,6 +134,21 @@ impl Chain {
             if !t.is_finite() || t < 0.0 {
                 return Err(ChainError::BadLoss(format!("times must be finite and non-negative, got {t}")));
             }
+        }
+        // A schedule runs each forward at most once per stage after it; its time must stay a number.
+        let a = self.arrays();
+        let total: f64 = a.fw.iter().chain(&a.bw).sum();
+        if !(total * (a.fw.len() as f64 + 1.0)).is_finite() {
+            return Err(ChainError::TooLarge(format!(
+                "the stages' times add up to {total:e}, too large to add up a schedule's time; use a larger time unit"
+            )));
+        }
+        // Everything a schedule can hold at once is within the input, each stage's output twice
+        // (itself and its gradient), its saved data and its transients: keep that sum in 64 bits.
+        let sizes =
+            a.x.iter().map(|&v| v as u128 * 2).chain(a.xbar.iter().chain(&a.ftmp).chain(&a.btmp).map(|&v| v as u128));
+        if sizes.sum::<u128>() > u64::MAX as u128 {
+            return Err(ChainError::TooLarge("the stages' sizes add up to more than 2^64 bytes".into()));
         }
         Ok(())
     }
@@ -168,6 +201,14 @@ pub(crate) struct Arrays {
 }
 
 impl Arrays {
+    /// The same with every time multiplied by `k`.
+    pub fn with_times_scaled(mut self, k: f64) -> Arrays {
+        for t in self.fw.iter_mut().chain(self.bw.iter_mut()) {
+            *t *= k;
+        }
+        self
+    }
+
     /// Sizes in slots of `unit` bytes, rounded up.
     pub fn in_slots(&self, unit: u64) -> Arrays {
         let d = |v: &Vec<u64>| v.iter().map(|&b| b.div_ceil(unit.max(1))).collect();

@@ -46,4 +46,6 @@ pub use baselines::{baseline, Baseline};
 pub use chain::{Chain, ChainError, Loss, Stage};
 pub use revolve::{revolve_forwards, revolve_forwards_dp, revolve_repetitions};
 pub use schedule::{format_ops, simulate, Op, Outcome, ScheduleError};
-pub use solver::{solve, Plan, SolveError, Solver, Tree};
+pub use solver::{
+    solve, solve_with_progress, table_bytes, Plan, Progress, SolveError, Solver, Tree, TABLE_LIMIT_BYTES,
+};

@@ -66,11 +66,58 @@ impl Tree {
 pub enum SolveError {
     #[error(transparent)]
     Chain(#[from] ChainError),
-    #[error("no schedule fits in {budget} bytes; the least budget that fits with as many slots is {least} bytes")]
-    Infeasible { budget: u64, least: u64 },
+    #[error("{}", infeasible_message(*.budget, *.slots, *.least, *.least_bytes))]
+    Infeasible {
+        budget: u64,
+        slots: u32,
+        /// The least budget with a schedule at this number of slots (to one slot), or `None`
+        /// when none has: rounding to slots leaves too few of them whatever the budget.
+        least: Option<u64>,
+        /// The least budget with a schedule when sizes are not rounded (`u64::MAX`: more than that).
+        least_bytes: u64,
+    },
+    /// The table would take more memory than [`TABLE_LIMIT_BYTES`].
+    #[error(
+        "{stages} stages at {slots} slots need a table of {} MiB (stages² / 2 × slots × 4 bytes), more than the \
+         {} MiB allowed; use --slots {fitting} or fewer",
+        table_bytes / (1 << 20),
+        TABLE_LIMIT_BYTES / (1 << 20)
+    )]
+    TooLarge { stages: usize, slots: u32, table_bytes: u128, fitting: u32 },
     #[error("{0}")]
     BadArgument(String),
 }
+
+fn infeasible_message(budget: u64, slots: u32, least: Option<u64>, least_bytes: u64) -> String {
+    match least {
+        Some(least) => {
+            format!("no schedule fits in {budget} bytes; the least budget that fits at {slots} slots is {least} bytes")
+        }
+        None if least_bytes == u64::MAX => {
+            format!("no schedule fits in {budget} bytes: the chain needs more than 2^64 bytes")
+        }
+        None => format!(
+            "no schedule fits in {slots} slots whatever the budget: sizes rounded up to whole slots take more \
+             slots than there are; use more slots (without rounding, the least budget is {least_bytes} bytes)"
+        ),
+    }
+}
+
+/// The most stages a chain may have, the loss included: the work grows with
+/// their cube (4,096 take minutes at a few dozen slots).
+pub const MAX_STAGES: usize = 4096;
+
+/// The most memory the solver's table may take: 2 GiB.
+pub const TABLE_LIMIT_BYTES: u128 = 2 << 30;
+
+/// Bytes of the table for `stages` stages (the loss included) and `slots` slots.
+pub fn table_bytes(stages: usize, slots: u32) -> u128 {
+    let n = stages as u128;
+    n * (n + 1) / 2 * (slots as u128 + 1) * 4
+}
+
+/// Progress of a long solve: the phase, work done and the total, in any unit.
+pub type Progress<'a> = &'a mut dyn FnMut(&'static str, u64, u64);
 
 /// An optimal schedule.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,7 +139,12 @@ pub struct Solver {
     unit: u64,
     budget: u64,
     /// The number of slots asked for (the budget's slot size follows from it).
-    slots: u64,
+    slots: u32,
+    /// Times in the table are the chain's times × this power of two, which
+    /// keeps their sums well inside `f32`'s range whatever the chain's unit.
+    time_scale: f64,
+    /// Whether any schedule fits (the table is filled only then).
+    feasible: bool,
     opt: Vec<f32>,
     /// Prefix sums of forward times (in `f32`, as the table uses them).
     prefix: Vec<f64>,
@@ -101,24 +153,35 @@ pub struct Solver {
 impl Solver {
     /// Fills the table for `budget` bytes in `slots` slots.
     pub fn new(chain: &Chain, budget: u64, slots: u32) -> Result<Solver, SolveError> {
+        Solver::with_progress(chain, budget, slots, &mut |_, _, _| {})
+    }
+
+    /// [`Solver::new`], reporting progress as it fills the table.
+    pub fn with_progress(chain: &Chain, budget: u64, slots: u32, progress: Progress) -> Result<Solver, SolveError> {
         chain.check()?;
         if slots == 0 || budget == 0 {
             return Err(SolveError::BadArgument("the budget and the number of slots must be positive".into()));
         }
         let n = chain.len_with_loss();
-        if n > u16::MAX as usize {
-            return Err(SolveError::BadArgument(format!("{n} stages: at most {} are supported", u16::MAX)));
+        if n > MAX_STAGES {
+            return Err(SolveError::BadArgument(format!(
+                "{n} stages (the loss included): at most {MAX_STAGES} are supported (the work grows with the cube \
+                 of the stages; group layers into stages)"
+            )));
         }
-        let mut s = Solver::with_unit_arrays(chain.arrays(), budget, budget.div_ceil(slots as u64));
-        s.slots = slots as u64;
-        Ok(s)
-    }
-
-    /// Fills the table for `budget` bytes in slots of `unit` bytes.
-    fn with_unit_arrays(arrays: Arrays, budget: u64, unit: u64) -> Solver {
-        let n = arrays.fw.len();
-        let slot_arrays = arrays.in_slots(unit);
+        let arrays = chain.arrays();
+        let unit = budget.div_ceil(slots as u64);
+        let time_scale = time_scale(&arrays);
+        let slot_arrays = arrays.in_slots(unit).with_times_scaled(time_scale);
+        // Refused before anything else: the problems whose table is too large are also those whose
+        // least-budget search would take minutes.
+        if table_bytes(n, slots) > TABLE_LIMIT_BYTES {
+            let per_slot = table_bytes(n, 1) / 2;
+            let fitting = (TABLE_LIMIT_BYTES / per_slot).saturating_sub(1).min(u32::MAX as u128) as u32;
+            return Err(SolveError::TooLarge { stages: n, slots, table_bytes: table_bytes(n, slots), fitting });
+        }
         let m = (budget / unit) as usize;
+        let feasible = least_units(&slot_arrays) <= m as u64;
         let mut s = Solver {
             arrays,
             slot_arrays,
@@ -126,12 +189,16 @@ impl Solver {
             m,
             unit,
             budget,
-            slots: budget.div_ceil(unit),
+            slots,
+            time_scale,
+            feasible,
             opt: Vec::new(),
             prefix: Vec::new(),
         };
-        s.fill();
-        s
+        if feasible {
+            s.fill(progress);
+        }
+        Ok(s)
     }
 
     #[inline]
@@ -140,10 +207,13 @@ impl Solver {
         d * self.n - d * d.saturating_sub(1) / 2 + a
     }
 
-    fn fill(&mut self) {
+    fn fill(&mut self, progress: Progress) {
         let (n, m1) = (self.n, self.m + 1);
         let cells = n * (n + 1) / 2 * m1;
         self.opt = vec![INF; cells];
+        // Work grows with d × (n − d) per diagonal; reported in those units.
+        let total: u64 = (0..n as u64).map(|d| (d + 1) * (n as u64 - d)).sum();
+        let mut work_done = 0u64;
         let s = &self.slot_arrays;
         let mut prefix = vec![0f64; n + 1];
         for i in 0..n {
@@ -151,15 +221,17 @@ impl Solver {
         }
         self.prefix = prefix.clone();
         let sl = |v: u64| v.min(usize::MAX as u64) as usize;
-        let (x, xbar, ftmp, btmp) = (&s.x, &s.xbar, &s.ftmp, &s.btmp);
+        let (x, xbar) = (&s.x, &s.xbar);
         for d in 0..n {
+            progress("filling the table", work_done, total);
+            work_done += (d as u64 + 1) * (n - d) as u64;
             for a in 0..n - d {
                 let b = a + d;
                 let idx = self.interval(a, b);
                 let (done, rest) = self.opt.split_at_mut(idx * m1);
                 let row = &mut rest[..m1];
                 if d == 0 {
-                    let limit = sl((x[a + 1] + xbar[a + 1] + ftmp[a]).max(x[a + 1] + xbar[a + 1] + x[a] + btmp[a]));
+                    let limit = sl(base_min(s, a));
                     let cost = (s.fw[a] + s.bw[a]) as f32;
                     for v in row.iter_mut().skip(limit) {
                         *v = cost;
@@ -203,6 +275,7 @@ impl Solver {
                 }
             }
         }
+        progress("filling the table", total, total);
     }
 
     /// Slots free for the whole chain: the budget less the network input.
@@ -210,52 +283,27 @@ impl Solver {
         self.m.checked_sub(self.slot_arrays.x[0] as usize)
     }
 
-    /// The optimal time predicted by the table (before executing the schedule).
+    /// The optimal time predicted by the table (before executing the
+    /// schedule), in the chain's unit; infinite when nothing fits.
     pub fn predicted_time(&self) -> f64 {
         match self.top_slots() {
-            Some(m) => self.opt[self.interval(0, self.n - 1) * (self.m + 1) + m] as f64,
-            None => f64::INFINITY,
+            Some(m) if self.feasible => {
+                self.opt[self.interval(0, self.n - 1) * (self.m + 1) + m] as f64 / self.time_scale
+            }
+            _ => f64::INFINITY,
         }
     }
 
-    /// The least budget, in bytes and to the slot, with a schedule.
+    /// The least budget, in bytes and to the slot, with a schedule at this table's slot size.
     pub fn least_feasible_budget(&self) -> Option<u64> {
-        let row = &self.opt[self.interval(0, self.n - 1) * (self.m + 1)..][..self.m + 1];
-        let m = row.iter().position(|v| v.is_finite())?;
-        Some((m as u64 + self.slot_arrays.x[0]) * self.unit)
+        let need = least_units(&self.slot_arrays);
+        need.checked_mul(self.unit)
     }
 
-    /// The least feasible budget, searched in a table large enough to store
-    /// everything, at this table's slot size.
-    fn least_budget_anywhere(&self) -> u64 {
-        if let Some(b) = self.least_feasible_budget() {
-            return b;
-        }
-        let store_all = run(&self.arrays, &super::baselines::store_all_tree(self.n).ops(), None)
-            .expect("store-all is a valid schedule");
-        // Rounding to slots can need a little more than the byte peak.
-        let slack = self.unit * (2 * self.n as u64 + 4);
-        Solver::with_unit_arrays(self.arrays.clone(), store_all.peak + slack, self.unit)
-            .least_feasible_budget()
-            .unwrap_or(u64::MAX)
-    }
-
-    /// The least budget that has a schedule with this table's number of
-    /// slots (their size grows with the budget, so it is searched upward from
-    /// the least budget at this table's slot size).
-    fn least_budget_for_slots(&self) -> u64 {
-        let mut b = self.least_budget_anywhere();
-        for _ in 0..200 {
-            if b == u64::MAX {
-                break;
-            }
-            let unit = b.div_ceil(self.slots.max(1));
-            if Solver::with_unit_arrays(self.arrays.clone(), b, unit).predicted_time().is_finite() {
-                return b;
-            }
-            b = b.saturating_add(unit.max(b / 2000));
-        }
-        b
+    /// Why nothing fits: the least budgets at this number of slots and in bytes.
+    fn infeasible(&self, progress: Progress) -> SolveError {
+        let (least, least_bytes) = least_budget(&self.arrays, self.slots, progress);
+        SolveError::Infeasible { budget: self.budget, slots: self.slots, least, least_bytes }
     }
 
     /// Bytes per slot.
@@ -265,11 +313,14 @@ impl Solver {
 
     /// The optimal schedule, executed and measured.
     pub fn plan(&self) -> Result<Plan, SolveError> {
-        let infeasible = || SolveError::Infeasible { budget: self.budget, least: self.least_budget_for_slots() };
-        let m = self.top_slots().ok_or_else(infeasible)?;
-        if !self.predicted_time().is_finite() {
-            return Err(infeasible());
-        }
+        self.plan_with_progress(&mut |_, _, _| {})
+    }
+
+    /// [`Solver::plan`], reporting the search for the least budget when nothing fits.
+    pub fn plan_with_progress(&self, progress: Progress) -> Result<Plan, SolveError> {
+        let Some(m) = self.top_slots().filter(|_| self.feasible && self.predicted_time().is_finite()) else {
+            return Err(self.infeasible(progress));
+        };
         let tree = self.tree(0, self.n - 1, m);
         let ops = tree.ops();
         let outcome = run(&self.arrays, &ops, Some(self.budget)).expect("the solver's schedules fit their budget");
@@ -329,24 +380,153 @@ impl Solver {
     }
 }
 
+/// The memory `B(a)` and the forward before it need on their own: the
+/// least with which the one-stage interval (a, a) has a schedule.
+fn base_min(s: &Arrays, a: usize) -> u64 {
+    let held = s.x[a + 1].saturating_add(s.xbar[a + 1]);
+    held.saturating_add(s.ftmp[a]).max(held.saturating_add(s.x[a]).saturating_add(s.btmp[a]))
+}
+
 /// Every stage a..b−1 runs forward at least once while the gradient of b's
 /// output is held: a memory bound that no option for the interval beats.
 fn interval_min(s: &Arrays, a: usize, b: usize) -> u64 {
-    let mut m = s.x[b + 1] + s.x[a + 1] + s.ftmp[a];
+    let mut inner = s.x[a + 1].saturating_add(s.ftmp[a]);
     for k in a + 1..b {
-        m = m.max(s.x[b + 1] + s.x[k] + s.x[k + 1] + s.ftmp[k]);
+        inner = inner.max(forward_min(s, k));
     }
-    m
+    s.x[b + 1].saturating_add(inner)
+}
+
+/// Stage k's forward inside an interval: its input, its output and its transient.
+fn forward_min(s: &Arrays, k: usize) -> u64 {
+    s.x[k].saturating_add(s.x[k + 1]).saturating_add(s.ftmp[k])
 }
 
 /// The chain option's own needs: `Fall(a)` beside the gradient of b's output,
 /// and `B(a)` beside its saved data, the incoming gradient and its own.
 fn chain_min(s: &Arrays, a: usize, b: usize) -> u64 {
-    (s.x[b + 1] + s.xbar[a + 1] + s.ftmp[a]).max(s.x[a + 1] + s.xbar[a + 1] + s.x[a] + s.btmp[a]).max(s.xbar[a + 1])
+    let fall = s.x[b + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.ftmp[a]);
+    let back = s.x[a + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.x[a]).saturating_add(s.btmp[a]);
+    fall.max(back).max(s.xbar[a + 1])
+}
+
+/// The least memory, in the arrays' units, with which the whole chain has a
+/// schedule, its input included (`u64::MAX`: more than that).
+///
+/// The table's `opt(a, b, m)` is finite exactly from some `T(a, b)` on (more
+/// memory never removes an option), and each option's threshold follows from
+/// its parts' thresholds: a leaf at j needs `max(mmin, T(j, b) + x[j],
+/// T(a, j−1))`, the chain `max(mmin, chain_min, T(a+1, b) + x̄[a+1])`, one
+/// stage `base_min`. So the least budget is found in O(n³) steps without a
+/// column per slot — which is what answering "nothing fits" must not need.
+fn least_units(s: &Arrays) -> u64 {
+    let n = s.fw.len();
+    // T twice, by start (row a holds b = a..n) and by end (column b holds a = 0..=b), so the
+    // leaf options of an interval read two contiguous runs: a loop the compiler vectorises.
+    let row = |a: usize| a * n - a * a.saturating_sub(1) / 2;
+    let col = |b: usize| b * (b + 1) / 2;
+    let mut rows = vec![0u64; n * (n + 1) / 2];
+    let mut cols = vec![0u64; n * (n + 1) / 2];
+    for a in (0..n).rev() {
+        let ra = row(a);
+        rows[ra] = base_min(s, a);
+        cols[col(a) + a] = rows[ra];
+        // interval_min(a, b), kept as b grows.
+        let mut inner = s.x[a + 1].saturating_add(s.ftmp[a]);
+        for b in a + 1..n {
+            if b >= a + 2 {
+                inner = inner.max(forward_min(s, b - 1));
+            }
+            let mmin = s.x[b + 1].saturating_add(inner);
+            let chain = mmin.max(chain_min(s, a, b)).max(rows[row(a + 1) + b - a - 1].saturating_add(s.xbar[a + 1]));
+            // Leaves at j = a+1..=b: T(j, b) + x[j] beside T(a, j−1).
+            let right = &cols[col(b) + a + 1..=col(b) + b];
+            let left = &rows[ra..ra + (b - a)];
+            let leaf = right
+                .iter()
+                .zip(&s.x[a + 1..=b])
+                .zip(left)
+                .map(|((&t, &x), &l)| t.saturating_add(x).max(l))
+                .min()
+                .unwrap_or(u64::MAX);
+            let best = chain.min(mmin.max(leaf));
+            rows[ra + b - a] = best;
+            cols[col(b) + a] = best;
+        }
+    }
+    rows[row(0) + n - 1].saturating_add(s.x[0])
+}
+
+/// The least budget with a schedule at `slots` slots, to one slot (`None`
+/// when no budget has one), and the least in bytes without rounding.
+///
+/// A budget B fits at S slots when the chain's least, with sizes rounded up
+/// to slots of ⌈B/S⌉ bytes, is at most ⌊B / ⌈B/S⌉⌋ slots. Rounding only adds,
+/// so nothing below the byte-exact least fits; once a slot outgrows every
+/// size, each tensor takes one slot, so if that count exceeds S no budget
+/// fits. Between the two the search doubles, then halves to one slot.
+fn least_budget(arrays: &Arrays, slots: u32, progress: Progress) -> (Option<u64>, u64) {
+    let exact = least_units(arrays);
+    if exact == u64::MAX || least_units(&arrays.in_slots(u64::MAX)) > slots as u64 {
+        return (None, exact);
+    }
+    let s = slots as u64;
+    let fits = |b: u64| {
+        let unit = b.div_ceil(s).max(1);
+        least_units(&arrays.in_slots(unit)) <= b / unit
+    };
+    let mut steps = 0u64;
+    let mut report = || {
+        steps += 1;
+        progress("searching for the least budget", steps.min(99), 100);
+    };
+    if fits(exact) {
+        return (Some(exact), exact);
+    }
+    let mut hi = exact;
+    let mut lo;
+    loop {
+        report();
+        if hi == u64::MAX {
+            return (None, exact);
+        }
+        lo = hi;
+        hi = hi.saturating_mul(2);
+        if fits(hi) {
+            break;
+        }
+    }
+    while hi - lo > hi.div_ceil(s).max(1) {
+        report();
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    (Some(hi), exact)
+}
+
+/// A power of two that brings the chain's total time to (0.5, 1], so sums
+/// of times in the `f32` table neither overflow nor lose their low bits to
+/// underflow, whatever unit the times are in.
+fn time_scale(a: &Arrays) -> f64 {
+    let total: f64 = a.fw.iter().chain(&a.bw).sum();
+    if total > 0.0 && total.is_finite() {
+        2f64.powi(-(total.log2().ceil() as i32))
+    } else {
+        1.0
+    }
 }
 
 /// The fastest schedule of `chain` within `budget` bytes, sizes rounded up
 /// to `budget / slots`-byte slots.
 pub fn solve(chain: &Chain, budget: u64, slots: u32) -> Result<Plan, SolveError> {
     Solver::new(chain, budget, slots)?.plan()
+}
+
+/// [`solve`], reporting progress on long chains.
+pub fn solve_with_progress(chain: &Chain, budget: u64, slots: u32, progress: Progress) -> Result<Plan, SolveError> {
+    Solver::with_progress(chain, budget, slots, progress)?.plan_with_progress(progress)
 }

@@ -1,0 +1,154 @@
+//! Every command the documentation shows — in README.md's and docs/'s code blocks, as
+//! runnable inline code, and in each command's `--help` examples — runs and exits as
+//! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort.
+//!
+//! The files the examples name generically (`trace.jsonl`, `./config.json`) are made in a
+//! scratch directory that also links the repository's `data/`; lines with `...` elide
+//! arguments and are skipped.
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const CARGO_RUN: &str = "cargo run --release -p headroom-cli -- ";
+
+/// The command lines of a markdown file: code-block lines and inline spans that run headroom.
+fn from_markdown(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_block = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block {
+            if line.starts_with("headroom ") || line.starts_with(CARGO_RUN) {
+                out.push(line.to_string());
+            }
+        } else {
+            for (i, span) in line.split('`').enumerate() {
+                if i % 2 == 1 && span.starts_with(CARGO_RUN) {
+                    out.push(span.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The examples of `headroom COMMAND --help`, rejoined where the help text wrapped them.
+fn from_help(command: &[&str]) -> Vec<String> {
+    let out = Command::cargo_bin("headroom").unwrap().args(command).arg("--help").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let examples = text.split_once("Example").map(|(_, e)| e).unwrap_or("");
+    let mut lines: Vec<String> = Vec::new();
+    for l in examples.lines().skip(1) {
+        let l = l.trim();
+        if l.starts_with("headroom ") {
+            lines.push(l.to_string());
+        } else if let Some(last) = lines.last_mut() {
+            if !l.is_empty() {
+                last.push(' ');
+                last.push_str(l);
+            }
+        }
+    }
+    lines
+}
+
+/// Splits a shell line into arguments (single quotes only, as the docs use), dropping a `#` comment.
+fn words(line: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut cur = String::new();
+    let (mut quoted, mut started) = (false, false);
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                started = true;
+            }
+            '#' if !quoted && !started => break,
+            c if c.is_whitespace() && !quoted => {
+                if started {
+                    args.push(std::mem::take(&mut cur));
+                    started = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        args.push(cur);
+    }
+    args
+}
+
+fn scratch() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    std::fs::copy(repo().join("data/traces/gpt2-small-train.jsonl"), p.join("trace.jsonl")).unwrap();
+    std::fs::write(
+        p.join("config.json"),
+        r#"{"model_type":"mistral","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
+            "intermediate_size":14336,"vocab_size":32000,"max_position_embeddings":32768}"#,
+    )
+    .unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(repo().join("data"), p.join("data")).unwrap();
+    dir
+}
+
+fn run_all(lines: &[String], dir: &Path) -> usize {
+    let mut ran = 0;
+    for line in lines {
+        if line.contains("...") {
+            continue;
+        }
+        let line = line.strip_prefix(CARGO_RUN).unwrap_or(line);
+        let mut args = words(line);
+        if args.first().map(String::as_str) == Some("headroom") {
+            args.remove(0);
+        }
+        let out = Command::cargo_bin("headroom").unwrap().args(&args).current_dir(dir).output().unwrap();
+        let code = out.status.code();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(code, Some(0 | 1)), "`{line}` exited {code:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "`{line}`: {stderr}");
+        ran += 1;
+    }
+    ran
+}
+
+#[test]
+fn every_documented_command_runs_as_documented() {
+    let mut lines = Vec::new();
+    let mut docs: Vec<PathBuf> = vec![repo().join("README.md")];
+    docs.extend(std::fs::read_dir(repo().join("docs")).unwrap().map(|e| e.unwrap().path()));
+    for doc in docs.iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
+        lines.extend(from_markdown(&std::fs::read_to_string(doc).unwrap()));
+    }
+    for command in [&["plan"][..], &["replay"], &["kv", "simulate"], &["checkpoint"]] {
+        let examples = from_help(command);
+        assert!(!examples.is_empty(), "{command:?} --help shows examples");
+        lines.extend(examples);
+    }
+    let dir = scratch();
+    let ran = run_all(&lines, dir.path());
+    eprintln!("{ran} documented commands ran");
+    assert!(ran >= 20, "only {ran} commands found");
+}
+
+#[test]
+fn shell_words_and_comments() {
+    assert_eq!(
+        words("replay t.jsonl --alloc-conf '' --json   # a comment"),
+        ["replay", "t.jsonl", "--alloc-conf", "", "--json"]
+    );
+    assert_eq!(words("--alloc-conf 'a b'"), ["--alloc-conf", "a b"]);
+}
