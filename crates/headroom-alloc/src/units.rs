@@ -22,6 +22,86 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// Bytes of each unit, lower case; SI units are powers of 1000, `…ib` of 1024
+/// (a bare `k`, `m`, … is SI, as in `bytesize`).
+const UNITS: [(&str, u128); 19] = [
+    ("b", 1),
+    ("k", 1_000),
+    ("kb", 1_000),
+    ("kib", 1 << 10),
+    ("m", 1_000_000),
+    ("mb", 1_000_000),
+    ("mib", 1 << 20),
+    ("g", 1_000_000_000),
+    ("gb", 1_000_000_000),
+    ("gib", 1 << 30),
+    ("t", 1_000_000_000_000),
+    ("tb", 1_000_000_000_000),
+    ("tib", 1 << 40),
+    ("pb", 1_000_000_000_000_000),
+    ("pib", 1 << 50),
+    ("eb", 1_000_000_000_000_000_000),
+    ("eib", 1 << 60),
+    ("p", 1_000_000_000_000_000),
+    ("e", 1_000_000_000_000_000_000),
+];
+
+/// Parses a byte count as people write it: whole bytes (`4096`), or a number,
+/// fractions allowed, and a unit (`80GiB`, `24GB`, `1.5GiB`); fractions of a
+/// byte are dropped. Written here rather than taken from `bytesize`, whose
+/// parser saturates values past 2^64 − 1 to 16 EiB without a word and
+/// reports a number too large as an unknown unit: a size typed wrong must be
+/// refused with what is wrong with it.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("a size is needed (write bytes, or e.g. 80GiB, 24GB)".to_string());
+    }
+    if t.starts_with('-') {
+        return Err(format!("{s:?} is negative; a size is at least 0 bytes"));
+    }
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    // An `e` that ends the string or starts the unit (`1e`, `2EiB`) is the exabyte unit, not an exponent.
+    let split = match t[..split].rfind(['e', 'E']) {
+        Some(i) if !t[i + 1..].starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+') => i,
+        _ => split,
+    };
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let scale = if unit.is_empty() {
+        1
+    } else {
+        let u = unit.to_ascii_lowercase();
+        match UNITS.iter().find(|(name, _)| *name == u) {
+            Some(&(_, scale)) => scale,
+            None => {
+                return Err(format!(
+                    "{s:?}: unknown unit `{unit}` (use B, KB, MB, GB, TB, PB, EB or KiB, MiB, GiB, TiB, PiB, EiB)"
+                ))
+            }
+        }
+    };
+    if number.is_empty() {
+        return Err(format!("{s:?} has no number before its unit"));
+    }
+    let too_big = || format!("{s:?} is more than the largest size, 2^64 − 1 bytes (16 EiB)");
+    if number.bytes().all(|b| b.is_ascii_digit()) {
+        let n: u128 = number.parse().map_err(|_| too_big())?;
+        return u64::try_from(n.checked_mul(scale).ok_or_else(too_big)?).map_err(|_| too_big());
+    }
+    let x: f64 = match number.parse() {
+        Ok(x) => x,
+        Err(_) => return Err(format!("{s:?} is not a size (write bytes, or e.g. 80GiB, 24GB)")),
+    };
+    if !x.is_finite() {
+        return Err(format!("{s:?} is not a finite size"));
+    }
+    let bytes = x * scale as f64;
+    if bytes >= 18_446_744_073_709_551_616.0 {
+        return Err(too_big());
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,5 +115,47 @@ mod tests {
         assert_eq!(format_size(20 * MIB), "20.00 MiB");
         assert_eq!(format_size(GIB), "1024.00 MiB");
         assert_eq!(format_size(80 * GIB), "80.00 GiB");
+    }
+
+    #[test]
+    fn units_fractions_and_plain_bytes() {
+        for (s, want) in [
+            ("4096", 4096),
+            ("80GiB", 80 << 30),
+            ("80 GiB", 80 << 30),
+            ("24GB", 24_000_000_000),
+            ("1.5GiB", 3 << 29),
+            ("0.5KiB", 512),
+            ("2k", 2000),
+            ("1e3", 1000),
+            ("2E", 2_000_000_000_000_000_000),
+            ("1.5e3KiB", 1_536_000),
+            ("18446744073709551615", u64::MAX),
+        ] {
+            assert_eq!(parse_size(s), Ok(want), "{s}");
+        }
+    }
+
+    #[test]
+    fn every_mistake_is_named() {
+        for (s, needle) in [
+            ("", "a size is needed"),
+            ("-1", "negative"),
+            ("99999999999999999999999", "2^64"),
+            ("16EiB", "2^64"),
+            ("17EiB", "2^64"),
+            ("1000EiB", "2^64"),
+            ("18446744073709551616", "2^64"),
+            ("1e30", "2^64"),
+            ("12 parsecs", "unknown unit `parsecs`"),
+            ("GiB", "no number"),
+            ("lots", "unknown unit"),
+            ("1.2.3GiB", "not a size"),
+            ("inf", "unknown unit"),
+            ("NaN", "unknown unit"),
+        ] {
+            let e = parse_size(s).unwrap_err();
+            assert!(e.contains(needle), "{s:?}: {e}");
+        }
     }
 }

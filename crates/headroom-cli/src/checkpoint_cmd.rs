@@ -1,12 +1,11 @@
 //! `headroom checkpoint`: the fastest activation-checkpointing schedule of a
 //! chain of layers within a memory budget, against the usual baselines.
 
-use crate::bytes_arg::parse_bytes;
 use crate::progress::LazyBar;
 use crate::Outcome;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use headroom_alloc::units::format_size;
+use headroom_alloc::units::{format_size, parse_size};
 use headroom_plan::checkpoint::{baseline, format_ops, simulate, solve_with_progress, Baseline, Chain, SolveError};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -62,7 +61,7 @@ pub fn run(args: CheckpointArgs) -> Result<Outcome> {
         anyhow!("reading {}: not UTF-8 text (byte {} is not)", args.chain.display(), e.utf8_error().valid_up_to() + 1)
     })?;
     let chain = Chain::from_json(&text).with_context(|| format!("reading {}", args.chain.display()))?;
-    let budget = parse_bytes(&args.budget).context("--budget")?;
+    let budget = parse_size(&args.budget).map_err(|e| anyhow!("--budget: {e}"))?;
     if budget == 0 {
         bail!("--budget must be positive");
     }
@@ -135,7 +134,7 @@ pub fn run(args: CheckpointArgs) -> Result<Outcome> {
         chain.stages.len(),
         format_size(budget),
         args.slots,
-        format_size(budget.div_ceil(args.slots as u64))
+        format_size((budget / args.slots as u64).max(1))
     );
     outln!(
         out,

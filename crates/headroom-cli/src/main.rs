@@ -18,7 +18,6 @@ macro_rules! outln {
     }};
 }
 
-mod bytes_arg;
 mod checkpoint_cmd;
 mod kv_cmd;
 mod out_file;

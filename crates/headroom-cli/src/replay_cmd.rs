@@ -1,13 +1,12 @@
 //! `headroom replay`: a JSONL trace through the caching allocator on a
 //! simulated GPU, under one or more `PYTORCH_CUDA_ALLOC_CONF` settings.
 
-use crate::bytes_arg::parse_bytes;
 use crate::out_file::{check_output, write_atomically};
 use crate::progress::LazyBar;
 use crate::Outcome;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use headroom_alloc::units::format_size;
+use headroom_alloc::units::{format_size, parse_size};
 use headroom_alloc::{AllocatorConfig, Backend};
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport};
@@ -145,7 +144,7 @@ struct Run {
 }
 
 fn parse_capacity(s: &str) -> Result<u64> {
-    let n = parse_bytes(s).context("--capacity")?;
+    let n = parse_size(s).map_err(|e| anyhow!("--capacity: {e}"))?;
     if n < (2 << 20) {
         bail!("--capacity {s:?} is smaller than one 2 MiB segment");
     }

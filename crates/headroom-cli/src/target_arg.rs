@@ -1,8 +1,8 @@
 //! The model and the GPU a command is about: `--model`, `--gpu`, `--gpu-memory`.
 
-use crate::bytes_arg::parse_bytes;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use headroom_alloc::units::parse_size;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::model::{preset, Model};
 use std::path::Path;
@@ -30,7 +30,7 @@ impl Target {
         let model = self.model()?;
         let mut g = gpu(&self.gpu).map_err(|e| anyhow!(e))?;
         if let Some(m) = &self.gpu_memory {
-            let bytes = parse_bytes(m).context("--gpu-memory")?;
+            let bytes = parse_size(m).map_err(|e| anyhow!("--gpu-memory: {e}"))?;
             if bytes < MIN_GPU_MEMORY {
                 bail!("--gpu-memory {m:?} is less than 1 MiB; give a unit, e.g. 24GiB");
             }

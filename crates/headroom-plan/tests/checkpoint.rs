@@ -349,6 +349,11 @@ proptest! {
                     let plan = solve(&chain, l, slots);
                     prop_assert!(plan.is_ok(), "{:?}", plan);
                     prop_assert!(plan.unwrap().outcome.peak <= l);
+                    // From slots² bytes on, every larger budget fits too.
+                    let from = l.max((slots as u64).pow(2));
+                    for b in [from, from + 1, from + from / 3 + 7, 2 * from + 1] {
+                        prop_assert!(solve(&chain, b, slots).is_ok(), "{} fits but {} does not", l, b);
+                    }
                 }
             }
             other => return Err(TestCaseError::fail(format!("{other:?}"))),

@@ -32,9 +32,10 @@
 //! check; on chains whose activations do not grow along the chain, the two
 //! agree.
 //!
-//! Sizes are discretised into `slots` units of `budget / slots` bytes,
-//! rounded up (rotor's default is 500 slots), so a schedule that fits in
-//! slots fits in bytes.
+//! Sizes are discretised into slots of ⌊budget / slots⌋ bytes, rounded up
+//! (rotor's default is 500 slots), so a schedule that fits in slots fits in
+//! bytes; from `slots²` bytes of budget on, any budget larger than one that
+//! fits also fits.
 
 mod baselines;
 mod chain;

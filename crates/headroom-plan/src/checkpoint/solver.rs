@@ -170,7 +170,7 @@ impl Solver {
             )));
         }
         let arrays = chain.arrays();
-        let unit = budget.div_ceil(slots as u64);
+        let unit = slot_unit(budget, slots);
         let time_scale = time_scale(&arrays);
         let slot_arrays = arrays.in_slots(unit).with_times_scaled(time_scale);
         // Refused before anything else: the problems whose table is too large are also those whose
@@ -180,6 +180,7 @@ impl Solver {
             let fitting = (TABLE_LIMIT_BYTES / per_slot).saturating_sub(1).min(u32::MAX as u128) as u32;
             return Err(SolveError::TooLarge { stages: n, slots, table_bytes: table_bytes(n, slots), fitting });
         }
+        // S slots, up to 2S − 1 when the budget is under S² bytes (a slot of a few bytes).
         let m = (budget / unit) as usize;
         let feasible = least_units(&slot_arrays) <= m as u64;
         let mut s = Solver {
@@ -461,18 +462,19 @@ fn least_units(s: &Arrays) -> u64 {
 /// when no budget has one), and the least in bytes without rounding.
 ///
 /// A budget B fits at S slots when the chain's least, with sizes rounded up
-/// to slots of ⌈B/S⌉ bytes, is at most ⌊B / ⌈B/S⌉⌋ slots. Rounding only adds,
+/// to slots of u = ⌊B/S⌋ bytes, is at most ⌊B/u⌋ slots. Rounding only adds,
 /// so nothing below the byte-exact least fits; once a slot outgrows every
 /// size, each tensor takes one slot, so if that count exceeds S no budget
-/// fits. Between the two the search doubles, then halves to one slot.
+/// fits. Between the two the search doubles, then halves to one slot; from
+/// S² bytes on fitting is monotone (see [`slot_unit`]), so the answer is the
+/// least there, and every larger budget fits.
 fn least_budget(arrays: &Arrays, slots: u32, progress: Progress) -> (Option<u64>, u64) {
     let exact = least_units(arrays);
     if exact == u64::MAX || least_units(&arrays.in_slots(u64::MAX)) > slots as u64 {
         return (None, exact);
     }
-    let s = slots as u64;
     let fits = |b: u64| {
-        let unit = b.div_ceil(s).max(1);
+        let unit = slot_unit(b, slots);
         least_units(&arrays.in_slots(unit)) <= b / unit
     };
     let mut steps = 0u64;
@@ -496,7 +498,7 @@ fn least_budget(arrays: &Arrays, slots: u32, progress: Progress) -> (Option<u64>
             break;
         }
     }
-    while hi - lo > hi.div_ceil(s).max(1) {
+    while hi - lo > slot_unit(hi, slots) {
         report();
         let mid = lo + (hi - lo) / 2;
         if fits(mid) {
@@ -506,6 +508,18 @@ fn least_budget(arrays: &Arrays, slots: u32, progress: Progress) -> (Option<u64>
         }
     }
     (Some(hi), exact)
+}
+
+/// Bytes per slot for `budget` in `slots` slots: ⌊budget / slots⌋ (at least
+/// 1), so the budget holds at least `slots` whole slots. Rounded down rather
+/// than up because that makes fitting monotone in the budget: from `slots²`
+/// bytes on, the budget holds exactly `slots` slots, and a larger budget only
+/// has larger slots, in which every size takes as many or fewer — so it fits
+/// whatever a smaller budget fits. (Rounded up, a budget one byte over a
+/// multiple of `slots` holds a slot fewer, and a larger budget could fail
+/// where a smaller one fit.)
+fn slot_unit(budget: u64, slots: u32) -> u64 {
+    (budget / slots as u64).max(1)
 }
 
 /// A power of two that brings the chain's total time to (0.5, 1], so sums
@@ -521,7 +535,7 @@ fn time_scale(a: &Arrays) -> f64 {
 }
 
 /// The fastest schedule of `chain` within `budget` bytes, sizes rounded up
-/// to `budget / slots`-byte slots.
+/// to slots of ⌊budget / slots⌋ bytes.
 pub fn solve(chain: &Chain, budget: u64, slots: u32) -> Result<Plan, SolveError> {
     Solver::new(chain, budget, slots)?.plan()
 }
