@@ -12,9 +12,10 @@ use headroom_plan::infer::{self, InferConfig, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::search::{recommend, SearchSpace};
+use headroom_plan::step::Phase;
 use headroom_plan::train::{
-    self, ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Optimizer,
-    PipelineStage, Precision, TrainConfig,
+    self, ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, Head, LoraTargets, Offload,
+    Optimizer, PipelineStage, Precision, TrainConfig,
 };
 use serde_json::json;
 
@@ -27,8 +28,13 @@ use serde_json::json;
 /// fastest schedule that fits the GPU), logits and the loss, temporaries
 /// (cuBLAS workspace, ZeRO-3's gathered layer, QLoRA's dequantized matrix,
 /// the offload bucket), and the framework (CUDA context, NCCL, the
-/// allocator's slack). Inference: weights at their width, the KV cache, the
-/// prefill activations, and how many sequences fit.
+/// allocator's slack). Where transformers runs the job (--framework auto:
+/// one model replica per GPU, full fine-tuning, no or full checkpointing),
+/// activations come from recipes measured on its code and the peak is the
+/// largest phase of the step — forward at the loss, backward, optimizer step
+/// — as real steps show (docs/VALIDATION.md); elsewhere every term is summed
+/// with Korthikanti's activations (Megatron). Inference: weights at their
+/// width, the KV cache, the prefill activations, and how many sequences fit.
 ///
 /// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
 /// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
@@ -116,6 +122,15 @@ pub struct PlanArgs {
     optimizer: OptimizerArg,
     #[arg(long, conflicts_with = "infer", value_enum, default_value_t = AttentionArg::Sdpa)]
     attention: AttentionArg,
+    /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
+    /// (one model replica per GPU, full fine-tuning, no or full checkpointing; activations
+    /// from its measured recipes, the peak from the step's phases), Megatron-LM otherwise.
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = FrameworkArg::Auto)]
+    framework: FrameworkArg,
+    /// The output layer and loss: vocabulary logits for every position (causal-lm,
+    /// masked-lm) or a classifier (seq-cls).
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = HeadArg::CausalLm)]
+    head: HeadArg,
     /// none, full, selective, every-K (e.g. every-4), or optimal.
     #[arg(long, conflicts_with = "infer", default_value = "none")]
     checkpoint: String,
@@ -197,6 +212,22 @@ enum AttentionArg {
     Eager,
     Sdpa,
     Flash,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FrameworkArg {
+    Auto,
+    /// Hugging Face transformers
+    Hf,
+    /// Megatron-LM
+    Megatron,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum HeadArg {
+    CausalLm,
+    MaskedLm,
+    SeqCls,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -292,6 +323,30 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let par = &cfg.parallel;
     let mut out = String::new();
     let context_note = context_note(&model, a.seq);
+    let recommendations = recs
+        .iter()
+        .take(20)
+        .map(|r| {
+            json!({
+                "precision": format!("{:?}", r.config.precision).to_lowercase(),
+                "attention": format!("{:?}", r.config.attention).to_lowercase(),
+                "checkpoint": checkpoint_name(r.config.checkpointing),
+                "framework": r.estimate.framework.name(),
+                "parallel": parallel_json(&r.config.parallel),
+                "zero_stage": r.config.parallel.zero_stage,
+                "offload": offload_name(r.config.offload),
+                "micro_batch": r.config.micro_batch,
+                "accumulation": r.config.accumulation,
+                "per_gpu_bytes": r.estimate.per_gpu_bytes,
+                "step_time_s": r.estimate.step_time_s,
+                "tokens_per_s": r.estimate.tokens_per_s,
+                "mfu": r.estimate.mfu,
+            })
+        })
+        .collect::<Vec<_>>();
+    let phases_json = e
+        .phases
+        .map(|p| json!({ "forward": p.forward.total, "backward": p.backward.total, "optimizer": p.optimizer.total }));
     if a.json {
         let v = json!({
             "model": model.name,
@@ -316,6 +371,10 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             },
             "host_bytes": e.host_bytes,
             "allocated_bytes": e.allocated_bytes,
+            "tensor_bytes": e.tensor_bytes,
+            "framework": e.framework.name(),
+            "peak_phase": e.phase.map(|p| p.name()),
+            "phases": phases_json,
             "step_time_s": e.step_time_s,
             "tokens_per_s": e.tokens_per_s,
             "mfu": e.mfu,
@@ -323,20 +382,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             "max_batch": max_batch,
             "max_batch_is_search_limit": max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
             "configurations_searched": tried,
-            "recommendations": recs.iter().take(20).map(|r| json!({
-                "precision": format!("{:?}", r.config.precision).to_lowercase(),
-                "attention": format!("{:?}", r.config.attention).to_lowercase(),
-                "checkpoint": checkpoint_name(r.config.checkpointing),
-                "parallel": parallel_json(&r.config.parallel),
-                "zero_stage": r.config.parallel.zero_stage,
-                "offload": offload_name(r.config.offload),
-                "micro_batch": r.config.micro_batch,
-                "accumulation": r.config.accumulation,
-                "per_gpu_bytes": r.estimate.per_gpu_bytes,
-                "step_time_s": r.estimate.step_time_s,
-                "tokens_per_s": r.estimate.tokens_per_s,
-                "mfu": r.estimate.mfu,
-            })).collect::<Vec<_>>(),
+            "recommendations": recommendations,
             "engine_config": emitted,
             "note": e.note,
             "context_note": context_note,
@@ -380,6 +426,20 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             "tensors alone (torch.cuda.max_memory_allocated): {}; the framework term is the CUDA context, NCCL and the allocator's slack",
             format_size(e.allocated_bytes as u64)
         );
+        if let (Some(phase), Some(p)) = (e.phase, e.phases) {
+            outln!(
+                out,
+                "the peak is in the {} (transformers' code: forward {}, backward {}, optimizer step {}, tensors only)",
+                match phase {
+                    Phase::Forward => "forward, at the loss",
+                    Phase::Backward => "backward",
+                    Phase::Optimizer => "optimizer step",
+                },
+                format_size(p.forward.total as u64),
+                format_size(p.backward.total as u64),
+                format_size(p.optimizer.total as u64)
+            );
+        }
         if par.pipeline > 1 {
             outln!(
                 out,
@@ -427,10 +487,11 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             );
             outln!(
                 out,
-                "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
+                "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
                 "prec",
                 "attn",
                 "checkpoint",
+                "framework",
                 "tp·pp·cp·dp",
                 "zero",
                 "offload",
@@ -445,10 +506,11 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
                 let p = &r.config.parallel;
                 outln!(
                     out,
-                    "  {:<6} {:<6} {:<10} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
+                    "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
                     format!("{:?}", r.config.precision).to_lowercase(),
                     format!("{:?}", r.config.attention).to_lowercase(),
                     checkpoint_name(r.config.checkpointing),
+                    r.estimate.framework.name(),
                     format!(
                         "{}·{}{}·{}·{}",
                         p.tensor,
@@ -551,6 +613,16 @@ fn train_config(a: &PlanArgs) -> Result<TrainConfig> {
             OffloadArg::Params => Offload::OptimizerAndParams,
         },
         coefficients: ActivationModel::default(),
+        framework: match a.framework {
+            FrameworkArg::Auto => Framework::Auto,
+            FrameworkArg::Hf => Framework::HuggingFace,
+            FrameworkArg::Megatron => Framework::Megatron,
+        },
+        head: match a.head {
+            HeadArg::CausalLm => Head::CausalLm,
+            HeadArg::MaskedLm => Head::MaskedLm,
+            HeadArg::SeqCls => Head::SeqCls,
+        },
     })
 }
 

@@ -420,7 +420,7 @@ fn w9_u10_settings_headroom_does_not_simulate_are_said() {
 #[test]
 fn w11_max_batch_is_the_answer_not_the_ceiling() {
     let plan = |extra: &[&str]| {
-        let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory", "1000000GiB", "--json"];
+        let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory", "10000000GiB", "--json"];
         headroom(&[&p[..], extra].concat()).json()
     };
     let v = plan(&["--max-batch"]);

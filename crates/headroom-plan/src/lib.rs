@@ -14,5 +14,7 @@ pub mod infer;
 pub mod json;
 pub mod model;
 pub mod parallel;
+pub mod recipe;
 pub mod search;
+pub mod step;
 pub mod train;

@@ -37,6 +37,9 @@ pub enum Family {
 pub struct Model {
     pub name: String,
     pub family: Family,
+    /// The `model_type` of its `config.json` (`llama`, `gemma`, `gpt_neox`, ...): which
+    /// transformers code runs it, for the activation recipes.
+    pub model_type: &'static str,
     pub hidden: u64,
     pub layers: u64,
     pub heads: u64,
@@ -59,6 +62,17 @@ pub struct Model {
     pub sliding_window: Option<u64>,
     /// T5's relative-position buckets (one table per stack).
     pub relative_buckets: u64,
+}
+
+/// The output layer and its loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Next-token prediction: logits over the vocabulary for every position.
+    CausalLm,
+    /// Masked-token prediction (BERT): logits over the vocabulary for every position.
+    MaskedLm,
+    /// Sequence classification: a few logits a sequence.
+    SeqCls,
 }
 
 /// A config that cannot be read.
@@ -174,6 +188,21 @@ impl Model {
         matches!(self.family, Family::Gpt2 | Family::Bert)
     }
 
+    /// Parameters with a given output layer: [`Model::params`] counts the decoders' LM head
+    /// and BERT's pooler (`BertModel`); BERT's masked-LM head adds a transform's norm and
+    /// an output bias (it has no pooler, and its dense layer is the pooler's size), a
+    /// classifier replaces an LM head with a 2-label layer.
+    pub fn params_with(&self, head: Head) -> u64 {
+        let (h, v) = (self.hidden, self.vocab);
+        let untied_head = if self.tied_embeddings { 0 } else { v * h };
+        match (self.family, head) {
+            (Family::Bert, Head::SeqCls) => self.params() + 2 * h + 2,
+            (Family::Bert, _) => self.params() + 2 * h + v,
+            (Family::T5, _) | (_, Head::CausalLm | Head::MaskedLm) => self.params(),
+            (_, Head::SeqCls) => self.params() - untied_head + 2 * h,
+        }
+    }
+
     /// Parameters one token passes through (differs from [`Model::params`] for mixtures of experts).
     pub fn active_params(&self) -> u64 {
         if self.experts <= 1 {
@@ -282,6 +311,7 @@ impl Model {
                 Ok(Model {
                     name: name.to_string(),
                     family: Family::Gpt2,
+                    model_type: "gpt2",
                     hidden,
                     layers: need("n_layer")?,
                     heads,
@@ -316,6 +346,11 @@ impl Model {
                 Ok(Model {
                     name: name.to_string(),
                     family,
+                    model_type: match family {
+                        Family::NeoX => "gpt_neox",
+                        Family::Bloom => "bloom",
+                        _ => "bert",
+                    },
                     hidden,
                     layers,
                     heads,
@@ -348,6 +383,7 @@ impl Model {
                 Ok(Model {
                     name: name.to_string(),
                     family: Family::T5,
+                    model_type: if model_type == "mt5" { "mt5" } else { "t5" },
                     hidden: need("d_model")?,
                     layers: encoder.saturating_add(decoder),
                     heads,
@@ -374,6 +410,16 @@ impl Model {
                 Ok(Model {
                     name: name.to_string(),
                     family: Family::GatedDecoder,
+                    model_type: match model_type.as_str() {
+                        "mistral" => "mistral",
+                        "mixtral" => "mixtral",
+                        "qwen2" => "qwen2",
+                        "qwen3" => "qwen3",
+                        "gemma" => "gemma",
+                        "gemma2" => "gemma2",
+                        "phi3" => "phi3",
+                        _ => "llama",
+                    },
                     hidden,
                     layers,
                     heads,
@@ -424,6 +470,7 @@ impl Model {
         Model {
             name: name.to_string(),
             family: Family::Gpt2,
+            model_type: "gpt2",
             hidden,
             layers,
             heads,
@@ -461,6 +508,7 @@ fn gated(name: &str, h: u64, l: u64, heads: u64, kv: u64, d: u64, f: u64, v: u64
     Model {
         name: name.to_string(),
         family: Family::GatedDecoder,
+        model_type: "llama",
         hidden: h,
         layers: l,
         heads,
@@ -485,6 +533,7 @@ pub fn presets() -> Vec<Model> {
     let gpt2 = |name: &str, h: u64, l: u64, a: u64| Model::gpt(name, h, l, a, 50257, 1024);
     let neox = |name: &str, h: u64, l: u64, a: u64, v: u64| Model {
         family: Family::NeoX,
+        model_type: "gpt_neox",
         vocab: v,
         max_position: 2048,
         tied_embeddings: false,
@@ -492,6 +541,7 @@ pub fn presets() -> Vec<Model> {
     };
     let bert = |name: &str, h: u64, l: u64, a: u64, v: u64| Model {
         family: Family::Bert,
+        model_type: "bert",
         vocab: v,
         max_position: 512,
         decoder_layers: 0,
@@ -501,6 +551,7 @@ pub fn presets() -> Vec<Model> {
     let t5 = |name: &str, h: u64, l: u64, a: u64, d: u64, f: u64, v: u64, gated: bool| Model {
         name: name.to_string(),
         family: Family::T5,
+        model_type: "t5",
         hidden: h,
         layers: 2 * l,
         heads: a,
@@ -521,15 +572,25 @@ pub fn presets() -> Vec<Model> {
     };
     let mut bloom = gpt2("bloom-7b1", 4096, 30, 32);
     bloom.family = Family::Bloom;
+    bloom.model_type = "bloom";
     bloom.vocab = 250880;
     bloom.max_position = 2048;
     let mut mistral = gated("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, false);
     mistral.sliding_window = Some(4096);
+    mistral.model_type = "mistral";
     let mut qwen = gated("qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, 152064, 32768, false);
     qwen.qkv_bias = true;
+    qwen.model_type = "qwen2";
     let mut mixtral = gated("mixtral-8x7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, false);
     mixtral.experts = 8;
     mixtral.experts_per_token = 2;
+    mixtral.model_type = "mixtral";
+    let mut phi3 = gated("phi-3-mini", 3072, 32, 32, 32, 96, 8192, 32064, 4096, false);
+    phi3.model_type = "phi3";
+    let mut gemma_2b = gated("gemma-2b", 2048, 18, 8, 1, 256, 16384, 256000, 8192, true);
+    gemma_2b.model_type = "gemma";
+    let mut gemma_7b = gated("gemma-7b", 3072, 28, 16, 16, 256, 24576, 256000, 8192, true);
+    gemma_7b.model_type = "gemma";
     vec![
         gpt2("gpt2", 768, 12, 12),
         gpt2("gpt2-medium", 1024, 24, 16),
@@ -544,9 +605,9 @@ pub fn presets() -> Vec<Model> {
         mistral,
         mixtral,
         qwen,
-        gated("phi-3-mini", 3072, 32, 32, 32, 96, 8192, 32064, 4096, false),
-        gated("gemma-2b", 2048, 18, 8, 1, 256, 16384, 256000, 8192, true),
-        gated("gemma-7b", 3072, 28, 16, 16, 256, 24576, 256000, 8192, true),
+        phi3,
+        gemma_2b,
+        gemma_7b,
         neox("pythia-160m", 768, 12, 12, 50304),
         neox("pythia-1b", 2048, 16, 8, 50304),
         neox("pythia-6.9b", 4096, 32, 32, 50432),

@@ -32,8 +32,11 @@
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::gpu::GpuSpec;
+pub use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::parallel::{self, Parallelism};
+use crate::recipe::{self, Recipe};
+use crate::step::{self, Phase, Phases, StepParts};
 
 const GIB: f64 = (1u64 << 30) as f64;
 const MIB: f64 = (1u64 << 20) as f64;
@@ -192,6 +195,34 @@ pub struct TrainConfig {
     pub finetune: Finetune,
     pub offload: Offload,
     pub coefficients: ActivationModel,
+    /// Whose code runs the step: its activations and what each phase keeps.
+    pub framework: Framework,
+    /// The output layer and loss.
+    pub head: Head,
+}
+
+/// Whose code runs a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framework {
+    /// Hugging Face transformers (with the Trainer, Accelerate, DeepSpeed or FSDP) where it
+    /// can run the job — one model replica per GPU, full fine-tuning, no or full
+    /// checkpointing — and Megatron-LM otherwise.
+    Auto,
+    /// transformers' own modelling code: its activation recipes and the step's phases ([`crate::step`]).
+    HuggingFace,
+    /// Megatron-LM's fused kernels: Korthikanti et al.'s activations, all terms at once.
+    Megatron,
+}
+
+impl Framework {
+    /// The name `--framework` and `--json` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Auto => "auto",
+            Framework::HuggingFace => "hf",
+            Framework::Megatron => "megatron",
+        }
+    }
 }
 
 impl TrainConfig {
@@ -209,6 +240,8 @@ impl TrainConfig {
             finetune: Finetune::Full,
             offload: Offload::None,
             coefficients: ActivationModel::default(),
+            framework: Framework::Auto,
+            head: Head::CausalLm,
         }
     }
 
@@ -301,6 +334,15 @@ pub struct TrainEstimate {
     /// What PyTorch's `torch.cuda.max_memory_allocated()` would report: the total less
     /// the CUDA context, NCCL and the allocator's slack.
     pub allocated_bytes: f64,
+    /// The same less what only a GPU has (cuBLAS workspaces): the tensors a step makes,
+    /// what the CPU ground truth measures.
+    pub tensor_bytes: f64,
+    /// The phase of the step that peaks, when transformers' code runs it.
+    pub phase: Option<Phase>,
+    /// Each phase's peak, then.
+    pub phases: Option<Phases>,
+    /// Whose code the estimate models: [`Framework::HuggingFace`] or [`Framework::Megatron`].
+    pub framework: Framework,
     /// With `Checkpointing::Optimal`: the schedule's peak did not fit even with every layer recomputed.
     pub note: Option<String>,
 }
@@ -363,13 +405,13 @@ struct Share {
 }
 
 /// Parameters on one stage: its layers plus the embedding (first) or the head (last).
-fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage) -> f64 {
+fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage, output: Head) -> f64 {
     let layers = model.layers.div_ceil(par.pipeline.max(1)) as f64;
     let t = par.tensor.max(1) as f64;
     let head = (model.vocab * model.hidden) as f64;
     let embedding = model.embedding_params() as f64 - if model.tied_embeddings { 0.0 } else { head };
     (match stage {
-        PipelineStage::Only => model.params() as f64,
+        PipelineStage::Only => model.params_with(output) as f64,
         PipelineStage::First => layers * model.layer_params() as f64 + embedding,
         // Megatron keeps a copy of a tied embedding on the last stage for the head.
         PipelineStage::Last => layers * model.layer_params() as f64 + head,
@@ -377,7 +419,7 @@ fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage) -> f64 {
 }
 
 fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
-    let all = stage_params(model, &cfg.parallel, stage);
+    let all = stage_params(model, &cfg.parallel, stage, cfg.head);
     match cfg.finetune {
         Finetune::Full => Share { trainable: all, frozen_linear: 0.0, frozen_other: 0.0 },
         Finetune::Lora { rank, targets, .. } => {
@@ -466,14 +508,15 @@ fn forward_flops(model: &Model, cfg: &TrainConfig) -> (f64, f64, f64) {
 /// Estimates one configuration on one GPU model. The configuration should
 /// pass [`TrainConfig::check`]; anything else gets a best-effort answer.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
-    let mut best: Option<(Breakdown, PipelineStage, f64, Option<String>)> = None;
+    let mut best: Option<(StageMemory, PipelineStage)> = None;
     for &stage in stages(cfg) {
-        let (br, recompute, note) = memory(model, gpu, cfg, stage);
-        if best.as_ref().is_none_or(|b| br.total() > b.0.total()) {
-            best = Some((br, stage, recompute, note));
+        let m = memory(model, gpu, cfg, stage);
+        if best.as_ref().is_none_or(|b| m.breakdown.total() > b.0.breakdown.total()) {
+            best = Some((m, stage));
         }
     }
-    let (breakdown, stage, recompute_fraction, note) = best.expect("at least one stage");
+    let (StageMemory { breakdown, recompute_fraction, note, phases, gpu_only }, stage) =
+        best.expect("at least one stage");
     let per_gpu = breakdown.total();
     let par = &cfg.parallel;
     let trainable_params = (share(model, cfg, PipelineStage::Only).trainable * par.tensor as f64).round() as u64;
@@ -512,6 +555,10 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         trainable_params,
         host_bytes: host_per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64,
         allocated_bytes: per_gpu - breakdown.framework,
+        tensor_bytes: per_gpu - breakdown.framework - gpu_only,
+        phase: phases.map(|p| p.peak().0),
+        phases,
+        framework: if phases.is_some() { Framework::HuggingFace } else { Framework::Megatron },
         note,
     }
 }
@@ -529,13 +576,76 @@ fn stages(cfg: &TrainConfig) -> &'static [PipelineStage] {
 /// for searches that discard most configurations before timing them.
 pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
     stages(cfg).iter().all(|&stage| {
-        let (br, _, note) = memory(model, gpu, cfg, stage);
-        note.is_none() && br.total() <= gpu.memory_bytes as f64
+        let m = memory(model, gpu, cfg, stage);
+        m.note.is_none() && m.breakdown.total() <= gpu.memory_bytes as f64
     })
 }
 
-/// One stage's memory: (bytes by term, recomputed fraction of a forward, why nothing fits).
-fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage) -> (Breakdown, f64, Option<String>) {
+/// One stage's memory.
+struct StageMemory {
+    /// Bytes by term (at the peak phase, when the step is modelled by phases).
+    breakdown: Breakdown,
+    /// Forward FLOPs recomputed, as a fraction of one forward.
+    recompute_fraction: f64,
+    /// Why nothing fits (optimal checkpointing).
+    note: Option<String>,
+    /// The step's phases, when transformers' code runs it ([`crate::step`]).
+    phases: Option<Phases>,
+    /// Tensors only a GPU has: cuBLAS workspaces.
+    gpu_only: f64,
+}
+
+/// The activation recipe of transformers' code for this job, when transformers runs it:
+/// one model replica per GPU, full fine-tuning, no or full checkpointing, a precision
+/// transformers has.
+fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
+    let par = &cfg.parallel;
+    let runs = cfg.framework != Framework::Megatron
+        && cfg.finetune == Finetune::Full
+        && par.tensor == 1
+        && par.pipeline == 1
+        && par.context == 1
+        && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full);
+    if runs {
+        recipe::recipe(model, cfg.precision, cfg.attention)
+    } else {
+        None
+    }
+}
+
+/// What the optimizer step allocates beside its state: `torch.optim.AdamW` with `foreach`
+/// takes the square root of every second moment at once (a tensor the size of the state
+/// it reads); transformers' Adafactor works one parameter at a time in fp32, holding two
+/// tensors the size of the largest (four for 16-bit parameters: their fp32 copy and their
+/// gradient's); SGD updates in place.
+fn optimizer_temp(model: &Model, cfg: &TrainConfig, trainable: f64) -> f64 {
+    let state_width = match cfg.precision {
+        Precision::Bf16 => 2.0,
+        _ => 4.0,
+    };
+    let shard = if cfg.parallel.zero_stage >= 1 { cfg.parallel.data.max(1) as f64 } else { 1.0 };
+    let sixteen_bit = matches!(cfg.precision, Precision::Bf16 | Precision::Mixed | Precision::Fp8);
+    match cfg.optimizer {
+        Optimizer::AdamW => state_width * trainable / shard,
+        Optimizer::Adafactor => 4.0 * if sixteen_bit { 4.0 } else { 2.0 } * largest_param(model),
+        _ => 0.0,
+    }
+}
+
+/// Elements of the largest parameter tensor: the embedding, or an MoE layer's experts
+/// stacked in one tensor (transformers keeps them so), or a block's largest linear.
+fn largest_param(model: &Model) -> f64 {
+    let embedding = (model.vocab * model.hidden) as f64;
+    let linear = model.block_linears().iter().map(|&(i, o)| (i * o) as f64).fold(0.0, f64::max);
+    let experts = if model.experts > 1 {
+        (model.experts * if model.gated_mlp { 2 } else { 1 } * model.intermediate * model.hidden) as f64
+    } else {
+        0.0
+    };
+    embedding.max(linear).max(experts)
+}
+
+fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage) -> StageMemory {
     let par = &cfg.parallel;
     let (t, c, p) = (par.tensor.max(1) as f64, par.context.max(1) as f64, par.pipeline.max(1));
     let sh = share(model, cfg, stage);
@@ -659,8 +769,59 @@ fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage)
             }
         }
     };
+    let gpu_only = if hopper { 32.0 * MIB } else { 4.0 * MIB };
+    let mut phases = None;
+    if let Some(r) = hf_recipe(model, cfg).filter(|_| stage == PipelineStage::Only) {
+        let checkpointed = cfg.checkpointing == Checkpointing::Full;
+        let mut saved = r.saved(model, b, s, model.layers as f64, checkpointed);
+        let logit_width = match cfg.head {
+            Head::SeqCls => {
+                saved.outside = r.outside_without_vocabulary(model, b, s);
+                // The classifier's few logits a sequence.
+                2.0 / s
+            }
+            Head::CausalLm | Head::MaskedLm => model.vocab as f64,
+        };
+        let (_, g, _) = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
+        let parts = StepParts {
+            weights: br.weights,
+            gradients: br.gradients,
+            optimizer_state: br.optimizer,
+            optimizer_temp: optimizer_temp(model, cfg, sh.trainable),
+            inputs: 16.0 * b * s,
+            saved,
+            tokens: b * s,
+            logit_width,
+            logit_bytes: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
+            loss_bytes: r.loss_bytes(),
+            // A T5 recipe layer is an encoder and a decoder block; one block is recomputed at a time.
+            recomputed_layer: checkpointed
+                .then(|| r.layer_full(model, b, s) / if model.family == Family::T5 { 2.0 } else { 1.0 }),
+            head_gradient: g * (model.vocab * model.hidden) as f64,
+            attention_backward: if cfg.attention == Attention::Eager || !r.has_sdpa() {
+                8.0 * b * model.heads as f64 * s * s
+            } else {
+                0.0
+            },
+            // The embedding's gradient, made last: tied to the head, it is a new tensor added to
+            // the head's gradient — in place in fp32, out of place (one more) in 16 bits.
+            embedding_tail: if model.tied_embeddings && cfg.head != Head::SeqCls {
+                g * (model.vocab * model.hidden) as f64 * if g < 4.0 { 2.0 } else { 1.0 }
+            } else {
+                0.0
+            },
+        };
+        let ph = step::phases(&parts);
+        let (_, peak) = ph.peak();
+        br.gradients = peak.gradients;
+        br.activations = peak.activations + parts.inputs;
+        br.logits = peak.logits;
+        br.temporary += peak.temporary;
+        recompute_fraction = if checkpointed { (lin + attn) / forward } else { 0.0 };
+        phases = Some(ph);
+    }
     br.framework += cfg.coefficients.allocator_slack * (br.activations + br.logits + br.temporary);
-    (br, recompute_fraction, note)
+    StageMemory { breakdown: br, recompute_fraction, note, phases, gpu_only }
 }
 
 /// Seconds per optimizer step (see the module documentation).
@@ -875,7 +1036,7 @@ mod tests {
                 parallel: Parallelism { tensor: 8, pipeline: p, virtual_stages: v, ..Parallelism::default() },
                 ..base()
             };
-            memory(&m, &g, &cfg, if p > 1 { PipelineStage::First } else { PipelineStage::Only }).0.activations
+            memory(&m, &g, &cfg, if p > 1 { PipelineStage::First } else { PipelineStage::Only }).breakdown.activations
         };
         let one = at(1, 1, 64);
         assert!((at(8, 1, 64) / one - 1.0).abs() < 1e-9);
@@ -887,9 +1048,9 @@ mod tests {
             parallel: Parallelism { tensor: 8, pipeline: 8, ..Parallelism::default() },
             ..base()
         };
-        let last = memory(&m, &g, &cfg, PipelineStage::Last).0;
+        let last = memory(&m, &g, &cfg, PipelineStage::Last).breakdown;
         assert!(last.logits > 0.0 && (last.activations / one - 1.0 / 8.0).abs() < 1e-9);
-        assert_eq!(memory(&m, &g, &cfg, PipelineStage::First).0.logits, 0.0);
+        assert_eq!(memory(&m, &g, &cfg, PipelineStage::First).breakdown.logits, 0.0);
         // Weights: a stage holds its layers and its embedding, ÷ t.
         let e = estimate(&m, &g, &cfg);
         let per_stage = (12.0 * 12288f64.powi(2) * 12.0 + 51200.0 * 12288.0) / 8.0;

@@ -1,0 +1,206 @@
+//! What Hugging Face transformers keeps for the backward, per token: the
+//! activation recipes of `data/recipes/hf_activations.json`.
+//!
+//! `scripts/validate/recipes.py` runs one forward with the loss of each
+//! family's code, at each precision (fp32, bf16, AMP) and attention kernel
+//! (eager, SDPA), under `torch.autograd.graph.saved_tensors_hooks`, and
+//! writes every distinct storage autograd saves as bytes per token per unit
+//! of the model's dimensions — so the recipe holds for any size of the
+//! family, which the check-only cases of the CPU ground truth test
+//! (`crates/headroom-plan/tests/ground_truth.rs`). A recipe has
+//!
+//! - per layer, and outside the layers (embeddings, final norm, head, loss):
+//!   bytes per token per unit (`h`, `f`, `q` = heads × head dim, `kv`,
+//!   `kf`/`kh` = MLP width or hidden size × experts per token, `heads`,
+//!   `kv_heads`, `d` = head dim, `V`, `E`, `k`, `one`), and `heads_s` for
+//!   eager attention's s × s matrices (bytes per token per head per position);
+//! - per position, once (rotary tables shared by every layer);
+//! - weight copies: AMP's 16-bit copies of the linear layers' weights, as
+//!   bytes per weight;
+//! - the same per layer with gradient checkpointing (the layer's input).
+
+use crate::model::{Family, Model};
+use crate::train::{Attention, Precision};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+type Terms = BTreeMap<String, f64>;
+
+/// One family's recipe at one precision and attention kernel.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Recipe {
+    layer: Terms,
+    outside: Terms,
+    layer_per_position: Terms,
+    outside_per_position: Terms,
+    layer_weight_copy: f64,
+    outside_weight_copy: f64,
+    layer_checkpointed: Terms,
+    layer_checkpointed_per_position: Terms,
+    layer_checkpointed_weight_copy: f64,
+}
+
+#[derive(Deserialize)]
+struct File {
+    recipes: BTreeMap<String, Recipe>,
+}
+
+fn recipes() -> &'static BTreeMap<String, Recipe> {
+    static R: OnceLock<BTreeMap<String, Recipe>> = OnceLock::new();
+    R.get_or_init(|| {
+        let text = include_str!("../../../data/recipes/hf_activations.json");
+        serde_json::from_str::<File>(text).expect("the bundled recipes parse").recipes
+    })
+}
+
+/// The recipe for `model` at `precision` and `attention`, if transformers' code for its
+/// family was measured (fp8 is not a transformers precision; flash attention takes SDPA's).
+pub fn recipe(model: &Model, precision: Precision, attention: Attention) -> Option<&'static Recipe> {
+    let family = match model.model_type {
+        "qwen3" => "qwen2",
+        "gemma2" => "gemma",
+        "mt5" => "t5",
+        other => other,
+    };
+    let precision = match precision {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 | Precision::Mixed => "bf16",
+        Precision::Amp => "amp",
+        Precision::Fp8 => return None,
+    };
+    let key = |attn: &str| format!("{family}/{precision}/{attn}");
+    let attn = match attention {
+        Attention::Eager => "eager",
+        Attention::Sdpa | Attention::Flash => "sdpa",
+    };
+    // Families without an SDPA path in transformers run eager whatever is asked.
+    recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
+}
+
+/// The size of one unit in `model`.
+fn unit(model: &Model, name: &str) -> f64 {
+    let k = model.experts_per_token.max(1);
+    (match name {
+        "h" => model.hidden,
+        "f" => model.intermediate,
+        "q" => model.heads * model.head_dim,
+        "kv" => model.kv_heads * model.head_dim,
+        "kf" => k * model.intermediate,
+        "kh" => k * model.hidden,
+        "heads" => model.heads,
+        "kv_heads" => model.kv_heads,
+        "d" => model.head_dim,
+        "V" => model.vocab,
+        "E" => model.experts.max(1),
+        "k" => k,
+        "one" => 1,
+        other => panic!("the recipe names an unknown unit `{other}`"),
+    }) as f64
+}
+
+/// Bytes per token of `terms` at sequence length `seq`.
+fn per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
+    terms.iter().map(|(u, c)| if u == "heads_s" { c * model.heads as f64 * seq } else { c * unit(model, u) }).sum()
+}
+
+/// Parameters of one block's linear layers (every expert's).
+fn layer_linear_params(model: &Model) -> f64 {
+    model.block_linears().iter().map(|&(i, o)| (i * o) as f64).sum()
+}
+
+/// What a micro-batch keeps, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Saved {
+    /// One layer (a block; for T5 an encoder and a decoder block together).
+    pub per_layer: f64,
+    /// Everything the layers keep together.
+    pub layers: f64,
+    /// Embeddings, final norm, head and loss.
+    pub outside: f64,
+    /// AMP's 16-bit copies of the weights.
+    pub weight_copies: f64,
+}
+
+impl Recipe {
+    /// What a micro-batch of `batch` sequences of `seq` tokens keeps for the backward,
+    /// `layers` blocks of the model on this GPU (all of them without pipeline stages),
+    /// each keeping only its input when `checkpointed`.
+    pub fn saved(&self, model: &Model, batch: f64, seq: f64, layers: f64, checkpointed: bool) -> Saved {
+        let tokens = batch * seq;
+        // A T5 recipe layer is one encoder and one decoder block.
+        let blocks = if model.family == Family::T5 { layers / 2.0 } else { layers };
+        let (layer, pos, copy) = if checkpointed {
+            (&self.layer_checkpointed, &self.layer_checkpointed_per_position, self.layer_checkpointed_weight_copy)
+        } else {
+            (&self.layer, &self.layer_per_position, self.layer_weight_copy)
+        };
+        let per_layer = tokens * per_token(model, layer, seq);
+        let shared = seq * per_token(model, pos, seq);
+        let outside =
+            tokens * per_token(model, &self.outside, seq) + seq * per_token(model, &self.outside_per_position, seq);
+        let head_params = (model.vocab * model.hidden) as f64;
+        Saved {
+            per_layer,
+            layers: per_layer * blocks + shared,
+            outside,
+            weight_copies: copy * layer_linear_params(model) * blocks + self.outside_weight_copy * head_params,
+        }
+    }
+
+    /// Whether the recipe's attention keeps no s × s matrix (an SDPA kernel ran).
+    pub fn has_sdpa(&self) -> bool {
+        !self.layer.contains_key("heads_s")
+    }
+
+    /// Bytes of the loss's log-softmax per logit: 4 where transformers upcasts 16-bit
+    /// logits to fp32 for the loss (its causal and masked LM losses), 2 where it does not (T5).
+    pub fn loss_bytes(&self) -> f64 {
+        self.outside.get("V").copied().unwrap_or(4.0)
+    }
+
+    /// What the outside keeps without the vocabulary-wide loss (a classifier's head).
+    pub fn outside_without_vocabulary(&self, model: &Model, batch: f64, seq: f64) -> f64 {
+        let terms: Terms = self.outside.iter().filter(|(u, _)| *u != "V").map(|(u, c)| (u.clone(), *c)).collect();
+        batch * seq * per_token(model, &terms, seq) + seq * per_token(model, &self.outside_per_position, seq)
+    }
+
+    /// One layer's full keep, for the layer a checkpointed backward recomputes.
+    pub fn layer_full(&self, model: &Model, batch: f64, seq: f64) -> f64 {
+        batch * seq * per_token(model, &self.layer, seq) + seq * per_token(model, &self.layer_per_position, seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::preset;
+
+    #[test]
+    fn every_family_has_a_recipe_and_units_resolve() {
+        for name in [
+            "llama-3-8b",
+            "mistral-7b",
+            "qwen2.5-7b",
+            "gemma-2b",
+            "phi-3-mini",
+            "mixtral-8x7b",
+            "gpt2",
+            "pythia-1b",
+            "bloom-7b1",
+            "bert-base-uncased",
+            "t5-base",
+        ] {
+            let m = preset(name).unwrap();
+            for p in [Precision::Fp32, Precision::Bf16, Precision::Amp] {
+                for a in [Attention::Eager, Attention::Sdpa] {
+                    let r = recipe(&m, p, a).unwrap_or_else(|| panic!("{name} {p:?} {a:?}"));
+                    let s = r.saved(&m, 1.0, 512.0, m.layers as f64, false);
+                    assert!(s.per_layer > 0.0 && s.outside > 0.0, "{name} {p:?} {a:?}: {s:?}");
+                    let c = r.saved(&m, 1.0, 512.0, m.layers as f64, true);
+                    assert!(c.layers < s.layers, "{name}: checkpointing keeps less");
+                }
+            }
+        }
+    }
+}

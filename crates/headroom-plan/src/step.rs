@@ -1,0 +1,142 @@
+//! A training step as Hugging Face transformers and `torch.optim` run it, as
+//! phases: the peak is the largest of what each phase holds, not the sum of
+//! every term — with `zero_grad(set_to_none=True)`, no gradient exists while
+//! the forward keeps its activations, and the activations are gone by the
+//! optimizer step.
+//!
+//! | phase | alive (tensors only) |
+//! |---|---|
+//! | forward, at the loss | weights, optimizer state, inputs, AMP's 16-bit weight copies, what the recipe saves, and the logits (upcast to fp32 when 16-bit) |
+//! | start of the backward | the same without the logits, with the loss's two fp32 gradients of the logits (`nll_loss` and `log_softmax` backward) |
+//! | a checkpointed layer's backward | one layer's full keep beside the checkpoints, with the head's gradient |
+//! | end of the backward | weights, state, every gradient |
+//! | optimizer step | weights, state, gradients and the optimizer's temporaries (AdamW with `foreach`: a square root of the second moments, the size of the state it reads) |
+//!
+//! Every term is checked against real PyTorch steps on CPU
+//! (`crates/headroom-plan/tests/ground_truth.rs`, `docs/VALIDATION.md`).
+
+use crate::recipe::Saved;
+
+/// The phase of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Phase {
+    /// Lower-case name, as `--json` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
+/// What a step is made of, in bytes on one GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepParts {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    /// What the optimizer step allocates beside the state.
+    pub optimizer_temp: f64,
+    /// Token ids and labels.
+    pub inputs: f64,
+    pub saved: Saved,
+    /// Tokens of the micro-batch.
+    pub tokens: f64,
+    /// Logits per token (the vocabulary; a few labels for classification).
+    pub logit_width: f64,
+    /// Bytes per logit (2 for 16-bit models and AMP, 4 for fp32).
+    pub logit_bytes: f64,
+    /// Bytes per logit of the loss's log-softmax and its gradients (4 when the loss upcasts).
+    pub loss_bytes: f64,
+    /// With checkpointing: one layer's full keep, recomputed in the backward.
+    pub recomputed_layer: Option<f64>,
+    /// The gradient of the output layer, made first in the backward.
+    pub head_gradient: f64,
+    /// What a layer's attention backward holds beside its saved tensors (eager: two fp32
+    /// s × s gradients).
+    pub attention_backward: f64,
+    /// What the embedding's backward makes beside every other gradient, last: its
+    /// gradient, and with tied embeddings the sum with the head's gradient too.
+    pub embedding_tail: f64,
+}
+
+/// The bytes alive at each phase's peak, tensors only, and which terms make them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PhasePeak {
+    pub total: f64,
+    pub gradients: f64,
+    pub activations: f64,
+    /// The loss: saved outside the layers, and the logits' transients.
+    pub logits: f64,
+    /// AMP's weight copies, or the optimizer's temporaries.
+    pub temporary: f64,
+}
+
+/// The peak of each phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phases {
+    pub forward: PhasePeak,
+    pub backward: PhasePeak,
+    pub optimizer: PhasePeak,
+}
+
+impl Phases {
+    /// The largest phase.
+    pub fn peak(&self) -> (Phase, PhasePeak) {
+        [(Phase::Forward, self.forward), (Phase::Backward, self.backward), (Phase::Optimizer, self.optimizer)]
+            .into_iter()
+            .fold((Phase::Forward, self.forward), |best, p| if p.1.total > best.1.total { p } else { best })
+    }
+}
+
+/// The phases of one step.
+pub fn phases(p: &StepParts) -> Phases {
+    let base = p.weights + p.optimizer_state + p.inputs;
+    let s = &p.saved;
+    let copies = s.weight_copies;
+    let logits = p.tokens * p.logit_width;
+    // A loss that upcasts 16-bit logits holds the fp32 copy beside them; its log-softmax
+    // output is in the recipe.
+    let upcast = if p.loss_bytes > p.logit_bytes { p.loss_bytes } else { 0.0 };
+    let at_loss = logits * (p.logit_bytes + upcast);
+    let peak = |gradients: f64, activations: f64, loss: f64, temporary: f64| PhasePeak {
+        total: base + gradients + activations + loss + temporary,
+        gradients,
+        activations,
+        logits: loss,
+        temporary,
+    };
+    let mut forward = peak(0.0, s.layers, s.outside + at_loss, copies);
+    if let Some(layer) = p.recomputed_layer {
+        // Under checkpointing a layer's forward still makes everything it would keep, then drops it.
+        let inside = peak(0.0, s.layers + layer, 0.0, copies);
+        if inside.total > forward.total {
+            forward = inside;
+        }
+    }
+    // nll_loss's and log_softmax's gradients of the logits, side by side, in the loss's width.
+    let start = peak(0.0, s.layers, s.outside + logits * 2.0 * p.loss_bytes, copies);
+    let mut backward = start;
+    if let Some(layer) = p.recomputed_layer {
+        // The top layer recomputed beside every checkpoint, the head's gradient made, the
+        // loss's tensors gone; eager attention's backward holds the gradients of its s × s
+        // probabilities and scores in fp32 besides.
+        let top = peak(p.head_gradient, s.layers + layer + p.attention_backward, 0.0, copies);
+        if top.total > backward.total {
+            backward = top;
+        }
+    }
+    let end = peak(p.gradients, 0.0, 0.0, p.embedding_tail);
+    if end.total > backward.total {
+        backward = end;
+    }
+    let optimizer = peak(p.gradients, 0.0, 0.0, p.optimizer_temp);
+    Phases { forward, backward, optimizer }
+}

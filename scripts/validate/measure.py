@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Measure real PyTorch training steps and inference forwards on CPU, exactly.
+
+Builds Hugging Face models from small configs with random weights, runs one warm-up
+training step (so optimizer state exists, as in every step after the first), then
+profiles the next one -- forward with the loss, backward, optimizer step,
+zero_grad(set_to_none=True) -- and records every allocation and free of the CPU
+allocator (the profiler's memory events). The live bytes over time are the tensors
+alive when the step starts (weights, buffers, optimizer state, inputs: counted by
+their storages) plus the running sum of those events; the peak of each phase and of
+the step is what `torch.cuda.max_memory_allocated()` reports for the same program on
+a GPU, less what only a GPU has (cuBLAS workspaces, the caching allocator's 512-byte
+rounding, flash kernels).
+
+    python3 -m venv .venv && .venv/bin/pip install -r scripts/validate/requirements.txt
+    .venv/bin/python scripts/validate/measure.py --out data/validation/cpu_ground_truth.json
+
+The method is checked first on a step computed by hand (`check_method`); the run
+stops if it disagrees.
+"""
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+PHASES = ("forward", "backward", "optimizer", "zero_grad")
+
+
+def storage_bytes(tensors):
+    """Bytes of the distinct storages behind `tensors`."""
+    seen = {}
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def state_tensors(opt):
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def profiled(fn):
+    """Runs fn() under the profiler; returns (result, peak of live-byte delta per phase range,
+    overall peak delta, final delta). Phases are `record_function` ranges named in PHASES."""
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    events = list(prof.profiler.kineto_results.events())
+    mem = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(events) if e.name() == "[memory]")
+    ranges = [(e.name(), e.start_ns(), e.end_ns()) for e in events if e.name() in PHASES]
+    live, peak, per = 0, 0, {name: None for name, _, _ in ranges}
+    at_start = {}
+    for t, _, nbytes in mem:
+        for name, start, end in ranges:
+            if name not in at_start and t >= start:
+                at_start[name] = live
+        live += nbytes
+        peak = max(peak, live)
+        for name, start, end in ranges:
+            if start <= t <= end:
+                per[name] = max(per[name] or 0, live)
+    for name, _, _ in ranges:
+        if per[name] is None:
+            per[name] = at_start.get(name, live)
+        per[name] = max(per[name], at_start.get(name, 0))
+    return result, per, peak, live
+
+
+def check_method():
+    """A step counted by hand, tensor by tensor: y = x W^T (fp32, no bias), loss = y.sum(), SGD.
+
+    Live at the start: W (n*n*4 bytes) and x (b*n*4), not counted in the deltas.
+    Forward: y (b*n*4) and the loss (4).
+    Backward: the loss's gradient (4), y's gradient materialised from it for the matmul's
+    backward (b*n*4), and W's gradient (n*n*4), with y and the loss still alive.
+    Optimizer: SGD updates W in place; alive are y, the loss and W's gradient.
+    The profiler's deltas must equal these exactly, or the method is wrong."""
+    torch.manual_seed(0)
+    n, b, f = 512, 64, 4
+    w = torch.nn.Parameter(torch.randn(n, n))
+    x = torch.randn(b, n)
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def step():
+        with record_function("forward"):
+            y = x @ w.t()
+            loss = y.sum()
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            opt.step()
+        with record_function("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    _, per, peak, _ = profiled(step)
+    want = {
+        "forward": b * n * f + f,
+        "backward": 2 * b * n * f + 2 * f + n * n * f,
+        "optimizer": b * n * f + f + n * n * f,
+    }
+    for phase, bytes_ in want.items():
+        if per[phase] != bytes_:
+            raise SystemExit(f"the measuring method disagrees with the hand count: {phase} {per[phase]} != {bytes_}")
+    return {"expected": want, "measured": {k: per[k] for k in want}, "peak": peak}
+
+
+# --- models -------------------------------------------------------------------------------
+
+def small_configs():
+    """Two small configs per family, as the planner reads them (config.json fields): `base`
+    and `wide` (other hidden size, heads, MLP width, vocabulary and depth)."""
+    # head_dim 48 makes heads x head_dim (384) differ from the hidden size (256), so the
+    # recipes tell the two apart, as they differ in models such as Gemma and Qwen3.
+    llama = dict(model_type="llama", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=48, intermediate_size=704, vocab_size=4096,
+                 max_position_embeddings=2048, tie_word_embeddings=False)
+    base = {
+        "llama": llama,
+        "mistral": dict(llama, model_type="mistral", num_key_value_heads=2, sliding_window=None),
+        "qwen2": dict(llama, model_type="qwen2", num_key_value_heads=2, use_sliding_window=False),
+        "gemma": dict(model_type="gemma", hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=96, intermediate_size=1024, vocab_size=4096,
+                      max_position_embeddings=2048),
+        "phi3": dict(model_type="phi3", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                     num_key_value_heads=8, head_dim=48, intermediate_size=640, vocab_size=4096, max_position_embeddings=2048,
+                     tie_word_embeddings=False, pad_token_id=0),
+        "mixtral": dict(llama, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
+                        intermediate_size=384, sliding_window=None),
+        "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=3, n_head=8, n_positions=1024, vocab_size=4096),
+        "gpt_neox": dict(model_type="gpt_neox", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                         intermediate_size=1024, vocab_size=4096, max_position_embeddings=2048),
+        "bloom": dict(model_type="bloom", hidden_size=256, n_layer=3, n_head=8, vocab_size=4096),
+        "bert": dict(model_type="bert", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                     intermediate_size=1024, vocab_size=4096, max_position_embeddings=512, type_vocab_size=2),
+        "t5": dict(model_type="t5", d_model=256, d_ff=640, d_kv=32, num_heads=8, num_layers=2,
+                   num_decoder_layers=2, vocab_size=4096, feed_forward_proj="gated-gelu", tie_word_embeddings=True,
+                   decoder_start_token_id=0, pad_token_id=0),
+    }
+    def wide(c):
+        c = dict(c)
+        for k in ("hidden_size", "n_embd", "d_model"):
+            if k in c:
+                c[k] = 384
+        for k in ("num_hidden_layers", "n_layer", "num_layers"):
+            if k in c:
+                c[k] = 2
+        for k in ("num_attention_heads", "n_head", "num_heads"):
+            if k in c:
+                c[k] = 6 if c.get("model_type") != "gemma" else 2
+        if "num_key_value_heads" in c:
+            c["num_key_value_heads"] = {"llama": 3, "mistral": 2, "qwen2": 1, "gemma": 1, "phi3": 6,
+                                        "mixtral": 2}[c["model_type"]]
+        if "head_dim" in c:
+            c["head_dim"] = 64
+        for k in ("intermediate_size", "d_ff"):
+            if k in c:
+                c[k] = c[k] * 3 // 2
+        c["vocab_size"] = 6000
+        return c
+    return {(f, "base"): c for f, c in base.items()} | {(f, "wide"): wide(c) for f, c in base.items()}
+
+
+HEADS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
+         "seq-cls": "AutoModelForSequenceClassification", "seq2seq-lm": "AutoModelForSeq2SeqLM"}
+
+
+def build(cfg, head, attn, dtype):
+    import transformers
+    fields = dict(cfg)
+    model_type = fields.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    config.attn_implementation = attn
+    config._attn_implementation = attn
+    if head == "seq-cls":
+        config.num_labels = 2
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = 0
+    cls = getattr(transformers, HEADS[head])
+    torch.manual_seed(0)
+    model = cls.from_config(config, attn_implementation=attn, dtype=dtype)
+    # Dropout off (it is 0 in these configs' families' defaults except GPT-2/BERT/T5), kept in train mode.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob",
+              "attention_probs_dropout_prob", "dropout_rate", "attention_dropout", "hidden_dropout"):
+        if hasattr(model.config, k):
+            setattr(model.config, k, 0.0)
+    model.train()
+    return model
+
+
+def inputs(cfg, head, batch, seq):
+    vocab = cfg.get("vocab_size")
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    if head == "seq-cls":
+        return {"input_ids": ids, "labels": torch.randint(0, 2, (batch,), generator=g)}
+    if head == "seq2seq-lm":
+        return {"input_ids": ids, "labels": torch.randint(0, vocab, (batch, seq), generator=g)}
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def optimizer(name, params):
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-4, foreach=True)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False, warmup_init=False)
+    raise ValueError(name)
+
+
+def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batch, seq):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = build(cfg, head, attn, dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer(opt_name, params)
+    batch_inputs = inputs(cfg, head, batch, seq)
+    amp = precision == "amp"
+
+    def step():
+        with record_function("forward"):
+            if amp:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(**batch_inputs).loss
+            else:
+                loss = model(**batch_inputs).loss
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            opt.step()
+        with record_function("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    step()  # the first step creates the optimizer state
+    gc.collect()
+    weights = storage_bytes(list(model.parameters()) + list(model.buffers()))
+    state = storage_bytes(list(state_tensors(opt)))
+    inp = storage_bytes(batch_inputs.values())
+    _, per, peak, _ = profiled(step)
+    base = weights + state + inp
+    phases = {k: base + v for k, v in per.items()}
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": weights,
+        "optimizer_state_bytes": state,
+        "input_bytes": inp,
+        "phases": phases,
+        "peak_bytes": base + peak,
+        "peak_phase": max(per, key=per.get),
+    }
+
+
+def infer_case(family, cfg, head, precision, attn, batch, seq):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = build(cfg, head, attn, dtype).eval()
+    batch_inputs = {"input_ids": inputs(cfg, head, batch, seq)["input_ids"]}
+
+    def fwd():
+        with torch.no_grad(), record_function("forward"):
+            out = model(**batch_inputs, use_cache=True)
+            return out.logits.shape
+
+    fwd()
+    gc.collect()
+    weights = storage_bytes(list(model.parameters()) + list(model.buffers()))
+    inp = storage_bytes(batch_inputs.values())
+    _, per, peak, _ = profiled(fwd)
+    return {"params": sum(p.numel() for p in model.parameters()), "weight_bytes": weights, "input_bytes": inp,
+            "phases": {"forward": weights + inp + per["forward"]}, "peak_bytes": weights + inp + peak,
+            "peak_phase": "forward"}
+
+
+DECODERS = ["llama", "mistral", "qwen2", "gemma", "phi3", "mixtral", "gpt2", "gpt_neox", "bloom"]
+# Families whose transformers code has no SDPA path.
+NO_SDPA = {"bloom", "t5"}
+
+
+def grid():
+    """The cases. `split` is `tuning` for the base config of every family at batch 2 x 256
+    tokens (the cases read while building the model) and `check` for all others. 16-bit
+    matmuls are about 20x slower than fp32 on a CPU without AVX-512, so bf16 and AMP get
+    fewer and shorter cases."""
+    cases = []
+    for family in DECODERS + ["bert", "t5"]:
+        head = "causal-lm" if family in DECODERS else ("masked-lm" if family == "bert" else "seq2seq-lm")
+        attns = ("eager",) if family in NO_SDPA else ("eager", "sdpa")
+        for size in ("base", "wide"):
+            for precision in ("fp32", "bf16", "amp"):
+                for attn in attns:
+                    for checkpointing in (False, True):
+                        if precision != "fp32" and checkpointing and attn != attns[-1]:
+                            continue
+                        if precision == "fp32":
+                            shapes = ((2, 256), (4, 384), (1, 512)) if size == "base" else ((2, 256), (4, 384))
+                        else:
+                            shapes = ((2, 256), (1, 192)) if size == "base" else ((1, 192),)
+                        for batch, seq in shapes:
+                            cases.append(dict(mode="train", family=family, size=size, head=head,
+                                              precision=precision, optimizer="adamw", attention=attn,
+                                              checkpointing=checkpointing, batch=batch, seq=seq))
+                for opt_name in ("sgd", "adafactor"):
+                    shape = (2, 256) if precision == "fp32" else (1, 128)
+                    cases.append(dict(mode="train", family=family, size=size, head=head, precision=precision,
+                                      optimizer=opt_name, attention=attns[-1], checkpointing=False,
+                                      batch=shape[0], seq=shape[1]))
+    for family in ("llama", "bert"):
+        for precision in ("fp32", "bf16"):
+            for attn in ("eager", "sdpa"):
+                cases.append(dict(mode="train", family=family, size="base", head="seq-cls", precision=precision,
+                                  optimizer="adamw", attention=attn, checkpointing=False, batch=2, seq=256))
+    for family in DECODERS:
+        attns = ("eager",) if family in NO_SDPA else ("eager", "sdpa")
+        for size in ("base", "wide"):
+            for precision in ("fp32", "bf16"):
+                for attn in attns:
+                    shapes = ((2, 256), (1, 512), (8, 128)) if precision == "fp32" else ((2, 256),)
+                    for batch, seq in shapes:
+                        cases.append(dict(mode="infer", family=family, size=size, head="causal-lm",
+                                          precision=precision, attention=attn, batch=batch, seq=seq))
+    for c in cases:
+        c["split"] = "tuning" if c["size"] == "base" and (c["batch"], c["seq"]) == (2, 256) else "check"
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="run only cases of this family")
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th (for parallel runs)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    method = check_method()
+    configs = small_configs()
+    results = []
+    cases = grid()
+    if a.only:
+        cases = [c for c in cases if c["family"] == a.only]
+    i, n = (int(x) for x in a.shard.split("/"))
+    cases = cases[i::n]
+    if a.limit:
+        cases = cases[: a.limit]
+    start = time.time()
+    for i, c in enumerate(cases):
+        cfg = configs[(c["family"], c["size"])]
+        try:
+            if c["mode"] == "train":
+                r = train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
+                               c["checkpointing"], c["batch"], c["seq"])
+            else:
+                r = infer_case(c["family"], cfg, c["head"], c["precision"], c["attention"], c["batch"], c["seq"])
+        except Exception as e:  # a combination a family does not support: recorded, not measured
+            r = {"error": f"{type(e).__name__}: {e}"[:300]}
+        results.append({**c, "config": cfg, **r})
+        print(f"[{i + 1}/{len(cases)}] {c} -> {r.get('peak_bytes', r.get('error'))}", file=sys.stderr, flush=True)
+    out = {
+        "about": "CPU ground truth for headroom plan: scripts/validate/measure.py",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "python": platform.python_version(),
+        "method_check": method,
+        "seconds": round(time.time() - start, 1),
+        "cases": results,
+    }
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
