@@ -184,6 +184,12 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         self.history = max_entries.map(History::new);
     }
 
+    /// Takes the history's entries so far, oldest first, leaving it recording
+    /// (a replay compares them with a recorded trace as it goes).
+    pub fn drain_history(&mut self) -> impl Iterator<Item = TraceEntry> + '_ {
+        self.history.iter_mut().flat_map(|h| h.entries.drain(..))
+    }
+
     /// Trace entries the history has let go of to keep its `max_entries` (0 without history).
     pub fn history_dropped(&self) -> u64 {
         self.history.as_ref().map_or(0, |h| h.dropped)
@@ -353,7 +359,6 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// from the free set.
     fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let expandable_on = self.expandable_active();
         let (max_split, rounding) = (self.config.max_split_size, self.config.max_non_split_rounding_size);
         let arena = &self.arena;
         let pool = match kind {
@@ -363,13 +368,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if gc_clock {
             pool.get_free_blocks_call_count += 1;
         }
-        let fits = |found_size: u64| {
-            if size < max_split {
-                found_size < max_split
-            } else {
-                found_size < size.saturating_add(rounding)
-            }
-        };
+        let fits = |found_size| oversize_fits(max_split, rounding, size, found_size);
         // Common case in one search: the best fit is an ordinary block.
         let mut expandable_first = false;
         let fast = pool.blocks.take_first_at_least_if(stream, size, |found_size, id| {
@@ -382,6 +381,19 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if !expandable_first {
             return None;
         }
+        let (found_size, found_ptr, id) = self.pick_free_block(kind, stream, size)?;
+        self.pool_mut(kind).blocks.remove(stream, found_size, found_ptr);
+        Some(id)
+    }
+
+    /// The block `get_free_block` would take, without taking it: best fit,
+    /// with the expandable-segment and oversize rules.
+    fn pick_free_block(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
+        let expandable_on = self.expandable_active();
+        let (max_split, rounding) = (self.config.max_split_size, self.config.max_non_split_rounding_size);
+        let arena = &self.arena;
+        let pool = self.pool(kind);
+        let fits = |found_size| oversize_fits(max_split, rounding, size, found_size);
         let (mut found_size, mut found_ptr, mut id) = pool.blocks.first_at_least(stream, size)?;
         if arena[id].is_expandable() {
             if expandable_on {
@@ -407,13 +419,14 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
                 }
             }
         }
-        // The oversize rules: requests below max_split_size never take oversize
-        // blocks, oversize requests only blocks within the rounding tolerance.
-        if !fits(found_size) {
-            return None;
-        }
-        pool.blocks.remove(stream, found_size, found_ptr);
-        Some(id)
+        fits(found_size).then_some((found_size, found_ptr, id))
+    }
+
+    /// Whether a request of `size` bytes on `stream` would be served now from
+    /// a cached block, with no device call.
+    pub fn serves_from_cache(&self, size: u64, stream: StreamId) -> bool {
+        let rounded = sizing::round_size(&self.config, size);
+        self.pick_free_block(sizing::pool_for(rounded), stream, rounded).is_some()
     }
 
     /// `alloc_block`: a new segment from the device, or new pages of an
@@ -711,6 +724,16 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// Bytes currently obtained from the device.
     pub fn reserved_bytes(&self) -> u64 {
         self.total_allocated_memory
+    }
+}
+
+/// The oversize rules: requests below `max_split_size` never take oversize
+/// blocks, oversize requests only blocks within the rounding tolerance.
+fn oversize_fits(max_split: u64, rounding: u64, size: u64, found_size: u64) -> bool {
+    if size < max_split {
+        found_size < max_split
+    } else {
+        found_size < size.saturating_add(rounding)
     }
 }
 

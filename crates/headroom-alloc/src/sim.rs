@@ -61,9 +61,11 @@ pub struct SimDevice {
     next_malloc: u64,
     next_reserve: u64,
     forced: VecDeque<u64>,
+    forced_reserve: VecDeque<u64>,
     segments: BTreeMap<u64, u64>,
     reservations: BTreeMap<u64, Reservation>,
     fail_in: Option<u64>,
+    refuse: bool,
     calls: DeviceCalls,
     events: FxHashMap<u64, SimEvent>,
     next_event: u64,
@@ -83,9 +85,11 @@ impl SimDevice {
             next_malloc: MALLOC_BASE,
             next_reserve: RESERVE_BASE,
             forced: VecDeque::new(),
+            forced_reserve: VecDeque::new(),
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
             fail_in: None,
+            refuse: false,
             calls: DeviceCalls::default(),
             events: FxHashMap::default(),
             next_event: 1,
@@ -110,10 +114,53 @@ impl SimDevice {
         self.forced.push_back(addr);
     }
 
+    /// The address the next `reserve` returns (queued), as
+    /// [`SimDevice::push_next_address`] does for `malloc`.
+    pub fn push_next_reservation(&mut self, va: u64) {
+        self.forced_reserve.push_back(va);
+    }
+
+    /// Whether `va` lies in a reservation.
+    pub fn is_reserved(&self, va: u64) -> bool {
+        self.reservations.range(..=va).next_back().is_some_and(|(&b, r)| va < b + r.size)
+    }
+
+    /// Forgets the addresses given by [`SimDevice::push_next_address`] and
+    /// [`SimDevice::push_next_reservation`] and not used yet.
+    pub fn clear_next_addresses(&mut self) {
+        self.forced.clear();
+        self.forced_reserve.clear();
+    }
+
     /// Makes the `n`th allocation from now (1 = the next; `malloc` and `map`
     /// both count) fail as out of memory.
     pub fn fail_nth_allocation(&mut self, n: u64) {
         self.fail_in = Some(n.max(1));
+    }
+
+    /// Makes every allocation fail as out of memory (`malloc` and `map`)
+    /// until called with `false`: a recorded run's device said no.
+    pub fn refuse_allocations(&mut self, yes: bool) {
+        self.refuse = yes;
+    }
+
+    /// Takes `[ptr, ptr + size)` as a segment already allocated (by a run
+    /// before this one), as if `malloc` had returned it. Later addresses
+    /// the device picks itself are above it.
+    pub fn adopt_segment(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
+        let end = ptr.checked_add(size).filter(|_| size > 0).ok_or_else(|| address_space_exhausted(size))?;
+        if self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > ptr) {
+            return Err(DeviceError::Invalid(format!("adopted segment {ptr:#x}+{size} overlaps a live segment")));
+        }
+        if self.used.saturating_add(self.external).saturating_add(size) > self.total {
+            return Err(self.oom(size));
+        }
+        self.used += size;
+        self.segments.insert(ptr, size);
+        if end > self.next_malloc {
+            self.next_malloc = end.div_ceil(MALLOC_ALIGN).saturating_mul(MALLOC_ALIGN);
+        }
+        Ok(())
     }
 
     /// Pretends another process holds `bytes` of this device's memory.
@@ -151,6 +198,10 @@ impl SimDevice {
     }
 
     fn take_allocation(&mut self, size: u64) -> Result<(), DeviceError> {
+        if self.refuse {
+            self.calls.failed_allocations += 1;
+            return Err(self.oom(size));
+        }
         if let Some(n) = self.fail_in.as_mut() {
             *n -= 1;
             if *n == 0 {
@@ -257,6 +308,16 @@ impl DeviceMemory for SimDevice {
         let g = self.granularity.ok_or(DeviceError::Unsupported("virtual memory management"))?;
         if size == 0 || !size.is_multiple_of(g) {
             return Err(DeviceError::Invalid(format!("reservation of {size} bytes is not a multiple of {g}")));
+        }
+        if let Some(va) = self.forced_reserve.pop_front() {
+            let overlaps = self.reservations.range(..va + size).next_back().is_some_and(|(&b, r)| b + r.size > va);
+            if overlaps {
+                return Err(DeviceError::Invalid(format!("forced reservation {va:#x} overlaps another")));
+            }
+            self.reservations.insert(va, Reservation { size, pages: BTreeMap::new() });
+            let end = va.checked_add(size).and_then(|e| e.checked_next_multiple_of(GIB));
+            self.next_reserve = self.next_reserve.max(end.ok_or(address_space_exhausted(size))?);
+            return Ok(va);
         }
         let va = self.next_reserve;
         self.next_reserve =

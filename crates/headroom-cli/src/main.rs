@@ -24,6 +24,7 @@ mod out_file;
 mod plan_cmd;
 mod progress;
 mod replay_cmd;
+mod replay_snapshot;
 mod target_arg;
 
 use clap::{Parser, Subcommand};

@@ -1,5 +1,7 @@
-//! `headroom replay`: a JSONL trace through the caching allocator on a
-//! simulated GPU, under one or more `PYTORCH_CUDA_ALLOC_CONF` settings.
+//! `headroom replay`: a JSONL trace, or a PyTorch memory snapshot's trace
+//! (told apart by content; see [`crate::replay_snapshot`]), through the
+//! caching allocator on a simulated GPU, under one or more
+//! `PYTORCH_CUDA_ALLOC_CONF` settings.
 
 use crate::out_file::{check_output, write_atomically};
 use crate::progress::LazyBar;
@@ -10,36 +12,44 @@ use headroom_alloc::units::{format_size, parse_size};
 use headroom_alloc::{AllocatorConfig, Backend};
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport};
+use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use serde_json::{json, Value};
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::PathBuf;
 
-/// Replay an allocation trace through headroom's caching allocator (PyTorch's
-/// policy) on a simulated GPU, and report peak memory, device calls and OOMs.
+/// Replay a recorded run through headroom's caching allocator (PyTorch's
+/// policy) on a simulated GPU, and report peak memory, fragmentation, device
+/// calls and OOMs — under the recorded settings or any others.
 ///
-/// The trace is JSON Lines, one operation per line (see docs/TRACE_FORMAT.md):
+/// The input is either a PyTorch memory snapshot (the file
+/// `torch.cuda.memory._dump_snapshot()` writes, pickle or JSON) or a
+/// headroom trace in JSON Lines (see docs/TRACE_FORMAT.md):
 ///
 ///   {"op":"alloc","id":1,"size":4096,"stream":0}
 ///   {"op":"free","id":1}
 ///
-/// plus record_stream, complete_events, empty_cache and set_fraction. An
-/// allocation that runs out of memory is reported with its line number and
-/// the replay carries on, as a script that catches the error would.
+/// A snapshot's trace usually starts mid-run; headroom rebuilds the
+/// allocator's state at its first entry from the final segments, then
+/// replays every request and free. --check compares each decision with the
+/// recorded one (addresses, segments allocated and released, final blocks).
+/// Without --alloc-conf a snapshot is replayed under its recorded settings.
 ///
 /// Give --alloc-conf several times to compare settings side by side.
 ///
-/// Exit status: 0 when every allocation succeeded, 1 when some ran out of
-/// memory, 2 on bad input.
+/// Exit status: 0 when every allocation succeeded (and, with --check, every
+/// decision matched), 1 when some ran out of memory (or a decision
+/// differed), 2 on bad input.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  headroom replay data/traces/gpt2-small-train.jsonl\n  \
-                  headroom replay trace.jsonl --alloc-conf '' --alloc-conf expandable_segments:True\n  \
+                  headroom replay run.pickle --check\n  \
+                  headroom replay run.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 24GiB\n  \
                   headroom replay trace.jsonl --capacity 24GiB --json\n  \
                   headroom replay trace.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
 pub struct ReplayArgs {
-    /// The trace to replay (JSONL).
-    trace: PathBuf,
+    /// The run to replay: a PyTorch snapshot (.pickle or JSON) or a JSONL trace.
+    pub trace: PathBuf,
 
     /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
     /// "expandable_segments:True,max_split_size_mb:128". Repeat to compare.
@@ -52,21 +62,30 @@ pub struct ReplayArgs {
 
     /// Print one JSON object (an object with "runs" when comparing settings).
     #[arg(long)]
-    json: bool,
+    pub json: bool,
+
+    /// Snapshots: compare every decision with the recorded one, and report
+    /// matched of total per kind with the first divergence.
+    #[arg(long)]
+    pub check: bool,
+
+    /// Snapshots: replay only this device (default: every device).
+    #[arg(long, value_name = "N")]
+    pub device: Option<u32>,
 
     /// Write the final allocator snapshot, with the trace of allocator
     /// events, as a PyTorch pickle (or JSON if the name ends in .json).
     /// With several --alloc-conf, the snapshot of the first. The file
     /// appears only once the whole replay succeeded.
     #[arg(long, value_name = "FILE")]
-    snapshot_out: Option<PathBuf>,
+    pub snapshot_out: Option<PathBuf>,
 
     /// Trace entries the snapshot keeps: the most recent N, as PyTorch's
     /// `_record_memory_history(max_entries=N)` keeps them (memory grows
     /// with N, about 60 bytes an entry).
     #[arg(long, value_name = "N", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
-    max_entries: u64,
+    pub max_entries: u64,
 }
 
 /// The most a simulated GPU may hold: 1 PiB, beyond any GPU by four orders
@@ -93,9 +112,20 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         check_output(out, &[&args.trace]).context("--snapshot-out")?;
     }
     if args.trace.is_dir() {
-        bail!("{} is a directory; give a trace file (JSONL)", args.trace.display());
+        bail!("{} is a directory; give a snapshot or a trace file", args.trace.display());
     }
-    let file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
+    let mut file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
+    let mut prefix = Vec::with_capacity(512);
+    (&mut file).take(512).read_to_end(&mut prefix).with_context(|| format!("reading {}", args.trace.display()))?;
+    if looks_like_snapshot(&prefix) {
+        let given: Vec<(String, AllocatorConfig)> =
+            if args.alloc_conf.is_empty() { Vec::new() } else { confs.iter().cloned().zip(configs).collect() };
+        return crate::replay_snapshot::run(&args, capacity, &given);
+    }
+    if args.check || args.device.is_some() {
+        bail!("--check and --device apply to snapshots; {} is a JSONL trace", args.trace.display());
+    }
+    file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
     let ops = read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?;
 
     let mut runs = Vec::new();

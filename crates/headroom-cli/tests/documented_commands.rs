@@ -2,7 +2,7 @@
 //! runnable inline code, and in each command's `--help` examples — runs and exits as
 //! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort.
 //!
-//! The files the examples name generically (`trace.jsonl`, `./config.json`) are made in a
+//! The files the examples name generically (`trace.jsonl`, `./config.json`, `run.pickle`) are made in a
 //! scratch directory that also links the repository's `data/`; lines with `...` elide
 //! arguments and are skipped.
 
@@ -99,6 +99,14 @@ fn scratch() -> tempfile::TempDir {
             "intermediate_size":14336,"vocab_size":32000,"max_position_embeddings":32768}"#,
     )
     .unwrap();
+    // A snapshot as PyTorch writes one, for the examples that replay `run.pickle`.
+    let made = Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["replay", "trace.jsonl", "--snapshot-out", "run.pickle"])
+        .current_dir(p)
+        .output()
+        .unwrap();
+    assert!(made.status.success());
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo().join("data"), p.join("data")).unwrap();
     dir

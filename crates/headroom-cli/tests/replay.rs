@@ -196,3 +196,121 @@ fn help_teaches_the_format() {
         .stdout(contains("--alloc-conf"))
         .stdout(contains("Exit status"));
 }
+
+/// A snapshot of the bundled run, written by headroom itself: replay reads it
+/// back by content (pickle or JSON), and `--check` finds every decision as
+/// recorded, with and without expandable segments.
+fn recorded_snapshot(dir: &Path, name: &str, conf: &str) -> PathBuf {
+    let p = dir.join(name);
+    headroom().arg("replay").arg(bundled()).args(["--alloc-conf", conf, "--snapshot-out"]).arg(&p).assert().success();
+    p
+}
+
+#[test]
+fn snapshots_replay_and_check_decision_for_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, conf) in [("native.pickle", ""), ("expandable.json", "expandable_segments:True")] {
+        let snap = recorded_snapshot(dir.path(), name, conf);
+        headroom()
+            .arg("replay")
+            .arg(&snap)
+            .arg("--check")
+            .assert()
+            .success()
+            .stdout(contains("starting from an empty allocator"))
+            .stdout(contains("(recorded)"))
+            .stdout(contains("every decision as recorded"));
+        let out = headroom().arg("replay").arg(&snap).args(["--check", "--json"]).output().unwrap();
+        assert!(out.status.success());
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let d = &v["devices"][0];
+        let f = &d["fidelity"];
+        assert_eq!(f["alloc_matched"], f["alloc_total"], "{name}");
+        assert_eq!(f["alloc_total"], 1563, "{name}: every alloc of the bundled trace");
+        assert_eq!(f["segment_matched"], f["segment_total"], "{name}");
+        assert!(f["first_divergence"].is_null());
+        for k in [
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "fragmentation_at_peak_bytes",
+            "num_device_alloc",
+            "num_ooms",
+            "oom_ops",
+        ] {
+            assert!(d["runs"][0].get(k).is_some(), "{name}: {k}");
+        }
+    }
+}
+
+#[test]
+fn snapshot_what_if_compares_settings_and_finds_the_oom() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = recorded_snapshot(dir.path(), "run.pickle", "");
+    let out = headroom()
+        .arg("replay")
+        .arg(&snap)
+        .args(["--alloc-conf", "", "--alloc-conf", "expandable_segments:True", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["devices"][0]["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["alloc_conf"], "(default)");
+    assert!(runs[1]["peak_reserved_bytes"].as_u64() <= runs[0]["peak_reserved_bytes"].as_u64());
+    // On a 3 GiB device the 4.3 GiB run runs out of memory: exit 1, with the trace entry.
+    let out = headroom().arg("replay").arg(&snap).args(["--capacity", "3GiB", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = &v["devices"][0]["runs"][0];
+    assert!(run["num_ooms"].as_u64().unwrap() > 0);
+    assert!(run["oom_ops"][0].as_u64().is_some());
+    // The replayed run, written back, replays as recorded in turn.
+    let again = dir.path().join("again.pickle");
+    headroom().arg("replay").arg(&snap).arg("--snapshot-out").arg(&again).assert().success();
+    headroom()
+        .arg("replay")
+        .arg(&again)
+        .arg("--check")
+        .assert()
+        .success()
+        .stdout(contains("every decision as recorded"));
+}
+
+#[test]
+fn bad_snapshots_are_named_with_the_byte_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = recorded_snapshot(dir.path(), "run.pickle", "");
+    let bytes = std::fs::read(&snap).unwrap();
+    let cut = write(dir.path(), "cut.pickle", "");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    headroom().arg("replay").arg(&cut).assert().code(2).stderr(contains("cut.pickle")).stderr(contains("truncated"));
+    let global = write(dir.path(), "evil.pickle", "");
+    std::fs::write(
+        &global,
+        b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94.",
+    )
+    .unwrap();
+    headroom().arg("replay").arg(&global).assert().code(2).stderr(contains("byte 28")).stderr(contains("never runs"));
+    headroom().arg("replay").arg(&snap).args(["--device", "3"]).assert().code(2).stderr(contains("no device 3"));
+    headroom().arg("replay").arg(bundled()).arg("--check").assert().code(2).stderr(contains("apply to snapshots"));
+}
+
+#[test]
+fn real_snapshots_from_mid_run_replay_as_recorded() {
+    let f = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_128_training_memory_snapshot.pickle");
+    if !f.exists() {
+        eprintln!("skipped: ../shared/fixtures is absent (only development checkouts have it)");
+        return;
+    }
+    headroom()
+        .arg("replay")
+        .arg(&f)
+        .arg("--check")
+        .assert()
+        .success()
+        .stdout(contains("starting mid-run"))
+        .stdout(contains("alloc 6526/6526"))
+        .stdout(contains("every decision as recorded"));
+}

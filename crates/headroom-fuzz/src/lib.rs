@@ -12,7 +12,7 @@
 //! `cargo test`, so a fixed crash never returns. Targets and figures:
 //! docs/RELIABILITY.md.
 
-use headroom_alloc::units::{parse_size, MIB};
+use headroom_alloc::units::{parse_size, GIB, MIB};
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, SimDevice};
 use headroom_kv::dist::{LengthDist, Role};
 use headroom_plan::checkpoint::{simulate, solve, Chain, SolveError};
@@ -28,7 +28,7 @@ use rand::SeedableRng;
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("trace_jsonl", trace_jsonl),
     ("alloc_conf", alloc_conf),
     ("hf_config", hf_config),
@@ -36,7 +36,24 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("byte_size", byte_size),
     ("length_dist", length_dist),
     ("allocator_ops", allocator_ops),
+    ("snapshot", snapshot),
 ];
+
+/// A memory snapshot (pickle or JSON): read, its start state inferred, its
+/// trace checked and replayed on a small simulated GPU; errors are fine,
+/// panics are not, and a replay's peaks stay within the device.
+pub fn snapshot(data: &[u8]) {
+    let Ok(snap) = headroom_trace::snapshot::read_snapshot(data) else { return };
+    for device in snap.devices().into_iter().take(4) {
+        let Ok(f) = headroom_trace::snapshot_replay::check_device(&snap, device, GIB, |_| {}) else { continue };
+        let (config, _) = snap.allocator_config();
+        let calls = &f.empty_cache_calls;
+        if let Ok(w) = headroom_trace::snapshot_replay::what_if_device(&snap, device, config, GIB, calls, None, |_| {})
+        {
+            assert!(w.peak_reserved_bytes <= GIB, "reserved past the device: {}", w.peak_reserved_bytes);
+        }
+    }
+}
 
 /// A JSONL trace: read, written back line by line and read again to the same
 /// operations, then replayed on a small simulated GPU whose invariants must hold.

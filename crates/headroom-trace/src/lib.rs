@@ -22,7 +22,11 @@
 //! ```
 
 pub mod jsonl;
+pub mod pickle;
 pub mod py;
 pub mod replay;
+pub mod snapshot;
 pub mod snapshot_file;
+pub mod snapshot_replay;
+pub mod start_state;
 pub mod synth;

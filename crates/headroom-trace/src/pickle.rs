@@ -1,0 +1,678 @@
+//! A streaming reader for the pickle opcodes that memory snapshots use.
+//!
+//! Snapshots are plain Python data — dicts, lists, tuples, str, int, float,
+//! bool, None — pickled with protocol 2 (TorchScript's pickler) to 5
+//! (Python 3.14's default). This reader runs exactly that subset of the
+//! pickle machine and nothing else: a global, a reduce, a persistent id or
+//! any opcode outside the subset is an error naming its byte offset, so
+//! reading a file never executes anything it names.
+//!
+//! It is written here rather than taken from `serde-pickle` for two reasons
+//! the figures show: serde-pickle materialises the whole file as a generic
+//! value tree (several times the file's size), and it copies memoised
+//! objects at every reference, while a snapshot refers to the same stack of
+//! frames thousands of times. Here a [`Builder`] turns each container into
+//! its own value the moment the container is complete, so the caller can
+//! keep compact records instead of a tree, and a memoised object is built
+//! once and then shared by [`Clone`].
+
+use std::io::{self, Read};
+
+/// Turns pickled values into the caller's values, bottom-up.
+pub trait Builder {
+    type Value: Clone;
+    fn none(&mut self) -> Self::Value;
+    fn bool(&mut self, v: bool) -> Self::Value;
+    fn int(&mut self, v: i64) -> Self::Value;
+    /// An int in `(i64::MAX, u64::MAX]`: stream handles can be that large.
+    fn uint(&mut self, v: u64) -> Self::Value;
+    fn float(&mut self, v: f64) -> Self::Value;
+    fn str(&mut self, v: &str) -> Self::Value;
+    /// A list, complete: nothing is appended to it after this call.
+    fn list(&mut self, items: Vec<Self::Value>) -> Self::Value;
+    fn tuple(&mut self, items: Vec<Self::Value>) -> Self::Value;
+    /// A dict, complete, in insertion order (repeated keys kept; the builder decides).
+    fn dict(&mut self, items: Vec<(Self::Value, Self::Value)>) -> Self::Value;
+}
+
+/// Why a pickle could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PickleError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("the file ends at byte {offset}, in the middle of the pickle (truncated?)")]
+    Truncated { offset: u64 },
+    #[error("byte {offset}: opcode {opcode:#04x}{} is not one that memory snapshots use", name_suffix(*opcode))]
+    Opcode { opcode: u8, offset: u64 },
+    #[error(
+        "byte {offset}: the pickle refers to Python code ({what}); snapshots hold only plain values, and headroom \
+         never runs what a file names"
+    )]
+    Code { what: String, offset: u64 },
+    #[error("byte {offset}: {message}")]
+    Malformed { offset: u64, message: String },
+}
+
+fn name_suffix(op: u8) -> String {
+    opcode_name(op).map(|n| format!(" ({n})")).unwrap_or_default()
+}
+
+/// Names of the opcodes outside the subset, for messages.
+fn opcode_name(op: u8) -> Option<&'static str> {
+    Some(match op {
+        b'I' => "INT",
+        b'L' => "LONG",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        b'F' => "FLOAT",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        b'b' => "BUILD",
+        0x8b => "LONG4",
+        b'B' => "BINBYTES",
+        b'C' => "SHORT_BINBYTES",
+        0x8e => "BINBYTES8",
+        0x96 => "BYTEARRAY8",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        b'g' => "GET",
+        b'p' => "PUT",
+        _ => return None,
+    })
+}
+
+const READ_CHUNK: usize = 1 << 16;
+
+/// Bytes from a reader, with the absolute offset of each.
+struct Input<R> {
+    reader: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// Offset in the file of `buf[0]`.
+    base: u64,
+}
+
+impl<R: Read> Input<R> {
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Makes `n` bytes available at `pos`; false if the file ends first.
+    #[inline]
+    fn fill(&mut self, n: usize) -> io::Result<bool> {
+        if self.end - self.pos >= n {
+            return Ok(true);
+        }
+        self.refill(n)
+    }
+
+    #[cold]
+    fn refill(&mut self, n: usize) -> io::Result<bool> {
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.base += self.pos as u64;
+        self.end -= self.pos;
+        self.pos = 0;
+        if self.buf.len() < n.max(READ_CHUNK) {
+            self.buf.resize(n.max(READ_CHUNK), 0);
+        }
+        while self.end < n {
+            let got = match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(false),
+                Ok(k) => k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.end += got;
+        }
+        Ok(true)
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&[u8], PickleError> {
+        if !self.fill(n)? {
+            return Err(PickleError::Truncated { offset: self.base + self.end as u64 });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    #[inline]
+    fn byte(&mut self) -> Result<u8, PickleError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, PickleError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, PickleError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+}
+
+/// One slot of the machine's stack.
+enum Slot<V> {
+    Value(V),
+    Mark,
+    /// A list or dict still being filled, with the memo slot that names it.
+    List(Vec<V>, Option<u32>),
+    Dict(Vec<(V, V)>, Option<u32>),
+}
+
+/// A memo entry: a finished value, or a container still on the stack.
+enum Memo<V> {
+    Value(V),
+    Building,
+}
+
+/// The most memo entries a file may define: far beyond any snapshot (a
+/// 100 MB snapshot has about a million), small enough to refuse a file that
+/// would make the memo table itself exhaust memory.
+const MAX_MEMO: u64 = 1 << 28;
+
+/// The longest string read: snapshots hold file names, function names and
+/// settings, none near this.
+const MAX_STRING: usize = 1 << 26;
+
+/// Reads one pickle from `reader`, building its value with `builder`.
+/// Reads no further than the STOP opcode.
+pub fn read_pickle<R: Read, B: Builder>(reader: R, builder: &mut B) -> Result<B::Value, PickleError> {
+    Machine {
+        input: Input { reader, buf: Vec::new(), pos: 0, end: 0, base: 0 },
+        stack: Vec::new(),
+        memo: Vec::new(),
+        scratch: Vec::new(),
+    }
+    .run(builder)
+}
+
+struct Machine<R, V> {
+    input: Input<R>,
+    stack: Vec<Slot<V>>,
+    memo: Vec<Memo<V>>,
+    scratch: Vec<V>,
+}
+
+impl<R: Read, V: Clone> Machine<R, V> {
+    fn malformed<T>(&self, at: u64, message: impl Into<String>) -> Result<T, PickleError> {
+        Err(PickleError::Malformed { offset: at, message: message.into() })
+    }
+
+    /// Pops a value, finishing it if it is a container still being filled.
+    fn pop_value<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<V, PickleError> {
+        match self.stack.pop() {
+            Some(slot) => self.finish(slot, b, at),
+            None => self.malformed(at, "the pickle's stack is empty where a value is needed"),
+        }
+    }
+
+    fn finish<B: Builder<Value = V>>(&mut self, slot: Slot<V>, b: &mut B, at: u64) -> Result<V, PickleError> {
+        let (v, memo) = match slot {
+            Slot::Value(v) => return Ok(v),
+            Slot::Mark => return self.malformed(at, "a MARK where a value is needed"),
+            Slot::List(items, memo) => (b.list(items), memo),
+            Slot::Dict(items, memo) => (b.dict(items), memo),
+        };
+        if let Some(i) = memo {
+            self.memo[i as usize] = Memo::Value(v.clone());
+        }
+        Ok(v)
+    }
+
+    /// Pops everything above the topmost MARK, and the MARK.
+    fn pop_mark<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<Vec<V>, PickleError> {
+        self.pop_mark_to_scratch(b, at)?;
+        Ok(std::mem::take(&mut self.scratch))
+    }
+
+    /// Pops everything above the topmost MARK, and the MARK, into
+    /// `self.scratch` (reused: most marks close one small dict each, a
+    /// million times in a large snapshot).
+    fn pop_mark_to_scratch<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<(), PickleError> {
+        let Some(m) = self.stack.iter().rposition(|s| matches!(s, Slot::Mark)) else {
+            return self.malformed(at, "no MARK to close");
+        };
+        self.scratch.clear();
+        for i in m + 1..self.stack.len() {
+            let slot = std::mem::replace(&mut self.stack[i], Slot::Mark);
+            let v = self.finish(slot, b, at)?;
+            self.scratch.push(v);
+        }
+        self.stack.truncate(m);
+        Ok(())
+    }
+
+    fn push(&mut self, v: V) {
+        self.stack.push(Slot::Value(v));
+    }
+
+    fn memo_put(&mut self, index: u64, at: u64) -> Result<(), PickleError> {
+        if index >= MAX_MEMO {
+            return self.malformed(at, format!("memo index {index} is beyond any snapshot's"));
+        }
+        let i = index as usize;
+        let entry = match self.stack.last_mut() {
+            Some(Slot::Value(v)) => Memo::Value(v.clone()),
+            Some(Slot::List(_, m)) | Some(Slot::Dict(_, m)) => {
+                *m = Some(index as u32);
+                Memo::Building
+            }
+            _ => return self.malformed(at, "nothing to memoise"),
+        };
+        if i >= self.memo.len() {
+            if i > self.memo.len() + (1 << 20) {
+                return self.malformed(at, format!("memo index {index} skips over a million unused entries"));
+            }
+            self.memo.resize_with(i + 1, || Memo::Building);
+        }
+        self.memo[i] = entry;
+        Ok(())
+    }
+
+    fn memo_get<B: Builder<Value = V>>(&mut self, index: u64, b: &mut B, at: u64) -> Result<(), PickleError> {
+        match self.memo.get(index as usize) {
+            Some(Memo::Value(v)) => {
+                let v = v.clone();
+                self.push(v);
+                Ok(())
+            }
+            Some(Memo::Building) => self.finish_in_place(index, b, at),
+            None => self.malformed(at, format!("memo {index} was never stored")),
+        }
+    }
+
+    /// A second reference to a list or dict that is still on the stack. The
+    /// pickler writes a container's items right after creating it, so by the
+    /// time it is referred to again it is complete; finish it where it
+    /// stands. (A container that contains itself then fails at its next
+    /// append, with a message: snapshots have no such structures.)
+    fn finish_in_place<B: Builder<Value = V>>(&mut self, index: u64, b: &mut B, at: u64) -> Result<(), PickleError> {
+        let slot = self.stack.iter().rposition(|s| match s {
+            Slot::List(_, m) | Slot::Dict(_, m) => *m == Some(index as u32),
+            _ => false,
+        });
+        let Some(i) = slot else {
+            return self.malformed(at, format!("memo {index} was never stored"));
+        };
+        let taken = std::mem::replace(&mut self.stack[i], Slot::Mark);
+        let v = self.finish(taken, b, at)?;
+        self.stack[i] = Slot::Value(v.clone());
+        self.push(v);
+        Ok(())
+    }
+
+    fn run<B: Builder<Value = V>>(mut self, b: &mut B) -> Result<V, PickleError> {
+        let first = self.input.fill(2)?;
+        if !first || self.input.buf[0] != 0x80 {
+            let offset = 0;
+            return self.malformed(offset, "not a pickle (pickles of protocol 2 and later start with byte 0x80)");
+        }
+        loop {
+            let at = self.input.offset();
+            let op = self.input.byte()?;
+            match op {
+                0x80 => {
+                    let proto = self.input.byte()?;
+                    if !(2..=5).contains(&proto) {
+                        return self.malformed(at, format!("pickle protocol {proto}; snapshots use 2 to 5"));
+                    }
+                }
+                // FRAME: a length prefix for the bytes that follow; nothing to do when streaming.
+                0x95 => {
+                    self.input.u64()?;
+                }
+                b'.' => {
+                    let v = self.pop_value(b, at)?;
+                    if !self.stack.is_empty() {
+                        return self.malformed(at, "values left on the stack at STOP");
+                    }
+                    return Ok(v);
+                }
+                b'(' => self.stack.push(Slot::Mark),
+                b'0' => {
+                    self.pop_value(b, at)?;
+                }
+                b'1' => {
+                    self.pop_mark(b, at)?;
+                }
+                b'2' => {
+                    let v = self.pop_value(b, at)?;
+                    self.push(v.clone());
+                    self.push(v);
+                }
+                b'N' => {
+                    let v = b.none();
+                    self.push(v)
+                }
+                0x88 | 0x89 => {
+                    let v = b.bool(op == 0x88);
+                    self.push(v)
+                }
+                b'J' => {
+                    let v = i32::from_le_bytes(self.input.take(4)?.try_into().expect("4 bytes"));
+                    let v = b.int(v as i64);
+                    self.push(v)
+                }
+                b'K' => {
+                    let v = self.input.byte()?;
+                    let v = b.int(v as i64);
+                    self.push(v)
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.input.take(2)?.try_into().expect("2 bytes"));
+                    let v = b.int(v as i64);
+                    self.push(v)
+                }
+                0x8a => {
+                    let n = self.input.byte()? as usize;
+                    let bytes = self.input.take(n)?;
+                    let v = match long1(bytes) {
+                        Some(Long::Signed(v)) => b.int(v),
+                        Some(Long::Unsigned(v)) => b.uint(v),
+                        None => return self.malformed(at, format!("an integer of {n} bytes, beyond 64 bits")),
+                    };
+                    self.push(v)
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.input.take(8)?.try_into().expect("8 bytes"));
+                    let v = b.float(v);
+                    self.push(v)
+                }
+                0x8c => {
+                    let n = self.input.byte()? as usize;
+                    self.string(b, n, at)?;
+                }
+                b'X' => {
+                    let n = self.input.u32()? as usize;
+                    self.string(b, n, at)?;
+                }
+                0x8d => {
+                    let n = self.input.u64()?;
+                    let Ok(n) = usize::try_from(n) else {
+                        return self.malformed(at, format!("a string of {n} bytes"));
+                    };
+                    self.string(b, n, at)?;
+                }
+                b']' => self.stack.push(Slot::List(Vec::new(), None)),
+                b'}' => self.stack.push(Slot::Dict(Vec::new(), None)),
+                b')' => {
+                    let v = b.tuple(Vec::new());
+                    self.push(v)
+                }
+                b'l' => {
+                    let items = self.pop_mark(b, at)?;
+                    self.stack.push(Slot::List(items, None));
+                }
+                b'd' => {
+                    let items = self.pop_mark(b, at)?;
+                    let pairs = self.pairs(items, at)?;
+                    self.stack.push(Slot::Dict(pairs, None));
+                }
+                b't' => {
+                    let items = self.pop_mark(b, at)?;
+                    let v = b.tuple(items);
+                    self.push(v)
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n {
+                        return self.malformed(at, "too few values for a tuple");
+                    }
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.pop_value(b, at)?);
+                    }
+                    items.reverse();
+                    let v = b.tuple(items);
+                    self.push(v)
+                }
+                b'a' => {
+                    let v = self.pop_value(b, at)?;
+                    match self.stack.last_mut() {
+                        Some(Slot::List(items, _)) => items.push(v),
+                        _ => return self.malformed(at, "APPEND to something that is not a list being built"),
+                    }
+                }
+                b'e' => {
+                    self.pop_mark_to_scratch(b, at)?;
+                    match self.stack.last_mut() {
+                        Some(Slot::List(items, _)) => items.append(&mut self.scratch),
+                        _ => return self.malformed(at, "APPENDS to something that is not a list being built"),
+                    }
+                }
+                b's' => {
+                    let v = self.pop_value(b, at)?;
+                    let k = self.pop_value(b, at)?;
+                    match self.stack.last_mut() {
+                        Some(Slot::Dict(items, _)) => items.push((k, v)),
+                        _ => return self.malformed(at, "SETITEM on something that is not a dict being built"),
+                    }
+                }
+                b'u' => {
+                    self.pop_mark_to_scratch(b, at)?;
+                    if !self.scratch.len().is_multiple_of(2) {
+                        return self.malformed(at, "an odd number of items for a dict");
+                    }
+                    match self.stack.last_mut() {
+                        Some(Slot::Dict(items, _)) => {
+                            items.reserve(self.scratch.len() / 2);
+                            let mut it = self.scratch.drain(..);
+                            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                                items.push((k, v));
+                            }
+                        }
+                        _ => return self.malformed(at, "SETITEMS on something that is not a dict being built"),
+                    }
+                }
+                0x94 => {
+                    let i = self.memo.len() as u64;
+                    self.memo_put(i, at)?;
+                }
+                b'q' => {
+                    let i = self.input.byte()? as u64;
+                    self.memo_put(i, at)?;
+                }
+                b'r' => {
+                    let i = self.input.u32()? as u64;
+                    self.memo_put(i, at)?;
+                }
+                b'h' => {
+                    let i = self.input.byte()? as u64;
+                    self.memo_get(i, b, at)?;
+                }
+                b'j' => {
+                    let i = self.input.u32()? as u64;
+                    self.memo_get(i, b, at)?;
+                }
+                b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'i' | b'o' | 0x82..=0x84 => {
+                    let what = match op {
+                        b'c' | 0x93 => "a global",
+                        b'R' => "a call (REDUCE)",
+                        0x81 | 0x92 => "an object constructor (NEWOBJ)",
+                        b'i' | b'o' => "an instance (INST/OBJ)",
+                        _ => "an extension-registry global (EXT)",
+                    };
+                    return Err(PickleError::Code { what: what.into(), offset: at });
+                }
+                _ => return Err(PickleError::Opcode { opcode: op, offset: at }),
+            }
+        }
+    }
+
+    fn string<B: Builder<Value = V>>(&mut self, b: &mut B, n: usize, at: u64) -> Result<(), PickleError> {
+        // The buffer grows to hold a string whole: refuse a length no snapshot
+        // has before allocating it (a corrupt length would ask for exabytes).
+        if n > MAX_STRING {
+            return self.malformed(at, format!("a string of {n} bytes, longer than any a snapshot holds"));
+        }
+        let bytes = self.input.take(n)?;
+        let v = match std::str::from_utf8(bytes) {
+            Ok(s) => b.str(s),
+            Err(e) => return self.malformed(at, format!("a string that is not UTF-8 ({e})")),
+        };
+        self.push(v);
+        Ok(())
+    }
+
+    fn pairs(&self, items: Vec<V>, at: u64) -> Result<Vec<(V, V)>, PickleError> {
+        if !items.len().is_multiple_of(2) {
+            return self.malformed(at, "an odd number of items for a dict");
+        }
+        let mut pairs = Vec::with_capacity(items.len() / 2);
+        let mut it = items.into_iter();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            pairs.push((k, v));
+        }
+        Ok(pairs)
+    }
+}
+
+enum Long {
+    Signed(i64),
+    Unsigned(u64),
+}
+
+/// LONG1's little-endian two's complement, when it fits in 64 bits (or is
+/// a non-negative value below 2^64).
+fn long1(bytes: &[u8]) -> Option<Long> {
+    if bytes.is_empty() {
+        return Some(Long::Signed(0));
+    }
+    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    // A ninth byte of zero only carries the sign of a value in [2^63, 2^64).
+    let bytes = match bytes {
+        [head @ .., 0] if bytes.len() == 9 && !negative => head,
+        _ => bytes,
+    };
+    if bytes.len() > 8 {
+        return None;
+    }
+    let mut buf = [if negative { 0xff } else { 0 }; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    let u = u64::from_le_bytes(buf);
+    if bytes.len() == 8 && !negative && u > i64::MAX as u64 {
+        return Some(Long::Unsigned(u));
+    }
+    Some(Long::Signed(u as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::py::{write_pickle, Py};
+
+    /// Builds headroom's own [`Py`] values, to compare with what was written.
+    struct PyBuilder;
+
+    impl Builder for PyBuilder {
+        type Value = Py;
+        fn none(&mut self) -> Py {
+            Py::None
+        }
+        fn bool(&mut self, v: bool) -> Py {
+            Py::Bool(v)
+        }
+        fn int(&mut self, v: i64) -> Py {
+            Py::Int(v)
+        }
+        fn uint(&mut self, v: u64) -> Py {
+            Py::UInt(v)
+        }
+        fn float(&mut self, v: f64) -> Py {
+            Py::Float(v)
+        }
+        fn str(&mut self, v: &str) -> Py {
+            Py::str(v)
+        }
+        fn list(&mut self, items: Vec<Py>) -> Py {
+            Py::List(items)
+        }
+        fn tuple(&mut self, items: Vec<Py>) -> Py {
+            Py::Tuple(items)
+        }
+        fn dict(&mut self, items: Vec<(Py, Py)>) -> Py {
+            Py::Dict(items)
+        }
+    }
+
+    fn read(bytes: &[u8]) -> Result<Py, PickleError> {
+        read_pickle(bytes, &mut PyBuilder)
+    }
+
+    #[test]
+    fn reads_what_the_writer_writes() {
+        let v = Py::dict([
+            ("ints", Py::List(vec![Py::Int(0), Py::Int(-1), Py::Int(255), Py::Int(65536), Py::Int(i64::MIN)])),
+            ("big", Py::UInt(u64::MAX)),
+            ("f", Py::Float(1.5)),
+            ("t", Py::Tuple(vec![Py::Int(0), Py::Int(0)])),
+            ("none", Py::None),
+            ("b", Py::Bool(true)),
+            ("s", Py::str("é".repeat(300))),
+            ("long", Py::List((0..2500).map(Py::Int).collect())),
+        ]);
+        let mut bytes = Vec::new();
+        write_pickle(&v, &mut bytes).unwrap();
+        assert_eq!(read(&bytes).unwrap(), v);
+    }
+
+    #[test]
+    fn memoised_objects_are_shared_and_framing_is_skipped() {
+        // pickle.dumps({'a': [1], 'b': <same list>}, protocol=4): FRAME, MEMOIZE, BINGET.
+        let bytes = b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01a\x94]\x94K\x01a\x8c\x01b\x94h\x02u.";
+        let v = read(bytes).unwrap();
+        let one = Py::List(vec![Py::Int(1)]);
+        assert_eq!(v, Py::dict([("a", one.clone()), ("b", one)]));
+        // Protocol 2 (BINPUT, MARK, SETITEMS, LONG1 of 9 bytes for 2^64 - 1).
+        let bytes = b"\x80\x02}q\x00X\x01\x00\x00\x00xq\x01\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00s.";
+        assert_eq!(read(bytes).unwrap(), Py::dict([("x", Py::UInt(u64::MAX))]));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_at_its_byte() {
+        let msg = |b: &[u8]| read(b).unwrap_err().to_string();
+        assert!(msg(b"").contains("not a pickle"));
+        assert!(msg(b"{\"segments\": []}").contains("not a pickle"));
+        assert!(msg(b"\x80\x04]\x94(K\x01").contains("ends at byte 7"));
+        // pickle.dumps(os.system) and a REDUCE: refused where they stand, never resolved.
+        let global = b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94.";
+        assert_eq!(
+            msg(global),
+            "byte 28: the pickle refers to Python code (a global); snapshots hold only plain values, and headroom \
+             never runs what a file names"
+        );
+        assert!(msg(b"\x80\x04C\x01x.").starts_with("byte 2: opcode 0x43 (SHORT_BINBYTES)"));
+        assert!(msg(b"\x80\x04h\x05.").contains("memo 5 was never stored"));
+        // A list that contains itself: `a = []; a.append(a)`.
+        assert!(msg(b"\x80\x04]\x94h\x00a.").contains("APPEND to something that is not a list"));
+        assert!(msg(b"\x80\x04a.").contains("stack is empty"));
+        assert!(msg(b"\x80\x04K\x01K\x02.").contains("left on the stack"));
+        assert!(msg(b"\x80\x07N.").contains("protocol 7"));
+        // BINUNICODE8 claiming 8 EB: refused before any buffer grows (found by fuzzing).
+        assert!(msg(b"\x80\x04\x8d\x07\x00\x00\x00\x00\x00\x00\x70x").contains("longer than any"));
+    }
+
+    #[test]
+    fn long1_covers_the_64_bit_range() {
+        let v = |b: &[u8]| match long1(b) {
+            Some(Long::Signed(v)) => Some(v as i128),
+            Some(Long::Unsigned(v)) => Some(v as i128),
+            None => None,
+        };
+        assert_eq!(v(&[]), Some(0));
+        assert_eq!(v(&[0xff]), Some(-1));
+        assert_eq!(v(&[0x00, 0x80]), Some(-32768));
+        assert_eq!(v(&[0x00, 0x80, 0x00]), Some(32768));
+        assert_eq!(v(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]), Some(i64::MAX as i128));
+        assert_eq!(v(&[0, 0, 0, 0, 0, 0, 0, 0x80]), Some(i64::MIN as i128));
+        assert_eq!(v(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), Some(1i128 << 63));
+        assert_eq!(v(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
+    }
+}

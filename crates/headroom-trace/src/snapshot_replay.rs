@@ -1,0 +1,553 @@
+//! A snapshot's trace, replayed through headroom's allocator from the state
+//! it began in ([`crate::start_state`]), two ways:
+//!
+//! - [`check_device`]: under the recorded settings, with the device saying
+//!   yes and no where the recorded device did (new segments at the recorded
+//!   addresses, failures where the trace shows a flush or an `oom`), every
+//!   decision compared with the recorded one: each allocation's address,
+//!   each `segment_alloc` / `segment_free` / `segment_map` / `segment_unmap`
+//!   in order, the final segments and blocks;
+//! - [`what_if_device`]: under any settings and any device size, the same
+//!   requests and frees, with headroom deciding everything: peaks,
+//!   fragmentation, device calls, and where it runs out of memory.
+//!
+//! The trace decides what the program asked for, never what the allocator
+//! does: a what-if replay sees only the requests, frees and `empty_cache`
+//! calls, in order.
+
+use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
+use crate::start_state::{infer_start, StartState};
+use headroom_alloc::{AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, SimDevice};
+use rustc_hash::FxHashMap;
+
+/// The first decision that differed, with the recorded entries around it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    /// Index of the entry in the device's trace.
+    pub index: usize,
+    pub message: String,
+    /// A few entries before and after, as `index: action addr size`.
+    pub context: Vec<String>,
+}
+
+/// How closely headroom's decisions matched one device's recorded ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fidelity {
+    pub device: u32,
+    pub alloc_matched: usize,
+    pub alloc_total: usize,
+    /// `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`: same action, address and size, in order.
+    pub segment_matched: usize,
+    pub segment_total: usize,
+    /// Recorded `oom` entries where headroom ran out of memory too.
+    pub oom_matched: usize,
+    pub oom_total: usize,
+    /// Blocks of the final segments with the same address, size and state (free or not).
+    pub final_blocks_matched: usize,
+    pub final_blocks_total: usize,
+    /// Blocks live when the trace began (0 for a trace from an empty allocator).
+    pub live_at_start: usize,
+    /// Of those, the ones whose size was inferred.
+    pub inferred_blocks: usize,
+    pub first_divergence: Option<Divergence>,
+    /// Where the program called `empty_cache()` (the first release of each
+    /// call), told apart from the allocator's own flushes by replay.
+    pub empty_cache_calls: Vec<usize>,
+}
+
+impl Fidelity {
+    /// Every decision matched.
+    pub fn is_exact(&self) -> bool {
+        self.alloc_matched == self.alloc_total
+            && self.segment_matched == self.segment_total
+            && self.oom_matched == self.oom_total
+            && self.final_blocks_matched == self.final_blocks_total
+            && self.first_divergence.is_none()
+    }
+}
+
+/// Why a device's trace cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotReplayError {
+    #[error(transparent)]
+    Inconsistent(#[from] crate::start_state::InconsistentTrace),
+    #[error("device {device}: {message}")]
+    Unsupported { device: u32, message: String },
+    #[error("device {device}: {message}")]
+    Capacity { device: u32, message: String },
+}
+
+/// A device whose trace starts with state headroom cannot rebuild yet, said why.
+fn unsupported(device: u32, start: &StartState, config: &AllocatorConfig) -> Option<SnapshotReplayError> {
+    let message = if config.backend == Backend::CudaMallocAsync {
+        "the snapshot was recorded with backend:cudaMallocAsync (CUDA's stream-ordered pool), which headroom does \
+         not simulate"
+            .to_string()
+    } else if start.segments.iter().any(|s| s.expandable) {
+        "the trace begins with expandable segments in use; replaying those from the middle of a run is not \
+         supported yet"
+            .to_string()
+    } else {
+        return None;
+    };
+    Some(SnapshotReplayError::Unsupported { device, message })
+}
+
+/// Simulated device memory for a check replay without expandable segments:
+/// beyond any GPU, so that the device fails only where the trace says it did.
+const CHECK_CAPACITY: u64 = 1 << 50;
+
+fn allocator_at(
+    start: &StartState,
+    config: AllocatorConfig,
+    capacity: u64,
+    device: u32,
+) -> Result<DeviceCachingAllocator<SimDevice>, SnapshotReplayError> {
+    if start.reserved_bytes() > capacity {
+        return Err(SnapshotReplayError::Capacity {
+            device,
+            message: format!(
+                "the trace begins with {} bytes reserved, more than the {capacity} bytes of the simulated device",
+                start.reserved_bytes()
+            ),
+        });
+    }
+    let mut a = DeviceCachingAllocator::new(SimDevice::new(capacity), config).with_device_index(device);
+    for s in &start.segments {
+        let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
+        a.device_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
+        a.adopt_segment(s.address, s.size, s.stream, s.pool, &s.live).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(a)
+}
+
+fn describe(i: usize, e: &TraceEvent) -> String {
+    format!("{i}: {} {:#x} {}", e.action.name(), e.addr, e.size)
+}
+
+fn context(trace: &[TraceEvent], i: usize) -> Vec<String> {
+    let lo = i.saturating_sub(3);
+    let hi = (i + 4).min(trace.len());
+    (lo..hi).map(|j| describe(j, &trace[j])).collect()
+}
+
+fn is_segment_event(a: TraceAction) -> bool {
+    matches!(
+        a,
+        TraceAction::SegmentAlloc | TraceAction::SegmentFree | TraceAction::SegmentMap | TraceAction::SegmentUnmap
+    )
+}
+
+fn segment_action(a: headroom_alloc::Action) -> Option<TraceAction> {
+    use headroom_alloc::Action as A;
+    Some(match a {
+        A::SegmentAlloc => TraceAction::SegmentAlloc,
+        A::SegmentFree => TraceAction::SegmentFree,
+        A::SegmentMap => TraceAction::SegmentMap,
+        A::SegmentUnmap => TraceAction::SegmentUnmap,
+        _ => return None,
+    })
+}
+
+/// Replays `device`'s trace under the recorded settings and compares every
+/// decision. `progress` is called with the entries done, now and then.
+/// `capacity` is the device's memory: it matters only for expandable
+/// segments, whose address reservations PyTorch sizes by it (elsewhere the
+/// device fails exactly where the trace shows it did).
+pub fn check_device(
+    snap: &MemorySnapshot,
+    device: u32,
+    capacity: u64,
+    progress: impl FnMut(usize),
+) -> Result<Fidelity, SnapshotReplayError> {
+    check_device_with(snap, device, snap.allocator_config().0, capacity, progress)
+}
+
+/// [`check_device`] under settings other than the recorded ones: the
+/// decisions should then differ (the check's negative control).
+pub fn check_device_with(
+    snap: &MemorySnapshot,
+    device: u32,
+    config: AllocatorConfig,
+    capacity: u64,
+    mut progress: impl FnMut(usize),
+) -> Result<Fidelity, SnapshotReplayError> {
+    let start = infer_start(snap, device, &config)?;
+    if let Some(e) = unsupported(device, &start, &config) {
+        return Err(e);
+    }
+    let empty = Vec::new();
+    let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
+    let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
+    let mut a = allocator_at(&start, config, if maps { capacity } else { CHECK_CAPACITY }, device)?;
+    a.record_history(Some(usize::MAX));
+    let mut f = Fidelity {
+        device,
+        alloc_matched: 0,
+        alloc_total: 0,
+        segment_matched: 0,
+        segment_total: 0,
+        oom_matched: 0,
+        oom_total: 0,
+        final_blocks_matched: 0,
+        final_blocks_total: 0,
+        live_at_start: start.live_blocks(),
+        inferred_blocks: start.inferred_blocks,
+        first_divergence: None,
+        empty_cache_calls: Vec::new(),
+    };
+    let diverge = |f: &mut Fidelity, i: usize, message: String| {
+        if f.first_divergence.is_none() {
+            f.first_divergence = Some(Divergence { index: i, message, context: context(trace, i) });
+        }
+    };
+    // Recorded address -> headroom's, for blocks allocated in the trace
+    // (equal while decisions match; kept apart so frees stay paired after a divergence).
+    let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
+    // Segment events recorded since the last request, with their indices.
+    let mut pending: Vec<usize> = Vec::new();
+    // Extents of the expandable segments' mapped ranges seen so far, low -> high.
+    let mut clusters: std::collections::BTreeMap<u64, u64> = Default::default();
+
+    // Compares headroom's segment events since the last call with `pending`.
+    let compare = |a: &mut DeviceCachingAllocator<SimDevice>, f: &mut Fidelity, pending: &mut Vec<usize>, at: usize| {
+        let ours: Vec<(TraceAction, u64, u64)> =
+            a.drain_history().filter_map(|e| segment_action(e.action).map(|x| (x, e.addr, e.size))).collect();
+        f.segment_total += pending.len();
+        let mut first_bad = None;
+        for (k, &i) in pending.iter().enumerate() {
+            let r = &trace[i];
+            match ours.get(k) {
+                Some(&(act, addr, size)) if act == r.action && addr == r.addr && size == r.size => {
+                    f.segment_matched += 1
+                }
+                Some(&(act, addr, size)) => {
+                    first_bad.get_or_insert((
+                        i,
+                        format!("recorded {}, headroom {} {addr:#x} {size}", describe(i, r), act.name()),
+                    ));
+                }
+                None => {
+                    first_bad
+                        .get_or_insert((i, format!("recorded {}, headroom made no such device call", describe(i, r))));
+                }
+            }
+        }
+        if first_bad.is_none() && ours.len() > pending.len() {
+            let (act, addr, size) = ours[pending.len()];
+            first_bad = Some((
+                at,
+                format!("headroom made a device call the recorded run did not: {} {addr:#x} {size}", act.name()),
+            ));
+        }
+        pending.clear();
+        first_bad
+    };
+
+    for (i, e) in trace.iter().enumerate() {
+        if i % 65536 == 0 {
+            progress(i);
+        }
+        match e.action {
+            a_ if is_segment_event(a_) => {
+                if e.action == TraceAction::SegmentAlloc {
+                    a.device_mut().push_next_address(e.addr);
+                }
+                // A map that does not touch the ranges mapped so far opens a new
+                // expandable segment: its reservation starts there.
+                if e.action == TraceAction::SegmentMap {
+                    let end = e.addr.saturating_add(e.size);
+                    match clusters.range(..=e.addr).next_back().map(|(&lo, &hi)| (lo, hi)) {
+                        Some((lo, hi)) if e.addr <= hi => {
+                            clusters.insert(lo, hi.max(end));
+                        }
+                        _ => {
+                            if !a.device().is_reserved(e.addr) {
+                                a.device_mut().push_next_reservation(e.addr);
+                            }
+                            clusters.insert(e.addr, end);
+                        }
+                    }
+                }
+                pending.push(i);
+            }
+            TraceAction::Alloc | TraceAction::Oom => {
+                let new = pending
+                    .iter()
+                    .any(|&j| matches!(trace[j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap));
+                let release = pending
+                    .iter()
+                    .any(|&j| matches!(trace[j].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap));
+                // Segments released before this request come from the allocator's
+                // own flush (the device said no; it releases every cached segment and
+                // asks again) or from the program's `empty_cache()`. A flush happens
+                // only when the cache cannot serve the request.
+                let own_flush = release && new && !a.serves_from_cache(e.size, e.stream);
+                if e.action == TraceAction::Oom {
+                    a.device_mut().refuse_allocations(true);
+                } else if own_flush {
+                    a.device_mut().fail_nth_allocation(1);
+                } else if release {
+                    // The releases of `empty_cache()` first, then the request's own segment.
+                    let split = pending
+                        .iter()
+                        .position(|&j| matches!(trace[j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
+                        .unwrap_or(pending.len());
+                    let mut released: Vec<usize> = pending.drain(..split).collect();
+                    f.empty_cache_calls.extend(released.first());
+                    if a.empty_cache().is_err() {
+                        diverge(&mut f, i, "empty_cache failed".into());
+                    }
+                    if let Some((j, m)) = compare(&mut a, &mut f, &mut released, i) {
+                        diverge(&mut f, j, m);
+                    }
+                }
+                let r = a.malloc(e.size, e.stream);
+                a.device_mut().refuse_allocations(false);
+                a.device_mut().clear_next_addresses();
+                if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, i) {
+                    diverge(&mut f, j, m);
+                }
+                match (e.action, r) {
+                    (TraceAction::Alloc, Ok(b)) => {
+                        f.alloc_total += 1;
+                        if b.ptr == e.addr {
+                            f.alloc_matched += 1;
+                        } else {
+                            diverge(&mut f, i, format!("recorded address {:#x}, headroom chose {:#x}", e.addr, b.ptr));
+                        }
+                        ptrs.insert(e.addr, b.ptr);
+                    }
+                    (TraceAction::Alloc, Err(err)) => {
+                        f.alloc_total += 1;
+                        diverge(
+                            &mut f,
+                            i,
+                            format!("the recorded run allocated here; headroom failed: {}", first_line(&err)),
+                        );
+                    }
+                    (_, Err(_)) => {
+                        f.oom_total += 1;
+                        f.oom_matched += 1;
+                    }
+                    (_, Ok(b)) => {
+                        f.oom_total += 1;
+                        diverge(
+                            &mut f,
+                            i,
+                            format!("the recorded run ran out of memory here; headroom served it at {:#x}", b.ptr),
+                        );
+                        let _ = a.free(b.ptr);
+                    }
+                }
+            }
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                if !pending.is_empty() {
+                    f.empty_cache_calls.push(pending[0]);
+                    if a.empty_cache().is_err() {
+                        diverge(&mut f, i, "empty_cache failed".into());
+                    }
+                    if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, i) {
+                        diverge(&mut f, j, m);
+                    }
+                }
+                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                if let Err(err) = a.free(ptr) {
+                    diverge(&mut f, i, format!("free of {:#x}: {err}", e.addr));
+                }
+                a.drain_history().for_each(drop);
+            }
+            _ => {}
+        }
+    }
+    if !pending.is_empty() {
+        f.empty_cache_calls.push(pending[0]);
+        let at = trace.len().saturating_sub(1);
+        if a.empty_cache().is_err() {
+            diverge(&mut f, at, "empty_cache failed".into());
+        }
+        if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, at) {
+            diverge(&mut f, j, m);
+        }
+    }
+    progress(trace.len());
+
+    // The final layout.
+    let mut ours: Vec<(u64, u64, bool)> = a
+        .snapshot()
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size, b.state == BlockState::Inactive)))
+        .collect();
+    ours.sort_unstable();
+    for s in snap.segments.iter().filter(|s| s.device == device) {
+        for b in &s.blocks {
+            f.final_blocks_total += 1;
+            let key = (b.address, b.size, b.state == BlockState::Inactive);
+            if ours.binary_search(&key).is_ok() {
+                f.final_blocks_matched += 1;
+            } else if f.first_divergence.is_none() {
+                f.first_divergence = Some(Divergence {
+                    index: trace.len(),
+                    message: format!(
+                        "final block {:#x} of {} bytes ({}) is not in headroom's final state",
+                        b.address,
+                        b.size,
+                        b.state.name()
+                    ),
+                    context: Vec::new(),
+                });
+            }
+        }
+    }
+    if ours.len() != f.final_blocks_total && f.first_divergence.is_none() {
+        f.first_divergence = Some(Divergence {
+            index: trace.len(),
+            message: format!("headroom ends with {} blocks, the snapshot with {}", ours.len(), f.final_blocks_total),
+            context: Vec::new(),
+        });
+    }
+    Ok(f)
+}
+
+fn first_line(e: &AllocError) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// Where a what-if replay ran out of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WhatIfOom {
+    /// Index of the entry in the device's trace.
+    pub index: usize,
+    pub size: u64,
+    pub message: String,
+}
+
+/// One device's trace under other settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhatIf {
+    pub device: u32,
+    pub operations: usize,
+    /// Bytes reserved and allocated when the trace began (kept as recorded).
+    pub start_reserved_bytes: u64,
+    pub start_allocated_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Reserved minus allocated when reserved peaked: memory held but not used.
+    pub fragmentation_at_peak_bytes: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub ooms: Vec<WhatIfOom>,
+    /// Requests the recorded run could not serve (`oom` entries) that this one did.
+    pub recorded_ooms_served: usize,
+    /// `torch.cuda.memory_stats()` at the end.
+    pub stats: std::collections::BTreeMap<String, i64>,
+    /// The replayed run as a snapshot, when history was asked for.
+    pub snapshot: Option<headroom_alloc::Snapshot>,
+    /// Trace entries the snapshot's history let go of.
+    pub history_dropped: u64,
+}
+
+/// Replays `device`'s requests and frees under `config` on a device of
+/// `capacity` bytes, with the program's `empty_cache()` calls where
+/// [`check_device`] found them. The state when the trace began is kept as
+/// recorded (those segments exist already, whatever the settings). With
+/// `history`, the result carries the replayed run as a snapshot keeping that
+/// many trace entries.
+pub fn what_if_device(
+    snap: &MemorySnapshot,
+    device: u32,
+    config: AllocatorConfig,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+    history: Option<usize>,
+    mut progress: impl FnMut(usize),
+) -> Result<WhatIf, SnapshotReplayError> {
+    let (recorded, _) = snap.allocator_config();
+    let start = infer_start(snap, device, &recorded)?;
+    if let Some(e) = unsupported(device, &start, &config) {
+        return Err(e);
+    }
+    let empty = Vec::new();
+    let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
+    let mut a = allocator_at(&start, config, capacity, device)?;
+    a.record_history(history);
+    let mut next_call = empty_cache_calls.iter().peekable();
+    let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut failed: rustc_hash::FxHashSet<u64> = Default::default();
+    let mut w = WhatIf {
+        device,
+        operations: trace.len(),
+        start_reserved_bytes: start.reserved_bytes(),
+        start_allocated_bytes: start.allocated_bytes(),
+        peak_allocated_bytes: 0,
+        peak_reserved_bytes: 0,
+        fragmentation_at_peak_bytes: 0,
+        num_device_alloc: 0,
+        num_device_free: 0,
+        ooms: Vec::new(),
+        recorded_ooms_served: 0,
+        stats: Default::default(),
+        snapshot: None,
+        history_dropped: 0,
+    };
+    let note_peak = |a: &DeviceCachingAllocator<SimDevice>, w: &mut WhatIf| {
+        let reserved = a.reserved_bytes();
+        if reserved > w.peak_reserved_bytes {
+            w.peak_reserved_bytes = reserved;
+            w.fragmentation_at_peak_bytes = reserved - a.stats().allocated_bytes[0].current as u64;
+        }
+    };
+    note_peak(&a, &mut w);
+    for (i, e) in trace.iter().enumerate() {
+        if i % 65536 == 0 {
+            progress(i);
+        }
+        if next_call.peek().is_some_and(|&&c| c == i) {
+            next_call.next();
+            let _ = a.empty_cache();
+        }
+        match e.action {
+            TraceAction::Alloc => match a.malloc(e.size, e.stream) {
+                Ok(b) => {
+                    ptrs.insert(e.addr, b.ptr);
+                    failed.remove(&e.addr);
+                    note_peak(&a, &mut w);
+                }
+                Err(err) => {
+                    failed.insert(e.addr);
+                    w.ooms.push(WhatIfOom { index: i, size: e.size, message: err.to_string() });
+                }
+            },
+            TraceAction::Oom => {
+                if let Ok(b) = a.malloc(e.size, e.stream) {
+                    note_peak(&a, &mut w);
+                    w.recorded_ooms_served += 1;
+                    let _ = a.free(b.ptr);
+                }
+            }
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                if failed.remove(&e.addr) {
+                    continue;
+                }
+                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                // A free the recorded run made of a block this one never held
+                // cannot happen with a consistent start state; skip it if it does.
+                let _ = a.free(ptr);
+            }
+            _ => {}
+        }
+    }
+    progress(trace.len());
+    let s = a.stats();
+    w.peak_allocated_bytes = s.allocated_bytes[0].peak as u64;
+    w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes[0].peak as u64);
+    w.num_device_alloc = s.num_device_alloc as u64;
+    w.num_device_free = s.num_device_free as u64;
+    w.stats = a.memory_stats();
+    if history.is_some() {
+        w.snapshot = Some(a.snapshot());
+        w.history_dropped = a.history_dropped();
+    }
+    Ok(w)
+}

@@ -1,0 +1,241 @@
+//! The allocator's state when a snapshot's trace begins.
+//!
+//! Most traces start mid-run: recording was turned on after the model was
+//! loaded, or the ring buffer let the oldest entries go. The state at the
+//! first entry is found by undoing the trace from the final segments
+//! backwards: a `segment_alloc` had not happened yet, a `segment_free`'s
+//! segment still existed, an `alloc`'s block was not live yet, a
+//! `free_completed`'s block still was. In PyTorch's allocator free
+//! neighbours always merge, so the segments and the live blocks are the
+//! whole state.
+//!
+//! What the trace cannot say is the size of a block allocated before it
+//! began and freed within it: the entry has only the caller's request. The
+//! block is `round_size(request)`, except that in the large pool a remainder
+//! of at most 1 MiB is not split off (`should_split`), so the block may reach
+//! further, up to the next boundary: the next live block, the end of the
+//! segment, or the lowest address the trace allocates above the block while
+//! it is still live (an allocation at `x` means a free block began at `x`,
+//! so the bytes below `x` were taken). A gap of at most 1 MiB up to that
+//! boundary belongs to the block (research/replay-feasibility.md).
+
+use crate::snapshot::{MemorySnapshot, TraceAction};
+use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
+use headroom_alloc::sizing;
+use headroom_alloc::{AllocatorConfig, BlockState, LiveBlock, PoolKind, StreamId};
+use std::collections::BTreeMap;
+
+/// A segment as it was when the trace began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartSegment {
+    pub address: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub expandable: bool,
+    /// Private pool (CUDA graphs, `MemPool`) rather than the default (0, 0).
+    pub private_pool: bool,
+    /// Blocks live then, by address.
+    pub live: Vec<LiveBlock>,
+}
+
+/// One device's state when its trace began.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// By address.
+    pub segments: Vec<StartSegment>,
+    /// Blocks whose size had to be inferred (allocated before the trace, freed in it).
+    pub inferred_blocks: usize,
+}
+
+impl StartState {
+    pub fn reserved_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+    pub fn allocated_bytes(&self) -> u64 {
+        self.segments.iter().flat_map(|s| &s.live).map(|b| b.size).sum()
+    }
+    pub fn live_blocks(&self) -> usize {
+        self.segments.iter().map(|s| s.live.len()).sum()
+    }
+    /// True when the trace starts from an empty allocator.
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+}
+
+/// The trace contradicts its own final state: it is not one contiguous
+/// recording of this allocator.
+#[derive(Debug, thiserror::Error)]
+#[error("device {device}: {message}")]
+pub struct InconsistentTrace {
+    pub device: u32,
+    pub message: String,
+}
+
+struct Live {
+    /// Known when the block is still live at the end.
+    size: Option<u64>,
+    requested: u64,
+    /// Trace index of the free that ended it, for blocks freed within the trace.
+    freed_at: Option<usize>,
+}
+
+/// The state of `device` when its trace began, under `config` (the recorded settings).
+pub fn infer_start(
+    snap: &MemorySnapshot,
+    device: u32,
+    config: &AllocatorConfig,
+) -> Result<StartState, InconsistentTrace> {
+    let fail = |message: String| Err(InconsistentTrace { device, message });
+    let empty = Vec::new();
+    let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
+
+    // (size, stream, pool if recorded, expandable, private pool) by address.
+    type Seg = (u64, StreamId, Option<PoolKind>, bool, bool);
+    let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
+    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+    // Mapped ranges of expandable segments, start -> end.
+    let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+    for s in snap.segments.iter().filter(|s| s.device == device) {
+        if s.is_expandable {
+            add_range(&mut mapped, s.address, s.address + s.total_size);
+        }
+        segs.insert(s.address, (s.total_size, s.stream, s.pool, s.is_expandable, s.pool_id != (0, 0)));
+        for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
+            live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, freed_at: None });
+        }
+    }
+    // Expandable segments are listed as their mapped runs; a run that was
+    // extended or shrunk within the trace is followed by address below.
+    for (i, e) in trace.iter().enumerate().rev() {
+        match e.action {
+            TraceAction::Alloc => {
+                live.remove(&e.addr);
+            }
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                live.insert(e.addr, Live { size: None, requested: e.size, freed_at: Some(i) });
+            }
+            // The guard removes the segment; the arm is the case where there was none.
+            TraceAction::SegmentAlloc if segs.remove(&e.addr).is_none() => {
+                return fail(format!(
+                    "entry {i}: segment_alloc of {:#x}, which is not a segment later (a gap in the trace?)",
+                    e.addr
+                ));
+            }
+            TraceAction::SegmentFree => {
+                segs.insert(e.addr, (e.size, e.stream, None, false, false));
+            }
+            // Expandable segments: the mapped ranges, undone the same way.
+            // As above: the guard unmaps the range.
+            TraceAction::SegmentMap if !remove_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)) => {
+                return fail(format!("entry {i}: segment_map of {:#x}, which is not mapped later", e.addr));
+            }
+            TraceAction::SegmentUnmap => add_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)),
+            _ => {}
+        }
+    }
+
+    // What remains mapped was mapped before the trace began; runs the trace
+    // mapped are not segments yet.
+    segs.retain(|&a, s| !s.3 || mapped.range(..a + s.0).next_back().is_some_and(|(_, &end)| end > a));
+
+    // Barriers from the trace: for each block allocated before the trace and
+    // freed in it, the lowest address allocated above it while it lived.
+    let mut barrier: BTreeMap<u64, u64> = BTreeMap::new();
+    let unknown: Vec<(u64, usize)> =
+        live.iter().filter(|(_, l)| l.size.is_none()).map(|(&a, l)| (a, l.freed_at.unwrap_or(0))).collect();
+    if !unknown.is_empty() {
+        let mut still_live: BTreeMap<u64, ()> = unknown.iter().map(|&(a, _)| (a, ())).collect();
+        let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for &(a, f) in &unknown {
+            ends.entry(f).or_default().push(a);
+        }
+        for (i, e) in trace.iter().enumerate() {
+            if let Some(gone) = ends.get(&i) {
+                for a in gone {
+                    still_live.remove(a);
+                }
+            }
+            if e.action == TraceAction::Alloc {
+                if let Some((&below, _)) = still_live.range(..e.addr).next_back() {
+                    let b = barrier.entry(below).or_insert(u64::MAX);
+                    *b = (*b).min(e.addr);
+                }
+            }
+        }
+    }
+
+    let mut state = StartState::default();
+    let mut blocks = live.into_iter().peekable();
+    for (&address, &(size, stream, pool, expandable, private_pool)) in &segs {
+        let pool = pool.unwrap_or(if size == SMALL_BUFFER && !expandable { PoolKind::Small } else { PoolKind::Large });
+        let end = address + size;
+        let mut seg = StartSegment { address, size, stream, pool, expandable, private_pool, live: Vec::new() };
+        while let Some((a, _)) = blocks.peek() {
+            if *a < address {
+                let a = *a;
+                return fail(format!("block {a:#x}, live when the trace began, lies in no segment"));
+            }
+            if *a >= end {
+                break;
+            }
+            let (a, l) = blocks.next().expect("peeked");
+            seg.live.push(LiveBlock { address: a, size: l.size.unwrap_or(0), requested_size: l.requested });
+        }
+        // Sizes of the blocks the trace freed, now that the neighbours are known.
+        for j in 0..seg.live.len() {
+            if seg.live[j].size != 0 {
+                continue;
+            }
+            state.inferred_blocks += 1;
+            let b = seg.live[j];
+            let mut size = sizing::round_size(config, b.requested_size).max(1);
+            let next = seg.live.get(j + 1).map_or(end, |n| n.address);
+            let bound = next.min(barrier.get(&b.address).copied().unwrap_or(u64::MAX));
+            let gap = bound.saturating_sub(b.address + size);
+            if pool == PoolKind::Large && gap > 0 && gap <= SMALL_SIZE {
+                size += gap;
+            }
+            seg.live[j].size = size;
+        }
+        let mut at = address;
+        for b in &seg.live {
+            if b.address < at || b.address + b.size > end {
+                return fail(format!(
+                    "block {:#x} of {} bytes, live when the trace began, overlaps another or its segment's end",
+                    b.address, b.size
+                ));
+            }
+            at = b.address + b.size;
+        }
+        state.segments.push(seg);
+    }
+    if let Some((a, _)) = blocks.next() {
+        return fail(format!("block {a:#x}, live when the trace began, lies in no segment"));
+    }
+    Ok(state)
+}
+
+/// Adds `[start, end)` to a set of disjoint ranges.
+fn add_range(set: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
+    remove_range(set, start, end);
+    set.insert(start, end);
+}
+
+/// Removes `[start, end)` from a set of disjoint ranges; false if any part of it was not there.
+fn remove_range(set: &mut BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    let overlapping: Vec<(u64, u64)> =
+        set.range(..end).rev().take_while(|(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+    let covered: u64 = overlapping.iter().map(|&(s, e)| e.min(end) - s.max(start)).sum();
+    for &(s, e) in &overlapping {
+        set.remove(&s);
+        if s < start {
+            set.insert(s, start);
+        }
+        if e > end {
+            set.insert(end, e);
+        }
+    }
+    covered == end - start
+}

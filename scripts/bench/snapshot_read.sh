@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Reading a 100 MB memory snapshot: headroom's reader beside CPython's pickle.load
+# (garbage collector on and off), time and peak memory, on the same file; then replay
+# speed (docs/PERFORMANCE.md, "Reading snapshots"). Usage:
+#   bash scripts/bench/snapshot_read.sh [FIXTURE]
+# FIXTURE (default: a real training snapshot from ../shared/fixtures) has its trace
+# repeated, entries as new dicts sharing their stacks as PyTorch shares them, to ~100 MB.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+fixture=${1:-$root/../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_1024_training_memory_snapshot.pickle}
+cargo build -q --release -p headroom-trace --example read_snapshot --manifest-path "$root/Cargo.toml"
+reader=$root/target/release/examples/read_snapshot
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 - "$fixture" "$work/big.pickle" <<'PY'
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+trace = snap["device_traces"][0]
+copies = []
+while sum(map(len, copies)) * 75 < 100_000_000:
+    copies.append([dict(e) for e in trace])
+snap["device_traces"][0] = [e for c in copies for e in c]
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(snap, f, protocol=4)
+PY
+echo "file: $(stat -c %s "$work/big.pickle") bytes"
+t() { /usr/bin/time -f "$1: %e s, %M KB peak RSS" "${@:2}" > "$work/out" 2> "$work/err" || true; tail -1 "$work/err"; }
+for i in 1 2; do
+    t "headroom reader" "$reader" "$work/big.pickle"
+    t "pickle.load, gc on" python3 -c 'import pickle,sys; pickle.load(open(sys.argv[1],"rb"))' "$work/big.pickle"
+    t "pickle.load, gc off" python3 -c 'import gc,pickle,sys; gc.disable(); pickle.load(open(sys.argv[1],"rb"))' "$work/big.pickle"
+done
+cat "$work/out"
+
+# Replay speed: a consistent 1,000,000-operation run, written as a snapshot by headroom, replayed
+# as a what-if (the recorded settings) and with --check.
+cargo build -q --release -p headroom-cli --manifest-path "$root/Cargo.toml"
+H=$root/target/release/headroom
+python3 - "$work/load1m.jsonl" <<'PY'
+import random, sys
+random.seed(1)
+live = []
+with open(sys.argv[1], "w") as f:
+    for i in range(1_000_000):
+        if live and random.random() < 0.5:
+            f.write('{"op":"free","id":%d}\n' % live.pop(random.randrange(len(live))))
+        else:
+            f.write('{"op":"alloc","id":%d,"size":%d}\n' % (i, random.randint(1, 1 << 24)))
+            live.append(i)
+PY
+"$H" replay "$work/load1m.jsonl" --capacity 1PiB --snapshot-out "$work/run.pickle" --max-entries 4294967296 > /dev/null
+"$reader" "$work/run.pickle"
+t "replay (what-if and the check it needs)" "$H" replay "$work/run.pickle" --capacity 1PiB
