@@ -5,6 +5,7 @@
 set -euo pipefail
 H=${1:-target/release/headroom}
 H=$(realpath "$H")
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -12,19 +13,7 @@ cd "$work"
 # Rotor's instance in MiB: 199 stages and the loss, activations 5 MiB, saved data 10 MiB.
 python3 -c 'import json; print(json.dumps({"input_bytes": 5 << 20, "stages": [{"forward_time": 1, "backward_time": 2, "output_bytes": 5 << 20, "saved_bytes": 10 << 20}] * 199}))' > r200.json
 
-# 1,000,000 operations: allocations of 1 B to 16 MiB, each live one freed at random half the time.
-python3 - <<'PY'
-import random
-random.seed(1)
-live = []
-with open("load1m.jsonl", "w") as f:
-    for i in range(1_000_000):
-        if live and random.random() < 0.5:
-            f.write('{"op":"free","id":%d}\n' % live.pop(random.randrange(len(live))))
-        else:
-            f.write('{"op":"alloc","id":%d,"size":%d}\n' % (i, random.randint(1, 1 << 24)))
-            live.append(i)
-PY
+python3 "$here/load_trace.py" load1m.jsonl   # 1,000,000 operations
 
 run() {
     local label=$1; shift

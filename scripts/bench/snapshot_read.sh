@@ -36,18 +36,7 @@ cat "$work/out"
 # as a what-if (the recorded settings) and with --check.
 cargo build -q --release -p headroom-cli --manifest-path "$root/Cargo.toml"
 H=$root/target/release/headroom
-python3 - "$work/load1m.jsonl" <<'PY'
-import random, sys
-random.seed(1)
-live = []
-with open(sys.argv[1], "w") as f:
-    for i in range(1_000_000):
-        if live and random.random() < 0.5:
-            f.write('{"op":"free","id":%d}\n' % live.pop(random.randrange(len(live))))
-        else:
-            f.write('{"op":"alloc","id":%d,"size":%d}\n' % (i, random.randint(1, 1 << 24)))
-            live.append(i)
-PY
+python3 "$root/scripts/bench/load_trace.py" "$work/load1m.jsonl"
 "$H" replay "$work/load1m.jsonl" --capacity 1PiB --snapshot-out "$work/run.pickle" --max-entries 4294967296 > /dev/null
 "$reader" "$work/run.pickle"
 t "replay (what-if and the check it needs)" "$H" replay "$work/run.pickle" --capacity 1PiB

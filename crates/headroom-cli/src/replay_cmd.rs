@@ -11,7 +11,7 @@ use clap::Args;
 use headroom_alloc::units::{format_size, parse_size};
 use headroom_alloc::{AllocatorConfig, Backend};
 use headroom_trace::jsonl::read_trace;
-use headroom_trace::replay::{replay, ReplayOptions, ReplayReport};
+use headroom_trace::replay::{replay, ReplayOptions, ReplayReport, ASYNC_NOT_SIMULATED};
 use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use serde_json::{json, Value};
@@ -102,10 +102,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         .collect::<Result<Vec<_>>>()?;
     for (c, config) in confs.iter().zip(&configs) {
         if config.backend != Backend::Native {
-            bail!(
-                "--alloc-conf {c:?}: backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated; \
-                 headroom replays PyTorch's native caching allocator"
-            );
+            bail!("--alloc-conf {c:?}: {ASYNC_NOT_SIMULATED}");
         }
     }
     if let Some(out) = &args.snapshot_out {

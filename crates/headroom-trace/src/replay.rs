@@ -12,6 +12,11 @@ use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
+/// Why settings with `backend:cudaMallocAsync` are refused, for every replay.
+pub const ASYNC_NOT_SIMULATED: &str =
+    "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated; headroom replays PyTorch's native \
+     caching allocator";
+
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
@@ -76,11 +81,7 @@ pub fn replay(
     mut progress: impl FnMut(usize),
 ) -> Result<(ReplayReport, DeviceCachingAllocator<SimDevice>), ReplayError> {
     if opts.config.backend == Backend::CudaMallocAsync {
-        return Err(ReplayError::Unsupported(
-            "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated; headroom replays the native \
-             caching allocator only"
-                .into(),
-        ));
+        return Err(ReplayError::Unsupported(ASYNC_NOT_SIMULATED.into()));
     }
     let mut a = DeviceCachingAllocator::new(SimDevice::new(opts.capacity), opts.config.clone());
     a.record_history(opts.history);

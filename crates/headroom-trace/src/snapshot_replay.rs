@@ -80,9 +80,7 @@ pub enum SnapshotReplayError {
 /// A device whose trace starts with state headroom cannot rebuild yet, said why.
 fn unsupported(device: u32, start: &StartState, config: &AllocatorConfig) -> Option<SnapshotReplayError> {
     let message = if config.backend == Backend::CudaMallocAsync {
-        "the snapshot was recorded with backend:cudaMallocAsync (CUDA's stream-ordered pool), which headroom does \
-         not simulate"
-            .to_string()
+        crate::replay::ASYNC_NOT_SIMULATED.to_string()
     } else if start.segments.iter().any(|s| s.expandable) {
         "the trace begins with expandable segments in use; replaying those from the middle of a run is not \
          supported yet"
