@@ -9,10 +9,9 @@ use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, Snapshot};
-use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot};
+use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::{check_device, what_if_device, Fidelity, WhatIf};
-use headroom_trace::start_state::infer_start;
+use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace, Fidelity, WhatIf};
 use serde_json::{json, Value};
 
 /// One device: its fidelity (None when its state could not be rebuilt) and one what-if per setting.
@@ -35,8 +34,8 @@ struct Start {
 
 pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]) -> Result<Outcome> {
     let mut bar = LazyBar::new("");
-    bar.update("reading the snapshot", 0, 1);
-    let snap = read_snapshot_file(&args.trace).with_context(|| format!("reading {}", args.trace.display()))?;
+    let snap = read_snapshot_file_with(&args.trace, |done, total| bar.update("reading the snapshot", done, total))
+        .with_context(|| format!("reading {}", args.trace.display()))?;
     bar.finish();
     let (recorded, settings_note) = snap.allocator_config();
     let devices = match args.device {
@@ -62,39 +61,43 @@ pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]
     for &device in &devices {
         let entries = snap.device_traces.get(device as usize).map_or(0, Vec::len);
         let mut r = DeviceRun { device, entries, start: None, fidelity: None, runs: Vec::new(), skipped: None };
-        match infer_start(&snap, device, &recorded) {
-            Ok(s) => {
+        let trace = match DeviceTrace::new(&snap, device) {
+            Ok(t) => {
+                let s = &t.start;
                 r.start = Some(Start {
                     reserved: s.reserved_bytes(),
                     allocated: s.allocated_bytes(),
                     live_blocks: s.live_blocks(),
                     inferred_blocks: s.inferred_blocks,
-                })
+                });
+                Some(t)
             }
-            Err(e) => r.skipped = Some(e.to_string()),
-        }
+            Err(e) => {
+                r.skipped = Some(e.to_string());
+                None
+            }
+        };
         if r.skipped.is_none() && entries == 0 {
             r.skipped = Some("its trace is empty (recorded without history): nothing to replay".into());
         }
-        if r.skipped.is_none() {
+        if let (None, Some(t)) = (&r.skipped, &trace) {
             let mut bar = LazyBar::new("entries");
             let phase = format!("device {device}: checking");
-            match check_device(&snap, device, capacity, |done| bar.update(&phase, done as u64, entries as u64)) {
+            match check_from(t, recorded.clone(), capacity, |done| bar.update(&phase, done as u64, entries as u64)) {
                 Ok(f) => r.fidelity = Some(f),
                 Err(e) => r.skipped = Some(e.to_string()),
             }
             bar.finish();
         }
-        if let Some(f) = &r.fidelity {
+        if let (Some(f), Some(t)) = (&r.fidelity, &trace) {
             for (i, (label, config)) in confs.iter().enumerate() {
                 let history = (i == 0 && args.snapshot_out.is_some()).then_some(args.max_entries as usize);
                 let mut bar = LazyBar::new("entries");
                 let phase = format!("device {device}: replaying [{label}]");
-                let w =
-                    what_if_device(&snap, device, config.clone(), capacity, &f.empty_cache_calls, history, |done| {
-                        bar.update(&phase, done as u64, entries as u64)
-                    })
-                    .with_context(|| format!("replaying device {device} under {label}"))?;
+                let w = what_if_device(t, config.clone(), capacity, &f.empty_cache_calls, history, |done| {
+                    bar.update(&phase, done as u64, entries as u64)
+                })
+                .with_context(|| format!("replaying device {device} under {label}"))?;
                 bar.finish();
                 if let Some(s) = &w.snapshot {
                     dropped += w.history_dropped;

@@ -44,12 +44,12 @@ pub const TARGETS: [(&str, Target); 8] = [
 /// panics are not, and a replay's peaks stay within the device.
 pub fn snapshot(data: &[u8]) {
     let Ok(snap) = headroom_trace::snapshot::read_snapshot(data) else { return };
+    use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace};
     for device in snap.devices().into_iter().take(4) {
-        let Ok(f) = headroom_trace::snapshot_replay::check_device(&snap, device, GIB, |_| {}) else { continue };
+        let Ok(t) = DeviceTrace::new(&snap, device) else { continue };
         let (config, _) = snap.allocator_config();
-        let calls = &f.empty_cache_calls;
-        if let Ok(w) = headroom_trace::snapshot_replay::what_if_device(&snap, device, config, GIB, calls, None, |_| {})
-        {
+        let Ok(f) = check_from(&t, config.clone(), GIB, |_| {}) else { continue };
+        if let Ok(w) = what_if_device(&t, config, GIB, &f.empty_cache_calls, None, |_| {}) {
             assert!(w.peak_reserved_bytes <= GIB, "reserved past the device: {}", w.peak_reserved_bytes);
         }
     }

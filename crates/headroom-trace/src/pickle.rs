@@ -28,11 +28,13 @@ pub trait Builder {
     fn uint(&mut self, v: u64) -> Self::Value;
     fn float(&mut self, v: f64) -> Self::Value;
     fn str(&mut self, v: &str) -> Self::Value;
-    /// A list, complete: nothing is appended to it after this call.
-    fn list(&mut self, items: Vec<Self::Value>) -> Self::Value;
-    fn tuple(&mut self, items: Vec<Self::Value>) -> Self::Value;
+    /// A list, complete: nothing is appended to it after this call. Items
+    /// come as a slice of the reader's own vector, which it fills again for
+    /// the next container.
+    fn list(&mut self, items: &[Self::Value]) -> Self::Value;
+    fn tuple(&mut self, items: &[Self::Value]) -> Self::Value;
     /// A dict, complete, in insertion order (repeated keys kept; the builder decides).
-    fn dict(&mut self, items: Vec<(Self::Value, Self::Value)>) -> Self::Value;
+    fn dict(&mut self, items: &[(Self::Value, Self::Value)]) -> Self::Value;
 }
 
 /// Why a pickle could not be read.
@@ -157,13 +159,17 @@ impl<R: Read> Input<R> {
     }
 }
 
-/// One slot of the machine's stack.
-enum Slot<V> {
-    Value(V),
-    Mark,
-    /// A list or dict still being filled, with the memo slot that names it.
-    List(Vec<V>, Option<u32>),
-    Dict(Vec<(V, V)>, Option<u32>),
+/// A list or dict still being filled, standing at `pos` on the stack.
+struct Open<V> {
+    pos: usize,
+    /// The memo slot that names it, if any.
+    memo: Option<u32>,
+    items: Items<V>,
+}
+
+enum Items<V> {
+    List(Vec<V>),
+    Dict(Vec<(V, V)>),
 }
 
 /// A memo entry: a finished value, or a container still on the stack.
@@ -187,17 +193,83 @@ pub fn read_pickle<R: Read, B: Builder>(reader: R, builder: &mut B) -> Result<B:
     Machine {
         input: Input { reader, buf: Vec::new(), pos: 0, end: 0, base: 0 },
         stack: Vec::new(),
-        memo: Vec::new(),
-        scratch: Vec::new(),
+        marks: Vec::new(),
+        open: Vec::new(),
+        done: Finisher { memo: Vec::new(), spare_lists: Vec::new(), spare_dicts: Vec::new() },
     }
     .run(builder)
 }
 
+/// The pickle machine. Its stack holds finished values; a container still
+/// being filled is a `None` there, its items kept in [`Machine::open`], and
+/// MARKs are heights in [`Machine::marks`]. So the slot pushed by the opcodes
+/// that dominate a snapshot (a memo fetch, a small int) is just the value,
+/// and closing a MARK needs no search.
+///
+/// Invariants: `stack[i]` is `None` exactly when `open` holds a container
+/// with `pos == i`; `open` is sorted by `pos`; `marks` is non-decreasing and
+/// no mark exceeds `stack.len()`.
 struct Machine<R, V> {
     input: Input<R>,
-    stack: Vec<Slot<V>>,
+    stack: Vec<Option<V>>,
+    /// Stack heights at which a MARK stands, innermost last.
+    marks: Vec<usize>,
+    open: Vec<Open<V>>,
+    done: Finisher<V>,
+}
+
+/// Turns containers into values, and keeps what that needs: the memo, and
+/// emptied item vectors to fill again (a large snapshot closes a million
+/// small dicts; reusing their vectors saves an allocation and a free each).
+struct Finisher<V> {
     memo: Vec<Memo<V>>,
-    scratch: Vec<V>,
+    spare_lists: Vec<Vec<V>>,
+    spare_dicts: Vec<Vec<(V, V)>>,
+}
+
+/// Spare vectors kept for reuse. CPython's pickler appends list items in
+/// batches of 1,000, so up to 1,000 dicts of a trace stand open at once;
+/// a few KB each at most.
+const SPARES: usize = 1 << 11;
+
+impl<V: Clone> Finisher<V> {
+    /// The value of a finished container.
+    fn value<B: Builder<Value = V>>(&mut self, open: Open<V>, b: &mut B) -> V {
+        let v = match open.items {
+            Items::List(items) => {
+                let v = b.list(&items);
+                self.recycle_list(items);
+                v
+            }
+            Items::Dict(mut items) => {
+                let v = b.dict(&items);
+                if self.spare_dicts.len() < SPARES {
+                    items.clear();
+                    self.spare_dicts.push(items);
+                }
+                v
+            }
+        };
+        if let Some(i) = open.memo {
+            self.memo[i as usize] = Memo::Value(v.clone());
+        }
+        v
+    }
+
+    fn recycle_list(&mut self, mut items: Vec<V>) {
+        if self.spare_lists.len() < SPARES {
+            items.clear();
+            self.spare_lists.push(items);
+        }
+    }
+
+    fn list(&mut self) -> Vec<V> {
+        self.spare_lists.pop().unwrap_or_default()
+    }
+
+    fn dict(&mut self) -> Vec<(V, V)> {
+        self.spare_dicts.pop().unwrap_or_default()
+    }
 }
 
 impl<R: Read, V: Clone> Machine<R, V> {
@@ -205,79 +277,141 @@ impl<R: Read, V: Clone> Machine<R, V> {
         Err(PickleError::Malformed { offset: at, message: message.into() })
     }
 
+    /// Whether the top of the stack is a value (not a MARK, not empty).
+    #[inline]
+    fn top_is_value(&self) -> bool {
+        !self.stack.is_empty() && self.marks.last() != Some(&self.stack.len())
+    }
+
+    /// The container on top of the stack, if it is one and no MARK stands above it.
+    fn top_open(&mut self) -> Option<&mut Items<V>> {
+        if self.top_is_value() && self.stack.last().is_some_and(Option::is_none) {
+            self.open.last_mut().map(|o| &mut o.items)
+        } else {
+            None
+        }
+    }
+
+    /// The container just below stack height `m`, where the MARK that stood
+    /// there was just closed, unless another MARK stands at the same height.
+    fn open_below(&self, m: usize) -> Option<&Items<V>> {
+        let behind_mark = self.marks.last().is_some_and(|&n| n >= m);
+        match self.open.last() {
+            Some(o) if !behind_mark && m > 0 && o.pos == m - 1 => Some(&o.items),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, v: V) {
+        self.stack.push(Some(v));
+    }
+
+    fn push_open(&mut self, items: Items<V>) {
+        self.open.push(Open { pos: self.stack.len(), memo: None, items });
+        self.stack.push(None);
+    }
+
     /// Pops a value, finishing it if it is a container still being filled.
+    #[inline]
     fn pop_value<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<V, PickleError> {
+        if !self.top_is_value() {
+            return if self.stack.is_empty() && self.marks.is_empty() {
+                self.malformed(at, "the pickle's stack is empty where a value is needed")
+            } else {
+                self.malformed(at, "a MARK where a value is needed")
+            };
+        }
         match self.stack.pop() {
-            Some(slot) => self.finish(slot, b, at),
-            None => self.malformed(at, "the pickle's stack is empty where a value is needed"),
+            Some(Some(v)) => Ok(v),
+            _ => {
+                let open = self.open.pop().expect("a None on the stack is an open container");
+                Ok(self.done.value(open, b))
+            }
         }
     }
 
-    fn finish<B: Builder<Value = V>>(&mut self, slot: Slot<V>, b: &mut B, at: u64) -> Result<V, PickleError> {
-        let (v, memo) = match slot {
-            Slot::Value(v) => return Ok(v),
-            Slot::Mark => return self.malformed(at, "a MARK where a value is needed"),
-            Slot::List(items, memo) => (b.list(items), memo),
-            Slot::Dict(items, memo) => (b.dict(items), memo),
-        };
-        if let Some(i) = memo {
-            self.memo[i as usize] = Memo::Value(v.clone());
-        }
-        Ok(v)
-    }
-
-    /// Pops everything above the topmost MARK, and the MARK.
-    fn pop_mark<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<Vec<V>, PickleError> {
-        self.pop_mark_to_scratch(b, at)?;
-        Ok(std::mem::take(&mut self.scratch))
-    }
-
-    /// Pops everything above the topmost MARK, and the MARK, into
-    /// `self.scratch` (reused: most marks close one small dict each, a
-    /// million times in a large snapshot).
-    fn pop_mark_to_scratch<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<(), PickleError> {
-        let Some(m) = self.stack.iter().rposition(|s| matches!(s, Slot::Mark)) else {
+    /// Closes the topmost MARK, finishing the containers above it: the
+    /// stack height where it stood, with only values above it.
+    #[inline]
+    fn close_mark<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<usize, PickleError> {
+        let Some(m) = self.marks.pop() else {
             return self.malformed(at, "no MARK to close");
         };
-        self.scratch.clear();
-        for i in m + 1..self.stack.len() {
-            let slot = std::mem::replace(&mut self.stack[i], Slot::Mark);
-            let v = self.finish(slot, b, at)?;
-            self.scratch.push(v);
+        if self.open.last().is_some_and(|o| o.pos >= m) {
+            // In the order they were opened, so records are numbered in file order.
+            let first = self.open.partition_point(|o| o.pos < m);
+            for open in self.open.drain(first..) {
+                let pos = open.pos;
+                self.stack[pos] = Some(self.done.value(open, b));
+            }
         }
-        self.stack.truncate(m);
-        Ok(())
+        Ok(m)
     }
 
-    fn push(&mut self, v: V) {
-        self.stack.push(Slot::Value(v));
+    /// Pops everything above the topmost MARK, and the MARK, into a vector.
+    fn pop_mark<B: Builder<Value = V>>(&mut self, b: &mut B, at: u64) -> Result<Vec<V>, PickleError> {
+        let m = self.close_mark(b, at)?;
+        let mut items = self.done.list();
+        Self::values_above(&mut self.stack, m, &mut items);
+        Ok(items)
+    }
+
+    /// Moves the key-value pairs above stack height `m` (a MARK just
+    /// closed, so only values stand there) into `into`.
+    fn pairs_above(stack: &mut Vec<Option<V>>, m: usize, into: &mut Vec<(V, V)>) {
+        into.reserve((stack.len() - m) / 2);
+        for pair in stack[m..].chunks_exact(2) {
+            if let [Some(k), Some(v)] = pair {
+                into.push((k.clone(), v.clone()));
+            }
+        }
+        stack.truncate(m);
+    }
+
+    /// Moves the values above stack height `m` (a MARK just closed) into `into`.
+    fn values_above(stack: &mut Vec<Option<V>>, m: usize, into: &mut Vec<V>) {
+        into.extend(stack[m..].iter().flatten().cloned());
+        stack.truncate(m);
+    }
+
+    fn even_above(&self, m: usize, at: u64) -> Result<(), PickleError> {
+        if (self.stack.len() - m).is_multiple_of(2) {
+            Ok(())
+        } else {
+            self.malformed(at, "an odd number of items for a dict")
+        }
     }
 
     fn memo_put(&mut self, index: u64, at: u64) -> Result<(), PickleError> {
         if index >= MAX_MEMO {
             return self.malformed(at, format!("memo index {index} is beyond any snapshot's"));
         }
+        if !self.top_is_value() {
+            return self.malformed(at, "nothing to memoise");
+        }
         let i = index as usize;
-        let entry = match self.stack.last_mut() {
-            Some(Slot::Value(v)) => Memo::Value(v.clone()),
-            Some(Slot::List(_, m)) | Some(Slot::Dict(_, m)) => {
-                *m = Some(index as u32);
+        let entry = match self.stack.last() {
+            Some(Some(v)) => Memo::Value(v.clone()),
+            _ => {
+                self.open.last_mut().expect("a None on the stack is an open container").memo = Some(index as u32);
                 Memo::Building
             }
-            _ => return self.malformed(at, "nothing to memoise"),
         };
-        if i >= self.memo.len() {
-            if i > self.memo.len() + (1 << 20) {
+        let memo = &mut self.done.memo;
+        if i >= memo.len() {
+            if i > memo.len() + (1 << 20) {
                 return self.malformed(at, format!("memo index {index} skips over a million unused entries"));
             }
-            self.memo.resize_with(i + 1, || Memo::Building);
+            memo.resize_with(i + 1, || Memo::Building);
         }
-        self.memo[i] = entry;
+        memo[i] = entry;
         Ok(())
     }
 
+    #[inline]
     fn memo_get<B: Builder<Value = V>>(&mut self, index: u64, b: &mut B, at: u64) -> Result<(), PickleError> {
-        match self.memo.get(index as usize) {
+        match self.done.memo.get(index as usize) {
             Some(Memo::Value(v)) => {
                 let v = v.clone();
                 self.push(v);
@@ -294,16 +428,13 @@ impl<R: Read, V: Clone> Machine<R, V> {
     /// stands. (A container that contains itself then fails at its next
     /// append, with a message: snapshots have no such structures.)
     fn finish_in_place<B: Builder<Value = V>>(&mut self, index: u64, b: &mut B, at: u64) -> Result<(), PickleError> {
-        let slot = self.stack.iter().rposition(|s| match s {
-            Slot::List(_, m) | Slot::Dict(_, m) => *m == Some(index as u32),
-            _ => false,
-        });
-        let Some(i) = slot else {
+        let Some(i) = self.open.iter().rposition(|o| o.memo == Some(index as u32)) else {
             return self.malformed(at, format!("memo {index} was never stored"));
         };
-        let taken = std::mem::replace(&mut self.stack[i], Slot::Mark);
-        let v = self.finish(taken, b, at)?;
-        self.stack[i] = Slot::Value(v.clone());
+        let open = self.open.remove(i);
+        let pos = open.pos;
+        let v = self.done.value(open, b);
+        self.stack[pos] = Some(v.clone());
         self.push(v);
         Ok(())
     }
@@ -330,17 +461,18 @@ impl<R: Read, V: Clone> Machine<R, V> {
                 }
                 b'.' => {
                     let v = self.pop_value(b, at)?;
-                    if !self.stack.is_empty() {
+                    if !self.stack.is_empty() || !self.marks.is_empty() {
                         return self.malformed(at, "values left on the stack at STOP");
                     }
                     return Ok(v);
                 }
-                b'(' => self.stack.push(Slot::Mark),
+                b'(' => self.marks.push(self.stack.len()),
                 b'0' => {
                     self.pop_value(b, at)?;
                 }
                 b'1' => {
-                    self.pop_mark(b, at)?;
+                    let items = self.pop_mark(b, at)?;
+                    self.done.recycle_list(items);
                 }
                 b'2' => {
                     let v = self.pop_value(b, at)?;
@@ -400,24 +532,33 @@ impl<R: Read, V: Clone> Machine<R, V> {
                     };
                     self.string(b, n, at)?;
                 }
-                b']' => self.stack.push(Slot::List(Vec::new(), None)),
-                b'}' => self.stack.push(Slot::Dict(Vec::new(), None)),
+                b']' => {
+                    let items = self.done.list();
+                    self.push_open(Items::List(items));
+                }
+                b'}' => {
+                    let items = self.done.dict();
+                    self.push_open(Items::Dict(items));
+                }
                 b')' => {
-                    let v = b.tuple(Vec::new());
+                    let v = b.tuple(&[]);
                     self.push(v)
                 }
                 b'l' => {
                     let items = self.pop_mark(b, at)?;
-                    self.stack.push(Slot::List(items, None));
+                    self.push_open(Items::List(items));
                 }
                 b'd' => {
-                    let items = self.pop_mark(b, at)?;
-                    let pairs = self.pairs(items, at)?;
-                    self.stack.push(Slot::Dict(pairs, None));
+                    let m = self.close_mark(b, at)?;
+                    self.even_above(m, at)?;
+                    let mut pairs = self.done.dict();
+                    Self::pairs_above(&mut self.stack, m, &mut pairs);
+                    self.push_open(Items::Dict(pairs));
                 }
                 b't' => {
                     let items = self.pop_mark(b, at)?;
-                    let v = b.tuple(items);
+                    let v = b.tuple(&items);
+                    self.done.recycle_list(items);
                     self.push(v)
                 }
                 0x85..=0x87 => {
@@ -425,54 +566,52 @@ impl<R: Read, V: Clone> Machine<R, V> {
                     if self.stack.len() < n {
                         return self.malformed(at, "too few values for a tuple");
                     }
-                    let mut items = Vec::with_capacity(n);
+                    let mut items = self.done.list();
                     for _ in 0..n {
-                        items.push(self.pop_value(b, at)?);
+                        let v = self.pop_value(b, at)?;
+                        items.push(v);
                     }
                     items.reverse();
-                    let v = b.tuple(items);
+                    let v = b.tuple(&items);
+                    self.done.recycle_list(items);
                     self.push(v)
                 }
                 b'a' => {
                     let v = self.pop_value(b, at)?;
-                    match self.stack.last_mut() {
-                        Some(Slot::List(items, _)) => items.push(v),
+                    match self.top_open() {
+                        Some(Items::List(items)) => items.push(v),
                         _ => return self.malformed(at, "APPEND to something that is not a list being built"),
                     }
                 }
                 b'e' => {
-                    self.pop_mark_to_scratch(b, at)?;
-                    match self.stack.last_mut() {
-                        Some(Slot::List(items, _)) => items.append(&mut self.scratch),
-                        _ => return self.malformed(at, "APPENDS to something that is not a list being built"),
+                    let m = self.close_mark(b, at)?;
+                    if !matches!(self.open_below(m), Some(Items::List(_))) {
+                        return self.malformed(at, "APPENDS to something that is not a list being built");
+                    }
+                    if let Some(Items::List(items)) = self.open.last_mut().map(|o| &mut o.items) {
+                        Self::values_above(&mut self.stack, m, items);
                     }
                 }
                 b's' => {
                     let v = self.pop_value(b, at)?;
                     let k = self.pop_value(b, at)?;
-                    match self.stack.last_mut() {
-                        Some(Slot::Dict(items, _)) => items.push((k, v)),
+                    match self.top_open() {
+                        Some(Items::Dict(items)) => items.push((k, v)),
                         _ => return self.malformed(at, "SETITEM on something that is not a dict being built"),
                     }
                 }
                 b'u' => {
-                    self.pop_mark_to_scratch(b, at)?;
-                    if !self.scratch.len().is_multiple_of(2) {
-                        return self.malformed(at, "an odd number of items for a dict");
+                    let m = self.close_mark(b, at)?;
+                    if !matches!(self.open_below(m), Some(Items::Dict(_))) {
+                        return self.malformed(at, "SETITEMS on something that is not a dict being built");
                     }
-                    match self.stack.last_mut() {
-                        Some(Slot::Dict(items, _)) => {
-                            items.reserve(self.scratch.len() / 2);
-                            let mut it = self.scratch.drain(..);
-                            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                                items.push((k, v));
-                            }
-                        }
-                        _ => return self.malformed(at, "SETITEMS on something that is not a dict being built"),
+                    self.even_above(m, at)?;
+                    if let Some(Items::Dict(items)) = self.open.last_mut().map(|o| &mut o.items) {
+                        Self::pairs_above(&mut self.stack, m, items);
                     }
                 }
                 0x94 => {
-                    let i = self.memo.len() as u64;
+                    let i = self.done.memo.len() as u64;
                     self.memo_put(i, at)?;
                 }
                 b'q' => {
@@ -520,18 +659,6 @@ impl<R: Read, V: Clone> Machine<R, V> {
         self.push(v);
         Ok(())
     }
-
-    fn pairs(&self, items: Vec<V>, at: u64) -> Result<Vec<(V, V)>, PickleError> {
-        if !items.len().is_multiple_of(2) {
-            return self.malformed(at, "an odd number of items for a dict");
-        }
-        let mut pairs = Vec::with_capacity(items.len() / 2);
-        let mut it = items.into_iter();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            pairs.push((k, v));
-        }
-        Ok(pairs)
-    }
 }
 
 enum Long {
@@ -542,10 +669,10 @@ enum Long {
 /// LONG1's little-endian two's complement, when it fits in 64 bits (or is
 /// a non-negative value below 2^64).
 fn long1(bytes: &[u8]) -> Option<Long> {
-    if bytes.is_empty() {
+    let Some(&last) = bytes.last() else {
         return Some(Long::Signed(0));
-    }
-    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    };
+    let negative = last & 0x80 != 0;
     // A ninth byte of zero only carries the sign of a value in [2^63, 2^64).
     let bytes = match bytes {
         [head @ .., 0] if bytes.len() == 9 && !negative => head,
@@ -554,9 +681,14 @@ fn long1(bytes: &[u8]) -> Option<Long> {
     if bytes.len() > 8 {
         return None;
     }
-    let mut buf = [if negative { 0xff } else { 0 }; 8];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    let u = u64::from_le_bytes(buf);
+    // Shifted in byte by byte: no copy through memory to stall the load.
+    let mut u = 0u64;
+    for (i, &b) in bytes.iter().enumerate() {
+        u |= (b as u64) << (8 * i);
+    }
+    if negative && bytes.len() < 8 {
+        u |= u64::MAX << (8 * bytes.len());
+    }
     if bytes.len() == 8 && !negative && u > i64::MAX as u64 {
         return Some(Long::Unsigned(u));
     }
@@ -591,14 +723,14 @@ mod tests {
         fn str(&mut self, v: &str) -> Py {
             Py::str(v)
         }
-        fn list(&mut self, items: Vec<Py>) -> Py {
-            Py::List(items)
+        fn list(&mut self, items: &[Py]) -> Py {
+            Py::List(items.to_vec())
         }
-        fn tuple(&mut self, items: Vec<Py>) -> Py {
-            Py::Tuple(items)
+        fn tuple(&mut self, items: &[Py]) -> Py {
+            Py::Tuple(items.to_vec())
         }
-        fn dict(&mut self, items: Vec<(Py, Py)>) -> Py {
-            Py::Dict(items)
+        fn dict(&mut self, items: &[(Py, Py)]) -> Py {
+            Py::Dict(items.to_vec())
         }
     }
 
@@ -657,6 +789,27 @@ mod tests {
         assert!(msg(b"\x80\x07N.").contains("protocol 7"));
         // BINUNICODE8 claiming 8 EB: refused before any buffer grows (found by fuzzing).
         assert!(msg(b"\x80\x04\x8d\x07\x00\x00\x00\x00\x00\x00\x70x").contains("longer than any"));
+    }
+
+    #[test]
+    fn marks_close_where_they_stand() {
+        let msg = |b: &[u8]| read(b).unwrap_err().to_string();
+        // POP_MARK drops what stands above the MARK; DUP copies; TUPLE closes a MARK.
+        assert_eq!(read(b"\x80\x04N(K\x01K\x021.").unwrap(), Py::None);
+        assert_eq!(read(b"\x80\x04(K\x01\x32t.").unwrap(), Py::Tuple(vec![Py::Int(1), Py::Int(1)]));
+        // A list opened inside a dict's batch is finished when the batch closes, in order.
+        let nested = b"\x80\x04}(\x8c\x01a](K\x01K\x02e\x8c\x01b]u.";
+        let v = read(nested).unwrap();
+        assert_eq!(v, Py::dict([("a", Py::List(vec![Py::Int(1), Py::Int(2)])), ("b", Py::List(vec![]))]));
+        // What stands behind a MARK is out of reach until it closes.
+        assert!(msg(b"\x80\x04]((K\x01e.").contains("APPENDS to something that is not a list"));
+        assert!(msg(b"\x80\x04}((K\x01K\x02u.").contains("SETITEMS on something that is not a dict"));
+        assert!(msg(b"\x80\x04](K\x01a.").contains("APPEND to something that is not a list"));
+        assert!(msg(b"\x80\x04(\x94.").contains("nothing to memoise"));
+        assert!(msg(b"\x80\x04}(K\x01u.").contains("odd number"));
+        assert!(msg(b"\x80\x04K\x01e.").contains("no MARK to close"));
+        assert!(msg(b"\x80\x04(.").contains("MARK where a value is needed"));
+        assert!(msg(b"\x80\x04(K\x01.").contains("left on the stack"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! map; PyTorch's viewer reads protocols 2–4 and snapshots carry tuples.
 //! The writer uses only opcodes the viewer's JavaScript unpickler supports.
 
+use rustc_hash::FxHashMap;
 use std::io::{self, Write};
 
 /// A Python value.
@@ -63,15 +64,59 @@ const TUPLE: u8 = b't';
 const TUPLE1: u8 = 0x85;
 const TUPLE2: u8 = 0x86;
 const TUPLE3: u8 = 0x87;
+const MEMOIZE: u8 = 0x94;
+const BINGET: u8 = b'h';
+const LONG_BINGET: u8 = b'j';
 
 /// Items per APPENDS/SETITEMS batch, as CPython's pickler batches them.
 const BATCH: usize = 1000;
 
-/// Writes `value` as a protocol-4 pickle (no framing, no memo: both optional).
+/// Strings already written, by memo slot. A snapshot names the same few
+/// keys, actions and file names in every record; written once and then
+/// fetched from the memo, as CPython's pickler does, they take 2–5 bytes
+/// each instead of their length, and readers intern them once.
+#[derive(Default)]
+struct StrMemo {
+    slots: FxHashMap<Box<str>, u32>,
+}
+
+/// Strings longer than this are written out each time (snapshots repeat short ones).
+const MEMO_MAX_LEN: usize = 256;
+/// The most strings memoised; later ones are written out each time.
+const MEMO_MAX_STRINGS: usize = 1 << 16;
+
+impl StrMemo {
+    fn write<W: Write>(&mut self, s: &str, w: &mut W) -> io::Result<()> {
+        if let Some(&slot) = self.slots.get(s) {
+            return match u8::try_from(slot) {
+                Ok(small) => w.write_all(&[BINGET, small]),
+                Err(_) => {
+                    w.write_all(&[LONG_BINGET])?;
+                    w.write_all(&slot.to_le_bytes())
+                }
+            };
+        }
+        let b = s.as_bytes();
+        if b.len() < 256 {
+            w.write_all(&[SHORT_BINUNICODE, b.len() as u8])?;
+        } else {
+            w.write_all(&[BINUNICODE])?;
+            w.write_all(&(b.len() as u32).to_le_bytes())?;
+        }
+        w.write_all(b)?;
+        if b.len() <= MEMO_MAX_LEN && self.slots.len() < MEMO_MAX_STRINGS {
+            self.slots.insert(s.into(), self.slots.len() as u32);
+            w.write_all(&[MEMOIZE])?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `value` as a protocol-4 pickle (no framing; strings memoised).
 pub fn write_pickle<W: Write>(value: &Py, out: &mut W) -> io::Result<()> {
     let mut w = io::BufWriter::new(out);
     w.write_all(&[PROTO, 4])?;
-    pickle_value(value, &mut w)?;
+    pickle_value(value, &mut w, &mut StrMemo::default())?;
     w.write_all(&[STOP])?;
     w.flush()
 }
@@ -83,13 +128,14 @@ pub struct Pickler<W: Write> {
     w: W,
     /// Per open container: whether it is a dict, and the items written since its last MARK.
     open: Vec<(bool, usize)>,
+    memo: StrMemo,
 }
 
 impl<W: Write> Pickler<W> {
     /// Starts a protocol-4 pickle.
     pub fn new(mut w: W) -> io::Result<Self> {
         w.write_all(&[PROTO, 4])?;
-        Ok(Pickler { w, open: Vec::new() })
+        Ok(Pickler { w, open: Vec::new(), memo: StrMemo::default() })
     }
 
     /// Opens a dict; give it alternately keys and values, then [`Pickler::end`].
@@ -112,7 +158,7 @@ impl<W: Write> Pickler<W> {
     /// Writes a value (or a dict key) into the innermost open container.
     pub fn value(&mut self, v: &Py) -> io::Result<()> {
         self.item()?;
-        pickle_value(v, &mut self.w)
+        pickle_value(v, &mut self.w, &mut self.memo)
     }
 
     /// Closes the innermost container.
@@ -148,7 +194,7 @@ impl<W: Write> Pickler<W> {
     }
 }
 
-fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
+fn pickle_value<W: Write>(v: &Py, w: &mut W, memo: &mut StrMemo) -> io::Result<()> {
     match v {
         Py::None => w.write_all(&[NONE]),
         Py::Bool(true) => w.write_all(&[NEWTRUE]),
@@ -164,22 +210,13 @@ fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
             w.write_all(&[BINFLOAT])?;
             w.write_all(&f.to_be_bytes())
         }
-        Py::Str(s) => {
-            let b = s.as_bytes();
-            if b.len() < 256 {
-                w.write_all(&[SHORT_BINUNICODE, b.len() as u8])?;
-            } else {
-                w.write_all(&[BINUNICODE])?;
-                w.write_all(&(b.len() as u32).to_le_bytes())?;
-            }
-            w.write_all(b)
-        }
+        Py::Str(s) => memo.write(s, w),
         Py::List(items) => {
             w.write_all(&[EMPTY_LIST])?;
             for chunk in items.chunks(BATCH) {
                 w.write_all(&[MARK])?;
                 for x in chunk {
-                    pickle_value(x, w)?;
+                    pickle_value(x, w, memo)?;
                 }
                 w.write_all(&[APPENDS])?;
             }
@@ -197,7 +234,7 @@ fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
                 }
             };
             for x in items {
-                pickle_value(x, w)?;
+                pickle_value(x, w, memo)?;
             }
             w.write_all(&[op])
         }
@@ -206,8 +243,8 @@ fn pickle_value<W: Write>(v: &Py, w: &mut W) -> io::Result<()> {
             for chunk in items.chunks(BATCH) {
                 w.write_all(&[MARK])?;
                 for (k, x) in chunk {
-                    pickle_value(k, w)?;
-                    pickle_value(x, w)?;
+                    pickle_value(k, w, memo)?;
+                    pickle_value(x, w, memo)?;
                 }
                 w.write_all(&[SETITEMS])?;
             }
@@ -315,6 +352,24 @@ mod tests {
         let V::Dict(d) = roundtrip(&v) else { panic!() };
         assert_eq!(d[&H::String("a".into())], V::Tuple(vec![V::I64(0), V::I64(0)]));
         assert_eq!(d[&H::String("b".into())], V::List(vec![V::Bool(true), V::None, V::F64(0.5)]));
+    }
+
+    #[test]
+    fn repeated_strings_are_written_once_and_fetched_from_the_memo() {
+        use serde_pickle::{HashableValue as H, Value as V};
+        let record = |i: i64| Py::dict([("action", Py::str("alloc")), ("addr", Py::Int(i))]);
+        let v = Py::List((0..300).map(record).collect());
+        let mut buf = Vec::new();
+        write_pickle(&v, &mut buf).unwrap();
+        // Each name appears once in the file; 300 records fit in ~15 bytes each.
+        assert_eq!(buf.windows(6).filter(|w| w == b"action").count(), 1);
+        assert!(buf.len() < 300 * 16, "{} bytes", buf.len());
+        let V::List(items) = serde_pickle::value_from_slice(&buf, serde_pickle::DeOptions::new()).unwrap() else {
+            panic!()
+        };
+        let V::Dict(last) = &items[299] else { panic!() };
+        assert_eq!(last[&H::String("action".into())], V::String("alloc".into()));
+        assert_eq!(last[&H::String("addr".into())], V::I64(299));
     }
 
     #[test]

@@ -251,8 +251,40 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
 
 /// Reads a snapshot from a file, with the file's name in errors left to the caller.
 pub fn read_snapshot_file(path: &std::path::Path) -> Result<MemorySnapshot, SnapshotError> {
+    read_snapshot_file_with(path, |_, _| {})
+}
+
+/// [`read_snapshot_file`], calling `progress(bytes_read, file_size)` every
+/// few megabytes (for a progress bar: a large snapshot takes seconds).
+pub fn read_snapshot_file_with(
+    path: &std::path::Path,
+    progress: impl FnMut(u64, u64),
+) -> Result<MemorySnapshot, SnapshotError> {
     let f = std::fs::File::open(path)?;
-    read_snapshot(io::BufReader::with_capacity(1 << 16, f))
+    let total = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let counted = Counted { inner: f, done: 0, reported: 0, total, progress };
+    read_snapshot(io::BufReader::with_capacity(1 << 16, counted))
+}
+
+/// A reader that reports how far it has read.
+struct Counted<R, F> {
+    inner: R,
+    done: u64,
+    reported: u64,
+    total: u64,
+    progress: F,
+}
+
+impl<R: Read, F: FnMut(u64, u64)> Read for Counted<R, F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        if self.done - self.reported >= 4 << 20 || n == 0 {
+            self.reported = self.done;
+            (self.progress)(self.done, self.total);
+        }
+        Ok(n)
+    }
 }
 
 /// Whether `prefix` (the start of a file) is a snapshot rather than a JSONL
@@ -278,7 +310,8 @@ pub fn looks_like_snapshot(prefix: &[u8]) -> bool {
 
 /// A value under construction. Containers that are snapshot records become
 /// records at once; the rest stay generic (few: the top level, settings).
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
+#[repr(u64)]
 enum V {
     None,
     Bool(bool),
@@ -455,13 +488,30 @@ impl SnapshotBuilder {
     }
 }
 
-/// Fields of a dict by known key id; other keys are ignored.
-struct Fields<'a>(&'a [(V, V)]);
+/// Fields of a dict by known key id; other keys are ignored. Indexed in
+/// one pass, as a record looks up most of its keys (a trace entry eight).
+struct Fields<'a> {
+    items: &'a [(V, V)],
+    /// Where each known key first appears in `items`; `u32::MAX` if absent.
+    at: [u32; KNOWN.len()],
+}
 
-impl Fields<'_> {
+impl<'a> Fields<'a> {
+    fn new(items: &'a [(V, V)]) -> Self {
+        let mut at = [u32::MAX; KNOWN.len()];
+        for (i, (k, _)) in items.iter().enumerate().rev() {
+            if let V::Str(s) = k {
+                if let Some(slot) = at.get_mut(*s as usize) {
+                    *slot = i as u32;
+                }
+            }
+        }
+        Fields { items, at }
+    }
+
     /// The value of the key with id `k` (see [`id`]: `f.get(const { id("addr") })`).
-    fn get(&self, k: u32) -> Option<&V> {
-        self.0.iter().find(|(kv, _)| matches!(kv, V::Str(i) if *i == k)).map(|(_, v)| v)
+    fn get(&self, k: u32) -> Option<&'a V> {
+        self.items.get(self.at[k as usize] as usize).map(|(_, v)| v)
     }
     fn has(&self, k: u32) -> bool {
         self.get(k).is_some()
@@ -517,7 +567,7 @@ impl Builder for SnapshotBuilder {
         V::Str(self.intern(v))
     }
 
-    fn list(&mut self, items: Vec<V>) -> V {
+    fn list(&mut self, items: &[V]) -> V {
         // Empty lists are mostly stacks without frames; one value for all of them.
         if items.is_empty() {
             return V::Stack(0);
@@ -541,19 +591,19 @@ impl Builder for SnapshotBuilder {
                 return V::Entries(start, start + items.len() as u32);
             }
         }
-        self.lists.push(items);
+        self.lists.push(items.to_vec());
         V::List(self.lists.len() as u32 - 1)
     }
 
-    fn tuple(&mut self, items: Vec<V>) -> V {
-        self.lists.push(items);
+    fn tuple(&mut self, items: &[V]) -> V {
+        self.lists.push(items.to_vec());
         V::Tuple(self.lists.len() as u32 - 1)
     }
 
-    fn dict(&mut self, items: Vec<(V, V)>) -> V {
-        let f = Fields(&items);
+    fn dict(&mut self, items: &[(V, V)]) -> V {
+        let f = Fields::new(items);
         if let Some(action) = f.get(const { id("action") }) {
-            return self.entry(&items, action.clone());
+            return self.entry(items, *action);
         }
         if f.has(const { id("filename") }) && f.has(const { id("line") }) {
             let text = |b: &mut Self, k: u32| match f.get(k) {
@@ -575,19 +625,19 @@ impl Builder for SnapshotBuilder {
             return V::Frame(fid);
         }
         if f.has(const { id("state") }) && f.has(const { id("size") }) && !f.has(const { id("blocks") }) {
-            return self.block(&items);
+            return self.block(items);
         }
         if f.has(const { id("blocks") }) {
-            return self.segment(&items);
+            return self.segment(items);
         }
-        self.dicts.push(items);
+        self.dicts.push(items.to_vec());
         V::Dict(self.dicts.len() as u32 - 1)
     }
 }
 
 impl SnapshotBuilder {
     fn entry(&mut self, items: &[(V, V)], action: V) -> V {
-        let f = Fields(items);
+        let f = Fields::new(items);
         let n = self.entries.len();
         let what = || format!("trace entry {n}");
         let action = match &action {
@@ -617,7 +667,7 @@ impl SnapshotBuilder {
     }
 
     fn block(&mut self, items: &[(V, V)]) -> V {
-        let f = Fields(items);
+        let f = Fields::new(items);
         let nb = self.blocks.len();
         let what = || format!("block {nb}");
         let size = uint_of(self, &f, const { id("size") }, what).unwrap_or(0);
@@ -641,7 +691,7 @@ impl SnapshotBuilder {
         if let Some(h) = f.get(const { id("history") }).and_then(|h| self.list_items(h)) {
             if let Some(V::Dict(d)) = h.last() {
                 let d = self.dicts[*d as usize].clone();
-                let hf = Fields(&d);
+                let hf = Fields::new(&d);
                 requested_size = uint_of(self, &hf, const { id("real_size") }, what).unwrap_or(requested_size);
                 stack = stack_of(hf.get(const { id("frames") }));
             }
@@ -651,7 +701,7 @@ impl SnapshotBuilder {
     }
 
     fn segment(&mut self, items: &[(V, V)]) -> V {
-        let f = Fields(items);
+        let f = Fields::new(items);
         let ns = self.segments.len();
         let what = || format!("segment {ns}");
         let device = uint_of(self, &f, const { id("device") }, what).unwrap_or(0);
@@ -717,7 +767,7 @@ impl SnapshotBuilder {
         let (segments_v, traces_v, settings_v) = match &root {
             V::Dict(d) => {
                 let d = std::mem::take(&mut self.dicts[*d as usize]);
-                let f = Fields(&d);
+                let f = Fields::new(&d);
                 if !f.has(const { id("segments") }) && !f.has(const { id("device_traces") }) {
                     return shape("a dict without 'segments' or 'device_traces'".into());
                 }
@@ -728,7 +778,7 @@ impl SnapshotBuilder {
                 )
             }
             // PyTorch 1.13: just the list of segments.
-            V::List(_) | V::Stack(0) => (Some(root.clone()), None, None),
+            V::List(_) | V::Stack(0) => (Some(root), None, None),
             other => return shape(format!("the top level is {}, not a dict", self.kind(other))),
         };
         let mut segments = Vec::new();
@@ -874,7 +924,7 @@ impl<'de> serde::de::Visitor<'de> for Seed<'_> {
         while let Some(v) = seq.next_element_seed(Seed(self.0))? {
             items.push(v);
         }
-        Ok(self.0.list(items))
+        Ok(self.0.list(&items))
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<V, A::Error> {
         let mut items = Vec::new();
@@ -882,6 +932,6 @@ impl<'de> serde::de::Visitor<'de> for Seed<'_> {
             let v = map.next_value_seed(Seed(self.0))?;
             items.push((k, v));
         }
-        Ok(self.0.dict(items))
+        Ok(self.0.dict(&items))
     }
 }

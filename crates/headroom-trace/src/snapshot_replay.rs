@@ -16,7 +16,7 @@
 //! calls, in order.
 
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
-use crate::start_state::{infer_start, StartState};
+use crate::start_state::{infer_start, InconsistentTrace, StartState};
 use headroom_alloc::{AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, SimDevice};
 use rustc_hash::FxHashMap;
 
@@ -70,7 +70,7 @@ impl Fidelity {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotReplayError {
     #[error(transparent)]
-    Inconsistent(#[from] crate::start_state::InconsistentTrace),
+    Inconsistent(#[from] InconsistentTrace),
     #[error("device {device}: {message}")]
     Unsupported { device: u32, message: String },
     #[error("device {device}: {message}")]
@@ -118,6 +118,10 @@ fn allocator_at(
     }
     Ok(a)
 }
+
+/// Streams that stand for "another stream used this block" in a check: far
+/// above any stream a snapshot names (CUDA stream handles are pointers).
+const STAND_IN_STREAMS: u64 = 1 << 62;
 
 fn describe(i: usize, e: &TraceEvent) -> String {
     format!("{i}: {} {:#x} {}", e.action.name(), e.addr, e.size)
@@ -168,16 +172,45 @@ pub fn check_device_with(
     device: u32,
     config: AllocatorConfig,
     capacity: u64,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<Fidelity, SnapshotReplayError> {
     let start = infer_start(snap, device, &config)?;
-    if let Some(e) = unsupported(device, &start, &config) {
+    check_from(&DeviceTrace { snap, device, start }, config, capacity, progress)
+}
+
+/// One device's trace in a snapshot, with the allocator's state when the
+/// trace began: inferred once, then checked and replayed under any settings.
+pub struct DeviceTrace<'a> {
+    pub snap: &'a MemorySnapshot,
+    pub device: u32,
+    pub start: StartState,
+}
+
+impl<'a> DeviceTrace<'a> {
+    /// The start state inferred under the snapshot's recorded settings.
+    pub fn new(snap: &'a MemorySnapshot, device: u32) -> Result<Self, InconsistentTrace> {
+        let start = infer_start(snap, device, &snap.allocator_config().0)?;
+        Ok(DeviceTrace { snap, device, start })
+    }
+
+    fn trace(&self) -> &'a [TraceEvent] {
+        self.snap.device_traces.get(self.device as usize).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// [`check_device_with`] from a start state already inferred under `config`.
+pub fn check_from(
+    t: &DeviceTrace,
+    config: AllocatorConfig,
+    capacity: u64,
+    mut progress: impl FnMut(usize),
+) -> Result<Fidelity, SnapshotReplayError> {
+    let (snap, device, start, trace) = (t.snap, t.device, &t.start, t.trace());
+    if let Some(e) = unsupported(device, start, &config) {
         return Err(e);
     }
-    let empty = Vec::new();
-    let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
-    let mut a = allocator_at(&start, config, if maps { capacity } else { CHECK_CAPACITY }, device)?;
+    let mut a = allocator_at(start, config, if maps { capacity } else { CHECK_CAPACITY }, device)?;
     a.record_history(Some(usize::MAX));
     let mut f = Fidelity {
         device,
@@ -204,6 +237,10 @@ pub fn check_device_with(
     let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
     // Segment events recorded since the last request, with their indices.
     let mut pending: Vec<usize> = Vec::new();
+    // Frees requested but completed later (the block was used on another
+    // stream): recorded address -> the stand-in stream whose event holds it.
+    let mut delayed: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut next_stand_in = STAND_IN_STREAMS;
     // Extents of the expandable segments' mapped ranges seen so far, low -> high.
     let mut clusters: std::collections::BTreeMap<u64, u64> = Default::default();
 
@@ -339,6 +376,41 @@ pub fn check_device_with(
                     }
                 }
             }
+            // A free whose completion comes later: the block waits on an event,
+            // as it did in the recorded run, on a stream of its own, so it
+            // becomes reusable exactly when the trace says.
+            TraceAction::FreeRequested if !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == e.addr) =>
+            {
+                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                let stream = next_stand_in;
+                next_stand_in += 1;
+                let freed = a.record_stream(ptr, stream).and_then(|()| a.free(ptr));
+                if let Err(err) = freed {
+                    diverge(&mut f, i, format!("free of {:#x}: {err}", e.addr));
+                }
+                delayed.insert(e.addr, stream);
+                a.drain_history().for_each(drop);
+            }
+            TraceAction::FreeCompleted if delayed.contains_key(&e.addr) => {
+                let stream = delayed.remove(&e.addr).expect("checked");
+                // Completions right before segments are released, or before an
+                // OOM, come from the synchronisation that releasing begins with
+                // (PyTorch's synchronize_and_free_events): the events stay
+                // pending until then. Others were found complete when the next
+                // request began (process_events). Had a block completed there
+                // and been able to serve the request, nothing would have been
+                // released, so the two readings differ in nothing else.
+                let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
+                let releases_next = burst_end.is_some_and(|k| {
+                    matches!(
+                        trace[i + 1 + k].action,
+                        TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom
+                    )
+                });
+                if !releases_next {
+                    a.device_mut().complete_events_on(stream);
+                }
+            }
             TraceAction::FreeCompleted | TraceAction::Free => {
                 if !pending.is_empty() {
                     f.empty_cache_calls.push(pending[0]);
@@ -453,22 +525,18 @@ pub struct WhatIf {
 /// `history`, the result carries the replayed run as a snapshot keeping that
 /// many trace entries.
 pub fn what_if_device(
-    snap: &MemorySnapshot,
-    device: u32,
+    t: &DeviceTrace,
     config: AllocatorConfig,
     capacity: u64,
     empty_cache_calls: &[usize],
     history: Option<usize>,
     mut progress: impl FnMut(usize),
 ) -> Result<WhatIf, SnapshotReplayError> {
-    let (recorded, _) = snap.allocator_config();
-    let start = infer_start(snap, device, &recorded)?;
-    if let Some(e) = unsupported(device, &start, &config) {
+    let (device, start, trace) = (t.device, &t.start, t.trace());
+    if let Some(e) = unsupported(device, start, &config) {
         return Err(e);
     }
-    let empty = Vec::new();
-    let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
-    let mut a = allocator_at(&start, config, capacity, device)?;
+    let mut a = allocator_at(start, config, capacity, device)?;
     a.record_history(history);
     let mut next_call = empty_cache_calls.iter().peekable();
     let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();

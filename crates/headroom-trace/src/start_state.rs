@@ -23,6 +23,7 @@ use crate::snapshot::{MemorySnapshot, TraceAction};
 use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
 use headroom_alloc::sizing;
 use headroom_alloc::{AllocatorConfig, BlockState, LiveBlock, PoolKind, StreamId};
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 /// A segment as it was when the trace began.
@@ -94,7 +95,8 @@ pub fn infer_start(
     // (size, stream, pool if recorded, expandable, private pool) by address.
     type Seg = (u64, StreamId, Option<PoolKind>, bool, bool);
     let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
-    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+    // Hashed while walking (a million inserts and removes in a long trace), sorted after.
+    let mut live: FxHashMap<u64, Live> = FxHashMap::default();
     // Mapped ranges of expandable segments, start -> end.
     let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
     for s in snap.segments.iter().filter(|s| s.device == device) {
@@ -167,6 +169,8 @@ pub fn infer_start(
     }
 
     let mut state = StartState::default();
+    let mut live: Vec<(u64, Live)> = live.into_iter().collect();
+    live.sort_unstable_by_key(|&(a, _)| a);
     let mut blocks = live.into_iter().peekable();
     for (&address, &(size, stream, pool, expandable, private_pool)) in &segs {
         let pool = pool.unwrap_or(if size == SMALL_BUFFER && !expandable { PoolKind::Small } else { PoolKind::Large });

@@ -1,0 +1,147 @@
+//! What the real fixtures never show, recorded from headroom's own runs and
+//! read back through the pickle writer and reader: blocks used on several
+//! streams (`record_stream`, frees completing later), the allocator's own
+//! flush when the device says no, a recorded `oom`, and a trace cut by the
+//! ring buffer. Each snapshot must check decision for decision.
+
+use headroom_alloc::AllocatorConfig;
+use headroom_trace::jsonl::{TraceLine, TraceOp};
+use headroom_trace::replay::{replay, ReplayOptions};
+use headroom_trace::snapshot::{read_snapshot, MemorySnapshot, TraceAction};
+use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
+use headroom_trace::snapshot_replay::{check_device, Fidelity};
+
+const MIB: u64 = 1 << 20;
+
+/// A deterministic workload: steps of allocations on three streams, some
+/// used on another stream before they are freed, events completing now and
+/// then, a share of each step kept alive across steps.
+fn workload(steps: usize) -> Vec<TraceLine> {
+    let mut ops = Vec::new();
+    let mut push = |op| ops.push(TraceLine { line: ops.len() + 1, op });
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut kept: Vec<String> = Vec::new();
+    for step in 0..steps {
+        let mut temps = Vec::new();
+        for k in 0..12 {
+            let id = format!("s{step}k{k}");
+            let size = match rand(4) {
+                0 => 512 + rand(4096),
+                1 => MIB + rand(3 * MIB),
+                _ => 6 * MIB + rand(20 * MIB),
+            };
+            push(TraceOp::Alloc { id: id.clone(), size, stream: rand(3) });
+            if rand(3) == 0 {
+                push(TraceOp::RecordStream { id: id.clone(), stream: 3 + rand(2) });
+            }
+            temps.push(id);
+        }
+        if rand(4) == 0 {
+            kept.push(temps.pop().expect("twelve per step"));
+        }
+        if kept.len() > 6 {
+            push(TraceOp::Free { id: kept.remove(0) });
+        }
+        for id in temps {
+            push(TraceOp::Free { id });
+        }
+        if step % 3 == 2 {
+            push(TraceOp::CompleteEvents);
+        }
+    }
+    ops
+}
+
+/// The run recorded as PyTorch would dump it, through headroom's pickle writer and reader.
+fn recorded(ops: &[TraceLine], capacity: u64, history: usize) -> MemorySnapshot {
+    let opts = ReplayOptions { config: AllocatorConfig::default(), capacity, history: Some(history) };
+    let (_, mut a) = replay(ops, &opts, |_| {}).expect("the workload is a consistent program");
+    let mut bytes = Vec::new();
+    write_snapshot(&a.snapshot(), SnapshotFormat::Pickle, &mut bytes).unwrap();
+    read_snapshot(&bytes[..]).expect("headroom reads what it writes")
+}
+
+fn count(snap: &MemorySnapshot, action: TraceAction) -> usize {
+    snap.device_traces[0].iter().filter(|e| e.action == action).count()
+}
+
+fn assert_exact(f: &Fidelity, what: &str) {
+    assert!(f.is_exact(), "{what}: {:?}", f.first_divergence);
+    assert!(f.alloc_total > 0 && f.final_blocks_total > 0, "{what}: nothing was checked");
+    println!(
+        "{what}: {}/{} allocs, {}/{} segment events, {}/{} OOMs, {}/{} final blocks, {} live at start",
+        f.alloc_matched,
+        f.alloc_total,
+        f.segment_matched,
+        f.segment_total,
+        f.oom_matched,
+        f.oom_total,
+        f.final_blocks_matched,
+        f.final_blocks_total,
+        f.live_at_start
+    );
+}
+
+#[test]
+fn blocks_used_on_other_streams_free_when_their_events_complete() {
+    let snap = recorded(&workload(200), 80 << 30, usize::MAX);
+    let trace = &snap.device_traces[0];
+    // Frees of blocks used on another stream are requested first and complete
+    // later; the last few are still waiting when the snapshot is taken.
+    let requested = count(&snap, TraceAction::FreeRequested);
+    let completed = count(&snap, TraceAction::FreeCompleted);
+    assert!(requested > completed && completed > requested - 20, "{requested} requested, {completed} completed");
+    let delayed = trace.iter().enumerate().filter(|(i, e)| {
+        e.action == TraceAction::FreeCompleted
+            && trace[i - 1].action != TraceAction::FreeRequested
+            && trace[i - 1].addr != e.addr
+    });
+    assert!(delayed.count() > 50, "record_stream delayed some frees");
+    let streams: std::collections::BTreeSet<u64> = trace.iter().map(|e| e.stream).collect();
+    assert!(streams.len() >= 3, "{streams:?}");
+    assert_exact(&check_device(&snap, 0, 80 << 30, |_| {}).unwrap(), "record_stream");
+}
+
+#[test]
+fn the_allocators_own_flush_replays_in_order() {
+    // A device too small to cache every step's segments: when it says no,
+    // the allocator releases its cached segments and asks again.
+    let snap = recorded(&workload(200), 160 * MIB, usize::MAX);
+    let trace = &snap.device_traces[0];
+    let flushes = trace
+        .windows(2)
+        .filter(|w| w[0].action == TraceAction::SegmentFree && w[1].action == TraceAction::SegmentAlloc)
+        .count();
+    assert!(flushes > 5, "{flushes} flushes");
+    let f = check_device(&snap, 0, 160 * MIB, |_| {}).unwrap();
+    assert!(f.segment_total > 100);
+    assert_exact(&f, "flushes");
+}
+
+#[test]
+fn a_recorded_oom_is_an_oom_in_the_replay() {
+    let snap = recorded(&workload(200), 48 * MIB, usize::MAX);
+    assert!(count(&snap, TraceAction::Oom) > 0, "the 48 MiB device ran out");
+    let f = check_device(&snap, 0, 48 * MIB, |_| {}).unwrap();
+    assert!(f.oom_total > 0);
+    assert_exact(&f, "oom");
+}
+
+#[test]
+fn a_trace_cut_by_the_ring_buffer_replays_from_the_state_it_began_in() {
+    let ops = workload(300);
+    let whole = recorded(&ops, 80 << 30, usize::MAX);
+    let cut = recorded(&ops, 80 << 30, 1500);
+    assert_eq!(cut.device_traces[0].len(), 1500);
+    assert!(whole.device_traces[0].len() > 3 * 1500);
+    println!("ring buffer: the last 1500 of {} entries", whole.device_traces[0].len());
+    let f = check_device(&cut, 0, 80 << 30, |_| {}).unwrap();
+    assert!(f.live_at_start > 0, "the kept blocks were live when the cut trace began");
+    assert_exact(&f, "ring buffer");
+}
