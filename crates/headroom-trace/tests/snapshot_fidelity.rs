@@ -12,7 +12,7 @@
 
 use headroom_alloc::AllocatorConfig;
 use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{check_device, check_device_with};
+use headroom_trace::snapshot_replay::{check_device, check_device_with, check_from, what_if_device, DeviceTrace};
 use std::path::PathBuf;
 
 fn fixtures_dir() -> Option<PathBuf> {
@@ -54,6 +54,51 @@ fn every_fixture_with_a_trace_replays_decision_for_decision() {
     );
     assert!(failures.is_empty(), "diverged: {failures:?}");
     assert_eq!(fixtures, 47, "fixtures with allocations in their trace");
+}
+
+/// What-if runs on every fixture: under the recorded settings, expandable
+/// segments, and a split limit with garbage collection. Under the recorded
+/// settings it must end where the recorded run ended (the snapshot's own
+/// segments) unless the recorded run's device was full: its flushes then
+/// released segments that the what-if's 80 GiB device keeps.
+#[test]
+fn what_if_runs_on_every_fixture() {
+    let Some(dir) = fixtures_dir() else {
+        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        return;
+    };
+    let others = [
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+        AllocatorConfig::parse("max_split_size_mb:64,garbage_collection_threshold:0.6").unwrap(),
+    ];
+    let (mut runs, mut same_end) = (0, 0);
+    for (name, snap, device) in traced(&dir) {
+        let t = DeviceTrace::new(&snap, device).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let recorded = snap.allocator_config().0;
+        let f = check_from(&t, recorded.clone(), 80 << 30, |_| {}).unwrap();
+        let ooms = snap.device_traces[device as usize].iter().filter(|e| e.action == TraceAction::Oom).count();
+        let final_reserved: u64 = snap.segments.iter().filter(|s| s.device == device).map(|s| s.total_size).sum();
+        let trace = &snap.device_traces[device as usize];
+        let flushed = trace
+            .windows(2)
+            .any(|w| w[0].action == TraceAction::SegmentFree && w[1].action == TraceAction::SegmentAlloc);
+        for (i, config) in std::iter::once(recorded).chain(others.iter().cloned()).enumerate() {
+            let w = what_if_device(&t, config, 80 << 30, &f.empty_cache_calls, None, |_| {})
+                .unwrap_or_else(|e| panic!("{name} device {device}, setting {i}: {e}"));
+            runs += 1;
+            assert!(w.peak_allocated_bytes <= w.peak_reserved_bytes, "{name}");
+            assert!(w.peak_reserved_bytes <= 80 << 30, "{name}");
+            if i == 0 && !flushed {
+                let end = w.stats["reserved_bytes.all.current"] as u64;
+                assert_eq!(end, final_reserved, "{name}: the recorded settings end where the run ended");
+                assert_eq!(w.ooms.len(), ooms, "{name}");
+                same_end += 1;
+            }
+        }
+    }
+    eprintln!("{runs} what-if runs; {same_end} runs without a flush end at the recorded segments");
+    assert_eq!(runs, 3 * 47);
+    assert_eq!(same_end, 40, "device traces whose recorded run never flushed its cache");
 }
 
 /// Every (fixture, snapshot, device) whose trace has allocations.
