@@ -66,6 +66,24 @@ impl Fidelity {
     }
 }
 
+/// The counts, matched of total per kind: "alloc 6526/6526, segment events 0/0, …".
+impl std::fmt::Display for Fidelity {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "alloc {}/{}, segment events {}/{}, OOMs {}/{}, final blocks {}/{}",
+            self.alloc_matched,
+            self.alloc_total,
+            self.segment_matched,
+            self.segment_total,
+            self.oom_matched,
+            self.oom_total,
+            self.final_blocks_matched,
+            self.final_blocks_total
+        )
+    }
+}
+
 /// Why a device's trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotReplayError {

@@ -32,9 +32,8 @@ fn every_fixture_with_a_trace_replays_decision_for_decision() {
         {
             let f = check_device(&snap, device, 80 << 30, |_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
             eprintln!(
-                "{name} device {device}: alloc {}/{}, segment events {}/{}, final blocks {}/{}, live at start {} ({} sized by inference)",
-                f.alloc_matched, f.alloc_total, f.segment_matched, f.segment_total, f.final_blocks_matched,
-                f.final_blocks_total, f.live_at_start, f.inferred_blocks
+                "{name} device {device}: {f}, live at start {} ({} sized by inference)",
+                f.live_at_start, f.inferred_blocks
             );
             if let Some(d) = &f.first_divergence {
                 eprintln!("  first divergence at entry {}: {}\n    {}", d.index, d.message, d.context.join("\n    "));
