@@ -19,6 +19,7 @@ macro_rules! outln {
 }
 
 mod checkpoint_cmd;
+mod inspect_cmd;
 mod kv_cmd;
 mod out_file;
 mod plan_cmd;
@@ -44,6 +45,7 @@ enum Command {
     /// Will it fit? Memory per GPU, term by term, for training or inference.
     Plan(plan_cmd::PlanArgs),
     Replay(replay_cmd::ReplayArgs),
+    Inspect(inspect_cmd::InspectArgs),
     /// Paged KV cache for LLM serving: capacity and throughput answers.
     Kv(kv_cmd::KvArgs),
     /// The fastest activation-checkpointing schedule within a memory budget.
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Inspect(args) => inspect_cmd::run(args),
         Command::Kv(args) => kv_cmd::run(args),
         Command::Checkpoint(args) => checkpoint_cmd::run(args),
     };

@@ -141,7 +141,7 @@ fn every_documented_command_runs_as_documented() {
     for doc in docs.iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
         lines.extend(from_markdown(&std::fs::read_to_string(doc).unwrap()));
     }
-    for command in [&["plan"][..], &["replay"], &["kv", "simulate"], &["checkpoint"]] {
+    for command in [&["plan"][..], &["replay"], &["inspect"], &["kv", "simulate"], &["checkpoint"]] {
         let examples = from_help(command);
         assert!(!examples.is_empty(), "{command:?} --help shows examples");
         lines.extend(examples);

@@ -548,9 +548,94 @@ pub fn what_if_device(
     capacity: u64,
     empty_cache_calls: &[usize],
     history: Option<usize>,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<WhatIf, SnapshotReplayError> {
+    let (mut a, mut w) = replay_prefix(
+        t,
+        config,
+        capacity,
+        empty_cache_calls,
+        history,
+        usize::MAX,
+        Hooks { progress, on_alloc: |_, _| {} },
+    )?;
+    let s = a.stats();
+    w.peak_allocated_bytes = s.allocated_bytes[0].peak as u64;
+    w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes[0].peak as u64);
+    w.num_device_alloc = s.num_device_alloc as u64;
+    w.num_device_free = s.num_device_free as u64;
+    w.stats = a.memory_stats();
+    if history.is_some() {
+        w.snapshot = Some(a.snapshot());
+        w.history_dropped = a.history_dropped();
+    }
+    Ok(w)
+}
+
+/// The allocator's segments and blocks just before entry `index` of the
+/// device's trace (after the whole trace for an index past its end), replayed
+/// as [`what_if_device`] replays: what `torch.cuda.memory._snapshot()` would
+/// have shown at that moment.
+pub fn state_before(
+    t: &DeviceTrace,
+    config: AllocatorConfig,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+    index: usize,
+) -> Result<headroom_alloc::Snapshot, SnapshotReplayError> {
+    let (mut a, _) = replay_prefix(
+        t,
+        config,
+        capacity,
+        empty_cache_calls,
+        None,
+        index,
+        Hooks { progress: |_| {}, on_alloc: |_, _| {} },
+    )?;
+    Ok(a.snapshot())
+}
+
+/// The block each `alloc` entry was handed in the replay, by entry index:
+/// the request rounded, or more where the allocator left a remainder unsplit
+/// (at most 1 MiB in the large pool, or an oversize block). Only blocks that
+/// differ from `round_size(request)` are listed.
+pub fn block_sizes(
+    t: &DeviceTrace,
+    config: AllocatorConfig,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+) -> Result<FxHashMap<usize, u64>, SnapshotReplayError> {
+    let trace = t.trace();
+    let round = config.clone();
+    let mut out = FxHashMap::default();
+    let on_alloc = |i: usize, size: u64| {
+        if size != headroom_alloc::sizing::round_size(&round, trace[i].size) {
+            out.insert(i, size);
+        }
+    };
+    replay_prefix(t, config, capacity, empty_cache_calls, None, usize::MAX, Hooks { progress: |_| {}, on_alloc })?;
+    Ok(out)
+}
+
+/// Replays the first `until` entries of the trace.
+/// What a replay reports as it goes: entries done, and each block handed out (entry, size).
+struct Hooks<P, A> {
+    progress: P,
+    on_alloc: A,
+}
+
+fn replay_prefix(
+    t: &DeviceTrace,
+    config: AllocatorConfig,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+    history: Option<usize>,
+    until: usize,
+    hooks: Hooks<impl FnMut(usize), impl FnMut(usize, u64)>,
+) -> Result<(DeviceCachingAllocator<SimDevice>, WhatIf), SnapshotReplayError> {
+    let Hooks { mut progress, mut on_alloc } = hooks;
     let (device, start, trace) = (t.device, &t.start, t.trace());
+    let trace = &trace[..until.min(trace.len())];
     if let Some(e) = unsupported(device, start, &config) {
         return Err(e);
     }
@@ -594,6 +679,7 @@ pub fn what_if_device(
         match e.action {
             TraceAction::Alloc => match a.malloc(e.size, e.stream) {
                 Ok(b) => {
+                    on_alloc(i, b.size);
                     ptrs.insert(e.addr, b.ptr);
                     failed.remove(&e.addr);
                     note_peak(&a, &mut w);
@@ -623,15 +709,5 @@ pub fn what_if_device(
         }
     }
     progress(trace.len());
-    let s = a.stats();
-    w.peak_allocated_bytes = s.allocated_bytes[0].peak as u64;
-    w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes[0].peak as u64);
-    w.num_device_alloc = s.num_device_alloc as u64;
-    w.num_device_free = s.num_device_free as u64;
-    w.stats = a.memory_stats();
-    if history.is_some() {
-        w.snapshot = Some(a.snapshot());
-        w.history_dropped = a.history_dropped();
-    }
-    Ok(w)
+    Ok((a, w))
 }

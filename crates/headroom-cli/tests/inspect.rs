@@ -1,0 +1,94 @@
+//! `headroom inspect` as a user runs it: a snapshot in, a report, the HTML
+//! and Chrome trace files, the JSON keys docs/INSPECT.md documents, and clear
+//! errors for bad input.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn headroom() -> Command {
+    Command::cargo_bin("headroom").unwrap()
+}
+
+/// A snapshot as PyTorch writes one, from the bundled trace.
+fn snapshot(dir: &std::path::Path) -> std::path::PathBuf {
+    let trace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/gpt2-small-train.jsonl");
+    let out = dir.join("run.pickle");
+    headroom().arg("replay").arg(trace).arg("--snapshot-out").arg(&out).assert().success();
+    out
+}
+
+#[test]
+fn a_snapshot_is_explained_with_its_files_and_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = snapshot(dir.path());
+    let html = dir.path().join("report.html");
+    let chrome = dir.path().join("memory.json");
+    let out = headroom()
+        .arg("inspect")
+        .arg(&snap)
+        .arg("--html")
+        .arg(&html)
+        .arg("--chrome-trace")
+        .arg(&chrome)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["snapshots"][0]["devices"][0];
+    for key in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "peak_event_index",
+        "top_sites",
+        "fragmentation_at_peak_bytes",
+        "leak_suspects",
+        "oom",
+    ] {
+        assert!(d.get(key).is_some(), "key {key} in {d}");
+    }
+    assert!(d["peak_allocated_bytes"].as_u64().unwrap() > 0);
+    assert!(d["peak_reserved_bytes"].as_u64() >= d["peak_allocated_bytes"].as_u64());
+    // No frames were recorded: said once, not guessed.
+    assert!(d["unavailable"].as_array().unwrap().iter().any(|l| l.as_str().unwrap().contains("no frames")));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("<svg"), "an HTML page with plots");
+    let ct: Value = serde_json::from_slice(&std::fs::read(&chrome).unwrap()).unwrap();
+    let events = ct["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["ph"] == "C" && e["args"]["reserved"].as_u64().is_some()), "counters");
+    assert!(events.iter().any(|e| e["ph"] == "b"), "allocation slices");
+    let opened = events.iter().filter(|e| e["ph"] == "b").count();
+    assert_eq!(opened, events.iter().filter(|e| e["ph"] == "e").count(), "every slice closes");
+}
+
+#[test]
+fn two_snapshots_are_compared_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = snapshot(dir.path());
+    let out = headroom().arg("inspect").arg(&snap).arg(&snap).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Side by side:") && text.contains("<- peaks"), "{text}");
+}
+
+#[test]
+fn bad_input_is_named_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("broken.pickle");
+    std::fs::write(&bad, b"\x80\x04\x95garbage").unwrap();
+    let out = headroom().arg("inspect").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.pickle") && !err.contains("panicked"), "{err}");
+
+    let out = headroom().arg("inspect").arg(dir.path().join("missing.pickle")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
+    let snap = snapshot(dir.path());
+    let out = headroom().arg("inspect").arg(&snap).args(["--device", "7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no device 7"));
+
+    let out = headroom().arg("inspect").arg(&snap).arg("--html").arg(&snap).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "the input is not overwritten");
+}

@@ -1,0 +1,340 @@
+//! What a recorded stack says about an allocation: the user's own call site,
+//! the phase of the step it happened in, and the role of the memory.
+//!
+//! PyTorch records Python frames (and, with `context="all"`, C++ frames
+//! interleaved with them), innermost first. Frames inside torch, the Python
+//! standard library and C++ say little to the user: a call site is the
+//! innermost frame of the user's own code. The autograd engine runs backward
+//! on its own thread, so its allocations carry no Python frames at all: they
+//! are named after the autograd node that made them. Phases and roles are
+//! inferred from the frames alone, and each says how.
+
+use headroom_trace::snapshot::{StackId, Stacks};
+use serde::Serialize;
+
+/// Where an allocation came from, as the user would look for it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Site {
+    /// One line: `path/to/file.py:LINE in function`, or the autograd node or
+    /// operator when no Python frame was recorded.
+    pub site: String,
+    /// The frame's file, line and function (absent for sites without a Python frame).
+    pub file: Option<String>,
+    pub line: Option<i64>,
+    pub function: Option<String>,
+}
+
+/// The part of a training or inference step an allocation was made in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Model and data moved to the GPU, weights loaded.
+    Setup,
+    DataLoading,
+    Forward,
+    Backward,
+    OptimizerStep,
+    Evaluation,
+    /// Frames that match none of the above.
+    Other,
+    /// No frames were recorded.
+    Unknown,
+}
+
+impl Phase {
+    /// The stable name used in JSON and text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Setup => "setup",
+            Phase::DataLoading => "data_loading",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::OptimizerStep => "optimizer_step",
+            Phase::Evaluation => "evaluation",
+            Phase::Other => "other",
+            Phase::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a live block is for, as far as the frames tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Live when the trace began: its frames were never recorded.
+    BeforeTrace,
+    ParametersAndBuffers,
+    /// Forward allocations still live: saved for backward, or outputs.
+    Activations,
+    /// Gradients and the backward pass's temporaries.
+    Backward,
+    OptimizerState,
+    Data,
+    Other,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::BeforeTrace => "before_trace",
+            Role::ParametersAndBuffers => "parameters_and_buffers",
+            Role::Activations => "activations",
+            Role::Backward => "backward",
+            Role::OptimizerState => "optimizer_state",
+            Role::Data => "data",
+            Role::Other => "other",
+        }
+    }
+
+    /// How the role was inferred, for the report.
+    pub fn how(self) -> &'static str {
+        match self {
+            Role::BeforeTrace => {
+                "live when the trace began, so no frames: parameters, buffers and state created before recording started"
+            }
+            Role::ParametersAndBuffers => {
+                "allocated by Module.to/cuda/_apply, a Parameter, load_state_dict or torch.load"
+            }
+            Role::Activations => {
+                "allocated in a forward pass (Module.forward frames) and still live: saved for backward, or outputs"
+            }
+            Role::Backward => {
+                "allocated by the autograd engine: gradients (AccumulateGrad keeps the buffer the backward op made) and backward temporaries"
+            }
+            Role::OptimizerState => "allocated inside an optimizer's step (torch/optim frames, or a user `step` in an optim file)",
+            Role::Data => "allocated under torch.utils.data frames",
+            Role::Other => "frames match no rule above",
+        }
+    }
+}
+
+/// What a stack says, computed once per interned stack.
+#[derive(Clone, Debug)]
+pub struct StackInfo {
+    pub site: Site,
+    pub phase: Phase,
+    pub role: Role,
+}
+
+/// Classifies the stacks of one snapshot, each once.
+pub struct Classifier<'a> {
+    stacks: &'a Stacks,
+    cpp: bool,
+    cache: Vec<Option<StackInfo>>,
+}
+
+impl<'a> Classifier<'a> {
+    /// With `cpp`, a site also names the innermost ATen operator under the user's frame.
+    pub fn new(stacks: &'a Stacks, cpp: bool) -> Classifier<'a> {
+        Classifier { stacks, cpp, cache: vec![None; stacks.stacks.len()] }
+    }
+
+    pub fn info(&mut self, stack: StackId) -> &StackInfo {
+        let i = stack as usize;
+        if i >= self.cache.len() {
+            self.cache.resize(i + 1, None);
+        }
+        if self.cache[i].is_none() {
+            self.cache[i] = Some(classify(self.stacks, stack, self.cpp));
+        }
+        self.cache[i].as_ref().expect("filled above")
+    }
+}
+
+/// A Python frame rather than a C++ one: C++ frames have line 0 and a
+/// `.cpp`, `??` or empty file.
+fn is_python(file: &str, line: i64) -> bool {
+    file.ends_with(".py") || (line > 0 && !file.is_empty() && file != "??" && !file.ends_with(".cpp"))
+}
+
+/// Torch itself and the Python standard library: frames the user did not write.
+fn is_framework(file: &str) -> bool {
+    file.contains("-packages/torch/")
+        || file.contains("/pytorch/torch/")
+        || file.starts_with("<frozen")
+        || (file.contains("/lib/python3") && !file.contains("-packages/"))
+}
+
+/// The last `n` components of a path: enough to find the file, short enough to read.
+fn short_path(file: &str, n: usize) -> &str {
+    let mut cut = file.len();
+    for _ in 0..n {
+        match file[..cut].rfind('/') {
+            Some(p) => cut = p,
+            None => return file,
+        }
+    }
+    &file[cut + 1..]
+}
+
+fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
+    let frames: Vec<(&str, i64, &str)> = stacks.frames_of(stack).collect();
+    if frames.is_empty() {
+        return StackInfo {
+            site: Site { site: "(no frames recorded)".into(), file: None, line: None, function: None },
+            phase: Phase::Unknown,
+            role: Role::Other,
+        };
+    }
+    let python: Vec<&(&str, i64, &str)> = frames.iter().filter(|(f, l, _)| is_python(f, *l)).collect();
+    let user = python.iter().find(|(f, _, _)| !is_framework(f)).or(python.first()).copied();
+    // The innermost ATen operator (`at::_ops::bmm::call` -> `aten::bmm`).
+    let op = frames.iter().find_map(|(_, _, name)| {
+        let rest = name.split("at::_ops::").nth(1)?;
+        Some(format!("aten::{}", rest.split("::").next()?))
+    });
+    // The autograd node that ran (`torch::autograd::generated::BmmBackward0::apply`).
+    let node = frames.iter().find_map(|(_, _, name)| {
+        if name.contains("AccumulateGrad") {
+            return Some("AccumulateGrad".to_string());
+        }
+        let rest = name.split("torch::autograd::generated::").nth(1)?;
+        Some(rest.split("::").next()?.split('_').next()?.to_string())
+    });
+    let site = match user {
+        Some(&(file, line, function)) => {
+            let mut s = format!("{}:{line} in {function}", short_path(file, 3));
+            if cpp {
+                if let Some(op) = &op {
+                    s.push_str(&format!(" > {op}"));
+                }
+            }
+            Site { site: s, file: Some(file.to_string()), line: Some(line), function: Some(function.to_string()) }
+        }
+        None => {
+            let s = match (&node, &op) {
+                (Some(n), Some(op)) if cpp => format!("autograd {n} > {op}"),
+                (Some(n), _) => format!("autograd {n}"),
+                (None, Some(op)) => format!("{op} (no Python frames)"),
+                (None, None) => {
+                    format!("{} (no Python frames)", frames.last().map_or("?", |f| f.2))
+                }
+            };
+            Site { site: s, file: None, line: None, function: None }
+        }
+    };
+
+    let any_name = |pred: &dyn Fn(&str) -> bool| frames.iter().any(|(_, _, n)| pred(n));
+    let any_py = |pred: &dyn Fn(&str, &str) -> bool| python.iter().any(|(f, _, n)| pred(f, n));
+    let user_named = |words: &[&str]| {
+        python.iter().filter(|(f, _, _)| !is_framework(f)).any(|(_, _, n)| {
+            let n = n.to_ascii_lowercase();
+            words.iter().any(|w| n.contains(w))
+        })
+    };
+    let backward = node.is_some()
+        || any_name(&|n| n.contains("torch::autograd::Engine::"))
+        || any_py(&|f, n| (f.contains("torch/autograd/") || f.ends_with("torch/_tensor.py")) && n.contains("backward"));
+    let optimizer = any_py(&|f, _| f.contains("torch/optim/"))
+        || any_py(&|f, n| !is_framework(f) && (n == "step" && f.contains("optim") || n == "zero_grad"));
+    let data = any_py(&|f, _| f.contains("torch/utils/data/"));
+    let setup = any_py(&|f, n| {
+        (f.ends_with("torch/nn/modules/module.py") && matches!(n, "_apply" | "to" | "cuda" | "load_state_dict"))
+            || f.ends_with("torch/nn/parameter.py")
+            || f.ends_with("torch/serialization.py")
+    });
+    let evaluation = user_named(&["eval", "valid", "generate", "predict", "infer"]);
+    let forward = any_py(&|f, n| n == "forward" || n == "_call_impl" || f.contains("torch/nn/"));
+    let phase = if backward {
+        Phase::Backward
+    } else if optimizer {
+        Phase::OptimizerStep
+    } else if data {
+        Phase::DataLoading
+    } else if setup {
+        Phase::Setup
+    } else if evaluation {
+        Phase::Evaluation
+    } else if forward {
+        Phase::Forward
+    } else {
+        Phase::Other
+    };
+    let role = match phase {
+        Phase::Backward => Role::Backward,
+        Phase::OptimizerStep => Role::OptimizerState,
+        Phase::DataLoading => Role::Data,
+        Phase::Setup => Role::ParametersAndBuffers,
+        // Evaluation runs forward without saving for backward: its memory is not activations kept for one.
+        Phase::Forward => Role::Activations,
+        Phase::Evaluation | Phase::Other | Phase::Unknown => Role::Other,
+    };
+    StackInfo { site, phase, role }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_trace::snapshot::Frame;
+
+    /// Stacks holding one stack of `frames` (innermost first).
+    fn stacks(frames: &[(&str, i64, &str)]) -> Stacks {
+        let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
+        let mut ids = Vec::new();
+        for &(file, line, name) in frames {
+            s.strings.push(file.into());
+            s.strings.push(name.into());
+            let n = s.strings.len() as u32;
+            s.frames.push(Frame { filename: n - 2, line, name: n - 1 });
+            ids.push(s.frames.len() as u32 - 1);
+        }
+        s.stacks.push(ids.into_boxed_slice());
+        s
+    }
+
+    const TORCH: &str = "/venv/lib/python3.12/site-packages/torch";
+
+    #[test]
+    fn the_site_is_the_innermost_frame_of_user_code() {
+        let s = stacks(&[
+            ("??", 0, "at::detail::empty_cuda(...)"),
+            ("??", 0, "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+            (&format!("{TORCH}/nn/functional.py"), 2300, "linear"),
+            ("/home/me/proj/model/attention.py", 54, "forward"),
+            (&format!("{TORCH}/nn/modules/module.py"), 1750, "_call_impl"),
+            ("/home/me/proj/train.py", 10, "main"),
+        ]);
+        let mut c = Classifier::new(&s, false);
+        let i = c.info(1).clone();
+        assert_eq!(i.site.site, "proj/model/attention.py:54 in forward");
+        assert_eq!(i.site.line, Some(54));
+        assert_eq!(i.phase, Phase::Forward);
+        assert_eq!(i.role, Role::Activations);
+        let mut c = Classifier::new(&s, true);
+        assert_eq!(c.info(1).site.site, "proj/model/attention.py:54 in forward > aten::bmm");
+    }
+
+    #[test]
+    fn backward_allocations_are_named_after_their_autograd_node() {
+        let s = stacks(&[
+            ("??", 0, "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+            ("Functions.cpp", 0, "torch::autograd::generated::BmmBackward0_apply_functional(...)"),
+            ("??", 0, "torch::autograd::Engine::evaluate_function(...)"),
+        ]);
+        let i = Classifier::new(&s, false).info(1).clone();
+        assert_eq!(i.site.site, "autograd BmmBackward0");
+        assert_eq!((i.phase, i.role), (Phase::Backward, Role::Backward));
+    }
+
+    #[test]
+    fn optimizer_setup_and_unknown_phases() {
+        let s =
+            stacks(&[(&format!("{TORCH}/optim/adamw.py"), 400, "_single_tensor_adamw"), ("/w/train.py", 80, "train")]);
+        let i = Classifier::new(&s, false).info(1).clone();
+        assert_eq!((i.phase, i.role), (Phase::OptimizerStep, Role::OptimizerState));
+        assert_eq!(i.site.site, "/w/train.py:80 in train");
+        let s = stacks(&[(&format!("{TORCH}/nn/modules/module.py"), 1300, "_apply"), ("/w/train.py", 20, "main")]);
+        assert_eq!(Classifier::new(&s, false).info(1).role, Role::ParametersAndBuffers);
+        let s = stacks(&[]);
+        assert_eq!(Classifier::new(&s, false).info(0).phase, Phase::Unknown);
+        let s = stacks(&[("/w/eval.py", 9, "evaluate_model"), ("/w/m.py", 3, "forward")]);
+        assert_eq!(Classifier::new(&s, false).info(1).phase, Phase::Evaluation);
+    }
+
+    #[test]
+    fn short_paths_keep_the_last_components() {
+        assert_eq!(short_path("/a/b/c/d.py", 3), "b/c/d.py");
+        assert_eq!(short_path("d.py", 3), "d.py");
+        assert_eq!(short_path("/d.py", 3), "/d.py");
+    }
+}

@@ -1,0 +1,507 @@
+//! The report as one self-contained HTML file: no script, no style sheet or
+//! font from elsewhere, plots drawn by plotters as inline SVG. It opens
+//! offline and stays small on a 100 MB snapshot: the timeline carries at
+//! most [`crate::timeline::MAX_POINTS`] points and the segment map the
+//! largest [`MAP_SEGMENTS`] segments.
+
+use crate::layout::Layout;
+use crate::report::DeviceReport;
+use crate::{Comparison, Report};
+use headroom_alloc::units::format_size;
+use headroom_alloc::BlockState;
+use plotters::prelude::*;
+use std::fmt::Write as _;
+
+/// Segments drawn in a segment map.
+pub const MAP_SEGMENTS: usize = 48;
+
+/// Colours of the bands, one per call site, then "other".
+const PALETTE: [RGBColor; 9] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+/// The allocated line, the reserved line and free blocks.
+const ALLOCATED: RGBColor = RGBColor(20, 20, 20);
+const RESERVED: RGBColor = RGBColor(200, 30, 30);
+const FREE: RGBColor = RGBColor(215, 215, 215);
+const PENDING: RGBColor = RGBColor(250, 180, 60);
+
+/// Escapes text for HTML.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The unit a chart's byte axis is drawn in.
+fn unit(max: u64) -> (f64, &'static str) {
+    if max >= 1 << 30 {
+        ((1u64 << 30) as f64, "GiB")
+    } else if max >= 1 << 20 {
+        ((1u64 << 20) as f64, "MiB")
+    } else {
+        (1024.0, "KiB")
+    }
+}
+
+/// Renders the reports (several snapshots with a comparison) as one page.
+pub fn render(reports: &[Report], comparison: Option<&Comparison>) -> String {
+    let mut h = String::new();
+    let title = reports.iter().map(|r| r.snapshot.as_str()).collect::<Vec<_>>().join(", ");
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>headroom inspect: {}</title><style>{}</style></head><body>\n\
+         <h1>headroom inspect</h1><p class=\"sub\">{}</p>\n",
+        esc(&title),
+        CSS,
+        esc(&title)
+    );
+    if let Some(c) = comparison {
+        comparison_section(&mut h, c);
+    }
+    for r in reports {
+        for d in &r.devices {
+            device_section(&mut h, r, d);
+        }
+    }
+    h.push_str("<footer>Made by headroom inspect: figures counted from the snapshot's trace; segment layouts and remedies from headroom's replay of it.</footer>\n</body></html>\n");
+    h
+}
+
+const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1040px;\
+color:#222;padding:0 16px}h1{margin-bottom:0}.sub{color:#666;margin-top:4px;word-break:break-all}\
+h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:40px}h3{margin-top:28px}\
+table{border-collapse:collapse;margin:8px 0;font-size:14px}td,th{padding:3px 10px;border-bottom:1px solid #eee;\
+text-align:left;vertical-align:top}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+.chart{margin:12px 0}.chart svg{max-width:100%;height:auto}.muted{color:#777}.box{background:#f6f8fa;\
+border-left:4px solid #c33;padding:8px 12px;margin:8px 0}.rec{border-left-color:#2a7}code{font-size:13px}\
+footer{margin-top:48px;color:#888;font-size:12px}";
+
+fn comparison_section(h: &mut String, c: &Comparison) {
+    h.push_str(
+        "<h2>Side by side</h2><table><tr><th>snapshot</th><th>device</th><th class=\"n\">peak allocated</th>\
+                <th class=\"n\">peak reserved</th><th class=\"n\">reserved − allocated at peak</th><th>peak phase</th>\
+                <th>largest site at peak</th></tr>\n",
+    );
+    for (i, r) in c.rows.iter().enumerate() {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            esc(&r.snapshot),
+            if i == c.peaks { " <b>(peaks)</b>" } else { "" },
+            r.device,
+            format_size(r.peak_allocated_bytes),
+            format_size(r.peak_reserved_bytes),
+            format_size(r.fragmentation_at_peak_bytes),
+            r.peak_phase.unwrap_or("—"),
+            esc(r.top_site.as_deref().unwrap_or("—"))
+        );
+    }
+    h.push_str("</table>\n");
+    for a in &c.against_first {
+        let _ = writeln!(
+            h,
+            "<h3>{} device {} against the first: {}{}</h3>",
+            esc(&c.rows[a.row].snapshot),
+            c.rows[a.row].device,
+            if a.peak_allocated_difference_bytes >= 0 { "+" } else { "−" },
+            format_size(a.peak_allocated_difference_bytes.unsigned_abs())
+        );
+        if a.sites.is_empty() {
+            h.push_str("<p class=\"muted\">The same call sites hold the same bytes at both peaks.</p>\n");
+            continue;
+        }
+        h.push_str("<table><tr><th>site</th><th class=\"n\">first</th><th class=\"n\">this one</th><th class=\"n\">difference</th></tr>\n");
+        for s in &a.sites {
+            let _ = writeln!(
+                h,
+                "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}{}</td></tr>",
+                esc(&s.site),
+                format_size(s.first_bytes),
+                format_size(s.other_bytes),
+                if s.difference_bytes >= 0 { "+" } else { "−" },
+                format_size(s.difference_bytes.unsigned_abs())
+            );
+        }
+        h.push_str("</table>\n");
+    }
+}
+
+fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
+    let _ = writeln!(h, "<h2>{} — device {}</h2>", esc(&r.snapshot), d.device);
+    let when = match (d.peak_event_index, d.peak_time_us, d.timeline.start.time_us.or(first_time(d))) {
+        (Some(i), Some(t), Some(t0)) => format!("entry {i}, {:.3} s into the trace", (t - t0) as f64 / 1e6),
+        (Some(i), _, _) => format!("entry {i}"),
+        (None, _, _) if d.trace_entries == 0 => "the snapshot's moment (no trace)".into(),
+        (None, _, _) => "before the trace's first entry".into(),
+    };
+    h.push_str("<table>");
+    let row = |h: &mut String, k: &str, v: String| {
+        let _ = writeln!(h, "<tr><th>{k}</th><td class=\"n\">{v}</td></tr>");
+    };
+    row(h, "peak allocated", format!("{} at {}", format_size(d.peak_allocated_bytes), esc(&when)));
+    row(h, "peak reserved", format_size(d.peak_reserved_bytes));
+    row(h, "reserved − allocated at the peak", format_size(d.fragmentation_at_peak_bytes));
+    if let Some(p) = d.peak_phase {
+        row(h, "phase at the peak", p.name().to_string());
+    }
+    row(
+        h,
+        "now (the snapshot's moment)",
+        format!(
+            "{} allocated, {} reserved, {} active, {} requested",
+            format_size(d.now.allocated_bytes),
+            format_size(d.now.reserved_bytes),
+            format_size(d.now.active_bytes),
+            format_size(d.now.requested_bytes)
+        ),
+    );
+    row(h, "trace entries", d.trace_entries.to_string());
+    h.push_str("</table>\n");
+
+    if let Some(o) = &d.oom {
+        let _ = writeln!(
+            h,
+            "<div class=\"box\"><b>Out of memory</b> at entry {} ({}) requesting {}: {} free on the device, {} reserved of \
+             which {} unallocated, largest cached free block {}. Call site <code>{}</code>.</div>",
+            o.index,
+            o.phase.name(),
+            format_size(o.requested_bytes),
+            o.free_bytes.map_or("?".into(), format_size),
+            format_size(o.reserved_bytes),
+            format_size(o.reserved_unallocated_bytes),
+            o.largest_free_block_bytes.map_or("?".into(), format_size),
+            esc(&o.site)
+        );
+        h.push_str("<table><tr><th>remedy (replayed)</th><th>avoided?</th><th class=\"n\">peak reserved</th><th>detail</th></tr>\n");
+        for m in &o.remedies {
+            let _ = writeln!(
+                h,
+                "<tr><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(&m.setting),
+                match m.avoided {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "not checked",
+                },
+                m.peak_reserved_bytes.map_or("—".into(), format_size),
+                esc(&m.note)
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    if !d.recommendations.is_empty() {
+        h.push_str("<h3>Recommendations</h3>\n");
+        for m in &d.recommendations {
+            let _ = writeln!(
+                h,
+                "<div class=\"box rec\"><b>{}</b><br><span class=\"muted\">{}</span></div>",
+                esc(&m.what),
+                esc(&m.evidence)
+            );
+        }
+    }
+
+    if d.timeline.points.len() > 1 {
+        h.push_str("<h3>Memory over the trace</h3>\n");
+        chart(h, timeline_svg(d));
+        h.push_str("<h3>Fragmentation over the trace</h3>\n");
+        chart(h, fragmentation_svg(d));
+    }
+    if let Some(l) = &d.layout_at_peak {
+        h.push_str("<h3>Segments at the peak (replayed)</h3>\n");
+        chart(h, segments_svg(l, "at the peak"));
+    } else if !d.layout_now.segments.is_empty() {
+        h.push_str("<h3>Segments at the snapshot's moment</h3>\n");
+        chart(h, segments_svg(&d.layout_now, "now"));
+    }
+    if let Some(f) = &d.segments_at_peak {
+        let _ = writeln!(
+            h,
+            "<p>At the peak: largest free block {}, {} free in split segments that <code>empty_cache()</code> cannot return, {} in whole free segments it can.</p>",
+            format_size(f.largest_free_block_bytes),
+            format_size(f.inactive_split_bytes),
+            format_size(f.releasable_bytes)
+        );
+    }
+
+    if !d.top_sites.is_empty() {
+        h.push_str("<h3>Live at the peak, by call site</h3><table><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">blocks</th><th>role</th><th>phase</th></tr>\n");
+        for s in &d.top_sites {
+            let _ = writeln!(
+                h,
+                "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&s.site.site),
+                format_size(s.bytes),
+                s.blocks,
+                s.role.name(),
+                s.phase.name()
+            );
+        }
+        if d.other_sites > 0 {
+            let _ = writeln!(
+                h,
+                "<tr><td class=\"muted\">{} more sites</td><td></td><td></td><td></td><td></td></tr>",
+                d.other_sites
+            );
+        }
+        h.push_str("</table>\n<h3>By role</h3><table><tr><th>role</th><th class=\"n\">bytes</th><th>how it was inferred</th></tr>\n");
+        for x in &d.roles {
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"muted\">{}</td></tr>",
+                x.role.name(),
+                format_size(x.bytes),
+                esc(x.how)
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    if let Some(reps) = &d.repetitions {
+        let _ = writeln!(
+            h,
+            "<h3>Leak suspects</h3><p class=\"muted\">{} repetitions of the workload, each beginning at an allocation by <code>{}</code>.</p>",
+            reps.starts.len(),
+            esc(&reps.marker_site)
+        );
+        if d.leak_suspects.is_empty() {
+            h.push_str("<p>No call site grows from one repetition to the next.</p>\n");
+        } else {
+            h.push_str("<table><tr><th>site</th><th class=\"n\">growth per repetition</th><th class=\"n\">live at the last repetition</th></tr>\n");
+            for l in &d.leak_suspects {
+                let _ = writeln!(
+                    h,
+                    "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                    esc(&l.site),
+                    format_size(l.growth_per_repetition_bytes),
+                    format_size(l.bytes_by_repetition.last().copied().unwrap_or(0))
+                );
+            }
+            h.push_str("</table>\n");
+        }
+    }
+    if !d.unavailable.is_empty() || !d.notes.is_empty() {
+        h.push_str("<h3>What this snapshot cannot tell</h3><ul>\n");
+        for u in d.unavailable.iter().chain(&d.notes) {
+            let _ = writeln!(h, "<li>{}</li>", esc(u));
+        }
+        h.push_str("</ul>\n");
+    }
+}
+
+fn first_time(d: &DeviceReport) -> Option<i64> {
+    d.timeline.points.iter().find_map(|p| p.time_us)
+}
+
+fn chart(h: &mut String, svg: Result<String, String>) {
+    match svg {
+        Ok(svg) => {
+            h.push_str("<div class=\"chart\">");
+            h.push_str(&svg);
+            h.push_str("</div>\n");
+        }
+        Err(e) => {
+            let _ = writeln!(h, "<p class=\"muted\">The chart could not be drawn: {}</p>", esc(&e));
+        }
+    }
+}
+
+/// The x coordinate of each timeline point: seconds into the trace, or the entry index.
+fn xs(d: &DeviceReport) -> (Vec<f64>, &'static str) {
+    let t0 = first_time(d);
+    let pts = &d.timeline.points;
+    match t0 {
+        Some(t0) => {
+            let mut last = 0.0;
+            let v = pts
+                .iter()
+                .map(|p| {
+                    if let Some(t) = p.time_us {
+                        last = ((t - t0) as f64 / 1e6).max(last);
+                    }
+                    last
+                })
+                .collect();
+            (v, "seconds into the trace")
+        }
+        None => (pts.iter().map(|p| p.index.map_or(0.0, |i| i as f64 + 1.0)).collect(), "trace entry"),
+    }
+}
+
+fn timeline_svg(d: &DeviceReport) -> Result<String, String> {
+    let (x, xdesc) = xs(d);
+    let pts = &d.timeline.points;
+    let top = pts.iter().map(|p| p.totals.reserved_bytes.max(p.totals.allocated_bytes)).max().unwrap_or(1).max(1);
+    let (div, u) = unit(top);
+    let xmax = x.last().copied().unwrap_or(1.0).max(1e-9);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut c = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..xmax, 0f64..top as f64 / div * 1.05)
+            .map_err(|e| e.to_string())?;
+        c.configure_mesh()
+            .x_desc(xdesc)
+            .y_desc(u)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        // Stacked bands: each drawn from zero to its running total, largest total first.
+        let mut cumulative = vec![0u64; pts.len()];
+        let mut layers = Vec::new();
+        for s in &d.series {
+            for (c, b) in cumulative.iter_mut().zip(&s.bytes) {
+                *c += b;
+            }
+            layers.push((s.site.clone(), cumulative.clone()));
+        }
+        for (k, (site, ys)) in layers.iter().enumerate().rev() {
+            let color = PALETTE[k % PALETTE.len()];
+            c.draw_series(AreaSeries::new(x.iter().zip(ys).map(|(&x, &y)| (x, y as f64 / div)), 0.0, color.mix(0.75)))
+                .map_err(|e| e.to_string())?
+                .label(shorten(site, 70))
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        }
+        c.draw_series(LineSeries::new(
+            x.iter().zip(pts).map(|(&x, p)| (x, p.totals.reserved_bytes as f64 / div)),
+            RESERVED.stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("reserved")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], RESERVED.stroke_width(2)));
+        c.draw_series(LineSeries::new(
+            x.iter().zip(pts).map(|(&x, p)| (x, p.totals.allocated_bytes as f64 / div)),
+            ALLOCATED.stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("allocated")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], ALLOCATED.stroke_width(2)));
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn fragmentation_svg(d: &DeviceReport) -> Result<String, String> {
+    let (x, xdesc) = xs(d);
+    let pts = &d.timeline.points;
+    let gap = |p: &crate::timeline::Point| p.totals.reserved_bytes.saturating_sub(p.totals.allocated_bytes);
+    let top = pts.iter().map(gap).max().unwrap_or(1).max(1);
+    let (div, u) = unit(top);
+    let xmax = x.last().copied().unwrap_or(1.0).max(1e-9);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 260)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut c = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..xmax, 0f64..top as f64 / div * 1.05)
+            .map_err(|e| e.to_string())?;
+        c.configure_mesh()
+            .x_desc(xdesc)
+            .y_desc(format!("reserved − allocated, {u}"))
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        c.draw_series(
+            AreaSeries::new(x.iter().zip(pts).map(|(&x, p)| (x, gap(p) as f64 / div)), 0.0, RESERVED.mix(0.35))
+                .border_style(RESERVED),
+        )
+        .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn segments_svg(l: &Layout, when: &str) -> Result<String, String> {
+    let mut segs: Vec<&crate::layout::SegmentBar> = l.segments.iter().collect();
+    segs.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+    let total = segs.len();
+    segs.truncate(MAP_SEGMENTS);
+    let longest = segs.first().map_or(1, |s| s.size).max(1);
+    let (div, u) = unit(longest);
+    let rows = segs.len().max(1);
+    let height = (60 + rows * 14).min(800) as u32;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let caption = if total > segs.len() {
+            format!("the {} largest of {total} segments {when}", segs.len())
+        } else {
+            format!("{total} segments {when}")
+        };
+        let mut c = ChartBuilder::on(&root)
+            .margin(12)
+            .caption(caption, ("sans-serif", 14))
+            .x_label_area_size(36)
+            .y_label_area_size(20)
+            .build_cartesian_2d(0f64..longest as f64 / div, 0f64..rows as f64)
+            .map_err(|e| e.to_string())?;
+        c.configure_mesh()
+            .x_desc(format!("offset in the segment, {u}"))
+            .disable_y_mesh()
+            .disable_y_axis()
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let mut rects = Vec::new();
+        for (row, s) in segs.iter().enumerate() {
+            let y0 = rows as f64 - row as f64 - 0.9;
+            let mut off = 0u64;
+            for &(size, state) in &s.blocks {
+                let color = match state {
+                    BlockState::ActiveAllocated => PALETTE[0],
+                    BlockState::ActivePendingFree => PENDING,
+                    BlockState::Inactive => FREE,
+                };
+                rects.push(Rectangle::new(
+                    [(off as f64 / div, y0), ((off + size) as f64 / div, y0 + 0.8)],
+                    color.filled(),
+                ));
+                off += size;
+            }
+        }
+        c.draw_series(rects).map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+/// A site short enough for a legend.
+fn shorten(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let tail: String = s.chars().rev().take(n - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("…{tail}")
+    }
+}

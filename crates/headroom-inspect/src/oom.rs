@@ -1,0 +1,98 @@
+//! An out-of-memory error explained from the trace, and the settings that
+//! would have avoided it, each checked by replaying the run.
+//!
+//! The device the run had is what the allocator held plus what the device
+//! said was free at the failure (`reserved + device_free`): memory taken by
+//! other processes and the CUDA context is outside both. A remedy avoided
+//! the OOM when the replay under it serves every request the recorded run
+//! could not, and fails none it served.
+
+use headroom_alloc::AllocatorConfig;
+use headroom_trace::snapshot_replay::{what_if_device, DeviceTrace};
+use serde::Serialize;
+
+/// One setting tried against a recorded OOM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Remedy {
+    /// What to set: a `PYTORCH_CUDA_ALLOC_CONF` string, or a change to the program.
+    pub setting: String,
+    /// `None` when it could not be checked (see `note`).
+    pub avoided: Option<bool>,
+    /// The replayed run's peaks under the setting.
+    pub peak_reserved_bytes: Option<u64>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub note: String,
+}
+
+/// The settings tried, beside the recorded ones: each changes one policy
+/// that decides whether cached memory can serve a request.
+pub fn candidates(recorded: &AllocatorConfig) -> Vec<(String, AllocatorConfig)> {
+    let mut out = Vec::new();
+    let mut add = |setting: &str| {
+        let mut c = recorded.clone();
+        if c.apply(setting).is_ok() {
+            out.push((setting.to_string(), c));
+        }
+    };
+    if !recorded.expandable_segments {
+        add("expandable_segments:True");
+    }
+    if recorded.max_split_size == u64::MAX {
+        add("max_split_size_mb:128");
+        add("max_split_size_mb:512");
+    }
+    if recorded.garbage_collection_threshold == 0.0 {
+        // Garbage collection acts only under a per-process memory fraction.
+        add("garbage_collection_threshold:0.8,per_process_memory_fraction:0.99");
+    }
+    out
+}
+
+/// Replays the trace under each candidate on a device of `capacity` bytes.
+pub fn remedies(
+    t: &DeviceTrace,
+    recorded: &AllocatorConfig,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+    recorded_ooms: usize,
+) -> Vec<Remedy> {
+    let mut out: Vec<Remedy> = candidates(recorded)
+        .into_iter()
+        .map(|(setting, config)| match what_if_device(t, config, capacity, empty_cache_calls, None, |_| {}) {
+            Ok(w) => {
+                let avoided = w.ooms.is_empty() && w.recorded_ooms_served == recorded_ooms;
+                let note = if avoided {
+                    "every request served, the recorded failures included".to_string()
+                } else if let Some(o) = w.ooms.first() {
+                    format!("still out of memory at entry {} ({} bytes)", o.index, o.size)
+                } else {
+                    format!("{} of {recorded_ooms} failed requests served", w.recorded_ooms_served)
+                };
+                Remedy {
+                    setting,
+                    avoided: Some(avoided),
+                    peak_reserved_bytes: Some(w.peak_reserved_bytes),
+                    peak_allocated_bytes: Some(w.peak_allocated_bytes),
+                    note,
+                }
+            }
+            Err(e) => Remedy {
+                setting,
+                avoided: None,
+                peak_reserved_bytes: None,
+                peak_allocated_bytes: None,
+                note: format!("not replayed: {e}"),
+            },
+        })
+        .collect();
+    out.push(Remedy {
+        setting: "a smaller batch".into(),
+        avoided: None,
+        peak_reserved_bytes: None,
+        peak_allocated_bytes: None,
+        note: "not checked: a snapshot does not record the batch size, so the requests at a smaller one cannot be \
+               derived (try `headroom plan` with the model)"
+            .into(),
+    });
+    out
+}

@@ -1,0 +1,534 @@
+//! One device of a snapshot explained: totals now and at the peak, what
+//! was live at the peak by call site and role, fragmentation, leak suspects,
+//! the OOM and its remedies, and recommendations with their evidence.
+
+use crate::frames::Phase;
+use crate::layout::{Fragmentation, Layout};
+use crate::leaks::{self, LeakSuspect, Repetitions};
+use crate::oom::{self, Remedy};
+use crate::sites::{group, RoleBytes, SiteBytes, Sites};
+use crate::timeline::{timeline, Point, Timeline};
+use crate::walk::{Live, Totals, Walk};
+use headroom_alloc::units::format_size;
+use headroom_alloc::{AllocatorConfig, BlockState};
+use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
+use headroom_trace::snapshot_replay::{block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity};
+use serde::Serialize;
+
+/// What to compute.
+#[derive(Clone, Debug)]
+pub struct InspectOptions {
+    /// Name the ATen operator under each user frame.
+    pub cpp: bool,
+    /// Call sites listed at the peak.
+    pub top: usize,
+    /// Call sites given their own band in the timeline.
+    pub series: usize,
+}
+
+impl Default for InspectOptions {
+    fn default() -> Self {
+        InspectOptions { cpp: false, top: 20, series: 8 }
+    }
+}
+
+/// A recorded out-of-memory error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OomReport {
+    /// Index of the `oom` entry in the device's trace.
+    pub index: usize,
+    pub time_us: Option<i64>,
+    /// The request that failed (rounded, as PyTorch records it).
+    pub requested_bytes: u64,
+    /// What the device said was free; `None` when not recorded.
+    pub free_bytes: Option<u64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Reserved but not allocated: cached memory that could not serve the request.
+    pub reserved_unallocated_bytes: u64,
+    /// The largest cached free block then (from the replayed state), when known.
+    pub largest_free_block_bytes: Option<u64>,
+    /// `reserved + free`: the memory the run could have had.
+    pub capacity_bytes: Option<u64>,
+    pub phase: Phase,
+    pub site: String,
+    /// Further `oom` entries after this one.
+    pub later_ooms: usize,
+    pub remedies: Vec<Remedy>,
+}
+
+/// Advice, with what it rests on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Recommendation {
+    pub what: String,
+    pub evidence: String,
+}
+
+/// One call site's live bytes over the timeline (at the timeline's points).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteSeries {
+    pub site: String,
+    pub bytes: Vec<u64>,
+}
+
+/// One device of a snapshot, explained.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReport {
+    pub device: u32,
+    pub trace_entries: usize,
+    pub has_frames: bool,
+    pub has_times: bool,
+    /// At the moment the snapshot was taken (its segments).
+    pub now: Totals,
+    /// When the trace began (`None` without a trace).
+    pub start: Option<Totals>,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// The entry at which allocated first reached its peak; `None` when the
+    /// peak is the snapshot's moment (no trace) or the trace's start.
+    pub peak_event_index: Option<usize>,
+    pub peak_time_us: Option<i64>,
+    /// The phase of the allocation that reached the peak.
+    pub peak_phase: Option<Phase>,
+    /// Live at the peak by call site, largest first.
+    pub top_sites: Vec<SiteBytes>,
+    /// Sites live at the peak beyond `top_sites`.
+    pub other_sites: usize,
+    pub roles: Vec<RoleBytes>,
+    /// Reserved minus allocated at the allocated peak.
+    pub fragmentation_at_peak_bytes: u64,
+    /// The segments at the peak as replayed (`None` when the state could not be rebuilt).
+    pub segments_at_peak: Option<Fragmentation>,
+    /// The snapshot's own segments.
+    pub segments_now: Fragmentation,
+    /// The moment reserved exceeded allocated the most.
+    pub most_fragmented: Option<Point>,
+    pub largest_request_bytes: u64,
+    pub repetitions: Option<Repetitions>,
+    pub leak_suspects: Vec<LeakSuspect>,
+    pub ooms_recorded: usize,
+    pub oom: Option<OomReport>,
+    /// Whether the replay matched the recording decision for decision.
+    pub replay_exact: Option<bool>,
+    pub recommendations: Vec<Recommendation>,
+    /// One line for each part that cannot be computed, and why.
+    pub unavailable: Vec<String>,
+    pub notes: Vec<String>,
+    #[serde(skip)]
+    pub timeline: Timeline,
+    #[serde(skip)]
+    pub series: Vec<SiteSeries>,
+    #[serde(skip)]
+    pub layout_at_peak: Option<Layout>,
+    #[serde(skip)]
+    pub layout_now: Layout,
+}
+
+/// Simulated device size when the run's own is unknown: larger than any GPU,
+/// so a replay fails only where settings make it.
+const UNBOUNDED: u64 = 1 << 50;
+
+/// Explains `device` of `snap`.
+pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions) -> DeviceReport {
+    let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
+    let (recorded, settings_note) = snap.allocator_config();
+    let layout_now = Layout::recorded(&snap.segments, device);
+    let segments_now = layout_now.fragmentation();
+    let mut now = Totals { reserved_bytes: segments_now.reserved_bytes, ..Default::default() };
+    for b in snap.segments.iter().filter(|s| s.device == device).flat_map(|s| &s.blocks) {
+        match b.state {
+            BlockState::ActiveAllocated => {
+                now.allocated_bytes += b.size;
+                now.active_bytes += b.size;
+                now.requested_bytes += b.requested_size;
+            }
+            BlockState::ActivePendingFree => now.active_bytes += b.size,
+            BlockState::Inactive => {}
+        }
+    }
+    let has_frames = !snap.stacks.frames.is_empty();
+    let mut sites = Sites::new(&snap.stacks, opts.cpp);
+    let mut r = DeviceReport {
+        device,
+        trace_entries: trace.len(),
+        has_frames,
+        has_times: trace.iter().any(|e| e.time_us.is_some()),
+        now,
+        start: None,
+        peak_allocated_bytes: now.allocated_bytes,
+        peak_reserved_bytes: now.reserved_bytes,
+        peak_event_index: None,
+        peak_time_us: None,
+        peak_phase: None,
+        top_sites: Vec::new(),
+        other_sites: 0,
+        roles: Vec::new(),
+        fragmentation_at_peak_bytes: now.reserved_bytes.saturating_sub(now.allocated_bytes),
+        segments_at_peak: None,
+        segments_now,
+        most_fragmented: None,
+        largest_request_bytes: trace
+            .iter()
+            .filter(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom))
+            .map(|e| e.size)
+            .max()
+            .unwrap_or(0),
+        repetitions: None,
+        leak_suspects: Vec::new(),
+        ooms_recorded: trace.iter().filter(|e| e.action == TraceAction::Oom).count(),
+        oom: None,
+        replay_exact: None,
+        recommendations: Vec::new(),
+        unavailable: Vec::new(),
+        notes: settings_note.into_iter().collect(),
+        timeline: Timeline::default(),
+        series: Vec::new(),
+        layout_at_peak: None,
+        layout_now,
+    };
+    if !has_frames {
+        r.unavailable.push(
+            "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
+             off, or a PyTorch older than 2.1)"
+                .into(),
+        );
+    }
+    if trace.is_empty() {
+        r.unavailable.push(
+            "peak over time, fragmentation over time, leaks and OOMs: the snapshot has no trace (recorded without \
+             `_record_memory_history`), so every figure is for the moment it was taken"
+                .into(),
+        );
+        // Without a trace the snapshot's moment is the only one, and nothing predates it.
+        let live: Vec<Live> = snap
+            .segments
+            .iter()
+            .filter(|s| s.device == device)
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
+            .collect();
+        fill_sites(&mut r, group(live.iter(), &mut sites), opts.top);
+        r.timeline.points = Vec::new();
+        recommend(&mut r, &recorded, None);
+        return r;
+    }
+    if !r.has_times {
+        r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
+    }
+
+    let dt = match DeviceTrace::new(snap, device) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            r.notes.push(format!(
+                "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
+                 trace's start, and nothing is replayed"
+            ));
+            None
+        }
+    };
+    let plain_walk = || match &dt {
+        Some(t) => Walk::new(snap, device, &t.start),
+        None => Walk::from_empty(snap, device),
+    };
+
+    // Replays: the segments at the peak and at the OOM, and the remedies.
+    let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
+    let capacity = oom_at.and_then(|i| {
+        let mut w = plain_walk();
+        if i > 0 {
+            w.run_through(i - 1);
+        }
+        trace[i].device_free.map(|free| w.totals.reserved_bytes + free)
+    });
+    let mut fidelity: Option<Fidelity> = None;
+    match &dt {
+        Some(t) => match check_from(t, recorded.clone(), capacity.unwrap_or(UNBOUNDED), |_| {}) {
+            Ok(f) => {
+                r.replay_exact = Some(f.is_exact());
+                if !f.is_exact() {
+                    r.notes.push(format!(
+                        "the replay departs from the recording ({f}): segments at the peak and remedies are \
+                         headroom's model of the run, not the run"
+                    ));
+                }
+                fidelity = Some(f);
+            }
+            Err(e) => r.unavailable.push(format!("segments at the peak and OOM remedies: {e}")),
+        },
+        None => r
+            .unavailable
+            .push("segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into()),
+    }
+    // Block sizes as the replay handed them out, where it matches the recording.
+    let sizes = match (&dt, &fidelity) {
+        (Some(t), Some(f)) if f.is_exact() => {
+            block_sizes(t, recorded.clone(), capacity.unwrap_or(UNBOUNDED), &f.empty_cache_calls).unwrap_or_default()
+        }
+        _ => Default::default(),
+    };
+    let walk = || plain_walk().with_block_sizes(&sizes);
+
+    // Pass 1: the timeline and its peaks.
+    let mut w = walk();
+    let tl = timeline(&mut w);
+    if w.unmatched_frees > 0 {
+        r.notes.push(format!("{} frees of blocks the trace never allocated were skipped", w.unmatched_frees));
+    }
+    r.start = Some(tl.start.totals);
+    r.peak_allocated_bytes = tl.peak.totals.allocated_bytes;
+    r.peak_reserved_bytes = tl.peak_reserved.totals.reserved_bytes;
+    r.peak_event_index = tl.peak.index;
+    r.peak_time_us = tl.peak.time_us;
+    r.fragmentation_at_peak_bytes = tl.peak.totals.reserved_bytes.saturating_sub(tl.peak.totals.allocated_bytes);
+    r.most_fragmented = Some(tl.most_fragmented);
+    if let Some(i) = tl.peak.index {
+        r.peak_phase = Some(sites.info(trace[i].stack).phase);
+    }
+
+    // Pass 2: live at the peak.
+    let mut w = walk();
+    if let Some(i) = tl.peak.index {
+        w.run_through(i);
+    }
+    fill_sites(&mut r, group(w.live.values(), &mut sites), opts.top);
+
+    // Pass 3: the largest sites' bands under the timeline.
+    r.series = series(walk(), &tl, &r.top_sites, opts.series, &mut sites);
+    r.timeline = tl;
+
+    // Pass 4: repetitions and what grows across them.
+    match leaks::repetitions(trace, &mut sites) {
+        Some(reps) => match leaks::suspects(&mut walk(), &reps, &mut sites) {
+            Ok(s) => {
+                r.leak_suspects = s;
+                r.repetitions = Some(reps);
+            }
+            Err(why) => r.unavailable.push(why),
+        },
+        None => r.unavailable.push(
+            "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \
+             allocations), so growth per repetition cannot be measured"
+                .into(),
+        ),
+    }
+
+    if let (Some(t), Some(f)) = (&dt, &fidelity) {
+        let cap = capacity.unwrap_or(UNBOUNDED);
+        let at_peak = tl_peak_next(&r);
+        if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, at_peak) {
+            let l = Layout::replayed(&s.segments);
+            r.segments_at_peak = Some(l.fragmentation());
+            r.layout_at_peak = Some(l);
+        }
+    }
+    if let Some(i) = oom_at {
+        let e = &trace[i];
+        let mut w = walk();
+        if i > 0 {
+            w.run_through(i - 1);
+        }
+        let info = sites.info(e.stack).clone();
+        let mut o = OomReport {
+            index: i,
+            time_us: e.time_us,
+            requested_bytes: e.size,
+            free_bytes: e.device_free,
+            allocated_bytes: w.totals.allocated_bytes,
+            reserved_bytes: w.totals.reserved_bytes,
+            reserved_unallocated_bytes: w.totals.reserved_bytes.saturating_sub(w.totals.allocated_bytes),
+            largest_free_block_bytes: None,
+            capacity_bytes: capacity,
+            phase: info.phase,
+            site: info.site.site,
+            later_ooms: r.ooms_recorded - 1,
+            remedies: Vec::new(),
+        };
+        match (&dt, &fidelity, capacity) {
+            (Some(t), Some(f), Some(cap)) => {
+                if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, i) {
+                    o.largest_free_block_bytes =
+                        Some(Layout::replayed(&s.segments).fragmentation().largest_free_block_bytes);
+                }
+                o.remedies = oom::remedies(t, &recorded, cap, &f.empty_cache_calls, r.ooms_recorded);
+            }
+            (_, _, None) => r.unavailable.push(
+                "OOM remedies: the `oom` entry does not record the device's free memory, so the device size is unknown"
+                    .into(),
+            ),
+            _ => {}
+        }
+        r.oom = Some(o);
+    }
+    let expandable_check = match (&dt, &fidelity) {
+        (Some(t), Some(f)) if !recorded.expandable_segments && worth_defragmenting(&r) => {
+            let mut c = recorded.clone();
+            c.expandable_segments = true;
+            what_if_device(t, c, capacity.unwrap_or(UNBOUNDED), &f.empty_cache_calls, None, |_| {}).ok()
+        }
+        _ => None,
+    };
+    recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
+    r
+}
+
+/// The entry just after the peak: the replayed state there is the state at the peak.
+fn tl_peak_next(r: &DeviceReport) -> usize {
+    r.peak_event_index.map_or(0, |i| i + 1)
+}
+
+fn fill_sites(r: &mut DeviceReport, (all, roles): (Vec<SiteBytes>, Vec<RoleBytes>), top: usize) {
+    r.other_sites = all.len().saturating_sub(top);
+    r.top_sites = all.into_iter().take(top).collect();
+    r.roles = roles;
+}
+
+/// Fragmentation large enough to act on: a tenth of reserved, and 256 MiB.
+fn worth_defragmenting(r: &DeviceReport) -> bool {
+    let gap = r
+        .fragmentation_at_peak_bytes
+        .max(r.most_fragmented.map_or(0, |p| p.totals.reserved_bytes.saturating_sub(p.totals.allocated_bytes)));
+    gap >= 256 << 20 && gap * 10 >= r.peak_reserved_bytes
+}
+
+/// Per-site live bytes at each timeline point, for the `n` largest sites at the peak.
+fn series(mut w: Walk, tl: &Timeline, top: &[SiteBytes], n: usize, sites: &mut Sites) -> Vec<SiteSeries> {
+    let chosen: Vec<u32> = top.iter().take(n).map(|s| s.id).collect();
+    let slot = |id: u32| chosen.iter().position(|&c| c == id);
+    let mut bytes = vec![0u64; chosen.len()];
+    // Sites of the blocks live at the start.
+    for l in w.live.values().filter(|l| !l.pending) {
+        if let Some(k) = slot(sites.of(l)) {
+            bytes[k] += l.size;
+        }
+    }
+    let mut out: Vec<SiteSeries> = chosen
+        .iter()
+        .map(|&id| SiteSeries { site: sites.list[id as usize].site.site.clone(), bytes: Vec::new() })
+        .collect();
+    let mut points = tl.points.iter().peekable();
+    let record = |out: &mut Vec<SiteSeries>, bytes: &[u64]| {
+        for (s, &b) in out.iter_mut().zip(bytes) {
+            s.bytes.push(b);
+        }
+    };
+    while points.peek().is_some_and(|p| p.index.is_none()) {
+        points.next();
+        record(&mut out, &bytes);
+    }
+    let trace = w.trace();
+    while w.next < trace.len() {
+        let i = w.next;
+        let e = &trace[i];
+        // What this entry takes away, read before it is applied.
+        if let Some(l) = w.live.get(&e.addr).copied() {
+            let gone = !l.pending
+                && matches!(
+                    e.action,
+                    TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
+                );
+            if gone {
+                if let Some(k) = slot(sites.of(&l)) {
+                    bytes[k] -= l.size;
+                }
+            }
+        }
+        w.step();
+        if e.action == TraceAction::Alloc {
+            if let Some(l) = w.live.get(&e.addr).copied() {
+                if let Some(k) = slot(sites.of(&l)) {
+                    bytes[k] += l.size;
+                }
+            }
+        }
+        while points.peek().is_some_and(|p| p.index == Some(i)) {
+            points.next();
+            record(&mut out, &bytes);
+        }
+    }
+    out
+}
+
+/// Advice from what the report found.
+fn recommend(r: &mut DeviceReport, recorded: &AllocatorConfig, expandable_peak_reserved: Option<u64>) {
+    let mut out = Vec::new();
+    if let Some(o) = &r.oom {
+        for m in o.remedies.iter().filter(|m| m.avoided == Some(true)) {
+            out.push(Recommendation {
+                what: format!("set PYTORCH_CUDA_ALLOC_CONF={}", m.setting),
+                evidence: format!(
+                    "replayed on the run's {} device: every request served, the failed {} one included; peak reserved {}",
+                    o.capacity_bytes.map_or("?".into(), format_size),
+                    format_size(o.requested_bytes),
+                    m.peak_reserved_bytes.map_or("?".into(), format_size),
+                ),
+            });
+        }
+        if o.reserved_unallocated_bytes >= o.requested_bytes && o.free_bytes.is_some_and(|f| f < o.requested_bytes) {
+            out.push(Recommendation {
+                what: "the failure is fragmentation, not a lack of memory".into(),
+                evidence: format!(
+                    "{} reserved but unallocated when {} was requested: cached, but in pieces too small",
+                    format_size(o.reserved_unallocated_bytes),
+                    format_size(o.requested_bytes)
+                ),
+            });
+        }
+    }
+    if let Some(peak) = expandable_peak_reserved {
+        if peak * 20 <= r.peak_reserved_bytes * 19 {
+            out.push(Recommendation {
+                what: "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+                evidence: format!(
+                    "replayed: peak reserved {} instead of {} ({} reserved but unallocated at the allocated peak)",
+                    format_size(peak),
+                    format_size(r.peak_reserved_bytes),
+                    format_size(r.fragmentation_at_peak_bytes)
+                ),
+            });
+        }
+    }
+    if let (Some(l), Some(reps)) = (r.leak_suspects.first(), &r.repetitions) {
+        out.push(Recommendation {
+            what: format!("look at what {} keeps alive from one repetition to the next", l.site),
+            evidence: format!(
+                "its live memory grows by {} per repetition over {} repetitions{}",
+                format_size(l.growth_per_repetition_bytes),
+                reps.starts.len(),
+                if r.leak_suspects.len() > 1 {
+                    format!(" ({} more sites grow)", r.leak_suspects.len() - 1)
+                } else {
+                    String::new()
+                }
+            ),
+        });
+    }
+    let activations: u64 = r.roles.iter().filter(|x| x.role == crate::frames::Role::Activations).map(|x| x.bytes).sum();
+    let training_peak = matches!(r.peak_phase, Some(Phase::Forward | Phase::Backward));
+    if training_peak && activations * 5 >= r.peak_allocated_bytes * 2 && activations > 0 {
+        out.push(Recommendation {
+            what:
+                "activation checkpointing (`headroom checkpoint` finds the fastest schedule in a budget), or a smaller \
+                   batch or sequence"
+                    .into(),
+            evidence: format!(
+                "forward allocations still live hold {} of the {} allocated at the peak{}",
+                format_size(activations),
+                format_size(r.peak_allocated_bytes),
+                r.peak_phase.map_or(String::new(), |p| format!(" (the peak is in the {} phase)", p.name()))
+            ),
+        });
+    }
+    if r.trace_entries == 0 && !recorded.expandable_segments && r.segments_now.inactive_split_bytes >= 256 << 20 {
+        out.push(Recommendation {
+            what:
+                "record a trace (`torch.cuda.memory._record_memory_history()`) to check expandable_segments by replay"
+                    .into(),
+            evidence: format!(
+                "{} free in segments that also hold live blocks: empty_cache() cannot return it",
+                format_size(r.segments_now.inactive_split_bytes)
+            ),
+        });
+    }
+    r.recommendations = out;
+}

@@ -1,0 +1,124 @@
+//! Live memory grouped by the user's call sites, with the role and phase
+//! each site's frames suggest.
+
+use crate::frames::{Classifier, Phase, Role, Site, StackInfo};
+use crate::walk::Live;
+use headroom_trace::snapshot::{StackId, Stacks};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// Call sites numbered in the order they are first met.
+pub struct Sites<'a> {
+    classifier: Classifier<'a>,
+    pub list: Vec<StackInfo>,
+    by_stack: Vec<u32>,
+    by_name: FxHashMap<String, u32>,
+}
+
+const UNSEEN: u32 = u32::MAX;
+
+impl<'a> Sites<'a> {
+    pub fn new(stacks: &'a Stacks, cpp: bool) -> Sites<'a> {
+        Sites {
+            classifier: Classifier::new(stacks, cpp),
+            list: Vec::new(),
+            by_stack: vec![UNSEEN; stacks.stacks.len()],
+            by_name: FxHashMap::default(),
+        }
+    }
+
+    /// The site of an allocation: by its stack, or "live when the trace
+    /// began" for a block allocated before the trace whose stack is unknown.
+    pub fn of(&mut self, live: &Live) -> u32 {
+        if live.since.is_none() && live.stack == 0 {
+            return self.named(StackInfo {
+                site: Site { site: "(live when the trace began)".into(), file: None, line: None, function: None },
+                phase: Phase::Unknown,
+                role: Role::BeforeTrace,
+            });
+        }
+        self.of_stack(live.stack)
+    }
+
+    pub fn of_stack(&mut self, stack: StackId) -> u32 {
+        let i = stack as usize;
+        if i >= self.by_stack.len() {
+            self.by_stack.resize(i + 1, UNSEEN);
+        }
+        if self.by_stack[i] == UNSEEN {
+            let info = self.classifier.info(stack).clone();
+            self.by_stack[i] = self.named(info);
+        }
+        self.by_stack[i]
+    }
+
+    /// What the stack says.
+    pub fn info(&mut self, stack: StackId) -> &StackInfo {
+        let id = self.of_stack(stack);
+        &self.list[id as usize]
+    }
+
+    fn named(&mut self, info: StackInfo) -> u32 {
+        if let Some(&id) = self.by_name.get(&info.site.site) {
+            return id;
+        }
+        let id = self.list.len() as u32;
+        self.by_name.insert(info.site.site.clone(), id);
+        self.list.push(info);
+        id
+    }
+}
+
+/// One call site's live memory at a moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteBytes {
+    #[serde(flatten)]
+    pub site: Site,
+    /// Block bytes (as allocated counts them).
+    pub bytes: u64,
+    pub blocks: usize,
+    pub role: Role,
+    pub phase: Phase,
+    #[serde(skip)]
+    pub id: u32,
+}
+
+/// Live memory of one role at a moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RoleBytes {
+    pub role: Role,
+    pub bytes: u64,
+    pub blocks: usize,
+    /// How the role was inferred.
+    pub how: &'static str,
+}
+
+/// The live allocations grouped by site, largest first, and by role.
+/// Blocks freed by the caller but still pending are not the caller's: left out.
+pub fn group<'l>(live: impl Iterator<Item = &'l Live>, sites: &mut Sites) -> (Vec<SiteBytes>, Vec<RoleBytes>) {
+    let mut by_site: FxHashMap<u32, (u64, usize)> = FxHashMap::default();
+    for l in live.filter(|l| !l.pending) {
+        let id = sites.of(l);
+        let e = by_site.entry(id).or_default();
+        e.0 += l.size;
+        e.1 += 1;
+    }
+    let mut out: Vec<SiteBytes> = by_site
+        .into_iter()
+        .map(|(id, (bytes, blocks))| {
+            let info = &sites.list[id as usize];
+            SiteBytes { site: info.site.clone(), bytes, blocks, role: info.role, phase: info.phase, id }
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.site.cmp(&b.site.site)));
+    let mut roles: FxHashMap<Role, (u64, usize)> = FxHashMap::default();
+    for s in &out {
+        let e = roles.entry(s.role).or_default();
+        e.0 += s.bytes;
+        e.1 += s.blocks;
+    }
+    let mut roles: Vec<RoleBytes> =
+        roles.into_iter().map(|(role, (bytes, blocks))| RoleBytes { role, bytes, blocks, how: role.how() }).collect();
+    roles.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.role.cmp(&b.role)));
+    (out, roles)
+}

@@ -1,0 +1,64 @@
+//! What the real fixtures do not show together — call sites in every phase,
+//! a leak, an OOM that a setting avoids — in a run made with headroom's
+//! allocator, written as PyTorch's JSON snapshot with frames added to each
+//! entry, and inspected as a user's file would be.
+
+mod common;
+
+use common::{training_run, Site};
+use headroom_inspect::frames::{Phase, Role};
+use headroom_inspect::{inspect_device, InspectOptions};
+
+#[test]
+fn the_peak_is_explained_by_call_site_role_and_phase() {
+    let snap = training_run(6, false);
+    let r = inspect_device(&snap, 0, &InspectOptions::default());
+    // Four layers of 8 MiB activations are live when backward starts, with the
+    // optimizer state (2 x 4 MiB), the leak so far and the gradients.
+    let top = &r.top_sites;
+    let act = top.iter().find(|s| s.site.site.contains("model.py:10 in forward")).expect("the activation site");
+    assert_eq!(act.role, Role::Activations);
+    assert_eq!(act.phase, Phase::Forward);
+    let opt = top.iter().find(|s| s.site.site.contains("adamw.py")).map(|s| s.role);
+    assert_eq!(opt, None, "torch's own frames collapse into the user's: {top:?}");
+    let opt = top.iter().find(|s| s.site.site.contains("train.py:30 in train_step")).expect("the optimizer site");
+    assert_eq!((opt.role, opt.phase), (Role::OptimizerState, Phase::OptimizerStep));
+    assert_eq!(opt.bytes, 8 << 20);
+    let sum: u64 = r.roles.iter().map(|x| x.bytes).sum();
+    assert_eq!(sum, r.peak_allocated_bytes);
+    assert!(r.peak_phase.is_some());
+}
+
+#[test]
+fn a_site_that_grows_every_step_is_a_leak_suspect() {
+    let snap = training_run(6, false);
+    let r = inspect_device(&snap, 0, &InspectOptions::default());
+    let reps = r.repetitions.as_ref().expect("six steps repeat");
+    assert_eq!(reps.starts.len(), 6);
+    assert_eq!(r.leak_suspects.len(), 1, "{:?}", r.leak_suspects);
+    let l = &r.leak_suspects[0];
+    assert_eq!(l.site, "me/proj/metrics.py:7 in record");
+    assert!(Site::Leak.file().ends_with("metrics.py"));
+    assert_eq!(l.growth_per_repetition_bytes, 2 << 20);
+    assert!(r.oom.is_none());
+}
+
+#[test]
+fn the_oom_is_explained_and_a_setting_is_checked_to_avoid_it() {
+    let snap = training_run(3, true);
+    let r = inspect_device(&snap, 0, &InspectOptions::default());
+    let o = r.oom.as_ref().expect("the run ran out of memory");
+    assert_eq!(o.requested_bytes, 100 << 20);
+    assert!(o.reserved_unallocated_bytes >= o.requested_bytes, "{o:?}");
+    assert!(o.largest_free_block_bytes.unwrap() < o.requested_bytes);
+    assert_eq!(o.site, "me/proj/train.py:50 in evaluate");
+    assert_eq!(o.phase, Phase::Evaluation);
+    // The 150 MiB block is oversize under max_split_size_mb:128: the 12 MiB
+    // requests cannot split it, and it is released when the 100 MiB one fails.
+    let split = o.remedies.iter().find(|m| m.setting == "max_split_size_mb:128").unwrap();
+    assert_eq!(split.avoided, Some(true), "{split:?}");
+    for m in o.remedies.iter().filter(|m| m.avoided == Some(true)) {
+        assert!(r.recommendations.iter().any(|x| x.what.ends_with(&m.setting)), "{:?}", r.recommendations);
+    }
+    assert!(o.remedies.iter().any(|m| m.avoided.is_none()), "the batch remedy says it was not checked");
+}

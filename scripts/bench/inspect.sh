@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `headroom inspect` on a 100 MB memory snapshot beside PyTorch's own
+# `_memory_viz.py stats` (standard library only), time and peak memory, on the
+# same file (docs/PERFORMANCE.md, "Inspecting snapshots"). Usage:
+#   bash scripts/bench/inspect.sh [MEMORY_VIZ_PY] [FIXTURE]
+# MEMORY_VIZ_PY defaults to the installed torch's torch/cuda/_memory_viz.py.
+# FIXTURE is grown to ~100 MB as scripts/bench/snapshot_read.sh grows it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+viz=${1:-$(python3 -c 'import torch.cuda._memory_viz as m; print(m.__file__)')}
+fixture=${2:-$root/../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_1024_training_memory_snapshot.pickle}
+cargo build -q --release -p headroom-cli --manifest-path "$root/Cargo.toml"
+H=$root/target/release/headroom
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp "$viz" "$work/memory_viz.py"
+python3 - "$fixture" "$work/big.pickle" <<'PY'
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+trace = snap["device_traces"][0]
+copies = []
+while sum(map(len, copies)) * 75 < 100_000_000:
+    copies.append([dict(e) for e in trace])
+snap["device_traces"][0] = [e for c in copies for e in c]
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(snap, f, protocol=4)
+PY
+echo "file: $(stat -c %s "$work/big.pickle") bytes"
+t() { /usr/bin/time -f "$1: %e s, %M KB peak RSS" "${@:2}" > /dev/null 2> "$work/err" || true; tail -1 "$work/err"; }
+for i in 1 2; do
+    t "headroom inspect" "$H" inspect "$work/big.pickle"
+    t "headroom inspect --html" "$H" inspect "$work/big.pickle" --html "$work/report.html"
+    t "_memory_viz.py stats" python3 "$work/memory_viz.py" stats "$work/big.pickle"
+done
+echo "report: $(stat -c %s "$work/report.html") bytes"
