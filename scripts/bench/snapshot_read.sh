@@ -12,17 +12,7 @@ cargo build -q --release -p headroom-trace --example read_snapshot --manifest-pa
 reader=$root/target/release/examples/read_snapshot
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 - "$fixture" "$work/big.pickle" <<'PY'
-import pickle, sys
-snap = pickle.load(open(sys.argv[1], "rb"))
-trace = snap["device_traces"][0]
-copies = []
-while sum(map(len, copies)) * 75 < 100_000_000:
-    copies.append([dict(e) for e in trace])
-snap["device_traces"][0] = [e for c in copies for e in c]
-with open(sys.argv[2], "wb") as f:
-    pickle.dump(snap, f, protocol=4)
-PY
+python3 "$root/scripts/bench/grow_snapshot.py" "$fixture" "$work/big.pickle"
 echo "file: $(stat -c %s "$work/big.pickle") bytes"
 t() { /usr/bin/time -f "$1: %e s, %M KB peak RSS" "${@:2}" > "$work/out" 2> "$work/err" || true; tail -1 "$work/err"; }
 for i in 1 2; do

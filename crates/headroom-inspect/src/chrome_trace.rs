@@ -54,10 +54,7 @@ pub fn write_chrome_trace(
             }
             let times = trace.iter().any(|e| e.time_us.is_some());
             let dt = DeviceTrace::new(snap, device).ok();
-            let mut w = match &dt {
-                Some(t) => Walk::new(snap, device, &t.start),
-                None => Walk::from_empty(snap, device),
-            };
+            let mut w = Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
             // The smallest allocation kept as a slice, so that at most MAX_SLICES are.
             let mut sizes: Vec<u64> = trace.iter().filter(|e| e.action == TraceAction::Alloc).map(|e| e.size).collect();
             let min_slice = if sizes.len() > MAX_SLICES {

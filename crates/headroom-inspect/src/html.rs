@@ -9,6 +9,7 @@ use crate::report::DeviceReport;
 use crate::{Comparison, Report};
 use headroom_alloc::units::format_size;
 use headroom_alloc::BlockState;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt::Write as _;
 
@@ -345,28 +346,47 @@ fn xs(d: &DeviceReport) -> (Vec<f64>, &'static str) {
     }
 }
 
-fn timeline_svg(d: &DeviceReport) -> Result<String, String> {
+/// A chart over the trace's timeline, `height` pixels high, bytes up to
+/// `top` on the y axis (labelled `ylabel`, then the unit); `draw` adds the
+/// series, given the x of each point and the byte divisor.
+fn over_time(
+    d: &DeviceReport,
+    height: u32,
+    top: u64,
+    ylabel: &str,
+    draw: impl for<'a> FnOnce(&mut Chart<'a, 'a>, &[f64], f64) -> Result<(), String>,
+) -> Result<String, String> {
     let (x, xdesc) = xs(d);
-    let pts = &d.timeline.points;
-    let top = pts.iter().map(|p| p.totals.reserved_bytes.max(p.totals.allocated_bytes)).max().unwrap_or(1).max(1);
-    let (div, u) = unit(top);
+    let (div, u) = unit(top.max(1));
     let xmax = x.last().copied().unwrap_or(1.0).max(1e-9);
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1000, 420)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let mut c = ChartBuilder::on(&root)
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..xmax, 0f64..top as f64 / div * 1.05)
+            .build_cartesian_2d(0f64..xmax, 0f64..top.max(1) as f64 / div * 1.05)
             .map_err(|e| e.to_string())?;
         c.configure_mesh()
             .x_desc(xdesc)
-            .y_desc(u)
+            .y_desc(format!("{ylabel}{u}"))
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| e.to_string())?;
+        draw(&mut c, &x, div)?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+fn timeline_svg(d: &DeviceReport) -> Result<String, String> {
+    let pts = &d.timeline.points;
+    let top = pts.iter().map(|p| p.totals.reserved_bytes.max(p.totals.allocated_bytes)).max().unwrap_or(1);
+    over_time(d, 420, top, "", |c, x, div| {
         // Stacked bands: each drawn from zero to its running total, largest total first.
         let mut cumulative = vec![0u64; pts.len()];
         let mut layers = Vec::new();
@@ -402,43 +422,22 @@ fn timeline_svg(d: &DeviceReport) -> Result<String, String> {
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.3))
             .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
-    }
-    Ok(svg)
+            .map_err(|e| e.to_string())
+    })
 }
 
 fn fragmentation_svg(d: &DeviceReport) -> Result<String, String> {
-    let (x, xdesc) = xs(d);
     let pts = &d.timeline.points;
     let gap = |p: &crate::timeline::Point| p.totals.reserved_bytes.saturating_sub(p.totals.allocated_bytes);
-    let top = pts.iter().map(gap).max().unwrap_or(1).max(1);
-    let (div, u) = unit(top);
-    let xmax = x.last().copied().unwrap_or(1.0).max(1e-9);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1000, 260)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let mut c = ChartBuilder::on(&root)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0f64..xmax, 0f64..top as f64 / div * 1.05)
-            .map_err(|e| e.to_string())?;
-        c.configure_mesh()
-            .x_desc(xdesc)
-            .y_desc(format!("reserved − allocated, {u}"))
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(|e| e.to_string())?;
+    let top = pts.iter().map(gap).max().unwrap_or(1);
+    over_time(d, 260, top, "reserved − allocated, ", |c, x, div| {
         c.draw_series(
             AreaSeries::new(x.iter().zip(pts).map(|(&x, p)| (x, gap(p) as f64 / div)), 0.0, RESERVED.mix(0.35))
                 .border_style(RESERVED),
         )
-        .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
-    }
-    Ok(svg)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })
 }
 
 fn segments_svg(l: &Layout, when: &str) -> Result<String, String> {

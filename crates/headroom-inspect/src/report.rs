@@ -209,7 +209,6 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
             .collect();
         fill_sites(&mut r, group(live.iter(), &mut sites), opts.top);
-        r.timeline.points = Vec::new();
         recommend(&mut r, &recorded, None);
         return r;
     }
@@ -227,10 +226,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             None
         }
     };
-    let plain_walk = || match &dt {
-        Some(t) => Walk::new(snap, device, &t.start),
-        None => Walk::from_empty(snap, device),
-    };
+    let plain_walk = || Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
 
     // Replays: the segments at the peak and at the OOM, and the remedies.
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);

@@ -61,7 +61,11 @@ pub struct Walk<'a> {
 impl<'a> Walk<'a> {
     /// A walk of `device`'s trace from `start`. Blocks live at the start take
     /// their stacks from the final segments where they are still there.
-    pub fn new(snap: &'a MemorySnapshot, device: u32, start: &StartState) -> Walk<'a> {
+    /// Without a start state (one could not be inferred) the walk starts from
+    /// nothing, so its totals are relative to the trace's start.
+    pub fn new(snap: &'a MemorySnapshot, device: u32, start: Option<&StartState>) -> Walk<'a> {
+        let empty = StartState::default();
+        let start = start.unwrap_or(&empty);
         let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
         let config = snap.allocator_config().0;
         let mut final_blocks: FxHashMap<u64, (u64, StackId)> = FxHashMap::default();
@@ -93,12 +97,6 @@ impl<'a> Walk<'a> {
             totals.requested_bytes += b.requested_size;
         }
         Walk { trace, config, exact, live, totals, next: 0, unmatched_frees: 0 }
-    }
-
-    /// A walk for a device whose start state could not be inferred: from
-    /// nothing, so totals are relative to the trace's start.
-    pub fn from_empty(snap: &'a MemorySnapshot, device: u32) -> Walk<'a> {
-        Walk::new(snap, device, &StartState::default())
     }
 
     /// Block sizes the replay handed out, by entry, where they differ from
