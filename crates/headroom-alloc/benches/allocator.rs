@@ -14,8 +14,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use headroom_alloc::units::{GIB, MIB};
 use headroom_alloc::{AllocatorConfig, CachingAllocator, DeviceCachingAllocator, SimDevice};
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,7 +54,7 @@ enum Op {
 /// something is live; an allocation that would exceed the cap frees instead.
 fn rmm_workload(count: usize, max_mib: u64, seed: u64) -> Vec<Op> {
     const CAP: u64 = 16_000 * MIB;
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut live: Vec<u64> = Vec::new();
     let mut live_bytes = 0u64;
     let mut ops = Vec::with_capacity(2 * count);

@@ -21,6 +21,7 @@ use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
 use crate::history::{Action, History, TraceEntry};
+use crate::policy::{Policy, PyTorchPolicy, Rung};
 use crate::sizing;
 use crate::stats::{self, DeviceStats, PoolKind};
 use rustc_hash::FxHashMap;
@@ -70,8 +71,9 @@ pub(crate) enum Failure {
 }
 
 /// One device's caching allocator. See the module documentation.
-pub struct DeviceCachingAllocator<D: DeviceMemory> {
+pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     pub(crate) device: D,
+    pub(crate) policy: P,
     pub(crate) device_index: u32,
     pub(crate) device_total: u64,
     pub(crate) vmm_supported: bool,
@@ -101,11 +103,19 @@ pub struct DeviceCachingAllocator<D: DeviceMemory> {
 }
 
 impl<D: DeviceMemory> DeviceCachingAllocator<D> {
-    /// An allocator with `config` over `device`, as device number 0.
+    /// An allocator with `config` over `device`, as device number 0, making PyTorch's choices.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
+        Self::with_policy(device, config, PyTorchPolicy)
+    }
+}
+
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
+    /// An allocator with `config` over `device`, as device number 0, making `policy`'s choices.
+    pub fn with_policy(device: D, config: AllocatorConfig, policy: P) -> Self {
         let info = device.info();
         let mut a = DeviceCachingAllocator {
             device,
+            policy,
             device_index: 0,
             device_total: info.total_bytes,
             vmm_supported: info.vmm_granularity.is_some(),
@@ -261,7 +271,14 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     }
 
     /// Allocates `size` bytes for use on `stream`.
+    ///
+    /// A zero-byte request touches nothing and returns the null pointer, as
+    /// PyTorch's allocator does (it never reaches the device allocator with
+    /// size 0); freeing or recording a stream on the null pointer is a no-op.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        if size == 0 {
+            return Ok(Allocation { ptr: 0, size: 0 });
+        }
         if size >= ONE_EXABYTE {
             let rounded = size;
             return Err(AllocError::NeverFits(Box::new(self.oom_report(size, rounded, size, stream))));
@@ -275,18 +292,28 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if found.is_none() && self.trigger_free_memory_callbacks()? {
             found = self.get_free_block(kind, stream, rounded);
         }
-        if found.is_none() {
-            if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
-                self.garbage_collect_cached_blocks()?;
-            }
-            found = self.alloc_block(kind, stream, rounded, alloc_size, false)?;
-            if found.is_none() && self.release_available_cached_blocks(kind, stream, rounded)? {
-                found = self.alloc_block(kind, stream, rounded, alloc_size, false)?;
-            }
-            if found.is_none() {
-                self.release_cached_blocks()?;
-                found = self.alloc_block(kind, stream, rounded, alloc_size, true)?;
-            }
+        let mut rung = 0;
+        while found.is_none() {
+            let Some(&step) = self.policy.ladder().get(rung) else { break };
+            rung += 1;
+            found = match step {
+                Rung::CollectGarbage => {
+                    self.garbage_collect_cached_blocks()?;
+                    None
+                }
+                Rung::Allocate => self.alloc_block(kind, stream, rounded, alloc_size, false)?,
+                Rung::ReleaseOversizeThenAllocate => {
+                    if self.release_available_cached_blocks(kind, stream, rounded)? {
+                        self.alloc_block(kind, stream, rounded, alloc_size, false)?
+                    } else {
+                        None
+                    }
+                }
+                Rung::FlushThenAllocate => {
+                    self.release_cached_blocks()?;
+                    self.alloc_block(kind, stream, rounded, alloc_size, true)?
+                }
+            };
         }
         let Some(id) = found else {
             return Err(self.out_of_memory(size, rounded, alloc_size, stream));
@@ -359,7 +386,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// from the free set.
     fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let (max_split, rounding) = (self.config.max_split_size, self.config.max_non_split_rounding_size);
+        let (policy, config) = (&self.policy, &self.config);
         let arena = &self.arena;
         let pool = match kind {
             PoolKind::Small => &mut self.small,
@@ -368,7 +395,7 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         if gc_clock {
             pool.get_free_blocks_call_count += 1;
         }
-        let fits = |found_size| oversize_fits(max_split, rounding, size, found_size);
+        let fits = |found_size| policy.may_serve(config, size, found_size);
         // Common case in one search: the best fit is an ordinary block.
         let mut expandable_first = false;
         let fast = pool.blocks.take_first_at_least_if(stream, size, |found_size, id| {
@@ -390,10 +417,9 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// with the expandable-segment and oversize rules.
     fn pick_free_block(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
         let expandable_on = self.expandable_active();
-        let (max_split, rounding) = (self.config.max_split_size, self.config.max_non_split_rounding_size);
         let arena = &self.arena;
         let pool = self.pool(kind);
-        let fits = |found_size| oversize_fits(max_split, rounding, size, found_size);
+        let fits = |found_size| self.policy.may_serve(&self.config, size, found_size);
         let (mut found_size, mut found_ptr, mut id) = pool.blocks.first_at_least(stream, size)?;
         if arena[id].is_expandable() {
             if expandable_on {
@@ -542,6 +568,9 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// (`record_stream`), it becomes reusable only once their work recorded
     /// so far has finished.
     pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
         let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
         let b = &mut self.arena[id];
         debug_assert!(b.allocated);
@@ -566,6 +595,9 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
     /// that freeing it waits for that stream's work. The allocation's own
     /// stream is ignored.
     pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
         let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
         let b = &mut self.arena[id];
         if stream != b.stream {
@@ -729,14 +761,6 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
 
 /// The oversize rules: requests below `max_split_size` never take oversize
 /// blocks, oversize requests only blocks within the rounding tolerance.
-fn oversize_fits(max_split: u64, rounding: u64, size: u64, found_size: u64) -> bool {
-    if size < max_split {
-        found_size < max_split
-    } else {
-        found_size < size.saturating_add(rounding)
-    }
-}
-
 fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
     if net > 0 {
         stats::increase(a, kind, net as u64);
@@ -745,7 +769,7 @@ fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
     }
 }
 
-impl<D: DeviceMemory> std::fmt::Debug for DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> std::fmt::Debug for DeviceCachingAllocator<D, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceCachingAllocator")
             .field("device_index", &self.device_index)

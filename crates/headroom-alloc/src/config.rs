@@ -44,7 +44,7 @@ pub struct AllocatorConfig {
     /// Grow one segment per stream and pool by mapping pages, instead of
     /// allocating a segment per request.
     pub expandable_segments: bool,
-    /// Parsed and reported; the simulated allocator has no lock to release.
+    /// Parsed and reported; headroom holds its lock across device calls (see `CachingAllocator`).
     pub release_lock_on_cudamalloc: bool,
     /// Initial per-process memory fraction; 1.0 means no limit.
     pub per_process_memory_fraction: f64,

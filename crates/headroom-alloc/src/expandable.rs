@@ -21,10 +21,11 @@ use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
+use crate::policy::Policy;
 use crate::sizing;
 use crate::stats::{self, PoolKind};
 
-impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `try_allocate_expandable_block`: a free mapped block of at least
     /// `size` bytes, mapping pages as needed. `Ok(None)` when the device is
     /// out of memory.

@@ -5,9 +5,10 @@ use crate::caching::DeviceCachingAllocator;
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
+use crate::policy::{CachedSegment, Policy};
 use crate::stats::{self, PoolKind};
 
-impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `torch.cuda.empty_cache()`: waits for pending cross-stream frees, then
     /// returns every unsplit cached segment, and every fully free page of
     /// expandable segments, to the device.
@@ -15,13 +16,14 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         self.release_cached_blocks()
     }
 
-    /// `release_cached_blocks`: large pool first, then small; within a pool in
+    /// `release_cached_blocks`: the pools in the policy's flush order, each in
     /// free-set order (stream, size, address), which is the order recorded
     /// traces show.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
         self.synchronize_and_free_events()?;
-        self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)?;
+        for kind in self.policy.flush_order() {
+            self.release_blocks(kind)?;
+        }
         Ok(())
     }
 
@@ -113,45 +115,25 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
         }
     }
 
-    /// `garbage_collect_cached_blocks`: when reserved memory exceeds the GC
-    /// threshold of the limit, returns unsplit large-pool blocks whose age
-    /// (searches of the pool since they were freed) is at least the average,
-    /// pass after pass, until enough is reclaimed. No synchronization.
+    /// `garbage_collect_cached_blocks`: gives back the unsplit cached
+    /// large-pool segments the policy picks, when it sets a target. No
+    /// synchronization.
     pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
-        let Some(allowed) = self.allowed_memory_maximum else { return Ok(()) };
-        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
-        if self.total_allocated_memory <= gc_threshold {
+        let reserved = self.total_allocated_memory;
+        let Some(target) = self.policy.garbage_target(&self.config, reserved, self.allowed_memory_maximum) else {
             return Ok(());
-        }
-        let target = self.total_allocated_memory - gc_threshold;
+        };
         let clock = self.large.get_free_blocks_call_count;
-        let age = |b: &crate::block::Block| clock - b.gc_count_base;
-        let freeable = |b: &crate::block::Block| !b.is_split() && !b.is_expandable();
-        let mut total_age = 0u64;
-        let mut count = 0u64;
-        for id in self.large.blocks.ids() {
-            let b = &self.arena[id];
-            if freeable(b) {
-                total_age += age(b);
-                count += 1;
-            }
-        }
-        let mut reclaimed = 0;
-        let mut freed_any = true;
-        while reclaimed < target && freed_any && count > 0 {
-            let threshold = total_age as f64 / count as f64;
-            freed_any = false;
-            let ids: Vec<u32> = self.large.blocks.ids();
-            for id in ids {
-                let b = &self.arena[id];
-                if freeable(b) && age(b) as f64 >= threshold {
-                    freed_any = true;
-                    reclaimed += b.size;
-                    total_age -= age(b);
-                    count -= 1;
-                    self.release_block(id)?;
-                }
-            }
+        let (ids, candidates): (Vec<u32>, Vec<CachedSegment>) = self
+            .large
+            .blocks
+            .ids()
+            .into_iter()
+            .filter(|&id| !self.arena[id].is_split() && !self.arena[id].is_expandable())
+            .map(|id| (id, CachedSegment { size: self.arena[id].size, age: clock - self.arena[id].gc_count_base }))
+            .unzip();
+        for i in self.policy.pick_garbage(target, &candidates) {
+            self.release_block(ids[i])?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ use crate::block::{Block, NIL};
 use crate::caching::{DeviceCachingAllocator, SegmentRec};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
+use crate::policy::Policy;
 use crate::stats::{self, PoolKind};
 
 /// An allocated block of a segment being adopted.
@@ -24,7 +25,7 @@ pub struct LiveBlock {
     pub requested_size: u64,
 }
 
-impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Adopts the (non-expandable) segment `[address, address + size)`,
     /// which the device already holds, with `live` allocated and the gaps
     /// between them free and cached. `live` must be sorted by address, lie

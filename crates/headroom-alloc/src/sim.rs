@@ -2,10 +2,10 @@
 //!
 //! It has a capacity, hands out deterministic addresses (and can be told the
 //! address of the next segment, which replays of recorded runs need), maps
-//! and unmaps VMM pages at a granularity, records events on any number of
-//! streams and lets the caller decide when they complete, counts every call,
-//! and injects faults: fail the Nth allocation, or pretend another process
-//! holds some of the memory.
+//! and unmaps VMM pages at a granularity, and records events on any number of
+//! streams and lets the caller decide when they complete. Counting calls and
+//! injecting faults are adaptors over any device: [`crate::CountingDevice`],
+//! [`crate::FaultyDevice`].
 
 use crate::device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
 use crate::units::{GIB, MIB};
@@ -18,24 +18,6 @@ const MALLOC_BASE: u64 = 0x7f00_0000_0000;
 const RESERVE_BASE: u64 = 0x7e00_0000_0000;
 /// `cudaMalloc` returns 2 MiB-aligned addresses for large allocations.
 const MALLOC_ALIGN: u64 = 2 * MIB;
-
-/// How many calls of each kind a [`SimDevice`] has served.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeviceCalls {
-    pub malloc: u64,
-    pub free: u64,
-    pub reserve: u64,
-    pub release_reservation: u64,
-    pub map: u64,
-    pub unmap: u64,
-    pub pages_mapped: u64,
-    pub pages_unmapped: u64,
-    pub record_event: u64,
-    pub query_event: u64,
-    pub synchronize_event: u64,
-    /// Allocations refused for lack of memory or by fault injection.
-    pub failed_allocations: u64,
-}
 
 #[derive(Clone, Debug)]
 struct SimEvent {
@@ -57,16 +39,12 @@ pub struct SimDevice {
     granularity: Option<u64>,
     name: String,
     used: u64,
-    external: u64,
     next_malloc: u64,
     next_reserve: u64,
     forced: VecDeque<u64>,
     forced_reserve: VecDeque<u64>,
     segments: BTreeMap<u64, u64>,
     reservations: BTreeMap<u64, Reservation>,
-    fail_in: Option<u64>,
-    refuse: bool,
-    calls: DeviceCalls,
     events: FxHashMap<u64, SimEvent>,
     next_event: u64,
     auto_complete: bool,
@@ -81,16 +59,12 @@ impl SimDevice {
             granularity: Some(2 * MIB),
             name: format!("simulated GPU ({:.2} GiB)", total_bytes as f64 / GIB as f64),
             used: 0,
-            external: 0,
             next_malloc: MALLOC_BASE,
             next_reserve: RESERVE_BASE,
             forced: VecDeque::new(),
             forced_reserve: VecDeque::new(),
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
-            fail_in: None,
-            refuse: false,
-            calls: DeviceCalls::default(),
             events: FxHashMap::default(),
             next_event: 1,
             auto_complete: false,
@@ -132,18 +106,6 @@ impl SimDevice {
         self.forced_reserve.clear();
     }
 
-    /// Makes the `n`th allocation from now (1 = the next; `malloc` and `map`
-    /// both count) fail as out of memory.
-    pub fn fail_nth_allocation(&mut self, n: u64) {
-        self.fail_in = Some(n.max(1));
-    }
-
-    /// Makes every allocation fail as out of memory (`malloc` and `map`)
-    /// until called with `false`: a recorded run's device said no.
-    pub fn refuse_allocations(&mut self, yes: bool) {
-        self.refuse = yes;
-    }
-
     /// Takes `[ptr, ptr + size)` as a segment already allocated (by a run
     /// before this one), as if `malloc` had returned it. Later addresses
     /// the device picks itself are above it.
@@ -152,7 +114,7 @@ impl SimDevice {
         if self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > ptr) {
             return Err(DeviceError::Invalid(format!("adopted segment {ptr:#x}+{size} overlaps a live segment")));
         }
-        if self.used.saturating_add(self.external).saturating_add(size) > self.total {
+        if self.used.saturating_add(size) > self.total {
             return Err(self.oom(size));
         }
         self.used += size;
@@ -161,11 +123,6 @@ impl SimDevice {
             self.next_malloc = end.div_ceil(MALLOC_ALIGN).saturating_mul(MALLOC_ALIGN);
         }
         Ok(())
-    }
-
-    /// Pretends another process holds `bytes` of this device's memory.
-    pub fn set_external_usage(&mut self, bytes: u64) {
-        self.external = bytes;
     }
 
     /// Completes every pending event.
@@ -187,35 +144,16 @@ impl SimDevice {
         self.events.len()
     }
 
-    /// Call counts so far.
-    pub fn calls(&self) -> DeviceCalls {
-        self.calls
-    }
-
     /// Bytes of physical memory this device has handed out (segments and mapped pages).
     pub fn used_bytes(&self) -> u64 {
         self.used
     }
 
     fn take_allocation(&mut self, size: u64) -> Result<(), DeviceError> {
-        if self.refuse {
-            self.calls.failed_allocations += 1;
-            return Err(self.oom(size));
-        }
-        if let Some(n) = self.fail_in.as_mut() {
-            *n -= 1;
-            if *n == 0 {
-                self.fail_in = None;
-                self.calls.failed_allocations += 1;
-                return Err(self.oom(size));
-            }
-        }
         if size > self.total {
-            self.calls.failed_allocations += 1;
             return Err(DeviceError::NeverFits { requested: size, total: self.total });
         }
-        if self.used.saturating_add(self.external).saturating_add(size) > self.total {
-            self.calls.failed_allocations += 1;
+        if self.used.saturating_add(size) > self.total {
             return Err(self.oom(size));
         }
         self.used += size;
@@ -256,11 +194,10 @@ impl DeviceMemory for SimDevice {
     }
 
     fn mem_get_info(&self) -> MemInfo {
-        MemInfo { free: self.total.saturating_sub(self.used.saturating_add(self.external)), total: self.total }
+        MemInfo { free: self.total.saturating_sub(self.used), total: self.total }
     }
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        self.calls.malloc += 1;
         if size == 0 {
             return Err(DeviceError::Invalid("malloc of 0 bytes".into()));
         }
@@ -291,7 +228,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
-        self.calls.free += 1;
         match self.segments.get(&ptr) {
             Some(&s) if s == size => {
                 self.segments.remove(&ptr);
@@ -304,7 +240,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
-        self.calls.reserve += 1;
         let g = self.granularity.ok_or(DeviceError::Unsupported("virtual memory management"))?;
         if size == 0 || !size.is_multiple_of(g) {
             return Err(DeviceError::Invalid(format!("reservation of {size} bytes is not a multiple of {g}")));
@@ -327,7 +262,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn release_reservation(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
-        self.calls.release_reservation += 1;
         match self.reservations.get(&va) {
             Some(r) if r.size == size && r.pages.is_empty() => {
                 self.reservations.remove(&va);
@@ -341,7 +275,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn map(&mut self, va: u64, size: u64, page: u64) -> Result<(), DeviceError> {
-        self.calls.map += 1;
         let g = self.granularity.ok_or(DeviceError::Unsupported("virtual memory management"))?;
         if !page.is_multiple_of(g) || !va.is_multiple_of(g) || !size.is_multiple_of(page) || size == 0 {
             return Err(DeviceError::Invalid(format!("map of {va:#x}+{size} in pages of {page}")));
@@ -357,12 +290,10 @@ impl DeviceMemory for SimDevice {
             r.pages.insert(p, page);
             p += page;
         }
-        self.calls.pages_mapped += size / page;
         Ok(())
     }
 
     fn unmap(&mut self, va: u64, size: u64, page: u64, _stream: StreamId) -> Result<(), DeviceError> {
-        self.calls.unmap += 1;
         let r = self.reservation_of(va, size)?;
         let pages: Vec<u64> = r.pages.range(va..va + size).map(|(&p, _)| p).collect();
         if pages.len() as u64 * page != size {
@@ -372,12 +303,10 @@ impl DeviceMemory for SimDevice {
             r.pages.remove(&p);
         }
         self.used -= size;
-        self.calls.pages_unmapped += size / page;
         Ok(())
     }
 
     fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
-        self.calls.record_event += 1;
         let id = self.next_event;
         self.next_event += 1;
         self.events.insert(id, SimEvent { stream, complete: self.auto_complete });
@@ -385,7 +314,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn query_event(&mut self, event: EventId) -> Result<bool, DeviceError> {
-        self.calls.query_event += 1;
         self.events
             .get(&event.0)
             .map(|e| e.complete)
@@ -393,7 +321,6 @@ impl DeviceMemory for SimDevice {
     }
 
     fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
-        self.calls.synchronize_event += 1;
         let e = self
             .events
             .get_mut(&event.0)
@@ -425,19 +352,13 @@ mod tests {
     }
 
     #[test]
-    fn capacity_external_usage_and_fault_injection() {
+    fn capacity() {
         let mut d = SimDevice::new(100 * MIB);
         assert!(matches!(d.malloc(101 * MIB), Err(DeviceError::NeverFits { .. })));
-        d.set_external_usage(90 * MIB);
-        assert!(matches!(d.malloc(20 * MIB), Err(DeviceError::OutOfMemory { free, .. }) if free == 10 * MIB));
-        d.set_external_usage(0);
-        d.fail_nth_allocation(2);
-        let p = d.malloc(20 * MIB).unwrap();
-        assert!(d.malloc(20 * MIB).is_err());
-        d.malloc(20 * MIB).unwrap();
-        d.free(p, 20 * MIB).unwrap();
-        assert_eq!(d.used_bytes(), 20 * MIB);
-        assert_eq!(d.calls().failed_allocations, 3);
+        let p = d.malloc(60 * MIB).unwrap();
+        assert!(matches!(d.malloc(60 * MIB), Err(DeviceError::OutOfMemory { free, .. }) if free == 40 * MIB));
+        d.free(p, 60 * MIB).unwrap();
+        assert_eq!(d.used_bytes(), 0);
     }
 
     #[test]

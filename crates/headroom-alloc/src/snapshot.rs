@@ -7,6 +7,7 @@ use crate::caching::DeviceCachingAllocator;
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceMemory, StreamId};
 use crate::history::{Action, TraceEntry};
+use crate::policy::Policy;
 use crate::stats::PoolKind;
 
 /// A block's state, by PyTorch's strings.
@@ -66,7 +67,7 @@ pub struct Snapshot {
     pub allocator_settings: AllocatorConfig,
 }
 
-impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `torch.cuda.memory._snapshot()`. Records a `snapshot` trace entry when
     /// history is on, as PyTorch does.
     pub fn snapshot(&mut self) -> Snapshot {

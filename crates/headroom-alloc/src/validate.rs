@@ -15,6 +15,7 @@
 use crate::block::NIL;
 use crate::caching::DeviceCachingAllocator;
 use crate::device::DeviceMemory;
+use crate::policy::Policy;
 use crate::stats::{PoolKind, StatArray};
 use std::collections::HashMap;
 
@@ -46,7 +47,7 @@ struct Recount {
     inactive_split_bytes: i64,
 }
 
-impl<D: DeviceMemory> DeviceCachingAllocator<D> {
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Checks every invariant; see the module documentation. Oversize counts
     /// are checked against the `max_split_size` in force, so they can differ
     /// after the setting is changed at run time, as PyTorch's do.

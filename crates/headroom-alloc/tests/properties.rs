@@ -1,10 +1,17 @@
 //! Property tests: random sequences of allocator operations, under several
 //! configurations, keep every invariant after every step (see `validate`),
-//! and the device agrees with the statistics.
+//! the device agrees with the statistics, and the allocator fails a request
+//! only when it must: a request the device and the limit have room for
+//! succeeds, and an out-of-memory leaves nothing cached that a flush could
+//! have given back. Two deliberately broken policies show the suite catches
+//! an allocator that gives up too early or always.
 
+use headroom_alloc::policy::{CachedSegment, Policy, PyTorchPolicy, Rung};
+use headroom_alloc::sizing;
 use headroom_alloc::units::MIB;
-use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, SimDevice};
+use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, PoolKind, SimDevice};
 use proptest::prelude::*;
+use proptest::test_runner::{TestError, TestRunner};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -46,21 +53,82 @@ const CONFIGS: [&str; 6] = [
 
 const CAPACITY: u64 = 600 * MIB;
 
+/// The most a request can take from the device: its new segment, or the
+/// pages an expandable segment maps for it.
+fn worst_need(cfg: &AllocatorConfig, size: u64) -> u64 {
+    let rounded = sizing::round_size(cfg, size);
+    let segment = sizing::allocation_size(cfg, rounded);
+    if cfg.expandable_segments {
+        let page = sizing::expandable_page_size(cfg, sizing::pool_for(rounded));
+        segment.max(rounded.div_ceil(page) * page)
+    } else {
+        segment
+    }
+}
+
+/// An out-of-memory must be forced: nothing cached whole that a flush could
+/// return, and the request's worst need beyond what the device or the limit leaves.
+fn check_oom<P: Policy>(
+    a: &mut DeviceCachingAllocator<SimDevice, P>,
+    cfg: &AllocatorConfig,
+    size: u64,
+    err: &AllocError,
+) -> Result<(), String> {
+    let r = err.oom_report().ok_or_else(|| format!("not an out-of-memory: {err}"))?;
+    if let AllocError::NeverFits(_) = err {
+        return if r.alloc_size > CAPACITY || size >= 1 << 60 {
+            Ok(())
+        } else {
+            Err(format!("NeverFits for {size} B on a device of {CAPACITY}"))
+        };
+    }
+    let idle: Vec<_> = a.snapshot().segments.into_iter().filter(|s| !s.is_expandable && s.active_size == 0).collect();
+    if let Some(s) = idle.first() {
+        return Err(format!(
+            "out of memory for {size} B with a whole segment of {} cached at {:#x}",
+            s.total_size, s.address
+        ));
+    }
+    let need = worst_need(cfg, size);
+    let over_limit = r.allowed.is_some_and(|l| r.reserved + need > l);
+    if need <= r.device_free && !over_limit {
+        return Err(format!("out of memory for {size} B (needs at most {need}) with {} free", r.device_free));
+    }
+    Ok(())
+}
+
 fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
+    run_with(conf, ops, PyTorchPolicy)
+}
+
+fn run_with<P: Policy>(conf: &str, ops: &[Op], policy: P) -> Result<(), TestCaseError> {
     let cfg = AllocatorConfig::parse(conf).unwrap();
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(CAPACITY), cfg);
+    let mut a = DeviceCachingAllocator::with_policy(SimDevice::new(CAPACITY), cfg.clone(), policy);
     a.record_history(Some(1 << 20));
     let mut live: Vec<u64> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
         match *op {
-            Op::Alloc { size, stream } => match a.malloc(size, stream) {
-                Ok(b) => {
-                    prop_assert!(b.size >= size);
-                    live.push(b.ptr);
+            Op::Alloc { size, stream } => {
+                let free_before = a.device().mem_get_info().free;
+                let room = a.memory_limit().map_or(u64::MAX, |l| l.saturating_sub(a.reserved_bytes()));
+                match a.malloc(size, stream) {
+                    Ok(b) => {
+                        prop_assert!(b.size >= size);
+                        live.push(b.ptr);
+                    }
+                    Err(e @ (AllocError::OutOfMemory(_) | AllocError::OverLimit(_) | AllocError::NeverFits(_))) => {
+                        let need = worst_need(&cfg, size);
+                        if need <= free_before && need <= room {
+                            return Err(TestCaseError::fail(format!(
+                                "step {step}: {size} B refused with {free_before} free and {room} under the limit"
+                            )));
+                        }
+                        check_oom(&mut a, &cfg, size, &e)
+                            .map_err(|m| TestCaseError::fail(format!("step {step}: {m}")))?;
+                    }
+                    Err(e) => return Err(TestCaseError::fail(format!("step {step}: {e}"))),
                 }
-                Err(AllocError::OutOfMemory(_) | AllocError::OverLimit(_) | AllocError::NeverFits(_)) => {}
-                Err(e) => return Err(TestCaseError::fail(format!("step {step}: {e}"))),
-            },
+            }
             Op::Free { pick } if !live.is_empty() => {
                 let ptr = live.swap_remove(pick % live.len());
                 a.free(ptr).map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
@@ -111,6 +179,59 @@ proptest! {
     fn invariants_hold_after_every_step(conf in 0..CONFIGS.len(), ops in proptest::collection::vec(op(), 1..160)) {
         run(CONFIGS[conf], &ops)?;
     }
+}
+
+/// A policy that gives up as soon as the device says no, without flushing the cache.
+struct GivesUpEarly;
+
+/// A policy that never asks the device: every request the cache cannot serve fails.
+struct NeverAllocates;
+
+/// PyTorch's choices, except for the ladder.
+macro_rules! pytorch_but_ladder {
+    ($t:ty, $ladder:expr) => {
+        impl Policy for $t {
+            fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool {
+                PyTorchPolicy.may_serve(config, rounded, block_size)
+            }
+            fn ladder(&self) -> &[Rung] {
+                &$ladder
+            }
+            fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64> {
+                PyTorchPolicy.garbage_target(config, reserved, limit)
+            }
+            fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize> {
+                PyTorchPolicy.pick_garbage(target, candidates)
+            }
+            fn flush_order(&self) -> [PoolKind; 2] {
+                PyTorchPolicy.flush_order()
+            }
+        }
+    };
+}
+pytorch_but_ladder!(GivesUpEarly, [Rung::Allocate]);
+pytorch_but_ladder!(NeverAllocates, []);
+
+/// The suite, run on random workloads against a broken policy, must find a failing case.
+fn suite_catches(name: &str, check: impl Fn(&str, &[Op]) -> Result<(), TestCaseError>) {
+    let mut runner =
+        TestRunner::new(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() });
+    let result = runner
+        .run(&(0..CONFIGS.len(), proptest::collection::vec(op(), 1..160)), |(conf, ops)| check(CONFIGS[conf], &ops));
+    match result {
+        Err(TestError::Fail(why, _)) => eprintln!("negative control {name}: caught ({why})"),
+        other => panic!("the property suite did not catch {name}: {other:?}"),
+    }
+}
+
+#[test]
+fn negative_control_an_allocator_that_gives_up_without_flushing_is_caught() {
+    suite_catches("GivesUpEarly", |conf, ops| run_with(conf, ops, GivesUpEarly));
+}
+
+#[test]
+fn negative_control_an_allocator_that_never_allocates_is_caught() {
+    suite_catches("NeverAllocates", |conf, ops| run_with(conf, ops, NeverAllocates));
 }
 
 /// Replaying the same operations twice gives the same addresses and stats:

@@ -3,14 +3,17 @@
 
 use headroom_alloc::units::{GIB, MIB};
 use headroom_alloc::{
-    Action, AllocError, AllocatorConfig, BlockState, DeviceCachingAllocator, DeviceMemory, FreeMemoryCallback,
-    SimDevice,
+    Action, AllocError, AllocatorConfig, BlockState, CountingDevice, DeviceCachingAllocator, DeviceMemory,
+    FaultyDevice, FreeMemoryCallback, SimDevice,
 };
 
-type Alloc = DeviceCachingAllocator<SimDevice>;
+/// The simulated GPU, with its calls counted and faults injectable.
+type Device = CountingDevice<FaultyDevice<SimDevice>>;
+type Alloc = DeviceCachingAllocator<Device>;
 
 fn allocator(conf: &str, capacity: u64) -> Alloc {
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(capacity), AllocatorConfig::parse(conf).unwrap());
+    let device = CountingDevice::new(FaultyDevice::new(SimDevice::new(capacity)));
+    let mut a = DeviceCachingAllocator::new(device, AllocatorConfig::parse(conf).unwrap());
     a.record_history(Some(100_000));
     a
 }
@@ -121,11 +124,11 @@ fn record_stream_defers_reuse_until_the_other_streams_work_is_done() {
     let c = a.malloc(4 * MIB, 0).unwrap();
     assert_ne!(c.ptr, b.ptr);
     a.free(c.ptr).unwrap();
-    a.device_mut().complete_events_on(1);
+    a.device_mut().inner_mut().inner_mut().complete_events_on(1);
     // The next malloc completes the free first, then reuses the lowest address.
     let d = a.malloc(4 * MIB, 0).unwrap();
     assert_eq!(d.ptr, b.ptr);
-    assert_eq!(a.device().live_events(), 0);
+    assert_eq!(a.device().inner().inner().live_events(), 0);
     a.validate().unwrap();
 }
 
@@ -300,7 +303,7 @@ fn expandable_segments_map_pages_and_unmap_whole_free_pages() {
     a.empty_cache().unwrap();
     assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
     assert_eq!(stat(&a, "num_device_free"), 1);
-    assert_eq!(a.device().used_bytes(), 0);
+    assert_eq!(a.device().inner().inner().used_bytes(), 0);
     assert_eq!(a.device().calls().release_reservation, 1, "the empty reservation is released");
     a.validate().unwrap();
 }
@@ -359,11 +362,11 @@ fn bad_pointers_are_errors_not_panics() {
 #[test]
 fn device_faults_surface_through_the_ladder() {
     let mut a = allocator("", GIB);
-    a.device_mut().fail_nth_allocation(1);
+    a.device_mut().inner_mut().fail_nth_allocation(1);
     // The first device malloc fails; nothing is cached, the retry succeeds.
     a.malloc(30 * MIB, 0).unwrap();
     assert_eq!(stat(&a, "num_alloc_retries"), 1);
-    a.device_mut().set_external_usage(GIB - 30 * MIB);
+    a.device_mut().inner_mut().set_external_usage(GIB - 30 * MIB);
     assert!(matches!(a.malloc(30 * MIB, 0), Err(AllocError::OutOfMemory(_))));
     a.validate().unwrap();
 }
@@ -389,8 +392,22 @@ fn stats_and_device_agree() {
     for x in xs.iter().step_by(2) {
         a.free(x.ptr).unwrap();
     }
-    assert_eq!(a.reserved_bytes(), a.device().used_bytes());
+    assert_eq!(a.reserved_bytes(), a.device().inner().inner().used_bytes());
     assert_eq!(stat(&a, "num_device_alloc") as u64, a.device().calls().malloc);
     assert_eq!(a.device().mem_get_info().free, GIB - a.reserved_bytes());
+    a.validate().unwrap();
+}
+
+#[test]
+fn a_zero_byte_request_touches_nothing_and_returns_null() {
+    let mut a = allocator("", GIB);
+    let z = a.malloc(0, 0).unwrap();
+    assert_eq!((z.ptr, z.size), (0, 0));
+    assert_eq!(stat(&a, "segment.all.current"), 0);
+    assert_eq!(stat(&a, "allocation.all.allocated"), 0);
+    assert_eq!(a.device().calls().malloc, 0);
+    assert!(actions(&mut a).is_empty(), "nothing in the history");
+    a.record_stream(0, 1).unwrap();
+    a.free(0).unwrap();
     a.validate().unwrap();
 }

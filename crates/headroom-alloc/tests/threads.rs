@@ -6,13 +6,13 @@
 
 use headroom_alloc::units::MIB;
 use headroom_alloc::{AllocError, AllocatorConfig, CachingAllocator, SimDevice};
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 const CAPACITY: u64 = 512 * MIB;
 
 fn worker(a: &CachingAllocator<SimDevice>, seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut live: Vec<u64> = Vec::new();
     for i in 0..1500 {
         let stream = rng.random_range(0..4u64);

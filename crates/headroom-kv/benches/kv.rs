@@ -10,8 +10,8 @@ use headroom_kv::dist::LengthDist;
 use headroom_kv::hash::{hash_block, hash_blocks, none_hash, BlockHash};
 use headroom_kv::sim::{PagedScheduler, Request, SimConfig};
 use headroom_kv::{BlockPool, FreeOrder, KvCacheManager, KvConfig, KvRequest};
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
 use std::hint::black_box;
 
@@ -63,7 +63,7 @@ fn alloc_free(c: &mut Criterion) {
 
 fn hashing(c: &mut Criterion) {
     let mut g = c.benchmark_group("block_hash");
-    let mut rng = StdRng::seed_from_u64(1234);
+    let mut rng = ChaCha8Rng::seed_from_u64(1234);
     let tokens: Vec<u32> = (0..BS).map(|_| rng.random_range(0..128_000)).collect();
     let parent = none_hash();
     g.throughput(Throughput::Elements(1));
@@ -72,7 +72,7 @@ fn hashing(c: &mut Criterion) {
 }
 
 /// 400 cached prompts of 128 blocks; queries share a random-length prefix of one of them.
-fn cached_pool(rng: &mut StdRng) -> (KvCacheManager, Vec<Vec<u32>>) {
+fn cached_pool(rng: &mut ChaCha8Rng) -> (KvCacheManager, Vec<Vec<u32>>) {
     let mut kv = KvCacheManager::new(KvConfig {
         num_blocks: POOL,
         block_size: BS,
@@ -92,7 +92,7 @@ fn cached_pool(rng: &mut StdRng) -> (KvCacheManager, Vec<Vec<u32>>) {
     (kv, prompts)
 }
 
-fn query(rng: &mut StdRng, prompts: &[Vec<u32>]) -> Vec<u32> {
+fn query(rng: &mut ChaCha8Rng, prompts: &[Vec<u32>]) -> Vec<u32> {
     let base = &prompts[rng.random_range(0..prompts.len())];
     let shared = rng.random_range(0..=128usize) * BS;
     let mut q = base[..shared].to_vec();
@@ -102,7 +102,7 @@ fn query(rng: &mut StdRng, prompts: &[Vec<u32>]) -> Vec<u32> {
 
 fn prefix_cache(c: &mut Criterion) {
     let mut g = c.benchmark_group("prefix_cache");
-    let mut rng = StdRng::seed_from_u64(1234);
+    let mut rng = ChaCha8Rng::seed_from_u64(1234);
     let (kv, prompts) = cached_pool(&mut rng);
     let queries: Vec<Vec<BlockHash>> = (0..2000).map(|_| hash_blocks(&query(&mut rng, &prompts), BS, b"")).collect();
     let lookups: u64 = queries
@@ -132,7 +132,7 @@ fn prefix_cache(c: &mut Criterion) {
     // included), each sample starting from the 400 cached prompts, as vLLM's was measured.
     let mut g = c.benchmark_group("request_cycle");
     g.throughput(Throughput::Elements(1));
-    let (_, prompts) = cached_pool(&mut StdRng::seed_from_u64(1234));
+    let (_, prompts) = cached_pool(&mut ChaCha8Rng::seed_from_u64(1234));
     let requests: Vec<KvRequest> =
         (0..16_000u64).map(|i| KvRequest::new(1_000_000 + i, query(&mut rng, &prompts), BS, b"")).collect();
     g.bench_function("128_blocks", |b| {
@@ -143,7 +143,7 @@ fn prefix_cache(c: &mut Criterion) {
             let mut total = std::time::Duration::ZERO;
             let mut hits = 0usize;
             for _ in 0..passes {
-                let (mut kv, _) = cached_pool(&mut StdRng::seed_from_u64(1234));
+                let (mut kv, _) = cached_pool(&mut ChaCha8Rng::seed_from_u64(1234));
                 let start = std::time::Instant::now();
                 for r in &requests {
                     let (h, hit_tokens) = kv.get_computed_blocks(r);
@@ -158,7 +158,7 @@ fn prefix_cache(c: &mut Criterion) {
         })
     });
     // The pass's hit fraction, for the record.
-    let (mut kv, _) = cached_pool(&mut StdRng::seed_from_u64(1234));
+    let (mut kv, _) = cached_pool(&mut ChaCha8Rng::seed_from_u64(1234));
     let hits: usize = requests
         .iter()
         .map(|r| {
@@ -195,7 +195,7 @@ fn scheduler_step(c: &mut Criterion) {
         num_gpu_blocks: Some(POOL),
         seed: 1,
     };
-    let mut rng = StdRng::seed_from_u64(2);
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
     let requests = (0..256).map(|_| Request {
         prompt: (0..512).map(|_| rng.random_range(0..128_000)).collect(),
         prompt_len: 512,

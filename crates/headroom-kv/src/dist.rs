@@ -115,12 +115,12 @@ impl fmt::Display for LengthDist {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::StdRng;
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     #[test]
     fn parses_and_samples_with_the_right_mean() {
-        let mut rng = StdRng::seed_from_u64(1);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
         assert_eq!(LengthDist::parse("128", Role::Prompt).unwrap(), LengthDist::Fixed(128));
         assert_eq!(LengthDist::parse("uniform:10-20", Role::Prompt).unwrap(), LengthDist::Uniform(10, 20));
         let d = LengthDist::parse("sharegpt", Role::Output).unwrap();

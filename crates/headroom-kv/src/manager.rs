@@ -104,6 +104,8 @@ pub struct KvCacheManager {
     watermark_blocks: usize,
     requests: FxHashMap<u64, RequestBlocks>,
     stats: PrefixCacheStats,
+    #[cfg(feature = "negative-control")]
+    leak_on_free: bool,
 }
 
 impl KvCacheManager {
@@ -117,6 +119,8 @@ impl KvCacheManager {
             watermark_blocks,
             requests: FxHashMap::default(),
             stats: PrefixCacheStats::default(),
+            #[cfg(feature = "negative-control")]
+            leak_on_free: false,
         }
     }
 
@@ -213,8 +217,24 @@ impl KvCacheManager {
     /// the one holding the longest prefix (the least likely to be reused) is evicted first.
     pub fn free(&mut self, request_id: u64) {
         if let Some(state) = self.requests.remove(&request_id) {
+            #[cfg(feature = "negative-control")]
+            let state = {
+                let mut state = state;
+                if self.leak_on_free {
+                    state.blocks.pop();
+                }
+                state
+            };
             self.pool.free_blocks(state.blocks.iter().rev().copied());
         }
+    }
+
+    /// The negative control of the property suite: from now on `free` keeps
+    /// the request's last block referenced (a leak). Tests only.
+    #[cfg(feature = "negative-control")]
+    #[doc(hidden)]
+    pub fn break_free_for_negative_control(&mut self) {
+        self.leak_on_free = true;
     }
 
     /// Blocks in use by running requests, and the token slots they hold.

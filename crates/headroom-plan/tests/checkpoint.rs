@@ -360,3 +360,15 @@ proptest! {
         }
     }
 }
+
+/// Rotor's benchmark instance (research notes, anchor-measurements §3): forward 1,
+/// backward 2, activations of 5 slots, saved data of 10, a budget of 500 slots. Rotor's C
+/// solver finds makespans 152, 353 and 754 for 50, 100 and 200 stages; so must headroom
+/// (docs/PERFORMANCE.md and docs/VALIDATION.md quote these).
+#[test]
+fn rotor_benchmark_makespans() {
+    for (stages, makespan) in [(50usize, 152.0), (100, 353.0), (200, 754.0)] {
+        let plan = solve(&Chain::homogeneous(stages, 1.0, 2.0, 5, 10), 500, 500).unwrap();
+        assert_eq!(plan.outcome.time, makespan, "{stages} stages");
+    }
+}

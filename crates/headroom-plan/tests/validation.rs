@@ -2,8 +2,8 @@
 //! (research/estimation.md §1–§5, §8), each with a tolerance stated per
 //! metric before the comparison:
 //!
-//! - closed-form model-state and per-layer activation figures: 1% (the
-//!   sources round to three figures);
+//! - closed-form figures (model states, per-layer activations, weights
+//!   loaded): 1%, or the published figure's rounding where it is coarser;
 //! - estimator outputs that count the same terms: 15% (their units and
 //!   rounding of a "largest layer" differ);
 //! - component sizes a paper reports without saying what they include: 15%;
@@ -15,7 +15,8 @@
 //!   GEMM; the published runs range from 41% to 58% of peak).
 //!
 //! Rows whose sources leave out an input the plan needs, or count a
-//! different thing, are listed as indicative, with the reason.
+//! different thing, are listed as indicative, with the reason. Rows that
+//! miss are counted and shown as failures; `KNOWN_FAILURES` names them.
 //!
 //! The table in docs/VALIDATION.md is this test's output; regenerate it with
 //! `HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation`.
@@ -32,16 +33,70 @@ use std::path::PathBuf;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-enum Check {
-    /// |predicted / published − 1| ≤ tolerance.
-    Relative(f64),
-    /// Published "fits" or "OOM" (true = fits).
-    Fits(bool),
-    /// Not held to a tolerance, with the reason.
-    Indicative(&'static str),
-    /// Held to a tolerance it misses, for a stated limitation of the plan.
-    KnownGap(f64, &'static str),
+/// The classes of row, each with its tolerance, declared before any comparison.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A closed-form figure (model states, one layer's activations, weights loaded): 1%, or
+    /// the rounding of the figure as published where that is coarser ("1.9 GB" is 1.85–1.95).
+    ClosedForm,
+    /// An estimator's output that counts the same terms: 15%.
+    Estimator,
+    /// A component size a paper reports without saying what it includes: 15%.
+    Component,
+    /// The largest context that fits, as published: the plan's peak there within 15% of the card.
+    Boundary,
+    /// Step time and MFU: 25% (one GEMM efficiency for every layer width).
+    Time,
 }
+
+impl Class {
+    fn tolerance(self, published: &str) -> f64 {
+        match self {
+            Class::ClosedForm => {
+                let decimals = published.split_once('.').map_or(0, |(_, d)| d.len()) as i32;
+                let value: f64 = published.parse().expect("a published figure is a number");
+                (0.5 * 10f64.powi(-decimals) / value).max(0.01)
+            }
+            Class::Estimator | Class::Component | Class::Boundary => 0.15,
+            Class::Time => 0.25,
+        }
+    }
+}
+
+enum Check {
+    /// |predicted / published − 1| within the class's tolerance.
+    Within(Class),
+    /// Published "fits" or "OOM" (true = fits): the plan must agree.
+    Fits(bool),
+    /// Not held to a tolerance: the source counts a different thing, said how.
+    Indicative(&'static str),
+}
+
+/// Rows whose published figures the plan's coefficients were set against (the loss's logits
+/// copies against Unsloth's boundaries, TP overlap against Megatron-Core's MFU); the others
+/// were not looked at while choosing any coefficient.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Tuning,
+    Check,
+}
+
+/// The rows that miss their class's tolerance today, by setup, and why. The test fails if any
+/// other row misses, or if one of these comes within its tolerance (then remove it here).
+const KNOWN_FAILURES: &[(&str, &str)] = &[
+    (
+        "530B, TP 8 × PP 35 (interleaved, 3), full checkpointing",
+        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+    ),
+    (
+        "1T, TP 8 × PP 64, SP + selective checkpointing",
+        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+    ),
+    (
+        "1T, TP 8 × PP 64, full checkpointing",
+        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+    ),
+];
 
 struct Row {
     source: &'static str,
@@ -49,33 +104,52 @@ struct Row {
     metric: &'static str,
     published: String,
     predicted: String,
+    /// The published figure as the source writes it (its digits set a closed form's tolerance).
+    published_text: String,
     error: Option<f64>,
     check: Check,
+    used: Use,
 }
 
 impl Row {
-    fn passes(&self) -> bool {
+    fn tolerance(&self) -> Option<f64> {
         match self.check {
-            Check::Relative(tol) => self.error.is_some_and(|e| e.abs() <= tol),
-            Check::Fits(want) => self.predicted == if want { "fits" } else { "OOM" },
-            Check::Indicative(_) | Check::KnownGap(..) => true,
+            Check::Within(class) => Some(class.tolerance(&self.published_text)),
+            _ => None,
+        }
+    }
+
+    /// `None` for indicative rows.
+    fn passes(&self) -> Option<bool> {
+        match self.check {
+            Check::Within(_) => Some(self.error.zip(self.tolerance()).is_some_and(|(e, t)| e.abs() <= t)),
+            Check::Fits(want) => Some(self.predicted == if want { "fits" } else { "OOM" }),
+            Check::Indicative(_) => None,
         }
     }
 
     fn markdown(&self) -> String {
-        let (tol, verdict) = match self.check {
-            Check::Relative(t) => (format!("±{:.0}%", t * 100.0), if self.passes() { "pass" } else { "FAIL" }),
-            Check::Fits(_) => ("agree".to_string(), if self.passes() { "pass" } else { "FAIL" }),
-            Check::Indicative(why) => (format!("indicative: {why}"), "–"),
-            Check::KnownGap(t, why) => {
-                let within = self.error.is_some_and(|e| e.abs() <= t);
-                (format!("±{:.0}%", t * 100.0), if within { "pass" } else { why })
-            }
+        let tol = match self.check {
+            Check::Within(_) => format!("±{:.1}%", self.tolerance().unwrap_or(0.0) * 100.0),
+            Check::Fits(_) => "agree".to_string(),
+            Check::Indicative(why) => format!("indicative: {why}"),
+        };
+        let verdict = match self.passes() {
+            Some(true) => "pass".to_string(),
+            Some(false) => match KNOWN_FAILURES.iter().find(|(setup, _)| *setup == self.setup) {
+                Some((_, why)) => format!("**FAIL**: {why}"),
+                None => "**FAIL**".to_string(),
+            },
+            None => "–".to_string(),
+        };
+        let used = match self.used {
+            Use::Tuning => "tuning",
+            Use::Check => "check",
         };
         let err = self.error.map_or("–".to_string(), |e| format!("{:+.1}%", e * 100.0));
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            self.source, self.setup, self.metric, self.published, self.predicted, err, tol, verdict
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            self.source, self.setup, self.metric, used, self.published, self.predicted, err, tol, verdict
         )
     }
 }
@@ -84,21 +158,30 @@ fn number(
     source: &'static str,
     setup: impl Into<String>,
     metric: &'static str,
-    published: f64,
+    published: &str,
     predicted: f64,
     unit: &str,
     check: Check,
 ) -> Row {
-    let digits = if published < 10.0 { 2 } else { 1 };
+    let value: f64 = published.parse().expect("a published figure is a number");
+    let digits = if value < 10.0 { 2 } else { 1 };
     Row {
         source,
         setup: setup.into(),
         metric,
-        published: format!("{published:.digits$} {unit}"),
+        published: format!("{published} {unit}"),
         predicted: format!("{predicted:.digits$} {unit}"),
-        error: Some(predicted / published - 1.0),
+        published_text: published.to_string(),
+        error: Some(predicted / value - 1.0),
         check,
+        used: Use::Check,
     }
+}
+
+/// Marks a row as one the coefficients were set against.
+fn tuning(mut row: Row) -> Row {
+    row.used = Use::Tuning;
+    row
 }
 
 fn fits(source: &'static str, setup: impl Into<String>, published_fits: bool, e_fits: bool) -> Row {
@@ -108,8 +191,10 @@ fn fits(source: &'static str, setup: impl Into<String>, published_fits: bool, e_
         metric: "fits on the GPU",
         published: if published_fits { "fits" } else { "OOM" }.into(),
         predicted: if e_fits { "fits" } else { "OOM" }.into(),
+        published_text: String::new(),
         error: None,
         check: Check::Fits(published_fits),
+        used: Use::Check,
     }
 }
 
@@ -130,7 +215,7 @@ fn mixed(micro_batch: u64, seq: u64) -> TrainConfig {
 
 fn model_state_rows(rows: &mut Vec<Row>) {
     // ZeRO Fig. 1: Ψ = 7.5B, K = 12, N_d = 64.
-    for (stage, published) in [(0u8, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)] {
+    for (stage, published) in [(0u8, "120"), (1, "31.4"), (2, "16.6"), (3, "1.9")] {
         let cfg = TrainConfig { parallel: Parallelism::data_parallel(64, stage), ..mixed(1, 1024) };
         let (w, g, o) = model_states(7_500_000_000, 4096, &cfg);
         rows.push(number(
@@ -140,7 +225,7 @@ fn model_state_rows(rows: &mut Vec<Row>) {
             published,
             (w + g + o) / 1e9,
             "GB",
-            Check::Relative(0.02),
+            Check::Within(Class::ClosedForm),
         ));
     }
     // DeepSpeed's estimator, t5-3b on one node of 8 GPUs (GiB).
@@ -159,34 +244,34 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "DeepSpeed estimator",
         "t5-3b, 8 GPUs, ZeRO-2, optimizer offload",
         "model states per GPU",
-        5.31,
+        "5.31",
         states(&z2off) / GIB,
         "GiB",
-        Check::Relative(0.02),
+        Check::Within(Class::ClosedForm),
     ));
     rows.push(number(
         "DeepSpeed estimator",
         "t5-3b, 8 GPUs, ZeRO-3, optimizer offload",
         "model states + gathered unit",
-        0.79,
+        "0.79",
         gathered(&ds(3, Offload::Optimizer), true) / GIB,
         "GiB",
-        Check::Relative(0.15),
+        Check::Within(Class::Estimator),
     ));
     rows.push(number(
         "DeepSpeed estimator",
         "t5-3b, 8 GPUs, ZeRO-3",
         "model states + gathered unit",
-        6.10,
+        "6.10",
         gathered(&ds(3, Offload::None), false) / GIB,
         "GiB",
-        Check::Relative(0.15),
+        Check::Within(Class::Estimator),
     ));
     rows.push(number(
         "DeepSpeed estimator",
         "t5-3b, 8 GPUs, ZeRO-2",
         "model states per GPU",
-        15.93,
+        "15.93",
         states(&ds(2, Offload::None)) / GIB,
         "GiB",
         Check::Indicative("the estimator budgets 4Ψ for unpartitioned 16-bit weights and gradients; ZeRO-2 keeps 2Ψ (ZeRO Table 1 holds the plan to the paper)"),
@@ -195,7 +280,7 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "DeepSpeed estimator",
         "t5-3b, 8 GPUs, ZeRO-3, optimizer and parameter offload",
         "gathered unit",
-        0.12,
+        "0.12",
         gathered(&ds(3, Offload::OptimizerAndParams), true) / GIB,
         "GiB",
         Check::Indicative("DeepSpeed counts the largest module (the 32.9M embedding); the plan gathers a whole block (58.7M), as FSDP's auto-wrap does"),
@@ -211,10 +296,10 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "LoRA §4.2",
         "GPT-3 175B, LoRA r=4 on Wq, Wv",
         "model states, all GPUs",
-        350.0,
+        "350",
         states(&e) / 1e9,
         "GB",
-        Check::Relative(0.05),
+        Check::Within(Class::Component),
     ));
     // QLoRA §2: LLaMA-7B's 4-bit base takes 5,048 MB (same shapes as Llama-2-7B).
     let llama7 = preset("llama-2-7b").unwrap();
@@ -228,10 +313,10 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "QLoRA §2",
         "LLaMA-7B, NF4 base (embeddings and norms fp32)",
         "frozen base",
-        5048.0,
+        "5048",
         (e.breakdown.weights - adapters) / 1e6,
         "MB",
-        Check::Relative(0.15),
+        Check::Within(Class::Component),
     ));
     // The accelerate estimator doc: bert-base-cased loaded in fp32 measured 413.68 MB (MiB).
     let bert = preset("bert-base-cased").unwrap();
@@ -239,10 +324,10 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "accelerate doc (#41)",
         "bert-base-cased, fp32 load",
         "weights",
-        413.68,
+        "413.68",
         bert.params() as f64 * 4.0 / (1u64 << 20) as f64,
         "MiB",
-        Check::Relative(0.01),
+        Check::Within(Class::ClosedForm),
     ));
     // vllm #11251: Llama-3-8B at TP 2 loads 7.51 GiB of weights per GPU.
     let l3 = preset("llama-3-8b").unwrap();
@@ -253,10 +338,10 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         "vllm #11251",
         "Llama-3-8B, TP 2",
         "weights per GPU",
-        7.51,
+        "7.51",
         e.weights / GIB,
         "GiB",
-        Check::Relative(0.01),
+        Check::Within(Class::ClosedForm),
     ));
 }
 
@@ -271,8 +356,8 @@ fn activation_rows(rows: &mut Vec<Row>) {
         ..eager
     };
     for (setup, published, cfg) in [
-        ("GPT-3 175B, b=1, no parallelism", 2.87, eager),
-        ("GPT-3 175B, TP 8 + SP", 0.359, tp8(true, Checkpointing::None)),
+        ("GPT-3 175B, b=1, no parallelism", "2.87", eager),
+        ("GPT-3 175B, TP 8 + SP", "0.359", tp8(true, Checkpointing::None)),
     ] {
         rows.push(number(
             "Korthikanti Table 2",
@@ -281,25 +366,27 @@ fn activation_rows(rows: &mut Vec<Row>) {
             published,
             per_layer(&gpt3, &cfg) / 1e9,
             "GB",
-            Check::Relative(0.01),
+            Check::Within(Class::ClosedForm),
         ));
     }
-    // Selective recomputation rebuilds one layer's s² tensors at a time: 5as²b/t on top of the
-    // table's 34·sbh/t per layer, 2.4% of the total here.
+    // Selective recomputation rebuilds one layer's s² tensors at a time: the plan holds 5as²b/t
+    // on top of the table's 34·sbh/t per layer, and the table leaves it out.
+    let (a, s, t) = (gpt3.heads as f64, 2048.0, 8.0);
+    let recomputed_scores = 5.0 * a * s * s / t;
     rows.push(number(
         "Korthikanti Table 2",
         "GPT-3 175B, TP 8 + SP + selective",
-        "activations ÷ layers (+ one layer's recomputed scores)",
-        0.107,
-        per_layer(&gpt3, &tp8(true, Checkpointing::Selective)) / 1e9,
+        "activations per layer (less one layer's recomputed scores, 5as²b/t, which the table omits)",
+        "0.107",
+        (per_layer(&gpt3, &tp8(true, Checkpointing::Selective)) - recomputed_scores / gpt3.layers as f64) / 1e9,
         "GB",
-        Check::Relative(0.03),
+        Check::Within(Class::ClosedForm),
     ));
     let m22 = Model::gpt("22b", 6144, 48, 64, 51200, 2048);
     let b4 = |c: TrainConfig| TrainConfig { micro_batch: 4, ..c };
     for (setup, published, cfg) in [
-        ("22B, b=4, no parallelism", 7.08, b4(eager)),
-        ("22B, b=4, TP 8 without SP", 1.33, b4(tp8(false, Checkpointing::None))),
+        ("22B, b=4, no parallelism", "7.08", b4(eager)),
+        ("22B, b=4, TP 8 without SP", "1.33", b4(tp8(false, Checkpointing::None))),
     ] {
         rows.push(number(
             "Korthikanti Table 2",
@@ -308,7 +395,7 @@ fn activation_rows(rows: &mut Vec<Row>) {
             published,
             per_layer(&m22, &cfg) / 1e9,
             "GB",
-            Check::Relative(0.01),
+            Check::Within(Class::ClosedForm),
         ));
     }
     // ZeRO §3.2: GPT-2 1.5B, b = 32, s = 1024: ~60 GB of activations, ~8 GB with checkpointing.
@@ -318,16 +405,16 @@ fn activation_rows(rows: &mut Vec<Row>) {
         "ZeRO §3.2",
         "GPT-2 1.5B, 32 × 1024, full checkpointing",
         "activations",
-        8.0,
+        "8",
         zero(Checkpointing::Full).breakdown.activations / 1e9,
         "GB",
-        Check::Relative(0.25),
+        Check::Within(Class::Component),
     ));
     rows.push(number(
         "ZeRO §3.2",
         "GPT-2 1.5B, 32 × 1024, flash, no checkpointing",
         "activations",
-        60.0,
+        "60",
         zero(Checkpointing::None).breakdown.activations / 1e9,
         "GB",
         Check::Indicative("ZeRO's footnote counts 12 values per b·s·h·L (24 bytes); Korthikanti's layer, which the plan follows, keeps 34"),
@@ -380,18 +467,18 @@ fn fit_rows(rows: &mut Vec<Row>) {
         (&l70, 80, 6916),
     ] {
         let e = estimate(m, &card(gib), &qlora(tokens));
-        rows.push(number(
+        rows.push(tuning(number(
             if m.name == "llama-3.1-8b" { "Unsloth README (#32)" } else { "Unsloth README (#33)" },
             format!(
                 "{} QLoRA, {tokens} tokens (the longest that fits {gib} GB)",
                 if m.name == "llama-3.1-8b" { "Llama 3.1 8B" } else { "Llama 3.3 70B" }
             ),
             "peak at the boundary vs the card",
-            gib as f64,
+            &gib.to_string(),
             e.per_gpu_bytes / GIB,
             "GiB",
-            Check::Relative(0.15),
-        ));
+            Check::Within(Class::Boundary),
+        )));
     }
 }
 
@@ -400,10 +487,10 @@ fn time_rows(rows: &mut Vec<Row>) {
     let h100 = gpu("h100-sxm").unwrap();
     // Korthikanti Table 5: A100-80GB, s = 2048, V = 51,200, no data parallelism; iteration time.
     for (name, h, l, a, p, v, global, selective, full) in [
-        ("22B", 6144u64, 48u64, 64u64, 1u64, 1u64, 4u64, 1.10, 1.42),
-        ("175B", 12288, 96, 96, 8, 3, 64, 13.75, 18.13),
-        ("530B", 20480, 105, 128, 35, 3, 280, 37.83, 49.05),
-        ("1T", 25600, 128, 160, 64, 1, 512, 71.49, 94.42),
+        ("22B", 6144u64, 48u64, 64u64, 1u64, 1u64, 4u64, "1.10", "1.42"),
+        ("175B", 12288, 96, 96, 8, 3, 64, "13.75", "18.13"),
+        ("530B", 20480, 105, 128, 35, 3, 280, "37.83", "49.05"),
+        ("1T", 25600, 128, 160, 64, 1, 512, "71.49", "94.42"),
     ] {
         let m = Model::gpt(name, h, l, a, 51200, 2048);
         let micro = if name == "22B" { 4 } else { 1 };
@@ -415,7 +502,6 @@ fn time_rows(rows: &mut Vec<Row>) {
                 ..mixed(micro, 2048)
             };
             let e = estimate(&m, &a100, &cfg);
-            let big = h >= 20480;
             rows.push(number(
                 "Korthikanti Table 5",
                 format!(
@@ -427,22 +513,18 @@ fn time_rows(rows: &mut Vec<Row>) {
                 published,
                 e.step_time_s,
                 "s",
-                if big {
-                    Check::KnownGap(0.25, "known gap: one 50% efficiency for every GEMM; these 20K–25K-wide layers reached 56% MFU bubble included")
-                } else {
-                    Check::Relative(0.25)
-                },
+                Check::Within(Class::Time),
             ));
         }
     }
     // Megatron-Core on H100 (s = 4096, V = 131,072): MFU.
     for (name, a, h, l, t, p, gpus, batch, mfu) in [
-        ("1.7B", 16u64, 2048u64, 24u64, 1u64, 1u64, 48u64, 192u64, 0.41),
-        ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 0.47),
-        ("16B", 48, 6144, 32, 4, 1, 192, 192, 0.49),
-        ("32B", 56, 7168, 48, 8, 1, 384, 192, 0.46),
-        ("70B", 64, 8192, 84, 8, 2, 768, 384, 0.42),
-        ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 0.44),
+        ("1.7B", 16u64, 2048u64, 24u64, 1u64, 1u64, 48u64, 192u64, "41"),
+        ("7.1B", 32, 4096, 30, 2, 1, 96, 192, "47"),
+        ("16B", 48, 6144, 32, 4, 1, 192, 192, "49"),
+        ("32B", 56, 7168, 48, 8, 1, 384, 192, "46"),
+        ("70B", 64, 8192, 84, 8, 2, 768, 384, "42"),
+        ("177B", 96, 12288, 96, 8, 6, 2304, 1152, "44"),
     ] {
         let m = Model::gpt(name, h, l, a, 131072, 4096);
         let data = gpus / (t * p);
@@ -460,15 +542,15 @@ fn time_rows(rows: &mut Vec<Row>) {
             ..mixed(1, 4096)
         };
         let e = estimate(&m, &h100, &cfg);
-        rows.push(number(
+        rows.push(tuning(number(
             "Megatron-Core, H100",
             format!("{name}, TP {t} × PP {p} × DP {data}, batch {batch}{}", if t > 1 { ", TP overlap" } else { "" }),
             "MFU",
-            mfu * 100.0,
+            mfu,
             e.mfu * 100.0,
             "%",
-            Check::Relative(0.25),
-        ));
+            Check::Within(Class::Time),
+        )));
     }
     // torchtitan: Llama-3-8B, FSDP on 64 A100-80GB, batch 1 × 8192, selective checkpointing: 57–58% MFU.
     let l3 = preset("llama-3-8b").unwrap();
@@ -482,10 +564,10 @@ fn time_rows(rows: &mut Vec<Row>) {
         "torchtitan",
         "Llama-3-8B, FSDP over 64 A100s, 1 × 8192",
         "MFU",
-        57.5,
+        "57.5",
         e.mfu * 100.0,
         "%",
-        Check::Relative(0.25),
+        Check::Within(Class::Time),
     ));
 }
 
@@ -496,11 +578,18 @@ fn table() -> (String, Vec<Row>) {
     fit_rows(&mut rows);
     time_rows(&mut rows);
     let mut text = String::from(
-        "| source | setup | metric | published | predicted | error | tolerance | verdict |\n|---|---|---|---:|---:|---:|---|---|\n",
+        "| source | setup | metric | used for | published | predicted | error | tolerance | verdict |\n\
+         |---|---|---|---|---:|---:|---:|---|---|\n",
     );
     for r in &rows {
         text.push_str(&r.markdown());
         text.push('\n');
+    }
+    text.push('\n');
+    for (name, used) in [("tuning", Use::Tuning), ("check-only", Use::Check)] {
+        let held: Vec<&Row> = rows.iter().filter(|r| r.used == used && r.passes().is_some()).collect();
+        let pass = held.iter().filter(|r| r.passes() == Some(true)).count();
+        text.push_str(&format!("{name} rows: {pass} of {} within their class's tolerance\n", held.len()));
     }
     (text, rows)
 }
@@ -509,7 +598,7 @@ const BEGIN: &str = "<!-- plan-validation:begin -->\n";
 const END: &str = "<!-- plan-validation:end -->";
 
 #[test]
-fn published_rows_pass_their_tolerances_and_the_docs_show_them() {
+fn published_rows_are_held_to_their_class_tolerance_and_the_docs_show_them() {
     let (text, rows) = table();
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/VALIDATION.md");
     let doc = std::fs::read_to_string(&path).unwrap();
@@ -519,15 +608,32 @@ fn published_rows_pass_their_tolerances_and_the_docs_show_them() {
     if regenerate {
         std::fs::write(&path, format!("{}{}{}", &doc[..start], text, &doc[end..])).unwrap();
     }
-    let failed: Vec<String> = rows.iter().filter(|r| !r.passes()).map(Row::markdown).collect();
-    assert!(failed.is_empty(), "rows outside their tolerance:\n{}", failed.join("\n"));
-    let held = rows.iter().filter(|r| !matches!(r.check, Check::Indicative(_))).count();
-    let gaps =
-        rows.iter().filter(|r| matches!(r.check, Check::KnownGap(t, _) if r.error.is_none_or(|e| e.abs() > t))).count();
-    assert!(gaps <= 3, "{gaps} rows outside their tolerance as known gaps");
+    let failed: Vec<&Row> = rows.iter().filter(|r| r.passes() == Some(false)).collect();
+    let known = |r: &Row| KNOWN_FAILURES.iter().any(|(setup, _)| *setup == r.setup);
+    let unexpected: Vec<String> = failed.iter().filter(|r| !known(r)).map(|r| r.markdown()).collect();
+    assert!(unexpected.is_empty(), "rows outside their class's tolerance:\n{}", unexpected.join("\n"));
+    let now_pass: Vec<&str> = KNOWN_FAILURES
+        .iter()
+        .filter(|(setup, _)| !failed.iter().any(|r| r.setup == *setup))
+        .map(|(setup, _)| *setup)
+        .collect();
+    assert!(now_pass.is_empty(), "listed as failing but within tolerance (or gone): {now_pass:?}");
+    let held = rows.iter().filter(|r| r.passes().is_some()).count();
+    eprintln!("{held} rows held to a tolerance, {} outside it (listed with their reasons)", failed.len());
     assert!(held >= 40, "{held} rows held to a tolerance");
     assert!(
         regenerate || doc[start..end] == text,
         "docs/VALIDATION.md's planner table is stale: run HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation"
     );
+}
+
+/// The tolerance rule itself: a closed form is held to 1% or to the published rounding.
+#[test]
+fn a_closed_form_is_held_to_its_published_digits() {
+    assert!((Class::ClosedForm.tolerance("1.9") - 0.05 / 1.9).abs() < 1e-12);
+    assert_eq!(Class::ClosedForm.tolerance("120"), 0.01);
+    assert_eq!(Class::ClosedForm.tolerance("413.68"), 0.01);
+    // A row 2% off a figure published to three digits fails.
+    let row = number("t", "t", "t", "31.4", 31.4 * 1.02, "GB", Check::Within(Class::ClosedForm));
+    assert_eq!(row.passes(), Some(false));
 }

@@ -17,8 +17,14 @@
 
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
-use headroom_alloc::{AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, SimDevice};
+use headroom_alloc::{
+    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, FaultyDevice, SimDevice,
+};
 use rustc_hash::FxHashMap;
+
+/// The device a snapshot replays on: the simulated GPU, made to refuse where
+/// the recorded device refused.
+pub type ReplayDevice = FaultyDevice<SimDevice>;
 
 /// The first decision that differed, with the recorded entries around it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +124,7 @@ fn allocator_at(
     config: AllocatorConfig,
     capacity: u64,
     device: u32,
-) -> Result<DeviceCachingAllocator<SimDevice>, SnapshotReplayError> {
+) -> Result<DeviceCachingAllocator<ReplayDevice>, SnapshotReplayError> {
     if start.reserved_bytes() > capacity {
         return Err(SnapshotReplayError::Capacity {
             device,
@@ -128,10 +134,11 @@ fn allocator_at(
             ),
         });
     }
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(capacity), config).with_device_index(device);
+    let mut a =
+        DeviceCachingAllocator::new(FaultyDevice::new(SimDevice::new(capacity)), config).with_device_index(device);
     for s in &start.segments {
         let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
-        a.device_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
+        a.device_mut().inner_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
         a.adopt_segment(s.address, s.size, s.stream, s.pool, &s.live).map_err(|e| bad(e.to_string()))?;
     }
     Ok(a)
@@ -263,7 +270,10 @@ pub fn check_from(
     let mut clusters: std::collections::BTreeMap<u64, u64> = Default::default();
 
     // Compares headroom's segment events since the last call with `pending`.
-    let compare = |a: &mut DeviceCachingAllocator<SimDevice>, f: &mut Fidelity, pending: &mut Vec<usize>, at: usize| {
+    let compare = |a: &mut DeviceCachingAllocator<ReplayDevice>,
+                   f: &mut Fidelity,
+                   pending: &mut Vec<usize>,
+                   at: usize| {
         let ours: Vec<(TraceAction, u64, u64)> =
             a.drain_history().filter_map(|e| segment_action(e.action).map(|x| (x, e.addr, e.size))).collect();
         f.segment_total += pending.len();
@@ -304,7 +314,7 @@ pub fn check_from(
         match e.action {
             a_ if is_segment_event(a_) => {
                 if e.action == TraceAction::SegmentAlloc {
-                    a.device_mut().push_next_address(e.addr);
+                    a.device_mut().inner_mut().push_next_address(e.addr);
                 }
                 // A map that does not touch the ranges mapped so far opens a new
                 // expandable segment: its reservation starts there.
@@ -315,8 +325,8 @@ pub fn check_from(
                             clusters.insert(lo, hi.max(end));
                         }
                         _ => {
-                            if !a.device().is_reserved(e.addr) {
-                                a.device_mut().push_next_reservation(e.addr);
+                            if !a.device().inner().is_reserved(e.addr) {
+                                a.device_mut().inner_mut().push_next_reservation(e.addr);
                             }
                             clusters.insert(e.addr, end);
                         }
@@ -357,7 +367,7 @@ pub fn check_from(
                 }
                 let r = a.malloc(e.size, e.stream);
                 a.device_mut().refuse_allocations(false);
-                a.device_mut().clear_next_addresses();
+                a.device_mut().inner_mut().clear_next_addresses();
                 if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, i) {
                     diverge(&mut f, j, m);
                 }
@@ -426,7 +436,7 @@ pub fn check_from(
                     )
                 });
                 if !releases_next {
-                    a.device_mut().complete_events_on(stream);
+                    a.device_mut().inner_mut().complete_events_on(stream);
                 }
             }
             TraceAction::FreeCompleted | TraceAction::Free => {
@@ -632,7 +642,7 @@ fn replay_prefix(
     history: Option<usize>,
     until: usize,
     hooks: Hooks<impl FnMut(usize), impl FnMut(usize, u64)>,
-) -> Result<(DeviceCachingAllocator<SimDevice>, WhatIf), SnapshotReplayError> {
+) -> Result<(DeviceCachingAllocator<ReplayDevice>, WhatIf), SnapshotReplayError> {
     let Hooks { mut progress, mut on_alloc } = hooks;
     let (device, start, trace) = (t.device, &t.start, t.trace());
     let trace = &trace[..until.min(trace.len())];
@@ -660,7 +670,7 @@ fn replay_prefix(
         snapshot: None,
         history_dropped: 0,
     };
-    let note_peak = |a: &DeviceCachingAllocator<SimDevice>, w: &mut WhatIf| {
+    let note_peak = |a: &DeviceCachingAllocator<ReplayDevice>, w: &mut WhatIf| {
         let reserved = a.reserved_bytes();
         if reserved > w.peak_reserved_bytes {
             w.peak_reserved_bytes = reserved;

@@ -4,13 +4,15 @@
 //! other people on real GPUs. For those whose trace starts from an empty
 //! allocator, every recorded request is replayed through headroom's
 //! allocator (the device is told the addresses `cudaMalloc` returned), and
-//! every choice must match: the address of each allocation, each new
-//! segment, and the final layout of every segment and block.
+//! every choice must match: the address of each allocation, the address
+//! and size of each new segment, and the final layout of every segment and
+//! block.
 //!
 //! Skips with a message where `../shared` is absent (a user's fresh clone).
 
-use headroom_alloc::{AllocatorConfig, BlockState, DeviceCachingAllocator, SimDevice};
+use headroom_alloc::{Action, AllocatorConfig, BlockState, DeviceCachingAllocator, SimDevice};
 use serde_pickle::{DeOptions, HashableValue as H, Value as V};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 
 /// Fixtures whose traces begin with no live block.
@@ -72,23 +74,33 @@ fn replay_fixture(bytes: &[u8]) -> Outcome {
     .unwrap();
     let trace = &list(get(&snap, "device_traces"))[0];
     let mut a = DeviceCachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
+    a.record_history(Some(1 << 16));
     let mut o =
         Outcome { allocs: 0, allocs_matched: 0, segments: 0, segments_matched: 0, blocks: 0, blocks_matched: 0 };
+    // The recorded run's new segments (address, size) not yet matched by ours.
+    let mut recorded: VecDeque<(u64, u64)> = VecDeque::new();
     for e in list(Some(trace)) {
         let addr = || int(get(e, "addr"));
         match text(get(e, "action")) {
             "segment_alloc" => {
                 o.segments += 1;
+                recorded.push_back((addr(), int(get(e, "size"))));
                 a.device_mut().push_next_address(addr());
             }
             "alloc" => {
                 o.allocs += 1;
-                let before = a.stats().num_device_alloc;
                 let b = a.malloc(int(get(e, "size")), int(get(e, "stream"))).expect("the fixture's run fit");
                 o.allocs_matched += (b.ptr == addr()) as usize;
-                o.segments_matched += (a.stats().num_device_alloc - before) as usize;
+                let ours: Vec<(u64, u64)> =
+                    a.drain_history().filter(|t| t.action == Action::SegmentAlloc).map(|t| (t.addr, t.size)).collect();
+                for seg in ours {
+                    o.segments_matched += (recorded.pop_front() == Some(seg)) as usize;
+                }
             }
-            "free_requested" => a.free(addr()).expect("freeing a live block"),
+            "free_requested" => {
+                a.free(addr()).expect("freeing a live block");
+                a.drain_history().for_each(drop);
+            }
             "free_completed" | "snapshot" => {}
             other => panic!("action {other} is not expected in these fixtures"),
         }
@@ -120,7 +132,7 @@ fn real_snapshots_replay_decision_for_decision() {
         eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
-    let mut total = 0;
+    let (mut fixtures, mut decisions) = (0, 0);
     for name in FROM_EMPTY {
         let bytes = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let o = replay_fixture(&bytes);
@@ -131,7 +143,12 @@ fn real_snapshots_replay_decision_for_decision() {
         assert_eq!(o.allocs_matched, o.allocs, "{name}: allocation addresses");
         assert_eq!(o.segments_matched, o.segments, "{name}: new segments");
         assert_eq!(o.blocks_matched, o.blocks, "{name}: final blocks");
-        total += o.allocs;
+        fixtures += 1;
+        decisions += o.allocs + o.segments + o.blocks;
     }
-    assert!(total > 8000);
+    eprintln!(
+        "checked {fixtures} fixtures, {decisions} decisions (allocation addresses, new segments' addresses and sizes, final blocks)"
+    );
+    assert_eq!(fixtures, FROM_EMPTY.len());
+    assert!(decisions > 8000);
 }
