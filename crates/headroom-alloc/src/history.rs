@@ -53,7 +53,7 @@ pub struct TraceEntry {
     pub size: u64,
     pub stream: StreamId,
     /// Time of the entry. headroom's simulated clock counts entries from 0
-    /// unless the caller sets the time (see `CachingAllocator::set_time_us`).
+    /// unless the caller sets the time (see `DeviceCachingAllocator::set_time_us`).
     pub time_us: i64,
     /// Free device bytes, for `Oom` only.
     pub device_free: Option<u64>,

@@ -1,15 +1,20 @@
 //! # headroom-alloc
 //!
 //! A caching device allocator that makes PyTorch's `CUDACachingAllocator`
-//! decisions, over any segment source: the simulated GPU [`SimDevice`] here,
-//! CUDA in `headroom-cuda`.
+//! decisions, over any segment source: the simulated GPU [`SimDevice`] here
+//! (a CUDA backend is planned, behind the same [`DeviceMemory`] trait).
 //!
 //! Three layers, as in RMM, cubecl and PyTorch:
 //!
 //! 1. the segment source, [`DeviceMemory`]: raw device ranges, VMM pages, events;
 //! 2. the suballocator, [`DeviceCachingAllocator`]: pools, best fit, split,
-//!    merge, the out-of-memory ladder — with [`sizing`] holding the policy;
+//!    merge — the mechanism — with the open choices (the oversize rule, the
+//!    out-of-memory ladder, garbage collection, the flush order) behind the
+//!    [`Policy`] trait, PyTorch's by default, and [`sizing`]'s pure functions;
 //! 3. statistics ([`DeviceStats`], PyTorch's 122 keys), history and snapshots.
+//!
+//! Device adaptors work over any backend: [`CountingDevice`] counts calls,
+//! [`FaultyDevice`] injects out-of-memory failures.
 //!
 //! | PyTorch | headroom |
 //! |---|---|

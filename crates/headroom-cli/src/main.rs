@@ -21,6 +21,7 @@ macro_rules! outln {
 mod checkpoint_cmd;
 mod inspect_cmd;
 mod kv_cmd;
+mod named_arg;
 mod out_file;
 mod plan_cmd;
 mod progress;

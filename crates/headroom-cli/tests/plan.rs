@@ -223,3 +223,39 @@ fn the_readme_main_command_runs() {
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("fits: ") && text.contains("configurations fit; fastest"), "{text}");
 }
+
+/// Byte figures are whole numbers and enum values are the documented names (docs/JSON.md),
+/// in training, in the recommendations, and in inference.
+#[test]
+fn json_bytes_are_integers_and_enums_are_stable_names() {
+    let (_, t) = plan(&[
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "8",
+        "--zero",
+        "3",
+        "--offload",
+        "params",
+        "--recommend",
+    ]);
+    let (_, i) = plan(&["--model", "llama-3-8b", "--gpu", "l4", "--infer", "--weights", "int4"]);
+    let mut byte_figures = vec![&t["per_gpu_bytes"], &t["host_bytes"], &t["allocated_bytes"], &t["tensor_bytes"]];
+    byte_figures.extend(t["breakdown"].as_object().unwrap().values());
+    byte_figures.extend(i["breakdown"].as_object().unwrap().values());
+    byte_figures.push(&i["per_gpu_bytes"]);
+    let recs = t["recommendations"].as_array().unwrap();
+    assert!(!recs.is_empty());
+    byte_figures.extend(recs.iter().map(|r| &r["per_gpu_bytes"]));
+    for v in byte_figures {
+        assert!(v.is_u64(), "{v} is not a whole number of bytes");
+    }
+    assert_eq!(t["offload"], "optimizer+params");
+    assert_eq!(t["pipeline_stage"], "only");
+    for r in recs {
+        assert!(["mixed", "amp", "bf16", "fp32", "fp8"].contains(&r["precision"].as_str().unwrap()), "{r}");
+        assert!(["eager", "sdpa", "flash"].contains(&r["attention"].as_str().unwrap()), "{r}");
+    }
+}

@@ -18,6 +18,13 @@ pub enum Engine {
     Megatron,
 }
 
+crate::names::named!(Engine {
+    DeepSpeed => ("deepspeed", "ds_config.json"),
+    Fsdp => ("fsdp", "torchrun with Hugging Face Trainer FSDP arguments"),
+    Accelerate => ("accelerate", "an Accelerate config"),
+    Megatron => ("megatron", "Megatron-LM arguments (tensor, pipeline and context parallelism)"),
+});
+
 fn mixed(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "no",

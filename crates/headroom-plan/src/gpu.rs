@@ -3,10 +3,36 @@
 //! HBM or GDDR bandwidth, GPU and host links). Memory sizes are the
 //! nominal ones in GiB; a device reports a little less to `cudaMemGetInfo`.
 
+/// A GPU's architecture: what the software stack keys its choices on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Volta,
+    Turing,
+    Ampere,
+    Ada,
+    Hopper,
+    Blackwell,
+    /// AMD Instinct MI300 (ROCm).
+    Cdna3,
+}
+
+impl Arch {
+    /// The cuBLAS workspace PyTorch allocates per handle and stream: 32 MiB from
+    /// compute capability 9.0 (Hopper, Blackwell), 4 MiB before
+    /// (`getChosenWorkspaceSize` in aten/src/ATen/cuda/CublasHandlePool.cpp).
+    pub fn cublas_workspace_bytes(self) -> u64 {
+        match self {
+            Arch::Hopper | Arch::Blackwell => 32 << 20,
+            _ => 4 << 20,
+        }
+    }
+}
+
 /// A GPU model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GpuSpec {
     pub name: &'static str,
+    pub arch: Arch,
     pub memory_bytes: u64,
     /// Bytes per second.
     pub bandwidth: f64,
@@ -31,6 +57,7 @@ const PCIE5: f64 = 63e9;
 #[allow(clippy::too_many_arguments)] // one argument per column of the catalog
 const fn spec(
     name: &'static str,
+    arch: Arch,
     gib: u64,
     bandwidth: f64,
     bf16_flops: f64,
@@ -41,6 +68,7 @@ const fn spec(
 ) -> GpuSpec {
     GpuSpec {
         name,
+        arch,
         memory_bytes: gib * GIB,
         bandwidth,
         bf16_flops,
@@ -51,23 +79,23 @@ const fn spec(
     }
 }
 
-/// The catalog: name, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and host link bytes/s.
+/// The catalog: name, architecture, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and host link bytes/s.
 pub const GPUS: &[GpuSpec] = &[
-    spec("v100-16gb", 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
-    spec("v100-32gb", 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
-    spec("t4", 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3),
-    spec("a10", 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4),
-    spec("l4", 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4),
-    spec("l40s", 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4),
-    spec("a100-40gb", 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4),
-    spec("a100-80gb", 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4),
-    spec("h100-sxm", 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
-    spec("h100-pcie", 80, 2.0e12, 756e12, 51e12, Some(1513e12), PCIE5, PCIE5),
-    spec("h200", 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
-    spec("b200", 180, 8.0e12, 2250e12, 80e12, Some(4500e12), 9e11, PCIE5),
-    spec("rtx-3090", 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4),
-    spec("rtx-4090", 24, 1.008e12, 165.2e12, 82.6e12, Some(330e12), PCIE4, PCIE4),
-    spec("mi300x", 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5),
+    spec("v100-16gb", Arch::Volta, 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
+    spec("v100-32gb", Arch::Volta, 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
+    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3),
+    spec("a10", Arch::Ampere, 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4),
+    spec("l4", Arch::Ada, 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4),
+    spec("l40s", Arch::Ada, 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4),
+    spec("a100-40gb", Arch::Ampere, 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4),
+    spec("a100-80gb", Arch::Ampere, 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4),
+    spec("h100-sxm", Arch::Hopper, 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
+    spec("h100-pcie", Arch::Hopper, 80, 2.0e12, 756e12, 51e12, Some(1513e12), PCIE5, PCIE5),
+    spec("h200", Arch::Hopper, 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
+    spec("b200", Arch::Blackwell, 180, 8.0e12, 2250e12, 80e12, Some(4500e12), 9e11, PCIE5),
+    spec("rtx-3090", Arch::Ampere, 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4),
+    spec("rtx-4090", Arch::Ada, 24, 1.008e12, 165.2e12, 82.6e12, Some(330e12), PCIE4, PCIE4),
+    spec("mi300x", Arch::Cdna3, 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5),
 ];
 
 /// A GPU by name (case, `_` and spaces ignored).

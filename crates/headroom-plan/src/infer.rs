@@ -19,6 +19,13 @@ pub enum WeightFormat {
     Int4,
 }
 
+crate::names::named!(WeightFormat {
+    Bf16 => ("bf16", ""),
+    Fp8 => ("fp8", ""),
+    Int8 => ("int8", ""),
+    Int4 => ("int4", "with a 16-bit scale per 64 weights"),
+});
+
 impl WeightFormat {
     pub fn bytes_per_param(self) -> f64 {
         match self {

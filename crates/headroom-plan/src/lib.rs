@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod infer;
 pub mod json;
 pub mod model;
+pub mod names;
 pub mod parallel;
 pub mod recipe;
 pub mod search;

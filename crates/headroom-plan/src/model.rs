@@ -75,6 +75,12 @@ pub enum Head {
     SeqCls,
 }
 
+crate::names::named!(Head {
+    CausalLm => ("causal-lm", "logits over the vocabulary for every position"),
+    MaskedLm => ("masked-lm", "BERT's masked-token logits for every position"),
+    SeqCls => ("seq-cls", "a classifier: a few logits a sequence"),
+});
+
 /// A config that cannot be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {

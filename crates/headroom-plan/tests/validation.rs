@@ -217,13 +217,13 @@ fn model_state_rows(rows: &mut Vec<Row>) {
     // ZeRO Fig. 1: Ψ = 7.5B, K = 12, N_d = 64.
     for (stage, published) in [(0u8, "120"), (1, "31.4"), (2, "16.6"), (3, "1.9")] {
         let cfg = TrainConfig { parallel: Parallelism::data_parallel(64, stage), ..mixed(1, 1024) };
-        let (w, g, o) = model_states(7_500_000_000, 4096, &cfg);
+        let states = model_states(7_500_000_000, 4096, &cfg);
         rows.push(number(
             "ZeRO Fig. 1",
             format!("7.5B, 64 GPUs, ZeRO-{stage}"),
             "model states per GPU",
             published,
-            (w + g + o) / 1e9,
+            states.total() / 1e9,
             "GB",
             Check::Within(Class::ClosedForm),
         ));

@@ -1,0 +1,291 @@
+//! `headroom plan`'s arguments, and the configurations they describe.
+
+use crate::named_arg::named;
+use crate::target_arg::Target;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use headroom_plan::emit::Engine;
+use headroom_plan::infer::{InferConfig, WeightFormat};
+use headroom_plan::model::Model;
+use headroom_plan::parallel::Parallelism;
+use headroom_plan::train::{
+    ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, Head, LoraTargets, Offload, Optimizer,
+    Precision, TrainConfig,
+};
+
+/// Will it fit? Memory per GPU, term by term, for training or inference, and
+/// the estimated step time.
+///
+/// Training terms: weights, gradients and optimizer state (by precision,
+/// optimizer, ZeRO stage, LoRA and offload), activations (by attention
+/// kernel, parallel layout and checkpoint policy; `optimal` solves for the
+/// fastest schedule that fits the GPU), logits and the loss, temporaries
+/// (cuBLAS workspace, ZeRO-3's gathered layer, QLoRA's dequantized matrix,
+/// the offload bucket), and the framework (CUDA context, NCCL, the
+/// allocator's slack). Where transformers runs the job (--framework auto:
+/// one model replica per GPU, full fine-tuning, no or full checkpointing),
+/// activations come from recipes measured on its code and the peak is the
+/// largest phase of the step — forward at the loss, backward, optimizer step
+/// — as real steps show (docs/VALIDATION.md); elsewhere every term is summed
+/// with Korthikanti's activations (Megatron). Inference: weights at their
+/// width, the KV cache, the prefill activations, and how many sequences fit.
+///
+/// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
+/// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
+/// --offload optimizer|params. Step time counts FLOPs at 50% of the GPU's
+/// dense peak, pipeline bubbles and collectives over NVLink or the network.
+///
+/// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, t5-base,
+/// bert-base-uncased, pythia-1b, ...) or the path of a Hugging Face config.json.
+///
+/// Exit status: 0 if it fits, 1 if not, 2 on bad input.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
+                        headroom plan --model llama-3-8b --gpu h100-sxm --gpus 8 --zero 3 --train --batch 4 --seq 8192 --max-batch\n  \
+                        headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
+                        headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full\n  \
+                        headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
+                        headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json"
+)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Estimate training (the default).
+    #[arg(long, conflicts_with = "infer")]
+    pub train: bool,
+    /// Estimate inference.
+    #[arg(long)]
+    pub infer: bool,
+    /// Micro-batch (training) or concurrent sequences (inference).
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    pub batch: u64,
+    /// Sequence length in tokens.
+    #[arg(long, default_value_t = 2048, value_parser = positive())]
+    pub seq: u64,
+    /// GPUs in the job (at most 2^20); data parallelism is what tensor × pipeline × context parallelism leaves.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub gpus: u64,
+    /// Tensor-parallel GPUs (Megatron; keep it inside a node).
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    pub tp: u64,
+    /// Pipeline stages (1F1B). Where they do not divide the layers, the
+    /// first and last stage hold ⌈layers / pp⌉ and the middle ones the rest
+    /// (Megatron's --decoder-first/last-pipeline-num-layers).
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    pub pp: u64,
+    /// Model chunks per pipeline stage: more than 1 is the interleaved schedule.
+    #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
+    vpp: u64,
+    /// Context-parallel GPUs (the sequence split across GPUs).
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    pub cp: u64,
+    /// Turn off Megatron's sequence parallelism (on by default with --tp).
+    #[arg(long, conflicts_with = "infer")]
+    no_sequence_parallel: bool,
+    /// Overlap tensor-parallel communication with the GEMMs (Transformer Engine, Megatron's --tp-comm-overlap).
+    #[arg(long, conflicts_with = "infer")]
+    tp_comm_overlap: bool,
+    /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
+    #[arg(long, conflicts_with = "infer", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
+    #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
+    accumulation: u64,
+    /// Sequences per optimizer step over all GPUs for --recommend (default: batch × accumulation × data-parallel GPUs).
+    #[arg(long, conflicts_with = "infer", value_parser = positive())]
+    pub global_batch: Option<u64>,
+    /// Full fine-tuning, LoRA adapters over a frozen base, or QLoRA (LoRA over a 4-bit NF4 base).
+    #[arg(long, conflicts_with = "infer", value_enum, default_value_t = FinetuneArg::Full)]
+    finetune: FinetuneArg,
+    /// LoRA rank.
+    #[arg(long, conflicts_with = "infer", default_value_t = 16, value_parser = positive())]
+    lora_rank: u64,
+    /// Linear layers that get adapters: every one, or the query and value projections.
+    #[arg(long, conflicts_with = "infer", value_parser = named::<LoraTargets>(), default_value = "all")]
+    lora_targets: LoraTargets,
+    /// Storage of the frozen base under LoRA (qlora implies nf4).
+    #[arg(long, conflicts_with = "infer", value_parser = named::<BaseWeights>())]
+    base_weights: Option<BaseWeights>,
+    /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the parameters (needs --zero 3).
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Offload>(), default_value = "none")]
+    offload: Offload,
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Precision>(), default_value = "mixed")]
+    pub precision: Precision,
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Optimizer>(), default_value = "adamw")]
+    pub optimizer: Optimizer,
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Attention>(), default_value = "sdpa")]
+    pub attention: Attention,
+    /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
+    /// (one model replica per GPU, full fine-tuning, no or full checkpointing; activations
+    /// from its measured recipes, the peak from the step's phases), Megatron-LM otherwise.
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Framework>(), default_value = "auto")]
+    framework: Framework,
+    /// The output layer and loss: vocabulary logits for every position (causal-lm,
+    /// masked-lm) or a classifier (seq-cls).
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Head>(), default_value = "causal-lm")]
+    head: Head,
+    /// none, full, selective, every-K (e.g. every-4), or optimal.
+    #[arg(long, conflicts_with = "infer", default_value = "none")]
+    pub checkpoint: String,
+    /// Also find the largest micro-batch that fits (searched up to 2^40).
+    #[arg(long, conflicts_with = "infer")]
+    pub max_batch: bool,
+    /// Search precision, attention kernel, checkpointing, the tensor ×
+    /// pipeline × context × data split of --gpus, ZeRO stage, offload and
+    /// micro-batch (with gradient accumulation to --global-batch sequences
+    /// per step) for the configurations that fit, fastest first.
+    #[arg(long, conflicts_with = "infer")]
+    pub recommend: bool,
+    /// Print the configuration for an engine (the best recommendation with --recommend).
+    #[arg(long, conflicts_with = "infer", value_parser = named::<Engine>())]
+    pub emit: Option<Engine>,
+    /// Inference weight format.
+    #[arg(long, requires = "infer", value_parser = named::<WeightFormat>(), default_value = "bf16")]
+    weights: WeightFormat,
+    /// Inference KV-cache element width.
+    #[arg(long, requires = "infer", value_enum, default_value_t = KvArg::Bf16)]
+    kv_dtype: KvArg,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum FinetuneArg {
+    Full,
+    Lora,
+    Qlora,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KvArg {
+    Bf16,
+    Fp8,
+}
+
+/// A whole number of at least 1.
+fn positive() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..)
+}
+
+fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
+    Ok(match s {
+        "none" => Checkpointing::None,
+        "full" => Checkpointing::Full,
+        "selective" => Checkpointing::Selective,
+        "optimal" => Checkpointing::Optimal,
+        other => match other.strip_prefix("every-").map(str::parse::<u64>) {
+            Some(Ok(k)) if k > 0 => Checkpointing::EveryK(k),
+            _ => bail!("--checkpoint {other:?}: expected none, full, selective, every-K or optimal"),
+        },
+    })
+}
+
+impl PlanArgs {
+    /// The training configuration the arguments describe.
+    pub fn train_config(&self) -> Result<TrainConfig> {
+        let a = self;
+        let model_parallel = a.tp.checked_mul(a.pp).and_then(|x| x.checked_mul(a.cp)).unwrap_or(u64::MAX);
+        if !a.gpus.is_multiple_of(model_parallel) || model_parallel > a.gpus {
+            bail!(
+                "--gpus {} is not a multiple of tp × pp × cp = {}",
+                a.gpus,
+                a.tp as u128 * a.pp as u128 * a.cp as u128
+            );
+        }
+        let data = a.gpus / model_parallel;
+        if a.batch.checked_mul(a.accumulation).and_then(|x| x.checked_mul(data)).is_none() {
+            bail!(
+            "the global batch, --batch {} × --accumulation {} × {data} data-parallel GPUs, is more than 2^64 sequences",
+            a.batch,
+            a.accumulation
+        );
+        }
+        let finetune = match a.finetune {
+            FinetuneArg::Full => {
+                if a.base_weights.is_some() {
+                    bail!("--base-weights applies to --finetune lora or qlora");
+                }
+                Finetune::Full
+            }
+            FinetuneArg::Lora | FinetuneArg::Qlora => Finetune::Lora {
+                rank: a.lora_rank,
+                targets: a.lora_targets,
+                base: match (a.base_weights, a.finetune) {
+                    (Some(base), _) => base,
+                    (None, FinetuneArg::Qlora) => BaseWeights::Nf4,
+                    (None, _) => BaseWeights::Native,
+                },
+            },
+        };
+        Ok(TrainConfig {
+            micro_batch: a.batch,
+            seq: a.seq,
+            accumulation: a.accumulation,
+            precision: a.precision,
+            optimizer: a.optimizer,
+            attention: a.attention,
+            checkpointing: parse_checkpointing(&a.checkpoint)?,
+            parallel: Parallelism {
+                data,
+                tensor: a.tp,
+                pipeline: a.pp,
+                context: a.cp,
+                sequence_parallel: !a.no_sequence_parallel,
+                virtual_stages: a.vpp,
+                tp_comm_overlap: a.tp_comm_overlap,
+                zero_stage: a.zero,
+            },
+            finetune,
+            offload: a.offload,
+            coefficients: ActivationModel::default(),
+            framework: a.framework,
+            head: a.head,
+        })
+    }
+}
+
+impl PlanArgs {
+    /// The inference configuration the arguments describe.
+    pub fn infer_config(&self) -> InferConfig {
+        InferConfig {
+            tensor: self.tp,
+            batch: self.batch,
+            seq: self.seq,
+            prefill_chunk: 2048,
+            weights: self.weights,
+            kv_bytes: match self.kv_dtype {
+                KvArg::Bf16 => 2.0,
+                KvArg::Fp8 => 1.0,
+            },
+        }
+    }
+
+    /// `--infer` plans one tensor-parallel group of a generating model.
+    pub fn check_inference(&self, model: &Model) -> Result<()> {
+        if !model.generates() {
+            bail!("{} is an encoder: --infer plans generation with a KV cache; plan its training instead", model.name);
+        }
+        check_positions(model, self.seq)?;
+        if self.pp > 1 || self.cp > 1 || self.gpus != self.tp {
+            bail!("--infer plans one tensor-parallel group: set --gpus equal to --tp (and no --pp or --cp)");
+        }
+        if !model.heads.is_multiple_of(self.tp) {
+            bail!("--tp {} does not divide the {} attention heads", self.tp, model.heads);
+        }
+        Ok(())
+    }
+}
+
+/// Learned position tables end at `max_position`: no longer sequence exists.
+pub fn check_positions(model: &Model, seq: u64) -> Result<()> {
+    if model.learned_positions() && seq > model.max_position {
+        bail!(
+            "--seq {seq}: {} has {} learned positions, and no sequence may be longer",
+            model.name,
+            model.max_position
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! `headroom plan --json`: one object, keys in docs/JSON.md. Byte figures are
+//! whole bytes; enum values are the library's stable names ([`Named`]).
+
+use super::{checkpoint_name, finetune_name, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use headroom_plan::names::Named;
+use headroom_plan::parallel::Parallelism;
+use serde_json::{json, Value};
+
+/// A byte figure: the estimate is in real numbers, the answer in whole bytes.
+fn bytes(x: f64) -> u64 {
+    x.round() as u64
+}
+
+fn parallel(p: &Parallelism) -> Value {
+    json!({
+        "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
+        "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel && p.tensor > 1,
+        "zero_stage": p.zero_stage,
+    })
+}
+
+pub(super) fn train(p: &TrainPlan) -> Value {
+    let (e, cfg) = (&p.estimate, &p.cfg);
+    let b = &e.breakdown;
+    let recommendations: Vec<Value> = p
+        .recommendations
+        .iter()
+        .take(20)
+        .map(|r| {
+            json!({
+                "precision": r.config.precision.name(),
+                "attention": r.config.attention.name(),
+                "checkpoint": checkpoint_name(r.config.checkpointing),
+                "framework": r.estimate.framework.name(),
+                "parallel": parallel(&r.config.parallel),
+                "zero_stage": r.config.parallel.zero_stage,
+                "offload": r.config.offload.name(),
+                "micro_batch": r.config.micro_batch,
+                "accumulation": r.config.accumulation,
+                "per_gpu_bytes": bytes(r.estimate.per_gpu_bytes),
+                "step_time_s": r.estimate.step_time_s,
+                "tokens_per_s": r.estimate.tokens_per_s,
+                "mfu": r.estimate.mfu,
+            })
+        })
+        .collect();
+    let phases = e.phases.map(|ph| {
+        json!({
+            "forward": bytes(ph.forward.total), "backward": bytes(ph.backward.total),
+            "optimizer": bytes(ph.optimizer.total),
+        })
+    });
+    json!({
+        "model": p.model.name,
+        "params": p.model.params(),
+        "gpu": p.gpu.name,
+        "gpu_memory_bytes": p.gpu.memory_bytes,
+        "mode": "train",
+        "gpus": cfg.parallel.gpus(),
+        "parallel": parallel(&cfg.parallel),
+        "accumulation": cfg.accumulation,
+        "global_batch": cfg.global_batch(),
+        "finetune": finetune_name(cfg.finetune),
+        "offload": cfg.offload.name(),
+        "trainable_params": e.trainable_params,
+        "fits": e.fits,
+        "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "pipeline_stage": e.stage.name(),
+        "breakdown": {
+            "weights": bytes(b.weights), "gradients": bytes(b.gradients), "optimizer": bytes(b.optimizer),
+            "activations": bytes(b.activations), "logits": bytes(b.logits), "kv_cache": 0,
+            "temporary": bytes(b.temporary), "framework": bytes(b.framework),
+        },
+        "host_bytes": bytes(e.host_bytes),
+        "allocated_bytes": bytes(e.allocated_bytes),
+        "tensor_bytes": bytes(e.tensor_bytes),
+        "framework": e.framework.name(),
+        "peak_phase": e.phase.map(|ph| ph.name()),
+        "phases": phases,
+        "step_time_s": e.step_time_s,
+        "tokens_per_s": e.tokens_per_s,
+        "mfu": e.mfu,
+        "recompute_fraction": e.recompute_fraction,
+        "max_batch": p.max_batch,
+        "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
+        "configurations_searched": p.searched,
+        "recommendations": recommendations,
+        "engine_config": p.engine_config,
+        "note": e.note,
+        "context_note": p.context_note,
+    })
+}
+
+pub(super) fn infer(p: &InferPlan) -> Value {
+    let e = &p.estimate;
+    json!({
+        "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
+        "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "breakdown": {
+            "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),
+            "logits": bytes(e.logits), "kv_cache": bytes(e.kv_cache), "temporary": 0, "framework": bytes(e.framework),
+        },
+        "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
+        "context_note": p.context_note,
+    })
+}

@@ -1,0 +1,239 @@
+//! `headroom plan`'s text: the configuration, a bar per term, the total and
+//! whether it fits, then the step time, the search and the engine config.
+
+use super::{checkpoint_name, finetune_name, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use headroom_alloc::units::format_size;
+use headroom_plan::names::Named;
+use headroom_plan::parallel::Parallelism;
+use headroom_plan::step::Phase;
+use headroom_plan::train::{Finetune, Offload, PipelineStage};
+
+pub(super) fn train(p: &TrainPlan) -> String {
+    let (a, e, cfg) = (p.args, &p.estimate, &p.cfg);
+    let (b, par) = (&e.breakdown, &cfg.parallel);
+    let mut out = String::new();
+    outln!(
+        out,
+        "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}",
+        p.model,
+        p.gpu.name,
+        format_size(p.gpu.memory_bytes),
+        match cfg.finetune {
+            Finetune::Full => "training".to_string(),
+            _ => format!("{} fine-tuning ({} trainable parameters)", finetune_name(cfg.finetune), e.trainable_params),
+        },
+        a.batch,
+        a.seq,
+        if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
+        cfg.precision.name(),
+        cfg.optimizer.name(),
+        cfg.attention.name(),
+        a.checkpoint,
+    );
+    if par.gpus() > 1 || cfg.offload != Offload::None {
+        outln!(out, "{}", layout_line(par, cfg.offload));
+    }
+    outln!(out);
+    let terms = [
+        ("weights", b.weights),
+        ("gradients", b.gradients),
+        ("optimizer", b.optimizer),
+        ("activations", b.activations),
+        ("logits", b.logits),
+        ("temporary", b.temporary),
+        ("framework", b.framework),
+    ];
+    terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
+    outln!(
+        out,
+        "tensors alone (torch.cuda.max_memory_allocated): {}; the framework term is the CUDA context, NCCL and the allocator's slack",
+        format_size(e.allocated_bytes as u64)
+    );
+    if let (Some(phase), Some(ph)) = (e.phase, e.phases) {
+        outln!(
+            out,
+            "the peak is in the {} (transformers' code: forward {}, backward {}, optimizer step {}, tensors only)",
+            match phase {
+                Phase::Forward => "forward, at the loss",
+                Phase::Backward => "backward",
+                Phase::Optimizer => "optimizer step",
+            },
+            format_size(ph.forward.total as u64),
+            format_size(ph.backward.total as u64),
+            format_size(ph.optimizer.total as u64)
+        );
+    }
+    if par.pipeline > 1 {
+        outln!(
+            out,
+            "(the {} pipeline stage: {})",
+            e.stage.name(),
+            if e.stage == PipelineStage::First {
+                "the embedding and the most micro-batches in flight"
+            } else {
+                "the head and the logits"
+            }
+        );
+    }
+    if e.host_bytes > 0.0 {
+        outln!(out, "host memory per node for the offloaded states: {}", format_size(e.host_bytes as u64));
+    }
+    if let Some(n) = &e.note {
+        outln!(out, "{n}");
+    }
+    if let Some(n) = &p.context_note {
+        outln!(out, "note: {n}");
+    }
+    outln!(
+        out,
+        "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
+        e.step_time_s,
+        e.tokens_per_s,
+        if par.gpus() > 1 { " over all GPUs" } else { "" },
+        e.mfu * 100.0,
+        e.recompute_fraction * 100.0
+    );
+    if let Some(m) = p.max_batch {
+        if m >= MAX_BATCH_SEARCHED {
+            outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
+        } else {
+            outln!(out, "largest micro-batch that fits: {m}");
+        }
+    }
+    if a.recommend {
+        recommendations(&mut out, p);
+    }
+    if let Some(text) = &p.engine_config {
+        outln!(out);
+        outln!(out, "{text}");
+    }
+    out
+}
+
+fn recommendations(out: &mut String, p: &TrainPlan) {
+    outln!(out);
+    outln!(
+        out,
+        "{} of {} configurations fit; fastest for {} sequences per step on {} GPUs:",
+        p.recommendations.len(),
+        p.searched,
+        p.global_batch,
+        p.args.gpus
+    );
+    outln!(
+        out,
+        "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10} {:>10} {:>5}",
+        "prec",
+        "attn",
+        "checkpoint",
+        "framework",
+        "tp·pp·cp·dp",
+        "zero",
+        "offload",
+        "micro",
+        "accum",
+        "per GPU",
+        "step (s)",
+        "tokens/s",
+        "MFU"
+    );
+    for r in p.recommendations.iter().take(10) {
+        let l = &r.config.parallel;
+        outln!(
+            out,
+            "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
+            r.config.precision.name(),
+            r.config.attention.name(),
+            checkpoint_name(r.config.checkpointing),
+            r.estimate.framework.name(),
+            format!(
+                "{}·{}{}·{}·{}",
+                l.tensor,
+                l.pipeline,
+                if l.virtual_stages > 1 { format!("v{}", l.virtual_stages) } else { String::new() },
+                l.context,
+                l.data
+            ),
+            l.zero_stage,
+            r.config.offload.name(),
+            r.config.micro_batch,
+            r.config.accumulation,
+            format_size(r.estimate.per_gpu_bytes as u64),
+            r.estimate.step_time_s,
+            r.estimate.tokens_per_s,
+            r.estimate.mfu * 100.0
+        );
+    }
+}
+
+pub(super) fn infer(p: &InferPlan) -> String {
+    let (a, e) = (p.args, &p.estimate);
+    let mut out = String::new();
+    outln!(
+        out,
+        "{} on {} ({}), inference: {} sequences × {} tokens",
+        p.model,
+        p.gpu.name,
+        format_size(p.gpu.memory_bytes),
+        a.batch,
+        a.seq
+    );
+    outln!(out);
+    let terms = [
+        ("weights", e.weights),
+        ("kv cache", e.kv_cache),
+        ("activations", e.activations),
+        ("logits", e.logits),
+        ("framework", e.framework),
+    ];
+    terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
+    outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
+    if let Some(n) = &p.context_note {
+        outln!(out, "note: {n}");
+    }
+    out
+}
+
+fn layout_line(p: &Parallelism, offload: Offload) -> String {
+    let mut parts = vec![format!("{} GPUs", p.gpus())];
+    if p.tensor > 1 {
+        parts.push(format!(
+            "tensor {}{}",
+            p.tensor,
+            if p.sequence_parallel { " with sequence parallelism" } else { "" }
+        ));
+    }
+    if p.pipeline > 1 {
+        parts.push(format!(
+            "pipeline {} ({})",
+            p.pipeline,
+            if p.virtual_stages > 1 { format!("interleaved, {} chunks", p.virtual_stages) } else { "1F1B".into() }
+        ));
+    }
+    if p.context > 1 {
+        parts.push(format!("context {}", p.context));
+    }
+    parts.push(format!("data {} with ZeRO-{}", p.data, p.zero_stage));
+    if offload != Offload::None {
+        parts.push(format!("offloading the {} to the CPU", offload.name().replace('+', " and ")));
+    }
+    parts.join(", ")
+}
+
+/// A bar per term, the total, and whether it fits.
+fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
+    let scale = (capacity as f64).max(total);
+    for (name, bytes) in terms {
+        let width = ((bytes / scale) * 40.0).round() as usize;
+        outln!(out, "  {name:<12} {:>12}  {}", format_size(*bytes as u64), "█".repeat(width));
+    }
+    outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
+    outln!(out);
+    outln!(
+        out,
+        "{}: {} of {} per GPU",
+        if fits { "fits" } else { "does NOT fit" },
+        format_size(total as u64),
+        format_size(capacity)
+    );
+}

@@ -1,0 +1,294 @@
+//! What a training run is: precision, optimizer, attention kernel, checkpointing, fine-tuning,
+//! offload, parallel layout, and the coefficients of the activation and time model.
+
+use crate::gpu::GpuSpec;
+use crate::model::{Head, Model};
+use crate::names::{named, Named};
+use crate::parallel::Parallelism;
+
+/// Precision regimes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything fp32.
+    Fp32,
+    /// `torch.autocast`: fp32 weights, gradients and optimizer; 16-bit activations.
+    Amp,
+    /// 16-bit weights and gradients with an fp32 master copy in the optimizer (DeepSpeed, Megatron).
+    Mixed,
+    /// Everything bf16, optimizer states included (no master copy).
+    Bf16,
+    /// Transformer Engine fp8: mixed precision plus an fp8 copy of the weights,
+    /// linear layers computed and their inputs saved in fp8.
+    Fp8,
+}
+
+/// Optimizers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimizer {
+    AdamW,
+    Sgd,
+    SgdMomentum,
+    Adafactor,
+    Adam8bit,
+}
+
+/// Attention kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    /// Materialises the s×s scores and probabilities.
+    Eager,
+    /// PyTorch's scaled_dot_product_attention (flash or memory-efficient kernel).
+    Sdpa,
+    Flash,
+}
+
+/// Activation checkpointing policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checkpointing {
+    None,
+    /// Keep each layer's input; recompute each layer in the backward.
+    Full,
+    /// Recompute only the attention core (Korthikanti et al.).
+    Selective,
+    /// Keep the input of every k-th layer.
+    EveryK(u64),
+    /// The fastest schedule that fits the GPU ([`crate::checkpoint`]).
+    Optimal,
+}
+
+/// Which linear layers get LoRA adapters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoraTargets {
+    /// Every linear layer of every block (QLoRA's recommendation; peft's "all-linear").
+    All,
+    /// The query and value projections (the LoRA paper's Wq, Wv).
+    QueryValue,
+}
+
+/// How the frozen base of a LoRA run is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BaseWeights {
+    /// The training precision's weight width (2 bytes, or 4 for fp32/AMP).
+    Native,
+    /// bitsandbytes LLM.int8: 1 byte plus a scale per row.
+    Int8,
+    /// QLoRA's NormalFloat4 with double quantization: 4.127 bits.
+    Nf4,
+}
+
+/// Full fine-tuning or adapters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finetune {
+    Full,
+    Lora { rank: u64, targets: LoraTargets, base: BaseWeights },
+}
+
+/// CPU offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    None,
+    /// Optimizer state, master weights and gradients live on the CPU; the CPU runs the optimizer step.
+    Optimizer,
+    /// The 16-bit weights too (needs ZeRO-3): fetched layer by layer.
+    OptimizerAndParams,
+}
+
+/// The coefficients of the activation and time model, in one place so that
+/// a calibration from a measured run can replace them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActivationModel {
+    /// sbh coefficient independent of the MLP width (attention linears, norms, dropouts): 18.
+    pub c0: f64,
+    /// sb·f coefficient of a 2-matrix GELU MLP (its 4h form gives Korthikanti's 16 of 34): 4.
+    pub c1_mlp: f64,
+    /// The same for a gated MLP (one more f-wide tensor saved): 6.
+    pub c1_gated: f64,
+    /// Of c₀, what tensor parallelism without sequence parallelism replicates (norm inputs, their outputs, dropout masks): 10.
+    pub c0_replicated: f64,
+    /// Of c₀, the inputs of linear layers (QKV, output projection, MLP input): 6; saved in fp8 under fp8.
+    pub c0_linear_inputs: f64,
+    /// Of c₁, the input of the MLP's last linear layer: 2.
+    pub c1_linear_inputs: f64,
+    /// fp32 copies of the logits alive at the loss's peak (the upcast, log-softmax's output, the gradient): 3.
+    pub logits_fp32_copies: f64,
+    /// Low-precision copies alive with them under 16-bit training (the logits, the gradient): 2.
+    pub logits_low_precision_copies: f64,
+    /// Fraction of the dense peak the step reaches (llm-analysis's training default).
+    pub mfu: f64,
+    /// Parameters a CPU optimizer step updates per second, per GPU's share (DeepSpeed CPU-Adam).
+    pub host_optimizer_params_per_s: f64,
+    /// Fraction of the HBM bandwidth a memory-bound kernel (the optimizer step) reaches
+    /// (llm-analysis's default).
+    pub hbm_efficiency: f64,
+    /// What the caching allocator reserves beyond the tensors that churn each step
+    /// (activations, logits, temporaries): block rounding and cached free blocks, 5%
+    /// (research/estimation.md §9: 5–15% of reserved over allocated).
+    pub allocator_slack: f64,
+}
+
+impl Default for ActivationModel {
+    fn default() -> Self {
+        ActivationModel {
+            c0: 18.0,
+            c1_mlp: 4.0,
+            c1_gated: 6.0,
+            c0_replicated: 10.0,
+            c0_linear_inputs: 6.0,
+            c1_linear_inputs: 2.0,
+            logits_fp32_copies: 3.0,
+            logits_low_precision_copies: 2.0,
+            mfu: 0.5,
+            host_optimizer_params_per_s: 1e9,
+            hbm_efficiency: 0.9,
+            allocator_slack: 0.05,
+        }
+    }
+}
+
+/// A training configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainConfig {
+    pub micro_batch: u64,
+    pub seq: u64,
+    /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
+    pub accumulation: u64,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub attention: Attention,
+    pub checkpointing: Checkpointing,
+    pub parallel: Parallelism,
+    pub finetune: Finetune,
+    pub offload: Offload,
+    pub coefficients: ActivationModel,
+    /// Whose code runs the step: its activations and what each phase keeps.
+    pub framework: Framework,
+    /// The output layer and loss.
+    pub head: Head,
+}
+
+/// Whose code runs a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framework {
+    /// Hugging Face transformers (with the Trainer, Accelerate, DeepSpeed or FSDP) where it
+    /// can run the job — one model replica per GPU, full fine-tuning, no or full
+    /// checkpointing — and Megatron-LM otherwise.
+    Auto,
+    /// transformers' own modelling code: its activation recipes and the step's phases ([`crate::step`]).
+    HuggingFace,
+    /// Megatron-LM's fused kernels: Korthikanti et al.'s activations, all terms at once.
+    Megatron,
+}
+
+named!(Framework {
+    Auto => ("auto", "Hugging Face transformers where it can run the job, Megatron-LM otherwise"),
+    HuggingFace => ("hf", "Hugging Face transformers"),
+    Megatron => ("megatron", "Megatron-LM"),
+});
+
+named!(Precision {
+    Mixed => ("mixed", "16-bit weights and gradients, fp32 master copy in the optimizer"),
+    Amp => ("amp", "torch.autocast: fp32 weights, 16-bit activations"),
+    Bf16 => ("bf16", "everything bf16, optimizer states included"),
+    Fp32 => ("fp32", "everything fp32"),
+    Fp8 => ("fp8", "Transformer Engine fp8 (Hopper, Ada, Blackwell, MI300)"),
+});
+
+named!(Optimizer {
+    AdamW => ("adamw", ""),
+    Sgd => ("sgd", ""),
+    SgdMomentum => ("sgd-momentum", ""),
+    Adafactor => ("adafactor", ""),
+    Adam8bit => ("adam8bit", "bitsandbytes 8-bit Adam"),
+});
+
+named!(Attention {
+    Eager => ("eager", "materialises the scores"),
+    Sdpa => ("sdpa", "torch's scaled_dot_product_attention"),
+    Flash => ("flash", "FlashAttention"),
+});
+
+named!(LoraTargets {
+    All => ("all", "every linear layer"),
+    QueryValue => ("qv", "the query and value projections"),
+});
+
+named!(BaseWeights {
+    Native => ("native", "the training precision's width"),
+    Int8 => ("int8", "bitsandbytes LLM.int8"),
+    Nf4 => ("nf4", "QLoRA's NormalFloat4"),
+});
+
+impl Named for Offload {
+    const ALL: &'static [Self] = &[Offload::None, Offload::Optimizer, Offload::OptimizerAndParams];
+    fn name(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+            Offload::OptimizerAndParams => "optimizer+params",
+        }
+    }
+    fn arg(self) -> &'static str {
+        match self {
+            Offload::OptimizerAndParams => "params",
+            other => other.name(),
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            Offload::None => "",
+            Offload::Optimizer => "the optimizer state, master weights and gradients",
+            Offload::OptimizerAndParams => "the optimizer and the parameters (needs --zero 3)",
+        }
+    }
+}
+
+impl TrainConfig {
+    /// One GPU, full fine-tuning, no offload, default coefficients.
+    pub fn new(micro_batch: u64, seq: u64, precision: Precision, optimizer: Optimizer) -> TrainConfig {
+        TrainConfig {
+            micro_batch,
+            seq,
+            accumulation: 1,
+            precision,
+            optimizer,
+            attention: Attention::Sdpa,
+            checkpointing: Checkpointing::None,
+            parallel: Parallelism::default(),
+            finetune: Finetune::Full,
+            offload: Offload::None,
+            coefficients: ActivationModel::default(),
+            framework: Framework::Auto,
+            head: Head::CausalLm,
+        }
+    }
+
+    /// Whether `model` can train this way on `gpu`; the reason if not.
+    pub fn check(&self, model: &Model, gpu: &GpuSpec) -> Result<(), String> {
+        if self.micro_batch == 0 || self.seq == 0 || self.accumulation == 0 {
+            return Err("micro-batch, sequence length and accumulation must be positive".into());
+        }
+        self.parallel.check(model, self.seq)?;
+        if self.precision == Precision::Fp8 && gpu.fp8_flops.is_none() {
+            return Err(format!("{} has no fp8 tensor cores (Hopper, Ada, Blackwell and MI300 do)", gpu.name));
+        }
+        if self.offload == Offload::OptimizerAndParams && self.parallel.zero_stage < 3 {
+            return Err("offloading the parameters needs ZeRO stage 3".into());
+        }
+        if self.checkpointing == Checkpointing::Optimal && self.parallel.pipeline > 1 {
+            return Err(
+                "optimal checkpointing plans one pipeline stage; with --pp use full, selective or every-K".into()
+            );
+        }
+        if let Finetune::Lora { rank, .. } = self.finetune {
+            if rank == 0 {
+                return Err("the LoRA rank must be positive".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Sequences per optimizer step over all data-parallel replicas.
+    pub fn global_batch(&self) -> u64 {
+        self.micro_batch.saturating_mul(self.accumulation).saturating_mul(self.parallel.data)
+    }
+}

@@ -1,0 +1,428 @@
+//! Memory per GPU, term by term, for one pipeline stage (see the table in the parent module).
+
+use super::time::{forward_flops, ForwardFlops};
+use super::{
+    Attention, BaseWeights, Breakdown, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer,
+    PipelineStage, Precision, TrainConfig, GIB,
+};
+use crate::checkpoint::{self, Chain, Loss, Stage};
+use crate::gpu::GpuSpec;
+use crate::model::{Family, Head, Model};
+use crate::parallel::Parallelism;
+use crate::recipe::{self, Recipe};
+use crate::step::{self, Phases, StepParts};
+
+/// Weights, gradients and optimizer state: bytes per parameter, or bytes per GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ModelStates {
+    pub weights: f64,
+    pub gradients: f64,
+    /// Optimizer state, with the fp32 master weights where the precision keeps them.
+    pub optimizer: f64,
+}
+
+impl ModelStates {
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer
+    }
+}
+
+/// One layer's activations on this GPU for one micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct LayerActivations {
+    /// What the layer keeps for its backward.
+    pub kept: f64,
+    /// Of which the attention core.
+    pub core: f64,
+    /// The layer's input (what full checkpointing keeps).
+    pub input: f64,
+}
+
+/// Bytes per parameter of weights, gradients and optimizer state, unsharded.
+pub fn state_bytes_per_param(hidden: u64, precision: Precision, optimizer: Optimizer) -> ModelStates {
+    // Adafactor factors the second moment of an n×m matrix into n + m values.
+    let adafactor = 2.0 * 4.0 / hidden as f64;
+    let (w, g, master, state_width) = match precision {
+        Precision::Fp32 | Precision::Amp => (4.0, 4.0, 0.0, 4.0),
+        Precision::Mixed => (2.0, 2.0, 4.0, 4.0),
+        // The fp8 copy of the weights is kept beside the bf16 ones for the step.
+        Precision::Fp8 => (3.0, 2.0, 4.0, 4.0),
+        Precision::Bf16 => (2.0, 2.0, 0.0, 2.0),
+    };
+    let states = match optimizer {
+        Optimizer::AdamW => 2.0 * state_width,
+        Optimizer::SgdMomentum => state_width,
+        Optimizer::Sgd => 0.0,
+        Optimizer::Adafactor => adafactor,
+        Optimizer::Adam8bit => 2.0,
+    };
+    ModelStates { weights: w, gradients: g, optimizer: master + states }
+}
+
+/// Weights, gradients and optimizer bytes per GPU for `params` trainable
+/// parameters under the ZeRO stage (1 shards the optimizer state over the
+/// data-parallel GPUs, 2 also the gradients, 3 also the weights) and offload.
+pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates {
+    let ModelStates { weights: w, gradients: g, optimizer: o } =
+        state_bytes_per_param(hidden, cfg.precision, cfg.optimizer);
+    let par = &cfg.parallel;
+    let n = par.data.max(1) as f64;
+    let shard = |stage: u8| if par.zero_stage >= stage { n } else { 1.0 };
+    let psi = params as f64;
+    let weights = if cfg.offload == Offload::OptimizerAndParams { 0.0 } else { w * psi / shard(3) };
+    let (gradients, optimizer) = match cfg.offload {
+        Offload::None => (g * psi / shard(2), o * psi / shard(1)),
+        Offload::Optimizer | Offload::OptimizerAndParams => (0.0, 0.0),
+    };
+    ModelStates { weights, gradients, optimizer }
+}
+
+pub(super) fn activation_width(p: Precision) -> f64 {
+    if p == Precision::Fp32 {
+        4.0
+    } else {
+        2.0
+    }
+}
+
+/// The GPU's share of the model: parameters on its pipeline stage ÷ tensor
+/// parallelism, split into what trains and what is frozen.
+pub(super) struct Share {
+    /// Parameters with gradients and optimizer state.
+    pub trainable: f64,
+    /// Frozen parameters stored at the base width (LoRA's quantizable linears).
+    pub frozen_linear: f64,
+    /// Frozen parameters at the training width (embeddings and norms under LoRA).
+    pub frozen_other: f64,
+}
+
+/// Parameters on one stage: its layers plus the embedding (first) or the head (last).
+fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage, output: Head) -> f64 {
+    let layers = model.layers.div_ceil(par.pipeline.max(1)) as f64;
+    let t = par.tensor.max(1) as f64;
+    let head = (model.vocab * model.hidden) as f64;
+    let embedding = model.embedding_params() as f64 - if model.tied_embeddings { 0.0 } else { head };
+    (match stage {
+        PipelineStage::Only => model.params_with(output) as f64,
+        PipelineStage::First => layers * model.layer_params() as f64 + embedding,
+        // Megatron keeps a copy of a tied embedding on the last stage for the head.
+        PipelineStage::Last => layers * model.layer_params() as f64 + head,
+    }) / t
+}
+
+pub(super) fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
+    let all = stage_params(model, &cfg.parallel, stage, cfg.head);
+    match cfg.finetune {
+        Finetune::Full => Share { trainable: all, frozen_linear: 0.0, frozen_other: 0.0 },
+        Finetune::Lora { rank, targets, .. } => {
+            let t = cfg.parallel.tensor.max(1) as f64;
+            let layers = match stage {
+                PipelineStage::Only => model.layers,
+                _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
+            } as f64;
+            let linears = model.block_linears();
+            let targeted: &[(u64, u64)] = match targets {
+                LoraTargets::All => &linears,
+                // Query and value: the first and third of the attention projections.
+                LoraTargets::QueryValue => &[linears[0], linears[2]],
+            };
+            let adapters = layers * targeted.iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
+            let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
+            Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
+        }
+    }
+}
+
+fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
+    let native = match cfg.precision {
+        Precision::Fp32 | Precision::Amp => 4.0,
+        _ => 2.0,
+    };
+    // peft's prepare_model_for_kbit_training casts what it does not quantize
+    // (embeddings, norms, the head) to fp32.
+    let (base, other) = match cfg.finetune {
+        Finetune::Lora { base: BaseWeights::Int8, .. } => (1.0 + 4.0 / 4096.0, 4.0),
+        // 4-bit values plus double-quantized absmax constants: 0.127 bit a weight (QLoRA §3).
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => ((4.0 + 0.127) / 8.0, 4.0),
+        _ => (native, native),
+    };
+    share.frozen_linear * base + share.frozen_other * other
+}
+
+/// One layer's activation bytes on this GPU for one micro-batch.
+pub(super) fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
+    let par = &cfg.parallel;
+    let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
+    let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
+    let s_local = s / c;
+    let a = model.heads as f64;
+    let width = activation_width(cfg.precision) / 2.0;
+    let k = &cfg.coefficients;
+    let f_over_h = model.intermediate as f64 / h * model.experts_per_token.max(1) as f64;
+    let c1 = if model.gated_mlp { k.c1_gated } else { k.c1_mlp };
+    // sbh coefficients in 16-bit units.
+    let mut coef = k.c0 + c1 * f_over_h;
+    if model.family == Family::T5 {
+        // The decoder's cross-attention block: attention (11) and its norm (2), averaged over all blocks.
+        coef += 13.0 * model.decoder_layers as f64 / model.layers as f64;
+    }
+    let linear_inputs = k.c0_linear_inputs + k.c1_linear_inputs * f_over_h;
+    if let Finetune::Lora { targets: LoraTargets::QueryValue, .. } = cfg.finetune {
+        // A frozen linear layer without an adapter saves no input (autograd saves what a required gradient needs);
+        // the QKV input stays (2 of the 6).
+        coef -= linear_inputs - 2.0;
+    }
+    if cfg.precision == Precision::Fp8 {
+        coef -= linear_inputs / 2.0;
+    }
+    let replicated = if t > 1.0 && !par.sequence_parallel { k.c0_replicated } else { 0.0 };
+    let linear = s_local * b * h * (replicated + (coef - replicated) / t) * width;
+    let core = match cfg.attention {
+        Attention::Eager => 5.0 * a * s_local * s * b * width / t,
+        Attention::Sdpa | Attention::Flash => 4.0 * a * s_local * b / t,
+    };
+    let input = s_local * b * h * 2.0 * width / if par.sequence_parallel { t } else { 1.0 };
+    LayerActivations { kept: linear + core, core, input }
+}
+
+/// One stage's memory.
+pub(super) struct StageMemory {
+    /// Bytes by term (at the peak phase, when the step is modelled by phases).
+    pub breakdown: Breakdown,
+    /// Forward FLOPs recomputed, as a fraction of one forward.
+    pub recompute_fraction: f64,
+    /// Why nothing fits (optimal checkpointing).
+    pub note: Option<String>,
+    /// The step's phases, when transformers' code runs it ([`crate::step`]).
+    pub phases: Option<Phases>,
+    /// Tensors only a GPU has: cuBLAS workspaces.
+    pub gpu_only: f64,
+}
+
+/// The activation recipe of transformers' code for this job, when transformers runs it:
+/// one model replica per GPU, full fine-tuning, no or full checkpointing, a precision
+/// transformers has.
+pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
+    let par = &cfg.parallel;
+    let runs = cfg.framework != Framework::Megatron
+        && cfg.finetune == Finetune::Full
+        && par.tensor == 1
+        && par.pipeline == 1
+        && par.context == 1
+        && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full);
+    if runs {
+        recipe::recipe(model, cfg.precision, cfg.attention)
+    } else {
+        None
+    }
+}
+
+/// What the optimizer step allocates beside its state: `torch.optim.AdamW` with `foreach`
+/// takes the square root of every second moment at once (a tensor the size of the state
+/// it reads); transformers' Adafactor works one parameter at a time in fp32, holding two
+/// tensors the size of the largest (four for 16-bit parameters: their fp32 copy and their
+/// gradient's); SGD updates in place.
+fn optimizer_temp(model: &Model, cfg: &TrainConfig, trainable: f64) -> f64 {
+    let state_width = match cfg.precision {
+        Precision::Bf16 => 2.0,
+        _ => 4.0,
+    };
+    let shard = if cfg.parallel.zero_stage >= 1 { cfg.parallel.data.max(1) as f64 } else { 1.0 };
+    let sixteen_bit = matches!(cfg.precision, Precision::Bf16 | Precision::Mixed | Precision::Fp8);
+    match cfg.optimizer {
+        Optimizer::AdamW => state_width * trainable / shard,
+        Optimizer::Adafactor => 4.0 * if sixteen_bit { 4.0 } else { 2.0 } * largest_param(model),
+        _ => 0.0,
+    }
+}
+
+/// Elements of the largest parameter tensor: the embedding, or an MoE layer's experts
+/// stacked in one tensor (transformers keeps them so), or a block's largest linear.
+fn largest_param(model: &Model) -> f64 {
+    let embedding = (model.vocab * model.hidden) as f64;
+    let linear = model.block_linears().iter().map(|&(i, o)| (i * o) as f64).fold(0.0, f64::max);
+    let experts = if model.experts > 1 {
+        (model.experts * if model.gated_mlp { 2 } else { 1 } * model.intermediate * model.hidden) as f64
+    } else {
+        0.0
+    };
+    embedding.max(linear).max(experts)
+}
+
+pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage) -> StageMemory {
+    let par = &cfg.parallel;
+    let (t, c, p) = (par.tensor.max(1) as f64, par.context.max(1) as f64, par.pipeline.max(1));
+    let sh = share(model, cfg, stage);
+    let ModelStates { weights, gradients, optimizer } = model_states(sh.trainable.round() as u64, model.hidden, cfg);
+    let frozen = if cfg.offload == Offload::OptimizerAndParams {
+        0.0
+    } else {
+        frozen_bytes(&sh, cfg) / if par.zero_stage >= 3 { par.data.max(1) as f64 } else { 1.0 }
+    };
+    let mut br = Breakdown { weights: weights + frozen, gradients, optimizer, ..Breakdown::default() };
+    let (s, b) = (cfg.seq as f64, cfg.micro_batch as f64);
+    let width = activation_width(cfg.precision);
+    let LayerActivations { kept: per_layer, core, input: hidden_state } = layer_activations(model, cfg);
+    let lp = model.layers.div_ceil(p) as f64;
+    // Layers' worth of activations the stage holds: 1F1B keeps up to p micro-batches on the
+    // first stage (fewer with fewer micro-batches), the interleaved schedule a little more.
+    let in_flight = match stage {
+        PipelineStage::Only | PipelineStage::Last => 1.0,
+        PipelineStage::First => {
+            let v = par.virtual_stages.max(1) as f64;
+            let interleaved = if v > 1.0 { 1.0 + (p as f64 - 1.0) / (p as f64 * v) } else { 1.0 };
+            p.min(cfg.accumulation) as f64 * interleaved
+        }
+    };
+    let l = lp * in_flight;
+    if stage != PipelineStage::First {
+        let k = &cfg.coefficients;
+        let per_logit =
+            4.0 * k.logits_fp32_copies + if width < 4.0 { width * k.logits_low_precision_copies } else { 0.0 };
+        br.logits = s / c * b * model.vocab as f64 * per_logit / t;
+    }
+    br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
+    if par.zero_stage >= 3 && par.data > 1 {
+        br.temporary += 4.0 * model.layer_params() as f64 / t;
+    }
+    if let Finetune::Lora { base: BaseWeights::Int8 | BaseWeights::Nf4, .. } = cfg.finetune {
+        let largest = model.block_linears().iter().map(|&(i, o)| i * o).max().unwrap_or(0);
+        br.temporary += 2.0 * largest as f64 / t;
+    }
+    if cfg.offload != Offload::None {
+        // DeepSpeed's reduce bucket (5e8 elements of 16-bit gradients) or the gradients, if fewer.
+        br.temporary += (2.0 * sh.trainable).min(1e9);
+    }
+    br.framework = 0.5 * GIB + if par.gpus() > 1 { 1.5 * GIB } else { 0.0 };
+    let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
+    let layer_flops = (lin + attn) / model.layers as f64;
+    let forward = lin + attn + head;
+    let mut recompute_fraction = 0.0;
+    let mut note = None;
+    br.activations = match cfg.checkpointing {
+        Checkpointing::None => l * per_layer,
+        Checkpointing::Selective => {
+            if cfg.attention == Attention::Eager {
+                // The s² tensors are recomputed: their FLOPs are a small share of the layer's.
+                recompute_fraction = attn / forward;
+            }
+            l * (per_layer - core) + core
+        }
+        Checkpointing::Full => {
+            recompute_fraction = (lin + attn) / forward;
+            l * hidden_state + per_layer
+        }
+        Checkpointing::EveryK(k) => {
+            let k = (k as f64).clamp(1.0, lp);
+            recompute_fraction = (lin + attn) / forward;
+            (l / k).ceil() * hidden_state + k * per_layer
+        }
+        Checkpointing::Optimal => {
+            // The schedule's peak (activations and logits) and the temporaries carry the allocator's slack.
+            let slack = 1.0 + cfg.coefficients.allocator_slack;
+            let fixed = br.weights + br.gradients + br.optimizer + br.framework + slack * br.temporary;
+            let budget = ((gpu.memory_bytes as f64 - fixed) / slack).max(0.0) as u64;
+            // Below one layer's input, no schedule can run: say why without asking the solver.
+            let floor = (hidden_state * 3.0).max(1.0) as u64;
+            let chain = Chain {
+                input_bytes: hidden_state as u64,
+                stages: (0..model.layers)
+                    .map(|i| Stage {
+                        name: format!("layer{i}"),
+                        forward_time: layer_flops,
+                        backward_time: 2.0 * layer_flops,
+                        output_bytes: hidden_state as u64,
+                        saved_bytes: per_layer.max(hidden_state) as u64,
+                        forward_tmp_bytes: 0,
+                        backward_tmp_bytes: 0,
+                    })
+                    .collect(),
+                loss: Loss {
+                    forward_time: head,
+                    backward_time: 2.0 * head,
+                    saved_bytes: br.logits as u64,
+                    ..Loss::default()
+                },
+            };
+            // rotor's 500 slots, fewer for deep models so the table stays near 40 MB.
+            let n = model.layers as f64 + 1.0;
+            let slots = (500.0 * (201.0 / n).powi(2)).clamp(50.0, 500.0) as u32;
+            let solved = if budget < floor {
+                Err(format!(
+                    "the model states and fixed terms take {:.2} GiB of the GPU's {:.2} GiB, leaving {:.2} GiB for \
+                     activations: less than any schedule needs",
+                    fixed / GIB,
+                    gpu.memory_bytes as f64 / GIB,
+                    budget as f64 / GIB
+                ))
+            } else {
+                checkpoint::solve(&chain, budget, slots).map_err(|e| e.to_string())
+            };
+            match solved {
+                Ok(plan) => {
+                    recompute_fraction = (plan.outcome.time - 3.0 * forward).max(0.0) / forward;
+                    // The schedule's peak holds the logits too; report them apart.
+                    (plan.outcome.peak as f64 - br.logits).max(0.0)
+                }
+                Err(e) => {
+                    note = Some(format!("no checkpointing schedule fits: {e}"));
+                    recompute_fraction = (lin + attn) / forward;
+                    l * hidden_state + per_layer
+                }
+            }
+        }
+    };
+    let gpu_only = gpu.arch.cublas_workspace_bytes() as f64;
+    let mut phases = None;
+    if let Some(r) = hf_recipe(model, cfg).filter(|_| stage == PipelineStage::Only) {
+        let checkpointed = cfg.checkpointing == Checkpointing::Full;
+        let mut saved = r.saved(model, b, s, model.layers as f64, checkpointed);
+        let logit_width = match cfg.head {
+            Head::SeqCls => {
+                saved.outside = r.outside_without_vocabulary(model, b, s);
+                // The classifier's few logits a sequence.
+                2.0 / s
+            }
+            Head::CausalLm | Head::MaskedLm => model.vocab as f64,
+        };
+        let g = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer).gradients;
+        let parts = StepParts {
+            weights: br.weights,
+            gradients: br.gradients,
+            optimizer_state: br.optimizer,
+            optimizer_temp: optimizer_temp(model, cfg, sh.trainable),
+            inputs: 16.0 * b * s,
+            saved,
+            tokens: b * s,
+            logit_width,
+            logit_bytes: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
+            loss_bytes: r.loss_bytes(),
+            // A T5 recipe layer is an encoder and a decoder block; one block is recomputed at a time.
+            recomputed_layer: checkpointed
+                .then(|| r.layer_full(model, b, s) / if model.family == Family::T5 { 2.0 } else { 1.0 }),
+            head_gradient: g * (model.vocab * model.hidden) as f64,
+            attention_backward: if cfg.attention == Attention::Eager || !r.has_sdpa() {
+                8.0 * b * model.heads as f64 * s * s
+            } else {
+                0.0
+            },
+            // The embedding's gradient, made last: tied to the head, it is a new tensor added to
+            // the head's gradient — in place in fp32, out of place (one more) in 16 bits.
+            embedding_tail: if model.tied_embeddings && cfg.head != Head::SeqCls {
+                g * (model.vocab * model.hidden) as f64 * if g < 4.0 { 2.0 } else { 1.0 }
+            } else {
+                0.0
+            },
+        };
+        let ph = step::phases(&parts);
+        let (_, peak) = ph.peak();
+        br.gradients = peak.gradients;
+        br.activations = peak.activations + parts.inputs;
+        br.logits = peak.logits;
+        br.temporary += peak.temporary;
+        recompute_fraction = if checkpointed { (lin + attn) / forward } else { 0.0 };
+        phases = Some(ph);
+    }
+    br.framework += cfg.coefficients.allocator_slack * (br.activations + br.logits + br.temporary);
+    StageMemory { breakdown: br, recompute_fraction, note, phases, gpu_only }
+}
