@@ -52,13 +52,14 @@ const UNITS: [(&str, u128); 19] = [
 /// parser saturates values past 2^64 − 1 to 16 EiB without a word and
 /// reports a number too large as an unknown unit: a size typed wrong must be
 /// refused with what is wrong with it.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
+    let text = || s.to_string();
     if t.is_empty() {
-        return Err("a size is needed (write bytes, or e.g. 80GiB, 24GB)".to_string());
+        return Err(SizeError::Empty);
     }
     if t.starts_with('-') {
-        return Err(format!("{s:?} is negative; a size is at least 0 bytes"));
+        return Err(SizeError::Negative(text()));
     }
     let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
     // An `e` that ends the string or starts the unit (`1e`, `2EiB`) is the exabyte unit, not an exponent.
@@ -73,33 +74,45 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         let u = unit.to_ascii_lowercase();
         match UNITS.iter().find(|(name, _)| *name == u) {
             Some(&(_, scale)) => scale,
-            None => {
-                return Err(format!(
-                    "{s:?}: unknown unit `{unit}` (use B, KB, MB, GB, TB, PB, EB or KiB, MiB, GiB, TiB, PiB, EiB)"
-                ))
-            }
+            None => return Err(SizeError::UnknownUnit { text: text(), unit: unit.to_string() }),
         }
     };
     if number.is_empty() {
-        return Err(format!("{s:?} has no number before its unit"));
+        return Err(SizeError::NoNumber(text()));
     }
-    let too_big = || format!("{s:?} is more than the largest size, 2^64 − 1 bytes (16 EiB)");
+    let too_big = || SizeError::TooLarge(text());
     if number.bytes().all(|b| b.is_ascii_digit()) {
         let n: u128 = number.parse().map_err(|_| too_big())?;
         return u64::try_from(n.checked_mul(scale).ok_or_else(too_big)?).map_err(|_| too_big());
     }
-    let x: f64 = match number.parse() {
-        Ok(x) => x,
-        Err(_) => return Err(format!("{s:?} is not a size (write bytes, or e.g. 80GiB, 24GB)")),
-    };
+    let x: f64 = number.parse().map_err(|_| SizeError::NotASize(text()))?;
     if !x.is_finite() {
-        return Err(format!("{s:?} is not a finite size"));
+        return Err(SizeError::NotFinite(text()));
     }
     let bytes = x * scale as f64;
     if bytes >= 18_446_744_073_709_551_616.0 {
         return Err(too_big());
     }
     Ok(bytes as u64)
+}
+
+/// A size that [`parse_size`] refuses, with the text as typed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("a size is needed (write bytes, or e.g. 80GiB, 24GB)")]
+    Empty,
+    #[error("{0:?} is negative; a size is at least 0 bytes")]
+    Negative(String),
+    #[error("{text:?}: unknown unit `{unit}` (use B, KB, MB, GB, TB, PB, EB or KiB, MiB, GiB, TiB, PiB, EiB)")]
+    UnknownUnit { text: String, unit: String },
+    #[error("{0:?} has no number before its unit")]
+    NoNumber(String),
+    #[error("{0:?} is more than the largest size, 2^64 − 1 bytes (16 EiB)")]
+    TooLarge(String),
+    #[error("{0:?} is not a size (write bytes, or e.g. 80GiB, 24GB)")]
+    NotASize(String),
+    #[error("{0:?} is not a finite size")]
+    NotFinite(String),
 }
 
 #[cfg(test)]
@@ -155,7 +168,7 @@ mod tests {
             ("NaN", "unknown unit"),
         ] {
             let e = parse_size(s).unwrap_err();
-            assert!(e.contains(needle), "{s:?}: {e}");
+            assert!(e.to_string().contains(needle), "{s:?}: {e}");
         }
     }
 }

@@ -76,9 +76,15 @@ pub fn repetitions(trace: &[TraceEvent], sites: &mut Sites) -> Option<Repetition
 /// which keep their activations for backward).
 const MAX_KEPT: f64 = 0.25;
 
+/// The repetitions found are not steps (they keep most of what they allocate, as the
+/// layers of one pass do), so no leak can be read from them; the reason, for the report.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotSteps(pub String);
+
 /// The sites that grow across `reps`, largest growth first; an error saying
 /// why when the repetitions are not steps.
-pub fn suspects(walk: &mut Walk, reps: &Repetitions, sites: &mut Sites) -> Result<Vec<LeakSuspect>, String> {
+pub fn suspects(walk: &mut Walk, reps: &Repetitions, sites: &mut Sites) -> Result<Vec<LeakSuspect>, NotSteps> {
     let mut per_site: Vec<Vec<u64>> = Vec::new();
     let trace = walk.trace();
     let mut allocated_at = Vec::new();
@@ -105,14 +111,14 @@ pub fn suspects(walk: &mut Walk, reps: &Repetitions, sites: &mut Sites) -> Resul
     let allocated: u64 = trace[first..last].iter().filter(|e| e.action == TraceAction::Alloc).map(|e| e.size).sum();
     let kept = allocated_at.last().copied().unwrap_or(0).saturating_sub(allocated_at[1]);
     if allocated > 0 && kept as f64 > MAX_KEPT * allocated as f64 {
-        return Err(format!(
+        return Err(NotSteps(format!(
             "leak suspects: the repetitions found ({}, each beginning at {}) keep {:.0}% of what they allocate: \
              stages of one pass (layers keeping activations for backward), not steps; a trace of at least three \
              whole steps is needed",
             reps.starts.len(),
             reps.marker_site,
             100.0 * kept as f64 / allocated as f64
-        ));
+        )));
     }
     let mut out: Vec<LeakSuspect> = per_site
         .into_iter()

@@ -300,7 +300,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
                 r.leak_suspects = s;
                 r.repetitions = Some(reps);
             }
-            Err(why) => r.unavailable.push(why),
+            Err(why) => r.unavailable.push(why.0),
         },
         None => r.unavailable.push(
             "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \

@@ -40,6 +40,11 @@ pub enum FreeOrder {
     PrependUnhashed,
 }
 
+/// A broken invariant of the block pool or the manager: a bug, said where.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("KV block manager invariant broken: {0}")]
+pub struct InvariantViolation(pub String);
+
 /// Not enough free blocks; nothing was changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("KV cache full: {needed} blocks needed, {free} free")]
@@ -315,7 +320,11 @@ impl BlockPool {
     }
 
     /// Checks the invariants of the module documentation.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
+        self.why_invalid().map_err(InvariantViolation)
+    }
+
+    fn why_invalid(&self) -> Result<(), String> {
         let queue = self.free_queue();
         if queue.len() != self.num_free as usize {
             return Err(format!("queue holds {} blocks, num_free is {}", queue.len(), self.num_free));

@@ -5,8 +5,8 @@ pub use headroom_plan::gpu::{gpu, GpuSpec, GPUS};
 pub use headroom_plan::model::Model as ModelSpec;
 
 /// A model preset by name, with the known names in the error.
-pub fn model(name: &str) -> Result<ModelSpec, String> {
-    headroom_plan::model::preset(name).map_err(|e| e.to_string())
+pub fn model(name: &str) -> Result<ModelSpec, headroom_plan::model::ModelError> {
+    headroom_plan::model::preset(name)
 }
 
 #[cfg(test)]
@@ -26,7 +26,7 @@ mod tests {
         ] {
             assert_eq!(model(name).unwrap().kv_bytes_per_token(2.0), kib * 1024.0, "{name}");
         }
-        assert!(model("gpt5").unwrap_err().contains("known presets: gpt2"));
+        assert!(model("gpt5").unwrap_err().to_string().contains("known presets: gpt2"));
         assert!(gpu("H100-SXM").is_ok());
     }
 }

@@ -31,13 +31,19 @@ pub enum Role {
     Output,
 }
 
+/// A length distribution [`LengthDist::parse`] refuses, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("bad length distribution `{text}`: {why} (use N, fixed:N, uniform:A-B, normal:MEAN,STD or sharegpt)")]
+pub struct BadLengthDist {
+    pub text: String,
+    pub why: String,
+}
+
 impl LengthDist {
     /// Parses the forms of the module documentation.
-    pub fn parse(s: &str, role: Role) -> Result<Self, String> {
+    pub fn parse(s: &str, role: Role) -> Result<Self, BadLengthDist> {
         let s = s.trim();
-        let bad = |why: &str| {
-            format!("bad length distribution `{s}`: {why} (use N, fixed:N, uniform:A-B, normal:MEAN,STD or sharegpt)")
-        };
+        let bad = |why: &str| BadLengthDist { text: s.to_string(), why: why.to_string() };
         let num = |t: &str| match t.trim().parse::<f64>() {
             Ok(x) if x.is_finite() => Ok(x),
             Ok(_) => Err(bad(&format!("`{t}` is not a finite number"))),

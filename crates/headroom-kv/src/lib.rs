@@ -42,5 +42,5 @@ pub mod metrics;
 pub mod roofline;
 pub mod sim;
 
-pub use block_pool::{BlockId, BlockPool, FreeOrder, NoCapacity};
+pub use block_pool::{BlockId, BlockPool, FreeOrder, InvariantViolation, NoCapacity};
 pub use manager::{KvCacheManager, KvConfig, KvRequest};

@@ -15,7 +15,7 @@
 //!  table:   [   b7    ][   b2     ][   b9 (partial)]  b7, b2 full -> hashed and cached
 //! ```
 
-use crate::block_pool::{BlockId, BlockPool, FreeOrder, NoCapacity};
+use crate::block_pool::{BlockId, BlockPool, FreeOrder, InvariantViolation, NoCapacity};
 use crate::hash::{hash_block, none_hash, BlockHash};
 use crate::metrics::PrefixCacheStats;
 use rustc_hash::FxHashMap;
@@ -244,7 +244,7 @@ impl KvCacheManager {
 
     /// Checks the pool's invariants and that reference counts equal the
     /// number of requests holding each block.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
         self.pool.validate()?;
         let mut holders = vec![0u32; self.cfg.num_blocks as usize];
         for r in self.requests.values() {
@@ -254,7 +254,10 @@ impl KvCacheManager {
         }
         for (b, &n) in holders.iter().enumerate().skip(1) {
             if self.pool.ref_cnt(b as BlockId) != n {
-                return Err(format!("block {b}: ref_cnt {} but {n} holders", self.pool.ref_cnt(b as BlockId)));
+                return Err(InvariantViolation(format!(
+                    "block {b}: ref_cnt {} but {n} holders",
+                    self.pool.ref_cnt(b as BlockId)
+                )));
             }
         }
         Ok(())

@@ -509,19 +509,19 @@ impl<'a, I: Iterator<Item = Request>> PagedScheduler<'a, I> {
     }
 
     /// One step; `Ok(false)` once every request has finished.
-    pub fn step(&mut self) -> Result<bool, String> {
+    pub fn step(&mut self) -> Result<bool, NoRoom> {
         if self.running.is_empty() && self.front().is_none() {
             return Ok(false);
         }
         if self.schedule() == 0 && self.running.is_empty() {
-            return Err("no request can be scheduled: the KV cache is too small for the next request".into());
+            return Err(NoRoom("no request can be scheduled: the KV cache is too small for the next request".into()));
         }
         self.execute();
         Ok(true)
     }
 
     /// Runs to completion; `progress` hears the number of finished requests now and then.
-    pub fn run(mut self, progress: &mut dyn FnMut(usize)) -> Result<RunReport, String> {
+    pub fn run(mut self, progress: &mut dyn FnMut(usize)) -> Result<RunReport, NoRoom> {
         while self.step()? {
             if self.meter.r.steps.is_multiple_of(256) {
                 progress(self.meter.r.finished);
@@ -541,7 +541,7 @@ pub fn simulate_paged(
     budget: &KvBudget,
     requests: impl Iterator<Item = Request>,
     progress: &mut dyn FnMut(usize),
-) -> Result<RunReport, String> {
+) -> Result<RunReport, NoRoom> {
     PagedScheduler::new(cfg, budget, requests).run(progress)
 }
 
@@ -554,13 +554,13 @@ pub fn simulate_contiguous(
     budget: &KvBudget,
     requests: impl Iterator<Item = Request>,
     progress: &mut dyn FnMut(usize),
-) -> Result<RunReport, String> {
+) -> Result<RunReport, NoRoom> {
     let capacity = blocks_needed(cfg, budget) as usize * cfg.block_size;
     let reserve = cfg.max_model_len;
     if reserve > capacity {
-        return Err(format!(
+        return Err(NoRoom(format!(
             "contiguous reservation of max_model_len = {reserve} tokens exceeds the KV cache ({capacity} tokens)"
-        ));
+        )));
     }
     let mut source = requests;
     // (tokens, computed, output_len, generated) of the running requests.
@@ -593,7 +593,7 @@ pub fn simulate_contiguous(
             if exhausted && running.is_empty() {
                 break;
             }
-            return Err("no request can be scheduled".into());
+            return Err(NoRoom("no request can be scheduled".into()));
         }
         let mut work = StepWork::default();
         let mut finished = Vec::new();

@@ -47,7 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn check(kv: &KvCacheManager, live: &[KvRequest]) -> Result<(), TestCaseError> {
-    kv.validate().map_err(TestCaseError::fail)?;
+    kv.validate().map_err(|e| TestCaseError::fail(e.to_string()))?;
     let pool = kv.pool();
     let mut holders: HashMap<u32, u32> = HashMap::new();
     for r in live {

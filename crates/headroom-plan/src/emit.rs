@@ -99,7 +99,11 @@ fn uneven_stages(layers: u64, stages: u64) -> Result<Option<String>, String> {
 }
 
 /// The configuration text for `engine` to train `model`.
-pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
+pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, crate::CannotEmit> {
+    emit_text(engine, model, cfg).map_err(crate::CannotEmit)
+}
+
+fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let par = &cfg.parallel;
     let ckpt = cfg.checkpointing != Checkpointing::None;
     let accumulation = cfg.accumulation;
@@ -329,7 +333,7 @@ mod tests {
         assert!(mega.contains("--nproc_per_node 6 --nnodes 2"), "{mega}");
         let fsdp = emit(Engine::Fsdp, &m(), &TrainConfig { parallel: Parallelism::data_parallel(64, 3), ..cfg() });
         assert!(fsdp.unwrap().contains("torchrun --nnodes 8 --nproc_per_node 8"));
-        assert!(emit(Engine::Megatron, &m(), &cfg()).unwrap_err().contains("ZeRO-1"));
+        assert!(emit(Engine::Megatron, &m(), &cfg()).unwrap_err().0.contains("ZeRO-1"));
         let pp3 = TrainConfig {
             parallel: Parallelism { data: 1, pipeline: 3, zero_stage: 1, ..Parallelism::default() },
             ..cfg()
@@ -350,7 +354,7 @@ mod tests {
         let ds: serde_json::Value = serde_json::from_str(&emit(Engine::DeepSpeed, &m(), &offload).unwrap()).unwrap();
         assert_eq!(ds["zero_optimization"]["stage"], 2);
         assert_eq!(ds["zero_optimization"]["offload_optimizer"]["device"], "cpu");
-        assert!(emit(Engine::Fsdp, &m(), &offload).unwrap_err().contains("--offload params"));
+        assert!(emit(Engine::Fsdp, &m(), &offload).unwrap_err().0.contains("--offload params"));
         let qlora = TrainConfig {
             finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
             ..cfg()
@@ -362,7 +366,7 @@ mod tests {
             parallel: Parallelism { data: 4, tensor: 8, pipeline: 2, zero_stage: 1, ..Parallelism::default() },
             ..cfg()
         };
-        assert!(emit(Engine::DeepSpeed, &m(), &tp).unwrap_err().contains("--emit megatron"));
+        assert!(emit(Engine::DeepSpeed, &m(), &tp).unwrap_err().0.contains("--emit megatron"));
         let mega = emit(Engine::Megatron, &m(), &tp).unwrap();
         for flag in [
             "--nnodes 8",

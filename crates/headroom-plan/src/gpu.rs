@@ -99,9 +99,10 @@ pub const GPUS: &[GpuSpec] = &[
 ];
 
 /// A GPU by name (case, `_` and spaces ignored).
-pub fn gpu(name: &str) -> Result<GpuSpec, String> {
+pub fn gpu(name: &str) -> Result<GpuSpec, crate::UnknownGpu> {
     let n = name.to_ascii_lowercase().replace(['_', ' '], "-");
-    GPUS.iter().find(|g| g.name == n).copied().ok_or_else(|| {
-        format!("unknown GPU `{name}`; known: {}", GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "))
+    GPUS.iter().find(|g| g.name == n).copied().ok_or_else(|| crate::UnknownGpu {
+        name: name.to_string(),
+        known: GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
     })
 }

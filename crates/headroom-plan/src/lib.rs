@@ -8,6 +8,8 @@
 //! activation-checkpointing solver ([`checkpoint`]).
 
 pub mod checkpoint;
+mod error;
+pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
 pub mod emit;
 pub mod gpu;
 pub mod infer;

@@ -80,7 +80,11 @@ impl Parallelism {
 
     /// Whether the layout can run `model` on sequences of `seq` tokens; the
     /// reason if not.
-    pub fn check(&self, model: &Model, seq: u64) -> Result<(), String> {
+    pub fn check(&self, model: &Model, seq: u64) -> Result<(), crate::InvalidConfig> {
+        self.why_not(model, seq).map_err(crate::InvalidConfig)
+    }
+
+    fn why_not(&self, model: &Model, seq: u64) -> Result<(), String> {
         let (t, p, c, v) = (self.tensor, self.pipeline, self.context, self.virtual_stages);
         if self.data == 0 || t == 0 || p == 0 || c == 0 || v == 0 {
             return Err("parallel degrees must be positive".into());
@@ -202,7 +206,7 @@ mod tests {
     #[test]
     fn layouts_the_model_cannot_take_are_named() {
         let m = preset("llama-2-7b").unwrap();
-        let bad = |p: Parallelism, seq| p.check(&m, seq).unwrap_err();
+        let bad = |p: Parallelism, seq| p.check(&m, seq).unwrap_err().0;
         assert!(bad(Parallelism { tensor: 3, ..Default::default() }, 4096).contains("32 attention heads"));
         assert!(bad(Parallelism { pipeline: 64, ..Default::default() }, 4096).contains("has 32"));
         assert!(bad(Parallelism { pipeline: 4, virtual_stages: 3, ..Default::default() }, 4096).contains("divisible"));

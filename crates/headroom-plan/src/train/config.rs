@@ -263,11 +263,15 @@ impl TrainConfig {
     }
 
     /// Whether `model` can train this way on `gpu`; the reason if not.
-    pub fn check(&self, model: &Model, gpu: &GpuSpec) -> Result<(), String> {
+    pub fn check(&self, model: &Model, gpu: &GpuSpec) -> Result<(), crate::InvalidConfig> {
+        self.why_not(model, gpu).map_err(crate::InvalidConfig)
+    }
+
+    fn why_not(&self, model: &Model, gpu: &GpuSpec) -> Result<(), String> {
         if self.micro_batch == 0 || self.seq == 0 || self.accumulation == 0 {
             return Err("micro-batch, sequence length and accumulation must be positive".into());
         }
-        self.parallel.check(model, self.seq)?;
+        self.parallel.check(model, self.seq).map_err(|e| e.0)?;
         if self.precision == Precision::Fp8 && gpu.fp8_flops.is_none() {
             return Err(format!("{} has no fp8 tensor cores (Hopper, Ada, Blackwell and MI300 do)", gpu.name));
         }

@@ -465,7 +465,7 @@ mod tests {
         assert!(fp8.breakdown.weights > bf16.breakdown.weights);
         assert!(fp8.step_time_s < 0.7 * bf16.step_time_s);
         let a100 = crate::gpu::gpu("a100-80gb").unwrap();
-        assert!(cfg(Precision::Fp8).check(&m, &a100).unwrap_err().contains("fp8"));
+        assert!(cfg(Precision::Fp8).check(&m, &a100).unwrap_err().0.contains("fp8"));
     }
 
     #[test]
