@@ -44,6 +44,8 @@ impl Entries {
     #[inline]
     fn first_at_least(&self, key: u128) -> Option<(u128, u32)> {
         match self {
+            #[cfg(test)]
+            Entries::Small(v) if tests::BROKEN.get() => v.get(v.partition_point(|e| e.0 <= key)).copied(),
             Entries::Small(v) => v.get(v.partition_point(|e| e.0 < key)).copied(),
             Entries::Large(m) => m.range(key..).next().map(|(k, v)| (*k, *v)),
         }
@@ -240,31 +242,60 @@ impl FreeSet {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use proptest::test_runner::{TestError, TestRunner};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// The negative control: the vector's search skips an exact match (an off-by-one).
+        pub(super) static BROKEN: Cell<bool> = const { Cell::new(false) };
+    }
+
+    type Op = (u64, u64, u64, bool);
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec((0u64..3, 1u64..200, 0u64..50, any::<bool>()), 1..600)
+    }
 
     proptest! {
         /// Behaves exactly like the ordered map it replaces, across the small/large switch.
         #[test]
-        fn same_answers_as_a_btreemap(ops in proptest::collection::vec((0u64..3, 1u64..200, 0u64..50, any::<bool>()), 1..600)) {
-            let mut set = FreeSet::default();
-            let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
-            for (n, (stream, size, ptr, insert)) in ops.into_iter().enumerate() {
-                if insert {
-                    let fresh = !model.contains_key(&(stream, size, ptr));
-                    prop_assert_eq!(set.insert(stream, size, ptr, n as u32), fresh);
-                    if fresh {
-                        model.insert((stream, size, ptr), n as u32);
-                    }
-                } else {
-                    prop_assert_eq!(set.remove(stream, size, ptr), model.remove(&(stream, size, ptr)));
-                }
-                prop_assert_eq!(set.len(), model.len());
-                let q = size / 2;
-                let want = model.range((stream, q, 0)..).next().filter(|(k, _)| k.0 == stream).map(|(k, v)| (k.1, k.2, *v));
-                prop_assert_eq!(set.first_at_least(stream, q), want);
-                let below: Vec<_> = model.range((stream, 0, 0)..(stream, q, 0)).rev().map(|(k, v)| (k.1, k.2, *v)).collect();
-                prop_assert_eq!(set.below_descending(stream, q), below);
-                prop_assert_eq!(set.ids(), model.values().copied().collect::<Vec<_>>());
-            }
+        fn same_answers_as_a_btreemap(ops in ops()) {
+            same_answers(ops)?;
         }
+    }
+
+    #[test]
+    fn negative_control_an_off_by_one_search_is_caught() {
+        BROKEN.set(true);
+        let mut runner =
+            TestRunner::new(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() });
+        let result = runner.run(&ops(), same_answers);
+        BROKEN.set(false);
+        assert!(matches!(result, Err(TestError::Fail(..))), "the suite did not catch an off-by-one search: {result:?}");
+    }
+
+    fn same_answers(ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let mut set = FreeSet::default();
+        let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
+        for (n, (stream, size, ptr, insert)) in ops.into_iter().enumerate() {
+            if insert {
+                let fresh = !model.contains_key(&(stream, size, ptr));
+                prop_assert_eq!(set.insert(stream, size, ptr, n as u32), fresh);
+                if fresh {
+                    model.insert((stream, size, ptr), n as u32);
+                }
+            } else {
+                prop_assert_eq!(set.remove(stream, size, ptr), model.remove(&(stream, size, ptr)));
+            }
+            prop_assert_eq!(set.len(), model.len());
+            let q = size / 2;
+            let want = model.range((stream, q, 0)..).next().filter(|(k, _)| k.0 == stream).map(|(k, v)| (k.1, k.2, *v));
+            prop_assert_eq!(set.first_at_least(stream, q), want);
+            let below: Vec<_> =
+                model.range((stream, 0, 0)..(stream, q, 0)).rev().map(|(k, v)| (k.1, k.2, *v)).collect();
+            prop_assert_eq!(set.below_descending(stream, q), below);
+            prop_assert_eq!(set.ids(), model.values().copied().collect::<Vec<_>>());
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! homogeneous chains, brute force on small chains, and the invariants.
 
 use headroom_plan::checkpoint::{
-    baseline, revolve_forwards, revolve_forwards_dp, revolve_repetitions, simulate, solve, Baseline, Chain, Loss,
+    baseline, revolve_forwards, revolve_forwards_dp, revolve_repetitions, simulate, solve, Baseline, Chain, Loss, Plan,
     SolveError, Solver, Stage, Tree,
 };
 use proptest::prelude::*;
@@ -198,6 +198,60 @@ fn stage() -> impl Strategy<Value = (u8, u8, u8, u8, u8, u8)> {
     (1u8..5, 1u8..8, 1u8..6, 0u8..6, 0u8..3, 0u8..3)
 }
 
+type Solve = fn(&Chain, u64, u32) -> Result<Plan, SolveError>;
+
+/// The solver against every schedule the trees express, at every budget.
+fn against_brute_force(stages: &[(u8, u8, u8, u8, u8, u8)], input: u8, solve: Solve) -> Result<(), TestCaseError> {
+    let chain = chain_from(stages, input);
+    let n = chain.len_with_loss();
+    let trees = all_trees(0, n - 1);
+    let outcomes: Vec<_> =
+        trees.iter().map(|t| simulate(&chain, &t.ops(), None).expect("trees give valid schedules")).collect();
+    let max_peak = outcomes.iter().map(|o| o.peak).max().unwrap();
+    for budget in 1..=max_peak + 1 {
+        let brute = outcomes.iter().filter(|o| o.peak <= budget).map(|o| o.time).fold(f64::INFINITY, f64::min);
+        match solve(&chain, budget, BYTE_SLOTS) {
+            Ok(plan) => {
+                prop_assert!(plan.outcome.peak <= budget);
+                prop_assert!(
+                    (plan.outcome.time - brute).abs() < 1e-6,
+                    "budget {}: solver {} brute force {}",
+                    budget,
+                    plan.outcome.time,
+                    brute
+                );
+            }
+            Err(SolveError::Infeasible { least, least_bytes, .. }) => {
+                prop_assert!(brute.is_infinite(), "budget {}: brute force found {}", budget, brute);
+                let least_brute = outcomes.iter().map(|o| o.peak).min().unwrap();
+                prop_assert_eq!(least, Some(least_brute));
+                prop_assert_eq!(least_bytes, least_brute);
+            }
+            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// The negative control: a solver with an off-by-one in its memory check (it plans for one
+/// byte more than the budget) must be caught by the brute-force suite.
+#[test]
+fn negative_control_a_solver_that_overruns_its_budget_by_one_byte_is_caught() {
+    let overrun: Solve = |chain, budget, slots| solve(chain, budget + 1, slots);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&(proptest::collection::vec(stage(), 1..6), 1u8..6), |(stages, input)| {
+        against_brute_force(&stages, input, overrun)
+    });
+    assert!(
+        matches!(result, Err(proptest::test_runner::TestError::Fail(..))),
+        "the brute-force suite did not catch a solver that overruns its budget: {result:?}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
@@ -205,27 +259,7 @@ proptest! {
     /// trees express, executed by the validator, at every budget.
     #[test]
     fn equals_brute_force(stages in proptest::collection::vec(stage(), 1..6), input in 1u8..6) {
-        let chain = chain_from(&stages, input);
-        let n = chain.len_with_loss();
-        let trees = all_trees(0, n - 1);
-        let outcomes: Vec<_> = trees.iter().map(|t| simulate(&chain, &t.ops(), None).expect("trees give valid schedules")).collect();
-        let max_peak = outcomes.iter().map(|o| o.peak).max().unwrap();
-        for budget in 1..=max_peak + 1 {
-            let brute = outcomes.iter().filter(|o| o.peak <= budget).map(|o| o.time).fold(f64::INFINITY, f64::min);
-            match solve(&chain, budget, BYTE_SLOTS) {
-                Ok(plan) => {
-                    prop_assert!(plan.outcome.peak <= budget);
-                    prop_assert!((plan.outcome.time - brute).abs() < 1e-6, "budget {}: solver {} brute force {}", budget, plan.outcome.time, brute);
-                }
-                Err(SolveError::Infeasible { least, least_bytes, .. }) => {
-                    prop_assert!(brute.is_infinite(), "budget {}: brute force found {}", budget, brute);
-                    let least_brute = outcomes.iter().map(|o| o.peak).min().unwrap();
-                    prop_assert_eq!(least, Some(least_brute));
-                    prop_assert_eq!(least_bytes, least_brute);
-                }
-                Err(e) => return Err(TestCaseError::fail(e.to_string())),
-            }
-        }
+        against_brute_force(&stages, input, solve)?;
     }
 
     /// Monotone in the budget, store-all above its peak, never worse than a baseline that fits.
