@@ -96,6 +96,15 @@ fn admit(kv: &mut KvCacheManager, mut r: KvRequest, live: &mut Vec<KvRequest>) -
     Ok(())
 }
 
+/// Preemption by recompute: the blocks go back, and the request waits with every token it has.
+fn preempt(kv: &mut KvCacheManager, live: &mut Vec<KvRequest>, i: usize, preempted: &mut Vec<KvRequest>) {
+    let mut r = live.swap_remove(i);
+    kv.free(r.id);
+    r.num_computed_tokens = 0;
+    r.num_preemptions += 1;
+    preempted.push(r);
+}
+
 fn run(ops: &[Op], order: FreeOrder, caching: bool, broken: bool) -> Result<(), TestCaseError> {
     let bs = 4;
     let mut kv = KvCacheManager::new(KvConfig {
@@ -135,11 +144,7 @@ fn run(ops: &[Op], order: FreeOrder, caching: bool, broken: bool) -> Result<(), 
                     live[i].num_computed_tokens += 1;
                 } else {
                     // Out of blocks: preempt it, as vLLM's scheduler does.
-                    let mut r = live.swap_remove(i);
-                    kv.free(r.id);
-                    r.num_computed_tokens = 0;
-                    r.num_preemptions += 1;
-                    preempted.push(r);
+                    preempt(&mut kv, &mut live, i, &mut preempted);
                 }
             }
             Op::Free { pick } if !live.is_empty() => {
@@ -152,11 +157,8 @@ fn run(ops: &[Op], order: FreeOrder, caching: bool, broken: bool) -> Result<(), 
                 kv.free(r.id);
             }
             Op::Preempt { pick } if !live.is_empty() => {
-                let mut r = live.swap_remove(pick % live.len());
-                kv.free(r.id);
-                r.num_computed_tokens = 0;
-                r.num_preemptions += 1;
-                preempted.push(r);
+                let i = pick % live.len();
+                preempt(&mut kv, &mut live, i, &mut preempted);
             }
             Op::Resume { pick } if !preempted.is_empty() => {
                 let r = preempted.swap_remove(pick % preempted.len());
