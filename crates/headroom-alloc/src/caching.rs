@@ -1,5 +1,6 @@
-//! `DeviceCachingAllocator`: one device's caching allocator, with PyTorch's
-//! policy (`c10/cuda/CUDACachingAllocator.cpp`), over any [`DeviceMemory`].
+//! `DeviceCachingAllocator`: one device's caching allocator — the mechanism of
+//! PyTorch's (`c10/cuda/CUDACachingAllocator.cpp`) — over any [`DeviceMemory`],
+//! making the choices of a [`Policy`] (PyTorch's by default).
 //!
 //! This type is single-threaded (`&mut self`); [`crate::CachingAllocator`]
 //! wraps it in a mutex, as PyTorch wraps each device's state in one.
@@ -9,10 +10,10 @@
 //! 2. round the request, pick the pool and the would-be segment size;
 //! 3. best fit among the free blocks of the same stream (then once more
 //!    after the free-memory callbacks, if they freed anything);
-//! 4. otherwise: garbage-collect aged blocks (with a fraction and a GC
-//!    threshold), allocate a segment; failing that, release just enough
-//!    oversize blocks and retry; failing that, flush every unsplit cached
-//!    block and retry;
+//! 4. otherwise climb the policy's ladder ([`Rung`]); PyTorch's: garbage-collect
+//!    aged blocks (with a fraction and a GC threshold), allocate a segment;
+//!    failing that, release just enough oversize blocks and retry; failing
+//!    that, flush every unsplit cached block and retry;
 //! 5. carve the block from the front of what was found, splitting off the rest
 //!    when `should_split` says so.
 
