@@ -27,6 +27,7 @@ mod plan_cmd;
 mod progress;
 mod replay_cmd;
 mod replay_snapshot;
+mod shell_cmd;
 mod target_arg;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,10 @@ enum Command {
     Kv(kv_cmd::KvArgs),
     /// The fastest activation-checkpointing schedule within a memory budget.
     Checkpoint(checkpoint_cmd::CheckpointArgs),
+    /// Print a completion script for bash, zsh, fish, elvish or powershell.
+    Completions(shell_cmd::CompletionsArgs),
+    /// Print the man page (roff).
+    Man(shell_cmd::ManArgs),
 }
 
 /// What a command prints on standard output, and its exit status.
@@ -74,6 +79,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect_cmd::run(args),
         Command::Kv(args) => kv_cmd::run(args),
         Command::Checkpoint(args) => checkpoint_cmd::run(args),
+        Command::Completions(args) => shell_cmd::completions(args),
+        Command::Man(args) => shell_cmd::man(args),
     };
     match result {
         Ok(outcome) => ExitCode::from(write_stdout(outcome)),
