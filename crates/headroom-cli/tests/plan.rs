@@ -259,3 +259,45 @@ fn json_bytes_are_integers_and_enums_are_stable_names() {
         assert!(["eager", "sdpa", "flash"].contains(&r["attention"].as_str().unwrap()), "{r}");
     }
 }
+
+/// `--max-seq`: the answer fits and one token more does not, in training and in inference.
+#[test]
+fn max_seq_is_the_boundary() {
+    let train = ["--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--finetune", "qlora", "--checkpoint", "full"];
+    let (_, v) = plan(&[&train[..], &["--max-seq"]].concat());
+    let n = v["max_seq"].as_u64().unwrap();
+    assert!(n > 1000 && v["max_seq_is_search_limit"] == false, "{v}");
+    let at = |seq: u64| plan(&[&train[..], &["--seq", &seq.to_string()]].concat()).1["fits"].as_bool().unwrap();
+    assert!(at(n) && !at(n + 1), "{n}");
+
+    let infer = ["--model", "llama-3-8b", "--gpu", "l4", "--infer", "--batch", "4"];
+    let (_, v) = plan(&[&infer[..], &["--max-seq"]].concat());
+    let n = v["max_seq"].as_u64().unwrap();
+    let at = |seq: u64| plan(&[&infer[..], &["--seq", &seq.to_string()]].concat()).1["fits"].as_bool().unwrap();
+    assert!(n > 8192 && at(n) && !at(n + 1), "{n}");
+    // Learned positions end the search: GPT-2 has 1,024.
+    let (_, v) = plan(&["--model", "gpt2", "--gpu", "h100-sxm", "--seq", "512", "--max-seq"]);
+    assert_eq!((v["max_seq"].as_u64(), v["max_seq_is_search_limit"].as_bool()), (Some(1024), Some(true)));
+}
+
+/// `reserved_bytes` is what `max_memory_reserved` reports: the tensors and the allocator's
+/// slack, without the CUDA context and NCCL.
+#[test]
+fn reserved_bytes_sit_between_allocated_and_the_total() {
+    for args in [
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"][..],
+        &["--model", "gpt2", "--gpu", "l4", "--seq", "1024"],
+        &["--model", "mistral-7b", "--gpu", "a100-80gb", "--infer", "--batch", "8"],
+    ] {
+        let (_, v) = plan(args);
+        let (reserved, total) = (v["reserved_bytes"].as_u64().unwrap(), v["per_gpu_bytes"].as_u64().unwrap());
+        assert!(reserved < total, "{args:?}");
+        if let Some(allocated) = v["allocated_bytes"].as_u64() {
+            assert!(allocated <= reserved, "{args:?}");
+        }
+        let outside = total - reserved;
+        let gpus = v["gpus"].as_u64().unwrap();
+        let expected: u64 = if gpus > 1 && v["mode"] == "train" { (1 << 29) + 3 * (1 << 29) } else { 1 << 29 };
+        assert!(outside.abs_diff(expected) <= 1, "{args:?}: {outside} outside the allocator");
+    }
+}

@@ -26,6 +26,12 @@ impl Arch {
             _ => 4 << 20,
         }
     }
+
+    /// The CUDA context and the kernels loaded into it: 0.5 GiB on every generation until
+    /// measurements per generation and CUDA version replace it (research/estimation.md §4.1).
+    pub fn cuda_context_bytes(self) -> u64 {
+        512 << 20
+    }
 }
 
 /// A GPU model.

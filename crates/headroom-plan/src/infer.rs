@@ -7,8 +7,6 @@
 use crate::gpu::GpuSpec;
 use crate::model::Model;
 
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// Storage width of the weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightFormat {
@@ -61,11 +59,18 @@ pub struct InferEstimate {
     pub logits: f64,
     pub framework: f64,
     pub per_gpu_bytes: f64,
+    /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context.
+    pub reserved_bytes: f64,
     pub fits: bool,
     /// Sequences of `seq` tokens the memory left after weights, activations and context holds.
     pub max_sequences: u64,
     /// Tokens of KV the same memory holds.
     pub max_tokens: u64,
+}
+
+/// The longest sequence of which `cfg.batch` fit (0 if none does), up to `limit` tokens.
+pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u64 {
+    crate::train::largest(limit, |seq| estimate(model, gpu, &InferConfig { seq, ..*cfg }).fits)
 }
 
 /// Estimates one configuration.
@@ -82,7 +87,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
     let activations = cfg.prefill_chunk.min(cfg.batch.saturating_mul(cfg.seq)) as f64 * model.hidden as f64 * 32.0 / t;
     // Logits of the last token of each sequence, fp32.
     let logits = cfg.batch as f64 * model.vocab as f64 * 4.0 / t;
-    let framework = 0.5 * GIB;
+    let framework = gpu.arch.cuda_context_bytes() as f64;
     let per_gpu = weights + kv_cache + activations + logits + framework;
     let free_for_kv = gpu.memory_bytes as f64 - (weights + activations + logits + framework);
     let max_tokens = if free_for_kv > 0.0 { (free_for_kv / per_token) as u64 } else { 0 };
@@ -93,6 +98,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
         logits,
         framework,
         per_gpu_bytes: per_gpu,
+        reserved_bytes: per_gpu - framework,
         fits: per_gpu <= gpu.memory_bytes as f64,
         max_sequences: max_tokens / cached.max(1),
         max_tokens,

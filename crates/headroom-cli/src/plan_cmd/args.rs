@@ -44,7 +44,7 @@ use headroom_plan::train::{
     after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
                         headroom plan --model llama-3-8b --gpu h100-sxm --gpus 8 --zero 3 --train --batch 4 --seq 8192 --max-batch\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
-                        headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full\n  \
+                        headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json"
 )]
@@ -131,6 +131,10 @@ pub struct PlanArgs {
     /// Also find the largest micro-batch that fits (searched up to 2^40).
     #[arg(long, conflicts_with = "infer")]
     pub max_batch: bool,
+    /// Also find the longest sequence that fits at this batch (training or inference; up to
+    /// the model's learned positions, or 2^24 tokens).
+    #[arg(long)]
+    pub max_seq: bool,
     /// Search precision, attention kernel, checkpointing, the tensor ×
     /// pipeline × context × data split of --gpus, ZeRO stage, offload and
     /// micro-batch (with gradient accumulation to --global-batch sequences

@@ -1,7 +1,7 @@
 //! `headroom plan --json`: one object, keys in docs/JSON.md. Byte figures are
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
-use super::{checkpoint_name, finetune_name, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use serde_json::{json, Value};
@@ -74,6 +74,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "host_bytes": bytes(e.host_bytes),
         "allocated_bytes": bytes(e.allocated_bytes),
         "tensor_bytes": bytes(e.tensor_bytes),
+        "reserved_bytes": bytes(e.reserved_bytes),
         "framework": e.framework.name(),
         "peak_phase": e.phase.map(|ph| ph.name()),
         "phases": phases,
@@ -83,6 +84,8 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "recompute_fraction": e.recompute_fraction,
         "max_batch": p.max_batch,
         "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
+        "max_seq": p.max_seq,
+        "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
         "configurations_searched": p.searched,
         "recommendations": recommendations,
         "engine_config": p.engine_config,
@@ -96,11 +99,13 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "reserved_bytes": bytes(e.reserved_bytes),
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),
             "logits": bytes(e.logits), "kv_cache": bytes(e.kv_cache), "temporary": 0, "framework": bytes(e.framework),
         },
         "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
+        "max_seq": p.max_seq, "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
         "context_note": p.context_note,
     })
 }

@@ -21,6 +21,15 @@ use headroom_plan::train::{self, BaseWeights, Checkpointing, Finetune, TrainConf
 /// The largest micro-batch `--max-batch` tries; an answer of this many is "at least".
 const MAX_BATCH_SEARCHED: u64 = 1 << 40;
 
+/// The longest sequence `--max-seq` tries: the learned positions, or 16 M tokens.
+fn max_seq_searched(model: &Model) -> u64 {
+    if model.learned_positions() {
+        model.max_position
+    } else {
+        1 << 24
+    }
+}
+
 /// A training plan: what was asked, and every answer.
 struct TrainPlan<'a> {
     args: &'a PlanArgs,
@@ -29,6 +38,7 @@ struct TrainPlan<'a> {
     cfg: TrainConfig,
     estimate: TrainEstimate,
     max_batch: Option<u64>,
+    max_seq: Option<u64>,
     global_batch: u64,
     recommendations: Vec<Recommendation>,
     searched: usize,
@@ -42,6 +52,7 @@ struct InferPlan<'a> {
     model: Model,
     gpu: GpuSpec,
     estimate: InferEstimate,
+    max_seq: Option<u64>,
     context_note: Option<String>,
 }
 
@@ -51,8 +62,9 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         a.check_inference(&model)?;
         let cfg: InferConfig = a.infer_config();
         let estimate = infer::estimate(&model, &gpu, &cfg);
+        let max_seq = a.max_seq.then(|| infer::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
         let context_note = context_note(&model, a.seq);
-        let plan = InferPlan { args: &a, model, gpu, estimate, context_note };
+        let plan = InferPlan { args: &a, model, gpu, estimate, max_seq, context_note };
         let out = if a.json {
             format!("{}\n", serde_json::to_string_pretty(&json::infer(&plan))?)
         } else {
@@ -75,6 +87,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     }
     let estimate = train::estimate(&model, &gpu, &cfg);
     let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu, &cfg, MAX_BATCH_SEARCHED));
+    let max_seq = a.max_seq.then(|| train::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
     let global_batch = a.global_batch.unwrap_or(cfg.global_batch());
     let (recommendations, searched) = if a.recommend {
         let space = SearchSpace::for_job(&model, &gpu, a.gpus, a.seq, global_batch);
@@ -101,6 +114,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         cfg,
         estimate,
         max_batch,
+        max_seq,
         global_batch,
         recommendations,
         searched,

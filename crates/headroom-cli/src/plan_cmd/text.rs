@@ -1,8 +1,9 @@
 //! `headroom plan`'s text: the configuration, a bar per term, the total and
 //! whether it fits, then the step time, the search and the engine config.
 
-use super::{checkpoint_name, finetune_name, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
+use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::step::Phase;
@@ -100,6 +101,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
             outln!(out, "largest micro-batch that fits: {m}");
         }
     }
+    if let Some(s) = p.max_seq {
+        max_seq_line(&mut out, &p.model, s, &format!("at micro-batch {}", a.batch));
+    }
     if a.recommend {
         recommendations(&mut out, p);
     }
@@ -188,10 +192,30 @@ pub(super) fn infer(p: &InferPlan) -> String {
     ];
     terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
     outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
+    if let Some(s) = p.max_seq {
+        max_seq_line(&mut out, &p.model, s, &format!("for {} sequences", a.batch));
+    }
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
     out
+}
+
+/// `--max-seq`'s answer, saying when it reaches the search's end or the trained context.
+fn max_seq_line(out: &mut String, model: &Model, seq: u64, at: &str) {
+    if seq == 0 {
+        outln!(out, "longest sequence that fits {at}: none (not even 1 token)");
+    } else if seq >= max_seq_searched(model) {
+        let end = if model.learned_positions() { "its learned positions end there" } else { "the search stops there" };
+        outln!(out, "longest sequence that fits {at}: at least {seq} tokens ({end})");
+    } else {
+        let beyond = if seq > model.max_position {
+            format!(", beyond {}'s context of {} tokens", model.name, model.max_position)
+        } else {
+            String::new()
+        };
+        outln!(out, "longest sequence that fits {at}: {seq} tokens{beyond}");
+    }
 }
 
 fn layout_line(p: &Parallelism, offload: Offload) -> String {

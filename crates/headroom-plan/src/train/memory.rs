@@ -12,6 +12,9 @@ use crate::parallel::Parallelism;
 use crate::recipe::{self, Recipe};
 use crate::step::{self, Phases, StepParts};
 
+/// NCCL's buffers and communicator state on each GPU of a multi-GPU job (research/estimation.md §4.1).
+const NCCL_BYTES: f64 = 1.5 * GIB;
+
 /// Weights, gradients and optimizer state: bytes per parameter, or bytes per GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ModelStates {
@@ -197,6 +200,8 @@ pub(super) struct StageMemory {
     pub phases: Option<Phases>,
     /// Tensors only a GPU has: cuBLAS workspaces.
     pub gpu_only: f64,
+    /// What the process holds outside the caching allocator: the CUDA context and NCCL's buffers.
+    pub outside_allocator: f64,
 }
 
 /// The activation recipe of transformers' code for this job, when transformers runs it:
@@ -293,7 +298,8 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         // DeepSpeed's reduce bucket (5e8 elements of 16-bit gradients) or the gradients, if fewer.
         br.temporary += (2.0 * sh.trainable).min(1e9);
     }
-    br.framework = 0.5 * GIB + if par.gpus() > 1 { 1.5 * GIB } else { 0.0 };
+    let outside_allocator = gpu.arch.cuda_context_bytes() as f64 + if par.gpus() > 1 { NCCL_BYTES } else { 0.0 };
+    br.framework = outside_allocator;
     let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
     let layer_flops = (lin + attn) / model.layers as f64;
     let forward = lin + attn + head;
@@ -424,5 +430,5 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         phases = Some(ph);
     }
     br.framework += cfg.coefficients.allocator_slack * (br.activations + br.logits + br.temporary);
-    StageMemory { breakdown: br, recompute_fraction, note, phases, gpu_only }
+    StageMemory { breakdown: br, recompute_fraction, note, phases, gpu_only, outside_allocator }
 }

@@ -118,6 +118,9 @@ pub struct TrainEstimate {
     /// The same less what only a GPU has (cuBLAS workspaces): the tensors a step makes,
     /// what the CPU ground truth measures.
     pub tensor_bytes: f64,
+    /// What `torch.cuda.max_memory_reserved()` would report: the tensors plus the caching
+    /// allocator's slack, without the CUDA context and NCCL.
+    pub reserved_bytes: f64,
     /// The phase of the step that peaks, when transformers' code runs it.
     pub phase: Option<Phase>,
     /// Each phase's peak, then.
@@ -138,7 +141,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
             best = Some((m, stage));
         }
     }
-    let (StageMemory { breakdown, recompute_fraction, note, phases, gpu_only }, stage) =
+    let (StageMemory { breakdown, recompute_fraction, note, phases, gpu_only, outside_allocator }, stage) =
         best.expect("at least one stage");
     let per_gpu = breakdown.total();
     let par = &cfg.parallel;
@@ -179,6 +182,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         host_bytes: host_per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64,
         allocated_bytes: per_gpu - breakdown.framework,
         tensor_bytes: per_gpu - breakdown.framework - gpu_only,
+        reserved_bytes: per_gpu - outside_allocator,
         phase: phases.map(|p| p.peak().0),
         phases,
         framework: if phases.is_some() { Framework::HuggingFace } else { Framework::Megatron },
@@ -204,20 +208,28 @@ pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
     })
 }
 
-/// The largest micro-batch that fits (0 if none does), up to `limit`.
-pub fn max_micro_batch(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
-    let fits = |b: u64| estimate(model, gpu, &TrainConfig { micro_batch: b, ..*cfg }).fits;
-    if !fits(1) {
+/// The longest sequence that fits (0 if none does), up to `limit` tokens.
+pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+    largest(limit, |seq| estimate(model, gpu, &TrainConfig { seq, ..*cfg }).fits)
+}
+
+/// The largest n in 1..=limit for which `fits(n)`, 0 if none: doubling, then bisection
+/// (what fits is taken as monotone in n).
+pub(crate) fn largest(limit: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    if limit == 0 || !fits(1) {
         return 0;
     }
     let (mut lo, mut hi) = (1u64, 2u64);
     while hi <= limit && fits(hi) {
         lo = hi;
-        hi *= 2;
+        if hi == u64::MAX {
+            return lo;
+        }
+        hi = hi.saturating_mul(2);
     }
-    let mut hi = hi.min(limit + 1);
+    let mut hi = hi.min(limit.saturating_add(1));
     while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
+        let mid = lo + (hi - lo) / 2;
         if fits(mid) {
             lo = mid;
         } else {
@@ -225,6 +237,11 @@ pub fn max_micro_batch(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u
         }
     }
     lo
+}
+
+/// The largest micro-batch that fits (0 if none does), up to `limit`.
+pub fn max_micro_batch(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+    largest(limit, |b| estimate(model, gpu, &TrainConfig { micro_batch: b, ..*cfg }).fits)
 }
 
 #[cfg(test)]
