@@ -11,6 +11,7 @@ or against the sources and a binary built with cargo, from the repository root:
 
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -60,7 +61,66 @@ class Inspect(unittest.TestCase):
             headroom_gpu.inspect()
 
 
+class FakeTorch:
+    """Stands in for torch with a CUDA device: records the calls `record` makes."""
+
+    def __init__(self):
+        self.calls = []
+        outer = self
+
+        class Memory:
+            @staticmethod
+            def _record_memory_history(enabled="all", **kwargs):
+                outer.calls.append(("history", enabled, kwargs))
+
+            @staticmethod
+            def _dump_snapshot(path):
+                outer.calls.append(("dump", path))
+
+        class Cuda:
+            memory = Memory
+
+            @staticmethod
+            def is_available():
+                return True
+
+        self.cuda = Cuda
+
+
 class Record(unittest.TestCase):
+    def with_fake_torch(self):
+        fake = FakeTorch()
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = fake
+        self.addCleanup(lambda: sys.modules.__setitem__("torch", saved) if saved else sys.modules.pop("torch"))
+        return fake
+
+    def test_records_then_dumps_and_stops(self):
+        fake = self.with_fake_torch()
+        with headroom_gpu.record("run.pickle", max_entries=1000, stacks="all"):
+            fake.calls.append(("step",))
+        self.assertEqual(
+            fake.calls,
+            [
+                ("history", "all", {"stacks": "all", "max_entries": 1000}),
+                ("step",),
+                ("dump", "run.pickle"),
+                ("history", None, {}),
+            ],
+        )
+
+    def test_an_out_of_memory_error_still_dumps_and_goes_on(self):
+        fake = self.with_fake_torch()
+
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        with self.assertRaises(OutOfMemoryError):
+            with headroom_gpu.record("oom.pickle"):
+                raise OutOfMemoryError("CUDA out of memory")
+        self.assertEqual([c[0] for c in fake.calls], ["history", "dump", "history"])
+        self.assertEqual(fake.calls[1], ("dump", "oom.pickle"))
+
     def test_without_cuda_it_says_what_it_needs(self):
         try:
             import torch  # noqa: F401
