@@ -40,12 +40,18 @@ def binary() -> str:
     if override:
         return override
     name = "headroom.exe" if sys.platform == "win32" else "headroom"
-    schemes = [sysconfig.get_default_scheme()]
-    user = sysconfig.get_preferred_scheme("user") if hasattr(sysconfig, "get_preferred_scheme") else None
-    if user:
-        schemes.append(user)
-    for scheme in schemes:
-        candidate = os.path.join(sysconfig.get_path("scripts", scheme), name)
+    # Where pip put it: this environment's scripts directory, or the user's (`pip install --user`).
+    directories = [sysconfig.get_path("scripts")]
+    if hasattr(sysconfig, "get_preferred_scheme"):  # Python 3.10+
+        user_scheme = sysconfig.get_preferred_scheme("user")
+    else:
+        user_scheme = "nt_user" if os.name == "nt" else "posix_user"
+    try:
+        directories.append(sysconfig.get_path("scripts", user_scheme))
+    except KeyError:
+        pass
+    for directory in directories:
+        candidate = os.path.join(directory, name)
         if os.path.isfile(candidate):
             return candidate
     found = shutil.which(name)
