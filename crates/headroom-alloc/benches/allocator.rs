@@ -7,13 +7,16 @@
 //!   random mix of allocations and frees, live memory capped at 16,000 MiB;
 //!   prints peak reserved / peak allocated for each case once;
 //! - `threads`: warm pairs from 1, 2 and 4 threads, each on its own stream,
-//!   sharing one allocator.
+//!   sharing one allocator;
+//! - `policies`: host time per operation of each named policy (`pytorch`,
+//!   `expandable`, `headroom`) side by side, on RMM's workload and as warm
+//!   pairs; prints each policy's peak reserved / peak allocated once.
 //!
 //! `cargo bench -p headroom-alloc --bench allocator`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use headroom_alloc::units::{GIB, MIB};
-use headroom_alloc::{AllocatorConfig, CachingAllocator, DeviceCachingAllocator, SimDevice};
+use headroom_alloc::{AllocatorConfig, CachingAllocator, DeviceCachingAllocator, Policy, PolicyName, SimDevice};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::hint::black_box;
@@ -77,7 +80,7 @@ fn rmm_workload(count: usize, max_mib: u64, seed: u64) -> Vec<Op> {
 }
 
 /// Runs the workload; returns (peak reserved, peak allocated).
-fn run_workload(a: &mut DeviceCachingAllocator<SimDevice>, ops: &[Op]) -> (i64, i64) {
+fn run_workload<P: Policy>(a: &mut DeviceCachingAllocator<SimDevice, P>, ops: &[Op]) -> (i64, i64) {
     let mut live: Vec<u64> = Vec::new();
     for op in ops {
         match *op {
@@ -146,5 +149,40 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, warm_pair, random_allocations, threads);
+fn policies(c: &mut Criterion) {
+    let mut g = c.benchmark_group("policies");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let fresh = |p: PolicyName| {
+        DeviceCachingAllocator::with_policy(SimDevice::new(80 * GIB), AllocatorConfig::default(), p.build())
+    };
+    for max_mib in [4u64, 64] {
+        let ops = rmm_workload(10_000, max_mib, 42);
+        for p in PolicyName::ALL {
+            let (reserved, allocated) = run_workload(&mut fresh(p), &ops);
+            eprintln!(
+                "policies/{p}/10000x{max_mib}MiB: peak reserved / peak allocated = {:.3}",
+                reserved as f64 / allocated as f64
+            );
+            g.throughput(Throughput::Elements(ops.len() as u64));
+            g.bench_function(BenchmarkId::new(p.name(), format!("10000x{max_mib}MiB")), |b| {
+                b.iter_batched(|| fresh(p), |mut a| run_workload(&mut a, &ops), criterion::BatchSize::LargeInput)
+            });
+        }
+    }
+    g.throughput(Throughput::Elements(1));
+    for p in PolicyName::ALL {
+        let mut a = fresh(p);
+        let b = a.malloc(64 * MIB, 0).unwrap();
+        a.free(b.ptr).unwrap();
+        g.bench_function(BenchmarkId::new(p.name(), "warm_pair_64MiB"), |bench| {
+            bench.iter(|| {
+                let b = a.malloc(black_box(64 * MIB), 0).unwrap();
+                a.free(b.ptr).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, warm_pair, random_allocations, threads, policies);
 criterion_main!(benches);

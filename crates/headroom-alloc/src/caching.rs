@@ -112,7 +112,8 @@ impl<D: DeviceMemory> DeviceCachingAllocator<D> {
 
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// An allocator with `config` over `device`, as device number 0, making `policy`'s choices.
-    pub fn with_policy(device: D, config: AllocatorConfig, policy: P) -> Self {
+    pub fn with_policy(device: D, mut config: AllocatorConfig, policy: P) -> Self {
+        policy.configure(&mut config);
         let info = device.info();
         let mut a = DeviceCachingAllocator {
             device,
@@ -240,7 +241,14 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string at run time
     /// (`torch._C._accelerator_setAllocatorSettings`).
     pub fn set_allocator_settings(&mut self, conf: &str) -> Result<(), crate::config::ConfigError> {
-        self.config.apply(conf)
+        self.config.apply(conf)?;
+        self.policy.configure(&mut self.config);
+        Ok(())
+    }
+
+    /// The policy making the allocator's choices.
+    pub fn policy(&self) -> &P {
+        &self.policy
     }
 
     pub(crate) fn expandable_active(&self) -> bool {
@@ -302,17 +310,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     self.garbage_collect_cached_blocks()?;
                     None
                 }
-                Rung::Allocate => self.alloc_block(kind, stream, rounded, alloc_size, false)?,
+                Rung::Allocate => self.alloc_block(kind, stream, rounded, alloc_size, false, None)?,
+                Rung::AllocateUnderPeak => {
+                    let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+                    self.alloc_block(kind, stream, rounded, alloc_size, false, Some(peak))?
+                }
+                Rung::ReclaimFreePages => {
+                    let growth = self.expandable_growth(kind, stream, rounded);
+                    self.reclaim_free_pages(kind, stream, rounded, growth)?;
+                    None
+                }
                 Rung::ReleaseOversizeThenAllocate => {
                     if self.release_available_cached_blocks(kind, stream, rounded)? {
-                        self.alloc_block(kind, stream, rounded, alloc_size, false)?
+                        self.alloc_block(kind, stream, rounded, alloc_size, false, None)?
                     } else {
                         None
                     }
                 }
                 Rung::FlushThenAllocate => {
                     self.release_cached_blocks()?;
-                    self.alloc_block(kind, stream, rounded, alloc_size, true)?
+                    self.alloc_block(kind, stream, rounded, alloc_size, true, None)?
                 }
             };
         }
@@ -457,7 +474,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// `alloc_block`: a new segment from the device, or new pages of an
-    /// expandable segment. `Ok(None)` when out of memory.
+    /// expandable segment. `Ok(None)` when out of memory, or when reserved
+    /// memory would pass `ceiling` (which is not a failure: the ladder goes on).
     fn alloc_block(
         &mut self,
         kind: PoolKind,
@@ -465,9 +483,31 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         size: u64,
         alloc_size: u64,
         is_retry: bool,
+        ceiling: Option<u64>,
     ) -> Result<Option<u32>, AllocError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
+        }
+        let mut map = size;
+        if self.expandable_active() {
+            // Below the peak, growth maps whole steps of the policy's
+            // (PyTorch's: one page), so that the requests after it find pages
+            // mapped already.
+            let step = self.policy.map_ahead(&self.config, kind);
+            if step > self.policy.page_size(&self.config, kind) && ceiling.is_some() {
+                map = size.next_multiple_of(step);
+            }
+            if let Some(c) = ceiling {
+                let reserved = self.total_allocated_memory;
+                if reserved + self.expandable_growth(kind, stream, size) > c {
+                    return Ok(None);
+                }
+                if map != size && reserved + self.expandable_growth(kind, stream, map) > c {
+                    map = size;
+                }
+            }
+        } else if ceiling.is_some_and(|c| self.total_allocated_memory + alloc_size > c) {
+            return Ok(None);
         }
         if let Some(allowed) = self.allowed_memory_maximum {
             if self.total_allocated_memory + alloc_size > allowed {
@@ -476,7 +516,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if self.expandable_active() {
-            return self.try_allocate_expandable_block(kind, stream, size);
+            return self.try_allocate_expandable_block(kind, stream, map);
         }
         let ptr = match self.device.malloc(alloc_size) {
             Ok(p) => p,

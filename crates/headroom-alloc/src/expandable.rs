@@ -22,7 +22,6 @@ use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
 use crate::policy::Policy;
-use crate::sizing;
 use crate::stats::{self, PoolKind};
 
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
@@ -64,6 +63,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// (or the free block just before it) from which `size` bytes of free or
     /// unmapped space run on; a new reservation if there is none.
     fn find_expandable_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Result<u32, AllocError> {
+        if let Some(c) = self.expandable_candidate(kind, stream, size) {
+            return Ok(c);
+        }
+        let page = self.policy.page_size(&self.config, kind);
+        let total = self.device_total;
+        let va_size = (total + total / 8).div_ceil(page) * page;
+        let base = self.device.reserve(va_size)?;
+        let index = self.expandable.len() as u32;
+        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool: kind }));
+        let mut b = Block::new(base, va_size, stream, kind);
+        b.mapped = false;
+        b.expandable = index;
+        let id = self.arena.insert(b);
+        self.pool_mut(kind).unmapped.insert((stream, base), id);
+        Ok(id)
+    }
+
+    /// The block [`Self::find_expandable_block`] would start from, if an
+    /// existing reservation has room.
+    fn expandable_candidate(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let arena = &self.arena;
         let allocatable = |id: u32| id != NIL && arena[id].is_reusable();
         let pool = self.pool(kind);
@@ -79,21 +98,79 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 b = arena[b].next;
             }
             if bytes >= size {
-                return Ok(c);
+                return Some(c);
             }
         }
-        let page = sizing::expandable_page_size(&self.config, kind);
-        let total = self.device_total;
-        let va_size = (total + total / 8).div_ceil(page) * page;
-        let base = self.device.reserve(va_size)?;
-        let index = self.expandable.len() as u32;
-        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool: kind }));
-        let mut b = Block::new(base, va_size, stream, kind);
-        b.mapped = false;
-        b.expandable = index;
-        let id = self.arena.insert(b);
-        self.pool_mut(kind).unmapped.insert((stream, base), id);
-        Ok(id)
+        None
+    }
+
+    /// Bytes of pages [`Self::try_allocate_expandable_block`] would map to
+    /// serve `size` bytes: what reserved memory would grow by.
+    pub(crate) fn expandable_growth(&self, kind: PoolKind, stream: StreamId, size: u64) -> u64 {
+        let page = self.policy.page_size(&self.config, kind);
+        let Some(mut c) = self.expandable_candidate(kind, stream, size) else {
+            return size.div_ceil(page) * page;
+        };
+        let (mut have, mut grow) = (0, 0);
+        while have < size && c != NIL {
+            let b = &self.arena[c];
+            if b.mapped {
+                have += b.size;
+            } else {
+                let n = (size - have).min(b.size).div_ceil(page) * page;
+                grow += n;
+                have += n;
+            }
+            c = b.next;
+        }
+        grow
+    }
+
+    /// Unmaps whole free pages of expandable segments, in either pool and on
+    /// any stream, largest free blocks first, until at least `want` bytes
+    /// are unmapped or none are left. The free blocks a request of `size`
+    /// bytes on (`kind`, `stream`) would grow from are left alone: unmapping
+    /// them would only make it map the same pages again.
+    pub(crate) fn reclaim_free_pages(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+        want: u64,
+    ) -> Result<u64, AllocError> {
+        let mut keep = Vec::new();
+        let mut c = self.expandable_candidate(kind, stream, size).unwrap_or(NIL);
+        let mut have = 0;
+        while have < size && c != NIL {
+            keep.push(c);
+            have += self.arena[c].size;
+            c = self.arena[c].next;
+        }
+        let arena = &self.arena;
+        let mut candidates: Vec<(u64, u32)> = [PoolKind::Small, PoolKind::Large]
+            .into_iter()
+            .flat_map(|k| self.pool(k).blocks.ids())
+            .filter_map(|id| {
+                let b = &arena[id];
+                if !b.is_expandable() || keep.contains(&id) {
+                    return None;
+                }
+                let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+                let begin = (b.ptr - seg.base).div_ceil(seg.page);
+                let end = (b.ptr + b.size - seg.base) / seg.page;
+                (end > begin).then(|| ((end - begin) * seg.page, id))
+            })
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let mut reclaimed = 0;
+        for (bytes, id) in candidates {
+            if reclaimed >= want {
+                break;
+            }
+            self.unmap_block(id)?;
+            reclaimed += bytes;
+        }
+        Ok(reclaimed)
     }
 
     /// `map_block`: maps the pages covering the first `size` bytes of unmapped

@@ -10,7 +10,8 @@
 //! 2. the suballocator, [`DeviceCachingAllocator`]: pools, best fit, split,
 //!    merge — the mechanism — with the open choices (the oversize rule, the
 //!    out-of-memory ladder, garbage collection, the flush order) behind the
-//!    [`Policy`] trait, PyTorch's by default, and [`sizing`]'s pure functions;
+//!    [`Policy`] trait, PyTorch's by default ([`PolicyName`] lists the
+//!    others), and [`sizing`]'s pure functions;
 //! 3. statistics ([`DeviceStats`], PyTorch's 122 keys), history and snapshots.
 //!
 //! Device adaptors work over any backend: [`CountingDevice`] counts calls,
@@ -76,7 +77,7 @@ pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, Stream
 pub use error::{AllocError, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
-pub use policy::{Policy, PyTorchPolicy};
+pub use policy::{ExpandablePolicy, HeadroomPolicy, NamedPolicy, Policy, PolicyName, PyTorchPolicy};
 pub use restore::LiveBlock;
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};

@@ -6,10 +6,10 @@
 //! have given back. Two deliberately broken policies show the suite catches
 //! an allocator that gives up too early or always.
 
-use headroom_alloc::policy::{CachedSegment, Policy, PyTorchPolicy, Rung};
+use headroom_alloc::policy::{ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
 use headroom_alloc::sizing;
 use headroom_alloc::units::MIB;
-use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, PoolKind, SimDevice};
+use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, SimDevice};
 use proptest::prelude::*;
 use proptest::test_runner::{TestError, TestRunner};
 
@@ -102,8 +102,10 @@ fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 fn run_with<P: Policy>(conf: &str, ops: &[Op], policy: P) -> Result<(), TestCaseError> {
-    let cfg = AllocatorConfig::parse(conf).unwrap();
-    let mut a = DeviceCachingAllocator::with_policy(SimDevice::new(CAPACITY), cfg.clone(), policy);
+    let mut a =
+        DeviceCachingAllocator::with_policy(SimDevice::new(CAPACITY), AllocatorConfig::parse(conf).unwrap(), policy);
+    // The settings in force, with the policy's own over the user's.
+    let cfg = a.config().clone();
     a.record_history(Some(1 << 20));
     let mut live: Vec<u64> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
@@ -179,6 +181,13 @@ proptest! {
     fn invariants_hold_after_every_step(conf in 0..CONFIGS.len(), ops in proptest::collection::vec(op(), 1..160)) {
         run(CONFIGS[conf], &ops)?;
     }
+
+    /// headroom's policies keep the same invariants and fail only when they must.
+    #[test]
+    fn every_policy_keeps_the_invariants(conf in 0..CONFIGS.len(), ops in proptest::collection::vec(op(), 1..160)) {
+        run_with(CONFIGS[conf], &ops, ExpandablePolicy)?;
+        run_with(CONFIGS[conf], &ops, HeadroomPolicy)?;
+    }
 }
 
 /// A policy that gives up as soon as the device says no, without flushing the cache.
@@ -191,20 +200,8 @@ struct NeverAllocates;
 macro_rules! pytorch_but_ladder {
     ($t:ty, $ladder:expr) => {
         impl Policy for $t {
-            fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool {
-                PyTorchPolicy.may_serve(config, rounded, block_size)
-            }
             fn ladder(&self) -> &[Rung] {
                 &$ladder
-            }
-            fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64> {
-                PyTorchPolicy.garbage_target(config, reserved, limit)
-            }
-            fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize> {
-                PyTorchPolicy.pick_garbage(target, candidates)
-            }
-            fn flush_order(&self) -> [PoolKind; 2] {
-                PyTorchPolicy.flush_order()
             }
         }
     };

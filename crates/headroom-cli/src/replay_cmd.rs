@@ -9,11 +9,12 @@ use crate::Outcome;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use headroom_alloc::units::{format_size, parse_size};
-use headroom_alloc::{AllocatorConfig, Backend};
+use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport, ASYNC_NOT_SIMULATED};
 use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
+use headroom_trace::snapshot_replay::StartFrom;
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -36,7 +37,14 @@ use std::path::PathBuf;
 /// recorded one (addresses, segments allocated and released, final blocks).
 /// Without --alloc-conf a snapshot is replayed under its recorded settings.
 ///
-/// Give --alloc-conf several times to compare settings side by side.
+/// Give --alloc-conf several times to compare settings side by side, and
+/// --policy to compare allocation policies: `pytorch` (the default,
+/// PyTorch's decisions), `expandable` (expandable segments for every pool),
+/// `headroom` (expandable, and whole free pages reused before reserved
+/// memory passes its peak). A snapshot replayed under --policy starts from
+/// an empty device (--start fresh): each policy places the blocks live when
+/// the trace began itself, and the table shows each run's peak reserved
+/// against the peak of live bytes, which no allocator can go below.
 ///
 /// Exit status: 0 when every allocation succeeded (and, with --check, every
 /// decision matched), 1 when some ran out of memory (or a decision
@@ -45,6 +53,7 @@ use std::path::PathBuf;
 #[command(after_help = "Examples:\n  headroom replay data/traces/gpt2-small-train.jsonl\n  \
                   headroom replay run.pickle --check\n  \
                   headroom replay run.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 24GiB\n  \
+                  headroom replay run.pickle --policy pytorch --policy expandable --policy headroom\n  \
                   headroom replay trace.jsonl --capacity 24GiB --json\n  \
                   headroom replay trace.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
 pub struct ReplayArgs {
@@ -55,6 +64,18 @@ pub struct ReplayArgs {
     /// "expandable_segments:True,max_split_size_mb:128". Repeat to compare.
     #[arg(long = "alloc-conf", value_name = "STR")]
     alloc_conf: Vec<String>,
+
+    /// Allocation policy: pytorch, expandable or headroom. Repeat to compare;
+    /// each runs under every --alloc-conf.
+    #[arg(long = "policy", value_name = "NAME")]
+    policy: Vec<PolicyName>,
+
+    /// Snapshots: where the replay begins. `recorded`: in the segments the
+    /// trace began with; `fresh`: from an empty device, the blocks live then
+    /// allocated first by the policy under test. Default: fresh with
+    /// --policy, recorded without.
+    #[arg(long, value_name = "FROM", value_parser = ["recorded", "fresh"])]
+    start: Option<String>,
 
     /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB).
     #[arg(long, value_name = "BYTES", default_value = "80GiB")]
@@ -75,7 +96,7 @@ pub struct ReplayArgs {
 
     /// Write the final allocator snapshot, with the trace of allocator
     /// events, as a PyTorch pickle (or JSON if the name ends in .json).
-    /// With several --alloc-conf, the snapshot of the first. The file
+    /// With several runs (--policy, --alloc-conf), the first one's. The file
     /// appears only once the whole replay succeeded.
     #[arg(long, value_name = "FILE")]
     pub snapshot_out: Option<PathBuf>,
@@ -114,26 +135,35 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     let mut file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
     let mut prefix = Vec::with_capacity(512);
     (&mut file).take(512).read_to_end(&mut prefix).with_context(|| format!("reading {}", args.trace.display()))?;
+    let policies = if args.policy.is_empty() { vec![PolicyName::PyTorch] } else { args.policy.clone() };
     if looks_like_snapshot(&prefix) {
         let given: Vec<(String, AllocatorConfig)> =
             if args.alloc_conf.is_empty() { Vec::new() } else { confs.iter().cloned().zip(configs).collect() };
-        return crate::replay_snapshot::run(&args, capacity, &given);
+        let start = match args.start.as_deref() {
+            Some("fresh") => StartFrom::Fresh,
+            Some(_) => StartFrom::Recorded,
+            None if args.policy.is_empty() => StartFrom::Recorded,
+            None => StartFrom::Fresh,
+        };
+        return crate::replay_snapshot::run(&args, capacity, &given, &policies, start);
     }
-    if args.check || args.device.is_some() {
-        bail!("--check and --device apply to snapshots; {} is a JSONL trace", args.trace.display());
+    if args.check || args.device.is_some() || args.start.is_some() {
+        bail!("--check, --device and --start apply to snapshots; {} is a JSONL trace", args.trace.display());
     }
     file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
     let ops = read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?;
 
     let mut runs = Vec::new();
     let mut snapshot = None;
-    for (i, config) in configs.into_iter().enumerate() {
+    let named = policies.len() > 1 || policies[0] != PolicyName::PyTorch;
+    let runs_asked = policies.iter().flat_map(|&p| configs.iter().zip(&confs).map(move |(c, s)| (p, c, s)));
+    for (i, (policy, config, conf)) in runs_asked.enumerate() {
         let want_snapshot = i == 0 && args.snapshot_out.is_some();
         let notes = config.keys_without_effect();
         let history = want_snapshot.then_some(args.max_entries as usize);
-        let opts = ReplayOptions { config, capacity, history };
+        let opts = ReplayOptions { config: config.clone(), capacity, history, policy };
         let mut bar = LazyBar::new("ops");
-        let phase = format!("replaying [{}]", confs[i]);
+        let phase = format!("replaying [{policy}, {conf}]");
         let (report, mut alloc) = replay(&ops, &opts, |done| bar.update(&phase, done as u64, ops.len() as u64))
             .with_context(|| format!("replaying {}", args.trace.display()))?;
         bar.finish();
@@ -141,7 +171,12 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
             let snap = alloc.snapshot();
             snapshot = Some((snap, alloc.history_dropped()));
         }
-        runs.push(Run { conf: confs[i].clone(), report, notes });
+        let label = match (named, conf.is_empty()) {
+            (false, _) => conf.clone(),
+            (true, true) => policy.to_string(),
+            (true, false) => format!("{policy} [{conf}]"),
+        };
+        runs.push(Run { policy, conf: conf.clone(), label, report, notes });
     }
     // Written only now, so that a later setting that fails leaves no file behind.
     if let (Some(path), Some((snap, _))) = (&args.snapshot_out, &snapshot) {
@@ -162,9 +197,12 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     Ok(Outcome::new(out, if any_oom { 1 } else { 0 }))
 }
 
-/// One setting's replay.
+/// One policy's replay under one setting.
 struct Run {
+    policy: PolicyName,
     conf: String,
+    /// What the table calls it.
+    label: String,
     report: ReplayReport,
     /// Keys of the setting that do not change the device allocator's decisions.
     notes: Vec<String>,
@@ -184,6 +222,7 @@ fn parse_capacity(s: &str) -> Result<u64> {
 fn report_json(run: &Run, capacity: u64) -> Value {
     let r = &run.report;
     json!({
+        "policy": run.policy.name(),
         "alloc_conf": run.conf,
         "capacity_bytes": capacity,
         "operations": r.operations,
@@ -207,13 +246,15 @@ fn report_json(run: &Run, capacity: u64) -> Value {
 
 fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run], ops: usize, dropped: u64) {
     outln!(out, "{}: {} operations on a simulated GPU of {}", args.trace.display(), ops, format_size(capacity));
-    let label = |c: &str| if c.is_empty() { "(default)".to_string() } else { c.to_string() };
-    let width = runs.iter().map(|r| label(&r.conf).len()).max().unwrap_or(0).max(16);
+    let label = |r: &Run| if r.label.is_empty() { "(default)".to_string() } else { r.label.clone() };
+    let named = runs.iter().any(|r| r.label != r.conf);
+    let head = if named { "policy [PYTORCH_CUDA_ALLOC_CONF]" } else { "PYTORCH_CUDA_ALLOC_CONF" };
+    let width = runs.iter().map(|r| label(r).len()).max().unwrap_or(0).max(head.len());
     outln!(out);
     outln!(
         out,
         "{:<width$}  {:>12}  {:>12}  {:>8}  {:>8}  {:>8}  {:>5}",
-        "PYTORCH_CUDA_ALLOC_CONF",
+        head,
         "peak alloc",
         "peak reserved",
         "overhead",
@@ -221,7 +262,8 @@ fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run],
         "frees",
         "OOMs"
     );
-    for Run { conf, report: r, .. } in runs {
+    for run in runs {
+        let r = &run.report;
         let overhead = if r.peak_allocated_bytes > 0 {
             format!("{:+.1}%", (r.peak_reserved_bytes as f64 / r.peak_allocated_bytes as f64 - 1.0) * 100.0)
         } else {
@@ -230,7 +272,7 @@ fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run],
         outln!(
             out,
             "{:<width$}  {:>12}  {:>12}  {:>8}  {:>8}  {:>8}  {:>5}",
-            label(conf),
+            label(run),
             format_size(r.peak_allocated_bytes),
             format_size(r.peak_reserved_bytes),
             overhead,
@@ -249,11 +291,12 @@ fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run],
             run.notes.join(", ")
         );
     }
-    for Run { conf, report: r, .. } in runs.iter().filter(|r| !r.report.ooms.is_empty()) {
+    for run in runs.iter().filter(|r| !r.report.ooms.is_empty()) {
+        let r = &run.report;
         outln!(out);
         let lines: Vec<String> = r.ooms.iter().take(10).map(|o| o.line.to_string()).collect();
         let more = if r.ooms.len() > 10 { format!(" and {} more", r.ooms.len() - 10) } else { String::new() };
-        outln!(out, "{}: {} allocations failed, at lines {}{more}", label(conf), r.ooms.len(), lines.join(", "));
+        outln!(out, "{}: {} allocations failed, at lines {}{more}", label(run), r.ooms.len(), lines.join(", "));
         outln!(out, "first failure (line {}, {} bytes):\n{}", r.ooms[0].line, r.ooms[0].size, r.ooms[0].message);
         if r.skipped_frees > 0 {
             outln!(out, "({} frees of failed allocations were skipped)", r.skipped_frees);

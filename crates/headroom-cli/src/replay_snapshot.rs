@@ -8,10 +8,13 @@ use crate::replay_cmd::ReplayArgs;
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use headroom_alloc::units::format_size;
+use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
 use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace, Fidelity, WhatIf};
+use headroom_trace::snapshot_replay::{
+    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Setup, StartFrom, WhatIf,
+};
 use serde_json::{json, Value};
 
 /// One device: its fidelity (None when its state could not be rebuilt) and one what-if per setting.
@@ -20,9 +23,20 @@ struct DeviceRun {
     entries: usize,
     start: Option<Start>,
     fidelity: Option<Fidelity>,
-    runs: Vec<(String, WhatIf)>,
+    /// Why the decisions could not be checked, when the what-ifs ran all the same.
+    unchecked: Option<String>,
+    /// The most bytes live at once: the least any allocator could reserve.
+    live_peak: Option<u64>,
+    runs: Vec<Run>,
     /// Why this device was not replayed.
     skipped: Option<String>,
+}
+
+/// One what-if: a policy under one setting.
+struct Run {
+    policy: PolicyName,
+    conf: String,
+    what_if: WhatIf,
 }
 
 struct Start {
@@ -32,7 +46,13 @@ struct Start {
     inferred_blocks: usize,
 }
 
-pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]) -> Result<Outcome> {
+pub fn run(
+    args: &ReplayArgs,
+    capacity: u64,
+    confs: &[(String, AllocatorConfig)],
+    policies: &[PolicyName],
+    start: StartFrom,
+) -> Result<Outcome> {
     let mut bar = LazyBar::new("");
     let snap = read_snapshot_file_with(&args.trace, |done, total| bar.update("reading the snapshot", done, total))
         .with_context(|| format!("reading {}", args.trace.display()))?;
@@ -60,7 +80,16 @@ pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]
     let mut dropped = 0;
     for &device in &devices {
         let entries = snap.device_traces.get(device as usize).map_or(0, Vec::len);
-        let mut r = DeviceRun { device, entries, start: None, fidelity: None, runs: Vec::new(), skipped: None };
+        let mut r = DeviceRun {
+            device,
+            entries,
+            start: None,
+            fidelity: None,
+            unchecked: None,
+            live_peak: None,
+            runs: Vec::new(),
+            skipped: None,
+        };
         let trace = match DeviceTrace::new(&snap, device) {
             Ok(t) => {
                 let s = &t.start;
@@ -85,25 +114,36 @@ pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]
             let phase = format!("device {device}: checking");
             match check_from(t, recorded.clone(), capacity, |done| bar.update(&phase, done as u64, entries as u64)) {
                 Ok(f) => r.fidelity = Some(f),
+                // From an empty device the recorded segments are not needed: replay all the same.
+                Err(e) if start == StartFrom::Fresh => r.unchecked = Some(e.to_string()),
                 Err(e) => r.skipped = Some(e.to_string()),
             }
             bar.finish();
         }
-        if let (Some(f), Some(t)) = (&r.fidelity, &trace) {
-            for (i, (label, config)) in confs.iter().enumerate() {
-                let history = (i == 0 && args.snapshot_out.is_some()).then_some(args.max_entries as usize);
-                let mut bar = LazyBar::new("entries");
-                let phase = format!("device {device}: replaying [{label}]");
-                let w = what_if_device(t, config.clone(), capacity, &f.empty_cache_calls, history, |done| {
-                    bar.update(&phase, done as u64, entries as u64)
-                })
-                .with_context(|| format!("replaying device {device} under {label}"))?;
-                bar.finish();
-                if let Some(s) = &w.snapshot {
-                    dropped += w.history_dropped;
-                    merge(&mut merged, s, device);
+        if let (None, Some(t)) = (&r.skipped, &trace) {
+            let calls = r.fidelity.as_ref().map_or(&[][..], |f| &f.empty_cache_calls[..]);
+            if policies.len() > 1 || start == StartFrom::Fresh {
+                r.live_peak = Some(live_peak_bytes(t, &recorded));
+            }
+            let mut first = true;
+            for &policy in policies {
+                for (label, config) in &confs {
+                    let history = (first && args.snapshot_out.is_some()).then_some(args.max_entries as usize);
+                    first = false;
+                    let mut bar = LazyBar::new("entries");
+                    let phase = format!("device {device}: replaying [{policy}, {label}]");
+                    let setup = Setup { config: config.clone(), policy, start };
+                    let w = what_if(t, setup, capacity, calls, history, |done| {
+                        bar.update(&phase, done as u64, entries as u64)
+                    })
+                    .with_context(|| format!("replaying device {device} under {policy}, {label}"))?;
+                    bar.finish();
+                    if let Some(s) = &w.snapshot {
+                        dropped += w.history_dropped;
+                        merge(&mut merged, s, device);
+                    }
+                    r.runs.push(Run { policy, conf: label.clone(), what_if: w });
                 }
-                r.runs.push((label.clone(), w));
             }
         }
         results.push(r);
@@ -112,7 +152,7 @@ pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]
         write_atomically(path, |w| write_snapshot(s, SnapshotFormat::from_path(path), w))?;
     }
 
-    let any_oom = results.iter().flat_map(|r| &r.runs).any(|(_, w)| !w.ooms.is_empty());
+    let any_oom = results.iter().flat_map(|r| &r.runs).any(|r| !r.what_if.ooms.is_empty());
     // With --check, a device with a trace that could not be checked counts as not matching.
     let diverged =
         args.check && results.iter().any(|r| r.entries > 0 && r.fidelity.as_ref().is_none_or(|f| !f.is_exact()));
@@ -123,12 +163,14 @@ pub fn run(args: &ReplayArgs, capacity: u64, confs: &[(String, AllocatorConfig)]
             "format": snap.format,
             "recorded_alloc_conf": snap.settings.as_ref().and_then(|s| s.conf.clone()),
             "capacity_bytes": capacity,
+            "start": start.name(),
             "notes": settings_note.iter().collect::<Vec<_>>(),
             "devices": results.iter().map(|r| device_json(r, args.check)).collect::<Vec<_>>(),
         });
         outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_human(&mut out, args, &snap, capacity, &results, settings_note.as_deref(), dropped);
+        let note = settings_note.as_deref();
+        print_human(&mut out, args, &snap, Shown { capacity, results: &results, note, dropped, policies, start });
     }
     Ok(Outcome::new(out, if any_oom || diverged { 1 } else { 0 }))
 }
@@ -177,8 +219,11 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "inferred_blocks": s.inferred_blocks,
         })),
         "fidelity": fidelity,
-        "runs": r.runs.iter().map(|(label, w)| json!({
-            "alloc_conf": label,
+        "unchecked": r.unchecked,
+        "live_peak_bytes": r.live_peak,
+        "runs": r.runs.iter().map(|Run { policy, conf, what_if: w }| json!({
+            "policy": policy.name(),
+            "alloc_conf": conf,
             "peak_allocated_bytes": w.peak_allocated_bytes,
             "peak_reserved_bytes": w.peak_reserved_bytes,
             "fragmentation_at_peak_bytes": w.fragmentation_at_peak_bytes,
@@ -193,15 +238,17 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
     })
 }
 
-fn print_human(
-    out: &mut String,
-    args: &ReplayArgs,
-    snap: &MemorySnapshot,
+struct Shown<'a> {
     capacity: u64,
-    results: &[DeviceRun],
-    note: Option<&str>,
+    results: &'a [DeviceRun],
+    note: Option<&'a str>,
     dropped: u64,
-) {
+    policies: &'a [PolicyName],
+    start: StartFrom,
+}
+
+fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown: Shown) {
+    let Shown { capacity, results, note, dropped, policies, start: start_from } = shown;
     let recorded = match snap.settings.as_ref().and_then(|s| s.conf.as_deref()) {
         Some("") => "PYTORCH_CUDA_ALLOC_CONF unset".to_string(),
         Some(c) => format!("PYTORCH_CUDA_ALLOC_CONF={c}"),
@@ -240,23 +287,50 @@ fn print_human(
             outln!(out, "  not replayed: {why}");
             continue;
         }
-        let width = r.runs.iter().map(|(l, _)| l.len()).max().unwrap_or(0).max(24);
+        if let Some(why) = &r.unchecked {
+            outln!(out, "  decisions not checked ({why}); replayed from an empty device all the same");
+        }
+        if start_from == StartFrom::Fresh {
+            outln!(out, "  each run places the blocks live at the start itself, in address order (--start fresh)");
+        }
+        let label = |run: &Run| {
+            if policies.len() > 1 || policies[0] != PolicyName::PyTorch {
+                format!("{} [{}]", run.policy, run.conf)
+            } else {
+                run.conf.clone()
+            }
+        };
+        let width = r.runs.iter().map(|run| label(run).len()).max().unwrap_or(0).max(24);
+        let head = if policies.len() > 1 || policies[0] != PolicyName::PyTorch {
+            "policy [PYTORCH_CUDA_ALLOC_CONF]"
+        } else {
+            "PYTORCH_CUDA_ALLOC_CONF"
+        };
+        let width = width.max(head.len());
+        let vs_live = r.live_peak.is_some();
         outln!(
             out,
-            "  {:<width$}  {:>12}  {:>13}  {:>12}  {:>7}  {:>7}  {:>4}",
-            "PYTORCH_CUDA_ALLOC_CONF",
+            "  {:<width$}  {:>12}  {:>13}  {:>12}{}  {:>7}  {:>7}  {:>4}",
+            head,
             "peak alloc",
             "peak reserved",
             "frag at peak",
+            if vs_live { "   vs live" } else { "" },
             "mallocs",
             "frees",
             "OOMs"
         );
-        for (label, w) in &r.runs {
+        for run in &r.runs {
+            let w = &run.what_if;
+            let over = match r.live_peak {
+                Some(l) if l > 0 => format!("  {:>+8.1}%", (w.peak_reserved_bytes as f64 / l as f64 - 1.0) * 100.0),
+                Some(_) => format!("  {:>9}", "-"),
+                None => String::new(),
+            };
             outln!(
                 out,
-                "  {:<width$}  {:>12}  {:>13}  {:>12}  {:>7}  {:>7}  {:>4}",
-                label,
+                "  {:<width$}  {:>12}  {:>13}  {:>12}{over}  {:>7}  {:>7}  {:>4}",
+                label(run),
                 format_size(w.peak_allocated_bytes),
                 format_size(w.peak_reserved_bytes),
                 format_size(w.fragmentation_at_peak_bytes),
@@ -265,7 +339,14 @@ fn print_human(
                 w.ooms.len()
             );
         }
-        for (label, w) in r.runs.iter().filter(|(_, w)| !w.ooms.is_empty()) {
+        if let Some(l) = r.live_peak {
+            outln!(
+                out,
+                "  live bytes peaked at {}: no allocator reserves less (\"vs live\" is the excess)",
+                format_size(l)
+            );
+        }
+        for (label, w) in r.runs.iter().filter(|r| !r.what_if.ooms.is_empty()).map(|run| (label(run), &run.what_if)) {
             let at: Vec<String> = w.ooms.iter().take(10).map(|o| o.index.to_string()).collect();
             let more = if w.ooms.len() > 10 { format!(" and {} more", w.ooms.len() - 10) } else { String::new() };
             outln!(out, "  {label}: out of memory at trace entries {}{more}", at.join(", "));

@@ -314,3 +314,80 @@ fn real_snapshots_from_mid_run_replay_as_recorded() {
         .stdout(contains("alloc 6526/6526"))
         .stdout(contains("every decision as recorded"));
 }
+
+/// `--policy` on a snapshot: one run per policy, from an empty device, each
+/// with its peak against the live bytes; no policy reserves less than the
+/// live peak, and `headroom` no more than `pytorch`.
+#[test]
+fn policies_compare_side_by_side_on_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = recorded_snapshot(dir.path(), "run.pickle", "");
+    headroom()
+        .arg("replay")
+        .arg(&snap)
+        .args(["--policy", "pytorch", "--policy", "expandable", "--policy", "headroom"])
+        .assert()
+        .success()
+        .stdout(contains("policy [PYTORCH_CUDA_ALLOC_CONF]"))
+        .stdout(contains("headroom [(recorded)]"))
+        .stdout(contains("--start fresh"))
+        .stdout(contains("no allocator reserves less"));
+    let out = headroom()
+        .arg("replay")
+        .arg(&snap)
+        .args(["--policy", "pytorch", "--policy", "headroom", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["start"], "fresh");
+    let d = &v["devices"][0];
+    let live = d["live_peak_bytes"].as_u64().unwrap();
+    let runs = d["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["policy"], "pytorch");
+    assert_eq!(runs[1]["policy"], "headroom");
+    let peak = |i: usize| runs[i]["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(peak(0) >= live && peak(1) >= live, "{} {} below the live peak {live}", peak(0), peak(1));
+    assert!(peak(1) <= peak(0));
+    // Started from the recorded segments instead, the run is the plain what-if.
+    let out = headroom()
+        .arg("replay")
+        .arg(&snap)
+        .args(["--policy", "headroom", "--start", "recorded", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["start"], "recorded");
+}
+
+#[test]
+fn policies_replay_a_jsonl_trace_and_unknown_names_exit_2() {
+    let out = headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--policy", "expandable", "--policy", "headroom", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs[0]["policy"], "expandable");
+    assert_eq!(runs[1]["policy"], "headroom");
+    assert!(runs[1]["peak_reserved_bytes"].as_u64() <= runs[0]["peak_reserved_bytes"].as_u64());
+    headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--policy", "best"])
+        .assert()
+        .code(2)
+        .stderr(contains("unknown policy `best`"));
+    headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--start", "fresh"])
+        .assert()
+        .code(2)
+        .stderr(contains("apply to snapshots"));
+}

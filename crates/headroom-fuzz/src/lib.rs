@@ -63,7 +63,12 @@ pub fn trace_jsonl(data: &[u8]) {
         let again = parse_line(&format_op(&l.op), l.line).expect("a written line reads back");
         assert_eq!(again, l.op, "line {} changed in a round trip", l.line);
     }
-    let opts = ReplayOptions { config: AllocatorConfig::default(), capacity: 64 * MIB, history: Some(1000) };
+    let opts = ReplayOptions {
+        config: AllocatorConfig::default(),
+        capacity: 64 * MIB,
+        history: Some(1000),
+        policy: headroom_alloc::PolicyName::PyTorch,
+    };
     if let Ok((report, a)) = replay(&ops, &opts, |_| {}) {
         a.validate().expect("the allocator's invariants hold after a replay");
         assert!(report.peak_reserved_bytes <= 64 * MIB, "reserved past the device: {report:?}");

@@ -16,7 +16,7 @@
 //! use headroom_alloc::AllocatorConfig;
 //!
 //! let trace = read_trace(&b"{\"op\":\"alloc\",\"id\":1,\"size\":3000000}\n{\"op\":\"free\",\"id\":1}\n"[..]).unwrap();
-//! let opts = ReplayOptions { config: AllocatorConfig::default(), capacity: 80 << 30, history: None };
+//! let opts = ReplayOptions { config: AllocatorConfig::default(), capacity: 80 << 30, history: None, policy: headroom_alloc::PolicyName::PyTorch };
 //! let (report, _allocator) = replay(&trace, &opts, |_| {}).unwrap();
 //! assert_eq!(report.peak_reserved_bytes, 20 << 20);
 //! ```

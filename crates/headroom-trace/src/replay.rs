@@ -7,7 +7,9 @@
 //! skipped and counted.
 
 use crate::jsonl::{TraceId, TraceLine, TraceOp};
-use headroom_alloc::{AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, SimDevice, StreamId};
+use headroom_alloc::{
+    AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, NamedPolicy, PolicyName, SimDevice, StreamId,
+};
 use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
@@ -25,6 +27,8 @@ pub struct ReplayOptions {
     pub capacity: u64,
     /// Keep the allocator's history (for a snapshot with a trace), at most this many entries.
     pub history: Option<usize>,
+    /// The allocation policy.
+    pub policy: PolicyName,
 }
 
 /// One allocation that failed.
@@ -79,11 +83,12 @@ pub fn replay(
     ops: &[TraceLine],
     opts: &ReplayOptions,
     mut progress: impl FnMut(usize),
-) -> Result<(ReplayReport, DeviceCachingAllocator<SimDevice>), ReplayError> {
+) -> Result<(ReplayReport, DeviceCachingAllocator<SimDevice, NamedPolicy>), ReplayError> {
     if opts.config.backend == Backend::CudaMallocAsync {
         return Err(ReplayError::Unsupported(ASYNC_NOT_SIMULATED.into()));
     }
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(opts.capacity), opts.config.clone());
+    let mut a =
+        DeviceCachingAllocator::with_policy(SimDevice::new(opts.capacity), opts.config.clone(), opts.policy.build());
     a.record_history(opts.history);
     let mut live: FxHashMap<&str, (u64, usize)> = FxHashMap::default();
     let mut failed: FxHashSet<&str> = FxHashSet::default();
@@ -164,7 +169,12 @@ mod tests {
     use headroom_alloc::units::{GIB, MIB};
 
     fn opts(conf: &str, capacity: u64) -> ReplayOptions {
-        ReplayOptions { config: AllocatorConfig::parse(conf).unwrap(), capacity, history: None }
+        ReplayOptions {
+            config: AllocatorConfig::parse(conf).unwrap(),
+            capacity,
+            history: None,
+            policy: PolicyName::PyTorch,
+        }
     }
 
     #[test]

@@ -18,7 +18,8 @@
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
 use headroom_alloc::{
-    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, FaultyDevice, SimDevice,
+    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, FaultyDevice, NamedPolicy, Policy,
+    PolicyName, PyTorchPolicy, SimDevice,
 };
 use rustc_hash::FxHashMap;
 
@@ -119,12 +120,13 @@ fn unsupported(device: u32, start: &StartState, config: &AllocatorConfig) -> Opt
 /// beyond any GPU, so that the device fails only where the trace says it did.
 const CHECK_CAPACITY: u64 = 1 << 50;
 
-fn allocator_at(
+fn allocator_at<P: Policy>(
     start: &StartState,
     config: AllocatorConfig,
+    policy: P,
     capacity: u64,
     device: u32,
-) -> Result<DeviceCachingAllocator<ReplayDevice>, SnapshotReplayError> {
+) -> Result<DeviceCachingAllocator<ReplayDevice, P>, SnapshotReplayError> {
     if start.reserved_bytes() > capacity {
         return Err(SnapshotReplayError::Capacity {
             device,
@@ -134,8 +136,8 @@ fn allocator_at(
             ),
         });
     }
-    let mut a =
-        DeviceCachingAllocator::new(FaultyDevice::new(SimDevice::new(capacity)), config).with_device_index(device);
+    let mut a = DeviceCachingAllocator::with_policy(FaultyDevice::new(SimDevice::new(capacity)), config, policy)
+        .with_device_index(device);
     for s in &start.segments {
         let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
         a.device_mut().inner_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
@@ -235,7 +237,7 @@ pub fn check_from(
         return Err(e);
     }
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
-    let mut a = allocator_at(start, config, if maps { capacity } else { CHECK_CAPACITY }, device)?;
+    let mut a = allocator_at(start, config, PyTorchPolicy, if maps { capacity } else { CHECK_CAPACITY }, device)?;
     a.record_history(Some(usize::MAX));
     let mut f = Fidelity {
         device,
@@ -526,7 +528,8 @@ pub struct WhatIfOom {
 pub struct WhatIf {
     pub device: u32,
     pub operations: usize,
-    /// Bytes reserved and allocated when the trace began (kept as recorded).
+    /// Bytes reserved and allocated when the trace began: as recorded, or as
+    /// the allocator placed the live blocks ([`StartFrom::Fresh`]).
     pub start_reserved_bytes: u64,
     pub start_allocated_bytes: u64,
     pub peak_allocated_bytes: u64,
@@ -546,6 +549,43 @@ pub struct WhatIf {
     pub history_dropped: u64,
 }
 
+/// Where a what-if replay begins.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartFrom {
+    /// In the segments the trace began with, as recorded: they exist
+    /// already, whatever the settings or the policy.
+    #[default]
+    Recorded,
+    /// From an empty device: the blocks live when the trace began are
+    /// allocated first, in address order, by the allocator under test. This
+    /// is how policies are compared: each places every block itself.
+    Fresh,
+}
+
+impl StartFrom {
+    pub fn name(self) -> &'static str {
+        match self {
+            StartFrom::Recorded => "recorded",
+            StartFrom::Fresh => "fresh",
+        }
+    }
+}
+
+/// What a what-if replay runs: the settings, the policy and where it starts.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub config: AllocatorConfig,
+    pub policy: PolicyName,
+    pub start: StartFrom,
+}
+
+impl Setup {
+    /// PyTorch's policy under `config`, from the recorded segments.
+    pub fn recorded(config: AllocatorConfig) -> Self {
+        Setup { config, policy: PolicyName::PyTorch, start: StartFrom::Recorded }
+    }
+}
+
 /// Replays `device`'s requests and frees under `config` on a device of
 /// `capacity` bytes, with the program's `empty_cache()` calls where
 /// [`check_device`] found them. The state when the trace began is kept as
@@ -560,9 +600,22 @@ pub fn what_if_device(
     history: Option<usize>,
     progress: impl FnMut(usize),
 ) -> Result<WhatIf, SnapshotReplayError> {
+    what_if(t, Setup::recorded(config), capacity, empty_cache_calls, history, progress)
+}
+
+/// [`what_if_device`] under any policy, from the recorded segments or from
+/// an empty device.
+pub fn what_if(
+    t: &DeviceTrace,
+    setup: Setup,
+    capacity: u64,
+    empty_cache_calls: &[usize],
+    history: Option<usize>,
+    progress: impl FnMut(usize),
+) -> Result<WhatIf, SnapshotReplayError> {
     let (mut a, mut w) = replay_prefix(
         t,
-        config,
+        setup,
         capacity,
         empty_cache_calls,
         history,
@@ -582,6 +635,39 @@ pub fn what_if_device(
     Ok(w)
 }
 
+/// The most bytes the program held at once: every live request rounded as
+/// `config` rounds it (`round_size`), over the trace from the blocks live
+/// when it began. No allocator can reserve less; a policy's peak reserved
+/// is measured against it.
+pub fn live_peak_bytes(t: &DeviceTrace, config: &AllocatorConfig) -> u64 {
+    let round = |size: u64| headroom_alloc::sizing::round_size(config, size);
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    for b in t.start.segments.iter().flat_map(|s| &s.live) {
+        live.insert(b.address, round(b.requested_size.max(1)));
+    }
+    let mut now: u64 = live.values().sum();
+    let mut peak = now;
+    for e in t.trace() {
+        match e.action {
+            TraceAction::Alloc => {
+                let size = round(e.size);
+                now += size;
+                if let Some(old) = live.insert(e.addr, size) {
+                    now -= old;
+                }
+                peak = peak.max(now);
+            }
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                if let Some(size) = live.remove(&e.addr) {
+                    now -= size;
+                }
+            }
+            _ => {}
+        }
+    }
+    peak
+}
+
 /// The allocator's segments and blocks just before entry `index` of the
 /// device's trace (after the whole trace for an index past its end), replayed
 /// as [`what_if_device`] replays: what `torch.cuda.memory._snapshot()` would
@@ -595,7 +681,7 @@ pub fn state_before(
 ) -> Result<headroom_alloc::Snapshot, SnapshotReplayError> {
     let (mut a, _) = replay_prefix(
         t,
-        config,
+        Setup::recorded(config),
         capacity,
         empty_cache_calls,
         None,
@@ -623,7 +709,8 @@ pub fn block_sizes(
             out.insert(i, size);
         }
     };
-    replay_prefix(t, config, capacity, empty_cache_calls, None, usize::MAX, Hooks { progress: |_| {}, on_alloc })?;
+    let setup = Setup::recorded(config);
+    replay_prefix(t, setup, capacity, empty_cache_calls, None, usize::MAX, Hooks { progress: |_| {}, on_alloc })?;
     Ok(out)
 }
 
@@ -636,29 +723,57 @@ struct Hooks<P, A> {
 
 fn replay_prefix(
     t: &DeviceTrace,
-    config: AllocatorConfig,
+    setup: Setup,
     capacity: u64,
     empty_cache_calls: &[usize],
     history: Option<usize>,
     until: usize,
     hooks: Hooks<impl FnMut(usize), impl FnMut(usize, u64)>,
-) -> Result<(DeviceCachingAllocator<ReplayDevice>, WhatIf), SnapshotReplayError> {
+) -> Result<(DeviceCachingAllocator<ReplayDevice, NamedPolicy>, WhatIf), SnapshotReplayError> {
     let Hooks { mut progress, mut on_alloc } = hooks;
     let (device, start, trace) = (t.device, &t.start, t.trace());
     let trace = &trace[..until.min(trace.len())];
-    if let Some(e) = unsupported(device, start, &config) {
-        return Err(e);
-    }
-    let mut a = allocator_at(start, config, capacity, device)?;
+    let Setup { config, policy, start: start_from } = setup;
+    let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut a = match start_from {
+        StartFrom::Recorded => {
+            if let Some(e) = unsupported(device, start, &config) {
+                return Err(e);
+            }
+            allocator_at(start, config, policy.build(), capacity, device)?
+        }
+        StartFrom::Fresh => {
+            if config.backend == Backend::CudaMallocAsync {
+                return Err(SnapshotReplayError::Unsupported {
+                    device,
+                    message: crate::replay::ASYNC_NOT_SIMULATED.to_string(),
+                });
+            }
+            let empty = StartState::default();
+            let mut a = allocator_at(&empty, config, policy.build(), capacity, device)?;
+            let mut blocks: Vec<_> = start.segments.iter().flat_map(|s| s.live.iter().map(|b| (b, s.stream))).collect();
+            blocks.sort_unstable_by_key(|(b, _)| b.address);
+            for (b, stream) in blocks {
+                let got = a.malloc(b.requested_size.max(1), stream).map_err(|e| SnapshotReplayError::Capacity {
+                    device,
+                    message: format!(
+                        "the blocks live when the trace began do not fit on the simulated device: {}",
+                        first_line(&e)
+                    ),
+                })?;
+                ptrs.insert(b.address, got.ptr);
+            }
+            a
+        }
+    };
     a.record_history(history);
     let mut next_call = empty_cache_calls.iter().peekable();
-    let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
     let mut failed: rustc_hash::FxHashSet<u64> = Default::default();
     let mut w = WhatIf {
         device,
         operations: trace.len(),
-        start_reserved_bytes: start.reserved_bytes(),
-        start_allocated_bytes: start.allocated_bytes(),
+        start_reserved_bytes: a.reserved_bytes(),
+        start_allocated_bytes: a.stats().allocated_bytes[0].current as u64,
         peak_allocated_bytes: 0,
         peak_reserved_bytes: 0,
         fragmentation_at_peak_bytes: 0,
@@ -670,7 +785,7 @@ fn replay_prefix(
         snapshot: None,
         history_dropped: 0,
     };
-    let note_peak = |a: &DeviceCachingAllocator<ReplayDevice>, w: &mut WhatIf| {
+    let note_peak = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut WhatIf| {
         let reserved = a.reserved_bytes();
         if reserved > w.peak_reserved_bytes {
             w.peak_reserved_bytes = reserved;

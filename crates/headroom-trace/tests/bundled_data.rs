@@ -29,7 +29,12 @@ fn bundled_trace_matches_the_generator() {
 fn bundled_trace_replays_cleanly_and_expandable_segments_waste_less() {
     let ops = read_trace(generated().as_bytes()).unwrap();
     let run = |conf: &str| {
-        let opts = ReplayOptions { config: AllocatorConfig::parse(conf).unwrap(), capacity: 80 << 30, history: None };
+        let opts = ReplayOptions {
+            config: AllocatorConfig::parse(conf).unwrap(),
+            capacity: 80 << 30,
+            history: None,
+            policy: headroom_alloc::PolicyName::PyTorch,
+        };
         replay(&ops, &opts, |_| {}).unwrap().0
     };
     let native = run("");

@@ -60,7 +60,12 @@ fn workload(steps: usize) -> Vec<TraceLine> {
 
 /// The run recorded as PyTorch would dump it, through headroom's pickle writer and reader.
 fn recorded(ops: &[TraceLine], capacity: u64, history: usize) -> MemorySnapshot {
-    let opts = ReplayOptions { config: AllocatorConfig::default(), capacity, history: Some(history) };
+    let opts = ReplayOptions {
+        config: AllocatorConfig::default(),
+        capacity,
+        history: Some(history),
+        policy: headroom_alloc::PolicyName::PyTorch,
+    };
     let (_, mut a) = replay(ops, &opts, |_| {}).expect("the workload is a consistent program");
     let mut bytes = Vec::new();
     write_snapshot(&a.snapshot(), SnapshotFormat::Pickle, &mut bytes).unwrap();

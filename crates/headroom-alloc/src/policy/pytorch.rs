@@ -1,65 +1,8 @@
-//! `Policy`: the choices the caching allocator leaves open, apart from the
-//! mechanism that carries them out. The mechanism — pools, best fit, split,
-//! merge, events, device calls, statistics — lives in
-//! [`crate::DeviceCachingAllocator`]; a policy decides which cached block may
-//! serve a request, what to try when none does, which cached segments garbage
-//! collection gives back, and in which order a flush empties the pools.
-//!
-//! [`PyTorchPolicy`] makes PyTorch's choices and is the default. A new
-//! policy is a new type beside it, never an edit of the mechanism; the
-//! allocator is generic over it, so the choice costs no dynamic call on the
-//! malloc path.
+//! `PyTorchPolicy`: the choices `c10/cuda/CUDACachingAllocator.cpp` makes.
 
+use super::{CachedSegment, Policy, Rung};
 use crate::config::AllocatorConfig;
 use crate::stats::PoolKind;
-
-/// One step of the climb when no cached block serves a request. The first
-/// step that finds memory ends the climb; a request that reaches the end is
-/// out of memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rung {
-    /// Give back aged cached segments, as [`Policy::garbage_target`] and
-    /// [`Policy::pick_garbage`] decide. Finds no memory by itself.
-    CollectGarbage,
-    /// Ask the device for a new segment (or new pages of an expandable one).
-    Allocate,
-    /// Give back cached oversize segments on the request's stream until as
-    /// much as the request is released, and if enough was, allocate.
-    ReleaseOversizeThenAllocate,
-    /// Wait for pending cross-stream frees, give back every unsplit cached
-    /// segment, and allocate (counted as a retry).
-    FlushThenAllocate,
-}
-
-/// An unsplit cached segment that garbage collection could give back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CachedSegment {
-    pub size: u64,
-    /// Searches of the pool since the segment was last freed.
-    pub age: u64,
-}
-
-/// The allocator's open choices. See the module documentation.
-pub trait Policy: Send {
-    /// Whether a free cached block of `block_size` bytes may serve a rounded
-    /// request of `rounded` bytes. Only blocks at least `rounded` large are asked.
-    fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool;
-
-    /// What to try, in order, when no cached block serves a request.
-    fn ladder(&self) -> &[Rung];
-
-    /// Bytes garbage collection should reclaim now, or `None` for none.
-    /// `limit` is the per-process memory limit, when a fraction is set.
-    fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64>;
-
-    /// Which of `candidates` (the cached large-pool segments, in free-set
-    /// order) to give back to reclaim `target` bytes, in release order, as
-    /// indices into `candidates`.
-    fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize>;
-
-    /// The order in which a flush (`empty_cache`, the ladder's last rung) empties the pools.
-    fn flush_order(&self) -> [PoolKind; 2];
-}
 
 /// PyTorch's choices (`c10/cuda/CUDACachingAllocator.cpp`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,6 +76,7 @@ impl Policy for PyTorchPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AllocatorConfig;
     use crate::units::MIB;
 
     #[test]

@@ -1,0 +1,122 @@
+//! `Policy`: the choices the caching allocator leaves open, apart from the
+//! mechanism that carries them out. The mechanism — pools, best fit, split,
+//! merge, events, device calls, statistics — lives in
+//! [`crate::DeviceCachingAllocator`]; a policy decides which cached block may
+//! serve a request, what to try when none does, which cached segments garbage
+//! collection gives back, and in which order a flush empties the pools.
+//!
+//! [`PyTorchPolicy`] makes PyTorch's choices and is the default. A new
+//! policy is a new type beside it, never an edit of the mechanism; the
+//! allocator is generic over it, so the choice costs no dynamic call on the
+//! malloc path. Policies headroom ships:
+//!
+//! | name | type | what it changes |
+//! |---|---|---|
+//! | `pytorch` | [`PyTorchPolicy`] | nothing: PyTorch's decisions, exactly |
+//! | `expandable` | [`ExpandablePolicy`] | expandable segments for every pool |
+//! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows |
+//!
+//! [`NamedPolicy`] picks one by name at run time (`headroom replay --policy`).
+//! A policy sees only what the allocator sees when it decides: the request,
+//! the cache and the statistics, never what comes next.
+
+use crate::config::AllocatorConfig;
+use crate::stats::PoolKind;
+
+mod expandable;
+mod headroom;
+mod named;
+mod pytorch;
+
+pub use expandable::ExpandablePolicy;
+pub use headroom::HeadroomPolicy;
+pub use named::{NamedPolicy, PolicyName, UnknownPolicy};
+pub use pytorch::PyTorchPolicy;
+
+/// One step of the climb when no cached block serves a request. The first
+/// step that finds memory ends the climb; a request that reaches the end is
+/// out of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rung {
+    /// Give back aged cached segments, as [`Policy::garbage_target`] and
+    /// [`Policy::pick_garbage`] decide. Finds no memory by itself.
+    CollectGarbage,
+    /// Ask the device for a new segment (or new pages of an expandable one).
+    Allocate,
+    /// As [`Rung::Allocate`], but only if reserved memory stays at or below
+    /// its peak so far: growth that would raise the high-water mark is left
+    /// to the rungs after it.
+    AllocateUnderPeak,
+    /// Unmap whole free pages of the request's expandable segments, largest
+    /// free blocks first, until as many bytes as the request are unmapped.
+    /// Finds no memory by itself: the device memory it gives back lets the
+    /// next rung map pages where the request fits, without raising reserved
+    /// memory by more than the request.
+    ReclaimFreePages,
+    /// Give back cached oversize segments on the request's stream until as
+    /// much as the request is released, and if enough was, allocate.
+    ReleaseOversizeThenAllocate,
+    /// Wait for pending cross-stream frees, give back every unsplit cached
+    /// segment, and allocate (counted as a retry).
+    FlushThenAllocate,
+}
+
+/// An unsplit cached segment that garbage collection could give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedSegment {
+    pub size: u64,
+    /// Searches of the pool since the segment was last freed.
+    pub age: u64,
+}
+
+/// The allocator's open choices. See the module documentation. Every
+/// choice defaults to PyTorch's, so a policy states only what it changes.
+pub trait Policy: Send {
+    /// Whether a free cached block of `block_size` bytes may serve a rounded
+    /// request of `rounded` bytes. Only blocks at least `rounded` large are asked.
+    #[inline]
+    fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool {
+        PyTorchPolicy.may_serve(config, rounded, block_size)
+    }
+
+    /// What to try, in order, when no cached block serves a request.
+    fn ladder(&self) -> &[Rung] {
+        PyTorchPolicy.ladder()
+    }
+
+    /// Bytes garbage collection should reclaim now, or `None` for none.
+    /// `limit` is the per-process memory limit, when a fraction is set.
+    fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64> {
+        PyTorchPolicy.garbage_target(config, reserved, limit)
+    }
+
+    /// Which of `candidates` (the cached large-pool segments, in free-set
+    /// order) to give back to reclaim `target` bytes, in release order, as
+    /// indices into `candidates`.
+    fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize> {
+        PyTorchPolicy.pick_garbage(target, candidates)
+    }
+
+    /// The order in which a flush (`empty_cache`, the ladder's last rung) empties the pools.
+    fn flush_order(&self) -> [PoolKind; 2] {
+        PyTorchPolicy.flush_order()
+    }
+
+    /// The page of a new expandable segment of `pool`: the unit it maps and
+    /// unmaps. PyTorch's: 2 MiB in the small pool, `large_segment_size` in the large.
+    fn page_size(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        crate::sizing::expandable_page_size(config, pool)
+    }
+
+    /// Under [`Rung::AllocateUnderPeak`], growth of an expandable segment
+    /// maps whole multiples of this many bytes as long as they stay below the
+    /// peak, so that the requests after it find pages mapped already. The
+    /// page size by default: no mapping ahead.
+    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        self.page_size(config, pool)
+    }
+
+    /// Settings the policy relies on, applied over the user's when the
+    /// allocator starts and whenever settings change at run time.
+    fn configure(&self, _config: &mut AllocatorConfig) {}
+}

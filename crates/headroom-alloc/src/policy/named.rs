@@ -1,0 +1,137 @@
+//! Policies by name, for settings read at run time (`headroom replay
+//! --policy NAME`): [`PolicyName`] parses and lists them, [`NamedPolicy`]
+//! holds the chosen one and forwards to it with one `match` per decision.
+
+use super::{CachedSegment, ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
+use crate::config::AllocatorConfig;
+use crate::stats::PoolKind;
+use std::fmt;
+use std::str::FromStr;
+
+/// A policy headroom ships, by the name users type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyName {
+    PyTorch,
+    Expandable,
+    Headroom,
+}
+
+impl PolicyName {
+    /// Every policy, the default first.
+    pub const ALL: [PolicyName; 3] = [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyName::PyTorch => "pytorch",
+            PolicyName::Expandable => "expandable",
+            PolicyName::Headroom => "headroom",
+        }
+    }
+
+    /// One line on what the policy does.
+    pub fn describe(self) -> &'static str {
+        match self {
+            PolicyName::PyTorch => "PyTorch's caching allocator, decision for decision (the default)",
+            PolicyName::Expandable => "PyTorch's, with expandable segments for every pool",
+            PolicyName::Headroom => "expandable, and whole free pages reused before reserved memory passes its peak",
+        }
+    }
+
+    pub fn build(self) -> NamedPolicy {
+        match self {
+            PolicyName::PyTorch => NamedPolicy::PyTorch(PyTorchPolicy),
+            PolicyName::Expandable => NamedPolicy::Expandable(ExpandablePolicy),
+            PolicyName::Headroom => NamedPolicy::Headroom(HeadroomPolicy),
+        }
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not a policy's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy `{0}` (known: pytorch, expandable, headroom)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for PolicyName {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyName::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(s)).ok_or_else(|| UnknownPolicy(s.into()))
+    }
+}
+
+/// One of the policies headroom ships, chosen at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamedPolicy {
+    PyTorch(PyTorchPolicy),
+    Expandable(ExpandablePolicy),
+    Headroom(HeadroomPolicy),
+}
+
+impl NamedPolicy {
+    pub fn name(&self) -> PolicyName {
+        match self {
+            NamedPolicy::PyTorch(_) => PolicyName::PyTorch,
+            NamedPolicy::Expandable(_) => PolicyName::Expandable,
+            NamedPolicy::Headroom(_) => PolicyName::Headroom,
+        }
+    }
+}
+
+macro_rules! forward {
+    ($self:ident, $p:ident => $call:expr) => {
+        match $self {
+            NamedPolicy::PyTorch($p) => $call,
+            NamedPolicy::Expandable($p) => $call,
+            NamedPolicy::Headroom($p) => $call,
+        }
+    };
+}
+
+impl Policy for NamedPolicy {
+    #[inline]
+    fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool {
+        forward!(self, p => p.may_serve(config, rounded, block_size))
+    }
+    fn ladder(&self) -> &[Rung] {
+        forward!(self, p => p.ladder())
+    }
+    fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64> {
+        forward!(self, p => p.garbage_target(config, reserved, limit))
+    }
+    fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize> {
+        forward!(self, p => p.pick_garbage(target, candidates))
+    }
+    fn flush_order(&self) -> [PoolKind; 2] {
+        forward!(self, p => p.flush_order())
+    }
+    fn configure(&self, config: &mut AllocatorConfig) {
+        forward!(self, p => p.configure(config))
+    }
+    fn page_size(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        forward!(self, p => p.page_size(config, pool))
+    }
+    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        forward!(self, p => p.map_ahead(config, pool))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_are_refused() {
+        for p in PolicyName::ALL {
+            assert_eq!(p.name().parse::<PolicyName>(), Ok(p));
+            assert_eq!(p.build().name(), p);
+        }
+        assert_eq!("HEADROOM".parse::<PolicyName>(), Ok(PolicyName::Headroom));
+        let e = "best".parse::<PolicyName>().unwrap_err();
+        assert!(e.to_string().contains("unknown policy `best`"), "{e}");
+    }
+}
