@@ -21,8 +21,9 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::PathBuf;
 
 /// Replay a recorded run through headroom's caching allocator (PyTorch's
-/// policy) on a simulated GPU, and report peak memory, fragmentation, device
-/// calls and OOMs — under the recorded settings or any others.
+/// policy, or headroom's own with --policy) on a simulated GPU, and report
+/// peak memory, fragmentation, device calls and OOMs — under the recorded
+/// settings or any others.
 ///
 /// The input is either a PyTorch memory snapshot (the file
 /// `torch.cuda.memory._dump_snapshot()` writes, pickle or JSON) or a
