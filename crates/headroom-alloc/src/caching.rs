@@ -64,6 +64,19 @@ pub(crate) struct ExpandableSegment {
     pub pool: PoolKind,
 }
 
+/// How far a device allocation grows an expandable segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Growth {
+    /// The pages the request needs (PyTorch's).
+    Exact,
+    /// Past the peak with no free page left to reuse: whole steps of the
+    /// policy's `climb_ahead`.
+    Ahead,
+    /// Whole steps while reserved memory stays at or below this peak, the
+    /// pages the request needs up to it, and nothing past it.
+    UnderPeak(u64),
+}
+
 /// Why the last attempt to get memory failed.
 #[derive(Clone, Debug)]
 pub(crate) enum Failure {
@@ -302,6 +315,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             found = self.get_free_block(kind, stream, rounded);
         }
         let mut rung = 0;
+        // Set when the ladder found no free pages to reclaim: growth then
+        // cannot strand any, and may map ahead.
+        let mut nothing_to_reclaim = false;
         while found.is_none() {
             let Some(&step) = self.policy.ladder().get(rung) else { break };
             rung += 1;
@@ -310,26 +326,28 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     self.garbage_collect_cached_blocks()?;
                     None
                 }
-                Rung::Allocate => self.alloc_block(kind, stream, rounded, alloc_size, false, None)?,
+                Rung::Allocate => {
+                    let growth = if nothing_to_reclaim { Growth::Ahead } else { Growth::Exact };
+                    self.alloc_block(kind, stream, rounded, alloc_size, false, growth)?
+                }
                 Rung::AllocateUnderPeak => {
                     let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
-                    self.alloc_block(kind, stream, rounded, alloc_size, false, Some(peak))?
+                    self.alloc_block(kind, stream, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
-                    let growth = self.expandable_growth(kind, stream, rounded);
-                    self.reclaim_free_pages(kind, stream, rounded, growth)?;
+                    nothing_to_reclaim = self.reclaim_free_pages(kind, stream, rounded)? == 0;
                     None
                 }
                 Rung::ReleaseOversizeThenAllocate => {
                     if self.release_available_cached_blocks(kind, stream, rounded)? {
-                        self.alloc_block(kind, stream, rounded, alloc_size, false, None)?
+                        self.alloc_block(kind, stream, rounded, alloc_size, false, Growth::Exact)?
                     } else {
                         None
                     }
                 }
                 Rung::FlushThenAllocate => {
                     self.release_cached_blocks()?;
-                    self.alloc_block(kind, stream, rounded, alloc_size, true, None)?
+                    self.alloc_block(kind, stream, rounded, alloc_size, true, Growth::Exact)?
                 }
             };
         }
@@ -474,8 +492,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// `alloc_block`: a new segment from the device, or new pages of an
-    /// expandable segment. `Ok(None)` when out of memory, or when reserved
-    /// memory would pass `ceiling` (which is not a failure: the ladder goes on).
+    /// expandable segment, grown as `growth` says. `Ok(None)` when out of
+    /// memory, or when reserved memory would pass the peak given with
+    /// [`Growth::UnderPeak`] (which is not a failure: the ladder goes on).
     fn alloc_block(
         &mut self,
         kind: PoolKind,
@@ -483,30 +502,42 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         size: u64,
         alloc_size: u64,
         is_retry: bool,
-        ceiling: Option<u64>,
+        growth: Growth,
     ) -> Result<Option<u32>, AllocError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
         let mut map = size;
+        let mut planned = None;
         if self.expandable_active() {
-            // Below the peak, growth maps whole steps of the policy's
-            // (PyTorch's: one page), so that the requests after it find pages
-            // mapped already.
-            let step = self.policy.map_ahead(&self.config, kind);
-            if step > self.policy.page_size(&self.config, kind) && ceiling.is_some() {
+            // Growth maps whole steps of the policy's (PyTorch's: one page)
+            // where that costs little: below the peak, or when no free page
+            // is left to reuse. The requests after it find the pages mapped.
+            let step = match growth {
+                Growth::Exact => 0,
+                Growth::Ahead => self.policy.climb_ahead(&self.config, kind, self.total_allocated_memory),
+                Growth::UnderPeak(_) => self.policy.map_ahead(&self.config, kind),
+            };
+            if step > self.policy.page_size(&self.config, kind) {
                 map = size.next_multiple_of(step);
             }
-            if let Some(c) = ceiling {
+            if let Growth::UnderPeak(c) = growth {
                 let reserved = self.total_allocated_memory;
-                if reserved + self.expandable_growth(kind, stream, size) > c {
+                let (at, bytes) = self.plan_growth(kind, stream, size);
+                if reserved + bytes > c {
                     return Ok(None);
                 }
-                if map != size && reserved + self.expandable_growth(kind, stream, map) > c {
-                    map = size;
+                planned = at;
+                if map != size {
+                    let (ahead_at, ahead_bytes) = self.plan_growth(kind, stream, map);
+                    if reserved + ahead_bytes <= c {
+                        planned = ahead_at;
+                    } else {
+                        map = size;
+                    }
                 }
             }
-        } else if ceiling.is_some_and(|c| self.total_allocated_memory + alloc_size > c) {
+        } else if matches!(growth, Growth::UnderPeak(c) if self.total_allocated_memory + alloc_size > c) {
             return Ok(None);
         }
         if let Some(allowed) = self.allowed_memory_maximum {
@@ -516,7 +547,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if self.expandable_active() {
-            return self.try_allocate_expandable_block(kind, stream, map);
+            return self.try_allocate_expandable_block(kind, stream, map, planned);
         }
         let ptr = match self.device.malloc(alloc_size) {
             Ok(p) => p,

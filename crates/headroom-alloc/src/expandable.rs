@@ -21,20 +21,45 @@ use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
-use crate::policy::Policy;
+use crate::policy::{ExpandableFit, Policy};
 use crate::stats::{self, PoolKind};
+
+/// Where an expandable segment grows for a request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Grow {
+    /// From this block (free, then unmapped; or unmapped), mapping each
+    /// unmapped block's front as needed: PyTorch's way.
+    From(u32),
+    /// Map the last `bytes` of this unmapped block, joining the free block after it.
+    Tail { unmapped: u32, bytes: u64 },
+}
 
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `try_allocate_expandable_block`: a free mapped block of at least
     /// `size` bytes, mapping pages as needed. `Ok(None)` when the device is
     /// out of memory.
+    /// `planned` is where [`Self::plan_growth`] said to grow, if it was asked
+    /// and nothing changed since.
     pub(crate) fn try_allocate_expandable_block(
         &mut self,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
+        planned: Option<Grow>,
     ) -> Result<Option<u32>, AllocError> {
-        let mut candidate = self.find_expandable_block(kind, stream, size)?;
+        let grow = match planned {
+            Some(g) => g,
+            None => self.find_expandable_block(kind, stream, size)?,
+        };
+        let mut candidate = match grow {
+            Grow::From(c) => c,
+            Grow::Tail { unmapped, bytes } => {
+                let Some(id) = self.map_block_tail(unmapped, bytes)? else {
+                    return Ok(None);
+                };
+                id
+            }
+        };
         // The candidate is one of: unmapped -> end; unmapped -> free -> ...;
         // free -> unmapped -> ...
         if !self.arena[candidate].mapped {
@@ -59,12 +84,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         Ok(Some(candidate))
     }
 
-    /// `find_expandable_block`: the lowest-address unmapped block on `stream`
-    /// (or the free block just before it) from which `size` bytes of free or
-    /// unmapped space run on; a new reservation if there is none.
-    fn find_expandable_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Result<u32, AllocError> {
-        if let Some(c) = self.expandable_candidate(kind, stream, size) {
-            return Ok(c);
+    /// `find_expandable_block`: where to grow (see
+    /// [`Self::expandable_candidate`]); a new reservation if no existing one
+    /// has room.
+    fn find_expandable_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Result<Grow, AllocError> {
+        if let Some(g) = self.expandable_candidate(kind, stream, size) {
+            return Ok(g);
         }
         let page = self.policy.page_size(&self.config, kind);
         let total = self.device_total;
@@ -77,16 +102,28 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         b.expandable = index;
         let id = self.arena.insert(b);
         self.pool_mut(kind).unmapped.insert((stream, base), id);
-        Ok(id)
+        Ok(Grow::From(id))
     }
 
-    /// The block [`Self::find_expandable_block`] would start from, if an
-    /// existing reservation has room.
-    fn expandable_candidate(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
+    /// Where an existing reservation can grow to hold `size` bytes, if one
+    /// has room. PyTorch's choice ([`ExpandableFit::LowestAddress`]): the
+    /// lowest unmapped block (or the free block just before it) from which
+    /// `size` bytes of free or unmapped space run on, mapped from its front.
+    /// [`ExpandableFit::LeastGrowth`] weighs every such place, and also the
+    /// end of an unmapped block whose next block is free, and takes the one
+    /// that maps the fewest pages.
+    fn expandable_candidate(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<Grow> {
         let arena = &self.arena;
         let allocatable = |id: u32| id != NIL && arena[id].is_reusable();
-        let pool = self.pool(kind);
-        for (_, &id) in pool.unmapped.range((stream, 0)..(stream, u64::MAX)) {
+        let fit = self.policy.expandable_fit();
+        let page = self.policy.page_size(&self.config, kind);
+        let mut best: Option<(u64, Grow)> = None;
+        let consider = |best: &mut Option<(u64, Grow)>, grow: u64, g: Grow| {
+            if best.is_none_or(|(b, _)| grow < b) {
+                *best = Some((grow, g));
+            }
+        };
+        for (_, &id) in self.pool(kind).unmapped.range((stream, 0)..(stream, u64::MAX)) {
             let mut c = id;
             if allocatable(arena[c].prev) {
                 c = arena[c].prev;
@@ -97,20 +134,30 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 bytes += arena[b].size;
                 b = arena[b].next;
             }
-            if bytes >= size {
-                return Some(c);
+            if fit == ExpandableFit::LeastGrowth {
+                let (u, f) = (&arena[id], arena[id].next);
+                if allocatable(f) && arena[f].mapped && arena[f].size < size {
+                    let tail = (size - arena[f].size).div_ceil(page) * page;
+                    if tail <= u.size {
+                        consider(&mut best, tail, Grow::Tail { unmapped: id, bytes: tail });
+                    }
+                }
+            }
+            if bytes < size {
+                continue;
+            }
+            match fit {
+                ExpandableFit::LowestAddress => return Some(Grow::From(c)),
+                ExpandableFit::LeastGrowth => consider(&mut best, self.chain_growth(c, size, page), Grow::From(c)),
             }
         }
-        None
+        best.map(|(_, g)| g)
     }
 
-    /// Bytes of pages [`Self::try_allocate_expandable_block`] would map to
-    /// serve `size` bytes: what reserved memory would grow by.
-    pub(crate) fn expandable_growth(&self, kind: PoolKind, stream: StreamId, size: u64) -> u64 {
-        let page = self.policy.page_size(&self.config, kind);
-        let Some(mut c) = self.expandable_candidate(kind, stream, size) else {
-            return size.div_ceil(page) * page;
-        };
+    /// Bytes of pages mapped to serve `size` bytes from the chain starting at
+    /// `c`, as [`Self::try_allocate_expandable_block`] maps them: each
+    /// unmapped block from its front, as much as is still missing.
+    fn chain_growth(&self, mut c: u32, size: u64, page: u64) -> u64 {
         let (mut have, mut grow) = (0, 0);
         while have < size && c != NIL {
             let b = &self.arena[c];
@@ -126,20 +173,39 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         grow
     }
 
+    /// Where [`Self::try_allocate_expandable_block`] would grow to serve
+    /// `size` bytes (`None`: a new reservation), and the bytes of pages it
+    /// would map: what reserved memory would grow by.
+    pub(crate) fn plan_growth(&self, kind: PoolKind, stream: StreamId, size: u64) -> (Option<Grow>, u64) {
+        let page = self.policy.page_size(&self.config, kind);
+        let g = self.expandable_candidate(kind, stream, size);
+        let bytes = match g {
+            Some(Grow::From(c)) => self.chain_growth(c, size, page),
+            Some(Grow::Tail { bytes, .. }) => bytes,
+            None => size.div_ceil(page) * page,
+        };
+        (g, bytes)
+    }
+
     /// Unmaps whole free pages of expandable segments, in either pool and on
-    /// any stream, largest free blocks first, until at least `want` bytes
-    /// are unmapped or none are left. The free blocks a request of `size`
-    /// bytes on (`kind`, `stream`) would grow from are left alone: unmapping
-    /// them would only make it map the same pages again.
+    /// any stream, largest free blocks first, until as many bytes as a
+    /// request of `size` bytes on (`kind`, `stream`) would map are unmapped,
+    /// or none are left. The free blocks that request would grow from are
+    /// left alone: unmapping them would only make it map the same pages
+    /// again. Returns the bytes unmapped.
     pub(crate) fn reclaim_free_pages(
         &mut self,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
-        want: u64,
     ) -> Result<u64, AllocError> {
+        let (grow, want) = self.plan_growth(kind, stream, size);
         let mut keep = Vec::new();
-        let mut c = self.expandable_candidate(kind, stream, size).unwrap_or(NIL);
+        let mut c = match grow {
+            Some(Grow::From(c)) => c,
+            Some(Grow::Tail { unmapped, .. }) => unmapped,
+            None => NIL,
+        };
         let mut have = 0;
         while have < size && c != NIL {
             keep.push(c);
@@ -219,6 +285,54 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentMap, range_ptr, range_size, stream);
         Ok(true)
+    }
+
+    /// Maps the last `bytes` of unmapped block `id` (whole pages, at its
+    /// page-aligned end) and merges them with the free block after it.
+    /// `Ok(None)` when the device is out of memory; else the mapped block,
+    /// in the free set.
+    fn map_block_tail(&mut self, id: u32, bytes: u64) -> Result<Option<u32>, AllocError> {
+        let b = &self.arena[id];
+        debug_assert!(!b.mapped && bytes > 0 && bytes <= b.size);
+        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
+        let at = ptr + size - bytes;
+        debug_assert_eq!((at - seg.base) % seg.page, 0, "unmapped blocks end on page boundaries");
+        match self.device.map(at, bytes, seg.page) {
+            Ok(()) => {}
+            Err(e) if e.is_out_of_memory() => {
+                self.last_failure = Some(Failure::Device(e));
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let mut t = Block::new(at, bytes, stream, kind);
+        t.expandable = self.arena[id].expandable;
+        t.next = next;
+        let tid = if bytes == size {
+            self.pool_mut(kind).unmapped.remove(&(stream, ptr));
+            t.prev = self.arena[id].prev;
+            self.arena[id] = t;
+            id
+        } else {
+            t.prev = id;
+            let tid = self.arena.insert(t);
+            self.arena[id].size = size - bytes;
+            self.arena[id].next = tid;
+            tid
+        };
+        if next != NIL {
+            self.arena[next].prev = tid;
+        }
+        let prev = self.arena[tid].prev;
+        self.try_merge_blocks(tid, prev);
+        self.try_merge_blocks(tid, next);
+        self.insert_into_blocks(tid);
+        self.total_allocated_memory += bytes;
+        stats::increase(&mut self.stats.reserved_bytes, kind, bytes);
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentMap, at, bytes, stream);
+        Ok(Some(tid))
     }
 
     /// `unmap_block`: unmaps the whole pages inside free block `id`; partial

@@ -1,17 +1,23 @@
 //! `HeadroomPolicy`: headroom's recommended policy. Expandable segments for
-//! every pool, and one rule PyTorch lacks: reserved memory does not grow
-//! past its high-water mark while whole free pages sit mapped elsewhere.
+//! every pool with 2 MiB pages, and two rules PyTorch lacks.
 //!
-//! With expandable segments, a request that no free block fits maps new
-//! pages at the end of the reservation even when the blocks freed in the
-//! middle add up to far more than it needs: their pages stay mapped until a
-//! flush. Under this policy a request that would raise the peak first
-//! unmaps whole free pages (largest free blocks first, as many bytes as the
-//! request) and maps its own from what that gave back, so the peak tracks
-//! the pages that hold live bytes. Below the peak nothing changes, which
-//! keeps steady-state steps free of device calls.
+//! Reserved memory does not grow past its high-water mark while whole free
+//! pages sit mapped elsewhere. With expandable segments, a request that no
+//! free block fits maps new pages at the end of the reservation even when
+//! the blocks freed in the middle add up to far more than it needs: their
+//! pages stay mapped until a flush. Under this policy a request that would
+//! raise the peak first unmaps whole free pages (largest free blocks first,
+//! as many bytes as it would map) and maps its own from what that gave back,
+//! so the peak tracks the pages that hold live bytes. Below the peak nothing
+//! changes, which keeps steady-state steps free of device calls.
+//!
+//! A segment grows where the fewest new pages are needed
+//! ([`ExpandableFit::LeastGrowth`]), the end of an unmapped range that a free
+//! block follows included: PyTorch grows at the lowest address and maps from
+//! the front, which can leave most of a large free block cached beside the
+//! pages it just mapped.
 
-use super::{Policy, Rung};
+use super::{ExpandableFit, Policy, Rung};
 use crate::config::AllocatorConfig;
 use crate::stats::PoolKind;
 
@@ -45,6 +51,22 @@ impl Policy for HeadroomPolicy {
     /// call. Growth that raises the peak maps only the pages the request needs.
     fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
         crate::sizing::expandable_page_size(config, pool)
+    }
+
+    /// Climbing past the peak with nothing to reuse, map ahead by 1/1024 of
+    /// what is reserved (at most PyTorch's page size): the pages left unused
+    /// at the top stay under 0.1% of reserved memory, and a run that climbs
+    /// through many small requests does not pay a device call for each.
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
+        let page = crate::config::SMALL_BUFFER;
+        (reserved / 1024).next_multiple_of(page).min(crate::sizing::expandable_page_size(config, pool))
+    }
+
+    /// Grow where the fewest new pages are needed: a request that fits in a
+    /// free block with unmapped space after it should not map a fresh range
+    /// elsewhere and leave that block cached.
+    fn expandable_fit(&self) -> ExpandableFit {
+        ExpandableFit::LeastGrowth
     }
 
     fn configure(&self, config: &mut AllocatorConfig) {

@@ -61,6 +61,16 @@ pub enum Rung {
     FlushThenAllocate,
 }
 
+/// Where an expandable segment grows when several places have room for a
+/// request: free space followed by unmapped space, or unmapped space alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpandableFit {
+    /// The lowest address (PyTorch's `find_expandable_block`).
+    LowestAddress,
+    /// Where the fewest new pages must be mapped (ties: the lowest address).
+    LeastGrowth,
+}
+
 /// An unsplit cached segment that garbage collection could give back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CachedSegment {
@@ -108,11 +118,24 @@ pub trait Policy: Send {
         crate::sizing::expandable_page_size(config, pool)
     }
 
+    /// Where an expandable segment grows; see [`ExpandableFit`].
+    fn expandable_fit(&self) -> ExpandableFit {
+        ExpandableFit::LowestAddress
+    }
+
     /// Under [`Rung::AllocateUnderPeak`], growth of an expandable segment
     /// maps whole multiples of this many bytes as long as they stay below the
     /// peak, so that the requests after it find pages mapped already. The
     /// page size by default: no mapping ahead.
     fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        self.page_size(config, pool)
+    }
+
+    /// When growth raises reserved memory past its peak and the ladder
+    /// found no free page to reuse ([`Rung::ReclaimFreePages`] reclaimed
+    /// nothing), it maps whole multiples of this many bytes; `reserved` is the
+    /// memory reserved now. The page size by default: no mapping ahead.
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, _reserved: u64) -> u64 {
         self.page_size(config, pool)
     }
 

@@ -2,7 +2,7 @@
 //! --policy NAME`): [`PolicyName`] parses and lists them, [`NamedPolicy`]
 //! holds the chosen one and forwards to it with one `match` per decision.
 
-use super::{CachedSegment, ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
+use super::{CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
 use crate::config::AllocatorConfig;
 use crate::stats::PoolKind;
 use std::fmt;
@@ -117,6 +117,12 @@ impl Policy for NamedPolicy {
     }
     fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
         forward!(self, p => p.map_ahead(config, pool))
+    }
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
+        forward!(self, p => p.climb_ahead(config, pool, reserved))
+    }
+    fn expandable_fit(&self) -> ExpandableFit {
+        forward!(self, p => p.expandable_fit())
     }
 }
 
