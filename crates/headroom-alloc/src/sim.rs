@@ -28,8 +28,16 @@ struct SimEvent {
 #[derive(Clone, Debug)]
 struct Reservation {
     size: u64,
-    /// Mapped pages, by address, with their size.
-    pages: BTreeMap<u64, u64>,
+    /// Mapped ranges, by start: (end, page size), never overlapping. Kept as
+    /// ranges, not pages, so that the simulator's cost does not grow with
+    /// the number of pages a policy maps.
+    pages: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Reservation {
+    fn mapped_pages(&self) -> u64 {
+        self.pages.iter().map(|(&s, &(e, p))| (e - s) / p).sum()
+    }
 }
 
 /// A simulated GPU. See the module documentation.
@@ -268,7 +276,7 @@ impl DeviceMemory for SimDevice {
                 Ok(())
             }
             Some(r) if !r.pages.is_empty() => {
-                Err(DeviceError::Invalid(format!("reservation {va:#x} still has {} mapped pages", r.pages.len())))
+                Err(DeviceError::Invalid(format!("reservation {va:#x} still has {} mapped pages", r.mapped_pages())))
             }
             _ => Err(DeviceError::Invalid(format!("no reservation {va:#x} of {size} bytes"))),
         }
@@ -280,27 +288,39 @@ impl DeviceMemory for SimDevice {
             return Err(DeviceError::Invalid(format!("map of {va:#x}+{size} in pages of {page}")));
         }
         let r = self.reservation_of(va, size)?;
-        if r.pages.range(va..va + size).next().is_some() {
+        if r.pages.range(..va + size).next_back().is_some_and(|(_, &(end, _))| end > va) {
             return Err(DeviceError::Invalid(format!("map of {va:#x}+{size} over mapped pages")));
         }
         self.take_allocation(size)?;
         let r = self.reservation_of(va, size)?;
-        let mut p = va;
-        while p < va + size {
-            r.pages.insert(p, page);
-            p += page;
-        }
+        r.pages.insert(va, (va + size, page));
         Ok(())
     }
 
-    fn unmap(&mut self, va: u64, size: u64, page: u64, _stream: StreamId) -> Result<(), DeviceError> {
+    fn unmap(&mut self, va: u64, size: u64, _page: u64, _stream: StreamId) -> Result<(), DeviceError> {
         let r = self.reservation_of(va, size)?;
-        let pages: Vec<u64> = r.pages.range(va..va + size).map(|(&p, _)| p).collect();
-        if pages.len() as u64 * page != size {
+        let end = va + size;
+        // The mapped ranges that meet [va, end), which must cover it without a gap.
+        let first = r.pages.range(..=va).next_back().filter(|(_, &(e, _))| e > va).map(|(&s, _)| s).unwrap_or(va);
+        let hit: Vec<(u64, u64, u64)> = r.pages.range(first..end).map(|(&s, &(e, p))| (s, e, p)).collect();
+        let mut at = va;
+        for &(s, e, _) in &hit {
+            if s > at {
+                break;
+            }
+            at = at.max(e);
+        }
+        if hit.is_empty() || hit[0].0 > va || at < end {
             return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size}: not every page is mapped")));
         }
-        for p in pages {
-            r.pages.remove(&p);
+        for (s, e, p) in hit {
+            r.pages.remove(&s);
+            if s < va {
+                r.pages.insert(s, (va, p));
+            }
+            if e > end {
+                r.pages.insert(end, (e, p));
+            }
         }
         self.used -= size;
         Ok(())
@@ -371,6 +391,25 @@ mod tests {
         assert!(d.release_reservation(va, 64 * MIB).is_err(), "pages still mapped");
         d.unmap(va, 20 * MIB, 20 * MIB, 0).unwrap();
         d.unmap(va + 20 * MIB, 20 * MIB, 20 * MIB, 0).unwrap();
+        d.release_reservation(va, 64 * MIB).unwrap();
+        assert_eq!(d.used_bytes(), 0);
+    }
+
+    #[test]
+    fn unmapping_splits_mapped_ranges_and_refuses_gaps() {
+        let mut d = SimDevice::new(100 * MIB);
+        let va = d.reserve(64 * MIB).unwrap();
+        d.map(va, 16 * MIB, 2 * MIB).unwrap();
+        d.map(va + 16 * MIB, 8 * MIB, 2 * MIB).unwrap();
+        // Across the two mappings, leaving a piece of each.
+        d.unmap(va + 10 * MIB, 8 * MIB, 2 * MIB, 0).unwrap();
+        assert_eq!(d.used_bytes(), 16 * MIB);
+        assert!(d.unmap(va + 8 * MIB, 4 * MIB, 2 * MIB, 0).is_err(), "half of it is no longer mapped");
+        assert!(d.map(va + 8 * MIB, 4 * MIB, 2 * MIB).is_err(), "half of it is still mapped");
+        d.map(va + 10 * MIB, 8 * MIB, 2 * MIB).unwrap();
+        let e = d.release_reservation(va, 64 * MIB).unwrap_err();
+        assert!(e.to_string().contains("12 mapped pages"), "{e}");
+        d.unmap(va, 24 * MIB, 2 * MIB, 0).unwrap();
         d.release_reservation(va, 64 * MIB).unwrap();
         assert_eq!(d.used_bytes(), 0);
     }
