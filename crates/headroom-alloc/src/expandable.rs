@@ -37,9 +37,8 @@ pub(crate) enum Grow {
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `try_allocate_expandable_block`: a free mapped block of at least
     /// `size` bytes, mapping pages as needed. `Ok(None)` when the device is
-    /// out of memory.
-    /// `planned` is where [`Self::plan_growth`] said to grow, if it was asked
-    /// and nothing changed since.
+    /// out of memory. `planned` is where [`Self::plan_growth`] said to grow,
+    /// when it was asked just before (saving a second search).
     pub(crate) fn try_allocate_expandable_block(
         &mut self,
         kind: PoolKind,

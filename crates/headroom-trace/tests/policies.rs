@@ -208,3 +208,27 @@ fn table(rows: &[Row]) -> String {
     .unwrap();
     s
 }
+
+/// What the lower peak buys: the forward pass of a small transformer
+/// (cs336, 0.98 GiB live at its peak) on a 1 GiB device runs out of memory
+/// 29 times under PyTorch's policy and not once under `headroom`.
+#[test]
+fn a_run_that_pytorch_cannot_fit_fits_under_headroom() {
+    let Some(dir) = fixtures_dir() else {
+        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        return;
+    };
+    let path = dir.join("kkaitlyn111__cs336-a2-systems__46eae3f8__memory_small_forward.pickle");
+    let snap = read_snapshot_file(&path).unwrap();
+    let t = DeviceTrace::new(&snap, 0).unwrap();
+    let recorded = snap.allocator_config().0;
+    let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).unwrap().empty_cache_calls;
+    let run = |policy| {
+        let setup = Setup { config: recorded.clone(), policy, start: StartFrom::Fresh };
+        what_if(&t, setup, 1 << 30, &calls, None, |_| {}).unwrap()
+    };
+    let (pytorch, headroom) = (run(PolicyName::PyTorch), run(PolicyName::Headroom));
+    assert_eq!(pytorch.ooms.len(), 29, "{:?}", pytorch.ooms.first());
+    assert!(headroom.ooms.is_empty(), "{:?}", headroom.ooms.first());
+    assert!(headroom.peak_reserved_bytes <= 1 << 30);
+}
