@@ -190,6 +190,20 @@ fn table(rows: &[Row]) -> String {
             "Mean peak reserved over live, {label} ({n}): pytorch {p:+.1}%, expandable {e:+.1}%, headroom {h:+.1}%."
         )
         .unwrap();
+        // Weighted by size: the peaks summed over the live bytes summed.
+        let live: u64 = rows.iter().filter(|r| f(r)).map(|r| r.live).sum();
+        let over = |i: usize| {
+            let peaks: u64 = rows.iter().filter(|r| f(r)).map(|r| r.runs[i].peak_reserved_bytes).sum();
+            (peaks as f64 / live as f64 - 1.0) * 100.0
+        };
+        writeln!(
+            s,
+            "Summed over those runs (peaks over live bytes): pytorch {:+.1}%, expandable {:+.1}%, headroom {:+.1}%.",
+            over(0),
+            over(1),
+            over(2)
+        )
+        .unwrap();
         writeln!(s).unwrap();
     }
     let total = |i: usize, free: bool| -> u64 {
