@@ -9,7 +9,8 @@
 
 `inspect` and `plan` run the `headroom` command this package installs and need
 nothing else; `record` needs PyTorch and a CUDA device, and imports torch only
-when called.
+when called. `headroom_gpu.torch_allocator` loads headroom's allocator into
+PyTorch (the headroom-torch shared library).
 """
 
 from __future__ import annotations

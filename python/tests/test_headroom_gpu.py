@@ -137,3 +137,67 @@ class Record(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TorchAllocator(unittest.TestCase):
+    """The plug-in loaded as `use` loads it, on its simulated GPU, with torch stood in for."""
+
+    def setUp(self):
+        self.lib = os.environ.get("HEADROOM_TORCH_LIB")
+        if not self.lib:
+            self.skipTest("HEADROOM_TORCH_LIB is not set (cargo build --release -p headroom-torch)")
+
+    def run_python(self, code, **env):
+        full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **env)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full)
+
+    def test_use_hands_pytorch_the_two_functions_and_stats_follow(self):
+        code = f"""
+import sys, types
+calls = []
+class Pluggable:
+    def __init__(self, *args): calls.append(("pluggable",) + args)
+memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
+                               change_current_allocator=lambda a: calls.append(("change", a)))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+import ctypes, tempfile, os
+from headroom_gpu import torch_allocator
+torch_allocator.use({self.lib!r}, policy="expandable")
+assert calls[0] == ("pluggable", {self.lib!r}, "headroom_malloc", "headroom_free"), calls
+assert calls[1][0] == "change"
+lib = ctypes.CDLL({self.lib!r})
+lib.headroom_malloc.restype = ctypes.c_void_p
+lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+torch_allocator.record_history(1000, {self.lib!r})
+p = lib.headroom_malloc(3 << 20, 1, None)
+assert p
+s = torch_allocator.memory_stats(1, {self.lib!r})
+assert s["allocated_bytes.all.current"] == 3 << 20, s["allocated_bytes.all.current"]
+with tempfile.TemporaryDirectory() as d:
+    torch_allocator.dump_snapshot(os.path.join(d, "plugin.pickle"), {self.lib!r})
+    assert os.path.getsize(os.path.join(d, "plugin.pickle")) > 0
+print("ok")
+"""
+        r = self.run_python(code, HEADROOM_TORCH_BACKEND="sim", HEADROOM_TORCH_SIM_BYTES="1GiB")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "ok")
+
+    def test_without_a_backend_use_refuses_and_leaves_pytorch_alone(self):
+        code = f"""
+import sys, types
+calls = []
+memory = types.SimpleNamespace(CUDAPluggableAllocator=lambda *a: calls.append(a),
+                               change_current_allocator=lambda a: calls.append(a))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+from headroom_gpu import torch_allocator, HeadroomError
+try:
+    torch_allocator.use({self.lib!r})
+except HeadroomError as e:
+    assert "CUDA backend is not built yet" in str(e), e
+    assert calls == [], calls
+    print("refused")
+"""
+        env = dict(HEADROOM_TORCH_BACKEND="")
+        r = self.run_python(code, **env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "refused")

@@ -1,0 +1,217 @@
+//! The C functions PyTorch loads, called as PyTorch calls them, over the
+//! simulated GPU: from Rust through the same symbols, and from Python with
+//! ctypes through the built shared library.
+
+use headroom_torch::{
+    headroom_dump_snapshot, headroom_empty_cache, headroom_free, headroom_malloc, headroom_memory_stats_json,
+    headroom_record_history,
+};
+use serde_json::Value;
+use std::ffi::{c_void, CString};
+use std::sync::Once;
+
+const MIB: usize = 1 << 20;
+
+/// Settings are read once per process, at the first call: every test sets
+/// the same ones first.
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("HEADROOM_TORCH_BACKEND", "sim");
+        std::env::set_var("HEADROOM_POLICY", "headroom");
+        std::env::set_var("HEADROOM_TORCH_SIM_BYTES", "2GiB");
+        headroom_record_history(100_000);
+    });
+}
+
+fn stats(device: i32) -> Value {
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: the buffer is as long as we say.
+    let n = unsafe { headroom_memory_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n > 0 && (n as usize) < buf.len(), "stats of device {device}: {n}");
+    serde_json::from_slice(&buf[..n as usize]).unwrap()
+}
+
+fn stream(s: usize) -> *mut c_void {
+    s as *mut c_void
+}
+
+#[test]
+fn allocations_round_trip_and_the_statistics_follow() {
+    setup();
+    // SAFETY: streams are only compared; pointers come from headroom_malloc.
+    unsafe {
+        let p = headroom_malloc(3 * MIB + 5, 0, stream(0));
+        assert!(!p.is_null());
+        let q = headroom_malloc(4096, 0, stream(0x55aa));
+        assert!(!q.is_null() && q != p);
+        let s = stats(0);
+        assert!(s["allocated_bytes.all.current"].as_i64().unwrap() >= (3 * MIB + 5 + 4096) as i64);
+        headroom_free(p, 3 * MIB + 5, 0, stream(0));
+        headroom_free(q, 4096, 0, stream(0x55aa));
+    }
+    assert_eq!(stats(0)["allocated_bytes.all.current"], 0);
+}
+
+#[test]
+fn threads_on_several_devices_share_the_plug_in() {
+    setup();
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let device = 1 + (t % 2) as i32;
+                let mut live = Vec::new();
+                for i in 0..2000usize {
+                    let size = (i * 7919 + t * 104_729) % (24 * MIB) + 1;
+                    // SAFETY: pointers come from headroom_malloc and are freed once.
+                    unsafe {
+                        let p = headroom_malloc(size, device, stream(t + 1));
+                        assert!(!p.is_null(), "thread {t}: {size} B");
+                        live.push((p as usize, size));
+                        // At most about 32 live per thread: 2 threads share a 2 GiB device.
+                        if i % 3 != 0 || live.len() > 32 {
+                            let (p, s) = live.swap_remove(i % live.len());
+                            headroom_free(p as *mut c_void, s, device, stream(t + 1));
+                        }
+                    }
+                }
+                for (p, s) in live {
+                    // SAFETY: as above.
+                    unsafe { headroom_free(p as *mut c_void, s, device, stream(t + 1)) };
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    for device in [1, 2] {
+        let s = stats(device);
+        assert_eq!(s["allocated_bytes.all.current"], 0, "device {device}");
+        assert!(s["num_alloc_retries"].as_i64().is_some());
+    }
+}
+
+#[test]
+fn failures_are_answered_not_raised() {
+    setup();
+    // SAFETY: nothing here is dereferenced.
+    unsafe {
+        assert!(headroom_malloc(3 << 30, 3, stream(0)).is_null(), "more than the 2 GiB device");
+        assert!(!headroom_malloc(MIB, 3, stream(0)).is_null(), "the device still serves");
+        assert!(headroom_malloc(MIB, -1, stream(0)).is_null());
+        assert!(headroom_malloc(MIB, 64, stream(0)).is_null());
+        headroom_free(0xdead_0000 as *mut c_void, 16, 3, stream(0));
+        assert_eq!(headroom_memory_stats_json(-2, std::ptr::null_mut(), 0), -1);
+        assert_eq!(headroom_dump_snapshot(std::ptr::null()), -1);
+    }
+}
+
+#[test]
+fn a_snapshot_in_pytorchs_format_is_written() {
+    setup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plugin.pickle");
+    // SAFETY: as in the tests above; the path is NUL-terminated.
+    unsafe {
+        let p = headroom_malloc(5 * MIB, 4, stream(0));
+        assert!(!p.is_null());
+        let c = CString::new(path.to_str().unwrap()).unwrap();
+        assert_eq!(headroom_dump_snapshot(c.as_ptr()), 0);
+        headroom_free(p, 5 * MIB, 4, stream(0));
+        headroom_empty_cache();
+    }
+    let snap = headroom_trace::snapshot::read_snapshot_file(&path).unwrap();
+    assert!(snap.devices().contains(&4), "{:?}", snap.devices());
+    let trace = &snap.device_traces[4];
+    assert!(trace.iter().any(|e| e.action == headroom_trace::snapshot::TraceAction::Alloc && e.size == 5 * MIB as u64));
+    assert_eq!(stats(4)["reserved_bytes.all.current"], 0, "empty_cache gave everything back");
+}
+
+/// The shared library, built for the profile these tests run under: `cargo
+/// test` builds the crate as an rlib only.
+fn shared_library() -> std::path::PathBuf {
+    static BUILT: Once = Once::new();
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    BUILT.call_once(|| {
+        let mut cargo = std::process::Command::new(env!("CARGO"));
+        cargo.args(["build", "-q", "-p", "headroom-torch", "--lib"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success(), "building the shared library failed");
+    });
+    let lib = dir.join(format!("{}headroom_torch{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
+    assert!(lib.exists(), "{} was not built", lib.display());
+    lib
+}
+
+/// The shared library itself, loaded by Python's ctypes as PyTorch loads it.
+#[test]
+fn python_loads_the_shared_library() {
+    let lib = shared_library();
+    let script = r#"
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.headroom_malloc.restype = ctypes.c_void_p
+lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.headroom_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.headroom_memory_stats_json.restype = ctypes.c_ssize_t
+lib.headroom_memory_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+p = lib.headroom_malloc(1 << 20, 0, None)
+assert p, "null"
+buf = ctypes.create_string_buffer(1 << 16)
+n = lib.headroom_memory_stats_json(0, buf, len(buf))
+s = json.loads(buf.value[:n])
+assert s["allocated_bytes.all.current"] == 1 << 20, s["allocated_bytes.all.current"]
+lib.headroom_free(p, 1 << 20, 0, None)
+print("ok")
+"#;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = match std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(&lib)
+        .env("HEADROOM_TORCH_BACKEND", "sim")
+        .env("HEADROOM_TORCH_SIM_BYTES", "1GiB")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: {python} cannot run ({e})");
+            return;
+        }
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
+/// Without the simulated backend, the plug-in refuses clearly: null, and a
+/// message naming what is missing.
+#[test]
+fn without_a_backend_it_says_so() {
+    let lib = shared_library();
+    let script = r#"
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.headroom_malloc.restype = ctypes.c_void_p
+lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+assert not lib.headroom_malloc(4096, 0, None)
+assert not lib.headroom_malloc(4096, 0, None)
+print("refused")
+"#;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let Ok(out) = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(&lib)
+        .env_remove("HEADROOM_TORCH_BACKEND")
+        .output()
+    else {
+        eprintln!("skipped: {python} cannot run");
+        return;
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("the CUDA backend is not built yet").count(), 1, "said once: {err}");
+}
