@@ -35,7 +35,7 @@ use headroom_alloc::{AllocatorConfig, CachingAllocator, NamedPolicy, PolicyName,
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock};
 
 /// The most devices one process may address.
 const MAX_DEVICES: usize = 64;
@@ -47,7 +47,9 @@ struct Plugin {
     policy: PolicyName,
     config: AllocatorConfig,
     sim_bytes: u64,
-    devices: RwLock<Vec<Option<Arc<DeviceAllocator>>>>,
+    /// Made at each device's first request; never dropped, so a reference
+    /// to one needs no lock and no count.
+    devices: Vec<OnceLock<DeviceAllocator>>,
     history: Mutex<Option<usize>>,
 }
 
@@ -78,7 +80,8 @@ fn load() -> Result<Plugin, String> {
         Some(s) => parse_size(&s).map_err(|e| format!("HEADROOM_TORCH_SIM_BYTES: {e}"))?,
         None => 80 * GIB,
     };
-    Ok(Plugin { policy, config, sim_bytes, devices: RwLock::new(vec![None; MAX_DEVICES]), history: Mutex::new(None) })
+    let devices = (0..MAX_DEVICES).map(|_| OnceLock::new()).collect();
+    Ok(Plugin { policy, config, sim_bytes, devices, history: Mutex::new(None) })
 }
 
 /// Says `message` on stderr, once per distinct message.
@@ -104,27 +107,21 @@ fn plugin() -> Option<&'static Plugin> {
 
 impl Plugin {
     /// The allocator of `device`, made at its first use.
-    fn device(&self, device: c_int) -> Result<Arc<DeviceAllocator>, String> {
+    fn device(&self, device: c_int) -> Result<&DeviceAllocator, String> {
         let i = usize::try_from(device)
             .ok()
             .filter(|&i| i < MAX_DEVICES)
             .ok_or_else(|| format!("device {device} is out of range (0 to {})", MAX_DEVICES - 1))?;
-        if let Some(a) = self.devices.read().map_err(|_| "a thread panicked holding the device table")?[i].clone() {
-            return Ok(a);
-        }
-        let mut devices = self.devices.write().map_err(|_| "a thread panicked holding the device table")?;
-        let a = devices[i].get_or_insert_with(|| {
+        Ok(self.devices[i].get_or_init(|| {
             let a =
                 CachingAllocator::with_policy(SimDevice::new(self.sim_bytes), self.config.clone(), self.policy.build());
-            a.lock().record_history(*self.history.lock().expect("history setting"));
-            Arc::new(a)
-        });
-        Ok(a.clone())
+            a.lock().record_history(self.history.lock().map(|h| *h).unwrap_or(None));
+            a
+        }))
     }
 
-    fn made(&self) -> Vec<(u32, Arc<DeviceAllocator>)> {
-        let devices = self.devices.read().map(|d| d.clone()).unwrap_or_default();
-        devices.into_iter().enumerate().filter_map(|(i, a)| a.map(|a| (i as u32, a))).collect()
+    fn made(&self) -> impl Iterator<Item = (u32, &DeviceAllocator)> {
+        self.devices.iter().enumerate().filter_map(|(i, a)| a.get().map(|a| (i as u32, a)))
     }
 }
 
