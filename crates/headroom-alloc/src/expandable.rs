@@ -250,13 +250,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let end = (ptr + size - seg.base).div_ceil(seg.page);
         let (range_ptr, range_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
         debug_assert_eq!(range_ptr, ptr, "unmapped blocks start on page boundaries");
-        match self.device.map(range_ptr, range_size, seg.page) {
-            Ok(()) => {}
-            Err(e) if e.is_out_of_memory() => {
-                self.last_failure = Some(Failure::Device(e));
-                return Ok(false);
-            }
-            Err(e) => return Err(e.into()),
+        if !self.device_map(range_ptr, range_size, seg.page)? {
+            return Ok(false);
         }
         self.pool_mut(kind).unmapped.remove(&(stream, ptr));
         self.arena[id].mapped = true;
@@ -279,10 +274,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_blocks(id);
-        self.total_allocated_memory += range_size;
-        stats::increase(&mut self.stats.reserved_bytes, kind, range_size);
-        self.stats.num_device_alloc += 1;
-        self.trace(Action::SegmentMap, range_ptr, range_size, stream);
+        self.count_mapped(kind, stream, range_ptr, range_size);
         Ok(true)
     }
 
@@ -297,13 +289,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         let at = ptr + size - bytes;
         debug_assert_eq!((at - seg.base) % seg.page, 0, "unmapped blocks end on page boundaries");
-        match self.device.map(at, bytes, seg.page) {
-            Ok(()) => {}
-            Err(e) if e.is_out_of_memory() => {
-                self.last_failure = Some(Failure::Device(e));
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
+        if !self.device_map(at, bytes, seg.page)? {
+            return Ok(None);
         }
         let mut t = Block::new(at, bytes, stream, kind);
         t.expandable = self.arena[id].expandable;
@@ -327,11 +314,30 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.try_merge_blocks(tid, prev);
         self.try_merge_blocks(tid, next);
         self.insert_into_blocks(tid);
-        self.total_allocated_memory += bytes;
-        stats::increase(&mut self.stats.reserved_bytes, kind, bytes);
-        self.stats.num_device_alloc += 1;
-        self.trace(Action::SegmentMap, at, bytes, stream);
+        self.count_mapped(kind, stream, at, bytes);
         Ok(Some(tid))
+    }
+
+    /// Maps `size` bytes at `va` in pages of `page`. `Ok(false)` when the
+    /// device is out of memory (remembered for the OOM report).
+    fn device_map(&mut self, va: u64, size: u64, page: u64) -> Result<bool, AllocError> {
+        match self.device.map(va, size, page) {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_out_of_memory() => {
+                self.last_failure = Some(Failure::Device(e));
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Counts `size` bytes newly mapped at `va`: reserved memory, the
+    /// device-call statistic and the trace's `segment_map`.
+    fn count_mapped(&mut self, kind: PoolKind, stream: StreamId, va: u64, size: u64) {
+        self.total_allocated_memory += size;
+        stats::increase(&mut self.stats.reserved_bytes, kind, size);
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentMap, va, size, stream);
     }
 
     /// `unmap_block`: unmaps the whole pages inside free block `id`; partial

@@ -148,10 +148,30 @@ fn shared_library() -> std::path::PathBuf {
     lib
 }
 
+/// Runs `script` in Python with the shared library's path as its argument;
+/// `None` (said) where no Python runs.
+fn python(script: &str, env: &[(&str, Option<&str>)]) -> Option<std::process::Output> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args(["-c", script]).arg(shared_library());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    match cmd.output() {
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("skipped: {python} cannot run ({e})");
+            None
+        }
+    }
+}
+
 /// The shared library itself, loaded by Python's ctypes as PyTorch loads it.
 #[test]
 fn python_loads_the_shared_library() {
-    let lib = shared_library();
     let script = r#"
 import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -169,20 +189,8 @@ assert s["allocated_bytes.all.current"] == 1 << 20, s["allocated_bytes.all.curre
 lib.headroom_free(p, 1 << 20, 0, None)
 print("ok")
 "#;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = match std::process::Command::new(&python)
-        .args(["-c", script])
-        .arg(&lib)
-        .env("HEADROOM_TORCH_BACKEND", "sim")
-        .env("HEADROOM_TORCH_SIM_BYTES", "1GiB")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: {python} cannot run ({e})");
-            return;
-        }
-    };
+    let env = [("HEADROOM_TORCH_BACKEND", Some("sim")), ("HEADROOM_TORCH_SIM_BYTES", Some("1GiB"))];
+    let Some(out) = python(script, &env) else { return };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
@@ -191,7 +199,6 @@ print("ok")
 /// message naming what is missing.
 #[test]
 fn without_a_backend_it_says_so() {
-    let lib = shared_library();
     let script = r#"
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -201,16 +208,7 @@ assert not lib.headroom_malloc(4096, 0, None)
 assert not lib.headroom_malloc(4096, 0, None)
 print("refused")
 "#;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let Ok(out) = std::process::Command::new(&python)
-        .args(["-c", script])
-        .arg(&lib)
-        .env_remove("HEADROOM_TORCH_BACKEND")
-        .output()
-    else {
-        eprintln!("skipped: {python} cannot run");
-        return;
-    };
+    let Some(out) = python(script, &[("HEADROOM_TORCH_BACKEND", None)]) else { return };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("the CUDA backend is not built yet").count(), 1, "said once: {err}");
