@@ -148,12 +148,23 @@ fn shared_library() -> std::path::PathBuf {
     lib
 }
 
-/// Runs `script` in Python with the shared library's path as its argument;
+/// The library loaded in Python as `lib`, with the C signatures declared.
+const PRELUDE: &str = r#"
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.headroom_malloc.restype = ctypes.c_void_p
+lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.headroom_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.headroom_memory_stats_json.restype = ctypes.c_ssize_t
+lib.headroom_memory_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+"#;
+
+/// Runs [`PRELUDE`] then `script` in Python, with the shared library's path as its argument;
 /// `None` (said) where no Python runs.
 fn python(script: &str, env: &[(&str, Option<&str>)]) -> Option<std::process::Output> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let mut cmd = std::process::Command::new(&python);
-    cmd.args(["-c", script]).arg(shared_library());
+    cmd.args(["-c", &format!("{PRELUDE}{script}")]).arg(shared_library());
     for (k, v) in env {
         match v {
             Some(v) => cmd.env(k, v),
@@ -173,13 +184,6 @@ fn python(script: &str, env: &[(&str, Option<&str>)]) -> Option<std::process::Ou
 #[test]
 fn python_loads_the_shared_library() {
     let script = r#"
-import ctypes, json, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.headroom_malloc.restype = ctypes.c_void_p
-lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-lib.headroom_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-lib.headroom_memory_stats_json.restype = ctypes.c_ssize_t
-lib.headroom_memory_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
 p = lib.headroom_malloc(1 << 20, 0, None)
 assert p, "null"
 buf = ctypes.create_string_buffer(1 << 16)
@@ -200,10 +204,6 @@ print("ok")
 #[test]
 fn without_a_backend_it_says_so() {
     let script = r#"
-import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.headroom_malloc.restype = ctypes.c_void_p
-lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 assert not lib.headroom_malloc(4096, 0, None)
 assert not lib.headroom_malloc(4096, 0, None)
 print("refused")
