@@ -64,7 +64,13 @@ impl Target {
         let text = String::from_utf8(bytes).map_err(|e| {
             anyhow!("reading {}: not UTF-8 text (byte {} is not)", file.display(), e.utf8_error().valid_up_to() + 1)
         })?;
-        let name = file.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or(arg);
+        // `llama-3-8b/config.json` is named after its directory; `cs336-medium.json` after itself.
+        let named_by = if file.file_name().is_some_and(|n| n == "config.json") {
+            file.parent().and_then(|p| p.file_name())
+        } else {
+            file.file_stem()
+        };
+        let name = named_by.and_then(|n| n.to_str()).unwrap_or(arg);
         Model::from_hf_config(&text, name).with_context(|| format!("reading {}", file.display()))
     }
 }

@@ -2,9 +2,14 @@
 //! runnable inline code, and in each command's `--help` examples — runs and exits as
 //! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort.
 //!
-//! The files the examples name generically (`trace.jsonl`, `./config.json`, `run.pickle`) are made in a
-//! scratch directory that also links the repository's `data/`; lines with `...` elide
-//! arguments and are skipped.
+//! The files the examples name generically (`trace.jsonl`, `./config.json`, `run.pickle`,
+//! `small-run.pickle`) are made in a scratch directory that also links the repository's
+//! `data/`; lines with `...` elide arguments and are skipped.
+
+// The training run with frames that headroom-inspect's tests inspect, as a user's
+// snapshot of a small run for the `--calibrate` examples.
+#[path = "../../headroom-inspect/tests/common/mod.rs"]
+mod training_run;
 
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
@@ -107,6 +112,7 @@ fn scratch() -> tempfile::TempDir {
         .output()
         .unwrap();
     assert!(made.status.success());
+    std::fs::write(p.join("small-run.pickle"), training_run::training_run_json(3, false)).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo().join("data"), p.join("data")).unwrap();
     dir

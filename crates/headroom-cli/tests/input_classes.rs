@@ -53,13 +53,23 @@ fn every_file_a_command_reads_refuses_every_class_of_bad_content() {
         "intermediate_size":1024,"vocab_size":1000,"max_position_embeddings":4096}"#;
     let missing = dir.path().join("missing.json");
     let d = dir.path().to_str().unwrap().to_string();
+    let pickle = dir.path().join("run.pickle");
+    let trace_path = repo("data/traces/gpt2-small-train.jsonl");
+    let (code, stderr) = run(&["replay", trace_path.to_str().unwrap(), "--snapshot-out", pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let snapshot = std::fs::read(&pickle).unwrap();
     type Cmd = fn(&str) -> Vec<String>;
-    let commands: [(&str, &[u8], Cmd); 4] = [
+    let commands: [(&str, &[u8], Cmd); 5] = [
         ("replay", &trace, |f| vec!["replay".into(), f.into()]),
         ("checkpoint", &chain, |f| vec!["checkpoint".into(), f.into(), "--budget".into(), "1GiB".into()]),
         ("plan", config, |f| vec!["plan".into(), "--model".into(), f.into(), "--gpu".into(), "h100-sxm".into()]),
         ("kv", config, |f| {
             vec!["kv".into(), "simulate".into(), "--model".into(), f.into(), "--gpu".into(), "h100-sxm".into()]
+        }),
+        ("plan --calibrate", &snapshot, |f| {
+            ["plan", "--model", "gpt2", "--gpu", "h100-sxm", "--seq", "512", "--calibrate", f]
+                .map(String::from)
+                .to_vec()
         }),
     ];
     let mut checked = 0;
@@ -111,6 +121,8 @@ fn every_number_a_command_takes_refuses_what_is_not_one() {
                 "--global-batch",
                 "--lora-rank",
                 "--gpu-memory",
+                "--calibrate-batch",
+                "--calibrate-seq",
             ],
         ),
         (

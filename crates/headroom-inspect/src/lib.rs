@@ -19,6 +19,7 @@ pub mod leaks;
 pub mod oom;
 pub mod report;
 pub mod sites;
+pub mod step_phases;
 pub mod timeline;
 pub mod walk;
 

@@ -7,6 +7,7 @@ use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
 use crate::sites::{group, RoleBytes, SiteBytes, Sites};
+use crate::step_phases::{step_phases, StepPhases};
 use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
 use headroom_alloc::units::format_size;
@@ -90,6 +91,8 @@ pub struct DeviceReport {
     pub peak_time_us: Option<i64>,
     /// The phase of the allocation that reached the peak.
     pub peak_phase: Option<Phase>,
+    /// Each phase's peak (`None` without a trace or without frames).
+    pub step_phases: Option<StepPhases>,
     /// Live at the peak by call site, largest first.
     pub top_sites: Vec<SiteBytes>,
     /// Sites live at the peak beyond `top_sites`.
@@ -160,6 +163,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         peak_event_index: None,
         peak_time_us: None,
         peak_phase: None,
+        step_phases: None,
         top_sites: Vec::new(),
         other_sites: 0,
         roles: Vec::new(),
@@ -280,6 +284,10 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     r.most_fragmented = Some(tl.most_fragmented);
     if let Some(i) = tl.peak.index {
         r.peak_phase = Some(sites.info(trace[i].stack).phase);
+    }
+
+    if has_frames {
+        r.step_phases = Some(step_phases(&mut walk(), &mut sites));
     }
 
     // Pass 2: live at the peak.

@@ -7,7 +7,9 @@ mod common;
 
 use common::{training_run, Site};
 use headroom_inspect::frames::{Phase, Role};
+use headroom_inspect::step_phases::StepPhases;
 use headroom_inspect::{inspect_device, InspectOptions};
+use headroom_trace::snapshot::read_snapshot;
 
 #[test]
 fn the_peak_is_explained_by_call_site_role_and_phase() {
@@ -61,4 +63,51 @@ fn the_oom_is_explained_and_a_setting_is_checked_to_avoid_it() {
         assert!(r.recommendations.iter().any(|x| x.what.ends_with(&m.setting)), "{:?}", r.recommendations);
     }
     assert!(o.remedies.iter().any(|m| m.avoided.is_none()), "the batch remedy says it was not checked");
+}
+
+/// Step 0: four 8 MiB activations, a 2 MiB leak (forward 34 MiB), a gradient beside them
+/// (backward 42 MiB), the optimizer's 2 × 4 MiB state beside the leak (10 MiB). Step 1
+/// begins at 10 MiB: forward 44 MiB, backward 52 MiB, and its optimizer allocates nothing.
+const STEP_PHASES: StepPhases = StepPhases {
+    start_bytes: 0,
+    forward_bytes: Some(44 << 20),
+    backward_bytes: Some(52 << 20),
+    optimizer_bytes: Some(10 << 20),
+};
+
+#[test]
+fn each_phase_of_the_step_has_its_own_peak() {
+    let r = inspect_device(&training_run(2, false), 0, &InspectOptions::default());
+    assert_eq!(r.step_phases, Some(STEP_PHASES));
+    assert_eq!(STEP_PHASES.peak_bytes(), r.peak_allocated_bytes);
+}
+
+#[test]
+fn a_backward_recorded_without_frames_is_still_the_backward() {
+    // `stacks="python"`: the autograd engine's allocations have no frames at all.
+    let mut v: serde_json::Value = serde_json::from_slice(&common::training_run_json(2, false)).unwrap();
+    for e in v["device_traces"][0].as_array_mut().unwrap() {
+        if e["frames"].to_string().contains("torch::autograd") {
+            e["frames"] = serde_json::json!([]);
+        }
+    }
+    let snap = read_snapshot(std::io::Cursor::new(serde_json::to_vec(&v).unwrap())).unwrap();
+    let r = inspect_device(&snap, 0, &InspectOptions::default());
+    assert_eq!(r.step_phases, Some(STEP_PHASES));
+}
+
+#[test]
+fn without_frames_there_are_no_phases() {
+    let mut v: serde_json::Value = serde_json::from_slice(&common::training_run_json(2, false)).unwrap();
+    for e in v["device_traces"][0].as_array_mut().unwrap() {
+        e["frames"] = serde_json::json!([]);
+    }
+    for s in v["segments"].as_array_mut().unwrap() {
+        for b in s["blocks"].as_array_mut().unwrap() {
+            b["frames"] = serde_json::json!([]);
+        }
+    }
+    let snap = read_snapshot(std::io::Cursor::new(serde_json::to_vec(&v).unwrap())).unwrap();
+    let r = inspect_device(&snap, 0, &InspectOptions::default());
+    assert_eq!(r.step_phases, None);
 }

@@ -4,9 +4,11 @@
 //! Hugging Face `config.json`, with exact parameter counts), the GPUs
 //! ([`gpu`]), the training and inference memory models ([`train`],
 //! [`infer`]), the recommendation search ([`search`]), engine configs
-//! ([`emit`]), and the optimal
-//! activation-checkpointing solver ([`checkpoint`]).
+//! ([`emit`]), the optimal activation-checkpointing solver ([`checkpoint`]),
+//! and the step's phases fitted to a snapshot of the user's own run
+//! ([`calibrate`]).
 
+pub mod calibrate;
 pub mod checkpoint;
 mod error;
 pub use error::{CannotEmit, InvalidConfig, UnknownGpu};

@@ -104,6 +104,11 @@ fn per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
     terms.iter().map(|(u, c)| if u == "heads_s" { c * model.heads as f64 * seq } else { c * unit(model, u) }).sum()
 }
 
+/// The part of [`per_token`] that grows with the sequence: eager attention's s × s matrices.
+fn attention_per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
+    terms.get("heads_s").map_or(0.0, |c| c * model.heads as f64 * seq)
+}
+
 /// Parameters of one block's linear layers (every expert's).
 fn layer_linear_params(model: &Model) -> f64 {
     model.block_linears().iter().map(|&(i, o)| (i * o) as f64).sum()
@@ -116,6 +121,8 @@ pub struct Saved {
     pub per_layer: f64,
     /// Everything the layers keep together.
     pub layers: f64,
+    /// Of `layers`, eager attention's s × s matrices (0 with SDPA).
+    pub attention: f64,
     /// Embeddings, final norm, head and loss.
     pub outside: f64,
     /// AMP's 16-bit copies of the weights.
@@ -143,6 +150,8 @@ impl Recipe {
         Saved {
             per_layer,
             layers: per_layer * blocks + shared,
+            attention: tokens * attention_per_token(model, layer, seq) * blocks
+                + seq * attention_per_token(model, pos, seq),
             outside,
             weight_copies: copy * layer_linear_params(model) * blocks + self.outside_weight_copy * head_params,
         }
@@ -168,6 +177,12 @@ impl Recipe {
     /// One layer's full keep, for the layer a checkpointed backward recomputes.
     pub fn layer_full(&self, model: &Model, batch: f64, seq: f64) -> f64 {
         batch * seq * per_token(model, &self.layer, seq) + seq * per_token(model, &self.layer_per_position, seq)
+    }
+
+    /// Of [`Recipe::layer_full`], eager attention's s × s matrices.
+    pub fn layer_full_attention(&self, model: &Model, batch: f64, seq: f64) -> f64 {
+        batch * seq * attention_per_token(model, &self.layer, seq)
+            + seq * attention_per_token(model, &self.layer_per_position, seq)
     }
 }
 

@@ -57,6 +57,8 @@ pub struct StepParts {
     pub loss_bytes: f64,
     /// With checkpointing: one layer's full keep, recomputed in the backward.
     pub recomputed_layer: Option<f64>,
+    /// Of that layer's keep, eager attention's s × s matrices.
+    pub recomputed_layer_attention: f64,
     /// The gradient of the output layer, made first in the backward.
     pub head_gradient: f64,
     /// What a layer's attention backward holds beside its saved tensors (eager: two fp32
@@ -73,10 +75,15 @@ pub struct PhasePeak {
     pub total: f64,
     pub gradients: f64,
     pub activations: f64,
+    /// Of `activations`, eager attention's s × s matrices and their gradients: what grows
+    /// with the square of the sequence.
+    pub attention: f64,
     /// The loss: saved outside the layers, and the logits' transients.
     pub logits: f64,
     /// AMP's weight copies, or the optimizer's temporaries.
     pub temporary: f64,
+    /// What a calibration from the user's own run adds ([`crate::calibrate`]); 0 without one.
+    pub calibration: f64,
 }
 
 /// The peak of each phase.
@@ -106,37 +113,42 @@ pub fn phases(p: &StepParts) -> Phases {
     // output is in the recipe.
     let upcast = if p.loss_bytes > p.logit_bytes { p.loss_bytes } else { 0.0 };
     let at_loss = logits * (p.logit_bytes + upcast);
-    let peak = |gradients: f64, activations: f64, loss: f64, temporary: f64| PhasePeak {
+    let peak = |gradients: f64, (activations, attention): (f64, f64), loss: f64, temporary: f64| PhasePeak {
         total: base + gradients + activations + loss + temporary,
         gradients,
         activations,
+        attention,
         logits: loss,
         temporary,
+        calibration: 0.0,
     };
-    let mut forward = peak(0.0, s.layers, s.outside + at_loss, copies);
+    let layers = (s.layers, s.attention);
+    let with_layer =
+        |layer: f64, extra: f64| (s.layers + layer + extra, s.attention + p.recomputed_layer_attention + extra);
+    let mut forward = peak(0.0, layers, s.outside + at_loss, copies);
     if let Some(layer) = p.recomputed_layer {
         // Under checkpointing a layer's forward still makes everything it would keep, then drops it.
-        let inside = peak(0.0, s.layers + layer, 0.0, copies);
+        let inside = peak(0.0, with_layer(layer, 0.0), 0.0, copies);
         if inside.total > forward.total {
             forward = inside;
         }
     }
     // nll_loss's and log_softmax's gradients of the logits, side by side, in the loss's width.
-    let start = peak(0.0, s.layers, s.outside + logits * 2.0 * p.loss_bytes, copies);
+    let start = peak(0.0, layers, s.outside + logits * 2.0 * p.loss_bytes, copies);
     let mut backward = start;
     if let Some(layer) = p.recomputed_layer {
         // The top layer recomputed beside every checkpoint, the head's gradient made, the
         // loss's tensors gone; eager attention's backward holds the gradients of its s × s
         // probabilities and scores in fp32 besides.
-        let top = peak(p.head_gradient, s.layers + layer + p.attention_backward, 0.0, copies);
+        let top = peak(p.head_gradient, with_layer(layer, p.attention_backward), 0.0, copies);
         if top.total > backward.total {
             backward = top;
         }
     }
-    let end = peak(p.gradients, 0.0, 0.0, p.embedding_tail);
+    let end = peak(p.gradients, (0.0, 0.0), 0.0, p.embedding_tail);
     if end.total > backward.total {
         backward = end;
     }
-    let optimizer = peak(p.gradients, 0.0, 0.0, p.optimizer_temp);
+    let optimizer = peak(p.gradients, (0.0, 0.0), 0.0, p.optimizer_temp);
     Phases { forward, backward, optimizer }
 }

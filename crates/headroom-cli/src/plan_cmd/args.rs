@@ -46,7 +46,8 @@ use headroom_plan::train::{
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
-                        headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json"
+                        headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
+                        headroom plan --model gpt2 --gpu rtx-4090 --precision fp32 --attention eager --batch 8 --seq 1024 --calibrate small-run.pickle --calibrate-seq 256"
 )]
 pub struct PlanArgs {
     #[command(flatten)]
@@ -135,6 +136,21 @@ pub struct PlanArgs {
     /// the model's learned positions, or 2^24 tokens).
     #[arg(long)]
     pub max_seq: bool,
+    /// Fit the plan to a memory snapshot of a smaller run of the same job (a pickle from
+    /// torch.cuda.memory._dump_snapshot, recorded around one training step): what your own
+    /// layers keep, what your optimizer allocates and what the script holds between steps,
+    /// measured phase by phase. Repeat it with snapshots at two or more sequence lengths to
+    /// fit eager attention's s × s matrices apart from what grows with the tokens.
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with_all = ["infer", "recommend"])]
+    pub calibrate: Vec<std::path::PathBuf>,
+    /// The micro-batch each --calibrate run used, in the same order (one value: all of them;
+    /// default: --batch).
+    #[arg(long, requires = "calibrate", value_parser = positive())]
+    pub calibrate_batch: Vec<u64>,
+    /// The sequence length each --calibrate run used, in the same order (one value: all of
+    /// them; default: --seq).
+    #[arg(long, requires = "calibrate", value_parser = positive())]
+    pub calibrate_seq: Vec<u64>,
     /// Search precision, attention kernel, checkpointing, the tensor ×
     /// pipeline × context × data split of --gpus, ZeRO stage, offload and
     /// micro-batch (with gradient accumulation to --global-batch sequences

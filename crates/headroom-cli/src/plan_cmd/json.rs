@@ -11,6 +11,11 @@ fn bytes(x: f64) -> u64 {
     x.round() as u64
 }
 
+/// A byte figure that may be negative (a calibration's adjustments).
+fn signed_bytes(x: f64) -> i64 {
+    x.round() as i64
+}
+
 fn parallel(p: &Parallelism) -> Value {
     json!({
         "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
@@ -70,7 +75,22 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "weights": bytes(b.weights), "gradients": bytes(b.gradients), "optimizer": bytes(b.optimizer),
             "activations": bytes(b.activations), "logits": bytes(b.logits), "kv_cache": 0,
             "temporary": bytes(b.temporary), "framework": bytes(b.framework),
+            "calibration": signed_bytes(b.calibration),
         },
+        "calibration": p.calibration.as_ref().map(|c| json!({
+            "snapshots": c.runs.iter().map(|r| json!({
+                "snapshot": r.file, "device": r.device, "batch": r.batch, "seq": r.seq,
+                "start_bytes": bytes(r.measured.start),
+                "forward_bytes": r.measured.forward.map(bytes),
+                "backward_bytes": r.measured.backward.map(bytes),
+                "optimizer_bytes": r.measured.optimizer.map(bytes),
+            })).collect::<Vec<_>>(),
+            "offset_bytes": signed_bytes(c.fit.offset),
+            "activation_scale": c.fit.activation_scale,
+            "attention_scale": c.fit.attention_scale,
+            "backward_extra_bytes": c.fit.backward_extra.map(signed_bytes),
+            "optimizer_extra_bytes": c.fit.optimizer_extra.map(signed_bytes),
+        })),
         "host_bytes": bytes(e.host_bytes),
         "allocated_bytes": bytes(e.allocated_bytes),
         "tensor_bytes": bytes(e.tensor_bytes),
@@ -103,6 +123,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),
             "logits": bytes(e.logits), "kv_cache": bytes(e.kv_cache), "temporary": 0, "framework": bytes(e.framework),
+            "calibration": 0,
         },
         "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
         "max_seq": p.max_seq, "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),

@@ -5,6 +5,7 @@
 //! estimate is the library's; [`text`] and [`json`] render it.
 
 mod args;
+mod calibration;
 mod json;
 mod text;
 
@@ -37,6 +38,7 @@ struct TrainPlan<'a> {
     gpu: GpuSpec,
     cfg: TrainConfig,
     estimate: TrainEstimate,
+    calibration: Option<calibration::Calibrated>,
     max_batch: Option<u64>,
     max_seq: Option<u64>,
     global_batch: u64,
@@ -73,7 +75,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
     }
     args::check_positions(&model, a.seq)?;
-    let cfg = a.train_config()?;
+    let mut cfg = a.train_config()?;
     if let Err(why) = cfg.check(&model, &gpu) {
         anyhow::bail!("{why}");
     }
@@ -85,6 +87,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             );
         }
     }
+    let calibration = (!a.calibrate.is_empty()).then(|| calibration::calibrated(&a, &model, &gpu, &cfg)).transpose()?;
+    cfg.coefficients.calibration = calibration.as_ref().map(|c| c.fit);
     let estimate = train::estimate(&model, &gpu, &cfg);
     let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu, &cfg, MAX_BATCH_SEARCHED));
     let max_seq = a.max_seq.then(|| train::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
@@ -113,6 +117,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         gpu,
         cfg,
         estimate,
+        calibration,
         max_batch,
         max_seq,
         global_batch,

@@ -43,7 +43,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
         ("logits", b.logits),
         ("temporary", b.temporary),
         ("framework", b.framework),
+        ("calibration", b.calibration),
     ];
+    let terms: Vec<_> = terms.into_iter().filter(|&(name, x)| name != "calibration" || x != 0.0).collect();
     terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
     outln!(
         out,
@@ -63,6 +65,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
             format_size(ph.backward.total as u64),
             format_size(ph.optimizer.total as u64)
         );
+    }
+    if let Some(c) = &p.calibration {
+        calibration_lines(&mut out, c);
     }
     if par.pipeline > 1 {
         outln!(
@@ -245,11 +250,20 @@ fn layout_line(p: &Parallelism, offload: Offload) -> String {
 }
 
 /// A bar per term, the total, and whether it fits.
+/// A byte figure with its sign (a calibration may take bytes away).
+fn signed_size(x: f64) -> String {
+    if x < 0.0 {
+        format!("-{}", format_size((-x).round() as u64))
+    } else {
+        format_size(x.round() as u64)
+    }
+}
+
 fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
     let scale = (capacity as f64).max(total);
     for (name, bytes) in terms {
-        let width = ((bytes / scale) * 40.0).round() as usize;
-        outln!(out, "  {name:<12} {:>12}  {}", format_size(*bytes as u64), "█".repeat(width));
+        let width = ((bytes.max(0.0) / scale) * 40.0).round() as usize;
+        outln!(out, "  {name:<12} {:>12}  {}", signed_size(*bytes), "█".repeat(width));
     }
     outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
     outln!(out);
@@ -259,5 +273,42 @@ fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity
         if fits { "fits" } else { "does NOT fit" },
         format_size(total as u64),
         format_size(capacity)
+    );
+}
+
+fn calibration_lines(out: &mut String, c: &super::calibration::Calibrated) {
+    for r in &c.runs {
+        let m = &r.measured;
+        let peaks = [("forward", m.forward), ("backward", m.backward), ("optimizer step", m.optimizer)]
+            .into_iter()
+            .filter_map(|(name, b)| Some(format!("{name} {}", format_size(b? as u64))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        outln!(
+            out,
+            "calibrated from {}, device {} (micro-batch {} × {} tokens): began at {}, peaks {peaks}",
+            r.file,
+            r.device,
+            r.batch,
+            r.seq,
+            format_size(m.start as u64)
+        );
+    }
+    let f = &c.fit;
+    let extra = |x: Option<f64>| x.map_or("not in the snapshot".to_string(), signed_size);
+    let scales = if f.attention_scale == f.activation_scale {
+        format!("activations and logits ×{:.3}", f.activation_scale)
+    } else {
+        format!(
+            "activations and logits ×{:.3}, attention's s × s matrices ×{:.3}",
+            f.activation_scale, f.attention_scale
+        )
+    };
+    outln!(
+        out,
+        "  {scales}; kept between steps {}; backward {}; optimizer step {}",
+        signed_size(f.offset),
+        extra(f.backward_extra),
+        extra(f.optimizer_extra)
     );
 }

@@ -1,6 +1,7 @@
 //! What a training run is: precision, optimizer, attention kernel, checkpointing, fine-tuning,
 //! offload, parallel layout, and the coefficients of the activation and time model.
 
+use crate::calibrate::Calibration;
 use crate::gpu::GpuSpec;
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
@@ -124,6 +125,9 @@ pub struct ActivationModel {
     /// (activations, logits, temporaries): block rounding and cached free blocks, 5%
     /// (research/estimation.md §9: 5–15% of reserved over allocated).
     pub allocator_slack: f64,
+    /// The step's phases fitted to a snapshot of the user's own run (`None`: the planner's
+    /// model as it stands). Only the phase model ([`Framework::HuggingFace`]) uses it.
+    pub calibration: Option<Calibration>,
 }
 
 impl Default for ActivationModel {
@@ -141,6 +145,7 @@ impl Default for ActivationModel {
             host_optimizer_params_per_s: 1e9,
             hbm_efficiency: 0.9,
             allocator_slack: 0.05,
+            calibration: None,
         }
     }
 }

@@ -406,6 +406,11 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             // A T5 recipe layer is an encoder and a decoder block; one block is recomputed at a time.
             recomputed_layer: checkpointed
                 .then(|| r.layer_full(model, b, s) / if model.family == Family::T5 { 2.0 } else { 1.0 }),
+            recomputed_layer_attention: if checkpointed {
+                r.layer_full_attention(model, b, s) / if model.family == Family::T5 { 2.0 } else { 1.0 }
+            } else {
+                0.0
+            },
             head_gradient: g * (model.vocab * model.hidden) as f64,
             attention_backward: if cfg.attention == Attention::Eager || !r.has_sdpa() {
                 8.0 * b * model.heads as f64 * s * s
@@ -420,12 +425,16 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
                 0.0
             },
         };
-        let ph = step::phases(&parts);
+        let mut ph = step::phases(&parts);
+        if let Some(c) = &cfg.coefficients.calibration {
+            ph = c.apply(&ph);
+        }
         let (_, peak) = ph.peak();
         br.gradients = peak.gradients;
         br.activations = peak.activations + parts.inputs;
         br.logits = peak.logits;
         br.temporary += peak.temporary;
+        br.calibration = peak.calibration;
         recompute_fraction = if checkpointed { (lin + attn) / forward } else { 0.0 };
         phases = Some(ph);
     }

@@ -61,6 +61,8 @@ pub struct Breakdown {
     pub logits: f64,
     pub temporary: f64,
     pub framework: f64,
+    /// What a calibration from the user's own run adds at the peak phase (may be negative).
+    pub calibration: f64,
 }
 
 impl Breakdown {
@@ -72,6 +74,7 @@ impl Breakdown {
             + self.logits
             + self.temporary
             + self.framework
+            + self.calibration
     }
 }
 
