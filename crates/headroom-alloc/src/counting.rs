@@ -121,4 +121,7 @@ impl<D: DeviceMemory> DeviceMemory for CountingDevice<D> {
     fn destroy_event(&mut self, event: EventId) {
         self.inner.destroy_event(event)
     }
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.inner.synchronize()
+    }
 }

@@ -113,6 +113,10 @@ pub trait DeviceMemory: Send {
 
     /// Returns an event that is no longer needed.
     fn destroy_event(&mut self, event: EventId);
+
+    /// Waits for all work on the device (`cudaDeviceSynchronize`): every event
+    /// recorded so far completes.
+    fn synchronize(&mut self) -> Result<(), DeviceError>;
 }
 
 impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
@@ -151,5 +155,8 @@ impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
     }
     fn destroy_event(&mut self, event: EventId) {
         (**self).destroy_event(event)
+    }
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        (**self).synchronize()
     }
 }

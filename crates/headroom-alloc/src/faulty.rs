@@ -115,6 +115,9 @@ impl<D: DeviceMemory> DeviceMemory for FaultyDevice<D> {
     fn destroy_event(&mut self, event: EventId) {
         self.inner.destroy_event(event)
     }
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.inner.synchronize()
+    }
 }
 
 #[cfg(test)]

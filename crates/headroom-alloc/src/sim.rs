@@ -352,6 +352,11 @@ impl DeviceMemory for SimDevice {
     fn destroy_event(&mut self, event: EventId) {
         self.events.remove(&event.0);
     }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.complete_all_events();
+        Ok(())
+    }
 }
 
 #[cfg(test)]

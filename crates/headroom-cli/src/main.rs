@@ -26,6 +26,7 @@ mod out_file;
 mod plan_cmd;
 mod progress;
 mod replay_cmd;
+mod replay_cuda;
 mod replay_snapshot;
 mod shell_cmd;
 mod target_arg;

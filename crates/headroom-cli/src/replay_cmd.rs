@@ -47,6 +47,10 @@ use std::path::PathBuf;
 /// the trace began itself, and the table shows each run's peak reserved
 /// against the peak of live bytes, which no allocator can go below.
 ///
+/// --backend cuda runs the same requests through the allocator on a real
+/// GPU instead (real device calls; the host time each operation took),
+/// from an empty device; without an NVIDIA driver it says so and exits 2.
+///
 /// Exit status: 0 when every allocation succeeded (and, with --check, every
 /// decision matched), 1 when some ran out of memory (or a decision
 /// differed), 2 on bad input.
@@ -78,9 +82,18 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FROM", value_parser = ["recorded", "fresh"])]
     start: Option<String>,
 
-    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB).
-    #[arg(long, value_name = "BYTES", default_value = "80GiB")]
-    capacity: String,
+    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB) [default: 80GiB].
+    #[arg(long, value_name = "BYTES")]
+    capacity: Option<String>,
+
+    /// Where the allocator runs: `sim`, a simulated GPU of --capacity, or `cuda`, the real
+    /// GPU --cuda-device (a snapshot's requests replayed from an empty device).
+    #[arg(long, value_name = "NAME", default_value = "sim", value_parser = ["sim", "cuda"])]
+    backend: String,
+
+    /// With --backend cuda: the GPU, by CUDA ordinal.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    cuda_device: u32,
 
     /// Print one JSON object (an object with "runs" when comparing settings).
     #[arg(long)]
@@ -116,7 +129,14 @@ pub struct ReplayArgs {
 const MAX_CAPACITY: u64 = 1 << 50;
 
 pub fn run(args: ReplayArgs) -> Result<Outcome> {
-    let capacity = parse_capacity(&args.capacity)?;
+    let cuda = args.backend == "cuda";
+    if !cuda && args.cuda_device != 0 {
+        bail!("--cuda-device chooses the GPU of --backend cuda");
+    }
+    if cuda && args.capacity.is_some() {
+        bail!("--capacity sizes the simulated GPU; --backend cuda runs on the real one, with its own memory");
+    }
+    let capacity = parse_capacity(args.capacity.as_deref().unwrap_or("80GiB"))?;
     let confs = if args.alloc_conf.is_empty() { vec![String::new()] } else { args.alloc_conf.clone() };
     let configs = confs
         .iter()
@@ -137,7 +157,14 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     let mut prefix = Vec::with_capacity(512);
     (&mut file).take(512).read_to_end(&mut prefix).with_context(|| format!("reading {}", args.trace.display()))?;
     let policies = if args.policy.is_empty() { vec![PolicyName::PyTorch] } else { args.policy.clone() };
-    if looks_like_snapshot(&prefix) {
+    let snapshot_input = looks_like_snapshot(&prefix);
+    if cuda && (args.check || args.start.as_deref() == Some("recorded")) {
+        bail!(
+            "--backend cuda replays a run's requests from an empty device, where addresses are the GPU's own: \
+             --check and --start recorded apply to the simulator"
+        );
+    }
+    if snapshot_input && !cuda {
         let given: Vec<(String, AllocatorConfig)> =
             if args.alloc_conf.is_empty() { Vec::new() } else { confs.iter().cloned().zip(configs).collect() };
         let start = match args.start.as_deref() {
@@ -148,11 +175,17 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         };
         return crate::replay_snapshot::run(&args, capacity, &given, &policies, start);
     }
-    if args.check || args.device.is_some() || args.start.is_some() {
-        bail!("--check, --device and --start apply to snapshots; {} is a JSONL trace", args.trace.display());
-    }
-    file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
-    let ops = read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?;
+    // The GPU first: without one there is nothing to read the input for.
+    let gpu = cuda.then(|| crate::replay_cuda::open(args.cuda_device)).transpose()?;
+    let ops = if snapshot_input {
+        crate::replay_cuda::snapshot_ops(&args.trace, args.device)?
+    } else {
+        if args.check || args.device.is_some() || args.start.is_some() {
+            bail!("--check, --device and --start apply to snapshots; {} is a JSONL trace", args.trace.display());
+        }
+        file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
+        read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?
+    };
 
     let mut runs = Vec::new();
     let mut snapshot = None;
@@ -165,12 +198,16 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         let opts = ReplayOptions { config: config.clone(), capacity, history, policy };
         let mut bar = LazyBar::new("ops");
         let phase = format!("replaying [{policy}, {conf}]");
-        let (report, mut alloc) = replay(&ops, &opts, |done| bar.update(&phase, done as u64, ops.len() as u64))
-            .with_context(|| format!("replaying {}", args.trace.display()))?;
+        let progress = |done: usize| bar.update(&phase, done as u64, ops.len() as u64);
+        let replayed = match &gpu {
+            None => replay(&ops, &opts, progress)
+                .map(|(r, mut a)| (r, want_snapshot.then(|| (a.snapshot(), a.history_dropped())))),
+            Some(g) => crate::replay_cuda::replay(g, &ops, &opts, progress, want_snapshot)?,
+        };
+        let (report, snap) = replayed.with_context(|| format!("replaying {}", args.trace.display()))?;
         bar.finish();
-        if want_snapshot {
-            let snap = alloc.snapshot();
-            snapshot = Some((snap, alloc.history_dropped()));
+        if snap.is_some() {
+            snapshot = snap;
         }
         let label = match (named, conf.is_empty()) {
             (false, _) => conf.clone(),
@@ -187,12 +224,16 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
 
     let mut out = String::new();
     if args.json {
-        let objs: Vec<Value> = runs.iter().map(|r| report_json(r, capacity)).collect();
+        let objs: Vec<Value> = runs.iter().map(|r| report_json(r, capacity, gpu.as_ref())).collect();
         let out_value =
             if objs.len() == 1 { objs.into_iter().next().expect("one run") } else { json!({ "runs": objs }) };
         outln!(out, "{}", serde_json::to_string_pretty(&out_value)?);
     } else {
-        print_human(&mut out, &args, capacity, &runs, ops.len(), dropped);
+        let on = match &gpu {
+            None => format!("a simulated GPU of {}", format_size(capacity)),
+            Some(g) => format!("{} (CUDA device {}, {})", g.name, g.ordinal, format_size(g.total_bytes)),
+        };
+        print_human(&mut out, &args, &on, &runs, ops.len(), dropped);
     }
     let any_oom = runs.iter().any(|r| !r.report.ooms.is_empty());
     Ok(Outcome::new(out, if any_oom { 1 } else { 0 }))
@@ -220,12 +261,16 @@ fn parse_capacity(s: &str) -> Result<u64> {
     Ok(n)
 }
 
-fn report_json(run: &Run, capacity: u64) -> Value {
+fn report_json(run: &Run, capacity: u64, gpu: Option<&crate::replay_cuda::Gpu>) -> Value {
     let r = &run.report;
     json!({
         "policy": run.policy.name(),
         "alloc_conf": run.conf,
-        "capacity_bytes": capacity,
+        "backend": if gpu.is_some() { "cuda" } else { "sim" },
+        "device_name": gpu.map(|g| g.name.clone()),
+        "capacity_bytes": gpu.map_or(capacity, |g| g.total_bytes),
+        "host_seconds": r.host_seconds,
+        "host_ns_per_op": r.host_seconds * 1e9 / r.operations.max(1) as f64,
         "operations": r.operations,
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "peak_reserved_bytes": r.peak_reserved_bytes,
@@ -245,8 +290,8 @@ fn report_json(run: &Run, capacity: u64) -> Value {
     })
 }
 
-fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run], ops: usize, dropped: u64) {
-    outln!(out, "{}: {} operations on a simulated GPU of {}", args.trace.display(), ops, format_size(capacity));
+fn print_human(out: &mut String, args: &ReplayArgs, on: &str, runs: &[Run], ops: usize, dropped: u64) {
+    outln!(out, "{}: {} operations on {on}", args.trace.display(), ops);
     let label = |r: &Run| if r.label.is_empty() { "(default)".to_string() } else { r.label.clone() };
     let named = runs.iter().any(|r| r.label != r.conf);
     let head = if named { "policy [PYTORCH_CUDA_ALLOC_CONF]" } else { "PYTORCH_CUDA_ALLOC_CONF" };
@@ -281,6 +326,19 @@ fn print_human(out: &mut String, args: &ReplayArgs, capacity: u64, runs: &[Run],
             r.num_device_free,
             r.ooms.len()
         );
+    }
+    if args.backend == "cuda" {
+        outln!(out);
+        for run in runs {
+            let r = &run.report;
+            outln!(
+                out,
+                "{}: {:.3} s on the host, {:.0} ns an operation (the allocator and its device calls)",
+                label(run),
+                r.host_seconds,
+                r.host_seconds * 1e9 / r.operations.max(1) as f64
+            );
+        }
     }
     for run in runs.iter().filter(|r| !r.notes.is_empty()) {
         outln!(out);

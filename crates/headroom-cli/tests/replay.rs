@@ -391,3 +391,30 @@ fn policies_replay_a_jsonl_trace_and_unknown_names_exit_2() {
         .code(2)
         .stderr(contains("apply to snapshots"));
 }
+
+#[test]
+fn the_cuda_backend_without_a_gpu_says_so() {
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/gpt2-small-train.jsonl");
+    let out = headroom().arg("replay").arg(&trace).args(["--backend", "cuda", "--json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match headroom_cuda::available() {
+        Err(why) => {
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert!(stderr.contains(&why.to_string()), "{stderr}");
+        }
+        // With a GPU: the same requests, the same bytes handed out as on the simulator.
+        Ok(_) => {
+            assert_eq!(out.status.code(), Some(0), "{stderr}");
+            let real: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let sim = headroom().arg("replay").arg(&trace).arg("--json").output().unwrap();
+            let sim: serde_json::Value = serde_json::from_slice(&sim.stdout).unwrap();
+            assert_eq!(real["backend"], "cuda");
+            assert_eq!(real["peak_allocated_bytes"], sim["peak_allocated_bytes"]);
+            assert_eq!(real["operations"], sim["operations"]);
+        }
+    }
+    for bad in [&["--backend", "cuda", "--capacity", "1GiB"][..], &["--cuda-device", "1"], &["--backend", "rocm"]] {
+        let out = headroom().arg("replay").arg(&trace).args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+}

@@ -25,13 +25,16 @@
 //! | `HEADROOM_TORCH_SIM_BYTES` | memory of each simulated GPU | 80 GiB |
 //!
 //! Each device has its own allocator behind its own lock, made at its first
-//! request, so threads on different GPUs never wait for each other. A C
+//! request, so threads on different GPUs never wait for each other. On
+//! `cuda` it runs over `headroom_cuda::CudaDevice` with PyTorch's stream
+//! handles as they come; without an NVIDIA driver `headroom_ready` says so. A C
 //! function never unwinds into its caller: a panic, bad input or a missing
 //! backend is written to stderr once and answered with a null pointer (which
 //! PyTorch reports as out of memory) or ignored (a free).
 
 use headroom_alloc::units::{parse_size, GIB};
-use headroom_alloc::{AllocatorConfig, CachingAllocator, NamedPolicy, PolicyName, SimDevice, Snapshot};
+use headroom_alloc::{AllocatorConfig, CachingAllocator, DeviceMemory, NamedPolicy, PolicyName, SimDevice, Snapshot};
+use headroom_cuda::{CudaDevice, Streams};
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,16 +43,25 @@ use std::sync::{Mutex, OnceLock};
 /// The most devices one process may address.
 const MAX_DEVICES: usize = 64;
 
-type DeviceAllocator = CachingAllocator<SimDevice, NamedPolicy>;
+// The device behind a trait object: it is called only when the cache has no block to give.
+type DeviceAllocator = CachingAllocator<Box<dyn DeviceMemory>, NamedPolicy>;
+
+/// Where memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Cuda,
+    /// A simulated GPU of this many bytes per device.
+    Sim(u64),
+}
 
 /// The settings read from the environment, or why the plug-in cannot run.
 struct Plugin {
     policy: PolicyName,
     config: AllocatorConfig,
-    sim_bytes: u64,
-    /// Made at each device's first request; never dropped, so a reference
-    /// to one needs no lock and no count.
-    devices: Vec<OnceLock<DeviceAllocator>>,
+    backend: Backend,
+    /// Made at each device's first request (or why that device cannot be used); never
+    /// dropped, so a reference to one needs no lock and no count.
+    devices: Vec<OnceLock<Result<DeviceAllocator, String>>>,
     history: Mutex<Option<usize>>,
 }
 
@@ -66,22 +78,20 @@ fn load() -> Result<Plugin, String> {
     };
     let config = AllocatorConfig::parse(&env("HEADROOM_ALLOC_CONF").unwrap_or_default())
         .map_err(|e| format!("HEADROOM_ALLOC_CONF: {e}"))?;
-    let backend = env("HEADROOM_TORCH_BACKEND").unwrap_or_else(|| "cuda".into());
-    match backend.as_str() {
-        "sim" => {}
+    let backend = match env("HEADROOM_TORCH_BACKEND").as_deref().unwrap_or("cuda") {
+        "sim" => Backend::Sim(match env("HEADROOM_TORCH_SIM_BYTES") {
+            Some(s) => parse_size(&s).map_err(|e| format!("HEADROOM_TORCH_SIM_BYTES: {e}"))?,
+            None => 80 * GIB,
+        }),
         "cuda" => {
-            return Err("the CUDA backend is not built yet; only HEADROOM_TORCH_BACKEND=sim (a simulated \
-                        GPU, for tests) runs. Unload the plug-in to use PyTorch's own allocator"
-                .into())
+            headroom_cuda::available()
+                .map_err(|why| format!("{why}. Unload the plug-in to use PyTorch's own allocator"))?;
+            Backend::Cuda
         }
         other => return Err(format!("HEADROOM_TORCH_BACKEND={other}: expected cuda or sim")),
-    }
-    let sim_bytes = match env("HEADROOM_TORCH_SIM_BYTES") {
-        Some(s) => parse_size(&s).map_err(|e| format!("HEADROOM_TORCH_SIM_BYTES: {e}"))?,
-        None => 80 * GIB,
     };
     let devices = (0..MAX_DEVICES).map(|_| OnceLock::new()).collect();
-    Ok(Plugin { policy, config, sim_bytes, devices, history: Mutex::new(None) })
+    Ok(Plugin { policy, config, backend, devices, history: Mutex::new(None) })
 }
 
 /// Says `message` on stderr, once per distinct message.
@@ -112,16 +122,26 @@ impl Plugin {
             .ok()
             .filter(|&i| i < MAX_DEVICES)
             .ok_or_else(|| format!("device {device} is out of range (0 to {})", MAX_DEVICES - 1))?;
-        Ok(self.devices[i].get_or_init(|| {
-            let a =
-                CachingAllocator::with_policy(SimDevice::new(self.sim_bytes), self.config.clone(), self.policy.build());
-            a.lock().record_history(self.history.lock().map(|h| *h).unwrap_or(None));
-            a
-        }))
+        self.devices[i]
+            .get_or_init(|| {
+                let device: Box<dyn DeviceMemory> = match self.backend {
+                    Backend::Sim(bytes) => Box::new(SimDevice::new(bytes)),
+                    // PyTorch passes its `cudaStream_t` handles.
+                    Backend::Cuda => Box::new(CudaDevice::new(i as u32, Streams::Handles).map_err(|e| e.to_string())?),
+                };
+                let a = CachingAllocator::with_policy(device, self.config.clone(), self.policy.build());
+                a.lock().record_history(self.history.lock().map(|h| *h).unwrap_or(None));
+                Ok(a)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     fn made(&self) -> impl Iterator<Item = (u32, &DeviceAllocator)> {
-        self.devices.iter().enumerate().filter_map(|(i, a)| a.get().map(|a| (i as u32, a)))
+        self.devices
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.get().and_then(|a| a.as_ref().ok()).map(|a| (i as u32, a)))
     }
 }
 

@@ -27,6 +27,7 @@ pub mod py;
 pub mod replay;
 pub mod snapshot;
 pub mod snapshot_file;
+pub mod snapshot_ops;
 pub mod snapshot_replay;
 pub mod start_state;
 pub mod synth;

@@ -8,7 +8,8 @@
 
 use crate::jsonl::{TraceId, TraceLine, TraceOp};
 use headroom_alloc::{
-    AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, NamedPolicy, PolicyName, SimDevice, StreamId,
+    AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, DeviceMemory, NamedPolicy, PolicyName, SimDevice,
+    StreamId,
 };
 use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
@@ -61,6 +62,8 @@ pub struct ReplayReport {
     pub skipped_frees: usize,
     /// `torch.cuda.memory_stats()` at the end: PyTorch's 122 keys.
     pub stats: BTreeMap<String, i64>,
+    /// Wall time of the replay on this host: the allocator's own work and the device calls.
+    pub host_seconds: f64,
 }
 
 /// A trace that does not make sense as a program (the allocator itself never fails this way).
@@ -78,17 +81,29 @@ pub enum ReplayError {
     Unsupported(String),
 }
 
-/// Replays `ops`; `progress` is called with the number of operations done, now and then.
+/// Replays `ops` on a simulated GPU of `opts.capacity` bytes; `progress` is called with
+/// the number of operations done, now and then.
 pub fn replay(
     ops: &[TraceLine],
     opts: &ReplayOptions,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<(ReplayReport, DeviceCachingAllocator<SimDevice, NamedPolicy>), ReplayError> {
+    replay_on(SimDevice::new(opts.capacity), ops, opts, progress)
+}
+
+/// Replays `ops` on `device` (a real GPU, say); `opts.capacity` is the simulator's only.
+/// `complete_events` waits for the device.
+pub fn replay_on<D: DeviceMemory>(
+    device: D,
+    ops: &[TraceLine],
+    opts: &ReplayOptions,
+    mut progress: impl FnMut(usize),
+) -> Result<(ReplayReport, DeviceCachingAllocator<D, NamedPolicy>), ReplayError> {
     if opts.config.backend == Backend::CudaMallocAsync {
         return Err(ReplayError::Unsupported(ASYNC_NOT_SIMULATED.into()));
     }
-    let mut a =
-        DeviceCachingAllocator::with_policy(SimDevice::new(opts.capacity), opts.config.clone(), opts.policy.build());
+    let started = std::time::Instant::now();
+    let mut a = DeviceCachingAllocator::with_policy(device, opts.config.clone(), opts.policy.build());
     a.record_history(opts.history);
     let mut live: FxHashMap<&str, (u64, usize)> = FxHashMap::default();
     let mut failed: FxHashSet<&str> = FxHashSet::default();
@@ -139,12 +154,15 @@ pub fn replay(
                 None if failed.contains(id.as_str()) => {}
                 None => return Err(ReplayError::UnknownId { line, id: id.clone() }),
             },
-            TraceOp::CompleteEvents => a.device_mut().complete_all_events(),
+            TraceOp::CompleteEvents => {
+                a.device_mut().synchronize().map_err(|e| ReplayError::Alloc { line, error: AllocError::Device(e) })?
+            }
             TraceOp::EmptyCache => a.empty_cache().map_err(wrap)?,
             TraceOp::SetFraction { value } => a.set_memory_fraction(*value).map_err(wrap)?,
         }
     }
     progress(ops.len());
+    let host_seconds = started.elapsed().as_secs_f64();
     let s = a.stats();
     let report = ReplayReport {
         operations: ops.len(),
@@ -158,6 +176,7 @@ pub fn replay(
         ooms,
         skipped_frees,
         stats: a.memory_stats(),
+        host_seconds,
     };
     Ok((report, a))
 }
