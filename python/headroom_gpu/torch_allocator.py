@@ -11,9 +11,10 @@ The plug-in is the shared library built from crates/headroom-torch
 (`cargo build --release -p headroom-torch` writes target/release/libheadroom_torch.so);
 pass its path or set HEADROOM_TORCH_LIB. Its settings are environment variables read at
 its first call (HEADROOM_POLICY, HEADROOM_ALLOC_CONF, HEADROOM_TORCH_BACKEND); `use`
-sets the first two from its arguments. Until headroom's CUDA backend lands the plug-in
-runs only on its simulated GPU (HEADROOM_TORCH_BACKEND=sim), and `use` refuses, with
-the reason, rather than hand PyTorch an allocator that cannot serve.
+sets the first two from its arguments. It serves from the GPU through the CUDA driver
+(HEADROOM_TORCH_BACKEND=cuda, the default) or from a simulated GPU (`sim`, for tests);
+where it cannot serve (no NVIDIA driver, a bad setting) `use` refuses, with the reason,
+rather than hand PyTorch an allocator that cannot.
 """
 
 from __future__ import annotations
