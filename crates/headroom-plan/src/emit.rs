@@ -268,6 +268,9 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
             match cfg.checkpointing {
                 Checkpointing::None => {}
                 Checkpointing::Selective => args.push("--recompute-granularity selective".into()),
+                Checkpointing::PerOp => {
+                    return Err("Megatron-LM has no per-op checkpointing (torchtitan's); use selective or full".into())
+                }
                 Checkpointing::Full | Checkpointing::Optimal => {
                     args.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
                 }

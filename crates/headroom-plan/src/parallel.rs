@@ -68,6 +68,16 @@ impl Parallelism {
         Parallelism { data: gpus, zero_stage, ..Parallelism::default() }
     }
 
+    /// The GPUs that hold replicas of the same weights and reduce the same gradients: the
+    /// data-parallel GPUs and, with context parallelism, those too (each computes the
+    /// gradients of its part of the sequence). A ZeRO stage shards the model states over
+    /// them all, as FSDP2 shards over torchtitan's `dp_shard × cp` mesh, Megatron's
+    /// distributed optimizer over its data-and-context group, and DeepSpeed over its
+    /// sequence-data group.
+    pub fn shard_degree(&self) -> u64 {
+        self.data.max(1) * self.context.max(1)
+    }
+
     /// GPUs in the job.
     pub fn gpus(&self) -> u64 {
         self.data * self.tensor * self.pipeline * self.context
@@ -147,9 +157,11 @@ impl Parallelism {
         Self::group_bandwidth(gpu, self.context, self.tensor)
     }
 
-    /// Per-direction bandwidth of the data-parallel group.
+    /// Per-direction bandwidth of the group that reduces gradients and shards the states
+    /// ([`Parallelism::shard_degree`]: context ranks sit next to each other, data ranks
+    /// outside them).
     pub fn data_bandwidth(&self, gpu: &GpuSpec) -> f64 {
-        Self::group_bandwidth(gpu, self.data, self.tensor * self.context)
+        Self::group_bandwidth(gpu, self.shard_degree(), self.tensor)
     }
 
     /// Per-direction bandwidth between neighbouring pipeline stages.

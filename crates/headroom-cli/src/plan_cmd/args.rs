@@ -126,7 +126,8 @@ pub struct PlanArgs {
     /// masked-lm) or a classifier (seq-cls).
     #[arg(long, conflicts_with = "infer", value_parser = named::<Head>(), default_value = "causal-lm")]
     head: Head,
-    /// none, full, selective, every-K (e.g. every-4), or optimal.
+    /// none, full, selective (Megatron's: the attention core recomputed), per-op (torchtitan's:
+    /// every op but attention and every other matrix multiply), every-K (e.g. every-4), or optimal.
     #[arg(long, conflicts_with = "infer", default_value = "none")]
     pub checkpoint: String,
     /// Also find the largest micro-batch that fits (searched up to 2^40).
@@ -194,10 +195,11 @@ fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
         "none" => Checkpointing::None,
         "full" => Checkpointing::Full,
         "selective" => Checkpointing::Selective,
+        "per-op" => Checkpointing::PerOp,
         "optimal" => Checkpointing::Optimal,
         other => match other.strip_prefix("every-").map(str::parse::<u64>) {
             Some(Ok(k)) if k > 0 => Checkpointing::EveryK(k),
-            _ => bail!("--checkpoint {other:?}: expected none, full, selective, every-K or optimal"),
+            _ => bail!("--checkpoint {other:?}: expected none, full, selective, per-op, every-K or optimal"),
         },
     })
 }

@@ -158,6 +158,7 @@ fn checkpoint_name(c: Checkpointing) -> String {
         Checkpointing::None => "none".into(),
         Checkpointing::Full => "full".into(),
         Checkpointing::Selective => "selective".into(),
+        Checkpointing::PerOp => "per-op".into(),
         Checkpointing::EveryK(k) => format!("every-{k}"),
         Checkpointing::Optimal => "optimal".into(),
     }

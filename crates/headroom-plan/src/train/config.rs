@@ -51,6 +51,10 @@ pub enum Checkpointing {
     Full,
     /// Recompute only the attention core (Korthikanti et al.).
     Selective,
+    /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): keep each
+    /// layer's input, the outputs of its attention kernel and of every other matrix multiply
+    /// (the first, third, ...); recompute the rest.
+    PerOp,
     /// Keep the input of every k-th layer.
     EveryK(u64),
     /// The fastest schedule that fits the GPU ([`crate::checkpoint`]).

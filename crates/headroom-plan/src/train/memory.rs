@@ -64,12 +64,13 @@ pub fn state_bytes_per_param(hidden: u64, precision: Precision, optimizer: Optim
 
 /// Weights, gradients and optimizer bytes per GPU for `params` trainable
 /// parameters under the ZeRO stage (1 shards the optimizer state over the
-/// data-parallel GPUs, 2 also the gradients, 3 also the weights) and offload.
+/// data- and context-parallel GPUs, 2 also the gradients, 3 also the weights)
+/// and offload.
 pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates {
     let ModelStates { weights: w, gradients: g, optimizer: o } =
         state_bytes_per_param(hidden, cfg.precision, cfg.optimizer);
     let par = &cfg.parallel;
-    let n = par.data.max(1) as f64;
+    let n = par.shard_degree() as f64;
     let shard = |stage: u8| if par.zero_stage >= stage { n } else { 1.0 };
     let psi = params as f64;
     let weights = if cfg.offload == Offload::OptimizerAndParams { 0.0 } else { w * psi / shard(3) };
@@ -188,6 +189,34 @@ pub(super) fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActiva
     LayerActivations { kept: linear + core, core, input }
 }
 
+/// What one layer keeps under torchtitan's per-op checkpointing: its input, the outputs of
+/// the first, third, ... matrix multiply of the block (wq, wv, w1, w2 in a Llama block), the
+/// attention output (and flash attention's log-sum-exp). Tensor parallelism shards every
+/// one; without sequence parallelism the input and the row-parallel outputs stay whole.
+fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
+    let par = &cfg.parallel;
+    let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
+    let tokens = cfg.seq as f64 / c * cfg.micro_batch as f64;
+    let bytes = activation_width(cfg.precision).max(2.0);
+    let whole = |replicated: bool| if replicated && !par.sequence_parallel { 1.0 } else { t };
+    let linears = model.block_linears();
+    let mlp = if model.gated_mlp { 3 } else { 2 };
+    // Experts see only their routed tokens.
+    let routed = model.experts_per_token.max(1) as f64 / model.experts.max(1) as f64;
+    let q = (model.heads * model.head_dim) as f64;
+    let mut units = model.hidden as f64 / whole(true) + q / t;
+    for (i, &(_, out)) in linears.iter().enumerate().step_by(2) {
+        let row_parallel = i == 3 || (i >= 4 && (i - 4) % mlp == mlp - 1);
+        let share = if i >= 4 { routed } else { 1.0 };
+        units += out as f64 * share / whole(row_parallel);
+    }
+    let lse = match cfg.attention {
+        Attention::Eager => 0.0,
+        Attention::Sdpa | Attention::Flash => 4.0 * model.heads as f64 / t,
+    };
+    tokens * (units * bytes + lse)
+}
+
 /// One stage's memory.
 pub(super) struct StageMemory {
     /// Bytes by term (at the peak phase, when the step is modelled by phases).
@@ -232,7 +261,7 @@ fn optimizer_temp(model: &Model, cfg: &TrainConfig, trainable: f64) -> f64 {
         Precision::Bf16 => 2.0,
         _ => 4.0,
     };
-    let shard = if cfg.parallel.zero_stage >= 1 { cfg.parallel.data.max(1) as f64 } else { 1.0 };
+    let shard = if cfg.parallel.zero_stage >= 1 { cfg.parallel.shard_degree() as f64 } else { 1.0 };
     let sixteen_bit = matches!(cfg.precision, Precision::Bf16 | Precision::Mixed | Precision::Fp8);
     match cfg.optimizer {
         Optimizer::AdamW => state_width * trainable / shard,
@@ -262,7 +291,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     let frozen = if cfg.offload == Offload::OptimizerAndParams {
         0.0
     } else {
-        frozen_bytes(&sh, cfg) / if par.zero_stage >= 3 { par.data.max(1) as f64 } else { 1.0 }
+        frozen_bytes(&sh, cfg) / if par.zero_stage >= 3 { par.shard_degree() as f64 } else { 1.0 }
     };
     let mut br = Breakdown { weights: weights + frozen, gradients, optimizer, ..Breakdown::default() };
     let (s, b) = (cfg.seq as f64, cfg.micro_batch as f64);
@@ -287,7 +316,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         br.logits = s / c * b * model.vocab as f64 * per_logit / t;
     }
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
-    if par.zero_stage >= 3 && par.data > 1 {
+    if par.zero_stage >= 3 && par.shard_degree() > 1 {
         br.temporary += 4.0 * model.layer_params() as f64 / t;
     }
     if let Finetune::Lora { base: BaseWeights::Int8 | BaseWeights::Nf4, .. } = cfg.finetune {
@@ -307,6 +336,15 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     let mut note = None;
     br.activations = match cfg.checkpointing {
         Checkpointing::None => l * per_layer,
+        Checkpointing::PerOp => {
+            // Every op but the saved ones runs again: every other matrix multiply's FLOPs.
+            let linears = model.block_linears();
+            let all: u64 = linears.iter().map(|&(i, o)| i * o).sum();
+            let again: u64 = linears.iter().skip(1).step_by(2).map(|&(i, o)| i * o).sum();
+            recompute_fraction = lin * (again as f64 / all.max(1) as f64) / forward;
+            // The backward recomputes one layer at a time beside every layer's kept tensors.
+            l * per_op_kept(model, cfg) + per_layer
+        }
         Checkpointing::Selective => {
             if cfg.attention == Attention::Eager {
                 // The s² tensors are recomputed: their FLOPs are a small share of the layer's.

@@ -160,7 +160,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         _ => gpu.bf16_flops,
     };
     let sh = share(model, cfg, stage);
-    let d = par.data.max(1) as f64;
+    let d = par.shard_degree() as f64;
     // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard; with
     // the parameters offloaded, their 16-bit copy too.
     let offloaded_states =
@@ -424,6 +424,67 @@ mod tests {
         // Tensor parallelism across nodes is slower than inside one.
         let inside = estimate(&m, &g, &cfg(1, 1, 1));
         assert!(inside.mfu < 0.5 && inside.mfu > 0.3, "{}", inside.mfu);
+    }
+
+    #[test]
+    fn zero_shards_over_the_data_and_context_gpus() {
+        // torchtitan's Table 2 layouts: 8 GPUs as FSDP 8 × CP 1 down to FSDP 1 × CP 8, each
+        // at a sequence that grows with CP, so every GPU holds the same tokens.
+        let m = crate::model::preset("llama-3.1-8b").unwrap();
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let cfg = |cp: u64| TrainConfig {
+            attention: Attention::Flash,
+            checkpointing: Checkpointing::Full,
+            parallel: Parallelism { data: 8 / cp, context: cp, zero_stage: 3, ..Parallelism::default() },
+            ..TrainConfig::new(1, 32768 * cp, Precision::Mixed, Optimizer::AdamW)
+        };
+        let psi = m.params();
+        let states = |c: &TrainConfig| {
+            let s = model_states(psi, m.hidden, c);
+            s.weights + s.gradients + s.optimizer
+        };
+        assert!((states(&cfg(1)) - 16.0 * psi as f64 / 8.0).abs() < 1.0, "16 bytes a parameter over 8 GPUs");
+        // With context parallelism the step is Megatron's (transformers cannot split a sequence).
+        let two = estimate(&m, &g, &cfg(2));
+        for cp in [2, 4, 8] {
+            assert!((states(&cfg(cp)) - states(&cfg(1))).abs() < 1.0, "CP {cp}: the states stay sharded 8 ways");
+            // The same tokens on every GPU, the same states: the same memory.
+            let e = estimate(&m, &g, &cfg(cp));
+            assert!((e.per_gpu_bytes - two.per_gpu_bytes).abs() / two.per_gpu_bytes < 0.01, "CP {cp}");
+        }
+    }
+
+    #[test]
+    fn per_op_checkpointing_keeps_what_torchtitan_saves() {
+        let m = crate::model::preset("llama-3.1-8b").unwrap();
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let with = |checkpointing| {
+            let cfg = TrainConfig {
+                attention: Attention::Flash,
+                checkpointing,
+                parallel: Parallelism::data_parallel(8, 3),
+                // Megatron's accounting for all three (transformers has no per-op policy).
+                framework: Framework::Megatron,
+                ..TrainConfig::new(2, 8192, Precision::Mixed, Optimizer::AdamW)
+            };
+            estimate(&m, &g, &cfg)
+        };
+        let (full, per_op, selective) =
+            (with(Checkpointing::Full), with(Checkpointing::PerOp), with(Checkpointing::Selective));
+        // A Llama block, by hand: the input (h), wq (h), wv (kv), w1 (f), w2 (h) and the
+        // attention output (h) in bf16, and flash attention's fp32 log-sum-exp per head.
+        let tokens = 2.0 * 8192.0;
+        let (h, kv, f) = (4096.0, 1024.0, 14336.0);
+        let kept = tokens * ((h + h + kv + f + h + h) * 2.0 + 4.0 * 32.0);
+        let input = tokens * h * 2.0;
+        // Both keep one layer's full set beside the rest while it is recomputed.
+        let per_layer = full.breakdown.activations - 32.0 * input;
+        assert!((per_op.breakdown.activations - per_layer - 32.0 * kept).abs() < 1.0);
+        assert!(full.breakdown.activations < per_op.breakdown.activations);
+        assert!(per_op.breakdown.activations < selective.breakdown.activations);
+        // It recomputes wk, wo and w3: between selective (nothing, with flash) and full.
+        assert!(selective.recompute_fraction < per_op.recompute_fraction);
+        assert!(per_op.recompute_fraction < full.recompute_fraction);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
     let sh = share(model, cfg, stage);
     let grads16 = 2.0 * sh.trainable;
     let weights16 = 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other);
-    let n = par.data.max(1);
+    let n = par.shard_degree();
     let bw = par.data_bandwidth(gpu);
     let exposed = |comm: f64, under: f64| (comm - under).max(0.0);
     step += match par.zero_stage {
