@@ -317,7 +317,16 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     }
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
     if par.zero_stage >= 3 && par.shard_degree() > 1 {
-        br.temporary += 4.0 * model.layer_params() as f64 / t;
+        br.temporary += if p > 1 {
+            // Under pipelining FSDP2 keeps a stage's parameters gathered from a micro-batch's
+            // forward to its backward (torchtitan: `reshard_after_forward=False` with PP, so
+            // that each micro-batch does not gather them again), and 1F1B always has one in
+            // flight: the stage's whole model, in the compute width, beside its shard.
+            let width = if matches!(cfg.precision, Precision::Fp32) { 4.0 } else { 2.0 };
+            width * (sh.trainable + sh.frozen_linear + sh.frozen_other)
+        } else {
+            4.0 * model.layer_params() as f64 / t
+        };
     }
     if let Finetune::Lora { base: BaseWeights::Int8 | BaseWeights::Nf4, .. } = cfg.finetune {
         let largest = model.block_linears().iter().map(|&(i, o)| i * o).max().unwrap_or(0);

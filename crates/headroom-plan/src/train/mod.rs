@@ -5,7 +5,7 @@
 //! | weights, gradients, optimizer | bytes/param by precision and optimizer, for the parameters on the GPU's pipeline stage ÷ tensor parallelism, ÷ data parallelism for the ZeRO-sharded ones; LoRA: frozen base at its width plus adapters with full states; offloaded states leave the GPU | §1.1–§1.4 |
 //! | activations | per layer sbh·(c₀ + c₁·f/h) at the activation width, plus the attention core: 5as²b (eager) or 4asb (SDPA/flash); ÷t (the replicated 10·sbh stays without sequence parallelism), ÷ context parallelism; × the micro-batches a 1F1B stage holds (first stage: L layers' worth), × 1 + (p−1)/(p·v) interleaved; by checkpoint policy | §2.1, §2.3, §2.5, §8.4 |
 //! | logits | b·s·V/t on the last stage × the bytes the loss holds at its peak: Hugging Face's loss upcasts the 16-bit logits to fp32 and keeps both, log-softmax keeps its fp32 output, and the backward makes an fp32 gradient and its 16-bit copy: 2 + 4 + 4 + 4 + 2 = 16 bytes (12 in fp32) | §2.4 |
-//! | temporary | cuBLAS workspace; ZeRO-3's gathered layer (4 × layer params); a dequantized QLoRA matrix; the offload gradient bucket | §1.4, §4.1 |
+//! | temporary | cuBLAS workspace; ZeRO-3's gathered layer (4 × layer params), or under pipelining the stage's parameters gathered in 16 bits (FSDP2 keeps them from a micro-batch's forward to its backward); a dequantized QLoRA matrix; the offload gradient bucket | §1.4, §4.1 |
 //! | framework | CUDA context; NCCL buffers with more than one GPU; the caching allocator's rounding and slack over the short-lived terms (activations, logits, temporaries) | §4.1, §9 |
 //!
 //! With pipeline parallelism the first stage (most activations) and the last
@@ -485,6 +485,26 @@ mod tests {
         // It recomputes wk, wo and w3: between selective (nothing, with flash) and full.
         assert!(selective.recompute_fraction < per_op.recompute_fraction);
         assert!(per_op.recompute_fraction < full.recompute_fraction);
+    }
+
+    #[test]
+    fn fsdp_under_pipelining_keeps_the_stage_gathered() {
+        let m = crate::model::preset("llama-3-70b").unwrap();
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let with = |zero_stage| {
+            let cfg = TrainConfig {
+                accumulation: 8,
+                attention: Attention::Flash,
+                checkpointing: Checkpointing::Full,
+                parallel: Parallelism { data: 4, pipeline: 4, zero_stage, ..Parallelism::default() },
+                ..TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)
+            };
+            estimate(&m, &g, &cfg).breakdown.temporary
+        };
+        // A quarter of the model, gathered in bf16, beside the shard ZeRO-3 keeps.
+        let gathered = with(3) - with(1);
+        let quarter = 2.0 * m.params() as f64 / 4.0;
+        assert!(gathered > 0.9 * quarter && gathered < 1.2 * quarter, "{gathered} vs {quarter}");
     }
 
     #[test]
