@@ -83,7 +83,8 @@ struct Scratch {
 
 fn scratch() -> Scratch {
     let dir = tempfile::tempdir().unwrap();
-    let run = training_run::training_run_json(3, false);
+    // Four layers of 128 MiB: a few steps of a small model at a short sequence.
+    let run = training_run::training_run_sized_json(3, 128 << 20);
     let small = dir.path().join("small-run.pickle");
     std::fs::write(&small, &run).unwrap();
     let mut v: Value = serde_json::from_slice(&run).unwrap();
@@ -104,33 +105,40 @@ fn scratch() -> Scratch {
     Scratch { small: s(&small), no_frames: s(&no_frames), no_trace: s(&no_trace), _dir: dir }
 }
 
-const GPT2: [&str; 13] = [
-    "plan",
-    "--model",
-    "gpt2",
-    "--gpu",
-    "rtx-4090",
-    "--precision",
-    "fp32",
-    "--attention",
-    "eager",
-    "--batch",
-    "8",
-    "--seq",
-    "1024",
-];
+/// cs336's Transformer LM (medium), the examples' model; `--seq` is last, to be replaced.
+fn plan_args() -> Vec<String> {
+    let model = repo().join("data/models/cs336-medium.json").display().to_string();
+    [
+        "plan",
+        "--model",
+        &model,
+        "--gpu",
+        "a100-80gb",
+        "--precision",
+        "fp32",
+        "--attention",
+        "eager",
+        "--batch",
+        "4",
+        "--seq",
+        "1024",
+    ]
+    .map(String::from)
+    .to_vec()
+}
 
 #[test]
 fn the_plan_at_the_snapshots_own_shape_is_what_it_measured() {
     let s = scratch();
     let measured = step_phases(&s.small);
-    let mut args = GPT2.to_vec();
-    args[12] = "256";
+    let mut owned = plan_args();
+    owned[12] = "128".into();
+    let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
     args.extend(["--calibrate", &s.small]);
     let plan = json(&args);
     let c = &plan["calibration"];
     let run = &c["snapshots"][0];
-    assert_eq!((run["batch"].as_u64(), run["seq"].as_u64(), run["device"].as_u64()), (Some(8), Some(256), Some(0)));
+    assert_eq!((run["batch"].as_u64(), run["seq"].as_u64(), run["device"].as_u64()), (Some(4), Some(128), Some(0)));
     for k in ["start_bytes", "forward_bytes", "backward_bytes", "optimizer_bytes"] {
         assert_eq!(run[k], measured[k], "{k}");
     }
@@ -154,24 +162,26 @@ fn the_plan_at_the_snapshots_own_shape_is_what_it_measured() {
 fn a_longer_sequence_grows_by_the_calibrated_activations() {
     let s = scratch();
     let at = |seq: &str| {
-        let mut args = GPT2.to_vec();
-        args[12] = seq;
-        args.extend(["--calibrate", &s.small, "--calibrate-seq", "256"]);
+        let mut owned = plan_args();
+        owned[12] = seq.into();
+        let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
+        args.extend(["--calibrate", &s.small, "--calibrate-seq", "128"]);
         json(&args)
     };
-    let (short, long) = (at("256"), at("512"));
+    let (short, long) = (at("128"), at("256"));
     let f = |p: &Value| b(&p["phases"]["forward"]);
     assert!(f(&long) > f(&short));
     // The optimizer step keeps no activations: it grows only by the token ids and labels
-    // (8 bytes each a token) of the 8 × 256 more tokens.
-    assert_eq!(b(&long["phases"]["optimizer"]) - b(&short["phases"]["optimizer"]), (16 * 8 * 256) as f64);
+    // (8 bytes each a token) of the 4 × 128 more tokens.
+    assert_eq!(b(&long["phases"]["optimizer"]) - b(&short["phases"]["optimizer"]), (16 * 4 * 128) as f64);
     // Text names the snapshot and what was fitted.
-    let mut args = GPT2.to_vec();
-    args.extend(["--calibrate", &s.small, "--calibrate-seq", "256"]);
+    let owned = plan_args();
+    let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    args.extend(["--calibrate", &s.small, "--calibrate-seq", "128"]);
     let (code, out, err) = headroom(&args);
     assert!(matches!(code, Some(0 | 1)), "{err}");
     assert!(
-        out.contains("calibrated from") && out.contains("small-run.pickle") && out.contains("× 256 tokens"),
+        out.contains("calibrated from") && out.contains("small-run.pickle") && out.contains("× 128 tokens"),
         "{out}"
     );
     assert!(out.contains("activations and logits ×"), "{out}");
@@ -186,13 +196,15 @@ fn what_cannot_calibrate_exits_2_and_says_why() {
         (vec!["--calibrate", "missing.pickle"], "missing.pickle"),
         (vec!["--calibrate", &s.small, "--calibrate-seq", "128", "--calibrate-seq", "256"], "given 2 times for 1"),
         (vec!["--calibrate", &s.small, "--calibrate-seq", "2048"], "--calibrate-seq"),
+        (vec!["--calibrate", &s.small, "--calibrate-seq", "1"], "check --calibrate-batch and --calibrate-seq"),
         (vec!["--calibrate", &s.small, "--framework", "megatron"], "not planned as"),
         (vec!["--calibrate", &s.small, "--recommend"], "cannot be used with"),
         (vec!["--calibrate-seq", "128"], "--calibrate"),
         (vec!["--calibrate", &s.small, "--calibrate-batch", "0"], "--calibrate-batch"),
     ];
     for (extra, says) in cases {
-        let mut args = GPT2.to_vec();
+        let owned = plan_args();
+        let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
         args.extend(&extra);
         let (code, _, err) = headroom(&args);
         assert_eq!(code, Some(2), "{extra:?}: {err}");

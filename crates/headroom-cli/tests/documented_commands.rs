@@ -112,7 +112,8 @@ fn scratch() -> tempfile::TempDir {
         .output()
         .unwrap();
     assert!(made.status.success());
-    std::fs::write(p.join("small-run.pickle"), training_run::training_run_json(3, false)).unwrap();
+    // Four layers of 128 MiB: a few steps of a small model at a short sequence.
+    std::fs::write(p.join("small-run.pickle"), training_run::training_run_sized_json(3, 128 << 20)).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo().join("data"), p.join("data")).unwrap();
     dir

@@ -74,7 +74,14 @@ pub enum CalibrationError {
     NothingToScale,
     /// The forward allocated no more than it began with, plus the planner's fixed temporaries.
     ForwardTooSmall { grown: f64 },
+    /// The measured activations and the plan's are too far apart to be the same shape.
+    ShapeMismatch { scale: f64 },
 }
+
+/// How far a calibration may scale the plan's activations. transformers' recipes and
+/// Korthikanti's formula are a few tens of percent from any real layer; a factor beyond this
+/// means the snapshot ran another batch or sequence than the one given (or another model).
+pub const MAX_SCALE: f64 = 20.0;
 
 impl fmt::Display for CalibrationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,6 +97,12 @@ impl fmt::Display for CalibrationError {
             CalibrationError::NothingToScale => {
                 f.write_str("the plan has no activations at the snapshot's batch and sequence to fit")
             }
+            CalibrationError::ShapeMismatch { scale } => write!(
+                f,
+                "the snapshot's forward holds {scale:.3}× the activations the plan has at that batch and sequence \
+                 (a calibration may scale them between 1/{MAX_SCALE} and {MAX_SCALE}×): check --calibrate-batch and \
+                 --calibrate-seq, and that the snapshot is of this model"
+            ),
             CalibrationError::ForwardTooSmall { grown } => write!(
                 f,
                 "the snapshot's forward grew allocated memory by only {grown:.0} bytes over where it began: not a \
@@ -167,6 +180,15 @@ impl Calibration {
             points.push((grown, linear, square));
         }
         let (activation_scale, attention_scale) = scales(&points);
+        for scale in [activation_scale, attention_scale] {
+            // A scale of 0 is the square law found absent, not a mismatch.
+            if scale > MAX_SCALE || (scale > 0.0 && scale < 1.0 / MAX_SCALE) {
+                return Err(CalibrationError::ShapeMismatch { scale });
+            }
+        }
+        if activation_scale == 0.0 && attention_scale == 0.0 {
+            return Err(CalibrationError::ShapeMismatch { scale: 0.0 });
+        }
         let mut c = Calibration {
             offset: mean(runs.iter().map(|(at, m)| m.start - base(&at.forward))).unwrap_or(0.0),
             activation_scale,
@@ -370,5 +392,13 @@ mod tests {
         ));
         let m = Measured { start: 100.0, forward: Some(150.0), backward: None, optimizer: None };
         assert_eq!(Calibration::fit(&[(planned(0.0, 10.0), m)]), Err(CalibrationError::NothingToScale));
+        // A snapshot of another shape: a thousand times the plan's activations, or a thousandth.
+        for forward in [105.0 + 1000.0 * 50.0, 105.0 + 0.05] {
+            let m = Measured { start: 100.0, forward: Some(forward), backward: None, optimizer: None };
+            assert!(matches!(
+                Calibration::fit(&[(planned(1.0, 500.0), m)]),
+                Err(CalibrationError::ShapeMismatch { .. })
+            ));
+        }
     }
 }

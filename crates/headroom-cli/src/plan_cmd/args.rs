@@ -47,7 +47,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
-                        headroom plan --model gpt2 --gpu rtx-4090 --precision fp32 --attention eager --batch 8 --seq 1024 --calibrate small-run.pickle --calibrate-seq 256"
+                        headroom plan --model data/models/cs336-medium.json --gpu a100-80gb --precision fp32 --attention eager --batch 4 --seq 1024 --calibrate small-run.pickle --calibrate-seq 128"
 )]
 pub struct PlanArgs {
     #[command(flatten)]

@@ -68,7 +68,17 @@ pub fn training_run(steps: usize, oom: bool) -> MemorySnapshot {
 
 /// [`training_run`] as the JSON file's bytes.
 pub fn training_run_json(steps: usize, oom: bool) -> Vec<u8> {
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(256 * MIB), AllocatorConfig::default());
+    run_json(steps, oom, 8 * MIB, 256 * MIB)
+}
+
+/// The same run without the evaluation, each layer's activation (and gradient) `activation`
+/// bytes, on an 80 GiB device: a small training run of a model of that size.
+pub fn training_run_sized_json(steps: usize, activation: u64) -> Vec<u8> {
+    run_json(steps, false, activation, 80 << 30)
+}
+
+fn run_json(steps: usize, oom: bool, activation: u64, device: u64) -> Vec<u8> {
+    let mut a = DeviceCachingAllocator::new(SimDevice::new(device), AllocatorConfig::default());
     a.record_history(Some(usize::MAX));
     // The site of each call, in order: one per alloc, one per free, one per failed request.
     let mut sites: Vec<Site> = Vec::new();
@@ -89,12 +99,13 @@ pub fn training_run_json(steps: usize, oom: bool) -> Vec<u8> {
     };
     let mut optimizer = Vec::new();
     for step in 0..steps {
-        let acts: Vec<u64> = (0..4).map(|l| alloc(&mut a, &mut sites, 8 * MIB, Site::Activation(l)).unwrap()).collect();
+        let acts: Vec<u64> =
+            (0..4).map(|l| alloc(&mut a, &mut sites, activation, Site::Activation(l)).unwrap()).collect();
         let t = alloc(&mut a, &mut sites, MIB / 2, Site::Temp).unwrap();
         free(&mut a, &mut sites, t, Site::Temp);
         alloc(&mut a, &mut sites, 2 * MIB, Site::Leak).unwrap();
         for &p in acts.iter().rev() {
-            let g = alloc(&mut a, &mut sites, 8 * MIB, Site::Gradient).unwrap();
+            let g = alloc(&mut a, &mut sites, activation, Site::Gradient).unwrap();
             free(&mut a, &mut sites, p, Site::Gradient);
             free(&mut a, &mut sites, g, Site::Gradient);
         }
