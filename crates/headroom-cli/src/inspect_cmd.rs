@@ -146,13 +146,7 @@ fn print_device(out: &mut String, r: &Report, d: &DeviceReport) {
     let phase = d.peak_phase.map_or(String::new(), |p| format!(", in the {} phase", p.name()));
     outln!(out, "  peak allocated  {}{when}{phase}", format_size(d.peak_allocated_bytes));
     if let Some(s) = &d.step_phases {
-        let each =
-            [("forward", s.forward_bytes), ("backward", s.backward_bytes), ("optimizer step", s.optimizer_bytes)]
-                .into_iter()
-                .filter_map(|(name, b)| Some(format!("{name} {}", format_size(b?))))
-                .collect::<Vec<_>>()
-                .join(", ");
-        outln!(out, "  by phase        began at {}; peaks: {each}", format_size(s.start_bytes));
+        outln!(out, "  by phase        began at {}; peaks: {}", format_size(s.start_bytes), s.peaks_text());
     }
     outln!(out, "  peak reserved   {}", format_size(d.peak_reserved_bytes));
     outln!(

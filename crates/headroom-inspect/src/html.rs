@@ -163,6 +163,9 @@ fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
     if let Some(p) = d.peak_phase {
         row(h, "phase at the peak", p.name().to_string());
     }
+    if let Some(s) = &d.step_phases {
+        row(h, "peak of each phase", format!("{} (began at {})", s.peaks_text(), format_size(s.start_bytes)));
+    }
     row(
         h,
         "now (the snapshot's moment)",

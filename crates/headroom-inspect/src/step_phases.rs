@@ -37,6 +37,15 @@ pub struct StepPhases {
 }
 
 impl StepPhases {
+    /// "forward 6.43 GiB, backward 6.45 GiB, optimizer step 6.54 GiB": the phases entered.
+    pub fn peaks_text(&self) -> String {
+        [("forward", self.forward_bytes), ("backward", self.backward_bytes), ("optimizer step", self.optimizer_bytes)]
+            .into_iter()
+            .filter_map(|(name, b)| Some(format!("{name} {}", headroom_alloc::units::format_size(b?))))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The largest of the phases' peaks (the trace's allocated peak).
     pub fn peak_bytes(&self) -> u64 {
         [self.forward_bytes, self.backward_bytes, self.optimizer_bytes]
