@@ -190,9 +190,10 @@ pub(super) fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActiva
 }
 
 /// What one layer keeps under torchtitan's per-op checkpointing: its input, the outputs of
-/// the first, third, ... matrix multiply of the block (wq, wv, w1, w2 in a Llama block), the
-/// attention output (and flash attention's log-sum-exp). Tensor parallelism shards every
-/// one; without sequence parallelism the input and the row-parallel outputs stay whole.
+/// the first, third, ... matrix multiply of the block (wq, wv, w1, w2 in a Llama block), and
+/// the attention kernel's output and log-sum-exp (eager attention's batched products are not
+/// on the list: recomputed). Tensor parallelism shards every one; without sequence
+/// parallelism the input and the row-parallel outputs stay whole.
 fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
@@ -204,17 +205,17 @@ fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
     // Experts see only their routed tokens.
     let routed = model.experts_per_token.max(1) as f64 / model.experts.max(1) as f64;
     let q = (model.heads * model.head_dim) as f64;
-    let mut units = model.hidden as f64 / whole(true) + q / t;
+    let mut units = model.hidden as f64 / whole(true);
     for (i, &(_, out)) in linears.iter().enumerate().step_by(2) {
         let row_parallel = i == 3 || (i >= 4 && (i - 4) % mlp == mlp - 1);
         let share = if i >= 4 { routed } else { 1.0 };
         units += out as f64 * share / whole(row_parallel);
     }
-    let lse = match cfg.attention {
+    let kernel = match cfg.attention {
         Attention::Eager => 0.0,
-        Attention::Sdpa | Attention::Flash => 4.0 * model.heads as f64 / t,
+        Attention::Sdpa | Attention::Flash => q / t * bytes + 4.0 * model.heads as f64 / t,
     };
-    tokens * (units * bytes + lse)
+    tokens * (units * bytes + kernel)
 }
 
 /// One stage's memory.
