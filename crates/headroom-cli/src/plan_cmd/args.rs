@@ -30,6 +30,11 @@ use headroom_plan::train::{
 /// with Korthikanti's activations (Megatron). Inference: weights at their
 /// width, the KV cache, the prefill activations, and how many sequences fit.
 ///
+/// Your own model's layers, optimizer or script may keep more or less than
+/// any recipe: --calibrate fits the plan to a memory snapshot of a smaller
+/// run of the same job (torch.cuda.memory._dump_snapshot around one step),
+/// and plans the larger one from it.
+///
 /// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
 /// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
 /// --offload optimizer|params. Step time counts FLOPs at 50% of the GPU's
