@@ -105,6 +105,12 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
 
 fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let par = &cfg.parallel;
+    if cfg.checkpointing == Checkpointing::PerOp {
+        return Err(format!(
+            "per-op checkpointing is torchtitan's (`selective_ac_option = \"op\"`); {engine:?} has no such policy: \
+             plan with --checkpoint full or selective"
+        ));
+    }
     let ckpt = cfg.checkpointing != Checkpointing::None;
     let accumulation = cfg.accumulation;
     if engine != Engine::Megatron && par.model_parallel() > 1 {
@@ -266,11 +272,9 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
                 _ => args.push("--bf16".into()),
             }
             match cfg.checkpointing {
-                Checkpointing::None => {}
+                // Per-op is refused above.
+                Checkpointing::None | Checkpointing::PerOp => {}
                 Checkpointing::Selective => args.push("--recompute-granularity selective".into()),
-                Checkpointing::PerOp => {
-                    return Err("Megatron-LM has no per-op checkpointing (torchtitan's); use selective or full".into())
-                }
                 Checkpointing::Full | Checkpointing::Optimal => {
                     args.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
                 }

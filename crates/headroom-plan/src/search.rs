@@ -38,7 +38,8 @@ impl SearchSpace {
             let Some(next) = b.checked_mul(2) else { break };
             b = next;
         }
-        let mut checkpointing = vec![Checkpointing::None, Checkpointing::Selective, Checkpointing::Full];
+        let mut checkpointing =
+            vec![Checkpointing::None, Checkpointing::Selective, Checkpointing::PerOp, Checkpointing::Full];
         checkpointing.extend((2..=model.layers.min(16)).map(Checkpointing::EveryK));
         let mut precisions = vec![Precision::Mixed, Precision::Bf16, Precision::Amp, Precision::Fp32];
         if gpu.fp8_flops.is_some() {

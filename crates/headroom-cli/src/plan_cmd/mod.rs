@@ -88,7 +88,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         }
     }
     let calibration = (!a.calibrate.is_empty()).then(|| calibration::calibrated(&a, &model, &gpu, &cfg)).transpose()?;
-    cfg.coefficients.calibration = calibration.as_ref().map(|c| c.fit);
+    // One per process: the configurations refer to it.
+    cfg.coefficients.calibration = calibration.as_ref().map(|c| &*Box::leak(Box::new(c.fit)));
     let estimate = train::estimate(&model, &gpu, &cfg);
     let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu, &cfg, MAX_BATCH_SEARCHED));
     let max_seq = a.max_seq.then(|| train::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));

@@ -130,8 +130,10 @@ pub struct ActivationModel {
     /// (research/estimation.md §9: 5–15% of reserved over allocated).
     pub allocator_slack: f64,
     /// The step's phases fitted to a snapshot of the user's own run (`None`: the planner's
-    /// model as it stands). Only the phase model ([`Framework::HuggingFace`]) uses it.
-    pub calibration: Option<Calibration>,
+    /// model as it stands). Only the phase model ([`Framework::HuggingFace`]) uses it. A
+    /// reference, not a copy: the search copies configurations hundreds of thousands of
+    /// times, and a calibration is made once for a process (`Box::leak` one).
+    pub calibration: Option<&'static Calibration>,
 }
 
 impl Default for ActivationModel {

@@ -474,7 +474,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             },
         };
         let mut ph = step::phases(&parts);
-        if let Some(c) = &cfg.coefficients.calibration {
+        if let Some(c) = cfg.coefficients.calibration {
             ph = c.apply(&ph);
         }
         let (_, peak) = ph.peak();
