@@ -600,6 +600,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
                 checkpointing: ckpt,
                 parallel: par,
                 attention: Attention::Flash,
+                framework: Framework::Torchtitan,
                 ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
             };
             let e = estimate(model, &h100, &cfg);

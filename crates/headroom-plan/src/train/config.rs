@@ -188,12 +188,18 @@ pub enum Framework {
     HuggingFace,
     /// Megatron-LM's fused kernels: Korthikanti et al.'s activations, all terms at once.
     Megatron,
+    /// torchtitan: Megatron's accounting of the layers, with torchtitan's loss — the bf16
+    /// logits upcast for `cross_entropy` and deleted before the backward (its `train.py`),
+    /// so the peak holds log-softmax's fp32 output, its gradient and the gradient of its
+    /// input: 12 bytes a logit, not transformers' 16.
+    Torchtitan,
 }
 
 named!(Framework {
     Auto => ("auto", "Hugging Face transformers where it can run the job, Megatron-LM otherwise"),
     HuggingFace => ("hf", "Hugging Face transformers"),
     Megatron => ("megatron", "Megatron-LM"),
+    Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
 });
 
 named!(Precision {

@@ -239,7 +239,7 @@ pub(super) struct StageMemory {
 /// transformers has.
 pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
     let par = &cfg.parallel;
-    let runs = cfg.framework != Framework::Megatron
+    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace)
         && cfg.finetune == Finetune::Full
         && par.tensor == 1
         && par.pipeline == 1
@@ -312,8 +312,9 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     let l = lp * in_flight;
     if stage != PipelineStage::First {
         let k = &cfg.coefficients;
-        let per_logit =
-            4.0 * k.logits_fp32_copies + if width < 4.0 { width * k.logits_low_precision_copies } else { 0.0 };
+        // torchtitan deletes the 16-bit logits before the backward, where the loss peaks.
+        let low = if cfg.framework == Framework::Torchtitan { 0.0 } else { k.logits_low_precision_copies };
+        let per_logit = 4.0 * k.logits_fp32_copies + if width < 4.0 { width * low } else { 0.0 };
         br.logits = s / c * b * model.vocab as f64 * per_logit / t;
     }
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;

@@ -128,7 +128,8 @@ pub struct TrainEstimate {
     pub phase: Option<Phase>,
     /// Each phase's peak, then.
     pub phases: Option<Phases>,
-    /// Whose code the estimate models: [`Framework::HuggingFace`] or [`Framework::Megatron`].
+    /// Whose code the estimate models: [`Framework::HuggingFace`], [`Framework::Megatron`] or
+    /// [`Framework::Torchtitan`].
     pub framework: Framework,
     /// With `Checkpointing::Optimal`: the schedule's peak did not fit even with every layer recomputed.
     pub note: Option<String>,
@@ -188,7 +189,11 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
         reserved_bytes: per_gpu - outside_allocator,
         phase: phases.map(|p| p.peak().0),
         phases,
-        framework: if phases.is_some() { Framework::HuggingFace } else { Framework::Megatron },
+        framework: match (phases.is_some(), cfg.framework) {
+            (true, _) => Framework::HuggingFace,
+            (false, Framework::Torchtitan) => Framework::Torchtitan,
+            (false, _) => Framework::Megatron,
+        },
         note,
     }
 }
@@ -505,6 +510,27 @@ mod tests {
         let gathered = with(3) - with(1);
         let quarter = 2.0 * m.params() as f64 / 4.0;
         assert!(gathered > 0.9 * quarter && gathered < 1.2 * quarter, "{gathered} vs {quarter}");
+    }
+
+    #[test]
+    fn torchtitans_loss_holds_twelve_bytes_a_logit() {
+        let m = crate::model::preset("llama-3.1-8b").unwrap();
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let logits = |framework| {
+            let cfg = TrainConfig {
+                framework,
+                attention: Attention::Flash,
+                checkpointing: Checkpointing::PerOp,
+                parallel: Parallelism::data_parallel(8, 3),
+                ..TrainConfig::new(2, 8192, Precision::Mixed, Optimizer::AdamW)
+            };
+            let e = estimate(&m, &g, &cfg);
+            assert_eq!(e.framework, framework);
+            e.breakdown.logits
+        };
+        let per_token = 2.0 * 8192.0 * m.vocab as f64;
+        assert_eq!(logits(Framework::Torchtitan), 12.0 * per_token);
+        assert_eq!(logits(Framework::Megatron), 16.0 * per_token);
     }
 
     #[test]
