@@ -209,6 +209,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.history = max_entries.map(History::new);
     }
 
+    /// Records only the device calls — `segment_alloc`, `segment_free`, `segment_map`,
+    /// `segment_unmap` — without limit: what a replay compares with a recorded run's as it
+    /// goes, without the cost of an entry for every request and free.
+    pub fn record_device_calls(&mut self) {
+        self.history = Some(History { device_calls_only: true, ..History::new(usize::MAX) });
+    }
+
     /// Takes the history's entries so far, oldest first, leaving it recording
     /// (a replay compares them with a recorded trace as it goes).
     pub fn drain_history(&mut self) -> impl Iterator<Item = TraceEntry> + '_ {

@@ -66,14 +66,24 @@ pub(crate) struct History {
     pub entries: VecDeque<TraceEntry>,
     /// Entries pushed out of the front to keep `max_entries`.
     pub dropped: u64,
+    /// Keep only the device calls (the segment actions).
+    pub device_calls_only: bool,
 }
 
 impl History {
     pub fn new(max_entries: usize) -> Self {
-        History { max_entries: max_entries.max(1), entries: VecDeque::new(), dropped: 0 }
+        History { max_entries: max_entries.max(1), entries: VecDeque::new(), dropped: 0, device_calls_only: false }
     }
 
     pub fn push(&mut self, e: TraceEntry) {
+        if self.device_calls_only
+            && !matches!(
+                e.action,
+                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+            )
+        {
+            return;
+        }
         if self.entries.len() == self.max_entries {
             self.entries.pop_front();
             self.dropped += 1;

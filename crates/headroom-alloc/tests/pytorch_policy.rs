@@ -397,3 +397,24 @@ fn a_zero_byte_request_touches_nothing_and_returns_null() {
     a.free(0).unwrap();
     a.validate().unwrap();
 }
+
+#[test]
+fn a_device_call_history_keeps_the_segment_actions_alone() {
+    let mut a = allocator("expandable_segments:True", GIB);
+    a.record_device_calls();
+    let p = a.malloc(3 * MIB, 0).unwrap().ptr;
+    let q = a.malloc(4096, 0).unwrap().ptr;
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    a.empty_cache().unwrap();
+    let kept: Vec<Action> = a.drain_history().map(|e| e.action).collect();
+    assert!(!kept.is_empty());
+    assert!(
+        kept.iter().all(|x| matches!(
+            x,
+            Action::SegmentMap | Action::SegmentUnmap | Action::SegmentAlloc | Action::SegmentFree
+        )),
+        "{kept:?}"
+    );
+    assert!(kept.contains(&Action::SegmentMap) && kept.contains(&Action::SegmentUnmap), "{kept:?}");
+}

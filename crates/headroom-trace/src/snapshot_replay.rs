@@ -238,7 +238,7 @@ pub fn check_from(
     }
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
     let mut a = allocator_at(start, config, PyTorchPolicy, if maps { capacity } else { CHECK_CAPACITY }, device)?;
-    a.record_history(Some(usize::MAX));
+    a.record_device_calls();
     let mut f = Fidelity {
         device,
         alloc_matched: 0,
@@ -259,9 +259,16 @@ pub fn check_from(
             f.first_divergence = Some(Divergence { index: i, message, context: context(trace, i) });
         }
     };
-    // Recorded address -> headroom's, for blocks allocated in the trace
-    // (equal while decisions match; kept apart so frees stay paired after a divergence).
+    // Recorded address -> headroom's, for the blocks allocated in the trace where the two
+    // differ (after a divergence), so that frees stay paired; empty while decisions match.
     let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
+    let ours = |ptrs: &mut FxHashMap<u64, u64>, recorded: u64| {
+        if ptrs.is_empty() {
+            recorded
+        } else {
+            ptrs.remove(&recorded).unwrap_or(recorded)
+        }
+    };
     // Segment events recorded since the last request, with their indices.
     let mut pending: Vec<usize> = Vec::new();
     // Frees requested but completed later (the block was used on another
@@ -381,7 +388,11 @@ pub fn check_from(
                         } else {
                             diverge(&mut f, i, format!("recorded address {:#x}, headroom chose {:#x}", e.addr, b.ptr));
                         }
-                        ptrs.insert(e.addr, b.ptr);
+                        if b.ptr != e.addr {
+                            ptrs.insert(e.addr, b.ptr);
+                        } else if !ptrs.is_empty() {
+                            ptrs.remove(&e.addr);
+                        }
                     }
                     (TraceAction::Alloc, Err(err)) => {
                         f.alloc_total += 1;
@@ -411,7 +422,7 @@ pub fn check_from(
             // becomes reusable exactly when the trace says.
             TraceAction::FreeRequested if !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == e.addr) =>
             {
-                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                let ptr = ours(&mut ptrs, e.addr);
                 let stream = next_stand_in;
                 next_stand_in += 1;
                 let freed = a.record_stream(ptr, stream).and_then(|()| a.free(ptr));
@@ -451,7 +462,7 @@ pub fn check_from(
                         diverge(&mut f, j, m);
                     }
                 }
-                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                let ptr = ours(&mut ptrs, e.addr);
                 if let Err(err) = a.free(ptr) {
                     diverge(&mut f, i, format!("free of {:#x}: {err}", e.addr));
                 }
