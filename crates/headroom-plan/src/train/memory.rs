@@ -193,8 +193,9 @@ pub(super) fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActiva
 /// the first, third, ... matrix multiply of the block (wq, wv, w1, w2 in a Llama block), and
 /// the attention kernel's output and log-sum-exp (eager attention's batched products are not
 /// on the list: recomputed). Tensor parallelism shards every one; without sequence
-/// parallelism the input and the row-parallel outputs stay whole.
-fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
+/// parallelism the input and the row-parallel outputs stay whole. Also the share of the
+/// linear layers' FLOPs recomputed: the matrix multiplies not kept (the second, fourth, ...).
+fn per_op(model: &Model, cfg: &TrainConfig) -> (f64, f64) {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
     let tokens = cfg.seq as f64 / c * cfg.micro_batch as f64;
@@ -206,7 +207,13 @@ fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
     let routed = model.experts_per_token.max(1) as f64 / model.experts.max(1) as f64;
     let q = (model.heads * model.head_dim) as f64;
     let mut units = model.hidden as f64 / whole(true);
-    for (i, &(_, out)) in linears.iter().enumerate().step_by(2) {
+    let (mut all, mut again) = (0u64, 0u64);
+    for (i, &(inp, out)) in linears.iter().enumerate() {
+        all += inp * out;
+        if i % 2 == 1 {
+            again += inp * out;
+            continue;
+        }
         let row_parallel = i == 3 || (i >= 4 && (i - 4) % mlp == mlp - 1);
         let share = if i >= 4 { routed } else { 1.0 };
         units += out as f64 * share / whole(row_parallel);
@@ -215,7 +222,7 @@ fn per_op_kept(model: &Model, cfg: &TrainConfig) -> f64 {
         Attention::Eager => 0.0,
         Attention::Sdpa | Attention::Flash => q / t * bytes + 4.0 * model.heads as f64 / t,
     };
-    tokens * (units * bytes + kernel)
+    (tokens * (units * bytes + kernel), again as f64 / all.max(1) as f64)
 }
 
 /// One stage's memory.
@@ -348,13 +355,11 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     br.activations = match cfg.checkpointing {
         Checkpointing::None => l * per_layer,
         Checkpointing::PerOp => {
+            let (kept, recomputed) = per_op(model, cfg);
             // Every op but the saved ones runs again: every other matrix multiply's FLOPs.
-            let linears = model.block_linears();
-            let all: u64 = linears.iter().map(|&(i, o)| i * o).sum();
-            let again: u64 = linears.iter().skip(1).step_by(2).map(|&(i, o)| i * o).sum();
-            recompute_fraction = lin * (again as f64 / all.max(1) as f64) / forward;
+            recompute_fraction = lin * recomputed / forward;
             // The backward recomputes one layer at a time beside every layer's kept tensors.
-            l * per_op_kept(model, cfg) + per_layer
+            l * kept + per_layer
         }
         Checkpointing::Selective => {
             if cfg.attention == Attention::Eager {
