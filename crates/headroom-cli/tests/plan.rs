@@ -301,3 +301,44 @@ fn reserved_bytes_sit_between_allocated_and_the_total() {
         assert!(outside.abs_diff(expected) <= 1, "{args:?}: {outside} outside the allocator");
     }
 }
+
+/// `--infer --framework hf`: transformers' forward with a cache. Eager attention's s × s
+/// scores make long prompts cost far more than SDPA; the largest batch is the boundary; the
+/// options that do not apply are refused, naming why.
+#[test]
+fn transformers_inference_plans_its_own_forward() {
+    let hf = ["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer", "--framework", "hf", "--seq", "8192"];
+    let (_, eager) = plan(&[&hf[..], &["--attention", "eager", "--batch", "4"]].concat());
+    let (_, sdpa) = plan(&[&hf[..], &["--attention", "sdpa", "--batch", "4"]].concat());
+    assert_eq!((eager["framework"].as_str(), eager["attention"].as_str()), (Some("hf"), Some("eager")));
+    let act = |v: &Value| v["breakdown"]["activations"].as_u64().unwrap();
+    // 32 heads × 8192² fp32 scores for 4 sequences alone are 32 GiB.
+    assert!(act(&eager) > 32 << 30 && act(&sdpa) < 8 << 30, "{} {}", act(&eager), act(&sdpa));
+    // Every position's logits: 4 × 8192 × 128,256 bf16.
+    assert_eq!(sdpa["breakdown"]["logits"].as_u64(), Some(4 * 8192 * 128256 * 2));
+    assert_eq!(sdpa["breakdown"]["kv_cache"].as_u64(), Some(4 * 8192 * 131072));
+    let n = sdpa["max_sequences"].as_u64().unwrap();
+    let fits = |batch: u64| plan(&[&hf[..], &["--batch", &batch.to_string()]].concat()).1["fits"] == true;
+    assert!(n >= 4 && fits(n) && !fits(n + 1), "{n}");
+    // The engine keeps the last tokens' logits only: transformers needs more.
+    let (_, engine) =
+        plan(&["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer", "--seq", "8192", "--batch", "4"]);
+    assert_eq!(engine["framework"].as_str(), Some("auto"));
+    assert!(sdpa["per_gpu_bytes"].as_u64() > engine["per_gpu_bytes"].as_u64());
+
+    for (args, msg) in [
+        (&["--framework", "megatron"][..], "plans training"),
+        (&["--framework", "hf", "--weights", "int4"], "fp32 and bf16"),
+        (&["--framework", "hf", "--kv-dtype", "fp8"], "weights' dtype"),
+        (&["--framework", "hf", "--gpus", "2", "--tp", "2"], "no tensor parallelism"),
+        (&["--attention", "eager"], "serving engines"),
+    ] {
+        Command::cargo_bin("headroom")
+            .unwrap()
+            .args(["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(contains(msg));
+    }
+}

@@ -17,9 +17,9 @@ use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, SimDev
 use headroom_kv::dist::{LengthDist, Role};
 use headroom_plan::checkpoint::{simulate, solve, Chain, SolveError};
 use headroom_plan::gpu::gpu;
-use headroom_plan::infer::{self, InferConfig, WeightFormat};
+use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
-use headroom_plan::train::{self, Optimizer, Precision, TrainConfig};
+use headroom_plan::train::{self, Attention, Optimizer, Precision, TrainConfig};
 use headroom_trace::jsonl::{format_op, parse_line, read_trace};
 use headroom_trace::replay::{replay, ReplayOptions};
 use rand::SeedableRng;
@@ -102,16 +102,21 @@ pub fn hf_config(data: &[u8]) {
             assert!(!e.per_gpu_bytes.is_nan() && e.per_gpu_bytes >= 0.0, "{e:?}");
         }
         if m.generates() {
-            let cfg = InferConfig {
-                batch: 1,
-                seq,
-                prefill_chunk: 2048,
-                weights: WeightFormat::Bf16,
-                kv_bytes: 2.0,
-                tensor: 1,
-            };
-            let e = infer::estimate(&m, &g, &cfg);
-            assert!(!e.per_gpu_bytes.is_nan(), "{e:?}");
+            for runtime in [Runtime::Engine, Runtime::Transformers(Attention::Eager)] {
+                let cfg = InferConfig {
+                    runtime,
+                    batch: 1,
+                    seq,
+                    prefill_chunk: 2048,
+                    weights: WeightFormat::Bf16,
+                    kv_bytes: 2.0,
+                    tensor: 1,
+                };
+                if infer::check(&m, &cfg).is_ok() {
+                    let e = infer::estimate(&m, &g, &cfg);
+                    assert!(!e.per_gpu_bytes.is_nan() && e.activations >= 0.0, "{e:?}");
+                }
+            }
         }
     }
 }

@@ -1,15 +1,25 @@
-//! Inference memory per GPU: weights at their storage width, the KV cache
-//! (grouped-query aware, capped at a sliding window), one layer's activations
-//! at the prefill chunk, the last tokens' logits, and the context — and how
-//! many sequences of a given length fit (research/estimation.md §3). Tensor
-//! parallelism splits the weights and the KV heads.
+//! Inference memory per GPU, for the two ways a model generates:
+//!
+//! - a serving engine (vLLM, SGLang): weights at their storage width, the KV
+//!   cache (grouped-query aware, capped at a sliding window), one layer's
+//!   activations at the prefill chunk, the last tokens' logits, and the
+//!   context — and how many sequences of a given length fit
+//!   (research/estimation.md §3). Tensor parallelism splits the weights and
+//!   the KV heads.
+//! - Hugging Face transformers' forward with a cache (`model(input_ids,
+//!   use_cache=True)`, as an evaluation loop runs it): every layer's keys and
+//!   values, every position's logits, and the temporaries its code
+//!   allocates, moment by moment from [`crate::forward_recipe`].
 
+use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
 use crate::model::Model;
+use crate::train::Attention;
 
 /// Storage width of the weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightFormat {
+    Fp32,
     Bf16,
     Fp8,
     Int8,
@@ -18,6 +28,7 @@ pub enum WeightFormat {
 }
 
 crate::names::named!(WeightFormat {
+    Fp32 => ("fp32", "transformers' default dtype"),
     Bf16 => ("bf16", ""),
     Fp8 => ("fp8", ""),
     Int8 => ("int8", ""),
@@ -27,6 +38,7 @@ crate::names::named!(WeightFormat {
 impl WeightFormat {
     pub fn bytes_per_param(self) -> f64 {
         match self {
+            WeightFormat::Fp32 => 4.0,
             WeightFormat::Bf16 => 2.0,
             WeightFormat::Fp8 | WeightFormat::Int8 => 1.0,
             WeightFormat::Int4 => 0.5 + 2.0 / 64.0,
@@ -34,9 +46,20 @@ impl WeightFormat {
     }
 }
 
+/// Whose code runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    /// A serving engine: paged cache, chunked prefill, the last tokens' logits.
+    Engine,
+    /// transformers' forward with a cache, with this attention kernel: fp32 or bf16 weights,
+    /// the cache in the weights' dtype, every position's logits.
+    Transformers(Attention),
+}
+
 /// An inference configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct InferConfig {
+    pub runtime: Runtime,
     /// Concurrent sequences.
     pub batch: u64,
     /// Tokens per sequence (prompt and output).
@@ -44,7 +67,7 @@ pub struct InferConfig {
     /// Tokens computed at once in a prefill step.
     pub prefill_chunk: u64,
     pub weights: WeightFormat,
-    /// Bytes per K or V element (2 for bf16, 1 for fp8).
+    /// Bytes per K or V element (2 for bf16, 1 for fp8); transformers caches in the weights' dtype.
     pub kv_bytes: f64,
     /// Tensor-parallel GPUs.
     pub tensor: u64,
@@ -55,6 +78,8 @@ pub struct InferConfig {
 pub struct InferEstimate {
     pub weights: f64,
     pub kv_cache: f64,
+    /// What the runtime keeps beside the weights, cache and logits at its peak (with
+    /// transformers: the ids and the temporaries of the moment).
     pub activations: f64,
     pub logits: f64,
     pub framework: f64,
@@ -62,7 +87,8 @@ pub struct InferEstimate {
     /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context.
     pub reserved_bytes: f64,
     pub fits: bool,
-    /// Sequences of `seq` tokens the memory left after weights, activations and context holds.
+    /// Sequences of `seq` tokens the memory left after weights, activations and context
+    /// holds (with transformers: the largest batch of `seq` tokens that fits).
     pub max_sequences: u64,
     /// Tokens of KV the same memory holds.
     pub max_tokens: u64,
@@ -73,8 +99,41 @@ pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u
     crate::train::largest(limit, |seq| estimate(model, gpu, &InferConfig { seq, ..*cfg }).fits)
 }
 
-/// Estimates one configuration.
+/// Why a configuration cannot be estimated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    #[error("transformers' forward was measured with fp32 and bf16 weights, not {}", crate::names::Named::name(*.0))]
+    Weights(WeightFormat),
+    #[error("transformers' forward runs on one GPU here: no tensor parallelism")]
+    Tensor,
+    #[error("no measured transformers forward for {0} (model_type `{1}`)")]
+    Family(String, &'static str),
+}
+
+/// Checks that `cfg` can be estimated for `model`.
+pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
+    if let Runtime::Transformers(attention) = cfg.runtime {
+        if !matches!(cfg.weights, WeightFormat::Fp32 | WeightFormat::Bf16) {
+            return Err(Unsupported::Weights(cfg.weights));
+        }
+        if cfg.tensor > 1 {
+            return Err(Unsupported::Tensor);
+        }
+        if forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention).is_none() {
+            return Err(Unsupported::Family(model.name.clone(), model.model_type));
+        }
+    }
+    Ok(())
+}
+
+/// Estimates one configuration ([`check`] it first: a transformers configuration it refuses
+/// is estimated as a serving engine).
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
+    if let (Runtime::Transformers(attention), WeightFormat::Fp32 | WeightFormat::Bf16) = (cfg.runtime, cfg.weights) {
+        if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention) {
+            return transformers(model, gpu, cfg, recipe);
+        }
+    }
     let t = cfg.tensor.max(1) as f64;
     let weights = model.params() as f64 * cfg.weights.bytes_per_param() / t;
     // Heads split over the tensor-parallel GPUs; a group of KV heads smaller than t is replicated.
@@ -105,6 +164,36 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
     }
 }
 
+/// transformers' forward with a cache: its peak moment, the cache and logits alive then.
+fn transformers(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &InferConfig,
+    recipe: &crate::forward_recipe::ForwardRecipe,
+) -> InferEstimate {
+    let weights = model.params() as f64 * cfg.weights.bytes_per_param();
+    let framework = gpu.arch.cuda_context_bytes() as f64;
+    let peak = recipe.peak(model, cfg.batch as f64, cfg.seq as f64);
+    let per_gpu = weights + peak.total + framework;
+    let fits_batch = |batch: u64| {
+        weights + recipe.peak(model, batch as f64, cfg.seq as f64).total + framework <= gpu.memory_bytes as f64
+    };
+    // The peak grows with the batch, so the largest batch that fits is found by bisection.
+    let max_sequences = crate::train::largest(1 << 40, fits_batch);
+    InferEstimate {
+        weights,
+        kv_cache: peak.kv_cache,
+        activations: peak.total - peak.kv_cache - peak.logits,
+        logits: peak.logits,
+        framework,
+        per_gpu_bytes: per_gpu,
+        reserved_bytes: per_gpu - framework,
+        fits: per_gpu <= gpu.memory_bytes as f64,
+        max_sequences,
+        max_tokens: max_sequences.saturating_mul(cfg.seq),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +203,7 @@ mod tests {
     #[test]
     fn grouped_query_attention_shrinks_the_cache() {
         let cfg = InferConfig {
+            runtime: Runtime::Engine,
             batch: 8,
             seq: 4096,
             prefill_chunk: 2048,

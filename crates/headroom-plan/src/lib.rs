@@ -3,7 +3,8 @@
 //! Planning GPU memory before a run: the models ([`model`], from presets or a
 //! Hugging Face `config.json`, with exact parameter counts), the GPUs
 //! ([`gpu`]), the training and inference memory models ([`train`],
-//! [`infer`]), the recommendation search ([`search`]), engine configs
+//! [`infer`], with transformers' measured activations in [`recipe`] and
+//! [`forward_recipe`]), the recommendation search ([`search`]), engine configs
 //! ([`emit`]), the optimal activation-checkpointing solver ([`checkpoint`]),
 //! and the step's phases fitted to a snapshot of the user's own run
 //! ([`calibrate`]).
@@ -13,6 +14,7 @@ pub mod checkpoint;
 mod error;
 pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
 pub mod emit;
+pub mod forward_recipe;
 pub mod gpu;
 pub mod infer;
 pub mod json;

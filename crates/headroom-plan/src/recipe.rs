@@ -10,7 +10,7 @@
 //! (`crates/headroom-plan/tests/ground_truth.rs`). A recipe has
 //!
 //! - per layer, and outside the layers (embeddings, final norm, head, loss):
-//!   bytes per token per unit (`h`, `f`, `q` = heads × head dim, `kv`,
+//!   bytes per token per unit (`h`, `f`, `q` = heads × head dim, `kv`, `qkv` = q + 2 kv,
 //!   `kf`/`kh` = MLP width or hidden size × experts per token, `heads`,
 //!   `kv_heads`, `d` = head dim, `V`, `E`, `k`, `one`), and `heads_s` for
 //!   eager attention's s × s matrices (bytes per token per head per position);
@@ -25,7 +25,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-type Terms = BTreeMap<String, f64>;
+pub(crate) type Terms = BTreeMap<String, f64>;
 
 /// One family's recipe at one precision and attention kernel.
 #[derive(Clone, Debug, Deserialize)]
@@ -57,12 +57,7 @@ fn recipes() -> &'static BTreeMap<String, Recipe> {
 /// The recipe for `model` at `precision` and `attention`, if transformers' code for its
 /// family was measured (fp8 is not a transformers precision; flash attention takes SDPA's).
 pub fn recipe(model: &Model, precision: Precision, attention: Attention) -> Option<&'static Recipe> {
-    let family = match model.model_type {
-        "qwen3" => "qwen2",
-        "gemma2" => "gemma",
-        "mt5" => "t5",
-        other => other,
-    };
+    let family = measured_code(model);
     let precision = match precision {
         Precision::Fp32 => "fp32",
         Precision::Bf16 | Precision::Mixed => "bf16",
@@ -78,6 +73,17 @@ pub fn recipe(model: &Model, precision: Precision, attention: Attention) -> Opti
     recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
 }
 
+/// The transformers code whose measurements hold for `model`: its own, or the code it shares
+/// its layers' allocations with.
+pub(crate) fn measured_code(model: &Model) -> &'static str {
+    match model.model_type {
+        "qwen3" => "qwen2",
+        "gemma2" => "gemma",
+        "mt5" => "t5",
+        other => other,
+    }
+}
+
 /// The size of one unit in `model`.
 fn unit(model: &Model, name: &str) -> f64 {
     let k = model.experts_per_token.max(1);
@@ -86,6 +92,7 @@ fn unit(model: &Model, name: &str) -> f64 {
         "f" => model.intermediate,
         "q" => model.heads * model.head_dim,
         "kv" => model.kv_heads * model.head_dim,
+        "qkv" => (model.heads + 2 * model.kv_heads) * model.head_dim,
         "kf" => k * model.intermediate,
         "kh" => k * model.hidden,
         "heads" => model.heads,
@@ -99,9 +106,22 @@ fn unit(model: &Model, name: &str) -> f64 {
     }) as f64
 }
 
-/// Bytes per token of `terms` at sequence length `seq`.
-fn per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
-    terms.iter().map(|(u, c)| if u == "heads_s" { c * model.heads as f64 * seq } else { c * unit(model, u) }).sum()
+/// Bytes per token of `terms` at sequence length `seq`: `heads_s` and `s` are s × s matrices
+/// with and without a head axis (bytes per element); `q_rep`, keys and values repeated per
+/// query head.
+pub(crate) fn per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
+    terms
+        .iter()
+        .map(|(u, c)| match u.as_str() {
+            "heads_s" => c * model.heads as f64 * seq,
+            "s" => c * seq,
+            // transformers' repeat_kv copies keys and values per query head only between one
+            // key-value head (a view) and one per head (no copy).
+            "q_rep" if model.kv_heads > 1 && model.kv_heads < model.heads => c * unit(model, "q"),
+            "q_rep" => 0.0,
+            _ => c * unit(model, u),
+        })
+        .sum()
 }
 
 /// The part of [`per_token`] that grows with the sequence: eager attention's s × s matrices.

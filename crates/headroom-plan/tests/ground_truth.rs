@@ -10,8 +10,13 @@
 //! the model-state terms exactly, the peak and each phase within 3%.
 //! Cases marked `tuning` are those read while the recipes and the phase
 //! model were built; `check` cases were only compared.
+//!
+//! The inference forwards (transformers' `model(ids, use_cache=True)` under
+//! `no_grad`) are compared with `plan --infer --framework hf`: its tensors
+//! (weights and the forward's peak, without the CUDA context) within the same 3%.
 
 use headroom_plan::gpu::gpu;
+use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::train::{estimate, Attention, Checkpointing, Framework, Head, Optimizer, Precision, TrainConfig};
 use serde_json::Value;
@@ -200,6 +205,85 @@ fn print_table(rows: &[Row]) {
             r.phase_errors[0] * 100.0,
             r.phase_errors[1] * 100.0,
             r.phase_errors[2] * 100.0
+        );
+    }
+}
+
+/// The inference forwards: `plan --infer --framework hf` against each measured peak.
+#[test]
+fn inference_forwards_match_the_cpu_ground_truth() {
+    let g = gpu("h100-sxm").unwrap();
+    let mut rows = Vec::new();
+    for c in cases().iter().filter(|c| c["mode"] == "infer" && c.get("error").is_none()) {
+        let m = Model::from_hf_config(&c["config"].to_string(), c["family"].as_str().unwrap()).unwrap();
+        let attention = if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa };
+        let cfg = InferConfig {
+            runtime: Runtime::Transformers(attention),
+            batch: c["batch"].as_u64().unwrap(),
+            seq: c["seq"].as_u64().unwrap(),
+            prefill_chunk: 2048,
+            weights: if c["precision"] == "bf16" { WeightFormat::Bf16 } else { WeightFormat::Fp32 },
+            kv_bytes: 2.0,
+            tensor: 1,
+        };
+        infer::check(&m, &cfg).unwrap();
+        let e = infer::estimate(&m, &g, &cfg);
+        let label = format!(
+            "{}/{} {} {} b{}×{}",
+            c["family"].as_str().unwrap(),
+            c["size"].as_str().unwrap(),
+            c["precision"].as_str().unwrap(),
+            c["attention"].as_str().unwrap(),
+            c["batch"],
+            c["seq"]
+        );
+        assert_eq!(m.params(), c["params"].as_u64().unwrap(), "{label}: parameters");
+        let error = e.reserved_bytes / c["peak_bytes"].as_f64().unwrap() - 1.0;
+        rows.push((label, c["split"].as_str().unwrap().to_string(), error));
+    }
+    assert_eq!(rows.len(), 136, "every inference forward is compared");
+    let mut worst: Vec<&InferRow> = rows.iter().collect();
+    worst.sort_by(|a, b| b.2.abs().partial_cmp(&a.2.abs()).unwrap());
+    for (label, split, error) in worst.iter().take(20) {
+        eprintln!("{label:<40} {split:<6} peak {:+6.2}%", error * 100.0);
+    }
+    for split in ["tuning", "check"] {
+        let part: Vec<_> = rows.iter().filter(|r| r.1 == split).collect();
+        let ok = part.iter().filter(|r| r.2.abs() <= PEAK_TOLERANCE).count();
+        eprintln!("inference {split}: {ok} of {} within ±3%", part.len());
+    }
+    if std::env::var_os("GROUND_TRUTH_TABLE").is_some() {
+        print_inference_table(&rows);
+    }
+    let outside: Vec<_> = rows.iter().filter(|r| r.2.abs() > PEAK_TOLERANCE).collect();
+    assert!(outside.is_empty(), "inference forwards outside ±3%: {outside:?}");
+}
+
+/// One inference forward: its label, split and error.
+type InferRow = (String, String, f64);
+
+/// Markdown for docs/VALIDATION.md: the inference forwards by family and precision.
+fn print_inference_table(rows: &[InferRow]) {
+    let mut groups: std::collections::BTreeMap<(String, String), Vec<&InferRow>> = Default::default();
+    for r in rows {
+        let mut words = r.0.split_whitespace();
+        let family = words.next().unwrap().split('/').next().unwrap().to_string();
+        groups.entry((family, words.next().unwrap().to_string())).or_default().push(r);
+    }
+    println!("| family | weights | forwards (tuning + check) | within ±3% | median \\|error\\| | worst |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for ((family, precision), rs) in &groups {
+        let mut errs: Vec<f64> = rs.iter().map(|r| r.2.abs()).collect();
+        errs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let worst = rs.iter().map(|r| r.2).fold(0.0f64, |a, e| if e.abs() > a.abs() { e } else { a });
+        let tuning = rs.iter().filter(|r| r.1 == "tuning").count();
+        println!(
+            "| {family} | {precision} | {} ({tuning} + {}) | {} | {:.2}% | {:+.2}% |",
+            rs.len(),
+            rs.len() - tuning,
+            rs.iter().filter(|r| r.2.abs() <= PEAK_TOLERANCE).count(),
+            errs[errs.len() / 2] * 100.0,
+            worst * 100.0
         );
     }
 }

@@ -25,7 +25,7 @@
 //! `HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation`.
 
 use headroom_plan::gpu::{gpu, GpuSpec};
-use headroom_plan::infer::{self, InferConfig, WeightFormat};
+use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::{preset, Model};
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::train::{
@@ -336,8 +336,15 @@ fn model_state_rows(rows: &mut Vec<Row>) {
     ));
     // vllm #11251: Llama-3-8B at TP 2 loads 7.51 GiB of weights per GPU.
     let l3 = preset("llama-3-8b").unwrap();
-    let cfg =
-        InferConfig { batch: 1, seq: 4096, prefill_chunk: 2048, weights: WeightFormat::Bf16, kv_bytes: 2.0, tensor: 2 };
+    let cfg = InferConfig {
+        runtime: Runtime::Engine,
+        batch: 1,
+        seq: 4096,
+        prefill_chunk: 2048,
+        weights: WeightFormat::Bf16,
+        kv_bytes: 2.0,
+        tensor: 2,
+    };
     let e = infer::estimate(&l3, &gpu("a100-40gb").unwrap(), &cfg);
     rows.push(number(
         "vllm #11251",

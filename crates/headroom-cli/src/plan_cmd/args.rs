@@ -5,8 +5,9 @@ use crate::target_arg::Target;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use headroom_plan::emit::Engine;
-use headroom_plan::infer::{InferConfig, WeightFormat};
+use headroom_plan::infer::{InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
+use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::train::{
     ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, Head, LoraTargets, Offload, Optimizer,
@@ -28,7 +29,10 @@ use headroom_plan::train::{
 /// largest phase of the step — forward at the loss, backward, optimizer step
 /// — as real steps show (docs/VALIDATION.md); elsewhere every term is summed
 /// with Korthikanti's activations (Megatron). Inference: weights at their
-/// width, the KV cache, the prefill activations, and how many sequences fit.
+/// width, the KV cache, the prefill activations, and how many sequences fit
+/// in a serving engine; with --framework hf, transformers' own forward with a
+/// cache (model(input_ids, use_cache=True), as an evaluation loop runs it), whose temporaries and
+/// every-position logits were measured allocation by allocation.
 ///
 /// Your own model's layers, optimizer or script may keep more or less than
 /// any recipe: --calibrate fits the plan to a memory snapshot of a smaller
@@ -52,6 +56,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
+                        headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 4 --seq 8192\n  \
                         headroom plan --model data/models/cs336-medium.json --gpu a100-80gb --precision fp32 --attention eager --batch 4 --seq 1024 --calibrate small-run.pickle --calibrate-seq 128"
 )]
 pub struct PlanArgs {
@@ -120,12 +125,16 @@ pub struct PlanArgs {
     pub precision: Precision,
     #[arg(long, conflicts_with = "infer", value_parser = named::<Optimizer>(), default_value = "adamw")]
     pub optimizer: Optimizer,
-    #[arg(long, conflicts_with = "infer", value_parser = named::<Attention>(), default_value = "sdpa")]
+    #[arg(long, value_parser = named::<Attention>(), default_value = "sdpa")]
     pub attention: Attention,
     /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
     /// (one model replica per GPU, full fine-tuning, no or full checkpointing; activations
     /// from its measured recipes, the peak from the step's phases), Megatron-LM otherwise.
-    #[arg(long, conflicts_with = "infer", value_parser = named::<Framework>(), default_value = "auto")]
+    /// With --infer: auto plans a serving engine (vLLM, SGLang: paged cache, chunked
+    /// prefill); hf plans transformers' forward with a cache (model(input_ids,
+    /// use_cache=True): every position's logits and the temporaries its code allocates, as
+    /// measured; fp32 or bf16 --weights, --attention eager or sdpa).
+    #[arg(long, value_parser = named::<Framework>(), default_value = "auto")]
     framework: Framework,
     /// The output layer and loss: vocabulary logits for every position (causal-lm,
     /// masked-lm) or a classifier (seq-cls).
@@ -166,12 +175,12 @@ pub struct PlanArgs {
     /// Print the configuration for an engine (the best recommendation with --recommend).
     #[arg(long, conflicts_with = "infer", value_parser = named::<Engine>())]
     pub emit: Option<Engine>,
-    /// Inference weight format.
+    /// Inference weight format (fp32 and bf16 with --framework hf).
     #[arg(long, requires = "infer", value_parser = named::<WeightFormat>(), default_value = "bf16")]
     weights: WeightFormat,
-    /// Inference KV-cache element width.
-    #[arg(long, requires = "infer", value_enum, default_value_t = KvArg::Bf16)]
-    kv_dtype: KvArg,
+    /// Inference KV-cache element width [default: bf16; with --framework hf the weights'].
+    #[arg(long, requires = "infer", value_enum)]
+    kv_dtype: Option<KvArg>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -188,6 +197,15 @@ enum FinetuneArg {
 enum KvArg {
     Bf16,
     Fp8,
+}
+
+impl KvArg {
+    fn name(self) -> &'static str {
+        match self {
+            KvArg::Bf16 => "bf16",
+            KvArg::Fp8 => "fp8",
+        }
+    }
 }
 
 /// A whole number of at least 1.
@@ -275,18 +293,37 @@ impl PlanArgs {
 
 impl PlanArgs {
     /// The inference configuration the arguments describe.
-    pub fn infer_config(&self) -> InferConfig {
-        InferConfig {
+    pub fn infer_config(&self) -> Result<InferConfig> {
+        let runtime = match self.framework {
+            Framework::Auto => {
+                if self.attention == Attention::Eager {
+                    bail!("--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)");
+                }
+                Runtime::Engine
+            }
+            Framework::HuggingFace => {
+                if let Some(kv) = self.kv_dtype {
+                    bail!(
+                        "--kv-dtype {}: transformers caches keys and values in the weights' dtype (--weights)",
+                        kv.name()
+                    );
+                }
+                Runtime::Transformers(self.attention)
+            }
+            other => bail!("--framework {}: plans training; --infer takes auto (a serving engine) or hf", other.arg()),
+        };
+        Ok(InferConfig {
+            runtime,
             tensor: self.tp,
             batch: self.batch,
             seq: self.seq,
             prefill_chunk: 2048,
             weights: self.weights,
             kv_bytes: match self.kv_dtype {
-                KvArg::Bf16 => 2.0,
-                KvArg::Fp8 => 1.0,
+                Some(KvArg::Fp8) => 1.0,
+                Some(KvArg::Bf16) | None => 2.0,
             },
-        }
+        })
     }
 
     /// `--infer` plans one tensor-parallel group of a generating model.

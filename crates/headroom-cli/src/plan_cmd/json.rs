@@ -2,6 +2,7 @@
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
 use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use headroom_plan::infer::Runtime;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use serde_json::{json, Value};
@@ -119,6 +120,9 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "framework": match p.config.runtime { Runtime::Engine => "auto", Runtime::Transformers(_) => "hf" },
+        "attention": match p.config.runtime { Runtime::Engine => None, Runtime::Transformers(a) => Some(a.name()) },
+        "weights": p.config.weights.name(),
         "reserved_bytes": bytes(e.reserved_bytes),
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),

@@ -51,6 +51,7 @@ struct TrainPlan<'a> {
 /// An inference plan.
 struct InferPlan<'a> {
     args: &'a PlanArgs,
+    config: InferConfig,
     model: Model,
     gpu: GpuSpec,
     estimate: InferEstimate,
@@ -62,11 +63,12 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let (model, gpu) = a.target.resolve()?;
     if a.infer {
         a.check_inference(&model)?;
-        let cfg: InferConfig = a.infer_config();
+        let cfg: InferConfig = a.infer_config()?;
+        infer::check(&model, &cfg)?;
         let estimate = infer::estimate(&model, &gpu, &cfg);
         let max_seq = a.max_seq.then(|| infer::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
         let context_note = context_note(&model, a.seq);
-        let plan = InferPlan { args: &a, model, gpu, estimate, max_seq, context_note };
+        let plan = InferPlan { args: &a, config: cfg, model, gpu, estimate, max_seq, context_note };
         let out = if a.json {
             format!("{}\n", serde_json::to_string_pretty(&json::infer(&plan))?)
         } else {

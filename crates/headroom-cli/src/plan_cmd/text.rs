@@ -3,6 +3,7 @@
 
 use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
+use headroom_plan::infer::Runtime;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
@@ -180,12 +181,20 @@ pub(super) fn infer(p: &InferPlan) -> String {
     let mut out = String::new();
     outln!(
         out,
-        "{} on {} ({}), inference: {} sequences × {} tokens",
+        "{} on {} ({}), inference: {} sequences × {} tokens, {}",
         p.model,
         p.gpu.name,
         format_size(p.gpu.memory_bytes),
         a.batch,
-        a.seq
+        a.seq,
+        match p.config.runtime {
+            Runtime::Engine => "a serving engine".to_string(),
+            Runtime::Transformers(attn) => format!(
+                "transformers' forward with a cache ({} weights, {} attention)",
+                p.config.weights.name(),
+                attn.name()
+            ),
+        }
     );
     outln!(out);
     let terms = [
@@ -196,7 +205,14 @@ pub(super) fn infer(p: &InferPlan) -> String {
         ("framework", e.framework),
     ];
     terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
-    outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq);
+    match p.config.runtime {
+        Runtime::Engine => {
+            outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq)
+        }
+        Runtime::Transformers(_) => {
+            outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, a.seq)
+        }
+    }
     if let Some(s) = p.max_seq {
         max_seq_line(&mut out, &p.model, s, &format!("for {} sequences", a.batch));
     }
