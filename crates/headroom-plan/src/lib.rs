@@ -24,4 +24,5 @@ pub mod parallel;
 pub mod recipe;
 pub mod search;
 pub mod step;
+pub mod step_recipe;
 pub mod train;

@@ -163,7 +163,7 @@ fn training_steps_match_the_cpu_ground_truth() {
 }
 
 /// Cases within ±3% when the recipes and phases were last changed.
-const REACHED: usize = 492;
+const REACHED: usize = 510;
 
 /// Markdown for docs/VALIDATION.md: by family and precision, and every case outside ±3%.
 fn print_table(rows: &[Row]) {

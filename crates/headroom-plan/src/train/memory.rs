@@ -11,6 +11,7 @@ use crate::model::{Family, Head, Model};
 use crate::parallel::Parallelism;
 use crate::recipe::{self, Recipe};
 use crate::step::{self, Phases, StepParts};
+use crate::step_recipe::step_recipe;
 
 /// NCCL's buffers and communicator state on each GPU of a multi-GPU job (research/estimation.md §4.1).
 const NCCL_BYTES: f64 = 1.5 * GIB;
@@ -480,6 +481,12 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             },
         };
         let mut ph = step::phases(&parts);
+        // Where transformers' own step was recorded allocation by allocation, its forward and
+        // backward are its moments' peaks (T5's encoder-decoder blocks were not).
+        if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head) {
+            let base = parts.weights + parts.optimizer_state + parts.inputs;
+            (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base);
+        }
         if let Some(c) = cfg.coefficients.calibration {
             ph = c.apply(&ph);
         }

@@ -1,0 +1,297 @@
+//! What a Hugging Face transformers training step holds, moment by moment,
+//! in its forward and backward: the step recipes of
+//! `data/recipes/hf_steps.json`.
+//!
+//! `scripts/validate/step_recipes.py` records a step of each family's code
+//! (per precision, attention kernel, checkpointing and head) with PyTorch's
+//! memory profiler at three shapes, and writes, for every allocation in the
+//! top layer, the bottom layer and outside them, what is alive then beyond
+//! the weights, optimizer state and inputs, in the model's dimensions:
+//!
+//! - `below`: what each layer under the current one holds (saved
+//!   activations, or a checkpointed layer's input), for every such layer;
+//! - `above`: what each layer whose backward is done holds (its gradients);
+//! - `once`: the current layer's tensors, the loss's and the stream.
+//!
+//! Units are those of [`crate::recipe`] per token, `pos:`-prefixed ones per
+//! position, and four of a fixed size: `layer` (bytes per parameter of one
+//! layer: its gradients, or AMP's copies of its weights), `Vh`, `Ph`, `hh`
+//! and `Vb` (the head's or embeddings' tables, a head's bias). What every layer holds grows or
+//! shrinks linearly from the bottom layer to the top, so moments at the two
+//! ends and outside the layers bound every other; the phase's peak is the
+//! largest of them at the asked shape. The optimizer step is modelled in
+//! [`crate::step`].
+
+use crate::model::Model;
+use crate::recipe::{measured_code, per_token, Terms};
+use crate::step::PhasePeak;
+use crate::train::{Attention, Head, Precision};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// Where a moment is.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Where {
+    ForwardTop,
+    ForwardHead,
+    BackwardHead,
+    BackwardTop,
+    BackwardBottom,
+    BackwardEmbed,
+}
+
+impl Where {
+    /// How many layers' `below` and `above` a moment holds, of `layers`.
+    fn counts(self, layers: f64) -> (f64, f64) {
+        match self {
+            Where::ForwardTop | Where::BackwardTop => (layers - 1.0, 0.0),
+            Where::ForwardHead | Where::BackwardHead => (layers, 0.0),
+            Where::BackwardBottom => (0.0, layers - 1.0),
+            Where::BackwardEmbed => (0.0, layers),
+        }
+    }
+
+    fn is_forward(self) -> bool {
+        matches!(self, Where::ForwardTop | Where::ForwardHead)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct Moment {
+    #[serde(rename = "where")]
+    at: Where,
+    below: Terms,
+    above: Terms,
+    once: Terms,
+}
+
+/// One family's step at one precision, attention kernel, checkpointing and head.
+#[derive(Clone, Debug, Deserialize)]
+pub struct StepRecipe {
+    moments: Vec<Moment>,
+}
+
+#[derive(Deserialize)]
+struct File {
+    recipes: BTreeMap<String, StepRecipe>,
+}
+
+fn recipes() -> &'static BTreeMap<String, StepRecipe> {
+    static R: OnceLock<BTreeMap<String, StepRecipe>> = OnceLock::new();
+    R.get_or_init(|| {
+        let text = include_str!("../../../data/recipes/hf_steps.json");
+        serde_json::from_str::<File>(text).expect("the bundled step recipes parse").recipes
+    })
+}
+
+/// The recipe for a transformers step of `model`, if its family's code was measured at this
+/// precision, head and checkpointing (fp8 is not a transformers precision; flash attention
+/// takes SDPA's; families without an SDPA path run eager).
+pub fn step_recipe(
+    model: &Model,
+    precision: Precision,
+    attention: Attention,
+    checkpointed: bool,
+    head: Head,
+) -> Option<&'static StepRecipe> {
+    let precision = match precision {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 | Precision::Mixed => "bf16",
+        Precision::Amp => "amp",
+        Precision::Fp8 => return None,
+    };
+    let head = match head {
+        Head::SeqCls => "seq-cls",
+        Head::MaskedLm => "masked-lm",
+        Head::CausalLm if model.generates() => "causal-lm",
+        Head::CausalLm => "masked-lm",
+    };
+    let ck = if checkpointed { "ckpt" } else { "full" };
+    let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}", measured_code(model));
+    let attn = match attention {
+        Attention::Eager => "eager",
+        Attention::Sdpa | Attention::Flash => "sdpa",
+    };
+    recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
+}
+
+/// One moment's terms for one model, as a polynomial in tokens and positions.
+#[derive(Clone, Copy, Debug, Default)]
+struct Poly {
+    /// Bytes per token (no logits, no s × s).
+    tok: f64,
+    /// Bytes per token per position: s × s matrices.
+    tok_s: f64,
+    /// Bytes per token of logits.
+    tok_v: f64,
+    /// Bytes per position, and per position per position.
+    pos: f64,
+    pos_s: f64,
+    /// Fixed-size tensors: gradients, AMP's weight copies.
+    fixed: f64,
+}
+
+impl Poly {
+    fn of(model: &Model, terms: &Terms) -> Poly {
+        let mut p = Poly::default();
+        let h = model.hidden as f64;
+        for (u, &c) in terms {
+            let one = |unit: &str| {
+                let mut t = Terms::new();
+                t.insert(unit.to_string(), c);
+                // At one position, an s × s unit is its bytes per token per position.
+                per_token(model, &t, 1.0)
+            };
+            match u.as_str() {
+                "layer" => p.fixed += c * model.layer_params() as f64,
+                "Vh" => p.fixed += c * model.vocab as f64 * h,
+                "Ph" => p.fixed += c * model.max_position as f64 * h,
+                "hh" => p.fixed += c * h * h,
+                "Vb" => p.fixed += c * model.vocab as f64,
+                "V" => p.tok_v += one("V"),
+                "heads_s" | "s" => p.tok_s += one(u),
+                other => match other.strip_prefix("pos:") {
+                    Some(unit @ ("heads_s" | "s")) => p.pos_s += one(unit),
+                    Some(unit) => p.pos += one(unit),
+                    None => p.tok += one(other),
+                },
+            }
+        }
+        p
+    }
+
+    fn scaled(self, k: f64) -> Poly {
+        Poly {
+            tok: self.tok * k,
+            tok_s: self.tok_s * k,
+            tok_v: self.tok_v * k,
+            pos: self.pos * k,
+            pos_s: self.pos_s * k,
+            fixed: self.fixed * k,
+        }
+    }
+
+    fn plus(self, o: Poly) -> Poly {
+        Poly {
+            tok: self.tok + o.tok,
+            tok_s: self.tok_s + o.tok_s,
+            tok_v: self.tok_v + o.tok_v,
+            pos: self.pos + o.pos,
+            pos_s: self.pos_s + o.pos_s,
+            fixed: self.fixed + o.fixed,
+        }
+    }
+}
+
+/// A recipe's moments resolved for one model and layer count.
+struct Compiled {
+    key: (usize, [u64; 11]),
+    moments: Vec<(Where, Poly)>,
+}
+
+thread_local! {
+    // The search estimates thousands of configurations of one model: resolving the units
+    // once per model keeps a step's estimate to a few hundred multiplications.
+    static COMPILED: std::cell::RefCell<Option<Compiled>> = const { std::cell::RefCell::new(None) };
+}
+
+impl StepRecipe {
+    fn compiled<R>(&self, model: &Model, layers: f64, f: impl FnOnce(&[(Where, Poly)]) -> R) -> R {
+        let dims = [
+            model.hidden,
+            model.intermediate,
+            model.heads,
+            model.kv_heads,
+            model.head_dim,
+            model.vocab,
+            model.experts,
+            model.experts_per_token,
+            model.layer_params(),
+            model.max_position,
+            layers.to_bits(),
+        ];
+        let key = (self as *const StepRecipe as usize, dims);
+        COMPILED.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.as_ref().is_none_or(|c| c.key != key) {
+                let moments = self
+                    .moments
+                    .iter()
+                    .map(|m| {
+                        let (below, above) = m.at.counts(layers);
+                        let p = Poly::of(model, &m.below)
+                            .scaled(below)
+                            .plus(Poly::of(model, &m.above).scaled(above))
+                            .plus(Poly::of(model, &m.once));
+                        (m.at, p)
+                    })
+                    .collect();
+                *c = Some(Compiled { key, moments });
+            }
+            f(&c.as_ref().expect("compiled above").moments)
+        })
+    }
+
+    /// The forward's and the backward's peaks over `batch` sequences of `seq` tokens with
+    /// `layers` layers, on top of `base` (weights, optimizer state, inputs).
+    pub fn peaks(&self, model: &Model, batch: f64, seq: f64, layers: f64, base: f64) -> (PhasePeak, PhasePeak) {
+        let tokens = batch * seq;
+        let mut forward = PhasePeak { total: base, ..PhasePeak::default() };
+        let mut backward = forward;
+        self.compiled(model, layers, |moments| {
+            for &(at, p) in moments {
+                let attention = tokens * p.tok_s * seq + seq * p.pos_s * seq;
+                let logits = tokens * p.tok_v;
+                let activations = tokens * p.tok + seq * p.pos + attention;
+                let total = base + activations + logits + p.fixed;
+                let slot = if at.is_forward() { &mut forward } else { &mut backward };
+                if total > slot.total {
+                    // In the forward, fixed tensors are AMP's 16-bit weight copies; in the
+                    // backward, gradients.
+                    let (gradients, temporary) = if at.is_forward() { (0.0, p.fixed) } else { (p.fixed, 0.0) };
+                    *slot = PhasePeak { total, gradients, activations, attention, logits, temporary, calibration: 0.0 };
+                }
+            }
+        });
+        (forward, backward)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::preset;
+
+    #[test]
+    fn recipes_exist_and_their_peaks_grow_with_the_shape() {
+        for name in
+            ["llama-3-8b", "mistral-7b", "gemma-2b", "phi-3-mini", "mixtral-8x7b", "gpt2", "pythia-1b", "bloom-7b1"]
+        {
+            let m = preset(name).unwrap();
+            for p in [Precision::Fp32, Precision::Bf16, Precision::Amp] {
+                for a in [Attention::Eager, Attention::Sdpa] {
+                    for ck in [false, true] {
+                        let r = step_recipe(&m, p, a, ck, Head::CausalLm).unwrap_or_else(|| panic!("{name}"));
+                        let l = m.layers as f64;
+                        let (f1, b1) = r.peaks(&m, 1.0, 512.0, l, 0.0);
+                        let (f2, b2) = r.peaks(&m, 2.0, 1024.0, l, 0.0);
+                        // Never lower for a larger shape (equal where every gradient decides).
+                        assert!(
+                            f1.total > 0.0 && f2.total > f1.total && b2.total >= b1.total,
+                            "{name} {p:?} {a:?} {ck}"
+                        );
+                        // Every gradient exists by the end of the backward.
+                        assert!(
+                            b1.total
+                                >= 0.99 * m.layer_params() as f64 * l * if p == Precision::Bf16 { 2.0 } else { 4.0 }
+                        );
+                    }
+                }
+            }
+        }
+        assert!(step_recipe(&preset("t5-base").unwrap(), Precision::Fp32, Attention::Eager, false, Head::CausalLm)
+            .is_none());
+    }
+}
