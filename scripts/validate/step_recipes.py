@@ -23,8 +23,12 @@ weights, optimizer state and inputs, in the model's dimensions (the units of rec
 Moments are taken in the top layer and the bottom one (what every layer holds grows or
 shrinks linearly between them), before the first layer's backward (the loss) and after the
 last (the embeddings), each with where it is: `forward_top`, `forward_head`,
-`backward_head`, `backward_top`, `backward_bottom`, `backward_embed`. Moments another
-dominates term by term are dropped. A tensor that fits no unit stops the run.
+`backward_head`, `backward_top`, `backward_bottom`, `backward_embed`. T5 has two stacks: its
+encoder's blocks are counted apart (`below_enc`, `above_enc`, a `layer_enc` unit) and its
+moments include the encoder's top and bottom blocks and the gap between the stacks
+(`forward_enc_top`, `forward_mid`, `backward_mid`, `backward_enc_top`,
+`backward_enc_bottom`). Moments another dominates term by term are dropped. A tensor that
+fits no unit stops the run.
 
     .venv/bin/python scripts/validate/step_recipes.py --out data/recipes/hf_steps.json   # 40 CPU-minutes
     # or in halves, side by side, then merged:
@@ -47,29 +51,41 @@ import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import recipes  # noqa: E402
 
-LAYER = re.compile(r"(?:.*\.)?(?:layers|h|layer)\.(\d+)")
+def layer_pattern(family):
+    """A layer's module name, with its stack for T5: `model.layers.7`, `encoder.block.3`
+    (T5's blocks hold sub-layers named `layer.0`, which are not layers here)."""
+    if family == "t5":
+        return re.compile(r"(encoder|decoder)\.block\.(\d+)")
+    return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
 def timeline(family, head, precision, attn, checkpointing, batch, seq):
     """Allocations of one step after a warm-up: [(phase, layer or None, key, bytes, create)],
     the dimensions, the layer count and the parameters of one layer."""
-    cfg = measure.small_configs()[(family, "base")]
+    cfg = dict(measure.small_configs()[(family, "base")])
+    if family == "t5":
+        # Three blocks a stack, as the decoders have: the first, the last and one between;
+        # and heads x head dim (8 x 48) apart from the hidden size (256), which the base
+        # config's 8 x 32 equals, so the two units are told apart.
+        cfg["num_layers"] = cfg["num_decoder_layers"] = 3
+        cfg["d_kv"] = 48
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = measure.build(cfg, head, attn, dtype)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     inputs = measure.inputs(cfg, head, batch, seq)
-    layers = 0
+    layers = {"enc": 0, "main": 0}
+    pattern = layer_pattern(family)
     for name, m in model.named_modules():
-        hit = LAYER.fullmatch(name)
+        hit = pattern.fullmatch(name)
         if not hit:
             continue
-        n = int(hit.group(1))
-        layers = max(layers, n + 1)
+        stack, n = "enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))
+        layers[stack] = max(layers[stack], n + 1)
 
-        def enter(m, *a, n=n):
+        def enter(m, *a, tag=f"{stack}:{n}"):
             m._ranges = getattr(m, "_ranges", [])
-            m._ranges.append(record_function(f"layer:{n}"))
+            m._ranges.append(record_function(f"layer:{tag}"))
             m._ranges[-1].__enter__()
 
         def leave(m, *a):
@@ -95,7 +111,11 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         step()
     events = prof.profiler.kineto_results.events()
-    ranges = sorted(((int(e.name()[6:]), e.start_ns(), e.end_ns()) for e in events if e.name().startswith("layer:")),
+    def tag(name):
+        stack, n = name[6:].split(":")
+        return stack, int(n)
+
+    ranges = sorted(((tag(e.name()), e.start_ns(), e.end_ns()) for e in events if e.name().startswith("layer:")),
                     key=lambda r: r[2] - r[1])
     phases = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in ("forward", "backward")}
 
@@ -114,23 +134,38 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
     d = recipes.dims(model, cfg)
     c = model.config
     d["P"] = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 0) or 0
-    per_layer = {}
+    # Parameters of one layer of each stack (its last: T5's first blocks hold the position tables).
+    params = {}
+    in_layer = re.compile(pattern.pattern + r"\.")
     for name, p in model.named_parameters():
-        hit = re.search(r"(?:layers|\.h|layer)\.(\d+)\.", name)
+        hit = in_layer.match(name)
         if hit:
-            per_layer[int(hit.group(1))] = per_layer.get(int(hit.group(1)), 0) + p.numel()
-    return out, d, layers, per_layer[0]
+            key = ("enc" if hit.group(1) == "encoder" else "main", int(hit.group(2)))
+            params[key] = params.get(key, 0) + p.numel()
+    layer_params = {stack: params.get((stack, n - 1), 0) for stack, n in layers.items()}
+    return out, d, layers, layer_params
 
 
-# Where each moment is: the layer it is in (-1 below every layer, L above every layer).
-def current_layer(where, layers):
-    return {"forward_top": layers - 1, "forward_head": layers, "backward_head": layers,
-            "backward_top": layers - 1, "backward_bottom": 0, "backward_embed": -1}[where]
+# Where each moment is, as a position in the forward's order of layers: T5's encoder
+# blocks 0..E-1, then the main stack's (T5's decoder, every other model's layers) E..E+L-1;
+# between two layers, a half.
+def position(where, layers):
+    e, m = layers["enc"], layers["main"]
+    return {"forward_enc_top": e - 1, "forward_mid": e - 0.5, "forward_top": e + m - 1, "forward_head": e + m,
+            "backward_head": e + m, "backward_top": e + m - 1, "backward_bottom": e, "backward_mid": e - 0.5,
+            "backward_enc_top": e - 1, "backward_enc_bottom": 0, "backward_embed": -0.5}[where]
+
+
+def order(tag, layers):
+    stack, n = tag
+    return n if stack == "enc" else layers["enc"] + n
 
 
 def moments(events, layers):
     """(where, live tensors [(layer made, bytes)]) for every allocation in the top and bottom
-    layers and outside them."""
+    layers of each stack and outside them."""
+    e, m = layers["enc"], layers["main"]
+    top, bottom, enc_top, enc_bottom = ("main", m - 1), ("main", 0), ("enc", e - 1), ("enc", 0)
     live, out = {}, []
     seen_backward = set()
     for phase, layer, key, nbytes, create in events:
@@ -138,22 +173,36 @@ def moments(events, layers):
             live.pop(key, None)
             continue
         live[key] = (layer, nbytes)
+        made = {w for w, _ in live.values()}
         if phase == "forward":
-            if layer == layers - 1:
+            if layer == top:
                 where = "forward_top"
-            elif layer is None and any(w == layers - 1 for w, _ in live.values()):
+            elif e and layer == enc_top:
+                where = "forward_enc_top"
+            elif layer is None and top in made:
                 where = "forward_head"
+            elif layer is None and e and enc_top in made:
+                where = "forward_mid"
             else:
                 continue
         elif phase == "backward":
             if layer is not None:
                 seen_backward.add(layer)
-            if layer == layers - 1:
+            if layer == top:
                 where = "backward_top"
-            elif layer == 0:
+            elif layer == bottom:
                 where = "backward_bottom"
+            elif e and layer == enc_top:
+                where = "backward_enc_top"
+            elif e and layer == enc_bottom:
+                where = "backward_enc_bottom"
             elif layer is None:
-                where = "backward_embed" if 0 in seen_backward else "backward_head"
+                if e and enc_bottom in seen_backward or not e and bottom in seen_backward:
+                    where = "backward_embed"
+                elif bottom in seen_backward:
+                    where = "backward_mid"
+                else:
+                    where = "backward_head"
             else:
                 continue
         else:
@@ -162,11 +211,12 @@ def moments(events, layers):
     return out
 
 
-def fixed_unit(nbytes, d, layer_params, widths, in_layer, what):
+def fixed_unit(nbytes, d, layer_params, widths, stack, what):
     """(unit, bytes per unit) of a tensor of a fixed size: in a layer, bytes per parameter of
-    one layer (its gradients, AMP's copies of its weights); outside, a table's elements."""
-    if in_layer:
-        return "layer", nbytes / layer_params
+    one layer of its stack (its gradients, AMP's copies of its weights); outside, a table's
+    elements."""
+    if stack is not None:
+        return ("layer" if stack == "main" else "layer_enc"), nbytes / layer_params[stack]
     for w in widths:
         n = nbytes / w
         for unit, size in (("Vh", d["V"] * d["h"]), ("Ph", d["P"] * d["h"]), ("hh", d["h"] * d["h"]), ("Vb", d["V"])):
@@ -175,16 +225,25 @@ def fixed_unit(nbytes, d, layer_params, widths, in_layer, what):
     raise SystemExit(f"{what}: a fixed tensor of {nbytes} bytes outside the layers")
 
 
-def bucket(layer, current, layers):
-    """Which count a tensor made by `layer` speaks for at a moment in `current`: `once` (the
-    current layer, or outside), `below`/`above` (the farthest layer, like every other), the
-    nearest layer's (`below_next`/`above_next`: every layer's and the stream), or none (the
-    layers between, which repeat the farthest)."""
-    if layer is None or layer == current:
+def bucket(tag, p, layers):
+    """Which count a tensor made by layer `tag` speaks for at a moment at position `p`: `once`
+    (the current layer, or outside), `below`/`above` (its stack's farthest layer, like every
+    other), the nearest layer's (`below_next`/`above_next`: every layer's and the stream),
+    or none (the layers between, which repeat the farthest). `_enc` for T5's encoder."""
+    if tag is None:
         return "once"
-    if layer < current:
-        return "below" if layer == 0 else ("below_next" if layer == current - 1 else None)
-    return "above" if layer == layers - 1 else ("above_next" if layer == current + 1 else None)
+    i = order(tag, layers)
+    if i == p:
+        return "once"
+    stack = tag[0]
+    suffix = "_enc" if stack == "enc" else ""
+    first = 0 if stack == "enc" else layers["enc"]
+    last = first + layers[stack] - 1
+    if i < p:
+        nearest = min(last, int(p - 0.5) if p != int(p) else int(p) - 1)
+        return "below" + suffix if i == first else ("below_next" + suffix if i == nearest else None)
+    nearest = max(first, int(p + 0.5) if p != int(p) else int(p) + 1)
+    return "above" + suffix if i == last else ("above_next" + suffix if i == nearest else None)
 
 
 def recipe(family, head, precision, attn, checkpointing):
@@ -200,20 +259,21 @@ def recipe(family, head, precision, attn, checkpointing):
     if not len(found[0]) == len(found[1]) == len(found[2]):
         raise SystemExit(f"{what}: the step allocates differently at different shapes "
                          f"({len(found[0])}, {len(found[1])}, {len(found[2])} moments)")
+    buckets = [k + sfx for sfx in ("", "_enc") for k in ("below", "below_next", "above", "above_next")] + ["once"]
     out = []
     for (where, m1), (w2, m2), (w3, m3) in zip(*found):
         if not where == w2 == w3 or not len(m1) == len(m2) == len(m3):
             raise SystemExit(f"{what}: a moment holds different tensors at different shapes")
-        current = current_layer(where, layers)
-        terms = {k: {} for k in ("below", "below_next", "above", "above_next", "once")}
-        for (layer, n1), (_, n2), (_, n3) in zip(m1, m2, m3):
-            into = bucket(layer, current, layers)
+        p = position(where, layers)
+        terms = {k: {} for k in buckets}
+        for (tag, n1), (_, n2), (_, n3) in zip(m1, m2, m3):
+            into = bucket(tag, p, layers)
             if into is None:
                 continue
             if n1 == n2 == n3:
                 if n1 <= 4096:
                     continue  # counters, scalars: bytes, not a term
-                u, v = fixed_unit(n1, d, layer_params, widths, layer is not None, what)
+                u, v = fixed_unit(n1, d, layer_params, widths, None if tag is None else tag[0], what)
             elif max(n1, n2, n3) <= 65536 and not infer_recipes.scales(n1, n2, n3, b, s1, s2):
                 continue  # a kernel's blocking scratch: kilobytes
             else:
@@ -230,16 +290,19 @@ def recipe(family, head, precision, attn, checkpointing):
         # Every layer between holds what both the farthest and the nearest layer hold; what
         # one of them holds beyond that (the stream into the current layer, a first layer's
         # own tensors) is counted once.
-        for near, far in (("below_next", "below"), ("above_next", "above")):
-            a, z = terms[far], terms.pop(near)
-            if not z:
-                continue  # no layer between the farthest and the current one
-            common = {u: min(a.get(u, 0), z.get(u, 0)) for u in set(a) | set(z)}
-            for u in set(a) | set(z):
-                extra = a.get(u, 0) + z.get(u, 0) - 2 * common[u]
-                if extra > 1e-9:
-                    terms["once"][u] = terms["once"].get(u, 0) + extra
-            terms[far] = {u: v for u, v in common.items() if v > 0}
+        for sfx in ("", "_enc"):
+            for near, far in (("below_next" + sfx, "below" + sfx), ("above_next" + sfx, "above" + sfx)):
+                a, z = terms[far], terms.pop(near)
+                if not z:
+                    continue  # no layer between the farthest and the current one
+                common = {u: min(a.get(u, 0), z.get(u, 0)) for u in set(a) | set(z)}
+                for u in set(a) | set(z):
+                    extra = a.get(u, 0) + z.get(u, 0) - 2 * common[u]
+                    if extra > 1e-9:
+                        terms["once"][u] = terms["once"].get(u, 0) + extra
+                terms[far] = {u: v for u, v in common.items() if v > 0}
+        if not layers["enc"]:
+            del terms["below_enc"], terms["above_enc"]
         out.append({"where": where} | terms)
     return {"moments": pareto(out)}
 
@@ -247,7 +310,7 @@ def recipe(family, head, precision, attn, checkpointing):
 def pareto(moments):
     """The moments no other moment at the same place dominates term by term."""
     def flat(m):
-        return {(k, u): v for k in ("below", "above", "once") for u, v in m[k].items()}
+        return {(k, u): v for k in m if k != "where" for u, v in m[k].items()}
 
     kept = []
     for i, m in enumerate(moments):
@@ -276,10 +339,11 @@ def main():
     for part in a.merge or []:
         with open(part) as f:
             out |= json.load(f)["recipes"]
-    for family in [] if a.merge else measure.DECODERS + ["bert"]:
+    for family in [] if a.merge else measure.DECODERS + ["bert", "t5"]:
         if a.only and family not in a.only.split(","):
             continue
-        heads = ["causal-lm" if family != "bert" else "masked-lm"] + (["seq-cls"] if family in ("llama", "bert") else [])
+        first = {"bert": "masked-lm", "t5": "seq2seq-lm"}.get(family, "causal-lm")
+        heads = [first] + (["seq-cls"] if family in ("llama", "bert") else [])
         for head in heads:
             for precision in ("fp32", "bf16", "amp"):
                 for attn in ("eager",) if family in measure.NO_SDPA else ("eager", "sdpa"):

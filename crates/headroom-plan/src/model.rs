@@ -224,6 +224,18 @@ impl Model {
         (self.params() - embeddings - self.final_norm_params()) / self.layers
     }
 
+    /// Parameters of one layer of T5's encoder and of the main stack (T5's decoder, every
+    /// other model's layers); 0 for the encoder of a model without one. T5's relative
+    /// position tables, in each stack's first block, are left out.
+    pub fn stack_layer_params(&self) -> (u64, u64) {
+        if self.family != Family::T5 {
+            return (0, self.layer_params());
+        }
+        let (h, inner) = (self.hidden, self.heads * self.head_dim);
+        let mlp = if self.gated_mlp { 3 } else { 2 } * h * self.intermediate;
+        (4 * h * inner + mlp + 2 * h, 8 * h * inner + mlp + 3 * h)
+    }
+
     /// Token (and position) embeddings, plus the LM head when untied.
     pub fn embedding_params(&self) -> u64 {
         let untied = if self.tied_embeddings { 1 } else { 2 };

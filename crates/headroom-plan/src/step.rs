@@ -13,7 +13,7 @@
 //! | optimizer step | weights, state, gradients and the optimizer's temporaries (AdamW with `foreach`: a square root of the second moments, the size of the state it reads) |
 //!
 //! Where transformers' own step was recorded allocation by allocation
-//! ([`crate::step_recipe`]: every family but T5), the forward and backward
+//! ([`crate::step_recipe`]: every family it runs), the forward and backward
 //! are the peaks of its moments instead, and only the optimizer step comes
 //! from here. Every term is checked against real PyTorch steps on CPU
 //! (`crates/headroom-plan/tests/ground_truth.rs`, `docs/VALIDATION.md`).

@@ -11,18 +11,21 @@
 //! - `below`: what each layer under the current one holds (saved
 //!   activations, or a checkpointed layer's input), for every such layer;
 //! - `above`: what each layer whose backward is done holds (its gradients);
-//! - `once`: the current layer's tensors, the loss's and the stream.
+//! - `once`: the current layer's tensors, the loss's and the stream;
+//! - for T5, `below_enc` and `above_enc`: the same for its encoder's blocks,
+//!   apart from its decoder's (the main stack).
 //!
 //! Units are those of [`crate::recipe`] per token, `pos:`-prefixed ones per
-//! position, and four of a fixed size: `layer` (bytes per parameter of one
-//! layer: its gradients, or AMP's copies of its weights), `Vh`, `Ph`, `hh`
-//! and `Vb` (the head's or embeddings' tables, a head's bias). What every layer holds grows or
+//! position, and some of a fixed size: `layer` and `layer_enc` (bytes per
+//! parameter of one layer of the main stack or of T5's encoder: its
+//! gradients, or AMP's copies of its weights), `Vh`, `Ph`, `hh` and `Vb`
+//! (the head's or embeddings' tables, a head's bias). What every layer holds grows or
 //! shrinks linearly from the bottom layer to the top, so moments at the two
 //! ends and outside the layers bound every other; the phase's peak is the
 //! largest of them at the asked shape. The optimizer step is modelled in
 //! [`crate::step`].
 
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::recipe::{measured_code, per_token, Terms};
 use crate::step::PhasePeak;
 use crate::train::{Attention, Head, Precision};
@@ -30,31 +33,50 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-/// Where a moment is.
+/// Where a moment is: in the top or bottom layer of the main stack (T5's decoder, every other
+/// model's layers) or of T5's encoder, or outside them — at the head, between the stacks, at
+/// the embeddings.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 enum Where {
+    ForwardEncTop,
+    ForwardMid,
     ForwardTop,
     ForwardHead,
     BackwardHead,
     BackwardTop,
     BackwardBottom,
+    BackwardMid,
+    BackwardEncTop,
+    BackwardEncBottom,
     BackwardEmbed,
 }
 
+/// Layers holding `below` and `above` at a moment: (encoder's, main stack's) each.
+struct Counts {
+    below: (f64, f64),
+    above: (f64, f64),
+}
+
 impl Where {
-    /// How many layers' `below` and `above` a moment holds, of `layers`.
-    fn counts(self, layers: f64) -> (f64, f64) {
-        match self {
-            Where::ForwardTop | Where::BackwardTop => (layers - 1.0, 0.0),
-            Where::ForwardHead | Where::BackwardHead => (layers, 0.0),
-            Where::BackwardBottom => (0.0, layers - 1.0),
-            Where::BackwardEmbed => (0.0, layers),
-        }
+    /// How many layers of `encoder` and `main` hold their `below` and `above` at this moment.
+    fn counts(self, encoder: f64, main: f64) -> Counts {
+        let (below, above) = match self {
+            Where::ForwardEncTop | Where::BackwardEncTop => ((encoder - 1.0, 0.0), (0.0, main)),
+            Where::ForwardMid | Where::BackwardMid => ((encoder, 0.0), (0.0, main)),
+            Where::ForwardTop | Where::BackwardTop => ((encoder, main - 1.0), (0.0, 0.0)),
+            Where::ForwardHead | Where::BackwardHead => ((encoder, main), (0.0, 0.0)),
+            Where::BackwardBottom => ((encoder, 0.0), (0.0, main - 1.0)),
+            Where::BackwardEncBottom => ((0.0, 0.0), (encoder - 1.0, main)),
+            Where::BackwardEmbed => ((0.0, 0.0), (encoder, main)),
+        };
+        // In the forward no layer's backward is done.
+        let above = if self.is_forward() { (0.0, 0.0) } else { above };
+        Counts { below, above }
     }
 
     fn is_forward(self) -> bool {
-        matches!(self, Where::ForwardTop | Where::ForwardHead)
+        matches!(self, Where::ForwardEncTop | Where::ForwardMid | Where::ForwardTop | Where::ForwardHead)
     }
 }
 
@@ -64,6 +86,10 @@ struct Moment {
     at: Where,
     below: Terms,
     above: Terms,
+    #[serde(default)]
+    below_enc: Terms,
+    #[serde(default)]
+    above_enc: Terms,
     once: Terms,
 }
 
@@ -104,6 +130,7 @@ pub fn step_recipe(
     };
     let head = match head {
         Head::SeqCls => "seq-cls",
+        _ if model.family == Family::T5 => "seq2seq-lm",
         Head::MaskedLm => "masked-lm",
         Head::CausalLm if model.generates() => "causal-lm",
         Head::CausalLm => "masked-lm",
@@ -145,7 +172,8 @@ impl Poly {
                 per_token(model, &t, 1.0)
             };
             match u.as_str() {
-                "layer" => p.fixed += c * model.layer_params() as f64,
+                "layer" => p.fixed += c * model.stack_layer_params().1 as f64,
+                "layer_enc" => p.fixed += c * model.stack_layer_params().0 as f64,
                 "Vh" => p.fixed += c * model.vocab as f64 * h,
                 "Ph" => p.fixed += c * model.max_position as f64 * h,
                 "hh" => p.fixed += c * h * h,
@@ -160,6 +188,16 @@ impl Poly {
             }
         }
         p
+    }
+
+    /// Whether every coefficient is at most `o`'s: never more bytes at any shape.
+    fn below(&self, o: &Poly) -> bool {
+        self.tok <= o.tok
+            && self.tok_s <= o.tok_s
+            && self.tok_v <= o.tok_v
+            && self.pos <= o.pos
+            && self.pos_s <= o.pos_s
+            && self.fixed <= o.fixed
     }
 
     fn scaled(self, k: f64) -> Poly {
@@ -187,7 +225,7 @@ impl Poly {
 
 /// A recipe's moments resolved for one model and layer count.
 struct Compiled {
-    key: (usize, [u64; 11]),
+    key: (usize, [u64; 16]),
     moments: Vec<(Where, Poly)>,
 }
 
@@ -199,7 +237,10 @@ thread_local! {
 
 impl StepRecipe {
     fn compiled<R>(&self, model: &Model, layers: f64, f: impl FnOnce(&[(Where, Poly)]) -> R) -> R {
+        // Every field the units and a layer's parameters are made of (cheaper to compare than
+        // to recompute the parameters).
         let dims = [
+            model.family as u64,
             model.hidden,
             model.intermediate,
             model.heads,
@@ -208,25 +249,45 @@ impl StepRecipe {
             model.vocab,
             model.experts,
             model.experts_per_token,
-            model.layer_params(),
             model.max_position,
+            model.layers,
+            model.decoder_layers,
+            model.relative_buckets,
+            u64::from(model.gated_mlp) | u64::from(model.qkv_bias) << 1 | u64::from(model.tied_embeddings) << 2,
+            model.sliding_window.unwrap_or(0),
             layers.to_bits(),
         ];
         let key = (self as *const StepRecipe as usize, dims);
+        // T5's encoder blocks come first; every other model has only the main stack.
+        let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as f64 } else { 0.0 };
         COMPILED.with(|c| {
             let mut c = c.borrow_mut();
             if c.as_ref().is_none_or(|c| c.key != key) {
-                let moments = self
+                let all: Vec<(Where, Poly)> = self
                     .moments
                     .iter()
                     .map(|m| {
-                        let (below, above) = m.at.counts(layers);
-                        let p = Poly::of(model, &m.below)
-                            .scaled(below)
-                            .plus(Poly::of(model, &m.above).scaled(above))
+                        let n = m.at.counts(encoder, layers - encoder);
+                        let p = Poly::of(model, &m.below_enc)
+                            .scaled(n.below.0)
+                            .plus(Poly::of(model, &m.below).scaled(n.below.1))
+                            .plus(Poly::of(model, &m.above_enc).scaled(n.above.0))
+                            .plus(Poly::of(model, &m.above).scaled(n.above.1))
                             .plus(Poly::of(model, &m.once));
                         (m.at, p)
                     })
+                    .collect();
+                // Resolved to bytes, most moments are below another of their phase at every
+                // shape: only those that can be the peak stay.
+                let moments = all
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, (at, p))| {
+                        !all.iter().enumerate().any(|(j, (o_at, o))| {
+                            j != i && o_at.is_forward() == at.is_forward() && p.below(o) && (!o.below(p) || j < i)
+                        })
+                    })
+                    .map(|(_, m)| *m)
                     .collect();
                 *c = Some(Compiled { key, moments });
             }
@@ -235,8 +296,18 @@ impl StepRecipe {
     }
 
     /// The forward's and the backward's peaks over `batch` sequences of `seq` tokens with
-    /// `layers` layers, on top of `base` (weights, optimizer state, inputs).
-    pub fn peaks(&self, model: &Model, batch: f64, seq: f64, layers: f64, base: f64) -> (PhasePeak, PhasePeak) {
+    /// `layers` layers, on top of `base` (weights, optimizer state, inputs). The recipes were
+    /// recorded on one process, every gradient whole: `gradient_scale` is the share of them
+    /// this GPU keeps (ZeRO's shards, offload), 1 for a whole replica.
+    pub fn peaks(
+        &self,
+        model: &Model,
+        batch: f64,
+        seq: f64,
+        layers: f64,
+        base: f64,
+        gradient_scale: f64,
+    ) -> (PhasePeak, PhasePeak) {
         let tokens = batch * seq;
         let mut forward = PhasePeak { total: base, ..PhasePeak::default() };
         let mut backward = forward;
@@ -245,12 +316,13 @@ impl StepRecipe {
                 let attention = tokens * p.tok_s * seq + seq * p.pos_s * seq;
                 let logits = tokens * p.tok_v;
                 let activations = tokens * p.tok + seq * p.pos + attention;
-                let total = base + activations + logits + p.fixed;
+                // In the forward, fixed tensors are AMP's 16-bit weight copies; in the
+                // backward, gradients.
+                let (gradients, temporary) =
+                    if at.is_forward() { (0.0, p.fixed) } else { (p.fixed * gradient_scale, 0.0) };
+                let total = base + activations + logits + gradients + temporary;
                 let slot = if at.is_forward() { &mut forward } else { &mut backward };
                 if total > slot.total {
-                    // In the forward, fixed tensors are AMP's 16-bit weight copies; in the
-                    // backward, gradients.
-                    let (gradients, temporary) = if at.is_forward() { (0.0, p.fixed) } else { (p.fixed, 0.0) };
                     *slot = PhasePeak { total, gradients, activations, attention, logits, temporary, calibration: 0.0 };
                 }
             }
@@ -275,8 +347,8 @@ mod tests {
                     for ck in [false, true] {
                         let r = step_recipe(&m, p, a, ck, Head::CausalLm).unwrap_or_else(|| panic!("{name}"));
                         let l = m.layers as f64;
-                        let (f1, b1) = r.peaks(&m, 1.0, 512.0, l, 0.0);
-                        let (f2, b2) = r.peaks(&m, 2.0, 1024.0, l, 0.0);
+                        let (f1, b1) = r.peaks(&m, 1.0, 512.0, l, 0.0, 1.0);
+                        let (f2, b2) = r.peaks(&m, 2.0, 1024.0, l, 0.0, 1.0);
                         // Never lower for a larger shape (equal where every gradient decides).
                         assert!(
                             f1.total > 0.0 && f2.total > f1.total && b2.total >= b1.total,
@@ -291,7 +363,11 @@ mod tests {
                 }
             }
         }
-        assert!(step_recipe(&preset("t5-base").unwrap(), Precision::Fp32, Attention::Eager, false, Head::CausalLm)
-            .is_none());
+        // T5's two stacks: by the end of the backward, every block's gradients.
+        let t5 = preset("t5-base").unwrap();
+        let r = step_recipe(&t5, Precision::Fp32, Attention::Eager, false, Head::CausalLm).unwrap();
+        let (f, b) = r.peaks(&t5, 8.0, 512.0, t5.layers as f64, 0.0, 1.0);
+        let (enc, dec) = t5.stack_layer_params();
+        assert!(f.total > 0.0 && b.total >= 0.99 * 4.0 * (enc + dec) as f64 * t5.decoder_layers as f64);
     }
 }

@@ -485,7 +485,10 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         // backward are its moments' peaks (T5's encoder-decoder blocks were not).
         if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head) {
             let base = parts.weights + parts.optimizer_state + parts.inputs;
-            (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base);
+            // The share of the gradients this GPU holds (ZeRO's shards, offload).
+            let whole = g * model.params() as f64;
+            let scale = if whole > 0.0 { (parts.gradients / whole).min(1.0) } else { 1.0 };
+            (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base, scale);
         }
         if let Some(c) = cfg.coefficients.calibration {
             ph = c.apply(&ph);
