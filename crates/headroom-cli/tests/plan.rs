@@ -341,4 +341,18 @@ fn transformers_inference_plans_its_own_forward() {
             .code(2)
             .stderr(contains(msg));
     }
+    // An encoder-decoder generates, but transformers' forward was measured for decoders only.
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "t5-base", "--gpu", "l4", "--infer", "--framework", "hf"])
+        .assert()
+        .code(2)
+        .stderr(contains("decoder-only families"));
+    // Nothing fits: said in words, not as a batch of 0.
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--infer", "--framework", "hf", "--seq", "100000"])
+        .assert()
+        .code(1)
+        .stdout(contains("largest batch that fits: none"));
 }

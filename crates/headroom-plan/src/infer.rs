@@ -106,7 +106,11 @@ pub enum Unsupported {
     Weights(WeightFormat),
     #[error("transformers' forward runs on one GPU here: no tensor parallelism")]
     Tensor,
-    #[error("no measured transformers forward for {0} (model_type `{1}`)")]
+    #[error(
+        "transformers' forward with a cache was measured for decoder-only families (Llama, Mistral, \
+         Qwen2, Gemma, Phi-3, Mixtral, GPT-2, GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of \
+         them: plan it as a serving engine (--framework auto)"
+    )]
     Family(String, &'static str),
 }
 

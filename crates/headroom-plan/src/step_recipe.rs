@@ -136,11 +136,11 @@ pub fn step_recipe(
         Head::CausalLm => "masked-lm",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
-    let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}", measured_code(model));
     let attn = match attention {
         Attention::Eager => "eager",
         Attention::Sdpa | Attention::Flash => "sdpa",
     };
+    let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}", measured_code(model));
     recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
 }
 
@@ -230,10 +230,14 @@ struct Compiled {
 }
 
 thread_local! {
-    // The search estimates thousands of configurations of one model: resolving the units
-    // once per model keeps a step's estimate to a few hundred multiplications.
-    static COMPILED: std::cell::RefCell<Option<Compiled>> = const { std::cell::RefCell::new(None) };
+    // The search estimates hundreds of thousands of configurations of one model over a few
+    // dozen recipes (precision × attention × checkpointing): resolving each recipe's units
+    // once keeps an estimate to a few hundred multiplications.
+    static COMPILED: std::cell::RefCell<Vec<Compiled>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Recipes resolved at once per thread; past this the oldest is dropped.
+const COMPILED_KEPT: usize = 64;
 
 impl StepRecipe {
     fn compiled<R>(&self, model: &Model, layers: f64, f: impl FnOnce(&[(Where, Poly)]) -> R) -> R {
@@ -262,36 +266,44 @@ impl StepRecipe {
         let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as f64 } else { 0.0 };
         COMPILED.with(|c| {
             let mut c = c.borrow_mut();
-            if c.as_ref().is_none_or(|c| c.key != key) {
-                let all: Vec<(Where, Poly)> = self
-                    .moments
-                    .iter()
-                    .map(|m| {
-                        let n = m.at.counts(encoder, layers - encoder);
-                        let p = Poly::of(model, &m.below_enc)
-                            .scaled(n.below.0)
-                            .plus(Poly::of(model, &m.below).scaled(n.below.1))
-                            .plus(Poly::of(model, &m.above_enc).scaled(n.above.0))
-                            .plus(Poly::of(model, &m.above).scaled(n.above.1))
-                            .plus(Poly::of(model, &m.once));
-                        (m.at, p)
-                    })
-                    .collect();
-                // Resolved to bytes, most moments are below another of their phase at every
-                // shape: only those that can be the peak stay.
-                let moments = all
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, (at, p))| {
-                        !all.iter().enumerate().any(|(j, (o_at, o))| {
-                            j != i && o_at.is_forward() == at.is_forward() && p.below(o) && (!o.below(p) || j < i)
+            let found = c.iter().position(|c| c.key == key);
+            let at = match found {
+                Some(at) => at,
+                None => {
+                    let all: Vec<(Where, Poly)> = self
+                        .moments
+                        .iter()
+                        .map(|m| {
+                            let n = m.at.counts(encoder, layers - encoder);
+                            let p = Poly::of(model, &m.below_enc)
+                                .scaled(n.below.0)
+                                .plus(Poly::of(model, &m.below).scaled(n.below.1))
+                                .plus(Poly::of(model, &m.above_enc).scaled(n.above.0))
+                                .plus(Poly::of(model, &m.above).scaled(n.above.1))
+                                .plus(Poly::of(model, &m.once));
+                            (m.at, p)
                         })
-                    })
-                    .map(|(_, m)| *m)
-                    .collect();
-                *c = Some(Compiled { key, moments });
-            }
-            f(&c.as_ref().expect("compiled above").moments)
+                        .collect();
+                    // Resolved to bytes, most moments are below another of their phase at every
+                    // shape: only those that can be the peak stay.
+                    let moments = all
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, (at, p))| {
+                            !all.iter().enumerate().any(|(j, (o_at, o))| {
+                                j != i && o_at.is_forward() == at.is_forward() && p.below(o) && (!o.below(p) || j < i)
+                            })
+                        })
+                        .map(|(_, m)| *m)
+                        .collect();
+                    if c.len() == COMPILED_KEPT {
+                        c.remove(0);
+                    }
+                    c.push(Compiled { key, moments });
+                    c.len() - 1
+                }
+            };
+            f(&c[at].moments)
         })
     }
 

@@ -209,6 +209,9 @@ pub(super) fn infer(p: &InferPlan) -> String {
         Runtime::Engine => {
             outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq)
         }
+        Runtime::Transformers(_) if e.max_sequences == 0 => {
+            outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", a.seq)
+        }
         Runtime::Transformers(_) => {
             outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, a.seq)
         }
