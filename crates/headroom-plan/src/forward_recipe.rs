@@ -20,7 +20,7 @@
 //! terms, so a larger batch or sequence never lowers the peak.
 
 use crate::model::Model;
-use crate::recipe::{measured_code, per_token, Terms};
+use crate::recipe::{bundled, measured_code, per_token, Terms};
 use crate::train::Attention;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -42,17 +42,9 @@ pub struct ForwardRecipe {
     moments: Vec<Moment>,
 }
 
-#[derive(Deserialize)]
-struct File {
-    recipes: BTreeMap<String, ForwardRecipe>,
-}
-
 fn recipes() -> &'static BTreeMap<String, ForwardRecipe> {
     static R: OnceLock<BTreeMap<String, ForwardRecipe>> = OnceLock::new();
-    R.get_or_init(|| {
-        let text = include_str!("../../../data/recipes/hf_inference.json");
-        serde_json::from_str::<File>(text).expect("the bundled inference recipes parse").recipes
-    })
+    R.get_or_init(|| bundled(include_str!("../../../data/recipes/hf_inference.json"), "inference recipes"))
 }
 
 /// The recipe for `model`'s forward with 16-bit (`bf16`) or fp32 weights, if transformers'

@@ -21,6 +21,7 @@
 
 use crate::model::{Family, Model};
 use crate::train::{Attention, Precision};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -41,17 +42,19 @@ pub struct Recipe {
     layer_checkpointed_weight_copy: f64,
 }
 
-#[derive(Deserialize)]
-struct File {
-    recipes: BTreeMap<String, Recipe>,
+/// The `recipes` of a recipe file bundled into the binary (`data/recipes/*.json`, each
+/// `{"about": ..., "recipes": {key: recipe}}`); a test parses every one.
+pub(crate) fn bundled<T: DeserializeOwned>(text: &str, what: &str) -> BTreeMap<String, T> {
+    #[derive(Deserialize)]
+    struct File<T> {
+        recipes: BTreeMap<String, T>,
+    }
+    serde_json::from_str::<File<T>>(text).unwrap_or_else(|e| panic!("the bundled {what} do not parse: {e}")).recipes
 }
 
 fn recipes() -> &'static BTreeMap<String, Recipe> {
     static R: OnceLock<BTreeMap<String, Recipe>> = OnceLock::new();
-    R.get_or_init(|| {
-        let text = include_str!("../../../data/recipes/hf_activations.json");
-        serde_json::from_str::<File>(text).expect("the bundled recipes parse").recipes
-    })
+    R.get_or_init(|| bundled(include_str!("../../../data/recipes/hf_activations.json"), "recipes"))
 }
 
 /// The recipe for `model` at `precision` and `attention`, if transformers' code for its

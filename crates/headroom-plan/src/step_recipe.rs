@@ -26,7 +26,7 @@
 //! [`crate::step`].
 
 use crate::model::{Family, Model};
-use crate::recipe::{measured_code, per_token, Terms};
+use crate::recipe::{bundled, measured_code, per_token, Terms};
 use crate::step::PhasePeak;
 use crate::train::{Attention, Head, Precision};
 use serde::Deserialize;
@@ -99,17 +99,9 @@ pub struct StepRecipe {
     moments: Vec<Moment>,
 }
 
-#[derive(Deserialize)]
-struct File {
-    recipes: BTreeMap<String, StepRecipe>,
-}
-
 fn recipes() -> &'static BTreeMap<String, StepRecipe> {
     static R: OnceLock<BTreeMap<String, StepRecipe>> = OnceLock::new();
-    R.get_or_init(|| {
-        let text = include_str!("../../../data/recipes/hf_steps.json");
-        serde_json::from_str::<File>(text).expect("the bundled step recipes parse").recipes
-    })
+    R.get_or_init(|| bundled(include_str!("../../../data/recipes/hf_steps.json"), "step recipes"))
 }
 
 /// The recipe for a transformers step of `model`, if its family's code was measured at this

@@ -25,14 +25,14 @@ use headroom_plan::train::{
 /// the offload bucket), and the framework (CUDA context, NCCL, the
 /// allocator's slack). Where transformers runs the job (--framework auto:
 /// one model replica per GPU, full fine-tuning, no or full checkpointing),
-/// activations come from recipes measured on its code and the peak is the
-/// largest phase of the step — forward at the loss, backward, optimizer step
-/// — as real steps show (docs/VALIDATION.md); elsewhere every term is summed
-/// with Korthikanti's activations (Megatron). Inference: weights at their
-/// width, the KV cache, the prefill activations, and how many sequences fit
-/// in a serving engine; with --framework hf, transformers' own forward with a
-/// cache (model(input_ids, use_cache=True), as an evaluation loop runs it), whose temporaries and
-/// every-position logits were measured allocation by allocation.
+/// its forward and backward were recorded allocation by allocation and the
+/// peak is the largest moment of the step, or the optimizer step — as real
+/// steps show (docs/VALIDATION.md); elsewhere every term is summed with
+/// Korthikanti's activations (Megatron). Inference: weights at their width,
+/// the KV cache, the prefill activations, and how many sequences fit in a
+/// serving engine; with --framework hf, transformers' own forward with a
+/// cache (model(input_ids, use_cache=True), as an evaluation loop runs it),
+/// its temporaries and every position's logits recorded the same way.
 ///
 /// Your own model's layers, optimizer or script may keep more or less than
 /// any recipe: --calibrate fits the plan to a memory snapshot of a smaller
@@ -128,8 +128,8 @@ pub struct PlanArgs {
     #[arg(long, value_parser = named::<Attention>(), default_value = "sdpa")]
     pub attention: Attention,
     /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
-    /// (one model replica per GPU, full fine-tuning, no or full checkpointing; activations
-    /// from its measured recipes, the peak from the step's phases), Megatron-LM otherwise.
+    /// (one model replica per GPU, full fine-tuning, no or full checkpointing; the peak from
+    /// its recorded steps), Megatron-LM otherwise.
     /// With --infer: auto plans a serving engine (vLLM, SGLang: paged cache, chunked
     /// prefill); hf plans transformers' forward with a cache (model(input_ids,
     /// use_cache=True): every position's logits and the temporaries its code allocates, as

@@ -481,8 +481,8 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             },
         };
         let mut ph = step::phases(&parts);
-        // Where transformers' own step was recorded allocation by allocation, its forward and
-        // backward are its moments' peaks (T5's encoder-decoder blocks were not).
+        // Where transformers' own step was recorded allocation by allocation (every family it
+        // runs here), its forward and backward are its moments' peaks.
         if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head) {
             let base = parts.weights + parts.optimizer_state + parts.inputs;
             // The share of the gradients this GPU holds (ZeRO's shards, offload).
