@@ -169,7 +169,33 @@ def small_configs():
                 c[k] = c[k] * 3 // 2
         c["vocab_size"] = 6000
         return c
-    return {(f, "base"): c for f, c in base.items()} | {(f, "wide"): wide(c) for f, c in base.items()}
+    def deep(c):
+        """Twice the base's layers (three stacks' worth for T5), a narrower hidden size, other
+        heads and widths: the check of how recipes recorded on three layers extrapolate."""
+        c = dict(c)
+        for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
+            if k in c:
+                c[k] = 6 if c.get("model_type") != "t5" else 4
+        for k in ("hidden_size", "n_embd", "d_model"):
+            if k in c:
+                c[k] = 192
+        for k in ("num_attention_heads", "n_head", "num_heads"):
+            if k in c:
+                c[k] = 6 if c.get("model_type") != "gemma" else 4
+        if "num_key_value_heads" in c:
+            c["num_key_value_heads"] = {"llama": 2, "mistral": 3, "qwen2": 2, "gemma": 1, "phi3": 6,
+                                        "mixtral": 3}[c["model_type"]]
+        if "head_dim" in c:
+            c["head_dim"] = 40
+        if "d_kv" in c:
+            c["d_kv"] = 40
+        for k in ("intermediate_size", "d_ff"):
+            if k in c:
+                c[k] = c[k] * 5 // 4
+        c["vocab_size"] = 5000
+        return c
+    return ({(f, "base"): c for f, c in base.items()} | {(f, "wide"): wide(c) for f, c in base.items()}
+            | {(f, "deep"): deep(c) for f, c in base.items()})
 
 
 HEADS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
@@ -335,6 +361,18 @@ def grid():
                     for batch, seq in shapes:
                         cases.append(dict(mode="infer", family=family, size=size, head="causal-lm",
                                           precision=precision, attention=attn, batch=batch, seq=seq))
+    # The deep configs: fp32 only (the slowest precision elsewhere on a CPU), both kernels,
+    # with and without checkpointing, and the inference forward.
+    for family in DECODERS + ["bert", "t5"]:
+        head = "causal-lm" if family in DECODERS else ("masked-lm" if family == "bert" else "seq2seq-lm")
+        attns = ("eager",) if family in NO_SDPA else ("eager", "sdpa")
+        for attn in attns:
+            for checkpointing in (False, True):
+                cases.append(dict(mode="train", family=family, size="deep", head=head, precision="fp32",
+                                  optimizer="adamw", attention=attn, checkpointing=checkpointing, batch=2, seq=192))
+            if family in DECODERS:
+                cases.append(dict(mode="infer", family=family, size="deep", head="causal-lm", precision="fp32",
+                                  attention=attn, batch=2, seq=192))
     for c in cases:
         c["split"] = "tuning" if c["size"] == "base" and (c["batch"], c["seq"]) == (2, 256) else "check"
     return cases
@@ -346,7 +384,23 @@ def main():
     ap.add_argument("--only", help="run only cases of this family")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th (for parallel runs)")
+    ap.add_argument("--size", help="run only cases of this config size (base, wide, deep)")
+    ap.add_argument("--merge", nargs="+", help="result files whose cases to join into --out (no run)")
     a = ap.parse_args()
+    if a.merge:
+        merged = None
+        for part in a.merge:
+            with open(part) as f:
+                doc = json.load(f)
+            if merged is None:
+                merged = doc
+            else:
+                merged["cases"] += doc["cases"]
+                merged["seconds"] = round(merged["seconds"] + doc["seconds"], 1)
+        with open(a.out, "w") as f:
+            json.dump(merged, f, indent=1)
+            f.write("\n")
+        return
     torch.set_num_threads(1)
     method = check_method()
     configs = small_configs()
@@ -354,6 +408,8 @@ def main():
     cases = grid()
     if a.only:
         cases = [c for c in cases if c["family"] == a.only]
+    if a.size:
+        cases = [c for c in cases if c["size"] == a.size]
     i, n = (int(x) for x in a.shard.split("/"))
     cases = cases[i::n]
     if a.limit:

@@ -62,13 +62,7 @@ def layer_pattern(family):
 def timeline(family, head, precision, attn, checkpointing, batch, seq):
     """Allocations of one step after a warm-up: [(phase, layer or None, key, bytes, create)],
     the dimensions, the layer count and the parameters of one layer."""
-    cfg = dict(measure.small_configs()[(family, "base")])
-    if family == "t5":
-        # Three blocks a stack, as the decoders have: the first, the last and one between;
-        # and heads x head dim (8 x 48) apart from the hidden size (256), which the base
-        # config's 8 x 32 equals, so the two units are told apart.
-        cfg["num_layers"] = cfg["num_decoder_layers"] = 3
-        cfg["d_kv"] = 48
+    cfg = infer_recipes.recording_config(family)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = measure.build(cfg, head, attn, dtype)
     if checkpointing:

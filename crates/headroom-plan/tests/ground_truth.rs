@@ -237,7 +237,12 @@ fn inference_forwards_match_the_cpu_ground_truth() {
         let error = e.reserved_bytes / c["peak_bytes"].as_f64().unwrap() - 1.0;
         rows.push((label, c["split"].as_str().unwrap().to_string(), error));
     }
-    assert_eq!(rows.len(), 136, "every inference forward is compared");
+    let measured = cases().iter().filter(|c| c["mode"] == "infer").count();
+    assert!(
+        rows.len() == measured && measured >= 153,
+        "every inference forward is compared: {} of {measured}",
+        rows.len()
+    );
     let mut worst: Vec<&InferRow> = rows.iter().collect();
     worst.sort_by(|a, b| b.2.abs().partial_cmp(&a.2.abs()).unwrap());
     for (label, split, error) in worst.iter().take(20) {
