@@ -47,7 +47,7 @@ FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn")
 LAYER = re.compile(r"(?:.*\.)?(?:layers|h)\.(\d+)")
 
 
-def timeline(family, precision, attn, batch, seq):
+def timeline(family, precision, attn, batch, seq, last):
     """[(layer index or None, allocation key, bytes, is_create, `repeat_kv`/`fused_qkv` or None)]
     in order, for
     one forward after a warm-up; and the model's dimensions and layer count."""
@@ -71,9 +71,12 @@ def timeline(family, precision, attn, batch, seq):
             m.register_forward_pre_hook(pre)
             m.register_forward_hook(lambda m, a, o: m._range.__exit__(None, None, None))
 
+    # generate's first forward computes the last position's logits only.
+    extra = {"logits_to_keep": 1} if last else {}
+
     def forward():
         with torch.no_grad(), repeats_marked():
-            model(input_ids=ids, use_cache=True)
+            model(input_ids=ids, use_cache=True, **extra)
 
     forward()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -158,8 +161,11 @@ def moments(events, layers):
 
 
 def scales(n1, n2, n3, b, s1, s2):
-    """Whether a tensor grows as batch x sequence, the sequence alone, or s x s."""
+    """Whether a tensor grows as batch x sequence, the sequence alone, s x s, or the batch
+    alone."""
     grow, per_batch = n2 / n1, n3 / n1 * b
+    if abs(grow - 1) < 1e-9 and abs(per_batch - 3) < 1e-9:
+        return True
     by_batch = abs(per_batch - b) < 1e-9 or abs(per_batch - 3) < 1e-9
     return by_batch and (abs(grow - s2 / s1) < 1e-9 or abs(grow - (s2 / s1) ** 2) < 1e-9)
 
@@ -169,6 +175,12 @@ def classify(n1, n2, n3, b, s1, s2, d, w, what):
     kind `token` (grows with batch x sequence) or `position` (with the sequence alone)."""
     grow, per_batch = n2 / n1, n3 / n1 * b
     square = abs(grow - (s2 / s1) ** 2) < 1e-9
+    if abs(grow - 1) < 1e-9 and abs(per_batch - 3) < 1e-9:
+        # Per sequence, whatever its length: generate's last-position logits.
+        c = recipes.classify(n1 / b, w, d, False)
+        if c is None:
+            raise SystemExit(f"{what}: {n1 / b} bytes a sequence fit no unit of {d}")
+        return ("sequence",) + c
     if abs(per_batch - b) < 1e-9:
         kind, per = "position", n1 / s1
     elif abs(per_batch - 3) < 1e-9:
@@ -192,9 +204,9 @@ def classify(n1, n2, n3, b, s1, s2, d, w, what):
     return (kind,) + c
 
 
-def recipe(family, precision, attn):
+def recipe(family, precision, attn, last):
     b, s1, s2 = 2, 80, 136
-    runs = [timeline(family, precision, attn, bb, ss) for bb, ss in ((b, s1), (b, s2), (3, s1))]
+    runs = [timeline(family, precision, attn, bb, ss, last) for bb, ss in ((b, s1), (b, s2), (3, s1))]
     d, layers = runs[0][1], runs[0][2]
     elem = 2 if precision == "bf16" else 4
     what = f"{family}/{precision}/{attn}"
@@ -206,7 +218,7 @@ def recipe(family, precision, attn):
         if not len(m1) == len(m2) == len(m3):
             raise SystemExit(f"{what}: a moment holds different tensors at different shapes")
         first_layer, last_before = {}, {}
-        once, once_pos = {}, {}
+        once, once_pos, once_seq = {}, {}, {}
         current = layers - 1 if any(w == layers - 1 for w, _, _ in m1) and all(
             w is None or w <= layers - 1 for w, _, _ in m1) else layers
         for (where, n1, tag), (_, n2, _), (_, n3, _) in zip(m1, m2, m3):
@@ -247,7 +259,7 @@ def recipe(family, precision, attn):
             elif where is not None and 0 < where < current - 1:
                 continue  # the middle layers repeat the first's
             else:
-                bucket = once if kind == "token" else once_pos
+                bucket = {"token": once, "position": once_pos, "sequence": once_seq}[kind]
             bucket[u] = bucket.get(u, 0) + v
         # The layer before the current one left what every earlier layer left (the cache)
         # and the stream (its output): the difference is counted once.
@@ -258,7 +270,7 @@ def recipe(family, precision, attn):
             if extra:
                 once[u] = once.get(u, 0) + extra
         out.append({"in_last_layer": current == layers - 1, "per_layer": first_layer,
-                    "once": once, "once_per_position": once_pos})
+                    "once": once, "once_per_position": once_pos, "once_per_sequence": once_seq})
     return {"moments": pareto(out)}
 
 
@@ -268,6 +280,7 @@ def pareto(moments):
         t = {("L", u): v for u, v in m["per_layer"].items()}
         t |= {("T", u): v for u, v in m["once"].items()}
         t |= {("P", u): v for u, v in m["once_per_position"].items()}
+        t |= {("S", u): v for u, v in m["once_per_sequence"].items()}
         return t
 
     def dominated(a, b):
@@ -294,9 +307,11 @@ def main():
             continue
         for precision in ("fp32", "bf16"):
             for attn in ("eager",) if family in measure.NO_SDPA else ("eager", "sdpa"):
-                r = recipe(family, precision, attn)
-                out[f"{family}/{precision}/{attn}"] = r
-                print(family, precision, attn, len(r["moments"]), "moments", file=sys.stderr, flush=True)
+                for last in (False, True):
+                    r = recipe(family, precision, attn, last)
+                    out[f"{family}/{precision}/{attn}" + ("/last" if last else "")] = r
+                    print(family, precision, attn, "last" if last else "all", len(r["moments"]), "moments",
+                          file=sys.stderr, flush=True)
     doc = {"about": "What a transformers forward with a cache holds, per token: scripts/validate/infer_recipes.py",
            "torch": torch.__version__, "transformers": __import__("transformers").__version__, "recipes": out}
     with open(a.out, "w") as f:

@@ -294,14 +294,17 @@ def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batc
     }
 
 
-def infer_case(family, cfg, head, precision, attn, batch, seq):
+def infer_case(family, cfg, head, precision, attn, batch, seq, logits="all"):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = build(cfg, head, attn, dtype).eval()
     batch_inputs = {"input_ids": inputs(cfg, head, batch, seq)["input_ids"]}
 
+    # generate's first forward keeps the last position's logits only.
+    extra = {"logits_to_keep": 1} if logits == "last" else {}
+
     def fwd():
         with torch.no_grad(), record_function("forward"):
-            out = model(**batch_inputs, use_cache=True)
+            out = model(**batch_inputs, use_cache=True, **extra)
             return out.logits.shape
 
     fwd()
@@ -373,6 +376,13 @@ def grid():
             if family in DECODERS:
                 cases.append(dict(mode="infer", family=family, size="deep", head="causal-lm", precision="fp32",
                                   attention=attn, batch=2, seq=192))
+    # generate's first forward (the last position's logits): every decoder, size and kernel, fp32.
+    for family in DECODERS:
+        for size in ("base", "wide", "deep"):
+            for attn in ("eager",) if family in NO_SDPA else ("eager", "sdpa"):
+                batch, seq = (2, 192) if size == "deep" else (2, 256)
+                cases.append(dict(mode="infer", family=family, size=size, head="causal-lm", precision="fp32",
+                                  attention=attn, batch=batch, seq=seq, logits="last"))
     for c in cases:
         c["split"] = "tuning" if c["size"] == "base" and (c["batch"], c["seq"]) == (2, 256) else "check"
     return cases
@@ -385,6 +395,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th (for parallel runs)")
     ap.add_argument("--size", help="run only cases of this config size (base, wide, deep)")
+    ap.add_argument("--logits", help="run only inference cases keeping these logits (last)")
     ap.add_argument("--merge", nargs="+", help="result files whose cases to join into --out (no run)")
     a = ap.parse_args()
     if a.merge:
@@ -410,6 +421,8 @@ def main():
         cases = [c for c in cases if c["family"] == a.only]
     if a.size:
         cases = [c for c in cases if c["size"] == a.size]
+    if a.logits:
+        cases = [c for c in cases if c.get("logits") == a.logits]
     i, n = (int(x) for x in a.shard.split("/"))
     cases = cases[i::n]
     if a.limit:
@@ -422,7 +435,8 @@ def main():
                 r = train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])
             else:
-                r = infer_case(c["family"], cfg, c["head"], c["precision"], c["attention"], c["batch"], c["seq"])
+                r = infer_case(c["family"], cfg, c["head"], c["precision"], c["attention"], c["batch"], c["seq"],
+                               c.get("logits", "all"))
         except Exception as e:  # a combination a family does not support: recorded, not measured
             r = {"error": f"{type(e).__name__}: {e}"[:300]}
         results.append({**c, "config": cfg, **r})

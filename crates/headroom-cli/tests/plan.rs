@@ -314,17 +314,24 @@ fn transformers_inference_plans_its_own_forward() {
     let act = |v: &Value| v["breakdown"]["activations"].as_u64().unwrap();
     // 32 heads × 8192² fp32 scores for 4 sequences alone are 32 GiB.
     assert!(act(&eager) > 32 << 30 && act(&sdpa) < 8 << 30, "{} {}", act(&eager), act(&sdpa));
-    // Every position's logits: 4 × 8192 × 128,256 bf16.
-    assert_eq!(sdpa["breakdown"]["logits"].as_u64(), Some(4 * 8192 * 128256 * 2));
-    assert_eq!(sdpa["breakdown"]["kv_cache"].as_u64(), Some(4 * 8192 * 131072));
+    // generate's first forward keeps the last position's logits, at most 4 × 128,256 bf16
+    // (its peak may fall inside the last layer, before them), and at most the whole cache.
+    assert_eq!(sdpa["logits"].as_str(), Some("last"));
+    assert!(sdpa["breakdown"]["logits"].as_u64().unwrap() <= 4 * 128256 * 2);
+    assert!(sdpa["breakdown"]["kv_cache"].as_u64().unwrap() <= 4 * 8192 * 131072);
+    // An evaluation loop's forward keeps every position's, 4 × 8192 × 128,256 bf16, beside
+    // the whole cache (128 KiB a token).
+    let (_, all) = plan(&[&hf[..], &["--attention", "sdpa", "--batch", "4", "--all-logits"]].concat());
+    assert_eq!(all["breakdown"]["logits"].as_u64(), Some(4 * 8192 * 128256 * 2));
+    assert_eq!(all["breakdown"]["kv_cache"].as_u64(), Some(4 * 8192 * 131072));
     let n = sdpa["max_sequences"].as_u64().unwrap();
     let fits = |batch: u64| plan(&[&hf[..], &["--batch", &batch.to_string()]].concat()).1["fits"] == true;
     assert!(n >= 4 && fits(n) && !fits(n + 1), "{n}");
-    // The engine keeps the last tokens' logits only: transformers needs more.
+    // Every position's logits cost transformers more than a serving engine's last ones.
     let (_, engine) =
         plan(&["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer", "--seq", "8192", "--batch", "4"]);
     assert_eq!(engine["framework"].as_str(), Some("auto"));
-    assert!(sdpa["per_gpu_bytes"].as_u64() > engine["per_gpu_bytes"].as_u64());
+    assert!(all["per_gpu_bytes"].as_u64() > engine["per_gpu_bytes"].as_u64());
 
     for (args, msg) in [
         (&["--framework", "megatron"][..], "plans training"),
@@ -332,6 +339,7 @@ fn transformers_inference_plans_its_own_forward() {
         (&["--framework", "hf", "--kv-dtype", "fp8"], "weights' dtype"),
         (&["--framework", "hf", "--gpus", "2", "--tp", "2"], "no tensor parallelism"),
         (&["--attention", "eager"], "serving engines"),
+        (&["--all-logits"], "applies to --framework hf"),
     ] {
         Command::cargo_bin("headroom")
             .unwrap()

@@ -102,7 +102,11 @@ pub fn hf_config(data: &[u8]) {
             assert!(!e.per_gpu_bytes.is_nan() && e.per_gpu_bytes >= 0.0, "{e:?}");
         }
         if m.generates() {
-            for runtime in [Runtime::Engine, Runtime::Transformers(Attention::Eager)] {
+            for runtime in [
+                Runtime::Engine,
+                Runtime::Transformers { attention: Attention::Eager, all_logits: false },
+                Runtime::Transformers { attention: Attention::Sdpa, all_logits: true },
+            ] {
                 let cfg = InferConfig {
                     runtime,
                     batch: 1,

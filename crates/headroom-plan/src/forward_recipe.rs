@@ -12,7 +12,13 @@
 //! - `per_layer`: what each earlier layer left behind (its keys and values);
 //! - `once`: the rest, per token, with `heads_s` and `s` for s × s matrices
 //!   (eager attention's scores; the causal mask);
-//! - `once_per_position`: what does not grow with the batch (rotary tables).
+//! - `once_per_position`: what does not grow with the batch (rotary tables);
+//! - `once_per_sequence`: what grows with the batch alone (`generate`'s
+//!   last-position logits).
+//!
+//! Each family's forward is recorded twice: keeping every position's logits
+//! (an evaluation loop's `model(input_ids)`) and the last position's
+//! (`generate`'s first forward, `logits_to_keep=1`).
 //!
 //! The peak is the largest moment at the asked shape: eager attention's
 //! scores win at long sequences, the logits at large vocabularies, as they
@@ -34,6 +40,8 @@ struct Moment {
     per_layer: Terms,
     once: Terms,
     once_per_position: Terms,
+    #[serde(default)]
+    once_per_sequence: Terms,
 }
 
 /// One family's forward at one precision and attention kernel.
@@ -47,10 +55,20 @@ fn recipes() -> &'static BTreeMap<String, ForwardRecipe> {
     R.get_or_init(|| bundled(include_str!("../../../data/recipes/hf_inference.json"), "inference recipes"))
 }
 
-/// The recipe for `model`'s forward with 16-bit (`bf16`) or fp32 weights, if transformers'
-/// code for its family was measured. Families without an SDPA path run eager.
-pub fn forward_recipe(model: &Model, bf16: bool, attention: Attention) -> Option<&'static ForwardRecipe> {
-    let key = |attn: &str| format!("{}/{}/{attn}", measured_code(model), if bf16 { "bf16" } else { "fp32" });
+/// The recipe for `model`'s forward with 16-bit (`bf16`) or fp32 weights, keeping every
+/// position's logits (`all_logits`, an evaluation loop) or the last one's (`generate`'s
+/// first forward), if transformers' code for its family was measured. Families without an
+/// SDPA path run eager.
+pub fn forward_recipe(
+    model: &Model,
+    bf16: bool,
+    attention: Attention,
+    all_logits: bool,
+) -> Option<&'static ForwardRecipe> {
+    let key = |attn: &str| {
+        let last = if all_logits { "" } else { "/last" };
+        format!("{}/{}/{attn}{last}", measured_code(model), if bf16 { "bf16" } else { "fp32" })
+    };
     let attn = match attention {
         Attention::Eager => "eager",
         Attention::Sdpa | Attention::Flash => "sdpa",
@@ -82,8 +100,12 @@ impl ForwardRecipe {
         for m in &self.moments {
             let before = if m.in_last_layer { layers - 1.0 } else { layers };
             let cache = before * tokens * per_token(model, &m.per_layer, seq);
-            let once = tokens * per_token(model, &m.once, seq) + seq * per_token(model, &m.once_per_position, seq);
-            let logits = tokens * m.once.get("V").map_or(0.0, |c| c * model.vocab as f64);
+            let once = tokens * per_token(model, &m.once, seq)
+                + seq * per_token(model, &m.once_per_position, seq)
+                + batch * per_token(model, &m.once_per_sequence, seq);
+            let vocab = model.vocab as f64;
+            let logits = tokens * m.once.get("V").map_or(0.0, |c| c * vocab)
+                + batch * m.once_per_sequence.get("V").map_or(0.0, |c| c * vocab);
             let total = ids + cache + once;
             if best.is_none_or(|b| total > b.total) {
                 best = Some(ForwardPeak { total, kv_cache: cache, logits, in_layer: m.in_last_layer });
@@ -122,7 +144,7 @@ mod tests {
             let m = preset(name).unwrap();
             for bf16 in [false, true] {
                 for a in [Attention::Eager, Attention::Sdpa] {
-                    let r = forward_recipe(&m, bf16, a).unwrap_or_else(|| panic!("{name} {bf16} {a:?}"));
+                    let r = forward_recipe(&m, bf16, a, true).unwrap_or_else(|| panic!("{name} {bf16} {a:?}"));
                     let small = r.peak(&m, 1.0, 512.0);
                     let longer = r.peak(&m, 1.0, 1024.0);
                     let wider = r.peak(&m, 2.0, 512.0);
@@ -132,13 +154,13 @@ mod tests {
                 }
             }
         }
-        assert!(forward_recipe(&preset("bert-base-uncased").unwrap(), false, Attention::Sdpa).is_none());
+        assert!(forward_recipe(&preset("bert-base-uncased").unwrap(), false, Attention::Sdpa, true).is_none());
     }
 
     #[test]
     fn eager_attention_peaks_in_the_layer_at_long_sequences_and_the_head_peaks_at_short_ones() {
         let m = preset("llama-3-8b").unwrap();
-        let r = forward_recipe(&m, true, Attention::Eager).unwrap();
+        let r = forward_recipe(&m, true, Attention::Eager, true).unwrap();
         assert!(r.peak(&m, 1.0, 16384.0).in_layer);
         assert!(!r.peak(&m, 1.0, 128.0).in_layer);
         // The cache at the end holds every layer's keys and values: 128 KiB a token in bf16.

@@ -52,8 +52,9 @@ pub enum Runtime {
     /// A serving engine: paged cache, chunked prefill, the last tokens' logits.
     Engine,
     /// transformers' forward with a cache, with this attention kernel: fp32 or bf16 weights,
-    /// the cache in the weights' dtype, every position's logits.
-    Transformers(Attention),
+    /// the cache in the weights' dtype; the last position's logits (`generate`'s first
+    /// forward) or, with `all_logits`, every position's (an evaluation loop).
+    Transformers { attention: Attention, all_logits: bool },
 }
 
 /// An inference configuration.
@@ -116,14 +117,14 @@ pub enum Unsupported {
 
 /// Checks that `cfg` can be estimated for `model`.
 pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
-    if let Runtime::Transformers(attention) = cfg.runtime {
+    if let Runtime::Transformers { attention, all_logits } = cfg.runtime {
         if !matches!(cfg.weights, WeightFormat::Fp32 | WeightFormat::Bf16) {
             return Err(Unsupported::Weights(cfg.weights));
         }
         if cfg.tensor > 1 {
             return Err(Unsupported::Tensor);
         }
-        if forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention).is_none() {
+        if forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits).is_none() {
             return Err(Unsupported::Family(model.name.clone(), model.model_type));
         }
     }
@@ -133,8 +134,10 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
 /// Estimates one configuration ([`check`] it first: a transformers configuration it refuses
 /// is estimated as a serving engine).
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
-    if let (Runtime::Transformers(attention), WeightFormat::Fp32 | WeightFormat::Bf16) = (cfg.runtime, cfg.weights) {
-        if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention) {
+    if let (Runtime::Transformers { attention, all_logits }, WeightFormat::Fp32 | WeightFormat::Bf16) =
+        (cfg.runtime, cfg.weights)
+    {
+        if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits) {
             return transformers(model, gpu, cfg, recipe);
         }
     }

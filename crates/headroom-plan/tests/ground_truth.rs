@@ -214,7 +214,7 @@ fn inference_forwards_match_the_cpu_ground_truth() {
         let m = Model::from_hf_config(&c["config"].to_string(), c["family"].as_str().unwrap()).unwrap();
         let attention = if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa };
         let cfg = InferConfig {
-            runtime: Runtime::Transformers(attention),
+            runtime: Runtime::Transformers { attention, all_logits: c.get("logits").is_none_or(|l| l == "all") },
             batch: c["batch"].as_u64().unwrap(),
             seq: c["seq"].as_u64().unwrap(),
             prefill_chunk: 2048,
@@ -225,13 +225,14 @@ fn inference_forwards_match_the_cpu_ground_truth() {
         infer::check(&m, &cfg).unwrap();
         let e = infer::estimate(&m, &g, &cfg);
         let label = format!(
-            "{}/{} {} {} b{}×{}",
+            "{}/{} {} {} b{}×{}{}",
             c["family"].as_str().unwrap(),
             c["size"].as_str().unwrap(),
             c["precision"].as_str().unwrap(),
             c["attention"].as_str().unwrap(),
             c["batch"],
-            c["seq"]
+            c["seq"],
+            if c["logits"] == "last" { " generate" } else { "" }
         );
         assert_eq!(m.params(), c["params"].as_u64().unwrap(), "{label}: parameters");
         let error = e.reserved_bytes / c["peak_bytes"].as_f64().unwrap() - 1.0;

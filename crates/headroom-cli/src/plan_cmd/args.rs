@@ -31,8 +31,8 @@ use headroom_plan::train::{
 /// Korthikanti's activations (Megatron). Inference: weights at their width,
 /// the KV cache, the prefill activations, and how many sequences fit in a
 /// serving engine; with --framework hf, transformers' own forward with a
-/// cache (model(input_ids, use_cache=True), as an evaluation loop runs it),
-/// its temporaries and every position's logits recorded the same way.
+/// cache, as generate's first forward (or, with --all-logits, an evaluation
+/// loop) runs it, its temporaries and logits recorded the same way.
 ///
 /// Your own model's layers, optimizer or script may keep more or less than
 /// any recipe: --calibrate fits the plan to a memory snapshot of a smaller
@@ -131,9 +131,10 @@ pub struct PlanArgs {
     /// (one model replica per GPU, full fine-tuning, no or full checkpointing; the peak from
     /// its recorded steps), Megatron-LM otherwise.
     /// With --infer: auto plans a serving engine (vLLM, SGLang: paged cache, chunked
-    /// prefill); hf plans transformers' forward with a cache (model(input_ids,
-    /// use_cache=True): every position's logits and the temporaries its code allocates, as
-    /// measured; fp32 or bf16 --weights, --attention eager or sdpa).
+    /// prefill); hf plans transformers' own forward with a cache as generate's first one
+    /// runs it (the last position's logits; every position's with --all-logits) and the
+    /// temporaries its code allocates, as measured; fp32 or bf16 --weights, --attention
+    /// eager or sdpa.
     #[arg(long, value_parser = named::<Framework>(), default_value = "auto")]
     framework: Framework,
     /// The output layer and loss: vocabulary logits for every position (causal-lm,
@@ -175,6 +176,11 @@ pub struct PlanArgs {
     /// Print the configuration for an engine (the best recommendation with --recommend).
     #[arg(long, conflicts_with = "infer", value_parser = named::<Engine>())]
     pub emit: Option<Engine>,
+    /// With --infer --framework hf: plan a forward that keeps every position's logits (an
+    /// evaluation loop's model(input_ids)) instead of generate's first forward, which keeps
+    /// the last position's.
+    #[arg(long, requires = "infer")]
+    all_logits: bool,
     /// Inference weight format (fp32 and bf16 with --framework hf).
     #[arg(long, requires = "infer", value_parser = named::<WeightFormat>(), default_value = "bf16")]
     weights: WeightFormat,
@@ -296,6 +302,9 @@ impl PlanArgs {
     pub fn infer_config(&self) -> Result<InferConfig> {
         let runtime = match self.framework {
             Framework::Auto => {
+                if self.all_logits {
+                    bail!("--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)");
+                }
                 if self.attention == Attention::Eager {
                     bail!("--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)");
                 }
@@ -308,7 +317,7 @@ impl PlanArgs {
                         kv.name()
                     );
                 }
-                Runtime::Transformers(self.attention)
+                Runtime::Transformers { attention: self.attention, all_logits: self.all_logits }
             }
             other => bail!("--framework {}: plans training; --infer takes auto (a serving engine) or hf", other.arg()),
         };

@@ -120,8 +120,15 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
-        "framework": match p.config.runtime { Runtime::Engine => "auto", Runtime::Transformers(_) => "hf" },
-        "attention": match p.config.runtime { Runtime::Engine => None, Runtime::Transformers(a) => Some(a.name()) },
+        "framework": match p.config.runtime { Runtime::Engine => "auto", Runtime::Transformers { .. } => "hf" },
+        "attention": match p.config.runtime {
+            Runtime::Engine => None,
+            Runtime::Transformers { attention, .. } => Some(attention.name()),
+        },
+        "logits": match p.config.runtime {
+            Runtime::Engine => None,
+            Runtime::Transformers { all_logits, .. } => Some(if all_logits { "all" } else { "last" }),
+        },
         "weights": p.config.weights.name(),
         "reserved_bytes": bytes(e.reserved_bytes),
         "breakdown": {

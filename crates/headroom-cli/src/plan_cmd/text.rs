@@ -189,10 +189,15 @@ pub(super) fn infer(p: &InferPlan) -> String {
         a.seq,
         match p.config.runtime {
             Runtime::Engine => "a serving engine".to_string(),
-            Runtime::Transformers(attn) => format!(
-                "transformers' forward with a cache ({} weights, {} attention)",
+            Runtime::Transformers { attention, all_logits } => format!(
+                "{} ({} weights, {} attention)",
+                if all_logits {
+                    "transformers' forward with a cache, every position's logits"
+                } else {
+                    "transformers' generate, its first forward"
+                },
                 p.config.weights.name(),
-                attn.name()
+                attention.name()
             ),
         }
     );
@@ -209,10 +214,10 @@ pub(super) fn infer(p: &InferPlan) -> String {
         Runtime::Engine => {
             outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq)
         }
-        Runtime::Transformers(_) if e.max_sequences == 0 => {
+        Runtime::Transformers { .. } if e.max_sequences == 0 => {
             outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", a.seq)
         }
-        Runtime::Transformers(_) => {
+        Runtime::Transformers { .. } => {
             outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, a.seq)
         }
     }
