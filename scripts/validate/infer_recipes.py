@@ -6,7 +6,8 @@ family, precision and attention kernel: the inference recipes `headroom plan --i
 A forward of a causal LM with `use_cache=True` under `torch.no_grad()` (an evaluation
 loop's forward: every position's logits) allocates the same sequence of tensors for every
 batch and length. This script records that sequence with the profiler's memory timeline
-for each family's base config (the tuning config of measure.py) at three shapes, and for
+for each family's base config (the tuning config of measure.py, adjusted by
+`recording_config` where it would hide a term) at three shapes, and for
 every allocation in the last layer and after it (final norm, head) writes what is alive at
 that moment, less the weights and the input ids, in the model's dimensions:
 

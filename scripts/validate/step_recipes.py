@@ -5,7 +5,8 @@ backward, by family, precision, attention kernel, checkpointing and head: the st
 
 A step allocates the same sequence of tensors at every shape. This script records it with
 the profiler's memory timeline (forward with the loss, then backward; the optimizer step is
-modelled apart) for each family's base config (the tuning config of measure.py) at three
+modelled apart) for each family's base config (the tuning config of measure.py, adjusted by
+`recording_config` where it would hide a term) at three
 shapes, and writes, for the allocations where a peak can fall, what is alive then beyond the
 weights, optimizer state and inputs, in the model's dimensions (the units of recipes.py):
 
