@@ -26,7 +26,7 @@
 //! terms, so a larger batch or sequence never lowers the peak.
 
 use crate::model::Model;
-use crate::recipe::{bundled, measured_code, per_token, Terms};
+use crate::recipe::{bundled, measured_code, measured_kernel, per_token, Terms};
 use crate::train::Attention;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -69,11 +69,7 @@ pub fn forward_recipe(
         let last = if all_logits { "" } else { "/last" };
         format!("{}/{}/{attn}{last}", measured_code(model), if bf16 { "bf16" } else { "fp32" })
     };
-    let attn = match attention {
-        Attention::Eager => "eager",
-        Attention::Sdpa | Attention::Flash => "sdpa",
-    };
-    recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
+    recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
 }
 
 /// The forward's peak, in bytes beyond the weights.

@@ -61,19 +61,29 @@ fn recipes() -> &'static BTreeMap<String, Recipe> {
 /// family was measured (fp8 is not a transformers precision; flash attention takes SDPA's).
 pub fn recipe(model: &Model, precision: Precision, attention: Attention) -> Option<&'static Recipe> {
     let family = measured_code(model);
-    let precision = match precision {
-        Precision::Fp32 => "fp32",
-        Precision::Bf16 | Precision::Mixed => "bf16",
-        Precision::Amp => "amp",
-        Precision::Fp8 => return None,
-    };
+    let precision = measured_precision(precision)?;
     let key = |attn: &str| format!("{family}/{precision}/{attn}");
-    let attn = match attention {
+    // Families without an SDPA path in transformers run eager whatever is asked.
+    recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
+}
+
+/// The precision a recipe was recorded at for `precision` (mixed precision computes in
+/// bf16); none for fp8, which transformers does not run.
+pub(crate) fn measured_precision(precision: Precision) -> Option<&'static str> {
+    match precision {
+        Precision::Fp32 => Some("fp32"),
+        Precision::Bf16 | Precision::Mixed => Some("bf16"),
+        Precision::Amp => Some("amp"),
+        Precision::Fp8 => None,
+    }
+}
+
+/// The attention kernel a recipe was recorded with: flash attention keeps what SDPA keeps.
+pub(crate) fn measured_kernel(attention: Attention) -> &'static str {
+    match attention {
         Attention::Eager => "eager",
         Attention::Sdpa | Attention::Flash => "sdpa",
-    };
-    // Families without an SDPA path in transformers run eager whatever is asked.
-    recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
+    }
 }
 
 /// The transformers code whose measurements hold for `model`: its own, or the code it shares

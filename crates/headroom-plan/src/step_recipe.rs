@@ -26,7 +26,7 @@
 //! [`crate::step`].
 
 use crate::model::{Family, Model};
-use crate::recipe::{bundled, measured_code, per_token, Terms};
+use crate::recipe::{bundled, measured_code, measured_kernel, measured_precision, per_token, Terms};
 use crate::step::PhasePeak;
 use crate::train::{Attention, Head, Precision};
 use serde::Deserialize;
@@ -114,12 +114,7 @@ pub fn step_recipe(
     checkpointed: bool,
     head: Head,
 ) -> Option<&'static StepRecipe> {
-    let precision = match precision {
-        Precision::Fp32 => "fp32",
-        Precision::Bf16 | Precision::Mixed => "bf16",
-        Precision::Amp => "amp",
-        Precision::Fp8 => return None,
-    };
+    let precision = measured_precision(precision)?;
     let head = match head {
         Head::SeqCls => "seq-cls",
         _ if model.family == Family::T5 => "seq2seq-lm",
@@ -128,12 +123,8 @@ pub fn step_recipe(
         Head::CausalLm => "masked-lm",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
-    let attn = match attention {
-        Attention::Eager => "eager",
-        Attention::Sdpa | Attention::Flash => "sdpa",
-    };
     let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}", measured_code(model));
-    recipes().get(&key(attn)).or_else(|| recipes().get(&key("eager")))
+    recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
 }
 
 /// One moment's terms for one model, as a polynomial in tokens and positions.
