@@ -158,6 +158,9 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
     assert_eq!(v["parallel"]["sequence_parallel"], true);
     assert_eq!(v["global_batch"], 32);
     assert!(v["mfu"].as_f64().unwrap() > 0.2 && v["mfu"].as_f64().unwrap() < 0.5);
+    // A layer's backward does about twice its forward's work.
+    let (fwd, bwd) = (v["layer_time_s"]["forward"].as_f64().unwrap(), v["layer_time_s"]["backward"].as_f64().unwrap());
+    assert!(fwd > 0.0 && bwd > 1.5 * fwd && bwd < 3.0 * fwd, "{fwd} {bwd}");
     // The same job without splitting the model does not fit.
     let (code, _) = plan(&["--model", "llama-3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--zero", "1"]);
     assert_eq!(code, 1);

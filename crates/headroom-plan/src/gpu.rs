@@ -27,6 +27,22 @@ impl Arch {
         }
     }
 
+    /// The fraction of the dense 16-bit peak a fused attention kernel (flash, or PyTorch's
+    /// `scaled_dot_product_attention`) reaches over its forward and backward. Ampere and Ada run
+    /// FlashAttention-2, which reaches 50–73% of an A100's peak (Dao 2023, arXiv:2307.08691):
+    /// the middle, 60%. On Hopper and later, FlashAttention-2 reaches 35% of an H100 (Shah et
+    /// al. 2024, arXiv:2407.08608, the FlashAttention-3 paper), and that is the kernel
+    /// PyTorch's SDPA and transformers run there. Volta and Turing have no FlashAttention-2:
+    /// PyTorch's memory-efficient kernel, FlashAttention-1's class, 25–40% on an A100: 30%.
+    /// AMD's is taken as Hopper's, for want of a measurement.
+    pub fn attention_efficiency(self) -> f64 {
+        match self {
+            Arch::Ampere | Arch::Ada => 0.60,
+            Arch::Volta | Arch::Turing => 0.30,
+            Arch::Hopper | Arch::Blackwell | Arch::Cdna3 => 0.35,
+        }
+    }
+
     /// The CUDA context and the kernels loaded into it: 0.5 GiB on every generation until
     /// measurements per generation and CUDA version replace it (research/estimation.md §4.1).
     pub fn cuda_context_bytes(self) -> u64 {
@@ -53,7 +69,20 @@ pub struct GpuSpec {
     pub link_bandwidth: f64,
     /// Host link per direction (PCIe 3, 4 or 5 x16), bytes per second.
     pub host_bandwidth: f64,
+    /// Streaming multiprocessors (compute units on AMD): how many tiles of a matrix
+    /// multiply run at once, so how much of its last wave stands idle.
+    pub sms: u32,
+    /// The fraction of the dense peak a large, well-shaped bf16 matrix multiply reaches
+    /// (see [`MATMUL_EFFICIENCY_DEFAULT`]).
+    pub matmul_efficiency: f64,
 }
+
+/// What a large bf16 matrix multiply reaches on parts without a measurement: the lowest
+/// figure measured on an NVIDIA data-centre part. Measured, "maximum achievable matmul
+/// FLOPS" at the best shape found (stas00/ml-engineering, compute/accelerator/README.md,
+/// CUDA 12.1–12.5, ROCm 6.2): A100 SXM 267.9 of 312 TFLOP/s (85.9%), A100 PCIe 82.2%,
+/// H100 SXM 792.1 of 989 (80.1%), GH200 83.0%, MI300X 781.9 of 1300 (60.1%).
+pub const MATMUL_EFFICIENCY_DEFAULT: f64 = 0.80;
 
 const GIB: u64 = 1 << 30;
 const PCIE3: f64 = 15.75e9;
@@ -71,6 +100,8 @@ const fn spec(
     fp8_flops: Option<f64>,
     link_bandwidth: f64,
     host_bandwidth: f64,
+    sms: u32,
+    matmul_efficiency: f64,
 ) -> GpuSpec {
     GpuSpec {
         name,
@@ -82,26 +113,67 @@ const fn spec(
         fp8_flops,
         link_bandwidth,
         host_bandwidth,
+        sms,
+        matmul_efficiency,
     }
 }
 
-/// The catalog: name, architecture, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and host link bytes/s.
+/// The catalog: name, architecture, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and
+/// host link bytes/s, SMs (the vendors' datasheets and architecture whitepapers), and the
+/// measured matrix-multiply efficiency where there is one (see [`MATMUL_EFFICIENCY_DEFAULT`];
+/// H200 takes H100's, its compute die).
 pub const GPUS: &[GpuSpec] = &[
-    spec("v100-16gb", Arch::Volta, 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
-    spec("v100-32gb", Arch::Volta, 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3),
-    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3),
-    spec("a10", Arch::Ampere, 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4),
-    spec("l4", Arch::Ada, 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4),
-    spec("l40s", Arch::Ada, 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4),
-    spec("a100-40gb", Arch::Ampere, 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4),
-    spec("a100-80gb", Arch::Ampere, 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4),
-    spec("h100-sxm", Arch::Hopper, 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
-    spec("h100-pcie", Arch::Hopper, 80, 2.0e12, 756e12, 51e12, Some(1513e12), PCIE5, PCIE5),
-    spec("h200", Arch::Hopper, 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5),
-    spec("b200", Arch::Blackwell, 180, 8.0e12, 2250e12, 80e12, Some(4500e12), 9e11, PCIE5),
-    spec("rtx-3090", Arch::Ampere, 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4),
-    spec("rtx-4090", Arch::Ada, 24, 1.008e12, 165.2e12, 82.6e12, Some(330e12), PCIE4, PCIE4),
-    spec("mi300x", Arch::Cdna3, 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5),
+    spec("v100-16gb", Arch::Volta, 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
+    spec("v100-32gb", Arch::Volta, 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
+    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3, 40, MATMUL_EFFICIENCY_DEFAULT),
+    spec("a10", Arch::Ampere, 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4, 72, MATMUL_EFFICIENCY_DEFAULT),
+    spec("l4", Arch::Ada, 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4, 58, MATMUL_EFFICIENCY_DEFAULT),
+    spec("l40s", Arch::Ada, 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4, 142, MATMUL_EFFICIENCY_DEFAULT),
+    spec("a100-40gb", Arch::Ampere, 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4, 108, 0.859),
+    spec("a100-80gb", Arch::Ampere, 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4, 108, 0.859),
+    spec("h100-sxm", Arch::Hopper, 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5, 132, 0.801),
+    spec(
+        "h100-pcie",
+        Arch::Hopper,
+        80,
+        2.0e12,
+        756e12,
+        51e12,
+        Some(1513e12),
+        PCIE5,
+        PCIE5,
+        114,
+        MATMUL_EFFICIENCY_DEFAULT,
+    ),
+    spec("h200", Arch::Hopper, 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5, 132, 0.801),
+    spec(
+        "b200",
+        Arch::Blackwell,
+        180,
+        8.0e12,
+        2250e12,
+        80e12,
+        Some(4500e12),
+        9e11,
+        PCIE5,
+        148,
+        MATMUL_EFFICIENCY_DEFAULT,
+    ),
+    spec("rtx-3090", Arch::Ampere, 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4, 82, MATMUL_EFFICIENCY_DEFAULT),
+    spec(
+        "rtx-4090",
+        Arch::Ada,
+        24,
+        1.008e12,
+        165.2e12,
+        82.6e12,
+        Some(330e12),
+        PCIE4,
+        PCIE4,
+        128,
+        MATMUL_EFFICIENCY_DEFAULT,
+    ),
+    spec("mi300x", Arch::Cdna3, 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5, 304, 0.601),
 ];
 
 /// A GPU by name (case, `_` and spaces ignored).

@@ -18,6 +18,7 @@ pub mod forward_recipe;
 pub mod gpu;
 pub mod infer;
 pub mod json;
+pub mod kernel;
 pub mod model;
 pub mod names;
 pub mod parallel;

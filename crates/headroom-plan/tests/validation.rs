@@ -11,8 +11,8 @@
 //! - the largest context that fits, as published: the plan's peak at that
 //!   context within 15% of the card's memory (a few GiB of error in fixed
 //!   terms would move the boundary by thousands of tokens);
-//! - step time and MFU: 25% (the plan assumes one efficiency for every
-//!   GEMM; the published runs range from 41% to 58% of peak);
+//! - step time and MFU: 15% (the planner issue's goal for published step
+//!   times, set before these rows were computed with the kernel model);
 //! - a whole job's peak memory as its framework logs it (torchtitan's
 //!   `max_reserved`: every tensor and the caching allocator's slack, no CUDA
 //!   context): 15%, against the plan's `reserved_bytes`.
@@ -48,7 +48,7 @@ enum Class {
     Component,
     /// The largest context that fits, as published: the plan's peak there within 15% of the card.
     Boundary,
-    /// Step time and MFU: 25% (one GEMM efficiency for every layer width).
+    /// Step time and MFU: 15% (the planner issue's goal).
     Time,
     /// A whole job's peak reserved memory as its framework logs it: 15%.
     JobPeak,
@@ -63,7 +63,7 @@ impl Class {
                 (0.5 * 10f64.powi(-decimals) / value).max(0.01)
             }
             Class::Estimator | Class::Component | Class::Boundary | Class::JobPeak => 0.15,
-            Class::Time => 0.25,
+            Class::Time => 0.15,
         }
     }
 }
@@ -90,16 +90,32 @@ enum Use {
 /// other row misses, or if one of these comes within its tolerance (then remove it here).
 const KNOWN_FAILURES: &[(&str, &str)] = &[
     (
-        "530B, TP 8 × PP 35 (interleaved, 3), full checkpointing",
-        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+        "530B, TP 8 × PP 35 × DP 8 on 2240 A100-40GB, batch 1920",
+        "MT-NLG ran DeepSpeed's pipeline engine over Megatron's layers; the same model under Megatron's \
+         own schedule (Narayanan Table 2) reached 1.3x its rate per GPU, and the plan, given one layout, \
+         times both alike",
     ),
     (
-        "1T, TP 8 × PP 64, SP + selective checkpointing",
-        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+        "530B, TP 8 × PP 35 × DP 10 on 2800 A100-40GB, batch 1920",
+        "MT-NLG ran DeepSpeed's pipeline engine over Megatron's layers; the same model under Megatron's \
+         own schedule (Narayanan Table 2) reached 1.3x its rate per GPU, and the plan, given one layout, \
+         times both alike",
     ),
     (
-        "1T, TP 8 × PP 64, full checkpointing",
-        "one 50% GEMM efficiency for every layer; 20K–25K-wide layers reach 56% MFU bubble included",
+        "530B, TP 8 × PP 35 × DP 12 on 3360 A100-40GB, batch 1920",
+        "MT-NLG ran DeepSpeed's pipeline engine over Megatron's layers; the same model under Megatron's \
+         own schedule (Narayanan Table 2) reached 1.3x its rate per GPU, and the plan, given one layout, \
+         times both alike",
+    ),
+    (
+        "16B, TP 4 × PP 1 × DP 48, batch 192, TP overlap",
+        "attention at FlashAttention-2's 35% of an H100; Megatron-Core runs Transformer Engine's cuDNN \
+         attention, faster on Hopper, which the plan does not model",
+    ),
+    (
+        "Llama-3-8B, FSDP over 64 A100s, 1 × 8192",
+        "FSDP's gathers and reduce-scatters across 8 nodes are taken as hidden under the compute they \
+         overlap; the published MFU says a share of them is not",
     ),
 ];
 
@@ -497,6 +513,53 @@ fn fit_rows(rows: &mut Vec<Row>) {
 fn time_rows(rows: &mut Vec<Row>) {
     let a100 = gpu("a100-80gb").unwrap();
     let h100 = gpu("h100-sxm").unwrap();
+    // Korthikanti Table 4: one layer of the 22B model (TP 8, micro-batch 4, s = 2048) on
+    // A100s, its forward and backward as Megatron-LM of 2022 ran them (scores materialised).
+    // The rows the kernels' sustained efficiency is set against.
+    let m22 = Model::gpt("22B", 6144, 48, 64, 51200, 2048);
+    let layer = |sp: bool, ckpt: Checkpointing| {
+        let cfg = TrainConfig {
+            checkpointing: ckpt,
+            attention: Attention::Eager,
+            parallel: Parallelism { tensor: 8, sequence_parallel: sp, ..Parallelism::default() },
+            ..mixed(4, 2048)
+        };
+        estimate(&m22, &a100, &cfg).layer_time_s
+    };
+    let base = layer(false, Checkpointing::None);
+    for (setup, metric, published, predicted) in [
+        ("22B layer, TP 8, no recomputation", "forward time", "7.7", base[0]),
+        ("22B layer, TP 8, no recomputation", "backward time", "11.9", base[1]),
+        ("22B layer, TP 8 + SP", "forward + backward time", "19.0", layer(true, Checkpointing::None).iter().sum()),
+        (
+            "22B layer, TP 8, full recomputation",
+            "forward + backward time",
+            "27.2",
+            layer(false, Checkpointing::Full).iter().sum(),
+        ),
+        (
+            "22B layer, TP 8, selective recomputation",
+            "forward + backward time",
+            "20.9",
+            layer(false, Checkpointing::Selective).iter().sum(),
+        ),
+        (
+            "22B layer, TP 8 + SP, selective recomputation",
+            "forward + backward time",
+            "20.3",
+            layer(true, Checkpointing::Selective).iter().sum(),
+        ),
+    ] {
+        rows.push(tuning(number(
+            "Korthikanti Table 4",
+            setup,
+            metric,
+            published,
+            predicted * 1e3,
+            "ms",
+            Check::Within(Class::Time),
+        )));
+    }
     // Korthikanti Table 5: A100-80GB, s = 2048, V = 51,200, no data parallelism; iteration time.
     for (name, h, l, a, p, v, global, selective, full) in [
         ("22B", 6144u64, 48u64, 64u64, 1u64, 1u64, 4u64, "1.10", "1.42"),
@@ -507,9 +570,11 @@ fn time_rows(rows: &mut Vec<Row>) {
         let m = Model::gpt(name, h, l, a, 51200, 2048);
         let micro = if name == "22B" { 4 } else { 1 };
         for (ckpt, published) in [(Checkpointing::Selective, selective), (Checkpointing::Full, full)] {
+            // Megatron-LM of 2022: the scores materialised (its fused softmax), no flash kernel.
             let cfg = TrainConfig {
                 accumulation: global / micro,
                 checkpointing: ckpt,
+                attention: Attention::Eager,
                 parallel: Parallelism { tensor: 8, pipeline: p, virtual_stages: v, ..Parallelism::default() },
                 ..mixed(micro, 2048)
             };
@@ -528,6 +593,48 @@ fn time_rows(rows: &mut Vec<Row>) {
                 Check::Within(Class::Time),
             ));
         }
+    }
+    // Runs that report throughput per GPU, on A100s, s = 2048, V = 51,200, micro-batch 1,
+    // full recomputation, 1F1B without interleaving: Narayanan et al. 2021 Table 2 (PTD-P,
+    // A100-80GB; TFLOP/s per GPU by their count of 96·B·s·L·h²·(1 + s/6h + V/16Lh)) and
+    // MT-NLG (Smith et al. 2022 §2.4: A100-40GB, TFLOP/s per GPU by the same count).
+    // Compared as iteration times: the count over the GPUs' published rate.
+    for (source, name, h, l, a, p, gpus, batch, tflops, card) in [
+        ("Narayanan Table 2", "175B", 12288u64, 96u64, 96u64, 12u64, 384u64, 1536u64, 153.0, "a100-80gb"),
+        ("Narayanan Table 2", "175B", 12288, 96, 96, 12, 768, 1536, 149.0, "a100-80gb"),
+        ("Narayanan Table 2", "175B", 12288, 96, 96, 12, 1536, 1536, 141.0, "a100-80gb"),
+        ("Narayanan Table 2", "530B", 20480, 105, 128, 35, 560, 2240, 171.0, "a100-80gb"),
+        ("Narayanan Table 2", "530B", 20480, 105, 128, 35, 1120, 2240, 167.0, "a100-80gb"),
+        ("Narayanan Table 2", "530B", 20480, 105, 128, 35, 2240, 2240, 159.0, "a100-80gb"),
+        ("MT-NLG", "530B", 20480, 105, 128, 35, 2240, 1920, 126.0, "a100-40gb"),
+        ("MT-NLG", "530B", 20480, 105, 128, 35, 2800, 1920, 121.0, "a100-40gb"),
+        ("MT-NLG", "530B", 20480, 105, 128, 35, 3360, 1920, 113.0, "a100-40gb"),
+    ] {
+        let m = Model::gpt(name, h, l, a, 51200, 2048);
+        let data = gpus / (8 * p);
+        let cfg = TrainConfig {
+            accumulation: batch / data,
+            checkpointing: Checkpointing::Full,
+            attention: Attention::Eager,
+            parallel: Parallelism { data, tensor: 8, pipeline: p, zero_stage: 0, ..Parallelism::default() },
+            ..mixed(1, 2048)
+        };
+        let (hf, lf, sf, bf) = (h as f64, l as f64, 2048.0, batch as f64);
+        let count = 96.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + 51200.0 / (16.0 * lf * hf));
+        let published = format!("{:.1}", count / (gpus as f64 * tflops * 1e12));
+        let e = estimate(&m, &gpu(card).unwrap(), &cfg);
+        rows.push(number(
+            source,
+            format!(
+                "{name}, TP 8 × PP {p} × DP {data} on {gpus} {}, batch {batch}",
+                if card == "a100-40gb" { "A100-40GB" } else { "A100s" }
+            ),
+            "iteration time",
+            &published,
+            e.step_time_s,
+            "s",
+            Check::Within(Class::Time),
+        ));
     }
     // Megatron-Core on H100 (s = 4096, V = 131,072): MFU.
     for (name, a, h, l, t, p, gpus, batch, mfu) in [

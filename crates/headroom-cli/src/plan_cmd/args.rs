@@ -41,8 +41,10 @@ use headroom_plan::train::{
 ///
 /// Parallelism: --gpus with --tp, --pp (--vpp), --cp; the rest is data
 /// parallel with --zero. Fine-tuning: --finetune lora|qlora. Offload:
-/// --offload optimizer|params. Step time counts FLOPs at 50% of the GPU's
-/// dense peak, pipeline bubbles and collectives over NVLink or the network.
+/// --offload optimizer|params. Step time adds up each layer's kernels on the
+/// GPU (matrix multiplies by shape at the part's measured efficiency,
+/// attention by kernel, memory-bound ops by the bytes they move), pipeline
+/// bubbles and collectives over NVLink or the network.
 ///
 /// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, t5-base,
 /// bert-base-uncased, pythia-1b, ...) or the path of a Hugging Face config.json.

@@ -100,6 +100,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "peak_phase": e.phase.map(|ph| ph.name()),
         "phases": phases,
         "step_time_s": e.step_time_s,
+        "layer_time_s": { "forward": e.layer_time_s[0], "backward": e.layer_time_s[1] },
         "tokens_per_s": e.tokens_per_s,
         "mfu": e.mfu,
         "recompute_fraction": e.recompute_fraction,

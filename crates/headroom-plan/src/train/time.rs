@@ -1,10 +1,13 @@
-//! The step time (see the parent module): FLOPs at the GPU's peak, the pipeline bubble,
-//! exposed collectives, the optimizer step or its offload.
+//! The step time (see the parent module): each layer's kernels by class — matrix
+//! multiplies by shape, attention by kernel, memory-bound ops by the bytes they move
+//! ([`crate::kernel`]) — forward, backward and what checkpointing recomputes; then the
+//! pipeline bubble, exposed collectives, the optimizer step or its offload.
 
 use super::memory::{share, state_bytes_per_param};
-use super::{Checkpointing, Finetune, Offload, PipelineStage, Precision, TrainConfig};
+use super::{Attention, Checkpointing, Finetune, Offload, PipelineStage, Precision, TrainConfig};
 use crate::gpu::GpuSpec;
-use crate::model::Model;
+use crate::kernel::{Dtype, Kernels};
+use crate::model::{Head, Model};
 use crate::parallel;
 
 /// Forward FLOPs per micro-batch over the whole model.
@@ -32,25 +35,153 @@ pub(super) fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
     }
 }
 
+/// One layer's kernels for one micro-batch on one GPU, seconds, by class of operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct LayerTimes {
+    pub linear: Pass,
+    pub attention: Pass,
+    /// Norms, residual adds, the MLP's activation: bound by memory.
+    pub elementwise: Pass,
+}
+
+/// A kernel class's forward and backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Pass {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+/// The format the step's kernels compute in.
+fn dtype(precision: Precision) -> Dtype {
+    match precision {
+        Precision::Fp32 => Dtype::Fp32,
+        Precision::Fp8 => Dtype::Fp8,
+        _ => Dtype::Bf16,
+    }
+}
+
+/// The step's kernels: in its format, at the rate kernels reach back to back in a step.
+fn kernels<'a>(gpu: &'a GpuSpec, cfg: &TrainConfig) -> Kernels<'a> {
+    let c = &cfg.coefficients;
+    Kernels { gpu, dtype: dtype(cfg.precision), hbm_efficiency: c.hbm_efficiency, sustained: c.kernel_efficiency }
+}
+
+/// A matrix multiply of `tokens` rows by a `k`×`n` weight: its forward, and its
+/// backward — the input's gradient (`tokens`×`n` by `n`×`k`) and, unless the weight is
+/// frozen, the weight's (`k`×`tokens` by `tokens`×`n`).
+fn linear(kn: &Kernels, tokens: f64, k: f64, n: f64, frozen: bool) -> Pass {
+    let input_grad = kn.matmul(1.0, tokens, k, n);
+    let weight_grad = if frozen { 0.0 } else { kn.matmul(1.0, k, n, tokens) };
+    Pass { forward: kn.matmul(1.0, tokens, n, k), backward: input_grad + weight_grad }
+}
+
+/// One transformer layer's kernels on one GPU (tensor-parallel shards of `t`, the
+/// sequence split over `c` context-parallel ranks), forward and backward.
+pub(super) fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTimes {
+    let par = &cfg.parallel;
+    let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
+    let kn = kernels(gpu, cfg);
+    let eb = kn.dtype.bytes();
+    let frozen = matches!(cfg.finetune, Finetune::Lora { .. });
+    let (h, f) = (model.hidden as f64, model.intermediate as f64);
+    let (q, kv) = ((model.heads * model.head_dim) as f64, (model.kv_heads * model.head_dim) as f64);
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c;
+    let add = |a: Pass, b: Pass| Pass { forward: a.forward + b.forward, backward: a.backward + b.backward };
+    // Query, key and value in one column-parallel multiply, the output projection row-parallel.
+    let mut lin = add(linear(&kn, tokens, h, (q + 2.0 * kv) / t, frozen), linear(&kn, tokens, q / t, h, frozen));
+    // Each expert sees its share of the tokens; a dense MLP is one expert that sees them all.
+    let experts = model.experts.max(1) as f64;
+    let expert_tokens = tokens * model.experts_per_token.max(1) as f64 / experts;
+    let up = if model.gated_mlp { 2.0 * f } else { f };
+    let mlp = add(linear(&kn, expert_tokens, h, up / t, frozen), linear(&kn, expert_tokens, f / t, h, frozen));
+    lin = add(lin, Pass { forward: experts * mlp.forward, backward: experts * mlp.backward });
+
+    let heads = cfg.micro_batch as f64 * model.heads as f64 / t;
+    let (s, d) = (cfg.seq as f64, model.head_dim as f64);
+    // Decoders mask the future; encoders (BERT, T5's encoder) attend both ways.
+    let causal = model.decoder_layers == model.layers;
+    let (forward, backward) = match cfg.attention {
+        Attention::Eager => kn.eager_attention(heads, s / c, s, d),
+        Attention::Sdpa | Attention::Flash => kn.flash_attention(heads, s / c, s, d, causal),
+    };
+    let attention = Pass { forward, backward };
+
+    // Two norms (each reads and writes the hidden state) and two residual adds (each
+    // reads two and writes one) per layer, on every token of the tensor-parallel group
+    // unless sequence parallelism shards them; the activation reads the MLP's up
+    // projection (both halves when gated) and writes one. A backward moves twice the
+    // bytes: the output's gradient and the saved input read, the input's gradient written.
+    let sp = if par.sequence_parallel { t } else { 1.0 };
+    let hidden_passes = 2.0 * 2.0 + 2.0 * 3.0;
+    let activation_passes = if model.gated_mlp { 3.0 } else { 2.0 };
+    let bytes = eb
+        * (tokens / sp * h * hidden_passes
+            + tokens * model.experts_per_token.max(1) as f64 * f / t * activation_passes);
+    let elementwise = Pass { forward: kn.memory(bytes), backward: kn.memory(2.0 * bytes) };
+    LayerTimes { linear: lin, attention, elementwise }
+}
+
+/// The output layer and the loss for one micro-batch: the logits' multiply, and the
+/// loss's passes over the logits (upcast, log-softmax, its gradient and the downcast:
+/// 14 bytes a logit each way, as the transformers loss the memory model counts moves them).
+fn head_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Pass {
+    let par = &cfg.parallel;
+    let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
+    let kn = kernels(gpu, cfg);
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c;
+    let outputs = match cfg.head {
+        Head::SeqCls => return Pass::default(),
+        Head::CausalLm | Head::MaskedLm => model.vocab as f64 / t,
+    };
+    let frozen = matches!(cfg.finetune, Finetune::Lora { .. });
+    let logits = linear(&kn, tokens, model.hidden as f64, outputs, frozen);
+    let loss = kn.memory(14.0 * tokens * outputs);
+    Pass { forward: logits.forward + loss, backward: logits.backward + loss }
+}
+
+/// An optimizer step's time, and one layer's within it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct StepTime {
+    pub step: f64,
+    /// One layer's forward for one micro-batch, tensor-parallel all-reduces included.
+    pub layer_forward: f64,
+    /// Its backward, with what checkpointing recomputes.
+    pub layer_backward: f64,
+}
+
 /// Seconds per optimizer step (see the module documentation).
-pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> f64 {
+pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> StepTime {
     let par = &cfg.parallel;
     let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
     let m = cfg.accumulation.max(1) as f64;
-    let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
-    let lora = matches!(cfg.finetune, Finetune::Lora { .. });
-    let passes = if lora { 2.0 } else { 3.0 } + recompute_fraction;
-    let mfu = cfg.coefficients.mfu;
-    let (linear_peak, attention_peak) = match cfg.precision {
-        Precision::Fp32 => (gpu.fp32_flops, gpu.fp32_flops),
-        Precision::Fp8 => (gpu.fp8_flops.unwrap_or(gpu.bf16_flops), gpu.bf16_flops),
-        _ => (gpu.bf16_flops, gpu.bf16_flops),
+    let layer = layer_times(model, gpu, cfg);
+    let head = head_times(model, gpu, cfg);
+    // What the backward runs again, by class. Selective checkpointing with a fused kernel
+    // recomputes nothing the kernel's own backward does not; per-op checkpointing reruns
+    // every other matrix multiply and everything bound by memory; a solver's schedule
+    // reruns its share of each layer.
+    let ForwardFlops { linear: lin, attention: attn, head: head_flops } = forward_flops(model, cfg);
+    let forward_flops_total = lin + attn + head_flops;
+    let (r_lin, r_attn, r_elem) = match cfg.checkpointing {
+        Checkpointing::None => (0.0, 0.0, 0.0),
+        Checkpointing::Full | Checkpointing::EveryK(_) => (1.0, 1.0, 1.0),
+        Checkpointing::Selective => (0.0, if cfg.attention == Attention::Eager { 1.0 } else { 0.0 }, 0.0),
+        Checkpointing::PerOp => ((recompute_fraction * forward_flops_total / lin.max(1.0)).min(1.0), 0.0, 1.0),
+        Checkpointing::Optimal => {
+            let share = (recompute_fraction * forward_flops_total / (lin + attn).max(1.0)).clamp(0.0, 1.0);
+            (share, share, share)
+        }
     };
-    let split = (t * c * p) as f64;
-    let attention_time = passes * attn / attention_peak / (mfu * split);
-    let compute = passes * (lin + head) / linear_peak / (mfu * split) + attention_time;
-    let forward_time = compute / passes;
-    let backward_time = compute - forward_time;
+    let layers = model.layers as f64 / p as f64;
+    let recompute =
+        layers * (r_lin * layer.linear.forward + r_attn * layer.attention.forward + r_elem * layer.elementwise.forward);
+    let forward_time =
+        layers * (layer.linear.forward + layer.attention.forward + layer.elementwise.forward) + head.forward / p as f64;
+    let backward_time = layers * (layer.linear.backward + layer.attention.backward + layer.elementwise.backward)
+        + head.backward / p as f64
+        + recompute;
+    let compute = forward_time + backward_time;
+    let attention_time = layers * (layer.attention.forward * (1.0 + r_attn) + layer.attention.backward);
     let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
     let lp = model.layers.div_ceil(p) as f64;
     // Tensor parallelism: 4 all-reduces of the 16-bit hidden states per layer, 6 when the forward is redone;
@@ -58,7 +189,19 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
     let recomputes =
         matches!(cfg.checkpointing, Checkpointing::Full | Checkpointing::EveryK(_) | Checkpointing::Optimal);
     let tp_ops = if recomputes { 6.0 } else { 4.0 };
-    let mut tp = lp * tp_ops * parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
+    let all_reduce = parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
+    let mut tp = lp * tp_ops * all_reduce;
+    // One layer's forward and backward as a profiler would time them: two all-reduces in
+    // the forward, the rest in the backward (none shown when overlapped).
+    let shown = if par.tp_comm_overlap { 0.0 } else { all_reduce };
+    let layer_forward = layer.linear.forward + layer.attention.forward + layer.elementwise.forward + 2.0 * shown;
+    let layer_backward = layer.linear.backward
+        + layer.attention.backward
+        + layer.elementwise.backward
+        + r_lin * layer.linear.forward
+        + r_attn * layer.attention.forward
+        + r_elem * layer.elementwise.forward
+        + (tp_ops - 2.0) * shown;
     if par.tp_comm_overlap {
         // Chunked against the GEMMs it feeds: only what outlasts them shows.
         tp = (tp - (compute - attention_time)).max(0.0);
@@ -110,5 +253,5 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
         // Each micro-batch fetches the GPU's weight shard for the forward and again for the backward.
         step += m * 2.0 * weights16 / n as f64 / host;
     }
-    step
+    StepTime { step, layer_forward, layer_backward }
 }
