@@ -688,6 +688,24 @@ fn time_rows(rows: &mut Vec<Row>) {
         "%",
         Check::Within(Class::Time),
     ));
+    // The same page: Llama-2-13B, 2 × 4096, without checkpointing and with torchtitan's
+    // per-op selective checkpointing.
+    let l2 = preset("llama-2-13b").unwrap();
+    for (ckpt, label, published) in
+        [(Checkpointing::None, "no checkpointing", "61.1"), (Checkpointing::PerOp, "per-op checkpointing", "54.1")]
+    {
+        let cfg = TrainConfig { checkpointing: ckpt, parallel: Parallelism::data_parallel(64, 3), ..mixed(2, 4096) };
+        let e = estimate(&l2, &a100, &cfg);
+        rows.push(number(
+            "torchtitan",
+            format!("Llama-2-13B, FSDP over 64 A100s, 2 × 4096, {label}"),
+            "MFU",
+            published,
+            e.mfu * 100.0,
+            "%",
+            Check::Within(Class::Time),
+        ));
+    }
 }
 
 /// Llama 3.1 405B's config.json fields.
