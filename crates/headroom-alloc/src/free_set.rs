@@ -13,8 +13,12 @@
 use crate::device::StreamId;
 use std::collections::BTreeMap;
 
-const SMALL_MAX: usize = 64;
-const SMALL_MIN: usize = 16;
+// 256, not 64: a policy that maps 2 MiB pages (`headroom`) keeps a few hundred free
+// blocks on a stream where PyTorch's keeps dozens, and at that size the vector's memmove
+// still beats the B-tree (RMM's 64 MiB workload: 20% less host time under `headroom`,
+// 100,000 allocations under PyTorch's policy 15–30% less).
+const SMALL_MAX: usize = 256;
+const SMALL_MIN: usize = 64;
 
 #[inline]
 fn pack(size: u64, ptr: u64) -> u128 {
@@ -262,6 +266,17 @@ mod tests {
         fn same_answers_as_a_btreemap(ops in ops()) {
             same_answers(ops)?;
         }
+    }
+
+    /// Past `SMALL_MAX` blocks on a stream and back below `SMALL_MIN`, with another
+    /// stream beside it: the random cases above rarely grow a stream that far.
+    #[test]
+    fn switches_to_the_tree_and_back_with_the_same_answers() {
+        let n = 3 * SMALL_MAX as u64;
+        let mut ops: Vec<Op> = (0..n).map(|i| (0, 1 + i % 97, i, true)).collect();
+        ops.extend((0..n / 8).map(|i| (1, 1 + i % 5, i, true)));
+        ops.extend((0..n - SMALL_MIN as u64 / 2).map(|i| (0, 1 + i % 97, i, false)));
+        same_answers(ops).unwrap();
     }
 
     #[test]
