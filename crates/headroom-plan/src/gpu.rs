@@ -121,11 +121,13 @@ const fn spec(
 /// The catalog: name, architecture, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and
 /// host link bytes/s, SMs (the vendors' datasheets and architecture whitepapers), and the
 /// measured matrix-multiply efficiency where there is one (see [`MATMUL_EFFICIENCY_DEFAULT`];
-/// H200 takes H100's, its compute die).
+/// H200 takes H100's, its compute die; T4's is its power cap's, below).
 pub const GPUS: &[GpuSpec] = &[
     spec("v100-16gb", Arch::Volta, 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
     spec("v100-32gb", Arch::Volta, 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
-    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3, 40, MATMUL_EFFICIENCY_DEFAULT),
+    // T4: a 4096³ fp16 cuBLAS multiply runs at about 24 of its 65 TFLOP/s, its clocks held
+    // down by the 70 W cap (NVIDIA developer forums, "About GPU peak performance", 2023).
+    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3, 40, 0.37),
     spec("a10", Arch::Ampere, 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4, 72, MATMUL_EFFICIENCY_DEFAULT),
     spec("l4", Arch::Ada, 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4, 58, MATMUL_EFFICIENCY_DEFAULT),
     spec("l40s", Arch::Ada, 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4, 142, MATMUL_EFFICIENCY_DEFAULT),
