@@ -53,12 +53,19 @@ fn zero_3_over_8_gpus_shards_the_model_states() {
     // phases, so the breakdown at the peak may not show them).
     let states = |v: &Value| ["weights", "optimizer"].iter().map(|k| v["breakdown"][k].as_f64().unwrap()).sum::<f64>();
     assert!((states(&one) / states(&eight) - 8.0).abs() < 1e-9);
-    // All terms at once (Megatron's accounting): the gradients shard too.
-    let (_, one) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--framework", "megatron"]);
-    let (_, eight) =
-        plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--framework", "megatron", "--gpus", "8", "--zero", "3"]);
-    let g = |v: &Value| v["breakdown"]["gradients"].as_f64().unwrap();
-    assert!((g(&one) / g(&eight) - 8.0).abs() < 1e-9);
+    // All terms at once (Megatron's accounting). Megatron-LM keeps fp32 main gradients,
+    // whole on every GPU under its distributed optimizer (ZeRO-1), which shards the rest;
+    // under ZeRO-3 (DeepSpeed's, 16-bit gradients) they shard too.
+    let megatron = |extra: &[&str]| {
+        plan(&[&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--framework", "megatron"], extra].concat()).1
+    };
+    let (one, dist, zero3) =
+        (megatron(&[]), megatron(&["--gpus", "8", "--zero", "1"]), megatron(&["--gpus", "8", "--zero", "3"]));
+    let term = |v: &Value, k: &str| v["breakdown"][k].as_f64().unwrap();
+    assert!((term(&one, "gradients") / 8.03e9 - 4.0).abs() < 0.01, "{}", term(&one, "gradients"));
+    assert_eq!(term(&dist, "gradients"), term(&one, "gradients"));
+    assert!((term(&one, "optimizer") / term(&dist, "optimizer") - 8.0).abs() < 1e-9);
+    assert!((term(&one, "gradients") / term(&zero3, "gradients") - 16.0).abs() < 1e-9);
 }
 
 #[test]

@@ -234,14 +234,34 @@ fn mixed(micro_batch: u64, seq: u64) -> TrainConfig {
     }
 }
 
+/// Mixed precision as DeepSpeed's ZeRO runs it (under transformers): 16-bit gradients.
+fn deepspeed(micro_batch: u64, seq: u64) -> TrainConfig {
+    TrainConfig { framework: Framework::HuggingFace, ..mixed(micro_batch, seq) }
+}
+
 fn model_state_rows(rows: &mut Vec<Row>) {
     // ZeRO Fig. 1: Ψ = 7.5B, K = 12, N_d = 64.
     for (stage, published) in [(0u8, "120"), (1, "31.4"), (2, "16.6"), (3, "1.9")] {
-        let cfg = TrainConfig { parallel: Parallelism::data_parallel(64, stage), ..mixed(1, 1024) };
+        let cfg = TrainConfig { parallel: Parallelism::data_parallel(64, stage), ..deepspeed(1, 1024) };
         let states = model_states(7_500_000_000, 4096, &cfg);
         rows.push(number(
             "ZeRO Fig. 1",
             format!("7.5B, 64 GPUs, ZeRO-{stage}"),
+            "model states per GPU",
+            published,
+            states.total() / 1e9,
+            "GB",
+            Check::Within(Class::ClosedForm),
+        ));
+    }
+    // Megatron-LM's README ("Distributed optimizer"): bytes a parameter with bf16 weights
+    // and fp32 gradients, 18 without the distributed optimizer, 6 + 12/d with it (d = 8).
+    for (zero, published, label) in [(0u8, "18", "without"), (1, "7.5", "with")] {
+        let cfg = TrainConfig { parallel: Parallelism::data_parallel(8, zero), ..mixed(1, 2048) };
+        let states = model_states(1_000_000_000, 4096, &cfg);
+        rows.push(number(
+            "Megatron-LM README",
+            format!("1B, bf16 weights, fp32 gradients, 8 GPUs, {label} the distributed optimizer"),
             "model states per GPU",
             published,
             states.total() / 1e9,

@@ -70,6 +70,7 @@ pub fn state_bytes_per_param(hidden: u64, precision: Precision, optimizer: Optim
 pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates {
     let ModelStates { weights: w, gradients: g, optimizer: o } =
         state_bytes_per_param(hidden, cfg.precision, cfg.optimizer);
+    let g = if main_grads_fp32(cfg) { 4.0 } else { g };
     let par = &cfg.parallel;
     let n = par.shard_degree() as f64;
     let shard = |stage: u8| if par.zero_stage >= stage { n } else { 1.0 };
@@ -80,6 +81,21 @@ pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates 
         Offload::Optimizer | Offload::OptimizerAndParams => (0.0, 0.0),
     };
     ModelStates { weights, gradients, optimizer }
+}
+
+/// Whether gradients are kept in fp32 beside 16-bit weights: Megatron-LM accumulates and
+/// reduces bf16 training's gradients in fp32 "main grads" (it forces
+/// `accumulate_allreduce_grads_in_fp32` with `--bf16`), and its distributed optimizer
+/// shards the fp32 master weights and Adam's states but not those gradients: 18 bytes a
+/// parameter, 6 + 12/d with the distributed optimizer over d GPUs, where DeepSpeed's ZeRO
+/// keeps 16 and 4 + 12/d (Megatron-LM's README, "Distributed optimizer").
+/// Only for runs Megatron-LM makes: full training, its plain data parallelism or its
+/// distributed optimizer (ZeRO-1); ZeRO-2/3 and LoRA jobs are DeepSpeed's, FSDP's or peft's.
+pub(super) fn main_grads_fp32(cfg: &TrainConfig) -> bool {
+    cfg.framework == Framework::Megatron
+        && cfg.finetune == Finetune::Full
+        && cfg.parallel.zero_stage <= 1
+        && matches!(cfg.precision, Precision::Mixed | Precision::Fp8)
 }
 
 pub(super) fn activation_width(p: Precision) -> f64 {

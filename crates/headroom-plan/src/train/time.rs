@@ -3,7 +3,7 @@
 //! ([`crate::kernel`]) — forward, backward and what checkpointing recomputes; then the
 //! pipeline bubble, exposed collectives, the optimizer step or its offload.
 
-use super::memory::{share, state_bytes_per_param};
+use super::memory::{main_grads_fp32, share, state_bytes_per_param};
 use super::{Attention, Checkpointing, Finetune, Offload, PipelineStage, Precision, TrainConfig};
 use crate::gpu::GpuSpec;
 use crate::kernel::{Dtype, Kernels};
@@ -241,7 +241,8 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
         // The optimizer step is bound by HBM: it reads the gradients, weights and states of
         // the parameters this GPU updates and writes the weights and states back.
         let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
-        let (w, g, o) = (s.weights, s.gradients, s.optimizer);
+        let g = if main_grads_fp32(cfg) { 4.0 } else { s.gradients };
+        let (w, o) = (s.weights, s.optimizer);
         let updated = sh.trainable / if par.zero_stage >= 1 { n as f64 } else { 1.0 };
         step += updated * (g + 2.0 * (w + o)) / (gpu.bandwidth * cfg.coefficients.hbm_efficiency);
     } else {
