@@ -19,8 +19,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
+
+import gpu_env
 
 # Layer shapes of models the planner knows, as config.json fields (few layers; the
 # count is set per run).
@@ -38,8 +39,7 @@ GPUS = [("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("A1
 
 
 def fail(msg):
-    print(f"layer_time: {msg}", file=sys.stderr)
-    sys.exit(2)
+    gpu_env.fail("layer_time", msg)
 
 
 def timed(torch, transformers, cfg, layers, batch, seq, steps=10, warmup=3):
@@ -82,15 +82,7 @@ def main():
     ap.add_argument("--headroom", default="target/release/headroom")
     ap.add_argument("--gpu", help="the catalog name of this GPU (default: from its device name)")
     args = ap.parse_args()
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        fail(f"needs torch and transformers ({e})")
-    if not torch.cuda.is_available():
-        fail("no CUDA GPU here; this script times real kernels and needs one")
-    if not os.path.exists(args.headroom):
-        fail(f"{args.headroom} not found: cargo build --release -p headroom-cli")
+    torch, transformers = gpu_env.require("layer_time", args.headroom, "times real kernels")
     name = torch.cuda.get_device_name()
     gpu = args.gpu or next((g for frag, g in GPUS if frag in name), None)
     if gpu is None:

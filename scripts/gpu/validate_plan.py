@@ -19,8 +19,9 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import tempfile
+
+import gpu_env
 
 # Small and mid-sized members of the families the planner reads, as config.json fields.
 CONFIGS = {
@@ -45,8 +46,7 @@ PRECISIONS = {"bf16": ("bfloat16", False), "fp32": ("float32", False), "amp": ("
 
 
 def fail(msg):
-    print(f"validate_plan: {msg}", file=sys.stderr)
-    sys.exit(2)
+    gpu_env.fail("validate_plan", msg)
 
 
 def measure(torch, transformers, cfg, batch, seq, precision, checkpoint):
@@ -93,15 +93,7 @@ def main():
     ap.add_argument("--headroom", default="target/release/headroom")
     ap.add_argument("--quick", action="store_true", help="one model, a small grid")
     args = ap.parse_args()
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        fail(f"needs torch and transformers ({e})")
-    if not torch.cuda.is_available():
-        fail("no CUDA GPU here; this script measures real peaks and needs one")
-    if not os.path.exists(args.headroom):
-        fail(f"{args.headroom} not found: cargo build --release -p headroom-cli")
+    torch, transformers = gpu_env.require("validate_plan", args.headroom, "measures real peaks")
     total = torch.cuda.mem_get_info()[1]
     name = torch.cuda.get_device_name()
     models = dict(itertools.islice(CONFIGS.items(), 1)) if args.quick else CONFIGS
