@@ -27,6 +27,12 @@ impl Arch {
         }
     }
 
+    /// Whether the tensor cores compute in bf16 (compute capability 8.0 and later, and AMD's
+    /// CDNA3): Volta's and Turing's compute only fp16, so bf16 runs on their fp32 units.
+    pub fn has_bf16_tensor_cores(self) -> bool {
+        !matches!(self, Arch::Volta | Arch::Turing)
+    }
+
     /// The fraction of the dense 16-bit peak a fused attention kernel (flash, or PyTorch's
     /// `scaled_dot_product_attention`) reaches over its forward and backward. Ampere and Ada run
     /// FlashAttention-2, which reaches 50–73% of an A100's peak (Dao 2023, arXiv:2307.08691):

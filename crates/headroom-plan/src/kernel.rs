@@ -18,7 +18,10 @@ use crate::gpu::GpuSpec;
 pub enum Dtype {
     /// fp32 without TF32: PyTorch's default for fp32 matrix multiplies.
     Fp32,
-    /// bf16 or fp16 tensor cores.
+    /// 16-bit tensor cores, bf16 where the part has them and fp16 where it does not
+    /// (mixed precision and autocast run fp16 on Volta and Turing).
+    Half,
+    /// bf16 itself: every tensor bf16, with no fp16 to fall back on.
     Bf16,
     /// fp8 tensor cores (Transformer Engine, torchao), where the part has them.
     Fp8,
@@ -29,7 +32,7 @@ impl Dtype {
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Fp32 => 4.0,
-            Dtype::Bf16 => 2.0,
+            Dtype::Half | Dtype::Bf16 => 2.0,
             Dtype::Fp8 => 1.0,
         }
     }
@@ -38,6 +41,10 @@ impl Dtype {
     pub fn peak(self, gpu: &GpuSpec) -> f64 {
         match self {
             Dtype::Fp32 => gpu.fp32_flops,
+            Dtype::Half => gpu.bf16_flops,
+            // bf16 tensor-core instructions start with compute capability 8.0 (PTX's
+            // `mma` with `.bf16` needs sm_80): before, bf16 multiplies run on the fp32 units.
+            Dtype::Bf16 if !gpu.arch.has_bf16_tensor_cores() => gpu.fp32_flops,
             Dtype::Bf16 => gpu.bf16_flops,
             Dtype::Fp8 => gpu.fp8_flops.unwrap_or(gpu.bf16_flops),
         }
@@ -118,7 +125,7 @@ impl Kernels<'_> {
     pub fn flash_attention(&self, heads: f64, queries: f64, keys: f64, head_dim: f64, causal: bool) -> (f64, f64) {
         let flops = 4.0 * heads * queries * keys * head_dim * if causal { 0.5 } else { 1.0 };
         // No flash kernel computes in fp8 under the training stacks modelled here.
-        let peak = if self.dtype == Dtype::Fp32 { self.gpu.fp32_flops } else { self.gpu.bf16_flops };
+        let peak = if self.dtype == Dtype::Fp8 { Dtype::Half.peak(self.gpu) } else { self.dtype.peak(self.gpu) };
         let forward = flops / (peak * self.gpu.arch.attention_efficiency() * self.sustained);
         (forward, 2.5 * forward)
     }
@@ -146,7 +153,7 @@ mod tests {
     #[test]
     fn a_large_multiply_runs_at_the_measured_efficiency() {
         let g = a100();
-        let k = Kernels { gpu: &g, dtype: Dtype::Bf16, hbm_efficiency: 0.9, sustained: 1.0 };
+        let k = Kernels { gpu: &g, dtype: Dtype::Half, hbm_efficiency: 0.9, sustained: 1.0 };
         let n = 8192.0;
         let rate = 2.0 * n * n * n / k.matmul(1.0, n, n, n);
         // 2,048 tiles in 19 waves of 108: 99.8% busy, at 85.9% of 312 TFLOP/s.
@@ -156,9 +163,23 @@ mod tests {
     }
 
     #[test]
+    fn bf16_without_its_tensor_cores_runs_at_the_fp32_rate() {
+        let v100 = gpu("v100-32gb").unwrap();
+        let k = |dtype| Kernels { gpu: &v100, dtype, hbm_efficiency: 0.9, sustained: 1.0 };
+        let n = 8192.0;
+        // fp16 on Volta's tensor cores; bf16 on its CUDA cores, 8x slower.
+        let ratio = k(Dtype::Bf16).matmul(1.0, n, n, n) / k(Dtype::Half).matmul(1.0, n, n, n);
+        assert!((ratio - v100.bf16_flops / v100.fp32_flops).abs() < 1e-9, "{ratio}");
+        // Ampere has them: the same rate either way.
+        let g = a100();
+        let k = |dtype| Kernels { gpu: &g, dtype, hbm_efficiency: 0.9, sustained: 1.0 };
+        assert_eq!(k(Dtype::Bf16).matmul(1.0, n, n, n), k(Dtype::Half).matmul(1.0, n, n, n));
+    }
+
+    #[test]
     fn a_thin_multiply_is_bound_by_memory() {
         let g = a100();
-        let k = Kernels { gpu: &g, dtype: Dtype::Bf16, hbm_efficiency: 0.9, sustained: 1.0 };
+        let k = Kernels { gpu: &g, dtype: Dtype::Half, hbm_efficiency: 0.9, sustained: 1.0 };
         // A matrix-vector product reads the matrix once: 2 × 4096² bytes.
         let t = k.matmul(1.0, 1.0, 4096.0, 4096.0);
         assert_eq!(t, k.memory(2.0 * (4096.0 + 4096.0 * 4096.0 + 4096.0)));
@@ -168,7 +189,7 @@ mod tests {
     #[test]
     fn causal_flash_attention_skips_half_and_its_backward_does_more() {
         let g = a100();
-        let k = Kernels { gpu: &g, dtype: Dtype::Bf16, hbm_efficiency: 0.9, sustained: 1.0 };
+        let k = Kernels { gpu: &g, dtype: Dtype::Half, hbm_efficiency: 0.9, sustained: 1.0 };
         let (f, b) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, false);
         let (fc, bc) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, true);
         assert_eq!(fc * 2.0, f);
@@ -183,7 +204,7 @@ mod tests {
     #[test]
     fn occupancy_counts_tiles_and_waves() {
         let g = a100();
-        let k = Kernels { gpu: &g, dtype: Dtype::Bf16, hbm_efficiency: 0.9, sustained: 1.0 };
+        let k = Kernels { gpu: &g, dtype: Dtype::Half, hbm_efficiency: 0.9, sustained: 1.0 };
         // 108 tiles of 256×128 fill one wave of 108 SMs exactly.
         assert_eq!(k.occupancy(1.0, 256.0 * 108.0, 128.0, 4096.0), 1.0);
         // One row of tiles more: 109 tiles of 256×128 take a second wave almost empty

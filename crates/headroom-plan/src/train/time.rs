@@ -56,7 +56,8 @@ fn dtype(precision: Precision) -> Dtype {
     match precision {
         Precision::Fp32 => Dtype::Fp32,
         Precision::Fp8 => Dtype::Fp8,
-        _ => Dtype::Bf16,
+        Precision::Bf16 => Dtype::Bf16,
+        Precision::Mixed | Precision::Amp => Dtype::Half,
     }
 }
 
