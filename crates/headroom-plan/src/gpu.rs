@@ -49,6 +49,18 @@ impl Arch {
         }
     }
 
+    /// The same for cuDNN's fused attention, which Transformer Engine (Megatron-LM's
+    /// layers) runs, where it is faster than FlashAttention-2: on Hopper, 518 TFLOP/s
+    /// forward (causal) and 499 backward of an H100's 989 at 4k tokens and head dim 128 (the
+    /// FlashAttention-3 paper's benchmarks, arXiv:2407.08608): 51%. Blackwell is taken as
+    /// Hopper, for want of a measurement; elsewhere cuDNN is FlashAttention-2's class.
+    pub fn cudnn_attention_efficiency(self) -> f64 {
+        match self {
+            Arch::Hopper | Arch::Blackwell => 0.51,
+            _ => self.attention_efficiency(),
+        }
+    }
+
     /// The CUDA context and the kernels loaded into it: 0.5 GiB on every generation until
     /// measurements per generation and CUDA version replace it (research/estimation.md §4.1).
     pub fn cuda_context_bytes(self) -> u64 {

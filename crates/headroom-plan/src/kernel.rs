@@ -119,14 +119,23 @@ impl Kernels<'_> {
     }
 
     /// Seconds of a fused attention kernel's forward and its backward: `heads`
-    /// (batch × heads) of `queries` positions against `keys`, `head_dim` wide. A causal
-    /// kernel skips the masked half. The backward does 2.5 times the forward's work
-    /// (five matrix multiplies to its two: Dao 2023, §3.1).
-    pub fn flash_attention(&self, heads: f64, queries: f64, keys: f64, head_dim: f64, causal: bool) -> (f64, f64) {
+    /// (batch × heads) of `queries` positions against `keys`, `head_dim` wide, at
+    /// `efficiency` of the peak ([`crate::gpu::Arch::attention_efficiency`] for
+    /// FlashAttention-2's class). A causal kernel skips the masked half. The backward does
+    /// 2.5 times the forward's work (five matrix multiplies to its two: Dao 2023, §3.1).
+    pub fn flash_attention(
+        &self,
+        heads: f64,
+        queries: f64,
+        keys: f64,
+        head_dim: f64,
+        causal: bool,
+        efficiency: f64,
+    ) -> (f64, f64) {
         let flops = 4.0 * heads * queries * keys * head_dim * if causal { 0.5 } else { 1.0 };
         // No flash kernel computes in fp8 under the training stacks modelled here.
         let peak = if self.dtype == Dtype::Fp8 { Dtype::Half.peak(self.gpu) } else { self.dtype.peak(self.gpu) };
-        let forward = flops / (peak * self.gpu.arch.attention_efficiency() * self.sustained);
+        let forward = flops / (peak * efficiency * self.sustained);
         (forward, 2.5 * forward)
     }
 
@@ -190,8 +199,9 @@ mod tests {
     fn causal_flash_attention_skips_half_and_its_backward_does_more() {
         let g = a100();
         let k = Kernels { gpu: &g, dtype: Dtype::Half, hbm_efficiency: 0.9, sustained: 1.0 };
-        let (f, b) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, false);
-        let (fc, bc) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, true);
+        let e = g.arch.attention_efficiency();
+        let (f, b) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, false, e);
+        let (fc, bc) = k.flash_attention(32.0, 4096.0, 4096.0, 128.0, true, e);
         assert_eq!(fc * 2.0, f);
         assert_eq!(b, 2.5 * f);
         assert_eq!(bc, 2.5 * fc);

@@ -4,7 +4,7 @@
 //! pipeline bubble, exposed collectives, the optimizer step or its offload.
 
 use super::memory::{main_grads_fp32, share, state_bytes_per_param};
-use super::{Attention, Checkpointing, Finetune, Offload, PipelineStage, Precision, TrainConfig};
+use super::{Attention, Checkpointing, Finetune, Framework, Offload, PipelineStage, Precision, TrainConfig};
 use crate::gpu::GpuSpec;
 use crate::kernel::{Dtype, Kernels};
 use crate::model::{Head, Model};
@@ -101,9 +101,16 @@ pub(super) fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> La
     let (s, d) = (cfg.seq as f64, model.head_dim as f64);
     // Decoders mask the future; encoders (BERT, T5's encoder) attend both ways.
     let causal = model.decoder_layers == model.layers;
+    // Megatron-LM's layers are Transformer Engine's, whose fused attention is cuDNN's;
+    // PyTorch's SDPA and transformers run FlashAttention-2's class.
+    let fused = if cfg.framework == Framework::Megatron {
+        gpu.arch.cudnn_attention_efficiency()
+    } else {
+        gpu.arch.attention_efficiency()
+    };
     let (forward, backward) = match cfg.attention {
         Attention::Eager => kn.eager_attention(heads, s / c, s, d),
-        Attention::Sdpa | Attention::Flash => kn.flash_attention(heads, s / c, s, d, causal),
+        Attention::Sdpa | Attention::Flash => kn.flash_attention(heads, s / c, s, d, causal, fused),
     };
     let attention = Pass { forward, backward };
 
