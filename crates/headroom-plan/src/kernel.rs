@@ -3,9 +3,10 @@
 //! memory-bound op (a norm, an activation, a residual add, the loss) by the bytes
 //! it moves. The training step's time ([`crate::train`]) is built from these.
 //!
-//! Every efficiency here is a published measurement, named where it is defined
+//! The efficiencies are published measurements, named where they are defined
 //! ([`crate::gpu::GpuSpec::matmul_efficiency`],
-//! [`crate::gpu::Arch::attention_efficiency`]); the shapes do the rest. A matrix
+//! [`crate::gpu::Arch::attention_efficiency`]; a part without one takes a measured
+//! part's), and one constant is tuned ([`Kernels::sustained`]); the shapes do the rest. A matrix
 //! multiply is split into output tiles that run one per SM in waves: a multiply
 //! whose tiles fill 3.5 waves runs as long as one that fills 4, and that, not
 //! one efficiency for every width, is why a 4,096-wide layer sharded eight ways
