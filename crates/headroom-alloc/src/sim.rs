@@ -212,11 +212,20 @@ impl DeviceMemory for SimDevice {
         self.take_allocation(size)?;
         let ptr = match self.forced.pop_front() {
             Some(p) => {
-                let overlaps = self.segments.range(..p + size).next_back().is_some_and(|(&b, &s)| b + s > p);
+                let Some(end) = p.checked_add(size) else {
+                    self.used -= size;
+                    return Err(address_space_exhausted(size));
+                };
+                let overlaps = self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > p);
                 if overlaps {
                     self.used -= size;
                     return Err(DeviceError::Invalid(format!("forced address {p:#x} overlaps a live segment")));
                 }
+                // The addresses the device picks itself stay above every segment it
+                // placed, as above adopted ones: one picked below a forced segment could
+                // run into it.
+                let end = size.div_ceil(MALLOC_ALIGN).checked_mul(MALLOC_ALIGN).and_then(|s| p.checked_add(s));
+                self.next_malloc = self.next_malloc.max(end.unwrap_or(u64::MAX));
                 p
             }
             None => {
@@ -374,6 +383,23 @@ mod tests {
         assert_eq!(a.malloc(2 * MIB).unwrap(), 0x1000_0000);
         a.push_next_address(0x1000_0000 + MIB);
         assert!(matches!(a.malloc(2 * MIB), Err(DeviceError::Invalid(_))));
+    }
+
+    /// A segment the device places itself never lands on one placed at a forced
+    /// address above its own (found by fuzzing a snapshot whose trace forced one there).
+    #[test]
+    fn its_own_addresses_stay_clear_of_forced_ones() {
+        let mut d = SimDevice::new(GIB);
+        let first = d.malloc(2 * MIB).unwrap();
+        let forced = first + 4 * MIB;
+        d.push_next_address(forced);
+        assert_eq!(d.malloc(20 * MIB).unwrap(), forced);
+        let own = d.malloc(20 * MIB).unwrap();
+        assert!(own >= forced + 20 * MIB, "{own:#x} overlaps the forced segment at {forced:#x}");
+        // A forced address too near the top of the address space for the segment is refused.
+        d.push_next_address(u64::MAX - MIB);
+        assert!(d.malloc(2 * MIB).is_err());
+        assert!(d.malloc(2 * MIB).is_ok());
     }
 
     #[test]
