@@ -148,52 +148,44 @@ def small_configs():
                    num_decoder_layers=2, vocab_size=4096, feed_forward_proj="gated-gelu", tie_word_embeddings=True,
                    decoder_start_token_id=0, pad_token_id=0),
     }
+    def set_any(c, names, value):
+        """Sets whichever of a field's spellings (Llama's, GPT-2's, T5's) the config has."""
+        for k in names:
+            if k in c:
+                c[k] = value(c[k]) if callable(value) else value
+
+    hidden, layers, heads = ("hidden_size", "n_embd", "d_model"), ("num_hidden_layers", "n_layer", "num_layers"), \
+        ("num_attention_heads", "n_head", "num_heads")
+    mlp = ("intermediate_size", "d_ff")
+
     def wide(c):
         c = dict(c)
-        for k in ("hidden_size", "n_embd", "d_model"):
-            if k in c:
-                c[k] = 384
-        for k in ("num_hidden_layers", "n_layer", "num_layers"):
-            if k in c:
-                c[k] = 2
-        for k in ("num_attention_heads", "n_head", "num_heads"):
-            if k in c:
-                c[k] = 6 if c.get("model_type") != "gemma" else 2
+        set_any(c, hidden, 384)
+        set_any(c, layers, 2)
+        set_any(c, heads, 6 if c.get("model_type") != "gemma" else 2)
         if "num_key_value_heads" in c:
             c["num_key_value_heads"] = {"llama": 3, "mistral": 2, "qwen2": 1, "gemma": 1, "phi3": 6,
                                         "mixtral": 2}[c["model_type"]]
-        if "head_dim" in c:
-            c["head_dim"] = 64
-        for k in ("intermediate_size", "d_ff"):
-            if k in c:
-                c[k] = c[k] * 3 // 2
+        set_any(c, ("head_dim",), 64)
+        set_any(c, mlp, lambda f: f * 3 // 2)
         c["vocab_size"] = 6000
         return c
+
     def deep(c):
         """Twice the base's layers (three stacks' worth for T5), a narrower hidden size, other
         heads and widths: the check of how recipes recorded on three layers extrapolate."""
         c = dict(c)
-        for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
-            if k in c:
-                c[k] = 6 if c.get("model_type") != "t5" else 4
-        for k in ("hidden_size", "n_embd", "d_model"):
-            if k in c:
-                c[k] = 192
-        for k in ("num_attention_heads", "n_head", "num_heads"):
-            if k in c:
-                c[k] = 6 if c.get("model_type") != "gemma" else 4
+        set_any(c, layers + ("num_decoder_layers",), 6 if c.get("model_type") != "t5" else 4)
+        set_any(c, hidden, 192)
+        set_any(c, heads, 6 if c.get("model_type") != "gemma" else 4)
         if "num_key_value_heads" in c:
             c["num_key_value_heads"] = {"llama": 2, "mistral": 3, "qwen2": 2, "gemma": 1, "phi3": 6,
                                         "mixtral": 3}[c["model_type"]]
-        if "head_dim" in c:
-            c["head_dim"] = 40
-        if "d_kv" in c:
-            c["d_kv"] = 40
-        for k in ("intermediate_size", "d_ff"):
-            if k in c:
-                c[k] = c[k] * 5 // 4
+        set_any(c, ("head_dim", "d_kv"), 40)
+        set_any(c, mlp, lambda f: f * 5 // 4)
         c["vocab_size"] = 5000
         return c
+
     return ({(f, "base"): c for f, c in base.items()} | {(f, "wide"): wide(c) for f, c in base.items()}
             | {(f, "deep"): deep(c) for f, c in base.items()})
 
