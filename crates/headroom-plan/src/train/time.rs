@@ -181,13 +181,16 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
         }
     };
     let layers = model.layers as f64 / p as f64;
-    let recompute =
-        layers * (r_lin * layer.linear.forward + r_attn * layer.attention.forward + r_elem * layer.elementwise.forward);
-    let forward_time =
-        layers * (layer.linear.forward + layer.attention.forward + layer.elementwise.forward) + head.forward / p as f64;
-    let backward_time = layers * (layer.linear.backward + layer.attention.backward + layer.elementwise.backward)
-        + head.backward / p as f64
-        + recompute;
+    // One layer's kernels, its forward and its backward with what it recomputes.
+    let layer_compute_forward = layer.linear.forward + layer.attention.forward + layer.elementwise.forward;
+    let layer_compute_backward = layer.linear.backward
+        + layer.attention.backward
+        + layer.elementwise.backward
+        + r_lin * layer.linear.forward
+        + r_attn * layer.attention.forward
+        + r_elem * layer.elementwise.forward;
+    let forward_time = layers * layer_compute_forward + head.forward / p as f64;
+    let backward_time = layers * layer_compute_backward + head.backward / p as f64;
     let compute = forward_time + backward_time;
     let attention_time = layers * (layer.attention.forward * (1.0 + r_attn) + layer.attention.backward);
     let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
@@ -202,14 +205,8 @@ pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompu
     // One layer's forward and backward as a profiler would time them: two all-reduces in
     // the forward, the rest in the backward (none shown when overlapped).
     let shown = if par.tp_comm_overlap { 0.0 } else { all_reduce };
-    let layer_forward = layer.linear.forward + layer.attention.forward + layer.elementwise.forward + 2.0 * shown;
-    let layer_backward = layer.linear.backward
-        + layer.attention.backward
-        + layer.elementwise.backward
-        + r_lin * layer.linear.forward
-        + r_attn * layer.attention.forward
-        + r_elem * layer.elementwise.forward
-        + (tp_ops - 2.0) * shown;
+    let layer_forward = layer_compute_forward + 2.0 * shown;
+    let layer_backward = layer_compute_backward + (tp_ops - 2.0) * shown;
     if par.tp_comm_overlap {
         // Chunked against the GEMMs it feeds: only what outlasts them shows.
         tp = (tp - (compute - attention_time)).max(0.0);
