@@ -1,16 +1,16 @@
 //! Inference memory per GPU, for the two ways a model generates:
 //!
-//! - a serving engine (vLLM, SGLang): weights at their storage width, the KV
-//!   cache (grouped-query aware, capped at a sliding window), one layer's
-//!   activations at the prefill chunk, the last tokens' logits, and the
-//!   context — and how many sequences of a given length fit
-//!   (research/estimation.md §3). Tensor parallelism splits the weights and
-//!   the KV heads.
+//! - vLLM's serving engine ([`crate::engine`]): weights at their storage width, and a KV
+//!   cache pool sized to fill `gpu_memory_utilization` of the device after the weights,
+//!   the peak of its start-up profile run and the memory outside PyTorch — and how many
+//!   sequences of a given length that pool holds (grouped-query aware, capped at a sliding
+//!   window). Tensor parallelism splits the weights and the KV heads.
 //! - Hugging Face transformers' forward with a cache (`model(input_ids,
 //!   use_cache=True)`, as an evaluation loop runs it): every layer's keys and
 //!   values, every position's logits, and the temporaries its code
 //!   allocates, moment by moment from [`crate::forward_recipe`].
 
+use crate::engine::{self, Engine};
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
 use crate::model::Model;
@@ -44,13 +44,27 @@ impl WeightFormat {
             WeightFormat::Int4 => 0.5 + 2.0 / 64.0,
         }
     }
+
+    /// Bytes of `model`'s weights in this format. Quantized checkpoints (fp8, int8, int4)
+    /// quantize the linear layers of the blocks and keep the embeddings and the output
+    /// layer in 16 bits (vLLM's FP8 and compressed-tensors models, AWQ and GPTQ alike).
+    pub fn weight_bytes(self, model: &Model) -> f64 {
+        let params = model.params() as f64;
+        match self {
+            WeightFormat::Fp32 | WeightFormat::Bf16 => params * self.bytes_per_param(),
+            _ => {
+                let embeddings = model.embedding_params() as f64;
+                (params - embeddings) * self.bytes_per_param() + embeddings * 2.0
+            }
+        }
+    }
 }
 
 /// Whose code runs the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Runtime {
-    /// A serving engine: paged cache, chunked prefill, the last tokens' logits.
-    Engine,
+    /// vLLM's engine with these settings: a paged cache pool filling what its budget leaves.
+    Vllm(Engine),
     /// transformers' forward with a cache, with this attention kernel: fp32 or bf16 weights,
     /// the cache in the weights' dtype; the last position's logits (`generate`'s first
     /// forward) or, with `all_logits`, every position's (an evaluation loop).
@@ -63,10 +77,8 @@ pub struct InferConfig {
     pub runtime: Runtime,
     /// Concurrent sequences.
     pub batch: u64,
-    /// Tokens per sequence (prompt and output).
+    /// Tokens per sequence (prompt and output; vLLM's `max_model_len`).
     pub seq: u64,
-    /// Tokens computed at once in a prefill step.
-    pub prefill_chunk: u64,
     pub weights: WeightFormat,
     /// Bytes per K or V element (2 for bf16, 1 for fp8); transformers caches in the weights' dtype.
     pub kv_bytes: f64,
@@ -78,18 +90,23 @@ pub struct InferConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct InferEstimate {
     pub weights: f64,
+    /// The cache: with transformers, the batch's; with vLLM, the pool it allocates, which
+    /// may be negative when nothing is left for it (the engine then refuses to start).
     pub kv_cache: f64,
     /// What the runtime keeps beside the weights, cache and logits at its peak (with
-    /// transformers: the ids and the temporaries of the moment).
+    /// transformers: the ids and the temporaries of the moment; with vLLM: the peak of its
+    /// profile run, which the budget sets aside).
     pub activations: f64,
     pub logits: f64,
+    /// The CUDA context, and with vLLM the memory it uses outside PyTorch.
     pub framework: f64,
     pub per_gpu_bytes: f64,
-    /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context.
+    /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context
+    /// (and with vLLM, but its memory outside PyTorch).
     pub reserved_bytes: f64,
     pub fits: bool,
-    /// Sequences of `seq` tokens the memory left after weights, activations and context
-    /// holds (with transformers: the largest batch of `seq` tokens that fits).
+    /// Sequences of `seq` tokens the cache holds (with transformers: the largest batch of
+    /// `seq` tokens that fits).
     pub max_sequences: u64,
     /// Tokens of KV the same memory holds.
     pub max_tokens: u64,
@@ -110,7 +127,7 @@ pub enum Unsupported {
     #[error(
         "transformers' forward with a cache was measured for decoder-only families (Llama, Mistral, \
          Qwen2, Gemma, Phi-3, Mixtral, GPT-2, GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of \
-         them: plan it as a serving engine (--framework auto)"
+         them: plan it as a serving engine (--framework vllm)"
     )]
     Family(String, &'static str),
 }
@@ -141,33 +158,41 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
             return transformers(model, gpu, cfg, recipe);
         }
     }
+    let engine = match cfg.runtime {
+        Runtime::Vllm(e) => e,
+        Runtime::Transformers { .. } => Engine::vllm_defaults(gpu),
+    };
+    vllm(model, gpu, cfg, &engine)
+}
+
+/// vLLM's engine: the pool its budget leaves (see [`crate::engine`]).
+fn vllm(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine) -> InferEstimate {
     let t = cfg.tensor.max(1) as f64;
-    let weights = model.params() as f64 * cfg.weights.bytes_per_param() / t;
+    let weights = cfg.weights.weight_bytes(model) / t;
     // Heads split over the tensor-parallel GPUs; a group of KV heads smaller than t is replicated.
     let kv_split = t.min(model.kv_heads as f64);
     let per_token = model.kv_bytes_per_token(cfg.kv_bytes) / kv_split;
     let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w));
-    let kv_cache = per_token * cfg.batch as f64 * cached as f64;
-    // One layer's working set at the prefill chunk (EleutherAI's 16 values per
-    // hidden unit per token, 2 bytes each), reused layer after layer.
-    let activations = cfg.prefill_chunk.min(cfg.batch.saturating_mul(cfg.seq)) as f64 * model.hidden as f64 * 32.0 / t;
-    // Logits of the last token of each sequence, fp32.
-    let logits = cfg.batch as f64 * model.vocab as f64 * 4.0 / t;
-    let framework = gpu.arch.cuda_context_bytes() as f64;
-    let per_gpu = weights + kv_cache + activations + logits + framework;
-    let free_for_kv = gpu.memory_bytes as f64 - (weights + activations + logits + framework);
-    let max_tokens = if free_for_kv > 0.0 { (free_for_kv / per_token) as u64 } else { 0 };
+    let block = e.block_size.max(1);
+    let per_sequence = cached.div_ceil(block) as f64 * block as f64 * per_token;
+    let activations = engine::profile_peak(model, e, cfg.tensor);
+    let non_torch = engine::non_torch_bytes(cfg.tensor);
+    let budget = e.gpu_memory_utilization * engine::reported_total(gpu);
+    let pool = budget - weights - activations - non_torch;
+    let room = pool.max(0.0);
+    let max_sequences = (room / per_sequence) as u64;
+    let context = gpu.arch.cuda_context_bytes() as f64;
     InferEstimate {
         weights,
-        kv_cache,
+        kv_cache: pool,
         activations,
-        logits,
-        framework,
-        per_gpu_bytes: per_gpu,
-        reserved_bytes: per_gpu - framework,
-        fits: per_gpu <= gpu.memory_bytes as f64,
-        max_sequences: max_tokens / cached.max(1),
-        max_tokens,
+        logits: 0.0,
+        framework: non_torch + context,
+        per_gpu_bytes: budget + context,
+        reserved_bytes: budget - non_torch,
+        fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
+        max_sequences,
+        max_tokens: (room / per_token) as u64,
     }
 }
 
@@ -207,34 +232,67 @@ mod tests {
     use crate::gpu::gpu;
     use crate::model::preset;
 
-    #[test]
-    fn grouped_query_attention_shrinks_the_cache() {
-        let cfg = InferConfig {
-            runtime: Runtime::Engine,
-            batch: 8,
-            seq: 4096,
-            prefill_chunk: 2048,
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    fn serve(g: &GpuSpec, batch: u64, seq: u64) -> InferConfig {
+        InferConfig {
+            runtime: Runtime::Vllm(Engine::vllm_defaults(g)),
+            batch,
+            seq,
             weights: WeightFormat::Bf16,
             kv_bytes: 2.0,
             tensor: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn the_pool_is_what_the_budget_leaves_and_holds_whole_blocks() {
+        let g = gpu("h100-sxm").unwrap();
+        let m = preset("llama-3.1-8b").unwrap();
+        let cfg = serve(&g, 1, 16000);
+        let e = estimate(&m, &g, &cfg);
+        let budget = 0.9 * 0.99 * 80.0 * GIB;
+        assert_eq!(e.kv_cache, budget - e.weights - e.activations - 0.13 * GIB);
+        assert_eq!(e.per_gpu_bytes, budget + 0.5 * GIB);
+        // 128 KiB a token; a 16,000-token sequence takes 1,000 blocks of 16.
+        assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);
+        assert_eq!(e.max_sequences, (e.kv_cache / (16000.0 * 131072.0)) as u64);
+        assert!(e.fits);
+        assert!(!estimate(&m, &g, &InferConfig { batch: e.max_sequences + 1, ..cfg }).fits);
+        // A 16,001-token sequence takes a 1,001st block.
+        let odd = estimate(&m, &g, &InferConfig { seq: 16001, ..cfg });
+        assert_eq!(odd.max_sequences, (e.kv_cache / (16016.0 * 131072.0)) as u64);
+    }
+
+    #[test]
+    fn grouped_query_attention_and_windows_shrink_what_a_sequence_takes() {
         let g = gpu("a100-80gb").unwrap();
-        let mha = estimate(&preset("llama-2-7b").unwrap(), &g, &cfg);
-        let gqa = estimate(&preset("llama-3-8b").unwrap(), &g, &cfg);
+        let mha = estimate(&preset("llama-2-7b").unwrap(), &g, &serve(&g, 1, 4096));
+        let gqa = estimate(&preset("llama-3-8b").unwrap(), &g, &serve(&g, 1, 4096));
         // 512 KiB vs 128 KiB a token (research/estimation.md §3.1).
-        assert_eq!(mha.kv_cache, 8.0 * 4096.0 * 512.0 * 1024.0);
-        assert_eq!(gqa.kv_cache * 4.0, mha.kv_cache);
+        assert_eq!(mha.max_tokens, (mha.kv_cache / (512.0 * 1024.0)) as u64);
+        assert_eq!(gqa.max_tokens, (gqa.kv_cache / (128.0 * 1024.0)) as u64);
         assert!(gqa.max_sequences > 3 * mha.max_sequences);
-        let int4 = estimate(&preset("llama-2-70b").unwrap(), &g, &InferConfig { weights: WeightFormat::Int4, ..cfg });
-        assert!(int4.fits && int4.weights < 40e9);
-        assert!(!estimate(&preset("llama-2-70b").unwrap(), &g, &cfg).fits);
-        // Two GPUs halve the weights and the cache (vllm #11251: Llama-3-8B at TP 2, 64 KiB a token a GPU).
-        let tp2 = estimate(&preset("llama-3-8b").unwrap(), &g, &InferConfig { tensor: 2, ..cfg });
-        assert_eq!(tp2.kv_cache * 2.0, gqa.kv_cache);
-        assert_eq!(preset("llama-3-8b").unwrap().kv_bytes_per_token(2.0) / 2.0, 65536.0);
+        // Two GPUs halve the weights and a token's cache (vllm #11251: Llama-3-8B at TP 2,
+        // 64 KiB a token a GPU).
+        let l3 = preset("llama-3-8b").unwrap();
+        let tp2 = estimate(&l3, &g, &InferConfig { tensor: 2, ..serve(&g, 1, 4096) });
+        assert_eq!(tp2.weights * 2.0, gqa.weights);
+        assert_eq!(tp2.max_tokens, (tp2.kv_cache / 65536.0) as u64);
         // Mistral's 4,096-token window caps what a 32K sequence keeps.
-        let long = InferConfig { seq: 32768, batch: 1, ..cfg };
-        let mistral = estimate(&preset("mistral-7b").unwrap(), &g, &long);
-        assert_eq!(mistral.kv_cache, 4096.0 * 128.0 * 1024.0);
+        let mistral = estimate(&preset("mistral-7b").unwrap(), &g, &serve(&g, 1, 32768));
+        assert_eq!(mistral.max_sequences, (mistral.kv_cache / (4096.0 * 131072.0)) as u64);
+    }
+
+    #[test]
+    fn quantized_weights_keep_embeddings_in_sixteen_bits_and_an_oversized_model_does_not_start() {
+        let g = gpu("a100-80gb").unwrap();
+        let m = preset("llama-2-70b").unwrap();
+        let emb = m.embedding_params() as f64;
+        let int4 = estimate(&m, &g, &InferConfig { weights: WeightFormat::Int4, ..serve(&g, 1, 4096) });
+        assert_eq!(int4.weights, (m.params() as f64 - emb) * (0.5 + 2.0 / 64.0) + 2.0 * emb);
+        assert!(int4.fits);
+        let bf16 = estimate(&m, &g, &serve(&g, 1, 4096));
+        assert!(!bf16.fits && bf16.kv_cache < 0.0 && bf16.max_sequences == 0 && bf16.max_tokens == 0);
     }
 }

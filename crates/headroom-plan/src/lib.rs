@@ -4,7 +4,7 @@
 //! Hugging Face `config.json`, with exact parameter counts), the GPUs
 //! ([`gpu`]), the training and inference memory models ([`train`],
 //! [`infer`], with transformers' measured activations in [`recipe`] and
-//! [`forward_recipe`]), the recommendation search ([`search`]), engine configs
+//! [`forward_recipe`], and vLLM's start-up budget in [`engine`]), the recommendation search ([`search`]), engine configs
 //! ([`emit`]), the optimal activation-checkpointing solver ([`checkpoint`]),
 //! and the step's phases fitted to a snapshot of the user's own run
 //! ([`calibrate`]).
@@ -14,6 +14,7 @@ pub mod checkpoint;
 mod error;
 pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
 pub mod emit;
+pub mod engine;
 pub mod forward_recipe;
 pub mod gpu;
 pub mod infer;

@@ -217,7 +217,6 @@ fn inference_forwards_match_the_cpu_ground_truth() {
             runtime: Runtime::Transformers { attention, all_logits: c.get("logits").is_none_or(|l| l == "all") },
             batch: c["batch"].as_u64().unwrap(),
             seq: c["seq"].as_u64().unwrap(),
-            prefill_chunk: 2048,
             weights: if c["precision"] == "bf16" { WeightFormat::Bf16 } else { WeightFormat::Fp32 },
             kv_bytes: 2.0,
             tensor: 1,

@@ -15,7 +15,9 @@
 //!   times, set before these rows were computed with the kernel model);
 //! - a whole job's peak memory as its framework logs it (torchtitan's
 //!   `max_reserved`: every tensor and the caching allocator's slack, no CUDA
-//!   context): 15%, against the plan's `reserved_bytes`.
+//!   context): 15%, against the plan's `reserved_bytes`;
+//! - a serving engine's start-up figures as it logs them (vLLM's profile peak
+//!   and KV cache): 15%, as every other term that is not a closed form.
 //!
 //! Rows whose sources leave out an input the plan needs, or count a
 //! different thing, are listed as indicative, with the reason. Rows that
@@ -24,6 +26,7 @@
 //! The table in docs/VALIDATION.md is this test's output; regenerate it with
 //! `HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation`.
 
+use headroom_plan::engine::Engine;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::{preset, Model};
@@ -52,6 +55,9 @@ enum Class {
     Time,
     /// A whole job's peak reserved memory as its framework logs it: 15%.
     JobPeak,
+    /// A serving engine's start-up figures as it logs them (vLLM's profile peak and KV
+    /// cache): 15%, as every term that is not a closed form.
+    EngineLog,
 }
 
 impl Class {
@@ -62,7 +68,7 @@ impl Class {
                 let value: f64 = published.parse().expect("a published figure is a number");
                 (0.5 * 10f64.powi(-decimals) / value).max(0.01)
             }
-            Class::Estimator | Class::Component | Class::Boundary | Class::JobPeak => 0.15,
+            Class::Estimator | Class::Component | Class::Boundary | Class::JobPeak | Class::EngineLog => 0.15,
             Class::Time => 0.15,
         }
     }
@@ -372,16 +378,16 @@ fn model_state_rows(rows: &mut Vec<Row>) {
     ));
     // vllm #11251: Llama-3-8B at TP 2 loads 7.51 GiB of weights per GPU.
     let l3 = preset("llama-3-8b").unwrap();
+    let a100 = gpu("a100-40gb").unwrap();
     let cfg = InferConfig {
-        runtime: Runtime::Engine,
+        runtime: Runtime::Vllm(Engine::vllm_defaults(&a100)),
         batch: 1,
         seq: 4096,
-        prefill_chunk: 2048,
         weights: WeightFormat::Bf16,
         kv_bytes: 2.0,
         tensor: 2,
     };
-    let e = infer::estimate(&l3, &gpu("a100-40gb").unwrap(), &cfg);
+    let e = infer::estimate(&l3, &a100, &cfg);
     rows.push(number(
         "vllm #11251",
         "Llama-3-8B, TP 2",
@@ -838,6 +844,84 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
     }
 }
 
+const QWEN3_0_6B: &str = r#"{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": true}"#;
+
+const QWEN3_32B: &str = r#"{"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": false}"#;
+
+/// vLLM's start-up logs on H100 80 GB (llm-d/llm-d-benchmark,
+/// config_explorer/empirical-vllm-memory-results.md): `vllm serve` with its defaults
+/// (gpu_memory_utilization 0.9; on this GPU 8,192 tokens and 1,024 sequences a step),
+/// max-model-len 16,000 unless said, bf16 unless said. The log's figures per GPU: weights
+/// loaded, the profile run's peak, and the KV cache the rest leaves. The memory outside
+/// PyTorch is set from two of them (0.13 GiB on one GPU: Llama-3.1-8B; 0.55 GiB on two:
+/// Llama-3.3-70B-FP8), which makes their KV rows tuning rows; the profile's peak and the
+/// weights are computed, not set, on every row.
+fn engine_rows(rows: &mut Vec<Row>) {
+    let h100 = gpu("h100-sxm").unwrap();
+    let serve = |seq: u64, weights: WeightFormat, tensor: u64| InferConfig {
+        runtime: Runtime::Vllm(Engine::vllm_defaults(&h100)),
+        batch: 1,
+        seq,
+        weights,
+        kv_bytes: 2.0,
+        tensor,
+    };
+    let l31 = preset("llama-3.1-8b").unwrap();
+    let l70 = Model { name: "llama-3.3-70b".into(), max_position: 131072, ..preset("llama-3-70b").unwrap() };
+    let q06 = Model::from_hf_config(QWEN3_0_6B, "qwen3-0.6b").unwrap();
+    let q32 = Model::from_hf_config(QWEN3_32B, "qwen3-32b").unwrap();
+    let source = "llm-d vLLM logs";
+    for (m, name, weights, tensor, published, kv_tuned) in [
+        (&l31, "Llama-3.1-8B", WeightFormat::Bf16, 1, ["14.99", "4.76", "51.38"], true),
+        (&q06, "Qwen3-0.6B", WeightFormat::Bf16, 1, ["1.12", "5.56", "64.45"], false),
+        (&q32, "Qwen3-32B", WeightFormat::Bf16, 1, ["61.03", "5.64", "4.45"], false),
+        (&l70, "Llama-3.3-70B-FP8, TP 2", WeightFormat::Fp8, 2, ["33.88", "4.84", "32.0"], true),
+    ] {
+        let e = infer::estimate(m, &h100, &serve(16000, weights, tensor));
+        let setup = format!("{name}, H100, vllm serve defaults");
+        rows.push(number(
+            source,
+            setup.clone(),
+            "weights per GPU",
+            published[0],
+            e.weights / GIB,
+            "GiB",
+            Check::Within(Class::ClosedForm),
+        ));
+        rows.push(number(
+            source,
+            setup.clone(),
+            "profile run's peak",
+            published[1],
+            e.activations / GIB,
+            "GiB",
+            Check::Within(Class::EngineLog),
+        ));
+        let kv =
+            number(source, setup, "KV cache", published[2], e.kv_cache / GIB, "GiB", Check::Within(Class::EngineLog));
+        rows.push(if kv_tuned { tuning(kv) } else { kv });
+    }
+    // The engine starts when its cache holds one sequence of max-model-len tokens.
+    for (m, name, weights, tensor, seq, started) in [
+        (&l31, "Llama-3.1-8B", WeightFormat::Bf16, 1, 16000, true),
+        (&q06, "Qwen3-0.6B", WeightFormat::Bf16, 1, 32000, true),
+        (&q32, "Qwen3-32B", WeightFormat::Bf16, 1, 16000, true),
+        (&q32, "Qwen3-32B", WeightFormat::Bf16, 1, 32000, false),
+        (&l70, "Llama-3.3-70B-FP8, TP 2", WeightFormat::Fp8, 2, 16000, true),
+        (&l70, "Llama-3.3-70B-FP8, one GPU", WeightFormat::Fp8, 1, 16000, false),
+    ] {
+        let e = infer::estimate(m, &h100, &serve(seq, weights, tensor));
+        rows.push(Row {
+            metric: "the engine starts",
+            ..fits(source, format!("{name}, H100, max-model-len {seq}"), started, e.fits)
+        });
+    }
+}
+
 /// The same indicative reason again (`Check` is not `Copy`: its reasons are borrowed text).
 fn compiled_again(c: &Check) -> Check {
     match c {
@@ -853,6 +937,7 @@ fn table() -> (String, Vec<Row>) {
     fit_rows(&mut rows);
     time_rows(&mut rows);
     torchtitan_rows(&mut rows);
+    engine_rows(&mut rows);
     let mut text = String::from(
         "| source | setup | metric | used for | published | predicted | error | tolerance | verdict |\n\
          |---|---|---|---|---:|---:|---:|---|---|\n",

@@ -5,6 +5,8 @@ use crate::target_arg::Target;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use headroom_plan::emit::Engine;
+use headroom_plan::engine::Engine as Serving;
+use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
@@ -28,11 +30,14 @@ use headroom_plan::train::{
 /// its forward and backward were recorded allocation by allocation and the
 /// peak is the largest moment of the step, or the optimizer step — as real
 /// steps show (docs/VALIDATION.md); elsewhere every term is summed with
-/// Korthikanti's activations (Megatron). Inference: weights at their width,
-/// the KV cache, the prefill activations, and how many sequences fit in a
-/// serving engine; with --framework hf, transformers' own forward with a
-/// cache, as generate's first forward (or, with --all-logits, an evaluation
-/// loop) runs it, its temporaries and logits recorded the same way.
+/// Korthikanti's activations (Megatron). Inference: as vLLM sizes its KV
+/// cache at start-up — gpu_memory_utilization of the device, less the
+/// weights, the peak of its profile run (a forward of max_num_batched_tokens
+/// tokens, then the sampler over max_num_seqs rows) and the memory outside
+/// PyTorch — and how many sequences of --seq tokens that cache holds; with
+/// --framework hf, transformers' own forward with a cache, as generate's
+/// first forward (or, with --all-logits, an evaluation loop) runs it, its
+/// temporaries and logits recorded the same way.
 ///
 /// Your own model's layers, optimizer or script may keep more or less than
 /// any recipe: --calibrate fits the plan to a memory snapshot of a smaller
@@ -58,6 +63,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
+                        headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 4 --seq 8192\n  \
                         headroom plan --model data/models/cs336-medium.json --gpu a100-80gb --precision fp32 --attention eager --batch 4 --seq 1024 --calibrate small-run.pickle --calibrate-seq 128"
 )]
@@ -132,9 +138,10 @@ pub struct PlanArgs {
     /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
     /// (one model replica per GPU, full fine-tuning, no or full checkpointing; the peak from
     /// its recorded steps), Megatron-LM otherwise.
-    /// With --infer: auto plans a serving engine (vLLM, SGLang: paged cache, chunked
-    /// prefill); hf plans transformers' own forward with a cache as generate's first one
-    /// runs it (the last position's logits; every position's with --all-logits) and the
+    /// With --infer: auto and vllm plan vLLM's serving engine (its KV cache pool, sized at
+    /// start-up; --gpu-memory-utilization, --max-num-batched-tokens, --max-num-seqs,
+    /// --block-size); hf plans transformers' own forward with a cache as generate's first
+    /// one runs it (the last position's logits; every position's with --all-logits) and the
     /// temporaries its code allocates, as measured; fp32 or bf16 --weights, --attention
     /// eager or sdpa.
     #[arg(long, value_parser = named::<Framework>(), default_value = "auto")]
@@ -189,6 +196,21 @@ pub struct PlanArgs {
     /// Inference KV-cache element width [default: bf16; with --framework hf the weights'].
     #[arg(long, requires = "infer", value_enum)]
     kv_dtype: Option<KvArg>,
+    /// vLLM: the share of the GPU's memory the engine may take, weights, profile run and KV
+    /// cache together [default: 0.9].
+    #[arg(long, requires = "infer", value_parser = share)]
+    gpu_memory_utilization: Option<f64>,
+    /// vLLM: tokens in one step, the length of its profile run's forward [default: 8192 on
+    /// GPUs of 70 GiB or more but the A100, 2048 elsewhere, as `vllm serve`].
+    #[arg(long, requires = "infer", value_parser = positive())]
+    max_num_batched_tokens: Option<u64>,
+    /// vLLM: sequences in one step, the rows its profile run samples [default: 1024 on GPUs
+    /// of 70 GiB or more but the A100, 256 elsewhere, as `vllm serve`].
+    #[arg(long, requires = "infer", value_parser = positive())]
+    max_num_seqs: Option<u64>,
+    /// vLLM: tokens per KV-cache block; a sequence takes whole blocks [default: 16].
+    #[arg(long, requires = "infer", value_parser = positive())]
+    block_size: Option<u64>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -216,6 +238,15 @@ impl KvArg {
     }
 }
 
+/// A share in (0, 1].
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not in (0, 1]: the share of the GPU's memory the engine may take")),
+        Err(_) => Err(format!("{s:?} is not a number (e.g. 0.9)")),
+    }
+}
+
 /// A whole number of at least 1.
 fn positive() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..)
@@ -239,6 +270,9 @@ impl PlanArgs {
     /// The training configuration the arguments describe.
     pub fn train_config(&self) -> Result<TrainConfig> {
         let a = self;
+        if a.framework == Framework::Vllm {
+            bail!("--framework vllm plans inference: add --infer (training takes auto, hf, megatron or torchtitan)");
+        }
         let model_parallel = a.tp.checked_mul(a.pp).and_then(|x| x.checked_mul(a.cp)).unwrap_or(u64::MAX);
         if !a.gpus.is_multiple_of(model_parallel) || model_parallel > a.gpus {
             bail!(
@@ -300,19 +334,34 @@ impl PlanArgs {
 }
 
 impl PlanArgs {
-    /// The inference configuration the arguments describe.
-    pub fn infer_config(&self) -> Result<InferConfig> {
+    /// The inference configuration the arguments describe, on `gpu`.
+    pub fn infer_config(&self, gpu: &GpuSpec) -> Result<InferConfig> {
+        let engine_flags = [
+            ("--gpu-memory-utilization", self.gpu_memory_utilization.is_some()),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens.is_some()),
+            ("--max-num-seqs", self.max_num_seqs.is_some()),
+            ("--block-size", self.block_size.is_some()),
+        ];
         let runtime = match self.framework {
-            Framework::Auto => {
+            Framework::Auto | Framework::Vllm => {
                 if self.all_logits {
                     bail!("--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)");
                 }
                 if self.attention == Attention::Eager {
                     bail!("--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)");
                 }
-                Runtime::Engine
+                let d = Serving::vllm_defaults(gpu);
+                Runtime::Vllm(Serving {
+                    gpu_memory_utilization: self.gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
+                    max_num_batched_tokens: self.max_num_batched_tokens.unwrap_or(d.max_num_batched_tokens),
+                    max_num_seqs: self.max_num_seqs.unwrap_or(d.max_num_seqs),
+                    block_size: self.block_size.unwrap_or(d.block_size),
+                })
             }
             Framework::HuggingFace => {
+                if let Some((flag, _)) = engine_flags.iter().find(|(_, set)| *set) {
+                    bail!("{flag}: a vLLM setting (--framework vllm); transformers' forward has none");
+                }
                 if let Some(kv) = self.kv_dtype {
                     bail!(
                         "--kv-dtype {}: transformers caches keys and values in the weights' dtype (--weights)",
@@ -321,14 +370,15 @@ impl PlanArgs {
                 }
                 Runtime::Transformers { attention: self.attention, all_logits: self.all_logits }
             }
-            other => bail!("--framework {}: plans training; --infer takes auto (a serving engine) or hf", other.arg()),
+            other => {
+                bail!("--framework {}: plans training; --infer takes auto or vllm (vLLM's engine) or hf", other.arg())
+            }
         };
         Ok(InferConfig {
             runtime,
             tensor: self.tp,
             batch: self.batch,
             seq: self.seq,
-            prefill_chunk: 2048,
             weights: self.weights,
             kv_bytes: match self.kv_dtype {
                 Some(KvArg::Fp8) => 1.0,

@@ -121,13 +121,24 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
-        "framework": match p.config.runtime { Runtime::Engine => "auto", Runtime::Transformers { .. } => "hf" },
+        "framework": match p.config.runtime { Runtime::Vllm(_) => "vllm", Runtime::Transformers { .. } => "hf" },
+        "engine": match p.config.runtime {
+            Runtime::Vllm(v) => Some(json!({
+                "gpu_memory_utilization": v.gpu_memory_utilization,
+                "max_num_batched_tokens": v.max_num_batched_tokens,
+                "max_num_seqs": v.max_num_seqs,
+                "block_size": v.block_size,
+                "kv_cache_bytes": signed_bytes(e.kv_cache),
+                "profile_peak_bytes": bytes(e.activations),
+            })),
+            Runtime::Transformers { .. } => None,
+        },
         "attention": match p.config.runtime {
-            Runtime::Engine => None,
+            Runtime::Vllm(_) => None,
             Runtime::Transformers { attention, .. } => Some(attention.name()),
         },
         "logits": match p.config.runtime {
-            Runtime::Engine => None,
+            Runtime::Vllm(_) => None,
             Runtime::Transformers { all_logits, .. } => Some(if all_logits { "all" } else { "last" }),
         },
         "weights": p.config.weights.name(),

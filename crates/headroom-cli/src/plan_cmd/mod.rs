@@ -63,7 +63,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let (model, gpu) = a.target.resolve()?;
     if a.infer {
         a.check_inference(&model)?;
-        let cfg: InferConfig = a.infer_config()?;
+        let cfg: InferConfig = a.infer_config(&gpu)?;
         infer::check(&model, &cfg)?;
         let estimate = infer::estimate(&model, &gpu, &cfg);
         let max_seq = a.max_seq.then(|| infer::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));

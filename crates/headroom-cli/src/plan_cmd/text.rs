@@ -188,7 +188,10 @@ pub(super) fn infer(p: &InferPlan) -> String {
         a.batch,
         a.seq,
         match p.config.runtime {
-            Runtime::Engine => "a serving engine".to_string(),
+            Runtime::Vllm(v) => format!(
+                "vLLM (gpu_memory_utilization {}, {} tokens and {} sequences a step)",
+                v.gpu_memory_utilization, v.max_num_batched_tokens, v.max_num_seqs
+            ),
             Runtime::Transformers { attention, all_logits } => format!(
                 "{} ({} weights, {} attention)",
                 if all_logits {
@@ -202,22 +205,66 @@ pub(super) fn infer(p: &InferPlan) -> String {
         }
     );
     outln!(out);
-    let terms = [
-        ("weights", e.weights),
-        ("kv cache", e.kv_cache),
-        ("activations", e.activations),
-        ("logits", e.logits),
-        ("framework", e.framework),
-    ];
-    terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
+    let terms = match p.config.runtime {
+        Runtime::Vllm(_) => vec![
+            ("weights", e.weights),
+            ("kv cache", e.kv_cache),
+            ("profile peak", e.activations),
+            ("framework", e.framework),
+        ],
+        Runtime::Transformers { .. } => vec![
+            ("weights", e.weights),
+            ("kv cache", e.kv_cache),
+            ("activations", e.activations),
+            ("logits", e.logits),
+            ("framework", e.framework),
+        ],
+    };
     match p.config.runtime {
-        Runtime::Engine => {
-            outln!(out, "KV cache room: {} tokens, {} sequences of {} tokens", e.max_tokens, e.max_sequences, a.seq)
+        Runtime::Vllm(v) => {
+            terms_only(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes);
+            let total = headroom_plan::engine::reported_total(&p.gpu);
+            let verdict = if e.fits { "fits" } else { "does NOT fit" };
+            outln!(
+                out,
+                "{verdict}: vLLM takes {} of {} per GPU: {} × the {} CUDA reports, and the context",
+                format_size(e.per_gpu_bytes as u64),
+                format_size(p.gpu.memory_bytes),
+                v.gpu_memory_utilization,
+                format_size(total as u64),
+            );
+            if e.kv_cache <= 0.0 {
+                outln!(
+                    out,
+                    "vLLM would not start: the weights, the profile run's peak and {} outside PyTorch leave {} \
+                     of its budget for the KV cache",
+                    format_size(headroom_plan::engine::non_torch_bytes(a.tp) as u64),
+                    signed_size(e.kv_cache)
+                );
+            } else {
+                outln!(
+                    out,
+                    "KV cache: {} tokens, {} sequences of {} tokens in blocks of {}{}",
+                    e.max_tokens,
+                    e.max_sequences,
+                    a.seq,
+                    v.block_size,
+                    if e.max_sequences == 0 {
+                        " — vLLM would not start: not one sequence of --seq tokens (its max_model_len) fits"
+                    } else if e.max_sequences < a.batch {
+                        " — fewer than the --batch asked"
+                    } else {
+                        ""
+                    }
+                );
+            }
         }
         Runtime::Transformers { .. } if e.max_sequences == 0 => {
+            terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", a.seq)
         }
         Runtime::Transformers { .. } => {
+            terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, a.seq)
         }
     }
@@ -284,13 +331,7 @@ fn signed_size(x: f64) -> String {
 }
 
 fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
-    let scale = (capacity as f64).max(total);
-    for (name, bytes) in terms {
-        let width = ((bytes.max(0.0) / scale) * 40.0).round() as usize;
-        outln!(out, "  {name:<12} {:>12}  {}", signed_size(*bytes), "█".repeat(width));
-    }
-    outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
-    outln!(out);
+    terms_only(out, terms, total, capacity);
     outln!(
         out,
         "{}: {} of {} per GPU",
@@ -298,6 +339,17 @@ fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity
         format_size(total as u64),
         format_size(capacity)
     );
+}
+
+/// The terms as bars, and their total.
+fn terms_only(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64) {
+    let scale = (capacity as f64).max(total);
+    for (name, bytes) in terms {
+        let width = ((bytes.max(0.0) / scale) * 40.0).round() as usize;
+        outln!(out, "  {name:<12} {:>12}  {}", signed_size(*bytes), "█".repeat(width));
+    }
+    outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
+    outln!(out);
 }
 
 fn calibration_lines(out: &mut String, c: &super::calibration::Calibrated) {

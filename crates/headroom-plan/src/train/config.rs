@@ -195,6 +195,8 @@ pub enum Framework {
     /// so the peak holds log-softmax's fp32 output, its gradient and the gradient of its
     /// input: 12 bytes a logit, not transformers' 16.
     Torchtitan,
+    /// vLLM's serving engine: inference only ([`crate::engine`]).
+    Vllm,
 }
 
 named!(Framework {
@@ -202,6 +204,7 @@ named!(Framework {
     HuggingFace => ("hf", "Hugging Face transformers"),
     Megatron => ("megatron", "Megatron-LM"),
     Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
+    Vllm => ("vllm", "vLLM's serving engine (--infer)"),
 });
 
 named!(Precision {
