@@ -295,6 +295,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let time_us = self.explicit_time.unwrap_or(self.clock);
             self.clock += 1;
             let device_free = None;
+            let stream = self.policy.stream_of(stream);
             h.push(TraceEntry { action, addr, size, stream, time_us, device_free });
         }
     }
@@ -316,10 +317,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let rounded = sizing::round_size(&self.config, size);
         let kind = sizing::pool_for(rounded);
         let alloc_size = sizing::allocation_size(&self.config, rounded);
+        // From here on `place` (the policy's placement stream) decides which blocks and
+        // segments serve the request; `stream` is what the caller and the OOM report see.
+        let place = self.policy.place(rounded, stream);
 
-        let mut found = self.get_free_block(kind, stream, rounded);
+        let mut found = self.get_free_block(kind, place, rounded);
         if found.is_none() && self.trigger_free_memory_callbacks()? {
-            found = self.get_free_block(kind, stream, rounded);
+            found = self.get_free_block(kind, place, rounded);
         }
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then
@@ -335,26 +339,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 }
                 Rung::Allocate => {
                     let growth = if nothing_to_reclaim { Growth::Ahead } else { Growth::Exact };
-                    self.alloc_block(kind, stream, rounded, alloc_size, false, growth)?
+                    self.alloc_block(kind, place, rounded, alloc_size, false, growth)?
                 }
                 Rung::AllocateUnderPeak => {
                     let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
-                    self.alloc_block(kind, stream, rounded, alloc_size, false, Growth::UnderPeak(peak))?
+                    self.alloc_block(kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
-                    nothing_to_reclaim = self.reclaim_free_pages(kind, stream, rounded)? == 0;
+                    nothing_to_reclaim = self.reclaim_free_pages(kind, place, rounded)? == 0;
                     None
                 }
                 Rung::ReleaseOversizeThenAllocate => {
-                    if self.release_available_cached_blocks(kind, stream, rounded)? {
-                        self.alloc_block(kind, stream, rounded, alloc_size, false, Growth::Exact)?
+                    if self.release_available_cached_blocks(kind, place, rounded)? {
+                        self.alloc_block(kind, place, rounded, alloc_size, false, Growth::Exact)?
                     } else {
                         None
                     }
                 }
                 Rung::FlushThenAllocate => {
                     self.release_cached_blocks()?;
-                    self.alloc_block(kind, stream, rounded, alloc_size, true, Growth::Exact)?
+                    self.alloc_block(kind, place, rounded, alloc_size, true, Growth::Exact)?
                 }
             };
         }
@@ -362,7 +366,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Err(self.out_of_memory(size, rounded, alloc_size, stream));
         };
         let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
-        Ok(self.alloc_found_block(id, kind, stream, rounded, size, split))
+        let a = self.alloc_found_block(id, kind, place, rounded, size, split);
+        self.policy.on_alloc(a.ptr, a.size);
+        Ok(a)
     }
 
     fn out_of_memory(&mut self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> AllocError {
@@ -651,6 +657,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Ok(());
         }
         let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        self.policy.on_free(ptr);
         let b = &mut self.arena[id];
         debug_assert!(b.allocated);
         b.allocated = false;
@@ -678,8 +685,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Ok(());
         }
         let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let own = self.policy.stream_of(self.arena[id].stream);
         let b = &mut self.arena[id];
-        if stream != b.stream {
+        if stream != own {
             b.has_stream_uses = true;
             let uses = self.stream_uses.entry(id).or_default();
             if !uses.contains(&stream) {

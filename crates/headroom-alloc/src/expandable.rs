@@ -352,7 +352,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Ok(());
         }
         let (un_ptr, un_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
-        self.device.unmap(un_ptr, un_size, seg.page, stream)?;
+        self.device.unmap(un_ptr, un_size, seg.page, self.policy.stream_of(stream))?;
         self.pool_mut(kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
         if before > 0 {

@@ -77,7 +77,9 @@ pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, Stream
 pub use error::{AllocError, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
-pub use policy::{ExpandableFit, ExpandablePolicy, HeadroomPolicy, NamedPolicy, Policy, PolicyName, PyTorchPolicy};
+pub use policy::{
+    ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, Policy, PolicyName, PyTorchPolicy,
+};
 pub use restore::LiveBlock;
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};

@@ -108,7 +108,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             allocated_size: 0,
             active_size: 0,
             requested_size: 0,
-            stream: first.stream,
+            stream: self.policy.stream_of(first.stream),
             segment_type: first.pool,
             is_expandable: first.is_expandable(),
             blocks: Vec::with_capacity(run.len()),

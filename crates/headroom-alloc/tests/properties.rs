@@ -6,7 +6,7 @@
 //! have given back. Two deliberately broken policies show the suite catches
 //! an allocator that gives up too early or always.
 
-use headroom_alloc::policy::{ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
+use headroom_alloc::policy::{ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Policy, PyTorchPolicy, Rung};
 use headroom_alloc::sizing;
 use headroom_alloc::units::MIB;
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, SimDevice};
@@ -171,6 +171,9 @@ fn run_with<P: Policy>(conf: &str, ops: &[Op], policy: P) -> Result<(), TestCase
     let count = |name: &str| snap.device_traces[0].iter().filter(|e| e.action.name() == name).count();
     prop_assert_eq!(count("alloc"), count("free_completed"));
     prop_assert_eq!(count("alloc"), count("free_requested"));
+    // The trace names the callers' streams, whatever placement streams the policy used.
+    prop_assert!(snap.device_traces[0].iter().all(|e| e.stream < 3), "a stream no caller used");
+    prop_assert!(snap.segments.iter().all(|s| s.stream < 3), "a segment on a stream no caller used");
     Ok(())
 }
 
@@ -187,6 +190,8 @@ proptest! {
     fn every_policy_keeps_the_invariants(conf in 0..CONFIGS.len(), ops in proptest::collection::vec(op(), 1..160)) {
         run_with(CONFIGS[conf], &ops, ExpandablePolicy)?;
         run_with(CONFIGS[conf], &ops, HeadroomPolicy)?;
+        // Lifetimes of a few allocations: both placement streams in use within 160 steps.
+        run_with(CONFIGS[conf], &ops, LifetimePolicy::long_after(4))?;
     }
 }
 

@@ -15,21 +15,32 @@
 //! | `pytorch` | [`PyTorchPolicy`] | nothing: PyTorch's decisions, exactly |
 //! | `expandable` | [`ExpandablePolicy`] | expandable segments for every pool |
 //! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows |
+//! | `lifetime` | [`LifetimePolicy`] | `headroom`'s, with long-lived and short-lived blocks kept apart |
 //!
 //! [`NamedPolicy`] picks one by name at run time (`headroom replay --policy`).
 //! A policy sees only what the allocator sees when it decides: the request,
 //! the cache and the statistics, never what comes next.
+//!
+//! A policy may also place a request apart from others of its stream: it maps
+//! the request's stream to a *placement stream* ([`Policy::place`]), and the
+//! mechanism keeps blocks of different placement streams in different
+//! segments and free sets, as it keeps streams apart. Everything the outside
+//! sees — traces, snapshots, `record_stream` — carries the request's own
+//! stream ([`Policy::stream_of`]).
 
 use crate::config::AllocatorConfig;
+use crate::device::StreamId;
 use crate::stats::PoolKind;
 
 mod expandable;
 mod headroom;
+mod lifetime;
 mod named;
 mod pytorch;
 
 pub use expandable::ExpandablePolicy;
 pub use headroom::HeadroomPolicy;
+pub use lifetime::LifetimePolicy;
 pub use named::{NamedPolicy, PolicyName, UnknownPolicy};
 pub use pytorch::PyTorchPolicy;
 
@@ -142,4 +153,26 @@ pub trait Policy: Send {
     /// Settings the policy relies on, applied over the user's when the
     /// allocator starts and whenever settings change at run time.
     fn configure(&self, _config: &mut AllocatorConfig) {}
+
+    /// The placement stream of a rounded request of `rounded` bytes on `stream`: the
+    /// blocks that may serve it and the segments it may grow are those of this stream.
+    /// The request's own stream by default.
+    #[inline]
+    fn place(&mut self, _rounded: u64, stream: StreamId) -> StreamId {
+        stream
+    }
+
+    /// The request's stream behind a placement stream [`Policy::place`] returned.
+    #[inline]
+    fn stream_of(&self, placement: StreamId) -> StreamId {
+        placement
+    }
+
+    /// A block of `size` bytes was handed out at `ptr`.
+    #[inline]
+    fn on_alloc(&mut self, _ptr: u64, _size: u64) {}
+
+    /// The block at `ptr` was freed (its memory may still wait for other streams).
+    #[inline]
+    fn on_free(&mut self, _ptr: u64) {}
 }

@@ -2,8 +2,11 @@
 //! --policy NAME`): [`PolicyName`] parses and lists them, [`NamedPolicy`]
 //! holds the chosen one and forwards to it with one `match` per decision.
 
-use super::{CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, Policy, PyTorchPolicy, Rung};
+use super::{
+    CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Policy, PyTorchPolicy, Rung,
+};
 use crate::config::AllocatorConfig;
+use crate::device::StreamId;
 use crate::stats::PoolKind;
 use std::fmt;
 use std::str::FromStr;
@@ -14,17 +17,20 @@ pub enum PolicyName {
     PyTorch,
     Expandable,
     Headroom,
+    Lifetime,
 }
 
 impl PolicyName {
     /// Every policy, the default first.
-    pub const ALL: [PolicyName; 3] = [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom];
+    pub const ALL: [PolicyName; 4] =
+        [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Lifetime];
 
     pub fn name(self) -> &'static str {
         match self {
             PolicyName::PyTorch => "pytorch",
             PolicyName::Expandable => "expandable",
             PolicyName::Headroom => "headroom",
+            PolicyName::Lifetime => "lifetime",
         }
     }
 
@@ -34,6 +40,7 @@ impl PolicyName {
             PolicyName::PyTorch => "PyTorch's caching allocator, decision for decision (the default)",
             PolicyName::Expandable => "PyTorch's, with expandable segments for every pool",
             PolicyName::Headroom => "expandable, and whole free pages reused before reserved memory passes its peak",
+            PolicyName::Lifetime => "headroom's, with sizes seen to live long placed apart from the short-lived",
         }
     }
 
@@ -42,6 +49,7 @@ impl PolicyName {
             PolicyName::PyTorch => NamedPolicy::PyTorch(PyTorchPolicy),
             PolicyName::Expandable => NamedPolicy::Expandable(ExpandablePolicy),
             PolicyName::Headroom => NamedPolicy::Headroom(HeadroomPolicy),
+            PolicyName::Lifetime => NamedPolicy::Lifetime(Box::default()),
         }
     }
 }
@@ -54,7 +62,7 @@ impl fmt::Display for PolicyName {
 
 /// A name that is not a policy's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy `{0}` (known: pytorch, expandable, headroom)")]
+#[error("unknown policy `{0}` (known: pytorch, expandable, headroom, lifetime)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyName {
@@ -64,12 +72,14 @@ impl FromStr for PolicyName {
     }
 }
 
-/// One of the policies headroom ships, chosen at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One of the policies headroom ships, chosen at run time. The ones that learn carry
+/// their state behind a box, so the others stay a word wide.
+#[derive(Clone, Debug)]
 pub enum NamedPolicy {
     PyTorch(PyTorchPolicy),
     Expandable(ExpandablePolicy),
     Headroom(HeadroomPolicy),
+    Lifetime(Box<LifetimePolicy>),
 }
 
 impl NamedPolicy {
@@ -78,6 +88,7 @@ impl NamedPolicy {
             NamedPolicy::PyTorch(_) => PolicyName::PyTorch,
             NamedPolicy::Expandable(_) => PolicyName::Expandable,
             NamedPolicy::Headroom(_) => PolicyName::Headroom,
+            NamedPolicy::Lifetime(_) => PolicyName::Lifetime,
         }
     }
 }
@@ -88,6 +99,7 @@ macro_rules! forward {
             NamedPolicy::PyTorch($p) => $call,
             NamedPolicy::Expandable($p) => $call,
             NamedPolicy::Headroom($p) => $call,
+            NamedPolicy::Lifetime($p) => $call,
         }
     };
 }
@@ -123,6 +135,22 @@ impl Policy for NamedPolicy {
     }
     fn expandable_fit(&self) -> ExpandableFit {
         forward!(self, p => p.expandable_fit())
+    }
+    #[inline]
+    fn place(&mut self, rounded: u64, stream: StreamId) -> StreamId {
+        forward!(self, p => p.place(rounded, stream))
+    }
+    #[inline]
+    fn stream_of(&self, placement: StreamId) -> StreamId {
+        forward!(self, p => p.stream_of(placement))
+    }
+    #[inline]
+    fn on_alloc(&mut self, ptr: u64, size: u64) {
+        forward!(self, p => p.on_alloc(ptr, size))
+    }
+    #[inline]
+    fn on_free(&mut self, ptr: u64) {
+        forward!(self, p => p.on_free(ptr))
     }
 }
 
