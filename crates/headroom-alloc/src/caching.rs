@@ -319,9 +319,21 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let alloc_size = sizing::allocation_size(&self.config, rounded);
         // From here on `place` (the policy's placement stream) decides which blocks and
         // segments serve the request; `stream` is what the caller and the OOM report see.
-        let place = self.policy.place(rounded, stream);
-
-        let mut found = self.get_free_block(kind, place, rounded);
+        let placement = self.policy.place(rounded, stream);
+        let mut place = placement.stream;
+        let mut found = None;
+        if let Some(slot) = placement.at {
+            if kind == PoolKind::Large && self.expandable_active() {
+                found = self.carve_at(kind, place, slot, rounded)?;
+            }
+            // Not to be had: the request goes wherever its own stream's would.
+            if found.is_none() {
+                place = self.policy.stream_of(place);
+            }
+        }
+        if found.is_none() {
+            found = self.get_free_block(kind, place, rounded);
+        }
         if found.is_none() && self.trigger_free_memory_callbacks()? {
             found = self.get_free_block(kind, place, rounded);
         }
@@ -367,7 +379,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         };
         let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
         let a = self.alloc_found_block(id, kind, place, rounded, size, split);
-        self.policy.on_alloc(a.ptr, a.size);
+        self.policy.on_alloc(a.ptr, a.size, place);
         Ok(a)
     }
 

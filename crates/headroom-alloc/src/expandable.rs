@@ -21,7 +21,7 @@ use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
-use crate::policy::{ExpandableFit, Policy};
+use crate::policy::{ArenaSlot, ExpandableFit, Policy};
 use crate::stats::{self, PoolKind};
 
 /// Where an expandable segment grows for a request.
@@ -90,6 +90,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if let Some(g) = self.expandable_candidate(kind, stream, size) {
             return Ok(g);
         }
+        Ok(Grow::From(self.new_reservation(kind, stream)?))
+    }
+
+    /// A new reservation for (`kind`, `stream`), all unmapped: its one block's id.
+    fn new_reservation(&mut self, kind: PoolKind, stream: StreamId) -> Result<u32, AllocError> {
         let page = self.policy.page_size(&self.config, kind);
         let total = self.device_total;
         let va_size = (total + total / 8).div_ceil(page) * page;
@@ -101,7 +106,74 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         b.expandable = index;
         let id = self.arena.insert(b);
         self.pool_mut(kind).unmapped.insert((stream, base), id);
-        Ok(Grow::From(id))
+        Ok(id)
+    }
+
+    /// The free block at `slot` of `stream`'s arena — its first reservation in `kind` —
+    /// covering `size` bytes from there, taken out of the free set with what lay before it
+    /// split off; `Ok(None)` if none covers it (the request then goes anywhere on its own
+    /// stream). A fresh arena is mapped whole, only where reserved memory stays within its
+    /// peak so far, after giving back whole free pages elsewhere if need be; pages of an
+    /// arena given back since are not mapped again (its slots there are not to be had).
+    pub(crate) fn carve_at(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        slot: ArenaSlot,
+        size: u64,
+    ) -> Result<Option<u32>, AllocError> {
+        let seg = self.expandable.iter().flatten().find(|s| s.stream == stream && s.pool == kind).copied();
+        let seg = match seg {
+            Some(seg) => seg,
+            None => {
+                let id = self.new_reservation(kind, stream)?;
+                self.expandable[self.arena[id].expandable as usize].expect("the reservation just made")
+            }
+        };
+        if slot.offset.saturating_add(size) > seg.va_size {
+            return Ok(None);
+        }
+        // A fresh arena is mapped whole, where that passes no peak: the plan's blocks then
+        // find their pages mapped, and the pages the first steps left cached go back at once.
+        // If even giving back every free byte could not make room, nothing is tried.
+        let fresh = self.pool(kind).unmapped.get(&(stream, seg.base)).copied();
+        if let Some(head) = fresh.filter(|&id| self.arena[id].size == seg.va_size) {
+            let arena = slot.arena.max(slot.offset + size).next_multiple_of(seg.page).min(seg.va_size);
+            let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+            let allocated = self.stats.allocated_bytes[0].current.max(0) as u64;
+            if allocated + arena > peak {
+                return Ok(None);
+            }
+            let over = (self.total_allocated_memory + arena).saturating_sub(peak);
+            if over > 0 {
+                self.reclaim_free_pages(kind, stream, over)?;
+            }
+            if self.total_allocated_memory + arena > peak || !self.map_block(head, arena)? {
+                return Ok(None);
+            }
+        }
+        let (at, end) = (seg.base + slot.offset, seg.base + slot.offset + size);
+        let Some((bsize, bptr, id)) = self.pool(kind).blocks.find_containing(stream, at, end) else {
+            return Ok(None);
+        };
+        self.pool_mut(kind).blocks.remove(stream, bsize, bptr);
+        if bptr < at {
+            let prev = self.arena[id].prev;
+            let mut front = Block::new(bptr, at - bptr, stream, kind);
+            front.expandable = self.arena[id].expandable;
+            front.prev = prev;
+            front.next = id;
+            let fid = self.arena.insert(front);
+            if prev != NIL {
+                self.arena[prev].next = fid;
+            }
+            let b = &mut self.arena[id];
+            b.prev = fid;
+            b.ptr = at;
+            b.size -= at - bptr;
+            self.insert_into_blocks(fid);
+        }
+        Ok(Some(id))
     }
 
     /// Where an existing reservation can grow to hold `size` bytes, if one

@@ -148,6 +148,26 @@ impl FreeSet {
         self.streams[i].1.first_at_least(key).filter(|e| e.0 == key).map(|e| e.1)
     }
 
+    /// The free block on `stream` that covers `[lo, hi)`, if one does. A scan of the
+    /// stream's blocks of at least `hi - lo` bytes: for a policy's arena, whose free
+    /// blocks are the holes between its planned ones.
+    pub fn find_containing(&self, stream: StreamId, lo: u64, hi: u64) -> Option<(u64, u64, u32)> {
+        let i = self.stream_index(stream).ok()?;
+        let covers = |&(k, _): &(u128, u32)| {
+            let (s, p) = unpack(k);
+            p <= lo && hi <= p + s
+        };
+        let from = pack(hi - lo, 0);
+        let hit = match &self.streams[i].1 {
+            Entries::Small(v) => v[v.partition_point(|e| e.0 < from)..].iter().copied().find(covers),
+            Entries::Large(m) => m.range(from..).map(|(k, id)| (*k, *id)).find(covers),
+        };
+        hit.map(|(k, id)| {
+            let (s, p) = unpack(k);
+            (s, p, id)
+        })
+    }
+
     /// Best fit: the smallest block of at least `size` on `stream`, lowest address first.
     #[inline]
     pub fn first_at_least(&self, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
@@ -310,6 +330,13 @@ mod tests {
                 model.range((stream, 0, 0)..(stream, q, 0)).rev().map(|(k, v)| (k.1, k.2, *v)).collect();
             prop_assert_eq!(set.below_descending(stream, q), below);
             prop_assert_eq!(set.ids(), model.values().copied().collect::<Vec<_>>());
+            let (lo, hi) = (ptr + q / 3, ptr + q);
+            let covering = model
+                .range((stream, hi - lo, 0)..)
+                .take_while(|(k, _)| k.0 == stream)
+                .find(|(k, _)| k.2 <= lo && hi <= k.2 + k.1)
+                .map(|(k, v)| (k.1, k.2, *v));
+            prop_assert_eq!(set.find_containing(stream, lo, hi), covering);
         }
         Ok(())
     }

@@ -78,7 +78,8 @@ pub use error::{AllocError, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
 pub use policy::{
-    ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, Policy, PolicyName, PyTorchPolicy,
+    ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
+    PyTorchPolicy,
 };
 pub use restore::LiveBlock;
 pub use sim::SimDevice;

@@ -145,3 +145,67 @@ fn a_refused_request_mid_step_leaves_the_rest_and_the_next_step_runs() {
         check_intact(&a, &live, policy.name());
     }
 }
+
+/// `planned`: once a step has repeated, the steps after it run in one arena at the
+/// offsets the plan chose — no device call, every block where the plan put it — and a
+/// step that departs from the plan drops it, losing nothing. Without room under the peak
+/// for the arena, no plan is kept.
+#[test]
+fn planned_steps_run_from_one_arena_once_a_step_repeats() {
+    let mut a = allocator(PolicyName::Planned, 4 << 30);
+    let weights = a.malloc(512 * MIB, 0).unwrap();
+    let mut live = vec![(weights.ptr, weights.size)];
+    let plans = |a: &DeviceCachingAllocator<FaultyDevice<SimDevice>, NamedPolicy>| match a.policy() {
+        NamedPolicy::Planned(p) => (p.plans(), p.arena()),
+        _ => unreachable!("the planned policy"),
+    };
+    // The first step holds a workspace beside its activations, as first iterations do
+    // (autotuning, lazily made state): the peak it sets leaves the later steps room to map
+    // an arena without passing it.
+    let workspace = a.malloc(200 * MIB, 0).unwrap();
+    step(&mut a, &mut live).unwrap();
+    a.free(workspace.ptr).unwrap();
+    // A second step to see the step repeat; the plan is made in the third, maps its arena
+    // (giving back the pages the first steps left cached) and settles by the fifth.
+    for i in 1..5 {
+        step(&mut a, &mut live).unwrap();
+        check_intact(&a, &live, &format!("step {i}"));
+    }
+    let ((made, dropped), arena) = plans(&a);
+    assert_eq!((made, dropped), (1, 0));
+    let (arena_bytes, planned) = arena.expect("a plan in force");
+    // Every large request of the step is planned (the 300 kB ones are small-pool blocks).
+    assert_eq!(planned, 6 * 3 + 6);
+    let calls = |a: &DeviceCachingAllocator<FaultyDevice<SimDevice>, NamedPolicy>| {
+        let s = a.memory_stats();
+        s["num_device_alloc"] + s["num_device_free"]
+    };
+    let (before, reserved) = (calls(&a), a.reserved_bytes());
+    for i in 5..9 {
+        step(&mut a, &mut live).unwrap();
+        check_intact(&a, &live, &format!("planned step {i}"));
+    }
+    assert_eq!(calls(&a), before, "planned steps call the device");
+    assert_eq!(a.reserved_bytes(), reserved);
+    // The arena holds what one step has live at its peak, no more: here the activations
+    // of six layers, 50 to 65 MiB each plus their 12-17 MiB and 3-6 MiB companions.
+    let step_live: u64 = (0..6).flat_map(step_sizes).filter(|&s| s > MIB).map(|s| s.next_multiple_of(2 * MIB)).sum();
+    assert!(arena_bytes <= step_live, "arena {arena_bytes} B for {step_live} B live at the step's peak");
+    // Another shape: the plan is dropped at the first request that departs; nothing is lost.
+    let odd = a.malloc(7 * MIB, 0).unwrap();
+    live.push((odd.ptr, odd.size));
+    assert_eq!(plans(&a).0, (1, 1));
+    step(&mut a, &mut live).unwrap();
+    check_intact(&a, &live, "after the plan was dropped");
+
+    // The same steps with no room under the peak (no workspace): every plan is dropped at
+    // its first request, and the run is headroom's.
+    let mut b = allocator(PolicyName::Planned, 4 << 30);
+    let mut held = vec![(b.malloc(512 * MIB, 0).unwrap().ptr, 512 * MIB)];
+    for i in 0..6 {
+        step(&mut b, &mut held).unwrap();
+        check_intact(&b, &held, &format!("tight step {i}"));
+    }
+    let ((made, dropped), arena) = plans(&b);
+    assert!(made >= 1 && made == dropped && arena.is_none(), "{made} made, {dropped} dropped");
+}

@@ -6,7 +6,9 @@
 //! have given back. Two deliberately broken policies show the suite catches
 //! an allocator that gives up too early or always.
 
-use headroom_alloc::policy::{ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Policy, PyTorchPolicy, Rung};
+use headroom_alloc::policy::{
+    ExpandablePolicy, HeadroomPolicy, LifetimePolicy, PlannedPolicy, Policy, PyTorchPolicy, Rung,
+};
 use headroom_alloc::sizing;
 use headroom_alloc::units::MIB;
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, SimDevice};
@@ -192,6 +194,29 @@ proptest! {
         run_with(CONFIGS[conf], &ops, HeadroomPolicy)?;
         // Lifetimes of a few allocations: both placement streams in use within 160 steps.
         run_with(CONFIGS[conf], &ops, LifetimePolicy::long_after(4))?;
+        run_with(CONFIGS[conf], &ops, PlannedPolicy::default())?;
+    }
+
+    /// A random step of requests and frees, repeated: `planned` makes its plan and serves
+    /// the later steps from its arena, with the same invariants after every operation,
+    /// and with a departing step in the middle.
+    #[test]
+    fn planned_keeps_the_invariants_on_repeated_steps(
+        conf in 0..CONFIGS.len(),
+        step in proptest::collection::vec(
+            prop_oneof![3 => size().prop_map(|size| Op::Alloc { size, stream: 0 }), 2 => any::<usize>().prop_map(|pick| Op::Free { pick })],
+            4..40,
+        ),
+        odd in size(),
+    ) {
+        let mut ops = Vec::new();
+        for i in 0..8 {
+            ops.extend(step.iter().cloned());
+            if i == 5 {
+                ops.push(Op::Alloc { size: odd, stream: 0 });
+            }
+        }
+        run_with(CONFIGS[conf], &ops, PlannedPolicy::default())?;
     }
 }
 

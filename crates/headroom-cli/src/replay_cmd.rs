@@ -70,8 +70,8 @@ pub struct ReplayArgs {
     #[arg(long = "alloc-conf", value_name = "STR")]
     alloc_conf: Vec<String>,
 
-    /// Allocation policy: pytorch, expandable, headroom or lifetime. Repeat to
-    /// compare; each runs under every --alloc-conf.
+    /// Allocation policy: pytorch, expandable, headroom, lifetime or planned.
+    /// Repeat to compare; each runs under every --alloc-conf.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<PolicyName>,
 

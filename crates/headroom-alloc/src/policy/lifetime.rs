@@ -19,7 +19,7 @@
 //! Measured on every fixture, this does not beat [`super::HeadroomPolicy`] and
 //! so is not part of it (docs/VALIDATION.md, "Allocation policies").
 
-use super::{CachedSegment, ExpandableFit, HeadroomPolicy, Policy, Rung};
+use super::{CachedSegment, ExpandableFit, HeadroomPolicy, Placement, Policy, Rung};
 use crate::config::AllocatorConfig;
 use crate::device::StreamId;
 use crate::stats::PoolKind;
@@ -112,19 +112,15 @@ impl Policy for LifetimePolicy {
         HeadroomPolicy.configure(config)
     }
 
-    fn place(&mut self, rounded: u64, stream: StreamId) -> StreamId {
-        if self.predicts_long(rounded) {
-            stream | LONG_LANE
-        } else {
-            stream
-        }
+    fn place(&mut self, rounded: u64, stream: StreamId) -> Placement {
+        Placement::stream(if self.predicts_long(rounded) { stream | LONG_LANE } else { stream })
     }
 
     fn stream_of(&self, placement: StreamId) -> StreamId {
         placement & !LONG_LANE
     }
 
-    fn on_alloc(&mut self, ptr: u64, size: u64) {
+    fn on_alloc(&mut self, ptr: u64, size: u64, _placed: StreamId) {
         self.live.insert(ptr, (self.tick, size));
         self.tick += 1;
     }
@@ -150,17 +146,17 @@ mod tests {
     fn sizes_that_died_old_are_placed_apart_and_the_stream_is_kept() {
         let mut p = LifetimePolicy::default();
         // Before any free, everything is long-lived: a model loading.
-        assert_eq!(p.place(4 * MIB, 7), 7 | LONG_LANE);
+        assert_eq!(p.place(4 * MIB, 7).stream, 7 | LONG_LANE);
         assert_eq!(p.stream_of(7 | LONG_LANE), 7);
-        p.on_alloc(0x1000, 4 * MIB);
-        p.on_alloc(0x2000, 2 * MIB);
+        p.on_alloc(0x1000, 4 * MIB, 0);
+        p.on_alloc(0x2000, 2 * MIB, 0);
         p.on_free(0x2000);
         // A size seen dying young, and one never seen freed: short-lived.
-        assert_eq!(p.place(2 * MIB, 7), 7);
-        assert_eq!(p.place(6 * MIB, 7), 7);
+        assert_eq!(p.place(2 * MIB, 7), Placement::stream(7));
+        assert_eq!(p.place(6 * MIB, 7), Placement::stream(7));
         // The 4 MiB block outlives LONG_AFTER allocations: 4 MiB is long-lived from then on.
         for i in 0..LONG_AFTER {
-            p.on_alloc(0x10_0000 + i, 512);
+            p.on_alloc(0x10_0000 + i, 512, 0);
             p.on_free(0x10_0000 + i);
         }
         p.on_free(0x1000);

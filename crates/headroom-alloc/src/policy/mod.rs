@@ -16,6 +16,7 @@
 //! | `expandable` | [`ExpandablePolicy`] | expandable segments for every pool |
 //! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows |
 //! | `lifetime` | [`LifetimePolicy`] | `headroom`'s, with long-lived and short-lived blocks kept apart |
+//! | `planned` | [`PlannedPolicy`] | `headroom`'s, and a repeating step's blocks at offsets planned ahead |
 //!
 //! [`NamedPolicy`] picks one by name at run time (`headroom replay --policy`).
 //! A policy sees only what the allocator sees when it decides: the request,
@@ -36,12 +37,14 @@ mod expandable;
 mod headroom;
 mod lifetime;
 mod named;
+mod planned;
 mod pytorch;
 
 pub use expandable::ExpandablePolicy;
 pub use headroom::HeadroomPolicy;
 pub use lifetime::LifetimePolicy;
 pub use named::{NamedPolicy, PolicyName, UnknownPolicy};
+pub use planned::PlannedPolicy;
 pub use pytorch::PyTorchPolicy;
 
 /// One step of the climb when no cached block serves a request. The first
@@ -70,6 +73,32 @@ pub enum Rung {
     /// Wait for pending cross-stream frees, give back every unsplit cached
     /// segment, and allocate (counted as a retry).
     FlushThenAllocate,
+}
+
+/// Where a request goes ([`Policy::place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The placement stream.
+    pub stream: StreamId,
+    /// An exact place in the placement stream's arena, tried before any other.
+    pub at: Option<ArenaSlot>,
+}
+
+impl Placement {
+    /// Anywhere on `stream`.
+    pub fn stream(stream: StreamId) -> Self {
+        Placement { stream, at: None }
+    }
+}
+
+/// A place in a placement stream's arena: its first expandable reservation in the
+/// request's pool, `arena` bytes long. The request takes the bytes `offset` bytes in, if
+/// nothing holds them (the mechanism maps their pages as growth would), and goes anywhere
+/// on its own stream if something does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaSlot {
+    pub offset: u64,
+    pub arena: u64,
 }
 
 /// Where an expandable segment grows when several places have room for a
@@ -154,12 +183,13 @@ pub trait Policy: Send {
     /// allocator starts and whenever settings change at run time.
     fn configure(&self, _config: &mut AllocatorConfig) {}
 
-    /// The placement stream of a rounded request of `rounded` bytes on `stream`: the
-    /// blocks that may serve it and the segments it may grow are those of this stream.
-    /// The request's own stream by default.
+    /// Where a rounded request of `rounded` bytes on `stream` goes: its placement stream
+    /// (the blocks that may serve it and the segments it may grow are that stream's), and
+    /// optionally an exact place in that stream's arena. The request's own stream, anywhere
+    /// in it, by default.
     #[inline]
-    fn place(&mut self, _rounded: u64, stream: StreamId) -> StreamId {
-        stream
+    fn place(&mut self, _rounded: u64, stream: StreamId) -> Placement {
+        Placement::stream(stream)
     }
 
     /// The request's stream behind a placement stream [`Policy::place`] returned.
@@ -168,9 +198,10 @@ pub trait Policy: Send {
         placement
     }
 
-    /// A block of `size` bytes was handed out at `ptr`.
+    /// A block of `size` bytes was handed out at `ptr`, on placement stream `placed` (the
+    /// caller's own when the place [`Policy::place`] asked for could not be had).
     #[inline]
-    fn on_alloc(&mut self, _ptr: u64, _size: u64) {}
+    fn on_alloc(&mut self, _ptr: u64, _size: u64, _placed: StreamId) {}
 
     /// The block at `ptr` was freed (its memory may still wait for other streams).
     #[inline]

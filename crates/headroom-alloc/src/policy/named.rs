@@ -3,7 +3,8 @@
 //! holds the chosen one and forwards to it with one `match` per decision.
 
 use super::{
-    CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Policy, PyTorchPolicy, Rung,
+    CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Placement, PlannedPolicy, Policy,
+    PyTorchPolicy, Rung,
 };
 use crate::config::AllocatorConfig;
 use crate::device::StreamId;
@@ -18,12 +19,13 @@ pub enum PolicyName {
     Expandable,
     Headroom,
     Lifetime,
+    Planned,
 }
 
 impl PolicyName {
     /// Every policy, the default first.
-    pub const ALL: [PolicyName; 4] =
-        [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Lifetime];
+    pub const ALL: [PolicyName; 5] =
+        [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Lifetime, PolicyName::Planned];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -31,6 +33,7 @@ impl PolicyName {
             PolicyName::Expandable => "expandable",
             PolicyName::Headroom => "headroom",
             PolicyName::Lifetime => "lifetime",
+            PolicyName::Planned => "planned",
         }
     }
 
@@ -41,6 +44,9 @@ impl PolicyName {
             PolicyName::Expandable => "PyTorch's, with expandable segments for every pool",
             PolicyName::Headroom => "expandable, and whole free pages reused before reserved memory passes its peak",
             PolicyName::Lifetime => "headroom's, with sizes seen to live long placed apart from the short-lived",
+            PolicyName::Planned => {
+                "headroom's, and once a step repeats, its blocks at offsets packed ahead in one arena"
+            }
         }
     }
 
@@ -50,6 +56,7 @@ impl PolicyName {
             PolicyName::Expandable => NamedPolicy::Expandable(ExpandablePolicy),
             PolicyName::Headroom => NamedPolicy::Headroom(HeadroomPolicy),
             PolicyName::Lifetime => NamedPolicy::Lifetime(Box::default()),
+            PolicyName::Planned => NamedPolicy::Planned(Box::default()),
         }
     }
 }
@@ -62,7 +69,7 @@ impl fmt::Display for PolicyName {
 
 /// A name that is not a policy's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy `{0}` (known: pytorch, expandable, headroom, lifetime)")]
+#[error("unknown policy `{0}` (known: pytorch, expandable, headroom, lifetime, planned)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyName {
@@ -80,6 +87,7 @@ pub enum NamedPolicy {
     Expandable(ExpandablePolicy),
     Headroom(HeadroomPolicy),
     Lifetime(Box<LifetimePolicy>),
+    Planned(Box<PlannedPolicy>),
 }
 
 impl NamedPolicy {
@@ -89,6 +97,7 @@ impl NamedPolicy {
             NamedPolicy::Expandable(_) => PolicyName::Expandable,
             NamedPolicy::Headroom(_) => PolicyName::Headroom,
             NamedPolicy::Lifetime(_) => PolicyName::Lifetime,
+            NamedPolicy::Planned(_) => PolicyName::Planned,
         }
     }
 }
@@ -100,6 +109,7 @@ macro_rules! forward {
             NamedPolicy::Expandable($p) => $call,
             NamedPolicy::Headroom($p) => $call,
             NamedPolicy::Lifetime($p) => $call,
+            NamedPolicy::Planned($p) => $call,
         }
     };
 }
@@ -137,7 +147,7 @@ impl Policy for NamedPolicy {
         forward!(self, p => p.expandable_fit())
     }
     #[inline]
-    fn place(&mut self, rounded: u64, stream: StreamId) -> StreamId {
+    fn place(&mut self, rounded: u64, stream: StreamId) -> Placement {
         forward!(self, p => p.place(rounded, stream))
     }
     #[inline]
@@ -145,8 +155,8 @@ impl Policy for NamedPolicy {
         forward!(self, p => p.stream_of(placement))
     }
     #[inline]
-    fn on_alloc(&mut self, ptr: u64, size: u64) {
-        forward!(self, p => p.on_alloc(ptr, size))
+    fn on_alloc(&mut self, ptr: u64, size: u64, placed: StreamId) {
+        forward!(self, p => p.on_alloc(ptr, size, placed))
     }
     #[inline]
     fn on_free(&mut self, ptr: u64) {
