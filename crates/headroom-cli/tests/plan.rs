@@ -4,6 +4,11 @@ use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
 
+/// `headroom plan ARGS` exits 2 (bad input) and says `msg`.
+fn refused(args: &[&str], msg: &str) {
+    Command::cargo_bin("headroom").unwrap().arg("plan").args(args).assert().code(2).stderr(contains(msg));
+}
+
 fn plan(args: &[&str]) -> (i32, Value) {
     let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
     let code = out.status.code().unwrap();
@@ -359,13 +364,7 @@ fn transformers_inference_plans_its_own_forward() {
         (&["--framework", "hf", "--gpu-memory-utilization", "0.8"], "a vLLM setting"),
         (&["--all-logits"], "applies to --framework hf"),
     ] {
-        Command::cargo_bin("headroom")
-            .unwrap()
-            .args(["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"])
-            .args(args)
-            .assert()
-            .code(2)
-            .stderr(contains(msg));
+        refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
     // An encoder-decoder generates, but transformers' forward was measured for decoders only.
     Command::cargo_bin("headroom")
@@ -437,19 +436,8 @@ fn vllm_sizes_its_cache_from_its_settings() {
         (&["--gpu-memory-utilization", "x"], "not a number"),
         (&["--max-num-seqs", "0"], "max-num-seqs"),
     ] {
-        Command::cargo_bin("headroom")
-            .unwrap()
-            .args(["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"])
-            .args(args)
-            .assert()
-            .code(2)
-            .stderr(contains(msg));
+        refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
     // vLLM plans inference only.
-    Command::cargo_bin("headroom")
-        .unwrap()
-        .args(["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--framework", "vllm"])
-        .assert()
-        .code(2)
-        .stderr(contains("plans inference"));
+    refused(&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--framework", "vllm"], "plans inference");
 }

@@ -80,37 +80,7 @@ impl LifetimePolicy {
 }
 
 impl Policy for LifetimePolicy {
-    #[inline]
-    fn may_serve(&self, config: &AllocatorConfig, rounded: u64, block_size: u64) -> bool {
-        HeadroomPolicy.may_serve(config, rounded, block_size)
-    }
-    fn ladder(&self) -> &[Rung] {
-        HeadroomPolicy.ladder()
-    }
-    fn garbage_target(&self, config: &AllocatorConfig, reserved: u64, limit: Option<u64>) -> Option<u64> {
-        HeadroomPolicy.garbage_target(config, reserved, limit)
-    }
-    fn pick_garbage(&self, target: u64, candidates: &[CachedSegment]) -> Vec<usize> {
-        HeadroomPolicy.pick_garbage(target, candidates)
-    }
-    fn flush_order(&self) -> [PoolKind; 2] {
-        HeadroomPolicy.flush_order()
-    }
-    fn page_size(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-        HeadroomPolicy.page_size(config, pool)
-    }
-    fn expandable_fit(&self) -> ExpandableFit {
-        HeadroomPolicy.expandable_fit()
-    }
-    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-        HeadroomPolicy.map_ahead(config, pool)
-    }
-    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
-        HeadroomPolicy.climb_ahead(config, pool, reserved)
-    }
-    fn configure(&self, config: &mut AllocatorConfig) {
-        HeadroomPolicy.configure(config)
-    }
+    super::headroom_decisions!();
 
     fn place(&mut self, rounded: u64, stream: StreamId) -> Placement {
         Placement::stream(if self.predicts_long(rounded) { stream | LONG_LANE } else { stream })
