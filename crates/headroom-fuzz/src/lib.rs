@@ -184,14 +184,17 @@ const CONFIGS: [&str; 5] = [
     "max_split_size_mb:24,max_non_split_rounding_mb:32,expandable_segments:True",
 ];
 
-/// Arbitrary operations on the allocator over a 256 MiB simulated GPU, the
-/// validator after each: malloc, free, record_stream, event completion,
-/// empty_cache and the memory fraction, decoded three bytes at a time.
+/// Arbitrary operations on the allocator over a 256 MiB simulated GPU, under
+/// a setting and a policy the first byte picks, the validator after each:
+/// malloc, free, record_stream, event completion, empty_cache and the memory
+/// fraction, decoded three bytes at a time.
 pub fn allocator_ops(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else { return };
     let config = AllocatorConfig::parse(CONFIGS[first as usize % CONFIGS.len()]).expect("a valid setting");
+    let policy =
+        headroom_alloc::PolicyName::ALL[first as usize / CONFIGS.len() % headroom_alloc::PolicyName::ALL.len()];
     let capacity = 256 * MIB;
-    let mut a = DeviceCachingAllocator::new(SimDevice::new(capacity), config);
+    let mut a = DeviceCachingAllocator::with_policy(SimDevice::new(capacity), config, policy.build());
     a.record_history(Some(256));
     let mut live: Vec<u64> = Vec::new();
     for op in rest.chunks(3) {
