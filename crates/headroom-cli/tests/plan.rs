@@ -438,6 +438,14 @@ fn vllm_sizes_its_cache_from_its_settings() {
     ] {
         refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
+    // Settings past any sense are answered, not aborted on: a profile run larger than the GPU.
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--infer", "--max-num-batched-tokens"])
+        .arg(u64::MAX.to_string())
+        .assert()
+        .code(1)
+        .stdout(contains("vLLM would not start"));
     // vLLM plans inference only.
     refused(&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--framework", "vllm"], "plans inference");
 }

@@ -345,7 +345,8 @@ fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity
 fn terms_only(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64) {
     let scale = (capacity as f64).max(total);
     for (name, bytes) in terms {
-        let width = ((bytes.max(0.0) / scale) * 40.0).round() as usize;
+        // A term larger than the total (vLLM's profile peak at absurd settings) fills the bar, no more.
+        let width = ((bytes.max(0.0) / scale).min(1.0) * 40.0).round() as usize;
         outln!(out, "  {name:<12} {:>12}  {}", signed_size(*bytes), "█".repeat(width));
     }
     outln!(out, "  {:<12} {:>12}", "total", format_size(total as u64));
