@@ -158,22 +158,29 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         };
         self.pool_mut(kind).blocks.remove(stream, bsize, bptr);
         if bptr < at {
-            let prev = self.arena[id].prev;
-            let mut front = Block::new(bptr, at - bptr, stream, kind);
-            front.expandable = self.arena[id].expandable;
-            front.prev = prev;
-            front.next = id;
-            let fid = self.arena.insert(front);
-            if prev != NIL {
-                self.arena[prev].next = fid;
-            }
+            self.link_free_before(id, bptr, at - bptr);
             let b = &mut self.arena[id];
-            b.prev = fid;
             b.ptr = at;
             b.size -= at - bptr;
-            self.insert_into_blocks(fid);
         }
         Ok(Some(id))
+    }
+
+    /// Links a free mapped block over `[ptr, ptr + len)` in front of block `id`, which the
+    /// caller then starts at `ptr + len`, and puts it in the free set.
+    fn link_free_before(&mut self, id: u32, ptr: u64, len: u64) {
+        let b = &self.arena[id];
+        let (prev, stream, kind) = (b.prev, b.stream, b.pool);
+        let mut f = Block::new(ptr, len, stream, kind);
+        f.expandable = b.expandable;
+        f.prev = prev;
+        f.next = id;
+        let fid = self.arena.insert(f);
+        if prev != NIL {
+            self.arena[prev].next = fid;
+        }
+        self.arena[id].prev = fid;
+        self.insert_into_blocks(fid);
     }
 
     /// Where an existing reservation can grow to hold `size` bytes, if one
@@ -417,7 +424,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     pub(crate) fn unmap_block(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
-        let (ptr, size, stream, kind, prev, next) = (b.ptr, b.size, b.stream, b.pool, b.prev, b.next);
+        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         let begin = (ptr - seg.base).div_ceil(seg.page);
         let end = (ptr + size - seg.base) / seg.page;
         if begin >= end {
@@ -428,16 +435,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.pool_mut(kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
         if before > 0 {
-            let mut f = Block::new(ptr, before, stream, kind);
-            f.expandable = self.arena[id].expandable;
-            f.prev = prev;
-            f.next = id;
-            let fid = self.arena.insert(f);
-            if prev != NIL {
-                self.arena[prev].next = fid;
-            }
-            self.arena[id].prev = fid;
-            self.insert_into_blocks(fid);
+            self.link_free_before(id, ptr, before);
         }
         let after = size - before - un_size;
         if after > 0 {
