@@ -222,6 +222,55 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
         .stderr(contains("encoder"));
 }
 
+/// peft's DeepSpeed example as a user plans it: --offload implies DeepSpeed, whose gradient
+/// bucket (5e8 fp32 elements) and ZeRO-3 gathers stay on the one GPU the parameters left.
+#[test]
+fn offload_plans_deepspeed_and_its_buffers() {
+    let job = [
+        "--model",
+        "t0-3b",
+        "--gpu",
+        "a100-80gb",
+        "--train",
+        "--batch",
+        "8",
+        "--seq",
+        "64",
+        "--precision",
+        "fp32",
+        "--finetune",
+        "lora",
+        "--lora-rank",
+        "8",
+        "--lora-targets",
+        "qv",
+        "--zero",
+        "3",
+    ];
+    let (code, ds) = plan(&[&job[..], &["--offload", "params"]].concat());
+    assert_eq!(code, 0, "{ds}");
+    assert_eq!(ds["framework"], "deepspeed");
+    let bucket = 5e8 * 4.0;
+    let temporary = ds["breakdown"]["temporary"].as_f64().unwrap();
+    // The bucket, and at the turn to the backward the head with the last layers: 5e8 more elements.
+    assert!(temporary > bucket + 4.0 * 5e8 && temporary < bucket + 4.0 * 6e8, "{temporary}");
+    // The weights left but the norms and adapters DeepSpeed never partitions.
+    let weights = ds["breakdown"]["weights"].as_f64().unwrap();
+    assert!(weights > 0.0 && weights < 20e6, "{weights}");
+    // Asked for as transformers' own (FSDP's offload), it holds no DeepSpeed bucket.
+    let (_, hf) = plan(&[&job[..], &["--offload", "params", "--framework", "hf"]].concat());
+    assert_eq!(hf["framework"], "megatron");
+    assert!(hf["breakdown"]["temporary"].as_f64().unwrap() < bucket);
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .arg("plan")
+        .args(job)
+        .args(["--offload", "params"])
+        .assert()
+        .code(0)
+        .stdout(contains("data 1 with DeepSpeed ZeRO-3, offloading the optimizer and params to the CPU"));
+}
+
 /// The README's main command, as a newcomer runs it on a fresh clone, fits and recommends.
 #[test]
 fn the_readme_main_command_runs() {

@@ -137,7 +137,10 @@ pub struct PlanArgs {
     pub attention: Attention,
     /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
     /// (one model replica per GPU, full fine-tuning, no or full checkpointing; the peak from
-    /// its recorded steps), Megatron-LM otherwise.
+    /// its recorded steps), Megatron-LM otherwise; with --offload, deepspeed. deepspeed:
+    /// transformers' code under DeepSpeed's ZeRO engine at its default buckets (the gradient
+    /// bucket; under ZeRO-3 the small tensors it never partitions and the parameters it keeps
+    /// gathered from the forward into the backward).
     /// With --infer: auto and vllm plan vLLM's serving engine (its KV cache pool, sized at
     /// start-up; --gpu-memory-utilization, --max-num-batched-tokens, --max-num-seqs,
     /// --block-size); hf plans transformers' own forward with a cache as generate's first
@@ -271,7 +274,9 @@ impl PlanArgs {
     pub fn train_config(&self) -> Result<TrainConfig> {
         let a = self;
         if a.framework == Framework::Vllm {
-            bail!("--framework vllm plans inference: add --infer (training takes auto, hf, megatron or torchtitan)");
+            bail!(
+                "--framework vllm plans inference: add --infer (training takes auto, hf, deepspeed, megatron or torchtitan)"
+            );
         }
         let model_parallel = a.tp.checked_mul(a.pp).and_then(|x| x.checked_mul(a.cp)).unwrap_or(u64::MAX);
         if !a.gpus.is_multiple_of(model_parallel) || model_parallel > a.gpus {

@@ -33,7 +33,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
         a.checkpoint,
     );
     if par.gpus() > 1 || cfg.offload != Offload::None {
-        outln!(out, "{}", layout_line(par, cfg.offload));
+        outln!(out, "{}", layout_line(par, cfg.offload, cfg.deepspeed()));
     }
     outln!(out);
     let terms = [
@@ -294,7 +294,7 @@ fn max_seq_line(out: &mut String, model: &Model, seq: u64, at: &str) {
     }
 }
 
-fn layout_line(p: &Parallelism, offload: Offload) -> String {
+fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool) -> String {
     let mut parts = vec![format!("{} GPUs", p.gpus())];
     if p.tensor > 1 {
         parts.push(format!(
@@ -313,7 +313,8 @@ fn layout_line(p: &Parallelism, offload: Offload) -> String {
     if p.context > 1 {
         parts.push(format!("context {}", p.context));
     }
-    parts.push(format!("data {} with ZeRO-{}", p.data, p.zero_stage));
+    let engine = if deepspeed { "DeepSpeed " } else { "" };
+    parts.push(format!("data {} with {engine}ZeRO-{}", p.data, p.zero_stage));
     if offload != Offload::None {
         parts.push(format!("offloading the {} to the CPU", offload.name().replace('+', " and ")));
     }

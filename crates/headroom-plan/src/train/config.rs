@@ -184,10 +184,13 @@ pub struct TrainConfig {
 pub enum Framework {
     /// Hugging Face transformers (with the Trainer, Accelerate, DeepSpeed or FSDP) where it
     /// can run the job — one model replica per GPU, full fine-tuning, no or full
-    /// checkpointing — and Megatron-LM otherwise.
+    /// checkpointing — and Megatron-LM otherwise; DeepSpeed with CPU offload.
     Auto,
     /// transformers' own modelling code: its activation recipes and the step's phases ([`crate::step`]).
     HuggingFace,
+    /// DeepSpeed's ZeRO engine over transformers' modelling code, at DeepSpeed's default
+    /// buckets ([`super::deepspeed`]); what `--offload` implies.
+    DeepSpeed,
     /// Megatron-LM's fused kernels: Korthikanti et al.'s activations, all terms at once.
     Megatron,
     /// torchtitan: Megatron's accounting of the layers, with torchtitan's loss — the bf16
@@ -200,8 +203,9 @@ pub enum Framework {
 }
 
 named!(Framework {
-    Auto => ("auto", "Hugging Face transformers where it can run the job, Megatron-LM otherwise"),
+    Auto => ("auto", "Hugging Face transformers where it can run the job, Megatron-LM otherwise, DeepSpeed with --offload"),
     HuggingFace => ("hf", "Hugging Face transformers"),
+    DeepSpeed => ("deepspeed", "DeepSpeed's ZeRO engine over transformers (implied by --offload)"),
     Megatron => ("megatron", "Megatron-LM"),
     Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
     Vllm => ("vllm", "vLLM's serving engine (--infer)"),
@@ -311,6 +315,12 @@ impl TrainConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether DeepSpeed's ZeRO engine runs the job: asked for, or implied by CPU offload
+    /// (ZeRO-Offload is DeepSpeed's; the other engines' offload is planned with their name).
+    pub fn deepspeed(&self) -> bool {
+        self.framework == Framework::DeepSpeed || (self.framework == Framework::Auto && self.offload != Offload::None)
     }
 
     /// Sequences per optimizer step over all data-parallel replicas.

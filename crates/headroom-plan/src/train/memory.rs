@@ -154,19 +154,24 @@ pub(super) fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> S
     }
 }
 
-fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
+/// Bytes per frozen parameter: (the linear layers', the others'). peft's
+/// prepare_model_for_kbit_training casts what it does not quantize (embeddings, norms, the
+/// head) to fp32.
+fn frozen_width(cfg: &TrainConfig) -> (f64, f64) {
     let native = match cfg.precision {
         Precision::Fp32 | Precision::Amp => 4.0,
         _ => 2.0,
     };
-    // peft's prepare_model_for_kbit_training casts what it does not quantize
-    // (embeddings, norms, the head) to fp32.
-    let (base, other) = match cfg.finetune {
+    match cfg.finetune {
         Finetune::Lora { base: BaseWeights::Int8, .. } => (1.0 + 4.0 / 4096.0, 4.0),
         // 4-bit values plus double-quantized absmax constants: 0.127 bit a weight (QLoRA §3).
         Finetune::Lora { base: BaseWeights::Nf4, .. } => ((4.0 + 0.127) / 8.0, 4.0),
         _ => (native, native),
-    };
+    }
+}
+
+fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
+    let (base, other) = frozen_width(cfg);
     share.frozen_linear * base + share.frozen_other * other
 }
 
@@ -263,7 +268,7 @@ pub(super) struct StageMemory {
 /// transformers has.
 pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
     let par = &cfg.parallel;
-    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace)
+    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
         && cfg.finetune == Finetune::Full
         && par.tensor == 1
         && par.pipeline == 1
@@ -342,7 +347,17 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         br.logits = s / c * b * model.vocab as f64 * per_logit / t;
     }
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
-    if par.zero_stage >= 3 && par.shard_degree() > 1 {
+    let deepspeed = cfg.deepspeed();
+    if deepspeed {
+        let ds = super::deepspeed::buffers(model, cfg, frozen_width(cfg).1);
+        br.temporary += ds.reduce_bucket + ds.gathered;
+        // Persistent tensors are whole on every GPU: the shard counted above is replaced.
+        br.weights += match cfg.offload {
+            Offload::OptimizerAndParams => ds.persistent,
+            _ if par.zero_stage >= 3 => ds.persistent * (1.0 - 1.0 / par.shard_degree() as f64),
+            _ => 0.0,
+        };
+    } else if par.zero_stage >= 3 && par.shard_degree() > 1 {
         br.temporary += if p > 1 {
             // Under pipelining FSDP2 keeps a stage's parameters gathered from a micro-batch's
             // forward to its backward (torchtitan: `reshard_after_forward=False` with PP, so
@@ -358,7 +373,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         let largest = model.block_linears().iter().map(|&(i, o)| i * o).max().unwrap_or(0);
         br.temporary += 2.0 * largest as f64 / t;
     }
-    if cfg.offload != Offload::None {
+    if cfg.offload != Offload::None && !deepspeed {
         // DeepSpeed's reduce bucket (5e8 elements of 16-bit gradients) or the gradients, if fewer.
         br.temporary += (2.0 * sh.trainable).min(1e9);
     }

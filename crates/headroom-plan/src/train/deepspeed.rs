@@ -1,0 +1,196 @@
+//! What DeepSpeed's ZeRO engine keeps on each GPU beyond the model states' shards, at its
+//! default settings (`DeepSpeedZeroConfig`; deepspeed/runtime/zero/stage3.py,
+//! stage_1_and_2.py, partitioned_param_coordinator.py and partition_parameters.py):
+//!
+//! - the gradient bucket: `reduce_bucket_size` (5e8) elements of the parameters' dtype, one
+//!   flat buffer the gradients are copied into before they are reduced (and, with the
+//!   optimizer offloaded, sent to the host). ZeRO-3 allocates it when the optimizer is built
+//!   (`contiguous_gradients`, on by default), ZeRO-1 and -2 at every backward; its size does
+//!   not depend on the model's, so a LoRA job pays it whole;
+//! - ZeRO-3's persistent parameters: tensors of at most `stage3_param_persistence_threshold`
+//!   (1e5) elements are never partitioned — norms, biases, small LoRA adapters — so they stay
+//!   whole on every GPU, offload or not;
+//! - ZeRO-3's gathered parameters: a module's parameters are gathered before it runs and
+//!   released after, unless the recorded trace of the step uses them again within
+//!   `stage3_max_reuse_distance` (1e9) elements of parameters fetched in between. At the
+//!   turn from the forward to the backward, a module with `a` elements of parameters after
+//!   it in the forward is used again after `2a` (the rest of the forward, then the backward
+//!   back to it): every module with fewer than 5e8 elements after it is still gathered —
+//!   the head and the last layers, or a large head alone. The prefetcher fetches
+//!   `stage3_prefetch_bucket_size` (5e7) elements ahead of the module that runs.
+//!
+//! Hugging Face's Trainer replaces some of these defaults with "auto" values derived from
+//! the hidden size; the plan models DeepSpeed's own, which Accelerate's generated configs keep.
+
+use super::{Finetune, LoraTargets, Offload, Precision, TrainConfig};
+use crate::model::{Family, Head, Model};
+
+/// `reduce_bucket_size`: elements of the gradient bucket.
+pub const REDUCE_BUCKET_SIZE: f64 = 5e8;
+/// `stage3_prefetch_bucket_size`: elements fetched ahead of the running module.
+pub const PREFETCH_BUCKET_SIZE: f64 = 5e7;
+/// `stage3_max_reuse_distance`: parameters fetched before a released one would be used again.
+pub const MAX_REUSE_DISTANCE: f64 = 1e9;
+/// `stage3_param_persistence_threshold`: tensors this small are never partitioned.
+pub const PARAM_PERSISTENCE_THRESHOLD: u64 = 100_000;
+
+/// What DeepSpeed holds on one GPU beside the model states, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ZeroBuffers {
+    /// The gradient bucket.
+    pub reduce_bucket: f64,
+    /// ZeRO-3's parameters gathered at the turn from forward to backward, and the prefetch
+    /// beyond them: what exceeds the GPU's own shard.
+    pub gathered: f64,
+    /// ZeRO-3's persistent parameters: on the GPU whole even with the parameters offloaded.
+    pub persistent: f64,
+}
+
+/// The job's parameter tensors in the order the forward uses them, as elements, with
+/// whether DeepSpeed gathers them (larger than the persistence threshold): the embeddings,
+/// each layer's linear layers (T5's decoder blocks with their cross-attention), the head.
+/// Norms, biases and position tables are small, and left out.
+pub fn forward_tensors(model: &Model, head: Head) -> Vec<u64> {
+    let (h, v) = (model.hidden, model.vocab);
+    let mut out = vec![v * h];
+    if matches!(model.family, Family::Gpt2 | Family::Bert) {
+        out.push(model.max_position * h);
+    }
+    let linears: Vec<u64> = model.block_linears().iter().map(|&(i, o)| i * o).collect();
+    let q = model.heads * model.head_dim;
+    let encoder_layers = model.layers - model.decoder_layers.min(model.layers);
+    for layer in 0..model.layers {
+        if model.family == Family::T5 && layer == encoder_layers {
+            // T5's decoder embeds its input again with the shared table.
+            out.push(v * h);
+        }
+        out.extend_from_slice(&linears[..4]);
+        if model.family == Family::T5 && layer >= encoder_layers {
+            out.extend_from_slice(&[h * q, h * q, h * q, q * h]);
+        }
+        out.extend_from_slice(&linears[4..]);
+    }
+    match (model.family, head) {
+        (Family::Bert, _) => out.push(h * h),
+        (_, Head::SeqCls) => {}
+        _ => out.push(v * h),
+    }
+    out.retain(|&n| n > PARAM_PERSISTENCE_THRESHOLD);
+    out
+}
+
+/// Elements gathered at the turn from forward to backward under the default reuse distance
+/// and prefetch: the trailing tensors with fewer than half the reuse distance after them,
+/// then the backward's next tensors up to the prefetch bucket (whole tensors, as the
+/// prefetcher fetches them).
+pub fn gathered_at_turn(forward: &[u64]) -> f64 {
+    let mut after = 0.0;
+    let mut held = 0.0;
+    let mut rest = forward.iter().rev().map(|&n| n as f64).peekable();
+    while let Some(&n) = rest.peek() {
+        if 2.0 * after >= MAX_REUSE_DISTANCE {
+            break;
+        }
+        held += n;
+        after += n;
+        rest.next();
+    }
+    let mut prefetched = 0.0;
+    for n in rest {
+        if prefetched >= PREFETCH_BUCKET_SIZE {
+            break;
+        }
+        prefetched += n;
+    }
+    held + prefetched
+}
+
+/// Elements of the parameters DeepSpeed never partitions: everything but the gathered
+/// tensors, and LoRA's adapters where they are small enough.
+fn persistent_params(model: &Model, cfg: &TrainConfig, forward: &[u64]) -> f64 {
+    // The forward uses the embedding table again as a tied head, and T5's decoder embeds with
+    // the encoder's table: count each table once.
+    let lm_head = model.family == Family::T5 || (model.family != Family::Bert && cfg.head != Head::SeqCls);
+    let uses = 1 + u64::from(model.family == Family::T5) + u64::from(lm_head);
+    let tables = 1 + u64::from(lm_head && !model.tied_embeddings);
+    let gathered = forward.iter().sum::<u64>().saturating_sub((uses - tables) * model.vocab * model.hidden);
+    let base = model.params_with(cfg.head).saturating_sub(gathered) as f64;
+    let adapters = match cfg.finetune {
+        Finetune::Full => 0.0,
+        Finetune::Lora { rank, targets, .. } => {
+            let linears = model.block_linears();
+            let targeted: &[(u64, u64)] = match targets {
+                LoraTargets::All => &linears,
+                LoraTargets::QueryValue => &[linears[0], linears[2]],
+            };
+            let small = |n: u64| if n <= PARAM_PERSISTENCE_THRESHOLD { n } else { 0 };
+            model.layers as f64 * targeted.iter().map(|&(i, o)| small(rank * i) + small(rank * o)).sum::<u64>() as f64
+        }
+    };
+    base + adapters
+}
+
+/// DeepSpeed's buffers for this job on one GPU. `width` is the bytes per element of the
+/// parameters DeepSpeed gathers (the frozen base's under LoRA); `grad_width` the dtype of
+/// the parameters it trains, which its gradient bucket takes.
+pub fn buffers(model: &Model, cfg: &TrainConfig, width: f64) -> ZeroBuffers {
+    let par = &cfg.parallel;
+    if par.zero_stage == 0 {
+        return ZeroBuffers::default();
+    }
+    let grad_width = match cfg.precision {
+        Precision::Fp32 | Precision::Amp => 4.0,
+        _ => 2.0,
+    };
+    let reduce_bucket = REDUCE_BUCKET_SIZE * grad_width;
+    if par.zero_stage < 3 {
+        return ZeroBuffers { reduce_bucket, ..ZeroBuffers::default() };
+    }
+    let forward = forward_tensors(model, cfg.head);
+    let t = par.tensor.max(1) as f64;
+    // A gathered tensor is a new buffer beside the GPU's shard, except on one GPU with the
+    // parameters kept there: the one partition is the whole tensor, gathered in place.
+    let d = par.shard_degree() as f64;
+    let gathered = if cfg.offload == Offload::OptimizerAndParams || d > 1.0 {
+        gathered_at_turn(&forward) * width / t
+    } else {
+        0.0
+    };
+    let persistent = persistent_params(model, cfg, &forward) * width / t;
+    ZeroBuffers { reduce_bucket, gathered, persistent }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::preset;
+
+    #[test]
+    fn the_turn_keeps_the_tail_within_half_the_reuse_distance() {
+        // Ten tensors of 1e8: the last five have fewer than 5e8 after them (4e8 ... 0), the
+        // sixth from the end has exactly 5e8 (used again after 1e9: released); the prefetch
+        // then takes the next whole tensor.
+        let t = vec![100_000_000u64; 10];
+        assert_eq!(gathered_at_turn(&t), 5e8 + 1e8);
+        // A head larger than the reuse distance is kept alone (nothing is fetched between its
+        // forward and its backward), and the last layer's tensors are released.
+        let big = [60_000_000, 60_000_000, 1_000_000_000];
+        assert_eq!(gathered_at_turn(&big), 1e9 + 6e7);
+        // A small model is kept whole.
+        assert_eq!(gathered_at_turn(&[3_000_000, 4_000_000]), 7e6);
+    }
+
+    #[test]
+    fn t0_3b_tensors_follow_the_stacks() {
+        let m = preset("t0-3b").unwrap();
+        let f = forward_tensors(&m, Head::CausalLm);
+        // Embedding, 24 encoder blocks of 7 tensors, the decoder's embedding, 24 decoder
+        // blocks of 11, the head.
+        assert_eq!(f.len(), 1 + 24 * 7 + 1 + 24 * 11 + 1);
+        // Their sum (the shared table counted twice) is every parameter but the norms (two an
+        // encoder block, three a decoder block, one after each stack) and the relative
+        // position tables.
+        let small = m.params() + m.vocab * m.hidden - f.iter().sum::<u64>();
+        assert_eq!(small, (24 * 2 + 24 * 3 + 2) * m.hidden + 2 * 32 * m.heads);
+    }
+}
