@@ -222,6 +222,39 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
         .stderr(contains("encoder"));
 }
 
+/// SGLang's server: its share of the free memory less the weights is the token pool, the
+/// share defaults to SGLang's own for the GPU, and vLLM's settings are refused with it.
+#[test]
+fn sglang_sizes_its_pool_from_its_share() {
+    let job = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--infer", "--framework", "sglang", "--seq", "32768"];
+    let (code, v) = plan(&job);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["framework"], "sglang");
+    assert_eq!(v["engine"]["mem_fraction_static"], 0.834);
+    let pool = v["engine"]["kv_cache_bytes"].as_f64().unwrap();
+    assert_eq!(v["max_tokens"].as_f64().unwrap(), (pool / 131072.0).floor());
+    // A larger share, a larger pool by the share of the same free memory.
+    let (_, more) = plan(&[&job[..], &["--mem-fraction-static", "0.9"]].concat());
+    let free = v["reserved_bytes"].as_f64().unwrap();
+    let grown = more["engine"]["kv_cache_bytes"].as_f64().unwrap() - pool;
+    assert!((grown - (0.9 - 0.834) * free).abs() < 4096.0, "{grown}");
+    // Seventy billion parameters on one H100: SGLang would not start.
+    let (code, big) = plan(&["--model", "llama-3-70b", "--gpu", "h100-sxm", "--infer", "--framework", "sglang"]);
+    assert_eq!(code, 1);
+    assert!(big["engine"]["kv_cache_bytes"].as_f64().unwrap() < 0.0);
+    for (args, msg) in
+        [(&["--block-size", "32"][..], "a vLLM setting"), (&["--attention", "eager"][..], "serving engines")]
+    {
+        refused(&[&job[..], args].concat(), msg);
+    }
+    refused(
+        &["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--infer", "--mem-fraction-static", "0.9"],
+        "an SGLang setting",
+    );
+    refused(&["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--framework", "sglang"], "plans inference");
+    refused(&[&job[..], &["--mem-fraction-static", "1.5"]].concat(), "is not in (0, 1]");
+}
+
 /// peft's DeepSpeed example as a user plans it: --offload implies DeepSpeed, whose gradient
 /// bucket (5e8 fp32 elements) and ZeRO-3 gathers stay on the one GPU the parameters left.
 #[test]

@@ -5,6 +5,8 @@
 //!   the peak of its start-up profile run and the memory outside PyTorch — and how many
 //!   sequences of a given length that pool holds (grouped-query aware, capped at a sliding
 //!   window). Tensor parallelism splits the weights and the KV heads.
+//! - SGLang's server ([`crate::sglang`]): a pool of `mem_fraction_static` of the free
+//!   memory at start-up less the weights, one token a slot.
 //! - Hugging Face transformers' forward with a cache (`model(input_ids,
 //!   use_cache=True)`, as an evaluation loop runs it): every layer's keys and
 //!   values, every position's logits, and the temporaries its code
@@ -14,6 +16,7 @@ use crate::engine::{self, Engine};
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
 use crate::model::Model;
+use crate::sglang::{self, Sglang};
 use crate::train::Attention;
 
 /// Storage width of the weights.
@@ -65,6 +68,8 @@ impl WeightFormat {
 pub enum Runtime {
     /// vLLM's engine with these settings: a paged cache pool filling what its budget leaves.
     Vllm(Engine),
+    /// SGLang's server with this share: a token pool of what the share leaves after the weights.
+    Sglang(Sglang),
     /// transformers' forward with a cache, with this attention kernel: fp32 or bf16 weights,
     /// the cache in the weights' dtype; the last position's logits (`generate`'s first
     /// forward) or, with `all_logits`, every position's (an evaluation loop).
@@ -160,18 +165,49 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
     }
     let engine = match cfg.runtime {
         Runtime::Vllm(e) => e,
+        Runtime::Sglang(s) => return sglang(model, gpu, cfg, &s),
         Runtime::Transformers { .. } => Engine::vllm_defaults(gpu),
     };
     vllm(model, gpu, cfg, &engine)
 }
 
+/// Bytes of one token's keys and values on one GPU: the heads split over the tensor-parallel
+/// GPUs, a group of KV heads smaller than them replicated.
+fn kv_per_token(model: &Model, cfg: &InferConfig) -> f64 {
+    let kv_split = (cfg.tensor.max(1) as f64).min(model.kv_heads as f64);
+    model.kv_bytes_per_token(cfg.kv_bytes) / kv_split
+}
+
+/// SGLang's server: the pool its share leaves (see [`crate::sglang`]), token by token.
+fn sglang(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang) -> InferEstimate {
+    let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
+    let per_token = kv_per_token(model, cfg);
+    let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w)) as f64;
+    let free = sglang::free_before_weights(gpu, cfg.tensor);
+    let pool = sglang::pool(s, gpu, cfg.tensor, weights);
+    let room = pool.max(0.0);
+    let max_sequences = (room / (cached * per_token)) as u64;
+    let framework = engine::reported_total(gpu) - free;
+    // What the share leaves for activations and CUDA graphs: the server's own, up to the device.
+    let reserve = (1.0 - s.mem_fraction_static) * free;
+    InferEstimate {
+        weights,
+        kv_cache: pool,
+        activations: reserve,
+        logits: 0.0,
+        framework,
+        per_gpu_bytes: framework + free,
+        reserved_bytes: free,
+        fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
+        max_sequences,
+        max_tokens: (room / per_token) as u64,
+    }
+}
+
 /// vLLM's engine: the pool its budget leaves (see [`crate::engine`]).
 fn vllm(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine) -> InferEstimate {
-    let t = cfg.tensor.max(1) as f64;
-    let weights = cfg.weights.weight_bytes(model) / t;
-    // Heads split over the tensor-parallel GPUs; a group of KV heads smaller than t is replicated.
-    let kv_split = t.min(model.kv_heads as f64);
-    let per_token = model.kv_bytes_per_token(cfg.kv_bytes) / kv_split;
+    let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
+    let per_token = kv_per_token(model, cfg);
     let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w));
     let block = e.block_size.max(1);
     let per_sequence = cached.div_ceil(block) as f64 * block as f64 * per_token;
@@ -282,6 +318,28 @@ mod tests {
         // Mistral's 4,096-token window caps what a 32K sequence keeps.
         let mistral = estimate(&preset("mistral-7b").unwrap(), &g, &serve(&g, 1, 32768));
         assert_eq!(mistral.max_sequences, (mistral.kv_cache / (4096.0 * 131072.0)) as u64);
+    }
+
+    #[test]
+    fn sglang_holds_tokens_in_the_pool_its_share_leaves() {
+        let g = gpu("h100-sxm").unwrap();
+        let m = preset("llama-3.1-8b").unwrap();
+        let s = Sglang::defaults(&g, 1);
+        let cfg = InferConfig { runtime: Runtime::Sglang(s), ..serve(&g, 8, 32768) };
+        let e = estimate(&m, &g, &cfg);
+        let free = 0.99 * 80.0 * GIB - 0.5 * GIB;
+        assert_eq!(e.kv_cache, s.mem_fraction_static * free - e.weights);
+        // 128 KiB a token, one token a slot: no rounding to blocks.
+        assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);
+        assert_eq!(e.max_sequences, (e.kv_cache / (32768.0 * 131072.0)) as u64);
+        assert!(e.fits);
+        // The device is the server's: the pool, the reserve for activations and the context.
+        assert!((e.per_gpu_bytes - 0.99 * 80.0 * GIB).abs() < 1.0);
+        assert!((e.weights + e.kv_cache + e.activations - free).abs() < 1.0);
+        // A share below the weights' leaves no pool: the server would not start.
+        let low =
+            estimate(&m, &g, &InferConfig { runtime: Runtime::Sglang(Sglang { mem_fraction_static: 0.1 }), ..cfg });
+        assert!(!low.fits && low.kv_cache < 0.0 && low.max_tokens == 0);
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod names;
 pub mod parallel;
 pub mod recipe;
 pub mod search;
+pub mod sglang;
 pub mod step;
 pub mod step_recipe;
 pub mod train;

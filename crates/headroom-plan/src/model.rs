@@ -90,7 +90,7 @@ pub enum ModelError {
     Missing(&'static str, String),
     #[error("config.json field `{0}` must be a positive integer")]
     NotPositive(&'static str),
-    #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
+    #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
     Unsupported(String),
     #[error("unknown model `{0}`; known presets: {1}")]
     Unknown(String, String),
@@ -420,10 +420,22 @@ impl Model {
                     relative_buckets: uint("relative_attention_num_buckets")?.unwrap_or(32),
                 })
             }
-            "llama" | "mistral" | "mixtral" | "qwen2" | "qwen3" | "gemma" | "gemma2" | "phi3" => {
+            "llama" | "mistral" | "mixtral" | "qwen2" | "qwen3" | "qwen3_moe" | "gemma" | "gemma2" | "phi3" => {
                 let hidden = need("hidden_size")?;
                 let heads = need("num_attention_heads")?;
-                let experts = uint("num_local_experts")?.unwrap_or(1);
+                let moe = model_type == "qwen3_moe";
+                if moe {
+                    // Qwen3-MoE may keep some layers dense; the plan counts every layer alike.
+                    let dense = v.get("mlp_only_layers").and_then(|l| l.as_array()).is_some_and(|l| !l.is_empty());
+                    if dense || uint("decoder_sparse_step")?.unwrap_or(1) != 1 {
+                        return Err(ModelError::Invalid(
+                            "a qwen3_moe config with dense layers (mlp_only_layers, decoder_sparse_step); \
+                             headroom plans every layer as a mixture of experts"
+                                .into(),
+                        ));
+                    }
+                }
+                let experts = uint(if moe { "num_experts" } else { "num_local_experts" })?.unwrap_or(1);
                 let layers = need("num_hidden_layers")?;
                 Ok(Model {
                     name: name.to_string(),
@@ -433,6 +445,7 @@ impl Model {
                         "mixtral" => "mixtral",
                         "qwen2" => "qwen2",
                         "qwen3" => "qwen3",
+                        "qwen3_moe" => "qwen3_moe",
                         "gemma" => "gemma",
                         "gemma2" => "gemma2",
                         "phi3" => "phi3",
@@ -446,7 +459,8 @@ impl Model {
                         Some(d) => d,
                         None => derived_head_dim(hidden, heads)?,
                     },
-                    intermediate: need("intermediate_size")?,
+                    // A Qwen3-MoE expert's width; its `intermediate_size` is a dense layer's, unused.
+                    intermediate: need(if moe { "moe_intermediate_size" } else { "intermediate_size" })?,
                     vocab: need("vocab_size")?,
                     max_position: need("max_position_embeddings")?,
                     // Each family's default in transformers.
@@ -457,7 +471,7 @@ impl Model {
                     gated_mlp: true,
                     decoder_layers: layers,
                     // Only when the config turns it on (Qwen2 writes a window it does not use).
-                    sliding_window: if flag("use_sliding_window", model_type != "qwen2" && model_type != "qwen3") {
+                    sliding_window: if flag("use_sliding_window", !model_type.starts_with("qwen")) {
                         uint("sliding_window")?
                     } else {
                         None
@@ -735,5 +749,24 @@ mod tests {
         );
         // mT0-xxl: "12.9B" (the peft README rounds to 12B).
         assert_eq!(preset("mt0-xxl").unwrap().params() / 100_000_000, 129);
+    }
+
+    #[test]
+    fn qwen3_moe_counts_its_experts_at_their_own_width() {
+        let cfg = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+            "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": false,
+            "decoder_sparse_step": 1, "mlp_only_layers": []}"#;
+        let m = Model::from_hf_config(cfg, "qwen3-30b-a3b").unwrap();
+        assert_eq!((m.experts, m.experts_per_token, m.intermediate), (128, 8, 768));
+        // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B of them active a token (its model card).
+        assert_eq!(m.params() / 100_000_000, 305);
+        assert_eq!(m.active_params() / 100_000_000, 33);
+        // Dense layers among the experts are refused, not miscounted.
+        let dense = cfg.replace(r#""mlp_only_layers": []"#, r#""mlp_only_layers": [0]"#);
+        assert!(matches!(Model::from_hf_config(&dense, "x"), Err(ModelError::Invalid(_))));
+        let step = cfg.replace(r#""decoder_sparse_step": 1"#, r#""decoder_sparse_step": 2"#);
+        assert!(matches!(Model::from_hf_config(&step, "x"), Err(ModelError::Invalid(_))));
     }
 }

@@ -14,6 +14,9 @@ use crate::model::Model;
 /// GPUs per node (HGX/DGX boards).
 pub const GPUS_PER_NODE: u64 = 8;
 
+/// NCCL's buffers and communicator state on each GPU of a multi-GPU job (research/estimation.md §4.1).
+pub const NCCL_BYTES: f64 = 1.5 * (1u64 << 30) as f64;
+
 /// Network bandwidth per GPU between nodes, per direction: one 400 Gb/s NIC
 /// per GPU (research/estimation.md §8.3: 8 × 50 GB/s EFA per B200 node).
 pub const INTER_NODE_BANDWIDTH: f64 = 50e9;

@@ -11,6 +11,7 @@ use headroom_plan::infer::{InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
+use headroom_plan::sglang::Sglang;
 use headroom_plan::train::{
     ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, Head, LoraTargets, Offload, Optimizer,
     Precision, TrainConfig,
@@ -64,6 +65,8 @@ use headroom_plan::train::{
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
+                        headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
+                        headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 4 --seq 8192\n  \
                         headroom plan --model data/models/cs336-medium.json --gpu a100-80gb --precision fp32 --attention eager --batch 4 --seq 1024 --calibrate small-run.pickle --calibrate-seq 128"
 )]
@@ -143,7 +146,8 @@ pub struct PlanArgs {
     /// gathered from the forward into the backward).
     /// With --infer: auto and vllm plan vLLM's serving engine (its KV cache pool, sized at
     /// start-up; --gpu-memory-utilization, --max-num-batched-tokens, --max-num-seqs,
-    /// --block-size); hf plans transformers' own forward with a cache as generate's first
+    /// --block-size); sglang plans SGLang's server (its token pool: --mem-fraction-static of
+    /// the free memory at start-up less the weights); hf plans transformers' own forward with a cache as generate's first
     /// one runs it (the last position's logits; every position's with --all-logits) and the
     /// temporaries its code allocates, as measured; fp32 or bf16 --weights, --attention
     /// eager or sdpa.
@@ -214,6 +218,11 @@ pub struct PlanArgs {
     /// vLLM: tokens per KV-cache block; a sequence takes whole blocks [default: 16].
     #[arg(long, requires = "infer", value_parser = positive())]
     block_size: Option<u64>,
+    /// SGLang: the share of the free memory at start-up the weights and the KV pool take;
+    /// the rest is left for activations and CUDA graphs [default: SGLang's own, from the
+    /// GPU's memory and --tp: 0.834 on one H100].
+    #[arg(long, requires = "infer", value_parser = share)]
+    mem_fraction_static: Option<f64>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -273,9 +282,10 @@ impl PlanArgs {
     /// The training configuration the arguments describe.
     pub fn train_config(&self) -> Result<TrainConfig> {
         let a = self;
-        if a.framework == Framework::Vllm {
+        if matches!(a.framework, Framework::Vllm | Framework::Sglang) {
             bail!(
-                "--framework vllm plans inference: add --infer (training takes auto, hf, deepspeed, megatron or torchtitan)"
+                "--framework {} plans inference: add --infer (training takes auto, hf, deepspeed, megatron or torchtitan)",
+                a.framework.arg()
             );
         }
         let model_parallel = a.tp.checked_mul(a.pp).and_then(|x| x.checked_mul(a.cp)).unwrap_or(u64::MAX);
@@ -347,14 +357,27 @@ impl PlanArgs {
             ("--max-num-seqs", self.max_num_seqs.is_some()),
             ("--block-size", self.block_size.is_some()),
         ];
+        if self.framework != Framework::Sglang && self.mem_fraction_static.is_some() {
+            bail!("--mem-fraction-static: an SGLang setting (--framework sglang)");
+        }
+        let serving = matches!(self.framework, Framework::Auto | Framework::Vllm | Framework::Sglang);
+        if serving && self.all_logits {
+            bail!("--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)");
+        }
+        if serving && self.attention == Attention::Eager {
+            bail!(
+                "--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)"
+            );
+        }
         let runtime = match self.framework {
+            Framework::Sglang => {
+                if let Some((flag, _)) = engine_flags.iter().find(|(_, set)| *set) {
+                    bail!("{flag}: a vLLM setting (--framework vllm); SGLang's is --mem-fraction-static");
+                }
+                let share = self.mem_fraction_static.map(|f| Sglang { mem_fraction_static: f });
+                Runtime::Sglang(share.unwrap_or_else(|| Sglang::defaults(gpu, self.tp)))
+            }
             Framework::Auto | Framework::Vllm => {
-                if self.all_logits {
-                    bail!("--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)");
-                }
-                if self.attention == Attention::Eager {
-                    bail!("--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)");
-                }
                 let d = Serving::vllm_defaults(gpu);
                 Runtime::Vllm(Serving {
                     gpu_memory_utilization: self.gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
@@ -376,7 +399,10 @@ impl PlanArgs {
                 Runtime::Transformers { attention: self.attention, all_logits: self.all_logits }
             }
             other => {
-                bail!("--framework {}: plans training; --infer takes auto or vllm (vLLM's engine) or hf", other.arg())
+                bail!(
+                    "--framework {}: plans training; --infer takes auto or vllm (vLLM's engine), sglang or hf",
+                    other.arg()
+                )
             }
         };
         Ok(InferConfig {

@@ -121,7 +121,11 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
-        "framework": match p.config.runtime { Runtime::Vllm(_) => "vllm", Runtime::Transformers { .. } => "hf" },
+        "framework": match p.config.runtime {
+            Runtime::Vllm(_) => "vllm",
+            Runtime::Sglang(_) => "sglang",
+            Runtime::Transformers { .. } => "hf",
+        },
         "engine": match p.config.runtime {
             Runtime::Vllm(v) => Some(json!({
                 "gpu_memory_utilization": v.gpu_memory_utilization,
@@ -131,14 +135,19 @@ pub(super) fn infer(p: &InferPlan) -> Value {
                 "kv_cache_bytes": signed_bytes(e.kv_cache),
                 "profile_peak_bytes": bytes(e.activations),
             })),
+            Runtime::Sglang(s) => Some(json!({
+                "mem_fraction_static": s.mem_fraction_static,
+                "kv_cache_bytes": signed_bytes(e.kv_cache),
+                "reserve_bytes": bytes(e.activations),
+            })),
             Runtime::Transformers { .. } => None,
         },
         "attention": match p.config.runtime {
-            Runtime::Vllm(_) => None,
+            Runtime::Vllm(_) | Runtime::Sglang(_) => None,
             Runtime::Transformers { attention, .. } => Some(attention.name()),
         },
         "logits": match p.config.runtime {
-            Runtime::Vllm(_) => None,
+            Runtime::Vllm(_) | Runtime::Sglang(_) => None,
             Runtime::Transformers { all_logits, .. } => Some(if all_logits { "all" } else { "last" }),
         },
         "weights": p.config.weights.name(),

@@ -192,6 +192,7 @@ pub(super) fn infer(p: &InferPlan) -> String {
                 "vLLM (gpu_memory_utilization {}, {} tokens and {} sequences a step)",
                 v.gpu_memory_utilization, v.max_num_batched_tokens, v.max_num_seqs
             ),
+            Runtime::Sglang(s) => format!("SGLang (mem_fraction_static {})", s.mem_fraction_static),
             Runtime::Transformers { attention, all_logits } => format!(
                 "{} ({} weights, {} attention)",
                 if all_logits {
@@ -210,6 +211,12 @@ pub(super) fn infer(p: &InferPlan) -> String {
             ("weights", e.weights),
             ("kv cache", e.kv_cache),
             ("profile peak", e.activations),
+            ("framework", e.framework),
+        ],
+        Runtime::Sglang(_) => vec![
+            ("weights", e.weights),
+            ("kv cache", e.kv_cache),
+            ("reserve", e.activations),
             ("framework", e.framework),
         ],
         Runtime::Transformers { .. } => vec![
@@ -256,6 +263,35 @@ pub(super) fn infer(p: &InferPlan) -> String {
                     } else {
                         ""
                     }
+                );
+            }
+        }
+        Runtime::Sglang(s) => {
+            terms_only(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes);
+            let verdict = if e.fits { "fits" } else { "does NOT fit" };
+            outln!(
+                out,
+                "{verdict}: SGLang takes the {} CUDA reports: the weights and the KV pool {} of the {} free at \
+                 start-up, the reserve the rest, for activations and CUDA graphs",
+                format_size(e.per_gpu_bytes as u64),
+                s.mem_fraction_static,
+                format_size(e.reserved_bytes as u64),
+            );
+            if e.kv_cache <= 0.0 {
+                outln!(
+                    out,
+                    "SGLang would not start: the weights exceed its share by {} (raise --mem-fraction-static, or \
+                     split the model with --tp)",
+                    format_size((-e.kv_cache).round() as u64)
+                );
+            } else {
+                outln!(
+                    out,
+                    "KV pool: {} tokens, {} sequences of {} tokens{}",
+                    e.max_tokens,
+                    e.max_sequences,
+                    a.seq,
+                    if e.max_sequences < a.batch { " — fewer than the --batch asked" } else { "" }
                 );
             }
         }

@@ -200,6 +200,8 @@ pub enum Framework {
     Torchtitan,
     /// vLLM's serving engine: inference only ([`crate::engine`]).
     Vllm,
+    /// SGLang's server: inference only ([`crate::sglang`]).
+    Sglang,
 }
 
 named!(Framework {
@@ -209,6 +211,7 @@ named!(Framework {
     Megatron => ("megatron", "Megatron-LM"),
     Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
     Vllm => ("vllm", "vLLM's serving engine (--infer)"),
+    Sglang => ("sglang", "SGLang's server (--infer)"),
 });
 
 named!(Precision {

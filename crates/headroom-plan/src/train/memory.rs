@@ -8,13 +8,10 @@ use super::{
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::gpu::GpuSpec;
 use crate::model::{Family, Head, Model};
-use crate::parallel::Parallelism;
+use crate::parallel::{Parallelism, NCCL_BYTES};
 use crate::recipe::{self, Recipe};
 use crate::step::{self, Phases, StepParts};
 use crate::step_recipe::step_recipe;
-
-/// NCCL's buffers and communicator state on each GPU of a multi-GPU job (research/estimation.md §4.1).
-const NCCL_BYTES: f64 = 1.5 * GIB;
 
 /// Weights, gradients and optimizer state: bytes per parameter, or bytes per GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
