@@ -289,7 +289,7 @@ mod tests {
         let e = estimate(&m, &g, &cfg);
         let budget = 0.9 * 0.99 * 80.0 * GIB;
         assert_eq!(e.kv_cache, budget - e.weights - e.activations - 0.13 * GIB);
-        assert_eq!(e.per_gpu_bytes, budget + 0.5 * GIB);
+        assert_eq!(e.per_gpu_bytes, budget + (625 << 20) as f64);
         // 128 KiB a token; a 16,000-token sequence takes 1,000 blocks of 16.
         assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);
         assert_eq!(e.max_sequences, (e.kv_cache / (16000.0 * 131072.0)) as u64);
@@ -327,7 +327,7 @@ mod tests {
         let s = Sglang::defaults(&g, 1);
         let cfg = InferConfig { runtime: Runtime::Sglang(s), ..serve(&g, 8, 32768) };
         let e = estimate(&m, &g, &cfg);
-        let free = 0.99 * 80.0 * GIB - 0.5 * GIB;
+        let free = 0.99 * 80.0 * GIB - (625 << 20) as f64; // an H100's context
         assert_eq!(e.kv_cache, s.mem_fraction_static * free - e.weights);
         // 128 KiB a token, one token a slot: no rounding to blocks.
         assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);

@@ -94,7 +94,7 @@ mod tests {
     fn the_pool_is_the_share_of_the_free_memory_less_the_weights() {
         let h100 = gpu("h100-sxm").unwrap();
         let s = Sglang { mem_fraction_static: 0.9 };
-        let free = 0.99 * 80.0 * GIB - 0.5 * GIB;
+        let free = 0.99 * 80.0 * GIB - (625 << 20) as f64; // an H100's context
         assert_eq!(pool(&s, &h100, 1, 16.0 * GIB), 0.9 * free - 16.0 * GIB);
         // Tensor parallelism's communicators come out of the free memory first.
         assert_eq!(pool(&s, &h100, 2, 16.0 * GIB), 0.9 * (free - NCCL_BYTES) - 16.0 * GIB);

@@ -939,14 +939,6 @@ const QWEN3_32B: &str = r#"{"model_type": "qwen3", "hidden_size": 5120, "interme
     "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": false}"#;
 
-/// vLLM's start-up logs on H100 80 GB (llm-d/llm-d-benchmark,
-/// config_explorer/empirical-vllm-memory-results.md): `vllm serve` with its defaults
-/// (gpu_memory_utilization 0.9; on this GPU 8,192 tokens and 1,024 sequences a step),
-/// max-model-len 16,000 unless said, bf16 unless said. The log's figures per GPU: weights
-/// loaded, the profile run's peak, and the KV cache the rest leaves. The memory outside
-/// PyTorch is set from two of them (0.13 GiB on one GPU: Llama-3.1-8B; 0.55 GiB on two:
-/// Llama-3.3-70B-FP8), which makes their KV rows tuning rows; the profile's peak and the
-/// weights are computed, not set, on every row.
 /// Qwen/Qwen3-235B-A22B-FP8's and Qwen/Qwen3-30B-A3B's config.json (the fields the plan reads).
 const QWEN3_235B_A22B: &str = r#"{"model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288,
     "moe_intermediate_size": 1536, "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4,
@@ -1005,6 +997,14 @@ fn sglang_rows(rows: &mut Vec<Row>) {
     ));
 }
 
+/// vLLM's start-up logs on H100 80 GB (llm-d/llm-d-benchmark,
+/// config_explorer/empirical-vllm-memory-results.md): `vllm serve` with its defaults
+/// (gpu_memory_utilization 0.9; on this GPU 8,192 tokens and 1,024 sequences a step),
+/// max-model-len 16,000 unless said, bf16 unless said. The log's figures per GPU: weights
+/// loaded, the profile run's peak, and the KV cache the rest leaves. The memory outside
+/// PyTorch is set from two of them (0.13 GiB on one GPU: Llama-3.1-8B; 0.55 GiB on two:
+/// Llama-3.3-70B-FP8), which makes their KV rows tuning rows; the profile's peak and the
+/// weights are computed, not set, on every row.
 fn engine_rows(rows: &mut Vec<Row>) {
     let h100 = gpu("h100-sxm").unwrap();
     let serve = |seq: u64, weights: WeightFormat, tensor: u64| InferConfig {
