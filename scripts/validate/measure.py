@@ -16,7 +16,8 @@ rounding, flash kernels).
     .venv/bin/python scripts/validate/measure.py --out data/validation/cpu_ground_truth.json
 
 The method is checked first on a step computed by hand (`check_method`); the run
-stops if it disagrees.
+stops if it disagrees. `--compiled` runs only the torch.compile'd steps (each in a process
+of its own).
 """
 
 import argparse
@@ -242,8 +243,12 @@ def optimizer(name, params):
     raise ValueError(name)
 
 
-def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batch, seq):
+def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batch, seq, compiled=False):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if compiled:
+        # Each case compiles its own model: graphs cached for an earlier one would count
+        # against dynamo's recompilation limit.
+        torch._dynamo.reset()
     model = build(cfg, head, attn, dtype)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -251,14 +256,17 @@ def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batc
     opt = optimizer(opt_name, params)
     batch_inputs = inputs(cfg, head, batch, seq)
     amp = precision == "amp"
+    # torch.compile'd forward (and the backward AOTAutograd derives from it), one graph per
+    # shape; the warm-up step below compiles it.
+    forward = torch.compile(model, dynamic=False) if compiled else model
 
     def step():
         with record_function("forward"):
             if amp:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = model(**batch_inputs).loss
+                    loss = forward(**batch_inputs).loss
             else:
-                loss = model(**batch_inputs).loss
+                loss = forward(**batch_inputs).loss
         with record_function("backward"):
             loss.backward()
         with record_function("optimizer"):
@@ -375,9 +383,31 @@ def grid():
                 batch, seq = (2, 192) if size == "deep" else (2, 256)
                 cases.append(dict(mode="infer", family=family, size=size, head="causal-lm", precision="fp32",
                                   attention=attn, batch=batch, seq=seq, logits="last"))
+    # torch.compile'd steps: fp32, every decoder, no checkpointing (the compiled recipes'
+    # scope), at the tuning shape and the other configs' shapes.
+    for family in DECODERS:
+        attn = "eager" if family in NO_SDPA else "sdpa"
+        for size, (batch, seq) in (("base", (2, 256)), ("base", (4, 384)), ("wide", (2, 256)), ("deep", (2, 192))):
+            cases.append(dict(mode="train", family=family, size=size, head="causal-lm", precision="fp32",
+                              optimizer="adamw", attention=attn, checkpointing=False, batch=batch, seq=seq,
+                              compiled=True))
     for c in cases:
         c["split"] = "tuning" if c["size"] == "base" and (c["batch"], c["seq"]) == (2, 256) else "check"
     return cases
+
+
+def _case(c, cfg):
+    torch.set_num_threads(1)
+    return train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
+                      c["checkpointing"], c["batch"], c["seq"], True)
+
+
+def compiled_case(c, cfg):
+    """A torch.compile'd case in a process of its own: compiled graphs and dynamo's caches
+    left by an earlier case change what a later one measures in the same process."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_case, (c, cfg))
 
 
 def main():
@@ -388,6 +418,7 @@ def main():
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th (for parallel runs)")
     ap.add_argument("--size", help="run only cases of this config size (base, wide, deep)")
     ap.add_argument("--logits", help="run only inference cases keeping these logits (last)")
+    ap.add_argument("--compiled", action="store_true", help="run only the torch.compile'd cases")
     ap.add_argument("--merge", nargs="+", help="result files whose cases to join into --out (no run)")
     a = ap.parse_args()
     if a.merge:
@@ -415,6 +446,8 @@ def main():
         cases = [c for c in cases if c["size"] == a.size]
     if a.logits:
         cases = [c for c in cases if c.get("logits") == a.logits]
+    if a.compiled:
+        cases = [c for c in cases if c.get("compiled")]
     i, n = (int(x) for x in a.shard.split("/"))
     cases = cases[i::n]
     if a.limit:
@@ -423,7 +456,9 @@ def main():
     for i, c in enumerate(cases):
         cfg = configs[(c["family"], c["size"])]
         try:
-            if c["mode"] == "train":
+            if c["mode"] == "train" and c.get("compiled"):
+                r = compiled_case(c, cfg)
+            elif c["mode"] == "train":
                 r = train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])
             else:

@@ -18,6 +18,10 @@ that fits no unit stops the run: the recipe must account for every byte.
 Output, per "family/precision/attention": `layer`, `outside` (embeddings, final norm, head,
 loss) and `layer_checkpointed` (with gradient checkpointing) as {unit: bytes per unit per
 token}, and `layer_weight_copy` / `outside_weight_copy` as bytes per linear parameter.
+
+`--compiled` adds, per decoder at fp32, "family/fp32/attention/compiled": what the step run
+through torch.compile saves, recorded on the config and on the config with one layer more
+(module hooks do not run inside a compiled graph, so a layer's share is their difference).
 """
 
 import argparse
@@ -177,12 +181,123 @@ def recipe(family, precision, attn, checkpointing):
     return out
 
 
+def compiled_saved(family, cfg, attn, batch, seq):
+    """[(storage bytes, element bytes)] of what the compiled step saves for its backward,
+    parameters excluded. Under torch.compile the modules' hooks run while tracing, not in the
+    step, so the saved tensors cannot be placed by module: `compiled_recipe` tells a layer's
+    from the rest by adding one."""
+    head = "causal-lm"
+    model = measure.build(cfg, head, attn, torch.float32)
+    inputs = measure.inputs(cfg, head, batch, seq)
+    torch._dynamo.reset()
+    # One graph per shape, as a training run of fixed shapes compiles it.
+    step = torch.compile(model, dynamic=False)
+    step(**inputs).loss.backward()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen and st.data_ptr() not in params and st.nbytes() > 0:
+            seen[st.data_ptr()] = (st.nbytes(), t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step(**inputs).loss
+    return list(seen.values())
+
+
+def isolated_saved(family, cfg, attn, batch, seq):
+    """`compiled_saved` in a process of its own (see measure.compiled_case)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(compiled_saved, (family, cfg, attn, batch, seq))
+
+
+def compiled_units(family, cfg, attn):
+    """{unit: bytes per unit per token} over the whole compiled model, each saved tensor
+    classified as `recipe` classifies them (three shapes), and the per-position ones apart."""
+    b, s1, s2 = 2, 80, 136
+    first, second, third = (isolated_saved(family, cfg, attn, bb, ss) for bb, ss in ((b, s1), (b, s2), (3, s1)))
+    if not len(first) == len(second) == len(third):
+        raise SystemExit(f"{family}/compiled: the saved tensors differ in number between shapes")
+    model = measure.build(cfg, "causal-lm", attn, torch.float32)
+    d = dims(model, cfg)
+    out, per_position = {}, {}
+    for (n1, w), (n2, _), (n3, _) in zip(first, second, third):
+        per_batch = n3 / n1 * b
+        grow = n2 / n1
+        if abs(grow - (s2 / s1) ** 2) < 1e-9:  # s x s attention matrices
+            out["heads_s"] = out.get("heads_s", 0) + n1 / (b * s1 * s1 * d["heads"])
+            continue
+        if abs(per_batch - b) < 1e-9:  # per position (rotary tables), or a fixed size
+            if abs(grow - 1) < 1e-9:
+                if n1 <= 4096:
+                    continue
+                raise SystemExit(f"{family}/compiled: a fixed tensor of {n1} bytes")
+            c = classify(n1 / s1, w, d, False)
+            if c is None:
+                raise SystemExit(f"{family}/compiled: a per-position tensor of {n1} bytes")
+            per_position[c[0]] = per_position.get(c[0], 0) + c[1]
+            continue
+        if abs(per_batch - 3) > 0.03 * 3 or abs(grow - s2 / s1) > 0.03 * s2 / s1:
+            raise SystemExit(f"{family}/compiled: a tensor of {n1} bytes grows {per_batch}x with batch, {grow}x with s")
+        c = classify(n1 / (b * s1), w, d, False)
+        if c is None:
+            raise SystemExit(f"{family}/compiled: {n1 / (b * s1)} bytes a token fit no unit of {d}")
+        out[c[0]] = out.get(c[0], 0) + c[1]
+    return out, per_position
+
+
+def compiled_recipe(family, attn):
+    """The compiled step's recipe, fp32, no checkpointing: the recording config's saved
+    tensors (the base config with every unit a distinct size, as the step recipes are
+    recorded) and those of the same config with one layer more; their difference is a layer's."""
+    import infer_recipes
+    base = infer_recipes.recording_config(family)
+    deeper = dict(base)
+    key = next(k for k in ("num_hidden_layers", "n_layer") if k in deeper)
+    layers = deeper[key]
+    deeper[key] = layers + 1
+    (whole, pos), (whole1, pos1) = compiled_units(family, base, attn), compiled_units(family, deeper, attn)
+    diff = lambda a, b: {u: b.get(u, 0) - a.get(u, 0) for u in set(a) | set(b) if b.get(u, 0) != a.get(u, 0)}
+    layer, layer_pos = diff(whole, whole1), diff(pos, pos1)
+    outside = {u: v - layers * layer.get(u, 0) for u, v in whole.items() if v - layers * layer.get(u, 0) != 0}
+    outside_pos = {u: v - layers * layer_pos.get(u, 0) for u, v in pos.items() if v - layers * layer_pos.get(u, 0) != 0}
+    for part in (layer, outside, layer_pos, outside_pos):
+        if any(v < 0 for v in part.values()):
+            raise SystemExit(f"{family}/compiled: a negative term {part}: the layers do not add up")
+    # Checkpointing under compile is not recorded: the eager recipe's checkpointed layer stands.
+    return {"layer": layer, "outside": outside, "layer_per_position": layer_pos,
+            "outside_per_position": outside_pos, "layer_weight_copy": 0.0, "outside_weight_copy": 0.0}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only")
+    ap.add_argument("--compiled", action="store_true",
+                    help="record the torch.compile recipes (fp32, every decoder) into --out, keeping its others")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.compiled:
+        with open(a.out) as f:
+            doc = json.load(f)
+        for family in measure.DECODERS:
+            if a.only and family != a.only:
+                continue
+            attn = "eager" if family in measure.NO_SDPA else "sdpa"
+            eager = doc["recipes"][f"{family}/fp32/{attn}"]
+            r = compiled_recipe(family, attn)
+            for k in ("layer_checkpointed", "layer_checkpointed_per_position", "layer_checkpointed_weight_copy"):
+                r[k] = eager[k]
+            doc["recipes"][f"{family}/fp32/{attn}/compiled"] = r
+            print(family, "compiled", r, file=sys.stderr, flush=True)
+        doc["compiled_torch"] = torch.__version__
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+        return
     recipes = {}
     for family in measure.DECODERS + ["bert", "t5"]:
         if a.only and family != a.only:

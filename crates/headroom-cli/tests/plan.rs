@@ -222,6 +222,33 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
         .stderr(contains("encoder"));
 }
 
+/// `--compile`: torch.compile's partitioner recomputes norms and activation functions in the
+/// backward instead of keeping their outputs, so an fp32 Llama keeps less; where no compiled
+/// step was recorded the plan says so and plans the eager code.
+#[test]
+fn compile_keeps_fewer_activations_where_it_was_recorded() {
+    let job = ["--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "fp32", "--seq", "2048"];
+    let (_, eager) = plan(&job);
+    let (_, compiled) = plan(&[&job[..], &["--compile"]].concat());
+    assert_eq!((eager["compile"].as_bool(), compiled["compile"].as_bool()), (Some(false), Some(true)));
+    // What the forward holds beyond the weights and the optimizer's state (the optimizer step
+    // is this job's peak, alike for both).
+    let act = |v: &Value| {
+        let states = v["breakdown"]["weights"].as_f64().unwrap() + v["breakdown"]["optimizer"].as_f64().unwrap();
+        v["phases"]["forward"].as_f64().unwrap() - states
+    };
+    assert!(act(&compiled) < 0.8 * act(&eager), "{} {}", act(&compiled), act(&eager));
+    let (_, bf16) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "bf16", "--compile"]);
+    assert_eq!(bf16["compile"], false);
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "bf16", "--compile"])
+        .assert()
+        .code(0)
+        .stdout(contains("planned with the eager code's"));
+    refused(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--compile"], "--compile");
+}
+
 /// SGLang's server: its share of the free memory less the weights is the token pool, the
 /// share defaults to SGLang's own for the GPU, and vLLM's settings are refused with it.
 #[test]

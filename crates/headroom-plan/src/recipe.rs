@@ -18,6 +18,11 @@
 //! - weight copies: AMP's 16-bit copies of the linear layers' weights, as
 //!   bytes per weight;
 //! - the same per layer with gradient checkpointing (the layer's input).
+//!
+//! `recipes.py --compiled` records the same for the step run through `torch.compile`
+//! (fp32 decoders, keys ending `/compiled`): what AOTAutograd's partitioner saves, a layer's
+//! share told apart by recording one layer more, since module hooks do not run inside the
+//! compiled graph.
 
 use crate::model::{Family, Model};
 use crate::train::{Attention, Precision};
@@ -59,12 +64,28 @@ fn recipes() -> &'static BTreeMap<String, Recipe> {
 
 /// The recipe for `model` at `precision` and `attention`, if transformers' code for its
 /// family was measured (fp8 is not a transformers precision; flash attention takes SDPA's).
-pub fn recipe(model: &Model, precision: Precision, attention: Attention) -> Option<&'static Recipe> {
+/// `compiled`: what `torch.compile`'s partitioner saves instead, where it was recorded
+/// (fp32 decoders); elsewhere the eager code's.
+pub fn recipe(model: &Model, precision: Precision, attention: Attention, compiled: bool) -> Option<&'static Recipe> {
     let family = measured_code(model);
     let precision = measured_precision(precision)?;
     let key = |attn: &str| format!("{family}/{precision}/{attn}");
+    let compiled_key = |attn: &str| compiled.then(|| format!("{}/compiled", key(attn)));
     // Families without an SDPA path in transformers run eager whatever is asked.
-    recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
+    [measured_kernel(attention), "eager"]
+        .iter()
+        .find_map(|attn| compiled_key(attn).and_then(|k| recipes().get(&k)))
+        .or_else(|| recipes().get(&key(measured_kernel(attention))))
+        .or_else(|| recipes().get(&key("eager")))
+}
+
+/// Whether `torch.compile`'s recipe was recorded for this job.
+pub fn has_compiled(model: &Model, precision: Precision, attention: Attention) -> bool {
+    let Some(precision) = measured_precision(precision) else { return false };
+    let family = measured_code(model);
+    [measured_kernel(attention), "eager"]
+        .iter()
+        .any(|attn| recipes().contains_key(&format!("{family}/{precision}/{attn}/compiled")))
 }
 
 /// The precision a recipe was recorded at for `precision` (mixed precision computes in
@@ -242,11 +263,16 @@ mod tests {
             let m = preset(name).unwrap();
             for p in [Precision::Fp32, Precision::Bf16, Precision::Amp] {
                 for a in [Attention::Eager, Attention::Sdpa] {
-                    let r = recipe(&m, p, a).unwrap_or_else(|| panic!("{name} {p:?} {a:?}"));
+                    let r = recipe(&m, p, a, false).unwrap_or_else(|| panic!("{name} {p:?} {a:?}"));
                     let s = r.saved(&m, 1.0, 512.0, m.layers as f64, false);
                     assert!(s.per_layer > 0.0 && s.outside > 0.0, "{name} {p:?} {a:?}: {s:?}");
                     let c = r.saved(&m, 1.0, 512.0, m.layers as f64, true);
                     assert!(c.layers < s.layers, "{name}: checkpointing keeps less");
+                    // torch.compile's partitioner keeps no more than the eager code, where recorded.
+                    if has_compiled(&m, p, a) {
+                        let k = recipe(&m, p, a, true).unwrap().saved(&m, 1.0, 512.0, m.layers as f64, false);
+                        assert!(k.layers <= s.layers, "{name} {p:?} {a:?}: compiled {k:?} vs {s:?}");
+                    }
                 }
             }
         }

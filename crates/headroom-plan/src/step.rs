@@ -70,6 +70,11 @@ pub struct StepParts {
     /// What the embedding's backward makes beside every other gradient, last: its
     /// gradient, and with tied embeddings the sum with the head's gradient too.
     pub embedding_tail: f64,
+    /// The step runs as `torch.compile`'s graphs: the loss is fused into the forward's graph,
+    /// which ends holding what it saves and nothing more of the vocabulary's width (the
+    /// logits are among the saved tensors). The backward's moments were not recorded: its
+    /// phases are the eager code's, over the compiled recipe.
+    pub compiled: bool,
 }
 
 /// The bytes alive at each phase's peak, tensors only, and which terms make them.
@@ -115,7 +120,7 @@ pub fn phases(p: &StepParts) -> Phases {
     // A loss that upcasts 16-bit logits holds the fp32 copy beside them; its log-softmax
     // output is in the recipe.
     let upcast = if p.loss_bytes > p.logit_bytes { p.loss_bytes } else { 0.0 };
-    let at_loss = logits * (p.logit_bytes + upcast);
+    let at_loss = if p.compiled { 0.0 } else { logits * (p.logit_bytes + upcast) };
     let peak = |gradients: f64, (activations, attention): (f64, f64), loss: f64, temporary: f64| PhasePeak {
         total: base + gradients + activations + loss + temporary,
         gradients,

@@ -97,6 +97,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "tensor_bytes": bytes(e.tensor_bytes),
         "reserved_bytes": bytes(e.reserved_bytes),
         "framework": e.framework.name(),
+        "compile": e.compiled,
         "peak_phase": e.phase.map(|ph| ph.name()),
         "phases": phases,
         "step_time_s": e.step_time_s,

@@ -16,7 +16,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     let mut out = String::new();
     outln!(
         out,
-        "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}",
+        "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}{}",
         p.model,
         p.gpu.name,
         format_size(p.gpu.memory_bytes),
@@ -31,7 +31,15 @@ pub(super) fn train(p: &TrainPlan) -> String {
         cfg.optimizer.name(),
         cfg.attention.name(),
         a.checkpoint,
+        if e.compiled { ", torch.compile" } else { "" },
     );
+    if cfg.compile && !e.compiled {
+        outln!(
+            out,
+            "note: --compile: torch.compile's activations were recorded for fp32 decoders with SDPA attention and no checkpointing; \
+             this job is planned with the eager code's"
+        );
+    }
     if par.gpus() > 1 || cfg.offload != Offload::None {
         outln!(out, "{}", layout_line(par, cfg.offload, cfg.deepspeed()));
     }

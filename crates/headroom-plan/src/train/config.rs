@@ -177,6 +177,9 @@ pub struct TrainConfig {
     pub framework: Framework,
     /// The output layer and loss.
     pub head: Head,
+    /// The forward compiled with `torch.compile` (and the backward AOTAutograd derives from
+    /// it): what its partitioner saves for the backward, where recorded (fp32 decoders).
+    pub compile: bool,
 }
 
 /// Whose code runs a training step.
@@ -288,6 +291,7 @@ impl TrainConfig {
             coefficients: ActivationModel::default(),
             framework: Framework::Auto,
             head: Head::CausalLm,
+            compile: false,
         }
     }
 

@@ -131,8 +131,8 @@ fn persistent_params(model: &Model, cfg: &TrainConfig, forward: &[u64]) -> f64 {
 }
 
 /// DeepSpeed's buffers for this job on one GPU. `width` is the bytes per element of the
-/// parameters DeepSpeed gathers (the frozen base's under LoRA); `grad_width` the dtype of
-/// the parameters it trains, which its gradient bucket takes.
+/// parameters it gathers (the frozen base's under LoRA); the gradient bucket takes the dtype
+/// of the parameters it trains (fp32 without mixed precision, 16 bits with).
 pub fn buffers(model: &Model, cfg: &TrainConfig, width: f64) -> ZeroBuffers {
     let par = &cfg.parallel;
     if par.zero_stage == 0 {

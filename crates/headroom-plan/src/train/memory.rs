@@ -272,10 +272,17 @@ pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Rec
         && par.context == 1
         && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full);
     if runs {
-        recipe::recipe(model, cfg.precision, cfg.attention)
+        recipe::recipe(model, cfg.precision, cfg.attention, compiled_recipe(model, cfg))
     } else {
         None
     }
+}
+
+/// Whether the job's activations are `torch.compile`'s: asked for, recorded for its family
+/// and precision, and without checkpointing (compiled checkpointed steps were not recorded:
+/// the eager code's recipes stand for them).
+pub(super) fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
+    cfg.compile && cfg.checkpointing == Checkpointing::None && recipe::has_compiled(model, cfg.precision, cfg.attention)
 }
 
 /// What the optimizer step allocates beside its state: `torch.optim.AdamW` with `foreach`
@@ -502,6 +509,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             },
             // The embedding's gradient, made last: tied to the head, it is a new tensor added to
             // the head's gradient — in place in fp32, out of place (one more) in 16 bits.
+            compiled: compiled_recipe(model, cfg),
             embedding_tail: if model.tied_embeddings && cfg.head != Head::SeqCls {
                 g * (model.vocab * model.hidden) as f64 * if g < 4.0 { 2.0 } else { 1.0 }
             } else {
@@ -511,7 +519,11 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         let mut ph = step::phases(&parts);
         // Where transformers' own step was recorded allocation by allocation (every family it
         // runs here), its forward and backward are its moments' peaks.
-        if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head) {
+        // A compiled step's moments were not recorded (its graphs run the layers as one): its
+        // forward and backward are the phase model's, over what the compiled step saves.
+        let compiled = compiled_recipe(model, cfg);
+        if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head).filter(|_| !compiled)
+        {
             let base = parts.weights + parts.optimizer_state + parts.inputs;
             // The share of the gradients this GPU holds (ZeRO's shards, offload).
             let whole = g * model.params() as f64;

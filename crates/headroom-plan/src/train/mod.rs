@@ -144,6 +144,9 @@ pub struct TrainEstimate {
     pub framework: Framework,
     /// With `Checkpointing::Optimal`: the schedule's peak did not fit even with every layer recomputed.
     pub note: Option<String>,
+    /// Whether the activations are `torch.compile`'s: asked for, and recorded for the job's
+    /// family and precision without checkpointing.
+    pub compiled: bool,
 }
 
 /// Estimates one configuration on one GPU model. The configuration should
@@ -209,6 +212,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimat
             (false, _) => Framework::Megatron,
         },
         note,
+        compiled: memory::compiled_recipe(model, cfg),
     }
 }
 
