@@ -9,6 +9,11 @@ fn refused(args: &[&str], msg: &str) {
     Command::cargo_bin("headroom").unwrap().arg("plan").args(args).assert().code(2).stderr(contains(msg));
 }
 
+/// `headroom plan ARGS` exits with `code` and prints `msg`.
+fn prints(args: &[&str], code: i32, msg: &str) {
+    Command::cargo_bin("headroom").unwrap().arg("plan").args(args).assert().code(code).stdout(contains(msg));
+}
+
 fn plan(args: &[&str]) -> (i32, Value) {
     let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
     let code = out.status.code().unwrap();
@@ -240,12 +245,11 @@ fn compile_keeps_fewer_activations_where_it_was_recorded() {
     assert!(act(&compiled) < 0.8 * act(&eager), "{} {}", act(&compiled), act(&eager));
     let (_, bf16) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "bf16", "--compile"]);
     assert_eq!(bf16["compile"], false);
-    Command::cargo_bin("headroom")
-        .unwrap()
-        .args(["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "bf16", "--compile"])
-        .assert()
-        .code(0)
-        .stdout(contains("planned with the eager code's"));
+    prints(
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--precision", "bf16", "--compile"],
+        0,
+        "planned with the eager code's",
+    );
     refused(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--compile"], "--compile");
 }
 
@@ -321,14 +325,11 @@ fn offload_plans_deepspeed_and_its_buffers() {
     let (_, hf) = plan(&[&job[..], &["--offload", "params", "--framework", "hf"]].concat());
     assert_eq!(hf["framework"], "megatron");
     assert!(hf["breakdown"]["temporary"].as_f64().unwrap() < bucket);
-    Command::cargo_bin("headroom")
-        .unwrap()
-        .arg("plan")
-        .args(job)
-        .args(["--offload", "params"])
-        .assert()
-        .code(0)
-        .stdout(contains("data 1 with DeepSpeed ZeRO-3, offloading the optimizer and params to the CPU"));
+    prints(
+        &[&job[..], &["--offload", "params"]].concat(),
+        0,
+        "data 1 with DeepSpeed ZeRO-3, offloading the optimizer and params to the CPU",
+    );
 }
 
 /// The README's main command, as a newcomer runs it on a fresh clone, fits and recommends.
