@@ -46,10 +46,10 @@ pub struct ZeroBuffers {
     pub persistent: f64,
 }
 
-/// The job's parameter tensors in the order the forward uses them, as elements, with
-/// whether DeepSpeed gathers them (larger than the persistence threshold): the embeddings,
-/// each layer's linear layers (T5's decoder blocks with their cross-attention), the head.
-/// Norms, biases and position tables are small, and left out.
+/// The parameter tensors DeepSpeed gathers (those above the persistence threshold), as
+/// elements, in the order the forward uses them: the embeddings, each layer's linear layers
+/// (T5's decoder blocks with their cross-attention), the head. Norms, biases and relative
+/// position tables stay whole, and are left out.
 pub fn forward_tensors(model: &Model, head: Head) -> Vec<u64> {
     let (h, v) = (model.hidden, model.vocab);
     let mut out = vec![v * h];
