@@ -147,10 +147,10 @@ pub struct PlanArgs {
     /// With --infer: auto and vllm plan vLLM's serving engine (its KV cache pool, sized at
     /// start-up; --gpu-memory-utilization, --max-num-batched-tokens, --max-num-seqs,
     /// --block-size); sglang plans SGLang's server (its token pool: --mem-fraction-static of
-    /// the free memory at start-up less the weights); hf plans transformers' own forward with a cache as generate's first
-    /// one runs it (the last position's logits; every position's with --all-logits) and the
-    /// temporaries its code allocates, as measured; fp32 or bf16 --weights, --attention
-    /// eager or sdpa.
+    /// the free memory at start-up less the weights); hf plans transformers' own forward with
+    /// a cache as generate's first one runs it (the last position's logits; every position's
+    /// with --all-logits) and the temporaries its code allocates, as measured; fp32 or bf16
+    /// --weights, --attention eager or sdpa.
     #[arg(long, value_parser = named::<Framework>(), default_value = "auto")]
     framework: Framework,
     /// The output layer and loss: vocabulary logits for every position (causal-lm,
