@@ -70,6 +70,18 @@ pub enum LoraTargets {
     QueryValue,
 }
 
+impl LoraTargets {
+    /// Of a block's linear layers ([`Model::block_linears`]: query, key, value, output, then
+    /// the MLP's), (inputs, outputs) of those that get adapters.
+    pub fn of(self, linears: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        match self {
+            LoraTargets::All => linears.to_vec(),
+            // Query and value: the first and third of the attention projections.
+            LoraTargets::QueryValue => vec![linears[0], linears[2]],
+        }
+    }
+}
+
 /// How the frozen base of a LoRA run is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BaseWeights {

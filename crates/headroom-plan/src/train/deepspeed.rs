@@ -22,7 +22,7 @@
 //! Hugging Face's Trainer replaces some of these defaults with "auto" values derived from
 //! the hidden size; the plan models DeepSpeed's own, which Accelerate's generated configs keep.
 
-use super::{Finetune, LoraTargets, Offload, Precision, TrainConfig};
+use super::{Finetune, Offload, Precision, TrainConfig};
 use crate::model::{Family, Head, Model};
 
 /// `reduce_bucket_size`: elements of the gradient bucket.
@@ -118,13 +118,10 @@ fn persistent_params(model: &Model, cfg: &TrainConfig, forward: &[u64]) -> f64 {
     let adapters = match cfg.finetune {
         Finetune::Full => 0.0,
         Finetune::Lora { rank, targets, .. } => {
-            let linears = model.block_linears();
-            let targeted: &[(u64, u64)] = match targets {
-                LoraTargets::All => &linears,
-                LoraTargets::QueryValue => &[linears[0], linears[2]],
-            };
             let small = |n: u64| if n <= PARAM_PERSISTENCE_THRESHOLD { n } else { 0 };
-            model.layers as f64 * targeted.iter().map(|&(i, o)| small(rank * i) + small(rank * o)).sum::<u64>() as f64
+            let per_layer: u64 =
+                targets.of(&model.block_linears()).iter().map(|&(i, o)| small(rank * i) + small(rank * o)).sum();
+            model.layers as f64 * per_layer as f64
         }
     };
     base + adapters

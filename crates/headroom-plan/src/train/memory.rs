@@ -139,12 +139,7 @@ pub(super) fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> S
                 _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
             } as f64;
             let linears = model.block_linears();
-            let targeted: &[(u64, u64)] = match targets {
-                LoraTargets::All => &linears,
-                // Query and value: the first and third of the attention projections.
-                LoraTargets::QueryValue => &[linears[0], linears[2]],
-            };
-            let adapters = layers * targeted.iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
+            let adapters = layers * targets.of(&linears).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
             let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
             Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
         }
