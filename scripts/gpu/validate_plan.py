@@ -9,7 +9,10 @@ tokens and records torch.cuda.max_memory_allocated(), then asks
 of predicted (`allocated_bytes`) against measured, for docs/GPU.md.
 
     cargo build --release -p headroom-cli
-    python3 scripts/gpu/validate_plan.py [--headroom target/release/headroom] [--quick]
+    python3 scripts/gpu/validate_plan.py [--headroom target/release/headroom] [--quick] [--compile]
+
+With --compile each step runs through torch.compile(model) and the plan is asked with
+--compile (what the compiled graphs keep, recorded on CPU for fp32 decoders).
 
 Needs torch with CUDA and transformers. Without a GPU it says so and exits 2.
 """
@@ -49,7 +52,7 @@ def fail(msg):
     gpu_env.fail("validate_plan", msg)
 
 
-def measure(torch, transformers, cfg, batch, seq, precision, checkpoint):
+def measure(torch, transformers, cfg, batch, seq, precision, checkpoint, compiled=False):
     dtype_name, autocast = PRECISIONS[precision]
     dtype = getattr(torch, dtype_name)
     config = transformers.AutoConfig.for_model(**cfg)
@@ -62,10 +65,13 @@ def measure(torch, transformers, cfg, batch, seq, precision, checkpoint):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, cfg["vocab_size"], (batch, seq), device="cuda")
+    if compiled:
+        torch._dynamo.reset()
+    forward = torch.compile(model, dynamic=False) if compiled else model
     try:
         for _ in range(2):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                loss = model(input_ids=tokens, labels=tokens).loss
+                loss = forward(input_ids=tokens, labels=tokens).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -73,15 +79,15 @@ def measure(torch, transformers, cfg, batch, seq, precision, checkpoint):
         peak = torch.cuda.max_memory_allocated()
     except torch.cuda.OutOfMemoryError:
         peak = None
-    del model, opt, tokens
+    del model, forward, opt, tokens
     torch.cuda.empty_cache()
     return peak
 
 
-def predict(headroom, path, gpu_memory, batch, seq, precision, checkpoint):
+def predict(headroom, path, gpu_memory, batch, seq, precision, checkpoint, compiled=False):
     cmd = [headroom, "plan", "--model", path, "--gpu", "h100-sxm", "--gpu-memory", str(gpu_memory),
            "--train", "--batch", str(batch), "--seq", str(seq), "--precision", precision,
-           "--attention", "sdpa", "--checkpoint", checkpoint, "--json"]
+           "--attention", "sdpa", "--checkpoint", checkpoint, "--json"] + (["--compile"] if compiled else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode == 2:
         fail(f"{' '.join(cmd)}: {out.stderr.strip()}")
@@ -92,6 +98,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--headroom", default="target/release/headroom")
     ap.add_argument("--quick", action="store_true", help="one model, a small grid")
+    ap.add_argument("--compile", action="store_true", help="torch.compile'd steps against plan --compile")
     args = ap.parse_args()
     torch, transformers = gpu_env.require("validate_plan", args.headroom, "measures real peaks")
     total = torch.cuda.mem_get_info()[1]
@@ -111,8 +118,8 @@ def main():
             with open(path, "w") as f:
                 json.dump(cfg, f)
             for batch, seq, precision, checkpoint in grid:
-                peak = measure(torch, transformers, cfg, batch, seq, precision, checkpoint)
-                plan = predict(args.headroom, path, total, batch, seq, precision, checkpoint)
+                peak = measure(torch, transformers, cfg, batch, seq, precision, checkpoint, args.compile)
+                plan = predict(args.headroom, path, total, batch, seq, precision, checkpoint, args.compile)
                 predicted = plan["allocated_bytes"]
                 if peak is None:
                     row = ("OOM", f"{predicted / 2**30:.2f} GiB", "–")
