@@ -36,6 +36,14 @@ fits no unit stops the run.
     .venv/bin/python scripts/validate/step_recipes.py --only llama,qwen2,phi3,gpt2,bloom --out a.json &
     .venv/bin/python scripts/validate/step_recipes.py --only mistral,gemma,mixtral,gpt_neox,bert --out b.json
     .venv/bin/python scripts/validate/step_recipes.py --merge a.json b.json --out data/recipes/hf_steps.json
+
+`--compiled` adds the steps run through `torch.compile` (fp32, bf16 and AMP, every decoder, no
+checkpointing; keys ending `/compiled`), whose layers run inside one graph where nothing can
+be placed in a layer: each is recorded at two depths and three shapes, the runs lined up
+allocation by allocation, and every moment of the forward and backward written as `once`
+plus `below` per layer (`forward_compiled`, `backward_compiled`; see `compiled_recipe`).
+
+    .venv/bin/python scripts/validate/step_recipes.py --compiled --out data/recipes/hf_steps.json   # 30 CPU-minutes
 """
 
 import argparse
@@ -44,6 +52,7 @@ import re
 import sys
 
 import torch
+from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.profiler._memory_profiler import Action
 
@@ -58,6 +67,29 @@ def layer_pattern(family):
     if family == "t5":
         return re.compile(r"(encoder|decoder)\.block\.(\d+)")
     return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
+
+
+def profiled_step(forward, model, inputs, precision):
+    """One step (`forward` with the loss, the backward, `zero_grad(set_to_none=True)`) after
+    a warm-up, under the profiler with its memory timeline: the profile, its events and the
+    forward's and the backward's (start, end)."""
+    def step():
+        with record_function("forward"):
+            if precision == "amp":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = forward(**inputs).loss
+            else:
+                loss = forward(**inputs).loss
+        with record_function("backward"):
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    events = prof.profiler.kineto_results.events()
+    phases = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in ("forward", "backward")}
+    return prof, events, phases
 
 
 def timeline(family, head, precision, attn, checkpointing, batch, seq):
@@ -91,28 +123,14 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
         m.register_full_backward_pre_hook(enter)
         m.register_full_backward_hook(leave)
 
-    def step():
-        with record_function("forward"):
-            if precision == "amp":
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = model(**inputs).loss
-            else:
-                loss = model(**inputs).loss
-        with record_function("backward"):
-            loss.backward()
-        model.zero_grad(set_to_none=True)
+    prof, events, phases = profiled_step(model, model, inputs, precision)
 
-    step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        step()
-    events = prof.profiler.kineto_results.events()
     def tag(name):
         stack, n = name[6:].split(":")
         return stack, int(n)
 
     ranges = sorted(((tag(e.name()), e.start_ns(), e.end_ns()) for e in events if e.name().startswith("layer:")),
                     key=lambda r: r[2] - r[1])
-    phases = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in ("forward", "backward")}
 
     def layer_at(t):
         # The innermost range: a recomputed layer's forward runs inside its backward.
@@ -315,7 +333,8 @@ def pareto(moments):
             if j == i or o["where"] != m["where"]:
                 continue
             fo = flat(o)
-            if all(v <= fo.get(k, 0) + 1e-12 for k, v in fm.items()) and (fm != fo or j < i):
+            # Over both moments' terms: a compiled moment's may be negative.
+            if all(fm.get(k, 0) <= fo.get(k, 0) + 1e-12 for k in fm.keys() | fo.keys()) and (fm != fo or j < i):
                 beaten = True
                 break
         if not beaten:
@@ -323,14 +342,247 @@ def pareto(moments):
     return kept
 
 
+# --- torch.compile'd steps -------------------------------------------------------------------
+#
+# Under torch.compile the layers run inside one graph: module hooks fire while it is traced,
+# not while it runs, so no allocation can be placed in a layer. What a layer adds is told
+# instead by recording the step at two depths and lining the two up: the deeper step
+# allocates the same sequence with one layer's more, and a moment found in both holds, at
+# any depth N, `once` + N x `below` -- the difference of the two is what one layer adds
+# there (its saved tensors in the forward and early in the backward, its gradients late in
+# it), the rest is `once`.
+
+COMPILED_DEPTHS = (2, 3)
+
+
+def compiled_timeline(family, precision, layers, batch, seq):
+    """The allocations of one torch.compile'd step (no checkpointing; the forward with the
+    loss and the backward) after the warm-up that compiles it, at `layers` layers:
+    [(phase, tensor number, bytes, create)], the dimensions and one layer's parameters."""
+    torch.set_num_threads(1)
+    cfg = dict(infer_recipes.recording_config(family))
+    depth = next(k for k in ("num_hidden_layers", "n_layer") if k in cfg)
+    cfg[depth] = layers
+    attn = "eager" if family in measure.NO_SDPA else "sdpa"
+    torch._dynamo.reset()
+    model = measure.build(cfg, "causal-lm", attn, torch.bfloat16 if precision == "bf16" else torch.float32)
+    inputs = measure.inputs(cfg, "causal-lm", batch, seq)
+    # One graph per shape, as a training run of fixed shapes compiles it (measure.py's cases).
+    forward = torch.compile(model, dynamic=False)
+
+    prof, _, phases = profiled_step(forward, model, inputs, precision)
+    # Every allocation and free, told apart by address: inductor's buffers carry no tensor
+    # identity, so the memory profiler's timeline gives them all one key.
+    allocations = sorted(((e.start_time_ns, e.typed[1].ptr, e.typed[1].alloc_size)
+                          for e in prof._memory_profile()._op_tree.dfs() if e.typed[0] == _EventType.Allocation),
+                         key=lambda a: a[0])
+    at, out = {}, []
+    for t, ptr, size in allocations:
+        phase = next((p for p, (start, end) in phases.items() if start <= t <= end), None)
+        if size > 0:
+            at[ptr] = n = len(out)
+            out.append((phase, n, size, True))
+        elif ptr in at:  # a free of what the step allocated (not of a tensor from before it)
+            out.append((phase, at.pop(ptr), -size, False))
+    d = recipes.dims(model, cfg)
+    c = model.config
+    d["P"] = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 0) or 0
+    first = re.compile(layer_pattern(family).pattern.replace(r"(\d+)", "(0)") + r"\.")
+    layer_params = sum(p.numel() for name, p in model.named_parameters() if first.match(name))
+    return out, d, layer_params
+
+
+def isolated(fn, *args):
+    """`fn(*args)` in a process of its own: graphs and dynamo's caches left by an earlier
+    compile change what a later one allocates (measure.compiled_case)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def same_tensors(a, shape_a, b, shape_b):
+    """Index pairs of the tensors two runs of a step at two shapes make alike, and how many
+    of them are in the same order in both. Two can match
+    where they are in the same phase and their sizes agree as a tensor of a fixed size, or
+    per token, position, token x position or position x position would. First the longest
+    common subsequence of the two runs' allocations; then, since inductor may order a
+    shape's kernels otherwise, each tensor left over is paired with the nearest left over in
+    the other run (by its place in its run) that can match it."""
+    from fractions import Fraction
+
+    def signature(nbytes, shape):
+        bb, ss = shape
+        return {("fixed", nbytes), ("token", Fraction(nbytes, bb * ss)), ("position", Fraction(nbytes, ss)),
+                ("token_s", Fraction(nbytes, bb * ss * ss)), ("position_s", Fraction(nbytes, ss * ss)),
+                ("sequence", Fraction(nbytes, bb))}
+
+    sa = [(phase, signature(nbytes, shape_a)) for phase, _, nbytes in a]
+    sb = [(phase, signature(nbytes, shape_b)) for phase, _, nbytes in b]
+    alike = lambda x, y: x[0] == y[0] and not x[1].isdisjoint(y[1])
+    n, m = len(sa), len(sb)
+    # lcs[i][j]: the longest common subsequence of a[i:] and b[j:].
+    lcs = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below = lcs[i], lcs[i + 1]
+        for j in range(m - 1, -1, -1):
+            row[j] = below[j + 1] + 1 if alike(sa[i], sb[j]) else max(below[j], row[j + 1])
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        if alike(sa[i], sb[j]) and lcs[i][j] == lcs[i + 1][j + 1] + 1:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif lcs[i + 1][j] >= lcs[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    free_b = set(range(m)) - {j for _, j in pairs}
+    for i in sorted(set(range(n)) - {i for i, _ in pairs}):
+        near = sorted((abs(j / m - i / n), j) for j in free_b if alike(sa[i], sb[j]))
+        if near:
+            pairs.append((i, near[0][1]))
+            free_b.discard(near[0][1])
+    return pairs, lcs[0][0]
+
+
+def compiled_recipe(family, precision):
+    """The compiled step's moments, forward and backward: `{"moments": [...]}` with `where`
+    `forward_compiled` or `backward_compiled`, `below` what each layer adds and `once` the
+    rest (`once` may hold negative terms: a moment in the bottom layer's backward is `once`
+    less one layer's gradients plus N layers' worth of them)."""
+    b, s1, s2 = 2, 56, 88
+    shapes = ((b, s1), (b, s2), (3, s1))
+    what = f"{family}/{precision}/compiled"
+    elem = 4 if precision == "fp32" else 2
+    widths = [elem] + [x for x in (4, 8, 1, 2) if x != elem]
+    per_depth = {}
+    for layers in COMPILED_DEPTHS:
+        runs = [isolated(compiled_timeline, family, precision, layers, bb, ss) for bb, ss in shapes]
+        d, layer_params = runs[0][1], runs[0][2]
+        events = [r[0] for r in runs]
+        # Inductor plans each shape's graph apart and may fuse, reuse or order a buffer
+        # otherwise at one shape, so the runs are lined up tensor by tensor (`same_tensors`),
+        # from the run whose order the other two share most (moments are taken in its order);
+        # a tensor of it without a counterpart in both others is left out, and the bytes that
+        # leaves out are reported.
+        made = [[(phase, n, nbytes) for phase, n, nbytes, create in ev if create] for ev in events]
+
+        def lined_up(ref):
+            sizes, in_order = {n: [None, None, None] for _, n, _ in made[ref]}, 0
+            for _, n, nbytes in made[ref]:
+                sizes[n][ref] = nbytes
+            for other in {0, 1, 2} - {ref}:
+                pairs, common = same_tensors(made[ref], shapes[ref], made[other], shapes[other])
+                in_order += common
+                for i, j in pairs:
+                    sizes[made[ref][i][1]][other] = made[other][j][2]
+            return in_order, ref, sizes
+
+        _, ref, sizes = max(lined_up(r) for r in range(3))
+        unmatched = {n for n, sz in sizes.items() if None in sz}
+        print(f"{what}, {layers} layers, from {shapes[ref]}: {len(unmatched)} of {len(sizes)} tensors unmatched "
+              f"across the shapes ({sum(sizes[n][ref] for n in unmatched)} of "
+              f"{sum(sz[ref] for sz in sizes.values())} bytes)", file=sys.stderr, flush=True)
+
+        def unit(n1, n2, n3):
+            if n1 == n2 == n3:
+                if n1 <= 4096:
+                    return None  # counters, scalars
+                try:
+                    return fixed_unit(n1, d, {"main": layer_params}, widths, None, what)
+                except SystemExit:
+                    # A gradient of one of a layer's weights: bytes per parameter of a layer.
+                    return "layer", n1 / layer_params
+            if max(n1, n2, n3) <= 65536 and not infer_recipes.scales(n1, n2, n3, b, s1, s2):
+                return None  # a kernel's blocking scratch
+            for i, wd in enumerate(widths):
+                try:
+                    kind, u, v = infer_recipes.classify(n1, n2, n3, b, s1, s2, d, wd, what)
+                    return ("pos:" + u if kind == "position" else u), v
+                except SystemExit:
+                    if i == len(widths) - 1:
+                        raise
+
+        units = {n: None if n in unmatched else unit(*sz) for n, sz in sizes.items()}
+        live, moments = set(), {"forward": [], "backward": []}
+        # Each event as what it makes or frees in the model's units, the same at any shape:
+        # what lines the two depths up.
+        tokens = {"forward": [], "backward": []}
+        for phase, n, nbytes, create in events[ref]:
+            if phase in tokens:
+                tokens[phase].append(("+" if create else "-", units[n]))
+            if not create:
+                live.discard(n)
+                continue
+            live.add(n)
+            if phase in moments:
+                terms = {}
+                for m in live:
+                    if units[m] is not None:
+                        u, v = units[m]
+                        terms[u] = terms.get(u, 0) + v
+                moments[phase].append(terms)
+        per_depth[layers] = (moments, tokens)
+    import difflib
+    (l1, (m1, t1)), (l2, (m2, t2)) = sorted(per_depth.items())
+    out, crossed = [], 0
+    for phase in ("forward", "backward"):
+        # Create events only, in order, to index the moments.
+        creates1 = [i for i, (op, _) in enumerate(t1[phase]) if op == "+"]
+        creates2 = [i for i, (op, _) in enumerate(t2[phase]) if op == "+"]
+        at1, at2 = {e: k for k, e in enumerate(creates1)}, {e: k for k, e in enumerate(creates2)}
+        matcher = difflib.SequenceMatcher(None, t1[phase], t2[phase], autojunk=False)
+        paired = [(block.a + i, block.b + i) for block in matcher.get_matching_blocks() for i in range(block.size)]
+        # The phase's last allocation is the same place at any depth, however the layers'
+        # allocations and frees interleave before it (where the alignment may pair moments a
+        # few allocations apart): all the layers' gradients, at the backward's end.
+        paired.append((creates1[-1], creates2[-1]))
+        for e1, e2 in paired:
+            if e1 not in at1:
+                continue
+            a, z = m1[phase][at1[e1]], m2[phase][at2[e2]]
+            per_layer = {u: (z.get(u, 0) - a.get(u, 0)) / (l2 - l1) for u in set(a) | set(z)}
+            if any(v < -1e-9 for v in per_layer.values()):
+                # Paired a few allocations apart, or across the layers' order: no moment
+                # of a model of any depth.
+                crossed += 1
+                continue
+            once = {u: a.get(u, 0) - l1 * per_layer.get(u, 0) for u in set(a) | set(per_layer)}
+            clean = lambda t: {u: v for u, v in t.items() if abs(v) > 1e-9}
+            out.append({"where": f"{phase}_compiled", "below": clean(per_layer), "above": {},
+                        "once": clean(once)})
+    print(f"{what}: {len(out)} moments in both depths, {crossed} paired a few allocations apart or across the layers' order left out",
+          file=sys.stderr, flush=True)
+    return {"moments": pareto(out)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="families, comma-separated (run halves side by side, then --merge)")
     ap.add_argument("--merge", nargs="+", help="recipe files to merge into --out")
+    ap.add_argument("--compiled", action="store_true",
+                    help="record the torch.compile'd steps (every decoder) into --out, keeping its others")
+    ap.add_argument("--precision", default="fp32,bf16,amp", help="with --compiled: precisions, comma-separated")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = {}
+    if a.compiled:
+        with open(a.out) as f:
+            out = json.load(f)["recipes"]
+        for family in measure.DECODERS:
+            if a.only and family not in a.only.split(","):
+                continue
+            attn = "eager" if family in measure.NO_SDPA else "sdpa"
+            for precision in a.precision.split(","):
+                try:
+                    r = compiled_recipe(family, precision)
+                except SystemExit as e:  # the others are still recorded; this one is said not to be
+                    print(family, precision, "compiled: not recorded:", e, file=sys.stderr, flush=True)
+                    continue
+                out[f"{family}/causal-lm/{precision}/{attn}/full/compiled"] = r
+                print(family, precision, "compiled", len(r["moments"]), "moments", file=sys.stderr, flush=True)
+                write(a.out, out)
+        return
     for part in a.merge or []:
         with open(part) as f:
             out |= json.load(f)["recipes"]

@@ -72,8 +72,8 @@ pub struct StepParts {
     pub embedding_tail: f64,
     /// The step runs as `torch.compile`'s graphs: the loss is fused into the forward's graph,
     /// which ends holding what it saves and nothing more of the vocabulary's width (the
-    /// logits are among the saved tensors). The backward's moments were not recorded: its
-    /// phases are the eager code's, over the compiled recipe.
+    /// logits are among the saved tensors). Where the compiled step itself was recorded
+    /// ([`crate::step_recipe`]), its moments replace these phases' forward and backward.
     pub compiled: bool,
 }
 

@@ -24,6 +24,12 @@
 //! ends and outside the layers bound every other; the phase's peak is the
 //! largest of them at the asked shape. The optimizer step is modelled in
 //! [`crate::step`].
+//!
+//! A step run through `torch.compile` (keys ending `/compiled`) runs its layers inside one
+//! graph, where no allocation can be placed in a layer: `step_recipes.py --compiled`
+//! records it at two depths and lines the two timelines up, so each moment found in both is
+//! `once` plus `below` for every layer (`forward_compiled`, `backward_compiled`): what one
+//! layer adds there, its saved tensors or its gradients, whichever the moment holds.
 
 use crate::model::{Family, Model};
 use crate::recipe::{bundled, measured_code, measured_kernel, measured_precision, per_token, Terms};
@@ -50,6 +56,9 @@ enum Where {
     BackwardEncTop,
     BackwardEncBottom,
     BackwardEmbed,
+    /// Anywhere in a compiled step's forward or backward: `below` counts every layer.
+    ForwardCompiled,
+    BackwardCompiled,
 }
 
 /// Layers holding `below` and `above` at a moment: (encoder's, main stack's) each.
@@ -65,7 +74,9 @@ impl Where {
             Where::ForwardEncTop | Where::BackwardEncTop => ((encoder - 1.0, 0.0), (0.0, main)),
             Where::ForwardMid | Where::BackwardMid => ((encoder, 0.0), (0.0, main)),
             Where::ForwardTop | Where::BackwardTop => ((encoder, main - 1.0), (0.0, 0.0)),
-            Where::ForwardHead | Where::BackwardHead => ((encoder, main), (0.0, 0.0)),
+            Where::ForwardHead | Where::BackwardHead | Where::ForwardCompiled | Where::BackwardCompiled => {
+                ((encoder, main), (0.0, 0.0))
+            }
             Where::BackwardBottom => ((encoder, 0.0), (0.0, main - 1.0)),
             Where::BackwardEncBottom => ((0.0, 0.0), (encoder - 1.0, main)),
             Where::BackwardEmbed => ((0.0, 0.0), (encoder, main)),
@@ -76,7 +87,10 @@ impl Where {
     }
 
     fn is_forward(self) -> bool {
-        matches!(self, Where::ForwardEncTop | Where::ForwardMid | Where::ForwardTop | Where::ForwardHead)
+        matches!(
+            self,
+            Where::ForwardEncTop | Where::ForwardMid | Where::ForwardTop | Where::ForwardHead | Where::ForwardCompiled
+        )
     }
 }
 
@@ -106,13 +120,15 @@ fn recipes() -> &'static BTreeMap<String, StepRecipe> {
 
 /// The recipe for a transformers step of `model`, if its family's code was measured at this
 /// precision, head and checkpointing (fp8 is not a transformers precision; flash attention
-/// takes SDPA's; families without an SDPA path run eager).
+/// takes SDPA's; families without an SDPA path run eager); `compiled`: the step run through
+/// `torch.compile`, where that was recorded.
 pub fn step_recipe(
     model: &Model,
     precision: Precision,
     attention: Attention,
     checkpointed: bool,
     head: Head,
+    compiled: bool,
 ) -> Option<&'static StepRecipe> {
     let precision = measured_precision(precision)?;
     let head = match head {
@@ -123,7 +139,8 @@ pub fn step_recipe(
         Head::CausalLm => "masked-lm",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
-    let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}", measured_code(model));
+    let graph = if compiled { "/compiled" } else { "" };
+    let key = |attn: &str| format!("{}/{head}/{precision}/{attn}/{ck}{graph}", measured_code(model));
     recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
 }
 
@@ -340,7 +357,7 @@ mod tests {
             for p in [Precision::Fp32, Precision::Bf16, Precision::Amp] {
                 for a in [Attention::Eager, Attention::Sdpa] {
                     for ck in [false, true] {
-                        let r = step_recipe(&m, p, a, ck, Head::CausalLm).unwrap_or_else(|| panic!("{name}"));
+                        let r = step_recipe(&m, p, a, ck, Head::CausalLm, false).unwrap_or_else(|| panic!("{name}"));
                         let l = m.layers as f64;
                         let (f1, b1) = r.peaks(&m, 1.0, 512.0, l, 0.0, 1.0);
                         let (f2, b2) = r.peaks(&m, 2.0, 1024.0, l, 0.0, 1.0);
@@ -358,9 +375,26 @@ mod tests {
                 }
             }
         }
+        // torch.compile'd steps, recorded for every decoder at fp32: the same, from moments
+        // that count every layer, with negative terms among them.
+        for name in
+            ["llama-3-8b", "mistral-7b", "gemma-2b", "phi-3-mini", "mixtral-8x7b", "gpt2", "pythia-1b", "bloom-7b1"]
+        {
+            let m = preset(name).unwrap();
+            let r = step_recipe(&m, Precision::Fp32, Attention::Sdpa, false, Head::CausalLm, true)
+                .unwrap_or_else(|| panic!("{name}: no compiled step"));
+            let l = m.layers as f64;
+            let (f1, b1) = r.peaks(&m, 1.0, 512.0, l, 0.0, 1.0);
+            let (f2, b2) = r.peaks(&m, 2.0, 1024.0, l, 0.0, 1.0);
+            assert!(f1.total > 0.0 && f2.total > f1.total && b2.total >= b1.total, "{name} compiled");
+            assert!(b1.total >= 0.99 * m.layer_params() as f64 * l * 4.0, "{name} compiled: every gradient");
+            // A deeper model never holds less at the same shape.
+            let (f3, b3) = r.peaks(&m, 1.0, 512.0, l + 1.0, 0.0, 1.0);
+            assert!(f3.total > f1.total && b3.total > b1.total, "{name} compiled: one layer more");
+        }
         // T5's two stacks: by the end of the backward, every block's gradients.
         let t5 = preset("t5-base").unwrap();
-        let r = step_recipe(&t5, Precision::Fp32, Attention::Eager, false, Head::CausalLm).unwrap();
+        let r = step_recipe(&t5, Precision::Fp32, Attention::Eager, false, Head::CausalLm, false).unwrap();
         let (f, b) = r.peaks(&t5, 8.0, 512.0, t5.layers as f64, 0.0, 1.0);
         let (enc, dec) = t5.stack_layer_params();
         assert!(f.total > 0.0 && b.total >= 0.99 * 4.0 * (enc + dec) as f64 * t5.decoder_layers as f64);

@@ -274,10 +274,14 @@ pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Rec
 }
 
 /// Whether the job's activations are `torch.compile`'s: asked for, recorded for its family
-/// and precision, and without checkpointing (compiled checkpointed steps were not recorded:
-/// the eager code's recipes stand for them).
+/// and precision (what the compiled step saves, or the compiled step itself), and without
+/// checkpointing (compiled checkpointed steps were not recorded: the eager code's recipes
+/// stand for them).
 pub(super) fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
-    cfg.compile && cfg.checkpointing == Checkpointing::None && recipe::has_compiled(model, cfg.precision, cfg.attention)
+    cfg.compile
+        && cfg.checkpointing == Checkpointing::None
+        && (recipe::has_compiled(model, cfg.precision, cfg.attention)
+            || step_recipe(model, cfg.precision, cfg.attention, false, cfg.head, true).is_some())
 }
 
 /// What the optimizer step allocates beside its state: `torch.optim.AdamW` with `foreach`
@@ -513,12 +517,10 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         };
         let mut ph = step::phases(&parts);
         // Where transformers' own step was recorded allocation by allocation (every family it
-        // runs here), its forward and backward are its moments' peaks.
-        // A compiled step's moments were not recorded (its graphs run the layers as one): its
-        // forward and backward are the phase model's, over what the compiled step saves.
+        // runs here, and its compiled steps where recorded), its forward and backward are its
+        // moments' peaks.
         let compiled = compiled_recipe(model, cfg);
-        if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head).filter(|_| !compiled)
-        {
+        if let Some(sr) = step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head, compiled) {
             let base = parts.weights + parts.optimizer_state + parts.inputs;
             // The share of the gradients this GPU holds (ZeRO's shards, offload).
             let whole = g * model.params() as f64;
