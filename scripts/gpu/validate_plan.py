@@ -12,7 +12,7 @@ of predicted (`allocated_bytes`) against measured, for docs/GPU.md.
     python3 scripts/gpu/validate_plan.py [--headroom target/release/headroom] [--quick] [--compile]
 
 With --compile each step runs through torch.compile(model) and the plan is asked with
---compile (what the compiled graphs keep, recorded on CPU for fp32 decoders).
+--compile (what the compiled graphs keep, recorded on CPU for decoders at fp32, bf16 and AMP).
 
 Needs torch with CUDA and transformers. Without a GPU it says so and exits 2.
 """

@@ -161,9 +161,10 @@ pub struct PlanArgs {
     /// every op but attention and every other matrix multiply), every-K (e.g. every-4), or optimal.
     #[arg(long, conflicts_with = "infer", default_value = "none")]
     pub checkpoint: String,
-    /// The model run through torch.compile: the activations its partitioner saves for the
-    /// backward (fewer: norms and activation functions are recomputed), as recorded for fp32
-    /// decoders with SDPA attention and no checkpointing; elsewhere the eager code's.
+    /// The model run through torch.compile: what its graphs hold at each moment of the step
+    /// (less than the eager code: norms and activation functions are recomputed in the
+    /// backward), as recorded for decoders at fp32, bf16 and AMP without checkpointing;
+    /// elsewhere the eager code's.
     #[arg(long, conflicts_with = "infer")]
     compile: bool,
     /// Also find the largest micro-batch that fits (searched up to 2^40).

@@ -36,8 +36,8 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if cfg.compile && !e.compiled {
         outln!(
             out,
-            "note: --compile: torch.compile's activations were recorded for fp32 decoders with SDPA attention and no checkpointing; \
-             this job is planned with the eager code's"
+            "note: --compile: torch.compile's steps were recorded for decoders at fp32, bf16 and AMP without checkpointing, \
+             not for this job's; it is planned with the eager code's"
         );
     }
     if par.gpus() > 1 || cfg.offload != Offload::None {

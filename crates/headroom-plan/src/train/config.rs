@@ -190,7 +190,8 @@ pub struct TrainConfig {
     /// The output layer and loss.
     pub head: Head,
     /// The forward compiled with `torch.compile` (and the backward AOTAutograd derives from
-    /// it): what its partitioner saves for the backward, where recorded (fp32 decoders).
+    /// it): what its graphs hold, where recorded (decoders at fp32, bf16 and AMP, no
+    /// checkpointing).
     pub compile: bool,
 }
 
