@@ -402,12 +402,12 @@ def isolated(fn, *args):
 
 def same_tensors(a, shape_a, b, shape_b):
     """Index pairs of the tensors two runs of a step at two shapes make alike, and how many
-    of them are in the same order in both. Two can match
-    where they are in the same phase and their sizes agree as a tensor of a fixed size, or
-    per token, position, token x position or position x position would. First the longest
-    common subsequence of the two runs' allocations; then, since inductor may order a
-    shape's kernels otherwise, each tensor left over is paired with the nearest left over in
-    the other run (by its place in its run) that can match it."""
+    of them are in the same order in both. Two can match where they are in the same phase
+    and their sizes agree as a tensor of a fixed size, or per token, position, token x
+    position or position x position would. First the longest common subsequence of the two
+    runs' allocations; then, since inductor may order a shape's kernels otherwise, each
+    tensor left over is paired with the nearest left over in the other run (by its place in
+    its run) that can match it."""
     from fractions import Fraction
 
     def signature(nbytes, shape):
