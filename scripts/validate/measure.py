@@ -383,15 +383,15 @@ def grid():
                 batch, seq = (2, 192) if size == "deep" else (2, 256)
                 cases.append(dict(mode="infer", family=family, size=size, head="causal-lm", precision="fp32",
                                   attention=attn, batch=batch, seq=seq, logits="last"))
-    # torch.compile'd steps: every decoder, no checkpointing (the compiled recipes' scope), at
-    # the tuning shape and the other configs' shapes; fp32, then bf16 and AMP.
-    for precision in ("fp32", "bf16", "amp"):
+    # torch.compile'd steps: every decoder, at the tuning shape and the other configs' shapes;
+    # fp32, bf16 and AMP without checkpointing, then fp32 with it.
+    for precision, checkpointing in (("fp32", False), ("bf16", False), ("amp", False), ("fp32", True)):
         for family in DECODERS:
             attn = "eager" if family in NO_SDPA else "sdpa"
             for size, (batch, seq) in (("base", (2, 256)), ("base", (4, 384)), ("wide", (2, 256)), ("deep", (2, 192))):
                 cases.append(dict(mode="train", family=family, size=size, head="causal-lm", precision=precision,
-                                  optimizer="adamw", attention=attn, checkpointing=False, batch=batch, seq=seq,
-                                  compiled=True))
+                                  optimizer="adamw", attention=attn, checkpointing=checkpointing, batch=batch,
+                                  seq=seq, compiled=True))
     for c in cases:
         c["split"] = "tuning" if c["size"] == "base" and (c["batch"], c["seq"]) == (2, 256) else "check"
     return cases
@@ -421,6 +421,7 @@ def main():
     ap.add_argument("--logits", help="run only inference cases keeping these logits (last)")
     ap.add_argument("--compiled", action="store_true", help="run only the torch.compile'd cases")
     ap.add_argument("--precision", help="run only cases at this precision (fp32, bf16, amp)")
+    ap.add_argument("--checkpointed", action="store_true", help="run only cases with gradient checkpointing")
     ap.add_argument("--merge", nargs="+", help="result files whose cases to join into --out (no run)")
     a = ap.parse_args()
     if a.merge:
@@ -452,6 +453,8 @@ def main():
         cases = [c for c in cases if c.get("compiled")]
     if a.precision:
         cases = [c for c in cases if c["precision"] == a.precision]
+    if a.checkpointed:
+        cases = [c for c in cases if c["checkpointing"]]
     i, n = (int(x) for x in a.shard.split("/"))
     cases = cases[i::n]
     if a.limit:

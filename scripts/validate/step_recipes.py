@@ -355,10 +355,10 @@ def pareto(moments):
 COMPILED_DEPTHS = (2, 3)
 
 
-def compiled_timeline(family, precision, layers, batch, seq):
-    """The allocations of one torch.compile'd step (no checkpointing; the forward with the
-    loss and the backward) after the warm-up that compiles it, at `layers` layers:
-    [(phase, tensor number, bytes, create)], the dimensions and one layer's parameters."""
+def compiled_timeline(family, precision, checkpointing, layers, batch, seq):
+    """The allocations of one torch.compile'd step (the forward with the loss and the
+    backward) after the warm-up that compiles it, at `layers` layers: [(phase, tensor number,
+    bytes, create)], the dimensions and one layer's parameters."""
     torch.set_num_threads(1)
     cfg = dict(infer_recipes.recording_config(family))
     depth = next(k for k in ("num_hidden_layers", "n_layer") if k in cfg)
@@ -366,6 +366,8 @@ def compiled_timeline(family, precision, layers, batch, seq):
     attn = "eager" if family in measure.NO_SDPA else "sdpa"
     torch._dynamo.reset()
     model = measure.build(cfg, "causal-lm", attn, torch.bfloat16 if precision == "bf16" else torch.float32)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     inputs = measure.inputs(cfg, "causal-lm", batch, seq)
     # One graph per shape, as a training run of fixed shapes compiles it (measure.py's cases).
     forward = torch.compile(model, dynamic=False)
@@ -388,8 +390,8 @@ def compiled_timeline(family, precision, layers, batch, seq):
     c = model.config
     d["P"] = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 0) or 0
     first = re.compile(layer_pattern(family).pattern.replace(r"(\d+)", "(0)") + r"\.")
-    layer_params = sum(p.numel() for name, p in model.named_parameters() if first.match(name))
-    return out, d, layer_params
+    layer = [p.numel() for name, p in model.named_parameters() if first.match(name)]
+    return out, d, (sum(layer), set(layer))
 
 
 def isolated(fn, *args):
@@ -444,20 +446,21 @@ def same_tensors(a, shape_a, b, shape_b):
     return pairs, lcs[0][0]
 
 
-def compiled_recipe(family, precision):
+def compiled_recipe(family, precision, checkpointing=False):
     """The compiled step's moments, forward and backward: `{"moments": [...]}` with `where`
     `forward_compiled` or `backward_compiled`, `below` what each layer adds and `once` the
     rest (`once` may hold negative terms: a moment in the bottom layer's backward is `once`
     less one layer's gradients plus N layers' worth of them)."""
     b, s1, s2 = 2, 56, 88
     shapes = ((b, s1), (b, s2), (3, s1))
-    what = f"{family}/{precision}/compiled"
+    what = f"{family}/{precision}/{'ckpt' if checkpointing else 'full'}/compiled"
     elem = 4 if precision == "fp32" else 2
     widths = [elem] + [x for x in (4, 8, 1, 2) if x != elem]
+    fixed_widths = {"fp32": [4], "bf16": [2], "amp": [4, 2]}[precision]
     per_depth = {}
     for layers in COMPILED_DEPTHS:
-        runs = [isolated(compiled_timeline, family, precision, layers, bb, ss) for bb, ss in shapes]
-        d, layer_params = runs[0][1], runs[0][2]
+        runs = [isolated(compiled_timeline, family, precision, checkpointing, layers, bb, ss) for bb, ss in shapes]
+        d, (layer_params, layer_sizes) = runs[0][1], runs[0][2]
         events = [r[0] for r in runs]
         # Inductor plans each shape's graph apart and may fuse, reuse or order a buffer
         # otherwise at one shape, so the runs are lined up tensor by tensor (`same_tensors`),
@@ -487,10 +490,16 @@ def compiled_recipe(family, precision):
             if n1 == n2 == n3:
                 if n1 <= 4096:
                     return None  # counters, scalars
+                # A gradient of one of a layer's weights, or AMP's copy of one, or a buffer
+                # holding several: bytes per parameter of a layer. A table outside the layers
+                # (the embeddings', the head's) only where its size is no layer weight's, in the
+                # widths a gradient or a copy has: the recording config's tables are the size of
+                # a layer's few weights at another width.
+                if any(n1 % w == 0 and n1 // w in layer_sizes for w in fixed_widths):
+                    return "layer", n1 / layer_params
                 try:
-                    return fixed_unit(n1, d, {"main": layer_params}, widths, None, what)
+                    return fixed_unit(n1, d, {"main": layer_params}, fixed_widths, None, what)
                 except SystemExit:
-                    # A gradient of one of a layer's weights: bytes per parameter of a layer.
                     return "layer", n1 / layer_params
             if max(n1, n2, n3) <= 65536 and not infer_recipes.scales(n1, n2, n3, b, s1, s2):
                 return None  # a kernel's blocking scratch
@@ -528,9 +537,10 @@ def compiled_recipe(family, precision):
                         u, v = units[m]
                         terms[u] = terms.get(u, 0) + v
                 moments[phase].append(terms)
-        per_depth[layers] = (moments, tokens)
+        per_depth[layers] = (moments, tokens, d, layer_params)
     import difflib
-    (l1, (m1, t1)), (l2, (m2, t2)) = sorted(per_depth.items())
+    (l1, (m1, t1, d, layer_params)), (l2, (m2, t2, _, _)) = sorted(per_depth.items())
+    tables = {"Vh": d["V"] * d["h"], "Ph": d["P"] * d["h"], "Vb": d["V"]}
     out, crossed = [], 0
     for phase in ("forward", "backward"):
         # Create events only, in order, to index the moments.
@@ -554,6 +564,11 @@ def compiled_recipe(family, precision):
                 crossed += 1
                 continue
             once = {u: a.get(u, 0) - l1 * per_layer.get(u, 0) for u in set(a) | set(per_layer)}
+            # What every layer adds is never a table outside the layers: a tensor taken for
+            # one by its size is a layer's, in bytes per parameter of a layer.
+            for u, size in tables.items():
+                if u in per_layer:
+                    per_layer["layer"] = per_layer.get("layer", 0) + per_layer.pop(u) * size / layer_params
             clean = lambda t: {u: v for u, v in t.items() if abs(v) > 1e-9}
             out.append({"where": f"{phase}_compiled", "below": clean(per_layer), "above": {},
                         "once": clean(once)})
@@ -570,6 +585,7 @@ def main():
     ap.add_argument("--compiled", action="store_true",
                     help="record the torch.compile'd steps (every decoder) into --out, keeping its others")
     ap.add_argument("--precision", default="fp32,bf16,amp", help="with --compiled: precisions, comma-separated")
+    ap.add_argument("--checkpointed", action="store_true", help="with --compiled: the steps with gradient checkpointing")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = {}
@@ -580,13 +596,14 @@ def main():
             if a.only and family not in a.only.split(","):
                 continue
             attn = "eager" if family in measure.NO_SDPA else "sdpa"
+            ck = "ckpt" if a.checkpointed else "full"
             for precision in a.precision.split(","):
                 try:
-                    r = compiled_recipe(family, precision)
+                    r = compiled_recipe(family, precision, a.checkpointed)
                 except (SystemExit, Exception) as e:  # inductor's own errors too: the others are still recorded
-                    print(family, precision, "compiled: not recorded:", e, file=sys.stderr, flush=True)
+                    print(family, precision, ck, "compiled: not recorded:", e, file=sys.stderr, flush=True)
                     continue
-                out[f"{family}/causal-lm/{precision}/{attn}/full/compiled"] = r
+                out[f"{family}/causal-lm/{precision}/{attn}/{ck}/compiled"] = r
                 print(family, precision, "compiled", len(r["moments"]), "moments", file=sys.stderr, flush=True)
                 write(a.out, out)
         return

@@ -163,8 +163,8 @@ pub struct PlanArgs {
     pub checkpoint: String,
     /// The model run through torch.compile: what its graphs hold at each moment of the step
     /// (less than the eager code: norms and activation functions are recomputed in the
-    /// backward), as recorded for decoders at fp32, bf16 and AMP without checkpointing;
-    /// elsewhere the eager code's.
+    /// backward), as recorded for decoders at fp32, bf16 and AMP without checkpointing and at
+    /// fp32 with full checkpointing; elsewhere the eager code's.
     #[arg(long, conflicts_with = "infer")]
     compile: bool,
     /// Also find the largest micro-batch that fits (searched up to 2^40).

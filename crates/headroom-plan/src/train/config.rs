@@ -190,8 +190,8 @@ pub struct TrainConfig {
     /// The output layer and loss.
     pub head: Head,
     /// The forward compiled with `torch.compile` (and the backward AOTAutograd derives from
-    /// it): what its graphs hold, where recorded (decoders at fp32, bf16 and AMP, no
-    /// checkpointing).
+    /// it): what its graphs hold, where recorded (decoders at fp32, bf16 and AMP without
+    /// checkpointing, at fp32 with full checkpointing).
     pub compile: bool,
 }
 

@@ -273,15 +273,18 @@ pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Rec
     }
 }
 
-/// Whether the job's activations are `torch.compile`'s: asked for, recorded for its family
-/// and precision (what the compiled step saves, or the compiled step itself), and without
-/// checkpointing (compiled checkpointed steps were not recorded: the eager code's recipes
-/// stand for them).
+/// Whether the job's activations are `torch.compile`'s: asked for, and recorded for its
+/// family, precision and checkpointing (the compiled step itself, or without checkpointing
+/// what it saves); elsewhere the eager code's recipes stand for them.
 pub(super) fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
+    let checkpointed = match cfg.checkpointing {
+        Checkpointing::None => false,
+        Checkpointing::Full => true,
+        _ => return false,
+    };
     cfg.compile
-        && cfg.checkpointing == Checkpointing::None
-        && (recipe::has_compiled(model, cfg.precision, cfg.attention)
-            || step_recipe(model, cfg.precision, cfg.attention, false, cfg.head, true).is_some())
+        && (step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head, true).is_some()
+            || !checkpointed && recipe::has_compiled(model, cfg.precision, cfg.attention))
 }
 
 /// What the optimizer step allocates beside its state: `torch.optim.AdamW` with `foreach`
