@@ -47,9 +47,11 @@ plus `below` per layer (`forward_compiled`, `backward_compiled`; see `compiled_r
 """
 
 import argparse
+import difflib
 import json
 import re
 import sys
+from fractions import Fraction
 
 import torch
 from torch._C._profiler import _EventType
@@ -410,8 +412,6 @@ def same_tensors(a, shape_a, b, shape_b):
     runs' allocations; then, since inductor may order a shape's kernels otherwise, each
     tensor left over is paired with the nearest left over in the other run (by its place in
     its run) that can match it."""
-    from fractions import Fraction
-
     def signature(nbytes, shape):
         bb, ss = shape
         return {("fixed", nbytes), ("token", Fraction(nbytes, bb * ss)), ("position", Fraction(nbytes, ss)),
@@ -538,7 +538,6 @@ def compiled_recipe(family, precision, checkpointing=False):
                         terms[u] = terms.get(u, 0) + v
                 moments[phase].append(terms)
         per_depth[layers] = (moments, tokens, d, layer_params)
-    import difflib
     (l1, (m1, t1, d, layer_params)), (l2, (m2, t2, _, _)) = sorted(per_depth.items())
     tables = {"Vh": d["V"] * d["h"], "Ph": d["P"] * d["h"], "Vb": d["V"]}
     out, crossed = [], 0
