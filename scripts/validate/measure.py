@@ -195,7 +195,9 @@ HEADS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM
          "seq-cls": "AutoModelForSequenceClassification", "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 
 
-def build(cfg, head, attn, dtype):
+def build(cfg, head, attn, dtype, dropout=False):
+    """The model of `cfg` with random weights, in train mode; dropout off unless `dropout`
+    (then at the config's own rates, as a user's run has it)."""
     import transformers
     fields = dict(cfg)
     model_type = fields.pop("model_type")
@@ -209,6 +211,9 @@ def build(cfg, head, attn, dtype):
     cls = getattr(transformers, HEADS[head])
     torch.manual_seed(0)
     model = cls.from_config(config, attn_implementation=attn, dtype=dtype)
+    model.train()
+    if dropout:
+        return model
     # Dropout off (it is 0 in these configs' families' defaults except GPT-2/BERT/T5), kept in train mode.
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):

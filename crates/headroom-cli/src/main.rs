@@ -6,6 +6,9 @@
 //! that went away (`headroom … | head -1`) ends the command quietly with the
 //! status it earned, and a full disk is an error rather than a panic.
 
+// `plan --json`'s object has more keys than serde_json's macro expands by default.
+#![recursion_limit = "256"]
+
 /// Appends a line to a `String` (as `println!` prints one).
 macro_rules! outln {
     ($out:expr) => {

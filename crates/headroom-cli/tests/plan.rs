@@ -61,8 +61,12 @@ fn zero_3_over_8_gpus_shards_the_model_states() {
     let (_, eight) = plan(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--train", "--gpus", "8", "--zero", "3"]);
     // Weights and optimizer state are held throughout the step (gradients only in its later
     // phases, so the breakdown at the peak may not show them).
-    let states = |v: &Value| ["weights", "optimizer"].iter().map(|k| v["breakdown"][k].as_f64().unwrap()).sum::<f64>();
-    assert!((states(&one) / states(&eight) - 8.0).abs() < 1e-9);
+    // At each job's own peak, as the replay holds them in the allocator's blocks: the weights
+    // an eighth, within rounding; the optimizer's state at most an eighth (the single GPU's
+    // peak comes while the first step makes its state).
+    let term = |v: &Value, k: &str| v["breakdown"][k].as_f64().unwrap();
+    assert!((term(&one, "weights") / term(&eight, "weights") - 8.0).abs() < 0.08);
+    assert!(term(&one, "optimizer") / term(&eight, "optimizer") <= 8.01);
     // All terms at once (Megatron's accounting). Megatron-LM keeps fp32 main gradients,
     // whole on every GPU under its distributed optimizer (ZeRO-1), which shards the rest;
     // under ZeRO-3 (DeepSpeed's, 16-bit gradients) they shard too.
@@ -74,8 +78,9 @@ fn zero_3_over_8_gpus_shards_the_model_states() {
     let term = |v: &Value, k: &str| v["breakdown"][k].as_f64().unwrap();
     assert!((term(&one, "gradients") / 8.03e9 - 4.0).abs() < 0.01, "{}", term(&one, "gradients"));
     assert_eq!(term(&dist, "gradients"), term(&one, "gradients"));
-    assert!((term(&one, "optimizer") / term(&dist, "optimizer") - 8.0).abs() < 1e-9);
-    assert!((term(&one, "gradients") / term(&zero3, "gradients") - 16.0).abs() < 1e-9);
+    // (Each term as the allocator holds it: every tensor in whole blocks.)
+    assert!((term(&one, "optimizer") / term(&dist, "optimizer") / 8.0 - 1.0).abs() < 1e-3);
+    assert!((term(&one, "gradients") / term(&zero3, "gradients") / 16.0 - 1.0).abs() < 3e-3);
 }
 
 #[test]
@@ -422,7 +427,9 @@ fn reserved_bytes_sit_between_allocated_and_the_total() {
         let outside = total - reserved;
         let gpus = v["gpus"].as_u64().unwrap();
         // The context by generation: 625 MiB on Hopper, 481 MiB on Ampere, 512 MiB on Ada.
+        // The driver's own and a training process's context (measured on an H200 for Hopper).
         let context: u64 = match v["gpu"].as_str().unwrap() {
+            "h100-sxm" if v["mode"] == "train" => (615 + 775) << 20,
             "h100-sxm" => 625 << 20,
             "a100-80gb" => 481 << 20,
             _ => 512 << 20,

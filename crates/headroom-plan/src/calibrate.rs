@@ -24,9 +24,11 @@
 //! model, with the offset.
 
 use crate::gpu::GpuSpec;
+use crate::job::{PipelineStage, TrainConfig};
+use crate::live::memory;
 use crate::model::Model;
-use crate::step::{PhasePeak, Phases};
-use crate::train::{self, TrainConfig};
+pub use crate::step::Calibration;
+use crate::step::{base, PhasePeak, Phases};
 use std::fmt;
 
 /// What one trace of a training step measured, in bytes allocated (as
@@ -39,28 +41,6 @@ pub struct Measured {
     pub forward: Option<f64>,
     pub backward: Option<f64>,
     pub optimizer: Option<f64>,
-}
-
-/// The fitted terms.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Calibration {
-    /// Bytes the run holds throughout the step beyond the planner's weights,
-    /// optimizer state and inputs (negative when the run holds less, e.g. an
-    /// optimizer whose state is made in the step being measured).
-    pub offset: f64,
-    /// The measured activations and logits that grow with batch × sequence,
-    /// over the planner's.
-    pub activation_scale: f64,
-    /// The same for eager attention's s × s matrices, which grow with the
-    /// square of the sequence: fitted apart when snapshots at two or more
-    /// sequence lengths tell the two laws apart, otherwise equal to
-    /// `activation_scale`.
-    pub attention_scale: f64,
-    /// What the backward held beyond the phase as calibrated by the offset
-    /// and scales; `None` when no trace has a backward.
-    pub backward_extra: Option<f64>,
-    /// The same for the optimizer step.
-    pub optimizer_extra: Option<f64>,
 }
 
 /// Why a measurement cannot calibrate the planner.
@@ -124,13 +104,13 @@ pub fn calibrate(
     cfg: &TrainConfig,
     runs: &[((u64, u64), Measured)],
 ) -> Result<Calibration, CalibrationError> {
-    let mut plain = *cfg;
-    plain.coefficients.calibration = None;
+    let plain = *cfg;
     let mut fitted = Vec::with_capacity(runs.len());
     for &((micro_batch, seq), m) in runs {
-        let e = train::estimate(model, gpu, &TrainConfig { micro_batch, seq, ..plain });
-        let phases = e.phases.ok_or(CalibrationError::NoPhaseModel)?;
-        let gpu_only = e.allocated_bytes - e.tensor_bytes;
+        // The closed form's phases: what the calibration scales.
+        let planned = memory(model, gpu, &TrainConfig { micro_batch, seq, ..plain }, PipelineStage::Only, None);
+        let phases = planned.phases.ok_or(CalibrationError::NoPhaseModel)?;
+        let gpu_only = planned.gpu_only;
         let less = |x: f64| x - gpu_only;
         let tensors = Measured {
             start: less(m.start),
@@ -140,12 +120,7 @@ pub fn calibrate(
         };
         fitted.push((phases, tensors));
     }
-    Calibration::fit(&fitted)
-}
-
-/// What a phase holds whatever the shape's activations: weights, state, inputs.
-fn base(p: &PhasePeak) -> f64 {
-    p.total - p.gradients - p.activations - p.logits - p.temporary - p.calibration
+    fit(&fitted)
 }
 
 /// What grows with batch × sequence in a phase, and what with the square of the sequence.
@@ -158,76 +133,50 @@ fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| sum / n as f64)
 }
 
-impl Calibration {
-    /// Fits the terms so that each run's phases — the planner's, uncalibrated,
-    /// at the shape that run measured — reproduce its measurement: exactly
-    /// for one run; for several, the scales by least squares over their
-    /// forwards (not negative) and the offset and extras as their means.
-    pub fn fit(runs: &[(Phases, Measured)]) -> Result<Calibration, CalibrationError> {
-        // Per run: what the forward grew by beyond its start and fixed terms, and the two laws there.
-        let mut points = Vec::with_capacity(runs.len());
-        for (at, m) in runs {
-            let f = &at.forward;
-            let forward = m.forward.ok_or(CalibrationError::NoForward)?;
-            let (linear, square) = laws(f);
-            if linear + square <= 0.0 {
-                return Err(CalibrationError::NothingToScale);
-            }
-            let grown = forward - m.start - f.gradients - f.temporary;
-            if grown <= 0.0 {
-                return Err(CalibrationError::ForwardTooSmall { grown: forward - m.start });
-            }
-            points.push((grown, linear, square));
+/// Fits the terms so that each run's phases — the planner's, uncalibrated,
+/// at the shape that run measured — reproduce its measurement: exactly
+/// for one run; for several, the scales by least squares over their
+/// forwards (not negative) and the offset and extras as their means.
+pub fn fit(runs: &[(Phases, Measured)]) -> Result<Calibration, CalibrationError> {
+    // Per run: what the forward grew by beyond its start and fixed terms, and the two laws there.
+    let mut points = Vec::with_capacity(runs.len());
+    for (at, m) in runs {
+        let f = &at.forward;
+        let forward = m.forward.ok_or(CalibrationError::NoForward)?;
+        let (linear, square) = laws(f);
+        if linear + square <= 0.0 {
+            return Err(CalibrationError::NothingToScale);
         }
-        let (activation_scale, attention_scale) = scales(&points);
-        for scale in [activation_scale, attention_scale] {
-            // A scale of 0 is the square law found absent, not a mismatch.
-            if scale > MAX_SCALE || (scale > 0.0 && scale < 1.0 / MAX_SCALE) {
-                return Err(CalibrationError::ShapeMismatch { scale });
-            }
+        let grown = forward - m.start - f.gradients - f.temporary;
+        if grown <= 0.0 {
+            return Err(CalibrationError::ForwardTooSmall { grown: forward - m.start });
         }
-        if activation_scale == 0.0 && attention_scale == 0.0 {
-            return Err(CalibrationError::ShapeMismatch { scale: 0.0 });
-        }
-        let mut c = Calibration {
-            offset: mean(runs.iter().map(|(at, m)| m.start - base(&at.forward))).unwrap_or(0.0),
-            activation_scale,
-            attention_scale,
-            backward_extra: None,
-            optimizer_extra: None,
-        };
-        let so_far: Vec<Phases> = runs.iter().map(|(at, _)| c.apply(at)).collect();
-        let extra = |phase: fn(&Phases) -> f64, measured: fn(&Measured) -> Option<f64>| {
-            mean(runs.iter().zip(&so_far).filter_map(|((_, m), p)| Some(measured(m)? - phase(p))))
-        };
-        c.backward_extra = extra(|p| p.backward.total, |m| m.backward);
-        c.optimizer_extra = extra(|p| p.optimizer.total, |m| m.optimizer);
-        Ok(c)
+        points.push((grown, linear, square));
     }
-
-    /// The planner's phases at any shape, calibrated.
-    pub fn apply(&self, p: &Phases) -> Phases {
-        let one = |p: &PhasePeak, extra: Option<f64>| {
-            let attention = p.attention * self.attention_scale;
-            let logits = p.logits * self.activation_scale;
-            let per_token = (p.activations - p.attention) * self.activation_scale;
-            let calibration = p.calibration + self.offset + extra.unwrap_or(0.0);
-            let activations = per_token + attention;
-            PhasePeak {
-                total: base(p) + p.gradients + activations + logits + p.temporary + calibration,
-                activations,
-                attention,
-                logits,
-                calibration,
-                ..*p
-            }
-        };
-        Phases {
-            forward: one(&p.forward, None),
-            backward: one(&p.backward, self.backward_extra),
-            optimizer: one(&p.optimizer, self.optimizer_extra),
+    let (activation_scale, attention_scale) = scales(&points);
+    for scale in [activation_scale, attention_scale] {
+        // A scale of 0 is the square law found absent, not a mismatch.
+        if scale > MAX_SCALE || (scale > 0.0 && scale < 1.0 / MAX_SCALE) {
+            return Err(CalibrationError::ShapeMismatch { scale });
         }
     }
+    if activation_scale == 0.0 && attention_scale == 0.0 {
+        return Err(CalibrationError::ShapeMismatch { scale: 0.0 });
+    }
+    let mut c = Calibration {
+        offset: mean(runs.iter().map(|(at, m)| m.start - base(&at.forward))).unwrap_or(0.0),
+        activation_scale,
+        attention_scale,
+        backward_extra: None,
+        optimizer_extra: None,
+    };
+    let so_far: Vec<Phases> = runs.iter().map(|(at, _)| c.apply(at)).collect();
+    let extra = |phase: fn(&Phases) -> f64, measured: fn(&Measured) -> Option<f64>| {
+        mean(runs.iter().zip(&so_far).filter_map(|((_, m), p)| Some(measured(m)? - phase(p))))
+    };
+    c.backward_extra = extra(|p| p.backward.total, |m| m.backward);
+    c.optimizer_extra = extra(|p| p.optimizer.total, |m| m.optimizer);
+    Ok(c)
 }
 
 /// Non-negative least squares of `grown ≈ k·linear + q·square` over the
@@ -316,7 +265,7 @@ mod tests {
 
     #[test]
     fn one_run_is_reproduced_exactly_at_its_own_shape() {
-        let c = Calibration::fit(&[(planned(2.0, 100.0), run(2.0, 100.0))]).unwrap();
+        let c = fit(&[(planned(2.0, 100.0), run(2.0, 100.0))]).unwrap();
         let p = c.apply(&planned(2.0, 100.0));
         let m = run(2.0, 100.0);
         assert!(close(p.forward.total, m.forward.unwrap()));
@@ -330,7 +279,7 @@ mod tests {
     #[test]
     fn two_sequence_lengths_separate_the_laws_and_predict_a_third() {
         let runs = [(planned(2.0, 100.0), run(2.0, 100.0)), (planned(2.0, 200.0), run(2.0, 200.0))];
-        let c = Calibration::fit(&runs).unwrap();
+        let c = fit(&runs).unwrap();
         assert!(close(c.activation_scale, 1.5) && close(c.attention_scale, 0.5), "{c:?}");
         assert!(close(c.backward_extra.unwrap(), 7.0) && close(c.optimizer_extra.unwrap(), -10.0), "{c:?}");
         let (p, m) = (c.apply(&planned(4.0, 800.0)), run(4.0, 800.0));
@@ -354,7 +303,7 @@ mod tests {
             backward: None,
             optimizer: None,
         };
-        let c = Calibration::fit(&[(flat(1.0, 100.0), m(1.0, 100.0)), (flat(1.0, 300.0), m(1.0, 300.0))]).unwrap();
+        let c = fit(&[(flat(1.0, 100.0), m(1.0, 100.0)), (flat(1.0, 300.0), m(1.0, 300.0))]).unwrap();
         assert!(close(c.activation_scale, 2.0) && close(c.attention_scale, 2.0), "{c:?}");
     }
 
@@ -366,7 +315,7 @@ mod tests {
             backward: None,
             optimizer: None,
         };
-        let c = Calibration::fit(&[(planned(2.0, 100.0), m)]).unwrap();
+        let c = fit(&[(planned(2.0, 100.0), m)]).unwrap();
         assert!(close(c.offset, 0.0) && close(c.activation_scale, 1.0), "{c:?}");
         assert_eq!((c.backward_extra, c.optimizer_extra), (None, None));
         let (p, q) = (c.apply(&planned(3.0, 50.0)), planned(3.0, 50.0));
@@ -384,21 +333,15 @@ mod tests {
     #[test]
     fn refuses_what_cannot_be_fitted() {
         let no_forward = Measured { start: 100.0, forward: None, backward: Some(1.0), optimizer: None };
-        assert_eq!(Calibration::fit(&[(planned(1.0, 10.0), no_forward)]), Err(CalibrationError::NoForward));
+        assert_eq!(fit(&[(planned(1.0, 10.0), no_forward)]), Err(CalibrationError::NoForward));
         let flat = Measured { start: 100.0, forward: Some(104.0), backward: None, optimizer: None };
-        assert!(matches!(
-            Calibration::fit(&[(planned(1.0, 10.0), flat)]),
-            Err(CalibrationError::ForwardTooSmall { .. })
-        ));
+        assert!(matches!(fit(&[(planned(1.0, 10.0), flat)]), Err(CalibrationError::ForwardTooSmall { .. })));
         let m = Measured { start: 100.0, forward: Some(150.0), backward: None, optimizer: None };
-        assert_eq!(Calibration::fit(&[(planned(0.0, 10.0), m)]), Err(CalibrationError::NothingToScale));
+        assert_eq!(fit(&[(planned(0.0, 10.0), m)]), Err(CalibrationError::NothingToScale));
         // A snapshot of another shape: a thousand times the plan's activations, or a thousandth.
         for forward in [105.0 + 1000.0 * 50.0, 105.0 + 0.05] {
             let m = Measured { start: 100.0, forward: Some(forward), backward: None, optimizer: None };
-            assert!(matches!(
-                Calibration::fit(&[(planned(1.0, 500.0), m)]),
-                Err(CalibrationError::ShapeMismatch { .. })
-            ));
+            assert!(matches!(fit(&[(planned(1.0, 500.0), m)]), Err(CalibrationError::ShapeMismatch { .. })));
         }
     }
 }

@@ -4,9 +4,9 @@
 //! training configuration. What an engine's configuration cannot say is an
 //! error that names the engine that can.
 
+use crate::job::{BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::GPUS_PER_NODE;
-use crate::train::{BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Precision, TrainConfig};
 use serde_json::json;
 
 /// The engines.
@@ -293,8 +293,8 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::{Attention, Optimizer};
     use crate::parallel::Parallelism;
-    use crate::train::{Attention, Optimizer};
 
     fn m() -> Model {
         crate::model::preset("llama-3-8b").unwrap()

@@ -25,9 +25,9 @@
 //! do in PyTorch. Invariant: every moment's bytes are a sum of non-negative
 //! terms, so a larger batch or sequence never lowers the peak.
 
+use crate::job::Attention;
 use crate::model::Model;
 use crate::recipe::{bundled, measured_code, measured_kernel, per_token, Terms};
-use crate::train::Attention;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

@@ -15,9 +15,9 @@
 use crate::engine::{self, Engine};
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
+use crate::job::Attention;
 use crate::model::Model;
 use crate::sglang::{self, Sglang};
-use crate::train::Attention;
 
 /// Storage width of the weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -52,8 +52,8 @@ mod tests {
     use super::Named;
     use crate::emit::Engine;
     use crate::infer::WeightFormat;
+    use crate::job::{Attention, Framework, LoraTargets, Offload, Optimizer, PipelineStage, Precision};
     use crate::model::Head;
-    use crate::train::{Attention, Framework, LoraTargets, Offload, Optimizer, PipelineStage, Precision};
 
     fn round_trips<T: Named + PartialEq + std::fmt::Debug>() {
         for &v in T::ALL {

@@ -24,8 +24,8 @@
 //! share told apart by recording one layer more, since module hooks do not run inside the
 //! compiled graph.
 
+use crate::job::{Attention, Precision};
 use crate::model::{Family, Model};
-use crate::train::{Attention, Precision};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::collections::BTreeMap;

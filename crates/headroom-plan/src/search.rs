@@ -1,15 +1,19 @@
 //! The recommendation search: every combination of precision, attention
 //! kernel, checkpoint policy, parallel layout (tensor × pipeline × context ×
 //! data, interleaving), ZeRO stage, CPU offload and micro-batch (with
-//! gradient accumulation to reach the global batch) that fits, ranked by
-//! time per optimizer step. Each configuration is a closed-form estimate (the
-//! optimal checkpoint schedule, which runs a solver, is offered through
-//! `headroom plan --checkpoint optimal` instead of inside the search).
+//! gradient accumulation to reach the global batch), ranked by time per
+//! optimizer step. Every configuration is screened by the closed-form pass
+//! ([`Estimator::screen`]: its tensors, its step time); then, fastest first,
+//! each is replayed through the allocator ([`Estimator::estimate`]) until as
+//! many as asked are found to fit — what decides the verdict is the replay,
+//! as for a single plan (the optimal checkpoint schedule, which runs a solver,
+//! is offered through `headroom plan --checkpoint optimal` instead of inside
+//! the search).
 
 use crate::gpu::GpuSpec;
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
-use crate::train::{estimate, fits, Attention, Checkpointing, Offload, Precision, TrainConfig, TrainEstimate};
+use crate::train::{Attention, Checkpointing, Estimator, Offload, Precision, TrainConfig, TrainEstimate};
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -109,19 +113,40 @@ pub struct Recommendation {
     pub estimate: TrainEstimate,
 }
 
-/// Every configuration of `space` around `base` (optimizer, fine-tuning,
-/// sequence and coefficients come from it) that fits and reaches
-/// `global_batch` sequences per optimizer step, fastest first; ties favour
-/// fewer accumulation steps, then less memory. Returns the recommendations
-/// and how many configurations were considered.
+/// What a search found.
+#[derive(Clone, Debug, Default)]
+pub struct Search {
+    /// The fastest configurations that fit, replayed, fastest first.
+    pub recommendations: Vec<Recommendation>,
+    /// Configurations considered.
+    pub tried: usize,
+    /// Of them, those whose tensors alone fit (the closed-form pass): at most this many fit.
+    pub fit_by_tensors: usize,
+    /// Configurations replayed to find `recommendations` (and `engine_pick`).
+    pub replayed: usize,
+    /// The fastest configuration that fits and that the engine asked for can run, with its
+    /// place (1-based) among the configurations that fit, fastest first.
+    pub engine_pick: Option<(usize, Recommendation)>,
+}
+
+/// Every configuration of `space` around `base` (optimizer, fine-tuning, sequence and
+/// coefficients come from it) that reaches `global_batch` sequences per optimizer step:
+/// screened by the closed form, ranked by time per step (ties favour fewer accumulation
+/// steps, then the numerically safer precision, then less memory), then replayed in that
+/// order until `wanted` are found to fit — and, with `engine`, on until the fastest that fits
+/// and that `engine` accepts is found (or `ENGINE_SEARCH_LIMIT` more have been replayed).
+#[allow(clippy::too_many_arguments)]
 pub fn recommend(
     model: &Model,
     gpu: &GpuSpec,
     base: &TrainConfig,
     global_batch: u64,
     space: &SearchSpace,
-) -> (Vec<Recommendation>, usize) {
-    let mut out = Vec::new();
+    estimator: &Estimator,
+    wanted: usize,
+    engine: Option<&dyn Fn(&TrainConfig) -> bool>,
+) -> Search {
+    let mut screened = Vec::new();
     let mut tried = 0;
     for layout in &space.layouts {
         for &zero_stage in &space.zero_stages {
@@ -151,10 +176,12 @@ pub fn recommend(
                                 // Selective recomputation only drops the s² scores, which flash kernels never keep.
                                 let redundant =
                                     checkpointing == Checkpointing::Selective && attention != Attention::Eager;
-                                if redundant || config.check(model, gpu).is_err() || !fits(model, gpu, &config) {
+                                if redundant || config.check(model, gpu).is_err() {
                                     continue;
                                 }
-                                out.push(Recommendation { config, estimate: estimate(model, gpu, &config) });
+                                if let Some(s) = estimator.screen(model, gpu, &config) {
+                                    screened.push((config, s));
+                                }
                             }
                         }
                     }
@@ -162,10 +189,6 @@ pub fn recommend(
             }
         }
     }
-    // The same tokens per optimizer step: rank by time per step. On a tie, fewer
-    // accumulation steps (larger micro-batches run closer to peak than the
-    // model credits), then the numerically safer precision (an fp32 master
-    // copy before pure bf16), then less memory.
     let safety = |p: Precision| match p {
         Precision::Mixed => 0,
         Precision::Fp8 => 1,
@@ -173,16 +196,47 @@ pub fn recommend(
         Precision::Fp32 => 3,
         Precision::Bf16 => 4,
     };
-    out.sort_by(|a, b| {
-        a.estimate
-            .step_time_s
-            .total_cmp(&b.estimate.step_time_s)
-            .then(a.config.accumulation.cmp(&b.config.accumulation))
-            .then(safety(a.config.precision).cmp(&safety(b.config.precision)))
-            .then(a.estimate.per_gpu_bytes.total_cmp(&b.estimate.per_gpu_bytes))
+    screened.sort_by(|(a, sa), (b, sb)| {
+        sa.step_time_s
+            .total_cmp(&sb.step_time_s)
+            .then(a.accumulation.cmp(&b.accumulation))
+            .then(safety(a.precision).cmp(&safety(b.precision)))
+            .then(sa.tensors.total_cmp(&sb.tensors))
     });
-    (out, tried)
+    let mut out = Search { tried, fit_by_tensors: screened.len(), ..Search::default() };
+    let mut fitting = 0;
+    for (config, _) in screened {
+        let need_rows = out.recommendations.len() < wanted;
+        // The engine's configurations are looked for among those it accepts only: a row it
+        // cannot run is not replayed for it.
+        let need_engine = out.engine_pick.is_none()
+            && engine.is_some_and(|accepts| accepts(&config))
+            && out.replayed < wanted + ENGINE_SEARCH_LIMIT;
+        if !need_rows && !need_engine {
+            if out.engine_pick.is_some() || engine.is_none() || out.replayed >= wanted + ENGINE_SEARCH_LIMIT {
+                break;
+            }
+            continue;
+        }
+        out.replayed += 1;
+        let estimate = estimator.estimate(model, gpu, &config);
+        if !estimate.fits {
+            continue;
+        }
+        fitting += 1;
+        let r = Recommendation { config, estimate };
+        if need_engine {
+            out.engine_pick = Some((fitting, r.clone()));
+        }
+        if need_rows {
+            out.recommendations.push(r);
+        }
+    }
+    out
 }
+
+/// Configurations replayed beyond the shown rows while looking for the engine's.
+pub const ENGINE_SEARCH_LIMIT: usize = 2000;
 
 #[cfg(test)]
 mod tests {
@@ -197,13 +251,16 @@ mod tests {
         let g = gpu("a100-80gb").unwrap();
         let base = TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW);
         let space = SearchSpace::for_job(&m, &g, 1, 4096, 16);
-        let (recs, tried) = recommend(&m, &g, &base, 16, &space);
-        assert_eq!(tried, space.len());
-        assert!(!recs.is_empty());
+        let found = recommend(&m, &g, &base, 16, &space, &Estimator::default(), 20, None);
+        let recs = &found.recommendations;
+        assert_eq!(found.tried, space.len());
+        assert!(found.fit_by_tensors >= recs.len() && found.replayed >= recs.len());
+        assert_eq!(recs.len(), 20);
         let best = &recs[0];
         assert!(best.estimate.fits);
         assert_eq!(best.config.global_batch(), 16);
-        for r in &recs {
+        for r in recs {
+            assert!(r.estimate.fits, "every row is replayed and fits");
             assert!(best.estimate.step_time_s <= r.estimate.step_time_s + 1e-12);
         }
         // Full fp32 Adam on 7B needs 16 bytes a parameter: 108 GB, more than the GPU, unless offloaded.
@@ -218,7 +275,7 @@ mod tests {
         let mut space = SearchSpace::for_job(&m, &g, 64, 4096, 512);
         space.offloads = vec![Offload::None];
         space.zero_stages = vec![0, 1];
-        let (recs, _) = recommend(&m, &g, &base, 512, &space);
+        let recs = recommend(&m, &g, &base, 512, &space, &Estimator::default(), 20, None).recommendations;
         // 70B replicas need 4Ψ + 12Ψ/d = 276+ GB with ZeRO-1: only layouts that split the model fit.
         assert!(!recs.is_empty());
         assert!(recs.iter().all(|r| r.config.parallel.model_parallel() > 1), "{:?}", recs[0].config.parallel);

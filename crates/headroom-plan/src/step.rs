@@ -20,24 +20,7 @@
 
 use crate::recipe::Saved;
 
-/// The phase of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    Forward,
-    Backward,
-    Optimizer,
-}
-
-impl Phase {
-    /// Lower-case name, as `--json` writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer",
-        }
-    }
-}
+pub use crate::program::Phase;
 
 /// What a step is made of, in bytes on one GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -159,4 +142,57 @@ pub fn phases(p: &StepParts) -> Phases {
     }
     let optimizer = peak(p.gradients, (0.0, 0.0), 0.0, p.optimizer_temp);
     Phases { forward, backward, optimizer }
+}
+
+/// The fitted terms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    /// Bytes the run holds throughout the step beyond the planner's weights,
+    /// optimizer state and inputs (negative when the run holds less, e.g. an
+    /// optimizer whose state is made in the step being measured).
+    pub offset: f64,
+    /// The measured activations and logits that grow with batch × sequence,
+    /// over the planner's.
+    pub activation_scale: f64,
+    /// The same for eager attention's s × s matrices, which grow with the
+    /// square of the sequence: fitted apart when snapshots at two or more
+    /// sequence lengths tell the two laws apart, otherwise equal to
+    /// `activation_scale`.
+    pub attention_scale: f64,
+    /// What the backward held beyond the phase as calibrated by the offset
+    /// and scales; `None` when no trace has a backward.
+    pub backward_extra: Option<f64>,
+    /// The same for the optimizer step.
+    pub optimizer_extra: Option<f64>,
+}
+
+impl Calibration {
+    /// The planner's phases at any shape, calibrated.
+    pub fn apply(&self, p: &Phases) -> Phases {
+        let one = |p: &PhasePeak, extra: Option<f64>| {
+            let attention = p.attention * self.attention_scale;
+            let logits = p.logits * self.activation_scale;
+            let per_token = (p.activations - p.attention) * self.activation_scale;
+            let calibration = p.calibration + self.offset + extra.unwrap_or(0.0);
+            let activations = per_token + attention;
+            PhasePeak {
+                total: base(p) + p.gradients + activations + logits + p.temporary + calibration,
+                activations,
+                attention,
+                logits,
+                calibration,
+                ..*p
+            }
+        };
+        Phases {
+            forward: one(&p.forward, None),
+            backward: one(&p.backward, self.backward_extra),
+            optimizer: one(&p.optimizer, self.optimizer_extra),
+        }
+    }
+}
+
+/// What a phase holds whatever the shape's activations: weights, state, inputs.
+pub fn base(p: &PhasePeak) -> f64 {
+    p.total - p.gradients - p.activations - p.logits - p.temporary - p.calibration
 }

@@ -31,10 +31,11 @@
 //! `once` plus `below` for every layer (`forward_compiled`, `backward_compiled`): what one
 //! layer adds there, its saved tensors or its gradients, whichever the moment holds.
 
+use crate::job::{Attention, Precision};
+use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::recipe::{bundled, measured_code, measured_kernel, measured_precision, per_token, Terms};
 use crate::step::PhasePeak;
-use crate::train::{Attention, Head, Precision};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

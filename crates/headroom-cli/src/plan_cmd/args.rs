@@ -2,8 +2,10 @@
 
 use crate::named_arg::named;
 use crate::target_arg::Target;
+use anyhow::Context;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use headroom_alloc::{AllocatorConfig, PolicyName};
 use headroom_plan::emit::Engine;
 use headroom_plan::engine::Engine as Serving;
 use headroom_plan::gpu::GpuSpec;
@@ -13,8 +15,8 @@ use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::sglang::Sglang;
 use headroom_plan::train::{
-    ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, Head, LoraTargets, Offload, Optimizer,
-    Precision, TrainConfig,
+    ActivationModel, Attention, BaseWeights, Checkpointing, Estimator, Finetune, Framework, Head, LoraTargets, Offload,
+    Optimizer, OptimizerImpl, Precision, TrainConfig,
 };
 
 /// Will it fit? Memory per GPU, term by term, for training or inference, and
@@ -136,6 +138,25 @@ pub struct PlanArgs {
     pub precision: Precision,
     #[arg(long, conflicts_with = "infer", value_parser = named::<Optimizer>(), default_value = "adamw")]
     pub optimizer: Optimizer,
+    /// AdamW's implementation: foreach (torch's default on CUDA: a copy of the second
+    /// moments for the length of the step), fused (one kernel, no temporaries; what
+    /// transformers' Trainer picks on torch >= 2.8) or for-loop [default: foreach].
+    #[arg(long, conflicts_with = "infer", value_parser = named::<OptimizerImpl>())]
+    pub optimizer_impl: Option<OptimizerImpl>,
+    /// The caching allocator's settings, in PYTORCH_CUDA_ALLOC_CONF syntax (e.g.
+    /// "expandable_segments:True"): the job is replayed under them. Repeat to compare
+    /// settings; the first is the plan's.
+    #[arg(long = "alloc-conf", value_name = "STR", conflicts_with = "infer")]
+    pub alloc_conf: Vec<String>,
+    /// The allocation policy the job is replayed under: pytorch (PyTorch's caching
+    /// allocator, the default), expandable, headroom, lifetime or planned (headroom's own,
+    /// as its PyTorch plug-in runs them). Repeat to compare; the first is the plan's.
+    #[arg(long = "policy", value_name = "NAME", conflicts_with = "infer")]
+    pub policy: Vec<PolicyName>,
+    /// Write the job's step program — every allocation and free of its steps, at the
+    /// planned shape — as a JSONL trace that `headroom replay` reads.
+    #[arg(long, value_name = "FILE", conflicts_with = "infer")]
+    pub dump_program: Option<std::path::PathBuf>,
     #[arg(long, value_parser = named::<Attention>(), default_value = "sdpa")]
     pub attention: Attention,
     /// Whose code runs the step. auto: Hugging Face transformers where it can run the job
@@ -351,7 +372,29 @@ impl PlanArgs {
             framework: a.framework,
             head: a.head,
             compile: a.compile,
+            optimizer_impl: a.optimizer_impl,
         })
+    }
+
+    /// The allocator settings and policies to replay under, labelled as the user wrote them:
+    /// every --alloc-conf under every --policy, the first the plan's.
+    pub fn allocators(&self) -> Result<Vec<(String, Estimator)>> {
+        let confs = if self.alloc_conf.is_empty() { vec![String::new()] } else { self.alloc_conf.clone() };
+        let policies = if self.policy.is_empty() { vec![PolicyName::PyTorch] } else { self.policy.clone() };
+        let mut out = Vec::new();
+        for conf in &confs {
+            let alloc = AllocatorConfig::parse(conf).with_context(|| format!("--alloc-conf {conf:?}"))?;
+            for &policy in &policies {
+                let label = match (conf.is_empty(), policy) {
+                    (true, PolicyName::PyTorch) => "PyTorch's defaults".to_string(),
+                    (true, p) => format!("--policy {p}"),
+                    (false, PolicyName::PyTorch) => format!("PYTORCH_CUDA_ALLOC_CONF={conf}"),
+                    (false, p) => format!("PYTORCH_CUDA_ALLOC_CONF={conf} --policy {p}"),
+                };
+                out.push((label, Estimator { alloc: alloc.clone(), policy, ..Estimator::default() }));
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -5,6 +5,7 @@ use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPl
 use headroom_plan::infer::Runtime;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
+use headroom_plan::train::ProgramSource;
 use serde_json::{json, Value};
 
 /// A byte figure: the estimate is in real numbers, the answer in whole bytes.
@@ -29,6 +30,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
     let (e, cfg) = (&p.estimate, &p.cfg);
     let b = &e.breakdown;
     let recommendations: Vec<Value> = p
+        .search
         .recommendations
         .iter()
         .take(20)
@@ -96,6 +98,25 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "allocated_bytes": bytes(e.allocated_bytes),
         "tensor_bytes": bytes(e.tensor_bytes),
         "reserved_bytes": bytes(e.reserved_bytes),
+        "capacity_bytes": bytes(e.capacity_bytes),
+        "margin_bytes": e.fits.then(|| bytes(e.capacity_bytes - e.reserved_bytes)),
+        "oom": e.oom.as_ref().map(|o| json!({
+            "step": o.at.step, "phase": o.at.phase.name(), "requested_bytes": o.requested, "asked_bytes": o.asked,
+            "device_free_bytes": o.device_free, "allocated_bytes": o.allocated, "reserved_bytes": o.reserved,
+            "term": o.term.name(), "site": o.site,
+        })),
+        "allocator": p.allocator,
+        "optimizer_impl": e.optimizer_impl.name(),
+        "program": match &e.program {
+            ProgramSource::Recorded(key) => json!({"source": "recorded", "template": key}),
+            ProgramSource::Analytic => json!({"source": "analytic"}),
+        },
+        "device_mallocs": e.device_mallocs,
+        "alternatives": p.alternatives.iter().map(|a| json!({
+            "setting": a.label, "asked": a.asked, "fits": a.estimate.fits,
+            "reserved_bytes": bytes(a.estimate.reserved_bytes), "allocated_bytes": bytes(a.estimate.allocated_bytes),
+            "per_gpu_bytes": bytes(a.estimate.per_gpu_bytes),
+        })).collect::<Vec<_>>(),
         "framework": e.framework.name(),
         "compile": e.compiled,
         "peak_phase": e.phase.map(|ph| ph.name()),
@@ -109,9 +130,12 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
         "max_seq": p.max_seq,
         "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
-        "configurations_searched": p.searched,
+        "configurations_searched": p.search.tried,
+        "configurations_fit_by_tensors": p.search.fit_by_tensors,
+        "configurations_replayed": p.search.replayed,
         "recommendations": recommendations,
-        "engine_config": p.engine_config,
+        "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
+        "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.rank),
         "note": e.note,
         "context_note": p.context_note,
     })

@@ -10,14 +10,20 @@ mod json;
 mod text;
 
 use crate::Outcome;
-use anyhow::Result;
+use anyhow::{Context, Result};
 pub use args::PlanArgs;
 use headroom_plan::emit::emit;
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{self, InferConfig, InferEstimate};
 use headroom_plan::model::Model;
-use headroom_plan::search::{recommend, Recommendation, SearchSpace};
-use headroom_plan::train::{self, BaseWeights, Checkpointing, Finetune, TrainConfig, TrainEstimate};
+use headroom_plan::names::Named;
+use headroom_plan::search::{recommend, Search, SearchSpace};
+use headroom_plan::train::{
+    BaseWeights, Checkpointing, Estimator, Finetune, Optimizer, OptimizerImpl, TrainConfig, TrainEstimate,
+};
+
+/// Recommendations replayed and shown (the text shows the first ten).
+const RECOMMENDATIONS_SHOWN: usize = 20;
 
 /// The largest micro-batch `--max-batch` tries; an answer of this many is "at least".
 const MAX_BATCH_SEARCHED: u64 = 1 << 40;
@@ -38,14 +44,34 @@ struct TrainPlan<'a> {
     gpu: GpuSpec,
     cfg: TrainConfig,
     estimate: TrainEstimate,
+    /// What the plan was replayed under.
+    allocator: String,
+    /// The same job under the other settings asked for, and those that change the verdict.
+    alternatives: Vec<Alternative>,
     calibration: Option<calibration::Calibrated>,
     max_batch: Option<u64>,
     max_seq: Option<u64>,
     global_batch: u64,
-    recommendations: Vec<Recommendation>,
-    searched: usize,
-    engine_config: Option<String>,
+    search: Search,
+    engine_config: Option<EngineConfig>,
     context_note: Option<String>,
+}
+
+/// An engine's configuration: for the plan asked about, or for a recommendation.
+struct EngineConfig {
+    text: String,
+    /// The recommendation's place among the configurations that fit, fastest first.
+    rank: Option<usize>,
+    recommendation: Option<headroom_plan::search::Recommendation>,
+}
+
+/// The job under another allocator setting, policy or optimizer implementation.
+struct Alternative {
+    /// What changed, as the user would write it.
+    label: String,
+    /// Asked for with --alloc-conf or --policy, or tried because it changes the verdict.
+    asked: bool,
+    estimate: TrainEstimate,
 }
 
 /// An inference plan.
@@ -77,7 +103,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
     }
     args::check_positions(&model, a.seq)?;
-    let mut cfg = a.train_config()?;
+    let cfg = a.train_config()?;
     if let Err(why) = cfg.check(&model, &gpu) {
         anyhow::bail!("{why}");
     }
@@ -90,29 +116,59 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         }
     }
     let calibration = (!a.calibrate.is_empty()).then(|| calibration::calibrated(&a, &model, &gpu, &cfg)).transpose()?;
-    // One per process: the configurations refer to it.
-    cfg.coefficients.calibration = calibration.as_ref().map(|c| &*Box::leak(Box::new(c.fit)));
-    let estimate = train::estimate(&model, &gpu, &cfg);
-    let max_batch = a.max_batch.then(|| train::max_micro_batch(&model, &gpu, &cfg, MAX_BATCH_SEARCHED));
-    let max_seq = a.max_seq.then(|| train::max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
+    let mut allocators = a.allocators()?;
+    for (_, e) in &mut allocators {
+        e.calibration = calibration.as_ref().map(|c| c.fit);
+    }
+    let (allocator, estimator) = allocators.remove(0);
+    let estimate = estimator.estimate(&model, &gpu, &cfg);
+    let mut alternatives: Vec<Alternative> = allocators
+        .into_iter()
+        .map(|(label, e)| Alternative { label, asked: true, estimate: e.estimate(&model, &gpu, &cfg) })
+        .collect();
+    if !estimate.fits {
+        alternatives.extend(remedies(&model, &gpu, &cfg, &estimator, &estimate));
+    }
+    if let Some(path) = &a.dump_program {
+        let program = estimator.step_program(&model, &gpu, &cfg);
+        std::fs::write(path, program.to_jsonl(&program.sizes(cfg.micro_batch, cfg.seq)))
+            .with_context(|| format!("--dump-program {}", path.display()))?;
+    }
+    let max_batch = a.max_batch.then(|| estimator.max_micro_batch(&model, &gpu, &cfg, MAX_BATCH_SEARCHED));
+    let max_seq = a.max_seq.then(|| estimator.max_seq(&model, &gpu, &cfg, max_seq_searched(&model)));
     let global_batch = a.global_batch.unwrap_or(cfg.global_batch());
-    let (recommendations, searched) = if a.recommend {
+    let search = if a.recommend {
         let space = SearchSpace::for_job(&model, &gpu, a.gpus, a.seq, global_batch);
-        recommend(&model, &gpu, &cfg, global_batch, &space)
+        let accepts = |c: &TrainConfig| a.emit.is_some_and(|engine| emit(engine, &model, c).is_ok());
+        let engine: Option<&dyn Fn(&TrainConfig) -> bool> = a.emit.map(|_| &accepts as &dyn Fn(&TrainConfig) -> bool);
+        recommend(&model, &gpu, &cfg, global_batch, &space, &estimator, RECOMMENDATIONS_SHOWN, engine)
     } else {
-        (Vec::new(), 0)
+        Search::default()
     };
-    let engine_config = a
-        .emit
-        .map(|engine| {
-            // The fastest recommendation this engine can express, or the configuration asked about.
-            match recommendations.iter().find_map(|r| emit(engine, &model, &r.config).ok()) {
-                Some(text) => Ok(text),
-                None => emit(engine, &model, &cfg),
-            }
-        })
-        .transpose()
-        .map_err(|why| anyhow::anyhow!("--emit: {why}"))?;
+    let engine_config = match (a.emit, a.recommend) {
+        (None, _) => None,
+        // The fastest configuration that fits that this engine runs, and which one it is.
+        (Some(engine), true) => match &search.engine_pick {
+            Some((rank, r)) => Some(EngineConfig {
+                text: emit(engine, &model, &r.config).map_err(|why| anyhow::anyhow!("--emit: {why}"))?,
+                rank: Some(*rank),
+                recommendation: Some(r.clone()),
+            }),
+            None => anyhow::bail!(
+                "--emit {}: none of the configurations that fit is one {} runs (the fastest {} were replayed); \
+                 for the plan asked about: {}",
+                engine.name(),
+                engine.name(),
+                search.replayed,
+                emit(engine, &model, &cfg).err().map_or("it runs (drop --recommend)".into(), |e| e.to_string())
+            ),
+        },
+        (Some(engine), false) => Some(EngineConfig {
+            text: emit(engine, &model, &cfg).map_err(|why| anyhow::anyhow!("--emit: {why}"))?,
+            rank: None,
+            recommendation: None,
+        }),
+    };
     let context_note = context_note(&model, a.seq);
     let plan = TrainPlan {
         args: &a,
@@ -120,12 +176,13 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         gpu,
         cfg,
         estimate,
+        allocator,
+        alternatives,
         calibration,
         max_batch,
         max_seq,
         global_batch,
-        recommendations,
-        searched,
+        search,
         engine_config,
         context_note,
     };
@@ -165,4 +222,37 @@ fn checkpoint_name(c: Checkpointing) -> String {
         Checkpointing::EveryK(k) => format!("every-{k}"),
         Checkpointing::Optimal => "optimal".into(),
     }
+}
+
+/// What would make a job that does not fit fit, where one setting does: expandable
+/// segments (the allocator's fragmentation is the difference), and AdamW's fused
+/// implementation (foreach's copy of the second moments is the difference).
+fn remedies(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &TrainConfig,
+    estimator: &Estimator,
+    estimate: &TrainEstimate,
+) -> Vec<Alternative> {
+    let mut out = Vec::new();
+    if !estimator.alloc.expandable_segments {
+        if let Ok(alloc) = headroom_alloc::AllocatorConfig::parse("expandable_segments:True") {
+            let e = Estimator { alloc, ..estimator.clone() }.estimate(model, gpu, cfg);
+            if e.fits {
+                out.push(Alternative {
+                    label: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+                    asked: false,
+                    estimate: e,
+                });
+            }
+        }
+    }
+    if cfg.optimizer == Optimizer::AdamW && estimate.optimizer_impl != OptimizerImpl::Fused {
+        let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..*cfg };
+        let e = estimator.estimate(model, gpu, &fused);
+        if e.fits {
+            out.push(Alternative { label: "--optimizer-impl fused".into(), asked: false, estimate: e });
+        }
+    }
+    out
 }

@@ -7,8 +7,7 @@ use headroom_plan::infer::Runtime;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
-use headroom_plan::step::Phase;
-use headroom_plan::train::{Finetune, Offload, PipelineStage};
+use headroom_plan::train::{Finetune, Offload, Phase, PipelineStage, ProgramSource};
 
 pub(super) fn train(p: &TrainPlan) -> String {
     let (a, e, cfg) = (p.args, &p.estimate, &p.cfg);
@@ -56,25 +55,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     ];
     let terms: Vec<_> = terms.into_iter().filter(|&(name, x)| name != "calibration" || x != 0.0).collect();
     terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
-    outln!(
-        out,
-        "tensors alone (torch.cuda.max_memory_allocated): {}; the framework term is the CUDA context, NCCL and the allocator's slack",
-        format_size(e.allocated_bytes as u64)
-    );
-    if let (Some(phase), Some(ph)) = (e.phase, e.phases) {
-        outln!(
-            out,
-            "the peak is in the {} (transformers' code: forward {}, backward {}, optimizer step {}, tensors only)",
-            match phase {
-                Phase::Forward => "forward, at the loss",
-                Phase::Backward => "backward",
-                Phase::Optimizer => "optimizer step",
-            },
-            format_size(ph.forward.total as u64),
-            format_size(ph.backward.total as u64),
-            format_size(ph.optimizer.total as u64)
-        );
-    }
+    memory_lines(&mut out, p);
     if let Some(c) = &p.calibration {
         calibration_lines(&mut out, c);
     }
@@ -121,9 +102,28 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if a.recommend {
         recommendations(&mut out, p);
     }
-    if let Some(text) = &p.engine_config {
+    if let Some(ec) = &p.engine_config {
         outln!(out);
-        outln!(out, "{text}");
+        if let (Some(rank), Some(r)) = (ec.rank, &ec.recommendation) {
+            let l = &r.config.parallel;
+            outln!(
+                out,
+                "{}'s configuration for the fastest configuration it runs that fits (number {rank} of those \
+                 that fit): {} {} attention, checkpointing {}, tp·pp·cp·dp {}·{}·{}·{}, ZeRO {}, micro-batch {} × {}:",
+                p.args.emit.map_or("", |e| e.name()),
+                r.config.precision.name(),
+                r.config.attention.name(),
+                checkpoint_name(r.config.checkpointing),
+                l.tensor,
+                l.pipeline,
+                l.context,
+                l.data,
+                l.zero_stage,
+                r.config.micro_batch,
+                r.config.accumulation
+            );
+        }
+        outln!(out, "{}", ec.text);
     }
     out
 }
@@ -133,8 +133,8 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
     outln!(
         out,
         "{} of {} configurations fit; fastest for {} sequences per step on {} GPUs:",
-        p.recommendations.len(),
-        p.searched,
+        p.search.recommendations.len(),
+        p.search.tried,
         p.global_batch,
         p.args.gpus
     );
@@ -155,7 +155,7 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
         "tokens/s",
         "MFU"
     );
-    for r in p.recommendations.iter().take(10) {
+    for r in p.search.recommendations.iter().take(10) {
         let l = &r.config.parallel;
         outln!(
             out,
@@ -372,6 +372,86 @@ fn signed_size(x: f64) -> String {
         format!("-{}", format_size((-x).round() as u64))
     } else {
         format_size(x.round() as u64)
+    }
+}
+
+/// Allocated and reserved memory as the replay of the job's program gives them, the margin
+/// or where the job runs out, and what would make it fit.
+fn memory_lines(out: &mut String, p: &TrainPlan) {
+    let e = &p.estimate;
+    let outside = e.per_gpu_bytes - e.reserved_bytes;
+    outln!(
+        out,
+        "allocated {} (torch.cuda.max_memory_allocated), reserved {} (max_memory_reserved), {} outside PyTorch \
+         (CUDA context, driver{}); replayed through PyTorch's caching allocator under {}",
+        format_size(e.allocated_bytes as u64),
+        format_size(e.reserved_bytes as u64),
+        format_size(outside.max(0.0) as u64),
+        if p.cfg.parallel.gpus() > 1 { ", NCCL" } else { "" },
+        p.allocator
+    );
+    let phase_name = |ph: Phase| match ph {
+        Phase::Setup => "model's setup",
+        Phase::Forward => "forward",
+        Phase::Backward => "backward",
+        Phase::Optimizer => "optimizer step",
+    };
+    if let Some(o) = &e.oom {
+        outln!(
+            out,
+            "runs out of memory in step {}'s {}: asks for {} ({} of {}) with {} free, {} reserved and {} allocated",
+            o.at.step,
+            phase_name(o.at.phase),
+            format_size(o.asked),
+            o.term.name(),
+            if o.site.is_empty() { "the step" } else { &o.site },
+            format_size(o.device_free),
+            format_size(o.reserved),
+            format_size(o.allocated)
+        );
+    } else if e.fits {
+        outln!(
+            out,
+            "margin: {} of the {} PyTorch can have",
+            format_size((e.capacity_bytes - e.reserved_bytes).max(0.0) as u64),
+            format_size(e.capacity_bytes as u64)
+        );
+    }
+    if let (Some(phase), Some(ph)) = (e.phase, e.phases) {
+        let code = match &e.program {
+            ProgramSource::Recorded(_) => "transformers' code as recorded, ",
+            ProgramSource::Analytic => "",
+        };
+        outln!(
+            out,
+            "the peak is in the {} ({code}allocated: forward {}, backward {}, optimizer step {})",
+            match phase {
+                Phase::Forward => "forward",
+                other => phase_name(other),
+            },
+            format_size(ph.forward.total as u64),
+            format_size(ph.backward.total as u64),
+            format_size(ph.optimizer.total as u64)
+        );
+    }
+    for alt in &p.alternatives {
+        let r = &alt.estimate;
+        let verdict = if r.fits {
+            format!("fits, {} reserved", format_size(r.reserved_bytes as u64))
+        } else {
+            "does NOT fit".to_string()
+        };
+        if alt.asked {
+            outln!(out, "under {}: {verdict} ({} per GPU)", alt.label, format_size(r.per_gpu_bytes as u64));
+        } else {
+            outln!(
+                out,
+                "with {} it fits: {} reserved, {} per GPU",
+                alt.label,
+                format_size(r.reserved_bytes as u64),
+                format_size(r.per_gpu_bytes as u64)
+            );
+        }
     }
 }
 

@@ -37,76 +37,35 @@
 //! offload the host-link traffic and the CPU's step, not overlapped.
 
 use crate::gpu::GpuSpec;
+pub use crate::job::*;
+pub use crate::live::Breakdown;
+use crate::live::{memory, StageMemory};
 pub use crate::model::Head;
 use crate::model::Model;
-use crate::names::named;
 use crate::parallel;
-use crate::step::{Phase, Phases};
-use memory::{memory, share, StageMemory};
-use time::{forward_flops, step_time, ForwardFlops};
+use crate::placement::share;
+pub use crate::placement::{model_states, state_bytes_per_param, ModelStates};
+pub use crate::program::Phase;
+use crate::program::{Program, Term};
+pub use crate::replay::OutOfMemory;
+use crate::replay::{replay, ReplaySettings, Replayed};
+use crate::step::{Calibration, Phases};
+use crate::synth::{self, Device, StateScale};
+use crate::time::{forward_flops, step_time, ForwardFlops};
+use headroom_alloc::{AllocatorConfig, PolicyName};
 
-const GIB: f64 = (1u64 << 30) as f64;
-
-mod config;
-pub mod deepspeed;
-mod memory;
-mod time;
-
-pub use config::{
-    ActivationModel, Attention, BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer,
-    Precision, TrainConfig,
-};
-pub use memory::{model_states, state_bytes_per_param, ModelStates};
-
-/// Bytes per GPU by term.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Breakdown {
-    pub weights: f64,
-    pub gradients: f64,
-    pub optimizer: f64,
-    pub activations: f64,
-    pub logits: f64,
-    pub temporary: f64,
-    pub framework: f64,
-    /// What a calibration from the user's own run adds at the peak phase (may be negative).
-    pub calibration: f64,
-}
-
-impl Breakdown {
-    pub fn total(&self) -> f64 {
-        self.weights
-            + self.gradients
-            + self.optimizer
-            + self.activations
-            + self.logits
-            + self.temporary
-            + self.framework
-            + self.calibration
-    }
-}
-
-/// Which pipeline stage holds the peak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PipelineStage {
-    /// No pipeline: the GPU holds the whole model.
-    Only,
-    /// The first stage: the embedding and the most micro-batches in flight.
-    First,
-    /// The last stage: the head and the logits.
-    Last,
-}
-
-named!(PipelineStage {
-    Only => ("only", ""),
-    First => ("first", ""),
-    Last => ("last", ""),
-});
+pub use crate::deepspeed;
 
 /// What a configuration needs and how fast it runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainEstimate {
+    /// Bytes by term at the step's allocated peak; `framework` holds what the process keeps
+    /// outside PyTorch's allocator and what the allocator reserves beyond its blocks.
     pub breakdown: Breakdown,
+    /// What the job takes of the GPU at its peak: reserved memory plus what lives outside
+    /// PyTorch (the CUDA context, NCCL, the driver's own).
     pub per_gpu_bytes: f64,
+    /// Whether the replay of the job's program ran without running out of memory.
     pub fits: bool,
     /// The stage whose memory is reported.
     pub stage: PipelineStage,
@@ -126,18 +85,20 @@ pub struct TrainEstimate {
     pub trainable_params: u64,
     /// Host memory per node the offloaded states take.
     pub host_bytes: f64,
-    /// What PyTorch's `torch.cuda.max_memory_allocated()` would report: the total less
-    /// the CUDA context, NCCL and the allocator's slack.
+    /// What PyTorch's `torch.cuda.max_memory_allocated()` would report: the replay's
+    /// allocated peak (blocks as the allocator rounds them).
     pub allocated_bytes: f64,
     /// The same less what only a GPU has (cuBLAS workspaces): the tensors a step makes,
     /// what the CPU ground truth measures.
     pub tensor_bytes: f64,
-    /// What `torch.cuda.max_memory_reserved()` would report: the tensors plus the caching
-    /// allocator's slack, without the CUDA context and NCCL.
+    /// What `torch.cuda.max_memory_reserved()` would report: the replay's reserved peak.
     pub reserved_bytes: f64,
-    /// The phase of the step that peaks, when transformers' code runs it.
+    /// What PyTorch's allocator can have of the GPU: its memory less what lives outside
+    /// the allocator.
+    pub capacity_bytes: f64,
+    /// The phase of the step that peaks.
     pub phase: Option<Phase>,
-    /// Each phase's peak, then.
+    /// Each phase's allocated peak in a steady step.
     pub phases: Option<Phases>,
     /// Whose code the estimate models: [`Framework::HuggingFace`], [`Framework::DeepSpeed`],
     /// [`Framework::Megatron`] or [`Framework::Torchtitan`].
@@ -147,73 +108,344 @@ pub struct TrainEstimate {
     /// Whether the activations are `torch.compile`'s: asked for, and recorded for the job's
     /// family and precision without checkpointing.
     pub compiled: bool,
+    /// Where the step program came from.
+    pub program: ProgramSource,
+    /// The allocation that ran out of memory, where the job does not fit.
+    pub oom: Option<OutOfMemory>,
+    /// AdamW's implementation the program ran.
+    pub optimizer_impl: OptimizerImpl,
+    /// Device allocations (`cudaMalloc`) the replay made.
+    pub device_mallocs: u64,
 }
 
-/// Estimates one configuration on one GPU model. The configuration should
-/// pass [`TrainConfig::check`]; anything else gets a best-effort answer.
+/// Where a job's step program came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgramSource {
+    /// transformers' step recorded tensor by tensor, under this key.
+    Recorded(String),
+    /// The closed-form terms laid out as a step ([`crate::synth::analytic`]).
+    Analytic,
+}
+
+/// How the planner turns a job into memory: the allocator the step program is replayed
+/// through, and the user's calibration.
+#[derive(Clone, Debug)]
+pub struct Estimator {
+    /// `PYTORCH_CUDA_ALLOC_CONF`'s settings.
+    pub alloc: AllocatorConfig,
+    /// The allocation policy: PyTorch's, or one of headroom's.
+    pub policy: PolicyName,
+    /// The step's phases fitted to the user's own run ([`crate::calibrate`]).
+    pub calibration: Option<Calibration>,
+    /// Optimizer steps replayed: the first makes the optimizer's state, the later ones run
+    /// with it (a third lets the cache settle as PyTorch's does).
+    pub steps: u32,
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Estimator { alloc: AllocatorConfig::default(), policy: PolicyName::PyTorch, calibration: None, steps: 3 }
+    }
+}
+
+/// Estimates one configuration on one GPU model with PyTorch's allocator at its defaults.
+/// The configuration should pass [`TrainConfig::check`]; anything else gets a best-effort
+/// answer.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
-    let mut best: Option<(StageMemory, PipelineStage)> = None;
-    for &stage in stages(cfg) {
-        let m = memory(model, gpu, cfg, stage);
-        if best.as_ref().is_none_or(|b| m.breakdown.total() > b.0.breakdown.total()) {
-            best = Some((m, stage));
+    Estimator::default().estimate(model, gpu, cfg)
+}
+
+/// Whether the configuration fits the GPU ([`Estimator::fits`] at PyTorch's defaults).
+pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
+    Estimator::default().fits(model, gpu, cfg)
+}
+
+/// The longest sequence that fits (0 if none does), up to `limit` tokens.
+pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+    Estimator::default().max_seq(model, gpu, cfg, limit)
+}
+
+/// The largest micro-batch that fits (0 if none does), up to `limit`.
+pub fn max_micro_batch(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+    Estimator::default().max_micro_batch(model, gpu, cfg, limit)
+}
+
+/// A training step as the CPU the templates were recorded on runs it, from its recorded
+/// program: the live peak of a steady step's forward, backward and optimizer step, and of the
+/// step (tensors only, as the CPU ground truth measures them). `None` where no template
+/// serves the job.
+pub fn cpu_step(model: &Model, cfg: &TrainConfig) -> Option<([f64; 3], f64)> {
+    let hf = synth::hf::program(model, cfg, Device::Cpu, 2, &StateScale::default()).ok()?;
+    let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+    let (phases, peak) = hf.program.step_peaks(&sizes, 2);
+    Some((phases.map(|x| x as f64), peak as f64))
+}
+
+/// Bytes the process holds on the GPU outside PyTorch's allocator.
+pub fn outside_allocator(gpu: &GpuSpec, cfg: &TrainConfig) -> f64 {
+    gpu.arch.driver_reserved_bytes() as f64
+        + gpu.arch.training_context_bytes() as f64
+        + if cfg.parallel.gpus() > 1 { parallel::NCCL_BYTES } else { 0.0 }
+}
+
+impl Estimator {
+    /// One configuration: its step program replayed through the allocator on the GPU's
+    /// memory, and its step time.
+    pub fn estimate(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
+        let cal = self.calibration.as_ref();
+        let mut best: Option<(StageMemory, PipelineStage)> = None;
+        for &stage in stages(cfg) {
+            let m = memory(model, gpu, cfg, stage, cal);
+            if best.as_ref().is_none_or(|b| m.breakdown.total() > b.0.breakdown.total()) {
+                best = Some((m, stage));
+            }
+        }
+        let (mut m, stage) = best.expect("at least one stage");
+        let outside = outside_allocator(gpu, cfg);
+        let capacity = (gpu.memory_bytes as f64 - outside).max(0.0);
+        let mut memory = self.replayed(model, gpu, cfg, stage, &m, capacity);
+        if cfg.checkpointing == Checkpointing::Optimal {
+            // The schedule is solved for the tensors; what the allocator's caching takes
+            // beyond them is known only by replaying. Hold that back from the schedule's
+            // budget and solve again, a few times at most.
+            let mut held_back = 0.0;
+            for _ in 0..4 {
+                let Some(oom) = &memory.replayed.oom else { break };
+                let short = (oom.asked as f64 - oom.device_free as f64).max(0.0);
+                held_back += short.max(0.02 * capacity);
+                let again = crate::live::memory_within(model, gpu, cfg, stage, cal, held_back);
+                if again.note.is_some() {
+                    break;
+                }
+                m = again;
+                memory = self.replayed(model, gpu, cfg, stage, &m, capacity);
+            }
+        }
+        let par = &cfg.parallel;
+        let trainable_params = (share(model, cfg, PipelineStage::Only).trainable * par.tensor as f64).round() as u64;
+        let timing = step_time(model, gpu, cfg, m.recompute_fraction);
+        let time = timing.step;
+        let tokens = cfg.micro_batch as f64 * cfg.seq as f64 * cfg.accumulation as f64 * par.data as f64;
+        let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
+        let passes = if matches!(cfg.finetune, Finetune::Lora { .. }) { 2.0 } else { 3.0 };
+        let model_flops = passes * (lin + attn + head) * (cfg.accumulation * par.data) as f64;
+        let peak = match cfg.precision {
+            Precision::Fp32 => gpu.fp32_flops,
+            Precision::Fp8 => gpu.fp8_flops.unwrap_or(gpu.bf16_flops),
+            _ => gpu.bf16_flops,
+        };
+        let sh = share(model, cfg, stage);
+        let d = par.shard_degree() as f64;
+        // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard; with
+        // the parameters offloaded, their 16-bit copy too.
+        let offloaded_states =
+            (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).optimizer + 4.0) * sh.trainable;
+        let host_per_gpu = match cfg.offload {
+            Offload::None => 0.0,
+            Offload::Optimizer => offloaded_states / d,
+            Offload::OptimizerAndParams => {
+                (offloaded_states + 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other)) / d
+            }
+        };
+        // A job that runs out is replayed again on a device without limit: what it would
+        // need, term by term, beside where it ran out.
+        let oom = memory.replayed.oom.clone();
+        if oom.is_some() {
+            memory = self.replayed(model, gpu, cfg, stage, &m, UNBOUNDED);
+        }
+        let r = &memory.replayed;
+        let by = |t: Term| r.at_peak.get(t) as f64;
+        let breakdown = Breakdown {
+            weights: by(Term::Weights),
+            gradients: by(Term::Gradients),
+            optimizer: by(Term::Optimizer),
+            activations: by(Term::Activations) + by(Term::Inputs),
+            logits: by(Term::Logits),
+            temporary: by(Term::Temporary) + by(Term::Workspace),
+            framework: outside + r.cached() as f64,
+            calibration: 0.0,
+        };
+        let phase_total = |k: usize| crate::step::PhasePeak { total: r.phase_peaks[k] as f64, ..Default::default() };
+        let mut phases = Phases { forward: phase_total(0), backward: phase_total(1), optimizer: phase_total(2) };
+        let (mut breakdown, mut allocated, mut tensors, mut reserved) = (
+            breakdown,
+            r.peak_allocated as f64,
+            (r.peak_allocated - r.at_peak.get(Term::Workspace)) as f64,
+            r.peak_reserved as f64,
+        );
+        if let (Some(_), Some(ph)) = (cal, m.phases) {
+            // A calibrated plan keeps the phases fitted to the user's run as its allocated
+            // memory; its program, laid out from them, gives what the allocator reserves.
+            phases = ph;
+            allocated = m.breakdown.total() - m.outside_allocator;
+            tensors = allocated - m.gpu_only;
+            reserved = reserved.max(allocated);
+            breakdown = Breakdown { framework: outside + reserved - allocated, ..m.breakdown };
+        }
+        TrainEstimate {
+            breakdown,
+            per_gpu_bytes: reserved + outside,
+            fits: oom.is_none() && m.note.is_none(),
+            stage,
+            step_time_s: time,
+            layer_time_s: [timing.layer_forward, timing.layer_backward],
+            tokens_per_s: tokens / time,
+            mfu: model_flops / (time * par.gpus() as f64 * peak),
+            recompute_fraction: m.recompute_fraction,
+            trainable_params,
+            host_bytes: host_per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64,
+            allocated_bytes: allocated,
+            tensor_bytes: tensors,
+            reserved_bytes: reserved,
+            capacity_bytes: capacity,
+            phase: if cal.is_some() && m.phases.is_some() {
+                Some(phases.peak().0)
+            } else {
+                Some(r.peak_at.phase).filter(|p| *p != Phase::Setup)
+            },
+            phases: Some(phases),
+            framework: match (&memory.source, m.phases.is_some(), cfg.framework) {
+                _ if cfg.deepspeed() => Framework::DeepSpeed,
+                (ProgramSource::Recorded(_), _, _) | (_, true, _) => Framework::HuggingFace,
+                (_, false, Framework::Torchtitan) => Framework::Torchtitan,
+                (_, false, _) => Framework::Megatron,
+            },
+            note: m.note.clone(),
+            compiled: crate::live::compiled_recipe(model, cfg),
+            program: memory.source.clone(),
+            oom,
+            optimizer_impl: crate::synth::optimizer::implementation(cfg, Device::Gpu(gpu)),
+            device_mallocs: r.device_mallocs,
         }
     }
-    let (StageMemory { breakdown, recompute_fraction, note, phases, gpu_only, outside_allocator }, stage) =
-        best.expect("at least one stage");
-    let per_gpu = breakdown.total();
-    let par = &cfg.parallel;
-    let trainable_params = (share(model, cfg, PipelineStage::Only).trainable * par.tensor as f64).round() as u64;
-    let timing = step_time(model, gpu, cfg, recompute_fraction);
-    let time = timing.step;
-    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 * cfg.accumulation as f64 * par.data as f64;
-    let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
-    let passes = if matches!(cfg.finetune, Finetune::Lora { .. }) { 2.0 } else { 3.0 };
-    let model_flops = passes * (lin + attn + head) * (cfg.accumulation * par.data) as f64;
-    let peak = match cfg.precision {
-        Precision::Fp32 => gpu.fp32_flops,
-        Precision::Fp8 => gpu.fp8_flops.unwrap_or(gpu.bf16_flops),
-        _ => gpu.bf16_flops,
-    };
-    let sh = share(model, cfg, stage);
-    let d = par.shard_degree() as f64;
-    // The fp32 master, the optimizer's states and fp32 gradients of the GPU's shard; with
-    // the parameters offloaded, their 16-bit copy too.
-    let offloaded_states =
-        (state_bytes_per_param(model.hidden, Precision::Mixed, cfg.optimizer).optimizer + 4.0) * sh.trainable;
-    let host_per_gpu = match cfg.offload {
-        Offload::None => 0.0,
-        Offload::Optimizer => offloaded_states / d,
-        Offload::OptimizerAndParams => {
-            (offloaded_states + 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other)) / d
+
+    /// The job's step program for `stage`, and where it came from.
+    pub fn program(
+        &self,
+        model: &Model,
+        gpu: &GpuSpec,
+        cfg: &TrainConfig,
+        stage: PipelineStage,
+        m: &StageMemory,
+    ) -> (Program, ProgramSource) {
+        if self.recorded_program_runs(cfg, stage) {
+            if let Ok(hf) = synth::hf::program(model, cfg, Device::Gpu(gpu), self.steps, &StateScale::default()) {
+                return (hf.program, ProgramSource::Recorded(hf.key));
+            }
         }
-    };
-    TrainEstimate {
-        breakdown,
-        per_gpu_bytes: per_gpu,
-        fits: per_gpu <= gpu.memory_bytes as f64 && note.is_none(),
-        stage,
-        step_time_s: time,
-        layer_time_s: [timing.layer_forward, timing.layer_backward],
-        tokens_per_s: tokens / time,
-        mfu: model_flops / (time * par.gpus() as f64 * peak),
-        recompute_fraction,
-        trainable_params,
-        host_bytes: host_per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64,
-        allocated_bytes: per_gpu - breakdown.framework,
-        tensor_bytes: per_gpu - breakdown.framework - gpu_only,
-        reserved_bytes: per_gpu - outside_allocator,
-        phase: phases.map(|p| p.peak().0),
-        phases,
-        framework: match (phases.is_some(), cfg.framework) {
-            _ if cfg.deepspeed() => Framework::DeepSpeed,
-            (true, _) => Framework::HuggingFace,
-            (false, Framework::Torchtitan) => Framework::Torchtitan,
-            (false, _) => Framework::Megatron,
-        },
-        note,
-        compiled: memory::compiled_recipe(model, cfg),
+        let layers = model.layers.div_ceil(cfg.parallel.pipeline.max(1));
+        let workspace = gpu.arch.cublas_workspace_bytes() as f64;
+        (synth::analytic::program(cfg, m, workspace, layers, self.steps), ProgramSource::Analytic)
     }
+
+    /// The step program of the stage that peaks, as [`Estimator::estimate`] replays it.
+    pub fn step_program(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Program {
+        let cal = self.calibration.as_ref();
+        let (m, stage) = stages(cfg)
+            .iter()
+            .map(|&stage| (memory(model, gpu, cfg, stage, cal), stage))
+            .max_by(|a, b| a.0.breakdown.total().total_cmp(&b.0.breakdown.total()))
+            .expect("at least one stage");
+        self.program(model, gpu, cfg, stage, &m).0
+    }
+
+    /// Whether transformers' recorded step is the job's program: one whole replica per GPU
+    /// running transformers' code eagerly, no or full checkpointing, no calibration.
+    fn recorded_program_runs(&self, cfg: &TrainConfig, stage: PipelineStage) -> bool {
+        let par = &cfg.parallel;
+        self.calibration.is_none()
+            && stage == PipelineStage::Only
+            && matches!(cfg.framework, Framework::Auto | Framework::HuggingFace)
+            && !cfg.deepspeed()
+            && cfg.finetune == Finetune::Full
+            && !cfg.compile
+            && par.gpus() == 1
+            && cfg.offload == Offload::None
+            && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full)
+    }
+
+    fn replayed(
+        &self,
+        model: &Model,
+        gpu: &GpuSpec,
+        cfg: &TrainConfig,
+        stage: PipelineStage,
+        m: &StageMemory,
+        capacity: f64,
+    ) -> Memory {
+        let (program, source) = self.program(model, gpu, cfg, stage, m);
+        let sizes = program.sizes(cfg.micro_batch, cfg.seq);
+        let settings = ReplaySettings { capacity: capacity as u64, config: self.alloc.clone(), policy: self.policy };
+        Memory { replayed: replay(&program, &sizes, &settings), source }
+    }
+
+    /// The closed-form pass alone (no replay): the configuration's tensors at their peak
+    /// and its step time, or `None` where its tensors alone exceed what PyTorch can have of
+    /// the GPU (reserved memory is never less than allocated). Searches rank by it and
+    /// replay only the configurations they report.
+    pub fn screen(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Option<Screened> {
+        let capacity = (gpu.memory_bytes as f64 - outside_allocator(gpu, cfg)).max(0.0);
+        let mut tensors = 0.0f64;
+        let mut recompute = 0.0f64;
+        for &stage in stages(cfg) {
+            let m = memory(model, gpu, cfg, stage, self.calibration.as_ref());
+            let t = m.breakdown.total() - m.outside_allocator;
+            if m.note.is_some() || t > capacity {
+                return None;
+            }
+            if t >= tensors {
+                tensors = t;
+                recompute = m.recompute_fraction;
+            }
+        }
+        Some(Screened { tensors, step_time_s: step_time(model, gpu, cfg, recompute).step })
+    }
+
+    /// Whether the configuration fits the GPU: the memory half of [`Estimator::estimate`],
+    /// for searches. The closed form's tensors alone past the GPU's memory never fit;
+    /// everything else is replayed.
+    pub fn fits(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
+        if cfg.checkpointing == Checkpointing::Optimal {
+            // The schedule is solved again until the replay fits: the estimate's own answer.
+            return self.estimate(model, gpu, cfg).fits;
+        }
+        let outside = outside_allocator(gpu, cfg);
+        let capacity = (gpu.memory_bytes as f64 - outside).max(0.0);
+        stages(cfg).iter().all(|&stage| {
+            let m = memory(model, gpu, cfg, stage, self.calibration.as_ref());
+            let tensors = m.breakdown.total() - m.outside_allocator;
+            m.note.is_none()
+                && tensors <= capacity
+                && self.replayed(model, gpu, cfg, stage, &m, capacity).replayed.oom.is_none()
+        })
+    }
+
+    /// The longest sequence that fits (0 if none does), up to `limit` tokens.
+    pub fn max_seq(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+        largest(limit, |seq| self.fits(model, gpu, &TrainConfig { seq, ..*cfg }))
+    }
+
+    /// The largest micro-batch that fits (0 if none does), up to `limit`.
+    pub fn max_micro_batch(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
+        largest(limit, |b| self.fits(model, gpu, &TrainConfig { micro_batch: b, ..*cfg }))
+    }
+}
+
+/// A device larger than any job: 1 PiB.
+const UNBOUNDED: f64 = (1u64 << 50) as f64;
+
+/// What [`Estimator::screen`] finds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Screened {
+    /// The closed form's tensors at the peak, bytes.
+    pub tensors: f64,
+    pub step_time_s: f64,
+}
+
+/// A replay and its program's source.
+struct Memory {
+    replayed: Replayed,
+    source: ProgramSource,
 }
 
 /// The pipeline stages whose memory is estimated: the one GPU's, or the first and last stage's.
@@ -223,20 +455,6 @@ fn stages(cfg: &TrainConfig) -> &'static [PipelineStage] {
     } else {
         &[PipelineStage::Only]
     }
-}
-
-/// Whether the configuration fits the GPU: the memory half of [`estimate`],
-/// for searches that discard most configurations before timing them.
-pub fn fits(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> bool {
-    stages(cfg).iter().all(|&stage| {
-        let m = memory(model, gpu, cfg, stage);
-        m.note.is_none() && m.breakdown.total() <= gpu.memory_bytes as f64
-    })
-}
-
-/// The longest sequence that fits (0 if none does), up to `limit` tokens.
-pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
-    largest(limit, |seq| estimate(model, gpu, &TrainConfig { seq, ..*cfg }).fits)
 }
 
 /// The largest n in 1..=limit for which `fits(n)`, 0 if none: doubling, then bisection
@@ -265,16 +483,11 @@ pub(crate) fn largest(limit: u64, fits: impl Fn(u64) -> bool) -> u64 {
     lo
 }
 
-/// The largest micro-batch that fits (0 if none does), up to `limit`.
-pub fn max_micro_batch(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, limit: u64) -> u64 {
-    largest(limit, |b| estimate(model, gpu, &TrainConfig { micro_batch: b, ..*cfg }).fits)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::memory::{layer_activations, LayerActivations};
     use super::*;
     use crate::gpu::gpu;
+    use crate::live::{layer_activations, memory, LayerActivations, GIB};
     use crate::model::preset;
     use crate::parallel::Parallelism;
 
@@ -381,7 +594,9 @@ mod tests {
                 parallel: Parallelism { tensor: 8, pipeline: p, virtual_stages: v, ..Parallelism::default() },
                 ..base()
             };
-            memory(&m, &g, &cfg, if p > 1 { PipelineStage::First } else { PipelineStage::Only }).breakdown.activations
+            memory(&m, &g, &cfg, if p > 1 { PipelineStage::First } else { PipelineStage::Only }, None)
+                .breakdown
+                .activations
         };
         let one = at(1, 1, 64);
         assert!((at(8, 1, 64) / one - 1.0).abs() < 1e-9);
@@ -393,9 +608,9 @@ mod tests {
             parallel: Parallelism { tensor: 8, pipeline: 8, ..Parallelism::default() },
             ..base()
         };
-        let last = memory(&m, &g, &cfg, PipelineStage::Last).breakdown;
+        let last = memory(&m, &g, &cfg, PipelineStage::Last, None).breakdown;
         assert!(last.logits > 0.0 && (last.activations / one - 1.0 / 8.0).abs() < 1e-9);
-        assert_eq!(memory(&m, &g, &cfg, PipelineStage::First).breakdown.logits, 0.0);
+        assert_eq!(memory(&m, &g, &cfg, PipelineStage::First, None).breakdown.logits, 0.0);
         // Weights: a stage holds its layers and its embedding, ÷ t.
         let e = estimate(&m, &g, &cfg);
         let per_stage = (12.0 * 12288f64.powi(2) * 12.0 + 51200.0 * 12288.0) / 8.0;
@@ -525,7 +740,7 @@ mod tests {
                 parallel: Parallelism { data: 4, pipeline: 4, zero_stage, ..Parallelism::default() },
                 ..TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)
             };
-            estimate(&m, &g, &cfg).breakdown.temporary
+            memory(&m, &g, &cfg, PipelineStage::First, None).breakdown.temporary
         };
         // A quarter of the model, gathered in bf16, beside the shard ZeRO-3 keeps.
         let gathered = with(3) - with(1);
@@ -564,16 +779,21 @@ mod tests {
             ..TrainConfig::new(1, 512, Precision::Mixed, Optimizer::AdamW)
         };
         let e = estimate(&m, &g, &lora(BaseWeights::Native));
+        // The closed form's terms: what placement gives; the replay's peak holds the same
+        // tensors in allocator blocks.
+        let closed = |c: &TrainConfig| memory(&m, &g, c, PipelineStage::Only, None).breakdown;
+        let cf = closed(&lora(BaseWeights::Native));
         // r = 64 on every linear layer: 64 × (4·(4096+4096) + 3·(4096+11008)) × 32 layers.
         assert_eq!(e.trainable_params, 64 * (4 * 8192 + 3 * 15104) * 32);
         let base16 = 2.0 * m.params() as f64;
-        assert!((e.breakdown.weights - base16 - 2.0 * e.trainable_params as f64).abs() < 1e3);
-        assert_eq!(e.breakdown.gradients, 2.0 * e.trainable_params as f64);
+        assert!((cf.weights - base16 - 2.0 * e.trainable_params as f64).abs() < 1e3);
+        assert_eq!(cf.gradients, 2.0 * e.trainable_params as f64);
+        assert!((e.breakdown.weights / cf.weights - 1.0).abs() < 1e-3, "{} vs {}", e.breakdown.weights, cf.weights);
         // QLoRA: 4.127-bit linears, fp32 embeddings and norms.
-        let q = estimate(&m, &g, &lora(BaseWeights::Nf4));
+        let q = closed(&lora(BaseWeights::Nf4));
         let linears = 32.0 * (4.0 * 4096.0 * 4096.0 + 3.0 * 4096.0 * 11008.0);
         let want = linears * 4.127 / 8.0 + (m.params() as f64 - linears) * 4.0 + 2.0 * e.trainable_params as f64;
-        assert!((q.breakdown.weights / want - 1.0).abs() < 1e-9);
+        assert!((q.weights / want - 1.0).abs() < 1e-9);
         // No weight gradients for the base: 4N instead of 6N per token.
         let full = estimate(&m, &g, &TrainConfig { finetune: Finetune::Full, ..lora(BaseWeights::Native) });
         assert!(e.step_time_s < full.step_time_s * 0.75);
@@ -591,16 +811,19 @@ mod tests {
             offload,
             ..TrainConfig::new(1, 512, Precision::Mixed, Optimizer::AdamW)
         };
-        let states = |e: &TrainEstimate| (e.breakdown.weights + e.breakdown.gradients + e.breakdown.optimizer) / GIB;
+        // The closed form's terms (what the replay's program is laid out from).
+        let states = |c: &TrainConfig| {
+            let b = memory(&m, &g, c, PipelineStage::Only, None).breakdown;
+            (b.weights + b.gradients + b.optimizer) / GIB
+        };
         let z2 = estimate(&m, &g, &cfg(2, Offload::Optimizer));
-        assert!((states(&z2) - 5.31).abs() < 0.01, "{}", states(&z2));
-        let z3 = estimate(&m, &g, &cfg(3, Offload::Optimizer));
-        assert!((states(&z3) - 5.31 / 8.0).abs() < 0.01);
-        let all = estimate(&m, &g, &cfg(3, Offload::OptimizerAndParams));
+        assert!((states(&cfg(2, Offload::Optimizer)) - 5.31).abs() < 0.01);
+        assert!((states(&cfg(3, Offload::Optimizer)) - 5.31 / 8.0).abs() < 0.01);
+        let all = states(&cfg(3, Offload::OptimizerAndParams));
         // Only what DeepSpeed never partitions stays: the norms and position tables, whole.
         let kept = deepspeed::buffers(&m, &cfg(3, Offload::OptimizerAndParams), 2.0).persistent;
         assert!(kept > 0.0 && kept < (1 << 20) as f64, "{kept}");
-        assert!((states(&all) * GIB / kept - 1.0).abs() < 1e-9);
+        assert!((all * GIB / kept - 1.0).abs() < 1e-9);
         // The host holds the fp32 master, both moments and fp32 gradients: 16 bytes a parameter per node.
         assert!((z2.host_bytes / (16.0 * m.params() as f64) - 1.0).abs() < 1e-9);
         assert!(z2.step_time_s > estimate(&m, &g, &cfg(2, Offload::None)).step_time_s);
@@ -635,7 +858,16 @@ mod tests {
         let none = estimate(&m, &g, &cfg(Checkpointing::None));
         let full = estimate(&m, &g, &cfg(Checkpointing::Full));
         let optimal = estimate(&m, &g, &cfg(Checkpointing::Optimal));
-        assert!(!none.fits && full.fits && optimal.fits);
+        assert!(
+            !none.fits && full.fits && optimal.fits,
+            "{} {} {} {:?} {:?} {:?}",
+            none.fits,
+            full.fits,
+            optimal.fits,
+            full.oom,
+            optimal.oom,
+            optimal.note
+        );
         assert!(full.breakdown.activations < none.breakdown.activations);
         assert!(optimal.step_time_s <= full.step_time_s && optimal.step_time_s >= none.step_time_s);
         assert!(optimal.per_gpu_bytes <= g.memory_bytes as f64);

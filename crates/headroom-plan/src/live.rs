@@ -1,36 +1,57 @@
-//! Memory per GPU, term by term, for one pipeline stage (see the table in the parent module).
+//! The closed-form pass: the bytes a step holds at its peak, term by term, without the
+//! allocator — the planner's live-bytes model (research/estimation.md), used to prune
+//! searches before replaying, to plan what no program was recorded for, and to say what
+//! each term is (see the table in [`crate::train`]).
 
-use super::time::{forward_flops, ForwardFlops};
-use super::{
-    Attention, BaseWeights, Breakdown, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer,
-    PipelineStage, Precision, TrainConfig, GIB,
-};
 use crate::checkpoint::{self, Chain, Loss, Stage};
+use crate::deepspeed;
 use crate::gpu::GpuSpec;
+use crate::job::{
+    Attention, BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer, PipelineStage,
+    Precision, TrainConfig,
+};
 use crate::model::{Family, Head, Model};
-use crate::parallel::{Parallelism, NCCL_BYTES};
+use crate::parallel::NCCL_BYTES;
+use crate::placement::{
+    activation_width, frozen_bytes, frozen_width, model_states, share, state_bytes_per_param, ModelStates,
+};
 use crate::recipe::{self, Recipe};
-use crate::step::{self, Phases, StepParts};
+use crate::step::{self, Calibration, Phases, StepParts};
 use crate::step_recipe::step_recipe;
+use crate::time::{forward_flops, ForwardFlops};
 
-/// Weights, gradients and optimizer state: bytes per parameter, or bytes per GPU.
+pub const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes per GPU by term.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ModelStates {
+pub struct Breakdown {
     pub weights: f64,
     pub gradients: f64,
-    /// Optimizer state, with the fp32 master weights where the precision keeps them.
     pub optimizer: f64,
+    pub activations: f64,
+    pub logits: f64,
+    pub temporary: f64,
+    pub framework: f64,
+    /// What a calibration from the user's own run adds at the peak phase (may be negative).
+    pub calibration: f64,
 }
 
-impl ModelStates {
+impl Breakdown {
     pub fn total(&self) -> f64 {
-        self.weights + self.gradients + self.optimizer
+        self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.temporary
+            + self.framework
+            + self.calibration
     }
 }
 
 /// One layer's activations on this GPU for one micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct LayerActivations {
+pub struct LayerActivations {
     /// What the layer keeps for its backward.
     pub kept: f64,
     /// Of which the attention core.
@@ -39,136 +60,8 @@ pub(super) struct LayerActivations {
     pub input: f64,
 }
 
-/// Bytes per parameter of weights, gradients and optimizer state, unsharded.
-pub fn state_bytes_per_param(hidden: u64, precision: Precision, optimizer: Optimizer) -> ModelStates {
-    // Adafactor factors the second moment of an n×m matrix into n + m values.
-    let adafactor = 2.0 * 4.0 / hidden as f64;
-    let (w, g, master, state_width) = match precision {
-        Precision::Fp32 | Precision::Amp => (4.0, 4.0, 0.0, 4.0),
-        Precision::Mixed => (2.0, 2.0, 4.0, 4.0),
-        // The fp8 copy of the weights is kept beside the bf16 ones for the step.
-        Precision::Fp8 => (3.0, 2.0, 4.0, 4.0),
-        Precision::Bf16 => (2.0, 2.0, 0.0, 2.0),
-    };
-    let states = match optimizer {
-        Optimizer::AdamW => 2.0 * state_width,
-        Optimizer::SgdMomentum => state_width,
-        Optimizer::Sgd => 0.0,
-        Optimizer::Adafactor => adafactor,
-        Optimizer::Adam8bit => 2.0,
-    };
-    ModelStates { weights: w, gradients: g, optimizer: master + states }
-}
-
-/// Weights, gradients and optimizer bytes per GPU for `params` trainable
-/// parameters under the ZeRO stage (1 shards the optimizer state over the
-/// data- and context-parallel GPUs, 2 also the gradients, 3 also the weights)
-/// and offload.
-pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates {
-    let ModelStates { weights: w, gradients: g, optimizer: o } =
-        state_bytes_per_param(hidden, cfg.precision, cfg.optimizer);
-    let g = if main_grads_fp32(cfg) { 4.0 } else { g };
-    let par = &cfg.parallel;
-    let n = par.shard_degree() as f64;
-    let shard = |stage: u8| if par.zero_stage >= stage { n } else { 1.0 };
-    let psi = params as f64;
-    let weights = if cfg.offload == Offload::OptimizerAndParams { 0.0 } else { w * psi / shard(3) };
-    let (gradients, optimizer) = match cfg.offload {
-        Offload::None => (g * psi / shard(2), o * psi / shard(1)),
-        Offload::Optimizer | Offload::OptimizerAndParams => (0.0, 0.0),
-    };
-    ModelStates { weights, gradients, optimizer }
-}
-
-/// Whether gradients are kept in fp32 beside 16-bit weights: Megatron-LM accumulates and
-/// reduces bf16 training's gradients in fp32 "main grads" (it forces
-/// `accumulate_allreduce_grads_in_fp32` with `--bf16`), and its distributed optimizer
-/// shards the fp32 master weights and Adam's states but not those gradients: 18 bytes a
-/// parameter, 6 + 12/d with the distributed optimizer over d GPUs, where DeepSpeed's ZeRO
-/// keeps 16 and 4 + 12/d (Megatron-LM's README, "Distributed optimizer").
-/// Only for runs Megatron-LM makes: full training, its plain data parallelism or its
-/// distributed optimizer (ZeRO-1); ZeRO-2/3 and LoRA jobs are DeepSpeed's, FSDP's or peft's.
-pub(super) fn main_grads_fp32(cfg: &TrainConfig) -> bool {
-    cfg.framework == Framework::Megatron
-        && cfg.finetune == Finetune::Full
-        && cfg.parallel.zero_stage <= 1
-        && matches!(cfg.precision, Precision::Mixed | Precision::Fp8)
-}
-
-pub(super) fn activation_width(p: Precision) -> f64 {
-    if p == Precision::Fp32 {
-        4.0
-    } else {
-        2.0
-    }
-}
-
-/// The GPU's share of the model: parameters on its pipeline stage ÷ tensor
-/// parallelism, split into what trains and what is frozen.
-pub(super) struct Share {
-    /// Parameters with gradients and optimizer state.
-    pub trainable: f64,
-    /// Frozen parameters stored at the base width (LoRA's quantizable linears).
-    pub frozen_linear: f64,
-    /// Frozen parameters at the training width (embeddings and norms under LoRA).
-    pub frozen_other: f64,
-}
-
-/// Parameters on one stage: its layers plus the embedding (first) or the head (last).
-fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage, output: Head) -> f64 {
-    let layers = model.layers.div_ceil(par.pipeline.max(1)) as f64;
-    let t = par.tensor.max(1) as f64;
-    let head = (model.vocab * model.hidden) as f64;
-    let embedding = model.embedding_params() as f64 - if model.tied_embeddings { 0.0 } else { head };
-    (match stage {
-        PipelineStage::Only => model.params_with(output) as f64,
-        PipelineStage::First => layers * model.layer_params() as f64 + embedding,
-        // Megatron keeps a copy of a tied embedding on the last stage for the head.
-        PipelineStage::Last => layers * model.layer_params() as f64 + head,
-    }) / t
-}
-
-pub(super) fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
-    let all = stage_params(model, &cfg.parallel, stage, cfg.head);
-    match cfg.finetune {
-        Finetune::Full => Share { trainable: all, frozen_linear: 0.0, frozen_other: 0.0 },
-        Finetune::Lora { rank, targets, .. } => {
-            let t = cfg.parallel.tensor.max(1) as f64;
-            let layers = match stage {
-                PipelineStage::Only => model.layers,
-                _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
-            } as f64;
-            let linears = model.block_linears();
-            let adapters = layers * targets.of(&linears).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
-            let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
-            Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
-        }
-    }
-}
-
-/// Bytes per frozen parameter: (the linear layers', the others'). peft's
-/// prepare_model_for_kbit_training casts what it does not quantize (embeddings, norms, the
-/// head) to fp32.
-fn frozen_width(cfg: &TrainConfig) -> (f64, f64) {
-    let native = match cfg.precision {
-        Precision::Fp32 | Precision::Amp => 4.0,
-        _ => 2.0,
-    };
-    match cfg.finetune {
-        Finetune::Lora { base: BaseWeights::Int8, .. } => (1.0 + 4.0 / 4096.0, 4.0),
-        // 4-bit values plus double-quantized absmax constants: 0.127 bit a weight (QLoRA §3).
-        Finetune::Lora { base: BaseWeights::Nf4, .. } => ((4.0 + 0.127) / 8.0, 4.0),
-        _ => (native, native),
-    }
-}
-
-fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
-    let (base, other) = frozen_width(cfg);
-    share.frozen_linear * base + share.frozen_other * other
-}
-
 /// One layer's activation bytes on this GPU for one micro-batch.
-pub(super) fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
+pub fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
     let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
@@ -240,7 +133,7 @@ fn per_op(model: &Model, cfg: &TrainConfig) -> (f64, f64) {
 }
 
 /// One stage's memory.
-pub(super) struct StageMemory {
+pub struct StageMemory {
     /// Bytes by term (at the peak phase, when the step is modelled by phases).
     pub breakdown: Breakdown,
     /// Forward FLOPs recomputed, as a fraction of one forward.
@@ -258,7 +151,7 @@ pub(super) struct StageMemory {
 /// The activation recipe of transformers' code for this job, when transformers runs it:
 /// one model replica per GPU, full fine-tuning, no or full checkpointing, a precision
 /// transformers has.
-pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
+pub fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
     let par = &cfg.parallel;
     let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
         && cfg.finetune == Finetune::Full
@@ -276,7 +169,7 @@ pub(super) fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Rec
 /// Whether the job's activations are `torch.compile`'s: asked for, and recorded for its
 /// family, precision and checkpointing (the compiled step itself, or without checkpointing
 /// what it saves); elsewhere the eager code's recipes stand for them.
-pub(super) fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
+pub fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
     let checkpointed = match cfg.checkpointing {
         Checkpointing::None => false,
         Checkpointing::Full => true,
@@ -319,7 +212,26 @@ fn largest_param(model: &Model) -> f64 {
     embedding.max(linear).max(experts)
 }
 
-pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: PipelineStage) -> StageMemory {
+pub fn memory(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &TrainConfig,
+    stage: PipelineStage,
+    calibration: Option<&Calibration>,
+) -> StageMemory {
+    memory_within(model, gpu, cfg, stage, calibration, 0.0)
+}
+
+/// [`memory`] with `held_back` bytes of the GPU kept from optimal checkpointing's budget:
+/// what the allocator's caching takes beyond the tensors, found by replaying.
+pub fn memory_within(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &TrainConfig,
+    stage: PipelineStage,
+    calibration: Option<&Calibration>,
+    held_back: f64,
+) -> StageMemory {
     let par = &cfg.parallel;
     let (t, c, p) = (par.tensor.max(1) as f64, par.context.max(1) as f64, par.pipeline.max(1));
     let sh = share(model, cfg, stage);
@@ -355,7 +267,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
     let deepspeed = cfg.deepspeed();
     if deepspeed {
-        let ds = super::deepspeed::buffers(model, cfg, frozen_width(cfg).1);
+        let ds = deepspeed::buffers(model, cfg, frozen_width(cfg).1);
         br.temporary += ds.reduce_bucket + ds.gathered;
         // Persistent tensors are whole on every GPU: the shard counted above is replaced.
         br.weights += match cfg.offload {
@@ -383,7 +295,9 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         // DeepSpeed's reduce bucket (5e8 elements of 16-bit gradients) or the gradients, if fewer.
         br.temporary += (2.0 * sh.trainable).min(1e9);
     }
-    let outside_allocator = gpu.arch.cuda_context_bytes() as f64 + if par.gpus() > 1 { NCCL_BYTES } else { 0.0 };
+    let outside_allocator = gpu.arch.driver_reserved_bytes() as f64
+        + gpu.arch.training_context_bytes() as f64
+        + if par.gpus() > 1 { NCCL_BYTES } else { 0.0 };
     br.framework = outside_allocator;
     let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
     let layer_flops = (lin + attn) / model.layers as f64;
@@ -416,10 +330,8 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             (l / k).ceil() * hidden_state + k * per_layer
         }
         Checkpointing::Optimal => {
-            // The schedule's peak (activations and logits) and the temporaries carry the allocator's slack.
-            let slack = 1.0 + cfg.coefficients.allocator_slack;
-            let fixed = br.weights + br.gradients + br.optimizer + br.framework + slack * br.temporary;
-            let budget = ((gpu.memory_bytes as f64 - fixed) / slack).max(0.0) as u64;
+            let fixed = br.weights + br.gradients + br.optimizer + br.framework + br.temporary;
+            let budget = (gpu.memory_bytes as f64 - fixed - held_back).max(0.0) as u64;
             // Below one layer's input, no schedule can run: say why without asking the solver.
             let floor = (hidden_state * 3.0).max(1.0) as u64;
             let chain = Chain {
@@ -530,7 +442,7 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
             let scale = if whole > 0.0 { (parts.gradients / whole).min(1.0) } else { 1.0 };
             (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base, scale);
         }
-        if let Some(c) = cfg.coefficients.calibration {
+        if let Some(c) = calibration {
             ph = c.apply(&ph);
         }
         let (_, peak) = ph.peak();
@@ -542,6 +454,5 @@ pub(super) fn memory(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, stage: Pip
         recompute_fraction = if checkpointed { (lin + attn) / forward } else { 0.0 };
         phases = Some(ph);
     }
-    br.framework += cfg.coefficients.allocator_slack * (br.activations + br.logits + br.temporary);
     StageMemory { breakdown: br, recompute_fraction, note, phases, gpu_only, outside_allocator }
 }

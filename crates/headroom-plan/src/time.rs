@@ -3,16 +3,16 @@
 //! ([`crate::kernel`]) — forward, backward and what checkpointing recomputes; then the
 //! pipeline bubble, exposed collectives, the optimizer step or its offload.
 
-use super::memory::{main_grads_fp32, share, state_bytes_per_param};
-use super::{Attention, Checkpointing, Finetune, Framework, Offload, PipelineStage, Precision, TrainConfig};
 use crate::gpu::GpuSpec;
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Offload, PipelineStage, Precision, TrainConfig};
 use crate::kernel::{Dtype, Kernels};
 use crate::model::{Head, Model};
 use crate::parallel;
+use crate::placement::{main_grads_fp32, share, state_bytes_per_param};
 
 /// Forward FLOPs per micro-batch over the whole model.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct ForwardFlops {
+pub struct ForwardFlops {
     /// The layers' linear layers.
     pub linear: f64,
     /// The layers' attention (scores and the weighted sum).
@@ -22,7 +22,7 @@ pub(super) struct ForwardFlops {
 }
 
 /// Forward FLOPs per micro-batch over the whole model.
-pub(super) fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
+pub fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
     // In f64: a batch and a sequence as large as a user may type would wrap u64.
     let tokens = cfg.micro_batch as f64 * cfg.seq as f64;
     let layer_params = model.layer_params() as f64 * model.active_params() as f64 / model.params() as f64;
@@ -37,7 +37,7 @@ pub(super) fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
 
 /// One layer's kernels for one micro-batch on one GPU, seconds, by class of operation.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct LayerTimes {
+pub struct LayerTimes {
     pub linear: Pass,
     pub attention: Pass,
     /// Norms, residual adds, the MLP's activation: bound by memory.
@@ -46,7 +46,7 @@ pub(super) struct LayerTimes {
 
 /// A kernel class's forward and backward.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct Pass {
+pub struct Pass {
     pub forward: f64,
     pub backward: f64,
 }
@@ -78,7 +78,7 @@ fn linear(kn: &Kernels, tokens: f64, k: f64, n: f64, frozen: bool) -> Pass {
 
 /// One transformer layer's kernels on one GPU (tensor-parallel shards of `t`, the
 /// sequence split over `c` context-parallel ranks), forward and backward.
-pub(super) fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTimes {
+pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTimes {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
     let kn = kernels(gpu, cfg);
@@ -149,7 +149,7 @@ fn head_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Pass {
 
 /// An optimizer step's time, and one layer's within it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct StepTime {
+pub struct StepTime {
     pub step: f64,
     /// One layer's forward for one micro-batch, tensor-parallel all-reduces included.
     pub layer_forward: f64,
@@ -158,7 +158,7 @@ pub(super) struct StepTime {
 }
 
 /// Seconds per optimizer step (see the module documentation).
-pub(super) fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> StepTime {
+pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> StepTime {
     let par = &cfg.parallel;
     let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
     let m = cfg.accumulation.max(1) as f64;

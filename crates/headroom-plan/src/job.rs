@@ -1,7 +1,8 @@
-//! What a training run is: precision, optimizer, attention kernel, checkpointing, fine-tuning,
-//! offload, parallel layout, and the coefficients of the activation and time model.
+//! The job's settings: what a training run is — precision, optimizer and its
+//! implementation, attention kernel, checkpointing, fine-tuning, offload, parallel layout,
+//! whose code runs it — and the coefficients of the activation and time model. The top of
+//! the planner's floors: it imports only the catalogs (models, GPUs, parallel layouts).
 
-use crate::calibrate::Calibration;
 use crate::gpu::GpuSpec;
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
@@ -32,6 +33,24 @@ pub enum Optimizer {
     Adafactor,
     Adam8bit,
 }
+
+/// Which implementation of `torch.optim.AdamW` runs (research/optimizer-step-memory.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerImpl {
+    /// One kernel per operation over every parameter at once: torch's default on CUDA; its
+    /// square root of the second moments is a copy of the state, alive for the step.
+    Foreach,
+    /// One fused kernel: no temporaries. transformers' Trainer picks it on torch ≥ 2.8.
+    Fused,
+    /// One parameter at a time: torch's default elsewhere; two temporaries of the largest.
+    ForLoop,
+}
+
+named!(OptimizerImpl {
+    Foreach => ("foreach", "torch's default on CUDA: a copy of the second moments during the step"),
+    Fused => ("fused", "one kernel, no temporaries (transformers' Trainer on torch >= 2.8)"),
+    ForLoop => ("for-loop", "one parameter at a time"),
+});
 
 /// Attention kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,8 +129,7 @@ pub enum Offload {
     OptimizerAndParams,
 }
 
-/// The coefficients of the activation and time model, in one place so that
-/// a calibration from a measured run can replace them.
+/// The coefficients of the closed-form activation and time model, in one place.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ActivationModel {
     /// sbh coefficient independent of the MLP width (attention linears, norms, dropouts): 18.
@@ -139,15 +157,6 @@ pub struct ActivationModel {
     /// Fraction of the HBM bandwidth a memory-bound kernel (the optimizer step) reaches
     /// (llm-analysis's default).
     pub hbm_efficiency: f64,
-    /// What the caching allocator reserves beyond the tensors that churn each step
-    /// (activations, logits, temporaries): block rounding and cached free blocks, 5%
-    /// (research/estimation.md §9: 5–15% of reserved over allocated).
-    pub allocator_slack: f64,
-    /// The step's phases fitted to a snapshot of the user's own run (`None`: the planner's
-    /// model as it stands). Only the phase model ([`Framework::HuggingFace`]) uses it. A
-    /// reference, not a copy: the search copies configurations hundreds of thousands of
-    /// times, and a calibration is made once for a process (`Box::leak` one).
-    pub calibration: Option<&'static Calibration>,
 }
 
 impl Default for ActivationModel {
@@ -164,8 +173,6 @@ impl Default for ActivationModel {
             kernel_efficiency: 0.82,
             host_optimizer_params_per_s: 1e9,
             hbm_efficiency: 0.9,
-            allocator_slack: 0.05,
-            calibration: None,
         }
     }
 }
@@ -193,6 +200,8 @@ pub struct TrainConfig {
     /// it): what its graphs hold, where recorded (decoders at fp32, bf16 and AMP without
     /// checkpointing, at fp32 with full checkpointing).
     pub compile: bool,
+    /// AdamW's implementation; `None`: torch's default for the device (foreach on CUDA).
+    pub optimizer_impl: Option<OptimizerImpl>,
 }
 
 /// Whose code runs a training step.
@@ -305,6 +314,7 @@ impl TrainConfig {
             framework: Framework::Auto,
             head: Head::CausalLm,
             compile: false,
+            optimizer_impl: None,
         }
     }
 
@@ -348,3 +358,20 @@ impl TrainConfig {
         self.micro_batch.saturating_mul(self.accumulation).saturating_mul(self.parallel.data)
     }
 }
+
+/// Which pipeline stage holds the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipelineStage {
+    /// No pipeline: the GPU holds the whole model.
+    Only,
+    /// The first stage: the embedding and the most micro-batches in flight.
+    First,
+    /// The last stage: the head and the logits.
+    Last,
+}
+
+named!(PipelineStage {
+    Only => ("only", ""),
+    First => ("first", ""),
+    Last => ("last", ""),
+});

@@ -22,7 +22,7 @@
 //! Hugging Face's Trainer replaces some of these defaults with "auto" values derived from
 //! the hidden size; the plan models DeepSpeed's own, which Accelerate's generated configs keep.
 
-use super::{Finetune, Offload, Precision, TrainConfig};
+use crate::job::{Finetune, Offload, Precision, TrainConfig};
 use crate::model::{Family, Head, Model};
 
 /// `reduce_bucket_size`: elements of the gradient bucket.

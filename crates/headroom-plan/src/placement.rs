@@ -1,0 +1,150 @@
+//! Parameter placement: what of the model one GPU holds — its pipeline stage's layers over
+//! tensor parallelism, what trains and what is frozen (LoRA), and the bytes of weights,
+//! gradients and optimizer state under ZeRO sharding and offload.
+
+use crate::job::{BaseWeights, Finetune, Framework, Offload, Optimizer, PipelineStage, Precision, TrainConfig};
+use crate::model::{Head, Model};
+use crate::parallel::Parallelism;
+
+/// Weights, gradients and optimizer state: bytes per parameter, or bytes per GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ModelStates {
+    pub weights: f64,
+    pub gradients: f64,
+    /// Optimizer state, with the fp32 master weights where the precision keeps them.
+    pub optimizer: f64,
+}
+
+impl ModelStates {
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer
+    }
+}
+
+/// Bytes per parameter of weights, gradients and optimizer state, unsharded.
+pub fn state_bytes_per_param(hidden: u64, precision: Precision, optimizer: Optimizer) -> ModelStates {
+    // Adafactor factors the second moment of an n×m matrix into n + m values.
+    let adafactor = 2.0 * 4.0 / hidden as f64;
+    let (w, g, master, state_width) = match precision {
+        Precision::Fp32 | Precision::Amp => (4.0, 4.0, 0.0, 4.0),
+        Precision::Mixed => (2.0, 2.0, 4.0, 4.0),
+        // The fp8 copy of the weights is kept beside the bf16 ones for the step.
+        Precision::Fp8 => (3.0, 2.0, 4.0, 4.0),
+        Precision::Bf16 => (2.0, 2.0, 0.0, 2.0),
+    };
+    let states = match optimizer {
+        Optimizer::AdamW => 2.0 * state_width,
+        Optimizer::SgdMomentum => state_width,
+        Optimizer::Sgd => 0.0,
+        Optimizer::Adafactor => adafactor,
+        Optimizer::Adam8bit => 2.0,
+    };
+    ModelStates { weights: w, gradients: g, optimizer: master + states }
+}
+
+/// Weights, gradients and optimizer bytes per GPU for `params` trainable
+/// parameters under the ZeRO stage (1 shards the optimizer state over the
+/// data- and context-parallel GPUs, 2 also the gradients, 3 also the weights)
+/// and offload.
+pub fn model_states(params: u64, hidden: u64, cfg: &TrainConfig) -> ModelStates {
+    let ModelStates { weights: w, gradients: g, optimizer: o } =
+        state_bytes_per_param(hidden, cfg.precision, cfg.optimizer);
+    let g = if main_grads_fp32(cfg) { 4.0 } else { g };
+    let par = &cfg.parallel;
+    let n = par.shard_degree() as f64;
+    let shard = |stage: u8| if par.zero_stage >= stage { n } else { 1.0 };
+    let psi = params as f64;
+    let weights = if cfg.offload == Offload::OptimizerAndParams { 0.0 } else { w * psi / shard(3) };
+    let (gradients, optimizer) = match cfg.offload {
+        Offload::None => (g * psi / shard(2), o * psi / shard(1)),
+        Offload::Optimizer | Offload::OptimizerAndParams => (0.0, 0.0),
+    };
+    ModelStates { weights, gradients, optimizer }
+}
+
+/// Whether gradients are kept in fp32 beside 16-bit weights: Megatron-LM accumulates and
+/// reduces bf16 training's gradients in fp32 "main grads" (it forces
+/// `accumulate_allreduce_grads_in_fp32` with `--bf16`), and its distributed optimizer
+/// shards the fp32 master weights and Adam's states but not those gradients: 18 bytes a
+/// parameter, 6 + 12/d with the distributed optimizer over d GPUs, where DeepSpeed's ZeRO
+/// keeps 16 and 4 + 12/d (Megatron-LM's README, "Distributed optimizer").
+/// Only for runs Megatron-LM makes: full training, its plain data parallelism or its
+/// distributed optimizer (ZeRO-1); ZeRO-2/3 and LoRA jobs are DeepSpeed's, FSDP's or peft's.
+pub fn main_grads_fp32(cfg: &TrainConfig) -> bool {
+    cfg.framework == Framework::Megatron
+        && cfg.finetune == Finetune::Full
+        && cfg.parallel.zero_stage <= 1
+        && matches!(cfg.precision, Precision::Mixed | Precision::Fp8)
+}
+
+pub fn activation_width(p: Precision) -> f64 {
+    if p == Precision::Fp32 {
+        4.0
+    } else {
+        2.0
+    }
+}
+
+/// The GPU's share of the model: parameters on its pipeline stage ÷ tensor
+/// parallelism, split into what trains and what is frozen.
+pub struct Share {
+    /// Parameters with gradients and optimizer state.
+    pub trainable: f64,
+    /// Frozen parameters stored at the base width (LoRA's quantizable linears).
+    pub frozen_linear: f64,
+    /// Frozen parameters at the training width (embeddings and norms under LoRA).
+    pub frozen_other: f64,
+}
+
+/// Parameters on one stage: its layers plus the embedding (first) or the head (last).
+fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage, output: Head) -> f64 {
+    let layers = model.layers.div_ceil(par.pipeline.max(1)) as f64;
+    let t = par.tensor.max(1) as f64;
+    let head = (model.vocab * model.hidden) as f64;
+    let embedding = model.embedding_params() as f64 - if model.tied_embeddings { 0.0 } else { head };
+    (match stage {
+        PipelineStage::Only => model.params_with(output) as f64,
+        PipelineStage::First => layers * model.layer_params() as f64 + embedding,
+        // Megatron keeps a copy of a tied embedding on the last stage for the head.
+        PipelineStage::Last => layers * model.layer_params() as f64 + head,
+    }) / t
+}
+
+pub fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
+    let all = stage_params(model, &cfg.parallel, stage, cfg.head);
+    match cfg.finetune {
+        Finetune::Full => Share { trainable: all, frozen_linear: 0.0, frozen_other: 0.0 },
+        Finetune::Lora { rank, targets, .. } => {
+            let t = cfg.parallel.tensor.max(1) as f64;
+            let layers = match stage {
+                PipelineStage::Only => model.layers,
+                _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
+            } as f64;
+            let linears = model.block_linears();
+            let adapters = layers * targets.of(&linears).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
+            let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
+            Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
+        }
+    }
+}
+
+/// Bytes per frozen parameter: (the linear layers', the others'). peft's
+/// prepare_model_for_kbit_training casts what it does not quantize (embeddings, norms, the
+/// head) to fp32.
+pub fn frozen_width(cfg: &TrainConfig) -> (f64, f64) {
+    let native = match cfg.precision {
+        Precision::Fp32 | Precision::Amp => 4.0,
+        _ => 2.0,
+    };
+    match cfg.finetune {
+        Finetune::Lora { base: BaseWeights::Int8, .. } => (1.0 + 4.0 / 4096.0, 4.0),
+        // 4-bit values plus double-quantized absmax constants: 0.127 bit a weight (QLoRA §3).
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => ((4.0 + 0.127) / 8.0, 4.0),
+        _ => (native, native),
+    }
+}
+
+pub fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
+    let (base, other) = frozen_width(cfg);
+    share.frozen_linear * base + share.frozen_other * other
+}

@@ -1,0 +1,411 @@
+//! The step program: what a training job allocates and frees, in order, as the caching
+//! allocator sees it.
+//!
+//! A program is a list of operations over tensors. Each tensor carries the term of the
+//! plan it belongs to ([`Term`]) and the law its size follows ([`Law`]): bytes fixed,
+//! per token, per token and position (the s × s matrices of eager attention), per
+//! sequence or per position. One program therefore serves every batch and sequence
+//! length of its job: [`Program::sizes`] evaluates the laws at a shape, and the replay
+//! ([`crate::replay`]) runs the operations through headroom's allocator at those sizes.
+//!
+//! Invariants (checked by [`Program::check`]): every tensor is allocated exactly once and
+//! freed at most once, after its allocation; phase marks appear in step order.
+
+use std::fmt;
+
+/// The plan's terms: what a tensor is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Term {
+    /// Parameters (and the 16-bit copies a framework keeps of them).
+    Weights,
+    /// Gradients of the parameters that train.
+    Gradients,
+    /// Optimizer state, with fp32 master weights where the precision keeps them.
+    Optimizer,
+    /// What the layers save for the backward, and their transients.
+    Activations,
+    /// The output layer's logits and the loss's tensors of the vocabulary's width.
+    Logits,
+    /// Everything else the step makes and drops: the optimizer step's temporaries, AMP's
+    /// weight casts, gathered shards, communication buckets.
+    Temporary,
+    /// cuBLAS workspaces and other buffers only a GPU has.
+    Workspace,
+    /// Token ids, labels, masks.
+    Inputs,
+}
+
+impl Term {
+    pub const ALL: [Term; 8] = [
+        Term::Weights,
+        Term::Gradients,
+        Term::Optimizer,
+        Term::Activations,
+        Term::Logits,
+        Term::Temporary,
+        Term::Workspace,
+        Term::Inputs,
+    ];
+
+    /// Lower-case name, as `--json` and the dumped trace write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Term::Weights => "weights",
+            Term::Gradients => "gradients",
+            Term::Optimizer => "optimizer",
+            Term::Activations => "activations",
+            Term::Logits => "logits",
+            Term::Temporary => "temporary",
+            Term::Workspace => "workspace",
+            Term::Inputs => "inputs",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The part of a step an operation belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// Building the model, the optimizer and the inputs: before the first step.
+    Setup,
+    Forward,
+    Backward,
+    /// `optimizer.step()`, and `zero_grad` after it.
+    Optimizer,
+}
+
+impl Phase {
+    /// Lower-case name, as `--json` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Setup => "setup",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Setup => "setup",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer step",
+        })
+    }
+}
+
+/// How a tensor's bytes follow the micro-batch `b` and the sequence length `s`:
+/// `fixed + per_token·b·s + per_token_position·b·s² + per_sequence·b + per_position·s
+/// + per_position_square·s²`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Law {
+    pub fixed: f64,
+    pub per_token: f64,
+    /// The s × s matrices of eager attention (per token, per position it attends to).
+    pub per_token_position: f64,
+    pub per_sequence: f64,
+    /// Tables the batch shares: rotary embeddings, position ids.
+    pub per_position: f64,
+    /// The same, s × s: a causal mask shared by the batch, T5's position bias.
+    pub per_position_square: f64,
+}
+
+impl Law {
+    pub fn fixed(bytes: f64) -> Law {
+        Law { fixed: bytes, ..Law::default() }
+    }
+
+    pub fn per_token(bytes: f64) -> Law {
+        Law { per_token: bytes, ..Law::default() }
+    }
+
+    /// Bytes at micro-batch `b` and sequence `s`, never negative; saturates at `u64::MAX`.
+    pub fn bytes(&self, b: f64, s: f64) -> u64 {
+        let v = self.fixed
+            + self.per_token * b * s
+            + self.per_token_position * b * s * s
+            + self.per_sequence * b
+            + self.per_position * s
+            + self.per_position_square * s * s;
+        if v.is_nan() || v <= 0.0 {
+            0
+        } else {
+            v.round().min(u64::MAX as f64) as u64
+        }
+    }
+
+    pub fn scaled(self, k: f64) -> Law {
+        Law {
+            fixed: self.fixed * k,
+            per_token: self.per_token * k,
+            per_token_position: self.per_token_position * k,
+            per_sequence: self.per_sequence * k,
+            per_position: self.per_position * k,
+            per_position_square: self.per_position_square * k,
+        }
+    }
+
+    /// Whether the size grows with the batch (what gradient accumulation and a smaller
+    /// micro-batch shrink).
+    pub fn grows_with_batch(&self) -> bool {
+        self.per_token != 0.0 || self.per_token_position != 0.0 || self.per_sequence != 0.0
+    }
+}
+
+/// A tensor of the program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub law: Law,
+    pub term: Term,
+    /// Where the program makes it (an index into [`Program::sites`]): the module or
+    /// operation, for the dumped trace and for explaining a peak.
+    pub site: u32,
+}
+
+/// Index of a tensor in its program.
+pub type TensorId = u32;
+
+/// One operation of the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Alloc(TensorId),
+    Free(TensorId),
+    /// A phase of step `step` (1-based; 0 for setup) begins.
+    Mark {
+        step: u32,
+        phase: Phase,
+    },
+}
+
+/// A job's allocations and frees, in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Program {
+    pub tensors: Vec<Tensor>,
+    pub ops: Vec<Op>,
+    pub sites: Vec<String>,
+}
+
+/// Why a program is malformed: a bug in its synthesis, never a user's input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed step program: {}", self.0)
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+/// Live bytes by term.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ByTerm(pub [u64; 8]);
+
+impl ByTerm {
+    pub fn get(&self, t: Term) -> u64 {
+        self.0[t.index()]
+    }
+
+    pub fn add(&mut self, t: Term, bytes: u64) {
+        self.0[t.index()] += bytes;
+    }
+
+    pub fn sub(&mut self, t: Term, bytes: u64) {
+        self.0[t.index()] -= bytes;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// The most bytes live at once, with nothing rounded (what the program itself holds), and
+/// where.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LivePeak {
+    pub bytes: u64,
+    pub by_term: ByTerm,
+    /// Index of the operation after which the peak holds.
+    pub at: usize,
+    pub step: u32,
+    pub phase: Option<Phase>,
+}
+
+impl Program {
+    /// A site's index, added if new.
+    pub fn site(&mut self, name: &str) -> u32 {
+        if let Some(i) = self.sites.iter().position(|s| s == name) {
+            return i as u32;
+        }
+        self.sites.push(name.to_string());
+        (self.sites.len() - 1) as u32
+    }
+
+    /// Adds a tensor (not yet allocated).
+    pub fn tensor(&mut self, law: Law, term: Term, site: u32) -> TensorId {
+        self.tensors.push(Tensor { law, term, site });
+        (self.tensors.len() - 1) as TensorId
+    }
+
+    /// Adds a tensor and allocates it.
+    pub fn alloc(&mut self, law: Law, term: Term, site: u32) -> TensorId {
+        let id = self.tensor(law, term, site);
+        self.ops.push(Op::Alloc(id));
+        id
+    }
+
+    pub fn free(&mut self, id: TensorId) {
+        self.ops.push(Op::Free(id));
+    }
+
+    pub fn mark(&mut self, step: u32, phase: Phase) {
+        self.ops.push(Op::Mark { step, phase });
+    }
+
+    /// Each tensor's bytes at micro-batch `b` and sequence length `s`.
+    pub fn sizes(&self, b: u64, s: u64) -> Vec<u64> {
+        let (b, s) = (b as f64, s as f64);
+        self.tensors.iter().map(|t| t.law.bytes(b, s)).collect()
+    }
+
+    /// Checks the invariants of the module documentation.
+    pub fn check(&self) -> Result<(), Malformed> {
+        let mut state = vec![0u8; self.tensors.len()];
+        let mut last_mark = (0u32, Phase::Setup);
+        for (i, op) in self.ops.iter().enumerate() {
+            match *op {
+                Op::Alloc(t) | Op::Free(t) if t as usize >= self.tensors.len() => {
+                    return Err(Malformed(format!("operation {i} names tensor {t}, which does not exist")));
+                }
+                Op::Alloc(t) => {
+                    if state[t as usize] != 0 {
+                        return Err(Malformed(format!("operation {i} allocates tensor {t} a second time")));
+                    }
+                    state[t as usize] = 1;
+                }
+                Op::Free(t) => {
+                    if state[t as usize] != 1 {
+                        return Err(Malformed(format!("operation {i} frees tensor {t}, which is not live")));
+                    }
+                    state[t as usize] = 2;
+                }
+                Op::Mark { step, phase } => {
+                    if (step, phase) < last_mark {
+                        return Err(Malformed(format!(
+                            "operation {i} begins step {step}'s {phase} after step {}'s {}",
+                            last_mark.0, last_mark.1
+                        )));
+                    }
+                    last_mark = (step, phase);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The peak of live bytes at `sizes`, exactly as the program holds them (no rounding,
+    /// no allocator): the closed-form pass that searches use to prune before replaying.
+    pub fn live_peak(&self, sizes: &[u64]) -> LivePeak {
+        let mut live = ByTerm::default();
+        let mut total = 0u64;
+        let mut best = LivePeak::default();
+        let (mut step, mut phase) = (0u32, None);
+        for (i, op) in self.ops.iter().enumerate() {
+            match *op {
+                Op::Alloc(t) => {
+                    let n = sizes[t as usize];
+                    live.add(self.tensors[t as usize].term, n);
+                    total += n;
+                    if total > best.bytes {
+                        best = LivePeak { bytes: total, by_term: live, at: i, step, phase };
+                    }
+                }
+                Op::Free(t) => {
+                    let n = sizes[t as usize];
+                    live.sub(self.tensors[t as usize].term, n);
+                    total -= n;
+                }
+                Op::Mark { step: st, phase: ph } => {
+                    step = st;
+                    phase = Some(ph);
+                }
+            }
+        }
+        best
+    }
+
+    /// The live peak of each phase of step `step` — forward, backward, optimizer — and of
+    /// the whole step, exactly as the program holds them (what the CPU ground truth measures).
+    pub fn step_peaks(&self, sizes: &[u64], step: u32) -> ([u64; 3], u64) {
+        let mut total = 0u64;
+        let mut peaks = [0u64; 3];
+        let mut current: Option<usize> = None;
+        for op in &self.ops {
+            match *op {
+                Op::Alloc(t) => {
+                    total += sizes[t as usize];
+                    if let Some(k) = current {
+                        peaks[k] = peaks[k].max(total);
+                    }
+                }
+                Op::Free(t) => total -= sizes[t as usize],
+                Op::Mark { step: st, phase } => {
+                    current = match phase {
+                        _ if st != step => None,
+                        Phase::Setup => None,
+                        Phase::Forward => Some(0),
+                        Phase::Backward => Some(1),
+                        Phase::Optimizer => Some(2),
+                    };
+                    // A phase holds at least what it began with.
+                    if let Some(k) = current {
+                        peaks[k] = peaks[k].max(total);
+                    }
+                }
+            }
+        }
+        (peaks, peaks.into_iter().max().unwrap_or(0))
+    }
+
+    /// Allocations in the program.
+    pub fn allocations(&self) -> usize {
+        self.ops.iter().filter(|o| matches!(o, Op::Alloc(_))).count()
+    }
+
+    /// The program at `sizes` as a headroom JSONL trace (docs/TRACE_FORMAT.md) that
+    /// `headroom replay` reads: one line per allocation and free. The format has no room
+    /// for anything but the operation, so each id says what the tensor is: its index, the
+    /// step and phase that made it, its term and its site
+    /// (`"17 step2.forward activations model.layers.3.mlp"`).
+    pub fn to_jsonl(&self, sizes: &[u64]) -> String {
+        let mut out = String::with_capacity(self.ops.len() * 64);
+        let mut names: Vec<Option<String>> = vec![None; self.tensors.len()];
+        let mut at = String::from("setup");
+        for op in &self.ops {
+            match *op {
+                Op::Alloc(t) => {
+                    let tensor = &self.tensors[t as usize];
+                    let site = self.sites.get(tensor.site as usize).map(String::as_str).unwrap_or("");
+                    let id = serde_json::Value::String(format!("{t} {at} {} {site}", tensor.term.name())).to_string();
+                    out.push_str(&format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":{}}}\n", sizes[t as usize]));
+                    names[t as usize] = Some(id);
+                }
+                Op::Free(t) => {
+                    if let Some(id) = &names[t as usize] {
+                        out.push_str(&format!("{{\"op\":\"free\",\"id\":{id}}}\n"));
+                    }
+                }
+                Op::Mark { step, phase } => {
+                    at = if phase == Phase::Setup { "setup".into() } else { format!("step{step}.{}", phase.name()) };
+                }
+            }
+        }
+        out
+    }
+}

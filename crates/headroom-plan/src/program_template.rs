@@ -1,0 +1,403 @@
+//! What a transformers training job allocates and frees, tensor by tensor, as recorded:
+//! the program templates of `data/programs/*.json`.
+//!
+//! `scripts/validate/step_programs.py` runs each family's code (per head, precision,
+//! attention kernel and checkpointing) on CPU the way a user's script does — the model
+//! built, AdamW created, two steps of forward, backward, `opt.step()`, `zero_grad` — at five
+//! layers and three shapes, and keeps every allocation and free with the layer it belongs
+//! to and the law its size follows in the model's dimensions. A template holds:
+//!
+//! - `params`: the parameters in `model.parameters()` order, each a product of units
+//!   (`q*h`) times a count and its bytes per element, with its layer;
+//! - `laws`, `sites`: tables the tensors point into;
+//! - `tensors`: `[law, term, site, param, grad, kernel, home]` — what the tensor is a
+//!   parameter or gradient of, the kernel it comes from where the GPU's differs (`sdpa`,
+//!   `dropout`, `dropout-mask`, `repeat_kv`), and its layer;
+//! - `setup`, `step1`, `step`: the events of building the model, of the first step's
+//!   forward and backward, and of a later one's (`step1` null when they are alike), each
+//!   `kind, tensor, layer` (kind 0 allocates, 1 frees); `backward`: where each step's
+//!   backward begins.
+//!
+//! A layer is `stack × 100 + n` with n in 0..5: the planner keeps the first [`EDGE`] and
+//! the last [`EDGE`] layers as recorded and repeats the middle one for every layer between
+//! ([`crate::synth::hf`]); `check` is what the recorder saw at seven layers, which that
+//! expansion reproduces exactly (tested). The optimizer step is not in the template: the
+//! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
+//! (foreach) step it is tested against.
+
+use crate::model::Model;
+use crate::program::{Law, Term};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// Layers kept as recorded at each end of a stack.
+pub const EDGE: u32 = 2;
+/// Layers a stack was recorded with.
+pub const RECORDED_LAYERS: u32 = 5;
+
+/// A layer of the recording: the stack (0 the main one, 1 T5's encoder) and its index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Layer {
+    pub stack: u8,
+    pub n: u8,
+}
+
+impl Layer {
+    fn decode(code: i64) -> Option<Layer> {
+        (code >= 0).then(|| Layer { stack: (code / 100) as u8, n: (code % 100) as u8 })
+    }
+
+    /// Whether this is the middle layer that stands for every layer between the edges.
+    pub fn is_middle(self) -> bool {
+        (EDGE..RECORDED_LAYERS - EDGE).contains(&(self.n as u32))
+    }
+}
+
+/// What produced a tensor, where a GPU produces it otherwise than the CPU it was recorded on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Nothing special.
+    None,
+    /// A fused SDPA kernel's output, statistics or gradients.
+    Sdpa,
+    /// Dropout's output (or its backward's).
+    Dropout,
+    /// Dropout's noise, kept for the backward: the activations' dtype on CPU, one byte an
+    /// element on a GPU.
+    DropoutMask,
+    /// transformers' `repeat_kv` copies of keys and values, made only between one key-value
+    /// head (a view) and one per query head (no copy).
+    RepeatKv,
+}
+
+/// A parameter of the template.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub name: String,
+    pub law: Law,
+    pub layer: Option<Layer>,
+}
+
+/// A tensor of the template.
+#[derive(Clone, Debug)]
+pub struct TensorT {
+    /// In bytes once [`Parsed::resolved`] gives the units their sizes.
+    pub law: Law,
+    law_index: usize,
+    pub term: Term,
+    pub site: u32,
+    /// The parameter it is, or is the gradient of.
+    pub param: Option<u32>,
+    pub grad: Option<u32>,
+    pub kernel: Kernel,
+    pub home: Option<Layer>,
+}
+
+/// One recorded event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventT {
+    pub free: bool,
+    pub tensor: u32,
+    pub layer: Option<Layer>,
+}
+
+/// What the recorder saw at [`Check::layers`] layers, for the expansion's test.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct SectionCheck {
+    pub events: usize,
+    pub peak: u64,
+    pub digest: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Check {
+    pub layers: u32,
+    pub batch: u64,
+    pub seq: u64,
+    pub setup: SectionCheck,
+    pub step1: SectionCheck,
+    pub step: SectionCheck,
+}
+
+/// One optimizer step as recorded: allocations above a few bytes, their bytes, the live peak
+/// over where the step began.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub struct OptimizerStep {
+    pub allocations: u64,
+    pub bytes: u64,
+    pub peak: u64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub struct OptimizerCheck {
+    pub step1: OptimizerStep,
+    pub step2: OptimizerStep,
+}
+
+/// A recorded job.
+#[derive(Clone, Debug)]
+pub struct Template {
+    /// The recording's dimensions, in the units' names.
+    pub dims: BTreeMap<String, f64>,
+    pub params: Vec<Param>,
+    pub sites: Vec<String>,
+    pub tensors: Vec<TensorT>,
+    pub setup: Vec<EventT>,
+    /// `None`: the first step makes what `step` makes.
+    pub step1: Option<Vec<EventT>>,
+    pub step: Vec<EventT>,
+    /// Where the backward begins in `step1` and `step`.
+    pub backward: [usize; 2],
+    pub check: Check,
+    pub optimizer_check: OptimizerCheck,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    dims: BTreeMap<String, f64>,
+    params: Vec<(String, String, f64, f64, i64)>,
+    laws: Vec<BTreeMap<String, BTreeMap<String, f64>>>,
+    sites: Vec<String>,
+    tensors: Vec<(usize, usize, u32, i64, i64, String, i64)>,
+    setup: Vec<i64>,
+    step1: Option<Vec<i64>>,
+    step: Vec<i64>,
+    backward: (Option<usize>, Option<usize>),
+    check: Check,
+    optimizer_check: OptimizerCheck,
+}
+
+/// A template's law in units, before a model gives the units their sizes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UnitLaw(Vec<(LawKind, String, f64)>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LawKind {
+    Fixed,
+    Token,
+    TokenPosition,
+    Sequence,
+    Position,
+    PositionSquare,
+}
+
+impl UnitLaw {
+    fn parse(raw: &BTreeMap<String, BTreeMap<String, f64>>) -> Result<UnitLaw, String> {
+        let mut out = Vec::new();
+        for (kind, units) in raw {
+            let kind = match kind.as_str() {
+                "fixed" => LawKind::Fixed,
+                "tok" => LawKind::Token,
+                "tok_s" => LawKind::TokenPosition,
+                "seq" => LawKind::Sequence,
+                "pos" => LawKind::Position,
+                "pos_s" => LawKind::PositionSquare,
+                other => return Err(format!("unknown law kind `{other}`")),
+            };
+            for (u, c) in units {
+                for part in u.split('*') {
+                    if !UNITS.contains(&part) {
+                        return Err(format!("unknown unit `{part}`"));
+                    }
+                }
+                out.push((kind, u.clone(), *c));
+            }
+        }
+        Ok(UnitLaw(out))
+    }
+
+    /// The law in bytes for a model whose units are `units`.
+    pub fn resolve(&self, units: &dyn Fn(&str) -> f64) -> Law {
+        let mut law = Law::default();
+        for (kind, u, c) in &self.0 {
+            let v = c * u.split('*').map(units).product::<f64>();
+            match kind {
+                LawKind::Fixed => law.fixed += v,
+                LawKind::Token => law.per_token += v,
+                LawKind::TokenPosition => law.per_token_position += v,
+                LawKind::Sequence => law.per_sequence += v,
+                LawKind::Position => law.per_position += v,
+                LawKind::PositionSquare => law.per_position_square += v,
+            }
+        }
+        law
+    }
+}
+
+const UNITS: [&str; 15] = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv"];
+
+/// The size of a unit in `model`.
+pub fn unit(model: &Model, name: &str) -> f64 {
+    let k = model.experts_per_token.max(1);
+    (match name {
+        "h" => model.hidden,
+        "f" => model.intermediate,
+        "q" => model.heads * model.head_dim,
+        "kv" => model.kv_heads * model.head_dim,
+        "qkv" => (model.heads + 2 * model.kv_heads) * model.head_dim,
+        "kf" => k * model.intermediate,
+        "kh" => k * model.hidden,
+        "heads" => model.heads,
+        "kv_heads" => model.kv_heads,
+        "d" => model.head_dim,
+        "V" => model.vocab,
+        "E" => model.experts.max(1),
+        "k" => k,
+        "P" => model.max_position,
+        _ => 1,
+    }) as f64
+}
+
+fn term(code: usize) -> Result<Term, String> {
+    Term::ALL.get(code).copied().ok_or_else(|| format!("unknown term {code}"))
+}
+
+fn kernel(name: &str) -> Result<Kernel, String> {
+    Ok(match name {
+        "" => Kernel::None,
+        "sdpa" => Kernel::Sdpa,
+        "dropout" => Kernel::Dropout,
+        "dropout-mask" => Kernel::DropoutMask,
+        "repeat_kv" => Kernel::RepeatKv,
+        other => return Err(format!("unknown kernel `{other}`")),
+    })
+}
+
+fn events(flat: &[i64], tensors: usize) -> Result<Vec<EventT>, String> {
+    if flat.len() % 3 != 0 {
+        return Err("a section's length is not a multiple of 3".into());
+    }
+    flat.chunks(3)
+        .map(|c| {
+            let t = u32::try_from(c[1]).ok().filter(|&t| (t as usize) < tensors);
+            match (c[0], t) {
+                (0 | 1, Some(tensor)) => Ok(EventT { free: c[0] == 1, tensor, layer: Layer::decode(c[2]) }),
+                _ => Err(format!("a malformed event {c:?}")),
+            }
+        })
+        .collect()
+}
+
+/// A template with its laws in units: resolve them for a model with [`Template::laws_for`].
+pub struct Parsed {
+    pub template: Template,
+    laws: Vec<UnitLaw>,
+    param_laws: Vec<UnitLaw>,
+}
+
+impl Parsed {
+    fn parse(text: &str) -> Result<Parsed, String> {
+        let raw: Raw = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let laws = raw.laws.iter().map(UnitLaw::parse).collect::<Result<Vec<_>, _>>()?;
+        let mut param_laws = Vec::new();
+        let mut params = Vec::new();
+        for (name, units, count, bytes, layer) in &raw.params {
+            let mut m = BTreeMap::new();
+            m.insert(units.clone(), count * bytes);
+            let mut k = BTreeMap::new();
+            k.insert("fixed".to_string(), m);
+            param_laws.push(UnitLaw::parse(&k)?);
+            params.push(Param { name: name.clone(), law: Law::default(), layer: Layer::decode(*layer) });
+        }
+        let mut tensors = Vec::new();
+        for &(law, t, site, param, grad, ref k, home) in &raw.tensors {
+            if law >= laws.len() || site as usize >= raw.sites.len() {
+                return Err("a tensor points outside the tables".into());
+            }
+            let index = |v: i64| u32::try_from(v).ok().filter(|&p| (p as usize) < params.len());
+            tensors.push(TensorT {
+                law: Law::default(),
+                law_index: law,
+                term: term(t)?,
+                site,
+                param: index(param),
+                grad: index(grad),
+                kernel: kernel(k)?,
+                home: Layer::decode(home),
+            });
+        }
+        let n = tensors.len();
+        let step = events(&raw.step, n)?;
+        let step1 = raw.step1.as_deref().map(|s| events(s, n)).transpose()?;
+        let backward = [
+            raw.backward.0.unwrap_or(step1.as_ref().map_or(step.len(), Vec::len)),
+            raw.backward.1.unwrap_or(step.len()),
+        ];
+        Ok(Parsed {
+            template: Template {
+                dims: raw.dims,
+                params,
+                sites: raw.sites,
+                tensors,
+                setup: events(&raw.setup, n)?,
+                step1,
+                step,
+                backward,
+                check: raw.check,
+                optimizer_check: raw.optimizer_check,
+            },
+            laws,
+            param_laws,
+        })
+    }
+
+    /// The template with every law in bytes for the units `units` gives.
+    pub fn resolved(&self, units: &dyn Fn(&str) -> f64) -> Template {
+        let mut t = self.template.clone();
+        for x in &mut t.tensors {
+            x.law = self.laws[x.law_index].resolve(units);
+        }
+        for (p, law) in t.params.iter_mut().zip(&self.param_laws) {
+            p.law = law.resolve(units);
+        }
+        t
+    }
+}
+
+#[derive(Deserialize)]
+struct File<'a> {
+    #[serde(borrow)]
+    templates: BTreeMap<String, &'a RawValue>,
+}
+
+/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`).
+fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
+    static B: OnceLock<BTreeMap<String, &'static RawValue>> = OnceLock::new();
+    B.get_or_init(|| {
+        let mut all = BTreeMap::new();
+        for text in FILES {
+            let f: File<'static> = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("the bundled program templates do not parse: {e}"));
+            all.extend(f.templates);
+        }
+        all
+    })
+}
+
+const FILES: &[&str] = &[include_str!("../../../data/programs/hf.json")];
+
+/// The template recorded under `key`, parsed (each once per process).
+pub fn template(key: &str) -> Option<&'static Parsed> {
+    static PARSED: OnceLock<std::sync::Mutex<BTreeMap<String, &'static Parsed>>> = OnceLock::new();
+    let cache = PARSED.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = cache.get(key) {
+        return Some(p);
+    }
+    let raw = bundled().get(key)?;
+    // A recording that failed is kept with its reason: no template.
+    if raw.get().starts_with("{\"error\"") {
+        return None;
+    }
+    let parsed = Parsed::parse(raw.get()).unwrap_or_else(|e| panic!("the program template {key} is malformed: {e}"));
+    let leaked: &'static Parsed = Box::leak(Box::new(parsed));
+    cache.insert(key.to_string(), leaked);
+    Some(leaked)
+}
+
+/// Every bundled key, for tests.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    bundled().keys().map(String::as_str)
+}

@@ -1,0 +1,516 @@
+//! transformers' training job as a program: its recorded template
+//! ([`crate::program_template`]) expanded to the model's depth and shape, with what a GPU
+//! does otherwise than the CPU it was recorded on.
+//!
+//! Expansion: a template keeps the first [`EDGE`] and last [`EDGE`] layers of each stack as
+//! recorded and repeats the middle layer's events for every layer between, ascending in
+//! the forward and descending in the backward. An event touches a tensor of its own layer
+//! or of one up to [`EDGE`] layers away (relative: transformers frees a layer's output two
+//! layers later), or of a layer farther away (the recorded layer stands for its own).
+//!
+//! On a GPU ([`Device::Gpu`]):
+//! - SDPA runs the kernel PyTorch picks for the dtype and head layout
+//!   (research/sdpa-backends.md): a fused kernel keeps what the CPU's fused kernel keeps
+//!   (the output and its log-sum-exp); fp32 with grouped key-value heads takes the math path,
+//!   recorded on CPU as its own template (`sdpa-math`), whose s × s probabilities it keeps;
+//! - dropout keeps a one-byte mask where the CPU keeps its noise in the activations' dtype;
+//! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
+//!   backward's thread, kept for the life of the process.
+//!
+//! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
+//! the head's weight; the head's gradient, made first in the backward, is the shared one,
+//! and the embedding's gradient, made last, is added to it — in place in fp32, out of place
+//! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
+
+use super::optimizer::{self, OptimizerParam};
+use super::{Device, StateScale, SynthError};
+use crate::job::{Attention, Checkpointing, Precision, TrainConfig};
+use crate::model::Head;
+use crate::model::{Family, Model};
+use crate::program::{Law, Phase, Program, TensorId, Term};
+use crate::program_template::{self, unit, EventT, Kernel, Layer, Template, EDGE, RECORDED_LAYERS};
+use crate::recipe::{measured_code, measured_precision};
+use std::collections::HashMap;
+
+/// A concrete layer: (stack, index).
+type Concrete = (u8, u32);
+
+/// The template key for a job, and whether SDPA takes the math path.
+pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, SynthError> {
+    if cfg.compile {
+        return Err(SynthError::NoTemplate("torch.compile's steps were recorded as moments, not tensor by tensor"));
+    }
+    if cfg.finetune != crate::job::Finetune::Full {
+        return Err(SynthError::NoTemplate("adapters were not recorded tensor by tensor"));
+    }
+    let precision =
+        measured_precision(cfg.precision).ok_or(SynthError::NoTemplate("fp8 is not a transformers precision"))?;
+    let checkpointed = match cfg.checkpointing {
+        Checkpointing::None => false,
+        Checkpointing::Full => true,
+        _ => return Err(SynthError::NoTemplate("transformers checkpoints whole layers or none")),
+    };
+    let head = match cfg.head {
+        Head::SeqCls => return Err(SynthError::NoTemplate("no classification step was recorded")),
+        _ if model.family == Family::T5 => "seq2seq-lm",
+        Head::MaskedLm => "masked-lm",
+        Head::CausalLm if model.generates() => "causal-lm",
+        Head::CausalLm => "masked-lm",
+    };
+    let family = program_family(model);
+    let attention = match cfg.attention {
+        Attention::Eager => "eager",
+        Attention::Sdpa | Attention::Flash if sdpa_math(model, cfg.precision, device) => "sdpa-math",
+        Attention::Sdpa | Attention::Flash => "sdpa",
+    };
+    let ck = if checkpointed { "ckpt" } else { "full" };
+    let key = |attn: &str| format!("{family}/{head}/{precision}/{attn}/{ck}");
+    // Families without an SDPA path in transformers run eager whatever is asked.
+    [key(attention), key("eager")]
+        .into_iter()
+        .find(|k| program_template::template(k).is_some())
+        .ok_or(SynthError::NoTemplate("this family, precision, attention and checkpointing were not recorded"))
+}
+
+/// The transformers code whose recording holds for `model`.
+fn program_family(model: &Model) -> &'static str {
+    match model.model_type {
+        "qwen3" if program_template::keys().any(|k| k.starts_with("qwen3/")) => "qwen3",
+        "gemma2" if program_template::keys().any(|k| k.starts_with("gemma2/")) => "gemma2",
+        _ => measured_code(model),
+    }
+}
+
+/// Whether a GPU runs SDPA as its composite math path: no fused kernel takes fp32 with
+/// grouped key-value heads (flash and cuDNN need 16 bits; PyTorch 2.11's memory-efficient
+/// kernel needs as many key-value heads as heads), and transformers passes `enable_gqa`
+/// when there is no mask (research/sdpa-backends.md §1, §3).
+pub fn sdpa_math(model: &Model, precision: Precision, device: Device) -> bool {
+    matches!(device, Device::Gpu(_)) && precision == Precision::Fp32 && model.kv_heads < model.heads
+}
+
+/// Bytes an activation element takes in the job's precision.
+fn activation_bytes(p: Precision) -> f64 {
+    if p == Precision::Fp32 {
+        4.0
+    } else {
+        2.0
+    }
+}
+
+/// Whether the model trains with dropout: transformers' GPT-2, BERT and T5 configs default
+/// to 0.1; the other families here to 0.
+pub fn has_dropout(model: &Model) -> bool {
+    matches!(model.family, Family::Gpt2 | Family::Bert | Family::T5)
+}
+
+struct Expander {
+    layers: [u32; 2],
+}
+
+impl Expander {
+    fn concrete(&self, n: u8, stack: u8, j: Option<u32>) -> u32 {
+        let n = n as u32;
+        if n < EDGE {
+            n
+        } else if n >= RECORDED_LAYERS - EDGE {
+            self.layers[stack as usize] - (RECORDED_LAYERS - n)
+        } else {
+            j.unwrap_or(EDGE)
+        }
+    }
+
+    /// Which instance of a tensor of home layer `h` an event at `ctx` (replica `j` where
+    /// `ctx` is the middle layer) touches.
+    fn instance(&self, h: Option<Layer>, ctx: Option<Layer>, j: Option<u32>) -> Option<Concrete> {
+        let h = h?;
+        match ctx {
+            Some(c) if c.stack == h.stack && (h.n as i64 - c.n as i64).unsigned_abs() <= EDGE as u64 => {
+                let here = self.concrete(c.n, c.stack, j) as i64;
+                Some((h.stack, (here + h.n as i64 - c.n as i64) as u32))
+            }
+            _ => Some((h.stack, self.concrete(h.n, h.stack, None))),
+        }
+    }
+
+    /// The events of a section expanded: (event, replica of the middle layer).
+    fn expand(&self, events: &[EventT]) -> Vec<(EventT, Option<u32>)> {
+        let mut out = Vec::with_capacity(events.len() * 2);
+        let mut i = 0;
+        while i < events.len() {
+            let e = events[i];
+            let Some(ctx) = e.layer.filter(|l| l.is_middle()) else {
+                out.push((e, None));
+                i += 1;
+                continue;
+            };
+            let mut end = i;
+            while end < events.len() && events[end].layer == Some(ctx) {
+                end += 1;
+            }
+            let outer = |e: &EventT| e.layer.filter(|l| l.stack == ctx.stack && !l.is_middle()).map(|l| l.n);
+            let before = events[..i].iter().rev().find_map(outer);
+            let after = events[end..].iter().find_map(outer);
+            let ascending = match (before, after) {
+                (Some(b), _) => b < ctx.n,
+                (None, Some(a)) => a > ctx.n,
+                (None, None) => true,
+            };
+            let replicas = EDGE..self.layers[ctx.stack as usize] - EDGE;
+            let run = &events[i..end];
+            let mut push = |j: u32| out.extend(run.iter().map(|&e| (e, Some(j))));
+            if ascending {
+                replicas.for_each(&mut push);
+            } else {
+                replicas.rev().for_each(&mut push);
+            }
+            i = end;
+        }
+        out
+    }
+}
+
+/// What [`program`] builds.
+pub struct HfProgram {
+    pub program: Program,
+    /// The template it was made from.
+    pub key: String,
+}
+
+/// The job's program: the model built, then `steps` optimizer steps of `cfg.accumulation`
+/// micro-batches each, `zero_grad(set_to_none=True)` after each step.
+pub fn program(
+    model: &Model,
+    cfg: &TrainConfig,
+    device: Device,
+    steps: u32,
+    scale: &StateScale,
+) -> Result<HfProgram, SynthError> {
+    let key = key(model, cfg, device)?;
+    let parsed = program_template::template(&key).ok_or(SynthError::NoTemplate("not recorded"))?;
+    let t = parsed.resolved(&|u| unit(model, u));
+    let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as u32 } else { 0 };
+    let main = model.layers as u32 - encoder;
+    let layers = [main, encoder];
+    let stacks_used = t.tensors.iter().filter_map(|x| x.home).map(|h| h.stack).collect::<Vec<_>>();
+    for s in stacks_used {
+        if layers[s as usize] < 2 * EDGE {
+            return Err(SynthError::NoTemplate("fewer layers a stack than the template keeps at its ends"));
+        }
+    }
+    let ex = Expander { layers };
+    let mut b = Builder::new(model, cfg, device, &t, &ex, scale);
+    b.build(&key, steps)?;
+    Ok(HfProgram { program: b.p, key })
+}
+
+struct Builder<'a> {
+    model: &'a Model,
+    cfg: &'a TrainConfig,
+    device: Device<'a>,
+    t: &'a Template,
+    ex: &'a Expander,
+    scale: &'a StateScale,
+    p: Program,
+    /// Concrete parameters in `model.parameters()` order: (template param, layer).
+    params: Vec<(u32, Option<Concrete>)>,
+    param_index: HashMap<(u32, Option<Concrete>), usize>,
+    /// The tied head: (the head's template parameter, the embedding's).
+    tied: Option<(u32, u32)>,
+    setup: HashMap<(u32, Option<Concrete>), TensorId>,
+    /// The gradients of the step in progress, by concrete parameter.
+    grads: Vec<Option<TensorId>>,
+    dropout: bool,
+}
+
+impl<'a> Builder<'a> {
+    fn new(
+        model: &'a Model,
+        cfg: &'a TrainConfig,
+        device: Device<'a>,
+        t: &'a Template,
+        ex: &'a Expander,
+        scale: &'a StateScale,
+    ) -> Self {
+        let head = t.params.iter().position(|p| is_head(&p.name));
+        let embedding = t.params.iter().position(|p| is_embedding(&p.name));
+        let tied = match (model.tied_embeddings, head, embedding) {
+            (true, Some(h), Some(e)) => Some((h as u32, e as u32)),
+            _ => None,
+        };
+        let mut b = Builder {
+            model,
+            cfg,
+            device,
+            t,
+            ex,
+            scale,
+            p: Program::default(),
+            params: Vec::new(),
+            param_index: HashMap::new(),
+            tied,
+            setup: HashMap::new(),
+            grads: Vec::new(),
+            dropout: has_dropout(model) && matches!(device, Device::Gpu(_)),
+        };
+        b.expand_params();
+        b
+    }
+
+    fn expand_params(&mut self) {
+        let mut i = 0;
+        let ps = &self.t.params;
+        while i < ps.len() {
+            let Some(l) = ps[i].layer.filter(|l| l.is_middle()) else {
+                let layer = ps[i].layer.map(|l| (l.stack, self.ex.concrete(l.n, l.stack, None)));
+                if self.tied.is_none_or(|(h, _)| h != i as u32) {
+                    self.push_param(i as u32, layer);
+                }
+                i += 1;
+                continue;
+            };
+            let mut end = i;
+            while end < ps.len() && ps[end].layer == Some(l) {
+                end += 1;
+            }
+            for j in EDGE..self.ex.layers[l.stack as usize] - EDGE {
+                for k in i..end {
+                    self.push_param(k as u32, Some((l.stack, j)));
+                }
+            }
+            i = end;
+        }
+        self.grads = vec![None; self.params.len()];
+    }
+
+    fn push_param(&mut self, k: u32, layer: Option<Concrete>) {
+        self.param_index.insert((k, layer), self.params.len());
+        self.params.push((k, layer));
+    }
+
+    /// A template tensor's law on this device, or `None` where the device makes no such tensor.
+    fn law(&self, x: &program_template::TensorT) -> Option<Law> {
+        let law = x.law;
+        match x.kernel {
+            Kernel::RepeatKv if !(self.model.kv_heads > 1 && self.model.kv_heads < self.model.heads) => None,
+            Kernel::Dropout if !self.dropout => None,
+            Kernel::DropoutMask if !self.dropout => None,
+            Kernel::DropoutMask => Some(law.scaled(1.0 / activation_bytes(self.cfg.precision))),
+            _ => Some(match x.term {
+                Term::Weights => law.scaled(self.scale.weights),
+                Term::Gradients => law.scaled(self.scale.gradients),
+                _ => law,
+            }),
+        }
+    }
+
+    fn build(&mut self, key: &str, steps: u32) -> Result<(), SynthError> {
+        let site = self.p.site(key);
+        let _ = site;
+        self.p.mark(0, Phase::Setup);
+        let setup = self.ex.expand(&self.t.setup);
+        for (e, j) in setup {
+            let x = &self.t.tensors[e.tensor as usize];
+            let inst = (e.tensor, self.ex.instance(x.home, e.layer, j));
+            if e.free {
+                if let Some(id) = self.setup.remove(&inst) {
+                    self.p.free(id);
+                }
+                continue;
+            }
+            if let (Some(param), Some((head, _))) = (x.param, self.tied) {
+                if param == head {
+                    continue;
+                }
+            }
+            if let Some(law) = self.law(x) {
+                let site = self.site(x.site);
+                let id = self.p.alloc(law, x.term, site);
+                self.setup.insert(inst, id);
+            }
+        }
+        let states = self.optimizer_params();
+        let mut opt = optimizer::State::default();
+        for step in 1..=steps {
+            let section: &[EventT] =
+                if step == 1 { self.t.step1.as_deref().unwrap_or(&self.t.step) } else { &self.t.step };
+            let backward = self.t.backward[if step == 1 && self.t.step1.is_some() { 0 } else { 1 }];
+            for micro in 1..=self.cfg.accumulation.max(1) {
+                self.micro_batch(section, backward, step, micro == 1);
+            }
+            self.p.mark(step, Phase::Optimizer);
+            let grads: Vec<Option<TensorId>> = std::mem::take(&mut self.grads);
+            optimizer::step(&mut self.p, &mut opt, &states, &grads, self.cfg, self.device);
+            // zero_grad(set_to_none=True): every gradient dropped, in parameter order.
+            for g in grads.iter().flatten() {
+                self.p.free(*g);
+            }
+            self.grads = vec![None; self.params.len()];
+        }
+        Ok(())
+    }
+
+    fn optimizer_params(&self) -> Vec<OptimizerParam> {
+        self.params
+            .iter()
+            .map(|&(k, _)| OptimizerParam { law: self.t.params[k as usize].law.scaled(self.scale.optimizer) })
+            .collect()
+    }
+
+    fn site(&mut self, s: u32) -> u32 {
+        let name = self.t.sites.get(s as usize).cloned().unwrap_or_default();
+        self.p.site(&name)
+    }
+
+    /// One micro-batch's forward and backward. The first micro-batch of a step makes the
+    /// gradients; a later one adds its own to them and drops it.
+    fn micro_batch(&mut self, section: &[EventT], backward: usize, step: u32, first: bool) {
+        let gpu = matches!(self.device, Device::Gpu(_));
+        self.p.mark(step, Phase::Forward);
+        if gpu && step == 1 && first {
+            self.workspace();
+        }
+        let (fwd, bwd) = section.split_at(backward.min(section.len()));
+        let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::new();
+        for (part, events) in [(Phase::Forward, fwd), (Phase::Backward, bwd)] {
+            if part == Phase::Backward {
+                self.p.mark(step, Phase::Backward);
+                if gpu && step == 1 && first {
+                    self.workspace();
+                }
+            }
+            for (e, j) in self.ex.expand(events) {
+                let x = &self.t.tensors[e.tensor as usize];
+                let layer = self.ex.instance(x.home, e.layer, j);
+                let inst = (e.tensor, layer);
+                if e.free {
+                    if let Some(id) = live.remove(&inst).or_else(|| self.setup.remove(&inst)) {
+                        self.p.free(id);
+                    }
+                    continue;
+                }
+                let Some(law) = self.law(x) else { continue };
+                let site = self.site(x.site);
+                let id = self.p.alloc(law, x.term, site);
+                match x.grad.map(|g| self.param_index.get(&(g, layer)).copied()) {
+                    None => {
+                        live.insert(inst, id);
+                    }
+                    // The tied head's gradient is not the head's: the embedding's grows into it.
+                    Some(None) if self.tied.is_some_and(|(h, _)| x.grad == Some(h)) => {
+                        let (_, e_) = self.tied.expect("tied");
+                        let emb = self.param_index.get(&(e_, None)).copied();
+                        self.grad(emb, id, law, site, first);
+                    }
+                    Some(None) => {
+                        live.insert(inst, id);
+                    }
+                    Some(Some(k)) => self.grad(Some(k), id, law, site, first),
+                }
+            }
+        }
+        // What the step made and did not free (a template keeps nothing of a step but its
+        // gradients): dropped with the step, in the order made.
+        let mut left: Vec<TensorId> = live.into_values().collect();
+        left.sort_unstable();
+        for id in left {
+            self.p.free(id);
+        }
+    }
+
+    /// A gradient made for parameter `k`: kept as its `.grad`, or added to the one kept.
+    fn grad(&mut self, k: Option<usize>, id: TensorId, law: Law, site: u32, first_micro_batch: bool) {
+        let Some(k) = k else {
+            self.p.free(id);
+            return;
+        };
+        match self.grads[k] {
+            None if first_micro_batch => self.grads[k] = Some(id),
+            None => self.p.free(id),
+            Some(kept) => {
+                // AccumulateGrad: in place in fp32; 16-bit sums are made anew.
+                if self.cfg.precision == Precision::Fp32 || self.cfg.precision == Precision::Amp {
+                    self.p.free(id);
+                } else {
+                    let sum = self.p.alloc(law, Term::Gradients, site);
+                    self.p.free(kept);
+                    self.p.free(id);
+                    self.grads[k] = Some(sum);
+                }
+            }
+        }
+    }
+
+    /// A cuBLAS workspace: one for the forward's thread, one for the backward's.
+    fn workspace(&mut self) {
+        if let Device::Gpu(gpu) = self.device {
+            let site = self.p.site("cuBLAS workspace");
+            self.p.alloc(Law::fixed(gpu.arch.cublas_workspace_bytes() as f64), Term::Workspace, site);
+        }
+    }
+}
+
+fn is_head(name: &str) -> bool {
+    name.starts_with("lm_head.") || name.starts_with("embed_out.")
+}
+
+fn is_embedding(name: &str) -> bool {
+    name.ends_with("embed_tokens.weight")
+        || name.ends_with("wte.weight")
+        || name.ends_with("embed_in.weight")
+        || name.ends_with("word_embeddings.weight")
+        || name.ends_with("shared.weight")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// FNV-1a over the decimal text of each item followed by `;`, as the recorder digests.
+    fn digest(items: &[String]) -> String {
+        let mut h: u64 = 0xcbf29ce484222325;
+        for x in items {
+            for b in x.bytes().chain(std::iter::once(b';')) {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x100000001b3);
+            }
+        }
+        format!("{h:016x}")
+    }
+
+    /// Every template, expanded to the depth the recorder checked it at, reproduces what the
+    /// recorder saw at that depth: each event's kind and bytes, in order.
+    #[test]
+    fn program_templates_expand_as_recorded() {
+        let mut checked = 0;
+        for key in program_template::keys() {
+            let Some(parsed) = program_template::template(key) else { continue };
+            let dims = parsed.template.dims.clone();
+            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) });
+            let c = &t.check;
+            let ex = Expander { layers: [c.layers, c.layers] };
+            let sections: [(&str, &[EventT], &program_template::SectionCheck); 3] = [
+                ("setup", &t.setup, &c.setup),
+                ("step1", t.step1.as_deref().unwrap_or(&t.step), &c.step1),
+                ("step", &t.step, &c.step),
+            ];
+            for (name, events, want) in sections {
+                let mut items = Vec::new();
+                let (mut live, mut peak, mut n) = (0i64, 0i64, 0usize);
+                for (e, _) in ex.expand(events) {
+                    let bytes = t.tensors[e.tensor as usize].law.bytes(c.batch as f64, c.seq as f64) as i64;
+                    live += if e.free { -bytes } else { bytes };
+                    peak = peak.max(live);
+                    items.push(if e.free { "f".to_string() } else { "a".to_string() });
+                    items.push(bytes.to_string());
+                    n += 1;
+                }
+                assert_eq!(n, want.events, "{key} {name}: events");
+                assert_eq!(peak as u64, want.peak, "{key} {name}: peak");
+                assert_eq!(digest(&items), want.digest, "{key} {name}: the events in order");
+            }
+            checked += 1;
+        }
+        assert!(checked > 0, "no template was checked");
+    }
+}

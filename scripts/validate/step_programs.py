@@ -1,0 +1,801 @@
+#!/usr/bin/env python3
+"""What a Hugging Face transformers training job allocates and frees, tensor by tensor, in
+order: the step programs `headroom plan` replays through its allocator.
+
+For each family's recording config (`infer_recipes.recording_config`: every model dimension a
+distinct size) at three layers, this runs the job as a user's script does — the model built,
+`torch.optim.AdamW` created, then two steps of forward with the loss, backward, `opt.step()`
+and `opt.zero_grad(set_to_none=True)` — under the profiler, and keeps every allocation and
+free of the CPU allocator, with the operator that made it, the layer whose module was running
+(forward and backward hooks), and what the tensor became (a parameter, a gradient, optimizer
+state, an input). It does this at three shapes (batch x sequence 2x56, 2x88, 3x56) and writes
+each tensor's size as a law in the model's dimensions: bytes fixed (a parameter's shape, in
+units such as `q*h`), per token, per token x position (eager attention's s x s), per
+sequence, per position or per position squared, each a sum of `coefficient x unit product`.
+
+A template has three sections: `setup` (the model and the inputs), `step1` (the first step's
+forward and backward) and `step` (a later one's). The optimizer step and `zero_grad` are
+left out: the planner makes them for the implementation asked (foreach, fused, for-loop);
+the recorded optimizer (AdamW with foreach) is kept apart as `optimizer_check` so a test can
+hold the planner's version to it. Each event is `[kind, tensor, layer]`: `a` allocates, `f`
+frees, and `layer` is the layer it belongs to (the layer whose module ran, or, outside any,
+the layer of the tensor it touches), as `[stack, n]` with n of 0, 1, 2: the planner repeats
+the middle layer's events for every layer between the first and the last.
+
+Left out and reported: allocations made and freed inside one operator with no operator
+inside it (CPU kernels' own scratch: a GPU kernel keeps its own, which the planner adds
+where it matters), and tensors of a few bytes (Python numbers wrapped as CPU tensors).
+
+Each template also stores what the recorder saw at four layers (`check`): the allocations
+and the live peak at one shape, which the planner's expansion of the three-layer template
+must reproduce exactly (`cargo test -p headroom-plan program_templates`).
+
+    .venv/bin/python scripts/validate/step_programs.py --out data/programs/hf.json
+    .venv/bin/python scripts/validate/step_programs.py --only llama,qwen2 --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.json
+"""
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import infer_recipes  # noqa: E402
+import measure  # noqa: E402
+
+SHAPES = ((2, 56), (2, 88), (3, 56))
+# Recorded at five layers: the first two and the last two as they are, the middle one repeated
+# for every layer between (what a layer does may reach two layers back: transformers frees a
+# layer's output only after the next one has run).
+LAYERS = 5
+EDGE = 2
+CHECK_LAYERS = 7
+# Allocations of at most this many bytes that no law explains are Python numbers the CPU wraps
+# as tensors (on a GPU they stay on the host).
+TINY = 8
+
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gpt2", "gpt_neox", "bloom")
+
+
+def layer_pattern(family):
+    if family == "t5":
+        return re.compile(r"(encoder|decoder)\.block\.(\d+)")
+    return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
+
+
+def config(family, layers):
+    cfg = dict(infer_recipes.recording_config(family)) if family in measure_families() else extra_config(family)
+    for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
+        if k in cfg:
+            cfg[k] = layers
+    return cfg
+
+
+def measure_families():
+    return {f for f, _ in measure.small_configs()}
+
+
+def extra_config(family):
+    """Recording configs of families the CPU ground truth does not measure yet."""
+    llama = infer_recipes.recording_config("llama")
+    if family == "qwen3":
+        return dict(llama, model_type="qwen3", num_key_value_heads=2, use_sliding_window=False)
+    if family == "gemma2":
+        return dict(model_type="gemma2", hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=96, intermediate_size=1024, vocab_size=4096,
+                    max_position_embeddings=2048, sliding_window=4096, query_pre_attn_scalar=96)
+    raise SystemExit(f"no recording config for {family}")
+
+
+ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv")
+# Operators whose CPU kernels keep scratch of their own, made and dropped inside one call.
+CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
+               "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+# What a tensor made under these operators is, for the planner's GPU rules: SDPA's fused
+# kernel (its outputs replaced by the GPU kernel's), dropout (a GPU keeps a one-byte mask).
+KERNEL_TAGS = (("sdpa", re.compile(r"aten::_scaled_dot_product_\w*attention\w*|ScaledDotProduct\w*Backward")),
+               ("dropout", re.compile(r"aten::dropout|aten::native_dropout\w*|aten::bernoulli_?|NativeDropoutBackward\w*")))
+
+
+class Job:
+    """One recorded run: every allocation and free in time order, and what each tensor became."""
+
+    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers):
+        self.what = f"{key(family, head, precision, attn, checkpointing)} {batch}x{seq} L{layers}"
+        cfg = config(family, layers)
+        if attn == "sdpa":
+            # A GPU's fused SDPA kernels drop out inside the kernel (its random state is two
+            # numbers): no mask. The CPU takes the math path for SDPA with dropout, so the
+            # fused kernel is recorded without it; `sdpa-math` and eager keep it.
+            for k in ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"):
+                if k in cfg or family in ("gpt2", "bert"):
+                    cfg[k] = 0.0
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        kernel = "sdpa" if attn.startswith("sdpa") else attn
+        torch.manual_seed(0)
+        grads = {}
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
+                infer_recipes.repeats_marked():
+            with record_function("setup"):
+                model = measure.build(cfg, head, kernel, dtype, dropout=True)
+                if checkpointing:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                hook_layers(model, family)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+                inputs = measure.inputs(cfg, head, batch, seq)
+            for step in (1, 2):
+                with record_function(f"step{step}.forward"), sdpa_backend(attn):
+                    if precision == "amp":
+                        with torch.autocast("cpu", dtype=torch.bfloat16):
+                            loss = model(**inputs).loss
+                    else:
+                        loss = model(**inputs).loss
+                with record_function(f"step{step}.backward"), sdpa_backend(attn):
+                    loss.backward()
+                grads[step] = {p.grad.untyped_storage().data_ptr(): i
+                               for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
+                with record_function(f"step{step}.optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        pattern = layer_pattern(family)
+        self.params = []
+        for name, p in model.named_parameters():
+            hit = re.match(pattern.pattern + r"\.", name)
+            layer = [("enc" if hit.group(1) == "encoder" else "main"), int(hit.group(2))] if hit else None
+            self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
+                                "ptr": p.untyped_storage().data_ptr()})
+        self.dims = dims(model, cfg)
+        self.grads = grads
+        persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
+        persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
+        persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in inputs.values()})
+        persistent.update({v.untyped_storage().data_ptr(): ("state", None) for st in opt.state.values()
+                           for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0})
+        self._read(prof, persistent)
+
+    def _read(self, prof, persistent):
+        events = list(prof.profiler.kineto_results.events())
+        self.ranges = sorted(((layer_tag(e.name()), e.start_ns(), e.end_ns()) for e in events
+                              if e.name().startswith("layer:")), key=lambda r: r[2] - r[1])
+        self.sections = [(e.name(), e.start_ns(), e.end_ns()) for e in events
+                         if e.name() == "setup" or re.fullmatch(r"step\d\.\w+", e.name())]
+        repeats = [(e.start_ns(), e.end_ns()) for e in events if e.name() == "repeat_kv"]
+        allocs = []
+
+        def walk(node, ops):
+            if node.tag == _EventType.Allocation:
+                a = node.extra_fields
+                allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
+                return
+            if node.tag == _EventType.TorchOp and not ANNOTATION.fullmatch(node.name):
+                ops = ops + [(node.name, id(node))]
+            for c in node.children:
+                walk(c, ops)
+
+        for root in prof.profiler.kineto_results.experimental_event_tree():
+            walk(root, [])
+        allocs.sort(key=lambda a: a[0])
+        self.tensors, self.events, live = [], [], {}
+        for t, ptr, size, ops in allocs:
+            if size > 0:
+                live[ptr] = len(self.tensors)
+                self.tensors.append({"size": size, "ops": ops, "ptr": ptr, "section": self.section_at(t),
+                                     "layer": self.layer_at(t), "freed": None,
+                                     "repeat": any(a <= t <= b for a, b in repeats)})
+                self.events.append(("a", live[ptr]))
+            elif ptr in live:
+                i = live.pop(ptr)
+                self.tensors[i]["freed"] = {"ops": ops, "section": self.section_at(t), "layer": self.layer_at(t)}
+                self.events.append(("f", i))
+        step_of = {"step1.backward": 1, "step2.backward": 2}
+        for tensor in self.tensors:
+            alive = tensor["freed"] is None
+            role = persistent.get(tensor["ptr"]) if alive else None
+            grad = self.grads.get(step_of.get(tensor["section"]), {}).get(tensor["ptr"])
+            if grad is not None and tensor["freed"] and tensor["freed"]["section"].endswith(".optimizer"):
+                role = ("grad", grad)
+            tensor["role"] = role
+            tensor["kernel"] = next((tag for tag, rx in KERNEL_TAGS
+                                     if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
+            if tensor["repeat"]:
+                tensor["kernel"] = "repeat_kv"
+            leaf = tensor["ops"][-1][0] if tensor["ops"] else ""
+            if tensor["kernel"] == "dropout" and leaf in ("aten::empty_like", "aten::bernoulli_", "aten::bernoulli"):
+                # CPU's dropout keeps its noise in the activations' dtype; a GPU's fused dropout
+                # keeps a one-byte mask instead.
+                tensor["kernel"] = "dropout-mask"
+            # CPU kernels' own scratch: made and dropped inside one call of such a kernel.
+            f = tensor["freed"]
+            tensor["scratch"] = bool(f) and any(
+                name in CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
+
+    def section_at(self, t):
+        return next((name for name, start, end in self.sections if start <= t <= end), None)
+
+    def layer_at(self, t):
+        """(the innermost layer whose module runs at `t` — a recomputed layer's forward runs
+        inside its backward — or None, the layer that ran last before `t`)."""
+        inside = next((tag for tag, start, end in self.ranges if start <= t <= end), None)
+        if inside is not None:
+            return inside, inside
+        began = next((start for name, start, end in self.sections if start <= t <= end), 0)
+        ended = [(end, tag) for tag, start, end in self.ranges if began <= start and end < t]
+        return None, (max(ended)[1] if ended else None)
+
+
+def layer_tag(name):
+    """("main", 3) for the profiler range `layer:main:3`."""
+    stack, n = name[6:].split(":")
+    return stack, int(n)
+
+
+def hook_layers(model, family):
+    pattern = layer_pattern(family)
+    for name, m in model.named_modules():
+        hit = pattern.fullmatch(name)
+        if not hit:
+            continue
+        tag = f"{'enc' if hit.group(1) == 'encoder' else 'main'}:{hit.group(2)}"
+
+        def enter(m, *a, tag=tag):
+            m._ranges = getattr(m, "_ranges", [])
+            m._ranges.append(record_function(f"layer:{tag}"))
+            m._ranges[-1].__enter__()
+
+        def leave(m, *a):
+            m._ranges.pop().__exit__(None, None, None)
+
+        m.register_forward_pre_hook(enter)
+        m.register_forward_hook(leave)
+        m.register_full_backward_pre_hook(enter)
+        m.register_full_backward_hook(leave)
+
+
+def dims(model, cfg):
+    d = infer_recipes.recipes.dims(model, cfg)
+    c = model.config
+    d["P"] = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 0) or 0
+    return d
+
+
+@contextlib.contextmanager
+def sdpa_backend(attn):
+    """`sdpa-math`: SDPA's composite math path, which a GPU takes where no fused kernel
+    serves (fp32 with grouped key-value heads): recorded on CPU by asking for it."""
+    if attn == "sdpa-math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    else:
+        yield
+
+
+def key(family, head, precision, attn, checkpointing):
+    return f"{family}/{head}/{precision}/{attn}/{'ckpt' if checkpointing else 'full'}"
+
+
+# --- laws ---------------------------------------------------------------------------------
+
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P"]
+COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
+
+
+def per_unit(nbytes, d, what):
+    """{unit: bytes per unit} for `nbytes` (per token, position or sequence): a small
+    multiple of one of the model's dimensions, or bytes (`one`) when no dimension is so small."""
+    if nbytes == 0:
+        return {}
+    if nbytes <= 16:
+        return {"one": nbytes}
+    for c in COEFFICIENTS:
+        for u in UNITS:
+            if d.get(u) and abs(nbytes - c * d[u]) < 1e-6:
+                return {u: float(c)}
+    for c in COEFFICIENTS:
+        for u in UNITS:
+            for v in UNITS:
+                if d.get(u) and d.get(v) and abs(nbytes - c * d[u] * d[v]) < 1e-6:
+                    return {f"{u}*{v}": float(c)}
+    # A dimension plus a few bytes (labels shifted by one position are padded by one).
+    for c in COEFFICIENTS:
+        for u in UNITS:
+            rest = nbytes - c * d.get(u, 0)
+            if d.get(u) and 0 < rest <= 16:
+                return {u: float(c), "one": float(rest)}
+    raise Unexplained(f"{what}: {nbytes} bytes fit no unit of {d}")
+
+
+class Unexplained(Exception):
+    pass
+
+
+def law(n1, n2, n3, d, param_shapes, what):
+    """A tensor's size seen at the three SHAPES, as {kind: {unit: bytes}} with kind
+    `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s)."""
+    (b, s1), (_, s2), (b3, _) = SHAPES
+    if n1 == n2 == n3:
+        if n1 <= TINY:
+            return {"fixed": {"one": float(n1)}}
+        for shape, units, coef in param_shapes:
+            for w in (2, 4, 1, 8):
+                if n1 == w * shape:
+                    return {"fixed": {units: float(w * coef)}}
+        return {"fixed": per_unit(n1, d, what)}
+    grows_b = n3 * b == n1 * b3
+    if grows_b or n3 == n1:
+        # One law in s, times b or not: s^2, s, or s plus a constant.
+        g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
+        kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
+        if g2 * s1 * s1 == g1 * s2 * s2:
+            per = g1 / (s1 * s1)
+            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per > 16:
+                return {kind_s: {"heads": per / d["heads"]}}
+            return {kind_s: {"one": per}}
+        slope = (g2 - g1) / (s2 - s1)
+        const = g1 - slope * s1
+        out = {kind: per_unit(slope, d, what)}
+        if abs(const) > 1e-9:
+            if const < 0 or const > 64:
+                raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
+            out[kind_1] = {"one": const}
+        return out
+    raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES} grow with the batch in part")
+
+
+def shape_units(shape, d):
+    """A parameter's shape as (coefficient, product of units): (1, "q*h"), or (3, "h*h") for
+    GPT-2's fused query-key-value projection (h x 3h)."""
+    coef, names = 1, []
+    for n in shape:
+        if n == 1:
+            continue
+        hit = next(((c, u) for c in (1, 2, 3, 4) for u in UNITS if d.get(u) and n == c * d[u]), None)
+        if hit is None:
+            raise Unexplained(f"a parameter dimension of {n} is no unit of {d}")
+        coef *= hit[0]
+        names.append(hit[1])
+    return coef, "*".join(names) or "one"
+
+
+# --- templates ----------------------------------------------------------------------------
+
+KEPT_SECTIONS = {"setup": "setup", "step1.forward": "step1", "step1.backward": "step1",
+                 "step2.forward": "step", "step2.backward": "step"}
+
+
+def kept(job):
+    """The tensors a template keeps, by index, and why each other one is left out."""
+    keep, left = [], {}
+    for i, t in enumerate(job.tensors):
+        section = KEPT_SECTIONS.get(t["section"])
+        freed = t["freed"]
+        why = None
+        if section is None:
+            why = "optimizer"
+        elif t["scratch"]:
+            why = "CPU kernel scratch"
+        elif t["size"] <= TINY and t["role"] is None:
+            why = "a Python number"
+        elif section != "setup" and t["role"] is None and not any(n.startswith("aten::") for n, _ in t["ops"]):
+            # Checkpointing's saved random-number state (a CPU tensor on a GPU too), made under
+            # an autograd node or no operator at all.
+            why = "made outside any operator"
+        elif freed and freed["section"] != t["section"] and KEPT_SECTIONS.get(freed["section"]) != section \
+                and not (t["role"] and t["role"][0] == "grad") and not (section == "setup"
+                                                                        and freed["section"].startswith("step1")):
+            why = "lives from one step into the next"
+        if why:
+            left[i] = why
+        else:
+            keep.append(i)
+    return keep, left
+
+
+def home(job, t):
+    """The layer a tensor belongs to: the one whose module made it (or ran last before), or a
+    parameter's or gradient's own."""
+    tensor = job.tensors[t]
+    role = tensor["role"]
+    if role and role[0] in ("param", "grad"):
+        layer = job.params[role[1]]["layer"]
+        if layer:
+            return (layer[0], int(layer[1]))
+    inside, last = tensor["layer"]
+    return inside if inside is not None else last
+
+
+def sequence(job, keep):
+    """The kept events by section: [(kind, tensor, layer)]. An event belongs to the layer
+    whose module ran; between layers, to the layer that ran last (what happens between two
+    layers repeats with them) — except in a run of events between layers that touches
+    tensors of three or more layers of a stack (a loop over the layers, such as the frees of
+    every layer's cache at the end of the forward), where each belongs to its tensor's layer."""
+    keep = set(keep)
+    raw = {"setup": [], "step1": [], "step": []}
+    for kind, t in job.events:
+        if t not in keep:
+            continue
+        tensor = job.tensors[t]
+        if kind == "f":
+            section = KEPT_SECTIONS.get(tensor["freed"]["section"])
+            if section is None:
+                continue  # zero_grad's frees of the gradients: the planner makes them
+            inside, last = tensor["freed"]["layer"]
+        else:
+            section = KEPT_SECTIONS[tensor["section"]]
+            inside, last = tensor["layer"]
+        part = (tensor["freed"]["section"] if kind == "f" else tensor["section"]).split(".")[-1]
+        raw[section].append([kind, t, inside, last, home(job, t), part])
+    out = {}
+    for section, events in raw.items():
+        i = 0
+        while i < len(events):
+            if events[i][2] is not None:
+                i += 1
+                continue
+            end = i
+            while end < len(events) and events[end][2] is None:
+                end += 1
+            homes = {}
+            for e in events[i:end]:
+                if e[4] is not None:
+                    homes.setdefault(e[4][0], set()).add(e[4][1])
+            loop = any(len(v) >= 3 for v in homes.values())
+            for e in events[i:end]:
+                e[2] = (e[4] if e[4] is not None else e[3]) if loop else (e[3] if e[3] is not None else e[4])
+            i = end
+        # Frees with no allocation between them leave the allocator in the same state in any
+        # order, and some come in a hash table's order (autocast's cache of weight casts):
+        # each such run in one order, by layer and then by when the tensor was made.
+        i = 0
+        while i < len(events):
+            end = i
+            while end < len(events) and events[end][0] == "f":
+                end += 1
+            if end > i + 1:
+                events[i:end] = sorted(events[i:end], key=lambda e: (e[5] == "backward", e[2] or ("", -1), e[1]))
+            i = max(end, i + 1)
+        out[section] = [(k, t, (c[0], int(c[1])) if c else None) for k, t, c, _, _, _ in events]
+        backward = next((i for i, e in enumerate(events) if e[5] == "backward"), len(events))
+        out[section + ":backward"] = backward
+    return out
+
+
+def concrete(n, stack, layers, j=None):
+    """The layer of a model with `layers` {stack: count} that recorded layer n stands for: the
+    first EDGE and the last EDGE as they are, the middle one as replica `j`."""
+    if n < EDGE:
+        return n
+    if n >= LAYERS - EDGE:
+        return layers[stack] - (LAYERS - n)
+    return j
+
+
+def expand(events, homes, layers):
+    """The events of a template recorded at LAYERS layers a stack, for `layers` {stack: n}
+    (at least 2 x EDGE): the middle layer's runs repeated for every layer between the first
+    EDGE and the last EDGE (the planner's `synth::hf` does the same). Returns
+    [(kind, (tensor, layer))]."""
+    middle = EDGE
+    out = []
+    i = 0
+    while i < len(events):
+        kind, t, ctx = events[i]
+        if ctx is None or ctx[1] != middle:
+            out.append((kind, instance(t, homes[t], ctx, None, layers)))
+            i += 1
+            continue
+        stack = ctx[0]
+        end = i
+        while end < len(events) and events[end][2] == (stack, middle):
+            end += 1
+        before = next((e[2][1] for e in reversed(events[:i]) if e[2] and e[2][0] == stack and e[2][1] != middle),
+                      None)
+        after = next((e[2][1] for e in events[end:] if e[2] and e[2][0] == stack and e[2][1] != middle), None)
+        ascending = (before is not None and before < middle) or (before is None and after is not None
+                                                                  and after > middle)
+        replicas = range(EDGE, layers[stack] - EDGE)
+        for j in (replicas if ascending else reversed(replicas)):
+            for kind, t, ctx in events[i:end]:
+                out.append((kind, instance(t, homes[t], ctx, j, layers)))
+        i = end
+    return out
+
+
+def instance(t, h, ctx, j, layers):
+    """Which instance of tensor `t` (home layer `h`) an event at `ctx` (replica `j` where
+    `ctx` is the middle layer) touches: (t, concrete layer or None). Within EDGE layers of
+    the event the reference is relative (the layer before, two before); beyond, the recorded
+    layer stands for its own concrete layer."""
+    if h is None:
+        return (t, None)
+    stack, n = h
+    if ctx is None or ctx[0] != stack or abs(n - ctx[1]) > EDGE:
+        if EDGE <= n < LAYERS - EDGE:
+            raise Unexplained(f"tensor {t} of a middle layer touched from {ctx}")
+        return (t, (stack, concrete(n, stack, layers)))
+    here = concrete(ctx[1], stack, layers, j)
+    return (t, (stack, here + (n - ctx[1])))
+
+
+def digest(items):
+    """A 64-bit FNV-1a over the decimal text of `items` (the planner computes the same)."""
+    h = 0xcbf29ce484222325
+    for x in items:
+        for byte in f"{x};".encode():
+            h ^= byte
+            h = (h * 0x100000001b3) % (1 << 64)
+    return f"{h:016x}"
+
+
+def check_of(events, sizes):
+    """What the planner's expansion must reproduce: each event's kind and bytes, digested,
+    with the count and the live peak."""
+    live = peak = 0
+    flat = []
+    for kind, (t, _) in events:
+        n = sizes[t]
+        live += n if kind == "a" else -n
+        peak = max(peak, live)
+        flat += [kind, n]
+    return {"events": len(events), "peak": peak, "digest": digest(flat)}
+
+
+def template(family, head, precision, attn, checkpointing):
+    what = key(family, head, precision, attn, checkpointing)
+    jobs = [isolated(Job, family, head, precision, attn, checkpointing, b, s, LAYERS) for b, s in SHAPES]
+    deep = isolated(Job, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS)
+    base = jobs[0]
+    keeps = [kept(j) for j in jobs]
+    if len({len(k) for k, _ in keeps}) != 1:
+        raise Unexplained(f"{what}: the step allocates {[len(k) for k, _ in keeps]} tensors at {SHAPES}")
+    d = base.dims
+    param_shapes = []
+    params = []
+    for p in base.params:
+        n = 1
+        for x in p["shape"]:
+            n *= x
+        coef, units = shape_units(p["shape"], d)
+        param_shapes.append((n, units, coef))
+        params.append({"name": p["name"], "units": units, "count": coef, "bytes": p["bytes"], "layer": p["layer"]})
+    tensors = []
+    index = {}
+    for pos, t in enumerate(keeps[0][0]):
+        ts = [j.tensors[k[0][pos]] for j, k in zip(jobs, keeps)]
+        if len({(x["section"], x["layer"], x["role"] and x["role"][0]) for x in ts}) != 1:
+            raise Unexplained(f"{what}: tensor {pos} is made in different places at different shapes")
+        tensor = ts[0]
+        role = tensor["role"]
+        section = KEPT_SECTIONS[tensor["section"]]
+        if role and role[0] in ("param", "grad"):
+            p = params[role[1]]
+            lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
+        else:
+            lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}")
+        if role and role[0] == "param" or role and role[0] == "buffer":
+            term = "weights"
+        elif role and role[0] == "grad":
+            term = "gradients"
+        elif role and role[0] == "input":
+            term = "inputs"
+        elif section == "setup":
+            term = "temporary"
+        elif any("V" in u.split("*") for kinds in lw.values() for u in kinds if kinds is not lw.get("fixed")):
+            term = "logits"
+        elif "fixed" in lw and len(lw) == 1 and tensor["size"] > 4096:
+            term = "temporary"  # AMP's 16-bit copies of the weights
+        else:
+            term = "activations"
+        leaf = next((name for name, _ in reversed(tensor["ops"])), "")
+        top = next((name for name, _ in tensor["ops"]), "")
+        entry = {"law": lw, "term": term, "site": top if top == leaf else f"{top} > {leaf}"}
+        if role and role[0] in ("param", "grad"):
+            entry[role[0]] = role[1]
+        if tensor["kernel"]:
+            entry["kernel"] = tensor["kernel"]
+        index[t] = len(tensors)
+        tensors.append(entry)
+    seq = sequence(base, keeps[0][0])
+    sections = {}
+    homes = {index[t]: home(base, t) for t in index}
+    for name, events in list(seq.items()):
+        if name.endswith(":backward"):
+            sections[name.replace(":", "_")] = seq.pop(name)
+            continue
+        sections[name] = [[k, index[t], list(c) if c else None] for k, t, c in events]
+    # The check: the deeper run's kept events, against this template expanded to its depth.
+    deep_keep, _ = kept(deep)
+    deep_seq = {k: v for k, v in sequence(deep, deep_keep).items() if ":" not in k}
+    sizes = {index[t]: base.tensors[t]["size"] for t in index}
+    stacks = {c[0] for events in seq.values() for _, _, c in events if c}
+    check = {"layers": CHECK_LAYERS, "batch": SHAPES[0][0], "seq": SHAPES[0][1]}
+    for name, events in seq.items():
+        mine = check_of(expand([(k, index[t], c) for k, t, c in events], homes, {s: CHECK_LAYERS for s in stacks}),
+                        sizes)
+        deep_sizes = {t: deep.tensors[t]["size"] for t in deep_keep}
+        theirs = check_of([(k, (t, None)) for k, t, c in deep_seq[name]], deep_sizes)
+        if mine != theirs:
+            raise Unexplained(f"{what}: the {name} section at {CHECK_LAYERS} layers is not the template's "
+                              f"expansion ({theirs} recorded, {mine} expanded)")
+        check[name] = mine
+    left = {}
+    for _, why in keeps[0][1].items():
+        left[why] = left.get(why, 0) + 1
+    optimizer = optimizer_check(base)
+    return {"dims": d, "params": params, "tensors": tensors, "homes": {str(k): v for k, v in homes.items() if v},
+            **sections, "check": check, "optimizer_check": optimizer, "left_out": left}
+
+
+def optimizer_check(job):
+    """The recorded AdamW (foreach) steps: per step, allocations, bytes and the live peak over
+    where the step began, which the planner's foreach step must reproduce on CPU."""
+    out = {}
+    for step in (1, 2):
+        name = f"step{step}.optimizer"
+        live = peak = count = total = 0
+        for kind, t in job.events:
+            tensor = job.tensors[t]
+            where = tensor["section"] if kind == "a" else tensor["freed"]["section"]
+            if where != name or (kind == "f" and tensor["section"] != name and
+                                 not (tensor["role"] and tensor["role"][0] == "grad")):
+                continue
+            n = tensor["size"]
+            if n <= TINY:
+                continue  # the CPU's step counters and wrapped numbers
+            if kind == "a":
+                live += n
+                count += 1
+                total += n
+                peak = max(peak, live)
+            else:
+                live -= n
+        out[f"step{step}"] = {"allocations": count, "bytes": total, "peak": peak}
+    return out
+
+
+def isolated(fn, *args):
+    """`fn(*args)` in a process of its own, so one recording's caches cannot change another's."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run, (fn.__name__,) + args)
+
+
+def _run(name, *args):
+    job = globals()[name](*args)
+    job.__dict__.pop("ranges", None)
+    for t in job.tensors:
+        t["ops"] = [(n, 0) for n, _ in t["ops"]]
+        if t["freed"]:
+            t["freed"]["ops"] = []
+    return job
+
+
+def keys(only):
+    """The jobs recorded: every decoder as a causal LM, BERT as a masked LM, T5 as a
+    sequence-to-sequence LM; at fp32, bf16 and AMP; with eager attention and SDPA (and, at fp32,
+    SDPA's math path, which a GPU takes for fp32 with grouped key-value heads); with and
+    without full checkpointing."""
+    out = []
+    for family in DECODERS + ("bert", "t5"):
+        if only and family not in only:
+            continue
+        head = "causal-lm" if family in DECODERS else ("masked-lm" if family == "bert" else "seq2seq-lm")
+        attns = ["eager"] if family in measure.NO_SDPA else ["eager", "sdpa"]
+        for precision in ("fp32", "bf16", "amp"):
+            kinds = attns + (["sdpa-math"] if precision == "fp32" and "sdpa" in attns else [])
+            for attn in kinds:
+                for ckpt in (False, True):
+                    out.append((family, head, precision, attn, ckpt))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="comma-separated families, or whole keys (family/head/precision/attn/ckpt|full)")
+    ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
+    args = ap.parse_args()
+    if args.merge:
+        merged = {}
+        for path in args.merge:
+            with open(path) as f:
+                merged.update(json.load(f)["templates"])
+        write(args.out, merged)
+        return
+    only = set(args.only.split(",")) if args.only else set()
+    whole = {k for k in only if "/" in k}
+    families = {k for k in only if "/" not in k}
+    out = {}
+    for job in keys(families | {k.split("/")[0] for k in whole}):
+        name = key(*job)
+        if whole and name not in whole and job[0] not in families:
+            continue
+        try:
+            out[name] = template(*job)
+            print(f"{name}: {len(out[name]['tensors'])} tensors, left out {out[name]['left_out']}", flush=True)
+        except Unexplained as e:
+            print(f"{name}: not recorded: {e}", file=sys.stderr, flush=True)
+            out[name] = {"error": str(e)}
+        write(args.out, out)
+
+
+TERMS = ["weights", "gradients", "optimizer", "activations", "logits", "temporary", "workspace", "inputs"]
+STACKS = ["main", "enc"]
+
+
+def compact(t):
+    """A template as the planner reads it (`crates/headroom-plan/src/program_template.rs`):
+    laws and sites in tables; each tensor `[law, term, site, param, grad, kernel, home]` (-1 or
+    "" for none; a layer as stack x 100 + n, stack 0 the main one, 1 T5's encoder); each section
+    a flat list of `kind, tensor, layer` triples (kind 0 allocates, 1 frees); `step1` null when
+    the first step makes what every later step does."""
+    if "error" in t or "laws" in t:
+        return t
+    laws, sites, law_index, site_index = [], [], {}, {}
+
+    def layer(c):
+        return -1 if not c else STACKS.index(c[0]) * 100 + int(c[1])
+
+    rows = []
+    for x in t["tensors"]:
+        lk = json.dumps(x["law"], sort_keys=True)
+        if lk not in law_index:
+            law_index[lk] = len(laws)
+            laws.append(x["law"])
+        if x["site"] not in site_index:
+            site_index[x["site"]] = len(sites)
+            sites.append(x["site"])
+        rows.append([law_index[lk], TERMS.index(x["term"]), site_index[x["site"]], x.get("param", -1),
+                     x.get("grad", -1), x.get("kernel", "")])
+    for k, h in t.get("homes", {}).items():
+        rows[int(k)].append(layer(h))
+    for r in rows:
+        if len(r) == 6:
+            r.append(-1)
+
+    def flat(events):
+        return [v for k, i, c in events for v in (0 if k == "a" else 1, i, layer(c))]
+
+    def shape(events):
+        return [(k, rows[i], tuple(c) if c else None) for k, i, c in events]
+
+    step1 = None if shape(t["step1"]) == shape(t["step"]) else t["step1"]
+    # Only the tensors the kept sections touch, numbered anew.
+    used = sorted({i for name in ("setup", "step") for _, i, _ in t[name]}
+                  | ({i for _, i, _ in step1} if step1 else set()))
+    renumber = {i: n for n, i in enumerate(used)}
+    rows = [rows[i] for i in used]
+
+    def flat(events):
+        return [v for k, i, c in events for v in (0 if k == "a" else 1, renumber[i], layer(c))]
+
+    step1 = flat(step1) if step1 else None
+    return {"dims": t["dims"], "params": [[p["name"], p["units"], p["count"], p["bytes"], layer(p["layer"])]
+                                          for p in t["params"]],
+            "laws": laws, "sites": sites, "tensors": rows, "setup": flat(t["setup"]), "step1": step1,
+            "step": flat(t["step"]), "backward": [t.get("step1_backward"), t.get("step_backward")],
+            "check": t["check"], "optimizer_check": t["optimizer_check"], "left_out": t["left_out"]}
+
+
+def write(path, templates):
+    import transformers
+    head = {"about": "What a transformers training job allocates and frees: scripts/validate/step_programs.py",
+            "torch": torch.__version__, "transformers": transformers.__version__, "shapes": SHAPES,
+            "layers": LAYERS, "edge": EDGE}
+    with open(path, "w") as f:
+        f.write(json.dumps(head, separators=(",", ":"))[:-1])
+        f.write(',"templates":{\n')
+        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(compact(v), separators=(',', ':'))}"
+                           for k, v in sorted(templates.items())))
+        f.write("}}\n")
+
+
+if __name__ == "__main__":
+    main()
