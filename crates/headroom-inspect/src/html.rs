@@ -34,8 +34,9 @@ const RESERVED: RGBColor = RGBColor(200, 30, 30);
 const FREE: RGBColor = RGBColor(215, 215, 215);
 const PENDING: RGBColor = RGBColor(250, 180, 60);
 
-/// Escapes text for HTML.
+/// Escapes text for HTML, and characters that act rather than show (see [`crate::printable`]).
 fn esc(s: &str) -> String {
+    let s = crate::printable::printable(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -219,6 +219,20 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     if !r.has_times {
         r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
     }
+    // PyTorch's clock only moves forward; a trace whose times do not was
+    // edited or merged, and its "seconds into the trace" can be negative.
+    let mut last = None;
+    for (i, t) in trace.iter().enumerate().filter_map(|(i, e)| e.time_us.map(|t| (i, t))) {
+        if last.is_some_and(|l| t < l) {
+            r.notes.push(format!(
+                "times go backwards at entry {i} ({t} µs after {} µs): moments are placed by entry, and times are \
+                 shown as recorded",
+                last.unwrap_or_default()
+            ));
+            break;
+        }
+        last = Some(t);
+    }
 
     let dt = match DeviceTrace::new(snap, device) {
         Ok(t) => Some(t),
@@ -234,12 +248,23 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
 
     // Replays: the segments at the peak and at the OOM, and the remedies.
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
+    // The device the run had: what it reserved plus what the driver said was
+    // free. A `device_free` past any GPU would wrap that sum (or make a
+    // device of exabytes), so the size is then unknown, as without one.
     let capacity = oom_at.and_then(|i| {
         let mut w = plain_walk();
         if i > 0 {
             w.run_through(i - 1);
         }
-        trace[i].device_free.map(|free| w.totals.reserved_bytes + free)
+        let free = trace[i].device_free?;
+        let cap = w.totals.reserved_bytes.checked_add(free).filter(|&c| c <= UNBOUNDED);
+        if cap.is_none() {
+            r.notes.push(format!(
+                "the `oom` entry {i} says {free} bytes were free on the device, more than any GPU has (1 PiB): the \
+                 device's size is taken as unknown"
+            ));
+        }
+        cap
     });
     let mut fidelity: Option<Fidelity> = None;
     match &dt {
@@ -337,7 +362,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             index: i,
             time_us: e.time_us,
             requested_bytes: e.size,
-            free_bytes: e.device_free,
+            free_bytes: e.device_free.filter(|&f| f <= UNBOUNDED),
             allocated_bytes: w.totals.allocated_bytes,
             reserved_bytes: w.totals.reserved_bytes,
             reserved_unallocated_bytes: w.totals.reserved_bytes.saturating_sub(w.totals.allocated_bytes),
@@ -357,7 +382,8 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
                 o.remedies = oom::remedies(t, &recorded, cap, &f.empty_cache_calls, r.ooms_recorded);
             }
             (_, _, None) => r.unavailable.push(
-                "OOM remedies: the `oom` entry does not record the device's free memory, so the device size is unknown"
+                "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
+                 GPU has), so the device size is unknown"
                     .into(),
             ),
             _ => {}

@@ -58,7 +58,11 @@ impl<'a> Sites<'a> {
         &self.list[id as usize]
     }
 
-    fn named(&mut self, info: StackInfo) -> u32 {
+    fn named(&mut self, mut info: StackInfo) -> u32 {
+        // Every site shown (text, HTML, JSON, traces) passes here: names from the file made safe once.
+        if let std::borrow::Cow::Owned(safe) = crate::printable::printable(&info.site.site) {
+            info.site.site = safe;
+        }
         if let Some(&id) = self.by_name.get(&info.site.site) {
             return id;
         }
