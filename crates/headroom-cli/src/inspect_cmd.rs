@@ -1,7 +1,7 @@
 //! `headroom inspect`: arguments, and the report as text; the analysis,
 //! the HTML and the Chrome trace live in `headroom-inspect`.
 
-use crate::out_file::{check_output, write_atomically};
+use crate::out_file::{check_input, check_output, write_atomically};
 use crate::progress::LazyBar;
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
@@ -66,6 +66,9 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> Result<Outcome> {
     let inputs: Vec<&Path> = args.snapshots.iter().map(PathBuf::as_path).collect();
+    for input in &inputs {
+        check_input(input)?;
+    }
     for out in [&args.html, &args.chrome_trace].into_iter().flatten() {
         check_output(out, &inputs)?;
     }

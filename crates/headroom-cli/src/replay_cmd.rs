@@ -3,7 +3,7 @@
 //! caching allocator on a simulated GPU, under one or more
 //! `PYTORCH_CUDA_ALLOC_CONF` settings.
 
-use crate::out_file::{check_output, write_atomically};
+use crate::out_file::{check_input, check_output, write_atomically};
 use crate::progress::LazyBar;
 use crate::Outcome;
 use anyhow::{anyhow, bail, Context, Result};
@@ -118,7 +118,7 @@ pub struct ReplayArgs {
     /// Trace entries the snapshot keeps: the most recent N, as PyTorch's
     /// `_record_memory_history(max_entries=N)` keeps them (memory grows
     /// with N, about 60 bytes an entry).
-    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, requires = "snapshot_out",
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     pub max_entries: u64,
 }
@@ -150,6 +150,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if let Some(out) = &args.snapshot_out {
         check_output(out, &[&args.trace]).context("--snapshot-out")?;
     }
+    check_input(&args.trace)?;
     if args.trace.is_dir() {
         bail!("{} is a directory; give a snapshot or a trace file", args.trace.display());
     }

@@ -191,7 +191,8 @@ impl MemorySnapshot {
                      time, by torch.cuda.memory._set_allocator_settings?): the fields are used",
                     diff.join(", ")
                 );
-                let text = std::iter::once(conf.trim()).filter(|t| !t.is_empty()).chain(diff.iter().map(String::as_str));
+                let text =
+                    std::iter::once(conf.trim()).filter(|t| !t.is_empty()).chain(diff.iter().map(String::as_str));
                 (s.with_fields(c, text.collect::<Vec<_>>().join(",")), Some(note))
             }
             Some(Err(e)) => {
@@ -296,27 +297,26 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
         }
     };
     let mut b = SnapshotBuilder::new();
-    let (root, format) = match first {
-        Some(0x80) => {
-            let proto = reader.fill_buf()?.get(1).copied().unwrap_or(0);
-            (read_pickle(&mut reader, &mut b)?, format!("pickle protocol {proto}"))
-        }
-        Some(b'{') | Some(b'[') => (read_json(reader, &mut b)?, "JSON".to_string()),
-        // MARK, EMPTY_DICT, EMPTY_LIST: how protocols 0 and 1 begin a dict or a list.
-        Some(b'(') | Some(b'}') | Some(b']') => {
-            return Err(SnapshotError::Shape(
+    let (root, format) =
+        match first {
+            Some(0x80) => {
+                let proto = reader.fill_buf()?.get(1).copied().unwrap_or(0);
+                (read_pickle(&mut reader, &mut b)?, format!("pickle protocol {proto}"))
+            }
+            Some(b'{') | Some(b'[') => (read_json(reader, &mut b)?, "JSON".to_string()),
+            // MARK, EMPTY_DICT, EMPTY_LIST: how protocols 0 and 1 begin a dict or a list.
+            Some(b'(') | Some(b'}') | Some(b']') => return Err(SnapshotError::Shape(
                 "it looks like a pickle of protocol 0 or 1, which headroom does not read: PyTorch writes snapshots \
                  with protocol 2 or later (load it in Python and pickle.dump it again with protocol=4)"
                     .into(),
-            ))
-        }
-        Some(other) => {
-            return Err(SnapshotError::Shape(format!(
-                "it starts with byte {other:#04x}; a snapshot is a pickle (byte 0x80) or JSON ('{{' or '[')"
-            )))
-        }
-        None => return Err(SnapshotError::Shape("the file is empty".into())),
-    };
+            )),
+            Some(other) => {
+                return Err(SnapshotError::Shape(format!(
+                    "it starts with byte {other:#04x}; a snapshot is a pickle (byte 0x80) or JSON ('{{' or '[')"
+                )))
+            }
+            None => return Err(SnapshotError::Shape("the file is empty".into())),
+        };
     let mut snap = b.finish(root)?;
     crate::snapshot_check::check_segments(&snap).map_err(SnapshotError::Inconsistent)?;
     snap.format = format;
@@ -982,7 +982,10 @@ impl SnapshotBuilder {
                         out
                     }
                     other => {
-                        return shape(format!("device_traces[{d}] is {}, not a list of trace entries", self.kind(&other)))
+                        return shape(format!(
+                            "device_traces[{d}] is {}, not a list of trace entries",
+                            self.kind(&other)
+                        ))
                     }
                 };
                 device_traces.push(trace);
