@@ -496,7 +496,8 @@ fn s1_e1_a_replay_that_replays_nothing_exits_2_and_claims_no_file() {
 fn s2_s3_segments_and_blocks_that_are_no_allocators_state_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let cases: Vec<(&str, Box<dyn Fn(&mut Snap)>, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut Snap)>;
+    let cases: Vec<(&str, Mutation, &str)> = vec![
         ("total0", Box::new(|s| set(&mut s.segments[0], "total_size", Py::Int(0))), "runs past the segment's end"),
         ("total1m", Box::new(|s| set(&mut s.segments[0], "total_size", Py::uint(M))), "runs past the segment's end"),
         (
