@@ -12,6 +12,8 @@
 //! tests say "skipped" in the summary (and fail under CI, which must have it).
 
 mod common;
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 
 use headroom_inspect::{html, inspect, InspectOptions};
 use serde_json::{json, Value};
@@ -36,19 +38,12 @@ const FLAGS: [&str; 8] = [
     "--disable-sync",
 ];
 
-/// Says a test did not run, in the summary `cargo test` prints: written to
-/// the process's stderr directly, past the harness's capture of `eprintln!`.
-fn skip(why: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_string();
-    let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
-}
-
 fn chromium() -> bool {
     if Path::new(CHROMIUM).exists() {
         return true;
     }
     assert!(std::env::var_os("CI").is_none(), "CI must install chromium (.ci/run does)");
-    skip(&format!("{CHROMIUM} is absent (apt-get install chromium)"));
+    skip::skip(&format!("{CHROMIUM} is absent (apt-get install chromium)"));
     false
 }
 
