@@ -55,12 +55,13 @@ use std::path::PathBuf;
 /// decision matched), 1 when some ran out of memory (or a decision
 /// differed), 2 on bad input.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  headroom replay data/traces/gpt2-small-train.jsonl\n  \
-                  headroom replay run.pickle --check\n  \
-                  headroom replay run.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 24GiB\n  \
-                  headroom replay run.pickle --policy pytorch --policy expandable --policy headroom\n  \
-                  headroom replay trace.jsonl --capacity 24GiB --json\n  \
-                  headroom replay trace.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
+#[command(after_help = "Examples (from the repository's root; the files ship in data/):\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --check\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 16.25GiB\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --policy pytorch --policy expandable --policy headroom\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl --capacity 4GiB --json\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
 pub struct ReplayArgs {
     /// The run to replay: a PyTorch snapshot (.pickle or JSON) or a JSONL trace.
     pub trace: PathBuf,
