@@ -39,9 +39,9 @@ const RESERVED: RGBColor = RGBColor(200, 30, 30);
 const FREE: RGBColor = RGBColor(215, 215, 215);
 const PENDING: RGBColor = RGBColor(250, 180, 60);
 
-/// Escapes text for HTML, and characters that act rather than show (see [`crate::printable`]).
+/// Escapes text for HTML, and characters that act rather than show (see
+/// [`crate::printable`]) but for line breaks and tabs, which HTML shows as spaces.
 fn esc(s: &str) -> String {
-    let s = crate::printable::printable(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -49,6 +49,8 @@ fn esc(s: &str) -> String {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
+            '\n' | '\t' => out.push(c),
+            c if crate::printable::acts(c) => out.extend(c.escape_unicode()),
             _ => out.push(c),
         }
     }

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 /// Whether `c` would act on a terminal or on the text around it rather than show.
-fn acts(c: char) -> bool {
+pub fn acts(c: char) -> bool {
     c.is_control()
         || matches!(c,
             // Zero-width characters and joiners, the byte-order mark.
