@@ -103,6 +103,8 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Non-expandable segments by base address.
     pub(crate) segments: BTreeMap<u64, SegmentRec>,
     pub(crate) expandable: Vec<Option<ExpandableSegment>>,
+    /// The largest reservation ever made: no request larger can grow in one.
+    pub(crate) largest_reservation: u64,
     /// Per stream, in record order: the events a pending free waits for.
     pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, u32)>>,
     /// Bytes currently obtained from the device (= reserved).
@@ -142,6 +144,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            largest_reservation: 0,
             events: BTreeMap::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,

@@ -101,6 +101,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let base = self.device.reserve(va_size)?;
         let index = self.expandable.len() as u32;
         self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool: kind }));
+        self.largest_reservation = self.largest_reservation.max(va_size);
         let mut b = Block::new(base, va_size, stream, kind);
         b.mapped = false;
         b.expandable = index;
@@ -191,6 +192,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// end of an unmapped block whose next block is free, and takes the one
     /// that maps the fewest pages.
     fn expandable_candidate(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<Grow> {
+        // Every place below lies within one reservation. A request larger than
+        // any (one that fails, and makes a new reservation each time it is
+        // tried: PyTorch's behaviour too) would otherwise scan them all, every time.
+        if size > self.largest_reservation {
+            return None;
+        }
         let arena = &self.arena;
         let allocatable = |id: u32| id != NIL && arena[id].is_reusable();
         let fit = self.policy.expandable_fit();

@@ -66,30 +66,47 @@ impl Entries {
 /// A free set; see the module documentation.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FreeSet {
-    /// Sorted by stream.
+    /// In the order streams first freed a block; never removed, so an index stays valid.
     streams: Vec<(StreamId, Entries)>,
+    /// Where each stream is in `streams`, once there are more than [`FEW_STREAMS`]: a
+    /// trace with a stream per delayed free (or thousands of streams) would otherwise
+    /// pay a scan of every stream on every call.
+    index: rustc_hash::FxHashMap<StreamId, u32>,
     len: usize,
 }
 
+/// Streams found by a scan: for the usual one or two, faster than a hash.
+const FEW_STREAMS: usize = 8;
+
 impl FreeSet {
     #[inline]
-    fn stream_index(&self, stream: StreamId) -> Result<usize, usize> {
-        // Few streams: a linear scan beats a binary search for the usual one or two.
-        for (i, (s, _)) in self.streams.iter().enumerate() {
-            if *s >= stream {
-                return if *s == stream { Ok(i) } else { Err(i) };
-            }
+    fn stream_index(&self, stream: StreamId) -> Option<usize> {
+        if self.streams.len() <= FEW_STREAMS {
+            return self.streams.iter().position(|(s, _)| *s == stream);
         }
-        Err(self.streams.len())
+        self.index.get(&stream).map(|&i| i as usize)
+    }
+
+    /// Indices of `streams` in stream order: the set's order across streams.
+    fn in_stream_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.streams.len()).collect();
+        order.sort_unstable_by_key(|&i| self.streams[i].0);
+        order
     }
 
     /// Inserts; returns false if the key was already present.
     #[inline]
     pub fn insert(&mut self, stream: StreamId, size: u64, ptr: u64, id: u32) -> bool {
         let i = match self.stream_index(stream) {
-            Ok(i) => i,
-            Err(i) => {
-                self.streams.insert(i, (stream, Entries::Small(Vec::new())));
+            Some(i) => i,
+            None => {
+                let i = self.streams.len();
+                self.streams.push((stream, Entries::Small(Vec::new())));
+                if i == FEW_STREAMS {
+                    self.index = self.streams.iter().enumerate().map(|(i, (s, _))| (*s, i as u32)).collect();
+                } else if i > FEW_STREAMS {
+                    self.index.insert(stream, i as u32);
+                }
                 i
             }
         };
@@ -121,7 +138,7 @@ impl FreeSet {
     /// Removes; returns the block id if the key was present.
     #[inline]
     pub fn remove(&mut self, stream: StreamId, size: u64, ptr: u64) -> Option<u32> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         let key = pack(size, ptr);
         let entries = &mut self.streams[i].1;
         let removed = match entries {
@@ -143,7 +160,7 @@ impl FreeSet {
 
     /// The block under exactly this key.
     pub fn get(&self, stream: StreamId, size: u64, ptr: u64) -> Option<u32> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         let key = pack(size, ptr);
         self.streams[i].1.first_at_least(key).filter(|e| e.0 == key).map(|e| e.1)
     }
@@ -152,7 +169,7 @@ impl FreeSet {
     /// stream's blocks of at least `hi - lo` bytes: for a policy's arena, whose free
     /// blocks are the holes between its planned ones.
     pub fn find_containing(&self, stream: StreamId, lo: u64, hi: u64) -> Option<(u64, u64, u32)> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         let covers = |&(k, _): &(u128, u32)| {
             let (s, p) = unpack(k);
             p <= lo && hi <= p + s
@@ -171,7 +188,7 @@ impl FreeSet {
     /// Best fit: the smallest block of at least `size` on `stream`, lowest address first.
     #[inline]
     pub fn first_at_least(&self, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         self.streams[i].1.first_at_least(pack(size, 0)).map(|(k, id)| {
             let (s, p) = unpack(k);
             (s, p, id)
@@ -187,7 +204,7 @@ impl FreeSet {
         size: u64,
         take: impl FnOnce(u64, u32) -> bool,
     ) -> Option<(u64, u64, u32)> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         let key = pack(size, 0);
         let found = match &mut self.streams[i].1 {
             Entries::Small(v) => {
@@ -218,7 +235,7 @@ impl FreeSet {
 
     /// The entry after (size, ptr) on `stream`, in set order.
     pub fn next_after(&self, stream: StreamId, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
-        let i = self.stream_index(stream).ok()?;
+        let i = self.stream_index(stream)?;
         let key = pack(size, ptr).checked_add(1)?;
         self.streams[i].1.first_at_least(key).map(|(k, id)| {
             let (s, p) = unpack(k);
@@ -228,7 +245,7 @@ impl FreeSet {
 
     /// The entries of `stream` below `size`, largest first.
     pub fn below_descending(&self, stream: StreamId, size: u64) -> Vec<(u64, u64, u32)> {
-        let Ok(i) = self.stream_index(stream) else { return Vec::new() };
+        let Some(i) = self.stream_index(stream) else { return Vec::new() };
         let mut out = Vec::new();
         let mut key = pack(size, 0);
         while let Some((k, id)) = self.streams[i].1.last_below(key) {
@@ -242,8 +259,8 @@ impl FreeSet {
     /// Block ids in set order: by stream, then size, then address.
     pub fn ids(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.len);
-        for (_, e) in &self.streams {
-            match e {
+        for i in self.in_stream_order() {
+            match &self.streams[i].1 {
                 Entries::Small(v) => out.extend(v.iter().map(|e| e.1)),
                 Entries::Large(m) => out.extend(m.values().copied()),
             }

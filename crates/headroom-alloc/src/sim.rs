@@ -10,7 +10,7 @@
 use crate::device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
 use crate::units::{GIB, MIB};
 use rustc_hash::FxHashMap;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Where simulated `cudaMalloc` addresses start (a typical CUDA device address).
 const MALLOC_BASE: u64 = 0x7f00_0000_0000;
@@ -54,6 +54,10 @@ pub struct SimDevice {
     segments: BTreeMap<u64, u64>,
     reservations: BTreeMap<u64, Reservation>,
     events: FxHashMap<u64, SimEvent>,
+    /// The events not yet complete, by stream: completing one stream's events
+    /// touches only them (a replay gives every delayed free a stream of its
+    /// own, and a scan of every event per completion made it quadratic).
+    pending: BTreeSet<(StreamId, u64)>,
     next_event: u64,
     auto_complete: bool,
 }
@@ -74,6 +78,7 @@ impl SimDevice {
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
             events: FxHashMap::default(),
+            pending: BTreeSet::new(),
             next_event: 1,
             auto_complete: false,
         }
@@ -135,15 +140,21 @@ impl SimDevice {
 
     /// Completes every pending event.
     pub fn complete_all_events(&mut self) {
-        for e in self.events.values_mut() {
-            e.complete = true;
+        for (_, id) in std::mem::take(&mut self.pending) {
+            if let Some(e) = self.events.get_mut(&id) {
+                e.complete = true;
+            }
         }
     }
 
     /// Completes the pending events recorded on `stream`.
     pub fn complete_events_on(&mut self, stream: StreamId) {
-        for e in self.events.values_mut().filter(|e| e.stream == stream) {
-            e.complete = true;
+        let ids: Vec<u64> = self.pending.range((stream, 0)..=(stream, u64::MAX)).map(|&(_, id)| id).collect();
+        for id in ids {
+            self.pending.remove(&(stream, id));
+            if let Some(e) = self.events.get_mut(&id) {
+                e.complete = true;
+            }
         }
     }
 
@@ -339,6 +350,9 @@ impl DeviceMemory for SimDevice {
         let id = self.next_event;
         self.next_event += 1;
         self.events.insert(id, SimEvent { stream, complete: self.auto_complete });
+        if !self.auto_complete {
+            self.pending.insert((stream, id));
+        }
         Ok(EventId(id))
     }
 
@@ -355,11 +369,14 @@ impl DeviceMemory for SimDevice {
             .get_mut(&event.0)
             .ok_or_else(|| DeviceError::Invalid(format!("synchronize of unknown event {}", event.0)))?;
         e.complete = true;
+        self.pending.remove(&(e.stream, event.0));
         Ok(())
     }
 
     fn destroy_event(&mut self, event: EventId) {
-        self.events.remove(&event.0);
+        if let Some(e) = self.events.remove(&event.0) {
+            self.pending.remove(&(e.stream, event.0));
+        }
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {

@@ -1,7 +1,7 @@
 //! `headroom inspect`: arguments, and the report as text; the analysis,
 //! the HTML and the Chrome trace live in `headroom-inspect`.
 
-use crate::out_file::{check_output, write_atomically};
+use crate::out_file::{check_input, check_output, write_atomically};
 use crate::progress::LazyBar;
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
@@ -35,11 +35,12 @@ use std::path::{Path, PathBuf};
 ///
 /// Exit status: 0 when the report was made, 2 on bad input.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  headroom inspect run.pickle\n  \
-                  headroom inspect run.pickle --html report.html   # open it in any browser, offline\n  \
-                  headroom inspect run.pickle --json\n  \
-                  headroom inspect run.pickle --chrome-trace memory.json   # open in ui.perfetto.dev\n  \
-                  headroom inspect run.pickle run.pickle --top 5")]
+#[command(after_help = "Examples (from the repository's root; the snapshot ships in data/):\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --html report.html   # open it in any browser, offline\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --json\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --chrome-trace memory.json   # open in ui.perfetto.dev\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --top 5")]
 pub struct InspectArgs {
     /// Snapshot files (pickle or JSON, as `torch.cuda.memory._dump_snapshot` writes them).
     #[arg(required = true, value_name = "SNAPSHOT")]
@@ -66,6 +67,9 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> Result<Outcome> {
     let inputs: Vec<&Path> = args.snapshots.iter().map(PathBuf::as_path).collect();
+    for input in &inputs {
+        check_input(input)?;
+    }
     for out in [&args.html, &args.chrome_trace].into_iter().flatten() {
         check_output(out, &inputs)?;
     }

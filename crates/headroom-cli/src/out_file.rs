@@ -29,6 +29,12 @@ pub fn remove_partial_on_interrupt() {
 /// Refuses an output path that is one of the command's inputs (writing it
 /// would destroy the input) or a directory. Call before any work is done.
 pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<()> {
+    if path == Path::new("-") {
+        bail!(
+            "\"-\" would be a file named \"-\": output to standard output is not supported here; give a file name \
+             (./- for a file called that)"
+        );
+    }
     for input in inputs {
         if same_file::is_same_file(path, input).unwrap_or(false) {
             bail!("{} is also the input; give the output another name", path.display());
@@ -36,6 +42,15 @@ pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<()> {
     }
     if path.is_dir() {
         bail!("{} is a directory; give a file name", path.display());
+    }
+    Ok(())
+}
+
+/// Refuses `-` as an input path: it usually means standard input, which
+/// snapshot commands do not read (they seek and re-read their file).
+pub fn check_input(path: &Path) -> Result<()> {
+    if path == Path::new("-") {
+        bail!("\"-\": reading standard input is not supported; give the file's path (./- for a file called that)");
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! caching allocator on a simulated GPU, under one or more
 //! `PYTORCH_CUDA_ALLOC_CONF` settings.
 
-use crate::out_file::{check_output, write_atomically};
+use crate::out_file::{check_input, check_output, write_atomically};
 use crate::progress::LazyBar;
 use crate::Outcome;
 use anyhow::{anyhow, bail, Context, Result};
@@ -55,12 +55,13 @@ use std::path::PathBuf;
 /// decision matched), 1 when some ran out of memory (or a decision
 /// differed), 2 on bad input.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  headroom replay data/traces/gpt2-small-train.jsonl\n  \
-                  headroom replay run.pickle --check\n  \
-                  headroom replay run.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 24GiB\n  \
-                  headroom replay run.pickle --policy pytorch --policy expandable --policy headroom\n  \
-                  headroom replay trace.jsonl --capacity 24GiB --json\n  \
-                  headroom replay trace.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
+#[command(after_help = "Examples (from the repository's root; the files ship in data/):\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --check\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 16.25GiB\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --policy pytorch --policy expandable --policy headroom\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl --capacity 4GiB --json\n  \
+                  headroom replay data/traces/gpt2-small-train.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
 pub struct ReplayArgs {
     /// The run to replay: a PyTorch snapshot (.pickle or JSON) or a JSONL trace.
     pub trace: PathBuf,
@@ -118,7 +119,7 @@ pub struct ReplayArgs {
     /// Trace entries the snapshot keeps: the most recent N, as PyTorch's
     /// `_record_memory_history(max_entries=N)` keeps them (memory grows
     /// with N, about 60 bytes an entry).
-    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, requires = "snapshot_out",
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     pub max_entries: u64,
 }
@@ -150,6 +151,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if let Some(out) = &args.snapshot_out {
         check_output(out, &[&args.trace]).context("--snapshot-out")?;
     }
+    check_input(&args.trace)?;
     if args.trace.is_dir() {
         bail!("{} is a directory; give a snapshot or a trace file", args.trace.display());
     }

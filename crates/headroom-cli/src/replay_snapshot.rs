@@ -65,6 +65,7 @@ pub fn run(
         Some(d) => vec![d],
         None => snap.devices(),
     };
+    let settings_given = !confs.is_empty();
     // Without --alloc-conf, the recorded settings.
     let confs: Vec<(String, AllocatorConfig)> = if confs.is_empty() {
         vec![("(recorded)".to_string(), recorded.clone())]
@@ -148,6 +149,25 @@ pub fn run(
         }
         results.push(r);
     }
+    // Nothing replayed is no answer: exit 0 would say every allocation was
+    // served, and --snapshot-out would have nothing to write. Bad input (2),
+    // with each device's reason, whatever the flags.
+    if results.iter().all(|r| r.runs.is_empty()) {
+        if results.is_empty() {
+            bail!(
+                "nothing to replay: the snapshot has no segments and no trace on any device (taken before the \
+                 process used the GPU, or recorded without `_record_memory_history`)"
+            );
+        }
+        let why: Vec<String> = results
+            .iter()
+            .map(|r| match r.skipped.as_deref() {
+                Some(why) if why.starts_with("device ") => why.to_string(),
+                why => format!("device {}: {}", r.device, why.unwrap_or("not replayed")),
+            })
+            .collect();
+        bail!("nothing replayed: {}", why.join("; "));
+    }
     if let (Some(path), Some(s)) = (&args.snapshot_out, &merged) {
         write_atomically(path, |w| write_snapshot(s, SnapshotFormat::from_path(path), w))?;
     }
@@ -170,7 +190,12 @@ pub fn run(
         outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
         let note = settings_note.as_deref();
-        print_human(&mut out, args, &snap, Shown { capacity, results: &results, note, dropped, policies, start });
+        print_human(
+            &mut out,
+            args,
+            &snap,
+            Shown { capacity, results: &results, note, dropped, policies, start, settings_given },
+        );
     }
     Ok(Outcome::new(out, if any_oom || diverged { 1 } else { 0 }))
 }
@@ -245,14 +270,17 @@ struct Shown<'a> {
     dropped: u64,
     policies: &'a [PolicyName],
     start: StartFrom,
+    /// Whether --alloc-conf replaced the recorded settings in the rows.
+    settings_given: bool,
 }
 
 fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown: Shown) {
-    let Shown { capacity, results, note, dropped, policies, start: start_from } = shown;
-    let recorded = match snap.settings.as_ref().and_then(|s| s.conf.as_deref()) {
-        Some("") => "PYTORCH_CUDA_ALLOC_CONF unset".to_string(),
-        Some(c) => format!("PYTORCH_CUDA_ALLOC_CONF={c}"),
-        None => "settings not recorded".to_string(),
+    let Shown { capacity, results, note, dropped, policies, start: start_from, settings_given } = shown;
+    let recorded = match (&snap.settings, snap.settings.as_ref().and_then(|s| s.conf.as_deref())) {
+        (_, Some("")) => "PYTORCH_CUDA_ALLOC_CONF unset".to_string(),
+        (_, Some(c)) => format!("PYTORCH_CUDA_ALLOC_CONF={}", headroom_inspect::printable::printable(c)),
+        (Some(_), None) => "PYTORCH_CUDA_ALLOC_CONF not recorded, settings from its fields".to_string(),
+        (None, None) => "settings not recorded".to_string(),
     };
     outln!(
         out,
@@ -355,6 +383,16 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
         if args.check {
             if let Some(f) = &r.fidelity {
                 let exact = if f.is_exact() { " — every decision as recorded" } else { "" };
+                // The check is always PyTorch's policy from the recorded state; under
+                // --policy or --start fresh the rows above are other runs, and say so.
+                let plain = policies == [PolicyName::PyTorch] && start_from == StartFrom::Recorded && !settings_given;
+                if !plain {
+                    outln!(
+                        out,
+                        "  --check replays PyTorch's policy from the recorded state under the recorded settings, \
+                         apart from the rows above:"
+                    );
+                }
                 outln!(out, "  fidelity: {f}{exact}");
                 if let Some(d) = &f.first_divergence {
                     outln!(out, "  first divergence at entry {}: {}", d.index, d.message);

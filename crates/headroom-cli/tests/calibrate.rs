@@ -14,6 +14,9 @@
 //! this test's output: `HEADROOM_REGENERATE=1 cargo test -p headroom-cli --test
 //! calibrate`. Skips with a message where `../shared` is absent.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 #[path = "../../headroom-inspect/tests/common/mod.rs"]
 mod training_run;
 
@@ -271,7 +274,7 @@ fn error(predicted: f64, measured: f64) -> f64 {
 #[test]
 fn real_snapshots_predict_other_sequence_lengths() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures is absent (a fresh clone); the calibration table needs its snapshots");
+        skip::skip("../shared/fixtures is absent (a fresh clone); the calibration table needs its snapshots");
         return;
     };
     let model = |s: &Series| repo().join(s.model).display().to_string();

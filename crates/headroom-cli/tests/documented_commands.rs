@@ -1,10 +1,11 @@
 //! Every command the documentation shows — in README.md's and docs/'s code blocks, as
 //! runnable inline code, and in each command's `--help` examples — runs and exits as
-//! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort.
-//!
-//! The files the examples name generically (`trace.jsonl`, `./config.json`, `run.pickle`,
-//! `small-run.pickle`) are made in a scratch directory that also links the repository's
-//! `data/`; lines with `...` elide arguments and are skipped.
+//! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort. Where
+//! the README shows what a command prints (a plain block right after a block of that one
+//! command), it prints that. Commands run in a scratch directory holding the repository's
+//! `data/` and nothing else a fresh clone lacks, but for the two files the `plan` examples
+//! name as a user's own (`./config.json`, `small-run.pickle`); lines with `...` elide
+//! arguments and are skipped.
 
 // The training run with frames that headroom-inspect's tests inspect, as a user's
 // snapshot of a small run for the `--calibrate` examples.
@@ -97,21 +98,12 @@ fn words(line: &str) -> Vec<String> {
 fn scratch() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
-    std::fs::copy(repo().join("data/traces/gpt2-small-train.jsonl"), p.join("trace.jsonl")).unwrap();
     std::fs::write(
         p.join("config.json"),
         r#"{"model_type":"mistral","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
             "intermediate_size":14336,"vocab_size":32000,"max_position_embeddings":32768}"#,
     )
     .unwrap();
-    // A snapshot as PyTorch writes one, for the examples that replay `run.pickle`.
-    let made = Command::cargo_bin("headroom")
-        .unwrap()
-        .args(["replay", "trace.jsonl", "--snapshot-out", "run.pickle"])
-        .current_dir(p)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
     // Four layers of 128 MiB: a few steps of a small model at a short sequence.
     std::fs::write(p.join("small-run.pickle"), training_run::training_run_sized_json(3, 128 << 20)).unwrap();
     #[cfg(unix)]
@@ -119,29 +111,58 @@ fn scratch() -> tempfile::TempDir {
     dir
 }
 
+/// Runs a documented command line in `dir`; its stdout.
+fn run(line: &str, dir: &Path) -> String {
+    let line = line.strip_prefix(CARGO_RUN).unwrap_or(line);
+    let mut args = words(line);
+    if args.first().map(String::as_str) == Some("headroom") {
+        args.remove(0);
+    }
+    // `> FILE` is the shell's: the command's output is checked, not written there.
+    if let Some(at) = args.iter().position(|a| a == ">") {
+        args.truncate(at);
+    }
+    let out = Command::cargo_bin("headroom").unwrap().args(&args).current_dir(dir).output().unwrap();
+    let code = out.status.code();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(matches!(code, Some(0 | 1)), "`{line}` exited {code:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "`{line}`: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn run_all(lines: &[String], dir: &Path) -> usize {
     let mut ran = 0;
-    for line in lines {
-        if line.contains("...") {
-            continue;
-        }
-        let line = line.strip_prefix(CARGO_RUN).unwrap_or(line);
-        let mut args = words(line);
-        if args.first().map(String::as_str) == Some("headroom") {
-            args.remove(0);
-        }
-        // `> FILE` is the shell's: the command's output is checked, not written there.
-        if let Some(at) = args.iter().position(|a| a == ">") {
-            args.truncate(at);
-        }
-        let out = Command::cargo_bin("headroom").unwrap().args(&args).current_dir(dir).output().unwrap();
-        let code = out.status.code();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(matches!(code, Some(0 | 1)), "`{line}` exited {code:?}: {stderr}");
-        assert!(!stderr.contains("panicked"), "`{line}`: {stderr}");
+    for line in lines.iter().filter(|l| !l.contains("...")) {
+        run(line, dir);
         ran += 1;
     }
     ran
+}
+
+/// The README's shown outputs: (command, the lines shown) for each plain block that
+/// follows a block of exactly one command. `plan`'s are the planner's to keep.
+fn shown_outputs(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
+    let mut current: Option<(String, Vec<String>)> = None;
+    for line in text.lines() {
+        if let Some(lang) = line.strip_prefix("```") {
+            match current.take() {
+                Some(b) => blocks.push(b),
+                None => current = Some((lang.to_string(), Vec::new())),
+            }
+        } else if let Some((_, lines)) = current.as_mut() {
+            lines.push(line.to_string());
+        }
+    }
+    let mut out = Vec::new();
+    for pair in blocks.windows(2) {
+        let ((lang, cmd), (plain, shown)) = (&pair[0], &pair[1]);
+        let commands: Vec<&String> = cmd.iter().filter(|l| !l.trim().is_empty()).collect();
+        if lang == "sh" && plain.is_empty() && commands.len() == 1 && !commands[0].contains(" plan ") {
+            out.push((commands[0].clone(), shown.clone()));
+        }
+    }
+    out
 }
 
 #[test]
@@ -163,6 +184,34 @@ fn every_documented_command_runs_as_documented() {
     let ran = run_all(&lines, dir.path());
     eprintln!("{ran} documented commands ran");
     assert!(ran >= 20, "only {ran} commands found");
+
+    // What the README shows a command printing, it prints: each shown line in order
+    // (`...` stands for lines left out).
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let shown = shown_outputs(&readme);
+    assert!(shown.len() >= 3, "outputs shown: {}", shown.len());
+    for (command, lines) in shown {
+        let printed = run(&command, dir.path());
+        let mut rest = printed.lines().map(str::trim_end);
+        for want in lines.iter().map(|l| l.trim_end()).filter(|l| l.trim() != "...") {
+            assert!(
+                rest.any(|got| got == want),
+                "`{command}` does not print, in this order:\n{want}\nIt printed:\n{printed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_readme_counts_the_presets_the_planner_has() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let n: usize = readme
+        .split("Models from ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the README says how many presets");
+    assert_eq!(n, headroom_plan::model::presets().len(), "README.md's preset count");
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! `headroom replay`, run as a user runs it.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
@@ -301,7 +304,7 @@ fn real_snapshots_from_mid_run_replay_as_recorded() {
     let f = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_128_training_memory_snapshot.pickle");
     if !f.exists() {
-        eprintln!("skipped: ../shared/fixtures is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures is absent (only development checkouts have it)");
         return;
     }
     headroom()

@@ -4,6 +4,9 @@
 //! memory is the recoverable error, pages map and unmap, events order
 //! streams, and the caching allocator runs a real trace on it.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, DeviceError, DeviceMemory};
 use headroom_cuda::{CudaDevice, PinnedBuffer, Streams};
 
@@ -13,7 +16,7 @@ fn device() -> Option<CudaDevice> {
     match CudaDevice::new(0, Streams::Labels) {
         Ok(d) => Some(d),
         Err(why) => {
-            eprintln!("skipped: no CUDA device ({why})");
+            skip::skip(&format!("no CUDA device ({why})"));
             None
         }
     }
@@ -81,7 +84,7 @@ fn running_out_of_memory_is_recoverable() {
 fn pages_map_and_unmap() {
     let Some(mut d) = device() else { return };
     let Some(g) = d.info().vmm_granularity else {
-        eprintln!("skipped: the device cannot map pages");
+        skip::skip("the device cannot map pages");
         return;
     };
     let va = d.reserve(8 * g).unwrap();

@@ -55,19 +55,29 @@ pub fn write_chrome_trace(
             let times = trace.iter().any(|e| e.time_us.is_some());
             let dt = DeviceTrace::new(snap, device).ok();
             let mut w = Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
-            // The smallest allocation kept as a slice, so that at most MAX_SLICES are.
+            // The smallest allocation kept as a slice, so that at most MAX_SLICES
+            // are: every larger one, and of those of exactly that size (fixed-size
+            // buffers make many), the first that fit the cap.
             let mut sizes: Vec<u64> = trace.iter().filter(|e| e.action == TraceAction::Alloc).map(|e| e.size).collect();
-            let min_slice = if sizes.len() > MAX_SLICES {
+            let (min_slice, mut ties_left) = if sizes.len() > MAX_SLICES {
                 let k = sizes.len() - MAX_SLICES;
-                *sizes.select_nth_unstable(k).1
+                let min = *sizes.select_nth_unstable(k).1;
+                let above = sizes.iter().filter(|&&s| s > min).count();
+                let ties = MAX_SLICES - above;
+                let of_min = sizes.iter().filter(|&&s| s == min).count();
+                notes.push(if ties < of_min {
+                    format!(
+                        "{name} device {device}: {MAX_SLICES} of {} allocations drawn as slices: those over {min} \
+                         bytes, and the first {ties} of the {of_min} of exactly {min} bytes",
+                        sizes.len()
+                    )
+                } else {
+                    format!("{name} device {device}: allocations under {min} bytes are not drawn as slices")
+                });
+                (min, ties)
             } else {
-                0
+                (0, usize::MAX)
             };
-            if min_slice > 0 {
-                notes.push(format!(
-                    "{name} device {device}: allocations under {min_slice} bytes are not drawn as slices"
-                ));
-            }
             let stride = trace.len().div_ceil(MAX_COUNTERS).max(1);
             if stride > 1 {
                 notes.push(format!("{name} device {device}: counters sampled every {stride} entries"));
@@ -85,7 +95,10 @@ pub fn write_chrome_trace(
                 let t = if times { e.time_us.unwrap_or(last_time).max(last_time) } else { i as i64 };
                 last_time = t;
                 match e.action {
-                    TraceAction::Alloc if e.size >= min_slice => {
+                    TraceAction::Alloc if e.size > min_slice || (e.size == min_slice && ties_left > 0) => {
+                        if e.size == min_slice {
+                            ties_left -= 1;
+                        }
                         next_id += 1;
                         open.insert(e.addr, next_id);
                         let site = &sites.info(e.stack).site.site;

@@ -1,8 +1,13 @@
-//! The report as one self-contained HTML file: no script, no style sheet or
-//! font from elsewhere, plots drawn by plotters as inline SVG. It opens
-//! offline and stays small on a 100 MB snapshot: the timeline carries at
-//! most [`crate::timeline::MAX_POINTS`] points and the segment map the
-//! largest [`MAP_SEGMENTS`] segments.
+//! The report as one self-contained HTML file: nothing from elsewhere (no
+//! style sheet, font or script fetched), plots drawn by plotters as inline
+//! SVG, so it reads whole with script off. An inline script
+//! (`report.js`) makes it interactive where script runs: it redraws the
+//! timeline and the segment map from data embedded beside them
+//! ([`crate::page_data`]) to zoom and pan, show a band's or a block's size,
+//! call site and stack on pointing, and filter every view to one site on a
+//! click. It opens offline and stays small on a 100 MB snapshot: the
+//! timeline carries at most [`crate::timeline::MAX_POINTS`] points and the
+//! segment map the largest [`MAP_SEGMENTS`] segments.
 
 use crate::layout::Layout;
 use crate::report::DeviceReport;
@@ -34,7 +39,8 @@ const RESERVED: RGBColor = RGBColor(200, 30, 30);
 const FREE: RGBColor = RGBColor(215, 215, 215);
 const PENDING: RGBColor = RGBColor(250, 180, 60);
 
-/// Escapes text for HTML.
+/// Escapes text for HTML, and characters that act rather than show (see
+/// [`crate::printable`]) but for line breaks and tabs, which HTML shows as spaces.
 fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -43,6 +49,8 @@ fn esc(s: &str) -> String {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
+            '\n' | '\t' => out.push(c),
+            c if crate::printable::acts(c) => out.extend(c.escape_unicode()),
             _ => out.push(c),
         }
     }
@@ -77,12 +85,21 @@ pub fn render(reports: &[Report], comparison: Option<&Comparison>) -> String {
     if let Some(c) = comparison {
         comparison_section(&mut h, c);
     }
+    let mut k = 0;
     for r in reports {
         for d in &r.devices {
+            let _ = writeln!(h, "<section id=\"device-{k}\">");
             device_section(&mut h, r, d);
+            let _ = writeln!(
+                h,
+                "<script type=\"application/json\" class=\"hr-data\">{}</script>\n</section>",
+                crate::page_data::script_json(&crate::page_data::device_data(d))
+            );
+            k += 1;
         }
     }
-    h.push_str("<footer>Made by headroom inspect: figures counted from the snapshot's trace; segment layouts and remedies from headroom's replay of it.</footer>\n</body></html>\n");
+    h.push_str("<footer>Made by headroom inspect: figures counted from the snapshot's trace; segment layouts and remedies from headroom's replay of it.</footer>\n");
+    let _ = write!(h, "<script>\n{SCRIPT}</script>\n</body></html>\n");
     h
 }
 
@@ -93,7 +110,22 @@ table{border-collapse:collapse;margin:8px 0;font-size:14px}td,th{padding:3px 10p
 text-align:left;vertical-align:top}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
 .chart{margin:12px 0}.chart svg{max-width:100%;height:auto}.muted{color:#777}.box{background:#f6f8fa;\
 border-left:4px solid #c33;padding:8px 12px;margin:8px 0}.rec{border-left-color:#2a7}code{font-size:13px}\
-footer{margin-top:48px;color:#888;font-size:12px}";
+footer{margin-top:48px;color:#888;font-size:12px}\
+section{position:relative}.live{display:none}.js .live{display:block}.static.replaced{display:none}\
+.live svg{width:100%;height:auto;touch-action:none;user-select:none}.hr-tools{font-size:13px;margin:4px 0}\
+.hr-tools button,.hr-filter button{font:inherit;margin-right:4px;padding:1px 8px;cursor:pointer}\
+.hr-legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;margin:4px 0}\
+.hr-key{display:inline-flex;align-items:center;gap:5px;background:none;border:0;padding:0;font:inherit;color:inherit}\
+button.hr-key{cursor:pointer}button.hr-key:hover{text-decoration:underline}\
+.hr-swatch{display:inline-block;width:12px;height:10px}.hr-swatch.hr-line{height:3px}\
+.hr-tip{position:absolute;z-index:10;max-width:520px;background:#fff;border:1px solid #bbb;\
+box-shadow:0 2px 8px rgba(0,0,0,.18);padding:6px 10px;font-size:12px;pointer-events:none;word-break:break-all}\
+.hr-stack{margin:4px 0 0;padding-left:22px;font-family:ui-monospace,monospace;font-size:11px;color:#444}\
+.hr-filter{background:#eef5ff;border-left:4px solid #1f77b4;padding:6px 12px;margin:8px 0;font-size:14px}\
+.hr-filter button{margin-left:10px}tr.hr-pick{cursor:pointer}tr.hr-pick:hover{background:#f3f7fb}";
+
+/// The script that makes the report interactive (see the module documentation).
+const SCRIPT: &str = include_str!("report.js");
 
 fn comparison_section(h: &mut String, c: &Comparison) {
     h.push_str(
@@ -225,16 +257,16 @@ fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
 
     if d.timeline.points.len() > 1 {
         h.push_str("<h3>Memory over the trace</h3>\n");
-        chart(h, timeline_svg(d));
+        chart_of(h, "timeline", timeline_svg(d));
         h.push_str("<h3>Fragmentation over the trace</h3>\n");
         chart(h, fragmentation_svg(d));
     }
     if let Some(l) = &d.layout_at_peak {
         h.push_str("<h3>Segments at the peak (replayed)</h3>\n");
-        chart(h, segments_svg(l, "at the peak"));
+        chart_of(h, "segments", segments_svg(l, "at the peak"));
     } else if !d.layout_now.segments.is_empty() {
         h.push_str("<h3>Segments at the snapshot's moment</h3>\n");
-        chart(h, segments_svg(&d.layout_now, "now"));
+        chart_of(h, "segments", segments_svg(&d.layout_now, "now"));
     }
     if let Some(f) = &d.segments_at_peak {
         let _ = writeln!(
@@ -251,7 +283,8 @@ fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
         for s in &d.top_sites {
             let _ = writeln!(
                 h,
-                "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr data-site=\"{}\"><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+                s.id,
                 esc(&s.site.site),
                 format_size(s.bytes),
                 s.blocks,
@@ -315,9 +348,14 @@ fn first_time(d: &DeviceReport) -> Option<i64> {
 }
 
 fn chart(h: &mut String, svg: Result<String, String>) {
+    chart_of(h, "", svg)
+}
+
+/// A chart the script may redraw (`view` names which; "" for none).
+fn chart_of(h: &mut String, view: &str, svg: Result<String, String>) {
     match svg {
         Ok(svg) => {
-            h.push_str("<div class=\"chart\">");
+            let _ = write!(h, "<div class=\"chart static\" data-view=\"{view}\">");
             h.push_str(&svg);
             h.push_str("</div>\n");
         }
@@ -327,27 +365,7 @@ fn chart(h: &mut String, svg: Result<String, String>) {
     }
 }
 
-/// The x coordinate of each timeline point: seconds into the trace, or the entry index.
-fn xs(d: &DeviceReport) -> (Vec<f64>, &'static str) {
-    let t0 = first_time(d);
-    let pts = &d.timeline.points;
-    match t0 {
-        Some(t0) => {
-            let mut last = 0.0;
-            let v = pts
-                .iter()
-                .map(|p| {
-                    if let Some(t) = p.time_us {
-                        last = ((t - t0) as f64 / 1e6).max(last);
-                    }
-                    last
-                })
-                .collect();
-            (v, "seconds into the trace")
-        }
-        None => (pts.iter().map(|p| p.index.map_or(0.0, |i| i as f64 + 1.0)).collect(), "trace entry"),
-    }
-}
+use crate::page_data::xs;
 
 /// A chart over the trace's timeline, `height` pixels high, bytes up to
 /// `top` on the y axis (labelled `ylabel`, then the unit); `draw` adds the
@@ -479,7 +497,8 @@ fn segments_svg(l: &Layout, when: &str) -> Result<String, String> {
         for (row, s) in segs.iter().enumerate() {
             let y0 = rows as f64 - row as f64 - 0.9;
             let mut off = 0u64;
-            for &(size, state) in &s.blocks {
+            for b in &s.blocks {
+                let (size, state) = (b.size, b.state);
                 let color = match state {
                     BlockState::ActiveAllocated => PALETTE[0],
                     BlockState::ActivePendingFree => PENDING,

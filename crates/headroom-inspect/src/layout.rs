@@ -4,8 +4,19 @@
 //! because they share a segment with a live block.
 
 use headroom_alloc::{BlockState, SegmentSnapshot};
-use headroom_trace::snapshot::Segment;
+use headroom_trace::snapshot::{Segment, StackId};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
+
+/// One block as the segment map draws it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BarBlock {
+    pub address: u64,
+    pub size: u64,
+    pub state: BlockState,
+    /// The call site holding it (an id of [`crate::sites::Sites`]), where known.
+    pub site: Option<u32>,
+}
 
 /// One segment as the segment map draws it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,8 +24,8 @@ pub struct SegmentBar {
     pub address: u64,
     pub size: u64,
     pub expandable: bool,
-    /// `(size, state)` of each block, by address.
-    pub blocks: Vec<(u64, BlockState)>,
+    /// Its blocks, by address.
+    pub blocks: Vec<BarBlock>,
 }
 
 /// Fragmentation measures of one moment.
@@ -43,8 +54,13 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The segments a snapshot recorded for `device`.
-    pub fn recorded<'a>(segments: impl IntoIterator<Item = &'a Segment>, device: u32) -> Layout {
+    /// The segments a snapshot recorded for `device`, each active block
+    /// named after the site of its recorded stack (`site_of`).
+    pub fn recorded<'a>(
+        segments: impl IntoIterator<Item = &'a Segment>,
+        device: u32,
+        mut site_of: impl FnMut(StackId) -> u32,
+    ) -> Layout {
         let mut segments: Vec<SegmentBar> = segments
             .into_iter()
             .filter(|s| s.device == device)
@@ -52,15 +68,25 @@ impl Layout {
                 address: s.address,
                 size: s.total_size,
                 expandable: s.is_expandable,
-                blocks: s.blocks.iter().map(|b| (b.size, b.state)).collect(),
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| BarBlock {
+                        address: b.address,
+                        size: b.size,
+                        state: b.state,
+                        site: (b.state != BlockState::Inactive && b.stack != 0).then(|| site_of(b.stack)),
+                    })
+                    .collect(),
             })
             .collect();
         segments.sort_by_key(|s| s.address);
         Layout { segments }
     }
 
-    /// The segments of a replayed allocator.
-    pub fn replayed(segments: &[SegmentSnapshot]) -> Layout {
+    /// The segments of a replayed allocator; `sites` names the live blocks by
+    /// address (the replay's addresses are the recorded ones where it matches).
+    pub fn replayed(segments: &[SegmentSnapshot], sites: &FxHashMap<u64, u32>) -> Layout {
         Layout {
             segments: segments
                 .iter()
@@ -68,7 +94,16 @@ impl Layout {
                     address: s.address,
                     size: s.total_size,
                     expandable: s.is_expandable,
-                    blocks: s.blocks.iter().map(|b| (b.size, b.state)).collect(),
+                    blocks: s
+                        .blocks
+                        .iter()
+                        .map(|b| BarBlock {
+                            address: b.address,
+                            size: b.size,
+                            state: b.state,
+                            site: (b.state != BlockState::Inactive).then(|| sites.get(&b.address).copied()).flatten(),
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -78,7 +113,7 @@ impl Layout {
         let mut f = Fragmentation { segments: self.segments.len(), ..Default::default() };
         for s in &self.segments {
             f.reserved_bytes += s.size;
-            let free: u64 = s.blocks.iter().filter(|b| b.1 == BlockState::Inactive).map(|b| b.0).sum();
+            let free: u64 = s.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
             let active = s.size.saturating_sub(free);
             f.active_bytes += active;
             f.free_bytes += free;
@@ -87,7 +122,8 @@ impl Layout {
             } else {
                 f.releasable_bytes += free;
             }
-            let largest = s.blocks.iter().filter(|b| b.1 == BlockState::Inactive).map(|b| b.0).max().unwrap_or(0);
+            let largest =
+                s.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
             f.largest_free_block_bytes = f.largest_free_block_bytes.max(largest);
         }
         f
@@ -98,6 +134,17 @@ impl Layout {
 mod tests {
     use super::*;
 
+    fn blocks(at: u64, list: &[(u64, BlockState)]) -> Vec<BarBlock> {
+        let mut address = at;
+        list.iter()
+            .map(|&(size, state)| {
+                let b = BarBlock { address, size, state, site: None };
+                address += size;
+                b
+            })
+            .collect()
+    }
+
     #[test]
     fn split_free_bytes_are_told_apart_from_releasable_ones() {
         let l = Layout {
@@ -106,13 +153,13 @@ mod tests {
                     address: 0,
                     size: 20 << 20,
                     expandable: false,
-                    blocks: vec![(4 << 20, BlockState::ActiveAllocated), (16 << 20, BlockState::Inactive)],
+                    blocks: blocks(0, &[(4 << 20, BlockState::ActiveAllocated), (16 << 20, BlockState::Inactive)]),
                 },
                 SegmentBar {
                     address: 1 << 30,
                     size: 2 << 20,
                     expandable: false,
-                    blocks: vec![(2 << 20, BlockState::Inactive)],
+                    blocks: blocks(1 << 30, &[(2 << 20, BlockState::Inactive)]),
                 },
             ],
         };

@@ -84,28 +84,51 @@ pub struct NotSteps(pub String);
 
 /// The sites that grow across `reps`, largest growth first; an error saying
 /// why when the repetitions are not steps.
+///
+/// Each site's live bytes are kept up to date entry by entry, and at each
+/// repetition's start only the sites that changed since the last are
+/// written down: the cost follows the trace, not repetitions × live blocks
+/// (a leak of one block a step made that quadratic).
 pub fn suspects(walk: &mut Walk, reps: &Repetitions, sites: &mut Sites) -> Result<Vec<LeakSuspect>, NotSteps> {
-    let mut per_site: Vec<Vec<u64>> = Vec::new();
     let trace = walk.trace();
+    let mut bytes: Vec<u64> = Vec::new();
+    let mut dirty: Vec<u32> = Vec::new();
+    // Per site: (repetition, live bytes) at each start where they had changed.
+    let mut changes: Vec<Vec<(usize, u64)>> = Vec::new();
+    let note = |id: u32, delta: i128, bytes: &mut Vec<u64>, dirty: &mut Vec<u32>| {
+        let i = id as usize;
+        if bytes.len() <= i {
+            bytes.resize(i + 1, 0);
+        }
+        bytes[i] = (bytes[i] as i128 + delta).max(0) as u64;
+        dirty.push(id);
+    };
+    let live: Vec<_> = walk.live.values().filter(|l| !l.pending).copied().collect();
+    for l in &live {
+        note(sites.of(l), l.size as i128, &mut bytes, &mut dirty);
+    }
     let mut allocated_at = Vec::new();
-    for &start in &reps.starts {
-        if start > 0 {
-            walk.run_through(start - 1);
+    for (r, &start) in reps.starts.iter().enumerate() {
+        while walk.next < start {
+            walk.step_with(|l, added| {
+                let delta = if added { l.size as i128 } else { -(l.size as i128) };
+                note(sites.of(l), delta, &mut bytes, &mut dirty);
+            });
         }
         allocated_at.push(walk.totals.allocated_bytes);
-        let mut bytes: FxHashMap<u32, u64> = FxHashMap::default();
-        for l in walk.live.values().filter(|l| !l.pending) {
-            *bytes.entry(sites.of(l)).or_default() += l.size;
+        dirty.sort_unstable();
+        dirty.dedup();
+        if changes.len() < bytes.len() {
+            changes.resize(bytes.len(), Vec::new());
         }
-        if per_site.len() < sites.list.len() {
-            per_site.resize(sites.list.len(), Vec::new());
-        }
-        let k = per_site.iter().map(Vec::len).max().unwrap_or(0);
-        for (id, series) in per_site.iter_mut().enumerate() {
-            series.resize(k, 0);
-            series.push(bytes.get(&(id as u32)).copied().unwrap_or(0));
+        for id in dirty.drain(..) {
+            let c = &mut changes[id as usize];
+            if c.last().is_none_or(|&(_, b)| b != bytes[id as usize]) {
+                c.push((r, bytes[id as usize]));
+            }
         }
     }
+    let n = reps.starts.len();
     // After warm-up: what the repetitions allocated, and what they kept.
     let (first, last) = (reps.starts[1], *reps.starts.last().expect("at least three"));
     let allocated: u64 = trace[first..last].iter().filter(|e| e.action == TraceAction::Alloc).map(|e| e.size).sum();
@@ -120,10 +143,19 @@ pub fn suspects(walk: &mut Walk, reps: &Repetitions, sites: &mut Sites) -> Resul
             100.0 * kept as f64 / allocated as f64
         )));
     }
-    let mut out: Vec<LeakSuspect> = per_site
+    // Growth in half the steps after warm-up needs that many changes: only
+    // such sites are written out repetition by repetition.
+    let needed = n.saturating_sub(2).div_ceil(2).max(1);
+    let mut out: Vec<LeakSuspect> = changes
         .into_iter()
         .enumerate()
-        .filter_map(|(id, series)| {
+        .filter(|(_, c)| c.iter().filter(|&&(r, _)| r >= 2).count() >= needed)
+        .filter_map(|(id, c)| {
+            let mut series = vec![0u64; n];
+            for (k, &(r, b)) in c.iter().enumerate() {
+                let until = c.get(k + 1).map_or(n, |&(next, _)| next);
+                series[r..until].fill(b);
+            }
             let after = series.get(1..)?;
             let steps = after.len().checked_sub(1).filter(|&s| s > 0)?;
             let never_shrinks = after.windows(2).all(|w| w[1] >= w[0]);

@@ -17,6 +17,8 @@ pub mod html;
 pub mod layout;
 pub mod leaks;
 pub mod oom;
+pub mod page_data;
+pub mod printable;
 pub mod report;
 pub mod sites;
 pub mod step_phases;

@@ -6,7 +6,7 @@ use crate::frames::Phase;
 use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
-use crate::sites::{group, RoleBytes, SiteBytes, Sites};
+use crate::sites::{group, RoleBytes, SiteBytes, SiteDetail, Sites};
 use crate::step_phases::{step_phases, StepPhases};
 use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
@@ -69,6 +69,8 @@ pub struct Recommendation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SiteSeries {
     pub site: String,
+    /// The site's id in [`DeviceReport::sites`].
+    pub id: u32,
     pub bytes: Vec<u64>,
 }
 
@@ -125,6 +127,10 @@ pub struct DeviceReport {
     pub layout_at_peak: Option<Layout>,
     #[serde(skip)]
     pub layout_now: Layout,
+    /// The sites the timeline's bands, the site table and the segment maps
+    /// name, by id, with a stack each: what the HTML report shows on pointing.
+    #[serde(skip)]
+    pub sites: Vec<(u32, SiteDetail)>,
 }
 
 /// Simulated device size when the run's own is unknown: larger than any GPU,
@@ -135,7 +141,8 @@ const UNBOUNDED: u64 = 1 << 50;
 pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions) -> DeviceReport {
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let (recorded, settings_note) = snap.allocator_config();
-    let layout_now = Layout::recorded(&snap.segments, device);
+    let mut sites = Sites::new(&snap.stacks, opts.cpp);
+    let layout_now = Layout::recorded(&snap.segments, device, |stack| sites.of_stack(stack));
     let segments_now = layout_now.fragmentation();
     let mut now = Totals { reserved_bytes: segments_now.reserved_bytes, ..Default::default() };
     for b in snap.segments.iter().filter(|s| s.device == device).flat_map(|s| &s.blocks) {
@@ -150,7 +157,6 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         }
     }
     let has_frames = !snap.stacks.frames.is_empty();
-    let mut sites = Sites::new(&snap.stacks, opts.cpp);
     let mut r = DeviceReport {
         device,
         trace_entries: trace.len(),
@@ -189,6 +195,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         series: Vec::new(),
         layout_at_peak: None,
         layout_now,
+        sites: Vec::new(),
     };
     if !has_frames {
         r.unavailable.push(
@@ -214,10 +221,25 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             .collect();
         fill_sites(&mut r, group(live.iter(), &mut sites), opts.top);
         recommend(&mut r, &recorded, None);
+        name_sites(&mut r, &sites);
         return r;
     }
     if !r.has_times {
         r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
+    }
+    // PyTorch's clock only moves forward; a trace whose times do not was
+    // edited or merged, and its "seconds into the trace" can be negative.
+    let mut last = None;
+    for (i, t) in trace.iter().enumerate().filter_map(|(i, e)| e.time_us.map(|t| (i, t))) {
+        if last.is_some_and(|l| t < l) {
+            r.notes.push(format!(
+                "times go backwards at entry {i} ({t} µs after {} µs): moments are placed by entry, and times are \
+                 shown as recorded",
+                last.unwrap_or_default()
+            ));
+            break;
+        }
+        last = Some(t);
     }
 
     let dt = match DeviceTrace::new(snap, device) {
@@ -234,12 +256,23 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
 
     // Replays: the segments at the peak and at the OOM, and the remedies.
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
+    // The device the run had: what it reserved plus what the driver said was
+    // free. A `device_free` past any GPU would wrap that sum (or make a
+    // device of exabytes), so the size is then unknown, as without one.
     let capacity = oom_at.and_then(|i| {
         let mut w = plain_walk();
         if i > 0 {
             w.run_through(i - 1);
         }
-        trace[i].device_free.map(|free| w.totals.reserved_bytes + free)
+        let free = trace[i].device_free?;
+        let cap = w.totals.reserved_bytes.checked_add(free).filter(|&c| c <= UNBOUNDED);
+        if cap.is_none() {
+            r.notes.push(format!(
+                "the `oom` entry {i} says {free} bytes were free on the device, more than any GPU has (1 PiB): the \
+                 device's size is taken as unknown"
+            ));
+        }
+        cap
     });
     let mut fidelity: Option<Fidelity> = None;
     match &dt {
@@ -296,6 +329,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         w.run_through(i);
     }
     fill_sites(&mut r, group(w.live.values(), &mut sites), opts.top);
+    let peak_sites: rustc_hash::FxHashMap<u64, u32> = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
     // Pass 3: the largest sites' bands under the timeline.
     r.series = series(walk(), &tl, &r.top_sites, opts.series, &mut sites);
@@ -321,7 +355,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         let cap = capacity.unwrap_or(UNBOUNDED);
         let at_peak = tl_peak_next(&r);
         if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, at_peak) {
-            let l = Layout::replayed(&s.segments);
+            let l = Layout::replayed(&s.segments, &peak_sites);
             r.segments_at_peak = Some(l.fragmentation());
             r.layout_at_peak = Some(l);
         }
@@ -337,7 +371,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             index: i,
             time_us: e.time_us,
             requested_bytes: e.size,
-            free_bytes: e.device_free,
+            free_bytes: e.device_free.filter(|&f| f <= UNBOUNDED),
             allocated_bytes: w.totals.allocated_bytes,
             reserved_bytes: w.totals.reserved_bytes,
             reserved_unallocated_bytes: w.totals.reserved_bytes.saturating_sub(w.totals.allocated_bytes),
@@ -351,13 +385,15 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         match (&dt, &fidelity, capacity) {
             (Some(t), Some(f), Some(cap)) => {
                 if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, i) {
-                    o.largest_free_block_bytes =
-                        Some(Layout::replayed(&s.segments).fragmentation().largest_free_block_bytes);
+                    o.largest_free_block_bytes = Some(
+                        Layout::replayed(&s.segments, &Default::default()).fragmentation().largest_free_block_bytes,
+                    );
                 }
                 o.remedies = oom::remedies(t, &recorded, cap, &f.empty_cache_calls, r.ooms_recorded);
             }
             (_, _, None) => r.unavailable.push(
-                "OOM remedies: the `oom` entry does not record the device's free memory, so the device size is unknown"
+                "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
+                 GPU has), so the device size is unknown"
                     .into(),
             ),
             _ => {}
@@ -373,7 +409,19 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         _ => None,
     };
     recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
+    name_sites(&mut r, &sites);
     r
+}
+
+/// The sites the report's views name, each with what pointing at it shows.
+fn name_sites(r: &mut DeviceReport, sites: &Sites) {
+    let layouts = r.layout_at_peak.iter().chain(std::iter::once(&r.layout_now));
+    let blocks = layouts.flat_map(|l| &l.segments).flat_map(|s| &s.blocks).filter_map(|b| b.site);
+    let mut ids: Vec<u32> =
+        r.top_sites.iter().map(|s| s.id).chain(r.series.iter().map(|s| s.id)).chain(blocks).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    r.sites = ids.into_iter().map(|id| (id, sites.detail(id))).collect();
 }
 
 /// The entry just after the peak: the replayed state there is the state at the peak.
@@ -408,7 +456,7 @@ fn series(mut w: Walk, tl: &Timeline, top: &[SiteBytes], n: usize, sites: &mut S
     }
     let mut out: Vec<SiteSeries> = chosen
         .iter()
-        .map(|&id| SiteSeries { site: sites.list[id as usize].site.site.clone(), bytes: Vec::new() })
+        .map(|&id| SiteSeries { site: sites.list[id as usize].site.site.clone(), id, bytes: Vec::new() })
         .collect();
     let mut points = tl.points.iter().peekable();
     let record = |out: &mut Vec<SiteSeries>, bytes: &[u64]| {

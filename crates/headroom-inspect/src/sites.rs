@@ -10,10 +10,28 @@ use serde::Serialize;
 /// Call sites numbered in the order they are first met.
 pub struct Sites<'a> {
     classifier: Classifier<'a>,
+    stacks: &'a Stacks,
     pub list: Vec<StackInfo>,
+    /// By site: the first stack met that collapses into it (0 for none), to show in full.
+    first_stack: Vec<StackId>,
     by_stack: Vec<u32>,
     by_name: FxHashMap<String, u32>,
 }
+
+/// One call site as the HTML report shows it when pointed at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteDetail {
+    pub site: String,
+    pub role: Role,
+    pub phase: Phase,
+    /// One of its stacks, innermost first, as `file:line in function`, at most [`STACK_SHOWN`].
+    pub frames: Vec<String>,
+    /// Frames of that stack beyond those shown.
+    pub more_frames: usize,
+}
+
+/// Frames of a stack shown in full: enough to see the model code above torch's.
+pub const STACK_SHOWN: usize = 40;
 
 const UNSEEN: u32 = u32::MAX;
 
@@ -21,7 +39,9 @@ impl<'a> Sites<'a> {
     pub fn new(stacks: &'a Stacks, cpp: bool) -> Sites<'a> {
         Sites {
             classifier: Classifier::new(stacks, cpp),
+            stacks,
             list: Vec::new(),
+            first_stack: Vec::new(),
             by_stack: vec![UNSEEN; stacks.stacks.len()],
             by_name: FxHashMap::default(),
         }
@@ -47,9 +67,33 @@ impl<'a> Sites<'a> {
         }
         if self.by_stack[i] == UNSEEN {
             let info = self.classifier.info(stack).clone();
-            self.by_stack[i] = self.named(info);
+            let id = self.named(info);
+            if self.first_stack[id as usize] == 0 {
+                self.first_stack[id as usize] = stack;
+            }
+            self.by_stack[i] = id;
         }
         self.by_stack[i]
+    }
+
+    /// What the report shows of site `id` when it is pointed at.
+    pub fn detail(&self, id: u32) -> SiteDetail {
+        let info = &self.list[id as usize];
+        let stack = self.first_stack[id as usize];
+        let all = self.stacks.stacks.get(stack as usize).map_or(0, |s| s.len());
+        let frames = self
+            .stacks
+            .frames_of(stack)
+            .take(STACK_SHOWN)
+            .map(|(file, line, name)| crate::printable::printable(&format!("{file}:{line} in {name}")).into_owned())
+            .collect();
+        SiteDetail {
+            site: info.site.site.clone(),
+            role: info.role,
+            phase: info.phase,
+            frames,
+            more_frames: all.saturating_sub(STACK_SHOWN),
+        }
     }
 
     /// What the stack says.
@@ -58,13 +102,18 @@ impl<'a> Sites<'a> {
         &self.list[id as usize]
     }
 
-    fn named(&mut self, info: StackInfo) -> u32 {
+    fn named(&mut self, mut info: StackInfo) -> u32 {
+        // Every site shown (text, HTML, JSON, traces) passes here: names from the file made safe once.
+        if let std::borrow::Cow::Owned(safe) = crate::printable::printable(&info.site.site) {
+            info.site.site = safe;
+        }
         if let Some(&id) = self.by_name.get(&info.site.site) {
             return id;
         }
         let id = self.list.len() as u32;
         self.by_name.insert(info.site.site.clone(), id);
         self.list.push(info);
+        self.first_stack.push(0);
         id
     }
 }

@@ -154,6 +154,27 @@ impl<'a> Walk<'a> {
         true
     }
 
+    /// [`Walk::step`], telling `change` of each allocation that becomes the
+    /// caller's (`true`: allocated) or stops being it (`false`: its free
+    /// requested or done, or its address allocated over). What a call site
+    /// holds at any moment is the sum of its changes, kept without looking at
+    /// every live block again.
+    pub fn step_with(&mut self, mut change: impl FnMut(&Live, bool)) -> bool {
+        let Some(e) = self.trace.get(self.next) else { return false };
+        if is_block_entry(e.action) {
+            if let Some(l) = self.live.get(&e.addr).filter(|l| !l.pending) {
+                change(l, false);
+            }
+        }
+        self.step();
+        if e.action == TraceAction::Alloc {
+            if let Some(l) = self.live.get(&e.addr) {
+                change(l, true);
+            }
+        }
+        true
+    }
+
     /// Applies entries up to and including `index`.
     pub fn run_through(&mut self, index: usize) {
         while self.next <= index && self.step() {}

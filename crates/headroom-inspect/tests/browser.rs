@@ -1,18 +1,51 @@
-//! The HTML report in a real browser: headless Chromium renders it offline,
+//! The HTML report in a real browser. Headless Chromium renders it offline:
 //! the screenshot is not blank, the plots' colours are on it, and the
-//! console stays free of errors. A page with a deliberate script error must
-//! be caught by the same check.
+//! console stays free of errors (a page with a deliberate script error must
+//! be caught by the same check). Then the page is driven as a user drives
+//! it, through the DevTools protocol: pointer moves over a band and a block
+//! show their size, call site and stack; the wheel zooms the timeline, a
+//! drag pans it and a double-click resets it; a click on a site shows only
+//! that site in the bands, the segment map and the table. With script off,
+//! the plots are still there.
 //!
-//! Needs Debian's `chromium` (.ci/run installs it); skipped with a message
-//! where it is absent, except under CI, where that fails.
+//! Needs Debian's `chromium` (.ci/run installs it); where it is absent the
+//! tests say "skipped" in the summary (and fail under CI, which must have it).
 
 mod common;
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 
 use headroom_inspect::{html, inspect, InspectOptions};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Flags for a headless Chromium on a machine without a network: the
+/// background-networking ones keep it from trying to reach Google's hosts.
+const FLAGS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
+fn chromium() -> bool {
+    if Path::new(CHROMIUM).exists() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must install chromium (.ci/run does)");
+    skip::skip(&format!("{CHROMIUM} is absent (apt-get install chromium)"));
+    false
+}
 
 /// Renders `page` and returns the screenshot's RGB pixels and the console lines.
 fn render(dir: &Path, page: &str) -> (Vec<[u8; 3]>, Vec<String>) {
@@ -20,19 +53,8 @@ fn render(dir: &Path, page: &str) -> (Vec<[u8; 3]>, Vec<String>) {
     std::fs::write(&file, page).unwrap();
     let shot = dir.join("shot.png");
     let out = Command::new(CHROMIUM)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--window-size=1100,3200",
-        ])
+        .args(FLAGS)
+        .args(["--enable-logging=stderr", "--v=0", "--window-size=1100,3200"])
         .arg(format!("--user-data-dir={}", dir.join("profile").display()))
         .arg(format!("--screenshot={}", shot.display()))
         .arg(format!("file://{}", file.display()))
@@ -52,15 +74,6 @@ fn render(dir: &Path, page: &str) -> (Vec<[u8; 3]>, Vec<String>) {
     (pixels, console)
 }
 
-fn chromium() -> bool {
-    if Path::new(CHROMIUM).exists() {
-        return true;
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must install chromium (.ci/run does)");
-    eprintln!("skipped: {CHROMIUM} is absent (apt-get install chromium)");
-    false
-}
-
 #[test]
 fn the_report_renders_offline_with_its_plots_and_no_console_errors() {
     if !chromium() {
@@ -70,7 +83,7 @@ fn the_report_renders_offline_with_its_plots_and_no_console_errors() {
     let snap = common::training_run(6, true);
     let report = inspect("train.json", &snap, &[], &InspectOptions::default());
     let page = html::render(&[report], None);
-    for fetch in ["src=\"http", "href=\"http", "@import", "url(http", "<link"] {
+    for fetch in ["src=\"http", "href=\"http", "@import", "url(http", "<link", "<script src"] {
         assert!(!page.contains(fetch), "nothing is fetched: {fetch}");
     }
     let (pixels, console) = render(dir.path(), &page);
@@ -96,4 +109,329 @@ fn a_console_error_is_caught() {
     let (_, console) =
         render(dir.path(), "<!DOCTYPE html><html><body><p>x</p><script>undefined_function()</script></body></html>");
     assert!(!console.is_empty(), "the deliberate error shows on the console");
+}
+
+// ---------------------------------------------------------------------------
+// Driving the page: the DevTools protocol over a pipe (--remote-debugging-pipe:
+// Chromium reads commands on fd 3 and writes replies and events on fd 4, each
+// a JSON message ended by a NUL). No port, no WebSocket, no other process.
+
+extern "C" {
+    fn dup2(old: i32, new: i32) -> i32;
+    fn fcntl(fd: i32, cmd: i32, ...) -> i32;
+}
+const F_DUPFD: i32 = 0;
+
+struct Browser {
+    child: Child,
+    to: std::io::PipeWriter,
+    from: BufReader<std::io::PipeReader>,
+    next: u64,
+    /// Errors the pages reported: exceptions, console errors, failed loads.
+    errors: Vec<String>,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn launch() -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let (commands, to) = std::io::pipe().unwrap();
+        let (from, replies) = std::io::pipe().unwrap();
+        let (r, w) = (commands.as_raw_fd(), replies.as_raw_fd());
+        let mut cmd = Command::new(CHROMIUM);
+        cmd.args(FLAGS).arg("--remote-debugging-pipe").arg(format!("--user-data-dir={}", profile.path().display()));
+        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, dup2)
+        // on descriptors this process owns. They are first moved above 10, so that
+        // placing them at 3 and 4 cannot overwrite one with the other.
+        unsafe {
+            cmd.pre_exec(move || {
+                let (r, w) = (fcntl(r, F_DUPFD, 10), fcntl(w, F_DUPFD, 10));
+                if r < 0 || w < 0 || dup2(r, 3) < 0 || dup2(w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        drop((commands, replies));
+        Browser { child, to, from: BufReader::new(from), next: 0, errors: Vec::new(), _profile: profile }
+    }
+
+    fn read(&mut self) -> Value {
+        let mut buf = Vec::new();
+        let n = self.from.read_until(0, &mut buf).unwrap();
+        assert!(n > 0, "chromium closed the pipe");
+        buf.pop();
+        let v: Value = serde_json::from_slice(&buf).unwrap();
+        match v["method"].as_str() {
+            Some("Runtime.exceptionThrown") => self.errors.push(v["params"]["exceptionDetails"].to_string()),
+            Some("Runtime.consoleAPICalled") if v["params"]["type"] == "error" => {
+                self.errors.push(v["params"]["args"].to_string())
+            }
+            Some("Log.entryAdded") if v["params"]["entry"]["level"] == "error" => {
+                self.errors.push(v["params"]["entry"]["text"].to_string())
+            }
+            _ => {}
+        }
+        v
+    }
+
+    /// Sends a command (to a page's session) and returns its result.
+    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if let Some(s) = session {
+            msg["sessionId"] = json!(s);
+        }
+        let mut bytes = serde_json::to_vec(&msg).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let v = self.read();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {}", v["error"]);
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// A new page at `url`, loaded, with script on or off: its session.
+    fn open(&mut self, url: &str, script: bool) -> String {
+        let target = self.call(None, "Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
+        let s = self.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}))["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        for domain in ["Runtime.enable", "Page.enable", "Log.enable"] {
+            self.call(Some(&s), domain, json!({}));
+        }
+        let metrics = json!({"width": 1100, "height": 900, "deviceScaleFactor": 1, "mobile": false});
+        self.call(Some(&s), "Emulation.setDeviceMetricsOverride", metrics);
+        self.call(Some(&s), "Emulation.setScriptExecutionDisabled", json!({"value": !script}));
+        self.call(Some(&s), "Page.navigate", json!({"url": url}));
+        loop {
+            let v = self.read();
+            if v["method"] == "Page.loadEventFired" && v["sessionId"] == s.as_str() {
+                return s;
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page.
+    fn eval(&mut self, s: &str, js: &str) -> Value {
+        let r = self.call(Some(s), "Runtime.evaluate", json!({"expression": js, "returnByValue": true}));
+        assert!(r.get("exceptionDetails").is_none(), "{js}: {}", r["exceptionDetails"]);
+        r["result"]["value"].clone()
+    }
+
+    fn mouse(&mut self, s: &str, kind: &str, x: f64, y: f64, extra: Value) {
+        let mut p = json!({"type": kind, "x": x, "y": y});
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        self.call(Some(s), "Input.dispatchMouseEvent", p);
+    }
+
+    fn click(&mut self, s: &str, x: f64, y: f64, count: u32) {
+        let press = json!({"button": "left", "buttons": 1, "clickCount": count});
+        self.mouse(s, "mousePressed", x, y, press);
+        self.mouse(s, "mouseReleased", x, y, json!({"button": "left", "buttons": 0, "clickCount": count}));
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The tooltip's text, or None while it is hidden.
+fn tip(b: &mut Browser, s: &str) -> Option<String> {
+    b.eval(s, "(() => { const t = document.querySelector('.hr-tip'); return t.hidden ? null : t.textContent; })()")
+        .as_str()
+        .map(str::to_string)
+}
+
+/// The timeline's visible span, as the chart records it.
+fn span(b: &mut Browser, s: &str) -> (f64, f64) {
+    let v = b.eval(
+        s,
+        "(() => { const g = document.querySelector('svg.hr-timeline'); return [+g.dataset.x0, +g.dataset.x1]; })()",
+    );
+    (f(&v[0]), f(&v[1]))
+}
+
+#[test]
+fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
+    if !chromium() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let snap = common::training_run(6, true);
+    let report = inspect("train.json", &snap, &[], &InspectOptions::default());
+    let d = &report.devices[0];
+    assert!(d.series.len() >= 3, "bands to point at: {}", d.series.len());
+    let page = html::render(std::slice::from_ref(&report), None);
+    let file = dir.path().join("report.html");
+    std::fs::write(&file, &page).unwrap();
+    let url = format!("file://{}", file.display());
+
+    let mut b = Browser::launch();
+    let s = b.open(&url, true);
+    assert!(b.errors.is_empty(), "errors: {:?}", b.errors);
+    assert_eq!(b.eval(&s, "document.documentElement.classList.contains('js')"), true);
+    assert_eq!(b.eval(&s, "document.querySelectorAll('.static.replaced').length"), 2, "timeline and map redrawn");
+
+    // The plot area on screen, and a point of the bottom band where it is
+    // thickest, found from the page's data (not from the chart's code).
+    let geo = b.eval(
+        &s,
+        r#"(() => {
+            const p = document.querySelector('svg.hr-timeline .hr-plot');
+            p.scrollIntoView({block: 'center'});
+            const r = p.getBoundingClientRect();
+            const d = JSON.parse(document.querySelector('script.hr-data').textContent);
+            let i = 0;
+            d.series[0].bytes.forEach((v, k) => { if (v > d.series[0].bytes[i]) i = k; });
+            let top = 1;
+            for (let k = 0; k < d.x.length; k++) top = Math.max(top, d.reserved[k], d.allocated[k]);
+            const x0 = d.x[0], x1 = d.x[d.x.length - 1];
+            return {left: r.left, top: r.top, width: r.width, height: r.height,
+                    px: r.left + (d.x[i] - x0) / (x1 - x0) * r.width,
+                    py: r.bottom - d.series[0].bytes[i] / 2 / (top * 1.05) * r.height,
+                    site: d.sites[d.series[0].site].name, site1: d.series[1].site,
+                    site1name: d.sites[d.series[1].site].name, frame: d.sites[d.series[0].site].frames[0]};
+        })()"#,
+    );
+    let (px, py) = (f(&geo["px"]), f(&geo["py"]));
+    let (cx, cy) = (f(&geo["left"]) + f(&geo["width"]) / 2.0, f(&geo["top"]) + f(&geo["height"]) / 2.0);
+
+    // Pointing at the band: its site, its bytes there, its stack.
+    assert_eq!(tip(&mut b, &s), None);
+    b.mouse(&s, "mouseMoved", px, py, json!({}));
+    let t = tip(&mut b, &s).expect("a tooltip over the band");
+    for want in [geo["site"].as_str().unwrap(), "live here", "allocated", "MiB", geo["frame"].as_str().unwrap()] {
+        assert!(t.contains(want), "{want:?} not in the tooltip: {t}");
+    }
+    b.mouse(&s, "mouseMoved", 2.0, 2.0, json!({}));
+    assert_eq!(tip(&mut b, &s), None, "the tooltip goes when the pointer leaves");
+
+    // The wheel zooms about the pointer; the axis follows.
+    let whole = span(&mut b, &s);
+    let labels = "[...document.querySelectorAll('svg.hr-timeline .hr-xtick')].map(t => t.textContent).join(' ')";
+    let before = b.eval(&s, labels);
+    for _ in 0..3 {
+        b.mouse(&s, "mouseWheel", cx, cy, json!({"deltaX": 0, "deltaY": -120}));
+    }
+    let zoomed = span(&mut b, &s);
+    let ratio = (zoomed.1 - zoomed.0) / (whole.1 - whole.0);
+    assert!((ratio - 0.512).abs() < 0.01, "three notches in: {ratio}");
+    assert!(zoomed.0 > whole.0 && zoomed.1 < whole.1, "about the pointer: {zoomed:?} in {whole:?}");
+    assert_ne!(b.eval(&s, labels), before, "the axis is relabelled");
+
+    // A drag to the left pans to later times by the distance dragged.
+    let w = f(&geo["width"]);
+    b.mouse(&s, "mousePressed", cx, cy, json!({"button": "left", "buttons": 1, "clickCount": 1}));
+    b.mouse(&s, "mouseMoved", cx - 100.0, cy, json!({"button": "left", "buttons": 1}));
+    b.mouse(&s, "mouseMoved", cx - 200.0, cy, json!({"button": "left", "buttons": 1}));
+    b.mouse(&s, "mouseReleased", cx - 200.0, cy, json!({"button": "left", "buttons": 0, "clickCount": 1}));
+    let panned = span(&mut b, &s);
+    let expected = 200.0 / w * (zoomed.1 - zoomed.0);
+    let moved = panned.0 - zoomed.0;
+    assert!((moved - expected).abs() < expected * 0.05 || panned.1 >= whole.1, "panned {moved}, dragged {expected}");
+    assert!(((panned.1 - panned.0) - (zoomed.1 - zoomed.0)).abs() < 1e-9 * whole.1.max(1.0), "the span is kept");
+
+    // A double-click shows the whole trace again.
+    b.click(&s, cx, cy, 1);
+    b.click(&s, cx, cy, 2);
+    assert_eq!(span(&mut b, &s), whole);
+
+    // A click on a site in the legend: only that site, in every view.
+    let site1 = geo["site1"].as_u64().unwrap();
+    let key = b.eval(
+        &s,
+        &format!(
+            "(() => {{ const k = document.querySelector('.hr-legend button[data-site=\"{site1}\"]'); \
+             k.scrollIntoView({{block: 'center'}}); const r = k.getBoundingClientRect(); \
+             return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
+        ),
+    );
+    b.click(&s, f(&key[0]), f(&key[1]), 1);
+    let state = r#"(() => ({
+        bar: document.querySelector('.hr-filter').hidden ? null : document.querySelector('.hr-filter').textContent,
+        rows: [...document.querySelectorAll('tr[data-site]')].filter(r => !r.hidden).map(r => +r.dataset.site),
+        allRows: document.querySelectorAll('tr[data-site]').length,
+        bands: [...document.querySelectorAll('svg.hr-timeline .hr-band')].map(p => [+p.dataset.site, +p.getAttribute('fill-opacity')]),
+        blocks: [...document.querySelectorAll('svg.hr-segments .hr-block')].map(r => +r.getAttribute('fill-opacity')),
+    }))()"#;
+    let v = b.eval(&s, state);
+    let bar = v["bar"].as_str().expect("the filter is said");
+    assert!(bar.contains(geo["site1name"].as_str().unwrap()), "{bar}");
+    assert_eq!(v["rows"], json!([site1]), "only its row in the table of {} rows", v["allRows"]);
+    for band in v["bands"].as_array().unwrap() {
+        let (id, opacity) = (band[0].as_u64().unwrap(), f(&band[1]));
+        assert_eq!(opacity > 0.5, id == site1, "band {id}: opacity {opacity}");
+    }
+    let dimmed = v["blocks"].as_array().unwrap().iter().filter(|o| f(o) < 0.5).count();
+    assert!(dimmed > 0, "blocks of other sites are dimmed in the segment map");
+
+    // A click on a band in the chart picks its site instead.
+    let p = b.eval(
+        &s,
+        "(() => { document.querySelector('svg.hr-timeline').scrollIntoView({block: 'center'}); return 0; })()",
+    );
+    assert_eq!(p, 0);
+    let g = b.eval(
+        &s,
+        r#"(() => { const d = JSON.parse(document.querySelector('script.hr-data').textContent);
+            const r = document.querySelector('svg.hr-timeline .hr-plot').getBoundingClientRect();
+            let i = 0; d.series[0].bytes.forEach((v, k) => { if (v > d.series[0].bytes[i]) i = k; });
+            let top = 1; for (let k = 0; k < d.x.length; k++) top = Math.max(top, d.reserved[k], d.allocated[k]);
+            const x0 = d.x[0], x1 = d.x[d.x.length - 1];
+            return [r.left + (d.x[i] - x0) / (x1 - x0) * r.width, r.bottom - d.series[0].bytes[i] / 2 / (top * 1.05) * r.height, d.series[0].site]; })()"#,
+    );
+    b.click(&s, f(&g[0]), f(&g[1]), 1);
+    let v = b.eval(&s, state);
+    assert_eq!(v["rows"], json!([g[2]]), "the band's site is shown alone");
+    // And the filter's button shows every site again.
+    let clear = b.eval(
+        &s,
+        "(() => { const k = document.querySelector('.hr-filter button'); k.scrollIntoView({block: 'center'}); \
+         const r = k.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()",
+    );
+    b.click(&s, f(&clear[0]), f(&clear[1]), 1);
+    let v = b.eval(&s, state);
+    assert_eq!(v["bar"], Value::Null);
+    assert_eq!(v["rows"].as_array().unwrap().len() as u64, v["allRows"].as_u64().unwrap());
+
+    // Pointing at an allocated block of the segment map: its size, state, site and stack.
+    let blk = b.eval(
+        &s,
+        r#"(() => { const d = JSON.parse(document.querySelector('script.hr-data').textContent);
+            for (const [row, seg] of d.layout.segments.entries()) for (const [k, blk] of seg.blocks.entries())
+              if (blk[1] === 0 && blk[2] !== null) {
+                const r = document.querySelector(`svg.hr-segments .hr-block[data-row="${row}"][data-block="${k}"]`);
+                r.scrollIntoView({block: 'center'}); const b = r.getBoundingClientRect();
+                return [b.left + b.width / 2, b.top + b.height / 2, d.sites[blk[2]].name]; }
+            return null; })()"#,
+    );
+    b.mouse(&s, "mouseMoved", f(&blk[0]), f(&blk[1]), json!({}));
+    let t = tip(&mut b, &s).expect("a tooltip over the block");
+    for want in ["block of", "allocated", "segment at 0x", blk[2].as_str().unwrap()] {
+        assert!(t.contains(want), "{want:?} not in the tooltip: {t}");
+    }
+    assert!(b.errors.is_empty(), "errors while driving: {:?}", b.errors);
+
+    // With script off the page is whole: the static plots show, nothing interactive does.
+    let s2 = b.open(&url, false);
+    let v = b.eval(&s2, "[...document.querySelectorAll('.static svg')].map(g => g.getBoundingClientRect().height)");
+    let heights: Vec<f64> = v.as_array().unwrap().iter().map(f).collect();
+    assert!(heights.len() >= 3 && heights.iter().all(|&h| h > 100.0), "static plots: {heights:?}");
+    assert_eq!(b.eval(&s2, "document.querySelectorAll('.live').length"), 0);
 }

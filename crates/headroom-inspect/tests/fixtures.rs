@@ -5,6 +5,9 @@
 //! headroom's replay of the run (which matches PyTorch decision for decision
 //! on these fixtures).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_inspect::{inspect_device, InspectOptions};
 use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace};
@@ -13,7 +16,7 @@ use std::path::PathBuf;
 fn fixtures() -> Option<Vec<PathBuf>> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-snapshots");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        eprintln!("skipped: {} is absent (a fresh clone without ../shared)", dir.display());
+        skip::skip(&format!("{} is absent (a fresh clone without ../shared)", dir.display()));
         return None;
     };
     let mut v: Vec<PathBuf> =

@@ -2,6 +2,9 @@
 //! simulated GPU: from Rust through the same symbols, and from Python with
 //! ctypes through the built shared library.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_torch::{
     headroom_dump_snapshot, headroom_empty_cache, headroom_free, headroom_malloc, headroom_memory_stats_json,
     headroom_record_history,
@@ -174,7 +177,7 @@ fn python(script: &str, env: &[(&str, Option<&str>)]) -> Option<std::process::Ou
     match cmd.output() {
         Ok(o) => Some(o),
         Err(e) => {
-            eprintln!("skipped: {python} cannot run ({e})");
+            skip::skip(&format!("{python} cannot run ({e})"));
             None
         }
     }

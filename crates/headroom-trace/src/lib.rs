@@ -26,6 +26,7 @@ pub mod pickle;
 pub mod py;
 pub mod replay;
 pub mod snapshot;
+pub mod snapshot_check;
 pub mod snapshot_file;
 pub mod snapshot_ops;
 pub mod snapshot_replay;

@@ -183,6 +183,14 @@ enum Memo<V> {
 /// would make the memo table itself exhaust memory.
 const MAX_MEMO: u64 = 1 << 28;
 
+/// How far a memo index may run ahead of the values stored so far. Python's
+/// picklers number the memo densely (each put takes the next index), so a
+/// real file never skips; the slack only tolerates hand-made ones. Without
+/// the bound, a few bytes per put could grow the table by this much each
+/// time and reach gigabytes from a kilobyte file: with it, the table holds
+/// at most one slot per put plus this many, whatever the indices.
+const MEMO_SLACK: u64 = 1 << 20;
+
 /// The longest string read: snapshots hold file names, function names and
 /// settings, none near this.
 const MAX_STRING: usize = 1 << 26;
@@ -196,6 +204,7 @@ pub fn read_pickle<R: Read, B: Builder>(reader: R, builder: &mut B) -> Result<B:
         marks: Vec::new(),
         open: Vec::new(),
         done: Finisher { memo: Vec::new(), spare_lists: Vec::new(), spare_dicts: Vec::new() },
+        puts: 0,
     }
     .run(builder)
 }
@@ -216,6 +225,8 @@ struct Machine<R, V> {
     marks: Vec<usize>,
     open: Vec<Open<V>>,
     done: Finisher<V>,
+    /// Memo puts so far: the memo table may not run further ahead of them than [`MEMO_SLACK`].
+    puts: u64,
 }
 
 /// Turns containers into values, and keeps what that needs: the memo, and
@@ -403,10 +414,18 @@ impl<R: Read, V: Clone> Machine<R, V> {
                 Memo::Building
             }
         };
+        self.puts += 1;
         let memo = &mut self.done.memo;
         if i >= memo.len() {
-            if i > memo.len() + (1 << 20) {
-                return self.malformed(at, format!("memo index {index} skips over a million unused entries"));
+            if index > self.puts + MEMO_SLACK {
+                return self.malformed(
+                    at,
+                    format!(
+                        "memo index {index} after {} memo puts: Python numbers the memo densely, and a table that \
+                         sparse would take memory out of proportion to the file",
+                        self.puts - 1
+                    ),
+                );
             }
             memo.resize_with(i + 1, || Memo::Building);
         }
@@ -473,9 +492,10 @@ impl<R: Read, V: Clone> Machine<R, V> {
 
     fn run<B: Builder<Value = V>>(mut self, b: &mut B) -> Result<V, PickleError> {
         let first = self.input.fill(2)?;
-        if !first || self.input.buf[0] != 0x80 {
-            let offset = 0;
-            return self.malformed(offset, "not a pickle (pickles of protocol 2 and later start with byte 0x80)");
+        match self.input.buf[..self.input.end].first() {
+            Some(0x80) if !first => return Err(PickleError::Truncated { offset: self.input.end as u64 }),
+            Some(0x80) => {}
+            _ => return self.malformed(0, "not a pickle (pickles of protocol 2 and later start with byte 0x80)"),
         }
         loop {
             let at = self.input.offset();

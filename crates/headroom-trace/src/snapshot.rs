@@ -179,23 +179,82 @@ impl MemorySnapshot {
                 ),
             );
         };
-        // The separate fields, for snapshots whose settings string does not parse.
-        let fields = || AllocatorConfig {
-            expandable_segments: s.expandable_segments.unwrap_or(false),
-            max_split_size: s.max_split_size.unwrap_or(u64::MAX),
-            garbage_collection_threshold: s.garbage_collection_threshold.unwrap_or(0.0),
-            ..Default::default()
-        };
         match s.conf.as_deref().map(AllocatorConfig::parse) {
-            Some(Ok(c)) => (c, None),
-            Some(Err(e)) => (
-                fields(),
-                Some(format!(
-                    "the recorded PYTORCH_CUDA_ALLOC_CONF {:?} does not parse ({e}); its separate fields are used",
-                    s.conf.as_deref().unwrap_or_default()
-                )),
-            ),
-            None => (fields(), None),
+            Some(Ok(c)) => {
+                let diff = s.overrides(&c);
+                if diff.is_empty() {
+                    return (c, None);
+                }
+                let conf = s.conf.as_deref().unwrap_or_default();
+                let note = format!(
+                    "the recorded fields ({}) differ from PYTORCH_CUDA_ALLOC_CONF {conf:?} (settings changed at run \
+                     time, by torch.cuda.memory._set_allocator_settings?): the fields are used",
+                    diff.join(", ")
+                );
+                let text =
+                    std::iter::once(conf.trim()).filter(|t| !t.is_empty()).chain(diff.iter().map(String::as_str));
+                (s.with_fields(c, text.collect::<Vec<_>>().join(",")), Some(note))
+            }
+            Some(Err(e)) => {
+                let base = AllocatorConfig::default();
+                let text = s.overrides(&base).join(",");
+                (
+                    s.with_fields(base, text),
+                    Some(format!(
+                        "the recorded PYTORCH_CUDA_ALLOC_CONF {:?} does not parse ({e}); its separate fields are used",
+                        s.conf.as_deref().unwrap_or_default()
+                    )),
+                )
+            }
+            None => {
+                let base = AllocatorConfig::default();
+                let text = s.overrides(&base).join(",");
+                (s.with_fields(base, text), None)
+            }
+        }
+    }
+}
+
+impl RecordedSettings {
+    /// The fields that say otherwise than `c`, as `key:value` (an absent
+    /// `max_split_size` reads as "no limit", as PyTorch writes -1 for it).
+    fn overrides(&self, c: &AllocatorConfig) -> Vec<String> {
+        let mut diff = Vec::new();
+        if let Some(e) = self.expandable_segments.filter(|&e| e != c.expandable_segments) {
+            diff.push(format!("expandable_segments:{}", if e { "True" } else { "False" }));
+        }
+        let split = self.max_split_size.unwrap_or(u64::MAX);
+        if split != c.max_split_size {
+            diff.push(format!("max_split_size_mb:{}", split / (1 << 20)));
+        }
+        if let Some(t) = self.garbage_collection_threshold.filter(|&t| t != c.garbage_collection_threshold) {
+            diff.push(format!("garbage_collection_threshold:{t}"));
+        }
+        diff
+    }
+
+    /// `base` with the recorded fields applied. Its settings string becomes
+    /// `text` where that says the same (so a snapshot written from the
+    /// replay reads back to the same settings); where it cannot (a split
+    /// size PyTorch's parser refuses), the fields stand alone.
+    fn with_fields(&self, base: AllocatorConfig, text: String) -> AllocatorConfig {
+        let mut c = base;
+        if let Some(e) = self.expandable_segments {
+            c.expandable_segments = e;
+        }
+        c.max_split_size = self.max_split_size.unwrap_or(u64::MAX);
+        if let Some(t) = self.garbage_collection_threshold {
+            c.garbage_collection_threshold = t;
+        }
+        match AllocatorConfig::parse(&text) {
+            Ok(p)
+                if p.expandable_segments == c.expandable_segments
+                    && p.max_split_size == c.max_split_size
+                    && p.garbage_collection_threshold == c.garbage_collection_threshold =>
+            {
+                p
+            }
+            _ => c,
         }
     }
 }
@@ -211,10 +270,17 @@ pub enum SnapshotError {
     Json(serde_json::Error),
     #[error("not a memory snapshot: {0}")]
     Shape(String),
+    /// Read whole, but its segments cannot be one allocator's state.
+    #[error("the snapshot contradicts itself: {0}")]
+    Inconsistent(String),
 }
 
 /// Reads a snapshot, pickle or JSON, telling them apart by their first byte.
 pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, SnapshotError> {
+    // A byte-order mark before JSON, as editors on Windows write one: skipped, as in traces and configs.
+    if reader.fill_buf()?.starts_with(b"\xef\xbb\xbf") {
+        reader.consume(3);
+    }
     let first = loop {
         let buf = reader.fill_buf()?;
         match buf.iter().position(|b| !b.is_ascii_whitespace()) {
@@ -231,20 +297,28 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
         }
     };
     let mut b = SnapshotBuilder::new();
-    let (root, format) = match first {
-        Some(0x80) => {
-            let proto = reader.fill_buf()?.get(1).copied().unwrap_or(0);
-            (read_pickle(&mut reader, &mut b)?, format!("pickle protocol {proto}"))
-        }
-        Some(b'{') | Some(b'[') => (read_json(reader, &mut b)?, "JSON".to_string()),
-        Some(other) => {
-            return Err(SnapshotError::Shape(format!(
-                "it starts with byte {other:#04x}; a snapshot is a pickle (byte 0x80) or JSON ('{{' or '[')"
-            )))
-        }
-        None => return Err(SnapshotError::Shape("the file is empty".into())),
-    };
+    let (root, format) =
+        match first {
+            Some(0x80) => {
+                let proto = reader.fill_buf()?.get(1).copied().unwrap_or(0);
+                (read_pickle(&mut reader, &mut b)?, format!("pickle protocol {proto}"))
+            }
+            Some(b'{') | Some(b'[') => (read_json(reader, &mut b)?, "JSON".to_string()),
+            // MARK, EMPTY_DICT, EMPTY_LIST: how protocols 0 and 1 begin a dict or a list.
+            Some(b'(') | Some(b'}') | Some(b']') => return Err(SnapshotError::Shape(
+                "it looks like a pickle of protocol 0 or 1, which headroom does not read: PyTorch writes snapshots \
+                 with protocol 2 or later (load it in Python and pickle.dump it again with protocol=4)"
+                    .into(),
+            )),
+            Some(other) => {
+                return Err(SnapshotError::Shape(format!(
+                    "it starts with byte {other:#04x}; a snapshot is a pickle (byte 0x80) or JSON ('{{' or '[')"
+                )))
+            }
+            None => return Err(SnapshotError::Shape("the file is empty".into())),
+        };
     let mut snap = b.finish(root)?;
+    crate::snapshot_check::check_segments(&snap).map_err(SnapshotError::Inconsistent)?;
     snap.format = format;
     Ok(snap)
 }
@@ -408,6 +482,13 @@ struct SnapshotBuilder {
     actions: FxHashMap<u32, TraceAction>,
     /// The first record that did not make sense; reported once reading ends.
     error: Option<String>,
+    /// Items of every container read: a bound on what the file can honestly
+    /// make, since each item took at least one byte of it.
+    items_read: u64,
+    /// Records copied out of shared lists into segments and traces. A pickle's
+    /// memo lets a two-byte reference stand for a list of a million records;
+    /// copies are allowed up to `items_read`, so memory follows the file.
+    copied: u64,
 }
 
 impl SnapshotBuilder {
@@ -426,6 +507,8 @@ impl SnapshotBuilder {
             segments: Vec::new(),
             actions: FxHashMap::default(),
             error: None,
+            items_read: 0,
+            copied: 0,
         };
         for k in KNOWN {
             b.intern(k);
@@ -454,6 +537,23 @@ impl SnapshotBuilder {
         V::None
     }
 
+    /// Counts `n` records copied; false (with the error set) past what the file holds.
+    fn copy_allowed(&mut self, n: u64, what: impl FnOnce() -> String) -> bool {
+        self.copied = self.copied.saturating_add(n);
+        if self.copied <= self.items_read {
+            return true;
+        }
+        let message = format!(
+            "{} refers again to records already used (a list shared through the pickle's memo): copying them \
+             would build {} records from a file of {} values; refused, so that memory follows the file's size",
+            what(),
+            self.copied,
+            self.items_read
+        );
+        self.fail(message);
+        false
+    }
+
     fn kind(&self, v: &V) -> &'static str {
         match v {
             V::None => "None",
@@ -461,7 +561,10 @@ impl SnapshotBuilder {
             V::Int(_) | V::UInt(_) => "an int",
             V::Float(_) => "a float",
             V::Str(_) => "a str",
-            V::List(_) | V::Stack(_) | V::Entries(..) => "a list",
+            V::List(_) | V::Stack(0) => "a list",
+            // A stack is a list of frames: said so, or "'segments' is a list, not a list".
+            V::Stack(_) => "a list of frames (dicts with 'filename' and 'line')",
+            V::Entries(..) => "a list of trace entries",
             V::Tuple(_) => "a tuple",
             V::Dict(_) => "a dict",
             V::Frame(_) => "a frame",
@@ -490,16 +593,18 @@ impl SnapshotBuilder {
 
 /// Fields of a dict by known key id; other keys are ignored. Indexed in
 /// one pass, as a record looks up most of its keys (a trace entry eight).
+/// A key given twice takes its last value, as Python's `dict` (and so
+/// `json.load`, `pickle.load` and PyTorch's viewer) does.
 struct Fields<'a> {
     items: &'a [(V, V)],
-    /// Where each known key first appears in `items`; `u32::MAX` if absent.
+    /// Where each known key last appears in `items`; `u32::MAX` if absent.
     at: [u32; KNOWN.len()],
 }
 
 impl<'a> Fields<'a> {
     fn new(items: &'a [(V, V)]) -> Self {
         let mut at = [u32::MAX; KNOWN.len()];
-        for (i, (k, _)) in items.iter().enumerate().rev() {
+        for (i, (k, _)) in items.iter().enumerate() {
             if let V::Str(s) = k {
                 if let Some(slot) = at.get_mut(*s as usize) {
                     *slot = i as u32;
@@ -568,6 +673,7 @@ impl Builder for SnapshotBuilder {
     }
 
     fn list(&mut self, items: &[V]) -> V {
+        self.items_read += items.len() as u64;
         // Empty lists are mostly stacks without frames; one value for all of them.
         if items.is_empty() {
             return V::Stack(0);
@@ -596,11 +702,13 @@ impl Builder for SnapshotBuilder {
     }
 
     fn tuple(&mut self, items: &[V]) -> V {
+        self.items_read += items.len() as u64;
         self.lists.push(items.to_vec());
         V::Tuple(self.lists.len() as u32 - 1)
     }
 
     fn dict(&mut self, items: &[(V, V)]) -> V {
+        self.items_read += 2 * items.len() as u64;
         let f = Fields::new(items);
         if let Some(action) = f.get(const { id("action") }) {
             return self.entry(items, *action);
@@ -651,10 +759,25 @@ impl SnapshotBuilder {
         let size = uint_of(self, &f, const { id("size") }, what).unwrap_or(0);
         let stream = uint_of(self, &f, const { id("stream") }, what).unwrap_or(0);
         let device_free = uint_of(self, &f, const { id("device_free") }, what);
+        // PyTorch records microseconds since the epoch: a negative, NaN or
+        // infinite time is no moment, and taken at face value it would put the
+        // peak 292,000 years before the trace or every event at 0.
         let time_us = match f.get(const { id("time_us") }) {
-            Some(V::Int(t)) => Some(*t),
-            Some(V::Float(t)) => Some(*t as i64),
-            _ => None,
+            Some(V::Int(t)) if *t >= 0 => Some(*t),
+            Some(V::Float(t)) if t.is_finite() && *t >= 0.0 && *t < i64::MAX as f64 => Some(*t as i64),
+            None | Some(V::None) => None,
+            Some(other) => {
+                let shown = match other {
+                    V::Int(t) => format!("{t}"),
+                    V::UInt(t) => format!("{t}"),
+                    V::Float(t) => format!("{t}"),
+                    other => self.kind(other).to_string(),
+                };
+                return self.fail(format!(
+                    "{}: 'time_us' is {shown}; expected microseconds since the epoch, a number from 0 to 2^63",
+                    what()
+                ));
+            }
         };
         let stack = stack_of(f.get(const { id("frames") }));
         if matches!(action, TraceAction::Alloc | TraceAction::SegmentAlloc | TraceAction::SegmentMap)
@@ -728,6 +851,9 @@ impl SnapshotBuilder {
             },
             None => Vec::new(),
         };
+        if !self.copy_allowed(block_values.len() as u64, what) {
+            return V::None;
+        }
         let mut blocks = Vec::with_capacity(block_values.len());
         let mut at = address;
         for v in block_values {
@@ -742,8 +868,12 @@ impl SnapshotBuilder {
             at = blk.address.saturating_add(blk.size);
             blocks.push(blk);
         }
-        let sum: u64 = blocks.iter().map(|b| b.size).sum();
-        let total_size = uint_of(self, &f, const { id("total_size") }, what).unwrap_or(sum);
+        let sum = blocks.iter().try_fold(0u64, |s, b| s.checked_add(b.size));
+        let total_size = match (uint_of(self, &f, const { id("total_size") }, what), sum) {
+            (Some(t), _) => t,
+            (None, Some(sum)) => sum,
+            (None, None) => return self.fail(format!("{}: its blocks' sizes add up past 2^64 bytes", what())),
+        };
         self.segments.push(Segment {
             device,
             address,
@@ -784,24 +914,56 @@ impl SnapshotBuilder {
         let mut segments = Vec::new();
         if let Some(v) = segments_v {
             let Some(items) = self.list_items(&v) else {
-                return shape(format!("'segments' is {}, not a list", self.kind(&v)));
+                return shape(format!("'segments' is {}, not a list of segments", self.kind(&v)));
             };
+            // A segment named twice (one dict, memoised) is copied; the last reference takes it.
+            let mut refs = vec![0u32; self.segments.len()];
+            for v in &items {
+                if let V::Segment(s) = v {
+                    refs[*s as usize] += 1;
+                }
+            }
             for (i, v) in items.into_iter().enumerate() {
                 let V::Segment(s) = v else {
                     return shape(format!("segments[{i}] is {}, not a segment (a dict with 'blocks')", self.kind(&v)));
                 };
-                segments.push(std::mem::replace(&mut self.segments[s as usize], empty_segment()));
+                let s = s as usize;
+                refs[s] -= 1;
+                if refs[s] == 0 {
+                    segments.push(std::mem::replace(&mut self.segments[s], empty_segment()));
+                } else {
+                    let n = self.segments[s].blocks.len() as u64 + 1;
+                    if !self.copy_allowed(n, || format!("segments[{i}]")) {
+                        return shape(self.error.take().unwrap_or_default());
+                    }
+                    segments.push(self.segments[s].clone());
+                }
             }
         }
         let mut device_traces = Vec::new();
         if let Some(v) = traces_v {
             let Some(items) = self.list_items(&v) else {
-                return shape(format!("'device_traces' is {}, not a list", self.kind(&v)));
+                return shape(format!("'device_traces' is {}, not a list of traces", self.kind(&v)));
             };
+            // Devices' lists may share entries (one list named twice): only the
+            // last device that refers to the entry table may take it whole.
+            let last_user = items.iter().rposition(|t| matches!(t, V::Entries(..) | V::List(_)));
             for (d, t) in items.into_iter().enumerate() {
+                let copies = match t {
+                    V::Entries(s, e) if !(s == 0 && e as usize == self.entries.len() && Some(d) == last_user) => {
+                        (e - s) as u64
+                    }
+                    V::List(i) => self.lists[i as usize].len() as u64,
+                    _ => 0,
+                };
+                if !self.copy_allowed(copies, || format!("device_traces[{d}]")) {
+                    return shape(self.error.take().unwrap_or_default());
+                }
                 let trace: Vec<TraceEvent> = match t {
                     // One device's trace: the entry table itself, not a copy.
-                    V::Entries(0, e) if e as usize == self.entries.len() => std::mem::take(&mut self.entries),
+                    V::Entries(0, e) if e as usize == self.entries.len() && Some(d) == last_user => {
+                        std::mem::take(&mut self.entries)
+                    }
                     V::Entries(s, e) => self.entries[s as usize..e as usize].to_vec(),
                     V::Stack(0) => Vec::new(),
                     V::List(i) => {
@@ -819,7 +981,12 @@ impl SnapshotBuilder {
                         }
                         out
                     }
-                    other => return shape(format!("device_traces[{d}] is {}, not a list", self.kind(&other))),
+                    other => {
+                        return shape(format!(
+                            "device_traces[{d}] is {}, not a list of trace entries",
+                            self.kind(&other)
+                        ))
+                    }
                 };
                 device_traces.push(trace);
             }
@@ -829,28 +996,10 @@ impl SnapshotBuilder {
         let settings = match settings_v {
             Some(V::Dict(i)) => {
                 let d = std::mem::take(&mut self.dicts[i as usize]);
-                let field = |k: &str| {
-                    d.iter().find(|(kv, _)| matches!(kv, V::Str(s) if &*self.strings[*s as usize] == k)).map(|(_, v)| v)
-                };
-                Some(RecordedSettings {
-                    conf: field("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| self.text(v)).map(str::to_string),
-                    expandable_segments: match field("expandable_segments") {
-                        Some(V::Bool(b)) => Some(*b),
-                        _ => None,
-                    },
-                    max_split_size: match field("max_split_size") {
-                        Some(V::Int(i)) if *i >= 0 => Some(*i as u64),
-                        Some(V::UInt(u)) => Some(*u),
-                        _ => None,
-                    },
-                    garbage_collection_threshold: match field("garbage_collection_threshold") {
-                        Some(V::Float(x)) => Some(*x),
-                        Some(V::Int(i)) => Some(*i as f64),
-                        _ => None,
-                    },
-                })
+                Some(self.settings(&d).map_err(SnapshotError::Shape)?)
             }
-            _ => None,
+            None | Some(V::None) => None,
+            Some(other) => return shape(format!("'allocator_settings' is {}, not a dict", self.kind(&other))),
         };
         Ok(MemorySnapshot {
             segments,
@@ -859,6 +1008,53 @@ impl SnapshotBuilder {
             stacks: Stacks { strings: self.strings, frames: self.frames, stacks: self.stacks },
             format: String::new(),
         })
+    }
+}
+
+impl SnapshotBuilder {
+    /// `allocator_settings`, each field checked: the replay runs under them,
+    /// and `--snapshot-out` writes them back.
+    fn settings(&self, d: &[(V, V)]) -> Result<RecordedSettings, String> {
+        // The last value of a key, as Python's dict keeps it.
+        let field = |k: &str| {
+            d.iter().rev().find(|(kv, _)| matches!(kv, V::Str(s) if &*self.strings[*s as usize] == k)).map(|(_, v)| v)
+        };
+        let bad = |k: &str, v: &V, expected: &str| {
+            let shown = match v {
+                V::Int(i) => format!("{} ({i})", self.kind(v)),
+                V::UInt(u) => format!("{} ({u})", self.kind(v)),
+                V::Float(x) => format!("{} ({x})", self.kind(v)),
+                _ => self.kind(v).to_string(),
+            };
+            Err(format!("allocator_settings['{k}'] is {shown}; expected {expected}"))
+        };
+        let conf = match field("PYTORCH_CUDA_ALLOC_CONF") {
+            None => None,
+            Some(v) => match self.text(v) {
+                Some(t) => Some(t.to_string()),
+                None => return bad("PYTORCH_CUDA_ALLOC_CONF", v, "a str (\"\" when unset)"),
+            },
+        };
+        let expandable_segments = match field("expandable_segments") {
+            None => None,
+            Some(V::Bool(b)) => Some(*b),
+            Some(v) => return bad("expandable_segments", v, "True or False"),
+        };
+        // PyTorch writes -1 (or SIZE_MAX) for "no limit".
+        let max_split_size = match field("max_split_size") {
+            None | Some(V::Int(-1)) | Some(V::UInt(u64::MAX)) => None,
+            Some(V::Int(i)) if *i >= 0 => Some(*i as u64),
+            Some(V::UInt(u)) => Some(*u),
+            Some(v) => return bad("max_split_size", v, "bytes, or -1 for no limit"),
+        };
+        // A fraction of the memory limit: PyTorch accepts (0, 1) and writes 0 when unset.
+        let garbage_collection_threshold = match field("garbage_collection_threshold") {
+            None => None,
+            Some(V::Float(x)) if (0.0..1.0).contains(x) => Some(*x),
+            Some(V::Int(0)) => Some(0.0),
+            Some(v) => return bad("garbage_collection_threshold", v, "a fraction from 0 up to 1"),
+        };
+        Ok(RecordedSettings { conf, expandable_segments, max_split_size, garbage_collection_threshold })
     }
 }
 
@@ -883,7 +1079,18 @@ fn read_json<R: Read>(reader: R, b: &mut SnapshotBuilder) -> Result<V, SnapshotE
     use serde::de::DeserializeSeed;
     let mut de = serde_json::Deserializer::from_reader(reader);
     let v = Seed(b).deserialize(&mut de).map_err(SnapshotError::Json)?;
-    de.end().map_err(SnapshotError::Json)?;
+    de.end().map_err(|e| {
+        // A second value after the first: one JSON object a line is headroom's trace format.
+        if e.line() > 1 && e.column() <= 1 {
+            SnapshotError::Shape(format!(
+                "after one JSON value, another begins at line {} (JSON Lines): a headroom trace, which `headroom \
+                 replay` reads; a snapshot is one JSON object (or a pickle)",
+                e.line()
+            ))
+        } else {
+            SnapshotError::Json(e)
+        }
+    })?;
     Ok(v)
 }
 

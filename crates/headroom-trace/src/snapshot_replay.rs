@@ -275,6 +275,8 @@ pub fn check_from(
     // stream): recorded address -> the stand-in stream whose event holds it.
     let mut delayed: FxHashMap<u64, u64> = FxHashMap::default();
     let mut next_stand_in = STAND_IN_STREAMS;
+    // Where the burst of completions being read ends: the first entry after it.
+    let mut burst_until = 0;
     // Extents of the expandable segments' mapped ranges seen so far, low -> high.
     let mut clusters: std::collections::BTreeMap<u64, u64> = Default::default();
 
@@ -441,12 +443,13 @@ pub fn check_from(
                 // request began (process_events). Had a block completed there
                 // and been able to serve the request, nothing would have been
                 // released, so the two readings differ in nothing else.
-                let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
-                let releases_next = burst_end.is_some_and(|k| {
-                    matches!(
-                        trace[i + 1 + k].action,
-                        TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom
-                    )
+                // Found once per burst: a burst of n completions is then read once, not n times.
+                if burst_until <= i {
+                    burst_until =
+                        i + 1 + trace[i + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
+                }
+                let releases_next = trace.get(burst_until).is_some_and(|n| {
+                    matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
                 });
                 if !releases_next {
                     a.device_mut().inner_mut().complete_events_on(stream);

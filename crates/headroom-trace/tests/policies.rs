@@ -13,6 +13,9 @@
 //!
 //! Skips with a message where `../shared` is absent (a user's fresh clone).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_alloc::PolicyName;
 use headroom_trace::snapshot::{read_snapshot_file, TraceAction};
 use headroom_trace::snapshot_replay::{check_from, live_peak_bytes, what_if, DeviceTrace, Setup, StartFrom, WhatIf};
@@ -71,7 +74,7 @@ fn gib(b: u64) -> String {
 #[test]
 fn headroom_policy_against_pytorch_on_every_fixture() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
@@ -226,7 +229,7 @@ fn table(rows: &[Row]) -> String {
 #[test]
 fn a_run_that_pytorch_cannot_fit_fits_under_headroom() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let path = dir.join("kkaitlyn111__cs336-a2-systems__46eae3f8__memory_small_forward.pickle");

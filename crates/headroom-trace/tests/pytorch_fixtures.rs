@@ -10,6 +10,9 @@
 //!
 //! Skips with a message where `../shared` is absent (a user's fresh clone).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_alloc::{Action, AllocatorConfig, BlockState, DeviceCachingAllocator, SimDevice};
 use serde_pickle::{DeOptions, HashableValue as H, Value as V};
 use std::collections::VecDeque;
@@ -129,7 +132,7 @@ fn replay_fixture(bytes: &[u8]) -> Outcome {
 #[test]
 fn real_snapshots_replay_decision_for_decision() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let (mut fixtures, mut decisions) = (0, 0);

@@ -10,6 +10,9 @@
 //!
 //! Skips with a message where `../shared` is absent (a user's fresh clone).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_alloc::AllocatorConfig;
 use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_replay::{check_device, check_device_with, check_from, what_if_device, DeviceTrace};
@@ -23,7 +26,7 @@ fn fixtures_dir() -> Option<PathBuf> {
 #[test]
 fn every_fixture_with_a_trace_replays_decision_for_decision() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let (mut fixtures, mut allocs, mut segs, mut blocks, mut mid_run) = (0, 0, 0, 0, 0);
@@ -63,7 +66,7 @@ fn every_fixture_with_a_trace_replays_decision_for_decision() {
 #[test]
 fn what_if_runs_on_every_fixture() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let others = [
@@ -130,7 +133,7 @@ fn traced(dir: &std::path::Path) -> Vec<(String, MemorySnapshot, u32)> {
 #[test]
 fn wrong_settings_are_caught() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent");
         return;
     };
     let runs = traced(&dir);

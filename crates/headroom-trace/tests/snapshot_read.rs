@@ -6,6 +6,9 @@
 //!
 //! The fixture tests skip with a message where `../shared` is absent.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use headroom_alloc::{AllocatorConfig, BlockState, DeviceCachingAllocator, SimDevice};
 use headroom_trace::snapshot::{read_snapshot, read_snapshot_file, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
@@ -35,7 +38,7 @@ fn actions(s: &MemorySnapshot) -> String {
 #[test]
 fn every_fixture_reads_as_its_catalogue_says() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
         return;
     };
     let catalogue = std::fs::read_to_string(dir.join("CATALOG.md")).expect("CATALOG.md");
@@ -82,7 +85,7 @@ fn every_fixture_reads_as_its_catalogue_says() {
 #[test]
 fn frames_are_interned_and_resolve_to_source_lines() {
     let Some(dir) = fixtures_dir() else {
-        eprintln!("skipped: ../shared/fixtures/pytorch-snapshots is absent");
+        skip::skip("../shared/fixtures/pytorch-snapshots is absent");
         return;
     };
     let s = read_snapshot_file(&dir.join("ZidongLiu__DeComFL__edd30e09__memory.pickle")).unwrap();

@@ -1,0 +1,134 @@
+//! What the HTML report's script reads: one device's timeline, bands,
+//! segment map and call sites as JSON, embedded in the page. The page
+//! draws its plots without script too (inline SVG); the script redraws them
+//! from this to zoom, pan, point at and filter.
+
+use crate::layout::Layout;
+use crate::report::DeviceReport;
+use crate::sites::SiteDetail;
+use headroom_alloc::BlockState;
+use serde_json::{json, Value};
+
+/// Segments the interactive segment map draws: as the static one.
+const MAP_SEGMENTS: usize = crate::html::MAP_SEGMENTS;
+
+/// The x of each timeline point (seconds into the trace, or the entry
+/// number), and what the axis says it is.
+pub fn xs(d: &DeviceReport) -> (Vec<f64>, &'static str) {
+    let t0 = d.timeline.points.iter().find_map(|p| p.time_us);
+    let pts = &d.timeline.points;
+    match t0 {
+        Some(t0) => {
+            // Times that go back (see the report's note) are held at the latest so far.
+            let mut last = 0.0;
+            let v = pts
+                .iter()
+                .map(|p| {
+                    if let Some(t) = p.time_us {
+                        last = ((t - t0) as f64 / 1e6).max(last);
+                    }
+                    last
+                })
+                .collect();
+            (v, "seconds into the trace")
+        }
+        None => (pts.iter().map(|p| p.index.map_or(0.0, |i| i as f64 + 1.0)).collect(), "trace entry"),
+    }
+}
+
+/// The page data of one device.
+pub fn device_data(d: &DeviceReport) -> Value {
+    let (x, xlabel) = xs(d);
+    let pts = &d.timeline.points;
+    let (layout, when) = match &d.layout_at_peak {
+        Some(l) => (Some(l), "at the peak (replayed)"),
+        None if !d.layout_now.segments.is_empty() => (Some(&d.layout_now), "at the snapshot's moment"),
+        None => (None, ""),
+    };
+    json!({
+        "device": d.device,
+        "xlabel": xlabel,
+        // Six significant digits: the axis needs no more, and the page stays small.
+        "x": x.iter().map(|v| round6(*v)).collect::<Vec<_>>(),
+        "entry": pts.iter().map(|p| p.index).collect::<Vec<_>>(),
+        "allocated": pts.iter().map(|p| p.totals.allocated_bytes).collect::<Vec<_>>(),
+        "reserved": pts.iter().map(|p| p.totals.reserved_bytes).collect::<Vec<_>>(),
+        "series": d.series.iter().map(|s| json!({"site": s.id, "bytes": s.bytes})).collect::<Vec<_>>(),
+        "sites": d.sites.iter().map(|(id, s)| (id.to_string(), site(s))).collect::<serde_json::Map<_, _>>(),
+        "layout": layout.map(|l| layout_data(l, when)),
+    })
+}
+
+fn site(s: &SiteDetail) -> Value {
+    json!({
+        "name": s.site,
+        "role": s.role.name(),
+        "phase": s.phase.name(),
+        "frames": s.frames,
+        "more": s.more_frames,
+    })
+}
+
+fn layout_data(l: &Layout, when: &str) -> Value {
+    let mut segs: Vec<&crate::layout::SegmentBar> = l.segments.iter().collect();
+    segs.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+    let total = segs.len();
+    segs.truncate(MAP_SEGMENTS);
+    json!({
+        "when": when,
+        "total": total,
+        "segments": segs.iter().map(|s| json!({
+            "address": format!("{:#x}", s.address),
+            "size": s.size,
+            "expandable": s.expandable,
+            // [size, state, site]: state 0 allocated, 1 freed but pending, 2 free.
+            "blocks": s.blocks.iter().map(|b| json!([b.size, state(b.state), b.site])).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn state(s: BlockState) -> u8 {
+    match s {
+        BlockState::ActiveAllocated => 0,
+        BlockState::ActivePendingFree => 1,
+        BlockState::Inactive => 2,
+    }
+}
+
+fn round6(v: f64) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return 0.0;
+    }
+    let scale = 10f64.powi(5 - v.abs().log10().floor() as i32);
+    (v * scale).round() / scale
+}
+
+/// JSON text safe inside a `<script>` element: no `<` (so no `</script>`
+/// or `<!--` in a file name ends it early), `>` or `&`.
+pub fn script_json(v: &Value) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_else(|_| "null".into())
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_in_a_script_cannot_close_it() {
+        let v = json!({"name": "</script><script>alert(1)</script> & <!--"});
+        let s = script_json(&v);
+        assert!(!s.contains('<') && !s.contains('>') && !s.contains('&'), "{s}");
+        assert_eq!(serde_json::from_str::<Value>(&s).unwrap(), v);
+    }
+
+    #[test]
+    fn six_significant_digits() {
+        assert_eq!(round6(1.234_567_89), 1.234_57);
+        assert_eq!(round6(123_456_789.0), 123_457_000.0);
+        assert_eq!(round6(0.000_123_456_78), 0.000_123_457);
+    }
+}

@@ -1,0 +1,428 @@
+// headroom inspect's report, made interactive. The page is whole without
+// this script: every plot is inline SVG. With it, each device's timeline and
+// segment map are redrawn from the data embedded beside them, so that the
+// timeline zooms (wheel, +/−) and pans (drag), pointing at a band or a block
+// shows its size, call site and stack, and clicking a site (band, legend,
+// block or table row) shows only that site in every view. No network, no
+// library: one file that opens offline.
+(function () {
+  "use strict";
+  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"];
+  var ALLOCATED = "#141414", RESERVED = "#c81e1e", FREE = "#d7d7d7", PENDING = "#fab43c", OTHER = "#1f77b4";
+  var NS = "http://www.w3.org/2000/svg";
+  var W = 1000, H = 420, L = 76, R = 12, T = 12, B = 44;
+
+  function el(name, attrs, parent) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function html(tag, cls, parent, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  // As PyTorch's OOM message (and the text report) writes sizes.
+  function size(b) {
+    if (b <= 1024) return b + " bytes";
+    if (b <= 1048576) return (b / 1024).toFixed(2) + " KiB";
+    if (b <= 1073741824) return (b / 1048576).toFixed(2) + " MiB";
+    return (b / 1073741824).toFixed(2) + " GiB";
+  }
+  function unit(max) {
+    if (max >= 1073741824) return [1073741824, "GiB"];
+    if (max >= 1048576) return [1048576, "MiB"];
+    return [1024, "KiB"];
+  }
+  // About n round ticks over [lo, hi].
+  function ticks(lo, hi, n) {
+    var span = hi - lo;
+    if (!(span > 0)) return [lo];
+    var step = Math.pow(10, Math.floor(Math.log10(span / n)));
+    var err = span / n / step;
+    step *= err >= 7.5 ? 10 : err >= 3.5 ? 5 : err >= 1.5 ? 2 : 1;
+    var out = [];
+    for (var v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
+    return out;
+  }
+  function label(v) {
+    return Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(2) : String(+v.toPrecision(6));
+  }
+
+  function Device(section, d) {
+    this.d = d;
+    this.section = section;
+    this.n = d.x.length;
+    this.xmin = d.x[0];
+    this.xmax = Math.max(d.x[this.n - 1], this.xmin + 1e-9);
+    this.x0 = this.xmin;
+    this.x1 = this.xmax;
+    this.filter = null;
+    this.color = {};
+    for (var k = 0; k < d.series.length; k++) this.color[d.series[k].site] = PALETTE[k % PALETTE.length];
+    this.tip = html("div", "hr-tip", section);
+    this.tip.hidden = true;
+    this.bar = html("div", "hr-filter", null);
+    this.bar.hidden = true;
+    var first = section.querySelector("h2");
+    section.insertBefore(this.bar, first ? first.nextSibling : section.firstChild);
+    var self = this;
+    section.querySelectorAll("tr[data-site]").forEach(function (tr) {
+      tr.classList.add("hr-pick");
+      tr.addEventListener("click", function () {
+        self.pick(+tr.getAttribute("data-site"));
+      });
+    });
+    if (this.n > 1) this.timeline();
+    if (d.layout) this.segments();
+  }
+
+  Device.prototype.siteName = function (id) {
+    var s = this.d.sites[id];
+    return s ? s.name : "(site " + id + ")";
+  };
+
+  // Shows or hides everything but site `id` (null: every site again).
+  Device.prototype.pick = function (id) {
+    this.filter = this.filter === id ? null : id;
+    var self = this;
+    this.bar.hidden = this.filter === null;
+    this.bar.textContent = "";
+    if (this.filter !== null) {
+      html("span", null, this.bar, "Showing only ");
+      html("code", null, this.bar, this.siteName(this.filter));
+      var clear = html("button", null, this.bar, "show every site");
+      clear.type = "button";
+      clear.addEventListener("click", function () {
+        self.pick(null);
+      });
+    }
+    this.section.querySelectorAll("tr[data-site]").forEach(function (tr) {
+      tr.hidden = self.filter !== null && +tr.getAttribute("data-site") !== self.filter;
+    });
+    if (this.drawTimeline) this.drawTimeline();
+    if (this.drawSegments) this.drawSegments();
+  };
+
+  Device.prototype.show = function (evt, lines, frames) {
+    var tip = this.tip;
+    tip.textContent = "";
+    lines.forEach(function (l, i) {
+      html(i === 0 ? "b" : "div", null, tip, l);
+      if (i === 0) html("br", null, tip);
+    });
+    if (frames && frames.frames.length) {
+      var ol = html("ol", "hr-stack", tip);
+      frames.frames.forEach(function (f) {
+        html("li", null, ol, f);
+      });
+      if (frames.more) html("div", "muted", tip, "… " + frames.more + " more frames");
+    }
+    tip.hidden = false;
+    var box = this.section.getBoundingClientRect();
+    var x = evt.clientX - box.left + 16, y = evt.clientY - box.top + 16;
+    var width = Math.min(520, box.width - 20);
+    if (x + width > box.width) x = Math.max(0, evt.clientX - box.left - width - 16);
+    tip.style.left = x + "px";
+    tip.style.top = y + "px";
+  };
+
+  Device.prototype.hide = function () {
+    this.tip.hidden = true;
+  };
+
+  Device.prototype.timeline = function () {
+    var self = this, d = this.d;
+    var staticChart = this.section.querySelector(".static[data-view=timeline]");
+    var box = html("div", "live chart", null);
+    staticChart.parentNode.insertBefore(box, staticChart);
+    var tools = html("div", "hr-tools", box);
+    function button(text, title, fn) {
+      var b = html("button", null, tools, text);
+      b.type = "button";
+      b.title = title;
+      b.setAttribute("aria-label", title);
+      b.addEventListener("click", fn);
+      return b;
+    }
+    button("+", "zoom in", function () {
+      self.zoom(0.5, (self.x0 + self.x1) / 2);
+    });
+    button("−", "zoom out", function () {
+      self.zoom(2, (self.x0 + self.x1) / 2);
+    });
+    button("reset", "show the whole trace", function () {
+      self.zoom(Infinity, 0);
+    });
+    var status = html("span", "muted", tools, "");
+    html("span", "muted", tools, " · wheel to zoom, drag to pan, double-click to reset; point at a band for its stack, click it to show only its site");
+    var svg = el("svg", { viewBox: "0 0 " + W + " " + H, class: "hr-timeline", role: "img", "aria-label": "memory over the trace" }, box);
+    var legend = html("div", "hr-legend", box);
+    d.series.forEach(function (s) {
+      var item = html("button", "hr-key", legend);
+      item.type = "button";
+      item.setAttribute("data-site", s.site);
+      var sw = html("span", "hr-swatch", item);
+      sw.style.background = self.color[s.site];
+      html("span", null, item, self.siteName(s.site));
+      item.addEventListener("click", function () {
+        self.pick(s.site);
+      });
+    });
+    [["reserved", RESERVED], ["allocated", ALLOCATED]].forEach(function (k) {
+      var item = html("span", "hr-key", legend);
+      var sw = html("span", "hr-swatch hr-line", item);
+      sw.style.background = k[1];
+      html("span", null, item, k[0]);
+    });
+
+    // Cumulative band tops at every point: band k spans [cum[k-1], cum[k]).
+    var cum = d.series.map(function () {
+      return new Float64Array(self.n);
+    });
+    for (var i = 0; i < this.n; i++) {
+      var run = 0;
+      for (var k = 0; k < d.series.length; k++) {
+        run += d.series[k].bytes[i];
+        cum[k][i] = run;
+      }
+    }
+    function sx(x) {
+      return L + ((x - self.x0) / (self.x1 - self.x0)) * (W - L - R);
+    }
+    var yscale = 1;
+    function sy(v) {
+      return H - B - (v / yscale) * (H - T - B);
+    }
+    // Index of the last point at or before x.
+    function at(x) {
+      var lo = 0, hi = self.n - 1;
+      while (lo < hi) {
+        var mid = (lo + hi + 1) >> 1;
+        if (d.x[mid] <= x) lo = mid;
+        else hi = mid - 1;
+      }
+      return lo;
+    }
+    function path(ys, lower, i0, i1) {
+      var p = "";
+      for (var i = i0; i <= i1; i++) p += (i === i0 ? "M" : "L") + sx(d.x[i]).toFixed(1) + "," + sy(ys(i)).toFixed(1);
+      if (lower) for (var j = i1; j >= i0; j--) p += "L" + sx(d.x[j]).toFixed(1) + "," + sy(lower(j)).toFixed(1);
+      return p + (lower ? "Z" : "");
+    }
+    this.drawTimeline = function () {
+      while (svg.firstChild) svg.removeChild(svg.firstChild);
+      svg.setAttribute("data-x0", self.x0);
+      svg.setAttribute("data-x1", self.x1);
+      var i0 = Math.max(0, at(self.x0) - 1), i1 = Math.min(self.n - 1, at(self.x1) + 1);
+      var top = 1;
+      for (var i = i0; i <= i1; i++) top = Math.max(top, d.reserved[i], d.allocated[i]);
+      yscale = top * 1.05;
+      var u = unit(top);
+      el("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }, svg);
+      var clip = el("clipPath", { id: "hr-clip-" + d.device + "-" + self.section.id }, el("defs", {}, svg));
+      el("rect", { x: L, y: T, width: W - L - R, height: H - T - B }, clip);
+      var plot = el("g", { "clip-path": "url(#" + clip.id + ")" }, svg);
+      d.series.forEach(function (s, k) {
+        var dim = self.filter !== null && self.filter !== s.site;
+        var band = el("path", {
+          d: path(function (i) {
+            return cum[k][i];
+          }, function (i) {
+            return k ? cum[k - 1][i] : 0;
+          }, i0, i1),
+          fill: self.color[s.site],
+          "fill-opacity": dim ? 0.1 : 0.75,
+          class: "hr-band",
+          "data-site": s.site,
+        }, plot);
+        band.style.cursor = "pointer";
+      });
+      el("path", { d: path(function (i) { return d.reserved[i]; }, null, i0, i1), fill: "none", stroke: RESERVED, "stroke-width": 2 }, plot);
+      el("path", { d: path(function (i) { return d.allocated[i]; }, null, i0, i1), fill: "none", stroke: ALLOCATED, "stroke-width": 2 }, plot);
+      var axis = el("g", { "font-size": 12, fill: "#333", "font-family": "sans-serif" }, svg);
+      el("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#333" }, axis);
+      el("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#333" }, axis);
+      ticks(self.x0, self.x1, 8).forEach(function (v) {
+        var x = sx(v);
+        if (x < L - 0.5 || x > W - R + 0.5) return;
+        el("line", { x1: x, y1: H - B, x2: x, y2: H - B + 5, stroke: "#333" }, axis);
+        el("text", { x: x, y: H - B + 18, "text-anchor": "middle", class: "hr-xtick" }, axis).textContent = label(v);
+      });
+      ticks(0, yscale / u[0], 6).forEach(function (v) {
+        var y = sy(v * u[0]);
+        if (y < T - 0.5) return;
+        el("line", { x1: L - 5, y1: y, x2: L, y2: y, stroke: "#333" }, axis);
+        el("text", { x: L - 8, y: y + 4, "text-anchor": "end" }, axis).textContent = label(v);
+      });
+      el("text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle" }, axis).textContent = d.xlabel;
+      el("text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" }, axis).textContent = u[1];
+      el("line", { class: "hr-guide", x1: 0, y1: T, x2: 0, y2: H - B, stroke: "#555", "stroke-dasharray": "3,3", visibility: "hidden" }, svg);
+      el("rect", { class: "hr-plot", x: L, y: T, width: W - L - R, height: H - T - B, fill: "transparent" }, svg);
+      var whole = self.x0 <= self.xmin && self.x1 >= self.xmax;
+      status.textContent = whole ? "the whole trace " : "showing " + label(self.x0) + " to " + label(self.x1) + " of " + label(self.xmax) + " ";
+    };
+    // The data coordinates under a pointer event.
+    function where(evt) {
+      var r = svg.getBoundingClientRect();
+      var px = ((evt.clientX - r.left) / r.width) * W, py = ((evt.clientY - r.top) / r.height) * H;
+      return { px: px, py: py, x: self.x0 + ((px - L) / (W - L - R)) * (self.x1 - self.x0), v: ((H - B - py) / (H - T - B)) * yscale, inside: px >= L && px <= W - R && py >= T && py <= H - B };
+    }
+    // What lies under a pointer: the point and the band (or line) there.
+    function under(p) {
+      var i = at(p.x);
+      if (i + 1 < self.n && Math.abs(d.x[i + 1] - p.x) < Math.abs(d.x[i] - p.x)) i++;
+      for (var k = 0; k < d.series.length; k++) {
+        if (p.v >= (k ? cum[k - 1][i] : 0) && p.v < cum[k][i]) return { i: i, site: d.series[k].site, bytes: d.series[k].bytes[i] };
+      }
+      return { i: i, site: null };
+    }
+    var drag = null;
+    svg.addEventListener("wheel", function (evt) {
+      var p = where(evt);
+      if (!p.inside) return;
+      evt.preventDefault();
+      self.zoom(evt.deltaY < 0 ? 0.8 : 1.25, p.x);
+    }, { passive: false });
+    svg.addEventListener("pointerdown", function (evt) {
+      var p = where(evt);
+      if (!p.inside) return;
+      drag = { px: evt.clientX, x0: self.x0, x1: self.x1, moved: false };
+      svg.setPointerCapture(evt.pointerId);
+    });
+    svg.addEventListener("pointermove", function (evt) {
+      var p = where(evt);
+      if (drag) {
+        var r = svg.getBoundingClientRect();
+        var dx = ((evt.clientX - drag.px) / r.width) * W;
+        if (Math.abs(dx) > 3) drag.moved = true;
+        if (drag.moved) {
+          var shift = (-dx / (W - L - R)) * (drag.x1 - drag.x0);
+          shift = Math.max(self.xmin - drag.x0, Math.min(self.xmax - drag.x1, shift));
+          self.x0 = drag.x0 + shift;
+          self.x1 = drag.x1 + shift;
+          self.drawTimeline();
+          self.hide();
+          return;
+        }
+      }
+      var guide = svg.querySelector(".hr-guide");
+      if (!p.inside) {
+        guide.setAttribute("visibility", "hidden");
+        self.hide();
+        return;
+      }
+      var u = under(p), i = u.i;
+      guide.setAttribute("x1", sx(d.x[i]));
+      guide.setAttribute("x2", sx(d.x[i]));
+      guide.setAttribute("visibility", "visible");
+      var when = (d.xlabel === "trace entry" ? "entry " : label(d.x[i]) + " s, entry ") + (d.entry[i] === null ? "(start)" : d.entry[i]);
+      var lines = [when, "allocated " + size(d.allocated[i]) + ", reserved " + size(d.reserved[i])];
+      var frames = null;
+      if (u.site !== null) {
+        var s = d.sites[u.site] || { name: self.siteName(u.site), role: "", phase: "", frames: [], more: 0 };
+        lines.push(s.name + ": " + size(u.bytes) + " live here");
+        if (s.role) lines.push("role " + s.role + ", phase " + s.phase);
+        frames = s;
+      } else if (p.v <= d.allocated[i]) {
+        lines.push("other call sites (not among the largest at the peak)");
+      } else if (p.v <= d.reserved[i]) {
+        lines.push("reserved but not allocated: cached by the allocator");
+      }
+      self.show(evt, lines, frames);
+    });
+    svg.addEventListener("pointerup", function (evt) {
+      var p = where(evt);
+      var clicked = drag && !drag.moved;
+      drag = null;
+      if (clicked && p.inside) {
+        var u = under(p);
+        if (u.site !== null) self.pick(u.site);
+      }
+    });
+    svg.addEventListener("pointerleave", function () {
+      self.hide();
+    });
+    svg.addEventListener("dblclick", function () {
+      self.zoom(Infinity, 0);
+    });
+    staticChart.classList.add("replaced");
+    this.drawTimeline();
+  };
+
+  // Scales the visible span by `factor` about x (Infinity: the whole trace).
+  Device.prototype.zoom = function (factor, x) {
+    var span = this.xmax - this.xmin;
+    var w = Math.min(span, Math.max((this.x1 - this.x0) * factor, span / 1e6, 1e-9));
+    var lo = x - ((x - this.x0) / (this.x1 - this.x0)) * w;
+    lo = Math.max(this.xmin, Math.min(this.xmax - w, lo));
+    this.x0 = lo;
+    this.x1 = lo + w;
+    this.drawTimeline();
+  };
+
+  Device.prototype.segments = function () {
+    var self = this, layout = this.d.layout;
+    var staticChart = this.section.querySelector(".static[data-view=segments]");
+    if (!staticChart) return;
+    var box = html("div", "live chart", null);
+    staticChart.parentNode.insertBefore(box, staticChart);
+    var rows = layout.segments.length;
+    var h = 40 + rows * 14;
+    var svg = el("svg", { viewBox: "0 0 " + W + " " + h, class: "hr-segments", role: "img", "aria-label": "segments " + layout.when }, box);
+    var longest = Math.max(1, layout.segments.length ? layout.segments[0].size : 1);
+    var u = unit(longest);
+    this.drawSegments = function () {
+      while (svg.firstChild) svg.removeChild(svg.firstChild);
+      el("rect", { x: 0, y: 0, width: W, height: h, fill: "#fff" }, svg);
+      var head = layout.total > rows ? "the " + rows + " largest of " + layout.total + " segments " : rows + " segments ";
+      el("text", { x: W / 2, y: 14, "text-anchor": "middle", "font-size": 13, "font-family": "sans-serif" }, svg).textContent = head + layout.when + ", by offset (" + u[1] + " axis to " + label(longest / u[0]) + ")";
+      layout.segments.forEach(function (s, row) {
+        var off = 0, y = 24 + row * 14;
+        s.blocks.forEach(function (b, k) {
+          var x = 12 + (off / longest) * (W - 24), w = Math.max(0.5, (b[0] / longest) * (W - 24));
+          var fill = b[1] === 2 ? FREE : b[1] === 1 ? PENDING : b[2] !== null && self.color[b[2]] ? self.color[b[2]] : OTHER;
+          var dim = self.filter !== null && b[2] !== self.filter;
+          var r = el("rect", { x: x.toFixed(2), y: y, width: w.toFixed(2), height: 11, fill: fill, "fill-opacity": dim ? 0.2 : 1, class: "hr-block", "data-row": row, "data-block": k }, svg);
+          r.style.cursor = b[2] !== null ? "pointer" : "default";
+          off += b[0];
+        });
+      });
+    };
+    function block(evt) {
+      var t = evt.target;
+      if (!t.classList || !t.classList.contains("hr-block")) return null;
+      var s = layout.segments[+t.getAttribute("data-row")];
+      var k = +t.getAttribute("data-block"), off = 0;
+      for (var j = 0; j < k; j++) off += s.blocks[j][0];
+      return { s: s, b: s.blocks[k], off: off };
+    }
+    svg.addEventListener("pointermove", function (evt) {
+      var hit = block(evt);
+      if (!hit) return self.hide();
+      var b = hit.b;
+      var state = ["allocated", "freed, waiting for its stream (pending)", "free (cached)"][b[1]];
+      var lines = ["block of " + size(b[0]) + ": " + state, "at offset " + size(hit.off) + " of a " + size(hit.s.size) + " segment at " + hit.s.address + (hit.s.expandable ? " (expandable)" : "")];
+      var site = b[2] !== null ? self.d.sites[b[2]] : null;
+      if (site) lines.push(site.name + " (role " + site.role + ", phase " + site.phase + ")");
+      self.show(evt, lines, site);
+    });
+    svg.addEventListener("pointerleave", function () {
+      self.hide();
+    });
+    svg.addEventListener("click", function (evt) {
+      var hit = block(evt);
+      if (hit && hit.b[2] !== null) self.pick(hit.b[2]);
+    });
+    staticChart.classList.add("replaced");
+    this.drawSegments();
+  };
+
+  document.documentElement.classList.add("js");
+  document.querySelectorAll("script.hr-data").forEach(function (s) {
+    new Device(s.closest("section"), JSON.parse(s.textContent));
+  });
+})();
