@@ -286,17 +286,23 @@ UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 
-def per_unit(nbytes, d, what):
+def per_unit(nbytes, d, what, widths=(2, 4, 1, 8)):
     """{unit: bytes per unit} for `nbytes` (per token, position or sequence): a small
-    multiple of one of the model's dimensions, or bytes (`one`) when no dimension is so small."""
+    multiple of one of the model's dimensions, or bytes (`one`) when no dimension is so small.
+    The elements are tried at each of `widths` bytes in turn (the job's own first), so a bf16
+    key of kv elements is `kv`, never half of `q` where the recording's q is twice its kv."""
     if nbytes == 0:
         return {}
     if nbytes <= 16:
         return {"one": nbytes}
-    for c in COEFFICIENTS:
-        for u in UNITS:
-            if d.get(u) and abs(nbytes - c * d[u]) < 1e-6:
-                return {u: float(c)}
+    for w in widths:
+        e = nbytes / w
+        if abs(e - round(e)) > 1e-9:
+            continue
+        for c in (1, 2, 3, 4, 5, 6, 8):
+            for u in UNITS:
+                if d.get(u) and abs(e - c * d[u]) < 1e-6:
+                    return {u: float(c * w)}
     for c in COEFFICIENTS:
         for u in UNITS:
             for v in UNITS:
@@ -311,11 +317,36 @@ def per_unit(nbytes, d, what):
     raise Unexplained(f"{what}: {nbytes} bytes fit no unit of {d}")
 
 
+def widths_of(precision):
+    """Element widths to try, the job's own first (AMP computes in bf16)."""
+    return (4, 2, 1, 8) if precision == "fp32" else (2, 4, 1, 8)
+
+
+def reclassified(t, precision):
+    """A compact template's laws classified again from the bytes they give at the recording's
+    dimensions (what `per_unit` now reads them as)."""
+    d = t["dims"]
+    out = []
+    for law in t["laws"]:
+        new = {}
+        for kind, units in law.items():
+            if kind == "fixed" or any("*" in u for u in units):
+                new[kind] = units
+                continue
+            bytes_ = sum(c * (1 if u == "one" else d[u]) for u, c in units.items())
+            if kind in ("tok_s", "pos_s"):
+                new[kind] = units
+            else:
+                new[kind] = per_unit(bytes_, d, "reclassify", widths_of(precision))
+        out.append(new)
+    return dict(t, laws=out)
+
+
 class Unexplained(Exception):
     pass
 
 
-def law(n1, n2, n3, d, param_shapes, what):
+def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
     """A tensor's size seen at the three SHAPES, as {kind: {unit: bytes}} with kind
     `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s)."""
     (b, s1), (_, s2), (b3, _) = SHAPES
@@ -326,7 +357,7 @@ def law(n1, n2, n3, d, param_shapes, what):
             for w in (2, 4, 1, 8):
                 if n1 == w * shape:
                     return {"fixed": {units: float(w * coef)}}
-        return {"fixed": per_unit(n1, d, what)}
+        return {"fixed": per_unit(n1, d, what, widths)}
     grows_b = n3 * b == n1 * b3
     if grows_b or n3 == n1:
         # One law in s, times b or not: s^2, s, or s plus a constant.
@@ -339,7 +370,7 @@ def law(n1, n2, n3, d, param_shapes, what):
             return {kind_s: {"one": per}}
         slope = (g2 - g1) / (s2 - s1)
         const = g1 - slope * s1
-        out = {kind: per_unit(slope, d, what)}
+        out = {kind: per_unit(slope, d, what, widths)}
         if abs(const) > 1e-9:
             if const < 0 or const > 64:
                 raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
@@ -578,7 +609,8 @@ def template(family, head, precision, attn, checkpointing):
             p = params[role[1]]
             lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
         else:
-            lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}")
+            lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
+                     widths_of(precision))
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":
@@ -706,7 +738,10 @@ def main():
         merged = {}
         for path in args.merge:
             with open(path) as f:
-                merged.update(json.load(f)["templates"])
+                for k, t in json.load(f)["templates"].items():
+                    if "error" in t and k in merged and "error" not in merged[k]:
+                        continue  # a failed recording never replaces a good one
+                    merged[k] = reclassified(t, k.split("/")[2]) if "laws" in t else t
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()

@@ -3,7 +3,7 @@
 //! activations of 5 slots, saved 10 slots, no transients, 500 slots of
 //! budget; and the scaling in stages and in slots.
 //!
-//! Also the planner's recommendation search.
+//! The planner's searches are in `benches/plan.rs`.
 //!
 //! `cargo bench -p headroom-plan --bench checkpoint`
 
@@ -52,25 +52,5 @@ fn end_to_end(c: &mut Criterion) {
     g.finish();
 }
 
-/// The recommendation search for llama-3-8b on 8 H100s, 8,192-token
-/// sequences, 256 sequences per step: precisions × attention kernels ×
-/// checkpoint policies × tensor/pipeline/data layouts × ZeRO stages × offload
-/// × micro-batches.
-fn plan_search(c: &mut Criterion) {
-    use headroom_plan::gpu::gpu;
-    use headroom_plan::model::preset;
-    use headroom_plan::search::{recommend, SearchSpace};
-    use headroom_plan::train::{Optimizer, Precision, TrainConfig};
-    let m = preset("llama-3-8b").unwrap();
-    let g = gpu("h100-sxm").unwrap();
-    let base = TrainConfig::new(1, 8192, Precision::Mixed, Optimizer::AdamW);
-    let space = SearchSpace::for_job(&m, &g, 8, 8192, 256);
-    let (recs, tried) = recommend(&m, &g, &base, 256, &space);
-    eprintln!("plan_search: {tried} configurations, {} fit", recs.len());
-    let mut g2 = c.benchmark_group("plan_search");
-    g2.bench_function(format!("{tried}_configurations"), |b| b.iter(|| recommend(&m, &g, &base, 256, &space)));
-    g2.finish();
-}
-
-criterion_group!(benches, end_to_end, plan_search);
+criterion_group!(benches, end_to_end);
 criterion_main!(benches);

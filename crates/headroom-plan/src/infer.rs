@@ -109,6 +109,10 @@ pub struct InferEstimate {
     /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context
     /// (and with vLLM, but its memory outside PyTorch).
     pub reserved_bytes: f64,
+    /// What `torch.cuda.max_memory_allocated()` would report, where the plan models the
+    /// tensors themselves (transformers' forward: the weights and the peak moment's
+    /// tensors); the serving engines size a pool and log what they reserve.
+    pub allocated_bytes: Option<f64>,
     pub fits: bool,
     /// Sequences of `seq` tokens the cache holds (with transformers: the largest batch of
     /// `seq` tokens that fits).
@@ -198,6 +202,7 @@ fn sglang(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang) -> InferE
         framework,
         per_gpu_bytes: framework + free,
         reserved_bytes: free,
+        allocated_bytes: None,
         fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
         max_sequences,
         max_tokens: (room / per_token) as u64,
@@ -226,6 +231,7 @@ fn vllm(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine) -> InferEst
         framework: non_torch + context,
         per_gpu_bytes: budget + context,
         reserved_bytes: budget - non_torch,
+        allocated_bytes: None,
         fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
         max_sequences,
         max_tokens: (room / per_token) as u64,
@@ -256,6 +262,7 @@ fn transformers(
         framework,
         per_gpu_bytes: per_gpu,
         reserved_bytes: per_gpu - framework,
+        allocated_bytes: Some(weights + peak.total),
         fits: per_gpu <= gpu.memory_bytes as f64,
         max_sequences,
         max_tokens: max_sequences.saturating_mul(cfg.seq),

@@ -25,6 +25,8 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 const TOLERANCE: f64 = 0.05;
+const BEGIN: &str = "<!-- devgrid:begin -->\n";
+const END: &str = "<!-- devgrid:end -->";
 const ALLOCATED_WITHIN: usize = 34;
 const RESERVED_WITHIN: usize = 33;
 /// Rows read while the GPU rules were built.
@@ -139,6 +141,18 @@ fn the_dev_grid_as_the_gpu_measured_it() {
         for r in &rows {
             println!("{}: {}", r.name, r.program);
         }
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/VALIDATION.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let start = doc.find(BEGIN).expect("docs/VALIDATION.md has the devgrid markers") + BEGIN.len();
+    let end = doc.find(END).expect("end marker");
+    if std::env::var_os("HEADROOM_REGENERATE").is_some() {
+        std::fs::write(&path, format!("{}{}{}", &doc[..start], text, &doc[end..])).unwrap();
+    } else {
+        assert!(
+            doc[start..end] == text,
+            "docs/VALIDATION.md's GPU table is stale: run HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test devgrid"
+        );
     }
     let allocated = rows.iter().filter(|r| Row::err(r.allocated).abs() <= TOLERANCE).count();
     let reserved = rows.iter().filter(|r| Row::err(r.reserved).abs() <= TOLERANCE).count();

@@ -22,25 +22,26 @@ use headroom_plan::train::{
 /// Will it fit? Memory per GPU, term by term, for training or inference, and
 /// the estimated step time.
 ///
-/// Training terms: weights, gradients and optimizer state (by precision,
-/// optimizer, ZeRO stage, LoRA and offload), activations (by attention
-/// kernel, parallel layout and checkpoint policy; `optimal` solves for the
-/// fastest schedule that fits the GPU), logits and the loss, temporaries
-/// (cuBLAS workspace, ZeRO-3's gathered layer, QLoRA's dequantized matrix,
-/// the offload bucket), and the framework (CUDA context, NCCL, the
-/// allocator's slack). Where transformers runs the job (--framework auto:
-/// one model replica per GPU, full fine-tuning, no or full checkpointing),
-/// its forward and backward were recorded allocation by allocation and the
-/// peak is the largest moment of the step, or the optimizer step — as real
-/// steps show (docs/VALIDATION.md); elsewhere every term is summed with
-/// Korthikanti's activations (Megatron). Inference: as vLLM sizes its KV
-/// cache at start-up — gpu_memory_utilization of the device, less the
-/// weights, the peak of its profile run (a forward of max_num_batched_tokens
-/// tokens, then the sampler over max_num_seqs rows) and the memory outside
-/// PyTorch — and how many sequences of --seq tokens that cache holds; with
-/// --framework hf, transformers' own forward with a cache, as generate's
-/// first forward (or, with --all-logits, an evaluation loop) runs it, its
-/// temporaries and logits recorded the same way.
+/// Training: the job's step program — every allocation and free of building the model and
+/// of three steps, the optimizer's included — replayed through PyTorch's caching allocator
+/// (headroom's, decision for decision) on the memory PyTorch can have of the GPU: its
+/// allocated and reserved peaks, the phase that peaks, and whether it runs out, where and by
+/// how much. Where transformers runs the job (--framework auto: one model replica per GPU,
+/// full fine-tuning, no or full checkpointing) the program is its code's own, recorded
+/// tensor by tensor and expanded to the model's depth and shape, with the GPU's SDPA kernel,
+/// dropout masks and cuBLAS workspaces; elsewhere the closed form's terms — weights,
+/// gradients and optimizer state (by precision, optimizer, ZeRO stage, LoRA and offload),
+/// activations (by attention kernel, layout and checkpoint policy, Korthikanti's for
+/// Megatron; `optimal` solves for the fastest schedule that fits), logits and the loss,
+/// temporaries — laid out as a step. --alloc-conf and --policy replay it under other
+/// allocator settings; a job that does not fit is told the settings that would make it
+/// fit. Inference: as vLLM sizes its KV cache at start-up — gpu_memory_utilization of the
+/// device, less the weights, the peak of its profile run (a forward of
+/// max_num_batched_tokens tokens, then the sampler over max_num_seqs rows) and the memory
+/// outside PyTorch — and how many sequences of --seq tokens that cache holds; with
+/// --framework hf, transformers' own forward with a cache, as generate's first forward (or,
+/// with --all-logits, an evaluation loop) runs it, its temporaries and logits recorded the
+/// same way.
 ///
 /// Your own model's layers, optimizer or script may keep more or less than
 /// any recipe: --calibrate fits the plan to a memory snapshot of a smaller

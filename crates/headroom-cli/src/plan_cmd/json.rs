@@ -146,6 +146,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "allocated_bytes": e.allocated_bytes.map(bytes),
         "framework": match p.config.runtime {
             Runtime::Vllm(_) => "vllm",
             Runtime::Sglang(_) => "sglang",

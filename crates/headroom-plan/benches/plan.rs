@@ -1,0 +1,48 @@
+//! The planner's speed, as `headroom plan` runs it: one plan (its step program synthesized
+//! and replayed through the allocator), `--max-batch` (replays by bisection) and the
+//! README's `--recommend` (every configuration screened, the fastest replayed).
+//!
+//! `cargo bench -p headroom-plan --bench plan`; figures in docs/PERFORMANCE.md.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use headroom_plan::gpu::gpu;
+use headroom_plan::model::preset;
+use headroom_plan::parallel::Parallelism;
+use headroom_plan::search::{recommend, SearchSpace};
+use headroom_plan::train::{
+    estimate, max_micro_batch, Attention, Checkpointing, Estimator, Optimizer, Precision, TrainConfig,
+};
+use std::time::Duration;
+
+fn plan(c: &mut Criterion) {
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5));
+    let h100 = gpu("h100-sxm").unwrap();
+    // One GPU, transformers' recorded step: 32 layers, three steps, about 25,000 operations.
+    let model = preset("llama-3-8b").unwrap();
+    let one = TrainConfig {
+        attention: Attention::Sdpa,
+        checkpointing: Checkpointing::Full,
+        ..TrainConfig::new(2, 4096, Precision::Bf16, Optimizer::AdamW)
+    };
+    eprintln!("one plan: {:?}", estimate(&model, &h100, &one).program);
+    g.bench_function("one_plan_llama3_8b_recorded", |b| b.iter(|| estimate(&model, &h100, &one)));
+    g.bench_function("max_batch_llama3_8b_recorded", |b| b.iter(|| max_micro_batch(&model, &h100, &one, 1 << 40)));
+    // The README's --recommend: Llama-3-8B on 8 H100s, 128 sequences of 8192 tokens a step.
+    let base = TrainConfig {
+        accumulation: 16,
+        attention: Attention::Flash,
+        checkpointing: Checkpointing::Full,
+        parallel: Parallelism::data_parallel(8, 3),
+        ..TrainConfig::new(1, 8192, Precision::Mixed, Optimizer::AdamW)
+    };
+    let space = SearchSpace::for_job(&model, &h100, 8, 8192, 128);
+    let estimator = Estimator::default();
+    g.bench_function("readme_recommend", |b| {
+        b.iter(|| recommend(&model, &h100, &base, 128, &space, &estimator, 20, None))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, plan);
+criterion_main!(benches);
