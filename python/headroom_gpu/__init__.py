@@ -5,7 +5,7 @@
     with headroom_gpu.record("run.pickle"):      # memory history, dumped even on an OOM
         train_one_step()
     report = headroom_gpu.inspect("run.pickle")  # `headroom inspect --json`, as a dict
-    fit = headroom_gpu.plan(model="llama-3-8b", gpu="h100-sxm", batch=4, seq=8192)
+    fit = headroom_gpu.plan(model="llama-3-8b", gpu="h100-sxm", precision="bf16", batch=1, seq=4096)
 
 `inspect` and `plan` run the `headroom` command this package installs and need
 nothing else; `record` needs PyTorch and a CUDA device, and imports torch only

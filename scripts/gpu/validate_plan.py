@@ -3,10 +3,12 @@
 
 Runs Hugging Face models built from their configs (random weights: nothing is
 downloaded) over a grid of batch, sequence, precision and checkpointing, on the
-GPU this machine has. Each run does two optimizer steps of AdamW on random
-tokens and records torch.cuda.max_memory_allocated(), then asks
-`headroom plan --json` for the same configuration and prints a markdown table
-of predicted (`allocated_bytes`) against measured, for docs/GPU.md.
+GPU this machine has. Each run does three optimizer steps of AdamW on random
+tokens and records torch.cuda.max_memory_allocated() and max_memory_reserved() (or
+that it ran out of memory), then asks `headroom plan --json` for the same
+configuration and prints a markdown table of predicted (`allocated_bytes`,
+`reserved_bytes`, `fits`: the job's step program replayed through headroom's
+allocator) against measured, for docs/GPU.md.
 
     cargo build --release -p headroom-cli
     python3 scripts/gpu/validate_plan.py [--headroom target/release/headroom] [--quick] [--compile]
@@ -59,7 +61,8 @@ def measure(torch, transformers, cfg, batch, seq, precision, checkpoint, compile
     config._attn_implementation = "sdpa"
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype).cuda()
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
     if checkpoint == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -69,14 +72,14 @@ def measure(torch, transformers, cfg, batch, seq, precision, checkpoint, compile
         torch._dynamo.reset()
     forward = torch.compile(model, dynamic=False) if compiled else model
     try:
-        for _ in range(2):
+        for _ in range(3):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 loss = forward(input_ids=tokens, labels=tokens).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
+        peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
     except torch.cuda.OutOfMemoryError:
         peak = None
     del model, forward, opt, tokens
@@ -108,9 +111,9 @@ def main():
     if args.quick:
         grid = grid[::3]
     print(f"{name}, {total / 2**30:.1f} GiB, torch {torch.__version__}, transformers {transformers.__version__}\n")
-    print("| model | batch × seq | precision | checkpoint | measured | predicted | error |")
-    print("|---|---|---|---|---:|---:|---:|")
-    errors = []
+    print("| model | batch × seq | precision | checkpoint | allocated | planned | error | reserved | planned | error | verdict |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    errors, reserved_errors, verdicts = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for label, cfg in models.items():
             path = os.path.join(tmp, label, "config.json")
@@ -120,19 +123,27 @@ def main():
             for batch, seq, precision, checkpoint in grid:
                 peak = measure(torch, transformers, cfg, batch, seq, precision, checkpoint, args.compile)
                 plan = predict(args.headroom, path, total, batch, seq, precision, checkpoint, args.compile)
-                predicted = plan["allocated_bytes"]
-                if peak is None:
-                    row = ("OOM", f"{predicted / 2**30:.2f} GiB", "–")
+                predicted, reserved = plan["allocated_bytes"], plan["reserved_bytes"]
+                gib = lambda b: f"{b / 2**30:.2f} GiB"
+                ran = peak is not None
+                verdicts.append(ran == plan["fits"])
+                verdict = f"{'ran' if ran else 'OOM'}, plan: {'fits' if plan['fits'] else 'does NOT fit'}"
+                if not ran:
+                    row = ("OOM", gib(predicted), "–", "–", gib(reserved), "–")
                 else:
-                    err = predicted / peak - 1
+                    err = predicted / peak[0] - 1
+                    rerr = reserved / peak[1] - 1
                     errors.append(abs(err))
-                    row = (f"{peak / 2**30:.2f} GiB", f"{predicted / 2**30:.2f} GiB", f"{err:+.1%}")
-                print(f"| {label} | {batch} × {seq} | {precision} | {checkpoint} | {row[0]} | {row[1]} | {row[2]} |",
+                    reserved_errors.append(abs(rerr))
+                    row = (gib(peak[0]), gib(predicted), f"{err:+.1%}", gib(peak[1]), gib(reserved), f"{rerr:+.1%}")
+                print(f"| {label} | {batch} × {seq} | {precision} | {checkpoint} | " + " | ".join(row) + f" | {verdict} |",
                       flush=True)
     if errors:
-        within = sum(e <= 0.05 for e in errors)
-        print(f"\n{within} of {len(errors)} within 5%; mean |error| {sum(errors) / len(errors):.1%}, "
-              f"worst {max(errors):.1%}")
+        for name, errs in (("allocated", errors), ("reserved", reserved_errors)):
+            within = sum(e <= 0.05 for e in errs)
+            print(f"\n{name}: {within} of {len(errs)} within 5%; mean |error| {sum(errs) / len(errs):.1%}, "
+                  f"worst {max(errs):.1%}")
+    print(f"verdicts right: {sum(verdicts)} of {len(verdicts)}")
 
 
 if __name__ == "__main__":

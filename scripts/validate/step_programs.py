@@ -69,8 +69,17 @@ def layer_pattern(family):
     return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
+# Grouped key-value heads recorded as 12 heads of 48 over 3 key-value heads: every half a
+# dimension (rotary embeddings' rotate_half of the keys: kv / 2 = 1.5 heads' width) and every
+# multiple is told apart by its size (with 2 key-value heads of 48, half the keys' width is a
+# head's width, and the laws could not say which).
+GQA = {"num_attention_heads": 12, "num_key_value_heads": 3, "head_dim": 48}
+
+
 def config(family, layers):
     cfg = dict(infer_recipes.recording_config(family)) if family in measure_families() else extra_config(family)
+    if family in ("qwen2", "qwen3", "mistral"):
+        cfg.update(GQA)
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
@@ -299,7 +308,8 @@ def per_unit(nbytes, d, what, widths=(2, 4, 1, 8)):
         e = nbytes / w
         if abs(e - round(e)) > 1e-9:
             continue
-        for c in (1, 2, 3, 4, 5, 6, 8):
+        # Half a dimension (rotary embeddings' rotate_half) before a multiple.
+        for c in (1, 0.5, 2, 3, 4, 5, 6, 8):
             for u in UNITS:
                 if d.get(u) and abs(e - c * d[u]) < 1e-6:
                     return {u: float(c * w)}
@@ -322,6 +332,12 @@ def widths_of(precision):
     return (4, 2, 1, 8) if precision == "fp32" else (2, 4, 1, 8)
 
 
+def position_widths(kind, precision):
+    """Widths for a law of `kind`: what the batch shares per position (rotary tables) is
+    computed in fp32 whatever the job's precision."""
+    return (4, 2, 1, 8) if kind == "pos" else widths_of(precision)
+
+
 def reclassified(t, precision):
     """A compact template's laws classified again from the bytes they give at the recording's
     dimensions (what `per_unit` now reads them as)."""
@@ -337,7 +353,7 @@ def reclassified(t, precision):
             if kind in ("tok_s", "pos_s"):
                 new[kind] = units
             else:
-                new[kind] = per_unit(bytes_, d, "reclassify", widths_of(precision))
+                new[kind] = per_unit(bytes_, d, "reclassify", position_widths(kind, precision))
         out.append(new)
     return dict(t, laws=out)
 
@@ -370,7 +386,10 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
             return {kind_s: {"one": per}}
         slope = (g2 - g1) / (s2 - s1)
         const = g1 - slope * s1
-        out = {kind: per_unit(slope, d, what, widths)}
+        if slope == 0 and grows_b:
+            # The same for every length: per sequence.
+            return {kind_1: per_unit(const, d, what, widths)}
+        out = {kind: per_unit(slope, d, what, (4, 2, 1, 8) if kind == "pos" else widths)}
         if abs(const) > 1e-9:
             if const < 0 or const > 64:
                 raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
@@ -435,8 +454,7 @@ def home(job, t):
     role = tensor["role"]
     if role and role[0] in ("param", "grad"):
         layer = job.params[role[1]]["layer"]
-        if layer:
-            return (layer[0], int(layer[1]))
+        return (layer[0], int(layer[1])) if layer else None
     inside, last = tensor["layer"]
     return inside if inside is not None else last
 

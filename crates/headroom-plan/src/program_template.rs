@@ -307,6 +307,12 @@ impl Parsed {
                 return Err("a tensor points outside the tables".into());
             }
             let index = |v: i64| u32::try_from(v).ok().filter(|&p| (p as usize) < params.len());
+            // A parameter and its gradient belong to the parameter's layer, or to none (the
+            // embeddings, the head): not to the layer whose backward happened to run last.
+            let home = match index(param).or(index(grad)) {
+                Some(p) => params[p as usize].layer,
+                None => Layer::decode(home),
+            };
             tensors.push(TensorT {
                 law: Law::default(),
                 law_index: law,
@@ -315,7 +321,7 @@ impl Parsed {
                 param: index(param),
                 grad: index(grad),
                 kernel: kernel(k)?,
-                home: Layer::decode(home),
+                home,
             });
         }
         let n = tensors.len();

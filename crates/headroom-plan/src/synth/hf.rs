@@ -372,6 +372,9 @@ impl<'a> Builder<'a> {
         }
         let (fwd, bwd) = section.split_at(backward.min(section.len()));
         let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::new();
+        // Per layer, the fused SDPA backward's outputs made so far (dq, dk, dv).
+        let mut sdpa_grads: HashMap<Option<Concrete>, u32> = HashMap::new();
+        let cudnn = self.cudnn_attention();
         for (part, events) in [(Phase::Forward, fwd), (Phase::Backward, bwd)] {
             if part == Phase::Backward {
                 self.p.mark(step, Phase::Backward);
@@ -392,6 +395,13 @@ impl<'a> Builder<'a> {
                 let Some(law) = self.law(x) else { continue };
                 let site = self.site(x.site);
                 let id = self.p.alloc(law, x.term, site);
+                if cudnn && part == Phase::Backward && x.kernel == Kernel::Sdpa {
+                    let n = sdpa_grads.entry(layer).or_insert(0);
+                    *n += 1;
+                    if *n == 3 {
+                        self.attention_workspace();
+                    }
+                }
                 match x.grad.map(|g| self.param_index.get(&(g, layer)).copied()) {
                     None => {
                         live.insert(inst, id);
@@ -439,6 +449,29 @@ impl<'a> Builder<'a> {
                 }
             }
         }
+    }
+
+    /// Whether SDPA's fused kernel on this GPU is cuDNN's: on Hopper and Blackwell, with
+    /// cuDNN 9.15 or later (torch 2.11's wheels), PyTorch tries it first for 16-bit inputs
+    /// (research/sdpa-backends.md §1).
+    fn cudnn_attention(&self) -> bool {
+        matches!(self.device, Device::Gpu(g) if matches!(g.arch, crate::gpu::Arch::Hopper | crate::gpu::Arch::Blackwell))
+            && matches!(self.cfg.precision, Precision::Bf16 | Precision::Amp | Precision::Mixed)
+            && matches!(self.cfg.attention, Attention::Sdpa | Attention::Flash)
+            && !sdpa_math(self.model, self.cfg.precision, self.device)
+    }
+
+    /// What cuDNN's attention backward takes for a moment once it has made the gradients
+    /// of the queries, keys and values: fp32 accumulators of all three and the softmax
+    /// statistics per head (seen on an H200 with torch 2.11: 8 MiB + 32 KiB for Qwen3-1.7B at
+    /// 512 tokens, and 256 bytes beside: `../shared/gpu/snapshots/qwen3-1.7b-*`).
+    fn attention_workspace(&mut self) {
+        let m = self.model;
+        let per_token = 4.0 * ((m.heads + 2 * m.kv_heads) * m.head_dim + m.heads) as f64;
+        let site = self.p.site("cuDNN attention backward workspace");
+        let law = Law { fixed: 256.0, ..Law::per_token(per_token) };
+        let id = self.p.alloc(law, Term::Activations, site);
+        self.p.free(id);
     }
 
     /// A cuBLAS workspace: one for the forward's thread, one for the backward's.
