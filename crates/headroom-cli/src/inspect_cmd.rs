@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// avoided it, each checked by replaying the run.
 ///
 /// SNAPSHOT is the file `torch.cuda.memory._dump_snapshot()` writes (pickle,
-/// or JSON). Record one with:
+/// or JSON; gzip-compressed or not). Record one with:
 ///
 ///   torch.cuda.memory._record_memory_history(max_entries=100000)
 ///   ... run a few steps (or until the OOM) ...

@@ -10,14 +10,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use headroom_alloc::units::{format_size, parse_size};
 use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
+use headroom_trace::compressed;
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport, ASYNC_NOT_SIMULATED};
 use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::StartFrom;
 use serde_json::{json, Value};
-use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::BufRead;
 use std::path::PathBuf;
 
 /// Replay a recorded run through headroom's caching allocator (PyTorch's
@@ -27,7 +27,8 @@ use std::path::PathBuf;
 ///
 /// The input is either a PyTorch memory snapshot (the file
 /// `torch.cuda.memory._dump_snapshot()` writes, pickle or JSON) or a
-/// headroom trace in JSON Lines (see docs/TRACE_FORMAT.md):
+/// headroom trace in JSON Lines (see docs/TRACE_FORMAT.md), either of them
+/// gzip-compressed or not:
 ///
 ///   {"op":"alloc","id":1,"size":4096,"stream":0}
 ///   {"op":"free","id":1}
@@ -153,9 +154,10 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if args.trace.is_dir() {
         bail!("{} is a directory; give a snapshot or a trace file", args.trace.display());
     }
-    let mut file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
-    let mut prefix = Vec::with_capacity(512);
-    (&mut file).take(512).read_to_end(&mut prefix).with_context(|| format!("reading {}", args.trace.display()))?;
+    // Decompressed as it is read when gzip; the prefix tells a snapshot from a JSONL trace.
+    let mut input = compressed::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
+    let prefix = input.fill_buf().with_context(|| format!("reading {}", args.trace.display()))?;
+    let prefix = prefix[..prefix.len().min(512)].to_vec();
     let policies = if args.policy.is_empty() { vec![PolicyName::PyTorch] } else { args.policy.clone() };
     let snapshot_input = looks_like_snapshot(&prefix);
     if cuda && (args.check || args.start.as_deref() == Some("recorded")) {
@@ -183,8 +185,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         if args.check || args.device.is_some() || args.start.is_some() {
             bail!("--check, --device and --start apply to snapshots; {} is a JSONL trace", args.trace.display());
         }
-        file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
-        read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?
+        read_trace(input).with_context(|| format!("reading {}", args.trace.display()))?
     };
 
     let mut runs = Vec::new();

@@ -213,8 +213,11 @@ pub enum SnapshotError {
     Shape(String),
 }
 
-/// Reads a snapshot, pickle or JSON, telling them apart by their first byte.
+/// Reads a snapshot, pickle or JSON, telling them apart by their first byte;
+/// gzip-compressed, it is decompressed as it is read.
 pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, SnapshotError> {
+    let gzip = crate::compressed::is_gzip(reader.fill_buf()?);
+    let mut reader = crate::compressed::decompressing(reader)?;
     let first = loop {
         let buf = reader.fill_buf()?;
         match buf.iter().position(|b| !b.is_ascii_whitespace()) {
@@ -245,7 +248,7 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
         None => return Err(SnapshotError::Shape("the file is empty".into())),
     };
     let mut snap = b.finish(root)?;
-    snap.format = format;
+    snap.format = if gzip { format!("{format}, gzip") } else { format };
     Ok(snap)
 }
 
@@ -262,6 +265,7 @@ pub fn read_snapshot_file_with(
 ) -> Result<MemorySnapshot, SnapshotError> {
     let f = std::fs::File::open(path)?;
     let total = f.metadata().map(|m| m.len()).unwrap_or(0);
+    // Progress counts the file's own bytes, compressed or not.
     let counted = Counted { inner: f, done: 0, reported: 0, total, progress };
     read_snapshot(io::BufReader::with_capacity(1 << 16, counted))
 }
@@ -287,9 +291,9 @@ impl<R: Read, F: FnMut(u64, u64)> Read for Counted<R, F> {
     }
 }
 
-/// Whether `prefix` (the start of a file) is a snapshot rather than a JSONL
-/// trace: a pickle, a JSON list, or a JSON object whose first key is one of
-/// a snapshot's.
+/// Whether `prefix` (the start of a file, decompressed) is a snapshot rather
+/// than a JSONL trace: a pickle, a JSON list, or a JSON object whose first
+/// key is one of a snapshot's.
 pub fn looks_like_snapshot(prefix: &[u8]) -> bool {
     let s = prefix.iter().position(|b| !b.is_ascii_whitespace()).map_or(&[][..], |i| &prefix[i..]);
     match s.first() {
