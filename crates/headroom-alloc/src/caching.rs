@@ -253,6 +253,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             (fraction < 1.0).then(|| (fraction * self.device.mem_get_info().total as f64) as u64);
     }
 
+    /// Limits reserved memory to `bytes` (`None`: no limit), as a fraction
+    /// does: the limit a recorded run's fraction set, when it is known in
+    /// bytes and not as a fraction of a device whose size is not.
+    pub fn set_memory_limit(&mut self, bytes: Option<u64>) {
+        self.allowed_memory_maximum = bytes;
+    }
+
     /// The reserved-memory limit, if a fraction is set.
     pub fn memory_limit(&self) -> Option<u64> {
         self.allowed_memory_maximum

@@ -81,7 +81,7 @@ pub use policy::{
     ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
     PyTorchPolicy,
 };
-pub use restore::LiveBlock;
+pub use restore::{ExpandableLayout, LiveBlock};
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 pub use stats::{DeviceStats, PoolKind, Stat};

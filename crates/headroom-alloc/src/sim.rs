@@ -107,6 +107,18 @@ impl SimDevice {
         self.reservations.range(..=va).next_back().is_some_and(|(&b, r)| va < b + r.size)
     }
 
+    /// Whether a reservation of `size` bytes at `va` would overlap one that exists.
+    pub fn reservation_overlaps(&self, va: u64, size: u64) -> bool {
+        let end = va.saturating_add(size);
+        self.reservations.range(..end).next_back().is_some_and(|(&b, r)| b + r.size > va)
+    }
+
+    /// Whether a segment of `size` bytes at `ptr` would overlap one that exists.
+    pub fn segment_overlaps(&self, ptr: u64, size: u64) -> bool {
+        let end = ptr.saturating_add(size);
+        self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > ptr)
+    }
+
     /// Forgets the addresses given by [`SimDevice::push_next_address`] and
     /// [`SimDevice::push_next_reservation`] and not used yet.
     pub fn clear_next_addresses(&mut self) {
@@ -130,6 +142,37 @@ impl SimDevice {
         if end > self.next_malloc {
             self.next_malloc = end.div_ceil(MALLOC_ALIGN).saturating_mul(MALLOC_ALIGN);
         }
+        Ok(())
+    }
+
+    /// Takes the reservation `[va, va + size)` as one made already, with the
+    /// `mapped` runs (`(address, size)`) mapped in pages of `page`, as if
+    /// `reserve` and `map` had made them. Later reservations the device
+    /// places itself are above it.
+    pub fn adopt_reservation(
+        &mut self,
+        va: u64,
+        size: u64,
+        page: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        let end = va.checked_add(size).filter(|_| size > 0).ok_or_else(|| address_space_exhausted(size))?;
+        if self.reservation_overlaps(va, size) || self.segment_overlaps(va, size) {
+            return Err(DeviceError::Invalid(format!("adopted reservation {va:#x}+{size} overlaps device memory")));
+        }
+        let bytes: u64 = mapped.iter().map(|r| r.1).sum();
+        let inside = mapped.iter().all(|&(s, n)| s >= va && s.saturating_add(n) <= end && n % page.max(1) == 0);
+        if !inside || page == 0 {
+            return Err(DeviceError::Invalid(format!("adopted runs are not whole pages inside {va:#x}+{size}")));
+        }
+        if self.used.saturating_add(bytes) > self.total {
+            return Err(self.oom(bytes));
+        }
+        self.used += bytes;
+        let pages = mapped.iter().map(|&(s, n)| (s, (s + n, page))).collect();
+        self.reservations.insert(va, Reservation { size, pages });
+        self.next_reserve =
+            self.next_reserve.max(end.checked_next_multiple_of(GIB).ok_or(address_space_exhausted(size))?);
         Ok(())
     }
 

@@ -210,6 +210,16 @@ fn print_device(out: &mut String, r: &Report, d: &DeviceReport) {
             o.largest_free_block_bytes.map_or("?".into(), format_size),
             if o.later_ooms > 0 { format!(" ({} more OOMs after it)", o.later_ooms) } else { String::new() }
         );
+        if let Some(l) = o.memory_limit {
+            outln!(
+                out,
+                "    refused by a per-process memory limit, not the device (set_per_process_memory_fraction): the \
+                 limit is at least {} (the run reserved that much) and below {}; remedies replayed under {}",
+                format_size(l.at_least),
+                format_size(l.below),
+                format_size(l.at_least)
+            );
+        }
         for m in &o.remedies {
             let verdict = match m.avoided {
                 Some(true) => "avoided",

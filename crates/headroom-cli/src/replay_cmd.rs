@@ -37,7 +37,14 @@ use std::path::PathBuf;
 /// allocator's state at its first entry from the final segments, then
 /// replays every request and free. --check compares each decision with the
 /// recorded one (addresses, segments allocated and released, final blocks).
-/// Without --alloc-conf a snapshot is replayed under its recorded settings.
+/// Without --alloc-conf a snapshot is replayed under its recorded settings,
+/// and that replay is the recorded run: the simulated device hands out the
+/// recorded segment addresses and refuses where the recorded device refused,
+/// the program's empty_cache() calls are made where it made them, and the
+/// device is the size the recording tells (held plus free at an OOM; a
+/// per-process memory limit when the device had room the request was refused
+/// all the same). Every other setting is replayed the same way and differs
+/// only by what it changes.
 ///
 /// Give --alloc-conf several times to compare settings side by side, and
 /// --policy to compare allocation policies: `pytorch` (the default,
@@ -83,7 +90,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FROM", value_parser = ["recorded", "fresh"])]
     start: Option<String>,
 
-    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB) [default: 80GiB].
+    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB) [default: a
+    /// snapshot's recorded device, as its refusals and OOMs tell, else 80GiB].
     #[arg(long, value_name = "BYTES")]
     capacity: Option<String>,
 
@@ -124,6 +132,9 @@ pub struct ReplayArgs {
     pub max_entries: u64,
 }
 
+/// The simulated GPU's memory when neither --capacity nor the recording says.
+pub const DEFAULT_CAPACITY: u64 = 80 << 30;
+
 /// The most a simulated GPU may hold: 1 PiB, beyond any GPU by four orders
 /// of magnitude, so that every byte count and address of a replay fits in
 /// 64 bits (PyTorch's statistics are signed 64-bit).
@@ -137,7 +148,8 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if cuda && args.capacity.is_some() {
         bail!("--capacity sizes the simulated GPU; --backend cuda runs on the real one, with its own memory");
     }
-    let capacity = parse_capacity(args.capacity.as_deref().unwrap_or("80GiB"))?;
+    let given_capacity = args.capacity.as_deref().map(parse_capacity).transpose()?;
+    let capacity = given_capacity.unwrap_or(DEFAULT_CAPACITY);
     let confs = if args.alloc_conf.is_empty() { vec![String::new()] } else { args.alloc_conf.clone() };
     let configs = confs
         .iter()
@@ -175,7 +187,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
             None if args.policy.is_empty() => StartFrom::Recorded,
             None => StartFrom::Fresh,
         };
-        return crate::replay_snapshot::run(&args, capacity, &given, &policies, start);
+        return crate::replay_snapshot::run(&args, given_capacity, &given, &policies, start);
     }
     // The GPU first: without one there is nothing to read the input for.
     let gpu = cuda.then(|| crate::replay_cuda::open(args.cuda_device)).transpose()?;

@@ -4,16 +4,17 @@
 
 use crate::out_file::write_atomically;
 use crate::progress::LazyBar;
-use crate::replay_cmd::ReplayArgs;
+use crate::replay_cmd::{ReplayArgs, DEFAULT_CAPACITY};
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
+use headroom_trace::recorded_memory::{CapacitySource, RecordedMemory};
 use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::{
-    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Setup, StartFrom, WhatIf,
+    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Recorded, Setup, StartFrom, WhatIf,
 };
 use serde_json::{json, Value};
 
@@ -27,6 +28,13 @@ struct DeviceRun {
     unchecked: Option<String>,
     /// The most bytes live at once: the least any allocator could reserve.
     live_peak: Option<u64>,
+    /// The simulated device's memory, and where that figure came from.
+    capacity: u64,
+    capacity_source: CapacitySource,
+    /// What the trace says of the recorded device (when the trace was checked).
+    memory: Option<RecordedMemory>,
+    /// The per-process limit replayed, when the recording showed one.
+    memory_limit: Option<u64>,
     runs: Vec<Run>,
     /// Why this device was not replayed.
     skipped: Option<String>,
@@ -48,7 +56,7 @@ struct Start {
 
 pub fn run(
     args: &ReplayArgs,
-    capacity: u64,
+    given_capacity: Option<u64>,
     confs: &[(String, AllocatorConfig)],
     policies: &[PolicyName],
     start: StartFrom,
@@ -87,6 +95,10 @@ pub fn run(
             fidelity: None,
             unchecked: None,
             live_peak: None,
+            capacity: given_capacity.unwrap_or(DEFAULT_CAPACITY),
+            capacity_source: if given_capacity.is_some() { CapacitySource::Given } else { CapacitySource::Default },
+            memory: None,
+            memory_limit: None,
             runs: Vec::new(),
             skipped: None,
         };
@@ -112,8 +124,19 @@ pub fn run(
         if let (None, Some(t)) = (&r.skipped, &trace) {
             let mut bar = LazyBar::new("entries");
             let phase = format!("device {device}: checking");
-            match check_from(t, recorded.clone(), capacity, |done| bar.update(&phase, done as u64, entries as u64)) {
-                Ok(f) => r.fidelity = Some(f),
+            // The check's device size matters only to expandable segments, whose
+            // reservations PyTorch sizes by it; the recorded device is not known yet.
+            let check_capacity = given_capacity.unwrap_or(DEFAULT_CAPACITY);
+            match check_from(t, recorded.clone(), check_capacity, |done| {
+                bar.update(&phase, done as u64, entries as u64)
+            }) {
+                Ok(f) => {
+                    let m = RecordedMemory::infer(t, &f.recorded.refusals);
+                    (r.capacity, r.capacity_source) = m.capacity(given_capacity, DEFAULT_CAPACITY);
+                    r.memory_limit = f.recorded.memory_limit;
+                    r.memory = Some(m);
+                    r.fidelity = Some(f);
+                }
                 // From an empty device the recorded segments are not needed: replay all the same.
                 Err(e) if start == StartFrom::Fresh => r.unchecked = Some(e.to_string()),
                 Err(e) => r.skipped = Some(e.to_string()),
@@ -121,7 +144,9 @@ pub fn run(
             bar.finish();
         }
         if let (None, Some(t)) = (&r.skipped, &trace) {
-            let calls = r.fidelity.as_ref().map_or(&[][..], |f| &f.empty_cache_calls[..]);
+            let none = Recorded::default();
+            let run = r.fidelity.as_ref().map_or(&none, |f| &f.recorded);
+            let capacity = r.capacity;
             if policies.len() > 1 || start == StartFrom::Fresh {
                 r.live_peak = Some(live_peak_bytes(t, &recorded));
             }
@@ -133,7 +158,7 @@ pub fn run(
                     let mut bar = LazyBar::new("entries");
                     let phase = format!("device {device}: replaying [{policy}, {label}]");
                     let setup = Setup { config: config.clone(), policy, start };
-                    let w = what_if(t, setup, capacity, calls, history, |done| {
+                    let w = what_if(t, setup, capacity, run, history, |done| {
                         bar.update(&phase, done as u64, entries as u64)
                     })
                     .with_context(|| format!("replaying device {device} under {policy}, {label}"))?;
@@ -162,7 +187,6 @@ pub fn run(
             "snapshot": args.trace.display().to_string(),
             "format": snap.format,
             "recorded_alloc_conf": snap.settings.as_ref().and_then(|s| s.conf.clone()),
-            "capacity_bytes": capacity,
             "start": start.name(),
             "notes": settings_note.iter().collect::<Vec<_>>(),
             "devices": results.iter().map(|r| device_json(r, args.check)).collect::<Vec<_>>(),
@@ -170,7 +194,7 @@ pub fn run(
         outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
         let note = settings_note.as_deref();
-        print_human(&mut out, args, &snap, Shown { capacity, results: &results, note, dropped, policies, start });
+        print_human(&mut out, args, &snap, Shown { results: &results, note, dropped, policies, start });
     }
     Ok(Outcome::new(out, if any_oom || diverged { 1 } else { 0 }))
 }
@@ -211,6 +235,10 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
     json!({
         "device": r.device,
         "trace_entries": r.entries,
+        "capacity_bytes": r.capacity,
+        "capacity_source": r.capacity_source,
+        "memory_limit_bytes": r.memory_limit,
+        "recorded_memory": r.memory,
         "skipped": r.skipped,
         "start": r.start.as_ref().map(|s| json!({
             "reserved_bytes": s.reserved,
@@ -233,13 +261,13 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "oom_ops": w.ooms.iter().map(|o| o.index).collect::<Vec<_>>(),
             "ooms": w.ooms.iter().map(|o| json!({"index": o.index, "size": o.size, "message": o.message})).collect::<Vec<_>>(),
             "recorded_ooms_served": w.recorded_ooms_served,
+            "device_calls_followed": w.device_calls_followed,
             "stats": w.stats,
         })).collect::<Vec<_>>(),
     })
 }
 
 struct Shown<'a> {
-    capacity: u64,
     results: &'a [DeviceRun],
     note: Option<&'a str>,
     dropped: u64,
@@ -248,7 +276,7 @@ struct Shown<'a> {
 }
 
 fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown: Shown) {
-    let Shown { capacity, results, note, dropped, policies, start: start_from } = shown;
+    let Shown { results, note, dropped, policies, start: start_from } = shown;
     let recorded = match snap.settings.as_ref().and_then(|s| s.conf.as_deref()) {
         Some("") => "PYTORCH_CUDA_ALLOC_CONF unset".to_string(),
         Some(c) => format!("PYTORCH_CUDA_ALLOC_CONF={c}"),
@@ -256,11 +284,10 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
     };
     outln!(
         out,
-        "{}: PyTorch memory snapshot ({}), {} device(s), {recorded}; replayed on a simulated GPU of {}",
+        "{}: PyTorch memory snapshot ({}), {} device(s), {recorded}",
         args.trace.display(),
         snap.format,
         results.len(),
-        format_size(capacity)
     );
     if let Some(n) = note {
         outln!(out, "note: {n}");
@@ -289,6 +316,26 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
         }
         if let Some(why) = &r.unchecked {
             outln!(out, "  decisions not checked ({why}); replayed from an empty device all the same");
+        }
+        outln!(
+            out,
+            "  replayed on a simulated GPU of {} ({}){}",
+            format_size(r.capacity),
+            r.capacity_source.describe(),
+            r.memory.as_ref().map_or(String::new(), |m| format!(
+                "; the recorded run reserved at most {}",
+                format_size(m.peak_reserved)
+            ))
+        );
+        if let (Some(limit), Some(b)) = (r.memory_limit, r.memory.as_ref().and_then(|m| m.limit)) {
+            outln!(
+                out,
+                "  under a per-process memory limit (set_per_process_memory_fraction): a request was refused with \
+                 more free on the device than it asked for; the limit is at least {} and below {}, replayed at {}",
+                format_size(b.at_least),
+                format_size(b.below),
+                format_size(limit)
+            );
         }
         if start_from == StartFrom::Fresh {
             outln!(out, "  each run places the blocks live at the start itself, in address order (--start fresh)");

@@ -91,8 +91,7 @@ fn headroom_policy_against_pytorch_on_every_fixture() {
             }
             let t = DeviceTrace::new(&snap, device).unwrap_or_else(|e| panic!("{name}: {e}"));
             let recorded = snap.allocator_config().0;
-            let calls =
-                check_from(&t, recorded.clone(), CAPACITY, |_| {}).map(|f| f.empty_cache_calls).unwrap_or_default();
+            let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).map(|f| f.recorded).unwrap_or_default();
             let live = live_peak_bytes(&t, &recorded);
             let runs: Vec<WhatIf> = PolicyName::ALL
                 .iter()
@@ -233,7 +232,7 @@ fn a_run_that_pytorch_cannot_fit_fits_under_headroom() {
     let snap = read_snapshot_file(&path).unwrap();
     let t = DeviceTrace::new(&snap, 0).unwrap();
     let recorded = snap.allocator_config().0;
-    let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).unwrap().empty_cache_calls;
+    let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).unwrap().recorded;
     let run = |policy| {
         let setup = Setup { config: recorded.clone(), policy, start: StartFrom::Fresh };
         what_if(&t, setup, 1 << 30, &calls, None, |_| {}).unwrap()
