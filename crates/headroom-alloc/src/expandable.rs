@@ -466,6 +466,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         Ok(())
     }
 
+    /// Gives back every expandable segment with nothing mapped in it (its
+    /// address reservation). PyTorch keeps one that a failed request reserved
+    /// until it is used; a replay gives it back, so that the reservation the
+    /// recording maps into next is made where the recording says.
+    pub fn release_unmapped_segments(&mut self) -> Result<(), AllocError> {
+        let empty: Vec<u32> = self
+            .expandable
+            .iter()
+            .flatten()
+            .filter_map(|seg| {
+                let id = *self.pool(seg.pool).unmapped.get(&(seg.stream, seg.base))?;
+                (self.arena[id].size == seg.va_size).then_some(id)
+            })
+            .collect();
+        for id in empty {
+            self.release_expandable_segment(id)?;
+        }
+        Ok(())
+    }
+
     /// Destroys an expandable segment whose single block is entirely unmapped.
     pub(crate) fn release_expandable_segment(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];

@@ -298,6 +298,45 @@ mod tests {
         assert_eq!(adopted.stats().num_device_alloc, 0, "adopting is not a device call");
     }
 
+    /// An expandable segment with a hole unmapped in the middle, reached by
+    /// allocating and by adopting its reservation and runs: the same state,
+    /// the same next decision.
+    #[test]
+    fn an_adopted_expandable_segment_behaves_as_one_the_allocator_made() {
+        let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let mut made = DeviceCachingAllocator::new(SimDevice::new(1 << 30), config.clone());
+        let a = made.malloc(30 * MIB, 0).unwrap();
+        let b = made.malloc(50 * MIB, 0).unwrap();
+        let c = made.malloc(30 * MIB, 0).unwrap();
+        made.free(b.ptr).unwrap();
+        made.empty_cache().unwrap();
+        let snap = made.snapshot();
+        let runs: Vec<(u64, u64)> = snap.segments.iter().map(|s| (s.address, s.total_size)).collect();
+        assert_eq!(runs.len(), 2, "the hole between the runs was unmapped: {runs:?}");
+        let live: Vec<LiveBlock> =
+            [a, c].iter().map(|x| LiveBlock { address: x.ptr, size: x.size, requested_size: 30 * MIB }).collect();
+
+        let mut adopted = DeviceCachingAllocator::new(SimDevice::new(1 << 30), config);
+        let (page, va_size) = adopted.expandable_reservation(PoolKind::Large);
+        let layout = ExpandableLayout { base: runs[0].0, va_size, page, stream: 0, pool: PoolKind::Large, runs };
+        adopted.device_mut().adopt_reservation(layout.base, va_size, page, &layout.runs).unwrap();
+        adopted.adopt_expandable_segment(&layout, &live).unwrap();
+        adopted.validate().unwrap();
+        for key in ["allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current"] {
+            assert_eq!(made.memory_stats()[key], adopted.memory_stats()[key], "{key}");
+        }
+        // Both grow the free block before the hole into it, and map the same page.
+        assert_eq!(made.malloc(15 * MIB, 0).unwrap().ptr, adopted.malloc(15 * MIB, 0).unwrap().ptr);
+        assert_eq!(made.reserved_bytes(), adopted.reserved_bytes());
+        adopted.validate().unwrap();
+        // A run off the page grid is refused, and changes nothing.
+        let mut other = DeviceCachingAllocator::new(SimDevice::new(1 << 30), AllocatorConfig::default());
+        let bad = ExpandableLayout { runs: vec![(layout.base + MIB, page)], ..layout };
+        assert!(other.adopt_expandable_segment(&bad, &[]).is_err());
+        assert_eq!(other.reserved_bytes(), 0);
+        other.validate().unwrap();
+    }
+
     #[test]
     fn bad_layouts_are_refused_and_change_nothing() {
         let mut a = allocator();

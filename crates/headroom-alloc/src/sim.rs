@@ -119,6 +119,15 @@ impl SimDevice {
         self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > ptr)
     }
 
+    /// Keeps the addresses the device picks itself (segments and
+    /// reservations) at or above `end`: a replay that is told the recorded
+    /// run's addresses keeps its own clear of every one it may be told later.
+    pub fn keep_own_addresses_above(&mut self, end: u64) {
+        let up = |a: u64, align: u64| a.checked_next_multiple_of(align).unwrap_or(a);
+        self.next_malloc = self.next_malloc.max(up(end, MALLOC_ALIGN));
+        self.next_reserve = self.next_reserve.max(up(end, GIB));
+    }
+
     /// Forgets the addresses given by [`SimDevice::push_next_address`] and
     /// [`SimDevice::push_next_reservation`] and not used yet.
     pub fn clear_next_addresses(&mut self) {

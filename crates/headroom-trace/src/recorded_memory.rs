@@ -12,8 +12,8 @@
 //!   was asked for;
 //! - an `oom` with less free on the device than the request needed was the
 //!   device's own refusal: the process had what it held plus what was free;
-//! - an `oom` with more free on the device than the request needed was not
-//!   the device's: a per-process limit refused it
+//! - an `oom` with more free on the device than the request could have
+//!   needed was not the device's: a per-process limit refused it
 //!   (`torch.cuda.set_per_process_memory_fraction`, whose limit PyTorch checks
 //!   before it asks the device). The limit lies between the peak reserved and
 //!   what the refused request would have brought reserved memory to.
@@ -34,8 +34,13 @@ pub struct Refusal {
     pub index: usize,
     /// Bytes reserved when the refused request was asked for.
     pub reserved: u64,
-    /// Bytes the refused request asked the device for.
+    /// Bytes the refused request asked for, as PyTorch counts a request
+    /// against a per-process limit (its segment size).
     pub asked: u64,
+    /// The most device memory any call for the request could have needed:
+    /// `asked`, or with expandable segments the pages a mapping of it could
+    /// span. A device with more than this free did not refuse the request.
+    pub needs_at_most: u64,
     /// What the device said was free, when the trace recorded it (`oom` entries).
     pub device_free: Option<u64>,
 }
@@ -74,7 +79,7 @@ impl RecordedMemory {
             match r.device_free {
                 Some(free) => {
                     m.device.get_or_insert(r.reserved.saturating_add(free));
-                    if free >= r.asked {
+                    if free >= r.needs_at_most {
                         limit_below = Some(limit_below.map_or(wanted, |b| b.min(wanted)));
                     }
                 }

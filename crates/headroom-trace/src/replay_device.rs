@@ -54,17 +54,21 @@ pub struct RecordedDevice {
     /// The next recorded call.
     next: usize,
     following: bool,
+    /// Set while a request the recording shows failing is replayed: the
+    /// reservation it makes on its way to failing is not the one the next
+    /// recorded mapping opens.
+    failing: bool,
 }
 
 impl RecordedDevice {
     /// A device that picks every address itself.
     pub fn new(sim: SimDevice) -> Self {
-        RecordedDevice { sim, script: Vec::new(), next: 0, following: false }
+        RecordedDevice { sim, script: Vec::new(), next: 0, following: false, failing: false }
     }
 
     /// A device that follows `script`, the recorded run's device calls in order.
     pub fn following(sim: SimDevice, script: Vec<DeviceCall>) -> Self {
-        RecordedDevice { sim, script, next: 0, following: true }
+        RecordedDevice { sim, script, next: 0, following: true, failing: false }
     }
 
     /// The simulated device underneath, to place segments and complete events.
@@ -74,6 +78,12 @@ impl RecordedDevice {
 
     pub fn sim_mut(&mut self) -> &mut SimDevice {
         &mut self.sim
+    }
+
+    /// Says that the request replayed now is one the recording shows failing
+    /// (an `oom` entry), or that it is over.
+    pub fn replaying_a_failure(&mut self, yes: bool) {
+        self.failing = yes;
     }
 
     /// Whether every device call so far was the recorded one.
@@ -139,8 +149,16 @@ impl DeviceMemory for RecordedDevice {
     }
 
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
-        // A reservation is not traced; its first mapping is, at its base.
-        if let Some(c) = self.expected().filter(|c| c.action == TraceAction::SegmentMap) {
+        // A reservation is not traced; its first mapping is, at its base. A
+        // request reserves before its first attempt to map, which may fail and
+        // be retried after the releases of a flush: the mapping is the first
+        // call after them.
+        let upcoming = self.script[self.next.min(self.script.len())..]
+            .iter()
+            .find(|c| !matches!(c.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
+            .copied();
+        let mapping = upcoming.filter(|c| self.following && !self.failing && c.action == TraceAction::SegmentMap);
+        if let Some(c) = mapping {
             if !self.sim.is_reserved(c.addr) && !self.sim.reservation_overlaps(c.addr, size) {
                 self.sim.push_next_reservation(c.addr);
             }

@@ -145,8 +145,10 @@ fn allocator_at<P: Policy>(
     policy: P,
     capacity: u64,
     device: u32,
+    trace: &[TraceEvent],
     script: Option<Vec<DeviceCall>>,
 ) -> Result<DeviceCachingAllocator<ReplayDevice, P>, SnapshotReplayError> {
+    let trace_end = DeviceCall::of_trace(trace).iter().map(|c| c.addr.saturating_add(c.size)).max().unwrap_or(0);
     if start.reserved_bytes() > capacity {
         return Err(SnapshotReplayError::Capacity {
             device,
@@ -163,6 +165,10 @@ fn allocator_at<P: Policy>(
     };
     let mut a = DeviceCachingAllocator::with_policy(FaultyDevice::new(dev), config, policy).with_device_index(device);
     let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
+    // The device's own addresses stay clear of every one the recording names,
+    // which a replay may be told to use later.
+    let named = trace_end.max(start.segments.iter().map(|s| s.address + s.size).max().unwrap_or(0));
+    a.device_mut().inner_mut().sim_mut().keep_own_addresses_above(named);
     for s in start.segments.iter().filter(|s| !s.expandable) {
         a.device_mut().inner_mut().sim_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
         a.adopt_segment(s.address, s.size, s.stream, s.pool, &s.live).map_err(|e| bad(e.to_string()))?;
@@ -183,18 +189,19 @@ fn allocator_at<P: Policy>(
 
 /// The expandable segments the trace began with, rebuilt around the runs
 /// mapped then, with their live blocks. A snapshot lists runs, not
-/// reservations: runs of one stream and pool go into one reservation of
-/// PyTorch's size starting at the first of them (growth maps a reservation
-/// from its base up), and a run beyond its end opens the next.
+/// reservations: consecutive runs of one stream and pool go into one
+/// reservation starting at the first of them (growth maps a reservation from
+/// its base up), of PyTorch's size for this device or, where the next
+/// reservation's first run comes sooner, up to it — reservations never
+/// overlap.
 fn expandable_reservations<P: Policy>(
     a: &DeviceCachingAllocator<ReplayDevice, P>,
     start: &StartState,
 ) -> Vec<(ExpandableLayout, Vec<LiveBlock>)> {
     let mut out: Vec<(ExpandableLayout, Vec<LiveBlock>)> = Vec::new();
     for s in start.segments.iter().filter(|s| s.expandable) {
-        let fits = |l: &ExpandableLayout| s.address + s.size <= l.base + l.va_size;
-        match out.iter_mut().rev().find(|(l, _)| l.stream == s.stream && l.pool == s.pool) {
-            Some((l, live)) if fits(l) => {
+        match out.last_mut() {
+            Some((l, live)) if l.stream == s.stream && l.pool == s.pool && s.address + s.size <= l.base + l.va_size => {
                 l.runs.push((s.address, s.size));
                 live.extend(&s.live);
             }
@@ -210,6 +217,13 @@ fn expandable_reservations<P: Policy>(
                 };
                 out.push((layout, s.live.clone()));
             }
+        }
+    }
+    for k in 1..out.len() {
+        let next = out[k].0.base;
+        let l = &mut out[k - 1].0;
+        if l.base + l.va_size > next {
+            l.va_size = (next - l.base) / l.page * l.page;
         }
     }
     out
@@ -244,6 +258,28 @@ fn segment_action(a: headroom_alloc::Action) -> Option<TraceAction> {
         A::SegmentMap => TraceAction::SegmentMap,
         A::SegmentUnmap => TraceAction::SegmentUnmap,
         _ => return None,
+    })
+}
+
+/// Whether the free requested at entry `i` completes later than it is
+/// requested (the block was used on another stream: its memory waits for an
+/// event), rather than at once, in the entry that follows.
+fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
+    !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
+}
+
+/// Whether the delayed free that completes at entry `i` was completed by the
+/// synchronisation a release begins with (PyTorch's
+/// `synchronize_and_free_events`, inside the next request, after its cache
+/// lookup failed): completions right before segments are released, or
+/// before an OOM. Others were found complete when the next request began
+/// (`process_events`). Had a block completed there and been able to serve the
+/// request, nothing would have been released, so the two readings differ in
+/// nothing else.
+fn completed_by_a_release(trace: &[TraceEvent], i: usize) -> bool {
+    let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
+    burst_end.is_some_and(|k| {
+        matches!(trace[i + 1 + k].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
     })
 }
 
@@ -306,10 +342,16 @@ pub fn check_from(
         return Err(e);
     }
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
-    // What a refused request asked the device for: a segment of PyTorch's size for the request.
-    let asked_for = |rounded: u64| headroom_alloc::sizing::allocation_size(&config, rounded);
+    // What a refused request asked for: a segment of PyTorch's size for it; and
+    // the most a device call for it could need — with expandable segments a
+    // mapping of it spans whole pages, one more where it starts inside one.
+    let asked_for = |rounded: u64| {
+        let asked = headroom_alloc::sizing::allocation_size(&config, rounded);
+        let page = headroom_alloc::sizing::expandable_page_size(&config, headroom_alloc::sizing::pool_for(rounded));
+        (asked, if config.expandable_segments { rounded.next_multiple_of(page) + page } else { asked })
+    };
     let capacity = if maps { capacity } else { CHECK_CAPACITY };
-    let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, None)?;
+    let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, trace, None)?;
     a.record_device_calls();
     let mut f = Fidelity {
         device,
@@ -436,12 +478,14 @@ pub fn check_from(
                         .filter(|&&j| matches!(trace[j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
                         .map(|&j| trace[j].size)
                         .sum();
-                    f.recorded.refusals.push(Refusal {
+                    let refusal = Refusal {
                         index: i,
                         reserved: a.reserved_bytes(),
                         asked,
+                        needs_at_most: asked,
                         device_free: None,
-                    });
+                    };
+                    f.recorded.refusals.push(refusal);
                     a.device_mut().fail_nth_allocation(1);
                 } else if release {
                     // The releases of `empty_cache()` first, then the request's own segment.
@@ -461,11 +505,15 @@ pub fn check_from(
                 let r = a.malloc(e.size, e.stream);
                 a.device_mut().refuse_allocations(false);
                 a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+                if e.action == TraceAction::Oom && a.release_unmapped_segments().is_err() {
+                    diverge(&mut f, i, "releasing the reservation a failed request made failed".into());
+                }
                 if e.action == TraceAction::Oom {
                     // Reserved after the flush that preceded the failure, as PyTorch reports it.
                     let reserved = a.reserved_bytes();
-                    let asked = asked_for(e.size);
-                    f.recorded.refusals.push(Refusal { index: i, reserved, asked, device_free: e.device_free });
+                    let (asked, needs_at_most) = asked_for(e.size);
+                    let device_free = e.device_free;
+                    f.recorded.refusals.push(Refusal { index: i, reserved, asked, needs_at_most, device_free });
                 }
                 if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, i) {
                     diverge(&mut f, j, m);
@@ -510,8 +558,7 @@ pub fn check_from(
             // A free whose completion comes later: the block waits on an event,
             // as it did in the recorded run, on a stream of its own, so it
             // becomes reusable exactly when the trace says.
-            TraceAction::FreeRequested if !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == e.addr) =>
-            {
+            TraceAction::FreeRequested if completes_later(trace, i) => {
                 let ptr = ours(&mut ptrs, e.addr);
                 let stream = next_stand_in;
                 next_stand_in += 1;
@@ -524,21 +571,7 @@ pub fn check_from(
             }
             TraceAction::FreeCompleted if delayed.contains_key(&e.addr) => {
                 let stream = delayed.remove(&e.addr).expect("checked");
-                // Completions right before segments are released, or before an
-                // OOM, come from the synchronisation that releasing begins with
-                // (PyTorch's synchronize_and_free_events): the events stay
-                // pending until then. Others were found complete when the next
-                // request began (process_events). Had a block completed there
-                // and been able to serve the request, nothing would have been
-                // released, so the two readings differ in nothing else.
-                let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
-                let releases_next = burst_end.is_some_and(|k| {
-                    matches!(
-                        trace[i + 1 + k].action,
-                        TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom
-                    )
-                });
-                if !releases_next {
+                if !completed_by_a_release(trace, i) {
                     a.device_mut().inner_mut().sim_mut().complete_events_on(stream);
                 }
             }
@@ -841,7 +874,7 @@ fn replay_prefix(
                 return Err(e);
             }
             let script = DeviceCall::of_trace(t.trace());
-            allocator_at(start, config, policy.build(), capacity, device, Some(script))?
+            allocator_at(start, config, policy.build(), capacity, device, t.trace(), Some(script))?
         }
         StartFrom::Fresh => {
             if config.backend == Backend::CudaMallocAsync {
@@ -851,7 +884,7 @@ fn replay_prefix(
                 });
             }
             let empty = StartState::default();
-            let mut a = allocator_at(&empty, config, policy.build(), capacity, device, None)?;
+            let mut a = allocator_at(&empty, config, policy.build(), capacity, device, &[], None)?;
             let mut blocks: Vec<_> = start.segments.iter().flat_map(|s| s.live.iter().map(|b| (b, s.stream))).collect();
             blocks.sort_unstable_by_key(|(b, _)| b.address);
             for (b, stream) in blocks {
@@ -882,6 +915,12 @@ fn replay_prefix(
         refusals.next_if_eq(&i).is_some() && a.device().inner().is_following()
     };
     let mut failed: rustc_hash::FxHashSet<u64> = Default::default();
+    // Frees that complete later than requested, as in the check: recorded
+    // address -> the stand-in stream whose event holds the block; and those
+    // whose completion the next request's release brings, completed after it.
+    let mut delayed: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut at_next_request: Vec<u64> = Vec::new();
+    let mut next_stand_in = STAND_IN_STREAMS;
     let mut w = WhatIf {
         device,
         operations: trace.len(),
@@ -907,6 +946,13 @@ fn replay_prefix(
         }
     };
     note_peak(&a, &mut w);
+    // Completions a release brought in the recorded run are done once the
+    // next request has run, whether or not this run released anything.
+    let complete = |a: &mut DeviceCachingAllocator<ReplayDevice, NamedPolicy>, streams: &mut Vec<u64>| {
+        for s in streams.drain(..) {
+            a.device_mut().inner_mut().sim_mut().complete_events_on(s);
+        }
+    };
     for (i, e) in trace.iter().enumerate() {
         if i % 65536 == 0 {
             progress(i);
@@ -926,6 +972,7 @@ fn replay_prefix(
                 if refused {
                     a.device_mut().cancel_failure();
                 }
+                complete(&mut a, &mut at_next_request);
                 match r {
                     Ok(b) => {
                         on_alloc(i, b.size);
@@ -942,12 +989,37 @@ fn replay_prefix(
             TraceAction::Oom => {
                 let refused = refused_here(&a, i);
                 a.device_mut().refuse_allocations(refused);
+                a.device_mut().inner_mut().replaying_a_failure(refused);
                 let r = a.malloc(e.size, e.stream);
                 a.device_mut().refuse_allocations(false);
+                a.device_mut().inner_mut().replaying_a_failure(false);
+                if refused {
+                    // As the check does: the reservation a failed request made is given back.
+                    let _ = a.release_unmapped_segments();
+                }
+                complete(&mut a, &mut at_next_request);
                 if let Ok(b) = r {
                     note_peak(&a, &mut w);
                     w.recorded_ooms_served += 1;
                     let _ = a.free(b.ptr);
+                }
+            }
+            // The block waits for an event on a stream of its own, which
+            // completes where the recording says its free did.
+            TraceAction::FreeRequested if completes_later(trace, i) && !failed.contains(&e.addr) => {
+                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                let stream = next_stand_in;
+                next_stand_in += 1;
+                if a.record_stream(ptr, stream).and_then(|()| a.free(ptr)).is_ok() {
+                    delayed.insert(e.addr, stream);
+                }
+            }
+            TraceAction::FreeCompleted if delayed.contains_key(&e.addr) => {
+                let stream = delayed.remove(&e.addr).expect("checked");
+                if completed_by_a_release(trace, i) {
+                    at_next_request.push(stream);
+                } else {
+                    a.device_mut().inner_mut().sim_mut().complete_events_on(stream);
                 }
             }
             TraceAction::FreeCompleted | TraceAction::Free => {

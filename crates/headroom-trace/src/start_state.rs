@@ -169,6 +169,12 @@ pub fn infer_start(
         let Some((_, stream, pool)) = owner else {
             return fail(format!("expandable range {start:#x} mapped when the trace began belongs to no segment"));
         };
+        // A run the final segments no longer show: its pool is that of the blocks it held.
+        let pool = pool.or_else(|| {
+            let held = |a| matches!(a, TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted);
+            let block = trace.iter().find(|e| held(e.action) && (start..end).contains(&e.addr));
+            block.map(|e| sizing::pool_for(sizing::round_size(config, e.size)))
+        });
         segs.insert(start, (end - start, stream, pool, true, false));
     }
 

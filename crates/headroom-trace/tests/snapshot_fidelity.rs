@@ -104,6 +104,14 @@ fn the_baseline_is_the_recorded_run() {
             w.device_calls_followed,
             memory.limit.map_or(String::new(), |l| format!("; limit {}..{}", l.at_least, l.below))
         );
+        if name.starts_with("oom-cpp") {
+            // Its OOM message (not in the snapshot) said "10.00 GiB allowed", with 129 GiB free.
+            let l = memory.limit.expect("a per-process limit refused the request");
+            assert!(l.at_least <= 10 << 30 && 10 << 30 < l.below, "{l:?}");
+            assert_eq!(f.recorded.memory_limit, Some(l.at_least));
+        } else {
+            assert_eq!(memory.limit, None, "{name}: no limit where the device refused or nothing was refused");
+        }
         assert_eq!(w.peak_reserved_bytes, peak, "{name} device {device}: peak reserved");
         assert_eq!(w.device_calls_followed as u64, calls, "{name} device {device}: device calls");
         assert_eq!(w.num_device_alloc, count(&[TraceAction::SegmentAlloc, TraceAction::SegmentMap]), "{name}");
