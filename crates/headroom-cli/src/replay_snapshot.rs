@@ -214,6 +214,11 @@ fn merge(into: &mut Option<Snapshot>, s: &Snapshot, device: u32) {
     m.device_traces[d] = s.device_traces.first().cloned().unwrap_or_default();
 }
 
+/// Device calls after the second training step, when the trace holds more than two.
+fn steady_calls(w: &WhatIf) -> Option<u64> {
+    (w.calls_by_step.len() >= 3).then(|| w.calls_by_step[2..].iter().sum())
+}
+
 fn device_json(r: &DeviceRun, check: bool) -> Value {
     let fidelity = match (&r.fidelity, check) {
         (Some(f), true) => json!({
@@ -262,6 +267,12 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "ooms": w.ooms.iter().map(|o| json!({"index": o.index, "size": o.size, "message": o.message})).collect::<Vec<_>>(),
             "recorded_ooms_served": w.recorded_ooms_served,
             "device_calls_followed": w.device_calls_followed,
+            "calls_by_step": w.calls_by_step,
+            "steady_state_calls": steady_calls(w),
+            "device_ns": w.device_ns_by_step.iter().sum::<u64>(),
+            "device_ns_by_step": w.device_ns_by_step,
+            "pages_mapped": w.pages_mapped,
+            "pages_unmapped": w.pages_unmapped,
             "stats": w.stats,
         })).collect::<Vec<_>>(),
     })
@@ -357,7 +368,7 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
         let vs_live = r.live_peak.is_some();
         outln!(
             out,
-            "  {:<width$}  {:>12}  {:>13}  {:>12}{}  {:>7}  {:>7}  {:>4}",
+            "  {:<width$}  {:>12}  {:>13}  {:>12}{}  {:>7}  {:>7}  {:>4}  {:>9}  {:>12}",
             head,
             "peak alloc",
             "peak reserved",
@@ -365,7 +376,9 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
             if vs_live { "   vs live" } else { "" },
             "mallocs",
             "frees",
-            "OOMs"
+            "OOMs",
+            "device ms",
+            "steady calls"
         );
         for run in &r.runs {
             let w = &run.what_if;
@@ -376,16 +389,29 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
             };
             outln!(
                 out,
-                "  {:<width$}  {:>12}  {:>13}  {:>12}{over}  {:>7}  {:>7}  {:>4}",
+                "  {:<width$}  {:>12}  {:>13}  {:>12}{over}  {:>7}  {:>7}  {:>4}  {:>9.1}  {:>12}",
                 label(run),
                 format_size(w.peak_allocated_bytes),
                 format_size(w.peak_reserved_bytes),
                 format_size(w.fragmentation_at_peak_bytes),
                 w.num_device_alloc,
                 w.num_device_free,
-                w.ooms.len()
+                w.ooms.len(),
+                w.device_ns_by_step.iter().sum::<u64>() as f64 / 1e6,
+                steady_calls(w).map_or("-".to_string(), |c| c.to_string())
             );
         }
+        let steps = r.runs.first().map_or(0, |run| run.what_if.calls_by_step.len());
+        outln!(
+            out,
+            "  device ms: the device calls' time on a GPU at published per-call costs (docs/PERFORMANCE.md); \
+             steady calls: device calls after the second training step ({})",
+            if steps >= 3 {
+                format!("{steps} steps, told apart by the optimizer's frames")
+            } else {
+                format!("the trace holds {steps} step(s)")
+            }
+        );
         if let Some(l) = r.live_peak {
             outln!(
                 out,

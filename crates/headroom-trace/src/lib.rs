@@ -34,4 +34,5 @@ pub mod snapshot_file;
 pub mod snapshot_ops;
 pub mod snapshot_replay;
 pub mod start_state;
+pub mod steps;
 pub mod synth;

@@ -16,7 +16,9 @@
 //! departs once has left the recorded run, whatever it does later.
 
 use crate::snapshot::{TraceAction, TraceEvent};
-use headroom_alloc::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, SimDevice, StreamId};
+use headroom_alloc::{
+    CountingDevice, DeviceCalls, DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, SimDevice, StreamId,
+};
 
 /// One recorded device call: `segment_alloc`, `segment_free`, `segment_map` or `segment_unmap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +51,8 @@ impl DeviceCall {
 /// agree. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct RecordedDevice {
-    sim: SimDevice,
+    /// Counted: what the replay's device calls would cost on a GPU.
+    sim: CountingDevice<SimDevice>,
     script: Vec<DeviceCall>,
     /// The next recorded call.
     next: usize,
@@ -63,21 +66,27 @@ pub struct RecordedDevice {
 impl RecordedDevice {
     /// A device that picks every address itself.
     pub fn new(sim: SimDevice) -> Self {
-        RecordedDevice { sim, script: Vec::new(), next: 0, following: false, failing: false }
+        RecordedDevice { sim: CountingDevice::new(sim), script: Vec::new(), next: 0, following: false, failing: false }
     }
 
     /// A device that follows `script`, the recorded run's device calls in order.
     pub fn following(sim: SimDevice, script: Vec<DeviceCall>) -> Self {
-        RecordedDevice { sim, script, next: 0, following: true, failing: false }
+        RecordedDevice { sim: CountingDevice::new(sim), script, next: 0, following: true, failing: false }
     }
 
-    /// The simulated device underneath, to place segments and complete events.
+    /// The simulated device underneath, to place segments and complete
+    /// events (which are not device calls of the replay's).
     pub fn sim(&self) -> &SimDevice {
-        &self.sim
+        self.sim.inner()
     }
 
     pub fn sim_mut(&mut self) -> &mut SimDevice {
-        &mut self.sim
+        self.sim.inner_mut()
+    }
+
+    /// The device calls the replay made, by kind, with the pages mapped and unmapped.
+    pub fn calls(&self) -> DeviceCalls {
+        self.sim.calls()
     }
 
     /// Says that the request replayed now is one the recording shows failing
@@ -125,19 +134,19 @@ impl DeviceMemory for RecordedDevice {
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
         let recorded = self.expected().filter(|c| {
-            c.action == TraceAction::SegmentAlloc && c.size == size && !self.sim.segment_overlaps(c.addr, size)
+            c.action == TraceAction::SegmentAlloc && c.size == size && !self.sim().segment_overlaps(c.addr, size)
         });
         let Some(call) = recorded else {
             self.following = false;
             return self.sim.malloc(size);
         };
-        self.sim.push_next_address(call.addr);
+        self.sim_mut().push_next_address(call.addr);
         let r = self.sim.malloc(size);
         if r.is_ok() {
             self.next += 1;
         } else {
             // The recorded device granted what this one refused.
-            self.sim.clear_next_addresses();
+            self.sim_mut().clear_next_addresses();
             self.following = false;
         }
         r
@@ -159,12 +168,12 @@ impl DeviceMemory for RecordedDevice {
             .copied();
         let mapping = upcoming.filter(|c| self.following && !self.failing && c.action == TraceAction::SegmentMap);
         if let Some(c) = mapping {
-            if !self.sim.is_reserved(c.addr) && !self.sim.reservation_overlaps(c.addr, size) {
-                self.sim.push_next_reservation(c.addr);
+            if !self.sim().is_reserved(c.addr) && !self.sim().reservation_overlaps(c.addr, size) {
+                self.sim_mut().push_next_reservation(c.addr);
             }
         }
         let r = self.sim.reserve(size);
-        self.sim.clear_next_addresses();
+        self.sim_mut().clear_next_addresses();
         r
     }
 

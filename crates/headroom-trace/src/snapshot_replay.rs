@@ -26,8 +26,8 @@ use crate::replay_device::{DeviceCall, RecordedDevice};
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
 use headroom_alloc::{
-    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, ExpandableLayout, FaultyDevice,
-    LiveBlock, NamedPolicy, Policy, PolicyName, PyTorchPolicy, SimDevice,
+    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, DeviceCosts, ExpandableLayout,
+    FaultyDevice, LiveBlock, NamedPolicy, Policy, PolicyName, PyTorchPolicy, SimDevice,
 };
 use rustc_hash::FxHashMap;
 
@@ -679,6 +679,15 @@ pub struct WhatIf {
     /// The recorded device calls this replay made, in order, before its
     /// first own one: all of them when it is the recorded run.
     pub device_calls_followed: usize,
+    /// Device calls (allocations and mappings, frees and unmappings) in each
+    /// step of the trace ([`crate::steps`]; one entry for a trace that is
+    /// one step).
+    pub calls_by_step: Vec<u64>,
+    /// What those calls take on a GPU ([`DeviceCosts::PUBLISHED`]), per step, in nanoseconds.
+    pub device_ns_by_step: Vec<u64>,
+    /// Pages mapped and unmapped, over the run.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
     /// `torch.cuda.memory_stats()` at the end.
     pub stats: std::collections::BTreeMap<String, i64>,
     /// The replayed run as a snapshot, when history was asked for.
@@ -934,6 +943,10 @@ fn replay_prefix(
         ooms: Vec::new(),
         recorded_ooms_served: 0,
         device_calls_followed: 0,
+        calls_by_step: Vec::new(),
+        device_ns_by_step: Vec::new(),
+        pages_mapped: 0,
+        pages_unmapped: 0,
         stats: Default::default(),
         snapshot: None,
         history_dropped: 0,
@@ -946,6 +959,20 @@ fn replay_prefix(
         }
     };
     note_peak(&a, &mut w);
+    // Device calls and time at the start of the current step.
+    let mut step_starts = crate::steps::step_starts(t.snap, t.device).into_iter().peekable();
+    let tally = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>| {
+        let s = a.stats();
+        let calls = (s.num_device_alloc + s.num_device_free) as u64;
+        (calls, DeviceCosts::PUBLISHED.time_ns(&a.device().inner().calls()))
+    };
+    let mut step_began = tally(&a);
+    let mut end_step = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut WhatIf| {
+        let now = tally(a);
+        w.calls_by_step.push(now.0 - step_began.0);
+        w.device_ns_by_step.push(now.1 - step_began.1);
+        step_began = now;
+    };
     // Completions a release brought in the recorded run are done once the
     // next request has run, whether or not this run released anything.
     let complete = |a: &mut DeviceCachingAllocator<ReplayDevice, NamedPolicy>, streams: &mut Vec<u64>| {
@@ -956,6 +983,9 @@ fn replay_prefix(
     for (i, e) in trace.iter().enumerate() {
         if i % 65536 == 0 {
             progress(i);
+        }
+        if step_starts.next_if_eq(&i).is_some() {
+            end_step(&a, &mut w);
         }
         if next_call.peek().is_some_and(|&&c| c == i) {
             next_call.next();
@@ -1034,6 +1064,9 @@ fn replay_prefix(
             _ => {}
         }
     }
+    end_step(&a, &mut w);
+    let calls = a.device().inner().calls();
+    (w.pages_mapped, w.pages_unmapped) = (calls.pages_mapped, calls.pages_unmapped);
     progress(trace.len());
     Ok((a, w))
 }
