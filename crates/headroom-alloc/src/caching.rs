@@ -22,6 +22,7 @@ use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
 use crate::history::{Action, History, TraceEntry};
+use crate::page_history::PageHistory;
 use crate::policy::{Policy, PyTorchPolicy, Rung};
 use crate::sizing;
 use crate::stats::{self, DeviceStats, PoolKind};
@@ -103,6 +104,11 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Non-expandable segments by base address.
     pub(crate) segments: BTreeMap<u64, SegmentRec>,
     pub(crate) expandable: Vec<Option<ExpandableSegment>>,
+    /// What became of the pages the ladder's reclaim unmapped.
+    pub(crate) page_history: PageHistory,
+    /// Bytes by which growth passed the peak while kept pages could have
+    /// been reclaimed instead: spent from the policy's `keep_budget`.
+    pub(crate) kept_excess: u64,
     /// Per stream, in record order: the events a pending free waits for.
     pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, u32)>>,
     /// Bytes currently obtained from the device (= reserved).
@@ -142,6 +148,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            page_history: PageHistory::default(),
+            kept_excess: 0,
             events: BTreeMap::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,

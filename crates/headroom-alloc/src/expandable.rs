@@ -266,11 +266,17 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// Unmaps whole free pages of expandable segments, in either pool and on
-    /// any stream, largest free blocks first, until as many bytes as a
+    /// any stream, largest free runs first, until as many bytes as a
     /// request of `size` bytes on (`kind`, `stream`) would map are unmapped,
     /// or none are left. The free blocks that request would grow from are
     /// left alone: unmapping them would only make it map the same pages
-    /// again. Returns the bytes unmapped.
+    /// again. Free blocks holding pages the run mapped again after an earlier
+    /// reclaim (`page_history.rs`) are given back last: while the policy's
+    /// budget for keeping them lasts, growth passes the peak instead, and
+    /// beyond it they are given back only where that keeps the peak — else
+    /// the run would map them again and pass the peak all the same. Each
+    /// reclaim of such a page is an unmap now and a map when the run wants
+    /// it back, every step of a training run. Returns the bytes unmapped.
     pub(crate) fn reclaim_free_pages(
         &mut self,
         kind: PoolKind,
@@ -291,27 +297,61 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             c = self.arena[c].next;
         }
         let arena = &self.arena;
-        let mut candidates: Vec<(u64, u32)> = [PoolKind::Small, PoolKind::Large]
-            .into_iter()
-            .flat_map(|k| self.pool(k).blocks.ids())
-            .filter_map(|id| {
-                let b = &arena[id];
-                if !b.is_expandable() || keep.contains(&id) {
-                    return None;
-                }
-                let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
-                let begin = (b.ptr - seg.base).div_ceil(seg.page);
-                let end = (b.ptr + b.size - seg.base) / seg.page;
-                (end > begin).then(|| ((end - begin) * seg.page, id))
-            })
-            .collect();
+        let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+        let budget_left = self.policy.keep_budget(peak).saturating_sub(self.kept_excess);
+        // (bytes, start, end, pool, stream): each free block's whole pages;
+        // blocks holding kept pages apart while the budget for keeping lasts.
+        let mut candidates: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
+        let mut held: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
+        for id in [PoolKind::Small, PoolKind::Large].into_iter().flat_map(|k| self.pool(k).blocks.ids()) {
+            let b = &arena[id];
+            if !b.is_expandable() || keep.contains(&id) {
+                continue;
+            }
+            let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+            let begin = seg.base + (b.ptr - seg.base).div_ceil(seg.page) * seg.page;
+            let end = seg.base + (b.ptr + b.size - seg.base) / seg.page * seg.page;
+            if end <= begin {
+                continue;
+            }
+            let run = (end - begin, begin, end, b.pool, b.stream);
+            if budget_left > 0 && self.page_history.keeps_any(begin, end) {
+                held.push(run);
+            } else {
+                candidates.push(run);
+            }
+        }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let mut reclaimed = self.reclaim_runs(&candidates, want)?;
+        if reclaimed < want && !held.is_empty() {
+            // Growth passes the peak by what is still wanted. Within the
+            // budget the kept pages stay; beyond it they are given back if
+            // that keeps the peak, and kept if it cannot (the run would map
+            // them again, and pass the peak all the same).
+            let short = want - reclaimed;
+            let held_bytes: u64 = held.iter().map(|r| r.0).sum();
+            if short <= budget_left {
+                self.kept_excess += short;
+            } else if held_bytes >= short {
+                held.sort_unstable_by(|a, b| b.cmp(a));
+                reclaimed += self.reclaim_runs(&held, short)?;
+            }
+        }
+        Ok(reclaimed)
+    }
+
+    /// Unmaps `runs` (bytes, start, end, pool, stream), in order, until
+    /// `want` bytes are unmapped. Returns the bytes unmapped.
+    fn reclaim_runs(&mut self, runs: &[(u64, u64, u64, PoolKind, StreamId)], want: u64) -> Result<u64, AllocError> {
         let mut reclaimed = 0;
-        for (bytes, id) in candidates {
+        for &(bytes, start, end, pool, stream) in runs {
             if reclaimed >= want {
                 break;
             }
-            self.unmap_block(id)?;
+            // Earlier unmaps split blocks: find the one holding the run now.
+            let Some((_, _, id)) = self.pool(pool).blocks.find_containing(stream, start, end) else { continue };
+            self.unmap_range(id, start, end)?;
+            self.page_history.reclaimed(start, end);
             reclaimed += bytes;
         }
         Ok(reclaimed)
@@ -413,6 +453,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Counts `size` bytes newly mapped at `va`: reserved memory, the
     /// device-call statistic and the trace's `segment_map`.
     fn count_mapped(&mut self, kind: PoolKind, stream: StreamId, va: u64, size: u64) {
+        self.page_history.mapped(va, va + size);
         self.total_allocated_memory += size;
         stats::increase(&mut self.stats.reserved_bytes, kind, size);
         self.stats.num_device_alloc += 1;
@@ -424,13 +465,23 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     pub(crate) fn unmap_block(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
-        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
-        let begin = (ptr - seg.base).div_ceil(seg.page);
-        let end = (ptr + size - seg.base) / seg.page;
+        let begin = (b.ptr - seg.base).div_ceil(seg.page);
+        let end = (b.ptr + b.size - seg.base) / seg.page;
         if begin >= end {
             return Ok(());
         }
-        let (un_ptr, un_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
+        self.unmap_range(id, seg.base + begin * seg.page, seg.base + end * seg.page)
+    }
+
+    /// Unmaps the whole pages `[un_ptr, un_end)` of free block `id`; what
+    /// lies before and after them in the block stays mapped as free blocks.
+    fn unmap_range(&mut self, id: u32, un_ptr: u64, un_end: u64) -> Result<(), AllocError> {
+        let b = &self.arena[id];
+        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
+        debug_assert!(ptr <= un_ptr && un_ptr < un_end && un_end <= ptr + size);
+        debug_assert!((un_ptr - seg.base) % seg.page == 0 && (un_end - seg.base) % seg.page == 0);
+        let un_size = un_end - un_ptr;
         self.device.unmap(un_ptr, un_size, seg.page, self.policy.stream_of(stream))?;
         self.pool_mut(kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
@@ -494,6 +545,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         debug_assert!(!b.mapped && b.ptr == seg.base && b.size == seg.va_size);
         let (stream, kind) = (b.stream, b.pool);
         self.device.release_reservation(seg.base, seg.va_size)?;
+        // Its pages' history goes with it: the addresses may be reserved again for anything.
+        self.page_history.forget(seg.base, seg.base + seg.va_size);
         self.pool_mut(kind).unmapped.remove(&(stream, seg.base));
         self.arena.remove(id);
         self.expandable[index] = None;

@@ -59,6 +59,7 @@ mod expandable;
 mod faulty;
 mod free_set;
 mod history;
+mod page_history;
 pub mod policy;
 mod release;
 mod restore;

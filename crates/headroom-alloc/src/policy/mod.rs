@@ -83,6 +83,9 @@ macro_rules! headroom_decisions {
         fn configure(&self, config: &mut AllocatorConfig) {
             HeadroomPolicy.configure(config)
         }
+        fn keep_budget(&self, peak: u64) -> u64 {
+            HeadroomPolicy.keep_budget(peak)
+        }
     };
 }
 use headroom_decisions;
@@ -217,6 +220,15 @@ pub trait Policy: Send {
     /// memory reserved now. The page size by default: no mapping ahead.
     fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, _reserved: u64) -> u64 {
         self.page_size(config, pool)
+    }
+
+    /// How far growth may pass the peak (`peak` bytes reserved at most so
+    /// far), in all, rather than reclaim the free pages the run kept mapping
+    /// again after earlier reclaims ([`Rung::ReclaimFreePages`]): each such
+    /// reclaim costs an unmap now and a map when the run wants them back. 0
+    /// by default: reclaim whatever the peak needs.
+    fn keep_budget(&self, _peak: u64) -> u64 {
+        0
     }
 
     /// Settings the policy relies on, applied over the user's when the

@@ -146,6 +146,9 @@ impl Policy for NamedPolicy {
     fn expandable_fit(&self) -> ExpandableFit {
         forward!(self, p => p.expandable_fit())
     }
+    fn keep_budget(&self, peak: u64) -> u64 {
+        forward!(self, p => p.keep_budget(peak))
+    }
     #[inline]
     fn place(&mut self, rounded: u64, stream: StreamId) -> Placement {
         forward!(self, p => p.place(rounded, stream))
