@@ -480,7 +480,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
         let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         debug_assert!(ptr <= un_ptr && un_ptr < un_end && un_end <= ptr + size);
-        debug_assert!((un_ptr - seg.base) % seg.page == 0 && (un_end - seg.base) % seg.page == 0);
+        debug_assert!((un_ptr - seg.base).is_multiple_of(seg.page) && (un_end - seg.base).is_multiple_of(seg.page));
         let un_size = un_end - un_ptr;
         self.device.unmap(un_ptr, un_size, seg.page, self.policy.stream_of(stream))?;
         self.pool_mut(kind).blocks.remove(stream, size, ptr);
