@@ -53,7 +53,10 @@ use std::path::PathBuf;
 /// memory passes its peak). A snapshot replayed under --policy starts from
 /// an empty device (--start fresh): each policy places the blocks live when
 /// the trace began itself, and the table shows each run's peak reserved
-/// against the peak of live bytes, which no allocator can go below.
+/// against the peak of live bytes, which no allocator can go below. Each
+/// run also shows its device calls' time on a GPU (published per-call costs;
+/// docs/PERFORMANCE.md) and, for a training run of more than two steps (told
+/// apart by the optimizer's frames), its device calls after the second step.
 ///
 /// --backend cuda runs the same requests through the allocator on a real
 /// GPU instead (real device calls; the host time each operation took),

@@ -85,3 +85,27 @@ fn gpu_snapshots_replay_as_recorded() {
     assert_eq!(v["devices"][0]["capacity_bytes"], 24u64 << 30);
     assert_eq!(v["devices"][0]["capacity_source"], "given");
 }
+
+/// A training run of three steps: in the steady state (after the second
+/// step) neither `expandable` nor `headroom` asks the device for anything,
+/// and the device time of each run is reported.
+#[test]
+fn device_calls_are_counted_per_step() {
+    let Some(snap) = gpu_snapshot("native-gpt2-medium-b8.pickle.gz") else { return };
+    let out = headroom()
+        .arg("replay")
+        .arg(&snap)
+        .args(["--policy", "expandable", "--policy", "headroom", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for run in v["devices"][0]["runs"].as_array().unwrap() {
+        let steps = run["calls_by_step"].as_array().unwrap();
+        assert_eq!(steps.len(), 3, "three optimizer steps: {run}");
+        let total: u64 = steps.iter().map(|c| c.as_u64().unwrap()).sum();
+        assert_eq!(total, run["num_device_alloc"].as_u64().unwrap() + run["num_device_free"].as_u64().unwrap());
+        assert_eq!(run["steady_state_calls"], 0, "{}", run["policy"]);
+        assert!(run["device_ns"].as_u64().unwrap() > 0);
+    }
+}

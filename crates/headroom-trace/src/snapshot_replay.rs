@@ -959,14 +959,15 @@ fn replay_prefix(
         }
     };
     note_peak(&a, &mut w);
-    // Device calls and time at the start of the current step.
+    // Where steps begin, and the device calls and time when the current one began.
     let mut step_starts = crate::steps::step_starts(t.snap, t.device).into_iter().peekable();
     let tally = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>| {
         let s = a.stats();
         let calls = (s.num_device_alloc + s.num_device_free) as u64;
         (calls, DeviceCosts::PUBLISHED.time_ns(&a.device().inner().calls()))
     };
-    let mut step_began = tally(&a);
+    // From nothing: with a fresh start, placing the blocks live when the trace began is the first step's.
+    let mut step_began = (0, 0);
     let mut end_step = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut WhatIf| {
         let now = tally(a);
         w.calls_by_step.push(now.0 - step_began.0);
