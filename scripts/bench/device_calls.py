@@ -2,7 +2,7 @@
 """Device calls per training step and their device time, per policy, on the
 training traces of the fixtures and on the GPU snapshots (docs/PERFORMANCE.md,
 "Device calls and their time on a GPU"). Runs `headroom replay SNAPSHOT
---policy pytorch --policy expandable --policy headroom --json` on each and
+--policy pytorch --policy expandable --policy headroom --policy tight --json` on each and
 prints a Markdown table. Usage:
 
     cargo build --release -p headroom-cli
@@ -21,7 +21,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADROOM = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "target/release/headroom")
 SHARED = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ROOT.parent / "shared")
-POLICIES = ["pytorch", "expandable", "headroom"]
+POLICIES = ["pytorch", "expandable", "headroom", "tight"]
 
 
 def training(name):

@@ -143,7 +143,7 @@ def main():
     ap.add_argument("--min-seq", type=int, default=128)
     ap.add_argument("--max-seq", type=int, default=1024)
     ap.add_argument("--snapshot-steps", type=int, default=3, help="steps recorded in the native runs' snapshots")
-    ap.add_argument("--policy", default="headroom", help="headroom's policy: pytorch, expandable, headroom, lifetime or planned")
+    ap.add_argument("--policy", default="headroom", help="headroom's policy: pytorch, expandable, headroom, tight, lifetime or planned")
     ap.add_argument("--lib", default=os.environ.get("HEADROOM_TORCH_LIB", "target/release/libheadroom_torch.so"))
     ap.add_argument("--bench", action="store_true", help="time warm malloc+free pairs instead of training")
     ap.add_argument("--pairs", type=int, default=100_000)

@@ -70,11 +70,11 @@ pub(crate) struct ExpandableSegment {
 pub(crate) enum Growth {
     /// The pages the request needs (PyTorch's).
     Exact,
-    /// Past the peak with no free page left to reuse: whole steps of the
-    /// policy's `climb_ahead`.
+    /// Past the peak with no free page given back: whole steps of the
+    /// policy's `climb_ahead`, in its physical allocations for a climb.
     Ahead,
-    /// Whole steps while reserved memory stays at or below this peak, the
-    /// pages the request needs up to it, and nothing past it.
+    /// What the policy's `map_ahead` asks while reserved memory stays at or
+    /// below this peak, the pages the request needs up to it, and nothing past it.
     UnderPeak(u64),
 }
 
@@ -104,6 +104,10 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Non-expandable segments by base address.
     pub(crate) segments: BTreeMap<u64, SegmentRec>,
     pub(crate) expandable: Vec<Option<ExpandableSegment>>,
+    /// Physical allocations of expandable segments that span more than one
+    /// page, start -> end ([`Policy::allocation_size`]); every other mapped
+    /// page is a physical allocation of its own.
+    pub(crate) allocations: BTreeMap<u64, u64>,
     /// What became of the pages the ladder's reclaim unmapped.
     pub(crate) page_history: PageHistory,
     /// Bytes by which growth passed the peak while kept pages could have
@@ -148,6 +152,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            allocations: BTreeMap::new(),
             page_history: PageHistory::default(),
             kept_excess: 0,
             events: BTreeMap::new(),
@@ -550,19 +555,23 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let mut map = size;
         let mut planned = None;
         if self.expandable_active() {
-            // Growth maps whole steps of the policy's (PyTorch's: one page)
-            // where that costs little: below the peak, or when no free page
-            // is left to reuse. The requests after it find the pages mapped.
-            let step = match growth {
-                Growth::Exact => 0,
-                Growth::Ahead => self.policy.climb_ahead(&self.config, kind, self.total_allocated_memory),
-                Growth::UnderPeak(_) => self.policy.map_ahead(&self.config, kind),
-            };
-            if step > self.policy.page_size(&self.config, kind) {
-                map = size.next_multiple_of(step);
+            // Growth maps ahead of the request where that costs little (as
+            // the policy says; PyTorch's: never): below the peak, or when no
+            // free page is left to reuse. The requests after it find the pages mapped.
+            let reserved = self.total_allocated_memory;
+            match growth {
+                Growth::Exact => {}
+                Growth::Ahead => {
+                    let step = self.policy.climb_ahead(&self.config, kind, reserved);
+                    if step > self.policy.page_size(&self.config, kind) {
+                        map = size.next_multiple_of(step);
+                    }
+                }
+                Growth::UnderPeak(c) => {
+                    map = self.policy.map_ahead(&self.config, kind, size, c.saturating_sub(reserved)).max(size);
+                }
             }
             if let Growth::UnderPeak(c) = growth {
-                let reserved = self.total_allocated_memory;
                 let (at, bytes) = self.plan_growth(kind, stream, size);
                 if reserved + bytes > c {
                     return Ok(None);
@@ -587,7 +596,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if self.expandable_active() {
-            return self.try_allocate_expandable_block(kind, stream, map, planned);
+            let climbing = growth == Growth::Ahead;
+            return self.try_allocate_expandable_block(kind, stream, map, size, climbing, planned);
         }
         let ptr = match self.device.malloc(alloc_size) {
             Ok(p) => p,

@@ -12,6 +12,9 @@
 //! allocated 2MiB pages takes 10x time compared to mapping one 20MiB physical
 //! allocation of 10 pages" (the note on expandable segments in PyTorch's
 //! `c10/cuda/CUDACachingAllocator.cpp`, pull request pytorch/pytorch#96995).
+//! Pages mapped as one allocation cost as one (the `headroom` policy's while
+//! reserved memory climbs: `Policy::allocation_size`); whether that holds for
+//! allocations of many MiB is one of the GPU checks in docs/GPU.md.
 //!
 //! [`DeviceCosts::PUBLISHED`] takes its figures from the one published
 //! measurement of the driver's virtual-memory calls found, kvcached's
@@ -37,9 +40,10 @@ pub struct DeviceCosts {
     pub malloc_ns: u64,
     /// One `cudaFree`.
     pub free_ns: u64,
-    /// One page mapped: its physical allocation created, mapped and made accessible.
+    /// One physical allocation (a page, or pages mapped as one) created, mapped
+    /// and made accessible.
     pub map_page_ns: u64,
-    /// One page unmapped.
+    /// One physical allocation unmapped.
     pub unmap_page_ns: u64,
 }
 

@@ -374,6 +374,13 @@ impl DeviceMemory for SimDevice {
         if hit.is_empty() || hit[0].0 > va || at < end {
             return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size}: not every page is mapped")));
         }
+        // A physical allocation is unmapped whole: the range may not cut one.
+        let cuts = |&(s, e, p): &(u64, u64, u64)| {
+            (s < va && !(va - s).is_multiple_of(p)) || (e > end && !(end - s).is_multiple_of(p))
+        };
+        if hit.iter().any(cuts) {
+            return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size} cuts a physical allocation")));
+        }
         for (s, e, p) in hit {
             r.pages.remove(&s);
             if s < va {
@@ -476,6 +483,20 @@ mod tests {
         d.unmap(va + 20 * MIB, 20 * MIB, 20 * MIB, 0).unwrap();
         d.release_reservation(va, 64 * MIB).unwrap();
         assert_eq!(d.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_physical_allocation_is_unmapped_whole() {
+        let mut d = SimDevice::new(100 * MIB);
+        let va = d.reserve(64 * MIB).unwrap();
+        // One allocation of 20 MiB, then ten of 2 MiB after it.
+        d.map(va, 20 * MIB, 20 * MIB).unwrap();
+        d.map(va + 20 * MIB, 20 * MIB, 2 * MIB).unwrap();
+        let e = d.unmap(va + 18 * MIB, 4 * MIB, 2 * MIB, 0).unwrap_err();
+        assert!(e.to_string().contains("cuts a physical allocation"), "{e}");
+        d.unmap(va + 22 * MIB, 4 * MIB, 2 * MIB, 0).unwrap();
+        d.unmap(va, 20 * MIB, 20 * MIB, 0).unwrap();
+        assert_eq!(d.used_bytes(), 16 * MIB);
     }
 
     #[test]

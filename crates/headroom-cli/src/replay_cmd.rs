@@ -50,7 +50,9 @@ use std::path::PathBuf;
 /// --policy to compare allocation policies: `pytorch` (the default,
 /// PyTorch's decisions), `expandable` (expandable segments for every pool),
 /// `headroom` (expandable, and whole free pages reused before reserved
-/// memory passes its peak). A snapshot replayed under --policy starts from
+/// memory passes its peak, but not the pages the run maps again), `tight`
+/// (headroom's, every free page reused: the lowest peak, for device calls
+/// every step). A snapshot replayed under --policy starts from
 /// an empty device (--start fresh): each policy places the blocks live when
 /// the trace began itself, and the table shows each run's peak reserved
 /// against the peak of live bytes, which no allocator can go below. Each
@@ -81,7 +83,7 @@ pub struct ReplayArgs {
     #[arg(long = "alloc-conf", value_name = "STR")]
     alloc_conf: Vec<String>,
 
-    /// Allocation policy: pytorch, expandable, headroom, lifetime or planned.
+    /// Allocation policy: pytorch, expandable, headroom, tight, lifetime or planned.
     /// Repeat to compare; each runs under every --alloc-conf.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<PolicyName>,

@@ -109,3 +109,49 @@ fn device_calls_are_counted_per_step() {
         assert!(run["device_ns"].as_u64().unwrap() > 0);
     }
 }
+
+/// `headroom` against `tight` (every free page given back before the peak
+/// grows) and `expandable` on every snapshot the H200 recorded, replayed as
+/// a user replays them: its peak is within the 1/32 it may spend keeping the
+/// pages a run maps again, and it makes fewer device calls after the second
+/// step and spends less device time than `tight`; on the runs that repeat
+/// their steps (GPT-2 medium) none after the second step.
+#[test]
+fn headroom_against_tight_and_expandable_on_the_gpu_snapshots() {
+    let names = [
+        "expandable-gpt2-medium-b8.pickle.gz",
+        "maxsplit128-gpt2-varlen.pickle.gz",
+        "native-gpt2-medium-b8.pickle.gz",
+        "oom-cpp-qwen2-0.5b-b4.pickle.gz",
+        "qwen3-1.7b-bf16-1x1024-two-steps.pickle.gz",
+        "qwen3-1.7b-bf16-1x512-two-steps.pickle.gz",
+        "roundup4-gpt2-varlen.pickle.gz",
+    ];
+    for name in names {
+        let Some(snap) = gpu_snapshot(name) else { return };
+        let out = headroom()
+            .arg("replay")
+            .arg(&snap)
+            .args(["--policy", "expandable", "--policy", "headroom", "--policy", "tight", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let runs = v["devices"][0]["runs"].as_array().unwrap();
+        let [e, h, t] = [&runs[0], &runs[1], &runs[2]];
+        assert_eq!([&e["policy"], &h["policy"], &t["policy"]], ["expandable", "headroom", "tight"]);
+        let peak = |r: &Value| r["peak_reserved_bytes"].as_u64().unwrap();
+        assert!(peak(h) <= peak(t) + peak(t) / 32, "{name}: headroom {} B, tight {} B", peak(h), peak(t));
+        let ns = |r: &Value| r["device_ns"].as_u64().unwrap();
+        assert!(ns(h) < ns(t), "{name}: headroom's device time {} ns, tight's {} ns", ns(h), ns(t));
+        if let (Some(sh), Some(st), Some(se)) =
+            (h["steady_state_calls"].as_u64(), t["steady_state_calls"].as_u64(), e["steady_state_calls"].as_u64())
+        {
+            assert!(sh <= st, "{name}: headroom makes {sh} device calls after the second step, tight {st}");
+            assert!(
+                se > 0 || sh == 0,
+                "{name}: headroom makes {sh} device calls after the second step, expandable none"
+            );
+        }
+    }
+}
