@@ -10,12 +10,20 @@ reserved memory, the mean step time after warm-up, and every step's loss; the ta
 them, and the losses must agree across allocators. The native runs also write a memory
 snapshot of their first steps (test data for `headroom inspect` and `headroom replay`).
 
+With --edge, the job runs at the edge of the GPU's memory: a probe run under PyTorch's
+allocator measures the step's peak allocated memory, and every allocator then runs under a
+per-process limit that much plus --edge-margin (5%): too little for PyTorch's defaults, whose
+cache fragments on variable lengths (the step runs out of memory), and what expandable segments
+and headroom's policy are for. Each run reports where it ran out, if it did, its device calls
+(allocations and frees, mappings and unmappings) and its step time: what device calls cost a
+policy that keeps its peak low.
+
 With --bench, each process instead times warm malloc+free pairs through
 torch.cuda.caching_allocator_alloc / caching_allocator_delete, which go to the current
 allocator: PyTorch's own, or headroom's plug-in.
 
     cargo build --release -p headroom-torch
-    python3 scripts/gpu/train_allocators.py --out gpu-results [--steps 300] [--bench]
+    python3 scripts/gpu/train_allocators.py --out gpu-results [--steps 300] [--bench | --edge]
 
 Needs torch with CUDA, transformers, and the plug-in (target/release/libheadroom_torch.so, or
 --lib, or HEADROOM_TORCH_LIB). Without a GPU it says so and exits 2.
@@ -44,6 +52,13 @@ def worker(args):
 
     if not torch.cuda.is_available():
         fail("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.limit_bytes:
+        # The same limit for every allocator: a fraction of the device, set before the first allocation.
+        fraction = args.limit_bytes / torch.cuda.get_device_properties(0).total_memory
+        if args.mode == "headroom":
+            os.environ["HEADROOM_ALLOC_CONF"] = f"per_process_memory_fraction:{fraction:.6f}"
+        else:
+            torch.cuda.set_per_process_memory_fraction(fraction, 0)
     if args.mode == "headroom":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
         from headroom_gpu import torch_allocator
@@ -66,14 +81,21 @@ def worker(args):
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     losses, times = [], []
+    oom_at_step = None
     for step, seq in enumerate(lengths):
         tokens = torch.randint(0, config.vocab_size, (args.batch, seq), generator=data).cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        opt.step()
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            opt.step()
+        except torch.OutOfMemoryError:
+            if not args.limit_bytes:
+                raise
+            oom_at_step = step
+            break
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -88,11 +110,13 @@ def worker(args):
         stats = torch_allocator.memory_stats(0, args.lib)
     else:
         stats = torch.cuda.memory_stats(0)
-    warm = times[min(10, len(times) - 1):]
+    warm = times[min(10, len(times) - 1):] or [float("nan")]
     print(json.dumps({
         "mode": args.mode, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "total_memory_bytes": torch.cuda.get_device_properties(0).total_memory, "limit_bytes": args.limit_bytes,
         "peak_reserved_bytes": stats["reserved_bytes.all.peak"], "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
-        "num_device_alloc": stats.get("num_device_alloc"), "num_alloc_retries": stats.get("num_alloc_retries"),
+        "num_device_alloc": stats.get("num_device_alloc"), "num_device_free": stats.get("num_device_free"),
+        "num_alloc_retries": stats.get("num_alloc_retries"), "oom_at_step": oom_at_step,
         "step_time_s": sum(warm) / len(warm), "losses": losses,
     }))
 
@@ -119,10 +143,13 @@ def main():
     ap.add_argument("--min-seq", type=int, default=128)
     ap.add_argument("--max-seq", type=int, default=1024)
     ap.add_argument("--snapshot-steps", type=int, default=3, help="steps recorded in the native runs' snapshots")
-    ap.add_argument("--policy", default="headroom", help="headroom's policy: pytorch, expandable, headroom, lifetime or planned")
+    ap.add_argument("--policy", default="headroom", help="headroom's policy: pytorch, expandable, headroom, tight, lifetime or planned")
     ap.add_argument("--lib", default=os.environ.get("HEADROOM_TORCH_LIB", "target/release/libheadroom_torch.so"))
     ap.add_argument("--bench", action="store_true", help="time warm malloc+free pairs instead of training")
     ap.add_argument("--pairs", type=int, default=100_000)
+    ap.add_argument("--edge", action="store_true", help="run every allocator under a limit just above the step's peak allocated")
+    ap.add_argument("--edge-margin", type=float, default=0.05, help="with --edge: the limit's room above the peak allocated")
+    ap.add_argument("--limit-bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or not 1 <= args.min_seq <= args.max_seq:
@@ -138,9 +165,19 @@ def main():
         fail("needs a CUDA GPU (torch.cuda.is_available() is False)")
     if not os.path.isfile(args.lib):
         fail(f"{args.lib}: no plug-in; build it with `cargo build --release -p headroom-torch`")
+    extra = []
+    if args.edge:
+        # The probe: the step's peak allocated under PyTorch's allocator, with no limit.
+        probe_steps = str(min(args.steps, 20))
+        cmd = [sys.executable, __file__, "--mode", "native", "--snapshot-steps", "0"] + sys.argv[1:] + ["--steps", probe_steps]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"the probe run failed:\n{r.stderr}")
+        peak = json.loads(r.stdout.strip().splitlines()[-1])["peak_allocated_bytes"]
+        extra = ["--limit-bytes", str(int(peak * (1 + args.edge_margin))), "--snapshot-steps", "0"]
     results = []
     for mode in MODES:
-        cmd = [sys.executable, __file__, "--mode", mode] + [a for a in sys.argv[1:]]
+        cmd = [sys.executable, __file__, "--mode", mode] + [a for a in sys.argv[1:]] + extra
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             fail(f"the {mode} run failed:\n{r.stderr}")
@@ -157,6 +194,15 @@ def main():
     base = results[0]
     print(f"{base['device']}, torch {base['torch']}: GPT-2 medium, batch {args.batch}, "
           f"sequences {args.min_seq}-{args.max_seq}, {args.steps} steps")
+    if args.edge:
+        print(f"under a limit of {base['limit_bytes'] / 2**30:.2f} GiB (the probe's peak allocated + {args.edge_margin:.0%})")
+        print("| allocator | ran out at step | peak reserved | device allocs + frees | step time |")
+        print("|---|---:|---:|---:|---:|")
+        for r in results:
+            print(f"| {r['mode']} | {r['oom_at_step'] if r['oom_at_step'] is not None else '-'} | "
+                  f"{r['peak_reserved_bytes'] / 2**30:.2f} GiB | {r['num_device_alloc']} + {r['num_device_free']} | "
+                  f"{r['step_time_s'] * 1e3:.1f} ms |")
+        return
     print("| allocator | peak reserved | peak allocated | device mallocs | step time | vs native | max loss difference |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:

@@ -22,6 +22,7 @@ use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
 use crate::history::{Action, History, TraceEntry};
+use crate::page_history::PageHistory;
 use crate::policy::{Policy, PyTorchPolicy, Rung};
 use crate::sizing;
 use crate::stats::{self, DeviceStats, PoolKind};
@@ -69,11 +70,11 @@ pub(crate) struct ExpandableSegment {
 pub(crate) enum Growth {
     /// The pages the request needs (PyTorch's).
     Exact,
-    /// Past the peak with no free page left to reuse: whole steps of the
-    /// policy's `climb_ahead`.
+    /// Past the peak with no free page given back: whole steps of the
+    /// policy's `climb_ahead`, in its physical allocations for a climb.
     Ahead,
-    /// Whole steps while reserved memory stays at or below this peak, the
-    /// pages the request needs up to it, and nothing past it.
+    /// What the policy's `map_ahead` asks while reserved memory stays at or
+    /// below this peak, the pages the request needs up to it, and nothing past it.
     UnderPeak(u64),
 }
 
@@ -105,6 +106,15 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     pub(crate) expandable: Vec<Option<ExpandableSegment>>,
     /// The largest reservation ever made: no request larger can grow in one.
     pub(crate) largest_reservation: u64,
+    /// Physical allocations of expandable segments that span more than one
+    /// page, start -> end ([`Policy::allocation_size`]); every other mapped
+    /// page is a physical allocation of its own.
+    pub(crate) allocations: BTreeMap<u64, u64>,
+    /// What became of the pages the ladder's reclaim unmapped.
+    pub(crate) page_history: PageHistory,
+    /// Bytes by which growth passed the peak while kept pages could have
+    /// been reclaimed instead: spent from the policy's `keep_budget`.
+    pub(crate) kept_excess: u64,
     /// Per stream, in record order: the events a pending free waits for.
     pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, u32)>>,
     /// Bytes currently obtained from the device (= reserved).
@@ -145,6 +155,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             largest_reservation: 0,
+            allocations: BTreeMap::new(),
+            page_history: PageHistory::default(),
+            kept_excess: 0,
             events: BTreeMap::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -254,6 +267,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn apply_fraction(&mut self, fraction: f64) {
         self.allowed_memory_maximum =
             (fraction < 1.0).then(|| (fraction * self.device.mem_get_info().total as f64) as u64);
+    }
+
+    /// Limits reserved memory to `bytes` (`None`: no limit), as a fraction
+    /// does: the limit a recorded run's fraction set, when it is known in
+    /// bytes and not as a fraction of a device whose size is not.
+    pub fn set_memory_limit(&mut self, bytes: Option<u64>) {
+        self.allowed_memory_maximum = bytes;
     }
 
     /// The reserved-memory limit, if a fraction is set.
@@ -538,19 +558,23 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let mut map = size;
         let mut planned = None;
         if self.expandable_active() {
-            // Growth maps whole steps of the policy's (PyTorch's: one page)
-            // where that costs little: below the peak, or when no free page
-            // is left to reuse. The requests after it find the pages mapped.
-            let step = match growth {
-                Growth::Exact => 0,
-                Growth::Ahead => self.policy.climb_ahead(&self.config, kind, self.total_allocated_memory),
-                Growth::UnderPeak(_) => self.policy.map_ahead(&self.config, kind),
-            };
-            if step > self.policy.page_size(&self.config, kind) {
-                map = size.next_multiple_of(step);
+            // Growth maps ahead of the request where that costs little (as
+            // the policy says; PyTorch's: never): below the peak, or when no
+            // free page is left to reuse. The requests after it find the pages mapped.
+            let reserved = self.total_allocated_memory;
+            match growth {
+                Growth::Exact => {}
+                Growth::Ahead => {
+                    let step = self.policy.climb_ahead(&self.config, kind, reserved);
+                    if step > self.policy.page_size(&self.config, kind) {
+                        map = size.next_multiple_of(step);
+                    }
+                }
+                Growth::UnderPeak(c) => {
+                    map = self.policy.map_ahead(&self.config, kind, size, c.saturating_sub(reserved)).max(size);
+                }
             }
             if let Growth::UnderPeak(c) = growth {
-                let reserved = self.total_allocated_memory;
                 let (at, bytes) = self.plan_growth(kind, stream, size);
                 if reserved + bytes > c {
                     return Ok(None);
@@ -575,7 +599,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if self.expandable_active() {
-            return self.try_allocate_expandable_block(kind, stream, map, planned);
+            let climbing = growth == Growth::Ahead;
+            return self.try_allocate_expandable_block(kind, stream, map, size, climbing, planned);
         }
         let ptr = match self.device.malloc(alloc_size) {
             Ok(p) => p,

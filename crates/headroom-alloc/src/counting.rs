@@ -13,6 +13,8 @@ pub struct DeviceCalls {
     pub release_reservation: u64,
     pub map: u64,
     pub unmap: u64,
+    /// Physical allocations mapped and unmapped: the pages of the size each
+    /// `map` or `unmap` call names (a run mapped as one allocation counts once).
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
     pub record_event: u64,

@@ -93,13 +93,16 @@ pub trait DeviceMemory: Send {
     /// Releases a reservation whose pages are all unmapped (`cuMemAddressFree`).
     fn release_reservation(&mut self, va: u64, size: u64) -> Result<(), DeviceError>;
 
-    /// Creates physical memory for `[va, va + size)` in pages of `page` bytes
-    /// and maps it (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page).
+    /// Creates physical memory for `[va, va + size)` in pages of `page` bytes,
+    /// each one physical allocation, and maps it (`cuMemCreate` + `cuMemMap` +
+    /// `cuMemSetAccess` per page). `page` is any multiple of the VMM
+    /// granularity: the whole range as one allocation when it is `size`.
     /// All or nothing: on failure no page of the range stays mapped.
     fn map(&mut self, va: u64, size: u64, page: u64) -> Result<(), DeviceError>;
 
-    /// Unmaps and releases the pages of `[va, va + size)`, after the work on
-    /// `stream` that may use them has finished (`cuMemUnmap` + `cuMemRelease`).
+    /// Unmaps and releases the pages of `[va, va + size)` (whole physical
+    /// allocations of `page` bytes, as mapped), after the work on `stream`
+    /// that may use them has finished (`cuMemUnmap` + `cuMemRelease`).
     fn unmap(&mut self, va: u64, size: u64, page: u64, stream: StreamId) -> Result<(), DeviceError>;
 
     /// Records an event on `stream` (`cudaEventRecord`).

@@ -15,6 +15,13 @@
 //! the lowest unmapped address that, with the free block before it, has
 //! room; each mapping is one `segment_map` and one device allocation, and
 //! never changes the `segment` count.
+//!
+//! Each page is a physical allocation of its own (one `cuMemCreate`), as
+//! PyTorch maps them, unless the policy puts the whole pages inside the
+//! request that growth maps for in larger ones ([`Policy::allocation_size`]);
+//! those are kept in `allocations`, and every unmap gives back whole
+//! allocations only: a free block's pages on an allocation that a live block
+//! shares stay mapped.
 
 use crate::block::{Block, NIL};
 use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
@@ -23,6 +30,22 @@ use crate::error::AllocError;
 use crate::history::Action;
 use crate::policy::{ArenaSlot, ExpandableFit, Policy};
 use crate::stats::{self, PoolKind};
+
+/// What a mapping is for: the request that growth maps pages for, and how
+/// large a physical allocation of the pages inside it may be
+/// ([`Policy::allocation_size`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MapFor {
+    /// The request's bytes, `[start, end)`; empty where none is known.
+    pub own: (u64, u64),
+    /// The largest physical allocation of the request's whole pages.
+    pub allocation: u64,
+}
+
+impl MapFor {
+    /// One physical allocation per page, for no request in particular.
+    const PAGES: MapFor = MapFor { own: (0, 0), allocation: 0 };
+}
 
 /// Where an expandable segment grows for a request.
 #[derive(Clone, Copy, Debug)]
@@ -38,22 +61,35 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `try_allocate_expandable_block`: a free mapped block of at least
     /// `size` bytes, mapping pages as needed. `Ok(None)` when the device is
     /// out of memory. `planned` is where [`Self::plan_growth`] said to grow,
-    /// when it was asked just before (saving a second search).
+    /// when it was asked just before (saving a second search). The request
+    /// is the block's first `request` bytes (the rest is mapped ahead for
+    /// others); `climbing` when growth passes the peak with no page given
+    /// back. Both go to the policy's [`Policy::allocation_size`].
     pub(crate) fn try_allocate_expandable_block(
         &mut self,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
+        request: u64,
+        climbing: bool,
         planned: Option<Grow>,
     ) -> Result<Option<u32>, AllocError> {
         let grow = match planned {
             Some(g) => g,
             None => self.find_expandable_block(kind, stream, size)?,
         };
+        let allocation = self.policy.allocation_size(&self.config, kind, climbing);
+        // The block handed out starts where growth does: at the candidate, or
+        // at the tail it maps.
+        let start = match grow {
+            Grow::From(c) => self.arena[c].ptr,
+            Grow::Tail { unmapped, bytes } => self.arena[unmapped].ptr + self.arena[unmapped].size - bytes,
+        };
+        let map_for = MapFor { own: (start, start + request), allocation };
         let mut candidate = match grow {
             Grow::From(c) => c,
             Grow::Tail { unmapped, bytes } => {
-                let Some(id) = self.map_block_tail(unmapped, bytes)? else {
+                let Some(id) = self.map_block_tail(unmapped, bytes, map_for)? else {
                     return Ok(None);
                 };
                 id
@@ -63,7 +99,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // free -> unmapped -> ...
         if !self.arena[candidate].mapped {
             let n = self.arena[candidate].size.min(size);
-            if !self.map_block(candidate, n)? {
+            if !self.map_block(candidate, n, map_for)? {
                 return Ok(None);
             }
         }
@@ -72,7 +108,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let next = self.arena[candidate].next;
             let n = remaining.min(self.arena[next].size);
             // Mapping `next` merges it with `candidate` before it.
-            if !self.map_block(next, n)? {
+            if !self.map_block(next, n, map_for)? {
                 return Ok(None);
             }
             candidate = next;
@@ -149,7 +185,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             if over > 0 {
                 self.reclaim_free_pages(kind, stream, over)?;
             }
-            if self.total_allocated_memory + arena > peak || !self.map_block(head, arena)? {
+            // The arena is carved into many blocks: one physical allocation per page.
+            if self.total_allocated_memory + arena > peak || !self.map_block(head, arena, MapFor::PAGES)? {
                 return Ok(None);
             }
         }
@@ -272,12 +309,20 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         (g, bytes)
     }
 
-    /// Unmaps whole free pages of expandable segments, in either pool and on
-    /// any stream, largest free blocks first, until as many bytes as a
+    /// Unmaps whole free pages of expandable segments (whole physical
+    /// allocations: see [`Self::whole_allocations`]), in either pool and on
+    /// any stream, largest free runs first, until as many bytes as a
     /// request of `size` bytes on (`kind`, `stream`) would map are unmapped,
     /// or none are left. The free blocks that request would grow from are
     /// left alone: unmapping them would only make it map the same pages
-    /// again. Returns the bytes unmapped.
+    /// again. Free blocks holding pages the run mapped again after an earlier
+    /// reclaim (`page_history.rs`) are given back last, and only where the
+    /// peak needs them: if growth would pass the peak by no more than what is
+    /// left of the policy's budget for keeping them ([`Policy::keep_budget`]),
+    /// it passes it and they stay; past the budget they are given back as any
+    /// other, so keeping never costs more peak than the budget. Each reclaim
+    /// of such a page is an unmap now and a map when the run wants it back,
+    /// every step of a training run. Returns the bytes unmapped.
     pub(crate) fn reclaim_free_pages(
         &mut self,
         kind: PoolKind,
@@ -298,27 +343,60 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             c = self.arena[c].next;
         }
         let arena = &self.arena;
-        let mut candidates: Vec<(u64, u32)> = [PoolKind::Small, PoolKind::Large]
-            .into_iter()
-            .flat_map(|k| self.pool(k).blocks.ids())
-            .filter_map(|id| {
-                let b = &arena[id];
-                if !b.is_expandable() || keep.contains(&id) {
-                    return None;
-                }
-                let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
-                let begin = (b.ptr - seg.base).div_ceil(seg.page);
-                let end = (b.ptr + b.size - seg.base) / seg.page;
-                (end > begin).then(|| ((end - begin) * seg.page, id))
-            })
-            .collect();
+        let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+        let budget_left = self.policy.keep_budget(peak).saturating_sub(self.kept_excess);
+        // (bytes, start, end, pool, stream): each free block's whole pages;
+        // blocks holding kept pages apart while the budget for keeping lasts.
+        let mut candidates: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
+        let mut held: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
+        for id in [PoolKind::Small, PoolKind::Large].into_iter().flat_map(|k| self.pool(k).blocks.ids()) {
+            let b = &arena[id];
+            if !b.is_expandable() || keep.contains(&id) {
+                continue;
+            }
+            let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+            let begin = seg.base + (b.ptr - seg.base).div_ceil(seg.page) * seg.page;
+            let end = seg.base + (b.ptr + b.size - seg.base) / seg.page * seg.page;
+            let (begin, end) = self.whole_allocations(begin, end.max(begin));
+            if end <= begin {
+                continue;
+            }
+            let run = (end - begin, begin, end, b.pool, b.stream);
+            if budget_left > 0 && self.page_history.keeps_any(begin, end) {
+                held.push(run);
+            } else {
+                candidates.push(run);
+            }
+        }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let mut reclaimed = self.reclaim_runs(&candidates, want)?;
+        if reclaimed < want && !held.is_empty() {
+            // What growth would pass the peak by with the kept pages kept:
+            // within what is left of the budget they stay, and the excess is
+            // spent from it; beyond it they go back as any other would.
+            let excess = (self.total_allocated_memory + want).saturating_sub(peak);
+            if excess <= budget_left {
+                self.kept_excess += excess;
+            } else {
+                held.sort_unstable_by(|a, b| b.cmp(a));
+                reclaimed += self.reclaim_runs(&held, want - reclaimed)?;
+            }
+        }
+        Ok(reclaimed)
+    }
+
+    /// Unmaps `runs` (bytes, start, end, pool, stream), in order, until
+    /// `want` bytes are unmapped. Returns the bytes unmapped.
+    fn reclaim_runs(&mut self, runs: &[(u64, u64, u64, PoolKind, StreamId)], want: u64) -> Result<u64, AllocError> {
         let mut reclaimed = 0;
-        for (bytes, id) in candidates {
+        for &(bytes, start, end, pool, stream) in runs {
             if reclaimed >= want {
                 break;
             }
-            self.unmap_block(id)?;
+            // Earlier unmaps split blocks: find the one holding the run now.
+            let Some((_, _, id)) = self.pool(pool).blocks.find_containing(stream, start, end) else { continue };
+            self.unmap_range(id, start, end)?;
+            self.page_history.reclaimed(start, end);
             reclaimed += bytes;
         }
         Ok(reclaimed)
@@ -327,7 +405,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `map_block`: maps the pages covering the first `size` bytes of unmapped
     /// block `id`, splits off what stays unmapped, and merges the mapped part
     /// with free neighbours. `Ok(false)` when the device is out of memory.
-    fn map_block(&mut self, id: u32, size: u64) -> Result<bool, AllocError> {
+    fn map_block(&mut self, id: u32, size: u64, map_for: MapFor) -> Result<bool, AllocError> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && size <= b.size);
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
@@ -336,7 +414,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let end = (ptr + size - seg.base).div_ceil(seg.page);
         let (range_ptr, range_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
         debug_assert_eq!(range_ptr, ptr, "unmapped blocks start on page boundaries");
-        if !self.device_map(range_ptr, range_size, seg.page)? {
+        if !self.device_map(range_ptr, range_size, seg, map_for)? {
             return Ok(false);
         }
         self.pool_mut(kind).unmapped.remove(&(stream, ptr));
@@ -368,14 +446,14 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// page-aligned end) and merges them with the free block after it.
     /// `Ok(None)` when the device is out of memory; else the mapped block,
     /// in the free set.
-    fn map_block_tail(&mut self, id: u32, bytes: u64) -> Result<Option<u32>, AllocError> {
+    fn map_block_tail(&mut self, id: u32, bytes: u64, map_for: MapFor) -> Result<Option<u32>, AllocError> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && bytes > 0 && bytes <= b.size);
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
         let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         let at = ptr + size - bytes;
         debug_assert_eq!((at - seg.base) % seg.page, 0, "unmapped blocks end on page boundaries");
-        if !self.device_map(at, bytes, seg.page)? {
+        if !self.device_map(at, bytes, seg, map_for)? {
             return Ok(None);
         }
         let mut t = Block::new(at, bytes, stream, kind);
@@ -404,22 +482,89 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         Ok(Some(tid))
     }
 
-    /// Maps `size` bytes at `va` in pages of `page`. `Ok(false)` when the
-    /// device is out of memory (remembered for the OOM report).
-    fn device_map(&mut self, va: u64, size: u64, page: u64) -> Result<bool, AllocError> {
-        match self.device.map(va, size, page) {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_out_of_memory() => {
-                self.last_failure = Some(Failure::Device(e));
-                Ok(false)
+    /// Maps `size` bytes at `va` (whole pages of `seg`): one physical
+    /// allocation per page, except the whole pages inside the request
+    /// `map_for` is for, which go in allocations of up to `map_for.allocation`
+    /// bytes, cut where the segment's multiples of that size fall (so that
+    /// any one stays within the block it was made for). All or nothing;
+    /// `Ok(false)` when the device is out of memory (remembered for the OOM
+    /// report).
+    fn device_map(&mut self, va: u64, size: u64, seg: ExpandableSegment, map_for: MapFor) -> Result<bool, AllocError> {
+        let (page, end) = (seg.page, va + size);
+        let unit = map_for.allocation;
+        // Offsets in the segment, where its pages are counted from.
+        let up = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base).next_multiple_of(to);
+        let down = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base) / to * to;
+        let (lo, hi) = (up(map_for.own.0, page).max(va), down(map_for.own.1, page).min(end));
+        // (address, bytes, allocation size): pages, then the request's allocations, then pages.
+        let mut parts = vec![(va, size, page)];
+        if unit > page && hi > lo + page {
+            parts = vec![(va, lo - va, page)];
+            let mut at = lo;
+            while at < hi {
+                let next = (down(at, unit) + unit).min(hi);
+                parts.push((at, next - at, (next - at).max(page)));
+                at = next;
             }
-            Err(e) => Err(e.into()),
+            parts.push((hi, end - hi, page));
         }
+        parts.retain(|p| p.1 > 0);
+        for (i, &(at, len, allocation)) in parts.iter().enumerate() {
+            if let Err(e) = self.device.map(at, len, allocation) {
+                // All or nothing: the parts mapped before it go again.
+                for &(at, len, allocation) in &parts[..i] {
+                    self.device.unmap(at, len, allocation, self.policy.stream_of(seg.stream))?;
+                }
+                if e.is_out_of_memory() {
+                    self.last_failure = Some(Failure::Device(e));
+                    return Ok(false);
+                }
+                return Err(e.into());
+            }
+        }
+        for (at, len, allocation) in parts {
+            if allocation > page {
+                self.allocations.insert(at, at + len);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The part of the page-aligned range `[lo, hi)` that whole physical
+    /// allocations cover: a multi-page allocation reaching across either end
+    /// is left out, since an allocation is unmapped whole or not at all.
+    pub(crate) fn whole_allocations(&self, lo: u64, hi: u64) -> (u64, u64) {
+        let across = |x: u64| self.allocations.range(..x).next_back().filter(|(_, &e)| e > x).map(|(&s, &e)| (s, e));
+        let lo = across(lo).map_or(lo, |(_, e)| e);
+        let hi = across(hi).map_or(hi, |(s, _)| s);
+        (lo, hi.max(lo))
+    }
+
+    /// Unmaps `[lo, hi)`, whole physical allocations: one device call per
+    /// run of single-page allocations and one per multi-page allocation, as
+    /// each is released on its own.
+    fn device_unmap(&mut self, lo: u64, hi: u64, page: u64, stream: StreamId) -> Result<(), AllocError> {
+        let inside: Vec<(u64, u64)> = self.allocations.range(lo..hi).map(|(&s, &e)| (s, e)).collect();
+        let mut at = lo;
+        for (s, e) in inside {
+            debug_assert!(e <= hi, "an allocation reaches past the range unmapped");
+            if s > at {
+                self.device.unmap(at, s - at, page, stream)?;
+            }
+            self.device.unmap(s, e - s, e - s, stream)?;
+            self.allocations.remove(&s);
+            at = e;
+        }
+        if hi > at {
+            self.device.unmap(at, hi - at, page, stream)?;
+        }
+        Ok(())
     }
 
     /// Counts `size` bytes newly mapped at `va`: reserved memory, the
     /// device-call statistic and the trace's `segment_map`.
     fn count_mapped(&mut self, kind: PoolKind, stream: StreamId, va: u64, size: u64) {
+        self.page_history.mapped(va, va + size);
         self.total_allocated_memory += size;
         stats::increase(&mut self.stats.reserved_bytes, kind, size);
         self.stats.num_device_alloc += 1;
@@ -427,18 +572,34 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// `unmap_block`: unmaps the whole pages inside free block `id`; partial
-    /// pages at either end stay mapped as free blocks.
+    /// pages at either end, and a physical allocation that reaches past
+    /// either end, stay mapped as free blocks.
     pub(crate) fn unmap_block(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
         let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
-        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
-        let begin = (ptr - seg.base).div_ceil(seg.page);
-        let end = (ptr + size - seg.base) / seg.page;
+        let begin = (b.ptr - seg.base).div_ceil(seg.page);
+        let end = (b.ptr + b.size - seg.base) / seg.page;
         if begin >= end {
             return Ok(());
         }
-        let (un_ptr, un_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
-        self.device.unmap(un_ptr, un_size, seg.page, self.policy.stream_of(stream))?;
+        let (lo, hi) = self.whole_allocations(seg.base + begin * seg.page, seg.base + end * seg.page);
+        if lo >= hi {
+            return Ok(());
+        }
+        self.unmap_range(id, lo, hi)
+    }
+
+    /// Unmaps the whole pages `[un_ptr, un_end)` of free block `id`, whole
+    /// physical allocations; what lies before and after them in the block
+    /// stays mapped as free blocks.
+    fn unmap_range(&mut self, id: u32, un_ptr: u64, un_end: u64) -> Result<(), AllocError> {
+        let b = &self.arena[id];
+        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
+        debug_assert!(ptr <= un_ptr && un_ptr < un_end && un_end <= ptr + size);
+        debug_assert!((un_ptr - seg.base).is_multiple_of(seg.page) && (un_end - seg.base).is_multiple_of(seg.page));
+        let un_size = un_end - un_ptr;
+        self.device_unmap(un_ptr, un_end, seg.page, self.policy.stream_of(stream))?;
         self.pool_mut(kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
         if before > 0 {
@@ -473,6 +634,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         Ok(())
     }
 
+    /// Gives back every expandable segment with nothing mapped in it (its
+    /// address reservation). PyTorch keeps one that a failed request reserved
+    /// until it is used; a replay gives it back, so that the reservation the
+    /// recording maps into next is made where the recording says.
+    pub fn release_unmapped_segments(&mut self) -> Result<(), AllocError> {
+        let empty: Vec<u32> = self
+            .expandable
+            .iter()
+            .flatten()
+            .filter_map(|seg| {
+                let id = *self.pool(seg.pool).unmapped.get(&(seg.stream, seg.base))?;
+                (self.arena[id].size == seg.va_size).then_some(id)
+            })
+            .collect();
+        for id in empty {
+            self.release_expandable_segment(id)?;
+        }
+        Ok(())
+    }
+
     /// Destroys an expandable segment whose single block is entirely unmapped.
     pub(crate) fn release_expandable_segment(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
@@ -481,6 +662,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         debug_assert!(!b.mapped && b.ptr == seg.base && b.size == seg.va_size);
         let (stream, kind) = (b.stream, b.pool);
         self.device.release_reservation(seg.base, seg.va_size)?;
+        // Its pages' history goes with it: the addresses may be reserved again for anything.
+        self.page_history.forget(seg.base, seg.base + seg.va_size);
         self.pool_mut(kind).unmapped.remove(&(stream, seg.base));
         self.arena.remove(id);
         self.expandable[index] = None;

@@ -26,6 +26,12 @@ impl<D: DeviceMemory> FaultyDevice<D> {
         self.fail_in = Some(n.max(1));
     }
 
+    /// Forgets a failure [`FaultyDevice::fail_nth_allocation`] made due and
+    /// that has not happened (no allocation was asked for since).
+    pub fn cancel_failure(&mut self) {
+        self.fail_in = None;
+    }
+
     /// Makes every allocation (`malloc` and `map`) fail as out of memory
     /// until called with `false`.
     pub fn refuse_allocations(&mut self, yes: bool) {

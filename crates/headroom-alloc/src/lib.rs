@@ -53,11 +53,13 @@ mod caching;
 pub mod config;
 mod counting;
 pub mod device;
+mod device_cost;
 mod error;
 mod expandable;
 mod faulty;
 mod free_set;
 mod history;
+mod page_history;
 pub mod policy;
 mod release;
 mod restore;
@@ -74,6 +76,7 @@ pub use caching::{Allocation, DeviceCachingAllocator, FreeMemoryCallback};
 pub use config::{AllocatorConfig, Backend, ConfigError};
 pub use counting::{CountingDevice, DeviceCalls};
 pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
+pub use device_cost::DeviceCosts;
 pub use error::{AllocError, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
@@ -81,7 +84,7 @@ pub use policy::{
     ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
     PyTorchPolicy,
 };
-pub use restore::LiveBlock;
+pub use restore::{ExpandableLayout, LiveBlock};
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 pub use stats::{DeviceStats, PoolKind, Stat};

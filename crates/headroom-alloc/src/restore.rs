@@ -7,9 +7,14 @@
 //! blocks are not given: in PyTorch's allocator free neighbours are always
 //! merged, so the free blocks of a segment are exactly the gaps between its
 //! allocated ones.
+//!
+//! An expandable segment is adopted as its reservation with the runs of it
+//! that were mapped ([`DeviceCachingAllocator::adopt_expandable_segment`]):
+//! its free blocks are the mapped gaps between live blocks, and what lies
+//! between the runs is unmapped.
 
 use crate::block::{Block, NIL};
-use crate::caching::{DeviceCachingAllocator, SegmentRec};
+use crate::caching::{DeviceCachingAllocator, ExpandableSegment, SegmentRec};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::policy::Policy;
@@ -119,6 +124,143 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 }
 
+/// An expandable segment as it was: its reservation and what was mapped in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpandableLayout {
+    /// The reservation.
+    pub base: u64,
+    pub va_size: u64,
+    /// Its page: the unit mapped and unmapped.
+    pub page: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    /// Mapped runs, `(address, size)`, by address, not touching one another.
+    pub runs: Vec<(u64, u64)>,
+}
+
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
+    /// The page and reservation size a new expandable segment of `pool` gets
+    /// (PyTorch's: 1.125 times the device, in whole pages).
+    pub fn expandable_reservation(&self, pool: PoolKind) -> (u64, u64) {
+        let page = self.policy.page_size(&self.config, pool);
+        let total = self.device_total;
+        (page, (total + total / 8).div_ceil(page) * page)
+    }
+
+    /// Adopts an expandable segment the device already holds (reserved, and
+    /// mapped where `layout.runs` say), with `live` allocated and the other
+    /// mapped bytes free and cached. Runs must start and end on page
+    /// boundaries of the reservation; `live` must be sorted by address and
+    /// lie inside runs. Nothing changes on error.
+    ///
+    /// Mapped runs count as reserved, not as device calls.
+    pub fn adopt_expandable_segment(
+        &mut self,
+        layout: &ExpandableLayout,
+        live: &[LiveBlock],
+    ) -> Result<(), AllocError> {
+        let invalid = |m: String| Err(AllocError::InvalidArgument(m));
+        let ExpandableLayout { base, va_size, page, stream, pool, ref runs } = *layout;
+        let end = base.checked_add(va_size).ok_or(AllocError::InvalidArgument("reservation wraps".into()))?;
+        if page == 0 || va_size % page != 0 {
+            return invalid(format!("reservation {base:#x}+{va_size} is not in whole pages of {page}"));
+        }
+        let taken = self.expandable.iter().flatten().any(|e| e.base < end && base < e.base + e.va_size)
+            || self.segments.range(..end).next_back().is_some_and(|(&b, s)| b + s.size > base);
+        if taken {
+            return invalid(format!("reservation {base:#x}+{va_size} overlaps memory the allocator holds"));
+        }
+        // The pieces, in address order: (ptr, size, mapped, live block).
+        let mut pieces: Vec<(u64, u64, bool, Option<&LiveBlock>)> =
+            Vec::with_capacity(2 * live.len() + 2 * runs.len() + 1);
+        let mut at = base;
+        let mut blocks = live.iter().peekable();
+        for &(start, len) in runs {
+            let run_end = start.saturating_add(len);
+            let aligned = (start - base.min(start)) % page == 0 && len % page == 0;
+            if len == 0 || start < at || run_end > end || !aligned {
+                return invalid(format!(
+                    "mapped run {start:#x}+{len} is not whole pages of {page} in order inside {base:#x}+{va_size}"
+                ));
+            }
+            if start > at {
+                pieces.push((at, start - at, false, None));
+            }
+            at = start;
+            while let Some(b) = blocks.next_if(|b| b.address < run_end) {
+                if b.size == 0 || b.address < at || b.address.checked_add(b.size).is_none_or(|e| e > run_end) {
+                    return invalid(format!(
+                        "block {:#x}+{} is not inside a mapped run after the blocks before it",
+                        b.address, b.size
+                    ));
+                }
+                if b.address > at {
+                    pieces.push((at, b.address - at, true, None));
+                }
+                pieces.push((b.address, b.size, true, Some(b)));
+                at = b.address + b.size;
+            }
+            if at < run_end {
+                pieces.push((at, run_end - at, true, None));
+            }
+            at = run_end;
+        }
+        if let Some(b) = blocks.next() {
+            return invalid(format!("block {:#x} lies in no mapped run of {base:#x}+{va_size}", b.address));
+        }
+        if at < end {
+            pieces.push((at, end - at, false, None));
+        }
+
+        let index = self.expandable.len() as u32;
+        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool }));
+        // An adopted reservation is one a request may grow in, like one the allocator made.
+        self.largest_reservation = self.largest_reservation.max(va_size);
+        let mut prev = NIL;
+        let mut ids = Vec::with_capacity(pieces.len());
+        for &(ptr, size, mapped, l) in &pieces {
+            let mut b = Block::new(ptr, size, stream, pool);
+            b.prev = prev;
+            b.mapped = mapped;
+            b.expandable = index;
+            if let Some(l) = l {
+                b.allocated = true;
+                b.requested_size = l.requested_size;
+            }
+            let id = self.arena.insert(b);
+            if prev != NIL {
+                self.arena[prev].next = id;
+            }
+            prev = id;
+            ids.push(id);
+        }
+        for (&id, &(ptr, size, mapped, l)) in ids.iter().zip(&pieces) {
+            match (mapped, l) {
+                (_, Some(l)) => {
+                    self.active.insert(ptr, id);
+                    let s = &mut self.stats;
+                    stats::increase(&mut s.allocation, pool, 1);
+                    stats::increase(&mut s.allocated_bytes, pool, size);
+                    stats::increase(&mut s.active, pool, 1);
+                    stats::increase(&mut s.active_bytes, pool, size);
+                    stats::increase(&mut s.requested_bytes, pool, l.requested_size);
+                    if size >= self.config.max_split_size {
+                        self.stats.oversize_allocations.increase(1);
+                    }
+                }
+                (true, None) => self.insert_into_blocks(id),
+                (false, None) => {
+                    self.pool_mut(pool).unmapped.insert((stream, ptr), id);
+                }
+            }
+        }
+        let mapped: u64 = runs.iter().map(|r| r.1).sum();
+        self.total_allocated_memory += mapped;
+        stats::increase(&mut self.stats.reserved_bytes, pool, mapped);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +298,45 @@ mod tests {
         adopted.free(c.ptr).unwrap();
         adopted.validate().unwrap();
         assert_eq!(adopted.stats().num_device_alloc, 0, "adopting is not a device call");
+    }
+
+    /// An expandable segment with a hole unmapped in the middle, reached by
+    /// allocating and by adopting its reservation and runs: the same state,
+    /// the same next decision.
+    #[test]
+    fn an_adopted_expandable_segment_behaves_as_one_the_allocator_made() {
+        let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let mut made = DeviceCachingAllocator::new(SimDevice::new(1 << 30), config.clone());
+        let a = made.malloc(30 * MIB, 0).unwrap();
+        let b = made.malloc(50 * MIB, 0).unwrap();
+        let c = made.malloc(30 * MIB, 0).unwrap();
+        made.free(b.ptr).unwrap();
+        made.empty_cache().unwrap();
+        let snap = made.snapshot();
+        let runs: Vec<(u64, u64)> = snap.segments.iter().map(|s| (s.address, s.total_size)).collect();
+        assert_eq!(runs.len(), 2, "the hole between the runs was unmapped: {runs:?}");
+        let live: Vec<LiveBlock> =
+            [a, c].iter().map(|x| LiveBlock { address: x.ptr, size: x.size, requested_size: 30 * MIB }).collect();
+
+        let mut adopted = DeviceCachingAllocator::new(SimDevice::new(1 << 30), config);
+        let (page, va_size) = adopted.expandable_reservation(PoolKind::Large);
+        let layout = ExpandableLayout { base: runs[0].0, va_size, page, stream: 0, pool: PoolKind::Large, runs };
+        adopted.device_mut().adopt_reservation(layout.base, va_size, page, &layout.runs).unwrap();
+        adopted.adopt_expandable_segment(&layout, &live).unwrap();
+        adopted.validate().unwrap();
+        for key in ["allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current"] {
+            assert_eq!(made.memory_stats()[key], adopted.memory_stats()[key], "{key}");
+        }
+        // Both grow the free block before the hole into it, and map the same page.
+        assert_eq!(made.malloc(15 * MIB, 0).unwrap().ptr, adopted.malloc(15 * MIB, 0).unwrap().ptr);
+        assert_eq!(made.reserved_bytes(), adopted.reserved_bytes());
+        adopted.validate().unwrap();
+        // A run off the page grid is refused, and changes nothing.
+        let mut other = DeviceCachingAllocator::new(SimDevice::new(1 << 30), AllocatorConfig::default());
+        let bad = ExpandableLayout { runs: vec![(layout.base + MIB, page)], ..layout };
+        assert!(other.adopt_expandable_segment(&bad, &[]).is_err());
+        assert_eq!(other.reserved_bytes(), 0);
+        other.validate().unwrap();
     }
 
     #[test]

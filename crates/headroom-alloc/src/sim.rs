@@ -112,6 +112,27 @@ impl SimDevice {
         self.reservations.range(..=va).next_back().is_some_and(|(&b, r)| va < b + r.size)
     }
 
+    /// Whether a reservation of `size` bytes at `va` would overlap one that exists.
+    pub fn reservation_overlaps(&self, va: u64, size: u64) -> bool {
+        let end = va.saturating_add(size);
+        self.reservations.range(..end).next_back().is_some_and(|(&b, r)| b + r.size > va)
+    }
+
+    /// Whether a segment of `size` bytes at `ptr` would overlap one that exists.
+    pub fn segment_overlaps(&self, ptr: u64, size: u64) -> bool {
+        let end = ptr.saturating_add(size);
+        self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > ptr)
+    }
+
+    /// Keeps the addresses the device picks itself (segments and
+    /// reservations) at or above `end`: a replay that is told the recorded
+    /// run's addresses keeps its own clear of every one it may be told later.
+    pub fn keep_own_addresses_above(&mut self, end: u64) {
+        let up = |a: u64, align: u64| a.checked_next_multiple_of(align).unwrap_or(a);
+        self.next_malloc = self.next_malloc.max(up(end, MALLOC_ALIGN));
+        self.next_reserve = self.next_reserve.max(up(end, GIB));
+    }
+
     /// Forgets the addresses given by [`SimDevice::push_next_address`] and
     /// [`SimDevice::push_next_reservation`] and not used yet.
     pub fn clear_next_addresses(&mut self) {
@@ -135,6 +156,37 @@ impl SimDevice {
         if end > self.next_malloc {
             self.next_malloc = end.div_ceil(MALLOC_ALIGN).saturating_mul(MALLOC_ALIGN);
         }
+        Ok(())
+    }
+
+    /// Takes the reservation `[va, va + size)` as one made already, with the
+    /// `mapped` runs (`(address, size)`) mapped in pages of `page`, as if
+    /// `reserve` and `map` had made them. Later reservations the device
+    /// places itself are above it.
+    pub fn adopt_reservation(
+        &mut self,
+        va: u64,
+        size: u64,
+        page: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        let end = va.checked_add(size).filter(|_| size > 0).ok_or_else(|| address_space_exhausted(size))?;
+        if self.reservation_overlaps(va, size) || self.segment_overlaps(va, size) {
+            return Err(DeviceError::Invalid(format!("adopted reservation {va:#x}+{size} overlaps device memory")));
+        }
+        let bytes: u64 = mapped.iter().map(|r| r.1).sum();
+        let inside = mapped.iter().all(|&(s, n)| s >= va && s.saturating_add(n) <= end && n % page.max(1) == 0);
+        if !inside || page == 0 {
+            return Err(DeviceError::Invalid(format!("adopted runs are not whole pages inside {va:#x}+{size}")));
+        }
+        if self.used.saturating_add(bytes) > self.total {
+            return Err(self.oom(bytes));
+        }
+        self.used += bytes;
+        let pages = mapped.iter().map(|&(s, n)| (s, (s + n, page))).collect();
+        self.reservations.insert(va, Reservation { size, pages });
+        self.next_reserve =
+            self.next_reserve.max(end.checked_next_multiple_of(GIB).ok_or(address_space_exhausted(size))?);
         Ok(())
     }
 
@@ -333,6 +385,13 @@ impl DeviceMemory for SimDevice {
         if hit.is_empty() || hit[0].0 > va || at < end {
             return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size}: not every page is mapped")));
         }
+        // A physical allocation is unmapped whole: the range may not cut one.
+        let cuts = |&(s, e, p): &(u64, u64, u64)| {
+            (s < va && !(va - s).is_multiple_of(p)) || (e > end && !(end - s).is_multiple_of(p))
+        };
+        if hit.iter().any(cuts) {
+            return Err(DeviceError::Invalid(format!("unmap of {va:#x}+{size} cuts a physical allocation")));
+        }
         for (s, e, p) in hit {
             r.pages.remove(&s);
             if s < va {
@@ -441,6 +500,20 @@ mod tests {
         d.unmap(va + 20 * MIB, 20 * MIB, 20 * MIB, 0).unwrap();
         d.release_reservation(va, 64 * MIB).unwrap();
         assert_eq!(d.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_physical_allocation_is_unmapped_whole() {
+        let mut d = SimDevice::new(100 * MIB);
+        let va = d.reserve(64 * MIB).unwrap();
+        // One allocation of 20 MiB, then ten of 2 MiB after it.
+        d.map(va, 20 * MIB, 20 * MIB).unwrap();
+        d.map(va + 20 * MIB, 20 * MIB, 2 * MIB).unwrap();
+        let e = d.unmap(va + 18 * MIB, 4 * MIB, 2 * MIB, 0).unwrap_err();
+        assert!(e.to_string().contains("cuts a physical allocation"), "{e}");
+        d.unmap(va + 22 * MIB, 4 * MIB, 2 * MIB, 0).unwrap();
+        d.unmap(va, 20 * MIB, 20 * MIB, 0).unwrap();
+        assert_eq!(d.used_bytes(), 16 * MIB);
     }
 
     #[test]

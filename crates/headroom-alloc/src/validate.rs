@@ -11,6 +11,9 @@
 //! 4. Each pending block's event count equals its queued events.
 //! 5. Every statistic's `current` equals a recount, "all" equals small plus
 //!    large, and allocated ≤ reserved ≤ device memory.
+//! 6. Each physical allocation of several pages lies in one expandable
+//!    segment on its pages' bounds, overlaps no other, and is mapped
+//!    throughout (no unmapped block meets it).
 
 use crate::block::NIL;
 use crate::caching::DeviceCachingAllocator;
@@ -206,6 +209,25 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         extents.sort_unstable();
         for w in extents.windows(2) {
             ensure!(w[0].0 + w[0].1 <= w[1].0, "segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
+        }
+        let mut last_end = 0;
+        for (&s, &e) in &self.allocations {
+            ensure!(s >= last_end, "physical allocations overlap at {s:#x}");
+            last_end = e;
+            let seg = self.expandable.iter().flatten().find(|g| g.base <= s && s < g.base + g.va_size);
+            ensure!(seg.is_some(), "physical allocation {s:#x} lies in no expandable segment");
+            let g = seg.expect("checked");
+            ensure!(
+                e <= g.base + g.va_size && (s - g.base).is_multiple_of(g.page) && (e - g.base).is_multiple_of(g.page),
+                "physical allocation {s:#x}..{e:#x} is not whole pages of its segment"
+            );
+        }
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            for &id in self.pool(kind).unmapped.values() {
+                let b = &self.arena[id];
+                let meets = self.allocations.range(..b.ptr + b.size).next_back().is_some_and(|(_, &e)| e > b.ptr);
+                ensure!(!meets, "unmapped block {:#x} lies in a physical allocation", b.ptr);
+            }
         }
 
         let s = &self.stats;

@@ -4,7 +4,8 @@
 
 use headroom_alloc::units::MIB;
 use headroom_alloc::{
-    AllocError, AllocatorConfig, DeviceCachingAllocator, FaultyDevice, NamedPolicy, PolicyName, SimDevice,
+    AllocError, AllocatorConfig, CountingDevice, DeviceCachingAllocator, FaultyDevice, NamedPolicy, PolicyName,
+    SimDevice,
 };
 
 fn allocator(policy: PolicyName, capacity: u64) -> DeviceCachingAllocator<FaultyDevice<SimDevice>, NamedPolicy> {
@@ -53,6 +54,111 @@ fn below_its_peak_headroom_maps_ahead() {
         a.free(b.ptr).unwrap();
     }
     a.validate().unwrap();
+}
+
+fn counted(policy: PolicyName) -> DeviceCachingAllocator<CountingDevice<SimDevice>, NamedPolicy> {
+    DeviceCachingAllocator::with_policy(
+        CountingDevice::new(SimDevice::new(8 << 30)),
+        AllocatorConfig::default(),
+        policy.build(),
+    )
+}
+
+fn device_calls<D: headroom_alloc::DeviceMemory>(a: &DeviceCachingAllocator<D, NamedPolicy>) -> i64 {
+    let s = a.memory_stats();
+    s["num_device_alloc"] + s["num_device_free"]
+}
+
+/// A step that needs a small-pool page at one moment and 8 MiB more of the
+/// large pool at another, beside `weights` MiB held throughout: at their
+/// peak either can be had only by giving back the other's free pages.
+/// Returns the device calls of each of ten steps and the peak reserved.
+fn two_moment_steps(policy: PolicyName, weights: u64) -> (Vec<i64>, u64) {
+    let mut a = counted(policy);
+    let _w = a.malloc(weights * MIB, 0).unwrap();
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let before = device_calls(&a);
+        let s = a.malloc(512 << 10, 0).unwrap();
+        a.free(s.ptr).unwrap();
+        let l = a.malloc(8 * MIB, 0).unwrap();
+        a.free(l.ptr).unwrap();
+        calls.push(device_calls(&a) - before);
+        a.validate().unwrap();
+    }
+    (calls, a.memory_stats()["reserved_bytes.all.peak"] as u64)
+}
+
+/// `tight` gives back the small-pool page when the large pool needs 8 MiB
+/// at the peak, and the large pool's pages when the small pool needs its
+/// page again: four device calls every step. `headroom` sees both mapped
+/// again after a reclaim and keeps them, passing the peak by a page, which
+/// its budget (1/32 of the peak) allows: no device call from the third step
+/// on. Where the budget is below a page, it gives them back as `tight` does.
+#[test]
+fn headroom_keeps_what_each_step_maps_again_within_its_budget() {
+    let (tight, tight_peak) = two_moment_steps(PolicyName::Tight, 60);
+    let (headroom, peak) = two_moment_steps(PolicyName::Headroom, 60);
+    assert!(tight[2..].iter().all(|&c| c == 4), "tight: {tight:?}");
+    assert_eq!(&headroom[2..], &[0; 8], "headroom: {headroom:?}");
+    assert_eq!(peak, tight_peak + 2 * MIB, "one page past tight's peak");
+    assert!(peak - tight_peak <= tight_peak / 32);
+    // 20 MiB held: 1/32 of the peak is under a page, so nothing is kept.
+    let (tight, tight_peak) = two_moment_steps(PolicyName::Tight, 20);
+    let (headroom, peak) = two_moment_steps(PolicyName::Headroom, 20);
+    assert_eq!(peak, tight_peak);
+    assert_eq!(headroom, tight);
+}
+
+/// Below its peak `headroom` maps a quarter of the room left under it at a
+/// time: the activations of a step mapped again after a flush take one
+/// device call, where `tight` maps 20 MiB steps.
+#[test]
+fn below_its_peak_headroom_maps_a_quarter_of_the_room_ahead() {
+    let calls = |policy| {
+        let mut a = counted(policy);
+        let big = a.malloc(400 * MIB, 0).unwrap();
+        a.free(big.ptr).unwrap();
+        a.empty_cache().unwrap();
+        let before = device_calls(&a);
+        let layers: Vec<_> = (0..20).map(|_| a.malloc(5 * MIB, 0).unwrap()).collect();
+        let calls = device_calls(&a) - before;
+        assert!(a.reserved_bytes() <= 400 * MIB, "{policy}: mapping ahead passed the peak");
+        for b in layers {
+            a.free(b.ptr).unwrap();
+        }
+        a.validate().unwrap();
+        calls
+    };
+    assert_eq!(calls(PolicyName::Headroom), 1);
+    assert_eq!(calls(PolicyName::Tight), 5);
+}
+
+/// Climbing past its peak with nothing to give back, `headroom` maps a
+/// request's own pages in physical allocations of 20 MiB: 100 MiB is five
+/// allocations, not fifty, and costs the device time of five. An allocation
+/// goes back whole: while a block holds part of one, its free pages stay.
+#[test]
+fn headroom_maps_a_climbing_request_in_large_physical_allocations() {
+    let mut a = counted(PolicyName::Headroom);
+    let x = a.malloc(100 * MIB, 0).unwrap();
+    let created = a.device().calls().pages_mapped;
+    assert_eq!(created, 5, "100 MiB in 20 MiB allocations");
+    let mut t = counted(PolicyName::Tight);
+    t.malloc(100 * MIB, 0).unwrap();
+    assert_eq!(t.device().calls().pages_mapped, 50, "a page apiece");
+    // X's first 10 MiB taken again: the allocation under them stays whole.
+    a.free(x.ptr).unwrap();
+    let y = a.malloc(10 * MIB, 0).unwrap();
+    assert_eq!(y.ptr, x.ptr);
+    a.empty_cache().unwrap();
+    a.validate().unwrap();
+    assert_eq!(a.reserved_bytes(), 20 * MIB, "the allocation Y is on stays, the other four go");
+    assert_eq!(a.reserved_bytes(), a.device().inner().used_bytes());
+    a.free(y.ptr).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.reserved_bytes(), 0);
+    assert_eq!(a.device().inner().used_bytes(), 0);
 }
 
 /// Sizes of one step of a small transformer-like run: the same shapes every

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// avoided it, each checked by replaying the run.
 ///
 /// SNAPSHOT is the file `torch.cuda.memory._dump_snapshot()` writes (pickle,
-/// or JSON). Record one with:
+/// or JSON; gzip-compressed or not). Record one with:
 ///
 ///   torch.cuda.memory._record_memory_history(max_entries=100000)
 ///   ... run a few steps (or until the OOM) ...
@@ -214,6 +214,16 @@ fn print_device(out: &mut String, r: &Report, d: &DeviceReport) {
             o.largest_free_block_bytes.map_or("?".into(), format_size),
             if o.later_ooms > 0 { format!(" ({} more OOMs after it)", o.later_ooms) } else { String::new() }
         );
+        if let Some(l) = o.memory_limit {
+            outln!(
+                out,
+                "    refused by a per-process memory limit, not the device (set_per_process_memory_fraction): the \
+                 limit is at least {} (the run reserved that much) and below {}; remedies replayed under {}",
+                format_size(l.at_least),
+                format_size(l.below),
+                format_size(l.at_least)
+            );
+        }
         for m in &o.remedies {
             let verdict = match m.avoided {
                 Some(true) => "avoided",

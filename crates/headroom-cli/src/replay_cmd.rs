@@ -10,14 +10,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use headroom_alloc::units::{format_size, parse_size};
 use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
+use headroom_trace::compressed;
 use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport, ASYNC_NOT_SIMULATED};
 use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::StartFrom;
 use serde_json::{json, Value};
-use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::BufRead;
 use std::path::PathBuf;
 
 /// Replay a recorded run through headroom's caching allocator (PyTorch's
@@ -27,7 +27,8 @@ use std::path::PathBuf;
 ///
 /// The input is either a PyTorch memory snapshot (the file
 /// `torch.cuda.memory._dump_snapshot()` writes, pickle or JSON) or a
-/// headroom trace in JSON Lines (see docs/TRACE_FORMAT.md):
+/// headroom trace in JSON Lines (see docs/TRACE_FORMAT.md), either of them
+/// gzip-compressed or not:
 ///
 ///   {"op":"alloc","id":1,"size":4096,"stream":0}
 ///   {"op":"free","id":1}
@@ -36,16 +37,28 @@ use std::path::PathBuf;
 /// allocator's state at its first entry from the final segments, then
 /// replays every request and free. --check compares each decision with the
 /// recorded one (addresses, segments allocated and released, final blocks).
-/// Without --alloc-conf a snapshot is replayed under its recorded settings.
+/// Without --alloc-conf a snapshot is replayed under its recorded settings,
+/// and that replay is the recorded run: the simulated device hands out the
+/// recorded segment addresses and refuses where the recorded device refused,
+/// the program's empty_cache() calls are made where it made them, and the
+/// device is the size the recording tells (held plus free at an OOM; a
+/// per-process memory limit when the device had room the request was refused
+/// all the same). Every other setting is replayed the same way and differs
+/// only by what it changes.
 ///
 /// Give --alloc-conf several times to compare settings side by side, and
 /// --policy to compare allocation policies: `pytorch` (the default,
 /// PyTorch's decisions), `expandable` (expandable segments for every pool),
 /// `headroom` (expandable, and whole free pages reused before reserved
-/// memory passes its peak). A snapshot replayed under --policy starts from
+/// memory passes its peak, but not the pages the run maps again), `tight`
+/// (headroom's, every free page reused: the lowest peak, for device calls
+/// every step). A snapshot replayed under --policy starts from
 /// an empty device (--start fresh): each policy places the blocks live when
 /// the trace began itself, and the table shows each run's peak reserved
-/// against the peak of live bytes, which no allocator can go below.
+/// against the peak of live bytes, which no allocator can go below. Each
+/// run also shows its device calls' time on a GPU (published per-call costs;
+/// docs/PERFORMANCE.md) and, for a training run of more than two steps (told
+/// apart by the optimizer's frames), its device calls after the second step.
 ///
 /// --backend cuda runs the same requests through the allocator on a real
 /// GPU instead (real device calls; the host time each operation took),
@@ -71,7 +84,7 @@ pub struct ReplayArgs {
     #[arg(long = "alloc-conf", value_name = "STR")]
     alloc_conf: Vec<String>,
 
-    /// Allocation policy: pytorch, expandable, headroom, lifetime or planned.
+    /// Allocation policy: pytorch, expandable, headroom, tight, lifetime or planned.
     /// Repeat to compare; each runs under every --alloc-conf.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<PolicyName>,
@@ -83,7 +96,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FROM", value_parser = ["recorded", "fresh"])]
     start: Option<String>,
 
-    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB) [default: 80GiB].
+    /// Memory of the simulated GPU: bytes, or with a unit (80GiB, 24GB) [default: a
+    /// snapshot's recorded device, as its refusals and OOMs tell, else 80GiB].
     #[arg(long, value_name = "BYTES")]
     capacity: Option<String>,
 
@@ -124,6 +138,9 @@ pub struct ReplayArgs {
     pub max_entries: u64,
 }
 
+/// The simulated GPU's memory when neither --capacity nor the recording says.
+pub const DEFAULT_CAPACITY: u64 = 80 << 30;
+
 /// The most a simulated GPU may hold: 1 PiB, beyond any GPU by four orders
 /// of magnitude, so that every byte count and address of a replay fits in
 /// 64 bits (PyTorch's statistics are signed 64-bit).
@@ -137,7 +154,8 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if cuda && args.capacity.is_some() {
         bail!("--capacity sizes the simulated GPU; --backend cuda runs on the real one, with its own memory");
     }
-    let capacity = parse_capacity(args.capacity.as_deref().unwrap_or("80GiB"))?;
+    let given_capacity = args.capacity.as_deref().map(parse_capacity).transpose()?;
+    let capacity = given_capacity.unwrap_or(DEFAULT_CAPACITY);
     let confs = if args.alloc_conf.is_empty() { vec![String::new()] } else { args.alloc_conf.clone() };
     let configs = confs
         .iter()
@@ -155,9 +173,10 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
     if args.trace.is_dir() {
         bail!("{} is a directory; give a snapshot or a trace file", args.trace.display());
     }
-    let mut file = File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
-    let mut prefix = Vec::with_capacity(512);
-    (&mut file).take(512).read_to_end(&mut prefix).with_context(|| format!("reading {}", args.trace.display()))?;
+    // Decompressed as it is read when gzip; the prefix tells a snapshot from a JSONL trace.
+    let mut input = compressed::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
+    let prefix = input.fill_buf().with_context(|| format!("reading {}", args.trace.display()))?;
+    let prefix = prefix[..prefix.len().min(512)].to_vec();
     let policies = if args.policy.is_empty() { vec![PolicyName::PyTorch] } else { args.policy.clone() };
     let snapshot_input = looks_like_snapshot(&prefix);
     if cuda && (args.check || args.start.as_deref() == Some("recorded")) {
@@ -175,7 +194,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
             None if args.policy.is_empty() => StartFrom::Recorded,
             None => StartFrom::Fresh,
         };
-        return crate::replay_snapshot::run(&args, capacity, &given, &policies, start);
+        return crate::replay_snapshot::run(&args, given_capacity, &given, &policies, start);
     }
     // The GPU first: without one there is nothing to read the input for.
     let gpu = cuda.then(|| crate::replay_cuda::open(args.cuda_device)).transpose()?;
@@ -185,8 +204,7 @@ pub fn run(args: ReplayArgs) -> Result<Outcome> {
         if args.check || args.device.is_some() || args.start.is_some() {
             bail!("--check, --device and --start apply to snapshots; {} is a JSONL trace", args.trace.display());
         }
-        file.seek(SeekFrom::Start(0)).with_context(|| format!("reading {}", args.trace.display()))?;
-        read_trace(BufReader::new(file)).with_context(|| format!("reading {}", args.trace.display()))?
+        read_trace(input).with_context(|| format!("reading {}", args.trace.display()))?
     };
 
     let mut runs = Vec::new();

@@ -4,16 +4,17 @@
 
 use crate::out_file::write_atomically;
 use crate::progress::LazyBar;
-use crate::replay_cmd::ReplayArgs;
+use crate::replay_cmd::{ReplayArgs, DEFAULT_CAPACITY};
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
+use headroom_trace::recorded_memory::{CapacitySource, RecordedMemory};
 use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::{
-    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Setup, StartFrom, WhatIf,
+    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Recorded, Setup, StartFrom, WhatIf,
 };
 use serde_json::{json, Value};
 
@@ -27,6 +28,13 @@ struct DeviceRun {
     unchecked: Option<String>,
     /// The most bytes live at once: the least any allocator could reserve.
     live_peak: Option<u64>,
+    /// The simulated device's memory, and where that figure came from.
+    capacity: u64,
+    capacity_source: CapacitySource,
+    /// What the trace says of the recorded device (when the trace was checked).
+    memory: Option<RecordedMemory>,
+    /// The per-process limit replayed, when the recording showed one.
+    memory_limit: Option<u64>,
     runs: Vec<Run>,
     /// Why this device was not replayed.
     skipped: Option<String>,
@@ -48,7 +56,7 @@ struct Start {
 
 pub fn run(
     args: &ReplayArgs,
-    capacity: u64,
+    given_capacity: Option<u64>,
     confs: &[(String, AllocatorConfig)],
     policies: &[PolicyName],
     start: StartFrom,
@@ -88,6 +96,10 @@ pub fn run(
             fidelity: None,
             unchecked: None,
             live_peak: None,
+            capacity: given_capacity.unwrap_or(DEFAULT_CAPACITY),
+            capacity_source: if given_capacity.is_some() { CapacitySource::Given } else { CapacitySource::Default },
+            memory: None,
+            memory_limit: None,
             runs: Vec::new(),
             skipped: None,
         };
@@ -113,8 +125,19 @@ pub fn run(
         if let (None, Some(t)) = (&r.skipped, &trace) {
             let mut bar = LazyBar::new("entries");
             let phase = format!("device {device}: checking");
-            match check_from(t, recorded.clone(), capacity, |done| bar.update(&phase, done as u64, entries as u64)) {
-                Ok(f) => r.fidelity = Some(f),
+            // The check's device size matters only to expandable segments, whose
+            // reservations PyTorch sizes by it; the recorded device is not known yet.
+            let check_capacity = given_capacity.unwrap_or(DEFAULT_CAPACITY);
+            match check_from(t, recorded.clone(), check_capacity, |done| {
+                bar.update(&phase, done as u64, entries as u64)
+            }) {
+                Ok(f) => {
+                    let m = RecordedMemory::infer(t, &f.recorded.refusals);
+                    (r.capacity, r.capacity_source) = m.capacity(given_capacity, DEFAULT_CAPACITY);
+                    r.memory_limit = f.recorded.memory_limit;
+                    r.memory = Some(m);
+                    r.fidelity = Some(f);
+                }
                 // From an empty device the recorded segments are not needed: replay all the same.
                 Err(e) if start == StartFrom::Fresh => r.unchecked = Some(e.to_string()),
                 Err(e) => r.skipped = Some(e.to_string()),
@@ -122,7 +145,9 @@ pub fn run(
             bar.finish();
         }
         if let (None, Some(t)) = (&r.skipped, &trace) {
-            let calls = r.fidelity.as_ref().map_or(&[][..], |f| &f.empty_cache_calls[..]);
+            let none = Recorded::default();
+            let run = r.fidelity.as_ref().map_or(&none, |f| &f.recorded);
+            let capacity = r.capacity;
             if policies.len() > 1 || start == StartFrom::Fresh {
                 r.live_peak = Some(live_peak_bytes(t, &recorded));
             }
@@ -134,7 +159,7 @@ pub fn run(
                     let mut bar = LazyBar::new("entries");
                     let phase = format!("device {device}: replaying [{policy}, {label}]");
                     let setup = Setup { config: config.clone(), policy, start };
-                    let w = what_if(t, setup, capacity, calls, history, |done| {
+                    let w = what_if(t, setup, capacity, run, history, |done| {
                         bar.update(&phase, done as u64, entries as u64)
                     })
                     .with_context(|| format!("replaying device {device} under {policy}, {label}"))?;
@@ -182,7 +207,6 @@ pub fn run(
             "snapshot": args.trace.display().to_string(),
             "format": snap.format,
             "recorded_alloc_conf": snap.settings.as_ref().and_then(|s| s.conf.clone()),
-            "capacity_bytes": capacity,
             "start": start.name(),
             "notes": settings_note.iter().collect::<Vec<_>>(),
             "devices": results.iter().map(|r| device_json(r, args.check)).collect::<Vec<_>>(),
@@ -190,12 +214,7 @@ pub fn run(
         outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
         let note = settings_note.as_deref();
-        print_human(
-            &mut out,
-            args,
-            &snap,
-            Shown { capacity, results: &results, note, dropped, policies, start, settings_given },
-        );
+        print_human(&mut out, args, &snap, Shown { results: &results, note, dropped, policies, start, settings_given });
     }
     Ok(Outcome::new(out, if any_oom || diverged { 1 } else { 0 }))
 }
@@ -213,6 +232,11 @@ fn merge(into: &mut Option<Snapshot>, s: &Snapshot, device: u32) {
         m.device_traces.resize_with(d + 1, Vec::new);
     }
     m.device_traces[d] = s.device_traces.first().cloned().unwrap_or_default();
+}
+
+/// Device calls after the second training step, when the trace holds more than two.
+fn steady_calls(w: &WhatIf) -> Option<u64> {
+    (w.calls_by_step.len() >= 3).then(|| w.calls_by_step[2..].iter().sum())
 }
 
 fn device_json(r: &DeviceRun, check: bool) -> Value {
@@ -236,6 +260,10 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
     json!({
         "device": r.device,
         "trace_entries": r.entries,
+        "capacity_bytes": r.capacity,
+        "capacity_source": r.capacity_source,
+        "memory_limit_bytes": r.memory_limit,
+        "recorded_memory": r.memory,
         "skipped": r.skipped,
         "start": r.start.as_ref().map(|s| json!({
             "reserved_bytes": s.reserved,
@@ -258,13 +286,19 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "oom_ops": w.ooms.iter().map(|o| o.index).collect::<Vec<_>>(),
             "ooms": w.ooms.iter().map(|o| json!({"index": o.index, "size": o.size, "message": o.message})).collect::<Vec<_>>(),
             "recorded_ooms_served": w.recorded_ooms_served,
+            "device_calls_followed": w.device_calls_followed,
+            "calls_by_step": w.calls_by_step,
+            "steady_state_calls": steady_calls(w),
+            "device_ns": w.device_ns_by_step.iter().sum::<u64>(),
+            "device_ns_by_step": w.device_ns_by_step,
+            "pages_mapped": w.pages_mapped,
+            "pages_unmapped": w.pages_unmapped,
             "stats": w.stats,
         })).collect::<Vec<_>>(),
     })
 }
 
 struct Shown<'a> {
-    capacity: u64,
     results: &'a [DeviceRun],
     note: Option<&'a str>,
     dropped: u64,
@@ -275,7 +309,7 @@ struct Shown<'a> {
 }
 
 fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown: Shown) {
-    let Shown { capacity, results, note, dropped, policies, start: start_from, settings_given } = shown;
+    let Shown { results, note, dropped, policies, start: start_from, settings_given } = shown;
     let recorded = match (&snap.settings, snap.settings.as_ref().and_then(|s| s.conf.as_deref())) {
         (_, Some("")) => "PYTORCH_CUDA_ALLOC_CONF unset".to_string(),
         (_, Some(c)) => format!("PYTORCH_CUDA_ALLOC_CONF={}", headroom_inspect::printable::printable(c)),
@@ -284,11 +318,10 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
     };
     outln!(
         out,
-        "{}: PyTorch memory snapshot ({}), {} device(s), {recorded}; replayed on a simulated GPU of {}",
+        "{}: PyTorch memory snapshot ({}), {} device(s), {recorded}",
         args.trace.display(),
         snap.format,
         results.len(),
-        format_size(capacity)
     );
     if let Some(n) = note {
         outln!(out, "note: {n}");
@@ -318,6 +351,26 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
         if let Some(why) = &r.unchecked {
             outln!(out, "  decisions not checked ({why}); replayed from an empty device all the same");
         }
+        outln!(
+            out,
+            "  replayed on a simulated GPU of {} ({}){}",
+            format_size(r.capacity),
+            r.capacity_source.describe(),
+            r.memory.as_ref().map_or(String::new(), |m| format!(
+                "; the recorded run reserved at most {}",
+                format_size(m.peak_reserved)
+            ))
+        );
+        if let (Some(limit), Some(b)) = (r.memory_limit, r.memory.as_ref().and_then(|m| m.limit)) {
+            outln!(
+                out,
+                "  under a per-process memory limit (set_per_process_memory_fraction): a request was refused with \
+                 more free on the device than it asked for; the limit is at least {} and below {}, replayed at {}",
+                format_size(b.at_least),
+                format_size(b.below),
+                format_size(limit)
+            );
+        }
         if start_from == StartFrom::Fresh {
             outln!(out, "  each run places the blocks live at the start itself, in address order (--start fresh)");
         }
@@ -338,7 +391,7 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
         let vs_live = r.live_peak.is_some();
         outln!(
             out,
-            "  {:<width$}  {:>12}  {:>13}  {:>12}{}  {:>7}  {:>7}  {:>4}",
+            "  {:<width$}  {:>12}  {:>13}  {:>12}{}  {:>7}  {:>7}  {:>4}  {:>9}  {:>12}",
             head,
             "peak alloc",
             "peak reserved",
@@ -346,7 +399,9 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
             if vs_live { "   vs live" } else { "" },
             "mallocs",
             "frees",
-            "OOMs"
+            "OOMs",
+            "device ms",
+            "steady calls"
         );
         for run in &r.runs {
             let w = &run.what_if;
@@ -357,16 +412,29 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
             };
             outln!(
                 out,
-                "  {:<width$}  {:>12}  {:>13}  {:>12}{over}  {:>7}  {:>7}  {:>4}",
+                "  {:<width$}  {:>12}  {:>13}  {:>12}{over}  {:>7}  {:>7}  {:>4}  {:>9.1}  {:>12}",
                 label(run),
                 format_size(w.peak_allocated_bytes),
                 format_size(w.peak_reserved_bytes),
                 format_size(w.fragmentation_at_peak_bytes),
                 w.num_device_alloc,
                 w.num_device_free,
-                w.ooms.len()
+                w.ooms.len(),
+                w.device_ns_by_step.iter().sum::<u64>() as f64 / 1e6,
+                steady_calls(w).map_or("-".to_string(), |c| c.to_string())
             );
         }
+        let steps = r.runs.first().map_or(0, |run| run.what_if.calls_by_step.len());
+        outln!(
+            out,
+            "  device ms: the device calls' time on a GPU at published per-call costs (docs/PERFORMANCE.md); \
+             steady calls: device calls after the second training step ({})",
+            if steps >= 3 {
+                format!("{steps} steps, told apart by the optimizer's frames")
+            } else {
+                format!("the trace holds {steps} step(s)")
+            }
+        );
         if let Some(l) = r.live_peak {
             outln!(
                 out,

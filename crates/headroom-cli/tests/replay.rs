@@ -299,6 +299,39 @@ fn bad_snapshots_are_named_with_the_byte_and_exit_2() {
     headroom().arg("replay").arg(bundled()).arg("--check").assert().code(2).stderr(contains("apply to snapshots"));
 }
 
+/// `path` gzip-compressed, as users keep snapshots, under `name` in `dir`.
+fn gzipped(dir: &Path, path: &Path, name: &str) -> PathBuf {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(&std::fs::read(path).unwrap()).unwrap();
+    let out = dir.join(name);
+    std::fs::write(&out, e.finish().unwrap()).unwrap();
+    out
+}
+
+#[test]
+fn compressed_snapshots_and_traces_are_read_directly() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = recorded_snapshot(dir.path(), "run.pickle", "");
+    let gz = gzipped(dir.path(), &snap, "run.pickle.gz");
+    headroom()
+        .arg("replay")
+        .arg(&gz)
+        .arg("--check")
+        .assert()
+        .success()
+        .stdout(contains("pickle protocol 4, gzip"))
+        .stdout(contains("every decision as recorded"));
+    headroom().arg("inspect").arg(&gz).assert().success().stdout(contains("run.pickle.gz"));
+    let trace = gzipped(dir.path(), &bundled(), "trace.jsonl.gz");
+    headroom().arg("replay").arg(&trace).assert().success().stdout(contains("2640 operations"));
+    // A compressed file cut short is an error, never a shorter run.
+    let bytes = std::fs::read(&gz).unwrap();
+    let cut = write(dir.path(), "cut.pickle.gz", "");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    headroom().arg("replay").arg(&cut).assert().code(2).stderr(contains("cut.pickle.gz"));
+}
+
 #[test]
 fn real_snapshots_from_mid_run_replay_as_recorded() {
     let f = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

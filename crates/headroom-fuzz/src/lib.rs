@@ -49,7 +49,7 @@ pub fn snapshot(data: &[u8]) {
         let Ok(t) = DeviceTrace::new(&snap, device) else { continue };
         let (config, _) = snap.allocator_config();
         let Ok(f) = check_from(&t, config.clone(), GIB, |_| {}) else { continue };
-        if let Ok(w) = what_if_device(&t, config, GIB, &f.empty_cache_calls, None, |_| {}) {
+        if let Ok(w) = what_if_device(&t, config, GIB, &f.recorded, None, |_| {}) {
             assert!(w.peak_reserved_bytes <= GIB, "reserved past the device: {}", w.peak_reserved_bytes);
         }
     }

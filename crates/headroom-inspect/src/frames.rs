@@ -141,10 +141,14 @@ impl<'a> Classifier<'a> {
     }
 }
 
-/// A Python frame rather than a C++ one: C++ frames have line 0 and a
-/// `.cpp`, `??` or empty file.
-fn is_python(file: &str, line: i64) -> bool {
-    file.ends_with(".py") || (line > 0 && !file.is_empty() && file != "??" && !file.ends_with(".cpp"))
+/// A Python frame rather than a C++ one. Python frames name a source file
+/// (`.py`) or a pseudo-file (`<frozen runpy>`, `<string>`, `<stdin>`). C++
+/// frames name a `.cpp` file, `??`, nothing, or — symbolized in PyTorch's
+/// fast mode (`TORCH_SYMBOLIZE_MODE=fast`) — the binary or shared library with
+/// the offset in it as the "line" (`/usr/bin/python3.12:5775726`, whose
+/// interpreter frames are named `_PyEval_EvalFrameDefault`).
+fn is_python(file: &str) -> bool {
+    file.ends_with(".py") || (file.starts_with('<') && file.ends_with('>'))
 }
 
 /// Torch itself and the Python standard library: frames the user did not write.
@@ -176,7 +180,7 @@ fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
             role: Role::Other,
         };
     }
-    let python: Vec<&(&str, i64, &str)> = frames.iter().filter(|(f, l, _)| is_python(f, *l)).collect();
+    let python: Vec<&(&str, i64, &str)> = frames.iter().filter(|(f, _, _)| is_python(f)).collect();
     let user = python.iter().find(|(f, _, _)| !is_framework(f)).or(python.first()).copied();
     // The innermost ATen operator (`at::_ops::bmm::call` -> `aten::bmm`).
     let op = frames.iter().find_map(|(_, _, name)| {
@@ -329,6 +333,34 @@ mod tests {
         assert_eq!(Classifier::new(&s, false).info(0).phase, Phase::Unknown);
         let s = stacks(&[("/w/eval.py", 9, "evaluate_model"), ("/w/m.py", 3, "forward")]);
         assert_eq!(Classifier::new(&s, false).info(1).phase, Phase::Evaluation);
+    }
+
+    /// Frames recorded with `stacks="all"` and symbolized in fast mode, as on the
+    /// H200 (`../shared/gpu/snapshots/oom-cpp-qwen2-0.5b-b4`): the interpreter's
+    /// own frames carry the binary's path and an offset, and are named
+    /// `_PyEval_EvalFrameDefault`, which is no evaluation loop of the user's.
+    #[test]
+    fn symbolized_cpp_frames_are_neither_call_sites_nor_phases() {
+        let lib = format!("{TORCH}/lib/libtorch_cpu.so");
+        let s = stacks(&[
+            (&lib, 47342144, "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+            ("/usr/bin/python3.12", 5775726, "??"),
+            ("/usr/bin/python3.12", 5541812, "_PyObject_MakeTpCall"),
+            (&format!("{TORCH}/nn/modules/linear.py"), 134, "forward"),
+            ("/usr/bin/python3.12", 6123790, "_PyEval_EvalFrameDefault"),
+            (&format!("{TORCH}/nn/modules/module.py"), 1790, "_call_impl"),
+            ("/venv/lib/python3.12/site-packages/transformers/models/qwen2/modeling_qwen2.py", 465, "forward"),
+            ("/usr/bin/python3.12", 6116842, "PyEval_EvalCode"),
+            ("/lib/x86_64-linux-gnu/libc.so.6", 172682, "__libc_start_main"),
+            ("/home/me/train.py", 36, "<module>"),
+        ]);
+        let i = Classifier::new(&s, true).info(1).clone();
+        assert_eq!(i.site.site, "models/qwen2/modeling_qwen2.py:465 in forward > aten::mm");
+        assert_eq!((i.phase, i.role), (Phase::Forward, Role::Activations));
+        // Python's pseudo-files are Python frames.
+        let s = stacks(&[("<frozen runpy>", 88, "_run_code"), ("<stdin>", 3, "validate")]);
+        let i = Classifier::new(&s, false).info(1).clone();
+        assert_eq!((i.site.site.as_str(), i.phase), ("<stdin>:3 in validate", Phase::Evaluation));
     }
 
     #[test]

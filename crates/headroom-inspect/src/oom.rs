@@ -3,12 +3,17 @@
 //!
 //! The device the run had is what the allocator held plus what the device
 //! said was free at the failure (`reserved + device_free`): memory taken by
-//! other processes and the CUDA context is outside both. A remedy avoided
-//! the OOM when the replay under it serves every request the recorded run
-//! could not, and fails none it served.
+//! other processes and the CUDA context is outside both. When the device had
+//! more free than the request asked for, it was not the device that refused
+//! but a per-process limit (`set_per_process_memory_fraction`), and every
+//! remedy is replayed under that limit
+//! ([`headroom_trace::recorded_memory`]): on the whole device every one
+//! would "avoid" an OOM that only the limit caused. A remedy avoided the OOM
+//! when the replay under it serves every request the recorded run could not,
+//! and fails none it served.
 
 use headroom_alloc::AllocatorConfig;
-use headroom_trace::snapshot_replay::{what_if_device, DeviceTrace};
+use headroom_trace::snapshot_replay::{what_if_device, DeviceTrace, Recorded};
 use serde::Serialize;
 
 /// One setting tried against a recorded OOM.
@@ -25,8 +30,9 @@ pub struct Remedy {
 }
 
 /// The settings tried, beside the recorded ones: each changes one policy
-/// that decides whether cached memory can serve a request.
-pub fn candidates(recorded: &AllocatorConfig) -> Vec<(String, AllocatorConfig)> {
+/// that decides whether cached memory can serve a request. `limited`: the
+/// program set a per-process memory limit already.
+pub fn candidates(recorded: &AllocatorConfig, limited: bool) -> Vec<(String, AllocatorConfig)> {
     let mut out = Vec::new();
     let mut add = |setting: &str| {
         let mut c = recorded.clone();
@@ -42,23 +48,29 @@ pub fn candidates(recorded: &AllocatorConfig) -> Vec<(String, AllocatorConfig)> 
         add("max_split_size_mb:512");
     }
     if recorded.garbage_collection_threshold == 0.0 {
-        // Garbage collection acts only under a per-process memory fraction.
-        add("garbage_collection_threshold:0.8,per_process_memory_fraction:0.99");
+        // Garbage collection acts only under a per-process memory fraction: the program's, or one set for it.
+        add(if limited {
+            "garbage_collection_threshold:0.8"
+        } else {
+            "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"
+        });
     }
     out
 }
 
-/// Replays the trace under each candidate on a device of `capacity` bytes.
+/// Replays the trace under each candidate on a device of `capacity` bytes,
+/// with what the program did besides its requests (`run`: its
+/// `empty_cache()` calls, its memory limit).
 pub fn remedies(
     t: &DeviceTrace,
     recorded: &AllocatorConfig,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    run: &Recorded,
     recorded_ooms: usize,
 ) -> Vec<Remedy> {
-    let mut out: Vec<Remedy> = candidates(recorded)
+    let mut out: Vec<Remedy> = candidates(recorded, run.memory_limit.is_some())
         .into_iter()
-        .map(|(setting, config)| match what_if_device(t, config, capacity, empty_cache_calls, None, |_| {}) {
+        .map(|(setting, config)| match what_if_device(t, config, capacity, run, None, |_| {}) {
             Ok(w) => {
                 let avoided = w.ooms.is_empty() && w.recorded_ooms_served == recorded_ooms;
                 let note = if avoided {

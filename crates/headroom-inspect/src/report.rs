@@ -12,6 +12,7 @@ use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
 use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, BlockState};
+use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_replay::{block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity};
 use serde::Serialize;
@@ -51,6 +52,10 @@ pub struct OomReport {
     pub largest_free_block_bytes: Option<u64>,
     /// `reserved + free`: the memory the run could have had.
     pub capacity_bytes: Option<u64>,
+    /// A per-process limit refused the request, not the device (which had
+    /// more free than was asked for): the range the limit lies in. Remedies
+    /// are replayed under its lower end.
+    pub memory_limit: Option<Bounds>,
     pub phase: Phase,
     pub site: String,
     /// Further `oom` entries after this one.
@@ -256,27 +261,14 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
 
     // Replays: the segments at the peak and at the OOM, and the remedies.
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
-    // The device the run had: what it reserved plus what the driver said was
-    // free. A `device_free` past any GPU would wrap that sum (or make a
-    // device of exabytes), so the size is then unknown, as without one.
-    let capacity = oom_at.and_then(|i| {
-        let mut w = plain_walk();
-        if i > 0 {
-            w.run_through(i - 1);
-        }
-        let free = trace[i].device_free?;
-        let cap = w.totals.reserved_bytes.checked_add(free).filter(|&c| c <= UNBOUNDED);
-        if cap.is_none() {
-            r.notes.push(format!(
-                "the `oom` entry {i} says {free} bytes were free on the device, more than any GPU has (1 PiB): the \
-                 device's size is taken as unknown"
-            ));
-        }
-        cap
-    });
+    // The device the recorded run had, as its refusals tell (what it held plus
+    // what was free at its OOM), and any per-process limit; found by the check.
+    let mut capacity: Option<u64> = None;
+    let mut memory = RecordedMemory::default();
     let mut fidelity: Option<Fidelity> = None;
     match &dt {
-        Some(t) => match check_from(t, recorded.clone(), capacity.unwrap_or(UNBOUNDED), |_| {}) {
+        // The check's device size matters only to expandable reservations, sized by it.
+        Some(t) => match check_from(t, recorded.clone(), UNBOUNDED, |_| {}) {
             Ok(f) => {
                 r.replay_exact = Some(f.is_exact());
                 if !f.is_exact() {
@@ -285,6 +277,17 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
                          headroom's model of the run, not the run"
                     ));
                 }
+                memory = RecordedMemory::infer(t, &f.recorded.refusals);
+                // A `device_free` past any GPU would make a device of exabytes: its size is
+                // then unknown, as without one.
+                if let Some(d) = memory.device.filter(|&d| d > UNBOUNDED) {
+                    r.notes.push(format!(
+                        "an `oom` entry says the device had {d} bytes, more than any GPU has (1 PiB): the device's \
+                         size is taken as unknown"
+                    ));
+                    memory.device = None;
+                }
+                capacity = memory.device;
                 fidelity = Some(f);
             }
             Err(e) => r.unavailable.push(format!("segments at the peak and OOM remedies: {e}")),
@@ -293,10 +296,12 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             .unavailable
             .push("segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into()),
     }
+    // Replays run on the device the recording tells of, unbounded where it tells nothing.
+    let replay_capacity = memory.capacity(None, UNBOUNDED).0;
     // Block sizes as the replay handed them out, where it matches the recording.
     let sizes = match (&dt, &fidelity) {
         (Some(t), Some(f)) if f.is_exact() => {
-            block_sizes(t, recorded.clone(), capacity.unwrap_or(UNBOUNDED), &f.empty_cache_calls).unwrap_or_default()
+            block_sizes(t, recorded.clone(), replay_capacity, &f.recorded).unwrap_or_default()
         }
         _ => Default::default(),
     };
@@ -352,9 +357,8 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     }
 
     if let (Some(t), Some(f)) = (&dt, &fidelity) {
-        let cap = capacity.unwrap_or(UNBOUNDED);
         let at_peak = tl_peak_next(&r);
-        if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, at_peak) {
+        if let Ok(s) = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak) {
             let l = Layout::replayed(&s.segments, &peak_sites);
             r.segments_at_peak = Some(l.fragmentation());
             r.layout_at_peak = Some(l);
@@ -377,21 +381,23 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             reserved_unallocated_bytes: w.totals.reserved_bytes.saturating_sub(w.totals.allocated_bytes),
             largest_free_block_bytes: None,
             capacity_bytes: capacity,
+            memory_limit: memory.limit,
             phase: info.phase,
             site: info.site.site,
             later_ooms: r.ooms_recorded - 1,
             remedies: Vec::new(),
         };
-        match (&dt, &fidelity, capacity) {
-            (Some(t), Some(f), Some(cap)) => {
-                if let Ok(s) = state_before(t, recorded.clone(), cap, &f.empty_cache_calls, i) {
+        let bounded = capacity.is_some() || memory.limit.is_some();
+        match (&dt, &fidelity) {
+            (Some(t), Some(f)) if bounded => {
+                if let Ok(s) = state_before(t, recorded.clone(), replay_capacity, &f.recorded, i) {
                     o.largest_free_block_bytes = Some(
                         Layout::replayed(&s.segments, &Default::default()).fragmentation().largest_free_block_bytes,
                     );
                 }
-                o.remedies = oom::remedies(t, &recorded, cap, &f.empty_cache_calls, r.ooms_recorded);
+                o.remedies = oom::remedies(t, &recorded, replay_capacity, &f.recorded, r.ooms_recorded);
             }
-            (_, _, None) => r.unavailable.push(
+            _ if !bounded => r.unavailable.push(
                 "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
                  GPU has), so the device size is unknown"
                     .into(),
@@ -404,7 +410,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         (Some(t), Some(f)) if !recorded.expandable_segments && worth_defragmenting(&r) => {
             let mut c = recorded.clone();
             c.expandable_segments = true;
-            what_if_device(t, c, capacity.unwrap_or(UNBOUNDED), &f.empty_cache_calls, None, |_| {}).ok()
+            what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok()
         }
         _ => None,
     };
@@ -509,8 +515,13 @@ fn recommend(r: &mut DeviceReport, recorded: &AllocatorConfig, expandable_peak_r
             out.push(Recommendation {
                 what: format!("set PYTORCH_CUDA_ALLOC_CONF={}", m.setting),
                 evidence: format!(
-                    "replayed on the run's {} device: every request served, the failed {} one included; peak reserved {}",
+                    "replayed on the run's {} device{}: every request served, the failed {} one included; peak \
+                     reserved {}",
                     o.capacity_bytes.map_or("?".into(), format_size),
+                    o.memory_limit.map_or(String::new(), |l| format!(
+                        " under its per-process limit of {}",
+                        format_size(l.at_least)
+                    )),
                     format_size(o.requested_bytes),
                     m.peak_reserved_bytes.map_or("?".into(), format_size),
                 ),

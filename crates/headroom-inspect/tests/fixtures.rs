@@ -80,7 +80,7 @@ fn every_fixture_inspects_and_its_peaks_agree_with_recounts() {
             let (config, _) = snap.allocator_config();
             if let Ok(fid) = check_from(&t, config.clone(), 1 << 50, |_| {}) {
                 if fid.is_exact() {
-                    let w = what_if_device(&t, config, 1 << 50, &fid.empty_cache_calls, None, |_| {}).unwrap();
+                    let w = what_if_device(&t, config, 1 << 50, &fid.recorded, None, |_| {}).unwrap();
                     replay_checked += 1;
                     // Block sizes come from the replay where it is exact; the walk's own
                     // accounting of them must reach the allocator's own peak.

@@ -19,7 +19,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `HEADROOM_POLICY` | `pytorch`, `expandable`, `headroom`, `lifetime` or `planned` ([`headroom_alloc::PolicyName`]) | `headroom` |
+//! | `HEADROOM_POLICY` | `pytorch`, `expandable`, `headroom`, `tight`, `lifetime` or `planned` ([`headroom_alloc::PolicyName`]) | `headroom` |
 //! | `HEADROOM_ALLOC_CONF` | settings in `PYTORCH_CUDA_ALLOC_CONF` syntax | none |
 //! | `HEADROOM_TORCH_BACKEND` | `cuda`, or `sim` (a simulated GPU, for tests) | `cuda` |
 //! | `HEADROOM_TORCH_SIM_BYTES` | memory of each simulated GPU | 80 GiB |

@@ -60,7 +60,7 @@ fn main() {
         let t = Instant::now();
         let f = check_from(&trace, config.clone(), 1 << 50, |_| {});
         let check = rate(t);
-        let calls = f.as_ref().map(|f| f.empty_cache_calls.clone()).unwrap_or_default();
+        let calls = f.as_ref().map(|f| f.recorded.clone()).unwrap_or_default();
         let t = Instant::now();
         let w = what_if_device(&trace, config.clone(), 1 << 50, &calls, None, |_| {});
         let what_if = rate(t);

@@ -2,6 +2,7 @@
 //!
 //! Allocation traces and what to do with them:
 //!
+//! - [`compressed`]: inputs read through gzip when they are compressed;
 //! - [`jsonl`]: headroom's plain trace format, one operation per line, that
 //!   anyone can write to drive the allocator;
 //! - [`replay`]: a trace pushed through the caching allocator on a simulated
@@ -21,14 +22,18 @@
 //! assert_eq!(report.peak_reserved_bytes, 20 << 20);
 //! ```
 
+pub mod compressed;
 pub mod jsonl;
 pub mod pickle;
 pub mod py;
+pub mod recorded_memory;
 pub mod replay;
+pub mod replay_device;
 pub mod snapshot;
 pub mod snapshot_check;
 pub mod snapshot_file;
 pub mod snapshot_ops;
 pub mod snapshot_replay;
 pub mod start_state;
+pub mod steps;
 pub mod synth;

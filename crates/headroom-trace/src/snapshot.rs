@@ -275,8 +275,11 @@ pub enum SnapshotError {
     Inconsistent(String),
 }
 
-/// Reads a snapshot, pickle or JSON, telling them apart by their first byte.
+/// Reads a snapshot, pickle or JSON, telling them apart by their first byte;
+/// gzip-compressed, it is decompressed as it is read.
 pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, SnapshotError> {
+    let gzip = crate::compressed::is_gzip(reader.fill_buf()?);
+    let mut reader = crate::compressed::decompressing(reader)?;
     // A byte-order mark before JSON, as editors on Windows write one: skipped, as in traces and configs.
     if reader.fill_buf()?.starts_with(b"\xef\xbb\xbf") {
         reader.consume(3);
@@ -319,7 +322,7 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
         };
     let mut snap = b.finish(root)?;
     crate::snapshot_check::check_segments(&snap).map_err(SnapshotError::Inconsistent)?;
-    snap.format = format;
+    snap.format = if gzip { format!("{format}, gzip") } else { format };
     Ok(snap)
 }
 
@@ -336,6 +339,7 @@ pub fn read_snapshot_file_with(
 ) -> Result<MemorySnapshot, SnapshotError> {
     let f = std::fs::File::open(path)?;
     let total = f.metadata().map(|m| m.len()).unwrap_or(0);
+    // Progress counts the file's own bytes, compressed or not.
     let counted = Counted { inner: f, done: 0, reported: 0, total, progress };
     read_snapshot(io::BufReader::with_capacity(1 << 16, counted))
 }
@@ -361,9 +365,9 @@ impl<R: Read, F: FnMut(u64, u64)> Read for Counted<R, F> {
     }
 }
 
-/// Whether `prefix` (the start of a file) is a snapshot rather than a JSONL
-/// trace: a pickle, a JSON list, or a JSON object whose first key is one of
-/// a snapshot's.
+/// Whether `prefix` (the start of a file, decompressed) is a snapshot rather
+/// than a JSONL trace: a pickle, a JSON list, or a JSON object whose first
+/// key is one of a snapshot's.
 pub fn looks_like_snapshot(prefix: &[u8]) -> bool {
     let s = prefix.iter().position(|b| !b.is_ascii_whitespace()).map_or(&[][..], |i| &prefix[i..]);
     match s.first() {

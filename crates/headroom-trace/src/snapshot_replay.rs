@@ -13,19 +13,27 @@
 //!
 //! The trace decides what the program asked for, never what the allocator
 //! does: a what-if replay sees only the requests, frees and `empty_cache`
-//! calls, in order.
+//! calls, in order, and the memory limit the program set ([`Recorded`]).
+//! Under the recorded settings it is the recorded run: the device hands out
+//! the recorded addresses ([`crate::replay_device`]) and refuses where the
+//! recorded device refused, for as long as the replay's device calls are the
+//! recorded ones — which, decision for decision, is all of them. A what-if
+//! under other settings starts the same way and differs from there only by
+//! what the settings change.
 
+use crate::recorded_memory::{RecordedMemory, Refusal};
+use crate::replay_device::{DeviceCall, RecordedDevice};
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
 use headroom_alloc::{
-    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, FaultyDevice, NamedPolicy, Policy,
-    PolicyName, PyTorchPolicy, SimDevice,
+    AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, DeviceCosts, ExpandableLayout,
+    FaultyDevice, LiveBlock, NamedPolicy, Policy, PolicyName, PyTorchPolicy, SimDevice,
 };
 use rustc_hash::FxHashMap;
 
-/// The device a snapshot replays on: the simulated GPU, made to refuse where
-/// the recorded device refused.
-pub type ReplayDevice = FaultyDevice<SimDevice>;
+/// The device a snapshot replays on: the simulated GPU, following the
+/// recorded device's calls, and made to refuse where the recorded device refused.
+pub type ReplayDevice = FaultyDevice<RecordedDevice>;
 
 /// The first decision that differed, with the recorded entries around it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,9 +65,24 @@ pub struct Fidelity {
     /// Of those, the ones whose size was inferred.
     pub inferred_blocks: usize,
     pub first_divergence: Option<Divergence>,
+    /// What the program did besides its requests and frees, and where the
+    /// device refused: what a what-if replays beside the trace.
+    pub recorded: Recorded,
+}
+
+/// What a recorded run did besides its requests and frees, as the check
+/// found it: what every what-if replay of it repeats.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
     /// Where the program called `empty_cache()` (the first release of each
     /// call), told apart from the allocator's own flushes by replay.
     pub empty_cache_calls: Vec<usize>,
+    /// Requests the device (or a per-process limit) refused.
+    pub refusals: Vec<Refusal>,
+    /// The per-process limit on reserved memory the program set
+    /// (`set_per_process_memory_fraction`), as far as the refusals tell
+    /// ([`RecordedMemory::replayed_limit`]).
+    pub memory_limit: Option<u64>,
 }
 
 impl Fidelity {
@@ -102,14 +125,10 @@ pub enum SnapshotReplayError {
     Capacity { device: u32, message: String },
 }
 
-/// A device whose trace starts with state headroom cannot rebuild yet, said why.
-fn unsupported(device: u32, start: &StartState, config: &AllocatorConfig) -> Option<SnapshotReplayError> {
+/// Settings headroom does not simulate, said why.
+fn unsupported(device: u32, config: &AllocatorConfig) -> Option<SnapshotReplayError> {
     let message = if config.backend == Backend::CudaMallocAsync {
         crate::replay::ASYNC_NOT_SIMULATED.to_string()
-    } else if start.segments.iter().any(|s| s.expandable) {
-        "the trace begins with expandable segments in use; replaying those from the middle of a run is not \
-         supported yet"
-            .to_string()
     } else {
         return None;
     };
@@ -126,7 +145,10 @@ fn allocator_at<P: Policy>(
     policy: P,
     capacity: u64,
     device: u32,
+    trace: &[TraceEvent],
+    script: Option<Vec<DeviceCall>>,
 ) -> Result<DeviceCachingAllocator<ReplayDevice, P>, SnapshotReplayError> {
+    let trace_end = DeviceCall::of_trace(trace).iter().map(|c| c.addr.saturating_add(c.size)).max().unwrap_or(0);
     if start.reserved_bytes() > capacity {
         return Err(SnapshotReplayError::Capacity {
             device,
@@ -136,14 +158,75 @@ fn allocator_at<P: Policy>(
             ),
         });
     }
-    let mut a = DeviceCachingAllocator::with_policy(FaultyDevice::new(SimDevice::new(capacity)), config, policy)
-        .with_device_index(device);
-    for s in &start.segments {
-        let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
-        a.device_mut().inner_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
+    let sim = SimDevice::new(capacity);
+    let dev = match script {
+        Some(calls) => RecordedDevice::following(sim, calls),
+        None => RecordedDevice::new(sim),
+    };
+    let mut a = DeviceCachingAllocator::with_policy(FaultyDevice::new(dev), config, policy).with_device_index(device);
+    let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
+    // The device's own addresses stay clear of every one the recording names,
+    // which a replay may be told to use later.
+    let named = trace_end.max(start.segments.iter().map(|s| s.address + s.size).max().unwrap_or(0));
+    a.device_mut().inner_mut().sim_mut().keep_own_addresses_above(named);
+    for s in start.segments.iter().filter(|s| !s.expandable) {
+        a.device_mut().inner_mut().sim_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
         a.adopt_segment(s.address, s.size, s.stream, s.pool, &s.live).map_err(|e| bad(e.to_string()))?;
     }
+    for (layout, live) in expandable_reservations(&a, start) {
+        let ExpandableLayout { base, va_size, page, ref runs, .. } = layout;
+        a.device_mut()
+            .inner_mut()
+            .sim_mut()
+            .adopt_reservation(base, va_size, page, runs)
+            .map_err(|e| bad(e.to_string()))?;
+        a.adopt_expandable_segment(&layout, &live).map_err(|e| {
+            bad(format!("the expandable segment mapped at {base:#x} when the trace began cannot be rebuilt: {e}"))
+        })?;
+    }
     Ok(a)
+}
+
+/// The expandable segments the trace began with, rebuilt around the runs
+/// mapped then, with their live blocks. A snapshot lists runs, not
+/// reservations: consecutive runs of one stream and pool go into one
+/// reservation starting at the first of them (growth maps a reservation from
+/// its base up), of PyTorch's size for this device or, where the next
+/// reservation's first run comes sooner, up to it — reservations never
+/// overlap.
+fn expandable_reservations<P: Policy>(
+    a: &DeviceCachingAllocator<ReplayDevice, P>,
+    start: &StartState,
+) -> Vec<(ExpandableLayout, Vec<LiveBlock>)> {
+    let mut out: Vec<(ExpandableLayout, Vec<LiveBlock>)> = Vec::new();
+    for s in start.segments.iter().filter(|s| s.expandable) {
+        match out.last_mut() {
+            Some((l, live)) if l.stream == s.stream && l.pool == s.pool && s.address + s.size <= l.base + l.va_size => {
+                l.runs.push((s.address, s.size));
+                live.extend(&s.live);
+            }
+            _ => {
+                let (page, va_size) = a.expandable_reservation(s.pool);
+                let layout = ExpandableLayout {
+                    base: s.address,
+                    va_size,
+                    page,
+                    stream: s.stream,
+                    pool: s.pool,
+                    runs: vec![(s.address, s.size)],
+                };
+                out.push((layout, s.live.clone()));
+            }
+        }
+    }
+    for k in 1..out.len() {
+        let next = out[k].0.base;
+        let l = &mut out[k - 1].0;
+        if l.base + l.va_size > next {
+            l.va_size = (next - l.base) / l.page * l.page;
+        }
+    }
+    out
 }
 
 /// Streams that stand for "another stream used this block" in a check: far
@@ -175,6 +258,28 @@ fn segment_action(a: headroom_alloc::Action) -> Option<TraceAction> {
         A::SegmentMap => TraceAction::SegmentMap,
         A::SegmentUnmap => TraceAction::SegmentUnmap,
         _ => return None,
+    })
+}
+
+/// Whether the free requested at entry `i` completes later than it is
+/// requested (the block was used on another stream: its memory waits for an
+/// event), rather than at once, in the entry that follows.
+fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
+    !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
+}
+
+/// Whether the delayed free that completes at entry `i` was completed by the
+/// synchronisation a release begins with (PyTorch's
+/// `synchronize_and_free_events`, inside the next request, after its cache
+/// lookup failed): completions right before segments are released, or
+/// before an OOM. Others were found complete when the next request began
+/// (`process_events`). Had a block completed there and been able to serve the
+/// request, nothing would have been released, so the two readings differ in
+/// nothing else.
+fn completed_by_a_release(trace: &[TraceEvent], i: usize) -> bool {
+    let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
+    burst_end.is_some_and(|k| {
+        matches!(trace[i + 1 + k].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
     })
 }
 
@@ -233,11 +338,20 @@ pub fn check_from(
     mut progress: impl FnMut(usize),
 ) -> Result<Fidelity, SnapshotReplayError> {
     let (snap, device, start, trace) = (t.snap, t.device, &t.start, t.trace());
-    if let Some(e) = unsupported(device, start, &config) {
+    if let Some(e) = unsupported(device, &config) {
         return Err(e);
     }
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
-    let mut a = allocator_at(start, config, PyTorchPolicy, if maps { capacity } else { CHECK_CAPACITY }, device)?;
+    // What a refused request asked for: a segment of PyTorch's size for it; and
+    // the most a device call for it could need — with expandable segments a
+    // mapping of it spans whole pages, one more where it starts inside one.
+    let asked_for = |rounded: u64| {
+        let asked = headroom_alloc::sizing::allocation_size(&config, rounded);
+        let page = headroom_alloc::sizing::expandable_page_size(&config, headroom_alloc::sizing::pool_for(rounded));
+        (asked, if config.expandable_segments { rounded.next_multiple_of(page) + page } else { asked })
+    };
+    let capacity = if maps { capacity } else { CHECK_CAPACITY };
+    let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, trace, None)?;
     a.record_device_calls();
     let mut f = Fidelity {
         device,
@@ -252,7 +366,7 @@ pub fn check_from(
         live_at_start: start.live_blocks(),
         inferred_blocks: start.inferred_blocks,
         first_divergence: None,
-        empty_cache_calls: Vec::new(),
+        recorded: Recorded::default(),
     };
     let diverge = |f: &mut Fidelity, i: usize, message: String| {
         if f.first_divergence.is_none() {
@@ -325,7 +439,7 @@ pub fn check_from(
         match e.action {
             a_ if is_segment_event(a_) => {
                 if e.action == TraceAction::SegmentAlloc {
-                    a.device_mut().inner_mut().push_next_address(e.addr);
+                    a.device_mut().inner_mut().sim_mut().push_next_address(e.addr);
                 }
                 // A map that does not touch the ranges mapped so far opens a new
                 // expandable segment: its reservation starts there.
@@ -336,8 +450,8 @@ pub fn check_from(
                             clusters.insert(lo, hi.max(end));
                         }
                         _ => {
-                            if !a.device().inner().is_reserved(e.addr) {
-                                a.device_mut().inner_mut().push_next_reservation(e.addr);
+                            if !a.device().inner().sim().is_reserved(e.addr) {
+                                a.device_mut().inner_mut().sim_mut().push_next_reservation(e.addr);
                             }
                             clusters.insert(e.addr, end);
                         }
@@ -360,6 +474,20 @@ pub fn check_from(
                 if e.action == TraceAction::Oom {
                     a.device_mut().refuse_allocations(true);
                 } else if own_flush {
+                    // Asked again after the flush, the device granted what it had refused.
+                    let asked = pending
+                        .iter()
+                        .filter(|&&j| matches!(trace[j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
+                        .map(|&j| trace[j].size)
+                        .sum();
+                    let refusal = Refusal {
+                        index: i,
+                        reserved: a.reserved_bytes(),
+                        asked,
+                        needs_at_most: asked,
+                        device_free: None,
+                    };
+                    f.recorded.refusals.push(refusal);
                     a.device_mut().fail_nth_allocation(1);
                 } else if release {
                     // The releases of `empty_cache()` first, then the request's own segment.
@@ -368,7 +496,7 @@ pub fn check_from(
                         .position(|&j| matches!(trace[j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
                         .unwrap_or(pending.len());
                     let mut released: Vec<usize> = pending.drain(..split).collect();
-                    f.empty_cache_calls.extend(released.first());
+                    f.recorded.empty_cache_calls.extend(released.first());
                     if a.empty_cache().is_err() {
                         diverge(&mut f, i, "empty_cache failed".into());
                     }
@@ -378,7 +506,17 @@ pub fn check_from(
                 }
                 let r = a.malloc(e.size, e.stream);
                 a.device_mut().refuse_allocations(false);
-                a.device_mut().inner_mut().clear_next_addresses();
+                a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+                if e.action == TraceAction::Oom && a.release_unmapped_segments().is_err() {
+                    diverge(&mut f, i, "releasing the reservation a failed request made failed".into());
+                }
+                if e.action == TraceAction::Oom {
+                    // Reserved after the flush that preceded the failure, as PyTorch reports it.
+                    let reserved = a.reserved_bytes();
+                    let (asked, needs_at_most) = asked_for(e.size);
+                    let device_free = e.device_free;
+                    f.recorded.refusals.push(Refusal { index: i, reserved, asked, needs_at_most, device_free });
+                }
                 if let Some((j, m)) = compare(&mut a, &mut f, &mut pending, i) {
                     diverge(&mut f, j, m);
                 }
@@ -422,8 +560,7 @@ pub fn check_from(
             // A free whose completion comes later: the block waits on an event,
             // as it did in the recorded run, on a stream of its own, so it
             // becomes reusable exactly when the trace says.
-            TraceAction::FreeRequested if !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == e.addr) =>
-            {
+            TraceAction::FreeRequested if completes_later(trace, i) => {
                 let ptr = ours(&mut ptrs, e.addr);
                 let stream = next_stand_in;
                 next_stand_in += 1;
@@ -452,12 +589,12 @@ pub fn check_from(
                     matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
                 });
                 if !releases_next {
-                    a.device_mut().inner_mut().complete_events_on(stream);
+                    a.device_mut().inner_mut().sim_mut().complete_events_on(stream);
                 }
             }
             TraceAction::FreeCompleted | TraceAction::Free => {
                 if !pending.is_empty() {
-                    f.empty_cache_calls.push(pending[0]);
+                    f.recorded.empty_cache_calls.push(pending[0]);
                     if a.empty_cache().is_err() {
                         diverge(&mut f, i, "empty_cache failed".into());
                     }
@@ -475,7 +612,7 @@ pub fn check_from(
         }
     }
     if !pending.is_empty() {
-        f.empty_cache_calls.push(pending[0]);
+        f.recorded.empty_cache_calls.push(pending[0]);
         let at = trace.len().saturating_sub(1);
         if a.empty_cache().is_err() {
             diverge(&mut f, at, "empty_cache failed".into());
@@ -485,6 +622,7 @@ pub fn check_from(
         }
     }
     progress(trace.len());
+    f.recorded.memory_limit = RecordedMemory::infer(t, &f.recorded.refusals).replayed_limit();
 
     // The final layout.
     let mut ours: Vec<(u64, u64, bool)> = a
@@ -555,6 +693,18 @@ pub struct WhatIf {
     pub ooms: Vec<WhatIfOom>,
     /// Requests the recorded run could not serve (`oom` entries) that this one did.
     pub recorded_ooms_served: usize,
+    /// The recorded device calls this replay made, in order, before its
+    /// first own one: all of them when it is the recorded run.
+    pub device_calls_followed: usize,
+    /// Device calls (allocations and mappings, frees and unmappings) in each
+    /// step of the trace ([`crate::steps`]; one entry for a trace that is
+    /// one step).
+    pub calls_by_step: Vec<u64>,
+    /// What those calls take on a GPU ([`DeviceCosts::PUBLISHED`]), per step, in nanoseconds.
+    pub device_ns_by_step: Vec<u64>,
+    /// Pages mapped and unmapped, over the run.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
     /// `torch.cuda.memory_stats()` at the end.
     pub stats: std::collections::BTreeMap<String, i64>,
     /// The replayed run as a snapshot, when history was asked for.
@@ -601,20 +751,21 @@ impl Setup {
 }
 
 /// Replays `device`'s requests and frees under `config` on a device of
-/// `capacity` bytes, with the program's `empty_cache()` calls where
-/// [`check_device`] found them. The state when the trace began is kept as
-/// recorded (those segments exist already, whatever the settings). With
-/// `history`, the result carries the replayed run as a snapshot keeping that
-/// many trace entries.
+/// `capacity` bytes, with what [`check_device`] found the program did
+/// besides ([`Recorded`]: its `empty_cache()` calls, the device's refusals,
+/// its memory limit). The state when the trace began is kept as recorded
+/// (those segments exist already, whatever the settings). With `history`,
+/// the result carries the replayed run as a snapshot keeping that many trace
+/// entries.
 pub fn what_if_device(
     t: &DeviceTrace,
     config: AllocatorConfig,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    recorded: &Recorded,
     history: Option<usize>,
     progress: impl FnMut(usize),
 ) -> Result<WhatIf, SnapshotReplayError> {
-    what_if(t, Setup::recorded(config), capacity, empty_cache_calls, history, progress)
+    what_if(t, Setup::recorded(config), capacity, recorded, history, progress)
 }
 
 /// [`what_if_device`] under any policy, from the recorded segments or from
@@ -623,24 +774,18 @@ pub fn what_if(
     t: &DeviceTrace,
     setup: Setup,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    recorded: &Recorded,
     history: Option<usize>,
     progress: impl FnMut(usize),
 ) -> Result<WhatIf, SnapshotReplayError> {
-    let (mut a, mut w) = replay_prefix(
-        t,
-        setup,
-        capacity,
-        empty_cache_calls,
-        history,
-        usize::MAX,
-        Hooks { progress, on_alloc: |_, _| {} },
-    )?;
+    let (mut a, mut w) =
+        replay_prefix(t, setup, capacity, recorded, history, usize::MAX, Hooks { progress, on_alloc: |_, _| {} })?;
     let s = a.stats();
     w.peak_allocated_bytes = s.allocated_bytes[0].peak as u64;
     w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes[0].peak as u64);
     w.num_device_alloc = s.num_device_alloc as u64;
     w.num_device_free = s.num_device_free as u64;
+    w.device_calls_followed = a.device().inner().calls_followed();
     w.stats = a.memory_stats();
     if history.is_some() {
         w.snapshot = Some(a.snapshot());
@@ -690,14 +835,14 @@ pub fn state_before(
     t: &DeviceTrace,
     config: AllocatorConfig,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    recorded: &Recorded,
     index: usize,
 ) -> Result<headroom_alloc::Snapshot, SnapshotReplayError> {
     let (mut a, _) = replay_prefix(
         t,
         Setup::recorded(config),
         capacity,
-        empty_cache_calls,
+        recorded,
         None,
         index,
         Hooks { progress: |_| {}, on_alloc: |_, _| {} },
@@ -713,7 +858,7 @@ pub fn block_sizes(
     t: &DeviceTrace,
     config: AllocatorConfig,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    recorded: &Recorded,
 ) -> Result<FxHashMap<usize, u64>, SnapshotReplayError> {
     let trace = t.trace();
     let round = config.clone();
@@ -724,7 +869,7 @@ pub fn block_sizes(
         }
     };
     let setup = Setup::recorded(config);
-    replay_prefix(t, setup, capacity, empty_cache_calls, None, usize::MAX, Hooks { progress: |_| {}, on_alloc })?;
+    replay_prefix(t, setup, capacity, recorded, None, usize::MAX, Hooks { progress: |_| {}, on_alloc })?;
     Ok(out)
 }
 
@@ -739,7 +884,7 @@ fn replay_prefix(
     t: &DeviceTrace,
     setup: Setup,
     capacity: u64,
-    empty_cache_calls: &[usize],
+    recorded: &Recorded,
     history: Option<usize>,
     until: usize,
     hooks: Hooks<impl FnMut(usize), impl FnMut(usize, u64)>,
@@ -751,10 +896,11 @@ fn replay_prefix(
     let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
     let mut a = match start_from {
         StartFrom::Recorded => {
-            if let Some(e) = unsupported(device, start, &config) {
+            if let Some(e) = unsupported(device, &config) {
                 return Err(e);
             }
-            allocator_at(start, config, policy.build(), capacity, device)?
+            let script = DeviceCall::of_trace(t.trace());
+            allocator_at(start, config, policy.build(), capacity, device, t.trace(), Some(script))?
         }
         StartFrom::Fresh => {
             if config.backend == Backend::CudaMallocAsync {
@@ -764,7 +910,7 @@ fn replay_prefix(
                 });
             }
             let empty = StartState::default();
-            let mut a = allocator_at(&empty, config, policy.build(), capacity, device)?;
+            let mut a = allocator_at(&empty, config, policy.build(), capacity, device, &[], None)?;
             let mut blocks: Vec<_> = start.segments.iter().flat_map(|s| s.live.iter().map(|b| (b, s.stream))).collect();
             blocks.sort_unstable_by_key(|(b, _)| b.address);
             for (b, stream) in blocks {
@@ -781,8 +927,26 @@ fn replay_prefix(
         }
     };
     a.record_history(history);
-    let mut next_call = empty_cache_calls.iter().peekable();
+    if let Some(limit) = recorded.memory_limit {
+        // The program's limit, and a fraction the settings ask for if it is lower.
+        let lower = a.memory_limit().map_or(limit, |l| l.min(limit));
+        a.set_memory_limit(Some(lower));
+    }
+    let mut next_call = recorded.empty_cache_calls.iter().peekable();
+    let mut refusals = recorded.refusals.iter().map(|r| r.index).peekable();
+    // Whether the device refused entry `i` in the recorded run, while this
+    // replay is still the recorded run: it then refuses too.
+    let mut refused_here = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, i: usize| {
+        while refusals.next_if(|&r| r < i).is_some() {}
+        refusals.next_if_eq(&i).is_some() && a.device().inner().is_following()
+    };
     let mut failed: rustc_hash::FxHashSet<u64> = Default::default();
+    // Frees that complete later than requested, as in the check: recorded
+    // address -> the stand-in stream whose event holds the block; and those
+    // whose completion the next request's release brings, completed after it.
+    let mut delayed: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut at_next_request: Vec<u64> = Vec::new();
+    let mut next_stand_in = STAND_IN_STREAMS;
     let mut w = WhatIf {
         device,
         operations: trace.len(),
@@ -795,6 +959,11 @@ fn replay_prefix(
         num_device_free: 0,
         ooms: Vec::new(),
         recorded_ooms_served: 0,
+        device_calls_followed: 0,
+        calls_by_step: Vec::new(),
+        device_ns_by_step: Vec::new(),
+        pages_mapped: 0,
+        pages_unmapped: 0,
         stats: Default::default(),
         snapshot: None,
         history_dropped: 0,
@@ -807,32 +976,98 @@ fn replay_prefix(
         }
     };
     note_peak(&a, &mut w);
+    // Where steps begin, and the device calls and time when the current one began.
+    let mut step_starts = crate::steps::step_starts(t.snap, t.device).into_iter().peekable();
+    let tally = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>| {
+        let s = a.stats();
+        let calls = (s.num_device_alloc + s.num_device_free) as u64;
+        (calls, DeviceCosts::PUBLISHED.time_ns(&a.device().inner().calls()))
+    };
+    // From nothing: with a fresh start, placing the blocks live when the trace began is the first step's.
+    let mut step_began = (0, 0);
+    let mut end_step = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut WhatIf| {
+        let now = tally(a);
+        w.calls_by_step.push(now.0 - step_began.0);
+        w.device_ns_by_step.push(now.1 - step_began.1);
+        step_began = now;
+    };
+    // Completions a release brought in the recorded run are done once the
+    // next request has run, whether or not this run released anything.
+    let complete = |a: &mut DeviceCachingAllocator<ReplayDevice, NamedPolicy>, streams: &mut Vec<u64>| {
+        for s in streams.drain(..) {
+            a.device_mut().inner_mut().sim_mut().complete_events_on(s);
+        }
+    };
     for (i, e) in trace.iter().enumerate() {
         if i % 65536 == 0 {
             progress(i);
+        }
+        if step_starts.next_if_eq(&i).is_some() {
+            end_step(&a, &mut w);
         }
         if next_call.peek().is_some_and(|&&c| c == i) {
             next_call.next();
             let _ = a.empty_cache();
         }
         match e.action {
-            TraceAction::Alloc => match a.malloc(e.size, e.stream) {
-                Ok(b) => {
-                    on_alloc(i, b.size);
-                    ptrs.insert(e.addr, b.ptr);
-                    failed.remove(&e.addr);
-                    note_peak(&a, &mut w);
+            TraceAction::Alloc => {
+                let refused = refused_here(&a, i);
+                if refused {
+                    // The allocator releases its cache and asks again, as the recorded one did.
+                    a.device_mut().fail_nth_allocation(1);
                 }
-                Err(err) => {
-                    failed.insert(e.addr);
-                    w.ooms.push(WhatIfOom { index: i, size: e.size, message: err.to_string() });
+                let r = a.malloc(e.size, e.stream);
+                if refused {
+                    a.device_mut().cancel_failure();
                 }
-            },
+                complete(&mut a, &mut at_next_request);
+                match r {
+                    Ok(b) => {
+                        on_alloc(i, b.size);
+                        ptrs.insert(e.addr, b.ptr);
+                        failed.remove(&e.addr);
+                        note_peak(&a, &mut w);
+                    }
+                    Err(err) => {
+                        failed.insert(e.addr);
+                        w.ooms.push(WhatIfOom { index: i, size: e.size, message: err.to_string() });
+                    }
+                }
+            }
             TraceAction::Oom => {
-                if let Ok(b) = a.malloc(e.size, e.stream) {
+                let refused = refused_here(&a, i);
+                a.device_mut().refuse_allocations(refused);
+                a.device_mut().inner_mut().replaying_a_failure(refused);
+                let r = a.malloc(e.size, e.stream);
+                a.device_mut().refuse_allocations(false);
+                a.device_mut().inner_mut().replaying_a_failure(false);
+                if refused {
+                    // As the check does: the reservation a failed request made is given back.
+                    let _ = a.release_unmapped_segments();
+                }
+                complete(&mut a, &mut at_next_request);
+                if let Ok(b) = r {
                     note_peak(&a, &mut w);
                     w.recorded_ooms_served += 1;
                     let _ = a.free(b.ptr);
+                }
+            }
+            // The block waits for an event on a stream of its own, which
+            // completes where the recording says its free did.
+            TraceAction::FreeRequested if completes_later(trace, i) && !failed.contains(&e.addr) => {
+                let ptr = ptrs.remove(&e.addr).unwrap_or(e.addr);
+                let stream = next_stand_in;
+                next_stand_in += 1;
+                if a.record_stream(ptr, stream).and_then(|()| a.free(ptr)).is_ok() {
+                    delayed.insert(e.addr, stream);
+                }
+            }
+            TraceAction::FreeCompleted if delayed.contains_key(&e.addr) => {
+                let stream = delayed.remove(&e.addr).expect("checked");
+                if completed_by_a_release(trace, i) {
+                    at_next_request.push(stream);
+                } else {
+                    a.device_mut().inner_mut().sim_mut().complete_events_on(stream);
                 }
             }
             TraceAction::FreeCompleted | TraceAction::Free => {
@@ -847,6 +1082,9 @@ fn replay_prefix(
             _ => {}
         }
     }
+    end_step(&a, &mut w);
+    let calls = a.device().inner().calls();
+    (w.pages_mapped, w.pages_unmapped) = (calls.pages_mapped, calls.pages_unmapped);
     progress(trace.len());
     Ok((a, w))
 }

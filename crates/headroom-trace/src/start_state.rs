@@ -18,6 +18,11 @@
 //! it is still live (an allocation at `x` means a free block began at `x`,
 //! so the bytes below `x` were taken). A gap of at most 1 MiB up to that
 //! boundary belongs to the block (research/replay-feasibility.md).
+//!
+//! Expandable segments are listed by their mapped runs. The runs mapped when
+//! the trace began are the final ones with the trace's `segment_map`s undone
+//! and its `segment_unmap`s redone; each becomes a [`StartSegment`] with
+//! `expandable` set, and the replay rebuilds the reservations around them.
 
 use crate::snapshot::{MemorySnapshot, TraceAction};
 use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
@@ -108,6 +113,15 @@ pub fn infer_start(
             live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, freed_at: None });
         }
     }
+    // Who owns an expandable range: (end, stream, pool if recorded) by start,
+    // from the final runs and the trace's maps and unmaps.
+    let mut owners: BTreeMap<u64, (u64, StreamId, Option<PoolKind>)> = BTreeMap::new();
+    for s in snap.segments.iter().filter(|s| s.device == device && s.is_expandable) {
+        owners.insert(s.address, (s.address + s.total_size, s.stream, s.pool));
+    }
+    for e in trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)) {
+        owners.entry(e.addr).or_insert((e.addr.saturating_add(e.size), e.stream, None));
+    }
     // Expandable segments are listed as their mapped runs; a run that was
     // extended or shrunk within the trace is followed by address below.
     for (i, e) in trace.iter().enumerate().rev() {
@@ -138,9 +152,31 @@ pub fn infer_start(
         }
     }
 
-    // What remains mapped was mapped before the trace began; runs the trace
-    // mapped are not segments yet.
-    segs.retain(|&a, s| !s.3 || mapped.range(..a + s.0).next_back().is_some_and(|(_, &end)| end > a));
+    // What remains mapped was mapped before the trace began: each run is a
+    // segment of its own, owned by whoever holds (or later holds) its start.
+    segs.retain(|_, s| !s.3);
+    // Runs that touch are one mapped run (one was mapped, or unmapped, in pieces).
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (&start, &end) in &mapped {
+        match runs.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => runs.push((start, end)),
+        }
+    }
+    for (start, end) in runs {
+        let owner = owners.range(..=start).next_back().filter(|(_, o)| o.0 > start).map(|(_, o)| *o);
+        let owner = owner.or_else(|| owners.range(start..end).next().map(|(_, o)| *o));
+        let Some((_, stream, pool)) = owner else {
+            return fail(format!("expandable range {start:#x} mapped when the trace began belongs to no segment"));
+        };
+        // A run the final segments no longer show: its pool is that of the blocks it held.
+        let pool = pool.or_else(|| {
+            let held = |a| matches!(a, TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted);
+            let block = trace.iter().find(|e| held(e.action) && (start..end).contains(&e.addr));
+            block.map(|e| sizing::pool_for(sizing::round_size(config, e.size)))
+        });
+        segs.insert(start, (end - start, stream, pool, true, false));
+    }
 
     // Barriers from the trace: for each block allocated before the trace and
     // freed in it, the lowest address allocated above it while it lived.
@@ -198,7 +234,8 @@ pub fn infer_start(
             let next = seg.live.get(j + 1).map_or(end, |n| n.address);
             let bound = next.min(barrier.get(&b.address).copied().unwrap_or(u64::MAX));
             let gap = bound.saturating_sub(b.address + size);
-            if pool == PoolKind::Large && gap > 0 && gap <= SMALL_SIZE {
+            // Expandable segments split whatever remains (512 bytes and up), as the small pool does.
+            if pool == PoolKind::Large && !expandable && gap > 0 && gap <= SMALL_SIZE {
                 size += gap;
             }
             seg.live[j].size = size;

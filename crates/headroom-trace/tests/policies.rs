@@ -6,10 +6,17 @@
 //! Asserted on every fixture: no policy runs out of memory on an 80 GiB
 //! device; no policy reserves less than the peak of live bytes (which would
 //! mean the replay lost a block); `headroom` reserves no more than PyTorch's
-//! default. Where `headroom` reserves more than `expandable`, the fixture is
-//! named in `ABOVE_EXPANDABLE`, with the reason; the test fails on any other
-//! and when a named one no longer is. The table in docs/VALIDATION.md is
-//! this test's output: `HEADROOM_REGENERATE=1 cargo test -p headroom-trace --test policies`.
+//! default, and no more than `tight` (every free page given back before the
+//! peak grows: headroom's policy before issue 31) and the 1/32 of its peak
+//! that `headroom` may spend keeping the pages a run maps again; after the
+//! second training step (the steady state) `headroom` makes no more device
+//! calls than `tight`, and after the third none where `expandable` makes
+//! none (a run that repeats, once `headroom` has seen a step map again what
+//! the one before gave back). Where `headroom` reserves more than
+//! `expandable`, the fixture is named in `ABOVE_EXPANDABLE`, with the
+//! reason; the test fails on any other and when a named one no longer is.
+//! The table in docs/VALIDATION.md is this test's output:
+//! `HEADROOM_REGENERATE=1 cargo test -p headroom-trace --test policies`.
 //!
 //! Skips with a message where `../shared` is absent (a user's fresh clone).
 
@@ -26,15 +33,43 @@ use std::path::PathBuf;
 /// free pages before the peak grows, and mapping only what a request needs
 /// there, moves where later blocks land; on these transformer runs, whose
 /// expandable peak is already within 0.7% of the live bytes, the new
-/// placement strands a little more (16–92 MiB) at a later peak.
-const ABOVE_EXPANDABLE: [&str; 6] = [
+/// placement strands a little more (10–92 MiB) at a later peak, and keeping
+/// the pages a run maps again after a reclaim (within the policy's budget of
+/// 1/32 of the peak) adds a little on some.
+const ABOVE_EXPANDABLE: [&str; 10] = [
     "MAGMA27__assignment2-systems__15883f2b__memory_snapshot.pickle",
     "Wedsonlin__assignment2-systems__8630bcfe__results_medium_256_training_memory_snapshot.pickle",
-    "cranberrii__ftcourse__9f4902cf__memory_snapshot.pickle",
+    "kkaitlyn111__cs336-a2-systems__46eae3f8__memory_ctx128_forward.pickle",
+    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward.pickle",
+    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_.pickle",
     "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_mixed.pickle",
+    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx256_forward_mixed.pickle",
     "notHanmin__assignment2-systems__33be88e6__memory_snapshot.pickle",
+    "notHanmin__assignment2-systems__bbd29721__memory_snapshot_forward.pickle",
     "notHanmin__assignment2-systems__bbd29721__memory_snapshot_forward_without_mixed.pickle",
 ];
+
+/// Fixtures on which `headroom` peaks more than the 1/32 it may spend keeping
+/// pages above `tight`. The octree-NCA inference run holds a few blocks of
+/// several GiB and gives pages back and maps them again hundreds of times in
+/// one pass; its peak is set by where those blocks land, and any other choice
+/// of pages moves it by a block either way: with keeping's budget at 1/32,
+/// 1/48, 1/64 and 1/128 of the peak `headroom` is 5.5%, 21.7%, 7.4% and 6.1%
+/// above `tight` here, and 6.3% below it replayed as `headroom replay` does
+/// (the recorded device's size, the run's `empty_cache()` calls made).
+const BEYOND_BUDGET: [&str; 1] =
+    ["HugePandaCoder__octree-nca-groupeq__3e8aa21a__mem_snapshots_inference2_peso_oct.pickle"];
+
+/// Device calls after the second training step (the steady state); `None`
+/// for a trace of fewer than three steps.
+fn steady_calls(w: &WhatIf) -> Option<u64> {
+    calls_after(w, 2)
+}
+
+/// Device calls after the first `steps` steps; `None` for a trace of no more steps.
+fn calls_after(w: &WhatIf, steps: usize) -> Option<u64> {
+    (w.calls_by_step.len() > steps).then(|| w.calls_by_step[steps..].iter().sum())
+}
 
 const CAPACITY: u64 = 80 << 30;
 const BEGIN: &str = "<!-- policy-table:begin -->\n";
@@ -94,8 +129,7 @@ fn headroom_policy_against_pytorch_on_every_fixture() {
             }
             let t = DeviceTrace::new(&snap, device).unwrap_or_else(|e| panic!("{name}: {e}"));
             let recorded = snap.allocator_config().0;
-            let calls =
-                check_from(&t, recorded.clone(), CAPACITY, |_| {}).map(|f| f.empty_cache_calls).unwrap_or_default();
+            let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).map(|f| f.recorded).unwrap_or_default();
             let live = live_peak_bytes(&t, &recorded);
             let runs: Vec<WhatIf> = PolicyName::ALL
                 .iter()
@@ -118,17 +152,33 @@ fn headroom_policy_against_pytorch_on_every_fixture() {
     }
     assert_eq!(rows.len(), 47, "device traces with allocations");
 
-    // The figures are `headroom`'s; `lifetime` is measured beside it (the table) and held
-    // only to the invariants above.
-    let (pytorch, expandable, headroom) = (0, 1, 2);
-    let mut above = Vec::new();
+    // The figures are `headroom`'s; `lifetime` and `planned` are measured beside it (the
+    // table) and held only to the invariants above.
+    let (pytorch, expandable, headroom, tight) = (0, 1, 2, 3);
+    assert_eq!(
+        PolicyName::ALL[..4],
+        [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Tight]
+    );
+    let (mut above, mut beyond) = (Vec::new(), Vec::new());
     for r in &rows {
-        let [p, e, h] = [pytorch, expandable, headroom].map(|i| r.runs[i].peak_reserved_bytes);
+        let [p, e, h, t] = [pytorch, expandable, headroom, tight].map(|i| r.runs[i].peak_reserved_bytes);
         assert!(h <= p, "{} device {}: headroom peaks at {h} B, PyTorch's default at {p} B", r.name, r.device);
+        if h > t + t / 32 {
+            beyond.push(r.name.as_str());
+        }
+        let [sh, st] = [headroom, tight].map(|i| steady_calls(&r.runs[i]).unwrap_or(0));
+        assert!(sh <= st, "{}: headroom makes {sh} device calls after the second step, tight {st}", r.name);
+        let [le, lh] = [expandable, headroom].map(|i| calls_after(&r.runs[i], 3).unwrap_or(0));
+        assert!(
+            le > 0 || lh == 0,
+            "{}: headroom makes {lh} device calls after the third step, expandable none",
+            r.name
+        );
         if h > e {
             above.push(r.name.as_str());
         }
     }
+    assert_eq!(beyond, BEYOND_BUDGET, "headroom peaks more than 1/32 above tight");
     let unexpected: Vec<_> = above.iter().filter(|n| !ABOVE_EXPANDABLE.contains(n)).collect();
     assert!(unexpected.is_empty(), "headroom peaks above expandable on {unexpected:?}");
     let gone: Vec<_> = ABOVE_EXPANDABLE.iter().filter(|n| !above.contains(n)).collect();
@@ -211,6 +261,15 @@ fn table(rows: &[Row]) -> String {
         .unwrap();
         writeln!(s).unwrap();
     }
+    let stepped: Vec<&Row> = rows.iter().filter(|r| steady_calls(&r.runs[0]).is_some()).collect();
+    writeln!(
+        s,
+        "Device calls after the second training step, on the {} traces of more than two steps ({}): {}.",
+        stepped.len(),
+        stepped.iter().map(|r| r.name.trim_end_matches(".pickle")).collect::<Vec<_>>().join(", "),
+        per_policy(&|i| stepped.iter().map(|r| steady_calls(&r.runs[i]).unwrap_or(0)).sum::<u64>().to_string())
+    )
+    .unwrap();
     let total = |i: usize, free: bool| -> u64 {
         rows.iter().map(|r| if free { r.runs[i].num_device_free } else { r.runs[i].num_device_alloc }).sum()
     };
@@ -236,7 +295,7 @@ fn a_run_that_pytorch_cannot_fit_fits_under_headroom() {
     let snap = read_snapshot_file(&path).unwrap();
     let t = DeviceTrace::new(&snap, 0).unwrap();
     let recorded = snap.allocator_config().0;
-    let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).unwrap().empty_cache_calls;
+    let calls = check_from(&t, recorded.clone(), CAPACITY, |_| {}).unwrap().recorded;
     let run = |policy| {
         let setup = Setup { config: recorded.clone(), policy, start: StartFrom::Fresh };
         what_if(&t, setup, 1 << 30, &calls, None, |_| {}).unwrap()

@@ -2,14 +2,16 @@
 //! read back through the pickle writer and reader: blocks used on several
 //! streams (`record_stream`, frees completing later), the allocator's own
 //! flush when the device says no, a recorded `oom`, and a trace cut by the
-//! ring buffer. Each snapshot must check decision for decision.
+//! ring buffer, several devices with expandable segments mapped when their
+//! traces begin. Each snapshot must check decision for decision.
 
 use headroom_alloc::AllocatorConfig;
 use headroom_trace::jsonl::{TraceLine, TraceOp};
+use headroom_trace::recorded_memory::recorded_peak_reserved;
 use headroom_trace::replay::{replay, ReplayOptions};
 use headroom_trace::snapshot::{read_snapshot, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::{check_device, Fidelity};
+use headroom_trace::snapshot_replay::{check_device, check_from, what_if_device, DeviceTrace, Fidelity};
 
 const MIB: u64 = 1 << 20;
 
@@ -138,4 +140,59 @@ fn a_trace_cut_by_the_ring_buffer_replays_from_the_state_it_began_in() {
     let f = check_device(&cut, 0, 80 << 30, |_| {}).unwrap();
     assert!(f.live_at_start > 0, "the kept blocks were live when the cut trace began");
     assert_exact(&f, "ring buffer");
+}
+
+/// Several devices with expandable segments, each run out of memory on a
+/// device of its own size, the traces cut by the ring buffer so that each
+/// begins with expandable segments mapped: every device replays decision
+/// for decision, and under the recorded settings the what-if replay is the
+/// recorded run (the device calls, the peak, the OOMs).
+#[test]
+fn several_devices_with_expandable_segments_and_ooms_replay_as_recorded() {
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let mut merged: Option<headroom_alloc::Snapshot> = None;
+    // Each device's memory, which sizes its reservations (1.125 times it) and
+    // which the replays are told, as `--capacity` tells them.
+    let capacities = [200 * MIB, 120 * MIB, 64 * MIB];
+    for (device, capacity) in (0u32..).zip(capacities) {
+        let opts = ReplayOptions {
+            config: config.clone(),
+            capacity,
+            history: Some(1500),
+            policy: headroom_alloc::PolicyName::PyTorch,
+        };
+        let (_, mut a) = replay(&workload(150 + 50 * device as usize), &opts, |_| {}).unwrap();
+        let mut s = a.snapshot();
+        let m = merged.get_or_insert_with(|| headroom_alloc::Snapshot {
+            segments: Vec::new(),
+            device_traces: Vec::new(),
+            allocator_settings: s.allocator_settings.clone(),
+        });
+        for seg in &mut s.segments {
+            seg.device = device;
+        }
+        m.segments.append(&mut s.segments);
+        m.device_traces.push(s.device_traces.remove(0));
+    }
+    let mut bytes = Vec::new();
+    write_snapshot(&merged.unwrap(), SnapshotFormat::Pickle, &mut bytes).unwrap();
+    let snap = read_snapshot(&bytes[..]).unwrap();
+    assert_eq!(snap.devices(), [0, 1, 2]);
+    let ooms: usize = snap.device_traces.iter().flatten().filter(|e| e.action == TraceAction::Oom).count();
+    assert!(ooms > 0, "the small devices ran out of memory");
+    for device in snap.devices() {
+        let t = DeviceTrace::new(&snap, device).unwrap();
+        assert!(
+            t.start.segments.iter().any(|s| s.expandable),
+            "device {device} begins with expandable segments mapped"
+        );
+        let capacity = capacities[device as usize];
+        let f = check_from(&t, config.clone(), capacity, |_| {}).unwrap();
+        assert_exact(&f, &format!("device {device}, expandable, {} OOMs", f.oom_total));
+        let w = what_if_device(&t, config.clone(), capacity, &f.recorded, None, |_| {}).unwrap();
+        let calls = headroom_trace::replay_device::DeviceCall::of_trace(&snap.device_traces[device as usize]).len();
+        assert_eq!(w.device_calls_followed, calls, "device {device}: the baseline makes the recorded device calls");
+        assert_eq!(w.peak_reserved_bytes, recorded_peak_reserved(&t), "device {device}");
+        assert_eq!((w.ooms.len(), w.recorded_ooms_served), (0, 0), "device {device}: OOMs where recorded only");
+    }
 }

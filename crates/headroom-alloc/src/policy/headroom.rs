@@ -1,5 +1,5 @@
 //! `HeadroomPolicy`: headroom's recommended policy. Expandable segments for
-//! every pool with 2 MiB pages, and two rules PyTorch lacks.
+//! every pool with 2 MiB pages, and rules PyTorch lacks.
 //!
 //! Reserved memory does not grow past its high-water mark while whole free
 //! pages sit mapped elsewhere. With expandable segments, a request that no
@@ -11,11 +11,29 @@
 //! so the peak tracks the pages that hold live bytes. Below the peak nothing
 //! changes, which keeps steady-state steps free of device calls.
 //!
+//! But not the pages the run maps again. Where a run repeats, the pages one
+//! moment of a step gives back are the pages another moment maps again: two
+//! device calls a step, each a driver call that can synchronise, to hold the
+//! peak a page or two lower. Pages mapped again after a reclaim are kept
+//! ([`HeadroomPolicy::keep_budget`]): growth passes the peak instead, by at
+//! most 1/32 of it in all; past that they go back as any other.
+//!
+//! Device calls are batched where that costs no peak: below the peak growth
+//! maps a quarter of the room left under it ([`HeadroomPolicy::map_ahead`]),
+//! and while reserved memory climbs with nothing to give back, a request's
+//! own pages are mapped in physical allocations of 20 MiB
+//! ([`HeadroomPolicy::allocation_size`]).
+//!
 //! A segment grows where the fewest new pages are needed
 //! ([`ExpandableFit::LeastGrowth`]), the end of an unmapped range that a free
 //! block follows included: PyTorch grows at the lowest address and maps from
 //! the front, which can leave most of a large free block cached beside the
 //! pages it just mapped.
+//!
+//! [`TightPolicy`] is the same without keeping and batching: every free page
+//! goes back before the peak grows, which holds the lowest peak of the two
+//! and pays for it in device calls every step of a run that repeats
+//! (headroom's policy before issue 31).
 
 use super::{ExpandableFit, Policy, Rung};
 use crate::config::AllocatorConfig;
@@ -41,16 +59,21 @@ impl Policy for HeadroomPolicy {
 
     /// The driver's 2 MiB mapping granularity in both pools: a large block
     /// then strands less than 2 MiB of a partly used page, not up to 20 MiB.
-    /// More pages cost no more device calls here: one call maps a whole range.
+    /// More pages need not cost more device calls: one call maps a whole range.
     fn page_size(&self, _config: &AllocatorConfig, _pool: PoolKind) -> u64 {
         crate::config::SMALL_BUFFER
     }
 
-    /// Below the peak, growth in PyTorch's page sizes (20 MiB in the large
-    /// pool): those pages cost no peak and spare the next requests a device
-    /// call. Growth that raises the peak maps only the pages the request needs.
-    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-        crate::sizing::expandable_page_size(config, pool)
+    /// Below the peak, growth maps a quarter of the room left under it, and
+    /// at least whole steps of PyTorch's page sizes (20 MiB in the large
+    /// pool): that memory costs no peak, and the requests after it find it
+    /// mapped, so a run that fills the room again after a reclaim (a step
+    /// that maps its activations layer by layer) does it in a few device
+    /// calls, each taking a quarter of what is left, not one per request.
+    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, room: u64) -> u64 {
+        let page = crate::config::SMALL_BUFFER;
+        size.next_multiple_of(crate::sizing::expandable_page_size(config, pool))
+            .max((size + room / MAP_AHEAD_ROOM_DIVISOR).next_multiple_of(page))
     }
 
     /// Climbing past the peak with nothing to reuse, map ahead by 1/1024 of
@@ -71,5 +94,93 @@ impl Policy for HeadroomPolicy {
 
     fn configure(&self, config: &mut AllocatorConfig) {
         config.expandable_segments = true;
+    }
+
+    /// Up to 1/32 of the peak: a run that keeps mapping the same pages again
+    /// after each reclaim (a training step's) then stops paying an unmap and
+    /// a map a step for them, for a peak at most 3% higher than giving them
+    /// back would hold; beyond that the low peak wins.
+    fn keep_budget(&self, peak: u64) -> u64 {
+        peak / KEEP_BUDGET_DIVISOR
+    }
+
+    /// While reserved memory climbs with nothing to give back (the first
+    /// steps of a run), the request's own whole pages in physical allocations
+    /// of PyTorch's large page, 20 MiB: a device call costs per allocation,
+    /// so a block then maps in a tenth of the calls' time, as PyTorch's own
+    /// expandable segments map it. At the peak and below, one allocation per
+    /// page: there the reclaim must be free to give back any whole free page,
+    /// and a block on part of a larger allocation would hold all of it.
+    fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, climbing: bool) -> u64 {
+        if climbing {
+            crate::sizing::expandable_page_size(config, pool)
+        } else {
+            self.page_size(config, pool)
+        }
+    }
+}
+
+/// See [`HeadroomPolicy::keep_budget`].
+const KEEP_BUDGET_DIVISOR: u64 = 32;
+
+/// See [`HeadroomPolicy::map_ahead`].
+const MAP_AHEAD_ROOM_DIVISOR: u64 = 4;
+
+/// `headroom`'s decisions with every free page given back before the peak
+/// grows, nothing mapped ahead under the peak past PyTorch's page sizes, and
+/// a physical allocation per page: the lowest peak of the two, and device
+/// calls every step where a run maps again what it gave back. See the module
+/// documentation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TightPolicy;
+
+impl Policy for TightPolicy {
+    fn ladder(&self) -> &[Rung] {
+        HeadroomPolicy.ladder()
+    }
+    fn page_size(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
+        HeadroomPolicy.page_size(config, pool)
+    }
+    /// Whole steps of PyTorch's page sizes below the peak, no more.
+    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, _room: u64) -> u64 {
+        size.next_multiple_of(crate::sizing::expandable_page_size(config, pool))
+    }
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
+        HeadroomPolicy.climb_ahead(config, pool, reserved)
+    }
+    fn expandable_fit(&self) -> ExpandableFit {
+        HeadroomPolicy.expandable_fit()
+    }
+    fn configure(&self, config: &mut AllocatorConfig) {
+        HeadroomPolicy.configure(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn map_ahead_takes_a_quarter_of_the_room_under_the_peak() {
+        let c = AllocatorConfig::default();
+        // No room: PyTorch's 20 MiB steps in the large pool, 2 MiB in the small.
+        assert_eq!(HeadroomPolicy.map_ahead(&c, PoolKind::Large, 3 * MIB, 0), 20 * MIB);
+        assert_eq!(HeadroomPolicy.map_ahead(&c, PoolKind::Small, MIB, 0), 2 * MIB);
+        // 1 GiB of room: the request and a quarter of it, in whole pages.
+        assert_eq!(HeadroomPolicy.map_ahead(&c, PoolKind::Large, 3 * MIB, 1024 * MIB), 260 * MIB);
+        assert_eq!(HeadroomPolicy.map_ahead(&c, PoolKind::Small, MIB, 1024 * MIB), 258 * MIB);
+        assert_eq!(TightPolicy.map_ahead(&c, PoolKind::Large, 3 * MIB, 1024 * MIB), 20 * MIB);
+    }
+
+    #[test]
+    fn large_allocations_only_while_climbing() {
+        let c = AllocatorConfig::default();
+        assert_eq!(HeadroomPolicy.allocation_size(&c, PoolKind::Large, true), 20 * MIB);
+        assert_eq!(HeadroomPolicy.allocation_size(&c, PoolKind::Large, false), 2 * MIB);
+        assert_eq!(TightPolicy.allocation_size(&c, PoolKind::Large, true), 2 * MIB);
+        assert_eq!(HeadroomPolicy.keep_budget(64 * MIB), 2 * MIB);
+        assert_eq!(TightPolicy.keep_budget(64 * MIB), 0);
     }
 }

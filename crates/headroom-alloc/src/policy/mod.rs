@@ -14,7 +14,8 @@
 //! |---|---|---|
 //! | `pytorch` | [`PyTorchPolicy`] | nothing: PyTorch's decisions, exactly |
 //! | `expandable` | [`ExpandablePolicy`] | expandable segments for every pool |
-//! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows |
+//! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows, but not those the run maps again |
+//! | `tight` | [`TightPolicy`] | `headroom`'s, every free page given back before the peak grows: the lowest peak, for device calls every step |
 //! | `lifetime` | [`LifetimePolicy`] | `headroom`'s, with long-lived and short-lived blocks kept apart |
 //! | `planned` | [`PlannedPolicy`] | `headroom`'s, and a repeating step's blocks at offsets planned ahead |
 //!
@@ -41,7 +42,7 @@ mod planned;
 mod pytorch;
 
 pub use expandable::ExpandablePolicy;
-pub use headroom::HeadroomPolicy;
+pub use headroom::{HeadroomPolicy, TightPolicy};
 pub use lifetime::LifetimePolicy;
 pub use named::{NamedPolicy, PolicyName, UnknownPolicy};
 pub use planned::PlannedPolicy;
@@ -74,14 +75,20 @@ macro_rules! headroom_decisions {
         fn expandable_fit(&self) -> ExpandableFit {
             HeadroomPolicy.expandable_fit()
         }
-        fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-            HeadroomPolicy.map_ahead(config, pool)
+        fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, room: u64) -> u64 {
+            HeadroomPolicy.map_ahead(config, pool, size, room)
         }
         fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
             HeadroomPolicy.climb_ahead(config, pool, reserved)
         }
         fn configure(&self, config: &mut AllocatorConfig) {
             HeadroomPolicy.configure(config)
+        }
+        fn keep_budget(&self, peak: u64) -> u64 {
+            HeadroomPolicy.keep_budget(peak)
+        }
+        fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, climbing: bool) -> u64 {
+            HeadroomPolicy.allocation_size(config, pool, climbing)
         }
     };
 }
@@ -203,12 +210,14 @@ pub trait Policy: Send {
         ExpandableFit::LowestAddress
     }
 
-    /// Under [`Rung::AllocateUnderPeak`], growth of an expandable segment
-    /// maps whole multiples of this many bytes as long as they stay below the
-    /// peak, so that the requests after it find pages mapped already. The
-    /// page size by default: no mapping ahead.
-    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-        self.page_size(config, pool)
+    /// Under [`Rung::AllocateUnderPeak`], the bytes growth of an expandable
+    /// segment maps for a rounded request of `size` bytes, `room` bytes being
+    /// left under the peak: mapping ahead lets the requests after it find
+    /// their pages mapped, one device call for many. The mechanism maps whole
+    /// pages, and only the request's where this would pass the peak. `size`
+    /// by default: no mapping ahead.
+    fn map_ahead(&self, _config: &AllocatorConfig, _pool: PoolKind, size: u64, _room: u64) -> u64 {
+        size
     }
 
     /// When growth raises reserved memory past its peak and the ladder
@@ -216,6 +225,31 @@ pub trait Policy: Send {
     /// nothing), it maps whole multiples of this many bytes; `reserved` is the
     /// memory reserved now. The page size by default: no mapping ahead.
     fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, _reserved: u64) -> u64 {
+        self.page_size(config, pool)
+    }
+
+    /// How far growth may pass the peak (`peak` bytes reserved at most so
+    /// far), in all, rather than reclaim the free pages the run kept mapping
+    /// again after earlier reclaims ([`Rung::ReclaimFreePages`]): each such
+    /// reclaim costs an unmap now and a map when the run wants them back.
+    /// Past the budget the reclaim gives them back as it gives back any
+    /// other, so the peak is at most this much above what reclaiming
+    /// everything would hold it to at that point. 0 by default: reclaim
+    /// whatever the peak needs.
+    fn keep_budget(&self, _peak: u64) -> u64 {
+        0
+    }
+
+    /// The largest physical allocation (one `cuMemCreate`) growth makes of the
+    /// whole pages inside the request it grows for; `climbing` when reserved
+    /// memory passes its peak and the ladder gave no page back. A device call
+    /// costs per allocation, not per byte, so larger allocations map a large
+    /// block in fewer calls' time; but an allocation is unmapped whole or not
+    /// at all, so its pages can be given back only once every block on them
+    /// is free. Pages the request shares with other blocks, or maps ahead for
+    /// them, are one allocation apiece whatever this says. The page by
+    /// default: one allocation per page, as PyTorch maps them.
+    fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, _climbing: bool) -> u64 {
         self.page_size(config, pool)
     }
 

@@ -4,7 +4,7 @@
 
 use super::{
     CachedSegment, ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, Placement, PlannedPolicy, Policy,
-    PyTorchPolicy, Rung,
+    PyTorchPolicy, Rung, TightPolicy,
 };
 use crate::config::AllocatorConfig;
 use crate::device::StreamId;
@@ -18,20 +18,28 @@ pub enum PolicyName {
     PyTorch,
     Expandable,
     Headroom,
+    Tight,
     Lifetime,
     Planned,
 }
 
 impl PolicyName {
     /// Every policy, the default first.
-    pub const ALL: [PolicyName; 5] =
-        [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Lifetime, PolicyName::Planned];
+    pub const ALL: [PolicyName; 6] = [
+        PolicyName::PyTorch,
+        PolicyName::Expandable,
+        PolicyName::Headroom,
+        PolicyName::Tight,
+        PolicyName::Lifetime,
+        PolicyName::Planned,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             PolicyName::PyTorch => "pytorch",
             PolicyName::Expandable => "expandable",
             PolicyName::Headroom => "headroom",
+            PolicyName::Tight => "tight",
             PolicyName::Lifetime => "lifetime",
             PolicyName::Planned => "planned",
         }
@@ -42,7 +50,12 @@ impl PolicyName {
         match self {
             PolicyName::PyTorch => "PyTorch's caching allocator, decision for decision (the default)",
             PolicyName::Expandable => "PyTorch's, with expandable segments for every pool",
-            PolicyName::Headroom => "expandable, and whole free pages reused before reserved memory passes its peak",
+            PolicyName::Headroom => {
+                "expandable, and whole free pages reused before reserved memory passes its peak, but not the pages the run maps again"
+            }
+            PolicyName::Tight => {
+                "headroom's, giving back every free page before the peak grows: the lowest peak, for device calls every step"
+            }
             PolicyName::Lifetime => "headroom's, with sizes seen to live long placed apart from the short-lived",
             PolicyName::Planned => {
                 "headroom's, and once a step repeats, its blocks at offsets packed ahead in one arena"
@@ -55,6 +68,7 @@ impl PolicyName {
             PolicyName::PyTorch => NamedPolicy::PyTorch(PyTorchPolicy),
             PolicyName::Expandable => NamedPolicy::Expandable(ExpandablePolicy),
             PolicyName::Headroom => NamedPolicy::Headroom(HeadroomPolicy),
+            PolicyName::Tight => NamedPolicy::Tight(TightPolicy),
             PolicyName::Lifetime => NamedPolicy::Lifetime(Box::default()),
             PolicyName::Planned => NamedPolicy::Planned(Box::default()),
         }
@@ -69,7 +83,7 @@ impl fmt::Display for PolicyName {
 
 /// A name that is not a policy's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy `{0}` (known: pytorch, expandable, headroom, lifetime, planned)")]
+#[error("unknown policy `{0}` (known: pytorch, expandable, headroom, tight, lifetime, planned)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyName {
@@ -86,6 +100,7 @@ pub enum NamedPolicy {
     PyTorch(PyTorchPolicy),
     Expandable(ExpandablePolicy),
     Headroom(HeadroomPolicy),
+    Tight(TightPolicy),
     Lifetime(Box<LifetimePolicy>),
     Planned(Box<PlannedPolicy>),
 }
@@ -96,6 +111,7 @@ impl NamedPolicy {
             NamedPolicy::PyTorch(_) => PolicyName::PyTorch,
             NamedPolicy::Expandable(_) => PolicyName::Expandable,
             NamedPolicy::Headroom(_) => PolicyName::Headroom,
+            NamedPolicy::Tight(_) => PolicyName::Tight,
             NamedPolicy::Lifetime(_) => PolicyName::Lifetime,
             NamedPolicy::Planned(_) => PolicyName::Planned,
         }
@@ -108,6 +124,7 @@ macro_rules! forward {
             NamedPolicy::PyTorch($p) => $call,
             NamedPolicy::Expandable($p) => $call,
             NamedPolicy::Headroom($p) => $call,
+            NamedPolicy::Tight($p) => $call,
             NamedPolicy::Lifetime($p) => $call,
             NamedPolicy::Planned($p) => $call,
         }
@@ -137,14 +154,20 @@ impl Policy for NamedPolicy {
     fn page_size(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
         forward!(self, p => p.page_size(config, pool))
     }
-    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind) -> u64 {
-        forward!(self, p => p.map_ahead(config, pool))
+    fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, room: u64) -> u64 {
+        forward!(self, p => p.map_ahead(config, pool, size, room))
     }
     fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
         forward!(self, p => p.climb_ahead(config, pool, reserved))
     }
     fn expandable_fit(&self) -> ExpandableFit {
         forward!(self, p => p.expandable_fit())
+    }
+    fn keep_budget(&self, peak: u64) -> u64 {
+        forward!(self, p => p.keep_budget(peak))
+    }
+    fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, climbing: bool) -> u64 {
+        forward!(self, p => p.allocation_size(config, pool, climbing))
     }
     #[inline]
     fn place(&mut self, rounded: u64, stream: StreamId) -> Placement {

@@ -61,16 +61,16 @@ use headroom_plan::train::{
 /// Exit status: 0 if it fits, 1 if not, 2 on bad input.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
-                        headroom plan --model llama-3-8b --gpu h100-sxm --gpus 8 --zero 3 --train --batch 4 --seq 8192 --max-batch\n  \
+    after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --precision bf16 --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
+                        headroom plan --model llama-3-8b --gpu h100-sxm --gpus 8 --zero 3 --train --batch 1 --seq 8192 --checkpoint full --max-batch\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
-                        headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
+                        headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --tp 8 --pp 4 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
-                        headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 4 --seq 8192\n  \
+                        headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/cs336-medium.json --gpu a100-80gb --precision fp32 --attention eager --batch 4 --seq 1024 --calibrate small-run.pickle --calibrate-seq 128"
 )]
 pub struct PlanArgs {

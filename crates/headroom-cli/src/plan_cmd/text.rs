@@ -399,9 +399,12 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
     if let Some(o) = &e.oom {
         outln!(
             out,
-            "runs out of memory in step {}'s {}: asks for {} ({} of {}) with {} free, {} reserved and {} allocated",
-            o.at.step,
-            phase_name(o.at.phase),
+            "runs out of memory {}: asks for {} ({} of {}) with {} free, {} reserved and {} allocated",
+            if o.at.phase == Phase::Setup {
+                "while the model is built".to_string()
+            } else {
+                format!("in step {}'s {}", o.at.step, phase_name(o.at.phase))
+            },
             format_size(o.asked),
             o.term.name(),
             if o.site.is_empty() { "the step" } else { &o.site },

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Device calls per training step and their device time, per policy, on the
+training traces of the fixtures and on the GPU snapshots (docs/PERFORMANCE.md,
+"Device calls and their time on a GPU"). Runs `headroom replay SNAPSHOT
+--policy pytorch --policy expandable --policy headroom --policy tight --json` on each and
+prints a Markdown table. Usage:
+
+    cargo build --release -p headroom-cli
+    python3 scripts/bench/device_calls.py [HEADROOM] [SHARED]
+
+HEADROOM defaults to target/release/headroom, SHARED to ../shared beside the
+checkout. Device time is what the calls take at the published per-call costs
+of `headroom_alloc::DeviceCosts::PUBLISHED`; steps are told apart by the
+optimizer's frames, and "steady" is every step after the second.
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HEADROOM = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "target/release/headroom")
+SHARED = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ROOT.parent / "shared")
+POLICIES = ["pytorch", "expandable", "headroom", "tight"]
+
+
+def training(name):
+    """A training trace: named so (as tests/policies.rs does), or with more than one step."""
+    return "train" in name or "step" in name
+
+
+def replay(path):
+    args = [HEADROOM, "replay", str(path), "--json"] + [a for p in POLICIES for a in ("--policy", p)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode not in (0, 1):
+        sys.exit(f"{path}: {out.stderr}")
+    # Snapshots recorded without a trace have no runs to compare.
+    return next((d["runs"] for d in json.loads(out.stdout)["devices"] if d["runs"]), [])
+
+
+def main():
+    snapshots = sorted((SHARED / "fixtures/pytorch-snapshots").glob("*.pickle"))
+    snapshots += sorted((SHARED / "gpu/snapshots").glob("*.pickle.gz"))
+    print("| snapshot | steps | " + " | ".join(f"`{p}` peak GiB / calls by step / steady / device ms" for p in POLICIES) + " |")
+    print("|---|---:|" + "---|" * len(POLICIES))
+    for path in snapshots:
+        runs = replay(path)
+        if not runs:
+            continue
+        steps = len(runs[0]["calls_by_step"])
+        if not (training(path.name) or steps > 2):
+            continue
+        cells = []
+        for r in runs:
+            by_step = r["calls_by_step"]
+            shown = " ".join(map(str, by_step)) if len(by_step) <= 4 else " ".join(map(str, by_step[:3])) + f" … {by_step[-1]}"
+            steady = "-" if r["steady_state_calls"] is None else r["steady_state_calls"]
+            cells.append(f"{r['peak_reserved_bytes'] / 2**30:.2f} / {shown} / {steady} / {r['device_ns'] / 1e6:.0f}")
+        name = path.name.removesuffix(".pickle.gz").removesuffix(".pickle")
+        print(f"| {name} | {steps} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
