@@ -69,11 +69,12 @@ def layer_pattern(family):
     return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
-# Grouped key-value heads recorded as 12 heads of 48 over 3 key-value heads: every half a
-# dimension (rotary embeddings' rotate_half of the keys: kv / 2 = 1.5 heads' width) and every
-# multiple is told apart by its size (with 2 key-value heads of 48, half the keys' width is a
-# head's width, and the laws could not say which).
-GQA = {"num_attention_heads": 12, "num_key_value_heads": 3, "head_dim": 48}
+# Grouped key-value heads recorded as 12 heads of 40 over 4 key-value heads. Every width the
+# layers make must be told apart by its size: with a power-of-two ratio of heads to key-value
+# heads an fp32 key is as wide as half a bf16 query (12 over 3: kv x 4 bytes = q x 1), and
+# with a head as wide as the heads' count in fp32 (48 = 12 x 4) a per-head mean is half a head;
+# with 2 key-value heads of 48, half the keys' width (rotate_half) is a head's.
+GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
 
 
 def config(family, layers):

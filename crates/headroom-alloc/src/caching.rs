@@ -103,7 +103,11 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     pub(crate) stream_uses: FxHashMap<u32, Vec<StreamId>>,
     /// Non-expandable segments by base address.
     pub(crate) segments: BTreeMap<u64, SegmentRec>,
-    pub(crate) expandable: Vec<Option<ExpandableSegment>>,
+    /// Live expandable segments by creation number: iterated in creation order, as PyTorch
+    /// walks its vector (which erases released ones), and never over the released ones.
+    pub(crate) expandable: BTreeMap<u32, ExpandableSegment>,
+    /// The creation number the next expandable segment takes.
+    pub(crate) next_expandable: u32,
     /// The largest reservation ever made: no request larger can grow in one.
     pub(crate) largest_reservation: u64,
     /// Physical allocations of expandable segments that span more than one
@@ -153,7 +157,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             active: FxHashMap::default(),
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
-            expandable: Vec::new(),
+            expandable: BTreeMap::new(),
+            next_expandable: 0,
             largest_reservation: 0,
             allocations: BTreeMap::new(),
             page_history: PageHistory::default(),

@@ -135,8 +135,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let total = self.device_total;
         let va_size = (total + total / 8).div_ceil(page) * page;
         let base = self.device.reserve(va_size)?;
-        let index = self.expandable.len() as u32;
-        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool: kind }));
+        let index = self.next_expandable;
+        self.next_expandable += 1;
+        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool: kind });
         self.largest_reservation = self.largest_reservation.max(va_size);
         let mut b = Block::new(base, va_size, stream, kind);
         b.mapped = false;
@@ -159,12 +160,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         slot: ArenaSlot,
         size: u64,
     ) -> Result<Option<u32>, AllocError> {
-        let seg = self.expandable.iter().flatten().find(|s| s.stream == stream && s.pool == kind).copied();
+        let seg = self.expandable.values().find(|s| s.stream == stream && s.pool == kind).copied();
         let seg = match seg {
             Some(seg) => seg,
             None => {
                 let id = self.new_reservation(kind, stream)?;
-                self.expandable[self.arena[id].expandable as usize].expect("the reservation just made")
+                *self.expandable.get(&self.arena[id].expandable).expect("the reservation just made")
             }
         };
         if slot.offset.saturating_add(size) > seg.va_size {
@@ -354,7 +355,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             if !b.is_expandable() || keep.contains(&id) {
                 continue;
             }
-            let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+            let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
             let begin = seg.base + (b.ptr - seg.base).div_ceil(seg.page) * seg.page;
             let end = seg.base + (b.ptr + b.size - seg.base) / seg.page * seg.page;
             let (begin, end) = self.whole_allocations(begin, end.max(begin));
@@ -408,7 +409,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn map_block(&mut self, id: u32, size: u64, map_for: MapFor) -> Result<bool, AllocError> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && size <= b.size);
-        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
         let (ptr, bsize, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
         let begin = (ptr - seg.base) / seg.page;
         let end = (ptr + size - seg.base).div_ceil(seg.page);
@@ -449,7 +450,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn map_block_tail(&mut self, id: u32, bytes: u64, map_for: MapFor) -> Result<Option<u32>, AllocError> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && bytes > 0 && bytes <= b.size);
-        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
         let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         let at = ptr + size - bytes;
         debug_assert_eq!((at - seg.base) % seg.page, 0, "unmapped blocks end on page boundaries");
@@ -576,7 +577,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// either end, stay mapped as free blocks.
     pub(crate) fn unmap_block(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
-        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
         let begin = (b.ptr - seg.base).div_ceil(seg.page);
         let end = (b.ptr + b.size - seg.base) / seg.page;
         if begin >= end {
@@ -594,7 +595,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// stays mapped as free blocks.
     fn unmap_range(&mut self, id: u32, un_ptr: u64, un_end: u64) -> Result<(), AllocError> {
         let b = &self.arena[id];
-        let seg = self.expandable[b.expandable as usize].expect("block of a live expandable segment");
+        let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
         let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
         debug_assert!(ptr <= un_ptr && un_ptr < un_end && un_end <= ptr + size);
         debug_assert!((un_ptr - seg.base).is_multiple_of(seg.page) && (un_end - seg.base).is_multiple_of(seg.page));
@@ -641,8 +642,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     pub fn release_unmapped_segments(&mut self) -> Result<(), AllocError> {
         let empty: Vec<u32> = self
             .expandable
-            .iter()
-            .flatten()
+            .values()
             .filter_map(|seg| {
                 let id = *self.pool(seg.pool).unmapped.get(&(seg.stream, seg.base))?;
                 (self.arena[id].size == seg.va_size).then_some(id)
@@ -657,8 +657,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Destroys an expandable segment whose single block is entirely unmapped.
     pub(crate) fn release_expandable_segment(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
-        let index = b.expandable as usize;
-        let seg = self.expandable[index].expect("block of a live expandable segment");
+        let index = b.expandable;
+        let seg = *self.expandable.get(&index).expect("block of a live expandable segment");
         debug_assert!(!b.mapped && b.ptr == seg.base && b.size == seg.va_size);
         let (stream, kind) = (b.stream, b.pool);
         self.device.release_reservation(seg.base, seg.va_size)?;
@@ -666,7 +666,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.page_history.forget(seg.base, seg.base + seg.va_size);
         self.pool_mut(kind).unmapped.remove(&(stream, seg.base));
         self.arena.remove(id);
-        self.expandable[index] = None;
+        self.expandable.remove(&index);
         Ok(())
     }
 }

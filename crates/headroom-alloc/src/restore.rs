@@ -165,7 +165,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if page == 0 || va_size % page != 0 {
             return invalid(format!("reservation {base:#x}+{va_size} is not in whole pages of {page}"));
         }
-        let taken = self.expandable.iter().flatten().any(|e| e.base < end && base < e.base + e.va_size)
+        let taken = self.expandable.values().any(|e| e.base < end && base < e.base + e.va_size)
             || self.segments.range(..end).next_back().is_some_and(|(&b, s)| b + s.size > base);
         if taken {
             return invalid(format!("reservation {base:#x}+{va_size} overlaps memory the allocator holds"));
@@ -212,8 +212,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             pieces.push((at, end - at, false, None));
         }
 
-        let index = self.expandable.len() as u32;
-        self.expandable.push(Some(ExpandableSegment { base, va_size, page, stream, pool }));
+        let index = self.next_expandable;
+        self.next_expandable += 1;
+        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool });
         // An adopted reservation is one a request may grow in, like one the allocator made.
         self.largest_reservation = self.largest_reservation.max(va_size);
         let mut prev = NIL;

@@ -176,7 +176,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     oversize_segs += 1;
                 }
             } else {
-                let seg = self.expandable.get(exp as usize).copied().flatten();
+                let seg = self.expandable.get(&exp).copied();
                 ensure!(seg.is_some(), "expandable segment {exp} is gone but has blocks");
                 let seg = seg.expect("checked");
                 ensure!(seg.base == h.ptr && seg.va_size == total, "expandable segment {:#x} is not tiled", seg.base);
@@ -214,7 +214,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         for (&s, &e) in &self.allocations {
             ensure!(s >= last_end, "physical allocations overlap at {s:#x}");
             last_end = e;
-            let seg = self.expandable.iter().flatten().find(|g| g.base <= s && s < g.base + g.va_size);
+            let seg = self.expandable.values().find(|g| g.base <= s && s < g.base + g.va_size);
             ensure!(seg.is_some(), "physical allocation {s:#x} lies in no expandable segment");
             let g = seg.expect("checked");
             ensure!(

@@ -49,7 +49,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Will it fit? Memory per GPU, term by term, for training or inference.
-    Plan(plan_cmd::PlanArgs),
+    Plan(Box<plan_cmd::PlanArgs>),
     Replay(replay_cmd::ReplayArgs),
     Inspect(inspect_cmd::InspectArgs),
     /// Paged KV cache for LLM serving: capacity and throughput answers.
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     out_file::remove_partial_on_interrupt();
     let result = match cli.command {
-        Command::Plan(args) => plan_cmd::run(args),
+        Command::Plan(args) => plan_cmd::run(*args),
         Command::Replay(args) => replay_cmd::run(args),
         Command::Inspect(args) => inspect_cmd::run(args),
         Command::Kv(args) => kv_cmd::run(args),

@@ -574,7 +574,11 @@ fn s4_s5_wrapped_device_sizes_and_impossible_times() {
     let dev = &r.json()["snapshots"][0]["devices"][0];
     assert_eq!(dev["oom"]["capacity_bytes"], Value::Null, "no device of 20 MiB − 1 from a wrapped sum");
     assert!(dev["notes"].to_string().contains("more than any GPU has"), "{dev}");
-    assert_eq!(dev["oom"]["remedies"].as_array().unwrap().iter().filter(|m| m["avoided"] == false).count(), 0);
+    // The recording bounds the memory only by the refusal (20 MiB reserved, 100 MiB more refused):
+    // a remedy is said to fail only where it fails on the most that allows.
+    for m in dev["oom"]["remedies"].as_array().unwrap().iter().filter(|m| m["avoided"] == false) {
+        assert!(m["note"].as_str().unwrap().contains("even with 120.00 MiB"), "{m}");
+    }
 
     for (name, t) in [("min", Py::Int(i64::MIN)), ("nan", Py::Float(f64::NAN)), ("inf", Py::Float(f64::INFINITY))] {
         let mut s = base();

@@ -12,7 +12,9 @@
 //! when the replay under it serves every request the recorded run could not,
 //! and fails none it served.
 
+use headroom_alloc::units::format_size;
 use headroom_alloc::AllocatorConfig;
+use headroom_trace::recorded_memory::Bounds;
 use headroom_trace::snapshot_replay::{what_if_device, DeviceTrace, Recorded};
 use serde::Serialize;
 
@@ -107,4 +109,30 @@ pub fn remedies(
             .into(),
     });
     out
+}
+
+/// Judges each remedy on the least memory the recording allows (`low`) and
+/// the most (`high`, the same settings in the same order): avoided on the
+/// least is avoided on every device the recording allows, and failing on the
+/// most fails on every one; between, the recording cannot tell.
+pub fn within_bounds(low: Vec<Remedy>, high: Vec<Remedy>, bounds: Bounds) -> Vec<Remedy> {
+    low.into_iter()
+        .zip(high)
+        .map(|(lo, hi)| match (lo.avoided, hi.avoided) {
+            (Some(false), Some(true)) => Remedy {
+                avoided: None,
+                note: format!(
+                    "avoided if the memory was {}, not if it was {}: the recording tells only that it lay between",
+                    format_size(bounds.below - 1),
+                    format_size(bounds.at_least)
+                ),
+                ..hi
+            },
+            (Some(false), _) => Remedy {
+                note: format!("{}, even with {} (the most the recording allows)", lo.note, format_size(bounds.below - 1)),
+                ..lo
+            },
+            _ => lo,
+        })
+        .collect()
 }

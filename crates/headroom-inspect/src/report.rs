@@ -14,7 +14,7 @@ use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, BlockState};
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity};
+use headroom_trace::snapshot_replay::{block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity, Recorded};
 use serde::Serialize;
 
 /// What to compute.
@@ -396,6 +396,17 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
                     );
                 }
                 o.remedies = oom::remedies(t, &recorded, replay_capacity, &f.recorded, r.ooms_recorded);
+                // Where the recording bounds the memory without telling it, a remedy is judged on
+                // the least and the most it allows: a verdict that differs between them is no verdict.
+                if let (None, Some(b)) = (capacity, memory.limit) {
+                    if b.below > b.at_least + 1 {
+                        let most = b.below - 1;
+                        let upper = Recorded { memory_limit: Some(most), ..f.recorded.clone() };
+                        let high =
+                            oom::remedies(t, &recorded, replay_capacity.max(most), &upper, r.ooms_recorded);
+                        o.remedies = oom::within_bounds(std::mem::take(&mut o.remedies), high, b);
+                    }
+                }
             }
             _ if !bounded => r.unavailable.push(
                 "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \

@@ -13,7 +13,9 @@
 use crate::gpu::GpuSpec;
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
-use crate::train::{Attention, Checkpointing, Estimator, Offload, Precision, TrainConfig, TrainEstimate};
+use crate::train::{
+    Attention, Checkpointing, Estimator, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig, TrainEstimate,
+};
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -133,7 +135,8 @@ pub struct Search {
 /// coefficients come from it) that reaches `global_batch` sequences per optimizer step:
 /// screened by the closed form, ranked by time per step (ties favour fewer accumulation
 /// steps, then the numerically safer precision, then less memory), then replayed in that
-/// order until `wanted` are found to fit — and, with `engine`, on until the fastest that fits
+/// order until `wanted` are found to fit (a configuration that fits only with AdamW's fused
+/// implementation, where none was named, is kept with it) — and, with `engine`, on until the fastest that fits
 /// and that `engine` accepts is found (or `ENGINE_SEARCH_LIMIT` more have been replayed).
 #[allow(clippy::too_many_arguments)]
 pub fn recommend(
@@ -219,7 +222,17 @@ pub fn recommend(
             continue;
         }
         out.replayed += 1;
-        let estimate = estimator.estimate(model, gpu, &config);
+        let mut estimate = estimator.estimate(model, gpu, &config);
+        let mut config = config;
+        if !estimate.fits && config.optimizer == Optimizer::AdamW && config.optimizer_impl.is_none() {
+            // AdamW's default implementation keeps a copy of the second moments for the step;
+            // the fused one none: where that makes the difference, the row says so.
+            let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..config };
+            let e = estimator.estimate(model, gpu, &fused);
+            if e.fits {
+                (config, estimate) = (fused, e);
+            }
+        }
         if !estimate.fits {
             continue;
         }

@@ -44,6 +44,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
                 "zero_stage": r.config.parallel.zero_stage,
                 "offload": r.config.offload.name(),
                 "micro_batch": r.config.micro_batch,
+                "optimizer_impl": r.estimate.optimizer_impl.name(),
                 "accumulation": r.config.accumulation,
                 "per_gpu_bytes": bytes(r.estimate.per_gpu_bytes),
                 "step_time_s": r.estimate.step_time_s,

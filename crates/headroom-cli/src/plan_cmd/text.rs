@@ -132,8 +132,9 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
     outln!(out);
     outln!(
         out,
-        "{} of {} configurations fit; fastest for {} sequences per step on {} GPUs:",
-        p.search.recommendations.len(),
+        "{} of {} configurations fit by their tensors; replayed fastest first, the fastest that fit for {} \
+         sequences per step on {} GPUs:",
+        p.search.fit_by_tensors,
         p.search.tried,
         p.global_batch,
         p.args.gpus
@@ -180,6 +181,14 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
             r.estimate.step_time_s,
             r.estimate.tokens_per_s,
             r.estimate.mfu * 100.0
+        );
+    }
+    let fused = p.search.recommendations.iter().take(10).filter(|r| r.config.optimizer_impl.is_some()).count();
+    if fused > 0 && p.cfg.optimizer_impl.is_none() {
+        outln!(
+            out,
+            "  ({fused} of these fit only with AdamW's fused implementation: --optimizer-impl fused, or transformers' \
+             Trainer, which picks it)"
         );
     }
 }
