@@ -595,7 +595,9 @@ pub fn step_time_with(
     }
     // What is left is the GPU waiting for the host.
     let Breakdown { compute, memory, .. } = clocks.busy;
-    let launch = (step - compute - memory - communication).max(0.0);
+    // (Rounding's residue, where the GPU never waits, is none.)
+    let left = step - compute - memory - communication;
+    let launch = if left > 1e-9 * step { left } else { 0.0 };
     let breakdown = Breakdown { compute, memory, launch, communication };
     StepTime { step, layer_forward, layer_backward, breakdown }
 }
