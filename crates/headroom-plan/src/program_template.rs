@@ -46,7 +46,7 @@ pub struct Layer {
 
 impl Layer {
     fn decode(code: i64) -> Option<Layer> {
-        (code >= 0).then(|| Layer { stack: (code / 100) as u8, n: (code % 100) as u8 })
+        (code >= 0).then_some(Layer { stack: (code / 100) as u8, n: (code % 100) as u8 })
     }
 
     /// Whether this is the middle layer that stands for every layer between the edges.
@@ -266,7 +266,7 @@ fn kernel(name: &str) -> Result<Kernel, String> {
 }
 
 fn events(flat: &[i64], tensors: usize) -> Result<Vec<EventT>, String> {
-    if flat.len() % 3 != 0 {
+    if !flat.len().is_multiple_of(3) {
         return Err("a section's length is not a multiple of 3".into());
     }
     flat.chunks(3)
