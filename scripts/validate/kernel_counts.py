@@ -36,7 +36,8 @@ fused kernel writing a one-byte mask; SDPA is left to the planner.
     .venv/bin/python scripts/validate/kernel_counts.py --only gpt2 --merge --out data/kernels/hf.json
 
 Gemma 2 has no SDPA path in transformers (its logits soft-capping runs eager attention):
-the planner takes Gemma's recording for it.
+the planner takes Gemma's recording for it. GPT-NeoX (rotary on part of each head) and BLOOM
+(ALiBi) make tensors whose widths are no unit named here yet; the planner takes Llama's.
 """
 
 import argparse
@@ -72,10 +73,6 @@ CONFIGS = {
     "phi3": dict(GQA, model_type="phi3", hidden_size=600, pad_token_id=0),
     # Multi-head families: the query, key and value widths are the hidden size by construction.
     "gpt2": dict(model_type="gpt2", n_embd=300, n_head=10, n_inner=800, n_positions=1024, vocab_size=4096),
-    # Rotary embeddings on a quarter of each head (its default), 10 wide: its tables 5.
-    "gpt_neox": dict(model_type="gpt_neox", hidden_size=480, num_attention_heads=12, intermediate_size=900,
-                     vocab_size=4096, max_position_embeddings=2048),
-    "bloom": dict(model_type="bloom", hidden_size=288, n_head=8, vocab_size=4096),
 }
 PRECISIONS = ("fp32", "bf16", "amp")
 
@@ -133,10 +130,9 @@ def unit_of(width, units, what):
 
 
 # Units a family makes equal: a multi-head model's query and key widths are its hidden
-# size (and its key heads its heads); Phi-3's query width is its hidden size; BLOOM's MLP
-# is four times its hidden size.
+# size (and its key heads its heads); Phi-3's query width is its hidden size.
 MHA = [{"h", "q", "kv"}, {"a", "k"}, {"q/2", "kv/2"}, {"q/4", "kv/4"}, {"q/8", "kv/8"}, {"3h", "q+2kv"}]
-SAME = {"gpt2": MHA, "gpt_neox": MHA, "bloom": MHA + [{"f", "4h"}], "phi3": [{"h", "q"}]}
+SAME = {"gpt2": MHA, "phi3": [{"h", "q"}]}
 
 
 def check_distinct(family, units):
@@ -330,7 +326,7 @@ def cuda_autocast():
 def record(family, precision, checkpointing, layers, batch, seq):
     """The phases' figures of one job: {phase: Part} for the whole model."""
     cfg = dict(CONFIGS[family])
-    cfg["n_layer" if family in ("gpt2", "bloom") else "num_hidden_layers"] = layers
+    cfg["n_layer" if family == "gpt2" else "num_hidden_layers"] = layers
     # A GPU's fused SDPA kernel drops out inside the kernel; the CPU would take SDPA's math
     # path for attention with dropout and record its operators one by one. Attention
     # dropout is left out (the other dropouts stay: a GPU runs them as kernels).
