@@ -571,3 +571,23 @@ fn vllm_sizes_its_cache_from_its_settings() {
     // vLLM plans inference only.
     refused(&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--framework", "vllm"], "plans inference");
 }
+
+#[test]
+fn the_step_time_breakdown_adds_up_and_a_small_eager_step_is_launch_bound() {
+    let part = |v: &Value, k: &str| v["step_time_breakdown"][k].as_f64().unwrap();
+    let parts = ["compute_s", "memory_bound_s", "launch_s", "communication_s"];
+    // GPT-2 small at one 512-token sequence: transformers' eager step waits on the host.
+    let small = ["--model", "gpt2", "--gpu", "h100-sxm", "--batch", "1", "--seq", "512", "--precision", "bf16"];
+    let (_, v) = plan(&small);
+    let sum: f64 = parts.iter().map(|k| part(&v, k)).sum();
+    let step = v["step_time_s"].as_f64().unwrap();
+    assert!((sum - step).abs() <= 1e-9 * step, "{v}");
+    assert_eq!(v["step_time_breakdown"]["dominant"], "launch");
+    assert_eq!(v["step_time_breakdown"]["launch_bound"], true);
+    prints(&small, 0, "launch-bound");
+    prints(&small, 0, "CUDA graphs or torch.compile");
+    // Llama-3-8B at 8 × 4096 keeps the GPU busy.
+    let (_, big) = plan(&["--model", "llama-3-8b", "--gpu", "h200", "--batch", "8", "--seq", "4096"]);
+    assert_eq!(big["step_time_breakdown"]["launch_bound"], false, "{big}");
+    assert_eq!(big["step_time_breakdown"]["dominant"], "compute", "{big}");
+}

@@ -38,6 +38,16 @@ impl Dtype {
         }
     }
 
+    /// The fraction of its peak a large multiply in this format reaches: the part's
+    /// measured tensor-core figure, or [`FP32_MATMUL_EFFICIENCY`] for PyTorch's fp32
+    /// multiplies on the fp32 units.
+    pub fn matmul_efficiency(self, gpu: &GpuSpec) -> f64 {
+        match self {
+            Dtype::Fp32 => FP32_MATMUL_EFFICIENCY,
+            _ => gpu.matmul_efficiency,
+        }
+    }
+
     /// The dense peak of this format's matrix units, FLOP per second.
     pub fn peak(self, gpu: &GpuSpec) -> f64 {
         match self {
@@ -51,6 +61,12 @@ impl Dtype {
         }
     }
 }
+
+/// What cuBLAS's SGEMM reaches of the fp32 units' peak on a large multiply: 10.18 of
+/// 11.34 TFLOP/s (89.8%) at 4096³ on a GTX 1080 Ti (zkh2016/sgemm's README). The fp32
+/// units are simpler to keep fed than the tensor cores, whose best is 80–86%
+/// ([`crate::gpu::MATMUL_EFFICIENCY_DEFAULT`]).
+pub const FP32_MATMUL_EFFICIENCY: f64 = 0.90;
 
 /// Output tiles of cuBLAS's kernels for large multiplies; its heuristics choose per
 /// shape, so a shape is timed with whichever of these leaves the least idle.
@@ -108,8 +124,10 @@ impl Kernels<'_> {
             return 0.0;
         }
         let flops = 2.0 * batch * m * n * k;
-        let rate =
-            self.dtype.peak(self.gpu) * self.gpu.matmul_efficiency * self.occupancy(batch, m, n, k) * self.sustained;
+        let rate = self.dtype.peak(self.gpu)
+            * self.dtype.matmul_efficiency(self.gpu)
+            * self.occupancy(batch, m, n, k)
+            * self.sustained;
         let bytes = batch * (m * k + k * n + m * n) * self.dtype.bytes();
         (flops / rate).max(self.memory(bytes))
     }

@@ -12,6 +12,7 @@
 pub mod calibrate;
 pub mod checkpoint;
 pub mod deepspeed;
+pub mod eager;
 mod error;
 pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
 pub mod emit;

@@ -2,9 +2,24 @@
 //! multiplies by shape, attention by kernel, memory-bound ops by the bytes they move
 //! ([`crate::kernel`]) — forward, backward and what checkpointing recomputes; then the
 //! pipeline bubble, exposed collectives, the optimizer step or its offload.
+//!
+//! Where transformers' eager code runs the job (one replica per GPU, not compiled), the
+//! step is also what the host can issue: every operator the code dispatches costs the CPU
+//! its interpreter, dispatcher and launch, and the GPU cannot run a kernel before it is
+//! launched. The operators, kernels and memory-bound bytes of each family's step are
+//! recorded ([`crate::eager`]); the host's rate is [`Host`]'s. The host and the GPU run
+//! the step's stretches in order (the layers' forwards, the head and loss, their
+//! backwards, the layers' backwards, the optimizer), the GPU starting each kernel when the
+//! host has launched it and the one before has finished: a stretch of small kernels takes
+//! the host's time, one of large kernels the GPU's, and what the host does ahead hides
+//! under what the GPU still runs.
 
-use crate::gpu::GpuSpec;
-use crate::job::{Attention, Checkpointing, Finetune, Framework, Offload, PipelineStage, Precision, TrainConfig};
+use crate::eager;
+use crate::gpu::{Arch, GpuSpec};
+use crate::job::{
+    Attention, Checkpointing, Finetune, Framework, Offload, Optimizer, OptimizerImpl, PipelineStage, Precision,
+    TrainConfig,
+};
 use crate::kernel::{Dtype, Kernels};
 use crate::model::{Head, Model};
 use crate::parallel;
@@ -32,6 +47,90 @@ pub fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
         linear: 2.0 * layer_params * tokens * l,
         attention: attention * l,
         head: 2.0 * (model.vocab * model.hidden) as f64 * tokens,
+    }
+}
+
+/// How fast the host issues transformers' eager step: seconds per operator it dispatches.
+/// Fitted on the dev grid's tuning rows (the twelve bf16 jobs on an H200 with torch 2.11
+/// and transformers 5.17, `crates/headroom-plan/tests/step_time.rs`). A forward operator
+/// carries the model's Python around it — its module's call, transformers' wrappers, the
+/// binding — and costs tens of µs; an operator the autograd engine dispatches from C++
+/// costs little more than its launch (2–5 µs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Host {
+    /// An operator the model's Python code calls: the forward, a checkpointed layer's
+    /// recomputed forward, the optimizer's Python.
+    pub python_op: f64,
+    /// An operator the autograd engine calls in the backward (C++, no interpreter).
+    pub engine_op: f64,
+    /// One call of non-reentrant checkpointing's hooks (Python): each tensor a checkpointed
+    /// layer saves is packed in the forward, packed again when the backward recomputes the
+    /// layer and unpacked for its backward.
+    pub checkpoint_hook: f64,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host { python_op: 38e-6, engine_op: 2.5e-6, checkpoint_hook: 20e-6 }
+    }
+}
+
+/// The least a kernel takes on the GPU, launched back to back with others: its blocks
+/// scheduled, run and retired, however little it computes (about 2 µs on current parts).
+pub const KERNEL_FLOOR_S: f64 = 2e-6;
+
+/// Where a step's time goes: they add up to the step time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// The GPU computing: matrix multiplies and attention kernels.
+    pub compute: f64,
+    /// The GPU bound by memory: norms, activations, residual adds, casts, the loss's
+    /// passes over the logits, embeddings, gradient accumulation and the optimizer step.
+    pub memory: f64,
+    /// The GPU idle, waiting for the host to launch its next kernel.
+    pub launch: f64,
+    /// Collectives, pipeline sends and host transfers not hidden under compute.
+    pub communication: f64,
+}
+
+/// A part of the step time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeTerm {
+    Compute,
+    Memory,
+    Launch,
+    Communication,
+}
+
+crate::names::named!(TimeTerm {
+    Compute => ("compute", "the GPU computing matrix multiplies and attention"),
+    Memory => ("memory-bound", "the GPU bound by memory: norms, activations, casts, the loss, the optimizer step"),
+    Launch => ("launch", "the GPU idle, waiting for the host to launch kernels"),
+    Communication => ("communication", "collectives and transfers not hidden under compute"),
+});
+
+impl Breakdown {
+    pub fn total(&self) -> f64 {
+        self.compute + self.memory + self.launch + self.communication
+    }
+
+    /// The largest part.
+    pub fn dominant(&self) -> TimeTerm {
+        [
+            (TimeTerm::Compute, self.compute),
+            (TimeTerm::Memory, self.memory),
+            (TimeTerm::Launch, self.launch),
+            (TimeTerm::Communication, self.communication),
+        ]
+        .into_iter()
+        .fold((TimeTerm::Compute, f64::MIN), |best, t| if t.1 > best.1 { t } else { best })
+        .0
+    }
+
+    /// Whether the GPU waits on the host more than it computes or moves memory: a larger
+    /// micro-batch, CUDA graphs or `torch.compile` (fewer, fused kernels) would run it faster.
+    pub fn launch_bound(&self) -> bool {
+        self.dominant() == TimeTerm::Launch
     }
 }
 
@@ -76,6 +175,40 @@ fn linear(kn: &Kernels, tokens: f64, k: f64, n: f64, frozen: bool) -> Pass {
     Pass { forward: kn.matmul(1.0, tokens, n, k), backward: input_grad + weight_grad }
 }
 
+/// The kernel PyTorch's `scaled_dot_product_attention` runs for transformers' SDPA path
+/// on a CUDA GPU (research/sdpa-backends.md): a fused kernel (flash, cuDNN or, on parts
+/// without flash, the memory-efficient one) for 16-bit inputs; for fp32 the memory-efficient
+/// kernel, unless the keys and values are grouped — transformers then passes
+/// `enable_gqa`, which PyTorch 2.11's memory-efficient kernel does not take — and the
+/// composite math path runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SdpaKernel {
+    Fused,
+    MemoryEfficient,
+    Math,
+}
+
+pub fn sdpa_kernel(model: &Model, gpu: &GpuSpec, precision: Precision) -> SdpaKernel {
+    match precision {
+        Precision::Fp32 if model.kv_heads < model.heads => SdpaKernel::Math,
+        Precision::Fp32 => SdpaKernel::MemoryEfficient,
+        _ if matches!(gpu.arch, Arch::Volta | Arch::Turing) => SdpaKernel::MemoryEfficient,
+        _ => SdpaKernel::Fused,
+    }
+}
+
+/// The math path's kernels, forward and backward: the query scaled, the causal mask built
+/// and turned additive, the keys and values repeated per query head, the keys scaled, the
+/// scores multiplied, masked, `_safe_softmax` (softmax, a test for rows all masked, a
+/// `where`), the weighted sum; the backward is each one's gradient.
+const MATH_KERNELS: Pass = Pass { forward: 14.0, backward: 12.0 };
+/// Passes over the scores (batch × heads × s × s at the query's width) the math path
+/// makes: forward, the product written, the mask added in place, softmax read and
+/// written, `_safe_softmax`'s test and `where`, the weighted sum reading it; backward, the
+/// probabilities' gradient written and the probabilities read twice, softmax's backward
+/// reading two and writing one, the scores' gradient read by both products.
+const MATH_SCORE_PASSES: Pass = Pass { forward: 9.75, backward: 8.0 };
+
 /// One transformer layer's kernels on one GPU (tensor-parallel shards of `t`, the
 /// sequence split over `c` context-parallel ranks), forward and backward.
 pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTimes {
@@ -110,6 +243,18 @@ pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTime
     };
     let (forward, backward) = match cfg.attention {
         Attention::Eager => kn.eager_attention(heads, s / c, s, d),
+        Attention::Sdpa if eager_step(model, cfg).is_some() => match sdpa_kernel(model, gpu, cfg.precision) {
+            SdpaKernel::Math => {
+                // Every product whole (the mask is added, not skipped), at the query's width.
+                let products = kn.matmul(heads, s, s, d) + kn.matmul(heads, s, d, s);
+                let scores = heads * s * s * eb;
+                (
+                    products + kn.memory(MATH_SCORE_PASSES.forward * scores),
+                    2.0 * products + kn.memory(MATH_SCORE_PASSES.backward * scores),
+                )
+            }
+            _ => kn.flash_attention(heads, s / c, s, d, causal, fused),
+        },
         Attention::Sdpa | Attention::Flash => kn.flash_attention(heads, s / c, s, d, causal, fused),
     };
     let attention = Pass { forward, backward };
@@ -132,38 +277,110 @@ pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTime
 /// The output layer and the loss for one micro-batch: the logits' multiply, and the
 /// loss's passes over the logits (upcast, log-softmax, its gradient and the downcast:
 /// 14 bytes a logit each way, as the transformers loss the memory model counts moves them).
-fn head_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Pass {
+fn head_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> (Pass, Pass) {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
     let kn = kernels(gpu, cfg);
     let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c;
     let outputs = match cfg.head {
-        Head::SeqCls => return Pass::default(),
+        Head::SeqCls => return (Pass::default(), Pass::default()),
         Head::CausalLm | Head::MaskedLm => model.vocab as f64 / t,
     };
     let frozen = matches!(cfg.finetune, Finetune::Lora { .. });
     let logits = linear(&kn, tokens, model.hidden as f64, outputs, frozen);
     let loss = kn.memory(14.0 * tokens * outputs);
-    Pass { forward: logits.forward + loss, backward: logits.backward + loss }
+    (logits, Pass { forward: loss, backward: loss })
+}
+
+/// The recorded eager step of the job, where transformers' own code runs it as recorded:
+/// one model replica per GPU (data parallelism and ZeRO shard only the states),
+/// transformers, Accelerate or DeepSpeed over its modelling code, not compiled, and no or
+/// full checkpointing (transformers has no other policy).
+pub fn eager_step(model: &Model, cfg: &TrainConfig) -> Option<&'static eager::Step> {
+    let par = &cfg.parallel;
+    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
+        && par.tensor == 1
+        && par.pipeline == 1
+        && par.context == 1
+        && !cfg.compile
+        && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full);
+    if !runs {
+        return None;
+    }
+    eager::step(model, cfg.precision, cfg.checkpointing == Checkpointing::Full)
 }
 
 /// An optimizer step's time, and one layer's within it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepTime {
     pub step: f64,
-    /// One layer's forward for one micro-batch, tensor-parallel all-reduces included.
+    /// One layer's forward for one micro-batch, tensor-parallel all-reduces included: its
+    /// kernels, or, where the host issues them slower than they run, the host's time.
     pub layer_forward: f64,
     /// Its backward, with what checkpointing recomputes.
     pub layer_backward: f64,
+    /// Where the step's time goes.
+    pub breakdown: Breakdown,
 }
 
-/// Seconds per optimizer step (see the module documentation).
+/// A stretch of the step: `n` alike units, each taking the host `host` seconds to issue
+/// and the GPU `compute + memory` seconds to run.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stretch {
+    n: f64,
+    host: f64,
+    compute: f64,
+    memory: f64,
+}
+
+/// The host's clock and the GPU's as the step's stretches run: the host issues each unit's
+/// kernels in turn; the GPU runs a unit once it has finished the one before and the host
+/// has launched it (a unit's kernels start as they are launched, so the GPU finishes a
+/// unit no sooner than its own time after the host does).
+#[derive(Clone, Copy, Debug, Default)]
+struct Clocks {
+    host: f64,
+    gpu: f64,
+    busy: Breakdown,
+}
+
+impl Clocks {
+    fn run(&mut self, s: Stretch) {
+        if s.n <= 0.0 {
+            return;
+        }
+        let g = s.compute + s.memory;
+        // The first unit starts when both are ready; the last ends after the later of the
+        // GPU's own run of all n and the host's issue of all n (the host ahead or behind).
+        let first = self.gpu.max(self.host + s.host) + g;
+        self.gpu = (first + (s.n - 1.0) * g).max(self.host + s.n * s.host + g);
+        self.host += s.n * s.host;
+        self.busy.compute += s.n * s.compute;
+        self.busy.memory += s.n * s.memory;
+    }
+}
+
+/// Seconds per optimizer step (see the module documentation), at the host rate measured
+/// on the dev grid's GPU.
 pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> StepTime {
+    step_time_with(model, gpu, cfg, recompute_fraction, &Host::default())
+}
+
+/// [`step_time`] at another host rate.
+pub fn step_time_with(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &TrainConfig,
+    recompute_fraction: f64,
+    host: &Host,
+) -> StepTime {
     let par = &cfg.parallel;
     let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
     let m = cfg.accumulation.max(1) as f64;
+    let kn = kernels(gpu, cfg);
     let layer = layer_times(model, gpu, cfg);
-    let head = head_times(model, gpu, cfg);
+    let (head, loss) = head_times(model, gpu, cfg);
+    let recorded = eager_step(model, cfg);
     // What the backward runs again, by class. Selective checkpointing with a fused kernel
     // recomputes nothing the kernel's own backward does not; per-op checkpointing reruns
     // every other matrix multiply and everything bound by memory; a solver's schedule
@@ -181,16 +398,55 @@ pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_frac
         }
     };
     let layers = model.layers as f64 / p as f64;
-    // One layer's kernels, its forward and its backward with what it recomputes.
-    let layer_compute_forward = layer.linear.forward + layer.attention.forward + layer.elementwise.forward;
-    let layer_compute_backward = layer.linear.backward
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c as f64;
+    let positions = cfg.seq as f64 / c as f64;
+    let layer_params = model.layer_params() as f64;
+
+    // One layer's kernels, forward and backward, compute and memory-bound apart; and what the
+    // host takes to issue them (nothing where no recording says: Megatron's and the compiled
+    // steps' fused kernels keep the GPU ahead of the host).
+    let compute_f = layer.linear.forward + layer.attention.forward;
+    let compute_b = layer.linear.backward
         + layer.attention.backward
-        + layer.elementwise.backward
         + r_lin * layer.linear.forward
-        + r_attn * layer.attention.forward
-        + r_elem * layer.elementwise.forward;
-    let forward_time = layers * layer_compute_forward + head.forward / p as f64;
-    let backward_time = layers * layer_compute_backward + head.backward / p as f64;
+        + r_attn * layer.attention.forward;
+    let (mut mem_f, mut mem_b) =
+        (layer.elementwise.forward, layer.elementwise.backward + r_elem * layer.elementwise.forward);
+    let (mut host_f, mut host_b) = (0.0, 0.0);
+    // The head and the loss, forward and backward, and their host time.
+    let (mut rest_mem_f, mut rest_mem_b) = (loss.forward, loss.backward);
+    let (mut rest_host_f, mut rest_host_b) = (0.0, 0.0);
+    if let Some(st) = recorded {
+        let floor = |bytes: f64, kernels: f64| kn.memory(bytes).max(kernels * KERNEL_FLOOR_S);
+        let (fl, bl) = (&st.forward.layer, &st.backward.layer);
+        let math = cfg.attention == Attention::Sdpa && sdpa_kernel(model, gpu, cfg.precision) == SdpaKernel::Math;
+        let attention_kernels = if math { MATH_KERNELS } else { Pass { forward: 1.0, backward: 3.0 } };
+        // The memory-bound kernels as recorded (a checkpointed layer's backward includes its
+        // recomputed forward's); the matrix multiplies and attention are timed above.
+        let elementwise = |part: &eager::Part| part.kernels - part.matmuls;
+        mem_f = floor(fl.traffic.bytes(model, tokens, positions, layer_params), elementwise(fl));
+        mem_b = floor(bl.traffic.bytes(model, tokens, positions, layer_params), elementwise(bl));
+        // The host: the forward's operators from Python; the backward's from the engine; a
+        // checkpointed layer's recomputed forward from Python again (the operators the
+        // checkpointed backward has beyond the plain one), with the hooks around each saved
+        // tensor. The math path's composite dispatches its kernels from C++.
+        let plain = eager::step(model, cfg.precision, false).unwrap_or(st);
+        let recomputed = (bl.ops - plain.backward.layer.ops).max(0.0);
+        let hooks = if cfg.checkpointing == Checkpointing::Full { 3.0 * plain.forward.layer.saved } else { 0.0 };
+        let sdpa_ops = if math { attention_kernels } else { Pass::default() };
+        host_f = host.python_op * fl.ops + host.engine_op * sdpa_ops.forward;
+        host_b = host.engine_op * (plain.backward.layer.ops + sdpa_ops.backward * bl.attention)
+            + host.python_op * (recomputed + sdpa_ops.forward * (bl.attention - 1.0).max(0.0))
+            + host.checkpoint_hook * hooks;
+        let (fr, br) = (&st.forward.rest, &st.backward.rest);
+        rest_mem_f = floor(fr.traffic.bytes(model, tokens, positions, 0.0), elementwise(fr));
+        rest_mem_b = floor(br.traffic.bytes(model, tokens, positions, 0.0), elementwise(br));
+        rest_host_f = host.python_op * fr.ops;
+        rest_host_b = host.engine_op * br.ops;
+    }
+    let on_last = 1.0 / p as f64;
+    let forward_time = layers * (compute_f + mem_f) + (head.forward + rest_mem_f) * on_last;
+    let backward_time = layers * (compute_b + mem_b) + (head.backward + rest_mem_b) * on_last;
     let compute = forward_time + backward_time;
     let attention_time = layers * (layer.attention.forward * (1.0 + r_attn) + layer.attention.backward);
     let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
@@ -203,10 +459,11 @@ pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_frac
     let all_reduce = parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
     let mut tp = lp * tp_ops * all_reduce;
     // One layer's forward and backward as a profiler would time them: two all-reduces in
-    // the forward, the rest in the backward (none shown when overlapped).
+    // the forward, the rest in the backward (none shown when overlapped); the host's time
+    // where it issues the layer slower than the GPU runs it.
     let shown = if par.tp_comm_overlap { 0.0 } else { all_reduce };
-    let layer_forward = layer_compute_forward + 2.0 * shown;
-    let layer_backward = layer_compute_backward + (tp_ops - 2.0) * shown;
+    let layer_forward = (compute_f + mem_f).max(host_f) + 2.0 * shown;
+    let layer_backward = (compute_b + mem_b).max(host_b) + (tp_ops - 2.0) * shown;
     if par.tp_comm_overlap {
         // Chunked against the GEMMs it feeds: only what outlasts them shows.
         tp = (tp - (compute - attention_time)).max(0.0);
@@ -218,22 +475,70 @@ pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_frac
     // Stage to stage: activations forward, their gradients backward, once per chunk.
     let boundary = s / c as f64 * b * h * 2.0 / if par.sequence_parallel { t as f64 } else { 1.0 };
     let p2p = if p > 1 { 2.0 * v as f64 * parallel::send(boundary, par.pipeline_bandwidth(gpu)) } else { 0.0 };
-    let per_micro_batch = compute + tp + cp + p2p;
+
+    // The micro-batches through the host and the GPU: the layers' forwards, the head and
+    // the loss, their backwards, the layers' backwards. The pipeline runs m + (p−1)/v
+    // slots of one micro-batch each (the bubble).
     let slots = m + (p as f64 - 1.0) / v as f64;
-    let mut step = slots * per_micro_batch;
+    let micro_batch = [
+        Stretch { n: layers, host: host_f, compute: compute_f, memory: mem_f },
+        Stretch { n: 1.0, host: rest_host_f * on_last, compute: head.forward * on_last, memory: rest_mem_f * on_last },
+        Stretch { n: 1.0, host: rest_host_b * on_last, compute: head.backward * on_last, memory: rest_mem_b * on_last },
+        Stretch { n: layers, host: host_b, compute: compute_b, memory: mem_b },
+    ];
+    // Gradients of micro-batches after the first are added into those kept: a read of each
+    // and a read and write of the sum, one kernel a parameter tensor.
+    let stage = if p > 1 { PipelineStage::First } else { PipelineStage::Only };
+    let sh = share(model, cfg, stage);
+    let states = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
+    let grad_width = if main_grads_fp32(cfg) { 4.0 } else { states.gradients };
+    let tensors = recorded.map_or(0.0, |st| layers * st.optimizer.layer.params + st.optimizer.rest.params * on_last);
+    let accumulate = Stretch {
+        n: 1.0,
+        host: host.engine_op * tensors,
+        compute: 0.0,
+        memory: if recorded.is_some() { kn.memory(3.0 * grad_width * sh.trainable) } else { 0.0 },
+    };
+    let mut clocks = Clocks::default();
+    let mut communication = slots * (tp + cp + p2p);
+    let mut step = if recorded.is_some() {
+        // Transformers' step (no pipeline, no tensor or context parallelism): one
+        // micro-batch, and what each one after it adds (two in a row: the host's lead
+        // settles after one).
+        let mut one = Clocks::default();
+        for s in micro_batch {
+            one.run(s);
+        }
+        let mut two = one;
+        two.run(accumulate);
+        for s in micro_batch {
+            two.run(s);
+        }
+        let more = m - 1.0;
+        clocks.host = one.host + more * (two.host - one.host);
+        clocks.gpu = one.gpu + more * (two.gpu - one.gpu);
+        clocks.busy = one.busy.add_scaled(&two.busy, &one.busy, more);
+        clocks.gpu
+    } else {
+        // Kernels back to back, the host never behind.
+        let memory = layers * (mem_f + mem_b) + (rest_mem_f + rest_mem_b) * on_last;
+        clocks.busy = Breakdown { compute: slots * (compute - memory), memory: slots * memory, ..Breakdown::default() };
+        slots * (compute + tp + cp + p2p)
+    };
+    if recorded.is_some() {
+        step += slots * (tp + cp + p2p);
+    }
 
     // Data parallelism over the 16-bit weights and gradients this GPU holds. The engines
     // overlap it with compute — DDP's bucketed all-reduce and ZeRO's reduce-scatters with
     // the backward, ZeRO-3's prefetched gathers with the pass that needs them — so only
     // what outlasts that compute is added.
-    let stage = if p > 1 { PipelineStage::First } else { PipelineStage::Only };
-    let sh = share(model, cfg, stage);
     let grads16 = 2.0 * sh.trainable;
     let weights16 = 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other);
     let n = par.shard_degree();
     let bw = par.data_bandwidth(gpu);
     let exposed = |comm: f64, under: f64| (comm - under).max(0.0);
-    step += match par.zero_stage {
+    let data_parallel = match par.zero_stage {
         0 | 1 => exposed(parallel::all_reduce(grads16, n, bw), backward_time),
         2 => m * exposed(parallel::all_gather(grads16, n, bw), backward_time) + parallel::all_gather(grads16, n, bw),
         _ => {
@@ -241,23 +546,141 @@ pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_frac
             m * (exposed(gather, forward_time) + exposed(gather + parallel::all_gather(grads16, n, bw), backward_time))
         }
     };
-    let host = gpu.host_bandwidth * parallel::LINK_EFFICIENCY;
+    step += data_parallel;
+    communication += data_parallel;
+    let host_link = gpu.host_bandwidth * parallel::LINK_EFFICIENCY;
+    let updated = sh.trainable / if par.zero_stage >= 1 { n as f64 } else { 1.0 };
     if cfg.offload == Offload::None {
-        // The optimizer step is bound by HBM: it reads the gradients, weights and states of
-        // the parameters this GPU updates and writes the weights and states back.
-        let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
-        let g = if main_grads_fp32(cfg) { 4.0 } else { s.gradients };
-        let (w, o) = (s.weights, s.optimizer);
-        let updated = sh.trainable / if par.zero_stage >= 1 { n as f64 } else { 1.0 };
-        step += updated * (g + 2.0 * (w + o)) / (gpu.bandwidth * cfg.coefficients.hbm_efficiency);
+        match recorded.filter(|_| !cfg.deepspeed()) {
+            Some(st) => {
+                // torch.optim's step, as its implementation runs it: memory-bound over the
+                // parameters this GPU updates, and issued by the host (Python per parameter
+                // tensor; the for-loop one kernel launch per operation per tensor).
+                let implementation = crate::synth::optimizer::implementation(cfg, crate::synth::Device::Gpu(gpu));
+                let bytes = optimizer_bytes_per_param(model, cfg, implementation) * updated;
+                let ops = optimizer_ops(st, layers, tensors, updated, implementation);
+                let run = Stretch {
+                    n: 1.0,
+                    host: host.python_op * ops.python + host.engine_op * ops.scalar_reads,
+                    compute: 0.0,
+                    memory: (bytes / (gpu.bandwidth * cfg.coefficients.hbm_efficiency))
+                        .max(ops.launches * KERNEL_FLOOR_S),
+                };
+                clocks.gpu = step;
+                clocks.run(run);
+                step = clocks.gpu;
+            }
+            None => {
+                // The optimizer step is bound by HBM: it reads the gradients, weights and states of
+                // the parameters this GPU updates and writes the weights and states back.
+                let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
+                let (w, o) = (s.weights, s.optimizer);
+                let t = updated * (grad_width + 2.0 * (w + o)) / (gpu.bandwidth * cfg.coefficients.hbm_efficiency);
+                step += t;
+                clocks.busy.memory += t;
+            }
+        }
     } else {
         let trainable = sh.trainable / n as f64;
         // Gradients down and updated weights up, then the CPU's optimizer step.
-        step += 4.0 * trainable / host + trainable / cfg.coefficients.host_optimizer_params_per_s;
+        let t = 4.0 * trainable / host_link + trainable / cfg.coefficients.host_optimizer_params_per_s;
+        step += t;
+        communication += t;
     }
     if cfg.offload == Offload::OptimizerAndParams {
         // Each micro-batch fetches the GPU's weight shard for the forward and again for the backward.
-        step += m * 2.0 * weights16 / n as f64 / host;
+        let t = m * 2.0 * weights16 / n as f64 / host_link;
+        step += t;
+        communication += t;
     }
-    StepTime { step, layer_forward, layer_backward }
+    // What is left is the GPU waiting for the host.
+    let Breakdown { compute, memory, .. } = clocks.busy;
+    // (Rounding's residue, where the GPU never waits, is none.)
+    let left = step - compute - memory - communication;
+    let launch = if left > 1e-9 * step { left } else { 0.0 };
+    let breakdown = Breakdown { compute, memory, launch, communication };
+    StepTime { step, layer_forward, layer_backward, breakdown }
+}
+
+impl Breakdown {
+    /// `self` plus `more` times what `two` adds to `one`.
+    fn add_scaled(self, two: &Breakdown, one: &Breakdown, more: f64) -> Breakdown {
+        Breakdown {
+            compute: self.compute + more * (two.compute - one.compute),
+            memory: self.memory + more * (two.memory - one.memory),
+            launch: self.launch + more * (two.launch - one.launch),
+            communication: self.communication + more * (two.communication - one.communication),
+        }
+    }
+}
+
+/// Bytes an optimizer step moves per parameter it updates. AdamW (torch.optim, decoupled
+/// weight decay at its default 0.01), per its implementation
+/// (research/optimizer-step-memory.md §3–§4): foreach and the for-loop make the same passes —
+/// the weights scaled (read, write), the first moment lerped toward the gradient (two
+/// reads, a write), the second scaled and the squared gradient added (two passes), its
+/// square root into a new tensor, divided and offset in place (three passes), and the
+/// weights updated from the first moment and that root (three reads, a write): 4 weight
+/// widths, 12 state widths, 2 gradient widths. The fused kernel reads the weights, the
+/// gradient and both moments once and writes three. A master copy (mixed precision) is
+/// updated in fp32 and copied to the 16-bit weights. Other optimizers: the gradients
+/// read, the weights and states read and written.
+fn optimizer_bytes_per_param(model: &Model, cfg: &TrainConfig, implementation: OptimizerImpl) -> f64 {
+    let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
+    let g = if main_grads_fp32(cfg) { 4.0 } else { s.gradients };
+    if cfg.optimizer != Optimizer::AdamW {
+        return g + 2.0 * (s.weights + s.optimizer);
+    }
+    let master = matches!(cfg.precision, Precision::Mixed | Precision::Fp8);
+    let (w, moment, copy) =
+        if master { (4.0, (s.optimizer - 4.0) / 2.0, 4.0 + s.weights) } else { (s.weights, s.optimizer / 2.0, 0.0) };
+    copy + match implementation {
+        OptimizerImpl::Foreach | OptimizerImpl::ForLoop => 4.0 * w + 12.0 * moment + 2.0 * g,
+        OptimizerImpl::Fused => 2.0 * w + 4.0 * moment + g,
+    }
+}
+
+/// What the host does for an optimizer step.
+struct OptimizerOps {
+    /// Operators its Python dispatches.
+    python: f64,
+    /// Each parameter's step count read back as a Python number (`_get_value`, twice per
+    /// tensor in foreach's bias corrections): a C++ call from a tight loop, dispatched at
+    /// the engine's rate rather than at a model's, whose operators carry the modules' Python.
+    scalar_reads: f64,
+    /// Kernels it launches.
+    launches: f64,
+}
+
+/// Operators the host dispatches for the optimizer step and the kernels they launch:
+/// foreach as recorded (the per-tensor reads of the layers' parameters, eight `_foreach_`
+/// calls) and its launches — `multi_tensor_apply` launches a kernel per 320 blocks of
+/// 65,536 elements or per 110 to 36 tensors, whichever comes first (MultiTensorApply.cuh) —;
+/// the for-loop, eight operators per tensor on top; the fused kernel, one call over the
+/// lists, its step counts left on the device.
+fn optimizer_ops(
+    st: &eager::Step,
+    layers: f64,
+    tensors: f64,
+    elements: f64,
+    implementation: OptimizerImpl,
+) -> OptimizerOps {
+    let (python, scalar_reads) = (st.optimizer.rest.ops, layers * st.optimizer.layer.ops);
+    let chunks = (elements / (65_536.0 * 320.0)).ceil();
+    match implementation {
+        OptimizerImpl::Foreach => {
+            // Lists of one to three tensors a kernel: 110, 64 and 48 tensors a launch at most.
+            let per_op = [110.0, 64.0, 110.0, 48.0, 64.0, 110.0, 110.0, 48.0];
+            let launches = per_op.iter().map(|&k| chunks.max((tensors / k).ceil())).sum();
+            OptimizerOps { python, scalar_reads, launches }
+        }
+        OptimizerImpl::ForLoop => {
+            OptimizerOps { python: python + 8.0 * tensors, scalar_reads, launches: 8.0 * tensors }
+        }
+        OptimizerImpl::Fused => OptimizerOps {
+            python: (python - 7.0).max(0.0),
+            scalar_reads: 0.0,
+            launches: chunks.max((tensors / 36.0).ceil()),
+        },
+    }
 }

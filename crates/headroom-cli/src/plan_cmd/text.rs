@@ -7,6 +7,7 @@ use headroom_plan::infer::Runtime;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
+use headroom_plan::time::{Breakdown, TimeTerm};
 use headroom_plan::train::{Finetune, Offload, Phase, PipelineStage, ProgramSource};
 
 pub(super) fn train(p: &TrainPlan) -> String {
@@ -89,6 +90,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
         e.mfu * 100.0,
         e.recompute_fraction * 100.0
     );
+    step_time_line(&mut out, &e.step_time_breakdown);
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -126,6 +128,28 @@ pub(super) fn train(p: &TrainPlan) -> String {
         outln!(out, "{}", ec.text);
     }
     out
+}
+
+/// Which part of the step time dominates, and for a launch-bound step what users do about it.
+fn step_time_line(out: &mut String, b: &Breakdown) {
+    let total = b.total().max(f64::MIN_POSITIVE);
+    let pct = |x: f64| x / total * 100.0;
+    outln!(
+        out,
+        "  of which compute {:.0}%, memory-bound {:.0}%, launch {:.0}%, communication {:.0}%: {}",
+        pct(b.compute),
+        pct(b.memory),
+        pct(b.launch),
+        pct(b.communication),
+        match b.dominant() {
+            TimeTerm::Launch =>
+                "launch-bound — the GPU waits for the host to launch its kernels; a larger \
+                                 micro-batch, CUDA graphs or torch.compile would run it faster",
+            TimeTerm::Compute => "compute-bound",
+            TimeTerm::Memory => "bound by memory traffic (norms, activations, casts, the loss, the optimizer step)",
+            TimeTerm::Communication => "bound by communication",
+        }
+    );
 }
 
 fn recommendations(out: &mut String, p: &TrainPlan) {

@@ -71,6 +71,8 @@ pub struct TrainEstimate {
     pub stage: PipelineStage,
     /// Seconds per optimizer step.
     pub step_time_s: f64,
+    /// Where the step's time goes: compute, memory-bound, launch, communication.
+    pub step_time_breakdown: crate::time::Breakdown,
     /// Tokens per second over the whole job.
     pub tokens_per_s: f64,
     /// Model FLOPs (6N or 4N per token plus attention, no recomputation) per second over the GPUs' dense peak.
@@ -288,6 +290,7 @@ impl Estimator {
             fits: oom.is_none() && m.note.is_none(),
             stage,
             step_time_s: time,
+            step_time_breakdown: timing.breakdown,
             layer_time_s: [timing.layer_forward, timing.layer_backward],
             tokens_per_s: tokens / time,
             mfu: model_flops / (time * par.gpus() as f64 * peak),
