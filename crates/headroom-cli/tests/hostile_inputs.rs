@@ -356,9 +356,11 @@ fn w4_w10_plan_numbers_and_shapes_that_do_not_make_a_job() {
     let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
     headroom(&[&p[..], &["--gpus", "18446744073709551615", "--batch", "4", "--accumulation", "4"]].concat())
         .expect(2, "not in 1..=1048576");
-    headroom(&[&p[..], &["--gpus", "1048576", "--batch", "4000000000000", "--accumulation", "4000000000000"]].concat())
+    headroom(&[&p[..], &["--gpus", "1048576", "--batch", "4", "--accumulation", "18446744073709551615"]].concat())
         .expect(2, "more than 2^64 sequences");
-    let v = headroom(&[&p[..], &["--batch", "1000000000000", "--seq", "1000000000", "--json"]].concat()).json();
+    headroom(&[&p[..], &["--batch", "1000000000000", "--seq", "1000000000", "--json"]].concat())
+        .expect(2, "more than 2^32 tokens in one micro-batch");
+    let v = headroom(&[&p[..], &["--batch", "65536", "--seq", "65536", "--json"]].concat()).json();
     assert_eq!(v["fits"], false);
     headroom(&["plan", "--model", "bert-base-uncased", "--gpu", "h100-sxm", "--seq", "100000"])
         .expect(2, "512 learned positions");

@@ -615,6 +615,50 @@ fn s6_a_key_given_twice_takes_its_last_value_as_python_does() {
 }
 
 #[test]
+fn s9_vllm_configurations_vllm_refuses_to_start_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let serve = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--framework", "vllm"];
+    for extra in [&["--max-num-seqs", "100000"][..], &["--max-num-batched-tokens", "512"]] {
+        headroom(d, &[&serve[..], extra].concat()).expect(2, "must be greater than or equal to max_num_seqs");
+    }
+    headroom(d, &[&serve[..], &["--max-num-seqs", "18446744073709551615"]].concat()).expect(2, "is not in 1..=");
+    headroom(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat()).expect(0, "fits");
+}
+
+#[test]
+fn s10_compile_says_where_it_has_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    for extra in [
+        &["--framework", "megatron"][..],
+        &["--framework", "torchtitan"],
+        &["--tp", "2", "--gpus", "2"],
+        &["--finetune", "lora"],
+        &["--finetune", "qlora"],
+    ] {
+        let with = headroom(d, &[&job[..], extra, &["--compile"]].concat());
+        assert!(with.stdout.contains("it is planned with the eager code's"), "{extra:?}: {}", with.stdout);
+        assert!(!with.stdout.lines().next().unwrap_or("").contains("torch.compile"), "{extra:?}: {}", with.stdout);
+    }
+}
+
+#[test]
+fn s11_e2_sizes_past_what_a_gpu_holds_and_flags_without_effect_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom(d, &[&job[..], &["--seq", "18446744073709551615"]].concat()).expect(2, "is not in 1..=4294967296");
+    headroom(d, &[&job[..], &["--batch", "18446744073709551615"]].concat()).expect(2, "more than 2^32 tokens");
+    headroom(d, &[&job[..], &["--batch", "65536", "--seq", "65537"]].concat()).expect(2, "more than 2^32 tokens");
+    for (flag, value) in [("--lora-rank", "8"), ("--lora-targets", "qv"), ("--base-weights", "nf4")] {
+        headroom(d, &[&job[..], &[flag, value]].concat()).expect(2, &format!("{flag} applies to --finetune lora or qlora"));
+    }
+    headroom(d, &[&job[..], &["--finetune", "lora", "--lora-rank", "8", "--lora-targets", "qv"]].concat()).expect(0, "fits");
+}
+
+#[test]
 fn s12_check_under_a_policy_or_other_settings_says_what_it_compares() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

@@ -152,18 +152,23 @@ pub struct StageMemory {
 /// one model replica per GPU, full fine-tuning, no or full checkpointing, a precision
 /// transformers has.
 pub fn hf_recipe(model: &Model, cfg: &TrainConfig) -> Option<&'static Recipe> {
-    let par = &cfg.parallel;
-    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
-        && cfg.finetune == Finetune::Full
-        && par.tensor == 1
-        && par.pipeline == 1
-        && par.context == 1
-        && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full);
-    if runs {
+    if transformers_runs(cfg) {
         recipe::recipe(model, cfg.precision, cfg.attention, compiled_recipe(model, cfg))
     } else {
         None
     }
+}
+
+/// Whether transformers' own code runs the job's layers: one model replica per GPU, full
+/// fine-tuning, no or full checkpointing.
+fn transformers_runs(cfg: &TrainConfig) -> bool {
+    let par = &cfg.parallel;
+    matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
+        && cfg.finetune == Finetune::Full
+        && par.tensor == 1
+        && par.pipeline == 1
+        && par.context == 1
+        && matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full)
 }
 
 /// Whether the job's activations are `torch.compile`'s: asked for, and recorded for its
@@ -176,6 +181,7 @@ pub fn compiled_recipe(model: &Model, cfg: &TrainConfig) -> bool {
         _ => return false,
     };
     cfg.compile
+        && transformers_runs(cfg)
         && (step_recipe(model, cfg.precision, cfg.attention, checkpointed, cfg.head, true).is_some()
             || !checkpointed && recipe::has_compiled(model, cfg.precision, cfg.attention))
 }

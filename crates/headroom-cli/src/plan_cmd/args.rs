@@ -66,7 +66,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --tp 8 --pp 4 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
-                        headroom plan --model ./config.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
+                        headroom plan --model data/models/qwen3-1.7b.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
@@ -86,7 +86,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub batch: u64,
     /// Sequence length in tokens.
-    #[arg(long, default_value_t = 2048, value_parser = positive())]
+    #[arg(long, default_value_t = 2048, value_parser = tokens())]
     pub seq: u64,
     /// GPUs in the job (at most 2^20); data parallelism is what tensor × pipeline × context parallelism leaves.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
@@ -123,12 +123,13 @@ pub struct PlanArgs {
     /// Full fine-tuning, LoRA adapters over a frozen base, or QLoRA (LoRA over a 4-bit NF4 base).
     #[arg(long, conflicts_with = "infer", value_enum, default_value_t = FinetuneArg::Full)]
     finetune: FinetuneArg,
-    /// LoRA rank.
-    #[arg(long, conflicts_with = "infer", default_value_t = 16, value_parser = positive())]
-    lora_rank: u64,
-    /// Linear layers that get adapters: every one, or the query and value projections.
-    #[arg(long, conflicts_with = "infer", value_parser = named::<LoraTargets>(), default_value = "all")]
-    lora_targets: LoraTargets,
+    /// LoRA rank (with --finetune lora or qlora) [default: 16].
+    #[arg(long, conflicts_with = "infer", value_parser = positive())]
+    lora_rank: Option<u64>,
+    /// Linear layers that get adapters (with --finetune lora or qlora): every one, or the query
+    /// and value projections [default: all].
+    #[arg(long, conflicts_with = "infer", value_parser = named::<LoraTargets>())]
+    lora_targets: Option<LoraTargets>,
     /// Storage of the frozen base under LoRA (qlora implies nf4).
     #[arg(long, conflicts_with = "infer", value_parser = named::<BaseWeights>())]
     base_weights: Option<BaseWeights>,
@@ -237,11 +238,11 @@ pub struct PlanArgs {
     gpu_memory_utilization: Option<f64>,
     /// vLLM: tokens in one step, the length of its profile run's forward [default: 8192 on
     /// GPUs of 70 GiB or more but the A100, 2048 elsewhere, as `vllm serve`].
-    #[arg(long, requires = "infer", value_parser = positive())]
+    #[arg(long, requires = "infer", value_parser = tokens())]
     max_num_batched_tokens: Option<u64>,
     /// vLLM: sequences in one step, the rows its profile run samples [default: 1024 on GPUs
     /// of 70 GiB or more but the A100, 256 elsewhere, as `vllm serve`].
-    #[arg(long, requires = "infer", value_parser = positive())]
+    #[arg(long, requires = "infer", value_parser = tokens())]
     max_num_seqs: Option<u64>,
     /// vLLM: tokens per KV-cache block; a sequence takes whole blocks [default: 16].
     #[arg(long, requires = "infer", value_parser = positive())]
@@ -292,6 +293,23 @@ fn positive() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..)
 }
 
+/// The most tokens a micro-batch, a sequence or a serving step may have. Bytes are counted
+/// in 64 bits, and attention's sequence² × heads × 4 bytes passes 2^64 not far beyond; no
+/// GPU holds even the hidden states of 2^32 tokens (32 TiB at 4096 × 2 bytes each).
+const MOST_TOKENS: u64 = 1 << 32;
+
+fn tokens() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=MOST_TOKENS)
+}
+
+/// Refuses a micro-batch of more than [`MOST_TOKENS`] tokens.
+fn check_tokens(batch: u64, seq: u64) -> Result<()> {
+    if batch.checked_mul(seq).is_none_or(|t| t > MOST_TOKENS) {
+        bail!("--batch {batch} × --seq {seq} is more than 2^32 tokens in one micro-batch: no GPU holds that");
+    }
+    Ok(())
+}
+
 fn parse_checkpointing(s: &str) -> Result<Checkpointing> {
     Ok(match s {
         "none" => Checkpointing::None,
@@ -310,6 +328,7 @@ impl PlanArgs {
     /// The training configuration the arguments describe.
     pub fn train_config(&self) -> Result<TrainConfig> {
         let a = self;
+        check_tokens(a.batch, a.seq)?;
         if matches!(a.framework, Framework::Vllm | Framework::Sglang) {
             bail!(
                 "--framework {} plans inference: add --infer (training takes auto, hf, deepspeed, megatron or torchtitan)",
@@ -334,14 +353,20 @@ impl PlanArgs {
         }
         let finetune = match a.finetune {
             FinetuneArg::Full => {
-                if a.base_weights.is_some() {
-                    bail!("--base-weights applies to --finetune lora or qlora");
+                for (flag, set) in [
+                    ("--base-weights", a.base_weights.is_some()),
+                    ("--lora-rank", a.lora_rank.is_some()),
+                    ("--lora-targets", a.lora_targets.is_some()),
+                ] {
+                    if set {
+                        bail!("{flag} applies to --finetune lora or qlora");
+                    }
                 }
                 Finetune::Full
             }
             FinetuneArg::Lora | FinetuneArg::Qlora => Finetune::Lora {
-                rank: a.lora_rank,
-                targets: a.lora_targets,
+                rank: a.lora_rank.unwrap_or(16),
+                targets: a.lora_targets.unwrap_or(LoraTargets::All),
                 base: match (a.base_weights, a.finetune) {
                     (Some(base), _) => base,
                     (None, FinetuneArg::Qlora) => BaseWeights::Nf4,
@@ -402,6 +427,7 @@ impl PlanArgs {
 impl PlanArgs {
     /// The inference configuration the arguments describe, on `gpu`.
     pub fn infer_config(&self, gpu: &GpuSpec) -> Result<InferConfig> {
+        check_tokens(self.batch, self.seq)?;
         let engine_flags = [
             ("--gpu-memory-utilization", self.gpu_memory_utilization.is_some()),
             ("--max-num-batched-tokens", self.max_num_batched_tokens.is_some()),
@@ -430,12 +456,25 @@ impl PlanArgs {
             }
             Framework::Auto | Framework::Vllm => {
                 let d = Serving::vllm_defaults(gpu);
-                Runtime::Vllm(Serving {
+                let serving = Serving {
                     gpu_memory_utilization: self.gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
                     max_num_batched_tokens: self.max_num_batched_tokens.unwrap_or(d.max_num_batched_tokens),
                     max_num_seqs: self.max_num_seqs.unwrap_or(d.max_num_seqs),
                     block_size: self.block_size.unwrap_or(d.block_size),
-                })
+                };
+                // vLLM's SchedulerConfig refuses to start with fewer tokens a step than sequences
+                // (every running sequence takes at least one token of a step).
+                if serving.max_num_batched_tokens < serving.max_num_seqs {
+                    bail!(
+                        "vLLM refuses to start: max_num_batched_tokens ({}) must be greater than or equal to \
+                         max_num_seqs ({}) (--max-num-batched-tokens, --max-num-seqs; defaults {} and {} on this GPU)",
+                        serving.max_num_batched_tokens,
+                        serving.max_num_seqs,
+                        d.max_num_batched_tokens,
+                        d.max_num_seqs
+                    );
+                }
+                Runtime::Vllm(serving)
             }
             Framework::HuggingFace => {
                 if let Some((flag, _)) = engine_flags.iter().find(|(_, set)| *set) {

@@ -36,8 +36,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if cfg.compile && !e.compiled {
         outln!(
             out,
-            "note: --compile: torch.compile's steps were recorded for decoders at fp32, bf16 and AMP without checkpointing \
-             and at fp32 with full checkpointing, not for this job's; it is planned with the eager code's"
+            "note: --compile: torch.compile's steps were recorded for transformers' decoders (one replica per GPU, full \
+             fine-tuning) at fp32, bf16 and AMP without checkpointing and at fp32 with full checkpointing, not for this \
+             job's; it is planned with the eager code's"
         );
     }
     if par.gpus() > 1 || cfg.offload != Offload::None {
