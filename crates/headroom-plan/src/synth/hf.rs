@@ -16,6 +16,9 @@
 //! - dropout keeps a one-byte mask where the CPU keeps its noise in the activations' dtype;
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
 //!   backward's thread, kept for the life of the process.
+//! - under autocast, `pow` runs in fp32 (CUDA's autocast lists it, the CPU's does not), so
+//!   the tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
+//!   ([`autocast_fp32_pow`]).
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
@@ -188,7 +191,10 @@ pub fn program(
 ) -> Result<HfProgram, SynthError> {
     let key = key(model, cfg, device)?;
     let parsed = program_template::template(&key).ok_or(SynthError::NoTemplate("not recorded"))?;
-    let t = parsed.resolved(&|u| unit(model, u));
+    let mut t = parsed.resolved(&|u| unit(model, u));
+    if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
+        autocast_fp32_pow(&mut t);
+    }
     let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as u32 } else { 0 };
     let main = model.layers as u32 - encoder;
     let layers = [main, encoder];
@@ -483,6 +489,241 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// CUDA's autocast runs `pow` in fp32; the CPU's autocast, which the templates were
+/// recorded under, leaves it in bf16 (`pow` is on CUDA's fp32 list, not on the CPU's).
+/// transformers' tanh GELU (`NewGELUActivation`, `gelu_new`: GPT-2's MLP),
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3))))` of the bf16 output `x` of `c_fc`, then
+/// runs in fp32 from the `pow` on: autocast copies `x` to fp32 for the `pow` (kept for its
+/// backward in `x`'s place), every product and sum after it is promoted to fp32, the
+/// `tanh` and `1 + tanh` kept for the backward take 4 bytes an element, and `c_proj` keeps
+/// a bf16 copy of the fp32 result it is given. A layer keeps 16 bytes per token per MLP unit
+/// where the recording kept 10 (the fp32 copy of `x`, `tanh` and `1 + tanh` at 4, `0.5·x` and
+/// `c_proj`'s copy at 2; against `x`, `0.5·x`, `tanh`, `1 + tanh` and the product at 2): GPT-2
+/// medium (4,096 units) at 4 × 2048 tokens, 4.5 GiB more over its 24 layers.
+/// The backward runs the chain's gradients in fp32 too, with the casts to each bf16 input's
+/// dtype autograd makes. Seen on an H200 with torch 2.11 (`../shared/gpu/snapshots/
+/// native-gpt2-medium-b8`: at 8 × 888 tokens a layer's `c_fc` output is 58,195,968 bytes and
+/// its GELU keeps three fp32 tensors of 116,391,936 beside the bf16 `0.5·x` and `c_proj`'s
+/// bf16 input). Llama's `pow` (RMSNorm's) takes an fp32 input on both devices: no change.
+fn autocast_fp32_pow(t: &mut Template) {
+    let mut scaled = std::collections::HashSet::new();
+    if let Some(step1) = t.step1.take() {
+        let (events, bw) = gelu_fp32(t, step1, t.backward[0], &mut scaled);
+        t.step1 = Some(events);
+        t.backward[0] = bw;
+    }
+    let step = std::mem::take(&mut t.step);
+    let (events, bw) = gelu_fp32(t, step, t.backward[1], &mut scaled);
+    t.step = events;
+    t.backward[1] = bw;
+    if t.step1.is_none() {
+        // The first step is the later one's events (read only where `step1` is recorded).
+        t.backward[0] = bw;
+    }
+    for id in scaled {
+        let x = &mut t.tensors[id as usize];
+        x.law = x.law.scaled(2.0);
+    }
+}
+
+/// The op a site names: its last part (`… > aten::mul` is `aten::mul`).
+fn op(t: &Template, x: u32) -> &str {
+    let site = t.sites.get(t.tensors[x as usize].site as usize).map(String::as_str).unwrap_or("");
+    site.rsplit(" > ").next().unwrap_or(site)
+}
+
+fn site_has(t: &Template, x: u32, what: &str) -> bool {
+    t.sites.get(t.tensors[x as usize].site as usize).is_some_and(|s| s.contains(what))
+}
+
+/// A new tensor like `like`, with `law` and a site of its own.
+fn new_tensor(t: &mut Template, like: u32, law: Law, site: &str) -> u32 {
+    let s = match t.sites.iter().position(|x| x == site) {
+        Some(s) => s as u32,
+        None => {
+            t.sites.push(site.to_string());
+            (t.sites.len() - 1) as u32
+        }
+    };
+    let mut x = t.tensors[like as usize].clone();
+    x.law = law;
+    x.site = s;
+    x.kernel = Kernel::None;
+    x.param = None;
+    x.grad = None;
+    t.tensors.push(x);
+    (t.tensors.len() - 1) as u32
+}
+
+/// One section with its tanh GELUs in fp32 ([`autocast_fp32_pow`]): the events, and where
+/// its backward now begins.
+fn gelu_fp32(
+    t: &mut Template,
+    ev: Vec<EventT>,
+    backward: usize,
+    scaled: &mut std::collections::HashSet<u32>,
+) -> (Vec<EventT>, usize) {
+    let mut before: HashMap<usize, Vec<EventT>> = HashMap::new();
+    let mut after: HashMap<usize, Vec<EventT>> = HashMap::new();
+    let mut replace: HashMap<usize, EventT> = HashMap::new();
+    let alloc = |tensor: u32, layer| EventT { free: false, tensor, layer };
+    let free = |tensor: u32, layer| EventT { free: true, tensor, layer };
+    let allocs: Vec<usize> = (0..ev.len()).filter(|&i| !ev[i].free).collect();
+    let free_of = |x: u32, from: usize| (from..ev.len()).find(|&i| ev[i].free && ev[i].tensor == x);
+    for (k, &ip) in allocs.iter().enumerate() {
+        // `x` (the matrix multiply's bf16 output), `0.5·x`, `pow(x, 3)`: three allocations in a
+        // row of one law, in one layer.
+        if k < 2 || op(t, ev[ip].tensor) != "aten::pow" {
+            continue;
+        }
+        let (ia, im, layer) = (allocs[k - 2], allocs[k - 1], ev[ip].layer);
+        let (a, m, p) = (ev[ia].tensor, ev[im].tensor, ev[ip].tensor);
+        let law = t.tensors[a as usize].law;
+        if op(t, a) != "aten::addmm"
+            || op(t, m) != "aten::mul"
+            || t.tensors[m as usize].law != law
+            || t.tensors[p as usize].law != law
+            || ev[ia].layer != layer
+            || ev[im].layer != layer
+        {
+            continue;
+        }
+        // The chain: every allocation of that law from the pow on; then `c_proj`'s weight
+        // cast and output.
+        let chain: Vec<usize> = allocs[k..]
+            .iter()
+            .copied()
+            .take_while(|&i| t.tensors[ev[i].tensor as usize].law == law && ev[i].layer == layer)
+            .collect();
+        let (Some(&ig), Some(&iw)) = (chain.last(), allocs.get(k + chain.len())) else { continue };
+        if !chain.iter().any(|&i| op(t, ev[i].tensor) == "aten::tanh") {
+            continue;
+        }
+        let Some(&io) = allocs[k + chain.len()..].iter().find(|&&i| op(t, ev[i].tensor) == "aten::addmm") else {
+            continue;
+        };
+        let g = ev[ig].tensor;
+        let (Some(fa), Some(fg)) = (free_of(a, ia), free_of(g, ig)) else { continue };
+        for &i in &chain {
+            scaled.insert(ev[i].tensor);
+        }
+        // Autocast's fp32 copy of `x` for the pow: kept by the pow's backward where the
+        // recording kept `x` (then `x` goes when the MLP's code lets it go, after the GELU),
+        // or gone with the pow where nothing keeps it (checkpointing's first forward).
+        let x32 = new_tensor(t, a, law.scaled(2.0), "aten::pow > aten::to (autocast's fp32 copy)");
+        after.entry(im).or_default().push(alloc(x32, layer));
+        let a_held = fa > io;
+        if a_held {
+            replace.insert(fa, free(x32, ev[fa].layer));
+            after.entry(ig).or_default().push(free(a, layer));
+        } else {
+            after.entry(ip).or_default().push(free(x32, layer));
+        }
+        // `c_proj`'s bf16 copy of the fp32 GELU: its saved input where the recording kept the
+        // GELU's output; the fp32 output goes once `c_proj` has run.
+        let g16 = new_tensor(t, g, law, "aten::addmm > aten::to (autocast's bf16 copy)");
+        after.entry(iw).or_default().push(alloc(g16, layer));
+        let g_held = allocs.iter().any(|&i| i > io && i < fg);
+        if g_held {
+            replace.insert(fg, free(g16, ev[fg].layer));
+            after.entry(io).or_default().push(free(g, layer));
+        } else {
+            after.entry(io).or_default().push(free(g16, layer));
+        }
+        if !(a_held && g_held) {
+            continue;
+        }
+        // The backward: from `c_proj`'s input gradient `dG` (bf16), through `G = 0.5x·u`
+        // (`dU`, `dM`), `tanh`, the two constant products and the pow, in fp32.
+        let Some(idg) = (0..fg).rev().find(|&i| {
+            !ev[i].free
+                && ev[i].tensor != g
+                && t.tensors[ev[i].tensor as usize].law == law
+                && op(t, ev[i].tensor) == "aten::mm"
+        }) else {
+            continue;
+        };
+        let bwd: Vec<usize> =
+            allocs.iter().copied().filter(|&i| i > fg && t.tensors[ev[i].tensor as usize].law == law).take(8).collect();
+        let names = [
+            "MulBackward0",
+            "MulBackward0",
+            "TanhBackward0",
+            "MulBackward0",
+            "MulBackward0",
+            "PowBackward0",
+            "PowBackward0",
+            "PowBackward0",
+        ];
+        if bwd.len() < 8 || !bwd.iter().zip(names).all(|(&i, n)| site_has(t, ev[i].tensor, n)) {
+            continue;
+        }
+        let dg = ev[idg].tensor;
+        let Some(fdg) = free_of(dg, idg) else { continue };
+        let [du, dm, tb, s1, s2, p1, p2, p3] = [0, 1, 2, 3, 4, 5, 6, 7].map(|j| bwd[j]);
+        let bl = ev[du].layer;
+        // dG to fp32 (the backward of `c_proj`'s cast), the bf16 one gone at once.
+        let dg32 = new_tensor(
+            t,
+            dg,
+            law.scaled(2.0),
+            "autograd::engine::evaluate_function: ToCopyBackward0 > aten::to (fp32 gradient)",
+        );
+        before.entry(du).or_default().extend([alloc(dg32, bl), free(dg, bl)]);
+        replace.insert(fdg, free(dg32, ev[fdg].layer));
+        // dM (for the bf16 `0.5·x`) made in fp32 and cast to bf16.
+        let dm32 = new_tensor(
+            t,
+            ev[dm].tensor,
+            law.scaled(2.0),
+            "autograd::engine::evaluate_function: MulBackward0 > aten::mul (fp32)",
+        );
+        before.entry(dm).or_default().push(alloc(dm32, bl));
+        after.entry(dm).or_default().push(free(dm32, bl));
+        // The gradient of `x` through the sum `x + 0.044715·x³`, cast to bf16: the buffer the
+        // other two of `x`'s gradients are added into, where the recording used the fp32 one.
+        let da = new_tensor(
+            t,
+            ev[s1].tensor,
+            law,
+            "autograd::engine::evaluate_function: AddBackward0 > aten::to (bf16 gradient)",
+        );
+        before.entry(s2).or_default().push(alloc(da, bl));
+        after.entry(s2).or_default().push(free(ev[s1].tensor, bl));
+        if let Some(fs1) = free_of(ev[s1].tensor, s1) {
+            replace.insert(fs1, free(da, ev[fs1].layer));
+        }
+        // The pow's gradient of `x`, cast to bf16 to be added in.
+        if let Some(fp3) = free_of(ev[p3].tensor, p3) {
+            let c = new_tensor(
+                t,
+                ev[p3].tensor,
+                law,
+                "autograd::engine::evaluate_function: ToCopyBackward0 > aten::to (bf16 gradient)",
+            );
+            before.entry(fp3).or_default().push(alloc(c, ev[fp3].layer));
+            after.entry(fp3).or_default().push(free(c, ev[fp3].layer));
+        }
+        for i in [du, tb, s1, s2, p1, p2, p3] {
+            scaled.insert(ev[i].tensor);
+        }
+    }
+    let mut out = Vec::with_capacity(ev.len() + 16 * before.len().max(after.len()));
+    let mut bw = backward;
+    for (i, e) in ev.iter().enumerate() {
+        if i == backward {
+            bw = out.len();
+        }
+        out.extend(before.remove(&i).unwrap_or_default());
+        out.push(replace.remove(&i).unwrap_or(*e));
+        out.extend(after.remove(&i).unwrap_or_default());
+    }
+    if backward >= ev.len() {
+        bw = out.len();
+    }
+    (out, bw)
+}
+
 fn is_head(name: &str) -> bool {
     name.starts_with("lm_head.") || name.starts_with("embed_out.")
 }
@@ -509,6 +750,45 @@ mod tests {
             }
         }
         format!("{h:016x}")
+    }
+
+    /// Under autocast on a GPU, GPT-2's tanh GELU runs in fp32 from its `pow` on: autocast's
+    /// fp32 copy of `c_fc`'s output is made once a layer per forward (twice with checkpointing:
+    /// the recomputation), at the size the H200 recorded for GPT-2 medium at 8 × 888 tokens
+    /// (116,391,936 bytes), and the programs stay well formed; on the CPU, none.
+    #[test]
+    fn gpt2_autocast_runs_the_tanh_gelu_in_fp32_on_a_gpu() {
+        use crate::job::Optimizer;
+        use crate::program::Op;
+        let model = crate::model::preset("gpt2-medium").expect("preset");
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        for (checkpointing, forwards) in [(Checkpointing::None, 1), (Checkpointing::Full, 2)] {
+            let cfg = TrainConfig {
+                attention: Attention::Sdpa,
+                checkpointing,
+                ..TrainConfig::new(8, 888, Precision::Amp, Optimizer::AdamW)
+            };
+            for (device, copies_per_step) in [(Device::Gpu(&h200), forwards * model.layers as usize), (Device::Cpu, 0)]
+            {
+                let p = program(&model, &cfg, device, 2, &StateScale::default()).expect("a template serves it").program;
+                p.check().expect("well formed");
+                let sizes = p.sizes(8, 888);
+                let copies: Vec<u64> = p
+                    .ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Alloc(id)
+                            if p.sites[p.tensors[*id as usize].site as usize].starts_with("aten::pow > aten::to") =>
+                        {
+                            Some(sizes[*id as usize])
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(copies.len(), 2 * copies_per_step, "{checkpointing:?}");
+                assert!(copies.iter().all(|&b| b == 116_391_936), "{copies:?}");
+            }
+        }
     }
 
     /// Every template, expanded to the depth the recorder checked it at, reproduces what the
