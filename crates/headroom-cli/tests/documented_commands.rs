@@ -140,7 +140,7 @@ fn run_all(lines: &[String], dir: &Path) -> usize {
 }
 
 /// The README's shown outputs: (command, the lines shown) for each plain block that
-/// follows a block of exactly one command. `plan`'s are the planner's to keep.
+/// follows a block of exactly one command.
 fn shown_outputs(text: &str) -> Vec<(String, Vec<String>)> {
     let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
     let mut current: Option<(String, Vec<String>)> = None;
@@ -158,7 +158,7 @@ fn shown_outputs(text: &str) -> Vec<(String, Vec<String>)> {
     for pair in blocks.windows(2) {
         let ((lang, cmd), (plain, shown)) = (&pair[0], &pair[1]);
         let commands: Vec<&String> = cmd.iter().filter(|l| !l.trim().is_empty()).collect();
-        if lang == "sh" && plain.is_empty() && commands.len() == 1 && !commands[0].contains(" plan ") {
+        if lang == "sh" && plain.is_empty() && commands.len() == 1 {
             out.push((commands[0].clone(), shown.clone()));
         }
     }

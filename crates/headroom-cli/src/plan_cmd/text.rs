@@ -112,13 +112,14 @@ pub(super) fn train(p: &TrainPlan) -> String {
             outln!(
                 out,
                 "{}'s configuration for the fastest configuration it runs that fits (number {rank} of those \
-                 that fit): {} {} attention, checkpointing {}, tp·pp·cp·dp {}·{}·{}·{}, ZeRO {}, micro-batch {} × {}:",
+                 that fit): {} {} attention, checkpointing {}, tp·pp·cp·dp {}·{}{}·{}·{}, ZeRO {}, micro-batch {} × {}:",
                 p.args.emit.map_or("", |e| e.name()),
                 r.config.precision.name(),
                 r.config.attention.name(),
                 checkpoint_name(r.config.checkpointing),
                 l.tensor,
                 l.pipeline,
+                if l.virtual_stages > 1 { format!("v{}", l.virtual_stages) } else { String::new() },
                 l.context,
                 l.data,
                 l.zero_stage,
