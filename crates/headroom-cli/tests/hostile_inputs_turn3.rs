@@ -623,7 +623,8 @@ fn s9_vllm_configurations_vllm_refuses_to_start_are_refused() {
         headroom(d, &[&serve[..], extra].concat()).expect(2, "must be greater than or equal to max_num_seqs");
     }
     headroom(d, &[&serve[..], &["--max-num-seqs", "18446744073709551615"]].concat()).expect(2, "is not in 1..=");
-    headroom(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat()).expect(0, "fits");
+    headroom(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat())
+        .expect(0, "fits");
 }
 
 #[test]
@@ -653,9 +654,11 @@ fn s11_e2_sizes_past_what_a_gpu_holds_and_flags_without_effect_are_refused() {
     headroom(d, &[&job[..], &["--batch", "18446744073709551615"]].concat()).expect(2, "more than 2^32 tokens");
     headroom(d, &[&job[..], &["--batch", "65536", "--seq", "65537"]].concat()).expect(2, "more than 2^32 tokens");
     for (flag, value) in [("--lora-rank", "8"), ("--lora-targets", "qv"), ("--base-weights", "nf4")] {
-        headroom(d, &[&job[..], &[flag, value]].concat()).expect(2, &format!("{flag} applies to --finetune lora or qlora"));
+        headroom(d, &[&job[..], &[flag, value]].concat())
+            .expect(2, &format!("{flag} applies to --finetune lora or qlora"));
     }
-    headroom(d, &[&job[..], &["--finetune", "lora", "--lora-rank", "8", "--lora-targets", "qv"]].concat()).expect(0, "fits");
+    headroom(d, &[&job[..], &["--finetune", "lora", "--lora-rank", "8", "--lora-targets", "qv"]].concat())
+        .expect(0, "fits");
 }
 
 #[test]

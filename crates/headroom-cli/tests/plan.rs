@@ -350,7 +350,10 @@ fn the_readme_main_command_runs() {
     let out = Command::cargo_bin("headroom").unwrap().args(&args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("fits: ") && text.contains("configurations fit by their tensors; replayed fastest first"), "{text}");
+    assert!(
+        text.contains("fits: ") && text.contains("configurations fit by their tensors; replayed fastest first"),
+        "{text}"
+    );
 }
 
 /// Byte figures are whole numbers and enum values are the documented names (docs/JSON.md),

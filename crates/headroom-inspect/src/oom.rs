@@ -129,7 +129,11 @@ pub fn within_bounds(low: Vec<Remedy>, high: Vec<Remedy>, bounds: Bounds) -> Vec
                 ..hi
             },
             (Some(false), _) => Remedy {
-                note: format!("{}, even with {} (the most the recording allows)", lo.note, format_size(bounds.below - 1)),
+                note: format!(
+                    "{}, even with {} (the most the recording allows)",
+                    lo.note,
+                    format_size(bounds.below - 1)
+                ),
                 ..lo
             },
             _ => lo,

@@ -14,7 +14,9 @@ use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, BlockState};
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity, Recorded};
+use headroom_trace::snapshot_replay::{
+    block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity, Recorded,
+};
 use serde::Serialize;
 
 /// What to compute.
@@ -402,8 +404,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
                     if b.below > b.at_least + 1 {
                         let most = b.below - 1;
                         let upper = Recorded { memory_limit: Some(most), ..f.recorded.clone() };
-                        let high =
-                            oom::remedies(t, &recorded, replay_capacity.max(most), &upper, r.ooms_recorded);
+                        let high = oom::remedies(t, &recorded, replay_capacity.max(most), &upper, r.ooms_recorded);
                         o.remedies = oom::within_bounds(std::mem::take(&mut o.remedies), high, b);
                     }
                 }

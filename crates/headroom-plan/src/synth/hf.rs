@@ -60,17 +60,19 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
         Head::CausalLm if model.generates() => "causal-lm",
         Head::CausalLm => "masked-lm",
     };
-    let family = program_family(model);
     let attention = match cfg.attention {
         Attention::Eager => "eager",
         Attention::Sdpa | Attention::Flash if sdpa_math(model, cfg.precision, device) => "sdpa-math",
         Attention::Sdpa | Attention::Flash => "sdpa",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
-    let key = |attn: &str| format!("{family}/{head}/{precision}/{attn}/{ck}");
+    // A family's own recording where it has one for the job; else the code it shares.
+    let families = [program_family(model), measured_code(model)];
+    let key = |family: &str, attn: &str| format!("{family}/{head}/{precision}/{attn}/{ck}");
     // Families without an SDPA path in transformers run eager whatever is asked.
-    [key(attention), key("eager")]
-        .into_iter()
+    families
+        .iter()
+        .flat_map(|f| [key(f, attention), key(f, "eager")])
         .find(|k| program_template::template(k).is_some())
         .ok_or(SynthError::NoTemplate("this family, precision, attention and checkpointing were not recorded"))
 }
