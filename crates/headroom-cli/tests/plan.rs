@@ -563,14 +563,18 @@ fn vllm_sizes_its_cache_from_its_settings() {
     ] {
         refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
-    // Settings past any sense are answered, not aborted on: a profile run larger than the GPU.
+    // Settings past any sense are answered, not aborted on: a profile run larger than the GPU,
+    // and more tokens a step than any GPU holds refused by name.
     Command::cargo_bin("headroom")
         .unwrap()
-        .args(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--infer", "--max-num-batched-tokens"])
-        .arg(u64::MAX.to_string())
+        .args(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--infer", "--max-num-batched-tokens", "4194304"])
         .assert()
         .code(1)
         .stdout(contains("vLLM would not start"));
+    refused(
+        &["--model", "llama-3-8b", "--gpu", "l4", "--infer", "--max-num-batched-tokens", &u64::MAX.to_string()],
+        "is not in 1..=4294967296",
+    );
     // vLLM plans inference only.
     refused(&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--framework", "vllm"], "plans inference");
 }
