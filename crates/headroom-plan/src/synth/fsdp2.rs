@@ -304,8 +304,8 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     norm(&mut v);
     v.push(mk(q, a, false, true, false)); // wq (1st mm: saved by the policy)
     v.push(mk(kv, a, false, false, false)); // wk (2nd: recomputed)
-    v.push(mk(kv, a, true, true, false)); // wv (3rd: saved); SDPA saves it too
-                                          // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
+    v.push(mk(kv, a, false, true, false)); // wv (3rd: saved); SDPA saves its repeated copy
+                                           // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
     v.push(mk(q, 4.0, true, false, false));
     v.push(mk(q, 4.0, false, false, true));
     v.push(mk(q, a, true, false, false)); // xq rotated, SDPA's query
@@ -373,7 +373,7 @@ fn block_keep(cfg: &TrainConfig, i: u64) -> Keep {
         Checkpointing::Full => Keep::Input,
         Checkpointing::PerOp => Keep::Ops,
         Checkpointing::EveryK(k) => {
-            if (i + 1) % k.max(1) == 0 {
+            if (i + 1).is_multiple_of(k.max(1)) {
                 Keep::Input
             } else {
                 Keep::All
