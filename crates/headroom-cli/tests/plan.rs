@@ -598,3 +598,32 @@ fn the_step_time_breakdown_adds_up_and_a_small_eager_step_is_launch_bound() {
     assert_eq!(big["step_time_breakdown"]["launch_bound"], false, "{big}");
     assert_eq!(big["step_time_breakdown"]["dominant"], "compute", "{big}");
 }
+
+#[test]
+fn torchtitan_plans_fsdp2_as_torchtitan_runs_it() {
+    // torchtitan shards over the data-parallel GPUs without --zero.
+    let args = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h200",
+        "--gpus",
+        "8",
+        "--framework",
+        "torchtitan",
+        "--batch",
+        "2",
+        "--seq",
+        "8192",
+        "--checkpoint",
+        "per-op",
+        "--attention",
+        "flash",
+    ];
+    prints(&args, 0, "FSDP2 (fully_shard) as torchtitan runs it, sharded over 8 GPUs, reshard_after_forward=True");
+    let (_, j) = plan(&args);
+    assert_eq!(j["program"]["source"], "fsdp2", "{j}");
+    let mut zero2 = args.to_vec();
+    zero2.extend(["--zero", "2"]);
+    prints(&zero2, 0, "reshard_after_forward=False");
+}

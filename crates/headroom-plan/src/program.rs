@@ -166,6 +166,10 @@ pub struct Tensor {
     /// Where the program makes it (an index into [`Program::sites`]): the module or
     /// operation, for the dumped trace and for explaining a peak.
     pub site: u32,
+    /// The CUDA stream it is allocated on (0: the compute stream). The caching allocator
+    /// gives a freed block back only to its own stream, so what FSDP2's communication
+    /// streams allocate is cached apart from the compute stream's memory.
+    pub stream: u64,
 }
 
 /// Index of a tensor in its program.
@@ -249,8 +253,15 @@ impl Program {
 
     /// Adds a tensor (not yet allocated).
     pub fn tensor(&mut self, law: Law, term: Term, site: u32) -> TensorId {
-        self.tensors.push(Tensor { law, term, site });
+        self.tensors.push(Tensor { law, term, site, stream: 0 });
         (self.tensors.len() - 1) as TensorId
+    }
+
+    /// Adds a tensor on `stream` and allocates it.
+    pub fn alloc_on(&mut self, law: Law, term: Term, site: u32, stream: u64) -> TensorId {
+        let id = self.alloc(law, term, site);
+        self.tensors[id as usize].stream = stream;
+        id
     }
 
     /// Adds a tensor and allocates it.
@@ -393,7 +404,9 @@ impl Program {
                     let tensor = &self.tensors[t as usize];
                     let site = self.sites.get(tensor.site as usize).map(String::as_str).unwrap_or("");
                     let id = serde_json::Value::String(format!("{t} {at} {} {site}", tensor.term.name())).to_string();
-                    out.push_str(&format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":{}}}\n", sizes[t as usize]));
+                    let stream =
+                        if tensor.stream == 0 { String::new() } else { format!(",\"stream\":{}", tensor.stream) };
+                    out.push_str(&format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":{}{stream}}}\n", sizes[t as usize]));
                     names[t as usize] = Some(id);
                 }
                 Op::Free(t) => {

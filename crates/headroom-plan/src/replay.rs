@@ -129,7 +129,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
             }
             Op::Alloc(t) => {
                 let tensor = &program.tensors[t as usize];
-                match alloc.malloc(sizes[t as usize], 0) {
+                match alloc.malloc(sizes[t as usize], tensor.stream) {
                     Ok(a) => {
                         ptrs[t as usize] = a.ptr;
                         blocks[t as usize] = a.size;

@@ -90,6 +90,7 @@ fn rows(dir: &std::path::Path) -> Vec<Row> {
             program: match &e.program {
                 headroom_plan::train::ProgramSource::Recorded(k) => k.clone(),
                 headroom_plan::train::ProgramSource::Analytic => "closed form".into(),
+                headroom_plan::train::ProgramSource::Fsdp2 => "FSDP2".into(),
             },
         });
     }

@@ -15,7 +15,9 @@
 //!   times, set before these rows were computed with the kernel model);
 //! - a whole job's peak memory as its framework logs it (torchtitan's
 //!   `max_reserved`: every tensor and the caching allocator's slack, no CUDA
-//!   context): 15%, against the plan's `reserved_bytes`;
+//!   context): 15%, against the plan's `reserved_bytes`; torchtitan's FSDP2 runs,
+//!   planned from FSDP2's and torchtitan's code (`synth::fsdp2`): 10%, the goal issue 34
+//!   set for them before their program was written;
 //! - a serving engine's start-up figures as it logs them (vLLM's profile peak
 //!   and KV cache): 15%, as every other term that is not a closed form.
 //!
@@ -57,6 +59,9 @@ enum Class {
     Time,
     /// A whole job's peak reserved memory as its framework logs it: 15%.
     JobPeak,
+    /// torchtitan's peak reserved memory, planned from FSDP2's and torchtitan's code: 10%
+    /// (issue 34's goal, declared before the program was written).
+    Fsdp2Peak,
     /// A serving engine's start-up figures as it logs them (vLLM's profile peak and KV
     /// cache): 15%, as every term that is not a closed form.
     EngineLog,
@@ -72,6 +77,7 @@ impl Class {
             }
             Class::Estimator | Class::Component | Class::Boundary | Class::JobPeak | Class::EngineLog => 0.15,
             Class::Time => 0.15,
+            Class::Fsdp2Peak => 0.10,
         }
     }
 }
@@ -818,6 +824,10 @@ const LLAMA_405B: &str = r#"{"model_type": "llama", "hidden_size": 16384, "inter
 /// FSDP2 with bf16 parameters and fp32 reductions, sequence 8192 unless said, on 96 GB H100s;
 /// "Memory" is the peak of `torch.cuda.max_memory_reserved()` over the GPUs. Runs with
 /// torch.compile or torchao's float8 are indicative: the plan models neither.
+///
+/// Chosen before the FSDP2 program's figures were computed: the 8-GPU FSDP run is a tuning
+/// row (research/fsdp2-torchtitan-memory.md drew its per-rank model against it, and the
+/// program follows that model), the 128-GPU run is check-only; both are held to 10%.
 fn torchtitan_rows(rows: &mut Vec<Row>) {
     let h100 = GpuSpec { memory_bytes: 96 << 30, ..gpu("h100-sxm").unwrap() };
     let l8 = preset("llama-3.1-8b").unwrap();
@@ -837,11 +847,12 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
                 ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
             };
             let e = estimate(model, &h100, &cfg);
-            rows.push(number("torchtitan", setup, "peak reserved", published, e.reserved_bytes / GIB, "GiB", check));
+            let r = number("torchtitan", setup, "peak reserved", published, e.reserved_bytes / GIB, "GiB", check);
+            rows.push(r);
         };
     for (gpus, t1) in [(8u64, ["82.4", "77.0", "76.8"]), (128, ["67.0", "62.0", "61.8"])] {
         for (k, how) in ["FSDP", "FSDP + compile", "FSDP + compile + float8"].iter().enumerate() {
-            let check = if k == 0 { Check::Within(Class::JobPeak) } else { compiled_again(&compiled) };
+            let check = if k == 0 { Check::Within(Class::Fsdp2Peak) } else { compiled_again(&compiled) };
             row(
                 &l8,
                 format!("Llama 3.1 8B, {how} over {gpus} GPUs, 2 × 8192, per-op checkpointing"),
@@ -916,6 +927,35 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             published,
             compiled_again(&compiled),
         );
+    }
+    if let Some(r) =
+        rows.iter_mut().find(|r| r.setup == "Llama 3.1 8B, FSDP over 8 GPUs, 2 × 8192, per-op checkpointing")
+    {
+        r.used = Use::Tuning;
+    }
+    // benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (torchtitan e7c0cae, June 2025):
+    // llama3_8b.toml (8192 tokens, selective per-op checkpointing, fused AdamW) with local
+    // batch 2, torch.compile and float8 with its fp8 all-gather, on 4 and 8 nodes of H200s.
+    let h200 = gpu("h200").unwrap();
+    for (gpus, published) in [(32u64, "47.96"), (64, "46.97")] {
+        let cfg = TrainConfig {
+            checkpointing: Checkpointing::PerOp,
+            parallel: Parallelism::data_parallel(gpus, 3),
+            attention: Attention::Flash,
+            framework: Framework::Torchtitan,
+            optimizer_impl: Some(headroom_plan::train::OptimizerImpl::Fused),
+            ..TrainConfig::new(2, 8192, Precision::Fp8, Optimizer::AdamW)
+        };
+        let e = estimate(&l8, &h200, &cfg);
+        rows.push(number(
+            "torchtitan (Trainy, H200)",
+            format!("Llama 3.1 8B, FSDP + compile + float8 over {gpus} H200s, 2 × 8192, per-op checkpointing"),
+            "peak reserved",
+            published,
+            e.reserved_bytes / GIB,
+            "GiB",
+            compiled_again(&compiled),
+        ));
     }
 }
 

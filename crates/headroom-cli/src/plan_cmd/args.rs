@@ -111,9 +111,11 @@ pub struct PlanArgs {
     /// Overlap tensor-parallel communication with the GEMMs (Transformer Engine, Megatron's --tp-comm-overlap).
     #[arg(long, conflicts_with = "infer")]
     tp_comm_overlap: bool,
-    /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
-    #[arg(long, conflicts_with = "infer", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
-    zero: u8,
+    /// ZeRO stage over the data-parallel GPUs (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; under
+    /// --framework torchtitan, FSDP2's reshard_after_forward False or True) [default: 0, or 3
+    /// with --framework torchtitan on more than one data-parallel GPU, as torchtitan shards]
+    #[arg(long, conflicts_with = "infer", value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: Option<u8>,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
     #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
     accumulation: u64,
@@ -390,7 +392,13 @@ impl PlanArgs {
                 sequence_parallel: !a.no_sequence_parallel,
                 virtual_stages: a.vpp,
                 tp_comm_overlap: a.tp_comm_overlap,
-                zero_stage: a.zero,
+                // torchtitan shards over every data-parallel GPU unless told otherwise
+                // (`data_parallel_shard_degree = -1`).
+                zero_stage: a.zero.unwrap_or(if a.framework == Framework::Torchtitan && data * a.cp > 1 {
+                    3
+                } else {
+                    0
+                }),
             },
             finetune,
             offload: a.offload,

@@ -111,6 +111,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "program": match &e.program {
             ProgramSource::Recorded(key) => json!({"source": "recorded", "template": key}),
             ProgramSource::Analytic => json!({"source": "analytic"}),
+            ProgramSource::Fsdp2 => json!({"source": "fsdp2"}),
         },
         "device_mallocs": e.device_mallocs,
         "alternatives": p.alternatives.iter().map(|a| json!({

@@ -42,7 +42,8 @@ pub(super) fn train(p: &TrainPlan) -> String {
         );
     }
     if par.gpus() > 1 || cfg.offload != Offload::None {
-        outln!(out, "{}", layout_line(par, cfg.offload, cfg.deepspeed()));
+        let fsdp2 = e.program == ProgramSource::Fsdp2;
+        outln!(out, "{}", layout_line(par, cfg.offload, cfg.deepspeed(), fsdp2));
     }
     outln!(out);
     let terms = [
@@ -373,7 +374,7 @@ fn max_seq_line(out: &mut String, model: &Model, seq: u64, at: &str) {
     }
 }
 
-fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool) -> String {
+fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) -> String {
     let mut parts = vec![format!("{} GPUs", p.gpus())];
     if p.tensor > 1 {
         parts.push(format!(
@@ -393,7 +394,18 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool) -> String {
         parts.push(format!("context {}", p.context));
     }
     let engine = if deepspeed { "DeepSpeed " } else { "" };
-    parts.push(format!("data {} with {engine}ZeRO-{}", p.data, p.zero_stage));
+    if fsdp2 {
+        // The program is FSDP2's own (parameters, gradients and optimizer state sharded
+        // over data × context), not ZeRO's closed form.
+        parts.push(format!(
+            "data {}: FSDP2 (fully_shard) as torchtitan runs it, sharded over {} GPUs, reshard_after_forward={}",
+            p.data,
+            p.shard_degree(),
+            if p.zero_stage >= 3 { "True" } else { "False" }
+        ));
+    } else {
+        parts.push(format!("data {} with {engine}ZeRO-{}", p.data, p.zero_stage));
+    }
     if offload != Offload::None {
         parts.push(format!("offloading the {} to the CPU", offload.name().replace('+', " and ")));
     }
@@ -459,6 +471,7 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         let code = match &e.program {
             ProgramSource::Recorded(_) => "transformers' code as recorded, ",
             ProgramSource::Analytic => "",
+            ProgramSource::Fsdp2 => "FSDP2 as torchtitan runs it, ",
         };
         outln!(
             out,

@@ -2,9 +2,11 @@
 //!
 //! - [`hf`]: transformers' training step from its recorded template, expanded to the
 //!   model's depth and shape, with a GPU's kernels where they differ from the CPU's;
+//! - [`fsdp2`]: torchtitan's step under PyTorch's FSDP2, stream by stream;
 //! - [`optimizer`]: the optimizer step of the implementation that runs.
 
 pub mod analytic;
+pub mod fsdp2;
 pub mod hf;
 pub mod optimizer;
 

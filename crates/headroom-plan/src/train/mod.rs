@@ -127,6 +127,8 @@ pub enum ProgramSource {
     Recorded(String),
     /// The closed-form terms laid out as a step ([`crate::synth::analytic`]).
     Analytic,
+    /// torchtitan's step under FSDP2, built from their code ([`crate::synth::fsdp2`]).
+    Fsdp2,
 }
 
 /// How the planner turns a job into memory: the allocator the step program is replayed
@@ -336,8 +338,12 @@ impl Estimator {
                 return (hf.program, ProgramSource::Recorded(hf.key));
             }
         }
-        let layers = model.layers.div_ceil(cfg.parallel.pipeline.max(1));
         let workspace = gpu.arch.cublas_workspace_bytes() as f64;
+        if self.calibration.is_none() && synth::fsdp2::runs(model, cfg) {
+            let program = synth::fsdp2::program(model, cfg, Device::Gpu(gpu), workspace, self.steps);
+            return (program, ProgramSource::Fsdp2);
+        }
+        let layers = model.layers.div_ceil(cfg.parallel.pipeline.max(1));
         (synth::analytic::program(cfg, m, workspace, layers, self.steps), ProgramSource::Analytic)
     }
 

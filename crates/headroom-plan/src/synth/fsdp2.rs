@@ -1,0 +1,649 @@
+//! torchtitan's training step under PyTorch's FSDP2 (`fully_shard`), as a program:
+//! what one rank allocates, stream by stream, read from their code
+//! (research/fsdp2-torchtitan-memory.md).
+//!
+//! | what | where it lives | from the code |
+//! |---|---|---|
+//! | each parameter's shard, ⌈dim0 / N⌉ rows in its own dtype (fp32 under `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`) | compute stream, the whole run | `FSDPParam._init_sharded_param` |
+//! | a block's parameters gathered: the flat all-gather output (param dtype) and the cast of the local shards into it | the all-gather stream; freed when the next block is gathered (forward) or at once (backward) | `foreach_all_gather`, `AllGatherState` |
+//! | the unsharded parameters, one tensor each | compute stream, from the block's pre-forward to its post-forward, again from its pre-backward to its post-backward; kept through the step for the root (embedding, final norm, output) and the last block, whose `reshard_after_forward` torchtitan sets False; kept for every block with `reshard_after_forward=False` (`--zero 2`) | `foreach_all_gather_copy_out`, `FSDPParamGroup.reshard` |
+//! | backward's prefetch: the previous block's flat buffer | the all-gather stream, during the block's backward | `_backward_prefetch` |
+//! | the unsharded gradients (param dtype), then the reduce-scatter input in `reduce_dtype`, one kept until the next block's | compute stream | `foreach_reduce`, `reduce_scatter_max_input_buffers = 1` |
+//! | the sharded gradients (fp32): the reduce-scatter's output, one per block | the reduce-scatter stream, until `zero_grad` frees them at the next step's start | `foreach_reduce`, torchtitan's `train.py` |
+//! | AdamW's two moments per shard, made by the first step; foreach's square root of the second moments during the step | compute stream | `torch.optim.AdamW` |
+//! | the blocks' activations by torchtitan's checkpointing: none, `full` (the block's input), `selective` per op (the input, every other matrix multiply's output, the attention kernel's output and log-sum-exp) or every N-th block full | compute stream | `_apply_ac_to_transformer_block`, `_save_list` |
+//! | the loss on the full vocabulary: bf16 logits, their fp32 copy and log-softmax's output in the forward (`del pred` drops the logits); the NLL's and log-softmax's fp32 gradients and the bf16 one in the backward | compute stream | `train.py`'s `loss_fn` |
+//!
+//! The caching allocator gives a freed block back only to its own stream, so the
+//! all-gather and reduce-scatter pools are reserved apart from the compute stream's:
+//! what `max_memory_reserved` (torchtitan's `memory:` log line) counts.
+
+use super::optimizer::{self, OptimizerParam, State};
+use super::Device;
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Offload, Precision, TrainConfig};
+use crate::model::{Family, Model};
+use crate::program::{Law, Phase, Program, TensorId, Term};
+
+/// FSDP2's communication streams, as the caching allocator keys its pools (the compute
+/// stream is 0).
+const ALL_GATHER: u64 = 1;
+const REDUCE_SCATTER: u64 = 2;
+
+/// Whether the job is torchtitan's FSDP2 step this module builds: torchtitan's code, one
+/// pipeline stage, a dense decoder (MoE layers' grouped matrix multiplies are not modelled),
+/// parameters sharded (`--zero 2` or `3`) over more than one GPU, full training without
+/// offload, and a checkpointing mode torchtitan has.
+pub fn runs(model: &Model, cfg: &TrainConfig) -> bool {
+    let par = &cfg.parallel;
+    cfg.framework == Framework::Torchtitan
+        && par.pipeline <= 1
+        && par.zero_stage >= 2
+        && par.shard_degree() > 1
+        && cfg.finetune == Finetune::Full
+        && cfg.offload == Offload::None
+        && cfg.checkpointing != Checkpointing::Optimal
+        && model.experts <= 1
+        && model.family == Family::GatedDecoder
+        && model.gated_mlp
+}
+
+/// A parameter as FSDP2 stores it: its local (tensor-parallel) rows and columns.
+#[derive(Clone, Copy, Debug)]
+struct Param {
+    rows: u64,
+    cols: u64,
+}
+
+impl Param {
+    /// Elements of its shard: dim 0 chunked over `n`, the first chunk's size ("0th always
+    /// padded"), so tail ranks hold padding.
+    fn shard(self, n: u64) -> f64 {
+        (self.rows.div_ceil(n) * self.cols) as f64
+    }
+}
+
+/// Bytes of the widths FSDP2 runs at.
+#[derive(Clone, Copy, Debug)]
+struct Widths {
+    /// The sharded parameter and the optimizer's states (the original dtype).
+    stored: f64,
+    /// `param_dtype`: the gathered parameters, their gradients, the activations.
+    compute: f64,
+    /// `reduce_dtype`: the reduce-scatter and the sharded gradients.
+    reduce: f64,
+}
+
+fn widths(precision: Precision) -> Widths {
+    match precision {
+        // torchtitan's default: fp32 parameters, bf16 compute, fp32 reductions. Float8's
+        // own tensors (its casts, the fp8 all-gather) are not modelled: bf16 stands for them.
+        Precision::Mixed | Precision::Fp8 => Widths { stored: 4.0, compute: 2.0, reduce: 4.0 },
+        // fp32 parameters gathered in fp32, autocast's activations in 16 bits.
+        Precision::Amp => Widths { stored: 4.0, compute: 4.0, reduce: 4.0 },
+        Precision::Bf16 => Widths { stored: 2.0, compute: 2.0, reduce: 2.0 },
+        Precision::Fp32 => Widths { stored: 4.0, compute: 4.0, reduce: 4.0 },
+    }
+}
+
+/// One rank's view of the job: the shard world, tokens and the tensor-parallel split.
+struct Shape<'a> {
+    model: &'a Model,
+    n: u64,
+    t: f64,
+    /// Tokens per (micro-batch × sequence) on this rank: 1 / context parallelism.
+    token: f64,
+    w: Widths,
+    act: f64,
+}
+
+impl Shape<'_> {
+    /// A tensor of `elements` per token of the rank's activations, in `bytes`.
+    fn per_token(&self, elements: f64, bytes: f64) -> Law {
+        Law::per_token(elements * bytes * self.token)
+    }
+}
+
+/// A block's parameters, each as a tensor-parallel rank holds it: the attention and MLP
+/// projections (column-parallel ones split on their outputs, row-parallel on their inputs),
+/// then the two norms, whole.
+fn block_params(model: &Model, t: u64) -> Vec<Param> {
+    let linears = model.block_linears();
+    let mut out: Vec<Param> = linears
+        .iter()
+        .enumerate()
+        .map(|(i, &(inp, outp))| {
+            // nn.Linear's weight is (out, in); wo and the MLP's last are row-parallel.
+            let row_parallel = i == 3 || i + 1 == linears.len();
+            if row_parallel {
+                Param { rows: outp, cols: inp / t }
+            } else {
+                Param { rows: outp / t, cols: inp }
+            }
+        })
+        .collect();
+    let linear_elements: u64 = linears.iter().map(|&(i, o)| i * o).sum();
+    let rest = model.layer_params().saturating_sub(linear_elements);
+    // The norms (and biases where a family has them), replicated under tensor parallelism.
+    let norms = (rest / model.hidden.max(1)).max(1);
+    for _ in 0..norms {
+        out.push(Param { rows: model.hidden, cols: 1 });
+    }
+    out
+}
+
+/// The root module's own parameters: the embedding (vocabulary rows split by tensor
+/// parallelism), the final norm and, untied, the output projection.
+fn root_params(model: &Model, t: u64) -> Vec<Param> {
+    let mut out = vec![Param { rows: model.vocab / t, cols: model.hidden }, Param { rows: model.hidden, cols: 1 }];
+    if !model.tied_embeddings {
+        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+    }
+    out
+}
+
+/// A group's parameters as the program holds them.
+struct Group {
+    params: Vec<Param>,
+    /// The shards, made at setup.
+    shards: Vec<TensorId>,
+    /// The unsharded parameters while gathered.
+    unsharded: Vec<TensorId>,
+    /// The sharded gradient (the reduce-scatter's output), once made.
+    grad: Option<TensorId>,
+    /// Whether it is resharded after its forward.
+    reshard_after_forward: bool,
+}
+
+impl Group {
+    fn shard_elements(&self, n: u64) -> f64 {
+        self.params.iter().map(|p| p.shard(n)).sum()
+    }
+}
+
+/// The sites the program names.
+struct Sites {
+    shard: u32,
+    gathered: u32,
+    flat: u32,
+    grads: u32,
+    reduce: u32,
+    act: u32,
+    logits: u32,
+    inputs: u32,
+    workspace: u32,
+}
+
+/// The step program of torchtitan's FSDP2 job on `device`, `steps` optimizer steps of
+/// `accumulation` micro-batches each.
+pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64, steps: u32) -> Program {
+    let par = &cfg.parallel;
+    let t = par.tensor.max(1);
+    let n = par.shard_degree().max(1);
+    let w = widths(cfg.precision);
+    let sh = Shape {
+        model,
+        n,
+        t: t as f64,
+        token: 1.0 / par.context.max(1) as f64,
+        w,
+        act: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
+    };
+    let mut p = Program::default();
+    let s = Sites {
+        shard: p.site("FSDP2 sharded parameters"),
+        gathered: p.site("FSDP2 unsharded parameters"),
+        flat: p.site("FSDP2 all-gather buffer"),
+        grads: p.site("FSDP2 unsharded gradients"),
+        reduce: p.site("FSDP2 reduce-scatter"),
+        act: p.site("transformer block activations"),
+        logits: p.site("output and cross-entropy loss"),
+        inputs: p.site("token ids and labels"),
+        workspace: p.site("cuBLAS workspace"),
+    };
+    p.mark(0, Phase::Setup);
+    let reshard_blocks = par.zero_stage >= 3;
+    let layers = model.layers.max(1);
+    let mut root = Group {
+        params: root_params(model, t),
+        shards: vec![],
+        unsharded: vec![],
+        grad: None,
+        // The root's parameters stay gathered from its forward to the end of its backward.
+        reshard_after_forward: false,
+    };
+    let mut blocks: Vec<Group> = (0..layers)
+        .map(|i| Group {
+            params: block_params(model, t),
+            shards: vec![],
+            unsharded: vec![],
+            grad: None,
+            // torchtitan leaves the last block gathered: its backward comes right after.
+            reshard_after_forward: reshard_blocks && i + 1 < layers,
+        })
+        .collect();
+    for g in std::iter::once(&mut root).chain(blocks.iter_mut()) {
+        g.shards =
+            g.params.iter().map(|x| p.alloc(Law::fixed(x.shard(n) * w.stored), Term::Weights, s.shard)).collect();
+    }
+    if workspace > 0.0 {
+        p.alloc(Law::fixed(workspace), Term::Workspace, s.workspace);
+    }
+    let mut state = State::default();
+    let mut held_flat: Option<TensorId> = None;
+    for step in 1..=steps {
+        p.mark(step, Phase::Forward);
+        // `optimizers.zero_grad()` (set_to_none) at the step's start.
+        for g in std::iter::once(&mut root).chain(blocks.iter_mut()) {
+            if let Some(id) = g.grad.take() {
+                p.free(id);
+            }
+        }
+        for _ in 0..cfg.accumulation.max(1) {
+            micro_batch(&mut p, &sh, &s, cfg, &mut root, &mut blocks, &mut held_flat, reshard_blocks);
+        }
+        p.mark(step, Phase::Optimizer);
+        // torch.optim over the shards, in their stored dtype (no master copy: the shard is it).
+        let opt_cfg = TrainConfig {
+            precision: if cfg.precision == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp32 },
+            ..*cfg
+        };
+        let params: Vec<OptimizerParam> = std::iter::once(&root)
+            .chain(blocks.iter())
+            .flat_map(|g| g.params.iter().map(|x| OptimizerParam { law: Law::fixed(x.shard(n) * w.stored) }))
+            .collect();
+        let grads: Vec<Option<TensorId>> =
+            std::iter::once(&root).chain(blocks.iter()).flat_map(|g| g.params.iter().map(move |_| g.grad)).collect();
+        optimizer::step(&mut p, &mut state, &params, &grads, &opt_cfg, device);
+    }
+    p
+}
+
+/// What a block's forward makes, in order, and what each mode keeps of it.
+#[derive(Clone, Copy, Debug)]
+struct Made {
+    law: Law,
+    /// Autograd saves it for the backward (what no checkpointing keeps).
+    saved: bool,
+    /// torchtitan's per-op policy saves it (a listed op's output).
+    op_saved: bool,
+    /// Dropped as soon as the next tensor is made (a short transient) rather than at the
+    /// end of the block.
+    transient: bool,
+}
+
+/// A Llama block's forward as torchtitan's `TransformerBlock` runs it, tensor by tensor:
+/// `h = x + attention(attention_norm(x))`, `out = h + feed_forward(ffn_norm(h))`.
+fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
+    let m = sh.model;
+    let t = sh.t;
+    // torchtitan's tensor parallelism always runs with sequence parallelism: the hidden-width
+    // tensors (norms, the residual stream) are split over the sequence, the projections'
+    // outputs over their columns.
+    let h = m.hidden as f64 / t;
+    let q = (m.heads * m.head_dim) as f64 / t;
+    let kv = (m.kv_heads * m.head_dim) as f64 / t;
+    let f = m.intermediate as f64 / t;
+    let heads = m.heads as f64 / t;
+    let a = sh.act;
+    let mk = |elements: f64, bytes: f64, saved: bool, op_saved: bool, transient: bool| Made {
+        law: sh.per_token(elements, bytes),
+        saved,
+        op_saved,
+        transient,
+    };
+    // RMSNorm: `self._norm(x.float()).type_as(x) * self.weight`: the fp32 input and the bf16
+    // normalized tensor are saved; the fp32 product is a transient.
+    let norm = |v: &mut Vec<Made>| {
+        v.push(mk(h, 4.0, true, false, false));
+        v.push(mk(h, 4.0, false, false, true));
+        v.push(mk(h, a, true, false, false));
+        // Its output: the projections' input.
+        v.push(mk(h, a, true, false, false));
+    };
+    let mut v = Vec::new();
+    norm(&mut v);
+    v.push(mk(q, a, false, true, false)); // wq (1st mm: saved by the policy)
+    v.push(mk(kv, a, false, false, false)); // wk (2nd: recomputed)
+    v.push(mk(kv, a, false, true, false)); // wv (3rd: saved); SDPA saves its repeated copy
+                                           // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
+    v.push(mk(q, 4.0, true, false, false));
+    v.push(mk(q, 4.0, false, false, true));
+    v.push(mk(q, a, true, false, false)); // xq rotated, SDPA's query
+    v.push(mk(kv, 4.0, true, false, false));
+    v.push(mk(kv, 4.0, false, false, true));
+    v.push(mk(kv, a, false, false, false)); // xk rotated
+                                            // repeat_kv copies keys and values to every query head.
+    v.push(mk(q, a, true, false, false));
+    v.push(mk(q, a, true, false, false));
+    match cfg.attention {
+        Attention::Eager => {
+            // Scores and probabilities, b·h·s² each, per token of the rank.
+            let s2 = Law { per_token_position: heads * a * sh.token, ..Law::default() };
+            v.push(Made { law: s2, saved: true, op_saved: false, transient: false });
+            v.push(Made { law: s2, saved: true, op_saved: false, transient: false });
+            v.push(mk(q, a, true, false, false));
+        }
+        Attention::Sdpa | Attention::Flash => {
+            // The kernel's output and log-sum-exp: on the save list.
+            v.push(mk(q, a, true, true, false));
+            v.push(mk(heads, 4.0, true, true, false));
+        }
+    }
+    v.push(mk(q, a, true, false, false)); // transposed to contiguous: wo's input
+    v.push(mk(h, a, false, false, false)); // wo (4th: recomputed)
+    v.push(mk(h, a, false, false, false)); // h = x + attention
+    norm(&mut v);
+    let mlp = m.block_linears().len() - 4;
+    if mlp == 3 {
+        v.push(mk(f, a, true, true, false)); // w1 (5th: saved)
+        v.push(mk(f, a, true, false, false)); // silu
+        v.push(mk(f, a, true, false, false)); // w3 (6th: recomputed)
+        v.push(mk(f, a, true, false, false)); // silu · w3: w2's input
+    } else {
+        v.push(mk(f, a, true, true, false));
+        v.push(mk(f, a, true, false, false));
+    }
+    v.push(mk(h, a, false, true, false)); // w2 (7th: saved)
+    v
+}
+
+/// Which of a block's tensors it keeps for the backward under its checkpointing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Keep {
+    All,
+    Ops,
+    Input,
+}
+
+fn keeps(m: &Made, keep: Keep) -> bool {
+    match keep {
+        Keep::All => m.saved,
+        Keep::Ops => m.op_saved,
+        Keep::Input => false,
+    }
+}
+
+/// torchtitan's checkpointing of block `i`: `full` wraps every block, `selective` per op
+/// applies its policy to every block, `selective` N wraps every N-th (its counter starts
+/// at 1). Megatron's selective (the attention core only) keeps everything here but the
+/// scores, which flash attention never makes.
+fn block_keep(cfg: &TrainConfig, i: u64) -> Keep {
+    match cfg.checkpointing {
+        Checkpointing::None | Checkpointing::Selective | Checkpointing::Optimal => Keep::All,
+        Checkpointing::Full => Keep::Input,
+        Checkpointing::PerOp => Keep::Ops,
+        Checkpointing::EveryK(k) => {
+            if (i + 1).is_multiple_of(k.max(1)) {
+                Keep::Input
+            } else {
+                Keep::All
+            }
+        }
+    }
+}
+
+/// Gathers `g`: the cast of the local shards and the flat buffer on the all-gather stream,
+/// then the unsharded parameters copied out on the compute stream.
+fn gather(p: &mut Program, sh: &Shape, s: &Sites, g: &mut Group) -> TensorId {
+    let local = g.shard_elements(sh.n);
+    let cast = p.alloc_on(Law::fixed(local * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
+    let flat = p.alloc_on(Law::fixed(local * sh.n as f64 * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
+    p.free(cast);
+    copy_out(p, sh, s, g);
+    flat
+}
+
+fn copy_out(p: &mut Program, sh: &Shape, s: &Sites, g: &mut Group) {
+    g.unsharded = g
+        .params
+        .iter()
+        .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Weights, s.gathered))
+        .collect();
+}
+
+fn reshard(p: &mut Program, g: &mut Group) {
+    for id in g.unsharded.drain(..) {
+        p.free(id);
+    }
+}
+
+/// After a group's backward: its unsharded gradients upcast into the reduce-scatter input
+/// (compute stream), the sharded gradient made on the reduce-scatter stream (accumulated
+/// into the existing one in later micro-batches), the parameters resharded.
+fn post_backward(
+    p: &mut Program,
+    sh: &Shape,
+    s: &Sites,
+    g: &mut Group,
+    grads: Vec<TensorId>,
+    rs_input: &mut Option<TensorId>,
+) {
+    reshard(p, g);
+    // One reduce-scatter input is retained: the previous one is dropped before this one.
+    if let Some(prev) = rs_input.take() {
+        p.free(prev);
+    }
+    let local = g.shard_elements(sh.n);
+    let input = p.alloc(Law::fixed(local * sh.n as f64 * sh.w.reduce), Term::Temporary, s.reduce);
+    for id in grads {
+        p.free(id);
+    }
+    let out = p.alloc_on(Law::fixed(local * sh.w.reduce), Term::Gradients, s.reduce, REDUCE_SCATTER);
+    match g.grad {
+        None => g.grad = Some(out),
+        // Accumulated into the gradient already there.
+        Some(_) => p.free(out),
+    }
+    *rs_input = Some(input);
+}
+
+/// One micro-batch's forward and backward.
+#[allow(clippy::too_many_arguments)]
+fn micro_batch(
+    p: &mut Program,
+    sh: &Shape,
+    s: &Sites,
+    cfg: &TrainConfig,
+    root: &mut Group,
+    blocks: &mut [Group],
+    held_flat: &mut Option<TensorId>,
+    reshard_blocks: bool,
+) {
+    let m = sh.model;
+    // Hidden-width tensors are split over the sequence under tensor parallelism.
+    let (h, a) = (m.hidden as f64 / sh.t, sh.act);
+    let v = m.vocab as f64 / sh.t;
+    let inputs = p.alloc(sh.per_token(16.0, 1.0), Term::Inputs, s.inputs);
+    // The root is gathered first (its pre-forward) and kept to the end of the backward.
+    if root.unsharded.is_empty() {
+        let flat = gather(p, sh, s, root);
+        if let Some(old) = held_flat.replace(flat) {
+            p.free(old);
+        }
+    }
+    // The embedding's output: the first block's input.
+    let mut x = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    let made = block_tensors(sh, cfg);
+    let mut kept: Vec<(Vec<TensorId>, Option<TensorId>, Keep)> = Vec::with_capacity(blocks.len());
+    for (i, g) in blocks.iter_mut().enumerate() {
+        if g.unsharded.is_empty() {
+            // The previous group's flat buffer is dropped once this one is copied out.
+            let flat = gather(p, sh, s, g);
+            if let Some(old) = held_flat.replace(flat) {
+                p.free(old);
+            }
+        }
+        let keep = block_keep(cfg, i as u64);
+        let mut saved = Vec::new();
+        let mut dropped = Vec::new();
+        for t in &made {
+            let id = p.alloc(t.law, Term::Activations, s.act);
+            if t.transient {
+                p.free(id);
+            } else if keeps(t, keep) {
+                saved.push(id);
+            } else {
+                dropped.push(id);
+            }
+        }
+        // The block's output (h + the MLP): the next block's input.
+        let out = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+        for id in dropped {
+            p.free(id);
+        }
+        if g.reshard_after_forward {
+            reshard(p, g);
+        }
+        // Under no checkpointing autograd saves the norm's fp32 copy of the input, not the
+        // input itself; a checkpointed block keeps its input.
+        let input = if keep == Keep::All {
+            p.free(x);
+            None
+        } else {
+            Some(x)
+        };
+        kept.push((saved, input, keep));
+        x = out;
+    }
+    if let Some(old) = held_flat.take() {
+        p.free(old);
+    }
+    // The final norm (saved: its fp32 input and bf16 normalized tensor) and its output,
+    // the output projection's input.
+    let norm_saved = [p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act)];
+    let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
+    p.free(tmp);
+    let norm_saved = [norm_saved[0], p.alloc(sh.per_token(h, a), Term::Activations, s.act)];
+    let normed = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    // The loss on the full vocabulary: `cross_entropy(pred.flatten(0, 1).float(), labels)`,
+    // then `del pred`.
+    let logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+    let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
+    let log_softmax = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+    if let Some(u) = upcast {
+        p.free(u);
+    }
+    p.free(logits);
+    // Later micro-batches' forwards are counted in the backward phase: phases never go back.
+    if let (step, Phase::Forward) = current(p) {
+        p.mark(step, Phase::Backward);
+    }
+    // nll_loss's gradient, then log-softmax's (beside its saved output and the incoming one),
+    // then the cast back to the logits' dtype.
+    let nll = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+    let d_log_softmax = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+    p.free(nll);
+    p.free(log_softmax);
+    let d_logits = if a < 4.0 {
+        let d = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+        p.free(d_log_softmax);
+        d
+    } else {
+        d_log_softmax
+    };
+    // The output projection's backward: its input's gradient and its weight's (unsharded).
+    let mut root_grads = Vec::new();
+    let mut dx = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    if !m.tied_embeddings {
+        let out_w = root.params[2];
+        root_grads.push(p.alloc(Law::fixed(out_w.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads));
+    }
+    p.free(d_logits);
+    p.free(normed);
+    // The final norm's backward, in fp32.
+    let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
+    let dnorm = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    p.free(tmp);
+    p.free(dx);
+    dx = dnorm;
+    for id in norm_saved {
+        p.free(id);
+    }
+    p.free(x);
+    let mut rs_input: Option<TensorId> = None;
+    let mut prefetched: Option<TensorId> = None;
+    for i in (0..blocks.len()).rev() {
+        let (saved, input, keep) = kept.pop().expect("one kept set per block");
+        // Pre-backward: the block copied out of its prefetched buffer (or gathered now),
+        // the buffer freed; the previous block's all-gather issued.
+        if blocks[i].unsharded.is_empty() {
+            match prefetched.take() {
+                Some(flat) => {
+                    copy_out(p, sh, s, &mut blocks[i]);
+                    p.free(flat);
+                }
+                None => {
+                    let flat = gather(p, sh, s, &mut blocks[i]);
+                    p.free(flat);
+                }
+            }
+        }
+        if i > 0 && reshard_blocks && blocks[i - 1].reshard_after_forward {
+            let g = &blocks[i - 1];
+            let local = g.shard_elements(sh.n);
+            let cast = p.alloc_on(Law::fixed(local * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
+            prefetched =
+                Some(p.alloc_on(Law::fixed(local * sh.n as f64 * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER));
+            p.free(cast);
+        }
+        // The recompute: what the backward needs that the forward did not keep.
+        let recomputed: Vec<TensorId> = made
+            .iter()
+            .filter(|t| t.saved && !t.transient && !keeps(t, keep))
+            .map(|t| p.alloc(t.law, Term::Activations, s.act))
+            .collect();
+        // The backward, from the MLP down: the gradients through the MLP (two of its
+        // width at once), the fp32 norms', and each projection's weight gradient.
+        let f = m.intermediate as f64 / sh.t;
+        let g1 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        let g2 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        let grads: Vec<TensorId> = blocks[i]
+            .params
+            .iter()
+            .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads))
+            .collect();
+        p.free(g1);
+        p.free(g2);
+        let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
+        let din = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+        p.free(tmp);
+        p.free(dx);
+        dx = din;
+        for id in recomputed.into_iter().chain(saved) {
+            p.free(id);
+        }
+        if let Some(x) = input {
+            p.free(x);
+        }
+        post_backward(p, sh, s, &mut blocks[i], grads, &mut rs_input);
+    }
+    // The embedding's backward: a dense gradient of the table.
+    let emb = root.params[0];
+    root_grads.push(p.alloc(Law::fixed(emb.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads));
+    p.free(dx);
+    for x in &root.params[1..root.params.len().min(2)] {
+        root_grads.push(p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads));
+    }
+    p.free(inputs);
+    post_backward(p, sh, s, root, root_grads, &mut rs_input);
+    if let Some(last) = rs_input.take() {
+        p.free(last);
+    }
+    // Gradients of later micro-batches accumulate: the blocks not resharded stay gathered
+    // only within one micro-batch's forward and backward.
+    for g in blocks.iter_mut() {
+        reshard(p, g);
+    }
+}
+
+/// The step and phase the program is in.
+fn current(p: &Program) -> (u32, Phase) {
+    p.ops
+        .iter()
+        .rev()
+        .find_map(|o| match *o {
+            crate::program::Op::Mark { step, phase } => Some((step, phase)),
+            _ => None,
+        })
+        .unwrap_or((0, Phase::Setup))
+}
