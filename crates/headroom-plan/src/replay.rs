@@ -67,6 +67,9 @@ pub struct Replayed {
     /// Device allocations (`cudaMalloc`, or page maps) and frees.
     pub device_mallocs: u64,
     pub device_frees: u64,
+    /// Requests served only after the allocator freed its cache and asked the device again
+    /// (`num_alloc_retries`): each synchronizes the GPU.
+    pub alloc_retries: u64,
     /// The first allocation that failed; the replay stops there.
     pub oom: Option<OutOfMemory>,
 }
@@ -105,6 +108,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
         reserved_peak_at: at,
         phase_peaks: [0; 3],
         device_mallocs: 0,
+        alloc_retries: 0,
         device_frees: 0,
         oom: None,
     };
@@ -200,6 +204,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
     out.peak_reserved = out.peak_reserved.max(stats.reserved_bytes[0].peak.max(0) as u64);
     out.device_mallocs = stats.num_device_alloc.max(0) as u64;
     out.device_frees = stats.num_device_free.max(0) as u64;
+    out.alloc_retries = stats.num_alloc_retries.max(0) as u64;
     out
 }
 

@@ -114,6 +114,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             ProgramSource::Fsdp2 => json!({"source": "fsdp2"}),
         },
         "device_mallocs": e.device_mallocs,
+        "alloc_retries": e.alloc_retries,
         "alternatives": p.alternatives.iter().map(|a| json!({
             "setting": a.label, "asked": a.asked, "fits": a.estimate.fits,
             "reserved_bytes": bytes(a.estimate.reserved_bytes), "allocated_bytes": bytes(a.estimate.allocated_bytes),

@@ -459,6 +459,15 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             format_size(o.reserved),
             format_size(o.allocated)
         );
+    } else if e.fits && e.alloc_retries > 0 {
+        // Reserved memory reached the device: the margin is the cache PyTorch gave back.
+        outln!(
+            out,
+            "fits only by freeing the allocator's cache: {} requests retried after emptying it \
+             (num_alloc_retries; each synchronizes the GPU and costs step time); `--alloc-conf` and \
+             `--policy` replay it under other settings",
+            e.alloc_retries
+        );
     } else if e.fits {
         outln!(
             out,

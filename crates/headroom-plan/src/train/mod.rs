@@ -118,6 +118,8 @@ pub struct TrainEstimate {
     pub optimizer_impl: OptimizerImpl,
     /// Device allocations (`cudaMalloc`) the replay made.
     pub device_mallocs: u64,
+    /// Requests served only after the allocator freed its cache (`num_alloc_retries`).
+    pub alloc_retries: u64,
 }
 
 /// Where a job's step program came from.
@@ -321,6 +323,7 @@ impl Estimator {
             oom,
             optimizer_impl: crate::synth::optimizer::implementation(cfg, Device::Gpu(gpu)),
             device_mallocs: r.device_mallocs,
+            alloc_retries: r.alloc_retries,
         }
     }
 
