@@ -1,10 +1,11 @@
-//! `headroom plan --calibrate`: the plan fitted to snapshots of the user's own
+//! `headroom plan --calibrate`: the plan's step program fitted to snapshots of the user's own
 //! smaller runs.
 //!
-//! On a training run made with headroom's allocator and written with the
-//! frames PyTorch records (headroom-inspect's synthetic run): the plan at the
-//! snapshot's own shape reproduces what the snapshot measured, byte for byte,
-//! and every way the input can be wrong exits 2 with a message that names it.
+//! Every way the input can be wrong exits 2 with a message that names it: no trace, no
+//! frames, no whole step, a snapshot of another model. On the snapshots of ../shared/gpu (Qwen3-1.7B recorded
+//! on an H200 from before the model was built, and a run that ran out of memory) the
+//! `calibration` object names the step used and each fitted term, and the plan lands within
+//! 3% of the measured peak.
 //!
 //! On the real snapshots of ../shared/fixtures whose workloads are known
 //! (cs336's Transformer LM at two or three sequence lengths each, the scripts that
@@ -55,9 +56,10 @@ fn b(v: &Value) -> f64 {
     v.as_u64().unwrap_or_else(|| panic!("{v} is not a byte count")) as f64
 }
 
-/// The plan's allocated bytes in `phase`, as the snapshot counts them (cuBLAS workspace included).
+/// The plan's allocated bytes in `phase`, as the snapshot counts them (the replay's, cuBLAS
+/// workspace included).
 fn predicted_phase(plan: &Value, phase: &str) -> f64 {
-    b(&plan["phases"][phase]) + b(&plan["allocated_bytes"]) - b(&plan["tensor_bytes"])
+    b(&plan["phases"][phase])
 }
 
 /// The plan's allocated peak over the phases the run went through (a forward-only run
@@ -82,6 +84,7 @@ struct Scratch {
     small: String,
     no_frames: String,
     no_trace: String,
+    forward_only: String,
 }
 
 fn scratch() -> Scratch {
@@ -91,6 +94,13 @@ fn scratch() -> Scratch {
     let small = dir.path().join("small-run.pickle");
     std::fs::write(&small, &run).unwrap();
     let mut v: Value = serde_json::from_slice(&run).unwrap();
+    // The first forward alone: the trace cut before the backward's first allocation.
+    let mut cut = v.clone();
+    let entries = cut["device_traces"][0].as_array().unwrap().clone();
+    let end = entries.iter().position(|e| e["frames"].to_string().contains("autograd")).unwrap_or(entries.len());
+    cut["device_traces"][0] = Value::Array(entries[..end].to_vec());
+    let forward_only = dir.path().join("forward-only.json");
+    std::fs::write(&forward_only, serde_json::to_vec(&cut).unwrap()).unwrap();
     for e in v["device_traces"][0].as_array_mut().unwrap() {
         e["frames"] = serde_json::json!([]);
     }
@@ -105,7 +115,13 @@ fn scratch() -> Scratch {
     let no_trace = dir.path().join("no-trace.json");
     std::fs::write(&no_trace, serde_json::to_vec(&v).unwrap()).unwrap();
     let s = |p: &Path| p.display().to_string();
-    Scratch { small: s(&small), no_frames: s(&no_frames), no_trace: s(&no_trace), _dir: dir }
+    Scratch {
+        small: s(&small),
+        no_frames: s(&no_frames),
+        no_trace: s(&no_trace),
+        forward_only: s(&forward_only),
+        _dir: dir,
+    }
 }
 
 /// cs336's Transformer LM (medium), the examples' model; `--seq` is last, to be replaced.
@@ -131,66 +147,6 @@ fn plan_args() -> Vec<String> {
 }
 
 #[test]
-fn the_plan_at_the_snapshots_own_shape_is_what_it_measured() {
-    let s = scratch();
-    let measured = step_phases(&s.small);
-    let mut owned = plan_args();
-    owned[12] = "128".into();
-    let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
-    args.extend(["--calibrate", &s.small]);
-    let plan = json(&args);
-    let c = &plan["calibration"];
-    let run = &c["snapshots"][0];
-    assert_eq!((run["batch"].as_u64(), run["seq"].as_u64(), run["device"].as_u64()), (Some(4), Some(128), Some(0)));
-    for k in ["start_bytes", "forward_bytes", "backward_bytes", "optimizer_bytes"] {
-        assert_eq!(run[k], measured[k], "{k}");
-    }
-    // Every phase, not only the peak: the workspace the plan adds beside the tensors is
-    // the one taken off the measurement.
-    let workspace = b(&plan["allocated_bytes"]) - b(&plan["tensor_bytes"]);
-    for (phase, key) in [("forward", "forward_bytes"), ("backward", "backward_bytes"), ("optimizer", "optimizer_bytes")]
-    {
-        let (p, m) = (b(&plan["phases"][phase]) + workspace, b(&measured[key]));
-        assert!((p - m).abs() <= 1.0, "{phase}: planned {p}, measured {m}");
-    }
-    assert!((b(&plan["allocated_bytes"]) - measured_peak(&measured)).abs() <= 1.0);
-    // The breakdown still sums to the total, the calibration's share included.
-    let sum: f64 = plan["breakdown"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
-    assert!((sum - b(&plan["per_gpu_bytes"])).abs() <= 8.0, "{sum} vs {}", plan["per_gpu_bytes"]);
-    assert!(c["activation_scale"].as_f64().unwrap() > 0.0);
-    assert_eq!(c["activation_scale"], c["attention_scale"], "one snapshot fits one scale");
-}
-
-#[test]
-fn a_longer_sequence_grows_by_the_calibrated_activations() {
-    let s = scratch();
-    let at = |seq: &str| {
-        let mut owned = plan_args();
-        owned[12] = seq.into();
-        let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
-        args.extend(["--calibrate", &s.small, "--calibrate-seq", "128"]);
-        json(&args)
-    };
-    let (short, long) = (at("128"), at("256"));
-    let f = |p: &Value| b(&p["phases"]["forward"]);
-    assert!(f(&long) > f(&short));
-    // The optimizer step keeps no activations: it grows only by the token ids and labels
-    // (8 bytes each a token) of the 4 × 128 more tokens.
-    assert_eq!(b(&long["phases"]["optimizer"]) - b(&short["phases"]["optimizer"]), (16 * 4 * 128) as f64);
-    // Text names the snapshot and what was fitted.
-    let owned = plan_args();
-    let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
-    args.extend(["--calibrate", &s.small, "--calibrate-seq", "128"]);
-    let (code, out, err) = headroom(&args);
-    assert!(matches!(code, Some(0 | 1)), "{err}");
-    assert!(
-        out.contains("calibrated from") && out.contains("small-run.pickle") && out.contains("× 128 tokens"),
-        "{out}"
-    );
-    assert!(out.contains("activations and logits ×"), "{out}");
-}
-
-#[test]
 fn what_cannot_calibrate_exits_2_and_says_why() {
     let s = scratch();
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -198,9 +154,15 @@ fn what_cannot_calibrate_exits_2_and_says_why() {
         (vec!["--calibrate", &s.no_frames], "recorded no frames"),
         (vec!["--calibrate", "missing.pickle"], "missing.pickle"),
         (vec!["--calibrate", &s.small, "--calibrate-seq", "128", "--calibrate-seq", "256"], "given 2 times for 1"),
-        (vec!["--calibrate", &s.small, "--calibrate-seq", "2048"], "--calibrate-seq"),
-        (vec!["--calibrate", &s.small, "--calibrate-seq", "1"], "check --calibrate-batch and --calibrate-seq"),
+        (vec!["--calibrate", &s.small, "--calibrate-seq", "2048"], "cannot calibrate it"),
+        // A run of four layers of activations and no model: not the plan's model.
+        (vec!["--calibrate", &s.small, "--calibrate-seq", "128"], "another model"),
+        (
+            vec!["--calibrate", &s.forward_only, "--calibrate-seq", "128"],
+            "no whole training step (a forward without a backward)",
+        ),
         (vec!["--calibrate", &s.small, "--framework", "megatron"], "not planned as"),
+        (vec!["--calibrate", &s.small, "--framework", "megatron", "--calibrate-seq", "128"], "not planned as"),
         (vec!["--calibrate", &s.small, "--recommend"], "cannot be used with"),
         (vec!["--calibrate-seq", "128"], "--calibrate"),
         (vec!["--calibrate", &s.small, "--calibrate-batch", "0"], "--calibrate-batch"),
@@ -233,7 +195,7 @@ struct Series {
     runs: &'static [(u64, &'static str)],
 }
 
-const SERIES: [Series; 3] = [
+const SERIES: [Series; 2] = [
     Series {
         name: "cs336 medium (0.42 B), a step after 5 warm-up steps",
         model: "data/models/cs336-medium.json",
@@ -251,15 +213,6 @@ const SERIES: [Series; 3] = [
             (128, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_fullstep_.pickle"),
             (256, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx256_fullstep_.pickle"),
             (512, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx512_fullstep_.pickle"),
-        ],
-    },
-    Series {
-        name: "cs336 2.7B (3.4 B), a forward with autograd (no backward)",
-        model: "data/models/cs336-2.7b.json",
-        runs: &[
-            (128, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_.pickle"),
-            (256, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx256_forward_.pickle"),
-            (512, "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx512_forward_.pickle"),
         ],
     },
 ];
@@ -324,10 +277,10 @@ fn real_snapshots_predict_other_sequence_lengths() {
                 let e = error(predicted_peak(&plan, &measured), m);
                 let fwd = error(predicted_phase(&plan, "forward"), b(&measured["forward_bytes"]));
                 if i < used {
-                    // A calibration reproduces the snapshot it was fitted to: exactly from one,
+                    // A calibration reproduces the snapshot it was fitted to: within 1% from one,
                     // by least squares from two.
                     if used == 1 {
-                        assert!(e.abs() < 0.01, "{}: calibrated at its own shape, {e:+.3}%", files[i]);
+                        assert!(e.abs() < 1.0, "{}: calibrated at its own shape, {e:+.3}%", files[i]);
                     }
                     cells.push(format!("fitted ({e:+.1}% / {fwd:+.1}%)"));
                 } else {
@@ -365,4 +318,160 @@ fn real_snapshots_predict_other_sequence_lengths() {
         regenerate || doc[start..end] == table,
         "docs/VALIDATION.md's calibration table is stale: run HEADROOM_REGENERATE=1 cargo test -p headroom-cli --test calibrate\n{table}"
     );
+}
+
+/// A forward without a backward or an optimizer step holds no whole step: refused, saying so.
+#[test]
+fn a_forward_only_snapshot_is_refused() {
+    let Some(dir) = fixtures_dir() else {
+        skip::skip("../shared/fixtures is absent (a fresh clone)");
+        return;
+    };
+    let file = dir.join("kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_.pickle");
+    let model = repo().join("data/models/cs336-2.7b.json").display().to_string();
+    let f = file.display().to_string();
+    let (code, _, err) = headroom(&[
+        "plan",
+        "--model",
+        &model,
+        "--gpu",
+        "h100-sxm",
+        "--precision",
+        "fp32",
+        "--batch",
+        "4",
+        "--seq",
+        "256",
+        "--calibrate",
+        &f,
+        "--calibrate-seq",
+        "128",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no whole training step (a forward without a backward)"), "{err}");
+}
+
+fn gpu_dir() -> Option<PathBuf> {
+    let d = repo().join("../shared/gpu");
+    d.join("qwen3-calibrate-case.json").is_file().then_some(d)
+}
+
+/// The Qwen3 case from the command line: both snapshots, the step each used, the terms and
+/// residuals in `--json`, the plan within 3% of the measured peak; text names them too.
+#[test]
+fn the_qwen3_case_from_the_command_line() {
+    let Some(dir) = gpu_dir() else {
+        skip::skip("../shared/gpu is absent (a fresh clone); the Qwen3 calibration case needs its snapshots");
+        return;
+    };
+    let case: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("qwen3-calibrate-case.json")).unwrap()).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let model = scratch.path().join("qwen3.json");
+    std::fs::write(&model, case["config"].to_string()).unwrap();
+    let m = model.display().to_string();
+    let snap =
+        |seq: u64| dir.join(format!("snapshots/qwen3-1.7b-bf16-1x{seq}-two-steps.pickle.gz")).display().to_string();
+    let (s512, s1024) = (snap(512), snap(1024));
+    let args = [
+        "plan",
+        "--model",
+        &m,
+        "--gpu",
+        "h200",
+        "--precision",
+        "bf16",
+        "--attention",
+        "sdpa",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--calibrate",
+        &s512,
+        "--calibrate",
+        &s1024,
+        "--calibrate-batch",
+        "1",
+        "--calibrate-seq",
+        "512",
+        "--calibrate-seq",
+        "1024",
+    ];
+    let plan = json(&args);
+    let c = &plan["calibration"];
+    for s in c["snapshots"].as_array().unwrap() {
+        assert_eq!(s["step"]["number"], 2, "{s}");
+        assert_eq!(s["step"]["kind"], "steady");
+        assert_eq!(s["steps_found"], 2);
+        assert!(s["construction_bytes"].as_u64().is_some());
+        assert!(s["residual"]["allocated"].as_f64().unwrap().abs() < 0.01, "{s}");
+    }
+    let terms: Vec<&str> = c["terms"].as_array().unwrap().iter().map(|t| t["term"].as_str().unwrap()).collect();
+    assert_eq!(terms, ["kept between steps", "forward", "backward", "optimizer step"]);
+    for t in c["terms"].as_array().unwrap() {
+        assert_eq!(t["recorded_bytes"].as_array().unwrap().len(), 2);
+        assert_eq!(t["planned_bytes"].as_array().unwrap().len(), 2);
+    }
+    let want = case["measured"]["qwen3-1.7b-train-bf16-none-sdpa-4x2048"]["peak_allocated"].as_f64().unwrap();
+    let got = b(&plan["allocated_bytes"]);
+    assert!((got / want - 1.0).abs() < 0.03, "planned {got}, measured {want}");
+    assert!(plan["reserved_bytes"].as_u64().unwrap() as f64 >= got);
+    let (code, out, err) = headroom(&args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("step 2 of 2 used (steady, 1 micro-step)"), "{out}");
+    assert!(out.contains("residual on the recorded steps: allocated peak within"), "{out}");
+    // Another model's snapshot is refused, saying why.
+    let (code, _, err) =
+        headroom(&["plan", "--model", "gpt2", "--gpu", "h200", "--seq", "512", "--batch", "1", "--calibrate", &s512]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("another model"), "{err}");
+}
+
+/// A run that ran out of memory at batch 4 under a 10 GiB limit: the OOM is said, and on a
+/// GPU of that size the job does not fit.
+#[test]
+fn an_oom_snapshot_is_evidence() {
+    let Some(dir) = gpu_dir() else {
+        skip::skip("../shared/gpu is absent (a fresh clone); the OOM snapshot is there");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let model = scratch.path().join("qwen2.json");
+    std::fs::write(
+        &model,
+        r#"{"model_type":"qwen2","hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,
+            "num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,"max_position_embeddings":32768,
+            "tie_word_embeddings":true,"rms_norm_eps":1e-6}"#,
+    )
+    .unwrap();
+    let m = model.display().to_string();
+    let f = dir.join("snapshots/oom-cpp-qwen2-0.5b-b4.pickle.gz").display().to_string();
+    let args = [
+        "plan",
+        "--model",
+        &m,
+        "--gpu",
+        "h200",
+        "--gpu-memory",
+        "11GiB",
+        "--precision",
+        "fp32",
+        "--attention",
+        "sdpa",
+        "--batch",
+        "4",
+        "--seq",
+        "1024",
+        "--calibrate",
+        &f,
+    ];
+    let (code, out, err) = headroom(&args);
+    assert_eq!(code, Some(1), "does not fit: {err}\n{out}");
+    assert!(out.contains("ran out of memory in step 3's forward: asked 1.16 GiB"), "{out}");
+    assert!(out.contains("a per-process memory limit refused it"), "{out}");
+    assert!(out.contains("OOM evidence: at micro-batch 4 × 1024 tokens or more"), "{out}");
+    let plan = json(&args);
+    assert_eq!(plan["fits"], false);
+    assert_eq!(plan["calibration"]["oom_evidence"]["asked_bytes"], 1_244_659_712u64);
 }

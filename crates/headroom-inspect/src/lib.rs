@@ -19,6 +19,7 @@ pub mod leaks;
 pub mod oom;
 pub mod page_data;
 pub mod printable;
+pub mod recording;
 pub mod report;
 pub mod sites;
 pub mod step_phases;

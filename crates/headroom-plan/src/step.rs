@@ -18,6 +18,7 @@
 //! from here. Every term is checked against real PyTorch steps on CPU
 //! (`crates/headroom-plan/tests/ground_truth.rs`, `docs/VALIDATION.md`).
 
+use crate::program::{Law, Op, Program, Term};
 use crate::recipe::Saved;
 
 pub use crate::program::Phase;
@@ -144,37 +145,133 @@ pub fn phases(p: &StepParts) -> Phases {
     Phases { forward, backward, optimizer }
 }
 
-/// The fitted terms.
+/// One fitted correction of the step program ([`crate::calibrate`]): its own tensors scaled,
+/// and a tensor of a fitted law added.
 #[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Correction {
+    /// What the term's own tensors are multiplied by (1: as planned).
+    pub scale: f64,
+    /// What is added beside them (zero: nothing).
+    pub law: Law,
+}
+
+impl Default for Correction {
+    fn default() -> Self {
+        Correction { scale: 1.0, law: Law::default() }
+    }
+}
+
+/// An out-of-memory error a snapshot ended in: at this shape or beyond, on a device whose
+/// memory for PyTorch is no more than `capacity`, the job does not fit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OomEvidence {
+    pub batch: u64,
+    pub seq: u64,
+    /// The rounded bytes asked.
+    pub asked: u64,
+    /// What the device said was free (more than asked: a per-process limit refused it).
+    pub device_free: Option<u64>,
+    pub allocated: u64,
+    pub reserved: u64,
+    /// The most PyTorch could have had: what it held, and less than the request beyond.
+    pub capacity: u64,
+    pub phase: crate::program::Phase,
+}
+
+/// The fitted corrections of a job's step program, from snapshots of the user's own run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Calibration {
-    /// Bytes the run holds throughout the step beyond the planner's weights,
-    /// optimizer state and inputs (negative when the run holds less, e.g. an
-    /// optimizer whose state is made in the step being measured).
-    pub offset: f64,
-    /// The measured activations and logits that grow with batch × sequence,
-    /// over the planner's.
-    pub activation_scale: f64,
-    /// The same for eager attention's s × s matrices, which grow with the
-    /// square of the sequence: fitted apart when snapshots at two or more
-    /// sequence lengths tell the two laws apart, otherwise equal to
-    /// `activation_scale`.
-    pub attention_scale: f64,
-    /// What the backward held beyond the phase as calibrated by the offset
-    /// and scales; `None` when no trace has a backward.
-    pub backward_extra: Option<f64>,
-    /// The same for the optimizer step.
-    pub optimizer_extra: Option<f64>,
+    /// What lives between steps: the optimizer's state scaled, and bytes the script keeps
+    /// added from the first step on.
+    pub kept: Correction,
+    /// What each forward keeps (the layers' activations and the logits, scaled), and what it
+    /// adds, alive until its backward ends.
+    pub forward: Correction,
+    /// The backward's own tensors, and what it adds until the optimizer step.
+    pub backward: Correction,
+    /// The optimizer step's temporaries, and what it adds while it runs.
+    pub optimizer: Correction,
+    /// The out-of-memory error a snapshot ended in.
+    pub oom: Option<OomEvidence>,
 }
 
 impl Calibration {
-    /// The planner's phases at any shape, calibrated.
+    /// The correction of phase `k`: 0 forward, 1 backward, 2 optimizer step.
+    pub fn phase_mut(&mut self, k: usize) -> &mut Correction {
+        match k {
+            0 => &mut self.forward,
+            1 => &mut self.backward,
+            _ => &mut self.optimizer,
+        }
+    }
+
+    /// Whether the OOM evidence says a job of this shape does not fit in `capacity` bytes.
+    pub fn refuses(&self, micro_batch: u64, seq: u64, capacity: f64) -> Option<&OomEvidence> {
+        self.oom.as_ref().filter(|e| micro_batch >= e.batch && seq >= e.seq && capacity <= e.capacity as f64)
+    }
+
+    /// `p` corrected: each group's tensors scaled (the optimizer state, what forwards,
+    /// backwards and optimizer steps make), and the added tensors alive where their phases
+    /// are — what the script keeps from the first forward on, a forward's until its backward
+    /// ends, a backward's until the optimizer step, the optimizer step's while it runs.
+    pub fn apply_program(&self, p: &Program) -> Program {
+        let made = crate::calibrate::made_in(p);
+        let mut out =
+            Program { tensors: p.tensors.clone(), ops: Vec::with_capacity(p.ops.len() + 16), sites: p.sites.clone() };
+        let scales = [self.forward.scale, self.backward.scale, self.optimizer.scale, self.kept.scale];
+        for (t, &m) in out.tensors.iter_mut().zip(&made) {
+            if let Some(g) = crate::calibrate::group(t, m) {
+                if scales[g] != 1.0 {
+                    t.law = t.law.scaled(scales[g]);
+                }
+            }
+        }
+        let nonzero = |l: &Law| *l != Law::default();
+        let site = out.site("calibration (fitted to the snapshot)");
+        let mut kept_made = false;
+        let mut open: Vec<crate::program::TensorId> = Vec::new();
+        for op in &p.ops {
+            let Op::Mark { phase, .. } = *op else {
+                out.ops.push(*op);
+                continue;
+            };
+            // A forward's correction lives through its backward (what the layers keep); every
+            // other until the next phase.
+            if phase != Phase::Setup && phase != Phase::Backward {
+                for t in open.drain(..) {
+                    out.ops.push(Op::Free(t));
+                }
+            }
+            if phase != Phase::Setup && !kept_made && nonzero(&self.kept.law) {
+                kept_made = true;
+                out.alloc(self.kept.law, Term::Temporary, site);
+            }
+            out.ops.push(*op);
+            let (law, term) = match phase {
+                Phase::Setup => continue,
+                Phase::Forward => (self.forward.law, Term::Activations),
+                Phase::Backward => (self.backward.law, Term::Activations),
+                Phase::Optimizer => (self.optimizer.law, Term::Temporary),
+            };
+            if nonzero(&law) {
+                open.push(out.alloc(law, term, site));
+            }
+        }
+        for t in open {
+            out.ops.push(Op::Free(t));
+        }
+        out
+    }
+
+    /// The closed form's phases, corrected as far as phases can be: the forward's scale on
+    /// the activations and logits, what the script keeps on every phase.
     pub fn apply(&self, p: &Phases) -> Phases {
-        let one = |p: &PhasePeak, extra: Option<f64>| {
-            let attention = p.attention * self.attention_scale;
-            let logits = p.logits * self.activation_scale;
-            let per_token = (p.activations - p.attention) * self.activation_scale;
-            let calibration = p.calibration + self.offset + extra.unwrap_or(0.0);
-            let activations = per_token + attention;
+        let kept = self.kept.law.fixed;
+        let one = |p: &PhasePeak| {
+            let activations = p.activations * self.forward.scale;
+            let attention = p.attention * self.forward.scale;
+            let logits = p.logits * self.forward.scale;
+            let calibration = p.calibration + kept;
             PhasePeak {
                 total: base(p) + p.gradients + activations + logits + p.temporary + calibration,
                 activations,
@@ -184,11 +281,7 @@ impl Calibration {
                 ..*p
             }
         };
-        Phases {
-            forward: one(&p.forward, None),
-            backward: one(&p.backward, self.backward_extra),
-            optimizer: one(&p.optimizer, self.optimizer_extra),
-        }
+        Phases { forward: one(&p.forward), backward: one(&p.backward), optimizer: one(&p.optimizer) }
     }
 }
 

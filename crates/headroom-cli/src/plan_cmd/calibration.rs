@@ -1,32 +1,30 @@
-//! `headroom plan --calibrate SNAPSHOT`: the plan fitted to memory snapshots
-//! of smaller runs of the same job. Each snapshot's trace gives its phases'
-//! peaks (`headroom_inspect::step_phases`); the library fits the terms the
-//! planner cannot know (`headroom_plan::calibrate`).
+//! `headroom plan --calibrate SNAPSHOT`: the plan's step program fitted to memory snapshots of
+//! smaller runs of the same job. Each snapshot's trace is read as moments
+//! (`headroom_inspect::recording`), its whole steps found and the last steady one compared
+//! with the job's program at the snapshot's shape (`headroom_plan::calibrate`).
 
 use super::PlanArgs;
 use crate::progress::LazyBar;
 use anyhow::{bail, Context, Result};
-use headroom_inspect::{inspect_device, InspectOptions};
-use headroom_plan::calibrate::{calibrate, Calibration, Measured};
+use headroom_inspect::frames::Phase as FramePhase;
+use headroom_inspect::recording::{self, Moment as M};
+use headroom_plan::calibrate::{calibrate, find_steps, Entry, Fit, Moment, RecordedPhase, Recording, Snapshot};
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::model::Model;
-use headroom_plan::train::TrainConfig;
+use headroom_plan::train::{Estimator, TrainConfig};
 use headroom_trace::snapshot::read_snapshot_file_with;
 use std::path::Path;
 
-/// One snapshot, where it ran and what it measured.
+/// One snapshot: its file and the device read.
 pub(super) struct Run {
     pub file: String,
     pub device: u32,
-    pub batch: u64,
-    pub seq: u64,
-    pub measured: Measured,
 }
 
 /// A calibration and what it was fitted to.
 pub(super) struct Calibrated {
     pub runs: Vec<Run>,
-    pub fit: Calibration,
+    pub fit: Fit,
 }
 
 /// `--calibrate-batch` or `--calibrate-seq` for the `i`th of `n` snapshots:
@@ -40,28 +38,37 @@ fn nth(flag: &str, values: &[u64], i: usize, n: usize, default: u64) -> Result<u
     }
 }
 
-/// Reads each `--calibrate` snapshot, measures its step's phases and fits
-/// `cfg` to all of them.
-pub(super) fn calibrated(a: &PlanArgs, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Result<Calibrated> {
+/// Reads each `--calibrate` snapshot, finds its steps and fits the job's program to them.
+pub(super) fn calibrated(
+    a: &PlanArgs,
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &TrainConfig,
+    est: &Estimator,
+) -> Result<Calibrated> {
     let n = a.calibrate.len();
     let mut runs = Vec::with_capacity(n);
+    let mut snapshots = Vec::with_capacity(n);
     for (i, path) in a.calibrate.iter().enumerate() {
         let batch = nth("--calibrate-batch", &a.calibrate_batch, i, n, a.batch)?;
         let seq = nth("--calibrate-seq", &a.calibrate_seq, i, n, a.seq)?;
         super::args::check_positions(model, seq).context("--calibrate-seq")?;
-        let (device, measured) = measure(path)?;
-        runs.push(Run { file: path.display().to_string(), device, batch, seq, measured });
+        let file = path.display().to_string();
+        let (device, rec) = read(path)?;
+        let steps = find_steps(&rec).map_err(|why| anyhow::anyhow!("--calibrate {file}: {why}"))?;
+        snapshots.push(Snapshot { name: file.clone(), batch, seq, steps });
+        runs.push(Run { file, device });
     }
-    let shaped: Vec<_> = runs.iter().map(|r| ((r.batch, r.seq), r.measured)).collect();
-    let fit = calibrate(model, gpu, cfg, &shaped).map_err(|why| {
-        let shapes: Vec<String> = runs.iter().map(|r| format!("{} ({} × {} tokens)", r.file, r.batch, r.seq)).collect();
+    let fit = calibrate(model, gpu, cfg, est, &snapshots).map_err(|why| {
+        let shapes: Vec<String> =
+            snapshots.iter().map(|s| format!("{} ({} × {} tokens)", s.name, s.batch, s.seq)).collect();
         anyhow::anyhow!("--calibrate {}: {why}", shapes.join(", "))
     })?;
     Ok(Calibrated { runs, fit })
 }
 
-/// The phases' peaks of the device whose trace is longest: the one the run trained on.
-fn measure(path: &Path) -> Result<(u32, Measured)> {
+/// The moments of the device whose trace is longest: the one the run trained on.
+pub(super) fn read(path: &Path) -> Result<(u32, Recording)> {
     let file = path.display();
     let mut bar = LazyBar::new("");
     let snap = read_snapshot_file_with(path, |done, total| bar.update("reading the snapshot", done, total))
@@ -78,17 +85,41 @@ fn measure(path: &Path) -> Result<(u32, Measured)> {
              torch.cuda.memory._record_memory_history() before it and _dump_snapshot() after"
         );
     };
-    let Some(p) = inspect_device(&snap, device, &InspectOptions::default()).step_phases else {
+    let r = recording::recording(&snap, device);
+    if !r.has_frames {
         bail!(
             "--calibrate: {file} recorded no frames, so its forward, backward and optimizer step cannot be told \
              apart; record it with _record_memory_history(stacks=\"python\") (the default)"
         );
+    }
+    Ok((device, convert(&r)))
+}
+
+/// The inspector's moments in the planner's terms.
+pub(super) fn convert(r: &recording::Recording) -> Recording {
+    let phase = |p: FramePhase| match p {
+        FramePhase::Setup => RecordedPhase::Setup,
+        FramePhase::Forward | FramePhase::Evaluation => RecordedPhase::Forward,
+        FramePhase::Backward => RecordedPhase::Backward,
+        FramePhase::OptimizerStep => RecordedPhase::Optimizer,
+        FramePhase::DataLoading | FramePhase::Other => RecordedPhase::Other,
+        FramePhase::Unknown => RecordedPhase::Unknown,
     };
-    let measured = Measured {
-        start: p.start_bytes as f64,
-        forward: p.forward_bytes.map(|b| b as f64),
-        backward: p.backward_bytes.map(|b| b as f64),
-        optimizer: p.optimizer_bytes.map(|b| b as f64),
-    };
-    Ok((device, measured))
+    Recording {
+        start_allocated: r.start_allocated,
+        start_reserved: r.start_reserved,
+        entries: r
+            .entries
+            .iter()
+            .map(|e| Entry {
+                moment: match e.moment {
+                    M::Alloc { bytes, phase: p } => Moment::Alloc { bytes, phase: phase(p) },
+                    M::Free { bytes, before_trace } => Moment::Free { bytes, before_trace },
+                    M::Oom { asked, device_free } => Moment::Oom { asked, device_free },
+                },
+                allocated: e.allocated,
+                reserved: e.reserved,
+            })
+            .collect(),
+    }
 }

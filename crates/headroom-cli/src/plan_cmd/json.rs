@@ -81,20 +81,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "temporary": bytes(b.temporary), "framework": bytes(b.framework),
             "calibration": signed_bytes(b.calibration),
         },
-        "calibration": p.calibration.as_ref().map(|c| json!({
-            "snapshots": c.runs.iter().map(|r| json!({
-                "snapshot": r.file, "device": r.device, "batch": r.batch, "seq": r.seq,
-                "start_bytes": bytes(r.measured.start),
-                "forward_bytes": r.measured.forward.map(bytes),
-                "backward_bytes": r.measured.backward.map(bytes),
-                "optimizer_bytes": r.measured.optimizer.map(bytes),
-            })).collect::<Vec<_>>(),
-            "offset_bytes": signed_bytes(c.fit.offset),
-            "activation_scale": c.fit.activation_scale,
-            "attention_scale": c.fit.attention_scale,
-            "backward_extra_bytes": c.fit.backward_extra.map(signed_bytes),
-            "optimizer_extra_bytes": c.fit.optimizer_extra.map(signed_bytes),
-        })),
+        "calibration": p.calibration.as_ref().map(calibration),
         "host_bytes": bytes(e.host_bytes),
         "allocated_bytes": bytes(e.allocated_bytes),
         "tensor_bytes": bytes(e.tensor_bytes),
@@ -197,5 +184,62 @@ pub(super) fn infer(p: &InferPlan) -> Value {
         "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
         "max_seq": p.max_seq, "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
         "context_note": p.context_note,
+    })
+}
+
+/// `plan --json`'s `calibration`: each snapshot's step used and figures, each fitted term.
+fn calibration(c: &super::calibration::Calibrated) -> Value {
+    use headroom_plan::calibrate::{Correction, Figures};
+    let figures = |f: &Figures| {
+        json!({
+            "start_bytes": bytes(f.start), "forward_bytes": bytes(f.forward), "backward_bytes": bytes(f.backward),
+            "optimizer_bytes": bytes(f.optimizer), "peak_bytes": bytes(f.peak()), "reserved_bytes": bytes(f.reserved),
+        })
+    };
+    let correction = |c: &Correction| {
+        json!({
+            "scale": c.scale,
+            "added": {
+                "fixed_bytes": c.law.fixed, "per_token_bytes": c.law.per_token,
+                "per_token_position_bytes": c.law.per_token_position,
+            },
+        })
+    };
+    let rel = |x: f64, of: f64| if of > 0.0 { (x - of) / of } else { 0.0 };
+    let (allocated, reserved) = c.fit.residual();
+    json!({
+        "snapshots": c.runs.iter().zip(&c.fit.snapshots).map(|(r, s)| json!({
+            "snapshot": r.file, "device": r.device, "batch": s.batch, "seq": s.seq,
+            "steps_found": s.steps_found, "whole_steps": s.whole_steps,
+            "construction_bytes": s.construction, "began_mid_step": s.began_mid_step,
+            "step": s.step.map(|st| json!({
+                "number": st.number, "kind": st.kind.name(), "micro_steps": st.micro_steps,
+                "first_entry": st.entries.0, "last_entry": st.entries.1,
+            })),
+            "recorded": s.recorded.as_ref().map(figures),
+            "uncalibrated": s.uncalibrated.as_ref().map(figures),
+            "calibrated": s.calibrated.as_ref().map(figures),
+            "residual": match (s.recorded, s.calibrated) {
+                (Some(m), Some(k)) => json!({"allocated": rel(k.peak(), m.peak()), "reserved": rel(k.reserved, m.reserved)}),
+                _ => Value::Null,
+            },
+            "oom": s.oom.map(|o| json!({
+                "step": o.step, "phase": o.phase.name(), "asked_bytes": o.asked, "device_free_bytes": o.device_free,
+                "allocated_bytes": o.allocated, "reserved_bytes": o.reserved,
+            })),
+            "note": s.note,
+        })).collect::<Vec<_>>(),
+        "terms": c.fit.terms.iter().map(|t| json!({
+            "term": t.name,
+            "recorded_bytes": t.recorded.iter().map(|&x| signed_bytes(x)).collect::<Vec<_>>(),
+            "planned_bytes": t.planned.iter().map(|&x| signed_bytes(x)).collect::<Vec<_>>(),
+            "correction": correction(&t.correction),
+        })).collect::<Vec<_>>(),
+        "residual": {"allocated": allocated, "reserved": reserved},
+        "oom_evidence": c.fit.calibration.oom.map(|e| json!({
+            "batch": e.batch, "seq": e.seq, "asked_bytes": e.asked, "device_free_bytes": e.device_free,
+            "allocated_bytes": e.allocated, "reserved_bytes": e.reserved, "capacity_bytes": e.capacity,
+            "phase": e.phase.name(),
+        })),
     })
 }

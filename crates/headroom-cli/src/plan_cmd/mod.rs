@@ -115,10 +115,14 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             );
         }
     }
-    let calibration = (!a.calibrate.is_empty()).then(|| calibration::calibrated(&a, &model, &gpu, &cfg)).transpose()?;
     let mut allocators = a.allocators()?;
+    // Fitted with the allocator the plan replays with first.
+    let calibration = match allocators.first() {
+        Some((_, e)) if !a.calibrate.is_empty() => Some(calibration::calibrated(&a, &model, &gpu, &cfg, e)?),
+        _ => None,
+    };
     for (_, e) in &mut allocators {
-        e.calibration = calibration.as_ref().map(|c| c.fit);
+        e.calibration = calibration.as_ref().map(|c| c.fit.calibration);
     }
     let (allocator, estimator) = allocators.remove(0);
     let estimate = estimator.estimate(&model, &gpu, &cfg);

@@ -539,38 +539,124 @@ fn terms_only(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64
 }
 
 fn calibration_lines(out: &mut String, c: &super::calibration::Calibrated) {
-    for r in &c.runs {
-        let m = &r.measured;
-        let peaks = [("forward", m.forward), ("backward", m.backward), ("optimizer step", m.optimizer)]
-            .into_iter()
-            .filter_map(|(name, b)| Some(format!("{name} {}", format_size(b? as u64))))
-            .collect::<Vec<_>>()
-            .join(", ");
-        outln!(
-            out,
-            "calibrated from {}, device {} (micro-batch {} × {} tokens): began at {}, peaks {peaks}",
-            r.file,
-            r.device,
-            r.batch,
-            r.seq,
-            format_size(m.start as u64)
-        );
-    }
-    let f = &c.fit;
-    let extra = |x: Option<f64>| x.map_or("not in the snapshot".to_string(), signed_size);
-    let scales = if f.attention_scale == f.activation_scale {
-        format!("activations and logits ×{:.3}", f.activation_scale)
-    } else {
+    use headroom_plan::calibrate::{Correction, Figures};
+    let gib = |x: f64| format_size(x.max(0.0) as u64);
+    let figures = |f: &Figures| {
         format!(
-            "activations and logits ×{:.3}, attention's s × s matrices ×{:.3}",
-            f.activation_scale, f.attention_scale
+            "kept {}, forward {}, backward {}, optimizer step {}; reserved {}",
+            gib(f.start),
+            gib(f.forward),
+            gib(f.backward),
+            gib(f.optimizer),
+            gib(f.reserved)
         )
     };
-    outln!(
-        out,
-        "  {scales}; kept between steps {}; backward {}; optimizer step {}",
-        signed_size(f.offset),
-        extra(f.backward_extra),
-        extra(f.optimizer_extra)
-    );
+    for (r, s) in c.runs.iter().zip(&c.fit.snapshots) {
+        let step = match &s.step {
+            Some(st) => format!(
+                "step {} of {} used ({}, {} micro-step{})",
+                st.number,
+                s.steps_found,
+                st.kind.name(),
+                st.micro_steps,
+                if st.micro_steps == 1 { "" } else { "s" }
+            ),
+            None => "no step used".to_string(),
+        };
+        let mut found = Vec::new();
+        if let Some(b) = s.construction {
+            found.push(format!("the model's construction ({})", gib(b as f64)));
+        }
+        if s.began_mid_step {
+            found.push("a first step begun before the trace (not whole)".to_string());
+        }
+        let found = if found.is_empty() { String::new() } else { format!("; recorded {}", found.join(", ")) };
+        outln!(
+            out,
+            "calibrated from {}, device {} (micro-batch {} × {} tokens): {step}{found}",
+            r.file,
+            r.device,
+            s.batch,
+            s.seq
+        );
+        if let Some(note) = &s.note {
+            outln!(out, "  {note}");
+        }
+        if let (Some(m), Some(u), Some(k)) = (&s.recorded, &s.uncalibrated, &s.calibrated) {
+            outln!(out, "  recorded     {}", figures(m));
+            outln!(out, "  planned      {}", figures(u));
+            let pct = |x: f64, of: f64| if of > 0.0 { (x - of) / of * 100.0 } else { 0.0 };
+            outln!(
+                out,
+                "  calibrated   {} (residual: allocated peak {:+.2}%, reserved {:+.2}%)",
+                figures(k),
+                pct(k.peak(), m.peak()),
+                pct(k.reserved, m.reserved)
+            );
+        }
+        if let Some(o) = &s.oom {
+            let free = match o.device_free {
+                Some(f) if f >= o.asked => {
+                    format!("{} free on the device (a per-process memory limit refused it)", gib(f as f64))
+                }
+                Some(f) => format!("{} free on the device", gib(f as f64)),
+                None => "the device's free memory not recorded".to_string(),
+            };
+            outln!(
+                out,
+                "  ran out of memory in step {}'s {}: asked {} with {} allocated, {} reserved, {free}",
+                o.step,
+                o.phase,
+                gib(o.asked as f64),
+                gib(o.allocated as f64),
+                gib(o.reserved as f64)
+            );
+        }
+    }
+    let law = |c: &Correction| {
+        let l = &c.law;
+        let mut parts = Vec::new();
+        if c.scale != 1.0 {
+            parts.push(format!("own tensors ×{:.3}", c.scale));
+        }
+        if l.fixed != 0.0 {
+            parts.push(format!("+{}", gib(l.fixed)));
+        }
+        if l.per_token != 0.0 {
+            parts.push(format!("+{:.0} B a token", l.per_token));
+        }
+        if l.per_token_position != 0.0 {
+            parts.push(format!("+{:.2} B a token × position", l.per_token_position));
+        }
+        if parts.is_empty() {
+            "as planned".to_string()
+        } else {
+            parts.join(" ")
+        }
+    };
+    if c.fit.snapshots.iter().any(|s| s.step.is_some()) {
+        outln!(out, "  fitted (recorded / planned, each snapshot):");
+        for t in &c.fit.terms {
+            let pairs: Vec<String> =
+                t.recorded.iter().zip(&t.planned).map(|(r, p)| format!("{} / {}", gib(*r), gib(*p))).collect();
+            outln!(out, "    {:<20} {:<40} {}", t.name, pairs.join(", "), law(&t.correction));
+        }
+        let (a, r) = c.fit.residual();
+        outln!(
+            out,
+            "  residual on the recorded step{}: allocated peak within {:.2}%, reserved within {:.2}%",
+            if c.fit.snapshots.len() > 1 { "s" } else { "" },
+            a * 100.0,
+            r * 100.0
+        );
+    }
+    if let Some(e) = &c.fit.calibration.oom {
+        outln!(
+            out,
+            "  OOM evidence: at micro-batch {} × {} tokens or more, with at most {} for PyTorch, the job does not fit",
+            e.batch,
+            e.seq,
+            gib(e.capacity as f64)
+        );
+    }
 }

@@ -198,7 +198,8 @@ impl Estimator {
     /// One configuration: its step program replayed through the allocator on the GPU's
     /// memory, and its step time.
     pub fn estimate(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> TrainEstimate {
-        let cal = self.calibration.as_ref();
+        // A calibration corrects the step program ([`Estimator::program`]), not the closed form.
+        let cal = None;
         let mut best: Option<(StageMemory, PipelineStage)> = None;
         for &stage in stages(cfg) {
             let m = memory(model, gpu, cfg, stage, cal);
@@ -255,8 +256,24 @@ impl Estimator {
         };
         // A job that runs out is replayed again on a device without limit: what it would
         // need, term by term, beside where it ran out.
-        let oom = memory.replayed.oom.clone();
-        if oom.is_some() {
+        let mut oom = memory.replayed.oom.clone();
+        if oom.is_none() {
+            // A snapshot that ran out of memory at this shape or a smaller one, on a device no
+            // larger: the job does not fit, whatever the corrected program's replay says.
+            if let Some(e) = self.calibration.as_ref().and_then(|c| c.refuses(cfg.micro_batch, cfg.seq, capacity)) {
+                oom = Some(OutOfMemory {
+                    at: crate::replay::When { step: 0, phase: e.phase, op: 0 },
+                    requested: e.asked,
+                    asked: e.asked,
+                    device_free: e.device_free.unwrap_or(0),
+                    allocated: e.allocated,
+                    reserved: e.reserved,
+                    term: Term::Activations,
+                    site: format!("the calibration snapshot's own OOM at micro-batch {} × {} tokens", e.batch, e.seq),
+                });
+            }
+        }
+        if memory.replayed.oom.is_some() {
             memory = self.replayed(model, gpu, cfg, stage, &m, UNBOUNDED);
         }
         let r = &memory.replayed;
@@ -272,22 +289,13 @@ impl Estimator {
             calibration: 0.0,
         };
         let phase_total = |k: usize| crate::step::PhasePeak { total: r.phase_peaks[k] as f64, ..Default::default() };
-        let mut phases = Phases { forward: phase_total(0), backward: phase_total(1), optimizer: phase_total(2) };
-        let (mut breakdown, mut allocated, mut tensors, mut reserved) = (
+        let phases = Phases { forward: phase_total(0), backward: phase_total(1), optimizer: phase_total(2) };
+        let (breakdown, allocated, tensors, reserved) = (
             breakdown,
             r.peak_allocated as f64,
             (r.peak_allocated - r.at_peak.get(Term::Workspace)) as f64,
             r.peak_reserved as f64,
         );
-        if let (Some(_), Some(ph)) = (cal, m.phases) {
-            // A calibrated plan keeps the phases fitted to the user's run as its allocated
-            // memory; its program, laid out from them, gives what the allocator reserves.
-            phases = ph;
-            allocated = m.breakdown.total() - m.outside_allocator;
-            tensors = allocated - m.gpu_only;
-            reserved = reserved.max(allocated);
-            breakdown = Breakdown { framework: outside + reserved - allocated, ..m.breakdown };
-        }
         TrainEstimate {
             breakdown,
             per_gpu_bytes: reserved + outside,
@@ -305,11 +313,7 @@ impl Estimator {
             tensor_bytes: tensors,
             reserved_bytes: reserved,
             capacity_bytes: capacity,
-            phase: if cal.is_some() && m.phases.is_some() {
-                Some(phases.peak().0)
-            } else {
-                Some(r.peak_at.phase).filter(|p| *p != Phase::Setup)
-            },
+            phase: Some(r.peak_at.phase).filter(|p| *p != Phase::Setup),
             phases: Some(phases),
             framework: match (&memory.source, m.phases.is_some(), cfg.framework) {
                 _ if cfg.deepspeed() => Framework::DeepSpeed,
@@ -336,6 +340,22 @@ impl Estimator {
         stage: PipelineStage,
         m: &StageMemory,
     ) -> (Program, ProgramSource) {
+        let (program, source) = self.synthesized(model, gpu, cfg, stage, m);
+        match &self.calibration {
+            // The user's run corrects the program: its memory comes from replaying that.
+            Some(c) => (c.apply_program(&program), source),
+            None => (program, source),
+        }
+    }
+
+    fn synthesized(
+        &self,
+        model: &Model,
+        gpu: &GpuSpec,
+        cfg: &TrainConfig,
+        stage: PipelineStage,
+        m: &StageMemory,
+    ) -> (Program, ProgramSource) {
         if self.recorded_program_runs(cfg, stage) {
             if let Ok(hf) = synth::hf::program(model, cfg, Device::Gpu(gpu), self.steps, &StateScale::default()) {
                 return (hf.program, ProgramSource::Recorded(hf.key));
@@ -352,7 +372,7 @@ impl Estimator {
 
     /// The step program of the stage that peaks, as [`Estimator::estimate`] replays it.
     pub fn step_program(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Program {
-        let cal = self.calibration.as_ref();
+        let cal = None;
         let (m, stage) = stages(cfg)
             .iter()
             .map(|&stage| (memory(model, gpu, cfg, stage, cal), stage))
@@ -362,11 +382,10 @@ impl Estimator {
     }
 
     /// Whether transformers' recorded step is the job's program: one whole replica per GPU
-    /// running transformers' code eagerly, no or full checkpointing, no calibration.
+    /// running transformers' code eagerly, no or full checkpointing.
     fn recorded_program_runs(&self, cfg: &TrainConfig, stage: PipelineStage) -> bool {
         let par = &cfg.parallel;
-        self.calibration.is_none()
-            && stage == PipelineStage::Only
+        stage == PipelineStage::Only
             && matches!(cfg.framework, Framework::Auto | Framework::HuggingFace)
             && !cfg.deepspeed()
             && cfg.finetune == Finetune::Full
@@ -400,7 +419,7 @@ impl Estimator {
         let mut tensors = 0.0f64;
         let mut recompute = 0.0f64;
         for &stage in stages(cfg) {
-            let m = memory(model, gpu, cfg, stage, self.calibration.as_ref());
+            let m = memory(model, gpu, cfg, stage, None);
             let t = m.breakdown.total() - m.outside_allocator;
             if m.note.is_some() || t > capacity {
                 return None;
@@ -423,8 +442,16 @@ impl Estimator {
         }
         let outside = outside_allocator(gpu, cfg);
         let capacity = (gpu.memory_bytes as f64 - outside).max(0.0);
+        if let Some(c) = &self.calibration {
+            // The corrected program alone decides; the closed form knows nothing of the run.
+            return c.refuses(cfg.micro_batch, cfg.seq, capacity).is_none()
+                && stages(cfg).iter().all(|&stage| {
+                    let m = memory(model, gpu, cfg, stage, None);
+                    m.note.is_none() && self.replayed(model, gpu, cfg, stage, &m, capacity).replayed.oom.is_none()
+                });
+        }
         stages(cfg).iter().all(|&stage| {
-            let m = memory(model, gpu, cfg, stage, self.calibration.as_ref());
+            let m = memory(model, gpu, cfg, stage, None);
             let tensors = m.breakdown.total() - m.outside_allocator;
             m.note.is_none()
                 && tensors <= capacity

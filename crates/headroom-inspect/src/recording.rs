@@ -1,0 +1,125 @@
+//! A device's trace as the moments a planner compares with its own step: each allocation and
+//! free with the phase its frames name and the totals after it, and each refusal.
+//!
+//! `headroom plan --calibrate` finds the run's whole steps in this list and fits its step
+//! program to the last steady one. Nothing here decides what a step is: the phases come from
+//! the frames alone ([`crate::frames`]), the totals from the walk ([`crate::walk`]), so the
+//! same list serves any reader of steps.
+
+use crate::frames::{Classifier, Phase};
+use crate::walk::Walk;
+use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
+use headroom_trace::snapshot_replay::DeviceTrace;
+
+/// What one moment of the trace did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// A block became the caller's; `phase` is what its frames name.
+    Alloc { bytes: u64, phase: Phase },
+    /// A block stopped being the caller's; `before_trace`: it was live when the trace began.
+    Free { bytes: u64, before_trace: bool },
+    /// A request the allocator could not serve: the rounded bytes asked and what the device
+    /// said was free.
+    Oom { asked: u64, device_free: Option<u64> },
+}
+
+/// One moment and the totals after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub moment: Moment,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// A device's trace as moments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recording {
+    /// Allocated and reserved when the trace began.
+    pub start_allocated: u64,
+    pub start_reserved: u64,
+    pub entries: Vec<Entry>,
+    /// Whether any allocation carried frames (without them no phase can be told).
+    pub has_frames: bool,
+    /// Frees of blocks the trace never allocated (a trace inconsistent with its start).
+    pub unmatched_frees: usize,
+}
+
+/// The moments of `device`'s trace in `snap`. Block sizes are the requests rounded as
+/// PyTorch rounds them (a large block's unsplit remainder, at most 1 MiB, is missed).
+pub fn recording(snap: &MemorySnapshot, device: u32) -> Recording {
+    let dt = DeviceTrace::new(snap, device).ok();
+    let mut walk = Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
+    let trace = walk.trace();
+    let mut classifier = Classifier::new(&snap.stacks, false);
+    let mut constructing: Vec<Option<bool>> = vec![None; snap.stacks.stacks.len()];
+    let mut out = Recording {
+        start_allocated: walk.totals.allocated_bytes,
+        start_reserved: walk.totals.reserved_bytes,
+        entries: Vec::with_capacity(trace.len()),
+        ..Recording::default()
+    };
+    while let Some(e) = trace.get(walk.next) {
+        let moment = match e.action {
+            TraceAction::Alloc => {
+                out.has_frames |= e.stack != 0;
+                let phase = match constructing.get(e.stack as usize).copied().flatten() {
+                    Some(c) => c,
+                    None => {
+                        let c = builds_a_module(snap, e.stack);
+                        if let Some(slot) = constructing.get_mut(e.stack as usize) {
+                            *slot = Some(c);
+                        }
+                        c
+                    }
+                };
+                let phase = if phase { Phase::Setup } else { classifier.info(e.stack).phase };
+                walk.step();
+                let bytes = walk.live.get(&e.addr).map_or(0, |l| l.size);
+                Some(Moment::Alloc { bytes, phase })
+            }
+            TraceAction::FreeRequested | TraceAction::Free => {
+                let before = walk.live.get(&e.addr).filter(|l| !l.pending).map(|l| (l.size, l.since.is_none()));
+                walk.step();
+                before.map(|(bytes, before_trace)| Moment::Free { bytes, before_trace })
+            }
+            TraceAction::Oom => {
+                walk.step();
+                Some(Moment::Oom { asked: e.size, device_free: e.device_free })
+            }
+            _ => {
+                walk.step();
+                None
+            }
+        };
+        if let Some(moment) = moment {
+            out.entries.push(Entry {
+                moment,
+                allocated: walk.totals.allocated_bytes,
+                reserved: walk.totals.reserved_bytes,
+            });
+        } else if let Some(last) = out.entries.last_mut() {
+            // A segment's entry moves reserved memory between moments: it belongs to the last.
+            last.reserved = last.reserved.max(walk.totals.reserved_bytes);
+        } else {
+            out.start_reserved = out.start_reserved.max(walk.totals.reserved_bytes);
+        }
+    }
+    out.unmatched_frees = walk.unmatched_frees;
+    out
+}
+
+/// Whether a stack builds a module: a `torch.nn` module's `__init__` (or its parameters'
+/// initialisation) with no forward running. The frames classifier calls it forward (its
+/// frames are in `torch/nn/`); for finding steps it is the model's construction.
+fn builds_a_module(snap: &MemorySnapshot, stack: headroom_trace::snapshot::StackId) -> bool {
+    let mut init = false;
+    for (file, _, name) in snap.stacks.frames_of(stack) {
+        if name == "forward" || name == "_call_impl" || name == "backward" {
+            return false;
+        }
+        if file.contains("torch/nn/") && (name == "__init__" || name == "reset_parameters") {
+            init = true;
+        }
+    }
+    init
+}
