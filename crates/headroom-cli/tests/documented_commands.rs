@@ -3,19 +3,10 @@
 //! documented: 0 or 1 (an answer), never 2 (bad input), never a panic or an abort. Where
 //! the README shows what a command prints (a plain block right after a block of that one
 //! command), it prints that. Commands run in a scratch directory holding the repository's
-//! `data/` and nothing else a fresh clone lacks, but for the two files the `plan` examples
-//! name as a user's own (`./config.json`, `small-run.pickle`); lines with `...` elide
-//! arguments and are skipped.
-
-// The training run with frames that headroom-inspect's tests inspect, as a user's
-// snapshot of a small run for the `--calibrate` examples.
-#[path = "../../headroom-inspect/tests/common/mod.rs"]
-mod training_run;
+//! `data/` and nothing else a fresh clone lacks; lines with `...` elide arguments and are
+//! skipped.
 
 use assert_cmd::Command;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
-
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
@@ -101,24 +92,6 @@ fn words(line: &str) -> Vec<String> {
 fn scratch() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
-    std::fs::write(
-        p.join("config.json"),
-        r#"{"model_type":"mistral","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
-            "intermediate_size":14336,"vocab_size":32000,"max_position_embeddings":32768}"#,
-    )
-    .unwrap();
-    // The `--calibrate` examples' snapshot: a real run of their model (cs336's medium LM, a
-    // step at 4 × 128 tokens) where ../shared has it. A calibration refuses a snapshot of
-    // another model, so without it the synthetic run below stands in and those lines are
-    // skipped ([`calibrate_example_runs`]).
-    match real_small_run() {
-        Some(real) => {
-            std::fs::copy(real, p.join("small-run.pickle")).unwrap();
-        }
-        None => {
-            std::fs::write(p.join("small-run.pickle"), training_run::training_run_sized_json(3, 128 << 20)).unwrap()
-        }
-    }
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo().join("data"), p.join("data")).unwrap();
     dir
@@ -143,25 +116,9 @@ fn run(line: &str, dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The real snapshot the `--calibrate` examples stand for, where ../shared has it.
-fn real_small_run() -> Option<PathBuf> {
-    let f = repo().join(
-        "../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_128_training_memory_snapshot.pickle",
-    );
-    f.is_file().then_some(f)
-}
-
-/// Whether a line that calibrates from `small-run.pickle` can run here.
-fn calibrate_example_runs(line: &str) -> bool {
-    !line.contains("--calibrate small-run.pickle") || real_small_run().is_some()
-}
-
 fn run_all(lines: &[String], dir: &Path) -> usize {
     let mut ran = 0;
-    if lines.iter().any(|l| !calibrate_example_runs(l)) {
-        skip::skip("../shared/fixtures is absent: the --calibrate examples need a real snapshot of their model");
-    }
-    for line in lines.iter().filter(|l| !l.contains("...") && calibrate_example_runs(l)) {
+    for line in lines.iter().filter(|l| !l.contains("...")) {
         run(line, dir);
         ran += 1;
     }
