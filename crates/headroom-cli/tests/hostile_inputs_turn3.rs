@@ -9,6 +9,9 @@
 //! Most inputs mutate the sweep's base snapshot: one 20 MiB segment holding
 //! a live 4 MiB block, and five 8 MiB allocations freed in turn.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use assert_cmd::Command;
 use headroom_trace::py::{write_pickle, Py};
 use serde_json::Value;
@@ -612,6 +615,54 @@ fn s6_a_key_given_twice_takes_its_last_value_as_python_does() {
     std::fs::write(d.join("dupkey.pickle"), r.done()).unwrap();
     let v = headroom(d, &["inspect", "dupkey.pickle", "--json"]).json();
     assert_eq!(v["snapshots"][0]["devices"].as_array().unwrap().len(), 0, "the last, empty, 'segments' is read");
+}
+
+#[test]
+fn s7_s8_calibration_refuses_another_models_snapshot_and_contradictory_shapes() {
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-snapshots");
+    let w = |len: u32| {
+        fx.join(format!(
+            "Wedsonlin__assignment2-systems__8630bcfe__results_medium_{len}_training_memory_snapshot.pickle"
+        ))
+    };
+    let larger = fx.join("kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_fullstep_.pickle");
+    let unrelated = fx.join("HugePandaCoder__octree-nca-groupeq__0cc72993__my_snapshot.pickle");
+    if ![w(128), w(256), larger.clone(), unrelated.clone()].iter().all(|f| f.is_file()) {
+        skip::skip("../shared/fixtures is absent: the sweep's calibration cases are real snapshots");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/models/cs336-medium.json");
+    let job = [
+        "plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--gpu",
+        "h100-sxm",
+        "--precision",
+        "fp32",
+        "--attention",
+        "eager",
+        "--batch",
+        "4",
+        "--seq",
+        "512",
+    ];
+    let (w128, w256) = (w(128), w(256));
+    let (w128, w256) = (w128.to_str().unwrap(), w256.to_str().unwrap());
+    // S7: a larger model's snapshot and an unrelated program's.
+    headroom(d, &[&job[..], &["--calibrate", larger.to_str().unwrap(), "--calibrate-seq", "128"]].concat())
+        .expect(2, "a snapshot of another model");
+    headroom(d, &[&job[..], &["--calibrate", unrelated.to_str().unwrap()]].concat())
+        .expect(2, "no whole training step");
+    // S8: two lengths given as one, and given swapped.
+    headroom(d, &[&job[..], &["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "128"]].concat())
+        .expect(2, "runs of one job at one shape make the same tensors");
+    let swapped = ["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "256", "--calibrate-seq", "128"];
+    headroom(d, &[&job[..], &swapped].concat()).expect(2, "a longer sequence keeps more");
+    let right = ["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "128", "--calibrate-seq", "256"];
+    headroom(d, &[&job[..], &right].concat()).expect(0, "fits");
 }
 
 #[test]

@@ -493,7 +493,15 @@ pub enum CalibrationError {
     ShapeMismatch { snapshot: String, phase: &'static str, scale: f64 },
     /// Nothing to fit: every snapshot's steps ran shapes the snapshot does not tell.
     NothingToFit(String),
+    /// Two snapshots disagree about one job: at one shape they grow by different amounts, or
+    /// the one said to run longer sequences grows by less.
+    Contradictory(String),
 }
+
+/// How far two snapshots of one job at one shape may differ in what their forward adds
+/// before they are taken for different jobs (or shapes given wrongly). Runs of one job at one
+/// shape make the same tensors; the allocator's rounding moves the peak by far less.
+const SAME_SHAPE_TOLERANCE: f64 = 0.05;
 
 /// How far a phase's own tensors may be scaled. transformers' recorded steps are within a few
 /// percent of a GPU's; a user's own layers within tens of percent. Twice more or less is
@@ -533,7 +541,7 @@ impl fmt::Display for CalibrationError {
                  (a calibration may scale it between 1/{MAX_SCALE} and {MAX_SCALE}×): another checkpointing or \
                  precision than the plan's, or another shape (check --calibrate-batch and --calibrate-seq)"
             ),
-            CalibrationError::NothingToFit(why) => f.write_str(why),
+            CalibrationError::NothingToFit(why) | CalibrationError::Contradictory(why) => f.write_str(why),
         }
     }
 }
@@ -882,6 +890,7 @@ pub fn calibrate(
     if used.is_empty() && evidence.is_none() {
         return Err(CalibrationError::NothingToFit("no snapshot holds a whole step to fit".into()));
     }
+    contradictions(&used, &fits)?;
     let mut cal = Calibration { oom: evidence, ..Calibration::default() };
     let distinct = |f: fn(&Used) -> u64| {
         let mut v: Vec<u64> = used.iter().map(f).collect();
@@ -1031,6 +1040,51 @@ pub fn calibrate(
         },
     ];
     Ok(Fit { calibration: cal, snapshots: fits, terms })
+}
+
+/// Refuses snapshots that cannot all be the plan's job at the shapes given: two at one shape
+/// whose forwards add different amounts, or, at one batch, a longer sequence adding less.
+fn contradictions(used: &[Used], fits: &[SnapshotFit]) -> Result<(), CalibrationError> {
+    let grew = |u: &Used| u.4.forward - u.4.start;
+    for (i, a) in used.iter().enumerate() {
+        for b in &used[i + 1..] {
+            // The file names: the command line already lists each snapshot with its shape.
+            let name = |u: &Used| {
+                let n = &fits[u.5].name;
+                n.rsplit(['/', '\\']).next().unwrap_or(n).to_string()
+            };
+            let (na, nb) = (name(a), name(b));
+            let (ga, gb) = (grew(a), grew(b));
+            if (a.1, a.2) == (b.1, b.2) {
+                if (ga - gb).abs() > SAME_SHAPE_TOLERANCE * ga.max(gb) {
+                    return Err(CalibrationError::Contradictory(format!(
+                        "{na} and {nb} are both said to run {} × {} tokens, but their forwards add \
+                         {:.2} and {:.2} GiB: runs of one job at one shape make the same tensors (check \
+                         --calibrate-batch and --calibrate-seq, given in the order of --calibrate)",
+                        a.1,
+                        a.2,
+                        gib(ga),
+                        gib(gb)
+                    )));
+                }
+            } else if a.1 == b.1 && a.2 != b.2 {
+                let (short, long) = if a.2 < b.2 { ((na, a), (nb, b)) } else { ((nb, b), (na, a)) };
+                if grew(long.1) < grew(short.1) * (1.0 - SAME_SHAPE_TOLERANCE) {
+                    return Err(CalibrationError::Contradictory(format!(
+                        "{} is said to run {} tokens and {} {}, but its forward adds {:.2} GiB against \
+                         {:.2}: a longer sequence keeps more (check --calibrate-seq, given in the order of --calibrate)",
+                        long.0,
+                        long.1 .2,
+                        short.0,
+                        short.1 .2,
+                        gib(grew(long.1)),
+                        gib(grew(short.1))
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn gib(x: f64) -> f64 {
