@@ -2,7 +2,7 @@
 //! Qwen3-1.7B in bf16, recorded on an H200 from before the model was built through two steps
 //! at 1×512 and 1×1024. Calibrated from each snapshot and from both, the plan at 4×2048 and
 //! 2×4096 is within ±3% of the peak measured there, and the recorded step itself is reproduced
-//! (allocated within 1%). The snapshot of an OOM makes its shape not fit. Skips with a message
+//! (allocated within 1%, reserved within 2%). The snapshot of an OOM makes its shape not fit. Skips with a message
 //! where `../shared` is absent.
 
 #[path = "../../../tests/support/skip.rs"]
@@ -59,9 +59,7 @@ fn qwen3_plans_from_its_own_snapshots() {
         let fit = calibrate(&model, &h200, &job(4, 2048), &est, &snaps).unwrap();
         let (allocated, reserved) = fit.residual();
         assert!(allocated < 0.01, "{name}: the recorded step's allocated peak off by {:.2}%", allocated * 100.0);
-        // Reserved memory follows the exact block sizes; a corrected program's sizes are not the
-        // run's, so the recorded reserved peak is held to 4% here (docs/VALIDATION.md has each).
-        assert!(reserved < 0.04, "{name}: the recorded step's reserved peak off by {:.2}%", reserved * 100.0);
+        assert!(reserved < 0.02, "{name}: the recorded step's reserved peak off by {:.2}%", reserved * 100.0);
         let calibrated = Estimator { calibration: Some(fit.calibration), ..Estimator::default() };
         for (key, b, s) in [("4x2048", 4, 2048), ("2x4096", 2, 4096)] {
             let want = measured[format!("qwen3-1.7b-train-bf16-none-sdpa-{key}")]["peak_allocated"].as_f64().unwrap();

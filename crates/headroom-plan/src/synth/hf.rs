@@ -111,9 +111,24 @@ pub fn has_dropout(model: &Model) -> bool {
 
 struct Expander {
     layers: [u32; 2],
+    /// An edge layer's tensor → the middle layer's tensor made in its place. A tensor made in
+    /// one layer and freed in the next (a layer's output, freed once the next layer's residual
+    /// add has used it) is freed by an event of the next layer that names the recorded
+    /// previous layer's tensor; where that previous layer is a replica of the middle one, the
+    /// tensor it made is the middle layer's, and the event must name that one.
+    analog: HashMap<u32, u32>,
 }
 
 impl Expander {
+    fn new(t: &Template, layers: [u32; 2]) -> Expander {
+        Expander { layers, analog: analogs(t) }
+    }
+
+    /// Whether concrete layer `c` of `stack` is a replica of the middle layer.
+    fn is_replica(&self, stack: u8, c: u32) -> bool {
+        (EDGE..self.layers[stack as usize].saturating_sub(EDGE)).contains(&c)
+    }
+
     fn concrete(&self, n: u8, stack: u8, j: Option<u32>) -> u32 {
         let n = n as u32;
         if n < EDGE {
@@ -125,17 +140,23 @@ impl Expander {
         }
     }
 
-    /// Which instance of a tensor of home layer `h` an event at `ctx` (replica `j` where
-    /// `ctx` is the middle layer) touches.
-    fn instance(&self, h: Option<Layer>, ctx: Option<Layer>, j: Option<u32>) -> Option<Concrete> {
-        let h = h?;
-        match ctx {
+    /// Which instance of template tensor `tensor`, of home layer `h`, an event at `ctx`
+    /// (replica `j` where `ctx` is the middle layer) touches: the tensor made there (the
+    /// middle layer's where the layer is one of its replicas) and its concrete layer.
+    fn instance(&self, tensor: u32, h: Option<Layer>, ctx: Option<Layer>, j: Option<u32>) -> (u32, Option<Concrete>) {
+        let Some(h) = h else { return (tensor, None) };
+        let layer = match ctx {
             Some(c) if c.stack == h.stack && (h.n as i64 - c.n as i64).unsigned_abs() <= EDGE as u64 => {
                 let here = self.concrete(c.n, c.stack, j) as i64;
-                Some((h.stack, (here + h.n as i64 - c.n as i64) as u32))
+                (here + h.n as i64 - c.n as i64) as u32
             }
-            _ => Some((h.stack, self.concrete(h.n, h.stack, None))),
-        }
+            _ => self.concrete(h.n, h.stack, None),
+        };
+        let tensor = match self.analog.get(&tensor) {
+            Some(&m) if !h.is_middle() && self.is_replica(h.stack, layer) => m,
+            _ => tensor,
+        };
+        (tensor, Some((h.stack, layer)))
     }
 
     /// The events of a section expanded: (event, replica of the middle layer).
@@ -175,6 +196,58 @@ impl Expander {
     }
 }
 
+/// Each edge layer's tensors matched to the middle layer's: the layers run the same code, so
+/// their tensors are made in the same order with the same laws, sites and kinds, except where
+/// the first and last layers do more (the last layer's final norm): those are matched by the
+/// longest common subsequence of the two layers' tensors, and the rest left unmatched.
+fn analogs(t: &Template) -> HashMap<u32, u32> {
+    let mut by_layer: HashMap<Layer, Vec<u32>> = HashMap::new();
+    for (i, x) in t.tensors.iter().enumerate() {
+        if let Some(h) = x.home {
+            by_layer.entry(h).or_default().push(i as u32);
+        }
+    }
+    let same = |a: u32, b: u32| {
+        let (x, y) = (&t.tensors[a as usize], &t.tensors[b as usize]);
+        x.law == y.law
+            && x.term == y.term
+            && x.site == y.site
+            && x.kernel == y.kernel
+            && x.param.is_some() == y.param.is_some()
+            && x.grad.is_some() == y.grad.is_some()
+    };
+    let mut out = HashMap::new();
+    for (&layer, tensors) in &by_layer {
+        if layer.is_middle() {
+            continue;
+        }
+        let middle = Layer { stack: layer.stack, n: EDGE as u8 };
+        let Some(mid) = by_layer.get(&middle) else { continue };
+        let (a, b) = (tensors.len(), mid.len());
+        // lcs[i][k]: the longest common subsequence of tensors[i..] and mid[k..].
+        let mut lcs = vec![vec![0u32; b + 1]; a + 1];
+        for i in (0..a).rev() {
+            for k in (0..b).rev() {
+                lcs[i][k] =
+                    if same(tensors[i], mid[k]) { lcs[i + 1][k + 1] + 1 } else { lcs[i + 1][k].max(lcs[i][k + 1]) };
+            }
+        }
+        let (mut i, mut k) = (0, 0);
+        while i < a && k < b {
+            if same(tensors[i], mid[k]) && lcs[i][k] == lcs[i + 1][k + 1] + 1 {
+                out.insert(tensors[i], mid[k]);
+                i += 1;
+                k += 1;
+            } else if lcs[i + 1][k] >= lcs[i][k + 1] {
+                i += 1;
+            } else {
+                k += 1;
+            }
+        }
+    }
+    out
+}
+
 /// What [`program`] builds.
 pub struct HfProgram {
     pub program: Program,
@@ -206,7 +279,7 @@ pub fn program(
             return Err(SynthError::NoTemplate("fewer layers a stack than the template keeps at its ends"));
         }
     }
-    let ex = Expander { layers };
+    let ex = Expander::new(&t, layers);
     let mut b = Builder::new(model, cfg, device, &t, &ex, scale);
     b.build(&key, steps)?;
     Ok(HfProgram { program: b.p, key })
@@ -318,8 +391,8 @@ impl<'a> Builder<'a> {
         self.p.mark(0, Phase::Setup);
         let setup = self.ex.expand(&self.t.setup);
         for (e, j) in setup {
-            let x = &self.t.tensors[e.tensor as usize];
-            let inst = (e.tensor, self.ex.instance(x.home, e.layer, j));
+            let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
+            let x = &self.t.tensors[inst.0 as usize];
             if e.free {
                 if let Some(id) = self.setup.remove(&inst) {
                     self.p.free(id);
@@ -391,9 +464,8 @@ impl<'a> Builder<'a> {
                 }
             }
             for (e, j) in self.ex.expand(events) {
-                let x = &self.t.tensors[e.tensor as usize];
-                let layer = self.ex.instance(x.home, e.layer, j);
-                let inst = (e.tensor, layer);
+                let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
+                let (x, layer) = (&self.t.tensors[inst.0 as usize], inst.1);
                 if e.free {
                     if let Some(id) = live.remove(&inst).or_else(|| self.setup.remove(&inst)) {
                         self.p.free(id);
@@ -794,7 +866,9 @@ mod tests {
     }
 
     /// Every template, expanded to the depth the recorder checked it at, reproduces what the
-    /// recorder saw at that depth: each event's kind and bytes, in order.
+    /// recorder saw at that depth: each event's kind and bytes, in order, and every free
+    /// frees a tensor the expansion made (the instance, not only one of the same size: a
+    /// free that names no tensor made would leave a layer's output live to the step's end).
     #[test]
     fn program_templates_expand_as_recorded() {
         let mut checked = 0;
@@ -803,7 +877,9 @@ mod tests {
             let dims = parsed.template.dims.clone();
             let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) });
             let c = &t.check;
-            let ex = Expander { layers: [c.layers, c.layers] };
+            let ex = Expander::new(&t, [c.layers, c.layers]);
+            // The instances live, across the sections: a step frees what the setup made.
+            let mut made: HashMap<(u32, Option<Concrete>), i64> = HashMap::new();
             let sections: [(&str, &[EventT], &program_template::SectionCheck); 3] = [
                 ("setup", &t.setup, &c.setup),
                 ("step1", t.step1.as_deref().unwrap_or(&t.step), &c.step1),
@@ -812,16 +888,28 @@ mod tests {
             for (name, events, want) in sections {
                 let mut items = Vec::new();
                 let (mut live, mut peak, mut n) = (0i64, 0i64, 0usize);
-                for (e, _) in ex.expand(events) {
+                let (mut by_instance, mut instance_peak) = (0i64, 0i64);
+                for (e, j) in ex.expand(events) {
                     let bytes = t.tensors[e.tensor as usize].law.bytes(c.batch as f64, c.seq as f64) as i64;
                     live += if e.free { -bytes } else { bytes };
                     peak = peak.max(live);
+                    let inst = ex.instance(e.tensor, t.tensors[e.tensor as usize].home, e.layer, j);
+                    if e.free {
+                        let b = made.remove(&inst);
+                        assert!(b.is_some(), "{key} {name}: a free of {inst:?}, which the expansion did not make");
+                        by_instance -= b.unwrap_or(0);
+                    } else {
+                        made.insert(inst, bytes);
+                        by_instance += bytes;
+                        instance_peak = instance_peak.max(by_instance);
+                    }
                     items.push(if e.free { "f".to_string() } else { "a".to_string() });
                     items.push(bytes.to_string());
                     n += 1;
                 }
                 assert_eq!(n, want.events, "{key} {name}: events");
                 assert_eq!(peak as u64, want.peak, "{key} {name}: peak");
+                assert_eq!(instance_peak as u64, want.peak, "{key} {name}: peak, tensor by tensor");
                 assert_eq!(digest(&items), want.digest, "{key} {name}: the events in order");
             }
             checked += 1;
