@@ -327,7 +327,18 @@ impl TrainConfig {
         if self.micro_batch == 0 || self.seq == 0 || self.accumulation == 0 {
             return Err("micro-batch, sequence length and accumulation must be positive".into());
         }
-        self.parallel.check(model, self.seq).map_err(|e| e.0)?;
+        let torchtitan = self.framework == Framework::Torchtitan;
+        self.parallel.why_not(model, self.seq, !torchtitan)?;
+        let schedule = self.parallel.pipeline_schedule();
+        if schedule.zero_bubble() && !torchtitan {
+            return Err(format!(
+                "the {} schedule is PyTorch's (torch.distributed.pipelining): plan it with --framework torchtitan",
+                schedule.class()
+            ));
+        }
+        if torchtitan && schedule.looped() {
+            crate::pipelining::microbatches_per_round(self.parallel.pipeline, self.accumulation)?;
+        }
         if self.precision == Precision::Fp8 && gpu.fp8_flops.is_none() {
             return Err(format!("{} has no fp8 tensor cores (Hopper, Ada, Blackwell and MI300 do)", gpu.name));
         }
@@ -368,10 +379,14 @@ pub enum PipelineStage {
     First,
     /// The last stage: the head and the logits.
     Last,
+    /// A pipeline rank holding neither the first nor the last stage (torchtitan's plan
+    /// of every rank can find the peak there).
+    Middle,
 }
 
 named!(PipelineStage {
     Only => ("only", ""),
     First => ("first", ""),
     Last => ("last", ""),
+    Middle => ("middle", ""),
 });

@@ -27,6 +27,7 @@ pub mod live;
 pub mod model;
 pub mod names;
 pub mod parallel;
+pub mod pipelining;
 pub mod placement;
 pub mod program;
 pub mod program_template;

@@ -255,7 +255,7 @@ pub fn memory_within(
     // Layers' worth of activations the stage holds: 1F1B keeps up to p micro-batches on the
     // first stage (fewer with fewer micro-batches), the interleaved schedule a little more.
     let in_flight = match stage {
-        PipelineStage::Only | PipelineStage::Last => 1.0,
+        PipelineStage::Only | PipelineStage::Last | PipelineStage::Middle => 1.0,
         PipelineStage::First => {
             let v = par.virtual_stages.max(1) as f64;
             let interleaved = if v > 1.0 { 1.0 + (p as f64 - 1.0) / (p as f64 * v) } else { 1.0 };
@@ -263,7 +263,7 @@ pub fn memory_within(
         }
     };
     let l = lp * in_flight;
-    if stage != PipelineStage::First {
+    if matches!(stage, PipelineStage::Only | PipelineStage::Last) {
         let k = &cfg.coefficients;
         // torchtitan deletes the 16-bit logits before the backward, where the loss peaks.
         let low = if cfg.framework == Framework::Torchtitan { 0.0 } else { k.logits_low_precision_copies };

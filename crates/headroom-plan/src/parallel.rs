@@ -10,6 +10,7 @@
 
 use crate::gpu::GpuSpec;
 use crate::model::Model;
+pub use crate::pipelining::PipelineSchedule;
 
 /// GPUs per node (HGX/DGX boards).
 pub const GPUS_PER_NODE: u64 = 8;
@@ -42,6 +43,9 @@ pub struct Parallelism {
     pub sequence_parallel: bool,
     /// Model chunks per pipeline stage: 1 is 1F1B, more is interleaved 1F1B.
     pub virtual_stages: u64,
+    /// PyTorch's pipeline schedule (under torchtitan); `Schedule1F1B` with more than one
+    /// chunk per stage stands for the interleaved schedule ([`Parallelism::pipeline_schedule`]).
+    pub schedule: PipelineSchedule,
     /// Transformer Engine's userbuffer overlap of the tensor-parallel
     /// all-gathers and reduce-scatters with the GEMMs (Megatron's
     /// `--tp-comm-overlap`; needs sequence parallelism).
@@ -59,6 +63,7 @@ impl Default for Parallelism {
             context: 1,
             sequence_parallel: true,
             virtual_stages: 1,
+            schedule: PipelineSchedule::Schedule1F1B,
             tp_comm_overlap: false,
             zero_stage: 0,
         }
@@ -81,6 +86,16 @@ impl Parallelism {
         self.data.max(1) * self.context.max(1)
     }
 
+    /// The schedule that runs the pipeline: the one named, or interleaved 1F1B where more
+    /// than one chunk per stage was asked for without one.
+    pub fn pipeline_schedule(&self) -> PipelineSchedule {
+        if self.schedule == PipelineSchedule::Schedule1F1B && self.virtual_stages > 1 {
+            PipelineSchedule::Interleaved1F1B
+        } else {
+            self.schedule
+        }
+    }
+
     /// GPUs in the job.
     pub fn gpus(&self) -> u64 {
         self.data * self.tensor * self.pipeline * self.context
@@ -94,10 +109,13 @@ impl Parallelism {
     /// Whether the layout can run `model` on sequences of `seq` tokens; the
     /// reason if not.
     pub fn check(&self, model: &Model, seq: u64) -> Result<(), crate::InvalidConfig> {
-        self.why_not(model, seq).map_err(crate::InvalidConfig)
+        self.why_not(model, seq, true).map_err(crate::InvalidConfig)
     }
 
-    fn why_not(&self, model: &Model, seq: u64) -> Result<(), String> {
+    /// [`Parallelism::check`] with `even_chunks` false for torchtitan, which splits the
+    /// layers over the stages unevenly (`_generate_llm_fqn_per_model_part`) where
+    /// Megatron's interleaved schedule needs them divisible.
+    pub(crate) fn why_not(&self, model: &Model, seq: u64, even_chunks: bool) -> Result<(), String> {
         let (t, p, c, v) = (self.tensor, self.pipeline, self.context, self.virtual_stages);
         if self.data == 0 || t == 0 || p == 0 || c == 0 || v == 0 {
             return Err("parallel degrees must be positive".into());
@@ -115,13 +133,30 @@ impl Parallelism {
         if !model.intermediate.is_multiple_of(t) {
             return Err(format!("tensor parallelism {t} does not divide the MLP width {}", model.intermediate));
         }
+        let schedule = self.pipeline_schedule();
+        if schedule != PipelineSchedule::Schedule1F1B && p == 1 {
+            return Err(format!(
+                "the {} pipeline schedule needs more than one pipeline stage (--pp)",
+                schedule.class()
+            ));
+        }
+        if schedule.looped() && v < 2 {
+            // torchtitan: "Multi-stage schedule requires at least 2 stages per rank".
+            return Err(format!(
+                "the {} schedule runs at least 2 stages per rank; --vpp {v} gives one (use 1f1b, or --vpp 2 or more)",
+                schedule.class()
+            ));
+        }
+        if schedule == PipelineSchedule::ZbvZeroBubble && v != 2 {
+            return Err(format!("the ZBVZeroBubble schedule runs exactly 2 stages per rank, not {v}"));
+        }
         if p * v > model.layers {
             return Err(format!(
                 "{p} pipeline stages × {v} chunks need at least as many layers; {} has {}",
                 model.name, model.layers
             ));
         }
-        if v > 1 && (p == 1 || !model.layers.is_multiple_of(p * v)) {
+        if v > 1 && (p == 1 || even_chunks && !model.layers.is_multiple_of(p * v)) {
             return Err(format!(
                 "the interleaved schedule needs more than one stage and layers ({}) divisible by stages × chunks ({})",
                 model.layers,

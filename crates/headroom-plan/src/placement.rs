@@ -107,6 +107,7 @@ fn stage_params(model: &Model, par: &Parallelism, stage: PipelineStage, output: 
         PipelineStage::First => layers * model.layer_params() as f64 + embedding,
         // Megatron keeps a copy of a tied embedding on the last stage for the head.
         PipelineStage::Last => layers * model.layer_params() as f64 + head,
+        PipelineStage::Middle => layers * model.layer_params() as f64,
     }) / t
 }
 

@@ -69,6 +69,7 @@ impl SearchSpace {
                             context: *c,
                             sequence_parallel: true,
                             virtual_stages: v,
+                            schedule: Default::default(),
                             tp_comm_overlap: false,
                             zero_stage: 0,
                         };

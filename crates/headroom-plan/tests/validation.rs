@@ -896,15 +896,19 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             compiled_again(&compiled),
         );
     }
+    // Table 5's local batch of 32 runs as torchtitan 9dec370's default of one micro-batch per
+    // pipeline stage (`pipeline_parallel_microbatches` unset: `n_microbatches = pp`), 8 of
+    // 4 × 8192; the published TPS agree (1F1B's bubble (pp-1)/8 against interleaved's
+    // (pp-1)/16 gives 1.30×, measured 1.28×; 32 micro-batches would give 1.10×).
     for (how, v, published) in [("1F1B", 1u64, "82.5"), ("interleaved 1F1B", 2, "72.7")] {
         row(
             &l405,
             format!(
-                "Llama 3.1 405B, FSDP 8 × TP 8 × PP 8 {how} + compile + float8, 32 micro-batches, full checkpointing"
+                "Llama 3.1 405B, FSDP 8 × TP 8 × PP 8 {how} + compile + float8, 8 micro-batches of 4 × 8192, full checkpointing"
             ),
             Parallelism { data: 8, tensor: 8, pipeline: 8, virtual_stages: v, zero_stage: 3, ..Parallelism::default() },
-            1,
-            32,
+            4,
+            8,
             8192,
             Checkpointing::Full,
             published,
@@ -928,10 +932,16 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             compiled_again(&compiled),
         );
     }
-    if let Some(r) =
-        rows.iter_mut().find(|r| r.setup == "Llama 3.1 8B, FSDP over 8 GPUs, 2 × 8192, per-op checkpointing")
-    {
-        r.used = Use::Tuning;
+    // The 405B runs under pipelining: chosen before the pipelined program's figures were
+    // computed, the 1F1B run is the tuning row (looked at while the program was built), the
+    // interleaved and context-parallel runs check-only; all stay indicative (no tolerance).
+    for setup in [
+        "Llama 3.1 8B, FSDP over 8 GPUs, 2 × 8192, per-op checkpointing",
+        "Llama 3.1 405B, FSDP 8 × TP 8 × PP 8 1F1B + compile + float8, 8 micro-batches of 4 × 8192, full checkpointing",
+    ] {
+        if let Some(r) = rows.iter_mut().find(|r| r.setup == setup) {
+            r.used = Use::Tuning;
+        }
     }
     // benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (torchtitan e7c0cae, June 2025):
     // llama3_8b.toml (8192 tokens, selective per-op checkpointing, fused AdamW) with local

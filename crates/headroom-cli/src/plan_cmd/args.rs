@@ -12,7 +12,7 @@ use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
-use headroom_plan::parallel::Parallelism;
+use headroom_plan::parallel::{Parallelism, PipelineSchedule};
 use headroom_plan::sglang::Sglang;
 use headroom_plan::train::{
     ActivationModel, Attention, BaseWeights, Checkpointing, Estimator, Finetune, Framework, Head, LoraTargets, Offload,
@@ -66,6 +66,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --batch 1 --accumulation 16 --seq 8192 --checkpoint selective\n  \
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --tp 8 --pp 4 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
+                        headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --framework torchtitan --tp 8 --pp 4 --pp-schedule interleaved-1f1b --batch 1 --accumulation 8 --seq 8192 --checkpoint full\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
@@ -99,9 +100,19 @@ pub struct PlanArgs {
     /// (Megatron's --decoder-first/last-pipeline-num-layers).
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub pp: u64,
-    /// Model chunks per pipeline stage: more than 1 is the interleaved schedule.
-    #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
-    vpp: u64,
+    /// Model chunks per pipeline stage: more than 1 is the interleaved schedule
+    /// [default: 1, or 2 with --pp-schedule interleaved-1f1b, zero-bubble or zbv, as torchtitan].
+    #[arg(long, conflicts_with = "infer", value_parser = positive())]
+    vpp: Option<u64>,
+    /// PyTorch's pipeline schedule (torchtitan's pipeline_parallel_schedule) [default:
+    /// 1f1b, or interleaved-1f1b with --vpp 2 or more]. Under --framework torchtitan every
+    /// pipeline rank is planned from the schedule's own order of forwards and backwards, and
+    /// the rank that peaks is reported: 1f1b keeps min(micro-batches, pp - rank)
+    /// micro-batches in flight (--accumulation is the micro-batch count), interleaved-1f1b
+    /// more of smaller chunks; zero-bubble and zbv (torchtitan only) split each backward
+    /// and keep the linears' inputs until the weights' half runs.
+    #[arg(long, conflicts_with = "infer", value_parser = named::<PipelineSchedule>())]
+    pp_schedule: Option<PipelineSchedule>,
     /// Context-parallel GPUs (the sequence split across GPUs).
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub cp: u64,
@@ -346,6 +357,15 @@ impl PlanArgs {
             );
         }
         let data = a.gpus / model_parallel;
+        let schedule = match (a.pp_schedule, a.vpp) {
+            (Some(_), _) if a.pp == 1 => bail!("--pp-schedule needs more than one pipeline stage (--pp)"),
+            (Some(PipelineSchedule::Schedule1F1B), Some(v)) if v > 1 => bail!(
+                "--pp-schedule 1f1b runs one stage per rank; --vpp {v} asks for {v}: use --pp-schedule interleaved-1f1b"
+            ),
+            (Some(s), _) => s,
+            (None, Some(v)) if v > 1 => PipelineSchedule::Interleaved1F1B,
+            (None, _) => PipelineSchedule::Schedule1F1B,
+        };
         if a.batch.checked_mul(a.accumulation).and_then(|x| x.checked_mul(data)).is_none() {
             bail!(
             "the global batch, --batch {} × --accumulation {} × {data} data-parallel GPUs, is more than 2^64 sequences",
@@ -390,7 +410,8 @@ impl PlanArgs {
                 pipeline: a.pp,
                 context: a.cp,
                 sequence_parallel: !a.no_sequence_parallel,
-                virtual_stages: a.vpp,
+                virtual_stages: a.vpp.unwrap_or(if schedule.looped() { 2 } else { 1 }),
+                schedule,
                 tp_comm_overlap: a.tp_comm_overlap,
                 // torchtitan shards over every data-parallel GPU unless told otherwise
                 // (`data_parallel_shard_degree = -1`).

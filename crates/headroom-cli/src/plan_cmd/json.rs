@@ -21,7 +21,7 @@ fn signed_bytes(x: f64) -> i64 {
 fn parallel(p: &Parallelism) -> Value {
     json!({
         "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
-        "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel && p.tensor > 1,
+        "virtual_stages": p.virtual_stages, "pipeline_schedule": p.pipeline_schedule().class(), "sequence_parallel": p.sequence_parallel && p.tensor > 1,
         "zero_stage": p.zero_stage,
     })
 }
@@ -75,6 +75,14 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         "fits": e.fits,
         "per_gpu_bytes": bytes(e.per_gpu_bytes),
         "pipeline_stage": e.stage.name(),
+        "pipeline_ranks": e.pipeline.as_ref().map(|pr| json!({
+            "schedule": pr.schedule.class(),
+            "peak_rank": pr.peak,
+            "ranks": pr.ranks.iter().map(|r| json!({
+                "rank": r.rank, "stages": r.stages, "layers": r.layers, "in_flight": r.in_flight,
+                "reserved_bytes": bytes(r.reserved_bytes), "allocated_bytes": bytes(r.allocated_bytes),
+            })).collect::<Vec<_>>(),
+        })),
         "breakdown": {
             "weights": bytes(b.weights), "gradients": bytes(b.gradients), "optimizer": bytes(b.optimizer),
             "activations": bytes(b.activations), "logits": bytes(b.logits), "kv_cache": 0,

@@ -6,7 +6,7 @@ use headroom_alloc::units::format_size;
 use headroom_plan::infer::Runtime;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
-use headroom_plan::parallel::Parallelism;
+use headroom_plan::parallel::{Parallelism, PipelineSchedule};
 use headroom_plan::time::{Breakdown, TimeTerm};
 use headroom_plan::train::{Finetune, Offload, Phase, PipelineStage, ProgramSource};
 
@@ -62,7 +62,25 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(c) = &p.calibration {
         calibration_lines(&mut out, c);
     }
-    if par.pipeline > 1 {
+    if let Some(pr) = &e.pipeline {
+        let r = &pr.ranks[pr.peak as usize];
+        let stages: Vec<String> = r.stages.iter().map(u64::to_string).collect();
+        outln!(
+            out,
+            "(pipeline rank {} of {} peaks under {}: stage{} {}, {} blocks, {} micro-batch chunks in flight; {} reserved)",
+            r.rank,
+            pr.ranks.len(),
+            pr.schedule.class(),
+            if r.stages.len() > 1 { "s" } else { "" },
+            stages.join(" and "),
+            r.layers,
+            r.in_flight,
+            format_size(r.reserved_bytes as u64)
+        );
+        let each: Vec<String> =
+            pr.ranks.iter().map(|r| format!("{} {}", r.rank, format_size(r.reserved_bytes as u64))).collect();
+        outln!(out, "  every rank's reserved peak: {}", each.join(", "));
+    } else if par.pipeline > 1 {
         outln!(
             out,
             "(the {} pipeline stage: {})",
@@ -387,7 +405,10 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) 
         parts.push(format!(
             "pipeline {} ({})",
             p.pipeline,
-            if p.virtual_stages > 1 { format!("interleaved, {} chunks", p.virtual_stages) } else { "1F1B".into() }
+            match p.pipeline_schedule() {
+                PipelineSchedule::Schedule1F1B => "1F1B".into(),
+                s => format!("{}, {} chunks a rank", s.class(), p.virtual_stages),
+            }
         ));
     }
     if p.context > 1 {
@@ -401,7 +422,8 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) 
             "data {}: FSDP2 (fully_shard) as torchtitan runs it, sharded over {} GPUs, reshard_after_forward={}",
             p.data,
             p.shard_degree(),
-            if p.zero_stage >= 3 { "True" } else { "False" }
+            // torchtitan's default policy under pipelining keeps the stage gathered.
+            if p.zero_stage >= 3 && p.pipeline <= 1 { "True" } else { "False" }
         ));
     } else {
         parts.push(format!("data {} with {engine}ZeRO-{}", p.data, p.zero_stage));

@@ -18,6 +18,8 @@
 //! all-gather and reduce-scatter pools are reserved apart from the compute stream's:
 //! what `max_memory_reserved` (torchtitan's `memory:` log line) counts.
 
+pub mod pipeline;
+
 use super::optimizer::{self, OptimizerParam, State};
 use super::Device;
 use crate::job::{Attention, Checkpointing, Finetune, Framework, Offload, Precision, TrainConfig};
@@ -29,14 +31,13 @@ use crate::program::{Law, Phase, Program, TensorId, Term};
 const ALL_GATHER: u64 = 1;
 const REDUCE_SCATTER: u64 = 2;
 
-/// Whether the job is torchtitan's FSDP2 step this module builds: torchtitan's code, one
-/// pipeline stage, a dense decoder (MoE layers' grouped matrix multiplies are not modelled),
+/// Whether the job is torchtitan's FSDP2 step this module builds: torchtitan's code (one
+/// pipeline stage here, more in [`pipeline`]), a dense decoder (MoE layers' grouped matrix multiplies are not modelled),
 /// parameters sharded (`--zero 2` or `3`) over more than one GPU, full training without
 /// offload, and a checkpointing mode torchtitan has.
 pub fn runs(model: &Model, cfg: &TrainConfig) -> bool {
     let par = &cfg.parallel;
     cfg.framework == Framework::Torchtitan
-        && par.pipeline <= 1
         && par.zero_stage >= 2
         && par.shard_degree() > 1
         && cfg.finetune == Finetune::Full
@@ -177,6 +178,7 @@ struct Sites {
 /// `accumulation` micro-batches each.
 pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64, steps: u32) -> Program {
     let par = &cfg.parallel;
+    debug_assert!(par.pipeline <= 1, "pipelined jobs are pipeline::program's");
     let t = par.tensor.max(1);
     let n = par.shard_degree().max(1);
     let w = widths(cfg.precision);

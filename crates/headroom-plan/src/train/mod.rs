@@ -69,6 +69,9 @@ pub struct TrainEstimate {
     pub fits: bool,
     /// The stage whose memory is reported.
     pub stage: PipelineStage,
+    /// Under torchtitan with pipeline parallelism: every rank planned, and the one that
+    /// peaks (whose figures the estimate reports).
+    pub pipeline: Option<PipelineRanks>,
     /// Seconds per optimizer step.
     pub step_time_s: f64,
     /// Where the step's time goes: compute, memory-bound, launch, communication.
@@ -296,11 +299,28 @@ impl Estimator {
             (r.peak_allocated - r.at_peak.get(Term::Workspace)) as f64,
             r.peak_reserved as f64,
         );
+        let pipeline = memory.ranks.clone();
+        // The stage class of the rank that peaks: its first stage, its last, or neither.
+        let stage = match &pipeline {
+            Some(pr) => {
+                let held = &pr.ranks[pr.peak as usize].stages;
+                let last = pr.ranks.iter().flat_map(|r| r.stages.iter()).copied().max().unwrap_or(0);
+                if held.contains(&0) {
+                    PipelineStage::First
+                } else if held.contains(&last) {
+                    PipelineStage::Last
+                } else {
+                    PipelineStage::Middle
+                }
+            }
+            None => stage,
+        };
         TrainEstimate {
             breakdown,
             per_gpu_bytes: reserved + outside,
             fits: oom.is_none() && m.note.is_none(),
             stage,
+            pipeline,
             step_time_s: time,
             step_time_breakdown: timing.breakdown,
             layer_time_s: [timing.layer_forward, timing.layer_backward],
@@ -356,13 +376,37 @@ impl Estimator {
         stage: PipelineStage,
         m: &StageMemory,
     ) -> (Program, ProgramSource) {
+        self.synthesized_rank(model, gpu, cfg, stage, m, 0)
+    }
+
+    /// Whether torchtitan's pipelined FSDP2 program plans the job, one program per rank.
+    fn pipelined_fsdp2(&self, model: &Model, cfg: &TrainConfig) -> bool {
+        self.calibration.is_none() && cfg.parallel.pipeline > 1 && synth::fsdp2::runs(model, cfg)
+    }
+
+    fn synthesized_rank(
+        &self,
+        model: &Model,
+        gpu: &GpuSpec,
+        cfg: &TrainConfig,
+        stage: PipelineStage,
+        m: &StageMemory,
+        rank: u64,
+    ) -> (Program, ProgramSource) {
+        let workspace = gpu.arch.cublas_workspace_bytes() as f64;
+        if self.pipelined_fsdp2(model, cfg) {
+            if let Ok(program) =
+                synth::fsdp2::pipeline::program(model, cfg, Device::Gpu(gpu), workspace, self.steps, rank)
+            {
+                return (program, ProgramSource::Fsdp2);
+            }
+        }
         if self.recorded_program_runs(cfg, stage) {
             if let Ok(hf) = synth::hf::program(model, cfg, Device::Gpu(gpu), self.steps, &StateScale::default()) {
                 return (hf.program, ProgramSource::Recorded(hf.key));
             }
         }
-        let workspace = gpu.arch.cublas_workspace_bytes() as f64;
-        if self.calibration.is_none() && synth::fsdp2::runs(model, cfg) {
+        if self.calibration.is_none() && cfg.parallel.pipeline <= 1 && synth::fsdp2::runs(model, cfg) {
             let program = synth::fsdp2::program(model, cfg, Device::Gpu(gpu), workspace, self.steps);
             return (program, ProgramSource::Fsdp2);
         }
@@ -404,10 +448,54 @@ impl Estimator {
         m: &StageMemory,
         capacity: f64,
     ) -> Memory {
+        let settings = ReplaySettings { capacity: capacity as u64, config: self.alloc.clone(), policy: self.policy };
+        if self.pipelined_fsdp2(model, cfg) {
+            if let Some(memory) = self.replayed_ranks(model, gpu, cfg, m, &settings) {
+                return memory;
+            }
+        }
         let (program, source) = self.program(model, gpu, cfg, stage, m);
         let sizes = program.sizes(cfg.micro_batch, cfg.seq);
-        let settings = ReplaySettings { capacity: capacity as u64, config: self.alloc.clone(), policy: self.policy };
-        Memory { replayed: replay(&program, &sizes, &settings), source }
+        Memory { replayed: replay(&program, &sizes, &settings), source, ranks: None }
+    }
+
+    /// Every pipeline rank's program replayed; the one whose reserved peak is highest
+    /// answers for the job (torchtitan's benchmarks report the maximum over the GPUs).
+    fn replayed_ranks(
+        &self,
+        model: &Model,
+        gpu: &GpuSpec,
+        cfg: &TrainConfig,
+        m: &StageMemory,
+        settings: &ReplaySettings,
+    ) -> Option<Memory> {
+        let par = &cfg.parallel;
+        let schedule = par.pipeline_schedule();
+        let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
+        let (stages_of, splits) = synth::fsdp2::pipeline::layout(cfg, model).ok()?;
+        let mut best: Option<(Replayed, u64)> = None;
+        let mut ranks = Vec::new();
+        for rank in 0..par.pipeline {
+            let (program, _) = self.synthesized_rank(model, gpu, cfg, PipelineStage::First, m, rank);
+            let sizes = program.sizes(cfg.micro_batch, cfg.seq);
+            let r = replay(&program, &sizes, settings);
+            let actions =
+                crate::pipelining::rank_actions(schedule, par.pipeline, v, cfg.accumulation.max(1), rank).ok()?;
+            let stages = stages_of[rank as usize].clone();
+            ranks.push(RankPeak {
+                rank,
+                layers: stages.iter().map(|&i| splits[i as usize].layers).sum(),
+                stages,
+                in_flight: crate::pipelining::peak_in_flight(&actions),
+                reserved_bytes: r.peak_reserved as f64,
+                allocated_bytes: r.peak_allocated as f64,
+            });
+            if best.as_ref().is_none_or(|(b, _)| r.peak_reserved > b.peak_reserved) {
+                best = Some((r, rank));
+            }
+        }
+        let (replayed, peak) = best?;
+        Some(Memory { replayed, source: ProgramSource::Fsdp2, ranks: Some(PipelineRanks { schedule, peak, ranks }) })
     }
 
     /// The closed-form pass alone (no replay): the configuration's tensors at their peak
@@ -485,6 +573,34 @@ pub struct Screened {
 struct Memory {
     replayed: Replayed,
     source: ProgramSource,
+    /// Under torchtitan's pipelined program: every rank's peak, `replayed` the highest.
+    ranks: Option<PipelineRanks>,
+}
+
+/// One pipeline rank of torchtitan's pipelined FSDP2 program, replayed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankPeak {
+    /// The rank in the pipeline group.
+    pub rank: u64,
+    /// The global stage indices it holds (one, `rank + k·pp` looped, `rank` and
+    /// `2·pp-1-rank` in a V).
+    pub stages: Vec<u64>,
+    /// Transformer blocks on it.
+    pub layers: u64,
+    /// The most micro-batch chunks its schedule holds at once.
+    pub in_flight: u64,
+    /// Its replay's reserved and allocated peaks, bytes.
+    pub reserved_bytes: f64,
+    pub allocated_bytes: f64,
+}
+
+/// Every pipeline rank's plan and the one that peaks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineRanks {
+    pub schedule: crate::pipelining::PipelineSchedule,
+    /// The rank with the highest reserved peak (the first such).
+    pub peak: u64,
+    pub ranks: Vec<RankPeak>,
 }
 
 /// The pipeline stages whose memory is estimated: the one GPU's, or the first and last stage's.

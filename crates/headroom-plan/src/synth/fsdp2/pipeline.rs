@@ -1,0 +1,495 @@
+//! torchtitan's FSDP2 step under pipeline parallelism: one pipeline rank's program, its
+//! stages' actions in the order PyTorch's schedule runs them ([`crate::pipelining`]).
+//!
+//! | what | from the code |
+//! |---|---|
+//! | the layers split over `pp × v` stages, the embedding on the first, the final norm and output on the last, each counting as a layer | torchtitan `_generate_llm_fqn_per_model_part` (`pipeline_parallel_first/last_stage_less_layers = 1`) |
+//! | each stage's blocks and its own module `fully_shard`-ed with `reshard_after_forward=False` (torchtitan's default under PP): gathered at the stage's first forward | `get_fsdp_reshard_after_forward_policy("default", pp_enabled=True)`; [TT-BENCH] `apply_fsdp` |
+//! | every backward but the stage's last runs with `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`: the parameters stay gathered and the unsharded gradients accumulate, upcast to `reduce_dtype` (fp32) once; the stage's last backward reduce-scatters them all | PyTorch `_PipelineStageBase.backward_maybe_with_nosync`, `FSDPParam.to_accumulated_grad_if_needed` |
+//! | each micro-batch in flight holds its saved activations (under the checkpointing mode) and the stage's output in `fwd_cache`, until its backward; on the last stage the output is the logits, kept beside the loss's saved log-softmax | `forward_one_chunk`, `_maybe_compute_loss` |
+//! | split backwards (zero bubble): `I` runs the recompute and the input gradients and keeps each linear's input for `W` | `stage_backward_input`, `stage_backward_weight` |
+
+use super::{
+    block_keep, block_params, block_tensors, gather, keeps, reshard, Group, Param, Shape, Sites, REDUCE_SCATTER,
+};
+use crate::job::{Precision, TrainConfig};
+use crate::model::Model;
+use crate::pipelining::{rank_actions, stages_of_rank, Kind};
+use crate::program::{Law, Phase, Program, TensorId, Term};
+use crate::synth::optimizer::{self, OptimizerParam, State};
+use crate::synth::Device;
+use std::collections::HashMap;
+
+/// What one stage holds: torchtitan's split of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageSplit {
+    /// The token embedding (the first stage).
+    pub embedding: bool,
+    /// Transformer blocks.
+    pub layers: u64,
+    /// The final norm and the output projection (the last stage).
+    pub head: bool,
+}
+
+/// torchtitan's `_generate_llm_fqn_per_model_part(num_stages, num_layers, 1, 1)`: the
+/// embedding and the head each count as a layer; the effective layers are split evenly,
+/// the first stages taking the remainder. Refuses what torchtitan refuses.
+pub fn split(num_stages: u64, num_layers: u64) -> Result<Vec<StageSplit>, String> {
+    if num_stages <= 1 {
+        return Ok(vec![StageSplit { embedding: true, layers: num_layers, head: true }]);
+    }
+    let effective = num_layers + 2;
+    if num_stages > effective {
+        return Err(format!(
+            "{num_stages} pipeline stages are more than the {num_layers} layers plus the embedding and the head \
+             (torchtitan refuses: 'Number of stages cannot be greater than effective layers')"
+        ));
+    }
+    let per = effective / num_stages;
+    let extra = effective % num_stages;
+    let mut left = num_layers;
+    Ok((0..num_stages)
+        .map(|i| {
+            let mut n = per + u64::from(i < extra);
+            let (embedding, head) = (i == 0, i + 1 == num_stages);
+            n -= u64::from(embedding) + u64::from(head);
+            let layers = n.min(left);
+            left -= layers;
+            StageSplit { embedding, layers, head }
+        })
+        .collect())
+}
+
+/// A stage on this rank, as the program holds it.
+struct Stage {
+    split: StageSplit,
+    /// The chunk's own module (embedding, or final norm and output), `fully_shard`-ed apart.
+    root: Group,
+    blocks: Vec<Group>,
+    /// The unsharded gradients accumulated over micro-batches, per group (root first).
+    accumulated: Vec<Vec<TensorId>>,
+    /// Per micro-batch in flight: every tensor its backward frees, and per block the
+    /// tensors kept (to know what the recompute makes).
+    in_flight: HashMap<u64, Vec<TensorId>>,
+    /// Per micro-batch between its I and its W: the linears' inputs.
+    weight_inputs: HashMap<u64, Vec<TensorId>>,
+    /// Backwards (B, or W when split) done this step.
+    weights_done: u64,
+}
+
+impl Stage {
+    fn groups(&self) -> impl Iterator<Item = &Group> {
+        std::iter::once(&self.root).chain(self.blocks.iter())
+    }
+}
+
+fn group(params: Vec<Param>) -> Group {
+    Group { params, shards: vec![], unsharded: vec![], grad: None, reshard_after_forward: false }
+}
+
+/// The stage's own module's parameters: the embedding (vocabulary rows split by tensor
+/// parallelism), or the final norm and the output projection.
+fn root_params(model: &Model, t: u64, s: StageSplit) -> Vec<Param> {
+    let mut out = vec![];
+    if s.embedding {
+        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+    }
+    if s.head {
+        out.push(Param { rows: model.hidden, cols: 1 });
+        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+    }
+    out
+}
+
+/// The global stage indices of every rank, and each one's split.
+pub fn layout(cfg: &TrainConfig, model: &Model) -> Result<(Vec<Vec<u64>>, Vec<StageSplit>), String> {
+    let par = &cfg.parallel;
+    let schedule = par.pipeline_schedule();
+    let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
+    let splits = split(par.pipeline * v, model.layers)?;
+    let ranks = (0..par.pipeline).map(|r| stages_of_rank(schedule, par.pipeline, v, r)).collect();
+    Ok((ranks, splits))
+}
+
+/// Pipeline rank `rank`'s step program, `steps` optimizer steps of `cfg.accumulation`
+/// micro-batches each.
+pub fn program(
+    model: &Model,
+    cfg: &TrainConfig,
+    device: Device,
+    workspace: f64,
+    steps: u32,
+    rank: u64,
+) -> Result<Program, String> {
+    let par = &cfg.parallel;
+    let schedule = par.pipeline_schedule();
+    let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
+    let (ranks, splits) = layout(cfg, model)?;
+    let n_mb = cfg.accumulation.max(1);
+    let actions = rank_actions(schedule, par.pipeline, v, n_mb, rank)?;
+    let t = par.tensor.max(1);
+    let n = par.shard_degree().max(1);
+    let w = super::widths(cfg.precision);
+    let sh = Shape {
+        model,
+        n,
+        t: t as f64,
+        token: 1.0 / par.context.max(1) as f64,
+        w,
+        act: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
+    };
+    let mut p = Program::default();
+    let s = Sites {
+        shard: p.site("FSDP2 sharded parameters"),
+        gathered: p.site("FSDP2 unsharded parameters"),
+        flat: p.site("FSDP2 all-gather buffer"),
+        grads: p.site("FSDP2 unsharded gradients (accumulated over micro-batches)"),
+        reduce: p.site("FSDP2 reduce-scatter"),
+        act: p.site("micro-batches in flight: saved activations"),
+        logits: p.site("output and cross-entropy loss"),
+        inputs: p.site("token ids and labels"),
+        workspace: p.site("cuBLAS workspace"),
+    };
+    p.mark(0, Phase::Setup);
+    let mut stages: HashMap<u64, Stage> = ranks[rank as usize]
+        .iter()
+        .map(|&i| {
+            let sp = splits[i as usize];
+            let stage = Stage {
+                split: sp,
+                root: group(root_params(model, t, sp)),
+                blocks: (0..sp.layers).map(|_| group(block_params(model, t))).collect(),
+                accumulated: vec![],
+                in_flight: HashMap::new(),
+                weight_inputs: HashMap::new(),
+                weights_done: 0,
+            };
+            (i, stage)
+        })
+        .collect();
+    let mut order: Vec<u64> = stages.keys().copied().collect();
+    order.sort_unstable();
+    for i in &order {
+        let st = stages.get_mut(i).expect("stage");
+        for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
+            g.shards =
+                g.params.iter().map(|x| p.alloc(Law::fixed(x.shard(n) * w.stored), Term::Weights, s.shard)).collect();
+        }
+    }
+    if workspace > 0.0 {
+        p.alloc(Law::fixed(workspace), Term::Workspace, s.workspace);
+    }
+    let mut state = State::default();
+    let mut rs_input: Option<TensorId> = None;
+    for step in 1..=steps {
+        p.mark(step, Phase::Forward);
+        // `optimizers.zero_grad()` at the step's start frees the sharded gradients.
+        for st in stages.values_mut() {
+            st.weights_done = 0;
+            for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
+                if let Some(id) = g.grad.take() {
+                    p.free(id);
+                }
+            }
+        }
+        let mut in_backward = false;
+        for a in &actions {
+            let st = stages.get_mut(&a.stage).expect("the schedule's stage is on this rank");
+            match a.kind {
+                Kind::Forward => forward(&mut p, &sh, &s, cfg, st, a.microbatch),
+                Kind::Backward | Kind::BackwardInput => {
+                    if !in_backward {
+                        p.mark(step, Phase::Backward);
+                        in_backward = true;
+                    }
+                    let split = a.kind == Kind::BackwardInput;
+                    backward(&mut p, &sh, &s, cfg, st, a.microbatch, split);
+                    if !split {
+                        weights_done(&mut p, &sh, &s, st, n_mb, &mut rs_input);
+                    }
+                }
+                Kind::BackwardWeight => {
+                    weight_backward(&mut p, &sh, &s, st, a.microbatch);
+                    weights_done(&mut p, &sh, &s, st, n_mb, &mut rs_input);
+                }
+            }
+        }
+        if let Some(last) = rs_input.take() {
+            p.free(last);
+        }
+        p.mark(step, Phase::Optimizer);
+        let opt_cfg = TrainConfig {
+            precision: if cfg.precision == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp32 },
+            ..*cfg
+        };
+        let groups: Vec<&Group> = order.iter().flat_map(|i| stages[i].groups()).collect();
+        let params: Vec<OptimizerParam> = groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(|x| OptimizerParam { law: Law::fixed(x.shard(n) * w.stored) }))
+            .collect();
+        let grads: Vec<Option<TensorId>> = groups.iter().flat_map(|g| g.params.iter().map(move |_| g.grad)).collect();
+        optimizer::step(&mut p, &mut state, &params, &grads, &opt_cfg, device);
+    }
+    Ok(p)
+}
+
+/// Elements of a group's parameters gathered.
+fn unsharded(sh: &Shape, g: &Group) -> f64 {
+    g.shard_elements(sh.n) * sh.n as f64
+}
+
+/// One micro-batch's forward through the stage.
+fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut Stage, mb: u64) {
+    let m = sh.model;
+    let (h, a) = (m.hidden as f64 / sh.t, sh.act);
+    // `reshard_after_forward=False`: the first forward gathers every group of the stage,
+    // and they stay gathered to the stage's last backward.
+    if st.blocks.first().is_some_and(|g| g.unsharded.is_empty()) || st.root.unsharded.is_empty() {
+        let mut held: Option<TensorId> = None;
+        for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
+            if g.params.is_empty() || !g.unsharded.is_empty() {
+                continue;
+            }
+            let flat = gather(p, sh, s, g);
+            // The previous group's flat buffer is dropped once this one is copied out.
+            if let Some(old) = held.replace(flat) {
+                p.free(old);
+            }
+        }
+        if let Some(old) = held {
+            p.free(old);
+        }
+    }
+    let mut keep_all = Vec::new();
+    if st.split.embedding {
+        keep_all.push(p.alloc(sh.per_token(16.0, 1.0), Term::Inputs, s.inputs));
+    }
+    // The stage's input: the embedding's output, or the activation received from the
+    // previous stage (kept in `fwd_cache` as the backward's input values).
+    let mut x = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    let made = block_tensors(sh, cfg);
+    for i in 0..st.blocks.len() {
+        let keep = block_keep(cfg, i as u64);
+        let mut dropped = Vec::new();
+        for t in &made {
+            let id = p.alloc(t.law, Term::Activations, s.act);
+            if t.transient {
+                p.free(id);
+            } else if keeps(t, keep) {
+                keep_all.push(id);
+            } else {
+                dropped.push(id);
+            }
+        }
+        let out = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+        for id in dropped {
+            p.free(id);
+        }
+        // A checkpointed block keeps its input; without checkpointing autograd keeps the
+        // norm's fp32 copy instead (the stage's own input stays in `fwd_cache`).
+        if keep == super::Keep::All && i > 0 {
+            p.free(x);
+        } else {
+            keep_all.push(x);
+        }
+        x = out;
+    }
+    if st.split.head {
+        // The final norm's saved fp32 input and bf16 product, then its output.
+        keep_all.push(p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act));
+        let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
+        p.free(tmp);
+        keep_all.push(p.alloc(sh.per_token(h, a), Term::Activations, s.act));
+        keep_all.push(p.alloc(sh.per_token(h, a), Term::Activations, s.act));
+        p.free(x);
+        // The logits are the stage's output, kept in `fwd_cache` to the backward (no
+        // `del pred` under the schedule); the loss upcasts them and saves log-softmax's output.
+        let v = m.vocab as f64 / sh.t;
+        keep_all.push(p.alloc(sh.per_token(v, a), Term::Logits, s.logits));
+        let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
+        keep_all.push(p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
+        if let Some(u) = upcast {
+            p.free(u);
+        }
+    } else {
+        // The output sent to the next stage, kept in `fwd_cache` to the backward.
+        keep_all.push(x);
+    }
+    st.in_flight.insert(mb, keep_all);
+}
+
+/// One micro-batch's backward through the stage: B, or I alone (`split`).
+fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut Stage, mb: u64, split: bool) {
+    let m = sh.model;
+    let (h, a) = (m.hidden as f64 / sh.t, sh.act);
+    let f = m.intermediate as f64 / sh.t;
+    let q = (m.heads * m.head_dim) as f64 / sh.t;
+    let saved = st.in_flight.remove(&mb).expect("a backward after its forward");
+    let mut held_for_w = Vec::new();
+    let mut dx = if st.split.head {
+        // nll_loss's and log-softmax's fp32 gradients, cast back to the logits' dtype.
+        let v = m.vocab as f64 / sh.t;
+        let nll = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        let d = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(nll);
+        let d_logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+        p.free(d);
+        let dx = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+        if split {
+            // The output projection's weight gradient waits for W: its input is kept.
+            held_for_w.push(p.alloc(sh.per_token(h, a), Term::Activations, s.act));
+        } else {
+            let out_w = st.root.params[st.root.params.len() - 1];
+            let grad = p.alloc(Law::fixed(out_w.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads);
+            accumulate(p, sh, s, st, 0, vec![grad]);
+        }
+        p.free(d_logits);
+        dx
+    } else {
+        // The gradient received from the next stage.
+        p.alloc(sh.per_token(h, a), Term::Activations, s.act)
+    };
+    let made = block_tensors(sh, cfg);
+    for i in (0..st.blocks.len()).rev() {
+        let keep = block_keep(cfg, i as u64);
+        let recomputed: Vec<TensorId> = made
+            .iter()
+            .filter(|t| t.saved && !t.transient && !keeps(t, keep))
+            .map(|t| p.alloc(t.law, Term::Activations, s.act))
+            .collect();
+        let g1 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        let g2 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        if split {
+            // What each projection's weight gradient reads: the two norms' outputs, the
+            // attention output (wo's input) and w2's input.
+            for width in [h, h, q, f] {
+                held_for_w.push(p.alloc(sh.per_token(width, a), Term::Activations, s.act));
+            }
+        } else {
+            let g = &st.blocks[i];
+            let grads = vec![p.alloc(Law::fixed(unsharded(sh, g) * sh.w.compute), Term::Gradients, s.grads)];
+            accumulate(p, sh, s, st, i + 1, grads);
+        }
+        p.free(g1);
+        p.free(g2);
+        let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
+        let din = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+        p.free(tmp);
+        p.free(dx);
+        dx = din;
+        for id in recomputed {
+            p.free(id);
+        }
+    }
+    for id in saved {
+        p.free(id);
+    }
+    if st.split.embedding && !split {
+        let emb = &st.root;
+        let grad =
+            p.alloc(Law::fixed(emb.params[0].shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads);
+        accumulate(p, sh, s, st, 0, vec![grad]);
+    }
+    // The input gradient, sent to the previous stage.
+    p.free(dx);
+    if split {
+        st.weight_inputs.insert(mb, held_for_w);
+    }
+}
+
+/// W: every group's weight gradients from the inputs I kept.
+fn weight_backward(p: &mut Program, sh: &Shape, s: &Sites, st: &mut Stage, mb: u64) {
+    let held = st.weight_inputs.remove(&mb).expect("W after its I");
+    for i in 0..=st.blocks.len() {
+        let g = if i == 0 { &st.root } else { &st.blocks[i - 1] };
+        if g.params.is_empty() {
+            continue;
+        }
+        let grad = p.alloc(Law::fixed(unsharded(sh, g) * sh.w.compute), Term::Gradients, s.grads);
+        accumulate(p, sh, s, st, i, vec![grad]);
+    }
+    for id in held {
+        p.free(id);
+    }
+}
+
+/// A group's unsharded gradients of one micro-batch, accumulated without a reduction
+/// (`set_requires_gradient_sync(False)`): the first upcast to `reduce_dtype` by
+/// `to_accumulated_grad_if_needed`, later ones added into it and freed.
+fn accumulate(p: &mut Program, sh: &Shape, s: &Sites, st: &mut Stage, i: usize, grads: Vec<TensorId>) {
+    if st.accumulated.len() <= i {
+        st.accumulated.resize(i + 1, vec![]);
+    }
+    let g = if i == 0 { &st.root } else { &st.blocks[i - 1] };
+    if !st.accumulated[i].is_empty() {
+        for id in grads {
+            p.free(id);
+        }
+    } else if sh.w.reduce != sh.w.compute {
+        let acc = p.alloc(Law::fixed(unsharded(sh, g) * sh.w.reduce), Term::Gradients, s.grads);
+        for id in grads {
+            p.free(id);
+        }
+        st.accumulated[i] = vec![acc];
+    } else {
+        st.accumulated[i] = grads;
+    }
+}
+
+/// After a stage's backward: on its last micro-batch's (`last_backward`), FSDP2's
+/// post-backward runs for every group with the gradient sync back on: the accumulated
+/// gradients copied into the reduce-scatter input, the sharded gradient made on the
+/// reduce-scatter stream, the parameters resharded.
+fn weights_done(p: &mut Program, sh: &Shape, s: &Sites, st: &mut Stage, n_mb: u64, rs_input: &mut Option<TensorId>) {
+    st.weights_done += 1;
+    if st.weights_done < n_mb {
+        return;
+    }
+    let accumulated = std::mem::take(&mut st.accumulated);
+    for (i, acc) in accumulated.into_iter().enumerate() {
+        let g = if i == 0 { &mut st.root } else { &mut st.blocks[i - 1] };
+        reshard(p, g);
+        if acc.is_empty() {
+            continue;
+        }
+        if let Some(prev) = rs_input.take() {
+            p.free(prev);
+        }
+        let local = g.shard_elements(sh.n);
+        let input = p.alloc(Law::fixed(local * sh.n as f64 * sh.w.reduce), Term::Temporary, s.reduce);
+        for id in acc {
+            p.free(id);
+        }
+        let out = p.alloc_on(Law::fixed(local * sh.w.reduce), Term::Gradients, s.reduce, REDUCE_SCATTER);
+        match g.grad {
+            None => g.grad = Some(out),
+            Some(_) => p.free(out),
+        }
+        *rs_input = Some(input);
+    }
+    for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
+        reshard(p, g);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torchtitans_split_counts_the_embedding_and_the_head_as_layers() {
+        // Llama 3.1 405B (126 layers) over 8 stages: 128 effective, 16 a stage.
+        let s = split(8, 126).unwrap();
+        assert_eq!(s[0], StageSplit { embedding: true, layers: 15, head: false });
+        assert!(s[1..7].iter().all(|x| *x == StageSplit { embedding: false, layers: 16, head: false }));
+        assert_eq!(s[7], StageSplit { embedding: false, layers: 15, head: true });
+        // 16 stages (interleaved, 2 a rank): 8 each, the ends 7.
+        let s = split(16, 126).unwrap();
+        assert_eq!((s[0].layers, s[1].layers, s[15].layers), (7, 8, 7));
+        assert_eq!(s.iter().map(|x| x.layers).sum::<u64>(), 126);
+        // Uneven: 32 layers + 2 over 5 stages = 7, 7, 7, 7, 6 effective.
+        let s = split(5, 32).unwrap();
+        assert_eq!(s.iter().map(|x| x.layers).collect::<Vec<_>>(), vec![6, 7, 7, 7, 5]);
+        assert!(split(35, 32).unwrap_err().contains("more than the 32 layers"));
+    }
+}
