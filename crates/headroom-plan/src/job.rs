@@ -329,6 +329,11 @@ impl TrainConfig {
         }
         let torchtitan = self.framework == Framework::Torchtitan;
         self.parallel.why_not(model, self.seq, !torchtitan)?;
+        if torchtitan && self.parallel.zero_stage == 1 {
+            return Err("torchtitan has no ZeRO stage 1: its data parallelism is FSDP2 (--zero 3, or --zero 2 for \
+                        reshard_after_forward=False) or replicas (--zero 0)"
+                .into());
+        }
         let schedule = self.parallel.pipeline_schedule();
         if schedule.zero_bubble() && !torchtitan {
             return Err(format!(

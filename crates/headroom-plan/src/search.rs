@@ -155,6 +155,11 @@ pub fn recommend(
     for layout in &space.layouts {
         for &zero_stage in &space.zero_stages {
             let parallel = Parallelism { zero_stage, ..*layout };
+            // ZeRO shards over the data-parallel (and context-parallel) GPUs: over one it is
+            // the unsharded job, shown once.
+            if zero_stage > 0 && parallel.shard_degree() <= 1 {
+                continue;
+            }
             for &offload in &space.offloads {
                 for &micro_batch in &space.micro_batches {
                     let candidates = space.precisions.len() * space.attentions.len() * space.checkpointing.len();
@@ -294,5 +299,29 @@ mod tests {
         assert!(!recs.is_empty());
         assert!(recs.iter().all(|r| r.config.parallel.model_parallel() > 1), "{:?}", recs[0].config.parallel);
         assert!(recs.iter().all(|r| r.config.parallel.gpus() == 64 && r.config.global_batch() == 512));
+    }
+
+    /// ZeRO over one data-parallel GPU is the unsharded job: one row, not one per stage; and
+    /// torchtitan, which has no ZeRO-1, is never offered it.
+    #[test]
+    fn zero_stages_only_where_they_shard() {
+        let m = preset("llama-3-8b").unwrap();
+        let g = gpu("h100-sxm").unwrap();
+        let base = TrainConfig {
+            framework: crate::job::Framework::Torchtitan,
+            ..TrainConfig::new(1, 8192, Precision::Bf16, Optimizer::AdamW)
+        };
+        let space = SearchSpace::for_job(&m, &g, 8, 8192, 128);
+        let found = recommend(&m, &g, &base, 128, &space, &Estimator::default(), 20, None);
+        assert_eq!(found.recommendations.len(), 20);
+        for r in &found.recommendations {
+            let p = &r.config.parallel;
+            assert!(p.zero_stage == 0 || p.shard_degree() > 1, "{p:?}");
+            assert!(p.zero_stage != 1, "{p:?}");
+        }
+        assert!(found.tried < space.len(), "the stages over one GPU were not screened");
+        let zero1 = TrainConfig { parallel: Parallelism { data: 8, zero_stage: 1, ..Parallelism::default() }, ..base };
+        let e = zero1.check(&m, &g).unwrap_err();
+        assert!(e.to_string().contains("no ZeRO stage 1"), "{e}");
     }
 }
