@@ -147,6 +147,13 @@ fn every_rank_is_planned_and_the_peak_named() {
         if peak.stages.contains(&0) {
             assert_eq!(e.stage, PipelineStage::First);
         }
+        // The program `--dump-program` writes is the rank that peaks.
+        let dumped = headroom_plan::train::Estimator::default().step_program(&m, &h100(), &cfg);
+        let est = headroom_plan::train::Estimator::default();
+        let settings =
+            headroom_plan::replay::ReplaySettings { capacity: u64::MAX, config: est.alloc.clone(), policy: est.policy };
+        let r = headroom_plan::replay::replay(&dumped, &dumped.sizes(cfg.micro_batch, cfg.seq), &settings);
+        assert_eq!(r.peak_reserved as f64, peak.reserved_bytes, "{schedule:?}");
     }
 }
 

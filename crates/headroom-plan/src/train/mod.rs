@@ -414,7 +414,8 @@ impl Estimator {
         (synth::analytic::program(cfg, m, workspace, layers, self.steps), ProgramSource::Analytic)
     }
 
-    /// The step program of the stage that peaks, as [`Estimator::estimate`] replays it.
+    /// The step program of the stage (under torchtitan's pipelining, the rank) that peaks, as
+    /// [`Estimator::estimate`] replays it.
     pub fn step_program(&self, model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Program {
         let cal = None;
         let (m, stage) = stages(cfg)
@@ -422,6 +423,16 @@ impl Estimator {
             .map(|&stage| (memory(model, gpu, cfg, stage, cal), stage))
             .max_by(|a, b| a.0.breakdown.total().total_cmp(&b.0.breakdown.total()))
             .expect("at least one stage");
+        if self.pipelined_fsdp2(model, cfg) {
+            // Every pipeline rank runs its own program: the one whose replay reserves the most.
+            let settings = ReplaySettings { capacity: u64::MAX, config: self.alloc.clone(), policy: self.policy };
+            let peak = (0..cfg.parallel.pipeline)
+                .map(|rank| self.synthesized_rank(model, gpu, cfg, PipelineStage::First, &m, rank).0)
+                .max_by_key(|p| replay(p, &p.sizes(cfg.micro_batch, cfg.seq), &settings).peak_reserved);
+            if let Some(program) = peak {
+                return program;
+            }
+        }
         self.program(model, gpu, cfg, stage, &m).0
     }
 
