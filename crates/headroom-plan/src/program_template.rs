@@ -29,7 +29,7 @@ use crate::model::Model;
 use crate::program::{Law, Term};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 /// Layers kept as recorded at each end of a stack.
@@ -136,6 +136,60 @@ pub struct OptimizerCheck {
     pub step2: OptimizerStep,
 }
 
+/// Each edge layer's tensors matched to the middle layer's: the layers run the same code, so
+/// their tensors are made in the same order with the same laws, sites and kinds, except where
+/// the first and last layers do more (the last layer's final norm): those are matched by the
+/// longest common subsequence of the two layers' tensors, and the rest left unmatched.
+/// ([`crate::synth::hf`] needs it: a layer's output is freed by the next layer, naming the
+/// recorded layer's tensor, which for a repeated middle layer is the middle layer's.)
+fn analogs(tensors_of: &[TensorT]) -> HashMap<u32, u32> {
+    let mut by_layer: HashMap<Layer, Vec<u32>> = HashMap::new();
+    for (i, x) in tensors_of.iter().enumerate() {
+        if let Some(h) = x.home {
+            by_layer.entry(h).or_default().push(i as u32);
+        }
+    }
+    let same = |a: u32, b: u32| {
+        let (x, y) = (&tensors_of[a as usize], &tensors_of[b as usize]);
+        x.law_index == y.law_index
+            && x.term == y.term
+            && x.site == y.site
+            && x.kernel == y.kernel
+            && x.param.is_some() == y.param.is_some()
+            && x.grad.is_some() == y.grad.is_some()
+    };
+    let mut out = HashMap::new();
+    for (&layer, tensors) in &by_layer {
+        if layer.is_middle() {
+            continue;
+        }
+        let middle = Layer { stack: layer.stack, n: EDGE as u8 };
+        let Some(mid) = by_layer.get(&middle) else { continue };
+        let (a, b) = (tensors.len(), mid.len());
+        // lcs[i][k]: the longest common subsequence of tensors[i..] and mid[k..].
+        let mut lcs = vec![vec![0u32; b + 1]; a + 1];
+        for i in (0..a).rev() {
+            for k in (0..b).rev() {
+                lcs[i][k] =
+                    if same(tensors[i], mid[k]) { lcs[i + 1][k + 1] + 1 } else { lcs[i + 1][k].max(lcs[i][k + 1]) };
+            }
+        }
+        let (mut i, mut k) = (0, 0);
+        while i < a && k < b {
+            if same(tensors[i], mid[k]) && lcs[i][k] == lcs[i + 1][k + 1] + 1 {
+                out.insert(tensors[i], mid[k]);
+                i += 1;
+                k += 1;
+            } else if lcs[i + 1][k] >= lcs[i][k + 1] {
+                i += 1;
+            } else {
+                k += 1;
+            }
+        }
+    }
+    out
+}
+
 /// A recorded job.
 #[derive(Clone, Debug)]
 pub struct Template {
@@ -152,6 +206,8 @@ pub struct Template {
     pub backward: [usize; 2],
     pub check: Check,
     pub optimizer_check: OptimizerCheck,
+    /// An edge layer's tensor → the middle layer's tensor made in its place ([`analogs`]).
+    pub analog: HashMap<u32, u32>,
 }
 
 #[derive(Deserialize)]
@@ -325,6 +381,7 @@ impl Parsed {
             });
         }
         let n = tensors.len();
+        let analog = analogs(&tensors);
         let step = events(&raw.step, n)?;
         let step1 = raw.step1.as_deref().map(|s| events(s, n)).transpose()?;
         let backward = [
@@ -343,6 +400,7 @@ impl Parsed {
                 backward,
                 check: raw.check,
                 optimizer_check: raw.optimizer_check,
+                analog,
             },
             laws,
             param_laws,

@@ -121,7 +121,7 @@ struct Expander {
 
 impl Expander {
     fn new(t: &Template, layers: [u32; 2]) -> Expander {
-        Expander { layers, analog: analogs(t) }
+        Expander { layers, analog: t.analog.clone() }
     }
 
     /// Whether concrete layer `c` of `stack` is a replica of the middle layer.
@@ -194,58 +194,6 @@ impl Expander {
         }
         out
     }
-}
-
-/// Each edge layer's tensors matched to the middle layer's: the layers run the same code, so
-/// their tensors are made in the same order with the same laws, sites and kinds, except where
-/// the first and last layers do more (the last layer's final norm): those are matched by the
-/// longest common subsequence of the two layers' tensors, and the rest left unmatched.
-fn analogs(t: &Template) -> HashMap<u32, u32> {
-    let mut by_layer: HashMap<Layer, Vec<u32>> = HashMap::new();
-    for (i, x) in t.tensors.iter().enumerate() {
-        if let Some(h) = x.home {
-            by_layer.entry(h).or_default().push(i as u32);
-        }
-    }
-    let same = |a: u32, b: u32| {
-        let (x, y) = (&t.tensors[a as usize], &t.tensors[b as usize]);
-        x.law == y.law
-            && x.term == y.term
-            && x.site == y.site
-            && x.kernel == y.kernel
-            && x.param.is_some() == y.param.is_some()
-            && x.grad.is_some() == y.grad.is_some()
-    };
-    let mut out = HashMap::new();
-    for (&layer, tensors) in &by_layer {
-        if layer.is_middle() {
-            continue;
-        }
-        let middle = Layer { stack: layer.stack, n: EDGE as u8 };
-        let Some(mid) = by_layer.get(&middle) else { continue };
-        let (a, b) = (tensors.len(), mid.len());
-        // lcs[i][k]: the longest common subsequence of tensors[i..] and mid[k..].
-        let mut lcs = vec![vec![0u32; b + 1]; a + 1];
-        for i in (0..a).rev() {
-            for k in (0..b).rev() {
-                lcs[i][k] =
-                    if same(tensors[i], mid[k]) { lcs[i + 1][k + 1] + 1 } else { lcs[i + 1][k].max(lcs[i][k + 1]) };
-            }
-        }
-        let (mut i, mut k) = (0, 0);
-        while i < a && k < b {
-            if same(tensors[i], mid[k]) && lcs[i][k] == lcs[i + 1][k + 1] + 1 {
-                out.insert(tensors[i], mid[k]);
-                i += 1;
-                k += 1;
-            } else if lcs[i + 1][k] >= lcs[i][k + 1] {
-                i += 1;
-            } else {
-                k += 1;
-            }
-        }
-    }
-    out
 }
 
 /// What [`program`] builds.
