@@ -6,7 +6,9 @@
 //! recorded and repeats the middle layer's events for every layer between, ascending in
 //! the forward and descending in the backward. An event touches a tensor of its own layer
 //! or of one up to [`EDGE`] layers away (relative: transformers frees a layer's output two
-//! layers later), or of a layer farther away (the recorded layer stands for its own).
+//! layers later), or of a layer farther away (the recorded layer stands for its own). Where
+//! the layer an event reaches is a replica of the middle one, the tensor it names is the
+//! middle layer's in the recorded layer's place (`Template::analog`).
 //!
 //! On a GPU ([`Device::Gpu`]):
 //! - SDPA runs the kernel PyTorch picks for the dtype and head layout
