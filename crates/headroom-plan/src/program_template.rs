@@ -206,7 +206,8 @@ pub struct Template {
     pub backward: [usize; 2],
     pub check: Check,
     pub optimizer_check: OptimizerCheck,
-    /// An edge layer's tensor → the middle layer's tensor made in its place ([`analogs`]).
+    /// An edge layer's tensor → the middle layer's tensor made in its place: each edge layer's
+    /// tensors matched to the middle layer's by the longest common subsequence of their kinds.
     pub analog: HashMap<u32, u32>,
 }
 
