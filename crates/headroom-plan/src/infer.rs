@@ -135,7 +135,11 @@ pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u
 /// Why a configuration cannot be estimated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unsupported {
-    #[error("transformers' forward was measured with fp32 and bf16 weights, not {}", crate::names::Named::name(*.0))]
+    #[error(
+        "transformers' forward was measured with fp32 and bf16 weights, not {}: for bitsandbytes' int8 or \
+         4-bit linear layers add --quantize int8, nf4 or fp4 to --weights bf16",
+        crate::names::Named::name(*.0)
+    )]
     Weights(WeightFormat),
     #[error("transformers' forward runs on one GPU here: no tensor parallelism")]
     Tensor,

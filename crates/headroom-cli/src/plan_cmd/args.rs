@@ -231,7 +231,8 @@ pub struct PlanArgs {
     /// the last position's.
     #[arg(long, requires = "infer")]
     all_logits: bool,
-    /// Inference weight format (fp32 and bf16 with --framework hf).
+    /// Inference weight format (fp32 and bf16 with --framework hf; with --quantize, the dtype
+    /// of what bitsandbytes leaves unquantized).
     #[arg(long, requires = "infer", value_parser = named::<WeightFormat>(), default_value = "bf16")]
     weights: WeightFormat,
     /// With --infer: quantize the linear layers as transformers loads them with bitsandbytes
