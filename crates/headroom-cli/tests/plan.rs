@@ -349,8 +349,9 @@ fn offload_plans_deepspeed_and_its_buffers() {
     assert_eq!(ds["framework"], "deepspeed");
     let bucket = 5e8 * 4.0;
     let temporary = ds["breakdown"]["temporary"].as_f64().unwrap();
-    // The bucket, and at the turn to the backward the head with the last layers: 5e8 more elements.
-    assert!(temporary > bucket + 4.0 * 5e8 && temporary < bucket + 4.0 * 6e8, "{temporary}");
+    // The bucket, and at the turn to the backward the head with the last layers (5e8
+    // elements), then what the prefetcher fetched up to stage3_max_live_parameters (1e9).
+    assert!(temporary > bucket + 4.0 * 1e9 && temporary < bucket + 4.0 * 1.1e9, "{temporary}");
     // The weights left but the norms and adapters DeepSpeed never partitions.
     let weights = ds["breakdown"]["weights"].as_f64().unwrap();
     assert!(weights > 0.0 && weights < 20e6, "{weights}");
