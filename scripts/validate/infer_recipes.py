@@ -27,6 +27,7 @@ large vocabularies -- decides the peak as it does in PyTorch. Moments that anoth
 dominates unit by unit are dropped. A tensor that fits no unit stops the run.
 
     .venv/bin/python scripts/validate/infer_recipes.py --out data/recipes/hf_inference.json
+    .venv/bin/python scripts/validate/infer_recipes.py --out data/recipes/hf_inference.json --only gpt_bigcode --merge
 """
 
 import argparse
@@ -300,10 +301,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other recipes already in --out (with --only: record one family)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = {}
-    for family in measure.DECODERS:
+    if a.merge:
+        with open(a.out) as f:
+            out = json.load(f)["recipes"]
+    # GPTBigCode is planned for inference only: training plans none of its steps.
+    for family in measure.DECODERS + ["gpt_bigcode"]:
         if a.only and family != a.only:
             continue
         for precision in ("fp32", "bf16"):
@@ -313,8 +320,15 @@ def main():
                     out[f"{family}/{precision}/{attn}" + ("/last" if last else "")] = r
                     print(family, precision, attn, "last" if last else "all", len(r["moments"]), "moments",
                           file=sys.stderr, flush=True)
+    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
     doc = {"about": "What a transformers forward with a cache holds, per token: scripts/validate/infer_recipes.py",
-           "torch": torch.__version__, "transformers": __import__("transformers").__version__, "recipes": out}
+           **versions, "recipes": out}
+    if a.merge:
+        # The other families keep the versions they were recorded with; this one says its own.
+        with open(a.out) as f:
+            old = json.load(f)
+        doc.update({k: old[k] for k in ("torch", "transformers")})
+        doc["recorded_apart"] = dict(old.get("recorded_apart", {}), **{a.only or "all": versions})
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -140,6 +140,10 @@ def small_configs():
         "mixtral": dict(llama, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
                         intermediate_size=384, sliding_window=None),
         "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=3, n_head=8, n_positions=1024, vocab_size=4096),
+        # GPT-2's code with one key-value head (StarCoder, OctoCoder): its cache and fused
+        # c_attn are kv-wide, not h-wide. Recorded for inference only (infer_recipes.py).
+        "gpt_bigcode": dict(model_type="gpt_bigcode", n_embd=256, n_layer=3, n_head=8, n_positions=1024,
+                            vocab_size=4096, multi_query=True),
         "gpt_neox": dict(model_type="gpt_neox", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
                          intermediate_size=1024, vocab_size=4096, max_position_embeddings=2048),
         "bloom": dict(model_type="bloom", hidden_size=256, n_layer=3, n_head=8, vocab_size=4096),

@@ -42,7 +42,8 @@ def dims(model, cfg):
     h = getattr(c, "hidden_size", None) or getattr(c, "n_embd", None) or c.d_model
     heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", None) or c.num_heads
     head_dim = getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or h // heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    # GPTBigCode says `multi_query` (one key-value head) instead of a count.
+    kv_heads = 1 if getattr(c, "multi_query", False) else getattr(c, "num_key_value_heads", None) or heads
     f = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or getattr(c, "d_ff", None) or 4 * h
     experts = getattr(c, "num_local_experts", 1) or 1
     k = getattr(c, "num_experts_per_tok", 1) if experts > 1 else 1

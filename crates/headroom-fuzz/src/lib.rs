@@ -107,7 +107,15 @@ pub fn hf_config(data: &[u8]) {
                 Runtime::Transformers { attention: Attention::Eager, all_logits: false },
                 Runtime::Transformers { attention: Attention::Sdpa, all_logits: true },
             ] {
-                let cfg = InferConfig { runtime, batch: 1, seq, weights: WeightFormat::Bf16, kv_bytes: 2.0, tensor: 1 };
+                let cfg = InferConfig {
+                    runtime,
+                    batch: 1,
+                    seq,
+                    weights: WeightFormat::Bf16,
+                    kv_bytes: 2.0,
+                    tensor: 1,
+                    quantize: None,
+                };
                 if infer::check(&m, &cfg).is_ok() {
                     let e = infer::estimate(&m, &g, &cfg);
                     assert!(!e.per_gpu_bytes.is_nan() && e.activations >= 0.0, "{e:?}");

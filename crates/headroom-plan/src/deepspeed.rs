@@ -17,7 +17,13 @@
 //!   it in the forward is used again after `2a` (the rest of the forward, then the backward
 //!   back to it): every module with fewer than 5e8 elements after it is still gathered —
 //!   the head and the last layers, or a large head alone. The prefetcher fetches
-//!   `stage3_prefetch_bucket_size` (5e7) elements ahead of the module that runs.
+//!   `stage3_prefetch_bucket_size` (5e7) elements more at every module's fetch — containers,
+//!   dropouts and norms included, several a linear layer — so it runs ahead of the forward
+//!   until the gathered parameters reach `stage3_max_live_parameters` (1e9), whole tensors
+//!   (`fetch_sub_module`: at most `max_live - n_available` a call). Simulating the
+//!   coordinator of DeepSpeed 0.8.0 over the module trace of peft's T0_3B, mt0-xxl and
+//!   bloomz-7b1 (LoRA on q and v) holds 1.007e9, 1.024e9 and 1.028e9 elements at the turn:
+//!   the tail kept for reuse, then prefetched tensors up to the live cap.
 //!
 //! Hugging Face's Trainer replaces some of these defaults with "auto" values derived from
 //! the hidden size; the plan models DeepSpeed's own, which Accelerate's generated configs keep.
@@ -31,6 +37,8 @@ pub const REDUCE_BUCKET_SIZE: f64 = 5e8;
 pub const PREFETCH_BUCKET_SIZE: f64 = 5e7;
 /// `stage3_max_reuse_distance`: parameters fetched before a released one would be used again.
 pub const MAX_REUSE_DISTANCE: f64 = 1e9;
+/// `stage3_max_live_parameters`: the prefetcher gathers no more while this many are gathered.
+pub const MAX_LIVE_PARAMETERS: f64 = 1e9;
 /// `stage3_param_persistence_threshold`: tensors this small are never partitioned.
 pub const PARAM_PERSISTENCE_THRESHOLD: u64 = 100_000;
 
@@ -81,8 +89,9 @@ pub fn forward_tensors(model: &Model, head: Head) -> Vec<u64> {
 
 /// Elements gathered at the turn from forward to backward under the default reuse distance
 /// and prefetch: the trailing tensors with fewer than half the reuse distance after them,
-/// then the backward's next tensors up to the prefetch bucket (whole tensors, as the
-/// prefetcher fetches them).
+/// then the backward's next tensors while fewer than the live cap are gathered (whole
+/// tensors, as the prefetcher fetches them, a bucket at each of the many fetches before the
+/// turn; none once the tail alone reaches the cap).
 pub fn gathered_at_turn(forward: &[u64]) -> f64 {
     let mut after = 0.0;
     let mut held = 0.0;
@@ -97,7 +106,7 @@ pub fn gathered_at_turn(forward: &[u64]) -> f64 {
     }
     let mut prefetched = 0.0;
     for n in rest {
-        if prefetched >= PREFETCH_BUCKET_SIZE {
+        if held + prefetched >= MAX_LIVE_PARAMETERS {
             break;
         }
         prefetched += n;
@@ -164,17 +173,34 @@ mod tests {
 
     #[test]
     fn the_turn_keeps_the_tail_within_half_the_reuse_distance() {
-        // Ten tensors of 1e8: the last five have fewer than 5e8 after them (4e8 ... 0), the
-        // sixth from the end has exactly 5e8 (used again after 1e9: released); the prefetch
-        // then takes the next whole tensor.
-        let t = vec![100_000_000u64; 10];
-        assert_eq!(gathered_at_turn(&t), 5e8 + 1e8);
+        // Twenty tensors of 1e8: the last five have fewer than 5e8 after them (4e8 ... 0),
+        // the sixth from the end has exactly 5e8 (used again after 1e9: released); the
+        // prefetcher then fetches the backward's next tensors until 1e9 are live — five more,
+        // not the one a single bucket of 5e7 would take.
+        let t = vec![100_000_000u64; 20];
+        assert_eq!(gathered_at_turn(&t), 1e9);
+        // Tensors that do not divide the cap: the one that crosses it is fetched whole.
+        let odd = vec![300_000_000u64; 10];
+        assert_eq!(gathered_at_turn(&odd), 6e8 + 6e8);
         // A head larger than the reuse distance is kept alone (nothing is fetched between its
-        // forward and its backward), and the last layer's tensors are released.
+        // forward and its backward), and the last layer's tensors are released; with the live
+        // cap reached, the prefetcher fetches nothing more.
         let big = [60_000_000, 60_000_000, 1_000_000_000];
-        assert_eq!(gathered_at_turn(&big), 1e9 + 6e7);
+        assert_eq!(gathered_at_turn(&big), 1e9);
         // A small model is kept whole.
         assert_eq!(gathered_at_turn(&[3_000_000, 4_000_000]), 7e6);
+    }
+
+    #[test]
+    fn the_turn_holds_what_deepspeeds_coordinator_holds() {
+        // DeepSpeed 0.8.0's PartitionedParameterCoordinator simulated over the module trace
+        // of peft's LoRA models (q and v, r = 8; 8 × 64 tokens): the elements gathered at
+        // the first fetch of the backward.
+        for (name, simulated) in [("t0-3b", 1.007e9), ("mt0-xxl", 1.024e9), ("bloom-7b1", 1.028e9)] {
+            let m = preset(name).unwrap();
+            let turn = gathered_at_turn(&forward_tensors(&m, Head::CausalLm));
+            assert!((turn / simulated - 1.0).abs() < 0.02, "{name}: {turn:e} vs {simulated:e}");
+        }
     }
 
     #[test]

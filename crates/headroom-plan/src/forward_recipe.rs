@@ -88,12 +88,22 @@ pub struct ForwardPeak {
 impl ForwardRecipe {
     /// The peak of a forward over `batch` sequences of `seq` tokens.
     pub fn peak(&self, model: &Model, batch: f64, seq: f64) -> ForwardPeak {
+        self.peak_where(model, batch, seq, |_| true)
+    }
+
+    /// The peak among the moments inside the last layer (`true`) or after it (`false`): a
+    /// quantized linear layer's temporaries add to the first, not to the head's.
+    pub fn peak_in(&self, model: &Model, batch: f64, seq: f64, in_layer: bool) -> ForwardPeak {
+        self.peak_where(model, batch, seq, |m| m.in_last_layer == in_layer)
+    }
+
+    fn peak_where(&self, model: &Model, batch: f64, seq: f64, keep: impl Fn(&Moment) -> bool) -> ForwardPeak {
         let tokens = batch * seq;
         // int64 ids, alive throughout (the profile counts them with the weights).
         let ids = tokens * 8.0;
         let layers = model.layers as f64;
         let mut best: Option<ForwardPeak> = None;
-        for m in &self.moments {
+        for m in self.moments.iter().filter(|m| keep(m)) {
             let before = if m.in_last_layer { layers - 1.0 } else { layers };
             let cache = before * tokens * per_token(model, &m.per_layer, seq);
             let once = tokens * per_token(model, &m.once, seq)

@@ -10,8 +10,11 @@
 //! - Hugging Face transformers' forward with a cache (`model(input_ids,
 //!   use_cache=True)`, as an evaluation loop runs it): every layer's keys and
 //!   values, every position's logits, and the temporaries its code
-//!   allocates, moment by moment from [`crate::forward_recipe`].
+//!   allocates, moment by moment from [`crate::forward_recipe`]; with bitsandbytes
+//!   ([`crate::bnb`]), its linear layers int8 or 4-bit, and the temporaries their forward
+//!   allocates in the last layer.
 
+use crate::bnb::Bnb;
 use crate::engine::{self, Engine};
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
@@ -89,6 +92,9 @@ pub struct InferConfig {
     pub kv_bytes: f64,
     /// Tensor-parallel GPUs.
     pub tensor: u64,
+    /// bitsandbytes quantization of the linear layers (transformers' forward only): `weights`
+    /// is then the dtype of what it leaves unquantized and of the activations.
+    pub quantize: Option<Bnb>,
 }
 
 /// Bytes per GPU by term, and the capacity answer.
@@ -129,13 +135,22 @@ pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u
 /// Why a configuration cannot be estimated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unsupported {
-    #[error("transformers' forward was measured with fp32 and bf16 weights, not {}", crate::names::Named::name(*.0))]
+    #[error(
+        "transformers' forward was measured with fp32 and bf16 weights, not {}: for bitsandbytes' int8 or \
+         4-bit linear layers add --quantize int8, nf4 or fp4 to --weights bf16",
+        crate::names::Named::name(*.0)
+    )]
     Weights(WeightFormat),
     #[error("transformers' forward runs on one GPU here: no tensor parallelism")]
     Tensor,
     #[error(
+        "bitsandbytes quantizes transformers' linear layers as it loads them (--framework hf); vLLM and \
+         SGLang load checkpoints quantized ahead (--weights int8, int4 or fp8)"
+    )]
+    QuantizeRuntime,
+    #[error(
         "transformers' forward with a cache was measured for decoder-only families (Llama, Mistral, \
-         Qwen2, Gemma, Phi-3, Mixtral, GPT-2, GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of \
+         Qwen2, Gemma, Phi-3, Mixtral, GPT-2, GPTBigCode, GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of \
          them: plan it as a serving engine (--framework vllm)"
     )]
     Family(String, &'static str),
@@ -143,6 +158,9 @@ pub enum Unsupported {
 
 /// Checks that `cfg` can be estimated for `model`.
 pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
+    if cfg.quantize.is_some() && !matches!(cfg.runtime, Runtime::Transformers { .. }) {
+        return Err(Unsupported::QuantizeRuntime);
+    }
     if let Runtime::Transformers { attention, all_logits } = cfg.runtime {
         if !matches!(cfg.weights, WeightFormat::Fp32 | WeightFormat::Bf16) {
             return Err(Unsupported::Weights(cfg.weights));
@@ -245,13 +263,34 @@ fn transformers(
     cfg: &InferConfig,
     recipe: &crate::forward_recipe::ForwardRecipe,
 ) -> InferEstimate {
-    let weights = model.params() as f64 * cfg.weights.bytes_per_param();
-    let framework = gpu.arch.cuda_context_bytes() as f64;
-    let peak = recipe.peak(model, cfg.batch as f64, cfg.seq as f64);
-    let per_gpu = weights + peak.total + framework;
-    let fits_batch = |batch: u64| {
-        weights + recipe.peak(model, batch as f64, cfg.seq as f64).total + framework <= gpu.memory_bytes as f64
+    let width = cfg.weights.bytes_per_param();
+    let weights = match cfg.quantize {
+        Some(q) => q.weight_bytes(model, width),
+        None => model.params() as f64 * width,
     };
+    let framework = gpu.arch.cuda_context_bytes() as f64;
+    let peak_at = |batch: u64| {
+        let (b, s) = (batch as f64, cfg.seq as f64);
+        match cfg.quantize {
+            None => recipe.peak(model, b, s),
+            Some(q) => {
+                // A quantized layer's temporaries live inside a layer, beside what the
+                // layer's moments hold; the head (left unquantized) has none.
+                let extra = q.transient_bytes(model, b * s, width);
+                let layer = recipe.peak_in(model, b, s, true);
+                let layer = crate::forward_recipe::ForwardPeak { total: layer.total + extra, ..layer };
+                let head = recipe.peak_in(model, b, s, false);
+                if layer.total >= head.total {
+                    layer
+                } else {
+                    head
+                }
+            }
+        }
+    };
+    let peak = peak_at(cfg.batch);
+    let per_gpu = weights + peak.total + framework;
+    let fits_batch = |batch: u64| weights + peak_at(batch).total + framework <= gpu.memory_bytes as f64;
     // The peak grows with the batch, so the largest batch that fits is found by bisection.
     let max_sequences = crate::train::largest(1 << 40, fits_batch);
     InferEstimate {
@@ -285,6 +324,7 @@ mod tests {
             weights: WeightFormat::Bf16,
             kv_bytes: 2.0,
             tensor: 1,
+            quantize: None,
         }
     }
 
@@ -347,6 +387,43 @@ mod tests {
         let low =
             estimate(&m, &g, &InferConfig { runtime: Runtime::Sglang(Sglang { mem_fraction_static: 0.1 }), ..cfg });
         assert!(!low.fits && low.kv_cache < 0.0 && low.max_tokens == 0);
+    }
+
+    #[test]
+    fn bitsandbytes_layers_store_less_and_allocate_in_the_layer() {
+        use crate::bnb::{ComputeDtype, QuantType};
+        let g = gpu("a100-80gb").unwrap();
+        let m = preset("llama-2-7b").unwrap();
+        let hf = |quantize, batch, seq| InferConfig {
+            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false },
+            batch,
+            seq,
+            weights: WeightFormat::Bf16,
+            kv_bytes: 2.0,
+            tensor: 1,
+            quantize,
+        };
+        let recipe = forward_recipe(&m, true, Attention::Sdpa, false).unwrap();
+        for q in [
+            Bnb::Int8,
+            Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Bf16 },
+            Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: false, compute: ComputeDtype::Fp32 },
+        ] {
+            let (batch, seq) = (1, 512);
+            let e = estimate(&m, &g, &hf(Some(q), batch, seq));
+            assert_eq!(e.weights, q.weight_bytes(&m, 2.0));
+            // The layer's moments and the quantized layer's temporaries, or the head's.
+            let layer = recipe.peak_in(&m, 1.0, 512.0, true).total + q.transient_bytes(&m, 512.0, 2.0);
+            let head = recipe.peak_in(&m, 1.0, 512.0, false).total;
+            assert_eq!(e.allocated_bytes.unwrap(), e.weights + layer.max(head), "{q:?}");
+            // Without the temporaries the peak would be lower: they are counted.
+            assert!(layer > head, "{q:?}");
+            let plain = estimate(&m, &g, &hf(None, batch, seq));
+            assert!(e.weights < 0.6 * plain.weights && e.activations > plain.activations, "{q:?}");
+        }
+        // A serving engine does not run bitsandbytes.
+        let vllm = InferConfig { quantize: Some(Bnb::Int8), ..serve(&g, 1, 512) };
+        assert_eq!(check(&m, &vllm), Err(Unsupported::QuantizeRuntime));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! and the step's phases fitted to a snapshot of the user's own run
 //! ([`calibrate`]).
 
+pub mod bnb;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod deepspeed;

@@ -116,7 +116,12 @@ impl Model {
         // LayerNorm-with-bias layer: QKV and output projection with biases, two norms, a 2-matrix MLP with biases.
         let biased_layer = 4 * h * h + 2 * h * f + 9 * h + f;
         match self.family {
-            Family::Gpt2 => v * h + w(self.max_position) * h + l * biased_layer + 2 * h,
+            Family::Gpt2 => {
+                // The fused c_attn is q + 2 kv wide (kv = q but with GPTBigCode's one head).
+                let qkv = heads * head_dim + 2 * kv_heads * head_dim;
+                let layer = biased_layer - 3 * h * h - 3 * h + h * qkv + qkv - h * h + heads * head_dim * h;
+                v * h + w(self.max_position) * h + l * layer + 2 * h
+            }
             Family::NeoX => v * h * untied + l * biased_layer + 2 * h,
             Family::Bloom => v * h * untied + 2 * h + l * biased_layer + 2 * h,
             Family::Bert => {
@@ -323,17 +328,19 @@ impl Model {
         };
         let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
         match model_type.as_str() {
-            "gpt2" => {
+            "gpt2" | "gpt_bigcode" => {
                 let hidden = need("n_embd")?;
                 let heads = need("n_head")?;
+                // GPTBigCode (StarCoder) is GPT-2's code with `multi_query`: one key-value head.
+                let bigcode = model_type == "gpt_bigcode";
                 Ok(Model {
                     name: name.to_string(),
                     family: Family::Gpt2,
-                    model_type: "gpt2",
+                    model_type: if bigcode { "gpt_bigcode" } else { "gpt2" },
                     hidden,
                     layers: need("n_layer")?,
                     heads,
-                    kv_heads: heads,
+                    kv_heads: if bigcode && flag("multi_query", true) { 1 } else { heads },
                     head_dim: derived_head_dim(hidden, heads)?,
                     intermediate: uint("n_inner")?.unwrap_or(hidden.saturating_mul(4)),
                     vocab: need("vocab_size")?,
@@ -768,5 +775,20 @@ mod tests {
         assert!(matches!(Model::from_hf_config(&dense, "x"), Err(ModelError::Invalid(_))));
         let step = cfg.replace(r#""decoder_sparse_step": 1"#, r#""decoder_sparse_step": 2"#);
         assert!(matches!(Model::from_hf_config(&step, "x"), Err(ModelError::Invalid(_))));
+    }
+
+    #[test]
+    fn gpt_bigcode_is_gpt2_with_one_key_value_head() {
+        let text = include_str!("../../../data/models/octocoder.json");
+        let m = Model::from_hf_config(text, "octocoder").unwrap();
+        assert_eq!((m.family, m.model_type, m.kv_heads, m.head_dim), (Family::Gpt2, "gpt_bigcode", 1, 128));
+        // StarCoder and OctoCoder: "15.5B parameters" (their model cards).
+        assert_eq!(m.params() / 100_000_000, 155);
+        // The fused c_attn is q + 2 × 128 wide; the cache 2 × 128 a token a layer.
+        assert_eq!(m.block_linears()[1], (6144, 128));
+        assert_eq!(m.kv_bytes_per_token(2.0), 2.0 * 40.0 * 128.0 * 2.0);
+        // Without multi_query it is GPT-2's attention again.
+        let mha = Model::from_hf_config(&text.replace(r#""multi_query": true"#, r#""multi_query": false"#), "x");
+        assert_eq!(mha.unwrap().kv_heads, 48);
     }
 }

@@ -278,6 +278,7 @@ fn inference_forwards_match_the_cpu_ground_truth() {
             weights: if c["precision"] == "bf16" { WeightFormat::Bf16 } else { WeightFormat::Fp32 },
             kv_bytes: 2.0,
             tensor: 1,
+            quantize: None,
         };
         infer::check(&m, &cfg).unwrap();
         let e = infer::estimate(&m, &g, &cfg);

@@ -6,6 +6,7 @@ use anyhow::Context;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use headroom_alloc::{AllocatorConfig, PolicyName};
+use headroom_plan::bnb::{Bnb, ComputeDtype, QuantType};
 use headroom_plan::emit::Engine;
 use headroom_plan::engine::Engine as Serving;
 use headroom_plan::gpu::GpuSpec;
@@ -72,6 +73,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
+                        headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512"
 )]
 pub struct PlanArgs {
@@ -186,7 +188,8 @@ pub struct PlanArgs {
     /// the free memory at start-up less the weights); hf plans transformers' own forward with
     /// a cache as generate's first one runs it (the last position's logits; every position's
     /// with --all-logits) and the temporaries its code allocates, as measured; fp32 or bf16
-    /// --weights, --attention eager or sdpa.
+    /// --weights, --attention eager or sdpa, --quantize for bitsandbytes' int8 or 4-bit
+    /// linear layers.
     #[arg(long, value_parser = named::<Framework>(), default_value = "auto")]
     framework: Framework,
     /// The output layer and loss: vocabulary logits for every position (causal-lm,
@@ -239,9 +242,27 @@ pub struct PlanArgs {
     /// the last position's.
     #[arg(long, requires = "infer")]
     all_logits: bool,
-    /// Inference weight format (fp32 and bf16 with --framework hf).
+    /// Inference weight format (fp32 and bf16 with --framework hf; with --quantize, the dtype
+    /// of what bitsandbytes leaves unquantized).
     #[arg(long, requires = "infer", value_parser = named::<WeightFormat>(), default_value = "bf16")]
     weights: WeightFormat,
+    /// With --infer: quantize the linear layers as transformers loads them with bitsandbytes
+    /// (BitsAndBytesConfig; implies --framework hf). int8: LLM.int8() — int8 weights with an
+    /// fp32 scale a row, and each layer's input columns above 6.0 multiplied in fp16. nf4, fp4:
+    /// two weights a byte with an fp32 absmax per 64, the whole weight dequantized for each
+    /// layer's multiply over the prompt (bitsandbytes up to 0.49; 0.50's fused kernel skips
+    /// that copy). The head, embeddings, norms and a mixture's experts keep --weights' dtype
+    /// (fp32, or bf16 for any 16-bit load), as do the activations and the cache.
+    #[arg(long, requires = "infer", value_enum)]
+    quantize: Option<QuantizeArg>,
+    /// With --quantize nf4 or fp4: bnb_4bit_use_double_quant — the absmax values quantized
+    /// again to a byte each, with an fp32 absmax per 256 (0.127 bit a weight instead of 0.5).
+    #[arg(long, requires = "quantize")]
+    double_quant: bool,
+    /// With --quantize nf4 or fp4: bnb_4bit_compute_dtype, the dtype each layer casts its
+    /// input and dequantized weight to [default: fp32, transformers' default].
+    #[arg(long, requires = "quantize", value_parser = named::<ComputeDtype>())]
+    compute_dtype: Option<ComputeDtype>,
     /// Inference KV-cache element width [default: bf16; with --framework hf the weights'].
     #[arg(long, requires = "infer", value_enum)]
     kv_dtype: Option<KvArg>,
@@ -275,6 +296,17 @@ enum FinetuneArg {
     Full,
     Lora,
     Qlora,
+}
+
+/// bitsandbytes' formats, as `BitsAndBytesConfig` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum QuantizeArg {
+    /// load_in_8bit: LLM.int8()
+    Int8,
+    /// load_in_4bit, bnb_4bit_quant_type nf4 (QLoRA's NormalFloat4)
+    Nf4,
+    /// load_in_4bit, bnb_4bit_quant_type fp4 (transformers' default 4-bit type)
+    Fp4,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -466,7 +498,19 @@ impl PlanArgs {
         if self.framework != Framework::Sglang && self.mem_fraction_static.is_some() {
             bail!("--mem-fraction-static: an SGLang setting (--framework sglang)");
         }
-        let serving = matches!(self.framework, Framework::Auto | Framework::Vllm | Framework::Sglang);
+        let quantize = self.quantize_config()?;
+        // bitsandbytes runs inside transformers: --quantize picks its forward, as --offload
+        // picks DeepSpeed for training.
+        let framework = match (self.framework, quantize) {
+            (Framework::Auto, Some(_)) => Framework::HuggingFace,
+            (Framework::Vllm | Framework::Sglang, Some(_)) => bail!(
+                "--quantize: bitsandbytes quantizes transformers' linear layers as it loads them (--framework hf); \
+                 {} loads checkpoints quantized ahead: --weights int8, int4 or fp8",
+                self.framework.arg()
+            ),
+            (f, _) => f,
+        };
+        let serving = matches!(framework, Framework::Auto | Framework::Vllm | Framework::Sglang);
         if serving && self.all_logits {
             bail!("--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)");
         }
@@ -475,7 +519,7 @@ impl PlanArgs {
                 "--attention eager: serving engines run their own attention kernels (eager applies to --framework hf)"
             );
         }
-        let runtime = match self.framework {
+        let runtime = match framework {
             Framework::Sglang => {
                 if let Some((flag, _)) = engine_flags.iter().find(|(_, set)| *set) {
                     bail!("{flag}: a vLLM setting (--framework vllm); SGLang's is --mem-fraction-static");
@@ -534,7 +578,42 @@ impl PlanArgs {
                 Some(KvArg::Fp8) => 1.0,
                 Some(KvArg::Bf16) | None => 2.0,
             },
+            quantize,
         })
+    }
+
+    /// The bitsandbytes quantization --quantize, --double-quant and --compute-dtype describe.
+    fn quantize_config(&self) -> Result<Option<Bnb>> {
+        let Some(q) = self.quantize else { return Ok(None) };
+        if !matches!(self.weights, WeightFormat::Fp32 | WeightFormat::Bf16) {
+            bail!(
+                "--weights {} with --quantize: --weights is the dtype bitsandbytes leaves the head, embeddings \
+                 and norms in (fp32, or bf16 for any 16-bit load); --quantize {} sets the linear layers'",
+                self.weights.name(),
+                q.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string())
+            );
+        }
+        let quant_type = match q {
+            QuantizeArg::Int8 => {
+                if self.double_quant {
+                    bail!("--double-quant: quantizes 4-bit layers' absmax values (--quantize nf4 or fp4); int8 keeps an fp32 scale a row");
+                }
+                if let Some(c) = self.compute_dtype {
+                    bail!(
+                        "--compute-dtype {}: a 4-bit setting (--quantize nf4 or fp4); LLM.int8() multiplies in int8 and fp16",
+                        c.name()
+                    );
+                }
+                return Ok(Some(Bnb::Int8));
+            }
+            QuantizeArg::Nf4 => QuantType::Nf4,
+            QuantizeArg::Fp4 => QuantType::Fp4,
+        };
+        Ok(Some(Bnb::FourBit {
+            quant_type,
+            double_quant: self.double_quant,
+            compute: self.compute_dtype.unwrap_or(ComputeDtype::Fp32),
+        }))
     }
 
     /// `--infer` plans one tensor-parallel group of a generating model.

@@ -183,6 +183,12 @@ pub(super) fn infer(p: &InferPlan) -> Value {
             Runtime::Transformers { all_logits, .. } => Some(if all_logits { "all" } else { "last" }),
         },
         "weights": p.config.weights.name(),
+        "quantize": p.config.quantize.map(|q| match q {
+            headroom_plan::bnb::Bnb::Int8 => json!({ "format": "int8" }),
+            headroom_plan::bnb::Bnb::FourBit { double_quant, compute, .. } => json!({
+                "format": q.format(), "double_quant": double_quant, "compute_dtype": compute.name(),
+            }),
+        }),
         "reserved_bytes": bytes(e.reserved_bytes),
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),

@@ -256,13 +256,14 @@ pub(super) fn infer(p: &InferPlan) -> String {
             ),
             Runtime::Sglang(s) => format!("SGLang (mem_fraction_static {})", s.mem_fraction_static),
             Runtime::Transformers { attention, all_logits } => format!(
-                "{} ({} weights, {} attention)",
+                "{} ({} weights{}, {} attention)",
                 if all_logits {
                     "transformers' forward with a cache, every position's logits"
                 } else {
                     "transformers' generate, its first forward"
                 },
                 p.config.weights.name(),
+                p.config.quantize.map_or_else(String::new, |q| format!(", linear layers {}", q.describe())),
                 attention.name()
             ),
         }
