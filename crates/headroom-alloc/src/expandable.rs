@@ -42,6 +42,11 @@ pub(crate) struct MapFor {
     pub allocation: u64,
 }
 
+/// A small-pool page the run maps again is kept by passing the peak only
+/// where at least this fraction (1/4) of reserved memory is free: see
+/// `reclaim_free_pages`.
+const TRADE_FREE_DIVISOR: u64 = 4;
+
 impl MapFor {
     /// One physical allocation per page, for no request in particular.
     const PAGES: MapFor = MapFor { own: (0, 0), allocation: 0 };
@@ -323,7 +328,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// it passes it and they stay; past the budget they are given back as any
     /// other, so keeping never costs more peak than the budget. Each reclaim
     /// of such a page is an unmap now and a map when the run wants it back,
-    /// every step of a training run. Returns the bytes unmapped.
+    /// every step of a training run. A small-pool page the run maps again is
+    /// itself kept the same way, where a quarter of reserved memory is free
+    /// (see the comment inside). Returns the bytes unmapped.
     pub(crate) fn reclaim_free_pages(
         &mut self,
         kind: PoolKind,
@@ -343,9 +350,28 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             have += self.arena[c].size;
             c = self.arena[c].next;
         }
-        let arena = &self.arena;
         let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
         let budget_left = self.policy.keep_budget(peak).saturating_sub(self.kept_excess);
+        // A small-pool page the run maps again after a reclaim, wanted back at
+        // the peak while a quarter of reserved memory sits free: what the
+        // reclaim would give back for it are the large pool's pages of another
+        // moment of the step, which that moment maps again, and the two trade
+        // places every step (an unmap and a map each, each step). Passing the
+        // peak by the page instead, from the keeping budget, ends the trade
+        // where it starts. With less free, the run holds what it has mapped:
+        // it is climbing, and the page would spend the budget on the climb.
+        if kind == PoolKind::Small && budget_left > 0 {
+            let excess = (self.total_allocated_memory + want).saturating_sub(peak);
+            let free = self.total_allocated_memory.saturating_sub(self.stats.allocated_bytes[0].current.max(0) as u64);
+            if excess <= budget_left
+                && free >= self.total_allocated_memory / TRADE_FREE_DIVISOR
+                && self.growth_pages(grow, want).is_some_and(|(lo, hi)| self.page_history.keeps_any(lo, hi))
+            {
+                self.kept_excess += excess;
+                return Ok(0);
+            }
+        }
+        let arena = &self.arena;
         // (bytes, start, end, pool, stream): each free block's whole pages;
         // blocks holding kept pages apart while the budget for keeping lasts.
         let mut candidates: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
@@ -384,6 +410,24 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         Ok(reclaimed)
+    }
+
+    /// The address range growth `grow` would map `want` bytes at: the tail of
+    /// the unmapped block, or the front of the first unmapped block of the chain.
+    /// `None` for a new reservation, which has no history.
+    fn growth_pages(&self, grow: Option<Grow>, want: u64) -> Option<(u64, u64)> {
+        match grow? {
+            Grow::Tail { unmapped, bytes } => {
+                let b = &self.arena[unmapped];
+                Some((b.ptr + b.size - bytes, b.ptr + b.size))
+            }
+            Grow::From(mut c) => {
+                while c != NIL && self.arena[c].mapped {
+                    c = self.arena[c].next;
+                }
+                (c != NIL).then(|| (self.arena[c].ptr, self.arena[c].ptr + want.max(1)))
+            }
+        }
     }
 
     /// Unmaps `runs` (bytes, start, end, pool, stream), in order, until

@@ -16,7 +16,10 @@
 //! device calls a step, each a driver call that can synchronise, to hold the
 //! peak a page or two lower. Pages mapped again after a reclaim are kept
 //! ([`HeadroomPolicy::keep_budget`]): growth passes the peak instead, by at
-//! most 1/32 of it in all; past that they go back as any other.
+//! most 1/32 of it in all; past that they go back as any other. The same
+//! budget keeps a small-pool page the run maps again from taking the large
+//! pool's free pages when it is wanted back at the peak (where a quarter of
+//! reserved memory is free): those are another moment's of the same step.
 //!
 //! Device calls are batched where that costs no peak: below the peak growth
 //! maps a quarter of the room left under it ([`HeadroomPolicy::map_ahead`]),
