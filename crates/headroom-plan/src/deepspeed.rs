@@ -114,6 +114,31 @@ pub fn gathered_at_turn(forward: &[u64]) -> f64 {
     held + prefetched
 }
 
+/// Elements gathered at most during the forward, and the tensor being fetched then. The
+/// prefetcher fetches whole tensors while fewer than the live cap are gathered, so the one
+/// that crosses the cap is fetched whole: where it is a 1e9-element head (mt0-xxl's,
+/// BLOOM's), the forward holds the cap and the head — about twice the turn's — a few layers
+/// before its end (mt0-xxl's decoder block 20 of 24, bloomz-7b1's layer 25 of 30). Each
+/// window starts at the tensor running and runs to the first that reaches the cap.
+pub fn gathered_in_forward(forward: &[u64]) -> (f64, f64) {
+    let mut best = (0.0f64, 0.0f64);
+    for i in 0..forward.len() {
+        let mut held = 0.0;
+        for &n in &forward[i..] {
+            let n = n as f64;
+            // The fetch of `n` makes it live beside what is held.
+            if held + n > best.0 + best.1 || (held + n == best.0 + best.1 && n > best.1) {
+                best = (held, n);
+            }
+            held += n;
+            if held >= MAX_LIVE_PARAMETERS {
+                break;
+            }
+        }
+    }
+    (best.0 + best.1, best.1)
+}
+
 /// Elements of the parameters DeepSpeed never partitions: everything but the gathered
 /// tensors, and LoRA's adapters where they are small enough.
 fn persistent_params(model: &Model, cfg: &TrainConfig, forward: &[u64]) -> f64 {
@@ -158,7 +183,14 @@ pub fn buffers(model: &Model, cfg: &TrainConfig, width: f64) -> ZeroBuffers {
     // parameters kept there: the one partition is the whole tensor, gathered in place.
     let d = par.shard_degree() as f64;
     let gathered = if cfg.offload == Offload::OptimizerAndParams || d > 1.0 {
-        gathered_at_turn(&forward) * width / t
+        // The forward's moment, where the prefetcher fetched a tensor past the cap: with the
+        // parameters offloaded, a fetch first copies the host partition to the GPU
+        // (`ds_tensor.to(cuda)`, the whole tensor on one GPU) and gathers from it, so the
+        // fetched tensor is there twice. It is counted beside the whole forward's
+        // activations, which a few layers before the forward's end is a slight excess.
+        let (forward_peak, fetched) = gathered_in_forward(&forward);
+        let copy = if cfg.offload == Offload::OptimizerAndParams { fetched / d } else { 0.0 };
+        gathered_at_turn(&forward).max(forward_peak + copy) * width / t
     } else {
         0.0
     };
@@ -201,6 +233,21 @@ mod tests {
             let turn = gathered_at_turn(&forward_tensors(&m, Head::CausalLm));
             assert!((turn / simulated - 1.0).abs() < 0.02, "{name}: {turn:e} vs {simulated:e}");
         }
+    }
+
+    #[test]
+    fn the_forward_holds_the_cap_and_the_tensor_that_crosses_it() {
+        // The same simulation's most gathered during the forward: the cap and the head,
+        // fetched whole while the cap was not yet reached.
+        for (name, simulated) in [("mt0-xxl", 2.014e9), ("bloom-7b1", 1.984e9)] {
+            let m = preset(name).unwrap();
+            let (most, fetched) = gathered_in_forward(&forward_tensors(&m, Head::CausalLm));
+            assert!((most / simulated - 1.0).abs() < 0.02, "{name}: {most:e} vs {simulated:e}");
+            assert_eq!(fetched, (m.vocab * m.hidden) as f64, "{name}: the head is the tensor fetched");
+        }
+        // Tensors far below the cap: the forward never holds more than the cap and one more.
+        let t = vec![100_000_000u64; 20];
+        assert_eq!(gathered_in_forward(&t), (1e9, 1e8));
     }
 
     #[test]

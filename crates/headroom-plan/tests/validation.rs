@@ -101,13 +101,6 @@ enum Use {
     Check,
 }
 
-/// Why peft's DeepSpeed rows miss.
-const PEFT_DEEPSPEED: &str = "peft's DeepSpeed runs (December 2022, DeepSpeed PR #2653, released as 0.8.0) with a \
-     head of 1e9 elements: the plan holds what ZeRO-3 holds at the turn to the backward, but not the forward's \
-     moment when the prefetcher, still under stage3_max_live_parameters, fetches the head (2.0e9 elements gathered, \
-     scripts/validate/zero3_trace.py) with the host copy the fetch makes of it; not DeepSpeed #3002's growth \
-     (reported in March 2023 against 0.8.2; the example's log ends its epoch 66 MiB above where it began)";
-
 /// The rows that miss their class's tolerance today, by setup, and why. The test fails if any
 /// other row misses, or if one of these comes within its tolerance (then remove it here).
 const KNOWN_FAILURES: &[(&str, &str)] = &[
@@ -117,8 +110,6 @@ const KNOWN_FAILURES: &[(&str, &str)] = &[
          weights under SGLang agree within 2%); the launch added LMCache's KV connector, and the plan's \
          profile run holds only fused_moe's three caches for the experts: what else is not known yet",
     ),
-    ("mt0-xxl LoRA, ZeRO-3 offload, 1 A100 80GB, 8 × 64 tokens", PEFT_DEEPSPEED),
-    ("bloomz-7b1 LoRA, ZeRO-3 offload, 1 A100 80GB, 8 × 64 tokens", PEFT_DEEPSPEED),
     (
         "530B, TP 8 × PP 35 × DP 8 on 2240 A100-40GB, batch 1920",
         "MT-NLG ran DeepSpeed's pipeline engine over Megatron's layers; the same model under Megatron's \
