@@ -329,6 +329,9 @@ impl TrainConfig {
         }
         let torchtitan = self.framework == Framework::Torchtitan;
         self.parallel.why_not(model, self.seq, !torchtitan)?;
+        if self.parallel.replicate > 1 && !torchtitan {
+            return Err("HSDP replicas (--dp-replicate) are planned under --framework torchtitan".into());
+        }
         if torchtitan && self.parallel.zero_stage == 1 {
             return Err("torchtitan has no ZeRO stage 1: its data parallelism is FSDP2 (--zero 3, or --zero 2 for \
                         reshard_after_forward=False) or replicas (--zero 0)"

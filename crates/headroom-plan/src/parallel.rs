@@ -52,6 +52,10 @@ pub struct Parallelism {
     pub tp_comm_overlap: bool,
     /// ZeRO stage over the data-parallel group, 0–3 (FSDP: 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).
     pub zero_stage: u8,
+    /// HSDP under torchtitan: replicas of the FSDP group among the data-parallel GPUs
+    /// (`data_parallel_replicate_degree`); each shards the model states over the rest
+    /// ([`Parallelism::fsdp_shard_degree`]). 1: FSDP over every data-parallel GPU.
+    pub replicate: u64,
 }
 
 impl Default for Parallelism {
@@ -66,6 +70,7 @@ impl Default for Parallelism {
             schedule: PipelineSchedule::Schedule1F1B,
             tp_comm_overlap: false,
             zero_stage: 0,
+            replicate: 1,
         }
     }
 }
@@ -84,6 +89,13 @@ impl Parallelism {
     /// sequence-data group.
     pub fn shard_degree(&self) -> u64 {
         self.data.max(1) * self.context.max(1)
+    }
+
+    /// The GPUs FSDP2 shards each parameter over: torchtitan's `dp_shard × cp` mesh, the
+    /// data-parallel GPUs less HSDP's replicas ([`Parallelism::replicate`]), times the
+    /// context-parallel ranks.
+    pub fn fsdp_shard_degree(&self) -> u64 {
+        (self.data.max(1) / self.replicate.max(1)).max(1) * self.context.max(1)
     }
 
     /// The schedule that runs the pipeline: the one named, or interleaved 1F1B where more
@@ -117,8 +129,14 @@ impl Parallelism {
     /// Megatron's interleaved schedule needs them divisible.
     pub(crate) fn why_not(&self, model: &Model, seq: u64, even_chunks: bool) -> Result<(), String> {
         let (t, p, c, v) = (self.tensor, self.pipeline, self.context, self.virtual_stages);
-        if self.data == 0 || t == 0 || p == 0 || c == 0 || v == 0 {
+        if self.data == 0 || t == 0 || p == 0 || c == 0 || v == 0 || self.replicate == 0 {
             return Err("parallel degrees must be positive".into());
+        }
+        if !self.data.is_multiple_of(self.replicate) {
+            return Err(format!(
+                "{} HSDP replicas do not divide the {} data-parallel GPUs (--dp-replicate must divide them)",
+                self.replicate, self.data
+            ));
         }
         if !model.heads.is_multiple_of(t) {
             return Err(format!("tensor parallelism {t} does not divide the {} attention heads", model.heads));

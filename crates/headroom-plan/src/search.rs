@@ -72,6 +72,7 @@ impl SearchSpace {
                             schedule: Default::default(),
                             tp_comm_overlap: false,
                             zero_stage: 0,
+                            replicate: 1,
                         };
                         if layout.check(model, seq).is_ok() {
                             layouts.push(layout);

@@ -154,3 +154,24 @@ fn every_op_of_the_program_names_a_tensor() {
     p.check().unwrap();
     assert!(p.ops.iter().any(|o| matches!(o, Op::Free(_))));
 }
+
+/// HSDP: 8 data-parallel GPUs as 2 replicas of an FSDP group of 4 shard each parameter over
+/// 4 — the fp32 shards twice FSDP-over-8's — and replicas that do not divide the GPUs, or
+/// replicas outside torchtitan, are refused by name.
+#[test]
+fn hsdp_shards_over_the_group_not_every_gpu() {
+    let m = preset("llama-3.1-8b").unwrap();
+    let fsdp = job(8, 3, Checkpointing::PerOp);
+    let hsdp = TrainConfig { parallel: Parallelism { replicate: 2, ..fsdp.parallel }, ..fsdp };
+    hsdp.check(&m, &h100()).unwrap();
+    assert_eq!(estimate(&m, &h100(), &hsdp).program, ProgramSource::Fsdp2);
+    let shards = |cfg: &TrainConfig| {
+        let p = program(&m, cfg);
+        at_site(&p, &p.sizes(2, 8192), "FSDP2 sharded parameters")
+    };
+    assert!((shards(&hsdp) / shards(&fsdp) - 2.0).abs() < 1e-6);
+    let three = TrainConfig { parallel: Parallelism { replicate: 3, ..fsdp.parallel }, ..fsdp };
+    assert!(three.check(&m, &h100()).unwrap_err().to_string().contains("do not divide"));
+    let megatron = TrainConfig { framework: Framework::Megatron, ..hsdp };
+    assert!(megatron.check(&m, &h100()).unwrap_err().to_string().contains("--framework torchtitan"));
+}

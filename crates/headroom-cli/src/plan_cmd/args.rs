@@ -129,6 +129,11 @@ pub struct PlanArgs {
     /// with --framework torchtitan on more than one data-parallel GPU, as torchtitan shards]
     #[arg(long, conflicts_with = "infer", value_parser = clap::value_parser!(u8).range(0..=3))]
     zero: Option<u8>,
+    /// HSDP under --framework torchtitan: the data-parallel GPUs as this many replicas of an
+    /// FSDP group, each sharding the model states over the rest (torchtitan's
+    /// data_parallel_replicate_degree); must divide them
+    #[arg(long, default_value_t = 1, conflicts_with = "infer", value_parser = clap::value_parser!(u64).range(1..))]
+    dp_replicate: u64,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
     #[arg(long, conflicts_with = "infer", default_value_t = 1, value_parser = positive())]
     accumulation: u64,
@@ -447,11 +452,14 @@ impl PlanArgs {
                 tp_comm_overlap: a.tp_comm_overlap,
                 // torchtitan shards over every data-parallel GPU unless told otherwise
                 // (`data_parallel_shard_degree = -1`).
-                zero_stage: a.zero.unwrap_or(if a.framework == Framework::Torchtitan && data * a.cp > 1 {
-                    3
-                } else {
-                    0
-                }),
+                zero_stage: a.zero.unwrap_or(
+                    if a.framework == Framework::Torchtitan && (data / a.dp_replicate.max(1)) * a.cp > 1 {
+                        3
+                    } else {
+                        0
+                    },
+                ),
+                replicate: a.dp_replicate,
             },
             finetune,
             offload: a.offload,

@@ -22,7 +22,7 @@ fn parallel(p: &Parallelism) -> Value {
     json!({
         "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
         "virtual_stages": p.virtual_stages, "pipeline_schedule": p.pipeline_schedule().class(), "sequence_parallel": p.sequence_parallel && p.tensor > 1,
-        "zero_stage": p.zero_stage,
+        "zero_stage": p.zero_stage, "replicate": p.replicate,
     })
 }
 

@@ -419,10 +419,11 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) 
     if fsdp2 {
         // The program is FSDP2's own (parameters, gradients and optimizer state sharded
         // over data × context), not ZeRO's closed form.
+        let hsdp = if p.replicate > 1 { format!(" in {} HSDP replicas", p.replicate) } else { String::new() };
         parts.push(format!(
-            "data {}: FSDP2 (fully_shard) as torchtitan runs it, sharded over {} GPUs, reshard_after_forward={}",
+            "data {}: FSDP2 (fully_shard) as torchtitan runs it, sharded over {} GPUs{hsdp}, reshard_after_forward={}",
             p.data,
-            p.shard_degree(),
+            p.fsdp_shard_degree(),
             // torchtitan's default policy under pipelining keeps the stage gathered.
             if p.zero_stage >= 3 && p.pipeline <= 1 { "True" } else { "False" }
         ));

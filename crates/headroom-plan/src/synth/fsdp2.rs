@@ -39,7 +39,7 @@ pub fn runs(model: &Model, cfg: &TrainConfig) -> bool {
     let par = &cfg.parallel;
     cfg.framework == Framework::Torchtitan
         && par.zero_stage >= 2
-        && par.shard_degree() > 1
+        && par.fsdp_shard_degree() > 1
         && cfg.finetune == Finetune::Full
         && cfg.offload == Offload::None
         && cfg.checkpointing != Checkpointing::Optimal
@@ -180,7 +180,7 @@ pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64,
     let par = &cfg.parallel;
     debug_assert!(par.pipeline <= 1, "pipelined jobs are pipeline::program's");
     let t = par.tensor.max(1);
-    let n = par.shard_degree().max(1);
+    let n = par.fsdp_shard_degree();
     let w = widths(cfg.precision);
     let sh = Shape {
         model,

@@ -128,7 +128,7 @@ pub fn program(
     let n_mb = cfg.accumulation.max(1);
     let actions = rank_actions(schedule, par.pipeline, v, n_mb, rank)?;
     let t = par.tensor.max(1);
-    let n = par.shard_degree().max(1);
+    let n = par.fsdp_shard_degree();
     let w = super::widths(cfg.precision);
     let sh = Shape {
         model,
