@@ -121,22 +121,29 @@ pub fn gathered_at_turn(forward: &[u64]) -> f64 {
 /// before its end (mt0-xxl's decoder block 20 of 24, bloomz-7b1's layer 25 of 30). Each
 /// window starts at the tensor running and runs to the first that reaches the cap.
 pub fn gathered_in_forward(forward: &[u64]) -> (f64, f64) {
-    let mut best = (0.0f64, 0.0f64);
+    // Each window's total is largest at its end (sizes are not negative), and a later
+    // window ends no earlier: one pass with two ends. The search screens every ZeRO-3
+    // configuration through this.
+    let n = |k: usize| forward[k] as f64;
+    let (mut best, mut fetched) = (0.0f64, 0.0f64);
+    let (mut end, mut held) = (0usize, 0.0f64);
     for i in 0..forward.len() {
-        let mut held = 0.0;
-        for &n in &forward[i..] {
-            let n = n as f64;
-            // The fetch of `n` makes it live beside what is held.
-            if held + n > best.0 + best.1 || (held + n == best.0 + best.1 && n > best.1) {
-                best = (held, n);
-            }
-            held += n;
-            if held >= MAX_LIVE_PARAMETERS {
-                break;
-            }
+        if end < i {
+            end = i;
+            held = 0.0;
         }
+        // Extend to the first tensor that brings the window to the cap.
+        while end < forward.len() && held < MAX_LIVE_PARAMETERS {
+            held += n(end);
+            end += 1;
+        }
+        let last = n(end - 1);
+        if held > best || (held == best && last > fetched) {
+            (best, fetched) = (held, last);
+        }
+        held -= n(i);
     }
-    (best.0 + best.1, best.1)
+    (best, fetched)
 }
 
 /// Elements of the parameters DeepSpeed never partitions: everything but the gathered
