@@ -365,6 +365,28 @@ fn keeps(m: &Made, keep: Keep) -> bool {
     }
 }
 
+/// One block's forward: each of its tensors made in turn, a transient dropped at once, those
+/// `keep` saves for the backward returned, the rest dropped once the block's output (h +
+/// the MLP, the next block's input) is made. Returns (saved, output).
+fn block_forward(p: &mut Program, sh: &Shape, s: &Sites, made: &[Made], keep: Keep) -> (Vec<TensorId>, TensorId) {
+    let (mut saved, mut dropped) = (Vec::new(), Vec::new());
+    for t in made {
+        let id = p.alloc(t.law, Term::Activations, s.act);
+        if t.transient {
+            p.free(id);
+        } else if keeps(t, keep) {
+            saved.push(id);
+        } else {
+            dropped.push(id);
+        }
+    }
+    let out = p.alloc(sh.per_token(sh.model.hidden as f64 / sh.t, sh.act), Term::Activations, s.act);
+    for id in dropped {
+        p.free(id);
+    }
+    (saved, out)
+}
+
 /// torchtitan's checkpointing of block `i`: `full` wraps every block, `selective` per op
 /// applies its policy to every block, `selective` N wraps every N-th (its counter starts
 /// at 1). Megatron's selective (the attention core only) keeps everything here but the
@@ -476,23 +498,7 @@ fn micro_batch(
             }
         }
         let keep = block_keep(cfg, i as u64);
-        let mut saved = Vec::new();
-        let mut dropped = Vec::new();
-        for t in &made {
-            let id = p.alloc(t.law, Term::Activations, s.act);
-            if t.transient {
-                p.free(id);
-            } else if keeps(t, keep) {
-                saved.push(id);
-            } else {
-                dropped.push(id);
-            }
-        }
-        // The block's output (h + the MLP): the next block's input.
-        let out = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
-        for id in dropped {
-            p.free(id);
-        }
+        let (saved, out) = block_forward(p, sh, s, &made, keep);
         if g.reshard_after_forward {
             reshard(p, g);
         }

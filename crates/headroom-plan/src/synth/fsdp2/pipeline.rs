@@ -10,7 +10,8 @@
 //! | split backwards (zero bubble): `I` runs the recompute and the input gradients and keeps each linear's input for `W` | `stage_backward_input`, `stage_backward_weight` |
 
 use super::{
-    block_keep, block_params, block_tensors, gather, keeps, reshard, Group, Param, Shape, Sites, REDUCE_SCATTER,
+    block_forward, block_keep, block_params, block_tensors, gather, keeps, reshard, Group, Param, Shape, Sites,
+    REDUCE_SCATTER,
 };
 use crate::job::{Precision, TrainConfig};
 use crate::model::Model;
@@ -270,21 +271,8 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
     let made = block_tensors(sh, cfg);
     for i in 0..st.blocks.len() {
         let keep = block_keep(cfg, i as u64);
-        let mut dropped = Vec::new();
-        for t in &made {
-            let id = p.alloc(t.law, Term::Activations, s.act);
-            if t.transient {
-                p.free(id);
-            } else if keeps(t, keep) {
-                keep_all.push(id);
-            } else {
-                dropped.push(id);
-            }
-        }
-        let out = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
-        for id in dropped {
-            p.free(id);
-        }
+        let (saved, out) = block_forward(p, sh, s, &made, keep);
+        keep_all.extend(saved);
         // A checkpointed block keeps its input; without checkpointing autograd keeps the
         // norm's fp32 copy instead (the stage's own input stays in `fwd_cache`).
         if keep == super::Keep::All && i > 0 {
