@@ -360,23 +360,12 @@ impl Estimator {
         stage: PipelineStage,
         m: &StageMemory,
     ) -> (Program, ProgramSource) {
-        let (program, source) = self.synthesized(model, gpu, cfg, stage, m);
+        let (program, source) = self.synthesized_rank(model, gpu, cfg, stage, m, 0);
         match &self.calibration {
             // The user's run corrects the program: its memory comes from replaying that.
             Some(c) => (c.apply_program(&program), source),
             None => (program, source),
         }
-    }
-
-    fn synthesized(
-        &self,
-        model: &Model,
-        gpu: &GpuSpec,
-        cfg: &TrainConfig,
-        stage: PipelineStage,
-        m: &StageMemory,
-    ) -> (Program, ProgramSource) {
-        self.synthesized_rank(model, gpu, cfg, stage, m, 0)
     }
 
     /// Whether torchtitan's pipelined FSDP2 program plans the job, one program per rank.
