@@ -111,19 +111,19 @@ pub fn has_dropout(model: &Model) -> bool {
     matches!(model.family, Family::Gpt2 | Family::Bert | Family::T5)
 }
 
-struct Expander {
+struct Expander<'t> {
     layers: [u32; 2],
     /// An edge layer's tensor → the middle layer's tensor made in its place. A tensor made in
     /// one layer and freed in the next (a layer's output, freed once the next layer's residual
     /// add has used it) is freed by an event of the next layer that names the recorded
     /// previous layer's tensor; where that previous layer is a replica of the middle one, the
     /// tensor it made is the middle layer's, and the event must name that one.
-    analog: HashMap<u32, u32>,
+    analog: &'t HashMap<u32, u32>,
 }
 
-impl Expander {
-    fn new(t: &Template, layers: [u32; 2]) -> Expander {
-        Expander { layers, analog: t.analog.clone() }
+impl<'t> Expander<'t> {
+    fn new(t: &'t Template, layers: [u32; 2]) -> Expander<'t> {
+        Expander { layers, analog: &t.analog }
     }
 
     /// Whether concrete layer `c` of `stack` is a replica of the middle layer.
@@ -240,7 +240,7 @@ struct Builder<'a> {
     cfg: &'a TrainConfig,
     device: Device<'a>,
     t: &'a Template,
-    ex: &'a Expander,
+    ex: &'a Expander<'a>,
     scale: &'a StateScale,
     p: Program,
     /// Concrete parameters in `model.parameters()` order: (template param, layer).
@@ -260,7 +260,7 @@ impl<'a> Builder<'a> {
         cfg: &'a TrainConfig,
         device: Device<'a>,
         t: &'a Template,
-        ex: &'a Expander,
+        ex: &'a Expander<'a>,
         scale: &'a StateScale,
     ) -> Self {
         let head = t.params.iter().position(|p| is_head(&p.name));
