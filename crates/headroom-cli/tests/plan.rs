@@ -286,6 +286,43 @@ fn compile_keeps_fewer_activations_where_it_was_recorded() {
     refused(&["--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--compile"], "--compile");
 }
 
+/// `--compile` under torchtitan: its program's compiled blocks, and with the loss compiled
+/// too (the default components) less again; `--compile model` is torchtitan's setting alone.
+#[test]
+fn torchtitans_compile_components_are_planned() {
+    let job = [
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h200",
+        "--gpus",
+        "32",
+        "--framework",
+        "torchtitan",
+        "--precision",
+        "fp8",
+        "--batch",
+        "2",
+        "--seq",
+        "8192",
+        "--checkpoint",
+        "per-op",
+    ];
+    let reserved = |extra: &[&str]| {
+        let (code, v) = plan(&[&job[..], extra].concat());
+        assert_eq!(code, 0, "{v}");
+        (v["compile"].as_bool(), v["reserved_bytes"].as_f64().unwrap())
+    };
+    let (eager_flag, eager) = reserved(&[]);
+    let (model_flag, model) = reserved(&["--compile", "model"]);
+    let (all_flag, all) = reserved(&["--compile"]);
+    assert_eq!((eager_flag, model_flag, all_flag), (Some(false), Some(true), Some(true)));
+    // The compiled loss: the eager loss's three fp32 copies of 2 × 8192 × 128256 logits at the
+    // peak (11.7 GiB) become the bf16 logits and their gradient.
+    assert!(model < eager && all < model - 8.0 * (1u64 << 30) as f64, "{eager} {model} {all}");
+    refused(&["--model", "llama-3.1-8b", "--gpu", "h200", "--compile", "model"], "--framework torchtitan");
+}
+
 /// SGLang's server: its share of the free memory less the weights is the token pool, the
 /// share defaults to SGLang's own for the GPU, and vLLM's settings are refused with it.
 #[test]

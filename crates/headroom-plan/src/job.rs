@@ -200,6 +200,10 @@ pub struct TrainConfig {
     /// it): what its graphs hold, where recorded (decoders at fp32, bf16 and AMP without
     /// checkpointing, at fp32 with full checkpointing).
     pub compile: bool,
+    /// With `compile`, the loss compiled too (torchtitan's `compile.components` with
+    /// "loss", its default since April 2025): the cross-entropy fused, keeping the logits and
+    /// a log-sum-exp instead of fp32 copies of the logits. torchtitan only.
+    pub compile_loss: bool,
     /// AdamW's implementation; `None`: torch's default for the device (foreach on CUDA).
     pub optimizer_impl: Option<OptimizerImpl>,
 }
@@ -244,7 +248,7 @@ named!(Precision {
     Amp => ("amp", "torch.autocast: fp32 weights, 16-bit activations"),
     Bf16 => ("bf16", "everything bf16, optimizer states included"),
     Fp32 => ("fp32", "everything fp32"),
-    Fp8 => ("fp8", "Transformer Engine fp8 (Hopper, Ada, Blackwell, MI300)"),
+    Fp8 => ("fp8", "fp8 linears (Hopper, Ada, Blackwell, MI300): Transformer Engine; under torchtitan torchao's float8 with its fp8 all-gather"),
 });
 
 named!(Optimizer {
@@ -314,6 +318,7 @@ impl TrainConfig {
             framework: Framework::Auto,
             head: Head::CausalLm,
             compile: false,
+            compile_loss: false,
             optimizer_impl: None,
         }
     }

@@ -175,3 +175,91 @@ fn hsdp_shards_over_the_group_not_every_gpu() {
     let megatron = TrainConfig { framework: Framework::Megatron, ..hsdp };
     assert!(megatron.check(&m, &h100()).unwrap_err().to_string().contains("--framework torchtitan"));
 }
+
+/// torch.compile's blocks (`--compile model`): the partitioner keeps only what the backward
+/// reads, so of the per-op policy's outputs w2's (the residual add's operand) is not kept —
+/// one hidden-width bf16 tensor a block less than eager at the same moment (the loss's
+/// backward, eager here) — and the fp32 intermediates of the norms and the rotary embedding
+/// are fused away.
+#[test]
+fn compiled_blocks_keep_what_the_backward_reads() {
+    let m = preset("llama-3.1-8b").unwrap();
+    let eager = job(8, 3, Checkpointing::PerOp);
+    let compiled = TrainConfig { compile: true, ..eager };
+    let at_peak = |cfg: &TrainConfig, t: Term| {
+        let p = program(&m, cfg);
+        p.check().unwrap();
+        p.live_peak(&p.sizes(2, 8192)).by_term.get(t) as f64
+    };
+    // Both peak in the eager loss's backward.
+    assert_eq!(at_peak(&compiled, Term::Logits), 3.0 * 4.0 * TOKENS * m.vocab as f64);
+    let dropped = at_peak(&eager, Term::Activations) - at_peak(&compiled, Term::Activations);
+    assert_eq!(dropped, 32.0 * TOKENS * 2.0 * m.hidden as f64);
+    let e = estimate(&m, &h100(), &compiled);
+    assert!(e.compiled && e.program == ProgramSource::Fsdp2);
+}
+
+/// The loss compiled too (`--compile`, torchtitan since April 2025): one fused kernel keeps
+/// the bf16 logits and a log-sum-exp per token and writes the bf16 gradient, where eager
+/// makes the fp32 upcast, log-softmax's output, nll_loss's and log-softmax's gradients.
+#[test]
+fn the_compiled_loss_keeps_the_logits_and_a_log_sum_exp() {
+    let m = preset("llama-3.1-8b").unwrap();
+    let blocks = TrainConfig { compile: true, ..job(8, 3, Checkpointing::PerOp) };
+    let both = TrainConfig { compile_loss: true, ..blocks };
+    let loss = |cfg: &TrainConfig| {
+        let p = program(&m, cfg);
+        at_site(&p, &p.sizes(2, 8192), "output and cross-entropy loss")
+    };
+    let v = TOKENS * m.vocab as f64;
+    // Per micro-batch: eager 2 + 4 + 4 (forward) + 4 + 4 + 2 (backward) bytes a logit.
+    assert!((loss(&blocks) / loss(&both) - 20.0 * v / (4.0 * v + 4.0 * TOKENS)).abs() < 1e-9);
+    // The published effect: far below the eager loss's 12 bytes a logit at the peak.
+    let e = estimate(&m, &h100(), &both);
+    assert!(estimate(&m, &h100(), &blocks).reserved_bytes - e.reserved_bytes > 10.0 * GIB);
+}
+
+/// torchao's float8 with its fp8 all-gather (`--precision fp8` under torchtitan): the blocks'
+/// linear weights are gathered at one byte; the norms, the embedding and the output stay
+/// bf16. At the peak, the last block is gathered.
+#[test]
+fn float8_gathers_the_blocks_linears_in_fp8() {
+    let m = preset("llama-3.1-8b").unwrap();
+    let cfg = TrainConfig { precision: Precision::Fp8, ..job(8, 3, Checkpointing::PerOp) };
+    let p = program(&m, &cfg);
+    p.check().unwrap();
+    let peak = p.live_peak(&p.sizes(2, 8192));
+    let params = m.params() as f64;
+    let root = 2.0 * (2 * m.vocab * m.hidden + m.hidden) as f64;
+    let linears: u64 = m.block_linears().iter().map(|&(i, o)| i * o).sum();
+    let block = linears as f64 + 2.0 * (m.layer_params() - linears) as f64;
+    let weights = 4.0 * params / 8.0 + root + block;
+    let got = peak.by_term.get(Term::Weights) as f64;
+    assert!((got / weights - 1.0).abs() < 1e-6, "{got} vs {weights}");
+}
+
+/// Tensor parallelism as torchtitan runs it, with sequence parallelism and `loss_parallel`:
+/// the 70B job of its Table 4 (FSDP 32 × TP 8, 16 × 8192, full checkpointing) peaks in the
+/// loss's backward on the vocabulary shard, where PyTorch's loss_parallel holds four fp32
+/// tensors of it (log-softmax's saved output, the one-hot, `exp`, their sum), and each
+/// block's recompute holds the norms' outputs all-gathered over the whole sequence.
+#[test]
+fn sequence_and_loss_parallelism_hold_their_full_tensors() {
+    let m = preset("llama-3-70b").unwrap();
+    let cfg = TrainConfig {
+        parallel: Parallelism { data: 32, tensor: 8, zero_stage: 3, ..Parallelism::default() },
+        ..TrainConfig { compile: true, precision: Precision::Fp8, ..job(8, 3, Checkpointing::Full) }
+    };
+    let cfg = TrainConfig { micro_batch: 16, ..cfg };
+    let p = program(&m, &cfg);
+    p.check().unwrap();
+    let sizes = p.sizes(16, 8192);
+    let peak = p.live_peak(&sizes);
+    let shard = 16.0 * 8192.0 * (m.vocab / 8) as f64;
+    assert_eq!(peak.by_term.get(Term::Logits) as f64, 4.0 * 4.0 * shard);
+    // The gathered copies: one per norm, the whole hidden width in fp8 (Float8ColwiseParallel
+    // gathers in fp8), made in every block's forward and again in its recompute.
+    let gathered = 16.0 * 8192.0 * m.hidden as f64;
+    let n = sizes.iter().filter(|&&b| b as f64 == gathered).count();
+    assert!(n >= 2 * 2 * 80, "{n} tensors of the gathered width");
+}

@@ -68,6 +68,7 @@ use headroom_plan::train::{
                         headroom plan --model llama-3.1-8b --gpu rtx-4090 --finetune qlora --lora-rank 32 --seq 4096 --checkpoint full --max-seq\n  \
                         headroom plan --model llama-2-70b --gpu a100-80gb --gpus 64 --tp 8 --pp 4 --batch 1 --global-batch 512 --recommend --emit megatron\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 64 --framework torchtitan --tp 8 --pp 4 --pp-schedule interleaved-1f1b --batch 1 --accumulation 8 --seq 8192 --checkpoint full\n  \
+                        headroom plan --model llama-3.1-8b --gpu h200 --gpus 32 --framework torchtitan --precision fp8 --compile --batch 2 --seq 8192 --checkpoint per-op\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu l4 --infer --seq 4096 --batch 16 --weights int4 --json\n  \
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
@@ -208,9 +209,12 @@ pub struct PlanArgs {
     /// The model run through torch.compile: what its graphs hold at each moment of the step
     /// (less than the eager code: norms and activation functions are recomputed in the
     /// backward), as recorded for decoders at fp32, bf16 and AMP without checkpointing and at
-    /// fp32 with full checkpointing; elsewhere the eager code's.
-    #[arg(long, conflicts_with = "infer")]
-    compile: bool,
+    /// fp32 with full checkpointing; elsewhere the eager code's. Under --framework torchtitan,
+    /// what its `compile.components` name: `all` (the default: each block and the loss, as
+    /// torchtitan has compiled them since April 2025) or `model` (the blocks alone, the loss
+    /// eager, as before).
+    #[arg(long, conflicts_with = "infer", num_args = 0..=1, default_missing_value = "all", value_name = "COMPONENTS")]
+    compile: Option<CompileArg>,
     /// Also find the largest micro-batch that fits (searched up to 2^40).
     #[arg(long, conflicts_with = "infer")]
     pub max_batch: bool,
@@ -314,6 +318,15 @@ enum QuantizeArg {
     Fp4,
 }
 
+/// What torch.compile compiles: torchtitan's `compile.components`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CompileArg {
+    /// The model's blocks and the loss.
+    All,
+    /// The model's blocks; the loss runs eagerly.
+    Model,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum KvArg {
     Bf16,
@@ -393,6 +406,12 @@ impl PlanArgs {
                 a.tp as u128 * a.pp as u128 * a.cp as u128
             );
         }
+        if a.compile == Some(CompileArg::Model) && a.framework != Framework::Torchtitan {
+            bail!(
+                "--compile model (the blocks compiled, the loss eager) is torchtitan's setting: add --framework \
+                 torchtitan, or write --compile alone for the whole model"
+            );
+        }
         let data = a.gpus / model_parallel;
         let schedule = match (a.pp_schedule, a.vpp) {
             (Some(_), _) if a.pp == 1 => bail!("--pp-schedule needs more than one pipeline stage (--pp)"),
@@ -466,7 +485,8 @@ impl PlanArgs {
             coefficients: ActivationModel::default(),
             framework: a.framework,
             head: a.head,
-            compile: a.compile,
+            compile: a.compile.is_some(),
+            compile_loss: a.compile == Some(CompileArg::All),
             optimizer_impl: a.optimizer_impl,
         })
     }

@@ -13,6 +13,9 @@
 //! | AdamW's two moments per shard, made by the first step; foreach's square root of the second moments during the step | compute stream | `torch.optim.AdamW` |
 //! | the blocks' activations by torchtitan's checkpointing: none, `full` (the block's input), `selective` per op (the input, every other matrix multiply's output, the attention kernel's output and log-sum-exp) or every N-th block full | compute stream | `_apply_ac_to_transformer_block`, `_save_list` |
 //! | the loss on the full vocabulary: bf16 logits, their fp32 copy and log-softmax's output in the forward (`del pred` drops the logits); the NLL's and log-softmax's fp32 gradients and the bf16 one in the backward | compute stream | `train.py`'s `loss_fn` |
+//! | under tensor parallelism (always with sequence parallelism): each norm's output all-gathered over the sequence and saved by the projections; wo's and w2's partial sums before their reduce-scatter; the output gradient gathered and the input gradient's partial sums in the backward; the loss on the vocabulary shard by `loss_parallel`'s decompositions, in fp32 | compute stream | `apply_tp`, `SequenceParallel`, `PrepareModuleInput`; PyTorch `tensor/parallel/loss.py` |
+//! | `torch.compile`'d blocks: no fp32 intermediates of the norms and the rotary embedding, no silu output; only what the backward reads is saved (not w2's or the reduce-scatters' outputs), the block's input in place of the norm's fp32 copy; a compiled loss keeps the bf16 logits and a log-sum-exp and writes a bf16 gradient | compute stream | `apply_compile`, `build_cross_entropy_loss` |
+//! | torchao float8 with `enable_fsdp_float8_all_gather`: the blocks' linear weights gathered in fp8, their inputs gathered in fp8 under tensor parallelism | all-gather stream, compute stream | torchao `WeightWithDynamicFloat8CastTensor`, `Float8ColwiseParallel` |
 //!
 //! The caching allocator gives a freed block back only to its own stream, so the
 //! all-gather and reduce-scatter pools are reserved apart from the compute stream's:
@@ -53,6 +56,9 @@ pub fn runs(model: &Model, cfg: &TrainConfig) -> bool {
 struct Param {
     rows: u64,
     cols: u64,
+    /// A transformer block's linear weight: what torchao's float8 converts, and what its fp8
+    /// all-gather gathers at one byte.
+    linear: bool,
 }
 
 impl Param {
@@ -76,8 +82,9 @@ struct Widths {
 
 fn widths(precision: Precision) -> Widths {
     match precision {
-        // torchtitan's default: fp32 parameters, bf16 compute, fp32 reductions. Float8's
-        // own tensors (its casts, the fp8 all-gather) are not modelled: bf16 stands for them.
+        // torchtitan's default: fp32 parameters, bf16 compute, fp32 reductions. Float8 keeps
+        // these; its fp8 all-gather is `Shape::gathered_width`'s, its casts are transients
+        // inside each linear that the plan does not hold.
         Precision::Mixed | Precision::Fp8 => Widths { stored: 4.0, compute: 2.0, reduce: 4.0 },
         // fp32 parameters gathered in fp32, autocast's activations in 16 bits.
         Precision::Amp => Widths { stored: 4.0, compute: 4.0, reduce: 4.0 },
@@ -95,12 +102,48 @@ struct Shape<'a> {
     token: f64,
     w: Widths,
     act: f64,
+    /// Each block run through `torch.compile` (torchtitan's `apply_compile`).
+    compiled: bool,
+    /// The loss run through `torch.compile` (torchtitan since April 2025).
+    compiled_loss: bool,
+    /// torchao's float8 linears with `enable_fsdp_float8_all_gather`: the blocks' linear
+    /// weights gathered in fp8, and under tensor parallelism their inputs too.
+    float8: bool,
 }
 
-impl Shape<'_> {
+impl<'a> Shape<'a> {
+    fn new(model: &'a Model, cfg: &TrainConfig) -> Self {
+        let par = &cfg.parallel;
+        Shape {
+            model,
+            n: par.fsdp_shard_degree(),
+            t: par.tensor.max(1) as f64,
+            token: 1.0 / par.context.max(1) as f64,
+            w: widths(cfg.precision),
+            act: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
+            compiled: cfg.compile,
+            compiled_loss: cfg.compile && cfg.compile_loss,
+            float8: cfg.precision == Precision::Fp8,
+        }
+    }
+
     /// A tensor of `elements` per token of the rank's activations, in `bytes`.
     fn per_token(&self, elements: f64, bytes: f64) -> Law {
         Law::per_token(elements * bytes * self.token)
+    }
+
+    /// Bytes of an element of `x` gathered: fp8 for float8's linears, `param_dtype` else.
+    fn gathered_width(&self, x: &Param) -> f64 {
+        if self.float8 && x.linear {
+            1.0
+        } else {
+            self.w.compute
+        }
+    }
+
+    /// Bytes of a group's unsharded parameters (the flat all-gather output).
+    fn gathered_bytes(&self, g: &Group) -> f64 {
+        g.params.iter().map(|x| x.shard(self.n) * self.n as f64 * self.gathered_width(x)).sum()
     }
 }
 
@@ -116,9 +159,9 @@ fn block_params(model: &Model, t: u64) -> Vec<Param> {
             // nn.Linear's weight is (out, in); wo and the MLP's last are row-parallel.
             let row_parallel = i == 3 || i + 1 == linears.len();
             if row_parallel {
-                Param { rows: outp, cols: inp / t }
+                Param { rows: outp, cols: inp / t, linear: true }
             } else {
-                Param { rows: outp / t, cols: inp }
+                Param { rows: outp / t, cols: inp, linear: true }
             }
         })
         .collect();
@@ -127,7 +170,7 @@ fn block_params(model: &Model, t: u64) -> Vec<Param> {
     // The norms (and biases where a family has them), replicated under tensor parallelism.
     let norms = (rest / model.hidden.max(1)).max(1);
     for _ in 0..norms {
-        out.push(Param { rows: model.hidden, cols: 1 });
+        out.push(Param { rows: model.hidden, cols: 1, linear: false });
     }
     out
 }
@@ -135,9 +178,12 @@ fn block_params(model: &Model, t: u64) -> Vec<Param> {
 /// The root module's own parameters: the embedding (vocabulary rows split by tensor
 /// parallelism), the final norm and, untied, the output projection.
 fn root_params(model: &Model, t: u64) -> Vec<Param> {
-    let mut out = vec![Param { rows: model.vocab / t, cols: model.hidden }, Param { rows: model.hidden, cols: 1 }];
+    let mut out = vec![
+        Param { rows: model.vocab / t, cols: model.hidden, linear: false },
+        Param { rows: model.hidden, cols: 1, linear: false },
+    ];
     if !model.tied_embeddings {
-        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+        out.push(Param { rows: model.vocab / t, cols: model.hidden, linear: false });
     }
     out
 }
@@ -180,16 +226,8 @@ pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64,
     let par = &cfg.parallel;
     debug_assert!(par.pipeline <= 1, "pipelined jobs are pipeline::program's");
     let t = par.tensor.max(1);
-    let n = par.fsdp_shard_degree();
-    let w = widths(cfg.precision);
-    let sh = Shape {
-        model,
-        n,
-        t: t as f64,
-        token: 1.0 / par.context.max(1) as f64,
-        w,
-        act: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
-    };
+    let sh = Shape::new(model, cfg);
+    let (n, w) = (sh.n, sh.w);
     let mut p = Program::default();
     let s = Sites {
         shard: p.site("FSDP2 sharded parameters"),
@@ -275,12 +313,19 @@ struct Made {
 
 /// A Llama block's forward as torchtitan's `TransformerBlock` runs it, tensor by tensor:
 /// `h = x + attention(attention_norm(x))`, `out = h + feed_forward(ffn_norm(h))`.
+///
+/// Under `torch.compile` each block is one graph: Inductor fuses the norms, the rotary
+/// embedding and SwiGLU's product into kernels that make no fp32 intermediates, and
+/// AOTAutograd's partitioner saves only what the backward reads, so an output the policy
+/// marks `MUST_SAVE` that no backward needs (w2's, the reduce-scatters') is not kept.
 fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     let m = sh.model;
     let t = sh.t;
+    let compiled = sh.compiled;
     // torchtitan's tensor parallelism always runs with sequence parallelism: the hidden-width
     // tensors (norms, the residual stream) are split over the sequence, the projections'
     // outputs over their columns.
+    let tp = t > 1.0;
     let h = m.hidden as f64 / t;
     let q = (m.heads * m.head_dim) as f64 / t;
     let kv = (m.kv_heads * m.head_dim) as f64 / t;
@@ -293,14 +338,33 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
         op_saved,
         transient,
     };
-    // RMSNorm: `self._norm(x.float()).type_as(x) * self.weight`: the fp32 input and the bf16
-    // normalized tensor are saved; the fp32 product is a transient.
+    // RMSNorm: `self._norm(x.float()).type_as(x) * self.weight`: eager saves the fp32 input
+    // and the bf16 normalized tensor, the fp32 product a transient. Under sequence
+    // parallelism the output is all-gathered over the sequence (`PrepareModuleInput` to
+    // `Replicate`; Float8ColwiseParallel gathers it in fp8) and the gathered copy is what
+    // the projections save.
     let norm = |v: &mut Vec<Made>| {
-        v.push(mk(h, 4.0, true, false, false));
-        v.push(mk(h, 4.0, false, false, true));
-        v.push(mk(h, a, true, false, false));
-        // Its output: the projections' input.
-        v.push(mk(h, a, true, false, false));
+        if !compiled {
+            v.push(mk(h, 4.0, true, false, false));
+            v.push(mk(h, 4.0, false, false, true));
+            v.push(mk(h, a, true, false, false));
+        }
+        v.push(mk(h, a, !tp, false, false));
+        if tp {
+            let width = if sh.float8 { 1.0 } else { a };
+            v.push(mk(m.hidden as f64, width, true, false, false));
+        }
+    };
+    // A row-parallel projection's output: under sequence parallelism the full sequence's
+    // partial sums, reduce-scattered (the reduce-scatter is on the policy's save list).
+    let row_parallel = |v: &mut Vec<Made>, op_saved: bool| {
+        if tp {
+            let kept = op_saved && !compiled;
+            v.push(mk(m.hidden as f64, a, false, kept, !kept));
+            v.push(mk(h, a, false, !compiled, false));
+        } else {
+            v.push(mk(h, a, false, op_saved && !compiled, false));
+        }
     };
     let mut v = Vec::new();
     norm(&mut v);
@@ -308,11 +372,15 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     v.push(mk(kv, a, false, false, false)); // wk (2nd: recomputed)
     v.push(mk(kv, a, false, true, false)); // wv (3rd: saved); SDPA saves its repeated copy
                                            // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
-    v.push(mk(q, 4.0, true, false, false));
-    v.push(mk(q, 4.0, false, false, true));
+    if !compiled {
+        v.push(mk(q, 4.0, true, false, false));
+        v.push(mk(q, 4.0, false, false, true));
+    }
     v.push(mk(q, a, true, false, false)); // xq rotated, SDPA's query
-    v.push(mk(kv, 4.0, true, false, false));
-    v.push(mk(kv, 4.0, false, false, true));
+    if !compiled {
+        v.push(mk(kv, 4.0, true, false, false));
+        v.push(mk(kv, 4.0, false, false, true));
+    }
     v.push(mk(kv, a, false, false, false)); // xk rotated
                                             // repeat_kv copies keys and values to every query head.
     v.push(mk(q, a, true, false, false));
@@ -332,20 +400,24 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
         }
     }
     v.push(mk(q, a, true, false, false)); // transposed to contiguous: wo's input
-    v.push(mk(h, a, false, false, false)); // wo (4th: recomputed)
-    v.push(mk(h, a, false, false, false)); // h = x + attention
+    row_parallel(&mut v, false); // wo (4th: recomputed)
+                                 // h = x + attention: the second norm's input, which a compiled backward reads in place
+                                 // of eager's fp32 copy.
+    v.push(mk(h, a, compiled, false, false));
     norm(&mut v);
     let mlp = m.block_linears().len() - 4;
     if mlp == 3 {
         v.push(mk(f, a, true, true, false)); // w1 (5th: saved)
-        v.push(mk(f, a, true, false, false)); // silu
+        if !compiled {
+            v.push(mk(f, a, true, false, false)); // silu
+        }
         v.push(mk(f, a, true, false, false)); // w3 (6th: recomputed)
         v.push(mk(f, a, true, false, false)); // silu · w3: w2's input
     } else {
         v.push(mk(f, a, true, true, false));
         v.push(mk(f, a, true, false, false));
     }
-    v.push(mk(h, a, false, true, false)); // w2 (7th: saved)
+    row_parallel(&mut v, true); // w2 (7th: saved)
     v
 }
 
@@ -406,22 +478,142 @@ fn block_keep(cfg: &TrainConfig, i: u64) -> Keep {
     }
 }
 
+/// The output projection's input as its weight gradient keeps it: the final norm's output,
+/// all-gathered over the sequence under tensor parallelism (`ColwiseParallel` with
+/// `input_layouts=Shard(1)`).
+fn output_input(p: &mut Program, sh: &Shape, s: &Sites) -> TensorId {
+    p.alloc(sh.per_token(sh.model.hidden as f64, sh.act), Term::Activations, s.act)
+}
+
+/// The loss's forward, `cross_entropy(pred.flatten(0, 1).float(), labels)` on `logits`:
+/// what it keeps for its backward. Eager: log-softmax's fp32 output (the fp32 upcast a
+/// transient). Compiled: one fused kernel keeping each token's log-sum-exp, and the graph
+/// saves its input, so `del pred` (`del_pred`) no longer frees the logits.
+fn loss_forward(p: &mut Program, sh: &Shape, s: &Sites, logits: TensorId, del_pred: bool) -> Vec<TensorId> {
+    let v = sh.model.vocab as f64 / sh.t;
+    let a = sh.act;
+    if sh.compiled_loss {
+        let lse = p.alloc(sh.per_token(1.0, 4.0), Term::Logits, s.logits);
+        return if del_pred { vec![lse, logits] } else { vec![lse] };
+    }
+    let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
+    let log_softmax = if sh.t > 1.0 {
+        // loss_parallel's `_log_softmax` on the vocabulary shard runs the decomposition:
+        // `shifted = x - max`, `exp(shifted)` summed, `shifted - log(sum)`, each in fp32.
+        let shifted = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        let exp = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(exp);
+        let out = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(shifted);
+        out
+    } else {
+        p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits)
+    };
+    if let Some(u) = upcast {
+        p.free(u);
+    }
+    if del_pred {
+        p.free(logits);
+    }
+    vec![log_softmax]
+}
+
+/// The loss's backward: the logits' gradient in their dtype, returned; what the forward kept
+/// is freed. Eager makes nll_loss's fp32 gradient, then log-softmax's beside its saved output,
+/// then casts it back; under tensor parallelism torchtitan's `loss_parallel` runs PyTorch's
+/// decompositions on the vocabulary shard instead; the compiled loss writes the gradient in
+/// one kernel.
+fn loss_backward(p: &mut Program, sh: &Shape, s: &Sites, kept: Vec<TensorId>) -> TensorId {
+    let v = sh.model.vocab as f64 / sh.t;
+    let a = sh.act;
+    if sh.compiled_loss {
+        let d_logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+        for id in kept {
+            p.free(id);
+        }
+        return d_logits;
+    }
+    let d_log_softmax = if sh.t > 1.0 {
+        // loss_parallel fuses both backwards: `(zeros_like(x) with -1 at the targets +
+        // exp(x)) * grad_output`, every operand an fp32 tensor of the shard.
+        let one_hot = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        let exp = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        let sum = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(exp);
+        let d = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(sum);
+        p.free(one_hot);
+        d
+    } else {
+        let nll = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        let d = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
+        p.free(nll);
+        d
+    };
+    for id in kept {
+        p.free(id);
+    }
+    if a < 4.0 {
+        let d = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+        p.free(d_log_softmax);
+        d
+    } else {
+        d_log_softmax
+    }
+}
+
+/// What a block's backward allocates beside its recompute and its weights' gradients: the
+/// gradients through the MLP, two of its width at once, and under sequence parallelism the
+/// output's gradient all-gathered over the sequence and the input gradient's partial sums
+/// before their reduce-scatter. The caller frees them once the weights' gradients are made.
+fn backward_transients(p: &mut Program, sh: &Shape, s: &Sites) -> Vec<TensorId> {
+    let f = sh.model.intermediate as f64 / sh.t;
+    let mut out = vec![
+        p.alloc(sh.per_token(f, sh.act), Term::Activations, s.act),
+        p.alloc(sh.per_token(f, sh.act), Term::Activations, s.act),
+    ];
+    if sh.t > 1.0 {
+        for _ in 0..2 {
+            out.push(p.alloc(sh.per_token(sh.model.hidden as f64, sh.act), Term::Activations, s.act));
+        }
+    }
+    out
+}
+
+/// The block input's gradient, through the first norm's backward (in fp32 when eager).
+fn input_gradient(p: &mut Program, sh: &Shape, s: &Sites) -> TensorId {
+    let h = sh.model.hidden as f64 / sh.t;
+    let tmp = (!sh.compiled).then(|| p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act));
+    let din = p.alloc(sh.per_token(h, sh.act), Term::Activations, s.act);
+    if let Some(t) = tmp {
+        p.free(t);
+    }
+    din
+}
+
 /// Gathers `g`: the cast of the local shards and the flat buffer on the all-gather stream,
 /// then the unsharded parameters copied out on the compute stream.
 fn gather(p: &mut Program, sh: &Shape, s: &Sites, g: &mut Group) -> TensorId {
-    let local = g.shard_elements(sh.n);
-    let cast = p.alloc_on(Law::fixed(local * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
-    let flat = p.alloc_on(Law::fixed(local * sh.n as f64 * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
+    let (cast, flat) = all_gather(p, sh, s, g);
     p.free(cast);
     copy_out(p, sh, s, g);
     flat
+}
+
+/// The all-gather's input (the local shards cast to the gathered dtype) and its output, on
+/// the all-gather stream.
+fn all_gather(p: &mut Program, sh: &Shape, s: &Sites, g: &Group) -> (TensorId, TensorId) {
+    let bytes = sh.gathered_bytes(g);
+    let cast = p.alloc_on(Law::fixed(bytes / sh.n as f64), Term::Temporary, s.flat, ALL_GATHER);
+    let flat = p.alloc_on(Law::fixed(bytes), Term::Temporary, s.flat, ALL_GATHER);
+    (cast, flat)
 }
 
 fn copy_out(p: &mut Program, sh: &Shape, s: &Sites, g: &mut Group) {
     g.unsharded = g
         .params
         .iter()
-        .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Weights, s.gathered))
+        .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.gathered_width(x)), Term::Weights, s.gathered))
         .collect();
 }
 
@@ -502,9 +694,9 @@ fn micro_batch(
         if g.reshard_after_forward {
             reshard(p, g);
         }
-        // Under no checkpointing autograd saves the norm's fp32 copy of the input, not the
-        // input itself; a checkpointed block keeps its input.
-        let input = if keep == Keep::All {
+        // Under no checkpointing eager autograd saves the norm's fp32 copy of the input, not
+        // the input itself; a checkpointed or compiled block keeps its input.
+        let input = if keep == Keep::All && !sh.compiled {
             p.free(x);
             None
         } else {
@@ -522,33 +714,15 @@ fn micro_batch(
     let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
     p.free(tmp);
     let norm_saved = [norm_saved[0], p.alloc(sh.per_token(h, a), Term::Activations, s.act)];
-    let normed = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
-    // The loss on the full vocabulary: `cross_entropy(pred.flatten(0, 1).float(), labels)`,
-    // then `del pred`.
+    let normed = output_input(p, sh, s);
+    // The loss on the full vocabulary, then `del pred`.
     let logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
-    let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
-    let log_softmax = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
-    if let Some(u) = upcast {
-        p.free(u);
-    }
-    p.free(logits);
+    let loss = loss_forward(p, sh, s, logits, true);
     // Later micro-batches' forwards are counted in the backward phase: phases never go back.
     if let (step, Phase::Forward) = current(p) {
         p.mark(step, Phase::Backward);
     }
-    // nll_loss's gradient, then log-softmax's (beside its saved output and the incoming one),
-    // then the cast back to the logits' dtype.
-    let nll = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
-    let d_log_softmax = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
-    p.free(nll);
-    p.free(log_softmax);
-    let d_logits = if a < 4.0 {
-        let d = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
-        p.free(d_log_softmax);
-        d
-    } else {
-        d_log_softmax
-    };
+    let d_logits = loss_backward(p, sh, s, loss);
     // The output projection's backward: its input's gradient and its weight's (unsharded).
     let mut root_grads = Vec::new();
     let mut dx = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
@@ -587,11 +761,8 @@ fn micro_batch(
             }
         }
         if i > 0 && reshard_blocks && blocks[i - 1].reshard_after_forward {
-            let g = &blocks[i - 1];
-            let local = g.shard_elements(sh.n);
-            let cast = p.alloc_on(Law::fixed(local * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER);
-            prefetched =
-                Some(p.alloc_on(Law::fixed(local * sh.n as f64 * sh.w.compute), Term::Temporary, s.flat, ALL_GATHER));
+            let (cast, flat) = all_gather(p, sh, s, &blocks[i - 1]);
+            prefetched = Some(flat);
             p.free(cast);
         }
         // The recompute: what the backward needs that the forward did not keep.
@@ -602,19 +773,16 @@ fn micro_batch(
             .collect();
         // The backward, from the MLP down: the gradients through the MLP (two of its
         // width at once), the fp32 norms', and each projection's weight gradient.
-        let f = m.intermediate as f64 / sh.t;
-        let g1 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
-        let g2 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        let transients = backward_transients(p, sh, s);
         let grads: Vec<TensorId> = blocks[i]
             .params
             .iter()
             .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.n as f64 * sh.w.compute), Term::Gradients, s.grads))
             .collect();
-        p.free(g1);
-        p.free(g2);
-        let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
-        let din = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
-        p.free(tmp);
+        for id in transients {
+            p.free(id);
+        }
+        let din = input_gradient(p, sh, s);
         p.free(dx);
         dx = din;
         for id in recomputed.into_iter().chain(saved) {

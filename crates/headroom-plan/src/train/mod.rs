@@ -111,7 +111,7 @@ pub struct TrainEstimate {
     /// With `Checkpointing::Optimal`: the schedule's peak did not fit even with every layer recomputed.
     pub note: Option<String>,
     /// Whether the activations are `torch.compile`'s: asked for, and recorded for the job's
-    /// family and precision without checkpointing.
+    /// family and precision without checkpointing, or torchtitan's compiled blocks.
     pub compiled: bool,
     /// Where the step program came from.
     pub program: ProgramSource,
@@ -342,7 +342,9 @@ impl Estimator {
                 (_, false, _) => Framework::Megatron,
             },
             note: m.note.clone(),
-            compiled: crate::live::compiled_recipe(model, cfg),
+            // torchtitan's program models its compiled blocks and loss itself.
+            compiled: crate::live::compiled_recipe(model, cfg)
+                || (cfg.compile && matches!(memory.source, ProgramSource::Fsdp2)),
             program: memory.source.clone(),
             oom,
             optimizer_impl: crate::synth::optimizer::implementation(cfg, Device::Gpu(gpu)),

@@ -10,8 +10,8 @@
 //! | split backwards (zero bubble): `I` runs the recompute and the input gradients and keeps each linear's input for `W` | `stage_backward_input`, `stage_backward_weight` |
 
 use super::{
-    block_forward, block_keep, block_params, block_tensors, gather, keeps, reshard, Group, Param, Shape, Sites,
-    REDUCE_SCATTER,
+    backward_transients, block_forward, block_keep, block_params, block_tensors, gather, input_gradient, keeps,
+    loss_backward, loss_forward, output_input, reshard, Group, Param, Shape, Sites, REDUCE_SCATTER,
 };
 use crate::job::{Precision, TrainConfig};
 use crate::model::Model;
@@ -72,6 +72,8 @@ struct Stage {
     /// Per micro-batch in flight: every tensor its backward frees, and per block the
     /// tensors kept (to know what the recompute makes).
     in_flight: HashMap<u64, Vec<TensorId>>,
+    /// Per micro-batch in flight on the last stage: what the loss keeps for its backward.
+    loss: HashMap<u64, Vec<TensorId>>,
     /// Per micro-batch between its I and its W: the linears' inputs.
     weight_inputs: HashMap<u64, Vec<TensorId>>,
     /// Backwards (B, or W when split) done this step.
@@ -93,11 +95,11 @@ fn group(params: Vec<Param>) -> Group {
 fn root_params(model: &Model, t: u64, s: StageSplit) -> Vec<Param> {
     let mut out = vec![];
     if s.embedding {
-        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+        out.push(Param { rows: model.vocab / t, cols: model.hidden, linear: false });
     }
     if s.head {
-        out.push(Param { rows: model.hidden, cols: 1 });
-        out.push(Param { rows: model.vocab / t, cols: model.hidden });
+        out.push(Param { rows: model.hidden, cols: 1, linear: false });
+        out.push(Param { rows: model.vocab / t, cols: model.hidden, linear: false });
     }
     out
 }
@@ -129,16 +131,8 @@ pub fn program(
     let n_mb = cfg.accumulation.max(1);
     let actions = rank_actions(schedule, par.pipeline, v, n_mb, rank)?;
     let t = par.tensor.max(1);
-    let n = par.fsdp_shard_degree();
-    let w = super::widths(cfg.precision);
-    let sh = Shape {
-        model,
-        n,
-        t: t as f64,
-        token: 1.0 / par.context.max(1) as f64,
-        w,
-        act: if cfg.precision == Precision::Fp32 { 4.0 } else { 2.0 },
-    };
+    let sh = Shape::new(model, cfg);
+    let (n, w) = (sh.n, sh.w);
     let mut p = Program::default();
     let s = Sites {
         shard: p.site("FSDP2 sharded parameters"),
@@ -162,6 +156,7 @@ pub fn program(
                 blocks: (0..sp.layers).map(|_| group(block_params(model, t))).collect(),
                 accumulated: vec![],
                 in_flight: HashMap::new(),
+                loss: HashMap::new(),
                 weight_inputs: HashMap::new(),
                 weights_done: 0,
             };
@@ -273,9 +268,10 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
         let keep = block_keep(cfg, i as u64);
         let (saved, out) = block_forward(p, sh, s, &made, keep);
         keep_all.extend(saved);
-        // A checkpointed block keeps its input; without checkpointing autograd keeps the
-        // norm's fp32 copy instead (the stage's own input stays in `fwd_cache`).
-        if keep == super::Keep::All && i > 0 {
+        // A checkpointed or compiled block keeps its input; without checkpointing eager
+        // autograd keeps the norm's fp32 copy instead (the stage's own input stays in
+        // `fwd_cache`).
+        if keep == super::Keep::All && i > 0 && !sh.compiled {
             p.free(x);
         } else {
             keep_all.push(x);
@@ -288,17 +284,14 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
         let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
         p.free(tmp);
         keep_all.push(p.alloc(sh.per_token(h, a), Term::Activations, s.act));
-        keep_all.push(p.alloc(sh.per_token(h, a), Term::Activations, s.act));
+        keep_all.push(output_input(p, sh, s));
         p.free(x);
         // The logits are the stage's output, kept in `fwd_cache` to the backward (no
-        // `del pred` under the schedule); the loss upcasts them and saves log-softmax's output.
+        // `del pred` under the schedule), beside what the loss keeps.
         let v = m.vocab as f64 / sh.t;
-        keep_all.push(p.alloc(sh.per_token(v, a), Term::Logits, s.logits));
-        let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
-        keep_all.push(p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
-        if let Some(u) = upcast {
-            p.free(u);
-        }
+        let logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
+        keep_all.push(logits);
+        st.loss.insert(mb, loss_forward(p, sh, s, logits, false));
     } else {
         // The output sent to the next stage, kept in `fwd_cache` to the backward.
         keep_all.push(x);
@@ -315,13 +308,8 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
     let saved = st.in_flight.remove(&mb).expect("a backward after its forward");
     let mut held_for_w = Vec::new();
     let mut dx = if st.split.head {
-        // nll_loss's and log-softmax's fp32 gradients, cast back to the logits' dtype.
-        let v = m.vocab as f64 / sh.t;
-        let nll = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
-        let d = p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits);
-        p.free(nll);
-        let d_logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
-        p.free(d);
+        let loss = st.loss.remove(&mb).expect("the loss's backward after its forward");
+        let d_logits = loss_backward(p, sh, s, loss);
         let dx = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
         if split {
             // The output projection's weight gradient waits for W: its input is kept.
@@ -345,8 +333,7 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
             .filter(|t| t.saved && !t.transient && !keeps(t, keep))
             .map(|t| p.alloc(t.law, Term::Activations, s.act))
             .collect();
-        let g1 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
-        let g2 = p.alloc(sh.per_token(f, a), Term::Activations, s.act);
+        let transients = backward_transients(p, sh, s);
         if split {
             // What each projection's weight gradient reads: the two norms' outputs, the
             // attention output (wo's input) and w2's input.
@@ -358,11 +345,10 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
             let grads = vec![p.alloc(Law::fixed(unsharded(sh, g) * sh.w.compute), Term::Gradients, s.grads)];
             accumulate(p, sh, s, st, i + 1, grads);
         }
-        p.free(g1);
-        p.free(g2);
-        let tmp = p.alloc(sh.per_token(h, 4.0), Term::Activations, s.act);
-        let din = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
-        p.free(tmp);
+        for id in transients {
+            p.free(id);
+        }
+        let din = input_gradient(p, sh, s);
         p.free(dx);
         dx = din;
         for id in recomputed {
