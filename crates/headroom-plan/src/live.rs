@@ -245,7 +245,7 @@ pub fn memory_within(
     let frozen = if cfg.offload == Offload::OptimizerAndParams {
         0.0
     } else {
-        frozen_bytes(&sh, cfg) / if par.zero_stage >= 3 { par.shard_degree() as f64 } else { 1.0 }
+        frozen_bytes(model, &sh, cfg) / if par.zero_stage >= 3 { par.shard_degree() as f64 } else { 1.0 }
     };
     let mut br = Breakdown { weights: weights + frozen, gradients, optimizer, ..Breakdown::default() };
     let (s, b) = (cfg.seq as f64, cfg.micro_batch as f64);
@@ -273,7 +273,7 @@ pub fn memory_within(
     br.temporary = gpu.arch.cublas_workspace_bytes() as f64;
     let deepspeed = cfg.deepspeed();
     if deepspeed {
-        let ds = deepspeed::buffers(model, cfg, frozen_width(cfg).1);
+        let ds = deepspeed::buffers(model, cfg, frozen_width(model, cfg).1);
         br.temporary += ds.reduce_bucket + ds.gathered;
         // Persistent tensors are whole on every GPU: the shard counted above is replaced.
         br.weights += match cfg.offload {

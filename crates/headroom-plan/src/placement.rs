@@ -2,6 +2,7 @@
 //! tensor parallelism, what trains and what is frozen (LoRA), and the bytes of weights,
 //! gradients and optimizer state under ZeRO sharding and offload.
 
+use crate::bnb::{quantized_linears, Bnb, ComputeDtype, QuantType};
 use crate::job::{BaseWeights, Finetune, Framework, Offload, Optimizer, PipelineStage, Precision, TrainConfig};
 use crate::model::{Head, Model};
 use crate::parallel::Parallelism;
@@ -129,23 +130,40 @@ pub fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
     }
 }
 
-/// Bytes per frozen parameter: (the linear layers', the others'). peft's
+/// bitsandbytes' format of a quantized LoRA base, as peft's recipes load it: LLM.int8(), or
+/// QLoRA's NF4 with double quantization and bf16 compute.
+pub fn base_format(cfg: &TrainConfig) -> Option<Bnb> {
+    match cfg.finetune {
+        Finetune::Lora { base: BaseWeights::Int8, .. } => Some(Bnb::Int8),
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => {
+            Some(Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Bf16 })
+        }
+        _ => None,
+    }
+}
+
+/// Bytes per frozen parameter: (the linear layers', the others'). A quantized base's linear
+/// layers are as bitsandbytes stores them ([`Bnb::stored_bytes`]: NF4 with double
+/// quantization is 4.127 bits a weight, QLoRA §3), averaged over the model's linears; peft's
 /// prepare_model_for_kbit_training casts what it does not quantize (embeddings, norms, the
 /// head) to fp32.
-pub fn frozen_width(cfg: &TrainConfig) -> (f64, f64) {
+pub fn frozen_width(model: &Model, cfg: &TrainConfig) -> (f64, f64) {
     let native = match cfg.precision {
         Precision::Fp32 | Precision::Amp => 4.0,
         _ => 2.0,
     };
-    match cfg.finetune {
-        Finetune::Lora { base: BaseWeights::Int8, .. } => (1.0 + 4.0 / 4096.0, 4.0),
-        // 4-bit values plus double-quantized absmax constants: 0.127 bit a weight (QLoRA §3).
-        Finetune::Lora { base: BaseWeights::Nf4, .. } => ((4.0 + 0.127) / 8.0, 4.0),
-        _ => (native, native),
+    match base_format(cfg) {
+        Some(format) => {
+            let linears = quantized_linears(model);
+            let elements: u64 = linears.iter().map(|&(k, n)| k * n).sum();
+            let stored: f64 = linears.iter().map(|&(k, n)| format.stored_bytes(k, n)).sum();
+            (stored / elements.max(1) as f64, 4.0)
+        }
+        None => (native, native),
     }
 }
 
-pub fn frozen_bytes(share: &Share, cfg: &TrainConfig) -> f64 {
-    let (base, other) = frozen_width(cfg);
+pub fn frozen_bytes(model: &Model, share: &Share, cfg: &TrainConfig) -> f64 {
+    let (base, other) = frozen_width(model, cfg);
     share.frozen_linear * base + share.frozen_other * other
 }

@@ -946,11 +946,15 @@ mod tests {
         assert!((cf.weights - base16 - 2.0 * e.trainable_params as f64).abs() < 1e3);
         assert_eq!(cf.gradients, 2.0 * e.trainable_params as f64);
         assert!((e.breakdown.weights / cf.weights - 1.0).abs() < 1e-3, "{} vs {}", e.breakdown.weights, cf.weights);
-        // QLoRA: 4.127-bit linears, fp32 embeddings and norms.
+        // QLoRA: linears as bitsandbytes stores NF4 with double quantization (4.127 bits a
+        // weight, QLoRA §3), fp32 embeddings and norms.
         let q = closed(&lora(BaseWeights::Nf4));
         let linears = 32.0 * (4.0 * 4096.0 * 4096.0 + 3.0 * 4096.0 * 11008.0);
-        let want = linears * 4.127 / 8.0 + (m.params() as f64 - linears) * 4.0 + 2.0 * e.trainable_params as f64;
+        let nf4 = crate::placement::base_format(&lora(BaseWeights::Nf4)).unwrap();
+        let stored: f64 = m.block_linears().iter().map(|&(k, n)| nf4.stored_bytes(k, n)).sum::<f64>() * 32.0;
+        let want = stored + (m.params() as f64 - linears) * 4.0 + 2.0 * e.trainable_params as f64;
         assert!((q.weights / want - 1.0).abs() < 1e-9);
+        assert!((stored * 8.0 / linears - 4.127).abs() < 1e-3, "{} bits", stored * 8.0 / linears);
         // No weight gradients for the base: 4N instead of 6N per token.
         let full = estimate(&m, &g, &TrainConfig { finetune: Finetune::Full, ..lora(BaseWeights::Native) });
         assert!(e.step_time_s < full.step_time_s * 0.75);
