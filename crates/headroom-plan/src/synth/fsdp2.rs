@@ -344,7 +344,10 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     // `Replicate`; Float8ColwiseParallel gathers it in fp8) and the gathered copy is what
     // the projections save.
     let norm = |v: &mut Vec<Made>| {
-        if !compiled {
+        if compiled {
+            // The fused kernel's per-token reciprocal root, kept for its backward.
+            v.push(mk(1.0, 4.0, true, false, false));
+        } else {
             v.push(mk(h, 4.0, true, false, false));
             v.push(mk(h, 4.0, false, false, true));
             v.push(mk(h, a, true, false, false));
@@ -399,7 +402,9 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
             v.push(mk(heads, 4.0, true, true, false));
         }
     }
-    v.push(mk(q, a, true, false, false)); // transposed to contiguous: wo's input
+    // Transposed to contiguous: wo's input, which a compiled backward makes again from the
+    // attention output.
+    v.push(mk(q, a, !compiled, false, false));
     row_parallel(&mut v, false); // wo (4th: recomputed)
                                  // h = x + attention: the second norm's input, which a compiled backward reads in place
                                  // of eager's fp32 copy.
@@ -487,13 +492,15 @@ fn output_input(p: &mut Program, sh: &Shape, s: &Sites) -> TensorId {
 
 /// The loss's forward, `cross_entropy(pred.flatten(0, 1).float(), labels)` on `logits`:
 /// what it keeps for its backward. Eager: log-softmax's fp32 output (the fp32 upcast a
-/// transient). Compiled: one fused kernel keeping each token's log-sum-exp, and the graph
-/// saves its input, so `del pred` (`del_pred`) no longer frees the logits.
+/// transient). Compiled: one fused kernel keeping each token's maximum and log-sum-exp, and
+/// the graph saves its input, so `del pred` (`del_pred`) no longer frees the logits
+/// (`scripts/validate/compiled_saves.py` reads what Inductor's partition keeps).
 fn loss_forward(p: &mut Program, sh: &Shape, s: &Sites, logits: TensorId, del_pred: bool) -> Vec<TensorId> {
     let v = sh.model.vocab as f64 / sh.t;
     let a = sh.act;
     if sh.compiled_loss {
-        let lse = p.alloc(sh.per_token(1.0, 4.0), Term::Logits, s.logits);
+        // Each token's maximum and log of the summed exponentials.
+        let lse = p.alloc(sh.per_token(2.0, 4.0), Term::Logits, s.logits);
         return if del_pred { vec![lse, logits] } else { vec![lse] };
     }
     let upcast = (a < 4.0).then(|| p.alloc(sh.per_token(v, 4.0), Term::Logits, s.logits));
