@@ -169,3 +169,26 @@ fn bad_combinations_are_refused_by_name() {
     let megatron = TrainConfig { framework: Framework::Megatron, ..job(4, 2, PipelineSchedule::ZbvZeroBubble, 8) };
     assert!(why(megatron).contains("--framework torchtitan"));
 }
+
+/// The compiled blocks and loss, and float8's fp8 all-gather, on every pipeline rank: the
+/// last stage's loss keeps the logits and two fp32 values a token instead of log-softmax's
+/// fp32 output, and each rank's gathered stage is one byte a linear weight.
+#[test]
+fn compile_and_float8_reach_every_rank() {
+    let eager = job(4, 1, PipelineSchedule::Schedule1F1B, 8);
+    let compiled = TrainConfig { compile: true, compile_loss: true, precision: Precision::Fp8, ..eager };
+    for rank in 0..4 {
+        let (e, c) = (rank_program(&eager, rank), rank_program(&compiled, rank));
+        c.check().unwrap();
+        let weights = |p: &Program, cfg: &TrainConfig| term_peak(p, cfg, Term::Weights);
+        assert!(weights(&c, &compiled) < weights(&e, &eager), "rank {rank}");
+        if rank == 3 {
+            let logits = |p: &Program, cfg: &TrainConfig| term_peak(p, cfg, Term::Logits);
+            // Eager: the bf16 logits, log-softmax's fp32 output and, in the backward, two fp32
+            // gradients of it (TP 2: half the vocabulary); compiled: the logits, two fp32
+            // values a token and the bf16 gradient.
+            let (el, cl) = (logits(&e, &eager), logits(&c, &compiled));
+            assert!(cl < 0.5 * el, "{} vs {} GiB", cl / GIB, el / GIB);
+        }
+    }
+}

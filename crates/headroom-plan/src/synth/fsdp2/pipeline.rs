@@ -335,9 +335,11 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
             .collect();
         let transients = backward_transients(p, sh, s);
         if split {
-            // What each projection's weight gradient reads: the two norms' outputs, the
-            // attention output (wo's input) and w2's input.
-            for width in [h, h, q, f] {
+            // What each projection's weight gradient reads: the two norms' outputs (gathered
+            // over the sequence under tensor parallelism), the attention output (wo's input)
+            // and w2's input.
+            let normed = if sh.t > 1.0 { m.hidden as f64 } else { h };
+            for width in [normed, normed, q, f] {
                 held_for_w.push(p.alloc(sh.per_token(width, a), Term::Activations, s.act));
             }
         } else {
