@@ -8,6 +8,7 @@
 //! | every backward but the stage's last runs with `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`: the parameters stay gathered and the unsharded gradients accumulate, upcast to `reduce_dtype` (fp32) once; the stage's last backward reduce-scatters them all | PyTorch `_PipelineStageBase.backward_maybe_with_nosync`, `FSDPParam.to_accumulated_grad_if_needed` |
 //! | each micro-batch in flight holds its saved activations (under the checkpointing mode) and the stage's output in `fwd_cache`, until its backward; on the last stage the output is the logits, kept beside the loss's saved log-softmax | `forward_one_chunk`, `_maybe_compute_loss` |
 //! | split backwards (zero bubble): `I` runs the recompute and the input gradients and keeps each linear's input for `W` | `stage_backward_input`, `stage_backward_weight` |
+//! | a receive buffer per micro-batch for the stage's input (not on the first stage) and one for its output's gradient (not on the last), made at the first step and kept | `_prepare_forward_infra`, `_prepare_backward_infra`, `_make_tensor_from_meta` |
 
 use super::{
     backward_transients, block_forward, block_keep, block_params, block_tensors, gather, input_gradient, keeps,
@@ -74,6 +75,11 @@ struct Stage {
     in_flight: HashMap<u64, Vec<TensorId>>,
     /// Per micro-batch in flight on the last stage: what the loss keeps for its backward.
     loss: HashMap<u64, Vec<TensorId>>,
+    /// The receive buffers, one per micro-batch, made when the schedule first runs and kept:
+    /// the stage's inputs (not on the first stage) and its outputs' gradients (not on the
+    /// last), PyTorch's `args_recv_info` and `grad_recv_info`.
+    recv: Vec<TensorId>,
+    grad_recv: Vec<TensorId>,
     /// Per micro-batch between its I and its W: the linears' inputs.
     weight_inputs: HashMap<u64, Vec<TensorId>>,
     /// Backwards (B, or W when split) done this step.
@@ -157,6 +163,8 @@ pub fn program(
                 accumulated: vec![],
                 in_flight: HashMap::new(),
                 loss: HashMap::new(),
+                recv: vec![],
+                grad_recv: vec![],
                 weight_inputs: HashMap::new(),
                 weights_done: 0,
             };
@@ -179,6 +187,23 @@ pub fn program(
     let mut rs_input: Option<TensorId> = None;
     for step in 1..=steps {
         p.mark(step, Phase::Forward);
+        if step == 1 {
+            // `_prepare_forward_infra` and `_prepare_backward_infra`: a receive buffer per
+            // micro-batch, the stage's input (its sequence shard under tensor parallelism),
+            // each as the schedule's first step makes it. (A V schedule's two stages on one
+            // rank pass their tensor directly and drop one such buffer; it is kept here.)
+            let io = sh.per_token(model.hidden as f64 / sh.t, sh.act);
+            let site = p.site("pipeline receive buffers");
+            for i in &order {
+                let st = stages.get_mut(i).expect("stage");
+                if !st.split.embedding {
+                    st.recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+                }
+                if !st.split.head {
+                    st.grad_recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+                }
+            }
+        }
         // `optimizers.zero_grad()` at the step's start frees the sharded gradients.
         for st in stages.values_mut() {
             st.weights_done = 0;
@@ -261,8 +286,12 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
         keep_all.push(p.alloc(sh.per_token(16.0, 1.0), Term::Inputs, s.inputs));
     }
     // The stage's input: the embedding's output, or the activation received from the
-    // previous stage (kept in `fwd_cache` as the backward's input values).
-    let mut x = p.alloc(sh.per_token(h, a), Term::Activations, s.act);
+    // previous stage into its buffer.
+    let received = st.recv.get(mb as usize).copied();
+    let mut x = match received {
+        Some(buffer) => buffer,
+        None => p.alloc(sh.per_token(h, a), Term::Activations, s.act),
+    };
     let made = block_tensors(sh, cfg);
     for i in 0..st.blocks.len() {
         let keep = block_keep(cfg, i as u64);
@@ -271,7 +300,9 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
         // A checkpointed or compiled block keeps its input; without checkpointing eager
         // autograd keeps the norm's fp32 copy instead (the stage's own input stays in
         // `fwd_cache`).
-        if keep == super::Keep::All && i > 0 && !sh.compiled {
+        if i == 0 && received.is_some() {
+            // The receive buffer outlives the micro-batch.
+        } else if keep == super::Keep::All && i > 0 && !sh.compiled {
             p.free(x);
         } else {
             keep_all.push(x);
@@ -322,9 +353,10 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
         p.free(d_logits);
         dx
     } else {
-        // The gradient received from the next stage.
-        p.alloc(sh.per_token(h, a), Term::Activations, s.act)
+        // The gradient received from the next stage, in its buffer (freed by no one).
+        st.grad_recv[mb as usize]
     };
+    let mut dx_buffer = (!st.split.head).then_some(dx);
     let made = block_tensors(sh, cfg);
     for i in (0..st.blocks.len()).rev() {
         let keep = block_keep(cfg, i as u64);
@@ -351,7 +383,9 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
             p.free(id);
         }
         let din = input_gradient(p, sh, s);
-        p.free(dx);
+        if dx_buffer.take() != Some(dx) {
+            p.free(dx);
+        }
         dx = din;
         for id in recomputed {
             p.free(id);
@@ -367,7 +401,9 @@ fn backward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut 
         accumulate(p, sh, s, st, 0, vec![grad]);
     }
     // The input gradient, sent to the previous stage.
-    p.free(dx);
+    if dx_buffer != Some(dx) {
+        p.free(dx);
+    }
     if split {
         st.weight_inputs.insert(mb, held_for_w);
     }
