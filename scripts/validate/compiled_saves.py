@@ -8,9 +8,10 @@ a compiled loss as keeping the bf16 logits and two fp32 values per token. This s
 a small block and the loss with Inductor, records the forward graph the partitioner hands
 to Inductor, and prints what it saves, per token, beside what the program plans.
 
-Runs on CPU (the CPU flash kernel stands for the CUDA one on torchtitan's save list):
+Runs on CPU (the CPU flash kernel stands for the CUDA one on torchtitan's save list), or
+on a GPU, where it also measures the loss's peak:
 
-    python3 scripts/validate/compiled_saves.py [--json]
+    python3 scripts/validate/compiled_saves.py [--json] [--device cuda]
 
 Exit status 0 when what Inductor saves equals the plan, 1 when not.
 """
@@ -146,11 +147,43 @@ def bytes_per_token(saved):
     return sum(width.get(d, 4) * n for d, n in saved) / TOKENS
 
 
+def measured_loss_peaks(dev):
+    """The loss's forward and backward at 2 x 8192 tokens of a 128256-entry vocabulary: the
+    most allocated beyond the bf16 logits, per logit, eager and compiled. The program plans
+    12 bytes (three fp32 copies at log-softmax's backward) and 2 (the bf16 gradient)."""
+    tokens, vocab = 2 * 8192, 128256
+    labels = torch.randint(0, vocab, (tokens,), device=dev)
+
+    def loss_fn(pred):
+        return F.cross_entropy(pred.float(), labels)
+
+    out = {}
+    for name, fn in [("eager", loss_fn), ("compiled", torch.compile(loss_fn))]:
+        for _ in range(2):  # the second run: compiled, and the cache warm
+            pred = torch.randn(tokens, vocab, dtype=DTYPE, device=dev, requires_grad=True)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn(pred).backward()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            del pred
+        out[name] = peak / (tokens * vocab)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda: the same partitions with CUDA's flash kernel, and the loss's measured peak "
+        "at torchtitan's 2 x 8192 tokens of Llama 3's vocabulary",
+    )
     a = ap.parse_args()
     torch.manual_seed(0)
+    dev = torch.device(a.device)
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     # The program's compiled blocks, per token: under per-op checkpointing the input, wq's
     # and wv's outputs, the attention output, its fp32 log-sum-exp (heads a token) and w1's
@@ -165,15 +198,15 @@ def main():
     }
     blocks = {}
     for mode in planned:
-        block = Block(mode).to(DTYPE)
-        x = torch.randn(BATCH, SEQ, HIDDEN, dtype=DTYPE, requires_grad=True)
+        block = Block(mode).to(device=dev, dtype=DTYPE)
+        x = torch.randn(BATCH, SEQ, HIDDEN, dtype=DTYPE, device=dev, requires_grad=True)
         saved = saved_by_inductor(block, x)
         # What the block made and keeps, and its activation input: not the parameters, which
         # the graph takes as inputs too and FSDP2 holds apart.
         kept = [(d, n) for d, n, is_input, _ in saved if not is_input or n == TOKENS * HIDDEN]
         blocks[mode] = {"saved": saved, "bytes_per_token": bytes_per_token(kept), "planned": planned[mode]}
-    logits = torch.randn(BATCH, SEQ, VOCAB, dtype=DTYPE, requires_grad=True)
-    labels = torch.randint(0, VOCAB, (BATCH, SEQ))
+    logits = torch.randn(BATCH, SEQ, VOCAB, dtype=DTYPE, device=dev, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), device=dev)
 
     def loss_fn(pred):
         return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
@@ -192,6 +225,8 @@ def main():
     }
     ok = all(abs(b["bytes_per_token"] - b["planned"]) < 1 for b in blocks.values())
     ok = ok and abs(loss_got - loss_planned) < 1
+    if dev.type == "cuda":
+        out["loss_peak_bytes_per_logit"] = measured_loss_peaks(dev)
     out["agree"] = ok
     if a.json:
         print(json.dumps(out))
