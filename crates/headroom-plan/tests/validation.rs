@@ -886,6 +886,9 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
     let l70 = preset("llama-3-70b").unwrap();
     let l405 = Model::from_hf_config(LLAMA_405B, "llama-3.1-405b").unwrap();
     let async_tp = Check::Indicative("async TP's symmetric-memory buffers are not modeled");
+    let pipelined = Check::Indicative(
+        "async TP is not modeled, and these runs hold 7 to 15 GiB more than the pipelined program explains",
+    );
     let ring = Check::Indicative("context parallelism's ring-attention buffers are not modeled");
     let held = || Check::Within(Class::Fsdp2Peak);
     #[allow(clippy::too_many_arguments)]
@@ -982,7 +985,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             Checkpointing::Full,
             BLOCKS_FLOAT8,
             published,
-            again(&async_tp),
+            again(&pipelined),
         );
     }
     for (cp, published) in [(1u64, "75.3"), (2, "75.9"), (4, "77.1"), (8, "84.9")] {
@@ -1000,7 +1003,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             Checkpointing::Full,
             BLOCKS_FLOAT8,
             published,
-            again(&async_tp),
+            again(&pipelined),
         );
     }
     // The 405B runs under pipelining: chosen before the pipelined program's figures were
