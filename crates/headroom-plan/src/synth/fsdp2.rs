@@ -373,8 +373,9 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     norm(&mut v);
     v.push(mk(q, a, false, true, false)); // wq (1st mm: saved by the policy)
     v.push(mk(kv, a, false, false, false)); // wk (2nd: recomputed)
-    v.push(mk(kv, a, false, true, false)); // wv (3rd: saved); SDPA saves its repeated copy
-                                           // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
+                                            // wv (3rd: saved); SDPA saves its repeated copy.
+    v.push(mk(kv, a, false, true, false));
+    // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
     if !compiled {
         v.push(mk(q, 4.0, true, false, false));
         v.push(mk(q, 4.0, false, false, true));
@@ -384,8 +385,9 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
         v.push(mk(kv, 4.0, true, false, false));
         v.push(mk(kv, 4.0, false, false, true));
     }
-    v.push(mk(kv, a, false, false, false)); // xk rotated
-                                            // repeat_kv copies keys and values to every query head.
+    // xk rotated.
+    v.push(mk(kv, a, false, false, false));
+    // repeat_kv copies keys and values to every query head.
     v.push(mk(q, a, true, false, false));
     v.push(mk(q, a, true, false, false));
     match cfg.attention {
@@ -405,9 +407,10 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     // Transposed to contiguous: wo's input, which a compiled backward makes again from the
     // attention output.
     v.push(mk(q, a, !compiled, false, false));
-    row_parallel(&mut v, false); // wo (4th: recomputed)
-                                 // h = x + attention: the second norm's input, which a compiled backward reads in place
-                                 // of eager's fp32 copy.
+    // wo (4th mm: recomputed).
+    row_parallel(&mut v, false);
+    // h = x + attention: the second norm's input, which a compiled backward reads in place
+    // of eager's fp32 copy.
     v.push(mk(h, a, compiled, false, false));
     norm(&mut v);
     let mlp = m.block_linears().len() - 4;
