@@ -371,9 +371,10 @@ fn block_tensors(sh: &Shape, cfg: &TrainConfig) -> Vec<Made> {
     };
     let mut v = Vec::new();
     norm(&mut v);
-    v.push(mk(q, a, false, true, false)); // wq (1st mm: saved by the policy)
-    v.push(mk(kv, a, false, false, false)); // wk (2nd: recomputed)
-                                            // wv (3rd: saved); SDPA saves its repeated copy.
+    // wq (1st mm: saved by the policy), wk (2nd: recomputed), wv (3rd: saved; SDPA saves its
+    // repeated copy).
+    v.push(mk(q, a, false, true, false));
+    v.push(mk(kv, a, false, false, false));
     v.push(mk(kv, a, false, true, false));
     // Rotary embeddings in complex fp32: the upcast inputs are saved by the product.
     if !compiled {
