@@ -290,24 +290,10 @@ fn compile_keeps_fewer_activations_where_it_was_recorded() {
 /// too (the default components) less again; `--compile model` is torchtitan's setting alone.
 #[test]
 fn torchtitans_compile_components_are_planned() {
-    let job = [
-        "--model",
-        "llama-3.1-8b",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "32",
-        "--framework",
-        "torchtitan",
-        "--precision",
-        "fp8",
-        "--batch",
-        "2",
-        "--seq",
-        "8192",
-        "--checkpoint",
-        "per-op",
-    ];
+    let job: Vec<&str> = "--model llama-3.1-8b --gpu h200 --gpus 32 --framework torchtitan --precision fp8 --batch 2 \
+                          --seq 8192 --checkpoint per-op"
+        .split_whitespace()
+        .collect();
     let reserved = |extra: &[&str]| {
         let (code, v) = plan(&[&job[..], extra].concat());
         assert_eq!(code, 0, "{v}");
