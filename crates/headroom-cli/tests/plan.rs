@@ -309,6 +309,33 @@ fn torchtitans_compile_components_are_planned() {
     refused(&["--model", "llama-3.1-8b", "--gpu", "h200", "--compile", "model"], "--framework torchtitan");
 }
 
+/// `--pp-outputs`: what PyTorch's pipelining keeps of each micro-batch's output for the step,
+/// by version; the last rank holds the logits, so it is the one that changes.
+#[test]
+fn pipeline_stage_outputs_are_planned_by_pytorchs_version() {
+    let job: Vec<&str> = "--model llama-3.1-8b --gpu h200 --gpus 16 --pp 4 --tp 2 --framework torchtitan --batch 1 \
+                          --seq 8192 --accumulation 8 --checkpoint full"
+        .split_whitespace()
+        .collect();
+    let last_rank = |extra: &[&str]| {
+        let (code, v) = plan(&[&job[..], extra].concat());
+        assert_eq!(code, 0, "{v}");
+        let ranks = v["pipeline_ranks"]["ranks"].as_array().unwrap().clone();
+        (v["parallel"]["pipeline_outputs"].as_str().unwrap().to_string(), ranks[3]["reserved_bytes"].as_f64().unwrap())
+    };
+    let (none_name, none) = last_rank(&[]);
+    let (every_name, every) = last_rank(&["--pp-outputs", "every"]);
+    assert_eq!((none_name.as_str(), every_name.as_str()), ("none", "every"));
+    // Eight micro-batches' logits (8192 × 128256 / 2 in bf16, 1 GiB each) are kept, and
+    // concatenated once more at the schedule's end.
+    assert!(every > none + 7.0 * (1u64 << 30) as f64, "{none} {every}");
+    refused(&["--model", "llama-3.1-8b", "--gpu", "h200", "--pp-outputs", "every"], "more than one pipeline stage");
+    refused(
+        &["--model", "llama-3.1-8b", "--gpu", "h200", "--gpus", "2", "--pp", "2", "--pp-outputs", "last"],
+        "--framework torchtitan",
+    );
+}
+
 /// SGLang's server: its share of the free memory less the weights is the token pool, the
 /// share defaults to SGLang's own for the GPU, and vLLM's settings are refused with it.
 #[test]

@@ -10,7 +10,7 @@
 
 use crate::gpu::GpuSpec;
 use crate::model::Model;
-pub use crate::pipelining::PipelineSchedule;
+pub use crate::pipelining::{PipelineSchedule, StageOutputs};
 
 /// GPUs per node (HGX/DGX boards).
 pub const GPUS_PER_NODE: u64 = 8;
@@ -46,6 +46,8 @@ pub struct Parallelism {
     /// PyTorch's pipeline schedule (under torchtitan); `Schedule1F1B` with more than one
     /// chunk per stage stands for the interleaved schedule ([`Parallelism::pipeline_schedule`]).
     pub schedule: PipelineSchedule,
+    /// What each pipeline stage keeps of its outputs for the step (under torchtitan).
+    pub stage_outputs: StageOutputs,
     /// Transformer Engine's userbuffer overlap of the tensor-parallel
     /// all-gathers and reduce-scatters with the GEMMs (Megatron's
     /// `--tp-comm-overlap`; needs sequence parallelism).
@@ -68,6 +70,7 @@ impl Default for Parallelism {
             sequence_parallel: true,
             virtual_stages: 1,
             schedule: PipelineSchedule::Schedule1F1B,
+            stage_outputs: StageOutputs::None,
             tp_comm_overlap: false,
             zero_stage: 0,
             replicate: 1,

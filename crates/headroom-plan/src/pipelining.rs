@@ -56,6 +56,41 @@ impl PipelineSchedule {
     }
 }
 
+/// What a pipeline stage keeps of its outputs once their backward has run: the micro-batches'
+/// outputs PyTorch's `_PipelineStageBase.output_chunks` collects for `step()` to merge and
+/// return, which changed twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StageOutputs {
+    /// torchtitan since October 2025 (e5ef99aab) calls `step(return_outputs=False)`: nothing is
+    /// collected, and each output lives until its backward.
+    #[default]
+    None,
+    /// PyTorch 2.8 on (#153383, May 2025), with `return_outputs` left on: the last stage keeps
+    /// every micro-batch's output (the logits, their autograd graph detached) to the next step,
+    /// and `_merge_outputs` concatenates them when the schedule ends.
+    LastStage,
+    /// PyTorch before 2.8 (torchtitan of 2024 and early 2025): every stage keeps every
+    /// micro-batch's output to the next step; the last stage's are concatenated as above.
+    EveryStage,
+}
+
+named!(StageOutputs {
+    None => ("none", "torchtitan since October 2025 (step(return_outputs=False)): each output lives until its backward"),
+    LastStage => ("last", "PyTorch 2.8 on, return_outputs left on: the last stage keeps every micro-batch's logits for the step and concatenates them at its end"),
+    EveryStage => ("every", "PyTorch before 2.8 (torchtitan of 2024 and early 2025): every stage keeps every micro-batch's output for the step, the last stage's concatenated at its end"),
+});
+
+impl StageOutputs {
+    /// Whether a stage (the last one, or any) keeps its outputs for the whole step.
+    pub fn kept(self, last_stage: bool) -> bool {
+        match self {
+            StageOutputs::None => false,
+            StageOutputs::LastStage => last_stage,
+            StageOutputs::EveryStage => true,
+        }
+    }
+}
+
 /// What one action computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

@@ -70,6 +70,7 @@ impl SearchSpace {
                             sequence_parallel: true,
                             virtual_stages: v,
                             schedule: Default::default(),
+                            stage_outputs: Default::default(),
                             tp_comm_overlap: false,
                             zero_stage: 0,
                             replicate: 1,

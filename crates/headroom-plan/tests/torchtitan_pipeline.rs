@@ -2,11 +2,12 @@
 //! pipeline rank planned from its schedule's own order, so that dropping a term fails here:
 //! the micro-batches in flight (the first rank's activations grow with its warmup), the
 //! head and loss on the last stage, the interleaved schedule's extra chunks, the gradients
-//! accumulated unsharded over micro-batches, and the stage kept gathered.
+//! accumulated unsharded over micro-batches, the stage kept gathered, and the outputs each
+//! stage collects for `step()` to return.
 
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::model::Model;
-use headroom_plan::parallel::{Parallelism, PipelineSchedule};
+use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
 use headroom_plan::program::{Op, Program, Term};
 use headroom_plan::synth::fsdp2::pipeline;
 use headroom_plan::synth::Device;
@@ -102,6 +103,54 @@ fn the_last_stage_holds_the_head_and_the_loss() {
     let logits = term_peak(&last, &cfg, Term::Logits);
     let row = 128256.0 / 2.0 * 8192.0;
     assert!(logits >= row * (2.0 + 4.0 + 4.0), "{}", logits / GIB);
+}
+
+/// PyTorch's `output_chunks`: under `every` (PyTorch before 2.8) each stage keeps every
+/// micro-batch's output to the next step; under `last` only the last stage its logits; and
+/// `_merge_outputs` concatenates the last stage's at the schedule's end.
+#[test]
+fn the_outputs_collected_for_the_step_are_kept_where_pytorch_keeps_them() {
+    let with = |o: StageOutputs| {
+        let mut cfg = job(4, 1, PipelineSchedule::Schedule1F1B, 8);
+        cfg.parallel.stage_outputs = o;
+        cfg
+    };
+    let (none, last, every) = (with(StageOutputs::None), with(StageOutputs::LastStage), with(StageOutputs::EveryStage));
+    // The last stage's bf16 logits, vocabulary / TP × 8192 tokens a micro-batch: under
+    // `none` one lives at a time beside the loss's fp32 tensors (9 such rows in all); kept,
+    // all 8 are live once the last backward ends, and their concatenation (8 more) beside
+    // them.
+    let row = 128256.0 / 2.0 * 8192.0 * 2.0;
+    let base = term_peak(&rank_program(&none, 3), &none, Term::Logits);
+    for cfg in [&last, &every] {
+        let kept = term_peak(&rank_program(cfg, 3), cfg, Term::Logits);
+        assert!(kept >= 15.99 * row && kept > base + 6.0 * row, "{} vs {} GiB", kept / GIB, base / GIB);
+    }
+    // A middle stage's output (4096 × 8192 / 2 bf16, 32 MiB) stays past its backward only
+    // under `every`: rank 1 holds 3 in flight at most, and 8 once its backwards are done.
+    let out = 4096.0 * 8192.0 / 2.0 * 2.0;
+    let a_none = term_peak(&rank_program(&none, 1), &none, Term::Activations);
+    let a_last = term_peak(&rank_program(&last, 1), &last, Term::Activations);
+    let a_every = term_peak(&rank_program(&every, 1), &every, Term::Activations);
+    assert_eq!(a_none, a_last);
+    assert!(a_every > a_none, "{} vs {} GiB", a_every / GIB, a_none / GIB);
+    let programs = [rank_program(&none, 1), rank_program(&every, 1)];
+    let held_at_end = |p: &Program, cfg: &TrainConfig| {
+        // The activations live when the program ends, after its last optimizer step: the
+        // receive buffers, and under `every` the step's 8 outputs.
+        let sizes = p.sizes(cfg.micro_batch, cfg.seq);
+        let mut live = 0u64;
+        for op in &p.ops {
+            match *op {
+                Op::Alloc(id) if p.tensors[id as usize].term == Term::Activations => live += sizes[id as usize],
+                Op::Free(id) if p.tensors[id as usize].term == Term::Activations => live -= sizes[id as usize],
+                _ => {}
+            }
+        }
+        live as f64
+    };
+    let kept = held_at_end(&programs[1], &every) - held_at_end(&programs[0], &none);
+    assert!((kept / (8.0 * out) - 1.0).abs() < 0.01, "{} MiB", kept / (1u64 << 20) as f64);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{InferConfig, Runtime, WeightFormat};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
-use headroom_plan::parallel::{Parallelism, PipelineSchedule};
+use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
 use headroom_plan::sglang::Sglang;
 use headroom_plan::train::{
     ActivationModel, Attention, BaseWeights, Checkpointing, Estimator, Finetune, Framework, Head, LoraTargets, Offload,
@@ -116,6 +116,12 @@ pub struct PlanArgs {
     /// and keep the linears' inputs until the weights' half runs.
     #[arg(long, conflicts_with = "infer", value_parser = named::<PipelineSchedule>())]
     pp_schedule: Option<PipelineSchedule>,
+    /// What each pipeline stage keeps of its micro-batches' outputs once their backward has
+    /// run (PyTorch's output_chunks, which step() merges and returns) [default: none, as
+    /// torchtitan runs since October 2025; every for a PyTorch before 2.8]. Under
+    /// --framework torchtitan with --pp.
+    #[arg(long, conflicts_with = "infer", value_parser = named::<StageOutputs>())]
+    pp_outputs: Option<StageOutputs>,
     /// Context-parallel GPUs (the sequence split across GPUs).
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub cp: u64,
@@ -413,6 +419,17 @@ impl PlanArgs {
             );
         }
         let data = a.gpus / model_parallel;
+        if let Some(o) = a.pp_outputs {
+            if a.pp == 1 {
+                bail!("--pp-outputs needs more than one pipeline stage (--pp)");
+            }
+            if a.framework != Framework::Torchtitan && o != StageOutputs::None {
+                bail!(
+                    "--pp-outputs is PyTorch's pipelining, as torchtitan runs it: add --framework torchtitan (the \
+                     other frameworks' pipelines are planned in closed form)"
+                );
+            }
+        }
         let schedule = match (a.pp_schedule, a.vpp) {
             (Some(_), _) if a.pp == 1 => bail!("--pp-schedule needs more than one pipeline stage (--pp)"),
             (Some(PipelineSchedule::Schedule1F1B), Some(v)) if v > 1 => bail!(
@@ -468,6 +485,7 @@ impl PlanArgs {
                 sequence_parallel: !a.no_sequence_parallel,
                 virtual_stages: a.vpp.unwrap_or(if schedule.looped() { 2 } else { 1 }),
                 schedule,
+                stage_outputs: a.pp_outputs.unwrap_or_default(),
                 tp_comm_overlap: a.tp_comm_overlap,
                 // torchtitan shards over every data-parallel GPU unless told otherwise
                 // (`data_parallel_shard_degree = -1`).

@@ -21,7 +21,8 @@ fn signed_bytes(x: f64) -> i64 {
 fn parallel(p: &Parallelism) -> Value {
     json!({
         "data": p.data, "tensor": p.tensor, "pipeline": p.pipeline, "context": p.context,
-        "virtual_stages": p.virtual_stages, "pipeline_schedule": p.pipeline_schedule().class(), "sequence_parallel": p.sequence_parallel && p.tensor > 1,
+        "virtual_stages": p.virtual_stages, "pipeline_schedule": p.pipeline_schedule().class(),
+        "pipeline_outputs": p.stage_outputs.arg(), "sequence_parallel": p.sequence_parallel && p.tensor > 1,
         "zero_stage": p.zero_stage, "replicate": p.replicate,
     })
 }

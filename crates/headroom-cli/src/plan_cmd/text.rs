@@ -6,7 +6,7 @@ use headroom_alloc::units::format_size;
 use headroom_plan::infer::Runtime;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
-use headroom_plan::parallel::{Parallelism, PipelineSchedule};
+use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
 use headroom_plan::time::{Breakdown, TimeTerm};
 use headroom_plan::train::{Finetune, Offload, Phase, PipelineStage, ProgramSource};
 
@@ -404,11 +404,16 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) 
     }
     if p.pipeline > 1 {
         parts.push(format!(
-            "pipeline {} ({})",
+            "pipeline {} ({}{})",
             p.pipeline,
             match p.pipeline_schedule() {
                 PipelineSchedule::Schedule1F1B => "1F1B".into(),
                 s => format!("{}, {} chunks a rank", s.class(), p.virtual_stages),
+            },
+            match p.stage_outputs {
+                StageOutputs::None => "",
+                StageOutputs::LastStage => "; the last stage keeps its outputs for the step",
+                StageOutputs::EveryStage => "; every stage keeps its outputs for the step",
             }
         ));
     }

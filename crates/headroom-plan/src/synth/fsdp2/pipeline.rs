@@ -9,6 +9,7 @@
 //! | each micro-batch in flight holds its saved activations (under the checkpointing mode) and the stage's output in `fwd_cache`, until its backward; on the last stage the output is the logits, kept beside the loss's saved log-softmax | `forward_one_chunk`, `_maybe_compute_loss` |
 //! | split backwards (zero bubble): `I` runs the recompute and the input gradients and keeps each linear's input for `W` | `stage_backward_input`, `stage_backward_weight` |
 //! | a receive buffer per micro-batch for the stage's input (not on the first stage) and one for its output's gradient (not on the last), made at the first step and kept | `_prepare_forward_infra`, `_prepare_backward_infra`, `_make_tensor_from_meta` |
+//! | where the outputs are collected for `step()` to return ([`StageOutputs`](crate::pipelining::StageOutputs)), each micro-batch's output kept to the next step's `clear_runtime_states`, and the last stage's concatenated when the schedule ends (torchtitan drops the result) | `forward_one_chunk`'s `output_chunks`, `_merge_outputs`, `merge_chunks` |
 
 use super::{
     backward_transients, block_forward, block_keep, block_params, block_tensors, gather, input_gradient, keeps,
@@ -84,6 +85,9 @@ struct Stage {
     weight_inputs: HashMap<u64, Vec<TensorId>>,
     /// Backwards (B, or W when split) done this step.
     weights_done: u64,
+    /// The outputs collected in `output_chunks` this step, where
+    /// [`StageOutputs`](crate::pipelining::StageOutputs) keeps them.
+    outputs: Vec<TensorId>,
 }
 
 impl Stage {
@@ -167,6 +171,7 @@ pub fn program(
                 grad_recv: vec![],
                 weight_inputs: HashMap::new(),
                 weights_done: 0,
+                outputs: vec![],
             };
             (i, stage)
         })
@@ -204,9 +209,13 @@ pub fn program(
                 }
             }
         }
-        // `optimizers.zero_grad()` at the step's start frees the sharded gradients.
+        // `optimizers.zero_grad()` at the step's start frees the sharded gradients, and the
+        // schedule's `clear_runtime_states` the outputs the last step collected.
         for st in stages.values_mut() {
             st.weights_done = 0;
+            for id in std::mem::take(&mut st.outputs) {
+                p.free(id);
+            }
             for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
                 if let Some(id) = g.grad.take() {
                     p.free(id);
@@ -237,6 +246,16 @@ pub fn program(
         }
         if let Some(last) = rs_input.take() {
             p.free(last);
+        }
+        // `_merge_outputs`: the last stage's collected logits concatenated into one tensor,
+        // which torchtitan's loop drops at once.
+        for i in &order {
+            let st = &stages[i];
+            if st.split.head && !st.outputs.is_empty() {
+                let logits = sh.per_token(model.vocab as f64 / sh.t * st.outputs.len() as f64, sh.act);
+                let merged = p.alloc(logits, Term::Logits, s.logits);
+                p.free(merged);
+            }
         }
         p.mark(step, Phase::Optimizer);
         let opt_cfg = TrainConfig {
@@ -321,11 +340,20 @@ fn forward(p: &mut Program, sh: &Shape, s: &Sites, cfg: &TrainConfig, st: &mut S
         // `del pred` under the schedule), beside what the loss keeps.
         let v = m.vocab as f64 / sh.t;
         let logits = p.alloc(sh.per_token(v, a), Term::Logits, s.logits);
-        keep_all.push(logits);
+        if cfg.parallel.stage_outputs.kept(true) {
+            st.outputs.push(logits);
+        } else {
+            keep_all.push(logits);
+        }
         st.loss.insert(mb, loss_forward(p, sh, s, logits, false));
     } else {
-        // The output sent to the next stage, kept in `fwd_cache` to the backward.
-        keep_all.push(x);
+        // The output sent to the next stage, kept in `fwd_cache` to the backward, or in
+        // `output_chunks` to the next step.
+        if cfg.parallel.stage_outputs.kept(false) {
+            st.outputs.push(x);
+        } else {
+            keep_all.push(x);
+        }
     }
     st.in_flight.insert(mb, keep_all);
 }
