@@ -1056,6 +1056,66 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             held(),
         ));
     }
+
+    // A user's measurement on the PyTorch forums ("Question about GPU memory usage when using
+    // pipeline parallelism training under larger micro batch count", July 2025; the post
+    // behind PyTorch #159251): torchtitan v0.1.0's llama3_8b.toml cut to 16 layers, FSDP 2 ×
+    // PP 2 (1F1B) on 4 GPUs, 4096 tokens, full checkpointing, fused AdamW (v0.1.0's default),
+    // PyTorch 2.9.0.dev20250725,
+    // `run_train.sh` (expandable segments), peak `max_memory_reserved` of pipeline ranks 0
+    // and 1. Micro-batches of one sequence (torchtitan's default
+    // `pipeline_parallel_microbatch_size`; the post's snapshot shows each output as
+    // 4096 × 128256), so the local batch is the micro-batch count. The GPU is not named: an
+    // 80 GB H100 is assumed, and no figure comes near its capacity. PyTorch 2.9 keeps the
+    // last stage's outputs (`StageOutputs::LastStage`). All eight are check rows, taken as
+    // found, computed with the program as it stood.
+    let forum = headroom_plan::train::Estimator {
+        alloc: headroom_alloc::AllocatorConfig::parse("expandable_segments:True").unwrap(),
+        ..Default::default()
+    };
+    let l16 = Model::from_hf_config(
+        r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": false}"#,
+        "llama-3-8b-16-layers",
+    )
+    .unwrap();
+    let h100_80 = gpu("h100-sxm").unwrap();
+    for (n, published) in
+        [(2u64, ["35.75", "40.30"]), (4, ["35.80", "42.27"]), (8, ["35.94", "48.27"]), (16, ["36.20", "65.47"])]
+    {
+        let cfg = TrainConfig {
+            accumulation: n,
+            checkpointing: Checkpointing::Full,
+            parallel: Parallelism {
+                data: 2,
+                pipeline: 2,
+                zero_stage: 3,
+                stage_outputs: StageOutputs::LastStage,
+                ..Parallelism::default()
+            },
+            attention: Attention::Flash,
+            framework: Framework::Torchtitan,
+            optimizer_impl: Some(headroom_plan::train::OptimizerImpl::Fused),
+            ..TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)
+        };
+        let e = forum.estimate(&l16, &h100_80, &cfg);
+        let ranks = e.pipeline.expect("a pipelined plan names its ranks").ranks;
+        for (rank, published) in published.iter().enumerate() {
+            rows.push(number(
+                "torchtitan PP (PyTorch forums)",
+                format!(
+                    "Llama 3 8B cut to 16 layers, FSDP 2 × PP 2 1F1B, {n} micro-batches of 1 × 4096, full checkpointing: pipeline rank {rank}{}",
+                    if rank == 1 { " (the last stage)" } else { "" }
+                ),
+                "peak reserved",
+                published,
+                ranks[rank].reserved_bytes / GIB,
+                "GiB",
+                held(),
+            ));
+        }
+    }
 }
 
 const QWEN3_0_6B: &str = r#"{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
