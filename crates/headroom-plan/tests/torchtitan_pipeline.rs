@@ -56,8 +56,8 @@ fn rank_program(cfg: &TrainConfig, rank: u64) -> Program {
     pipeline::program(&model(), cfg, Device::Gpu(&g), 0.0, 2, rank).unwrap()
 }
 
-/// The most bytes of one term live at once over the program.
-fn term_peak(p: &Program, cfg: &TrainConfig, term: Term) -> f64 {
+/// The bytes of one term live over the program: the most at once, and what is left at its end.
+fn term_live(p: &Program, cfg: &TrainConfig, term: Term) -> (f64, f64) {
     let sizes = p.sizes(cfg.micro_batch, cfg.seq);
     let (mut live, mut peak) = (0u64, 0u64);
     for op in &p.ops {
@@ -68,7 +68,12 @@ fn term_peak(p: &Program, cfg: &TrainConfig, term: Term) -> f64 {
         }
         peak = peak.max(live);
     }
-    peak as f64
+    (peak as f64, live as f64)
+}
+
+/// The most bytes of one term live at once over the program.
+fn term_peak(p: &Program, cfg: &TrainConfig, term: Term) -> f64 {
+    term_live(p, cfg, term).0
 }
 
 #[test]
@@ -134,22 +139,10 @@ fn the_outputs_collected_for_the_step_are_kept_where_pytorch_keeps_them() {
     let a_every = term_peak(&rank_program(&every, 1), &every, Term::Activations);
     assert_eq!(a_none, a_last);
     assert!(a_every > a_none, "{} vs {} GiB", a_every / GIB, a_none / GIB);
-    let programs = [rank_program(&none, 1), rank_program(&every, 1)];
-    let held_at_end = |p: &Program, cfg: &TrainConfig| {
-        // The activations live when the program ends, after its last optimizer step: the
-        // receive buffers, and under `every` the step's 8 outputs.
-        let sizes = p.sizes(cfg.micro_batch, cfg.seq);
-        let mut live = 0u64;
-        for op in &p.ops {
-            match *op {
-                Op::Alloc(id) if p.tensors[id as usize].term == Term::Activations => live += sizes[id as usize],
-                Op::Free(id) if p.tensors[id as usize].term == Term::Activations => live -= sizes[id as usize],
-                _ => {}
-            }
-        }
-        live as f64
-    };
-    let kept = held_at_end(&programs[1], &every) - held_at_end(&programs[0], &none);
+    // The activations live when the program ends, after its last optimizer step: the
+    // receive buffers, and under `every` the step's 8 outputs.
+    let at_end = |cfg: &TrainConfig| term_live(&rank_program(cfg, 1), cfg, Term::Activations).1;
+    let kept = at_end(&every) - at_end(&none);
     assert!((kept / (8.0 * out) - 1.0).abs() < 0.01, "{} MiB", kept / (1u64 << 20) as f64);
 }
 
