@@ -440,7 +440,7 @@ fn e1_e2_e3_e4_exit_statuses() {
     for flag in
         [&["--zero", "3"][..], &["--finetune", "qlora"], &["--recommend"], &["--emit", "deepspeed"], &["--max-batch"]]
     {
-        headroom(&[&p[..], &["--infer"], flag].concat()).expect(2, "cannot be used with");
+        headroom(&[&p[..], &["--infer"], flag].concat()).expect(2, "applies to training");
     }
     headroom(&[&p[..], &["--weights", "int4"]].concat()).expect(2, "--infer");
     headroom(&[&p[..], &["--global-batch", "0", "--recommend"]].concat()).expect(2, "0 is not in 1..");

@@ -169,7 +169,7 @@ fn conflicting_and_unknown_flags_and_names() {
     let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
     for (args, needle) in [
         (&["--train", "--infer"][..], "cannot be used with"),
-        (&["--infer", "--accumulation", "4"], "cannot be used with"),
+        (&["--infer", "--accumulation", "4"], "--accumulation applies to training"),
         (&["--kv-dtype", "fp8"], "--infer"),
         (&["--frobnicate"], "unexpected argument"),
         (&["--precision", "fp3"], "invalid value"),

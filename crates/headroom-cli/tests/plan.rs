@@ -171,13 +171,13 @@ fn recommendations_fit_are_ranked_and_become_engine_configs() {
         let data = r["parallel"]["data"].as_u64().unwrap();
         assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accumulation"].as_u64().unwrap() * data, 256);
     }
-    // DeepSpeed gets the fastest configuration it can express: pure data parallelism.
+    // DeepSpeed gets the fastest configuration it can express, planned as DeepSpeed runs it:
+    // pure data parallelism, the global batch reached by accumulation.
     let ds: Value = serde_json::from_str(v["engine_config"].as_str().unwrap()).unwrap();
     assert_eq!(ds["train_batch_size"], 256);
-    let first_dp = recs.iter().find(|r| r["parallel"]["data"] == 8);
-    if let Some(r) = first_dp {
-        assert_eq!(ds["train_micro_batch_size_per_gpu"], r["micro_batch"]);
-    }
+    let (micro, accum) =
+        (ds["train_micro_batch_size_per_gpu"].as_u64().unwrap(), ds["gradient_accumulation_steps"].as_u64().unwrap());
+    assert_eq!(micro * accum * 8, 256);
 }
 
 #[test]
@@ -408,10 +408,15 @@ fn offload_plans_deepspeed_and_its_buffers() {
     // The weights left but the norms and adapters DeepSpeed never partitions.
     let weights = ds["breakdown"]["weights"].as_f64().unwrap();
     assert!(weights > 0.0 && weights < 20e6, "{weights}");
-    // Asked for as transformers' own (FSDP's offload), it holds no DeepSpeed bucket.
-    let (_, hf) = plan(&[&job[..], &["--offload", "params", "--framework", "hf"]].concat());
-    assert_eq!(hf["framework"], "megatron");
-    assert!(hf["breakdown"]["temporary"].as_f64().unwrap() < bucket);
+    // Asked for as transformers' own, no builder plans it (its offload is DeepSpeed's): refused
+    // with each transformers builder's reason, never planned as another framework's.
+    let hf = Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan"].into_iter().chain(job).chain(["--offload", "params", "--framework", "hf"]))
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&hf.get_output().stderr).to_string();
+    assert!(err.contains("no program builder") && err.contains("transformers-phases: CPU offload"), "{err}");
     prints(
         &[&job[..], &["--offload", "params"]].concat(),
         0,

@@ -16,10 +16,11 @@ use headroom_alloc::units::{parse_size, GIB, MIB};
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, SimDevice};
 use headroom_kv::dist::{LengthDist, Role};
 use headroom_plan::checkpoint::{simulate, solve, Chain, SolveError};
+use headroom_plan::estimate::estimate;
 use headroom_plan::gpu::gpu;
 use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
+use headroom_plan::job::{Attention, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
-use headroom_plan::train::{self, Attention, Optimizer, Precision, TrainConfig};
 use headroom_trace::jsonl::{format_op, parse_line, read_trace};
 use headroom_trace::replay::{replay, ReplayOptions};
 use rand::SeedableRng;
@@ -97,9 +98,12 @@ pub fn hf_config(data: &[u8]) {
     let _ = (m.params(), m.active_params(), m.layer_params(), m.block_linears(), m.to_string());
     for seq in [1, 2048, 1 << 20] {
         let cfg = TrainConfig::new(1, seq, Precision::Mixed, Optimizer::AdamW);
-        if cfg.check(&m, &g).is_ok() {
-            let e = train::estimate(&m, &g, &cfg);
-            assert!(!e.per_gpu_bytes.is_nan() && e.per_gpu_bytes >= 0.0, "{e:?}");
+        if let Ok(job) = Job::new(&m, &g, cfg) {
+            // A job no builder serves is refused with a reason; one that is served has figures.
+            if let Ok(e) = estimate(&job) {
+                let bytes = e.memory.per_gpu_bytes;
+                assert!(!bytes.is_nan() && bytes >= 0.0, "{e:?}");
+            }
         }
         if m.generates() {
             for runtime in [

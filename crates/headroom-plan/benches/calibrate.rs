@@ -11,9 +11,10 @@ mod snapshot;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headroom_plan::calibrate::{calibrate, find_steps, Snapshot};
+use headroom_plan::estimate::Estimator;
 use headroom_plan::gpu::gpu;
+use headroom_plan::job::{Attention, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
-use headroom_plan::train::{Attention, Estimator, Optimizer, Precision, TrainConfig};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -44,9 +45,9 @@ fn bench(c: &mut Criterion) {
                 let rec = snapshot::moments(s);
                 let steps = find_steps(&rec).unwrap();
                 let snaps = [Snapshot { name: "qwen3".into(), batch: 1, seq: 512, steps }];
-                let fit = calibrate(&model, &h200, &job, &Estimator::default(), &snaps).unwrap();
+                let fit = calibrate(&Job::new(&model, &h200, job).unwrap(), &Estimator::default(), &snaps).unwrap();
                 let est = Estimator { calibration: Some(fit.calibration), ..Estimator::default() };
-                est.estimate(&model, &h200, &job)
+                est.estimate(&Job::new(&model, &h200, job).unwrap())
             })
         });
     }

@@ -5,13 +5,12 @@
 //! `cargo bench -p headroom-plan --bench plan`; figures in docs/PERFORMANCE.md.
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use headroom_plan::estimate::Estimator;
 use headroom_plan::gpu::gpu;
+use headroom_plan::job::{Attention, Checkpointing, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::preset;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::search::{recommend, SearchSpace};
-use headroom_plan::train::{
-    estimate, max_micro_batch, Attention, Checkpointing, Estimator, Optimizer, Precision, TrainConfig,
-};
 use std::time::Duration;
 
 fn plan(c: &mut Criterion) {
@@ -25,9 +24,11 @@ fn plan(c: &mut Criterion) {
         checkpointing: Checkpointing::Full,
         ..TrainConfig::new(2, 4096, Precision::Bf16, Optimizer::AdamW)
     };
-    eprintln!("one plan: {:?}", estimate(&model, &h100, &one).program);
-    g.bench_function("one_plan_llama3_8b_recorded", |b| b.iter(|| estimate(&model, &h100, &one)));
-    g.bench_function("max_batch_llama3_8b_recorded", |b| b.iter(|| max_micro_batch(&model, &h100, &one, 1 << 40)));
+    let one = Job::new(&model, &h100, one).unwrap();
+    let estimator = Estimator::default();
+    eprintln!("one plan: {}", estimator.estimate(&one).unwrap().runner.builder);
+    g.bench_function("one_plan_llama3_8b_recorded", |b| b.iter(|| estimator.estimate(&one)));
+    g.bench_function("max_batch_llama3_8b_recorded", |b| b.iter(|| estimator.max_micro_batch(&one, 1 << 40)));
     // The README's --recommend: Llama-3-8B on 8 H100s, 128 sequences of 8192 tokens a step.
     let base = TrainConfig {
         accumulation: 16,
@@ -36,11 +37,9 @@ fn plan(c: &mut Criterion) {
         parallel: Parallelism::data_parallel(8, 3),
         ..TrainConfig::new(1, 8192, Precision::Mixed, Optimizer::AdamW)
     };
+    let base = Job::new(&model, &h100, base).unwrap();
     let space = SearchSpace::for_job(&model, &h100, 8, 8192, 128);
-    let estimator = Estimator::default();
-    g.bench_function("readme_recommend", |b| {
-        b.iter(|| recommend(&model, &h100, &base, 128, &space, &estimator, 20, None))
-    });
+    g.bench_function("readme_recommend", |b| b.iter(|| recommend(&base, 128, &space, &estimator, 20, None)));
     g.finish();
 }
 

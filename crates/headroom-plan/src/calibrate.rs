@@ -30,12 +30,10 @@
 //! keeps). A snapshot that ends in an out-of-memory error is evidence ([`OomEvidence`]): at
 //! its shape or beyond, on a device no larger than the one it had, the plan does not fit.
 
-use crate::gpu::GpuSpec;
-use crate::job::{Framework, TrainConfig};
-use crate::model::Model;
+pub use crate::calibration::{group, made_in, Calibration, Correction, OomEvidence};
+use crate::estimate::Estimator;
+use crate::job::{Framework, Job, TrainConfig};
 use crate::program::{Law, Op, Phase, Program, Term};
-pub use crate::step::{Calibration, Correction, OomEvidence};
-use crate::train::Estimator;
 use headroom_alloc::{DeviceCachingAllocator, SimDevice};
 use std::fmt;
 
@@ -496,6 +494,8 @@ pub enum CalibrationError {
     /// Two snapshots disagree about one job: at one shape they grow by different amounts, or
     /// the one said to run longer sequences grows by less.
     Contradictory(String),
+    /// A snapshot's shape is not one the job can run.
+    Shape { snapshot: String, why: String },
 }
 
 /// How far two snapshots of one job at one shape may differ in what their forward adds
@@ -542,6 +542,9 @@ impl fmt::Display for CalibrationError {
                  precision than the plan's, or another shape (check --calibrate-batch and --calibrate-seq)"
             ),
             CalibrationError::NothingToFit(why) | CalibrationError::Contradictory(why) => f.write_str(why),
+            CalibrationError::Shape { snapshot, why } => {
+                write!(f, "{snapshot}: its shape (--calibrate-batch, --calibrate-seq): {why}")
+            }
         }
     }
 }
@@ -557,44 +560,6 @@ struct Measured {
     scaled: [f64; 3],
     /// The optimizer state live when the step began.
     state: f64,
-}
-
-/// The group a tensor's scale belongs to: 0 forward, 1 backward, 2 optimizer, 3 state.
-///
-/// What grows with the tokens in a forward or a backward — what the layers keep, their
-/// transients, the backward's gradients of them — is the forward's, wherever it is made: the
-/// backward's tensors have the activations' shapes, and scaling one without the other would
-/// leave every freed activation's block a little too small or too large for the tensor that
-/// reuses it (fragmentation the run does not have). A program laid out from the closed form
-/// (every size fixed at its shape) scales its activations and logits.
-pub(crate) fn group(t: &crate::program::Tensor, made_in: Phase) -> Option<usize> {
-    let tokens = t.law.grows_with_batch() || t.law.per_position != 0.0 || t.law.per_position_square != 0.0;
-    match (t.term, made_in) {
-        (Term::Activations | Term::Logits | Term::Temporary, Phase::Forward | Phase::Backward) if tokens => Some(0),
-        (Term::Activations | Term::Logits, Phase::Forward | Phase::Backward) => Some(0),
-        (Term::Temporary, Phase::Backward) => Some(1),
-        (Term::Temporary, Phase::Optimizer) => Some(2),
-        (Term::Optimizer, _) => Some(3),
-        _ => None,
-    }
-}
-
-/// The phase each tensor is allocated in.
-pub(crate) fn made_in(p: &Program) -> Vec<Phase> {
-    let mut out = vec![Phase::Setup; p.tensors.len()];
-    let mut phase = Phase::Setup;
-    for op in &p.ops {
-        match *op {
-            Op::Mark { phase: ph, .. } => phase = ph,
-            Op::Alloc(t) => {
-                if let Some(slot) = out.get_mut(t as usize) {
-                    *slot = phase;
-                }
-            }
-            Op::Free(_) => {}
-        }
-    }
-    out
 }
 
 /// Replays `p` at `(b, s)` through PyTorch's allocator on an unbounded device and reads step
@@ -784,15 +749,11 @@ type Used = (Program, u64, u64, u32, Figures, usize);
 
 /// Fits `cfg`'s program to the snapshots. `est` is the estimator the plan replays with (its
 /// allocator settings and steps); its own calibration is ignored.
-pub fn calibrate(
-    model: &Model,
-    gpu: &GpuSpec,
-    cfg: &TrainConfig,
-    est: &Estimator,
-    snapshots: &[Snapshot],
-) -> Result<Fit, CalibrationError> {
-    if !matches!(cfg.framework, Framework::Auto | Framework::HuggingFace) || cfg.deepspeed() || cfg.parallel.gpus() > 1
-    {
+pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<Fit, CalibrationError> {
+    let cfg = &job.train;
+    let runs_transformers = crate::builders::runner(job)
+        .is_ok_and(|(r, _)| r.builder.framework() == Framework::HuggingFace && r.builder.transformers_code(job));
+    if !runs_transformers || cfg.parallel.gpus() > 1 {
         return Err(CalibrationError::NoPhaseModel);
     }
     let plain = Estimator { calibration: None, ..est.clone() };
@@ -848,13 +809,18 @@ pub fn calibrate(
                 phase: o.phase,
             };
             // The smallest shape that ran out is the strongest evidence.
-            if evidence.is_none_or(|old| (e.batch * e.seq) < old.batch * old.seq) {
+            let tokens = |e: &OomEvidence| e.batch as u128 * e.seq as u128;
+            if evidence.is_none_or(|old| tokens(&e) < tokens(&old)) {
                 evidence = Some(e);
             }
         }
         if let Some(s) = step {
             let at = TrainConfig { micro_batch: snap.batch, seq: snap.seq, accumulation: s.micro_steps as u64, ..*cfg };
-            let program = plain.step_program(model, gpu, &at);
+            let at = job.with(at).map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.0 })?;
+            let program = plain
+                .estimate(&at)
+                .map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.to_string() })?
+                .program;
             let compared = if s.kind == StepKind::First { 1 } else { plain.steps.max(2) };
             let rec = Figures::of(&s);
             let m = measure(&program, snap.batch, snap.seq, compared, &plain);
@@ -881,7 +847,7 @@ pub fn calibrate(
             fit.step = Some(s);
             fit.recorded = Some(rec);
             fit.uncalibrated = Some(m.figures);
-            used.push((program, snap.batch, snap.seq, compared, rec, fits.len()));
+            used.push(((*program).clone(), snap.batch, snap.seq, compared, rec, fits.len()));
         } else if fit.note.is_none() && st.oom.is_some() {
             fit.note = Some("no whole step before its OOM: the OOM alone is used".into());
         }

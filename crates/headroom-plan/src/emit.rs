@@ -4,7 +4,7 @@
 //! training configuration. What an engine's configuration cannot say is an
 //! error that names the engine that can.
 
-use crate::job::{BaseWeights, Checkpointing, Finetune, LoraTargets, Offload, Precision, TrainConfig};
+use crate::job::{BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::GPUS_PER_NODE;
 use serde_json::json;
@@ -24,6 +24,22 @@ crate::names::named!(Engine {
     Accelerate => ("accelerate", "an Accelerate config"),
     Megatron => ("megatron", "Megatron-LM arguments (tensor, pipeline and context parallelism)"),
 });
+
+impl Engine {
+    /// The framework whose code the engine's configuration runs: its own, or for
+    /// Hugging Face's launchers transformers'. A job that asked for `auto` is planned as that
+    /// framework; one that named its framework keeps it.
+    pub fn framework(self, asked: Framework) -> Framework {
+        if asked != Framework::Auto {
+            return asked;
+        }
+        match self {
+            Engine::DeepSpeed => Framework::DeepSpeed,
+            Engine::Megatron => Framework::Megatron,
+            Engine::Fsdp | Engine::Accelerate => Framework::HuggingFace,
+        }
+    }
+}
 
 fn mixed(p: Precision) -> &'static str {
     match p {

@@ -129,7 +129,7 @@ pub struct InferEstimate {
 
 /// The longest sequence of which `cfg.batch` fit (0 if none does), up to `limit` tokens.
 pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u64 {
-    crate::train::largest(limit, |seq| estimate(model, gpu, &InferConfig { seq, ..*cfg }).fits)
+    crate::estimate::largest(limit, |seq| estimate(model, gpu, &InferConfig { seq, ..*cfg }).fits)
 }
 
 /// Why a configuration cannot be estimated.
@@ -292,7 +292,7 @@ fn transformers(
     let per_gpu = weights + peak.total + framework;
     let fits_batch = |batch: u64| weights + peak_at(batch).total + framework <= gpu.memory_bytes as f64;
     // The peak grows with the batch, so the largest batch that fits is found by bisection.
-    let max_sequences = crate::train::largest(1 << 40, fits_batch);
+    let max_sequences = crate::estimate::largest(1 << 40, fits_batch);
     InferEstimate {
         weights,
         kv_cache: peak.kv_cache,

@@ -6,7 +6,7 @@
 use crate::gpu::GpuSpec;
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
-use crate::parallel::Parallelism;
+use crate::parallel::{Parallelism, StageOutputs};
 
 /// Precision regimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,54 +129,6 @@ pub enum Offload {
     OptimizerAndParams,
 }
 
-/// The coefficients of the closed-form activation and time model, in one place.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ActivationModel {
-    /// sbh coefficient independent of the MLP width (attention linears, norms, dropouts): 18.
-    pub c0: f64,
-    /// sb·f coefficient of a 2-matrix GELU MLP (its 4h form gives Korthikanti's 16 of 34): 4.
-    pub c1_mlp: f64,
-    /// The same for a gated MLP (one more f-wide tensor saved): 6.
-    pub c1_gated: f64,
-    /// Of c₀, what tensor parallelism without sequence parallelism replicates (norm inputs, their outputs, dropout masks): 10.
-    pub c0_replicated: f64,
-    /// Of c₀, the inputs of linear layers (QKV, output projection, MLP input): 6; saved in fp8 under fp8.
-    pub c0_linear_inputs: f64,
-    /// Of c₁, the input of the MLP's last linear layer: 2.
-    pub c1_linear_inputs: f64,
-    /// fp32 copies of the logits alive at the loss's peak (the upcast, log-softmax's output, the gradient): 3.
-    pub logits_fp32_copies: f64,
-    /// Low-precision copies alive with them under 16-bit training (the logits, the gradient): 2.
-    pub logits_low_precision_copies: f64,
-    /// The fraction of their speed alone that a training step's kernels keep back to back
-    /// (launch gaps, sustained clocks): tuned on Korthikanti et al.'s per-layer times
-    /// (Table 4) and checked on every other published step time (docs/VALIDATION.md).
-    pub kernel_efficiency: f64,
-    /// Parameters a CPU optimizer step updates per second, per GPU's share (DeepSpeed CPU-Adam).
-    pub host_optimizer_params_per_s: f64,
-    /// Fraction of the HBM bandwidth a memory-bound kernel (the optimizer step) reaches
-    /// (llm-analysis's default).
-    pub hbm_efficiency: f64,
-}
-
-impl Default for ActivationModel {
-    fn default() -> Self {
-        ActivationModel {
-            c0: 18.0,
-            c1_mlp: 4.0,
-            c1_gated: 6.0,
-            c0_replicated: 10.0,
-            c0_linear_inputs: 6.0,
-            c1_linear_inputs: 2.0,
-            logits_fp32_copies: 3.0,
-            logits_low_precision_copies: 2.0,
-            kernel_efficiency: 0.82,
-            host_optimizer_params_per_s: 1e9,
-            hbm_efficiency: 0.9,
-        }
-    }
-}
-
 /// A training configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TrainConfig {
@@ -191,7 +143,6 @@ pub struct TrainConfig {
     pub parallel: Parallelism,
     pub finetune: Finetune,
     pub offload: Offload,
-    pub coefficients: ActivationModel,
     /// Whose code runs the step: its activations and what each phase keeps.
     pub framework: Framework,
     /// The output layer and loss.
@@ -208,7 +159,9 @@ pub struct TrainConfig {
     pub optimizer_impl: Option<OptimizerImpl>,
 }
 
-/// Whose code runs a training step.
+/// Whose code runs a training step. [`Framework::Auto`] is a request, not an answer: the
+/// program builder that runs the job ([`crate::builders`]) names the framework it models, and
+/// the estimate reports that one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Framework {
     /// Hugging Face transformers (with the Trainer, Accelerate, DeepSpeed or FSDP) where it
@@ -222,15 +175,13 @@ pub enum Framework {
     DeepSpeed,
     /// Megatron-LM's fused kernels: Korthikanti et al.'s activations, all terms at once.
     Megatron,
-    /// torchtitan: Megatron's accounting of the layers, with torchtitan's loss — the bf16
-    /// logits upcast for `cross_entropy` and deleted before the backward (its `train.py`),
-    /// so the peak holds log-softmax's fp32 output, its gradient and the gradient of its
-    /// input: 12 bytes a logit, not transformers' 16.
+    /// torchtitan: PyTorch's FSDP2, tensor, pipeline and context parallelism over its
+    /// Llama code ([`crate::builders::fsdp2`]); where that program does not serve, Megatron's
+    /// accounting of the layers with torchtitan's loss — the bf16 logits upcast for
+    /// `cross_entropy` and deleted before the backward (its `train.py`), so the peak holds
+    /// log-softmax's fp32 output, its gradient and the gradient of its input: 12 bytes a
+    /// logit, not transformers' 16.
     Torchtitan,
-    /// vLLM's serving engine: inference only ([`crate::engine`]).
-    Vllm,
-    /// SGLang's server: inference only ([`crate::sglang`]).
-    Sglang,
 }
 
 named!(Framework {
@@ -239,8 +190,6 @@ named!(Framework {
     DeepSpeed => ("deepspeed", "DeepSpeed's ZeRO engine over transformers (implied by --offload)"),
     Megatron => ("megatron", "Megatron-LM"),
     Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
-    Vllm => ("vllm", "vLLM's serving engine (--infer)"),
-    Sglang => ("sglang", "SGLang's server (--infer)"),
 });
 
 named!(Precision {
@@ -314,7 +263,6 @@ impl TrainConfig {
             parallel: Parallelism::default(),
             finetune: Finetune::Full,
             offload: Offload::None,
-            coefficients: ActivationModel::default(),
             framework: Framework::Auto,
             head: Head::CausalLm,
             compile: false,
@@ -323,7 +271,8 @@ impl TrainConfig {
         }
     }
 
-    /// Whether `model` can train this way on `gpu`; the reason if not.
+    /// Whether `model` can train this way on `gpu`; the reason if not. [`Job::new`] checks
+    /// this and the rules that need the model's shape.
     pub fn check(&self, model: &Model, gpu: &GpuSpec) -> Result<(), crate::InvalidConfig> {
         self.why_not(model, gpu).map_err(crate::InvalidConfig)
     }
@@ -331,6 +280,18 @@ impl TrainConfig {
     fn why_not(&self, model: &Model, gpu: &GpuSpec) -> Result<(), String> {
         if self.micro_batch == 0 || self.seq == 0 || self.accumulation == 0 {
             return Err("micro-batch, sequence length and accumulation must be positive".into());
+        }
+        if self.micro_batch.checked_mul(self.seq).is_none_or(|t| t > MOST_TOKENS) {
+            return Err(format!(
+                "a micro-batch of {} × {} tokens is more than 2^32 tokens: no GPU holds that",
+                self.micro_batch, self.seq
+            ));
+        }
+        if self.micro_batch.checked_mul(self.accumulation).and_then(|x| x.checked_mul(self.parallel.data)).is_none() {
+            return Err(format!(
+                "the global batch, {} × {} accumulated × {} data-parallel GPUs, is more than 2^64 sequences",
+                self.micro_batch, self.accumulation, self.parallel.data
+            ));
         }
         let torchtitan = self.framework == Framework::Torchtitan;
         self.parallel.why_not(model, self.seq, !torchtitan)?;
@@ -352,6 +313,19 @@ impl TrainConfig {
         if torchtitan && schedule.looped() {
             crate::pipelining::microbatches_per_round(self.parallel.pipeline, self.accumulation)?;
         }
+        if self.parallel.stage_outputs != StageOutputs::None {
+            if self.parallel.pipeline == 1 {
+                return Err("--pp-outputs needs more than one pipeline stage (--pp)".into());
+            }
+            if !torchtitan {
+                return Err("--pp-outputs is PyTorch's pipelining, as torchtitan runs it: add --framework torchtitan \
+                            (the other frameworks' pipelines are planned in closed form)"
+                    .into());
+            }
+        }
+        if self.compile_loss && !self.compile {
+            return Err("the loss is compiled only with the model (torch.compile)".into());
+        }
         if self.precision == Precision::Fp8 && gpu.fp8_flops.is_none() {
             return Err(format!("{} has no fp8 tensor cores (Hopper, Ada, Blackwell and MI300 do)", gpu.name));
         }
@@ -363,10 +337,25 @@ impl TrainConfig {
                 "optimal checkpointing plans one pipeline stage; with --pp use full, selective or every-K".into()
             );
         }
+        if let Checkpointing::EveryK(0) = self.checkpointing {
+            return Err("--checkpoint every-K needs K of at least 1".into());
+        }
         if let Finetune::Lora { rank, .. } = self.finetune {
             if rank == 0 {
                 return Err("the LoRA rank must be positive".into());
             }
+            let smallest = model.block_linears().iter().map(|&(i, o)| i.min(o)).min().unwrap_or(0);
+            if rank > smallest {
+                return Err(format!(
+                    "--lora-rank {rank} is more than the smallest adapted dimension, {smallest} (a full-rank update)"
+                ));
+            }
+        }
+        if model.learned_positions() && self.seq > model.max_position {
+            return Err(format!(
+                "--seq {}: {} has {} learned positions, and no sequence may be longer",
+                self.seq, model.name, model.max_position
+            ));
         }
         Ok(())
     }
@@ -403,3 +392,77 @@ named!(PipelineStage {
     Last => ("last", ""),
     Middle => ("middle", ""),
 });
+
+/// The most tokens a micro-batch, a sequence or a serving step may have. Bytes are counted in
+/// 64 bits, and attention's sequence² × heads × 4 bytes passes 2^64 not far beyond; no GPU
+/// holds even the hidden states of 2^32 tokens (32 TiB at 4096 × 2 bytes each).
+pub const MOST_TOKENS: u64 = 1 << 32;
+
+/// A training job: the model, the GPU and how it trains, checked together. Every function
+/// of the planner that needs all three takes the job; a `Job` exists only once its
+/// settings passed every rule ([`Job::new`]), so the planner's rooms below it assume them.
+#[derive(Clone, Copy, Debug)]
+pub struct Job<'a> {
+    pub model: &'a Model,
+    pub gpu: &'a GpuSpec,
+    pub train: TrainConfig,
+}
+
+impl<'a> Job<'a> {
+    /// The job, if `model` can train as `train` says on `gpu`; the reason if not.
+    pub fn new(model: &'a Model, gpu: &'a GpuSpec, train: TrainConfig) -> Result<Job<'a>, crate::InvalidConfig> {
+        train.check(model, gpu)?;
+        Ok(Job { model, gpu, train })
+    }
+
+    /// The same model and GPU trained as `train` says, checked again.
+    pub fn with(&self, train: TrainConfig) -> Result<Job<'a>, crate::InvalidConfig> {
+        Job::new(self.model, self.gpu, train)
+    }
+
+    /// Tokens of one micro-batch on one GPU's share of the sequence.
+    pub fn tokens(&self) -> f64 {
+        self.train.micro_batch as f64 * self.train.seq as f64
+    }
+}
+
+impl Checkpointing {
+    /// The policy `--checkpoint` names: none, full, selective, per-op, every-K or optimal.
+    pub fn parse(s: &str) -> Result<Checkpointing, String> {
+        Ok(match s {
+            "none" => Checkpointing::None,
+            "full" => Checkpointing::Full,
+            "selective" => Checkpointing::Selective,
+            "per-op" => Checkpointing::PerOp,
+            "optimal" => Checkpointing::Optimal,
+            other => match other.strip_prefix("every-").map(str::parse::<u64>) {
+                Some(Ok(k)) if k > 0 => Checkpointing::EveryK(k),
+                _ => return Err(format!("{other:?}: expected none, full, selective, per-op, every-K or optimal")),
+            },
+        })
+    }
+
+    /// Its name, as `--checkpoint` and `--json` spell it.
+    pub fn spelling(self) -> String {
+        match self {
+            Checkpointing::None => "none".into(),
+            Checkpointing::Full => "full".into(),
+            Checkpointing::Selective => "selective".into(),
+            Checkpointing::PerOp => "per-op".into(),
+            Checkpointing::EveryK(k) => format!("every-{k}"),
+            Checkpointing::Optimal => "optimal".into(),
+        }
+    }
+}
+
+impl Finetune {
+    /// Its name, as `--finetune` and `--json` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Finetune::Full => "full",
+            Finetune::Lora { base: BaseWeights::Nf4, .. } => "qlora",
+            Finetune::Lora { base: BaseWeights::Int8, .. } => "lora-int8",
+            Finetune::Lora { .. } => "lora",
+        }
+    }
+}

@@ -1,43 +1,59 @@
 //! # headroom-plan
 //!
-//! Planning GPU memory before a run: the models ([`model`], from presets or a
-//! Hugging Face `config.json`, with exact parameter counts), the GPUs
-//! ([`gpu`]), the training and inference memory models ([`train`],
-//! [`infer`], with transformers' measured activations in [`recipe`] and
-//! [`forward_recipe`], and vLLM's start-up budget in [`engine`]), the recommendation search ([`search`]), engine configs
-//! ([`emit`]), the optimal activation-checkpointing solver ([`checkpoint`]),
-//! and the step's phases fitted to a snapshot of the user's own run
-//! ([`calibrate`]).
+//! Planning GPU memory before a run. A training job is planned along one spine, each stage
+//! a module that imports only those above it:
+//!
+//! 1. the job ([`job`], [`request`]): a model ([`model`], from presets or a Hugging Face
+//!    `config.json`), a GPU ([`gpu`]) and how it trains, resolved and checked once;
+//! 2. where its parameters live ([`placement`], [`parallel`], [`pipelining`]);
+//! 3. its step program ([`program`]): what it allocates and frees, in order;
+//! 4. who builds that program ([`builders`]): a table of builders, one per framework's code,
+//!    each saying whether it serves the job and why not; the closed form ([`closed_form`],
+//!    with transformers' recorded activations in [`recipe`], [`step_recipe`] and [`phases`])
+//!    is the closed-form builders' input;
+//! 5. the user's calibration ([`calibration`], fitted by [`calibrate`]), a transform of the
+//!    program;
+//! 6. the replay ([`replay`]) through headroom's allocator;
+//! 7. the step time ([`time`], [`kernel`], [`eager`]);
+//! 8. the estimate ([`estimate`]), and over it the search ([`search`]) and the engine
+//!    configs ([`emit`]).
+//!
+//! Inference ([`infer`]) plans vLLM's start-up budget ([`engine`]), SGLang's ([`sglang`]) and
+//! transformers' forward ([`forward_recipe`], [`bnb`]). [`checkpoint`] is the optimal
+//! activation-checkpointing solver.
 
 pub mod bnb;
+pub mod builders;
 pub mod calibrate;
+pub mod calibration;
 pub mod checkpoint;
+pub mod closed_form;
 pub mod deepspeed;
 pub mod eager;
 mod error;
 pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
 pub mod emit;
 pub mod engine;
+pub mod estimate;
 pub mod forward_recipe;
 pub mod gpu;
 pub mod infer;
 pub mod job;
 pub mod json;
 pub mod kernel;
-pub mod live;
 pub mod model;
 pub mod names;
 pub mod parallel;
+pub mod phases;
 pub mod pipelining;
 pub mod placement;
 pub mod program;
 pub mod program_template;
 pub mod recipe;
+pub mod remedy;
 pub mod replay;
+pub mod request;
 pub mod search;
 pub mod sglang;
-pub mod step;
 pub mod step_recipe;
-pub mod synth;
 pub mod time;
-pub mod train;

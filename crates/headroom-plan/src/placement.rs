@@ -167,3 +167,42 @@ pub fn frozen_bytes(model: &Model, share: &Share, cfg: &TrainConfig) -> f64 {
     let (base, other) = frozen_width(model, cfg);
     share.frozen_linear * base + share.frozen_other * other
 }
+
+/// The parameter tensors one GPU's optimizer steps over on `stage`, as element counts in the
+/// order it walks them: each layer's trained linears (or LoRA's two adapter matrices per
+/// adapted linear) and the rest of the layer, then the tables outside the layers. They add up
+/// to the stage's trainable share over the GPUs ZeRO shards the optimizer's work across: the
+/// sizes the per-parameter temporaries of an optimizer step follow.
+pub fn updated_tensors(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Vec<f64> {
+    let sh = share(model, cfg, stage);
+    let par = &cfg.parallel;
+    let layers = match stage {
+        PipelineStage::Only => model.layers,
+        _ => model.layers.div_ceil(par.pipeline.max(1)),
+    };
+    let linears = model.block_linears();
+    let layer: Vec<f64> = match cfg.finetune {
+        Finetune::Full => {
+            let linear: u64 = linears.iter().map(|&(i, o)| i * o).sum();
+            let mut v: Vec<f64> = linears.iter().map(|&(i, o)| (i * o) as f64).collect();
+            v.push(model.layer_params().saturating_sub(linear) as f64);
+            v
+        }
+        Finetune::Lora { rank, targets, .. } => {
+            targets.of(&linears).iter().flat_map(|&(i, o)| [(rank * i) as f64, (rank * o) as f64]).collect()
+        }
+    };
+    let mut out: Vec<f64> = (0..layers).flat_map(|_| layer.iter().copied()).collect();
+    let in_layers: f64 = out.iter().sum();
+    let t = par.tensor.max(1) as f64;
+    // What trains outside the layers: the embedding, the head, the final norm.
+    let outside = sh.trainable * t - in_layers;
+    if outside > 0.0 {
+        out.push(outside);
+    }
+    let shard = if par.zero_stage >= 1 { par.shard_degree() as f64 } else { 1.0 };
+    let total: f64 = out.iter().sum();
+    let scale = if total > 0.0 { sh.trainable / shard / total } else { 0.0 };
+    out.retain(|&x| x > 0.0);
+    out.iter().map(|x| x * scale).collect()
+}

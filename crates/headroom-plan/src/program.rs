@@ -100,6 +100,32 @@ impl fmt::Display for Phase {
     }
 }
 
+/// The peak of each phase of a step: its forward, its backward and its optimizer step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhasePeaks {
+    pub forward: u64,
+    pub backward: u64,
+    pub optimizer: u64,
+}
+
+impl PhasePeaks {
+    /// Raises `phase`'s peak to `bytes` (nothing for setup).
+    pub fn raise(&mut self, phase: Phase, bytes: u64) {
+        let slot = match phase {
+            Phase::Setup => return,
+            Phase::Forward => &mut self.forward,
+            Phase::Backward => &mut self.backward,
+            Phase::Optimizer => &mut self.optimizer,
+        };
+        *slot = (*slot).max(bytes);
+    }
+
+    /// The highest of the three.
+    pub fn max(&self) -> u64 {
+        self.forward.max(self.backward).max(self.optimizer)
+    }
+}
+
 /// How a tensor's bytes follow the micro-batch `b` and the sequence length `s`:
 /// `fixed + per_token·b·s + per_token_position·b·s² + per_sequence·b + per_position·s
 /// + per_position_square·s²`.
@@ -351,37 +377,31 @@ impl Program {
         best
     }
 
-    /// The live peak of each phase of step `step` — forward, backward, optimizer — and of
-    /// the whole step, exactly as the program holds them (what the CPU ground truth measures).
-    pub fn step_peaks(&self, sizes: &[u64], step: u32) -> ([u64; 3], u64) {
+    /// The live peak of each phase of step `step`, and of the whole step, exactly as the
+    /// program holds them (what the CPU ground truth measures).
+    pub fn step_peaks(&self, sizes: &[u64], step: u32) -> (PhasePeaks, u64) {
         let mut total = 0u64;
-        let mut peaks = [0u64; 3];
-        let mut current: Option<usize> = None;
+        let mut peaks = PhasePeaks::default();
+        let mut current: Option<Phase> = None;
         for op in &self.ops {
             match *op {
                 Op::Alloc(t) => {
                     total += sizes[t as usize];
-                    if let Some(k) = current {
-                        peaks[k] = peaks[k].max(total);
+                    if let Some(ph) = current {
+                        peaks.raise(ph, total);
                     }
                 }
                 Op::Free(t) => total -= sizes[t as usize],
                 Op::Mark { step: st, phase } => {
-                    current = match phase {
-                        _ if st != step => None,
-                        Phase::Setup => None,
-                        Phase::Forward => Some(0),
-                        Phase::Backward => Some(1),
-                        Phase::Optimizer => Some(2),
-                    };
+                    current = (st == step).then_some(phase);
                     // A phase holds at least what it began with.
-                    if let Some(k) = current {
-                        peaks[k] = peaks[k].max(total);
+                    if let Some(ph) = current {
+                        peaks.raise(ph, total);
                     }
                 }
             }
         }
-        (peaks, peaks.into_iter().max().unwrap_or(0))
+        (peaks, peaks.max())
     }
 
     /// Allocations in the program.

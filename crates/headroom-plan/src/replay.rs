@@ -9,7 +9,7 @@
 //! path — free the cached blocks, retry — and fails only when that fails too: the job
 //! runs out of memory exactly where the replay does.
 
-use crate::program::{ByTerm, Op, Phase, Program};
+use crate::program::{ByTerm, Op, Phase, PhasePeaks, Program};
 use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, PolicyName, SimDevice};
 
 /// How to replay: the device's memory for PyTorch and the allocator's settings.
@@ -61,9 +61,9 @@ pub struct Replayed {
     pub peak_at: When,
     /// When reserved memory last grew to its peak.
     pub reserved_peak_at: When,
-    /// The allocated peak of each phase of the last step replayed: forward, backward,
-    /// optimizer (0 for a phase the program does not have).
-    pub phase_peaks: [u64; 3],
+    /// The allocated peak of each phase of the last step replayed (0 for a phase the program
+    /// does not have).
+    pub phase_peaks: PhasePeaks,
     /// Device allocations (`cudaMalloc`, or page maps) and frees.
     pub device_mallocs: u64,
     pub device_frees: u64,
@@ -82,15 +82,6 @@ impl Replayed {
     }
 }
 
-fn phase_slot(p: Phase) -> Option<usize> {
-    match p {
-        Phase::Setup => None,
-        Phase::Forward => Some(0),
-        Phase::Backward => Some(1),
-        Phase::Optimizer => Some(2),
-    }
-}
-
 /// Replays `program` at `sizes` (one per tensor, [`Program::sizes`]).
 pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Replayed {
     let device = SimDevice::new(settings.capacity);
@@ -106,7 +97,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
         at_peak: ByTerm::default(),
         peak_at: at,
         reserved_peak_at: at,
-        phase_peaks: [0; 3],
+        phase_peaks: PhasePeaks::default(),
         device_mallocs: 0,
         alloc_retries: 0,
         device_frees: 0,
@@ -126,9 +117,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
                 at.phase = phase;
                 // A phase holds at least what it began with.
                 if step == last_step {
-                    if let Some(k) = phase_slot(phase) {
-                        out.phase_peaks[k] = out.phase_peaks[k].max(total);
-                    }
+                    out.phase_peaks.raise(phase, total);
                 }
             }
             Op::Alloc(t) => {
@@ -145,9 +134,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
                             out.peak_at = at;
                         }
                         if at.step == last_step {
-                            if let Some(k) = phase_slot(at.phase) {
-                                out.phase_peaks[k] = out.phase_peaks[k].max(total);
-                            }
+                            out.phase_peaks.raise(at.phase, total);
                         }
                         let reserved = alloc.reserved_bytes();
                         if reserved > out.peak_reserved {

@@ -10,12 +10,12 @@
 //! is offered through `headroom plan --checkpoint optimal` instead of inside
 //! the search).
 
+use crate::emit::{self, Engine};
+use crate::estimate::{Estimate, Estimator};
 use crate::gpu::GpuSpec;
+use crate::job::{Attention, Checkpointing, Job, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
-use crate::train::{
-    Attention, Checkpointing, Estimator, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig, TrainEstimate,
-};
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -115,7 +115,7 @@ impl SearchSpace {
 pub struct Recommendation {
     /// The configuration; its `accumulation` reaches the global batch.
     pub config: TrainConfig,
-    pub estimate: TrainEstimate,
+    pub estimate: Estimate,
 }
 
 /// What a search found.
@@ -134,23 +134,21 @@ pub struct Search {
     pub engine_pick: Option<(usize, Recommendation)>,
 }
 
-/// Every configuration of `space` around `base` (optimizer, fine-tuning, sequence and
-/// coefficients come from it) that reaches `global_batch` sequences per optimizer step:
+/// Every configuration of `space` around `base`'s (optimizer, fine-tuning, sequence and
+/// framework come from it) that reaches `global_batch` sequences per optimizer step:
 /// screened by the closed form, ranked by time per step (ties favour fewer accumulation
 /// steps, then the numerically safer precision, then less memory), then replayed in that
 /// order until `wanted` are found to fit (a configuration that fits only with AdamW's fused
 /// implementation, where none was named, is kept with it) — and, with `engine`, on until the fastest that fits
-/// and that `engine` accepts is found (or `ENGINE_SEARCH_LIMIT` more have been replayed).
-#[allow(clippy::too_many_arguments)]
+/// and that `engine` runs is found, planned as that engine runs it (or `ENGINE_SEARCH_LIMIT`
+/// more have been replayed).
 pub fn recommend(
-    model: &Model,
-    gpu: &GpuSpec,
-    base: &TrainConfig,
+    base: &Job,
     global_batch: u64,
     space: &SearchSpace,
     estimator: &Estimator,
     wanted: usize,
-    engine: Option<&dyn Fn(&TrainConfig) -> bool>,
+    engine: Option<Engine>,
 ) -> Search {
     let mut screened = Vec::new();
     let mut tried = 0;
@@ -182,15 +180,16 @@ pub fn recommend(
                                     checkpointing,
                                     parallel,
                                     offload,
-                                    ..*base
+                                    ..base.train
                                 };
                                 // Selective recomputation only drops the s² scores, which flash kernels never keep.
                                 let redundant =
                                     checkpointing == Checkpointing::Selective && attention != Attention::Eager;
-                                if redundant || config.check(model, gpu).is_err() {
+                                if redundant {
                                     continue;
                                 }
-                                if let Some(s) = estimator.screen(model, gpu, &config) {
+                                let Ok(job) = base.with(config) else { continue };
+                                if let Some(s) = estimator.screen(&job) {
                                     screened.push((config, s));
                                 }
                             }
@@ -216,44 +215,60 @@ pub fn recommend(
     });
     let mut out = Search { tried, fit_by_tensors: screened.len(), ..Search::default() };
     let mut fitting = 0;
+    let limit = wanted + ENGINE_SEARCH_LIMIT;
     for (config, _) in screened {
         let need_rows = out.recommendations.len() < wanted;
-        // The engine's configurations are looked for among those it accepts only: a row it
-        // cannot run is not replayed for it.
-        let need_engine = out.engine_pick.is_none()
-            && engine.is_some_and(|accepts| accepts(&config))
-            && out.replayed < wanted + ENGINE_SEARCH_LIMIT;
-        if !need_rows && !need_engine {
-            if out.engine_pick.is_some() || engine.is_none() || out.replayed >= wanted + ENGINE_SEARCH_LIMIT {
+        // The engine's configurations are looked for among those it accepts only, each planned
+        // as that engine runs it: a row it cannot run is not replayed for it.
+        let for_engine = engine
+            .filter(|&e| {
+                out.engine_pick.is_none() && out.replayed < limit && emit::emit(e, base.model, &config).is_ok()
+            })
+            .map(|e| TrainConfig { framework: e.framework(base.train.framework), ..config });
+        if !need_rows && for_engine.is_none() {
+            if out.engine_pick.is_some() || engine.is_none() || out.replayed >= limit {
                 break;
             }
             continue;
         }
         out.replayed += 1;
-        let mut estimate = estimator.estimate(model, gpu, &config);
-        let mut config = config;
-        if !estimate.fits && config.optimizer == Optimizer::AdamW && config.optimizer_impl.is_none() {
-            // AdamW's default implementation keeps a copy of the second moments for the step;
-            // the fused one none: where that makes the difference, the row says so.
-            let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..config };
-            let e = estimator.estimate(model, gpu, &fused);
-            if e.fits {
-                (config, estimate) = (fused, e);
+        let mut row_fits = false;
+        if need_rows {
+            if let Some(r) = fitting_row(base, estimator, config) {
+                fitting += 1;
+                row_fits = true;
+                if for_engine == Some(config) {
+                    out.engine_pick = Some((fitting, r.clone()));
+                }
+                out.recommendations.push(r);
             }
         }
-        if !estimate.fits {
-            continue;
-        }
-        fitting += 1;
-        let r = Recommendation { config, estimate };
-        if need_engine {
-            out.engine_pick = Some((fitting, r.clone()));
-        }
-        if need_rows {
-            out.recommendations.push(r);
+        // Its place among those that fit: this one's, where the row is planned the same way.
+        if let Some(c) = for_engine.filter(|_| out.engine_pick.is_none()) {
+            if let Some(r) = fitting_row(base, estimator, c) {
+                out.engine_pick = Some((if row_fits { fitting } else { fitting + 1 }, r));
+            }
         }
     }
     out
+}
+
+/// `config` replayed, where it fits: as asked, or where AdamW's default implementation keeps
+/// a copy of the second moments the fused one does not, with the fused one (the row says so).
+fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option<Recommendation> {
+    let estimate_of = |config: TrainConfig| base.with(config).ok().and_then(|j| estimator.estimate(&j).ok());
+    let estimate = estimate_of(config)?;
+    if estimate.verdict.fits {
+        return Some(Recommendation { config, estimate });
+    }
+    let may_fuse = config.optimizer == Optimizer::AdamW
+        && config.optimizer_impl.is_none()
+        && estimate.runner.optimizer_impl != OptimizerImpl::Fused;
+    if !may_fuse {
+        return None;
+    }
+    let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..config };
+    estimate_of(fused).filter(|e| e.verdict.fits).map(|estimate| Recommendation { config: fused, estimate })
 }
 
 /// Configurations replayed beyond the shown rows while looking for the engine's.
@@ -263,26 +278,26 @@ pub const ENGINE_SEARCH_LIMIT: usize = 2000;
 mod tests {
     use super::*;
     use crate::gpu::gpu;
+    use crate::job::Optimizer;
     use crate::model::preset;
-    use crate::train::Optimizer;
 
     #[test]
     fn best_fits_and_beats_the_rest() {
         let m = preset("llama-2-7b").unwrap();
         let g = gpu("a100-80gb").unwrap();
-        let base = TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW);
+        let base = Job::new(&m, &g, TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)).unwrap();
         let space = SearchSpace::for_job(&m, &g, 1, 4096, 16);
-        let found = recommend(&m, &g, &base, 16, &space, &Estimator::default(), 20, None);
+        let found = recommend(&base, 16, &space, &Estimator::default(), 20, None);
         let recs = &found.recommendations;
         assert_eq!(found.tried, space.len());
         assert!(found.fit_by_tensors >= recs.len() && found.replayed >= recs.len());
         assert_eq!(recs.len(), 20);
         let best = &recs[0];
-        assert!(best.estimate.fits);
+        assert!(best.estimate.verdict.fits);
         assert_eq!(best.config.global_batch(), 16);
         for r in recs {
-            assert!(r.estimate.fits, "every row is replayed and fits");
-            assert!(best.estimate.step_time_s <= r.estimate.step_time_s + 1e-12);
+            assert!(r.estimate.verdict.fits, "every row is replayed and fits");
+            assert!(best.estimate.time.step_time_s <= r.estimate.time.step_time_s + 1e-12);
         }
         // Full fp32 Adam on 7B needs 16 bytes a parameter: 108 GB, more than the GPU, unless offloaded.
         assert!(recs.iter().all(|r| r.config.precision != Precision::Fp32 || r.config.offload != Offload::None));
@@ -292,11 +307,11 @@ mod tests {
     fn a_model_too_big_for_data_parallelism_gets_model_parallel_layouts() {
         let m = preset("llama-2-70b").unwrap();
         let g = gpu("a100-80gb").unwrap();
-        let base = TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW);
+        let base = Job::new(&m, &g, TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)).unwrap();
         let mut space = SearchSpace::for_job(&m, &g, 64, 4096, 512);
         space.offloads = vec![Offload::None];
         space.zero_stages = vec![0, 1];
-        let recs = recommend(&m, &g, &base, 512, &space, &Estimator::default(), 20, None).recommendations;
+        let recs = recommend(&base, 512, &space, &Estimator::default(), 20, None).recommendations;
         // 70B replicas need 4Ψ + 12Ψ/d = 276+ GB with ZeRO-1: only layouts that split the model fit.
         assert!(!recs.is_empty());
         assert!(recs.iter().all(|r| r.config.parallel.model_parallel() > 1), "{:?}", recs[0].config.parallel);
@@ -314,7 +329,7 @@ mod tests {
             ..TrainConfig::new(1, 8192, Precision::Bf16, Optimizer::AdamW)
         };
         let space = SearchSpace::for_job(&m, &g, 8, 8192, 128);
-        let found = recommend(&m, &g, &base, 128, &space, &Estimator::default(), 20, None);
+        let found = recommend(&Job::new(&m, &g, base).unwrap(), 128, &space, &Estimator::default(), 20, None);
         assert_eq!(found.recommendations.len(), 20);
         for r in &found.recommendations {
             let p = &r.config.parallel;

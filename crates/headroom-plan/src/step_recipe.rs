@@ -23,7 +23,7 @@
 //! shrinks linearly from the bottom layer to the top, so moments at the two
 //! ends and outside the layers bound every other; the phase's peak is the
 //! largest of them at the asked shape. The optimizer step is modelled in
-//! [`crate::step`].
+//! [`crate::phases`].
 //!
 //! A step run through `torch.compile` (keys ending `/compiled`) runs its layers inside one
 //! graph, where no allocation can be placed in a layer: `step_recipes.py --compiled`
@@ -34,8 +34,8 @@
 use crate::job::{Attention, Precision};
 use crate::model::Head;
 use crate::model::{Family, Model};
+use crate::phases::PhasePeak;
 use crate::recipe::{bundled, measured_code, measured_kernel, measured_precision, per_token, Terms};
-use crate::step::PhasePeak;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -336,7 +336,7 @@ impl StepRecipe {
                 let total = base + activations + logits + gradients + temporary;
                 let slot = if at.is_forward() { &mut forward } else { &mut backward };
                 if total > slot.total {
-                    *slot = PhasePeak { total, gradients, activations, attention, logits, temporary, calibration: 0.0 };
+                    *slot = PhasePeak { total, gradients, activations, attention, logits, temporary };
                 }
             }
         });

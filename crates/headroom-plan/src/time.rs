@@ -17,7 +17,7 @@
 use crate::eager;
 use crate::gpu::{Arch, GpuSpec};
 use crate::job::{
-    Attention, Checkpointing, Finetune, Framework, Offload, Optimizer, OptimizerImpl, PipelineStage, Precision,
+    Attention, Checkpointing, Finetune, Framework, Job, Offload, Optimizer, OptimizerImpl, PipelineStage, Precision,
     TrainConfig,
 };
 use crate::kernel::{Dtype, Kernels};
@@ -162,9 +162,20 @@ fn dtype(precision: Precision) -> Dtype {
 
 /// The step's kernels: in its format, at the rate kernels reach back to back in a step.
 fn kernels<'a>(gpu: &'a GpuSpec, cfg: &TrainConfig) -> Kernels<'a> {
-    let c = &cfg.coefficients;
-    Kernels { gpu, dtype: dtype(cfg.precision), hbm_efficiency: c.hbm_efficiency, sustained: c.kernel_efficiency }
+    Kernels { gpu, dtype: dtype(cfg.precision), hbm_efficiency: HBM_EFFICIENCY, sustained: KERNEL_EFFICIENCY }
 }
+
+/// The fraction of their speed alone that a training step's kernels keep back to back (launch
+/// gaps, sustained clocks): tuned on Korthikanti et al.'s per-layer times (Table 4) and checked
+/// on every other published step time (docs/VALIDATION.md).
+pub const KERNEL_EFFICIENCY: f64 = 0.82;
+
+/// Fraction of the HBM bandwidth a memory-bound kernel (the optimizer step) reaches
+/// (llm-analysis's default).
+pub const HBM_EFFICIENCY: f64 = 0.9;
+
+/// Parameters a CPU optimizer step updates per second, per GPU's share (DeepSpeed CPU-Adam).
+pub const HOST_OPTIMIZER_PARAMS_PER_S: f64 = 1e9;
 
 /// A matrix multiply of `tokens` rows by a `k`×`n` weight: its forward, and its
 /// backward — the input's gradient (`tokens`×`n` by `n`×`k`) and, unless the weight is
@@ -211,7 +222,7 @@ const MATH_SCORE_PASSES: Pass = Pass { forward: 9.75, backward: 8.0 };
 
 /// One transformer layer's kernels on one GPU (tensor-parallel shards of `t`, the
 /// sequence split over `c` context-parallel ranks), forward and backward.
-pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTimes {
+pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, transformers: bool) -> LayerTimes {
     let par = &cfg.parallel;
     let (t, c) = (par.tensor.max(1) as f64, par.context.max(1) as f64);
     let kn = kernels(gpu, cfg);
@@ -243,18 +254,20 @@ pub fn layer_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> LayerTime
     };
     let (forward, backward) = match cfg.attention {
         Attention::Eager => kn.eager_attention(heads, s / c, s, d),
-        Attention::Sdpa if eager_step(model, cfg).is_some() => match sdpa_kernel(model, gpu, cfg.precision) {
-            SdpaKernel::Math => {
-                // Every product whole (the mask is added, not skipped), at the query's width.
-                let products = kn.matmul(heads, s, s, d) + kn.matmul(heads, s, d, s);
-                let scores = heads * s * s * eb;
-                (
-                    products + kn.memory(MATH_SCORE_PASSES.forward * scores),
-                    2.0 * products + kn.memory(MATH_SCORE_PASSES.backward * scores),
-                )
+        Attention::Sdpa if eager_step(model, cfg, transformers).is_some() => {
+            match sdpa_kernel(model, gpu, cfg.precision) {
+                SdpaKernel::Math => {
+                    // Every product whole (the mask is added, not skipped), at the query's width.
+                    let products = kn.matmul(heads, s, s, d) + kn.matmul(heads, s, d, s);
+                    let scores = heads * s * s * eb;
+                    (
+                        products + kn.memory(MATH_SCORE_PASSES.forward * scores),
+                        2.0 * products + kn.memory(MATH_SCORE_PASSES.backward * scores),
+                    )
+                }
+                _ => kn.flash_attention(heads, s / c, s, d, causal, fused),
             }
-            _ => kn.flash_attention(heads, s / c, s, d, causal, fused),
-        },
+        }
         Attention::Sdpa | Attention::Flash => kn.flash_attention(heads, s / c, s, d, causal, fused),
     };
     let attention = Pass { forward, backward };
@@ -292,13 +305,14 @@ fn head_times(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> (Pass, Pass) {
     (logits, Pass { forward: loss, backward: loss })
 }
 
-/// The recorded eager step of the job, where transformers' own code runs it as recorded:
-/// one model replica per GPU (data parallelism and ZeRO shard only the states),
-/// transformers, Accelerate or DeepSpeed over its modelling code, not compiled, and no or
-/// full checkpointing (transformers has no other policy).
-pub fn eager_step(model: &Model, cfg: &TrainConfig) -> Option<&'static eager::Step> {
+/// The recorded eager step of the job, where transformers' own code runs its layers
+/// (`transformers`, as the job's program builder says: transformers, Accelerate or DeepSpeed
+/// over its modelling code) as recorded: one model replica per GPU (data parallelism and ZeRO
+/// shard only the states), not compiled, and no or full checkpointing (transformers has no
+/// other policy).
+pub fn eager_step(model: &Model, cfg: &TrainConfig, transformers: bool) -> Option<&'static eager::Step> {
     let par = &cfg.parallel;
-    let runs = matches!(cfg.framework, Framework::Auto | Framework::HuggingFace | Framework::DeepSpeed)
+    let runs = transformers
         && par.tensor == 1
         && par.pipeline == 1
         && par.context == 1
@@ -361,26 +375,22 @@ impl Clocks {
 }
 
 /// Seconds per optimizer step (see the module documentation), at the host rate measured
-/// on the dev grid's GPU.
-pub fn step_time(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig, recompute_fraction: f64) -> StepTime {
-    step_time_with(model, gpu, cfg, recompute_fraction, &Host::default())
+/// on the dev grid's GPU; `transformers` where transformers' code runs the layers (as the
+/// job's program builder says), whose kernels were recorded.
+pub fn step_time(job: &Job, recompute_fraction: f64, transformers: bool) -> StepTime {
+    step_time_with(job, recompute_fraction, transformers, &Host::default())
 }
 
 /// [`step_time`] at another host rate.
-pub fn step_time_with(
-    model: &Model,
-    gpu: &GpuSpec,
-    cfg: &TrainConfig,
-    recompute_fraction: f64,
-    host: &Host,
-) -> StepTime {
+pub fn step_time_with(job: &Job, recompute_fraction: f64, transformers: bool, host: &Host) -> StepTime {
+    let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
     let par = &cfg.parallel;
     let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
     let m = cfg.accumulation.max(1) as f64;
     let kn = kernels(gpu, cfg);
-    let layer = layer_times(model, gpu, cfg);
+    let layer = layer_times(model, gpu, cfg, transformers);
     let (head, loss) = head_times(model, gpu, cfg);
-    let recorded = eager_step(model, cfg);
+    let recorded = eager_step(model, cfg, transformers);
     // What the backward runs again, by class. Selective checkpointing with a fused kernel
     // recomputes nothing the kernel's own backward does not; per-op checkpointing reruns
     // every other matrix multiply and everything bound by memory; a solver's schedule
@@ -556,15 +566,14 @@ pub fn step_time_with(
                 // torch.optim's step, as its implementation runs it: memory-bound over the
                 // parameters this GPU updates, and issued by the host (Python per parameter
                 // tensor; the for-loop one kernel launch per operation per tensor).
-                let implementation = crate::synth::optimizer::implementation(cfg, crate::synth::Device::Gpu(gpu));
+                let implementation = crate::builders::optimizer::implementation(cfg, crate::builders::Device::Gpu(gpu));
                 let bytes = optimizer_bytes_per_param(model, cfg, implementation) * updated;
                 let ops = optimizer_ops(st, layers, tensors, updated, implementation);
                 let run = Stretch {
                     n: 1.0,
                     host: host.python_op * ops.python + host.engine_op * ops.scalar_reads,
                     compute: 0.0,
-                    memory: (bytes / (gpu.bandwidth * cfg.coefficients.hbm_efficiency))
-                        .max(ops.launches * KERNEL_FLOOR_S),
+                    memory: (bytes / (gpu.bandwidth * HBM_EFFICIENCY)).max(ops.launches * KERNEL_FLOOR_S),
                 };
                 clocks.gpu = step;
                 clocks.run(run);
@@ -575,7 +584,7 @@ pub fn step_time_with(
                 // the parameters this GPU updates and writes the weights and states back.
                 let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
                 let (w, o) = (s.weights, s.optimizer);
-                let t = updated * (grad_width + 2.0 * (w + o)) / (gpu.bandwidth * cfg.coefficients.hbm_efficiency);
+                let t = updated * (grad_width + 2.0 * (w + o)) / (gpu.bandwidth * HBM_EFFICIENCY);
                 step += t;
                 clocks.busy.memory += t;
             }
@@ -583,7 +592,7 @@ pub fn step_time_with(
     } else {
         let trainable = sh.trainable / n as f64;
         // Gradients down and updated weights up, then the CPU's optimizer step.
-        let t = 4.0 * trainable / host_link + trainable / cfg.coefficients.host_optimizer_params_per_s;
+        let t = 4.0 * trainable / host_link + trainable / HOST_OPTIMIZER_PARAMS_PER_S;
         step += t;
         communication += t;
     }

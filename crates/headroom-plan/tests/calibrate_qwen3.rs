@@ -11,9 +11,10 @@ mod skip;
 mod snapshot;
 
 use headroom_plan::calibrate::{calibrate, CalibrationError, Snapshot, StepKind};
+use headroom_plan::estimate::Estimator;
 use headroom_plan::gpu::gpu;
+use headroom_plan::job::{Attention, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
-use headroom_plan::train::{Attention, Estimator, Optimizer, Precision, TrainConfig};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -56,28 +57,28 @@ fn qwen3_plans_from_its_own_snapshots() {
     }
     let est = Estimator::default();
     for (name, snaps) in [("1x512", vec![s512.clone()]), ("1x1024", vec![s1024.clone()]), ("both", vec![s512, s1024])] {
-        let fit = calibrate(&model, &h200, &job(4, 2048), &est, &snaps).unwrap();
+        let fit = calibrate(&Job::new(&model, &h200, job(4, 2048)).unwrap(), &est, &snaps).unwrap();
         let (allocated, reserved) = fit.residual();
         assert!(allocated < 0.01, "{name}: the recorded step's allocated peak off by {:.2}%", allocated * 100.0);
         assert!(reserved < 0.02, "{name}: the recorded step's reserved peak off by {:.2}%", reserved * 100.0);
         let calibrated = Estimator { calibration: Some(fit.calibration), ..Estimator::default() };
         for (key, b, s) in [("4x2048", 4, 2048), ("2x4096", 2, 4096)] {
             let want = measured[format!("qwen3-1.7b-train-bf16-none-sdpa-{key}")]["peak_allocated"].as_f64().unwrap();
-            let e = calibrated.estimate(&model, &h200, &job(b, s));
-            let err = e.allocated_bytes / want - 1.0;
+            let e = calibrated.estimate(&Job::new(&model, &h200, job(b, s)).unwrap()).unwrap();
+            let err = e.memory.allocated_bytes / want - 1.0;
             eprintln!(
                 "calibrated from {name}: {key} allocated {:.4e} vs {want:.4e} ({:+.2}%), reserved {:.4e}",
-                e.allocated_bytes,
+                e.memory.allocated_bytes,
                 err * 100.0,
-                e.reserved_bytes
+                e.memory.reserved_bytes
             );
             assert!(
                 err.abs() < 0.03,
                 "{name}: {key} planned {:.3e}, measured {want:.3e} ({:+.2}%)",
-                e.allocated_bytes,
+                e.memory.allocated_bytes,
                 err * 100.0
             );
-            assert!(e.fits);
+            assert!(e.verdict.fits);
         }
     }
 }
@@ -94,20 +95,23 @@ fn what_the_snapshot_cannot_vouch_for_is_refused() {
     let est = Estimator::default();
     // Another precision: the model it built is half the plan's.
     let fp32 = TrainConfig { precision: Precision::Fp32, ..job(1, 512) };
-    let e = calibrate(&model, &h200, &fp32, &est, &s).unwrap_err();
+    let e = calibrate(&Job::new(&model, &h200, fp32).unwrap(), &est, &s).unwrap_err();
     assert!(matches!(e, CalibrationError::AnotherModel { .. }), "{e}");
     // Another model.
     let other = headroom_plan::model::preset("llama-3-8b").unwrap();
-    assert!(matches!(calibrate(&other, &h200, &job(1, 512), &est, &s), Err(CalibrationError::AnotherModel { .. })));
+    assert!(matches!(
+        calibrate(&Job::new(&other, &h200, job(1, 512)).unwrap(), &est, &s),
+        Err(CalibrationError::AnotherModel { .. })
+    ));
     // Checkpointing the run did not do: the forward keeps a third of what was recorded.
-    let ckpt = TrainConfig { checkpointing: headroom_plan::train::Checkpointing::Full, ..job(1, 512) };
-    let e = calibrate(&model, &h200, &ckpt, &est, &s).unwrap_err();
+    let ckpt = TrainConfig { checkpointing: headroom_plan::job::Checkpointing::Full, ..job(1, 512) };
+    let e = calibrate(&Job::new(&model, &h200, ckpt).unwrap(), &est, &s).unwrap_err();
     assert!(matches!(e, CalibrationError::ShapeMismatch { .. }) && e.to_string().contains("checkpointing"), "{e}");
     // The shape given is not the one recorded.
     let mut wrong = s.clone();
     wrong[0].batch = 4;
     assert!(matches!(
-        calibrate(&model, &h200, &job(1, 512), &est, &wrong),
+        calibrate(&Job::new(&model, &h200, job(1, 512)).unwrap(), &est, &wrong),
         Err(CalibrationError::ShapeMismatch { .. })
     ));
 }
@@ -123,7 +127,7 @@ fn an_oom_snapshot_makes_its_shape_not_fit() {
     let path = dir.join("snapshots/oom-cpp-qwen2-0.5b-b4.pickle.gz");
     let steps = snapshot::steps(&snapshot::read(&path));
     let oom = steps.oom.expect("the run ends in an OOM");
-    assert_eq!(oom.phase, headroom_plan::train::Phase::Forward);
+    assert_eq!(oom.phase, headroom_plan::program::Phase::Forward);
     assert_eq!(oom.asked, 1_244_659_712, "1.16 GiB asked");
     assert!(oom.device_free.unwrap() > oom.asked, "a per-process limit refused it, not the device");
     let model = Model::from_hf_config(
@@ -137,7 +141,7 @@ fn an_oom_snapshot_makes_its_shape_not_fit() {
         TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(4, 1024, Precision::Fp32, Optimizer::AdamW) };
     let h200 = gpu("h200").unwrap();
     let snaps = [Snapshot { name: "oom".into(), batch: 4, seq: 1024, steps }];
-    let fit = calibrate(&model, &h200, &cfg, &Estimator::default(), &snaps).unwrap();
+    let fit = calibrate(&Job::new(&model, &h200, cfg).unwrap(), &Estimator::default(), &snaps).unwrap();
     let e = fit.calibration.oom.expect("the OOM is evidence");
     assert!(e.capacity < 11 << 30 && e.capacity > 10 << 30, "{}", e.capacity);
     // The steps before it ran batches 1 and 2: not fitted as batch 4.
@@ -146,10 +150,10 @@ fn an_oom_snapshot_makes_its_shape_not_fit() {
     // On a GPU of the recorded limit the job does not fit, whatever the replay says, and the
     // plan says what was asked and what was free.
     let small = headroom_plan::gpu::GpuSpec { memory_bytes: e.capacity, ..h200 };
-    let planned = est.estimate(&model, &small, &cfg);
-    assert!(!planned.fits);
-    assert!(planned.oom.as_ref().is_some_and(|o| o.asked > 0));
-    assert!(!est.fits(&model, &small, &cfg));
+    let planned = est.estimate(&Job::new(&model, &small, cfg).unwrap()).unwrap();
+    assert!(!planned.verdict.fits);
+    assert!(planned.memory.oom.as_ref().is_some_and(|o| o.asked > 0));
+    assert!(!est.fits(&Job::new(&model, &small, cfg).unwrap()));
     // On the whole H200 the evidence does not apply.
-    assert!(est.estimate(&model, &h200, &cfg).fits);
+    assert!(est.estimate(&Job::new(&model, &h200, cfg).unwrap()).unwrap().verdict.fits);
 }

@@ -19,8 +19,11 @@
 //! table docs/VALIDATION.md shows; `HEADROOM_REGENERATE=1` writes it there.
 
 use headroom_plan::gpu::{gpu, GpuSpec};
+use headroom_plan::job::{Attention, Checkpointing, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
-use headroom_plan::train::{estimate, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
+#[path = "support/plan.rs"]
+mod plan;
+use plan::estimate;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -84,14 +87,10 @@ fn rows(dir: &std::path::Path) -> Vec<Row> {
         out.push(Row {
             name: name.to_string(),
             tuning: TUNING.contains(&name),
-            allocated: (m["peak_allocated"].as_f64().unwrap(), e.allocated_bytes),
-            reserved: (m["peak_reserved"].as_f64().unwrap(), e.reserved_bytes),
-            fits: e.fits,
-            program: match &e.program {
-                headroom_plan::train::ProgramSource::Recorded(k) => k.clone(),
-                headroom_plan::train::ProgramSource::Analytic => "closed form".into(),
-                headroom_plan::train::ProgramSource::Fsdp2 => "FSDP2".into(),
-            },
+            allocated: (m["peak_allocated"].as_f64().unwrap(), e.memory.allocated_bytes),
+            reserved: (m["peak_reserved"].as_f64().unwrap(), e.memory.reserved_bytes),
+            fits: e.verdict.fits,
+            program: e.runner.source.clone().unwrap_or_else(|| e.runner.builder.to_string()),
         });
     }
     out

@@ -20,12 +20,12 @@
 //! what only the CPU-recorded program does. Tolerances set before comparing.
 
 use headroom_alloc::{AllocatorConfig, PolicyName};
+use headroom_plan::builders::{hf, Device, StateScale};
 use headroom_plan::gpu::gpu;
+use headroom_plan::job::{Attention, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
 use headroom_plan::program::{Op, Program};
 use headroom_plan::replay::{replay, ReplaySettings};
-use headroom_plan::synth::{hf, Device, StateScale};
-use headroom_plan::train::{Attention, Optimizer, Precision, TrainConfig};
 use headroom_trace::snapshot::{read_snapshot_file, TraceAction};
 use headroom_trace::snapshot_replay::DeviceTrace;
 use std::collections::BTreeMap;

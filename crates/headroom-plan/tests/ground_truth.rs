@@ -15,14 +15,16 @@
 //! `no_grad`) are compared with `plan --infer --framework hf`: its tensors
 //! (weights and the forward's peak, without the CUDA context) within the same 3%.
 
+use headroom_plan::builders::hf::cpu_peaks;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::job::PipelineStage;
-use headroom_plan::live::memory;
+use headroom_plan::job::{Attention, Checkpointing, Framework, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use headroom_plan::model::Head;
 use headroom_plan::model::Model;
-use headroom_plan::train::{
-    cpu_step, estimate, Attention, Checkpointing, Framework, Head, Optimizer, OptimizerImpl, Precision, TrainConfig,
-};
+#[path = "support/plan.rs"]
+mod plan;
+use plan::estimate;
 use serde_json::Value;
 
 const PEAK_TOLERANCE: f64 = 0.03;
@@ -112,11 +114,14 @@ fn compare() -> Vec<Row> {
         );
         // The recorded step program run as the CPU runs it where one serves the job (its live
         // tensors, no allocator); the closed form's phases elsewhere.
-        let (phases, peak) = cpu_step(&m, &cfg).unwrap_or_else(|| {
+        let cpu = cpu_peaks(&m, &cfg)
+            .map(|(p, peak)| ([p.forward as f64, p.backward as f64, p.optimizer as f64], peak as f64));
+        let (phases, peak) = cpu.unwrap_or_else(|| {
             let s = closed_form_step(&m, &g, &cfg);
             s.unwrap_or_else(|| panic!("{label}: no phases"))
         });
-        let summed = closed_form_total(&m, &g, &TrainConfig { framework: Framework::Megatron, ..cfg });
+        let summed =
+            closed_form_total(&m, &g, &TrainConfig { framework: Framework::Megatron, optimizer_impl: None, ..cfg });
         let err = |p: f64, m: &Value| p / m.as_f64().unwrap() - 1.0;
         let res = |p: f64, m: &Value| m.as_f64().unwrap() - p;
         let _ = &e;
@@ -150,7 +155,7 @@ fn compare() -> Vec<Row> {
 /// The closed form's phases and peak, tensors only (no cuBLAS workspace): the planner's
 /// model where no step program was recorded.
 fn closed_form_step(m: &Model, g: &GpuSpec, cfg: &TrainConfig) -> Option<([f64; 3], f64)> {
-    let s = memory(m, g, cfg, PipelineStage::Only, None);
+    let s = plan::closed_form(m, g, cfg, PipelineStage::Only);
     let ph = s.phases?;
     let gpu_only = s.gpu_only;
     let p = [ph.forward.total, ph.backward.total, ph.optimizer.total];
@@ -161,7 +166,7 @@ fn closed_form_step(m: &Model, g: &GpuSpec, cfg: &TrainConfig) -> Option<([f64; 
 
 /// Every term of the closed form summed, tensors only.
 fn closed_form_total(m: &Model, g: &GpuSpec, cfg: &TrainConfig) -> f64 {
-    let s = memory(m, g, cfg, PipelineStage::Only, None);
+    let s = plan::closed_form(m, g, cfg, PipelineStage::Only);
     s.breakdown.total() - s.outside_allocator - s.gpu_only
 }
 

@@ -39,10 +39,13 @@ const WORST_RATIO: f64 = 1.5;
 mod skip;
 
 use headroom_plan::gpu::{gpu, GpuSpec};
+use headroom_plan::job::{Attention, Checkpointing, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::time::{step_time_with, Host};
-use headroom_plan::train::{estimate, Attention, Checkpointing, Optimizer, Precision, TrainConfig};
+#[path = "support/plan.rs"]
+mod plan;
+use plan::estimate;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -124,20 +127,20 @@ fn within(e: f64) -> bool {
     e.abs() <= TOLERANCE
 }
 
-fn table(rows: &[(&Job, headroom_plan::train::TrainEstimate)]) -> String {
+fn table(rows: &[(&Job, headroom_plan::estimate::Estimate)]) -> String {
     let ms = |s: f64| s * 1e3;
     let mut s = String::new();
     s.push_str("| job | split | measured | planned | error | compute | memory-bound | launch | dominant |\n");
     s.push_str("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
     for (j, e) in rows {
-        let b = &e.step_time_breakdown;
+        let b = &e.time.breakdown;
         s.push_str(&format!(
             "| {} | {} | {:.1} ms | {:.1} ms | {:+.1}% | {:.1} | {:.1} | {:.1} | {} |\n",
             j.name,
             if j.tuning() { "tuning" } else { "check" },
             ms(j.measured),
-            ms(e.step_time_s),
-            err(e.step_time_s, j.measured) * 100.0,
+            ms(e.time.step_time_s),
+            err(e.time.step_time_s, j.measured) * 100.0,
             ms(b.compute),
             ms(b.memory),
             ms(b.launch),
@@ -146,17 +149,17 @@ fn table(rows: &[(&Job, headroom_plan::train::TrainEstimate)]) -> String {
     }
     for (split, tuning) in [("tuning", true), ("check", false)] {
         let part: Vec<_> = rows.iter().filter(|(j, _)| j.tuning() == tuning).collect();
-        let ok = part.iter().filter(|(j, e)| within(err(e.step_time_s, j.measured))).count();
-        let worst = part.iter().map(|(j, e)| err(e.step_time_s, j.measured).abs()).fold(0.0, f64::max);
-        let off = part.iter().map(|(j, e)| off_by(e.step_time_s, j.measured)).fold(1.0, f64::max);
+        let ok = part.iter().filter(|(j, e)| within(err(e.time.step_time_s, j.measured))).count();
+        let worst = part.iter().map(|(j, e)| err(e.time.step_time_s, j.measured).abs()).fold(0.0, f64::max);
+        let off = part.iter().map(|(j, e)| off_by(e.time.step_time_s, j.measured)).fold(1.0, f64::max);
         s.push_str(&format!(
             "\n{split}: within ±15% on {ok} of {}, worst {:.1}% ({off:.2}× off)",
             part.len(),
             worst * 100.0
         ));
     }
-    let all = rows.iter().filter(|(j, e)| within(err(e.step_time_s, j.measured))).count();
-    let mut errors: Vec<f64> = rows.iter().map(|(j, e)| err(e.step_time_s, j.measured).abs()).collect();
+    let all = rows.iter().filter(|(j, e)| within(err(e.time.step_time_s, j.measured))).count();
+    let mut errors: Vec<f64> = rows.iter().map(|(j, e)| err(e.time.step_time_s, j.measured).abs()).collect();
     errors.sort_by(f64::total_cmp);
     s.push_str(&format!(
         "\nall: within ±15% on {all} of {}, median error {:.1}%\n",
@@ -191,19 +194,19 @@ fn the_dev_grid_steps_as_the_gpu_timed_them() {
             "docs/VALIDATION.md's step-time table is stale: run HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test step_time"
         );
     }
-    let ok = rows.iter().filter(|(j, e)| within(err(e.step_time_s, j.measured))).count();
+    let ok = rows.iter().filter(|(j, e)| within(err(e.time.step_time_s, j.measured))).count();
     assert!(ok >= WITHIN, "within ±15% on {ok} of 36, {WITHIN} wanted:\n{text}");
     for (j, e) in &rows {
         assert!(
-            off_by(e.step_time_s, j.measured) <= WORST_RATIO,
+            off_by(e.time.step_time_s, j.measured) <= WORST_RATIO,
             "{}: planned {:.1} ms, measured {:.1} ms\n{text}",
             j.name,
-            e.step_time_s * 1e3,
+            e.time.step_time_s * 1e3,
             j.measured * 1e3
         );
         // The breakdown adds up to the step.
-        let b = &e.step_time_breakdown;
-        assert!((b.total() - e.step_time_s).abs() <= 1e-9 * e.step_time_s, "{}: {b:?}", j.name);
+        let b = &e.time.breakdown;
+        assert!((b.total() - e.time.step_time_s).abs() <= 1e-9 * e.time.step_time_s, "{}: {b:?}", j.name);
     }
 }
 
@@ -223,7 +226,7 @@ fn fit() {
     let loss = |host: &Host, tuning: bool| -> f64 {
         jobs.iter()
             .filter(|j| j.tuning() == tuning)
-            .map(|j| (step_time_with(&j.model, &g, &j.cfg, 0.0, host).step / j.measured).ln().powi(2))
+            .map(|j| (step_time_with(&plan::job(&j.model, &g, &j.cfg), 0.0, true, host).step / j.measured).ln().powi(2))
             .sum()
     };
     let micro = |i: u32, step: f64| f64::from(i) * step * 1e-6;
@@ -243,7 +246,7 @@ fn fit() {
     if std::env::var_os("HEADROOM_FIT").is_some() {
         println!("fitted on the tuning rows: {fitted:?}");
         for j in &jobs {
-            let t = step_time_with(&j.model, &g, &j.cfg, 0.0, &fitted).step;
+            let t = step_time_with(&plan::job(&j.model, &g, &j.cfg), 0.0, true, &fitted).step;
             println!(
                 "{:<45} {:>6} {:8.1} ms {:8.1} ms {:+6.1}%",
                 j.name,

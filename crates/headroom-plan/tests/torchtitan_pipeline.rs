@@ -1,19 +1,20 @@
-//! torchtitan's FSDP2 step under pipeline parallelism (`synth::fsdp2::pipeline`): every
+//! torchtitan's FSDP2 step under pipeline parallelism (`builders::fsdp2::pipeline`): every
 //! pipeline rank planned from its schedule's own order, so that dropping a term fails here:
 //! the micro-batches in flight (the first rank's activations grow with its warmup), the
 //! head and loss on the last stage, the interleaved schedule's extra chunks, the gradients
 //! accumulated unsharded over micro-batches, the stage kept gathered, and the outputs each
 //! stage collects for `step()` to return.
 
+use headroom_plan::builders::fsdp2::pipeline;
+use headroom_plan::builders::Device;
 use headroom_plan::gpu::{gpu, GpuSpec};
+use headroom_plan::job::{Attention, Checkpointing, Framework, Optimizer, PipelineStage, Precision, TrainConfig};
 use headroom_plan::model::Model;
 use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
 use headroom_plan::program::{Op, Program, Term};
-use headroom_plan::synth::fsdp2::pipeline;
-use headroom_plan::synth::Device;
-use headroom_plan::train::{
-    estimate, Attention, Checkpointing, Framework, Optimizer, PipelineStage, Precision, ProgramSource, TrainConfig,
-};
+#[path = "support/plan.rs"]
+mod plan;
+use plan::estimate;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -183,19 +184,19 @@ fn every_rank_is_planned_and_the_peak_named() {
         let cfg = job(4, v, schedule, 8);
         cfg.check(&m, &h100()).unwrap();
         let e = estimate(&m, &h100(), &cfg);
-        assert_eq!(e.program, ProgramSource::Fsdp2);
-        let pr = e.pipeline.as_ref().expect("every rank planned");
+        assert_eq!(e.runner.builder, "torchtitan-pipeline");
+        let pr = e.memory.pipeline.as_ref().expect("every rank planned");
         assert_eq!(pr.ranks.len(), 4);
         let peak = &pr.ranks[pr.peak as usize];
-        assert_eq!(e.reserved_bytes, peak.reserved_bytes);
+        assert_eq!(e.memory.reserved_bytes, peak.reserved_bytes);
         assert!(pr.ranks.iter().all(|r| r.reserved_bytes <= peak.reserved_bytes));
-        assert_eq!(pr.ranks.iter().map(|r| r.layers).sum::<u64>(), 32, "{schedule:?}");
-        if peak.stages.contains(&0) {
-            assert_eq!(e.stage, PipelineStage::First);
+        assert_eq!(pr.ranks.iter().map(|r| r.layout.layers).sum::<u64>(), 32, "{schedule:?}");
+        if peak.layout.stages.contains(&0) {
+            assert_eq!(e.memory.stage, PipelineStage::First);
         }
         // The program `--dump-program` writes is the rank that peaks.
-        let dumped = headroom_plan::train::Estimator::default().step_program(&m, &h100(), &cfg);
-        let est = headroom_plan::train::Estimator::default();
+        let dumped = e.program.clone();
+        let est = headroom_plan::estimate::Estimator::default();
         let settings =
             headroom_plan::replay::ReplaySettings { capacity: u64::MAX, config: est.alloc.clone(), policy: est.policy };
         let r = headroom_plan::replay::replay(&dumped, &dumped.sizes(cfg.micro_batch, cfg.seq), &settings);

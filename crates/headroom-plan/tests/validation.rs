@@ -29,17 +29,21 @@
 //! `HEADROOM_REGENERATE=1 cargo test -p headroom-plan --test validation`.
 
 use headroom_plan::bnb::{Bnb, ComputeDtype, QuantType};
+use headroom_plan::deepspeed;
 use headroom_plan::engine::Engine;
+use headroom_plan::estimate::Estimate;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
+use headroom_plan::job::{
+    Attention, BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer, Precision, TrainConfig,
+};
 use headroom_plan::model::{preset, Model};
 use headroom_plan::parallel::{Parallelism, StageOutputs};
+use headroom_plan::placement::model_states;
 use headroom_plan::sglang::Sglang;
-use headroom_plan::train::deepspeed;
-use headroom_plan::train::{
-    estimate, model_states, Attention, BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload,
-    Optimizer, Precision, TrainConfig, TrainEstimate,
-};
+#[path = "support/plan.rs"]
+mod plan;
+use plan::estimate;
 use std::path::PathBuf;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -240,8 +244,8 @@ fn fits(source: &'static str, setup: impl Into<String>, published_fits: bool, e_
     }
 }
 
-fn states(e: &TrainEstimate) -> f64 {
-    e.breakdown.weights + e.breakdown.gradients + e.breakdown.optimizer
+fn states(e: &Estimate) -> f64 {
+    e.memory.breakdown.weights + e.memory.breakdown.gradients + e.memory.breakdown.optimizer
 }
 
 /// The published rows come from Megatron-LM and DeepSpeed papers and estimators, which count
@@ -299,8 +303,9 @@ fn model_state_rows(rows: &mut Vec<Row>) {
     // What the estimator counts: model states and ZeRO-3's gathered unit; not the cuBLAS workspace
     // or ZeRO-Offload's gradient bucket (5e8 16-bit values, or the gradients if fewer).
     let bucket = |offload: bool| if offload { (2.0 * t5.params() as f64).min(1e9) } else { 0.0 };
-    let gathered =
-        |e: &TrainEstimate, offload: bool| states(e) + e.breakdown.temporary - 4.0 * (1 << 20) as f64 - bucket(offload);
+    let gathered = |e: &Estimate, offload: bool| {
+        states(e) + e.memory.breakdown.temporary - 4.0 * (1 << 20) as f64 - bucket(offload)
+    };
     let z2off = ds(2, Offload::Optimizer);
     rows.push(number(
         "DeepSpeed estimator",
@@ -370,13 +375,13 @@ fn model_state_rows(rows: &mut Vec<Row>) {
         ..mixed(1, 512)
     };
     let e = estimate(&llama7, &a100, &q);
-    let adapters = 2.0 * e.trainable_params as f64;
+    let adapters = 2.0 * e.memory.trainable_params as f64;
     rows.push(number(
         "QLoRA §2",
         "LLaMA-7B, NF4 base (embeddings and norms fp32)",
         "frozen base",
         "5048",
-        (e.breakdown.weights - adapters) / 1e6,
+        (e.memory.breakdown.weights - adapters) / 1e6,
         "MB",
         Check::Within(Class::Component),
     ));
@@ -417,7 +422,8 @@ fn model_state_rows(rows: &mut Vec<Row>) {
 
 fn activation_rows(rows: &mut Vec<Row>) {
     let big = GpuSpec { memory_bytes: 1 << 50, ..gpu("a100-80gb").unwrap() };
-    let per_layer = |m: &Model, cfg: &TrainConfig| estimate(m, &big, cfg).breakdown.activations / m.layers as f64;
+    let per_layer =
+        |m: &Model, cfg: &TrainConfig| estimate(m, &big, cfg).memory.breakdown.activations / m.layers as f64;
     let gpt3 = Model::gpt("gpt3-175b", 12288, 96, 96, 51200, 2048);
     let eager = TrainConfig { attention: Attention::Eager, ..mixed(1, 2048) };
     let tp8 = |sp: bool, c: Checkpointing| TrainConfig {
@@ -476,7 +482,7 @@ fn activation_rows(rows: &mut Vec<Row>) {
         "GPT-2 1.5B, 32 × 1024, full checkpointing",
         "activations",
         "8",
-        zero(Checkpointing::Full).breakdown.activations / 1e9,
+        zero(Checkpointing::Full).memory.breakdown.activations / 1e9,
         "GB",
         Check::Within(Class::Component),
     ));
@@ -485,7 +491,7 @@ fn activation_rows(rows: &mut Vec<Row>) {
         "GPT-2 1.5B, 32 × 1024, flash, no checkpointing",
         "activations",
         "60",
-        zero(Checkpointing::None).breakdown.activations / 1e9,
+        zero(Checkpointing::None).memory.breakdown.activations / 1e9,
         "GB",
         Check::Indicative("ZeRO's footnote counts 12 values per b·s·h·L (24 bytes); Korthikanti's layer, which the plan follows, keeps 34"),
     ));
@@ -496,7 +502,7 @@ fn fit_rows(rows: &mut Vec<Row>) {
     // The peft README (A100 80GB, fp32 weights as its examples load them).
     let fp32 = |m: &Model, finetune| {
         let cfg = TrainConfig { finetune, ..TrainConfig::new(1, 64, Precision::Fp32, Optimizer::AdamW) };
-        estimate(m, &a100, &cfg).fits
+        estimate(m, &a100, &cfg).verdict.fits
     };
     let lora = Finetune::Lora { rank: 8, targets: LoraTargets::QueryValue, base: BaseWeights::Native };
     let mt0 = preset("mt0-xxl").unwrap();
@@ -519,13 +525,13 @@ fn fit_rows(rows: &mut Vec<Row>) {
         "Unsloth README (#32)",
         "Llama 3.1 8B QLoRA, 8 GB, 256 tokens",
         false,
-        estimate(&l31, &card(8), &qlora(256)).fits,
+        estimate(&l31, &card(8), &qlora(256)).verdict.fits,
     ));
     rows.push(fits(
         "Unsloth README (#33)",
         "Llama 3.3 70B QLoRA, 48 GB, 256 tokens",
         false,
-        estimate(&l70, &card(48), &qlora(256)).fits,
+        estimate(&l70, &card(48), &qlora(256)).verdict.fits,
     ));
     for (m, gib, tokens) in [
         (&l31, 12u64, 932u64),
@@ -545,7 +551,7 @@ fn fit_rows(rows: &mut Vec<Row>) {
             ),
             "peak at the boundary vs the card",
             &gib.to_string(),
-            e.per_gpu_bytes / GIB,
+            e.memory.per_gpu_bytes / GIB,
             "GiB",
             Check::Within(Class::Boundary),
         )));
@@ -593,7 +599,7 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
             format!("{name} LoRA, 1 A100 80GB, 8 × 64 tokens"),
             "peak allocated",
             plain,
-            estimate(&m, &a100, &cfg(false)).allocated_bytes / 1e9,
+            estimate(&m, &a100, &cfg(false)).memory.allocated_bytes / 1e9,
             "GB",
             Check::Within(Class::JobPeak),
         )));
@@ -603,7 +609,7 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
             format!("{name} LoRA, ZeRO-3 offload, 1 A100 80GB, 8 × 64 tokens"),
             "peak allocated",
             published,
-            estimate(&m, &a100, &cfg(true)).allocated_bytes / unit as f64,
+            estimate(&m, &a100, &cfg(true)).memory.allocated_bytes / unit as f64,
             unit_name,
             Check::Within(Class::JobPeak),
         ));
@@ -662,7 +668,7 @@ fn time_rows(rows: &mut Vec<Row>) {
             parallel: Parallelism { tensor: 8, sequence_parallel: sp, ..Parallelism::default() },
             ..mixed(4, 2048)
         };
-        estimate(&m22, &a100, &cfg).layer_time_s
+        estimate(&m22, &a100, &cfg).time.layer_time_s
     };
     let base = layer(false, Checkpointing::None);
     for (setup, metric, published, predicted) in [
@@ -726,7 +732,7 @@ fn time_rows(rows: &mut Vec<Row>) {
                 ),
                 "iteration time",
                 published,
-                e.step_time_s,
+                e.time.step_time_s,
                 "s",
                 Check::Within(Class::Time),
             ));
@@ -769,7 +775,7 @@ fn time_rows(rows: &mut Vec<Row>) {
             ),
             "iteration time",
             &published,
-            e.step_time_s,
+            e.time.step_time_s,
             "s",
             Check::Within(Class::Time),
         ));
@@ -804,7 +810,7 @@ fn time_rows(rows: &mut Vec<Row>) {
             format!("{name}, TP {t} × PP {p} × DP {data}, batch {batch}{}", if t > 1 { ", TP overlap" } else { "" }),
             "MFU",
             mfu,
-            e.mfu * 100.0,
+            e.time.mfu * 100.0,
             "%",
             Check::Within(Class::Time),
         )));
@@ -822,7 +828,7 @@ fn time_rows(rows: &mut Vec<Row>) {
         "Llama-3-8B, FSDP over 64 A100s, 1 × 8192",
         "MFU",
         "57.5",
-        e.mfu * 100.0,
+        e.time.mfu * 100.0,
         "%",
         Check::Within(Class::Time),
     ));
@@ -839,7 +845,7 @@ fn time_rows(rows: &mut Vec<Row>) {
             format!("Llama-2-13B, FSDP over 64 A100s, 2 × 4096, {label}"),
             "MFU",
             published,
-            e.mfu * 100.0,
+            e.time.mfu * 100.0,
             "%",
             Check::Within(Class::Time),
         ));
@@ -915,7 +921,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             ..TrainConfig::new(batch, seq, if how.float8 { Precision::Fp8 } else { Precision::Mixed }, Optimizer::AdamW)
         };
         let e = estimate(model, &h100, &cfg);
-        let r = number("torchtitan", setup, "peak reserved", published, e.reserved_bytes / GIB, "GiB", check);
+        let r = number("torchtitan", setup, "peak reserved", published, e.memory.reserved_bytes / GIB, "GiB", check);
         rows.push(r);
     };
     for (gpus, t1) in [(8u64, ["82.4", "77.0", "76.8"]), (128, ["67.0", "62.0", "61.8"])] {
@@ -1040,7 +1046,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             parallel: Parallelism::data_parallel(gpus, 3),
             attention: Attention::Flash,
             framework: Framework::Torchtitan,
-            optimizer_impl: Some(headroom_plan::train::OptimizerImpl::Fused),
+            optimizer_impl: Some(headroom_plan::job::OptimizerImpl::Fused),
             compile: how.compile,
             compile_loss: how.compile_loss,
             ..TrainConfig::new(2, 8192, Precision::Fp8, Optimizer::AdamW)
@@ -1051,7 +1057,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             format!("Llama 3.1 8B, FSDP + compile + float8 over {gpus} H200s, 2 × 8192, per-op checkpointing"),
             "peak reserved",
             published,
-            e.reserved_bytes / GIB,
+            e.memory.reserved_bytes / GIB,
             "GiB",
             held(),
         ));
@@ -1069,7 +1075,7 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
     // 80 GB H100 is assumed, and no figure comes near its capacity. PyTorch 2.9 keeps the
     // last stage's outputs (`StageOutputs::LastStage`). All eight are check rows, taken as
     // found, computed with the program as it stood.
-    let forum = headroom_plan::train::Estimator {
+    let forum = headroom_plan::estimate::Estimator {
         alloc: headroom_alloc::AllocatorConfig::parse("expandable_segments:True").unwrap(),
         ..Default::default()
     };
@@ -1096,11 +1102,11 @@ fn torchtitan_rows(rows: &mut Vec<Row>) {
             },
             attention: Attention::Flash,
             framework: Framework::Torchtitan,
-            optimizer_impl: Some(headroom_plan::train::OptimizerImpl::Fused),
+            optimizer_impl: Some(headroom_plan::job::OptimizerImpl::Fused),
             ..TrainConfig::new(1, 4096, Precision::Mixed, Optimizer::AdamW)
         };
-        let e = forum.estimate(&l16, &h100_80, &cfg);
-        let ranks = e.pipeline.expect("a pipelined plan names its ranks").ranks;
+        let e = forum.estimate(&plan::job(&l16, &h100_80, &cfg)).unwrap();
+        let ranks = e.memory.pipeline.expect("a pipelined plan names its ranks").ranks;
         for (rank, published) in published.iter().enumerate() {
             rows.push(number(
                 "torchtitan PP (PyTorch forums)",

@@ -9,9 +9,8 @@ use anyhow::{bail, Context, Result};
 use headroom_inspect::frames::Phase as FramePhase;
 use headroom_inspect::recording::{self, Moment as M};
 use headroom_plan::calibrate::{calibrate, find_steps, Entry, Fit, Moment, RecordedPhase, Recording, Snapshot};
-use headroom_plan::gpu::GpuSpec;
-use headroom_plan::model::Model;
-use headroom_plan::train::{Estimator, TrainConfig};
+use headroom_plan::estimate::Estimator;
+use headroom_plan::job::Job;
 use headroom_trace::snapshot::read_snapshot_file_with;
 use std::path::Path;
 
@@ -39,27 +38,20 @@ fn nth(flag: &str, values: &[u64], i: usize, n: usize, default: u64) -> Result<u
 }
 
 /// Reads each `--calibrate` snapshot, finds its steps and fits the job's program to them.
-pub(super) fn calibrated(
-    a: &PlanArgs,
-    model: &Model,
-    gpu: &GpuSpec,
-    cfg: &TrainConfig,
-    est: &Estimator,
-) -> Result<Calibrated> {
+pub(super) fn calibrated(a: &PlanArgs, job: &Job, est: &Estimator) -> Result<Calibrated> {
     let n = a.calibrate.len();
     let mut runs = Vec::with_capacity(n);
     let mut snapshots = Vec::with_capacity(n);
     for (i, path) in a.calibrate.iter().enumerate() {
         let batch = nth("--calibrate-batch", &a.calibrate_batch, i, n, a.batch)?;
         let seq = nth("--calibrate-seq", &a.calibrate_seq, i, n, a.seq)?;
-        super::args::check_positions(model, seq).context("--calibrate-seq")?;
         let file = path.display().to_string();
         let (device, rec) = read(path)?;
         let steps = find_steps(&rec).map_err(|why| anyhow::anyhow!("--calibrate {file}: {why}"))?;
         snapshots.push(Snapshot { name: file.clone(), batch, seq, steps });
         runs.push(Run { file, device });
     }
-    let fit = calibrate(model, gpu, cfg, est, &snapshots).map_err(|why| {
+    let fit = calibrate(job, est, &snapshots).map_err(|why| {
         let shapes: Vec<String> =
             snapshots.iter().map(|s| format!("{} ({} × {} tokens)", s.name, s.batch, s.seq)).collect();
         anyhow::anyhow!("--calibrate {}: {why}", shapes.join(", "))

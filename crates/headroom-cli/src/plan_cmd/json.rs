@@ -1,12 +1,16 @@
 //! `headroom plan --json`: one object, keys in docs/JSON.md. Byte figures are
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
-use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use headroom_plan::estimate::{Estimate, Memory, RunnerRecord, Timing, Verdict};
+use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::Runtime;
+use headroom_plan::job::TrainConfig;
+use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
-use headroom_plan::train::ProgramSource;
-use serde_json::{json, Value};
+use headroom_plan::search::Recommendation;
+use serde_json::{json, Map, Value};
 
 /// A byte figure: the estimate is in real numbers, the answer in whole bytes.
 fn bytes(x: f64) -> u64 {
@@ -27,124 +31,173 @@ fn parallel(p: &Parallelism) -> Value {
     })
 }
 
+/// One object of several records' keys.
+fn merged(records: impl IntoIterator<Item = Value>) -> Value {
+    let mut out = Map::new();
+    for r in records {
+        if let Value::Object(m) = r {
+            out.extend(m);
+        }
+    }
+    Value::Object(out)
+}
+
 pub(super) fn train(p: &TrainPlan) -> Value {
-    let (e, cfg) = (&p.estimate, &p.cfg);
-    let b = &e.breakdown;
-    let recommendations: Vec<Value> = p
-        .search
-        .recommendations
-        .iter()
-        .take(20)
-        .map(|r| {
-            json!({
-                "precision": r.config.precision.name(),
-                "attention": r.config.attention.name(),
-                "checkpoint": checkpoint_name(r.config.checkpointing),
-                "framework": r.estimate.framework.name(),
-                "parallel": parallel(&r.config.parallel),
-                "zero_stage": r.config.parallel.zero_stage,
-                "offload": r.config.offload.name(),
-                "micro_batch": r.config.micro_batch,
-                "optimizer_impl": r.estimate.optimizer_impl.name(),
-                "accumulation": r.config.accumulation,
-                "per_gpu_bytes": bytes(r.estimate.per_gpu_bytes),
-                "step_time_s": r.estimate.step_time_s,
-                "tokens_per_s": r.estimate.tokens_per_s,
-                "mfu": r.estimate.mfu,
-            })
-        })
-        .collect();
-    let phases = e.phases.map(|ph| {
+    let e = &p.estimate;
+    merged([
+        job(p.model, p.gpu, &e.job),
+        runner(&e.runner),
+        memory(&e.memory, &e.verdict),
+        time(&e.time),
         json!({
-            "forward": bytes(ph.forward.total), "backward": bytes(ph.backward.total),
-            "optimizer": bytes(ph.optimizer.total),
-        })
-    });
+            "calibration": p.calibration.as_ref().map(calibration),
+            "allocator": p.allocator,
+            "alternatives": alternatives(p),
+            "max_batch": p.max_batch,
+            "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
+            "max_seq": p.max_seq,
+            "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(p.model)),
+            "configurations_searched": p.search.tried,
+            "configurations_fit_by_tensors": p.search.fit_by_tensors,
+            "configurations_replayed": p.search.replayed,
+            "recommendations": p.search.recommendations.iter().take(20).map(recommendation).collect::<Vec<_>>(),
+            "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
+            "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.pick.as_ref().map(|(rank, _)| *rank)),
+            "context_note": p.context_note,
+        }),
+    ])
+}
+
+/// The job as planned.
+fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
     json!({
-        "model": p.model.name,
-        "params": p.model.params(),
-        "gpu": p.gpu.name,
-        "gpu_memory_bytes": p.gpu.memory_bytes,
+        "model": model.name,
+        "params": model.params(),
+        "gpu": gpu.name,
+        "gpu_memory_bytes": gpu.memory_bytes,
         "mode": "train",
         "gpus": cfg.parallel.gpus(),
         "parallel": parallel(&cfg.parallel),
         "accumulation": cfg.accumulation,
         "global_batch": cfg.global_batch(),
-        "finetune": finetune_name(cfg.finetune),
+        "finetune": cfg.finetune.name(),
         "offload": cfg.offload.name(),
-        "trainable_params": e.trainable_params,
-        "fits": e.fits,
-        "per_gpu_bytes": bytes(e.per_gpu_bytes),
-        "pipeline_stage": e.stage.name(),
-        "pipeline_ranks": e.pipeline.as_ref().map(|pr| json!({
+    })
+}
+
+/// Who built the program.
+fn runner(r: &RunnerRecord) -> Value {
+    let source = match r.builder {
+        "transformers" => json!({"source": "recorded", "template": r.source}),
+        "torchtitan" | "torchtitan-pipeline" => json!({"source": "fsdp2"}),
+        _ => json!({"source": "analytic"}),
+    };
+    json!({
+        "runner": {
+            "builder": r.builder,
+            "framework": r.framework.name(),
+            "source": r.source,
+            "passed": r.passed.iter().map(|p| json!({"builder": p.builder, "why": p.why})).collect::<Vec<_>>(),
+        },
+        "framework": r.framework.name(),
+        "program": source,
+        "compile": r.compiled,
+        "optimizer_impl": r.optimizer_impl.name(),
+    })
+}
+
+/// What the replay measured, and the verdict.
+fn memory(m: &Memory, v: &Verdict) -> Value {
+    let b = &m.breakdown;
+    json!({
+        "trainable_params": m.trainable_params,
+        "fits": v.fits,
+        "per_gpu_bytes": bytes(m.per_gpu_bytes),
+        "pipeline_stage": m.stage.name(),
+        "pipeline_ranks": m.pipeline.as_ref().map(|pr| json!({
             "schedule": pr.schedule.class(),
             "peak_rank": pr.peak,
             "ranks": pr.ranks.iter().map(|r| json!({
-                "rank": r.rank, "stages": r.stages, "layers": r.layers, "in_flight": r.in_flight,
-                "reserved_bytes": bytes(r.reserved_bytes), "allocated_bytes": bytes(r.allocated_bytes),
+                "rank": r.layout.rank, "stages": r.layout.stages, "layers": r.layout.layers,
+                "in_flight": r.layout.in_flight, "reserved_bytes": bytes(r.reserved_bytes),
+                "allocated_bytes": bytes(r.allocated_bytes),
             })).collect::<Vec<_>>(),
         })),
         "breakdown": {
             "weights": bytes(b.weights), "gradients": bytes(b.gradients), "optimizer": bytes(b.optimizer),
             "activations": bytes(b.activations), "logits": bytes(b.logits), "kv_cache": 0,
             "temporary": bytes(b.temporary), "framework": bytes(b.framework),
-            "calibration": signed_bytes(b.calibration),
         },
-        "calibration": p.calibration.as_ref().map(calibration),
-        "host_bytes": bytes(e.host_bytes),
-        "allocated_bytes": bytes(e.allocated_bytes),
-        "tensor_bytes": bytes(e.tensor_bytes),
-        "reserved_bytes": bytes(e.reserved_bytes),
-        "capacity_bytes": bytes(e.capacity_bytes),
-        "margin_bytes": e.fits.then(|| bytes(e.capacity_bytes - e.reserved_bytes)),
-        "oom": e.oom.as_ref().map(|o| json!({
+        "host_bytes": bytes(m.host_bytes),
+        "allocated_bytes": bytes(m.allocated_bytes),
+        "tensor_bytes": bytes(m.tensor_bytes),
+        "reserved_bytes": bytes(m.reserved_bytes),
+        "capacity_bytes": bytes(m.capacity_bytes),
+        "margin_bytes": v.margin_bytes.map(bytes),
+        "oom": m.oom.as_ref().map(|o| json!({
             "step": o.at.step, "phase": o.at.phase.name(), "requested_bytes": o.requested, "asked_bytes": o.asked,
             "device_free_bytes": o.device_free, "allocated_bytes": o.allocated, "reserved_bytes": o.reserved,
             "term": o.term.name(), "site": o.site,
         })),
-        "allocator": p.allocator,
-        "optimizer_impl": e.optimizer_impl.name(),
-        "program": match &e.program {
-            ProgramSource::Recorded(key) => json!({"source": "recorded", "template": key}),
-            ProgramSource::Analytic => json!({"source": "analytic"}),
-            ProgramSource::Fsdp2 => json!({"source": "fsdp2"}),
+        "device_mallocs": m.device_mallocs,
+        "alloc_retries": m.alloc_retries,
+        "peak_phase": m.phase.map(|ph| ph.name()),
+        "phases": {
+            "forward": m.phase_peaks.forward, "backward": m.phase_peaks.backward,
+            "optimizer": m.phase_peaks.optimizer,
         },
-        "device_mallocs": e.device_mallocs,
-        "alloc_retries": e.alloc_retries,
-        "alternatives": p.alternatives.iter().map(|a| json!({
-            "setting": a.label, "asked": a.asked, "fits": a.estimate.fits,
-            "reserved_bytes": bytes(a.estimate.reserved_bytes), "allocated_bytes": bytes(a.estimate.allocated_bytes),
-            "per_gpu_bytes": bytes(a.estimate.per_gpu_bytes),
-        })).collect::<Vec<_>>(),
-        "framework": e.framework.name(),
-        "compile": e.compiled,
-        "peak_phase": e.phase.map(|ph| ph.name()),
-        "phases": phases,
-        "step_time_s": e.step_time_s,
-        "layer_time_s": { "forward": e.layer_time_s[0], "backward": e.layer_time_s[1] },
+        "note": v.note,
+    })
+}
+
+/// How fast the step runs.
+fn time(t: &Timing) -> Value {
+    json!({
+        "step_time_s": t.step_time_s,
+        "layer_time_s": { "forward": t.layer_time_s[0], "backward": t.layer_time_s[1] },
         "step_time_breakdown": {
-            "compute_s": e.step_time_breakdown.compute,
-            "memory_bound_s": e.step_time_breakdown.memory,
-            "launch_s": e.step_time_breakdown.launch,
-            "communication_s": e.step_time_breakdown.communication,
-            "dominant": e.step_time_breakdown.dominant().name(),
-            "launch_bound": e.step_time_breakdown.launch_bound(),
+            "compute_s": t.breakdown.compute,
+            "memory_bound_s": t.breakdown.memory,
+            "launch_s": t.breakdown.launch,
+            "communication_s": t.breakdown.communication,
+            "dominant": t.breakdown.dominant().name(),
+            "launch_bound": t.breakdown.launch_bound(),
         },
-        "tokens_per_s": e.tokens_per_s,
-        "mfu": e.mfu,
-        "recompute_fraction": e.recompute_fraction,
-        "max_batch": p.max_batch,
-        "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
-        "max_seq": p.max_seq,
-        "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
-        "configurations_searched": p.search.tried,
-        "configurations_fit_by_tensors": p.search.fit_by_tensors,
-        "configurations_replayed": p.search.replayed,
-        "recommendations": recommendations,
-        "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
-        "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.rank),
-        "note": e.note,
-        "context_note": p.context_note,
+        "tokens_per_s": t.tokens_per_s,
+        "mfu": t.mfu,
+        "recompute_fraction": t.recompute_fraction,
+    })
+}
+
+/// The job under the settings asked for, and under those that make it fit.
+fn alternatives(p: &TrainPlan) -> Vec<Value> {
+    let one = |setting: &str, asked: bool, e: &Estimate| {
+        json!({
+            "setting": setting, "asked": asked, "fits": e.verdict.fits,
+            "reserved_bytes": bytes(e.memory.reserved_bytes), "allocated_bytes": bytes(e.memory.allocated_bytes),
+            "per_gpu_bytes": bytes(e.memory.per_gpu_bytes),
+        })
+    };
+    let asked = p.asked.iter().map(|(label, e)| one(label, true, e));
+    asked.chain(p.remedies.iter().map(|r| one(&r.setting, false, &r.estimate))).collect()
+}
+
+fn recommendation(r: &Recommendation) -> Value {
+    json!({
+        "precision": r.config.precision.name(),
+        "attention": r.config.attention.name(),
+        "checkpoint": r.config.checkpointing.spelling(),
+        "framework": r.estimate.runner.framework.name(),
+        "parallel": parallel(&r.config.parallel),
+        "zero_stage": r.config.parallel.zero_stage,
+        "offload": r.config.offload.name(),
+        "micro_batch": r.config.micro_batch,
+        "optimizer_impl": r.estimate.runner.optimizer_impl.name(),
+        "accumulation": r.config.accumulation,
+        "per_gpu_bytes": bytes(r.estimate.memory.per_gpu_bytes),
+        "step_time_s": r.estimate.time.step_time_s,
+        "tokens_per_s": r.estimate.time.tokens_per_s,
+        "mfu": r.estimate.time.mfu,
     })
 }
 
@@ -152,7 +205,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     let e = &p.estimate;
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
-        "mode": "infer", "gpus": p.args.tp, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
         "allocated_bytes": e.allocated_bytes.map(bytes),
         "framework": match p.config.runtime {
             Runtime::Vllm(_) => "vllm",
@@ -194,10 +247,9 @@ pub(super) fn infer(p: &InferPlan) -> Value {
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),
             "logits": bytes(e.logits), "kv_cache": bytes(e.kv_cache), "temporary": 0, "framework": bytes(e.framework),
-            "calibration": 0,
         },
         "max_sequences": e.max_sequences, "max_tokens": e.max_tokens,
-        "max_seq": p.max_seq, "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(&p.model)),
+        "max_seq": p.max_seq, "max_seq_is_search_limit": p.max_seq.map(|m| m >= max_seq_searched(p.model)),
         "context_note": p.context_note,
     })
 }

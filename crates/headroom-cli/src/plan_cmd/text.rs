@@ -1,39 +1,23 @@
 //! `headroom plan`'s text: the configuration, a bar per term, the total and
 //! whether it fits, then the step time, the search and the engine config.
 
-use super::{checkpoint_name, finetune_name, max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
+use headroom_plan::estimate::{Estimate, RunnerRecord};
 use headroom_plan::infer::Runtime;
+use headroom_plan::job::{Finetune, Offload, PipelineStage};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
+use headroom_plan::program::Phase;
 use headroom_plan::time::{Breakdown, TimeTerm};
-use headroom_plan::train::{Finetune, Offload, Phase, PipelineStage, ProgramSource};
 
 pub(super) fn train(p: &TrainPlan) -> String {
-    let (a, e, cfg) = (p.args, &p.estimate, &p.cfg);
-    let (b, par) = (&e.breakdown, &cfg.parallel);
+    let e = &p.estimate;
+    let cfg = &e.job;
     let mut out = String::new();
-    outln!(
-        out,
-        "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}{}",
-        p.model,
-        p.gpu.name,
-        format_size(p.gpu.memory_bytes),
-        match cfg.finetune {
-            Finetune::Full => "training".to_string(),
-            _ => format!("{} fine-tuning ({} trainable parameters)", finetune_name(cfg.finetune), e.trainable_params),
-        },
-        a.batch,
-        a.seq,
-        if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
-        cfg.precision.name(),
-        cfg.optimizer.name(),
-        cfg.attention.name(),
-        a.checkpoint,
-        if e.compiled { ", torch.compile" } else { "" },
-    );
-    if cfg.compile && !e.compiled {
+    outln!(out, "{}", job_line(p));
+    if cfg.compile && !e.runner.compiled {
         outln!(
             out,
             "note: --compile: torch.compile's steps were recorded for transformers' decoders (one replica per GPU, full \
@@ -41,11 +25,12 @@ pub(super) fn train(p: &TrainPlan) -> String {
              job's; it is planned with the eager code's"
         );
     }
-    if par.gpus() > 1 || cfg.offload != Offload::None {
-        let fsdp2 = e.program == ProgramSource::Fsdp2;
-        outln!(out, "{}", layout_line(par, cfg.offload, cfg.deepspeed(), fsdp2));
+    if cfg.parallel.gpus() > 1 || cfg.offload != Offload::None {
+        outln!(out, "{}", layout_line(&cfg.parallel, cfg.offload, cfg.deepspeed(), fsdp2(&e.runner)));
     }
+    outln!(out, "{}", runner_line(&e.runner));
     outln!(out);
+    let b = &e.memory.breakdown;
     let terms = [
         ("weights", b.weights),
         ("gradients", b.gradients),
@@ -54,63 +39,33 @@ pub(super) fn train(p: &TrainPlan) -> String {
         ("logits", b.logits),
         ("temporary", b.temporary),
         ("framework", b.framework),
-        ("calibration", b.calibration),
     ];
-    let terms: Vec<_> = terms.into_iter().filter(|&(name, x)| name != "calibration" || x != 0.0).collect();
-    terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
+    terms_and_total(&mut out, &terms, e.memory.per_gpu_bytes, p.gpu.memory_bytes, e.verdict.fits);
     memory_lines(&mut out, p);
     if let Some(c) = &p.calibration {
         calibration_lines(&mut out, c);
     }
-    if let Some(pr) = &e.pipeline {
-        let r = &pr.ranks[pr.peak as usize];
-        let stages: Vec<String> = r.stages.iter().map(u64::to_string).collect();
-        outln!(
-            out,
-            "(pipeline rank {} of {} peaks under {}: stage{} {}, {} blocks, {} micro-batch chunks in flight; {} reserved)",
-            r.rank,
-            pr.ranks.len(),
-            pr.schedule.class(),
-            if r.stages.len() > 1 { "s" } else { "" },
-            stages.join(" and "),
-            r.layers,
-            r.in_flight,
-            format_size(r.reserved_bytes as u64)
-        );
-        let each: Vec<String> =
-            pr.ranks.iter().map(|r| format!("{} {}", r.rank, format_size(r.reserved_bytes as u64))).collect();
-        outln!(out, "  every rank's reserved peak: {}", each.join(", "));
-    } else if par.pipeline > 1 {
-        outln!(
-            out,
-            "(the {} pipeline stage: {})",
-            e.stage.name(),
-            if e.stage == PipelineStage::First {
-                "the embedding and the most micro-batches in flight"
-            } else {
-                "the head and the logits"
-            }
-        );
+    pipeline_lines(&mut out, e);
+    if e.memory.host_bytes > 0.0 {
+        outln!(out, "host memory per node for the offloaded states: {}", format_size(e.memory.host_bytes as u64));
     }
-    if e.host_bytes > 0.0 {
-        outln!(out, "host memory per node for the offloaded states: {}", format_size(e.host_bytes as u64));
-    }
-    if let Some(n) = &e.note {
+    if let Some(n) = &e.verdict.note {
         outln!(out, "{n}");
     }
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
+    let t = &e.time;
     outln!(
         out,
         "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
-        e.step_time_s,
-        e.tokens_per_s,
-        if par.gpus() > 1 { " over all GPUs" } else { "" },
-        e.mfu * 100.0,
-        e.recompute_fraction * 100.0
+        t.step_time_s,
+        t.tokens_per_s,
+        if cfg.parallel.gpus() > 1 { " over all GPUs" } else { "" },
+        t.mfu * 100.0,
+        t.recompute_fraction * 100.0
     );
-    step_time_line(&mut out, &e.step_time_breakdown);
+    step_time_line(&mut out, &t.breakdown);
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -119,36 +74,119 @@ pub(super) fn train(p: &TrainPlan) -> String {
         }
     }
     if let Some(s) = p.max_seq {
-        max_seq_line(&mut out, &p.model, s, &format!("at micro-batch {}", a.batch));
+        max_seq_line(&mut out, p.model, s, &format!("at micro-batch {}", cfg.micro_batch));
     }
-    if a.recommend {
+    if p.recommend {
         recommendations(&mut out, p);
     }
     if let Some(ec) = &p.engine_config {
-        outln!(out);
-        if let (Some(rank), Some(r)) = (ec.rank, &ec.recommendation) {
-            let l = &r.config.parallel;
-            outln!(
-                out,
-                "{}'s configuration for the fastest configuration it runs that fits (number {rank} of those \
-                 that fit): {} {} attention, checkpointing {}, tp·pp·cp·dp {}·{}{}·{}·{}, ZeRO {}, micro-batch {} × {}:",
-                p.args.emit.map_or("", |e| e.name()),
-                r.config.precision.name(),
-                r.config.attention.name(),
-                checkpoint_name(r.config.checkpointing),
-                l.tensor,
-                l.pipeline,
-                if l.virtual_stages > 1 { format!("v{}", l.virtual_stages) } else { String::new() },
-                l.context,
-                l.data,
-                l.zero_stage,
-                r.config.micro_batch,
-                r.config.accumulation
-            );
-        }
-        outln!(out, "{}", ec.text);
+        engine_config(&mut out, ec);
     }
     out
+}
+
+/// The job as planned: the model, the GPU, the shape and the settings.
+fn job_line(p: &TrainPlan) -> String {
+    let (e, cfg) = (&p.estimate, &p.estimate.job);
+    format!(
+        "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}{}",
+        p.model,
+        p.gpu.name,
+        format_size(p.gpu.memory_bytes),
+        match cfg.finetune {
+            Finetune::Full => "training".to_string(),
+            f => format!("{} fine-tuning ({} trainable parameters)", f.name(), e.memory.trainable_params),
+        },
+        cfg.micro_batch,
+        cfg.seq,
+        if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
+        cfg.precision.name(),
+        cfg.optimizer.name(),
+        cfg.attention.name(),
+        cfg.checkpointing.spelling(),
+        if e.runner.compiled { ", torch.compile" } else { "" },
+    )
+}
+
+/// Whether the program is FSDP2's own (parameters, gradients and optimizer state sharded over
+/// data × context), not ZeRO's closed form.
+fn fsdp2(r: &RunnerRecord) -> bool {
+    matches!(r.builder, "torchtitan" | "torchtitan-pipeline")
+}
+
+/// Who built the program, from what, and why the builders before it did not.
+fn runner_line(r: &RunnerRecord) -> String {
+    let mut line = format!("program: {} ({}", r.builder, r.framework.help());
+    if let Some(source) = &r.source {
+        line.push_str(&format!(", recorded as {source}"));
+    }
+    line.push(')');
+    if !r.passed.is_empty() {
+        let passed: Vec<String> = r.passed.iter().map(|p| format!("{}: {}", p.builder, p.why)).collect();
+        line.push_str(&format!("; not {}", passed.join("; ")));
+    }
+    line
+}
+
+/// Under pipelining: the rank or stage that peaks.
+fn pipeline_lines(out: &mut String, e: &Estimate) {
+    if let Some(pr) = &e.memory.pipeline {
+        let r = &pr.ranks[pr.peak as usize];
+        let l = &r.layout;
+        let stages: Vec<String> = l.stages.iter().map(u64::to_string).collect();
+        outln!(
+            out,
+            "(pipeline rank {} of {} peaks under {}: stage{} {}, {} blocks, {} micro-batch chunks in flight; {} reserved)",
+            l.rank,
+            pr.ranks.len(),
+            pr.schedule.class(),
+            if l.stages.len() > 1 { "s" } else { "" },
+            stages.join(" and "),
+            l.layers,
+            l.in_flight,
+            format_size(r.reserved_bytes as u64)
+        );
+        let each: Vec<String> =
+            pr.ranks.iter().map(|r| format!("{} {}", r.layout.rank, format_size(r.reserved_bytes as u64))).collect();
+        outln!(out, "  every rank's reserved peak: {}", each.join(", "));
+    } else if e.job.parallel.pipeline > 1 {
+        outln!(
+            out,
+            "(the {} pipeline stage: {})",
+            e.memory.stage.name(),
+            if e.memory.stage == PipelineStage::First {
+                "the embedding and the most micro-batches in flight"
+            } else {
+                "the head and the logits"
+            }
+        );
+    }
+}
+
+/// `--emit`'s configuration, and which recommendation it is for.
+fn engine_config(out: &mut String, ec: &super::EngineConfig) {
+    outln!(out);
+    if let Some((rank, r)) = &ec.pick {
+        let l = &r.config.parallel;
+        outln!(
+            out,
+            "{}'s configuration for the fastest configuration it runs that fits (number {rank} of those \
+             that fit): {} {} attention, checkpointing {}, tp·pp·cp·dp {}·{}{}·{}·{}, ZeRO {}, micro-batch {} × {}:",
+            ec.engine.name(),
+            r.config.precision.name(),
+            r.config.attention.name(),
+            r.config.checkpointing.spelling(),
+            l.tensor,
+            l.pipeline,
+            if l.virtual_stages > 1 { format!("v{}", l.virtual_stages) } else { String::new() },
+            l.context,
+            l.data,
+            l.zero_stage,
+            r.config.micro_batch,
+            r.config.accumulation
+        );
+    }
+    outln!(out, "{}", ec.text);
 }
 
 /// Which part of the step time dominates, and for a launch-bound step what users do about it.
@@ -182,7 +220,7 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
         p.search.fit_by_tensors,
         p.search.tried,
         p.global_batch,
-        p.args.gpus
+        p.estimate.job.parallel.gpus()
     );
     outln!(
         out,
@@ -208,8 +246,8 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
             "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
             r.config.precision.name(),
             r.config.attention.name(),
-            checkpoint_name(r.config.checkpointing),
-            r.estimate.framework.name(),
+            r.config.checkpointing.spelling(),
+            r.estimate.runner.framework.name(),
             format!(
                 "{}·{}{}·{}·{}",
                 l.tensor,
@@ -222,14 +260,14 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
             r.config.offload.name(),
             r.config.micro_batch,
             r.config.accumulation,
-            format_size(r.estimate.per_gpu_bytes as u64),
-            r.estimate.step_time_s,
-            r.estimate.tokens_per_s,
-            r.estimate.mfu * 100.0
+            format_size(r.estimate.memory.per_gpu_bytes as u64),
+            r.estimate.time.step_time_s,
+            r.estimate.time.tokens_per_s,
+            r.estimate.time.mfu * 100.0
         );
     }
     let fused = p.search.recommendations.iter().take(10).filter(|r| r.config.optimizer_impl.is_some()).count();
-    if fused > 0 && p.cfg.optimizer_impl.is_none() {
+    if fused > 0 && p.estimate.job.optimizer_impl.is_none() {
         outln!(
             out,
             "  ({fused} of these fit only with AdamW's fused implementation: --optimizer-impl fused, or transformers' \
@@ -239,7 +277,7 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
 }
 
 pub(super) fn infer(p: &InferPlan) -> String {
-    let (a, e) = (p.args, &p.estimate);
+    let (c, e) = (&p.config, &p.estimate);
     let mut out = String::new();
     outln!(
         out,
@@ -247,8 +285,8 @@ pub(super) fn infer(p: &InferPlan) -> String {
         p.model,
         p.gpu.name,
         format_size(p.gpu.memory_bytes),
-        a.batch,
-        a.seq,
+        c.batch,
+        c.seq,
         match p.config.runtime {
             Runtime::Vllm(v) => format!(
                 "vLLM (gpu_memory_utilization {}, {} tokens and {} sequences a step)",
@@ -293,7 +331,7 @@ pub(super) fn infer(p: &InferPlan) -> String {
     match p.config.runtime {
         Runtime::Vllm(v) => {
             terms_only(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes);
-            let total = headroom_plan::engine::reported_total(&p.gpu);
+            let total = headroom_plan::engine::reported_total(p.gpu);
             let verdict = if e.fits { "fits" } else { "does NOT fit" };
             outln!(
                 out,
@@ -308,7 +346,7 @@ pub(super) fn infer(p: &InferPlan) -> String {
                     out,
                     "vLLM would not start: the weights, the profile run's peak and {} outside PyTorch leave {} \
                      of its budget for the KV cache",
-                    format_size(headroom_plan::engine::non_torch_bytes(a.tp) as u64),
+                    format_size(headroom_plan::engine::non_torch_bytes(c.tensor) as u64),
                     signed_size(e.kv_cache)
                 );
             } else {
@@ -317,11 +355,11 @@ pub(super) fn infer(p: &InferPlan) -> String {
                     "KV cache: {} tokens, {} sequences of {} tokens in blocks of {}{}",
                     e.max_tokens,
                     e.max_sequences,
-                    a.seq,
+                    c.seq,
                     v.block_size,
                     if e.max_sequences == 0 {
                         " — vLLM would not start: not one sequence of --seq tokens (its max_model_len) fits"
-                    } else if e.max_sequences < a.batch {
+                    } else if e.max_sequences < c.batch {
                         " — fewer than the --batch asked"
                     } else {
                         ""
@@ -353,22 +391,22 @@ pub(super) fn infer(p: &InferPlan) -> String {
                     "KV pool: {} tokens, {} sequences of {} tokens{}",
                     e.max_tokens,
                     e.max_sequences,
-                    a.seq,
-                    if e.max_sequences < a.batch { " — fewer than the --batch asked" } else { "" }
+                    c.seq,
+                    if e.max_sequences < c.batch { " — fewer than the --batch asked" } else { "" }
                 );
             }
         }
         Runtime::Transformers { .. } if e.max_sequences == 0 => {
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
-            outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", a.seq)
+            outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", c.seq)
         }
         Runtime::Transformers { .. } => {
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
-            outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, a.seq)
+            outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, c.seq)
         }
     }
     if let Some(s) = p.max_seq {
-        max_seq_line(&mut out, &p.model, s, &format!("for {} sequences", a.batch));
+        max_seq_line(&mut out, p.model, s, &format!("for {} sequences", c.batch));
     }
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
@@ -454,16 +492,15 @@ fn signed_size(x: f64) -> String {
 /// Allocated and reserved memory as the replay of the job's program gives them, the margin
 /// or where the job runs out, and what would make it fit.
 fn memory_lines(out: &mut String, p: &TrainPlan) {
-    let e = &p.estimate;
-    let outside = e.per_gpu_bytes - e.reserved_bytes;
+    let (e, m) = (&p.estimate, &p.estimate.memory);
     outln!(
         out,
         "allocated {} (torch.cuda.max_memory_allocated), reserved {} (max_memory_reserved), {} outside PyTorch \
          (CUDA context, driver{}); replayed through PyTorch's caching allocator under {}",
-        format_size(e.allocated_bytes as u64),
-        format_size(e.reserved_bytes as u64),
-        format_size(outside.max(0.0) as u64),
-        if p.cfg.parallel.gpus() > 1 { ", NCCL" } else { "" },
+        format_size(m.allocated_bytes as u64),
+        format_size(m.reserved_bytes as u64),
+        format_size(m.outside_bytes.max(0.0) as u64),
+        if e.job.parallel.gpus() > 1 { ", NCCL" } else { "" },
         p.allocator
     );
     let phase_name = |ph: Phase| match ph {
@@ -472,7 +509,7 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         Phase::Backward => "backward",
         Phase::Optimizer => "optimizer step",
     };
-    if let Some(o) = &e.oom {
+    if let Some(o) = &m.oom {
         outln!(
             out,
             "runs out of memory {}: asks for {} ({} of {}) with {} free, {} reserved and {} allocated",
@@ -488,59 +525,56 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             format_size(o.reserved),
             format_size(o.allocated)
         );
-    } else if e.fits && e.alloc_retries > 0 {
+    } else if e.verdict.fits && m.alloc_retries > 0 {
         // Reserved memory reached the device: the margin is the cache PyTorch gave back.
         outln!(
             out,
             "fits only by freeing the allocator's cache: {} requests retried after emptying it \
              (num_alloc_retries; each synchronizes the GPU and costs step time); `--alloc-conf` and \
              `--policy` replay it under other settings",
-            e.alloc_retries
+            m.alloc_retries
         );
-    } else if e.fits {
+    } else if let Some(margin) = e.verdict.margin_bytes {
         outln!(
             out,
             "margin: {} of the {} PyTorch can have",
-            format_size((e.capacity_bytes - e.reserved_bytes).max(0.0) as u64),
-            format_size(e.capacity_bytes as u64)
+            format_size(margin.max(0.0) as u64),
+            format_size(m.capacity_bytes as u64)
         );
     }
-    if let (Some(phase), Some(ph)) = (e.phase, e.phases) {
-        let code = match &e.program {
-            ProgramSource::Recorded(_) => "transformers' code as recorded, ",
-            ProgramSource::Analytic => "",
-            ProgramSource::Fsdp2 => "FSDP2 as torchtitan runs it, ",
+    if let Some(phase) = m.phase {
+        let code = match e.runner.builder {
+            "transformers" => "transformers' code as recorded, ",
+            "torchtitan" | "torchtitan-pipeline" => "FSDP2 as torchtitan runs it, ",
+            _ => "",
         };
+        let ph = &m.phase_peaks;
         outln!(
             out,
             "the peak is in the {} ({code}allocated: forward {}, backward {}, optimizer step {})",
-            match phase {
-                Phase::Forward => "forward",
-                other => phase_name(other),
-            },
-            format_size(ph.forward.total as u64),
-            format_size(ph.backward.total as u64),
-            format_size(ph.optimizer.total as u64)
+            phase_name(phase),
+            format_size(ph.forward),
+            format_size(ph.backward),
+            format_size(ph.optimizer)
         );
     }
-    for alt in &p.alternatives {
-        let r = &alt.estimate;
-        let verdict = if r.fits {
-            format!("fits, {} reserved", format_size(r.reserved_bytes as u64))
+    for (label, r) in &p.asked {
+        let verdict = if r.verdict.fits {
+            format!("fits, {} reserved", format_size(r.memory.reserved_bytes as u64))
         } else {
             "does NOT fit".to_string()
         };
-        if alt.asked {
-            outln!(out, "under {}: {verdict} ({} per GPU)", alt.label, format_size(r.per_gpu_bytes as u64));
-        } else {
-            outln!(
-                out,
-                "with {} it fits: {} reserved, {} per GPU",
-                alt.label,
-                format_size(r.reserved_bytes as u64),
-                format_size(r.per_gpu_bytes as u64)
-            );
-        }
+        outln!(out, "under {label}: {verdict} ({} per GPU)", format_size(r.memory.per_gpu_bytes as u64));
+    }
+    for r in &p.remedies {
+        let m = &r.estimate.memory;
+        outln!(
+            out,
+            "with {} it fits: {} reserved, {} per GPU",
+            r.setting,
+            format_size(m.reserved_bytes as u64),
+            format_size(m.per_gpu_bytes as u64)
+        );
     }
 }
 

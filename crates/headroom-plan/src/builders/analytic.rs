@@ -20,13 +20,26 @@
 //! what the program holds at its peak: the forward's activations and logits, the
 //! backward's, and the optimizer's temporaries.
 
-use crate::job::{Checkpointing, Framework, TrainConfig};
-use crate::live::StageMemory;
+use super::optimizer;
+use super::{Builder, Built, Context, Device, RankProgram};
+use crate::closed_form::{self, StageMemory};
+use crate::job::{Checkpointing, Finetune, Framework, Job, Offload, OptimizerImpl, PipelineStage, TrainConfig};
+use crate::names::Named;
 use crate::program::{Law, Phase, Program, TensorId, Term};
 
 /// The closed form's terms for one stage, laid out as a program of `steps` steps over
-/// `layers` layers' worth of activations.
-pub fn program(cfg: &TrainConfig, m: &StageMemory, workspace: f64, layers: u64, steps: u32) -> Program {
+/// `layers` layers' worth of activations; the optimizer step's temporaries are those of the
+/// implementation that runs, over `updated` (the bytes of each parameter the GPU's optimizer
+/// steps over; none where the CPU steps).
+pub fn program(
+    cfg: &TrainConfig,
+    m: &StageMemory,
+    workspace: f64,
+    layers: u64,
+    steps: u32,
+    updated: &[Law],
+    device: Device,
+) -> Program {
     let mut p = Program::default();
     let b = &m.breakdown;
     let layers = layers.max(1);
@@ -44,21 +57,20 @@ pub fn program(cfg: &TrainConfig, m: &StageMemory, workspace: f64, layers: u64, 
         p.alloc(Law::fixed(workspace), Term::Workspace, ws_site);
     }
     // The phases' terms, or the closed form's sum at once.
-    let (fwd_act, fwd_logits, fwd_temp, bwd_grads, bwd_act, bwd_logits, bwd_temp, opt_temp) = match &m.phases {
+    let (fwd_act, fwd_logits, fwd_temp, bwd_grads, bwd_act, bwd_logits, bwd_temp) = match &m.phases {
         Some(ph) => (
             ph.forward.activations,
             ph.forward.logits,
-            ph.forward.temporary + ph.forward.calibration.max(0.0),
+            ph.forward.temporary,
             ph.backward.gradients,
             ph.backward.activations,
             ph.backward.logits,
-            ph.backward.temporary + ph.backward.calibration.max(0.0),
-            ph.optimizer.temporary + ph.optimizer.calibration.max(0.0),
+            ph.backward.temporary,
         ),
         None => {
             let temp = (b.temporary - workspace).max(0.0);
             // The closed form's logits are the loss's every copy at its peak: held once.
-            (b.activations, b.logits, temp, b.gradients, b.activations, 0.0, temp, 0.0)
+            (b.activations, b.logits, temp, b.gradients, b.activations, 0.0, temp)
         }
     };
     let a_site = site(&mut p, "layer activations");
@@ -157,13 +169,191 @@ pub fn program(cfg: &TrainConfig, m: &StageMemory, workspace: f64, layers: u64, 
                 states.push(p.alloc(Law::fixed(b.optimizer / layers as f64), Term::Optimizer, o_site));
             }
         }
-        if opt_temp > 0.0 {
-            let t = p.alloc(Law::fixed(opt_temp), Term::Temporary, o_site);
-            p.free(t);
-        }
+        let site = optimizer::site(&mut p, cfg.optimizer);
+        optimizer::temporaries(&mut p, updated, cfg, device, site);
         for g in grads {
             p.free(g);
         }
     }
     p
+}
+
+/// Bytes per parameter element of the weights the optimizer steps over.
+fn param_width(cfg: &TrainConfig) -> f64 {
+    match cfg.precision {
+        crate::job::Precision::Fp32 | crate::job::Precision::Amp => 4.0,
+        _ => 2.0,
+    }
+}
+
+/// The closed form's programs for the job: one for its only stage, or under pipelining one
+/// for the first stage (the most micro-batches in flight) and one for the last (the logits).
+fn build(job: &Job, cx: &Context, transformers: bool) -> Built {
+    let cfg = &job.train;
+    let stages: &[PipelineStage] =
+        if cfg.parallel.pipeline > 1 { &[PipelineStage::First, PipelineStage::Last] } else { &[PipelineStage::Only] };
+    let workspace = job.gpu.arch.cublas_workspace_bytes() as f64;
+    let layers = job.model.layers.div_ceil(cfg.parallel.pipeline.max(1));
+    let mut ranks = Vec::with_capacity(stages.len());
+    let (mut recompute_fraction, mut note) = (0.0f64, None);
+    for &stage in stages {
+        let m = closed_form::memory(job, stage, transformers, cx.held_back);
+        let updated: Vec<Law> = if cfg.offload == Offload::None {
+            let width = param_width(cfg);
+            crate::placement::updated_tensors(job.model, cfg, stage).iter().map(|&n| Law::fixed(n * width)).collect()
+        } else {
+            Vec::new()
+        };
+        let program = program(cfg, &m, workspace, layers, cx.steps, &updated, cx.device);
+        recompute_fraction = recompute_fraction.max(m.recompute_fraction);
+        note = note.or(m.note);
+        ranks.push(RankProgram { program, stage, layout: None });
+    }
+    Built {
+        ranks,
+        source: None,
+        recompute_fraction,
+        note,
+        compiled: transformers && closed_form::compiled_recipe(job.model, cfg),
+    }
+}
+
+/// Whether transformers' code runs the job's layers as its recorded phases model them: one
+/// model replica per GPU, full fine-tuning, no or full checkpointing, a recorded recipe.
+fn transformers_phases(job: &Job) -> Result<(), String> {
+    let cfg = &job.train;
+    let par = &cfg.parallel;
+    if cfg.finetune != Finetune::Full {
+        return Err("adapters (peft) were not recorded: --framework auto plans them in closed form".into());
+    }
+    if par.tensor > 1 || par.pipeline > 1 || par.context > 1 {
+        return Err("transformers runs one model replica per GPU: no tensor, pipeline or context parallelism".into());
+    }
+    if !matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full) {
+        return Err(format!("transformers checkpoints whole layers or none, not {}", cfg.checkpointing.spelling()));
+    }
+    if closed_form::hf_recipe(job.model, cfg).is_none() {
+        return Err(format!(
+            "no recorded activations of {} at {} with {} attention",
+            job.model.model_type,
+            cfg.precision.name(),
+            cfg.attention.name()
+        ));
+    }
+    Ok(())
+}
+
+/// A framework with its own fused Adam: an explicit torch.optim implementation is not its.
+fn fused_adam(job: &Job, framework: &str) -> Result<(), String> {
+    match job.train.optimizer_impl {
+        Some(i) if i != OptimizerImpl::Fused => {
+            Err(format!("{framework} steps with its own fused Adam; --optimizer-impl {} is torch.optim's", i.name()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// transformers' code by its recorded phases ([`crate::phases`]), for the jobs whose step
+/// was not recorded tensor by tensor: data parallelism and ZeRO over whole replicas.
+pub struct TransformersPhases;
+
+impl Builder for TransformersPhases {
+    fn name(&self) -> &'static str {
+        "transformers-phases"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::HuggingFace
+    }
+
+    fn transformers_code(&self, _job: &Job) -> bool {
+        true
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::asked_for(job, Framework::HuggingFace)?;
+        if job.train.offload != Offload::None {
+            return Err(super::hf::OFFLOAD.into());
+        }
+        transformers_phases(job)
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        Ok(build(job, cx, true))
+    }
+}
+
+/// DeepSpeed's ZeRO engine over transformers' code ([`crate::deepspeed`]): its buffers beside
+/// transformers' phases where they were recorded, Korthikanti et al.'s activations elsewhere.
+pub struct DeepSpeed;
+
+impl Builder for DeepSpeed {
+    fn name(&self) -> &'static str {
+        "deepspeed"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::DeepSpeed
+    }
+
+    fn transformers_code(&self, job: &Job) -> bool {
+        transformers_phases(job).is_ok()
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::asked_for(job, Framework::DeepSpeed)?;
+        if job.train.framework == Framework::Auto && job.train.offload == Offload::None {
+            return Err("--framework auto picks DeepSpeed for CPU offload (--offload)".into());
+        }
+        fused_adam(job, "DeepSpeed")
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        Ok(build(job, cx, transformers_phases(job).is_ok()))
+    }
+}
+
+/// Megatron-LM's layers in closed form: Korthikanti et al.'s activations, its fp32 main
+/// gradients and distributed optimizer, Transformer Engine's kernels.
+pub struct Megatron;
+
+impl Builder for Megatron {
+    fn name(&self) -> &'static str {
+        "megatron"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::Megatron
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::asked_for(job, Framework::Megatron)?;
+        fused_adam(job, "Megatron-LM")
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        Ok(build(job, cx, false))
+    }
+}
+
+/// torchtitan where its FSDP2 programs do not serve (no sharding, a mixture of experts, another
+/// family): Megatron's accounting of the layers with torchtitan's loss.
+pub struct Torchtitan;
+
+impl Builder for Torchtitan {
+    fn name(&self) -> &'static str {
+        "torchtitan-closed-form"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::Torchtitan
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::asked_for(job, Framework::Torchtitan)
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        Ok(build(job, cx, false))
+    }
 }

@@ -28,8 +28,8 @@
 //! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
 
 use super::optimizer::{self, OptimizerParam};
-use super::{Device, StateScale, SynthError};
-use crate::job::{Attention, Checkpointing, Precision, TrainConfig};
+use super::{Builder, Built, Context, Device, RankProgram, StateScale};
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
@@ -41,22 +41,22 @@ use std::collections::HashMap;
 type Concrete = (u8, u32);
 
 /// The template key for a job, and whether SDPA takes the math path.
-pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, SynthError> {
+pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, String> {
     if cfg.compile {
-        return Err(SynthError::NoTemplate("torch.compile's steps were recorded as moments, not tensor by tensor"));
+        return Err("torch.compile's steps were recorded as moments, not tensor by tensor".to_string());
     }
     if cfg.finetune != crate::job::Finetune::Full {
-        return Err(SynthError::NoTemplate("adapters were not recorded tensor by tensor"));
+        return Err("adapters were not recorded tensor by tensor".to_string());
     }
     let precision =
-        measured_precision(cfg.precision).ok_or(SynthError::NoTemplate("fp8 is not a transformers precision"))?;
+        measured_precision(cfg.precision).ok_or_else(|| "fp8 is not a transformers precision".to_string())?;
     let checkpointed = match cfg.checkpointing {
         Checkpointing::None => false,
         Checkpointing::Full => true,
-        _ => return Err(SynthError::NoTemplate("transformers checkpoints whole layers or none")),
+        _ => return Err("transformers checkpoints whole layers or none".to_string()),
     };
     let head = match cfg.head {
-        Head::SeqCls => return Err(SynthError::NoTemplate("no classification step was recorded")),
+        Head::SeqCls => return Err("no classification step was recorded".to_string()),
         _ if model.family == Family::T5 => "seq2seq-lm",
         Head::MaskedLm => "masked-lm",
         Head::CausalLm if model.generates() => "causal-lm",
@@ -76,7 +76,7 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
         .iter()
         .flat_map(|f| [key(f, attention), key(f, "eager")])
         .find(|k| program_template::template(k).is_some())
-        .ok_or(SynthError::NoTemplate("this family, precision, attention and checkpointing were not recorded"))
+        .ok_or_else(|| "this family, precision, attention and checkpointing were not recorded".to_string())
 }
 
 /// The transformers code whose recording holds for `model`.
@@ -213,29 +213,97 @@ pub fn program(
     device: Device,
     steps: u32,
     scale: &StateScale,
-) -> Result<HfProgram, SynthError> {
+) -> Result<HfProgram, String> {
     let key = key(model, cfg, device)?;
-    let parsed = program_template::template(&key).ok_or(SynthError::NoTemplate("not recorded"))?;
+    let parsed = program_template::template(&key).ok_or_else(|| "not recorded".to_string())?;
     let mut t = parsed.resolved(&|u| unit(model, u));
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
         autocast_fp32_pow(&mut t);
     }
-    let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as u32 } else { 0 };
-    let main = model.layers as u32 - encoder;
-    let layers = [main, encoder];
+    let layers = stack_layers(model);
     let stacks_used = t.tensors.iter().filter_map(|x| x.home).map(|h| h.stack).collect::<Vec<_>>();
     for s in stacks_used {
         if layers[s as usize] < 2 * EDGE {
-            return Err(SynthError::NoTemplate("fewer layers a stack than the template keeps at its ends"));
+            return Err("fewer layers a stack than the template keeps at its ends".to_string());
         }
     }
     let ex = Expander::new(&t, layers);
-    let mut b = Builder::new(model, cfg, device, &t, &ex, scale);
+    let mut b = Expansion::new(model, cfg, device, &t, &ex, scale);
     b.build(&key, steps)?;
     Ok(HfProgram { program: b.p, key })
 }
 
-struct Builder<'a> {
+/// Why transformers' builders leave CPU offload to DeepSpeed's.
+pub(super) const OFFLOAD: &str =
+    "CPU offload is planned as DeepSpeed's ZeRO-Offload (--framework deepspeed); FSDP's offload is not modelled";
+
+/// transformers' recorded step as a program builder: one model replica on one GPU, running
+/// transformers' code eagerly with full fine-tuning and no or full checkpointing, where the
+/// family, precision and attention were recorded.
+pub struct Recorded;
+
+impl Builder for Recorded {
+    fn name(&self) -> &'static str {
+        "transformers"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::HuggingFace
+    }
+
+    fn transformers_code(&self, _job: &Job) -> bool {
+        true
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::asked_for(job, Framework::HuggingFace)?;
+        let cfg = &job.train;
+        if cfg.offload != Offload::None {
+            return Err(OFFLOAD.into());
+        }
+        if cfg.parallel.gpus() > 1 {
+            return Err("its recorded step is one GPU's; with more, the phases plan it".into());
+        }
+        if cfg.finetune != Finetune::Full {
+            return Err("adapters were not recorded tensor by tensor".into());
+        }
+        key(job.model, cfg, Device::Gpu(job.gpu))?;
+        let stacks = if job.model.family == Family::T5 { 2 } else { 1 };
+        if stack_layers(job.model)[..stacks].iter().any(|&n| n < 2 * EDGE) {
+            return Err("fewer layers a stack than the template keeps at its ends".into());
+        }
+        Ok(())
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        let hf = program(job.model, &job.train, cx.device, cx.steps, &StateScale::default())?;
+        Ok(Built {
+            ranks: vec![RankProgram { program: hf.program, stage: PipelineStage::Only, layout: None }],
+            source: Some(hf.key),
+            recompute_fraction: crate::closed_form::recompute_fraction(job),
+            note: None,
+            compiled: false,
+        })
+    }
+}
+
+/// A training step as the CPU the templates were recorded on runs it, from its recorded
+/// program: the live peak of a steady step's forward, backward and optimizer step, and of the
+/// step (tensors only, as the CPU ground truth measures them). `None` where no template
+/// serves the job.
+pub fn cpu_peaks(model: &Model, cfg: &TrainConfig) -> Option<(crate::program::PhasePeaks, u64)> {
+    let hf = program(model, cfg, Device::Cpu, 2, &StateScale::default()).ok()?;
+    let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+    Some(hf.program.step_peaks(&sizes, 2))
+}
+
+/// Layers of each stack: a decoder's, or T5's decoder and encoder.
+fn stack_layers(model: &Model) -> [u32; 2] {
+    let encoder = if model.family == Family::T5 { (model.layers - model.decoder_layers) as u32 } else { 0 };
+    [model.layers as u32 - encoder, encoder]
+}
+
+struct Expansion<'a> {
     model: &'a Model,
     cfg: &'a TrainConfig,
     device: Device<'a>,
@@ -254,7 +322,7 @@ struct Builder<'a> {
     dropout: bool,
 }
 
-impl<'a> Builder<'a> {
+impl<'a> Expansion<'a> {
     fn new(
         model: &'a Model,
         cfg: &'a TrainConfig,
@@ -269,7 +337,7 @@ impl<'a> Builder<'a> {
             (true, Some(h), Some(e)) => Some((h as u32, e as u32)),
             _ => None,
         };
-        let mut b = Builder {
+        let mut b = Expansion {
             model,
             cfg,
             device,
@@ -335,7 +403,7 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn build(&mut self, key: &str, steps: u32) -> Result<(), SynthError> {
+    fn build(&mut self, key: &str, steps: u32) -> Result<(), String> {
         let site = self.p.site(key);
         let _ = site;
         self.p.mark(0, Phase::Setup);

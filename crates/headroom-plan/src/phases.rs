@@ -15,10 +15,10 @@
 //! Where transformers' own step was recorded allocation by allocation
 //! ([`crate::step_recipe`]: every family it runs), the forward and backward
 //! are the peaks of its moments instead, and only the optimizer step comes
-//! from here. Every term is checked against real PyTorch steps on CPU
+//! from here. These are the closed form's ([`crate::closed_form`]): a program of the step
+//! is replayed for the answer. Every term is checked against real PyTorch steps on CPU
 //! (`crates/headroom-plan/tests/ground_truth.rs`, `docs/VALIDATION.md`).
 
-use crate::program::{Law, Op, Program, Term};
 use crate::recipe::Saved;
 
 pub use crate::program::Phase;
@@ -74,8 +74,6 @@ pub struct PhasePeak {
     pub logits: f64,
     /// AMP's weight copies, or the optimizer's temporaries.
     pub temporary: f64,
-    /// What a calibration from the user's own run adds ([`crate::calibrate`]); 0 without one.
-    pub calibration: f64,
 }
 
 /// The peak of each phase.
@@ -112,7 +110,6 @@ pub fn phases(p: &StepParts) -> Phases {
         attention,
         logits: loss,
         temporary,
-        calibration: 0.0,
     };
     let layers = (s.layers, s.attention);
     let with_layer =
@@ -145,147 +142,7 @@ pub fn phases(p: &StepParts) -> Phases {
     Phases { forward, backward, optimizer }
 }
 
-/// One fitted correction of the step program ([`crate::calibrate`]): its own tensors scaled,
-/// and a tensor of a fitted law added.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Correction {
-    /// What the term's own tensors are multiplied by (1: as planned).
-    pub scale: f64,
-    /// What is added beside them (zero: nothing).
-    pub law: Law,
-}
-
-impl Default for Correction {
-    fn default() -> Self {
-        Correction { scale: 1.0, law: Law::default() }
-    }
-}
-
-/// An out-of-memory error a snapshot ended in: at this shape or beyond, on a device whose
-/// memory for PyTorch is no more than `capacity`, the job does not fit.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OomEvidence {
-    pub batch: u64,
-    pub seq: u64,
-    /// The rounded bytes asked.
-    pub asked: u64,
-    /// What the device said was free (more than asked: a per-process limit refused it).
-    pub device_free: Option<u64>,
-    pub allocated: u64,
-    pub reserved: u64,
-    /// The most PyTorch could have had: what it held, and less than the request beyond.
-    pub capacity: u64,
-    pub phase: crate::program::Phase,
-}
-
-/// The fitted corrections of a job's step program, from snapshots of the user's own run.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Calibration {
-    /// What lives between steps: the optimizer's state scaled, and bytes the script keeps
-    /// added from the first step on.
-    pub kept: Correction,
-    /// What each forward keeps (the layers' activations and the logits, scaled), and what it
-    /// adds, alive until its backward ends.
-    pub forward: Correction,
-    /// The backward's own tensors, and what it adds until the optimizer step.
-    pub backward: Correction,
-    /// The optimizer step's temporaries, and what it adds while it runs.
-    pub optimizer: Correction,
-    /// The out-of-memory error a snapshot ended in.
-    pub oom: Option<OomEvidence>,
-}
-
-impl Calibration {
-    /// The correction of phase `k`: 0 forward, 1 backward, 2 optimizer step.
-    pub fn phase_mut(&mut self, k: usize) -> &mut Correction {
-        match k {
-            0 => &mut self.forward,
-            1 => &mut self.backward,
-            _ => &mut self.optimizer,
-        }
-    }
-
-    /// Whether the OOM evidence says a job of this shape does not fit in `capacity` bytes.
-    pub fn refuses(&self, micro_batch: u64, seq: u64, capacity: f64) -> Option<&OomEvidence> {
-        self.oom.as_ref().filter(|e| micro_batch >= e.batch && seq >= e.seq && capacity <= e.capacity as f64)
-    }
-
-    /// `p` corrected: each group's tensors scaled (the optimizer state, what forwards,
-    /// backwards and optimizer steps make), and the added tensors alive where their phases
-    /// are — what the script keeps from the first forward on, a forward's until its backward
-    /// ends, a backward's until the optimizer step, the optimizer step's while it runs.
-    pub fn apply_program(&self, p: &Program) -> Program {
-        let made = crate::calibrate::made_in(p);
-        let mut out =
-            Program { tensors: p.tensors.clone(), ops: Vec::with_capacity(p.ops.len() + 16), sites: p.sites.clone() };
-        let scales = [self.forward.scale, self.backward.scale, self.optimizer.scale, self.kept.scale];
-        for (t, &m) in out.tensors.iter_mut().zip(&made) {
-            if let Some(g) = crate::calibrate::group(t, m) {
-                if scales[g] != 1.0 {
-                    t.law = t.law.scaled(scales[g]);
-                }
-            }
-        }
-        let nonzero = |l: &Law| *l != Law::default();
-        let site = out.site("calibration (fitted to the snapshot)");
-        let mut kept_made = false;
-        let mut open: Vec<crate::program::TensorId> = Vec::new();
-        for op in &p.ops {
-            let Op::Mark { phase, .. } = *op else {
-                out.ops.push(*op);
-                continue;
-            };
-            // A forward's correction lives through its backward (what the layers keep); every
-            // other until the next phase.
-            if phase != Phase::Setup && phase != Phase::Backward {
-                for t in open.drain(..) {
-                    out.ops.push(Op::Free(t));
-                }
-            }
-            if phase != Phase::Setup && !kept_made && nonzero(&self.kept.law) {
-                kept_made = true;
-                out.alloc(self.kept.law, Term::Temporary, site);
-            }
-            out.ops.push(*op);
-            let (law, term) = match phase {
-                Phase::Setup => continue,
-                Phase::Forward => (self.forward.law, Term::Activations),
-                Phase::Backward => (self.backward.law, Term::Activations),
-                Phase::Optimizer => (self.optimizer.law, Term::Temporary),
-            };
-            if nonzero(&law) {
-                open.push(out.alloc(law, term, site));
-            }
-        }
-        for t in open {
-            out.ops.push(Op::Free(t));
-        }
-        out
-    }
-
-    /// The closed form's phases, corrected as far as phases can be: the forward's scale on
-    /// the activations and logits, what the script keeps on every phase.
-    pub fn apply(&self, p: &Phases) -> Phases {
-        let kept = self.kept.law.fixed;
-        let one = |p: &PhasePeak| {
-            let activations = p.activations * self.forward.scale;
-            let attention = p.attention * self.forward.scale;
-            let logits = p.logits * self.forward.scale;
-            let calibration = p.calibration + kept;
-            PhasePeak {
-                total: base(p) + p.gradients + activations + logits + p.temporary + calibration,
-                activations,
-                attention,
-                logits,
-                calibration,
-                ..*p
-            }
-        };
-        Phases { forward: one(&p.forward), backward: one(&p.backward), optimizer: one(&p.optimizer) }
-    }
-}
-
 /// What a phase holds whatever the shape's activations: weights, state, inputs.
 pub fn base(p: &PhasePeak) -> f64 {
-    p.total - p.gradients - p.activations - p.logits - p.temporary - p.calibration
+    p.total - p.gradients - p.activations - p.logits - p.temporary
 }

@@ -15,12 +15,12 @@ use super::{
     backward_transients, block_forward, block_keep, block_params, block_tensors, gather, input_gradient, keeps,
     loss_backward, loss_forward, output_input, reshard, Group, Param, Shape, Sites, REDUCE_SCATTER,
 };
-use crate::job::{Precision, TrainConfig};
+use crate::builders::optimizer::{self, OptimizerParam, State};
+use crate::builders::{Builder, Built, Context, Device, RankLayout, RankProgram};
+use crate::job::{Framework, Job, PipelineStage, Precision, TrainConfig};
 use crate::model::Model;
-use crate::pipelining::{rank_actions, stages_of_rank, Kind};
+use crate::pipelining::{peak_in_flight, rank_actions, stages_of_rank, Kind};
 use crate::program::{Law, Phase, Program, TensorId, Term};
-use crate::synth::optimizer::{self, OptimizerParam, State};
-use crate::synth::Device;
 use std::collections::HashMap;
 
 /// What one stage holds: torchtitan's split of the model.
@@ -112,6 +112,68 @@ fn root_params(model: &Model, t: u64, s: StageSplit) -> Vec<Param> {
         out.push(Param { rows: model.vocab / t, cols: model.hidden, linear: false });
     }
     out
+}
+
+/// torchtitan's step under FSDP2 and pipeline parallelism, every rank by its schedule, as a
+/// program builder.
+pub struct Pipelined;
+
+impl Builder for Pipelined {
+    fn name(&self) -> &'static str {
+        "torchtitan-pipeline"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::Torchtitan
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        super::why_not(job)?;
+        let par = &job.train.parallel;
+        if par.pipeline <= 1 {
+            return Err("one pipeline stage".into());
+        }
+        layout(&job.train, job.model)?;
+        let v = if par.pipeline_schedule().looped() { par.virtual_stages.max(1) } else { 1 };
+        rank_actions(par.pipeline_schedule(), par.pipeline, v, job.train.accumulation.max(1), 0)?;
+        Ok(())
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        let (cfg, par) = (&job.train, &job.train.parallel);
+        let schedule = par.pipeline_schedule();
+        let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
+        let (stages_of, splits) = layout(cfg, job.model)?;
+        let last = par.pipeline * v - 1;
+        let workspace = job.gpu.arch.cublas_workspace_bytes() as f64;
+        let mut ranks = Vec::with_capacity(par.pipeline as usize);
+        for rank in 0..par.pipeline {
+            let program = program(job.model, cfg, cx.device, workspace, cx.steps, rank)?;
+            let actions = rank_actions(schedule, par.pipeline, v, cfg.accumulation.max(1), rank)?;
+            let stages = stages_of[rank as usize].clone();
+            let stage = if stages.contains(&0) {
+                PipelineStage::First
+            } else if stages.contains(&last) {
+                PipelineStage::Last
+            } else {
+                PipelineStage::Middle
+            };
+            let layout = RankLayout {
+                rank,
+                layers: stages.iter().map(|&i| splits[i as usize].layers).sum(),
+                stages,
+                in_flight: peak_in_flight(&actions),
+            };
+            ranks.push(RankProgram { program, stage, layout: Some(layout) });
+        }
+        Ok(Built {
+            ranks,
+            source: None,
+            recompute_fraction: crate::closed_form::recompute_fraction(job),
+            note: None,
+            compiled: cfg.compile,
+        })
+    }
 }
 
 /// The global stage indices of every rank, and each one's split.

@@ -24,8 +24,8 @@
 pub mod pipeline;
 
 use super::optimizer::{self, OptimizerParam, State};
-use super::Device;
-use crate::job::{Attention, Checkpointing, Finetune, Framework, Offload, Precision, TrainConfig};
+use super::{Builder, Built, Context, Device, RankProgram};
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
 
@@ -34,21 +34,66 @@ use crate::program::{Law, Phase, Program, TensorId, Term};
 const ALL_GATHER: u64 = 1;
 const REDUCE_SCATTER: u64 = 2;
 
-/// Whether the job is torchtitan's FSDP2 step this module builds: torchtitan's code (one
-/// pipeline stage here, more in [`pipeline`]), a dense decoder (MoE layers' grouped matrix multiplies are not modelled),
-/// parameters sharded (`--zero 2` or `3`) over more than one GPU, full training without
-/// offload, and a checkpointing mode torchtitan has.
-pub fn runs(model: &Model, cfg: &TrainConfig) -> bool {
+/// Whether the job is torchtitan's FSDP2 step this module builds (one pipeline stage here,
+/// more in [`pipeline`]): torchtitan's code, a dense Llama-style decoder (MoE layers' grouped
+/// matrix multiplies are not modelled), parameters sharded (`--zero 2` or `3`) over more than
+/// one GPU, full training without offload, and a checkpointing mode torchtitan has.
+pub fn why_not(job: &Job) -> Result<(), String> {
+    super::asked_for(job, Framework::Torchtitan)?;
+    let (model, cfg) = (job.model, &job.train);
     let par = &cfg.parallel;
-    cfg.framework == Framework::Torchtitan
-        && par.zero_stage >= 2
-        && par.fsdp_shard_degree() > 1
-        && cfg.finetune == Finetune::Full
-        && cfg.offload == Offload::None
-        && cfg.checkpointing != Checkpointing::Optimal
-        && model.experts <= 1
-        && model.family == Family::GatedDecoder
-        && model.gated_mlp
+    if par.zero_stage < 2 || par.fsdp_shard_degree() <= 1 {
+        return Err("its FSDP2 program shards the parameters (--zero 2 or 3) over more than one GPU".into());
+    }
+    if cfg.finetune != Finetune::Full {
+        return Err("torchtitan trains every parameter".into());
+    }
+    if cfg.offload != Offload::None {
+        return Err("FSDP2's CPU offload is not modelled".into());
+    }
+    if cfg.checkpointing == Checkpointing::Optimal {
+        return Err("torchtitan has no optimal checkpointing (none, full, per-op or every-K)".into());
+    }
+    if model.experts > 1 {
+        return Err("a mixture of experts' grouped matrix multiplies are not modelled".into());
+    }
+    if model.family != Family::GatedDecoder || !model.gated_mlp {
+        return Err(format!("its program is Llama's block; {} is another family", model.name));
+    }
+    Ok(())
+}
+
+/// torchtitan's step under FSDP2 without pipelining, as a program builder.
+pub struct Fsdp2;
+
+impl Builder for Fsdp2 {
+    fn name(&self) -> &'static str {
+        "torchtitan"
+    }
+
+    fn framework(&self) -> Framework {
+        Framework::Torchtitan
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        why_not(job)?;
+        if job.train.parallel.pipeline > 1 {
+            return Err("pipelined: every rank is planned by torchtitan-pipeline".into());
+        }
+        Ok(())
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        let workspace = job.gpu.arch.cublas_workspace_bytes() as f64;
+        let program = program(job.model, &job.train, cx.device, workspace, cx.steps);
+        Ok(Built {
+            ranks: vec![RankProgram { program, stage: PipelineStage::Only, layout: None }],
+            source: None,
+            recompute_fraction: crate::closed_form::recompute_fraction(job),
+            note: None,
+            compiled: job.train.compile,
+        })
+    }
 }
 
 /// A parameter as FSDP2 stores it: its local (tensor-parallel) rows and columns.

@@ -15,8 +15,8 @@
 //! first step, as DeepSpeed and Megatron keep them).
 
 use super::Device;
-use crate::job::{Optimizer, OptimizerImpl, Precision, TrainConfig};
-use crate::program::{Law, Phase, Program, TensorId, Term};
+use crate::job::{Framework, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use crate::program::{Law, Program, TensorId, Term};
 
 /// A parameter the optimizer updates: its law (the bytes of the parameter itself).
 #[derive(Clone, Copy, Debug)]
@@ -31,12 +31,14 @@ pub struct State {
     pub tensors: Vec<TensorId>,
 }
 
-/// The implementation of `torch.optim.AdamW` that runs for `cfg` when none is named.
+/// The implementation of AdamW that runs for `cfg` when none is named: Megatron-LM's and
+/// DeepSpeed's own fused Adam; torch.optim's foreach on CUDA tensors and its for-loop
+/// elsewhere.
 pub fn implementation(cfg: &TrainConfig, device: Device) -> OptimizerImpl {
-    cfg.optimizer_impl.unwrap_or(match device {
-        // torch.optim picks foreach for CUDA tensors and the for-loop elsewhere.
-        Device::Gpu(_) => OptimizerImpl::Foreach,
-        Device::Cpu => OptimizerImpl::ForLoop,
+    cfg.optimizer_impl.unwrap_or(match (cfg.framework, device) {
+        (Framework::Megatron | Framework::DeepSpeed, _) => OptimizerImpl::Fused,
+        (_, Device::Gpu(_)) => OptimizerImpl::Foreach,
+        (_, Device::Cpu) => OptimizerImpl::ForLoop,
     })
 }
 
@@ -59,12 +61,7 @@ pub fn step(
     cfg: &TrainConfig,
     device: Device,
 ) {
-    let site = p.site(match cfg.optimizer {
-        Optimizer::AdamW => "torch.optim.AdamW",
-        Optimizer::Sgd | Optimizer::SgdMomentum => "torch.optim.SGD",
-        Optimizer::Adafactor => "transformers Adafactor",
-        Optimizer::Adam8bit => "bitsandbytes AdamW8bit",
-    });
+    let site = site(p, cfg.optimizer);
     let width = state_width(cfg.precision);
     let with_grad: Vec<&OptimizerParam> =
         params.iter().zip(grads).filter(|(_, g)| g.is_some()).map(|(p, _)| p).collect();
@@ -100,19 +97,27 @@ pub fn step(
             }
         }
     }
+    let laws: Vec<Law> = with_grad.iter().map(|x| x.law).collect();
+    temporaries(p, &laws, cfg, device, site);
+}
+
+/// What one optimizer step allocates and frees beside the state, over parameters of the
+/// bytes `laws` give, for the implementation that runs (the table above): every builder's
+/// optimizer step makes these, whoever lays out the state.
+pub fn temporaries(p: &mut Program, laws: &[Law], cfg: &TrainConfig, device: Device, site: u32) {
+    let width = state_width(cfg.precision);
     match (cfg.optimizer, implementation(cfg, device)) {
         (Optimizer::AdamW, OptimizerImpl::Foreach) => {
-            let sqrt: Vec<TensorId> =
-                with_grad.iter().map(|x| p.alloc(x.law.scaled(width), Term::Temporary, site)).collect();
+            let sqrt: Vec<TensorId> = laws.iter().map(|x| p.alloc(x.scaled(width), Term::Temporary, site)).collect();
             for id in sqrt {
                 p.free(id);
             }
         }
         (Optimizer::AdamW, OptimizerImpl::ForLoop) => {
             let mut denom: Option<TensorId> = None;
-            for x in &with_grad {
-                let sqrt = p.alloc(x.law.scaled(width), Term::Temporary, site);
-                let quotient = p.alloc(x.law.scaled(width), Term::Temporary, site);
+            for x in laws {
+                let sqrt = p.alloc(x.scaled(width), Term::Temporary, site);
+                let quotient = p.alloc(x.scaled(width), Term::Temporary, site);
                 p.free(sqrt);
                 if let Some(d) = denom.replace(quotient) {
                     p.free(d);
@@ -124,15 +129,24 @@ pub fn step(
         }
         (Optimizer::Adafactor, _) => {
             let copies = if matches!(cfg.precision, Precision::Fp32 | Precision::Amp) { 2.0 } else { 4.0 };
-            for x in &with_grad {
-                let fp32 = x.law.scaled(4.0 / bytes_per(cfg.precision) * copies);
+            for x in laws {
+                let fp32 = x.scaled(4.0 / bytes_per(cfg.precision) * copies);
                 let id = p.alloc(fp32, Term::Temporary, site);
                 p.free(id);
             }
         }
         _ => {}
     }
-    let _ = Phase::Optimizer;
+}
+
+/// The site an optimizer's tensors are made at.
+pub fn site(p: &mut Program, optimizer: Optimizer) -> u32 {
+    p.site(match optimizer {
+        Optimizer::AdamW => "torch.optim.AdamW",
+        Optimizer::Sgd | Optimizer::SgdMomentum => "torch.optim.SGD",
+        Optimizer::Adafactor => "transformers Adafactor",
+        Optimizer::Adam8bit => "bitsandbytes AdamW8bit",
+    })
 }
 
 /// Bytes of a parameter element in the job's precision.
