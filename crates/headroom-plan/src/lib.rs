@@ -9,24 +9,23 @@
 //! and the step's phases fitted to a snapshot of the user's own run
 //! ([`calibrate`]).
 
+// The catalogs live in their own crate, which the KV crate reaches without the planner.
+pub use headroom_catalog::UnknownGpu;
+pub use headroom_catalog::{gpu, json, model, names};
 pub mod bnb;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod deepspeed;
 pub mod eager;
 mod error;
-pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
+pub use error::{CannotEmit, InvalidConfig};
 pub mod emit;
 pub mod engine;
 pub mod forward_recipe;
-pub mod gpu;
 pub mod infer;
 pub mod job;
-pub mod json;
 pub mod kernel;
 pub mod live;
-pub mod model;
-pub mod names;
 pub mod parallel;
 pub mod pipelining;
 pub mod placement;

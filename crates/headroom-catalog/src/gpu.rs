@@ -227,10 +227,23 @@ pub const GPUS: &[GpuSpec] = &[
     spec("mi300x", Arch::Cdna3, 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5, 304, 0.601),
 ];
 
+/// The catalog, in the order errors list it.
+pub fn gpus() -> &'static [GpuSpec] {
+    GPUS
+}
+
+/// A GPU name not in the catalog, with the names it has.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown GPU `{name}`; known: {known}")]
+pub struct UnknownGpu {
+    pub name: String,
+    pub known: String,
+}
+
 /// A GPU by name (case, `_` and spaces ignored).
-pub fn gpu(name: &str) -> Result<GpuSpec, crate::UnknownGpu> {
+pub fn gpu(name: &str) -> Result<GpuSpec, UnknownGpu> {
     let n = name.to_ascii_lowercase().replace(['_', ' '], "-");
-    GPUS.iter().find(|g| g.name == n).copied().ok_or_else(|| crate::UnknownGpu {
+    GPUS.iter().find(|g| g.name == n).copied().ok_or_else(|| UnknownGpu {
         name: name.to_string(),
         known: GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
     })

@@ -784,7 +784,7 @@ mod tests {
 
     #[test]
     fn gpt_bigcode_is_gpt2_with_one_key_value_head() {
-        let text = include_str!("../../../data/models/octocoder.json");
+        let text = include_str!("../../../../data/models/octocoder.json");
         let m = Model::from_hf_config(text, "octocoder").unwrap();
         assert_eq!((m.family, m.model_type, m.kv_heads, m.head_dim), (Family::Gpt2, "gpt_bigcode", 1, 128));
         // StarCoder and OctoCoder: "15.5B parameters" (their model cards).
