@@ -111,12 +111,33 @@ impl<'a> Config<'a> {
         self.either(keys)?.ok_or_else(|| ModelError::Missing(keys[0], self.model_type.into()))
     }
 
-    fn flag(&self, key: &str, default: bool) -> bool {
-        self.get(key).and_then(Value::as_bool).unwrap_or(default)
+    /// A value of the wrong type, refused by name: read as the default it would plan a model
+    /// nobody wrote (`"tie_word_embeddings": "true"` is not `true`).
+    fn wrong(&self, field: &'static str, expected: &'static str) -> ModelError {
+        let found = self.get(field).map_or("null", crate::json::kind);
+        ModelError::WrongType { field, expected, found }
     }
 
-    fn string(&self, key: &str) -> Option<&'a str> {
-        self.get(key).and_then(Value::as_str)
+    /// `true` or `false`, or the family's default when absent or `null`.
+    fn flag(&self, key: &'static str, default: bool) -> Result<bool, ModelError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.wrong(key, "true or false")),
+        }
+    }
+
+    fn string(&self, key: &'static str) -> Result<Option<&'a str>, ModelError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string")),
+        }
+    }
+
+    fn list(&self, key: &'static str) -> Result<&'a [Value], ModelError> {
+        match self.get(key) {
+            None => Ok(&[]),
+            Some(v) => v.as_array().map(Vec::as_slice).ok_or_else(|| self.wrong(key, "a list")),
+        }
     }
 
     /// What every family starts from: one dense stack, no window, every field the family
@@ -156,7 +177,7 @@ impl<'a> Config<'a> {
             hidden,
             layers,
             heads,
-            kv_heads: if bigcode && self.flag("multi_query", true) { 1 } else { heads },
+            kv_heads: if bigcode && self.flag("multi_query", true)? { 1 } else { heads },
             head_dim: derived_head_dim(hidden, heads)?,
             intermediate: self.uint("n_inner")?.unwrap_or(hidden.saturating_mul(4)),
             vocab: self.need("vocab_size")?,
@@ -202,7 +223,7 @@ impl<'a> Config<'a> {
                 Family::Bloom => self.uint("seq_length")?.unwrap_or(2048),
                 _ => self.need("max_position_embeddings")?,
             },
-            tied_embeddings: self.flag("tie_word_embeddings", family != Family::NeoX),
+            tied_embeddings: self.flag("tie_word_embeddings", family != Family::NeoX)?,
             qkv_bias: true,
             decoder_layers: if family == Family::Bert { 0 } else { layers },
             ..self.base(family)
@@ -215,7 +236,7 @@ impl<'a> Config<'a> {
         let encoder = self.need("num_layers")?;
         let decoder = self.uint("num_decoder_layers")?.unwrap_or(encoder);
         let heads = self.need("num_heads")?;
-        let ff = self.string("feed_forward_proj").unwrap_or("relu");
+        let gated_mlp = self.gated_feed_forward()?;
         Ok(Model {
             hidden: self.need("d_model")?,
             layers: encoder.saturating_add(decoder),
@@ -225,12 +246,25 @@ impl<'a> Config<'a> {
             intermediate: self.need("d_ff")?,
             vocab: self.need("vocab_size")?,
             max_position: self.uint("n_positions")?.unwrap_or(512),
-            tied_embeddings: self.flag("tie_word_embeddings", true),
-            gated_mlp: ff.starts_with("gated"),
+            tied_embeddings: self.flag("tie_word_embeddings", true)?,
+            gated_mlp,
             decoder_layers: decoder,
             relative_buckets: self.uint("relative_attention_num_buckets")?.unwrap_or(32),
             ..self.base(Family::T5)
         })
+    }
+
+    /// Whether T5's feed-forward is gated: `feed_forward_proj` is an activation, or
+    /// `gated-` and one, as `T5Config` reads it (and refuses anything else).
+    fn gated_feed_forward(&self) -> Result<bool, ModelError> {
+        let ff = self.string("feed_forward_proj")?.unwrap_or("relu");
+        match ff.split('-').collect::<Vec<_>>()[..] {
+            [act] if !act.is_empty() && act != "gated" => Ok(false),
+            ["gated", act] if !act.is_empty() => Ok(true),
+            _ => Err(ModelError::Invalid(format!(
+                "`feed_forward_proj` is \"{ff}\"; T5 takes an activation, or `gated-` and one (\"relu\", \"gated-gelu\")"
+            ))),
+        }
     }
 
     /// Llama and the families built like it: RMSNorm, rotary positions, a gated MLP,
@@ -258,14 +292,14 @@ impl<'a> Config<'a> {
             vocab: self.need("vocab_size")?,
             max_position: self.need("max_position_embeddings")?,
             // Each family's default in transformers.
-            tied_embeddings: self.flag("tie_word_embeddings", matches!(self.model_type, "gemma" | "gemma2")),
-            qkv_bias: self.model_type == "qwen2" || self.flag("attention_bias", false),
+            tied_embeddings: self.flag("tie_word_embeddings", matches!(self.model_type, "gemma" | "gemma2"))?,
+            qkv_bias: self.model_type == "qwen2" || self.flag("attention_bias", false)?,
             experts,
             experts_per_token: self.uint("num_experts_per_tok")?.unwrap_or(if experts > 1 { 2 } else { 1 }),
             gated_mlp: true,
             decoder_layers: layers,
             // Only when the config turns it on (Qwen2 writes a window it does not use).
-            sliding_window: if self.flag("use_sliding_window", !self.model_type.starts_with("qwen")) {
+            sliding_window: if self.flag("use_sliding_window", !self.model_type.starts_with("qwen"))? {
                 self.uint("sliding_window")?
             } else {
                 None
@@ -277,7 +311,7 @@ impl<'a> Config<'a> {
     /// Qwen3-MoE may keep some layers dense; the plan counts every layer alike, so such a
     /// config is refused rather than miscounted.
     fn every_layer_a_mixture(&self) -> Result<(), ModelError> {
-        let dense = self.get("mlp_only_layers").and_then(Value::as_array).is_some_and(|l| !l.is_empty());
+        let dense = !self.list("mlp_only_layers")?.is_empty();
         if dense || self.uint("decoder_sparse_step")?.unwrap_or(1) != 1 {
             return Err(ModelError::Invalid(
                 "a qwen3_moe config with dense layers (mlp_only_layers, decoder_sparse_step); \
@@ -383,5 +417,74 @@ mod tests {
         // Without multi_query it is GPT-2's attention again.
         let mha = Model::from_hf_config(&text.replace(r#""multi_query": true"#, r#""multi_query": false"#), "x");
         assert_eq!(mha.unwrap().kv_heads, 48);
+    }
+
+    /// The hostile-input sweep's B8a: booleans, strings and lists of the wrong type were read
+    /// as the family's default and planned a model nobody wrote.
+    #[test]
+    fn config_fields_of_the_wrong_type_are_refused_by_name() {
+        let llama = r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":8,"intermediate_size":14336,"vocab_size":128256,"max_position_embeddings":8192"#;
+        let t5 = r#"{"model_type":"t5","d_model":2048,"d_ff":5120,"d_kv":64,"num_heads":32,"num_layers":24,
+            "vocab_size":32128"#;
+        let qwen3_moe = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960"#;
+        let read = |base: &str, field: &str| Model::from_hf_config(&format!("{base}, {field}}}"), "x");
+        let wrong = |field: &'static str, expected: &'static str, found: &'static str| {
+            Err(ModelError::WrongType { field, expected, found })
+        };
+        for (base, field, want) in [
+            (llama, r#""tie_word_embeddings": "true""#, wrong("tie_word_embeddings", "true or false", "a string")),
+            (llama, r#""tie_word_embeddings": 1"#, wrong("tie_word_embeddings", "true or false", "a number")),
+            (llama, r#""tie_word_embeddings": [true]"#, wrong("tie_word_embeddings", "true or false", "an array")),
+            (llama, r#""attention_bias": "false""#, wrong("attention_bias", "true or false", "a string")),
+            (llama, r#""attention_bias": {}"#, wrong("attention_bias", "true or false", "an object")),
+            (t5, r#""feed_forward_proj": 3"#, wrong("feed_forward_proj", "a string", "a number")),
+            (t5, r#""tie_word_embeddings": "false""#, wrong("tie_word_embeddings", "true or false", "a string")),
+            (qwen3_moe, r#""mlp_only_layers": "0""#, wrong("mlp_only_layers", "a list", "a string")),
+            (qwen3_moe, r#""mlp_only_layers": 0"#, wrong("mlp_only_layers", "a list", "a number")),
+            (qwen3_moe, r#""use_sliding_window": "true""#, wrong("use_sliding_window", "true or false", "a string")),
+        ] {
+            assert_eq!(read(base, field).map(|_| ()), want, "{field}");
+        }
+        // multi_query as a string: GPTBigCode's only switch between one key-value head and many.
+        let text = include_str!("../../../../data/models/octocoder.json");
+        let quoted = text.replace(r#""multi_query": true"#, r#""multi_query": "false""#);
+        assert_eq!(
+            Model::from_hf_config(&quoted, "x").unwrap_err().to_string(),
+            "config.json field `multi_query` must be true or false, not a string"
+        );
+        // null is transformers' default, as an absent key is.
+        assert!(read(llama, r#""tie_word_embeddings": null, "attention_bias": null"#).is_ok());
+        assert!(read(qwen3_moe, r#""mlp_only_layers": null"#).is_ok());
+    }
+
+    #[test]
+    fn t5_feed_forward_is_an_activation_or_a_gated_one() {
+        let t5 =
+            r#"{"model_type":"t5","d_model":512,"d_ff":1024,"d_kv":64,"num_heads":8,"num_layers":6,"vocab_size":32128"#;
+        let gated = |proj: &str| Model::from_hf_config(&format!(r#"{t5}, "feed_forward_proj": "{proj}"}}"#), "x");
+        assert!(!gated("relu").unwrap().gated_mlp);
+        assert!(gated("gated-gelu").unwrap().gated_mlp);
+        assert!(gated("gated-silu").unwrap().gated_mlp);
+        for bad in ["gelu-gated", "gated-gelu-new", "gated", "", "gated-"] {
+            assert!(matches!(gated(bad), Err(ModelError::Invalid(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bloom_takes_its_older_spellings_when_they_agree() {
+        let bloom = |fields: &str| {
+            Model::from_hf_config(&format!(r#"{{"model_type":"bloom","vocab_size":250880,{fields}}}"#), "b")
+        };
+        let modern = bloom(r#""hidden_size":4096,"n_layer":30,"n_head":32"#).unwrap();
+        assert_eq!(modern.params(), 7_069_016_064);
+        assert_eq!(bloom(r#""n_embed":4096,"num_hidden_layers":30,"num_attention_heads":32"#).unwrap(), modern);
+        assert_eq!(bloom(r#""n_embed":4096,"hidden_size":4096,"n_layer":30,"n_head":32"#).unwrap(), modern);
+        let e = bloom(r#""n_embed":4096,"hidden_size":1024,"n_layer":30,"n_head":32"#).unwrap_err().to_string();
+        assert!(e.contains("`hidden_size` (1024) and `n_embed` (4096) name the same figure and disagree"), "{e}");
+        let e = bloom(r#""hidden_size":4096,"n_layer":30"#).unwrap_err().to_string();
+        assert_eq!(e, "config.json lacks `n_head`, which a bloom model needs");
     }
 }

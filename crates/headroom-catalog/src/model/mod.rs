@@ -96,6 +96,8 @@ pub enum ModelError {
     Missing(&'static str, String),
     #[error("config.json field `{0}` must be a positive integer")]
     NotPositive(&'static str),
+    #[error("config.json field `{field}` must be {expected}, not {found}")]
+    WrongType { field: &'static str, expected: &'static str, found: &'static str },
     #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
     Unsupported(String),
     #[error("unknown model `{0}`; known presets: {1}")]
