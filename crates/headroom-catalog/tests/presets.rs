@@ -64,6 +64,8 @@ fn check(m: &Model, want: Row) {
     ];
     let got: Row = (&m.name, m.params(), m.family, m.model_type, dims, &flags, m.sliding_window);
     assert_eq!(got, want, "{}", want.0);
+    // Mistral slides on every layer; no other preset has a window.
+    assert!(m.global_layers.is_empty() && (0..m.decoder_layers).all(|l| m.slides(l) == m.sliding_window.is_some()));
 }
 
 #[test]

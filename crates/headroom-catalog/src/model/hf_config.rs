@@ -91,6 +91,25 @@ impl<'a> Config<'a> {
         }
     }
 
+    /// A positive integer; `default` when absent, `None` when `null` (a window turned off).
+    fn uint_unless_null(&self, key: &'static str, default: u64) -> Result<Option<u64>, ModelError> {
+        match self.fields.get(key) {
+            None => Ok(Some(default)),
+            Some(_) => self.uint(key),
+        }
+    }
+
+    /// A whole number, 0 included; `default` when absent or `null`.
+    fn count(&self, key: &'static str, default: u64) -> Result<u64, ModelError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) if v.is_number() => v
+                .as_u64()
+                .ok_or_else(|| ModelError::Invalid(format!("`{key}` is {v}; it must be a whole number, 0 or more"))),
+            Some(_) => Err(self.wrong(key, "a whole number")),
+        }
+    }
+
     /// A positive integer the family cannot do without.
     fn need(&self, key: &'static str) -> Result<u64, ModelError> {
         self.uint(key)?.ok_or_else(|| ModelError::Missing(key, self.model_type.into()))
@@ -162,6 +181,7 @@ impl<'a> Config<'a> {
             gated_mlp: false,
             decoder_layers: 0,
             sliding_window: None,
+            global_layers: Vec::new(),
             relative_buckets: 0,
         }
     }
@@ -278,6 +298,7 @@ impl<'a> Config<'a> {
             self.every_layer_a_mixture()?;
         }
         let experts = self.uint(if moe { "num_experts" } else { "num_local_experts" })?.unwrap_or(1);
+        let (sliding_window, global_layers) = self.sliding(layers)?;
         Ok(Model {
             hidden,
             layers,
@@ -298,14 +319,68 @@ impl<'a> Config<'a> {
             experts_per_token: self.uint("num_experts_per_tok")?.unwrap_or(if experts > 1 { 2 } else { 1 }),
             gated_mlp: true,
             decoder_layers: layers,
-            // Only when the config turns it on (Qwen2 writes a window it does not use).
-            sliding_window: if self.flag("use_sliding_window", !self.model_type.starts_with("qwen"))? {
-                self.uint("sliding_window")?
-            } else {
-                None
-            },
+            sliding_window,
+            global_layers,
             ..self.base(Family::GatedDecoder)
         })
+    }
+
+    /// The sliding window and the layers that attend to the whole sequence despite it, as
+    /// each family's transformers code decides: `layer_types` where the config lists it, else
+    /// the family's rule. Llama and Gemma have no window; Mistral, Mixtral, Phi-3 and
+    /// Qwen3-MoE slide on every layer; Gemma 2 on every other, from the first; Qwen2 and Qwen3
+    /// from `max_window_layers` on. Qwen's configs write a window they use only under
+    /// `use_sliding_window`.
+    fn sliding(&self, layers: u64) -> Result<(Option<u64>, Vec<u64>), ModelError> {
+        let window = match self.model_type {
+            // Their configuration classes' default when the key is absent; `null` turns it off.
+            "mistral" | "gemma2" => self.uint_unless_null("sliding_window", 4096)?,
+            "mixtral" | "phi3" => self.uint("sliding_window")?,
+            "qwen2" | "qwen3" | "qwen3_moe" if self.flag("use_sliding_window", false)? => {
+                self.uint_unless_null("sliding_window", 4096)?
+            }
+            _ => None,
+        };
+        // A model with more layers than check() allows is refused there; no list is built for it.
+        let Some(window) = window.filter(|_| layers <= super::MAX_LAYERS) else { return Ok((window, Vec::new())) };
+        // MistralConfig warns that it ignores `layer_types` (Ministral's code reads them).
+        let listed = if self.model_type == "mistral" { None } else { self.layer_types(layers)? };
+        let global: Vec<u64> = match listed {
+            Some(slides) => (0..layers).filter(|&i| !slides[i as usize]).collect(),
+            None => match self.model_type {
+                "gemma2" => (0..layers).filter(|i| i % 2 == 1).collect(),
+                "qwen2" | "qwen3" => (0..layers.min(self.count("max_window_layers", 28)?)).collect(),
+                _ => Vec::new(),
+            },
+        };
+        if global.len() as u64 == layers {
+            return Ok((None, Vec::new()));
+        }
+        Ok((Some(window), global))
+    }
+
+    /// Which layers slide, from `layer_types` (`sliding_attention` or `full_attention` a layer).
+    fn layer_types(&self, layers: u64) -> Result<Option<Vec<bool>>, ModelError> {
+        let Some(types) = self.get("layer_types") else { return Ok(None) };
+        let types = types.as_array().ok_or_else(|| self.wrong("layer_types", "a list"))?;
+        if types.len() as u64 != layers {
+            return Err(ModelError::Invalid(format!(
+                "`layer_types` lists {} layers, but `num_hidden_layers` is {layers}",
+                types.len()
+            )));
+        }
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ModelError::Invalid(format!(
+                    "`layer_types` gives layer {i} {t}; headroom plans \"sliding_attention\" and \"full_attention\""
+                ))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 
     /// Qwen3-MoE may keep some layers dense; the plan counts every layer alike, so such a
@@ -486,5 +561,106 @@ mod tests {
         assert!(e.contains("`hidden_size` (1024) and `n_embed` (4096) name the same figure and disagree"), "{e}");
         let e = bloom(r#""hidden_size":4096,"n_layer":30"#).unwrap_err().to_string();
         assert_eq!(e, "config.json lacks `n_head`, which a bloom model needs");
+    }
+
+    /// google/gemma-2-9b's config.json.
+    const GEMMA2_9B: &str = r#"{"architectures": ["Gemma2ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+        "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "gemma2",
+        "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+        "sliding_window_size": 4096, "use_cache": true, "vocab_size": 256000}"#;
+
+    fn with(base: &str, fields: &str) -> Result<Model, ModelError> {
+        let base = base.trim_end().strip_suffix('}').unwrap();
+        Model::from_hf_config(&format!("{base}, {fields}}}"), "x")
+    }
+
+    /// The hostile-input sweep's B7: Gemma 2's window was applied to every layer, where its
+    /// odd layers attend to the whole sequence.
+    #[test]
+    fn gemma2_slides_on_every_other_layer() {
+        let m = Model::from_hf_config(GEMMA2_9B, "gemma-2-9b").unwrap();
+        assert_eq!(m.sliding_window, Some(4096));
+        assert_eq!(m.global_layers, (0..21).map(|i| 2 * i + 1).collect::<Vec<u64>>());
+        assert!(m.slides(0) && !m.slides(1) && m.slides(40) && !m.slides(41) && !m.slides(42));
+        // 21 layers keep 4096 of 8192 tokens, 21 keep all: 6144 a layer.
+        assert_eq!(m.cached_tokens(8192, 16), 6144.0);
+        assert_eq!(m.cached_tokens(1000, 16), 1008.0);
+        // Gemma2Config's window when the key is absent; null turns it off.
+        let absent = GEMMA2_9B.replace(r#""sliding_window": 4096,"#, "");
+        assert_eq!(Model::from_hf_config(&absent, "x").unwrap(), m.clone().renamed("x"));
+        let off =
+            Model::from_hf_config(&GEMMA2_9B.replace(r#""sliding_window": 4096"#, r#""sliding_window": null"#), "x");
+        let off = off.unwrap();
+        assert_eq!((off.sliding_window, off.global_layers.len(), off.cached_tokens(8192, 16)), (None, 0, 8192.0));
+    }
+
+    #[test]
+    fn layer_types_say_which_layers_slide_where_a_config_lists_them() {
+        let types = |last: &str| {
+            let mut t = vec![r#""sliding_attention""#; 41];
+            t.push(last);
+            format!(r#""layer_types": [{}]"#, t.join(", "))
+        };
+        let m = with(GEMMA2_9B, &types(r#""full_attention""#)).unwrap();
+        assert_eq!(m.global_layers, [41]);
+        assert_eq!(m.cached_tokens(8192, 1), (41.0 * 4096.0 + 8192.0) / 42.0);
+        let e = with(GEMMA2_9B, &types(r#""chunked_attention""#)).unwrap_err().to_string();
+        assert!(e.contains("`layer_types` gives layer 41 \"chunked_attention\""), "{e}");
+        let e = with(GEMMA2_9B, r#""layer_types": ["full_attention"]"#).unwrap_err().to_string();
+        assert!(e.contains("`layer_types` lists 1 layers, but `num_hidden_layers` is 42"), "{e}");
+        assert_eq!(
+            with(GEMMA2_9B, r#""layer_types": "sliding_attention""#),
+            Err(ModelError::WrongType { field: "layer_types", expected: "a list", found: "a string" })
+        );
+        // Every layer full: no layer slides, so no window.
+        let all_full = format!(r#""layer_types": [{}]"#, vec![r#""full_attention""#; 42].join(", "));
+        assert_eq!(with(GEMMA2_9B, &all_full).unwrap().sliding_window, None);
+    }
+
+    #[test]
+    fn each_family_slides_as_its_transformers_code_does() {
+        let decoder = |model_type: &str, fields: &str| {
+            Model::from_hf_config(
+                &format!(
+                    r#"{{"model_type": "{model_type}", "hidden_size": 512, "num_hidden_layers": 28,
+                    "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 1000,
+                    "max_position_embeddings": 32768{fields}}}"#
+                ),
+                "x",
+            )
+        };
+        let slides = |m: Model| (m.sliding_window, (0..28).filter(|&l| m.slides(l)).count());
+        // Mistral and Mixtral on every layer; Mistral's code ignores layer_types.
+        assert_eq!(slides(decoder("mistral", r#", "sliding_window": 4096"#).unwrap()), (Some(4096), 28));
+        assert_eq!(slides(decoder("mistral", "").unwrap()), (Some(4096), 28));
+        let listed = format!(r#", "layer_types": [{}]"#, vec![r#""full_attention""#; 28].join(", "));
+        assert_eq!(slides(decoder("mistral", &listed).unwrap()), (Some(4096), 28));
+        assert_eq!(slides(decoder("mixtral", r#", "sliding_window": 4096"#).unwrap()), (Some(4096), 28));
+        assert_eq!(slides(decoder("mixtral", "").unwrap()), (None, 0));
+        // Llama's code has no window, whatever the config writes.
+        assert_eq!(slides(decoder("llama", r#", "sliding_window": 4096"#).unwrap()), (None, 0));
+        // Qwen2: only under use_sliding_window, and from max_window_layers (28 unless given) on.
+        let qwen = |fields: &str| slides(decoder("qwen2", &format!(r#", "sliding_window": 4096{fields}"#)).unwrap());
+        assert_eq!(qwen(""), (None, 0));
+        assert_eq!(qwen(r#", "use_sliding_window": true"#), (None, 0));
+        assert_eq!(qwen(r#", "use_sliding_window": true, "max_window_layers": 21"#), (Some(4096), 7));
+        assert_eq!(qwen(r#", "use_sliding_window": true, "max_window_layers": 0"#), (Some(4096), 28));
+        assert_eq!(qwen(r#", "use_sliding_window": false, "max_window_layers": 0"#), (None, 0));
+        let q = decoder("qwen2", r#", "use_sliding_window": true, "max_window_layers": 21"#).unwrap();
+        assert_eq!(q.global_layers, (0..21).collect::<Vec<u64>>());
+        for (bad, why) in
+            [("-1", "it must be a whole number, 0 or more"), (r#""21""#, "must be a whole number, not a string")]
+        {
+            let e = decoder("qwen2", &format!(r#", "use_sliding_window": true, "max_window_layers": {bad}"#));
+            let e = e.unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        // A model too deep to plan is refused by its checks, with no list of layers built.
+        let deep = GEMMA2_9B.replace(r#""num_hidden_layers": 42"#, r#""num_hidden_layers": 1099511627776"#);
+        assert!(matches!(Model::from_hf_config(&deep, "x"), Err(ModelError::Invalid(_))));
     }
 }

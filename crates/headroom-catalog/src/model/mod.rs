@@ -64,8 +64,14 @@ pub struct Model {
     pub gated_mlp: bool,
     /// Blocks with a KV cache: all of them for decoders, none for BERT, T5's decoder stack.
     pub decoder_layers: u64,
-    /// Sliding-window attention: the KV cache a sequence needs stops growing here.
+    /// Sliding-window attention: in the layers that slide, the KV cache a sequence needs
+    /// stops growing here.
     pub sliding_window: Option<u64>,
+    /// The decoder layers (from 0, ascending) that attend to the whole sequence although the
+    /// model has a window: Gemma 2's every other layer, Qwen2's below `max_window_layers`,
+    /// those `layer_types` calls `full_attention`. Empty when every layer slides (Mistral) or
+    /// none does (no window).
+    pub global_layers: Vec<u64>,
     /// T5's relative-position buckets (one table per stack).
     pub relative_buckets: u64,
 }
@@ -107,6 +113,10 @@ pub enum ModelError {
     #[error("config.json describes no model headroom can plan: {0}")]
     Invalid(String),
 }
+
+/// The most layers a model may have: every product of two dimensions, and the parameter
+/// count, stay far from 64-bit overflow, and a per-layer list stays small.
+pub(crate) const MAX_LAYERS: u64 = 1 << 20;
 
 impl Model {
     /// Parameters, embeddings included (and the LM head when not tied).
@@ -167,7 +177,7 @@ impl Model {
         // of two of them, and the parameter count, far from 64-bit overflow.
         for (what, v, max) in [
             ("the hidden size", self.hidden, 1u64 << 32),
-            ("the layers", self.layers, 1 << 20),
+            ("the layers", self.layers, MAX_LAYERS),
             ("the attention heads", self.heads, 1 << 32),
             ("the key-value heads", self.kv_heads, 1 << 32),
             ("the head dimension", self.head_dim, 1 << 32),
@@ -194,6 +204,16 @@ impl Model {
         }
         if self.experts_per_token > self.experts {
             return bad(format!("{} experts per token, but only {} experts", self.experts_per_token, self.experts));
+        }
+        let ordered = self.global_layers.windows(2).all(|w| w[0] < w[1]);
+        if !ordered || self.global_layers.last().is_some_and(|&l| l >= self.decoder_layers) {
+            return bad(format!(
+                "global layers {:?} are not distinct decoder layers in order (of {})",
+                self.global_layers, self.decoder_layers
+            ));
+        }
+        if self.sliding_window.is_none() && !self.global_layers.is_empty() {
+            return bad("global layers are named, but there is no sliding window for the others".into());
         }
         let params = self.params_wide();
         if params > 1 << 53 {
@@ -277,6 +297,31 @@ impl Model {
         self.decoder_layers > 0
     }
 
+    /// Whether decoder layer `layer` (from 0) attends over the sliding window only, so keeps
+    /// the keys and values of at most the window's tokens.
+    pub fn slides(&self, layer: u64) -> bool {
+        self.sliding_window.is_some()
+            && layer < self.decoder_layers
+            && self.global_layers.binary_search(&layer).is_err()
+    }
+
+    /// Tokens of a `seq`-token sequence whose keys and values the cache holds, averaged over
+    /// the decoder layers, each layer's rounded up to whole blocks of `block` tokens: all of
+    /// them in a layer that attends to the whole sequence, at most the window in one that
+    /// slides. Gemma 2's alternate layers keep the whole sequence, so its window saves half
+    /// what Mistral's, on every layer, saves.
+    pub fn cached_tokens(&self, seq: u64, block: u64) -> f64 {
+        let block = block.max(1);
+        let kept = |tokens: u64| tokens.div_ceil(block) as f64 * block as f64;
+        let Some(window) = self.sliding_window else { return kept(seq) };
+        if self.global_layers.is_empty() {
+            return kept(seq.min(window));
+        }
+        let layers = self.decoder_layers.max(1) as f64;
+        let global = (self.global_layers.len() as f64).min(layers);
+        ((layers - global) * kept(seq.min(window)) + global * kept(seq)) / layers
+    }
+
     /// Bytes of K and V per token over all layers that keep a cache.
     pub fn kv_bytes_per_token(&self, dtype_bytes: f64) -> f64 {
         2.0 * (self.decoder_layers * self.kv_heads * self.head_dim) as f64 * dtype_bytes
@@ -322,6 +367,7 @@ impl Model {
             gated_mlp: false,
             decoder_layers: layers,
             sliding_window: None,
+            global_layers: Vec::new(),
             relative_buckets: 0,
         }
     }
