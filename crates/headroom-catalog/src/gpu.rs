@@ -279,6 +279,8 @@ mod tests {
         }
         let e = read_str(row(r#", "source": "s""#).replace(r#""gpu_link": "pcie4""#, r#""gpu_link": "nvlink9""#));
         assert_eq!(e.unwrap_err(), "x: no link named `nvlink9`");
+        let e = read_str(row(r#", "source": "s""#).replace(r#""source": "PCIe 4.0 x16""#, r#""source": """#));
+        assert_eq!(e.unwrap_err(), "link `pcie4` has no source");
         let e = read_str(row(r#", "source": "s", "tdp": 70"#)).unwrap_err();
         assert!(e.contains("unknown field `tdp`"), "{e}");
     }

@@ -208,8 +208,8 @@ impl Model {
         let ordered = self.global_layers.windows(2).all(|w| w[0] < w[1]);
         if !ordered || self.global_layers.last().is_some_and(|&l| l >= self.decoder_layers) {
             return bad(format!(
-                "global layers {:?} are not distinct decoder layers in order (of {})",
-                self.global_layers, self.decoder_layers
+                "the global layers are not distinct decoder layers (of {}) in ascending order",
+                self.decoder_layers
             ));
         }
         if self.sliding_window.is_none() && !self.global_layers.is_empty() {
