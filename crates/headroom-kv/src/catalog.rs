@@ -1,12 +1,13 @@
-//! The models and GPUs the serving simulator knows by name: the planner's
-//! catalogs (`headroom_plan::model`, `headroom_plan::gpu`).
+//! The models and GPUs the serving simulator knows by name: headroom's
+//! catalogs (`headroom_catalog::model`, `headroom_catalog::gpu`), which the
+//! planner names them from too.
 
-pub use headroom_plan::gpu::{gpu, GpuSpec, GPUS};
-pub use headroom_plan::model::Model as ModelSpec;
+pub use headroom_catalog::gpu::{gpu, gpus, GpuSpec};
+pub use headroom_catalog::model::Model as ModelSpec;
 
 /// A model preset by name, with the known names in the error.
-pub fn model(name: &str) -> Result<ModelSpec, headroom_plan::model::ModelError> {
-    headroom_plan::model::preset(name)
+pub fn model(name: &str) -> Result<ModelSpec, headroom_catalog::model::ModelError> {
+    headroom_catalog::model::preset(name)
 }
 
 #[cfg(test)]

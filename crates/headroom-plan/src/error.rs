@@ -1,5 +1,5 @@
 //! The planner's errors, split by what the caller can do: change the
-//! configuration ([`InvalidConfig`]), pick a known GPU ([`UnknownGpu`]), or
+//! configuration ([`InvalidConfig`]), pick a known GPU ([`crate::UnknownGpu`]), or
 //! ask another engine for its configuration ([`CannotEmit`]). Reading a model's
 //! config has its own, [`crate::model::ModelError`].
 
@@ -8,14 +8,6 @@
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct InvalidConfig(pub String);
-
-/// A GPU name not in the catalog, with the names it has.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown GPU `{name}`; known: {known}")]
-pub struct UnknownGpu {
-    pub name: String,
-    pub known: String,
-}
 
 /// A configuration the asked-for engine cannot express, and what to use instead.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -204,7 +204,7 @@ fn kv_per_token(model: &Model, cfg: &InferConfig) -> f64 {
 fn sglang(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang) -> InferEstimate {
     let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
     let per_token = kv_per_token(model, cfg);
-    let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w)) as f64;
+    let cached = model.cached_tokens(cfg.seq, 1);
     let free = sglang::free_before_weights(gpu, cfg.tensor);
     let pool = sglang::pool(s, gpu, cfg.tensor, weights);
     let room = pool.max(0.0);
@@ -231,9 +231,8 @@ fn sglang(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang) -> InferE
 fn vllm(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine) -> InferEstimate {
     let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
     let per_token = kv_per_token(model, cfg);
-    let cached = model.sliding_window.map_or(cfg.seq, |w| cfg.seq.min(w));
     let block = e.block_size.max(1);
-    let per_sequence = cached.div_ceil(block) as f64 * block as f64 * per_token;
+    let per_sequence = model.cached_tokens(cfg.seq, block) * per_token;
     let activations = engine::profile_peak(model, e, cfg.tensor);
     let non_torch = engine::non_torch_bytes(cfg.tensor);
     let budget = e.gpu_memory_utilization * engine::reported_total(gpu);

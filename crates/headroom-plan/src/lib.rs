@@ -4,7 +4,8 @@
 //! a module that imports only those above it:
 //!
 //! 1. the job ([`job`], [`request`]): a model ([`model`], from presets or a Hugging Face
-//!    `config.json`), a GPU ([`gpu`]) and how it trains, resolved and checked once;
+//!    `config.json`) and a GPU ([`gpu`]) from the catalogs (`headroom-catalog`), and how it
+//!    trains, resolved and checked once;
 //! 2. where its parameters live ([`placement`], [`parallel`], [`pipelining`]);
 //! 3. its step program ([`program`]): what it allocates and frees, in order;
 //! 4. who builds that program ([`builders`]): a table of builders, one per framework's code,
@@ -22,6 +23,9 @@
 //! transformers' forward ([`forward_recipe`], [`bnb`]). [`checkpoint`] is the optimal
 //! activation-checkpointing solver.
 
+// The catalogs live in their own crate, which the KV crate reaches without the planner.
+pub use headroom_catalog::UnknownGpu;
+pub use headroom_catalog::{gpu, json, model, names};
 pub mod bnb;
 pub mod builders;
 pub mod calibrate;
@@ -31,18 +35,14 @@ pub mod closed_form;
 pub mod deepspeed;
 pub mod eager;
 mod error;
-pub use error::{CannotEmit, InvalidConfig, UnknownGpu};
+pub use error::{CannotEmit, InvalidConfig};
 pub mod emit;
 pub mod engine;
 pub mod estimate;
 pub mod forward_recipe;
-pub mod gpu;
 pub mod infer;
 pub mod job;
-pub mod json;
 pub mod kernel;
-pub mod model;
-pub mod names;
 pub mod parallel;
 pub mod phases;
 pub mod pipelining;

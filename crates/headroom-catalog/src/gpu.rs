@@ -2,9 +2,19 @@
 //! §6; dense peaks — the sparse figures datasheets print are twice these —,
 //! HBM or GDDR bandwidth, GPU and host links). Memory sizes are the
 //! nominal ones in GiB; a device reports a little less to `cudaMemGetInfo`.
+//!
+//! The catalog is data: `data/gpus.json`, embedded in the binary and read once,
+//! holds each GPU's figures with their sources (datasheets, papers, measurements).
+//! What depends on the architecture rather than the part — workspaces, attention
+//! kernels' efficiency, what lives outside PyTorch's allocator — is [`Arch`]'s.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 /// A GPU's architecture: what the software stack keys its choices on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Arch {
     Volta,
     Turing,
@@ -133,105 +143,152 @@ pub struct GpuSpec {
 /// H100 SXM 792.1 of 989 (80.1%), GH200 83.0%, MI300X 781.9 of 1300 (60.1%).
 pub const MATMUL_EFFICIENCY_DEFAULT: f64 = 0.80;
 
-const GIB: u64 = 1 << 30;
-const PCIE3: f64 = 15.75e9;
-const PCIE4: f64 = 31.5e9;
-const PCIE5: f64 = 63e9;
+/// The catalog, `data/gpus.json` read once, in the order errors list it.
+pub fn gpus() -> &'static [GpuSpec] {
+    static GPUS: OnceLock<Vec<GpuSpec>> = OnceLock::new();
+    GPUS.get_or_init(|| {
+        read(include_str!("../../../data/gpus.json")).unwrap_or_else(|e| panic!("the bundled data/gpus.json: {e}"))
+    })
+}
 
-#[allow(clippy::too_many_arguments)] // one argument per column of the catalog
-const fn spec(
-    name: &'static str,
+/// The catalog file: named links, then the GPUs, each figure with its source.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File<'a> {
+    #[serde(rename = "about")]
+    _about: &'a str,
+    #[serde(borrow)]
+    links: BTreeMap<&'a str, Link<'a>>,
+    #[serde(borrow)]
+    gpus: Vec<Row<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Link<'a> {
+    bytes_per_second: f64,
+    source: &'a str,
+}
+
+/// One GPU as the file writes it: links by name, memory in GiB, the measured efficiency
+/// (when there is one) beside its source.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Row<'a> {
+    name: &'a str,
     arch: Arch,
-    gib: u64,
+    memory_gib: u64,
     bandwidth: f64,
     bf16_flops: f64,
     fp32_flops: f64,
     fp8_flops: Option<f64>,
-    link_bandwidth: f64,
-    host_bandwidth: f64,
+    gpu_link: &'a str,
+    host_link: &'a str,
     sms: u32,
-    matmul_efficiency: f64,
-) -> GpuSpec {
-    GpuSpec {
-        name,
-        arch,
-        memory_bytes: gib * GIB,
-        bandwidth,
-        bf16_flops,
-        fp32_flops,
-        fp8_flops,
-        link_bandwidth,
-        host_bandwidth,
-        sms,
-        matmul_efficiency,
-    }
+    matmul_efficiency: Option<f64>,
+    source: &'a str,
+    matmul_efficiency_source: Option<&'a str>,
 }
 
-/// The catalog: name, architecture, GiB, HBM bytes/s, bf16, fp32 and fp8 FLOP/s, GPU link and
-/// host link bytes/s, SMs (the vendors' datasheets and architecture whitepapers), and the
-/// measured matrix-multiply efficiency where there is one (see [`MATMUL_EFFICIENCY_DEFAULT`];
-/// H200 takes H100's, its compute die; T4's is its power cap's, below).
-pub const GPUS: &[GpuSpec] = &[
-    spec("v100-16gb", Arch::Volta, 16, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
-    spec("v100-32gb", Arch::Volta, 32, 0.90e12, 125e12, 15.7e12, None, 1.5e11, PCIE3, 80, MATMUL_EFFICIENCY_DEFAULT),
-    // T4: a 4096³ fp16 cuBLAS multiply runs at about 24 of its 65 TFLOP/s, its clocks held
-    // down by the 70 W cap (NVIDIA developer forums, "About GPU peak performance", 2023).
-    spec("t4", Arch::Turing, 16, 0.32e12, 65e12, 8.1e12, None, PCIE3, PCIE3, 40, 0.37),
-    spec("a10", Arch::Ampere, 24, 0.60e12, 125e12, 31.2e12, None, PCIE4, PCIE4, 72, MATMUL_EFFICIENCY_DEFAULT),
-    spec("l4", Arch::Ada, 24, 0.30e12, 121e12, 30.3e12, Some(242.5e12), PCIE4, PCIE4, 58, MATMUL_EFFICIENCY_DEFAULT),
-    spec("l40s", Arch::Ada, 48, 0.864e12, 362e12, 91.6e12, Some(733e12), PCIE4, PCIE4, 142, MATMUL_EFFICIENCY_DEFAULT),
-    spec("a100-40gb", Arch::Ampere, 40, 1.555e12, 312e12, 19.5e12, None, 3e11, PCIE4, 108, 0.859),
-    spec("a100-80gb", Arch::Ampere, 80, 2.039e12, 312e12, 19.5e12, None, 3e11, PCIE4, 108, 0.859),
-    spec("h100-sxm", Arch::Hopper, 80, 3.35e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5, 132, 0.801),
-    spec(
-        "h100-pcie",
-        Arch::Hopper,
-        80,
-        2.0e12,
-        756e12,
-        51e12,
-        Some(1513e12),
-        PCIE5,
-        PCIE5,
-        114,
-        MATMUL_EFFICIENCY_DEFAULT,
-    ),
-    spec("h200", Arch::Hopper, 141, 4.8e12, 989e12, 67e12, Some(1979e12), 4.5e11, PCIE5, 132, 0.801),
-    spec(
-        "b200",
-        Arch::Blackwell,
-        180,
-        8.0e12,
-        2250e12,
-        80e12,
-        Some(4500e12),
-        9e11,
-        PCIE5,
-        148,
-        MATMUL_EFFICIENCY_DEFAULT,
-    ),
-    spec("rtx-3090", Arch::Ampere, 24, 0.936e12, 71e12, 35.6e12, None, PCIE4, PCIE4, 82, MATMUL_EFFICIENCY_DEFAULT),
-    spec(
-        "rtx-4090",
-        Arch::Ada,
-        24,
-        1.008e12,
-        165.2e12,
-        82.6e12,
-        Some(330e12),
-        PCIE4,
-        PCIE4,
-        128,
-        MATMUL_EFFICIENCY_DEFAULT,
-    ),
-    spec("mi300x", Arch::Cdna3, 192, 5.3e12, 1307e12, 163.4e12, Some(2615e12), 4.48e11, PCIE5, 304, 0.601),
-];
+/// The catalog from its file, every figure traced to a source and every link to a named one.
+fn read(text: &'static str) -> Result<Vec<GpuSpec>, String> {
+    let file: File<'static> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if let Some((name, _)) = file.links.iter().find(|(_, l)| l.source.is_empty()) {
+        return Err(format!("link `{name}` has no source"));
+    }
+    let link = |gpu: &str, name: &str| {
+        file.links.get(name).map(|l| l.bytes_per_second).ok_or_else(|| format!("{gpu}: no link named `{name}`"))
+    };
+    file.gpus
+        .iter()
+        .map(|r| {
+            if r.source.is_empty() {
+                return Err(format!("{}: no source for its figures", r.name));
+            }
+            let matmul_efficiency = match (r.matmul_efficiency, r.matmul_efficiency_source) {
+                (Some(e), Some(s)) if !s.is_empty() => e,
+                (None, None) => MATMUL_EFFICIENCY_DEFAULT,
+                _ => return Err(format!("{}: a matrix-multiply efficiency goes with its source", r.name)),
+            };
+            Ok(GpuSpec {
+                name: r.name,
+                arch: r.arch,
+                memory_bytes: r.memory_gib << 30,
+                bandwidth: r.bandwidth,
+                bf16_flops: r.bf16_flops,
+                fp32_flops: r.fp32_flops,
+                fp8_flops: r.fp8_flops,
+                link_bandwidth: link(r.name, r.gpu_link)?,
+                host_bandwidth: link(r.name, r.host_link)?,
+                sms: r.sms,
+                matmul_efficiency,
+            })
+        })
+        .collect()
+}
+
+/// A GPU name not in the catalog, with the names it has.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown GPU `{name}`; known: {known}")]
+pub struct UnknownGpu {
+    pub name: String,
+    pub known: String,
+}
 
 /// A GPU by name (case, `_` and spaces ignored).
-pub fn gpu(name: &str) -> Result<GpuSpec, crate::UnknownGpu> {
+pub fn gpu(name: &str) -> Result<GpuSpec, UnknownGpu> {
     let n = name.to_ascii_lowercase().replace(['_', ' '], "-");
-    GPUS.iter().find(|g| g.name == n).copied().ok_or_else(|| crate::UnknownGpu {
+    let all = gpus();
+    all.iter().find(|g| g.name == n).copied().ok_or_else(|| UnknownGpu {
         name: name.to_string(),
-        known: GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
+        known: all.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE_LINK: &str = r#""about": "", "links": {"pcie4": {"bytes_per_second": 31.5e9, "source": "PCIe 4.0 x16"}}"#;
+
+    fn row(extra: &str) -> String {
+        format!(
+            r#"{{{ONE_LINK}, "gpus": [{{"name": "x", "arch": "ada", "memory_gib": 24, "bandwidth": 1e12,
+            "bf16_flops": 1e14, "fp32_flops": 1e13, "gpu_link": "pcie4", "host_link": "pcie4", "sms": 1{extra}}}]}}"#
+        )
+    }
+
+    fn read_str(text: String) -> Result<Vec<GpuSpec>, String> {
+        read(Box::leak(text.into_boxed_str()))
+    }
+
+    #[test]
+    fn every_figure_keeps_its_source() {
+        let ok = read_str(row(r#", "source": "a datasheet""#)).unwrap();
+        assert_eq!((ok[0].memory_bytes, ok[0].link_bandwidth), (24 << 30, 31.5e9));
+        assert_eq!(ok[0].matmul_efficiency, MATMUL_EFFICIENCY_DEFAULT);
+        let measured = read_str(row(r#", "source": "s", "matmul_efficiency": 0.7, "matmul_efficiency_source": "m""#));
+        assert_eq!(measured.unwrap()[0].matmul_efficiency, 0.7);
+        for (extra, why) in [
+            (r#", "source": """#, "no source for its figures"),
+            (r#", "source": "s", "matmul_efficiency": 0.7"#, "goes with its source"),
+            (r#", "source": "s", "matmul_efficiency_source": "m""#, "goes with its source"),
+        ] {
+            let e = read_str(row(extra)).unwrap_err();
+            assert!(e.contains(why), "{extra}: {e}");
+        }
+        let e = read_str(row(r#", "source": "s""#).replace(r#""gpu_link": "pcie4""#, r#""gpu_link": "nvlink9""#));
+        assert_eq!(e.unwrap_err(), "x: no link named `nvlink9`");
+        let e = read_str(row(r#", "source": "s""#).replace(r#""source": "PCIe 4.0 x16""#, r#""source": """#));
+        assert_eq!(e.unwrap_err(), "link `pcie4` has no source");
+        let e = read_str(row(r#", "source": "s", "tdp": 70"#)).unwrap_err();
+        assert!(e.contains("unknown field `tdp`"), "{e}");
+    }
+
+    #[test]
+    fn names_are_matched_loosely_and_the_error_lists_the_catalog() {
+        assert_eq!(gpu("H100_SXM").unwrap().name, "h100-sxm");
+        let e = gpu("h300").unwrap_err().to_string();
+        assert!(e.starts_with("unknown GPU `h300`; known: v100-16gb, v100-32gb, t4,"), "{e}");
+    }
 }
