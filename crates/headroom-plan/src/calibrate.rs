@@ -621,6 +621,9 @@ fn measure(p: &Program, b: u64, s: u64, step: u32, est: &Estimator) -> Measured 
                     out.figures.reserved = out.figures.reserved.max(alloc.reserved_bytes() as f64);
                 }
             }
+            Op::EmptyCache => {
+                let _ = alloc.empty_cache();
+            }
             Op::Free(t) => {
                 let i = t as usize;
                 if ptrs[i] == u64::MAX {

@@ -157,7 +157,7 @@ pub fn made_in(p: &Program) -> Vec<Phase> {
                     *slot = phase;
                 }
             }
-            Op::Free(_) => {}
+            Op::Free(_) | Op::EmptyCache => {}
         }
     }
     out

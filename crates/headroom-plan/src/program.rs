@@ -211,6 +211,9 @@ pub enum Op {
         step: u32,
         phase: Phase,
     },
+    /// `torch.cuda.empty_cache()`: the allocator gives its cached segments back (a serving
+    /// engine does it after its profile run).
+    EmptyCache,
 }
 
 /// A job's allocations and frees, in order.
@@ -305,6 +308,10 @@ impl Program {
         self.ops.push(Op::Mark { step, phase });
     }
 
+    pub fn empty_cache(&mut self) {
+        self.ops.push(Op::EmptyCache);
+    }
+
     /// Each tensor's bytes at micro-batch `b` and sequence length `s`.
     pub fn sizes(&self, b: u64, s: u64) -> Vec<u64> {
         let (b, s) = (b as f64, s as f64);
@@ -341,6 +348,7 @@ impl Program {
                     }
                     last_mark = (step, phase);
                 }
+                Op::EmptyCache => {}
             }
         }
         Ok(())
@@ -372,6 +380,7 @@ impl Program {
                     step = st;
                     phase = Some(ph);
                 }
+                Op::EmptyCache => {}
             }
         }
         best
@@ -399,6 +408,7 @@ impl Program {
                         peaks.raise(ph, total);
                     }
                 }
+                Op::EmptyCache => {}
             }
         }
         (peaks, peaks.max())
@@ -437,6 +447,7 @@ impl Program {
                 Op::Mark { step, phase } => {
                     at = if phase == Phase::Setup { "setup".into() } else { format!("step{step}.{}", phase.name()) };
                 }
+                Op::EmptyCache => out.push_str("{\"op\":\"empty_cache\"}\n"),
             }
         }
         out

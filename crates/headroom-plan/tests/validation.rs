@@ -647,7 +647,7 @@ fn bnb_rows(rows: &mut Vec<Row>) {
             setup,
             "peak allocated",
             published,
-            e.allocated_bytes.unwrap() / GIB,
+            e.allocated_bytes / GIB,
             "GiB",
             Check::Within(Class::JobPeak),
         ));

@@ -206,7 +206,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
         "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
-        "allocated_bytes": e.allocated_bytes.map(bytes),
+        "allocated_bytes": bytes(e.allocated_bytes), "tensor_bytes": bytes(e.tensor_bytes),
         "framework": match p.config.runtime {
             Runtime::Vllm(_) => "vllm",
             Runtime::Sglang(_) => "sglang",

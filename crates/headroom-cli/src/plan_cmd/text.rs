@@ -307,19 +307,18 @@ pub(super) fn infer(p: &InferPlan) -> String {
         }
     );
     outln!(out);
+    // A pool the budget leaves nothing for is not allocated: the shortfall is said below.
+    let pool = e.kv_cache.max(0.0);
     let terms = match p.config.runtime {
         Runtime::Vllm(_) => vec![
             ("weights", e.weights),
-            ("kv cache", e.kv_cache),
+            ("kv cache", pool),
             ("profile peak", e.activations),
             ("framework", e.framework),
         ],
-        Runtime::Sglang(_) => vec![
-            ("weights", e.weights),
-            ("kv cache", e.kv_cache),
-            ("reserve", e.activations),
-            ("framework", e.framework),
-        ],
+        Runtime::Sglang(_) => {
+            vec![("weights", e.weights), ("kv cache", pool), ("reserve", e.activations), ("framework", e.framework)]
+        }
         Runtime::Transformers { .. } => vec![
             ("weights", e.weights),
             ("kv cache", e.kv_cache),
@@ -332,24 +331,29 @@ pub(super) fn infer(p: &InferPlan) -> String {
         Runtime::Vllm(v) => {
             terms_only(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes);
             let total = headroom_plan::engine::reported_total(p.gpu);
-            let verdict = if e.fits { "fits" } else { "does NOT fit" };
-            outln!(
-                out,
-                "{verdict}: vLLM takes {} of {} per GPU: {} × the {} CUDA reports, and the context",
-                format_size(e.per_gpu_bytes as u64),
-                format_size(p.gpu.memory_bytes),
-                v.gpu_memory_utilization,
-                format_size(total as u64),
-            );
+            let budget = v.gpu_memory_utilization * total;
             if e.kv_cache <= 0.0 {
+                // The total is what it would need; the budget is what it has.
                 outln!(
                     out,
-                    "vLLM would not start: the weights, the profile run's peak and {} outside PyTorch leave {} \
-                     of its budget for the KV cache",
+                    "does NOT fit: vLLM would not start: its budget, {} × the {} CUDA reports = {}, less the \
+                     weights, the profile run's peak and {} outside PyTorch, leaves {} for the KV cache",
+                    v.gpu_memory_utilization,
+                    format_size(total as u64),
+                    format_size(budget as u64),
                     format_size(headroom_plan::engine::non_torch_bytes(c.tensor) as u64),
                     signed_size(e.kv_cache)
                 );
             } else {
+                outln!(
+                    out,
+                    "{}: vLLM takes {} of {} per GPU: its budget, {} × the {} CUDA reports, and the context",
+                    if e.fits { "fits" } else { "does NOT fit" },
+                    format_size(e.per_gpu_bytes as u64),
+                    format_size(p.gpu.memory_bytes),
+                    v.gpu_memory_utilization,
+                    format_size(total as u64),
+                );
                 outln!(
                     out,
                     "KV cache: {} tokens, {} sequences of {} tokens in blocks of {}{}",
@@ -372,11 +376,13 @@ pub(super) fn infer(p: &InferPlan) -> String {
             let verdict = if e.fits { "fits" } else { "does NOT fit" };
             outln!(
                 out,
-                "{verdict}: SGLang takes the {} CUDA reports: the weights and the KV pool {} of the {} free at \
+                "{verdict}: SGLang takes {} of {} per GPU: the weights and the KV pool {} of the {} free at \
                  start-up, the reserve the rest, for activations and CUDA graphs",
                 format_size(e.per_gpu_bytes as u64),
+                format_size(p.gpu.memory_bytes),
                 s.mem_fraction_static,
-                format_size(e.reserved_bytes as u64),
+                // The pool and the reserve are what the share leaves of the free memory.
+                format_size((e.weights + e.kv_cache + e.activations) as u64),
             );
             if e.kv_cache <= 0.0 {
                 outln!(

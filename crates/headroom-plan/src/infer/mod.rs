@@ -1,26 +1,36 @@
-//! Inference memory per GPU, for the two ways a model generates:
+//! Inference memory per GPU, along the planner's spine: the server's own sizing gives the
+//! tensors it makes, laid out as a program — the weights, the run that sizes its cache, the
+//! KV cache, a step's activations — and replayed through headroom's allocator on what
+//! PyTorch can have of the GPU ([`crate::replay`]), so that an inference plan has allocated
+//! and reserved memory and a verdict as a training plan has.
 //!
-//! - vLLM's serving engine ([`crate::engine`]): weights at their storage width, and a KV
-//!   cache pool sized to fill `gpu_memory_utilization` of the device after the weights,
-//!   the peak of its start-up profile run and the memory outside PyTorch — and how many
-//!   sequences of a given length that pool holds (grouped-query aware, capped at a sliding
-//!   window). Tensor parallelism splits the weights and the KV heads.
-//! - SGLang's server ([`crate::sglang`]): a pool of `mem_fraction_static` of the free
-//!   memory at start-up less the weights, one token a slot.
-//! - Hugging Face transformers' forward with a cache (`model(input_ids,
-//!   use_cache=True)`, as an evaluation loop runs it): every layer's keys and
-//!   values, every position's logits, and the temporaries its code
-//!   allocates, moment by moment from [`crate::forward_recipe`]; with bitsandbytes
-//!   ([`crate::bnb`]), its linear layers int8 or 4-bit, and the temporaries their forward
-//!   allocates in the last layer.
+//! - vLLM's serving engine ([`vllm`], with its budget in [`crate::engine`]): weights at their
+//!   storage width, and a KV cache pool sized to fill `gpu_memory_utilization` of the device
+//!   after the weights, the peak of its start-up profile run and the memory outside PyTorch
+//!   — and how many sequences of a given length that pool holds (grouped-query aware, capped
+//!   at a sliding window where the model's layers slide). Tensor parallelism splits the
+//!   weights and the KV heads.
+//! - SGLang's server ([`sglang`], with its share in [`crate::sglang`]): a pool of
+//!   `mem_fraction_static` of the free memory at start-up less the weights, one token a slot.
+//! - Hugging Face transformers' forward with a cache ([`transformers`]): every layer's keys and
+//!   values, every position's logits, and the temporaries its code allocates, moment by moment
+//!   from [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8
+//!   or 4-bit, and the temporaries their forward allocates in the last layer.
+
+mod sglang;
+mod transformers;
+mod vllm;
 
 use crate::bnb::Bnb;
-use crate::engine::{self, Engine};
+use crate::engine::Engine;
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::Model;
-use crate::sglang::{self, Sglang};
+use crate::program::{Law, Program, TensorId, Term};
+use crate::replay::{replay, OutOfMemory, ReplaySettings, Replayed};
+use crate::sglang::Sglang;
+use headroom_alloc::PolicyName;
 
 /// Storage width of the weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +108,7 @@ pub struct InferConfig {
 }
 
 /// Bytes per GPU by term, and the capacity answer.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct InferEstimate {
     pub weights: f64,
     /// The cache: with transformers, the batch's; with vLLM, the pool it allocates, which
@@ -109,17 +119,22 @@ pub struct InferEstimate {
     /// profile run, which the budget sets aside).
     pub activations: f64,
     pub logits: f64,
-    /// The CUDA context, and with vLLM the memory it uses outside PyTorch.
+    /// What lives outside PyTorch's allocator: the CUDA context, and with a serving engine
+    /// the memory it uses outside PyTorch.
     pub framework: f64,
+    /// What the job takes of the GPU: its reserved memory and what lives outside PyTorch.
     pub per_gpu_bytes: f64,
-    /// What `torch.cuda.max_memory_reserved()` would report: everything but the CUDA context
-    /// (and with vLLM, but its memory outside PyTorch).
+    /// `torch.cuda.max_memory_reserved()`: the replay's reserved peak.
     pub reserved_bytes: f64,
-    /// What `torch.cuda.max_memory_allocated()` would report, where the plan models the
-    /// tensors themselves (transformers' forward: the weights and the peak moment's
-    /// tensors); the serving engines size a pool and log what they reserve.
-    pub allocated_bytes: Option<f64>,
+    /// `torch.cuda.max_memory_allocated()`: the replay's allocated peak (blocks as the
+    /// allocator rounds them).
+    pub allocated_bytes: f64,
+    /// The tensors at the peak, as the program holds them (what a CPU run measures).
+    pub tensor_bytes: f64,
+    /// The server's own rules let it serve the batch and its replay never ran out of memory.
     pub fits: bool,
+    /// The allocation that ran out of memory, where one did.
+    pub oom: Option<OutOfMemory>,
     /// Sequences of `seq` tokens the cache holds (with transformers: the largest batch of
     /// `seq` tokens that fits).
     pub max_sequences: u64,
@@ -175,22 +190,75 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
     Ok(())
 }
 
+/// What a server's rules make of a job before the replay: its terms, whether its pool holds
+/// the batch, its capacity answer, and the program of what it allocates (laws fixed at the
+/// job's shape).
+struct Sized {
+    weights: f64,
+    kv_cache: f64,
+    activations: f64,
+    logits: f64,
+    /// What lives outside PyTorch's allocator.
+    outside: f64,
+    /// Whether the server's own rules let it serve the batch.
+    serves: bool,
+    max_sequences: u64,
+    max_tokens: u64,
+    program: Program,
+}
+
+/// A device larger than any job: 1 PiB.
+const UNBOUNDED: u64 = 1 << 50;
+
 /// Estimates one configuration ([`check`] it first: a transformers configuration it refuses
-/// is estimated as a serving engine).
+/// is estimated as a serving engine): the server's sizing, its program replayed through
+/// PyTorch's caching allocator on what PyTorch can have of the GPU.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
+    let sized = sized(model, gpu, cfg);
+    let capacity = (gpu.memory_bytes as f64 - sized.outside).max(0.0) as u64;
+    let mut r = replayed(&sized.program, capacity);
+    let oom = r.oom.take();
+    if oom.is_some() {
+        // What it would need, beside where it ran out.
+        r = replayed(&sized.program, UNBOUNDED);
+    }
+    let tensors = sized.program.live_peak(&sized.program.sizes(1, 1)).bytes;
+    InferEstimate {
+        weights: sized.weights,
+        kv_cache: sized.kv_cache,
+        activations: sized.activations,
+        logits: sized.logits,
+        framework: sized.outside,
+        per_gpu_bytes: r.peak_reserved as f64 + sized.outside,
+        reserved_bytes: r.peak_reserved as f64,
+        allocated_bytes: r.peak_allocated as f64,
+        tensor_bytes: tensors as f64,
+        fits: sized.serves && oom.is_none(),
+        oom,
+        max_sequences: sized.max_sequences,
+        max_tokens: sized.max_tokens,
+    }
+}
+
+fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> Sized {
     if let (Runtime::Transformers { attention, all_logits }, WeightFormat::Fp32 | WeightFormat::Bf16) =
         (cfg.runtime, cfg.weights)
     {
         if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits) {
-            return transformers(model, gpu, cfg, recipe);
+            return transformers::sized(model, gpu, cfg, recipe);
         }
     }
-    let engine = match cfg.runtime {
-        Runtime::Vllm(e) => e,
-        Runtime::Sglang(s) => return sglang(model, gpu, cfg, &s),
-        Runtime::Transformers { .. } => Engine::vllm_defaults(gpu),
-    };
-    vllm(model, gpu, cfg, &engine)
+    match cfg.runtime {
+        Runtime::Vllm(e) => vllm::sized(model, gpu, cfg, &e),
+        Runtime::Sglang(s) => sglang::sized(model, gpu, cfg, &s),
+        Runtime::Transformers { .. } => vllm::sized(model, gpu, cfg, &Engine::vllm_defaults(gpu)),
+    }
+}
+
+/// `program` replayed through PyTorch's caching allocator at its defaults on `capacity` bytes.
+fn replayed(program: &Program, capacity: u64) -> Replayed {
+    let settings = ReplaySettings { capacity, config: Default::default(), policy: PolicyName::PyTorch };
+    replay(program, &program.sizes(1, 1), &settings)
 }
 
 /// Bytes of one token's keys and values on one GPU: the heads split over the tensor-parallel
@@ -200,111 +268,24 @@ fn kv_per_token(model: &Model, cfg: &InferConfig) -> f64 {
     model.kv_bytes_per_token(cfg.kv_bytes) / kv_split
 }
 
-/// SGLang's server: the pool its share leaves (see [`crate::sglang`]), token by token.
-fn sglang(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang) -> InferEstimate {
-    let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
-    let per_token = kv_per_token(model, cfg);
-    let cached = model.cached_tokens(cfg.seq, 1);
-    let free = sglang::free_before_weights(gpu, cfg.tensor);
-    let pool = sglang::pool(s, gpu, cfg.tensor, weights);
-    let room = pool.max(0.0);
-    let max_sequences = (room / (cached * per_token)) as u64;
-    let framework = engine::reported_total(gpu) - free;
-    // What the share leaves for activations and CUDA graphs: the server's own, up to the device.
-    let reserve = (1.0 - s.mem_fraction_static) * free;
-    InferEstimate {
-        weights,
-        kv_cache: pool,
-        activations: reserve,
-        logits: 0.0,
-        framework,
-        per_gpu_bytes: framework + free,
-        reserved_bytes: free,
-        allocated_bytes: None,
-        fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
-        max_sequences,
-        max_tokens: (room / per_token) as u64,
+/// The weights as a loader makes them: a tensor for each layer's share and one for the tables
+/// outside the layers, `total` bytes in all.
+fn load_weights(p: &mut Program, model: &Model, total: f64) {
+    let site = p.site("weights");
+    let layers = model.layers.max(1);
+    let per_layer = total * model.layer_params() as f64 / model.params().max(1) as f64;
+    for _ in 0..layers {
+        p.alloc(Law::fixed(per_layer), Term::Weights, site);
     }
+    p.alloc(Law::fixed((total - per_layer * layers as f64).max(0.0)), Term::Weights, site);
 }
 
-/// vLLM's engine: the pool its budget leaves (see [`crate::engine`]).
-fn vllm(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine) -> InferEstimate {
-    let weights = cfg.weights.weight_bytes(model) / cfg.tensor.max(1) as f64;
-    let per_token = kv_per_token(model, cfg);
-    let block = e.block_size.max(1);
-    let per_sequence = model.cached_tokens(cfg.seq, block) * per_token;
-    let activations = engine::profile_peak(model, e, cfg.tensor);
-    let non_torch = engine::non_torch_bytes(cfg.tensor);
-    let budget = e.gpu_memory_utilization * engine::reported_total(gpu);
-    let pool = budget - weights - activations - non_torch;
-    let room = pool.max(0.0);
-    let max_sequences = (room / per_sequence) as u64;
-    let context = gpu.arch.cuda_context_bytes() as f64;
-    InferEstimate {
-        weights,
-        kv_cache: pool,
-        activations,
-        logits: 0.0,
-        framework: non_torch + context,
-        per_gpu_bytes: budget + context,
-        reserved_bytes: budget - non_torch,
-        allocated_bytes: None,
-        fits: pool > 0.0 && max_sequences >= cfg.batch.max(1),
-        max_sequences,
-        max_tokens: (room / per_token) as u64,
-    }
-}
-
-/// transformers' forward with a cache: its peak moment, the cache and logits alive then.
-fn transformers(
-    model: &Model,
-    gpu: &GpuSpec,
-    cfg: &InferConfig,
-    recipe: &crate::forward_recipe::ForwardRecipe,
-) -> InferEstimate {
-    let width = cfg.weights.bytes_per_param();
-    let weights = match cfg.quantize {
-        Some(q) => q.weight_bytes(model, width),
-        None => model.params() as f64 * width,
-    };
-    let framework = gpu.arch.cuda_context_bytes() as f64;
-    let peak_at = |batch: u64| {
-        let (b, s) = (batch as f64, cfg.seq as f64);
-        match cfg.quantize {
-            None => recipe.peak(model, b, s),
-            Some(q) => {
-                // A quantized layer's temporaries live inside a layer, beside what the
-                // layer's moments hold; the head (left unquantized) has none.
-                let extra = q.transient_bytes(model, b * s, width);
-                let layer = recipe.peak_in(model, b, s, true);
-                let layer = crate::forward_recipe::ForwardPeak { total: layer.total + extra, ..layer };
-                let head = recipe.peak_in(model, b, s, false);
-                if layer.total >= head.total {
-                    layer
-                } else {
-                    head
-                }
-            }
-        }
-    };
-    let peak = peak_at(cfg.batch);
-    let per_gpu = weights + peak.total + framework;
-    let fits_batch = |batch: u64| weights + peak_at(batch).total + framework <= gpu.memory_bytes as f64;
-    // The peak grows with the batch, so the largest batch that fits is found by bisection.
-    let max_sequences = crate::estimate::largest(1 << 40, fits_batch);
-    InferEstimate {
-        weights,
-        kv_cache: peak.kv_cache,
-        activations: peak.total - peak.kv_cache - peak.logits,
-        logits: peak.logits,
-        framework,
-        per_gpu_bytes: per_gpu,
-        reserved_bytes: per_gpu - framework,
-        allocated_bytes: Some(weights + peak.total),
-        fits: per_gpu <= gpu.memory_bytes as f64,
-        max_sequences,
-        max_tokens: max_sequences.saturating_mul(cfg.seq),
-    }
+/// The KV cache as the server allocates it, `total` bytes over the layers that keep one, in
+/// `per_layer` tensors each (a key and a value, or one for both).
+fn allocate_cache(p: &mut Program, model: &Model, total: f64, per_layer: u64, site: &str) -> Vec<TensorId> {
+    let site = p.site(site);
+    let n = model.decoder_layers.max(1) * per_layer;
+    (0..n).map(|_| p.alloc(Law::fixed(total / n as f64), Term::Activations, site)).collect()
 }
 
 #[cfg(test)]
@@ -335,7 +316,15 @@ mod tests {
         let e = estimate(&m, &g, &cfg);
         let budget = 0.9 * 0.99 * 80.0 * GIB;
         assert_eq!(e.kv_cache, budget - e.weights - e.activations - 0.13 * GIB);
-        assert_eq!(e.per_gpu_bytes, budget + (625 << 20) as f64);
+        // Reserved: the weights, the pool and the step's activations, in the allocator's blocks;
+        // beside them what lives outside PyTorch, the budget's share and the context.
+        let outside = 0.13 * GIB + (625 << 20) as f64;
+        assert_eq!(e.per_gpu_bytes, e.reserved_bytes + outside);
+        // Each of its allocations (a tensor per layer of weights and of cache, the tables, the
+        // step's activations) rounds up to whole 2 MiB pages at most.
+        let rounding = e.reserved_bytes - (budget - 0.13 * GIB);
+        let pages = (2 * m.layers + 3) as f64 * (2 << 20) as f64;
+        assert!((0.0..pages).contains(&rounding), "{rounding}");
         // 128 KiB a token; a 16,000-token sequence takes 1,000 blocks of 16.
         assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);
         assert_eq!(e.max_sequences, (e.kv_cache / (16000.0 * 131072.0)) as u64);
@@ -379,8 +368,11 @@ mod tests {
         assert_eq!(e.max_tokens, (e.kv_cache / 131072.0) as u64);
         assert_eq!(e.max_sequences, (e.kv_cache / (32768.0 * 131072.0)) as u64);
         assert!(e.fits);
-        // The device is the server's: the pool, the reserve for activations and the context.
-        assert!((e.per_gpu_bytes - 0.99 * 80.0 * GIB).abs() < 1.0);
+        // The device is the server's: the pool, the reserve for activations and the context,
+        // the allocator's blocks rounding them up a little.
+        let rounding = e.per_gpu_bytes - 0.99 * 80.0 * GIB;
+        let pages = (3 * m.layers + 2) as f64 * (2 << 20) as f64;
+        assert!((0.0..pages).contains(&rounding), "{rounding}");
         assert!((e.weights + e.kv_cache + e.activations - free).abs() < 1.0);
         // A share below the weights' leaves no pool: the server would not start.
         let low =
@@ -414,7 +406,9 @@ mod tests {
             // The layer's moments and the quantized layer's temporaries, or the head's.
             let layer = recipe.peak_in(&m, 1.0, 512.0, true).total + q.transient_bytes(&m, 512.0, 2.0);
             let head = recipe.peak_in(&m, 1.0, 512.0, false).total;
-            assert_eq!(e.allocated_bytes.unwrap(), e.weights + layer.max(head), "{q:?}");
+            // Each tensor's bytes a whole number: the sum within a byte a tensor.
+            assert!((e.tensor_bytes - (e.weights + layer.max(head))).abs() < 200.0, "{q:?}");
+            assert!(e.allocated_bytes >= e.tensor_bytes, "{q:?}: the allocator's blocks hold the tensors");
             // Without the temporaries the peak would be lower: they are counted.
             assert!(layer > head, "{q:?}");
             let plain = estimate(&m, &g, &hf(None, batch, seq));
