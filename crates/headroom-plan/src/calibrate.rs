@@ -765,95 +765,8 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
     // Per fitted snapshot: its program, shape, the program's step to compare, and the record.
     let mut used: Vec<Used> = Vec::new();
     for snap in snapshots {
-        let st = &snap.steps;
-        let mut fit = SnapshotFit {
-            name: snap.name.clone(),
-            batch: snap.batch,
-            seq: snap.seq,
-            step: None,
-            steps_found: st.total,
-            whole_steps: st.whole.len(),
-            construction: st.construction,
-            began_mid_step: st.began_mid_step,
-            oom: st.oom,
-            recorded: None,
-            uncalibrated: None,
-            calibrated: None,
-            note: None,
-        };
-        let mut step = st.used().copied();
-        if let (Some(s), Some(o)) = (step, st.oom) {
-            // The shape given is the run's last: the OOM's. A step before it that grew much less
-            // in its forward ran a smaller shape, which the snapshot does not tell.
-            let grown = s.peaks[0].saturating_sub(s.start);
-            if o.grown as f64 > 1.15 * grown as f64 {
-                fit.note = Some(format!(
-                    "its whole steps ran a smaller shape than the one that ran out of memory (step {}'s forward grew \
-                     {:.2} GiB, step {}'s {:.2} GiB before it failed): not fitted",
-                    s.number,
-                    gib(grown as f64),
-                    o.step,
-                    gib(o.grown as f64)
-                ));
-                step = None;
-            }
-        }
-        if let Some(o) = st.oom {
-            // What PyTorch could have had: what it held, and less than the request beyond.
-            let capacity = o.reserved + o.device_free.unwrap_or(o.asked).min(o.asked.saturating_sub(1));
-            let e = OomEvidence {
-                batch: snap.batch,
-                seq: snap.seq,
-                asked: o.asked,
-                device_free: o.device_free,
-                allocated: o.allocated,
-                reserved: o.reserved,
-                capacity,
-                phase: o.phase,
-            };
-            // The smallest shape that ran out is the strongest evidence.
-            let tokens = |e: &OomEvidence| e.batch as u128 * e.seq as u128;
-            if evidence.is_none_or(|old| tokens(&e) < tokens(&old)) {
-                evidence = Some(e);
-            }
-        }
-        if let Some(s) = step {
-            let at = TrainConfig { micro_batch: snap.batch, seq: snap.seq, accumulation: s.micro_steps as u64, ..*cfg };
-            let at = job.with(at).map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.0 })?;
-            let program = plain
-                .estimate(&at)
-                .map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.to_string() })?
-                .program;
-            let compared = if s.kind == StepKind::First { 1 } else { plain.steps.max(2) };
-            let rec = Figures::of(&s);
-            let m = measure(&program, snap.batch, snap.seq, compared, &plain);
-            // Another model: the parameters it built, or what it keeps between steps.
-            let weights: f64 = weights_of(&program, snap.batch, snap.seq);
-            if let Some(built) = st.construction {
-                if weights > 0.0 && (built as f64 / weights - 1.0).abs() > 0.1 {
-                    return Err(CalibrationError::AnotherModel {
-                        snapshot: snap.name.clone(),
-                        what: "the model it built holds",
-                        recorded: built as f64,
-                        planned: weights,
-                    });
-                }
-            }
-            if m.figures.start > 0.0 && (rec.start / m.figures.start - 1.0).abs() > KEPT_TOLERANCE {
-                return Err(CalibrationError::AnotherModel {
-                    snapshot: snap.name.clone(),
-                    what: "the run keeps between steps",
-                    recorded: rec.start,
-                    planned: m.figures.start,
-                });
-            }
-            fit.step = Some(s);
-            fit.recorded = Some(rec);
-            fit.uncalibrated = Some(m.figures);
-            used.push(((*program).clone(), snap.batch, snap.seq, compared, rec, fits.len()));
-        } else if fit.note.is_none() && st.oom.is_some() {
-            fit.note = Some("no whole step before its OOM: the OOM alone is used".into());
-        }
+        let (fit, u) = read_snapshot(job, &plain, snap, fits.len(), &mut evidence)?;
+        used.extend(u);
         fits.push(fit);
     }
     if used.is_empty() && evidence.is_none() {
@@ -861,6 +774,124 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
     }
     contradictions(&used, &fits)?;
     let mut cal = Calibration { oom: evidence, ..Calibration::default() };
+    if !used.is_empty() {
+        fit_corrections(&mut cal, &used, &plain);
+        let scale = cal.forward.scale;
+        if !(1.0 / MAX_SCALE..=MAX_SCALE).contains(&scale) {
+            let name = used.first().map_or(String::new(), |u| fits[u.5].name.clone());
+            return Err(CalibrationError::ShapeMismatch { snapshot: name, phase: "forward", scale });
+        }
+    }
+    let terms = report(&cal, &used, &mut fits, &plain);
+    Ok(Fit { calibration: cal, snapshots: fits, terms })
+}
+
+/// One snapshot as the fit uses it: its record, and the step to fit with the program at its
+/// shape, where it has one; its out-of-memory error joins `evidence`.
+fn read_snapshot(
+    job: &Job,
+    plain: &Estimator,
+    snap: &Snapshot,
+    index: usize,
+    evidence: &mut Option<OomEvidence>,
+) -> Result<(SnapshotFit, Option<Used>), CalibrationError> {
+    let cfg = &job.train;
+    let mut used = None;
+    let st = &snap.steps;
+    let mut fit = SnapshotFit {
+        name: snap.name.clone(),
+        batch: snap.batch,
+        seq: snap.seq,
+        step: None,
+        steps_found: st.total,
+        whole_steps: st.whole.len(),
+        construction: st.construction,
+        began_mid_step: st.began_mid_step,
+        oom: st.oom,
+        recorded: None,
+        uncalibrated: None,
+        calibrated: None,
+        note: None,
+    };
+    let mut step = st.used().copied();
+    if let (Some(s), Some(o)) = (step, st.oom) {
+        // The shape given is the run's last: the OOM's. A step before it that grew much less
+        // in its forward ran a smaller shape, which the snapshot does not tell.
+        let grown = s.peaks[0].saturating_sub(s.start);
+        if o.grown as f64 > 1.15 * grown as f64 {
+            fit.note = Some(format!(
+                "its whole steps ran a smaller shape than the one that ran out of memory (step {}'s forward grew \
+                 {:.2} GiB, step {}'s {:.2} GiB before it failed): not fitted",
+                s.number,
+                gib(grown as f64),
+                o.step,
+                gib(o.grown as f64)
+            ));
+            step = None;
+        }
+    }
+    if let Some(o) = st.oom {
+        // What PyTorch could have had: what it held, and less than the request beyond.
+        let capacity = o.reserved + o.device_free.unwrap_or(o.asked).min(o.asked.saturating_sub(1));
+        let e = OomEvidence {
+            batch: snap.batch,
+            seq: snap.seq,
+            asked: o.asked,
+            device_free: o.device_free,
+            allocated: o.allocated,
+            reserved: o.reserved,
+            capacity,
+            phase: o.phase,
+        };
+        // The smallest shape that ran out is the strongest evidence.
+        let tokens = |e: &OomEvidence| e.batch as u128 * e.seq as u128;
+        if evidence.is_none_or(|old| tokens(&e) < tokens(&old)) {
+            *evidence = Some(e);
+        }
+    }
+    if let Some(s) = step {
+        let at = TrainConfig { micro_batch: snap.batch, seq: snap.seq, accumulation: s.micro_steps as u64, ..*cfg };
+        let at = job.with(at).map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.0 })?;
+        let program = plain
+            .estimate(&at)
+            .map_err(|e| CalibrationError::Shape { snapshot: snap.name.clone(), why: e.to_string() })?
+            .program;
+        let compared = if s.kind == StepKind::First { 1 } else { plain.steps.max(2) };
+        let rec = Figures::of(&s);
+        let m = measure(&program, snap.batch, snap.seq, compared, plain);
+        // Another model: the parameters it built, or what it keeps between steps.
+        let weights: f64 = weights_of(&program, snap.batch, snap.seq);
+        if let Some(built) = st.construction {
+            if weights > 0.0 && (built as f64 / weights - 1.0).abs() > 0.1 {
+                return Err(CalibrationError::AnotherModel {
+                    snapshot: snap.name.clone(),
+                    what: "the model it built holds",
+                    recorded: built as f64,
+                    planned: weights,
+                });
+            }
+        }
+        if m.figures.start > 0.0 && (rec.start / m.figures.start - 1.0).abs() > KEPT_TOLERANCE {
+            return Err(CalibrationError::AnotherModel {
+                snapshot: snap.name.clone(),
+                what: "the run keeps between steps",
+                recorded: rec.start,
+                planned: m.figures.start,
+            });
+        }
+        fit.step = Some(s);
+        fit.recorded = Some(rec);
+        fit.uncalibrated = Some(m.figures);
+        used = Some(((*program).clone(), snap.batch, snap.seq, compared, rec, index));
+    } else if fit.note.is_none() && st.oom.is_some() {
+        fit.note = Some("no whole step before its OOM: the OOM alone is used".into());
+    }
+    Ok((fit, used))
+}
+
+/// The corrections, fitted in two passes: what lives between steps, then each phase's growth
+/// beyond the step's start in order (what one phase keeps moves the next).
+fn fit_corrections(cal: &mut Calibration, used: &[Used], plain: &Estimator) {
     let distinct = |f: fn(&Used) -> u64| {
         let mut v: Vec<u64> = used.iter().map(f).collect();
         v.sort_unstable();
@@ -868,12 +899,6 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
         v.len()
     };
     let (seqs, batches) = (distinct(|u| u.2), distinct(|u| u.1));
-    let shapes = {
-        let mut v: Vec<(u64, u64)> = used.iter().map(|u| (u.1, u.2)).collect();
-        v.sort_unstable();
-        v.dedup();
-        v.len()
-    };
     // What each phase may add besides scaling its own tensors: per token × sequence where
     // two lengths tell it from per token, bytes that do not grow with the batch where two
     // batches tell them apart.
@@ -885,96 +910,95 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
         phase_bases.push(Basis::Fixed);
     }
     let kept_bases: Vec<Basis> = if batches >= 2 { vec![Basis::Fixed, Basis::PerToken] } else { vec![Basis::Fixed] };
-    let _ = shapes;
-    let measure_all = |cal: &Calibration| -> Vec<Measured> {
-        used.iter().map(|(p, b, s, step, _, _)| measure(&cal.apply_program(p), *b, *s, *step, &plain)).collect()
-    };
-    if !used.is_empty() {
-        for _pass in 0..2 {
-            // What lives between steps.
-            let m = measure_all(&cal);
-            let pts: Vec<(f64, f64, f64, f64)> = used
-                .iter()
-                .zip(&m)
-                .map(|(u, m)| (u.1 as f64, u.2 as f64, m.state, u.4.start - m.figures.start))
-                .collect();
-            // Differences within rounding are no evidence: left as planned.
-            if pts.iter().any(|p| p.3.abs() > DEADBAND * used[0].4.start) {
-                let (_, cs) = fit_law(&pts, false, &kept_bases);
-                let add = kept_bases.iter().zip(&cs).fold(Law::default(), |l, (b, &c)| add_law(l, b.law(c)));
-                cal.kept.law = add_law(cal.kept.law, add);
-                // Less kept than planned: the optimizer's state is what a script most often keeps
-                // less of (another optimizer's, or none yet).
-                let short: Vec<(f64, f64, f64, f64)> = pts.iter().map(|p| (p.0, p.1, p.2, p.3.min(0.0))).collect();
-                if short.iter().any(|p| p.3 < 0.0 && p.2 > 0.0) {
-                    let (x0, _) = fit_law(&short, true, &[]);
-                    cal.kept.scale = (cal.kept.scale * (1.0 + x0)).max(0.0);
-                }
-            }
-            // Each phase's growth beyond the step's start, in order: what one phase keeps
-            // moves the next.
-            for k in 0..3 {
-                let m = measure_all(&cal);
-                let pts: Vec<(f64, f64, f64, f64)> = used
-                    .iter()
-                    .zip(&m)
-                    .map(|(u, m)| {
-                        let (rec, plan) = match k {
-                            0 => (u.4.forward, m.figures.forward),
-                            1 => (u.4.backward, m.figures.backward),
-                            _ => (u.4.optimizer, m.figures.optimizer),
-                        };
-                        (u.1 as f64, u.2 as f64, m.scaled[k], (rec - u.4.start) - (plan - m.figures.start))
-                    })
-                    .collect();
-                // A phase's own tensors are scaled only where they are a good part of what it
-                // grew by: scaling a few hundred megabytes to explain a difference elsewhere
-                // would scale them wrongly where they are most of the phase (the backward's
-                // gradients of the logits at a long sequence).
-                let scalable = used.iter().zip(&m).all(|(u, m)| {
-                    let grew = match k {
-                        0 => m.figures.forward,
-                        1 => m.figures.backward,
-                        _ => m.figures.optimizer,
-                    } - m.figures.start;
-                    let _ = u;
-                    m.scaled[k] > 0.25 * grew.max(0.0)
-                });
-                // Differences within rounding are no evidence: left as planned.
-                let small = pts.iter().all(|p| p.3.abs() <= DEADBAND * used[0].4.peak());
-                if small {
-                    continue;
-                }
-                let bases: Vec<Basis> = if scalable {
-                    phase_bases.clone()
-                } else {
-                    vec![if k == 2 { Basis::Fixed } else { Basis::PerToken }]
-                };
-                let (x0, cs) = fit_law(&pts, scalable, &bases);
-                let c = cal.phase_mut(k);
-                if scalable {
-                    // The forward's own tensors are what the layers keep: any scale within bounds
-                    // (beyond them the job is another, refused below); the optimizer's are its
-                    // temporaries, which another implementation may not make at all. The
-                    // backward's peak holds little of its own beside what the forward kept and the
-                    // gradients: at most half of that is taken away, the rest left as the fit's
-                    // residual.
-                    let x0 = if k == 1 { x0.max(-0.5) } else { x0 };
-                    c.scale = (c.scale * (1.0 + x0)).max(0.0);
-                }
-                c.law = bases.iter().zip(&cs).fold(c.law, |l, (b, &v)| add_law(l, b.law(v)));
-            }
-        }
-        for (k, phase) in ["forward", "backward", "optimizer step"].into_iter().enumerate() {
-            let scale = cal.phase_mut(k).scale;
-            if k == 0 && !(1.0 / MAX_SCALE..=MAX_SCALE).contains(&scale) {
-                let name = used.first().map_or(String::new(), |u| fits[u.5].name.clone());
-                return Err(CalibrationError::ShapeMismatch { snapshot: name, phase, scale });
-            }
+    for _pass in 0..2 {
+        fit_kept(cal, used, plain, &kept_bases);
+        for k in 0..3 {
+            fit_phase(cal, used, plain, &phase_bases, k);
         }
     }
-    // The report: each term recorded, planned (uncalibrated) and the correction.
-    let calibrated = measure_all(&cal);
+}
+
+fn measure_all(cal: &Calibration, used: &[Used], plain: &Estimator) -> Vec<Measured> {
+    used.iter().map(|(p, b, s, step, _, _)| measure(&cal.apply_program(p), *b, *s, *step, plain)).collect()
+}
+
+/// What lives between steps: bytes added where the run keeps more, the optimizer's state
+/// scaled where it keeps less.
+fn fit_kept(cal: &mut Calibration, used: &[Used], plain: &Estimator, bases: &[Basis]) {
+    // What lives between steps.
+    let m = measure_all(cal, used, plain);
+    let pts: Vec<(f64, f64, f64, f64)> =
+        used.iter().zip(&m).map(|(u, m)| (u.1 as f64, u.2 as f64, m.state, u.4.start - m.figures.start)).collect();
+    // Differences within rounding are no evidence: left as planned.
+    if pts.iter().any(|p| p.3.abs() > DEADBAND * used[0].4.start) {
+        let (_, cs) = fit_law(&pts, false, bases);
+        let add = bases.iter().zip(&cs).fold(Law::default(), |l, (b, &c)| add_law(l, b.law(c)));
+        cal.kept.law = add_law(cal.kept.law, add);
+        // Less kept than planned: the optimizer's state is what a script most often keeps
+        // less of (another optimizer's, or none yet).
+        let short: Vec<(f64, f64, f64, f64)> = pts.iter().map(|p| (p.0, p.1, p.2, p.3.min(0.0))).collect();
+        if short.iter().any(|p| p.3 < 0.0 && p.2 > 0.0) {
+            let (x0, _) = fit_law(&short, true, &[]);
+            cal.kept.scale = (cal.kept.scale * (1.0 + x0)).max(0.0);
+        }
+    }
+}
+
+/// Phase `k`'s growth beyond the step's start (0 forward, 1 backward, 2 optimizer step): its own
+/// tensors scaled where they are a good part of it, tensors of the bases added.
+fn fit_phase(cal: &mut Calibration, used: &[Used], plain: &Estimator, phase_bases: &[Basis], k: usize) {
+    let m = measure_all(cal, used, plain);
+    let pts: Vec<(f64, f64, f64, f64)> = used
+        .iter()
+        .zip(&m)
+        .map(|(u, m)| {
+            let (rec, plan) = match k {
+                0 => (u.4.forward, m.figures.forward),
+                1 => (u.4.backward, m.figures.backward),
+                _ => (u.4.optimizer, m.figures.optimizer),
+            };
+            (u.1 as f64, u.2 as f64, m.scaled[k], (rec - u.4.start) - (plan - m.figures.start))
+        })
+        .collect();
+    // A phase's own tensors are scaled only where they are a good part of what it
+    // grew by: scaling a few hundred megabytes to explain a difference elsewhere
+    // would scale them wrongly where they are most of the phase (the backward's
+    // gradients of the logits at a long sequence).
+    let scalable = used.iter().zip(&m).all(|(u, m)| {
+        let grew = match k {
+            0 => m.figures.forward,
+            1 => m.figures.backward,
+            _ => m.figures.optimizer,
+        } - m.figures.start;
+        let _ = u;
+        m.scaled[k] > 0.25 * grew.max(0.0)
+    });
+    // Differences within rounding are no evidence: left as planned.
+    let small = pts.iter().all(|p| p.3.abs() <= DEADBAND * used[0].4.peak());
+    if small {
+        return;
+    }
+    let bases: Vec<Basis> =
+        if scalable { phase_bases.to_vec() } else { vec![if k == 2 { Basis::Fixed } else { Basis::PerToken }] };
+    let (x0, cs) = fit_law(&pts, scalable, &bases);
+    let c = cal.phase_mut(k);
+    if scalable {
+        // The forward's own tensors are what the layers keep: any scale within bounds
+        // (beyond them the job is another, refused below); the optimizer's are its
+        // temporaries, which another implementation may not make at all. The
+        // backward's peak holds little of its own beside what the forward kept and the
+        // gradients: at most half of that is taken away, the rest left as the fit's
+        // residual.
+        let x0 = if k == 1 { x0.max(-0.5) } else { x0 };
+        c.scale = (c.scale * (1.0 + x0)).max(0.0);
+    }
+    c.law = bases.iter().zip(&cs).fold(c.law, |l, (b, &v)| add_law(l, b.law(v)));
+}
+
+/// The report: each snapshot's step as the calibrated program holds it, and each term
+/// recorded, planned (uncalibrated) and its correction.
+fn report(cal: &Calibration, used: &[Used], fits: &mut [SnapshotFit], plain: &Estimator) -> Vec<FittedTerm> {
+    let calibrated = measure_all(cal, used, plain);
     for (u, m) in used.iter().zip(&calibrated) {
         fits[u.5].calibrated = Some(m.figures);
     }
@@ -982,7 +1006,7 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
     let planned_of = |f: &dyn Fn(&Figures) -> f64| -> Vec<f64> {
         used.iter().map(|u| fits[u.5].uncalibrated.map_or(0.0, |p| f(&p))).collect()
     };
-    let terms = vec![
+    vec![
         FittedTerm {
             name: "kept between steps",
             recorded: recorded_of(&|f| f.start),
@@ -1007,8 +1031,7 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
             planned: planned_of(&|f| f.optimizer - f.start),
             correction: cal.optimizer,
         },
-    ];
-    Ok(Fit { calibration: cal, snapshots: fits, terms })
+    ]
 }
 
 /// Refuses snapshots that cannot all be the plan's job at the shapes given: two at one shape

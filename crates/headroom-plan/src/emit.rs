@@ -127,8 +127,6 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
              plan with --checkpoint full or selective"
         ));
     }
-    let ckpt = cfg.checkpointing != Checkpointing::None;
-    let accumulation = cfg.accumulation;
     if engine != Engine::Megatron && par.model_parallel() > 1 {
         return Err(format!(
             "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron"
@@ -141,169 +139,186 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
         Offload::OptimizerAndParams => 3,
     };
     match engine {
-        Engine::DeepSpeed => {
-            if cfg.precision == Precision::Fp8 {
-                return Err("DeepSpeed's config has no fp8 mode (it comes from Transformer Engine); use --emit accelerate or megatron".into());
-            }
-            let mut v = json!({
-                "train_micro_batch_size_per_gpu": cfg.micro_batch,
-                "gradient_accumulation_steps": accumulation,
-                "train_batch_size": cfg.global_batch(),
-                "zero_optimization": {"stage": zero, "overlap_comm": true, "contiguous_gradients": true},
-                "gradient_clipping": 1.0,
-            });
-            if cfg.offload != Offload::None {
-                v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
-            }
-            if cfg.offload == Offload::OptimizerAndParams {
-                v["zero_optimization"]["offload_param"] = json!({"device": "cpu", "pin_memory": true});
-            }
-            if cfg.precision != Precision::Fp32 {
-                v["bf16"] = json!({"enabled": true});
-            }
-            if ckpt {
-                // The model enables checkpointing itself (gradient_checkpointing_enable());
-                // DeepSpeed's section only tunes it.
-                v["activation_checkpointing"] = json!({"partition_activations": false, "cpu_checkpointing": false});
-            }
-            Ok(serde_json::to_string_pretty(&v).expect("JSON"))
+        Engine::DeepSpeed => deepspeed(cfg, zero),
+        Engine::Fsdp => fsdp(cfg, zero),
+        Engine::Accelerate => accelerate(cfg, zero),
+        Engine::Megatron => megatron(model, cfg),
+    }
+}
+
+/// A DeepSpeed `ds_config.json`.
+fn deepspeed(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
+    let (ckpt, accumulation) = (cfg.checkpointing != Checkpointing::None, cfg.accumulation);
+    if cfg.precision == Precision::Fp8 {
+        return Err(
+            "DeepSpeed's config has no fp8 mode (it comes from Transformer Engine); use --emit accelerate or megatron"
+                .into(),
+        );
+    }
+    let mut v = json!({
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "train_batch_size": cfg.global_batch(),
+        "zero_optimization": {"stage": zero, "overlap_comm": true, "contiguous_gradients": true},
+        "gradient_clipping": 1.0,
+    });
+    if cfg.offload != Offload::None {
+        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
+    }
+    if cfg.offload == Offload::OptimizerAndParams {
+        v["zero_optimization"]["offload_param"] = json!({"device": "cpu", "pin_memory": true});
+    }
+    if cfg.precision != Precision::Fp32 {
+        v["bf16"] = json!({"enabled": true});
+    }
+    if ckpt {
+        // The model enables checkpointing itself (gradient_checkpointing_enable());
+        // DeepSpeed's section only tunes it.
+        v["activation_checkpointing"] = json!({"partition_activations": false, "cpu_checkpointing": false});
+    }
+    Ok(serde_json::to_string_pretty(&v).expect("JSON"))
+}
+
+/// `torchrun` with the Hugging Face Trainer's FSDP arguments.
+fn fsdp(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
+    let (par, ckpt, accumulation) = (&cfg.parallel, cfg.checkpointing != Checkpointing::None, cfg.accumulation);
+    let sharding = match zero {
+        3 => "full_shard",
+        1 | 2 => "shard_grad_op",
+        _ => "no_shard",
+    };
+    let offload = match cfg.offload {
+        Offload::None => "",
+        Offload::OptimizerAndParams => " offload",
+        Offload::Optimizer => {
+            return Err(
+                "FSDP offloads the parameters with the optimizer; use --offload params, or --emit deepspeed".into()
+            )
         }
-        Engine::Fsdp => {
-            let sharding = match zero {
-                3 => "full_shard",
-                1 | 2 => "shard_grad_op",
-                _ => "no_shard",
-            };
-            let offload =
-                match cfg.offload {
-                    Offload::None => "",
-                    Offload::OptimizerAndParams => " offload",
-                    Offload::Optimizer => return Err(
-                        "FSDP offloads the parameters with the optimizer; use --offload params, or --emit deepspeed"
-                            .into(),
-                    ),
-                };
-            if cfg.precision == Precision::Fp8 {
-                return Err("the Trainer's FSDP flags have no fp8 mode; use --emit accelerate or megatron".into());
-            }
-            let (nodes, per_node) = launch(par.gpus(), 1)?;
-            let mut args = vec![
-                if nodes > 1 {
-                    format!("torchrun --nnodes {nodes} --nproc_per_node {per_node} train.py")
-                } else {
-                    format!("torchrun --nproc_per_node {per_node} train.py")
-                },
-                format!("--fsdp \"{sharding} auto_wrap{offload}\""),
-                format!("--per_device_train_batch_size {}", cfg.micro_batch),
-                format!("--gradient_accumulation_steps {accumulation}"),
-            ];
-            if cfg.precision != Precision::Fp32 {
-                args.push("--bf16".into());
-            }
-            if ckpt {
-                args.push("--gradient_checkpointing".into());
-            }
-            args.extend(peft_flags(cfg));
-            Ok(args.join(" \\\n  "))
+    };
+    if cfg.precision == Precision::Fp8 {
+        return Err("the Trainer's FSDP flags have no fp8 mode; use --emit accelerate or megatron".into());
+    }
+    let (nodes, per_node) = launch(par.gpus(), 1)?;
+    let mut args = vec![
+        if nodes > 1 {
+            format!("torchrun --nnodes {nodes} --nproc_per_node {per_node} train.py")
+        } else {
+            format!("torchrun --nproc_per_node {per_node} train.py")
+        },
+        format!("--fsdp \"{sharding} auto_wrap{offload}\""),
+        format!("--per_device_train_batch_size {}", cfg.micro_batch),
+        format!("--gradient_accumulation_steps {accumulation}"),
+    ];
+    if cfg.precision != Precision::Fp32 {
+        args.push("--bf16".into());
+    }
+    if ckpt {
+        args.push("--gradient_checkpointing".into());
+    }
+    args.extend(peft_flags(cfg));
+    Ok(args.join(" \\\n  "))
+}
+
+/// An Accelerate config.
+fn accelerate(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
+    let (par, accumulation) = (&cfg.parallel, cfg.accumulation);
+    let (kind, extra) = match zero {
+        0 if par.gpus() <= 1 => ("NO", String::new()),
+        0 => ("MULTI_GPU", String::new()),
+        s => (
+            "DEEPSPEED",
+            format!(
+                "deepspeed_config:\n  zero_stage: {s}\n  gradient_accumulation_steps: {accumulation}\n  gradient_clipping: 1.0\n  offload_optimizer_device: {}\n  offload_param_device: {}\n",
+                if cfg.offload == Offload::None { "none" } else { "cpu" },
+                if cfg.offload == Offload::OptimizerAndParams { "cpu" } else { "none" },
+            ),
+        ),
+    };
+    let (nodes, _) = launch(par.gpus(), 1)?;
+    Ok(format!(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: {nodes}\nnum_processes: {}\n{extra}",
+        mixed(cfg.precision),
+        par.gpus()
+    ))
+}
+
+/// Megatron-LM's `pretrain_gpt.py` arguments.
+fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
+    let par = &cfg.parallel;
+    if matches!(cfg.finetune, Finetune::Lora { .. }) {
+        return Err("Megatron-LM trains all parameters; for LoRA use --emit deepspeed, fsdp or accelerate".into());
+    }
+    if cfg.offload == Offload::OptimizerAndParams {
+        return Err("Megatron-LM does not offload parameters; use --emit deepspeed".into());
+    }
+    if par.zero_stage >= 2 {
+        return Err(format!(
+            "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1), not ZeRO-{}'s \
+                 gradients{}; use --emit deepspeed, fsdp or accelerate, or plan with --zero 1",
+            par.zero_stage,
+            if par.zero_stage == 3 { " and weights" } else { "" }
+        ));
+    }
+    let (nodes, per_node) = launch(par.gpus(), par.tensor)?;
+    let uneven = uneven_stages(model.layers, par.pipeline)?;
+    let mut args = vec![
+        format!("torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py"),
+        format!("--tensor-model-parallel-size {}", par.tensor),
+        format!("--pipeline-model-parallel-size {}", par.pipeline),
+        format!("--context-parallel-size {}", par.context),
+        format!("--micro-batch-size {}", cfg.micro_batch),
+        format!("--global-batch-size {}", cfg.global_batch()),
+        format!("--seq-length {}", cfg.seq),
+        format!(
+            "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
+            model.layers, model.hidden, model.intermediate, model.heads
+        ),
+    ];
+    if let Some(flags) = uneven {
+        args.push(flags);
+    }
+    if model.kv_heads != model.heads {
+        args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
+    }
+    if model.gated_mlp {
+        args.push("--swiglu".into());
+    }
+    if par.virtual_stages > 1 {
+        args.push(format!(
+            "--num-layers-per-virtual-pipeline-stage {}",
+            model.layers / (par.pipeline * par.virtual_stages)
+        ));
+    }
+    if par.sequence_parallel && par.tensor > 1 {
+        args.push("--sequence-parallel".into());
+    }
+    if par.tp_comm_overlap {
+        args.push("--tp-comm-overlap".into());
+    }
+    if par.zero_stage >= 1 {
+        args.push("--use-distributed-optimizer".into());
+    }
+    match cfg.precision {
+        Precision::Fp32 => {}
+        Precision::Fp8 => args.push("--bf16 --fp8-format hybrid".into()),
+        _ => args.push("--bf16".into()),
+    }
+    match cfg.checkpointing {
+        // Per-op is refused above.
+        Checkpointing::None | Checkpointing::PerOp => {}
+        Checkpointing::Selective => args.push("--recompute-granularity selective".into()),
+        Checkpointing::Full | Checkpointing::Optimal => {
+            args.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
         }
-        Engine::Accelerate => {
-            let (kind, extra) = match zero {
-                0 if par.gpus() <= 1 => ("NO", String::new()),
-                0 => ("MULTI_GPU", String::new()),
-                s => (
-                    "DEEPSPEED",
-                    format!(
-                        "deepspeed_config:\n  zero_stage: {s}\n  gradient_accumulation_steps: {accumulation}\n  gradient_clipping: 1.0\n  offload_optimizer_device: {}\n  offload_param_device: {}\n",
-                        if cfg.offload == Offload::None { "none" } else { "cpu" },
-                        if cfg.offload == Offload::OptimizerAndParams { "cpu" } else { "none" },
-                    ),
-                ),
-            };
-            let (nodes, _) = launch(par.gpus(), 1)?;
-            Ok(format!(
-                "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {}\nnum_machines: {nodes}\nnum_processes: {}\n{extra}",
-                mixed(cfg.precision),
-                par.gpus()
-            ))
-        }
-        Engine::Megatron => {
-            if matches!(cfg.finetune, Finetune::Lora { .. }) {
-                return Err(
-                    "Megatron-LM trains all parameters; for LoRA use --emit deepspeed, fsdp or accelerate".into()
-                );
-            }
-            if cfg.offload == Offload::OptimizerAndParams {
-                return Err("Megatron-LM does not offload parameters; use --emit deepspeed".into());
-            }
-            if par.zero_stage >= 2 {
-                return Err(format!(
-                    "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1), not ZeRO-{}'s \
-                     gradients{}; use --emit deepspeed, fsdp or accelerate, or plan with --zero 1",
-                    par.zero_stage,
-                    if par.zero_stage == 3 { " and weights" } else { "" }
-                ));
-            }
-            let (nodes, per_node) = launch(par.gpus(), par.tensor)?;
-            let uneven = uneven_stages(model.layers, par.pipeline)?;
-            let mut args = vec![
-                format!("torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py"),
-                format!("--tensor-model-parallel-size {}", par.tensor),
-                format!("--pipeline-model-parallel-size {}", par.pipeline),
-                format!("--context-parallel-size {}", par.context),
-                format!("--micro-batch-size {}", cfg.micro_batch),
-                format!("--global-batch-size {}", cfg.global_batch()),
-                format!("--seq-length {}", cfg.seq),
-                format!(
-                    "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
-                    model.layers, model.hidden, model.intermediate, model.heads
-                ),
-            ];
-            if let Some(flags) = uneven {
-                args.push(flags);
-            }
-            if model.kv_heads != model.heads {
-                args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
-            }
-            if model.gated_mlp {
-                args.push("--swiglu".into());
-            }
-            if par.virtual_stages > 1 {
-                args.push(format!(
-                    "--num-layers-per-virtual-pipeline-stage {}",
-                    model.layers / (par.pipeline * par.virtual_stages)
-                ));
-            }
-            if par.sequence_parallel && par.tensor > 1 {
-                args.push("--sequence-parallel".into());
-            }
-            if par.tp_comm_overlap {
-                args.push("--tp-comm-overlap".into());
-            }
-            if par.zero_stage >= 1 {
-                args.push("--use-distributed-optimizer".into());
-            }
-            match cfg.precision {
-                Precision::Fp32 => {}
-                Precision::Fp8 => args.push("--bf16 --fp8-format hybrid".into()),
-                _ => args.push("--bf16".into()),
-            }
-            match cfg.checkpointing {
-                // Per-op is refused above.
-                Checkpointing::None | Checkpointing::PerOp => {}
-                Checkpointing::Selective => args.push("--recompute-granularity selective".into()),
-                Checkpointing::Full | Checkpointing::Optimal => {
-                    args.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
-                }
-                Checkpointing::EveryK(k) => args.push(format!(
-                    "--recompute-granularity full --recompute-method uniform --recompute-num-layers {k}"
-                )),
-            }
-            if cfg.offload == Offload::Optimizer {
-                args.push("--optimizer-cpu-offload".into());
-            }
-            Ok(args.join(" \\\n  "))
+        Checkpointing::EveryK(k) => {
+            args.push(format!("--recompute-granularity full --recompute-method uniform --recompute-num-layers {k}"))
         }
     }
+    if cfg.offload == Offload::Optimizer {
+        args.push("--optimizer-cpu-offload".into());
+    }
+    Ok(args.join(" \\\n  "))
 }
 
 #[cfg(test)]

@@ -16,13 +16,13 @@
 
 use crate::eager;
 use crate::gpu::{Arch, GpuSpec};
-use crate::job::{
-    Attention, Checkpointing, Finetune, Framework, Job, Offload, Optimizer, OptimizerImpl, PipelineStage, Precision,
-    TrainConfig,
-};
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, PipelineStage, Precision, TrainConfig};
 use crate::kernel::{Dtype, Kernels};
 use crate::model::{Head, Model};
 use crate::parallel;
+
+mod optimizer;
+use optimizer::optimizer_time;
 use crate::placement::{main_grads_fp32, share, state_bytes_per_param};
 
 /// Forward FLOPs per micro-batch over the whole model.
@@ -385,116 +385,44 @@ pub fn step_time(job: &Job, recompute_fraction: f64, transformers: bool) -> Step
 pub fn step_time_with(job: &Job, recompute_fraction: f64, transformers: bool, host: &Host) -> StepTime {
     let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
     let par = &cfg.parallel;
-    let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
+    let (p, v) = (par.pipeline.max(1), par.virtual_stages.max(1));
     let m = cfg.accumulation.max(1) as f64;
-    let kn = kernels(gpu, cfg);
-    let layer = layer_times(model, gpu, cfg, transformers);
-    let (head, loss) = head_times(model, gpu, cfg);
     let recorded = eager_step(model, cfg, transformers);
-    // What the backward runs again, by class. Selective checkpointing with a fused kernel
-    // recomputes nothing the kernel's own backward does not; per-op checkpointing reruns
-    // every other matrix multiply and everything bound by memory; a solver's schedule
-    // reruns its share of each layer.
-    let ForwardFlops { linear: lin, attention: attn, head: head_flops } = forward_flops(model, cfg);
-    let forward_flops_total = lin + attn + head_flops;
-    let (r_lin, r_attn, r_elem) = match cfg.checkpointing {
-        Checkpointing::None => (0.0, 0.0, 0.0),
-        Checkpointing::Full | Checkpointing::EveryK(_) => (1.0, 1.0, 1.0),
-        Checkpointing::Selective => (0.0, if cfg.attention == Attention::Eager { 1.0 } else { 0.0 }, 0.0),
-        Checkpointing::PerOp => ((recompute_fraction * forward_flops_total / lin.max(1.0)).min(1.0), 0.0, 1.0),
-        Checkpointing::Optimal => {
-            let share = (recompute_fraction * forward_flops_total / (lin + attn).max(1.0)).clamp(0.0, 1.0);
-            (share, share, share)
-        }
-    };
+    let layer = layer_times(model, gpu, cfg, transformers);
+    let r = recomputed(job, recompute_fraction);
+    let k = kernel_costs(job, &layer, &r, recorded, host);
     let layers = model.layers as f64 / p as f64;
-    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c as f64;
-    let positions = cfg.seq as f64 / c as f64;
-    let layer_params = model.layer_params() as f64;
-
-    // One layer's kernels, forward and backward, compute and memory-bound apart; and what the
-    // host takes to issue them (nothing where no recording says: Megatron's and the compiled
-    // steps' fused kernels keep the GPU ahead of the host).
-    let compute_f = layer.linear.forward + layer.attention.forward;
-    let compute_b = layer.linear.backward
-        + layer.attention.backward
-        + r_lin * layer.linear.forward
-        + r_attn * layer.attention.forward;
-    let (mut mem_f, mut mem_b) =
-        (layer.elementwise.forward, layer.elementwise.backward + r_elem * layer.elementwise.forward);
-    let (mut host_f, mut host_b) = (0.0, 0.0);
-    // The head and the loss, forward and backward, and their host time.
-    let (mut rest_mem_f, mut rest_mem_b) = (loss.forward, loss.backward);
-    let (mut rest_host_f, mut rest_host_b) = (0.0, 0.0);
-    if let Some(st) = recorded {
-        let floor = |bytes: f64, kernels: f64| kn.memory(bytes).max(kernels * KERNEL_FLOOR_S);
-        let (fl, bl) = (&st.forward.layer, &st.backward.layer);
-        let math = cfg.attention == Attention::Sdpa && sdpa_kernel(model, gpu, cfg.precision) == SdpaKernel::Math;
-        let attention_kernels = if math { MATH_KERNELS } else { Pass { forward: 1.0, backward: 3.0 } };
-        // The memory-bound kernels as recorded (a checkpointed layer's backward includes its
-        // recomputed forward's); the matrix multiplies and attention are timed above.
-        let elementwise = |part: &eager::Part| part.kernels - part.matmuls;
-        mem_f = floor(fl.traffic.bytes(model, tokens, positions, layer_params), elementwise(fl));
-        mem_b = floor(bl.traffic.bytes(model, tokens, positions, layer_params), elementwise(bl));
-        // The host: the forward's operators from Python; the backward's from the engine; a
-        // checkpointed layer's recomputed forward from Python again (the operators the
-        // checkpointed backward has beyond the plain one), with the hooks around each saved
-        // tensor. The math path's composite dispatches its kernels from C++.
-        let plain = eager::step(model, cfg.precision, false).unwrap_or(st);
-        let recomputed = (bl.ops - plain.backward.layer.ops).max(0.0);
-        let hooks = if cfg.checkpointing == Checkpointing::Full { 3.0 * plain.forward.layer.saved } else { 0.0 };
-        let sdpa_ops = if math { attention_kernels } else { Pass::default() };
-        host_f = host.python_op * fl.ops + host.engine_op * sdpa_ops.forward;
-        host_b = host.engine_op * (plain.backward.layer.ops + sdpa_ops.backward * bl.attention)
-            + host.python_op * (recomputed + sdpa_ops.forward * (bl.attention - 1.0).max(0.0))
-            + host.checkpoint_hook * hooks;
-        let (fr, br) = (&st.forward.rest, &st.backward.rest);
-        rest_mem_f = floor(fr.traffic.bytes(model, tokens, positions, 0.0), elementwise(fr));
-        rest_mem_b = floor(br.traffic.bytes(model, tokens, positions, 0.0), elementwise(br));
-        rest_host_f = host.python_op * fr.ops;
-        rest_host_b = host.engine_op * br.ops;
-    }
     let on_last = 1.0 / p as f64;
-    let forward_time = layers * (compute_f + mem_f) + (head.forward + rest_mem_f) * on_last;
-    let backward_time = layers * (compute_b + mem_b) + (head.backward + rest_mem_b) * on_last;
+    let forward_time = layers * (k.compute_f + k.mem_f) + (k.head.forward + k.rest_mem_f) * on_last;
+    let backward_time = layers * (k.compute_b + k.mem_b) + (k.head.backward + k.rest_mem_b) * on_last;
     let compute = forward_time + backward_time;
-    let attention_time = layers * (layer.attention.forward * (1.0 + r_attn) + layer.attention.backward);
-    let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
-    let lp = model.layers.div_ceil(p) as f64;
-    // Tensor parallelism: 4 all-reduces of the 16-bit hidden states per layer, 6 when the forward is redone;
-    // each sits between two matmuls that need it, on the critical path.
-    let recomputes =
-        matches!(cfg.checkpointing, Checkpointing::Full | Checkpointing::EveryK(_) | Checkpointing::Optimal);
-    let tp_ops = if recomputes { 6.0 } else { 4.0 };
-    let all_reduce = parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
-    let mut tp = lp * tp_ops * all_reduce;
+    let attention_time = layers * (layer.attention.forward * (1.0 + r.attention) + layer.attention.backward);
+    let comm = model_parallel_comm(job, compute, attention_time);
+    let shown = if par.tp_comm_overlap { 0.0 } else { comm.all_reduce };
     // One layer's forward and backward as a profiler would time them: two all-reduces in
     // the forward, the rest in the backward (none shown when overlapped); the host's time
     // where it issues the layer slower than the GPU runs it.
-    let shown = if par.tp_comm_overlap { 0.0 } else { all_reduce };
-    let layer_forward = (compute_f + mem_f).max(host_f) + 2.0 * shown;
-    let layer_backward = (compute_b + mem_b).max(host_b) + (tp_ops - 2.0) * shown;
-    if par.tp_comm_overlap {
-        // Chunked against the GEMMs it feeds: only what outlasts them shows.
-        tp = (tp - (compute - attention_time)).max(0.0);
-    }
-    // Context parallelism: K and V gathered for the forward and again for the backward, their gradients
-    // reduce-scattered; the ring passes them while the attention computes, so only the excess shows.
-    let kv = 2.0 * s * b * (model.kv_heads * model.head_dim) as f64 * 2.0 / t as f64;
-    let cp = (lp * 3.0 * parallel::all_gather(kv, c, par.context_bandwidth(gpu)) - attention_time).max(0.0);
-    // Stage to stage: activations forward, their gradients backward, once per chunk.
-    let boundary = s / c as f64 * b * h * 2.0 / if par.sequence_parallel { t as f64 } else { 1.0 };
-    let p2p = if p > 1 { 2.0 * v as f64 * parallel::send(boundary, par.pipeline_bandwidth(gpu)) } else { 0.0 };
-
+    let layer_forward = (k.compute_f + k.mem_f).max(k.host_f) + 2.0 * shown;
+    let layer_backward = (k.compute_b + k.mem_b).max(k.host_b) + (comm.tp_ops - 2.0) * shown;
     // The micro-batches through the host and the GPU: the layers' forwards, the head and
     // the loss, their backwards, the layers' backwards. The pipeline runs m + (p−1)/v
     // slots of one micro-batch each (the bubble).
     let slots = m + (p as f64 - 1.0) / v as f64;
     let micro_batch = [
-        Stretch { n: layers, host: host_f, compute: compute_f, memory: mem_f },
-        Stretch { n: 1.0, host: rest_host_f * on_last, compute: head.forward * on_last, memory: rest_mem_f * on_last },
-        Stretch { n: 1.0, host: rest_host_b * on_last, compute: head.backward * on_last, memory: rest_mem_b * on_last },
-        Stretch { n: layers, host: host_b, compute: compute_b, memory: mem_b },
+        Stretch { n: layers, host: k.host_f, compute: k.compute_f, memory: k.mem_f },
+        Stretch {
+            n: 1.0,
+            host: k.rest_host_f * on_last,
+            compute: k.head.forward * on_last,
+            memory: k.rest_mem_f * on_last,
+        },
+        Stretch {
+            n: 1.0,
+            host: k.rest_host_b * on_last,
+            compute: k.head.backward * on_last,
+            memory: k.rest_mem_b * on_last,
+        },
+        Stretch { n: layers, host: k.host_b, compute: k.compute_b, memory: k.mem_b },
     ];
     // Gradients of micro-batches after the first are added into those kept: a read of each
     // and a read and write of the sum, one kernel a parameter tensor.
@@ -507,10 +435,11 @@ pub fn step_time_with(job: &Job, recompute_fraction: f64, transformers: bool, ho
         n: 1.0,
         host: host.engine_op * tensors,
         compute: 0.0,
-        memory: if recorded.is_some() { kn.memory(3.0 * grad_width * sh.trainable) } else { 0.0 },
+        memory: if recorded.is_some() { kernels(gpu, cfg).memory(3.0 * grad_width * sh.trainable) } else { 0.0 },
     };
+    let per_slot = comm.tp + comm.cp + comm.p2p;
     let mut clocks = Clocks::default();
-    let mut communication = slots * (tp + cp + p2p);
+    let mut communication = slots * per_slot;
     let mut step = if recorded.is_some() {
         // Transformers' step (no pipeline, no tensor or context parallelism): one
         // micro-batch, and what each one after it adds (two in a row: the host's lead
@@ -528,80 +457,19 @@ pub fn step_time_with(job: &Job, recompute_fraction: f64, transformers: bool, ho
         clocks.host = one.host + more * (two.host - one.host);
         clocks.gpu = one.gpu + more * (two.gpu - one.gpu);
         clocks.busy = one.busy.add_scaled(&two.busy, &one.busy, more);
-        clocks.gpu
+        clocks.gpu + slots * per_slot
     } else {
         // Kernels back to back, the host never behind.
-        let memory = layers * (mem_f + mem_b) + (rest_mem_f + rest_mem_b) * on_last;
+        let memory = layers * (k.mem_f + k.mem_b) + (k.rest_mem_f + k.rest_mem_b) * on_last;
         clocks.busy = Breakdown { compute: slots * (compute - memory), memory: slots * memory, ..Breakdown::default() };
-        slots * (compute + tp + cp + p2p)
+        slots * (compute + per_slot)
     };
-    if recorded.is_some() {
-        step += slots * (tp + cp + p2p);
-    }
-
-    // Data parallelism over the 16-bit weights and gradients this GPU holds. The engines
-    // overlap it with compute — DDP's bucketed all-reduce and ZeRO's reduce-scatters with
-    // the backward, ZeRO-3's prefetched gathers with the pass that needs them — so only
-    // what outlasts that compute is added.
-    let grads16 = 2.0 * sh.trainable;
-    let weights16 = 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other);
-    let n = par.shard_degree();
-    let bw = par.data_bandwidth(gpu);
-    let exposed = |comm: f64, under: f64| (comm - under).max(0.0);
-    let data_parallel = match par.zero_stage {
-        0 | 1 => exposed(parallel::all_reduce(grads16, n, bw), backward_time),
-        2 => m * exposed(parallel::all_gather(grads16, n, bw), backward_time) + parallel::all_gather(grads16, n, bw),
-        _ => {
-            let gather = parallel::all_gather(weights16, n, bw);
-            m * (exposed(gather, forward_time) + exposed(gather + parallel::all_gather(grads16, n, bw), backward_time))
-        }
-    };
+    let data_parallel = data_parallel_comm(job, forward_time, backward_time);
     step += data_parallel;
     communication += data_parallel;
-    let host_link = gpu.host_bandwidth * parallel::LINK_EFFICIENCY;
-    let updated = sh.trainable / if par.zero_stage >= 1 { n as f64 } else { 1.0 };
-    if cfg.offload == Offload::None {
-        match recorded.filter(|_| !cfg.deepspeed()) {
-            Some(st) => {
-                // torch.optim's step, as its implementation runs it: memory-bound over the
-                // parameters this GPU updates, and issued by the host (Python per parameter
-                // tensor; the for-loop one kernel launch per operation per tensor).
-                let implementation = crate::builders::optimizer::implementation(cfg, crate::builders::Device::Gpu(gpu));
-                let bytes = optimizer_bytes_per_param(model, cfg, implementation) * updated;
-                let ops = optimizer_ops(st, layers, tensors, updated, implementation);
-                let run = Stretch {
-                    n: 1.0,
-                    host: host.python_op * ops.python + host.engine_op * ops.scalar_reads,
-                    compute: 0.0,
-                    memory: (bytes / (gpu.bandwidth * HBM_EFFICIENCY)).max(ops.launches * KERNEL_FLOOR_S),
-                };
-                clocks.gpu = step;
-                clocks.run(run);
-                step = clocks.gpu;
-            }
-            None => {
-                // The optimizer step is bound by HBM: it reads the gradients, weights and states of
-                // the parameters this GPU updates and writes the weights and states back.
-                let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
-                let (w, o) = (s.weights, s.optimizer);
-                let t = updated * (grad_width + 2.0 * (w + o)) / (gpu.bandwidth * HBM_EFFICIENCY);
-                step += t;
-                clocks.busy.memory += t;
-            }
-        }
-    } else {
-        let trainable = sh.trainable / n as f64;
-        // Gradients down and updated weights up, then the CPU's optimizer step.
-        let t = 4.0 * trainable / host_link + trainable / HOST_OPTIMIZER_PARAMS_PER_S;
-        step += t;
-        communication += t;
-    }
-    if cfg.offload == Offload::OptimizerAndParams {
-        // Each micro-batch fetches the GPU's weight shard for the forward and again for the backward.
-        let t = m * 2.0 * weights16 / n as f64 / host_link;
-        step += t;
-        communication += t;
-    }
+    let (optimizer, offloaded) = optimizer_time(job, recorded, layers, tensors, grad_width, host, &mut clocks, step);
+    step = optimizer;
+    communication += offloaded;
     // What is left is the GPU waiting for the host.
     let Breakdown { compute, memory, .. } = clocks.busy;
     // (Rounding's residue, where the GPU never waits, is none.)
@@ -609,6 +477,176 @@ pub fn step_time_with(job: &Job, recompute_fraction: f64, transformers: bool, ho
     let launch = if left > 1e-9 * step { left } else { 0.0 };
     let breakdown = Breakdown { compute, memory, launch, communication };
     StepTime { step, layer_forward, layer_backward, breakdown }
+}
+
+/// The share of each class of a layer's forward kernels the backward runs again.
+struct Recomputed {
+    linear: f64,
+    attention: f64,
+    elementwise: f64,
+}
+
+/// What the backward runs again, by class. Selective checkpointing with a fused kernel
+/// recomputes nothing the kernel's own backward does not; per-op checkpointing reruns every
+/// other matrix multiply and everything bound by memory; a solver's schedule reruns its share
+/// of each layer.
+fn recomputed(job: &Job, recompute_fraction: f64) -> Recomputed {
+    let cfg = &job.train;
+    let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(job.model, cfg);
+    let total = lin + attn + head;
+    let (linear, attention, elementwise) = match cfg.checkpointing {
+        Checkpointing::None => (0.0, 0.0, 0.0),
+        Checkpointing::Full | Checkpointing::EveryK(_) => (1.0, 1.0, 1.0),
+        Checkpointing::Selective => (0.0, if cfg.attention == Attention::Eager { 1.0 } else { 0.0 }, 0.0),
+        Checkpointing::PerOp => ((recompute_fraction * total / lin.max(1.0)).min(1.0), 0.0, 1.0),
+        Checkpointing::Optimal => {
+            let share = (recompute_fraction * total / (lin + attn).max(1.0)).clamp(0.0, 1.0);
+            (share, share, share)
+        }
+    };
+    Recomputed { linear, attention, elementwise }
+}
+
+/// One layer's kernels, forward and backward, compute and memory-bound apart, and what the
+/// host takes to issue them; the same for the head and the loss.
+struct KernelCosts {
+    compute_f: f64,
+    compute_b: f64,
+    mem_f: f64,
+    mem_b: f64,
+    host_f: f64,
+    host_b: f64,
+    head: Pass,
+    rest_mem_f: f64,
+    rest_mem_b: f64,
+    rest_host_f: f64,
+    rest_host_b: f64,
+}
+
+/// The layer's and the head's kernels (see [`KernelCosts`]): as timed by class, and where
+/// transformers' step was recorded, its memory-bound kernels and its host's operators as
+/// recorded (nothing where no recording says: Megatron's and the compiled steps' fused
+/// kernels keep the GPU ahead of the host).
+fn kernel_costs(
+    job: &Job,
+    layer: &LayerTimes,
+    r: &Recomputed,
+    recorded: Option<&eager::Step>,
+    host: &Host,
+) -> KernelCosts {
+    let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
+    let c = cfg.parallel.context.max(1) as f64;
+    let (head, loss) = head_times(model, gpu, cfg);
+    let mut k = KernelCosts {
+        compute_f: layer.linear.forward + layer.attention.forward,
+        compute_b: layer.linear.backward
+            + layer.attention.backward
+            + r.linear * layer.linear.forward
+            + r.attention * layer.attention.forward,
+        mem_f: layer.elementwise.forward,
+        mem_b: layer.elementwise.backward + r.elementwise * layer.elementwise.forward,
+        host_f: 0.0,
+        host_b: 0.0,
+        head,
+        rest_mem_f: loss.forward,
+        rest_mem_b: loss.backward,
+        rest_host_f: 0.0,
+        rest_host_b: 0.0,
+    };
+    let Some(st) = recorded else { return k };
+    let kn = kernels(gpu, cfg);
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64 / c;
+    let positions = cfg.seq as f64 / c;
+    let layer_params = model.layer_params() as f64;
+    let floor = |bytes: f64, kernels: f64| kn.memory(bytes).max(kernels * KERNEL_FLOOR_S);
+    let (fl, bl) = (&st.forward.layer, &st.backward.layer);
+    let math = cfg.attention == Attention::Sdpa && sdpa_kernel(model, gpu, cfg.precision) == SdpaKernel::Math;
+    let attention_kernels = if math { MATH_KERNELS } else { Pass { forward: 1.0, backward: 3.0 } };
+    // The memory-bound kernels as recorded (a checkpointed layer's backward includes its
+    // recomputed forward's); the matrix multiplies and attention are timed above.
+    let elementwise = |part: &eager::Part| part.kernels - part.matmuls;
+    k.mem_f = floor(fl.traffic.bytes(model, tokens, positions, layer_params), elementwise(fl));
+    k.mem_b = floor(bl.traffic.bytes(model, tokens, positions, layer_params), elementwise(bl));
+    // The host: the forward's operators from Python; the backward's from the engine; a
+    // checkpointed layer's recomputed forward from Python again (the operators the
+    // checkpointed backward has beyond the plain one), with the hooks around each saved
+    // tensor. The math path's composite dispatches its kernels from C++.
+    let plain = eager::step(model, cfg.precision, false).unwrap_or(st);
+    let again = (bl.ops - plain.backward.layer.ops).max(0.0);
+    let hooks = if cfg.checkpointing == Checkpointing::Full { 3.0 * plain.forward.layer.saved } else { 0.0 };
+    let sdpa_ops = if math { attention_kernels } else { Pass::default() };
+    k.host_f = host.python_op * fl.ops + host.engine_op * sdpa_ops.forward;
+    k.host_b = host.engine_op * (plain.backward.layer.ops + sdpa_ops.backward * bl.attention)
+        + host.python_op * (again + sdpa_ops.forward * (bl.attention - 1.0).max(0.0))
+        + host.checkpoint_hook * hooks;
+    let (fr, br) = (&st.forward.rest, &st.backward.rest);
+    k.rest_mem_f = floor(fr.traffic.bytes(model, tokens, positions, 0.0), elementwise(fr));
+    k.rest_mem_b = floor(br.traffic.bytes(model, tokens, positions, 0.0), elementwise(br));
+    k.rest_host_f = host.python_op * fr.ops;
+    k.rest_host_b = host.engine_op * br.ops;
+    k
+}
+
+/// Tensor, context and pipeline parallelism's collectives per micro-batch slot.
+struct ModelParallelComm {
+    /// One all-reduce of the hidden states.
+    all_reduce: f64,
+    /// All-reduces per layer: 4, 6 when the forward is redone.
+    tp_ops: f64,
+    tp: f64,
+    cp: f64,
+    p2p: f64,
+}
+
+/// Tensor parallelism: 4 all-reduces of the 16-bit hidden states per layer, 6 when the
+/// forward is redone, each between two matmuls that need it, on the critical path (chunked
+/// against the GEMMs it feeds under overlap: only what outlasts them shows). Context
+/// parallelism: K and V gathered for the forward and again for the backward, their gradients
+/// reduce-scattered; the ring passes them while the attention computes, so only the excess
+/// shows. Stage to stage: activations forward, their gradients backward, once per chunk.
+fn model_parallel_comm(job: &Job, compute: f64, attention_time: f64) -> ModelParallelComm {
+    let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
+    let par = &cfg.parallel;
+    let (t, c, p, v) = (par.tensor.max(1), par.context.max(1), par.pipeline.max(1), par.virtual_stages.max(1));
+    let (s, b, h) = (cfg.seq as f64, cfg.micro_batch as f64, model.hidden as f64);
+    let lp = model.layers.div_ceil(p) as f64;
+    let recomputes =
+        matches!(cfg.checkpointing, Checkpointing::Full | Checkpointing::EveryK(_) | Checkpointing::Optimal);
+    let tp_ops = if recomputes { 6.0 } else { 4.0 };
+    let all_reduce = parallel::all_reduce(s / c as f64 * b * h * 2.0, t, par.tensor_bandwidth(gpu));
+    let mut tp = lp * tp_ops * all_reduce;
+    if par.tp_comm_overlap {
+        tp = (tp - (compute - attention_time)).max(0.0);
+    }
+    let kv = 2.0 * s * b * (model.kv_heads * model.head_dim) as f64 * 2.0 / t as f64;
+    let cp = (lp * 3.0 * parallel::all_gather(kv, c, par.context_bandwidth(gpu)) - attention_time).max(0.0);
+    let boundary = s / c as f64 * b * h * 2.0 / if par.sequence_parallel { t as f64 } else { 1.0 };
+    let p2p = if p > 1 { 2.0 * v as f64 * parallel::send(boundary, par.pipeline_bandwidth(gpu)) } else { 0.0 };
+    ModelParallelComm { all_reduce, tp_ops, tp, cp, p2p }
+}
+
+/// Data parallelism over the 16-bit weights and gradients this GPU holds. The engines overlap
+/// it with compute — DDP's bucketed all-reduce and ZeRO's reduce-scatters with the backward,
+/// ZeRO-3's prefetched gathers with the pass that needs them — so only what outlasts that
+/// compute is added.
+fn data_parallel_comm(job: &Job, forward_time: f64, backward_time: f64) -> f64 {
+    let (gpu, cfg) = (job.gpu, &job.train);
+    let par = &cfg.parallel;
+    let m = cfg.accumulation.max(1) as f64;
+    let sh = share(job.model, cfg, if par.pipeline > 1 { PipelineStage::First } else { PipelineStage::Only });
+    let grads16 = 2.0 * sh.trainable;
+    let weights16 = 2.0 * (sh.trainable + sh.frozen_linear + sh.frozen_other);
+    let n = par.shard_degree();
+    let bw = par.data_bandwidth(gpu);
+    let exposed = |comm: f64, under: f64| (comm - under).max(0.0);
+    match par.zero_stage {
+        0 | 1 => exposed(parallel::all_reduce(grads16, n, bw), backward_time),
+        2 => m * exposed(parallel::all_gather(grads16, n, bw), backward_time) + parallel::all_gather(grads16, n, bw),
+        _ => {
+            let gather = parallel::all_gather(weights16, n, bw);
+            m * (exposed(gather, forward_time) + exposed(gather + parallel::all_gather(grads16, n, bw), backward_time))
+        }
+    }
 }
 
 impl Breakdown {
@@ -623,73 +661,3 @@ impl Breakdown {
     }
 }
 
-/// Bytes an optimizer step moves per parameter it updates. AdamW (torch.optim, decoupled
-/// weight decay at its default 0.01), per its implementation
-/// (research/optimizer-step-memory.md §3–§4): foreach and the for-loop make the same passes —
-/// the weights scaled (read, write), the first moment lerped toward the gradient (two
-/// reads, a write), the second scaled and the squared gradient added (two passes), its
-/// square root into a new tensor, divided and offset in place (three passes), and the
-/// weights updated from the first moment and that root (three reads, a write): 4 weight
-/// widths, 12 state widths, 2 gradient widths. The fused kernel reads the weights, the
-/// gradient and both moments once and writes three. A master copy (mixed precision) is
-/// updated in fp32 and copied to the 16-bit weights. Other optimizers: the gradients
-/// read, the weights and states read and written.
-fn optimizer_bytes_per_param(model: &Model, cfg: &TrainConfig, implementation: OptimizerImpl) -> f64 {
-    let s = state_bytes_per_param(model.hidden, cfg.precision, cfg.optimizer);
-    let g = if main_grads_fp32(cfg) { 4.0 } else { s.gradients };
-    if cfg.optimizer != Optimizer::AdamW {
-        return g + 2.0 * (s.weights + s.optimizer);
-    }
-    let master = matches!(cfg.precision, Precision::Mixed | Precision::Fp8);
-    let (w, moment, copy) =
-        if master { (4.0, (s.optimizer - 4.0) / 2.0, 4.0 + s.weights) } else { (s.weights, s.optimizer / 2.0, 0.0) };
-    copy + match implementation {
-        OptimizerImpl::Foreach | OptimizerImpl::ForLoop => 4.0 * w + 12.0 * moment + 2.0 * g,
-        OptimizerImpl::Fused => 2.0 * w + 4.0 * moment + g,
-    }
-}
-
-/// What the host does for an optimizer step.
-struct OptimizerOps {
-    /// Operators its Python dispatches.
-    python: f64,
-    /// Each parameter's step count read back as a Python number (`_get_value`, twice per
-    /// tensor in foreach's bias corrections): a C++ call from a tight loop, dispatched at
-    /// the engine's rate rather than at a model's, whose operators carry the modules' Python.
-    scalar_reads: f64,
-    /// Kernels it launches.
-    launches: f64,
-}
-
-/// Operators the host dispatches for the optimizer step and the kernels they launch:
-/// foreach as recorded (the per-tensor reads of the layers' parameters, eight `_foreach_`
-/// calls) and its launches — `multi_tensor_apply` launches a kernel per 320 blocks of
-/// 65,536 elements or per 110 to 36 tensors, whichever comes first (MultiTensorApply.cuh) —;
-/// the for-loop, eight operators per tensor on top; the fused kernel, one call over the
-/// lists, its step counts left on the device.
-fn optimizer_ops(
-    st: &eager::Step,
-    layers: f64,
-    tensors: f64,
-    elements: f64,
-    implementation: OptimizerImpl,
-) -> OptimizerOps {
-    let (python, scalar_reads) = (st.optimizer.rest.ops, layers * st.optimizer.layer.ops);
-    let chunks = (elements / (65_536.0 * 320.0)).ceil();
-    match implementation {
-        OptimizerImpl::Foreach => {
-            // Lists of one to three tensors a kernel: 110, 64 and 48 tensors a launch at most.
-            let per_op = [110.0, 64.0, 110.0, 48.0, 64.0, 110.0, 110.0, 48.0];
-            let launches = per_op.iter().map(|&k| chunks.max((tensors / k).ceil())).sum();
-            OptimizerOps { python, scalar_reads, launches }
-        }
-        OptimizerImpl::ForLoop => {
-            OptimizerOps { python: python + 8.0 * tensors, scalar_reads, launches: 8.0 * tensors }
-        }
-        OptimizerImpl::Fused => OptimizerOps {
-            python: (python - 7.0).max(0.0),
-            scalar_reads: 0.0,
-            launches: chunks.max((tensors / 36.0).ceil()),
-        },
-    }
-}

@@ -27,13 +27,18 @@
 //! and the embedding's gradient, made last, is added to it — in place in fp32, out of place
 //! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
 
+mod autocast;
+mod expander;
+
+use expander::Expander;
+
 use super::optimizer::{self, OptimizerParam};
 use super::{Builder, Built, Context, Device, RankProgram, StateScale};
 use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
-use crate::program_template::{self, unit, EventT, Kernel, Layer, Template, EDGE, RECORDED_LAYERS};
+use crate::program_template::{self, unit, EventT, Kernel, Template, EDGE};
 use crate::recipe::{measured_code, measured_precision};
 use std::collections::HashMap;
 
@@ -111,93 +116,6 @@ pub fn has_dropout(model: &Model) -> bool {
     matches!(model.family, Family::Gpt2 | Family::Bert | Family::T5)
 }
 
-struct Expander<'t> {
-    layers: [u32; 2],
-    /// An edge layer's tensor → the middle layer's tensor made in its place. A tensor made in
-    /// one layer and freed in the next (a layer's output, freed once the next layer's residual
-    /// add has used it) is freed by an event of the next layer that names the recorded
-    /// previous layer's tensor; where that previous layer is a replica of the middle one, the
-    /// tensor it made is the middle layer's, and the event must name that one.
-    analog: &'t HashMap<u32, u32>,
-}
-
-impl<'t> Expander<'t> {
-    fn new(t: &'t Template, layers: [u32; 2]) -> Expander<'t> {
-        Expander { layers, analog: &t.analog }
-    }
-
-    /// Whether concrete layer `c` of `stack` is a replica of the middle layer.
-    fn is_replica(&self, stack: u8, c: u32) -> bool {
-        (EDGE..self.layers[stack as usize].saturating_sub(EDGE)).contains(&c)
-    }
-
-    fn concrete(&self, n: u8, stack: u8, j: Option<u32>) -> u32 {
-        let n = n as u32;
-        if n < EDGE {
-            n
-        } else if n >= RECORDED_LAYERS - EDGE {
-            self.layers[stack as usize] - (RECORDED_LAYERS - n)
-        } else {
-            j.unwrap_or(EDGE)
-        }
-    }
-
-    /// Which instance of template tensor `tensor`, of home layer `h`, an event at `ctx`
-    /// (replica `j` where `ctx` is the middle layer) touches: the tensor made there (the
-    /// middle layer's where the layer is one of its replicas) and its concrete layer.
-    fn instance(&self, tensor: u32, h: Option<Layer>, ctx: Option<Layer>, j: Option<u32>) -> (u32, Option<Concrete>) {
-        let Some(h) = h else { return (tensor, None) };
-        let layer = match ctx {
-            Some(c) if c.stack == h.stack && (h.n as i64 - c.n as i64).unsigned_abs() <= EDGE as u64 => {
-                let here = self.concrete(c.n, c.stack, j) as i64;
-                (here + h.n as i64 - c.n as i64) as u32
-            }
-            _ => self.concrete(h.n, h.stack, None),
-        };
-        let tensor = match self.analog.get(&tensor) {
-            Some(&m) if !h.is_middle() && self.is_replica(h.stack, layer) => m,
-            _ => tensor,
-        };
-        (tensor, Some((h.stack, layer)))
-    }
-
-    /// The events of a section expanded: (event, replica of the middle layer).
-    fn expand(&self, events: &[EventT]) -> Vec<(EventT, Option<u32>)> {
-        let mut out = Vec::with_capacity(events.len() * 2);
-        let mut i = 0;
-        while i < events.len() {
-            let e = events[i];
-            let Some(ctx) = e.layer.filter(|l| l.is_middle()) else {
-                out.push((e, None));
-                i += 1;
-                continue;
-            };
-            let mut end = i;
-            while end < events.len() && events[end].layer == Some(ctx) {
-                end += 1;
-            }
-            let outer = |e: &EventT| e.layer.filter(|l| l.stack == ctx.stack && !l.is_middle()).map(|l| l.n);
-            let before = events[..i].iter().rev().find_map(outer);
-            let after = events[end..].iter().find_map(outer);
-            let ascending = match (before, after) {
-                (Some(b), _) => b < ctx.n,
-                (None, Some(a)) => a > ctx.n,
-                (None, None) => true,
-            };
-            let replicas = EDGE..self.layers[ctx.stack as usize] - EDGE;
-            let run = &events[i..end];
-            let mut push = |j: u32| out.extend(run.iter().map(|&e| (e, Some(j))));
-            if ascending {
-                replicas.for_each(&mut push);
-            } else {
-                replicas.rev().for_each(&mut push);
-            }
-            i = end;
-        }
-        out
-    }
-}
-
 /// What [`program`] builds.
 pub struct HfProgram {
     pub program: Program,
@@ -218,7 +136,7 @@ pub fn program(
     let parsed = program_template::template(&key).ok_or_else(|| "not recorded".to_string())?;
     let mut t = parsed.resolved(&|u| unit(model, u));
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
-        autocast_fp32_pow(&mut t);
+        autocast::fp32_pow(&mut t);
     }
     let layers = stack_layers(model);
     let stacks_used = t.tensors.iter().filter_map(|x| x.home).map(|h| h.stack).collect::<Vec<_>>();
@@ -579,241 +497,6 @@ impl<'a> Expansion<'a> {
             self.p.alloc(Law::fixed(gpu.arch.cublas_workspace_bytes() as f64), Term::Workspace, site);
         }
     }
-}
-
-/// CUDA's autocast runs `pow` in fp32; the CPU's autocast, which the templates were
-/// recorded under, leaves it in bf16 (`pow` is on CUDA's fp32 list, not on the CPU's).
-/// transformers' tanh GELU (`NewGELUActivation`, `gelu_new`: GPT-2's MLP),
-/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3))))` of the bf16 output `x` of `c_fc`, then
-/// runs in fp32 from the `pow` on: autocast copies `x` to fp32 for the `pow` (kept for its
-/// backward in `x`'s place), every product and sum after it is promoted to fp32, the
-/// `tanh` and `1 + tanh` kept for the backward take 4 bytes an element, and `c_proj` keeps
-/// a bf16 copy of the fp32 result it is given. A layer keeps 16 bytes per token per MLP unit
-/// where the recording kept 10 (the fp32 copy of `x`, `tanh` and `1 + tanh` at 4, `0.5·x` and
-/// `c_proj`'s copy at 2; against `x`, `0.5·x`, `tanh`, `1 + tanh` and the product at 2): GPT-2
-/// medium (4,096 units) at 4 × 2048 tokens, 4.5 GiB more over its 24 layers.
-/// The backward runs the chain's gradients in fp32 too, with the casts to each bf16 input's
-/// dtype autograd makes. Seen on an H200 with torch 2.11 (`../shared/gpu/snapshots/
-/// native-gpt2-medium-b8`: at 8 × 888 tokens a layer's `c_fc` output is 58,195,968 bytes and
-/// its GELU keeps three fp32 tensors of 116,391,936 beside the bf16 `0.5·x` and `c_proj`'s
-/// bf16 input). Llama's `pow` (RMSNorm's) takes an fp32 input on both devices: no change.
-fn autocast_fp32_pow(t: &mut Template) {
-    let mut scaled = std::collections::HashSet::new();
-    if let Some(step1) = t.step1.take() {
-        let (events, bw) = gelu_fp32(t, step1, t.backward[0], &mut scaled);
-        t.step1 = Some(events);
-        t.backward[0] = bw;
-    }
-    let step = std::mem::take(&mut t.step);
-    let (events, bw) = gelu_fp32(t, step, t.backward[1], &mut scaled);
-    t.step = events;
-    t.backward[1] = bw;
-    if t.step1.is_none() {
-        // The first step is the later one's events (read only where `step1` is recorded).
-        t.backward[0] = bw;
-    }
-    for id in scaled {
-        let x = &mut t.tensors[id as usize];
-        x.law = x.law.scaled(2.0);
-    }
-}
-
-/// The op a site names: its last part (`… > aten::mul` is `aten::mul`).
-fn op(t: &Template, x: u32) -> &str {
-    let site = t.sites.get(t.tensors[x as usize].site as usize).map(String::as_str).unwrap_or("");
-    site.rsplit(" > ").next().unwrap_or(site)
-}
-
-fn site_has(t: &Template, x: u32, what: &str) -> bool {
-    t.sites.get(t.tensors[x as usize].site as usize).is_some_and(|s| s.contains(what))
-}
-
-/// A new tensor like `like`, with `law` and a site of its own.
-fn new_tensor(t: &mut Template, like: u32, law: Law, site: &str) -> u32 {
-    let s = match t.sites.iter().position(|x| x == site) {
-        Some(s) => s as u32,
-        None => {
-            t.sites.push(site.to_string());
-            (t.sites.len() - 1) as u32
-        }
-    };
-    let mut x = t.tensors[like as usize].clone();
-    x.law = law;
-    x.site = s;
-    x.kernel = Kernel::None;
-    x.param = None;
-    x.grad = None;
-    t.tensors.push(x);
-    (t.tensors.len() - 1) as u32
-}
-
-/// One section with its tanh GELUs in fp32 ([`autocast_fp32_pow`]): the events, and where
-/// its backward now begins.
-fn gelu_fp32(
-    t: &mut Template,
-    ev: Vec<EventT>,
-    backward: usize,
-    scaled: &mut std::collections::HashSet<u32>,
-) -> (Vec<EventT>, usize) {
-    let mut before: HashMap<usize, Vec<EventT>> = HashMap::new();
-    let mut after: HashMap<usize, Vec<EventT>> = HashMap::new();
-    let mut replace: HashMap<usize, EventT> = HashMap::new();
-    let alloc = |tensor: u32, layer| EventT { free: false, tensor, layer };
-    let free = |tensor: u32, layer| EventT { free: true, tensor, layer };
-    let allocs: Vec<usize> = (0..ev.len()).filter(|&i| !ev[i].free).collect();
-    let free_of = |x: u32, from: usize| (from..ev.len()).find(|&i| ev[i].free && ev[i].tensor == x);
-    for (k, &ip) in allocs.iter().enumerate() {
-        // `x` (the matrix multiply's bf16 output), `0.5·x`, `pow(x, 3)`: three allocations in a
-        // row of one law, in one layer.
-        if k < 2 || op(t, ev[ip].tensor) != "aten::pow" {
-            continue;
-        }
-        let (ia, im, layer) = (allocs[k - 2], allocs[k - 1], ev[ip].layer);
-        let (a, m, p) = (ev[ia].tensor, ev[im].tensor, ev[ip].tensor);
-        let law = t.tensors[a as usize].law;
-        if op(t, a) != "aten::addmm"
-            || op(t, m) != "aten::mul"
-            || t.tensors[m as usize].law != law
-            || t.tensors[p as usize].law != law
-            || ev[ia].layer != layer
-            || ev[im].layer != layer
-        {
-            continue;
-        }
-        // The chain: every allocation of that law from the pow on; then `c_proj`'s weight
-        // cast and output.
-        let chain: Vec<usize> = allocs[k..]
-            .iter()
-            .copied()
-            .take_while(|&i| t.tensors[ev[i].tensor as usize].law == law && ev[i].layer == layer)
-            .collect();
-        let (Some(&ig), Some(&iw)) = (chain.last(), allocs.get(k + chain.len())) else { continue };
-        if !chain.iter().any(|&i| op(t, ev[i].tensor) == "aten::tanh") {
-            continue;
-        }
-        let Some(&io) = allocs[k + chain.len()..].iter().find(|&&i| op(t, ev[i].tensor) == "aten::addmm") else {
-            continue;
-        };
-        let g = ev[ig].tensor;
-        let (Some(fa), Some(fg)) = (free_of(a, ia), free_of(g, ig)) else { continue };
-        for &i in &chain {
-            scaled.insert(ev[i].tensor);
-        }
-        // Autocast's fp32 copy of `x` for the pow: kept by the pow's backward where the
-        // recording kept `x` (then `x` goes when the MLP's code lets it go, after the GELU),
-        // or gone with the pow where nothing keeps it (checkpointing's first forward).
-        let x32 = new_tensor(t, a, law.scaled(2.0), "aten::pow > aten::to (autocast's fp32 copy)");
-        after.entry(im).or_default().push(alloc(x32, layer));
-        let a_held = fa > io;
-        if a_held {
-            replace.insert(fa, free(x32, ev[fa].layer));
-            after.entry(ig).or_default().push(free(a, layer));
-        } else {
-            after.entry(ip).or_default().push(free(x32, layer));
-        }
-        // `c_proj`'s bf16 copy of the fp32 GELU: its saved input where the recording kept the
-        // GELU's output; the fp32 output goes once `c_proj` has run.
-        let g16 = new_tensor(t, g, law, "aten::addmm > aten::to (autocast's bf16 copy)");
-        after.entry(iw).or_default().push(alloc(g16, layer));
-        let g_held = allocs.iter().any(|&i| i > io && i < fg);
-        if g_held {
-            replace.insert(fg, free(g16, ev[fg].layer));
-            after.entry(io).or_default().push(free(g, layer));
-        } else {
-            after.entry(io).or_default().push(free(g16, layer));
-        }
-        if !(a_held && g_held) {
-            continue;
-        }
-        // The backward: from `c_proj`'s input gradient `dG` (bf16), through `G = 0.5x·u`
-        // (`dU`, `dM`), `tanh`, the two constant products and the pow, in fp32.
-        let Some(idg) = (0..fg).rev().find(|&i| {
-            !ev[i].free
-                && ev[i].tensor != g
-                && t.tensors[ev[i].tensor as usize].law == law
-                && op(t, ev[i].tensor) == "aten::mm"
-        }) else {
-            continue;
-        };
-        let bwd: Vec<usize> =
-            allocs.iter().copied().filter(|&i| i > fg && t.tensors[ev[i].tensor as usize].law == law).take(8).collect();
-        let names = [
-            "MulBackward0",
-            "MulBackward0",
-            "TanhBackward0",
-            "MulBackward0",
-            "MulBackward0",
-            "PowBackward0",
-            "PowBackward0",
-            "PowBackward0",
-        ];
-        if bwd.len() < 8 || !bwd.iter().zip(names).all(|(&i, n)| site_has(t, ev[i].tensor, n)) {
-            continue;
-        }
-        let dg = ev[idg].tensor;
-        let Some(fdg) = free_of(dg, idg) else { continue };
-        let [du, dm, tb, s1, s2, p1, p2, p3] = [0, 1, 2, 3, 4, 5, 6, 7].map(|j| bwd[j]);
-        let bl = ev[du].layer;
-        // dG to fp32 (the backward of `c_proj`'s cast), the bf16 one gone at once.
-        let dg32 = new_tensor(
-            t,
-            dg,
-            law.scaled(2.0),
-            "autograd::engine::evaluate_function: ToCopyBackward0 > aten::to (fp32 gradient)",
-        );
-        before.entry(du).or_default().extend([alloc(dg32, bl), free(dg, bl)]);
-        replace.insert(fdg, free(dg32, ev[fdg].layer));
-        // dM (for the bf16 `0.5·x`) made in fp32 and cast to bf16.
-        let dm32 = new_tensor(
-            t,
-            ev[dm].tensor,
-            law.scaled(2.0),
-            "autograd::engine::evaluate_function: MulBackward0 > aten::mul (fp32)",
-        );
-        before.entry(dm).or_default().push(alloc(dm32, bl));
-        after.entry(dm).or_default().push(free(dm32, bl));
-        // The gradient of `x` through the sum `x + 0.044715·x³`, cast to bf16: the buffer the
-        // other two of `x`'s gradients are added into, where the recording used the fp32 one.
-        let da = new_tensor(
-            t,
-            ev[s1].tensor,
-            law,
-            "autograd::engine::evaluate_function: AddBackward0 > aten::to (bf16 gradient)",
-        );
-        before.entry(s2).or_default().push(alloc(da, bl));
-        after.entry(s2).or_default().push(free(ev[s1].tensor, bl));
-        if let Some(fs1) = free_of(ev[s1].tensor, s1) {
-            replace.insert(fs1, free(da, ev[fs1].layer));
-        }
-        // The pow's gradient of `x`, cast to bf16 to be added in.
-        if let Some(fp3) = free_of(ev[p3].tensor, p3) {
-            let c = new_tensor(
-                t,
-                ev[p3].tensor,
-                law,
-                "autograd::engine::evaluate_function: ToCopyBackward0 > aten::to (bf16 gradient)",
-            );
-            before.entry(fp3).or_default().push(alloc(c, ev[fp3].layer));
-            after.entry(fp3).or_default().push(free(c, ev[fp3].layer));
-        }
-        for i in [du, tb, s1, s2, p1, p2, p3] {
-            scaled.insert(ev[i].tensor);
-        }
-    }
-    let mut out = Vec::with_capacity(ev.len() + 16 * before.len().max(after.len()));
-    let mut bw = backward;
-    for (i, e) in ev.iter().enumerate() {
-        if i == backward {
-            bw = out.len();
-        }
-        out.extend(before.remove(&i).unwrap_or_default());
-        out.push(replace.remove(&i).unwrap_or(*e));
-        out.extend(after.remove(&i).unwrap_or_default());
-    }
-    if backward >= ev.len() {
-        bw = out.len();
-    }
-    (out, bw)
 }
 
 fn is_head(name: &str) -> bool {
