@@ -18,17 +18,17 @@
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::deepspeed;
 use crate::job::{
-    Attention, BaseWeights, Checkpointing, Finetune, Framework, Job, LoraTargets, Offload, Optimizer, OptimizerImpl,
-    PipelineStage, Precision, TrainConfig,
+    Attention, BaseWeights, Checkpointing, Device, Finetune, Framework, Job, LoraTargets, Offload, Optimizer,
+    OptimizerImpl, PipelineStage, Precision, TrainConfig,
 };
 use crate::model::{Family, Head, Model};
 use crate::phases::{self, Phases, StepParts};
 use crate::placement::{
     activation_width, frozen_bytes, frozen_width, model_states, share, state_bytes_per_param, ModelStates, Share,
 };
+use crate::placement::{forward_flops, ForwardFlops};
 use crate::recipe::{self, Recipe};
 use crate::step_recipe::step_recipe;
-use crate::time::{forward_flops, ForwardFlops};
 
 /// The coefficients of the closed form's activations and loss, in 16-bit units of s·b·h
 /// (Korthikanti et al.), in one place.
@@ -226,8 +226,7 @@ fn optimizer_temp(job: &Job, trainable: f64) -> f64 {
     if cfg.offload != Offload::None {
         return 0.0;
     }
-    let device = crate::builders::Device::Gpu(job.gpu);
-    match (cfg.optimizer, crate::builders::optimizer::implementation(cfg, device)) {
+    match (cfg.optimizer, cfg.optimizer_implementation(Device::Gpu(job.gpu))) {
         (Optimizer::AdamW, OptimizerImpl::Foreach) => state_width * trainable / shard,
         (Optimizer::AdamW, OptimizerImpl::ForLoop) => 2.0 * state_width * largest_param(model),
         (Optimizer::Adafactor, _) => 4.0 * if sixteen_bit { 4.0 } else { 2.0 } * largest_param(model),
@@ -248,14 +247,6 @@ fn largest_param(model: &Model) -> f64 {
     embedding.max(linear).max(experts)
 }
 
-/// Bytes the process holds on the GPU outside PyTorch's allocator: the driver's own, the CUDA
-/// context, and NCCL's buffers with more than one GPU.
-pub fn outside_allocator(job: &Job) -> f64 {
-    job.gpu.arch.driver_reserved_bytes() as f64
-        + job.gpu.arch.training_context_bytes() as f64
-        + if job.train.parallel.gpus() > 1 { crate::parallel::NCCL_BYTES } else { 0.0 }
-}
-
 /// The closed form's terms for `stage` of the job: Korthikanti et al.'s activations, or with
 /// `transformers` (its code runs the layers, [`crate::builders`] says) transformers' recorded
 /// phases where they were recorded. `held_back` bytes of the GPU are kept from optimal
@@ -272,7 +263,7 @@ pub fn memory(job: &Job, stage: PipelineStage, transformers: bool, held_back: f6
         br.logits = logits(model, cfg);
     }
     br.temporary = temporaries(job, &sh);
-    br.framework = outside_allocator(job);
+    br.framework = job.outside_allocator();
     let (activations, recompute_fraction, note) = activations(job, stage, &br, held_back);
     br.activations = activations;
     let mut m = StageMemory {
@@ -281,7 +272,7 @@ pub fn memory(job: &Job, stage: PipelineStage, transformers: bool, held_back: f6
         note,
         phases: None,
         gpu_only: job.gpu.arch.cublas_workspace_bytes() as f64,
-        outside_allocator: outside_allocator(job),
+        outside_allocator: job.outside_allocator(),
     };
     if transformers && stage == PipelineStage::Only {
         if let Some(r) = hf_recipe(model, cfg) {

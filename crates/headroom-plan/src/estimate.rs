@@ -24,10 +24,11 @@ use crate::closed_form::{self, Breakdown};
 use crate::job::{Finetune, Framework, Job, Offload, OptimizerImpl, PipelineStage, Precision, TrainConfig};
 use crate::parallel;
 use crate::pipelining::PipelineSchedule;
+use crate::placement::{forward_flops, ForwardFlops};
 use crate::placement::{share, state_bytes_per_param};
 use crate::program::{Phase, PhasePeaks, Program, Term};
 use crate::replay::{replay, OutOfMemory, ReplaySettings, Replayed, When};
-use crate::time::{forward_flops, step_time, ForwardFlops};
+use crate::time::step_time;
 use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
 use std::sync::Arc;
 
@@ -212,11 +213,6 @@ fn as_run<'a>(job: &Job<'a>, runner: Runner) -> Job<'a> {
     Job { train: TrainConfig { framework: runner.builder.framework(), ..job.train }, ..*job }
 }
 
-/// What PyTorch's allocator can have of the GPU.
-fn capacity(job: &Job) -> u64 {
-    (job.gpu.memory_bytes as f64 - closed_form::outside_allocator(job)).max(0.0) as u64
-}
-
 /// A build replayed: the programs, each rank's replay, and the one that peaks.
 struct Run {
     built: Built,
@@ -235,7 +231,7 @@ impl Estimator {
     pub fn estimate(&self, job: &Job) -> Result<Estimate, PlanError> {
         let (runner, passed) = builders::runner(job)?;
         let job = as_run(job, runner);
-        let capacity = capacity(&job);
+        let capacity = job.capacity();
         let mut run = self.run_fitted(&job, runner, capacity)?;
         let mut oom = run.replayed().oom.clone();
         if oom.is_none() {
@@ -264,7 +260,7 @@ impl Estimator {
             source: run.built.source.clone(),
             passed,
             compiled: run.built.compiled,
-            optimizer_impl: builders::optimizer::implementation(&job.train, Device::Gpu(job.gpu)),
+            optimizer_impl: job.train.optimizer_implementation(Device::Gpu(job.gpu)),
         };
         let program = Arc::new(run.built.ranks.swap_remove(run.peak).program);
         Ok(Estimate { job: job.train, runner, memory, time, verdict, program })
@@ -276,7 +272,7 @@ impl Estimator {
     pub fn fits(&self, job: &Job) -> bool {
         let Ok((runner, _)) = builders::runner(job) else { return false };
         let job = as_run(job, runner);
-        let capacity = capacity(&job);
+        let capacity = job.capacity();
         if self.calibration.is_some() {
             // The corrected program alone decides; the closed form knows nothing of the run.
             if self.calibration_refuses(&job, capacity).is_some() {
@@ -296,7 +292,7 @@ impl Estimator {
     pub fn screen(&self, job: &Job) -> Option<Screened> {
         let (runner, _) = builders::runner(job).ok()?;
         let job = as_run(job, runner);
-        let capacity = capacity(&job) as f64;
+        let capacity = job.capacity() as f64;
         let transformers = runner.builder.transformers_code(&job);
         let mut tensors = 0.0f64;
         let mut recompute = 0.0f64;
@@ -393,7 +389,7 @@ impl Estimator {
     fn memory(&self, job: &Job, run: &Run, oom: Option<OutOfMemory>, capacity: f64) -> Memory {
         let (model, cfg) = (job.model, &job.train);
         let r = run.replayed();
-        let outside = closed_form::outside_allocator(job);
+        let outside = job.outside_allocator();
         let by = |t: Term| r.at_peak.get(t) as f64;
         let breakdown = Breakdown {
             weights: by(Term::Weights),

@@ -420,9 +420,41 @@ impl<'a> Job<'a> {
         Job::new(self.model, self.gpu, train)
     }
 
-    /// Tokens of one micro-batch on one GPU's share of the sequence.
-    pub fn tokens(&self) -> f64 {
-        self.train.micro_batch as f64 * self.train.seq as f64
+    /// Bytes the process holds on the GPU outside PyTorch's allocator: the driver's own, the
+    /// CUDA context, and NCCL's buffers with more than one GPU.
+    pub fn outside_allocator(&self) -> f64 {
+        let arch = self.gpu.arch;
+        arch.driver_reserved_bytes() as f64
+            + arch.training_context_bytes() as f64
+            + if self.train.parallel.gpus() > 1 { crate::parallel::NCCL_BYTES } else { 0.0 }
+    }
+
+    /// What PyTorch's caching allocator can have of the GPU: its memory less what lives
+    /// outside the allocator.
+    pub fn capacity(&self) -> u64 {
+        (self.gpu.memory_bytes as f64 - self.outside_allocator()).max(0.0) as u64
+    }
+}
+
+/// Where the program runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Device<'a> {
+    /// A GPU: its kernels' own buffers, cuBLAS workspaces, its SDPA kernels.
+    Gpu(&'a GpuSpec),
+    /// The CPU the templates were recorded on, as the CPU ground truth measures it.
+    Cpu,
+}
+
+impl TrainConfig {
+    /// The implementation of AdamW that runs when none is named: Megatron-LM's and
+    /// DeepSpeed's own fused Adam; torch.optim's foreach on CUDA tensors and its for-loop
+    /// elsewhere.
+    pub fn optimizer_implementation(&self, device: Device) -> OptimizerImpl {
+        self.optimizer_impl.unwrap_or(match (self.framework, device) {
+            (Framework::Megatron | Framework::DeepSpeed, _) => OptimizerImpl::Fused,
+            (_, Device::Gpu(_)) => OptimizerImpl::Foreach,
+            (_, Device::Cpu) => OptimizerImpl::ForLoop,
+        })
     }
 }
 

@@ -206,3 +206,28 @@ pub fn updated_tensors(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -
     out.retain(|&x| x > 0.0);
     out.iter().map(|x| x * scale).collect()
 }
+
+/// Forward FLOPs per micro-batch over the whole model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ForwardFlops {
+    /// The layers' linear layers.
+    pub linear: f64,
+    /// The layers' attention (scores and the weighted sum).
+    pub attention: f64,
+    /// The LM head.
+    pub head: f64,
+}
+
+/// Forward FLOPs per micro-batch over the whole model.
+pub fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
+    // In f64: a batch and a sequence as large as a user may type would wrap u64.
+    let tokens = cfg.micro_batch as f64 * cfg.seq as f64;
+    let layer_params = model.layer_params() as f64 * model.active_params() as f64 / model.params() as f64;
+    let attention = 4.0 * tokens * cfg.seq as f64 * (model.heads * model.head_dim) as f64;
+    let l = model.layers as f64;
+    ForwardFlops {
+        linear: 2.0 * layer_params * tokens * l,
+        attention: attention * l,
+        head: 2.0 * (model.vocab * model.hidden) as f64 * tokens,
+    }
+}

@@ -24,20 +24,11 @@ pub mod fsdp2;
 pub mod hf;
 pub mod optimizer;
 
-use crate::gpu::GpuSpec;
+pub use crate::job::Device;
 use crate::job::{Framework, Job, PipelineStage};
 use crate::names::Named;
 use crate::program::Program;
 use std::fmt;
-
-/// Where the program runs.
-#[derive(Clone, Copy, Debug)]
-pub enum Device<'a> {
-    /// A GPU: its kernels' own buffers, cuBLAS workspaces, its SDPA kernels.
-    Gpu(&'a GpuSpec),
-    /// The CPU the templates were recorded on, as the CPU ground truth measures it.
-    Cpu,
-}
 
 /// How ZeRO and offload shrink what one GPU keeps of the weights, gradients and optimizer
 /// state (1 for a whole replica; 0 for what is offloaded).

@@ -15,7 +15,7 @@
 //! first step, as DeepSpeed and Megatron keep them).
 
 use super::Device;
-use crate::job::{Framework, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use crate::job::{Optimizer, OptimizerImpl, Precision, TrainConfig};
 use crate::program::{Law, Program, TensorId, Term};
 
 /// A parameter the optimizer updates: its law (the bytes of the parameter itself).
@@ -29,17 +29,6 @@ pub struct OptimizerParam {
 pub struct State {
     pub made: bool,
     pub tensors: Vec<TensorId>,
-}
-
-/// The implementation of AdamW that runs for `cfg` when none is named: Megatron-LM's and
-/// DeepSpeed's own fused Adam; torch.optim's foreach on CUDA tensors and its for-loop
-/// elsewhere.
-pub fn implementation(cfg: &TrainConfig, device: Device) -> OptimizerImpl {
-    cfg.optimizer_impl.unwrap_or(match (cfg.framework, device) {
-        (Framework::Megatron | Framework::DeepSpeed, _) => OptimizerImpl::Fused,
-        (_, Device::Gpu(_)) => OptimizerImpl::Foreach,
-        (_, Device::Cpu) => OptimizerImpl::ForLoop,
-    })
 }
 
 /// Bytes per byte of a parameter that a state tensor of its width takes.
@@ -68,7 +57,7 @@ pub fn step(
     let first = !state.made;
     if first {
         state.made = true;
-        let implementation = implementation(cfg, device);
+        let implementation = cfg.optimizer_implementation(device);
         for x in &with_grad {
             if matches!(cfg.precision, Precision::Mixed | Precision::Fp8) {
                 // The fp32 master copy.
@@ -106,7 +95,7 @@ pub fn step(
 /// optimizer step makes these, whoever lays out the state.
 pub fn temporaries(p: &mut Program, laws: &[Law], cfg: &TrainConfig, device: Device, site: u32) {
     let width = state_width(cfg.precision);
-    match (cfg.optimizer, implementation(cfg, device)) {
+    match (cfg.optimizer, cfg.optimizer_implementation(device)) {
         (Optimizer::AdamW, OptimizerImpl::Foreach) => {
             let sqrt: Vec<TensorId> = laws.iter().map(|x| p.alloc(x.scaled(width), Term::Temporary, site)).collect();
             for id in sqrt {

@@ -22,33 +22,10 @@ use crate::model::{Head, Model};
 use crate::parallel;
 
 mod optimizer;
-use optimizer::optimizer_time;
 use crate::placement::{main_grads_fp32, share, state_bytes_per_param};
+use optimizer::optimizer_time;
 
-/// Forward FLOPs per micro-batch over the whole model.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ForwardFlops {
-    /// The layers' linear layers.
-    pub linear: f64,
-    /// The layers' attention (scores and the weighted sum).
-    pub attention: f64,
-    /// The LM head.
-    pub head: f64,
-}
-
-/// Forward FLOPs per micro-batch over the whole model.
-pub fn forward_flops(model: &Model, cfg: &TrainConfig) -> ForwardFlops {
-    // In f64: a batch and a sequence as large as a user may type would wrap u64.
-    let tokens = cfg.micro_batch as f64 * cfg.seq as f64;
-    let layer_params = model.layer_params() as f64 * model.active_params() as f64 / model.params() as f64;
-    let attention = 4.0 * tokens * cfg.seq as f64 * (model.heads * model.head_dim) as f64;
-    let l = model.layers as f64;
-    ForwardFlops {
-        linear: 2.0 * layer_params * tokens * l,
-        attention: attention * l,
-        head: 2.0 * (model.vocab * model.hidden) as f64 * tokens,
-    }
-}
+pub use crate::placement::{forward_flops, ForwardFlops};
 
 /// How fast the host issues transformers' eager step: seconds per operator it dispatches.
 /// Fitted on the dev grid's tuning rows (the twelve bf16 jobs on an H200 with torch 2.11
@@ -660,4 +637,3 @@ impl Breakdown {
         }
     }
 }
-

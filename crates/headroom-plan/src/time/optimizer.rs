@@ -36,7 +36,7 @@ pub(super) fn optimizer_time(
                 // torch.optim's step, as its implementation runs it: memory-bound over the
                 // parameters this GPU updates, and issued by the host (Python per parameter
                 // tensor; the for-loop one kernel launch per operation per tensor).
-                let implementation = crate::builders::optimizer::implementation(cfg, crate::builders::Device::Gpu(gpu));
+                let implementation = cfg.optimizer_implementation(crate::job::Device::Gpu(gpu));
                 let bytes = optimizer_bytes_per_param(model, cfg, implementation) * updated;
                 let ops = optimizer_ops(st, layers, tensors, updated, implementation);
                 let run = Stretch {
