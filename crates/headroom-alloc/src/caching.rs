@@ -128,7 +128,7 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Physical allocations of expandable segments that span more than one
     /// page, start -> end ([`Policy::allocation_size`]); every other mapped
     /// page is a physical allocation of its own.
-    pub(crate) allocations: BTreeMap<u64, u64>,
+    pub(crate) allocations: crate::physical::Allocations,
     /// What became of the pages the ladder's reclaim unmapped.
     pub(crate) page_history: PageHistory,
     /// Bytes by which growth passed the peak while kept pages could have
@@ -181,7 +181,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             expandable: BTreeMap::new(),
             next_expandable: 0,
             largest_reservation: 0,
-            allocations: BTreeMap::new(),
+            allocations: Default::default(),
             page_history: PageHistory::default(),
             kept_excess: 0,
             events: BTreeMap::new(),
@@ -432,7 +432,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then
         // cannot strand any, and may map ahead.
-        let mut nothing_to_reclaim = false;
+        let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
+        let ahead_after_reclaim = self.policy.reclaim_rule(&self.config).map_ahead_after;
         while found.is_none() {
             let Some(&step) = self.policy.ladder().get(rung) else { break };
             rung += 1;
@@ -442,7 +443,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     None
                 }
                 Rung::Allocate => {
-                    let growth = if nothing_to_reclaim { Growth::Ahead } else { Growth::Exact };
+                    let growth = if nothing_to_reclaim || ahead_after_reclaim { Growth::Ahead } else { Growth::Exact };
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, growth)?
                 }
                 Rung::AllocateUnderPeak => {
@@ -450,7 +451,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
-                    nothing_to_reclaim = self.reclaim_free_pages(owner, kind, place, rounded)? == 0;
+                    let rule = self.policy.reclaim_rule(&self.config);
+                    nothing_to_reclaim = self.reclaim_free_pages(owner, kind, place, rounded, rule)? == 0;
                     None
                 }
                 Rung::ReleaseOversizeThenAllocate => {
@@ -655,7 +657,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 Growth::Ahead => {
                     let step = self.policy.climb_ahead(&self.config, kind, reserved);
                     if step > self.policy.page_size(&self.config, kind) {
-                        map = size.next_multiple_of(step);
+                        // The pages the request lacks, rounded up to whole steps: what
+                        // PyTorch's expandable segments map with a page of `step`.
+                        let (_, lacking) = self.plan_growth(owner, kind, stream, size);
+                        map = size + (lacking.next_multiple_of(step) - lacking);
                     }
                 }
                 Growth::UnderPeak(c) => {

@@ -28,7 +28,7 @@ use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
-use crate::policy::{ArenaSlot, ExpandableFit, Policy};
+use crate::policy::{ArenaSlot, ExpandableFit, Policy, ReclaimRule};
 use crate::stats::{self, PoolKind};
 
 /// What a mapping is for: the request that growth maps pages for, and how
@@ -197,7 +197,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
             let over = (self.total_allocated_memory + arena).saturating_sub(peak);
             if over > 0 {
-                self.reclaim_free_pages(DEFAULT_POOL, kind, stream, over)?;
+                // The arena's own rule: any whole free page, as the plan needs it.
+                self.reclaim_free_pages(DEFAULT_POOL, kind, stream, over, ReclaimRule::ANY)?;
             }
             // The arena is carved into many blocks: one physical allocation per page.
             if self.total_allocated_memory + arena > peak || !self.map_block(head, arena, MapFor::PAGES)? {
@@ -345,6 +346,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         kind: PoolKind,
         stream: StreamId,
         size: u64,
+        rule: ReclaimRule,
     ) -> Result<u64, AllocError> {
         let (grow, want) = self.plan_growth(owner, kind, stream, size);
         let mut keep = Vec::new();
@@ -399,6 +401,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             if end <= begin {
                 continue;
             }
+            if (rule.own_pool_only && (b.pool != kind || b.stream != stream)) || end - begin < rule.min_run {
+                continue;
+            }
             let run = (end - begin, begin, end, b.pool, b.stream);
             if budget_left > 0 && self.page_history.keeps_any(begin, end) {
                 held.push(run);
@@ -407,7 +412,22 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
-        let mut reclaimed = self.reclaim_runs(&candidates, want)?;
+        if rule.all_or_nothing {
+            // The runs it would take, largest first, and whether the unmap budget covers them.
+            let mut have = 0;
+            let mut taken = 0;
+            for c in &candidates {
+                if have >= want {
+                    break;
+                }
+                have += c.0;
+                taken += 1;
+            }
+            if have < want || taken as u64 > self.unmaps_allowed(&rule) {
+                return Ok(0);
+            }
+        }
+        let mut reclaimed = self.reclaim_runs(&candidates, want, &rule)?;
         if reclaimed < want && !held.is_empty() {
             // What growth would pass the peak by with the kept pages kept:
             // within what is left of the budget they stay, and the excess is
@@ -417,7 +437,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 self.kept_excess += excess;
             } else {
                 held.sort_unstable_by(|a, b| b.cmp(a));
-                reclaimed += self.reclaim_runs(&held, want - reclaimed)?;
+                reclaimed += self.reclaim_runs(&held, want - reclaimed, &rule)?;
             }
         }
         Ok(reclaimed)
@@ -441,12 +461,27 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
     }
 
+    /// Unmap calls the policy's reclaim rule allows now: at most one for every
+    /// `allocations_per_unmap` device allocations made so far.
+    fn unmaps_allowed(&self, rule: &ReclaimRule) -> u64 {
+        let (maps, unmaps) = (self.stats.num_device_alloc.max(0) as u64, self.stats.num_device_free.max(0) as u64);
+        match rule.allocations_per_unmap {
+            0 => u64::MAX,
+            n => (maps / n).saturating_sub(unmaps),
+        }
+    }
+
     /// Unmaps `runs` (bytes, start, end, pool, stream), in order, until
     /// `want` bytes are unmapped. Returns the bytes unmapped.
-    fn reclaim_runs(&mut self, runs: &[(u64, u64, u64, PoolKind, StreamId)], want: u64) -> Result<u64, AllocError> {
+    fn reclaim_runs(
+        &mut self,
+        runs: &[(u64, u64, u64, PoolKind, StreamId)],
+        want: u64,
+        rule: &ReclaimRule,
+    ) -> Result<u64, AllocError> {
         let mut reclaimed = 0;
         for &(bytes, start, end, pool, stream) in runs {
-            if reclaimed >= want {
+            if reclaimed >= want || self.unmaps_allowed(rule) == 0 {
                 break;
             }
             // Earlier unmaps split blocks: find the one holding the run now.
@@ -553,15 +588,19 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let up = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base).next_multiple_of(to);
         let down = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base) / to * to;
         let (lo, hi) = (up(map_for.own.0, page).max(va), down(map_for.own.1, page).min(end));
-        // (address, bytes, allocation size): pages, then the request's allocations, then pages.
+        // (address, bytes, allocation size): pages, then the request's allocations (one
+        // short of a unit where `lo` falls inside one, whole units, one short again to
+        // `hi`), then pages. Each part is one device call and one run, however many
+        // allocations it holds.
         let mut parts = vec![(va, size, page)];
         if unit > page && hi > lo + page {
-            parts = vec![(va, lo - va, page)];
-            let mut at = lo;
-            while at < hi {
-                let next = (down(at, unit) + unit).min(hi);
-                parts.push((at, next - at, (next - at).max(page)));
-                at = next;
+            let (first, last) = ((down(lo, unit) + unit).min(hi), down(hi, unit).max(lo));
+            parts = vec![(va, lo - va, page), (lo, first - lo, first - lo)];
+            if last > first {
+                parts.push((first, last - first, unit));
+            }
+            if hi > last.max(first) {
+                parts.push((last.max(first), hi - last.max(first), hi - last.max(first)));
             }
             parts.push((hi, end - hi, page));
         }
@@ -581,7 +620,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
         for (at, len, allocation) in parts {
             if allocation > page {
-                self.allocations.insert(at, at + len);
+                self.allocations.insert_run(at, at + len, allocation);
             }
         }
         Ok(true)
@@ -591,25 +630,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// allocations cover: a multi-page allocation reaching across either end
     /// is left out, since an allocation is unmapped whole or not at all.
     pub(crate) fn whole_allocations(&self, lo: u64, hi: u64) -> (u64, u64) {
-        let across = |x: u64| self.allocations.range(..x).next_back().filter(|(_, &e)| e > x).map(|(&s, &e)| (s, e));
-        let lo = across(lo).map_or(lo, |(_, e)| e);
-        let hi = across(hi).map_or(hi, |(s, _)| s);
-        (lo, hi.max(lo))
+        self.allocations.whole(lo, hi)
     }
 
     /// Unmaps `[lo, hi)`, whole physical allocations: one device call per
-    /// run of single-page allocations and one per multi-page allocation, as
-    /// each is released on its own.
+    /// run of single-page allocations and one per run of multi-page ones.
     fn device_unmap(&mut self, lo: u64, hi: u64, page: u64, stream: StreamId) -> Result<(), AllocError> {
-        let inside: Vec<(u64, u64)> = self.allocations.range(lo..hi).map(|(&s, &e)| (s, e)).collect();
         let mut at = lo;
-        for (s, e) in inside {
-            debug_assert!(e <= hi, "an allocation reaches past the range unmapped");
+        for (s, e, unit) in self.allocations.take(lo, hi) {
             if s > at {
                 self.device.unmap(at, s - at, page, stream)?;
             }
-            self.device.unmap(s, e - s, e - s, stream)?;
-            self.allocations.remove(&s);
+            self.device.unmap(s, e - s, unit, stream)?;
             at = e;
         }
         if hi > at {

@@ -66,6 +66,7 @@ mod free;
 mod free_set;
 mod history;
 mod page_history;
+mod physical;
 pub mod policy;
 mod private_pool;
 mod release;

@@ -246,7 +246,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             ensure!(w[0].0 + w[0].1 <= w[1].0, "segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
         }
         let mut last_end = 0;
-        for (&s, &e) in &self.allocations {
+        for (s, e, unit) in self.allocations.runs() {
+            ensure!(
+                unit > 0 && (e - s) % unit == 0,
+                "physical allocations {s:#x}..{e:#x} are not whole units of {unit}"
+            );
             ensure!(s >= last_end, "physical allocations overlap at {s:#x}");
             last_end = e;
             let seg = self.expandable.values().find(|g| g.base <= s && s < g.base + g.va_size);
@@ -260,7 +264,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         for set in sets() {
             for &id in set.unmapped.values() {
                 let b = &self.arena[id];
-                let meets = self.allocations.range(..b.ptr + b.size).next_back().is_some_and(|(_, &e)| e > b.ptr);
+                let meets = self.allocations.meets(b.ptr, b.ptr + b.size);
                 ensure!(!meets, "unmapped block {:#x} lies in a physical allocation", b.ptr);
             }
         }

@@ -1,5 +1,22 @@
 //! `HeadroomPolicy`: headroom's recommended policy. Expandable segments for
-//! every pool with 2 MiB pages, and rules PyTorch lacks.
+//! every pool with 2 MiB pages, and rules PyTorch lacks, under one promise:
+//! no more reserved memory than PyTorch's expandable segments, and no more
+//! than a quarter more device calls (maps and unmaps), on the real traces.
+//!
+//! The rule that keeps the promise: **what the policy gives back is paid for
+//! by what the run will not take again.** Climbing past the peak, growth maps
+//! what PyTorch's expandable segments map (the pages the request lacks, in
+//! whole steps of its page size, [`HeadroomPolicy::climb_ahead`]), so growth
+//! costs the calls theirs costs. Giving free pages back before the peak grows
+//! ([`Rung::ReclaimFreePages`]) costs an unmap now and a map when the run
+//! takes the pages again, so it is done only where it replaces growth
+//! outright ([`HeadroomPolicy::reclaim_rule`]): with whole large pages of the
+//! request's own pool and stream, which the request takes again at once (no
+//! other pool's, which that pool maps again at its next request), only when
+//! they cover all the growth (a reclaim that merely delays passing the peak
+//! saves nothing), and at most one unmap per 16 device allocations. Every
+//! reclaim is then one unmap that saves a map, and the unmaps are at most a
+//! sixteenth of the calls growth made, whatever the trace.
 //!
 //! Reserved memory does not grow past its high-water mark while whole free
 //! pages sit mapped elsewhere. With expandable segments, a request that no
@@ -38,7 +55,7 @@
 //! and pays for it in device calls every step of a run that repeats
 //! (headroom's policy before issue 31).
 
-use super::{ExpandableFit, Policy, Rung};
+use super::{ExpandableFit, Policy, ReclaimRule, Rung};
 use crate::config::AllocatorConfig;
 use crate::stats::PoolKind;
 
@@ -60,6 +77,19 @@ impl Policy for HeadroomPolicy {
         &HEADROOM_LADDER
     }
 
+    /// See the module documentation: whole large pages of the request's own
+    /// pool and stream, all the growth or nothing, one unmap per 16 device
+    /// allocations, and growth in whole steps after it as before.
+    fn reclaim_rule(&self, config: &AllocatorConfig) -> ReclaimRule {
+        ReclaimRule {
+            own_pool_only: true,
+            min_run: crate::sizing::expandable_page_size(config, PoolKind::Large),
+            all_or_nothing: true,
+            allocations_per_unmap: ALLOCATIONS_PER_UNMAP,
+            map_ahead_after: true,
+        }
+    }
+
     /// The driver's 2 MiB mapping granularity in both pools: a large block
     /// then strands less than 2 MiB of a partly used page, not up to 20 MiB.
     /// More pages need not cost more device calls: one call maps a whole range.
@@ -79,13 +109,12 @@ impl Policy for HeadroomPolicy {
             .max((size + room / MAP_AHEAD_ROOM_DIVISOR).next_multiple_of(page))
     }
 
-    /// Climbing past the peak with nothing to reuse, map ahead by 1/1024 of
-    /// what is reserved (at most PyTorch's page size): the pages left unused
-    /// at the top stay under 0.1% of reserved memory, and a run that climbs
-    /// through many small requests does not pay a device call for each.
-    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
-        let page = crate::config::SMALL_BUFFER;
-        (reserved / 1024).next_multiple_of(page).min(crate::sizing::expandable_page_size(config, pool))
+    /// Climbing past the peak, map the pages a request lacks in whole steps of
+    /// PyTorch's page size (20 MiB in the large pool, 2 MiB in the small), as
+    /// its expandable segments do: growth then costs the device calls theirs
+    /// costs, and leaves no more mapped above the request than theirs.
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, _reserved: u64) -> u64 {
+        crate::sizing::expandable_page_size(config, pool)
     }
 
     /// Grow where the fewest new pages are needed: a request that fits in a
@@ -126,6 +155,11 @@ impl Policy for HeadroomPolicy {
 /// See [`HeadroomPolicy::keep_budget`].
 const KEEP_BUDGET_DIVISOR: u64 = 32;
 
+/// See [`HeadroomPolicy::reclaim_rule`]: unmaps stay within 1/16 of the
+/// device allocations, so giving back costs at most 1/16 more calls than
+/// growth, and a map taken again for each at most 1/8.
+const ALLOCATIONS_PER_UNMAP: u64 = 16;
+
 /// See [`HeadroomPolicy::map_ahead`].
 const MAP_AHEAD_ROOM_DIVISOR: u64 = 4;
 
@@ -148,8 +182,11 @@ impl Policy for TightPolicy {
     fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, _room: u64) -> u64 {
         size.next_multiple_of(crate::sizing::expandable_page_size(config, pool))
     }
+    /// 1/1024 of what is reserved (at most PyTorch's page size): the pages left
+    /// unused at the top stay under 0.1% of reserved memory.
     fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
-        HeadroomPolicy.climb_ahead(config, pool, reserved)
+        let page = crate::config::SMALL_BUFFER;
+        (reserved / 1024).next_multiple_of(page).min(crate::sizing::expandable_page_size(config, pool))
     }
     fn expandable_fit(&self) -> ExpandableFit {
         HeadroomPolicy.expandable_fit()
