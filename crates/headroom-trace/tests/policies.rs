@@ -29,12 +29,14 @@ use std::path::PathBuf;
 
 /// Fixtures on which `headroom` misses the promise: its peak above
 /// `expandable`'s, or more than 1.25 times its device calls. Giving whole
-/// free pages back before the peak grows moves where later blocks land; on
-/// two runs the new placement strands a page or more at a later peak (4 MiB
-/// on the octree-NCA run, 8 MiB on the forward pass at context 512). The
-/// octree-NCA inference run gives back 60 MiB of its peak for 1.8 times
-/// expandable's few calls (69 against 38): a few blocks of several GiB, each
-/// given back whole.
+/// free pages back before the peak grows moves where later blocks land. The
+/// two octree-NCA runs hold a few blocks of several GiB: on this 80 GiB device
+/// the reclaim's placement strands one of them at a later peak (+15 and +13
+/// points over live: 2.7 and 2.4 GiB), and the inference run pays 1.8 times
+/// expandable's few calls for it; replayed as `headroom replay` does (the
+/// recorded device's size, docs/PERFORMANCE.md) the first is 60 MiB below
+/// expandable and the second 4 MiB above. The forward pass at context 512
+/// peaks 8 MiB (four pages) above.
 const MISSED: [&str; 3] = [
     "HugePandaCoder__octree-nca-groupeq__3e8aa21a__mem_snapshots_inference2_peso_oct.pickle",
     "HugePandaCoder__octree-nca-groupeq__d47727a2__my_snapshot.pickle",
