@@ -13,20 +13,21 @@
 //! outright ([`HeadroomPolicy::reclaim_rule`]): with whole large pages of the
 //! request's own pool and stream, which the request takes again at once (no
 //! other pool's, which that pool maps again at its next request), only when
-//! they cover all the growth (a reclaim that merely delays passing the peak
-//! saves nothing), and at most one unmap per 16 device allocations. Every
-//! reclaim is then one unmap that saves a map, and the unmaps are at most a
-//! sixteenth of the calls growth made, whatever the trace.
+//! they cover all the growth (partial reclaims, measured, lowered the peak
+//! where they ran but moved later blocks above expandable's peak on more
+//! traces: docs/PERFORMANCE.md), and at most one unmap per 16 device
+//! allocations. The unmaps are then at most a sixteenth of the calls growth
+//! made, whatever the trace, and each saves the map growth past the peak
+//! would have made.
 //!
-//! Reserved memory does not grow past its high-water mark while whole free
-//! pages sit mapped elsewhere. With expandable segments, a request that no
-//! free block fits maps new pages at the end of the reservation even when
-//! the blocks freed in the middle add up to far more than it needs: their
-//! pages stay mapped until a flush. Under this policy a request that would
-//! raise the peak first unmaps whole free pages (largest free blocks first,
-//! as many bytes as it would map) and maps its own from what that gave back,
-//! so the peak tracks the pages that hold live bytes. Below the peak nothing
-//! changes, which keeps steady-state steps free of device calls.
+//! Why give back at all: with expandable segments, a request that no free
+//! block fits maps new pages at the end of the reservation even when the
+//! blocks freed in the middle add up to far more than it needs: their pages
+//! stay mapped until a flush. Under this policy such a request, where the
+//! rule allows, first unmaps whole free pages (largest free blocks first, as
+//! many bytes as it would map) and maps its own from what that gave back.
+//! Below the peak nothing changes, which keeps steady-state steps free of
+//! device calls.
 //!
 //! But not the pages the run maps again. Where a run repeats, the pages one
 //! moment of a step gives back are the pages another moment maps again: two
@@ -50,10 +51,11 @@
 //! the front, which can leave most of a large free block cached beside the
 //! pages it just mapped.
 //!
-//! [`TightPolicy`] is the same without keeping and batching: every free page
-//! goes back before the peak grows, which holds the lowest peak of the two
-//! and pays for it in device calls every step of a run that repeats
-//! (headroom's policy before issue 31).
+//! [`TightPolicy`] gives back any whole free page of any pool before the peak
+//! grows, as often as the peak needs, without keeping and batching, and
+//! climbs 1/1024 of reserved memory at a time: the lowest peak, paid for in
+//! device calls every step of a run that repeats (headroom's policy before
+//! issue 31).
 
 use super::{ExpandableFit, Policy, ReclaimRule, Rung};
 use crate::config::AllocatorConfig;

@@ -175,8 +175,8 @@ pub struct ReclaimRule {
     /// Free runs shorter than this stay mapped.
     pub min_run: u64,
     /// Give back nothing unless the runs given back cover all the growth the
-    /// request needs: a reclaim that only delays passing the peak costs its
-    /// unmaps and saves nothing.
+    /// request needs: the request then maps its pages where the reclaim made
+    /// room, instead of part there and part past the peak.
     pub all_or_nothing: bool,
     /// At most one unmap for every this many device allocations made so far
     /// (0: no bound).
