@@ -7,6 +7,10 @@
     torch_allocator.memory_stats(0)             # PyTorch's memory_stats() keys
     torch_allocator.dump_snapshot("run.pickle") # PyTorch's format: the viewer and `headroom inspect` open it
 
+`use` also hands PyTorch the plug-in's private-pool hooks, so that `torch.cuda.graph`,
+`torch.cuda.MemPool` with `torch.cuda.use_mem_pool` and `torch.compile(mode="reduce-overhead")`
+allocate from a pool of their own, kept until its last user releases it.
+
 The plug-in is the shared library built from crates/headroom-torch
 (`cargo build --release -p headroom-torch` writes target/release/libheadroom_torch.so);
 pass its path or set HEADROOM_TORCH_LIB. Its settings are environment variables read at
@@ -77,8 +81,37 @@ def use(path: str | None = None, policy: str = "headroom", alloc_conf: str | Non
     import torch  # imported only here: the rest of this module works without it
 
     allocator = torch.cuda.memory.CUDAPluggableAllocator(p, "headroom_malloc", "headroom_free")
+    _set_pool_hooks(allocator, lib)
     torch.cuda.memory.change_current_allocator(allocator)
     return allocator
+
+
+# The hooks PyTorch's CUDAPluggableAllocator calls for private pools (CUDA graphs,
+# torch.cuda.MemPool, reduce-overhead compiles), by the name of their setter, and the
+# library's `torch.cuda.empty_cache()`.
+POOL_HOOKS = {
+    "set_begin_allocate_to_pool": "headroom_begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn": "headroom_end_allocate_to_pool",
+    "set_release_pool": "headroom_release_pool",
+    "set_reset_fn": "headroom_empty_cache",
+}
+
+
+def _set_pool_hooks(allocator: Any, lib: ctypes.CDLL) -> None:
+    """Hands PyTorch the plug-in's private-pool hooks (PyTorch 2.3 and newer have the setters).
+
+    Without them a graph capture would allocate from the default pools, whose blocks
+    the graph's replays would then overwrite: refuse rather than serve it so.
+    """
+    hooks = allocator.allocator() if callable(getattr(allocator, "allocator", None)) else allocator._allocator
+    missing = [name for name in POOL_HOOKS if not hasattr(hooks, name)]
+    if missing:
+        raise HeadroomError(
+            f"this PyTorch's CUDAPluggableAllocator lacks {', '.join(missing)} (PyTorch 2.3 or newer has them): "
+            "CUDA graphs and MemPools could not be served"
+        )
+    for setter, symbol in POOL_HOOKS.items():
+        getattr(hooks, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
 
 
 def memory_stats(device: int = 0, path: str | None = None) -> dict[str, int]:

@@ -155,8 +155,16 @@ class TorchAllocator(unittest.TestCase):
         code = f"""
 import sys, types
 calls = []
+hooks = dict()
+class Hooks:
+    def __getattr__(self, name):
+        if not name.startswith("set_"):
+            raise AttributeError(name)
+        return lambda address: hooks.__setitem__(name, address)
 class Pluggable:
-    def __init__(self, *args): calls.append(("pluggable",) + args)
+    def __init__(self, *args):
+        calls.append(("pluggable",) + args)
+        self._allocator = Hooks()
 memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
                                change_current_allocator=lambda a: calls.append(("change", a)))
 sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
@@ -166,6 +174,9 @@ torch_allocator.use({self.lib!r}, policy="expandable")
 assert calls[0] == ("pluggable", {self.lib!r}, "headroom_malloc", "headroom_free"), calls
 assert calls[1][0] == "change"
 lib = ctypes.CDLL({self.lib!r})
+# PyTorch is handed the private-pool hooks: the library's own functions.
+for setter, symbol in torch_allocator.POOL_HOOKS.items():
+    assert hooks[setter] == ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, (setter, hooks)
 lib.headroom_malloc.restype = ctypes.c_void_p
 lib.headroom_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 torch_allocator.record_history(1000, {self.lib!r})
@@ -181,6 +192,27 @@ print("ok")
         r = self.run_python(code, HEADROOM_TORCH_BACKEND="sim", HEADROOM_TORCH_SIM_BYTES="1GiB")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "ok")
+
+    def test_without_the_pool_hooks_use_refuses(self):
+        code = f"""
+import sys, types
+calls = []
+class Pluggable:
+    def __init__(self, *args): self._allocator = types.SimpleNamespace()
+memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
+                               change_current_allocator=lambda a: calls.append(a))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+from headroom_gpu import torch_allocator, HeadroomError
+try:
+    torch_allocator.use({self.lib!r})
+except HeadroomError as e:
+    assert "PyTorch 2.3 or newer" in str(e), e
+    assert calls == [], calls
+    print("refused")
+"""
+        r = self.run_python(code, HEADROOM_TORCH_BACKEND="sim")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "refused")
 
     def test_without_a_backend_use_refuses_and_leaves_pytorch_alone(self):
         code = f"""

@@ -9,7 +9,12 @@ prints a Markdown table. Usage:
     python3 scripts/bench/device_calls.py [HEADROOM] [SHARED]
 
 HEADROOM defaults to target/release/headroom, SHARED to ../shared beside the
-checkout. Device time is what the calls take at the published per-call costs
+checkout. With --against-expandable it prints instead, for every device trace
+of the fixtures, the GPU snapshots and the bundled snapshot, replayed from an
+empty device as `headroom replay SNAPSHOT --policy expandable --policy headroom`
+does: peak reserved and device calls (maps + unmaps) of both, their ratio,
+and whether headroom keeps its promise there (reserved no more than
+expandable's, calls at most 1.25 times), then the count (docs/PERFORMANCE.md). Device time is what the calls take at the published per-call costs
 of `headroom_alloc::DeviceCosts::PUBLISHED`; steps are told apart by the
 optimizer's frames, and "steady" is every step after the second.
 """
@@ -19,8 +24,10 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HEADROOM = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "target/release/headroom")
-SHARED = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ROOT.parent / "shared")
+AGAINST = "--against-expandable" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a != "--against-expandable"]
+HEADROOM = ARGS[0] if len(ARGS) > 0 else str(ROOT / "target/release/headroom")
+SHARED = pathlib.Path(ARGS[1] if len(ARGS) > 1 else ROOT.parent / "shared")
 POLICIES = ["pytorch", "expandable", "headroom", "tight"]
 
 
@@ -29,20 +36,45 @@ def training(name):
     return "train" in name or "step" in name
 
 
-def replay(path):
-    args = [HEADROOM, "replay", str(path), "--json"] + [a for p in POLICIES for a in ("--policy", p)]
+def replay_devices(path, policies):
+    """Each device's runs, one per policy, of the devices that have a trace."""
+    args = [HEADROOM, "replay", str(path), "--json"] + [a for p in policies for a in ("--policy", p)]
     out = subprocess.run(args, capture_output=True, text=True)
     # Snapshots recorded without a trace have no runs to compare.
     if out.returncode == 2 and "error: nothing" in out.stderr:
         return []
     if out.returncode not in (0, 1):
         sys.exit(f"{path}: {out.stderr}")
-    return next((d["runs"] for d in json.loads(out.stdout)["devices"] if d["runs"]), [])
+    return [(d["device"], d["runs"]) for d in json.loads(out.stdout)["devices"] if d["runs"]]
+
+
+def replay(path):
+    return next((runs for _, runs in replay_devices(path, POLICIES)), [])
+
+
+def against_expandable(snapshots):
+    print("| snapshot | device | `expandable` peak GiB | calls | `headroom` peak GiB | calls | calls ratio | promise |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    kept = total = 0
+    for path in snapshots:
+        for device, (e, h) in replay_devices(path, ["expandable", "headroom"]):
+            ce, ch = (r["num_device_alloc"] + r["num_device_free"] for r in (e, h))
+            pe, ph = e["peak_reserved_bytes"], h["peak_reserved_bytes"]
+            if ce == 0 and ch == 0:
+                continue
+            ok = ph <= pe and 4 * ch <= 5 * ce
+            total += 1
+            kept += ok
+            name = path.name.removesuffix(".pickle.gz").removesuffix(".pickle")
+            print(f"| {name} | {device} | {pe / 2**30:.2f} | {ce} | {ph / 2**30:.2f} | {ch} | {ch / ce:.2f} | {'kept' if ok else 'missed'} |")
+    print(f"\nKept on {kept} of {total} device traces.")
 
 
 def main():
     snapshots = sorted((SHARED / "fixtures/pytorch-snapshots").glob("*.pickle"))
     snapshots += sorted((SHARED / "gpu/snapshots").glob("*.pickle.gz"))
+    if AGAINST:
+        return against_expandable(snapshots + [ROOT / "data/snapshots/qwen3-1.7b-train.pickle"])
     print("| snapshot | steps | " + " | ".join(f"`{p}` peak GiB / calls by step / steady / device ms" for p in POLICIES) + " |")
     print("|---|---:|" + "---|" * len(POLICIES))
     for path in snapshots:

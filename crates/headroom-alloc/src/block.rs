@@ -25,6 +25,9 @@ use std::collections::BTreeMap;
 /// "No block": the end of a segment's list.
 pub(crate) const NIL: u32 = u32::MAX;
 
+/// The owner of the default pools' blocks (PyTorch's `MempoolId_t` (0, 0)).
+pub(crate) const DEFAULT_POOL: u32 = 0;
+
 #[derive(Clone, Debug)]
 pub(crate) struct Block {
     pub ptr: u64,
@@ -35,6 +38,10 @@ pub(crate) struct Block {
     /// The stream the segment was allocated for; only this stream reuses it.
     pub stream: StreamId,
     pub pool: PoolKind,
+    /// The private pool the block's segment belongs to (an index into the
+    /// allocator's private pools), or [`DEFAULT_POOL`]. Blocks of different
+    /// owners never share a segment or a free set.
+    pub owner: u32,
     pub prev: u32,
     pub next: u32,
     pub allocated: bool,
@@ -55,13 +62,14 @@ pub(crate) struct Block {
 
 impl Block {
     #[inline]
-    pub fn new(ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Self {
+    pub fn new(ptr: u64, size: u64, stream: StreamId, pool: PoolKind, owner: u32) -> Self {
         Block {
             ptr,
             size,
             requested_size: 0,
             stream,
             pool,
+            owner,
             prev: NIL,
             next: NIL,
             allocated: false,
@@ -85,11 +93,11 @@ impl Block {
     }
 
     /// Free and not waiting for other streams: may be merged or reused.
-    /// (Stream uses are turned into events when a block is freed, so a free
-    /// block has none.)
+    /// A freed block keeps its stream uses only while a graph capture defers
+    /// its events (`needs_events_deferred_until_no_capture`).
     #[inline]
     pub fn is_reusable(&self) -> bool {
-        !self.allocated && self.event_count == 0
+        !self.allocated && self.event_count == 0 && !self.has_stream_uses
     }
 }
 
@@ -140,7 +148,7 @@ impl std::ops::IndexMut<u32> for Arena {
     }
 }
 
-/// Free blocks of one pool (small or large).
+/// Free blocks of one pool (small or large) of one owner: the default pools, or a private pool's.
 #[derive(Debug, Clone)]
 pub(crate) struct BlockPool {
     /// Free mapped blocks by (stream, size, address): `lower_bound` is best fit.

@@ -17,13 +17,14 @@
 //! 5. carve the block from the front of what was found, splitting off the rest
 //!    when `should_split` says so.
 
-use crate::block::{Arena, Block, BlockPool, NIL};
+use crate::block::{Arena, Block, BlockPool, DEFAULT_POOL, NIL};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
 use crate::history::{Action, History, TraceEntry};
 use crate::page_history::PageHistory;
-use crate::policy::{Policy, PyTorchPolicy, Rung};
+use crate::policy::{Placement, Policy, PyTorchPolicy, Rung};
+use crate::private_pool::{Capture, PrivatePool};
 use crate::sizing;
 use crate::stats::{self, DeviceStats, PoolKind};
 use rustc_hash::FxHashMap;
@@ -54,6 +55,7 @@ pub(crate) struct SegmentRec {
     pub size: u64,
     pub stream: StreamId,
     pub pool: PoolKind,
+    pub owner: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +65,7 @@ pub(crate) struct ExpandableSegment {
     pub page: u64,
     pub stream: StreamId,
     pub pool: PoolKind,
+    pub owner: u32,
 }
 
 /// How far a device allocation grows an expandable segment.
@@ -96,6 +99,18 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     pub(crate) arena: Arena,
     pub(crate) small: BlockPool,
     pub(crate) large: BlockPool,
+    /// Private pools by owner index (PyTorch's `graph_pools`), and the index of each id.
+    pub(crate) private: BTreeMap<u32, PrivatePool>,
+    pub(crate) pool_owners: BTreeMap<crate::MempoolId, u32>,
+    pub(crate) next_owner: u32,
+    /// Captures allocating to private pools, oldest first (`captures_underway`).
+    pub(crate) captures: Vec<Capture>,
+    /// Blocks freed during a capture that wait for events until none is
+    /// underway (`needs_events_deferred_until_no_capture`).
+    pub(crate) deferred: Vec<u32>,
+    /// The streams recorded on a block while a capture was underway
+    /// (`block_to_cudagraph_stream_uses`).
+    pub(crate) capture_stream_uses: FxHashMap<u32, Vec<StreamId>>,
     /// Allocated blocks by address (PyTorch's `allocated_blocks`); blocks
     /// waiting for cross-stream events are reachable through `events`.
     pub(crate) active: FxHashMap<u64, u32>,
@@ -113,7 +128,7 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Physical allocations of expandable segments that span more than one
     /// page, start -> end ([`Policy::allocation_size`]); every other mapped
     /// page is a physical allocation of its own.
-    pub(crate) allocations: BTreeMap<u64, u64>,
+    pub(crate) allocations: crate::physical::Allocations,
     /// What became of the pages the ladder's reclaim unmapped.
     pub(crate) page_history: PageHistory,
     /// Bytes by which growth passed the peak while kept pages could have
@@ -154,13 +169,19 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             arena: Arena::default(),
             small: BlockPool::new(),
             large: BlockPool::new(),
+            private: BTreeMap::new(),
+            pool_owners: BTreeMap::new(),
+            next_owner: DEFAULT_POOL + 1,
+            captures: Vec::new(),
+            deferred: Vec::new(),
+            capture_stream_uses: FxHashMap::default(),
             active: FxHashMap::default(),
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: BTreeMap::new(),
             next_expandable: 0,
             largest_reservation: 0,
-            allocations: BTreeMap::new(),
+            allocations: Default::default(),
             page_history: PageHistory::default(),
             kept_excess: 0,
             events: BTreeMap::new(),
@@ -303,28 +324,56 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.config.expandable_segments && self.vmm_supported
     }
 
-    pub(crate) fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+    /// The free sets of `owner`'s pool of `kind`: the default pools' or a private pool's.
+    #[inline]
+    pub(crate) fn pool_mut(&mut self, owner: u32, kind: PoolKind) -> &mut BlockPool {
+        let pools = match owner {
+            DEFAULT_POOL => (&mut self.small, &mut self.large),
+            _ => {
+                let p = self.private.get_mut(&owner).expect("a block's owner is a live pool");
+                (&mut p.small, &mut p.large)
+            }
+        };
         match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
+            PoolKind::Small => pools.0,
+            PoolKind::Large => pools.1,
         }
     }
 
-    pub(crate) fn pool(&self, kind: PoolKind) -> &BlockPool {
+    /// See [`Self::pool_mut`].
+    #[inline]
+    pub(crate) fn pool(&self, owner: u32, kind: PoolKind) -> &BlockPool {
+        let pools = match owner {
+            DEFAULT_POOL => (&self.small, &self.large),
+            _ => {
+                let p = &self.private[&owner];
+                (&p.small, &p.large)
+            }
+        };
         match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
+            PoolKind::Small => pools.0,
+            PoolKind::Large => pools.1,
         }
     }
 
+    /// Records a trace entry of the default pools.
     #[inline]
     pub(crate) fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
+        self.trace_in(action, addr, size, stream, DEFAULT_POOL);
+    }
+
+    /// Records a trace entry of `owner`'s pool (PyTorch's `record_trace` with its `mempool_id`).
+    #[inline]
+    pub(crate) fn trace_in(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, owner: u32) {
+        if self.history.is_none() {
+            return;
+        }
+        let time_us = self.explicit_time.unwrap_or(self.clock);
+        self.clock += 1;
+        let stream = self.policy.stream_of(stream);
+        let pool_id = self.mempool_id(owner);
         if let Some(h) = self.history.as_mut() {
-            let time_us = self.explicit_time.unwrap_or(self.clock);
-            self.clock += 1;
-            let device_free = None;
-            let stream = self.policy.stream_of(stream);
-            h.push(TraceEntry { action, addr, size, stream, time_us, device_free });
+            h.push(TraceEntry { action, addr, size, stream, time_us, device_free: None, pool_id });
         }
     }
 
@@ -333,7 +382,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// A zero-byte request touches nothing and returns the null pointer, as
     /// PyTorch's allocator does (it never reaches the device allocator with
     /// size 0); freeing or recording a stream on the null pointer is a no-op.
+    ///
+    /// While a capture is underway ([`Self::begin_allocate_to_pool`]), a
+    /// request its filter accepts goes to the capture's private pool.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        let owner = if self.captures.is_empty() { DEFAULT_POOL } else { self.owner_for(stream) };
+        self.malloc_in(size, stream, owner)
+    }
+
+    /// `malloc` into `owner`'s pools.
+    pub(crate) fn malloc_in(&mut self, size: u64, stream: StreamId, owner: u32) -> Result<Allocation, AllocError> {
         if size == 0 {
             return Ok(Allocation { ptr: 0, size: 0 });
         }
@@ -341,13 +399,19 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let rounded = size;
             return Err(AllocError::NeverFits(Box::new(self.oom_report(size, rounded, size, stream))));
         }
-        self.process_events()?;
+        // Event queries are illegal during a capture: pending frees wait.
+        if self.captures.is_empty() {
+            self.process_events()?;
+        }
         let rounded = sizing::round_size(&self.config, size);
         let kind = sizing::pool_for(rounded);
         let alloc_size = sizing::allocation_size(&self.config, rounded);
         // From here on `place` (the policy's placement stream) decides which blocks and
         // segments serve the request; `stream` is what the caller and the OOM report see.
-        let placement = self.policy.place(rounded, stream);
+        // A private pool's requests are placed on their own stream: a graph's memory is
+        // laid out as it was asked for, not as a policy plans the default pools.
+        let placement =
+            if owner == DEFAULT_POOL { self.policy.place(rounded, stream) } else { Placement::stream(stream) };
         let mut place = placement.stream;
         let mut found = None;
         if let Some(slot) = placement.at {
@@ -360,15 +424,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if found.is_none() {
-            found = self.get_free_block(kind, place, rounded);
+            found = self.get_free_block(owner, kind, place, rounded);
         }
         if found.is_none() && self.trigger_free_memory_callbacks()? {
-            found = self.get_free_block(kind, place, rounded);
+            found = self.get_free_block(owner, kind, place, rounded);
         }
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then
         // cannot strand any, and may map ahead.
-        let mut nothing_to_reclaim = false;
+        let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
+        let ahead_after_reclaim = self.policy.reclaim_rule(&self.config).map_ahead_after;
         while found.is_none() {
             let Some(&step) = self.policy.ladder().get(rung) else { break };
             rung += 1;
@@ -378,27 +443,31 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     None
                 }
                 Rung::Allocate => {
-                    let growth = if nothing_to_reclaim { Growth::Ahead } else { Growth::Exact };
-                    self.alloc_block(kind, place, rounded, alloc_size, false, growth)?
+                    let growth = if nothing_to_reclaim || ahead_after_reclaim { Growth::Ahead } else { Growth::Exact };
+                    self.alloc_block(owner, kind, place, rounded, alloc_size, false, growth)?
                 }
                 Rung::AllocateUnderPeak => {
                     let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
-                    self.alloc_block(kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
+                    self.alloc_block(owner, kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
-                    nothing_to_reclaim = self.reclaim_free_pages(kind, place, rounded)? == 0;
+                    let rule = self.policy.reclaim_rule(&self.config);
+                    nothing_to_reclaim = self.reclaim_free_pages(owner, kind, place, rounded, rule)? == 0;
                     None
                 }
                 Rung::ReleaseOversizeThenAllocate => {
-                    if self.release_available_cached_blocks(kind, place, rounded)? {
-                        self.alloc_block(kind, place, rounded, alloc_size, false, Growth::Exact)?
+                    if self.release_available_cached_blocks(owner, kind, place, rounded)? {
+                        self.alloc_block(owner, kind, place, rounded, alloc_size, false, Growth::Exact)?
                     } else {
                         None
                     }
                 }
+                // A flush synchronizes every stream, which a capture forbids: PyTorch
+                // skips this rung while one is underway.
+                Rung::FlushThenAllocate if !self.captures.is_empty() => None,
                 Rung::FlushThenAllocate => {
-                    self.release_cached_blocks()?;
-                    self.alloc_block(kind, place, rounded, alloc_size, true, Growth::Exact)?
+                    self.release_cached_blocks(crate::DEFAULT_MEMPOOL)?;
+                    self.alloc_block(owner, kind, place, rounded, alloc_size, true, Growth::Exact)?
                 }
             };
         }
@@ -406,7 +475,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Err(self.out_of_memory(size, rounded, alloc_size, stream));
         };
         let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
-        let a = self.alloc_found_block(id, kind, place, rounded, size, split);
+        let a = self.alloc_found_block(id, place, rounded, size, split);
         self.policy.on_alloc(a.ptr, a.size, place);
         Ok(a)
     }
@@ -423,6 +492,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 stream,
                 time_us,
                 device_free: Some(free),
+                pool_id: crate::DEFAULT_MEMPOOL,
             });
         }
         self.stats.num_ooms += 1;
@@ -437,6 +507,15 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     fn oom_report(&self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> OomReport {
         let largest = [&self.small, &self.large].iter().filter_map(|p| p.blocks.largest()).max().unwrap_or(0);
+        // PyTorch counts the free blocks of private pools as allocated: only their
+        // pools may use them.
+        let in_private_pools: u64 = self
+            .private
+            .values()
+            .flat_map(|p| [&p.small, &p.large])
+            .flat_map(|bp| bp.blocks.ids())
+            .map(|id| self.arena[id].size)
+            .sum();
         OomReport {
             device: self.device_index,
             stream,
@@ -450,6 +529,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             reserved: self.stats.reserved_bytes[0].current as u64,
             largest_free_block: largest,
             split_fragment_bytes: self.stats.inactive_split_bytes[0].current as u64,
+            free_in_private_pools: in_private_pools,
         }
     }
 
@@ -473,13 +553,15 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `get_free_block`: best fit on the request's stream, with the
     /// expandable-segment and oversize rules. Removes the block it returns
     /// from the free set.
-    fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
+    fn get_free_block(&mut self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
         let (policy, config) = (&self.policy, &self.config);
         let arena = &self.arena;
-        let pool = match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
+        let pool = match (owner, kind) {
+            (DEFAULT_POOL, PoolKind::Small) => &mut self.small,
+            (DEFAULT_POOL, PoolKind::Large) => &mut self.large,
+            (_, PoolKind::Small) => &mut self.private.get_mut(&owner).expect("a live pool").small,
+            (_, PoolKind::Large) => &mut self.private.get_mut(&owner).expect("a live pool").large,
         };
         if gc_clock {
             pool.get_free_blocks_call_count += 1;
@@ -497,17 +579,17 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if !expandable_first {
             return None;
         }
-        let (found_size, found_ptr, id) = self.pick_free_block(kind, stream, size)?;
-        self.pool_mut(kind).blocks.remove(stream, found_size, found_ptr);
+        let (found_size, found_ptr, id) = self.pick_free_block(owner, kind, stream, size)?;
+        self.pool_mut(owner, kind).blocks.remove(stream, found_size, found_ptr);
         Some(id)
     }
 
     /// The block `get_free_block` would take, without taking it: best fit,
     /// with the expandable-segment and oversize rules.
-    fn pick_free_block(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
+    fn pick_free_block(&self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
         let expandable_on = self.expandable_active();
         let arena = &self.arena;
-        let pool = self.pool(kind);
+        let pool = self.pool(owner, kind);
         let fits = |found_size| self.policy.may_serve(&self.config, size, found_size);
         let (mut found_size, mut found_ptr, mut id) = pool.blocks.first_at_least(stream, size)?;
         if arena[id].is_expandable() {
@@ -541,15 +623,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// a cached block, with no device call.
     pub fn serves_from_cache(&self, size: u64, stream: StreamId) -> bool {
         let rounded = sizing::round_size(&self.config, size);
-        self.pick_free_block(sizing::pool_for(rounded), stream, rounded).is_some()
+        let owner = if self.captures.is_empty() { DEFAULT_POOL } else { self.owner_for(stream) };
+        self.pick_free_block(owner, sizing::pool_for(rounded), stream, rounded).is_some()
     }
 
     /// `alloc_block`: a new segment from the device, or new pages of an
     /// expandable segment, grown as `growth` says. `Ok(None)` when out of
     /// memory, or when reserved memory would pass the peak given with
     /// [`Growth::UnderPeak`] (which is not a failure: the ladder goes on).
+    #[allow(clippy::too_many_arguments)]
     fn alloc_block(
         &mut self,
+        owner: u32,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -572,7 +657,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 Growth::Ahead => {
                     let step = self.policy.climb_ahead(&self.config, kind, reserved);
                     if step > self.policy.page_size(&self.config, kind) {
-                        map = size.next_multiple_of(step);
+                        // The pages the request lacks, rounded up to whole steps: what
+                        // PyTorch's expandable segments map with a page of `step`.
+                        let (_, lacking) = self.plan_growth(owner, kind, stream, size);
+                        map = size + (lacking.next_multiple_of(step) - lacking);
                     }
                 }
                 Growth::UnderPeak(c) => {
@@ -580,13 +668,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 }
             }
             if let Growth::UnderPeak(c) = growth {
-                let (at, bytes) = self.plan_growth(kind, stream, size);
+                let (at, bytes) = self.plan_growth(owner, kind, stream, size);
                 if reserved + bytes > c {
                     return Ok(None);
                 }
                 planned = at;
                 if map != size {
-                    let (ahead_at, ahead_bytes) = self.plan_growth(kind, stream, map);
+                    let (ahead_at, ahead_bytes) = self.plan_growth(owner, kind, stream, map);
                     if reserved + ahead_bytes <= c {
                         planned = ahead_at;
                     } else {
@@ -605,7 +693,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
         if self.expandable_active() {
             let climbing = growth == Growth::Ahead;
-            return self.try_allocate_expandable_block(kind, stream, map, size, climbing, planned);
+            return self.try_allocate_expandable_block(owner, kind, stream, map, size, climbing, planned);
         }
         let ptr = match self.device.malloc(alloc_size) {
             Ok(p) => p,
@@ -616,33 +704,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             Err(e) => return Err(e.into()),
         };
         self.total_allocated_memory += alloc_size;
-        let id = self.arena.insert(Block::new(ptr, alloc_size, stream, kind));
+        let id = self.arena.insert(Block::new(ptr, alloc_size, stream, kind, owner));
         stats::increase(&mut self.stats.segment, kind, 1);
         stats::increase(&mut self.stats.reserved_bytes, kind, alloc_size);
         if alloc_size >= self.config.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.segments.insert(ptr, SegmentRec { size: alloc_size, stream, pool: kind });
-        self.trace(Action::SegmentAlloc, ptr, alloc_size, stream);
+        self.segments.insert(ptr, SegmentRec { size: alloc_size, stream, pool: kind, owner });
+        self.trace_in(Action::SegmentAlloc, ptr, alloc_size, stream, owner);
         Ok(Some(id))
     }
 
     /// `alloc_found_block`: hands out the front of block `id`, splitting the rest off.
-    fn alloc_found_block(
-        &mut self,
-        id: u32,
-        kind: PoolKind,
-        stream: StreamId,
-        size: u64,
-        orig_size: u64,
-        split: bool,
-    ) -> Allocation {
+    fn alloc_found_block(&mut self, id: u32, stream: StreamId, size: u64, orig_size: u64, split: bool) -> Allocation {
+        let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
         let already_split = self.arena[id].is_split();
         let expandable = self.arena[id].is_expandable();
         let block = if split {
             let rem = id;
-            let mut b = Block::new(self.arena[rem].ptr, size, stream, kind);
+            let mut b = Block::new(self.arena[rem].ptr, size, stream, kind, owner);
             b.expandable = self.arena[rem].expandable;
             b.prev = self.arena[rem].prev;
             b.next = rem;
@@ -690,194 +771,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if bsize >= self.config.max_split_size {
             self.stats.oversize_allocations.increase(1);
         }
-        self.trace(Action::Alloc, ptr, orig_size, stream);
+        self.trace_in(Action::Alloc, ptr, orig_size, stream, owner);
         Allocation { ptr, size: bsize }
-    }
-
-    /// Frees the allocation at `ptr`. If other streams used it
-    /// (`record_stream`), it becomes reusable only once their work recorded
-    /// so far has finished.
-    pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
-        if ptr == 0 {
-            return Ok(());
-        }
-        let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
-        self.policy.on_free(ptr);
-        let b = &mut self.arena[id];
-        debug_assert!(b.allocated);
-        b.allocated = false;
-        let (kind, size, requested, stream) = (b.pool, b.size, b.requested_size, b.stream);
-        let pending = b.has_stream_uses;
-        stats::decrease(&mut self.stats.allocation, kind, 1);
-        stats::decrease(&mut self.stats.allocated_bytes, kind, size);
-        self.trace(Action::FreeRequested, ptr, requested, stream);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
-        }
-        if pending {
-            self.insert_events(id)?;
-        } else {
-            self.free_block(id);
-        }
-        Ok(())
-    }
-
-    /// `recordStream`: marks the allocation at `ptr` as used by `stream`, so
-    /// that freeing it waits for that stream's work. The allocation's own
-    /// stream is ignored.
-    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        if ptr == 0 {
-            return Ok(());
-        }
-        let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
-        let own = self.policy.stream_of(self.arena[id].stream);
-        let b = &mut self.arena[id];
-        if stream != own {
-            b.has_stream_uses = true;
-            let uses = self.stream_uses.entry(id).or_default();
-            if !uses.contains(&stream) {
-                uses.push(stream);
-            }
-        }
-        Ok(())
-    }
-
-    fn insert_events(&mut self, id: u32) -> Result<(), AllocError> {
-        self.arena[id].has_stream_uses = false;
-        let streams = self.stream_uses.remove(&id).unwrap_or_default();
-        for s in streams {
-            let ev = self.device.record_event(s)?;
-            self.arena[id].event_count += 1;
-            self.events.entry(s).or_default().push_back((ev, id));
-        }
-        Ok(())
-    }
-
-    /// `process_events`: completes the pending frees whose events are done,
-    /// in record order per stream, stopping at a stream's first pending event.
-    pub(crate) fn process_events(&mut self) -> Result<(), AllocError> {
-        if self.events.is_empty() {
-            return Ok(());
-        }
-        let streams: Vec<StreamId> = self.events.keys().copied().collect();
-        for s in streams {
-            while let Some(&(ev, id)) = self.events.get(&s).and_then(|q| q.front()) {
-                if !self.device.query_event(ev)? {
-                    break;
-                }
-                self.events.get_mut(&s).expect("queue exists").pop_front();
-                self.device.destroy_event(ev);
-                self.complete_event(id);
-            }
-            if self.events.get(&s).is_some_and(|q| q.is_empty()) {
-                self.events.remove(&s);
-            }
-        }
-        Ok(())
-    }
-
-    fn complete_event(&mut self, id: u32) {
-        let b = &mut self.arena[id];
-        b.event_count -= 1;
-        if b.event_count == 0 {
-            self.free_block(id);
-        }
-    }
-
-    /// `synchronize_and_free_events`: waits for every outstanding event.
-    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), AllocError> {
-        self.stats.num_sync_all_streams += 1;
-        let events = std::mem::take(&mut self.events);
-        for (_, queue) in events {
-            for (ev, id) in queue {
-                self.device.synchronize_event(ev)?;
-                self.device.destroy_event(ev);
-                self.complete_event(id);
-            }
-        }
-        Ok(())
-    }
-
-    /// `free_block`: the block is reusable now; merge it with free neighbours.
-    pub(crate) fn free_block(&mut self, id: u32) {
-        let b = &self.arena[id];
-        debug_assert!(b.is_reusable());
-        let (ptr, original_size, requested, stream, kind, prev, next) =
-            (b.ptr, b.size, b.requested_size, b.stream, b.pool, b.prev, b.next);
-        self.trace(Action::FreeCompleted, ptr, requested, stream);
-        let mut net_blocks = 0i64;
-        let mut net_bytes = 0i64;
-        for candidate in [prev, next] {
-            let subsumed = self.try_merge_blocks(id, candidate);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
-        }
-        self.insert_into_blocks(id);
-        let b = &self.arena[id];
-        if b.is_split() {
-            net_blocks += 1;
-            net_bytes += b.size as i64;
-        }
-        let s = &mut self.stats;
-        // Expandable segments are left out of inactive_split: their fully free
-        // pages can always be released.
-        if !b.is_expandable() {
-            apply_net(&mut s.inactive_split, kind, net_blocks);
-            apply_net(&mut s.inactive_split_bytes, kind, net_bytes);
-        }
-        stats::decrease(&mut s.active, kind, 1);
-        stats::decrease(&mut s.active_bytes, kind, original_size);
-        stats::decrease(&mut s.requested_bytes, kind, requested);
-    }
-
-    /// `try_merge_blocks`: absorbs neighbour `src` into `dst` if `src` is free,
-    /// not waiting for events, and equally mapped. `dst` must not be in a
-    /// free set. Returns the bytes absorbed.
-    pub(crate) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
-        if src == NIL {
-            return 0;
-        }
-        let s = &self.arena[src];
-        if !s.is_reusable() || s.mapped != self.arena[dst].mapped {
-            return 0;
-        }
-        let (s_ptr, s_size, s_prev, s_next, s_mapped, s_stream) = (s.ptr, s.size, s.prev, s.next, s.mapped, s.stream);
-        let kind = s.pool;
-        if self.arena[dst].prev == src {
-            let d = &mut self.arena[dst];
-            d.ptr = s_ptr;
-            d.prev = s_prev;
-            if s_prev != NIL {
-                self.arena[s_prev].next = dst;
-            }
-        } else {
-            self.arena[dst].next = s_next;
-            if s_next != NIL {
-                self.arena[s_next].prev = dst;
-            }
-        }
-        self.arena[dst].size += s_size;
-        let pool = self.pool_mut(kind);
-        if s_mapped {
-            pool.blocks.remove(s_stream, s_size, s_ptr);
-        } else {
-            pool.unmapped.remove(&(s_stream, s_ptr));
-        }
-        self.arena.remove(src);
-        s_size
-    }
-
-    /// Puts a free mapped block into its pool's free set and restarts its GC age.
-    pub(crate) fn insert_into_blocks(&mut self, id: u32) {
-        let kind = self.arena[id].pool;
-        let clock = self.pool(kind).get_free_blocks_call_count;
-        let b = &mut self.arena[id];
-        b.gc_count_base = clock;
-        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
-        let inserted = self.pool_mut(kind).blocks.insert(stream, size, ptr, id);
-        debug_assert!(inserted, "block {ptr:#x} was already free");
     }
 
     /// Rounded size of the live allocation at `ptr`.
@@ -888,16 +783,6 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Bytes currently obtained from the device.
     pub fn reserved_bytes(&self) -> u64 {
         self.total_allocated_memory
-    }
-}
-
-/// The oversize rules: requests below `max_split_size` never take oversize
-/// blocks, oversize requests only blocks within the rounding tolerance.
-fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
-    if net > 0 {
-        stats::increase(a, kind, net as u64);
-    } else if net < 0 {
-        stats::decrease(a, kind, (-net) as u64);
     }
 }
 

@@ -29,12 +29,15 @@ pub struct OomReport {
     /// Cached bytes that cannot be released because their segments are split
     /// (`inactive_split_bytes.all.current`).
     pub split_fragment_bytes: u64,
+    /// Free cached blocks of private pools (CUDA graphs, `MemPool`s): only
+    /// their pools may use them, so PyTorch counts them as allocated.
+    pub free_in_private_pools: u64,
 }
 
 impl OomReport {
     /// Reserved by the allocator but not allocated to anyone.
     pub fn reserved_unallocated(&self) -> u64 {
-        self.reserved.saturating_sub(self.allocated)
+        self.reserved.saturating_sub(self.allocated).saturating_sub(self.free_in_private_pools)
     }
 }
 
@@ -55,13 +58,17 @@ impl fmt::Display for OomReport {
         if let Some(a) = self.allowed {
             write!(f, "{} allowed; ", format_size(a))?;
         }
+        let private = match self.free_in_private_pools {
+            0 => String::new(),
+            p => format!("with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(p)),
+        };
         write!(
             f,
-            "Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+            "Of the allocated memory {} is allocated by PyTorch, {private}and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-            format_size(self.allocated),
+            format_size(self.allocated + self.free_in_private_pools),
             format_size(self.reserved_unallocated())
         )?;
         write!(

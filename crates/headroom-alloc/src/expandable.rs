@@ -23,12 +23,12 @@
 //! allocations only: a free block's pages on an allocation that a live block
 //! shares stay mapped.
 
-use crate::block::{Block, NIL};
+use crate::block::{Block, DEFAULT_POOL, NIL};
 use crate::caching::{DeviceCachingAllocator, ExpandableSegment, Failure};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
-use crate::policy::{ArenaSlot, ExpandableFit, Policy};
+use crate::policy::{ArenaSlot, ExpandableFit, Policy, ReclaimRule};
 use crate::stats::{self, PoolKind};
 
 /// What a mapping is for: the request that growth maps pages for, and how
@@ -70,8 +70,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// is the block's first `request` bytes (the rest is mapped ahead for
     /// others); `climbing` when growth passes the peak with no page given
     /// back. Both go to the policy's [`Policy::allocation_size`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn try_allocate_expandable_block(
         &mut self,
+        owner: u32,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -81,7 +83,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     ) -> Result<Option<u32>, AllocError> {
         let grow = match planned {
             Some(g) => g,
-            None => self.find_expandable_block(kind, stream, size)?,
+            None => self.find_expandable_block(owner, kind, stream, size)?,
         };
         let allocation = self.policy.allocation_size(&self.config, kind, climbing);
         // The block handed out starts where growth does: at the candidate, or
@@ -120,35 +122,41 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
         let b = &self.arena[candidate];
         let (s, size, ptr) = (b.stream, b.size, b.ptr);
-        self.pool_mut(kind).blocks.remove(s, size, ptr);
+        self.pool_mut(owner, kind).blocks.remove(s, size, ptr);
         Ok(Some(candidate))
     }
 
     /// `find_expandable_block`: where to grow (see
     /// [`Self::expandable_candidate`]); a new reservation if no existing one
     /// has room.
-    fn find_expandable_block(&mut self, kind: PoolKind, stream: StreamId, size: u64) -> Result<Grow, AllocError> {
-        if let Some(g) = self.expandable_candidate(kind, stream, size) {
+    fn find_expandable_block(
+        &mut self,
+        owner: u32,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<Grow, AllocError> {
+        if let Some(g) = self.expandable_candidate(owner, kind, stream, size) {
             return Ok(g);
         }
-        Ok(Grow::From(self.new_reservation(kind, stream)?))
+        Ok(Grow::From(self.new_reservation(owner, kind, stream)?))
     }
 
-    /// A new reservation for (`kind`, `stream`), all unmapped: its one block's id.
-    fn new_reservation(&mut self, kind: PoolKind, stream: StreamId) -> Result<u32, AllocError> {
+    /// A new reservation for `owner`'s (`kind`, `stream`), all unmapped: its one block's id.
+    fn new_reservation(&mut self, owner: u32, kind: PoolKind, stream: StreamId) -> Result<u32, AllocError> {
         let page = self.policy.page_size(&self.config, kind);
         let total = self.device_total;
         let va_size = (total + total / 8).div_ceil(page) * page;
         let base = self.device.reserve(va_size)?;
         let index = self.next_expandable;
         self.next_expandable += 1;
-        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool: kind });
+        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool: kind, owner });
         self.largest_reservation = self.largest_reservation.max(va_size);
-        let mut b = Block::new(base, va_size, stream, kind);
+        let mut b = Block::new(base, va_size, stream, kind, owner);
         b.mapped = false;
         b.expandable = index;
         let id = self.arena.insert(b);
-        self.pool_mut(kind).unmapped.insert((stream, base), id);
+        self.pool_mut(owner, kind).unmapped.insert((stream, base), id);
         Ok(id)
     }
 
@@ -165,11 +173,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         slot: ArenaSlot,
         size: u64,
     ) -> Result<Option<u32>, AllocError> {
-        let seg = self.expandable.values().find(|s| s.stream == stream && s.pool == kind).copied();
-        let seg = match seg {
+        let seg = self.expandable.values().find(|s| s.stream == stream && s.pool == kind && s.owner == DEFAULT_POOL);
+        let seg = match seg.copied() {
             Some(seg) => seg,
             None => {
-                let id = self.new_reservation(kind, stream)?;
+                let id = self.new_reservation(DEFAULT_POOL, kind, stream)?;
                 *self.expandable.get(&self.arena[id].expandable).expect("the reservation just made")
             }
         };
@@ -179,7 +187,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // A fresh arena is mapped whole, where that passes no peak: the plan's blocks then
         // find their pages mapped, and the pages the first steps left cached go back at once.
         // If even giving back every free byte could not make room, nothing is tried.
-        let fresh = self.pool(kind).unmapped.get(&(stream, seg.base)).copied();
+        let fresh = self.pool(DEFAULT_POOL, kind).unmapped.get(&(stream, seg.base)).copied();
         if let Some(head) = fresh.filter(|&id| self.arena[id].size == seg.va_size) {
             let arena = slot.arena.max(slot.offset + size).next_multiple_of(seg.page).min(seg.va_size);
             let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
@@ -189,7 +197,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
             let over = (self.total_allocated_memory + arena).saturating_sub(peak);
             if over > 0 {
-                self.reclaim_free_pages(kind, stream, over)?;
+                // The arena's own rule: any whole free page, as the plan needs it.
+                self.reclaim_free_pages(DEFAULT_POOL, kind, stream, over, ReclaimRule::ANY)?;
             }
             // The arena is carved into many blocks: one physical allocation per page.
             if self.total_allocated_memory + arena > peak || !self.map_block(head, arena, MapFor::PAGES)? {
@@ -197,10 +206,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         let (at, end) = (seg.base + slot.offset, seg.base + slot.offset + size);
-        let Some((bsize, bptr, id)) = self.pool(kind).blocks.find_containing(stream, at, end) else {
+        let Some((bsize, bptr, id)) = self.pool(DEFAULT_POOL, kind).blocks.find_containing(stream, at, end) else {
             return Ok(None);
         };
-        self.pool_mut(kind).blocks.remove(stream, bsize, bptr);
+        self.pool_mut(DEFAULT_POOL, kind).blocks.remove(stream, bsize, bptr);
         if bptr < at {
             self.link_free_before(id, bptr, at - bptr);
             let b = &mut self.arena[id];
@@ -215,7 +224,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn link_free_before(&mut self, id: u32, ptr: u64, len: u64) {
         let b = &self.arena[id];
         let (prev, stream, kind) = (b.prev, b.stream, b.pool);
-        let mut f = Block::new(ptr, len, stream, kind);
+        let mut f = Block::new(ptr, len, stream, kind, b.owner);
         f.expandable = b.expandable;
         f.prev = prev;
         f.next = id;
@@ -234,7 +243,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// [`ExpandableFit::LeastGrowth`] weighs every such place, and also the
     /// end of an unmapped block whose next block is free, and takes the one
     /// that maps the fewest pages.
-    fn expandable_candidate(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<Grow> {
+    fn expandable_candidate(&self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<Grow> {
         // Every place below lies within one reservation. A request larger than
         // any (one that fails, and makes a new reservation each time it is
         // tried: PyTorch's behaviour too) would otherwise scan them all, every time.
@@ -251,7 +260,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 *best = Some((grow, g));
             }
         };
-        for (_, &id) in self.pool(kind).unmapped.range((stream, 0)..(stream, u64::MAX)) {
+        for (_, &id) in self.pool(owner, kind).unmapped.range((stream, 0)..(stream, u64::MAX)) {
             let mut c = id;
             if allocatable(arena[c].prev) {
                 c = arena[c].prev;
@@ -304,9 +313,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Where [`Self::try_allocate_expandable_block`] would grow to serve
     /// `size` bytes (`None`: a new reservation), and the bytes of pages it
     /// would map: what reserved memory would grow by.
-    pub(crate) fn plan_growth(&self, kind: PoolKind, stream: StreamId, size: u64) -> (Option<Grow>, u64) {
+    pub(crate) fn plan_growth(&self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> (Option<Grow>, u64) {
         let page = self.policy.page_size(&self.config, kind);
-        let g = self.expandable_candidate(kind, stream, size);
+        let g = self.expandable_candidate(owner, kind, stream, size);
         let bytes = match g {
             Some(Grow::From(c)) => self.chain_growth(c, size, page),
             Some(Grow::Tail { bytes, .. }) => bytes,
@@ -333,11 +342,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// (see the comment inside). Returns the bytes unmapped.
     pub(crate) fn reclaim_free_pages(
         &mut self,
+        owner: u32,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
+        rule: ReclaimRule,
     ) -> Result<u64, AllocError> {
-        let (grow, want) = self.plan_growth(kind, stream, size);
+        let (grow, want) = self.plan_growth(owner, kind, stream, size);
         let mut keep = Vec::new();
         let mut c = match grow {
             Some(Grow::From(c)) => c,
@@ -376,7 +387,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // blocks holding kept pages apart while the budget for keeping lasts.
         let mut candidates: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
         let mut held: Vec<(u64, u64, u64, PoolKind, StreamId)> = Vec::new();
-        for id in [PoolKind::Small, PoolKind::Large].into_iter().flat_map(|k| self.pool(k).blocks.ids()) {
+        // Only the default pools' pages: a private pool's free blocks are a graph's,
+        // whose replays use their addresses.
+        for id in [PoolKind::Small, PoolKind::Large].into_iter().flat_map(|k| self.pool(DEFAULT_POOL, k).blocks.ids()) {
             let b = &arena[id];
             if !b.is_expandable() || keep.contains(&id) {
                 continue;
@@ -388,6 +401,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             if end <= begin {
                 continue;
             }
+            if (rule.own_pool_only && (b.pool != kind || b.stream != stream)) || end - begin < rule.min_run {
+                continue;
+            }
             let run = (end - begin, begin, end, b.pool, b.stream);
             if budget_left > 0 && self.page_history.keeps_any(begin, end) {
                 held.push(run);
@@ -396,7 +412,22 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
-        let mut reclaimed = self.reclaim_runs(&candidates, want)?;
+        if rule.all_or_nothing {
+            // The runs it would take, largest first, and whether the unmap budget covers them.
+            let mut have = 0;
+            let mut taken = 0;
+            for c in &candidates {
+                if have >= want {
+                    break;
+                }
+                have += c.0;
+                taken += 1;
+            }
+            if have < want || taken as u64 > self.unmaps_allowed(&rule) {
+                return Ok(0);
+            }
+        }
+        let mut reclaimed = self.reclaim_runs(&candidates, want, &rule)?;
         if reclaimed < want && !held.is_empty() {
             // What growth would pass the peak by with the kept pages kept:
             // within what is left of the budget they stay, and the excess is
@@ -406,7 +437,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 self.kept_excess += excess;
             } else {
                 held.sort_unstable_by(|a, b| b.cmp(a));
-                reclaimed += self.reclaim_runs(&held, want - reclaimed)?;
+                reclaimed += self.reclaim_runs(&held, want - reclaimed, &rule)?;
             }
         }
         Ok(reclaimed)
@@ -430,16 +461,32 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
     }
 
+    /// Unmap calls the policy's reclaim rule allows now: at most one for every
+    /// `allocations_per_unmap` device allocations made so far.
+    fn unmaps_allowed(&self, rule: &ReclaimRule) -> u64 {
+        let (maps, unmaps) = (self.stats.num_device_alloc.max(0) as u64, self.stats.num_device_free.max(0) as u64);
+        match rule.allocations_per_unmap {
+            0 => u64::MAX,
+            n => (maps / n).saturating_sub(unmaps),
+        }
+    }
+
     /// Unmaps `runs` (bytes, start, end, pool, stream), in order, until
     /// `want` bytes are unmapped. Returns the bytes unmapped.
-    fn reclaim_runs(&mut self, runs: &[(u64, u64, u64, PoolKind, StreamId)], want: u64) -> Result<u64, AllocError> {
+    fn reclaim_runs(
+        &mut self,
+        runs: &[(u64, u64, u64, PoolKind, StreamId)],
+        want: u64,
+        rule: &ReclaimRule,
+    ) -> Result<u64, AllocError> {
         let mut reclaimed = 0;
         for &(bytes, start, end, pool, stream) in runs {
-            if reclaimed >= want {
+            if reclaimed >= want || self.unmaps_allowed(rule) == 0 {
                 break;
             }
             // Earlier unmaps split blocks: find the one holding the run now.
-            let Some((_, _, id)) = self.pool(pool).blocks.find_containing(stream, start, end) else { continue };
+            let found = self.pool(DEFAULT_POOL, pool).blocks.find_containing(stream, start, end);
+            let Some((_, _, id)) = found else { continue };
             self.unmap_range(id, start, end)?;
             self.page_history.reclaimed(start, end);
             reclaimed += bytes;
@@ -454,7 +501,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && size <= b.size);
         let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
-        let (ptr, bsize, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
+        let (ptr, bsize, stream, kind, owner) = (b.ptr, b.size, b.stream, b.pool, b.owner);
         let begin = (ptr - seg.base) / seg.page;
         let end = (ptr + size - seg.base).div_ceil(seg.page);
         let (range_ptr, range_size) = (seg.base + begin * seg.page, (end - begin) * seg.page);
@@ -462,10 +509,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if !self.device_map(range_ptr, range_size, seg, map_for)? {
             return Ok(false);
         }
-        self.pool_mut(kind).unmapped.remove(&(stream, ptr));
+        self.pool_mut(owner, kind).unmapped.remove(&(stream, ptr));
         self.arena[id].mapped = true;
         if range_size < bsize {
-            let mut rest = Block::new(ptr + range_size, bsize - range_size, stream, kind);
+            let mut rest = Block::new(ptr + range_size, bsize - range_size, stream, kind, owner);
             rest.mapped = false;
             rest.expandable = self.arena[id].expandable;
             rest.prev = id;
@@ -477,13 +524,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
             self.arena[id].next = rest_id;
             self.arena[id].size = range_size;
-            self.pool_mut(kind).unmapped.insert((stream, ptr + range_size), rest_id);
+            self.pool_mut(owner, kind).unmapped.insert((stream, ptr + range_size), rest_id);
         }
         let (prev, next) = (self.arena[id].prev, self.arena[id].next);
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_blocks(id);
-        self.count_mapped(kind, stream, range_ptr, range_size);
+        self.count_mapped(owner, kind, stream, range_ptr, range_size);
         Ok(true)
     }
 
@@ -495,17 +542,17 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let b = &self.arena[id];
         debug_assert!(!b.mapped && bytes > 0 && bytes <= b.size);
         let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
-        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
+        let (ptr, size, stream, kind, next, owner) = (b.ptr, b.size, b.stream, b.pool, b.next, b.owner);
         let at = ptr + size - bytes;
         debug_assert_eq!((at - seg.base) % seg.page, 0, "unmapped blocks end on page boundaries");
         if !self.device_map(at, bytes, seg, map_for)? {
             return Ok(None);
         }
-        let mut t = Block::new(at, bytes, stream, kind);
+        let mut t = Block::new(at, bytes, stream, kind, owner);
         t.expandable = self.arena[id].expandable;
         t.next = next;
         let tid = if bytes == size {
-            self.pool_mut(kind).unmapped.remove(&(stream, ptr));
+            self.pool_mut(owner, kind).unmapped.remove(&(stream, ptr));
             t.prev = self.arena[id].prev;
             self.arena[id] = t;
             id
@@ -523,7 +570,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.try_merge_blocks(tid, prev);
         self.try_merge_blocks(tid, next);
         self.insert_into_blocks(tid);
-        self.count_mapped(kind, stream, at, bytes);
+        self.count_mapped(owner, kind, stream, at, bytes);
         Ok(Some(tid))
     }
 
@@ -541,15 +588,19 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let up = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base).next_multiple_of(to);
         let down = |x: u64, to: u64| seg.base + (x.max(seg.base) - seg.base) / to * to;
         let (lo, hi) = (up(map_for.own.0, page).max(va), down(map_for.own.1, page).min(end));
-        // (address, bytes, allocation size): pages, then the request's allocations, then pages.
+        // (address, bytes, allocation size): pages, then the request's allocations (one
+        // short of a unit where `lo` falls inside one, whole units, one short again to
+        // `hi`), then pages. Each part is one device call and one run, however many
+        // allocations it holds.
         let mut parts = vec![(va, size, page)];
         if unit > page && hi > lo + page {
-            parts = vec![(va, lo - va, page)];
-            let mut at = lo;
-            while at < hi {
-                let next = (down(at, unit) + unit).min(hi);
-                parts.push((at, next - at, (next - at).max(page)));
-                at = next;
+            let (first, last) = ((down(lo, unit) + unit).min(hi), down(hi, unit).max(lo));
+            parts = vec![(va, lo - va, page), (lo, first - lo, first - lo)];
+            if last > first {
+                parts.push((first, last - first, unit));
+            }
+            if hi > last.max(first) {
+                parts.push((last.max(first), hi - last.max(first), hi - last.max(first)));
             }
             parts.push((hi, end - hi, page));
         }
@@ -569,7 +620,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
         for (at, len, allocation) in parts {
             if allocation > page {
-                self.allocations.insert(at, at + len);
+                self.allocations.insert_run(at, at + len, allocation);
             }
         }
         Ok(true)
@@ -579,25 +630,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// allocations cover: a multi-page allocation reaching across either end
     /// is left out, since an allocation is unmapped whole or not at all.
     pub(crate) fn whole_allocations(&self, lo: u64, hi: u64) -> (u64, u64) {
-        let across = |x: u64| self.allocations.range(..x).next_back().filter(|(_, &e)| e > x).map(|(&s, &e)| (s, e));
-        let lo = across(lo).map_or(lo, |(_, e)| e);
-        let hi = across(hi).map_or(hi, |(s, _)| s);
-        (lo, hi.max(lo))
+        self.allocations.whole(lo, hi)
     }
 
     /// Unmaps `[lo, hi)`, whole physical allocations: one device call per
-    /// run of single-page allocations and one per multi-page allocation, as
-    /// each is released on its own.
+    /// run of single-page allocations and one per run of multi-page ones.
     fn device_unmap(&mut self, lo: u64, hi: u64, page: u64, stream: StreamId) -> Result<(), AllocError> {
-        let inside: Vec<(u64, u64)> = self.allocations.range(lo..hi).map(|(&s, &e)| (s, e)).collect();
         let mut at = lo;
-        for (s, e) in inside {
-            debug_assert!(e <= hi, "an allocation reaches past the range unmapped");
+        for (s, e, unit) in self.allocations.take(lo, hi) {
             if s > at {
                 self.device.unmap(at, s - at, page, stream)?;
             }
-            self.device.unmap(s, e - s, e - s, stream)?;
-            self.allocations.remove(&s);
+            self.device.unmap(s, e - s, unit, stream)?;
             at = e;
         }
         if hi > at {
@@ -608,12 +652,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     /// Counts `size` bytes newly mapped at `va`: reserved memory, the
     /// device-call statistic and the trace's `segment_map`.
-    fn count_mapped(&mut self, kind: PoolKind, stream: StreamId, va: u64, size: u64) {
+    fn count_mapped(&mut self, owner: u32, kind: PoolKind, stream: StreamId, va: u64, size: u64) {
         self.page_history.mapped(va, va + size);
         self.total_allocated_memory += size;
         stats::increase(&mut self.stats.reserved_bytes, kind, size);
         self.stats.num_device_alloc += 1;
-        self.trace(Action::SegmentMap, va, size, stream);
+        self.trace_in(Action::SegmentMap, va, size, stream, owner);
     }
 
     /// `unmap_block`: unmaps the whole pages inside free block `id`; partial
@@ -640,19 +684,19 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn unmap_range(&mut self, id: u32, un_ptr: u64, un_end: u64) -> Result<(), AllocError> {
         let b = &self.arena[id];
         let seg = *self.expandable.get(&b.expandable).expect("block of a live expandable segment");
-        let (ptr, size, stream, kind, next) = (b.ptr, b.size, b.stream, b.pool, b.next);
+        let (ptr, size, stream, kind, next, owner) = (b.ptr, b.size, b.stream, b.pool, b.next, b.owner);
         debug_assert!(ptr <= un_ptr && un_ptr < un_end && un_end <= ptr + size);
         debug_assert!((un_ptr - seg.base).is_multiple_of(seg.page) && (un_end - seg.base).is_multiple_of(seg.page));
         let un_size = un_end - un_ptr;
         self.device_unmap(un_ptr, un_end, seg.page, self.policy.stream_of(stream))?;
-        self.pool_mut(kind).blocks.remove(stream, size, ptr);
+        self.pool_mut(owner, kind).blocks.remove(stream, size, ptr);
         let before = un_ptr - ptr;
         if before > 0 {
             self.link_free_before(id, ptr, before);
         }
         let after = size - before - un_size;
         if after > 0 {
-            let mut f = Block::new(un_ptr + un_size, after, stream, kind);
+            let mut f = Block::new(un_ptr + un_size, after, stream, kind, owner);
             f.expandable = self.arena[id].expandable;
             f.prev = id;
             f.next = next;
@@ -671,11 +715,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         let new_ptr = self.arena[id].ptr;
-        self.pool_mut(kind).unmapped.insert((stream, new_ptr), id);
+        self.pool_mut(owner, kind).unmapped.insert((stream, new_ptr), id);
         self.total_allocated_memory -= un_size;
         stats::decrease(&mut self.stats.reserved_bytes, kind, un_size);
         self.stats.num_device_free += 1;
-        self.trace(Action::SegmentUnmap, un_ptr, un_size, stream);
+        self.trace_in(Action::SegmentUnmap, un_ptr, un_size, stream, owner);
         Ok(())
     }
 
@@ -688,7 +732,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             .expandable
             .values()
             .filter_map(|seg| {
-                let id = *self.pool(seg.pool).unmapped.get(&(seg.stream, seg.base))?;
+                let id = *self.pool(seg.owner, seg.pool).unmapped.get(&(seg.stream, seg.base))?;
                 (self.arena[id].size == seg.va_size).then_some(id)
             })
             .collect();
@@ -704,11 +748,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let index = b.expandable;
         let seg = *self.expandable.get(&index).expect("block of a live expandable segment");
         debug_assert!(!b.mapped && b.ptr == seg.base && b.size == seg.va_size);
-        let (stream, kind) = (b.stream, b.pool);
+        let (stream, kind, owner) = (b.stream, b.pool, b.owner);
         self.device.release_reservation(seg.base, seg.va_size)?;
         // Its pages' history goes with it: the addresses may be reserved again for anything.
         self.page_history.forget(seg.base, seg.base + seg.va_size);
-        self.pool_mut(kind).unmapped.remove(&(stream, seg.base));
+        self.pool_mut(owner, kind).unmapped.remove(&(stream, seg.base));
         self.arena.remove(id);
         self.expandable.remove(&index);
         Ok(())

@@ -57,6 +57,9 @@ pub struct TraceEntry {
     pub time_us: i64,
     /// Free device bytes, for `Oom` only.
     pub device_free: Option<u64>,
+    /// The pool of the block or segment: [`crate::DEFAULT_MEMPOOL`], or a
+    /// private pool's id (PyTorch's `TraceEntry::mempool_`).
+    pub pool_id: crate::MempoolId,
 }
 
 /// Ring buffer of trace entries.

@@ -26,13 +26,18 @@
 //! | `torch.cuda.memory_summary()` | [`DeviceCachingAllocator::memory_summary`] |
 //! | `torch.cuda.memory._snapshot()` | [`DeviceCachingAllocator::snapshot`] |
 //! | `Tensor.record_stream` | [`DeviceCachingAllocator::record_stream`] |
+//! | `PrivatePool`, `MempoolId_t` | the private pools, [`MempoolId`] |
+//! | `beginAllocateToPool` / `endAllocateToPool` | [`DeviceCachingAllocator::begin_allocate_to_pool`] / [`DeviceCachingAllocator::end_allocate_to_pool`] |
+//! | `releasePool`, `emptyCache(mempool_id)` | [`DeviceCachingAllocator::release_pool`], [`DeviceCachingAllocator::empty_cache_pool`] |
 //! | `torch.OutOfMemoryError` | [`AllocError`] with an [`OomReport`] |
 //!
 //! Glossary: a **segment** is one device allocation (or one virtual
 //! reservation, for expandable segments); a **block** is a piece of a
 //! segment, allocated or free; a **page** is the unit an expandable segment
 //! maps (2 MiB small pool, 20 MiB large pool); the **small pool** serves
-//! rounded requests up to 1 MiB, the **large pool** the rest.
+//! rounded requests up to 1 MiB, the **large pool** the rest; a **private
+//! pool** (a CUDA graph's, a `torch.cuda.MemPool`'s) has a small and a large
+//! pool of its own, whose segments no other pool's requests use.
 //!
 //! ```
 //! use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice, units::GIB};
@@ -57,10 +62,13 @@ mod device_cost;
 mod error;
 mod expandable;
 mod faulty;
+mod free;
 mod free_set;
 mod history;
 mod page_history;
+mod physical;
 pub mod policy;
+mod private_pool;
 mod release;
 mod restore;
 pub mod sim;
@@ -84,6 +92,7 @@ pub use policy::{
     ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
     PyTorchPolicy,
 };
+pub use private_pool::{CaptureFilter, MempoolId, PrivatePoolInfo, DEFAULT_MEMPOOL};
 pub use restore::{ExpandableLayout, LiveBlock};
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};

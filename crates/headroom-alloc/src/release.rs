@@ -1,34 +1,58 @@
 //! Giving cached memory back to the device: `empty_cache`, the full flush of
 //! the out-of-memory ladder, the oversize release, and garbage collection.
+//! A private pool's memory goes back only once the pool is released
+//! (`release_pool`): until then a graph may replay into it.
 
+use crate::block::DEFAULT_POOL;
 use crate::caching::DeviceCachingAllocator;
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
 use crate::policy::{CachedSegment, Policy};
+use crate::private_pool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::stats::{self, PoolKind};
 
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `torch.cuda.empty_cache()`: waits for pending cross-stream frees, then
     /// returns every unsplit cached segment, and every fully free page of
     /// expandable segments, to the device.
+    /// With a capture underway, only released private pools give memory back.
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.release_cached_blocks()
+        self.release_cached_blocks(DEFAULT_MEMPOOL)
     }
 
-    /// `release_cached_blocks`: the pools in the policy's flush order, each in
-    /// free-set order (stream, size, address), which is the order recorded
-    /// traces show.
-    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
-        self.synchronize_and_free_events()?;
-        for kind in self.policy.flush_order() {
-            self.release_blocks(kind)?;
+    /// `release_cached_blocks(mempool_id)`: with the default id and no capture
+    /// underway, every pending event waited for and the default pools
+    /// released, in the policy's flush order, each in free-set order (stream,
+    /// size, address), which is the order recorded traces show; then the
+    /// released private pools (small, then large), each deleted once it holds
+    /// no segment. With a private pool's id, only that pool, if released,
+    /// after its own events.
+    pub(crate) fn release_cached_blocks(&mut self, mempool_id: MempoolId) -> Result<(), AllocError> {
+        if mempool_id == DEFAULT_MEMPOOL && self.captures.is_empty() {
+            self.synchronize_and_free_events(None)?;
+            for kind in self.policy.flush_order() {
+                self.release_blocks(DEFAULT_POOL, kind)?;
+            }
+        }
+        for (id, owner) in self.freeable_pools() {
+            if mempool_id != DEFAULT_MEMPOOL {
+                if id != mempool_id {
+                    continue;
+                }
+                self.synchronize_and_free_events(Some(owner))?;
+            }
+            self.release_blocks(owner, PoolKind::Small)?;
+            self.release_blocks(owner, PoolKind::Large)?;
+            if !self.holds_segments(owner) {
+                self.delete_pool(owner);
+            }
         }
         Ok(())
     }
 
-    fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocError> {
-        let ids: Vec<u32> = self.pool(kind).blocks.ids();
+    fn release_blocks(&mut self, owner: u32, kind: PoolKind) -> Result<(), AllocError> {
+        let ids: Vec<u32> = self.pool(owner, kind).blocks.ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = &self.arena[id];
@@ -52,9 +76,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     pub(crate) fn release_block(&mut self, id: u32) -> Result<(), AllocError> {
         let b = &self.arena[id];
         debug_assert!(!b.is_expandable() && !b.is_split() && !b.allocated);
-        let (ptr, size, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
+        let (ptr, size, stream, kind, owner) = (b.ptr, b.size, b.stream, b.pool, b.owner);
         self.stats.num_device_free += 1;
-        self.trace(Action::SegmentFree, ptr, size, stream);
+        self.trace_in(Action::SegmentFree, ptr, size, stream, owner);
         self.device.free(ptr, size)?;
         self.total_allocated_memory -= size;
         stats::decrease(&mut self.stats.segment, kind, 1);
@@ -62,7 +86,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(kind).blocks.remove(stream, size, ptr);
+        self.pool_mut(owner, kind).blocks.remove(stream, size, ptr);
         self.arena.remove(id);
         self.segments.remove(&ptr);
         Ok(())
@@ -75,6 +99,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// enough.
     pub(crate) fn release_available_cached_blocks(
         &mut self,
+        owner: u32,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -84,7 +109,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Ok(false);
         }
         let key_size = size.max(max_split);
-        let pool = self.pool(kind);
+        let pool = self.pool(owner, kind);
         match pool.blocks.first_at_least(stream, key_size) {
             Some((_, _, id)) if !self.arena[id].is_expandable() && !self.arena[id].is_split() => {
                 self.release_block(id)?;
@@ -115,8 +140,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
     }
 
-    /// `garbage_collect_cached_blocks`: gives back the unsplit cached
-    /// large-pool segments the policy picks, when it sets a target. No
+    /// `garbage_collect_cached_blocks`: gives back the unsplit cached segments
+    /// of the default large pool the policy picks, when it sets a target. No
     /// synchronization.
     pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
         let reserved = self.total_allocated_memory;

@@ -18,6 +18,7 @@ use crate::caching::{DeviceCachingAllocator, ExpandableSegment, SegmentRec};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::policy::Policy;
+use crate::private_pool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::stats::{self, PoolKind};
 
 /// An allocated block of a segment being adopted.
@@ -43,6 +44,20 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         size: u64,
         stream: StreamId,
         pool: PoolKind,
+        live: &[LiveBlock],
+    ) -> Result<(), AllocError> {
+        self.adopt_segment_in_pool(address, size, stream, pool, DEFAULT_MEMPOOL, live)
+    }
+
+    /// [`Self::adopt_segment`] into the pool `pool_id` (a private pool is made,
+    /// with a use count of 1, if it does not exist).
+    pub fn adopt_segment_in_pool(
+        &mut self,
+        address: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolKind,
+        pool_id: MempoolId,
         live: &[LiveBlock],
     ) -> Result<(), AllocError> {
         let invalid = |m: String| Err(AllocError::InvalidArgument(m));
@@ -73,11 +88,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             pieces.push((at, end - at, None));
         }
 
+        let owner = self.owner_or_new(pool_id)?;
         let split = pieces.len() > 1;
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(pieces.len());
         for &(ptr, bsize, l) in &pieces {
-            let mut b = Block::new(ptr, bsize, stream, pool);
+            let mut b = Block::new(ptr, bsize, stream, pool, owner);
             b.prev = prev;
             if let Some(l) = l {
                 b.allocated = true;
@@ -91,7 +107,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             ids.push(id);
         }
         self.total_allocated_memory += size;
-        self.segments.insert(address, SegmentRec { size, stream, pool });
+        self.segments.insert(address, SegmentRec { size, stream, pool, owner });
         stats::increase(&mut self.stats.segment, pool, 1);
         stats::increase(&mut self.stats.reserved_bytes, pool, size);
         if size >= self.config.max_split_size {
@@ -134,6 +150,8 @@ pub struct ExpandableLayout {
     pub page: u64,
     pub stream: StreamId,
     pub pool: PoolKind,
+    /// The pool it belongs to: [`DEFAULT_MEMPOOL`] or a private pool's id.
+    pub pool_id: MempoolId,
     /// Mapped runs, `(address, size)`, by address, not touching one another.
     pub runs: Vec<(u64, u64)>,
 }
@@ -160,7 +178,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         live: &[LiveBlock],
     ) -> Result<(), AllocError> {
         let invalid = |m: String| Err(AllocError::InvalidArgument(m));
-        let ExpandableLayout { base, va_size, page, stream, pool, ref runs } = *layout;
+        let ExpandableLayout { base, va_size, page, stream, pool, pool_id, ref runs } = *layout;
         let end = base.checked_add(va_size).ok_or(AllocError::InvalidArgument("reservation wraps".into()))?;
         if page == 0 || va_size % page != 0 {
             return invalid(format!("reservation {base:#x}+{va_size} is not in whole pages of {page}"));
@@ -212,15 +230,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             pieces.push((at, end - at, false, None));
         }
 
+        let owner = self.owner_or_new(pool_id)?;
         let index = self.next_expandable;
         self.next_expandable += 1;
-        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool });
+        self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool, owner });
         // An adopted reservation is one a request may grow in, like one the allocator made.
         self.largest_reservation = self.largest_reservation.max(va_size);
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(pieces.len());
         for &(ptr, size, mapped, l) in &pieces {
-            let mut b = Block::new(ptr, size, stream, pool);
+            let mut b = Block::new(ptr, size, stream, pool, owner);
             b.prev = prev;
             b.mapped = mapped;
             b.expandable = index;
@@ -251,7 +270,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 }
                 (true, None) => self.insert_into_blocks(id),
                 (false, None) => {
-                    self.pool_mut(pool).unmapped.insert((stream, ptr), id);
+                    self.pool_mut(owner, pool).unmapped.insert((stream, ptr), id);
                 }
             }
         }
@@ -321,7 +340,15 @@ mod tests {
 
         let mut adopted = DeviceCachingAllocator::new(SimDevice::new(1 << 30), config);
         let (page, va_size) = adopted.expandable_reservation(PoolKind::Large);
-        let layout = ExpandableLayout { base: runs[0].0, va_size, page, stream: 0, pool: PoolKind::Large, runs };
+        let layout = ExpandableLayout {
+            base: runs[0].0,
+            va_size,
+            page,
+            stream: 0,
+            pool: PoolKind::Large,
+            pool_id: DEFAULT_MEMPOOL,
+            runs,
+        };
         adopted.device_mut().adopt_reservation(layout.base, va_size, page, &layout.runs).unwrap();
         adopted.adopt_expandable_segment(&layout, &live).unwrap();
         adopted.validate().unwrap();

@@ -53,6 +53,8 @@ pub struct SegmentSnapshot {
     pub requested_size: u64,
     pub stream: StreamId,
     pub segment_type: PoolKind,
+    /// `segment_pool_id`: [`crate::DEFAULT_MEMPOOL`], or the private pool's id.
+    pub segment_pool_id: crate::MempoolId,
     pub is_expandable: bool,
     pub blocks: Vec<BlockSnapshot>,
 }
@@ -110,6 +112,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             requested_size: 0,
             stream: self.policy.stream_of(first.stream),
             segment_type: first.pool,
+            segment_pool_id: self.mempool_id(first.owner),
             is_expandable: first.is_expandable(),
             blocks: Vec::with_capacity(run.len()),
         };
@@ -117,7 +120,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let b = &self.arena[id];
             let state = if b.allocated {
                 BlockState::ActiveAllocated
-            } else if b.event_count > 0 {
+            } else if b.event_count > 0 || b.has_stream_uses {
                 BlockState::ActivePendingFree
             } else {
                 BlockState::Inactive

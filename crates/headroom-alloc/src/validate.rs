@@ -14,8 +14,13 @@
 //! 6. Each physical allocation of several pages lies in one expandable
 //!    segment on its pages' bounds, overlaps no other, and is mapped
 //!    throughout (no unmapped block meets it).
+//! 7. Private pools: every block of a segment has the segment's owner, the
+//!    default pools or a pool that exists, and sits in that owner's sets;
+//!    pools and their ids name each other; a capture names a pool in use
+//!    (use count at least 1); a free deferred by a capture is a freed block
+//!    that still carries its stream uses, and only such a block does.
 
-use crate::block::NIL;
+use crate::block::{DEFAULT_POOL, NIL};
 use crate::caching::DeviceCachingAllocator;
 use crate::device::DeviceMemory;
 use crate::policy::Policy;
@@ -61,6 +66,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let mut oversize_segs = 0i64;
         let mut reached = 0usize;
         let (mut n_free, mut n_unmapped, mut n_active, mut n_uses) = (0usize, 0usize, 0usize, 0usize);
+        let mut n_deferred = 0usize;
         let mut extents: Vec<(u64, u64)> = Vec::new();
         let max_split = self.config.max_split_size;
 
@@ -74,7 +80,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let heads: Vec<u32> = self.arena.iter().filter(|(_, b)| b.prev == NIL).map(|(i, _)| i).collect();
         for head in heads {
             let h = &self.arena[head];
-            let (stream, kind, exp) = (h.stream, h.pool, h.expandable);
+            let (stream, kind, exp, owner) = (h.stream, h.pool, h.expandable, h.owner);
+            ensure!(
+                owner == DEFAULT_POOL || self.private.contains_key(&owner),
+                "segment {:#x} belongs to pool {owner}, which does not exist",
+                h.ptr
+            );
             let r = &mut pools[idx(kind)];
             let mut total = 0u64;
             let mut id = head;
@@ -85,7 +96,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 ensure!(b.live, "block {id} is linked but vacant");
                 ensure!(b.prev == prev, "block {:#x}: prev link broken", b.ptr);
                 ensure!(
-                    b.stream == stream && b.pool == kind && b.expandable == exp,
+                    b.stream == stream && b.pool == kind && b.expandable == exp && b.owner == owner,
                     "block {:#x} differs from its segment",
                     b.ptr
                 );
@@ -101,10 +112,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     );
                 }
                 total += b.size;
-                let pending = !b.allocated && b.event_count > 0;
+                let deferred = !b.allocated && b.has_stream_uses;
+                let pending = !b.allocated && (b.event_count > 0 || deferred);
                 n_uses += b.has_stream_uses as usize;
+                n_deferred += deferred as usize;
                 ensure!(
-                    b.has_stream_uses == self.stream_uses.contains_key(&id) && (b.allocated || !b.has_stream_uses),
+                    b.has_stream_uses == self.stream_uses.contains_key(&id)
+                        && (!deferred || self.deferred.contains(&id)),
                     "block {:#x}: stream uses out of step",
                     b.ptr
                 );
@@ -119,7 +133,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     n_unmapped += 1;
                     ensure!(!b.allocated && b.event_count == 0, "unmapped block {:#x} is in use", b.ptr);
                     ensure!(
-                        self.pool(kind).unmapped.get(&(b.stream, b.ptr)) == Some(&id),
+                        self.pool(owner, kind).unmapped.get(&(b.stream, b.ptr)) == Some(&id),
                         "unmapped block {:#x} is missing from the unmapped set",
                         b.ptr
                     );
@@ -145,7 +159,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 } else {
                     n_free += 1;
                     ensure!(
-                        self.pool(kind).blocks.get(b.stream, b.size, b.ptr) == Some(id),
+                        self.pool(owner, kind).blocks.get(b.stream, b.size, b.ptr) == Some(id),
                         "free block {:#x} is missing from the free set",
                         b.ptr
                     );
@@ -169,7 +183,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 ensure!(seg.is_some(), "segment {:#x} is not registered", h.ptr);
                 let seg = seg.expect("checked");
                 ensure!(seg.size == total, "segment {:#x} of {} bytes has blocks of {}", h.ptr, seg.size, total);
-                ensure!(seg.stream == stream && seg.pool == kind, "segment {:#x} stream or pool differs", h.ptr);
+                ensure!(
+                    seg.stream == stream && seg.pool == kind && seg.owner == owner,
+                    "segment {:#x} stream or pool differs",
+                    h.ptr
+                );
                 r.segment += 1;
                 r.reserved_bytes += total as i64;
                 if total >= max_split {
@@ -181,7 +199,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 let seg = seg.expect("checked");
                 ensure!(seg.base == h.ptr && seg.va_size == total, "expandable segment {:#x} is not tiled", seg.base);
                 ensure!(
-                    seg.stream == stream && seg.pool == kind,
+                    seg.stream == stream && seg.pool == kind && seg.owner == owner,
                     "expandable segment {:#x} stream or pool differs",
                     seg.base
                 );
@@ -194,11 +212,28 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             self.arena.iter().count() - reached
         );
         ensure!(self.segments.len() == pools[0].segment as usize + pools[1].segment as usize, "stale segment records");
-        let set_sizes = |k: PoolKind| (self.pool(k).blocks.len(), self.pool(k).unmapped.len());
-        let (fs, us) = set_sizes(PoolKind::Small);
-        let (fl, ul) = set_sizes(PoolKind::Large);
-        ensure!(fs + fl == n_free, "free sets hold {} entries for {} free blocks", fs + fl, n_free);
-        ensure!(us + ul == n_unmapped, "unmapped sets hold {} entries for {} unmapped blocks", us + ul, n_unmapped);
+        let owners: Vec<u32> = std::iter::once(DEFAULT_POOL).chain(self.private.keys().copied()).collect();
+        let kinds = [PoolKind::Small, PoolKind::Large];
+        let sets = || owners.iter().flat_map(|&o| kinds.map(|k| self.pool(o, k)));
+        let free_entries: usize = sets().map(|p| p.blocks.len()).sum();
+        let unmapped_entries: usize = sets().map(|p| p.unmapped.len()).sum();
+        ensure!(free_entries == n_free, "free sets hold {free_entries} entries for {n_free} free blocks");
+        ensure!(
+            unmapped_entries == n_unmapped,
+            "unmapped sets hold {unmapped_entries} entries for {n_unmapped} unmapped blocks"
+        );
+        ensure!(n_deferred == self.deferred.len(), "{} deferred frees for {n_deferred} blocks", self.deferred.len());
+        ensure!(self.pool_owners.len() == self.private.len(), "pool ids and pools differ in number");
+        for (&o, p) in &self.private {
+            ensure!(self.pool_owners.get(&p.id) == Some(&o), "pool {:?} is not found by its id", p.id);
+        }
+        for c in &self.captures {
+            ensure!(
+                self.private.get(&c.owner).is_some_and(|p| p.id == c.id && p.use_count > 0),
+                "the capture into {:?} names a pool not in use",
+                c.id
+            );
+        }
         ensure!(
             self.active.len() == n_active,
             "allocated map holds {} entries for {} allocated blocks",
@@ -211,7 +246,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             ensure!(w[0].0 + w[0].1 <= w[1].0, "segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
         }
         let mut last_end = 0;
-        for (&s, &e) in &self.allocations {
+        for (s, e, unit) in self.allocations.runs() {
+            ensure!(
+                unit > 0 && (e - s) % unit == 0,
+                "physical allocations {s:#x}..{e:#x} are not whole units of {unit}"
+            );
             ensure!(s >= last_end, "physical allocations overlap at {s:#x}");
             last_end = e;
             let seg = self.expandable.values().find(|g| g.base <= s && s < g.base + g.va_size);
@@ -222,10 +261,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 "physical allocation {s:#x}..{e:#x} is not whole pages of its segment"
             );
         }
-        for kind in [PoolKind::Small, PoolKind::Large] {
-            for &id in self.pool(kind).unmapped.values() {
+        for set in sets() {
+            for &id in set.unmapped.values() {
                 let b = &self.arena[id];
-                let meets = self.allocations.range(..b.ptr + b.size).next_back().is_some_and(|(_, &e)| e > b.ptr);
+                let meets = self.allocations.meets(b.ptr, b.ptr + b.size);
                 ensure!(!meets, "unmapped block {:#x} lies in a physical allocation", b.ptr);
             }
         }

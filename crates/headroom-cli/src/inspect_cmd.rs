@@ -170,6 +170,18 @@ fn print_device(out: &mut String, r: &Report, d: &DeviceReport) {
         format_size(f.largest_free_block_bytes),
         format_size(f.inactive_split_bytes)
     );
+    for p in &d.pools {
+        outln!(
+            out,
+            "  private pool    ({}, {}): {} segments, {} reserved, {} allocated now; {} requests served",
+            p.id.0,
+            p.id.1,
+            p.segments,
+            format_size(p.reserved_bytes),
+            format_size(p.allocated_bytes),
+            p.requests
+        );
+    }
     if !d.top_sites.is_empty() {
         outln!(out);
         outln!(out, "  Live at the peak, by call site:");

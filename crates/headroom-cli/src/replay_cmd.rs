@@ -49,10 +49,10 @@ use std::path::PathBuf;
 /// Give --alloc-conf several times to compare settings side by side, and
 /// --policy to compare allocation policies: `pytorch` (the default,
 /// PyTorch's decisions), `expandable` (expandable segments for every pool),
-/// `headroom` (expandable, and whole free pages reused before reserved
-/// memory passes its peak, but not the pages the run maps again), `tight`
-/// (headroom's, every free page reused: the lowest peak, for device calls
-/// every step). A snapshot replayed under --policy starts from
+/// `headroom` (expandable segments' growth and device calls, and whole free
+/// pages of the request's own pool given back where they replace growth past
+/// the peak), `tight` (every free page given back before the peak grows: the
+/// lowest peak, for device calls every step). A snapshot replayed under --policy starts from
 /// an empty device (--start fresh): each policy places the blocks live when
 /// the trace began itself, and the table shows each run's peak reserved
 /// against the peak of live bytes, which no allocator can go below. Each

@@ -110,12 +110,13 @@ fn device_calls_are_counted_per_step() {
     }
 }
 
-/// `headroom` against `tight` (every free page given back before the peak
-/// grows) and `expandable` on every snapshot the H200 recorded, replayed as
-/// a user replays them: its peak is within the 1/32 it may spend keeping the
-/// pages a run maps again, and it makes fewer device calls after the second
-/// step and spends less device time than `tight`; on the runs that repeat
-/// their steps (GPT-2 medium) none after the second step.
+/// `headroom` against `expandable` and `tight` (every free page given back
+/// before the peak grows) on every snapshot the H200 recorded, replayed as a
+/// user replays them: its promise — a peak no higher than expandable's and at
+/// most 1.25 times its device calls — on all but the variable-length run
+/// recorded with `roundup_power2_divisions:4` (12 MiB, six pages, above,
+/// docs/PERFORMANCE.md); less device time than `tight`, and no more device
+/// calls after the second step.
 #[test]
 fn headroom_against_tight_and_expandable_on_the_gpu_snapshots() {
     let names = [
@@ -141,7 +142,9 @@ fn headroom_against_tight_and_expandable_on_the_gpu_snapshots() {
         let [e, h, t] = [&runs[0], &runs[1], &runs[2]];
         assert_eq!([&e["policy"], &h["policy"], &t["policy"]], ["expandable", "headroom", "tight"]);
         let peak = |r: &Value| r["peak_reserved_bytes"].as_u64().unwrap();
-        assert!(peak(h) <= peak(t) + peak(t) / 32, "{name}: headroom {} B, tight {} B", peak(h), peak(t));
+        let calls = |r: &Value| r["num_device_alloc"].as_u64().unwrap() + r["num_device_free"].as_u64().unwrap();
+        let kept = peak(h) <= peak(e) && 4 * calls(h) <= 5 * calls(e);
+        assert_eq!(kept, name != "roundup4-gpt2-varlen.pickle.gz", "{name}: headroom {h}, expandable {e}");
         let ns = |r: &Value| r["device_ns"].as_u64().unwrap();
         assert!(ns(h) < ns(t), "{name}: headroom's device time {} ns, tight's {} ns", ns(h), ns(t));
         if let (Some(sh), Some(st), Some(se)) =

@@ -18,6 +18,7 @@ pub mod layout;
 pub mod leaks;
 pub mod oom;
 pub mod page_data;
+pub mod pools;
 pub mod printable;
 pub mod recording;
 pub mod report;

@@ -113,6 +113,9 @@ pub struct DeviceReport {
     pub segments_at_peak: Option<Fragmentation>,
     /// The snapshot's own segments.
     pub segments_now: Fragmentation,
+    /// The private pools (CUDA graphs, `MemPool`s): what each holds now, and
+    /// the requests it served; empty when the run used none.
+    pub pools: Vec<crate::pools::PoolSummary>,
     /// The moment reserved exceeded allocated the most.
     pub most_fragmented: Option<Point>,
     pub largest_request_bytes: u64,
@@ -183,6 +186,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         fragmentation_at_peak_bytes: now.reserved_bytes.saturating_sub(now.allocated_bytes),
         segments_at_peak: None,
         segments_now,
+        pools: crate::pools::private_pools(snap, device),
         most_fragmented: None,
         largest_request_bytes: trace
             .iter()

@@ -8,6 +8,9 @@
 //! void  headroom_free(void* ptr, size_t size, int device, cudaStream_t stream);
 //! ```
 //!
+//! the three hooks it calls for private pools (CUDA graphs, `torch.cuda.MemPool`;
+//! see `pools.rs`): `headroom_begin_allocate_to_pool`,
+//! `headroom_end_allocate_to_pool`, `headroom_release_pool`;
 //! plus what PyTorch's own allocator offers beside them: statistics
 //! (`headroom_memory_stats_json`, PyTorch's `memory_stats()` keys), history
 //! and a snapshot in PyTorch's format (`headroom_record_history`,
@@ -31,6 +34,10 @@
 //! function never unwinds into its caller: a panic, bad input or a missing
 //! backend is written to stderr once and answered with a null pointer (which
 //! PyTorch reports as out of memory) or ignored (a free).
+
+mod pools;
+
+pub use pools::{headroom_begin_allocate_to_pool, headroom_end_allocate_to_pool, headroom_release_pool};
 
 use headroom_alloc::units::{parse_size, GIB};
 use headroom_alloc::{AllocatorConfig, CachingAllocator, DeviceMemory, NamedPolicy, PolicyName, SimDevice, Snapshot};

@@ -223,3 +223,54 @@ print("refused")
         assert_eq!(err.matches(&says).count(), 1, "said once: {err}");
     }
 }
+
+extern "C" {
+    /// The C++ test driver in `cpp/filter.cpp`: calls a begin hook as PyTorch does.
+    fn headroom_test_begin_as_pytorch(begin: *mut c_void, device: i32, a: u64, b: u64, accept: *mut c_void);
+}
+
+/// The segments of `device` in a snapshot the plug-in writes: (address, size, pool id).
+fn segments(device: i64) -> Vec<(u64, u64, Value)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snap.json");
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { headroom_dump_snapshot(c.as_ptr()) }, 0);
+    let snap: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let segs = snap["segments"].as_array().unwrap().iter().filter(|s| s["device"] == device);
+    segs.map(|s| (s["address"].as_u64().unwrap(), s["total_size"].as_u64().unwrap(), s["segment_pool_id"].clone()))
+        .collect()
+}
+
+/// A graph capture as PyTorch drives a pluggable allocator: the begin hook with a
+/// std::function filter (called through the C++ ABI), requests on the capturing stream
+/// in the graph's pool and others in the default pools, the end hook, and the release
+/// hook after which a flush gives the graph's memory back.
+#[test]
+fn a_graph_capture_allocates_from_its_pool_through_pytorchs_hooks() {
+    setup();
+    let device = 7;
+    let pool_of = |ptr: *mut c_void| {
+        let p = ptr as u64;
+        segments(device).into_iter().find(|s| s.0 <= p && p < s.0 + s.1).map(|s| s.2)
+    };
+    // SAFETY: the driver calls the hook with a live std::function, as PyTorch does; the
+    // streams are only compared.
+    unsafe {
+        let begin = headroom_torch::headroom_begin_allocate_to_pool as *mut c_void;
+        headroom_test_begin_as_pytorch(begin, device as i32, 3, 0, stream(0xcafe));
+        let g = headroom_malloc(5 * MIB, device as i32, stream(0xcafe));
+        let d = headroom_malloc(5 * MIB, device as i32, stream(0));
+        assert!(!g.is_null() && !d.is_null());
+        assert_eq!(pool_of(g), Some(serde_json::json!([3, 0])));
+        assert_eq!(pool_of(d), Some(serde_json::json!([0, 0])));
+        headroom_torch::headroom_end_allocate_to_pool(device as i32, 3, 0);
+        headroom_free(g, 5 * MIB, device as i32, stream(0xcafe));
+        headroom_free(d, 5 * MIB, device as i32, stream(0));
+        headroom_empty_cache();
+        assert_eq!(segments(device).len(), 1, "the graph's segment stays while the graph lives");
+        headroom_torch::headroom_release_pool(device as i32, 3, 0);
+        headroom_empty_cache();
+        assert!(segments(device).is_empty(), "released, the graph's memory goes back");
+    }
+}

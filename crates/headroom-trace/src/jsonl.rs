@@ -14,6 +14,7 @@
 //! the file. Anything else — an unknown op, a missing, mistyped, unknown or
 //! repeated field, a line that is not UTF-8 — is an error naming the line.
 
+use headroom_alloc::MempoolId;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
@@ -37,9 +38,26 @@ pub enum TraceOp {
         id: TraceId,
         stream: u64,
     },
+    /// An allocation in a private pool (a CUDA graph's, a `torch.cuda.MemPool`'s),
+    /// made if it does not exist: `alloc` with `pool`.
+    AllocInPool {
+        id: TraceId,
+        size: u64,
+        stream: u64,
+        pool: MempoolId,
+    },
+    /// The pool's last user is gone (a graph reset, a `MemPool` deleted): its
+    /// cached segments go back at the next `empty_cache`.
+    ReleasePool {
+        pool: MempoolId,
+    },
     /// Every pending cross-stream event completes.
     CompleteEvents,
     EmptyCache,
+    /// `empty_cache` of one released pool (`emptyCache(mempool_id)`): `empty_cache` with `pool`.
+    EmptyPool {
+        pool: MempoolId,
+    },
     SetFraction {
         value: f64,
     },
@@ -150,8 +168,19 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
     let f = Line { fields: &fields, line };
     let parsed = match op {
         "alloc" => {
-            f.only(&["op", "id", "size", "stream"])?;
-            TraceOp::Alloc { id: f.id()?, size: f.uint("size", " of bytes")?, stream: f.stream()? }
+            f.only(&["op", "id", "size", "stream", "pool"])?;
+            let (id, size, stream) = (f.id()?, f.uint("size", " of bytes")?, f.stream()?);
+            match f.pool()? {
+                None | Some((0, 0)) => TraceOp::Alloc { id, size, stream },
+                Some(pool) => TraceOp::AllocInPool { id, size, stream, pool },
+            }
+        }
+        "release_pool" => {
+            f.only(&["op", "pool"])?;
+            match f.pool()? {
+                Some(pool) if pool != (0, 0) => TraceOp::ReleasePool { pool },
+                _ => return Err(perr(line, "release_pool needs `pool`, a private pool's [a, b], not [0, 0]")),
+            }
         }
         "free" => {
             f.only(&["op", "id"])?;
@@ -169,8 +198,11 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
             TraceOp::CompleteEvents
         }
         "empty_cache" => {
-            f.only(&["op"])?;
-            TraceOp::EmptyCache
+            f.only(&["op", "pool"])?;
+            match f.pool()? {
+                None | Some((0, 0)) => TraceOp::EmptyCache,
+                Some(pool) => TraceOp::EmptyPool { pool },
+            }
         }
         "set_fraction" => {
             f.only(&["op", "value"])?;
@@ -188,7 +220,7 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
             return Err(perr(
                 line,
                 format!(
-                    "unknown op `{other}` (expected alloc, free, record_stream, complete_events, empty_cache or set_fraction)"
+                    "unknown op `{other}` (expected alloc, free, record_stream, complete_events, empty_cache, release_pool or set_fraction)"
                 ),
             ))
         }
@@ -206,6 +238,15 @@ impl Line<'_> {
         match self.fields.0.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
             Some((k, _)) => Err(perr(self.line, format!("unknown field `{k}` (allowed here: {})", allowed.join(", ")))),
             None => Ok(()),
+        }
+    }
+
+    /// `pool`, if given: a private pool's id as PyTorch writes a `MempoolId_t`, `[a, b]`.
+    fn pool(&self) -> Result<Option<MempoolId>, TraceError> {
+        let Some(v) = self.fields.get("pool") else { return Ok(None) };
+        match v.as_array().map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>()).as_deref() {
+            Some(&[Some(a), Some(b)]) => Ok(Some((a, b))),
+            _ => Err(perr(self.line, format!("`pool` must be two non-negative whole numbers [a, b], got {v}"))),
         }
     }
 
@@ -259,8 +300,13 @@ pub fn format_op(op: &TraceOp) -> String {
         TraceOp::RecordStream { id: i, stream } => {
             format!(r#"{{"op":"record_stream","id":{},"stream":{stream}}}"#, id(i))
         }
+        TraceOp::AllocInPool { id: i, size, stream, pool: (a, b) } => {
+            format!(r#"{{"op":"alloc","id":{},"size":{size},"stream":{stream},"pool":[{a},{b}]}}"#, id(i))
+        }
+        TraceOp::ReleasePool { pool: (a, b) } => format!(r#"{{"op":"release_pool","pool":[{a},{b}]}}"#),
         TraceOp::CompleteEvents => r#"{"op":"complete_events"}"#.to_string(),
         TraceOp::EmptyCache => r#"{"op":"empty_cache"}"#.to_string(),
+        TraceOp::EmptyPool { pool: (a, b) } => format!(r#"{{"op":"empty_cache","pool":[{a},{b}]}}"#),
         TraceOp::SetFraction { value } => format!(r#"{{"op":"set_fraction","value":{value}}}"#),
     }
 }

@@ -33,6 +33,7 @@ pub mod snapshot;
 pub mod snapshot_check;
 pub mod snapshot_file;
 pub mod snapshot_ops;
+pub mod snapshot_pools;
 pub mod snapshot_replay;
 pub mod start_state;
 pub mod steps;

@@ -116,11 +116,15 @@ pub fn replay_on<D: DeviceMemory>(
         }
         let wrap = |error| ReplayError::Alloc { line, error };
         match op {
-            TraceOp::Alloc { id, size, stream } => {
+            TraceOp::Alloc { id, size, stream } | TraceOp::AllocInPool { id, size, stream, .. } => {
                 if let Some(&(_, first)) = live.get(id.as_str()) {
                     return Err(ReplayError::DuplicateId { line, id: id.clone(), first });
                 }
-                match a.malloc(*size, *stream) {
+                let pool = match op {
+                    TraceOp::AllocInPool { pool, .. } => *pool,
+                    _ => headroom_alloc::DEFAULT_MEMPOOL,
+                };
+                match a.malloc_in_pool(*size, *stream, pool) {
                     Ok(b) => {
                         failed.remove(id.as_str());
                         live.insert(id, (b.ptr, line));
@@ -158,6 +162,11 @@ pub fn replay_on<D: DeviceMemory>(
                 a.device_mut().synchronize().map_err(|e| ReplayError::Alloc { line, error: AllocError::Device(e) })?
             }
             TraceOp::EmptyCache => a.empty_cache().map_err(wrap)?,
+            TraceOp::EmptyPool { pool } => a.empty_cache_pool(*pool).map_err(wrap)?,
+            TraceOp::ReleasePool { pool } => {
+                // A pool no allocation named, or released already, is a mistake of the trace.
+                a.release_pool(*pool).map_err(wrap)?
+            }
             TraceOp::SetFraction { value } => a.set_memory_fraction(*value).map_err(wrap)?,
         }
     }

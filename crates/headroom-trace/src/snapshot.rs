@@ -75,6 +75,9 @@ pub struct TraceEvent {
     /// For `oom`: the bytes the device said were free.
     pub device_free: Option<u64>,
     pub stack: StackId,
+    /// `pool_id`, where the entry has one (PyTorch's `TraceEntry::mempool_`, and
+    /// headroom's snapshots): the private pool of the block or segment; (0, 0) else.
+    pub pool_id: (u64, u64),
 }
 
 /// One block of a recorded segment.
@@ -410,7 +413,7 @@ enum V {
 }
 
 /// Keys and values the builder recognises, interned first so their ids are known.
-const KNOWN: [&str; 30] = [
+const KNOWN: [&str; 31] = [
     "action",
     "addr",
     "size",
@@ -441,6 +444,7 @@ const KNOWN: [&str; 30] = [
     "device_traces",
     "allocator_settings",
     "active_awaiting_free",
+    "pool_id",
 ];
 
 /// The id of a known key: its index in [`KNOWN`], found at compile time.
@@ -789,7 +793,11 @@ impl SnapshotBuilder {
         {
             return self.fail(format!("{}: a '{}' without 'addr'", what(), action.name()));
         }
-        self.entries.push(TraceEvent { action, addr, size, stream, time_us, device_free, stack });
+        let pool_id = match f.get(const { id("pool_id") }).and_then(|v| self.list_items(v)).as_deref() {
+            Some([V::Int(a), V::Int(b)]) if *a >= 0 && *b >= 0 => (*a as u64, *b as u64),
+            _ => (0, 0),
+        };
+        self.entries.push(TraceEvent { action, addr, size, stream, time_us, device_free, stack, pool_id });
         V::Entry(n as u32)
     }
 

@@ -142,7 +142,7 @@ fn segments(snap: &Snapshot) -> Py {
                 ("requested_size", Py::uint(s.requested_size)),
                 ("stream", Py::uint(s.stream)),
                 ("segment_type", Py::str(s.segment_type.name())),
-                ("segment_pool_id", Py::Tuple(vec![Py::Int(0), Py::Int(0)])),
+                ("segment_pool_id", pool_id(s.segment_pool_id)),
                 ("is_expandable", Py::Bool(s.is_expandable)),
                 ("frames", Py::List(vec![])),
                 ("blocks", Py::List(blocks)),
@@ -156,14 +156,25 @@ fn trace_entry(e: &TraceEntry) -> Py {
     // PyTorch stores the device's free bytes in the address slot of an `oom`
     // entry and names the key `device_free` there.
     let addr_key = if e.device_free.is_some() { "device_free" } else { "addr" };
-    Py::dict([
+    let mut fields = vec![
         ("action", Py::str(e.action.name())),
         (addr_key, Py::uint(e.device_free.unwrap_or(e.addr))),
         ("size", Py::uint(e.size)),
         ("stream", Py::uint(e.stream)),
         ("time_us", Py::Int(e.time_us)),
         ("frames", Py::List(vec![])),
-    ])
+    ];
+    // A private pool's entries say which pool, as PyTorch's `TraceEntry` keeps it: what a
+    // replay of the snapshot needs to put each request in its pool.
+    if e.pool_id != headroom_alloc::DEFAULT_MEMPOOL {
+        fields.push(("pool_id", pool_id(e.pool_id)));
+    }
+    Py::dict(fields)
+}
+
+/// A `MempoolId_t` as PyTorch's snapshot writes it: a tuple of two ints.
+fn pool_id(id: headroom_alloc::MempoolId) -> Py {
+    Py::Tuple(vec![Py::uint(id.0), Py::uint(id.1)])
 }
 
 fn settings(c: &AllocatorConfig) -> Py {

@@ -10,6 +10,7 @@
 
 use crate::jsonl::{TraceLine, TraceOp};
 use crate::snapshot::TraceAction;
+use crate::snapshot_pools::RecordedPools;
 use crate::snapshot_replay::DeviceTrace;
 use rustc_hash::FxHashMap;
 
@@ -29,15 +30,16 @@ pub fn fresh_ops(t: &DeviceTrace) -> Vec<TraceLine> {
         for b in &s.live {
             let id = new_id(b.address);
             live.insert(b.address, id.clone());
-            ops.push(TraceLine { line: 0, op: TraceOp::Alloc { id, size: b.requested_size, stream: s.stream } });
+            ops.push(TraceLine { line: 0, op: alloc(id, b.requested_size, s.stream, s.pool_id) });
         }
     }
+    let pools = RecordedPools::of(t.snap, t.device);
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::Alloc => {
                 let id = new_id(e.addr);
                 live.insert(e.addr, id.clone());
-                ops.push(TraceLine { line: i + 1, op: TraceOp::Alloc { id, size: e.size, stream: e.stream } });
+                ops.push(TraceLine { line: i + 1, op: alloc(id, e.size, e.stream, pools.pool_of(e)) });
             }
             TraceAction::FreeRequested | TraceAction::Free => {
                 // A free of a block the trace never saw (its alloc fell out of a ring buffer
@@ -50,6 +52,14 @@ pub fn fresh_ops(t: &DeviceTrace) -> Vec<TraceLine> {
         }
     }
     ops
+}
+
+/// A request in its pool: the default pools', or a private pool's.
+fn alloc(id: String, size: u64, stream: u64, pool: headroom_alloc::MempoolId) -> TraceOp {
+    match pool {
+        headroom_alloc::DEFAULT_MEMPOOL => TraceOp::Alloc { id, size, stream },
+        pool => TraceOp::AllocInPool { id, size, stream, pool },
+    }
 }
 
 #[cfg(test)]

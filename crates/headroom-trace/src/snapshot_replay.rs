@@ -24,6 +24,7 @@
 use crate::recorded_memory::{RecordedMemory, Refusal};
 use crate::replay_device::{DeviceCall, RecordedDevice};
 use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
+use crate::snapshot_pools::RecordedPools;
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
 use headroom_alloc::{
     AllocError, AllocatorConfig, Backend, BlockState, DeviceCachingAllocator, DeviceCosts, ExpandableLayout,
@@ -171,7 +172,8 @@ fn allocator_at<P: Policy>(
     a.device_mut().inner_mut().sim_mut().keep_own_addresses_above(named);
     for s in start.segments.iter().filter(|s| !s.expandable) {
         a.device_mut().inner_mut().sim_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;
-        a.adopt_segment(s.address, s.size, s.stream, s.pool, &s.live).map_err(|e| bad(e.to_string()))?;
+        a.adopt_segment_in_pool(s.address, s.size, s.stream, s.pool, s.pool_id, &s.live)
+            .map_err(|e| bad(e.to_string()))?;
     }
     for (layout, live) in expandable_reservations(&a, start) {
         let ExpandableLayout { base, va_size, page, ref runs, .. } = layout;
@@ -201,7 +203,12 @@ fn expandable_reservations<P: Policy>(
     let mut out: Vec<(ExpandableLayout, Vec<LiveBlock>)> = Vec::new();
     for s in start.segments.iter().filter(|s| s.expandable) {
         match out.last_mut() {
-            Some((l, live)) if l.stream == s.stream && l.pool == s.pool && s.address + s.size <= l.base + l.va_size => {
+            Some((l, live))
+                if l.stream == s.stream
+                    && l.pool == s.pool
+                    && l.pool_id == s.pool_id
+                    && s.address + s.size <= l.base + l.va_size =>
+            {
                 l.runs.push((s.address, s.size));
                 live.extend(&s.live);
             }
@@ -213,6 +220,7 @@ fn expandable_reservations<P: Policy>(
                     page,
                     stream: s.stream,
                     pool: s.pool,
+                    pool_id: s.pool_id,
                     runs: vec![(s.address, s.size)],
                 };
                 out.push((layout, s.live.clone()));
@@ -351,6 +359,7 @@ pub fn check_from(
         (asked, if config.expandable_segments { rounded.next_multiple_of(page) + page } else { asked })
     };
     let capacity = if maps { capacity } else { CHECK_CAPACITY };
+    let pools = RecordedPools::of(snap, device);
     let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, trace, None)?;
     a.record_device_calls();
     let mut f = Fidelity {
@@ -497,6 +506,7 @@ pub fn check_from(
                         .unwrap_or(pending.len());
                     let mut released: Vec<usize> = pending.drain(..split).collect();
                     f.recorded.empty_cache_calls.extend(released.first());
+                    pools.release_freed(&mut a, trace, released.iter().copied());
                     if a.empty_cache().is_err() {
                         diverge(&mut f, i, "empty_cache failed".into());
                     }
@@ -504,7 +514,7 @@ pub fn check_from(
                         diverge(&mut f, j, m);
                     }
                 }
-                let r = a.malloc(e.size, e.stream);
+                let r = a.malloc_in_pool(e.size, e.stream, pools.pool_of(e));
                 a.device_mut().refuse_allocations(false);
                 a.device_mut().inner_mut().sim_mut().clear_next_addresses();
                 if e.action == TraceAction::Oom && a.release_unmapped_segments().is_err() {
@@ -595,6 +605,7 @@ pub fn check_from(
             TraceAction::FreeCompleted | TraceAction::Free => {
                 if !pending.is_empty() {
                     f.recorded.empty_cache_calls.push(pending[0]);
+                    pools.release_freed(&mut a, trace, pending.iter().copied());
                     if a.empty_cache().is_err() {
                         diverge(&mut f, i, "empty_cache failed".into());
                     }
@@ -614,6 +625,7 @@ pub fn check_from(
     if !pending.is_empty() {
         f.recorded.empty_cache_calls.push(pending[0]);
         let at = trace.len().saturating_sub(1);
+        pools.release_freed(&mut a, trace, pending.iter().copied());
         if a.empty_cache().is_err() {
             diverge(&mut f, at, "empty_cache failed".into());
         }
@@ -894,6 +906,7 @@ fn replay_prefix(
     let trace = &trace[..until.min(trace.len())];
     let Setup { config, policy, start: start_from } = setup;
     let mut ptrs: FxHashMap<u64, u64> = FxHashMap::default();
+    let pools = RecordedPools::of(t.snap, device);
     let mut a = match start_from {
         StartFrom::Recorded => {
             if let Some(e) = unsupported(device, &config) {
@@ -911,15 +924,18 @@ fn replay_prefix(
             }
             let empty = StartState::default();
             let mut a = allocator_at(&empty, config, policy.build(), capacity, device, &[], None)?;
-            let mut blocks: Vec<_> = start.segments.iter().flat_map(|s| s.live.iter().map(|b| (b, s.stream))).collect();
-            blocks.sort_unstable_by_key(|(b, _)| b.address);
-            for (b, stream) in blocks {
-                let got = a.malloc(b.requested_size.max(1), stream).map_err(|e| SnapshotReplayError::Capacity {
-                    device,
-                    message: format!(
-                        "the blocks live when the trace began do not fit on the simulated device: {}",
-                        first_line(&e)
-                    ),
+            let mut blocks: Vec<_> =
+                start.segments.iter().flat_map(|s| s.live.iter().map(|b| (b, s.stream, s.pool_id))).collect();
+            blocks.sort_unstable_by_key(|(b, _, _)| b.address);
+            for (b, stream, pool) in blocks {
+                let got = a.malloc_in_pool(b.requested_size.max(1), stream, pool).map_err(|e| {
+                    SnapshotReplayError::Capacity {
+                        device,
+                        message: format!(
+                            "the blocks live when the trace began do not fit on the simulated device: {}",
+                            first_line(&e)
+                        ),
+                    }
                 })?;
                 ptrs.insert(b.address, got.ptr);
             }
@@ -1007,6 +1023,7 @@ fn replay_prefix(
         }
         if next_call.peek().is_some_and(|&&c| c == i) {
             next_call.next();
+            pools.release_freed(&mut a, trace, RecordedPools::burst(trace, i));
             let _ = a.empty_cache();
         }
         match e.action {
@@ -1016,7 +1033,7 @@ fn replay_prefix(
                     // The allocator releases its cache and asks again, as the recorded one did.
                     a.device_mut().fail_nth_allocation(1);
                 }
-                let r = a.malloc(e.size, e.stream);
+                let r = a.malloc_in_pool(e.size, e.stream, pools.pool_of(e));
                 if refused {
                     a.device_mut().cancel_failure();
                 }
@@ -1038,7 +1055,7 @@ fn replay_prefix(
                 let refused = refused_here(&a, i);
                 a.device_mut().refuse_allocations(refused);
                 a.device_mut().inner_mut().replaying_a_failure(refused);
-                let r = a.malloc(e.size, e.stream);
+                let r = a.malloc_in_pool(e.size, e.stream, pools.pool_of(e));
                 a.device_mut().refuse_allocations(false);
                 a.device_mut().inner_mut().replaying_a_failure(false);
                 if refused {

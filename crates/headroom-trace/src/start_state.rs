@@ -27,7 +27,7 @@
 use crate::snapshot::{MemorySnapshot, TraceAction};
 use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
 use headroom_alloc::sizing;
-use headroom_alloc::{AllocatorConfig, BlockState, LiveBlock, PoolKind, StreamId};
+use headroom_alloc::{AllocatorConfig, BlockState, LiveBlock, MempoolId, PoolKind, StreamId};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
@@ -39,8 +39,8 @@ pub struct StartSegment {
     pub stream: StreamId,
     pub pool: PoolKind,
     pub expandable: bool,
-    /// Private pool (CUDA graphs, `MemPool`) rather than the default (0, 0).
-    pub private_pool: bool,
+    /// `segment_pool_id`: (0, 0), or a private pool's (CUDA graphs, `MemPool`).
+    pub pool_id: MempoolId,
     /// Blocks live then, by address.
     pub live: Vec<LiveBlock>,
 }
@@ -97,8 +97,8 @@ pub fn infer_start(
     let empty = Vec::new();
     let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
 
-    // (size, stream, pool if recorded, expandable, private pool) by address.
-    type Seg = (u64, StreamId, Option<PoolKind>, bool, bool);
+    // (size, stream, pool if recorded, expandable, pool id) by address.
+    type Seg = (u64, StreamId, Option<PoolKind>, bool, MempoolId);
     let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
     // Hashed while walking (a million inserts and removes in a long trace), sorted after.
     let mut live: FxHashMap<u64, Live> = FxHashMap::default();
@@ -108,19 +108,21 @@ pub fn infer_start(
         if s.is_expandable {
             add_range(&mut mapped, s.address, s.address + s.total_size);
         }
-        segs.insert(s.address, (s.total_size, s.stream, s.pool, s.is_expandable, s.pool_id != (0, 0)));
+        let pool_id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
+        segs.insert(s.address, (s.total_size, s.stream, s.pool, s.is_expandable, pool_id));
         for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
             live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, freed_at: None });
         }
     }
     // Who owns an expandable range: (end, stream, pool if recorded) by start,
     // from the final runs and the trace's maps and unmaps.
-    let mut owners: BTreeMap<u64, (u64, StreamId, Option<PoolKind>)> = BTreeMap::new();
+    let mut owners: BTreeMap<u64, (u64, StreamId, Option<PoolKind>, MempoolId)> = BTreeMap::new();
     for s in snap.segments.iter().filter(|s| s.device == device && s.is_expandable) {
-        owners.insert(s.address, (s.address + s.total_size, s.stream, s.pool));
+        let pool_id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
+        owners.insert(s.address, (s.address + s.total_size, s.stream, s.pool, pool_id));
     }
     for e in trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)) {
-        owners.entry(e.addr).or_insert((e.addr.saturating_add(e.size), e.stream, None));
+        owners.entry(e.addr).or_insert((e.addr.saturating_add(e.size), e.stream, None, e.pool_id));
     }
     // Expandable segments are listed as their mapped runs; a run that was
     // extended or shrunk within the trace is followed by address below.
@@ -140,7 +142,7 @@ pub fn infer_start(
                 ));
             }
             TraceAction::SegmentFree => {
-                segs.insert(e.addr, (e.size, e.stream, None, false, false));
+                segs.insert(e.addr, (e.size, e.stream, None, false, e.pool_id));
             }
             // Expandable segments: the mapped ranges, undone the same way.
             // As above: the guard unmaps the range.
@@ -166,7 +168,7 @@ pub fn infer_start(
     for (start, end) in runs {
         let owner = owners.range(..=start).next_back().filter(|(_, o)| o.0 > start).map(|(_, o)| *o);
         let owner = owner.or_else(|| owners.range(start..end).next().map(|(_, o)| *o));
-        let Some((_, stream, pool)) = owner else {
+        let Some((_, stream, pool, pool_id)) = owner else {
             return fail(format!("expandable range {start:#x} mapped when the trace began belongs to no segment"));
         };
         // A run the final segments no longer show: its pool is that of the blocks it held.
@@ -175,7 +177,7 @@ pub fn infer_start(
             let block = trace.iter().find(|e| held(e.action) && (start..end).contains(&e.addr));
             block.map(|e| sizing::pool_for(sizing::round_size(config, e.size)))
         });
-        segs.insert(start, (end - start, stream, pool, true, false));
+        segs.insert(start, (end - start, stream, pool, true, pool_id));
     }
 
     // Barriers from the trace: for each block allocated before the trace and
@@ -208,10 +210,10 @@ pub fn infer_start(
     let mut live: Vec<(u64, Live)> = live.into_iter().collect();
     live.sort_unstable_by_key(|&(a, _)| a);
     let mut blocks = live.into_iter().peekable();
-    for (&address, &(size, stream, pool, expandable, private_pool)) in &segs {
+    for (&address, &(size, stream, pool, expandable, pool_id)) in &segs {
         let pool = pool.unwrap_or(if size == SMALL_BUFFER && !expandable { PoolKind::Small } else { PoolKind::Large });
         let end = address + size;
-        let mut seg = StartSegment { address, size, stream, pool, expandable, private_pool, live: Vec::new() };
+        let mut seg = StartSegment { address, size, stream, pool, expandable, pool_id, live: Vec::new() };
         while let Some((a, _)) = blocks.peek() {
             if *a < address {
                 let a = *a;

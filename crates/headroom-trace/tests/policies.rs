@@ -5,15 +5,14 @@
 //!
 //! Asserted on every fixture: no policy runs out of memory on an 80 GiB
 //! device; no policy reserves less than the peak of live bytes (which would
-//! mean the replay lost a block); `headroom` reserves no more than PyTorch's
-//! default, and no more than `tight` (every free page given back before the
-//! peak grows: headroom's policy before issue 31) and the 1/32 of its peak
-//! that `headroom` may spend keeping the pages a run maps again; after the
-//! second training step (the steady state) `headroom` makes no more device
-//! calls than `tight`, nor than `expandable` (a run that repeats maps
-//! nothing again once its second step is done). Where `headroom` reserves more than
-//! `expandable`, the fixture is named in `ABOVE_EXPANDABLE`, with the
-//! reason; the test fails on any other and when a named one no longer is.
+//! mean the replay lost a block); `headroom` reserves no more than
+//! `expandable` and makes at most 1.25 times its device calls (maps and
+//! unmaps), except on the fixtures named in `MISSED`, with the reason (the
+//! test fails on any other, and when a named one no longer misses); it
+//! reserves no more than PyTorch's default wherever `expandable` does not
+//! either; and after the second training step (the steady state) it makes
+//! no more device calls than `tight` (every free page given back before the
+//! peak grows).
 //! The table in docs/VALIDATION.md is this test's output:
 //! `HEADROOM_REGENERATE=1 cargo test -p headroom-trace --test policies`.
 //!
@@ -28,36 +27,21 @@ use headroom_trace::snapshot_replay::{check_from, live_peak_bytes, what_if, Devi
 use std::fmt::Write;
 use std::path::PathBuf;
 
-/// Fixtures on which `headroom` peaks above `expandable`. Unmapping whole
-/// free pages before the peak grows, and mapping only what a request needs
-/// there, moves where later blocks land; on these transformer runs, whose
-/// expandable peak is already within 0.7% of the live bytes, the new
-/// placement strands a little more (10–92 MiB) at a later peak, and keeping
-/// the pages a run maps again after a reclaim (within the policy's budget of
-/// 1/32 of the peak) adds a little on some.
-const ABOVE_EXPANDABLE: [&str; 10] = [
-    "MAGMA27__assignment2-systems__15883f2b__memory_snapshot.pickle",
-    "Wedsonlin__assignment2-systems__8630bcfe__results_medium_256_training_memory_snapshot.pickle",
-    "kkaitlyn111__cs336-a2-systems__46eae3f8__memory_ctx128_forward.pickle",
-    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward.pickle",
-    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_.pickle",
-    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_forward_mixed.pickle",
-    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx256_forward_mixed.pickle",
-    "notHanmin__assignment2-systems__33be88e6__memory_snapshot.pickle",
-    "notHanmin__assignment2-systems__bbd29721__memory_snapshot_forward.pickle",
-    "notHanmin__assignment2-systems__bbd29721__memory_snapshot_forward_without_mixed.pickle",
+/// Fixtures on which `headroom` misses the promise: its peak above
+/// `expandable`'s, or more than 1.25 times its device calls. Giving whole
+/// free pages back before the peak grows moves where later blocks land. The
+/// two octree-NCA runs hold a few blocks of several GiB: on this 80 GiB device
+/// the reclaim's placement strands one of them at a later peak (+15 and +13
+/// points over live: 2.7 and 2.4 GiB), and the inference run pays 1.8 times
+/// expandable's few calls for it; replayed as `headroom replay` does (the
+/// recorded device's size, docs/PERFORMANCE.md) the first is 60 MiB below
+/// expandable and the second 4 MiB above. The forward pass at context 512
+/// peaks 8 MiB (four pages) above.
+const MISSED: [&str; 3] = [
+    "HugePandaCoder__octree-nca-groupeq__3e8aa21a__mem_snapshots_inference2_peso_oct.pickle",
+    "HugePandaCoder__octree-nca-groupeq__d47727a2__my_snapshot.pickle",
+    "kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx512_forward_.pickle",
 ];
-
-/// Fixtures on which `headroom` peaks more than the 1/32 it may spend keeping
-/// pages above `tight`. The octree-NCA inference run holds a few blocks of
-/// several GiB and gives pages back and maps them again hundreds of times in
-/// one pass; its peak is set by where those blocks land, and any other choice
-/// of pages moves it by a block either way: with keeping's budget at 1/32,
-/// 1/48, 1/64 and 1/128 of the peak `headroom` is 5.5%, 21.7%, 7.4% and 6.1%
-/// above `tight` here, and 6.3% below it replayed as `headroom replay` does
-/// (the recorded device's size, the run's `empty_cache()` calls made).
-const BEYOND_BUDGET: [&str; 1] =
-    ["HugePandaCoder__octree-nca-groupeq__3e8aa21a__mem_snapshots_inference2_peso_oct.pickle"];
 
 /// Device calls after the second training step (the steady state); `None`
 /// for a trace of fewer than three steps.
@@ -158,26 +142,21 @@ fn headroom_policy_against_pytorch_on_every_fixture() {
         PolicyName::ALL[..4],
         [PolicyName::PyTorch, PolicyName::Expandable, PolicyName::Headroom, PolicyName::Tight]
     );
-    let (mut above, mut beyond) = (Vec::new(), Vec::new());
+    let mut missed = Vec::new();
     for r in &rows {
-        let [p, e, h, t] = [pytorch, expandable, headroom, tight].map(|i| r.runs[i].peak_reserved_bytes);
-        assert!(h <= p, "{} device {}: headroom peaks at {h} B, PyTorch's default at {p} B", r.name, r.device);
-        if h > t + t / 32 {
-            beyond.push(r.name.as_str());
+        let [p, e, h] = [pytorch, expandable, headroom].map(|i| r.runs[i].peak_reserved_bytes);
+        let calls = |i: usize| r.runs[i].num_device_alloc + r.runs[i].num_device_free;
+        assert!(h <= p || e > p, "{} device {}: headroom peaks at {h} B, PyTorch's default at {p} B", r.name, r.device);
+        if h > e || 4 * calls(headroom) > 5 * calls(expandable) {
+            missed.push(r.name.as_str());
         }
-        let [sh, st] = [headroom, tight].map(|i| steady_calls(&r.runs[i]).unwrap_or(0));
+        let [st, sh] = [tight, headroom].map(|i| steady_calls(&r.runs[i]).unwrap_or(0));
         assert!(sh <= st, "{}: headroom makes {sh} device calls after the second step, tight {st}", r.name);
-        let [se, sh] = [expandable, headroom].map(|i| steady_calls(&r.runs[i]).unwrap_or(0));
-        assert!(sh <= se, "{}: headroom makes {sh} device calls after the second step, expandable {se}", r.name);
-        if h > e {
-            above.push(r.name.as_str());
-        }
     }
-    assert_eq!(beyond, BEYOND_BUDGET, "headroom peaks more than 1/32 above tight");
-    let unexpected: Vec<_> = above.iter().filter(|n| !ABOVE_EXPANDABLE.contains(n)).collect();
-    assert!(unexpected.is_empty(), "headroom peaks above expandable on {unexpected:?}");
-    let gone: Vec<_> = ABOVE_EXPANDABLE.iter().filter(|n| !above.contains(n)).collect();
-    assert!(gone.is_empty(), "listed in ABOVE_EXPANDABLE but no longer above it: {gone:?}");
+    let unexpected: Vec<_> = missed.iter().filter(|n| !MISSED.contains(n)).collect();
+    assert!(unexpected.is_empty(), "headroom misses expandable's peak or 1.25 times its calls on {unexpected:?}");
+    let gone: Vec<_> = MISSED.iter().filter(|n| !missed.contains(n)).collect();
+    assert!(gone.is_empty(), "listed in MISSED but no longer missing: {gone:?}");
 
     let text = table(&rows);
     eprintln!("{text}");

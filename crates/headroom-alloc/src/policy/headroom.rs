@@ -1,15 +1,33 @@
 //! `HeadroomPolicy`: headroom's recommended policy. Expandable segments for
-//! every pool with 2 MiB pages, and rules PyTorch lacks.
+//! every pool with 2 MiB pages, and rules PyTorch lacks, under one promise:
+//! no more reserved memory than PyTorch's expandable segments, and no more
+//! than a quarter more device calls (maps and unmaps), on the real traces.
 //!
-//! Reserved memory does not grow past its high-water mark while whole free
-//! pages sit mapped elsewhere. With expandable segments, a request that no
-//! free block fits maps new pages at the end of the reservation even when
-//! the blocks freed in the middle add up to far more than it needs: their
-//! pages stay mapped until a flush. Under this policy a request that would
-//! raise the peak first unmaps whole free pages (largest free blocks first,
-//! as many bytes as it would map) and maps its own from what that gave back,
-//! so the peak tracks the pages that hold live bytes. Below the peak nothing
-//! changes, which keeps steady-state steps free of device calls.
+//! The rule that keeps the promise: **what the policy gives back is paid for
+//! by what the run will not take again.** Climbing past the peak, growth maps
+//! what PyTorch's expandable segments map (the pages the request lacks, in
+//! whole steps of its page size, [`HeadroomPolicy::climb_ahead`]), so growth
+//! costs the calls theirs costs. Giving free pages back before the peak grows
+//! ([`Rung::ReclaimFreePages`]) costs an unmap now and a map when the run
+//! takes the pages again, so it is done only where it replaces growth
+//! outright ([`HeadroomPolicy::reclaim_rule`]): with whole large pages of the
+//! request's own pool and stream, which the request takes again at once (no
+//! other pool's, which that pool maps again at its next request), only when
+//! they cover all the growth (partial reclaims, measured, lowered the peak
+//! where they ran but moved later blocks above expandable's peak on more
+//! traces: docs/PERFORMANCE.md), and at most one unmap per 16 device
+//! allocations. The unmaps are then at most a sixteenth of the calls growth
+//! made, whatever the trace, and each saves the map growth past the peak
+//! would have made.
+//!
+//! Why give back at all: with expandable segments, a request that no free
+//! block fits maps new pages at the end of the reservation even when the
+//! blocks freed in the middle add up to far more than it needs: their pages
+//! stay mapped until a flush. Under this policy such a request, where the
+//! rule allows, first unmaps whole free pages (largest free blocks first, as
+//! many bytes as it would map) and maps its own from what that gave back.
+//! Below the peak nothing changes, which keeps steady-state steps free of
+//! device calls.
 //!
 //! But not the pages the run maps again. Where a run repeats, the pages one
 //! moment of a step gives back are the pages another moment maps again: two
@@ -33,12 +51,13 @@
 //! the front, which can leave most of a large free block cached beside the
 //! pages it just mapped.
 //!
-//! [`TightPolicy`] is the same without keeping and batching: every free page
-//! goes back before the peak grows, which holds the lowest peak of the two
-//! and pays for it in device calls every step of a run that repeats
-//! (headroom's policy before issue 31).
+//! [`TightPolicy`] gives back any whole free page of any pool before the peak
+//! grows, as often as the peak needs, without keeping and batching, and
+//! climbs 1/1024 of reserved memory at a time: the lowest peak, paid for in
+//! device calls every step of a run that repeats (headroom's policy before
+//! issue 31).
 
-use super::{ExpandableFit, Policy, Rung};
+use super::{ExpandableFit, Policy, ReclaimRule, Rung};
 use crate::config::AllocatorConfig;
 use crate::stats::PoolKind;
 
@@ -60,6 +79,19 @@ impl Policy for HeadroomPolicy {
         &HEADROOM_LADDER
     }
 
+    /// See the module documentation: whole large pages of the request's own
+    /// pool and stream, all the growth or nothing, one unmap per 16 device
+    /// allocations, and growth in whole steps after it as before.
+    fn reclaim_rule(&self, config: &AllocatorConfig) -> ReclaimRule {
+        ReclaimRule {
+            own_pool_only: true,
+            min_run: crate::sizing::expandable_page_size(config, PoolKind::Large),
+            all_or_nothing: true,
+            allocations_per_unmap: ALLOCATIONS_PER_UNMAP,
+            map_ahead_after: true,
+        }
+    }
+
     /// The driver's 2 MiB mapping granularity in both pools: a large block
     /// then strands less than 2 MiB of a partly used page, not up to 20 MiB.
     /// More pages need not cost more device calls: one call maps a whole range.
@@ -79,13 +111,12 @@ impl Policy for HeadroomPolicy {
             .max((size + room / MAP_AHEAD_ROOM_DIVISOR).next_multiple_of(page))
     }
 
-    /// Climbing past the peak with nothing to reuse, map ahead by 1/1024 of
-    /// what is reserved (at most PyTorch's page size): the pages left unused
-    /// at the top stay under 0.1% of reserved memory, and a run that climbs
-    /// through many small requests does not pay a device call for each.
-    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
-        let page = crate::config::SMALL_BUFFER;
-        (reserved / 1024).next_multiple_of(page).min(crate::sizing::expandable_page_size(config, pool))
+    /// Climbing past the peak, map the pages a request lacks in whole steps of
+    /// PyTorch's page size (20 MiB in the large pool, 2 MiB in the small), as
+    /// its expandable segments do: growth then costs the device calls theirs
+    /// costs, and leaves no more mapped above the request than theirs.
+    fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, _reserved: u64) -> u64 {
+        crate::sizing::expandable_page_size(config, pool)
     }
 
     /// Grow where the fewest new pages are needed: a request that fits in a
@@ -126,6 +157,11 @@ impl Policy for HeadroomPolicy {
 /// See [`HeadroomPolicy::keep_budget`].
 const KEEP_BUDGET_DIVISOR: u64 = 32;
 
+/// See [`HeadroomPolicy::reclaim_rule`]: unmaps stay within 1/16 of the
+/// device allocations, so giving back costs at most 1/16 more calls than
+/// growth, and a map taken again for each at most 1/8.
+const ALLOCATIONS_PER_UNMAP: u64 = 16;
+
 /// See [`HeadroomPolicy::map_ahead`].
 const MAP_AHEAD_ROOM_DIVISOR: u64 = 4;
 
@@ -148,8 +184,11 @@ impl Policy for TightPolicy {
     fn map_ahead(&self, config: &AllocatorConfig, pool: PoolKind, size: u64, _room: u64) -> u64 {
         size.next_multiple_of(crate::sizing::expandable_page_size(config, pool))
     }
+    /// 1/1024 of what is reserved (at most PyTorch's page size): the pages left
+    /// unused at the top stay under 0.1% of reserved memory.
     fn climb_ahead(&self, config: &AllocatorConfig, pool: PoolKind, reserved: u64) -> u64 {
-        HeadroomPolicy.climb_ahead(config, pool, reserved)
+        let page = crate::config::SMALL_BUFFER;
+        (reserved / 1024).next_multiple_of(page).min(crate::sizing::expandable_page_size(config, pool))
     }
     fn expandable_fit(&self) -> ExpandableFit {
         HeadroomPolicy.expandable_fit()

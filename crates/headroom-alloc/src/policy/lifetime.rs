@@ -19,7 +19,7 @@
 //! Measured on every fixture, this does not beat [`super::HeadroomPolicy`] and
 //! so is not part of it (docs/VALIDATION.md, "Allocation policies").
 
-use super::{CachedSegment, ExpandableFit, HeadroomPolicy, Placement, Policy, Rung};
+use super::{CachedSegment, ExpandableFit, HeadroomPolicy, Placement, Policy, ReclaimRule, Rung};
 use crate::config::AllocatorConfig;
 use crate::device::StreamId;
 use crate::stats::PoolKind;

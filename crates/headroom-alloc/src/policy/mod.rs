@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | `pytorch` | [`PyTorchPolicy`] | nothing: PyTorch's decisions, exactly |
 //! | `expandable` | [`ExpandablePolicy`] | expandable segments for every pool |
-//! | `headroom` | [`HeadroomPolicy`] | expandable, and free pages reused before the peak grows, but not those the run maps again |
+//! | `headroom` | [`HeadroomPolicy`] | expandable segments' growth and device calls, and whole free pages of the request's own pool given back where they replace growth past the peak, within a budget of unmaps |
 //! | `tight` | [`TightPolicy`] | `headroom`'s, every free page given back before the peak grows: the lowest peak, for device calls every step |
 //! | `lifetime` | [`LifetimePolicy`] | `headroom`'s, with long-lived and short-lived blocks kept apart |
 //! | `planned` | [`PlannedPolicy`] | `headroom`'s, and a repeating step's blocks at offsets planned ahead |
@@ -87,6 +87,9 @@ macro_rules! headroom_decisions {
         fn keep_budget(&self, peak: u64) -> u64 {
             HeadroomPolicy.keep_budget(peak)
         }
+        fn reclaim_rule(&self, config: &AllocatorConfig) -> ReclaimRule {
+            HeadroomPolicy.reclaim_rule(config)
+        }
         fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, climbing: bool) -> u64 {
             HeadroomPolicy.allocation_size(config, pool, climbing)
         }
@@ -156,6 +159,42 @@ pub enum ExpandableFit {
     LowestAddress,
     /// Where the fewest new pages must be mapped (ties: the lowest address).
     LeastGrowth,
+}
+
+/// What the ladder's reclaim ([`Rung::ReclaimFreePages`]) may give back.
+///
+/// Giving a page back is an unmap now and, if the run takes it again, a map
+/// later: device calls that expandable segments, which never give back
+/// before a flush, do not make. The rule bounds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReclaimRule {
+    /// Only free pages of the request's own pool and stream: the pages its
+    /// growth would otherwise map on top of, not another pool's, which that
+    /// pool takes again at its next request.
+    pub own_pool_only: bool,
+    /// Free runs shorter than this stay mapped.
+    pub min_run: u64,
+    /// Give back nothing unless the runs given back cover all the growth the
+    /// request needs: the request then maps its pages where the reclaim made
+    /// room, instead of part there and part past the peak.
+    pub all_or_nothing: bool,
+    /// At most one unmap for every this many device allocations made so far
+    /// (0: no bound).
+    pub allocations_per_unmap: u64,
+    /// After a reclaim, growth past the peak still maps ahead in whole steps
+    /// of [`Policy::climb_ahead`].
+    pub map_ahead_after: bool,
+}
+
+impl ReclaimRule {
+    /// Any whole free page, as often as the peak needs: `tight`'s.
+    pub const ANY: ReclaimRule = ReclaimRule {
+        own_pool_only: false,
+        min_run: 0,
+        all_or_nothing: false,
+        allocations_per_unmap: 0,
+        map_ahead_after: false,
+    };
 }
 
 /// An unsplit cached segment that garbage collection could give back.
@@ -251,6 +290,12 @@ pub trait Policy: Send {
     /// default: one allocation per page, as PyTorch maps them.
     fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, _climbing: bool) -> u64 {
         self.page_size(config, pool)
+    }
+
+    /// Which free pages [`Rung::ReclaimFreePages`] may give back, and how
+    /// often; see [`ReclaimRule`]. Any whole free page, by default.
+    fn reclaim_rule(&self, _config: &AllocatorConfig) -> ReclaimRule {
+        ReclaimRule::ANY
     }
 
     /// Settings the policy relies on, applied over the user's when the

@@ -166,6 +166,9 @@ impl Policy for NamedPolicy {
     fn keep_budget(&self, peak: u64) -> u64 {
         forward!(self, p => p.keep_budget(peak))
     }
+    fn reclaim_rule(&self, config: &AllocatorConfig) -> crate::policy::ReclaimRule {
+        forward!(self, p => p.reclaim_rule(config))
+    }
     fn allocation_size(&self, config: &AllocatorConfig, pool: PoolKind, climbing: bool) -> u64 {
         forward!(self, p => p.allocation_size(config, pool, climbing))
     }

@@ -21,7 +21,7 @@
 //! goes where `headroom` puts it. The policy sees only what came before: the
 //! plan is made from steps that have happened.
 
-use super::{ArenaSlot, CachedSegment, ExpandableFit, HeadroomPolicy, Placement, Policy, Rung};
+use super::{ArenaSlot, CachedSegment, ExpandableFit, HeadroomPolicy, Placement, Policy, ReclaimRule, Rung};
 use crate::config::AllocatorConfig;
 use crate::device::StreamId;
 use crate::sizing;

@@ -1,0 +1,263 @@
+//! The free path: a caller's free, the cross-stream events that delay it
+//! (`record_stream`), the frees a graph capture defers, and the merge of a
+//! block that has become reusable with its free neighbours.
+//!
+//! A free is two steps, as in PyTorch: `free_requested` (allocated stats drop
+//! now) and `free_completed` (the block is reusable: active stats drop, the
+//! block merges). Between them a block used on other streams waits for
+//! events recorded on those streams; while a graph capture is underway
+//! event queries are illegal, so such a free waits, unrecorded, until no
+//! capture is (`needs_events_deferred_until_no_capture`), and then only the
+//! streams recorded before the capture get events: the capture's own work is
+//! ordered by the graph.
+
+use crate::block::NIL;
+use crate::caching::DeviceCachingAllocator;
+use crate::device::{DeviceMemory, StreamId};
+use crate::error::AllocError;
+use crate::history::Action;
+use crate::policy::Policy;
+use crate::stats::{self, PoolKind};
+
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
+    /// Frees the allocation at `ptr`. If other streams used it
+    /// (`record_stream`), it becomes reusable only once their work recorded
+    /// so far has finished; during a graph capture, only once no capture is
+    /// underway and then that work has finished.
+    pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        self.policy.on_free(ptr);
+        let b = &mut self.arena[id];
+        debug_assert!(b.allocated);
+        b.allocated = false;
+        let (kind, size, requested, stream, owner) = (b.pool, b.size, b.requested_size, b.stream, b.owner);
+        let pending = b.has_stream_uses;
+        stats::decrease(&mut self.stats.allocation, kind, 1);
+        stats::decrease(&mut self.stats.allocated_bytes, kind, size);
+        self.trace_in(Action::FreeRequested, ptr, requested, stream, owner);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if pending && !self.captures.is_empty() {
+            // Querying an event recorded during a capture is illegal: the
+            // events wait until no capture is underway.
+            self.deferred.push(id);
+        } else if pending {
+            self.insert_events(id)?;
+        } else {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// `recordStream`: marks the allocation at `ptr` as used by `stream`, so
+    /// that freeing it waits for that stream's work. The allocation's own
+    /// stream is ignored.
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let own = self.policy.stream_of(self.arena[id].stream);
+        if stream == own {
+            return Ok(());
+        }
+        self.arena[id].has_stream_uses = true;
+        let uses = self.stream_uses.entry(id).or_default();
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        if !self.captures.is_empty() {
+            // Work a capture records on `stream` is ordered by its graph:
+            // no event is needed for it once the capture is over.
+            let during = self.capture_stream_uses.entry(id).or_default();
+            if !during.contains(&stream) {
+                during.push(stream);
+            }
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, id: u32) -> Result<(), AllocError> {
+        self.arena[id].has_stream_uses = false;
+        let streams = self.stream_uses.remove(&id).unwrap_or_default();
+        for s in streams {
+            let ev = self.device.record_event(s)?;
+            self.arena[id].event_count += 1;
+            self.events.entry(s).or_default().push_back((ev, id));
+        }
+        Ok(())
+    }
+
+    /// `insert_events_deferred_until_no_capture`: the frees a capture
+    /// deferred get events on the streams recorded before it (those recorded
+    /// during it are the graph's to order), or complete at once if none are left.
+    pub(crate) fn insert_events_deferred_until_no_capture(&mut self) -> Result<(), AllocError> {
+        debug_assert!(self.captures.is_empty());
+        for id in std::mem::take(&mut self.deferred) {
+            if let Some(during) = self.capture_stream_uses.remove(&id) {
+                if let Some(uses) = self.stream_uses.get_mut(&id) {
+                    uses.retain(|s| !during.contains(s));
+                }
+            }
+            self.insert_events(id)?;
+            if self.arena[id].event_count == 0 {
+                self.free_block(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// `process_events`: completes the pending frees whose events are done,
+    /// in record order per stream, stopping at a stream's first pending event.
+    /// Only called with no capture underway (event queries are illegal during one).
+    pub(crate) fn process_events(&mut self) -> Result<(), AllocError> {
+        self.insert_events_deferred_until_no_capture()?;
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for s in streams {
+            while let Some(&(ev, id)) = self.events.get(&s).and_then(|q| q.front()) {
+                if !self.device.query_event(ev)? {
+                    break;
+                }
+                self.events.get_mut(&s).expect("queue exists").pop_front();
+                self.device.destroy_event(ev);
+                self.complete_event(id);
+            }
+            if self.events.get(&s).is_some_and(|q| q.is_empty()) {
+                self.events.remove(&s);
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_event(&mut self, id: u32) {
+        let b = &mut self.arena[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// `synchronize_and_free_events`: waits for every outstanding event, or
+    /// with `owner`, only those of that pool's blocks.
+    pub(crate) fn synchronize_and_free_events(&mut self, owner: Option<u32>) -> Result<(), AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        if self.captures.is_empty() {
+            self.insert_events_deferred_until_no_capture()?;
+        }
+        let events = std::mem::take(&mut self.events);
+        for (s, queue) in events {
+            let mut kept = std::collections::VecDeque::new();
+            for (ev, id) in queue {
+                if owner.is_some_and(|o| self.arena[id].owner != o) {
+                    kept.push_back((ev, id));
+                    continue;
+                }
+                self.device.synchronize_event(ev)?;
+                self.device.destroy_event(ev);
+                self.complete_event(id);
+            }
+            if !kept.is_empty() {
+                self.events.insert(s, kept);
+            }
+        }
+        Ok(())
+    }
+
+    /// `free_block`: the block is reusable now; merge it with free neighbours.
+    pub(crate) fn free_block(&mut self, id: u32) {
+        let b = &self.arena[id];
+        debug_assert!(b.is_reusable());
+        let (ptr, original_size, requested, stream, kind, owner, prev, next) =
+            (b.ptr, b.size, b.requested_size, b.stream, b.pool, b.owner, b.prev, b.next);
+        self.trace_in(Action::FreeCompleted, ptr, requested, stream, owner);
+        let mut net_blocks = 0i64;
+        let mut net_bytes = 0i64;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_into_blocks(id);
+        let b = &self.arena[id];
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let s = &mut self.stats;
+        // Expandable segments are left out of inactive_split: their fully free
+        // pages can always be released.
+        if !b.is_expandable() {
+            apply_net(&mut s.inactive_split, kind, net_blocks);
+            apply_net(&mut s.inactive_split_bytes, kind, net_bytes);
+        }
+        stats::decrease(&mut s.active, kind, 1);
+        stats::decrease(&mut s.active_bytes, kind, original_size);
+        stats::decrease(&mut s.requested_bytes, kind, requested);
+    }
+
+    /// `try_merge_blocks`: absorbs neighbour `src` into `dst` if `src` is free,
+    /// not waiting for events, and equally mapped. `dst` must not be in a
+    /// free set. Returns the bytes absorbed.
+    pub(crate) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = &self.arena[src];
+        if !s.is_reusable() || s.mapped != self.arena[dst].mapped {
+            return 0;
+        }
+        let (s_ptr, s_size, s_prev, s_next, s_mapped, s_stream) = (s.ptr, s.size, s.prev, s.next, s.mapped, s.stream);
+        let (kind, owner) = (s.pool, s.owner);
+        if self.arena[dst].prev == src {
+            let d = &mut self.arena[dst];
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.arena[s_prev].next = dst;
+            }
+        } else {
+            self.arena[dst].next = s_next;
+            if s_next != NIL {
+                self.arena[s_next].prev = dst;
+            }
+        }
+        self.arena[dst].size += s_size;
+        let pool = self.pool_mut(owner, kind);
+        if s_mapped {
+            pool.blocks.remove(s_stream, s_size, s_ptr);
+        } else {
+            pool.unmapped.remove(&(s_stream, s_ptr));
+        }
+        self.arena.remove(src);
+        s_size
+    }
+
+    /// Puts a free mapped block into its pool's free set and restarts its GC age.
+    pub(crate) fn insert_into_blocks(&mut self, id: u32) {
+        let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
+        let clock = self.pool(owner, kind).get_free_blocks_call_count;
+        let b = &mut self.arena[id];
+        b.gc_count_base = clock;
+        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
+        let inserted = self.pool_mut(owner, kind).blocks.insert(stream, size, ptr, id);
+        debug_assert!(inserted, "block {ptr:#x} was already free");
+    }
+}
+
+/// Applies a net change (of split blocks or their bytes) to a statistic.
+fn apply_net(a: &mut stats::StatArray, kind: PoolKind, net: i64) {
+    if net > 0 {
+        stats::increase(a, kind, net as u64);
+    } else if net < 0 {
+        stats::decrease(a, kind, (-net) as u64);
+    }
+}
