@@ -2,7 +2,7 @@
 //! run, so that other batches and sequence lengths of the same job are planned from what that
 //! run really allocated.
 //!
-//! The planner knows what transformers and `torch.optim` allocate ([`crate::synth`]); it
+//! The planner knows what transformers and `torch.optim` allocate ([`crate::builders`]); it
 //! cannot know what a user's own layers keep for the backward, what their optimizer makes, or
 //! what their script keeps between steps. A snapshot recorded around a few steps measures
 //! exactly those. Calibrating takes three steps:

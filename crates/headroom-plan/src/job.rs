@@ -1,6 +1,6 @@
-//! The job's settings: what a training run is — precision, optimizer and its
-//! implementation, attention kernel, checkpointing, fine-tuning, offload, parallel layout,
-//! whose code runs it — and the coefficients of the activation and time model. The top of
+//! The job: a model and a GPU from the catalogs, and what a training run is — precision,
+//! optimizer and its implementation, attention kernel, checkpointing, fine-tuning, offload,
+//! parallel layout, whose code runs it — checked together once ([`Job::new`]). The top of
 //! the planner's floors: it imports only the catalogs (models, GPUs, parallel layouts).
 
 use crate::gpu::GpuSpec;
@@ -168,7 +168,7 @@ pub enum Framework {
     /// can run the job — one model replica per GPU, full fine-tuning, no or full
     /// checkpointing — and Megatron-LM otherwise; DeepSpeed with CPU offload.
     Auto,
-    /// transformers' own modelling code: its activation recipes and the step's phases ([`crate::step`]).
+    /// transformers' own modelling code: its activation recipes and the step's phases ([`crate::phases`]).
     HuggingFace,
     /// DeepSpeed's ZeRO engine over transformers' modelling code, at DeepSpeed's default
     /// buckets ([`super::deepspeed`]); what `--offload` implies.

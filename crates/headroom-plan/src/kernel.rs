@@ -1,7 +1,7 @@
 //! How long one kernel runs on one GPU, by class of operation: a matrix multiply by
 //! its shape and precision, attention by the kernel that computes it, and a
 //! memory-bound op (a norm, an activation, a residual add, the loss) by the bytes
-//! it moves. The training step's time ([`crate::train`]) is built from these.
+//! it moves. The training step's time ([`crate::time`]) is built from these.
 //!
 //! The efficiencies are published measurements, named where they are defined
 //! ([`crate::gpu::GpuSpec::matmul_efficiency`],

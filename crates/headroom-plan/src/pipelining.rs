@@ -1,6 +1,6 @@
 //! PyTorch's pipeline schedules (`torch.distributed.pipelining.schedules`), as the
 //! order of actions each pipeline rank runs: which stage, which micro-batch, forward or
-//! backward. The step program of a pipelined job (`synth::fsdp2::pipeline`) walks this
+//! backward. The step program of a pipelined job (`builders::fsdp2::pipeline`) walks this
 //! order, so a rank holds exactly the micro-batches its schedule has in flight
 //! (research/fsdp2-torchtitan-memory.md §5).
 //!

@@ -20,7 +20,7 @@
 //!
 //! A layer is `stack × 100 + n` with n in 0..5: the planner keeps the first [`EDGE`] and
 //! the last [`EDGE`] layers as recorded and repeats the middle one for every layer between
-//! ([`crate::synth::hf`]); `check` is what the recorder saw at seven layers, which that
+//! ([`crate::builders::hf`]); `check` is what the recorder saw at seven layers, which that
 //! expansion reproduces exactly (tested). The optimizer step is not in the template: the
 //! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
 //! (foreach) step it is tested against.
@@ -140,7 +140,7 @@ pub struct OptimizerCheck {
 /// their tensors are made in the same order with the same laws, sites and kinds, except where
 /// the first and last layers do more (the last layer's final norm): those are matched by the
 /// longest common subsequence of the two layers' tensors, and the rest left unmatched.
-/// ([`crate::synth::hf`] needs it: a layer's output is freed by the next layer, naming the
+/// ([`crate::builders::hf`] needs it: a layer's output is freed by the next layer, naming the
 /// recorded layer's tensor, which for a repeated middle layer is the middle layer's.)
 fn analogs(tensors_of: &[TensorT]) -> HashMap<u32, u32> {
     let mut by_layer: HashMap<Layer, Vec<u32>> = HashMap::new();
@@ -337,7 +337,7 @@ fn events(flat: &[i64], tensors: usize) -> Result<Vec<EventT>, String> {
         .collect()
 }
 
-/// A template with its laws in units: resolve them for a model with [`Template::laws_for`].
+/// A template with its laws in units: resolve them for a model with [`Parsed::resolved`].
 pub struct Parsed {
     pub template: Template,
     laws: Vec<UnitLaw>,

@@ -16,7 +16,7 @@
 //! - a whole job's peak memory as its framework logs it (torchtitan's
 //!   `max_reserved`: every tensor and the caching allocator's slack, no CUDA
 //!   context): 15%, against the plan's `reserved_bytes`; torchtitan's FSDP2 runs,
-//!   planned from FSDP2's and torchtitan's code (`synth::fsdp2`): 10%, the goal issue 34
+//!   planned from FSDP2's and torchtitan's code (`builders::fsdp2`): 10%, the goal issue 34
 //!   set for them before their program was written;
 //! - a serving engine's start-up figures as it logs them (vLLM's profile peak
 //!   and KV cache): 15%, as every other term that is not a closed form.

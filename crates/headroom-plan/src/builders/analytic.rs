@@ -1,6 +1,7 @@
-//! A step program from the closed-form pass ([`crate::live`]): for the jobs no template
-//! was recorded for — Megatron's and torchtitan's layers, pipeline stages, ZeRO's shards,
-//! LoRA, compiled steps, calibrated plans.
+//! The closed-form builders: a step program laid out from the closed form
+//! ([`crate::closed_form`]) for the jobs no program was recorded or read from code for —
+//! transformers' code by its phases, DeepSpeed, Megatron-LM, torchtitan where its FSDP2
+//! programs do not serve — and the table's entries that run them.
 //!
 //! The terms the closed form gives are laid out as a step allocates them, so that the
 //! replay sees tensors of the sizes and lifetimes a real step has rather than one sum:
@@ -16,7 +17,7 @@
 //! - the optimizer step: the state made by the first step, its temporaries, then
 //!   `zero_grad` freeing the gradients.
 //!
-//! Where the closed form models the step by phases ([`crate::step`]), each phase's peak is
+//! Where the closed form models the step by phases ([`crate::phases`]), each phase's peak is
 //! what the program holds at its peak: the forward's activations and logits, the
 //! backward's, and the optimizer's temporaries.
 

@@ -4,15 +4,15 @@
 //! PyTorch can have of the GPU ([`crate::replay`]), so that an inference plan has allocated
 //! and reserved memory and a verdict as a training plan has.
 //!
-//! - vLLM's serving engine ([`vllm`], with its budget in [`crate::engine`]): weights at their
+//! - vLLM's serving engine (`vllm.rs`, with its budget in [`crate::engine`]): weights at their
 //!   storage width, and a KV cache pool sized to fill `gpu_memory_utilization` of the device
 //!   after the weights, the peak of its start-up profile run and the memory outside PyTorch
 //!   — and how many sequences of a given length that pool holds (grouped-query aware, capped
 //!   at a sliding window where the model's layers slide). Tensor parallelism splits the
 //!   weights and the KV heads.
-//! - SGLang's server ([`sglang`], with its share in [`crate::sglang`]): a pool of
+//! - SGLang's server (`sglang.rs`, with its share in [`crate::sglang`]): a pool of
 //!   `mem_fraction_static` of the free memory at start-up less the weights, one token a slot.
-//! - Hugging Face transformers' forward with a cache ([`transformers`]): every layer's keys and
+//! - Hugging Face transformers' forward with a cache (`transformers.rs`): every layer's keys and
 //!   values, every position's logits, and the temporaries its code allocates, moment by moment
 //!   from [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8
 //!   or 4-bit, and the temporaries their forward allocates in the last layer.

@@ -20,7 +20,7 @@
 //!   backward's thread, kept for the life of the process.
 //! - under autocast, `pow` runs in fp32 (CUDA's autocast lists it, the CPU's does not), so
 //!   the tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
-//!   ([`autocast_fp32_pow`]).
+//!   (`autocast.rs`).
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
