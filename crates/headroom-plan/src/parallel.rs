@@ -56,7 +56,7 @@ pub struct Parallelism {
     pub zero_stage: u8,
     /// HSDP under torchtitan: replicas of the FSDP group among the data-parallel GPUs
     /// (`data_parallel_replicate_degree`); each shards the model states over the rest
-    /// ([`Parallelism::fsdp_shard_degree`]). 1: FSDP over every data-parallel GPU.
+    /// ([`Parallelism::shard_degree`]). 1: FSDP over every data-parallel GPU.
     pub replicate: u64,
 }
 
@@ -84,20 +84,13 @@ impl Parallelism {
         Parallelism { data: gpus, zero_stage, ..Parallelism::default() }
     }
 
-    /// The GPUs that hold replicas of the same weights and reduce the same gradients: the
-    /// data-parallel GPUs and, with context parallelism, those too (each computes the
-    /// gradients of its part of the sequence). A ZeRO stage shards the model states over
-    /// them all, as FSDP2 shards over torchtitan's `dp_shard × cp` mesh, Megatron's
+    /// The GPUs a ZeRO stage shards the model states over: the data-parallel GPUs and, with
+    /// context parallelism, those too (each computes the gradients of its part of the
+    /// sequence), as FSDP2 shards over torchtitan's `dp_shard × cp` mesh, Megatron's
     /// distributed optimizer over its data-and-context group, and DeepSpeed over its
-    /// sequence-data group.
+    /// sequence-data group. HSDP's replicas ([`Parallelism::replicate`]) each hold the whole
+    /// model states, sharded over their own group only: one replica per GPU shards nothing.
     pub fn shard_degree(&self) -> u64 {
-        self.data.max(1) * self.context.max(1)
-    }
-
-    /// The GPUs FSDP2 shards each parameter over: torchtitan's `dp_shard × cp` mesh, the
-    /// data-parallel GPUs less HSDP's replicas ([`Parallelism::replicate`]), times the
-    /// context-parallel ranks.
-    pub fn fsdp_shard_degree(&self) -> u64 {
         (self.data.max(1) / self.replicate.max(1)).max(1) * self.context.max(1)
     }
 

@@ -416,3 +416,73 @@ fn policies_trade_memory_for_time_and_optimal_fits_between() {
         most >= 8 && !estimate(&m, &g, &TrainConfig { micro_batch: most + 1, ..cfg(Checkpointing::Full) }).verdict.fits
     );
 }
+
+/// A step's micro-batches repeat: the program holds as many as the allocator needs to settle
+/// and the plan's work does not grow with `--accumulation` (2^31 plans as 8 do), while a
+/// pipeline's per-micro-batch buffers are all counted.
+#[test]
+fn a_steps_micro_batches_are_replayed_once_and_counted() {
+    let m = preset("llama-3-8b").unwrap();
+    let g = gpu("h100-sxm").unwrap();
+    let cases = [
+        TrainConfig::new(1, 2048, Precision::Bf16, Optimizer::AdamW),
+        TrainConfig {
+            checkpointing: Checkpointing::Selective,
+            ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+        },
+        TrainConfig {
+            framework: Framework::Torchtitan,
+            checkpointing: Checkpointing::PerOp,
+            parallel: Parallelism::data_parallel(8, 3),
+            ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+        },
+    ];
+    for cfg in cases {
+        let at = |accumulation: u64| estimate(&m, &g, &TrainConfig { accumulation, ..cfg });
+        let (eight, huge) = (at(8), at(1 << 31));
+        assert_eq!(eight.program.ops.len(), huge.program.ops.len(), "{}", eight.runner.builder);
+        assert_eq!(eight.memory.reserved_bytes, huge.memory.reserved_bytes, "{}", eight.runner.builder);
+        // The step's time counts every micro-batch.
+        assert!(huge.time.step_time_s > 1e6 * eight.time.step_time_s, "{}", eight.runner.builder);
+    }
+    // A pipeline rank's receive buffers, one per micro-batch for the whole step: those of the
+    // micro-batches past the built ones are held as one tensor, so the rank's memory grows
+    // with the step's micro-batches as its buffers do.
+    let pp = |accumulation: u64| {
+        let cfg = TrainConfig {
+            accumulation,
+            framework: Framework::Torchtitan,
+            checkpointing: Checkpointing::Full,
+            parallel: Parallelism { data: 2, pipeline: 4, zero_stage: 3, ..Parallelism::default() },
+            ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+        };
+        let e = estimate(&m, &GpuSpec { memory_bytes: 1 << 50, ..g }, &cfg);
+        (e.program.ops.len(), e.memory.pipeline.unwrap().ranks[1].allocated_bytes)
+    };
+    let ((ops_32, last_32), (ops_64, last_64)) = (pp(32), pp(64));
+    assert_eq!(ops_32, ops_64);
+    // A middle rank holds an input and an output-gradient buffer per micro-batch: 2 × 32
+    // more of 2048 tokens × 4096 in bf16.
+    let buffers = 2.0 * 32.0 * 2048.0 * 4096.0 * 2.0;
+    assert!((last_64 - last_32 - buffers).abs() < 64.0 * (1 << 20) as f64, "{} vs {buffers}", last_64 - last_32);
+}
+
+/// HSDP's replicas each hold the whole model states, sharded over their own group: one replica
+/// per data-parallel GPU shards nothing, and plans as much as no sharding.
+#[test]
+fn hsdp_with_a_replica_per_gpu_shards_nothing() {
+    let m = preset("llama-3-8b").unwrap();
+    let g = GpuSpec { memory_bytes: 1 << 50, ..gpu("h100-sxm").unwrap() };
+    let cfg = |replicate: u64, zero: u8| TrainConfig {
+        framework: Framework::Torchtitan,
+        parallel: Parallelism { data: 16, zero_stage: zero, replicate, ..Parallelism::default() },
+        ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+    };
+    let states = |c: &TrainConfig| {
+        let b = estimate(&m, &g, c).memory.breakdown;
+        b.weights + b.optimizer
+    };
+    let one_each = states(&cfg(16, 3));
+    assert!(one_each > 0.9 * states(&cfg(1, 0)), "{one_each}");
+    assert!(one_each > 8.0 * states(&cfg(1, 3)), "{one_each}");
+}

@@ -116,14 +116,13 @@ fn fsdp2(r: &RunnerRecord) -> bool {
 
 /// Who built the program, from what, and why the builders before it did not.
 fn runner_line(r: &RunnerRecord) -> String {
-    let mut line = format!("program: {} ({}", r.builder, r.framework.help());
+    let mut line = format!("program: {}, --framework {}", r.builder, r.framework.name());
     if let Some(source) = &r.source {
         line.push_str(&format!(", recorded as {source}"));
     }
-    line.push(')');
     if !r.passed.is_empty() {
         let passed: Vec<String> = r.passed.iter().map(|p| format!("{}: {}", p.builder, p.why)).collect();
-        line.push_str(&format!("; not {}", passed.join("; ")));
+        line.push_str(&format!(" (passed over {})", passed.join("; ")));
     }
     line
 }
@@ -472,7 +471,7 @@ fn layout_line(p: &Parallelism, offload: Offload, deepspeed: bool, fsdp2: bool) 
         parts.push(format!(
             "data {}: FSDP2 (fully_shard) as torchtitan runs it, sharded over {} GPUs{hsdp}, reshard_after_forward={}",
             p.data,
-            p.fsdp_shard_degree(),
+            p.shard_degree(),
             // torchtitan's default policy under pipelining keeps the stage gathered.
             if p.zero_stage >= 3 && p.pipeline <= 1 { "True" } else { "False" }
         ));

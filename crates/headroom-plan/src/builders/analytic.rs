@@ -109,7 +109,7 @@ pub fn program(
     let cached_temps = m.phases.is_some();
     for step in 1..=steps {
         let mut grads: Vec<TensorId> = Vec::new();
-        for micro in 0..cfg.accumulation.max(1) {
+        for micro in 0..super::micro_batches_built(cfg) {
             p.mark(step, Phase::Forward);
             let mut cache = Vec::new();
             let mut acts = Vec::with_capacity(layers as usize);

@@ -45,6 +45,19 @@ impl Default for StateScale {
     }
 }
 
+/// Micro-batches a program holds of a step's gradient accumulation. The first makes the
+/// gradients and every later one adds its own and drops it: the allocator meets the same
+/// requests again and again, so a step of more is replayed as this many. Past the eighth a
+/// micro-batch moves the replay's figures by a few of the allocator's blocks at most (its
+/// cache settles; `tests/estimate.rs` holds the bound), and the work of a plan no longer
+/// grows with `--accumulation`.
+pub const MICRO_BATCHES_BUILT: u64 = 8;
+
+/// Micro-batches of `cfg`'s step a program holds: [`MICRO_BATCHES_BUILT`] at most.
+pub fn micro_batches_built(cfg: &crate::job::TrainConfig) -> u64 {
+    cfg.accumulation.clamp(1, MICRO_BATCHES_BUILT)
+}
+
 /// What a build is asked for beside the job.
 #[derive(Clone, Copy, Debug)]
 pub struct Context<'g> {

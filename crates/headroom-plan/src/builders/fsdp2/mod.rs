@@ -48,7 +48,7 @@ pub fn why_not(job: &Job) -> Result<(), String> {
     super::asked_for(job, Framework::Torchtitan)?;
     let (model, cfg) = (job.model, &job.train);
     let par = &cfg.parallel;
-    if par.zero_stage < 2 || par.fsdp_shard_degree() <= 1 {
+    if par.zero_stage < 2 || par.shard_degree() <= 1 {
         return Err("its FSDP2 program shards the parameters (--zero 2 or 3) over more than one GPU".into());
     }
     if cfg.finetune != Finetune::Full {
@@ -167,7 +167,7 @@ impl<'a> Shape<'a> {
         let par = &cfg.parallel;
         Shape {
             model,
-            n: par.fsdp_shard_degree(),
+            n: par.shard_degree(),
             t: par.tensor.max(1) as f64,
             token: 1.0 / par.context.max(1) as f64,
             w: widths(cfg.precision),
@@ -329,7 +329,7 @@ pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64,
                 p.free(id);
             }
         }
-        for _ in 0..cfg.accumulation.max(1) {
+        for _ in 0..super::micro_batches_built(cfg) {
             micro_batch(&mut p, &sh, &s, cfg, &mut root, &mut blocks, &mut held_flat, reshard_blocks);
         }
         p.mark(step, Phase::Optimizer);

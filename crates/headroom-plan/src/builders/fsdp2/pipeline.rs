@@ -19,7 +19,7 @@ use crate::builders::optimizer::{self, OptimizerParam, State};
 use crate::builders::{Builder, Built, Context, Device, RankLayout, RankProgram};
 use crate::job::{Framework, Job, PipelineStage, Precision, TrainConfig};
 use crate::model::Model;
-use crate::pipelining::{peak_in_flight, rank_actions, stages_of_rank, Kind};
+use crate::pipelining::{peak_in_flight, rank_actions, stages_of_rank, Kind, StageOutputs};
 use crate::program::{Law, Phase, Program, TensorId, Term};
 use std::collections::HashMap;
 
@@ -135,7 +135,7 @@ impl Builder for Pipelined {
         }
         layout(&job.train, job.model)?;
         let v = if par.pipeline_schedule().looped() { par.virtual_stages.max(1) } else { 1 };
-        rank_actions(par.pipeline_schedule(), par.pipeline, v, job.train.accumulation.max(1), 0)?;
+        rank_actions(par.pipeline_schedule(), par.pipeline, v, built_micro_batches(&job.train), 0)?;
         Ok(())
     }
 
@@ -149,7 +149,7 @@ impl Builder for Pipelined {
         let mut ranks = Vec::with_capacity(par.pipeline as usize);
         for rank in 0..par.pipeline {
             let program = program(job.model, cfg, cx.device, workspace, cx.steps, rank)?;
-            let actions = rank_actions(schedule, par.pipeline, v, cfg.accumulation.max(1), rank)?;
+            let actions = rank_actions(schedule, par.pipeline, v, built_micro_batches(cfg), rank)?;
             let stages = stages_of[rank as usize].clone();
             let stage = if stages.contains(&0) {
                 PipelineStage::First
@@ -176,6 +176,24 @@ impl Builder for Pipelined {
     }
 }
 
+/// Micro-batches of a pipelined step a rank's program holds. The schedule reaches its steady
+/// state within a few rounds of `pp` micro-batches, after which every rank repeats the same
+/// forwards and backwards: a longer step is built to four rounds (at least
+/// [`super::super::MICRO_BATCHES_BUILT`]), a whole number of rounds as the looped schedules
+/// need, and what each further micro-batch keeps for the step is added as one tensor. Where
+/// the stages collect their outputs for the step, those outputs are made among the
+/// schedule's other tensors and shape its cache, so every micro-batch is built, up to
+/// [`OUTPUTS_BUILT`] (a bound on the work, far past any memory that holds them).
+pub fn built_micro_batches(cfg: &TrainConfig) -> u64 {
+    let pp = cfg.parallel.pipeline.max(1);
+    let steady = (4 * pp).max(super::super::MICRO_BATCHES_BUILT).div_ceil(pp) * pp;
+    let built = if cfg.parallel.stage_outputs == StageOutputs::None { steady } else { OUTPUTS_BUILT.max(steady) };
+    cfg.accumulation.clamp(1, built)
+}
+
+/// The most micro-batches built one by one where the stages collect their outputs.
+pub const OUTPUTS_BUILT: u64 = 1024;
+
 /// The global stage indices of every rank, and each one's split.
 pub fn layout(cfg: &TrainConfig, model: &Model) -> Result<(Vec<Vec<u64>>, Vec<StageSplit>), String> {
     let par = &cfg.parallel;
@@ -200,7 +218,10 @@ pub fn program(
     let schedule = par.pipeline_schedule();
     let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
     let (ranks, splits) = layout(cfg, model)?;
-    let n_mb = cfg.accumulation.max(1);
+    let n_mb = built_micro_batches(cfg);
+    // The micro-batches a step runs beyond those built: what each keeps for the whole step
+    // (its receive buffers, its output where the stage collects them) is held as one tensor.
+    let beyond = cfg.accumulation.max(1) - n_mb;
     let actions = rank_actions(schedule, par.pipeline, v, n_mb, rank)?;
     let t = par.tensor.max(1);
     let sh = Shape::new(model, cfg);
@@ -265,9 +286,15 @@ pub fn program(
                 let st = stages.get_mut(i).expect("stage");
                 if !st.split.embedding {
                     st.recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+                    if beyond > 0 {
+                        p.alloc(io.scaled(beyond as f64), Term::Activations, site);
+                    }
                 }
                 if !st.split.head {
                     st.grad_recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+                    if beyond > 0 {
+                        p.alloc(io.scaled(beyond as f64), Term::Activations, site);
+                    }
                 }
             }
         }
@@ -312,9 +339,19 @@ pub fn program(
         // `_merge_outputs`: the last stage's collected logits concatenated into one tensor,
         // which torchtitan's loop drops at once.
         for i in &order {
-            let st = &stages[i];
-            if st.split.head && !st.outputs.is_empty() {
-                let logits = sh.per_token(model.vocab as f64 / sh.t * st.outputs.len() as f64, sh.act);
+            let st = stages.get_mut(i).expect("stage");
+            let collected = st.outputs.len() as u64 / n_mb;
+            if beyond > 0 && collected > 0 {
+                // The outputs of the micro-batches not built, collected as the others were.
+                let each = if st.split.head { model.vocab as f64 / sh.t } else { model.hidden as f64 / sh.t };
+                let rest = sh.per_token(each * beyond as f64, sh.act);
+                let site = if st.split.head { s.logits } else { s.act };
+                let term = if st.split.head { Term::Logits } else { Term::Activations };
+                st.outputs.push(p.alloc(rest, term, site));
+            }
+            if st.split.head && collected > 0 {
+                let all = (collected * cfg.accumulation.max(1)) as f64;
+                let logits = sh.per_token(model.vocab as f64 / sh.t * all, sh.act);
                 let merged = p.alloc(logits, Term::Logits, s.logits);
                 p.free(merged);
             }

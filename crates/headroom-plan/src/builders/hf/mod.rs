@@ -352,7 +352,7 @@ impl<'a> Expansion<'a> {
             let section: &[EventT] =
                 if step == 1 { self.t.step1.as_deref().unwrap_or(&self.t.step) } else { &self.t.step };
             let backward = self.t.backward[if step == 1 && self.t.step1.is_some() { 0 } else { 1 }];
-            for micro in 1..=self.cfg.accumulation.max(1) {
+            for micro in 1..=super::micro_batches_built(self.cfg) {
                 self.micro_batch(section, backward, step, micro == 1);
             }
             self.p.mark(step, Phase::Optimizer);
