@@ -7,7 +7,8 @@
 #   bash scripts/bench/checkpoint.sh [ROTOR_ALGORITHMS_DIR [ROUNDS [STAGES...]]]
 # ROTOR_ALGORITHMS_DIR is rotor's rotor/algorithms folder with its C extension built in place
 # (`python3 setup.py build_ext --inplace` there, numpy installed); without it only headroom runs.
-# PYTHON names the interpreter that has numpy (default python3).
+# PYTHON names the interpreter that has numpy (default python3); BEFORE, an older build of
+# headroom to run in the same rounds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 rotor=${1:-}
@@ -19,7 +20,7 @@ cargo build -q --release -p headroom-cli --manifest-path "$root/Cargo.toml"
 H=$root/target/release/headroom
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-t() { /usr/bin/time -f "%e s, %M KB peak RSS" "${@:2}" > "$work/out" 2> "$work/time" || true; echo "  $1: $(head -c 200 "$work/out" | tr '\n' ' ')$(tail -1 "$work/time")"; }
+t() { /usr/bin/time -f "%e s wall, %U s user, %M KB peak RSS" "${@:2}" > "$work/out" 2> "$work/time" || true; echo "  $1: $(head -c 200 "$work/out" | tr '\n' ' ')$(tail -1 "$work/time")"; }
 for stages in $sizes; do
     python3 - "$stages" > "$work/rotor$stages.json" <<'PY'
 import json, sys
@@ -29,6 +30,9 @@ print(json.dumps({"input_bytes": 5, "stages": [stage(i) for i in range(n)]}))
 PY
     echo "$stages stages x 500 slots"
     for _ in $(seq "$rounds"); do
+        if [ -n "${BEFORE:-}" ]; then
+            t "before" sh -c "'$BEFORE' checkpoint '$work/rotor$stages.json' --budget 500 --slots 500 --json | python3 -c 'import json,sys; print(\"makespan\", json.load(sys.stdin)[\"time\"])'"
+        fi
         t "headroom" sh -c "'$H' checkpoint '$work/rotor$stages.json' --budget 500 --slots 500 --json | python3 -c 'import json,sys; print(\"makespan\", json.load(sys.stdin)[\"time\"])'"
         if [ -n "$rotor" ]; then
             t "rotor" "$py" "$root/scripts/bench/rotor_persistent.py" "$rotor" "$stages" 500

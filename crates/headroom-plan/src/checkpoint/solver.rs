@@ -181,12 +181,24 @@ impl Solver {
         let m = (budget / unit) as usize;
         // Refused before anything else: the problems whose table is too large are also those whose
         // least-budget search would take minutes.
-        let bytes = Table::bytes(&slot_arrays, m);
+        let bytes_at = |slots: u32| {
+            let unit = slot_unit(budget, slots);
+            Table::bytes(&arrays.in_slots(unit), (budget / unit) as usize)
+        };
+        let bytes = bytes_at(slots);
         if bytes > TABLE_LIMIT_BYTES {
-            // Both the table and the passes beside it grow with the slots, the second no faster.
-            let fitting = (slots as u128 * TABLE_LIMIT_BYTES / bytes).saturating_sub(LANES as u128);
-            let fitting = fitting.clamp(1, u32::MAX as u128) as u32;
-            return Err(SolveError::TooLarge { stages: n, slots, table_bytes: bytes, fitting });
+            // The most slots whose table fits: fewer slots take fewer passes, and activations
+            // fewer slots, so fewer of the passes beside the table.
+            let (mut fits, mut over) = (0u32, slots);
+            while over - fits > 1 {
+                let mid = fits + (over - fits) / 2;
+                if bytes_at(mid) <= TABLE_LIMIT_BYTES {
+                    fits = mid;
+                } else {
+                    over = mid;
+                }
+            }
+            return Err(SolveError::TooLarge { stages: n, slots, table_bytes: bytes, fitting: fits.max(1) });
         }
         let feasible = least_units(&slot_arrays) <= m as u64;
         let mut s = Solver {

@@ -4,9 +4,8 @@
 //! minimum over the leaves j = a+1..=b of
 //! `(Σfw(a..j) + opt(j, b, m − x[j])) + opt(a, j−1, m)`. Filled one interval's
 //! row of M + 1 costs at a time, each leaf read two rows of 2 KB from anywhere
-//! in a table of L²/2 rows:
-//! past ~150 stages the table left the caches, and each doubling of the
-//! chain cost 12–16× where the operations grow 8×.
+//! in a table of L²/2 rows: past ~150 stages the table left the caches, and
+//! each doubling of the chain cost 12–16× where the operations grow 8×.
 //!
 //! So the table is filled in passes over tiles of [`LANES`] slot counts,
 //! every interval once a pass, and stored tile by tile: a pass reads and
@@ -22,7 +21,8 @@
 //!   input, so that the right operand opt(j, b, m − x[j]) sits in the lane of
 //!   m: no unaligned read, and x[j] may differ from stage to stage. A tile
 //!   of it is read in its own pass and written at most ⌊max x / LANES⌋ + 1
-//!   passes before, so only that many + 1 are kept, in a ring.
+//!   passes before, so only that many + 1 are kept (rounded up to a power of
+//!   two), in a ring.
 //!
 //! Starts are taken [`BLOCK`] at a time so that the right operands read for
 //! one start are read again for the next ones from the nearest cache, and
@@ -59,7 +59,7 @@ pub(super) struct Table {
     /// Intervals, n(n+1)/2: the tiles of one pass.
     tri: usize,
     by_start: Vec<Tile>,
-    /// The passes of `by_end` kept, a ring of `ring` × `tri` tiles; empty once filled.
+    /// The passes of `by_end` kept, a ring of `tri` tiles a pass; empty once filled.
     by_end: Vec<Tile>,
     /// Pass t is at (t & ring_mask) × tri: the ring's length less one, or all ones where it
     /// holds every pass.
