@@ -8,9 +8,9 @@ activations of 5 slots, saved data of 10, no transients, a budget of SLOTS.
 ROTOR_ALGORITHMS_DIR is rotor's `rotor/algorithms` folder with the extension
 built in place (`python setup.py build_ext --inplace` there; it needs numpy).
 The folder (for the extension) and its parent are put on sys.path, and it is
-imported as `algorithms`, so rotor's
-package `__init__` (which imports torch) never runs. Prints the makespan and
-the time of the call, which is what scripts/bench/checkpoint.sh compares.
+imported as `algorithms`, so rotor's package `__init__` (which imports torch)
+never runs. Prints the makespan and the time of the call, which is what
+scripts/bench/checkpoint.sh compares.
 """
 import os
 import sys
