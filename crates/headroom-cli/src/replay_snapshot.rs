@@ -11,7 +11,7 @@ use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
 use headroom_trace::recorded_memory::{CapacitySource, RecordedMemory};
-use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
+use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::{
     check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Recorded, Setup, StartFrom, WhatIf,
@@ -122,7 +122,24 @@ pub fn run(
         if r.skipped.is_none() && entries == 0 {
             r.skipped = Some("its trace is empty (recorded without history): nothing to replay".into());
         }
-        if let (None, Some(t)) = (&r.skipped, &trace) {
+        // Only the check tells the allocator's own flushes from `empty_cache()` calls, and what a
+        // refusal says of the device: a trace that releases no segment and records no OOM has
+        // neither, and its what-ifs need nothing from a check the user did not ask for.
+        let releases = |t: &DeviceTrace| {
+            snap.device_traces.get(t.device as usize).is_some_and(|trace| {
+                trace.iter().any(|e| {
+                    matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
+                })
+            })
+        };
+        let check = trace.as_ref().is_some_and(|t| args.check || releases(t));
+        if let (None, Some(t), false) = (&r.skipped, &trace, check) {
+            let m = RecordedMemory::infer(t, &[]);
+            (r.capacity, r.capacity_source) = m.capacity(given_capacity, DEFAULT_CAPACITY);
+            r.memory_limit = m.replayed_limit();
+            r.memory = Some(m);
+        }
+        if let (None, Some(t), true) = (&r.skipped, &trace, check) {
             let mut bar = LazyBar::new("entries");
             let phase = format!("device {device}: checking");
             // The check's device size matters only to expandable segments, whose
@@ -152,7 +169,7 @@ pub fn run(
                 r.live_peak = Some(live_peak_bytes(t, &recorded));
             }
             let mut first = true;
-            for &policy in policies {
+            'runs: for &policy in policies {
                 for (label, config) in &confs {
                     let history = (first && args.snapshot_out.is_some()).then_some(args.max_entries as usize);
                     first = false;
@@ -161,9 +178,17 @@ pub fn run(
                     let setup = Setup { config: config.clone(), policy, start };
                     let w = what_if(t, setup, capacity, run, history, |done| {
                         bar.update(&phase, done as u64, entries as u64)
-                    })
-                    .with_context(|| format!("replaying device {device} under {policy}, {label}"))?;
+                    });
                     bar.finish();
+                    let w = match w {
+                        // Without the check, the first replay is the one to find that the
+                        // trace cannot be replayed: the device is skipped, as the check skips it.
+                        Err(e) if !check && r.runs.is_empty() && start == StartFrom::Recorded => {
+                            r.skipped = Some(e.to_string());
+                            break 'runs;
+                        }
+                        w => w.with_context(|| format!("replaying device {device} under {policy}, {label}"))?,
+                    };
                     if let Some(s) = &w.snapshot {
                         dropped += w.history_dropped;
                         merge(&mut merged, s, device);

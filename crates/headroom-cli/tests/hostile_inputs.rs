@@ -138,7 +138,7 @@ fn a2_b4_w5_checkpoint_budgets_nothing_fits_and_tables_too_large() {
     headroom(&["checkpoint", arg(&long), "--budget", "8GiB"]).expect(2, "at most 4096 are supported");
     let long = format!(r#"{{"input_bytes":4194304,"stages":[{}]}}"#, vec![stage; 3000].join(","));
     let long = write(dir.path(), "c3k.json", long);
-    headroom(&["checkpoint", arg(&long), "--budget", "8GiB"]).expect(2, "use --slots 118 or fewer");
+    headroom(&["checkpoint", arg(&long), "--budget", "8GiB"]).expect(2, "use --slots 79 or fewer");
     headroom(&["checkpoint", arg(&chain()), "--budget", "1GiB", "--slots", "10000000"])
         .expect(2, "more than the 2048 MiB allowed");
     // W5: one slot is a rounding problem, not a memory one (a baseline that fits unrounded

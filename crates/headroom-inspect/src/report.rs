@@ -330,45 +330,37 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         r.peak_phase = Some(sites.info(trace[i].stack).phase);
     }
 
-    if has_frames {
-        r.step_phases = Some(step_phases(&mut walk(), &mut sites));
-    }
-
-    // Pass 2: live at the peak.
-    let mut w = walk();
-    if let Some(i) = tl.peak.index {
-        w.run_through(i);
-    }
-    fill_sites(&mut r, group(w.live.values(), &mut sites), opts.top);
-    let peak_sites: rustc_hash::FxHashMap<u64, u32> = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
-
-    // Pass 3: the largest sites' bands under the timeline.
-    r.series = series(walk(), &tl, &r.top_sites, opts.series, &mut sites);
-    r.timeline = tl;
-
-    // Pass 4: repetitions and what grows across them.
-    match leaks::repetitions(trace, &mut sites) {
-        Some(reps) => match leaks::suspects(&mut walk(), &reps, &mut sites) {
-            Ok(s) => {
-                r.leak_suspects = s;
-                r.repetitions = Some(reps);
+    // The replays the report still needs — the state at the peak, and the same run under
+    // expandable segments where fragmentation is worth removing — depend on the walks no
+    // further, and the walks below not on them: they run beside each other.
+    let at_peak = tl_peak_next(&r);
+    let (state_at_peak, expandable_check) = std::thread::scope(|scope| {
+        let replays = match (&dt, &fidelity) {
+            (Some(t), Some(f)) => {
+                let (recorded, defragment) = (recorded.clone(), worth_defragmenting(&r));
+                Some(scope.spawn(move || {
+                    let state = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak).ok();
+                    let mut expandable = None;
+                    if !recorded.expandable_segments && defragment {
+                        let mut c = recorded;
+                        c.expandable_segments = true;
+                        expandable = what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok();
+                    }
+                    (state, expandable)
+                }))
             }
-            Err(why) => r.unavailable.push(why.0),
-        },
-        None => r.unavailable.push(
-            "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \
-             allocations), so growth per repetition cannot be measured"
-                .into(),
-        ),
-    }
-
-    if let (Some(t), Some(f)) = (&dt, &fidelity) {
-        let at_peak = tl_peak_next(&r);
-        if let Ok(s) = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak) {
-            let l = Layout::replayed(&s.segments, &peak_sites);
-            r.segments_at_peak = Some(l.fragmentation());
-            r.layout_at_peak = Some(l);
-        }
+            _ => None,
+        };
+        let peak_sites = walks(&mut r, &walk, &tl, trace, &mut sites, opts);
+        let (state, expandable) =
+            replays.map_or((None, None), |h| h.join().expect("the replays beside the walks do not panic"));
+        (state.map(|s| (s, peak_sites)), expandable)
+    });
+    r.timeline = tl;
+    if let Some((s, peak_sites)) = state_at_peak {
+        let l = Layout::replayed(&s.segments, &peak_sites);
+        r.segments_at_peak = Some(l.fragmentation());
+        r.layout_at_peak = Some(l);
     }
     if let Some(i) = oom_at {
         let e = &trace[i];
@@ -422,17 +414,53 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         }
         r.oom = Some(o);
     }
-    let expandable_check = match (&dt, &fidelity) {
-        (Some(t), Some(f)) if !recorded.expandable_segments && worth_defragmenting(&r) => {
-            let mut c = recorded.clone();
-            c.expandable_segments = true;
-            what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok()
-        }
-        _ => None,
-    };
     recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
     name_sites(&mut r, &sites);
     r
+}
+
+/// Passes 2 to 4 over the trace, after the timeline: the phases of each step, what is
+/// live at the peak, the largest sites' bands, and what grows from one repetition to
+/// the next. Returns the site of each block live at the peak, by address.
+fn walks<'a>(
+    r: &mut DeviceReport,
+    walk: &impl Fn() -> Walk<'a>,
+    tl: &Timeline,
+    trace: &[headroom_trace::snapshot::TraceEvent],
+    sites: &mut Sites,
+    opts: &InspectOptions,
+) -> rustc_hash::FxHashMap<u64, u32> {
+    if r.has_frames {
+        r.step_phases = Some(step_phases(&mut walk(), sites));
+    }
+
+    // Pass 2: live at the peak.
+    let mut w = walk();
+    if let Some(i) = tl.peak.index {
+        w.run_through(i);
+    }
+    fill_sites(r, group(w.live.values(), sites), opts.top);
+    let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
+
+    // Pass 3: the largest sites' bands under the timeline.
+    r.series = series(walk(), tl, &r.top_sites, opts.series, sites);
+
+    // Pass 4: repetitions and what grows across them.
+    match leaks::repetitions(trace, sites) {
+        Some(reps) => match leaks::suspects(&mut walk(), &reps, sites) {
+            Ok(s) => {
+                r.leak_suspects = s;
+                r.repetitions = Some(reps);
+            }
+            Err(why) => r.unavailable.push(why.0),
+        },
+        None => r.unavailable.push(
+            "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \
+             allocations), so growth per repetition cannot be measured"
+                .into(),
+        ),
+    }
+    peak_sites
 }
 
 /// The sites the report's views name, each with what pointing at it shows.

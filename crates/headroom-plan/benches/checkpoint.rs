@@ -18,7 +18,7 @@ fn rotor_instance(stages: usize) -> Chain {
 fn end_to_end(c: &mut Criterion) {
     let mut g = c.benchmark_group("checkpoint_solve");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    for stages in [50usize, 100, 200] {
+    for stages in [50usize, 100, 200, 400] {
         let chain = rotor_instance(stages);
         let plan = solve(&chain, 500, 500).unwrap();
         eprintln!("L = {stages}: makespan {} (store all {}), {} ops", plan.outcome.time, 3 * stages, plan.ops.len());

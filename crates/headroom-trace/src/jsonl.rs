@@ -18,7 +18,7 @@ use headroom_alloc::MempoolId;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 /// An allocation's name in a trace.
 pub type TraceId = String;
@@ -84,17 +84,33 @@ fn perr(line: usize, message: impl Into<String>) -> TraceError {
     TraceError::Parse { line, message: message.into() }
 }
 
+/// The longest line read: an event takes a few dozen bytes, and without a bound a file
+/// with no newline (`/dev/zero`) is read into memory until the process aborts. The pickle
+/// reader bounds its strings the same way.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
 /// Reads a whole trace.
 pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceError> {
-    let mut out = Vec::new();
+    let mut out: Vec<TraceLine> = Vec::new();
     let mut buf = Vec::new();
     let mut n = 0;
     loop {
         buf.clear();
-        if reader.read_until(b'\n', &mut buf).map_err(TraceError::Io)? == 0 {
+        let read = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut buf);
+        if read.map_err(TraceError::Io)? == 0 {
             break;
         }
         n += 1;
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(perr(n, format!("longer than {} MiB: not a trace event", MAX_LINE_BYTES >> 20)));
+        }
+        // A trace too long for memory is an error to report, not an abort.
+        if out.len() == out.capacity() && out.try_reserve(out.len().max(1024)).is_err() {
+            return Err(TraceError::Io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("out of memory after {} events", out.len()),
+            )));
+        }
         let bytes = if n == 1 { buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf) } else { &buf[..] };
         let text = std::str::from_utf8(bytes).map_err(|e| {
             perr(
@@ -368,5 +384,20 @@ mod tests {
         assert_eq!(e, "line 5: not valid UTF-8: byte 1 of the line is 0xc3");
         let e = read_trace(&b"{\"op\":\"empty_cache\"}\n\x00\xff\xfe"[..]).unwrap_err().to_string();
         assert!(e.starts_with("line 2: "), "{e}");
+    }
+
+    /// Finding A6 of the hostile-input sweep: `/dev/zero`, or a file with no newline, was
+    /// read into one line until the process ran out of memory and aborted. An endless line
+    /// is refused once it passes the bound, having read no more than that.
+    #[test]
+    fn a_line_without_end_is_refused_at_the_bound_not_read_until_memory_runs_out() {
+        let mut endless = std::io::BufReader::new(std::io::repeat(b'a'));
+        let e = read_trace(&mut endless).unwrap_err().to_string();
+        assert_eq!(e, "line 1: longer than 64 MiB: not a trace event");
+        // A line of the bound, its newline included, is read and judged for what it says.
+        let mut long = vec![b'a'; MAX_LINE_BYTES - 1];
+        long.push(b'\n');
+        let e = read_trace(&long[..]).unwrap_err().to_string();
+        assert!(e.starts_with("line 1: ") && !e.contains("longer than"), "{e}");
     }
 }

@@ -42,6 +42,7 @@ mod chain;
 mod revolve;
 mod schedule;
 mod solver;
+mod table;
 
 pub use baselines::{baseline, Baseline};
 pub use chain::{Chain, ChainError, Loss, Stage};

@@ -9,19 +9,19 @@
 //! and for a = b: `Fall(a)`, `B(a)`. A leaf wins a tie with the chain (the
 //! smaller j among leaves), as in rotor.
 //!
-//! Layout: one row of `M + 1` costs per interval (a, b), intervals ordered by
-//! length, so each row is computed from earlier rows with slice arithmetic the
-//! compiler vectorises. Costs are stored as `f32` (rotor keeps `f64` and a
-//! table of choices): 4 bytes per cell, so 200 stages × 500 slots take 41 MB.
-//! No choice is stored: backtracking visits only O(L) cells and recomputes
-//! the options there with the same `f32` arithmetic, which reproduces the
-//! stored minimum and its tie-break exactly. The time reported for a plan is
-//! recomputed in `f64` by executing the schedule, so rounding can at worst
-//! pick one of two schedules within ~1e-7 of each other.
+//! The table and how it is filled are in [`super::table`]. Costs are stored
+//! as `f32` (rotor keeps `f64` and a table of choices): 4 bytes per cell, so
+//! 200 stages × 500 slots take 41 MB. No choice is stored: backtracking
+//! visits only O(L) cells and recomputes the options there with the same
+//! `f32` arithmetic, which reproduces the stored minimum and its tie-break
+//! exactly. The time reported for a plan is recomputed in `f64` by executing
+//! the schedule, so rounding can at worst pick one of two schedules within
+//! ~1e-7 of each other.
 
 use super::baselines::{baseline, Baseline};
 use super::chain::{Arrays, Chain, ChainError};
 use super::schedule::{run, simulate, Op, Outcome};
+use super::table::{Table, LANES};
 
 const INF: f32 = f32::INFINITY;
 
@@ -79,8 +79,8 @@ pub enum SolveError {
     },
     /// The table would take more memory than [`TABLE_LIMIT_BYTES`].
     #[error(
-        "{stages} stages at {slots} slots need a table of {} MiB (stages² / 2 × slots × 4 bytes), more than the \
-         {} MiB allowed; use --slots {fitting} or fewer",
+        "{stages} stages at {slots} slots need {} MiB for the table (stages² / 2 × slots × 4 bytes, and the passes \
+         being filled), more than the {} MiB allowed; use --slots {fitting} or fewer",
         table_bytes / (1 << 20),
         TABLE_LIMIT_BYTES / (1 << 20)
     )]
@@ -108,13 +108,15 @@ fn infeasible_message(budget: u64, slots: u32, least: Option<u64>, least_bytes: 
 /// their cube (4,096 take minutes at a few dozen slots).
 pub const MAX_STAGES: usize = 4096;
 
-/// The most memory the solver's table may take: 2 GiB.
+/// The most memory the solver's table may take while it is filled: 2 GiB.
 pub const TABLE_LIMIT_BYTES: u128 = 2 << 30;
 
-/// Bytes of the table for `stages` stages (the loss included) and `slots` slots.
+/// Bytes of the table for `stages` stages (the loss included) and `slots` slots (slot counts
+/// 0..=slots, in tiles of 16). Filling it takes more where activations are a large part of
+/// the budget: up to twice this when one is as large as the budget.
 pub fn table_bytes(stages: usize, slots: u32) -> u128 {
     let n = stages as u128;
-    n * (n + 1) / 2 * (slots as u128 + 1) * 4
+    n * (n + 1) / 2 * (slots as u128 + 1).next_multiple_of(LANES as u128) * 4
 }
 
 /// Progress of a long solve: the phase, work done and the total, in any unit.
@@ -146,7 +148,8 @@ pub struct Solver {
     time_scale: f64,
     /// Whether any schedule fits (the table is filled only then).
     feasible: bool,
-    opt: Vec<f32>,
+    /// Filled only when a schedule fits.
+    opt: Option<Table>,
     /// Prefix sums of forward times (in `f32`, as the table uses them).
     prefix: Vec<f64>,
 }
@@ -174,15 +177,29 @@ impl Solver {
         let unit = slot_unit(budget, slots);
         let time_scale = time_scale(&arrays);
         let slot_arrays = arrays.in_slots(unit).with_times_scaled(time_scale);
-        // Refused before anything else: the problems whose table is too large are also those whose
-        // least-budget search would take minutes.
-        if table_bytes(n, slots) > TABLE_LIMIT_BYTES {
-            let per_slot = table_bytes(n, 1) / 2;
-            let fitting = (TABLE_LIMIT_BYTES / per_slot).saturating_sub(1).min(u32::MAX as u128) as u32;
-            return Err(SolveError::TooLarge { stages: n, slots, table_bytes: table_bytes(n, slots), fitting });
-        }
         // S slots, up to 2S − 1 when the budget is under S² bytes (a slot of a few bytes).
         let m = (budget / unit) as usize;
+        // Refused before anything else: the problems whose table is too large are also those whose
+        // least-budget search would take minutes.
+        let bytes_at = |slots: u32| {
+            let unit = slot_unit(budget, slots);
+            Table::bytes(&arrays.in_slots(unit), (budget / unit) as usize)
+        };
+        let bytes = bytes_at(slots);
+        if bytes > TABLE_LIMIT_BYTES {
+            // The most slots whose table fits: fewer slots take fewer passes, and activations
+            // fewer slots, so fewer of the passes beside the table.
+            let (mut fits, mut over) = (0u32, slots);
+            while over - fits > 1 {
+                let mid = fits + (over - fits) / 2;
+                if bytes_at(mid) <= TABLE_LIMIT_BYTES {
+                    fits = mid;
+                } else {
+                    over = mid;
+                }
+            }
+            return Err(SolveError::TooLarge { stages: n, slots, table_bytes: bytes, fitting: fits.max(1) });
+        }
         let feasible = least_units(&slot_arrays) <= m as u64;
         let mut s = Solver {
             arrays,
@@ -194,7 +211,7 @@ impl Solver {
             slots,
             time_scale,
             feasible,
-            opt: Vec::new(),
+            opt: None,
             prefix: Vec::new(),
         };
         if feasible {
@@ -203,81 +220,14 @@ impl Solver {
         Ok(s)
     }
 
-    #[inline]
-    fn interval(&self, a: usize, b: usize) -> usize {
-        let d = b - a;
-        d * self.n - d * d.saturating_sub(1) / 2 + a
-    }
-
     fn fill(&mut self, progress: Progress) {
-        let (n, m1) = (self.n, self.m + 1);
-        let cells = n * (n + 1) / 2 * m1;
-        self.opt = vec![INF; cells];
-        // Work grows with d × (n − d) per diagonal; reported in those units.
-        let total: u64 = (0..n as u64).map(|d| (d + 1) * (n as u64 - d)).sum();
-        let mut work_done = 0u64;
         let s = &self.slot_arrays;
-        let mut prefix = vec![0f64; n + 1];
-        for i in 0..n {
+        let mut prefix = vec![0f64; self.n + 1];
+        for i in 0..self.n {
             prefix[i + 1] = prefix[i] + s.fw[i];
         }
-        self.prefix = prefix.clone();
-        let sl = |v: u64| v.min(usize::MAX as u64) as usize;
-        let (x, xbar) = (&s.x, &s.xbar);
-        for d in 0..n {
-            progress("filling the table", work_done, total);
-            work_done += (d as u64 + 1) * (n - d) as u64;
-            for a in 0..n - d {
-                let b = a + d;
-                let idx = self.interval(a, b);
-                let (done, rest) = self.opt.split_at_mut(idx * m1);
-                let row = &mut rest[..m1];
-                if d == 0 {
-                    let limit = sl(base_min(s, a));
-                    let cost = (s.fw[a] + s.bw[a]) as f32;
-                    for v in row.iter_mut().skip(limit) {
-                        *v = cost;
-                    }
-                    continue;
-                }
-                let mmin = sl(interval_min(s, a, b));
-                if mmin > self.m {
-                    continue;
-                }
-                let row_of = |a2: usize, b2: usize| {
-                    let d2 = b2 - a2;
-                    let i2 = d2 * n - d2 * d2.saturating_sub(1) / 2 + a2;
-                    &done[i2 * m1..(i2 + 1) * m1]
-                };
-                for j in a + 1..=b {
-                    let xj = sl(x[j]);
-                    let lo = mmin.max(xj);
-                    if lo > self.m {
-                        continue;
-                    }
-                    let sumfw = (prefix[j] - prefix[a]) as f32;
-                    let right = &row_of(j, b)[..m1 - xj];
-                    let left = &row_of(a, j - 1)[xj..];
-                    let off = lo - xj;
-                    for (r, (&rv, &lv)) in row[lo..].iter_mut().zip(right[off..].iter().zip(left[off..].iter())) {
-                        // Branch-free so the loop vectorises.
-                        let cost = sumfw + rv + lv;
-                        *r = if cost < *r { cost } else { *r };
-                    }
-                }
-                let xb = sl(xbar[a + 1]);
-                let clo = mmin.max(sl(chain_min(s, a, b)));
-                if clo <= self.m {
-                    let fb = (s.fw[a] + s.bw[a]) as f32;
-                    let sub = row_of(a + 1, b);
-                    for (r, &sv) in row[clo..].iter_mut().zip(sub[clo - xb..].iter()) {
-                        let cost = fb + sv;
-                        *r = if cost < *r { cost } else { *r };
-                    }
-                }
-            }
-        }
-        progress("filling the table", total, total);
+        self.opt = Some(Table::fill(s, self.m, &prefix, progress));
+        self.prefix = prefix;
     }
 
     /// Slots free for the whole chain: the budget less the network input.
@@ -289,9 +239,7 @@ impl Solver {
     /// schedule), in the chain's unit; infinite when nothing fits.
     pub fn predicted_time(&self) -> f64 {
         match self.top_slots() {
-            Some(m) if self.feasible => {
-                self.opt[self.interval(0, self.n - 1) * (self.m + 1) + m] as f64 / self.time_scale
-            }
+            Some(m) if self.feasible => self.cost(0, self.n - 1, m) as f64 / self.time_scale,
             _ => f64::INFINITY,
         }
     }
@@ -329,9 +277,9 @@ impl Solver {
         Ok(Plan { tree, ops, outcome, budget: self.budget, slots: (self.budget / self.unit) as u32 })
     }
 
-    fn row(&self, a: usize, b: usize) -> &[f32] {
-        let m1 = self.m + 1;
-        &self.opt[self.interval(a, b) * m1..][..m1]
+    /// `opt(a, b, m)` from the filled table.
+    fn cost(&self, a: usize, b: usize, m: usize) -> f32 {
+        self.opt.as_ref().expect("the table is filled when a schedule fits").get(a, b, m)
     }
 
     /// The option that produced `opt(a, b)[m]`, found again: leaves in order
@@ -347,7 +295,7 @@ impl Solver {
                 continue;
             }
             let sumfw = (self.prefix[j] - self.prefix[a]) as f32;
-            let cost = sumfw + self.row(j, b)[m - xj] + self.row(a, j - 1)[m];
+            let cost = sumfw + self.cost(j, b, m - xj) + self.cost(a, j - 1, m);
             if cost < best {
                 best = cost;
                 choice = Some(j);
@@ -355,13 +303,13 @@ impl Solver {
         }
         let xb = s.xbar[a + 1] as usize;
         if mmin.max(chain_min(s, a, b) as usize) <= m {
-            let cost = (s.fw[a] + s.bw[a]) as f32 + self.row(a + 1, b)[m - xb];
+            let cost = (s.fw[a] + s.bw[a]) as f32 + self.cost(a + 1, b, m - xb);
             if cost < best {
                 best = cost;
                 choice = None;
             }
         }
-        debug_assert_eq!(best, self.row(a, b)[m], "backtracking must find the stored optimum");
+        debug_assert_eq!(best, self.cost(a, b, m), "backtracking must find the stored optimum");
         choice
     }
 
@@ -384,14 +332,14 @@ impl Solver {
 
 /// The memory `B(a)` and the forward before it need on their own: the
 /// least with which the one-stage interval (a, a) has a schedule.
-fn base_min(s: &Arrays, a: usize) -> u64 {
+pub(super) fn base_min(s: &Arrays, a: usize) -> u64 {
     let held = s.x[a + 1].saturating_add(s.xbar[a + 1]);
     held.saturating_add(s.ftmp[a]).max(held.saturating_add(s.x[a]).saturating_add(s.btmp[a]))
 }
 
 /// Every stage a..b−1 runs forward at least once while the gradient of b's
 /// output is held: a memory bound that no option for the interval beats.
-fn interval_min(s: &Arrays, a: usize, b: usize) -> u64 {
+pub(super) fn interval_min(s: &Arrays, a: usize, b: usize) -> u64 {
     let mut inner = s.x[a + 1].saturating_add(s.ftmp[a]);
     for k in a + 1..b {
         inner = inner.max(forward_min(s, k));
@@ -400,13 +348,13 @@ fn interval_min(s: &Arrays, a: usize, b: usize) -> u64 {
 }
 
 /// Stage k's forward inside an interval: its input, its output and its transient.
-fn forward_min(s: &Arrays, k: usize) -> u64 {
+pub(super) fn forward_min(s: &Arrays, k: usize) -> u64 {
     s.x[k].saturating_add(s.x[k + 1]).saturating_add(s.ftmp[k])
 }
 
 /// The chain option's own needs: `Fall(a)` beside the gradient of b's output,
 /// and `B(a)` beside its saved data, the incoming gradient and its own.
-fn chain_min(s: &Arrays, a: usize, b: usize) -> u64 {
+pub(super) fn chain_min(s: &Arrays, a: usize, b: usize) -> u64 {
     let fall = s.x[b + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.ftmp[a]);
     let back = s.x[a + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.x[a]).saturating_add(s.btmp[a]);
     fall.max(back).max(s.xbar[a + 1])
