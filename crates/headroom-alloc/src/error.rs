@@ -6,7 +6,7 @@ use std::fmt;
 
 /// Everything known when an allocation failed: PyTorch's OOM message fields,
 /// plus the fragmentation figures PyTorch users have asked for (pytorch#29554).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OomReport {
     pub device: u32,
     pub stream: StreamId,
@@ -111,5 +111,62 @@ impl AllocError {
             AllocError::NeverFits(r) | AllocError::OutOfMemory(r) | AllocError::OverLimit(r) => Some(r),
             _ => None,
         }
+    }
+
+    /// Which lack of memory it was, for the three out-of-memory variants.
+    pub fn oom_kind(&self) -> Option<OomKind> {
+        match self {
+            AllocError::NeverFits(_) => Some(OomKind::NeverFits),
+            AllocError::OutOfMemory(_) => Some(OomKind::OutOfMemory),
+            AllocError::OverLimit(_) => Some(OomKind::OverLimit),
+            _ => None,
+        }
+    }
+
+    /// The out-of-memory error as a record of its own: its kind and report.
+    pub fn into_oom(self) -> Result<Oom, AllocError> {
+        match self {
+            AllocError::NeverFits(r) => Ok(Oom { kind: OomKind::NeverFits, report: *r }),
+            AllocError::OutOfMemory(r) => Ok(Oom { kind: OomKind::OutOfMemory, report: *r }),
+            AllocError::OverLimit(r) => Ok(Oom { kind: OomKind::OverLimit, report: *r }),
+            e => Err(e),
+        }
+    }
+}
+
+/// Which lack of memory refused an allocation: what the caller can do differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OomKind {
+    /// Out of device memory now, after the cache was flushed.
+    OutOfMemory,
+    /// The per-process memory fraction forbids it.
+    OverLimit,
+    /// Larger than the device, or 1 EB or more.
+    NeverFits,
+}
+
+impl OomKind {
+    /// The name traces and `--json` use: `out_of_memory`, `over_limit`, `never_fits`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OomKind::OutOfMemory => "out_of_memory",
+            OomKind::OverLimit => "over_limit",
+            OomKind::NeverFits => "never_fits",
+        }
+    }
+}
+
+/// An allocation refused for lack of memory: the one record every replay
+/// keeps of it, beside where it happened in the replay's own terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Oom {
+    pub kind: OomKind,
+    pub report: OomReport,
+}
+
+impl fmt::Display for Oom {
+    /// PyTorch's message with headroom's fragmentation figures.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.report.fmt(f)
     }
 }

@@ -85,7 +85,7 @@ pub use config::{AllocatorConfig, Backend, ConfigError};
 pub use counting::{CountingDevice, DeviceCalls};
 pub use device::{DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, StreamId};
 pub use device_cost::DeviceCosts;
-pub use error::{AllocError, OomReport};
+pub use error::{AllocError, Oom, OomKind, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
 pub use policy::{

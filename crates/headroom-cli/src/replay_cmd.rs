@@ -15,7 +15,7 @@ use headroom_trace::jsonl::read_trace;
 use headroom_trace::replay::{replay, ReplayOptions, ReplayReport, ASYNC_NOT_SIMULATED};
 use headroom_trace::snapshot::looks_like_snapshot;
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::StartFrom;
+use headroom_trace::what_if::StartFrom;
 use serde_json::{json, Value};
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -302,7 +302,8 @@ fn report_json(run: &Run, capacity: u64, gpu: Option<&crate::replay_cuda::Gpu>) 
         "num_ooms": r.ooms.len(),
         "oom_ops": r.ooms.iter().map(|o| o.line).collect::<Vec<_>>(),
         "ooms": r.ooms.iter().map(|o| json!({
-            "line": o.line, "id": o.id, "size": o.size, "stream": o.stream, "kind": o.kind, "message": o.message,
+            "line": o.line, "id": o.id, "size": o.oom.report.requested, "stream": o.oom.report.stream,
+            "kind": o.oom.kind.name(), "message": o.oom.to_string(),
         })).collect::<Vec<_>>(),
         "skipped_frees": r.skipped_frees,
         "keys_without_effect": run.notes,
@@ -376,7 +377,8 @@ fn print_human(out: &mut String, args: &ReplayArgs, on: &str, runs: &[Run], ops:
         let lines: Vec<String> = r.ooms.iter().take(10).map(|o| o.line.to_string()).collect();
         let more = if r.ooms.len() > 10 { format!(" and {} more", r.ooms.len() - 10) } else { String::new() };
         outln!(out, "{}: {} allocations failed, at lines {}{more}", label(run), r.ooms.len(), lines.join(", "));
-        outln!(out, "first failure (line {}, {} bytes):\n{}", r.ooms[0].line, r.ooms[0].size, r.ooms[0].message);
+        let first = &r.ooms[0];
+        outln!(out, "first failure (line {}, {} bytes):\n{}", first.line, first.oom.report.requested, first.oom);
         if r.skipped_frees > 0 {
             outln!(out, "({} frees of failed allocations were skipped)", r.skipped_frees);
         }

@@ -7,11 +7,11 @@ use crate::progress::LazyBar;
 use anyhow::{bail, Context, Result};
 use headroom_alloc::{DeviceMemory, Snapshot};
 use headroom_cuda::{CudaDevice, Streams};
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::jsonl::TraceLine;
 use headroom_trace::replay::{replay_on, ReplayError, ReplayOptions, ReplayReport};
 use headroom_trace::snapshot::read_snapshot_file_with;
 use headroom_trace::snapshot_ops::fresh_ops;
-use headroom_trace::snapshot_replay::DeviceTrace;
 use std::path::Path;
 
 /// The GPU the runs use.

@@ -10,12 +10,12 @@ use anyhow::{bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{CapacitySource, RecordedMemory};
 use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::{
-    check_from, live_peak_bytes, what_if, DeviceTrace, Fidelity, Recorded, Setup, StartFrom, WhatIf,
-};
+use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
+use headroom_trace::what_if::{live_peak_bytes, what_if, Setup, StartFrom, WhatIf};
 use serde_json::{json, Value};
 
 /// One device: its fidelity (None when its state could not be rebuilt) and one what-if per setting.
@@ -309,7 +309,7 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "num_device_free": w.num_device_free,
             "num_ooms": w.ooms.len(),
             "oom_ops": w.ooms.iter().map(|o| o.index).collect::<Vec<_>>(),
-            "ooms": w.ooms.iter().map(|o| json!({"index": o.index, "size": o.size, "message": o.message})).collect::<Vec<_>>(),
+            "ooms": w.ooms.iter().map(|o| json!({"index": o.index, "size": o.oom.report.requested, "message": o.oom.to_string()})).collect::<Vec<_>>(),
             "recorded_ooms_served": w.recorded_ooms_served,
             "device_calls_followed": w.device_calls_followed,
             "calls_by_step": w.calls_by_step,
@@ -471,7 +471,7 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
             let at: Vec<String> = w.ooms.iter().take(10).map(|o| o.index.to_string()).collect();
             let more = if w.ooms.len() > 10 { format!(" and {} more", w.ooms.len() - 10) } else { String::new() };
             outln!(out, "  {label}: out of memory at trace entries {}{more}", at.join(", "));
-            outln!(out, "    first: {}", w.ooms[0].message.lines().next().unwrap_or_default());
+            outln!(out, "    first: {}", w.ooms[0].oom.to_string().lines().next().unwrap_or_default());
         }
         if args.check {
             if let Some(f) = &r.fidelity {

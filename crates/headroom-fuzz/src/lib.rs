@@ -45,7 +45,9 @@ pub const TARGETS: [(&str, Target); 8] = [
 /// panics are not, and a replay's peaks stay within the device.
 pub fn snapshot(data: &[u8]) {
     let Ok(snap) = headroom_trace::snapshot::read_snapshot(data) else { return };
-    use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace};
+    use headroom_trace::device_trace::DeviceTrace;
+    use headroom_trace::snapshot_replay::check_from;
+    use headroom_trace::what_if::what_if_device;
     for device in snap.devices().into_iter().take(4) {
         let Ok(t) = DeviceTrace::new(&snap, device) else { continue };
         let (config, _) = snap.allocator_config();

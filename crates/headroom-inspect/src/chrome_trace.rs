@@ -12,8 +12,8 @@
 
 use crate::sites::Sites;
 use crate::walk::Walk;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::DeviceTrace;
 use serde_json::json;
 use std::io::{self, Write};
 

@@ -14,8 +14,10 @@
 
 use headroom_alloc::units::format_size;
 use headroom_alloc::AllocatorConfig;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::Bounds;
-use headroom_trace::snapshot_replay::{what_if_device, DeviceTrace, Recorded};
+use headroom_trace::snapshot_replay::Recorded;
+use headroom_trace::what_if::what_if_device;
 use serde::Serialize;
 
 /// One setting tried against a recorded OOM.
@@ -78,7 +80,7 @@ pub fn remedies(
                 let note = if avoided {
                     "every request served, the recorded failures included".to_string()
                 } else if let Some(o) = w.ooms.first() {
-                    format!("still out of memory at entry {} ({} bytes)", o.index, o.size)
+                    format!("still out of memory at entry {} ({} bytes)", o.index, o.oom.report.requested)
                 } else {
                     format!("{} of {recorded_ooms} failed requests served", w.recorded_ooms_served)
                 };

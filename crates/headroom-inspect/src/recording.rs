@@ -8,8 +8,8 @@
 
 use crate::frames::{Classifier, Phase};
 use crate::walk::Walk;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::DeviceTrace;
 
 /// What one moment of the trace did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,11 +12,11 @@ use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
 use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, BlockState};
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{
-    block_sizes, check_from, state_before, what_if_device, DeviceTrace, Fidelity, Recorded,
-};
+use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
+use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
 use serde::Serialize;
 
 /// What to compute.

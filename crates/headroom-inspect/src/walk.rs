@@ -100,7 +100,7 @@ impl<'a> Walk<'a> {
     }
 
     /// Block sizes the replay handed out, by entry, where they differ from
-    /// the rounded request ([`headroom_trace::snapshot_replay::block_sizes`]).
+    /// the rounded request ([`headroom_trace::what_if::block_sizes`]).
     pub fn with_block_sizes(mut self, sizes: &FxHashMap<usize, u64>) -> Walk<'a> {
         for (&i, &size) in sizes {
             self.exact.entry(i).or_insert(size);

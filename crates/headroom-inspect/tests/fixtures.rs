@@ -9,8 +9,10 @@
 mod skip;
 
 use headroom_inspect::{inspect_device, InspectOptions};
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace};
+use headroom_trace::snapshot_replay::check_from;
+use headroom_trace::what_if::what_if_device;
 use std::path::PathBuf;
 
 fn fixtures() -> Option<Vec<PathBuf>> {

@@ -33,8 +33,9 @@
 pub use crate::calibration::{group, made_in, Calibration, Correction, OomEvidence};
 use crate::estimate::Estimator;
 use crate::job::{Framework, Job, TrainConfig};
-use crate::program::{Law, Op, Phase, Program, Term};
-use headroom_alloc::{DeviceCachingAllocator, SimDevice};
+use crate::program::{Law, Phase, Program, Term};
+use headroom_alloc::{AllocError, Allocation, DeviceCachingAllocator, DeviceMemory, Oom, Policy, SimDevice};
+use headroom_trace::walk::{Flow, Observer, Slot, Walk};
 use std::fmt;
 
 // The recording.
@@ -570,75 +571,95 @@ fn measure(p: &Program, b: u64, s: u64, step: u32, est: &Estimator) -> Measured 
     let groups: Vec<Option<usize>> = p.tensors.iter().zip(&made).map(|(t, &m)| group(t, m)).collect();
     let device = SimDevice::new(1u64 << 50);
     let mut alloc = DeviceCachingAllocator::with_policy(device, est.alloc.clone(), est.policy.build());
-    let mut ptrs = vec![u64::MAX; p.tensors.len()];
-    let mut blocks = vec![0u64; p.tensors.len()];
-    let mut live = [0u64; 4];
-    let mut total = 0u64;
-    let mut out = Measured::default();
-    let (mut at_step, mut phase) = (0u32, Phase::Setup);
-    let mut started = false;
-    let note = |out: &mut Measured, total: u64, live: &[u64; 4], phase: Phase| {
-        let k = match phase {
+    let mut m = Measuring {
+        groups,
+        step,
+        at_step: 0,
+        phase: Phase::Setup,
+        started: false,
+        live: [0; 4],
+        total: 0,
+        out: Measured::default(),
+    };
+    // An unbounded device runs out of nothing, and a checked program makes no other mistake.
+    let _ = Walk::with_slots(p.tensors.len()).run(&mut alloc, crate::replay::walk_ops(p, &sizes), &mut m);
+    m.out
+}
+
+/// What [`measure`] watches: the bytes of each correctable group, and the step's figures.
+struct Measuring {
+    groups: Vec<Option<usize>>,
+    step: u32,
+    at_step: u32,
+    phase: Phase,
+    started: bool,
+    live: [u64; 4],
+    total: u64,
+    out: Measured,
+}
+
+impl Measuring {
+    /// The phase's peak so far, if the walk is in the step measured.
+    fn note(&mut self) {
+        if self.at_step != self.step {
+            return;
+        }
+        let k = match self.phase {
             Phase::Forward => 0,
             Phase::Backward => 1,
             Phase::Optimizer => 2,
             Phase::Setup => return,
         };
+        let out = &mut self.out;
         let peak = [&mut out.figures.forward, &mut out.figures.backward, &mut out.figures.optimizer];
-        if total as f64 >= *peak[k] {
-            *peak[k] = total as f64;
-            out.scaled[k] = live[k] as f64;
-        }
-    };
-    for op in &p.ops {
-        match *op {
-            Op::Mark { step: st, phase: ph } => {
-                at_step = st;
-                phase = ph;
-                if st == step && !started && ph != Phase::Setup {
-                    started = true;
-                    out.figures.start = total as f64;
-                    out.state = live[3] as f64;
-                }
-                if st == step {
-                    note(&mut out, total, &live, ph);
-                }
-            }
-            Op::Alloc(t) => {
-                let i = t as usize;
-                let Ok(a) = alloc.malloc(sizes[i], 0) else { continue };
-                ptrs[i] = a.ptr;
-                blocks[i] = a.size;
-                total += a.size;
-                if let Some(g) = groups[i] {
-                    live[g] += a.size;
-                }
-                if at_step == step {
-                    note(&mut out, total, &live, phase);
-                }
-                // `max_memory_reserved` when the step ends: the run up to it, not the steps after.
-                if at_step <= step {
-                    out.figures.reserved = out.figures.reserved.max(alloc.reserved_bytes() as f64);
-                }
-            }
-            Op::EmptyCache => {
-                let _ = alloc.empty_cache();
-            }
-            Op::Free(t) => {
-                let i = t as usize;
-                if ptrs[i] == u64::MAX {
-                    continue;
-                }
-                let _ = alloc.free(ptrs[i]);
-                ptrs[i] = u64::MAX;
-                total -= blocks[i];
-                if let Some(g) = groups[i] {
-                    live[g] -= blocks[i];
-                }
-            }
+        if self.total as f64 >= *peak[k] {
+            *peak[k] = self.total as f64;
+            out.scaled[k] = self.live[k] as f64;
         }
     }
-    out
+}
+
+impl<D: DeviceMemory, P: Policy> Observer<D, P> for Measuring {
+    type Mark = (u32, Phase);
+
+    fn mark(
+        &mut self,
+        _: usize,
+        (st, ph): (u32, Phase),
+        _: &mut DeviceCachingAllocator<D, P>,
+    ) -> Result<(), AllocError> {
+        (self.at_step, self.phase) = (st, ph);
+        if st == self.step && !self.started && ph != Phase::Setup {
+            self.started = true;
+            self.out.figures.start = self.total as f64;
+            self.out.state = self.live[3] as f64;
+        }
+        self.note();
+        Ok(())
+    }
+
+    fn allocated(&mut self, _: usize, t: Slot, block: Allocation, alloc: &DeviceCachingAllocator<D, P>) {
+        self.total += block.size;
+        if let Some(g) = self.groups[t as usize] {
+            self.live[g] += block.size;
+        }
+        self.note();
+        // `max_memory_reserved` when the step ends: the run up to it, not the steps after.
+        if self.at_step <= self.step {
+            self.out.figures.reserved = self.out.figures.reserved.max(alloc.reserved_bytes() as f64);
+        }
+    }
+
+    fn freed(&mut self, _: usize, t: Slot, block: Allocation) {
+        self.total -= block.size;
+        if let Some(g) = self.groups[t as usize] {
+            self.live[g] -= block.size;
+        }
+    }
+
+    fn failed(&mut self, _: usize, _: Slot, _: Oom, _: &DeviceCachingAllocator<D, P>) -> Flow {
+        Flow::Continue
+    }
 }
 
 /// A basis function of a fitted law at a shape.

@@ -30,6 +30,7 @@ use crate::program::{Phase, PhasePeaks, Program, Term};
 use crate::replay::{replay, OutOfMemory, ReplaySettings, Replayed, When};
 use crate::time::step_time;
 use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
+use headroom_alloc::{Oom, OomKind, OomReport};
 use std::sync::Arc;
 
 /// How the planner turns a job into memory: the allocator its step programs are replayed
@@ -339,7 +340,7 @@ impl Estimator {
         let mut held_back = 0.0;
         for _ in 0..4 {
             let Some(oom) = &run.replayed().oom else { break };
-            let short = (oom.asked as f64 - oom.device_free as f64).max(0.0);
+            let short = (oom.oom.report.alloc_size as f64 - oom.oom.report.device_free as f64).max(0.0);
             held_back += short.max(0.02 * capacity as f64);
             let again = self.run(job, runner, capacity, held_back)?;
             if again.built.note.is_some() {
@@ -374,15 +375,22 @@ impl Estimator {
     fn calibration_refuses(&self, job: &Job, capacity: u64) -> Option<OutOfMemory> {
         let c = self.calibration.as_ref()?;
         let e = c.refuses(job.train.micro_batch, job.train.seq, capacity as f64)?;
-        Some(OutOfMemory {
-            at: When { step: 0, phase: e.phase, op: 0 },
+        // The recorded failure's figures; what a snapshot does not record is left 0.
+        let report = OomReport {
             requested: e.asked,
-            asked: e.asked,
+            rounded: e.asked,
+            alloc_size: e.asked,
+            device_total: capacity,
             device_free: e.device_free.unwrap_or(0),
             allocated: e.allocated,
             reserved: e.reserved,
+            ..OomReport::default()
+        };
+        Some(OutOfMemory {
+            at: When { step: 0, phase: e.phase, op: 0 },
             term: Term::Activations,
             site: format!("the calibration snapshot's own OOM at micro-batch {} × {} tokens", e.batch, e.seq),
+            oom: Oom { kind: OomKind::OutOfMemory, report },
         })
     }
 

@@ -10,7 +10,11 @@
 //! runs out of memory exactly where the replay does.
 
 use crate::program::{ByTerm, Op, Phase, PhasePeaks, Program};
-use headroom_alloc::{AllocError, AllocatorConfig, DeviceCachingAllocator, PolicyName, SimDevice};
+use headroom_alloc::{
+    AllocError, Allocation, AllocatorConfig, DeviceCachingAllocator, DeviceMemory, Oom, OomKind, OomReport, Policy,
+    PolicyName, SimDevice, DEFAULT_MEMPOOL,
+};
+use headroom_trace::walk::{self, Flow, Observer, Slot, Walk};
 
 /// How to replay: the device's memory for PyTorch and the allocator's settings.
 #[derive(Clone, Debug)]
@@ -31,21 +35,16 @@ pub struct When {
     pub op: usize,
 }
 
-/// The allocation that ran out of memory.
+/// The allocation that ran out of memory: where in the program, the tensor's term and site,
+/// and the allocator's failure (the tensor's bytes as `requested`, the segment asked of the
+/// device as `alloc_size`, PyTorch's "Tried to allocate"; free, allocated and reserved then,
+/// after the cache was flushed).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutOfMemory {
     pub at: When,
-    /// The tensor's bytes.
-    pub requested: u64,
-    /// The segment asked of the device (PyTorch's "Tried to allocate").
-    pub asked: u64,
-    /// Free on the device then, after the cache was flushed.
-    pub device_free: u64,
-    pub allocated: u64,
-    pub reserved: u64,
-    /// The term and site of the tensor.
     pub term: crate::program::Term,
     pub site: String,
+    pub oom: Oom,
 }
 
 /// What the replay measured.
@@ -86,110 +85,57 @@ impl Replayed {
 pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Replayed {
     let device = SimDevice::new(settings.capacity);
     let mut alloc = DeviceCachingAllocator::with_policy(device, settings.config.clone(), settings.policy.build());
-    let mut ptrs = vec![u64::MAX; program.tensors.len()];
-    let mut blocks = vec![0u64; program.tensors.len()];
-    let mut live = ByTerm::default();
-    let mut total = 0u64;
-    let mut at = When { step: 0, phase: Phase::Setup, op: 0 };
-    let mut out = Replayed {
-        peak_allocated: 0,
-        peak_reserved: 0,
-        at_peak: ByTerm::default(),
-        peak_at: at,
-        reserved_peak_at: at,
-        phase_peaks: PhasePeaks::default(),
-        device_mallocs: 0,
-        alloc_retries: 0,
-        device_frees: 0,
-        oom: None,
-    };
     let last_step = program
         .ops
         .iter()
         .filter_map(|o| if let Op::Mark { step, .. } = o { Some(*step) } else { None })
         .max()
         .unwrap_or(0);
-    for (i, op) in program.ops.iter().enumerate() {
-        at.op = i;
-        match *op {
-            Op::Mark { step, phase } => {
-                at.step = step;
-                at.phase = phase;
-                // A phase holds at least what it began with.
-                if step == last_step {
-                    out.phase_peaks.raise(phase, total);
-                }
-            }
-            Op::Alloc(t) => {
+    let at = When { step: 0, phase: Phase::Setup, op: 0 };
+    let mut peaks = Peaks {
+        program,
+        last_step,
+        at,
+        live: ByTerm::default(),
+        total: 0,
+        out: Replayed {
+            peak_allocated: 0,
+            peak_reserved: 0,
+            at_peak: ByTerm::default(),
+            peak_at: at,
+            reserved_peak_at: at,
+            phase_peaks: PhasePeaks::default(),
+            device_mallocs: 0,
+            alloc_retries: 0,
+            device_frees: 0,
+            oom: None,
+        },
+    };
+    let walked = Walk::with_slots(program.tensors.len()).run(&mut alloc, walk_ops(program, sizes), &mut peaks);
+    let Peaks { mut out, at, total, .. } = peaks;
+    if let Err(e) = walked {
+        // A program is checked before it is replayed, and the simulator fails only for lack of
+        // memory: reported as a failure that asks for everything, should it happen.
+        let op = e.at();
+        let (requested, term, site) = match program.ops.get(op) {
+            Some(&(Op::Alloc(t) | Op::Free(t))) => {
                 let tensor = &program.tensors[t as usize];
-                match alloc.malloc(sizes[t as usize], tensor.stream) {
-                    Ok(a) => {
-                        ptrs[t as usize] = a.ptr;
-                        blocks[t as usize] = a.size;
-                        live.add(tensor.term, a.size);
-                        total += a.size;
-                        if total > out.peak_allocated {
-                            out.peak_allocated = total;
-                            out.at_peak = live;
-                            out.peak_at = at;
-                        }
-                        if at.step == last_step {
-                            out.phase_peaks.raise(at.phase, total);
-                        }
-                        let reserved = alloc.reserved_bytes();
-                        if reserved > out.peak_reserved {
-                            out.peak_reserved = reserved;
-                            out.reserved_peak_at = at;
-                        }
-                    }
-                    Err(e) => {
-                        let report = e.oom_report().cloned();
-                        let site = program.sites.get(tensor.site as usize).cloned().unwrap_or_default();
-                        out.oom = Some(match report {
-                            Some(r) => OutOfMemory {
-                                at,
-                                requested: sizes[t as usize],
-                                asked: r.alloc_size,
-                                device_free: r.device_free,
-                                allocated: r.allocated,
-                                reserved: r.reserved,
-                                term: tensor.term,
-                                site,
-                            },
-                            // Not a lack of memory (the simulator has no other failure):
-                            // reported as one that asks for everything.
-                            None => OutOfMemory {
-                                at,
-                                requested: sizes[t as usize],
-                                asked: sizes[t as usize],
-                                device_free: 0,
-                                allocated: total,
-                                reserved: alloc.reserved_bytes(),
-                                term: tensor.term,
-                                site: format!("{site} ({})", describe(&e)),
-                            },
-                        });
-                        break;
-                    }
-                }
+                let site = program.sites.get(tensor.site as usize).cloned().unwrap_or_default();
+                (sizes[t as usize], tensor.term, site)
             }
-            Op::EmptyCache => {
-                // Nothing else can fail: a simulated device gives every segment back.
-                let _ = alloc.empty_cache();
-            }
-            Op::Free(t) => {
-                let ptr = ptrs[t as usize];
-                if ptr == u64::MAX {
-                    continue;
-                }
-                // A program is checked before it is replayed: a free of a live tensor cannot fail.
-                let _ = alloc.free(ptr);
-                ptrs[t as usize] = u64::MAX;
-                let n = blocks[t as usize];
-                live.sub(program.tensors[t as usize].term, n);
-                total -= n;
-            }
-        }
+            _ => (0, crate::program::Term::Temporary, String::new()),
+        };
+        let report = OomReport {
+            requested,
+            rounded: requested,
+            alloc_size: requested,
+            device_total: settings.capacity,
+            allocated: total,
+            reserved: alloc.reserved_bytes(),
+            ..OomReport::default()
+        };
+        let oom = Oom { kind: OomKind::OutOfMemory, report };
+        out.oom = Some(OutOfMemory { at: When { op, ..at }, term, site: format!("{site} ({e})"), oom });
     }
     let stats = alloc.stats();
     out.peak_reserved = out.peak_reserved.max(stats.reserved_bytes[0].peak.max(0) as u64);
@@ -199,6 +145,84 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
     out
 }
 
-fn describe(e: &AllocError) -> String {
-    e.to_string()
+/// A program's operations as a walk's: a tensor is a slot, its size the one asked.
+pub(crate) fn walk_ops<'a>(
+    program: &'a Program,
+    sizes: &'a [u64],
+) -> impl Iterator<Item = (usize, walk::Op<(u32, Phase)>)> + 'a {
+    program.ops.iter().enumerate().map(move |(i, op)| {
+        let op = match *op {
+            Op::Alloc(t) => walk::Op::Alloc {
+                slot: t,
+                size: sizes[t as usize],
+                stream: program.tensors[t as usize].stream,
+                pool: DEFAULT_MEMPOOL,
+            },
+            Op::Free(t) => walk::Op::Free { slot: t },
+            Op::EmptyCache => walk::Op::EmptyCache,
+            Op::Mark { step, phase } => walk::Op::Mark((step, phase)),
+        };
+        (i, op)
+    })
+}
+
+/// What [`replay`] watches: the live bytes by term, their peaks, and the first failure.
+struct Peaks<'a> {
+    program: &'a Program,
+    last_step: u32,
+    at: When,
+    live: ByTerm,
+    total: u64,
+    out: Replayed,
+}
+
+impl<D: DeviceMemory, P: Policy> Observer<D, P> for Peaks<'_> {
+    type Mark = (u32, Phase);
+
+    fn mark(
+        &mut self,
+        op: usize,
+        (step, phase): (u32, Phase),
+        _: &mut DeviceCachingAllocator<D, P>,
+    ) -> Result<(), AllocError> {
+        self.at = When { step, phase, op };
+        // A phase holds at least what it began with.
+        if step == self.last_step {
+            self.out.phase_peaks.raise(phase, self.total);
+        }
+        Ok(())
+    }
+
+    fn allocated(&mut self, op: usize, t: Slot, block: Allocation, alloc: &DeviceCachingAllocator<D, P>) {
+        self.at.op = op;
+        let out = &mut self.out;
+        self.live.add(self.program.tensors[t as usize].term, block.size);
+        self.total += block.size;
+        if self.total > out.peak_allocated {
+            out.peak_allocated = self.total;
+            out.at_peak = self.live;
+            out.peak_at = self.at;
+        }
+        if self.at.step == self.last_step {
+            out.phase_peaks.raise(self.at.phase, self.total);
+        }
+        let reserved = alloc.reserved_bytes();
+        if reserved > out.peak_reserved {
+            out.peak_reserved = reserved;
+            out.reserved_peak_at = self.at;
+        }
+    }
+
+    fn freed(&mut self, _: usize, t: Slot, block: Allocation) {
+        self.live.sub(self.program.tensors[t as usize].term, block.size);
+        self.total -= block.size;
+    }
+
+    fn failed(&mut self, op: usize, t: Slot, oom: Oom, _: &DeviceCachingAllocator<D, P>) -> Flow {
+        self.at.op = op;
+        let tensor = &self.program.tensors[t as usize];
+        let site = self.program.sites.get(tensor.site as usize).cloned().unwrap_or_default();
+        self.out.oom = Some(OutOfMemory { at: self.at, term: tensor.term, site, oom });
+        Flow::Stop
+    }
 }

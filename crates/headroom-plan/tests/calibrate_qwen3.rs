@@ -152,7 +152,7 @@ fn an_oom_snapshot_makes_its_shape_not_fit() {
     let small = headroom_plan::gpu::GpuSpec { memory_bytes: e.capacity, ..h200 };
     let planned = est.estimate(&Job::new(&model, &small, cfg).unwrap()).unwrap();
     assert!(!planned.verdict.fits);
-    assert!(planned.memory.oom.as_ref().is_some_and(|o| o.asked > 0));
+    assert!(planned.memory.oom.as_ref().is_some_and(|o| o.oom.report.alloc_size > 0));
     assert!(!est.fits(&Job::new(&model, &small, cfg).unwrap()));
     // On the whole H200 the evidence does not apply.
     assert!(est.estimate(&Job::new(&model, &h200, cfg).unwrap()).unwrap().verdict.fits);

@@ -26,8 +26,8 @@ use headroom_plan::job::{Attention, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
 use headroom_plan::program::{Op, Program};
 use headroom_plan::replay::{replay, ReplaySettings};
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::{read_snapshot_file, TraceAction};
-use headroom_trace::snapshot_replay::DeviceTrace;
 use std::collections::BTreeMap;
 
 const QWEN3_1_7B: &str = r#"{"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,

@@ -7,8 +7,10 @@
 //!
 //!     cargo run --release -p headroom-trace --example read_snapshot -- FILE [--replay]
 
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::read_snapshot_file;
-use headroom_trace::snapshot_replay::{check_from, what_if_device, DeviceTrace};
+use headroom_trace::snapshot_replay::check_from;
+use headroom_trace::what_if::what_if_device;
 use std::time::Instant;
 
 fn main() {

@@ -23,6 +23,7 @@
 //! ```
 
 pub mod compressed;
+pub mod device_trace;
 pub mod jsonl;
 pub mod pickle;
 pub mod py;
@@ -38,3 +39,5 @@ pub mod snapshot_replay;
 pub mod start_state;
 pub mod steps;
 pub mod synth;
+pub mod walk;
+pub mod what_if;

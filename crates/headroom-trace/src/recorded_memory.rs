@@ -22,8 +22,8 @@
 //! can have had: a setting that avoids an OOM under it avoids it under the
 //! real limit too.
 
+use crate::device_trace::DeviceTrace;
 use crate::snapshot::TraceAction;
-use crate::snapshot_replay::DeviceTrace;
 use serde::Serialize;
 
 /// A request the recorded device (or a per-process limit) refused.

@@ -7,12 +7,12 @@
 //! skipped and counted.
 
 use crate::jsonl::{TraceId, TraceLine, TraceOp};
+use crate::walk::{Flow, Observer, Op, Slot, Walk, WalkError};
 use headroom_alloc::{
-    AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, DeviceMemory, NamedPolicy, PolicyName, SimDevice,
-    StreamId,
+    AllocError, AllocatorConfig, Backend, DeviceCachingAllocator, DeviceMemory, NamedPolicy, Oom, Policy, PolicyName,
+    SimDevice, DEFAULT_MEMPOOL,
 };
 use rustc_hash::FxHashMap;
-use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
 /// Why settings with `backend:cudaMallocAsync` are refused, for every replay.
@@ -32,18 +32,13 @@ pub struct ReplayOptions {
     pub policy: PolicyName,
 }
 
-/// One allocation that failed.
+/// One allocation that failed: the trace's line and `id`, and the failure
+/// (its size, stream and kind in its report; its message as it displays).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OomEvent {
-    /// Line of the trace.
     pub line: usize,
     pub id: TraceId,
-    pub size: u64,
-    pub stream: StreamId,
-    /// Which kind of failure: `out_of_memory`, `over_limit` or `never_fits`.
-    pub kind: &'static str,
-    /// The allocator's message (PyTorch's wording plus headroom's fragmentation figures).
-    pub message: String,
+    pub oom: Oom,
 }
 
 /// What a replay measured.
@@ -105,71 +100,28 @@ pub fn replay_on<D: DeviceMemory>(
     let started = std::time::Instant::now();
     let mut a = DeviceCachingAllocator::with_policy(device, opts.config.clone(), opts.policy.build());
     a.record_history(opts.history);
-    let mut live: FxHashMap<&str, (u64, usize)> = FxHashMap::default();
-    let mut failed: FxHashSet<&str> = FxHashSet::default();
-    let mut ooms = Vec::new();
-    let mut skipped_frees = 0;
-    for (i, TraceLine { line, op }) in ops.iter().enumerate() {
-        let line = *line;
+    let slots = Slots::of(ops);
+    let mut failures = Failures { ops, ooms: Vec::new(), skipped_frees: 0 };
+    let walk_ops = ops.iter().zip(&slots.of_op).enumerate().map(|(i, (TraceLine { op, .. }, &slot))| {
         if i % 65536 == 0 {
             progress(i);
         }
-        let wrap = |error| ReplayError::Alloc { line, error };
-        match op {
-            TraceOp::Alloc { id, size, stream } | TraceOp::AllocInPool { id, size, stream, .. } => {
-                if let Some(&(_, first)) = live.get(id.as_str()) {
-                    return Err(ReplayError::DuplicateId { line, id: id.clone(), first });
-                }
-                let pool = match op {
-                    TraceOp::AllocInPool { pool, .. } => *pool,
-                    _ => headroom_alloc::DEFAULT_MEMPOOL,
-                };
-                match a.malloc_in_pool(*size, *stream, pool) {
-                    Ok(b) => {
-                        failed.remove(id.as_str());
-                        live.insert(id, (b.ptr, line));
-                    }
-                    Err(e) => {
-                        let kind = match &e {
-                            AllocError::OutOfMemory(_) => "out_of_memory",
-                            AllocError::OverLimit(_) => "over_limit",
-                            AllocError::NeverFits(_) => "never_fits",
-                            _ => return Err(wrap(e)),
-                        };
-                        failed.insert(id);
-                        ooms.push(OomEvent {
-                            line,
-                            id: id.clone(),
-                            size: *size,
-                            stream: *stream,
-                            kind,
-                            message: e.to_string(),
-                        });
-                    }
-                }
-            }
-            TraceOp::Free { id } => match live.remove(id.as_str()) {
-                Some((ptr, _)) => a.free(ptr).map_err(wrap)?,
-                None if failed.remove(id.as_str()) => skipped_frees += 1,
-                None => return Err(ReplayError::UnknownId { line, id: id.clone() }),
-            },
-            TraceOp::RecordStream { id, stream } => match live.get(id.as_str()) {
-                Some(&(ptr, _)) => a.record_stream(ptr, *stream).map_err(wrap)?,
-                None if failed.contains(id.as_str()) => {}
-                None => return Err(ReplayError::UnknownId { line, id: id.clone() }),
-            },
-            TraceOp::CompleteEvents => {
-                a.device_mut().synchronize().map_err(|e| ReplayError::Alloc { line, error: AllocError::Device(e) })?
-            }
-            TraceOp::EmptyCache => a.empty_cache().map_err(wrap)?,
-            TraceOp::EmptyPool { pool } => a.empty_cache_pool(*pool).map_err(wrap)?,
-            TraceOp::ReleasePool { pool } => {
-                // A pool no allocation named, or released already, is a mistake of the trace.
-                a.release_pool(*pool).map_err(wrap)?
-            }
-            TraceOp::SetFraction { value } => a.set_memory_fraction(*value).map_err(wrap)?,
-        }
-    }
+        let op = match *op {
+            TraceOp::Alloc { size, stream, .. } => Op::Alloc { slot, size, stream, pool: DEFAULT_MEMPOOL },
+            TraceOp::AllocInPool { size, stream, pool, .. } => Op::Alloc { slot, size, stream, pool },
+            TraceOp::Free { .. } => Op::Free { slot },
+            TraceOp::RecordStream { stream, .. } => Op::RecordStream { slot, stream },
+            TraceOp::CompleteEvents => Op::CompleteEvents,
+            TraceOp::EmptyCache => Op::EmptyCache,
+            TraceOp::EmptyPool { pool } => Op::EmptyPool(pool),
+            // A pool no allocation named, or released already, is a mistake of the trace.
+            TraceOp::ReleasePool { pool } => Op::ReleasePool(pool),
+            TraceOp::SetFraction { value } => Op::SetFraction(value),
+        };
+        (i, op)
+    });
+    Walk::with_slots(slots.count).run(&mut a, walk_ops, &mut failures).map_err(|e| slots.error(ops, e))?;
+    let Failures { ooms, skipped_frees, .. } = failures;
     progress(ops.len());
     let host_seconds = started.elapsed().as_secs_f64();
     let s = a.stats();
@@ -190,11 +142,109 @@ pub fn replay_on<D: DeviceMemory>(
     Ok((report, a))
 }
 
+/// Each operation's slot: every `id` is one slot for the whole trace.
+struct Slots {
+    of_op: Vec<Slot>,
+    count: usize,
+    /// For an `alloc` of an `id` allocated before and not freed since: the
+    /// line of that allocation. The walk says whether it is live (it is not if
+    /// it failed), and so whether the `alloc` is a mistake.
+    earlier: FxHashMap<usize, usize>,
+}
+
+/// The slot of a `free` or `record_stream` of an `id` no `alloc` holds: the
+/// walk finds it is not live.
+const NO_SLOT: Slot = Slot::MAX;
+
+impl Slots {
+    fn of(ops: &[TraceLine]) -> Slots {
+        let mut slot_of: FxHashMap<&str, Slot> = FxHashMap::default();
+        // The line of each slot's allocation, while the trace holds it.
+        let mut allocated_at: Vec<Option<usize>> = Vec::new();
+        let mut earlier = FxHashMap::default();
+        let mut of_op = Vec::with_capacity(ops.len());
+        for (i, TraceLine { line, op }) in ops.iter().enumerate() {
+            let slot = match op {
+                TraceOp::Alloc { id, .. } | TraceOp::AllocInPool { id, .. } => {
+                    let next = slot_of.len() as Slot;
+                    let slot = *slot_of.entry(id.as_str()).or_insert(next);
+                    if slot == next {
+                        allocated_at.push(None);
+                    }
+                    if let Some(first) = allocated_at[slot as usize].replace(*line) {
+                        earlier.insert(i, first);
+                    }
+                    slot
+                }
+                TraceOp::Free { id } | TraceOp::RecordStream { id, .. } => {
+                    match slot_of.get(id.as_str()).copied().filter(|&s| allocated_at[s as usize].is_some()) {
+                        Some(s) if matches!(op, TraceOp::Free { .. }) => {
+                            allocated_at[s as usize] = None;
+                            s
+                        }
+                        Some(s) => s,
+                        None => NO_SLOT,
+                    }
+                }
+                _ => 0,
+            };
+            of_op.push(slot);
+        }
+        Slots { of_op, count: slot_of.len(), earlier }
+    }
+
+    /// The walk's complaint as the trace's mistake.
+    fn error(&self, ops: &[TraceLine], e: WalkError) -> ReplayError {
+        let at = e.at();
+        let TraceLine { line, op } = &ops[at];
+        let line = *line;
+        match (e, op) {
+            (WalkError::Alloc { error, .. }, _) => ReplayError::Alloc { line, error },
+            (WalkError::AlreadyLive { .. }, TraceOp::Alloc { id, .. } | TraceOp::AllocInPool { id, .. }) => {
+                ReplayError::DuplicateId { line, id: id.clone(), first: self.earlier.get(&at).copied().unwrap_or(line) }
+            }
+            (
+                _,
+                TraceOp::Alloc { id, .. }
+                | TraceOp::AllocInPool { id, .. }
+                | TraceOp::Free { id }
+                | TraceOp::RecordStream { id, .. },
+            ) => ReplayError::UnknownId { line, id: id.clone() },
+            (e, _) => ReplayError::Alloc { line, error: AllocError::InvalidArgument(e.to_string()) },
+        }
+    }
+}
+
+/// A trace's replay observes its failures: each is reported, and the trace goes on.
+struct Failures<'a> {
+    ops: &'a [TraceLine],
+    ooms: Vec<OomEvent>,
+    skipped_frees: usize,
+}
+
+impl<D: DeviceMemory, P: Policy> Observer<D, P> for Failures<'_> {
+    type Mark = std::convert::Infallible;
+
+    fn failed(&mut self, at: usize, _: Slot, oom: Oom, _: &DeviceCachingAllocator<D, P>) -> Flow {
+        let TraceLine { line, op } = &self.ops[at];
+        // Only allocations fail.
+        if let TraceOp::Alloc { id, .. } | TraceOp::AllocInPool { id, .. } = op {
+            self.ooms.push(OomEvent { line: *line, id: id.clone(), oom });
+        }
+        Flow::Continue
+    }
+
+    fn skipped_free(&mut self, _: usize, _: Slot) {
+        self.skipped_frees += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::jsonl::read_trace;
     use headroom_alloc::units::{GIB, MIB};
+    use headroom_alloc::OomKind;
 
     fn opts(conf: &str, capacity: u64) -> ReplayOptions {
         ReplayOptions {
@@ -215,8 +265,8 @@ mod tests {
         .unwrap();
         let (r, _) = replay(&t, &opts("", 100 * MIB), |_| {}).unwrap();
         assert_eq!(r.ooms.len(), 1);
-        assert_eq!((r.ooms[0].line, r.ooms[0].kind), (2, "out_of_memory"));
-        assert!(r.ooms[0].message.contains("Tried to allocate 60.00 MiB"));
+        assert_eq!((r.ooms[0].line, r.ooms[0].oom.kind), (2, OomKind::OutOfMemory));
+        assert!(r.ooms[0].oom.to_string().contains("Tried to allocate 60.00 MiB"));
         assert_eq!(r.skipped_frees, 1);
         assert_eq!(r.peak_reserved_bytes, 60 * MIB);
         assert_eq!(r.num_device_alloc, 1, "id 3 reuses the cached block");
@@ -230,6 +280,16 @@ mod tests {
                 .unwrap();
         let e = replay(&t, &opts("", GIB), |_| {}).unwrap_err();
         assert_eq!(e.to_string(), "line 2: allocation `1` is already live (allocated at line 1)");
+        // An allocation that failed is not live: its `id` may be allocated again, and the
+        // allocation that then holds it is the one a second `alloc` collides with.
+        let t = read_trace(
+            "{\"op\":\"alloc\",\"id\":1,\"size\":62914560}\n{\"op\":\"alloc\",\"id\":2,\"size\":62914560}\n\
+             {\"op\":\"alloc\",\"id\":2,\"size\":1024}\n{\"op\":\"alloc\",\"id\":2,\"size\":1024}\n"
+                .as_bytes(),
+        )
+        .unwrap();
+        let e = replay(&t, &opts("", 100 * MIB), |_| {}).unwrap_err();
+        assert_eq!(e.to_string(), "line 4: allocation `2` is already live (allocated at line 3)");
         let t = read_trace("{\"op\":\"free\",\"id\":9}\n".as_bytes()).unwrap();
         let e = replay(&t, &opts("", GIB), |_| {}).unwrap_err();
         assert_eq!(e.to_string(), "line 1: `9` is not a live allocation");

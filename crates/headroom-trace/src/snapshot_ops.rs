@@ -8,10 +8,10 @@
 //! Lines number the trace's entries from 1; the blocks live at its start are
 //! line 0.
 
+use crate::device_trace::DeviceTrace;
 use crate::jsonl::{TraceLine, TraceOp};
 use crate::snapshot::TraceAction;
 use crate::snapshot_pools::RecordedPools;
-use crate::snapshot_replay::DeviceTrace;
 use rustc_hash::FxHashMap;
 
 /// The operations of `t`'s trace, from an empty device.

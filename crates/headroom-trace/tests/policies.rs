@@ -22,8 +22,10 @@
 mod skip;
 
 use headroom_alloc::PolicyName;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::{read_snapshot_file, TraceAction};
-use headroom_trace::snapshot_replay::{check_from, live_peak_bytes, what_if, DeviceTrace, Setup, StartFrom, WhatIf};
+use headroom_trace::snapshot_replay::check_from;
+use headroom_trace::what_if::{live_peak_bytes, what_if, Setup, StartFrom, WhatIf};
 use std::fmt::Write;
 use std::path::PathBuf;
 

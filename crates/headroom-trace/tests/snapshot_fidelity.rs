@@ -16,9 +16,11 @@
 mod skip;
 
 use headroom_alloc::AllocatorConfig;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{recorded_peak_reserved, RecordedMemory};
 use headroom_trace::snapshot::{read_snapshot_file, MemorySnapshot, TraceAction};
-use headroom_trace::snapshot_replay::{check_device, check_device_with, check_from, what_if_device, DeviceTrace};
+use headroom_trace::snapshot_replay::{check_device, check_device_with, check_from};
+use headroom_trace::what_if::what_if_device;
 use std::path::{Path, PathBuf};
 
 /// The real snapshots: other people's (`fixtures`) and the project's GPU runs (`gpu`).

@@ -6,12 +6,14 @@
 //! traces begin. Each snapshot must check decision for decision.
 
 use headroom_alloc::AllocatorConfig;
+use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::jsonl::{TraceLine, TraceOp};
 use headroom_trace::recorded_memory::recorded_peak_reserved;
 use headroom_trace::replay::{replay, ReplayOptions};
 use headroom_trace::snapshot::{read_snapshot, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
-use headroom_trace::snapshot_replay::{check_device, check_from, what_if_device, DeviceTrace, Fidelity};
+use headroom_trace::snapshot_replay::{check_device, check_from, Fidelity};
+use headroom_trace::what_if::what_if_device;
 
 const MIB: u64 = 1 << 20;
 

@@ -135,8 +135,9 @@ fn memory(m: &Memory, v: &Verdict) -> Value {
         "capacity_bytes": bytes(m.capacity_bytes),
         "margin_bytes": v.margin_bytes.map(bytes),
         "oom": m.oom.as_ref().map(|o| json!({
-            "step": o.at.step, "phase": o.at.phase.name(), "requested_bytes": o.requested, "asked_bytes": o.asked,
-            "device_free_bytes": o.device_free, "allocated_bytes": o.allocated, "reserved_bytes": o.reserved,
+            "step": o.at.step, "phase": o.at.phase.name(), "requested_bytes": o.oom.report.requested,
+            "asked_bytes": o.oom.report.alloc_size, "device_free_bytes": o.oom.report.device_free,
+            "allocated_bytes": o.oom.report.allocated, "reserved_bytes": o.oom.report.reserved,
             "term": o.term.name(), "site": o.site,
         })),
         "device_mallocs": m.device_mallocs,

@@ -523,12 +523,12 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             } else {
                 format!("in step {}'s {}", o.at.step, phase_name(o.at.phase))
             },
-            format_size(o.asked),
+            format_size(o.oom.report.alloc_size),
             o.term.name(),
             if o.site.is_empty() { "the step" } else { &o.site },
-            format_size(o.device_free),
-            format_size(o.reserved),
-            format_size(o.allocated)
+            format_size(o.oom.report.device_free),
+            format_size(o.oom.report.reserved),
+            format_size(o.oom.report.allocated)
         );
     } else if e.verdict.fits && m.alloc_retries > 0 {
         // Reserved memory reached the device: the margin is the cache PyTorch gave back.
