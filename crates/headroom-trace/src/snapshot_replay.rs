@@ -709,7 +709,7 @@ pub struct WhatIf {
     /// first own one: all of them when it is the recorded run.
     pub device_calls_followed: usize,
     /// Device calls (allocations and mappings, frees and unmappings) in each
-    /// step of the trace ([`crate::steps`]; one entry for a trace that is
+    /// step of the trace ([`crate::recorded_step::step_starts`]; one entry for a trace that is
     /// one step).
     pub calls_by_step: Vec<u64>,
     /// What those calls take on a GPU ([`DeviceCosts::PUBLISHED`]), per step, in nanoseconds.
@@ -993,7 +993,7 @@ fn replay_prefix(
     };
     note_peak(&a, &mut w);
     // Where steps begin, and the device calls and time when the current one began.
-    let mut step_starts = crate::steps::step_starts(t.snap, t.device).into_iter().peekable();
+    let mut step_starts = crate::recorded_step::step_starts(t.snap, t.device).into_iter().peekable();
     let tally = |a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>| {
         let s = a.stats();
         let calls = (s.num_device_alloc + s.num_device_free) as u64;
