@@ -9,6 +9,8 @@
 //! are named after the autograd node that made them. Phases and roles are
 //! inferred from the frames alone, and each says how.
 
+// The phase frames name is the one the recorded step and the planner read too.
+pub use headroom_trace::phase::Phase;
 use headroom_trace::snapshot::{StackId, Stacks};
 use serde::Serialize;
 
@@ -22,39 +24,6 @@ pub struct Site {
     pub file: Option<String>,
     pub line: Option<i64>,
     pub function: Option<String>,
-}
-
-/// The part of a training or inference step an allocation was made in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Model and data moved to the GPU, weights loaded.
-    Setup,
-    DataLoading,
-    Forward,
-    Backward,
-    OptimizerStep,
-    Evaluation,
-    /// Frames that match none of the above.
-    Other,
-    /// No frames were recorded.
-    Unknown,
-}
-
-impl Phase {
-    /// The stable name used in JSON and text.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Setup => "setup",
-            Phase::DataLoading => "data_loading",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::OptimizerStep => "optimizer_step",
-            Phase::Evaluation => "evaluation",
-            Phase::Other => "other",
-            Phase::Unknown => "unknown",
-        }
-    }
 }
 
 /// What a live block is for, as far as the frames tell.

@@ -1,47 +1,28 @@
-//! A device's trace as the moments a planner compares with its own step: each allocation and
-//! free with the phase its frames name and the totals after it, and each refusal.
+//! A device's trace as the moments a planner compares with its own step
+//! ([`headroom_trace::recorded_step::Recording`]): each allocation and free with the phase its
+//! frames name and the totals after it, and each refusal.
 //!
 //! `headroom plan --calibrate` finds the run's whole steps in this list and fits its step
-//! program to the last steady one. Nothing here decides what a step is: the phases come from
-//! the frames alone ([`crate::frames`]), the totals from the walk ([`crate::walk`]), so the
-//! same list serves any reader of steps.
+//! program to the last steady one. Nothing here decides what a step is
+//! ([`headroom_trace::recorded_step`] does): the phases come from the frames alone
+//! ([`crate::frames`]), the totals from the walk ([`crate::walk`]), so the same list serves
+//! any reader of steps.
 
 use crate::frames::{Classifier, Phase};
 use crate::walk::Walk;
 use headroom_trace::device_trace::DeviceTrace;
+use headroom_trace::recorded_step::{Entry, Moment, Recording};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
 
-/// What one moment of the trace did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
-    /// A block became the caller's; `phase` is what its frames name.
-    Alloc { bytes: u64, phase: Phase },
-    /// A block stopped being the caller's; `before_trace`: it was live when the trace began.
-    Free { bytes: u64, before_trace: bool },
-    /// A request the allocator could not serve: the rounded bytes asked and what the device
-    /// said was free.
-    Oom { asked: u64, device_free: Option<u64> },
-}
-
-/// One moment and the totals after it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub moment: Moment,
-    pub allocated: u64,
-    pub reserved: u64,
-}
-
-/// A device's trace as moments.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Recording {
-    /// Allocated and reserved when the trace began.
-    pub start_allocated: u64,
-    pub start_reserved: u64,
-    pub entries: Vec<Entry>,
-    /// Whether any allocation carried frames (without them no phase can be told).
-    pub has_frames: bool,
-    /// Frees of blocks the trace never allocated (a trace inconsistent with its start).
-    pub unmatched_frees: usize,
+/// The device a snapshot trained on: the one whose trace is longest. `None` when no device
+/// has a trace (the snapshot holds only the moment it was taken).
+pub fn trained_device(snap: &MemorySnapshot) -> Option<u32> {
+    snap.devices()
+        .into_iter()
+        .filter_map(|d| Some((d, snap.device_traces.get(d as usize)?.len())))
+        .filter(|&(_, n)| n > 0)
+        .max_by_key(|&(_, n)| n)
+        .map(|(d, _)| d)
 }
 
 /// The moments of `device`'s trace in `snap`. Block sizes are the requests rounded as

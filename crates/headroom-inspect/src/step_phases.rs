@@ -3,13 +3,19 @@
 //!
 //! The phase is a property of moments, not of allocations: a moment belongs
 //! to the phase of the last allocation whose frames name one
-//! ([`crate::frames`]). The loss, computed in the user's own code
+//! ([`headroom_trace::recorded_step::step_phase`], the rule the planner's
+//! calibration reads steps by). The loss, computed in the user's own code
 //! between the model's forward and the backward, names none, so it stays in
 //! the forward — where `headroom plan` counts it too ("the forward, at the
 //! loss"). A trace of several steps switches back to the forward at the next
 //! `Module.forward` allocation, and each phase's peak is its highest over all
 //! steps. The moments before the first labelled allocation are the
 //! forward's: a trace recorded between steps begins there.
+//!
+//! This is not where steps begin ([`headroom_trace::recorded_step::find_steps`]
+//! cuts whole steps for the calibration): these are the whole trace's peaks,
+//! steps cut short included, and a moment after an optimizer step stays in it
+//! until an allocation names another phase.
 //!
 //! Recorded with Python stacks only (`stacks="python"`), the backward's
 //! allocations carry no frames at all: the autograd engine runs on threads
@@ -21,6 +27,8 @@
 use crate::frames::Phase;
 use crate::sites::Sites;
 use crate::walk::Walk;
+use headroom_trace::phase::ByPhase;
+use headroom_trace::recorded_step::step_phase;
 use serde::Serialize;
 
 /// A step's phases as one trace measured them, in bytes allocated (what
@@ -39,38 +47,22 @@ pub struct StepPhases {
 impl StepPhases {
     /// "forward 6.43 GiB, backward 6.45 GiB, optimizer step 6.54 GiB": the phases entered.
     pub fn peaks_text(&self) -> String {
-        [("forward", self.forward_bytes), ("backward", self.backward_bytes), ("optimizer step", self.optimizer_bytes)]
-            .into_iter()
-            .filter_map(|(name, b)| Some(format!("{name} {}", headroom_alloc::units::format_size(b?))))
+        self.peaks()
+            .iter()
+            .filter_map(|(phase, b)| Some(format!("{phase} {}", headroom_alloc::units::format_size((*b)?))))
             .collect::<Vec<_>>()
             .join(", ")
     }
 
     /// The largest of the phases' peaks (the trace's allocated peak).
     pub fn peak_bytes(&self) -> u64 {
-        [self.forward_bytes, self.backward_bytes, self.optimizer_bytes]
-            .into_iter()
-            .flatten()
-            .fold(self.start_bytes, u64::max)
+        self.peaks().iter().filter_map(|(_, b)| *b).fold(self.start_bytes, u64::max)
     }
-}
 
-/// The step phase an allocation of phase `p` switches to from `now`, if any.
-fn step_phase(p: Phase, now: StepPhase) -> Option<StepPhase> {
-    match p {
-        Phase::Forward | Phase::Evaluation => Some(StepPhase::Forward),
-        Phase::Backward => Some(StepPhase::Backward),
-        Phase::Unknown if now == StepPhase::Forward => Some(StepPhase::Backward),
-        Phase::OptimizerStep => Some(StepPhase::Optimizer),
-        Phase::Setup | Phase::DataLoading | Phase::Other | Phase::Unknown => None,
+    /// Each phase's peak, `None` where the trace never entered it.
+    pub fn peaks(&self) -> ByPhase<Option<u64>> {
+        ByPhase { forward: self.forward_bytes, backward: self.backward_bytes, optimizer_step: self.optimizer_bytes }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StepPhase {
-    Forward,
-    Backward,
-    Optimizer,
 }
 
 /// Walks the whole trace once from where `walk` stands (its start). The walk
@@ -78,8 +70,8 @@ enum StepPhase {
 pub fn step_phases(walk: &mut Walk, sites: &mut Sites) -> StepPhases {
     let trace = walk.trace();
     let start = walk.totals.allocated_bytes;
-    let mut out = StepPhases { start_bytes: start, forward_bytes: Some(start), ..StepPhases::default() };
-    let mut phase = StepPhase::Forward;
+    let mut peaks = ByPhase { forward: Some(start), ..ByPhase::default() };
+    let mut phase = Phase::Forward;
     while walk.next < trace.len() {
         let e = &trace[walk.next];
         walk.step();
@@ -88,13 +80,15 @@ pub fn step_phases(walk: &mut Walk, sites: &mut Sites) -> StepPhases {
                 phase = p;
             }
         }
-        let slot = match phase {
-            StepPhase::Forward => &mut out.forward_bytes,
-            StepPhase::Backward => &mut out.backward_bytes,
-            StepPhase::Optimizer => &mut out.optimizer_bytes,
-        };
         let now = walk.totals.allocated_bytes;
-        *slot = Some(slot.map_or(now, |b| b.max(now)));
+        if let Some(slot) = peaks.get_mut(phase) {
+            *slot = Some(slot.map_or(now, |b| b.max(now)));
+        }
     }
-    out
+    StepPhases {
+        start_bytes: start,
+        forward_bytes: peaks.forward,
+        backward_bytes: peaks.backward,
+        optimizer_bytes: peaks.optimizer_step,
+    }
 }

@@ -7,9 +7,11 @@ mod common;
 
 use common::{training_run, Site};
 use headroom_inspect::frames::{Phase, Role};
+use headroom_inspect::recording::recording;
 use headroom_inspect::step_phases::StepPhases;
 use headroom_inspect::{inspect_device, InspectOptions};
-use headroom_trace::snapshot::read_snapshot;
+use headroom_trace::recorded_step::{find_steps, step_starts};
+use headroom_trace::snapshot::{read_snapshot, TraceAction};
 
 #[test]
 fn the_peak_is_explained_by_call_site_role_and_phase() {
@@ -110,4 +112,25 @@ fn without_frames_there_are_no_phases() {
     let snap = read_snapshot(std::io::Cursor::new(serde_json::to_vec(&v).unwrap())).unwrap();
     let r = inspect_device(&snap, 0, &InspectOptions::default());
     assert_eq!(r.step_phases, None);
+}
+
+/// The steps a calibration cuts from the recording begin where the snapshot replay counts
+/// device calls per step from: the phases the frames name and the optimizer's files say the
+/// same. The run makes the optimizer's state in its first step only, so the steps after it
+/// run together into one without an optimizer step.
+#[test]
+fn the_recording_and_the_raw_trace_agree_on_where_steps_begin() {
+    let snap = training_run(4, false);
+    let steps = find_steps(&recording(&snap, 0)).unwrap();
+    let starts = step_starts(&snap, 0);
+    assert_eq!((steps.total, starts.len()), (2, 1));
+    assert_eq!(steps.whole.iter().map(|s| s.number).collect::<Vec<_>>(), [1]);
+    // The second step begins at the first activation after the optimizer's state.
+    let trace = &snap.device_traces[0];
+    let before = &trace[..starts[0]];
+    assert!(before
+        .iter()
+        .rev()
+        .find(|e| e.action == TraceAction::Alloc)
+        .is_some_and(|e| { snap.stacks.frames_of(e.stack).any(|(file, _, _)| file.ends_with("optim/adamw.py")) }));
 }

@@ -6,15 +6,15 @@
 //!
 //! `cargo bench -p headroom-plan --bench calibrate`; figures in docs/PERFORMANCE.md.
 
-#[path = "../tests/support/snapshot.rs"]
-mod snapshot;
-
 use criterion::{criterion_group, criterion_main, Criterion};
-use headroom_plan::calibrate::{calibrate, find_steps, Snapshot};
+use headroom_inspect::recording::{recording, trained_device};
+use headroom_plan::calibrate::{calibrate, Snapshot};
 use headroom_plan::estimate::Estimator;
 use headroom_plan::gpu::gpu;
 use headroom_plan::job::{Attention, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
+use headroom_trace::recorded_step::find_steps;
+use headroom_trace::snapshot::read_snapshot_file;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ fn bench(c: &mut Criterion) {
         TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(4, 2048, Precision::Bf16, Optimizer::AdamW) };
     let mut g = c.benchmark_group("calibrate");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5));
-    g.bench_function("read_qwen3_snapshot_6.6MB", |b| b.iter(|| snapshot::read(&path)));
-    let snap = snapshot::read(&path);
+    g.bench_function("read_qwen3_snapshot_6.6MB", |b| b.iter(|| read_snapshot_file(&path).unwrap()));
+    let snap = read_snapshot_file(&path).unwrap();
     // The trace twice over: a run of four steps, about 13 MB unpickled.
     let mut doubled = snap.clone();
     let again = doubled.device_traces[0].clone();
@@ -42,7 +42,7 @@ fn bench(c: &mut Criterion) {
     for (name, s) in [("qwen3_6.6MB", &snap), ("qwen3_doubled_13MB", &doubled)] {
         g.bench_function(format!("calibrate_and_plan_{name}"), |b| {
             b.iter(|| {
-                let rec = snapshot::moments(s);
+                let rec = recording(s, trained_device(s).unwrap_or(0));
                 let steps = find_steps(&rec).unwrap();
                 let snaps = [Snapshot { name: "qwen3".into(), batch: 1, seq: 512, steps }];
                 let fit = calibrate(&Job::new(&model, &h200, job).unwrap(), &Estimator::default(), &snaps).unwrap();

@@ -7,22 +7,20 @@
 //! what their script keeps between steps. A snapshot recorded around a few steps measures
 //! exactly those. Calibrating takes three steps:
 //!
-//! 1. **Whole steps** ([`find_steps`]). The trace's allocations, each with the phase its
-//!    frames name, are cut into steps where an optimizer step ends: before the first step the
-//!    model's construction; each step a forward and a backward (several, one per
-//!    gradient-accumulation micro-step) and an optimizer step. A step is whole when the trace
-//!    holds its beginning and its end: not the one a ring buffer cut (its backward frees
-//!    tensors made before the trace), not one that ran out of memory. The step used is the
-//!    last whole steady one (the first step makes the optimizer's state; it is used only
-//!    where no other step is whole, and compared with the program's first step).
+//! 1. **Whole steps** (`headroom_trace::recorded_step::find_steps`, each [`Snapshot`]'s
+//!    `steps`). The trace's allocations, each with the phase its frames name, are cut into
+//!    steps where an optimizer step ends. The step used is the last whole steady one (the
+//!    first step makes the optimizer's state; it is used only where no other step is whole,
+//!    and compared with the program's first step).
 //! 2. **Compare** the recorded step with the job's program at the snapshot's batch and
 //!    sequence, replayed through the allocator, term by term: what lives between steps, and
 //!    what each phase (forward, backward, optimizer step) grows beyond it.
 //! 3. **Correct the program** ([`Calibration`]): the phase's own tensors scaled (what the
 //!    layers keep per token, what the optimizer's step makes) and, where the snapshots tell the
 //!    laws apart, tensors of fitted laws added (per token × sequence from two lengths; bytes
-//!    that do not grow with the batch from two batches). The calibrated plan is that program
-//!    replayed, so it has a reserved figure and a verdict like any other.
+//!    that do not grow with the batch from two batches; `law_fit.rs` fits them). The
+//!    calibrated plan is that program replayed, so it has a reserved figure and a verdict
+//!    like any other.
 //!
 //! What the snapshot cannot vouch for is refused, not fitted: another model (the parameters
 //! it built, or what it keeps between steps, are not the plan's), another precision (the
@@ -31,361 +29,16 @@
 //! its shape or beyond, on a device no larger than the one it had, the plan does not fit.
 
 pub use crate::calibration::{group, made_in, Calibration, Correction, OomEvidence};
+use crate::calibration::{ByGroup, Group};
 use crate::estimate::Estimator;
 use crate::job::{Framework, Job, TrainConfig};
+use crate::law_fit::{fit_law, Basis};
 use crate::program::{Law, Phase, Program, Term};
 use headroom_alloc::{AllocError, Allocation, DeviceCachingAllocator, DeviceMemory, Oom, Policy, SimDevice};
+use headroom_trace::phase::ByPhase;
+use headroom_trace::recorded_step::{RecordedOom, RecordedStep, StepKind, Steps};
 use headroom_trace::walk::{Flow, Observer, Slot, Walk};
 use std::fmt;
-
-// The recording.
-
-/// The phase an allocation's frames name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordedPhase {
-    /// Building the model, moving it to the GPU, loading weights.
-    Setup,
-    Forward,
-    Backward,
-    Optimizer,
-    /// Frames that name no phase (the user's own code between the model's calls).
-    Other,
-    /// No frames: the autograd engine's thread when recorded with Python stacks only.
-    Unknown,
-}
-
-/// What one moment of a trace did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
-    Alloc {
-        bytes: u64,
-        phase: RecordedPhase,
-    },
-    /// `before_trace`: the block was live when the trace began.
-    Free {
-        bytes: u64,
-        before_trace: bool,
-    },
-    /// A request the allocator could not serve: the rounded bytes asked, and what the device
-    /// said was free.
-    Oom {
-        asked: u64,
-        device_free: Option<u64>,
-    },
-}
-
-/// One moment and the allocator's totals after it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub moment: Moment,
-    pub allocated: u64,
-    pub reserved: u64,
-}
-
-/// A device's trace as moments (`headroom_inspect::recording` makes one from a snapshot).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Recording {
-    pub start_allocated: u64,
-    pub start_reserved: u64,
-    pub entries: Vec<Entry>,
-}
-
-// Steps.
-
-/// Whether a step made the optimizer's state (the run keeps more after it than before).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepKind {
-    First,
-    Steady,
-}
-
-impl StepKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            StepKind::First => "first",
-            StepKind::Steady => "steady",
-        }
-    }
-}
-
-/// One whole step of a recording.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordedStep {
-    /// 1-based, among the steps the trace holds (whole or not).
-    pub number: u32,
-    pub kind: StepKind,
-    /// Forward and backward passes before its optimizer step (gradient accumulation's).
-    pub micro_steps: u32,
-    /// Its first and last entries in the recording.
-    pub entries: (usize, usize),
-    /// Allocated when it began and when it ended: what lives between steps.
-    pub start: u64,
-    pub end: u64,
-    /// Allocated peaks of its forward, backward and optimizer step.
-    pub peaks: [u64; 3],
-    /// The most reserved while it ran.
-    pub reserved_peak: u64,
-}
-
-impl RecordedStep {
-    pub fn peak(&self) -> u64 {
-        self.peaks.into_iter().fold(self.start, u64::max)
-    }
-}
-
-/// The out-of-memory error a recording ends in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordedOom {
-    /// The step it happened in (1-based, as [`RecordedStep::number`]).
-    pub step: u32,
-    pub phase: Phase,
-    /// The rounded bytes asked.
-    pub asked: u64,
-    /// What the device said was free.
-    pub device_free: Option<u64>,
-    pub allocated: u64,
-    pub reserved: u64,
-    /// What its step had grown by beyond where the step began, the failed request included.
-    pub grown: u64,
-}
-
-/// The steps a recording holds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Steps {
-    /// Allocated by the model's construction before the first step, where the trace has it.
-    pub construction: Option<u64>,
-    /// The trace began inside a step (a ring buffer that dropped its start): that step is not
-    /// whole.
-    pub began_mid_step: bool,
-    /// Every step the trace holds, whole or not.
-    pub total: u32,
-    pub whole: Vec<RecordedStep>,
-    pub oom: Option<RecordedOom>,
-}
-
-impl Steps {
-    /// The step calibration uses: the last whole steady step, else the last whole one.
-    pub fn used(&self) -> Option<&RecordedStep> {
-        self.whole.iter().rev().find(|s| s.kind == StepKind::Steady).or(self.whole.last())
-    }
-}
-
-/// Why a recording has no whole step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NoWholeStep(pub String);
-
-impl fmt::Display for NoWholeStep {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the trace holds no whole training step ({}): record from before a step's forward through its \
-             optimizer step (_record_memory_history() before the step, _dump_snapshot() after it)",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for NoWholeStep {}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum At {
-    Forward,
-    Backward,
-    Optimizer,
-}
-
-/// A step being read.
-struct Open {
-    first: usize,
-    start: u64,
-    at: At,
-    forward: bool,
-    backward: bool,
-    optimizer: bool,
-    micro: u32,
-    peaks: [u64; 3],
-    reserved: u64,
-    /// Bytes made before the trace that its backward freed: what a step begun before the
-    /// trace frees (its activations).
-    freed_from_before: u64,
-    /// Allocated when its optimizer step began.
-    optimizer_began: Option<u64>,
-    oom: bool,
-}
-
-/// The steps of `rec`. The phase of a moment is that of the last allocation whose frames
-/// name one; an allocation without frames during a forward is the backward beginning (the
-/// autograd engine's thread has no Python frames). A step begins at the first allocation
-/// after an optimizer step's.
-pub fn find_steps(rec: &Recording) -> Result<Steps, NoWholeStep> {
-    let mut out = Steps::default();
-    let mut open: Option<Open> = None;
-    let mut closed: Vec<(Open, usize, u64)> = Vec::new();
-    let mut setup: Option<u64> = None;
-    let mut allocated = rec.start_allocated;
-    let mut last_oom: Option<(Moment, u64, u64, usize)> = None;
-    for (i, e) in rec.entries.iter().enumerate() {
-        match e.moment {
-            Moment::Alloc { phase, .. } => {
-                let begins = match (&open, phase) {
-                    (Some(o), _) => o.at == At::Optimizer && phase != RecordedPhase::Optimizer,
-                    (None, RecordedPhase::Forward | RecordedPhase::Backward | RecordedPhase::Optimizer) => true,
-                    (None, RecordedPhase::Unknown) => true,
-                    (None, _) => false,
-                };
-                if open.is_none() && !begins && phase == RecordedPhase::Setup {
-                    setup = Some(e.allocated.saturating_sub(rec.start_allocated));
-                }
-                if begins {
-                    if let Some(o) = open.take() {
-                        closed.push((o, i - 1, allocated));
-                    }
-                    open = Some(Open {
-                        first: i,
-                        start: allocated,
-                        at: At::Forward,
-                        forward: false,
-                        backward: false,
-                        optimizer: false,
-                        micro: 0,
-                        peaks: [0; 3],
-                        reserved: e.reserved,
-                        freed_from_before: 0,
-                        optimizer_began: None,
-                        oom: false,
-                    });
-                }
-                if let Some(o) = open.as_mut() {
-                    match phase {
-                        RecordedPhase::Forward => {
-                            if o.at != At::Forward || !o.forward {
-                                o.micro += 1;
-                            }
-                            o.at = At::Forward;
-                            o.forward = true;
-                        }
-                        RecordedPhase::Backward => {
-                            o.at = At::Backward;
-                            o.backward = true;
-                        }
-                        RecordedPhase::Unknown if o.at == At::Forward => {
-                            o.at = At::Backward;
-                            o.backward = true;
-                        }
-                        RecordedPhase::Optimizer => {
-                            if o.optimizer_began.is_none() {
-                                o.optimizer_began = Some(allocated);
-                            }
-                            o.at = At::Optimizer;
-                            o.optimizer = true;
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Moment::Free { bytes, before_trace } => {
-                if let Some(o) = open.as_mut() {
-                    if before_trace && o.at == At::Backward {
-                        o.freed_from_before += bytes;
-                    }
-                }
-            }
-            Moment::Oom { .. } => {
-                if let Some(o) = open.as_mut() {
-                    o.oom = true;
-                }
-                last_oom = Some((e.moment, e.allocated, e.reserved, closed.len()));
-            }
-        }
-        allocated = e.allocated;
-        if let Some(o) = open.as_mut() {
-            let k = match o.at {
-                At::Forward => 0,
-                At::Backward => 1,
-                At::Optimizer => 2,
-            };
-            o.peaks[k] = o.peaks[k].max(e.allocated);
-            o.reserved = o.reserved.max(e.reserved);
-        }
-    }
-    if let Some(o) = open.take() {
-        closed.push((o, rec.entries.len().saturating_sub(1), allocated));
-    }
-    // What the construction left live when the first step began (a model built in fp32 and
-    // cast peaks above what it keeps).
-    out.construction =
-        setup.map(|_| closed.first().map_or(allocated, |c| c.0.start).saturating_sub(rec.start_allocated));
-    out.total = closed.len() as u32;
-    if rec.entries.iter().all(|e| !matches!(e.moment, Moment::Alloc { .. })) {
-        return Err(NoWholeStep("it allocates nothing".into()));
-    }
-    let mut missing: Vec<&str> = Vec::new();
-    for (k, (o, last, end)) in closed.iter().enumerate() {
-        let number = k as u32 + 1;
-        let forward_grew = o.peaks[0].saturating_sub(o.start);
-        // The first step read began with the trace: whole only if the trace holds its
-        // beginning. Its backward freeing what was made before the trace (the forward's
-        // activations) says the trace began inside it.
-        if k == 0 && setup.is_none() && o.freed_from_before > forward_grew / 20 {
-            out.began_mid_step = true;
-            missing.push("the first step began before the trace");
-            continue;
-        }
-        if o.oom {
-            missing.push("a step ran out of memory");
-            continue;
-        }
-        if !(o.forward && o.backward && o.optimizer) {
-            missing.push(match (o.forward, o.backward, o.optimizer) {
-                (false, _, _) => "a step without a forward",
-                (true, false, _) => "a forward without a backward",
-                (true, true, false) => "a backward without an optimizer step",
-                _ => "a step cut short",
-            });
-            continue;
-        }
-        // Its optimizer step left more live than it found, by more than rounding: it made the
-        // optimizer's state. (What the step as a whole leaves says less: a script that zeroes
-        // the gradients at a step's start keeps them from one step to the next.)
-        let made = o.optimizer_began.map_or(0, |b| end.saturating_sub(b));
-        let first = made > o.start / 20 + (16 << 20);
-        out.whole.push(RecordedStep {
-            number,
-            kind: if first { StepKind::First } else { StepKind::Steady },
-            micro_steps: o.micro.max(1),
-            entries: (o.first, *last),
-            start: o.start,
-            end: *end,
-            peaks: [o.peaks[0].max(o.start), o.peaks[1].max(o.start), o.peaks[2].max(o.start)],
-            reserved_peak: o.reserved,
-        });
-    }
-    if let Some((Moment::Oom { asked, device_free }, allocated, reserved, step)) = last_oom {
-        let o = closed.get(step).map(|c| &c.0);
-        out.oom = Some(RecordedOom {
-            step: step as u32 + 1,
-            phase: match o.map(|o| o.at) {
-                Some(At::Backward) => Phase::Backward,
-                Some(At::Optimizer) => Phase::Optimizer,
-                _ => Phase::Forward,
-            },
-            asked,
-            device_free,
-            allocated,
-            reserved,
-            grown: (allocated + asked).saturating_sub(o.map_or(rec.start_allocated, |o| o.start)),
-        });
-    }
-    if out.whole.is_empty() && out.oom.is_none() {
-        missing.dedup();
-        let what =
-            if closed.is_empty() { "no forward, backward or optimizer step".to_string() } else { missing.join("; ") };
-        return Err(NoWholeStep(what));
-    }
-    Ok(out)
-}
-
-// The fit.
 
 /// One snapshot: the shape it ran and its steps.
 #[derive(Clone, Debug)]
@@ -400,25 +53,23 @@ pub struct Snapshot {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Figures {
     pub start: f64,
-    pub forward: f64,
-    pub backward: f64,
-    pub optimizer: f64,
+    pub phases: ByPhase<f64>,
     pub reserved: f64,
 }
 
 impl Figures {
+    /// The allocated peak.
     pub fn peak(&self) -> f64 {
-        self.start.max(self.forward).max(self.backward).max(self.optimizer)
+        self.start.max(self.phases.max())
     }
 
     fn of(s: &RecordedStep) -> Figures {
-        Figures {
-            start: s.start as f64,
-            forward: s.peaks[0] as f64,
-            backward: s.peaks[1] as f64,
-            optimizer: s.peaks[2] as f64,
-            reserved: s.reserved_peak as f64,
-        }
+        Figures { start: s.start as f64, phases: s.peaks.map(|p| p as f64), reserved: s.reserved_peak as f64 }
+    }
+
+    /// What phase `phase` grew by beyond the step's start (nothing outside a step).
+    fn grown(&self, phase: Phase) -> f64 {
+        self.phases.get(phase).map_or(0.0, |p| p - self.start)
     }
 }
 
@@ -557,8 +208,8 @@ impl std::error::Error for CalibrationError {}
 #[derive(Clone, Copy, Debug, Default)]
 struct Measured {
     figures: Figures,
-    /// At the forward, backward and optimizer peaks: the bytes of the group that phase scales.
-    scaled: [f64; 3],
+    /// At each phase's peak: the bytes of the group that phase scales.
+    scaled: ByPhase<f64>,
     /// The optimizer state live when the step began.
     state: f64,
 }
@@ -568,7 +219,7 @@ struct Measured {
 fn measure(p: &Program, b: u64, s: u64, step: u32, est: &Estimator) -> Measured {
     let sizes = p.sizes(b, s);
     let made = made_in(p);
-    let groups: Vec<Option<usize>> = p.tensors.iter().zip(&made).map(|(t, &m)| group(t, m)).collect();
+    let groups: Vec<Option<Group>> = p.tensors.iter().zip(&made).map(|(t, &m)| group(t, m)).collect();
     let device = SimDevice::new(1u64 << 50);
     let mut alloc = DeviceCachingAllocator::with_policy(device, est.alloc.clone(), est.policy.build());
     let mut m = Measuring {
@@ -577,7 +228,7 @@ fn measure(p: &Program, b: u64, s: u64, step: u32, est: &Estimator) -> Measured 
         at_step: 0,
         phase: Phase::Setup,
         started: false,
-        live: [0; 4],
+        live: ByGroup::default(),
         total: 0,
         out: Measured::default(),
     };
@@ -588,12 +239,12 @@ fn measure(p: &Program, b: u64, s: u64, step: u32, est: &Estimator) -> Measured 
 
 /// What [`measure`] watches: the bytes of each correctable group, and the step's figures.
 struct Measuring {
-    groups: Vec<Option<usize>>,
+    groups: Vec<Option<Group>>,
     step: u32,
     at_step: u32,
     phase: Phase,
     started: bool,
-    live: [u64; 4],
+    live: ByGroup<u64>,
     total: u64,
     out: Measured,
 }
@@ -604,17 +255,15 @@ impl Measuring {
         if self.at_step != self.step {
             return;
         }
-        let k = match self.phase {
-            Phase::Forward => 0,
-            Phase::Backward => 1,
-            Phase::Optimizer => 2,
-            Phase::Setup => return,
-        };
         let out = &mut self.out;
-        let peak = [&mut out.figures.forward, &mut out.figures.backward, &mut out.figures.optimizer];
-        if self.total as f64 >= *peak[k] {
-            *peak[k] = self.total as f64;
-            out.scaled[k] = self.live[k] as f64;
+        let (Some(peak), Some(scaled), Some(&own)) =
+            (out.figures.phases.get_mut(self.phase), out.scaled.get_mut(self.phase), self.live.phases.get(self.phase))
+        else {
+            return;
+        };
+        if self.total as f64 >= *peak {
+            *peak = self.total as f64;
+            *scaled = own as f64;
         }
     }
 }
@@ -632,7 +281,7 @@ impl<D: DeviceMemory, P: Policy> Observer<D, P> for Measuring {
         if st == self.step && !self.started && ph != Phase::Setup {
             self.started = true;
             self.out.figures.start = self.total as f64;
-            self.out.state = self.live[3] as f64;
+            self.out.state = self.live.kept as f64;
         }
         self.note();
         Ok(())
@@ -640,8 +289,8 @@ impl<D: DeviceMemory, P: Policy> Observer<D, P> for Measuring {
 
     fn allocated(&mut self, _: usize, t: Slot, block: Allocation, alloc: &DeviceCachingAllocator<D, P>) {
         self.total += block.size;
-        if let Some(g) = self.groups[t as usize] {
-            self.live[g] += block.size;
+        if let Some(l) = self.groups[t as usize].and_then(|g| self.live.get_mut(g)) {
+            *l += block.size;
         }
         self.note();
         // `max_memory_reserved` when the step ends: the run up to it, not the steps after.
@@ -652,119 +301,14 @@ impl<D: DeviceMemory, P: Policy> Observer<D, P> for Measuring {
 
     fn freed(&mut self, _: usize, t: Slot, block: Allocation) {
         self.total -= block.size;
-        if let Some(g) = self.groups[t as usize] {
-            self.live[g] -= block.size;
+        if let Some(l) = self.groups[t as usize].and_then(|g| self.live.get_mut(g)) {
+            *l -= block.size;
         }
     }
 
     fn failed(&mut self, _: usize, _: Slot, _: Oom, _: &DeviceCachingAllocator<D, P>) -> Flow {
         Flow::Continue
     }
-}
-
-/// A basis function of a fitted law at a shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Basis {
-    Fixed,
-    PerToken,
-    PerTokenPosition,
-}
-
-impl Basis {
-    fn at(self, b: f64, s: f64) -> f64 {
-        match self {
-            Basis::Fixed => 1.0,
-            Basis::PerToken => b * s,
-            Basis::PerTokenPosition => b * s * s,
-        }
-    }
-
-    fn law(self, c: f64) -> Law {
-        match self {
-            Basis::Fixed => Law::fixed(c),
-            Basis::PerToken => Law::per_token(c),
-            Basis::PerTokenPosition => Law { per_token_position: c, ..Law::default() },
-        }
-    }
-}
-
-/// Least squares of `y ≈ x₀·scaled + Σ cⱼ·basisⱼ` with every cⱼ ≥ 0 (added tensors cannot be
-/// negative) and `x₀` free where `scaled` is given: each subset of the bases is solved and
-/// the best that keeps its coefficients non-negative taken.
-fn fit_law(points: &[(f64, f64, f64, f64)], scaled: bool, bases: &[Basis]) -> (f64, Vec<f64>) {
-    // points: (b, s, scaled bytes, y).
-    let n = bases.len();
-    let mut best: Option<(f64, f64, Vec<f64>)> = None;
-    for mask in 0u32..(1 << n) {
-        let chosen: Vec<usize> = (0..n).filter(|j| mask & (1 << j) != 0).collect();
-        let cols = chosen.len() + scaled as usize;
-        if cols == 0 || cols > points.len() {
-            continue;
-        }
-        let row = |&(b, s, sc, _): &(f64, f64, f64, f64)| -> Vec<f64> {
-            let mut r = Vec::with_capacity(cols);
-            if scaled {
-                r.push(sc);
-            }
-            r.extend(chosen.iter().map(|&j| bases[j].at(b, s)));
-            r
-        };
-        let rows: Vec<Vec<f64>> = points.iter().map(row).collect();
-        let y: Vec<f64> = points.iter().map(|p| p.3).collect();
-        let Some(x) = least_squares(&rows, &y) else { continue };
-        let offset = scaled as usize;
-        if x[offset..].iter().any(|&c| c < 0.0) {
-            continue;
-        }
-        let err: f64 =
-            rows.iter().zip(&y).map(|(r, y)| (r.iter().zip(&x).map(|(a, b)| a * b).sum::<f64>() - y).powi(2)).sum();
-        // Fewer terms win a tie: a law is added only where it explains something.
-        let err = err * (1.0 + 1e-9 * cols as f64);
-        if best.as_ref().is_none_or(|b| err < b.0) {
-            let mut cs = vec![0.0; n];
-            for (k, &j) in chosen.iter().enumerate() {
-                cs[j] = x[offset + k];
-            }
-            best = Some((err, if scaled { x[0] } else { 0.0 }, cs));
-        }
-    }
-    best.map_or((0.0, vec![0.0; n]), |(_, x0, cs)| (x0, cs))
-}
-
-/// Solves the normal equations by Gaussian elimination; `None` when singular.
-fn least_squares(rows: &[Vec<f64>], y: &[f64]) -> Option<Vec<f64>> {
-    let n = rows.first()?.len();
-    // Columns scaled to unit size: bytes, tokens and tokens² differ by many orders.
-    let norms: Vec<f64> = (0..n)
-        .map(|j| rows.iter().map(|r| r[j] * r[j]).sum::<f64>().sqrt())
-        .map(|v| if v > 0.0 { v } else { 1.0 })
-        .collect();
-    let mut a = vec![vec![0.0; n + 1]; n];
-    for (r, &yv) in rows.iter().zip(y) {
-        for i in 0..n {
-            for j in 0..n {
-                a[i][j] += r[i] / norms[i] * r[j] / norms[j];
-            }
-            a[i][n] += r[i] / norms[i] * yv;
-        }
-    }
-    for c in 0..n {
-        let p = (c..n).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs()))?;
-        if a[p][c].abs() < 1e-9 {
-            return None;
-        }
-        a.swap(c, p);
-        let pivot = a[c].clone();
-        for (r, row) in a.iter_mut().enumerate() {
-            if r != c {
-                let k = row[c] / pivot[c];
-                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
-                    *x -= k * p;
-                }
-            }
-        }
-    }
-    Some((0..n).map(|i| a[i][n] / a[i][i] / norms[i]).collect())
 }
 
 /// A snapshot fitted: its program, batch and sequence, the program's step compared, the
@@ -797,7 +341,7 @@ pub fn calibrate(job: &Job, est: &Estimator, snapshots: &[Snapshot]) -> Result<F
     let mut cal = Calibration { oom: evidence, ..Calibration::default() };
     if !used.is_empty() {
         fit_corrections(&mut cal, &used, &plain);
-        let scale = cal.forward.scale;
+        let scale = cal.corrections.phases.forward.scale;
         if !(1.0 / MAX_SCALE..=MAX_SCALE).contains(&scale) {
             let name = used.first().map_or(String::new(), |u| fits[u.5].name.clone());
             return Err(CalibrationError::ShapeMismatch { snapshot: name, phase: "forward", scale });
@@ -838,7 +382,7 @@ fn read_snapshot(
     if let (Some(s), Some(o)) = (step, st.oom) {
         // The shape given is the run's last: the OOM's. A step before it that grew much less
         // in its forward ran a smaller shape, which the snapshot does not tell.
-        let grown = s.peaks[0].saturating_sub(s.start);
+        let grown = s.peaks.forward.saturating_sub(s.start);
         if o.grown as f64 > 1.15 * grown as f64 {
             fit.note = Some(format!(
                 "its whole steps ran a smaller shape than the one that ran out of memory (step {}'s forward grew \
@@ -933,8 +477,8 @@ fn fit_corrections(cal: &mut Calibration, used: &[Used], plain: &Estimator) {
     let kept_bases: Vec<Basis> = if batches >= 2 { vec![Basis::Fixed, Basis::PerToken] } else { vec![Basis::Fixed] };
     for _pass in 0..2 {
         fit_kept(cal, used, plain, &kept_bases);
-        for k in 0..3 {
-            fit_phase(cal, used, plain, &phase_bases, k);
+        for phase in Phase::STEP {
+            fit_phase(cal, used, plain, &phase_bases, phase);
         }
     }
 }
@@ -953,56 +497,45 @@ fn fit_kept(cal: &mut Calibration, used: &[Used], plain: &Estimator, bases: &[Ba
     // Differences within rounding are no evidence: left as planned.
     if pts.iter().any(|p| p.3.abs() > DEADBAND * used[0].4.start) {
         let (_, cs) = fit_law(&pts, false, bases);
-        let add = bases.iter().zip(&cs).fold(Law::default(), |l, (b, &c)| add_law(l, b.law(c)));
-        cal.kept.law = add_law(cal.kept.law, add);
+        let add = bases.iter().zip(&cs).fold(Law::default(), |l, (b, &c)| l + b.law(c));
+        cal.corrections.kept.law = cal.corrections.kept.law + add;
         // Less kept than planned: the optimizer's state is what a script most often keeps
         // less of (another optimizer's, or none yet).
         let short: Vec<(f64, f64, f64, f64)> = pts.iter().map(|p| (p.0, p.1, p.2, p.3.min(0.0))).collect();
         if short.iter().any(|p| p.3 < 0.0 && p.2 > 0.0) {
             let (x0, _) = fit_law(&short, true, &[]);
-            cal.kept.scale = (cal.kept.scale * (1.0 + x0)).max(0.0);
+            cal.corrections.kept.scale = (cal.corrections.kept.scale * (1.0 + x0)).max(0.0);
         }
     }
 }
 
-/// Phase `k`'s growth beyond the step's start (0 forward, 1 backward, 2 optimizer step): its own
-/// tensors scaled where they are a good part of it, tensors of the bases added.
-fn fit_phase(cal: &mut Calibration, used: &[Used], plain: &Estimator, phase_bases: &[Basis], k: usize) {
+/// `phase`'s growth beyond the step's start: its own tensors scaled where they are a good part
+/// of it, tensors of the bases added.
+fn fit_phase(cal: &mut Calibration, used: &[Used], plain: &Estimator, phase_bases: &[Basis], phase: Phase) {
     let m = measure_all(cal, used, plain);
+    let own = |m: &Measured| m.scaled.get(phase).copied().unwrap_or(0.0);
     let pts: Vec<(f64, f64, f64, f64)> = used
         .iter()
         .zip(&m)
-        .map(|(u, m)| {
-            let (rec, plan) = match k {
-                0 => (u.4.forward, m.figures.forward),
-                1 => (u.4.backward, m.figures.backward),
-                _ => (u.4.optimizer, m.figures.optimizer),
-            };
-            (u.1 as f64, u.2 as f64, m.scaled[k], (rec - u.4.start) - (plan - m.figures.start))
-        })
+        .map(|(u, m)| (u.1 as f64, u.2 as f64, own(m), u.4.grown(phase) - m.figures.grown(phase)))
         .collect();
     // A phase's own tensors are scaled only where they are a good part of what it
     // grew by: scaling a few hundred megabytes to explain a difference elsewhere
     // would scale them wrongly where they are most of the phase (the backward's
     // gradients of the logits at a long sequence).
-    let scalable = used.iter().zip(&m).all(|(u, m)| {
-        let grew = match k {
-            0 => m.figures.forward,
-            1 => m.figures.backward,
-            _ => m.figures.optimizer,
-        } - m.figures.start;
-        let _ = u;
-        m.scaled[k] > 0.25 * grew.max(0.0)
-    });
+    let scalable = m.iter().all(|m| own(m) > 0.25 * m.figures.grown(phase).max(0.0));
     // Differences within rounding are no evidence: left as planned.
     let small = pts.iter().all(|p| p.3.abs() <= DEADBAND * used[0].4.peak());
     if small {
         return;
     }
-    let bases: Vec<Basis> =
-        if scalable { phase_bases.to_vec() } else { vec![if k == 2 { Basis::Fixed } else { Basis::PerToken }] };
+    let bases: Vec<Basis> = if scalable {
+        phase_bases.to_vec()
+    } else {
+        vec![if phase == Phase::OptimizerStep { Basis::Fixed } else { Basis::PerToken }]
+    };
     let (x0, cs) = fit_law(&pts, scalable, &bases);
-    let c = cal.phase_mut(k);
+    let Some(c) = cal.corrections.phases.get_mut(phase) else { return };
     if scalable {
         // The forward's own tensors are what the layers keep: any scale within bounds
         // (beyond them the job is another, refused below); the optimizer's are its
@@ -1010,10 +543,10 @@ fn fit_phase(cal: &mut Calibration, used: &[Used], plain: &Estimator, phase_base
         // backward's peak holds little of its own beside what the forward kept and the
         // gradients: at most half of that is taken away, the rest left as the fit's
         // residual.
-        let x0 = if k == 1 { x0.max(-0.5) } else { x0 };
+        let x0 = if phase == Phase::Backward { x0.max(-0.5) } else { x0 };
         c.scale = (c.scale * (1.0 + x0)).max(0.0);
     }
-    c.law = bases.iter().zip(&cs).fold(c.law, |l, (b, &v)| add_law(l, b.law(v)));
+    c.law = bases.iter().zip(&cs).fold(c.law, |l, (b, &v)| l + b.law(v));
 }
 
 /// The report: each snapshot's step as the calibrated program holds it, and each term
@@ -1027,30 +560,31 @@ fn report(cal: &Calibration, used: &[Used], fits: &mut [SnapshotFit], plain: &Es
     let planned_of = |f: &dyn Fn(&Figures) -> f64| -> Vec<f64> {
         used.iter().map(|u| fits[u.5].uncalibrated.map_or(0.0, |p| f(&p))).collect()
     };
+    let c = &cal.corrections;
     vec![
         FittedTerm {
             name: "kept between steps",
             recorded: recorded_of(&|f| f.start),
             planned: planned_of(&|f| f.start),
-            correction: cal.kept,
+            correction: c.kept,
         },
         FittedTerm {
             name: "forward",
-            recorded: recorded_of(&|f| f.forward - f.start),
-            planned: planned_of(&|f| f.forward - f.start),
-            correction: cal.forward,
+            recorded: recorded_of(&|f| f.grown(Phase::Forward)),
+            planned: planned_of(&|f| f.grown(Phase::Forward)),
+            correction: c.phases.forward,
         },
         FittedTerm {
             name: "backward",
-            recorded: recorded_of(&|f| f.backward - f.start),
-            planned: planned_of(&|f| f.backward - f.start),
-            correction: cal.backward,
+            recorded: recorded_of(&|f| f.grown(Phase::Backward)),
+            planned: planned_of(&|f| f.grown(Phase::Backward)),
+            correction: c.phases.backward,
         },
         FittedTerm {
             name: "optimizer step",
-            recorded: recorded_of(&|f| f.optimizer - f.start),
-            planned: planned_of(&|f| f.optimizer - f.start),
-            correction: cal.optimizer,
+            recorded: recorded_of(&|f| f.grown(Phase::OptimizerStep)),
+            planned: planned_of(&|f| f.grown(Phase::OptimizerStep)),
+            correction: c.phases.optimizer_step,
         },
     ]
 }
@@ -1058,7 +592,7 @@ fn report(cal: &Calibration, used: &[Used], fits: &mut [SnapshotFit], plain: &Es
 /// Refuses snapshots that cannot all be the plan's job at the shapes given: two at one shape
 /// whose forwards add different amounts, or, at one batch, a longer sequence adding less.
 fn contradictions(used: &[Used], fits: &[SnapshotFit]) -> Result<(), CalibrationError> {
-    let grew = |u: &Used| u.4.forward - u.4.start;
+    let grew = |u: &Used| u.4.grown(Phase::Forward);
     for (i, a) in used.iter().enumerate() {
         for b in &used[i + 1..] {
             // The file names: the command line already lists each snapshot with its shape.
@@ -1104,147 +638,8 @@ fn gib(x: f64) -> f64 {
     x / (1u64 << 30) as f64
 }
 
-fn add_law(a: Law, b: Law) -> Law {
-    Law {
-        fixed: a.fixed + b.fixed,
-        per_token: a.per_token + b.per_token,
-        per_token_position: a.per_token_position + b.per_token_position,
-        per_sequence: a.per_sequence + b.per_sequence,
-        per_position: a.per_position + b.per_position,
-        per_position_square: a.per_position_square + b.per_position_square,
-    }
-}
-
 /// The weights the program builds.
 fn weights_of(p: &Program, b: u64, s: u64) -> f64 {
     let sizes = p.sizes(b, s);
     p.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Weights).map(|(_, &n)| n as f64).sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    /// A recording built moment by moment.
-    struct Rec(Recording, u64);
-
-    impl Rec {
-        fn new(start: u64) -> Rec {
-            Rec(Recording { start_allocated: start, start_reserved: start, entries: Vec::new() }, start)
-        }
-        fn alloc(&mut self, bytes: u64, phase: RecordedPhase) -> &mut Rec {
-            self.1 += bytes;
-            self.0.entries.push(Entry { moment: Moment::Alloc { bytes, phase }, allocated: self.1, reserved: self.1 });
-            self
-        }
-        fn free(&mut self, bytes: u64, before_trace: bool) -> &mut Rec {
-            self.1 -= bytes;
-            self.0.entries.push(Entry {
-                moment: Moment::Free { bytes, before_trace },
-                allocated: self.1,
-                reserved: self.1,
-            });
-            self
-        }
-        /// One step: `acts` of forward activations, their gradients, an optimizer state made
-        /// once (`state`) and a temporary.
-        fn step(&mut self, acts: u64, state: u64, micro: u32) -> &mut Rec {
-            for _ in 0..micro {
-                self.alloc(acts, RecordedPhase::Forward);
-                self.alloc(acts / 2, RecordedPhase::Unknown);
-                self.free(acts / 2, false).free(acts, false);
-            }
-            if state > 0 {
-                self.alloc(state, RecordedPhase::Optimizer);
-            }
-            self.alloc(8 * MIB, RecordedPhase::Optimizer).free(8 * MIB, false)
-        }
-    }
-
-    #[test]
-    fn steps_are_found_and_the_last_steady_one_used() {
-        let mut r = Rec::new(0);
-        r.alloc(1024 * MIB, RecordedPhase::Setup);
-        r.step(100 * MIB, 2048 * MIB, 1).step(100 * MIB, 0, 1).step(100 * MIB, 0, 1);
-        let s = find_steps(&r.0).unwrap();
-        assert_eq!(s.construction, Some(1024 * MIB));
-        assert_eq!(s.total, 3);
-        assert_eq!(
-            s.whole.iter().map(|w| w.kind).collect::<Vec<_>>(),
-            [StepKind::First, StepKind::Steady, StepKind::Steady]
-        );
-        let used = s.used().unwrap();
-        assert_eq!(used.number, 3);
-        assert_eq!(used.start, 3072 * MIB);
-        assert_eq!(used.peaks[0], 3172 * MIB);
-        assert_eq!(used.peaks[1], 3222 * MIB);
-        assert_eq!(used.peaks[2], 3080 * MIB);
-    }
-
-    #[test]
-    fn gradient_accumulation_is_one_step_of_micro_steps() {
-        let mut r = Rec::new(1024 * MIB);
-        r.step(100 * MIB, 0, 4).step(100 * MIB, 0, 4);
-        let s = find_steps(&r.0).unwrap();
-        assert_eq!(s.whole.len(), 2);
-        assert!(s.whole.iter().all(|w| w.micro_steps == 4), "{s:?}");
-    }
-
-    #[test]
-    fn a_ring_buffer_begins_at_its_first_whole_step() {
-        // The trace begins inside a backward: it frees activations made before it.
-        let mut r = Rec::new(2048 * MIB);
-        r.alloc(50 * MIB, RecordedPhase::Unknown).free(50 * MIB, false).free(400 * MIB, true);
-        r.alloc(8 * MIB, RecordedPhase::Optimizer).free(8 * MIB, false);
-        r.step(400 * MIB, 0, 1);
-        let s = find_steps(&r.0).unwrap();
-        assert!(s.began_mid_step);
-        assert_eq!((s.total, s.whole.len(), s.used().unwrap().number), (2, 1, 2));
-    }
-
-    #[test]
-    fn without_a_whole_step_the_recording_is_refused_saying_what_is_missing() {
-        let mut forward_only = Rec::new(1024 * MIB);
-        forward_only.alloc(100 * MIB, RecordedPhase::Forward).free(100 * MIB, false);
-        let e = find_steps(&forward_only.0).unwrap_err();
-        assert!(e.to_string().contains("a forward without a backward"), "{e}");
-        let mut no_optimizer = Rec::new(1024 * MIB);
-        no_optimizer.alloc(100 * MIB, RecordedPhase::Forward).alloc(10 * MIB, RecordedPhase::Backward);
-        assert!(find_steps(&no_optimizer.0).unwrap_err().to_string().contains("without an optimizer step"));
-        let e = find_steps(&Recording::default()).unwrap_err();
-        assert!(e.to_string().contains("allocates nothing"), "{e}");
-    }
-
-    #[test]
-    fn an_oom_ends_its_step_and_is_kept() {
-        let mut r = Rec::new(1024 * MIB);
-        r.step(100 * MIB, 0, 1);
-        r.alloc(300 * MIB, RecordedPhase::Forward);
-        r.0.entries.push(Entry {
-            moment: Moment::Oom { asked: 512 * MIB, device_free: Some(100 * MIB) },
-            allocated: r.1,
-            reserved: r.1,
-        });
-        let s = find_steps(&r.0).unwrap();
-        assert_eq!(s.whole.len(), 1);
-        let o = s.oom.unwrap();
-        assert_eq!((o.step, o.phase, o.asked, o.grown), (2, Phase::Forward, 512 * MIB, 812 * MIB));
-    }
-
-    #[test]
-    fn the_law_fit_keeps_added_tensors_non_negative() {
-        // y = −0.1·scaled + 2·b·s²: the scale may fall, the added law may not.
-        let pts: Vec<_> = [(1.0, 100.0), (1.0, 200.0)]
-            .iter()
-            .map(|&(b, s): &(f64, f64)| (b, s, 1000.0 * b * s, -0.1 * 1000.0 * b * s + 2.0 * b * s * s))
-            .collect();
-        let (x0, cs) = fit_law(&pts, true, &[Basis::PerTokenPosition]);
-        assert!((x0 + 0.1).abs() < 1e-9 && (cs[0] - 2.0).abs() < 1e-9, "{x0} {cs:?}");
-        // Where the only fit wants a negative added law, it is left out.
-        let pts: Vec<_> = pts.iter().map(|p| (p.0, p.1, p.2, -3.0 * p.0 * p.1 * p.1)).collect();
-        let (_, cs) = fit_law(&pts, true, &[Basis::PerTokenPosition]);
-        assert_eq!(cs[0], 0.0);
-    }
 }

@@ -5,6 +5,7 @@
 //! tensors of fitted laws added where their phases are ([`Calibration::apply_program`]).
 
 use crate::program::{Law, Op, Phase, Program, Term};
+use headroom_trace::phase::ByPhase;
 
 /// One fitted correction of the step program ([`crate::calibrate`]): its own tensors scaled,
 /// and a tensor of a fitted law added.
@@ -39,33 +40,56 @@ pub struct OomEvidence {
     pub phase: crate::program::Phase,
 }
 
+/// What a calibration corrects a tensor as ([`group`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// What lives between steps: the optimizer's state.
+    Kept,
+    /// What a phase of the step keeps or makes.
+    Phase(Phase),
+}
+
+/// One value for each group a calibration corrects: what lives between steps, and each phase
+/// of the step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ByGroup<T> {
+    pub kept: T,
+    pub phases: ByPhase<T>,
+}
+
+impl<T> ByGroup<T> {
+    /// Group `g`'s value; `None` for a phase outside a step.
+    pub fn get(&self, g: Group) -> Option<&T> {
+        match g {
+            Group::Kept => Some(&self.kept),
+            Group::Phase(p) => self.phases.get(p),
+        }
+    }
+
+    /// Group `g`'s value; `None` for a phase outside a step.
+    pub fn get_mut(&mut self, g: Group) -> Option<&mut T> {
+        match g {
+            Group::Kept => Some(&mut self.kept),
+            Group::Phase(p) => self.phases.get_mut(p),
+        }
+    }
+}
+
 /// The fitted corrections of a job's step program, from snapshots of the user's own run.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Calibration {
-    /// What lives between steps: the optimizer's state scaled, and bytes the script keeps
-    /// added from the first step on.
-    pub kept: Correction,
-    /// What each forward keeps (the layers' activations and the logits, scaled), and what it
-    /// adds, alive until its backward ends.
-    pub forward: Correction,
-    /// The backward's own tensors, and what it adds until the optimizer step.
-    pub backward: Correction,
-    /// The optimizer step's temporaries, and what it adds while it runs.
-    pub optimizer: Correction,
+    /// Each group's correction. `kept`: the optimizer's state scaled, and bytes the script
+    /// keeps added from the first step on. `phases.forward`: what each forward keeps (the
+    /// layers' activations and the logits, scaled), and what it adds, alive until its
+    /// backward ends. `phases.backward`: the backward's own tensors, and what it adds until
+    /// the optimizer step. `phases.optimizer_step`: the optimizer step's temporaries, and
+    /// what it adds while it runs.
+    pub corrections: ByGroup<Correction>,
     /// The out-of-memory error a snapshot ended in.
     pub oom: Option<OomEvidence>,
 }
 
 impl Calibration {
-    /// The correction of phase `k`: 0 forward, 1 backward, 2 optimizer step.
-    pub fn phase_mut(&mut self, k: usize) -> &mut Correction {
-        match k {
-            0 => &mut self.forward,
-            1 => &mut self.backward,
-            _ => &mut self.optimizer,
-        }
-    }
-
     /// Whether the OOM evidence says a job of this shape does not fit in `capacity` bytes.
     pub fn refuses(&self, micro_batch: u64, seq: u64, capacity: f64) -> Option<&OomEvidence> {
         self.oom.as_ref().filter(|e| micro_batch >= e.batch && seq >= e.seq && capacity <= e.capacity as f64)
@@ -79,15 +103,15 @@ impl Calibration {
         let made = made_in(p);
         let mut out =
             Program { tensors: p.tensors.clone(), ops: Vec::with_capacity(p.ops.len() + 16), sites: p.sites.clone() };
-        let scales = [self.forward.scale, self.backward.scale, self.optimizer.scale, self.kept.scale];
         for (t, &m) in out.tensors.iter_mut().zip(&made) {
-            if let Some(g) = group(t, m) {
-                if scales[g] != 1.0 {
-                    t.law = t.law.scaled(scales[g]);
+            if let Some(c) = group(t, m).and_then(|g| self.corrections.get(g)) {
+                if c.scale != 1.0 {
+                    t.law = t.law.scaled(c.scale);
                 }
             }
         }
         let nonzero = |l: &Law| *l != Law::default();
+        let kept = self.corrections.kept.law;
         let site = out.site("calibration (fitted to the snapshot)");
         let mut kept_made = false;
         let mut open: Vec<crate::program::TensorId> = Vec::new();
@@ -96,26 +120,26 @@ impl Calibration {
                 out.ops.push(*op);
                 continue;
             };
+            // Outside a step (the model's setup) nothing is added.
+            let Some(c) = self.corrections.phases.get(phase) else {
+                out.ops.push(*op);
+                continue;
+            };
             // A forward's correction lives through its backward (what the layers keep); every
             // other until the next phase.
-            if phase != Phase::Setup && phase != Phase::Backward {
+            if phase != Phase::Backward {
                 for t in open.drain(..) {
                     out.ops.push(Op::Free(t));
                 }
             }
-            if phase != Phase::Setup && !kept_made && nonzero(&self.kept.law) {
+            if !kept_made && nonzero(&kept) {
                 kept_made = true;
-                out.alloc(self.kept.law, Term::Temporary, site);
+                out.alloc(kept, Term::Temporary, site);
             }
             out.ops.push(*op);
-            let (law, term) = match phase {
-                Phase::Setup => continue,
-                Phase::Forward => (self.forward.law, Term::Activations),
-                Phase::Backward => (self.backward.law, Term::Activations),
-                Phase::Optimizer => (self.optimizer.law, Term::Temporary),
-            };
-            if nonzero(&law) {
-                open.push(out.alloc(law, term, site));
+            let term = if phase == Phase::OptimizerStep { Term::Temporary } else { Term::Activations };
+            if nonzero(&c.law) {
+                open.push(out.alloc(c.law, term, site));
             }
         }
         for t in open {
@@ -125,7 +149,7 @@ impl Calibration {
     }
 }
 
-/// The group a tensor's scale belongs to: 0 forward, 1 backward, 2 optimizer, 3 state.
+/// The group a tensor's scale belongs to.
 ///
 /// What grows with the tokens in a forward or a backward — what the layers keep, their
 /// transients, the backward's gradients of them — is the forward's, wherever it is made: the
@@ -133,14 +157,16 @@ impl Calibration {
 /// leave every freed activation's block a little too small or too large for the tensor that
 /// reuses it (fragmentation the run does not have). A program laid out from the closed form
 /// (every size fixed at its shape) scales its activations and logits.
-pub fn group(t: &crate::program::Tensor, made_in: Phase) -> Option<usize> {
+pub fn group(t: &crate::program::Tensor, made_in: Phase) -> Option<Group> {
     let tokens = t.law.grows_with_batch() || t.law.per_position != 0.0 || t.law.per_position_square != 0.0;
     match (t.term, made_in) {
-        (Term::Activations | Term::Logits | Term::Temporary, Phase::Forward | Phase::Backward) if tokens => Some(0),
-        (Term::Activations | Term::Logits, Phase::Forward | Phase::Backward) => Some(0),
-        (Term::Temporary, Phase::Backward) => Some(1),
-        (Term::Temporary, Phase::Optimizer) => Some(2),
-        (Term::Optimizer, _) => Some(3),
+        (Term::Activations | Term::Logits | Term::Temporary, Phase::Forward | Phase::Backward) if tokens => {
+            Some(Group::Phase(Phase::Forward))
+        }
+        (Term::Activations | Term::Logits, Phase::Forward | Phase::Backward) => Some(Group::Phase(Phase::Forward)),
+        (Term::Temporary, Phase::Backward) => Some(Group::Phase(Phase::Backward)),
+        (Term::Temporary, Phase::OptimizerStep) => Some(Group::Phase(Phase::OptimizerStep)),
+        (Term::Optimizer, _) => Some(Group::Kept),
         _ => None,
     }
 }

@@ -12,7 +12,8 @@
 //!    each saying whether it serves the job and why not; the closed form ([`closed_form`],
 //!    with transformers' recorded activations in [`recipe`], [`step_recipe`] and [`phases`])
 //!    is the closed-form builders' input;
-//! 5. the user's calibration ([`calibration`], fitted by [`calibrate`]), a transform of the
+//! 5. the user's calibration ([`calibration`], fitted by [`calibrate`] to the steps
+//!    `headroom_trace::recorded_step` finds in a snapshot of their run), a transform of the
 //!    program;
 //! 6. the replay ([`replay`]) through headroom's allocator;
 //! 7. the step time ([`time`], [`kernel`], [`eager`]);
@@ -43,6 +44,7 @@ pub mod forward_recipe;
 pub mod infer;
 pub mod job;
 pub mod kernel;
+mod law_fit;
 pub mod parallel;
 pub mod phases;
 pub mod pipelining;

@@ -87,7 +87,7 @@ pub struct Phases {
 impl Phases {
     /// The largest phase.
     pub fn peak(&self) -> (Phase, PhasePeak) {
-        [(Phase::Forward, self.forward), (Phase::Backward, self.backward), (Phase::Optimizer, self.optimizer)]
+        [(Phase::Forward, self.forward), (Phase::Backward, self.backward), (Phase::OptimizerStep, self.optimizer)]
             .into_iter()
             .fold((Phase::Forward, self.forward), |best, p| if p.1.total > best.1.total { p } else { best })
     }

@@ -66,65 +66,22 @@ impl Term {
     }
 }
 
-/// The part of a step an operation belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Phase {
-    /// Building the model, the optimizer and the inputs: before the first step.
-    Setup,
-    Forward,
-    Backward,
-    /// `optimizer.step()`, and `zero_grad` after it.
-    Optimizer,
-}
+// The planner's phases are those a recorded step is read by: a program marks setup and the
+// three phases of a step, and a calibration compares them phase for phase.
+pub use headroom_trace::phase::Phase;
 
-impl Phase {
-    /// Lower-case name, as `--json` writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Setup => "setup",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Setup => "setup",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer step",
-        })
+/// The name the plan's `--json` and the dumped program give a phase: [`Phase::name`], but
+/// `optimizer` for the optimizer step (`headroom inspect`'s `optimizer_step`), as these stable
+/// keys and values have always spelled it and the CPU ground truth records it.
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::OptimizerStep => "optimizer",
+        other => other.name(),
     }
 }
 
 /// The peak of each phase of a step: its forward, its backward and its optimizer step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PhasePeaks {
-    pub forward: u64,
-    pub backward: u64,
-    pub optimizer: u64,
-}
-
-impl PhasePeaks {
-    /// Raises `phase`'s peak to `bytes` (nothing for setup).
-    pub fn raise(&mut self, phase: Phase, bytes: u64) {
-        let slot = match phase {
-            Phase::Setup => return,
-            Phase::Forward => &mut self.forward,
-            Phase::Backward => &mut self.backward,
-            Phase::Optimizer => &mut self.optimizer,
-        };
-        *slot = (*slot).max(bytes);
-    }
-
-    /// The highest of the three.
-    pub fn max(&self) -> u64 {
-        self.forward.max(self.backward).max(self.optimizer)
-    }
-}
+pub type PhasePeaks = headroom_trace::phase::ByPhase<u64>;
 
 /// How a tensor's bytes follow the micro-batch `b` and the sequence length `s`:
 /// `fixed + per_token·b·s + per_token_position·b·s² + per_sequence·b + per_position·s
@@ -140,6 +97,22 @@ pub struct Law {
     pub per_position: f64,
     /// The same, s × s: a causal mask shared by the batch, T5's position bias.
     pub per_position_square: f64,
+}
+
+/// Two laws' tensors together: each coefficient summed.
+impl std::ops::Add for Law {
+    type Output = Law;
+
+    fn add(self, b: Law) -> Law {
+        Law {
+            fixed: self.fixed + b.fixed,
+            per_token: self.per_token + b.per_token,
+            per_token_position: self.per_token_position + b.per_token_position,
+            per_sequence: self.per_sequence + b.per_sequence,
+            per_position: self.per_position + b.per_position,
+            per_position_square: self.per_position_square + b.per_position_square,
+        }
+    }
 }
 
 impl Law {
@@ -445,7 +418,11 @@ impl Program {
                     }
                 }
                 Op::Mark { step, phase } => {
-                    at = if phase == Phase::Setup { "setup".into() } else { format!("step{step}.{}", phase.name()) };
+                    at = if phase == Phase::Setup {
+                        "setup".into()
+                    } else {
+                        format!("step{step}.{}", phase_name(phase))
+                    };
                 }
                 Op::EmptyCache => out.push_str("{\"op\":\"empty_cache\"}\n"),
             }

@@ -7,14 +7,16 @@
 
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
-#[path = "support/snapshot.rs"]
-mod snapshot;
 
-use headroom_plan::calibrate::{calibrate, CalibrationError, Snapshot, StepKind};
+use headroom_inspect::recording::{recording, trained_device};
+use headroom_plan::calibrate::{calibrate, CalibrationError, Snapshot};
 use headroom_plan::estimate::Estimator;
 use headroom_plan::gpu::gpu;
 use headroom_plan::job::{Attention, Job, Optimizer, Precision, TrainConfig};
 use headroom_plan::model::Model;
+use headroom_trace::phase::Phase;
+use headroom_trace::recorded_step::{find_steps, StepKind, Steps};
+use headroom_trace::snapshot::read_snapshot_file;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -34,9 +36,16 @@ fn job(b: u64, s: u64) -> TrainConfig {
     TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(b, s, Precision::Bf16, Optimizer::AdamW) }
 }
 
+/// The steps of a snapshot file's device that trained, as `headroom plan --calibrate` reads them.
+fn steps(path: &Path) -> Steps {
+    let snap = read_snapshot_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let device = trained_device(&snap).expect("a trace");
+    find_steps(&recording(&snap, device)).expect("a whole step")
+}
+
 fn snap(dir: &Path, seq: u64) -> Snapshot {
     let path = dir.join(format!("snapshots/qwen3-1.7b-bf16-1x{seq}-two-steps.pickle.gz"));
-    Snapshot { name: path.display().to_string(), batch: 1, seq, steps: snapshot::steps(&snapshot::read(&path)) }
+    Snapshot { name: path.display().to_string(), batch: 1, seq, steps: steps(&path) }
 }
 
 #[test]
@@ -125,9 +134,9 @@ fn an_oom_snapshot_makes_its_shape_not_fit() {
         return;
     };
     let path = dir.join("snapshots/oom-cpp-qwen2-0.5b-b4.pickle.gz");
-    let steps = snapshot::steps(&snapshot::read(&path));
+    let steps = steps(&path);
     let oom = steps.oom.expect("the run ends in an OOM");
-    assert_eq!(oom.phase, headroom_plan::program::Phase::Forward);
+    assert_eq!(oom.phase, Phase::Forward);
     assert_eq!(oom.asked, 1_244_659_712, "1.16 GiB asked");
     assert!(oom.device_free.unwrap() > oom.asked, "a per-process limit refused it, not the device");
     let model = Model::from_hf_config(

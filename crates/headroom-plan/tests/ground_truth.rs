@@ -115,7 +115,7 @@ fn compare() -> Vec<Row> {
         // The recorded step program run as the CPU runs it where one serves the job (its live
         // tensors, no allocator); the closed form's phases elsewhere.
         let cpu = cpu_peaks(&m, &cfg)
-            .map(|(p, peak)| ([p.forward as f64, p.backward as f64, p.optimizer as f64], peak as f64));
+            .map(|(p, peak)| ([p.forward as f64, p.backward as f64, p.optimizer_step as f64], peak as f64));
         let (phases, peak) = cpu.unwrap_or_else(|| {
             let s = closed_form_step(&m, &g, &cfg);
             s.unwrap_or_else(|| panic!("{label}: no phases"))

@@ -44,3 +44,13 @@ fn published_names_stay() {
     assert_eq!(PipelineStage::Only.name(), "only");
     assert_eq!(Head::SeqCls.name(), "seq-cls");
 }
+
+/// The plan's `--json` keeps its phase names (`peak_phase`, `phases`): the optimizer step is
+/// `optimizer` there, where `headroom inspect` writes the shared vocabulary's `optimizer_step`.
+#[test]
+fn the_plan_names_phases_as_docs_json_publishes() {
+    use headroom_plan::program::{phase_name, Phase};
+    let names: Vec<&str> = [Phase::Setup].into_iter().chain(Phase::STEP).map(phase_name).collect();
+    assert_eq!(names, ["setup", "forward", "backward", "optimizer"]);
+    assert_eq!(Phase::OptimizerStep.name(), "optimizer_step");
+}

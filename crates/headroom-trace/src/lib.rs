@@ -5,6 +5,10 @@
 //! - [`compressed`]: inputs read through gzip when they are compressed;
 //! - [`jsonl`]: headroom's plain trace format, one operation per line, that
 //!   anyone can write to drive the allocator;
+//! - [`phase`]: the phases of a step (setup, forward, backward, optimizer step, …): one
+//!   vocabulary for the inspector, the planner and the recorded step;
+//! - [`recorded_step`]: a device's trace as moments and the training steps found in them —
+//!   where a step begins, which phase a moment is in, which steps are whole;
 //! - [`replay`]: a trace pushed through the caching allocator on a simulated
 //!   GPU under any `PYTORCH_CUDA_ALLOC_CONF`, with peaks, device calls and
 //!   out-of-memory errors reported;
@@ -25,9 +29,11 @@
 pub mod compressed;
 pub mod device_trace;
 pub mod jsonl;
+pub mod phase;
 pub mod pickle;
 pub mod py;
 pub mod recorded_memory;
+pub mod recorded_step;
 pub mod replay;
 pub mod replay_device;
 pub mod snapshot;
@@ -37,7 +43,6 @@ pub mod snapshot_ops;
 pub mod snapshot_pools;
 pub mod snapshot_replay;
 pub mod start_state;
-pub mod steps;
 pub mod synth;
 pub mod walk;
 pub mod what_if;

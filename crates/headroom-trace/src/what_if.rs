@@ -422,7 +422,7 @@ impl<'a, F: FnMut(usize)> Requests<'a, F> {
             slots: AddressSlots::default(),
             delayed: FxHashMap::default(),
             next_stand_in: STAND_IN_STREAMS,
-            step_starts: crate::steps::step_starts(t.snap, t.device).into_iter().peekable(),
+            step_starts: crate::recorded_step::step_starts(t.snap, t.device).into_iter().peekable(),
             empty_cache_calls: recorded.empty_cache_calls.iter().peekable(),
             progress,
         }

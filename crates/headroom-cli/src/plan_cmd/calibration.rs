@@ -1,16 +1,17 @@
 //! `headroom plan --calibrate SNAPSHOT`: the plan's step program fitted to memory snapshots of
 //! smaller runs of the same job. Each snapshot's trace is read as moments
-//! (`headroom_inspect::recording`), its whole steps found and the last steady one compared
-//! with the job's program at the snapshot's shape (`headroom_plan::calibrate`).
+//! (`headroom_inspect::recording`), its whole steps found
+//! (`headroom_trace::recorded_step::find_steps`) and the last steady one compared with the
+//! job's program at the snapshot's shape (`headroom_plan::calibrate`).
 
 use super::PlanArgs;
 use crate::progress::LazyBar;
 use anyhow::{bail, Context, Result};
-use headroom_inspect::frames::Phase as FramePhase;
-use headroom_inspect::recording::{self, Moment as M};
-use headroom_plan::calibrate::{calibrate, find_steps, Entry, Fit, Moment, RecordedPhase, Recording, Snapshot};
+use headroom_inspect::recording;
+use headroom_plan::calibrate::{calibrate, Fit, Snapshot};
 use headroom_plan::estimate::Estimator;
 use headroom_plan::job::Job;
+use headroom_trace::recorded_step::{find_steps, Recording};
 use headroom_trace::snapshot::read_snapshot_file_with;
 use std::path::Path;
 
@@ -66,12 +67,7 @@ pub(super) fn read(path: &Path) -> Result<(u32, Recording)> {
     let snap = read_snapshot_file_with(path, |done, total| bar.update("reading the snapshot", done, total))
         .with_context(|| format!("--calibrate: reading {file}"))?;
     bar.finish();
-    let Some(device) = snap
-        .devices()
-        .into_iter()
-        .filter(|&d| snap.device_traces.get(d as usize).is_some_and(|t| !t.is_empty()))
-        .max_by_key(|&d| snap.device_traces[d as usize].len())
-    else {
+    let Some(device) = recording::trained_device(&snap) else {
         bail!(
             "--calibrate: {file} has no trace, only the moment it was taken; record the step with \
              torch.cuda.memory._record_memory_history() before it and _dump_snapshot() after"
@@ -84,34 +80,5 @@ pub(super) fn read(path: &Path) -> Result<(u32, Recording)> {
              apart; record it with _record_memory_history(stacks=\"python\") (the default)"
         );
     }
-    Ok((device, convert(&r)))
-}
-
-/// The inspector's moments in the planner's terms.
-pub(super) fn convert(r: &recording::Recording) -> Recording {
-    let phase = |p: FramePhase| match p {
-        FramePhase::Setup => RecordedPhase::Setup,
-        FramePhase::Forward | FramePhase::Evaluation => RecordedPhase::Forward,
-        FramePhase::Backward => RecordedPhase::Backward,
-        FramePhase::OptimizerStep => RecordedPhase::Optimizer,
-        FramePhase::DataLoading | FramePhase::Other => RecordedPhase::Other,
-        FramePhase::Unknown => RecordedPhase::Unknown,
-    };
-    Recording {
-        start_allocated: r.start_allocated,
-        start_reserved: r.start_reserved,
-        entries: r
-            .entries
-            .iter()
-            .map(|e| Entry {
-                moment: match e.moment {
-                    M::Alloc { bytes, phase: p } => Moment::Alloc { bytes, phase: phase(p) },
-                    M::Free { bytes, before_trace } => Moment::Free { bytes, before_trace },
-                    M::Oom { asked, device_free } => Moment::Oom { asked, device_free },
-                },
-                allocated: e.allocated,
-                reserved: e.reserved,
-            })
-            .collect(),
-    }
+    Ok((device, r))
 }

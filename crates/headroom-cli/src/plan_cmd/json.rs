@@ -9,6 +9,7 @@ use headroom_plan::job::TrainConfig;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
+use headroom_plan::program::phase_name;
 use headroom_plan::search::Recommendation;
 use serde_json::{json, Map, Value};
 
@@ -135,18 +136,15 @@ fn memory(m: &Memory, v: &Verdict) -> Value {
         "capacity_bytes": bytes(m.capacity_bytes),
         "margin_bytes": v.margin_bytes.map(bytes),
         "oom": m.oom.as_ref().map(|o| json!({
-            "step": o.at.step, "phase": o.at.phase.name(), "requested_bytes": o.oom.report.requested,
+            "step": o.at.step, "phase": phase_name(o.at.phase), "requested_bytes": o.oom.report.requested,
             "asked_bytes": o.oom.report.alloc_size, "device_free_bytes": o.oom.report.device_free,
             "allocated_bytes": o.oom.report.allocated, "reserved_bytes": o.oom.report.reserved,
             "term": o.term.name(), "site": o.site,
         })),
         "device_mallocs": m.device_mallocs,
         "alloc_retries": m.alloc_retries,
-        "peak_phase": m.phase.map(|ph| ph.name()),
-        "phases": {
-            "forward": m.phase_peaks.forward, "backward": m.phase_peaks.backward,
-            "optimizer": m.phase_peaks.optimizer,
-        },
+        "peak_phase": m.phase.map(phase_name),
+        "phases": m.phase_peaks.iter().map(|(ph, &b)| (phase_name(ph).to_string(), json!(b))).collect::<Map<_, _>>(),
         "note": v.note,
     })
 }
@@ -260,8 +258,9 @@ fn calibration(c: &super::calibration::Calibrated) -> Value {
     use headroom_plan::calibrate::{Correction, Figures};
     let figures = |f: &Figures| {
         json!({
-            "start_bytes": bytes(f.start), "forward_bytes": bytes(f.forward), "backward_bytes": bytes(f.backward),
-            "optimizer_bytes": bytes(f.optimizer), "peak_bytes": bytes(f.peak()), "reserved_bytes": bytes(f.reserved),
+            "start_bytes": bytes(f.start), "forward_bytes": bytes(f.phases.forward),
+            "backward_bytes": bytes(f.phases.backward), "optimizer_bytes": bytes(f.phases.optimizer_step),
+            "peak_bytes": bytes(f.peak()), "reserved_bytes": bytes(f.reserved),
         })
     };
     let correction = |c: &Correction| {
@@ -292,7 +291,7 @@ fn calibration(c: &super::calibration::Calibrated) -> Value {
                 _ => Value::Null,
             },
             "oom": s.oom.map(|o| json!({
-                "step": o.step, "phase": o.phase.name(), "asked_bytes": o.asked, "device_free_bytes": o.device_free,
+                "step": o.step, "phase": phase_name(o.phase), "asked_bytes": o.asked, "device_free_bytes": o.device_free,
                 "allocated_bytes": o.allocated, "reserved_bytes": o.reserved,
             })),
             "note": s.note,
@@ -307,7 +306,7 @@ fn calibration(c: &super::calibration::Calibrated) -> Value {
         "oom_evidence": c.fit.calibration.oom.map(|e| json!({
             "batch": e.batch, "seq": e.seq, "asked_bytes": e.asked, "device_free_bytes": e.device_free,
             "allocated_bytes": e.allocated, "reserved_bytes": e.reserved, "capacity_bytes": e.capacity,
-            "phase": e.phase.name(),
+            "phase": phase_name(e.phase),
         })),
     })
 }

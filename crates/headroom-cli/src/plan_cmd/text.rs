@@ -508,12 +508,7 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         if e.job.parallel.gpus() > 1 { ", NCCL" } else { "" },
         p.allocator
     );
-    let phase_name = |ph: Phase| match ph {
-        Phase::Setup => "model's setup",
-        Phase::Forward => "forward",
-        Phase::Backward => "backward",
-        Phase::Optimizer => "optimizer step",
-    };
+    let phase_name = |ph: Phase| if ph == Phase::Setup { "model's setup".to_string() } else { ph.to_string() };
     if let Some(o) = &m.oom {
         outln!(
             out,
@@ -560,7 +555,7 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             phase_name(phase),
             format_size(ph.forward),
             format_size(ph.backward),
-            format_size(ph.optimizer)
+            format_size(ph.optimizer_step)
         );
     }
     for (label, r) in &p.asked {
@@ -613,9 +608,9 @@ fn calibration_lines(out: &mut String, c: &super::calibration::Calibrated) {
         format!(
             "kept {}, forward {}, backward {}, optimizer step {}; reserved {}",
             gib(f.start),
-            gib(f.forward),
-            gib(f.backward),
-            gib(f.optimizer),
+            gib(f.phases.forward),
+            gib(f.phases.backward),
+            gib(f.phases.optimizer_step),
             gib(f.reserved)
         )
     };

@@ -164,7 +164,7 @@ pub fn program(
                 p.free(r);
             }
         }
-        p.mark(step, Phase::Optimizer);
+        p.mark(step, Phase::OptimizerStep);
         if states.is_empty() && b.optimizer > 0.0 {
             for _ in 0..layers {
                 states.push(p.alloc(Law::fixed(b.optimizer / layers as f64), Term::Optimizer, o_site));

@@ -332,7 +332,7 @@ pub fn program(model: &Model, cfg: &TrainConfig, device: Device, workspace: f64,
         for _ in 0..super::micro_batches_built(cfg) {
             micro_batch(&mut p, &sh, &s, cfg, &mut root, &mut blocks, &mut held_flat, reshard_blocks);
         }
-        p.mark(step, Phase::Optimizer);
+        p.mark(step, Phase::OptimizerStep);
         // torch.optim over the shards, in their stored dtype (no master copy: the shard is it).
         let opt_cfg = TrainConfig {
             precision: if cfg.precision == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp32 },

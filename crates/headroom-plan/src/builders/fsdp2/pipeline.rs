@@ -356,7 +356,7 @@ pub fn program(
                 p.free(merged);
             }
         }
-        p.mark(step, Phase::Optimizer);
+        p.mark(step, Phase::OptimizerStep);
         let opt_cfg = TrainConfig {
             precision: if cfg.precision == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp32 },
             ..*cfg

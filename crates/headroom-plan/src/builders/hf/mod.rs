@@ -355,7 +355,7 @@ impl<'a> Expansion<'a> {
             for micro in 1..=super::micro_batches_built(self.cfg) {
                 self.micro_batch(section, backward, step, micro == 1);
             }
-            self.p.mark(step, Phase::Optimizer);
+            self.p.mark(step, Phase::OptimizerStep);
             let grads: Vec<Option<TensorId>> = std::mem::take(&mut self.grads);
             optimizer::step(&mut self.p, &mut opt, &states, &grads, self.cfg, self.device);
             // zero_grad(set_to_none=True): every gradient dropped, in parameter order.
