@@ -24,14 +24,17 @@
 
 pub mod compressed;
 pub mod jsonl;
+pub mod memory_snapshot;
 pub mod pickle;
 pub mod py;
 pub mod recorded_memory;
 pub mod replay;
 pub mod replay_device;
 pub mod snapshot;
+mod snapshot_builder;
 pub mod snapshot_check;
 pub mod snapshot_file;
+mod snapshot_json;
 pub mod snapshot_ops;
 pub mod snapshot_pools;
 pub mod snapshot_replay;

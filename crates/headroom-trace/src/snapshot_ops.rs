@@ -9,7 +9,7 @@
 //! line 0.
 
 use crate::jsonl::{TraceLine, TraceOp};
-use crate::snapshot::TraceAction;
+use crate::memory_snapshot::TraceAction;
 use crate::snapshot_pools::RecordedPools;
 use crate::snapshot_replay::DeviceTrace;
 use rustc_hash::FxHashMap;
