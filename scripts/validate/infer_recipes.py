@@ -7,7 +7,7 @@ A forward of a causal LM with `use_cache=True` under `torch.no_grad()` (an evalu
 loop's forward: every position's logits) allocates the same sequence of tensors for every
 batch and length. This script records that sequence with the profiler's memory timeline
 for each family's base config (the tuning config of measure.py, adjusted by
-`recording_config` where it would hide a term) at three shapes, and for
+`measure.recording_config` where it would hide a term) at three shapes, and for
 every allocation in the last layer and after it (final norm, head) writes what is alive at
 that moment, less the weights and the input ids, in the model's dimensions:
 
@@ -53,7 +53,7 @@ def timeline(family, precision, attn, batch, seq, last):
     """[(layer index or None, allocation key, bytes, is_create, `repeat_kv`/`fused_qkv` or None)]
     in order, for
     one forward after a warm-up; and the model's dimensions and layer count."""
-    cfg = recording_config(family)
+    cfg = measure.recording_config(family)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = measure.build(cfg, "causal-lm", attn, dtype).eval()
     ids = measure.inputs(cfg, "causal-lm", batch, seq)["input_ids"]
@@ -103,27 +103,6 @@ def timeline(family, precision, attn, batch, seq, last):
         elif action == Action.DESTROY:
             events.append((layer_at(t), key, nbytes, False, None))
     return events, recipes.dims(model, cfg), layers
-
-
-def recording_config(family):
-    """The base config a recipe is recorded on, where the base would hide a term: every unit
-    a distinct size, and keys and values repeated per query head."""
-    cfg = dict(measure.small_configs()[(family, "base")])
-    heads = cfg.get("num_attention_heads")
-    if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] in (1, heads):
-        # Keys and values are repeated per query head only between the two: a base config
-        # with one or all key-value heads is recorded with half, so its copies are seen.
-        cfg["num_key_value_heads"] = heads // 2
-    if family == "mixtral":
-        # Its base MLP width (384) equals heads x head dim (8 x 48).
-        cfg["intermediate_size"] = 352
-    if family == "t5":
-        # Three blocks a stack, as the decoders have: the first, the last and one between;
-        # and heads x head dim (8 x 48) apart from the hidden size (256), which the base
-        # config's 8 x 32 equals.
-        cfg["num_layers"] = cfg["num_decoder_layers"] = 3
-        cfg["d_kv"] = 48
-    return cfg
 
 
 @contextlib.contextmanager

@@ -195,6 +195,27 @@ def small_configs():
             | {(f, "deep"): deep(c) for f, c in base.items()})
 
 
+def recording_config(family):
+    """The base config a recipe is recorded on, where the base would hide a term: every unit
+    a distinct size, and keys and values repeated per query head."""
+    cfg = dict(small_configs()[(family, "base")])
+    heads = cfg.get("num_attention_heads")
+    if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] in (1, heads):
+        # Keys and values are repeated per query head only between the two: a base config
+        # with one or all key-value heads is recorded with half, so its copies are seen.
+        cfg["num_key_value_heads"] = heads // 2
+    if family == "mixtral":
+        # Its base MLP width (384) equals heads x head dim (8 x 48).
+        cfg["intermediate_size"] = 352
+    if family == "t5":
+        # Three blocks a stack, as the decoders have: the first, the last and one between;
+        # and heads x head dim (8 x 48) apart from the hidden size (256), which the base
+        # config's 8 x 32 equals.
+        cfg["num_layers"] = cfg["num_decoder_layers"] = 3
+        cfg["d_kv"] = 48
+    return cfg
+
+
 HEADS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
          "seq-cls": "AutoModelForSequenceClassification", "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 

@@ -254,8 +254,7 @@ def compiled_recipe(family, attn):
     """The compiled step's recipe, fp32, no checkpointing: the recording config's saved
     tensors (the base config with every unit a distinct size, as the step recipes are
     recorded) and those of the same config with one layer more; their difference is a layer's."""
-    import infer_recipes
-    base = infer_recipes.recording_config(family)
+    base = measure.recording_config(family)
     deeper = dict(base)
     key = next(k for k in ("num_hidden_layers", "n_layer") if k in deeper)
     layers = deeper[key]

@@ -2,7 +2,7 @@
 """What a Hugging Face transformers training job allocates and frees, tensor by tensor, in
 order: the step programs `headroom plan` replays through its allocator.
 
-For each family's recording config (`infer_recipes.recording_config`: every model dimension a
+For each family's recording config (`measure.recording_config`: every model dimension a
 distinct size) at three layers, this runs the job as a user's script does — the model built,
 `torch.optim.AdamW` created, then two steps of forward with the loss, backward, `opt.step()`
 and `opt.zero_grad(set_to_none=True)` — under the profiler, and keeps every allocation and
@@ -78,7 +78,7 @@ GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
 
 
 def config(family, layers):
-    cfg = dict(infer_recipes.recording_config(family)) if family in measure_families() else extra_config(family)
+    cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
     if family in ("qwen2", "qwen3", "mistral"):
         cfg.update(GQA)
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
@@ -93,7 +93,7 @@ def measure_families():
 
 def extra_config(family):
     """Recording configs of families the CPU ground truth does not measure yet."""
-    llama = infer_recipes.recording_config("llama")
+    llama = measure.recording_config("llama")
     if family == "qwen3":
         return dict(llama, model_type="qwen3", num_key_value_heads=2, use_sliding_window=False)
     if family == "gemma2":

@@ -6,7 +6,7 @@ backward, by family, precision, attention kernel, checkpointing and head: the st
 A step allocates the same sequence of tensors at every shape. This script records it with
 the profiler's memory timeline (forward with the loss, then backward; the optimizer step is
 modelled apart) for each family's base config (the tuning config of measure.py, adjusted by
-`recording_config` where it would hide a term) at three
+`measure.recording_config` where it would hide a term) at three
 shapes, and writes, for the allocations where a peak can fall, what is alive then beyond the
 weights, optimizer state and inputs, in the model's dimensions (the units of recipes.py):
 
@@ -97,7 +97,7 @@ def profiled_step(forward, model, inputs, precision):
 def timeline(family, head, precision, attn, checkpointing, batch, seq):
     """Allocations of one step after a warm-up: [(phase, layer or None, key, bytes, create)],
     the dimensions, the layer count and the parameters of one layer."""
-    cfg = infer_recipes.recording_config(family)
+    cfg = measure.recording_config(family)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = measure.build(cfg, head, attn, dtype)
     if checkpointing:
@@ -362,7 +362,7 @@ def compiled_timeline(family, precision, checkpointing, layers, batch, seq):
     backward) after the warm-up that compiles it, at `layers` layers: [(phase, tensor number,
     bytes, create)], the dimensions and one layer's parameters."""
     torch.set_num_threads(1)
-    cfg = dict(infer_recipes.recording_config(family))
+    cfg = dict(measure.recording_config(family))
     depth = next(k for k in ("num_hidden_layers", "n_layer") if k in cfg)
     cfg[depth] = layers
     attn = "eager" if family in measure.NO_SDPA else "sdpa"

@@ -22,16 +22,13 @@ use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, DeviceMemory, EventId, StreamId};
 use crate::error::{AllocError, OomReport};
 use crate::history::{Action, History, TraceEntry};
+use crate::mempool::{Capture, PrivatePool};
 use crate::page_history::PageHistory;
 use crate::policy::{Placement, Policy, PyTorchPolicy, Rung};
-use crate::private_pool::{Capture, PrivatePool};
 use crate::sizing;
 use crate::stats::{self, DeviceStats, PoolKind};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
-
-/// Requests of 1 EB or more are refused outright, as PyTorch refuses them.
-pub(crate) const ONE_EXABYTE: u64 = 1 << 60;
 
 /// Someone who holds device memory on the allocator's behalf and can let go
 /// of some when memory runs short (PyTorch's `FreeCudaMemoryCallback`, used
@@ -395,7 +392,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if size == 0 {
             return Ok(Allocation { ptr: 0, size: 0 });
         }
-        if size >= ONE_EXABYTE {
+        if size >= sizing::ONE_EXABYTE {
             let rounded = size;
             return Err(AllocError::NeverFits(Box::new(self.oom_report(size, rounded, size, stream))));
         }

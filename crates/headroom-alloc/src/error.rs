@@ -43,7 +43,7 @@ impl OomReport {
 
 impl fmt::Display for OomReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.requested >= crate::caching::ONE_EXABYTE {
+        if self.requested >= crate::sizing::ONE_EXABYTE {
             // PyTorch refuses these before looking at the device, with this message.
             return write!(f, "CUDA out of memory. Tried to allocate more than 1EB memory.");
         }

@@ -65,6 +65,7 @@ mod faulty;
 mod free;
 mod free_set;
 mod history;
+mod mempool;
 mod page_history;
 mod physical;
 pub mod policy;
@@ -88,11 +89,11 @@ pub use device_cost::DeviceCosts;
 pub use error::{AllocError, Oom, OomKind, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
+pub use mempool::{CaptureFilter, MempoolId, PrivatePoolInfo, DEFAULT_MEMPOOL};
 pub use policy::{
     ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
     PyTorchPolicy,
 };
-pub use private_pool::{CaptureFilter, MempoolId, PrivatePoolInfo, DEFAULT_MEMPOOL};
 pub use restore::{ExpandableLayout, LiveBlock};
 pub use sim::SimDevice;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};

@@ -8,8 +8,8 @@ use crate::caching::DeviceCachingAllocator;
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
 use crate::history::Action;
+use crate::mempool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::policy::{CachedSegment, Policy};
-use crate::private_pool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::stats::{self, PoolKind};
 
 impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {

@@ -17,8 +17,8 @@ use crate::block::{Block, NIL};
 use crate::caching::{DeviceCachingAllocator, ExpandableSegment, SegmentRec};
 use crate::device::{DeviceMemory, StreamId};
 use crate::error::AllocError;
+use crate::mempool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::policy::Policy;
-use crate::private_pool::{MempoolId, DEFAULT_MEMPOOL};
 use crate::stats::{self, PoolKind};
 
 /// An allocated block of a segment being adopted.

@@ -5,6 +5,9 @@
 use crate::config::{AllocatorConfig, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use crate::stats::PoolKind;
 
+/// Requests of 1 EB or more are refused outright, as PyTorch refuses them.
+pub(crate) const ONE_EXABYTE: u64 = 1 << 60;
+
 /// `round_size`: at least 512 bytes; a multiple of 512, or of the
 /// power-of-two division step where `roundup_power2_divisions` applies.
 pub fn round_size(cfg: &AllocatorConfig, size: u64) -> u64 {

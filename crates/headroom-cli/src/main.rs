@@ -28,6 +28,7 @@ mod named_arg;
 mod out_file;
 mod plan_cmd;
 mod progress;
+mod replay_args;
 mod replay_cmd;
 mod replay_cuda;
 mod replay_snapshot;
@@ -50,7 +51,7 @@ struct Cli {
 enum Command {
     /// Will it fit? Memory per GPU, term by term, for training or inference.
     Plan(Box<plan_cmd::PlanArgs>),
-    Replay(replay_cmd::ReplayArgs),
+    Replay(replay_args::ReplayArgs),
     Inspect(inspect_cmd::InspectArgs),
     /// Paged KV cache for LLM serving: capacity and throughput answers.
     Kv(kv_cmd::KvArgs),

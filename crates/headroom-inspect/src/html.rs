@@ -7,9 +7,10 @@
 //! call site and stack on pointing, and filter every view to one site on a
 //! click. It opens offline and stays small on a 100 MB snapshot: the
 //! timeline carries at most [`crate::timeline::MAX_POINTS`] points and the
-//! segment map the largest [`MAP_SEGMENTS`] segments.
+//! segment map the largest [`crate::layout::MAP_SEGMENTS`] segments.
 
 use crate::layout::Layout;
+use crate::page_data::xs;
 use crate::report::DeviceReport;
 use crate::{Comparison, Report};
 use headroom_alloc::units::format_size;
@@ -17,9 +18,6 @@ use headroom_alloc::BlockState;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt::Write as _;
-
-/// Segments drawn in a segment map.
-pub const MAP_SEGMENTS: usize = 48;
 
 /// Colours of the bands, one per call site, then "other".
 const PALETTE: [RGBColor; 9] = [
@@ -178,6 +176,17 @@ fn comparison_section(h: &mut String, c: &Comparison) {
 }
 
 fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
+    peak_table(h, r, d);
+    oom_box(h, d);
+    recommendations(h, d);
+    charts(h, d);
+    sites_tables(h, d);
+    leak_suspects(h, d);
+    cannot_tell(h, d);
+}
+
+/// The device's heading and its peak: when, how much, in which phase; and the snapshot's moment.
+fn peak_table(h: &mut String, r: &Report, d: &DeviceReport) {
     let _ = writeln!(h, "<h2>{} — device {}</h2>", esc(&r.snapshot), d.device);
     let when = match (d.peak_event_index, d.peak_time_us, d.timeline.start.time_us.or(first_time(d))) {
         (Some(i), Some(t), Some(t0)) => format!("entry {i}, {:.3} s into the trace", (t - t0) as f64 / 1e6),
@@ -211,50 +220,60 @@ fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
     );
     row(h, "trace entries", d.trace_entries.to_string());
     h.push_str("</table>\n");
+}
 
-    if let Some(o) = &d.oom {
+/// The out-of-memory error the trace records, and each remedy as replayed.
+fn oom_box(h: &mut String, d: &DeviceReport) {
+    let Some(o) = &d.oom else { return };
+    let _ = writeln!(
+        h,
+        "<div class=\"box\"><b>Out of memory</b> at entry {} ({}) requesting {}: {} free on the device, {} reserved of \
+         which {} unallocated, largest cached free block {}. Call site <code>{}</code>.</div>",
+        o.index,
+        o.phase.name(),
+        format_size(o.requested_bytes),
+        o.free_bytes.map_or("?".into(), format_size),
+        format_size(o.reserved_bytes),
+        format_size(o.reserved_unallocated_bytes),
+        o.largest_free_block_bytes.map_or("?".into(), format_size),
+        esc(&o.site)
+    );
+    h.push_str("<table><tr><th>remedy (replayed)</th><th>avoided?</th><th class=\"n\">peak reserved</th><th>detail</th></tr>\n");
+    for m in &o.remedies {
         let _ = writeln!(
             h,
-            "<div class=\"box\"><b>Out of memory</b> at entry {} ({}) requesting {}: {} free on the device, {} reserved of \
-             which {} unallocated, largest cached free block {}. Call site <code>{}</code>.</div>",
-            o.index,
-            o.phase.name(),
-            format_size(o.requested_bytes),
-            o.free_bytes.map_or("?".into(), format_size),
-            format_size(o.reserved_bytes),
-            format_size(o.reserved_unallocated_bytes),
-            o.largest_free_block_bytes.map_or("?".into(), format_size),
-            esc(&o.site)
+            "<tr><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            esc(&m.setting),
+            match m.avoided {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "not checked",
+            },
+            m.peak_reserved_bytes.map_or("—".into(), format_size),
+            esc(&m.note)
         );
-        h.push_str("<table><tr><th>remedy (replayed)</th><th>avoided?</th><th class=\"n\">peak reserved</th><th>detail</th></tr>\n");
-        for m in &o.remedies {
-            let _ = writeln!(
-                h,
-                "<tr><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
-                esc(&m.setting),
-                match m.avoided {
-                    Some(true) => "yes",
-                    Some(false) => "no",
-                    None => "not checked",
-                },
-                m.peak_reserved_bytes.map_or("—".into(), format_size),
-                esc(&m.note)
-            );
-        }
-        h.push_str("</table>\n");
     }
-    if !d.recommendations.is_empty() {
-        h.push_str("<h3>Recommendations</h3>\n");
-        for m in &d.recommendations {
-            let _ = writeln!(
-                h,
-                "<div class=\"box rec\"><b>{}</b><br><span class=\"muted\">{}</span></div>",
-                esc(&m.what),
-                esc(&m.evidence)
-            );
-        }
-    }
+    h.push_str("</table>\n");
+}
 
+/// What to change, each with the evidence for it.
+fn recommendations(h: &mut String, d: &DeviceReport) {
+    if d.recommendations.is_empty() {
+        return;
+    }
+    h.push_str("<h3>Recommendations</h3>\n");
+    for m in &d.recommendations {
+        let _ = writeln!(
+            h,
+            "<div class=\"box rec\"><b>{}</b><br><span class=\"muted\">{}</span></div>",
+            esc(&m.what),
+            esc(&m.evidence)
+        );
+    }
+}
+
+/// Memory and fragmentation over the trace, and the segment map.
+fn charts(h: &mut String, d: &DeviceReport) {
     if d.timeline.points.len() > 1 {
         h.push_str("<h3>Memory over the trace</h3>\n");
         chart_of(h, "timeline", timeline_svg(d));
@@ -277,70 +296,82 @@ fn device_section(h: &mut String, r: &Report, d: &DeviceReport) {
             format_size(f.releasable_bytes)
         );
     }
+}
 
-    if !d.top_sites.is_empty() {
-        h.push_str("<h3>Live at the peak, by call site</h3><table><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">blocks</th><th>role</th><th>phase</th></tr>\n");
-        for s in &d.top_sites {
+/// What is live at the peak, by call site and by role.
+fn sites_tables(h: &mut String, d: &DeviceReport) {
+    if d.top_sites.is_empty() {
+        return;
+    }
+    h.push_str("<h3>Live at the peak, by call site</h3><table><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">blocks</th><th>role</th><th>phase</th></tr>\n");
+    for s in &d.top_sites {
+        let _ = writeln!(
+            h,
+            "<tr data-site=\"{}\"><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+            s.id,
+            esc(&s.site.site),
+            format_size(s.bytes),
+            s.blocks,
+            s.role.name(),
+            s.phase.name()
+        );
+    }
+    if d.other_sites > 0 {
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"muted\">{} more sites</td><td></td><td></td><td></td><td></td></tr>",
+            d.other_sites
+        );
+    }
+    h.push_str("</table>\n<h3>By role</h3><table><tr><th>role</th><th class=\"n\">bytes</th><th>how it was inferred</th></tr>\n");
+    for x in &d.roles {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"muted\">{}</td></tr>",
+            x.role.name(),
+            format_size(x.bytes),
+            esc(x.how)
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The call sites that grow from one repetition of the workload to the next.
+fn leak_suspects(h: &mut String, d: &DeviceReport) {
+    let Some(reps) = &d.repetitions else { return };
+    let _ = writeln!(
+        h,
+        "<h3>Leak suspects</h3><p class=\"muted\">{} repetitions of the workload, each beginning at an allocation by <code>{}</code>.</p>",
+        reps.starts.len(),
+        esc(&reps.marker_site)
+    );
+    if d.leak_suspects.is_empty() {
+        h.push_str("<p>No call site grows from one repetition to the next.</p>\n");
+    } else {
+        h.push_str("<table><tr><th>site</th><th class=\"n\">growth per repetition</th><th class=\"n\">live at the last repetition</th></tr>\n");
+        for l in &d.leak_suspects {
             let _ = writeln!(
                 h,
-                "<tr data-site=\"{}\"><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
-                s.id,
-                esc(&s.site.site),
-                format_size(s.bytes),
-                s.blocks,
-                s.role.name(),
-                s.phase.name()
-            );
-        }
-        if d.other_sites > 0 {
-            let _ = writeln!(
-                h,
-                "<tr><td class=\"muted\">{} more sites</td><td></td><td></td><td></td><td></td></tr>",
-                d.other_sites
-            );
-        }
-        h.push_str("</table>\n<h3>By role</h3><table><tr><th>role</th><th class=\"n\">bytes</th><th>how it was inferred</th></tr>\n");
-        for x in &d.roles {
-            let _ = writeln!(
-                h,
-                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"muted\">{}</td></tr>",
-                x.role.name(),
-                format_size(x.bytes),
-                esc(x.how)
+                "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                esc(&l.site),
+                format_size(l.growth_per_repetition_bytes),
+                format_size(l.bytes_by_repetition.last().copied().unwrap_or(0))
             );
         }
         h.push_str("</table>\n");
     }
-    if let Some(reps) = &d.repetitions {
-        let _ = writeln!(
-            h,
-            "<h3>Leak suspects</h3><p class=\"muted\">{} repetitions of the workload, each beginning at an allocation by <code>{}</code>.</p>",
-            reps.starts.len(),
-            esc(&reps.marker_site)
-        );
-        if d.leak_suspects.is_empty() {
-            h.push_str("<p>No call site grows from one repetition to the next.</p>\n");
-        } else {
-            h.push_str("<table><tr><th>site</th><th class=\"n\">growth per repetition</th><th class=\"n\">live at the last repetition</th></tr>\n");
-            for l in &d.leak_suspects {
-                let _ = writeln!(
-                    h,
-                    "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-                    esc(&l.site),
-                    format_size(l.growth_per_repetition_bytes),
-                    format_size(l.bytes_by_repetition.last().copied().unwrap_or(0))
-                );
-            }
-            h.push_str("</table>\n");
-        }
+}
+
+/// What this snapshot cannot tell, and the report's notes.
+fn cannot_tell(h: &mut String, d: &DeviceReport) {
+    if d.unavailable.is_empty() && d.notes.is_empty() {
+        return;
     }
-    if !d.unavailable.is_empty() || !d.notes.is_empty() {
-        h.push_str("<h3>What this snapshot cannot tell</h3><ul>\n");
-        for u in d.unavailable.iter().chain(&d.notes) {
-            let _ = writeln!(h, "<li>{}</li>", esc(u));
-        }
-        h.push_str("</ul>\n");
+    h.push_str("<h3>What this snapshot cannot tell</h3><ul>\n");
+    for u in d.unavailable.iter().chain(&d.notes) {
+        let _ = writeln!(h, "<li>{}</li>", esc(u));
     }
+    h.push_str("</ul>\n");
 }
 
 fn first_time(d: &DeviceReport) -> Option<i64> {
@@ -364,8 +395,6 @@ fn chart_of(h: &mut String, view: &str, svg: Result<String, String>) {
         }
     }
 }
-
-use crate::page_data::xs;
 
 /// A chart over the trace's timeline, `height` pixels high, bytes up to
 /// `top` on the y axis (labelled `ylabel`, then the unit); `draw` adds the
@@ -462,10 +491,7 @@ fn fragmentation_svg(d: &DeviceReport) -> Result<String, String> {
 }
 
 fn segments_svg(l: &Layout, when: &str) -> Result<String, String> {
-    let mut segs: Vec<&crate::layout::SegmentBar> = l.segments.iter().collect();
-    segs.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
-    let total = segs.len();
-    segs.truncate(MAP_SEGMENTS);
+    let (segs, total) = l.map_segments();
     let longest = segs.first().map_or(1, |s| s.size).max(1);
     let (div, u) = unit(longest);
     let rows = segs.len().max(1);

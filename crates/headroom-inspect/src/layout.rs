@@ -47,6 +47,10 @@ pub struct Fragmentation {
     pub releasable_bytes: u64,
 }
 
+/// Segments a segment map draws, the largest first: the static map and the
+/// script's redraw show the same ones.
+pub const MAP_SEGMENTS: usize = 48;
+
 /// The segments of one moment, for measuring and drawing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
@@ -107,6 +111,16 @@ impl Layout {
                 })
                 .collect(),
         }
+    }
+
+    /// The [`MAP_SEGMENTS`] largest segments (by address among equals),
+    /// and how many there are in all.
+    pub fn map_segments(&self) -> (Vec<&SegmentBar>, usize) {
+        let mut segs: Vec<&SegmentBar> = self.segments.iter().collect();
+        segs.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
+        let total = segs.len();
+        segs.truncate(MAP_SEGMENTS);
+        (segs, total)
     }
 
     pub fn fragmentation(&self) -> Fragmentation {

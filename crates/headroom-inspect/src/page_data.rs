@@ -9,9 +9,6 @@ use crate::sites::SiteDetail;
 use headroom_alloc::BlockState;
 use serde_json::{json, Value};
 
-/// Segments the interactive segment map draws: as the static one.
-const MAP_SEGMENTS: usize = crate::html::MAP_SEGMENTS;
-
 /// The x of each timeline point (seconds into the trace, or the entry
 /// number), and what the axis says it is.
 pub fn xs(d: &DeviceReport) -> (Vec<f64>, &'static str) {
@@ -70,10 +67,7 @@ fn site(s: &SiteDetail) -> Value {
 }
 
 fn layout_data(l: &Layout, when: &str) -> Value {
-    let mut segs: Vec<&crate::layout::SegmentBar> = l.segments.iter().collect();
-    segs.sort_by(|a, b| b.size.cmp(&a.size).then(a.address.cmp(&b.address)));
-    let total = segs.len();
-    segs.truncate(MAP_SEGMENTS);
+    let (segs, total) = l.map_segments();
     json!({
         "when": when,
         "total": total,

@@ -14,7 +14,7 @@ use headroom_alloc::units::format_size;
 use headroom_alloc::{AllocatorConfig, BlockState};
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
-use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
+use headroom_trace::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
 use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
 use serde::Serialize;
@@ -152,6 +152,117 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let (recorded, settings_note) = snap.allocator_config();
     let mut sites = Sites::new(&snap.stacks, opts.cpp);
+    let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+    if !r.has_frames {
+        r.unavailable.push(
+            "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
+             off, or a PyTorch older than 2.1)"
+                .into(),
+        );
+    }
+    if trace.is_empty() {
+        return without_trace(r, snap, device, &mut sites, opts, &recorded);
+    }
+    if !r.has_times {
+        r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
+    }
+    note_times_backwards(&mut r, trace);
+
+    let dt = match DeviceTrace::new(snap, device) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            r.notes.push(format!(
+                "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
+                 trace's start, and nothing is replayed"
+            ));
+            None
+        }
+    };
+    let plain_walk = || Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
+
+    // Replays: the segments at the peak and at the OOM, and the remedies.
+    let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
+    let (memory, fidelity) = check_recording(&mut r, dt.as_ref(), &recorded);
+    // Replays run on the device the recording tells of, unbounded where it tells nothing.
+    let replay_capacity = memory.capacity(None, UNBOUNDED).0;
+    // Block sizes as the replay handed them out, where it matches the recording.
+    let sizes = match (&dt, &fidelity) {
+        (Some(t), Some(f)) if f.is_exact() => {
+            block_sizes(t, recorded.clone(), replay_capacity, &f.recorded).unwrap_or_default()
+        }
+        _ => Default::default(),
+    };
+    let walk = || plain_walk().with_block_sizes(&sizes);
+
+    // Pass 1: the timeline and its peaks.
+    let mut w = walk();
+    let tl = timeline(&mut w);
+    if w.unmatched_frees > 0 {
+        r.notes.push(format!("{} frees of blocks the trace never allocated were skipped", w.unmatched_frees));
+    }
+    set_peaks(&mut r, &tl, trace, &mut sites);
+
+    // The replays the report still needs — the state at the peak, and the same run under
+    // expandable segments where fragmentation is worth removing — depend on the walks no
+    // further, and the walks below not on them: they run beside each other.
+    let at_peak = tl_peak_next(&r);
+    let (state_at_peak, expandable_check) = std::thread::scope(|scope| {
+        let replays = match (&dt, &fidelity) {
+            (Some(t), Some(f)) => {
+                let (recorded, defragment) = (recorded.clone(), worth_defragmenting(&r));
+                Some(scope.spawn(move || {
+                    let state = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak).ok();
+                    let mut expandable = None;
+                    if !recorded.expandable_segments && defragment {
+                        let mut c = recorded;
+                        c.expandable_segments = true;
+                        expandable = what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok();
+                    }
+                    (state, expandable)
+                }))
+            }
+            _ => None,
+        };
+        let peak_sites = walks(&mut r, &walk, &tl, trace, &mut sites, opts);
+        let (state, expandable) =
+            replays.map_or((None, None), |h| h.join().expect("the replays beside the walks do not panic"));
+        (state.map(|s| (s, peak_sites)), expandable)
+    });
+    r.timeline = tl;
+    if let Some((s, peak_sites)) = state_at_peak {
+        let l = Layout::replayed(&s.segments, &peak_sites);
+        r.segments_at_peak = Some(l.fragmentation());
+        r.layout_at_peak = Some(l);
+    }
+    if let Some(i) = oom_at {
+        let mut w = walk();
+        if i > 0 {
+            w.run_through(i - 1);
+        }
+        let mut o = oom_at_entry(&r, trace, i, &w.totals, &mut sites, &memory);
+        let bounded = o.capacity_bytes.is_some() || o.memory_limit.is_some();
+        match (&dt, &fidelity) {
+            (Some(t), Some(f)) if bounded => {
+                replay_remedies(&mut o, t, &recorded, replay_capacity, &f.recorded, r.ooms_recorded);
+            }
+            _ if !bounded => r.unavailable.push(
+                "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
+                 GPU has), so the device size is unknown"
+                    .into(),
+            ),
+            _ => {}
+        }
+        r.oom = Some(o);
+    }
+    recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
+    name_sites(&mut r, &sites);
+    r
+}
+
+/// What the snapshot's own segments tell of `device`, at the moment it was
+/// taken: the report before the trace is read.
+fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_note: Option<String>) -> DeviceReport {
+    let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let layout_now = Layout::recorded(&snap.segments, device, |stack| sites.of_stack(stack));
     let segments_now = layout_now.fragmentation();
     let mut now = Totals { reserved_bytes: segments_now.reserved_bytes, ..Default::default() };
@@ -166,11 +277,10 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             BlockState::Inactive => {}
         }
     }
-    let has_frames = !snap.stacks.frames.is_empty();
-    let mut r = DeviceReport {
+    DeviceReport {
         device,
         trace_entries: trace.len(),
-        has_frames,
+        has_frames: !snap.stacks.frames.is_empty(),
         has_times: trace.iter().any(|e| e.time_us.is_some()),
         now,
         start: None,
@@ -207,39 +317,42 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         layout_at_peak: None,
         layout_now,
         sites: Vec::new(),
-    };
-    if !has_frames {
-        r.unavailable.push(
-            "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
-             off, or a PyTorch older than 2.1)"
-                .into(),
-        );
     }
-    if trace.is_empty() {
-        r.unavailable.push(
-            "peak over time, fragmentation over time, leaks and OOMs: the snapshot has no trace (recorded without \
-             `_record_memory_history`), so every figure is for the moment it was taken"
-                .into(),
-        );
-        // Without a trace the snapshot's moment is the only one, and nothing predates it.
-        let live: Vec<Live> = snap
-            .segments
-            .iter()
-            .filter(|s| s.device == device)
-            .flat_map(|s| &s.blocks)
-            .filter(|b| b.state == BlockState::ActiveAllocated)
-            .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
-            .collect();
-        fill_sites(&mut r, group(live.iter(), &mut sites), opts.top);
-        recommend(&mut r, &recorded, None);
-        name_sites(&mut r, &sites);
-        return r;
-    }
-    if !r.has_times {
-        r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
-    }
-    // PyTorch's clock only moves forward; a trace whose times do not was
-    // edited or merged, and its "seconds into the trace" can be negative.
+}
+
+/// The report of a snapshot recorded without a trace: every figure is for
+/// the moment it was taken.
+fn without_trace(
+    mut r: DeviceReport,
+    snap: &MemorySnapshot,
+    device: u32,
+    sites: &mut Sites,
+    opts: &InspectOptions,
+    recorded: &AllocatorConfig,
+) -> DeviceReport {
+    r.unavailable.push(
+        "peak over time, fragmentation over time, leaks and OOMs: the snapshot has no trace (recorded without \
+         `_record_memory_history`), so every figure is for the moment it was taken"
+            .into(),
+    );
+    // Without a trace the snapshot's moment is the only one, and nothing predates it.
+    let live: Vec<Live> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
+        .collect();
+    fill_sites(&mut r, group(live.iter(), sites), opts.top);
+    recommend(&mut r, recorded, None);
+    name_sites(&mut r, sites);
+    r
+}
+
+/// PyTorch's clock only moves forward; a trace whose times do not was
+/// edited or merged, and its "seconds into the trace" can be negative.
+fn note_times_backwards(r: &mut DeviceReport, trace: &[TraceEvent]) {
     let mut last = None;
     for (i, t) in trace.iter().enumerate().filter_map(|(i, e)| e.time_us.map(|t| (i, t))) {
         if last.is_some_and(|l| t < l) {
@@ -252,73 +365,51 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         }
         last = Some(t);
     }
+}
 
-    let dt = match DeviceTrace::new(snap, device) {
-        Ok(t) => Some(t),
+/// Checks the replay against the recording, and learns from the check the
+/// device the recorded run had (what it held plus what was free at its OOM)
+/// and any per-process limit: all the report's replays rest on it.
+fn check_recording(
+    r: &mut DeviceReport,
+    dt: Option<&DeviceTrace>,
+    recorded: &AllocatorConfig,
+) -> (RecordedMemory, Option<Fidelity>) {
+    let Some(t) = dt else {
+        r.unavailable
+            .push("segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into());
+        return (RecordedMemory::default(), None);
+    };
+    // The check's device size matters only to expandable reservations, sized by it.
+    let f = match check_from(t, recorded.clone(), UNBOUNDED, |_| {}) {
+        Ok(f) => f,
         Err(e) => {
-            r.notes.push(format!(
-                "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
-                 trace's start, and nothing is replayed"
-            ));
-            None
+            r.unavailable.push(format!("segments at the peak and OOM remedies: {e}"));
+            return (RecordedMemory::default(), None);
         }
     };
-    let plain_walk = || Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
-
-    // Replays: the segments at the peak and at the OOM, and the remedies.
-    let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
-    // The device the recorded run had, as its refusals tell (what it held plus
-    // what was free at its OOM), and any per-process limit; found by the check.
-    let mut capacity: Option<u64> = None;
-    let mut memory = RecordedMemory::default();
-    let mut fidelity: Option<Fidelity> = None;
-    match &dt {
-        // The check's device size matters only to expandable reservations, sized by it.
-        Some(t) => match check_from(t, recorded.clone(), UNBOUNDED, |_| {}) {
-            Ok(f) => {
-                r.replay_exact = Some(f.is_exact());
-                if !f.is_exact() {
-                    r.notes.push(format!(
-                        "the replay departs from the recording ({f}): segments at the peak and remedies are \
-                         headroom's model of the run, not the run"
-                    ));
-                }
-                memory = RecordedMemory::infer(t, &f.recorded.refusals);
-                // A `device_free` past any GPU would make a device of exabytes: its size is
-                // then unknown, as without one.
-                if let Some(d) = memory.device.filter(|&d| d > UNBOUNDED) {
-                    r.notes.push(format!(
-                        "an `oom` entry says the device had {d} bytes, more than any GPU has (1 PiB): the device's \
-                         size is taken as unknown"
-                    ));
-                    memory.device = None;
-                }
-                capacity = memory.device;
-                fidelity = Some(f);
-            }
-            Err(e) => r.unavailable.push(format!("segments at the peak and OOM remedies: {e}")),
-        },
-        None => r
-            .unavailable
-            .push("segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into()),
+    r.replay_exact = Some(f.is_exact());
+    if !f.is_exact() {
+        r.notes.push(format!(
+            "the replay departs from the recording ({f}): segments at the peak and remedies are \
+             headroom's model of the run, not the run"
+        ));
     }
-    // Replays run on the device the recording tells of, unbounded where it tells nothing.
-    let replay_capacity = memory.capacity(None, UNBOUNDED).0;
-    // Block sizes as the replay handed them out, where it matches the recording.
-    let sizes = match (&dt, &fidelity) {
-        (Some(t), Some(f)) if f.is_exact() => {
-            block_sizes(t, recorded.clone(), replay_capacity, &f.recorded).unwrap_or_default()
-        }
-        _ => Default::default(),
-    };
-    let walk = || plain_walk().with_block_sizes(&sizes);
-
-    // Pass 1: the timeline and its peaks.
-    let mut w = walk();
-    let tl = timeline(&mut w);
-    if w.unmatched_frees > 0 {
-        r.notes.push(format!("{} frees of blocks the trace never allocated were skipped", w.unmatched_frees));
+    let mut memory = RecordedMemory::infer(t, &f.recorded.refusals);
+    // A `device_free` past any GPU would make a device of exabytes: its size is
+    // then unknown, as without one.
+    if let Some(d) = memory.device.filter(|&d| d > UNBOUNDED) {
+        r.notes.push(format!(
+            "an `oom` entry says the device had {d} bytes, more than any GPU has (1 PiB): the device's \
+             size is taken as unknown"
+        ));
+        memory.device = None;
     }
+    (memory, Some(f))
+}
+
+/// The peaks the timeline found, and the phase of the allocation that reached the peak.
+fn set_peaks(r: &mut DeviceReport, tl: &Timeline, trace: &[TraceEvent], sites: &mut Sites) {
     r.start = Some(tl.start.totals);
     r.peak_allocated_bytes = tl.peak.totals.allocated_bytes;
     r.peak_reserved_bytes = tl.peak_reserved.totals.reserved_bytes;
@@ -329,94 +420,63 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     if let Some(i) = tl.peak.index {
         r.peak_phase = Some(sites.info(trace[i].stack).phase);
     }
+}
 
-    // The replays the report still needs — the state at the peak, and the same run under
-    // expandable segments where fragmentation is worth removing — depend on the walks no
-    // further, and the walks below not on them: they run beside each other.
-    let at_peak = tl_peak_next(&r);
-    let (state_at_peak, expandable_check) = std::thread::scope(|scope| {
-        let replays = match (&dt, &fidelity) {
-            (Some(t), Some(f)) => {
-                let (recorded, defragment) = (recorded.clone(), worth_defragmenting(&r));
-                Some(scope.spawn(move || {
-                    let state = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak).ok();
-                    let mut expandable = None;
-                    if !recorded.expandable_segments && defragment {
-                        let mut c = recorded;
-                        c.expandable_segments = true;
-                        expandable = what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok();
-                    }
-                    (state, expandable)
-                }))
-            }
-            _ => None,
-        };
-        let peak_sites = walks(&mut r, &walk, &tl, trace, &mut sites, opts);
-        let (state, expandable) =
-            replays.map_or((None, None), |h| h.join().expect("the replays beside the walks do not panic"));
-        (state.map(|s| (s, peak_sites)), expandable)
-    });
-    r.timeline = tl;
-    if let Some((s, peak_sites)) = state_at_peak {
-        let l = Layout::replayed(&s.segments, &peak_sites);
-        r.segments_at_peak = Some(l.fragmentation());
-        r.layout_at_peak = Some(l);
+/// The OOM at entry `i` as recorded, with the totals just before it; its
+/// remedies are replayed apart.
+fn oom_at_entry(
+    r: &DeviceReport,
+    trace: &[TraceEvent],
+    i: usize,
+    before: &Totals,
+    sites: &mut Sites,
+    memory: &RecordedMemory,
+) -> OomReport {
+    let e = &trace[i];
+    let info = sites.info(e.stack).clone();
+    OomReport {
+        index: i,
+        time_us: e.time_us,
+        requested_bytes: e.size,
+        free_bytes: e.device_free.filter(|&f| f <= UNBOUNDED),
+        allocated_bytes: before.allocated_bytes,
+        reserved_bytes: before.reserved_bytes,
+        reserved_unallocated_bytes: before.reserved_bytes.saturating_sub(before.allocated_bytes),
+        largest_free_block_bytes: None,
+        capacity_bytes: memory.device,
+        memory_limit: memory.limit,
+        phase: info.phase,
+        site: info.site.site,
+        later_ooms: r.ooms_recorded - 1,
+        remedies: Vec::new(),
     }
-    if let Some(i) = oom_at {
-        let e = &trace[i];
-        let mut w = walk();
-        if i > 0 {
-            w.run_through(i - 1);
-        }
-        let info = sites.info(e.stack).clone();
-        let mut o = OomReport {
-            index: i,
-            time_us: e.time_us,
-            requested_bytes: e.size,
-            free_bytes: e.device_free.filter(|&f| f <= UNBOUNDED),
-            allocated_bytes: w.totals.allocated_bytes,
-            reserved_bytes: w.totals.reserved_bytes,
-            reserved_unallocated_bytes: w.totals.reserved_bytes.saturating_sub(w.totals.allocated_bytes),
-            largest_free_block_bytes: None,
-            capacity_bytes: capacity,
-            memory_limit: memory.limit,
-            phase: info.phase,
-            site: info.site.site,
-            later_ooms: r.ooms_recorded - 1,
-            remedies: Vec::new(),
-        };
-        let bounded = capacity.is_some() || memory.limit.is_some();
-        match (&dt, &fidelity) {
-            (Some(t), Some(f)) if bounded => {
-                if let Ok(s) = state_before(t, recorded.clone(), replay_capacity, &f.recorded, i) {
-                    o.largest_free_block_bytes = Some(
-                        Layout::replayed(&s.segments, &Default::default()).fragmentation().largest_free_block_bytes,
-                    );
-                }
-                o.remedies = oom::remedies(t, &recorded, replay_capacity, &f.recorded, r.ooms_recorded);
-                // Where the recording bounds the memory without telling it, a remedy is judged on
-                // the least and the most it allows: a verdict that differs between them is no verdict.
-                if let (None, Some(b)) = (capacity, memory.limit) {
-                    if b.below > b.at_least + 1 {
-                        let most = b.below - 1;
-                        let upper = Recorded { memory_limit: Some(most), ..f.recorded.clone() };
-                        let high = oom::remedies(t, &recorded, replay_capacity.max(most), &upper, r.ooms_recorded);
-                        o.remedies = oom::within_bounds(std::mem::take(&mut o.remedies), high, b);
-                    }
-                }
-            }
-            _ if !bounded => r.unavailable.push(
-                "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
-                 GPU has), so the device size is unknown"
-                    .into(),
-            ),
-            _ => {}
-        }
-        r.oom = Some(o);
+}
+
+/// The state just before the OOM, replayed for its largest free block, and
+/// each remedy replayed on the device the recording tells of.
+fn replay_remedies(
+    o: &mut OomReport,
+    t: &DeviceTrace,
+    config: &AllocatorConfig,
+    replay_capacity: u64,
+    recorded: &Recorded,
+    ooms_recorded: usize,
+) {
+    if let Ok(s) = state_before(t, config.clone(), replay_capacity, recorded, o.index) {
+        o.largest_free_block_bytes =
+            Some(Layout::replayed(&s.segments, &Default::default()).fragmentation().largest_free_block_bytes);
     }
-    recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
-    name_sites(&mut r, &sites);
-    r
+    o.remedies = oom::remedies(t, config, replay_capacity, recorded, ooms_recorded);
+    // Where the recording bounds the memory without telling it, a remedy is judged on
+    // the least and the most it allows: a verdict that differs between them is no verdict.
+    if let (None, Some(b)) = (o.capacity_bytes, o.memory_limit) {
+        if b.below > b.at_least + 1 {
+            let most = b.below - 1;
+            let upper = Recorded { memory_limit: Some(most), ..recorded.clone() };
+            let high = oom::remedies(t, config, replay_capacity.max(most), &upper, ooms_recorded);
+            o.remedies = oom::within_bounds(std::mem::take(&mut o.remedies), high, b);
+        }
+    }
 }
 
 /// Passes 2 to 4 over the trace, after the timeline: the phases of each step, what is
@@ -426,7 +486,7 @@ fn walks<'a>(
     r: &mut DeviceReport,
     walk: &impl Fn() -> Walk<'a>,
     tl: &Timeline,
-    trace: &[headroom_trace::snapshot::TraceEvent],
+    trace: &[TraceEvent],
     sites: &mut Sites,
     opts: &InspectOptions,
 ) -> rustc_hash::FxHashMap<u64, u32> {

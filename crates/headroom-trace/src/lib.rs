@@ -29,6 +29,7 @@
 pub mod compressed;
 pub mod device_trace;
 pub mod jsonl;
+pub mod memory_snapshot;
 pub mod phase;
 pub mod pickle;
 pub mod py;
@@ -37,8 +38,10 @@ pub mod recorded_step;
 pub mod replay;
 pub mod replay_device;
 pub mod snapshot;
+mod snapshot_builder;
 pub mod snapshot_check;
 pub mod snapshot_file;
+mod snapshot_json;
 pub mod snapshot_ops;
 pub mod snapshot_pools;
 pub mod snapshot_replay;

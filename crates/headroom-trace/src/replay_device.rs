@@ -15,7 +15,7 @@
 //! The calls are compared in order and never searched for: a replay that
 //! departs once has left the recorded run, whatever it does later.
 
-use crate::snapshot::{TraceAction, TraceEvent};
+use crate::memory_snapshot::{TraceAction, TraceEvent};
 use headroom_alloc::{
     CountingDevice, DeviceCalls, DeviceError, DeviceInfo, DeviceMemory, EventId, MemInfo, SimDevice, StreamId,
 };

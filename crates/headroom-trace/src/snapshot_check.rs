@@ -5,7 +5,7 @@
 //! word (allocated above reserved, the same bytes counted twice), so it is
 //! refused with the segment named.
 
-use crate::snapshot::{MemorySnapshot, Segment};
+use crate::memory_snapshot::{MemorySnapshot, Segment};
 use headroom_alloc::units::format_size;
 
 /// The first inconsistency among `snap`'s segments, as a message naming it.

@@ -10,7 +10,7 @@
 
 use crate::device_trace::DeviceTrace;
 use crate::jsonl::{TraceLine, TraceOp};
-use crate::snapshot::TraceAction;
+use crate::memory_snapshot::TraceAction;
 use crate::snapshot_pools::RecordedPools;
 use rustc_hash::FxHashMap;
 

@@ -10,7 +10,7 @@
 //! gives back a private pool's segment shows that the pool had been released
 //! before it, so the replay releases it there.
 
-use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
+use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_alloc::{DeviceCachingAllocator, DeviceMemory, MempoolId, Policy, DEFAULT_MEMPOOL};
 use std::collections::BTreeMap;
 

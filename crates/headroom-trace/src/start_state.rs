@@ -24,7 +24,7 @@
 //! and its `segment_unmap`s redone; each becomes a [`StartSegment`] with
 //! `expandable` set, and the replay rebuilds the reservations around them.
 
-use crate::snapshot::{MemorySnapshot, TraceAction};
+use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
 use headroom_alloc::sizing;
 use headroom_alloc::{AllocatorConfig, BlockState, LiveBlock, MempoolId, PoolKind, StreamId};
@@ -87,36 +87,62 @@ struct Live {
     freed_at: Option<usize>,
 }
 
+/// A segment by address: (size, stream, pool if recorded, expandable, pool id).
+type Seg = (u64, StreamId, Option<PoolKind>, bool, MempoolId);
+
+/// Who owns an expandable range: (end, stream, pool if recorded, pool id) by start.
+type Owners = BTreeMap<u64, (u64, StreamId, Option<PoolKind>, MempoolId)>;
+
+/// What the final segments say, then the trace undone: segments by address,
+/// blocks live by address, and the mapped ranges of expandable segments
+/// (start -> end).
+struct Undone {
+    segs: BTreeMap<u64, Seg>,
+    // Hashed while walking (a million inserts and removes in a long trace), sorted after.
+    live: FxHashMap<u64, Live>,
+    mapped: BTreeMap<u64, u64>,
+}
+
 /// The state of `device` when its trace began, under `config` (the recorded settings).
 pub fn infer_start(
     snap: &MemorySnapshot,
     device: u32,
     config: &AllocatorConfig,
 ) -> Result<StartState, InconsistentTrace> {
-    let fail = |message: String| Err(InconsistentTrace { device, message });
+    let fail = |message: String| InconsistentTrace { device, message };
     let empty = Vec::new();
     let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
+    let mut undone = final_state(snap, device);
+    let owners = expandable_owners(snap, device, trace);
+    undo_trace(trace, &mut undone).map_err(fail)?;
+    let Undone { mut segs, live, mapped } = undone;
+    // What remains mapped was mapped before the trace began: each run is a
+    // segment of its own, owned by whoever holds (or later holds) its start.
+    segs.retain(|_, s| !s.3);
+    add_mapped_runs(&mut segs, &mapped, &owners, trace, config).map_err(fail)?;
+    let barrier = barriers(trace, &live);
+    place_blocks(&segs, live, &barrier, config).map_err(fail)
+}
 
-    // (size, stream, pool if recorded, expandable, pool id) by address.
-    type Seg = (u64, StreamId, Option<PoolKind>, bool, MempoolId);
-    let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
-    // Hashed while walking (a million inserts and removes in a long trace), sorted after.
-    let mut live: FxHashMap<u64, Live> = FxHashMap::default();
-    // Mapped ranges of expandable segments, start -> end.
-    let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+/// The segments, live blocks and mapped ranges the snapshot ends with.
+fn final_state(snap: &MemorySnapshot, device: u32) -> Undone {
+    let mut u = Undone { segs: BTreeMap::new(), live: FxHashMap::default(), mapped: BTreeMap::new() };
     for s in snap.segments.iter().filter(|s| s.device == device) {
         if s.is_expandable {
-            add_range(&mut mapped, s.address, s.address + s.total_size);
+            add_range(&mut u.mapped, s.address, s.address + s.total_size);
         }
         let pool_id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
-        segs.insert(s.address, (s.total_size, s.stream, s.pool, s.is_expandable, pool_id));
+        u.segs.insert(s.address, (s.total_size, s.stream, s.pool, s.is_expandable, pool_id));
         for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
-            live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, freed_at: None });
+            u.live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, freed_at: None });
         }
     }
-    // Who owns an expandable range: (end, stream, pool if recorded) by start,
-    // from the final runs and the trace's maps and unmaps.
-    let mut owners: BTreeMap<u64, (u64, StreamId, Option<PoolKind>, MempoolId)> = BTreeMap::new();
+    u
+}
+
+/// Who owns each expandable range, from the final runs and the trace's maps and unmaps.
+fn expandable_owners(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Owners {
+    let mut owners = Owners::new();
     for s in snap.segments.iter().filter(|s| s.device == device && s.is_expandable) {
         let pool_id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
         owners.insert(s.address, (s.address + s.total_size, s.stream, s.pool, pool_id));
@@ -124,42 +150,54 @@ pub fn infer_start(
     for e in trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)) {
         owners.entry(e.addr).or_insert((e.addr.saturating_add(e.size), e.stream, None, e.pool_id));
     }
-    // Expandable segments are listed as their mapped runs; a run that was
-    // extended or shrunk within the trace is followed by address below.
+    owners
+}
+
+/// Undoes the trace from its last entry to its first. Expandable segments
+/// are listed as their mapped runs; a run that was extended or shrunk within
+/// the trace is followed by address afterwards.
+fn undo_trace(trace: &[TraceEvent], u: &mut Undone) -> Result<(), String> {
     for (i, e) in trace.iter().enumerate().rev() {
         match e.action {
             TraceAction::Alloc => {
-                live.remove(&e.addr);
+                u.live.remove(&e.addr);
             }
             TraceAction::FreeCompleted | TraceAction::Free => {
-                live.insert(e.addr, Live { size: None, requested: e.size, freed_at: Some(i) });
+                u.live.insert(e.addr, Live { size: None, requested: e.size, freed_at: Some(i) });
             }
             // The guard removes the segment; the arm is the case where there was none.
-            TraceAction::SegmentAlloc if segs.remove(&e.addr).is_none() => {
-                return fail(format!(
+            TraceAction::SegmentAlloc if u.segs.remove(&e.addr).is_none() => {
+                return Err(format!(
                     "entry {i}: segment_alloc of {:#x}, which is not a segment later (a gap in the trace?)",
                     e.addr
                 ));
             }
             TraceAction::SegmentFree => {
-                segs.insert(e.addr, (e.size, e.stream, None, false, e.pool_id));
+                u.segs.insert(e.addr, (e.size, e.stream, None, false, e.pool_id));
             }
             // Expandable segments: the mapped ranges, undone the same way.
             // As above: the guard unmaps the range.
-            TraceAction::SegmentMap if !remove_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)) => {
-                return fail(format!("entry {i}: segment_map of {:#x}, which is not mapped later", e.addr));
+            TraceAction::SegmentMap if !remove_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size)) => {
+                return Err(format!("entry {i}: segment_map of {:#x}, which is not mapped later", e.addr));
             }
-            TraceAction::SegmentUnmap => add_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)),
+            TraceAction::SegmentUnmap => add_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size)),
             _ => {}
         }
     }
+    Ok(())
+}
 
-    // What remains mapped was mapped before the trace began: each run is a
-    // segment of its own, owned by whoever holds (or later holds) its start.
-    segs.retain(|_, s| !s.3);
+/// Each run mapped when the trace began, as a segment of its own.
+fn add_mapped_runs(
+    segs: &mut BTreeMap<u64, Seg>,
+    mapped: &BTreeMap<u64, u64>,
+    owners: &Owners,
+    trace: &[TraceEvent],
+    config: &AllocatorConfig,
+) -> Result<(), String> {
     // Runs that touch are one mapped run (one was mapped, or unmapped, in pieces).
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (&start, &end) in &mapped {
+    for (&start, &end) in mapped {
         match runs.last_mut() {
             Some(last) if last.1 == start => last.1 = end,
             _ => runs.push((start, end)),
@@ -169,7 +207,7 @@ pub fn infer_start(
         let owner = owners.range(..=start).next_back().filter(|(_, o)| o.0 > start).map(|(_, o)| *o);
         let owner = owner.or_else(|| owners.range(start..end).next().map(|(_, o)| *o));
         let Some((_, stream, pool, pool_id)) = owner else {
-            return fail(format!("expandable range {start:#x} mapped when the trace began belongs to no segment"));
+            return Err(format!("expandable range {start:#x} mapped when the trace began belongs to no segment"));
         };
         // A run the final segments no longer show: its pool is that of the blocks it held.
         let pool = pool.or_else(|| {
@@ -179,45 +217,59 @@ pub fn infer_start(
         });
         segs.insert(start, (end - start, stream, pool, true, pool_id));
     }
+    Ok(())
+}
 
-    // Barriers from the trace: for each block allocated before the trace and
-    // freed in it, the lowest address allocated above it while it lived.
+/// Barriers from the trace: for each block allocated before the trace and
+/// freed in it, the lowest address allocated above it while it lived.
+fn barriers(trace: &[TraceEvent], live: &FxHashMap<u64, Live>) -> BTreeMap<u64, u64> {
     let mut barrier: BTreeMap<u64, u64> = BTreeMap::new();
     let unknown: Vec<(u64, usize)> =
         live.iter().filter(|(_, l)| l.size.is_none()).map(|(&a, l)| (a, l.freed_at.unwrap_or(0))).collect();
-    if !unknown.is_empty() {
-        let mut still_live: BTreeMap<u64, ()> = unknown.iter().map(|&(a, _)| (a, ())).collect();
-        let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        for &(a, f) in &unknown {
-            ends.entry(f).or_default().push(a);
-        }
-        for (i, e) in trace.iter().enumerate() {
-            if let Some(gone) = ends.get(&i) {
-                for a in gone {
-                    still_live.remove(a);
-                }
+    if unknown.is_empty() {
+        return barrier;
+    }
+    let mut still_live: BTreeMap<u64, ()> = unknown.iter().map(|&(a, _)| (a, ())).collect();
+    let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for &(a, f) in &unknown {
+        ends.entry(f).or_default().push(a);
+    }
+    for (i, e) in trace.iter().enumerate() {
+        if let Some(gone) = ends.get(&i) {
+            for a in gone {
+                still_live.remove(a);
             }
-            if e.action == TraceAction::Alloc {
-                if let Some((&below, _)) = still_live.range(..e.addr).next_back() {
-                    let b = barrier.entry(below).or_insert(u64::MAX);
-                    *b = (*b).min(e.addr);
-                }
+        }
+        if e.action == TraceAction::Alloc {
+            if let Some((&below, _)) = still_live.range(..e.addr).next_back() {
+                let b = barrier.entry(below).or_insert(u64::MAX);
+                *b = (*b).min(e.addr);
             }
         }
     }
+    barrier
+}
 
+/// The live blocks placed in their segments, by address, with the sizes the
+/// trace did not record inferred.
+fn place_blocks(
+    segs: &BTreeMap<u64, Seg>,
+    live: FxHashMap<u64, Live>,
+    barrier: &BTreeMap<u64, u64>,
+    config: &AllocatorConfig,
+) -> Result<StartState, String> {
     let mut state = StartState::default();
     let mut live: Vec<(u64, Live)> = live.into_iter().collect();
     live.sort_unstable_by_key(|&(a, _)| a);
     let mut blocks = live.into_iter().peekable();
-    for (&address, &(size, stream, pool, expandable, pool_id)) in &segs {
+    for (&address, &(size, stream, pool, expandable, pool_id)) in segs {
         let pool = pool.unwrap_or(if size == SMALL_BUFFER && !expandable { PoolKind::Small } else { PoolKind::Large });
         let end = address + size;
         let mut seg = StartSegment { address, size, stream, pool, expandable, pool_id, live: Vec::new() };
         while let Some((a, _)) = blocks.peek() {
             if *a < address {
                 let a = *a;
-                return fail(format!("block {a:#x}, live when the trace began, lies in no segment"));
+                return Err(format!("block {a:#x}, live when the trace began, lies in no segment"));
             }
             if *a >= end {
                 break;
@@ -225,27 +277,11 @@ pub fn infer_start(
             let (a, l) = blocks.next().expect("peeked");
             seg.live.push(LiveBlock { address: a, size: l.size.unwrap_or(0), requested_size: l.requested });
         }
-        // Sizes of the blocks the trace freed, now that the neighbours are known.
-        for j in 0..seg.live.len() {
-            if seg.live[j].size != 0 {
-                continue;
-            }
-            state.inferred_blocks += 1;
-            let b = seg.live[j];
-            let mut size = sizing::round_size(config, b.requested_size).max(1);
-            let next = seg.live.get(j + 1).map_or(end, |n| n.address);
-            let bound = next.min(barrier.get(&b.address).copied().unwrap_or(u64::MAX));
-            let gap = bound.saturating_sub(b.address + size);
-            // Expandable segments split whatever remains (512 bytes and up), as the small pool does.
-            if pool == PoolKind::Large && !expandable && gap > 0 && gap <= SMALL_SIZE {
-                size += gap;
-            }
-            seg.live[j].size = size;
-        }
+        state.inferred_blocks += infer_sizes(&mut seg, barrier, config);
         let mut at = address;
         for b in &seg.live {
             if b.address < at || b.address + b.size > end {
-                return fail(format!(
+                return Err(format!(
                     "block {:#x} of {} bytes, live when the trace began, overlaps another or its segment's end",
                     b.address, b.size
                 ));
@@ -255,9 +291,33 @@ pub fn infer_start(
         state.segments.push(seg);
     }
     if let Some((a, _)) = blocks.next() {
-        return fail(format!("block {a:#x}, live when the trace began, lies in no segment"));
+        return Err(format!("block {a:#x}, live when the trace began, lies in no segment"));
     }
     Ok(state)
+}
+
+/// Sizes of the blocks of `seg` the trace freed, now that their neighbours
+/// are known; returns how many there were.
+fn infer_sizes(seg: &mut StartSegment, barrier: &BTreeMap<u64, u64>, config: &AllocatorConfig) -> usize {
+    let end = seg.address + seg.size;
+    let mut inferred = 0;
+    for j in 0..seg.live.len() {
+        if seg.live[j].size != 0 {
+            continue;
+        }
+        inferred += 1;
+        let b = seg.live[j];
+        let mut size = sizing::round_size(config, b.requested_size).max(1);
+        let next = seg.live.get(j + 1).map_or(end, |n| n.address);
+        let bound = next.min(barrier.get(&b.address).copied().unwrap_or(u64::MAX));
+        let gap = bound.saturating_sub(b.address + size);
+        // Expandable segments split whatever remains (512 bytes and up), as the small pool does.
+        if seg.pool == PoolKind::Large && !seg.expandable && gap > 0 && gap <= SMALL_SIZE {
+            size += gap;
+        }
+        seg.live[j].size = size;
+    }
+    inferred
 }
 
 /// Adds `[start, end)` to a set of disjoint ranges.

@@ -4,8 +4,7 @@
 //! greedy plan (2016, Algorithm 3).
 
 use super::chain::Chain;
-use super::schedule::{run, Outcome};
-use super::solver::Tree;
+use super::schedule::{run, Outcome, Tree};
 
 /// A baseline strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,6 +38,7 @@
 //! fits also fits.
 
 mod baselines;
+mod bounds;
 mod chain;
 mod revolve;
 mod schedule;
@@ -47,7 +48,5 @@ mod table;
 pub use baselines::{baseline, Baseline};
 pub use chain::{Chain, ChainError, Loss, Stage};
 pub use revolve::{revolve_forwards, revolve_forwards_dp, revolve_repetitions};
-pub use schedule::{format_ops, simulate, Op, Outcome, ScheduleError};
-pub use solver::{
-    solve, solve_with_progress, table_bytes, Plan, Progress, SolveError, Solver, Tree, TABLE_LIMIT_BYTES,
-};
+pub use schedule::{format_ops, simulate, Op, Outcome, ScheduleError, Tree};
+pub use solver::{solve, solve_with_progress, table_bytes, Plan, Progress, SolveError, Solver, TABLE_LIMIT_BYTES};

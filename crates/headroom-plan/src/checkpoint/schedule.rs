@@ -29,6 +29,43 @@ impl fmt::Display for Op {
     }
 }
 
+/// A schedule as the decisions that produce it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tree {
+    /// `Fall(a)`, `B(a)`.
+    Base(usize),
+    /// `Fall(a)`, the rest, `B(a)`.
+    Chain(usize, Box<Tree>),
+    /// `Fck(a)`, `Fn(a+1..j−1)`, the right part from j, then the left part from a.
+    Leaf { a: usize, j: usize, right: Box<Tree>, left: Box<Tree> },
+}
+
+impl Tree {
+    /// The operations, in order.
+    pub fn ops(&self) -> Vec<Op> {
+        let mut out = Vec::new();
+        self.push_ops(&mut out);
+        out
+    }
+
+    fn push_ops(&self, out: &mut Vec<Op>) {
+        match self {
+            Tree::Base(a) => out.extend([Op::Fall(*a), Op::B(*a)]),
+            Tree::Chain(a, rest) => {
+                out.push(Op::Fall(*a));
+                rest.push_ops(out);
+                out.push(Op::B(*a));
+            }
+            Tree::Leaf { a, j, right, left } => {
+                out.push(Op::Fck(*a));
+                out.extend((a + 1..*j).map(Op::Fn));
+                right.push_ops(out);
+                left.push_ops(out);
+            }
+        }
+    }
+}
+
 /// What a valid schedule takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {

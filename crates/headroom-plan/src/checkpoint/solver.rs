@@ -19,48 +19,12 @@
 //! ~1e-7 of each other.
 
 use super::baselines::{baseline, Baseline};
+use super::bounds::{base_min, chain_min, forward_min, interval_min};
 use super::chain::{Arrays, Chain, ChainError};
-use super::schedule::{run, simulate, Op, Outcome};
+use super::schedule::{run, simulate, Op, Outcome, Tree};
 use super::table::{Table, LANES};
 
 const INF: f32 = f32::INFINITY;
-
-/// A schedule as the decisions that produce it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Tree {
-    /// `Fall(a)`, `B(a)`.
-    Base(usize),
-    /// `Fall(a)`, the rest, `B(a)`.
-    Chain(usize, Box<Tree>),
-    /// `Fck(a)`, `Fn(a+1..j−1)`, the right part from j, then the left part from a.
-    Leaf { a: usize, j: usize, right: Box<Tree>, left: Box<Tree> },
-}
-
-impl Tree {
-    /// The operations, in order.
-    pub fn ops(&self) -> Vec<Op> {
-        let mut out = Vec::new();
-        self.push_ops(&mut out);
-        out
-    }
-
-    fn push_ops(&self, out: &mut Vec<Op>) {
-        match self {
-            Tree::Base(a) => out.extend([Op::Fall(*a), Op::B(*a)]),
-            Tree::Chain(a, rest) => {
-                out.push(Op::Fall(*a));
-                rest.push_ops(out);
-                out.push(Op::B(*a));
-            }
-            Tree::Leaf { a, j, right, left } => {
-                out.push(Op::Fck(*a));
-                out.extend((a + 1..*j).map(Op::Fn));
-                right.push_ops(out);
-                left.push_ops(out);
-            }
-        }
-    }
-}
 
 /// Why no plan was produced.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -328,36 +292,6 @@ impl Solver {
             },
         }
     }
-}
-
-/// The memory `B(a)` and the forward before it need on their own: the
-/// least with which the one-stage interval (a, a) has a schedule.
-pub(super) fn base_min(s: &Arrays, a: usize) -> u64 {
-    let held = s.x[a + 1].saturating_add(s.xbar[a + 1]);
-    held.saturating_add(s.ftmp[a]).max(held.saturating_add(s.x[a]).saturating_add(s.btmp[a]))
-}
-
-/// Every stage a..b−1 runs forward at least once while the gradient of b's
-/// output is held: a memory bound that no option for the interval beats.
-pub(super) fn interval_min(s: &Arrays, a: usize, b: usize) -> u64 {
-    let mut inner = s.x[a + 1].saturating_add(s.ftmp[a]);
-    for k in a + 1..b {
-        inner = inner.max(forward_min(s, k));
-    }
-    s.x[b + 1].saturating_add(inner)
-}
-
-/// Stage k's forward inside an interval: its input, its output and its transient.
-pub(super) fn forward_min(s: &Arrays, k: usize) -> u64 {
-    s.x[k].saturating_add(s.x[k + 1]).saturating_add(s.ftmp[k])
-}
-
-/// The chain option's own needs: `Fall(a)` beside the gradient of b's output,
-/// and `B(a)` beside its saved data, the incoming gradient and its own.
-pub(super) fn chain_min(s: &Arrays, a: usize, b: usize) -> u64 {
-    let fall = s.x[b + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.ftmp[a]);
-    let back = s.x[a + 1].saturating_add(s.xbar[a + 1]).saturating_add(s.x[a]).saturating_add(s.btmp[a]);
-    fall.max(back).max(s.xbar[a + 1])
 }
 
 /// The least memory, in the arrays' units, with which the whole chain has a

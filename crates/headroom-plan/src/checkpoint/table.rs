@@ -369,8 +369,8 @@ fn prefetch(tile: &Tile) {
 /// What the passes read of the chain, by interval in `by_start`'s order:
 /// computed once, not once a pass.
 struct Bounds {
-    /// The least slots with which the interval has a schedule ([`super::solver::interval_min`];
-    /// for one stage, [`super::solver::base_min`]).
+    /// The least slots with which the interval has a schedule ([`super::bounds::interval_min`];
+    /// for one stage, [`super::bounds::base_min`]).
     mmin: Vec<usize>,
     /// The least slots for the chain option, `mmin` included.
     chain: Vec<usize>,
@@ -390,16 +390,16 @@ impl Bounds {
         let (mut mmin, mut chain, mut sumfw) = (vec![0; tri], vec![0; tri], vec![0f32; tri]);
         for a in 0..n {
             let sa = start_run(n, a);
-            mmin[sa] = sl(super::solver::base_min(s, a));
+            mmin[sa] = sl(super::bounds::base_min(s, a));
             // interval_min(a, b), kept as b grows.
             let mut inner = s.x[a + 1].saturating_add(s.ftmp[a]);
             for b in a + 1..n {
                 if b >= a + 2 {
-                    inner = inner.max(super::solver::forward_min(s, b - 1));
+                    inner = inner.max(super::bounds::forward_min(s, b - 1));
                 }
                 let i = sa + b - a;
                 mmin[i] = sl(s.x[b + 1].saturating_add(inner));
-                chain[i] = mmin[i].max(sl(super::solver::chain_min(s, a, b)));
+                chain[i] = mmin[i].max(sl(super::bounds::chain_min(s, a, b)));
                 sumfw[i] = (prefix[b] - prefix[a]) as f32;
             }
         }
@@ -471,7 +471,7 @@ fn min(a: f32, b: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::solver::{base_min, chain_min, interval_min};
+    use super::super::bounds::{base_min, chain_min, interval_min};
     use super::*;
     use proptest::prelude::*;
 
