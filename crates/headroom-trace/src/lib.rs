@@ -45,6 +45,7 @@ mod snapshot_json;
 pub mod snapshot_ops;
 pub mod snapshot_pools;
 pub mod snapshot_replay;
+pub mod start_allocator;
 pub mod start_state;
 pub mod synth;
 pub mod walk;

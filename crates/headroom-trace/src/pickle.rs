@@ -490,6 +490,10 @@ impl<R: Read, V: Clone> Machine<R, V> {
         Ok(())
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one arm per opcode: the machine's loop reads as the pickle format's table of opcodes"
+    )]
     fn run<B: Builder<Value = V>>(mut self, b: &mut B) -> Result<V, PickleError> {
         let first = self.input.fill(2)?;
         match self.input.buf[..self.input.end].first() {

@@ -14,9 +14,9 @@ use crate::device_trace::DeviceTrace;
 use crate::snapshot::{TraceAction, TraceEvent};
 use crate::snapshot_pools::RecordedPools;
 use crate::snapshot_replay::{
-    allocator_at, completed_by_a_release, completes_later, first_line, unsupported, Recorded, ReplayDevice,
-    SnapshotReplayError, STAND_IN_STREAMS,
+    completed_by_a_release, completes_later, first_line, Recorded, ReplayDevice, SnapshotReplayError, STAND_IN_STREAMS,
 };
+use crate::start_allocator::{allocator_at, unsupported};
 use crate::start_state::StartState;
 use crate::walk::{AddressSlots, Flow, Observer, Op, Slot, Walk};
 use headroom_alloc::{

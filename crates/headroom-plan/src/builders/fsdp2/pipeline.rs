@@ -91,6 +91,24 @@ struct Stage {
 }
 
 impl Stage {
+    /// A stage as it is built, before any step: its parameters grouped as `fully_shard` wraps
+    /// them, tensor-parallel over `t`.
+    fn new(model: &Model, t: u64, split: StageSplit) -> Stage {
+        Stage {
+            split,
+            root: group(root_params(model, t, split)),
+            blocks: (0..split.layers).map(|_| group(block_params(model, t))).collect(),
+            accumulated: vec![],
+            in_flight: HashMap::new(),
+            loss: HashMap::new(),
+            recv: vec![],
+            grad_recv: vec![],
+            weight_inputs: HashMap::new(),
+            weights_done: 0,
+            outputs: vec![],
+        }
+    }
+
     fn groups(&self) -> impl Iterator<Item = &Group> {
         std::iter::once(&self.root).chain(self.blocks.iter())
     }
@@ -219,13 +237,8 @@ pub fn program(
     let v = if schedule.looped() { par.virtual_stages.max(1) } else { 1 };
     let (ranks, splits) = layout(cfg, model)?;
     let n_mb = built_micro_batches(cfg);
-    // The micro-batches a step runs beyond those built: what each keeps for the whole step
-    // (its receive buffers, its output where the stage collects them) is held as one tensor.
-    let beyond = cfg.accumulation.max(1) - n_mb;
     let actions = rank_actions(schedule, par.pipeline, v, n_mb, rank)?;
-    let t = par.tensor.max(1);
     let sh = Shape::new(model, cfg);
-    let (n, w) = (sh.n, sh.w);
     let mut p = Program::default();
     let s = Sites {
         shard: p.site("FSDP2 sharded parameters"),
@@ -239,33 +252,19 @@ pub fn program(
         workspace: p.site("cuBLAS workspace"),
     };
     p.mark(0, Phase::Setup);
-    let mut stages: HashMap<u64, Stage> = ranks[rank as usize]
-        .iter()
-        .map(|&i| {
-            let sp = splits[i as usize];
-            let stage = Stage {
-                split: sp,
-                root: group(root_params(model, t, sp)),
-                blocks: (0..sp.layers).map(|_| group(block_params(model, t))).collect(),
-                accumulated: vec![],
-                in_flight: HashMap::new(),
-                loss: HashMap::new(),
-                recv: vec![],
-                grad_recv: vec![],
-                weight_inputs: HashMap::new(),
-                weights_done: 0,
-                outputs: vec![],
-            };
-            (i, stage)
-        })
-        .collect();
+    let indices = &ranks[rank as usize];
+    let mut stages: HashMap<u64, Stage> =
+        indices.iter().map(|&i| (i, Stage::new(model, par.tensor.max(1), splits[i as usize]))).collect();
     let mut order: Vec<u64> = stages.keys().copied().collect();
     order.sort_unstable();
     for i in &order {
         let st = stages.get_mut(i).expect("stage");
         for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
-            g.shards =
-                g.params.iter().map(|x| p.alloc(Law::fixed(x.shard(n) * w.stored), Term::Weights, s.shard)).collect();
+            g.shards = g
+                .params
+                .iter()
+                .map(|x| p.alloc(Law::fixed(x.shard(sh.n) * sh.w.stored), Term::Weights, s.shard))
+                .collect();
         }
     }
     if workspace > 0.0 {
@@ -276,27 +275,7 @@ pub fn program(
     for step in 1..=steps {
         p.mark(step, Phase::Forward);
         if step == 1 {
-            // `_prepare_forward_infra` and `_prepare_backward_infra`: a receive buffer per
-            // micro-batch, the stage's input (its sequence shard under tensor parallelism),
-            // each as the schedule's first step makes it. (A V schedule's two stages on one
-            // rank pass their tensor directly and drop one such buffer; it is kept here.)
-            let io = sh.per_token(model.hidden as f64 / sh.t, sh.act);
-            let site = p.site("pipeline receive buffers");
-            for i in &order {
-                let st = stages.get_mut(i).expect("stage");
-                if !st.split.embedding {
-                    st.recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
-                    if beyond > 0 {
-                        p.alloc(io.scaled(beyond as f64), Term::Activations, site);
-                    }
-                }
-                if !st.split.head {
-                    st.grad_recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
-                    if beyond > 0 {
-                        p.alloc(io.scaled(beyond as f64), Term::Activations, site);
-                    }
-                }
-            }
+            receive_buffers(&mut p, model, cfg, &sh, &order, &mut stages);
         }
         // `optimizers.zero_grad()` at the step's start frees the sharded gradients, and the
         // schedule's `clear_runtime_states` the outputs the last step collected.
@@ -336,26 +315,7 @@ pub fn program(
         if let Some(last) = rs_input.take() {
             p.free(last);
         }
-        // `_merge_outputs`: the last stage's collected logits concatenated into one tensor,
-        // which torchtitan's loop drops at once.
-        for i in &order {
-            let st = stages.get_mut(i).expect("stage");
-            let collected = st.outputs.len() as u64 / n_mb;
-            if beyond > 0 && collected > 0 {
-                // The outputs of the micro-batches not built, collected as the others were.
-                let each = if st.split.head { model.vocab as f64 / sh.t } else { model.hidden as f64 / sh.t };
-                let rest = sh.per_token(each * beyond as f64, sh.act);
-                let site = if st.split.head { s.logits } else { s.act };
-                let term = if st.split.head { Term::Logits } else { Term::Activations };
-                st.outputs.push(p.alloc(rest, term, site));
-            }
-            if st.split.head && collected > 0 {
-                let all = (collected * cfg.accumulation.max(1)) as f64;
-                let logits = sh.per_token(model.vocab as f64 / sh.t * all, sh.act);
-                let merged = p.alloc(logits, Term::Logits, s.logits);
-                p.free(merged);
-            }
-        }
+        merge_outputs(&mut p, model, cfg, &sh, &s, &order, &mut stages);
         p.mark(step, Phase::OptimizerStep);
         let opt_cfg = TrainConfig {
             precision: if cfg.precision == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp32 },
@@ -364,12 +324,82 @@ pub fn program(
         let groups: Vec<&Group> = order.iter().flat_map(|i| stages[i].groups()).collect();
         let params: Vec<OptimizerParam> = groups
             .iter()
-            .flat_map(|g| g.params.iter().map(|x| OptimizerParam { law: Law::fixed(x.shard(n) * w.stored) }))
+            .flat_map(|g| g.params.iter().map(|x| OptimizerParam { law: Law::fixed(x.shard(sh.n) * sh.w.stored) }))
             .collect();
         let grads: Vec<Option<TensorId>> = groups.iter().flat_map(|g| g.params.iter().map(move |_| g.grad)).collect();
         optimizer::step(&mut p, &mut state, &params, &grads, &opt_cfg, device);
     }
     Ok(p)
+}
+
+/// The micro-batches a step runs beyond those built: what each keeps for the whole step
+/// (its receive buffers, its output where the stage collects them) is held as one tensor.
+fn beyond_built(cfg: &TrainConfig) -> u64 {
+    cfg.accumulation.max(1) - built_micro_batches(cfg)
+}
+
+/// `_prepare_forward_infra` and `_prepare_backward_infra`: a receive buffer per micro-batch,
+/// the stage's input (its sequence shard under tensor parallelism), each as the schedule's
+/// first step makes it. (A V schedule's two stages on one rank pass their tensor directly and
+/// drop one such buffer; it is kept here.)
+fn receive_buffers(
+    p: &mut Program,
+    model: &Model,
+    cfg: &TrainConfig,
+    sh: &Shape,
+    order: &[u64],
+    stages: &mut HashMap<u64, Stage>,
+) {
+    let (n_mb, beyond) = (built_micro_batches(cfg), beyond_built(cfg));
+    let io = sh.per_token(model.hidden as f64 / sh.t, sh.act);
+    let site = p.site("pipeline receive buffers");
+    for i in order {
+        let st = stages.get_mut(i).expect("stage");
+        if !st.split.embedding {
+            st.recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+            if beyond > 0 {
+                p.alloc(io.scaled(beyond as f64), Term::Activations, site);
+            }
+        }
+        if !st.split.head {
+            st.grad_recv = (0..n_mb).map(|_| p.alloc(io, Term::Activations, site)).collect();
+            if beyond > 0 {
+                p.alloc(io.scaled(beyond as f64), Term::Activations, site);
+            }
+        }
+    }
+}
+
+/// `_merge_outputs`: the last stage's collected logits concatenated into one tensor, which
+/// torchtitan's loop drops at once.
+fn merge_outputs(
+    p: &mut Program,
+    model: &Model,
+    cfg: &TrainConfig,
+    sh: &Shape,
+    s: &Sites,
+    order: &[u64],
+    stages: &mut HashMap<u64, Stage>,
+) {
+    let (n_mb, beyond) = (built_micro_batches(cfg), beyond_built(cfg));
+    for i in order {
+        let st = stages.get_mut(i).expect("stage");
+        let collected = st.outputs.len() as u64 / n_mb;
+        if beyond > 0 && collected > 0 {
+            // The outputs of the micro-batches not built, collected as the others were.
+            let each = if st.split.head { model.vocab as f64 / sh.t } else { model.hidden as f64 / sh.t };
+            let rest = sh.per_token(each * beyond as f64, sh.act);
+            let site = if st.split.head { s.logits } else { s.act };
+            let term = if st.split.head { Term::Logits } else { Term::Activations };
+            st.outputs.push(p.alloc(rest, term, site));
+        }
+        if st.split.head && collected > 0 {
+            let all = (collected * cfg.accumulation.max(1)) as f64;
+            let logits = sh.per_token(model.vocab as f64 / sh.t * all, sh.act);
+            let merged = p.alloc(logits, Term::Logits, s.logits);
+            p.free(merged);
+        }
+    }
 }
 
 /// Elements of a group's parameters gathered.
