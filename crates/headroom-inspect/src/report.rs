@@ -36,9 +36,10 @@ impl Default for InspectOptions {
     }
 }
 
-/// A recorded out-of-memory error.
+/// A recorded out-of-memory error, explained: its figures, where it happened, and the
+/// remedies replayed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct OomReport {
+pub struct OomExplanation {
     /// Index of the `oom` entry in the device's trace.
     pub index: usize,
     pub time_us: Option<i64>,
@@ -122,7 +123,7 @@ pub struct DeviceReport {
     pub repetitions: Option<Repetitions>,
     pub leak_suspects: Vec<LeakSuspect>,
     pub ooms_recorded: usize,
-    pub oom: Option<OomReport>,
+    pub oom: Option<OomExplanation>,
     /// Whether the replay matched the recording decision for decision.
     pub replay_exact: Option<bool>,
     pub recommendations: Vec<Recommendation>,
@@ -431,10 +432,10 @@ fn oom_at_entry(
     before: &Totals,
     sites: &mut Sites,
     memory: &RecordedMemory,
-) -> OomReport {
+) -> OomExplanation {
     let e = &trace[i];
     let info = sites.info(e.stack).clone();
-    OomReport {
+    OomExplanation {
         index: i,
         time_us: e.time_us,
         requested_bytes: e.size,
@@ -455,7 +456,7 @@ fn oom_at_entry(
 /// The state just before the OOM, replayed for its largest free block, and
 /// each remedy replayed on the device the recording tells of.
 fn replay_remedies(
-    o: &mut OomReport,
+    o: &mut OomExplanation,
     t: &DeviceTrace,
     config: &AllocatorConfig,
     replay_capacity: u64,

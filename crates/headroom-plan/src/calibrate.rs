@@ -398,16 +398,7 @@ fn read_snapshot(
     if let Some(o) = st.oom {
         // What PyTorch could have had: what it held, and less than the request beyond.
         let capacity = o.reserved + o.device_free.unwrap_or(o.asked).min(o.asked.saturating_sub(1));
-        let e = OomEvidence {
-            batch: snap.batch,
-            seq: snap.seq,
-            asked: o.asked,
-            device_free: o.device_free,
-            allocated: o.allocated,
-            reserved: o.reserved,
-            capacity,
-            phase: o.phase,
-        };
+        let e = OomEvidence { batch: snap.batch, seq: snap.seq, capacity, oom: o };
         // The smallest shape that ran out is the strongest evidence.
         let tokens = |e: &OomEvidence| e.batch as u128 * e.seq as u128;
         if evidence.is_none_or(|old| tokens(&e) < tokens(&old)) {

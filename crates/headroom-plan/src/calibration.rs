@@ -25,19 +25,14 @@ impl Default for Correction {
 
 /// An out-of-memory error a snapshot ended in: at this shape or beyond, on a device whose
 /// memory for PyTorch is no more than `capacity`, the job does not fit.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OomEvidence {
     pub batch: u64,
     pub seq: u64,
-    /// The rounded bytes asked.
-    pub asked: u64,
-    /// What the device said was free (more than asked: a per-process limit refused it).
-    pub device_free: Option<u64>,
-    pub allocated: u64,
-    pub reserved: u64,
     /// The most PyTorch could have had: what it held, and less than the request beyond.
     pub capacity: u64,
-    pub phase: crate::program::Phase,
+    /// The error as the recording has it.
+    pub oom: headroom_trace::recorded_step::RecordedOom,
 }
 
 /// What a calibration corrects a tensor as ([`group`]).

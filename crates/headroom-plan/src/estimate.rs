@@ -377,17 +377,17 @@ impl Estimator {
         let e = c.refuses(job.train.micro_batch, job.train.seq, capacity as f64)?;
         // The recorded failure's figures; what a snapshot does not record is left 0.
         let report = OomReport {
-            requested: e.asked,
-            rounded: e.asked,
-            alloc_size: e.asked,
+            requested: e.oom.asked,
+            rounded: e.oom.asked,
+            alloc_size: e.oom.asked,
             device_total: capacity,
-            device_free: e.device_free.unwrap_or(0),
-            allocated: e.allocated,
-            reserved: e.reserved,
+            device_free: e.oom.device_free.unwrap_or(0),
+            allocated: e.oom.allocated,
+            reserved: e.oom.reserved,
             ..OomReport::default()
         };
         Some(OutOfMemory {
-            at: When { step: 0, phase: e.phase, op: 0 },
+            at: When { step: 0, phase: e.oom.phase, op: 0 },
             term: Term::Activations,
             site: format!("the calibration snapshot's own OOM at micro-batch {} × {} tokens", e.batch, e.seq),
             oom: Oom { kind: OomKind::OutOfMemory, report },

@@ -135,6 +135,19 @@ mod tests {
     use crate::model::preset;
 
     #[test]
+    fn every_unit_a_forward_recipe_names_is_known() {
+        for (key, r) in recipes() {
+            for m in &r.moments {
+                for u in
+                    [&m.per_layer, &m.once, &m.once_per_position, &m.once_per_sequence].iter().flat_map(|t| t.keys())
+                {
+                    assert!(crate::recipe::is_known_unit(u), "{key} names an unknown unit `{u}`");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_generating_family_has_a_forward_and_it_grows_with_the_shape() {
         for name in [
             "llama-3-8b",

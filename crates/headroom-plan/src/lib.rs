@@ -45,6 +45,7 @@ pub mod infer;
 pub mod job;
 pub mod kernel;
 mod law_fit;
+pub mod model_units;
 pub mod parallel;
 pub mod phases;
 pub mod pipelining;

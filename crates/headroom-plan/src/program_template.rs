@@ -25,7 +25,7 @@
 //! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
 //! (foreach) step it is tested against.
 
-use crate::model::Model;
+use crate::model_units;
 use crate::program::{Law, Term};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -255,7 +255,7 @@ impl UnitLaw {
             };
             for (u, c) in units {
                 for part in u.split('*') {
-                    if !UNITS.contains(&part) {
+                    if !model_units::UNITS.contains(&part) {
                         return Err(format!("unknown unit `{part}`"));
                     }
                 }
@@ -281,30 +281,6 @@ impl UnitLaw {
         }
         law
     }
-}
-
-const UNITS: [&str; 15] = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv"];
-
-/// The size of a unit in `model`.
-pub fn unit(model: &Model, name: &str) -> f64 {
-    let k = model.experts_per_token.max(1);
-    (match name {
-        "h" => model.hidden,
-        "f" => model.intermediate,
-        "q" => model.heads * model.head_dim,
-        "kv" => model.kv_heads * model.head_dim,
-        "qkv" => (model.heads + 2 * model.kv_heads) * model.head_dim,
-        "kf" => k * model.intermediate,
-        "kh" => k * model.hidden,
-        "heads" => model.heads,
-        "kv_heads" => model.kv_heads,
-        "d" => model.head_dim,
-        "V" => model.vocab,
-        "E" => model.experts.max(1),
-        "k" => k,
-        "P" => model.max_position,
-        _ => 1,
-    }) as f64
 }
 
 fn term(code: usize) -> Result<Term, String> {

@@ -26,6 +26,7 @@
 
 use crate::job::{Attention, Precision};
 use crate::model::{Family, Model};
+use crate::model_units;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -118,28 +119,6 @@ pub(crate) fn measured_code(model: &Model) -> &'static str {
     }
 }
 
-/// The size of one unit in `model`.
-fn unit(model: &Model, name: &str) -> f64 {
-    let k = model.experts_per_token.max(1);
-    (match name {
-        "h" => model.hidden,
-        "f" => model.intermediate,
-        "q" => model.heads * model.head_dim,
-        "kv" => model.kv_heads * model.head_dim,
-        "qkv" => (model.heads + 2 * model.kv_heads) * model.head_dim,
-        "kf" => k * model.intermediate,
-        "kh" => k * model.hidden,
-        "heads" => model.heads,
-        "kv_heads" => model.kv_heads,
-        "d" => model.head_dim,
-        "V" => model.vocab,
-        "E" => model.experts.max(1),
-        "k" => k,
-        "one" => 1,
-        other => panic!("the recipe names an unknown unit `{other}`"),
-    }) as f64
-}
-
 /// Bytes per token of `terms` at sequence length `seq`: `heads_s` and `s` are s × s matrices
 /// with and without a head axis (bytes per element); `q_rep`, keys and values repeated per
 /// query head.
@@ -151,11 +130,17 @@ pub(crate) fn per_token(model: &Model, terms: &Terms, seq: f64) -> f64 {
             "s" => c * seq,
             // transformers' repeat_kv copies keys and values per query head only between one
             // key-value head (a view) and one per head (no copy).
-            "q_rep" if model.kv_heads > 1 && model.kv_heads < model.heads => c * unit(model, "q"),
+            "q_rep" if model.kv_heads > 1 && model.kv_heads < model.heads => c * model_units::unit(model, "q"),
             "q_rep" => 0.0,
-            _ => c * unit(model, u),
+            _ => c * model_units::unit(model, u),
         })
         .sum()
+}
+
+/// Whether [`per_token`] sizes unit `u`: one of the model's, or one of its own.
+#[cfg(test)]
+pub(crate) fn is_known_unit(u: &str) -> bool {
+    model_units::UNITS.contains(&u) || ["heads_s", "s", "q_rep"].contains(&u)
 }
 
 /// The part of [`per_token`] that grows with the sequence: eager attention's s × s matrices.
@@ -244,6 +229,25 @@ impl Recipe {
 mod tests {
     use super::*;
     use crate::model::preset;
+
+    /// A unit outside the model's would be sized as 1: every unit a recipe names is one of
+    /// the model's, or one of [`per_token`]'s own.
+    #[test]
+    fn every_unit_a_recipe_names_is_known() {
+        for (key, r) in recipes() {
+            let terms = [
+                &r.layer,
+                &r.outside,
+                &r.layer_per_position,
+                &r.outside_per_position,
+                &r.layer_checkpointed,
+                &r.layer_checkpointed_per_position,
+            ];
+            for u in terms.iter().flat_map(|t| t.keys()) {
+                assert!(is_known_unit(u), "{key} names an unknown unit `{u}`");
+            }
+        }
+    }
 
     #[test]
     fn every_family_has_a_recipe_and_units_resolve() {

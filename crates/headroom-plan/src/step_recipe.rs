@@ -35,6 +35,7 @@ use crate::job::{Attention, Precision};
 use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::phases::PhasePeak;
+use crate::program::Law;
 use crate::recipe::{bundled, measured_code, measured_kernel, measured_precision, per_token, Terms};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -145,25 +146,20 @@ pub fn step_recipe(
     recipes().get(&key(measured_kernel(attention))).or_else(|| recipes().get(&key("eager")))
 }
 
-/// One moment's terms for one model, as a polynomial in tokens and positions.
+/// One moment's terms for one model: the size law of its tensors, the logits apart (the
+/// closed form reports them as a term of their own). `per_token` holds no logits;
+/// `per_token_position` and `per_position_square` are the s × s matrices; `fixed` the
+/// fixed-size tensors (gradients, AMP's weight copies).
 #[derive(Clone, Copy, Debug, Default)]
 struct Poly {
-    /// Bytes per token (no logits, no s × s).
-    tok: f64,
-    /// Bytes per token per position: s × s matrices.
-    tok_s: f64,
+    law: Law,
     /// Bytes per token of logits.
-    tok_v: f64,
-    /// Bytes per position, and per position per position.
-    pos: f64,
-    pos_s: f64,
-    /// Fixed-size tensors: gradients, AMP's weight copies.
-    fixed: f64,
+    logits: f64,
 }
 
 impl Poly {
     fn of(model: &Model, terms: &Terms) -> Poly {
-        let mut p = Poly::default();
+        let (mut l, mut logits) = (Law::default(), 0.0);
         let h = model.hidden as f64;
         for (u, &c) in terms {
             let one = |unit: &str| {
@@ -173,54 +169,41 @@ impl Poly {
                 per_token(model, &t, 1.0)
             };
             match u.as_str() {
-                "layer" => p.fixed += c * model.stack_layer_params().1 as f64,
-                "layer_enc" => p.fixed += c * model.stack_layer_params().0 as f64,
-                "Vh" => p.fixed += c * model.vocab as f64 * h,
-                "Ph" => p.fixed += c * model.max_position as f64 * h,
-                "hh" => p.fixed += c * h * h,
-                "Vb" => p.fixed += c * model.vocab as f64,
-                "V" => p.tok_v += one("V"),
-                "heads_s" | "s" => p.tok_s += one(u),
+                "layer" => l.fixed += c * model.stack_layer_params().1 as f64,
+                "layer_enc" => l.fixed += c * model.stack_layer_params().0 as f64,
+                "Vh" => l.fixed += c * model.vocab as f64 * h,
+                "Ph" => l.fixed += c * model.max_position as f64 * h,
+                "hh" => l.fixed += c * h * h,
+                "Vb" => l.fixed += c * model.vocab as f64,
+                "V" => logits += one("V"),
+                "heads_s" | "s" => l.per_token_position += one(u),
                 other => match other.strip_prefix("pos:") {
-                    Some(unit @ ("heads_s" | "s")) => p.pos_s += one(unit),
-                    Some(unit) => p.pos += one(unit),
-                    None => p.tok += one(other),
+                    Some(unit @ ("heads_s" | "s")) => l.per_position_square += one(unit),
+                    Some(unit) => l.per_position += one(unit),
+                    None => l.per_token += one(other),
                 },
             }
         }
-        p
+        Poly { law: l, logits }
     }
 
     /// Whether every coefficient is at most `o`'s: never more bytes at any shape.
     fn below(&self, o: &Poly) -> bool {
-        self.tok <= o.tok
-            && self.tok_s <= o.tok_s
-            && self.tok_v <= o.tok_v
-            && self.pos <= o.pos
-            && self.pos_s <= o.pos_s
-            && self.fixed <= o.fixed
+        let (a, b) = (&self.law, &o.law);
+        a.per_token <= b.per_token
+            && a.per_token_position <= b.per_token_position
+            && self.logits <= o.logits
+            && a.per_position <= b.per_position
+            && a.per_position_square <= b.per_position_square
+            && a.fixed <= b.fixed
     }
 
     fn scaled(self, k: f64) -> Poly {
-        Poly {
-            tok: self.tok * k,
-            tok_s: self.tok_s * k,
-            tok_v: self.tok_v * k,
-            pos: self.pos * k,
-            pos_s: self.pos_s * k,
-            fixed: self.fixed * k,
-        }
+        Poly { law: self.law.scaled(k), logits: self.logits * k }
     }
 
     fn plus(self, o: Poly) -> Poly {
-        Poly {
-            tok: self.tok + o.tok,
-            tok_s: self.tok_s + o.tok_s,
-            tok_v: self.tok_v + o.tok_v,
-            pos: self.pos + o.pos,
-            pos_s: self.pos_s + o.pos_s,
-            fixed: self.fixed + o.fixed,
-        }
+        Poly { law: self.law + o.law, logits: self.logits + o.logits }
     }
 }
 
@@ -326,13 +309,14 @@ impl StepRecipe {
         let mut backward = forward;
         self.compiled(model, layers, |moments| {
             for &(at, p) in moments {
-                let attention = tokens * p.tok_s * seq + seq * p.pos_s * seq;
-                let logits = tokens * p.tok_v;
-                let activations = tokens * p.tok + seq * p.pos + attention;
+                let l = &p.law;
+                let attention = tokens * l.per_token_position * seq + seq * l.per_position_square * seq;
+                let logits = tokens * p.logits;
+                let activations = tokens * l.per_token + seq * l.per_position + attention;
                 // In the forward, fixed tensors are AMP's 16-bit weight copies; in the
                 // backward, gradients.
                 let (gradients, temporary) =
-                    if at.is_forward() { (0.0, p.fixed) } else { (p.fixed * gradient_scale, 0.0) };
+                    if at.is_forward() { (0.0, l.fixed) } else { (l.fixed * gradient_scale, 0.0) };
                 let total = base + activations + logits + gradients + temporary;
                 let slot = if at.is_forward() { &mut forward } else { &mut backward };
                 if total > slot.total {

@@ -304,9 +304,9 @@ fn calibration(c: &super::calibration::Calibrated) -> Value {
         })).collect::<Vec<_>>(),
         "residual": {"allocated": allocated, "reserved": reserved},
         "oom_evidence": c.fit.calibration.oom.map(|e| json!({
-            "batch": e.batch, "seq": e.seq, "asked_bytes": e.asked, "device_free_bytes": e.device_free,
-            "allocated_bytes": e.allocated, "reserved_bytes": e.reserved, "capacity_bytes": e.capacity,
-            "phase": phase_name(e.phase),
+            "batch": e.batch, "seq": e.seq, "asked_bytes": e.oom.asked, "device_free_bytes": e.oom.device_free,
+            "allocated_bytes": e.oom.allocated, "reserved_bytes": e.oom.reserved, "capacity_bytes": e.capacity,
+            "phase": phase_name(e.oom.phase),
         })),
     })
 }

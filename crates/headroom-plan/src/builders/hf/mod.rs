@@ -37,8 +37,9 @@ use super::{Builder, Built, Context, Device, RankProgram, StateScale};
 use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
+use crate::model_units::unit;
 use crate::program::{Law, Phase, Program, TensorId, Term};
-use crate::program_template::{self, unit, EventT, Kernel, Template, EDGE};
+use crate::program_template::{self, EventT, Kernel, Template, EDGE};
 use crate::recipe::{measured_code, measured_precision};
 use std::collections::HashMap;
 
