@@ -13,7 +13,7 @@
 
 use super::{
     backward_transients, block_forward, block_keep, block_params, block_tensors, gather, input_gradient, keeps,
-    loss_backward, loss_forward, output_input, reshard, Group, Param, Shape, Sites, REDUCE_SCATTER,
+    loss_backward, loss_forward, output_input, post_backward, reshard, Group, Param, Shape, Sites,
 };
 use crate::builders::optimizer::{self, OptimizerParam, State};
 use crate::builders::{Builder, Built, Context, Device, RankLayout, RankProgram};
@@ -617,24 +617,11 @@ fn weights_done(p: &mut Program, sh: &Shape, s: &Sites, st: &mut Stage, n_mb: u6
     let accumulated = std::mem::take(&mut st.accumulated);
     for (i, acc) in accumulated.into_iter().enumerate() {
         let g = if i == 0 { &mut st.root } else { &mut st.blocks[i - 1] };
-        reshard(p, g);
         if acc.is_empty() {
-            continue;
+            reshard(p, g);
+        } else {
+            post_backward(p, sh, s, g, acc, rs_input);
         }
-        if let Some(prev) = rs_input.take() {
-            p.free(prev);
-        }
-        let local = g.shard_elements(sh.n);
-        let input = p.alloc(Law::fixed(local * sh.n as f64 * sh.w.reduce), Term::Temporary, s.reduce);
-        for id in acc {
-            p.free(id);
-        }
-        let out = p.alloc_on(Law::fixed(local * sh.w.reduce), Term::Gradients, s.reduce, REDUCE_SCATTER);
-        match g.grad {
-            None => g.grad = Some(out),
-            Some(_) => p.free(out),
-        }
-        *rs_input = Some(input);
     }
     for g in std::iter::once(&mut st.root).chain(st.blocks.iter_mut()) {
         reshard(p, g);
