@@ -48,5 +48,6 @@ pub mod snapshot_replay;
 pub mod start_allocator;
 pub mod start_state;
 pub mod synth;
+mod trace_requests;
 pub mod walk;
 pub mod what_if;

@@ -28,9 +28,9 @@ use crate::snapshot_pools::RecordedPools;
 use crate::start_allocator::{allocator_at, unsupported};
 pub use crate::start_allocator::{ReplayDevice, SnapshotReplayError};
 use crate::start_state::infer_start;
-use crate::walk::{AddressSlots, Flow, Observer, Op, Slot, Walk, WalkError};
+use crate::trace_requests::{Mark, TraceRequests};
+use crate::walk::{Flow, Observer, Slot, Walk, WalkError};
 use headroom_alloc::{AllocError, Allocation, AllocatorConfig, BlockState, DeviceCachingAllocator, Oom, PyTorchPolicy};
-use rustc_hash::FxHashMap;
 
 /// The first decision that differed, with the recorded entries around it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,10 +115,6 @@ impl std::fmt::Display for Fidelity {
 /// beyond any GPU, so that the device fails only where the trace says it did.
 const CHECK_CAPACITY: u64 = 1 << 50;
 
-/// Streams that stand for "another stream used this block" in a check: far
-/// above any stream a snapshot names (CUDA stream handles are pointers).
-pub(crate) const STAND_IN_STREAMS: u64 = 1 << 62;
-
 fn describe(i: usize, e: &TraceEvent) -> String {
     format!("{i}: {} {:#x} {}", e.action.name(), e.addr, e.size)
 }
@@ -129,13 +125,6 @@ fn context(trace: &[TraceEvent], i: usize) -> Vec<String> {
     (lo..hi).map(|j| describe(j, &trace[j])).collect()
 }
 
-fn is_segment_event(a: TraceAction) -> bool {
-    matches!(
-        a,
-        TraceAction::SegmentAlloc | TraceAction::SegmentFree | TraceAction::SegmentMap | TraceAction::SegmentUnmap
-    )
-}
-
 fn segment_action(a: headroom_alloc::Action) -> Option<TraceAction> {
     use headroom_alloc::Action as A;
     Some(match a {
@@ -144,28 +133,6 @@ fn segment_action(a: headroom_alloc::Action) -> Option<TraceAction> {
         A::SegmentMap => TraceAction::SegmentMap,
         A::SegmentUnmap => TraceAction::SegmentUnmap,
         _ => return None,
-    })
-}
-
-/// Whether the free requested at entry `i` completes later than it is
-/// requested (the block was used on another stream: its memory waits for an
-/// event), rather than at once, in the entry that follows.
-pub(crate) fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
-    !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
-}
-
-/// Whether the delayed free that completes at entry `i` was completed by the
-/// synchronisation a release begins with (PyTorch's
-/// `synchronize_and_free_events`, inside the next request, after its cache
-/// lookup failed): completions right before segments are released, or
-/// before an OOM. Others were found complete when the next request began
-/// (`process_events`). Had a block completed there and been able to serve the
-/// request, nothing would have been released, so the two readings differ in
-/// nothing else.
-pub(crate) fn completed_by_a_release(trace: &[TraceEvent], i: usize) -> bool {
-    let burst_end = trace[i + 1..].iter().position(|n| n.action != TraceAction::FreeCompleted);
-    burst_end.is_some_and(|k| {
-        matches!(trace[i + 1 + k].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
     })
 }
 
@@ -236,7 +203,7 @@ pub fn check_from(
         request: None,
         answer: None,
     };
-    let mut ops = CheckOps::new(trace, &pools, progress);
+    let mut ops = TraceRequests::new(trace, &pools, Vec::new(), Vec::new(), progress);
     let mut walk = Walk::default();
     for b in start.segments.iter().flat_map(|s| &s.live) {
         let size = a.allocation_size(b.address).unwrap_or(0);
@@ -291,150 +258,6 @@ fn final_layout(f: &mut Fidelity, a: &mut DeviceCachingAllocator<ReplayDevice>, 
             message: format!("headroom ends with {} blocks, the snapshot with {}", ours.len(), f.final_blocks_total),
             context: Vec::new(),
         });
-    }
-}
-
-/// What the recorded run did between its requests and frees, as the check reads it.
-#[derive(Clone, Copy, Debug)]
-enum Recording {
-    /// A segment event: the device call the next decision should make.
-    Segment,
-    /// A request comes.
-    Request,
-    /// The request was answered: its decisions are compared.
-    Answered,
-    /// A free comes: segments recorded since the last request were released
-    /// by the program's `empty_cache()`.
-    Free,
-    /// A free of an address no live block has.
-    UnknownFree,
-    /// The free that waited on `stream` completed.
-    Completed { stream: u64 },
-}
-
-/// The trace's entries as the check's walk, each at its entry's index.
-struct CheckOps<'a, F> {
-    trace: &'a [TraceEvent],
-    pools: &'a RecordedPools,
-    next: usize,
-    /// Operations of the entry being read, last first.
-    queued: Vec<Op<Recording>>,
-    slots: AddressSlots,
-    /// Frees requested but completed later (the block was used on another
-    /// stream): recorded address -> the stand-in stream whose event holds it.
-    delayed: FxHashMap<u64, u64>,
-    next_stand_in: u64,
-    /// Where the burst of completions being read ends: the first entry after it.
-    burst_until: usize,
-    progress: F,
-}
-
-impl<'a, F: FnMut(usize)> CheckOps<'a, F> {
-    fn new(trace: &'a [TraceEvent], pools: &'a RecordedPools, progress: F) -> Self {
-        CheckOps {
-            trace,
-            pools,
-            next: 0,
-            queued: Vec::with_capacity(4),
-            slots: AddressSlots::default(),
-            delayed: FxHashMap::default(),
-            next_stand_in: STAND_IN_STREAMS,
-            burst_until: 0,
-            progress,
-        }
-    }
-
-    /// Entry `i`'s operations, in order.
-    fn read(&mut self, i: usize) -> ([Option<Op<Recording>>; 4], usize) {
-        let (trace, e) = (self.trace, &self.trace[i]);
-        let mut ops: [Option<Op<Recording>>; 4] = [None; 4];
-        let mut n = 0;
-        let mut push = |op| {
-            ops[n] = Some(op);
-            n += 1;
-        };
-        match e.action {
-            a_ if is_segment_event(a_) => push(Op::Mark(Recording::Segment)),
-            TraceAction::Alloc | TraceAction::Oom => {
-                let failed = e.action == TraceAction::Oom;
-                let slot = if failed { self.slots.take() } else { self.slots.allocated(e.addr) };
-                push(Op::Mark(Recording::Request));
-                push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(e) });
-                push(Op::Mark(Recording::Answered));
-                if failed {
-                    // Served here where the recorded run failed: the block goes back at once.
-                    push(Op::Free { slot });
-                    self.slots.give_back(slot);
-                }
-            }
-            // A free whose completion comes later: the block waits on an event,
-            // as it did in the recorded run, on a stream of its own, so it
-            // becomes reusable exactly when the trace says.
-            TraceAction::FreeRequested if completes_later(trace, i) => {
-                let stream = self.next_stand_in;
-                self.next_stand_in += 1;
-                self.delayed.insert(e.addr, stream);
-                match self.slots.freed(e.addr) {
-                    Some(slot) => {
-                        push(Op::RecordStream { slot, stream });
-                        push(Op::Free { slot });
-                    }
-                    None => push(Op::Mark(Recording::UnknownFree)),
-                }
-            }
-            TraceAction::FreeCompleted if self.delayed.contains_key(&e.addr) => {
-                let stream = self.delayed.remove(&e.addr).unwrap_or_default();
-                // Completions right before segments are released, or before an
-                // OOM, come from the synchronisation that releasing begins with
-                // (PyTorch's synchronize_and_free_events): the events stay
-                // pending until then. Others were found complete when the next
-                // request began (process_events). Had a block completed there
-                // and been able to serve the request, nothing would have been
-                // released, so the two readings differ in nothing else.
-                // Found once per burst: a burst of n completions is then read once, not n times.
-                if self.burst_until <= i {
-                    self.burst_until =
-                        i + 1 + trace[i + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
-                }
-                let releases_next = trace.get(self.burst_until).is_some_and(|n| {
-                    matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
-                });
-                if !releases_next {
-                    push(Op::Mark(Recording::Completed { stream }));
-                }
-            }
-            TraceAction::FreeCompleted | TraceAction::Free => {
-                push(Op::Mark(Recording::Free));
-                match self.slots.freed(e.addr) {
-                    Some(slot) => push(Op::Free { slot }),
-                    None => push(Op::Mark(Recording::UnknownFree)),
-                }
-            }
-            _ => {}
-        }
-        (ops, n)
-    }
-}
-
-impl<F: FnMut(usize)> Iterator for CheckOps<'_, F> {
-    type Item = (usize, Op<Recording>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(op) = self.queued.pop() {
-                return Some((self.next - 1, op));
-            }
-            let i = self.next;
-            if i >= self.trace.len() {
-                return None;
-            }
-            if i.is_multiple_of(65536) {
-                (self.progress)(i);
-            }
-            self.next += 1;
-            let (ops, n) = self.read(i);
-            self.queued.extend(ops[..n].iter().rev().flatten());
-        }
     }
 }
 
@@ -644,20 +467,26 @@ impl Checker<'_> {
 }
 
 impl Observer<ReplayDevice, PyTorchPolicy> for Checker<'_> {
-    type Mark = Recording;
+    type Mark = Mark;
 
-    fn mark(&mut self, i: usize, mark: Recording, a: &mut CheckAllocator) -> Result<(), AllocError> {
+    fn mark(&mut self, i: usize, mark: Mark, a: &mut CheckAllocator) -> Result<(), AllocError> {
         match mark {
-            Recording::Segment => self.segment(a, i),
-            Recording::Request => self.request(a, i),
-            Recording::Answered => self.answered(a, i),
-            Recording::Free if !self.pending.is_empty() => self.empty_cache(a, i),
-            Recording::Free => {}
-            Recording::UnknownFree => {
+            Mark::Segment => self.segment(a, i),
+            Mark::Request { .. } => self.request(a, i),
+            Mark::Answered => self.answered(a, i),
+            // A free after segments were released since the last request: the program's
+            // `empty_cache()` released them.
+            Mark::Free if !self.pending.is_empty() => self.empty_cache(a, i),
+            Mark::UnknownFree => {
                 let addr = self.trace[i].addr;
                 self.diverge(i, format!("free of {addr:#x}: {}", AllocError::InvalidPointer(addr)));
             }
-            Recording::Completed { stream } => a.device_mut().inner_mut().sim_mut().complete_events_on(stream),
+            Mark::Completed { stream, at_next_request: false } => {
+                a.device_mut().inner_mut().sim_mut().complete_events_on(stream)
+            }
+            // Completed by the release the next request begins with: the events stay pending,
+            // and the recorded segment frees say where.
+            Mark::Completed { at_next_request: true, .. } | Mark::Free | Mark::StepBegins | Mark::EmptyCache => {}
         }
         Ok(())
     }

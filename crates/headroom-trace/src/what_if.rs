@@ -13,12 +13,11 @@
 use crate::device_trace::DeviceTrace;
 use crate::snapshot::{TraceAction, TraceEvent};
 use crate::snapshot_pools::RecordedPools;
-use crate::snapshot_replay::{
-    completed_by_a_release, completes_later, first_line, Recorded, ReplayDevice, SnapshotReplayError, STAND_IN_STREAMS,
-};
+use crate::snapshot_replay::{first_line, Recorded, ReplayDevice, SnapshotReplayError};
 use crate::start_allocator::{allocator_at, unsupported};
 use crate::start_state::StartState;
-use crate::walk::{AddressSlots, Flow, Observer, Op, Slot, Walk};
+use crate::trace_requests::{Mark, TraceRequests};
+use crate::walk::{Flow, Observer, Slot, Walk};
 use headroom_alloc::{
     AllocError, Allocation, AllocatorConfig, Backend, DeviceCachingAllocator, DeviceCosts, NamedPolicy, Oom, PolicyName,
 };
@@ -259,7 +258,13 @@ fn replay_prefix(
     }
     let pools = RecordedPools::of(t.snap, device);
     let mut walk = Walk::default();
-    let mut ops = Requests::new(t, trace, &pools, recorded, progress);
+    let mut ops = TraceRequests::new(
+        trace,
+        &pools,
+        crate::recorded_step::step_starts(t.snap, t.device),
+        recorded.empty_cache_calls.clone(),
+        progress,
+    );
     for (address, block) in start {
         walk.adopt(ops.slots.allocated(address), block);
     }
@@ -371,142 +376,6 @@ fn note_peak(a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut What
     }
 }
 
-/// What the recorded run did between its requests and frees.
-#[derive(Clone, Copy, Debug)]
-enum Mark {
-    /// A step of the trace begins ([`crate::steps`]).
-    StepBegins,
-    /// The program called `empty_cache()` here: the pools the recorded flush
-    /// released are released first.
-    EmptyCache,
-    /// A request comes; `failed`: the recorded run could not serve it (an `oom` entry).
-    Request { failed: bool },
-    /// The request was answered.
-    Answered,
-    /// The free that waited on `stream` completed: now, or (`at_next_request`)
-    /// once the next request has run, as the release that completed it in the
-    /// recorded run begins inside it.
-    Completed { stream: u64, at_next_request: bool },
-}
-
-/// The trace's entries as a walk's operations, each at its entry's index.
-struct Requests<'a, F> {
-    trace: &'a [TraceEvent],
-    pools: &'a RecordedPools,
-    next: usize,
-    /// Operations of the entry being read, last first.
-    queued: Vec<Op<Mark>>,
-    slots: AddressSlots,
-    /// Frees that complete later than requested, as in the check: recorded
-    /// address -> the stand-in stream whose event holds the block.
-    delayed: FxHashMap<u64, u64>,
-    next_stand_in: u64,
-    step_starts: std::iter::Peekable<std::vec::IntoIter<usize>>,
-    empty_cache_calls: std::iter::Peekable<std::slice::Iter<'a, usize>>,
-    progress: F,
-}
-
-impl<'a, F: FnMut(usize)> Requests<'a, F> {
-    fn new(
-        t: &DeviceTrace<'a>,
-        trace: &'a [TraceEvent],
-        pools: &'a RecordedPools,
-        recorded: &'a Recorded,
-        progress: F,
-    ) -> Self {
-        Requests {
-            trace,
-            pools,
-            next: 0,
-            queued: Vec::with_capacity(4),
-            slots: AddressSlots::default(),
-            delayed: FxHashMap::default(),
-            next_stand_in: STAND_IN_STREAMS,
-            step_starts: crate::recorded_step::step_starts(t.snap, t.device).into_iter().peekable(),
-            empty_cache_calls: recorded.empty_cache_calls.iter().peekable(),
-            progress,
-        }
-    }
-
-    /// Queues entry `i`'s operations.
-    fn read(&mut self, i: usize) {
-        let (trace, e) = (self.trace, &self.trace[i]);
-        let mut ops: [Option<Op<Mark>>; 5] = [None; 5];
-        let mut n = 0;
-        let mut push = |op| {
-            ops[n] = Some(op);
-            n += 1;
-        };
-        if self.step_starts.next_if_eq(&i).is_some() {
-            push(Op::Mark(Mark::StepBegins));
-        }
-        if self.empty_cache_calls.next_if(|&&c| c == i).is_some() {
-            push(Op::Mark(Mark::EmptyCache));
-            push(Op::EmptyCache);
-        }
-        match e.action {
-            TraceAction::Alloc | TraceAction::Oom => {
-                let failed = e.action == TraceAction::Oom;
-                // A request the recorded run failed holds nothing: its block, if this run
-                // serves it, is freed at once.
-                let slot = if failed { self.slots.take() } else { self.slots.allocated(e.addr) };
-                push(Op::Mark(Mark::Request { failed }));
-                push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(e) });
-                push(Op::Mark(Mark::Answered));
-                if failed {
-                    push(Op::Free { slot });
-                    self.slots.give_back(slot);
-                }
-            }
-            // The block waits for an event on a stream of its own, which
-            // completes where the recording says its free did.
-            TraceAction::FreeRequested if completes_later(trace, i) => {
-                if let Some(slot) = self.slots.freed(e.addr) {
-                    let stream = self.next_stand_in;
-                    self.next_stand_in += 1;
-                    self.delayed.insert(e.addr, stream);
-                    push(Op::RecordStream { slot, stream });
-                    push(Op::Free { slot });
-                }
-            }
-            TraceAction::FreeCompleted if self.delayed.contains_key(&e.addr) => {
-                let stream = self.delayed.remove(&e.addr).unwrap_or_default();
-                push(Op::Mark(Mark::Completed { stream, at_next_request: completed_by_a_release(trace, i) }));
-            }
-            // A free the recorded run made of a block this one never held
-            // cannot happen with a consistent start state; it is skipped if it does.
-            TraceAction::FreeCompleted | TraceAction::Free => {
-                if let Some(slot) = self.slots.freed(e.addr) {
-                    push(Op::Free { slot });
-                }
-            }
-            _ => {}
-        }
-        self.queued.extend(ops[..n].iter().rev().flatten());
-    }
-}
-
-impl<F: FnMut(usize)> Iterator for Requests<'_, F> {
-    type Item = (usize, Op<Mark>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(op) = self.queued.pop() {
-                return Some((self.next - 1, op));
-            }
-            let i = self.next;
-            if i >= self.trace.len() {
-                return None;
-            }
-            if i.is_multiple_of(65536) {
-                (self.progress)(i);
-            }
-            self.next += 1;
-            self.read(i);
-        }
-    }
-}
-
 /// What a what-if replay watches, and how it stands in for the recorded device.
 struct Watch<'a, A> {
     trace: &'a [TraceEvent],
@@ -593,6 +462,8 @@ impl<A: FnMut(usize, u64)> Observer<ReplayDevice, NamedPolicy> for Watch<'_, A> 
                 }
             }
             Mark::Completed { stream, at_next_request: true } => self.at_next_request.push(stream),
+            // What the check compares; a what-if decides for itself.
+            Mark::Segment | Mark::Free | Mark::UnknownFree => {}
             Mark::Completed { stream, at_next_request: false } => {
                 a.device_mut().inner_mut().sim_mut().complete_events_on(stream)
             }

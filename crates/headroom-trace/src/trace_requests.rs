@@ -1,0 +1,191 @@
+//! A device's trace read as a [`Walk`]'s operations: each recorded allocation a slot, named
+//! by its address until it is freed, and what the recorded run did besides its requests and
+//! frees carried between them as marks. The check ([`crate::snapshot_replay`]) and every
+//! what-if ([`crate::what_if`]) walk this one reading; each observer acts on the marks it
+//! needs and passes over the others.
+
+use crate::memory_snapshot::{TraceAction, TraceEvent};
+use crate::snapshot_pools::RecordedPools;
+use crate::walk::{AddressSlots, Op};
+use rustc_hash::FxHashMap;
+
+/// Streams that stand for "another stream used this block": far above any stream a snapshot
+/// names (CUDA stream handles are pointers).
+pub(crate) const STAND_IN_STREAMS: u64 = 1 << 62;
+
+/// What the recorded run did between its requests and frees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// A segment event: the device call the next decision should make.
+    Segment,
+    /// A step of the trace begins ([`crate::recorded_step::step_starts`]).
+    StepBegins,
+    /// The program called `empty_cache()` here (followed by the call itself).
+    EmptyCache,
+    /// A request comes; `failed`: the recorded run could not serve it (an `oom` entry).
+    Request { failed: bool },
+    /// The request was answered.
+    Answered,
+    /// A free comes (one that completes at once).
+    Free,
+    /// A free of an address no live block has.
+    UnknownFree,
+    /// The free that waited on `stream` completed: now, or (`at_next_request`) by the
+    /// synchronisation a release begins with inside the next request.
+    Completed { stream: u64, at_next_request: bool },
+}
+
+/// Whether the free requested at entry `i` completes later than it is requested (the block
+/// was used on another stream: its memory waits for an event), rather than at once, in the
+/// entry that follows.
+fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
+    !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
+}
+
+fn is_segment_event(a: TraceAction) -> bool {
+    matches!(
+        a,
+        TraceAction::SegmentAlloc | TraceAction::SegmentFree | TraceAction::SegmentMap | TraceAction::SegmentUnmap
+    )
+}
+
+/// The trace's entries as a walk's operations, each at its entry's index.
+pub(crate) struct TraceRequests<'a, F> {
+    trace: &'a [TraceEvent],
+    pools: &'a RecordedPools,
+    next: usize,
+    /// Operations of the entry being read, last first.
+    queued: Vec<Op<Mark>>,
+    pub(crate) slots: AddressSlots,
+    /// Frees requested but completed later (the block was used on another stream): recorded
+    /// address -> the stand-in stream whose event holds it.
+    delayed: FxHashMap<u64, u64>,
+    next_stand_in: u64,
+    /// Where the burst of completions being read ends: the first entry after it.
+    burst_until: usize,
+    step_starts: std::iter::Peekable<std::vec::IntoIter<usize>>,
+    empty_cache_calls: std::iter::Peekable<std::vec::IntoIter<usize>>,
+    pub(crate) progress: F,
+}
+
+impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
+    /// `step_starts` and `empty_cache_calls`: the entries to mark as such, ascending.
+    pub(crate) fn new(
+        trace: &'a [TraceEvent],
+        pools: &'a RecordedPools,
+        step_starts: Vec<usize>,
+        empty_cache_calls: Vec<usize>,
+        progress: F,
+    ) -> Self {
+        TraceRequests {
+            trace,
+            pools,
+            next: 0,
+            queued: Vec::with_capacity(6),
+            slots: AddressSlots::default(),
+            delayed: FxHashMap::default(),
+            next_stand_in: STAND_IN_STREAMS,
+            burst_until: 0,
+            step_starts: step_starts.into_iter().peekable(),
+            empty_cache_calls: empty_cache_calls.into_iter().peekable(),
+            progress,
+        }
+    }
+
+    /// Queues entry `i`'s operations.
+    fn read(&mut self, i: usize) {
+        let (trace, e) = (self.trace, &self.trace[i]);
+        let mut ops: [Option<Op<Mark>>; 6] = [None; 6];
+        let mut n = 0;
+        let mut push = |op| {
+            ops[n] = Some(op);
+            n += 1;
+        };
+        if self.step_starts.next_if_eq(&i).is_some() {
+            push(Op::Mark(Mark::StepBegins));
+        }
+        if self.empty_cache_calls.next_if_eq(&i).is_some() {
+            push(Op::Mark(Mark::EmptyCache));
+            push(Op::EmptyCache);
+        }
+        match e.action {
+            a_ if is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
+            TraceAction::Alloc | TraceAction::Oom => {
+                let failed = e.action == TraceAction::Oom;
+                // A request the recorded run failed holds nothing: its block, if this run
+                // serves it, is freed at once.
+                let slot = if failed { self.slots.take() } else { self.slots.allocated(e.addr) };
+                push(Op::Mark(Mark::Request { failed }));
+                push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(e) });
+                push(Op::Mark(Mark::Answered));
+                if failed {
+                    push(Op::Free { slot });
+                    self.slots.give_back(slot);
+                }
+            }
+            // A free whose completion comes later: the block waits on an event, as it did in
+            // the recorded run, on a stream of its own, so it becomes reusable exactly when
+            // the trace says.
+            TraceAction::FreeRequested if completes_later(trace, i) => {
+                let stream = self.next_stand_in;
+                self.next_stand_in += 1;
+                self.delayed.insert(e.addr, stream);
+                match self.slots.freed(e.addr) {
+                    Some(slot) => {
+                        push(Op::RecordStream { slot, stream });
+                        push(Op::Free { slot });
+                    }
+                    None => push(Op::Mark(Mark::UnknownFree)),
+                }
+            }
+            TraceAction::FreeCompleted if self.delayed.contains_key(&e.addr) => {
+                let stream = self.delayed.remove(&e.addr).unwrap_or_default();
+                // Completions right before segments are released, or before an OOM, come
+                // from the synchronisation that releasing begins with (PyTorch's
+                // synchronize_and_free_events): the events stay pending until then. Others
+                // were found complete when the next request began (process_events). Had a
+                // block completed there and been able to serve the request, nothing would
+                // have been released, so the two readings differ in nothing else. Found once
+                // per burst: a burst of n completions is then read once, not n times.
+                if self.burst_until <= i {
+                    self.burst_until =
+                        i + 1 + trace[i + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
+                }
+                let at_next_request = trace.get(self.burst_until).is_some_and(|n| {
+                    matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
+                });
+                push(Op::Mark(Mark::Completed { stream, at_next_request }));
+            }
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                push(Op::Mark(Mark::Free));
+                match self.slots.freed(e.addr) {
+                    Some(slot) => push(Op::Free { slot }),
+                    None => push(Op::Mark(Mark::UnknownFree)),
+                }
+            }
+            _ => {}
+        }
+        self.queued.extend(ops[..n].iter().rev().flatten());
+    }
+}
+
+impl<F: FnMut(usize)> Iterator for TraceRequests<'_, F> {
+    type Item = (usize, Op<Mark>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(op) = self.queued.pop() {
+                return Some((self.next - 1, op));
+            }
+            let i = self.next;
+            if i >= self.trace.len() {
+                return None;
+            }
+            if i.is_multiple_of(65536) {
+                (self.progress)(i);
+            }
+            self.next += 1;
+            self.read(i);
+        }
+    }
+}
