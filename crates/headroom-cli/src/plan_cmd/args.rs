@@ -87,6 +87,15 @@ pub struct PlanArgs {
     /// Estimate inference.
     #[arg(long, help_heading = JOB)]
     pub infer: bool,
+    /// Plan the step recorded in FILE instead of one the planner builds: a JSONL step program
+    /// as `python -m headroom_gpu record` writes it from your own model, loss and optimizer
+    /// under fake tensors (no GPU), or as --dump-program writes it. It is replayed as recorded
+    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy;
+    /// --batch and --seq say the shape it was recorded at (its tensors have that shape's
+    /// sizes), and every flag that shapes a program is the recording's own and refused.
+    #[arg(long, value_name = "FILE", help_heading = JOB,
+          conflicts_with_all = ["infer", "recommend", "emit", "calibrate", "max_batch", "max_seq"])]
+    pub program: Option<std::path::PathBuf>,
     /// Micro-batch (training) or concurrent sequences (inference).
     #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = JOB)]
     pub batch: u64,
@@ -371,9 +380,10 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 26] {
+    fn training_flags(&self) -> [Given; 27] {
         [
             ("--train", self.train),
+            ("--program", self.program.is_some()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
             ("--precision", self.precision.is_some()),
