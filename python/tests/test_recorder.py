@@ -190,5 +190,74 @@ class Command(unittest.TestCase):
         self.assertIn("--batch 0", run.stderr)
 
 
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def _documented(kind):
+    """docs/RECORDING.md's code blocks of `kind` (sh or python), each as its lines."""
+    with open(os.path.join(REPO, "docs", "RECORDING.md"), encoding="utf-8") as f:
+        text = f.read()
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = (line[3:], [])
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current[1].append(line)
+    return [lines for lang, lines in blocks if lang == kind]
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Documented(unittest.TestCase):
+    """Every recording command and program docs/RECORDING.md shows runs as shown, in a scratch
+    directory holding the repository's data/ (headroom's own commands are run by the Rust
+    tests of documented commands)."""
+
+    def scratch(self):
+        d = tempfile.mkdtemp()
+        os.symlink(os.path.join(REPO, "data"), os.path.join(d, "data"))
+        return d
+
+    def test_the_commands(self):
+        d = self.scratch()
+        commands = [l for b in _documented("sh") for l in b if l.startswith("python -m headroom_gpu ")]
+        self.assertGreaterEqual(len(commands), 2)
+        env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
+        for line in commands:
+            args = line.split()[1:]
+            run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env)
+            self.assertEqual(run.returncode, 0, f"{line}: {run.stderr}")
+            out = args[args.index("--out") + 1]
+            plan = subprocess.run(
+                [_headroom(), "plan", "--model", "gpt2", "--gpu", "l4", "--batch", "4", "--seq", "1024", "--program",
+                 os.path.join(d, out)], capture_output=True, text=True)
+            self.assertIn(plan.returncode, (0, 1), plan.stderr)
+
+    def test_the_python(self):
+        d = self.scratch()
+        blocks = _documented("python")
+        self.assertEqual(len(blocks), 1)
+        cwd = os.getcwd()
+        os.chdir(d)
+        try:
+            exec(compile("\n".join(blocks[0]), "docs/RECORDING.md", "exec"), {})
+        finally:
+            os.chdir(cwd)
+        self.assertTrue(os.path.getsize(os.path.join(d, "my-step.jsonl")) > 0)
+
+    def test_the_shipped_recording_is_what_the_recorder_records(self):
+        """data/recordings/gpt2-bf16-b4-s1024.jsonl, recorded again: the same allocations."""
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rec = record(StepSpec(model=os.path.join(REPO, "data", "models", "presets", "gpt2.json"), batch=4, seq=1024))
+        with open(os.path.join(REPO, "data", "recordings", "gpt2-bf16-b4-s1024.jsonl"), encoding="utf-8") as f:
+            shipped = [json.loads(l) for l in f]
+        sizes = lambda lines: sorted(l["size"] for l in lines if l["op"] == "alloc")  # noqa: E731
+        self.assertEqual(sizes(json.loads(l) for l in rec.to_jsonl().splitlines()), sizes(shipped))
+
+
 if __name__ == "__main__":
     unittest.main()
