@@ -4,7 +4,7 @@
     from headroom_gpu.recorder import StepRecorder
 
     with StepRecorder() as rec:                  # fake tensors: no memory, no GPU
-        model = build_model()                    # your own nn.Module, on "cuda" or "cpu"
+        model = build_model()                    # your own nn.Module, on the CPU
         opt = torch.optim.AdamW(model.parameters())
         batch = make_batch()
         for _ in range(3):
@@ -299,7 +299,15 @@ class StepRecorder:
         def backward(*args, **kwargs):
             if self._phase != SETUP:
                 self._phase = BACKWARD
-            return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError as e:
+                if "hasPrimaryContext" not in str(e) or torch.cuda.is_available():
+                    raise
+                raise RuntimeError(
+                    "the backward of fake CUDA tensors needs a GPU's context, and this machine has none: build the "
+                    "model and the inputs on the CPU (leave out .cuda() and device='cuda'); the recording is the same "
+                    "and attention is still routed as on an sm90 GPU") from e
 
         return backward
 
