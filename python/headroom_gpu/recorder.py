@@ -383,9 +383,9 @@ class StepRecorder:
         lines = []
         for op, rec in self.events:
             if op == "alloc":
-                lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}))
+                lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}, separators=(",", ":")))
             else:
-                lines.append(json.dumps({"op": "free", "id": rec.id()}))
+                lines.append(json.dumps({"op": "free", "id": rec.id()}, separators=(",", ":")))
         return "\n".join(lines) + "\n"
 
     def write(self, path: str) -> None:
