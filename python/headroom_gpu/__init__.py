@@ -10,7 +10,9 @@
 `inspect` and `plan` run the `headroom` command this package installs and need
 nothing else; `record` needs PyTorch and a CUDA device, and imports torch only
 when called. `headroom_gpu.torch_allocator` loads headroom's allocator into
-PyTorch (the headroom-torch shared library).
+PyTorch (the headroom-torch shared library). `headroom_gpu.recorder` records a training step
+without a GPU, under fake tensors, as a step program `headroom plan --program` replays
+(`python -m headroom_gpu record`; docs/RECORDING.md).
 """
 
 from __future__ import annotations

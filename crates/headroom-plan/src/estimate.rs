@@ -279,7 +279,8 @@ impl Estimator {
             if self.calibration_refuses(&job, capacity).is_some() {
                 return false;
             }
-        } else if !self.screen_fits(&job, runner, capacity as f64) {
+        } else if job.recording.is_none() && !self.screen_fits(&job, runner, capacity as f64) {
+            // A recording is its own program: the closed form knows nothing of it.
             return false;
         }
         self.run_fitted(&job, runner, capacity)

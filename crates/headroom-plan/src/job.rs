@@ -7,6 +7,7 @@ use crate::gpu::GpuSpec;
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
 use crate::parallel::{Parallelism, StageOutputs};
+use crate::recording::Recording;
 
 /// Precision regimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -406,18 +407,21 @@ pub struct Job<'a> {
     pub model: &'a Model,
     pub gpu: &'a GpuSpec,
     pub train: TrainConfig,
+    /// The user's own step program, where the job brings one (`--program`): it is replayed as
+    /// recorded ([`crate::builders::recorded`]).
+    pub recording: Option<&'a Recording>,
 }
 
 impl<'a> Job<'a> {
     /// The job, if `model` can train as `train` says on `gpu`; the reason if not.
     pub fn new(model: &'a Model, gpu: &'a GpuSpec, train: TrainConfig) -> Result<Job<'a>, crate::InvalidConfig> {
         train.check(model, gpu)?;
-        Ok(Job { model, gpu, train })
+        Ok(Job { model, gpu, train, recording: None })
     }
 
     /// The same model and GPU trained as `train` says, checked again.
     pub fn with(&self, train: TrainConfig) -> Result<Job<'a>, crate::InvalidConfig> {
-        Job::new(self.model, self.gpu, train)
+        Ok(Job { recording: self.recording, ..Job::new(self.model, self.gpu, train)? })
     }
 
     /// Bytes the process holds on the GPU outside PyTorch's allocator: the driver's own, the

@@ -29,7 +29,9 @@ pub fn remedies(job: &Job, estimator: &Estimator, estimate: &Estimate) -> Vec<Re
             }
         }
     }
-    if job.train.optimizer == Optimizer::AdamW && estimate.runner.optimizer_impl != OptimizerImpl::Fused {
+    // A recording's optimizer is the one recorded: only the allocator's settings change it.
+    let recorded = job.recording.is_some();
+    if !recorded && job.train.optimizer == Optimizer::AdamW && estimate.runner.optimizer_impl != OptimizerImpl::Fused {
         let fused = job.with(TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..job.train });
         if let Some(e) = fused.ok().and_then(|j| estimator.estimate(&j).ok()).filter(|e| e.verdict.fits) {
             out.push(Remedy { setting: "--optimizer-impl fused".into(), estimate: e });

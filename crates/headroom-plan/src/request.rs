@@ -17,6 +17,7 @@ use crate::job::{
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
 use crate::parallel::{Parallelism, PipelineSchedule, StageOutputs};
+use crate::recording::Recording;
 use crate::sglang::Sglang;
 use crate::InvalidConfig;
 
@@ -135,6 +136,55 @@ impl TrainRequest {
     /// the other settings filled in, checked by every rule ([`Job::new`]).
     pub fn resolve<'a>(&self, model: &'a Model, gpu: &'a GpuSpec) -> Result<Job<'a>, InvalidConfig> {
         Job::new(model, gpu, self.config()?)
+    }
+
+    /// The job that replays `recording`: this request's shape (the one recorded, for the step
+    /// time) and GPU, and nothing else of it. Every setting that shapes a program is the
+    /// recording's own, so a request that sets one is refused by the flag's name.
+    pub fn resolve_recorded<'a>(
+        &self,
+        model: &'a Model,
+        gpu: &'a GpuSpec,
+        recording: &'a Recording,
+    ) -> Result<Job<'a>, InvalidConfig> {
+        let d = TrainRequest::default();
+        let r = self;
+        let set = [
+            ("--accumulation", r.accumulation != d.accumulation),
+            ("--gpus", r.gpus != d.gpus),
+            ("--tp", r.tensor != d.tensor),
+            ("--pp", r.pipeline != d.pipeline),
+            ("--cp", r.context != d.context),
+            ("--vpp", r.virtual_stages.is_some()),
+            ("--pp-schedule", r.schedule.is_some()),
+            ("--pp-outputs", r.stage_outputs.is_some()),
+            ("--no-sequence-parallel", r.sequence_parallel != d.sequence_parallel),
+            ("--tp-comm-overlap", r.tp_comm_overlap),
+            ("--zero", r.zero.is_some()),
+            ("--dp-replicate", r.replicate != d.replicate),
+            ("--finetune", r.finetune != d.finetune),
+            ("--lora-rank", r.lora_rank.is_some()),
+            ("--lora-targets", r.lora_targets.is_some()),
+            ("--base-weights", r.base_weights.is_some()),
+            ("--offload", r.offload != d.offload),
+            ("--precision", r.precision != d.precision),
+            ("--optimizer", r.optimizer != d.optimizer),
+            ("--optimizer-impl", r.optimizer_impl.is_some()),
+            ("--attention", r.attention != d.attention),
+            ("--framework", r.framework != d.framework),
+            ("--head", r.head != d.head),
+            ("--checkpoint", r.checkpointing != d.checkpointing),
+            ("--compile", r.compile != d.compile),
+        ];
+        if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
+            return Err(InvalidConfig(format!(
+                "{flag} shapes the step program, and --program {} brings its own: record the step with that \
+                 setting instead (python -m headroom_gpu record), or leave out --program",
+                recording.path
+            )));
+        }
+        let job = self.resolve(model, gpu)?;
+        Ok(Job { recording: Some(recording), ..job })
     }
 
     /// The training configuration, before the rules that need the model and the GPU.

@@ -53,6 +53,9 @@ const OUTPUT: &str = "Questions and output";
 /// (or, with --all-logits, an evaluation loop) runs it, its temporaries and logits recorded
 /// the same way.
 ///
+/// Any other step — your own model, loss, optimizer and wrappers — can be recorded without a
+/// GPU (`python -m headroom_gpu record`, docs/RECORDING.md) and planned with --program.
+///
 /// Your own model's layers, optimizer or script may keep more or less than any recipe:
 /// --calibrate fits the plan to a memory snapshot of a smaller run of the same job
 /// (torch.cuda.memory._dump_snapshot around one step), and plans the larger one from it.
@@ -76,7 +79,8 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
-                        headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512"
+                        headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
+                        headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl"
 )]
 pub struct PlanArgs {
     #[command(flatten)]
@@ -87,6 +91,15 @@ pub struct PlanArgs {
     /// Estimate inference.
     #[arg(long, help_heading = JOB)]
     pub infer: bool,
+    /// Plan the step recorded in FILE instead of one the planner builds: a JSONL step program
+    /// as `python -m headroom_gpu record` writes it from your own model, loss and optimizer
+    /// under fake tensors (no GPU), or as --dump-program writes it. It is replayed as recorded
+    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy;
+    /// --batch and --seq say the shape it was recorded at (its tensors have that shape's
+    /// sizes), and every flag that shapes a program is the recording's own and refused.
+    #[arg(long, value_name = "FILE", help_heading = JOB,
+          conflicts_with_all = ["infer", "recommend", "emit", "calibrate", "max_batch", "max_seq"])]
+    pub program: Option<std::path::PathBuf>,
     /// Micro-batch (training) or concurrent sequences (inference).
     #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = JOB)]
     pub batch: u64,
@@ -371,9 +384,10 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 26] {
+    fn training_flags(&self) -> [Given; 27] {
         [
             ("--train", self.train),
+            ("--program", self.program.is_some()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
             ("--precision", self.precision.is_some()),

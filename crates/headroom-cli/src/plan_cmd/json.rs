@@ -2,6 +2,7 @@
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
 use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
+use headroom_plan::builders::recorded;
 use headroom_plan::estimate::{Estimate, Memory, RunnerRecord, Timing, Verdict};
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::Runtime;
@@ -49,7 +50,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         job(p.model, p.gpu, &e.job),
         runner(&e.runner),
         memory(&e.memory, &e.verdict),
-        time(&e.time),
+        if e.runner.builder == recorded::NAME { untimed() } else { time(&e.time) },
         json!({
             "calibration": p.calibration.as_ref().map(calibration),
             "allocator": p.allocator,
@@ -91,6 +92,7 @@ fn runner(r: &RunnerRecord) -> Value {
     let source = match r.builder {
         "transformers" => json!({"source": "recorded", "template": r.source}),
         "torchtitan" | "torchtitan-pipeline" => json!({"source": "fsdp2"}),
+        recorded::NAME => json!({"source": "recording", "file": r.source}),
         _ => json!({"source": "analytic"}),
     };
     json!({
@@ -165,6 +167,14 @@ fn time(t: &Timing) -> Value {
         "tokens_per_s": t.tokens_per_s,
         "mfu": t.mfu,
         "recompute_fraction": t.recompute_fraction,
+    })
+}
+
+/// A recording's time: its allocations were recorded, not its operators' times.
+fn untimed() -> Value {
+    json!({
+        "step_time_s": null, "layer_time_s": null, "step_time_breakdown": null, "tokens_per_s": null, "mfu": null,
+        "recompute_fraction": null,
     })
 }
 

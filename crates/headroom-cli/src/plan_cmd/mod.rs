@@ -21,6 +21,7 @@ use headroom_plan::infer::{self, InferConfig, InferEstimate};
 use headroom_plan::job::Job;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
+use headroom_plan::recording::Recording;
 use headroom_plan::remedy::{remedies, Remedy};
 use headroom_plan::search::{recommend, Recommendation, Search, SearchSpace};
 use std::path::PathBuf;
@@ -94,10 +95,15 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         };
         return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
     }
-    let job = a.train_request()?.resolve(&model, &gpu)?;
+    let recording = a.program.as_deref().map(Recording::read).transpose().context("--program")?;
+    let job = match &recording {
+        Some(r) => a.train_request()?.resolve_recorded(&model, &gpu, r)?,
+        None => a.train_request()?.resolve(&model, &gpu)?,
+    };
     if let Some(path) = &a.dump_program {
         let mut inputs: Vec<PathBuf> = a.calibrate.clone();
         inputs.push(PathBuf::from(&a.target.model));
+        inputs.extend(a.program.clone());
         check_output(path, &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()).context("--dump-program")?;
     }
     let mut allocators = a.allocators()?;

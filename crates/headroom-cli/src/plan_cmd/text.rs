@@ -3,6 +3,7 @@
 
 use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
+use headroom_plan::builders::recorded;
 use headroom_plan::estimate::{Estimate, RunnerRecord};
 use headroom_plan::infer::Runtime;
 use headroom_plan::job::{Finetune, Offload, PipelineStage};
@@ -55,17 +56,11 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
-    let t = &e.time;
-    outln!(
-        out,
-        "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
-        t.step_time_s,
-        t.tokens_per_s,
-        if cfg.parallel.gpus() > 1 { " over all GPUs" } else { "" },
-        t.mfu * 100.0,
-        t.recompute_fraction * 100.0
-    );
-    step_time_line(&mut out, &t.breakdown);
+    if e.runner.builder == recorded::NAME {
+        outln!(out, "step time: not estimated (a recording holds the step's allocations, not its operators' times)");
+    } else {
+        step_time_lines(&mut out, e);
+    }
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -85,9 +80,35 @@ pub(super) fn train(p: &TrainPlan) -> String {
     out
 }
 
+/// The step time and where it goes.
+fn step_time_lines(out: &mut String, e: &Estimate) {
+    let t = &e.time;
+    outln!(
+        *out,
+        "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
+        t.step_time_s,
+        t.tokens_per_s,
+        if e.job.parallel.gpus() > 1 { " over all GPUs" } else { "" },
+        t.mfu * 100.0,
+        t.recompute_fraction * 100.0
+    );
+    step_time_line(out, &t.breakdown);
+}
+
 /// The job as planned: the model, the GPU, the shape and the settings.
 fn job_line(p: &TrainPlan) -> String {
     let (e, cfg) = (&p.estimate, &p.estimate.job);
+    if e.runner.builder == recorded::NAME {
+        return format!(
+            "{} on {} ({}), training: micro-batch {} × {} tokens, the step recorded in {}",
+            p.model,
+            p.gpu.name,
+            format_size(p.gpu.memory_bytes),
+            cfg.micro_batch,
+            cfg.seq,
+            e.runner.source.as_deref().unwrap_or("the recording")
+        );
+    }
     format!(
         "{} on {} ({}), {}: micro-batch {} × {} tokens{}, {}, {}, {} attention, checkpointing {}{}",
         p.model,
@@ -116,6 +137,9 @@ fn fsdp2(r: &RunnerRecord) -> bool {
 
 /// Who built the program, from what, and why the builders before it did not.
 fn runner_line(r: &RunnerRecord) -> String {
+    if r.builder == recorded::NAME {
+        return "program: the recording, replayed as recorded".into();
+    }
     let mut line = format!("program: {}, --framework {}", r.builder, r.framework.name());
     if let Some(source) = &r.source {
         line.push_str(&format!(", recorded as {source}"));

@@ -9,6 +9,7 @@
 //!
 //! | builder | framework | serves | the program |
 //! |---|---|---|---|
+//! | `recording` | the user's own | a job that brings its recorded step (`--program`) | [`recorded`]: the recording, replayed as recorded |
 //! | `transformers` | transformers | one GPU, full fine-tuning, no or full checkpointing, eager, a recorded family | [`hf`]: transformers' step recorded tensor by tensor, expanded to the model |
 //! | `torchtitan-pipeline` | torchtitan | FSDP2 over pipeline stages, a dense Llama-style decoder | [`fsdp2::pipeline`]: every pipeline rank by its schedule |
 //! | `torchtitan` | torchtitan | FSDP2 without pipelining, a dense Llama-style decoder | [`fsdp2`]: one rank, stream by stream |
@@ -23,6 +24,7 @@ pub mod analytic;
 pub mod fsdp2;
 pub mod hf;
 pub mod optimizer;
+pub mod recorded;
 
 pub use crate::job::Device;
 use crate::job::{Framework, Job, PipelineStage};
@@ -125,6 +127,12 @@ pub trait Builder: Sync {
         false
     }
 
+    /// Whether it serves only jobs that bring their own program (a recording): to every other
+    /// job it has nothing to say, and its reason is not reported.
+    fn only_when_brought(&self) -> bool {
+        false
+    }
+
     /// Whether it builds the job's programs; why not, if it does not.
     fn serves(&self, job: &Job) -> Result<(), String>;
 
@@ -135,6 +143,7 @@ pub trait Builder: Sync {
 
 /// The table, in the order builders are asked.
 pub static BUILDERS: &[&dyn Builder] = &[
+    &recorded::UserRecording,
     &hf::Recorded,
     &fsdp2::pipeline::Pipelined,
     &fsdp2::Fsdp2,
@@ -189,6 +198,7 @@ pub fn runner(job: &Job) -> Result<(Runner, Vec<Passed>), NoRunner> {
     for &b in BUILDERS {
         match b.serves(job) {
             Ok(()) => return Ok((Runner { builder: b }, passed)),
+            Err(_) if b.only_when_brought() => {}
             // The builders of other frameworks than the one asked for have nothing to say.
             Err(why) if asked_for(job, b.framework()).is_ok() => passed.push(Passed { builder: b.name(), why }),
             Err(_) => {}

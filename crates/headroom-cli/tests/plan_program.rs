@@ -1,0 +1,153 @@
+//! `headroom plan --program`: a recorded step replayed as `plan` replays its own programs.
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+use std::path::Path;
+
+fn headroom() -> Command {
+    Command::cargo_bin("headroom").unwrap()
+}
+
+fn plan(args: &[&str]) -> (i32, Value) {
+    let out = headroom().arg("plan").args(args).arg("--json").output().unwrap();
+    let code = out.status.code().unwrap();
+    assert!(code < 2, "{}", String::from_utf8_lossy(&out.stderr));
+    (code, serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// The figures a plan's verdict rests on.
+fn verdict(v: &Value) -> [Value; 8] {
+    [
+        "fits",
+        "allocated_bytes",
+        "reserved_bytes",
+        "margin_bytes",
+        "peak_phase",
+        "phase_peaks",
+        "breakdown",
+        "device_mallocs",
+    ]
+    .map(|k| v[k].clone())
+}
+
+/// A job's program dumped, then planned from the file: the same verdict and peaks, on a GPU
+/// where it fits, on one where it runs out, and under other allocator settings.
+#[test]
+fn a_dumped_program_plans_as_the_job_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("step.jsonl");
+    let f = file.to_str().unwrap();
+    let job = ["--model", "gpt2", "--gpu", "l4", "--batch", "4", "--seq", "1024", "--precision", "bf16"];
+    let (_, built) = plan(&[&job[..], &["--dump-program", f]].concat());
+    assert_eq!(built["runner"]["builder"], "transformers");
+    let shape = ["--model", "gpt2", "--gpu", "l4", "--batch", "4", "--seq", "1024"];
+    for extra in [
+        &[][..],
+        &["--gpu-memory", "3GiB"],
+        &["--alloc-conf", "expandable_segments:True"],
+        &["--policy", "headroom"],
+        &["--alloc-conf", "garbage_collection_threshold:0.6,max_split_size_mb:128"],
+    ] {
+        let (code_a, a) = plan(&[&job[..], extra].concat());
+        let (code_b, b) = plan(&[&shape[..], &["--program", f], extra].concat());
+        assert_eq!(code_a, code_b, "{extra:?}");
+        assert_eq!(verdict(&a), verdict(&b), "{extra:?}");
+        assert_eq!(b["runner"]["builder"], "recording");
+        assert_eq!(b["program"]["source"], "recording");
+        assert!(b["step_time_s"].is_null());
+    }
+    // Round trip: the recording dumps itself unchanged.
+    let again = dir.path().join("again.jsonl");
+    plan(&[&shape[..], &["--program", f, "--dump-program", again.to_str().unwrap()]].concat());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), std::fs::read_to_string(&again).unwrap());
+}
+
+#[test]
+fn the_text_names_the_recording_and_the_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("step.jsonl");
+    let f = file.to_str().unwrap();
+    headroom().args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "512", "--dump-program", f]).assert().success();
+    headroom()
+        .args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "512", "--gpu-memory", "1GiB", "--program", f])
+        .assert()
+        .code(1)
+        .stdout(contains("the step recorded in"))
+        .stdout(contains("does NOT fit"))
+        .stdout(contains("runs out of memory in step 1's"))
+        .stdout(contains("step time: not estimated"));
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_bad_recording_is_refused_with_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = "{\"op\":\"alloc\",\"id\":\"0 step1.forward activations m\",\"size\":10}\n";
+    for (text, msg) in [
+        (format!("{ok}{{\"op\":\"free\",\"id\":\"9\"}}\n"), "line 2: frees \"9\", which is not live"),
+        (format!("\n{ok}{ok}"), "line 3: allocates \"0 step1.forward activations m\", which is still live"),
+        ("{\"op\":\"alloc\",\"id\":7,\"size\":10}\n".to_string(), "line 1: id \"7\" is not a step program's"),
+        ("{\"op\":\"alloc\",\"id\":\"0 step1.forward params m\",\"size\":1}\n".into(), "\"params\" is not one of"),
+        ("{\"op\":\"alloc\",\"id\":\"0 step1.sideways weights m\",\"size\":1}\n".into(), "is not setup or step<N>"),
+        (format!("{ok}{{\"op\":\"record_stream\",\"id\":\"0\",\"stream\":1}}\n"), "line 2: \"record_stream\""),
+        (format!("{ok}{{\"op\":\"alloc\",\"id\":\"1 step1.forward weights m\",\"size\":1,\"dtype\":1}}\n"), "line 2"),
+        (
+            format!("{ok}{{\"op\":\"alloc\",\"id\":\"1 setup weights m\",\"size\":1}}\n"),
+            "line 2: \"1 setup weights m\" is made in step 0's setup after step 1's forward",
+        ),
+        ("not json\n".into(), "line 1: not a trace line"),
+        ("\n\n".into(), "holds no allocation"),
+        ("{\"op\":\"alloc\",\"id\":\"0 setup weights m\",\"size\":1}\n".into(), "holds no step"),
+    ] {
+        let f = write(dir.path(), "bad.jsonl", &text);
+        headroom()
+            .args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "64", "--program", &f])
+            .assert()
+            .code(2)
+            .stderr(contains(f.as_str()))
+            .stderr(contains(msg));
+    }
+    headroom()
+        .args(["plan", "--model", "gpt2", "--gpu", "l4", "--program", "/nonexistent/step.jsonl"])
+        .assert()
+        .code(2)
+        .stderr(contains("/nonexistent/step.jsonl"));
+}
+
+/// What shapes a program is the recording's: each such flag is refused by name, as are the
+/// questions a single recorded shape cannot answer.
+#[test]
+fn settings_a_recording_brings_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "s.jsonl", "{\"op\":\"alloc\",\"id\":\"0 step1.forward activations m\",\"size\":10}\n");
+    for (flags, msg) in [
+        (&["--precision", "bf16"][..], "--precision shapes the step program"),
+        (&["--optimizer", "sgd"], "--optimizer shapes"),
+        (&["--checkpoint", "full"], "--checkpoint shapes"),
+        (&["--finetune", "lora"], "--finetune shapes"),
+        (&["--gpus", "8"], "--gpus shapes"),
+        (&["--framework", "hf"], "--framework shapes"),
+        (&["--attention", "eager"], "--attention shapes"),
+        (&["--accumulation", "4"], "--accumulation shapes"),
+        (&["--max-batch"], "cannot be used with"),
+        (&["--recommend"], "cannot be used with"),
+        (&["--infer"], "cannot be used with"),
+    ] {
+        headroom()
+            .args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "64", "--program", &f])
+            .args(flags)
+            .assert()
+            .code(2)
+            .stderr(contains(msg));
+    }
+    let out =
+        headroom().args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "64", "--program", &f]).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.contains("the peak is in the forward"), "{text}");
+}

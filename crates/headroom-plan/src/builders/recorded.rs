@@ -1,0 +1,119 @@
+//! The user's recordings: a job that brings its own step program (`--program`) is replayed as
+//! recorded. Whatever ran the step — any model, any loss, any optimizer, any wrapper — its
+//! allocations and frees are in the recording (`python -m headroom_gpu record` makes one under
+//! fake tensors, with no GPU), so the builder has nothing to synthesize: the program is the
+//! recording, and the plan replays it on the GPU's memory less what lives outside PyTorch,
+//! under the allocator settings asked for, as it replays every other builder's program.
+//!
+//! What only a GPU has comes from the GPU's rules, as for the programs the planner builds: a
+//! recording made without a GPU holds no cuBLAS workspace, so the plan adds the GPU's — one
+//! at the first forward, for the forward's thread, and one at the first backward, for the
+//! autograd engine's, kept for the life of the process. A recording that holds workspaces (a
+//! program `--dump-program` wrote) keeps its own.
+
+use super::{Builder, Built, Context, Device, RankProgram};
+use crate::job::{Framework, Job, PipelineStage};
+use crate::program::{Law, Op, Phase, Program, Term};
+
+/// Its name in the estimate and in `--json`.
+pub const NAME: &str = "recording";
+
+/// The builder of jobs that bring a recording.
+pub struct UserRecording;
+
+impl Builder for UserRecording {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// No framework's code is modelled: the recording holds what the user's code did. The
+    /// estimate names the job's framework as asked (`auto`; a recorded job refuses any other).
+    fn framework(&self) -> Framework {
+        Framework::Auto
+    }
+
+    fn only_when_brought(&self) -> bool {
+        true
+    }
+
+    fn serves(&self, job: &Job) -> Result<(), String> {
+        match job.recording {
+            Some(_) => Ok(()),
+            None => Err("the job brings no recorded program (--program)".into()),
+        }
+    }
+
+    fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
+        let r = job.recording.ok_or("the job brings no recorded program (--program)")?;
+        let program = match cx.device {
+            Device::Gpu(gpu) => with_workspaces(&r.program, gpu.arch.cublas_workspace_bytes()),
+            Device::Cpu => r.program.clone(),
+        };
+        Ok(Built {
+            ranks: vec![RankProgram { program, stage: PipelineStage::Only, layout: None }],
+            source: Some(r.describe()),
+            recompute_fraction: 0.0,
+            note: None,
+            compiled: false,
+        })
+    }
+}
+
+/// `program` with a cuBLAS workspace of `bytes` allocated as step 1's forward and its backward
+/// begin, where it holds none of its own.
+fn with_workspaces(program: &Program, bytes: u64) -> Program {
+    if program.tensors.iter().any(|t| t.term == Term::Workspace) {
+        return program.clone();
+    }
+    let mut out = Program {
+        tensors: program.tensors.clone(),
+        ops: Vec::with_capacity(program.ops.len() + 2),
+        sites: program.sites.clone(),
+    };
+    let site = out.site("cuBLAS workspace");
+    let mut wanted = [Phase::Forward, Phase::Backward];
+    for &op in &program.ops {
+        out.ops.push(op);
+        if let Op::Mark { step: 1, phase } = op {
+            if let Some(w) = wanted.iter_mut().find(|w| **w == phase) {
+                // Made once: a later mark of the same phase finds none wanted.
+                *w = Phase::Setup;
+                out.alloc(Law::fixed(bytes as f64), Term::Workspace, site);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recording_gets_the_gpus_workspaces_once_and_a_dumped_program_keeps_its_own() {
+        let mut p = Program::default();
+        let s = p.site("m");
+        p.mark(0, Phase::Setup);
+        p.alloc(Law::fixed(8.0), Term::Weights, s);
+        for step in 1..=2 {
+            p.mark(step, Phase::Forward);
+            let a = p.alloc(Law::fixed(4.0), Term::Activations, s);
+            p.mark(step, Phase::Backward);
+            p.free(a);
+        }
+        let w = with_workspaces(&p, 1 << 25);
+        assert!(w.check().is_ok());
+        let spaces: Vec<usize> = w
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, Op::Alloc(t) if w.tensors[*t as usize].term == Term::Workspace))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(spaces.len(), 2);
+        assert_eq!(w.ops[spaces[0] - 1], Op::Mark { step: 1, phase: Phase::Forward });
+        assert_eq!(w.ops[spaces[1] - 1], Op::Mark { step: 1, phase: Phase::Backward });
+        assert_eq!(w.sizes(1, 1).iter().sum::<u64>(), 8 + 4 + 4 + (2 << 25));
+        assert_eq!(with_workspaces(&w, 1 << 25), w);
+    }
+}

@@ -1,0 +1,279 @@
+//! A step program read from a file: the user's own step, recorded by `python -m headroom_gpu
+//! record` under fake tensors, or a program `headroom plan --dump-program` wrote.
+//!
+//! The file is the JSONL trace `headroom replay` reads (docs/TRACE_FORMAT.md) whose ids follow
+//! the step programs' convention: `"<index> <when> <term> <site>"`, where `<when>` is `setup`
+//! or `step<N>.<phase>` (forward, backward, optimizer), `<term>` one of the plan's terms
+//! ([`Term::name`]) and `<site>` the module or operation that made the tensor (it may hold
+//! spaces). That is all a plan needs beyond the operations: what each tensor is for and when
+//! it was made, for the breakdown at the peak and the phase that peaks. A recording holds the
+//! sizes of the shape it was recorded at; each tensor's law is its fixed bytes.
+//!
+//! Every malformed line is refused with the file's name and the line's number, and says what
+//! was expected: a plan made from a program that is not the one recorded would be wrong with
+//! confidence.
+
+use crate::program::{Law, Op, Phase, Program, TensorId, Term};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+/// A recorded step program and where it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recording {
+    /// The file, as the user named it.
+    pub path: String,
+    pub program: Program,
+}
+
+/// Why a recording cannot be read: the file, the line (0 for the file as a whole) and the
+/// problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct RecordingError {
+    pub path: String,
+    pub line: usize,
+    pub why: String,
+}
+
+impl fmt::Display for RecordingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path, self.why)
+        } else {
+            write!(f, "{} line {}: {}", self.path, self.line, self.why)
+        }
+    }
+}
+
+/// One line of the file, as the trace format spells it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    op: String,
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+    #[serde(default)]
+    size: Option<u64>,
+    #[serde(default)]
+    stream: Option<u64>,
+}
+
+/// What the id of an allocation says of its tensor.
+struct Tag<'a> {
+    step: u32,
+    phase: Phase,
+    term: Term,
+    site: &'a str,
+}
+
+const ID_FORM: &str = "an allocation's id is \"<index> <when> <term> <site>\", e.g. \"17 step2.forward activations \
+                       model.layers.3.mlp\" (<when>: setup or step<N>.forward, .backward, .optimizer)";
+
+/// Reads an id of the step programs' convention.
+fn tag(id: &str) -> Result<Tag<'_>, String> {
+    let mut words = id.splitn(4, ' ');
+    let (Some(_index), Some(when), Some(term)) = (words.next(), words.next(), words.next()) else {
+        return Err(format!("id {id:?} is not a step program's: {ID_FORM}"));
+    };
+    let site = words.next().unwrap_or("");
+    let (step, phase) = if when == "setup" {
+        (0, Phase::Setup)
+    } else {
+        let parsed = when.strip_prefix("step").and_then(|w| w.split_once('.')).and_then(|(n, p)| {
+            let phase = match p {
+                "forward" => Phase::Forward,
+                "backward" => Phase::Backward,
+                "optimizer" => Phase::Optimizer,
+                _ => return None,
+            };
+            n.parse::<u32>().ok().filter(|&n| n > 0).map(|n| (n, phase))
+        });
+        parsed.ok_or_else(|| format!("id {id:?}: {when:?} is not setup or step<N>.<phase>: {ID_FORM}"))?
+    };
+    let term = Term::ALL.into_iter().find(|t| t.name() == term).ok_or_else(|| {
+        let names: Vec<&str> = Term::ALL.iter().map(|t| t.name()).collect();
+        format!("id {id:?}: {term:?} is not one of the plan's terms ({})", names.join(", "))
+    })?;
+    Ok(Tag { step, phase, term, site })
+}
+
+/// An id as the trace format reads it: numbers and strings are the same name by their text.
+fn id_text(id: Option<&serde_json::Value>) -> Result<String, String> {
+    match id {
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        Some(_) => Err("\"id\" must be a string or a number".into()),
+        None => Err("the operation needs an \"id\"".into()),
+    }
+}
+
+/// Builds a program line by line.
+#[derive(Default)]
+struct Reader {
+    program: Program,
+    sites: HashMap<String, u32>,
+    live: HashMap<String, TensorId>,
+    /// The step and phase of the last mark.
+    at: Option<(u32, Phase)>,
+}
+
+impl Reader {
+    fn line(&mut self, text: &str) -> Result<(), String> {
+        let line: Line = serde_json::from_str(text).map_err(|e| format!("not a trace line: {e}"))?;
+        let only = |fields: &[(&str, bool)]| match fields.iter().find(|(_, given)| *given) {
+            Some((name, _)) => Err(format!("{:?} takes no \"{name}\"", line.op)),
+            None => Ok(()),
+        };
+        match line.op.as_str() {
+            "alloc" => {
+                let id = id_text(line.id.as_ref())?;
+                let size = line.size.ok_or("an alloc needs a \"size\" in bytes")?;
+                self.alloc(id, size, line.stream.unwrap_or(0))
+            }
+            "free" => {
+                only(&[("size", line.size.is_some()), ("stream", line.stream.is_some())])?;
+                let id = id_text(line.id.as_ref())?;
+                let t = self.live.remove(&id).ok_or_else(|| format!("frees {id:?}, which is not live"))?;
+                self.program.free(t);
+                Ok(())
+            }
+            "empty_cache" => {
+                only(&[("id", line.id.is_some()), ("size", line.size.is_some()), ("stream", line.stream.is_some())])?;
+                self.program.empty_cache();
+                Ok(())
+            }
+            other => Err(format!(
+                "{other:?}: a step program holds alloc, free and empty_cache (replay other traces with `headroom \
+                 replay`)"
+            )),
+        }
+    }
+
+    fn alloc(&mut self, id: String, size: u64, stream: u64) -> Result<(), String> {
+        if self.live.contains_key(&id) {
+            return Err(format!("allocates {id:?}, which is still live"));
+        }
+        let tag = tag(&id)?;
+        let when = (tag.step, tag.phase);
+        if let Some((step, phase)) = self.at.filter(|&at| when < at) {
+            return Err(format!(
+                "{id:?} is made in step {}'s {} after step {step}'s {phase}: a step program's phases come in order",
+                tag.step, tag.phase
+            ));
+        }
+        if self.at != Some(when) {
+            self.program.mark(tag.step, tag.phase);
+            self.at = Some(when);
+        }
+        let site = match self.sites.get(tag.site) {
+            Some(&s) => s,
+            None => {
+                self.program.sites.push(tag.site.to_string());
+                let s = (self.program.sites.len() - 1) as u32;
+                self.sites.insert(tag.site.to_string(), s);
+                s
+            }
+        };
+        let t = self.program.alloc_on(Law::fixed(size as f64), tag.term, site, stream);
+        self.live.insert(id, t);
+        Ok(())
+    }
+}
+
+impl Recording {
+    /// Reads `path`.
+    pub fn read(path: &Path) -> Result<Recording, RecordingError> {
+        let name = path.display().to_string();
+        let bytes =
+            std::fs::read(path).map_err(|e| RecordingError { path: name.clone(), line: 0, why: e.to_string() })?;
+        Recording::parse(&bytes, &name)
+    }
+
+    /// Reads a recording's bytes; `path` names it in errors.
+    pub fn parse(bytes: &[u8], path: &str) -> Result<Recording, RecordingError> {
+        let err = |line: usize, why: String| RecordingError { path: path.to_string(), line, why };
+        let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+        let mut reader = Reader::default();
+        for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+            let text = std::str::from_utf8(raw)
+                .map_err(|e| err(i + 1, format!("not UTF-8 (byte {} is not)", e.valid_up_to() + 1)))?;
+            let text = text.trim();
+            if !text.is_empty() {
+                reader.line(text).map_err(|why| err(i + 1, why))?;
+            }
+        }
+        let program = reader.program;
+        if program.allocations() == 0 {
+            return Err(err(0, "holds no allocation: record a step (python -m headroom_gpu record) first".into()));
+        }
+        if !program.ops.iter().any(|o| matches!(o, Op::Mark { step, .. } if *step > 0)) {
+            return Err(err(0, "holds no step: every allocation is tagged setup, so nothing is a forward, a backward or an optimizer step".into()));
+        }
+        Ok(Recording { path: path.to_string(), program })
+    }
+
+    /// A line on what the recording holds: its file, allocations and steps.
+    pub fn describe(&self) -> String {
+        let steps = self
+            .program
+            .ops
+            .iter()
+            .filter_map(|o| if let Op::Mark { step, .. } = o { Some(*step) } else { None })
+            .max()
+            .unwrap_or(0);
+        format!(
+            "{} ({} allocations, {} step{})",
+            self.path,
+            self.program.allocations(),
+            steps,
+            if steps == 1 { "" } else { "s" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program written as `--dump-program` writes it reads back as the same operations.
+    #[test]
+    fn a_dumped_program_reads_back_as_itself() {
+        let mut p = Program::default();
+        let (w, m) = (p.site("model.embed"), p.site("model.layers.0 mlp"));
+        p.mark(0, Phase::Setup);
+        let weights = p.alloc(Law::fixed(4096.0), Term::Weights, w);
+        p.mark(1, Phase::Forward);
+        let act = p.alloc_on(Law::fixed(1000.0), Term::Activations, m, 7);
+        p.mark(1, Phase::Backward);
+        let grad = p.alloc(Law::fixed(4096.0), Term::Gradients, w);
+        p.free(act);
+        p.empty_cache();
+        p.mark(1, Phase::Optimizer);
+        let state = p.alloc(Law::fixed(8192.0), Term::Optimizer, w);
+        p.free(grad);
+        let sizes = p.sizes(1, 1);
+        let text = p.to_jsonl(&sizes);
+        let r = Recording::parse(text.as_bytes(), "step.jsonl").unwrap();
+        assert_eq!(r.program.ops, p.ops);
+        assert_eq!(r.program.sizes(3, 5), sizes);
+        for t in [weights, act, grad, state] {
+            let (a, b) = (&r.program.tensors[t as usize], &p.tensors[t as usize]);
+            assert_eq!(
+                (a.term, a.stream, &r.program.sites[a.site as usize]),
+                (b.term, b.stream, &p.sites[b.site as usize])
+            );
+        }
+        assert_eq!(r.describe(), "step.jsonl (4 allocations, 1 step)");
+        assert_eq!(r.program.to_jsonl(&sizes), text);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_line() {
+        let e =
+            Recording::parse(b"\n{\"op\":\"alloc\",\"id\":\"0 step1.forward activations\"}\n", "s.jsonl").unwrap_err();
+        assert_eq!(e.to_string(), "s.jsonl line 2: an alloc needs a \"size\" in bytes");
+        let e = Recording::parse(b"\xff\n", "s.jsonl").unwrap_err();
+        assert_eq!(e.to_string(), "s.jsonl line 1: not UTF-8 (byte 1 is not)");
+    }
+}

@@ -1,0 +1,82 @@
+"""`python -m headroom_gpu record`: record a transformers model's training step without a GPU.
+
+    python -m headroom_gpu record --model llama-3-8b/config.json --batch 1 --seq 4096 \\
+        --dtype bf16 --optimizer adamw --out step.jsonl
+    headroom plan --model llama-3-8b/config.json --gpu h100-sxm --batch 1 --seq 4096 --program step.jsonl
+
+Exit status: 0 when the step was recorded, 2 on bad input (a missing config, torch or
+transformers not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m headroom_gpu")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser(
+        "record",
+        help="record a training step under fake tensors (no GPU) as a step program for `headroom plan --program`",
+        description="Builds the model from its config with transformers' AutoModelForCausalLM.from_config under "
+        "fake tensors (no memory, no GPU, no weights read), runs --steps optimizer steps of --batch sequences "
+        "of --seq tokens, and writes every allocation and free as the JSONL step program `headroom plan "
+        "--program` replays. Scaled dot-product attention takes the kernel an sm90 GPU takes.",
+    )
+    r.add_argument("--model", required=True, help="a Hugging Face config.json, or a model directory holding one")
+    r.add_argument("--batch", type=int, default=1, help="sequences a step (default 1)")
+    r.add_argument("--seq", type=int, default=2048, help="tokens a sequence (default 2048)")
+    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="the dtype of the weights, gradients, optimizer state and activations (default bf16)")
+    r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum"), default="adamw",
+                   help="torch.optim's, foreach as on CUDA (default adamw)")
+    r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
+    r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
+    r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
+    r.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
+    r.add_argument("--out", required=True, help="the step program to write (JSONL)")
+    return p
+
+
+def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("batch", "seq", "steps", "lora"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name} {v}: must be at least 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    _positive(p, args)
+    try:
+        from .transformers_step import StepSpec, record
+    except ImportError as e:
+        print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
+        return 2
+    spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
+                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, steps=args.steps)
+    start = time.perf_counter()
+    try:
+        rec = record(spec)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rec.write(args.out)
+    seconds = time.perf_counter() - start
+    allocs = sum(1 for op, _ in rec.events if op == "alloc")
+    print(f"recorded {spec.steps} steps of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "
+          f"in {seconds:.1f} s; wrote {args.out}")
+    if rec.sdpa_kernels:
+        kernels = ", ".join(f"{k} {n}" for k, n in sorted(rec.sdpa_kernels.items()))
+        print(f"scaled dot-product attention as an sm90 GPU runs it: {kernels} calls")
+    for a in rec.assumptions:
+        print(f"assumed: {a}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""Record a training step's allocations and frees without a GPU, as a step program that
+`headroom plan --program` replays.
+
+    from headroom_gpu.recorder import StepRecorder
+
+    with StepRecorder() as rec:                  # fake tensors: no memory, no GPU
+        model = build_model()                    # your own nn.Module, on the CPU
+        opt = torch.optim.AdamW(model.parameters())
+        batch = make_batch()
+        for _ in range(3):
+            with rec.step():                     # one optimizer step
+                loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    rec.write("step.jsonl")
+
+Everything runs under `FakeTensorMode`: tensors have shapes, dtypes and devices but no data, so
+a 70B model records on a laptop. A `TorchDispatchMode` sees every operator's outputs and keeps
+a weak reference to each new storage; the storage's finalizer is its free. Sizes are the bytes
+each storage asks for: rounding them into blocks is the caching allocator's job, which the
+replay does.
+
+Each tensor is tagged with the step and phase that made it (forward from `step()`, backward
+from `backward()`, optimizer from the optimizer's step hooks), the module whose forward made it
+(or the autograd node in the backward), and its role, one of the plan's terms:
+
+| role | term |
+|---|---|
+| a parameter or buffer a module runs with | `weights` |
+| a parameter's `.grad` (after accumulation) | `gradients` |
+| what the optimizer keeps in its `state` | `optimizer` |
+| made in the forward or the backward | `activations` (`logits` under a module named `lm_head`) |
+| made in setup and not a module's | `inputs` |
+| anything else made in the optimizer step | `temporary` |
+
+Scaled dot-product attention is routed as an sm90 GPU routes it ([`headroom_gpu.sdpa`]).
+Operators whose output depends on data that fake tensors do not have (`nonzero`,
+`masked_select`, `.item()`; MoE routing goes through them) get a stated assumption instead of a
+crash: `data_dependent_fraction` of the elements kept (default 1: every token routed to every
+expert that asks, the most memory), and `.item()` read as 1. The recorder lists each one it
+made in `assumptions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import weakref
+from typing import Any, Iterator
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import sdpa as _sdpa
+
+SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
+_PHASE_ORDER = {SETUP: 0, FORWARD: 1, BACKWARD: 2, OPTIMIZER: 3}
+
+
+class _Storage:
+    """One storage of the recording: its allocation, and what it is."""
+
+    __slots__ = ("index", "size", "when", "term", "site", "stream")
+
+    def __init__(self, index: int, size: int, when: str, term: str, site: str):
+        self.index, self.size, self.when, self.term, self.site, self.stream = index, size, when, term, site, 0
+
+    def id(self) -> str:
+        return f"{self.index} {self.when} {self.term} {self.site}"
+
+
+class _Tracker(TorchDispatchMode):
+    """Sees each operator's outputs and records the storages they bring."""
+
+    def __init__(self, recorder: "StepRecorder"):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            out = func(*args, **(kwargs or {}))
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            out = self.recorder._assumed(func, args, kwargs or {})
+        tree_map_only(torch.Tensor, self.recorder._seen, out)
+        return out
+
+
+def _overwriting_apply(original: Any) -> Any:
+    """`Module._apply` (what `.to()`, `.float()`, `.cuda()` run) for a module of fake
+    parameters. PyTorch swaps a fake parameter's contents in place, which fails once anything
+    holds a weak reference to it (peft's adapters moved to their base layer's device fail so):
+    a converted parameter replaces the old one instead, as
+    `torch.__future__.set_overwrite_module_params_on_conversion(True)` does for real ones."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def _apply(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        own = list(module._parameters.values()) + list(module._buffers.values())
+        if not any(isinstance(t, FakeTensor) for t in own):
+            if recurse:
+                for child in module.children():
+                    _apply(child, fn)
+            return original(module, fn, recurse=False)
+        if recurse:
+            for child in module.children():
+                _apply(child, fn)
+        for key, param in module._parameters.items():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+            if applied is not param:
+                module._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+        for key, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[key] = fn(buf)
+        return module
+
+    return _apply
+
+
+class StepRecorder:
+    """A context manager that records the step run inside it; see the module's documentation.
+
+    `fake`: run under `FakeTensorMode` (the default; `False` records real tensors, as the CPU
+    ground truth does). `route_sdpa`: route scaled dot-product attention as an sm90 GPU does.
+    """
+
+    def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
+                 packed_sequences: bool = False):
+        self.fake = fake
+        self.packed_sequences = packed_sequences
+        self.route_sdpa = route_sdpa
+        self.data_dependent_fraction = data_dependent_fraction
+        self.events: list[tuple[str, _Storage]] = []
+        self.live = 0
+        self.peak = 0
+        self.sdpa_kernels: dict[str, int] = {}
+        self.assumptions: list[str] = []
+        self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._refs: dict[int, weakref.ref] = {}
+        self._count = 0
+        self._step = 0
+        self._phase = SETUP
+        self._modules: list[str] = []
+        self._names: dict[int, str] = {}
+        self._hooked: set[int] = set()
+        self._stack = contextlib.ExitStack()
+
+    # -- what a tensor is -------------------------------------------------------------------
+
+    def _when(self) -> str:
+        return SETUP if self._phase == SETUP else f"step{self._step}.{self._phase}"
+
+    def _site(self) -> str:
+        if self._phase == BACKWARD:
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                return node.name()
+        if self._modules:
+            return self._modules[-1]
+        return "step"
+
+    def _term(self) -> str:
+        if self._phase == SETUP:
+            return "inputs"
+        if self._phase == OPTIMIZER:
+            return "temporary"
+        if self._phase == FORWARD and self._modules and self._modules[-1].rsplit(".", 1)[-1] == "lm_head":
+            return "logits"
+        return "activations"
+
+    def _seen(self, t: torch.Tensor) -> None:
+        """Records `t`'s storage if it is new."""
+        try:
+            st = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return  # a tensor without storage (a sparse or nested layout's parts are seen apart)
+        if st in self._storages:
+            return
+        size = int(st.nbytes())
+        rec = _Storage(self._count, size, self._when(), self._term(), self._site())
+        self._count += 1
+        self._storages[st] = rec
+        self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
+        self.events.append(("alloc", rec))
+        self.live += size
+        self.peak = max(self.peak, self.live)
+
+    def _freed(self, rec: _Storage) -> None:
+        self._refs.pop(rec.index, None)
+        self.events.append(("free", rec))
+        self.live -= rec.size
+
+    def _assumed(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An operator whose output depends on the data, which fake tensors do not have: its
+        output under the stated assumption (`data_dependent_fraction` of the elements kept, every
+        `.item()` read as 1)."""
+        name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if name == "_local_scalar_dense" and x is not None:
+            value = True if x.dtype == torch.bool else (1.0 if x.is_floating_point() else 1)
+            self._assume(f"{name}: .item() of a tensor read as {value}")
+            return value
+        if name in ("nonzero", "argwhere") and x is not None:
+            rows = int(round(x.numel() * self.data_dependent_fraction))
+            self._assume(f"{name}: {self.data_dependent_fraction:g} of the elements nonzero")
+            return torch.empty((rows, x.dim()), dtype=torch.long, device=x.device)
+        if name == "masked_select" and x is not None:
+            n = int(round(x.numel() * self.data_dependent_fraction))
+            self._assume(f"{name}: {self.data_dependent_fraction:g} of the elements selected")
+            return torch.empty((n,), dtype=x.dtype, device=x.device)
+        if name == "index" and x is not None:
+            masks = [i for i in (args[1] if len(args) > 1 else []) if isinstance(i, torch.Tensor)]
+            if len(masks) == 1 and masks[0].dtype == torch.bool:
+                m = masks[0]
+                kept = int(round(m.numel() * self.data_dependent_fraction))
+                self._assume(f"index by a mask: {self.data_dependent_fraction:g} of the mask true")
+                return torch.empty((kept, *x.shape[m.dim():]), dtype=x.dtype, device=x.device)
+        return self._on_ones(name, func, args, kwargs)
+
+    def _on_ones(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Any other operator of data-dependent output: run for real on inputs of ones (on the
+        CPU, at their shapes), its outputs' shapes kept."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        devices = []
+
+        def real(t: torch.Tensor) -> torch.Tensor:
+            devices.append(t.device)
+            return torch.ones(t.shape, dtype=t.dtype, device="cpu")
+
+        with unset_fake_temporarily():
+            out = func(*tree_map_only(torch.Tensor, real, args), **tree_map_only(torch.Tensor, real, kwargs))
+        self._assume(f"{name}: run on inputs of ones")
+        device = devices[0] if devices else torch.device("cpu")
+        if not isinstance(out, torch.Tensor) and not isinstance(out, (tuple, list)):
+            return out
+        return tree_map_only(torch.Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), out)
+
+    def _assume(self, note: str) -> None:
+        if "of the" in note:
+            note += " (StepRecorder(data_dependent_fraction=...) changes it)"
+        if note not in self.assumptions:
+            self.assumptions.append(note)
+
+    def tag(self, t: torch.Tensor, term: str, site: str | None = None) -> None:
+        """Says what `t`'s storage is for (one of the plan's terms), and whose it is."""
+        try:
+            rec = self._storages.get(t.untyped_storage())
+        except (NotImplementedError, RuntimeError):
+            return
+        if rec is not None:
+            rec.term = term
+            if site is not None:
+                rec.site = site
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def _name(self, module: torch.nn.Module) -> str:
+        name = self._names.get(id(module))
+        if name is None:
+            # A module first seen outside any named one is a root: its tree is named from it.
+            root = type(module).__name__
+            for sub, m in module.named_modules():
+                self._names.setdefault(id(m), f"{root}.{sub}" if sub else root)
+            name = self._names[id(module)]
+        return name
+
+    def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        name = self._name(module)
+        self._modules.append(name)
+        for p in module.parameters(recurse=False):
+            self.tag(p, "weights", name)
+            if p.requires_grad and id(p) not in self._hooked:
+                # Only trainable parameters get gradients: a frozen base (LoRA) has no hook.
+                self._hooked.add(id(p))
+                p.register_post_accumulate_grad_hook(lambda q: self.tag(q.grad, "gradients"))
+        for b in module.buffers(recurse=False):
+            self.tag(b, "weights", name)
+
+    def _forward_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if self._modules:
+            self._modules.pop()
+
+    def _optimizer_pre(self, _opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        self._phase = OPTIMIZER
+
+    def _optimizer_post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    self.tag(v, "optimizer")
+
+    def _backward(self, original):
+        def backward(*args, **kwargs):
+            if self._phase != SETUP:
+                self._phase = BACKWARD
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError as e:
+                if "hasPrimaryContext" not in str(e) or torch.cuda.is_available():
+                    raise
+                raise RuntimeError(
+                    "the backward of fake CUDA tensors needs a GPU's context, and this machine has none: build the "
+                    "model and the inputs on the CPU (leave out .cuda() and device='cuda'); the recording is the same "
+                    "and attention is still routed as on an sm90 GPU") from e
+
+        return backward
+
+    # -- the recording ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator["StepRecorder"]:
+        """One optimizer step: its forward begins here."""
+        self._step += 1
+        self._phase = FORWARD
+        yield self
+
+    def __enter__(self) -> "StepRecorder":
+        s = self._stack
+        if self.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            s.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        nn = torch.nn.modules.module
+        s.callback(nn.register_module_forward_pre_hook(self._forward_pre).remove)
+        s.callback(nn.register_module_forward_hook(self._forward_post).remove)
+        import torch.optim.optimizer as opt
+        s.callback(opt.register_optimizer_step_pre_hook(self._optimizer_pre).remove)
+        s.callback(opt.register_optimizer_step_post_hook(self._optimizer_post).remove)
+        for owner, name in ((torch.autograd, "backward"), (torch.autograd, "grad")):
+            original = getattr(owner, name)
+            setattr(owner, name, self._backward(original))
+            s.callback(setattr, owner, name, original)
+        if self.route_sdpa:
+            f = torch.nn.functional
+            original = f.scaled_dot_product_attention
+            f.scaled_dot_product_attention = _sdpa.routed(original, self.sdpa_kernels)
+            s.callback(setattr, f, "scaled_dot_product_attention", original)
+        self._assume_unpacked()
+        if self.fake:
+            original_apply = torch.nn.Module._apply
+            torch.nn.Module._apply = _overwriting_apply(original_apply)
+            s.callback(setattr, torch.nn.Module, "_apply", original_apply)
+        s.enter_context(_Tracker(self))
+        return self
+
+    def _assume_unpacked(self) -> None:
+        """transformers looks for packed sequences in the position ids, a decision on data that fake
+        tensors cannot make, and then builds the full causal mask: the recording assumes one
+        sequence a row, as a batch of unpacked sequences has (`packed_sequences=True` keeps the
+        mask)."""
+        if not self.fake or self.packed_sequences:
+            return
+        try:
+            from transformers import masking_utils
+        except ImportError:
+            return
+        original = getattr(masking_utils, "find_packed_sequence_indices", None)
+        if original is None:
+            return
+        def unpacked(position_ids: Any) -> None:
+            # What the check allocates on its way to finding one sequence a row.
+            mask = original(position_ids)
+            if mask is not None:
+                (mask[:, -1] == 0).all()
+            self._assume("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records "
+                         "the mask packing needs)")
+            return None
+
+        masking_utils.find_packed_sequence_indices = unpacked
+        self._stack.callback(setattr, masking_utils, "find_packed_sequence_indices", original)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def to_jsonl(self) -> str:
+        """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention."""
+        lines = []
+        for op, rec in self.events:
+            if op == "alloc":
+                lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}, separators=(",", ":")))
+            else:
+                lines.append(json.dumps({"op": "free", "id": rec.id()}, separators=(",", ":")))
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str) -> None:
+        """Writes the step program to `path`."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_jsonl())

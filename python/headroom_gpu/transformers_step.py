@@ -1,0 +1,102 @@
+"""The common case, recorded: a transformers causal LM built from its config, trained a few
+steps under fake tensors, as `python -m headroom_gpu record` runs it.
+
+The model is `AutoModelForCausalLM.from_config` (no weights are read: a config.json, or a
+model directory holding one, is all it needs), optionally wrapped in peft's LoRA over every
+linear layer; the batch is `batch` sequences of `seq` random token ids that are their own
+labels, with no padding; the optimizer is torch.optim's, with foreach on as it is by default on
+CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from .recorder import StepRecorder
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+
+
+@dataclass
+class StepSpec:
+    """What to record."""
+
+    model: str
+    batch: int = 1
+    seq: int = 2048
+    dtype: str = "bf16"
+    optimizer: str = "adamw"
+    lora: int | None = None
+    attention: str = "sdpa"
+    checkpoint: bool = False
+    steps: int = 3
+    notes: list = field(default_factory=list)
+
+
+def _config(model: str):
+    import transformers
+
+    path = model
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--model {model}: no config.json there (a config.json or a model directory)")
+    return transformers.AutoConfig.from_pretrained(path)
+
+
+def _optimizer(name: str, params):
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    raise ValueError(f"--optimizer {name}: expected one of {', '.join(OPTIMIZERS)}")
+
+
+def _build(spec: StepSpec):
+    import transformers
+
+    config = _config(spec.model)
+    config.use_cache = False
+    dtype = DTYPES[spec.dtype]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention)
+    finally:
+        torch.set_default_dtype(previous)
+    if spec.checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.lora:
+        import peft
+
+        lora = peft.LoraConfig(r=spec.lora, lora_alpha=2 * spec.lora, target_modules="all-linear", lora_dropout=0.0)
+        model = peft.get_peft_model(model, lora)
+    model.train()
+    return model, config
+
+
+def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRecorder:
+    """Records `spec`'s steps; the recorder holds the program."""
+    # Imported first: a module's import-time tensors (default arguments) are not the step's.
+    import transformers  # noqa: F401
+
+    if spec.lora:
+        import peft  # noqa: F401
+    with StepRecorder(fake=fake, route_sdpa=route_sdpa) as rec:
+        model, config = _build(spec)
+        opt = _optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
+        ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
+        for _ in range(spec.steps):
+            with rec.step():
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                del loss
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    return rec

@@ -1,0 +1,263 @@
+"""The step recorder against real torch, transformers and peft on the CPU: what it records
+under fake tensors is what the same step allocates for real, and `headroom plan --program`
+plans it. Skipped, saying so, where torch, transformers or peft is not installed:
+
+    pip install torch transformers peft
+    PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest python/tests/test_recorder.py
+"""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import headroom_gpu
+
+try:
+    import peft  # noqa: F401
+    import torch
+    import transformers  # noqa: F401
+
+    MISSING = None
+except ImportError as e:  # pragma: no cover - depends on the environment
+    MISSING = f"the recorder's tests need torch, transformers and peft (pip install torch transformers peft): {e}"
+
+# A Llama of two layers with grouped heads (4 query, 2 key/value): every path of a
+# full-size one, at a size that runs for real on a CPU in a second.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+
+
+def _model_dir(tmp, **changes):
+    d = os.path.join(tmp, "tiny-llama")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({**TINY_LLAMA, **changes}, f)
+    return d
+
+
+def _terms(rec):
+    return collections.Counter(r.term for op, r in rec.events if op == "alloc")
+
+
+@unittest.skipIf(MISSING, MISSING)
+class FakeAgainstReal(unittest.TestCase):
+    """The live peak recorded under fake tensors is the one the same step reaches with real
+    tensors, with the same bookkeeping, on the CPU (SDPA left to the CPU's choice in both)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def both(self, **spec):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        s = StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2, **spec)
+        return record(s, fake=True, route_sdpa=False), record(s, fake=False, route_sdpa=False)
+
+    def test_full_fine_tuning_bf16_and_fp32(self):
+        for dtype in ("bf16", "fp32"):
+            fake, real = self.both(dtype=dtype)
+            self.assertEqual(fake.peak, real.peak, dtype)
+            self.assertGreater(fake.peak, 0)
+            t = _terms(fake)
+            for term in ("weights", "gradients", "optimizer", "activations", "logits", "inputs"):
+                self.assertGreater(t[term], 0, f"{dtype}: no {term}")
+
+    def test_lora_checkpointing_and_other_optimizers(self):
+        for spec in (
+            {"lora": 4},
+            {"checkpoint": True, "optimizer": "sgd-momentum", "dtype": "fp32"},
+            {"attention": "eager", "optimizer": "sgd", "dtype": "fp32"},
+        ):
+            fake, real = self.both(**spec)
+            self.assertEqual(fake.peak, real.peak, spec)
+
+    def test_lora_grads_only_the_adapters(self):
+        fake, _ = self.both(lora=4)
+        grads = sum(1 for op, r in fake.events if op == "alloc" and r.term == "gradients")
+        # Two steps, each a gradient for A and B of each of the 7 linear layers of 2 blocks.
+        self.assertEqual(grads, 2 * 2 * 7 * 2)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Sdpa(unittest.TestCase):
+    """Attention takes the kernel an sm90 GPU takes, and the recording keeps what it keeps."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def record(self, **spec):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        changes = spec.pop("config", {})
+        return record(StepSpec(model=_model_dir(self.tmp, **changes), batch=2, seq=256, steps=1, **spec))
+
+    def test_the_gpu_rule_picks_the_kernel(self):
+        self.assertEqual(self.record(dtype="bf16").sdpa_kernels, {"flash": 2})
+        # fp32 with grouped heads: the math path; without: memory-efficient.
+        self.assertEqual(self.record(dtype="fp32").sdpa_kernels, {"math": 2})
+        self.assertEqual(self.record(dtype="fp32", config={"num_key_value_heads": 4}).sdpa_kernels, {"efficient": 2})
+
+    def test_flash_keeps_the_log_sum_exp_not_the_probabilities(self):
+        flash = self.record(dtype="bf16")
+        eager = self.record(dtype="bf16", attention="eager")
+        # b·h·s·s probabilities of 2·4·256·256 bf16 = 1 MiB a layer, kept by eager attention only.
+        self.assertGreater(eager.peak - flash.peak, 2 * 4 * 256 * 256 * 2)
+
+    def test_the_rule(self):
+        from headroom_gpu import sdpa
+
+        q16 = torch.empty(1, 8, 16, 64, dtype=torch.bfloat16, device="meta")
+        kv16 = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16, device="meta")
+        self.assertEqual(sdpa.backend(q16, kv16, kv16, None, True, True), sdpa.FLASH)
+        mask = torch.empty(1, 1, 16, 16, dtype=torch.bool, device="meta")
+        self.assertEqual(sdpa.backend(q16, q16, q16, mask, False, False), sdpa.EFFICIENT)
+        big = torch.empty(1, 8, 16, 512, dtype=torch.bfloat16, device="meta")
+        self.assertEqual(sdpa.backend(big, big, big, None, True, False), sdpa.EFFICIENT)
+        q32 = q16.float()
+        self.assertEqual(sdpa.backend(q32, q32, q32, None, True, False), sdpa.EFFICIENT)
+        self.assertEqual(sdpa.backend(q32, kv16.float(), kv16.float(), None, True, True), sdpa.MATH)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class DataDependent(unittest.TestCase):
+    def test_operators_on_data_get_a_stated_assumption(self):
+        from headroom_gpu.recorder import StepRecorder
+
+        with StepRecorder(data_dependent_fraction=0.5) as rec:
+            layer = torch.nn.Linear(16, 16)
+            x = torch.randn(8, 16)
+            with rec.step():
+                y = layer(x)
+                rows = torch.nonzero(y > 0)
+                kept = y[y > 0]
+                n = (y > 0).sum().item()
+                kept.sum().backward()
+        self.assertEqual(tuple(rows.shape), (64, 2))
+        self.assertEqual(tuple(kept.shape), (64,))
+        self.assertEqual(n, 1)
+        self.assertEqual(len(rec.assumptions), 3, rec.assumptions)
+
+
+def _headroom():
+    return headroom_gpu.binary()
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Command(unittest.TestCase):
+    def test_record_then_plan(self):
+        tmp = tempfile.mkdtemp()
+        model = _model_dir(tmp)
+        out = os.path.join(tmp, "step.jsonl")
+        run = subprocess.run(
+            [sys.executable, "-m", "headroom_gpu", "record", "--model", model, "--batch", "2", "--seq", "128",
+             "--dtype", "bf16", "--lora", "4", "--out", out],
+            capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("flash", run.stdout)
+        plan = subprocess.run(
+            [_headroom(), "plan", "--model", model, "--gpu", "l4", "--batch", "2", "--seq", "128", "--program", out,
+             "--json"], capture_output=True, text=True)
+        self.assertEqual(plan.returncode, 0, plan.stderr)
+        answer = json.loads(plan.stdout)
+        self.assertTrue(answer["fits"])
+        self.assertEqual(answer["runner"]["builder"], "recording")
+        self.assertIn(answer["peak_phase"], ("forward", "backward", "optimizer"))
+        self.assertGreater(answer["breakdown"]["gradients"] + answer["breakdown"]["activations"], 0)
+
+    def test_bad_input_exits_2(self):
+        run = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", "/nonexistent", "--out",
+                              os.devnull], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("/nonexistent", run.stderr)
+        run = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", "x", "--batch", "0", "--out",
+                              os.devnull], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("--batch 0", run.stderr)
+
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def _documented(kind):
+    """docs/RECORDING.md's code blocks of `kind` (sh or python), each as its lines."""
+    with open(os.path.join(REPO, "docs", "RECORDING.md"), encoding="utf-8") as f:
+        text = f.read()
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = (line[3:], [])
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current[1].append(line)
+    return [lines for lang, lines in blocks if lang == kind]
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Documented(unittest.TestCase):
+    """Every recording command and program docs/RECORDING.md shows runs as shown, in a scratch
+    directory holding the repository's data/ (headroom's own commands are run by the Rust
+    tests of documented commands)."""
+
+    def scratch(self):
+        d = tempfile.mkdtemp()
+        os.symlink(os.path.join(REPO, "data"), os.path.join(d, "data"))
+        return d
+
+    def test_the_commands(self):
+        d = self.scratch()
+        commands = [l for b in _documented("sh") for l in b if l.startswith("python -m headroom_gpu ")]
+        self.assertGreaterEqual(len(commands), 2)
+        env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
+        for line in commands:
+            args = line.split()[1:]
+            run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env)
+            self.assertEqual(run.returncode, 0, f"{line}: {run.stderr}")
+            out = args[args.index("--out") + 1]
+            plan = subprocess.run(
+                [_headroom(), "plan", "--model", "gpt2", "--gpu", "l4", "--batch", "4", "--seq", "1024", "--program",
+                 os.path.join(d, out)], capture_output=True, text=True)
+            self.assertIn(plan.returncode, (0, 1), plan.stderr)
+
+    def test_the_python(self):
+        d = self.scratch()
+        blocks = _documented("python")
+        self.assertEqual(len(blocks), 1)
+        cwd = os.getcwd()
+        os.chdir(d)
+        try:
+            exec(compile("\n".join(blocks[0]), "docs/RECORDING.md", "exec"), {})
+        finally:
+            os.chdir(cwd)
+        self.assertTrue(os.path.getsize(os.path.join(d, "my-step.jsonl")) > 0)
+
+    def test_the_shipped_recording_is_what_the_recorder_records(self):
+        """data/recordings/gpt2-bf16-b4-s1024.jsonl, recorded again: the same allocations."""
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rec = record(StepSpec(model=os.path.join(REPO, "data", "models", "presets", "gpt2.json"), batch=4, seq=1024))
+        with open(os.path.join(REPO, "data", "recordings", "gpt2-bf16-b4-s1024.jsonl"), encoding="utf-8") as f:
+            shipped = [json.loads(l) for l in f]
+        sizes = lambda lines: sorted(l["size"] for l in lines if l["op"] == "alloc")  # noqa: E731
+        self.assertEqual(sizes(json.loads(l) for l in rec.to_jsonl().splitlines()), sizes(shipped))
+
+
+if __name__ == "__main__":
+    unittest.main()
