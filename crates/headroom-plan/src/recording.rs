@@ -84,7 +84,7 @@ fn tag(id: &str) -> Result<Tag<'_>, String> {
             let phase = match p {
                 "forward" => Phase::Forward,
                 "backward" => Phase::Backward,
-                "optimizer" => Phase::Optimizer,
+                "optimizer" => Phase::OptimizerStep,
                 _ => return None,
             };
             n.parse::<u32>().ok().filter(|&n| n > 0).map(|n| (n, phase))
