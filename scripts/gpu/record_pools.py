@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Record the private-pool fixtures the replay must match (issue 44). NOT YET RUN: no GPU was
-lent to the session that wrote it; docs/GPU.md lists it as owed.
+"""Record the private-pool fixtures the replay must match (issue 44). Run on an H200 on
+2026-11-28 (docs/GPU.md): the graph and MemPool recordings are data/snapshots/private-pools.
 
 Three programs, each in its own process with PyTorch's native allocator, memory history on
 from the start (`torch.cuda.memory._record_memory_history`), each dumping a snapshot whose
@@ -81,6 +81,9 @@ def mempool(torch):
 def reduce_overhead(torch):
     model = torch.compile(mlp(torch), mode="reduce-overhead")
     for _ in range(6):
+        # Each step's outputs live in the graph's pool until the next replay overwrites them:
+        # a training loop says where a step begins (torch 2.11 refuses the backward otherwise).
+        torch.compiler.cudagraph_mark_step_begin()
         x = torch.randn(64, 1024, device="cuda")
         model(x).sum().backward()
     torch.cuda.synchronize()
