@@ -6,6 +6,7 @@ use crate::frames::Phase;
 use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
+use crate::roles::Lifetimes;
 use crate::sites::{group, RoleBytes, SiteBytes, SiteDetail, Sites};
 use crate::step_phases::{step_phases, StepPhases};
 use crate::timeline::{timeline, Point, Timeline};
@@ -345,7 +346,7 @@ fn without_trace(
         .filter(|b| b.state == BlockState::ActiveAllocated)
         .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
         .collect();
-    fill_sites(&mut r, group(live.iter(), sites), opts.top);
+    fill_sites(&mut r, group(live.iter(), sites, None), opts.top);
     recommend(&mut r, recorded, None);
     name_sites(&mut r, sites);
     r
@@ -495,12 +496,13 @@ fn walks<'a>(
         r.step_phases = Some(step_phases(&mut walk(), sites));
     }
 
-    // Pass 2: live at the peak.
+    // Pass 2: live at the peak, each block's role what it became (frames name the passes).
+    let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
     let mut w = walk();
     if let Some(i) = tl.peak.index {
         w.run_through(i);
     }
-    fill_sites(r, group(w.live.values(), sites), opts.top);
+    fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
     let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
     // Pass 3: the largest sites' bands under the timeline.
@@ -532,7 +534,17 @@ fn name_sites(r: &mut DeviceReport, sites: &Sites) {
         r.top_sites.iter().map(|s| s.id).chain(r.series.iter().map(|s| s.id)).chain(blocks).collect();
     ids.sort_unstable();
     ids.dedup();
-    r.sites = ids.into_iter().map(|id| (id, sites.detail(id))).collect();
+    // A site live at the peak shows the role its blocks became there.
+    r.sites = ids
+        .into_iter()
+        .map(|id| {
+            let mut d = sites.detail(id);
+            if let Some(s) = r.top_sites.iter().find(|s| s.id == id) {
+                d.role = s.role;
+            }
+            (id, d)
+        })
+        .collect();
 }
 
 /// The entry just after the peak: the replayed state there is the state at the peak.

@@ -1,7 +1,8 @@
-//! Live memory grouped by the user's call sites, with the role and phase
-//! each site's frames suggest.
+//! Live memory grouped by the user's call sites, with the phase each site's
+//! frames suggest and the role its blocks became.
 
 use crate::frames::{Classifier, Phase, Role, Site, StackInfo};
+use crate::roles::Lifetimes;
 use crate::walk::Live;
 use headroom_trace::snapshot::{StackId, Stacks};
 use rustc_hash::FxHashMap;
@@ -142,30 +143,41 @@ pub struct RoleBytes {
     pub how: &'static str,
 }
 
-/// The live allocations grouped by site, largest first, and by role.
+/// The live allocations grouped by site, largest first, and by role: each
+/// block's role is what it became where `lifetimes` tell, else what its
+/// frames suggest, and a site's is the role of most of its bytes.
 /// Blocks freed by the caller but still pending are not the caller's: left out.
-pub fn group<'l>(live: impl Iterator<Item = &'l Live>, sites: &mut Sites) -> (Vec<SiteBytes>, Vec<RoleBytes>) {
+pub fn group<'l>(
+    live: impl Iterator<Item = &'l Live>,
+    sites: &mut Sites,
+    lifetimes: Option<&Lifetimes>,
+) -> (Vec<SiteBytes>, Vec<RoleBytes>) {
     let mut by_site: FxHashMap<u32, (u64, usize)> = FxHashMap::default();
+    let mut roles: FxHashMap<Role, (u64, usize)> = FxHashMap::default();
+    let mut site_roles: FxHashMap<(u32, Role), u64> = FxHashMap::default();
     for l in live.filter(|l| !l.pending) {
         let id = sites.of(l);
-        let e = by_site.entry(id).or_default();
-        e.0 += l.size;
-        e.1 += 1;
+        let info = &sites.list[id as usize];
+        let role = lifetimes.map_or(info.role, |t| t.role(l, info));
+        for e in [by_site.entry(id).or_default(), roles.entry(role).or_default()] {
+            e.0 += l.size;
+            e.1 += 1;
+        }
+        *site_roles.entry((id, role)).or_default() += l.size;
     }
     let mut out: Vec<SiteBytes> = by_site
         .into_iter()
         .map(|(id, (bytes, blocks))| {
             let info = &sites.list[id as usize];
-            SiteBytes { site: info.site.clone(), bytes, blocks, role: info.role, phase: info.phase, id }
+            let role = site_roles
+                .iter()
+                .filter(|((s, _), _)| *s == id)
+                .max_by(|((_, ra), a), ((_, rb), b)| a.cmp(b).then(rb.cmp(ra)))
+                .map_or(info.role, |((_, r), _)| *r);
+            SiteBytes { site: info.site.clone(), bytes, blocks, role, phase: info.phase, id }
         })
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.site.cmp(&b.site.site)));
-    let mut roles: FxHashMap<Role, (u64, usize)> = FxHashMap::default();
-    for s in &out {
-        let e = roles.entry(s.role).or_default();
-        e.0 += s.bytes;
-        e.1 += s.blocks;
-    }
     let mut roles: Vec<RoleBytes> =
         roles.into_iter().map(|(role, (bytes, blocks))| RoleBytes { role, bytes, blocks, how: role.how() }).collect();
     roles.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.role.cmp(&b.role)));
