@@ -365,7 +365,7 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "alloc_conf": conf,
             "peak_allocated_bytes": w.peak_allocated_bytes,
             "peak_reserved_bytes": w.peak_reserved_bytes,
-            "fragmentation_at_peak_bytes": w.fragmentation_at_peak_bytes,
+            "unallocated_at_reserved_peak_bytes": w.unallocated_at_reserved_peak_bytes,
             "num_device_alloc": w.num_device_alloc,
             "num_device_free": w.num_device_free,
             "num_ooms": w.ooms.len(),
@@ -505,7 +505,7 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
         head,
         "peak alloc",
         "peak reserved",
-        "frag at peak",
+        "unallocated",
         if vs_live { "   vs live" } else { "" },
         "mallocs",
         "frees",
@@ -526,7 +526,7 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
             label(run),
             format_size(w.peak_allocated_bytes),
             format_size(w.peak_reserved_bytes),
-            format_size(w.fragmentation_at_peak_bytes),
+            format_size(w.unallocated_at_reserved_peak_bytes),
             w.num_device_alloc,
             w.num_device_free,
             w.ooms.len(),
@@ -537,8 +537,8 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
     let steps = r.runs.first().map_or(0, |run| run.what_if.calls_by_step.len());
     outln!(
         out,
-        "  device ms: the device calls' time on a GPU at published per-call costs (docs/PERFORMANCE.md); \
-         steady calls: device calls after the second training step ({})",
+        "  unallocated: reserved minus allocated when reserved peaked; device ms: the device calls' time on a GPU at \
+         published per-call costs (docs/PERFORMANCE.md); steady calls: device calls after the second training step ({})",
         if steps >= 3 {
             format!("{steps} steps, told apart by the optimizer's frames")
         } else {
