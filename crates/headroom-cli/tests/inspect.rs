@@ -92,3 +92,33 @@ fn bad_input_is_named_and_exits_2() {
     let out = headroom().arg("inspect").arg(&snap).arg("--html").arg(&snap).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "the input is not overwritten");
 }
+
+fn bundled() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle")
+}
+
+fn json_of(args: &[&std::ffi::OsStr]) -> Value {
+    let out = headroom().args(args).arg("--json").output().unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A key `replay --json` and `inspect --json` both write for the same file
+/// holds the same figure: `fragmentation_at_peak_bytes` was reserved minus
+/// allocated at the reserved peak in one (2.80 GiB) and at the allocated peak
+/// in the other (174.74 MiB).
+#[test]
+fn one_json_key_means_one_thing_in_replay_and_inspect() {
+    let snap = bundled();
+    let replay = json_of(&["replay".as_ref(), snap.as_os_str()]);
+    let inspect = json_of(&["inspect".as_ref(), snap.as_os_str()]);
+    let run = replay["devices"][0]["runs"][0].as_object().unwrap();
+    let device = inspect["snapshots"][0]["devices"][0].as_object().unwrap();
+    let shared: Vec<&String> = run.keys().filter(|k| device.contains_key(*k)).collect();
+    assert!(shared.iter().any(|k| *k == "peak_allocated_bytes"), "{shared:?}");
+    for k in shared {
+        assert_eq!(run[k], device[k], "{k} in replay and in inspect");
+    }
+    assert_eq!(run["unallocated_at_reserved_peak_bytes"], 3_002_066_432u64, "2.80 GiB");
+    assert_eq!(device["fragmentation_at_peak_bytes"], 183_232_512u64, "174.74 MiB");
+}
