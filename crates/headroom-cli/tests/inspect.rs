@@ -122,3 +122,45 @@ fn one_json_key_means_one_thing_in_replay_and_inspect() {
     assert_eq!(run["unallocated_at_reserved_peak_bytes"], 3_002_066_432u64, "2.80 GiB");
     assert_eq!(device["fragmentation_at_peak_bytes"], 183_232_512u64, "174.74 MiB");
 }
+
+/// The bundled run replayed on 16 GiB runs out of memory (its live bytes peak
+/// at 16.09 GiB), and inspecting the snapshot the replay writes explains the
+/// same first OOM, as a lack of memory: no setting replayed avoids it, so it
+/// is not fragmentation, though 84.77 MiB were cached in pieces when it came.
+#[test]
+fn the_oom_of_a_replay_is_explained_as_the_replay_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("oom.pickle");
+    let out = headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--capacity", "16GiB", "--snapshot-out"])
+        .arg(&written)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("first: entry 14772, a request of 4.00 MiB: CUDA out of memory. Tried to allocate 20.00 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("a lack of memory: live bytes peak 90.76 MiB above the 16.00 GiB device"), "{text}");
+    let there: usize = text
+        .split("device 0's first OOM is entry ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("where the written snapshot's first OOM is: {text}"));
+
+    let v = json_of(&["inspect".as_ref(), written.as_os_str()]);
+    let d = &v["snapshots"][0]["devices"][0];
+    let o = &d["oom"];
+    assert_eq!(o["index"], there, "{o}");
+    assert_eq!(o["requested_bytes"], 4 << 20);
+    assert_eq!(o["segment_bytes"], 20 << 20, "PyTorch's \"Tried to allocate\"");
+    assert!(o["remedies"].as_array().unwrap().iter().all(|m| m["avoided"] != true), "{o}");
+    let said: Vec<&str> =
+        d["recommendations"].as_array().unwrap().iter().map(|r| r["what"].as_str().unwrap()).collect();
+    assert!(!said.iter().any(|w| w.contains("is fragmentation")), "{said:?}");
+    assert!(said.iter().any(|w| w.starts_with("the failure is a lack of memory")), "{said:?}");
+}
