@@ -68,12 +68,12 @@ impl<'a> Classifier<'a> {
 /// fast mode (`TORCH_SYMBOLIZE_MODE=fast`) — the binary or shared library with
 /// the offset in it as the "line" (`/usr/bin/python3.12:5775726`, whose
 /// interpreter frames are named `_PyEval_EvalFrameDefault`).
-fn is_python(file: &str) -> bool {
+pub(crate) fn is_python(file: &str) -> bool {
     file.ends_with(".py") || (file.starts_with('<') && file.ends_with('>'))
 }
 
 /// Torch itself and the Python standard library: frames the user did not write.
-fn is_framework(file: &str) -> bool {
+pub(crate) fn is_framework(file: &str) -> bool {
     file.contains("-packages/torch/")
         || file.contains("/pytorch/torch/")
         || file.starts_with("<frozen")

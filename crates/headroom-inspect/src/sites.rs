@@ -1,7 +1,7 @@
 //! Live memory grouped by the user's call sites, with the phase each site's
 //! frames suggest and the role its blocks became.
 
-use crate::frames::{Classifier, Phase, Role, Site, StackInfo};
+use crate::frames::{is_framework, is_python, Classifier, Phase, Role, Site, StackInfo};
 use crate::roles::Lifetimes;
 use crate::walk::Live;
 use headroom_trace::snapshot::{StackId, Stacks};
@@ -25,14 +25,23 @@ pub struct SiteDetail {
     pub site: String,
     pub role: Role,
     pub phase: Phase,
-    /// One of its stacks, innermost first, as `file:line in function`, at most [`STACK_SHOWN`].
+    /// The user's own frames of one of its stacks (Python frames outside torch and the
+    /// standard library), innermost first, as `file:line in function`: what the report
+    /// shows first. The stack's first [`STACK_SHOWN`] frames where it has none of the
+    /// user's (the autograd engine's thread).
     pub frames: Vec<String>,
-    /// Frames of that stack beyond those shown.
+    /// That stack whole, innermost first, at most [`STACK_WHOLE`] frames: shown on request.
+    pub stack: Vec<String>,
+    /// Frames of that stack beyond [`STACK_WHOLE`].
     pub more_frames: usize,
 }
 
-/// Frames of a stack shown in full: enough to see the model code above torch's.
+/// Frames shown of a stack without the user's own.
 pub const STACK_SHOWN: usize = 40;
+
+/// Frames kept of a whole stack: allocator internals, CPython's and C++ frames
+/// come before the user's, and a recorded stack holds about a hundred.
+pub const STACK_WHOLE: usize = 200;
 
 const UNSEEN: u32 = u32::MAX;
 
@@ -82,18 +91,21 @@ impl<'a> Sites<'a> {
         let info = &self.list[id as usize];
         let stack = self.first_stack[id as usize];
         let all = self.stacks.stacks.get(stack as usize).map_or(0, |s| s.len());
-        let frames = self
-            .stacks
-            .frames_of(stack)
-            .take(STACK_SHOWN)
-            .map(|(file, line, name)| crate::printable::printable(&format!("{file}:{line} in {name}")).into_owned())
-            .collect();
+        let line = |(file, line, name): (&str, i64, &str)| {
+            crate::printable::printable(&format!("{file}:{line} in {name}")).into_owned()
+        };
+        let user = |&(file, _, _): &(&str, i64, &str)| is_python(file) && !is_framework(file);
+        let mut frames: Vec<String> = self.stacks.frames_of(stack).filter(user).map(line).collect();
+        if frames.is_empty() {
+            frames = self.stacks.frames_of(stack).take(STACK_SHOWN).map(line).collect();
+        }
         SiteDetail {
             site: info.site.site.clone(),
             role: info.role,
             phase: info.phase,
             frames,
-            more_frames: all.saturating_sub(STACK_SHOWN),
+            stack: self.stacks.frames_of(stack).take(STACK_WHOLE).map(line).collect(),
+            more_frames: all.saturating_sub(STACK_WHOLE),
         }
     }
 
