@@ -97,7 +97,12 @@ impl<'a> Sites<'a> {
         let user = |&(file, _, _): &(&str, i64, &str)| is_python(file) && !is_framework(file);
         let mut frames: Vec<String> = self.stacks.frames_of(stack).filter(user).map(line).collect();
         if frames.is_empty() {
-            frames = self.stacks.frames_of(stack).take(STACK_SHOWN).map(line).collect();
+            // The allocator's own frames (and the unwinder's that recorded them) come first and
+            // say nothing of the caller: shown from the frame that called the allocator.
+            let inner = self.stacks.frames_of(stack).take(STACK_SHOWN);
+            let past = inner.enumerate().filter(|(_, (_, _, n))| n.contains("CUDACachingAllocator")).last();
+            let skip = past.map_or(0, |(i, _)| i + 1);
+            frames = self.stacks.frames_of(stack).skip(skip).take(STACK_SHOWN).map(line).collect();
         }
         SiteDetail {
             site: info.site.site.clone(),
@@ -194,4 +199,57 @@ pub fn group<'l>(
         roles.into_iter().map(|(role, (bytes, blocks))| RoleBytes { role, bytes, blocks, how: role.how() }).collect();
     roles.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.role.cmp(&b.role)));
     (out, roles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_trace::snapshot::Frame;
+
+    /// One stack of `frames` (innermost first), as stack 1.
+    fn stacks(frames: &[(&str, i64, &str)]) -> Stacks {
+        let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
+        let mut ids = Vec::new();
+        for &(file, line, name) in frames {
+            s.strings.push(file.into());
+            s.strings.push(name.into());
+            let n = s.strings.len() as u32;
+            s.frames.push(Frame { filename: n - 2, line, name: n - 1 });
+            ids.push(s.frames.len() as u32 - 1);
+        }
+        s.stacks.push(ids.into_boxed_slice());
+        s
+    }
+
+    /// The user's frames first; without any (the autograd engine's thread), the stack from
+    /// the frame that called the allocator; the whole stack kept for the asking.
+    #[test]
+    fn a_site_shows_the_users_frames_first() {
+        let lib = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
+        let s = stacks(&[
+            ("/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so", 1, "torch::unwind::unwind()"),
+            (lib, 2, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long)"),
+            ("/usr/bin/python3.12", 3, "_PyEval_EvalFrameDefault"),
+            ("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 109, "__init__"),
+            ("/home/me/model.py", 77, "__init__"),
+            ("/home/me/train.py", 69, "build"),
+        ]);
+        let mut sites = Sites::new(&s, false);
+        let id = sites.of_stack(1);
+        let d = sites.detail(id);
+        assert_eq!(d.frames, ["/home/me/model.py:77 in __init__", "/home/me/train.py:69 in build"]);
+        assert_eq!(d.stack.len(), 6);
+        let s = stacks(&[
+            ("/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so", 1, "torch::unwind::unwind()"),
+            (lib, 2, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)"),
+            ("libtorch_cpu.so", 3, "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+            ("libtorch_cpu.so", 4, "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"),
+        ]);
+        let mut sites = Sites::new(&s, false);
+        let id = sites.of_stack(1);
+        let d = sites.detail(id);
+        assert_eq!(d.site, "autograd MmBackward0");
+        assert!(d.frames[0].ends_with("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"), "{:?}", d.frames);
+        assert_eq!(d.stack.len(), 4);
+    }
 }
