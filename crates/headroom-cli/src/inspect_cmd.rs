@@ -215,11 +215,12 @@ fn print_device(out: &mut String, r: &Report, d: &DeviceReport) {
         outln!(out);
         outln!(
             out,
-            "  Out of memory at entry {} ({} phase, {}): requested {}, {} free on the device, {} reserved of which {} unallocated, largest cached free block {}{}",
+            "  Out of memory at entry {} ({} phase, {}): requested {} (PyTorch's \"Tried to allocate {}\": the segment it asked the device for), {} free on the device, {} reserved of which {} unallocated, largest cached free block {}{}",
             o.index,
             o.phase.name(),
             o.site,
             format_size(o.requested_bytes),
+            format_size(o.segment_bytes),
             o.free_bytes.map_or("?".into(), format_size),
             format_size(o.reserved_bytes),
             format_size(o.reserved_unallocated_bytes),

@@ -98,7 +98,9 @@ pub fn run(
         outln!(out, "{}", serde_json::to_string_pretty(&v)?);
     } else {
         let note = settings_note.as_deref();
-        print_human(&mut out, args, &snap, Shown { results: &results, note, dropped, policies, start, settings_given });
+        let written_ooms = merged.as_ref().map_or_else(Vec::new, first_ooms);
+        let shown = Shown { results: &results, note, dropped, policies, start, settings_given, written_ooms };
+        print_human(&mut out, args, &snap, shown);
     }
     Ok(Outcome::new(out, if any_oom || diverged { 1 } else { 0 }))
 }
@@ -254,6 +256,11 @@ impl Replay<'_> {
                 r.runs.push(Run { policy, conf: label.clone(), what_if: w });
             }
         }
+        // A run that ran out is told apart: short of memory (more live at once than the
+        // device holds) or of memory in one piece.
+        if r.live_peak.is_none() && r.runs.iter().any(|run| !run.what_if.ooms.is_empty()) {
+            r.live_peak = Some(live_peak_bytes(t, self.recorded));
+        }
         Ok(())
     }
 }
@@ -365,7 +372,7 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "alloc_conf": conf,
             "peak_allocated_bytes": w.peak_allocated_bytes,
             "peak_reserved_bytes": w.peak_reserved_bytes,
-            "fragmentation_at_peak_bytes": w.fragmentation_at_peak_bytes,
+            "unallocated_at_reserved_peak_bytes": w.unallocated_at_reserved_peak_bytes,
             "num_device_alloc": w.num_device_alloc,
             "num_device_free": w.num_device_free,
             "num_ooms": w.ooms.len(),
@@ -392,6 +399,16 @@ struct Shown<'a> {
     start: StartFrom,
     /// Whether --alloc-conf replaced the recorded settings in the rows.
     settings_given: bool,
+    /// By device, the entry of the written snapshot's first OOM.
+    written_ooms: Vec<(u32, usize)>,
+}
+
+/// Where each device's first OOM is in the snapshot --snapshot-out writes. Its trace
+/// is the replay's own: its segment entries (the cache released and retried at an
+/// OOM) are not the recorded ones, so its entries are numbered apart.
+fn first_ooms(s: &Snapshot) -> Vec<(u32, usize)> {
+    let oom = |t: &Vec<headroom_alloc::TraceEntry>| t.iter().position(|e| e.action == headroom_alloc::Action::Oom);
+    s.device_traces.iter().enumerate().filter_map(|(d, t)| Some((d as u32, oom(t)?))).collect()
 }
 
 fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown: Shown) {
@@ -418,6 +435,13 @@ fn print_human(out: &mut String, args: &ReplayArgs, snap: &MemorySnapshot, shown
     if let Some(p) = &args.snapshot_out {
         outln!(out);
         outln!(out, "replayed snapshot written to {} (open it at https://pytorch.org/memory_viz)", p.display());
+        for (d, i) in &shown.written_ooms {
+            outln!(
+                out,
+                "device {d}'s first OOM is entry {i} there: the same request, numbered among the replay's own \
+                 segment entries"
+            );
+        }
         if shown.dropped > 0 {
             outln!(
                 out,
@@ -505,7 +529,7 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
         head,
         "peak alloc",
         "peak reserved",
-        "frag at peak",
+        "unallocated",
         if vs_live { "   vs live" } else { "" },
         "mallocs",
         "frees",
@@ -526,7 +550,7 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
             label(run),
             format_size(w.peak_allocated_bytes),
             format_size(w.peak_reserved_bytes),
-            format_size(w.fragmentation_at_peak_bytes),
+            format_size(w.unallocated_at_reserved_peak_bytes),
             w.num_device_alloc,
             w.num_device_free,
             w.ooms.len(),
@@ -537,8 +561,8 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
     let steps = r.runs.first().map_or(0, |run| run.what_if.calls_by_step.len());
     outln!(
         out,
-        "  device ms: the device calls' time on a GPU at published per-call costs (docs/PERFORMANCE.md); \
-         steady calls: device calls after the second training step ({})",
+        "  unallocated: reserved minus allocated when reserved peaked; device ms: the device calls' time on a GPU at \
+         published per-call costs (docs/PERFORMANCE.md); steady calls: device calls after the second training step ({})",
         if steps >= 3 {
             format!("{steps} steps, told apart by the optimizer's frames")
         } else {
@@ -556,7 +580,22 @@ fn print_runs(out: &mut String, r: &DeviceRun, named: bool) {
         let at: Vec<String> = w.ooms.iter().take(10).map(|o| o.index.to_string()).collect();
         let more = if w.ooms.len() > 10 { format!(" and {} more", w.ooms.len() - 10) } else { String::new() };
         outln!(out, "  {label}: out of memory at trace entries {}{more}", at.join(", "));
-        outln!(out, "    first: {}", w.ooms[0].oom.to_string().lines().next().unwrap_or_default());
+        let first = &w.ooms[0];
+        outln!(
+            out,
+            "    first: entry {}, a request of {}: {}",
+            first.index,
+            format_size(first.oom.report.requested),
+            first.oom.to_string().lines().next().unwrap_or_default()
+        );
+        if let Some(short) = r.live_peak.and_then(|l| l.checked_sub(r.capacity)).filter(|&s| s > 0) {
+            outln!(
+                out,
+                "    a lack of memory: live bytes peak {} above the {} device, which no setting changes",
+                format_size(short),
+                format_size(r.capacity)
+            );
+        }
     }
 }
 

@@ -92,3 +92,75 @@ fn bad_input_is_named_and_exits_2() {
     let out = headroom().arg("inspect").arg(&snap).arg("--html").arg(&snap).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "the input is not overwritten");
 }
+
+fn bundled() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle")
+}
+
+fn json_of(args: &[&std::ffi::OsStr]) -> Value {
+    let out = headroom().args(args).arg("--json").output().unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A key `replay --json` and `inspect --json` both write for the same file
+/// holds the same figure: `fragmentation_at_peak_bytes` was reserved minus
+/// allocated at the reserved peak in one (2.80 GiB) and at the allocated peak
+/// in the other (174.74 MiB).
+#[test]
+fn one_json_key_means_one_thing_in_replay_and_inspect() {
+    let snap = bundled();
+    let replay = json_of(&["replay".as_ref(), snap.as_os_str()]);
+    let inspect = json_of(&["inspect".as_ref(), snap.as_os_str()]);
+    let run = replay["devices"][0]["runs"][0].as_object().unwrap();
+    let device = inspect["snapshots"][0]["devices"][0].as_object().unwrap();
+    let shared: Vec<&String> = run.keys().filter(|k| device.contains_key(*k)).collect();
+    assert!(shared.iter().any(|k| *k == "peak_allocated_bytes"), "{shared:?}");
+    for k in shared {
+        assert_eq!(run[k], device[k], "{k} in replay and in inspect");
+    }
+    assert_eq!(run["unallocated_at_reserved_peak_bytes"], 3_002_066_432u64, "2.80 GiB");
+    assert_eq!(device["fragmentation_at_peak_bytes"], 183_232_512u64, "174.74 MiB");
+}
+
+/// The bundled run replayed on 16 GiB runs out of memory (its live bytes peak
+/// at 16.09 GiB), and inspecting the snapshot the replay writes explains the
+/// same first OOM, as a lack of memory: no setting replayed avoids it, so it
+/// is not fragmentation, though 84.77 MiB were cached in pieces when it came.
+#[test]
+fn the_oom_of_a_replay_is_explained_as_the_replay_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("oom.pickle");
+    let out = headroom()
+        .arg("replay")
+        .arg(bundled())
+        .args(["--capacity", "16GiB", "--snapshot-out"])
+        .arg(&written)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("first: entry 14772, a request of 4.00 MiB: CUDA out of memory. Tried to allocate 20.00 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("a lack of memory: live bytes peak 90.76 MiB above the 16.00 GiB device"), "{text}");
+    let there: usize = text
+        .split("device 0's first OOM is entry ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("where the written snapshot's first OOM is: {text}"));
+
+    let v = json_of(&["inspect".as_ref(), written.as_os_str()]);
+    let d = &v["snapshots"][0]["devices"][0];
+    let o = &d["oom"];
+    assert_eq!(o["index"], there, "{o}");
+    assert_eq!(o["requested_bytes"], 4 << 20);
+    assert_eq!(o["segment_bytes"], 20 << 20, "PyTorch's \"Tried to allocate\"");
+    assert!(o["remedies"].as_array().unwrap().iter().all(|m| m["avoided"] != true), "{o}");
+    let said: Vec<&str> =
+        d["recommendations"].as_array().unwrap().iter().map(|r| r["what"].as_str().unwrap()).collect();
+    assert!(!said.iter().any(|w| w.contains("is fragmentation")), "{said:?}");
+    assert!(said.iter().any(|w| w.starts_with("the failure is a lack of memory")), "{said:?}");
+}

@@ -235,7 +235,7 @@ fn snapshots_replay_and_check_decision_for_decision() {
         for k in [
             "peak_allocated_bytes",
             "peak_reserved_bytes",
-            "fragmentation_at_peak_bytes",
+            "unallocated_at_reserved_peak_bytes",
             "num_device_alloc",
             "num_ooms",
             "oom_ops",

@@ -6,11 +6,14 @@
 //! standard library and C++ say little to the user: a call site is the
 //! innermost frame of the user's own code. The autograd engine runs backward
 //! on its own thread, so its allocations carry no Python frames at all: they
-//! are named after the autograd node that made them. Phases and roles are
-//! inferred from the frames alone, and each says how.
+//! are named after the autograd node that made them. Phases are inferred
+//! from the frames alone; the role they suggest is settled by what the block
+//! became ([`crate::roles`]).
 
 // The phase frames name is the one the recorded step and the planner read too.
 pub use headroom_trace::phase::Phase;
+// What a block became is told by its lifetime too: frames give its first guess.
+pub use crate::roles::Role;
 use headroom_trace::snapshot::{StackId, Stacks};
 use serde::Serialize;
 
@@ -24,57 +27,6 @@ pub struct Site {
     pub file: Option<String>,
     pub line: Option<i64>,
     pub function: Option<String>,
-}
-
-/// What a live block is for, as far as the frames tell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Live when the trace began: its frames were never recorded.
-    BeforeTrace,
-    ParametersAndBuffers,
-    /// Forward allocations still live: saved for backward, or outputs.
-    Activations,
-    /// Gradients and the backward pass's temporaries.
-    Backward,
-    OptimizerState,
-    Data,
-    Other,
-}
-
-impl Role {
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::BeforeTrace => "before_trace",
-            Role::ParametersAndBuffers => "parameters_and_buffers",
-            Role::Activations => "activations",
-            Role::Backward => "backward",
-            Role::OptimizerState => "optimizer_state",
-            Role::Data => "data",
-            Role::Other => "other",
-        }
-    }
-
-    /// How the role was inferred, for the report.
-    pub fn how(self) -> &'static str {
-        match self {
-            Role::BeforeTrace => {
-                "live when the trace began, so no frames: parameters, buffers and state created before recording started"
-            }
-            Role::ParametersAndBuffers => {
-                "allocated by Module.to/cuda/_apply, a Parameter, load_state_dict or torch.load"
-            }
-            Role::Activations => {
-                "allocated in a forward pass (Module.forward frames) and still live: saved for backward, or outputs"
-            }
-            Role::Backward => {
-                "allocated by the autograd engine: gradients (AccumulateGrad keeps the buffer the backward op made) and backward temporaries"
-            }
-            Role::OptimizerState => "allocated inside an optimizer's step (torch/optim frames, or a user `step` in an optim file)",
-            Role::Data => "allocated under torch.utils.data frames",
-            Role::Other => "frames match no rule above",
-        }
-    }
 }
 
 /// What a stack says, computed once per interned stack.
@@ -116,12 +68,12 @@ impl<'a> Classifier<'a> {
 /// fast mode (`TORCH_SYMBOLIZE_MODE=fast`) — the binary or shared library with
 /// the offset in it as the "line" (`/usr/bin/python3.12:5775726`, whose
 /// interpreter frames are named `_PyEval_EvalFrameDefault`).
-fn is_python(file: &str) -> bool {
+pub(crate) fn is_python(file: &str) -> bool {
     file.ends_with(".py") || (file.starts_with('<') && file.ends_with('>'))
 }
 
 /// Torch itself and the Python standard library: frames the user did not write.
-fn is_framework(file: &str) -> bool {
+pub(crate) fn is_framework(file: &str) -> bool {
     file.contains("-packages/torch/")
         || file.contains("/pytorch/torch/")
         || file.starts_with("<frozen")
@@ -140,6 +92,47 @@ fn short_path(file: &str, n: usize) -> &str {
     &file[cut + 1..]
 }
 
+/// The autograd node whose backward made an allocation, from its C++ frames.
+///
+/// A generated node's frames name it three ways, innermost first: the formula
+/// it calls (`torch::autograd::generated::details::mm_mat2_backward`, a
+/// namespace of helpers shared by many nodes, so no name), the node's
+/// function (`MmBackward0_apply_functional`, `SliceBackward0_copy_apply_functional`)
+/// and its `apply` (`torch::autograd::generated::MmBackward0::apply`). The
+/// `apply` is the node; the function stands in where the frames stop short of
+/// it. `AccumulateGrad` is not generated. Gradients of one tensor used twice
+/// are summed by the engine's `InputBuffer` before any node runs.
+fn autograd_node(frames: &[(&str, i64, &str)]) -> Option<String> {
+    const GENERATED: &str = "torch::autograd::generated::";
+    let generated = |name: &str| -> Option<(String, bool)> {
+        let rest = name.split(GENERATED).nth(1)?;
+        let ident: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if ident == "details" || ident.is_empty() {
+            return None;
+        }
+        if rest[ident.len()..].starts_with("::apply") {
+            return Some((ident, true));
+        }
+        let node = ident.strip_suffix("_apply_functional")?;
+        Some((node.strip_suffix("_copy").unwrap_or(node).to_string(), false))
+    };
+    let mut function = None;
+    for (_, _, name) in frames {
+        if name.contains("torch::autograd::AccumulateGrad") {
+            return Some("AccumulateGrad".into());
+        }
+        match generated(name) {
+            Some((node, true)) => return Some(node),
+            Some((node, false)) => function = function.or(Some(node)),
+            None if function.is_none() && name.contains("torch::autograd::InputBuffer::add") => {
+                return Some("InputBuffer::add".into());
+            }
+            None => {}
+        }
+    }
+    function
+}
+
 fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
     let frames: Vec<(&str, i64, &str)> = stacks.frames_of(stack).collect();
     if frames.is_empty() {
@@ -156,14 +149,7 @@ fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
         let rest = name.split("at::_ops::").nth(1)?;
         Some(format!("aten::{}", rest.split("::").next()?))
     });
-    // The autograd node that ran (`torch::autograd::generated::BmmBackward0::apply`).
-    let node = frames.iter().find_map(|(_, _, name)| {
-        if name.contains("AccumulateGrad") {
-            return Some("AccumulateGrad".to_string());
-        }
-        let rest = name.split("torch::autograd::generated::").nth(1)?;
-        Some(rest.split("::").next()?.split('_').next()?.to_string())
-    });
+    let node = autograd_node(&frames);
     let site = match user {
         Some(&(file, line, function)) => {
             let mut s = format!("{}:{line} in {function}", short_path(file, 3));
@@ -201,13 +187,19 @@ fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
     let optimizer = any_py(&|f, _| f.contains("torch/optim/"))
         || any_py(&|f, n| !is_framework(f) && (n == "step" && f.contains("optim") || n == "zero_grad"));
     let data = any_py(&|f, _| f.contains("torch/utils/data/"));
+    let calling = any_py(&|_, n| matches!(n, "forward" | "_call_impl" | "_wrapped_call_impl"));
+    // Building a model: a module's `__init__` (nn.Linear's weight, under `torch.device("cuda")`),
+    // its initialisers, moving it and loading weights. An `__init__` under a module's call is
+    // an object the forward makes, not the model being built.
     let setup = any_py(&|f, n| {
         (f.ends_with("torch/nn/modules/module.py") && matches!(n, "_apply" | "to" | "cuda" | "load_state_dict"))
             || f.ends_with("torch/nn/parameter.py")
+            || f.ends_with("torch/nn/init.py")
+            || (f.contains("torch/nn/") && n == "reset_parameters")
             || f.ends_with("torch/serialization.py")
-    });
+    }) || (!calling && any_py(&|_, n| n == "__init__"));
     let evaluation = user_named(&["eval", "valid", "generate", "predict", "infer"]);
-    let forward = any_py(&|f, n| n == "forward" || n == "_call_impl" || f.contains("torch/nn/"));
+    let forward = calling || any_py(&|f, _| f.contains("torch/nn/"));
     let phase = if backward {
         Phase::Backward
     } else if optimizer {
@@ -223,16 +215,7 @@ fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
     } else {
         Phase::Other
     };
-    let role = match phase {
-        Phase::Backward => Role::Backward,
-        Phase::OptimizerStep => Role::OptimizerState,
-        Phase::DataLoading => Role::Data,
-        Phase::Setup => Role::ParametersAndBuffers,
-        // Evaluation runs forward without saving for backward: its memory is not activations kept for one.
-        Phase::Forward => Role::Activations,
-        Phase::Evaluation | Phase::Other | Phase::Unknown => Role::Other,
-    };
-    StackInfo { site, phase, role }
+    StackInfo { site, phase, role: Role::from_phase(phase) }
 }
 
 #[cfg(test)]
@@ -286,7 +269,56 @@ mod tests {
         ]);
         let i = Classifier::new(&s, false).info(1).clone();
         assert_eq!(i.site.site, "autograd BmmBackward0");
-        assert_eq!((i.phase, i.role), (Phase::Backward, Role::Backward));
+        assert_eq!((i.phase, i.role), (Phase::Backward, Role::Gradients));
+    }
+
+    /// With C++ frames the formula a node calls comes first, in the namespace
+    /// `torch::autograd::generated::details` that many nodes share; the node is
+    /// the one whose `apply` ran.
+    #[test]
+    fn the_node_is_the_one_whose_apply_ran() {
+        let s = stacks(&[
+            ("??", 0, "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+            ("libtorch_cpu.so", 1, "torch::autograd::generated::details::mm_mat2_backward(at::Tensor const&)"),
+            ("libtorch_cpu.so", 2, "torch::autograd::generated::MmBackward0_apply_functional(...)"),
+            ("libtorch_cpu.so", 3, "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"),
+            ("libtorch_cpu.so", 4, "torch::autograd::Engine::evaluate_function(...)"),
+        ]);
+        assert_eq!(Classifier::new(&s, false).info(1).site.site, "autograd MmBackward0");
+        let s = stacks(&[
+            ("libtorch_cpu.so", 1, "torch::autograd::generated::details::slice_backward_wrapper(...)"),
+            ("libtorch_cpu.so", 2, "torch::autograd::generated::SliceBackward0_copy_apply_functional(...)"),
+        ]);
+        assert_eq!(Classifier::new(&s, false).info(1).site.site, "autograd SliceBackward0");
+        let s = stacks(&[
+            ("libtorch_cpu.so", 1, "at::_ops::add_Tensor::call(at::Tensor const&, at::Tensor const&)"),
+            ("libtorch_cpu.so", 2, "torch::autograd::accumulate(std::vector<at::Tensor>&, unsigned long)"),
+            ("libtorch_cpu.so", 3, "torch::autograd::InputBuffer::add(unsigned long, at::Tensor&&)"),
+            ("libtorch_cpu.so", 4, "torch::autograd::Engine::evaluate_function(...)"),
+        ]);
+        let i = Classifier::new(&s, true).info(1).clone();
+        assert_eq!((i.site.site.as_str(), i.phase), ("autograd InputBuffer::add > aten::add_Tensor", Phase::Backward));
+    }
+
+    /// `nn.Linear` built under `torch.device("cuda")` allocates its weight in its
+    /// `__init__`, inside torch/nn: building the model, not a forward.
+    #[test]
+    fn a_module_init_is_setup() {
+        let s = stacks(&[
+            (&format!("{TORCH}/utils/_device.py"), 116, "__torch_function__"),
+            (&format!("{TORCH}/nn/modules/linear.py"), 109, "__init__"),
+            ("/venv/lib/python3.12/site-packages/transformers/models/qwen3/modeling_qwen3.py", 77, "__init__"),
+            ("/w/train.py", 69, "build"),
+        ]);
+        let i = Classifier::new(&s, false).info(1).clone();
+        assert_eq!((i.phase, i.role), (Phase::Setup, Role::ParametersAndBuffers));
+        // An object made inside a module's call is the forward's.
+        let s = stacks(&[
+            ("/w/cache.py", 5, "__init__"),
+            (&format!("{TORCH}/nn/modules/module.py"), 1750, "_call_impl"),
+            ("/w/model.py", 40, "forward"),
+        ]);
+        assert_eq!(Classifier::new(&s, false).info(1).phase, Phase::Forward);
     }
 
     #[test]

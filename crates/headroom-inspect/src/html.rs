@@ -116,8 +116,10 @@ section{position:relative}.live{display:none}.js .live{display:block}.static.rep
 .hr-key{display:inline-flex;align-items:center;gap:5px;background:none;border:0;padding:0;font:inherit;color:inherit}\
 button.hr-key{cursor:pointer}button.hr-key:hover{text-decoration:underline}\
 .hr-swatch{display:inline-block;width:12px;height:10px}.hr-swatch.hr-line{height:3px}\
-.hr-tip{position:absolute;z-index:10;max-width:520px;background:#fff;border:1px solid #bbb;\
-box-shadow:0 2px 8px rgba(0,0,0,.18);padding:6px 10px;font-size:12px;pointer-events:none;word-break:break-all}\
+.hr-tip{position:fixed;right:12px;bottom:12px;z-index:10;width:min(560px,45vw);max-height:40vh;overflow:auto;\
+background:#fff;border:1px solid #bbb;box-shadow:0 2px 8px rgba(0,0,0,.18);padding:6px 10px;font-size:12px;\
+pointer-events:none;word-break:break-all}.hr-tip.pinned{pointer-events:auto;border-color:#1f77b4}\
+.hr-unpin{float:right;margin-left:8px}.hr-whole summary{cursor:pointer;color:#555;margin-top:4px}\
 .hr-stack{margin:4px 0 0;padding-left:22px;font-family:ui-monospace,monospace;font-size:11px;color:#444}\
 .hr-filter{background:#eef5ff;border-left:4px solid #1f77b4;padding:6px 12px;margin:8px 0;font-size:14px}\
 .hr-filter button{margin-left:10px}tr.hr-pick{cursor:pointer}tr.hr-pick:hover{background:#f3f7fb}";

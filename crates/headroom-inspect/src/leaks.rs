@@ -12,6 +12,7 @@
 //! a site that never shrinks after it and grows in at least half of the
 //! later repetitions.
 
+use crate::frames::Phase;
 use crate::sites::Sites;
 use crate::walk::Walk;
 use headroom_trace::snapshot::{TraceAction, TraceEvent};
@@ -44,7 +45,10 @@ const MIN_REPETITIONS: usize = 3;
 pub fn repetitions(trace: &[TraceEvent], sites: &mut Sites) -> Option<Repetitions> {
     let mut count: FxHashMap<(u32, u64), (usize, usize)> = FxHashMap::default();
     for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == TraceAction::Alloc) {
-        count.entry((e.stack, e.size)).or_insert((0, i)).0 += 1;
+        // Building the model repeats per layer too, but it is not the workload's loop.
+        if sites.info(e.stack).phase != Phase::Setup {
+            count.entry((e.stack, e.size)).or_insert((0, i)).0 += 1;
+        }
     }
     let mut keys_with: FxHashMap<usize, usize> = FxHashMap::default();
     for &(c, _) in count.values().filter(|(c, _)| *c >= MIN_REPETITIONS) {

@@ -62,6 +62,7 @@ fn site(s: &SiteDetail) -> Value {
         "role": s.role.name(),
         "phase": s.phase.name(),
         "frames": s.frames,
+        "stack": s.stack,
         "more": s.more_frames,
     })
 }

@@ -8,7 +8,7 @@
 //! ([`crate::frames`]), the totals from the walk ([`crate::walk`]), so the same list serves
 //! any reader of steps.
 
-use crate::frames::{Classifier, Phase};
+use crate::frames::Classifier;
 use crate::walk::Walk;
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_step::{Entry, Moment, Recording};
@@ -32,7 +32,6 @@ pub fn recording(snap: &MemorySnapshot, device: u32) -> Recording {
     let mut walk = Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
     let trace = walk.trace();
     let mut classifier = Classifier::new(&snap.stacks, false);
-    let mut constructing: Vec<Option<bool>> = vec![None; snap.stacks.stacks.len()];
     let mut out = Recording {
         start_allocated: walk.totals.allocated_bytes,
         start_reserved: walk.totals.reserved_bytes,
@@ -43,17 +42,7 @@ pub fn recording(snap: &MemorySnapshot, device: u32) -> Recording {
         let moment = match e.action {
             TraceAction::Alloc => {
                 out.has_frames |= e.stack != 0;
-                let phase = match constructing.get(e.stack as usize).copied().flatten() {
-                    Some(c) => c,
-                    None => {
-                        let c = builds_a_module(snap, e.stack);
-                        if let Some(slot) = constructing.get_mut(e.stack as usize) {
-                            *slot = Some(c);
-                        }
-                        c
-                    }
-                };
-                let phase = if phase { Phase::Setup } else { classifier.info(e.stack).phase };
+                let phase = classifier.info(e.stack).phase;
                 walk.step();
                 let bytes = walk.live.get(&e.addr).map_or(0, |l| l.size);
                 Some(Moment::Alloc { bytes, phase })
@@ -87,20 +76,4 @@ pub fn recording(snap: &MemorySnapshot, device: u32) -> Recording {
     }
     out.unmatched_frees = walk.unmatched_frees;
     out
-}
-
-/// Whether a stack builds a module: a `torch.nn` module's `__init__` (or its parameters'
-/// initialisation) with no forward running. The frames classifier calls it forward (its
-/// frames are in `torch/nn/`); for finding steps it is the model's construction.
-fn builds_a_module(snap: &MemorySnapshot, stack: headroom_trace::snapshot::StackId) -> bool {
-    let mut init = false;
-    for (file, _, name) in snap.stacks.frames_of(stack) {
-        if name == "forward" || name == "_call_impl" || name == "backward" {
-            return false;
-        }
-        if file.contains("torch/nn/") && (name == "__init__" || name == "reset_parameters") {
-            init = true;
-        }
-    }
-    init
 }

@@ -2,13 +2,16 @@
 // this script: every plot is inline SVG. With it, each device's timeline and
 // segment map are redrawn from the data embedded beside them, so that the
 // timeline zooms (wheel, +/−) and pans (drag), pointing at a band or a block
-// shows its size, call site and stack, and clicking a site (band, legend,
-// block or table row) shows only that site in every view. No network, no
+// shows its size, call site and the user's frames of its stack in a fixed
+// panel, and clicking a site (band, legend, block or table row) shows only
+// that site in every view and pins the panel on it, with its whole stack on
+// request. No network, no
 // library: one file that opens offline.
 (function () {
   "use strict";
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"];
   var ALLOCATED = "#141414", RESERVED = "#c81e1e", FREE = "#d7d7d7", PENDING = "#fab43c", OTHER = "#1f77b4";
+  var NOT_DRAWN = "#b4b4b4";
   var NS = "http://www.w3.org/2000/svg";
   var W = 1000, H = 420, L = 76, R = 12, T = 12, B = 44;
 
@@ -89,6 +92,22 @@
   Device.prototype.pick = function (id) {
     this.filter = this.filter === id ? null : id;
     var self = this;
+    // The panel stays on the site shown alone, to read and scroll, until it is shown no more.
+    this.pinned = false;
+    if (this.filter === null) this.hide();
+    else {
+      var s = this.d.sites[this.filter] || { name: this.siteName(this.filter), role: "", phase: "", frames: [], stack: [], more: 0 };
+      this.show(null, [s.name, s.role ? "role " + s.role + ", phase " + s.phase : ""], s);
+      this.pinned = true;
+      this.tip.classList.add("pinned");
+      var unpin = html("button", "hr-unpin", null, "unpin");
+      unpin.type = "button";
+      unpin.addEventListener("click", function () {
+        self.pinned = false;
+        self.hide();
+      });
+      this.tip.insertBefore(unpin, this.tip.firstChild);
+    }
     this.bar.hidden = this.filter === null;
     this.bar.textContent = "";
     if (this.filter !== null) {
@@ -107,31 +126,36 @@
     if (this.drawSegments) this.drawSegments();
   };
 
+  // The panel: what is pointed at, with the user's own frames of its stack
+  // first and the whole stack on request. Pinned, it keeps its site.
   Device.prototype.show = function (evt, lines, frames) {
+    if (this.pinned) return;
     var tip = this.tip;
     tip.textContent = "";
+    tip.classList.remove("pinned");
     lines.forEach(function (l, i) {
-      html(i === 0 ? "b" : "div", null, tip, l);
-      if (i === 0) html("br", null, tip);
+      if (l) html(i === 0 ? "b" : "div", null, tip, l);
     });
     if (frames && frames.frames.length) {
       var ol = html("ol", "hr-stack", tip);
       frames.frames.forEach(function (f) {
         html("li", null, ol, f);
       });
-      if (frames.more) html("div", "muted", tip, "… " + frames.more + " more frames");
+    }
+    if (frames && frames.stack && frames.stack.length) {
+      var whole = html("details", "hr-whole", tip);
+      html("summary", null, whole, "whole stack (" + (frames.stack.length + frames.more) + " frames)" + (this.pinned ? "" : ": click the site to pin this panel"));
+      var all = html("ol", "hr-stack", whole);
+      frames.stack.forEach(function (f) {
+        html("li", null, all, f);
+      });
+      if (frames.more) html("div", "muted", whole, "… " + frames.more + " more frames");
     }
     tip.hidden = false;
-    var box = this.section.getBoundingClientRect();
-    var x = evt.clientX - box.left + 16, y = evt.clientY - box.top + 16;
-    var width = Math.min(520, box.width - 20);
-    if (x + width > box.width) x = Math.max(0, evt.clientX - box.left - width - 16);
-    tip.style.left = x + "px";
-    tip.style.top = y + "px";
   };
 
   Device.prototype.hide = function () {
-    this.tip.hidden = true;
+    if (!this.pinned) this.tip.hidden = true;
   };
 
   Device.prototype.timeline = function () {
@@ -172,6 +196,9 @@
         self.pick(s.site);
       });
     });
+    var rest = html("span", "hr-key", legend);
+    html("span", "hr-swatch", rest).style.background = NOT_DRAWN;
+    html("span", null, rest, "other call sites (not among the largest at the peak)");
     [["reserved", RESERVED], ["allocated", ALLOCATED]].forEach(function (k) {
       var item = html("span", "hr-key", legend);
       var sw = html("span", "hr-swatch hr-line", item);
@@ -241,6 +268,18 @@
         }, plot);
         band.style.cursor = "pointer";
       });
+      // What the drawn bands leave of allocated: the sites not drawn, as one band.
+      var last = d.series.length ? cum[d.series.length - 1] : null;
+      el("path", {
+        d: path(function (i) {
+          return Math.max(d.allocated[i], last ? last[i] : 0);
+        }, function (i) {
+          return last ? last[i] : 0;
+        }, i0, i1),
+        fill: NOT_DRAWN,
+        "fill-opacity": self.filter !== null ? 0.1 : 0.75,
+        class: "hr-band-rest",
+      }, plot);
       el("path", { d: path(function (i) { return d.reserved[i]; }, null, i0, i1), fill: "none", stroke: RESERVED, "stroke-width": 2 }, plot);
       el("path", { d: path(function (i) { return d.allocated[i]; }, null, i0, i1), fill: "none", stroke: ALLOCATED, "stroke-width": 2 }, plot);
       var axis = el("g", { "font-size": 12, fill: "#333", "font-family": "sans-serif" }, svg);

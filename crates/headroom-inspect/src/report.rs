@@ -6,6 +6,7 @@ use crate::frames::Phase;
 use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
+use crate::roles::Lifetimes;
 use crate::sites::{group, RoleBytes, SiteBytes, SiteDetail, Sites};
 use crate::step_phases::{step_phases, StepPhases};
 use crate::timeline::{timeline, Point, Timeline};
@@ -45,6 +46,9 @@ pub struct OomExplanation {
     pub time_us: Option<i64>,
     /// The request that failed (rounded, as PyTorch records it).
     pub requested_bytes: u64,
+    /// The segment PyTorch asked the device for to serve it: its message's
+    /// "Tried to allocate", and `headroom replay`'s.
+    pub segment_bytes: u64,
     /// What the device said was free; `None` when not recorded.
     pub free_bytes: Option<u64>,
     pub allocated_bytes: u64,
@@ -64,6 +68,10 @@ pub struct OomExplanation {
     /// Further `oom` entries after this one.
     pub later_ooms: usize,
     pub remedies: Vec<Remedy>,
+    /// The most the run asked to hold at once: live blocks plus the requests refused so far
+    /// (each counted from its refusal to the trace's end, which cannot tell when the program
+    /// would have freed it).
+    pub demand_peak_bytes: u64,
 }
 
 /// Advice, with what it rests on.
@@ -240,7 +248,8 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         if i > 0 {
             w.run_through(i - 1);
         }
-        let mut o = oom_at_entry(&r, trace, i, &w.totals, &mut sites, &memory);
+        let mut o = oom_at_entry(&r, trace, i, &w.totals, &mut sites, &memory, &recorded);
+        o.demand_peak_bytes = demand_peak(walk());
         let bounded = o.capacity_bytes.is_some() || o.memory_limit.is_some();
         match (&dt, &fidelity) {
             (Some(t), Some(f)) if bounded => {
@@ -345,7 +354,7 @@ fn without_trace(
         .filter(|b| b.state == BlockState::ActiveAllocated)
         .map(|b| Live { size: b.size, requested: b.requested_size, stack: b.stack, since: Some(0), pending: false })
         .collect();
-    fill_sites(&mut r, group(live.iter(), sites), opts.top);
+    fill_sites(&mut r, group(live.iter(), sites, None), opts.top);
     recommend(&mut r, recorded, None);
     name_sites(&mut r, sites);
     r
@@ -432,13 +441,16 @@ fn oom_at_entry(
     before: &Totals,
     sites: &mut Sites,
     memory: &RecordedMemory,
+    config: &AllocatorConfig,
 ) -> OomExplanation {
     let e = &trace[i];
     let info = sites.info(e.stack).clone();
+    let rounded = headroom_alloc::sizing::round_size(config, e.size);
     OomExplanation {
         index: i,
         time_us: e.time_us,
         requested_bytes: e.size,
+        segment_bytes: headroom_alloc::sizing::allocation_size(config, rounded),
         free_bytes: e.device_free.filter(|&f| f <= UNBOUNDED),
         allocated_bytes: before.allocated_bytes,
         reserved_bytes: before.reserved_bytes,
@@ -450,7 +462,21 @@ fn oom_at_entry(
         site: info.site.site,
         later_ooms: r.ooms_recorded - 1,
         remedies: Vec::new(),
+        demand_peak_bytes: 0,
     }
+}
+
+/// The most the run asked to hold at once: allocated, plus every request refused so far.
+fn demand_peak(mut w: Walk) -> u64 {
+    let (mut refused, mut peak) = (0u64, w.totals.allocated_bytes);
+    while let Some(e) = w.trace().get(w.next) {
+        if e.action == TraceAction::Oom {
+            refused += e.size;
+        }
+        w.step();
+        peak = peak.max(w.totals.allocated_bytes + refused);
+    }
+    peak
 }
 
 /// The state just before the OOM, replayed for its largest free block, and
@@ -495,12 +521,13 @@ fn walks<'a>(
         r.step_phases = Some(step_phases(&mut walk(), sites));
     }
 
-    // Pass 2: live at the peak.
+    // Pass 2: live at the peak, each block's role what it became (frames name the passes).
+    let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
     let mut w = walk();
     if let Some(i) = tl.peak.index {
         w.run_through(i);
     }
-    fill_sites(r, group(w.live.values(), sites), opts.top);
+    fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
     let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
     // Pass 3: the largest sites' bands under the timeline.
@@ -532,7 +559,17 @@ fn name_sites(r: &mut DeviceReport, sites: &Sites) {
         r.top_sites.iter().map(|s| s.id).chain(r.series.iter().map(|s| s.id)).chain(blocks).collect();
     ids.sort_unstable();
     ids.dedup();
-    r.sites = ids.into_iter().map(|id| (id, sites.detail(id))).collect();
+    // A site live at the peak shows the role its blocks became there.
+    r.sites = ids
+        .into_iter()
+        .map(|id| {
+            let mut d = sites.detail(id);
+            if let Some(s) = r.top_sites.iter().find(|s| s.id == id) {
+                d.role = s.role;
+            }
+            (id, d)
+        })
+        .collect();
 }
 
 /// The entry just after the peak: the replayed state there is the state at the peak.
@@ -612,6 +649,52 @@ fn series(mut w: Walk, tl: &Timeline, top: &[SiteBytes], n: usize, sites: &mut S
     out
 }
 
+/// Fragmentation or a lack of memory, as the replays decide: fragmentation only
+/// where a setting replayed avoids the OOM (memory in pieces is not the cause
+/// when no arrangement of it serves the run); otherwise a lack of memory, by
+/// how much the run asked to hold beyond the memory it had. Without a replay,
+/// no verdict.
+fn oom_verdict(o: &OomExplanation) -> Option<Recommendation> {
+    let avoiding: Vec<&str> =
+        o.remedies.iter().filter(|m| m.avoided == Some(true)).map(|m| m.setting.as_str()).collect();
+    if !avoiding.is_empty() {
+        return Some(Recommendation {
+            what: "the failure is fragmentation, not a lack of memory".into(),
+            evidence: format!(
+                "{} replayed avoid{} it; {} reserved but unallocated when {} was requested: cached, but in pieces \
+                 too small",
+                avoiding.join(", "),
+                if avoiding.len() == 1 { "s" } else { "" },
+                format_size(o.reserved_unallocated_bytes),
+                format_size(o.requested_bytes)
+            ),
+        });
+    }
+    let failed: Vec<String> =
+        o.remedies.iter().filter(|m| m.avoided == Some(false)).map(|m| format!("{} ({})", m.setting, m.note)).collect();
+    if failed.is_empty() {
+        return None;
+    }
+    let memory = o.capacity_bytes.or(o.memory_limit.map(|l| l.at_least))?;
+    let on = if o.capacity_bytes.is_some() { "device" } else { "per-process limit" };
+    let what = match o.demand_peak_bytes.checked_sub(memory).filter(|&d| d > 0) {
+        Some(short) => {
+            format!("the failure is a lack of memory, not fragmentation: up to {} short", format_size(short))
+        }
+        None => "the failure is a lack of memory, not fragmentation".into(),
+    };
+    Some(Recommendation {
+        what,
+        evidence: format!(
+            "live blocks and the requests refused (each held from its refusal on: the trace cannot tell when the \
+             program would have freed it) come to {} on a {} {on}; no setting replayed avoids the OOM: {}",
+            format_size(o.demand_peak_bytes),
+            format_size(memory),
+            failed.join("; ")
+        ),
+    })
+}
+
 /// Advice from what the report found.
 fn recommend(r: &mut DeviceReport, recorded: &AllocatorConfig, expandable_peak_reserved: Option<u64>) {
     let mut out = Vec::new();
@@ -632,16 +715,7 @@ fn recommend(r: &mut DeviceReport, recorded: &AllocatorConfig, expandable_peak_r
                 ),
             });
         }
-        if o.reserved_unallocated_bytes >= o.requested_bytes && o.free_bytes.is_some_and(|f| f < o.requested_bytes) {
-            out.push(Recommendation {
-                what: "the failure is fragmentation, not a lack of memory".into(),
-                evidence: format!(
-                    "{} reserved but unallocated when {} was requested: cached, but in pieces too small",
-                    format_size(o.reserved_unallocated_bytes),
-                    format_size(o.requested_bytes)
-                ),
-            });
-        }
+        out.extend(oom_verdict(o));
     }
     if let Some(peak) = expandable_peak_reserved {
         if peak * 20 <= r.peak_reserved_bytes * 19 {

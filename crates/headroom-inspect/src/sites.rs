@@ -1,7 +1,8 @@
-//! Live memory grouped by the user's call sites, with the role and phase
-//! each site's frames suggest.
+//! Live memory grouped by the user's call sites, with the phase each site's
+//! frames suggest and the role its blocks became.
 
-use crate::frames::{Classifier, Phase, Role, Site, StackInfo};
+use crate::frames::{is_framework, is_python, Classifier, Phase, Role, Site, StackInfo};
+use crate::roles::Lifetimes;
 use crate::walk::Live;
 use headroom_trace::snapshot::{StackId, Stacks};
 use rustc_hash::FxHashMap;
@@ -24,14 +25,23 @@ pub struct SiteDetail {
     pub site: String,
     pub role: Role,
     pub phase: Phase,
-    /// One of its stacks, innermost first, as `file:line in function`, at most [`STACK_SHOWN`].
+    /// The user's own frames of one of its stacks (Python frames outside torch and the
+    /// standard library), innermost first, as `file:line in function`: what the report
+    /// shows first. The stack's first [`STACK_SHOWN`] frames where it has none of the
+    /// user's (the autograd engine's thread).
     pub frames: Vec<String>,
-    /// Frames of that stack beyond those shown.
+    /// That stack whole, innermost first, at most [`STACK_WHOLE`] frames: shown on request.
+    pub stack: Vec<String>,
+    /// Frames of that stack beyond [`STACK_WHOLE`].
     pub more_frames: usize,
 }
 
-/// Frames of a stack shown in full: enough to see the model code above torch's.
+/// Frames shown of a stack without the user's own.
 pub const STACK_SHOWN: usize = 40;
+
+/// Frames kept of a whole stack: allocator internals, CPython's and C++ frames
+/// come before the user's, and a recorded stack holds about a hundred.
+pub const STACK_WHOLE: usize = 200;
 
 const UNSEEN: u32 = u32::MAX;
 
@@ -81,18 +91,26 @@ impl<'a> Sites<'a> {
         let info = &self.list[id as usize];
         let stack = self.first_stack[id as usize];
         let all = self.stacks.stacks.get(stack as usize).map_or(0, |s| s.len());
-        let frames = self
-            .stacks
-            .frames_of(stack)
-            .take(STACK_SHOWN)
-            .map(|(file, line, name)| crate::printable::printable(&format!("{file}:{line} in {name}")).into_owned())
-            .collect();
+        let line = |(file, line, name): (&str, i64, &str)| {
+            crate::printable::printable(&format!("{file}:{line} in {name}")).into_owned()
+        };
+        let user = |&(file, _, _): &(&str, i64, &str)| is_python(file) && !is_framework(file);
+        let mut frames: Vec<String> = self.stacks.frames_of(stack).filter(user).map(line).collect();
+        if frames.is_empty() {
+            // The allocator's own frames (and the unwinder's that recorded them) come first and
+            // say nothing of the caller: shown from the frame that called the allocator.
+            let inner = self.stacks.frames_of(stack).take(STACK_SHOWN);
+            let past = inner.enumerate().filter(|(_, (_, _, n))| n.contains("CUDACachingAllocator")).last();
+            let skip = past.map_or(0, |(i, _)| i + 1);
+            frames = self.stacks.frames_of(stack).skip(skip).take(STACK_SHOWN).map(line).collect();
+        }
         SiteDetail {
             site: info.site.site.clone(),
             role: info.role,
             phase: info.phase,
             frames,
-            more_frames: all.saturating_sub(STACK_SHOWN),
+            stack: self.stacks.frames_of(stack).take(STACK_WHOLE).map(line).collect(),
+            more_frames: all.saturating_sub(STACK_WHOLE),
         }
     }
 
@@ -142,32 +160,96 @@ pub struct RoleBytes {
     pub how: &'static str,
 }
 
-/// The live allocations grouped by site, largest first, and by role.
+/// The live allocations grouped by site, largest first, and by role: each
+/// block's role is what it became where `lifetimes` tell, else what its
+/// frames suggest, and a site's is the role of most of its bytes.
 /// Blocks freed by the caller but still pending are not the caller's: left out.
-pub fn group<'l>(live: impl Iterator<Item = &'l Live>, sites: &mut Sites) -> (Vec<SiteBytes>, Vec<RoleBytes>) {
+pub fn group<'l>(
+    live: impl Iterator<Item = &'l Live>,
+    sites: &mut Sites,
+    lifetimes: Option<&Lifetimes>,
+) -> (Vec<SiteBytes>, Vec<RoleBytes>) {
     let mut by_site: FxHashMap<u32, (u64, usize)> = FxHashMap::default();
+    let mut roles: FxHashMap<Role, (u64, usize)> = FxHashMap::default();
+    let mut site_roles: FxHashMap<(u32, Role), u64> = FxHashMap::default();
     for l in live.filter(|l| !l.pending) {
         let id = sites.of(l);
-        let e = by_site.entry(id).or_default();
-        e.0 += l.size;
-        e.1 += 1;
+        let info = &sites.list[id as usize];
+        let role = lifetimes.map_or(info.role, |t| t.role(l, info));
+        for e in [by_site.entry(id).or_default(), roles.entry(role).or_default()] {
+            e.0 += l.size;
+            e.1 += 1;
+        }
+        *site_roles.entry((id, role)).or_default() += l.size;
     }
     let mut out: Vec<SiteBytes> = by_site
         .into_iter()
         .map(|(id, (bytes, blocks))| {
             let info = &sites.list[id as usize];
-            SiteBytes { site: info.site.clone(), bytes, blocks, role: info.role, phase: info.phase, id }
+            let role = site_roles
+                .iter()
+                .filter(|((s, _), _)| *s == id)
+                .max_by(|((_, ra), a), ((_, rb), b)| a.cmp(b).then(rb.cmp(ra)))
+                .map_or(info.role, |((_, r), _)| *r);
+            SiteBytes { site: info.site.clone(), bytes, blocks, role, phase: info.phase, id }
         })
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.site.cmp(&b.site.site)));
-    let mut roles: FxHashMap<Role, (u64, usize)> = FxHashMap::default();
-    for s in &out {
-        let e = roles.entry(s.role).or_default();
-        e.0 += s.bytes;
-        e.1 += s.blocks;
-    }
     let mut roles: Vec<RoleBytes> =
         roles.into_iter().map(|(role, (bytes, blocks))| RoleBytes { role, bytes, blocks, how: role.how() }).collect();
     roles.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.role.cmp(&b.role)));
     (out, roles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_trace::snapshot::Frame;
+
+    /// One stack of `frames` (innermost first), as stack 1.
+    fn stacks(frames: &[(&str, i64, &str)]) -> Stacks {
+        let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
+        let mut ids = Vec::new();
+        for &(file, line, name) in frames {
+            s.strings.push(file.into());
+            s.strings.push(name.into());
+            let n = s.strings.len() as u32;
+            s.frames.push(Frame { filename: n - 2, line, name: n - 1 });
+            ids.push(s.frames.len() as u32 - 1);
+        }
+        s.stacks.push(ids.into_boxed_slice());
+        s
+    }
+
+    /// The user's frames first; without any (the autograd engine's thread), the stack from
+    /// the frame that called the allocator; the whole stack kept for the asking.
+    #[test]
+    fn a_site_shows_the_users_frames_first() {
+        let lib = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
+        let s = stacks(&[
+            ("/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so", 1, "torch::unwind::unwind()"),
+            (lib, 2, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long)"),
+            ("/usr/bin/python3.12", 3, "_PyEval_EvalFrameDefault"),
+            ("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 109, "__init__"),
+            ("/home/me/model.py", 77, "__init__"),
+            ("/home/me/train.py", 69, "build"),
+        ]);
+        let mut sites = Sites::new(&s, false);
+        let id = sites.of_stack(1);
+        let d = sites.detail(id);
+        assert_eq!(d.frames, ["/home/me/model.py:77 in __init__", "/home/me/train.py:69 in build"]);
+        assert_eq!(d.stack.len(), 6);
+        let s = stacks(&[
+            ("/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so", 1, "torch::unwind::unwind()"),
+            (lib, 2, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)"),
+            ("libtorch_cpu.so", 3, "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+            ("libtorch_cpu.so", 4, "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"),
+        ]);
+        let mut sites = Sites::new(&s, false);
+        let id = sites.of_stack(1);
+        let d = sites.detail(id);
+        assert_eq!(d.site, "autograd MmBackward0");
+        assert!(d.frames[0].ends_with("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"), "{:?}", d.frames);
+        assert_eq!(d.stack.len(), 4);
+    }
 }

@@ -267,6 +267,38 @@ fn span(b: &mut Browser, s: &str) -> (f64, f64) {
     (f(&v[0]), f(&v[1]))
 }
 
+/// After a click on `site`'s band: the panel is pinned on it. It stays when the pointer
+/// leaves, leads with the user's own frame (not torch's, not the allocator's), and holds
+/// the whole stack on request.
+fn the_panel_is_pinned_on(b: &mut Browser, s: &str, site: &Value) {
+    b.mouse(s, "mouseMoved", 2.0, 2.0, json!({}));
+    let panel = b.eval(
+        s,
+        &format!(
+            r#"(() => {{ const t = document.querySelector('.hr-tip');
+            const d = JSON.parse(document.querySelector('script.hr-data').textContent).sites["{}"];
+            const first = t.querySelector('ol.hr-stack li');
+            return {{shown: !t.hidden, pinned: t.classList.contains('pinned'), fixed: getComputedStyle(t).position,
+                    first: first ? first.textContent : null, want: d.frames[0],
+                    whole: t.querySelectorAll('details.hr-whole li').length, stack: d.stack.length,
+                    stackFirst: d.stack[0]}}; }})()"#,
+            site
+        ),
+    );
+    assert_eq!(
+        (&panel["shown"], &panel["pinned"], &panel["fixed"]),
+        (&json!(true), &json!(true), &json!("fixed")),
+        "{panel}"
+    );
+    assert_eq!(panel["first"], panel["want"], "{panel}");
+    let first = panel["first"].as_str().unwrap();
+    assert!(first.contains("/me/proj/") && !first.contains("/torch/"), "the user's frame first: {panel}");
+    if panel["stackFirst"].as_str().unwrap().contains("/torch/") {
+        assert_ne!(panel["stackFirst"], panel["first"], "torch's frames come after: {panel}");
+    }
+    assert_eq!(panel["whole"], panel["stack"], "the whole stack on request: {panel}");
+}
+
 #[test]
 fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     if !chromium() {
@@ -399,6 +431,7 @@ fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     b.click(&s, f(&g[0]), f(&g[1]), 1);
     let v = b.eval(&s, state);
     assert_eq!(v["rows"], json!([g[2]]), "the band's site is shown alone");
+    the_panel_is_pinned_on(&mut b, &s, &g[2]);
     // And the filter's button shows every site again.
     let clear = b.eval(
         &s,
@@ -409,6 +442,7 @@ fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     let v = b.eval(&s, state);
     assert_eq!(v["bar"], Value::Null);
     assert_eq!(v["rows"].as_array().unwrap().len() as u64, v["allRows"].as_u64().unwrap());
+    assert_eq!(tip(&mut b, &s), None, "every site shown again: the panel is unpinned");
 
     // Pointing at an allocated block of the segment map: its size, state, site and stack.
     let blk = b.eval(

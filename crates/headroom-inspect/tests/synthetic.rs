@@ -65,6 +65,10 @@ fn the_oom_is_explained_and_a_setting_is_checked_to_avoid_it() {
         assert!(r.recommendations.iter().any(|x| x.what.ends_with(&m.setting)), "{:?}", r.recommendations);
     }
     assert!(o.remedies.iter().any(|m| m.avoided.is_none()), "the batch remedy says it was not checked");
+    // A setting replayed avoids it: the memory was there, in pieces.
+    let verdict = r.recommendations.iter().find(|x| x.what.starts_with("the failure is")).expect("a verdict");
+    assert_eq!(verdict.what, "the failure is fragmentation, not a lack of memory", "{verdict:?}");
+    assert!(verdict.evidence.contains("max_split_size_mb:128"), "{verdict:?}");
 }
 
 /// Step 0: four 8 MiB activations, a 2 MiB leak (forward 34 MiB), a gradient beside them

@@ -42,8 +42,9 @@ pub struct WhatIf {
     pub start_allocated_bytes: u64,
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
-    /// Reserved minus allocated when reserved peaked: memory held but not used.
-    pub fragmentation_at_peak_bytes: u64,
+    /// Reserved minus allocated when reserved peaked: memory held but not used. (Inspect's
+    /// `fragmentation_at_peak_bytes` is the same difference at the allocated peak.)
+    pub unallocated_at_reserved_peak_bytes: u64,
     pub num_device_alloc: u64,
     pub num_device_free: u64,
     pub ooms: Vec<WhatIfOom>,
@@ -275,7 +276,7 @@ fn replay_prefix(
         start_allocated_bytes: a.stats().allocated_bytes[0].current as u64,
         peak_allocated_bytes: 0,
         peak_reserved_bytes: 0,
-        fragmentation_at_peak_bytes: 0,
+        unallocated_at_reserved_peak_bytes: 0,
         num_device_alloc: 0,
         num_device_free: 0,
         ooms: Vec::new(),
@@ -372,7 +373,7 @@ fn note_peak(a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut What
     let reserved = a.reserved_bytes();
     if reserved > w.peak_reserved_bytes {
         w.peak_reserved_bytes = reserved;
-        w.fragmentation_at_peak_bytes = reserved - a.stats().allocated_bytes[0].current as u64;
+        w.unallocated_at_reserved_peak_bytes = reserved - a.stats().allocated_bytes[0].current as u64;
     }
 }
 
