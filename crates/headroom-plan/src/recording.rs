@@ -249,7 +249,7 @@ mod tests {
         let grad = p.alloc(Law::fixed(4096.0), Term::Gradients, w);
         p.free(act);
         p.empty_cache();
-        p.mark(1, Phase::Optimizer);
+        p.mark(1, Phase::OptimizerStep);
         let state = p.alloc(Law::fixed(8192.0), Term::Optimizer, w);
         p.free(grad);
         let sizes = p.sizes(1, 1);
