@@ -568,3 +568,35 @@ fn the_optimizer_step_is_the_implementations_that_runs_under_every_checkpointing
     let refused = Estimator::default().estimate(&Job::new(&m, &g, foreach).unwrap()).map(|_| ()).unwrap_err();
     assert!(refused.to_string().contains("fused Adam"), "{refused}");
 }
+
+/// Optimal checkpointing's solver grows with the cube of its stages: a model of the most
+/// layers headroom plans is solved over runs of layers, in seconds, and its schedule still
+/// keeps less than storing every layer and more than keeping one layer's input each.
+#[test]
+fn optimal_checkpointing_of_the_deepest_model_is_solved_in_seconds() {
+    let base = preset("llama-3-8b").unwrap();
+    let m = Model {
+        layers: 2048,
+        decoder_layers: 2048,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 64,
+        intermediate: 688,
+        vocab: 1000,
+        ..base
+    };
+    let g = gpu("h100-sxm").unwrap();
+    let cfg = |checkpointing| TrainConfig {
+        checkpointing,
+        optimizer_impl: Some(OptimizerImpl::Fused),
+        ..TrainConfig::new(8, 512, Precision::Mixed, Optimizer::AdamW)
+    };
+    let activations = |c| memory(&m, &g, &cfg(c), PipelineStage::Only, None).breakdown.activations;
+    let started = std::time::Instant::now();
+    let optimal = activations(Checkpointing::Optimal);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    let (none, full) = (activations(Checkpointing::None), activations(Checkpointing::Full));
+    assert!(optimal <= none && optimal > 0.0, "optimal {optimal}, none {none}, full {full}");
+}

@@ -116,10 +116,11 @@ pub enum ModelError {
 
 /// The most layers a model may have. The planner lays out a training step tensor by tensor,
 /// every layer's and, on a pipeline rank, every layer's of each micro-batch in flight, and
-/// replays it: its time and memory grow with the layers (about 0.5 MB a layer for a pipeline
-/// rank). Twice the deepest transformers trained (DeepNet's 1,000 layers) keeps the deepest
-/// plan to seconds and about a gigabyte; past it, a config is a typo or a probe.
-pub(crate) const MAX_LAYERS: u64 = 1 << 11;
+/// replays it, and `--max-seq` or `--recommend` do that dozens of times: their time grows
+/// with the layers (about 2 ms a layer for one plan of a small model). The deepest
+/// transformers trained (DeepNet's 1,000 layers) fit, and the deepest plan's searches take
+/// seconds; past it, a config is a typo or a probe.
+pub(crate) const MAX_LAYERS: u64 = 1 << 10;
 
 /// The most experts over all layers (layers × experts): an optimizer step lays out each
 /// expert's parameters as tensors of their own. Kimi K2 has 61 × 384 = 23,424.
@@ -180,7 +181,7 @@ impl Model {
     /// Configurations from files go through this; the presets pass it.
     pub fn check(&self) -> Result<(), ModelError> {
         let bad = |why: String| Err(ModelError::Invalid(why));
-        // Each dimension below 2^32 (and the layers below 2^11) keeps every product
+        // Each dimension below 2^32 (and the layers at most 2^10) keeps every product
         // of two of them, and the parameter count, far from 64-bit overflow.
         if self.layers > MAX_LAYERS {
             return bad(format!(
