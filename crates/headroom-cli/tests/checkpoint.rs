@@ -5,6 +5,8 @@ use predicates::str::contains;
 use serde_json::Value;
 use std::path::PathBuf;
 
+mod support;
+
 fn bundled() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/chains/gpt2-small-layers.json")
 }
@@ -66,4 +68,13 @@ fn bad_input_is_named() {
         .assert()
         .code(2)
         .stderr(contains("--budget"));
+}
+
+/// A chain too large for memory (`/dev/zero`) is an error naming the file, not an abort.
+#[test]
+fn a_chain_larger_than_memory_is_an_error_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = support::sh("ulimit -v 1000000; \"$H\" checkpoint /dev/zero --budget 1GiB", dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("reading /dev/zero"), "{}", r.stderr);
 }

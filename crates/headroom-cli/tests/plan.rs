@@ -3,6 +3,8 @@
 use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
+mod support;
+use support::*;
 
 /// `headroom plan ARGS` exits 2 (bad input) and says `msg`.
 fn refused(args: &[&str], msg: &str) {
@@ -716,4 +718,269 @@ fn torchtitan_plans_fsdp2_as_torchtitan_runs_it() {
     let mut zero2 = args.to_vec();
     zero2.extend(["--zero", "2"]);
     prints(&zero2, 0, "reshard_after_forward=False");
+}
+
+#[test]
+fn vllm_configurations_vllm_refuses_to_start_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let serve = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--framework", "vllm"];
+    for extra in [&["--max-num-seqs", "100000"][..], &["--max-num-batched-tokens", "512"]] {
+        headroom_in(d, &[&serve[..], extra].concat()).expect(2, "must be greater than or equal to max_num_seqs");
+    }
+    headroom_in(d, &[&serve[..], &["--max-num-seqs", "18446744073709551615"]].concat()).expect(2, "is not in 1..=");
+    headroom_in(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat())
+        .expect(0, "fits");
+}
+
+#[test]
+fn compile_says_where_it_has_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    for extra in [
+        &["--framework", "megatron"][..],
+        &["--framework", "torchtitan"],
+        &["--tp", "2", "--gpus", "2"],
+        &["--finetune", "lora"],
+        &["--finetune", "qlora"],
+    ] {
+        let with = headroom_in(d, &[&job[..], extra, &["--compile"]].concat());
+        assert!(with.stdout.contains("it is planned with the eager code's"), "{extra:?}: {}", with.stdout);
+        assert!(!with.stdout.lines().next().unwrap_or("").contains("torch.compile"), "{extra:?}: {}", with.stdout);
+    }
+}
+
+#[test]
+fn sizes_past_what_a_gpu_holds_and_flags_without_effect_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom_in(d, &[&job[..], &["--seq", "18446744073709551615"]].concat()).expect(2, "is not in 1..=4294967296");
+    headroom_in(d, &[&job[..], &["--batch", "18446744073709551615"]].concat()).expect(2, "more than 2^32 tokens");
+    headroom_in(d, &[&job[..], &["--batch", "65536", "--seq", "65537"]].concat()).expect(2, "more than 2^32 tokens");
+    for (flag, value) in [("--lora-rank", "8"), ("--lora-targets", "qv"), ("--base-weights", "nf4")] {
+        headroom_in(d, &[&job[..], &[flag, value]].concat())
+            .expect(2, &format!("{flag} applies to --finetune lora or qlora"));
+    }
+    headroom_in(d, &[&job[..], &["--finetune", "lora", "--lora-rank", "8", "--lora-targets", "qv"]].concat())
+        .expect(0, "fits");
+}
+
+/// `plan ARGS --json` run in `d` under 4 GiB of address space and `limit` seconds: the exit
+/// status and the answer.
+fn plan_bounded(d: &Path, args: &[&str], limit: u64) -> (i32, Value) {
+    let started = Instant::now();
+    let r = sh(&format!("ulimit -v 4194304; timeout {limit} \"$H\" plan {} --json", args.join(" ")), d);
+    assert!(r.code < 2, "{args:?}: exit {}: {}", r.code, r.stderr);
+    assert!(started.elapsed() < Duration::from_secs(limit), "{args:?} took {:?}", started.elapsed());
+    (r.code, r.json())
+}
+
+/// A step's micro-batches repeat after the second: they are replayed once and counted, so an
+/// accumulation or a global batch of 2^31 plans within seconds and a few megabytes under
+/// every builder, and each micro-batch adds the same time to its step.
+#[test]
+fn an_accumulation_of_two_to_the_31_plans_in_bounded_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let jobs: [&[&str]; 4] = [
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm"],
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "4", "--pp", "4", "--framework", "torchtitan"],
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--framework", "deepspeed", "--zero", "3"],
+        &["--model", "gpt2", "--gpu", "l4", "--seq", "128", "--finetune", "lora"],
+    ];
+    for job in jobs {
+        let (_, two) = plan_bounded(d, &[job, &["--accumulation", "2"]].concat(), 30);
+        let (_, four) = plan_bounded(d, &[job, &["--accumulation", "4"]].concat(), 30);
+        let (_, many) = plan_bounded(d, &[job, &["--accumulation", "2147483648"]].concat(), 30);
+        let step = |v: &Value| v["step_time_s"].as_f64().unwrap();
+        // Each micro-batch past the second adds the same time.
+        let each = (step(&four) - step(&two)) / 2.0;
+        let added = (step(&many) - step(&two)) / (2147483648.0 - 2.0);
+        assert!(each > 0.0 && (added / each - 1.0).abs() < 0.01, "{job:?}: {each} s, then {added} s a micro-batch");
+        assert_eq!(many["per_gpu_bytes"], four["per_gpu_bytes"], "{job:?}: the memory of a step that has repeated");
+    }
+    let (_, global) = plan_bounded(
+        d,
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "2147483648", "--recommend"],
+        30,
+    );
+    let recommendations = global["recommendations"].as_array().unwrap();
+    assert!(!recommendations.is_empty());
+    for r in recommendations {
+        let n = |v: &Value| v.as_u64().unwrap();
+        let sequences = n(&r["micro_batch"]) * n(&r["accumulation"]) * n(&r["parallel"]["data"]);
+        assert_eq!(sequences, 1 << 31, "{r}");
+    }
+}
+
+/// A config deeper than a plan lays out is refused by name before any work; the deepest
+/// accepted plans, under optimal checkpointing too, in seconds.
+#[test]
+fn a_config_deeper_than_a_plan_lays_out_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let llama = |layers: u64, hidden: u64| {
+        format!(
+            r#"{{"model_type":"llama","hidden_size":{hidden},"num_hidden_layers":{layers},"num_attention_heads":4,
+            "intermediate_size":688,"vocab_size":1000,"max_position_embeddings":4096}}"#
+        )
+    };
+    for (name, layers, hidden) in [("deep.json", 1025, 256), ("huge.json", 1 << 20, 1 << 14)] {
+        std::fs::write(d.join(name), llama(layers, hidden)).unwrap();
+        let started = Instant::now();
+        headroom_in(d, &["plan", "--model", name, "--gpu", "h100-sxm", "--seq", "128"])
+            .expect(2, &format!("{layers} layers are more than headroom plans (1024"));
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+    std::fs::write(d.join("deepest.json"), llama(1024, 256)).unwrap();
+    let (_, deepest) = plan_bounded(
+        d,
+        &[
+            "--model",
+            "deepest.json",
+            "--gpu",
+            "h100-sxm",
+            "--seq",
+            "128",
+            "--checkpoint",
+            "optimal",
+            "--optimizer-impl",
+            "fused",
+        ],
+        60,
+    );
+    assert_eq!(deepest["fits"], true);
+}
+
+/// The program `--dump-program` writes is the one whose replay the plan reports: under
+/// optimal checkpointing too, where the schedule is solved again with memory held back until
+/// its replay fits. It replays on the plan's capacity to the plan's peaks, with no OOM.
+#[test]
+fn a_dumped_program_replays_to_the_plans_peaks_under_optimal_checkpointing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for batch in ["4", "8"] {
+        let job = [
+            "plan",
+            "--model",
+            "llama-2-7b",
+            "--gpu",
+            "a100-80gb",
+            "--precision",
+            "bf16",
+            "--batch",
+            batch,
+            "--seq",
+            "4096",
+            "--attention",
+            "flash",
+            "--checkpoint",
+            "optimal",
+            "--dump-program",
+            "opt.jsonl",
+            "--json",
+        ];
+        let plan = headroom_in(d, &job);
+        assert_eq!(plan.code, 0, "{}", plan.stderr);
+        let plan = plan.json();
+        let capacity = plan["capacity_bytes"].as_u64().unwrap().to_string();
+        let replay = headroom_in(d, &["replay", "opt.jsonl", "--capacity", &capacity, "--json"]);
+        assert_eq!(replay.code, 0, "batch {batch}: {}", replay.stdout);
+        let replay = replay.json();
+        assert_eq!(replay["num_ooms"], 0, "batch {batch}");
+        assert_eq!(replay["peak_allocated_bytes"], plan["allocated_bytes"], "batch {batch}");
+        assert_eq!(replay["peak_reserved_bytes"], plan["reserved_bytes"], "batch {batch}");
+    }
+}
+
+/// An explicit `--optimizer-impl foreach` where only Megatron's builder lays out the job (its
+/// step is its own fused Adam) is refused by name, not planned as fused.
+#[test]
+fn an_optimizer_implementation_no_builder_runs_is_refused_by_name() {
+    let job = ["--model", "llama-3-8b", "--gpu", "h200", "--optimizer-impl", "foreach", "--checkpoint"];
+    for checkpoint in ["selective", "every-2", "per-op", "optimal"] {
+        refused(&[&job[..], &[checkpoint]].concat(), "--optimizer-impl foreach is torch.optim's");
+    }
+}
+
+/// Where vLLM's budget is spent before the KV cache, the text says the shortfall rather than
+/// adding a negative cache into the total.
+#[test]
+fn a_server_with_no_room_for_its_kv_cache_says_its_shortfall() {
+    let out = Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-3-70b", "--gpu", "l4", "--infer"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("falls 111.36 GiB short of them, with nothing for the KV cache"), "{text}");
+    assert!(text.contains("weights (131.42 GiB)"), "{text}");
+    assert!(!text.contains(" -") && !text.contains("kv cache      -"), "no negative figure: {text}");
+}
+
+/// Every flag that only inference reads is refused on every training plan, however the
+/// training is asked for (clap waives `requires` once a conflicting flag is present).
+#[test]
+fn inference_flags_are_refused_on_every_training_plan() {
+    let base = ["--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    let cases: [(&[&str], &str); 7] = [
+        (&["--train", "--quantize", "int8"], "--quantize"),
+        (&["--finetune", "qlora", "--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"], "--quantize"),
+        (&["--finetune", "qlora", "--double-quant"], "--double-quant"),
+        (&["--finetune", "lora", "--weights", "int4"], "--weights"),
+        (&["--checkpoint", "full", "--kv-dtype", "fp8"], "--kv-dtype"),
+        (&["--zero", "3", "--gpus", "2", "--max-num-seqs", "8"], "--max-num-seqs"),
+        (&["--accumulation", "4", "--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization"),
+    ];
+    for (extra, flag) in cases {
+        refused(&[&base[..], extra].concat(), &format!("{flag} applies to inference: add --infer"));
+    }
+}
+
+/// `backend:cudaMallocAsync` is CUDA's pool, not the caching allocator headroom replays: `plan`
+/// refuses it by name as `replay` does, alone or beside other keys.
+#[test]
+fn the_cuda_malloc_async_backend_is_refused_not_replayed_as_the_native_allocator() {
+    let job = ["--model", "gpt2", "--gpu", "l4", "--seq", "1024", "--batch", "8", "--alloc-conf"];
+    for conf in ["backend:cudaMallocAsync", "backend:cudaMallocAsync,expandable_segments:True"] {
+        refused(&[&job[..], &[conf]].concat(), "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated");
+    }
+}
+
+/// `--dump-program` never writes over one of the command's inputs (the config, a calibration
+/// snapshot, also through a link), and what it writes is whole or absent: past the file-size
+/// limit, the old file is kept and no partial file is left.
+#[test]
+fn the_dumped_program_never_replaces_an_input_and_is_whole_or_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(repo.join("data/models/qwen3-1.7b.json"), d.join("q.json")).unwrap();
+    std::fs::copy(repo.join("data/snapshots/qwen3-1.7b-train.pickle"), d.join("s.pickle")).unwrap();
+    std::os::unix::fs::symlink("q.json", d.join("link.json")).unwrap();
+    let config = std::fs::read(d.join("q.json")).unwrap();
+    let snapshot = std::fs::read(d.join("s.pickle")).unwrap();
+    let job = ["plan", "--model", "q.json", "--gpu", "h200", "--precision", "bf16"];
+    for out in ["q.json", "link.json", "./q.json"] {
+        headroom_in(d, &[&job[..], &["--dump-program", out]].concat()).expect(2, "is also the input");
+    }
+    let calibrated = ["--calibrate", "s.pickle", "--calibrate-batch", "1", "--calibrate-seq", "512"];
+    headroom_in(d, &[&job[..], &calibrated, &["--dump-program", "s.pickle"]].concat()).expect(2, "is also the input");
+    assert_eq!(std::fs::read(d.join("q.json")).unwrap(), config);
+    assert_eq!(std::fs::read(d.join("s.pickle")).unwrap(), snapshot);
+
+    std::fs::write(d.join("old.jsonl"), "kept\n").unwrap();
+    for out in ["old.jsonl", "new.jsonl"] {
+        let r = sh(&format!("ulimit -f 20; \"$H\" plan --model gpt2 --gpu l4 --seq 128 --dump-program {out}"), d);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("File too large"), "{}", r.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(d.join("old.jsonl")).unwrap(), "kept\n");
+    let mut left: Vec<_> =
+        std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["link.json", "old.jsonl", "q.json", "s.pickle"]);
 }

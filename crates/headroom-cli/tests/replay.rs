@@ -7,6 +7,8 @@ use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+mod support;
+use support::*;
 
 fn bundled() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/gpt2-small-train.jsonl")
@@ -452,5 +454,121 @@ fn the_cuda_backend_without_a_gpu_says_so() {
     for bad in [&["--backend", "cuda", "--capacity", "1GiB"][..], &["--cuda-device", "1"], &["--backend", "rocm"]] {
         let out = headroom().arg("replay").arg(&trace).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_replay_that_replays_nothing_exits_2_and_claims_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pickle_file(d, "empty.pickle", &Py::dict([("segments", Py::List(vec![])), ("device_traces", Py::List(vec![]))]));
+    let r = headroom_in(d, &["replay", "empty.pickle", "--snapshot-out", "o.pickle"]);
+    r.expect(2, "nothing to replay");
+    assert!(!r.stdout.contains("written"), "{}", r.stdout);
+    assert!(!d.join("o.pickle").exists());
+    // A trace without segments to start from, on device 0 of a snapshot with segments: not replayable.
+    let mut s = base();
+    set(&mut s.settings, "PYTORCH_CUDA_ALLOC_CONF", Py::str("backend:cudaMallocAsync"));
+    s.pickle(d, "async.pickle");
+    // The same status whatever the flags: 0, 1 and 2 before.
+    for extra in [&[][..], &["--check"], &["--policy", "pytorch"], &["--snapshot-out", "o.pickle"]] {
+        let mut args = vec!["replay", "async.pickle"];
+        args.extend(extra);
+        headroom_in(d, &args).expect(2, "cudaMallocAsync");
+    }
+    assert!(!d.join("o.pickle").exists());
+    // A trace only on device 7, with nothing of its own to start from, and an empty one on device 0.
+    let mut v = base().py();
+    if let Py::Dict(items) = &mut v {
+        let traces = items.iter_mut().find(|(k, _)| *k == Py::str("device_traces")).unwrap();
+        let Py::List(t) = &mut traces.1 else { panic!() };
+        let trace = t.pop().unwrap();
+        t.extend((0..7).map(|_| Py::List(vec![])));
+        t.push(trace);
+    }
+    pickle_file(d, "dev7.pickle", &v);
+    headroom_in(d, &["replay", "dev7.pickle"]).expect(2, "nothing replayed");
+    // E2: --max-entries shapes only the snapshot written.
+    base().pickle(d, "base.pickle");
+    headroom_in(d, &["replay", "base.pickle", "--max-entries", "5"]).expect(2, "--snapshot-out");
+}
+
+#[test]
+fn check_under_a_policy_or_other_settings_says_what_it_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    base().pickle(d, "base.pickle");
+    for extra in [&["--policy", "headroom"][..], &["--start", "fresh"], &["--alloc-conf", "expandable_segments:True"]] {
+        let mut args = vec!["replay", "base.pickle", "--check"];
+        args.extend(extra);
+        let r = headroom_in(d, &args);
+        r.expect(0, "--check replays PyTorch's policy from the recorded state under the recorded settings, apart from the rows above");
+    }
+    let r = headroom_in(d, &["replay", "base.pickle", "--check"]);
+    assert!(!r.stdout.contains("apart from the rows above"), "{}", r.stdout);
+}
+
+#[test]
+fn allocator_settings_are_checked_and_written_back_as_they_were_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bad = [
+        ("PYTORCH_CUDA_ALLOC_CONF", Py::None, "a str"),
+        ("expandable_segments", Py::Int(3), "True or False"),
+        ("max_split_size", Py::Int(-5), "bytes, or -1"),
+        ("garbage_collection_threshold", Py::Float(f64::INFINITY), "a fraction"),
+        ("garbage_collection_threshold", Py::Float(f64::NAN), "a fraction"),
+        ("garbage_collection_threshold", Py::Float(-1.0), "a fraction"),
+    ];
+    for (k, (key, v, needle)) in bad.into_iter().enumerate() {
+        let mut s = base();
+        set(&mut s.settings, key, v);
+        let f = s.pickle(d, &format!("bad{k}.pickle"));
+        headroom_in(d, &["replay", f.to_str().unwrap()]).expect(2, needle).expect(2, key);
+    }
+    // The string and the fields disagree: the fields are what ran, and the
+    // snapshot written back replays to the same decisions.
+    for conf in ["", "nonsense:::"] {
+        let mut s = base();
+        set(&mut s.settings, "PYTORCH_CUDA_ALLOC_CONF", Py::str(conf));
+        set(&mut s.settings, "expandable_segments", Py::Bool(true));
+        s.pickle(d, "x.pickle");
+        headroom_in(d, &["replay", "x.pickle", "--snapshot-out", "o.pickle"]).expect(0, "written to o.pickle");
+        headroom_in(d, &["replay", "o.pickle", "--check"]).expect(0, "every decision as recorded");
+    }
+}
+
+/// headroom's own policies keep state by the blocks live, not by the pages mapped: a trace of
+/// one allocation of nearly 1 PiB replays in a moment under every policy, as PyTorch's does.
+#[test]
+fn policies_keep_state_by_live_blocks_not_by_the_bytes_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let size = (1u64 << 50) - (1 << 21);
+    std::fs::write(
+        d.join("pib.jsonl"),
+        format!("{{\"op\":\"alloc\",\"id\":1,\"size\":{size}}}\n{{\"op\":\"free\",\"id\":1}}\n"),
+    )
+    .unwrap();
+    for policy in ["headroom", "lifetime", "planned", "pytorch"] {
+        let started = Instant::now();
+        let r = sh(&format!("ulimit -v 1048576; \"$H\" replay pib.jsonl --capacity 1PiB --policy {policy} --json"), d);
+        assert_eq!(r.code, 0, "{policy}: {}", r.stderr);
+        assert_eq!(r.json()["peak_allocated_bytes"], size, "{policy}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{policy}: {:?}", started.elapsed());
+    }
+}
+
+/// A trace line is read to 64 MiB at most: a file with no line end (`/dev/zero`, a long run of
+/// text) is refused by its line within a small memory limit, not an abort.
+#[test]
+fn a_trace_line_longer_than_64_mib_is_refused_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let long = "head -c 70000000 /dev/zero | tr '\\0' a > long.jsonl";
+    for trace in ["/dev/zero", "long.jsonl"] {
+        let r = sh(&format!("{long}; ulimit -v 1000000; \"$H\" replay {trace}"), d);
+        assert_eq!(r.code, 2, "{trace}: {}", r.stderr);
+        assert!(r.stderr.contains("line 1: longer than 64 MiB: not a trace event"), "{trace}: {}", r.stderr);
     }
 }
