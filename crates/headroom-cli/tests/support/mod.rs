@@ -50,9 +50,11 @@ pub fn headroom_in<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Run {
     run
 }
 
-/// `bash -c SCRIPT` with `$H` the binary: for memory and time limits.
+/// `bash -c SCRIPT` with `$H` the binary, for pipes, full disks, memory and time limits
+/// (`pipefail` on, so a pipeline's status is headroom's).
 pub fn sh(script: &str, dir: &Path) -> Run {
     let bin = assert_cmd::cargo::cargo_bin("headroom");
+    let script = format!("set -o pipefail; {script}");
     let out = std::process::Command::new("bash").arg("-c").arg(script).env("H", bin).current_dir(dir).output().unwrap();
     let run = Run {
         code: out.status.code().unwrap_or(-1),
@@ -250,4 +252,42 @@ pub fn pool_segment_json(pool: &str, addr: u64, size: u64, stream: u64, blocks: 
         r#"{{"device":0,"address":{addr},"total_size":{size},"stream":{stream},"segment_type":"{pool}","blocks":[{}]}}"#,
         blocks.join(",")
     )
+}
+
+/// A file of the repository's `data/`.
+pub fn data(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data").join(rel)
+}
+
+/// GPT-2 small's layers as a checkpoint chain.
+pub fn gpt2_chain() -> PathBuf {
+    data("chains/gpt2-small-layers.json")
+}
+
+/// GPT-2 small's training step as a JSONL trace.
+pub fn gpt2_trace() -> PathBuf {
+    data("traces/gpt2-small-train.jsonl")
+}
+
+/// `headroom ARGS`, run where the tests run.
+pub fn headroom_run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
+    headroom_in(Path::new("."), args)
+}
+
+pub fn write_file(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// A Llama 3 8B config.json, with `extra` fields after the others.
+pub fn llama_config(extra: &str) -> String {
+    format!(
+        r#"{{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":14336,"vocab_size":128256,"max_position_embeddings":8192{extra}}}"#
+    )
+}
+
+/// A path as an argument (the test directories' paths are UTF-8).
+pub fn arg(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
 }
