@@ -333,6 +333,16 @@ pub fn format_op(op: &TraceOp) -> String {
 mod tests {
     use super::*;
 
+    /// A number is read as the double nearest its digits, so a value written back (in the
+    /// shortest digits that read as it) reads as the same value.
+    #[test]
+    fn a_fraction_reads_back_as_the_value_written() {
+        let text = r#"{"op":"set_fraction","value":0.001507263340988304563}"#;
+        let op = parse_line(text, 1).unwrap();
+        assert_eq!(op, TraceOp::SetFraction { value: 0.001507263340988304563 });
+        assert_eq!(parse_line(&format_op(&op), 1).unwrap(), op);
+    }
+
     /// An id written and read back is the same id: a string that only parses as a number
     /// ("+0", "007") stays a string, and a number's digits stay a number.
     #[test]
