@@ -76,6 +76,7 @@ impl Outcome {
 }
 
 fn main() -> ExitCode {
+    out_file::fail_writes_past_the_size_limit();
     let cli = Cli::parse();
     out_file::remove_partial_on_interrupt();
     let result = match cli.command {

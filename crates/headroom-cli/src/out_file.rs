@@ -26,6 +26,20 @@ pub fn remove_partial_on_interrupt() {
     });
 }
 
+/// Makes a write past the file-size limit (`ulimit -f`) fail with "File too large" rather than
+/// end the process with SIGXFSZ: the failed write's partial file is then removed, and the
+/// destination keeps what it had. Call first, before any thread starts (threads inherit it).
+pub fn fail_writes_past_the_size_limit() {
+    #[cfg(unix)]
+    {
+        use nix::sys::signal::{SigSet, Signal};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGXFSZ);
+        // Blocked, the signal stays pending and the write returns EFBIG.
+        let _ = set.thread_block();
+    }
+}
+
 /// Refuses an output path that is one of the command's inputs (writing it
 /// would destroy the input) or a directory. Call before any work is done.
 pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<()> {
@@ -82,6 +96,48 @@ pub fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::R
     // Renamed: nothing is left to remove (the drop's removal of the old name finds nothing).
     drop(partial);
     Ok(())
+}
+
+/// Writes every file of a set into `dir`, or none: a set of man pages with some
+/// missing (or some from an older version beside new ones) is worse than
+/// the old set whole. Each destination is checked before anything is
+/// written, each file goes to a temporary file first, and the temporary
+/// files are renamed into place only once all are written.
+pub fn write_set_atomically(dir: &Path, pages: &[(String, String)]) -> Result<Vec<PathBuf>> {
+    if dir.exists() && !dir.is_dir() {
+        bail!("--out-dir {}: exists and is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (file, _) in pages {
+        let path = dir.join(file);
+        if path.exists() && !path.is_file() {
+            bail!("{} exists and is not a regular file; no page was written", path.display());
+        }
+    }
+    let mut temps: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let cleanup = |temps: &[(PathBuf, PathBuf)]| {
+        for (tmp, _) in temps {
+            let _ = std::fs::remove_file(tmp);
+        }
+    };
+    for (file, text) in pages {
+        let (tmp, path) = (dir.join(format!(".{file}.{}.tmp", std::process::id())), dir.join(file));
+        if let Err(e) = std::fs::write(&tmp, text) {
+            let _ = std::fs::remove_file(&tmp);
+            cleanup(&temps);
+            return Err(e).with_context(|| format!("writing {}; no page was written", path.display()));
+        }
+        temps.push((tmp, path));
+    }
+    for (k, (tmp, path)) in temps.iter().enumerate() {
+        if let Err(e) = std::fs::rename(tmp, path) {
+            cleanup(&temps[k..]);
+            return Err(e).with_context(|| {
+                format!("renaming into {}; {k} of {} pages were written before it", path.display(), temps.len())
+            });
+        }
+    }
+    Ok(temps.into_iter().map(|(_, path)| path).collect())
 }
 
 /// A file being written; removed unless it was renamed into place.

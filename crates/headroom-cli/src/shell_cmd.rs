@@ -3,10 +3,10 @@
 //! so they never disagree with it.
 
 use crate::Outcome;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Print a completion script for a shell.
 #[derive(Args, Debug)]
@@ -46,7 +46,7 @@ pub fn man(a: ManArgs) -> Result<Outcome> {
     if let Some(dir) = a.out_dir {
         let mut pages = Vec::new();
         render_pages(&root, "headroom", &mut pages)?;
-        let written = write_all_or_none(&dir, &pages)?;
+        let written = crate::out_file::write_set_atomically(&dir, &pages)?;
         let mut out = String::new();
         for path in written {
             outln!(out, "{}", path.display());
@@ -79,46 +79,4 @@ fn render_pages(cmd: &clap::Command, name: &str, pages: &mut Vec<(String, String
         render_pages(sub, &format!("{name}-{}", sub.get_name()), pages)?;
     }
     Ok(())
-}
-
-/// Writes every page into `dir`, or none: a set of man pages with some
-/// missing (or some from an older version beside new ones) is worse than
-/// the old set whole. Each destination is checked before anything is
-/// written, each page goes to a temporary file first, and the temporary
-/// files are renamed into place only once all are written.
-fn write_all_or_none(dir: &Path, pages: &[(String, String)]) -> Result<Vec<PathBuf>> {
-    if dir.exists() && !dir.is_dir() {
-        bail!("--out-dir {}: exists and is not a directory", dir.display());
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (file, _) in pages {
-        let path = dir.join(file);
-        if path.exists() && !path.is_file() {
-            bail!("{} exists and is not a regular file; no page was written", path.display());
-        }
-    }
-    let mut temps: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let cleanup = |temps: &[(PathBuf, PathBuf)]| {
-        for (tmp, _) in temps {
-            let _ = std::fs::remove_file(tmp);
-        }
-    };
-    for (file, text) in pages {
-        let (tmp, path) = (dir.join(format!(".{file}.{}.tmp", std::process::id())), dir.join(file));
-        if let Err(e) = std::fs::write(&tmp, text) {
-            let _ = std::fs::remove_file(&tmp);
-            cleanup(&temps);
-            return Err(e).with_context(|| format!("writing {}; no page was written", path.display()));
-        }
-        temps.push((tmp, path));
-    }
-    for (k, (tmp, path)) in temps.iter().enumerate() {
-        if let Err(e) = std::fs::rename(tmp, path) {
-            cleanup(&temps[k..]);
-            return Err(e).with_context(|| {
-                format!("renaming into {}; {k} of {} pages were written before it", path.display(), temps.len())
-            });
-        }
-    }
-    Ok(temps.into_iter().map(|(_, path)| path).collect())
 }

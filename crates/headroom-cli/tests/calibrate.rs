@@ -25,6 +25,8 @@ use assert_cmd::Command;
 use serde_json::Value;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+mod support;
+use support::*;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -474,4 +476,86 @@ fn an_oom_snapshot_is_evidence() {
     let plan = json(&args);
     assert_eq!(plan["fits"], false);
     assert_eq!(plan["calibration"]["oom_evidence"]["asked_bytes"], 1_244_659_712u64);
+}
+
+#[test]
+fn calibration_refuses_another_models_snapshot_and_contradictory_shapes() {
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-snapshots");
+    let w = |len: u32| {
+        fx.join(format!(
+            "Wedsonlin__assignment2-systems__8630bcfe__results_medium_{len}_training_memory_snapshot.pickle"
+        ))
+    };
+    let larger = fx.join("kkaitlyn111__cs336-a2-systems__c1c174d1__memory_files_memory_ctx128_fullstep_.pickle");
+    let unrelated = fx.join("HugePandaCoder__octree-nca-groupeq__0cc72993__my_snapshot.pickle");
+    if ![w(128), w(256), larger.clone(), unrelated.clone()].iter().all(|f| f.is_file()) {
+        skip::skip("../shared/fixtures is absent: the sweep's calibration cases are real snapshots");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/models/cs336-medium.json");
+    let job = [
+        "plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--gpu",
+        "h100-sxm",
+        "--precision",
+        "fp32",
+        "--attention",
+        "eager",
+        "--batch",
+        "4",
+        "--seq",
+        "512",
+    ];
+    let (w128, w256) = (w(128), w(256));
+    let (w128, w256) = (w128.to_str().unwrap(), w256.to_str().unwrap());
+    // S7: a larger model's snapshot and an unrelated program's.
+    headroom_in(d, &[&job[..], &["--calibrate", larger.to_str().unwrap(), "--calibrate-seq", "128"]].concat())
+        .expect(2, "a snapshot of another model");
+    headroom_in(d, &[&job[..], &["--calibrate", unrelated.to_str().unwrap()]].concat())
+        .expect(2, "no whole training step");
+    // S8: two lengths given as one, and given swapped.
+    headroom_in(d, &[&job[..], &["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "128"]].concat())
+        .expect(2, "runs of one job at one shape make the same tensors");
+    let swapped = ["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "256", "--calibrate-seq", "128"];
+    headroom_in(d, &[&job[..], &swapped].concat()).expect(2, "a longer sequence keeps more");
+    let right = ["--calibrate", w128, "--calibrate", w256, "--calibrate-seq", "128", "--calibrate-seq", "256"];
+    headroom_in(d, &[&job[..], &right].concat()).expect(0, "fits");
+}
+
+/// A calibration snapshot's shape is bounded as the plan's is: `--calibrate-batch` ×
+/// `--calibrate-seq` past 2^32 tokens is refused by name, never wrapped modulo 2^64 into a
+/// small or empty micro-batch.
+#[test]
+fn a_calibration_shape_past_two_to_the_32_tokens_is_refused_not_wrapped() {
+    let repo = repo();
+    let (q, s) = (repo.join("data/models/qwen3-1.7b.json"), repo.join("data/snapshots/qwen3-1.7b-train.pickle"));
+    let job = [
+        "plan",
+        "--model",
+        q.to_str().unwrap(),
+        "--gpu",
+        "h200",
+        "--precision",
+        "bf16",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+    ];
+    let calibrate = ["--calibrate", s.to_str().unwrap()];
+    for (shape, needle) in [
+        (["512", "36028797018963969"], "is not in 1..=4294967296"),
+        (["18446744073709551615", "18446744073709551615"], "is not in 1..=4294967296"),
+        (["4294967296", "4294967296"], "is more than 2^32 tokens"),
+        (["65536", "65537"], "is more than 2^32 tokens"),
+    ] {
+        let args = [&job[..], &calibrate, &["--calibrate-batch", shape[0], "--calibrate-seq", shape[1]]].concat();
+        let (code, _, err) = headroom(&args);
+        assert_eq!(code, Some(2), "{shape:?}: {err}");
+        assert!(err.contains(needle), "{shape:?}: {err}");
+    }
 }

@@ -4,6 +4,8 @@
 
 use assert_cmd::Command;
 use serde_json::Value;
+mod support;
+use support::*;
 
 fn headroom() -> Command {
     Command::cargo_bin("headroom").unwrap()
@@ -163,4 +165,121 @@ fn the_oom_of_a_replay_is_explained_as_the_replay_reports_it() {
         d["recommendations"].as_array().unwrap().iter().map(|r| r["what"].as_str().unwrap()).collect();
     assert!(!said.iter().any(|w| w.contains("is fragmentation")), "{said:?}");
     assert!(said.iter().any(|w| w.starts_with("the failure is a lack of memory")), "{said:?}");
+}
+
+#[test]
+fn inspect_is_linear_in_ooms_delayed_frees_streams_and_repetitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Sizes at which the quadratic walks took minutes; each is seconds now (a debug build).
+    const N: u64 = 50_000;
+    // B3: a program that catches OOMs and retries records one entry per failure.
+    let mut t = vec![entry_json("segment_alloc", B, 20 * M, 0, 0)];
+    for i in 0..2 * N {
+        t.push(format!(
+            r#"{{"action":"oom","addr":0,"size":{},"stream":0,"time_us":{},"device_free":{},"frames":[]}}"#,
+            100 * M,
+            1 + i,
+            10 * M
+        ));
+    }
+    let seg = segment_json(B, 20 * M, 0, &[(B, 20 * M, "inactive")]);
+    std::fs::write(d.join("ooms.json"), snapshot_json(std::slice::from_ref(&seg), &t)).unwrap();
+    // B4: every free delayed (record_stream), all requested before any completes.
+    let mut t = vec![entry_json("segment_alloc", B, 1 << 40, 0, 0)];
+    for (k, action) in ["alloc", "free_requested", "free_completed"].iter().enumerate() {
+        t.extend((0..N).map(|i| entry_json(action, B + i * 512, 512, 0, k as u64 * N + i)));
+    }
+    let seg = segment_json(B, 1 << 40, 0, &[(B, 1 << 40, "inactive")]);
+    std::fs::write(d.join("pending.json"), snapshot_json(&[seg], &t)).unwrap();
+    // Streams: one allocation and free on each of N streams.
+    let (mut t, mut segs) = (Vec::new(), Vec::new());
+    for i in 0..N {
+        let a = B + i * 2 * M;
+        t.push(entry_json("segment_alloc", a, 2 * M, i + 1, 3 * i));
+        t.push(entry_json("alloc", a, 512, i + 1, 3 * i + 1));
+        t.push(entry_json("free_requested", a, 512, i + 1, 3 * i + 2));
+        t.push(entry_json("free_completed", a, 512, i + 1, 3 * i + 2));
+        segs.push(pool_segment_json("small", a, 2 * M, i + 1, &[(a, 2 * M, "inactive")]));
+    }
+    std::fs::write(d.join("streams.json"), snapshot_json(&segs, &t)).unwrap();
+    // Repetitions: each leaks one 4 KiB block from one site, and frees a 64 KiB one.
+    let leak = r#"[{"filename":"train.py","line":10,"name":"step"}]"#;
+    let other = r#"[{"filename":"train.py","line":20,"name":"other"}]"#;
+    let e = |action: &str, addr: u64, size: u64, t: u64, f: &str| {
+        format!(r#"{{"action":"{action}","addr":{addr},"size":{size},"stream":0,"time_us":{t},"frames":{f}}}"#)
+    };
+    let (small, big) = (4096, 65536);
+    let mut t = vec![entry_json("segment_alloc", B, 1 << 40, 0, 0)];
+    let mut blocks = Vec::new();
+    for i in 0..N {
+        let a = B + i * (small + big);
+        t.extend([
+            e("alloc", a, small, 3 * i + 1, leak),
+            e("alloc", a + small, big, 3 * i + 2, other),
+            e("free_requested", a + small, big, 3 * i + 3, other),
+            e("free_completed", a + small, big, 3 * i + 3, other),
+        ]);
+        blocks.push((a, small, "active_allocated"));
+        blocks.push((a + small, big, "inactive"));
+    }
+    let used = N * (small + big);
+    blocks.push((B + used, (1 << 40) - used, "inactive"));
+    std::fs::write(d.join("leaks.json"), snapshot_json(&[segment_json(B, 1 << 40, 0, &blocks)], &t)).unwrap();
+
+    // `inspect` replays the run (`replay --check`'s walk) and looks for leaks: it covers both.
+    for f in ["ooms.json", "pending.json", "streams.json", "leaks.json"] {
+        within(&format!("$H inspect {f} --json > /dev/null"), d, 60, 0);
+    }
+    let r = headroom_in(d, &["inspect", "leaks.json", "--json"]);
+    let suspects = &r.json()["snapshots"][0]["devices"][0]["leak_suspects"];
+    assert_eq!(suspects[0]["site"], "train.py:10 in step", "{suspects}");
+    assert_eq!(suspects[0]["growth_per_repetition_bytes"], 4096);
+}
+
+#[test]
+fn the_chrome_traces_slice_cap_holds_when_allocations_share_a_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n = 100_500u64;
+    let fr = r#"[{"filename":"train.py","line":1,"name":"step"}]"#;
+    let mut t = vec![entry_json("segment_alloc", B, 20 * M, 0, 0)];
+    for i in 0..n {
+        for a in ["alloc", "free_requested", "free_completed"] {
+            t.push(format!(
+                r#"{{"action":"{a}","addr":{B},"size":{},"stream":0,"time_us":{},"frames":{fr}}}"#,
+                2 * M,
+                i + 1
+            ));
+        }
+    }
+    let seg = segment_json(B, 20 * M, 0, &[(B, 20 * M, "inactive")]);
+    std::fs::write(d.join("same.json"), snapshot_json(&[seg], &t)).unwrap();
+    headroom_in(d, &["inspect", "same.json", "--chrome-trace", "ct.json"]).expect(0, "Chrome trace written");
+    let ct: Value = serde_json::from_slice(&std::fs::read(d.join("ct.json")).unwrap()).unwrap();
+    let slices = ct["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "b").count();
+    assert_eq!(slices, 100_000, "the documented cap");
+    let notes = ct["otherData"]["notes"].to_string();
+    assert!(notes.contains("the first 100000 of the 100500 of exactly 2097152 bytes"), "{notes}");
+}
+
+#[test]
+fn escape_sequences_in_frame_names_are_shown_not_obeyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut s = base();
+    let nasty = Py::List(vec![Py::dict([
+        ("filename", Py::str("\x1b[2J\x1b]0;pwned\x07x\u{202e}\u{200b}.py")),
+        ("line", Py::Int(1)),
+        ("name", Py::str("f\0")),
+    ])]);
+    for e in &mut s.trace {
+        set(e, "frames", nasty.clone());
+    }
+    s.pickle(d, "ansi.pickle");
+    let r = headroom_in(d, &["inspect", "ansi.pickle", "--html", "r.html"]);
+    r.expect(0, "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}x\\u{202e}\\u{200b}.py:1 in f\\u{0}");
+    assert!(!r.stdout.chars().any(|c| c.is_control() && c != '\n'), "{:?}", r.stdout);
+    let html = std::fs::read_to_string(d.join("r.html")).unwrap();
+    assert!(!html.contains('\0') && !html.contains('\x1b'), "the report has no raw NUL or ESC");
 }

@@ -3,6 +3,8 @@
 use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
+mod support;
+use support::*;
 
 fn headroom() -> Command {
     Command::cargo_bin("headroom").unwrap()
@@ -113,4 +115,103 @@ fn human_output_and_errors() {
         .assert()
         .code(2)
         .stderr(contains("TOKENS:FRACTION"));
+}
+
+#[test]
+fn models_without_a_kv_cache_or_with_odd_shapes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    headroom_run(&["kv", "simulate", "--model", "bert-base-uncased", "--gpu", "h100-sxm"]).expect(2, "is an encoder");
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    let cfg = m.join("config.json");
+    let vocab = llama_config("").replace("128256", &(1u64 << 32).to_string());
+    std::fs::write(&cfg, vocab).unwrap();
+    let out = headroom_run(&[
+        "kv",
+        "simulate",
+        "--model",
+        arg(&cfg),
+        "--gpu",
+        "h200",
+        "--requests",
+        "10",
+        "--gpu-memory",
+        "100TiB",
+        "--json",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json()["paged"]["finished"], out.json()["requests"]);
+    // W3: heads beyond the hidden size, and a key given twice.
+    std::fs::write(
+        &cfg,
+        llama_config("").replace(
+            r#""num_attention_heads":32,"num_key_value_heads":8"#,
+            r#""num_attention_heads":8192,"num_key_value_heads":8192"#,
+        ),
+    )
+    .unwrap();
+    headroom_run(&["plan", "--model", arg(&cfg), "--gpu", "h100-sxm", "--infer"])
+        .expect(2, "8192 attention heads do not divide the hidden size 4096");
+    std::fs::write(&cfg, llama_config(r#","hidden_size":8"#)).unwrap();
+    headroom_run(&["plan", "--model", arg(&cfg), "--gpu", "h100-sxm"]).expect(2, "`hidden_size` is given twice");
+    let gpt2 = r#"{"model_type":"gpt2","n_embd":768,"n_layer":12,"n_head":1024,"n_positions":1024,"vocab_size":50257}"#;
+    std::fs::write(&cfg, gpt2).unwrap();
+    headroom_run(&["kv", "simulate", "--model", arg(&cfg), "--gpu", "h100-sxm"])
+        .expect(2, "1024 attention heads do not divide the hidden size 768");
+}
+
+#[test]
+fn prompt_lengths_are_checked_and_never_built_when_too_long() {
+    let kv = ["kv", "simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    for (dist, needle) in [
+        ("normal:inf,1", "`inf` is not a finite number"),
+        ("1e30", "is not a whole number of tokens"),
+        ("1.5", "is not a whole number of tokens"),
+        ("sharegpt:3", "sharegpt takes no argument"),
+    ] {
+        headroom_run(&[&kv[..], &["--prompt-len", dist]].concat()).expect(2, needle);
+    }
+    for dist in ["normal:1e30,1", "1000000000000", "uniform:1-1000000000000", "100000000"] {
+        let v = headroom_run(&[&kv[..], &["--prompt-len", dist, "--requests", "3", "--json"]].concat()).json();
+        assert_eq!(v["rejected_requests"], 3, "{dist}: {v}");
+        assert_eq!(v["requests"], 0);
+    }
+    // W6: prompts of max_model_len tokens are rejected as vLLM rejects them, and counted.
+    let r = headroom_run(&[&kv[..], &["--prompt-len", "5000", "--requests", "20"]].concat());
+    r.expect(0, "20 requests rejected: their prompts reach max_model_len = 4096 tokens");
+    let v = headroom_run(
+        &[&kv[..], &["--prompt-len", "4000", "--output-len", "200", "--requests", "20", "--json"]].concat(),
+    )
+    .json();
+    assert_eq!((v["rejected_requests"].as_u64(), v["capped_requests"].as_u64()), (Some(0), Some(20)), "{v}");
+    headroom_run(&[&kv[..], &["--shared-prefix", "5000:1"]].concat()).expect(2, "leaves no room in a prompt");
+    // U6: the flags behind a does-not-fit answer are named.
+    headroom_run(&[&kv[..], &["--max-num-seqs", "1000000000"]].concat()).expect(1, "--max-num-seqs 1000000000");
+}
+
+#[test]
+fn long_prefixes_and_many_requests_stay_small() {
+    headroom_run(&[
+        "kv",
+        "simulate",
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--shared-prefix",
+        "1000000000:0.5",
+    ])
+    .expect(2, "leaves no room in a prompt of at most max_model_len − 1 = 4095 tokens");
+    // Requests are drawn one at a time and a rejected prompt is never built (the simulator's
+    // own test bounds what is held); drawn all at once, these would take 16 GB.
+    #[cfg(target_os = "linux")]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let r = sh(
+            "ulimit -v 400000; $H kv simulate --model llama-3-8b --gpu h100-sxm --requests 1000000 --prompt-len 5000 --json",
+            dir.path(),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.json()["rejected_requests"], 1_000_000);
+    }
 }

@@ -3,6 +3,8 @@
 use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
+mod support;
+use support::*;
 
 /// `headroom plan ARGS` exits 2 (bad input) and says `msg`.
 fn refused(args: &[&str], msg: &str) {
@@ -716,4 +718,439 @@ fn torchtitan_plans_fsdp2_as_torchtitan_runs_it() {
     let mut zero2 = args.to_vec();
     zero2.extend(["--zero", "2"]);
     prints(&zero2, 0, "reshard_after_forward=False");
+}
+
+#[test]
+fn vllm_configurations_vllm_refuses_to_start_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let serve = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--infer", "--framework", "vllm"];
+    for extra in [&["--max-num-seqs", "100000"][..], &["--max-num-batched-tokens", "512"]] {
+        headroom_in(d, &[&serve[..], extra].concat()).expect(2, "must be greater than or equal to max_num_seqs");
+    }
+    headroom_in(d, &[&serve[..], &["--max-num-seqs", "18446744073709551615"]].concat()).expect(2, "is not in 1..=");
+    headroom_in(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat())
+        .expect(0, "fits");
+}
+
+#[test]
+fn compile_says_where_it_has_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    for extra in [
+        &["--framework", "megatron"][..],
+        &["--framework", "torchtitan"],
+        &["--tp", "2", "--gpus", "2"],
+        &["--finetune", "lora"],
+        &["--finetune", "qlora"],
+    ] {
+        let with = headroom_in(d, &[&job[..], extra, &["--compile"]].concat());
+        assert!(with.stdout.contains("it is planned with the eager code's"), "{extra:?}: {}", with.stdout);
+        assert!(!with.stdout.lines().next().unwrap_or("").contains("torch.compile"), "{extra:?}: {}", with.stdout);
+    }
+}
+
+#[test]
+fn sizes_past_what_a_gpu_holds_and_flags_without_effect_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let job = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom_in(d, &[&job[..], &["--seq", "18446744073709551615"]].concat()).expect(2, "is not in 1..=4294967296");
+    headroom_in(d, &[&job[..], &["--batch", "18446744073709551615"]].concat()).expect(2, "more than 2^32 tokens");
+    headroom_in(d, &[&job[..], &["--batch", "65536", "--seq", "65537"]].concat()).expect(2, "more than 2^32 tokens");
+    for (flag, value) in [("--lora-rank", "8"), ("--lora-targets", "qv"), ("--base-weights", "nf4")] {
+        headroom_in(d, &[&job[..], &[flag, value]].concat())
+            .expect(2, &format!("{flag} applies to --finetune lora or qlora"));
+    }
+    headroom_in(d, &[&job[..], &["--finetune", "lora", "--lora-rank", "8", "--lora-targets", "qv"]].concat())
+        .expect(0, "fits");
+}
+
+/// `plan ARGS --json` run in `d` under 4 GiB of address space and `limit` seconds: the exit
+/// status and the answer.
+fn plan_bounded(d: &Path, args: &[&str], limit: u64) -> (i32, Value) {
+    let started = Instant::now();
+    let r = sh(&format!("ulimit -v 4194304; timeout {limit} \"$H\" plan {} --json", args.join(" ")), d);
+    assert!(r.code < 2, "{args:?}: exit {}: {}", r.code, r.stderr);
+    assert!(started.elapsed() < Duration::from_secs(limit), "{args:?} took {:?}", started.elapsed());
+    (r.code, r.json())
+}
+
+/// A step's micro-batches repeat after the second: they are replayed once and counted, so an
+/// accumulation or a global batch of 2^31 plans within seconds and a few megabytes under
+/// every builder, and each micro-batch adds the same time to its step.
+#[test]
+fn an_accumulation_of_two_to_the_31_plans_in_bounded_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let jobs: [&[&str]; 4] = [
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm"],
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "4", "--pp", "4", "--framework", "torchtitan"],
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--framework", "deepspeed", "--zero", "3"],
+        &["--model", "gpt2", "--gpu", "l4", "--seq", "128", "--finetune", "lora"],
+    ];
+    for job in jobs {
+        let (_, two) = plan_bounded(d, &[job, &["--accumulation", "2"]].concat(), 60);
+        let (_, four) = plan_bounded(d, &[job, &["--accumulation", "4"]].concat(), 60);
+        let (_, many) = plan_bounded(d, &[job, &["--accumulation", "2147483648"]].concat(), 60);
+        let step = |v: &Value| v["step_time_s"].as_f64().unwrap();
+        // Each micro-batch past the second adds the same time.
+        let each = (step(&four) - step(&two)) / 2.0;
+        let added = (step(&many) - step(&two)) / (2147483648.0 - 2.0);
+        assert!(each > 0.0 && (added / each - 1.0).abs() < 0.01, "{job:?}: {each} s, then {added} s a micro-batch");
+        assert_eq!(many["per_gpu_bytes"], four["per_gpu_bytes"], "{job:?}: the memory of a step that has repeated");
+    }
+    let (_, global) = plan_bounded(
+        d,
+        &["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "2147483648", "--recommend"],
+        60,
+    );
+    let recommendations = global["recommendations"].as_array().unwrap();
+    assert!(!recommendations.is_empty());
+    for r in recommendations {
+        let n = |v: &Value| v.as_u64().unwrap();
+        let sequences = n(&r["micro_batch"]) * n(&r["accumulation"]) * n(&r["parallel"]["data"]);
+        assert_eq!(sequences, 1 << 31, "{r}");
+    }
+}
+
+/// A config deeper than a plan lays out is refused by name before any work; the deepest
+/// accepted plans, under optimal checkpointing too, in seconds.
+#[test]
+fn a_config_deeper_than_a_plan_lays_out_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let llama = |layers: u64, hidden: u64| {
+        format!(
+            r#"{{"model_type":"llama","hidden_size":{hidden},"num_hidden_layers":{layers},"num_attention_heads":4,
+            "intermediate_size":688,"vocab_size":1000,"max_position_embeddings":4096}}"#
+        )
+    };
+    for (name, layers, hidden) in [("deep.json", 1025, 256), ("huge.json", 1 << 20, 1 << 14)] {
+        std::fs::write(d.join(name), llama(layers, hidden)).unwrap();
+        let started = Instant::now();
+        headroom_in(d, &["plan", "--model", name, "--gpu", "h100-sxm", "--seq", "128"])
+            .expect(2, &format!("{layers} layers are more than headroom plans (1024"));
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+    std::fs::write(d.join("deepest.json"), llama(1024, 256)).unwrap();
+    let (_, deepest) = plan_bounded(
+        d,
+        &[
+            "--model",
+            "deepest.json",
+            "--gpu",
+            "h100-sxm",
+            "--seq",
+            "128",
+            "--checkpoint",
+            "optimal",
+            "--optimizer-impl",
+            "fused",
+        ],
+        // Under a second in a release build; this is the test's debug build on a loaded machine.
+        120,
+    );
+    assert_eq!(deepest["fits"], true);
+}
+
+/// The program `--dump-program` writes is the one whose replay the plan reports: under
+/// optimal checkpointing too, where the schedule is solved again with memory held back until
+/// its replay fits. It replays on the plan's capacity to the plan's peaks, with no OOM.
+#[test]
+fn a_dumped_program_replays_to_the_plans_peaks_under_optimal_checkpointing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for batch in ["4", "8"] {
+        let job = [
+            "plan",
+            "--model",
+            "llama-2-7b",
+            "--gpu",
+            "a100-80gb",
+            "--precision",
+            "bf16",
+            "--batch",
+            batch,
+            "--seq",
+            "4096",
+            "--attention",
+            "flash",
+            "--checkpoint",
+            "optimal",
+            "--dump-program",
+            "opt.jsonl",
+            "--json",
+        ];
+        let plan = headroom_in(d, &job);
+        assert_eq!(plan.code, 0, "{}", plan.stderr);
+        let plan = plan.json();
+        let capacity = plan["capacity_bytes"].as_u64().unwrap().to_string();
+        let replay = headroom_in(d, &["replay", "opt.jsonl", "--capacity", &capacity, "--json"]);
+        assert_eq!(replay.code, 0, "batch {batch}: {}", replay.stdout);
+        let replay = replay.json();
+        assert_eq!(replay["num_ooms"], 0, "batch {batch}");
+        assert_eq!(replay["peak_allocated_bytes"], plan["allocated_bytes"], "batch {batch}");
+        assert_eq!(replay["peak_reserved_bytes"], plan["reserved_bytes"], "batch {batch}");
+    }
+}
+
+/// An explicit `--optimizer-impl foreach` where only Megatron's builder lays out the job (its
+/// step is its own fused Adam) is refused by name, not planned as fused.
+#[test]
+fn an_optimizer_implementation_no_builder_runs_is_refused_by_name() {
+    let job = ["--model", "llama-3-8b", "--gpu", "h200", "--optimizer-impl", "foreach", "--checkpoint"];
+    for checkpoint in ["selective", "every-2", "per-op", "optimal"] {
+        refused(&[&job[..], &[checkpoint]].concat(), "--optimizer-impl foreach is torch.optim's");
+    }
+}
+
+/// Where vLLM's budget is spent before the KV cache, the text says the shortfall rather than
+/// adding a negative cache into the total.
+#[test]
+fn a_server_with_no_room_for_its_kv_cache_says_its_shortfall() {
+    let out = Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "llama-3-70b", "--gpu", "l4", "--infer"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("falls 111.36 GiB short of them, with nothing for the KV cache"), "{text}");
+    assert!(text.contains("weights (131.42 GiB)"), "{text}");
+    assert!(!text.contains(" -") && !text.contains("kv cache      -"), "no negative figure: {text}");
+}
+
+/// Every flag that only inference reads is refused on every training plan, however the
+/// training is asked for (clap waives `requires` once a conflicting flag is present).
+#[test]
+fn inference_flags_are_refused_on_every_training_plan() {
+    let base = ["--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    let cases: [(&[&str], &str); 7] = [
+        (&["--train", "--quantize", "int8"], "--quantize"),
+        (&["--finetune", "qlora", "--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"], "--quantize"),
+        (&["--finetune", "qlora", "--double-quant"], "--double-quant"),
+        (&["--finetune", "lora", "--weights", "int4"], "--weights"),
+        (&["--checkpoint", "full", "--kv-dtype", "fp8"], "--kv-dtype"),
+        (&["--zero", "3", "--gpus", "2", "--max-num-seqs", "8"], "--max-num-seqs"),
+        (&["--accumulation", "4", "--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization"),
+    ];
+    for (extra, flag) in cases {
+        refused(&[&base[..], extra].concat(), &format!("{flag} applies to inference: add --infer"));
+    }
+}
+
+/// `backend:cudaMallocAsync` is CUDA's pool, not the caching allocator headroom replays: `plan`
+/// refuses it by name as `replay` does, alone or beside other keys.
+#[test]
+fn the_cuda_malloc_async_backend_is_refused_not_replayed_as_the_native_allocator() {
+    let job = ["--model", "gpt2", "--gpu", "l4", "--seq", "1024", "--batch", "8", "--alloc-conf"];
+    for conf in ["backend:cudaMallocAsync", "backend:cudaMallocAsync,expandable_segments:True"] {
+        refused(&[&job[..], &[conf]].concat(), "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated");
+    }
+}
+
+/// `--dump-program` never writes over one of the command's inputs (the config, a calibration
+/// snapshot, also through a link), and what it writes is whole or absent: past the file-size
+/// limit, the old file is kept and no partial file is left.
+#[test]
+fn the_dumped_program_never_replaces_an_input_and_is_whole_or_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(repo.join("data/models/qwen3-1.7b.json"), d.join("q.json")).unwrap();
+    std::fs::copy(repo.join("data/snapshots/qwen3-1.7b-train.pickle"), d.join("s.pickle")).unwrap();
+    std::os::unix::fs::symlink("q.json", d.join("link.json")).unwrap();
+    let config = std::fs::read(d.join("q.json")).unwrap();
+    let snapshot = std::fs::read(d.join("s.pickle")).unwrap();
+    let job = ["plan", "--model", "q.json", "--gpu", "h200", "--precision", "bf16"];
+    for out in ["q.json", "link.json", "./q.json"] {
+        headroom_in(d, &[&job[..], &["--dump-program", out]].concat()).expect(2, "is also the input");
+    }
+    let calibrated = ["--calibrate", "s.pickle", "--calibrate-batch", "1", "--calibrate-seq", "512"];
+    headroom_in(d, &[&job[..], &calibrated, &["--dump-program", "s.pickle"]].concat()).expect(2, "is also the input");
+    assert_eq!(std::fs::read(d.join("q.json")).unwrap(), config);
+    assert_eq!(std::fs::read(d.join("s.pickle")).unwrap(), snapshot);
+
+    std::fs::write(d.join("old.jsonl"), "kept\n").unwrap();
+    for out in ["old.jsonl", "new.jsonl"] {
+        let r = sh(&format!("ulimit -f 20; \"$H\" plan --model gpt2 --gpu l4 --seq 128 --dump-program {out}"), d);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("File too large"), "{}", r.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(d.join("old.jsonl")).unwrap(), "kept\n");
+    let mut left: Vec<_> =
+        std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["link.json", "old.jsonl", "q.json", "s.pickle"]);
+}
+
+#[test]
+fn optimal_checkpointing_when_the_states_leave_no_room_says_so() {
+    // The README's and --help's example: an answer, not an abort.
+    headroom_run(&[
+        "plan",
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "a100-80gb",
+        "--batch",
+        "8",
+        "--seq",
+        "4096",
+        "--attention",
+        "flash",
+        "--checkpoint",
+        "optimal",
+        "--max-batch",
+    ])
+    .expect(1, "no checkpointing schedule fits: the model states and fixed terms take");
+    let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--checkpoint", "optimal"];
+    headroom_run(&p).expect(1, "leaving 0.00 GiB for activations");
+    headroom_run(&[&p[..], &["--recommend"]].concat()).expect(1, "configurations fit");
+    let zero3 = [&p[..], &["--gpus", "8", "--zero", "3", "--gpu-memory"]].concat();
+    let v = headroom_run(&[&zero3[..], &["16GiB", "--json"]].concat()).json();
+    assert_eq!(v["fits"], false);
+    assert!(v["note"].as_str().unwrap().contains("no checkpointing schedule fits"), "{v}");
+    headroom_run(&[&zero3[..], &["20GiB"]].concat()).expect(1, "the least budget that fits at");
+}
+
+#[test]
+fn numbers_and_shapes_that_do_not_make_a_job_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    for (extra, needle) in [
+        (r#","vocab_size":18446744073709551615"#, "is given twice"),
+        (r#","num_attention_heads":30,"num_key_value_heads":30,"x":0"#, "is given twice"),
+    ] {
+        std::fs::write(&cfg, llama_config(extra)).unwrap();
+        headroom_run(&["plan", "--model", arg(&cfg), "--gpu", "h100-sxm"]).expect(2, needle);
+    }
+    for (from, to, needle) in [
+        ("128256", "18446744073709551615", "the vocabulary: 18446744073709551615 is more than"),
+        (
+            r#""num_hidden_layers":32"#,
+            r#""num_hidden_layers":18446744073709551615"#,
+            "18446744073709551615 layers are more than headroom plans",
+        ),
+        (r#""num_attention_heads":32"#, r#""num_attention_heads":30"#, "30 attention heads do not divide"),
+        (r#""num_key_value_heads":8"#, r#""num_key_value_heads":64"#, "64 key-value heads do not divide"),
+        (r#""num_key_value_heads":8"#, r#""num_key_value_heads":5"#, "5 key-value heads do not divide"),
+        (
+            r#""model_type":"llama""#,
+            r#""model_type":"mixtral","num_local_experts":8,"num_experts_per_tok":64"#,
+            "64 experts per token",
+        ),
+    ] {
+        std::fs::write(&cfg, llama_config("").replace(from, to)).unwrap();
+        headroom_run(&["plan", "--model", arg(&cfg), "--gpu", "h100-sxm", "--infer"]).expect(2, needle);
+    }
+    let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom_run(&[&p[..], &["--gpus", "18446744073709551615", "--batch", "4", "--accumulation", "4"]].concat())
+        .expect(2, "not in 1..=1048576");
+    headroom_run(&[&p[..], &["--gpus", "1048576", "--batch", "4", "--accumulation", "18446744073709551615"]].concat())
+        .expect(2, "more than 2^64 sequences");
+    headroom_run(&[&p[..], &["--batch", "1000000000000", "--seq", "1000000000", "--json"]].concat())
+        .expect(2, "more than 2^32 tokens in one micro-batch");
+    let v = headroom_run(&[&p[..], &["--batch", "65536", "--seq", "65536", "--json"]].concat()).json();
+    assert_eq!(v["fits"], false);
+    headroom_run(&["plan", "--model", "bert-base-uncased", "--gpu", "h100-sxm", "--seq", "100000"])
+        .expect(2, "512 learned positions");
+    headroom_run(&[&p[..], &["--gpus", "16", "--tp", "16"]].concat())
+        .expect(2, "does not divide the 8 key-value heads");
+    // Uneven pipeline stages are a layout torchtitan and Megatron run; the emitted arguments say how.
+    let r = headroom_run(&[&p[..], &["--gpus", "3", "--pp", "3", "--zero", "1", "--emit", "megatron"]].concat());
+    r.expect(0, "--decoder-first-pipeline-num-layers 11 --decoder-last-pipeline-num-layers 11");
+    let r = headroom_run(&[&p[..], &["--seq", "16384"]].concat());
+    assert!(r.stdout.contains("beyond llama-3-8b's context of 8192 tokens"), "{}", r.stdout);
+}
+
+#[test]
+fn emitted_configs_launch_the_planned_gpus() {
+    let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom_run(&[&p[..], &["--gpus", "12", "--zero", "1", "--emit", "megatron"]].concat())
+        .expect(0, "--nproc_per_node 6 --nnodes 2");
+    headroom_run(&[&p[..], &["--gpus", "64", "--zero", "3", "--emit", "fsdp"]].concat())
+        .expect(0, "torchrun --nnodes 8 --nproc_per_node 8");
+    headroom_run(&[&p[..], &["--gpus", "8", "--zero", "3", "--emit", "megatron"]].concat())
+        .expect(2, "shards the optimizer state only (ZeRO-1)");
+    let r = headroom_run(&[&p[..], &["--gpus", "64", "--zero", "3", "--emit", "accelerate"]].concat());
+    r.expect(0, "num_machines: 8\nnum_processes: 64");
+}
+
+#[test]
+fn max_batch_is_the_answer_not_the_ceiling() {
+    let plan = |extra: &[&str]| {
+        let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory", "10000000GiB", "--json"];
+        headroom_run(&[&p[..], extra].concat()).json()
+    };
+    let v = plan(&["--max-batch"]);
+    let m = v["max_batch"].as_u64().unwrap();
+    assert!(m > 65536 && v["max_batch_is_search_limit"] == false, "{v}");
+    let fits = |b: u64| plan(&["--batch", &b.to_string()])["fits"].clone();
+    assert_eq!((fits(m), fits(m + 1)), (Value::Bool(true), Value::Bool(false)));
+}
+
+#[test]
+fn exit_statuses_of_plan_and_kv_simulate_keep_their_promise() {
+    let p = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    for flag in
+        [&["--zero", "3"][..], &["--finetune", "qlora"], &["--recommend"], &["--emit", "deepspeed"], &["--max-batch"]]
+    {
+        headroom_run(&[&p[..], &["--infer"], flag].concat()).expect(2, "applies to training");
+    }
+    headroom_run(&[&p[..], &["--weights", "int4"]].concat()).expect(2, "--infer");
+    headroom_run(&[&p[..], &["--global-batch", "0", "--recommend"]].concat()).expect(2, "0 is not in 1..");
+    for m in ["0", "1"] {
+        headroom_run(&[&p[..], &["--gpu-memory", m]].concat()).expect(2, "is less than 1 MiB; give a unit");
+    }
+    let kv = ["kv", "simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm"];
+    headroom_run(&["kv", "simulate", "--model", "llama-3-70b", "--gpu", "l4"])
+        .expect(1, "does not leave room for a KV cache");
+    headroom_run(&[&kv[..], &["--block-size", "1000000000"]].concat()).expect(1, "holds 0 blocks");
+    // Beyond the model's context is a setting vLLM refuses; beyond the KV cache, an answer.
+    headroom_run(&[&kv[..], &["--max-model-len", "1000000000"]].concat()).expect(2, "more than llama-3-8b's context");
+    let v = headroom_run(&[
+        "kv",
+        "simulate",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "l4",
+        "--max-model-len",
+        "131072",
+        "--json",
+    ])
+    .json();
+    assert_eq!(v["fits"], false);
+    assert!(v["reason"].as_str().unwrap().contains("more than the KV cache holds"), "{v}");
+}
+
+#[test]
+fn model_paths_and_configs_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |model: &Path| headroom_run(&["plan", "--model", arg(model), "--gpu", "h100-sxm"]);
+    plan(Path::new("./no/config.json")).expect(2, "no such file");
+    plan(dir.path()).expect(2, "the directory has no config.json");
+    let cfg = dir.path().join("config.json");
+    for (text, needle) in [
+        ("[1,2,3]", "config.json is an array, not a JSON object"),
+        ("\"hello\"", "is a string, not a JSON object"),
+        ("null", "is null, not a JSON object"),
+        ("{}", "has no `model_type`"),
+        ("{\"model_type\": 5}", "`model_type` must be a string, not a number"),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        plan(&cfg).expect(2, needle);
+    }
+    // A byte-order mark is skipped; a model directory is read through its config.json.
+    let small = llama_config("")
+        .replace("4096", "512")
+        .replace(r#""num_hidden_layers":32"#, r#""num_hidden_layers":4"#)
+        .replace("14336", "1024")
+        .replace("128256", "1000");
+    std::fs::write(&cfg, format!("\u{feff}{small}")).unwrap();
+    plan(&cfg).expect(0, "fits");
+    plan(dir.path()).expect(0, "fits");
 }

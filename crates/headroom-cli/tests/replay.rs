@@ -7,6 +7,8 @@ use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+mod support;
+use support::*;
 
 fn bundled() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/gpt2-small-train.jsonl")
@@ -453,4 +455,280 @@ fn the_cuda_backend_without_a_gpu_says_so() {
         let out = headroom().arg("replay").arg(&trace).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
     }
+}
+
+#[test]
+fn a_replay_that_replays_nothing_exits_2_and_claims_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pickle_file(d, "empty.pickle", &Py::dict([("segments", Py::List(vec![])), ("device_traces", Py::List(vec![]))]));
+    let r = headroom_in(d, &["replay", "empty.pickle", "--snapshot-out", "o.pickle"]);
+    r.expect(2, "nothing to replay");
+    assert!(!r.stdout.contains("written"), "{}", r.stdout);
+    assert!(!d.join("o.pickle").exists());
+    // A trace without segments to start from, on device 0 of a snapshot with segments: not replayable.
+    let mut s = base();
+    set(&mut s.settings, "PYTORCH_CUDA_ALLOC_CONF", Py::str("backend:cudaMallocAsync"));
+    s.pickle(d, "async.pickle");
+    // The same status whatever the flags: 0, 1 and 2 before.
+    for extra in [&[][..], &["--check"], &["--policy", "pytorch"], &["--snapshot-out", "o.pickle"]] {
+        let mut args = vec!["replay", "async.pickle"];
+        args.extend(extra);
+        headroom_in(d, &args).expect(2, "cudaMallocAsync");
+    }
+    assert!(!d.join("o.pickle").exists());
+    // A trace only on device 7, with nothing of its own to start from, and an empty one on device 0.
+    let mut v = base().py();
+    if let Py::Dict(items) = &mut v {
+        let traces = items.iter_mut().find(|(k, _)| *k == Py::str("device_traces")).unwrap();
+        let Py::List(t) = &mut traces.1 else { panic!() };
+        let trace = t.pop().unwrap();
+        t.extend((0..7).map(|_| Py::List(vec![])));
+        t.push(trace);
+    }
+    pickle_file(d, "dev7.pickle", &v);
+    headroom_in(d, &["replay", "dev7.pickle"]).expect(2, "nothing replayed");
+    // E2: --max-entries shapes only the snapshot written.
+    base().pickle(d, "base.pickle");
+    headroom_in(d, &["replay", "base.pickle", "--max-entries", "5"]).expect(2, "--snapshot-out");
+}
+
+#[test]
+fn check_under_a_policy_or_other_settings_says_what_it_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    base().pickle(d, "base.pickle");
+    for extra in [&["--policy", "headroom"][..], &["--start", "fresh"], &["--alloc-conf", "expandable_segments:True"]] {
+        let mut args = vec!["replay", "base.pickle", "--check"];
+        args.extend(extra);
+        let r = headroom_in(d, &args);
+        r.expect(0, "--check replays PyTorch's policy from the recorded state under the recorded settings, apart from the rows above");
+    }
+    let r = headroom_in(d, &["replay", "base.pickle", "--check"]);
+    assert!(!r.stdout.contains("apart from the rows above"), "{}", r.stdout);
+}
+
+#[test]
+fn allocator_settings_are_checked_and_written_back_as_they_were_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bad = [
+        ("PYTORCH_CUDA_ALLOC_CONF", Py::None, "a str"),
+        ("expandable_segments", Py::Int(3), "True or False"),
+        ("max_split_size", Py::Int(-5), "bytes, or -1"),
+        ("garbage_collection_threshold", Py::Float(f64::INFINITY), "a fraction"),
+        ("garbage_collection_threshold", Py::Float(f64::NAN), "a fraction"),
+        ("garbage_collection_threshold", Py::Float(-1.0), "a fraction"),
+    ];
+    for (k, (key, v, needle)) in bad.into_iter().enumerate() {
+        let mut s = base();
+        set(&mut s.settings, key, v);
+        let f = s.pickle(d, &format!("bad{k}.pickle"));
+        headroom_in(d, &["replay", f.to_str().unwrap()]).expect(2, needle).expect(2, key);
+    }
+    // The string and the fields disagree: the fields are what ran, and the
+    // snapshot written back replays to the same decisions.
+    for conf in ["", "nonsense:::"] {
+        let mut s = base();
+        set(&mut s.settings, "PYTORCH_CUDA_ALLOC_CONF", Py::str(conf));
+        set(&mut s.settings, "expandable_segments", Py::Bool(true));
+        s.pickle(d, "x.pickle");
+        headroom_in(d, &["replay", "x.pickle", "--snapshot-out", "o.pickle"]).expect(0, "written to o.pickle");
+        headroom_in(d, &["replay", "o.pickle", "--check"]).expect(0, "every decision as recorded");
+    }
+}
+
+/// headroom's own policies keep state by the blocks live, not by the pages mapped: a trace of
+/// one allocation of nearly 1 PiB replays in a moment under every policy, as PyTorch's does.
+#[test]
+fn policies_keep_state_by_live_blocks_not_by_the_bytes_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let size = (1u64 << 50) - (1 << 21);
+    std::fs::write(
+        d.join("pib.jsonl"),
+        format!("{{\"op\":\"alloc\",\"id\":1,\"size\":{size}}}\n{{\"op\":\"free\",\"id\":1}}\n"),
+    )
+    .unwrap();
+    for policy in ["headroom", "lifetime", "planned", "pytorch"] {
+        let started = Instant::now();
+        let r = sh(&format!("ulimit -v 1048576; \"$H\" replay pib.jsonl --capacity 1PiB --policy {policy} --json"), d);
+        assert_eq!(r.code, 0, "{policy}: {}", r.stderr);
+        assert_eq!(r.json()["peak_allocated_bytes"], size, "{policy}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{policy}: {:?}", started.elapsed());
+    }
+}
+
+/// A trace line is read to 64 MiB at most: a file with no line end (`/dev/zero`, a long run of
+/// text) is refused by its line within a small memory limit, not an abort.
+#[test]
+fn a_trace_line_longer_than_64_mib_is_refused_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let long = "head -c 70000000 /dev/zero | tr '\\0' a > long.jsonl";
+    for trace in ["/dev/zero", "long.jsonl"] {
+        let r = sh(&format!("{long}; ulimit -v 1000000; \"$H\" replay {trace}"), d);
+        assert_eq!(r.code, 2, "{trace}: {}", r.stderr);
+        assert!(r.stderr.contains("line 1: longer than 64 MiB: not a trace event"), "{trace}: {}", r.stderr);
+    }
+}
+
+#[test]
+fn large_segment_sizes_that_overflow_are_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_file(dir.path(), "t.jsonl", "{\"op\":\"alloc\",\"id\":1,\"size\":3000000}\n");
+    for conf in [
+        "large_segment_size_mb:17592186044416,expandable_segments:True",
+        "large_segment_size_mb:17592186044417",
+        "large_segment_size_mb:17592186044416",
+        "large_segment_size_mb:18446744073709551615,expandable_segments:True",
+    ] {
+        headroom_run(&["replay", arg(&t), "--alloc-conf", conf])
+            .expect(2, "invalid allocator setting `large_segment_size_mb`: ");
+    }
+    headroom_run(&["replay", arg(&t), "--alloc-conf", "large_segment_size_mb:21,expandable_segments:True"])
+        .expect(2, "not a multiple of 2 MiB");
+}
+
+#[test]
+fn snapshot_history_is_bounded_and_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = String::new();
+    for i in 0..200_000u64 {
+        t.push_str(&format!(
+            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{}}}\n{{\"op\":\"free\",\"id\":{i}}}\n",
+            4096 + i % 7000
+        ));
+    }
+    write_file(dir.path(), "load.jsonl", t);
+    let r = sh("ulimit -v 600000; $H replay load.jsonl --snapshot-out s.json --max-entries 50000", dir.path());
+    r.expect(0, "it keeps the last 50000 trace entries");
+    let snap: Value = serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    assert_eq!(snap["device_traces"][0].as_array().unwrap().len(), 50_000);
+}
+
+#[test]
+fn capacities_beyond_the_largest_gpu_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = (1u64 << 60) - (1 << 22);
+    let t: String = (0..17).map(|i| format!("{{\"op\":\"alloc\",\"id\":{i},\"size\":{s}}}\n")).collect();
+    let t = write_file(dir.path(), "t.jsonl", t);
+    for (cap, needle) in [
+        ("16EiB", "more than the largest size, 2^64 − 1 bytes"),
+        ("17EiB", "2^64"),
+        ("1000EiB", "2^64"),
+        ("99999999999999999999999", "2^64"),
+        ("2EiB", "more than the largest simulated GPU, 1 PiB"),
+    ] {
+        headroom_run(&["replay", arg(&t), "--capacity", cap]).expect(2, needle);
+    }
+    let v = headroom_run(&["replay", arg(&t), "--capacity", "1PiB", "--json"]).json();
+    assert_eq!(v["num_ooms"], 17);
+    assert_eq!(v["final_allocated_bytes"], 0);
+    let eb = write_file(dir.path(), "eb.jsonl", format!("{{\"op\":\"alloc\",\"id\":1,\"size\":{}}}\n", 1u64 << 60));
+    headroom_run(&["replay", arg(&eb), "--capacity", "1PiB"]).expect(1, "Tried to allocate more than 1EB memory.");
+}
+
+#[test]
+fn stream_ids_beyond_i64_are_kept_apart_in_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_file(
+        dir.path(),
+        "s.jsonl",
+        "{\"op\":\"alloc\",\"id\":1,\"size\":4096,\"stream\":18446744073709551615}\n\
+         {\"op\":\"alloc\",\"id\":2,\"size\":4096,\"stream\":9223372036854775807}\n",
+    );
+    let out = dir.path().join("s.json");
+    headroom_run(&["replay", arg(&t), "--snapshot-out", arg(&out)]).expect(0, "snapshot written");
+    let v: Value = serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
+    let mut streams: Vec<u64> =
+        v["segments"].as_array().unwrap().iter().map(|s| s["stream"].as_u64().unwrap()).collect();
+    streams.sort();
+    assert_eq!(streams, [i64::MAX as u64, u64::MAX]);
+}
+
+#[test]
+fn settings_headroom_does_not_simulate_are_said() {
+    headroom_run(&["replay", arg(&gpt2_trace()), "--alloc-conf", "backend:cudaMallocAsync"])
+        .expect(2, "backend:cudaMallocAsync (CUDA's stream-ordered pool) is not simulated");
+    let r = headroom_run(&[
+        "replay",
+        arg(&gpt2_trace()),
+        "--alloc-conf",
+        "release_lock_on_cudamalloc:True,pinned_num_register_threads:8",
+    ]);
+    r.expect(
+        0,
+        "release_lock_on_cudamalloc, pinned_num_register_threads do not change the device allocator's decisions",
+    );
+}
+
+#[test]
+fn trace_lines_are_named_and_read_strictly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes, needle) in [
+        (
+            "utf8.jsonl",
+            &b"{\"op\":\"empty_cache\"}\n\n\n\n\xc3\x28\n"[..],
+            "line 5: not valid UTF-8: byte 1 of the line is 0xc3",
+        ),
+        ("bin.jsonl", &b"\x00\x01\xfe\xff garbage"[..], "line 1: not valid UTF-8"),
+        (
+            "stream.jsonl",
+            &b"{\"op\":\"alloc\",\"id\":1,\"size\":1,\"stream\":-1}\n"[..],
+            "`stream` must be a non-negative whole number, got -1",
+        ),
+        ("big.jsonl", &b"{\"op\":\"alloc\",\"id\":1,\"size\":18446744073709551616}\n"[..], "`size` is out of range"),
+        (
+            "dup.jsonl",
+            &b"{\"op\":\"alloc\",\"id\":1,\"size\":4096,\"size\":8192}\n"[..],
+            "line 1: `size` is given twice",
+        ),
+        ("dupop.jsonl", &b"{\"op\":\"alloc\",\"op\":\"free\",\"id\":1}\n"[..], "`op` is given twice"),
+    ] {
+        let p = write_file(dir.path(), name, bytes);
+        let r = headroom_run(&["replay", arg(&p)]);
+        r.expect(2, needle);
+        assert!(!r.stderr.contains("UTF-8: stream did not"), "{}", r.stderr);
+    }
+    let dir_err = headroom_run(&["replay", arg(dir.path())]);
+    dir_err.expect(2, "is a directory");
+    assert_eq!(dir_err.stderr.matches("directory").count(), 1, "{}", dir_err.stderr);
+    let bom = write_file(dir.path(), "bom.jsonl", b"\xef\xbb\xbf{\"op\":\"empty_cache\"}\n");
+    headroom_run(&["replay", arg(&bom)]).expect(0, "1 operations");
+}
+
+#[test]
+fn snapshot_files_are_whole_or_absent_and_never_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_file(dir.path(), "t.jsonl", std::fs::read(gpt2_trace()).unwrap());
+    let out = dir.path().join("s.pickle");
+    headroom_run(&[
+        "replay",
+        arg(&t),
+        "--alloc-conf",
+        "",
+        "--alloc-conf",
+        "large_segment_size_mb:17592186044416",
+        "--snapshot-out",
+        arg(&out),
+    ])
+    .expect(2, "large_segment_size_mb");
+    assert!(!out.exists(), "F1: no file after an error");
+    let before = std::fs::read(&t).unwrap();
+    headroom_run(&["replay", arg(&t), "--snapshot-out", arg(&t)]).expect(2, "is also the input");
+    assert_eq!(std::fs::read(&t).unwrap(), before, "F3: the trace is untouched");
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&t, dir.path().join("link.jsonl")).unwrap();
+        sh("$H replay link.jsonl --snapshot-out t.jsonl", dir.path()).expect(2, "is also the input");
+        // F2: a write cut short by a file-size limit leaves nothing behind.
+        let r = sh("ulimit -f 8; trap '' XFSZ; $H replay t.jsonl --snapshot-out cut.pickle", dir.path());
+        r.expect(2, "File too large");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!left.iter().any(|n| n.to_string_lossy().contains("cut.pickle")), "{left:?}");
+    }
+    // An existing file is replaced whole.
+    headroom_run(&["replay", arg(&t), "--snapshot-out", arg(&out)]).expect(0, "snapshot written");
+    assert_eq!(&std::fs::read(&out).unwrap()[..2], &[0x80, 4]);
 }

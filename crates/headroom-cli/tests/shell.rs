@@ -2,6 +2,8 @@
 //! definition, they name every subcommand, and the scripts parse in their shells.
 
 use assert_cmd::Command;
+mod support;
+use support::*;
 
 const SUBCOMMANDS: [&str; 7] = ["plan", "replay", "inspect", "kv", "checkpoint", "completions", "man"];
 
@@ -61,4 +63,18 @@ fn the_man_pages_name_every_subcommand_and_each_has_its_own() {
     let out = Command::cargo_bin("headroom").unwrap().args(["man", "nope"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no command `nope`"));
+}
+
+#[test]
+fn man_pages_are_written_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("out/headroom-plan.1")).unwrap();
+    headroom_in(d, &["man", "--out-dir", "out"]).expect(2, "headroom-plan.1");
+    let left: Vec<_> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["headroom-plan.1"], "nothing written beside the blocker");
+    let r = headroom_in(d, &["man", "--out-dir", "pages"]);
+    assert_eq!(r.code, 0);
+    let pages = std::fs::read_dir(d.join("pages")).unwrap().count();
+    assert!(pages >= 8 && r.stdout.lines().count() == pages, "{pages} pages: {}", r.stdout);
 }

@@ -405,6 +405,10 @@ fn activations(job: &Job, stage: PipelineStage, br: &Breakdown, held_back: f64) 
     }
 }
 
+/// The most stages optimal checkpointing solves for: a model this deep is solved in a fraction
+/// of a second, and deeper ones over runs of layers.
+const MOST_STAGES: u64 = 256;
+
 /// The fastest checkpointing schedule whose peak fits what the model states and fixed terms
 /// leave of the GPU ([`crate::checkpoint`]), or full checkpointing with the reason none fits.
 fn optimal(
@@ -423,23 +427,29 @@ fn optimal(
     let budget = (gpu.memory_bytes as f64 - fixed - held_back).max(0.0) as u64;
     // Below one layer's input, no schedule can run: say why without asking the solver.
     let floor = (hidden_state * 3.0).max(1.0) as u64;
+    // The solver's work grows with the cube of the stages: past MOST_STAGES layers, runs of
+    // adjacent layers are one stage, a schedule that checkpoints between runs only.
+    let run = model.layers.div_ceil(MOST_STAGES).max(1);
     let chain = Chain {
         input_bytes: hidden_state as u64,
-        stages: (0..model.layers)
-            .map(|i| Stage {
-                name: format!("layer{i}"),
-                forward_time: layer_flops,
-                backward_time: 2.0 * layer_flops,
-                output_bytes: hidden_state as u64,
-                saved_bytes: per_layer.max(hidden_state) as u64,
-                forward_tmp_bytes: 0,
-                backward_tmp_bytes: 0,
+        stages: (0..model.layers.div_ceil(run))
+            .map(|i| {
+                let k = run.min(model.layers - i * run) as f64;
+                Stage {
+                    name: format!("layer{}", i * run),
+                    forward_time: k * layer_flops,
+                    backward_time: 2.0 * k * layer_flops,
+                    output_bytes: hidden_state as u64,
+                    saved_bytes: (k * per_layer).max(hidden_state) as u64,
+                    forward_tmp_bytes: 0,
+                    backward_tmp_bytes: 0,
+                }
             })
             .collect(),
         loss: Loss { forward_time: head, backward_time: 2.0 * head, saved_bytes: br.logits as u64, ..Loss::default() },
     };
     // rotor's 500 slots, fewer for deep models so the table stays near 40 MB.
-    let n = model.layers as f64 + 1.0;
+    let n = chain.stages.len() as f64 + 1.0;
     let slots = (500.0 * (201.0 / n).powi(2)).clamp(50.0, 500.0) as u32;
     let solved = if budget < floor {
         Err(format!(

@@ -27,6 +27,7 @@
 
 use crate::model_units;
 use crate::program::{Law, Term};
+use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::{BTreeMap, HashMap};
@@ -142,7 +143,7 @@ pub struct OptimizerCheck {
 /// longest common subsequence of the two layers' tensors, and the rest left unmatched.
 /// ([`crate::builders::hf`] needs it: a layer's output is freed by the next layer, naming the
 /// recorded layer's tensor, which for a repeated middle layer is the middle layer's.)
-fn analogs(tensors_of: &[TensorT]) -> HashMap<u32, u32> {
+fn analogs(tensors_of: &[TensorT]) -> FxHashMap<u32, u32> {
     let mut by_layer: HashMap<Layer, Vec<u32>> = HashMap::new();
     for (i, x) in tensors_of.iter().enumerate() {
         if let Some(h) = x.home {
@@ -158,7 +159,7 @@ fn analogs(tensors_of: &[TensorT]) -> HashMap<u32, u32> {
             && x.param.is_some() == y.param.is_some()
             && x.grad.is_some() == y.grad.is_some()
     };
-    let mut out = HashMap::new();
+    let mut out = FxHashMap::default();
     for (&layer, tensors) in &by_layer {
         if layer.is_middle() {
             continue;
@@ -208,7 +209,7 @@ pub struct Template {
     pub optimizer_check: OptimizerCheck,
     /// An edge layer's tensor → the middle layer's tensor made in its place: each edge layer's
     /// tensors matched to the middle layer's by the longest common subsequence of their kinds.
-    pub analog: HashMap<u32, u32>,
+    pub analog: FxHashMap<u32, u32>,
 }
 
 #[derive(Deserialize)]

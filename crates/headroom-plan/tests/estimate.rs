@@ -486,3 +486,117 @@ fn hsdp_with_a_replica_per_gpu_shards_nothing() {
     assert!(one_each > 0.9 * states(&cfg(1, 0)), "{one_each}");
     assert!(one_each > 8.0 * states(&cfg(1, 3)), "{one_each}");
 }
+
+/// A plan's work grows with the model's depth by the same amount for every layer added, under
+/// every builder: the sites a program names are interned once, not one a layer (a site a
+/// layer made interning search every layer's name at each allocation, and a plan of 16,384
+/// layers take minutes), and each layer adds the same operations wherever it sits.
+#[test]
+fn a_layer_adds_the_same_work_at_any_depth() {
+    let base = preset("llama-3-8b").unwrap();
+    let g = GpuSpec { memory_bytes: 1 << 50, ..gpu("h100-sxm").unwrap() };
+    let mixed = TrainConfig::new(1, 512, Precision::Mixed, Optimizer::AdamW);
+    let cases = [
+        TrainConfig::new(1, 512, Precision::Bf16, Optimizer::AdamW),
+        TrainConfig { checkpointing: Checkpointing::Full, ..mixed },
+        TrainConfig { checkpointing: Checkpointing::Selective, ..mixed },
+        TrainConfig { framework: Framework::DeepSpeed, parallel: Parallelism::data_parallel(8, 2), ..mixed },
+        TrainConfig { framework: Framework::Torchtitan, parallel: Parallelism::data_parallel(8, 3), ..mixed },
+        TrainConfig {
+            framework: Framework::Torchtitan,
+            parallel: Parallelism { data: 2, pipeline: 4, zero_stage: 3, ..Parallelism::default() },
+            ..mixed
+        },
+    ];
+    for cfg in cases {
+        let at = |layers: u64| {
+            let m = Model { layers, decoder_layers: layers, ..base.clone() };
+            let e = estimate(&m, &g, &cfg);
+            (e.runner.builder, e.program.sites.len(), e.program.ops.len())
+        };
+        let ((builder, sites_16, ops_16), (_, sites_32, ops_32), (_, sites_64, ops_64)) = (at(16), at(32), at(64));
+        assert_eq!((sites_16, sites_32), (sites_64, sites_64), "{builder}: sites at 16, 32 and 64 layers");
+        assert!(ops_32 > ops_16, "{builder}: {ops_16} operations at 16 layers, {ops_32} at 32");
+        assert_eq!(ops_64 - ops_32, 2 * (ops_32 - ops_16), "{builder}: operations at 16, 32 and 64 layers");
+    }
+}
+
+/// The optimizer step a plan lays out is the implementation's that runs, whatever lays out
+/// the layers: torch.optim's foreach AdamW keeps a copy of every second moment for a moment
+/// under any checkpointing, so a job whose plain step runs out of memory there runs out there
+/// under every schedule, `optimal` included; its fused AdamW keeps none. Where only Megatron's
+/// builder serves a job, the step is Megatron's fused Adam, and foreach asked for is refused.
+#[test]
+fn the_optimizer_step_is_the_implementations_that_runs_under_every_checkpointing() {
+    let m = preset("llama-3-8b").unwrap();
+    let g = gpu("h200").unwrap();
+    let second_moments = 4.0 * m.params() as f64;
+    let schedules = [
+        Checkpointing::None,
+        Checkpointing::Full,
+        Checkpointing::Selective,
+        Checkpointing::EveryK(2),
+        Checkpointing::PerOp,
+        Checkpointing::Optimal,
+    ];
+    for checkpointing in schedules {
+        let cfg = |optimizer_impl| TrainConfig {
+            framework: Framework::Torchtitan,
+            checkpointing,
+            optimizer_impl: Some(optimizer_impl),
+            ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+        };
+        let (foreach, fused) =
+            (estimate(&m, &g, &cfg(OptimizerImpl::Foreach)), estimate(&m, &g, &cfg(OptimizerImpl::Fused)));
+        let temporary = |e: &Estimate| e.memory.breakdown.temporary;
+        assert!(temporary(&foreach) > second_moments, "{checkpointing:?}: foreach keeps {}", temporary(&foreach));
+        assert!(temporary(&fused) < 0.01 * second_moments, "{checkpointing:?}: fused keeps {}", temporary(&fused));
+        let oom_phase = foreach.memory.oom.as_ref().map(|o| o.at.phase);
+        assert!(
+            !foreach.verdict.fits && oom_phase == Some(headroom_plan::program::Phase::OptimizerStep),
+            "{checkpointing:?}: {oom_phase:?}"
+        );
+        assert!(fused.verdict.fits, "{checkpointing:?}");
+    }
+    let selective = TrainConfig {
+        checkpointing: Checkpointing::Selective,
+        ..TrainConfig::new(1, 2048, Precision::Mixed, Optimizer::AdamW)
+    };
+    let megatron = estimate(&m, &g, &selective);
+    assert_eq!((megatron.runner.builder, megatron.runner.optimizer_impl), ("megatron", OptimizerImpl::Fused));
+    let foreach = TrainConfig { optimizer_impl: Some(OptimizerImpl::Foreach), ..selective };
+    let refused = Estimator::default().estimate(&Job::new(&m, &g, foreach).unwrap()).map(|_| ()).unwrap_err();
+    assert!(refused.to_string().contains("fused Adam"), "{refused}");
+}
+
+/// Optimal checkpointing's solver grows with the cube of its stages: a model of the most
+/// layers headroom plans is solved over runs of layers, in seconds, and its schedule still
+/// keeps less than storing every layer and more than keeping one layer's input each.
+#[test]
+fn optimal_checkpointing_of_the_deepest_model_is_solved_in_seconds() {
+    let base = preset("llama-3-8b").unwrap();
+    let m = Model {
+        layers: 2048,
+        decoder_layers: 2048,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 64,
+        intermediate: 688,
+        vocab: 1000,
+        ..base
+    };
+    let g = gpu("h100-sxm").unwrap();
+    let cfg = |checkpointing| TrainConfig {
+        checkpointing,
+        optimizer_impl: Some(OptimizerImpl::Fused),
+        ..TrainConfig::new(8, 512, Precision::Mixed, Optimizer::AdamW)
+    };
+    let activations = |c| memory(&m, &g, &cfg(c), PipelineStage::Only, None).breakdown.activations;
+    let started = std::time::Instant::now();
+    let optimal = activations(Checkpointing::Optimal);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    let (none, full) = (activations(Checkpointing::None), activations(Checkpointing::Full));
+    assert!(optimal <= none && optimal > 0.0, "optimal {optimal}, none {none}, full {full}");
+}

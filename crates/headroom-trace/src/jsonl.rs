@@ -303,9 +303,11 @@ impl Line<'_> {
 
 /// Writes one operation as a JSONL line (without the newline).
 pub fn format_op(op: &TraceOp) -> String {
+    // A number only where the id is one as the reader writes numbers: "+0" or "007" parse as
+    // numbers but are other ids than 0 and 7, and stay strings.
     let id = |id: &str| match id.parse::<u64>() {
-        Ok(n) => n.to_string(),
-        Err(_) => Value::String(id.to_string()).to_string(),
+        Ok(n) if n.to_string() == id => id.to_string(),
+        _ => Value::String(id.to_string()).to_string(),
     };
     match op {
         TraceOp::Alloc { id: i, size, stream: 0 } => format!(r#"{{"op":"alloc","id":{},"size":{size}}}"#, id(i)),
@@ -330,6 +332,29 @@ pub fn format_op(op: &TraceOp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A number is read as the double nearest its digits, so a value written back (in the
+    /// shortest digits that read as it) reads as the same value.
+    #[test]
+    fn a_fraction_reads_back_as_the_value_written() {
+        let text = r#"{"op":"set_fraction","value":0.001507263340988304563}"#;
+        let op = parse_line(text, 1).unwrap();
+        // Rust's parser gives the nearest double.
+        let nearest: f64 = "0.001507263340988304563".parse().unwrap();
+        assert_eq!(op, TraceOp::SetFraction { value: nearest });
+        assert_eq!(parse_line(&format_op(&op), 1).unwrap(), op);
+    }
+
+    /// An id written and read back is the same id: a string that only parses as a number
+    /// ("+0", "007") stays a string, and a number's digits stay a number.
+    #[test]
+    fn ids_read_back_as_the_ids_written() {
+        for id in ["0", "7", "18446744073709551615", "+0000000000000000000", "007", "-1", "1.5", "a b"] {
+            let op = TraceOp::Free { id: id.to_string() };
+            assert_eq!(parse_line(&format_op(&op), 1).unwrap(), op, "{id:?}");
+        }
+        assert_eq!(format_op(&TraceOp::Free { id: "7".into() }), r#"{"op":"free","id":7}"#);
+    }
 
     #[test]
     fn reads_every_op_with_defaults() {

@@ -535,6 +535,36 @@ mod tests {
         assert!(read(qwen3_moe, r#""mlp_only_layers": null"#).is_ok());
     }
 
+    /// A plan lays out every layer, and every expert's parameters, tensor by tensor: a depth
+    /// or a count of experts past what that holds is refused by name before any work, however
+    /// small each layer is.
+    #[test]
+    fn models_deeper_or_wider_in_experts_than_a_plan_lays_out_are_refused() {
+        let llama = |layers: u64| {
+            format!(
+                r#"{{"model_type":"llama","hidden_size":256,"num_hidden_layers":{layers},"num_attention_heads":4,
+                "intermediate_size":688,"vocab_size":1000,"max_position_embeddings":4096}}"#
+            )
+        };
+        assert!(Model::from_hf_config(&llama(super::super::MAX_LAYERS), "x").is_ok());
+        for layers in [super::super::MAX_LAYERS + 1, 1 << 14, 1 << 20, u64::MAX] {
+            let e = Model::from_hf_config(&llama(layers), "x").unwrap_err().to_string();
+            assert!(e.contains(&format!("{layers} layers are more than headroom plans (1024")), "{e}");
+        }
+        let moe = |layers: u64, experts: u64| {
+            format!(
+                r#"{{"model_type": "qwen3_moe", "hidden_size": 256, "moe_intermediate_size": 64,
+                "num_hidden_layers": {layers}, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+                "num_experts": {experts}, "num_experts_per_tok": 2, "vocab_size": 1000, "max_position_embeddings": 4096}}"#
+            )
+        };
+        // Kimi K2's 61 layers of 384 experts, and the most there may be.
+        assert!(Model::from_hf_config(&moe(61, 384), "x").is_ok());
+        assert!(Model::from_hf_config(&moe(4, 1 << 14), "x").is_ok());
+        let e = Model::from_hf_config(&moe(4, (1 << 14) + 1), "x").unwrap_err().to_string();
+        assert!(e.contains("4 layers of 16385 experts are more than headroom plans (65536"), "{e}");
+    }
+
     #[test]
     fn t5_feed_forward_is_an_activation_or_a_gated_one() {
         let t5 =

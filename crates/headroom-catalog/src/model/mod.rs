@@ -114,9 +114,17 @@ pub enum ModelError {
     Invalid(String),
 }
 
-/// The most layers a model may have: every product of two dimensions, and the parameter
-/// count, stay far from 64-bit overflow, and a per-layer list stays small.
-pub(crate) const MAX_LAYERS: u64 = 1 << 20;
+/// The most layers a model may have. The planner lays out a training step tensor by tensor,
+/// every layer's and, on a pipeline rank, every layer's of each micro-batch in flight, and
+/// replays it, and `--max-seq` or `--recommend` do that dozens of times: their time grows
+/// with the layers (about 2 ms a layer for one plan of a small model). The deepest
+/// transformers trained (DeepNet's 1,000 layers) fit, and the deepest plan's searches take
+/// seconds; past it, a config is a typo or a probe.
+pub(crate) const MAX_LAYERS: u64 = 1 << 10;
+
+/// The most experts over all layers (layers × experts): an optimizer step lays out each
+/// expert's parameters as tensors of their own. Kimi K2 has 61 × 384 = 23,424.
+const MAX_EXPERT_LAYERS: u64 = 1 << 16;
 
 impl Model {
     /// Parameters, embeddings included (and the LM head when not tied).
@@ -173,11 +181,17 @@ impl Model {
     /// Configurations from files go through this; the presets pass it.
     pub fn check(&self) -> Result<(), ModelError> {
         let bad = |why: String| Err(ModelError::Invalid(why));
-        // Each dimension below 2^32 (and the layers below 2^20) keeps every product
+        // Each dimension below 2^32 (and the layers at most 2^10) keeps every product
         // of two of them, and the parameter count, far from 64-bit overflow.
+        if self.layers > MAX_LAYERS {
+            return bad(format!(
+                "{} layers are more than headroom plans ({MAX_LAYERS}: a step is laid out layer by layer, \
+                 tensor by tensor, and the deepest transformers trained have about 1,000)",
+                self.layers
+            ));
+        }
         for (what, v, max) in [
             ("the hidden size", self.hidden, 1u64 << 32),
-            ("the layers", self.layers, MAX_LAYERS),
             ("the attention heads", self.heads, 1 << 32),
             ("the key-value heads", self.kv_heads, 1 << 32),
             ("the head dimension", self.head_dim, 1 << 32),
@@ -200,6 +214,13 @@ impl Model {
             return bad(format!(
                 "{} key-value heads do not divide the {} attention heads into equal groups",
                 self.kv_heads, self.heads
+            ));
+        }
+        if self.experts > 1 && self.layers * self.experts > MAX_EXPERT_LAYERS {
+            return bad(format!(
+                "{} layers of {} experts are more than headroom plans ({MAX_EXPERT_LAYERS} experts over all layers: \
+                 an optimizer step is laid out expert by expert)",
+                self.layers, self.experts
             ));
         }
         if self.experts_per_token > self.experts {

@@ -357,15 +357,24 @@ pub(super) fn infer(p: &InferPlan) -> String {
             let budget = v.gpu_memory_utilization * total;
             if e.kv_cache <= 0.0 {
                 // The total is what it would need; the budget is what it has.
+                // A shortfall, said as one: a negative pool is no figure a reader can use.
+                let left = if e.kv_cache < 0.0 {
+                    format!(
+                        "falls {} short of them, with nothing for the KV cache",
+                        format_size((-e.kv_cache).round() as u64)
+                    )
+                } else {
+                    "leaves nothing for the KV cache".to_string()
+                };
                 outln!(
                     out,
                     "does NOT fit: vLLM would not start: its budget, {} × the {} CUDA reports = {}, less the \
-                     weights, the profile run's peak and {} outside PyTorch, leaves {} for the KV cache",
+                     weights ({}), the profile run's peak and {} outside PyTorch, {left}",
                     v.gpu_memory_utilization,
                     format_size(total as u64),
                     format_size(budget as u64),
+                    format_size(e.weights as u64),
                     format_size(headroom_plan::engine::non_torch_bytes(c.tensor) as u64),
-                    signed_size(e.kv_cache)
                 );
             } else {
                 outln!(

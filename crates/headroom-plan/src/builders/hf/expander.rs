@@ -4,7 +4,7 @@
 
 use super::Concrete;
 use crate::program_template::{EventT, Layer, Template, EDGE, RECORDED_LAYERS};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 pub(super) struct Expander<'t> {
     pub(super) layers: [u32; 2],
@@ -13,7 +13,7 @@ pub(super) struct Expander<'t> {
     /// add has used it) is freed by an event of the next layer that names the recorded
     /// previous layer's tensor; where that previous layer is a replica of the middle one, the
     /// tensor it made is the middle layer's, and the event must name that one.
-    analog: &'t HashMap<u32, u32>,
+    analog: &'t FxHashMap<u32, u32>,
 }
 
 impl<'t> Expander<'t> {

@@ -41,7 +41,7 @@ use crate::model_units::unit;
 use crate::program::{Law, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Kernel, Template, EDGE};
 use crate::recipe::{measured_code, measured_precision};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// A concrete layer: (stack, index).
 type Concrete = (u8, u32);
@@ -239,6 +239,10 @@ struct Expansion<'a> {
     /// The gradients of the step in progress, by concrete parameter.
     grads: Vec<Option<TensorId>>,
     dropout: bool,
+    /// Each template site's index in the program, once interned: a layer's every tensor
+    /// names a site, and interning by name at each would cost a search of the sites (and a
+    /// copy of the name) per allocation.
+    sites: Vec<Option<u32>>,
 }
 
 impl<'a> Expansion<'a> {
@@ -265,11 +269,12 @@ impl<'a> Expansion<'a> {
             scale,
             p: Program::default(),
             params: Vec::new(),
-            param_index: HashMap::new(),
+            param_index: HashMap::default(),
             tied,
-            setup: HashMap::new(),
+            setup: HashMap::default(),
             grads: Vec::new(),
             dropout: has_dropout(model) && matches!(device, Device::Gpu(_)),
+            sites: vec![None; t.sites.len()],
         };
         b.expand_params();
         b
@@ -376,8 +381,14 @@ impl<'a> Expansion<'a> {
     }
 
     fn site(&mut self, s: u32) -> u32 {
-        let name = self.t.sites.get(s as usize).cloned().unwrap_or_default();
-        self.p.site(&name)
+        if let Some(&Some(site)) = self.sites.get(s as usize) {
+            return site;
+        }
+        let site = self.p.site(self.t.sites.get(s as usize).map(String::as_str).unwrap_or(""));
+        if let Some(slot) = self.sites.get_mut(s as usize) {
+            *slot = Some(site);
+        }
+        site
     }
 
     /// One micro-batch's forward and backward. The first micro-batch of a step makes the
@@ -389,9 +400,9 @@ impl<'a> Expansion<'a> {
             self.workspace();
         }
         let (fwd, bwd) = section.split_at(backward.min(section.len()));
-        let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::new();
+        let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::default();
         // Per layer, the fused SDPA backward's outputs made so far (dq, dk, dv).
-        let mut sdpa_grads: HashMap<Option<Concrete>, u32> = HashMap::new();
+        let mut sdpa_grads: HashMap<Option<Concrete>, u32> = HashMap::default();
         let cudnn = self.cudnn_attention();
         for (part, events) in [(Phase::Forward, fwd), (Phase::Backward, bwd)] {
             if part == Phase::Backward {
@@ -581,7 +592,7 @@ mod tests {
             let c = &t.check;
             let ex = Expander::new(&t, [c.layers, c.layers]);
             // The instances live, across the sections: a step frees what the setup made.
-            let mut made: HashMap<(u32, Option<Concrete>), i64> = HashMap::new();
+            let mut made: HashMap<(u32, Option<Concrete>), i64> = HashMap::default();
             let sections: [(&str, &[EventT], &program_template::SectionCheck); 3] = [
                 ("setup", &t.setup, &c.setup),
                 ("step1", t.step1.as_deref().unwrap_or(&t.step), &c.step1),
