@@ -353,6 +353,11 @@ fn framework() -> impl TypedValueParser<Value = String> {
 type Given = (&'static str, bool);
 
 impl PlanArgs {
+    /// Whether the job fine-tunes a pretrained model (`--finetune` given, full included).
+    pub fn fine_tuning(&self) -> bool {
+        self.finetune.is_some()
+    }
+
     /// The flags given that only `--infer` reads.
     fn inference_flags(&self) -> [Given; 11] {
         [

@@ -54,6 +54,8 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "calibration": p.calibration.as_ref().map(calibration),
             "allocator": p.allocator,
             "alternatives": alternatives(p),
+            "levers": super::advice::levers_json(p),
+            "allocator_cache": super::advice::cache_json(p),
             "max_batch": p.max_batch,
             "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
             "max_seq": p.max_seq,
@@ -168,7 +170,7 @@ fn time(t: &Timing) -> Value {
     })
 }
 
-/// The job under the settings asked for, and under those that make it fit.
+/// The job under the further settings asked for.
 fn alternatives(p: &TrainPlan) -> Vec<Value> {
     let one = |setting: &str, asked: bool, e: &Estimate| {
         json!({
@@ -177,8 +179,7 @@ fn alternatives(p: &TrainPlan) -> Vec<Value> {
             "per_gpu_bytes": bytes(e.memory.per_gpu_bytes),
         })
     };
-    let asked = p.asked.iter().map(|(label, e)| one(label, true, e));
-    asked.chain(p.remedies.iter().map(|r| one(&r.setting, false, &r.estimate))).collect()
+    p.asked.iter().map(|(label, e)| one(label, true, e)).collect()
 }
 
 fn recommendation(r: &Recommendation) -> Value {

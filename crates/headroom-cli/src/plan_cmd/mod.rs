@@ -5,6 +5,7 @@
 //! the job, estimates it and answers the questions asked; [`text`] and [`json`] render the
 //! answers record by record.
 
+mod advice;
 mod args;
 mod calibration;
 mod json;
@@ -21,7 +22,7 @@ use headroom_plan::infer::{self, InferConfig, InferEstimate};
 use headroom_plan::job::Job;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
-use headroom_plan::remedy::{remedies, Remedy};
+use headroom_plan::remedy::{cache_saving, remedies, Asked, CacheSaving, Remedy};
 use headroom_plan::search::{recommend, Recommendation, Search, SearchSpace};
 use std::path::PathBuf;
 
@@ -49,8 +50,10 @@ struct TrainPlan<'a> {
     allocator: String,
     /// The same job under the other settings asked for.
     asked: Vec<(String, Estimate)>,
-    /// Settings that would make a job that does not fit fit.
+    /// The levers that would make a job that does not fit fit, each replayed.
     remedies: Vec<Remedy>,
+    /// Where a job that fits reserves far more than it allocates: the allocator's cache.
+    cache: Option<CacheSaving>,
     calibration: Option<calibration::Calibrated>,
     max_batch: Option<u64>,
     max_seq: Option<u64>,
@@ -94,7 +97,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         };
         return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
     }
-    let job = a.train_request()?.resolve(&model, &gpu)?;
+    let request = a.train_request()?;
+    let job = request.resolve(&model, &gpu)?;
     if let Some(path) = &a.dump_program {
         let mut inputs: Vec<PathBuf> = a.calibrate.clone();
         inputs.push(PathBuf::from(&a.target.model));
@@ -122,7 +126,11 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let plan = TrainPlan {
         model: &model,
         gpu: &gpu,
-        remedies: remedies(&job, &estimator, &estimate),
+        remedies: remedies(
+            &Asked { request: &request, model: &model, gpu: &gpu, estimator: &estimator, fine_tuning: a.fine_tuning() },
+            &estimate,
+        ),
+        cache: cache_saving(&job, &estimator, &estimate),
         max_batch: a.max_batch.then(|| estimator.max_micro_batch(&job, MAX_BATCH_SEARCHED)),
         max_seq: a.max_seq.then(|| estimator.max_seq(&job, max_seq_searched(&model))),
         engine_config: engine_config(&a, &job, &search)?,

@@ -566,16 +566,7 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         };
         outln!(out, "under {label}: {verdict} ({} per GPU)", format_size(r.memory.per_gpu_bytes as u64));
     }
-    for r in &p.remedies {
-        let m = &r.estimate.memory;
-        outln!(
-            out,
-            "with {} it fits: {} reserved, {} per GPU",
-            r.setting,
-            format_size(m.reserved_bytes as u64),
-            format_size(m.per_gpu_bytes as u64)
-        );
-    }
+    super::advice::lines(out, p);
 }
 
 fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
