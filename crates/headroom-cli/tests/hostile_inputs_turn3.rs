@@ -675,7 +675,7 @@ fn s9_vllm_configurations_vllm_refuses_to_start_are_refused() {
     }
     headroom(d, &[&serve[..], &["--max-num-seqs", "18446744073709551615"]].concat()).expect(2, "is not in 1..=");
     headroom(d, &[&serve[..], &["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048"]].concat())
-        .expect(0, "fits");
+        .expect(0, "starts: vLLM takes");
 }
 
 #[test]

@@ -112,3 +112,103 @@ fn a_plan_that_reserves_far_more_than_it_allocates_names_the_cache_and_the_setti
     // Under expandable segments already, nothing to say.
     assert_eq!(expandable["allocator_cache"], Value::Null);
 }
+
+/// The issue's `--recommend` for the LoRA job: every row was fp8 on Megatron or DeepSpeed
+/// with offload though the command line gave bf16, seven differed only by every-k's k, and it
+/// showed 10 of 20 without saying so.
+#[test]
+fn recommend_holds_what_the_command_line_fixed_and_shows_distinct_rows() {
+    let job = with_flags(&args(LORA_JOB), "--attention flash --framework megatron --recommend");
+    let (_, p) = plan(&job);
+    let rows = p["recommendations"].as_array().unwrap();
+    assert!(!rows.is_empty(), "{p}");
+    assert_eq!(p["configurations_found"].as_u64(), Some(rows.len() as u64));
+    let mut seen = Vec::new();
+    for r in rows {
+        assert_eq!((r["precision"].as_str(), r["attention"].as_str()), (Some("bf16"), Some("flash")), "{r}");
+        assert_eq!((r["framework"].as_str(), r["offload"].as_str()), (Some("megatron"), Some("none")), "{r}");
+        let mut key = r.clone();
+        if key["checkpoint"].as_str().unwrap().starts_with("every-") {
+            key["checkpoint"] = "every-k".into();
+        }
+        for k in ["per_gpu_bytes", "step_time_s", "tokens_per_s", "mfu"] {
+            key[k] = Value::Null;
+        }
+        assert!(!seen.contains(&key), "two rows differ only by every-k's k: {rows:?}");
+        seen.push(key);
+    }
+    let (_, t) = text(&job);
+    let heading = format!("{} distinct ones found to fit", rows.len());
+    assert!(t.contains(&heading) && t.contains("holding precision bf16, attention flash, framework megatron"), "{t}");
+}
+
+/// The vLLM job: Llama-3-70B on 4 H100s said "does NOT fit" and exited 1 for a
+/// server that starts and holds 52 such sequences at once; `--gpus 4 --infer` was refused
+/// without `--tp 4`.
+#[test]
+fn a_serving_plan_says_what_its_pool_holds_and_exits_1_only_when_the_engine_would_not_start() {
+    let job = args("--model llama-3-70b --gpu h100-sxm --gpus 4 --infer --seq 8192 --batch 64");
+    let (code, p) = plan(&job);
+    assert_eq!((code, p["gpus"].as_u64()), (0, Some(4)), "{p}");
+    assert_eq!((p["starts"].as_bool(), p["fits"].as_bool()), (Some(true), Some(false)));
+    let held = p["max_sequences"].as_u64().unwrap();
+    assert!(held > 0 && held < 64);
+    let (code, t) = text(&job);
+    assert_eq!(code, 0);
+    assert!(t.contains("starts: vLLM takes"), "{t}");
+    assert!(
+        t.contains(&format!("it holds {held} sequences of 8192 tokens at once — fewer than the --batch 64")),
+        "{t}"
+    );
+    // The same as --tp 4 given.
+    let (_, tp) = plan(&with_flags(&job, "--tp 4"));
+    assert_eq!(tp["per_gpu_bytes"], p["per_gpu_bytes"]);
+    // SGLang likewise.
+    let (code, s) = plan(&with_flags(&job, "--framework sglang"));
+    assert_eq!((code, s["starts"].as_bool()), (0, Some(true)), "{s}");
+    // An engine that would not start: the weights alone exceed one GPU's budget.
+    let (code, one) = plan(&with_flags(&job, "--gpus 1"));
+    assert_eq!((code, one["starts"].as_bool()), (1, Some(false)), "{one}");
+    // GPUs that do not divide the heads: said why, with a group that does.
+    let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(with_flags(&job, "--gpus 3")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("does not divide llama-3-70b's 64 attention heads") && err.contains("--gpus 2"), "{err}");
+}
+
+/// The names: a Hugging Face id and a cloud GPU name were refused, and the error
+/// suggested nothing.
+#[test]
+fn names_users_type_are_taken_and_unknown_ones_get_the_nearest() {
+    let id = args("--model meta-llama/Meta-Llama-3-8B --gpu a10g --infer --seq 1024");
+    let (_, p) = plan(&id);
+    assert_eq!((p["model"].as_str(), p["gpu"].as_str()), (Some("llama-3-8b"), Some("a10")), "{p}");
+    let (_, same) = plan(&args("--model llama-3-8b --gpu a10 --infer --seq 1024"));
+    assert_eq!(p["per_gpu_bytes"], same["per_gpu_bytes"]);
+    for (cloud, gpu) in [("p4d.24xlarge", "a100-40gb"), ("p4de", "a100-80gb"), ("p5", "h100-sxm"), ("g6", "l4")] {
+        let (_, p) = plan(&args(&format!("--model gpt2 --gpu {cloud} --seq 512")));
+        assert_eq!(p["gpu"].as_str(), Some(gpu), "{cloud}");
+    }
+    for (cloud, gpu) in [("a2-highgpu-8g", "a100-40gb"), ("a2-ultragpu-1g", "a100-80gb"), ("a3-highgpu-8g", "h100-sxm")]
+    {
+        let (_, p) = plan(&args(&format!("--model gpt2 --gpu {cloud} --seq 512")));
+        assert_eq!(p["gpu"].as_str(), Some(gpu), "{cloud}");
+    }
+    // A model directory holding a config.json.
+    let dir = tempfile::tempdir().unwrap();
+    let preset = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/models/presets/gpt2.json");
+    std::fs::copy(preset, dir.path().join("config.json")).unwrap();
+    let (_, d) = plan(&[args("--model"), vec![dir.path().display().to_string()], args("--gpu l4 --seq 512")].concat());
+    assert_eq!(d["params"], plan(&args("--model gpt2 --gpu l4 --seq 512")).1["params"]);
+    // Unknown names: the nearest.
+    for (flags, want) in [
+        ("--model lama-3-8b --gpu l4", "did you mean `llama-3-8b`?"),
+        ("--model meta-llama/Llama-3-8B --gpu l4", "did you mean `meta-llama/Llama-3.1-8B`?"),
+        ("--model gpt2 --gpu rtx4090", "did you mean `rtx-4090`?"),
+        ("--model gpt2 --gpu a100", "did you mean `a100-40gb` or `a100-80gb`?"),
+    ] {
+        let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args(flags)).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains(want), "{flags}: {err}");
+    }
+}

@@ -4,7 +4,9 @@
 
 use super::TrainPlan;
 use headroom_alloc::units::format_size;
+use headroom_plan::job::{Finetune, TrainConfig};
 use headroom_plan::names::Named;
+use headroom_plan::search::Held;
 use serde_json::{json, Value};
 
 fn size(x: f64) -> String {
@@ -81,4 +83,42 @@ pub(super) fn cache_json(p: &TrainPlan) -> Value {
             "expandable_per_gpu_bytes": m.per_gpu_bytes.round() as u64,
         })
     })
+}
+
+/// What `--recommend` held as the command line gave it, for its heading.
+pub(super) fn held(h: &Held, job: &TrainConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = h.precision {
+        parts.push(format!("precision {}", p.name()));
+    }
+    if let Some(a) = h.attention {
+        parts.push(format!("attention {}", a.name()));
+    }
+    if let Some(f) = h.framework {
+        parts.push(format!("framework {}", f.name()));
+    }
+    if let Some(o) = h.offload {
+        parts.push(format!("offload {}", o.name()));
+    }
+    if job.finetune != Finetune::Full {
+        parts.push(format!("fine-tuning {}", job.finetune.name()));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" (holding {})", parts.join(", "))
+    }
+}
+
+/// A serving engine's pool: how many sequences of `--seq` tokens it holds at once, against
+/// the `--batch` asked.
+pub(super) fn pool_line(out: &mut String, name: &str, pool: &str, held: u64, seq: u64, batch: u64, vllm: bool) {
+    let against = if held == 0 && vllm {
+        " — vLLM would not start: not one sequence of --seq tokens (its max_model_len) fits".to_string()
+    } else if held < batch {
+        format!(" — fewer than the --batch {batch} asked: the engine starts and the others wait in its queue")
+    } else {
+        format!(", the --batch {batch} asked among them")
+    };
+    outln!(out, "{name}: {pool}; it holds {held} sequences of {seq} tokens at once{against}");
 }

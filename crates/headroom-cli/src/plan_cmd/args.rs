@@ -20,6 +20,7 @@ use headroom_plan::model::Head;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::{PipelineSchedule, StageOutputs};
 use headroom_plan::request::{Compile, FinetuneMode, InferRequest, KvDtype, Quantize, Server, TrainRequest};
+use headroom_plan::search::Held;
 
 const JOB: &str = "Model and job";
 const PARALLEL: &str = "Parallelism";
@@ -112,9 +113,9 @@ pub struct PlanArgs {
     /// torch.optim; Megatron-LM and DeepSpeed run their own fused Adam].
     #[arg(long, value_parser = named::<OptimizerImpl>(), help_heading = JOB)]
     optimizer_impl: Option<OptimizerImpl>,
-    /// The attention kernel.
-    #[arg(long, value_parser = named::<Attention>(), default_value = "sdpa", help_heading = JOB)]
-    pub attention: Attention,
+    /// The attention kernel [default: sdpa].
+    #[arg(long, value_parser = named::<Attention>(), help_heading = JOB)]
+    attention: Option<Attention>,
     /// Whose code runs the step. Training: auto (transformers where it runs the job — one
     /// model replica per GPU, full fine-tuning, no or full checkpointing —, DeepSpeed with
     /// --offload, Megatron-LM otherwise), hf, deepspeed (transformers' code under DeepSpeed's
@@ -157,9 +158,9 @@ pub struct PlanArgs {
     /// parallelism leaves.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20), help_heading = PARALLEL)]
     pub gpus: u64,
-    /// Tensor-parallel GPUs (keep it inside a node).
-    #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = PARALLEL)]
-    pub tp: u64,
+    /// Tensor-parallel GPUs (keep it inside a node) [default: 1; with --infer, --gpus].
+    #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
+    pub tp: Option<u64>,
     /// Pipeline stages (1F1B). Where they do not divide the layers, the first and last stage
     /// hold ⌈layers / pp⌉ and the middle ones the rest (Megatron's
     /// --decoder-first/last-pipeline-num-layers).
@@ -353,6 +354,17 @@ fn framework() -> impl TypedValueParser<Value = String> {
 type Given = (&'static str, bool);
 
 impl PlanArgs {
+    /// What the command line fixed, which `--recommend` holds: precision, attention kernel,
+    /// framework (other than auto) and offload (fine-tuning and the optimizer are the job's).
+    pub fn held(&self) -> Held {
+        Held {
+            precision: self.precision,
+            attention: self.attention,
+            framework: self.framework.as_deref().and_then(Framework::from_arg).filter(|f| *f != Framework::Auto),
+            offload: self.offload,
+        }
+    }
+
     /// Whether the job fine-tunes a pretrained model (`--finetune` given, full included).
     pub fn fine_tuning(&self) -> bool {
         self.finetune.is_some()
@@ -436,7 +448,7 @@ impl PlanArgs {
             seq: self.seq,
             accumulation: self.accumulation.unwrap_or(d.accumulation),
             gpus: self.gpus,
-            tensor: self.tp,
+            tensor: self.tp.unwrap_or(d.tensor),
             pipeline: self.pp,
             context: self.cp,
             virtual_stages: self.vpp,
@@ -454,7 +466,7 @@ impl PlanArgs {
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),
             optimizer_impl: self.optimizer_impl,
-            attention: self.attention,
+            attention: self.attention.unwrap_or(d.attention),
             framework,
             head: self.head.unwrap_or(d.head),
             checkpointing: self.checkpoint.unwrap_or(d.checkpointing),
@@ -496,7 +508,7 @@ impl PlanArgs {
             context: self.cp,
             weights: self.weights.unwrap_or(d.weights),
             kv_dtype: self.kv_dtype,
-            attention: self.attention,
+            attention: self.attention.unwrap_or(d.attention),
             all_logits: self.all_logits,
             quantize: self.quantize,
             double_quant: self.double_quant,

@@ -63,6 +63,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "configurations_searched": p.search.tried,
             "configurations_fit_by_tensors": p.search.fit_by_tensors,
             "configurations_replayed": p.search.replayed,
+            "configurations_found": p.search.recommendations.len(),
             "recommendations": p.search.recommendations.iter().take(20).map(recommendation).collect::<Vec<_>>(),
             "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
             "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.pick.as_ref().map(|(rank, _)| *rank)),
@@ -205,7 +206,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     let e = &p.estimate;
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
-        "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "starts": e.starts, "per_gpu_bytes": bytes(e.per_gpu_bytes),
         "allocated_bytes": bytes(e.allocated_bytes), "tensor_bytes": bytes(e.tensor_bytes),
         "framework": match p.config.runtime {
             Runtime::Vllm(_) => "vllm",

@@ -60,6 +60,8 @@ struct TrainPlan<'a> {
     global_batch: u64,
     recommend: bool,
     search: Search,
+    /// What the command line fixed, held by the search.
+    held: headroom_plan::search::Held,
     engine_config: Option<EngineConfig>,
     context_note: Option<String>,
 }
@@ -95,7 +97,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         } else {
             text::infer(&plan)
         };
-        return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
+        // An engine that starts serves what its pool holds at once and queues the rest.
+        return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
     }
     let request = a.train_request()?;
     let job = request.resolve(&model, &gpu)?;
@@ -141,6 +144,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         global_batch,
         recommend: a.recommend,
         search,
+        held: a.held(),
         context_note: context_note(&model, a.seq),
     };
     let out =
@@ -151,7 +155,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
 /// `--recommend`: the configurations that fit, fastest first, and the fastest `--emit`'s
 /// engine runs.
 fn search(a: &PlanArgs, job: &Job, estimator: &Estimator, global_batch: u64) -> Search {
-    let space = SearchSpace::for_job(job.model, job.gpu, a.gpus, a.seq, global_batch);
+    let space = SearchSpace::for_job(job.model, job.gpu, a.gpus, a.seq, global_batch).holding(&a.held());
     recommend(job, global_batch, &space, estimator, RECOMMENDATIONS_SHOWN, a.emit)
 }
 
