@@ -5,7 +5,7 @@
 //! with accumulation to the same sequences a step, the attention kernel, AdamW's fused
 //! implementation, the allocator's expandable segments, LoRA or QLoRA where the job is
 //! fine-tuning, and more GPUs — each replayed alone; where none fits alone, those that save
-//! the most are applied together until the job fits. A handful of replays in all.
+//! memory are applied together until the job fits. At most [`MOST_REPLAYS`] replays in all.
 //!
 //! A job that fits but whose allocator reserves far more than it allocates: the caching
 //! allocator's cache, and what it reserves under `expandable_segments:True`.
@@ -95,6 +95,21 @@ impl Change {
 /// Most GPUs the lever asks for: eight times the job's.
 const MOST_GPUS_FACTOR: u64 = 8;
 
+/// Replays the levers may take in all, alone and together: a plan that does not fit takes
+/// at most this many more estimates of the job.
+pub const MOST_REPLAYS: usize = 14;
+
+/// The replays left.
+struct Budget(std::cell::Cell<usize>);
+
+impl Budget {
+    fn take(&self) -> bool {
+        let left = self.0.get();
+        self.0.set(left.saturating_sub(1));
+        left > 0
+    }
+}
+
 /// The levers that a job which does not fit has, each replayed, those that fit first and
 /// fastest first, then the others by the memory they need; a lever that saves nothing is
 /// left out. Empty where the job fits.
@@ -103,18 +118,19 @@ pub fn remedies(asked: &Asked, estimate: &Estimate) -> Vec<Remedy> {
         return Vec::new();
     }
     let base = estimate.memory.per_gpu_bytes;
+    let budget = Budget(std::cell::Cell::new(MOST_REPLAYS));
     let mut out = Vec::new();
     // The levers that save memory alone, in the order they are combined.
     let mut saving = Vec::new();
     for cascade in cascades(asked, estimate) {
-        let Some(r) = first_fit(asked, &[], &cascade) else { continue };
+        let Some(r) = first_fit(asked, &budget, &[], &cascade) else { continue };
         if r.fits() || r.estimate.memory.per_gpu_bytes < base {
             out.push(r);
             saving.push(cascade);
         }
     }
     if saving.len() > 1 && !out.iter().any(Remedy::fits) {
-        if let Some(together) = together(asked, &saving) {
+        if let Some(together) = together(asked, &budget, &saving) {
             out.push(together);
         }
     }
@@ -130,12 +146,12 @@ pub fn remedies(asked: &Asked, estimate: &Estimate) -> Vec<Remedy> {
 
 /// Of a cascade of changes on top of `fixed`, the first whose replay fits, or the last
 /// replayed (the one that saves the most).
-fn first_fit(asked: &Asked, fixed: &[Change], cascade: &[Change]) -> Option<Remedy> {
+fn first_fit(asked: &Asked, budget: &Budget, fixed: &[Change], cascade: &[Change]) -> Option<Remedy> {
     let mut last = None;
     for change in cascade {
         let mut changes = fixed.to_vec();
         changes.push(change.clone());
-        let Some(r) = replay(asked, &changes) else { continue };
+        let Some(r) = replay(asked, budget, &changes) else { continue };
         let fits = r.fits();
         last = Some(r);
         if fits {
@@ -148,11 +164,11 @@ fn first_fit(asked: &Asked, fixed: &[Change], cascade: &[Change]) -> Option<Reme
 /// Where no lever fits alone: the levers that save memory, in their order (the cheapest in
 /// step time first), one on top of the other until the job fits; each cascade tried again on
 /// top of those before it.
-fn together(asked: &Asked, cascades: &[Vec<Change>]) -> Option<Remedy> {
+fn together(asked: &Asked, budget: &Budget, cascades: &[Vec<Change>]) -> Option<Remedy> {
     let mut fixed: Vec<Change> = Vec::new();
     let mut best = None;
     for cascade in cascades {
-        let Some(r) = first_fit(asked, &fixed, cascade) else { continue };
+        let Some(r) = first_fit(asked, budget, &fixed, cascade) else { continue };
         // The change kept: the cascade's step the replay stopped at.
         let kept = cascade.iter().find(|c| r.flags.ends_with(c.flags.as_str())).cloned();
         fixed.extend(kept);
@@ -165,8 +181,9 @@ fn together(asked: &Asked, cascades: &[Vec<Change>]) -> Option<Remedy> {
     best.filter(|r| r.lever == Lever::Together)
 }
 
-/// The job with `changes` applied, replayed; `None` where the changed job is refused.
-fn replay(asked: &Asked, changes: &[Change]) -> Option<Remedy> {
+/// The job with `changes` applied, replayed; `None` where the changed job is refused or
+/// the replays are spent.
+fn replay(asked: &Asked, budget: &Budget, changes: &[Change]) -> Option<Remedy> {
     let mut request = *asked.request;
     let mut estimator = asked.estimator.clone();
     for c in changes {
@@ -176,6 +193,9 @@ fn replay(asked: &Asked, changes: &[Change]) -> Option<Remedy> {
         }
     }
     let job = request.resolve(asked.model, asked.gpu).ok()?;
+    if !budget.take() {
+        return None;
+    }
     let estimate = estimator.estimate(&job).ok()?;
     let lever = if changes.len() == 1 { changes[0].lever } else { Lever::Together };
     let flags = changes.iter().map(|c| c.flags.as_str()).collect::<Vec<_>>().join(" ");

@@ -46,7 +46,10 @@ const OUTPUT: &str = "Questions and output";
 /// temporaries — laid out as a step for DeepSpeed, Megatron-LM and what no recording covers.
 /// A --framework that no builder serves is refused with each builder's reason. --alloc-conf
 /// and --policy replay it under other allocator settings; a job that does not fit is told
-/// the settings that would make it fit. Inference: as vLLM sizes its KV cache at start-up —
+/// the levers that would make it fit (checkpointing, micro-batch with accumulation,
+/// attention kernel, fused AdamW, expandable segments, LoRA/QLoRA, more GPUs), each planned
+/// again, and one that reserves far more than it allocates, what expandable segments
+/// save. Inference: as vLLM sizes its KV cache at start-up —
 /// gpu_memory_utilization of the device, less the weights, the peak of its profile run (a
 /// forward of max_num_batched_tokens tokens, then the sampler over max_num_seqs rows) and
 /// the memory outside PyTorch — and how many sequences of --seq tokens that cache holds;
@@ -61,7 +64,8 @@ const OUTPUT: &str = "Questions and output";
 /// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, t5-base,
 /// bert-base-uncased, pythia-1b, ...) or the path of a Hugging Face config.json.
 ///
-/// Exit status: 0 if it fits, 1 if not, 2 on bad input.
+/// Exit status: 0 if it fits (with --infer and a serving engine: if the engine would start), 1
+/// if not, 2 on bad input.
 #[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --precision bf16 --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \

@@ -49,6 +49,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if e.memory.host_bytes > 0.0 {
         outln!(out, "host memory per node for the offloaded states: {}", format_size(e.memory.host_bytes as u64));
     }
+    super::advice::lines(&mut out, p);
     if let Some(n) = &e.verdict.note {
         outln!(out, "{n}");
     }
@@ -549,7 +550,6 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         };
         outln!(out, "under {label}: {verdict} ({} per GPU)", format_size(r.memory.per_gpu_bytes as u64));
     }
-    super::advice::lines(out, p);
 }
 
 fn terms_and_total(out: &mut String, terms: &[(&str, f64)], total: f64, capacity: u64, fits: bool) {
