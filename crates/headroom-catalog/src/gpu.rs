@@ -227,27 +227,90 @@ fn read(text: &'static str) -> Result<Vec<GpuSpec>, String> {
         .collect()
 }
 
-/// A GPU name not in the catalog, with the names it has.
+/// A GPU name not in the catalog, with the nearest names and those it has.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown GPU `{name}`; known: {known}")]
+#[error("unknown GPU `{name}`; {known}")]
 pub struct UnknownGpu {
     pub name: String,
     pub known: String,
 }
 
-/// A GPU by name (case, `_` and spaces ignored).
+/// Cloud names for the catalog's GPUs: instance families and machine types (AWS's with
+/// their size, `p4d.24xlarge`, or without; GCP's by prefix, `a2-highgpu-8g`), and short
+/// names where one GPU is meant. AWS: g4dn T4, g5 A10G (the A10's 24 GB; its step times are
+/// the A10's), g6 L4, g6e L40S, p3 V100 16 GB, p3dn V100 32 GB, p4d A100 40 GB, p4de A100
+/// 80 GB, p5 H100 SXM, p5e and p5en H200. GCP: a2-highgpu and a2-megagpu A100 40 GB,
+/// a2-ultragpu A100 80 GB, a3 H100 SXM, g2 L4.
+pub const CLOUD_NAMES: [(&str, &str); 20] = [
+    ("a10g", "a10"),
+    ("h100", "h100-sxm"),
+    ("g4dn", "t4"),
+    ("g5", "a10"),
+    ("g6", "l4"),
+    ("g6e", "l40s"),
+    ("p3", "v100-16gb"),
+    ("p3dn", "v100-32gb"),
+    ("p4d", "a100-40gb"),
+    ("p4de", "a100-80gb"),
+    ("p5", "h100-sxm"),
+    ("p5e", "h200"),
+    ("p5en", "h200"),
+    ("a2-highgpu", "a100-40gb"),
+    ("a2-megagpu", "a100-40gb"),
+    ("a2-ultragpu", "a100-80gb"),
+    ("a3-highgpu", "h100-sxm"),
+    ("a3-megagpu", "h100-sxm"),
+    ("a3-edgegpu", "h100-sxm"),
+    ("g2-standard", "l4"),
+];
+
+/// The catalog's name for a cloud name: `p4d.24xlarge` is `p4d`'s, `a2-highgpu-8g` is
+/// `a2-highgpu`'s.
+fn cloud_name(n: &str) -> Option<&'static str> {
+    let family = n.split('.').next().unwrap_or(n);
+    CLOUD_NAMES.iter().find(|(alias, _)| *alias == family || n.starts_with(&format!("{alias}-"))).map(|(_, g)| *g)
+}
+
+/// A GPU by name (case, `_` and spaces ignored), or by a cloud name ([`CLOUD_NAMES`]).
 pub fn gpu(name: &str) -> Result<GpuSpec, UnknownGpu> {
     let n = name.to_ascii_lowercase().replace(['_', ' '], "-");
     let all = gpus();
-    all.iter().find(|g| g.name == n).copied().ok_or_else(|| UnknownGpu {
-        name: name.to_string(),
-        known: all.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
+    // The catalog's own names first: `h100-pcie` is not the `h100` alias's size.
+    let n = if all.iter().any(|g| g.name == n) { n } else { cloud_name(&n).unwrap_or(&n).to_string() };
+    all.iter().find(|g| g.name == n).copied().ok_or_else(|| {
+        // A family the catalog has in several sizes (`a100`), else the nearest names.
+        let sizes: Vec<&str> = all.iter().map(|g| g.name).filter(|g| g.starts_with(&format!("{n}-"))).collect();
+        let near = if sizes.is_empty() {
+            crate::names::nearest(&n, all.iter().map(|g| g.name).chain(CLOUD_NAMES.iter().map(|(a, _)| *a)))
+        } else {
+            sizes
+        };
+        UnknownGpu {
+            name: name.to_string(),
+            known: format!(
+                "{}known: {}",
+                crate::names::did_you_mean(&near).trim_start_matches("; ").to_string()
+                    + if near.is_empty() { "" } else { " " },
+                all.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+            ),
+        }
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_cloud_name_is_a_gpu_of_the_catalog() {
+        for (alias, name) in CLOUD_NAMES {
+            assert_eq!(gpu(alias).unwrap().name, name, "{alias}");
+        }
+        assert_eq!(gpu("P4d.24xlarge").unwrap().name, "a100-40gb");
+        assert_eq!(gpu("a3-highgpu-8g").unwrap().name, "h100-sxm");
+        let e = gpu("a100").unwrap_err().to_string();
+        assert!(e.contains("did you mean `a100-40gb` or `a100-80gb`?"), "{e}");
+    }
 
     const ONE_LINK: &str = r#""about": "", "links": {"pcie4": {"bytes_per_second": 31.5e9, "source": "PCIe 4.0 x16"}}"#;
 
@@ -289,6 +352,11 @@ mod tests {
     fn names_are_matched_loosely_and_the_error_lists_the_catalog() {
         assert_eq!(gpu("H100_SXM").unwrap().name, "h100-sxm");
         let e = gpu("h300").unwrap_err().to_string();
-        assert!(e.starts_with("unknown GPU `h300`; known: v100-16gb, v100-32gb, t4,"), "{e}");
+        assert!(
+            e.starts_with("unknown GPU `h300`; did you mean `h200` or `h100`? known: v100-16gb, v100-32gb, t4,"),
+            "{e}"
+        );
+        let e = gpu("tpu-v5").unwrap_err().to_string();
+        assert!(e.starts_with("unknown GPU `tpu-v5`; known: v100-16gb,"), "{e}");
     }
 }

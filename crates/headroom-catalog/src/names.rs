@@ -49,10 +49,67 @@ macro_rules! named {
 }
 pub use crate::named;
 
+/// Of `known`, the names nearest `name` by edit distance (Levenshtein, case ignored), where
+/// near enough to be a slip: within a third of the name's length, and 3 edits at most.
+pub fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let name = name.to_ascii_lowercase();
+    let most = (name.chars().count() / 3).clamp(1, 3);
+    let mut best: Vec<&str> = Vec::new();
+    let mut least = usize::MAX;
+    for k in known {
+        let d = edit_distance(&name, &k.to_ascii_lowercase());
+        if d > most || d > least {
+            continue;
+        }
+        if d < least {
+            least = d;
+            best.clear();
+        }
+        if !best.contains(&k) {
+            best.push(k);
+        }
+    }
+    best
+}
+
+/// "; did you mean `a`?" (or "`a` or `b`"), or nothing where none is near.
+pub fn did_you_mean(near: &[&str]) -> String {
+    if near.is_empty() {
+        return String::new();
+    }
+    let quoted: Vec<String> = near.iter().map(|n| format!("`{n}`")).collect();
+    format!("; did you mean {}?", quoted.join(" or "))
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::Named;
     use crate::model::Head;
+
+    #[test]
+    fn the_nearest_names_are_a_slip_away() {
+        use super::nearest;
+        assert_eq!(nearest("lama-3-8b", ["llama-3-8b", "llama-3-70b", "gpt2"]), ["llama-3-8b"]);
+        assert_eq!(nearest("a100", ["a100-40gb", "a100-80gb", "a10"]), ["a10"]);
+        assert_eq!(nearest("h100sxm", ["h100-sxm", "h100-pcie"]), ["h100-sxm"]);
+        assert!(nearest("resnet", ["llama-3-8b", "gpt2"]).is_empty());
+    }
 
     #[test]
     fn every_name_reads_back_as_its_value() {

@@ -9,11 +9,14 @@ use std::path::Path;
 
 #[derive(Args, Debug)]
 pub struct Target {
-    /// Model preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...), or a Hugging Face
+    /// Model preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...) or the Hugging Face id
+    /// of the repository a preset mirrors (meta-llama/Meta-Llama-3-8B), or a Hugging Face
     /// config.json, or a model directory that holds one.
     #[arg(long)]
     pub model: String,
-    /// GPU (a100-80gb, h100-sxm, h200, l4, rtx-4090, ...).
+    /// GPU (a100-80gb, h100-sxm, h200, l4, rtx-4090, ...), or a cloud name: AWS's instance
+    /// families (g5 / a10g, g6, p4d, p4de, p5, ...; p4d.24xlarge too) and GCP's machine types
+    /// (a2-highgpu, a2-ultragpu, a3, g2).
     #[arg(long)]
     pub gpu: String,
     /// Override the GPU's memory (bytes, or e.g. 24GiB).
@@ -54,8 +57,11 @@ impl Target {
             return match preset(arg) {
                 Ok(m) => Ok(m),
                 // Something that looks like a path is a file that is not there, not an unknown preset.
-                Err(_) if arg.contains(['/', '\\']) || arg.ends_with(".json") => {
-                    bail!("--model {arg}: no such file (a preset name, a config.json or a model directory)")
+                Err(e) if arg.contains(['/', '\\']) || arg.ends_with(".json") => {
+                    bail!(
+                        "--model {arg}: no such file (a preset name, a preset's Hugging Face id, a config.json or a \
+                         model directory): {e}"
+                    )
                 }
                 Err(e) => Err(anyhow!(e)),
             };

@@ -347,7 +347,8 @@ pub struct InferRequest {
     pub seq: u64,
     /// GPUs: one tensor-parallel group.
     pub gpus: u64,
-    pub tensor: u64,
+    /// Tensor-parallel GPUs [default: --gpus, one tensor-parallel group over them].
+    pub tensor: Option<u64>,
     pub pipeline: u64,
     pub context: u64,
     pub weights: WeightFormat,
@@ -372,7 +373,7 @@ impl Default for InferRequest {
             batch: 1,
             seq: 2048,
             gpus: 1,
-            tensor: 1,
+            tensor: None,
             pipeline: 1,
             context: 1,
             weights: WeightFormat::Bf16,
@@ -389,6 +390,11 @@ impl Default for InferRequest {
             mem_fraction_static: None,
         }
     }
+}
+
+/// The largest divisor of `n` no more than `most` (1 at least).
+fn largest_divisor(n: u64, most: u64) -> u64 {
+    (1..=most.min(n)).rev().find(|d| n.is_multiple_of(*d)).unwrap_or(1)
 }
 
 impl InferRequest {
@@ -416,15 +422,42 @@ impl InferRequest {
                 r.seq, model.name, model.max_position
             ));
         }
-        if r.pipeline > 1 || r.context > 1 || r.gpus != r.tensor {
-            return refuse("--infer plans one tensor-parallel group: set --gpus equal to --tp (and no --pp or --cp)");
+        if r.pipeline > 1 || r.context > 1 {
+            return refuse("--infer plans one tensor-parallel group: no --pp or --cp");
         }
-        if r.tensor == 0 || !model.heads.is_multiple_of(r.tensor) {
-            return refuse(format!("--tp {} does not divide the {} attention heads", r.tensor, model.heads));
+        let tensor = match r.tensor {
+            Some(t) if t != r.gpus => {
+                return refuse(format!(
+                    "--infer plans one tensor-parallel group: --tp {t} on --gpus {} would be {} replicas, each \
+                     planned alone: plan one with --gpus {t} --tp {t}",
+                    r.gpus,
+                    r.gpus as f64 / t as f64
+                ))
+            }
+            Some(t) => t,
+            // Over several GPUs an engine splits the model by tensor parallelism, where the
+            // heads divide; a server that runs on one GPU only says so below.
+            None if r.gpus > 1 && !model.heads.is_multiple_of(r.gpus) => {
+                return refuse(format!(
+                    "--gpus {}: serving over several GPUs splits the model by tensor parallelism (--tp {}), and {} \
+                     does not divide {}'s {} attention heads; plan a group of GPUs that does (e.g. --gpus {}), \
+                     one replica per group",
+                    r.gpus,
+                    r.gpus,
+                    r.gpus,
+                    model.name,
+                    model.heads,
+                    largest_divisor(model.heads, r.gpus)
+                ))
+            }
+            None => r.gpus,
+        };
+        if tensor == 0 || !model.heads.is_multiple_of(tensor) {
+            return refuse(format!("--tp {tensor} does not divide the {} attention heads", model.heads));
         }
         let config = InferConfig {
-            runtime: self.runtime(gpu)?,
-            tensor: r.tensor,
+            runtime: self.runtime(gpu, tensor)?,
+            tensor,
             batch: r.batch,
             seq: r.seq,
             weights: r.weights,
@@ -440,7 +473,7 @@ impl InferRequest {
 
     /// Who runs the forward, with its settings: bitsandbytes runs inside transformers, so
     /// `--quantize` picks transformers' forward, as `--offload` picks DeepSpeed for training.
-    fn runtime(&self, gpu: &GpuSpec) -> Result<Runtime, InvalidConfig> {
+    fn runtime(&self, gpu: &GpuSpec, tensor: u64) -> Result<Runtime, InvalidConfig> {
         let r = self;
         let engine_flags = [
             ("--gpu-memory-utilization", r.gpu_memory_utilization.is_some()),
@@ -482,7 +515,7 @@ impl InferRequest {
                     ));
                 }
                 let share = r.mem_fraction_static.map(|f| Sglang { mem_fraction_static: f });
-                Runtime::Sglang(share.unwrap_or_else(|| Sglang::defaults(gpu, r.tensor)))
+                Runtime::Sglang(share.unwrap_or_else(|| Sglang::defaults(gpu, tensor)))
             }
             Server::Auto | Server::Vllm => {
                 let d = Engine::vllm_defaults(gpu);

@@ -13,7 +13,7 @@
 use crate::emit::{self, Engine};
 use crate::estimate::{Estimate, Estimator};
 use crate::gpu::GpuSpec;
-use crate::job::{Attention, Checkpointing, Job, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use crate::job::{Attention, Checkpointing, Framework, Job, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
 
@@ -108,6 +108,43 @@ impl SearchSpace {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The space with what the user fixed held, not searched.
+    pub fn holding(mut self, held: &Held) -> SearchSpace {
+        if let Some(p) = held.precision {
+            self.precisions = vec![p];
+        }
+        if let Some(a) = held.attention {
+            self.attentions = vec![a];
+        }
+        if let Some(o) = held.offload {
+            self.offloads = vec![o];
+        } else if held.framework.is_some_and(|f| f != Framework::DeepSpeed) {
+            // CPU offload is DeepSpeed's: another framework held runs none.
+            self.offloads = vec![Offload::None];
+        }
+        self
+    }
+}
+
+/// What the user gave on the command line, held by the search (the optimizer, fine-tuning
+/// and sequence always come from the job).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Held {
+    pub precision: Option<Precision>,
+    pub attention: Option<Attention>,
+    /// A framework named (not `auto`): every row runs it.
+    pub framework: Option<Framework>,
+    pub offload: Option<Offload>,
+}
+
+/// A configuration with every-k checkpointing's k left out: rows that differ only by it are
+/// one row, the fastest.
+fn distinct(c: &TrainConfig) -> TrainConfig {
+    match c.checkpointing {
+        Checkpointing::EveryK(_) => TrainConfig { checkpointing: Checkpointing::EveryK(0), ..*c },
+        _ => *c,
+    }
 }
 
 /// One configuration that fits.
@@ -135,10 +172,11 @@ pub struct Search {
 }
 
 /// Every configuration of `space` around `base`'s (optimizer, fine-tuning, sequence and
-/// framework come from it) that reaches `global_batch` sequences per optimizer step:
+/// framework come from it; a framework other than `auto` is every row's) that reaches `global_batch` sequences per optimizer step:
 /// screened by the closed form, ranked by time per step (ties favour fewer accumulation
 /// steps, then the numerically safer precision, then less memory), then replayed in that
-/// order until `wanted` are found to fit (a configuration that fits only with AdamW's fused
+/// order until `wanted` distinct ones are found to fit (rows that differ only by every-k's k
+/// are one, the fastest; a configuration that fits only with AdamW's fused
 /// implementation, where none was named, is kept with it) — and, with `engine`, on until the fastest that fits
 /// and that `engine` runs is found, planned as that engine runs it (or `ENGINE_SEARCH_LIMIT`
 /// more have been replayed).
@@ -217,7 +255,8 @@ pub fn recommend(
     let mut fitting = 0;
     let limit = wanted + ENGINE_SEARCH_LIMIT;
     for (config, _) in screened {
-        let need_rows = out.recommendations.len() < wanted;
+        let shown = out.recommendations.iter().any(|r| distinct(&r.config) == distinct(&config));
+        let need_rows = out.recommendations.len() < wanted && !shown;
         // The engine's configurations are looked for among those it accepts only, each planned
         // as that engine runs it: a row it cannot run is not replayed for it.
         let for_engine = engine
@@ -226,7 +265,8 @@ pub fn recommend(
             })
             .map(|e| TrainConfig { framework: e.framework(base.train.framework), ..config });
         if !need_rows && for_engine.is_none() {
-            if out.engine_pick.is_some() || engine.is_none() || out.replayed >= limit {
+            let rows_done = out.recommendations.len() >= wanted;
+            if rows_done && (out.engine_pick.is_some() || engine.is_none() || out.replayed >= limit) {
                 break;
             }
             continue;
@@ -258,6 +298,10 @@ pub fn recommend(
 fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option<Recommendation> {
     let estimate_of = |config: TrainConfig| base.with(config).ok().and_then(|j| estimator.estimate(&j).ok());
     let estimate = estimate_of(config)?;
+    let framework = base.train.framework;
+    if framework != Framework::Auto && estimate.runner.framework != framework {
+        return None;
+    }
     if estimate.verdict.fits {
         return Some(Recommendation { config, estimate });
     }
@@ -268,7 +312,9 @@ fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option
         return None;
     }
     let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..config };
-    estimate_of(fused).filter(|e| e.verdict.fits).map(|estimate| Recommendation { config: fused, estimate })
+    estimate_of(fused)
+        .filter(|e| e.verdict.fits && (framework == Framework::Auto || e.runner.framework == framework))
+        .map(|estimate| Recommendation { config: fused, estimate })
 }
 
 /// Configurations replayed beyond the shown rows while looking for the engine's.

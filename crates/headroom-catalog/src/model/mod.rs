@@ -106,7 +106,7 @@ pub enum ModelError {
     WrongType { field: &'static str, expected: &'static str, found: &'static str },
     #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
     Unsupported(String),
-    #[error("unknown model `{0}`; known presets: {1}")]
+    #[error("unknown model `{0}`; {1}")]
     Unknown(String, String),
     #[error("config.json {0}")]
     NotAnObject(String),

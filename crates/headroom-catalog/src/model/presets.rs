@@ -60,18 +60,65 @@ pub fn presets() -> &'static [Model] {
     })
 }
 
-/// A preset by name (case, `_` and spaces ignored).
+/// The presets' README, whose table names the Hub repository each preset mirrors.
+const README: &str = include_str!("../../../../data/models/presets/README.md");
+
+/// (Hub repository, preset) for every preset, from the README's table: the ids users type
+/// (`meta-llama/Meta-Llama-3-8B`).
+pub fn hub_ids() -> Vec<(&'static str, &'static str)> {
+    README
+        .lines()
+        .filter_map(|l| {
+            let file = l.strip_prefix("| `")?.split_once(".json`")?.0;
+            let repo = l.split_once("| [")?.1.split_once(']')?.0;
+            Some((repo, file))
+        })
+        .collect()
+}
+
+/// A preset by name (case, `_` and spaces ignored), or by the Hub id of the repository it
+/// mirrors (case ignored; `https://huggingface.co/` before it allowed).
 pub fn preset(name: &str) -> Result<Model, ModelError> {
     let n = name.to_ascii_lowercase().replace(['_', ' '], "-");
     let all = presets();
+    let id = ["https://", "http://"].iter().fold(name.trim(), |s, p| s.strip_prefix(p).unwrap_or(s));
+    let id = ["huggingface.co/", "hf.co/"].iter().fold(id, |s, p| s.strip_prefix(p).unwrap_or(s));
+    let hub = hub_ids();
+    let n = hub.iter().find(|(repo, _)| repo.eq_ignore_ascii_case(id)).map_or(n, |(_, p)| p.to_string());
     all.iter().find(|m| m.name == n).cloned().ok_or_else(|| {
-        ModelError::Unknown(name.to_string(), all.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "))
+        let names = all.iter().map(|m| m.name.as_str());
+        let near = if id.contains('/') {
+            crate::names::nearest(id, hub.iter().map(|(repo, _)| *repo))
+        } else {
+            crate::names::nearest(&n, names.clone())
+        };
+        ModelError::Unknown(
+            name.to_string(),
+            format!(
+                "{}known presets: {}",
+                crate::names::did_you_mean(&near).trim_start_matches("; ").to_string()
+                    + if near.is_empty() { "" } else { " " },
+                names.collect::<Vec<_>>().join(", ")
+            ),
+        )
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every preset is named by the Hub id of the repository its README row says it mirrors.
+    #[test]
+    fn every_preset_answers_to_its_hub_id() {
+        let hub = hub_ids();
+        assert_eq!(hub.len(), FILES.len());
+        for (repo, name) in hub {
+            assert_eq!(preset(repo).unwrap().name, name, "{repo}");
+            assert_eq!(preset(&repo.to_lowercase()).unwrap().name, name, "{repo}");
+            assert_eq!(preset(&format!("https://huggingface.co/{repo}")).unwrap().name, name, "{repo}");
+        }
+    }
 
     #[test]
     fn parameter_counts_equal_the_published_ones() {

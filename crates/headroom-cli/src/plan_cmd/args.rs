@@ -20,6 +20,7 @@ use headroom_plan::model::Head;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::{PipelineSchedule, StageOutputs};
 use headroom_plan::request::{Compile, FinetuneMode, InferRequest, KvDtype, Quantize, Server, TrainRequest};
+use headroom_plan::search::Held;
 
 const JOB: &str = "Model and job";
 const PARALLEL: &str = "Parallelism";
@@ -45,7 +46,10 @@ const OUTPUT: &str = "Questions and output";
 /// temporaries — laid out as a step for DeepSpeed, Megatron-LM and what no recording covers.
 /// A --framework that no builder serves is refused with each builder's reason. --alloc-conf
 /// and --policy replay it under other allocator settings; a job that does not fit is told
-/// the settings that would make it fit. Inference: as vLLM sizes its KV cache at start-up —
+/// the levers that would make it fit (checkpointing, micro-batch with accumulation,
+/// attention kernel, fused AdamW, expandable segments, LoRA/QLoRA, more GPUs), each planned
+/// again, and one that reserves far more than it allocates, what expandable segments
+/// save. Inference: as vLLM sizes its KV cache at start-up —
 /// gpu_memory_utilization of the device, less the weights, the peak of its profile run (a
 /// forward of max_num_batched_tokens tokens, then the sampler over max_num_seqs rows) and
 /// the memory outside PyTorch — and how many sequences of --seq tokens that cache holds;
@@ -63,7 +67,8 @@ const OUTPUT: &str = "Questions and output";
 /// --model takes a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, t5-base,
 /// bert-base-uncased, pythia-1b, ...) or the path of a Hugging Face config.json.
 ///
-/// Exit status: 0 if it fits, 1 if not, 2 on bad input.
+/// Exit status: 0 if it fits (with --infer and a serving engine: if the engine would start), 1
+/// if not, 2 on bad input.
 #[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  headroom plan --model llama-2-7b --gpu a100-80gb --train --precision bf16 --batch 8 --seq 4096 --attention flash --checkpoint optimal\n  \
@@ -125,9 +130,9 @@ pub struct PlanArgs {
     /// torch.optim; Megatron-LM and DeepSpeed run their own fused Adam].
     #[arg(long, value_parser = named::<OptimizerImpl>(), help_heading = JOB)]
     optimizer_impl: Option<OptimizerImpl>,
-    /// The attention kernel.
-    #[arg(long, value_parser = named::<Attention>(), default_value = "sdpa", help_heading = JOB)]
-    pub attention: Attention,
+    /// The attention kernel [default: sdpa].
+    #[arg(long, value_parser = named::<Attention>(), help_heading = JOB)]
+    attention: Option<Attention>,
     /// Whose code runs the step. Training: auto (transformers where it runs the job — one
     /// model replica per GPU, full fine-tuning, no or full checkpointing —, DeepSpeed with
     /// --offload, Megatron-LM otherwise), hf, deepspeed (transformers' code under DeepSpeed's
@@ -170,9 +175,9 @@ pub struct PlanArgs {
     /// parallelism leaves.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20), help_heading = PARALLEL)]
     pub gpus: u64,
-    /// Tensor-parallel GPUs (keep it inside a node).
-    #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = PARALLEL)]
-    pub tp: u64,
+    /// Tensor-parallel GPUs (keep it inside a node) [default: 1; with --infer, --gpus].
+    #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
+    pub tp: Option<u64>,
     /// Pipeline stages (1F1B). Where they do not divide the layers, the first and last stage
     /// hold ⌈layers / pp⌉ and the middle ones the rest (Megatron's
     /// --decoder-first/last-pipeline-num-layers).
@@ -366,6 +371,22 @@ fn framework() -> impl TypedValueParser<Value = String> {
 type Given = (&'static str, bool);
 
 impl PlanArgs {
+    /// What the command line fixed, which `--recommend` holds: precision, attention kernel,
+    /// framework (other than auto) and offload (fine-tuning and the optimizer are the job's).
+    pub fn held(&self) -> Held {
+        Held {
+            precision: self.precision,
+            attention: self.attention,
+            framework: self.framework.as_deref().and_then(Framework::from_arg).filter(|f| *f != Framework::Auto),
+            offload: self.offload,
+        }
+    }
+
+    /// Whether the job fine-tunes a pretrained model (`--finetune` given, full included).
+    pub fn fine_tuning(&self) -> bool {
+        self.finetune.is_some()
+    }
+
     /// The flags given that only `--infer` reads.
     fn inference_flags(&self) -> [Given; 11] {
         [
@@ -445,7 +466,7 @@ impl PlanArgs {
             seq: self.seq,
             accumulation: self.accumulation.unwrap_or(d.accumulation),
             gpus: self.gpus,
-            tensor: self.tp,
+            tensor: self.tp.unwrap_or(d.tensor),
             pipeline: self.pp,
             context: self.cp,
             virtual_stages: self.vpp,
@@ -463,7 +484,7 @@ impl PlanArgs {
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),
             optimizer_impl: self.optimizer_impl,
-            attention: self.attention,
+            attention: self.attention.unwrap_or(d.attention),
             framework,
             head: self.head.unwrap_or(d.head),
             checkpointing: self.checkpoint.unwrap_or(d.checkpointing),
@@ -505,7 +526,7 @@ impl PlanArgs {
             context: self.cp,
             weights: self.weights.unwrap_or(d.weights),
             kv_dtype: self.kv_dtype,
-            attention: self.attention,
+            attention: self.attention.unwrap_or(d.attention),
             all_logits: self.all_logits,
             quantize: self.quantize,
             double_quant: self.double_quant,

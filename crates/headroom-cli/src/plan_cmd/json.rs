@@ -55,6 +55,8 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "calibration": p.calibration.as_ref().map(calibration),
             "allocator": p.allocator,
             "alternatives": alternatives(p),
+            "levers": super::advice::levers_json(p),
+            "allocator_cache": super::advice::cache_json(p),
             "max_batch": p.max_batch,
             "max_batch_is_search_limit": p.max_batch.map(|m| m >= MAX_BATCH_SEARCHED),
             "max_seq": p.max_seq,
@@ -62,6 +64,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "configurations_searched": p.search.tried,
             "configurations_fit_by_tensors": p.search.fit_by_tensors,
             "configurations_replayed": p.search.replayed,
+            "configurations_found": p.search.recommendations.len(),
             "recommendations": p.search.recommendations.iter().take(20).map(recommendation).collect::<Vec<_>>(),
             "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
             "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.pick.as_ref().map(|(rank, _)| *rank)),
@@ -178,7 +181,7 @@ fn untimed() -> Value {
     })
 }
 
-/// The job under the settings asked for, and under those that make it fit.
+/// The job under the further settings asked for.
 fn alternatives(p: &TrainPlan) -> Vec<Value> {
     let one = |setting: &str, asked: bool, e: &Estimate| {
         json!({
@@ -187,8 +190,7 @@ fn alternatives(p: &TrainPlan) -> Vec<Value> {
             "per_gpu_bytes": bytes(e.memory.per_gpu_bytes),
         })
     };
-    let asked = p.asked.iter().map(|(label, e)| one(label, true, e));
-    asked.chain(p.remedies.iter().map(|r| one(&r.setting, false, &r.estimate))).collect()
+    p.asked.iter().map(|(label, e)| one(label, true, e)).collect()
 }
 
 fn recommendation(r: &Recommendation) -> Value {
@@ -214,7 +216,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
     let e = &p.estimate;
     json!({
         "model": p.model.name, "params": p.model.params(), "gpu": p.gpu.name, "gpu_memory_bytes": p.gpu.memory_bytes,
-        "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "per_gpu_bytes": bytes(e.per_gpu_bytes),
+        "mode": "infer", "gpus": p.config.tensor, "fits": e.fits, "starts": e.starts, "per_gpu_bytes": bytes(e.per_gpu_bytes),
         "allocated_bytes": bytes(e.allocated_bytes), "tensor_bytes": bytes(e.tensor_bytes),
         "framework": match p.config.runtime {
             Runtime::Vllm(_) => "vllm",

@@ -5,6 +5,7 @@
 //! the job, estimates it and answers the questions asked; [`text`] and [`json`] render the
 //! answers record by record.
 
+mod advice;
 mod args;
 mod calibration;
 mod json;
@@ -22,7 +23,7 @@ use headroom_plan::job::Job;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::recording::Recording;
-use headroom_plan::remedy::{remedies, Remedy};
+use headroom_plan::remedy::{cache_saving, remedies, Asked, CacheSaving, Remedy};
 use headroom_plan::search::{recommend, Recommendation, Search, SearchSpace};
 use std::path::PathBuf;
 
@@ -50,14 +51,18 @@ struct TrainPlan<'a> {
     allocator: String,
     /// The same job under the other settings asked for.
     asked: Vec<(String, Estimate)>,
-    /// Settings that would make a job that does not fit fit.
+    /// The levers that would make a job that does not fit fit, each replayed.
     remedies: Vec<Remedy>,
+    /// Where a job that fits reserves far more than it allocates: the allocator's cache.
+    cache: Option<CacheSaving>,
     calibration: Option<calibration::Calibrated>,
     max_batch: Option<u64>,
     max_seq: Option<u64>,
     global_batch: u64,
     recommend: bool,
     search: Search,
+    /// What the command line fixed, held by the search.
+    held: headroom_plan::search::Held,
     engine_config: Option<EngineConfig>,
     context_note: Option<String>,
 }
@@ -93,12 +98,14 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         } else {
             text::infer(&plan)
         };
-        return Ok(Outcome::new(out, if plan.estimate.fits { 0 } else { 1 }));
+        // An engine that starts serves what its pool holds at once and queues the rest.
+        return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
     }
     let recording = a.program.as_deref().map(Recording::read).transpose().context("--program")?;
+    let request = a.train_request()?;
     let job = match &recording {
-        Some(r) => a.train_request()?.resolve_recorded(&model, &gpu, r)?,
-        None => a.train_request()?.resolve(&model, &gpu)?,
+        Some(r) => request.resolve_recorded(&model, &gpu, r)?,
+        None => request.resolve(&model, &gpu)?,
     };
     if let Some(path) = &a.dump_program {
         let mut inputs: Vec<PathBuf> = a.calibrate.clone();
@@ -128,7 +135,18 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let plan = TrainPlan {
         model: &model,
         gpu: &gpu,
-        remedies: remedies(&job, &estimator, &estimate),
+        remedies: remedies(
+            &Asked {
+                request: &request,
+                model: &model,
+                gpu: &gpu,
+                estimator: &estimator,
+                fine_tuning: a.fine_tuning(),
+                recording: recording.as_ref(),
+            },
+            &estimate,
+        ),
+        cache: cache_saving(&job, &estimator, &estimate),
         max_batch: a.max_batch.then(|| estimator.max_micro_batch(&job, MAX_BATCH_SEARCHED)),
         max_seq: a.max_seq.then(|| estimator.max_seq(&job, max_seq_searched(&model))),
         engine_config: engine_config(&a, &job, &search)?,
@@ -139,6 +157,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         global_batch,
         recommend: a.recommend,
         search,
+        held: a.held(),
         context_note: context_note(&model, a.seq),
     };
     let out =
@@ -149,7 +168,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
 /// `--recommend`: the configurations that fit, fastest first, and the fastest `--emit`'s
 /// engine runs.
 fn search(a: &PlanArgs, job: &Job, estimator: &Estimator, global_batch: u64) -> Search {
-    let space = SearchSpace::for_job(job.model, job.gpu, a.gpus, a.seq, global_batch);
+    let space = SearchSpace::for_job(job.model, job.gpu, a.gpus, a.seq, global_batch).holding(&a.held());
     recommend(job, global_batch, &space, estimator, RECOMMENDATIONS_SHOWN, a.emit)
 }
 

@@ -50,6 +50,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if e.memory.host_bytes > 0.0 {
         outln!(out, "host memory per node for the offloaded states: {}", format_size(e.memory.host_bytes as u64));
     }
+    super::advice::lines(&mut out, p);
     if let Some(n) = &e.verdict.note {
         outln!(out, "{n}");
     }
@@ -236,12 +237,14 @@ fn step_time_line(out: &mut String, b: &Breakdown) {
 
 fn recommendations(out: &mut String, p: &TrainPlan) {
     outln!(out);
+    let (found, shown) = (p.search.recommendations.len(), p.search.recommendations.len().min(10));
     outln!(
         out,
-        "{} of {} configurations fit by their tensors; replayed fastest first, the fastest that fit for {} \
-         sequences per step on {} GPUs:",
+        "{} of {} configurations fit by their tensors{}; replayed fastest first, {found} distinct ones found to fit \
+         for {} sequences per step on {} GPUs (every-k's k shown once); the fastest {shown} of them:",
         p.search.fit_by_tensors,
         p.search.tried,
+        super::advice::held(&p.held, &p.estimate.job),
         p.global_batch,
         p.estimate.job.parallel.gpus()
     );
@@ -368,7 +371,7 @@ pub(super) fn infer(p: &InferPlan) -> String {
                 };
                 outln!(
                     out,
-                    "does NOT fit: vLLM would not start: its budget, {} × the {} CUDA reports = {}, less the \
+                    "does NOT start: vLLM would not start: its budget, {} × the {} CUDA reports = {}, less the \
                      weights ({}), the profile run's peak and {} outside PyTorch, {left}",
                     v.gpu_memory_utilization,
                     format_size(total as u64),
@@ -380,32 +383,19 @@ pub(super) fn infer(p: &InferPlan) -> String {
                 outln!(
                     out,
                     "{}: vLLM takes {} of {} per GPU: its budget, {} × the {} CUDA reports, and the context",
-                    if e.fits { "fits" } else { "does NOT fit" },
+                    if e.starts { "starts" } else { "does NOT start" },
                     format_size(e.per_gpu_bytes as u64),
                     format_size(p.gpu.memory_bytes),
                     v.gpu_memory_utilization,
                     format_size(total as u64),
                 );
-                outln!(
-                    out,
-                    "KV cache: {} tokens, {} sequences of {} tokens in blocks of {}{}",
-                    e.max_tokens,
-                    e.max_sequences,
-                    c.seq,
-                    v.block_size,
-                    if e.max_sequences == 0 {
-                        " — vLLM would not start: not one sequence of --seq tokens (its max_model_len) fits"
-                    } else if e.max_sequences < c.batch {
-                        " — fewer than the --batch asked"
-                    } else {
-                        ""
-                    }
-                );
+                let pool = format!("{} tokens in blocks of {}", e.max_tokens, v.block_size);
+                super::advice::pool_line(&mut out, "KV cache", &pool, e.max_sequences, c.seq, c.batch, true);
             }
         }
         Runtime::Sglang(s) => {
             terms_only(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes);
-            let verdict = if e.fits { "fits" } else { "does NOT fit" };
+            let verdict = if e.starts { "starts" } else { "does NOT start" };
             outln!(
                 out,
                 "{verdict}: SGLang takes {} of {} per GPU: the weights and the KV pool {} of the {} free at \
@@ -424,14 +414,8 @@ pub(super) fn infer(p: &InferPlan) -> String {
                     format_size((-e.kv_cache).round() as u64)
                 );
             } else {
-                outln!(
-                    out,
-                    "KV pool: {} tokens, {} sequences of {} tokens{}",
-                    e.max_tokens,
-                    e.max_sequences,
-                    c.seq,
-                    if e.max_sequences < c.batch { " — fewer than the --batch asked" } else { "" }
-                );
+                let pool = format!("{} tokens", e.max_tokens);
+                super::advice::pool_line(&mut out, "KV pool", &pool, e.max_sequences, c.seq, c.batch, false);
             }
         }
         Runtime::Transformers { .. } if e.max_sequences == 0 => {
@@ -598,16 +582,6 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             "does NOT fit".to_string()
         };
         outln!(out, "under {label}: {verdict} ({} per GPU)", format_size(r.memory.per_gpu_bytes as u64));
-    }
-    for r in &p.remedies {
-        let m = &r.estimate.memory;
-        outln!(
-            out,
-            "with {} it fits: {} reserved, {} per GPU",
-            r.setting,
-            format_size(m.reserved_bytes as u64),
-            format_size(m.per_gpu_bytes as u64)
-        );
     }
 }
 

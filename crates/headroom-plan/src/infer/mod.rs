@@ -133,6 +133,11 @@ pub struct InferEstimate {
     pub tensor_bytes: f64,
     /// The server's own rules let it serve the batch and its replay never ran out of memory.
     pub fits: bool,
+    /// The engine would start: its weights, activations and graphs leave it a KV pool (for
+    /// vLLM one that holds a sequence of `seq` tokens) and its replay never ran out of
+    /// memory; with transformers, the batch fits. A server that starts serves what its pool
+    /// holds at once and queues the rest.
+    pub starts: bool,
     /// The allocation that ran out of memory, where one did.
     pub oom: Option<OutOfMemory>,
     /// Sequences of `seq` tokens the cache holds (with transformers: the largest batch of
@@ -200,6 +205,9 @@ struct Sized {
     logits: f64,
     /// What lives outside PyTorch's allocator.
     outside: f64,
+    /// Whether the server's own rules let it start: a pool, and for vLLM room for one
+    /// sequence of its max_model_len.
+    starts: bool,
     /// Whether the server's own rules let it serve the batch.
     serves: bool,
     max_sequences: u64,
@@ -234,6 +242,7 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
         allocated_bytes: r.peak_allocated as f64,
         tensor_bytes: tensors as f64,
         fits: sized.serves && oom.is_none(),
+        starts: sized.starts && oom.is_none(),
         oom,
         max_sequences: sized.max_sequences,
         max_tokens: sized.max_tokens,

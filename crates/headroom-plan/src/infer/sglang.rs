@@ -35,6 +35,7 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang)
         activations: reserve,
         logits: 0.0,
         outside: engine::reported_total(gpu) - free,
+        starts: pool > 0.0,
         serves: pool > 0.0 && max_sequences >= cfg.batch.max(1),
         max_sequences,
         max_tokens: (room / per_token) as u64,

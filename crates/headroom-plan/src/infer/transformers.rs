@@ -29,6 +29,7 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, recipe: &Fo
         activations: peak.total - peak.kv_cache - peak.logits,
         logits: peak.logits,
         outside,
+        starts: true,
         serves: true,
         max_sequences,
         max_tokens: max_sequences.saturating_mul(cfg.seq),

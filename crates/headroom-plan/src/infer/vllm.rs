@@ -41,6 +41,7 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine)
         activations,
         logits: 0.0,
         outside: non_torch + gpu.arch.cuda_context_bytes() as f64,
+        starts: pool > 0.0 && max_sequences >= 1,
         serves: pool > 0.0 && max_sequences >= cfg.batch.max(1),
         max_sequences,
         max_tokens: (room / per_token) as u64,
