@@ -21,8 +21,10 @@
 //!    (`get_free_block` before `alloc_block`), so the request went to
 //!    another pool: a private one, and the segment holding that free
 //!    stretch is not that pool's. A request the device refused first (its
-//!    segment comes right after a flush) is not read so: the completions
-//!    before the flush came from its synchronisation, after the search. The pool is the one the same stream's
+//!    segment comes right after a flush) is not read so, and blocks whose
+//!    frees completed right before the request's segment are not counted as
+//!    free: those completions may have come from a flush's synchronisation,
+//!    after the search. The pool is the one the same stream's
 //!    last private request went to (a capture diverts a stream), else the
 //!    last private request's, else a pool the trace does not name, given
 //!    the first id PyTorch gives a `MemPool`, (0, 1), or the next free one;
@@ -50,13 +52,21 @@
 //!
 //! A pool's release is not an entry of its own: a recorded burst of
 //! releases that gives back a private pool's segment shows that the pool
-//! had been released before it, so the replay releases it there. A burst
-//! that begins with a private pool's segments, before any of the default
-//! pools', was that pool's own `emptyCache(id)` (PyTorch 2.11's `MemPool`
-//! destructor): its small, then large, free segments; a graph's
-//! `reset()` only releases the pool, and the program's `empty_cache()` then
-//! gives back the default pools' segments first and the released pools'
-//! after.
+//! had been released before it, so the replay releases it there. What
+//! this rests on, in PyTorch 2.11's `CUDACachingAllocator.cpp`: `releasePool`
+//! (a graph's `reset()`, a `MemPool`'s destructor) only lowers the pool's
+//! use count, and at 0 makes it freeable; `release_cached_blocks` (the
+//! program's `empty_cache()`, the flush before a retry) gives back the
+//! default pools' unsplit free segments, large then small, then each
+//! freeable pool's, small then large, each set in (stream, size, address)
+//! order; `emptyCache(id)` gives back only pool `id`'s, and a `MemPool`'s
+//! destructor calls it right after `releasePool`. So a burst that begins
+//! with a private pool's segments, before any of the default pools', is
+//! replayed as that pool emptied on its own first and then the program's
+//! `empty_cache()`: for a `MemPool` that is what ran; for a graph's
+//! `reset()` and `empty_cache()` the default pools then had nothing to give
+//! back before the pool's segments, and the two give back the same
+//! segments in the same order.
 
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_alloc::sizing::{pool_for, round_size};
@@ -444,7 +454,7 @@ fn infer_by_window(lives: &mut [Life], trace: &[TraceEvent]) {
             let Some((_, pool)) = prev else { continue };
             // The next request of this stream that is not in a presumed segment.
             let next = ks[n + 1..].iter().map(|&k2| &lives[k2]).find(|l2| l2.why != Why::Presumed);
-            if next.is_some_and(|l2| l2.pool == pool) && l.maker.is_some() {
+            if next.is_some_and(|l2| l2.pool == pool) && l.maker.is_some() && !l.mapped {
                 lives[k].pool = pool;
                 lives[k].why = Why::Window;
             }
