@@ -344,6 +344,7 @@ fn device_json(r: &DeviceRun, check: bool) -> Value {
             "final_blocks_matched": f.final_blocks_matched,
             "final_blocks_total": f.final_blocks_total,
             "exact": f.is_exact(),
+            "pool_notes": f.recorded.pool_notes,
             "first_divergence": f.first_divergence.as_ref().map(|d| json!({
                 "index": d.index, "message": d.message, "context": d.context,
             })),
@@ -613,6 +614,9 @@ fn print_fidelity(out: &mut String, f: &Fidelity, shown: &Shown) {
         );
     }
     outln!(out, "  fidelity: {f}{exact}");
+    for n in &f.recorded.pool_notes {
+        outln!(out, "  private pools: {n}");
+    }
     if let Some(d) = &f.first_divergence {
         outln!(out, "  first divergence at entry {}: {}", d.index, d.message);
         for c in &d.context {

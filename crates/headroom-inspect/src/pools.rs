@@ -45,9 +45,13 @@ pub fn private_pools(snap: &MemorySnapshot, device: u32) -> Vec<PoolSummary> {
     }
     let recorded = RecordedPools::of(snap, device);
     if recorded.any() {
+        // Pools the trace shows though none of their segments is left.
+        for id in recorded.ids() {
+            pools.entry(id).or_insert_with(|| PoolSummary { id, ..Default::default() });
+        }
         let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
-        for e in trace.iter().filter(|e| e.action == TraceAction::Alloc) {
-            let id = recorded.pool_of(e);
+        for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == TraceAction::Alloc) {
+            let id = recorded.pool_of(i, e);
             if id != (0, 0) {
                 pools.entry(id).or_insert_with(|| PoolSummary { id, ..Default::default() }).requests += 1;
             }
@@ -85,5 +89,20 @@ mod tests {
             requests: 3,
         };
         assert_eq!(pools, [want]);
+    }
+
+    #[test]
+    fn pytorchs_own_recordings_list_their_pools() {
+        // Recorded by PyTorch 2.11 on an H200: trace entries without pool ids. The
+        // graph's pool keeps three segments; the MemPool's are all given back, and
+        // the trace does not name it.
+        let read = |name: &str| {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/private-pools");
+            headroom_trace::snapshot::read_snapshot_file(&dir.join(name)).unwrap()
+        };
+        let graph = private_pools(&read("h200-cuda-graph.pickle"), 0);
+        assert_eq!(graph.iter().map(|p| (p.id, p.segments, p.requests)).collect::<Vec<_>>(), [((1, 0), 3, 16)]);
+        let mempool = private_pools(&read("h200-mempool.pickle"), 0);
+        assert_eq!(mempool.iter().map(|p| (p.id, p.segments, p.requests)).collect::<Vec<_>>(), [((0, 1), 0, 3)]);
     }
 }

@@ -39,7 +39,7 @@ pub fn fresh_ops(t: &DeviceTrace) -> Vec<TraceLine> {
             TraceAction::Alloc => {
                 let id = new_id(e.addr);
                 live.insert(e.addr, id.clone());
-                ops.push(TraceLine { line: i + 1, op: alloc(id, e.size, e.stream, pools.pool_of(e)) });
+                ops.push(TraceLine { line: i + 1, op: alloc(id, e.size, e.stream, pools.pool_of(i, e)) });
             }
             TraceAction::FreeRequested | TraceAction::Free => {
                 // A free of a block the trace never saw (its alloc fell out of a ring buffer

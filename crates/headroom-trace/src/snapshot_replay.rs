@@ -80,6 +80,10 @@ pub struct Recorded {
     /// (`set_per_process_memory_fraction`), as far as the refusals tell
     /// ([`RecordedMemory::replayed_limit`]).
     pub memory_limit: Option<u64>,
+    /// Which private pool the trace left to inference, and what it could
+    /// not decide ([`RecordedPools::notes`]): empty where the trace names
+    /// every pool or the run used none.
+    pub pool_notes: Vec<String>,
 }
 
 impl Fidelity {
@@ -218,6 +222,7 @@ pub fn check_from(
     }
     (ops.progress)(trace.len());
     let mut f = checker.f;
+    f.recorded.pool_notes = pools.notes().to_vec();
     f.recorded.memory_limit = RecordedMemory::infer(t, &f.recorded.refusals).replayed_limit();
     final_layout(&mut f, &mut a, snap, trace.len());
     Ok(f)

@@ -116,7 +116,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
                 // serves it, is freed at once.
                 let slot = if failed { self.slots.take() } else { self.slots.allocated(e.addr) };
                 push(Op::Mark(Mark::Request { failed }));
-                push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(e) });
+                push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(i, e) });
                 push(Op::Mark(Mark::Answered));
                 if failed {
                     push(Op::Free { slot });

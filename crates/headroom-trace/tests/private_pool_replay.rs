@@ -124,3 +124,32 @@ fn a_replay_that_ignores_the_pools_diverges() {
     let f = check_device(&snap, 0, 8 << 30, |_| {});
     assert!(f.map_or(true, |f| !f.is_exact()));
 }
+
+/// A segment of a graph's pool that no rule can tell from the default pools'
+/// (no room elsewhere for its request, the capture's last request, given back
+/// with no default segment beside it) is replayed in the default pools, and
+/// the check says the trace does not decide it.
+#[test]
+fn a_pool_the_trace_cannot_decide_is_said_so() {
+    let mut a = DeviceCachingAllocator::new(SimDevice::new(8 << 30), AllocatorConfig::default());
+    a.record_history(Some(1 << 20));
+    a.begin_allocate_to_pool(GRAPH, Box::new(|s| s == 5)).unwrap();
+    let kept = a.malloc(MIB, 5).unwrap();
+    let big = a.malloc(30 * MIB, 5).unwrap();
+    a.free(big.ptr).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    a.release_pool(GRAPH).unwrap();
+    a.empty_cache().unwrap();
+    assert!(a.pool_use_count(GRAPH).is_some(), "the pool keeps the segment of {:#x}", kept.ptr);
+    let mut snap = a.snapshot();
+    for e in &mut snap.device_traces[0] {
+        e.pool_id = (0, 0);
+    }
+    let mut bytes = Vec::new();
+    write_snapshot(&snap, SnapshotFormat::Pickle, &mut bytes).unwrap();
+    let snap = read_snapshot(&bytes[..]).unwrap();
+    let f = check_device(&snap, 0, 8 << 30, |_| {}).unwrap();
+    let notes = &f.recorded.pool_notes;
+    assert!(notes.len() == 1 && notes[0].contains("does not say"), "{notes:#?}");
+    assert!(f.is_exact(), "{f}: {:?}", f.first_divergence);
+}
