@@ -13,7 +13,7 @@
 // The phase frames name is the one the recorded step and the planner read too.
 pub use headroom_trace::phase::Phase;
 // What a block became is told by its lifetime too: frames give its first guess.
-pub use crate::roles::Role;
+pub use crate::role::Role;
 use headroom_trace::snapshot::{StackId, Stacks};
 use serde::Serialize;
 

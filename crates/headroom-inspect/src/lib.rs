@@ -22,6 +22,7 @@ pub mod pools;
 pub mod printable;
 pub mod recording;
 pub mod report;
+pub mod role;
 pub mod roles;
 pub mod sites;
 pub mod step_phases;
