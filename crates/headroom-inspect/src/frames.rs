@@ -218,24 +218,29 @@ fn classify(stacks: &Stacks, stack: StackId, cpp: bool) -> StackInfo {
     StackInfo { site, phase, role: Role::from_phase(phase) }
 }
 
+/// Stacks holding one stack of `frames` (innermost first), as stack 1: for tests of what
+/// frames say.
+#[cfg(test)]
+pub(crate) fn one_stack(frames: &[(&str, i64, &str)]) -> Stacks {
+    let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
+    let mut ids = Vec::new();
+    for &(file, line, name) in frames {
+        s.strings.push(file.into());
+        s.strings.push(name.into());
+        let n = s.strings.len() as u32;
+        s.frames.push(headroom_trace::snapshot::Frame { filename: n - 2, line, name: n - 1 });
+        ids.push(s.frames.len() as u32 - 1);
+    }
+    s.stacks.push(ids.into_boxed_slice());
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_trace::snapshot::Frame;
 
-    /// Stacks holding one stack of `frames` (innermost first).
     fn stacks(frames: &[(&str, i64, &str)]) -> Stacks {
-        let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
-        let mut ids = Vec::new();
-        for &(file, line, name) in frames {
-            s.strings.push(file.into());
-            s.strings.push(name.into());
-            let n = s.strings.len() as u32;
-            s.frames.push(Frame { filename: n - 2, line, name: n - 1 });
-            ids.push(s.frames.len() as u32 - 1);
-        }
-        s.stacks.push(ids.into_boxed_slice());
-        s
+        one_stack(frames)
     }
 
     const TORCH: &str = "/venv/lib/python3.12/site-packages/torch";

@@ -204,22 +204,7 @@ pub fn group<'l>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_trace::snapshot::Frame;
-
-    /// One stack of `frames` (innermost first), as stack 1.
-    fn stacks(frames: &[(&str, i64, &str)]) -> Stacks {
-        let mut s = Stacks { strings: Vec::new(), frames: Vec::new(), stacks: vec![Box::new([])] };
-        let mut ids = Vec::new();
-        for &(file, line, name) in frames {
-            s.strings.push(file.into());
-            s.strings.push(name.into());
-            let n = s.strings.len() as u32;
-            s.frames.push(Frame { filename: n - 2, line, name: n - 1 });
-            ids.push(s.frames.len() as u32 - 1);
-        }
-        s.stacks.push(ids.into_boxed_slice());
-        s
-    }
+    use crate::frames::one_stack as stacks;
 
     /// The user's frames first; without any (the autograd engine's thread), the stack from
     /// the frame that called the allocator; the whole stack kept for the asking.
