@@ -29,10 +29,11 @@ use rand::SeedableRng;
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, Target); 8] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("trace_jsonl", trace_jsonl),
     ("alloc_conf", alloc_conf),
     ("hf_config", hf_config),
+    ("hf_config_plan", hf_config_plan),
     ("checkpoint_chain", checkpoint_chain),
     ("byte_size", byte_size),
     ("length_dist", length_dist),
@@ -91,13 +92,54 @@ pub fn alloc_conf(data: &[u8]) {
     }
 }
 
+/// A Hugging Face `config.json`: read and checked, and when it is a model, its counts
+/// computed and its jobs validated — the reader alone, at the speed a reader fuzzes at.
+/// [`hf_config_plan`] plans what it reads, at a few hundred inputs a second.
+pub fn hf_config(data: &[u8]) {
+    let Ok(m) = read_model(data) else { return };
+    let g = gpu("h100-sxm").expect("a catalog GPU");
+    for seq in [1, 2048, 1 << 20] {
+        let cfg = TrainConfig::new(1, seq, Precision::Mixed, Optimizer::AdamW);
+        let _ = Job::new(&m, &g, cfg);
+        if m.generates() {
+            for cfg in infer_configs(&g, seq) {
+                let _ = infer::check(&m, &cfg);
+            }
+        }
+    }
+}
+
+fn read_model(data: &[u8]) -> Result<Model, ()> {
+    let text = std::str::from_utf8(data).map_err(|_| ())?;
+    let m = Model::from_hf_config(text, "fuzz").map_err(|_| ())?;
+    let counts = (m.params(), m.active_params(), m.layer_params(), m.block_linears());
+    assert!(counts.1 <= counts.0, "more active parameters than parameters: {m}");
+    let _ = m.to_string();
+    Ok(m)
+}
+
+fn infer_configs(g: &headroom_plan::gpu::GpuSpec, seq: u64) -> [InferConfig; 3] {
+    [
+        Runtime::Vllm(headroom_plan::engine::Engine::vllm_defaults(g)),
+        Runtime::Transformers { attention: Attention::Eager, all_logits: false },
+        Runtime::Transformers { attention: Attention::Sdpa, all_logits: true },
+    ]
+    .map(|runtime| InferConfig {
+        runtime,
+        batch: 1,
+        seq,
+        weights: WeightFormat::Bf16,
+        kv_bytes: 2.0,
+        tensor: 1,
+        quantize: None,
+    })
+}
+
 /// A Hugging Face `config.json`: read, and when it is a model, planned for
 /// training and inference without a panic or a figure that is not a number.
-pub fn hf_config(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(m) = Model::from_hf_config(text, "fuzz") else { return };
+pub fn hf_config_plan(data: &[u8]) {
+    let Ok(m) = read_model(data) else { return };
     let g = gpu("h100-sxm").expect("a catalog GPU");
-    let _ = (m.params(), m.active_params(), m.layer_params(), m.block_linears(), m.to_string());
     for seq in [1, 2048, 1 << 20] {
         let cfg = TrainConfig::new(1, seq, Precision::Mixed, Optimizer::AdamW);
         if let Ok(job) = Job::new(&m, &g, cfg) {
@@ -108,20 +150,7 @@ pub fn hf_config(data: &[u8]) {
             }
         }
         if m.generates() {
-            for runtime in [
-                Runtime::Vllm(headroom_plan::engine::Engine::vllm_defaults(&g)),
-                Runtime::Transformers { attention: Attention::Eager, all_logits: false },
-                Runtime::Transformers { attention: Attention::Sdpa, all_logits: true },
-            ] {
-                let cfg = InferConfig {
-                    runtime,
-                    batch: 1,
-                    seq,
-                    weights: WeightFormat::Bf16,
-                    kv_bytes: 2.0,
-                    tensor: 1,
-                    quantize: None,
-                };
+            for cfg in infer_configs(&g, seq) {
                 if infer::check(&m, &cfg).is_ok() {
                     let e = infer::estimate(&m, &g, &cfg);
                     assert!(!e.per_gpu_bytes.is_nan() && e.activations >= 0.0, "{e:?}");
