@@ -53,6 +53,7 @@ pub mod placement;
 pub mod program;
 pub mod program_template;
 pub mod recipe;
+pub mod recompute;
 pub mod recording;
 pub mod remedy;
 pub mod replay;

@@ -169,6 +169,9 @@ pub struct Tensor {
     /// gives a freed block back only to its own stream, so what FSDP2's communication
     /// streams allocate is cached apart from the compute stream's memory.
     pub stream: u64,
+    /// The layer whose forward or backward makes it, numbered in forward order across the
+    /// model's stacks, where the builder knows it: the spans [`crate::recompute`] checkpoints.
+    pub layer: Option<u32>,
 }
 
 /// Index of a tensor in its program.
@@ -255,7 +258,7 @@ impl Program {
 
     /// Adds a tensor (not yet allocated).
     pub fn tensor(&mut self, law: Law, term: Term, site: u32) -> TensorId {
-        self.tensors.push(Tensor { law, term, site, stream: 0 });
+        self.tensors.push(Tensor { law, term, site, stream: 0, layer: None });
         (self.tensors.len() - 1) as TensorId
     }
 

@@ -116,6 +116,8 @@ struct Reader {
     live: HashMap<String, TensorId>,
     /// The step and phase of the last mark.
     at: Option<(u32, Phase)>,
+    /// Each layer met, by its list's path and index.
+    layers: HashMap<(String, u32), u32>,
 }
 
 impl Reader {
@@ -150,6 +152,25 @@ impl Reader {
         }
     }
 
+    /// The layer a module path names — the first numbered module of a list, as
+    /// `model.layers.3.mlp` or T5's `encoder.block.3` — numbered in the order the recording
+    /// first meets each, which is the model's build order: the forward's.
+    fn layer(&mut self, site: &str) -> Option<u32> {
+        let path = site.split_whitespace().next()?;
+        let mut parts = path.split('.');
+        let mut prefix = 0;
+        let index = parts.find_map(|p| {
+            let n = p.parse::<u32>().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit()));
+            if n.is_none() {
+                prefix += p.len() + 1;
+            }
+            n
+        })?;
+        let key = (path[..prefix.min(path.len())].to_string(), index);
+        let next = self.layers.len() as u32;
+        Some(*self.layers.entry(key).or_insert(next))
+    }
+
     fn alloc(&mut self, id: String, size: u64, stream: u64) -> Result<(), String> {
         if self.live.contains_key(&id) {
             return Err(format!("allocates {id:?}, which is still live"));
@@ -176,6 +197,7 @@ impl Reader {
             }
         };
         let t = self.program.alloc_on(Law::fixed(size as f64), tag.term, site, stream);
+        self.program.tensors[t as usize].layer = self.layer(tag.site);
         self.live.insert(id, t);
         Ok(())
     }

@@ -219,7 +219,12 @@ fn cascades(asked: &Asked, estimate: &Estimate) -> Vec<Vec<Change>> {
         vec![Change { expandable: true, ..Change::new(Lever::ExpandableSegments, flags, |_, _| {}, 0) }]
     });
     if asked.recording.is_some() {
-        // A recording's program is the one recorded: its shape, its optimizer and its kernels.
+        // A recording's program is the one recorded: its shape, its optimizer and its kernels;
+        // only checkpointing by layers is made of it.
+        if estimate.job.checkpointing == Checkpointing::None {
+            let set = |q: &mut TrainRequest, _| q.checkpointing = Checkpointing::Full;
+            out.push(vec![Change::new(Lever::Checkpointing, "--checkpoint full".into(), set, 0)]);
+        }
         out.extend(expandable);
         return out;
     }

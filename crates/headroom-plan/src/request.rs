@@ -139,8 +139,9 @@ impl TrainRequest {
     }
 
     /// The job that replays `recording`: this request's shape (the one recorded, for the step
-    /// time) and GPU, and nothing else of it. Every setting that shapes a program is the
-    /// recording's own, so a request that sets one is refused by the flag's name.
+    /// time) and GPU, and its layer checkpointing (`full` or `every-k`, made of the recording by
+    /// [`crate::recompute`]), and nothing else of it. Every other setting that shapes a program
+    /// is the recording's own, so a request that sets one is refused by the flag's name.
     pub fn resolve_recorded<'a>(
         &self,
         model: &'a Model,
@@ -173,7 +174,10 @@ impl TrainRequest {
             ("--attention", r.attention != d.attention),
             ("--framework", r.framework != d.framework),
             ("--head", r.head != d.head),
-            ("--checkpoint", r.checkpointing != d.checkpointing),
+            (
+                "--checkpoint",
+                !matches!(r.checkpointing, Checkpointing::None | Checkpointing::Full | Checkpointing::EveryK(_)),
+            ),
             ("--compile", r.compile != d.compile),
         ];
         if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {

@@ -5,6 +5,9 @@
 //! recording, and the plan replays it on the GPU's memory less what lives outside PyTorch,
 //! under the allocator settings asked for, as it replays every other builder's program.
 //!
+//! Checkpointing by layers (`--checkpoint full` or `every-k`) is made of the recording by
+//! [`crate::recompute`]: record a step without checkpointing once, and plan it with or without.
+//!
 //! What only a GPU has comes from the GPU's rules, as for the programs the planner builds: a
 //! recording made without a GPU holds no cuBLAS workspace, so the plan adds the GPU's — one
 //! at the first forward, for the forward's thread, and one at the first backward, for the
@@ -12,8 +15,9 @@
 //! program `--dump-program` wrote) keeps its own.
 
 use super::{Builder, Built, Context, Device, RankProgram};
-use crate::job::{Framework, Job, PipelineStage};
+use crate::job::{Checkpointing, Framework, Job, PipelineStage};
 use crate::program::{Law, Op, Phase, Program, Term};
+use crate::recompute::{checkpoint_layers, Wrapped};
 
 /// Its name in the estimate and in `--json`.
 pub const NAME: &str = "recording";
@@ -45,9 +49,19 @@ impl Builder for UserRecording {
 
     fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
         let r = job.recording.ok_or("the job brings no recorded program (--program)")?;
+        let wrapped = match job.train.checkpointing {
+            Checkpointing::None => None,
+            Checkpointing::Full => Some(Wrapped::Every),
+            Checkpointing::EveryK(k) => Some(Wrapped::EveryK(k)),
+            other => return Err(format!("--checkpoint {} is not made of a recording", other.spelling())),
+        };
+        let recorded = match wrapped {
+            Some(w) => &checkpoint_layers(&r.program, w).map_err(|e| e.to_string())?,
+            None => &r.program,
+        };
         let program = match cx.device {
-            Device::Gpu(gpu) => with_workspaces(&r.program, gpu.arch.cublas_workspace_bytes()),
-            Device::Cpu => r.program.clone(),
+            Device::Gpu(gpu) => with_workspaces(recorded, gpu.arch.cublas_workspace_bytes()),
+            Device::Cpu => recorded.clone(),
         };
         Ok(Built {
             ranks: vec![RankProgram { program, stage: PipelineStage::Only, layout: None }],

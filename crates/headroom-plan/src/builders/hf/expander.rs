@@ -21,6 +21,16 @@ impl<'t> Expander<'t> {
         Expander { layers, analog: &t.analog }
     }
 
+    /// Concrete layer `n` of `stack` numbered in forward order across the stacks: T5's
+    /// encoder (stack 1) before its decoder (stack 0).
+    pub(super) fn numbered(&self, stack: u8, n: u32) -> u32 {
+        if stack == 1 {
+            n
+        } else {
+            self.layers[1] + n
+        }
+    }
+
     /// Whether concrete layer `c` of `stack` is a replica of the middle layer.
     fn is_replica(&self, stack: u8, c: u32) -> bool {
         (EDGE..self.layers[stack as usize].saturating_sub(EDGE)).contains(&c)

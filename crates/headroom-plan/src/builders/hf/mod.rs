@@ -423,6 +423,7 @@ impl<'a> Expansion<'a> {
                 let Some(law) = self.law(x) else { continue };
                 let site = self.site(x.site);
                 let id = self.p.alloc(law, x.term, site);
+                self.p.tensors[id as usize].layer = layer.map(|(stack, n)| self.ex.numbered(stack, n));
                 if cudnn && part == Phase::Backward && x.kernel == Kernel::Sdpa {
                     let n = sdpa_grads.entry(layer).or_insert(0);
                     *n += 1;
