@@ -151,3 +151,35 @@ fn settings_a_recording_brings_are_refused_by_name() {
     let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(text.contains("the peak is in the forward"), "{text}");
 }
+
+/// A recording has no time model: its JSON's time keys are all null and its text has no step
+/// time, only the line that says why.
+#[test]
+fn a_recorded_program_has_no_step_time() {
+    let recording = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/recordings/gpt2-bf16-b4-s1024.jsonl");
+    let on = |gpu: &'static str| {
+        let shape = ["--model", "gpt2", "--gpu", gpu, "--batch", "4", "--seq", "1024", "--program"];
+        [&shape[..], &[recording.to_str().unwrap()]].concat()
+    };
+    let args = on("h100");
+    let (_, v) = plan(&args);
+    assert_eq!(v["program"]["source"], "recording");
+    for k in ["step_time_s", "layer_time_s", "step_time_breakdown", "tokens_per_s", "mfu", "recompute_fraction"] {
+        assert!(v.get(k).is_some_and(Value::is_null), "{k}: {v}");
+    }
+    let out = headroom().arg("plan").args(&args).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("the step recorded in"), "{text}");
+    assert!(!text.contains("step time ≈") && !text.contains("of which compute"), "{text}");
+    let untimed: Vec<&str> = text.lines().filter(|l| l.starts_with("step time")).collect();
+    assert_eq!(
+        untimed,
+        ["step time: not estimated (a recording holds the step's allocations, not its operators' times)"],
+        "{text}"
+    );
+    // Where it does not fit, the levers planned again are untimed too.
+    let (code, v) = plan(&[&on("l4")[..], &["--gpu-memory", "3GiB"]].concat());
+    assert_eq!(code, 1);
+    let levers = v["levers"].as_array().unwrap();
+    assert!(!levers.is_empty() && levers.iter().all(|l| l["step_time_s"].is_null()), "{v}");
+}

@@ -18,7 +18,7 @@
 //! The closed form ([`crate::closed_form`]) enters only as the closed-form builders' input
 //! and as the search's screen ([`Estimator::screen`]).
 
-use crate::builders::{self, Built, Context, Device, NoRunner, Passed, RankLayout, Runner};
+use crate::builders::{self, Built, Context, Device, NoRunner, Passed, ProgramSource, RankLayout, Runner};
 use crate::calibration::Calibration;
 use crate::closed_form::{self, Breakdown};
 use crate::job::{Finetune, Framework, Job, Offload, OptimizerImpl, PipelineStage, Precision, TrainConfig};
@@ -88,7 +88,9 @@ pub struct Estimate {
     pub job: TrainConfig,
     pub runner: RunnerRecord,
     pub memory: Memory,
-    pub time: Timing,
+    /// How fast the step runs, where the time model times the builder's programs
+    /// ([`RunnerRecord::untimed`] says why not).
+    pub time: Option<Timing>,
     pub verdict: Verdict,
     /// The program the verdict came from (the rank that peaks).
     pub program: Arc<Program>,
@@ -101,8 +103,11 @@ pub struct RunnerRecord {
     pub builder: &'static str,
     /// The framework whose code the programs model.
     pub framework: Framework,
-    /// What the programs were made from (the recorded template's key), where it says.
-    pub source: Option<String>,
+    /// What the programs were made from.
+    pub source: ProgramSource,
+    /// Why the estimate has no timing, where the time model does not time the builder's
+    /// programs ([`builders::Builder::untimed`]).
+    pub untimed: Option<&'static str>,
     /// The builders asked before it, and their reasons.
     pub passed: Vec<Passed>,
     /// Whether the programs hold `torch.compile`'s graphs.
@@ -203,7 +208,27 @@ pub struct PipelineRanks {
 pub struct Screened {
     /// The closed form's tensors at the peak, bytes.
     pub tensors: f64,
-    pub step_time_s: f64,
+    /// Its step time, where the time model times the runner's programs.
+    pub step_time_s: Option<f64>,
+}
+
+impl Estimate {
+    /// Seconds per optimizer step, where the estimate is timed.
+    pub fn step_time_s(&self) -> Option<f64> {
+        self.time.as_ref().map(|t| t.step_time_s)
+    }
+}
+
+/// Step times in order, fastest first; an untimed one after every timed one, and two untimed
+/// ones equal (a stable sort keeps their order).
+pub fn by_step_time(a: Option<f64>, b: Option<f64>) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a, b) {
+        (Some(a), Some(b)) => a.total_cmp(&b),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
 }
 
 /// A device larger than any job: 1 PiB.
@@ -247,7 +272,8 @@ impl Estimator {
             run.replays = replays;
         }
         let transformers = runner.builder.transformers_code(&job);
-        let time = timing(&job, &run.built, transformers);
+        let untimed = runner.builder.untimed();
+        let time = untimed.is_none().then(|| timing(&job, &run.built, transformers));
         let memory = self.memory(&job, &run, oom, capacity as f64);
         let fits = memory.oom.is_none() && run.built.note.is_none();
         let verdict = Verdict {
@@ -259,6 +285,7 @@ impl Estimator {
             builder: runner.builder.name(),
             framework: job.train.framework,
             source: run.built.source.clone(),
+            untimed,
             passed,
             compiled: run.built.compiled,
             optimizer_impl: job.train.optimizer_implementation(Device::Gpu(job.gpu)),
@@ -309,7 +336,8 @@ impl Estimator {
                 recompute = m.recompute_fraction;
             }
         }
-        Some(Screened { tensors, step_time_s: step_time(&job, recompute, transformers).step })
+        let timed = runner.builder.untimed().is_none();
+        Some(Screened { tensors, step_time_s: timed.then(|| step_time(&job, recompute, transformers).step) })
     }
 
     /// The longest sequence that fits (0 if none does), up to `limit` tokens.

@@ -10,7 +10,7 @@
 //! A job that fits but whose allocator reserves far more than it allocates: the caching
 //! allocator's cache, and what it reserves under `expandable_segments:True`.
 
-use crate::estimate::{Estimate, Estimator};
+use crate::estimate::{by_step_time, Estimate, Estimator};
 use crate::gpu::GpuSpec;
 use crate::job::{Attention, Checkpointing, Job, Optimizer, OptimizerImpl};
 use crate::model::Model;
@@ -140,7 +140,7 @@ pub fn remedies(asked: &Asked, estimate: &Estimate) -> Vec<Remedy> {
     }
     out.sort_by(|a, b| {
         b.fits().cmp(&a.fits()).then(if a.fits() {
-            a.estimate.time.step_time_s.total_cmp(&b.estimate.time.step_time_s)
+            by_step_time(a.estimate.step_time_s(), b.estimate.step_time_s())
         } else {
             a.estimate.memory.per_gpu_bytes.total_cmp(&b.estimate.memory.per_gpu_bytes)
         })

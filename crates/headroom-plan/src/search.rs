@@ -11,7 +11,7 @@
 //! the search).
 
 use crate::emit::{self, Engine};
-use crate::estimate::{Estimate, Estimator};
+use crate::estimate::{by_step_time, Estimate, Estimator, Screened};
 use crate::gpu::GpuSpec;
 use crate::job::{Attention, Checkpointing, Framework, Job, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use crate::model::Model;
@@ -237,20 +237,7 @@ pub fn recommend(
             }
         }
     }
-    let safety = |p: Precision| match p {
-        Precision::Mixed => 0,
-        Precision::Fp8 => 1,
-        Precision::Amp => 2,
-        Precision::Fp32 => 3,
-        Precision::Bf16 => 4,
-    };
-    screened.sort_by(|(a, sa), (b, sb)| {
-        sa.step_time_s
-            .total_cmp(&sb.step_time_s)
-            .then(a.accumulation.cmp(&b.accumulation))
-            .then(safety(a.precision).cmp(&safety(b.precision)))
-            .then(sa.tensors.total_cmp(&sb.tensors))
-    });
+    screened.sort_by(screened_order);
     let mut out = Search { tried, fit_by_tensors: screened.len(), ..Search::default() };
     let mut fitting = 0;
     let limit = wanted + ENGINE_SEARCH_LIMIT;
@@ -293,6 +280,23 @@ pub fn recommend(
     out
 }
 
+/// The screen's ranking: the fastest first, an untimed configuration after every timed one;
+/// ties favour fewer accumulation steps, then the safer precision, then fewer tensors (the
+/// sort is stable: configurations equal in all keep the search's order).
+fn screened_order((a, sa): &(TrainConfig, Screened), (b, sb): &(TrainConfig, Screened)) -> std::cmp::Ordering {
+    let safety = |p: Precision| match p {
+        Precision::Mixed => 0,
+        Precision::Fp8 => 1,
+        Precision::Amp => 2,
+        Precision::Fp32 => 3,
+        Precision::Bf16 => 4,
+    };
+    by_step_time(sa.step_time_s, sb.step_time_s)
+        .then(a.accumulation.cmp(&b.accumulation))
+        .then(safety(a.precision).cmp(&safety(b.precision)))
+        .then(sa.tensors.total_cmp(&sb.tensors))
+}
+
 /// `config` replayed, where it fits: as asked, or where AdamW's default implementation keeps
 /// a copy of the second moments the fused one does not, with the fused one (the row says so).
 fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option<Recommendation> {
@@ -328,6 +332,18 @@ mod tests {
     use crate::model::preset;
 
     #[test]
+    fn the_screen_ranks_untimed_configurations_after_timed_ones_and_keeps_ties_in_order() {
+        let config = |micro_batch| TrainConfig::new(micro_batch, 4096, Precision::Mixed, Optimizer::AdamW);
+        let screened = |micro_batch, step_time_s| (config(micro_batch), Screened { tensors: 1.0, step_time_s });
+        let mut rows = [screened(1, None), screened(2, Some(2.0)), screened(3, None), screened(4, Some(1.0))];
+        rows.sort_by(screened_order);
+        let order: Vec<u64> = rows.iter().map(|(c, _)| c.micro_batch).collect();
+        assert_eq!(order, [4, 2, 1, 3]);
+        assert_eq!(by_step_time(Some(f64::MAX), None), std::cmp::Ordering::Less);
+        assert_eq!(by_step_time(None, None), std::cmp::Ordering::Equal);
+    }
+
+    #[test]
     fn best_fits_and_beats_the_rest() {
         let m = preset("llama-2-7b").unwrap();
         let g = gpu("a100-80gb").unwrap();
@@ -343,7 +359,7 @@ mod tests {
         assert_eq!(best.config.global_batch(), 16);
         for r in recs {
             assert!(r.estimate.verdict.fits, "every row is replayed and fits");
-            assert!(best.estimate.time.step_time_s <= r.estimate.time.step_time_s + 1e-12);
+            assert!(best.estimate.step_time_s().unwrap() <= r.estimate.step_time_s().unwrap() + 1e-12);
         }
         // Full fp32 Adam on 7B needs 16 bytes a parameter: 108 GB, more than the GPU, unless offloaded.
         assert!(recs.iter().all(|r| r.config.precision != Precision::Fp32 || r.config.offload != Offload::None));

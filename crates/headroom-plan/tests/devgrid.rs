@@ -90,7 +90,7 @@ fn rows(dir: &std::path::Path) -> Vec<Row> {
             allocated: (m["peak_allocated"].as_f64().unwrap(), e.memory.allocated_bytes),
             reserved: (m["peak_reserved"].as_f64().unwrap(), e.memory.reserved_bytes),
             fits: e.verdict.fits,
-            program: e.runner.source.clone().unwrap_or_else(|| e.runner.builder.to_string()),
+            program: e.runner.source.detail().map_or_else(|| e.runner.builder.to_string(), str::to_string),
         });
     }
     out

@@ -676,7 +676,7 @@ fn korthikanti_layer_rows(rows: &mut Vec<Row>) {
             parallel: Parallelism { tensor: 8, sequence_parallel: sp, ..Parallelism::default() },
             ..mixed(4, 2048)
         };
-        estimate(&m22, &a100, &cfg).time.layer_time_s
+        estimate(&m22, &a100, &cfg).time.as_ref().unwrap().layer_time_s
     };
     let base = layer(false, Checkpointing::None);
     for (setup, metric, published, predicted) in [
@@ -745,7 +745,7 @@ fn megatron_2022_rows(rows: &mut Vec<Row>) {
                 ),
                 "iteration time",
                 published,
-                e.time.step_time_s,
+                e.time.as_ref().unwrap().step_time_s,
                 "s",
                 Check::Within(Class::Time),
             ));
@@ -792,7 +792,7 @@ fn throughput_rows(rows: &mut Vec<Row>) {
             ),
             "iteration time",
             &published,
-            e.time.step_time_s,
+            e.time.as_ref().unwrap().step_time_s,
             "s",
             Check::Within(Class::Time),
         ));
@@ -832,7 +832,7 @@ fn megatron_core_rows(rows: &mut Vec<Row>) {
             format!("{name}, TP {t} × PP {p} × DP {data}, batch {batch}{}", if t > 1 { ", TP overlap" } else { "" }),
             "MFU",
             mfu,
-            e.time.mfu * 100.0,
+            e.time.as_ref().unwrap().mfu * 100.0,
             "%",
             Check::Within(Class::Time),
         )));
@@ -855,7 +855,7 @@ fn torchtitan_mfu_rows(rows: &mut Vec<Row>) {
         "Llama-3-8B, FSDP over 64 A100s, 1 × 8192",
         "MFU",
         "57.5",
-        e.time.mfu * 100.0,
+        e.time.as_ref().unwrap().mfu * 100.0,
         "%",
         Check::Within(Class::Time),
     ));
@@ -872,7 +872,7 @@ fn torchtitan_mfu_rows(rows: &mut Vec<Row>) {
             format!("Llama-2-13B, FSDP over 64 A100s, 2 × 4096, {label}"),
             "MFU",
             published,
-            e.time.mfu * 100.0,
+            e.time.as_ref().unwrap().mfu * 100.0,
             "%",
             Check::Within(Class::Time),
         ));

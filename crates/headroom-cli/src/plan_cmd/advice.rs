@@ -27,12 +27,12 @@ pub(super) fn lines(out: &mut String, p: &TrainPlan) {
             let (e, m) = (&r.estimate, &r.estimate.memory);
             outln!(
                 out,
-                "  {:<width$}  {}: {} per GPU ({} reserved), step {:.3} s",
+                "  {:<width$}  {}: {} per GPU ({} reserved){}",
                 r.flags,
                 if r.fits() { "fits" } else { "does NOT fit" },
                 size(m.per_gpu_bytes),
                 size(m.reserved_bytes),
-                e.time.step_time_s,
+                e.step_time_s().map_or(String::new(), |t| format!(", step {t:.3} s")),
             );
         }
     }
@@ -64,7 +64,7 @@ pub(super) fn levers_json(p: &TrainPlan) -> Vec<Value> {
                 "per_gpu_bytes": m.per_gpu_bytes.round() as u64,
                 "reserved_bytes": m.reserved_bytes.round() as u64,
                 "allocated_bytes": m.allocated_bytes.round() as u64,
-                "step_time_s": r.estimate.time.step_time_s,
+                "step_time_s": r.estimate.step_time_s(),
             })
         })
         .collect()

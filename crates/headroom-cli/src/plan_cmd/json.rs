@@ -2,7 +2,7 @@
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
 use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
-use headroom_plan::builders::recorded;
+use headroom_plan::builders::ProgramSource;
 use headroom_plan::estimate::{Estimate, Memory, RunnerRecord, Timing, Verdict};
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::Runtime;
@@ -50,7 +50,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         job(p.model, p.gpu, &e.job),
         runner(&e.runner),
         memory(&e.memory, &e.verdict),
-        if e.runner.builder == recorded::NAME { untimed() } else { time(&e.time) },
+        e.time.as_ref().map_or_else(untimed, time),
         json!({
             "calibration": p.calibration.as_ref().map(calibration),
             "allocator": p.allocator,
@@ -92,17 +92,16 @@ fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
 
 /// Who built the program.
 fn runner(r: &RunnerRecord) -> Value {
-    let source = match r.builder {
-        "transformers" => json!({"source": "recorded", "template": r.source}),
-        "torchtitan" | "torchtitan-pipeline" => json!({"source": "fsdp2"}),
-        recorded::NAME => json!({"source": "recording", "file": r.source}),
-        _ => json!({"source": "analytic"}),
+    let source = match &r.source {
+        ProgramSource::Template(key) => json!({"source": r.source.name(), "template": key}),
+        ProgramSource::Recording(file) => json!({"source": r.source.name(), "file": file}),
+        ProgramSource::Fsdp2 | ProgramSource::Analytic => json!({"source": r.source.name()}),
     };
     json!({
         "runner": {
             "builder": r.builder,
             "framework": r.framework.name(),
-            "source": r.source,
+            "source": r.source.detail(),
             "passed": r.passed.iter().map(|p| json!({"builder": p.builder, "why": p.why})).collect::<Vec<_>>(),
         },
         "framework": r.framework.name(),
@@ -173,7 +172,7 @@ fn time(t: &Timing) -> Value {
     })
 }
 
-/// A recording's time: its allocations were recorded, not its operators' times.
+/// An untimed estimate's time: the same keys, null.
 fn untimed() -> Value {
     json!({
         "step_time_s": null, "layer_time_s": null, "step_time_breakdown": null, "tokens_per_s": null, "mfu": null,
@@ -206,9 +205,9 @@ fn recommendation(r: &Recommendation) -> Value {
         "optimizer_impl": r.estimate.runner.optimizer_impl.name(),
         "accumulation": r.config.accumulation,
         "per_gpu_bytes": bytes(r.estimate.memory.per_gpu_bytes),
-        "step_time_s": r.estimate.time.step_time_s,
-        "tokens_per_s": r.estimate.time.tokens_per_s,
-        "mfu": r.estimate.time.mfu,
+        "step_time_s": r.estimate.time.as_ref().map(|t| t.step_time_s),
+        "tokens_per_s": r.estimate.time.as_ref().map(|t| t.tokens_per_s),
+        "mfu": r.estimate.time.as_ref().map(|t| t.mfu),
     })
 }
 

@@ -3,8 +3,8 @@
 
 use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
-use headroom_plan::builders::recorded;
-use headroom_plan::estimate::{Estimate, RunnerRecord};
+use headroom_plan::builders::ProgramSource;
+use headroom_plan::estimate::{Estimate, RunnerRecord, Timing};
 use headroom_plan::infer::Runtime;
 use headroom_plan::job::{Finetune, Offload, PipelineStage};
 use headroom_plan::model::Model;
@@ -57,11 +57,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
-    if e.runner.builder == recorded::NAME {
-        outln!(out, "step time: not estimated (a recording holds the step's allocations, not its operators' times)");
-    } else {
-        step_time_lines(&mut out, e);
-    }
+    step_time_lines(&mut out, e);
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -81,9 +77,15 @@ pub(super) fn train(p: &TrainPlan) -> String {
     out
 }
 
-/// The step time and where it goes.
+/// The step time and where it goes, or why the estimate has none.
 fn step_time_lines(out: &mut String, e: &Estimate) {
-    let t = &e.time;
+    let Some(t) = &e.time else {
+        match e.runner.untimed {
+            Some(why) => outln!(*out, "step time: not estimated ({why})"),
+            None => outln!(*out, "step time: not estimated"),
+        }
+        return;
+    };
     outln!(
         *out,
         "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
@@ -99,15 +101,14 @@ fn step_time_lines(out: &mut String, e: &Estimate) {
 /// The job as planned: the model, the GPU, the shape and the settings.
 fn job_line(p: &TrainPlan) -> String {
     let (e, cfg) = (&p.estimate, &p.estimate.job);
-    if e.runner.builder == recorded::NAME {
+    if let ProgramSource::Recording(file) = &e.runner.source {
         return format!(
-            "{} on {} ({}), training: micro-batch {} × {} tokens, the step recorded in {}",
+            "{} on {} ({}), training: micro-batch {} × {} tokens, the step recorded in {file}",
             p.model,
             p.gpu.name,
             format_size(p.gpu.memory_bytes),
             cfg.micro_batch,
             cfg.seq,
-            e.runner.source.as_deref().unwrap_or("the recording")
         );
     }
     format!(
@@ -133,23 +134,28 @@ fn job_line(p: &TrainPlan) -> String {
 /// Whether the program is FSDP2's own (parameters, gradients and optimizer state sharded over
 /// data × context), not ZeRO's closed form.
 fn fsdp2(r: &RunnerRecord) -> bool {
-    matches!(r.builder, "torchtitan" | "torchtitan-pipeline")
+    r.source == ProgramSource::Fsdp2
 }
 
 /// Who built the program, from what, and why the builders before it did not.
 fn runner_line(r: &RunnerRecord) -> String {
-    if r.builder == recorded::NAME {
-        return "program: the recording, replayed as recorded".into();
-    }
-    let mut line = format!("program: {}, --framework {}", r.builder, r.framework.name());
-    if let Some(source) = &r.source {
-        line.push_str(&format!(", recorded as {source}"));
-    }
+    let mut line = match &r.source {
+        ProgramSource::Recording(_) => return "program: the recording, replayed as recorded".into(),
+        source => format!("program: {}, --framework {}", r.builder, r.framework.name()) + &recorded_as(source),
+    };
     if !r.passed.is_empty() {
         let passed: Vec<String> = r.passed.iter().map(|p| format!("{}: {}", p.builder, p.why)).collect();
         line.push_str(&format!(" (passed over {})", passed.join("; ")));
     }
     line
+}
+
+/// The recorded template the program was expanded from, where it was.
+fn recorded_as(source: &ProgramSource) -> String {
+    match source {
+        ProgramSource::Template(key) => format!(", recorded as {key}"),
+        _ => String::new(),
+    }
 }
 
 /// Under pipelining: the rank or stage that peaks.
@@ -235,6 +241,14 @@ fn step_time_line(out: &mut String, b: &Breakdown) {
     );
 }
 
+/// A recommendation's step time, tokens per second and MFU columns; dashes where it is untimed.
+fn time_columns(t: Option<&Timing>) -> String {
+    match t {
+        Some(t) => format!("{:>10.3} {:>10.0} {:>4.0}%", t.step_time_s, t.tokens_per_s, t.mfu * 100.0),
+        None => format!("{:>10} {:>10} {:>5}", "-", "-", "-"),
+    }
+}
+
 fn recommendations(out: &mut String, p: &TrainPlan) {
     outln!(out);
     let (found, shown) = (p.search.recommendations.len(), p.search.recommendations.len().min(10));
@@ -269,7 +283,7 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
         let l = &r.config.parallel;
         outln!(
             out,
-            "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {:>10.3} {:>10.0} {:>4.0}%",
+            "  {:<6} {:<6} {:<10} {:<9} {:>13} {:>4} {:>8} {:>6} {:>6} {:>12} {}",
             r.config.precision.name(),
             r.config.attention.name(),
             r.config.checkpointing.spelling(),
@@ -287,9 +301,7 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
             r.config.micro_batch,
             r.config.accumulation,
             format_size(r.estimate.memory.per_gpu_bytes as u64),
-            r.estimate.time.step_time_s,
-            r.estimate.time.tokens_per_s,
-            r.estimate.time.mfu * 100.0
+            time_columns(r.estimate.time.as_ref())
         );
     }
     let fused = p.search.recommendations.iter().take(10).filter(|r| r.config.optimizer_impl.is_some()).count();
@@ -560,10 +572,10 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
         );
     }
     if let Some(phase) = m.phase {
-        let code = match e.runner.builder {
-            "transformers" => "transformers' code as recorded, ",
-            "torchtitan" | "torchtitan-pipeline" => "FSDP2 as torchtitan runs it, ",
-            _ => "",
+        let code = match e.runner.source {
+            ProgramSource::Template(_) => "transformers' code as recorded, ",
+            ProgramSource::Fsdp2 => "FSDP2 as torchtitan runs it, ",
+            ProgramSource::Analytic | ProgramSource::Recording(_) => "",
         };
         let ph = &m.phase_peaks;
         outln!(

@@ -22,7 +22,7 @@
 //! backward's, and the optimizer's temporaries.
 
 use super::optimizer;
-use super::{Builder, Built, Context, Device, RankProgram};
+use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::closed_form::{self, StageMemory};
 use crate::job::{Checkpointing, Finetune, Framework, Job, Offload, OptimizerImpl, PipelineStage, TrainConfig};
 use crate::names::Named;
@@ -212,7 +212,7 @@ fn build(job: &Job, cx: &Context, transformers: bool) -> Built {
     }
     Built {
         ranks,
-        source: None,
+        source: ProgramSource::Analytic,
         recompute_fraction,
         note,
         compiled: transformers && closed_form::compiled_recipe(job.model, cfg),

@@ -102,15 +102,48 @@ pub struct Built {
     /// One program per rank planned apart; the one whose replay reserves the most answers
     /// for the job.
     pub ranks: Vec<RankProgram>,
-    /// What the programs were made from, where a builder has several sources (the
-    /// recorded template's key).
-    pub source: Option<String>,
+    /// What the programs were made from.
+    pub source: ProgramSource,
     /// Forward FLOPs the backward recomputes, as a fraction of one forward.
     pub recompute_fraction: f64,
     /// Why nothing fits, where a solver found no schedule (optimal checkpointing).
     pub note: Option<String>,
     /// Whether the programs hold `torch.compile`'s graphs rather than the eager code's.
     pub compiled: bool,
+}
+
+/// What a builder's programs were made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgramSource {
+    /// A recorded template of the framework's step, expanded to the model: its key.
+    Template(String),
+    /// FSDP2's programs, laid out stream by stream.
+    Fsdp2,
+    /// Phases laid out from the closed form's terms.
+    Analytic,
+    /// The user's own recording, replayed as recorded: its file, as described (its path, its
+    /// allocations and steps).
+    Recording(String),
+}
+
+impl ProgramSource {
+    /// Its stable name in `--json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProgramSource::Template(_) => "recorded",
+            ProgramSource::Fsdp2 => "fsdp2",
+            ProgramSource::Analytic => "analytic",
+            ProgramSource::Recording(_) => "recording",
+        }
+    }
+
+    /// The template's key or the recording's file, where it has one.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            ProgramSource::Template(s) | ProgramSource::Recording(s) => Some(s),
+            ProgramSource::Fsdp2 | ProgramSource::Analytic => None,
+        }
+    }
 }
 
 /// A builder: which jobs it serves, and their programs.
@@ -125,6 +158,12 @@ pub trait Builder: Sync {
     /// recorded, [`crate::time::eager_step`]).
     fn transformers_code(&self, _job: &Job) -> bool {
         false
+    }
+
+    /// Why the planner's time model ([`crate::time`]) does not time its programs, where it
+    /// does not: their estimates then have no timing, and say this instead.
+    fn untimed(&self) -> Option<&'static str> {
+        None
     }
 
     /// Whether it serves only jobs that bring their own program (a recording): to every other

@@ -14,7 +14,7 @@
 //! autograd engine's, kept for the life of the process. A recording that holds workspaces (a
 //! program `--dump-program` wrote) keeps its own.
 
-use super::{Builder, Built, Context, Device, RankProgram};
+use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::job::{Checkpointing, Framework, Job, PipelineStage};
 use crate::program::{Law, Op, Phase, Program, Term};
 use crate::recompute::{checkpoint_layers, Wrapped};
@@ -34,6 +34,11 @@ impl Builder for UserRecording {
     /// estimate names the job's framework as asked (`auto`; a recorded job refuses any other).
     fn framework(&self) -> Framework {
         Framework::Auto
+    }
+
+    /// A recording holds what was allocated and freed, not how long the operators took.
+    fn untimed(&self) -> Option<&'static str> {
+        Some("a recording holds the step's allocations, not its operators' times")
     }
 
     fn only_when_brought(&self) -> bool {
@@ -65,7 +70,10 @@ impl Builder for UserRecording {
         };
         Ok(Built {
             ranks: vec![RankProgram { program, stage: PipelineStage::Only, layout: None }],
-            source: Some(r.describe()),
+            source: ProgramSource::Recording(match wrapped {
+                Some(_) => format!("{}, its layers checkpointed", r.describe()),
+                None => r.describe(),
+            }),
             recompute_fraction: 0.0,
             note: None,
             compiled: false,

@@ -30,7 +30,7 @@ use layers::{
 };
 
 use super::optimizer::{self, OptimizerParam, State};
-use super::{Builder, Built, Context, Device, RankProgram};
+use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::job::{Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
@@ -94,7 +94,7 @@ impl Builder for Fsdp2 {
         let program = program(job.model, &job.train, cx.device, workspace, cx.steps);
         Ok(Built {
             ranks: vec![RankProgram { program, stage: PipelineStage::Only, layout: None }],
-            source: None,
+            source: ProgramSource::Fsdp2,
             recompute_fraction: crate::closed_form::recompute_fraction(job),
             note: None,
             compiled: job.train.compile,

@@ -16,7 +16,7 @@ use super::{
     loss_backward, loss_forward, output_input, post_backward, reshard, Group, Param, Shape, Sites,
 };
 use crate::builders::optimizer::{self, OptimizerParam, State};
-use crate::builders::{Builder, Built, Context, Device, RankLayout, RankProgram};
+use crate::builders::{Builder, Built, Context, Device, ProgramSource, RankLayout, RankProgram};
 use crate::job::{Framework, Job, PipelineStage, Precision, TrainConfig};
 use crate::model::Model;
 use crate::pipelining::{peak_in_flight, rank_actions, stages_of_rank, Kind, StageOutputs};
@@ -186,7 +186,7 @@ impl Builder for Pipelined {
         }
         Ok(Built {
             ranks,
-            source: None,
+            source: ProgramSource::Fsdp2,
             recompute_fraction: crate::closed_form::recompute_fraction(job),
             note: None,
             compiled: cfg.compile,

@@ -33,7 +33,7 @@ mod expander;
 use expander::Expander;
 
 use super::optimizer::{self, OptimizerParam};
-use super::{Builder, Built, Context, Device, RankProgram, StateScale};
+use super::{Builder, Built, Context, Device, ProgramSource, RankProgram, StateScale};
 use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
@@ -198,7 +198,7 @@ impl Builder for Recorded {
         let hf = program(job.model, &job.train, cx.device, cx.steps, &StateScale::default())?;
         Ok(Built {
             ranks: vec![RankProgram { program: hf.program, stage: PipelineStage::Only, layout: None }],
-            source: Some(hf.key),
+            source: ProgramSource::Template(hf.key),
             recompute_fraction: crate::closed_form::recompute_fraction(job),
             note: None,
             compiled: false,
