@@ -12,8 +12,8 @@ pub struct Target {
     /// Model preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2, ...) or the Hugging Face id
     /// of the repository a preset mirrors (meta-llama/Meta-Llama-3-8B), or a Hugging Face
     /// config.json, or a model directory that holds one.
-    #[arg(long)]
-    pub model: String,
+    #[arg(long, required = true)]
+    pub model: Option<String>,
     /// GPU (a100-80gb, h100-sxm, h200, l4, rtx-4090, ...), or a cloud name: AWS's instance
     /// families (g5 / a10g, g6, p4d, p4de, p5, ...; p4d.24xlarge too) and GCP's machine types
     /// (a2-highgpu, a2-ultragpu, a3, g2).
@@ -30,7 +30,13 @@ const MIN_GPU_MEMORY: u64 = 1 << 20;
 impl Target {
     /// The model and the GPU, with the memory override applied.
     pub fn resolve(&self) -> Result<(Model, GpuSpec)> {
-        let model = self.model()?;
+        let Some(name) = self.model.as_deref() else { bail!("--model: give the model") };
+        self.resolve_as(name)
+    }
+
+    /// `model` (a preset, a preset's Hub id, a config.json or a model directory) on the GPU.
+    pub fn resolve_as(&self, model: &str) -> Result<(Model, GpuSpec)> {
+        let model = Self::model(model)?;
         let mut g = gpu(&self.gpu).map_err(|e| anyhow!(e))?;
         if let Some(m) = &self.gpu_memory {
             let bytes = parse_size(m).map_err(|e| anyhow!("--gpu-memory: {e}"))?;
@@ -42,8 +48,7 @@ impl Target {
         Ok((model, g))
     }
 
-    fn model(&self) -> Result<Model> {
-        let arg = &self.model;
+    pub fn model(arg: &str) -> Result<Model> {
         let path = Path::new(arg);
         let file = if path.is_dir() {
             let inner = path.join("config.json");

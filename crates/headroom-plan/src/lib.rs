@@ -43,6 +43,7 @@ pub mod estimate;
 pub mod forward_recipe;
 pub mod infer;
 pub mod job;
+pub mod job_file;
 pub mod kernel;
 mod law_fit;
 pub mod model_units;

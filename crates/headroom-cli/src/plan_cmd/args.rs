@@ -85,11 +85,27 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
-                        headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl"
+                        headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl\n  \
+                        headroom plan --config data/configs/torchtitan-llama3_8b.toml --gpu h100-sxm --gpus 8"
 )]
+#[command(mut_arg("model", |a| a.required(false).required_unless_present("config")))]
 pub struct PlanArgs {
     #[command(flatten)]
     pub target: Target,
+    /// Read the job from FILE, the file the job already has: torchtitan's job TOML (.toml), a
+    /// DeepSpeed config (.json; its "auto" values from --hf-args), accelerate's config or a
+    /// torchtune recipe (.yaml), or a file holding a `vllm serve` or `python -m
+    /// sglang.launch_server` line (an inference plan). The model is the file's where it names
+    /// one. Flags given beside it override the file's values. Every field the plan does not
+    /// follow is named in the output ("not honoured"; with --json, config.not_honoured).
+    #[arg(long, value_name = "FILE", help_heading = JOB, conflicts_with = "program")]
+    pub config: Option<std::path::PathBuf>,
+    /// With a DeepSpeed --config: transformers' TrainingArguments as JSON
+    /// (TrainingArguments.to_json_string()), which fill the DeepSpeed file's "auto" values and
+    /// give what it leaves to the Trainer (per_device_train_batch_size,
+    /// gradient_accumulation_steps, bf16, fp16, gradient_checkpointing, optim).
+    #[arg(long, value_name = "FILE", help_heading = JOB, requires = "config")]
+    pub hf_args: Option<std::path::PathBuf>,
     /// Estimate training (the default).
     #[arg(long, conflicts_with = "infer", help_heading = JOB)]
     pub train: bool,
@@ -105,12 +121,12 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE", help_heading = JOB,
           conflicts_with_all = ["infer", "recommend", "emit", "calibrate", "max_batch", "max_seq"])]
     pub program: Option<std::path::PathBuf>,
-    /// Micro-batch (training) or concurrent sequences (inference).
-    #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = JOB)]
-    pub batch: u64,
-    /// Sequence length in tokens.
-    #[arg(long, default_value_t = 2048, value_parser = tokens(), help_heading = JOB)]
-    pub seq: u64,
+    /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
+    #[arg(long, value_parser = positive(), help_heading = JOB)]
+    pub batch: Option<u64>,
+    /// Sequence length in tokens [default: 2048].
+    #[arg(long, value_parser = tokens(), help_heading = JOB)]
+    pub seq: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)
     /// [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
@@ -172,17 +188,17 @@ pub struct PlanArgs {
           value_parser = named::<Compile>(), help_heading = JOB)]
     compile: Option<Compile>,
     /// GPUs in the job (at most 2^20); data parallelism is what tensor × pipeline × context
-    /// parallelism leaves.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20), help_heading = PARALLEL)]
-    pub gpus: u64,
+    /// parallelism leaves [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20), help_heading = PARALLEL)]
+    pub gpus: Option<u64>,
     /// Tensor-parallel GPUs (keep it inside a node) [default: 1; with --infer, --gpus].
     #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
     pub tp: Option<u64>,
     /// Pipeline stages (1F1B). Where they do not divide the layers, the first and last stage
     /// hold ⌈layers / pp⌉ and the middle ones the rest (Megatron's
-    /// --decoder-first/last-pipeline-num-layers).
-    #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = PARALLEL)]
-    pub pp: u64,
+    /// --decoder-first/last-pipeline-num-layers) [default: 1].
+    #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
+    pub pp: Option<u64>,
     /// Model chunks per pipeline stage: more than 1 is the interleaved schedule
     /// [default: 1, or 2 with --pp-schedule interleaved-1f1b, zero-bubble or zbv, as torchtitan].
     #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
@@ -202,9 +218,9 @@ pub struct PlanArgs {
     /// --framework torchtitan with --pp.
     #[arg(long, value_parser = named::<StageOutputs>(), help_heading = PARALLEL)]
     pp_outputs: Option<StageOutputs>,
-    /// Context-parallel GPUs (the sequence split across GPUs).
-    #[arg(long, default_value_t = 1, value_parser = positive(), help_heading = PARALLEL)]
-    pub cp: u64,
+    /// Context-parallel GPUs (the sequence split across GPUs) [default: 1].
+    #[arg(long, value_parser = positive(), help_heading = PARALLEL)]
+    pub cp: Option<u64>,
     /// Turn off Megatron's sequence parallelism (on by default with --tp).
     #[arg(long, help_heading = PARALLEL)]
     no_sequence_parallel: bool,
@@ -437,8 +453,9 @@ impl PlanArgs {
         ]
     }
 
-    /// The training job the flags describe, as the library's request.
-    pub fn train_request(&self) -> Result<TrainRequest> {
+    /// The training job the flags describe, as the library's request: over `base` (a
+    /// --config file's job) where given, each flag given overriding it.
+    pub fn train_request(&self, base: Option<&TrainRequest>) -> Result<TrainRequest> {
         if let Some((flag, _)) = self.inference_flags().iter().find(|(_, given)| *given) {
             bail!("{flag} applies to inference: add --infer (or leave it out for a training plan)");
         }
@@ -452,38 +469,38 @@ impl PlanArgs {
                 }
             }
         }
+        let d = base.copied().unwrap_or_default();
         let framework = match self.framework.as_deref().map(|f| (f, Framework::from_arg(f))) {
-            None => Framework::Auto,
+            None => d.framework,
             Some((_, Some(f))) => f,
             Some((name, None)) => bail!(
                 "--framework {name} plans inference: add --infer (training takes {})",
                 Framework::ALL.iter().map(|f| f.arg()).collect::<Vec<_>>().join(", ")
             ),
         };
-        let d = TrainRequest::default();
         Ok(TrainRequest {
-            micro_batch: self.batch,
-            seq: self.seq,
+            micro_batch: self.batch.unwrap_or(d.micro_batch),
+            seq: self.seq.unwrap_or(d.seq),
             accumulation: self.accumulation.unwrap_or(d.accumulation),
-            gpus: self.gpus,
+            gpus: self.gpus.unwrap_or(d.gpus),
             tensor: self.tp.unwrap_or(d.tensor),
-            pipeline: self.pp,
-            context: self.cp,
-            virtual_stages: self.vpp,
-            schedule: self.pp_schedule,
-            stage_outputs: self.pp_outputs,
-            sequence_parallel: !self.no_sequence_parallel,
-            tp_comm_overlap: self.tp_comm_overlap,
-            zero: self.zero,
+            pipeline: self.pp.unwrap_or(d.pipeline),
+            context: self.cp.unwrap_or(d.context),
+            virtual_stages: self.vpp.or(d.virtual_stages),
+            schedule: self.pp_schedule.or(d.schedule),
+            stage_outputs: self.pp_outputs.or(d.stage_outputs),
+            sequence_parallel: d.sequence_parallel && !self.no_sequence_parallel,
+            tp_comm_overlap: d.tp_comm_overlap || self.tp_comm_overlap,
+            zero: self.zero.or(d.zero),
             replicate: self.dp_replicate.unwrap_or(d.replicate),
             finetune: self.finetune.unwrap_or(d.finetune),
-            lora_rank: self.lora_rank,
-            lora_targets: self.lora_targets,
-            base_weights: self.base_weights,
+            lora_rank: self.lora_rank.or(d.lora_rank),
+            lora_targets: self.lora_targets.or(d.lora_targets),
+            base_weights: self.base_weights.or(d.base_weights),
             offload: self.offload.unwrap_or(d.offload),
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),
-            optimizer_impl: self.optimizer_impl,
+            optimizer_impl: self.optimizer_impl.or(d.optimizer_impl),
             attention: self.attention.unwrap_or(d.attention),
             framework,
             head: self.head.unwrap_or(d.head),
@@ -492,8 +509,9 @@ impl PlanArgs {
         })
     }
 
-    /// The inference job the flags describe, as the library's request.
-    pub fn infer_request(&self) -> Result<InferRequest> {
+    /// The inference job the flags describe, as the library's request: over `base` (a
+    /// --config file's job) where given, each flag given overriding it.
+    pub fn infer_request(&self, base: Option<&InferRequest>) -> Result<InferRequest> {
         if let Some((flag, _)) = self.training_flags().iter().find(|(_, given)| *given) {
             bail!("{flag} applies to training: leave out --infer for a training plan");
         }
@@ -507,35 +525,35 @@ impl PlanArgs {
                 bail!("{flag} applies to training: leave out --infer for a training plan");
             }
         }
+        let d = base.copied().unwrap_or_default();
         let server = match self.framework.as_deref().map(|f| (f, Server::from_arg(f))) {
-            None => Server::Auto,
+            None => d.server,
             Some((_, Some(s))) => s,
             Some((name, None)) => bail!(
                 "--framework {name}: plans training; --infer takes {}",
                 Server::ALL.iter().map(|s| s.arg()).collect::<Vec<_>>().join(", ")
             ),
         };
-        let d = InferRequest::default();
         Ok(InferRequest {
             server,
-            batch: self.batch,
-            seq: self.seq,
-            gpus: self.gpus,
-            tensor: self.tp,
-            pipeline: self.pp,
-            context: self.cp,
+            batch: self.batch.unwrap_or(d.batch),
+            seq: self.seq.unwrap_or(d.seq),
+            gpus: self.gpus.unwrap_or(d.gpus),
+            tensor: self.tp.or(d.tensor),
+            pipeline: self.pp.unwrap_or(d.pipeline),
+            context: self.cp.unwrap_or(d.context),
             weights: self.weights.unwrap_or(d.weights),
-            kv_dtype: self.kv_dtype,
+            kv_dtype: self.kv_dtype.or(d.kv_dtype),
             attention: self.attention.unwrap_or(d.attention),
-            all_logits: self.all_logits,
-            quantize: self.quantize,
-            double_quant: self.double_quant,
-            compute_dtype: self.compute_dtype,
-            gpu_memory_utilization: self.gpu_memory_utilization,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_num_seqs: self.max_num_seqs,
-            block_size: self.block_size,
-            mem_fraction_static: self.mem_fraction_static,
+            all_logits: d.all_logits || self.all_logits,
+            quantize: self.quantize.or(d.quantize),
+            double_quant: d.double_quant || self.double_quant,
+            compute_dtype: self.compute_dtype.or(d.compute_dtype),
+            gpu_memory_utilization: self.gpu_memory_utilization.or(d.gpu_memory_utilization),
+            max_num_batched_tokens: self.max_num_batched_tokens.or(d.max_num_batched_tokens),
+            max_num_seqs: self.max_num_seqs.or(d.max_num_seqs),
+            block_size: self.block_size.or(d.block_size),
+            mem_fraction_static: self.mem_fraction_static.or(d.mem_fraction_static),
         })
     }
 

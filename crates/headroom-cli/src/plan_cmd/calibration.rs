@@ -44,8 +44,8 @@ pub(super) fn calibrated(a: &PlanArgs, job: &Job, est: &Estimator) -> Result<Cal
     let mut runs = Vec::with_capacity(n);
     let mut snapshots = Vec::with_capacity(n);
     for (i, path) in a.calibrate.iter().enumerate() {
-        let batch = nth("--calibrate-batch", &a.calibrate_batch, i, n, a.batch)?;
-        let seq = nth("--calibrate-seq", &a.calibrate_seq, i, n, a.seq)?;
+        let batch = nth("--calibrate-batch", &a.calibrate_batch, i, n, job.train.micro_batch)?;
+        let seq = nth("--calibrate-seq", &a.calibrate_seq, i, n, job.train.seq)?;
         let file = path.display().to_string();
         let (device, rec) = read(path)?;
         let steps = find_steps(&rec).map_err(|why| anyhow::anyhow!("--calibrate {file}: {why}"))?;

@@ -8,6 +8,7 @@
 mod advice;
 mod args;
 mod calibration;
+mod config;
 mod json;
 mod text;
 
@@ -24,6 +25,7 @@ use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::recording::Recording;
 use headroom_plan::remedy::{cache_saving, remedies, Asked, CacheSaving, Remedy};
+use headroom_plan::request::TrainRequest;
 use headroom_plan::search::{recommend, Recommendation, Search, SearchSpace};
 use std::path::PathBuf;
 
@@ -86,30 +88,37 @@ struct InferPlan<'a> {
 }
 
 pub fn run(a: PlanArgs) -> Result<Outcome> {
-    let (model, gpu) = a.target.resolve()?;
-    if a.infer {
-        let config = a.infer_request()?.resolve(&model, &gpu)?;
+    let file = config::load(&a)?;
+    let file = file.as_ref();
+    let (model, gpu) = config::target(&a, file)?;
+    if a.infer || file.is_some_and(|f| f.infer().is_some()) {
+        let request = a.infer_request(file.and_then(config::Loaded::infer))?;
+        let config = request.resolve(&model, &gpu)?;
         let estimate = infer::estimate(&model, &gpu, &config);
         let max_seq = a.max_seq.then(|| infer::max_seq(&model, &gpu, &config, max_seq_searched(&model)));
-        let context_note = context_note(&model, a.seq);
+        let context_note = context_note(&model, request.seq);
         let plan = InferPlan { config, model: &model, gpu: &gpu, estimate, max_seq, context_note };
         let out = if a.json {
-            format!("{}\n", serde_json::to_string_pretty(&json::infer(&plan))?)
+            let mut v = json::infer(&plan);
+            config::json(file, &mut v);
+            format!("{}\n", serde_json::to_string_pretty(&v)?)
         } else {
-            text::infer(&plan)
+            text::infer(&plan) + &config::text_lines(file)
         };
         // An engine that starts serves what its pool holds at once and queues the rest.
         return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
     }
     let recording = a.program.as_deref().map(Recording::read).transpose().context("--program")?;
-    let request = a.train_request()?;
+    let request = a.train_request(file.and_then(config::Loaded::train))?;
     let job = match &recording {
         Some(r) => request.resolve_recorded(&model, &gpu, r)?,
         None => request.resolve(&model, &gpu)?,
     };
     if let Some(path) = &a.dump_program {
         let mut inputs: Vec<PathBuf> = a.calibrate.clone();
-        inputs.push(PathBuf::from(&a.target.model));
+        inputs.extend(a.target.model.as_ref().map(PathBuf::from));
+        inputs.extend(a.config.clone());
+        inputs.extend(a.hf_args.clone());
         inputs.extend(a.program.clone());
         check_output(path, &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()).context("--dump-program")?;
     }
@@ -131,7 +140,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         write_atomically(path, |w| w.write_all(text.as_bytes())).context("--dump-program")?;
     }
     let global_batch = a.global_batch.unwrap_or(job.train.global_batch());
-    let search = if a.recommend { search(&a, &job, &estimator, global_batch) } else { Search::default() };
+    let search = if a.recommend { search(&a, &request, &job, &estimator, global_batch) } else { Search::default() };
     let plan = TrainPlan {
         model: &model,
         gpu: &gpu,
@@ -141,7 +150,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
                 model: &model,
                 gpu: &gpu,
                 estimator: &estimator,
-                fine_tuning: a.fine_tuning(),
+                fine_tuning: a.fine_tuning() || config::fine_tuning(file),
                 recording: recording.as_ref(),
             },
             &estimate,
@@ -158,17 +167,22 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         recommend: a.recommend,
         search,
         held: a.held(),
-        context_note: context_note(&model, a.seq),
+        context_note: context_note(&model, request.seq),
     };
-    let out =
-        if a.json { format!("{}\n", serde_json::to_string_pretty(&json::train(&plan))?) } else { text::train(&plan) };
+    let out = if a.json {
+        let mut v = json::train(&plan);
+        config::json(file, &mut v);
+        format!("{}\n", serde_json::to_string_pretty(&v)?)
+    } else {
+        text::train(&plan) + &config::text_lines(file)
+    };
     Ok(Outcome::new(out, if plan.estimate.verdict.fits { 0 } else { 1 }))
 }
 
 /// `--recommend`: the configurations that fit, fastest first, and the fastest `--emit`'s
 /// engine runs.
-fn search(a: &PlanArgs, job: &Job, estimator: &Estimator, global_batch: u64) -> Search {
-    let space = SearchSpace::for_job(job.model, job.gpu, a.gpus, a.seq, global_batch).holding(&a.held());
+fn search(a: &PlanArgs, request: &TrainRequest, job: &Job, estimator: &Estimator, global_batch: u64) -> Search {
+    let space = SearchSpace::for_job(job.model, job.gpu, request.gpus, request.seq, global_batch).holding(&a.held());
     recommend(job, global_batch, &space, estimator, RECOMMENDATIONS_SHOWN, a.emit)
 }
 
