@@ -129,7 +129,7 @@ fn settings_a_recording_brings_are_refused_by_name() {
     for (flags, msg) in [
         (&["--precision", "bf16"][..], "--precision shapes the step program"),
         (&["--optimizer", "sgd"], "--optimizer shapes"),
-        (&["--checkpoint", "full"], "--checkpoint shapes"),
+        (&["--checkpoint", "selective"], "--checkpoint shapes"),
         (&["--finetune", "lora"], "--finetune shapes"),
         (&["--gpus", "8"], "--gpus shapes"),
         (&["--framework", "hf"], "--framework shapes"),
@@ -182,4 +182,55 @@ fn a_recorded_program_has_no_step_time() {
     assert_eq!(code, 1);
     let levers = v["levers"].as_array().unwrap();
     assert!(!levers.is_empty() && levers.iter().all(|l| l["step_time_s"].is_null()), "{v}");
+}
+
+/// A recording made without checkpointing, planned with it: each layer's saved activations are
+/// dropped after its forward and made again before its backward, so the step needs less; a
+/// recording that names no layer is refused, and the text says the layers were checkpointed.
+#[test]
+fn a_recording_is_planned_with_its_layers_checkpointed() {
+    let rec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/recordings/gpt2-bf16-b4-s1024.jsonl");
+    let args = ["--model", "gpt2", "--gpu", "h100", "--batch", "4", "--seq", "1024", "--program", rec];
+    let allocated = |extra: &[&str]| {
+        let (code, v) = plan(&[&args[..], extra].concat());
+        assert_eq!(code, 0);
+        v["allocated_bytes"].as_f64().unwrap()
+    };
+    let (none, every2, full) =
+        (allocated(&[]), allocated(&["--checkpoint", "every-2"]), allocated(&["--checkpoint", "full"]));
+    assert!(full < every2 && every2 < none, "{full} {every2} {none}");
+    // GPT-2's twelve layers at 4 × 1,024 tokens keep about 2 GiB for the backward.
+    assert!(none - full > 1.5 * (1u64 << 30) as f64, "{none} - {full}");
+    let out = headroom().arg("plan").args(args).args(["--checkpoint", "full"]).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.contains("its layers checkpointed"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "s.jsonl",
+        "{\"op\":\"alloc\",\"id\":\"0 step1.forward activations MmBackward0\",\"size\":10}\n",
+    );
+    headroom()
+        .args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "64", "--program", &f, "--checkpoint", "full"])
+        .assert()
+        .code(2)
+        .stderr(contains("no layer to checkpoint"));
+}
+
+/// The check-only row of docs/VALIDATION.md: GPT-2's step recorded without checkpointing and
+/// planned with `--checkpoint full`, against the same step recorded with transformers'
+/// checkpointing. Tolerances declared before the comparison: allocated within 3%, reserved 5%.
+#[test]
+fn a_recording_checkpointed_by_the_transform_is_the_one_recorded_checkpointed() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/recordings/");
+    let shape = ["--model", "gpt2", "--gpu", "h100", "--batch", "4", "--seq", "1024"];
+    let plain = format!("{dir}gpt2-bf16-b4-s1024.jsonl");
+    let ckpt = format!("{dir}gpt2-bf16-b4-s1024-ckpt.jsonl");
+    let (_, ours) = plan(&[&shape[..], &["--program", &plain, "--checkpoint", "full"]].concat());
+    let (_, recorded) = plan(&[&shape[..], &["--program", &ckpt]].concat());
+    for (key, tolerance) in [("allocated_bytes", 0.03), ("reserved_bytes", 0.05)] {
+        let (a, b) = (ours[key].as_f64().unwrap(), recorded[key].as_f64().unwrap());
+        assert!((a - b).abs() <= tolerance * b, "{key}: {a} against {b}");
+    }
 }

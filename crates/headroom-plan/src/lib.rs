@@ -12,6 +12,8 @@
 //!    each saying whether it serves the job and why not; the closed form ([`closed_form`],
 //!    with transformers' recorded activations in [`recipe`], [`step_recipe`] and [`phases`])
 //!    is the closed-form builders' input;
+//!    Checkpointing by layers is also a transform of a program ([`recompute`]), for programs
+//!    that name their layers;
 //! 5. the user's calibration ([`calibration`], fitted by [`calibrate`] to the steps
 //!    `headroom_trace::recorded_step` finds in a snapshot of their run), a transform of the
 //!    program;

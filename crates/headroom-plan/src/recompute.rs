@@ -58,8 +58,9 @@ impl std::fmt::Display for NoLayers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "no forward allocation of the program names the layer that made it, so there is no layer to checkpoint \
-             (a recording names layers by module path, e.g. model.layers.3.mlp)"
+            "no allocation of the step's forward names the layer that made it, so there is no layer to checkpoint: \
+             record the step with its module paths (python -m headroom_gpu record writes them, e.g. \
+             model.layers.3.mlp), or leave out --checkpoint"
         )
     }
 }
