@@ -80,9 +80,24 @@ def use(path: str | None = None, policy: str = "headroom", alloc_conf: str | Non
         raise HeadroomError(f"headroom-torch cannot serve: {why.value.decode(errors='replace')}")
     import torch  # imported only here: the rest of this module works without it
 
+    if torch.cuda.is_initialized():
+        # PyTorch swaps only an allocator nothing has initialized; its own message ("Can't swap an
+        # already initialized allocator") does not say what to change.
+        raise HeadroomError(
+            "PyTorch's CUDA state is already initialized, so it keeps its own allocator: call "
+            "headroom_gpu.torch_allocator.use() before any CUDA call (torch.cuda.get_device_properties, "
+            "mem_get_info, set_per_process_memory_fraction, a tensor on the GPU, or a library that "
+            "makes one when imported)"
+        )
     allocator = torch.cuda.memory.CUDAPluggableAllocator(p, "headroom_malloc", "headroom_free")
     _set_pool_hooks(allocator, lib)
-    torch.cuda.memory.change_current_allocator(allocator)
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise HeadroomError(
+            f"PyTorch refused the swap after the pool hooks were set ({e}); "
+            f"torch.cuda.is_initialized() is {torch.cuda.is_initialized()}"
+        ) from e
     return allocator
 
 

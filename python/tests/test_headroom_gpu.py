@@ -167,7 +167,7 @@ class Pluggable:
         self._allocator = Hooks()
 memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
                                change_current_allocator=lambda a: calls.append(("change", a)))
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: False))
 import ctypes, tempfile, os
 from headroom_gpu import torch_allocator
 torch_allocator.use({self.lib!r}, policy="expandable")
@@ -201,12 +201,33 @@ class Pluggable:
     def __init__(self, *args): self._allocator = types.SimpleNamespace()
 memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
                                change_current_allocator=lambda a: calls.append(a))
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: False))
 from headroom_gpu import torch_allocator, HeadroomError
 try:
     torch_allocator.use({self.lib!r})
 except HeadroomError as e:
     assert "PyTorch 2.3 or newer" in str(e), e
+    assert calls == [], calls
+    print("refused")
+"""
+        r = self.run_python(code, HEADROOM_TORCH_BACKEND="sim")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "refused")
+
+    def test_after_a_cuda_call_use_refuses_naming_the_order(self):
+        code = f"""
+import sys, types
+calls = []
+class Pluggable:
+    def __init__(self, *args): calls.append(args)
+memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
+                               change_current_allocator=lambda a: calls.append(a))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: True))
+from headroom_gpu import torch_allocator, HeadroomError
+try:
+    torch_allocator.use({self.lib!r})
+except HeadroomError as e:
+    assert "before any CUDA call" in str(e), e
     assert calls == [], calls
     print("refused")
 """
@@ -220,7 +241,7 @@ import sys, types
 calls = []
 memory = types.SimpleNamespace(CUDAPluggableAllocator=lambda *a: calls.append(a),
                                change_current_allocator=lambda a: calls.append(a))
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: False))
 from headroom_gpu import torch_allocator, HeadroomError
 try:
     torch_allocator.use({self.lib!r})

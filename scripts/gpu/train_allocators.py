@@ -54,7 +54,7 @@ def worker(args):
         fail("needs a CUDA GPU (torch.cuda.is_available() is False)")
     if args.limit_bytes:
         # The same limit for every allocator: a fraction of the device, set before the first allocation.
-        fraction = args.limit_bytes / torch.cuda.get_device_properties(0).total_memory
+        fraction = args.limit_bytes / args.total_bytes
         if args.mode == "headroom":
             os.environ["HEADROOM_ALLOC_CONF"] = f"per_process_memory_fraction:{fraction:.6f}"
         else:
@@ -150,6 +150,7 @@ def main():
     ap.add_argument("--edge", action="store_true", help="run every allocator under a limit just above the step's peak allocated")
     ap.add_argument("--edge-margin", type=float, default=0.05, help="with --edge: the limit's room above the peak allocated")
     ap.add_argument("--limit-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--total-bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or not 1 <= args.min_seq <= args.max_seq:
@@ -174,7 +175,14 @@ def main():
         if r.returncode != 0:
             fail(f"the probe run failed:\n{r.stderr}")
         peak = json.loads(r.stdout.strip().splitlines()[-1])["peak_allocated_bytes"]
-        extra = ["--limit-bytes", str(int(peak * (1 + args.edge_margin))), "--snapshot-steps", "0"]
+        # The device's size is read here, in the parent: in a headroom worker any CUDA call
+        # before the swap initializes PyTorch's allocator, and PyTorch then refuses the swap.
+        total = torch.cuda.get_device_properties(0).total_memory
+        extra = [
+            "--limit-bytes", str(int(peak * (1 + args.edge_margin))),
+            "--total-bytes", str(total),
+            "--snapshot-steps", "0",
+        ]
     results = []
     for mode in MODES:
         cmd = [sys.executable, __file__, "--mode", mode] + [a for a in sys.argv[1:]] + extra
