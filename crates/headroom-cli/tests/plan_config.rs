@@ -291,3 +291,16 @@ fn unreadable_files_are_refused_by_file_and_field() {
     refused(&["--gpu", "l4"], &["--model"]);
     refused(&["--hf-args", ds, "--model", "gpt2", "--gpu", "l4"], &["--config"]);
 }
+
+/// `--recommend` holds what the file says of the job as it holds what flags fix: torchtitan's
+/// file trains in bf16 mixed precision under torchtitan, so every row does.
+#[test]
+fn recommend_holds_the_files_precision_and_framework() {
+    let v =
+        plan(&["--config", "data/configs/torchtitan-llama3_8b.toml", "--gpu", "h100", "--gpus", "8", "--recommend"]);
+    let rows = v["recommendations"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        assert_eq!((r["framework"].as_str(), r["precision"].as_str()), (Some("torchtitan"), Some("mixed")), "{r}");
+    }
+}

@@ -409,28 +409,15 @@ fn activations(job: &Job, stage: PipelineStage, br: &Breakdown, held_back: f64) 
 /// of a second, and deeper ones over runs of layers.
 const MOST_STAGES: u64 = 256;
 
-/// The fastest checkpointing schedule whose peak fits what the model states and fixed terms
-/// leave of the GPU ([`crate::checkpoint`]), or full checkpointing with the reason none fits.
-fn optimal(
-    job: &Job,
-    br: &Breakdown,
-    per_layer: f64,
-    hidden_state: f64,
-    l: f64,
-    held_back: f64,
-) -> (f64, f64, Option<String>) {
-    let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
+/// The model's layers as the chain the solver schedules: past [`MOST_STAGES`] layers, runs of
+/// adjacent layers are one stage (the solver's work grows with the cube of the stages), a
+/// schedule that checkpoints between runs only.
+fn layer_chain(job: &Job, br: &Breakdown, per_layer: f64, hidden_state: f64) -> Chain {
+    let (model, cfg) = (job.model, &job.train);
     let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
     let layer_flops = (lin + attn) / model.layers as f64;
-    let forward = lin + attn + head;
-    let fixed = br.weights + br.gradients + br.optimizer + br.framework + br.temporary;
-    let budget = (gpu.memory_bytes as f64 - fixed - held_back).max(0.0) as u64;
-    // Below one layer's input, no schedule can run: say why without asking the solver.
-    let floor = (hidden_state * 3.0).max(1.0) as u64;
-    // The solver's work grows with the cube of the stages: past MOST_STAGES layers, runs of
-    // adjacent layers are one stage, a schedule that checkpoints between runs only.
     let run = model.layers.div_ceil(MOST_STAGES).max(1);
-    let chain = Chain {
+    Chain {
         input_bytes: hidden_state as u64,
         stages: (0..model.layers.div_ceil(run))
             .map(|i| {
@@ -447,7 +434,27 @@ fn optimal(
             })
             .collect(),
         loss: Loss { forward_time: head, backward_time: 2.0 * head, saved_bytes: br.logits as u64, ..Loss::default() },
-    };
+    }
+}
+
+/// The fastest checkpointing schedule whose peak fits what the model states and fixed terms
+/// leave of the GPU ([`crate::checkpoint`]), or full checkpointing with the reason none fits.
+fn optimal(
+    job: &Job,
+    br: &Breakdown,
+    per_layer: f64,
+    hidden_state: f64,
+    l: f64,
+    held_back: f64,
+) -> (f64, f64, Option<String>) {
+    let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
+    let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
+    let forward = lin + attn + head;
+    let fixed = br.weights + br.gradients + br.optimizer + br.framework + br.temporary;
+    let budget = (gpu.memory_bytes as f64 - fixed - held_back).max(0.0) as u64;
+    // Below one layer's input, no schedule can run: say why without asking the solver.
+    let floor = (hidden_state * 3.0).max(1.0) as u64;
+    let chain = layer_chain(job, br, per_layer, hidden_state);
     // rotor's 500 slots, fewer for deep models so the table stays near 40 MB.
     let n = chain.stages.len() as f64 + 1.0;
     let slots = (500.0 * (201.0 / n).powi(2)).clamp(50.0, 500.0) as u32;
@@ -542,4 +549,29 @@ fn transformers_phases(m: &mut StageMemory, job: &Job, r: &Recipe, sh: &Share) {
     let ForwardFlops { linear: lin, attention: attn, head } = forward_flops(model, cfg);
     m.recompute_fraction = if checkpointed { (lin + attn) / (lin + attn + head) } else { 0.0 };
     m.phases = Some(ph);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Optimizer, Precision, TrainConfig};
+
+    /// Optimal checkpointing's work is bounded by the stages it solves, not by the depth asked:
+    /// the deepest model a plan lays out is solved over at most [`MOST_STAGES`] runs of layers,
+    /// which hold every layer's saved bytes.
+    #[test]
+    fn the_deepest_model_is_solved_over_runs_of_layers_holding_every_layer() {
+        let base = crate::model::preset("llama-3-8b").unwrap();
+        let m = Model { layers: 1024, decoder_layers: 1024, hidden: 256, heads: 4, kv_heads: 4, head_dim: 64, ..base };
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let job = Job::new(&m, &g, TrainConfig::new(8, 512, Precision::Mixed, Optimizer::AdamW)).unwrap();
+        let per_layer = 3.0 * (1 << 20) as f64;
+        let chain = layer_chain(&job, &Breakdown::default(), per_layer, 1024.0);
+        assert_eq!(chain.stages.len() as u64, MOST_STAGES);
+        let saved: u64 = chain.stages.iter().map(|s| s.saved_bytes).sum();
+        assert_eq!(saved, (1024.0 * per_layer) as u64);
+        let shallow = Model { layers: 32, decoder_layers: 32, ..m.clone() };
+        let job = Job::new(&shallow, &g, TrainConfig::new(8, 512, Precision::Mixed, Optimizer::AdamW)).unwrap();
+        assert_eq!(layer_chain(&job, &Breakdown::default(), per_layer, 1024.0).stages.len(), 32);
+    }
 }

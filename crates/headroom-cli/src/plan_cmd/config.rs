@@ -4,10 +4,12 @@
 use super::PlanArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use headroom_plan::gpu::GpuSpec;
+use headroom_plan::job::Framework;
 use headroom_plan::job_file::{self, Asked, Format, Read, NO_BEARING};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::request::{InferRequest, TrainRequest};
+use headroom_plan::search::Held;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -69,6 +71,19 @@ pub(super) fn target(a: &PlanArgs, file: Option<&Loaded>) -> Result<(Model, GpuS
 }
 
 /// Whether the file's job fine-tunes a pretrained model (torchtune's recipes do).
+/// What `--recommend` holds: what the flags fixed, and beside them the precision and the
+/// framework a training job's file says, since the file describes the job the user runs.
+pub(super) fn held(a: &PlanArgs, file: Option<&Loaded>) -> Held {
+    let mut held = a.held();
+    if let Some(t) = file.and_then(Loaded::train) {
+        held.precision.get_or_insert(t.precision);
+        if t.framework != Framework::Auto {
+            held.framework.get_or_insert(t.framework);
+        }
+    }
+    held
+}
+
 pub(super) fn fine_tuning(file: Option<&Loaded>) -> bool {
     file.is_some_and(|f| f.read.format == Format::Torchtune)
 }

@@ -140,7 +140,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         write_atomically(path, |w| w.write_all(text.as_bytes())).context("--dump-program")?;
     }
     let global_batch = a.global_batch.unwrap_or(job.train.global_batch());
-    let search = if a.recommend { search(&a, &request, &job, &estimator, global_batch) } else { Search::default() };
+    let search =
+        if a.recommend { search(&a, file, &request, &job, &estimator, global_batch) } else { Search::default() };
     let plan = TrainPlan {
         model: &model,
         gpu: &gpu,
@@ -166,7 +167,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         global_batch,
         recommend: a.recommend,
         search,
-        held: a.held(),
+        held: config::held(&a, file),
         context_note: context_note(&model, request.seq),
     };
     let out = if a.json {
@@ -181,8 +182,16 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
 
 /// `--recommend`: the configurations that fit, fastest first, and the fastest `--emit`'s
 /// engine runs.
-fn search(a: &PlanArgs, request: &TrainRequest, job: &Job, estimator: &Estimator, global_batch: u64) -> Search {
-    let space = SearchSpace::for_job(job.model, job.gpu, request.gpus, request.seq, global_batch).holding(&a.held());
+fn search(
+    a: &PlanArgs,
+    file: Option<&config::Loaded>,
+    request: &TrainRequest,
+    job: &Job,
+    estimator: &Estimator,
+    global_batch: u64,
+) -> Search {
+    let held = config::held(a, file);
+    let space = SearchSpace::for_job(job.model, job.gpu, request.gpus, request.seq, global_batch).holding(&held);
     recommend(job, global_batch, &space, estimator, RECOMMENDATIONS_SHOWN, a.emit)
 }
 
