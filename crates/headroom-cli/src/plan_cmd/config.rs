@@ -21,17 +21,11 @@ pub(super) struct Loaded {
 
 impl Loaded {
     pub fn train(&self) -> Option<&TrainRequest> {
-        match &self.read.asked {
-            Asked::Train(r) => Some(r),
-            Asked::Infer(_) => None,
-        }
+        self.read.train()
     }
 
     pub fn infer(&self) -> Option<&InferRequest> {
-        match &self.read.asked {
-            Asked::Infer(r) => Some(r),
-            Asked::Train(_) => None,
-        }
+        self.read.infer()
     }
 }
 

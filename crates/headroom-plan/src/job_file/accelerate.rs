@@ -174,10 +174,7 @@ mod tests {
 
     fn train(text: &str) -> (TrainRequest, Read) {
         let read = read(text).unwrap();
-        match &read.asked {
-            Asked::Train(r) => (*r, read),
-            a => panic!("{a:?}"),
-        }
+        (*read.train().unwrap_or_else(|| panic!("{:?}", read.asked)), read)
     }
 
     #[test]

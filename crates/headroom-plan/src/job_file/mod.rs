@@ -70,6 +70,24 @@ pub struct Read {
     pub ignored: Vec<Ignored>,
 }
 
+impl Read {
+    /// The training job the file asks for, if it asks for one.
+    pub fn train(&self) -> Option<&TrainRequest> {
+        match &self.asked {
+            Asked::Train(r) => Some(r),
+            Asked::Infer(_) => None,
+        }
+    }
+
+    /// The serving job the file asks for, if it asks for one.
+    pub fn infer(&self) -> Option<&InferRequest> {
+        match &self.asked {
+            Asked::Infer(r) => Some(r),
+            Asked::Train(_) => None,
+        }
+    }
+}
+
 /// A file `--config` cannot read, naming the file and the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{file}: {why}")]

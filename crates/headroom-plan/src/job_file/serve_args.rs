@@ -299,10 +299,7 @@ mod tests {
 
     fn infer(text: &str) -> (InferRequest, Read) {
         let read = read(text).unwrap();
-        match &read.asked {
-            Asked::Infer(r) => (*r, read),
-            a => panic!("{a:?}"),
-        }
+        (*read.infer().unwrap_or_else(|| panic!("{:?}", read.asked)), read)
     }
 
     #[test]
