@@ -106,26 +106,52 @@
   }
 
   // Each allocation's offset in the stack: it keeps it while live, in the
-  // lowest gap that holds it among the allocations live when it began.
+  // lowest gap that holds it among the allocations live when it began. The
+  // gaps are kept in order of offset, the last one open above the highest
+  // live allocation; past GAPS_SEARCHED of them an allocation goes on top.
+  var GAPS_SEARCHED = 2000;
   function offsets(al) {
-    var off = new Float64Array(al.n), byEnd = [], live = [], e = 0;
-    for (var j = 0; j < al.n; j++) byEnd.push(j);
+    var off = new Float64Array(al.n), byEnd = [], gaps = [{ o: 0, s: Infinity }], e = 0, j, k;
+    for (j = 0; j < al.n; j++) byEnd.push(j);
     byEnd.sort(function (a, b) {
       return al.end[a] - al.end[b] || a - b;
     });
+    function free(o, sz) {
+      var lo = 0, hi = gaps.length;
+      while (lo < hi) {
+        var m = (lo + hi) >> 1;
+        if (gaps[m].o > o) hi = m;
+        else lo = m + 1;
+      }
+      var p = lo, g = p > 0 ? gaps[p - 1] : null;
+      if (g && g.o + g.s === o) {
+        g.s += sz;
+        p--;
+      } else {
+        g = { o: o, s: sz };
+        gaps.splice(p, 0, g);
+      }
+      var next = gaps[p + 1];
+      if (next && g.o + g.s === next.o) {
+        g.s = next.s === Infinity ? Infinity : g.s + next.s;
+        gaps.splice(p + 1, 1);
+      }
+    }
     for (j = 0; j < al.n; j++) {
       // Those ended by now (one that begins later ends later, whatever the ticks say).
       while (e < al.n && byEnd[e] < j && al.end[byEnd[e]] <= al.start[j] && al.open[byEnd[e]] >= 0) {
-        var gone = byEnd[e++], at = live.indexOf(gone);
-        if (at >= 0) live.splice(at, 1);
+        var gone = byEnd[e++];
+        free(off[gone], al.bytes[gone]);
       }
-      var o = 0, k = 0;
-      for (; k < live.length; k++) {
-        if (off[live[k]] - o >= al.bytes[j]) break;
-        o = Math.max(o, off[live[k]] + al.bytes[live[k]]);
+      var size = al.bytes[j], last = Math.min(gaps.length - 1, GAPS_SEARCHED);
+      for (k = 0; k < last && gaps[k].s < size; k++);
+      if (k === last) k = gaps.length - 1;
+      off[j] = gaps[k].o;
+      gaps[k].o += size;
+      if (gaps[k].s !== Infinity) {
+        gaps[k].s -= size;
+        if (gaps[k].s === 0) gaps.splice(k, 1);
       }
-      off[j] = o;
-      live.splice(k, 0, j);
     }
     return off;
   }
