@@ -281,7 +281,7 @@
     button("reset", "show the whole trace", function () {
       self.zoom(Infinity, 0);
     });
-    var toggle = self.allocs ? button("by site", "", function () {
+    var toggle = self.allocs ? button("each allocation", "", function () {
       self.each = !self.each;
       self.pinned = false;
       self.hide();
@@ -374,7 +374,7 @@
       svg.setAttribute("data-allocations", vis ? vis.length : "");
       if (toggle) {
         toggle.disabled = !fits;
-        toggle.textContent = shown || !fits ? "by site" : "each allocation";
+        toggle.textContent = shown ? "by site" : "each allocation";
         toggle.title = !fits ? "zoom in to at most " + EACH_MAX + " allocations to draw each as its own band (" + vis.length + " here)" : shown ? "show the bands by call site" : "draw each allocation as its own band";
         toggle.setAttribute("aria-label", toggle.title);
       }
@@ -445,9 +445,14 @@
         var y1 = sy(al.offset[j]), y0 = sy(al.offset[j] + al.bytes[j]);
         var r = el("rect", {
           x: a.toFixed(1), y: y0.toFixed(2), width: Math.max(0.5, b - a).toFixed(1), height: Math.max(0.3, y1 - y0).toFixed(2),
-          fill: self.color[site] || NOT_DRAWN, "fill-opacity": dim ? 0.1 : 0.8, stroke: "#fff", "stroke-width": 0.3,
+          fill: self.color[site] || NOT_DRAWN, "fill-opacity": dim ? 0.1 : 0.8,
           class: "hr-alloc", "data-alloc": j, "data-site": site,
         }, plot);
+        // An edge between bands thick enough to show one; thinner ones would be all edge.
+        if (y1 - y0 > 3) {
+          r.setAttribute("stroke", "#fff");
+          r.setAttribute("stroke-width", 0.5);
+        }
         r.style.cursor = "pointer";
       });
     }
@@ -525,6 +530,8 @@
         lines.push(s.name + ": " + size(u.bytes) + " live here");
         if (s.role) lines.push("role " + s.role + ", phase " + s.phase);
         frames = s;
+      } else if (shown) {
+        // Between the bands of each allocation: room its neighbours' frees left.
       } else if (p.v <= d.allocated[i]) {
         lines.push("other call sites (not among the largest at the peak)");
       } else if (p.v <= d.reserved[i]) {
