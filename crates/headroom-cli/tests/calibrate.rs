@@ -227,6 +227,7 @@ fn error(predicted: f64, measured: f64) -> f64 {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn real_snapshots_predict_other_sequence_lengths() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures is absent (a fresh clone); the calibration table needs its snapshots");
@@ -324,6 +325,7 @@ fn real_snapshots_predict_other_sequence_lengths() {
 
 /// A forward without a backward or an optimizer step holds no whole step: refused, saying so.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn a_forward_only_snapshot_is_refused() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures is absent (a fresh clone)");
@@ -361,6 +363,7 @@ fn gpu_dir() -> Option<PathBuf> {
 /// The Qwen3 case from the command line: both snapshots, the step each used, the terms and
 /// residuals in `--json`, the plan within 3% of the measured peak; text names them too.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn the_qwen3_case_from_the_command_line() {
     let Some(dir) = gpu_dir() else {
         skip::skip("../shared/gpu is absent (a fresh clone); the Qwen3 calibration case needs its snapshots");
@@ -433,6 +436,7 @@ fn the_qwen3_case_from_the_command_line() {
 /// A run that ran out of memory at batch 4 under a 10 GiB limit: the OOM is said, and on a
 /// GPU of that size the job does not fit.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn an_oom_snapshot_is_evidence() {
     let Some(dir) = gpu_dir() else {
         skip::skip("../shared/gpu is absent (a fresh clone); the OOM snapshot is there");
@@ -479,6 +483,7 @@ fn an_oom_snapshot_is_evidence() {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn calibration_refuses_another_models_snapshot_and_contradictory_shapes() {
     let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-snapshots");
     let w = |len: u32| {

@@ -24,6 +24,7 @@ fn gpu_snapshot(name: &str) -> Option<PathBuf> {
 /// with C++ frames: the OOM is the limit's, the remedies are replayed under
 /// it, and the call site is the user's Python frame in the forward.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn an_oom_under_a_memory_fraction_is_explained_under_its_limit() {
     let Some(snap) = gpu_snapshot("oom-cpp-qwen2-0.5b-b4.pickle.gz") else { return };
     let out = headroom().arg("inspect").arg(&snap).output().unwrap();
@@ -54,6 +55,7 @@ fn an_oom_under_a_memory_fraction_is_explained_under_its_limit() {
 /// and peaks where the recording did; a snapshot whose trace begins with
 /// expandable segments mapped checks decision for decision.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn gpu_snapshots_replay_as_recorded() {
     for name in ["expandable-gpt2-medium-b8.pickle.gz", "oom-cpp-qwen2-0.5b-b4.pickle.gz"] {
         let Some(snap) = gpu_snapshot(name) else { return };
@@ -90,6 +92,7 @@ fn gpu_snapshots_replay_as_recorded() {
 /// step) neither `expandable` nor `headroom` asks the device for anything,
 /// and the device time of each run is reported.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn device_calls_are_counted_per_step() {
     let Some(snap) = gpu_snapshot("native-gpt2-medium-b8.pickle.gz") else { return };
     let out = headroom()
@@ -118,6 +121,7 @@ fn device_calls_are_counted_per_step() {
 /// docs/PERFORMANCE.md); less device time than `tight`, and no more device
 /// calls after the second step.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn headroom_against_tight_and_expandable_on_the_gpu_snapshots() {
     let names = [
         "expandable-gpt2-medium-b8.pickle.gz",

@@ -335,6 +335,7 @@ fn compressed_snapshots_and_traces_are_read_directly() {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn real_snapshots_from_mid_run_replay_as_recorded() {
     let f = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures/pytorch-snapshots/Wedsonlin__assignment2-systems__8630bcfe__results_medium_128_training_memory_snapshot.pickle");

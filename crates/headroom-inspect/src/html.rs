@@ -5,7 +5,8 @@
 //! timeline and the segment map from data embedded beside them
 //! ([`crate::page_data`]) to zoom and pan, show a band's or a block's size,
 //! call site and stack on pointing, and filter every view to one site on a
-//! click. It opens offline and stays small on a 100 MB snapshot: the
+//! click; zoomed in where few enough allocations are in view, it draws each
+//! as its own band ([`crate::allocations`]). It opens offline and stays small on a 100 MB snapshot: the
 //! timeline carries at most [`crate::timeline::MAX_POINTS`] points and the
 //! segment map the largest [`crate::layout::MAP_SEGMENTS`] segments.
 

@@ -10,6 +10,7 @@
 //! The report renders as JSON (its fields are the documented keys), as an
 //! offline HTML page ([`html`]) and as a Chrome trace ([`chrome_trace`]).
 
+pub mod allocations;
 pub mod chrome_trace;
 pub mod compare;
 pub mod frames;

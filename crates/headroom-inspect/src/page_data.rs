@@ -53,7 +53,91 @@ pub fn device_data(d: &DeviceReport) -> Value {
         "series": d.series.iter().map(|s| json!({"site": s.id, "bytes": s.bytes})).collect::<Vec<_>>(),
         "sites": d.sites.iter().map(|(id, s)| (id.to_string(), site(s))).collect::<serde_json::Map<_, _>>(),
         "layout": layout.map(|l| layout_data(l, when)),
+        "allocs": allocations_data(d),
     })
+}
+
+/// Each allocation, for the per-allocation view, as columns of integers
+/// (the page stays small: about 26 bytes an allocation, with the stacks): `t` each one's
+/// start after the one before, `d` how long it lasted (-1: live at the end),
+/// in ticks of `tick` x units (microseconds, or entries), `s` its size in
+/// `unit` bytes and `k` its site. The sites the rest of the page does not
+/// name come with their frames as numbers into `frames`, which they share
+/// (`[file, ":line in function"]`, the file a number into `files`).
+pub fn allocations_data(d: &DeviceReport) -> Value {
+    let list = &d.allocations.list;
+    let t0 = d.timeline.points.iter().find_map(|p| p.time_us);
+    let tick = |entry: Option<usize>, time: Option<i64>| -> i64 {
+        match t0 {
+            Some(t0) => time.map_or(0, |t| (t - t0).max(0)),
+            None => entry.map_or(0, |i| i as i64 + 1),
+        }
+    };
+    let unit = if list.iter().all(|a| a.size % 512 == 0) { 512 } else { 1 };
+    let (mut t, mut dur, mut prev) = (Vec::with_capacity(list.len()), Vec::with_capacity(list.len()), 0);
+    for a in list {
+        let start = tick(a.entry, a.time_us);
+        t.push(start - prev);
+        prev = start;
+        dur.push(a.end_entry.map_or(-1, |e| (tick(Some(e), a.end_time_us) - start).max(0)));
+    }
+    // A frame is `file:line in function`: its file is a number into `files`, which frames share.
+    let mut frames: Vec<Value> = Vec::new();
+    let (mut index, mut files) = (rustc_hash::FxHashMap::default(), Intern::default());
+    let mut intern = |v: &[String]| -> Vec<usize> {
+        v.iter()
+            .map(|f| {
+                *index.entry(f.clone()).or_insert_with(|| {
+                    let (file, rest) =
+                        f.rfind(" in ").and_then(|k| f[..k].rfind(':')).map_or(("", &f[..]), |k| f.split_at(k));
+                    frames.push(json!([files.of(file), rest]));
+                    frames.len() - 1
+                })
+            })
+            .collect()
+    };
+    let sites: serde_json::Map<_, _> = d
+        .allocations
+        .sites
+        .iter()
+        .map(|(id, s)| {
+            let v = json!([s.site, s.role.name(), s.phase.name(), intern(&s.frames), intern(&s.stack), s.more_frames]);
+            (id.to_string(), v)
+        })
+        .collect();
+    json!({
+        "tick": if t0.is_some() { 1e-6 } else { 1.0 },
+        "unit": unit,
+        // The first `before` were live when the trace began.
+        "before": list.iter().take_while(|a| a.entry.is_none()).count(),
+        // Smaller allocations left out (beyond `allocations::MAX_ALLOCATIONS`).
+        "dropped": d.allocations.dropped,
+        "t": t,
+        "d": dur,
+        "s": list.iter().map(|a| a.size / unit).collect::<Vec<_>>(),
+        "k": list.iter().map(|a| a.site).collect::<Vec<_>>(),
+        "sites": sites,
+        "frames": frames,
+        "files": files.list,
+    })
+}
+
+/// Strings numbered in the order they are first met.
+#[derive(Default)]
+struct Intern {
+    list: Vec<String>,
+    index: rustc_hash::FxHashMap<String, usize>,
+}
+
+impl Intern {
+    fn of(&mut self, s: &str) -> usize {
+        if let Some(&k) = self.index.get(s) {
+            return k;
+        }
+        self.list.push(s.to_string());
+        self.index.insert(s.to_string(), self.list.len() - 1);
+        self.list.len() - 1
+    }
 }
 
 fn site(s: &SiteDetail) -> Value {

@@ -5,8 +5,10 @@
 // shows its size, call site and the user's frames of its stack in a fixed
 // panel, and clicking a site (band, legend, block or table row) shows only
 // that site in every view and pins the panel on it, with its whole stack on
-// request. No network, no
-// library: one file that opens offline.
+// request. Where the visible stretch of the timeline holds few enough
+// allocations (EACH_MAX), each is drawn as its own band, as PyTorch's
+// memory_viz draws them; a toggle goes back to the bands by site. No network,
+// no library: one file that opens offline.
 (function () {
   "use strict";
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"];
@@ -14,6 +16,12 @@
   var NOT_DRAWN = "#b4b4b4";
   var NS = "http://www.w3.org/2000/svg";
   var W = 1000, H = 420, L = 76, R = 12, T = 12, B = 44;
+  // The most allocations drawn each as its own band: one SVG rectangle each,
+  // rebuilt on every wheel notch and drag step. Up to a few thousand redraw
+  // within a frame or two; beyond that the page stutters, and on a 1000-unit
+  // wide plot most bands would be thinner than a pixel anyway (the bands by
+  // site show those stretches better).
+  var EACH_MAX = 5000;
 
   function el(name, attrs, parent) {
     var e = document.createElementNS(NS, name);
@@ -64,6 +72,8 @@
     this.x0 = this.xmin;
     this.x1 = this.xmax;
     this.filter = null;
+    this.each = true;
+    this.allocs = d.allocs ? decode(d.allocs, this.xmax) : null;
     this.color = {};
     for (var k = 0; k < d.series.length; k++) this.color[d.series[k].site] = PALETTE[k % PALETTE.length];
     this.tip = html("div", "hr-tip", section);
@@ -83,9 +93,82 @@
     if (d.layout) this.segments();
   }
 
-  Device.prototype.siteName = function (id) {
+  // The allocations' columns as arrays: start and end x, bytes, site.
+  function decode(a, xmax) {
+    var n = a.t.length, start = new Float64Array(n), end = new Float64Array(n), bytes = new Float64Array(n), t = 0;
+    for (var j = 0; j < n; j++) {
+      t += a.t[j];
+      start[j] = t * a.tick;
+      end[j] = a.d[j] < 0 ? xmax : (t + a.d[j]) * a.tick;
+      bytes[j] = a.s[j] * a.unit;
+    }
+    return { n: n, start: start, end: end, bytes: bytes, site: a.k, open: a.d, tick: a.tick, offset: null };
+  }
+
+  // Each allocation's offset in the stack: it keeps it while live, in the
+  // lowest gap that holds it among the allocations live when it began. The
+  // gaps are kept in order of offset, the last one open above the highest
+  // live allocation; past GAPS_SEARCHED of them an allocation goes on top.
+  var GAPS_SEARCHED = 2000;
+  function offsets(al) {
+    var off = new Float64Array(al.n), byEnd = [], gaps = [{ o: 0, s: Infinity }], e = 0, j, k;
+    for (j = 0; j < al.n; j++) byEnd.push(j);
+    byEnd.sort(function (a, b) {
+      return al.end[a] - al.end[b] || a - b;
+    });
+    function free(o, sz) {
+      var lo = 0, hi = gaps.length;
+      while (lo < hi) {
+        var m = (lo + hi) >> 1;
+        if (gaps[m].o > o) hi = m;
+        else lo = m + 1;
+      }
+      var p = lo, g = p > 0 ? gaps[p - 1] : null;
+      if (g && g.o + g.s === o) {
+        g.s += sz;
+        p--;
+      } else {
+        g = { o: o, s: sz };
+        gaps.splice(p, 0, g);
+      }
+      var next = gaps[p + 1];
+      if (next && g.o + g.s === next.o) {
+        g.s = next.s === Infinity ? Infinity : g.s + next.s;
+        gaps.splice(p + 1, 1);
+      }
+    }
+    for (j = 0; j < al.n; j++) {
+      // Those ended by now (one that begins later ends later, whatever the ticks say).
+      while (e < al.n && byEnd[e] < j && al.end[byEnd[e]] <= al.start[j] && al.open[byEnd[e]] >= 0) {
+        var gone = byEnd[e++];
+        free(off[gone], al.bytes[gone]);
+      }
+      var size = al.bytes[j], last = Math.min(gaps.length - 1, GAPS_SEARCHED);
+      for (k = 0; k < last && gaps[k].s < size; k++);
+      if (k === last) k = gaps.length - 1;
+      off[j] = gaps[k].o;
+      gaps[k].o += size;
+      if (gaps[k].s !== Infinity) {
+        gaps[k].s -= size;
+        if (gaps[k].s === 0) gaps.splice(k, 1);
+      }
+    }
+    return off;
+  }
+
+  Device.prototype.site = function (id) {
     var s = this.d.sites[id];
-    return s ? s.name : "(site " + id + ")";
+    if (s) return s;
+    var al = this.d.allocs, a = al && al.sites[id];
+    if (!a) return { name: "(site " + id + ")", role: "", phase: "", frames: [], stack: [], more: 0 };
+    var f = function (k) {
+      return al.files[al.frames[k][0]] + al.frames[k][1];
+    };
+    return { name: a[0], role: a[1], phase: a[2], frames: a[3].map(f), stack: a[4].map(f), more: a[5] };
+  };
+
+  Device.prototype.siteName = function (id) {
+    return this.site(id).name;
   };
 
   // Shows or hides everything but site `id` (null: every site again).
@@ -96,17 +179,9 @@
     this.pinned = false;
     if (this.filter === null) this.hide();
     else {
-      var s = this.d.sites[this.filter] || { name: this.siteName(this.filter), role: "", phase: "", frames: [], stack: [], more: 0 };
+      var s = this.site(this.filter);
       this.show(null, [s.name, s.role ? "role " + s.role + ", phase " + s.phase : ""], s);
-      this.pinned = true;
-      this.tip.classList.add("pinned");
-      var unpin = html("button", "hr-unpin", null, "unpin");
-      unpin.type = "button";
-      unpin.addEventListener("click", function () {
-        self.pinned = false;
-        self.hide();
-      });
-      this.tip.insertBefore(unpin, this.tip.firstChild);
+      this.pin();
     }
     this.bar.hidden = this.filter === null;
     this.bar.textContent = "";
@@ -154,6 +229,31 @@
     tip.hidden = false;
   };
 
+  // Keeps the panel as it is until it is unpinned.
+  Device.prototype.pin = function () {
+    var self = this;
+    this.pinned = true;
+    this.tip.classList.add("pinned");
+    var unpin = html("button", "hr-unpin", null, "unpin");
+    unpin.type = "button";
+    unpin.addEventListener("click", function () {
+      self.pinned = false;
+      self.hide();
+    });
+    this.tip.insertBefore(unpin, this.tip.firstChild);
+  };
+
+  // What the panel says of allocation j.
+  Device.prototype.allocLines = function (j) {
+    var al = this.allocs, s = this.site(al.site[j]), entries = this.d.xlabel === "trace entry";
+    var at = function (x) {
+      return entries ? "entry " + Math.max(0, Math.round(x / al.tick) - 1) : label(x) + " s";
+    };
+    var from = j < (this.d.allocs.before || 0) ? "live when the trace began" : "from " + at(al.start[j]);
+    var to = al.open[j] < 0 ? "still live at the trace's end" : "to " + at(al.end[j]) + (entries ? "" : " (" + label(al.end[j] - al.start[j]) + " s)");
+    return ["allocation of " + size(al.bytes[j]), from + ", " + to, s.name, s.role ? "role " + s.role + ", phase " + s.phase : ""];
+  };
+
   Device.prototype.hide = function () {
     if (!this.pinned) this.tip.hidden = true;
   };
@@ -181,8 +281,15 @@
     button("reset", "show the whole trace", function () {
       self.zoom(Infinity, 0);
     });
+    var toggle = self.allocs ? button("each allocation", "", function () {
+      self.each = !self.each;
+      self.pinned = false;
+      self.hide();
+      self.drawTimeline();
+    }) : null;
+    if (toggle) toggle.className = "hr-view";
     var status = html("span", "muted", tools, "");
-    html("span", "muted", tools, " · wheel to zoom, drag to pan, double-click to reset; point at a band for its stack, click it to show only its site");
+    html("span", "muted", tools, " · wheel to zoom, drag to pan, double-click to reset; point at a band for its stack, click it to show only its site; zoomed in to few enough allocations, each is its own band");
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, class: "hr-timeline", role: "img", "aria-label": "memory over the trace" }, box);
     var legend = html("div", "hr-legend", box);
     d.series.forEach(function (s) {
@@ -240,6 +347,16 @@
       if (lower) for (var j = i1; j >= i0; j--) p += "L" + sx(d.x[j]).toFixed(1) + "," + sy(lower(j)).toFixed(1);
       return p + (lower ? "Z" : "");
     }
+    // The allocations that overlap the visible span, while there are few enough to draw each.
+    var shown = null;
+    function visible() {
+      var al = self.allocs, out = [];
+      if (!al) return null;
+      for (var j = 0; j < al.n; j++) {
+        if (al.start[j] <= self.x1 && al.end[j] >= self.x0) out.push(j);
+      }
+      return out;
+    }
     this.drawTimeline = function () {
       while (svg.firstChild) svg.removeChild(svg.firstChild);
       svg.setAttribute("data-x0", self.x0);
@@ -247,13 +364,28 @@
       var i0 = Math.max(0, at(self.x0) - 1), i1 = Math.min(self.n - 1, at(self.x1) + 1);
       var top = 1;
       for (var i = i0; i <= i1; i++) top = Math.max(top, d.reserved[i], d.allocated[i]);
+      var vis = visible(), fits = vis !== null && vis.length <= EACH_MAX;
+      shown = fits && self.each ? vis : null;
+      if (shown && !self.allocs.offset) self.allocs.offset = offsets(self.allocs);
+      if (shown) shown.forEach(function (j) {
+        top = Math.max(top, self.allocs.offset[j] + self.allocs.bytes[j]);
+      });
+      svg.setAttribute("data-view", shown ? "allocations" : "sites");
+      svg.setAttribute("data-allocations", vis ? vis.length : "");
+      if (toggle) {
+        toggle.disabled = !fits;
+        toggle.textContent = shown ? "by site" : "each allocation";
+        toggle.title = !fits ? "zoom in to at most " + EACH_MAX + " allocations to draw each as its own band (" + vis.length + " here)" : shown ? "show the bands by call site" : "draw each allocation as its own band";
+        toggle.setAttribute("aria-label", toggle.title);
+      }
       yscale = top * 1.05;
       var u = unit(top);
       el("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }, svg);
       var clip = el("clipPath", { id: "hr-clip-" + d.device + "-" + self.section.id }, el("defs", {}, svg));
       el("rect", { x: L, y: T, width: W - L - R, height: H - T - B }, clip);
       var plot = el("g", { "clip-path": "url(#" + clip.id + ")" }, svg);
-      d.series.forEach(function (s, k) {
+      if (shown) eachBand(plot);
+      else d.series.forEach(function (s, k) {
         var dim = self.filter !== null && self.filter !== s.site;
         var band = el("path", {
           d: path(function (i) {
@@ -270,7 +402,7 @@
       });
       // What the drawn bands leave of allocated: the sites not drawn, as one band.
       var last = d.series.length ? cum[d.series.length - 1] : null;
-      el("path", {
+      if (!shown) el("path", {
         d: path(function (i) {
           return Math.max(d.allocated[i], last ? last[i] : 0);
         }, function (i) {
@@ -302,18 +434,46 @@
       el("line", { class: "hr-guide", x1: 0, y1: T, x2: 0, y2: H - B, stroke: "#555", "stroke-dasharray": "3,3", visibility: "hidden" }, svg);
       el("rect", { class: "hr-plot", x: L, y: T, width: W - L - R, height: H - T - B, fill: "transparent" }, svg);
       var whole = self.x0 <= self.xmin && self.x1 >= self.xmax;
-      status.textContent = whole ? "the whole trace " : "showing " + label(self.x0) + " to " + label(self.x1) + " of " + label(self.xmax) + " ";
+      status.textContent = (whole ? "the whole trace" : "showing " + label(self.x0) + " to " + label(self.x1) + " of " + label(self.xmax)) + (vis ? ", " + vis.length + " allocations" + (d.allocs.dropped ? " (the largest; " + d.allocs.dropped + " smaller in the trace not kept)" : "") + (shown ? ", each its own band" : "") : "") + " ";
     };
+    // Each allocation as its own band: a rectangle from its start to its end, at its offset.
+    function eachBand(plot) {
+      var al = self.allocs, xl = sx(self.x0) - 2, xr = sx(self.x1) + 2;
+      shown.forEach(function (j) {
+        var site = al.site[j], dim = self.filter !== null && self.filter !== site;
+        var a = Math.max(xl, sx(al.start[j])), b = Math.min(xr, sx(al.end[j]));
+        var y1 = sy(al.offset[j]), y0 = sy(al.offset[j] + al.bytes[j]);
+        var r = el("rect", {
+          x: a.toFixed(1), y: y0.toFixed(2), width: Math.max(0.5, b - a).toFixed(1), height: Math.max(0.3, y1 - y0).toFixed(2),
+          fill: self.color[site] || NOT_DRAWN, "fill-opacity": dim ? 0.1 : 0.8,
+          class: "hr-alloc", "data-alloc": j, "data-site": site,
+        }, plot);
+        // An edge between bands thick enough to show one; thinner ones would be all edge.
+        if (y1 - y0 > 3) {
+          r.setAttribute("stroke", "#fff");
+          r.setAttribute("stroke-width", 0.5);
+        }
+        r.style.cursor = "pointer";
+      });
+    }
     // The data coordinates under a pointer event.
     function where(evt) {
       var r = svg.getBoundingClientRect();
       var px = ((evt.clientX - r.left) / r.width) * W, py = ((evt.clientY - r.top) / r.height) * H;
       return { px: px, py: py, x: self.x0 + ((px - L) / (W - L - R)) * (self.x1 - self.x0), v: ((H - B - py) / (H - T - B)) * yscale, inside: px >= L && px <= W - R && py >= T && py <= H - B };
     }
-    // What lies under a pointer: the point and the band (or line) there.
+    // What lies under a pointer: the point and the band (or line, or allocation) there.
     function under(p) {
       var i = at(p.x);
       if (i + 1 < self.n && Math.abs(d.x[i + 1] - p.x) < Math.abs(d.x[i] - p.x)) i++;
+      if (shown) {
+        var al = self.allocs;
+        for (var j = shown.length - 1; j >= 0; j--) {
+          var a = shown[j];
+          if (al.start[a] <= p.x && p.x <= al.end[a] && p.v >= al.offset[a] && p.v < al.offset[a] + al.bytes[a]) return { i: i, site: al.site[a], alloc: a };
+        }
+        return { i: i, site: null };
+      }
       for (var k = 0; k < d.series.length; k++) {
         if (p.v >= (k ? cum[k - 1][i] : 0) && p.v < cum[k][i]) return { i: i, site: d.series[k].site, bytes: d.series[k].bytes[i] };
       }
@@ -361,11 +521,17 @@
       var when = (d.xlabel === "trace entry" ? "entry " : label(d.x[i]) + " s, entry ") + (d.entry[i] === null ? "(start)" : d.entry[i]);
       var lines = [when, "allocated " + size(d.allocated[i]) + ", reserved " + size(d.reserved[i])];
       var frames = null;
+      if (u.alloc !== undefined) {
+        self.show(evt, self.allocLines(u.alloc), self.site(u.site));
+        return;
+      }
       if (u.site !== null) {
-        var s = d.sites[u.site] || { name: self.siteName(u.site), role: "", phase: "", frames: [], more: 0 };
+        var s = self.site(u.site);
         lines.push(s.name + ": " + size(u.bytes) + " live here");
         if (s.role) lines.push("role " + s.role + ", phase " + s.phase);
         frames = s;
+      } else if (shown) {
+        // Between the bands of each allocation: room its neighbours' frees left.
       } else if (p.v <= d.allocated[i]) {
         lines.push("other call sites (not among the largest at the peak)");
       } else if (p.v <= d.reserved[i]) {
@@ -379,7 +545,15 @@
       drag = null;
       if (clicked && p.inside) {
         var u = under(p);
-        if (u.site !== null) self.pick(u.site);
+        if (u.alloc !== undefined) {
+          // The panel is pinned on the allocation clicked (another click moves it).
+          self.pinned = false;
+          self.show(evt, self.allocLines(u.alloc), self.site(u.site));
+          self.pin();
+        } else if (shown && self.filter === null) {
+          self.pinned = false;
+          self.hide();
+        } else if (u.site !== null) self.pick(u.site);
       }
     });
     svg.addEventListener("pointerleave", function () {

@@ -150,6 +150,9 @@ pub struct DeviceReport {
     /// name, by id, with a stack each: what the HTML report shows on pointing.
     #[serde(skip)]
     pub sites: Vec<(u32, SiteDetail)>,
+    /// Each allocation of the trace: the HTML report's per-allocation view.
+    #[serde(skip)]
+    pub allocations: crate::allocations::Allocations,
 }
 
 /// Simulated device size when the run's own is unknown: larger than any GPU,
@@ -327,6 +330,7 @@ fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_n
         layout_at_peak: None,
         layout_now,
         sites: Vec::new(),
+        allocations: Default::default(),
     }
 }
 
@@ -532,6 +536,9 @@ fn walks<'a>(
 
     // Pass 3: the largest sites' bands under the timeline.
     r.series = series(walk(), tl, &r.top_sites, opts.series, sites);
+    let each = crate::allocations::allocations(walk(), sites);
+    (r.allocations.list, r.allocations.dropped) =
+        crate::allocations::largest(each, crate::allocations::MAX_ALLOCATIONS);
 
     // Pass 4: repetitions and what grows across them.
     match leaks::repetitions(trace, sites) {
@@ -570,6 +577,11 @@ fn name_sites(r: &mut DeviceReport, sites: &Sites) {
             (id, d)
         })
         .collect();
+    let mut rest: Vec<u32> = r.allocations.list.iter().map(|a| a.site).collect();
+    rest.sort_unstable();
+    rest.dedup();
+    rest.retain(|id| r.sites.binary_search_by_key(id, |s| s.0).is_err());
+    r.allocations.sites = rest.into_iter().map(|id| (id, sites.detail(id))).collect();
 }
 
 /// The entry just after the peak: the replayed state there is the state at the peak.

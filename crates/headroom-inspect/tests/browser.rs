@@ -5,8 +5,10 @@
 //! it, through the DevTools protocol: pointer moves over a band and a block
 //! show their size, call site and stack; the wheel zooms the timeline, a
 //! drag pans it and a double-click resets it; a click on a site shows only
-//! that site in the bands, the segment map and the table. With script off,
-//! the plots are still there.
+//! that site in the bands, the segment map and the table. Zoomed in on the
+//! bundled snapshot until few enough allocations are in view, each is its
+//! own band, and pointing at one shows its size. With script off, the plots
+//! are still there.
 //!
 //! Needs Debian's `chromium` (.ci/run installs it); where it is absent the
 //! tests say "skipped" in the summary (and fail under CI, which must have it).
@@ -319,6 +321,10 @@ fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     assert!(b.errors.is_empty(), "errors: {:?}", b.errors);
     assert_eq!(b.eval(&s, "document.documentElement.classList.contains('js')"), true);
     assert_eq!(b.eval(&s, "document.querySelectorAll('.static.replaced').length"), 2, "timeline and map redrawn");
+    // So few allocations that each is drawn as its own band at every zoom: the toggle shows the bands by site.
+    assert_eq!(b.eval(&s, "document.querySelector('svg.hr-timeline').dataset.view"), "allocations");
+    b.eval(&s, "document.querySelector('.hr-view').click()");
+    assert_eq!(b.eval(&s, "document.querySelector('svg.hr-timeline').dataset.view"), "sites");
 
     // The plot area on screen, and a point of the bottom band where it is
     // thickest, found from the page's data (not from the chart's code).
@@ -468,4 +474,79 @@ fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     let heights: Vec<f64> = v.as_array().unwrap().iter().map(f).collect();
     assert!(heights.len() >= 3 && heights.iter().all(|&h| h > 100.0), "static plots: {heights:?}");
     assert_eq!(b.eval(&s2, "document.querySelectorAll('.live').length"), 0);
+}
+
+/// The view's state: which bands it draws, and how many allocations are in view.
+fn view(b: &mut Browser, s: &str) -> (String, u64) {
+    let v = b.eval(s, "(() => { const g = document.querySelector('svg.hr-timeline'); return [g.dataset.view, +g.dataset.allocations]; })()");
+    (v[0].as_str().unwrap().to_string(), v[1].as_u64().unwrap())
+}
+
+#[test]
+fn zoomed_in_each_allocation_is_its_own_band() {
+    if !chromium() {
+        return;
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle");
+    let snap = headroom_trace::snapshot::read_snapshot_file(&path).unwrap();
+    let report = inspect("qwen3-1.7b-train.pickle", &snap, &[], &InspectOptions::default());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("report.html");
+    std::fs::write(&file, html::render(&[report], None)).unwrap();
+    let mut b = Browser::launch();
+    let s = b.open(&format!("file://{}", file.display()), true);
+
+    // The whole trace holds too many to draw each: the bands by site, and the toggle is off.
+    let (kind, n) = view(&mut b, &s);
+    assert!(kind == "sites" && n > 5000, "{kind}, {n} allocations in view");
+    assert_eq!(b.eval(&s, "document.querySelector('.hr-view').disabled"), true);
+
+    // The wheel zooms in until few enough are in view; then each is its own band.
+    let c = b.eval(
+        &s,
+        "(() => { const p = document.querySelector('svg.hr-timeline .hr-plot'); p.scrollIntoView({block: 'center'}); \
+         const r = p.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()",
+    );
+    let mut notches = 0;
+    while view(&mut b, &s).1 > 5000 {
+        b.mouse(&s, "mouseWheel", f(&c[0]), f(&c[1]), json!({"deltaX": 0, "deltaY": -120}));
+        notches += 1;
+        assert!(notches < 60, "zoomed in {notches} notches: {:?}", view(&mut b, &s));
+    }
+    let (kind, n) = view(&mut b, &s);
+    assert_eq!(kind, "allocations", "{n} allocations in view");
+    assert_eq!(b.eval(&s, "document.querySelectorAll('svg.hr-timeline .hr-alloc').length"), json!(n));
+
+    // Pointing at the largest band on screen: its allocation's size, from the page's data.
+    let a = b.eval(
+        &s,
+        r#"(() => { const d = JSON.parse(document.querySelector('script.hr-data').textContent).allocs;
+            let best = null, area = 0;
+            for (const r of document.querySelectorAll('svg.hr-timeline .hr-alloc')) {
+              const b = r.getBoundingClientRect();
+              if (b.width * b.height > area) { area = b.width * b.height; best = [b.left + b.width / 2, b.top + b.height / 2, +r.dataset.alloc]; }
+            }
+            return [best[0], best[1], d.s[best[2]] * d.unit]; })()"#,
+    );
+    let bytes = a[2].as_u64().unwrap();
+    b.mouse(&s, "mouseMoved", f(&a[0]), f(&a[1]), json!({}));
+    let t = tip(&mut b, &s).expect("a panel over the allocation");
+    let want = format!("allocation of {}", headroom_alloc::units::format_size(bytes));
+    assert!(t.contains(&want), "{want:?} not in the panel: {t}");
+    assert!(t.contains(" s") && (t.contains("from ") || t.contains("live when")), "its time span: {t}");
+    assert!(t.contains("role "), "its role: {t}");
+    let frames = b.eval(&s, "document.querySelectorAll('.hr-tip details.hr-whole li').length");
+    assert!(f(&frames) > 0.0, "its stack: {t}");
+
+    // A click pins the panel on it; the toggle shows the bands by site and back.
+    b.click(&s, f(&a[0]), f(&a[1]), 1);
+    b.mouse(&s, "mouseMoved", 2.0, 2.0, json!({}));
+    let pinned = tip(&mut b, &s).expect("the panel stays");
+    assert!(pinned.contains(&want), "{pinned}");
+    assert_eq!(b.eval(&s, "document.querySelector('.hr-tip').classList.contains('pinned')"), true);
+    b.eval(&s, "document.querySelector('.hr-view').click()");
+    assert_eq!(view(&mut b, &s).0, "sites");
+    b.eval(&s, "document.querySelector('.hr-view').click()");
+    assert_eq!(view(&mut b, &s).0, "allocations");
+    assert!(b.errors.is_empty(), "errors while driving: {:?}", b.errors);
 }

@@ -49,6 +49,7 @@ fn reserved_peak(snap: &MemorySnapshot, device: u32) -> u64 {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn every_fixture_inspects_and_its_peaks_agree_with_recounts() {
     let Some(files) = fixtures() else { return };
     let (mut devices, mut with_trace, mut replay_checked, mut allocated_exact) = (0, 0, 0, 0);

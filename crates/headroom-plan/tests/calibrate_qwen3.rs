@@ -49,6 +49,7 @@ fn snap(dir: &Path, seq: u64) -> Snapshot {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn qwen3_plans_from_its_own_snapshots() {
     let Some(dir) = shared() else {
         skip::skip("../shared/gpu is absent (a fresh clone); the Qwen3 calibration case needs its snapshots");
@@ -93,6 +94,7 @@ fn qwen3_plans_from_its_own_snapshots() {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn what_the_snapshot_cannot_vouch_for_is_refused() {
     let Some(dir) = shared() else {
         skip::skip("../shared/gpu is absent (a fresh clone); the Qwen3 calibration case needs its snapshots");
@@ -128,6 +130,7 @@ fn what_the_snapshot_cannot_vouch_for_is_refused() {
 /// Qwen2-0.5B-sized, fp32, batch doubling at 1024 tokens under a 10 GiB per-process limit
 /// until batch 4 ran out of memory in its forward.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn an_oom_snapshot_makes_its_shape_not_fit() {
     let Some(dir) = shared() else {
         skip::skip("../shared/gpu is absent (a fresh clone); the OOM snapshot is there");

@@ -128,6 +128,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn the_dev_grid_as_the_gpu_measured_it() {
     let Some(dir) = shared() else {
         eprintln!("skipped: ../shared/gpu (the GPU's measurements) is not beside this checkout");

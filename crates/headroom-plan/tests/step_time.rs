@@ -173,6 +173,7 @@ fn table(rows: &[(&Job, headroom_plan::estimate::Estimate)]) -> String {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn the_dev_grid_steps_as_the_gpu_timed_them() {
     let Some(dir) = shared() else {
         skip::skip("../shared/gpu (the GPU's measurements) is not beside this checkout");
@@ -224,6 +225,7 @@ fn the_dev_grid_steps_as_the_gpu_timed_them() {
 /// prints them and the check rows' figures at them; without it the test checks that the
 /// rates in the code are the grid's best.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn fit() {
     let Some(dir) = shared() else {
         skip::skip("../shared/gpu (the GPU's measurements) is not beside this checkout");

@@ -92,6 +92,7 @@ fn gib(b: u64) -> String {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn headroom_policy_against_pytorch_on_every_fixture() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
@@ -262,6 +263,7 @@ fn table(rows: &[Row]) -> String {
 /// (cs336, 0.98 GiB live at its peak) on a 1 GiB device runs out of memory
 /// 29 times under PyTorch's policy and not once under `headroom`.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn a_run_that_pytorch_cannot_fit_fits_under_headroom() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");

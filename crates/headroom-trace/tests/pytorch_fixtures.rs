@@ -130,6 +130,7 @@ fn replay_fixture(bytes: &[u8]) -> Outcome {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn real_snapshots_replay_decision_for_decision() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");

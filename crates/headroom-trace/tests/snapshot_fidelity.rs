@@ -37,6 +37,7 @@ const TRACES: usize = 47 + 7;
 const DEFAULT_CAPACITY: u64 = 80 << 30;
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn every_fixture_with_a_trace_replays_decision_for_decision() {
     let Some(dirs) = fixtures_dir() else {
         skip::skip("../shared/fixtures and ../shared/gpu are absent (only development checkouts have them)");
@@ -79,6 +80,7 @@ fn every_fixture_with_a_trace_replays_decision_for_decision() {
 /// segment events), ends with the snapshot's segments reserved and runs out
 /// of memory where the recorded run did.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn the_baseline_is_the_recorded_run() {
     let Some(dirs) = fixtures_dir() else {
         skip::skip("../shared/fixtures and ../shared/gpu are absent (only development checkouts have them)");
@@ -132,6 +134,7 @@ fn the_baseline_is_the_recorded_run() {
 /// segments, and a split limit with garbage collection, on the device the
 /// recording tells of.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn what_if_runs_on_every_fixture() {
     let Some(dirs) = fixtures_dir() else {
         skip::skip("../shared/fixtures and ../shared/gpu are absent (only development checkouts have them)");
@@ -192,6 +195,7 @@ fn traced((fixtures, gpu): &(PathBuf, PathBuf)) -> Vec<(String, MemorySnapshot, 
 /// The check can fail: replayed under settings the runs did not use, the
 /// decisions differ from the recorded ones.
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn wrong_settings_are_caught() {
     let Some(dirs) = fixtures_dir() else {
         skip::skip("../shared/fixtures and ../shared/gpu are absent");

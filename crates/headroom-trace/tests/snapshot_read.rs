@@ -36,6 +36,7 @@ fn actions(s: &MemorySnapshot) -> String {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn every_fixture_reads_as_its_catalogue_says() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures/pytorch-snapshots is absent (only development checkouts have it)");
@@ -83,6 +84,7 @@ fn every_fixture_reads_as_its_catalogue_says() {
 }
 
 #[test]
+#[cfg_attr(no_shared, ignore = "needs ../shared (development checkouts)")]
 fn frames_are_interned_and_resolve_to_source_lines() {
     let Some(dir) = fixtures_dir() else {
         skip::skip("../shared/fixtures/pytorch-snapshots is absent");
