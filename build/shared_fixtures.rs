@@ -1,4 +1,5 @@
-//! Whether `../shared` lies beside the repository: the fixtures and GPU
+//! The build script of every crate whose tests read `../shared` (each Cargo.toml names this
+//! file). Whether `../shared` lies beside the repository: the fixtures and GPU
 //! recordings only development checkouts have. Where it does not (or
 //! `HEADROOM_NO_SHARED` is set, to try a fresh clone's run in a development
 //! checkout), `cfg(no_shared)` marks the tests that read it ignored, so that
