@@ -11,7 +11,8 @@
 //! are still there.
 //!
 //! Needs Debian's `chromium` (.ci/run installs it); where it is absent the
-//! tests say "skipped" in the summary (and fail under CI, which must have it).
+//! tests count as ignored (`cfg(no_browser)`, build/test_environment.rs), and under CI,
+//! which must have it, they fail.
 
 mod common;
 #[path = "../../../tests/support/skip.rs"]
@@ -77,6 +78,7 @@ fn render(dir: &Path, page: &str) -> (Vec<[u8; 3]>, Vec<String>) {
 }
 
 #[test]
+#[cfg_attr(no_browser, ignore = "needs Chromium (apt-get install chromium)")]
 fn the_report_renders_offline_with_its_plots_and_no_console_errors() {
     if !chromium() {
         return;
@@ -103,6 +105,7 @@ fn the_report_renders_offline_with_its_plots_and_no_console_errors() {
 }
 
 #[test]
+#[cfg_attr(no_browser, ignore = "needs Chromium (apt-get install chromium)")]
 fn a_console_error_is_caught() {
     if !chromium() {
         return;
@@ -302,6 +305,7 @@ fn the_panel_is_pinned_on(b: &mut Browser, s: &str, site: &Value) {
 }
 
 #[test]
+#[cfg_attr(no_browser, ignore = "needs Chromium (apt-get install chromium)")]
 fn the_report_is_driven_zoomed_pointed_at_and_filtered() {
     if !chromium() {
         return;
@@ -483,6 +487,7 @@ fn view(b: &mut Browser, s: &str) -> (String, u64) {
 }
 
 #[test]
+#[cfg_attr(no_browser, ignore = "needs Chromium (apt-get install chromium)")]
 fn zoomed_in_each_allocation_is_its_own_band() {
     if !chromium() {
         return;
