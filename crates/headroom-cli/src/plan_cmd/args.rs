@@ -115,12 +115,15 @@ pub struct PlanArgs {
     /// Plan the step recorded in FILE instead of one the planner builds: a JSONL step program
     /// as `python -m headroom_gpu record` writes it from your own model, loss and optimizer
     /// under fake tensors (no GPU), or as --dump-program writes it. It is replayed as recorded
-    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy;
-    /// --batch and --seq say the shape it was recorded at (its tensors have that shape's
-    /// sizes), and every flag that shapes a program is the recording's own and refused.
-    #[arg(long, value_name = "FILE", help_heading = JOB,
-          conflicts_with_all = ["infer", "recommend", "emit", "calibrate", "max_batch", "max_seq"])]
-    pub program: Option<std::path::PathBuf>,
+    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy, at
+    /// the shape it was recorded at (its first line says it; --batch and --seq default to it),
+    /// and every flag that shapes a program is the recording's own and refused. Given two or
+    /// three times, the same step recorded at two or three shapes: each tensor's size law is
+    /// fitted from its sizes, so --batch and --seq plan other shapes and --max-batch and
+    /// --max-seq search them (two batches among the shapes for --batch, two lengths for --seq).
+    #[arg(long, value_name = "FILE", help_heading = JOB, action = clap::ArgAction::Append,
+          conflicts_with_all = ["infer", "recommend", "emit", "calibrate"])]
+    pub program: Vec<std::path::PathBuf>,
     /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
     pub batch: Option<u64>,
@@ -424,7 +427,7 @@ impl PlanArgs {
     fn training_flags(&self) -> [Given; 27] {
         [
             ("--train", self.train),
-            ("--program", self.program.is_some()),
+            ("--program", !self.program.is_empty()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
             ("--precision", self.precision.is_some()),
