@@ -267,6 +267,11 @@ fn recordings_at_two_or_three_shapes_plan_and_search_other_shapes() {
         let at = |b: u64| plan(&[&args[..], &["--batch", &b.to_string(), "--seq", "512"]].concat()).0;
         assert_eq!((at(most), at(most + 1)), (0, 1));
     }
+    // Where it does not fit, a smaller micro-batch is a lever.
+    let (code, v) = plan(&[&two[..], &["--batch", "8", "--seq", "1024", "--gpu-memory", "4GiB"]].concat());
+    assert_eq!(code, 1);
+    let levers = v["levers"].as_array().unwrap();
+    assert!(levers.iter().any(|l| l["flags"] == "--batch 2" && l["fits"] == true), "{v}");
     // One recording, or shapes that never vary the sequence: refused, saying what to record.
     headroom()
         .arg("plan")

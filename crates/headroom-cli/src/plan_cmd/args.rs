@@ -86,6 +86,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
                         headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl\n  \
+                        headroom plan --model gpt2 --gpu l4 --program data/recordings/gpt2-bf16-b2-s512.jsonl --program data/recordings/gpt2-bf16-b4-s1024.jsonl --max-batch\n  \
                         headroom plan --config data/configs/torchtitan-llama3_8b.toml --gpu h100-sxm --gpus 8"
 )]
 #[command(mut_arg("model", |a| a.required(false).required_unless_present("config")))]
