@@ -3,7 +3,7 @@
 
     from headroom_gpu.recorder import StepRecorder
 
-    with StepRecorder() as rec:                  # fake tensors: no memory, no GPU
+    with StepRecorder(shape=(4, 1024)) as rec:   # fake tensors: no memory, no GPU
         model = build_model()                    # your own nn.Module, on the CPU
         opt = torch.optim.AdamW(model.parameters())
         batch = make_batch()
@@ -127,11 +127,15 @@ class StepRecorder:
 
     `fake`: run under `FakeTensorMode` (the default; `False` records real tensors, as the CPU
     ground truth does). `route_sdpa`: route scaled dot-product attention as an sm90 GPU does.
+    `shape`: the `(batch, seq)` the step runs at, written as the program's first line, so that
+    `headroom plan` can fit each tensor's size law from the same step recorded at two or three
+    shapes (`--program A --program B`).
     """
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
-                 packed_sequences: bool = False):
+                 packed_sequences: bool = False, shape: tuple[int, int] | None = None):
         self.fake = fake
+        self.shape = shape
         self.packed_sequences = packed_sequences
         self.route_sdpa = route_sdpa
         self.data_dependent_fraction = data_dependent_fraction
@@ -381,6 +385,9 @@ class StepRecorder:
     def to_jsonl(self) -> str:
         """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention."""
         lines = []
+        if self.shape is not None:
+            batch, seq = self.shape
+            lines.append(json.dumps({"op": "shape", "batch": batch, "seq": seq}, separators=(",", ":")))
         for op, rec in self.events:
             if op == "alloc":
                 lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}, separators=(",", ":")))

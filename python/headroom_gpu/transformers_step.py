@@ -88,7 +88,7 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
 
     if spec.lora:
         import peft  # noqa: F401
-    with StepRecorder(fake=fake, route_sdpa=route_sdpa) as rec:
+    with StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec:
         model, config = _build(spec)
         opt = _optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
         ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))

@@ -135,7 +135,8 @@ fn settings_a_recording_brings_are_refused_by_name() {
         (&["--framework", "hf"], "--framework shapes"),
         (&["--attention", "eager"], "--attention shapes"),
         (&["--accumulation", "4"], "--accumulation shapes"),
-        (&["--max-batch"], "cannot be used with"),
+        (&["--max-batch"], "--max-batch: --program"),
+        (&["--max-seq"], "record the step at two or three shapes"),
         (&["--recommend"], "cannot be used with"),
         (&["--infer"], "cannot be used with"),
     ] {
@@ -233,4 +234,68 @@ fn a_recording_checkpointed_by_the_transform_is_the_one_recorded_checkpointed() 
         let (a, b) = (ours[key].as_f64().unwrap(), recorded[key].as_f64().unwrap());
         assert!((a - b).abs() <= tolerance * b, "{key}: {a} against {b}");
     }
+}
+
+/// GPT-2's step recorded at two or three shapes: `--batch` and `--seq` plan other shapes from
+/// the laws fitted, and `--max-batch` and `--max-seq` search them; one recording plans its
+/// own shape only.
+#[test]
+fn recordings_at_two_or_three_shapes_plan_and_search_other_shapes() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/recordings/");
+    let [b2s512, b2s1024, b4s1024] =
+        ["gpt2-bf16-b2-s512.jsonl", "gpt2-bf16-b2-s1024.jsonl", "gpt2-bf16-b4-s1024.jsonl"]
+            .map(|f| format!("{dir}{f}"));
+    let gpu = ["--model", "gpt2", "--gpu", "l4"];
+    let two = [&gpu[..], &["--program", &b2s512, "--program", &b4s1024]].concat();
+    let three = [&two[..], &["--program", &b2s1024]].concat();
+    // The third shape, planned from the other two, is the one recorded there.
+    let (_, fitted) = plan(&[&two[..], &["--batch", "2", "--seq", "1024"]].concat());
+    let (_, recorded) = plan(&[&gpu[..], &["--program", &b2s1024]].concat());
+    let (a, b) = (fitted["allocated_bytes"].as_f64().unwrap(), recorded["allocated_bytes"].as_f64().unwrap());
+    assert!((a - b).abs() <= 0.001 * b, "{a} against {b}");
+    assert!(fitted["program"]["file"]
+        .as_str()
+        .unwrap()
+        .contains("size laws fitted from batch × seq 2 × 512, 4 × 1024"));
+    // --max-batch: the largest micro-batch whose plan fits, and the next one does not.
+    for args in [&two, &three] {
+        let (code, v) = plan(&[&args[..], &["--max-batch", "--max-seq"]].concat());
+        assert_eq!(code, 0);
+        let most = v["max_batch"].as_u64().unwrap();
+        assert!((16..1000).contains(&most), "{v}");
+        assert_eq!(v["max_seq"], 1024, "{v}");
+        let at = |b: u64| plan(&[&args[..], &["--batch", &b.to_string(), "--seq", "512"]].concat()).0;
+        assert_eq!((at(most), at(most + 1)), (0, 1));
+    }
+    // Where it does not fit, a smaller micro-batch is a lever.
+    let (code, v) = plan(&[&two[..], &["--batch", "8", "--seq", "1024", "--gpu-memory", "4GiB"]].concat());
+    assert_eq!(code, 1);
+    let levers = v["levers"].as_array().unwrap();
+    assert!(levers.iter().any(|l| l["flags"] == "--batch 2" && l["fits"] == true), "{v}");
+    // One recording, or shapes that never vary the sequence: refused, saying what to record.
+    headroom()
+        .arg("plan")
+        .args(gpu)
+        .args(["--program", &b4s1024, "--max-batch"])
+        .assert()
+        .code(2)
+        .stderr(contains("holds one shape's sizes"))
+        .stderr(contains("record the step at two or three shapes"));
+    headroom()
+        .arg("plan")
+        .args(gpu)
+        .args(["--program", &b2s1024, "--program", &b4s1024, "--seq", "512"])
+        .assert()
+        .code(2)
+        .stderr(contains("--seq 512: every recording is at --seq 1024"));
+    // Not the same step: refused, naming the line in each file.
+    let ckpt = format!("{dir}gpt2-bf16-b4-s1024-ckpt.jsonl");
+    headroom()
+        .arg("plan")
+        .args(gpu)
+        .args(["--program", &b2s1024, "--program", &ckpt])
+        .assert()
+        .code(2)
+        .stderr(contains("gpt2-bf16-b4-s1024-ckpt.jsonl line 183: free"))
+        .stderr(contains("gpt2-bf16-b2-s1024.jsonl line 183 has alloc"));
 }

@@ -1,7 +1,7 @@
 //! A size law fitted to what a run measured: least squares over a few basis laws (bytes fixed,
 //! per token, per token × position) at the shapes measured, beside a scale of tensors the
 //! program already has. The calibration ([`crate::calibrate`]) fits each phase's correction
-//! with it.
+//! with it; [`crate::recorded_laws`] solves each recorded tensor's law with its bases.
 
 use crate::program::Law;
 
@@ -11,6 +11,9 @@ pub(crate) enum Basis {
     Fixed,
     PerToken,
     PerTokenPosition,
+    PerSequence,
+    PerPosition,
+    PerPositionSquare,
 }
 
 impl Basis {
@@ -20,6 +23,9 @@ impl Basis {
             Basis::Fixed => 1.0,
             Basis::PerToken => b * s,
             Basis::PerTokenPosition => b * s * s,
+            Basis::PerSequence => b,
+            Basis::PerPosition => s,
+            Basis::PerPositionSquare => s * s,
         }
     }
 
@@ -29,6 +35,9 @@ impl Basis {
             Basis::Fixed => Law::fixed(c),
             Basis::PerToken => Law::per_token(c),
             Basis::PerTokenPosition => Law { per_token_position: c, ..Law::default() },
+            Basis::PerSequence => Law { per_sequence: c, ..Law::default() },
+            Basis::PerPosition => Law { per_position: c, ..Law::default() },
+            Basis::PerPositionSquare => Law { per_position_square: c, ..Law::default() },
         }
     }
 }
@@ -77,7 +86,7 @@ pub(crate) fn fit_law(points: &[(f64, f64, f64, f64)], scaled: bool, bases: &[Ba
 }
 
 /// Solves the normal equations by Gaussian elimination; `None` when singular.
-fn least_squares(rows: &[Vec<f64>], y: &[f64]) -> Option<Vec<f64>> {
+pub(crate) fn least_squares(rows: &[Vec<f64>], y: &[f64]) -> Option<Vec<f64>> {
     let n = rows.first()?.len();
     // Columns scaled to unit size: bytes, tokens and tokens² differ by many orders.
     let norms: Vec<f64> = (0..n)

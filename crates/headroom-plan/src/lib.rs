@@ -57,6 +57,7 @@ pub mod program;
 pub mod program_template;
 pub mod recipe;
 pub mod recompute;
+pub mod recorded_laws;
 pub mod recording;
 pub mod remedy;
 pub mod replay;

@@ -7,7 +7,10 @@
 //! ([`Term::name`]) and `<site>` the module or operation that made the tensor (it may hold
 //! spaces). That is all a plan needs beyond the operations: what each tensor is for and when
 //! it was made, for the breakdown at the peak and the phase that peaks. A recording holds the
-//! sizes of the shape it was recorded at; each tensor's law is its fixed bytes.
+//! sizes of the shape it was recorded at, which its first line may say
+//! (`{"op":"shape","batch":B,"seq":S}`, as the recorder writes it); each tensor's law is its
+//! fixed bytes. The same step recorded at two or three shapes gives each tensor the law its
+//! sizes follow ([`crate::recorded_laws`]).
 //!
 //! Every malformed line is refused with the file's name and the line's number, and says what
 //! was expected: a plan made from a program that is not the one recorded would be wrong with
@@ -22,9 +25,17 @@ use std::path::Path;
 /// A recorded step program and where it came from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recording {
-    /// The file, as the user named it.
+    /// The file, as the user named it (the files, joined by ", ", for laws fitted from several).
     pub path: String,
     pub program: Program,
+    /// The shapes recorded, `(batch, seq)`: none where a single file does not say its shape,
+    /// one for a file that does, and one per file for laws fitted from several.
+    pub shapes: Vec<(u64, u64)>,
+    /// Tensors whose fitted law does not give every recorded size to the byte.
+    pub inexact: usize,
+    /// Each operation's line in the file and what it is apart from its size: the same step
+    /// recorded at another shape has the same keys in the same order.
+    pub(crate) events: Vec<(usize, String)>,
 }
 
 /// Why a recording cannot be read: the file, the line (0 for the file as a whole) and the
@@ -57,6 +68,10 @@ struct Line {
     size: Option<u64>,
     #[serde(default)]
     stream: Option<u64>,
+    #[serde(default)]
+    batch: Option<u64>,
+    #[serde(default)]
+    seq: Option<u64>,
 }
 
 /// What the id of an allocation says of its tensor.
@@ -118,16 +133,42 @@ struct Reader {
     at: Option<(u32, Phase)>,
     /// Each layer met, by its list's path and index.
     layers: HashMap<(String, u32), u32>,
+    shape: Option<(u64, u64)>,
+    /// Each operation read: its line and its key (see [`Recording::events`]).
+    events: Vec<(usize, String)>,
 }
 
 impl Reader {
-    fn line(&mut self, text: &str) -> Result<(), String> {
+    fn line(&mut self, number: usize, text: &str) -> Result<(), String> {
         let line: Line = serde_json::from_str(text).map_err(|e| format!("not a trace line: {e}"))?;
         let only = |fields: &[(&str, bool)]| match fields.iter().find(|(_, given)| *given) {
             Some((name, _)) => Err(format!("{:?} takes no \"{name}\"", line.op)),
             None => Ok(()),
         };
+        if line.op != "shape" {
+            let id = line.id.as_ref().map_or(String::new(), |v| id_text(Some(v)).unwrap_or_default());
+            self.events.push((number, format!("{} {id:?} stream {}", line.op, line.stream.unwrap_or(0))));
+        }
+        let no_shape = [("batch", line.batch.is_some()), ("seq", line.seq.is_some())];
+        if line.op != "shape" {
+            only(&no_shape)?;
+        }
         match line.op.as_str() {
+            "shape" => {
+                only(&[("id", line.id.is_some()), ("size", line.size.is_some()), ("stream", line.stream.is_some())])?;
+                if !self.events.is_empty() || self.shape.is_some() {
+                    return Err("a shape line comes first, before any operation, and once".into());
+                }
+                match (line.batch, line.seq) {
+                    (Some(b), Some(s)) if b > 0 && s > 0 => {
+                        self.shape = Some((b, s));
+                        Ok(())
+                    }
+                    _ => Err("a shape line needs \"batch\" and \"seq\", whole numbers from 1: \
+                              {\"op\":\"shape\",\"batch\":4,\"seq\":1024}"
+                        .into()),
+                }
+            }
             "alloc" => {
                 let id = id_text(line.id.as_ref())?;
                 let size = line.size.ok_or("an alloc needs a \"size\" in bytes")?;
@@ -146,8 +187,8 @@ impl Reader {
                 Ok(())
             }
             other => Err(format!(
-                "{other:?}: a step program holds alloc, free and empty_cache (replay other traces with `headroom \
-                 replay`)"
+                "{other:?}: a step program holds alloc, free and empty_cache, after its shape line (replay other \
+                 traces with `headroom replay`)"
             )),
         }
     }
@@ -222,7 +263,7 @@ impl Recording {
                 .map_err(|e| err(i + 1, format!("not UTF-8 (byte {} is not)", e.valid_up_to() + 1)))?;
             let text = text.trim();
             if !text.is_empty() {
-                reader.line(text).map_err(|why| err(i + 1, why))?;
+                reader.line(i + 1, text).map_err(|why| err(i + 1, why))?;
             }
         }
         let program = reader.program;
@@ -232,7 +273,13 @@ impl Recording {
         if !program.ops.iter().any(|o| matches!(o, Op::Mark { step, .. } if *step > 0)) {
             return Err(err(0, "holds no step: every allocation is tagged setup, so nothing is a forward, a backward or an optimizer step".into()));
         }
-        Ok(Recording { path: path.to_string(), program })
+        Ok(Recording {
+            path: path.to_string(),
+            program,
+            shapes: reader.shape.into_iter().collect(),
+            inexact: 0,
+            events: reader.events,
+        })
     }
 
     /// A line on what the recording holds: its file, allocations and steps.
@@ -245,11 +292,12 @@ impl Recording {
             .max()
             .unwrap_or(0);
         format!(
-            "{} ({} allocations, {} step{})",
+            "{} ({} allocations, {} step{}{})",
             self.path,
             self.program.allocations(),
             steps,
-            if steps == 1 { "" } else { "s" }
+            if steps == 1 { "" } else { "s" },
+            self.fitted_from().map_or(String::new(), |f| format!("; {f}"))
         )
     }
 }

@@ -23,7 +23,8 @@ use headroom_alloc::AllocatorConfig;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lever {
     Checkpointing,
-    /// A smaller micro-batch, accumulated to the same sequences per optimizer step.
+    /// A smaller micro-batch, accumulated to the same sequences per optimizer step (for a
+    /// recording, whose accumulation is its own, the smaller micro-batch alone).
     MicroBatch,
     Attention,
     /// AdamW's fused implementation (no copy of the second moments during the step).
@@ -218,12 +219,18 @@ fn cascades(asked: &Asked, estimate: &Estimate) -> Vec<Vec<Change>> {
         let flags = "--alloc-conf expandable_segments:True".into();
         vec![Change { expandable: true, ..Change::new(Lever::ExpandableSegments, flags, |_, _| {}, 0) }]
     });
-    if asked.recording.is_some() {
-        // A recording's program is the one recorded: its shape, its optimizer and its kernels;
-        // only checkpointing by layers is made of it.
+    if let Some(rec) = asked.recording {
+        // A recording's program is the one recorded: its optimizer and its kernels; only
+        // checkpointing by layers is made of it, and, where its laws were fitted from shapes
+        // of two micro-batches, a smaller micro-batch (no accumulation: that is the step's own).
         if estimate.job.checkpointing == Checkpointing::None {
             let set = |q: &mut TrainRequest, _| q.checkpointing = Checkpointing::Full;
             out.push(vec![Change::new(Lever::Checkpointing, "--checkpoint full".into(), set, 0)]);
+        }
+        if rec.grows_with(true, "").is_ok() {
+            let halved = std::iter::successors(Some(r.micro_batch), |&b| (b > 1).then_some(b / 2)).skip(1);
+            let set = |q: &mut TrainRequest, b| q.micro_batch = b;
+            out.push(halved.map(|b| Change::new(Lever::MicroBatch, format!("--batch {b}"), set, b)).collect());
         }
         out.extend(expandable);
         return out;

@@ -138,8 +138,8 @@ impl TrainRequest {
         Job::new(model, gpu, self.config()?)
     }
 
-    /// The job that replays `recording`: this request's shape (the one recorded, for the step
-    /// time) and GPU, and its layer checkpointing (`full` or `every-k`, made of the recording by
+    /// The job that replays `recording`: this request's shape (one recorded, or any where the
+    /// recording's laws were fitted from shapes that vary towards it) and GPU, and its layer checkpointing (`full` or `every-k`, made of the recording by
     /// [`crate::recompute`]), and nothing else of it. Every other setting that shapes a program
     /// is the recording's own, so a request that sets one is refused by the flag's name.
     pub fn resolve_recorded<'a>(
@@ -186,6 +186,9 @@ impl TrainRequest {
                  setting instead (python -m headroom_gpu record), or leave out --program",
                 recording.path
             )));
+        }
+        if let Some(why) = recording.refuses_shape(r.micro_batch, r.seq) {
+            return Err(InvalidConfig(why));
         }
         let job = self.resolve(model, gpu)?;
         Ok(Job { recording: Some(recording), ..job })

@@ -94,6 +94,7 @@ pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceErro
     let mut out: Vec<TraceLine> = Vec::new();
     let mut buf = Vec::new();
     let mut n = 0;
+    let mut shape_seen = false;
     loop {
         buf.clear();
         let read = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut buf);
@@ -126,9 +127,26 @@ pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceErro
         if text.is_empty() {
             continue;
         }
+        if out.is_empty() && !shape_seen && shape_line(text, n)?.is_some() {
+            // A step program's shape, what `headroom plan --program` reads: no operation.
+            shape_seen = true;
+            continue;
+        }
         out.push(TraceLine { line: n, op: parse_line(text, n)? });
     }
     Ok(out)
+}
+
+/// A step program's first line, `{"op":"shape","batch":B,"seq":S}`: the micro-batch and
+/// sequence length it was recorded at; `Ok(None)` for any other line.
+pub fn shape_line(text: &str, line: usize) -> Result<Option<(u64, u64)>, TraceError> {
+    let Ok(fields) = serde_json::from_str::<Fields>(text) else { return Ok(None) };
+    if fields.get("op").and_then(Value::as_str) != Some("shape") {
+        return Ok(None);
+    }
+    let f = Line { fields: &fields, line };
+    f.only(&["op", "batch", "seq"])?;
+    Ok(Some((f.uint("batch", "")?, f.uint("seq", "")?)))
 }
 
 /// The fields of one line in the order written; a repeated key is an error
@@ -232,6 +250,7 @@ pub fn parse_line(text: &str, line: usize) -> Result<TraceOp, TraceError> {
             }
             TraceOp::SetFraction { value }
         }
+        "shape" => return Err(perr(line, "a step program's shape line comes first, before any operation")),
         other => {
             return Err(perr(
                 line,
@@ -332,6 +351,19 @@ pub fn format_op(op: &TraceOp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step program's shape line is skipped where it comes first, and refused elsewhere.
+    #[test]
+    fn a_step_programs_shape_line_is_no_operation() {
+        let t = read_trace(&b"\n{\"op\":\"shape\",\"batch\":4,\"seq\":1024}\n{\"op\":\"empty_cache\"}\n"[..]).unwrap();
+        assert_eq!(t, vec![TraceLine { line: 3, op: TraceOp::EmptyCache }]);
+        assert_eq!(shape_line("{\"op\":\"shape\",\"batch\":4,\"seq\":1024}", 1).unwrap(), Some((4, 1024)));
+        let e = read_trace(&b"{\"op\":\"shape\",\"batch\":4}\n"[..]).unwrap_err().to_string();
+        assert!(e.contains("missing `seq`"), "{e}");
+        let twice = b"{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n";
+        let e = read_trace(&twice[..]).unwrap_err().to_string();
+        assert!(e.contains("line 2: a step program's shape line comes first"), "{e}");
+    }
 
     /// A number is read as the double nearest its digits, so a value written back (in the
     /// shortest digits that read as it) reads as the same value.

@@ -86,6 +86,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
                         headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl\n  \
+                        headroom plan --model gpt2 --gpu l4 --program data/recordings/gpt2-bf16-b2-s512.jsonl --program data/recordings/gpt2-bf16-b4-s1024.jsonl --max-batch\n  \
                         headroom plan --config data/configs/torchtitan-llama3_8b.toml --gpu h100-sxm --gpus 8"
 )]
 #[command(mut_arg("model", |a| a.required(false).required_unless_present("config")))]
@@ -115,12 +116,15 @@ pub struct PlanArgs {
     /// Plan the step recorded in FILE instead of one the planner builds: a JSONL step program
     /// as `python -m headroom_gpu record` writes it from your own model, loss and optimizer
     /// under fake tensors (no GPU), or as --dump-program writes it. It is replayed as recorded
-    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy;
-    /// --batch and --seq say the shape it was recorded at (its tensors have that shape's
-    /// sizes), and every flag that shapes a program is the recording's own and refused.
-    #[arg(long, value_name = "FILE", help_heading = JOB,
-          conflicts_with_all = ["infer", "recommend", "emit", "calibrate", "max_batch", "max_seq"])]
-    pub program: Option<std::path::PathBuf>,
+    /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy, at
+    /// the shape it was recorded at (its first line says it; --batch and --seq default to it),
+    /// and every flag that shapes a program is the recording's own and refused. Given two or
+    /// three times, the same step recorded at two or three shapes: each tensor's size law is
+    /// fitted from its sizes, so --batch and --seq plan other shapes and --max-batch and
+    /// --max-seq search them (two batches among the shapes for --batch, two lengths for --seq).
+    #[arg(long, value_name = "FILE", help_heading = JOB, action = clap::ArgAction::Append,
+          conflicts_with_all = ["infer", "recommend", "emit", "calibrate"])]
+    pub program: Vec<std::path::PathBuf>,
     /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
     pub batch: Option<u64>,
@@ -424,7 +428,7 @@ impl PlanArgs {
     fn training_flags(&self) -> [Given; 27] {
         [
             ("--train", self.train),
-            ("--program", self.program.is_some()),
+            ("--program", !self.program.is_empty()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
             ("--precision", self.precision.is_some()),

@@ -108,8 +108,13 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         // An engine that starts serves what its pool holds at once and queues the rest.
         return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
     }
-    let recording = a.program.as_deref().map(Recording::read).transpose().context("--program")?;
-    let request = a.train_request(file.and_then(config::Loaded::train))?;
+    let recording = recording(&a)?;
+    let mut request = a.train_request(file.and_then(config::Loaded::train))?;
+    if let Some(&(b, s)) = recording.as_ref().and_then(|r| r.shapes.first()) {
+        // The shape recorded first, unless another is asked for.
+        request.micro_batch = a.batch.unwrap_or(b);
+        request.seq = a.seq.unwrap_or(s);
+    }
     let job = match &recording {
         Some(r) => request.resolve_recorded(&model, &gpu, r)?,
         None => request.resolve(&model, &gpu)?,
@@ -136,7 +141,8 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
     let asked = allocators.into_iter().map(|(label, e)| Ok((label, e.estimate(&job)?))).collect::<Result<Vec<_>>>()?;
     if let Some(path) = &a.dump_program {
         let p = &estimate.program;
-        let text = p.to_jsonl(&p.sizes(job.train.micro_batch, job.train.seq));
+        let (b, s) = (job.train.micro_batch, job.train.seq);
+        let text = format!("{{\"op\":\"shape\",\"batch\":{b},\"seq\":{s}}}\n") + &p.to_jsonl(&p.sizes(b, s));
         write_atomically(path, |w| w.write_all(text.as_bytes())).context("--dump-program")?;
     }
     let global_batch = a.global_batch.unwrap_or(job.train.global_batch());
@@ -178,6 +184,22 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         text::train(&plan) + &config::text_lines(file)
     };
     Ok(Outcome::new(out, if plan.estimate.verdict.fits { 0 } else { 1 }))
+}
+
+/// `--program`, each file read and, where there are several, each tensor's size law fitted
+/// from them; with `--max-batch` or `--max-seq`, the shapes must vary that way.
+fn recording(a: &PlanArgs) -> Result<Option<Recording>> {
+    if a.program.is_empty() {
+        return Ok(None);
+    }
+    let files = a.program.iter().map(|p| Recording::read(p)).collect::<Result<Vec<_>, _>>().context("--program")?;
+    let r = Recording::fitted(files).context("--program")?;
+    for (asked, batch, flag) in [(a.max_batch, true, "--max-batch"), (a.max_seq, false, "--max-seq")] {
+        if asked {
+            r.grows_with(batch, flag).map_err(|why| anyhow!(why))?;
+        }
+    }
+    Ok(Some(r))
 }
 
 /// `--recommend`: the configurations that fit, fastest first, and the fastest `--emit`'s
