@@ -9,6 +9,8 @@ use crate::model::Model;
 use crate::parallel::GPUS_PER_NODE;
 use serde_json::json;
 
+mod architecture;
+
 /// The engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
@@ -270,19 +272,10 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
         format!("--micro-batch-size {}", cfg.micro_batch),
         format!("--global-batch-size {}", cfg.global_batch()),
         format!("--seq-length {}", cfg.seq),
-        format!(
-            "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
-            model.layers, model.hidden, model.intermediate, model.heads
-        ),
     ];
+    args.extend(architecture::flags(model, par.tensor)?);
     if let Some(flags) = uneven {
         args.push(flags);
-    }
-    if model.kv_heads != model.heads {
-        args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
-    }
-    if model.gated_mlp {
-        args.push("--swiglu".into());
     }
     if par.virtual_stages > 1 {
         args.push(format!(

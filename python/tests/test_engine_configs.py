@@ -1,0 +1,108 @@
+"""`headroom plan --emit deepspeed|accelerate`, read by the engines' own loaders: DeepSpeed's
+`DeepSpeedConfig` (which checks the batch sizes against the world size) and Accelerate's
+`load_config_from_file` (which refuses keys it does not know). Each test skips, saying so,
+where its engine is not installed. Run as the other tests are (see test_headroom_gpu.py):
+
+    PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest tests.test_engine_configs -v
+"""
+
+import importlib.util
+import json
+import os
+import tempfile
+import unittest
+import warnings
+from unittest import mock
+
+import headroom_gpu
+
+
+def emitted(engine, **options):
+    """The configuration `headroom plan --emit engine` writes for Llama 3 8B on H100s."""
+    plan = headroom_gpu.plan(model="llama-3-8b", gpu="h100-sxm", emit=engine, **options)
+    text = plan["engine_config"]
+    if not text:
+        raise AssertionError(f"--emit {engine} wrote nothing: {plan}")
+    return text
+
+
+def installed(package):
+    return importlib.util.find_spec(package) is not None
+
+
+@unittest.skipUnless(installed("deepspeed"), "deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
+class DeepSpeed(unittest.TestCase):
+    def load(self, text, world_size):
+        """DeepSpeed's own reading of a `ds_config.json` file, as one of `world_size` ranks."""
+        from deepspeed.runtime import config as ds_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ds_config.json")
+            with open(path, "w") as f:
+                f.write(text)
+            # No process group here: the ranks DeepSpeed would ask torch.distributed for.
+            with warnings.catch_warnings(), mock.patch.object(
+                ds_config.dist, "get_rank", return_value=0
+            ), mock.patch.object(ds_config.dist, "get_world_size", return_value=world_size):
+                # DeepSpeed leaves the file it reads open.
+                warnings.simplefilter("ignore", ResourceWarning)
+                return ds_config.DeepSpeedConfig(path)
+
+    def test_zero_3_with_checkpointing_on_8_gpus(self):
+        text = emitted("deepspeed", gpus=8, zero=3, batch=2, accumulation=4, checkpoint="full")
+        cfg = self.load(text, 8)
+        self.assertEqual(cfg.zero_optimization_stage, 3)
+        self.assertEqual(cfg.train_micro_batch_size_per_gpu, 2)
+        self.assertEqual(cfg.gradient_accumulation_steps, 4)
+        self.assertEqual(cfg.train_batch_size, 64)
+        self.assertTrue(cfg.bfloat16_config.enabled)
+        self.assertFalse(cfg.activation_checkpointing_config.partition_activations)
+        self.assertEqual(cfg.gradient_clipping, 1.0)
+
+    def test_the_optimizer_offloaded(self):
+        text = emitted("deepspeed", gpus=4, zero=2, offload="optimizer")
+        cfg = self.load(text, 4)
+        self.assertEqual(cfg.zero_optimization_stage, 2)
+        self.assertEqual(cfg.zero_config.offload_optimizer.device, "cpu")
+        self.assertEqual(json.loads(text)["train_batch_size"], cfg.train_batch_size)
+
+    def test_a_world_size_the_config_was_not_planned_for_is_refused(self):
+        """The check the two tests above pass is a real one."""
+        text = emitted("deepspeed", gpus=8, zero=3, batch=2, accumulation=4)
+        with self.assertRaises(AssertionError):
+            self.load(text, 16)
+
+
+@unittest.skipUnless(installed("accelerate"), "accelerate is not installed (pip install accelerate)")
+class Accelerate(unittest.TestCase):
+    def setUp(self):
+        global DistributedType
+        from accelerate.utils import DistributedType
+
+    def load(self, text):
+        """Accelerate's own reading of a config file (`accelerate launch --config_file`)."""
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "accelerate.yaml")
+            with open(path, "w") as f:
+                f.write(text)
+            return load_config_from_file(path)
+
+    def test_deepspeed_under_accelerate(self):
+        cfg = self.load(emitted("accelerate", gpus=16, zero=3, offload="params", accumulation=4))
+        self.assertEqual(cfg.distributed_type, DistributedType.DEEPSPEED)
+        self.assertEqual((cfg.num_machines, cfg.num_processes), (2, 16))
+        self.assertEqual(cfg.mixed_precision, "bf16")
+        self.assertEqual(cfg.deepspeed_config["zero_stage"], 3)
+        self.assertEqual(cfg.deepspeed_config["offload_param_device"], "cpu")
+        self.assertEqual(cfg.deepspeed_config["gradient_accumulation_steps"], 4)
+
+    def test_plain_data_parallel(self):
+        cfg = self.load(emitted("accelerate", gpus=8, zero=0, batch=1))
+        self.assertEqual(cfg.distributed_type, DistributedType.MULTI_GPU)
+        self.assertEqual(cfg.num_processes, 8)
+
+
+if __name__ == "__main__":
+    unittest.main()
