@@ -1,6 +1,7 @@
-"""`headroom plan --emit deepspeed|accelerate`, read by the engines' own loaders: DeepSpeed's
-`DeepSpeedConfig` (which checks the batch sizes against the world size) and Accelerate's
-`load_config_from_file` (which refuses keys it does not know). Each test skips, saying so,
+"""`headroom plan --emit deepspeed|accelerate|torchtitan`, read by the engines' own loaders:
+DeepSpeed's `DeepSpeedConfig` (which checks the batch sizes against the world size),
+Accelerate's `load_config_from_file` (which refuses keys it does not know) and torchtitan's
+`ConfigManager` (which refuses fields its job config lacks). Each test skips, saying so,
 where its engine is not installed. Run as the other tests are (see test_headroom_gpu.py):
 
     PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest tests.test_engine_configs -v
@@ -17,9 +18,9 @@ from unittest import mock
 import headroom_gpu
 
 
-def emitted(engine, **options):
+def emitted(engine, model="llama-3-8b", **options):
     """The configuration `headroom plan --emit engine` writes for Llama 3 8B on H100s."""
-    plan = headroom_gpu.plan(model="llama-3-8b", gpu="h100-sxm", emit=engine, **options)
+    plan = headroom_gpu.plan(model=model, gpu="h100-sxm", emit=engine, **options)
     text = plan["engine_config"]
     if not text:
         raise AssertionError(f"--emit {engine} wrote nothing: {plan}")
@@ -102,6 +103,63 @@ class Accelerate(unittest.TestCase):
         cfg = self.load(emitted("accelerate", gpus=8, zero=0, batch=1))
         self.assertEqual(cfg.distributed_type, DistributedType.MULTI_GPU)
         self.assertEqual(cfg.num_processes, 8)
+
+
+def reads_job_files():
+    """Whether torchtitan's ConfigManager reads TOML job files (0.2; 0.3 builds configs in Python)."""
+    if not installed("torchtitan"):
+        return False
+    from torchtitan.config import manager
+
+    return hasattr(manager.ConfigManager, "_maybe_load_toml")
+
+
+@unittest.skipUnless(
+    reads_job_files(),
+    "torchtitan with TOML job files is not installed (pip install torchtitan==0.2.2; 0.3 has none)",
+)
+class Torchtitan(unittest.TestCase):
+    def load(self, text):
+        """torchtitan's own reading of a job file (`--job.config_file`)."""
+        from torchtitan.config.manager import ConfigManager
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "job.toml")
+            with open(path, "w") as f:
+                f.write(text)
+            return ConfigManager().parse_args(["--job.config_file", path])
+
+    def test_fsdp_with_accumulation_and_per_op_checkpointing(self):
+        text = emitted(
+            "torchtitan", "llama-3.1-8b", framework="torchtitan", gpus=8, batch=2, accumulation=4, checkpoint="per-op"
+        )
+        cfg = self.load(text)
+        self.assertEqual((cfg.model.name, cfg.model.flavor), ("llama3", "8B"))
+        self.assertEqual((cfg.training.local_batch_size, cfg.training.global_batch_size), (2, 64))
+        self.assertEqual(cfg.parallelism.data_parallel_shard_degree, 8)
+        self.assertEqual((cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option), ("selective", "op"))
+
+    def test_tensor_and_interleaved_pipeline_parallelism_in_float8(self):
+        text = emitted(
+            "torchtitan",
+            "llama-3.1-70b",
+            framework="torchtitan",
+            gpus=64,
+            tp=8,
+            pp=2,
+            accumulation=8,
+            precision="fp8",
+            pp_schedule="interleaved-1f1b",
+            checkpoint="full",
+            compile=True,
+        )
+        cfg = self.load(text)
+        p = cfg.parallelism
+        self.assertEqual((p.tensor_parallel_degree, p.pipeline_parallel_degree, p.data_parallel_shard_degree), (8, 2, 4))
+        self.assertEqual((p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size), ("Interleaved1F1B", 1))
+        self.assertEqual(cfg.training.local_batch_size, 8)
+        self.assertEqual(cfg.model.converters, ["quantize.linear.float8"])
+        self.assertTrue(cfg.compile.enable)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 //! Configurations for the engines people already run: a DeepSpeed
 //! `ds_config.json`, a `torchrun` command with Hugging Face Trainer FSDP
-//! arguments, an Accelerate config, and Megatron-LM arguments, for one
-//! training configuration. What an engine's configuration cannot say is an
+//! arguments, an Accelerate config, Megatron-LM arguments and a torchtitan job
+//! file, for one training configuration. What an engine's configuration cannot say is an
 //! error that names the engine that can.
 
 use crate::job::{BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Precision, TrainConfig};
@@ -10,6 +10,7 @@ use crate::parallel::GPUS_PER_NODE;
 use serde_json::json;
 
 mod architecture;
+mod torchtitan;
 
 /// The engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +19,7 @@ pub enum Engine {
     Fsdp,
     Accelerate,
     Megatron,
+    Torchtitan,
 }
 
 crate::names::named!(Engine {
@@ -25,6 +27,7 @@ crate::names::named!(Engine {
     Fsdp => ("fsdp", "torchrun with Hugging Face Trainer FSDP arguments"),
     Accelerate => ("accelerate", "an Accelerate config"),
     Megatron => ("megatron", "Megatron-LM arguments (tensor, pipeline and context parallelism)"),
+    Torchtitan => ("torchtitan", "torchtitan's job TOML (FSDP2, tensor, pipeline and context parallelism)"),
 });
 
 impl Engine {
@@ -38,6 +41,7 @@ impl Engine {
         match self {
             Engine::DeepSpeed => Framework::DeepSpeed,
             Engine::Megatron => Framework::Megatron,
+            Engine::Torchtitan => Framework::Torchtitan,
             Engine::Fsdp | Engine::Accelerate => Framework::HuggingFace,
         }
     }
@@ -123,15 +127,18 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
 
 fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let par = &cfg.parallel;
+    if engine == Engine::Torchtitan {
+        return torchtitan::job_file(model, cfg);
+    }
     if cfg.checkpointing == Checkpointing::PerOp {
         return Err(format!(
             "per-op checkpointing is torchtitan's (`selective_ac_option = \"op\"`); {engine:?} has no such policy: \
-             plan with --checkpoint full or selective"
+             plan with --checkpoint full or selective, or use --emit torchtitan"
         ));
     }
     if engine != Engine::Megatron && par.model_parallel() > 1 {
         return Err(format!(
-            "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron"
+            "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron or torchtitan"
         ));
     }
     // ZeRO-Offload needs the optimizer partitioned (stage ≥ 2 in practice); parameters need stage 3.
@@ -145,6 +152,7 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
         Engine::Fsdp => fsdp(cfg, zero),
         Engine::Accelerate => accelerate(cfg, zero),
         Engine::Megatron => megatron(model, cfg),
+        Engine::Torchtitan => unreachable!("written above"),
     }
 }
 
