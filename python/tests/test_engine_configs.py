@@ -1,15 +1,22 @@
-"""`headroom plan --emit deepspeed|accelerate|torchtitan`, read by the engines' own loaders:
-DeepSpeed's `DeepSpeedConfig` (which checks the batch sizes against the world size),
-Accelerate's `load_config_from_file` (which refuses keys it does not know) and torchtitan's
-`ConfigManager` (which refuses fields its job config lacks). Each test skips, saying so,
+"""`headroom plan --emit deepspeed|accelerate|torchtitan|megatron`, read by the engines' own
+loaders: DeepSpeed's `DeepSpeedConfig` (which checks the batch sizes against the world size),
+Accelerate's `load_config_from_file` (which refuses keys it does not know), torchtitan's
+`ConfigManager` (which refuses fields its job config lacks) and Megatron-LM's argument parser
+and `validate_args` (from a Megatron-LM checkout named by $MEGATRON_LM, which pip does not
+install). Each test skips, saying so,
 where its engine is not installed. Run as the other tests are (see test_headroom_gpu.py):
 
     PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest tests.test_engine_configs -v
 """
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
+import shlex
+import sys
+import typing
 import tempfile
 import unittest
 import warnings
@@ -160,6 +167,57 @@ class Torchtitan(unittest.TestCase):
         self.assertEqual(cfg.training.local_batch_size, 8)
         self.assertEqual(cfg.model.converters, ["quantize.linear.float8"])
         self.assertTrue(cfg.compile.enable)
+
+
+MEGATRON_LM = os.environ.get("MEGATRON_LM")
+
+
+@unittest.skipUnless(
+    MEGATRON_LM and os.path.isfile(os.path.join(MEGATRON_LM, "megatron", "training", "arguments.py")),
+    "MEGATRON_LM does not name a Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM)",
+)
+class Megatron(unittest.TestCase):
+    def validate(self, text, world_size):
+        """Megatron-LM's parsing and checking of `pretrain_gpt.py`'s arguments, as on a Hopper GPU."""
+        if MEGATRON_LM not in sys.path:
+            sys.path.insert(0, MEGATRON_LM)
+        # Megatron-LM's code imports Python 3.12's typing.override.
+        typing.override = getattr(typing, "override", lambda f: f)
+        import argparse
+
+        import megatron.training.arguments as megatron_args
+        import torch
+
+        command, script = text.replace("\\\n", " ").split("pretrain_gpt.py", 1)
+        env = dict(w.split("=", 1) for w in shlex.split(command) if "=" in w)
+        parser = argparse.ArgumentParser(allow_abbrev=False)
+        megatron_args.add_megatron_arguments(parser)
+        args = parser.parse_args(shlex.split(script))
+        args.rank, args.world_size = 0, world_size
+        with mock.patch.dict(os.environ, env), mock.patch.object(
+            megatron_args, "get_device_arch_version", return_value=9
+        ), mock.patch.object(torch.cuda, "get_device_capability", return_value=(9, 0)), contextlib.redirect_stdout(
+            io.StringIO()
+        ):
+            megatron_args.validate_args(args)
+        return args
+
+    def test_each_model_s_arguments_pass_megatron_s_checks(self):
+        jobs = {
+            "llama-3.1-8b": dict(tp=2, pp=2, precision="fp8", checkpoint="selective", offload="optimizer"),
+            "mistral-7b": dict(tp=2, pp=2, checkpoint="full", vpp=2),
+            "qwen2.5-7b": dict(tp=2, pp=2),
+            "mixtral-8x7b": dict(pp=2, cp=2, checkpoint="every-2"),
+            "gpt2": dict(tp=1, seq=1024),
+        }
+        for model, options in jobs.items():
+            with self.subTest(model=model):
+                options = {"gpus": 16, "zero": 1, "seq": 4096, **options}
+                args = self.validate(emitted("megatron", model, **options), 16)
+                gpt2 = model == "gpt2"
+                self.assertEqual(args.normalization, "LayerNorm" if gpt2 else "RMSNorm")
+                self.assertEqual(args.position_embedding_type, "learned_absolute" if gpt2 else "rope")
+                self.assertEqual(args.add_bias_linear, gpt2)
 
 
 if __name__ == "__main__":

@@ -273,7 +273,11 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let (nodes, per_node) = launch(par.gpus(), par.tensor)?;
     let uneven = uneven_stages(model.layers, par.pipeline)?;
     let mut args = vec![
-        format!("torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py"),
+        // Megatron-LM refuses tensor or context parallelism before Blackwell without it.
+        format!(
+            "{}torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py",
+            if par.tensor > 1 || par.context > 1 { "CUDA_DEVICE_MAX_CONNECTIONS=1 " } else { "" }
+        ),
         format!("--tensor-model-parallel-size {}", par.tensor),
         format!("--pipeline-model-parallel-size {}", par.pipeline),
         format!("--context-parallel-size {}", par.context),
@@ -281,7 +285,7 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
         format!("--global-batch-size {}", cfg.global_batch()),
         format!("--seq-length {}", cfg.seq),
     ];
-    args.extend(architecture::flags(model, par.tensor)?);
+    args.extend(architecture::flags(model, cfg.seq, par.tensor)?);
     if let Some(flags) = uneven {
         args.push(flags);
     }
@@ -317,7 +321,8 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
         }
     }
     if cfg.offload == Offload::Optimizer {
-        args.push("--optimizer-cpu-offload".into());
+        // Megatron's hybrid-device optimizer runs on the precision-aware one's code path.
+        args.push("--optimizer-cpu-offload --use-precision-aware-optimizer".into());
     }
     Ok(args.join(" \\\n  "))
 }
@@ -408,6 +413,7 @@ mod tests {
         assert!(emit(Engine::DeepSpeed, &m(), &tp).unwrap_err().0.contains("--emit megatron"));
         let mega = emit(Engine::Megatron, &m(), &tp).unwrap();
         for flag in [
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun",
             "--nnodes 8",
             "--tensor-model-parallel-size 8",
             "--pipeline-model-parallel-size 2",

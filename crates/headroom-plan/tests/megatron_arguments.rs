@@ -131,6 +131,11 @@ fn megatron_builds_each_family_s_differences() {
     let model = preset("gpt2").unwrap();
     let tp2 = emit(Engine::Megatron, &model, &jobs(&model)[1]).unwrap();
     assert!(tp2.contains("--padded-vocab-size 50258"), "{tp2}");
+    // Megatron refuses sequences past the limit: rotary positions, which have no table, take
+    // the longer sequence a plan beyond the context asks for.
+    let llama = preset("llama-3-8b").unwrap();
+    let long = TrainConfig { seq: 16384, ..jobs(&llama)[0] };
+    assert!(emit(Engine::Megatron, &llama, &long).unwrap().contains("--max-position-embeddings 16384"));
 }
 
 #[test]

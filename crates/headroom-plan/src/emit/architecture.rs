@@ -12,9 +12,9 @@ use crate::model::{hub_ids, preset, Family, Model, RopeScaling};
 /// (`RotaryEmbedding._apply_scaling`): low 1, high 4, trained at 8,192 positions.
 const LLAMA3_SCALING: (f64, f64, u64) = (1.0, 4.0, 8192);
 
-/// The architecture flags for `model`, with the vocabulary padded to whole shards over
-/// `tensor` ranks.
-pub(super) fn flags(model: &Model, tensor: u64) -> Result<Vec<String>, String> {
+/// The architecture flags for `model` trained on `seq`-token sequences, with the vocabulary
+/// padded to whole shards over `tensor` ranks.
+pub(super) fn flags(model: &Model, seq: u64, tensor: u64) -> Result<Vec<String>, String> {
     refuse(model)?;
     let mut args = vec![format!(
         "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
@@ -29,7 +29,7 @@ pub(super) fn flags(model: &Model, tensor: u64) -> Result<Vec<String>, String> {
     let gated = model.family == Family::GatedDecoder;
     let norm = if gated { "RMSNorm" } else { "LayerNorm" };
     args.push(format!("--normalization {norm} --norm-epsilon {}", model.norm_eps));
-    args.extend(positions(model)?);
+    args.extend(positions(model, seq)?);
     if gated {
         // Llama's linears have no bias; Qwen2's query, key and value projections do.
         args.push("--disable-bias-linear".into());
@@ -77,7 +77,7 @@ fn refuse(model: &Model) -> Result<(), String> {
 
 /// Rotary or learned positions, their limit, the rotary base and Llama 3's scaling, and a
 /// sliding window.
-fn positions(model: &Model) -> Result<Vec<String>, String> {
+fn positions(model: &Model, seq: u64) -> Result<Vec<String>, String> {
     let mut args = Vec::new();
     match model.rope_theta {
         Some(theta) => {
@@ -92,7 +92,10 @@ fn positions(model: &Model) -> Result<Vec<String>, String> {
         }
         None => args.push("--position-embedding-type learned_absolute".into()),
     }
-    args.push(format!("--max-position-embeddings {}", model.max_position));
+    // Megatron refuses sequences longer than the limit; rotary positions have no table, so a
+    // plan beyond the model's context (which the plan warns of) raises it to the sequence.
+    let limit = if model.rope_theta.is_some() { model.max_position.max(seq) } else { model.max_position };
+    args.push(format!("--max-position-embeddings {limit}"));
     if let Some(scaling) = &model.rope_scaling {
         args.push(rope_scaling(model, scaling)?);
     }
