@@ -131,6 +131,12 @@ fn megatron_builds_each_family_s_differences() {
     let model = preset("gpt2").unwrap();
     let tp2 = emit(Engine::Megatron, &model, &jobs(&model)[1]).unwrap();
     assert!(tp2.contains("--padded-vocab-size 50258"), "{tp2}");
+    // Layers that attend to the whole sequence beside those that slide: 1 slides, 0 does not.
+    let mistral = preset("mistral-7b").unwrap();
+    let mixed = Model { global_layers: vec![0, 2], ..mistral };
+    let args = emit(Engine::Megatron, &mixed, &jobs(&mixed)[0]).unwrap();
+    let pattern = format!("--window-attn-skip-freq '[0,1,0{}]'", ",1".repeat(29));
+    assert!(args.contains(&format!("--window-size 4095,0 \\\n  {pattern}")), "{args}");
     // Megatron refuses sequences past the limit: rotary positions, which have no table, take
     // the longer sequence a plan beyond the context asks for.
     let llama = preset("llama-3-8b").unwrap();
