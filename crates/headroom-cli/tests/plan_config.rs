@@ -245,6 +245,26 @@ fn accelerate_s_fsdp_template_is_its_flags() {
     assert!(why(&record, "fsdp_config.fsdp_backward_prefetch").contains("prefetch"));
 }
 
+/// `--emit torchtitan` writes the job file that, given back to `--config`, plans the same job.
+#[test]
+fn torchtitan_s_emitted_job_file_plans_the_same_job() {
+    let dir = tempfile::tempdir().unwrap();
+    for flags in [
+        &["--gpus", "8", "--batch", "2", "--accumulation", "4", "--checkpoint", "per-op"][..],
+        &["--gpus", "32", "--tp", "4", "--pp", "2", "--accumulation", "8", "--pp-schedule", "interleaved-1f1b"],
+        &["--gpus", "16", "--dp-replicate", "2", "--cp", "2", "--checkpoint", "every-2", "--compile"],
+    ] {
+        let job =
+            [&["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--framework", "torchtitan", "--seq", "4096"], flags]
+                .concat();
+        let emitted = plan(&[&job[..], &["--emit", "torchtitan"]].concat());
+        let file = dir.path().join("job.toml");
+        std::fs::write(&file, emitted["engine_config"].as_str().unwrap()).unwrap();
+        let record = same_plan(&["--config", file.to_str().unwrap(), "--gpu", "h100-sxm"], &job);
+        assert_eq!(record["format"], "torchtitan", "{record}");
+    }
+}
+
 #[test]
 fn the_text_names_what_is_not_honoured() {
     headroom()

@@ -1,13 +1,16 @@
 //! Configurations for the engines people already run: a DeepSpeed
 //! `ds_config.json`, a `torchrun` command with Hugging Face Trainer FSDP
-//! arguments, an Accelerate config, and Megatron-LM arguments, for one
-//! training configuration. What an engine's configuration cannot say is an
+//! arguments, an Accelerate config, Megatron-LM arguments and a torchtitan job
+//! file, for one training configuration. What an engine's configuration cannot say is an
 //! error that names the engine that can.
 
 use crate::job::{BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::GPUS_PER_NODE;
 use serde_json::json;
+
+mod architecture;
+mod torchtitan;
 
 /// The engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +19,7 @@ pub enum Engine {
     Fsdp,
     Accelerate,
     Megatron,
+    Torchtitan,
 }
 
 crate::names::named!(Engine {
@@ -23,6 +27,7 @@ crate::names::named!(Engine {
     Fsdp => ("fsdp", "torchrun with Hugging Face Trainer FSDP arguments"),
     Accelerate => ("accelerate", "an Accelerate config"),
     Megatron => ("megatron", "Megatron-LM arguments (tensor, pipeline and context parallelism)"),
+    Torchtitan => ("torchtitan", "torchtitan's job TOML (FSDP2, tensor, pipeline and context parallelism)"),
 });
 
 impl Engine {
@@ -36,6 +41,7 @@ impl Engine {
         match self {
             Engine::DeepSpeed => Framework::DeepSpeed,
             Engine::Megatron => Framework::Megatron,
+            Engine::Torchtitan => Framework::Torchtitan,
             Engine::Fsdp | Engine::Accelerate => Framework::HuggingFace,
         }
     }
@@ -121,15 +127,18 @@ pub fn emit(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, 
 
 fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let par = &cfg.parallel;
+    if engine == Engine::Torchtitan {
+        return torchtitan::job_file(model, cfg);
+    }
     if cfg.checkpointing == Checkpointing::PerOp {
         return Err(format!(
             "per-op checkpointing is torchtitan's (`selective_ac_option = \"op\"`); {engine:?} has no such policy: \
-             plan with --checkpoint full or selective"
+             plan with --checkpoint full or selective, or use --emit torchtitan"
         ));
     }
     if engine != Engine::Megatron && par.model_parallel() > 1 {
         return Err(format!(
-            "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron"
+            "{engine:?} configs do not set tensor, pipeline or context parallelism; use --emit megatron or torchtitan"
         ));
     }
     // ZeRO-Offload needs the optimizer partitioned (stage ≥ 2 in practice); parameters need stage 3.
@@ -143,6 +152,7 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
         Engine::Fsdp => fsdp(cfg, zero),
         Engine::Accelerate => accelerate(cfg, zero),
         Engine::Megatron => megatron(model, cfg),
+        Engine::Torchtitan => unreachable!("written above"),
     }
 }
 
@@ -263,26 +273,21 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
     let (nodes, per_node) = launch(par.gpus(), par.tensor)?;
     let uneven = uneven_stages(model.layers, par.pipeline)?;
     let mut args = vec![
-        format!("torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py"),
+        // Megatron-LM refuses tensor or context parallelism before Blackwell without it.
+        format!(
+            "{}torchrun --nproc_per_node {per_node} --nnodes {nodes} pretrain_gpt.py",
+            if par.tensor > 1 || par.context > 1 { "CUDA_DEVICE_MAX_CONNECTIONS=1 " } else { "" }
+        ),
         format!("--tensor-model-parallel-size {}", par.tensor),
         format!("--pipeline-model-parallel-size {}", par.pipeline),
         format!("--context-parallel-size {}", par.context),
         format!("--micro-batch-size {}", cfg.micro_batch),
         format!("--global-batch-size {}", cfg.global_batch()),
         format!("--seq-length {}", cfg.seq),
-        format!(
-            "--num-layers {} --hidden-size {} --ffn-hidden-size {} --num-attention-heads {}",
-            model.layers, model.hidden, model.intermediate, model.heads
-        ),
     ];
+    args.extend(architecture::flags(model, cfg.seq, par.tensor)?);
     if let Some(flags) = uneven {
         args.push(flags);
-    }
-    if model.kv_heads != model.heads {
-        args.push(format!("--group-query-attention --num-query-groups {}", model.kv_heads));
-    }
-    if model.gated_mlp {
-        args.push("--swiglu".into());
     }
     if par.virtual_stages > 1 {
         args.push(format!(
@@ -316,7 +321,8 @@ fn megatron(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
         }
     }
     if cfg.offload == Offload::Optimizer {
-        args.push("--optimizer-cpu-offload".into());
+        // Megatron's hybrid-device optimizer runs on the precision-aware one's code path.
+        args.push("--optimizer-cpu-offload --use-precision-aware-optimizer".into());
     }
     Ok(args.join(" \\\n  "))
 }
@@ -407,6 +413,7 @@ mod tests {
         assert!(emit(Engine::DeepSpeed, &m(), &tp).unwrap_err().0.contains("--emit megatron"));
         let mega = emit(Engine::Megatron, &m(), &tp).unwrap();
         for flag in [
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun",
             "--nnodes 8",
             "--tensor-model-parallel-size 8",
             "--pipeline-model-parallel-size 2",

@@ -2,7 +2,7 @@
 //! the defaults its configuration classes take when a key is absent or `null`. Users' files
 //! and the presets go through the same reader.
 
-use super::{Family, Model, ModelError};
+use super::{Family, Model, ModelError, RopeScaling};
 use serde_json::{Map, Value};
 
 /// The `model_type`s the reader knows, as [`Model::model_type`] keeps them.
@@ -183,6 +183,9 @@ impl<'a> Config<'a> {
             sliding_window: None,
             global_layers: Vec::new(),
             relative_buckets: 0,
+            rope_theta: None,
+            rope_scaling: None,
+            norm_eps: 1e-5,
         }
     }
 
@@ -204,6 +207,7 @@ impl<'a> Config<'a> {
             max_position: self.need("n_positions")?,
             qkv_bias: true,
             decoder_layers: layers,
+            norm_eps: self.float("layer_norm_epsilon")?.unwrap_or(1e-5),
             ..self.base(Family::Gpt2)
         })
     }
@@ -246,6 +250,15 @@ impl<'a> Config<'a> {
             tied_embeddings: self.flag("tie_word_embeddings", family != Family::NeoX)?,
             qkv_bias: true,
             decoder_layers: if family == Family::Bert { 0 } else { layers },
+            rope_theta: match family {
+                Family::NeoX => Some(self.float("rotary_emb_base")?.unwrap_or(10000.0)),
+                _ => None,
+            },
+            norm_eps: match family {
+                Family::Bloom => self.float("layer_norm_epsilon")?.unwrap_or(1e-5),
+                Family::Bert => self.float("layer_norm_eps")?.unwrap_or(1e-12),
+                _ => self.float("layer_norm_eps")?.unwrap_or(1e-5),
+            },
             ..self.base(family)
         })
     }
@@ -270,6 +283,7 @@ impl<'a> Config<'a> {
             gated_mlp,
             decoder_layers: decoder,
             relative_buckets: self.uint("relative_attention_num_buckets")?.unwrap_or(32),
+            norm_eps: self.float("layer_norm_epsilon")?.unwrap_or(1e-6),
             ..self.base(Family::T5)
         })
     }
@@ -321,6 +335,13 @@ impl<'a> Config<'a> {
             decoder_layers: layers,
             sliding_window,
             global_layers,
+            // Each family's defaults in transformers.
+            rope_theta: Some(self.rope_theta(if self.model_type == "mixtral" { 1e6 } else { 10000.0 })?),
+            rope_scaling: self.rope_scaling()?,
+            norm_eps: self.float("rms_norm_eps")?.unwrap_or(match self.model_type {
+                "mixtral" | "phi3" => 1e-5,
+                _ => 1e-6,
+            }),
             ..self.base(Family::GatedDecoder)
         })
     }
@@ -381,6 +402,58 @@ impl<'a> Config<'a> {
             })
             .collect::<Result<_, _>>()
             .map(Some)
+    }
+
+    /// A positive number, or `None` when absent or `null`.
+    fn float(&self, key: &'static str) -> Result<Option<f64>, ModelError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x > 0.0 && x.is_finite() => Ok(Some(x)),
+                Some(_) => Err(ModelError::Invalid(format!("`{key}` is {v}; it must be a positive number"))),
+                None => Err(self.wrong(key, "a number")),
+            },
+        }
+    }
+
+    /// The rotary positions' parameters: `rope_scaling`, or transformers 5's `rope_parameters`.
+    fn rope_parameters(&self) -> Result<Option<Config<'a>>, ModelError> {
+        let key = if self.get("rope_scaling").is_some() { "rope_scaling" } else { "rope_parameters" };
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(fields)) => Ok(Some(Config { fields, model_type: self.model_type, name: self.name })),
+            Some(_) => Err(self.wrong(key, "an object")),
+        }
+    }
+
+    /// `rope_theta`, at the top level or among transformers 5's `rope_parameters`.
+    fn rope_theta(&self, default: f64) -> Result<f64, ModelError> {
+        let nested = match self.get("rope_parameters") {
+            Some(Value::Object(fields)) => {
+                Config { fields, model_type: self.model_type, name: self.name }.float("rope_theta")?
+            }
+            _ => None,
+        };
+        Ok(self.float("rope_theta")?.or(nested).unwrap_or(default))
+    }
+
+    /// The rotary frequencies' stretching, unless its type is `default` (none).
+    fn rope_scaling(&self) -> Result<Option<RopeScaling>, ModelError> {
+        let Some(rope) = self.rope_parameters()? else { return Ok(None) };
+        let kind = match (rope.string("rope_type")?, rope.string("type")?) {
+            (Some(k), _) | (None, Some(k)) => k,
+            (None, None) => "default",
+        };
+        if kind == "default" {
+            return Ok(None);
+        }
+        Ok(Some(RopeScaling {
+            kind: kind.to_string(),
+            factor: rope.float("factor")?,
+            low_freq_factor: rope.float("low_freq_factor")?,
+            high_freq_factor: rope.float("high_freq_factor")?,
+            original_max_position: rope.uint("original_max_position_embeddings")?,
+        }))
     }
 
     /// Qwen3-MoE may keep some layers dense; the plan counts every layer alike, so such a

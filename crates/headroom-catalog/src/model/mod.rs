@@ -16,7 +16,7 @@ use std::fmt;
 
 mod hf_config;
 mod presets;
-pub use presets::{preset, presets};
+pub use presets::{hub_ids, preset, presets};
 
 /// The family, as far as parameter counting and activations go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +74,25 @@ pub struct Model {
     pub global_layers: Vec<u64>,
     /// T5's relative-position buckets (one table per stack).
     pub relative_buckets: u64,
+    /// Rotary positions' base (`rope_theta`, GPT-NeoX's `rotary_emb_base`); `None` where
+    /// positions are not rotary (a learned table, ALiBi, T5's buckets).
+    pub rope_theta: Option<f64>,
+    /// How the rotary frequencies are stretched for contexts longer than trained (`rope_scaling`).
+    pub rope_scaling: Option<RopeScaling>,
+    /// The norms' epsilon (`rms_norm_eps`, `layer_norm_epsilon`, `layer_norm_eps`).
+    pub norm_eps: f64,
+}
+
+/// A config's `rope_scaling` (transformers 5's `rope_parameters` other than the default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeScaling {
+    /// `rope_type` (or the older `type`): `llama3`, `linear`, `dynamic`, `yarn`, `longrope`, ...
+    pub kind: String,
+    pub factor: Option<f64>,
+    /// Llama 3's `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`.
+    pub low_freq_factor: Option<f64>,
+    pub high_freq_factor: Option<f64>,
+    pub original_max_position: Option<u64>,
 }
 
 /// The output layer and its loss.
@@ -390,6 +409,9 @@ impl Model {
             sliding_window: None,
             global_layers: Vec::new(),
             relative_buckets: 0,
+            rope_theta: None,
+            rope_scaling: None,
+            norm_eps: 1e-5,
         }
     }
 

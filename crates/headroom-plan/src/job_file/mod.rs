@@ -10,7 +10,7 @@ mod accelerate;
 mod deepspeed;
 mod fields;
 mod serve_args;
-mod torchtitan;
+pub(crate) mod torchtitan;
 mod torchtune;
 
 use crate::names::{named, Named};

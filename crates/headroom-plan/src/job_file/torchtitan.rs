@@ -13,7 +13,7 @@ use crate::request::{Compile, TrainRequest};
 use serde_json::Value;
 
 /// torchtitan's `(model.name, model.flavor)` and the preset each is.
-const MODELS: &[(&str, &str, &str)] = &[
+pub(crate) const MODELS: &[(&str, &str, &str)] = &[
     ("llama3", "8B", "llama-3.1-8b"),
     ("llama3", "70B", "llama-3.1-70b"),
     ("llama3", "405B", "llama-3.1-405b"),
@@ -136,14 +136,6 @@ fn training(f: &mut Fields, r: &mut TrainRequest) -> Result<(), String> {
             f.ignore("training.mixed_precision_reduce", format!("{p:?}: the planner reduces in float32"));
         }
     }
-    if let Some(g) = f.take("training.global_batch_size") {
-        if g.as_i64().is_some_and(|g| g > 0) {
-            f.ignore(
-                "training.global_batch_size",
-                "its accumulation depends on the data-parallel degree: give --accumulation",
-            );
-        }
-    }
     // Before [compile] (2025): the blocks compiled, the loss eager.
     if f.bool("training.compile")? == Some(true) {
         r.compile = Compile::Model;
@@ -185,6 +177,7 @@ fn parallelism(f: &mut Fields, r: &mut TrainRequest) -> Result<(), String> {
         Some(s) => r.replicate * s * model_parallel,
         None => r.replicate * model_parallel,
     };
+    global_batch(f, r, shard.map(|s| r.replicate * s))?;
     let schedule = f.str("parallelism.pipeline_parallel_schedule")?;
     let micro = f.positive("parallelism.pipeline_parallel_microbatch_size")?;
     if r.pipeline == 1 {
@@ -217,6 +210,33 @@ fn parallelism(f: &mut Fields, r: &mut TrainRequest) -> Result<(), String> {
     }
     r.accumulation *= r.micro_batch / micro;
     r.micro_batch = micro;
+    Ok(())
+}
+
+/// `training.global_batch_size`: the local batches one step accumulates over the
+/// data-parallel GPUs, where the file gives their number (`data_parallel_shard_degree`).
+fn global_batch(f: &mut Fields, r: &mut TrainRequest, data: Option<u64>) -> Result<(), String> {
+    let Some(g) = f.take("training.global_batch_size") else { return Ok(()) };
+    let Some(global) = g.as_i64().and_then(|g| u64::try_from(g).ok()).filter(|&g| g > 0) else {
+        return Ok(());
+    };
+    let Some(data) = data else {
+        f.ignore(
+            "training.global_batch_size",
+            "its accumulation depends on the data-parallel degree (data_parallel_shard_degree = -1): give \
+             --accumulation",
+        );
+        return Ok(());
+    };
+    let step = r.micro_batch * data;
+    if !global.is_multiple_of(step) {
+        return Err(format!(
+            "training.global_batch_size {global} is not a whole number of local batches of {} over {data} \
+             data-parallel GPUs",
+            r.micro_batch
+        ));
+    }
+    r.accumulation *= global / step;
     Ok(())
 }
 
@@ -329,6 +349,24 @@ mod tests {
         assert_eq!(r.schedule, Some(PipelineSchedule::Interleaved1F1B));
         assert_eq!((r.precision, r.checkpointing, r.compile), (Precision::Fp8, Checkpointing::Full, Compile::Model));
         assert!(r.config().is_ok());
+    }
+
+    #[test]
+    fn the_global_batch_is_local_batches_accumulated_over_the_data_parallel_gpus() {
+        let file = |shard: i64, global: u64| {
+            format!(
+                "[model]\nflavor = \"8B\"\n[training]\nlocal_batch_size = 2\nglobal_batch_size = {global}\n\
+                 [parallelism]\ndata_parallel_shard_degree = {shard}\n"
+            )
+        };
+        let (r, got) = train(&file(8, 64));
+        assert_eq!((r.micro_batch, r.accumulation, r.gpus), (2, 4, 8));
+        assert!(got.ignored.iter().all(|i| i.field != "training.global_batch_size"));
+        // The data-parallel GPUs are --gpus' to say.
+        let (r, got) = train(&file(-1, 64));
+        assert_eq!(r.accumulation, 1);
+        assert!(got.ignored.iter().any(|i| i.field == "training.global_batch_size"));
+        assert!(read(&file(8, 60)).unwrap_err().contains("not a whole number of local batches"));
     }
 
     #[test]
