@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
     r.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
+    r.add_argument("--kernels", choices=("last", "all", "none"), default="last",
+                   help="the kernels each operator runs, for the step time: of the last step (default), of every "
+                        "step, or none (a smaller file, planned without a step time)")
     r.add_argument("--out", required=True, help="the step program to write (JSONL)")
     return p
 
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rec.write(args.out)
+    rec.write(args.out, args.kernels)
     seconds = time.perf_counter() - start
     allocs = sum(1 for op, _ in rec.events if op == "alloc")
     print(f"recorded {spec.steps} steps of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "

@@ -34,6 +34,14 @@ from `backward()`, optimizer from the optimizer's step hooks), the module whose 
 | made in setup and not a module's | `inputs` |
 | anything else made in the optimizer step | `temporary` |
 
+The recorder also keeps the kernels the step runs: each ATen operator a GPU runs as a kernel (not
+views, metadata or allocations), with its FLOPs (`torch.utils.flop_counter`'s formulas), the
+bytes of its inputs and outputs, its dtype, the shape of a matrix multiply or of attention, and
+the operators the host dispatched for it (and the scalars it read back, and whether a
+checkpointed module's forward ran it again in the backward). `write` writes the last step's as `kernel` lines
+(`kernels="all"`: every step's; `"none"`: none), from which `headroom plan --program` times the
+step; `StepRecorder(kernels=False)` keeps none.
+
 Scaled dot-product attention is routed as an sm90 GPU routes it ([`headroom_gpu.sdpa`]).
 Operators whose output depends on data that fake tensors do not have (`nonzero`,
 `masked_select`, `.item()`; MoE routing goes through them) get a stated assumption instead of a
@@ -86,7 +94,90 @@ class _Tracker(TorchDispatchMode):
         except (DynamicOutputShapeException, DataDependentOutputException):
             out = self.recorder._assumed(func, args, kwargs or {})
         tree_map_only(torch.Tensor, self.recorder._seen, out)
+        if self.recorder.kernels and self.recorder._phase != SETUP and getattr(func, "namespace", "") == "aten":
+            self.recorder._kernel(func, args, kwargs or {}, out)
         return out
+
+
+# ATen operators that launch no kernel: views and metadata (`OpOverload.is_view` finds the rest),
+# allocations without a fill, and reads of a scalar; other namespaces' (`prim::device`) neither.
+_NO_KERNEL = frozenset((
+    "view", "_unsafe_view", "t", "transpose", "expand", "detach", "alias", "permute", "unsqueeze", "squeeze",
+    "slice", "select", "split", "split_with_sizes", "unbind", "as_strided", "_reshape_alias", "view_as_real",
+    "view_as_complex", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+    "_local_scalar_dense", "set_", "resize_", "_assert_async", "_assert_scalar", "sym_size", "sym_stride",
+    "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type", "record_stream",
+))
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _dtype(t: torch.Tensor) -> str:
+    name = _DTYPES.get(t.dtype)
+    if name is None:
+        name = "fp8" if "float8" in str(t.dtype) else str(t.dtype).rsplit(".", 1)[-1]
+    return name
+
+
+def _tensors(tree: Any) -> list:
+    out: list = []
+    tree_map_only(torch.Tensor, out.append, tree)
+    return out
+
+
+def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
+    """What a GPU's kernel for `func` does: its FLOPs (torch.utils.flop_counter's formula, where
+    it has one), the bytes its inputs and outputs hold (a roofline's traffic), its dtype, and
+    the shape of a matrix multiply or of attention. None for an operator that launches none.
+    (The recorder adds `ops`: the operators the host dispatched for it, views among them.)"""
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(func, "overloadpacket", None)
+    name = getattr(packet, "__name__", str(func))
+    if getattr(func, "namespace", "aten") != "aten" or name in _NO_KERNEL or getattr(func, "is_view", False):
+        return None
+    inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+    if not inputs and not outputs:
+        return None
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    traffic = size(inputs) + size(outputs)
+    if out is None and name.endswith("_") and args:
+        traffic += size(_tensors(args[0]))  # an in-place list (foreach) written back
+    floating = [t for t in inputs + outputs if t.is_floating_point()]
+    line: dict = {"op": "kernel", "name": f"aten::{name}"}
+    flops = 0
+    if packet in flop_registry:
+        try:
+            flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+        except Exception:  # a formula that does not take this overload's arguments
+            flops = 0
+    line["flops"] = flops
+    line["bytes"] = traffic
+    line["dtype"] = _dtype(floating[0] if floating else (inputs + outputs)[0])
+    if name in ("mm", "addmm", "bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+        batch = a.shape[0] if a.dim() == 3 else 1
+        line["mnk"] = [int(a.shape[-2]), int(b.shape[-1]), int(a.shape[-1])]
+        line["batch"] = int(batch)
+    elif "_scaled_dot_product_" in name:
+        q, k = args[0], args[1]
+        if name.endswith("_backward"):
+            q, k = args[1], args[2]  # after the output's gradient
+        kind = "flash" if "flash" in name else "efficient" if "efficient" in name else "cudnn"
+        causal = _argument(func, args, kwargs, "is_causal", False)
+        line["sdpa"] = kind
+        line["bhqkd"] = [int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k.shape[2]), int(q.shape[3])]
+        line["causal"] = bool(causal)
+    return line
+
+
+def _argument(func: Any, args: tuple, kwargs: dict, name: str, default: Any) -> Any:
+    """The argument `name` of a call of `func`, by its schema's position."""
+    if name in kwargs:
+        return kwargs[name]
+    names = [a.name for a in func._schema.arguments]
+    i = names.index(name) if name in names else len(args)
+    return args[i] if i < len(args) else default
 
 
 def _overwriting_apply(original: Any) -> Any:
@@ -133,9 +224,13 @@ class StepRecorder:
     """
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
-                 packed_sequences: bool = False, shape: tuple[int, int] | None = None):
+                 packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True):
         self.fake = fake
         self.shape = shape
+        self.kernels = kernels
+        self.kernel_lines: list[tuple[int, int, dict]] = []
+        self._dispatched = 0  # ATen operators dispatched since the last kernel
+        self._reads = 0  # and scalars read back (`.item()`)
         self.packed_sequences = packed_sequences
         self.route_sdpa = route_sdpa
         self.data_dependent_fraction = data_dependent_fraction
@@ -193,6 +288,23 @@ class StepRecorder:
         self.events.append(("alloc", rec))
         self.live += size
         self.peak = max(self.peak, self.live)
+
+    def _kernel(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Keeps the kernel `func` runs, if it runs one, after the allocations it made."""
+        if func.overloadpacket.__name__ == "_local_scalar_dense":
+            self._reads += 1  # `.item()`: a read the host waits on, no operator of its own
+            return
+        self._dispatched += 1
+        line = _kernel_line(func, args, kwargs, out)
+        if line is not None:
+            if self._dispatched > 1:
+                line["ops"] = self._dispatched
+            if self._reads:
+                line["reads"] = self._reads
+            if self._phase == BACKWARD and self._modules:
+                line["recompute"] = True  # a module's forward run again in the backward (checkpointing)
+            self._dispatched = self._reads = 0
+            self.kernel_lines.append((len(self.events), self._step, {"op": "kernel", "at": self._when(), **line}))
 
     def _freed(self, rec: _Storage) -> None:
         self._refs.pop(rec.index, None)
@@ -332,7 +444,9 @@ class StepRecorder:
             s.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         nn = torch.nn.modules.module
         s.callback(nn.register_module_forward_pre_hook(self._forward_pre).remove)
-        s.callback(nn.register_module_forward_hook(self._forward_post).remove)
+        # always_call: a forward stopped early (non-reentrant checkpointing stops its recomputation
+        # once it has what the backward needs) leaves the module's scope too.
+        s.callback(nn.register_module_forward_hook(self._forward_post, always_call=True).remove)
         import torch.optim.optimizer as opt
         s.callback(opt.register_optimizer_step_pre_hook(self._optimizer_pre).remove)
         s.callback(opt.register_optimizer_step_post_hook(self._optimizer_post).remove)
@@ -382,20 +496,27 @@ class StepRecorder:
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
 
-    def to_jsonl(self) -> str:
-        """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention."""
+    def to_jsonl(self, kernels: str = "last") -> str:
+        """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention,
+        and the kernels of the last step (`kernels="all"`: of every step; `"none"`: none)."""
         lines = []
         if self.shape is not None:
             batch, seq = self.shape
             lines.append(json.dumps({"op": "shape", "batch": batch, "seq": seq}, separators=(",", ":")))
-        for op, rec in self.events:
+        wanted = [k for k in self.kernel_lines if kernels == "all" or (kernels == "last" and k[1] == self._step)]
+        at = 0
+        for i, (op, rec) in enumerate(self.events):
+            while at < len(wanted) and wanted[at][0] <= i:
+                lines.append(json.dumps(wanted[at][2], separators=(",", ":")))
+                at += 1
             if op == "alloc":
                 lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}, separators=(",", ":")))
             else:
                 lines.append(json.dumps({"op": "free", "id": rec.id()}, separators=(",", ":")))
+        lines.extend(json.dumps(k[2], separators=(",", ":")) for k in wanted[at:])
         return "\n".join(lines) + "\n"
 
-    def write(self, path: str) -> None:
-        """Writes the step program to `path`."""
+    def write(self, path: str, kernels: str = "last") -> None:
+        """Writes the step program to `path` (`kernels`: as `to_jsonl`)."""
         with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_jsonl())
+            f.write(self.to_jsonl(kernels))

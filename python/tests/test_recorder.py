@@ -193,6 +193,73 @@ class Command(unittest.TestCase):
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
+@unittest.skipIf(MISSING, MISSING)
+class KernelLines(unittest.TestCase):
+    """The kernels each operator runs, written for the planner's step time: one line a kernel,
+    none for views, matrix multiplies with their shape and positive FLOPs, attention with the
+    kernel routed."""
+
+    def record(self):
+        from headroom_gpu.recorder import StepRecorder
+
+        with StepRecorder() as rec:
+            lin = torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16)
+            opt = torch.optim.AdamW(lin.parameters(), foreach=True)
+            x = torch.randn(2, 4, 32, 64, dtype=torch.bfloat16)
+            for _ in range(2):
+                with rec.step():
+                    y = lin(x)
+                    q = y[..., :64].contiguous()
+                    a = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                    a.float().square().mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+        return rec
+
+    def test_kernel_lines(self):
+        rec = self.record()
+        lines = [json.loads(l) for l in rec.to_jsonl().splitlines()]
+        kernels = [l for l in lines if l["op"] == "kernel"]
+        self.assertTrue(kernels)
+        self.assertEqual({k["at"].split(".")[0] for k in kernels}, {"step2"})
+        self.assertEqual({k["at"].split(".")[1] for k in kernels}, {"forward", "backward", "optimizer"})
+        names = {k["name"] for k in kernels}
+        for view in ("aten::view", "aten::t", "aten::transpose", "aten::expand", "aten::_unsafe_view", "aten::detach"):
+            self.assertNotIn(view, names)
+        mms = [k for k in kernels if k["name"] == "aten::mm"]
+        self.assertTrue(mms)
+        for k in mms:
+            m, n, kk = k["mnk"]
+            self.assertEqual(k["flops"], 2 * m * n * kk * k["batch"])
+            self.assertGreater(k["flops"], 0)
+            self.assertEqual(k["dtype"], "bf16")
+            self.assertGreater(k["bytes"], 0)
+        self.assertIn([256, 96, 64], [k["mnk"] for k in mms])  # the forward: 2·4·32 rows
+        sdpa = [k for k in kernels if "sdpa" in k]
+        self.assertEqual([k["sdpa"] for k in sdpa], ["flash", "flash"])
+        self.assertEqual(sdpa[0]["bhqkd"], [2, 4, 32, 32, 64])
+        self.assertTrue(all(k["causal"] for k in sdpa))
+        everything = [json.loads(l) for l in rec.to_jsonl("all").splitlines()]
+        first = [l for l in everything if l["op"] == "kernel" and l["at"].startswith("step1.")]
+        self.assertGreaterEqual(len(first), len(kernels))  # the first step makes the optimizer's state too
+        self.assertFalse([l for l in rec.to_jsonl("none").splitlines() if '"kernel"' in l])
+        # Without them, the same allocations.
+        strip = lambda text: [l for l in text.splitlines() if '"kernel"' not in l]  # noqa: E731
+        self.assertEqual(strip(rec.to_jsonl()), rec.to_jsonl("none").splitlines())
+
+    def test_a_recording_with_kernels_is_timed(self):
+        rec = self.record()
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "k.jsonl")
+            rec.write(path)
+            out = subprocess.run([_headroom(), "plan", "--model", "gpt2", "--gpu", "h100", "--batch", "2", "--seq",
+                                  "32", "--program", path, "--json"], capture_output=True, text=True)
+            self.assertIn(out.returncode, (0, 1), out.stderr)
+            self.assertGreater(json.loads(out.stdout)["step_time_s"], 0)
+            replay = subprocess.run([_headroom(), "replay", path], capture_output=True, text=True)
+            self.assertEqual(replay.returncode, 0, replay.stderr)
+
+
 def _documented(kind):
     """docs/RECORDING.md's code blocks of `kind` (sh or python), each as its lines."""
     with open(os.path.join(REPO, "docs", "RECORDING.md"), encoding="utf-8") as f:

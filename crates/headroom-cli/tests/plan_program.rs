@@ -153,33 +153,60 @@ fn settings_a_recording_brings_are_refused_by_name() {
     assert!(text.contains("the peak is in the forward"), "{text}");
 }
 
-/// A recording has no time model: its JSON's time keys are all null and its text has no step
-/// time, only the line that says why.
+/// A recording that holds its kernels is timed from them: its JSON's time keys are numbers whose
+/// parts add up to the step, and its text says the step time and where it goes. One recorded
+/// without kernels (the checkpointed GPT-2 step) has no step time: its time keys are all null
+/// and its text says why.
 #[test]
-fn a_recorded_program_has_no_step_time() {
-    let recording = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/recordings/gpt2-bf16-b4-s1024.jsonl");
-    let on = |gpu: &'static str| {
+fn a_recording_is_timed_from_its_kernels_and_one_without_is_not() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/recordings/");
+    let on = |gpu: &'static str, file: &str| {
         let shape = ["--model", "gpt2", "--gpu", gpu, "--batch", "4", "--seq", "1024", "--program"];
-        [&shape[..], &[recording.to_str().unwrap()]].concat()
+        let path = dir.join(file).to_str().unwrap().to_string();
+        shape.iter().map(|s| s.to_string()).chain([path]).collect::<Vec<String>>()
     };
-    let args = on("h100");
-    let (_, v) = plan(&args);
+    let run = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, v) = plan(&args);
+        let text = String::from_utf8(headroom().arg("plan").args(&args).output().unwrap().stdout).unwrap();
+        (code, v, text)
+    };
+
+    let (_, v, text) = run(&on("h100", "gpt2-bf16-b4-s1024.jsonl"));
     assert_eq!(v["program"]["source"], "recording");
+    let step = v["step_time_s"].as_f64().unwrap();
+    let b = &v["step_time_breakdown"];
+    let parts: f64 =
+        ["compute_s", "memory_bound_s", "launch_s", "communication_s"].iter().map(|k| b[k].as_f64().unwrap()).sum();
+    assert!(step > 0.0 && (parts - step).abs() < 1e-9 * step, "{v}");
+    assert!(b["compute_s"].as_f64().unwrap() > 0.0 && b["memory_bound_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(text.contains("step time ≈") && text.contains("of which compute"), "{text}");
+    assert!(text.contains("kernels timed"), "{text}");
+    // With checkpointing it was not recorded with, the backward's recomputation is not in it.
+    let (_, v, text) =
+        run(&[on("h100", "gpt2-bf16-b4-s1024.jsonl"), vec!["--checkpoint".into(), "full".into()]].concat());
+    assert!(v["step_time_s"].is_null(), "{v}");
+    assert!(
+        text.contains("step time: not estimated (the recorded kernels are of the step without checkpointing"),
+        "{text}"
+    );
+
+    let (_, v, text) = run(&on("h100", "gpt2-bf16-b4-s1024-ckpt.jsonl"));
     for k in ["step_time_s", "layer_time_s", "step_time_breakdown", "tokens_per_s", "mfu", "recompute_fraction"] {
         assert!(v.get(k).is_some_and(Value::is_null), "{k}: {v}");
     }
-    let out = headroom().arg("plan").args(&args).output().unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("the step recorded in"), "{text}");
     assert!(!text.contains("step time ≈") && !text.contains("of which compute"), "{text}");
     let untimed: Vec<&str> = text.lines().filter(|l| l.starts_with("step time")).collect();
     assert_eq!(
         untimed,
-        ["step time: not estimated (a recording holds the step's allocations, not its operators' times)"],
+        ["step time: not estimated (the recording holds the step's allocations but not its kernels: record it again \
+          to time it)"],
         "{text}"
     );
     // Where it does not fit, the levers planned again are untimed too.
-    let (code, v) = plan(&[&on("l4")[..], &["--gpu-memory", "3GiB"]].concat());
+    let (code, v, _) =
+        run(&[on("l4", "gpt2-bf16-b4-s1024-ckpt.jsonl"), vec!["--gpu-memory".into(), "3GiB".into()]].concat());
     assert_eq!(code, 1);
     let levers = v["levers"].as_array().unwrap();
     assert!(!levers.is_empty() && levers.iter().all(|l| l["step_time_s"].is_null()), "{v}");

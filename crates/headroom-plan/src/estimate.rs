@@ -28,7 +28,7 @@ use crate::placement::{forward_flops, ForwardFlops};
 use crate::placement::{share, state_bytes_per_param};
 use crate::program::{Phase, PhasePeaks, Program, Term};
 use crate::replay::{replay, OutOfMemory, ReplaySettings, Replayed, When};
-use crate::time::step_time;
+use crate::time::{step_time, StepTime};
 use headroom_alloc::{AllocatorConfig, Backend, PolicyName};
 use headroom_alloc::{Oom, OomKind, OomReport};
 use std::sync::Arc;
@@ -272,8 +272,9 @@ impl Estimator {
             run.replays = replays;
         }
         let transformers = runner.builder.transformers_code(&job);
-        let untimed = runner.builder.untimed();
-        let time = untimed.is_none().then(|| timing(&job, &run.built, transformers));
+        let untimed = runner.builder.untimed(&job);
+        let own = runner.builder.step_time(&job);
+        let time = untimed.is_none().then(|| timing(&job, &run.built, transformers, own));
         let memory = self.memory(&job, &run, oom, capacity as f64);
         let fits = memory.oom.is_none() && run.built.note.is_none();
         let verdict = Verdict {
@@ -336,8 +337,9 @@ impl Estimator {
                 recompute = m.recompute_fraction;
             }
         }
-        let timed = runner.builder.untimed().is_none();
-        Some(Screened { tensors, step_time_s: timed.then(|| step_time(&job, recompute, transformers).step) })
+        let timed = runner.builder.untimed(&job).is_none();
+        let step = || runner.builder.step_time(&job).unwrap_or_else(|| step_time(&job, recompute, transformers)).step;
+        Some(Screened { tensors, step_time_s: timed.then(step) })
     }
 
     /// The longest sequence that fits (0 if none does), up to `limit` tokens.
@@ -506,11 +508,12 @@ fn host_bytes(job: &Job, stage: PipelineStage) -> f64 {
     per_gpu * par.gpus().min(parallel::GPUS_PER_NODE) as f64
 }
 
-/// The step's time, throughput and model FLOPs utilization.
-fn timing(job: &Job, built: &Built, transformers: bool) -> Timing {
+/// The step's time, throughput and model FLOPs utilization: of `own`, the builder's own step
+/// time, where it has one, or the time model's.
+fn timing(job: &Job, built: &Built, transformers: bool, own: Option<StepTime>) -> Timing {
     let (model, gpu, cfg) = (job.model, job.gpu, &job.train);
     let par = &cfg.parallel;
-    let t = step_time(job, built.recompute_fraction, transformers);
+    let t = own.unwrap_or_else(|| step_time(job, built.recompute_fraction, transformers));
     let tokens = cfg.micro_batch as f64 * cfg.seq as f64 * cfg.accumulation as f64 * par.data as f64;
     let ForwardFlops { linear, attention, head } = forward_flops(model, cfg);
     let passes = if matches!(cfg.finetune, Finetune::Lora { .. }) { 2.0 } else { 3.0 };

@@ -162,7 +162,10 @@ impl Recording {
             inexact += usize::from(!exact);
         }
         let path = recordings.iter().map(|r| r.path.as_str()).collect::<Vec<_>>().join(", ");
-        Ok(Recording { path, program, shapes, inexact, events: Vec::new() })
+        // Kernels time one shape: those of the first file that has any, said with its shape.
+        let kernels = recordings.iter().find(|r| !r.kernels.is_empty()).map(|r| r.kernels.clone()).unwrap_or_default();
+        let kernels_at = recordings.iter().find(|r| !r.kernels.is_empty()).and_then(|r| r.shapes.first().copied());
+        Ok(Recording { path, program, shapes, inexact, events: Vec::new(), kernels, kernels_at })
     }
 
     /// Whether the recordings tell how the step grows with the micro-batch (`batch`) or with

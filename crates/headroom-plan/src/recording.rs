@@ -12,10 +12,16 @@
 //! fixed bytes. The same step recorded at two or three shapes gives each tensor the law its
 //! sizes follow ([`crate::recorded_laws`]).
 //!
+//! A recording may also hold the kernels its step ran, one `kernel` line per operator that runs
+//! one on a GPU (docs/TRACE_FORMAT.md): what it is, its FLOPs and bytes, and the shape of a
+//! matrix multiply or of attention. A recording that holds them is timed from them
+//! ([`crate::time::recorded`]); one that does not is planned without a step time.
+//!
 //! Every malformed line is refused with the file's name and the line's number, and says what
 //! was expected: a plan made from a program that is not the one recorded would be wrong with
 //! confidence.
 
+use crate::kernel::Dtype;
 use crate::program::{Law, Op, Phase, Program, TensorId, Term};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -36,6 +42,136 @@ pub struct Recording {
     /// Each operation's line in the file and what it is apart from its size: the same step
     /// recorded at another shape has the same keys in the same order.
     pub(crate) events: Vec<(usize, String)>,
+    /// The kernels the recorded step ran, in the order it ran them (none where the recorder
+    /// wrote none).
+    pub kernels: Vec<Kernel>,
+    /// The shape, `(batch, seq)`, the kernels were recorded at, where the file says it: they
+    /// time that shape only.
+    pub kernels_at: Option<(u64, u64)>,
+}
+
+/// One kernel of the recorded step: an operator a GPU runs as a kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// The step and the phase that ran it.
+    pub step: u32,
+    pub phase: Phase,
+    /// The ATen operator, as `aten::mm`.
+    pub name: String,
+    /// Its FLOPs, where PyTorch's flop counter has a formula for it (0 where not).
+    pub flops: f64,
+    /// The bytes of its inputs and outputs: what a kernel bound by memory moves.
+    pub bytes: f64,
+    /// The format it computes in, where it is one the kernel model knows.
+    pub dtype: Option<Dtype>,
+    pub shape: KernelShape,
+    /// The operators the host dispatched for it since the kernel before, views and
+    /// metadata among them, itself included (at least 1).
+    pub ops: f64,
+    /// The scalars the host read back since the kernel before (`.item()`: the optimizer's step
+    /// counts).
+    pub reads: f64,
+    /// Whether a module's forward ran it again in the backward (checkpointing): dispatched
+    /// from Python, as the forward's are.
+    pub recompute: bool,
+}
+
+/// What a kernel's time is made of besides its bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelShape {
+    /// `batch` products of an `m`×`k` matrix by a `k`×`n` one.
+    Matmul { batch: f64, m: f64, n: f64, k: f64 },
+    /// A fused attention kernel (`sdpa` names which: flash, efficient, cudnn), forward or
+    /// backward: `b`×`heads` of `q` queries against `k` keys, `d` wide.
+    Attention { b: f64, heads: f64, q: f64, k: f64, d: f64, causal: bool, backward: bool },
+    /// Anything else: bound by the memory it moves.
+    Memory,
+}
+
+/// A `kernel` line, as the recorder writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KernelLine {
+    #[allow(dead_code)]
+    op: String,
+    at: String,
+    name: String,
+    #[serde(default)]
+    flops: f64,
+    bytes: f64,
+    #[serde(default)]
+    dtype: Option<String>,
+    #[serde(default)]
+    mnk: Option<[f64; 3]>,
+    #[serde(default)]
+    batch: Option<f64>,
+    #[serde(default)]
+    sdpa: Option<String>,
+    #[serde(default)]
+    bhqkd: Option<[f64; 5]>,
+    #[serde(default)]
+    causal: Option<bool>,
+    #[serde(default)]
+    ops: Option<f64>,
+    #[serde(default)]
+    reads: f64,
+    #[serde(default)]
+    recompute: bool,
+}
+
+impl KernelLine {
+    fn kernel(self) -> Result<Kernel, String> {
+        let (step, phase) = match parse_when(&self.at) {
+            Some((step, phase)) if step > 0 => (step, phase),
+            _ => {
+                return Err(format!(
+                    "a kernel's \"at\" is step<N>.<phase> (forward, backward, optimizer), not {:?}",
+                    self.at
+                ))
+            }
+        };
+        if !(self.bytes >= 0.0 && self.flops >= 0.0) {
+            return Err("a kernel's \"bytes\" and \"flops\" are not negative".into());
+        }
+        let dtype = match self.dtype.as_deref() {
+            Some("bf16") => Some(Dtype::Bf16),
+            Some("fp16") => Some(Dtype::Half),
+            Some("fp32" | "fp64") => Some(Dtype::Fp32),
+            Some("fp8") => Some(Dtype::Fp8),
+            _ => None,
+        };
+        let shape = match (self.mnk, self.bhqkd) {
+            (Some(_), Some(_)) => {
+                return Err("a kernel is a matrix multiply (\"mnk\") or attention (\"bhqkd\"), not both".into())
+            }
+            (Some([m, n, k]), None) => KernelShape::Matmul { batch: self.batch.unwrap_or(1.0), m, n, k },
+            (None, Some([b, heads, q, k, d])) => KernelShape::Attention {
+                b,
+                heads,
+                q,
+                k,
+                d,
+                causal: self.causal.unwrap_or(false),
+                backward: self.name.ends_with("_backward"),
+            },
+            (None, None) => KernelShape::Memory,
+        };
+        let _ = self.sdpa;
+        let ops = self.ops.unwrap_or(1.0).max(1.0);
+        let (reads, recompute) = (self.reads.max(0.0), self.recompute);
+        Ok(Kernel {
+            step,
+            phase,
+            name: self.name,
+            flops: self.flops,
+            bytes: self.bytes,
+            dtype,
+            shape,
+            ops,
+            reads,
+            recompute,
+        })
+    }
 }
 
 /// Why a recording cannot be read: the file, the line (0 for the file as a whole) and the
@@ -92,25 +228,29 @@ fn tag(id: &str) -> Result<Tag<'_>, String> {
         return Err(format!("id {id:?} is not a step program's: {ID_FORM}"));
     };
     let site = words.next().unwrap_or("");
-    let (step, phase) = if when == "setup" {
-        (0, Phase::Setup)
-    } else {
-        let parsed = when.strip_prefix("step").and_then(|w| w.split_once('.')).and_then(|(n, p)| {
-            let phase = match p {
-                "forward" => Phase::Forward,
-                "backward" => Phase::Backward,
-                "optimizer" => Phase::OptimizerStep,
-                _ => return None,
-            };
-            n.parse::<u32>().ok().filter(|&n| n > 0).map(|n| (n, phase))
-        });
-        parsed.ok_or_else(|| format!("id {id:?}: {when:?} is not setup or step<N>.<phase>: {ID_FORM}"))?
-    };
+    let (step, phase) =
+        parse_when(when).ok_or_else(|| format!("id {id:?}: {when:?} is not setup or step<N>.<phase>: {ID_FORM}"))?;
     let term = Term::ALL.into_iter().find(|t| t.name() == term).ok_or_else(|| {
         let names: Vec<&str> = Term::ALL.iter().map(|t| t.name()).collect();
         format!("id {id:?}: {term:?} is not one of the plan's terms ({})", names.join(", "))
     })?;
     Ok(Tag { step, phase, term, site })
+}
+
+/// `setup` (step 0) or `step<N>.<phase>`, N from 1.
+fn parse_when(when: &str) -> Option<(u32, Phase)> {
+    if when == "setup" {
+        return Some((0, Phase::Setup));
+    }
+    when.strip_prefix("step").and_then(|w| w.split_once('.')).and_then(|(n, p)| {
+        let phase = match p {
+            "forward" => Phase::Forward,
+            "backward" => Phase::Backward,
+            "optimizer" => Phase::OptimizerStep,
+            _ => return None,
+        };
+        n.parse::<u32>().ok().filter(|&n| n > 0).map(|n| (n, phase))
+    })
 }
 
 /// An id as the trace format reads it: numbers and strings are the same name by their text.
@@ -127,6 +267,7 @@ fn id_text(id: Option<&serde_json::Value>) -> Result<String, String> {
 #[derive(Default)]
 struct Reader {
     program: Program,
+    kernels: Vec<Kernel>,
     sites: HashMap<String, u32>,
     live: HashMap<String, TensorId>,
     /// The step and phase of the last mark.
@@ -140,6 +281,15 @@ struct Reader {
 
 impl Reader {
     fn line(&mut self, number: usize, text: &str) -> Result<(), String> {
+        if text.contains("\"kernel\"") {
+            // Rarely an allocation: its site names a module `kernel`.
+            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a trace line: {e}"))?;
+            if value.get("op").and_then(|o| o.as_str()) == Some("kernel") {
+                let k: KernelLine = serde_json::from_value(value).map_err(|e| format!("not a kernel line: {e}"))?;
+                self.kernels.push(k.kernel()?);
+                return Ok(());
+            }
+        }
         let line: Line = serde_json::from_str(text).map_err(|e| format!("not a trace line: {e}"))?;
         let only = |fields: &[(&str, bool)]| match fields.iter().find(|(_, given)| *given) {
             Some((name, _)) => Err(format!("{:?} takes no \"{name}\"", line.op)),
@@ -187,8 +337,8 @@ impl Reader {
                 Ok(())
             }
             other => Err(format!(
-                "{other:?}: a step program holds alloc, free and empty_cache, after its shape line (replay other \
-                 traces with `headroom replay`)"
+                "{other:?}: a step program holds alloc, free, empty_cache and kernel, after its shape line (replay \
+                 other traces with `headroom replay`)"
             )),
         }
     }
@@ -266,7 +416,7 @@ impl Recording {
                 reader.line(i + 1, text).map_err(|why| err(i + 1, why))?;
             }
         }
-        let program = reader.program;
+        let Reader { program, shape, events, kernels, .. } = reader;
         if program.allocations() == 0 {
             return Err(err(0, "holds no allocation: record a step (python -m headroom_gpu record) first".into()));
         }
@@ -276,10 +426,21 @@ impl Recording {
         Ok(Recording {
             path: path.to_string(),
             program,
-            shapes: reader.shape.into_iter().collect(),
+            shapes: shape.into_iter().collect(),
             inexact: 0,
-            events: reader.events,
+            kernels_at: shape.filter(|_| !kernels.is_empty()),
+            events,
+            kernels,
         })
+    }
+
+    /// The kernels of the last step that has any, in the order they ran: the step the time is
+    /// of (the first makes the optimizer's state; later ones run alike).
+    pub fn timed_kernels(&self) -> &[Kernel] {
+        let Some(last) = self.kernels.iter().map(|k| k.step).max() else { return &[] };
+        let first = self.kernels.iter().position(|k| k.step == last).unwrap_or(0);
+        let end = self.kernels[first..].iter().position(|k| k.step != last).map_or(self.kernels.len(), |e| first + e);
+        &self.kernels[first..end]
     }
 
     /// A line on what the recording holds: its file, allocations and steps.
@@ -291,8 +452,12 @@ impl Recording {
             .filter_map(|o| if let Op::Mark { step, .. } = o { Some(*step) } else { None })
             .max()
             .unwrap_or(0);
+        let kernels = match self.timed_kernels().len() {
+            0 => String::new(),
+            n => format!(", {n} kernels timed"),
+        };
         format!(
-            "{} ({} allocations, {} step{}{})",
+            "{} ({} allocations, {} step{}{kernels}{})",
             self.path,
             self.program.allocations(),
             steps,
@@ -345,5 +510,12 @@ mod tests {
         assert_eq!(e.to_string(), "s.jsonl line 2: an alloc needs a \"size\" in bytes");
         let e = Recording::parse(b"\xff\n", "s.jsonl").unwrap_err();
         assert_eq!(e.to_string(), "s.jsonl line 1: not UTF-8 (byte 1 is not)");
+        let kernel = |fields: &str| {
+            let text = format!("{{\"op\":\"kernel\",\"name\":\"aten::mm\",{fields}}}\n");
+            Recording::parse(text.as_bytes(), "s.jsonl").unwrap_err().to_string()
+        };
+        assert!(kernel("\"at\":\"setup\",\"bytes\":1").contains("line 1: a kernel's \"at\" is step<N>.<phase>"));
+        assert!(kernel("\"at\":\"step1.forward\"").contains("line 1: not a kernel line: missing field `bytes`"));
+        assert!(kernel("\"at\":\"step1.forward\",\"bytes\":1,\"size\":2").contains("unknown field `size`"));
     }
 }

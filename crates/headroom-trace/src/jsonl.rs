@@ -132,6 +132,9 @@ pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceErro
             shape_seen = true;
             continue;
         }
+        if is_kernel(text, n)? {
+            continue;
+        }
         out.push(TraceLine { line: n, op: parse_line(text, n)? });
     }
     Ok(out)
@@ -180,6 +183,27 @@ impl<'de> Deserialize<'de> for Fields {
 impl Fields {
     fn get(&self, key: &str) -> Option<&Value> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+/// Whether the line is a `kernel` line: a step program's note of a kernel its step ran (what
+/// `headroom plan --program` times a recording by), which holds no allocator operation and
+/// which the replay skips. Its fields are the planner's to read.
+fn is_kernel(text: &str, line: usize) -> Result<bool, TraceError> {
+    if !text.contains("\"kernel\"") {
+        return Ok(false);
+    }
+    let fields: Fields = match serde_json::from_str(text) {
+        Ok(f) => f,
+        // Not JSON: parse_line says why.
+        Err(_) => return Ok(false),
+    };
+    match fields.get("op") {
+        Some(Value::String(s)) if s == "kernel" => match fields.get("name") {
+            Some(Value::String(_)) => Ok(true),
+            _ => Err(perr(line, "a kernel line needs `name`, its operator")),
+        },
+        _ => Ok(false),
     }
 }
 
@@ -363,6 +387,23 @@ mod tests {
         let twice = b"{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n";
         let e = read_trace(&twice[..]).unwrap_err().to_string();
         assert!(e.contains("line 2: a step program's shape line comes first"), "{e}");
+    }
+
+    /// A step program's kernel lines are notes for the planner's time: the replay skips them.
+    #[test]
+    fn kernel_lines_are_skipped() {
+        let text = concat!(
+            r#"{"op":"alloc","id":"0 step1.forward activations kernel","size":8}"#,
+            "\n",
+            r#"{"op":"kernel","at":"step1.forward","name":"aten::mm","flops":2,"bytes":12,"dtype":"bf16","mnk":[1,1,1],"batch":1}"#,
+            "\n",
+            r#"{"op":"free","id":"0 step1.forward activations kernel"}"#,
+            "\n"
+        );
+        let t = read_trace(text.as_bytes()).unwrap();
+        assert_eq!(t.iter().map(|l| l.line).collect::<Vec<_>>(), [1, 3]);
+        let e = read_trace(&br#"{"op":"kernel","flops":1}"#[..]).unwrap_err().to_string();
+        assert!(e.contains("line 1: a kernel line needs `name`"), "{e}");
     }
 
     /// A number is read as the double nearest its digits, so a value written back (in the

@@ -160,9 +160,15 @@ pub trait Builder: Sync {
         false
     }
 
-    /// Why the planner's time model ([`crate::time`]) does not time its programs, where it
-    /// does not: their estimates then have no timing, and say this instead.
-    fn untimed(&self) -> Option<&'static str> {
+    /// Why the job's programs are not timed, where they are not: their estimates then have no
+    /// timing, and say this instead.
+    fn untimed(&self, _job: &Job) -> Option<&'static str> {
+        None
+    }
+
+    /// The job's step time made from the builder's own inputs (a recording's kernels), where it
+    /// has one; `None` where the planner's time model ([`crate::time`]) times the job.
+    fn step_time(&self, _job: &Job) -> Option<crate::time::StepTime> {
         None
     }
 

@@ -13,11 +13,17 @@
 //! at the first forward, for the forward's thread, and one at the first backward, for the
 //! autograd engine's, kept for the life of the process. A recording that holds workspaces (a
 //! program `--dump-program` wrote) keeps its own.
+//!
+//! A recording that holds the kernels its step ran (`kernel` lines) is timed from them, on the
+//! job's GPU, by the planner's kernel model ([`crate::time::recorded`]); one that holds none,
+//! or is planned with checkpointing it was not recorded with, is not timed.
 
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::job::{Checkpointing, Framework, Job, PipelineStage};
 use crate::program::{Law, Op, Phase, Program, Term};
 use crate::recompute::{checkpoint_layers, Wrapped};
+use crate::time::recorded::recorded_step_time;
+use crate::time::{Host, StepTime};
 
 /// Its name in the estimate and in `--json`.
 pub const NAME: &str = "recording";
@@ -36,9 +42,29 @@ impl Builder for UserRecording {
         Framework::Auto
     }
 
-    /// A recording holds what was allocated and freed, not how long the operators took.
-    fn untimed(&self) -> Option<&'static str> {
-        Some("a recording holds the step's allocations, not its operators' times")
+    /// A recording is timed from the kernels it recorded: one that holds none is not, and
+    /// neither is one planned with checkpointing it was not recorded with (the kernels the
+    /// backward would run again are not in it).
+    fn untimed(&self, job: &Job) -> Option<&'static str> {
+        match job.recording {
+            Some(r) if r.kernels.is_empty() => {
+                Some("the recording holds the step's allocations but not its kernels: record it again to time it")
+            }
+            Some(_) if job.train.checkpointing != Checkpointing::None => {
+                Some("the recorded kernels are of the step without checkpointing, not of what the backward recomputes")
+            }
+            Some(r) if r.kernels_at.is_some_and(|at| at != (job.train.micro_batch, job.train.seq)) => {
+                Some("the kernels were recorded at another shape: plan the shape they were recorded at to time the step")
+            }
+            Some(_) => None,
+            None => Some("the job brings no recorded program"),
+        }
+    }
+
+    /// The recorded step's kernels on the job's GPU ([`crate::time::recorded`]).
+    fn step_time(&self, job: &Job) -> Option<StepTime> {
+        let r = job.recording?;
+        recorded_step_time(r.timed_kernels(), job.gpu, &Host::default(), job.model.layers as f64)
     }
 
     fn only_when_brought(&self) -> bool {

@@ -22,6 +22,7 @@ use crate::model::{Head, Model};
 use crate::parallel;
 
 mod optimizer;
+pub mod recorded;
 use crate::placement::{main_grads_fp32, share, state_bytes_per_param};
 use optimizer::optimizer_time;
 
