@@ -193,20 +193,21 @@ print("ok")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "ok")
 
-    def test_without_the_pool_hooks_use_refuses(self):
+    def assert_use_refuses(self, pluggable_init, initialized, says):
+        """`use()` under a stand-in torch refuses with `says`, and PyTorch's allocator is never swapped."""
         code = f"""
 import sys, types
 calls = []
 class Pluggable:
-    def __init__(self, *args): self._allocator = types.SimpleNamespace()
+    def __init__(self, *args): {pluggable_init}
 memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
                                change_current_allocator=lambda a: calls.append(a))
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: False))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: {initialized}))
 from headroom_gpu import torch_allocator, HeadroomError
 try:
     torch_allocator.use({self.lib!r})
 except HeadroomError as e:
-    assert "PyTorch 2.3 or newer" in str(e), e
+    assert {says!r} in str(e), e
     assert calls == [], calls
     print("refused")
 """
@@ -214,26 +215,12 @@ except HeadroomError as e:
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "refused")
 
+    def test_without_the_pool_hooks_use_refuses(self):
+        self.assert_use_refuses("self._allocator = types.SimpleNamespace()", False, "PyTorch 2.3 or newer")
+
     def test_after_a_cuda_call_use_refuses_naming_the_order(self):
-        code = f"""
-import sys, types
-calls = []
-class Pluggable:
-    def __init__(self, *args): calls.append(args)
-memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
-                               change_current_allocator=lambda a: calls.append(a))
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory, is_initialized=lambda: True))
-from headroom_gpu import torch_allocator, HeadroomError
-try:
-    torch_allocator.use({self.lib!r})
-except HeadroomError as e:
-    assert "before any CUDA call" in str(e), e
-    assert calls == [], calls
-    print("refused")
-"""
-        r = self.run_python(code, HEADROOM_TORCH_BACKEND="sim")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip(), "refused")
+        # Refused before the pluggable allocator is even made.
+        self.assert_use_refuses("calls.append(args)", True, "before any CUDA call")
 
     def test_without_a_backend_use_refuses_and_leaves_pytorch_alone(self):
         code = f"""
