@@ -1,5 +1,6 @@
-"""`headroom plan --emit deepspeed|accelerate|torchtitan|megatron`, read by the engines' own
-loaders: DeepSpeed's `DeepSpeedConfig` (which checks the batch sizes against the world size),
+"""`headroom plan --emit deepspeed|accelerate|fsdp|torchtitan|megatron`, read by the engines'
+own loaders: DeepSpeed's `DeepSpeedConfig` (which checks the batch sizes against the world size),
+transformers' `HfArgumentParser(TrainingArguments)` (the `torchrun` line's arguments),
 Accelerate's `load_config_from_file` (which refuses keys it does not know), torchtitan's
 `ConfigManager` (which refuses fields its job config lacks) and Megatron-LM's argument parser
 and `validate_args` (from a Megatron-LM checkout named by $MEGATRON_LM, which pip does not
@@ -110,6 +111,41 @@ class Accelerate(unittest.TestCase):
         cfg = self.load(emitted("accelerate", gpus=8, zero=0, batch=1))
         self.assertEqual(cfg.distributed_type, DistributedType.MULTI_GPU)
         self.assertEqual(cfg.num_processes, 8)
+
+
+@unittest.skipUnless(installed("transformers"), "transformers is not installed (pip install transformers)")
+class TrainerFsdp(unittest.TestCase):
+    def parse(self, text):
+        """transformers' own reading of the `torchrun ... train.py` line's arguments: the
+        `TrainingArguments` a script built on `HfArgumentParser` gets."""
+        from transformers import HfArgumentParser, TrainingArguments
+
+        words = shlex.split(text.replace("\\\n", " "))
+        args = words[words.index("train.py") + 1 :]
+        from transformers import training_args
+
+        # The arguments are checked as on the H100s they were planned for: bf16 is there.
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+            training_args, "is_torch_bf16_gpu_available", return_value=True
+        ):
+            (parsed,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+                args + ["--output_dir", tmp], look_for_args_file=False
+            )
+        return words, parsed
+
+    def test_sharded_with_accumulation_and_checkpointing(self):
+        words, a = self.parse(emitted("fsdp", gpus=8, zero=3, accumulation=4, checkpoint="full"))
+        self.assertEqual(words[: words.index("train.py")][:3], ["torchrun", "--nproc_per_node", "8"])
+        if isinstance(a.fsdp, bool):
+            # transformers 5 reads the string form (deprecated there) as FSDP on, its sharding in
+            # fsdp_config: full_shard reshards after the forward.
+            self.assertTrue(a.fsdp)
+            self.assertTrue(a.fsdp_config["reshard_after_forward"])
+        else:
+            self.assertIn("full_shard", " ".join(str(x) for x in a.fsdp))
+        self.assertEqual((a.per_device_train_batch_size, a.gradient_accumulation_steps), (1, 4))
+        self.assertTrue(a.gradient_checkpointing)
+        self.assertTrue(a.bf16)
 
 
 def reads_job_files():
