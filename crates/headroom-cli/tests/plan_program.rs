@@ -284,6 +284,9 @@ fn recordings_at_two_or_three_shapes_plan_and_search_other_shapes() {
         .as_str()
         .unwrap()
         .contains("size laws fitted from batch × seq 2 × 512, 4 × 1024"));
+    // Only 4 × 1024's file holds kernels: that shape is timed, and another one is not.
+    assert!(plan(&[&two[..], &["--batch", "4", "--seq", "1024"]].concat()).1["step_time_s"].is_f64());
+    assert!(fitted["step_time_s"].is_null(), "{fitted}");
     // --max-batch: the largest micro-batch whose plan fits, and the next one does not.
     for args in [&two, &three] {
         let (code, v) = plan(&[&args[..], &["--max-batch", "--max-seq"]].concat());

@@ -53,9 +53,9 @@ impl Builder for UserRecording {
             Some(_) if job.train.checkpointing != Checkpointing::None => {
                 Some("the recorded kernels are of the step without checkpointing, not of what the backward recomputes")
             }
-            Some(r) if r.kernels_at.is_some_and(|at| at != (job.train.micro_batch, job.train.seq)) => {
-                Some("the kernels were recorded at another shape: plan the shape they were recorded at to time the step")
-            }
+            Some(r) if r.kernels_at.is_some_and(|at| at != (job.train.micro_batch, job.train.seq)) => Some(
+                "the kernels were recorded at another shape: plan the shape they were recorded at to time the step",
+            ),
             Some(_) => None,
             None => Some("the job brings no recorded program"),
         }
