@@ -26,9 +26,10 @@
 //!
 //! What this does not know: when, inside the recomputed span, each saved tensor is last used
 //! by the forward. The first forward of a wrapped layer frees its saved tensors only at the
-//! span's end, so a forward-phase peak can be over by up to one layer's saved bytes; PyTorch's
-//! reentrant checkpoint frees each as soon as the next operation has run. The backward, where
-//! checkpointed steps peak, is laid out as PyTorch runs it.
+//! span's end, so a forward-phase peak can be over by up to one layer's saved bytes; under
+//! PyTorch's checkpoint each is freed as soon as the operations that use it have run. The
+//! backward, where checkpointed steps peak, is laid out as PyTorch runs it (within the
+//! tolerances docs/VALIDATION.md holds it to, "Checkpointing as a transform of a step program").
 
 use crate::program::{Op, Phase, Program, Tensor, TensorId, Term};
 
