@@ -329,3 +329,18 @@ fn recordings_at_two_or_three_shapes_plan_and_search_other_shapes() {
         .stderr(contains("gpt2-bf16-b4-s1024-ckpt.jsonl line 183: free"))
         .stderr(contains("gpt2-bf16-b2-s1024.jsonl line 183 has alloc"));
 }
+
+/// A model type the catalog has no recipe for is refused by name, with the way to plan it
+/// anyway: record its step without a GPU and replay the recording.
+#[test]
+fn an_unsupported_model_type_says_how_to_record_and_replay_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "config.json", r#"{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24}"#);
+    headroom()
+        .args(["plan", "--model", &f, "--gpu", "h100"])
+        .assert()
+        .code(2)
+        .stderr(contains("model type `mamba` is not supported yet"))
+        .stderr(contains("python -m headroom_gpu record --model CONFIG"))
+        .stderr(contains("headroom replay step.jsonl"));
+}

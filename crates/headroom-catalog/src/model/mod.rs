@@ -123,7 +123,12 @@ pub enum ModelError {
     NotPositive(&'static str),
     #[error("config.json field `{field}` must be {expected}, not {found}")]
     WrongType { field: &'static str, expected: &'static str, found: &'static str },
-    #[error("model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5)")]
+    #[error(
+        "model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, \
+         gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5); a step of any model transformers builds can be recorded \
+         without a GPU (python -m headroom_gpu record --model CONFIG --out step.jsonl, docs/RECORDING.md) and replayed \
+         on a GPU's memory with `headroom replay step.jsonl --capacity 80GiB`"
+    )]
     Unsupported(String),
     #[error("unknown model `{0}`; {1}")]
     Unknown(String, String),

@@ -64,7 +64,6 @@ pub(super) fn target(a: &PlanArgs, file: Option<&Loaded>) -> Result<(Model, GpuS
     a.target.resolve_as(&m.name)
 }
 
-/// Whether the file's job fine-tunes a pretrained model (torchtune's recipes do).
 /// What `--recommend` holds: what the flags fixed, and beside them the precision and the
 /// framework a training job's file says, since the file describes the job the user runs.
 pub(super) fn held(a: &PlanArgs, file: Option<&Loaded>) -> Held {
@@ -78,6 +77,7 @@ pub(super) fn held(a: &PlanArgs, file: Option<&Loaded>) -> Held {
     held
 }
 
+/// Whether the file's job fine-tunes a pretrained model (torchtune's recipes do).
 pub(super) fn fine_tuning(file: Option<&Loaded>) -> bool {
     file.is_some_and(|f| f.read.format == Format::Torchtune)
 }
