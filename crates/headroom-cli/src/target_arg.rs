@@ -37,6 +37,11 @@ impl Target {
     /// `model` (a preset, a preset's Hub id, a config.json or a model directory) on the GPU.
     pub fn resolve_as(&self, model: &str) -> Result<(Model, GpuSpec)> {
         let model = Self::model(model)?;
+        Ok((model, self.gpu()?))
+    }
+
+    /// The GPU, with the memory override applied.
+    pub fn gpu(&self) -> Result<GpuSpec> {
         let mut g = gpu(&self.gpu).map_err(|e| anyhow!(e))?;
         if let Some(m) = &self.gpu_memory {
             let bytes = parse_size(m).map_err(|e| anyhow!("--gpu-memory: {e}"))?;
@@ -45,7 +50,7 @@ impl Target {
             }
             g.memory_bytes = bytes;
         }
-        Ok((model, g))
+        Ok(g)
     }
 
     pub fn model(arg: &str) -> Result<Model> {

@@ -131,13 +131,12 @@ fn settings_a_recording_brings_are_refused_by_name() {
         (&["--optimizer", "sgd"], "--optimizer shapes"),
         (&["--checkpoint", "selective"], "--checkpoint shapes"),
         (&["--finetune", "lora"], "--finetune shapes"),
-        (&["--gpus", "8"], "--gpus shapes"),
+        (&["--gpus", "8", "--tp", "2"], "--tp shapes"),
         (&["--framework", "hf"], "--framework shapes"),
         (&["--attention", "eager"], "--attention shapes"),
         (&["--accumulation", "4"], "--accumulation shapes"),
         (&["--max-batch"], "--max-batch: --program"),
         (&["--max-seq"], "record the step at two or three shapes"),
-        (&["--recommend"], "cannot be used with"),
         (&["--infer"], "cannot be used with"),
     ] {
         headroom()
@@ -343,4 +342,144 @@ fn an_unsupported_model_type_says_how_to_record_and_replay_it() {
         .stderr(contains("model type `mamba` is not supported yet"))
         .stderr(contains("python -m headroom_gpu record --model CONFIG"))
         .stderr(contains("headroom replay step.jsonl"));
+}
+
+fn recording(file: &str) -> String {
+    format!("{}/../../data/recordings/{file}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A recording planned without `--model` is its own model: the same replay and step time as
+/// with the catalog's GPT-2, named by the module the recording names, with no figure only a
+/// catalog model has. Without `--model` and without `--program`, plan says what to give.
+#[test]
+fn a_recording_plans_without_a_catalog_model() {
+    let rec = recording("gpt2-bf16-b4-s1024.jsonl");
+    let ours = ["--gpu", "h100", "--program", &rec];
+    let (code, own) = plan(&ours);
+    let (_, catalog) = plan(&[&ours[..], &["--model", "gpt2"]].concat());
+    assert_eq!(code, 0);
+    assert_eq!(verdict(&own), verdict(&catalog));
+    assert_eq!(own["step_time_s"], catalog["step_time_s"]);
+    assert_eq!(own["layer_time_s"], catalog["layer_time_s"]);
+    assert_eq!((&own["model"], &own["recorded_model"]), (&Value::from("GPT2LMHeadModel"), &Value::from(true)));
+    assert_eq!((&catalog["model"], &catalog["recorded_model"]), (&Value::from("gpt2"), &Value::from(false)));
+    for k in ["params", "trainable_params", "mfu"] {
+        assert!(own[k].is_null(), "{k}: {own}");
+        assert!(!catalog[k].is_null(), "{k}: {catalog}");
+    }
+    let out = headroom().arg("plan").args(ours).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.starts_with("GPT2LMHeadModel (the recorded model"), "{text}");
+    assert!(!text.contains("B parameters") && !text.contains("MFU"), "{text}");
+    headroom().args(["plan", "--gpu", "h100"]).assert().code(2).stderr(contains("--model <MODEL>"));
+}
+
+/// The allocator settings of a `--recommend` row, as flags.
+fn allocator_flags(label: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for word in label.split(' ') {
+        if let Some(conf) = word.strip_prefix("PYTORCH_CUDA_ALLOC_CONF=") {
+            out.extend(["--alloc-conf".to_string(), conf.to_string()]);
+        } else if word != "PyTorch's" && word != "defaults" {
+            out.push(word.to_string());
+        }
+    }
+    out
+}
+
+/// `--recommend` with a recording searches its levers: the allocator settings, checkpointing by
+/// layers and, with laws fitted from two micro-batches, the micro-batch accumulated to the global
+/// batch. Each row fits, as its own plan says; the fastest is the recorded shape, timed from its
+/// kernels; what the recording fixes is named with the way to change it.
+#[test]
+fn recommend_searches_a_recordings_levers() {
+    let rec = recording("gpt2-bf16-b4-s1024.jsonl");
+    let base = ["--gpu", "l4", "--gpu-memory", "6GiB", "--program", &rec];
+    let (code, v) = plan(&[&base[..], &["--recommend"]].concat());
+    assert_eq!(code, 1, "the job asked for does not fit in 6 GiB");
+    let rows = v["recommendations"].as_array().unwrap();
+    assert!(rows.len() >= 3, "{v}");
+    assert!(v["record_again"].as_array().is_some_and(|r| r.len() == 5), "{v}");
+    for r in rows {
+        assert_eq!((r["micro_batch"].as_u64(), r["accumulation"].as_u64()), (Some(4), Some(1)), "{r}");
+        let mut again: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        again.extend(allocator_flags(r["allocator"].as_str().unwrap()));
+        again.extend(["--checkpoint".to_string(), r["checkpoint"].as_str().unwrap().to_string()]);
+        let again: Vec<&str> = again.iter().map(String::as_str).collect();
+        let (code, p) = plan(&again);
+        assert_eq!((code, &p["per_gpu_bytes"]), (0, &r["per_gpu_bytes"]), "{again:?}");
+    }
+    // Under PyTorch's defaults the step needs more than 6 GiB; expandable segments fit it
+    // without checkpointing, and that row, timed from the kernels, comes first.
+    assert_eq!(rows[0]["checkpoint"], "none", "{v}");
+    assert_ne!(rows[0]["allocator"], "PyTorch's defaults", "{v}");
+    assert!(rows[0]["step_time_s"].is_f64(), "{v}");
+    assert!(rows.iter().any(|r| r["checkpoint"] == "full" && r["step_time_s"].is_null()), "{v}");
+
+    // Three shapes: the micro-batch, accumulated to --global-batch.
+    let three = [
+        "--gpu",
+        "l4",
+        "--gpu-memory",
+        "5GiB",
+        "--program",
+        &recording("gpt2-bf16-b2-s512.jsonl"),
+        "--program",
+        &recording("gpt2-bf16-b2-s1024.jsonl"),
+        "--program",
+        &rec,
+        "--seq",
+        "1024",
+    ];
+    let (_, v) = plan(&[&three[..], &["--batch", "4", "--global-batch", "8", "--recommend"]].concat());
+    let rows = v["recommendations"].as_array().unwrap();
+    assert!(!rows.is_empty(), "{v}");
+    for r in rows {
+        let (b, k) = (r["micro_batch"].as_u64().unwrap(), r["accumulation"].as_u64().unwrap());
+        assert_eq!(b * k, 8, "{r}");
+        assert!(b < 4 || r["checkpoint"] != "none", "4 × 1024 fits 5 GiB only checkpointed: {r}");
+        // Accumulating keeps the gradients through the next micro-batch: the margin holds them
+        // (GPT-2's 124 M bf16 gradients, 243 MiB).
+        let mut again: Vec<String> = three.iter().map(|s| s.to_string()).collect();
+        again.extend(allocator_flags(r["allocator"].as_str().unwrap()));
+        again.extend(["--checkpoint", r["checkpoint"].as_str().unwrap(), "--batch", &b.to_string()].map(String::from));
+        let (code, p) = plan(&again.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!((code, &p["per_gpu_bytes"]), (0, &r["per_gpu_bytes"]), "{again:?}");
+        assert!(k == 1 || p["margin_bytes"].as_f64().unwrap() >= 243.0 * (1u64 << 20) as f64, "{p}");
+    }
+    assert!(rows.iter().any(|r| r["accumulation"].as_u64() > Some(1)), "{v}");
+    let out = headroom().arg("plan").args(three).args(["--batch", "4", "--global-batch", "8", "--recommend"]).output();
+    let text = String::from_utf8(out.unwrap().stdout).unwrap();
+    assert!(text.contains("what the recording fixes — record the step again to plan another:"), "{text}");
+    assert!(text.contains("a row that accumulates fits with its margin holding the gradients"), "{text}");
+}
+
+/// `--gpus N` with a recording: the recording is one rank's step, and the plan adds what the
+/// recording cannot see — NCCL's buffers, outside PyTorch's allocator — naming it with its
+/// bytes. The recorded kernels hold no collectives, so the step is not timed.
+#[test]
+fn a_recording_of_one_rank_gets_nccls_buffers() {
+    let rec = recording("gpt2-bf16-b4-s1024.jsonl");
+    let base = ["--gpu", "h100", "--program", &rec];
+    let (_, one) = plan(&base);
+    let (code, four) = plan(&[&base[..], &["--gpus", "4"]].concat());
+    assert_eq!(code, 0);
+    let nccl = 1.5 * (1u64 << 30) as f64;
+    let per_gpu = |v: &Value| v["per_gpu_bytes"].as_f64().unwrap();
+    assert_eq!(per_gpu(&four) - per_gpu(&one), nccl);
+    assert_eq!(four["reserved_bytes"], one["reserved_bytes"]);
+    let added = four["recording_additions"].as_array().unwrap();
+    let names: Vec<&str> = added.iter().map(|a| a["what"].as_str().unwrap()).collect();
+    assert!(names.iter().any(|n| n.contains("cuBLAS workspaces")), "{four}");
+    let nccl_row = added.iter().find(|a| a["what"].as_str().unwrap().starts_with("NCCL's buffers")).unwrap();
+    assert_eq!(
+        (nccl_row["bytes"].as_f64(), nccl_row["where"].as_str()),
+        (Some(nccl), Some("outside PyTorch's allocator"))
+    );
+    assert_eq!(one["recording_additions"].as_array().unwrap().len(), 1, "{one}");
+    assert!(four["step_time_s"].is_null(), "{four}");
+    let out = headroom().arg("plan").args(base).args(["--gpus", "4"]).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.contains("added to the recording: NCCL's buffers over 4 GPUs, 1.50 GiB"), "{text}");
+    assert!(text.contains("the recording is one rank's step"), "{text}");
 }

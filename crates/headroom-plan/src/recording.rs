@@ -22,11 +22,15 @@
 //! confidence.
 
 use crate::kernel::Dtype;
+use crate::model::{Family, Model};
 use crate::program::{Law, Op, Phase, Program, TensorId, Term};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
+
+/// The `model_type` of a recording's stand-in model.
+const STAND_IN: &str = "recording";
 
 /// A recorded step program and where it came from.
 #[derive(Clone, Debug, PartialEq)]
@@ -441,6 +445,80 @@ impl Recording {
         let first = self.kernels.iter().position(|k| k.step == last).unwrap_or(0);
         let end = self.kernels[first..].iter().position(|k| k.step != last).map_or(self.kernels.len(), |e| first + e);
         &self.kernels[first..end]
+    }
+
+    /// The model the recording is of, by name: the root module its weights' sites name (the
+    /// recorder names each tensor's module from the model's class, `GPT2LMHeadModel.lm_head`),
+    /// else the file's name without its extension.
+    pub fn model_name(&self) -> String {
+        let roots = self.program.tensors.iter().filter(|t| t.term == Term::Weights).filter_map(|t| {
+            let site = self.program.sites[t.site as usize].split_whitespace().next()?;
+            site.split('.').next().filter(|r| !r.is_empty())
+        });
+        let mut roots = roots.peekable();
+        let first = roots.peek().copied();
+        match first {
+            Some(root) if roots.all(|r| r == root) => root.to_string(),
+            _ => {
+                let first_file = self.path.split(", ").next().unwrap_or(&self.path);
+                let stem = Path::new(first_file).file_stem().map(|s| s.to_string_lossy().into_owned());
+                stem.unwrap_or_else(|| first_file.to_string())
+            }
+        }
+    }
+
+    /// The layers the recording names (`model.layers.3.mlp`): what checkpointing by layers
+    /// wraps, and what the step time spreads its per-layer figures over. 0 where it names none.
+    pub fn layers(&self) -> u64 {
+        self.program.tensors.iter().filter_map(|t| t.layer).max().map_or(0, |l| u64::from(l) + 1)
+    }
+
+    /// Whether the recorded step ran a checkpointed module's forward again in its backward, as
+    /// its kernels say (`"recompute":true`); a recording without kernels does not say.
+    pub fn recomputes(&self) -> bool {
+        self.kernels.iter().any(|k| k.recompute)
+    }
+
+    /// The model a recording is planned as when no catalog model is named (`--program` without
+    /// `--model`): its name ([`Recording::model_name`]) and its layers, and nothing else. A
+    /// recording's plan reads no other figure of a model: its tensors are in the file and its
+    /// time comes from its kernels. Where a figure would be read anyway — the parameter count,
+    /// the model FLOPs of a utilization — it is 1, and the plan's output says the model is the
+    /// recording's and shows none of them ([`Recording::is_stand_in`]).
+    pub fn stand_in_model(&self) -> Model {
+        let layers = self.layers().max(1);
+        Model {
+            name: self.model_name(),
+            family: Family::GatedDecoder,
+            model_type: STAND_IN,
+            hidden: 1,
+            layers,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 1,
+            intermediate: 1,
+            vocab: 1,
+            // No context limit the recording knows of: a sequence is the recording's business.
+            max_position: 1 << 40,
+            tied_embeddings: true,
+            qkv_bias: false,
+            experts: 1,
+            experts_per_token: 1,
+            gated_mlp: false,
+            decoder_layers: layers,
+            sliding_window: None,
+            global_layers: Vec::new(),
+            relative_buckets: 0,
+            rope_theta: Some(10_000.0),
+            rope_scaling: None,
+            norm_eps: 1e-5,
+        }
+    }
+
+    /// Whether `model` is a recording's stand-in ([`Recording::stand_in_model`]), not a
+    /// catalog model or a config.json's.
+    pub fn is_stand_in(model: &Model) -> bool {
+        model.model_type == STAND_IN
     }
 
     /// A line on what the recording holds: its file, allocations and steps.

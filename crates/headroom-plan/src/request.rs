@@ -139,7 +139,7 @@ impl TrainRequest {
     }
 
     /// The job that replays `recording`: this request's shape (one recorded, or any where the
-    /// recording's laws were fitted from shapes that vary towards it) and GPU, and its layer checkpointing (`full` or `every-k`, made of the recording by
+    /// recording's laws were fitted from shapes that vary towards it), GPU and GPUs (the recording is one rank's step; NCCL's buffers are added outside the allocator), and its layer checkpointing (`full` or `every-k`, made of the recording by
     /// [`crate::recompute`]), and nothing else of it. Every other setting that shapes a program
     /// is the recording's own, so a request that sets one is refused by the flag's name.
     pub fn resolve_recorded<'a>(
@@ -152,7 +152,6 @@ impl TrainRequest {
         let r = self;
         let set = [
             ("--accumulation", r.accumulation != d.accumulation),
-            ("--gpus", r.gpus != d.gpus),
             ("--tp", r.tensor != d.tensor),
             ("--pp", r.pipeline != d.pipeline),
             ("--cp", r.context != d.context),

@@ -16,6 +16,8 @@ use crate::gpu::GpuSpec;
 use crate::job::{Attention, Checkpointing, Framework, Job, Offload, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use crate::model::Model;
 use crate::parallel::{Parallelism, GPUS_PER_NODE};
+use crate::program::{Op, Phase, Program, Term};
+use crate::recording::Recording;
 
 /// What the search may vary.
 #[derive(Clone, Debug)]
@@ -153,6 +155,9 @@ pub struct Recommendation {
     /// The configuration; its `accumulation` reaches the global batch.
     pub config: TrainConfig,
     pub estimate: Estimate,
+    /// The allocator settings it was replayed under, as the user sets them, where the search
+    /// varied them (a recording's: [`recommend_recorded`]).
+    pub allocator: Option<String>,
 }
 
 /// What a search found.
@@ -307,7 +312,7 @@ fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option
         return None;
     }
     if estimate.verdict.fits {
-        return Some(Recommendation { config, estimate });
+        return Some(Recommendation { config, estimate, allocator: None });
     }
     let may_fuse = config.optimizer == Optimizer::AdamW
         && config.optimizer_impl.is_none()
@@ -318,7 +323,165 @@ fn fitting_row(base: &Job, estimator: &Estimator, config: TrainConfig) -> Option
     let fused = TrainConfig { optimizer_impl: Some(OptimizerImpl::Fused), ..config };
     estimate_of(fused)
         .filter(|e| e.verdict.fits && (framework == Framework::Auto || e.runner.framework == framework))
-        .map(|estimate| Recommendation { config: fused, estimate })
+        .map(|estimate| Recommendation { config: fused, estimate, allocator: None })
+}
+
+/// What a recording's search varies: the levers a recorded step has. Its precision, optimizer,
+/// attention kernel and sharding are the recording's own (record it again to change them).
+#[derive(Clone, Debug)]
+pub struct RecordedSpace {
+    /// The allocator settings to replay under, each labelled as the user sets it; the job's
+    /// first.
+    pub allocators: Vec<(String, Estimator)>,
+    /// Checkpointing by layers, made of the recording ([`crate::recompute`]).
+    pub checkpointing: Vec<Checkpointing>,
+    /// Micro-batches to try, each accumulated to the global batch.
+    pub micro_batches: Vec<u64>,
+}
+
+impl RecordedSpace {
+    /// The levers `recording` has at `global_batch` sequences a step, checkpointing held where
+    /// `held` names it: the allocator settings given; checkpointing by layers where the
+    /// recording names layers and its kernels do not say it was recorded with checkpointing;
+    /// and, where its laws were fitted from two micro-batches, every power of two that divides
+    /// the global batch (else the recorded one).
+    pub fn for_recording(
+        recording: &Recording,
+        allocators: Vec<(String, Estimator)>,
+        held: Option<Checkpointing>,
+        micro_batch: u64,
+        global_batch: u64,
+    ) -> RecordedSpace {
+        let layers = recording.layers();
+        let checkpointing = match held {
+            Some(c) => vec![c],
+            None if layers > 0 && !recording.recomputes() => {
+                let mut c = vec![Checkpointing::None, Checkpointing::Full];
+                c.extend((2..layers.min(17)).map(Checkpointing::EveryK));
+                c
+            }
+            None => vec![Checkpointing::None],
+        };
+        let micro_batches = if recording.grows_with(true, "").is_ok() {
+            (0..64)
+                .map(|i| 1u64 << i)
+                .take_while(|&b| b <= global_batch)
+                .filter(|&b| global_batch.is_multiple_of(b))
+                .collect()
+        } else {
+            vec![micro_batch].into_iter().filter(|&b| global_batch.is_multiple_of(b)).collect()
+        };
+        RecordedSpace { allocators, checkpointing, micro_batches }
+    }
+
+    /// Configurations in the space.
+    pub fn len(&self) -> usize {
+        self.allocators.len() * self.checkpointing.len() * self.micro_batches.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The gradients a recorded step holds when its optimizer step begins: what gradient
+/// accumulation keeps through the later micro-batches' forward and backward, which a recording
+/// of one micro-batch does not hold.
+pub fn held_gradients(program: &Program, micro_batch: u64, seq: u64) -> f64 {
+    let sizes = program.sizes(micro_batch, seq);
+    let mut live = vec![false; program.tensors.len()];
+    for op in &program.ops {
+        match *op {
+            Op::Alloc(t) => live[t as usize] = true,
+            Op::Free(t) => live[t as usize] = false,
+            Op::Mark { step: 1, phase: Phase::OptimizerStep } => {
+                return program
+                    .tensors
+                    .iter()
+                    .zip(&sizes)
+                    .zip(&live)
+                    .filter(|((t, _), &l)| l && t.term == Term::Gradients)
+                    .map(|((_, &b), _)| b as f64)
+                    .sum();
+            }
+            _ => {}
+        }
+    }
+    0.0
+}
+
+/// How much of the forward a checkpointing policy recomputes, least first: the order in
+/// which configurations the recording cannot time are tried.
+fn recompute_rank(c: Checkpointing) -> u64 {
+    match c {
+        Checkpointing::None => 0,
+        Checkpointing::EveryK(k) => u64::MAX / 2 - k,
+        _ => u64::MAX,
+    }
+}
+
+/// `--recommend` for a job that replays a recording (`base.recording`): every configuration
+/// of `space` that reaches `global_batch` sequences a step, replayed in order — those the
+/// recording's kernels time (its recorded shape, without checkpointing made of it, one
+/// micro-batch a step) fastest first, then those it cannot time, by less recomputation, then
+/// fewer accumulation steps, then the allocator settings in the order given — until `wanted`
+/// are found to fit (rows that differ only by every-k's k are one, the first). A
+/// configuration that accumulates fits only where its margin also holds the gradients the
+/// optimizer reads ([`held_gradients`]), which one recorded micro-batch does not hold through
+/// the next micro-batch's forward.
+pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, wanted: usize) -> Search {
+    let Some(recording) = base.recording else { return Search::default() };
+    let mut rows = Vec::new();
+    for (i, (label, estimator)) in space.allocators.iter().enumerate() {
+        for &micro_batch in &space.micro_batches {
+            let per_step = micro_batch.saturating_mul(base.train.parallel.data);
+            if !global_batch.is_multiple_of(per_step) {
+                continue;
+            }
+            let accumulation = global_batch / per_step;
+            for &checkpointing in &space.checkpointing {
+                if recording.refuses_shape(micro_batch, base.train.seq).is_some() {
+                    continue;
+                }
+                let replayed = TrainConfig { micro_batch, accumulation: 1, checkpointing, ..base.train };
+                let Ok(job) = base.with(replayed) else { continue };
+                let time = if accumulation == 1 { estimator.screen(&job).and_then(|s| s.step_time_s) } else { None };
+                rows.push((time, checkpointing, accumulation, i, label, estimator, job));
+            }
+        }
+    }
+    rows.sort_by(|a, b| {
+        by_step_time(a.0, b.0)
+            .then(recompute_rank(a.1).cmp(&recompute_rank(b.1)))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    let mut out = Search { tried: rows.len(), fit_by_tensors: rows.len(), ..Search::default() };
+    for (_, _, accumulation, _, label, estimator, job) in rows {
+        if out.recommendations.len() >= wanted {
+            break;
+        }
+        let config = TrainConfig { accumulation, ..job.train };
+        let shown = out
+            .recommendations
+            .iter()
+            .any(|r| distinct(&r.config) == distinct(&config) && r.allocator.as_deref() == Some(label.as_str()));
+        if shown {
+            continue;
+        }
+        out.replayed += 1;
+        let Ok(estimate) = estimator.estimate(&job) else { continue };
+        let held = if accumulation > 1 {
+            held_gradients(&estimate.program, job.train.micro_batch, job.train.seq)
+        } else {
+            0.0
+        };
+        let fits = estimate.verdict.fits && estimate.verdict.margin_bytes.unwrap_or(0.0) >= held;
+        if fits {
+            out.recommendations.push(Recommendation { config, estimate, allocator: Some(label.clone()) });
+        }
+    }
+    out
 }
 
 /// Configurations replayed beyond the shown rows while looking for the engine's.

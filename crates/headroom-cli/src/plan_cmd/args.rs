@@ -87,9 +87,10 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
                         headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl\n  \
                         headroom plan --model gpt2 --gpu l4 --program data/recordings/gpt2-bf16-b2-s512.jsonl --program data/recordings/gpt2-bf16-b4-s1024.jsonl --max-batch\n  \
+                        headroom plan --gpu l4 --gpu-memory 6GiB --program data/recordings/gpt2-bf16-b4-s1024.jsonl --recommend\n  \
                         headroom plan --config data/configs/torchtitan-llama3_8b.toml --gpu h100-sxm --gpus 8"
 )]
-#[command(mut_arg("model", |a| a.required(false).required_unless_present("config")))]
+#[command(mut_arg("model", |a| a.required(false).required_unless_present_any(["config", "program"])))]
 pub struct PlanArgs {
     #[command(flatten)]
     pub target: Target,
@@ -118,12 +119,17 @@ pub struct PlanArgs {
     /// under fake tensors (no GPU), or as --dump-program writes it. It is replayed as recorded
     /// on --gpu's memory less what lives outside PyTorch, under --alloc-conf and --policy, at
     /// the shape it was recorded at (its first line says it; --batch and --seq default to it),
-    /// and every flag that shapes a program is the recording's own and refused. Given two or
-    /// three times, the same step recorded at two or three shapes: each tensor's size law is
-    /// fitted from its sizes, so --batch and --seq plan other shapes and --max-batch and
-    /// --max-seq search them (two batches among the shapes for --batch, two lengths for --seq).
+    /// and every flag that shapes a program is the recording's own and refused, but
+    /// --checkpoint full or every-k (made of the recording) and --gpus N (the recording is one
+    /// rank's step; NCCL's buffers are added). --model is optional: without it the model is the
+    /// recording's own, named as the recording names it. Given two or three times, the same
+    /// step recorded at two or three shapes: each tensor's size law is fitted from its sizes, so
+    /// --batch and --seq plan other shapes and --max-batch and --max-seq search them (two
+    /// batches among the shapes for --batch, two lengths for --seq). With --recommend, the
+    /// recording's levers are searched: allocator settings, checkpointing by layers and the
+    /// micro-batch.
     #[arg(long, value_name = "FILE", help_heading = JOB, action = clap::ArgAction::Append,
-          conflicts_with_all = ["infer", "recommend", "emit", "calibrate"])]
+          conflicts_with_all = ["infer", "emit", "calibrate"])]
     pub program: Vec<std::path::PathBuf>,
     /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
@@ -334,6 +340,8 @@ pub struct PlanArgs {
     /// Search precision, attention kernel, checkpointing, the tensor × pipeline × context ×
     /// data split of --gpus, ZeRO stage, offload and micro-batch (with gradient accumulation
     /// to --global-batch sequences per step) for the configurations that fit, fastest first.
+    /// With --program: the allocator settings, checkpointing by layers and, from recordings at
+    /// two micro-batches, the micro-batch; what the recording fixes is named, to record again.
     #[arg(long, help_heading = OUTPUT)]
     pub recommend: bool,
     /// Print the configuration for an engine (the best recommendation with --recommend).
@@ -400,6 +408,11 @@ impl PlanArgs {
             framework: self.framework.as_deref().and_then(Framework::from_arg).filter(|f| *f != Framework::Auto),
             offload: self.offload,
         }
+    }
+
+    /// Whether `--checkpoint` was given: a recording's search holds it.
+    pub fn checkpoint_given(&self) -> bool {
+        self.checkpoint.is_some()
     }
 
     /// Whether the job fine-tunes a pretrained model (`--finetune` given, full included).

@@ -11,6 +11,7 @@ use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::Parallelism;
 use headroom_plan::program::phase_name;
+use headroom_plan::recording::Recording;
 use headroom_plan::search::Recommendation;
 use serde_json::{json, Map, Value};
 
@@ -46,7 +47,7 @@ fn merged(records: impl IntoIterator<Item = Value>) -> Value {
 
 pub(super) fn train(p: &TrainPlan) -> Value {
     let e = &p.estimate;
-    merged([
+    let mut v = merged([
         job(p.model, p.gpu, &e.job),
         runner(&e.runner),
         memory(&e.memory, &e.verdict),
@@ -69,15 +70,30 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "engine_config": p.engine_config.as_ref().map(|e| e.text.clone()),
             "engine_config_rank": p.engine_config.as_ref().and_then(|e| e.pick.as_ref().map(|(rank, _)| *rank)),
             "context_note": p.context_note,
+            "recording_additions": p.recording.map(|_| super::recorded::additions_json(p)),
+            "record_again": (p.recommend && p.recording.is_some()).then_some(super::recorded::RECORD_AGAIN),
         }),
-    ])
+    ]);
+    if Recording::is_stand_in(p.model) {
+        // What only a model's figures give: a recording's own model has none.
+        v["trainable_params"] = Value::Null;
+        v["mfu"] = Value::Null;
+        if let Some(Value::Array(rows)) = v.get_mut("recommendations") {
+            for r in rows {
+                r["mfu"] = Value::Null;
+            }
+        }
+    }
+    v
 }
 
 /// The job as planned.
 fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
     json!({
         "model": model.name,
-        "params": model.params(),
+        // A recording planned without --model is its own model: no parameter count is known.
+        "recorded_model": Recording::is_stand_in(model),
+        "params": (!Recording::is_stand_in(model)).then(|| model.params()),
         "gpu": gpu.name,
         "gpu_memory_bytes": gpu.memory_bytes,
         "mode": "train",
@@ -208,6 +224,7 @@ fn recommendation(r: &Recommendation) -> Value {
         "step_time_s": r.estimate.time.as_ref().map(|t| t.step_time_s),
         "tokens_per_s": r.estimate.time.as_ref().map(|t| t.tokens_per_s),
         "mfu": r.estimate.time.as_ref().map(|t| t.mfu),
+        "allocator": r.allocator,
     })
 }
 

@@ -10,6 +10,7 @@ mod args;
 mod calibration;
 mod config;
 mod json;
+mod recorded;
 mod text;
 
 use crate::out_file::{check_output, write_atomically};
@@ -47,6 +48,8 @@ fn max_seq_searched(model: &Model) -> u64 {
 /// A training plan: the estimate, and every other answer asked for.
 struct TrainPlan<'a> {
     model: &'a Model,
+    /// The recording the job replays (`--program`), where it brings one.
+    recording: Option<&'a Recording>,
     gpu: &'a GpuSpec,
     estimate: Estimate,
     /// What the plan was replayed under.
@@ -90,7 +93,12 @@ struct InferPlan<'a> {
 pub fn run(a: PlanArgs) -> Result<Outcome> {
     let file = config::load(&a)?;
     let file = file.as_ref();
-    let (model, gpu) = config::target(&a, file)?;
+    let recording = recording(&a)?;
+    // A recording brings its own tensors: without --model it is planned as its own model.
+    let (model, gpu) = match (&recording, &a.target.model) {
+        (Some(r), None) => (r.stand_in_model(), a.target.gpu()?),
+        _ => config::target(&a, file)?,
+    };
     if a.infer || file.is_some_and(|f| f.infer().is_some()) {
         let request = a.infer_request(file.and_then(config::Loaded::infer))?;
         let config = request.resolve(&model, &gpu)?;
@@ -108,7 +116,6 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         // An engine that starts serves what its pool holds at once and queues the rest.
         return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
     }
-    let recording = recording(&a)?;
     let mut request = a.train_request(file.and_then(config::Loaded::train))?;
     if let Some(&(b, s)) = recording.as_ref().and_then(|r| r.shapes.first()) {
         // The shape recorded first, unless another is asked for.
@@ -146,10 +153,14 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
         write_atomically(path, |w| w.write_all(text.as_bytes())).context("--dump-program")?;
     }
     let global_batch = a.global_batch.unwrap_or(job.train.global_batch());
-    let search =
-        if a.recommend { search(&a, file, &request, &job, &estimator, global_batch) } else { Search::default() };
+    let search = match &recording {
+        _ if !a.recommend => Search::default(),
+        Some(r) => recorded::search(&a, r, &job, global_batch)?,
+        None => search(&a, file, &request, &job, &estimator, global_batch),
+    };
     let plan = TrainPlan {
         model: &model,
+        recording: recording.as_ref(),
         gpu: &gpu,
         remedies: remedies(
             &Asked {
@@ -237,6 +248,16 @@ fn engine_config(a: &PlanArgs, job: &Job, search: &Search) -> Result<Option<Engi
     };
     let text = emit(engine, job.model, &r.config).map_err(|why| anyhow!("--emit: {why}"))?;
     Ok(Some(EngineConfig { engine, text, pick: Some((*rank, r.clone())) }))
+}
+
+/// The model as the plan names it: a catalog model (or a config.json's) with its parameters;
+/// a recording planned without `--model`, by the name the recording gives it.
+fn model_label(model: &Model) -> String {
+    if Recording::is_stand_in(model) {
+        format!("{} (the recorded model: its tensors are the recording's, no catalog model named)", model.name)
+    } else {
+        model.to_string()
+    }
 }
 
 /// A sequence beyond the context a model was trained for (rotary and ALiBi

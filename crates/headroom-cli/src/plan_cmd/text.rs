@@ -11,6 +11,7 @@ use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 use headroom_plan::parallel::{Parallelism, PipelineSchedule, StageOutputs};
 use headroom_plan::program::Phase;
+use headroom_plan::recording::Recording;
 use headroom_plan::time::{Breakdown, TimeTerm};
 
 pub(super) fn train(p: &TrainPlan) -> String {
@@ -26,7 +27,13 @@ pub(super) fn train(p: &TrainPlan) -> String {
              job's; it is planned with the eager code's"
         );
     }
-    if cfg.parallel.gpus() > 1 || cfg.offload != Offload::None {
+    if p.recording.is_some() && cfg.parallel.gpus() > 1 {
+        outln!(
+            out,
+            "{} GPUs: the recording is one rank's step (record it as one rank of DDP or FSDP2 over a fake process              group for their gradient buckets and shards)",
+            cfg.parallel.gpus()
+        );
+    } else if cfg.parallel.gpus() > 1 || cfg.offload != Offload::None {
         outln!(out, "{}", layout_line(&cfg.parallel, cfg.offload, cfg.deepspeed(), fsdp2(&e.runner)));
     }
     outln!(out, "{}", runner_line(&e.runner));
@@ -43,6 +50,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     ];
     terms_and_total(&mut out, &terms, e.memory.per_gpu_bytes, p.gpu.memory_bytes, e.verdict.fits);
     memory_lines(&mut out, p);
+    super::recorded::additions_text(&mut out, p);
     if let Some(c) = &p.calibration {
         calibration_lines(&mut out, c);
     }
@@ -57,7 +65,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
-    step_time_lines(&mut out, e);
+    step_time_lines(&mut out, e, !Recording::is_stand_in(p.model));
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -68,7 +76,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(s) = p.max_seq {
         max_seq_line(&mut out, p.model, s, &format!("at micro-batch {}", cfg.micro_batch));
     }
-    if p.recommend {
+    if p.recommend && p.recording.is_some() {
+        super::recorded::recommendations_text(&mut out, p);
+    } else if p.recommend {
         recommendations(&mut out, p);
     }
     if let Some(ec) = &p.engine_config {
@@ -77,8 +87,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
     out
 }
 
-/// The step time and where it goes, or why the estimate has none.
-fn step_time_lines(out: &mut String, e: &Estimate) {
+/// The step time and where it goes, or why the estimate has none; the model FLOPs
+/// utilization where the model's FLOPs are known (`mfu`: not for a recording's own model).
+fn step_time_lines(out: &mut String, e: &Estimate, mfu: bool) {
     let Some(t) = &e.time else {
         match e.runner.untimed {
             Some(why) => outln!(*out, "step time: not estimated ({why})"),
@@ -88,11 +99,11 @@ fn step_time_lines(out: &mut String, e: &Estimate) {
     };
     outln!(
         *out,
-        "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}, MFU {:.0}%), recomputing {:.0}% of a forward pass",
+        "step time ≈ {:.3} s per optimizer step ({:.0} tokens/s{}{}), recomputing {:.0}% of a forward pass",
         t.step_time_s,
         t.tokens_per_s,
         if e.job.parallel.gpus() > 1 { " over all GPUs" } else { "" },
-        t.mfu * 100.0,
+        if mfu { format!(", MFU {:.0}%", t.mfu * 100.0) } else { String::new() },
         t.recompute_fraction * 100.0
     );
     step_time_line(out, &t.breakdown);
@@ -104,7 +115,7 @@ fn job_line(p: &TrainPlan) -> String {
     if let ProgramSource::Recording(file) = &e.runner.source {
         return format!(
             "{} on {} ({}), training: micro-batch {} × {} tokens, the step recorded in {file}",
-            p.model,
+            super::model_label(p.model),
             p.gpu.name,
             format_size(p.gpu.memory_bytes),
             cfg.micro_batch,

@@ -47,6 +47,9 @@ impl Builder for UserRecording {
     /// backward would run again are not in it).
     fn untimed(&self, job: &Job) -> Option<&'static str> {
         match job.recording {
+            Some(_) if job.train.parallel.gpus() > 1 => {
+                Some("the recorded kernels hold no collectives: a step over several GPUs is not timed from them")
+            }
             Some(r) if r.kernels.is_empty() => {
                 Some("the recording holds the step's allocations but not its kernels: record it again to time it")
             }

@@ -1,0 +1,173 @@
+//! What `plan --program` answers beyond a plan: `--recommend` over the levers a recording has,
+//! and what the plan adds to a recording that the recording cannot see.
+//!
+//! A recording's levers are the allocator's settings (each `--alloc-conf` and `--policy` given,
+//! `expandable_segments:True`, headroom's policy), checkpointing by layers made of it, and, where
+//! its laws were fitted from two micro-batches, the micro-batch with accumulation to the global
+//! batch ([`recommend_recorded`]). Everything else that shapes a step — precision, optimizer,
+//! attention kernel, adapters, sharding — is in the recorded tensors: the plan says to record
+//! the step again with it.
+
+use super::{PlanArgs, TrainPlan, RECOMMENDATIONS_SHOWN};
+use anyhow::{Context, Result};
+use headroom_alloc::units::format_size;
+use headroom_alloc::PolicyName;
+use headroom_plan::estimate::Estimator;
+use headroom_plan::job::Job;
+use headroom_plan::parallel::NCCL_BYTES;
+use headroom_plan::program::Term;
+use headroom_plan::recording::Recording;
+use headroom_plan::search::{recommend_recorded, RecordedSpace, Search};
+use serde_json::{json, Value};
+
+/// What a recording cannot change, and how to change it: record the step again with it.
+pub(super) const RECORD_AGAIN: [&str; 5] = [
+    "precision: record the step with the model in that dtype or under autocast",
+    "optimizer: record it with that optimizer (fused AdamW, 8-bit AdamW, SGD, ...)",
+    "attention kernel: record it with that attn_implementation",
+    "adapters: record it with peft's LoRA or QLoRA applied (--lora)",
+    "sharding over GPUs: record one rank of FSDP2 over a fake process group",
+];
+
+/// The allocator settings a recording's search replays under: those asked, then
+/// `expandable_segments:True` and headroom's policy where none asked has them.
+fn allocators(a: &PlanArgs) -> Result<Vec<(String, Estimator)>> {
+    let mut out = a.allocators()?;
+    let first_conf = a.alloc_conf.first().cloned().unwrap_or_default();
+    if !a.alloc_conf.iter().any(|c| c.contains("expandable_segments:True")) {
+        let conf = if first_conf.is_empty() {
+            "expandable_segments:True".to_string()
+        } else {
+            format!("{first_conf},expandable_segments:True")
+        };
+        let e = Estimator::replaying(&conf, PolicyName::PyTorch).with_context(|| format!("--alloc-conf {conf:?}"))?;
+        out.push((format!("PYTORCH_CUDA_ALLOC_CONF={conf}"), e));
+    }
+    if !a.policy.contains(&PolicyName::Headroom) {
+        let e = Estimator::replaying(&first_conf, PolicyName::Headroom)
+            .with_context(|| format!("--alloc-conf {first_conf:?}"))?;
+        let label = if first_conf.is_empty() {
+            "--policy headroom".to_string()
+        } else {
+            format!("PYTORCH_CUDA_ALLOC_CONF={first_conf} --policy headroom")
+        };
+        out.push((label, e));
+    }
+    Ok(out)
+}
+
+/// `--recommend` with `--program`: the fastest configurations of the recording's levers that fit.
+pub(super) fn search(a: &PlanArgs, recording: &Recording, job: &Job, global_batch: u64) -> Result<Search> {
+    let held = a.checkpoint_given().then_some(job.train.checkpointing);
+    let space = RecordedSpace::for_recording(recording, allocators(a)?, held, job.train.micro_batch, global_batch);
+    Ok(recommend_recorded(job, global_batch, &space, RECOMMENDATIONS_SHOWN))
+}
+
+/// What the plan adds to the recording, each with its bytes and where it goes: the cuBLAS
+/// workspaces (into the replay, where the recording holds none) and NCCL's buffers with more
+/// than one GPU (outside PyTorch's allocator).
+pub(super) fn additions(p: &TrainPlan) -> Vec<(String, u64, &'static str)> {
+    let e = &p.estimate;
+    let mut out = Vec::new();
+    let workspaces: u64 = e
+        .program
+        .tensors
+        .iter()
+        .zip(e.program.sizes(e.job.micro_batch, e.job.seq))
+        .filter(|(t, _)| t.term == Term::Workspace)
+        .map(|(_, b)| b)
+        .sum();
+    let recorded_own = p.recording.is_some_and(|r| r.program.tensors.iter().any(|t| t.term == Term::Workspace));
+    if workspaces > 0 && !recorded_own {
+        out.push((
+            format!("{}'s cuBLAS workspaces (one for the forward's thread, one for the backward's)", p.gpu.name),
+            workspaces,
+            "replayed with the step",
+        ));
+    }
+    if e.job.parallel.gpus() > 1 {
+        out.push((
+            format!("NCCL's buffers over {} GPUs", e.job.parallel.gpus()),
+            NCCL_BYTES as u64,
+            "outside PyTorch's allocator",
+        ));
+    }
+    out
+}
+
+/// The additions, as the text says them.
+pub(super) fn additions_text(out: &mut String, p: &TrainPlan) {
+    for (what, bytes, into) in additions(p) {
+        outln!(*out, "added to the recording: {what}, {} ({into})", format_size(bytes));
+    }
+}
+
+/// The additions, as `--json` gives them.
+pub(super) fn additions_json(p: &TrainPlan) -> Value {
+    let rows: Vec<Value> = additions(p)
+        .into_iter()
+        .map(|(what, bytes, into)| json!({"what": what, "bytes": bytes, "where": into}))
+        .collect();
+    Value::Array(rows)
+}
+
+/// A recording's recommendations, as the text shows them.
+pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
+    outln!(*out);
+    let (found, shown) = (p.search.recommendations.len(), p.search.recommendations.len().min(10));
+    outln!(
+        *out,
+        "{} configurations of the recording's levers (allocator settings, checkpointing by layers, micro-batch) for \
+         {} sequences per step; {} replayed, {found} found to fit (every-k's k shown once); the fastest {shown} of them:",
+        p.search.tried,
+        p.global_batch,
+        p.search.replayed,
+    );
+    outln!(
+        *out,
+        "  {:<52} {:<10} {:>6} {:>6} {:>12} {:>10} {:>10}",
+        "allocator",
+        "checkpoint",
+        "micro",
+        "accum",
+        "per GPU",
+        "step (s)",
+        "tokens/s"
+    );
+    for r in p.search.recommendations.iter().take(10) {
+        let time = match &r.estimate.time {
+            Some(t) => format!("{:>10.3} {:>10.0}", t.step_time_s, t.tokens_per_s),
+            None => format!("{:>10} {:>10}", "-", "-"),
+        };
+        outln!(
+            *out,
+            "  {:<52} {:<10} {:>6} {:>6} {:>12} {time}",
+            r.allocator.as_deref().unwrap_or(""),
+            r.config.checkpointing.spelling(),
+            r.config.micro_batch,
+            r.config.accumulation,
+            format_size(r.estimate.memory.per_gpu_bytes as u64),
+        );
+    }
+    if let Some(why) = p.search.recommendations.iter().find(|r| r.estimate.time.is_none()).and_then(|r| {
+        r.estimate.runner.untimed.or((r.config.accumulation > 1).then_some(
+            "a step of several micro-batches is not timed: the recorded kernels are of one micro-batch's step",
+        ))
+    }) {
+        outln!(
+            *out,
+            "  (- : not timed: {why}; those rows are ranked by less recomputation, then fewer accumulation steps)"
+        );
+    }
+    if p.search.recommendations.iter().any(|r| r.config.accumulation > 1) {
+        outln!(
+            *out,
+            "  (a row that accumulates fits with its margin holding the gradients the optimizer reads, which gradient \
+             accumulation keeps through the later micro-batches and one recorded micro-batch does not)"
+        );
+    }
+    outln!(*out, "what the recording fixes — record the step again to plan another:");
+    for r in RECORD_AGAIN {
+        outln!(*out, "  {r}");
+    }
+}
