@@ -422,8 +422,8 @@ fn recompute_rank(c: Checkpointing) -> u64 {
 
 /// `--recommend` for a job that replays a recording (`base.recording`): every configuration
 /// of `space` that reaches `global_batch` sequences a step, replayed in order — those the
-/// recording's kernels time (its recorded shape, without checkpointing made of it, one
-/// micro-batch a step) fastest first, then those it cannot time, by less recomputation, then
+/// recording's kernels time (its recorded shape, without checkpointing made of it; with
+/// accumulation, its forward and backward once a micro-batch) fastest first, then those it cannot time, by less recomputation, then
 /// fewer accumulation steps, then the allocator settings in the order given — until `wanted`
 /// are found to fit (rows that differ only by every-k's k are one, the first). A
 /// configuration that accumulates fits only where its margin also holds the gradients the
@@ -443,9 +443,9 @@ pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, 
                 if recording.refuses_shape(micro_batch, base.train.seq).is_some() {
                     continue;
                 }
-                let replayed = TrainConfig { micro_batch, accumulation: 1, checkpointing, ..base.train };
-                let Ok(job) = base.with(replayed) else { continue };
-                let time = if accumulation == 1 { estimator.screen(&job).and_then(|s| s.step_time_s) } else { None };
+                let config = TrainConfig { micro_batch, accumulation, checkpointing, ..base.train };
+                let Ok(job) = base.with(config) else { continue };
+                let time = estimator.screen(&job).and_then(|s| s.step_time_s);
                 rows.push((time, checkpointing, accumulation, i, label, estimator, job));
             }
         }
@@ -461,7 +461,7 @@ pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, 
         if out.recommendations.len() >= wanted {
             break;
         }
-        let config = TrainConfig { accumulation, ..job.train };
+        let config = job.train;
         let shown = out
             .recommendations
             .iter()

@@ -15,15 +15,18 @@
 //! program `--dump-program` wrote) keeps its own.
 //!
 //! A recording that holds the kernels its step ran (`kernel` lines) is timed from them, on the
-//! job's GPU, by the planner's kernel model ([`crate::time::recorded`]); one that holds none,
+//! job's GPU, by the planner's kernel model ([`crate::time::recorded`]) — with gradient
+//! accumulation, which only `--recommend`'s rows have, its forward and backward once a
+//! micro-batch and its optimizer step once; one that holds none,
 //! or is planned with checkpointing it was not recorded with, is not timed.
 
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::job::{Checkpointing, Framework, Job, PipelineStage};
 use crate::program::{Law, Op, Phase, Program, Term};
 use crate::recompute::{checkpoint_layers, Wrapped};
+use crate::recording::Kernel;
 use crate::time::recorded::recorded_step_time;
-use crate::time::{Host, StepTime};
+use crate::time::{Breakdown, Host, StepTime};
 
 /// Its name in the estimate and in `--json`.
 pub const NAME: &str = "recording";
@@ -64,10 +67,32 @@ impl Builder for UserRecording {
         }
     }
 
-    /// The recorded step's kernels on the job's GPU ([`crate::time::recorded`]).
+    /// The recorded step's kernels on the job's GPU ([`crate::time::recorded`]); with gradient
+    /// accumulation (a recommendation's rows), its forward and backward once a micro-batch
+    /// and its optimizer step once.
     fn step_time(&self, job: &Job) -> Option<StepTime> {
         let r = job.recording?;
-        recorded_step_time(r.timed_kernels(), job.gpu, &Host::default(), job.model.layers as f64)
+        let (kernels, layers, host) = (r.timed_kernels(), job.model.layers as f64, Host::default());
+        let k = job.train.accumulation;
+        if k <= 1 {
+            return recorded_step_time(kernels, job.gpu, &host, layers);
+        }
+        let (optimizer, passes): (Vec<Kernel>, Vec<Kernel>) =
+            kernels.iter().cloned().partition(|kn| kn.phase == Phase::OptimizerStep);
+        let pass = recorded_step_time(&passes, job.gpu, &host, layers)?;
+        let step = recorded_step_time(&optimizer, job.gpu, &host, layers);
+        let (n, b) = (k as f64, &pass.breakdown);
+        let o = step.map(|s| s.breakdown).unwrap_or_default();
+        Some(StepTime {
+            step: n * pass.step + step.map_or(0.0, |s| s.step),
+            breakdown: Breakdown {
+                compute: n * b.compute + o.compute,
+                memory: n * b.memory + o.memory,
+                launch: n * b.launch + o.launch,
+                communication: 0.0,
+            },
+            ..pass
+        })
     }
 
     fn only_when_brought(&self) -> bool {
