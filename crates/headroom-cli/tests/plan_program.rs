@@ -371,7 +371,14 @@ fn a_recording_plans_without_a_catalog_model() {
     let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(text.starts_with("GPT2LMHeadModel (the recorded model"), "{text}");
     assert!(!text.contains("B parameters") && !text.contains("MFU"), "{text}");
-    headroom().args(["plan", "--gpu", "h100"]).assert().code(2).stderr(contains("--model <MODEL>"));
+    for args in [&["plan", "--gpu", "h100"][..], &["plan", "--gpu", "h100", "--infer"]] {
+        headroom()
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(contains("give --model (a preset such as llama-3-8b"))
+            .stderr(contains("or --program FILE to plan a step you recorded"));
+    }
 }
 
 /// The allocator settings of a `--recommend` row, as flags.

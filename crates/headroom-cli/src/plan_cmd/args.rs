@@ -90,7 +90,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --gpu l4 --gpu-memory 6GiB --program data/recordings/gpt2-bf16-b4-s1024.jsonl --recommend\n  \
                         headroom plan --config data/configs/torchtitan-llama3_8b.toml --gpu h100-sxm --gpus 8"
 )]
-#[command(mut_arg("model", |a| a.required(false).required_unless_present_any(["config", "program"])))]
+#[command(mut_arg("model", |a| a.required(false)))]
 pub struct PlanArgs {
     #[command(flatten)]
     pub target: Target,

@@ -56,6 +56,12 @@ pub(super) fn load(a: &PlanArgs) -> Result<Option<Loaded>> {
 
 /// The model (`--model`, else the file's) and the GPU.
 pub(super) fn target(a: &PlanArgs, file: Option<&Loaded>) -> Result<(Model, GpuSpec)> {
+    if a.target.model.is_none() && file.is_none() {
+        bail!(
+            "give --model (a preset such as llama-3-8b, a Hugging Face config.json or a model directory), or \
+             --program FILE to plan a step you recorded (python -m headroom_gpu record), or --config FILE"
+        );
+    }
     let Some(f) = file.filter(|_| a.target.model.is_none()) else { return a.target.resolve() };
     let Some(m) = &f.read.model else {
         bail!("{}: {} names no model: give --model", f.path, f.read.format.help());

@@ -30,7 +30,8 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if p.recording.is_some() && cfg.parallel.gpus() > 1 {
         outln!(
             out,
-            "{} GPUs: the recording is one rank's step (record it as one rank of DDP or FSDP2 over a fake process              group for their gradient buckets and shards)",
+            "{} GPUs: the recording is one rank's step (record it as one rank of DDP or FSDP2 over a fake process \
+             group for their gradient buckets and shards)",
             cfg.parallel.gpus()
         );
     } else if cfg.parallel.gpus() > 1 || cfg.offload != Offload::None {
