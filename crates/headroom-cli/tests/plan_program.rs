@@ -459,6 +459,15 @@ fn recommend_searches_a_recordings_levers() {
     let text = String::from_utf8(out.unwrap().stdout).unwrap();
     assert!(text.contains("what the recording fixes — record the step again to plan another:"), "{text}");
     assert!(text.contains("a row that accumulates fits with its margin holding the gradients"), "{text}");
+    // A global batch no micro-batch the recording plans reaches: refused, saying what to record.
+    headroom()
+        .arg("plan")
+        .args(base)
+        .args(["--recommend", "--global-batch", "6"])
+        .assert()
+        .code(2)
+        .stderr(contains("--global-batch 6 is not a multiple of the 4 sequences"))
+        .stderr(contains("record the step at two or three shapes"));
 }
 
 /// `--gpus N` with a recording: the recording is one rank's step, and the plan adds what the

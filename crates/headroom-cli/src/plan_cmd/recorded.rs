@@ -9,7 +9,7 @@
 //! the step again with it.
 
 use super::{PlanArgs, TrainPlan, RECOMMENDATIONS_SHOWN};
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
 use headroom_plan::estimate::Estimator;
@@ -60,6 +60,19 @@ fn allocators(a: &PlanArgs) -> Result<Vec<(String, Estimator)>> {
 pub(super) fn search(a: &PlanArgs, recording: &Recording, job: &Job, global_batch: u64) -> Result<Search> {
     let held = a.checkpoint_given().then_some(job.train.checkpointing);
     let space = RecordedSpace::for_recording(recording, allocators(a)?, held, job.train.micro_batch, global_batch);
+    let data = job.train.parallel.data;
+    if !space.micro_batches.iter().any(|&b| global_batch.is_multiple_of(b.saturating_mul(data))) {
+        let varies = recording.grows_with(true, "--recommend").map_err(|why| {
+            anyhow!(
+                "--global-batch {global_batch} is not a multiple of the {} sequences a step of micro-batch {} over {data} \
+                 GPU(s) takes, and {why}",
+                job.train.micro_batch.saturating_mul(data),
+                job.train.micro_batch
+            )
+        });
+        varies?;
+        bail!("--global-batch {global_batch}: no power-of-two micro-batch over {data} GPU(s) reaches it");
+    }
     Ok(recommend_recorded(job, global_batch, &space, RECOMMENDATIONS_SHOWN))
 }
 
@@ -161,6 +174,14 @@ pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
             *out,
             "  (a row that accumulates fits with its margin holding the gradients the optimizer reads, which gradient \
              accumulation keeps through the later micro-batches and one recorded micro-batch does not)"
+        );
+    }
+    if p.search.recommendations.iter().take(10).any(|r| r.allocator.as_deref().is_some_and(|a| a.contains("--policy")))
+    {
+        outln!(
+            *out,
+            "  (--policy: headroom's allocator in PyTorch's place, loaded before the first CUDA tensor with \
+             headroom_gpu.torch_allocator.use(policy=...))"
         );
     }
     outln!(*out, "what the recording fixes — record the step again to plan another:");
