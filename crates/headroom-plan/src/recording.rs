@@ -578,7 +578,22 @@ mod tests {
             );
         }
         assert_eq!(r.describe(), "step.jsonl (4 allocations, 1 step)");
+        // Its model is named by the root module of its weights' sites, and has the one layer named.
+        assert_eq!((r.model_name(), r.layers()), ("model".to_string(), 1));
         assert_eq!(r.program.to_jsonl(&sizes), text);
+    }
+
+    /// A recording whose weights name no one root module is named after its file.
+    #[test]
+    fn a_recording_without_one_root_module_is_named_after_its_file() {
+        let text = "{\"op\":\"alloc\",\"id\":\"0 setup weights a.x\",\"size\":8}\n\
+                    {\"op\":\"alloc\",\"id\":\"1 setup weights b.y\",\"size\":8}\n\
+                    {\"op\":\"alloc\",\"id\":\"2 step1.forward activations a.x\",\"size\":8}\n";
+        let r = Recording::parse(text.as_bytes(), "runs/my-step.jsonl").unwrap();
+        assert_eq!((r.model_name(), r.layers()), ("my-step".to_string(), 0));
+        let m = r.stand_in_model();
+        assert_eq!(m.layers, 1);
+        assert!(m.check().is_ok() && Recording::is_stand_in(&m));
     }
 
     #[test]
