@@ -9,6 +9,12 @@
 //! as for a single plan (the optimal checkpoint schedule, which runs a solver,
 //! is offered through `headroom plan --checkpoint optimal` instead of inside
 //! the search).
+//!
+//! A job that replays a recording (`--program`) has other levers: its precision, optimizer,
+//! kernels and sharding are in the recorded tensors. [`recommend_recorded`] searches the
+//! allocator's settings, checkpointing by layers made of the recording and, where its laws
+//! were fitted from two micro-batches, the micro-batch with accumulation; every candidate is
+//! replayed, ranked by the step time its kernels give where they give one.
 
 use crate::emit::{self, Engine};
 use crate::estimate::{by_step_time, Estimate, Estimator, Screened};
@@ -423,15 +429,16 @@ fn recompute_rank(c: Checkpointing) -> u64 {
 /// `--recommend` for a job that replays a recording (`base.recording`): every configuration
 /// of `space` that reaches `global_batch` sequences a step, replayed in order — those the
 /// recording's kernels time (its recorded shape, without checkpointing made of it; with
-/// accumulation, its forward and backward once a micro-batch) fastest first, then those it cannot time, by less recomputation, then
-/// fewer accumulation steps, then the allocator settings in the order given — until `wanted`
+/// accumulation, its forward and backward once a micro-batch) fastest first, then those it
+/// cannot time, by less recomputation, then fewer accumulation steps, then the allocator
+/// settings in the order given — until `wanted`
 /// are found to fit (rows that differ only by every-k's k are one, the first). A
 /// configuration that accumulates fits only where its margin also holds the gradients the
 /// optimizer reads ([`held_gradients`]), which one recorded micro-batch does not hold through
 /// the next micro-batch's forward.
 pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, wanted: usize) -> Search {
     let Some(recording) = base.recording else { return Search::default() };
-    let mut rows = Vec::new();
+    let (mut rows, mut tried) = (Vec::new(), 0);
     for (i, (label, estimator)) in space.allocators.iter().enumerate() {
         for &micro_batch in &space.micro_batches {
             let per_step = micro_batch.saturating_mul(base.train.parallel.data);
@@ -444,9 +451,11 @@ pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, 
                     continue;
                 }
                 let config = TrainConfig { micro_batch, accumulation, checkpointing, ..base.train };
+                tried += 1;
                 let Ok(job) = base.with(config) else { continue };
-                let time = estimator.screen(&job).and_then(|s| s.step_time_s);
-                rows.push((time, checkpointing, accumulation, i, label, estimator, job));
+                // Tensors that alone exceed what PyTorch can have never fit: not replayed.
+                let Some(screened) = estimator.screen(&job) else { continue };
+                rows.push((screened.step_time_s, checkpointing, accumulation, i, label, estimator, job));
             }
         }
     }
@@ -456,7 +465,7 @@ pub fn recommend_recorded(base: &Job, global_batch: u64, space: &RecordedSpace, 
             .then(a.2.cmp(&b.2))
             .then(a.3.cmp(&b.3))
     });
-    let mut out = Search { tried: rows.len(), fit_by_tensors: rows.len(), ..Search::default() };
+    let mut out = Search { tried, fit_by_tensors: rows.len(), ..Search::default() };
     for (_, _, accumulation, _, label, estimator, job) in rows {
         if out.recommendations.len() >= wanted {
             break;

@@ -131,9 +131,11 @@ pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
     outln!(
         *out,
         "{} configurations of the recording's levers (allocator settings, checkpointing by layers, micro-batch) for \
-         {} sequences per step; {} replayed, {found} found to fit (every-k's k shown once); the fastest {shown} of them:",
+         {} sequences per step, {} of them fit by their tensors; {} replayed, {found} found to fit (every-k's k shown \
+         once); the fastest {shown} of them:",
         p.search.tried,
         p.global_batch,
+        p.search.fit_by_tensors,
         p.search.replayed,
     );
     outln!(
