@@ -330,9 +330,9 @@ fn recordings_at_two_or_three_shapes_plan_and_search_other_shapes() {
 }
 
 /// A model type the catalog has no recipe for is refused by name, with the way to plan it
-/// anyway: record its step without a GPU and replay the recording.
+/// anyway: record its step without a GPU and plan the recording.
 #[test]
-fn an_unsupported_model_type_says_how_to_record_and_replay_it() {
+fn an_unsupported_model_type_says_how_to_record_and_plan_it() {
     let dir = tempfile::tempdir().unwrap();
     let f = write(dir.path(), "config.json", r#"{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24}"#);
     headroom()
@@ -341,7 +341,7 @@ fn an_unsupported_model_type_says_how_to_record_and_replay_it() {
         .code(2)
         .stderr(contains("model type `mamba` is not supported yet"))
         .stderr(contains("python -m headroom_gpu record --model CONFIG"))
-        .stderr(contains("headroom replay step.jsonl"));
+        .stderr(contains("headroom plan --gpu h100 --program step.jsonl"));
 }
 
 fn recording(file: &str) -> String {

@@ -126,8 +126,8 @@ pub enum ModelError {
     #[error(
         "model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, \
          gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5); a step of any model transformers builds can be recorded \
-         without a GPU (python -m headroom_gpu record --model CONFIG --out step.jsonl, docs/RECORDING.md) and replayed \
-         on a GPU's memory with `headroom replay step.jsonl --capacity 80GiB`"
+         without a GPU (python -m headroom_gpu record --model CONFIG --out step.jsonl, docs/RECORDING.md) and planned \
+         on a GPU with `headroom plan --gpu h100 --program step.jsonl`"
     )]
     Unsupported(String),
     #[error("unknown model `{0}`; {1}")]
