@@ -154,7 +154,7 @@ class Step(unittest.TestCase):
     def test_fake_against_real(self):
         from headroom_gpu.transformers_step import StepSpec, record
 
-        for spec in ({}, {"lora": 4}, {"attention": "eager"}):
+        for spec in ({}, {"lora": 4}, {"attention": "eager"}, {"checkpoint": True}):
             s = StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2, dtype="amp", **spec)
             fake, real = record(s, fake=True, route_sdpa=False), record(s, fake=False, route_sdpa=False)
             self.assertEqual(fake.peak, real.peak, spec)
@@ -164,6 +164,9 @@ class Step(unittest.TestCase):
 
         rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=1, dtype="amp"))
         self.assertEqual(rec.sdpa_kernels, {"flash": 2})  # bf16 after autocast, not fp32's math path
+        # Checkpointing's recomputation runs under the autocast state of the forward it repeats.
+        ckpt = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=1, dtype="amp", checkpoint=True))
+        self.assertEqual(ckpt.sdpa_kernels, {"flash": 4})
         fp32 = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=1, dtype="fp32"))
         self.assertEqual(fp32.sdpa_kernels, {"math": 2})
 
