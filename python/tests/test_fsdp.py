@@ -32,7 +32,7 @@ class Fsdp(unittest.TestCase):
     def test_fake_against_real(self):
         from headroom_gpu.transformers_step import record
 
-        for changes in ({}, {"lora": 4}, {"dtype": "amp"}, {"dtype": "mixed"}):
+        for changes in ({}, {"lora": 4}, {"dtype": "amp"}, {"dtype": "mixed", "lora": 4, "checkpoint": True}):
             s = self.spec(**changes)
             fake, real = record(s, fake=True, route_sdpa=False), record(s, fake=False, route_sdpa=False)
             self.assertEqual(fake.peak, real.peak, changes)
