@@ -29,13 +29,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True, help="a Hugging Face config.json, or a model directory holding one")
     r.add_argument("--batch", type=int, default=1, help="sequences a step (default 1)")
     r.add_argument("--seq", type=int, default=2048, help="tokens a sequence (default 2048)")
-    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
-                   help="the dtype of the weights, gradients, optimizer state and activations (default bf16)")
+    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "amp", "mixed"), default="bf16",
+                   help="the dtype of the weights, gradients, optimizer state and activations (default bf16); amp: "
+                        "fp32 weights and the forward under torch.autocast('cuda', torch.bfloat16), cast as on a GPU; "
+                        "mixed (with --fsdp): fp32 shards, layers all-gathered in bf16, gradients reduced in fp32")
     r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum"), default="adamw",
                    help="torch.optim's, foreach as on CUDA (default adamw)")
     r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
+    r.add_argument("--fsdp", type=int, metavar="GPUS",
+                   help="FSDP2 (fully_shard on each layer and the model) over this many GPUs, rank 0's step recorded "
+                        "in a fake process group; the plan does not add NCCL's buffers (docs/RECORDING.md)")
     r.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
     r.add_argument("--kernels", choices=("last", "all", "none"), default="last",
                    help="the kernels each operator runs, for the step time: of the last step (default), of every "
@@ -45,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("batch", "seq", "steps", "lora"):
+    for name in ("batch", "seq", "steps", "lora", "fsdp"):
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name} {v}: must be at least 1")
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
-                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, steps=args.steps)
+                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, fsdp=args.fsdp,
+                    steps=args.steps)
     start = time.perf_counter()
     try:
         rec = record(spec)

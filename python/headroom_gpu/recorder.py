@@ -59,10 +59,11 @@ from typing import Any, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import amp as _amp
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -122,7 +123,15 @@ def _dtype(t: torch.Tensor) -> str:
 def _tensors(tree: Any) -> list:
     out: list = []
     tree_map_only(torch.Tensor, out.append, tree)
-    return out
+    return [t for t in out for t in _local(t)]
+
+
+def _local(t: torch.Tensor) -> list:
+    """The tensors holding `t`'s memory: a DTensor's local shard (what a rank's kernel reads)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    inner = (getattr(t, name) for name in t.__tensor_flatten__()[0])
+    return [x for i in inner if isinstance(i, torch.Tensor) for x in _local(i)]
 
 
 def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
@@ -274,6 +283,12 @@ class StepRecorder:
 
     def _seen(self, t: torch.Tensor) -> None:
         """Records `t`'s storage if it is new."""
+        if is_traceable_wrapper_subclass(t):
+            # A DTensor (FSDP2's sharded parameters and their optimizer state) holds no memory of its
+            # own: its local shard does, made under the subclass's dispatch, which no mode sees.
+            for inner in _local(t):
+                self._seen(inner)
+            return
         try:
             st = t.untyped_storage()
         except (NotImplementedError, RuntimeError):
@@ -365,6 +380,10 @@ class StepRecorder:
 
     def tag(self, t: torch.Tensor, term: str, site: str | None = None) -> None:
         """Says what `t`'s storage is for (one of the plan's terms), and whose it is."""
+        if is_traceable_wrapper_subclass(t):
+            for inner in _local(t):
+                self.tag(inner, term, site)
+            return
         try:
             rec = self._storages.get(t.untyped_storage())
         except (NotImplementedError, RuntimeError):
@@ -457,8 +476,9 @@ class StepRecorder:
         if self.route_sdpa:
             f = torch.nn.functional
             original = f.scaled_dot_product_attention
-            f.scaled_dot_product_attention = _sdpa.routed(original, self.sdpa_kernels)
+            f.scaled_dot_product_attention = _amp.autocast_first(_sdpa.routed(original, self.sdpa_kernels))
             s.callback(setattr, f, "scaled_dot_product_attention", original)
+        s.enter_context(_amp.cuda_autocast())  # torch.autocast("cuda") casts as on a GPU
         self._assume_unpacked()
         if self.fake:
             original_apply = torch.nn.Module._apply

@@ -10,6 +10,7 @@ CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -17,7 +18,13 @@ import torch
 
 from .recorder import StepRecorder
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# "amp": fp32 weights, gradients and optimizer state, the forward under
+# torch.autocast("cuda", torch.bfloat16) (cast as CUDA's autocast casts: headroom_gpu.amp).
+# "mixed" (with FSDP2): fp32 sharded weights and optimizer state, each layer all-gathered in bf16
+# and its gradients reduce-scattered in fp32 (MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+# reduce_dtype=torch.float32), torchtitan's default).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": torch.float32,
+          "mixed": torch.float32}
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
 
 
@@ -33,6 +40,7 @@ class StepSpec:
     lora: int | None = None
     attention: str = "sdpa"
     checkpoint: bool = False
+    fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
     steps: int = 3
     notes: list = field(default_factory=list)
 
@@ -88,13 +96,31 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
 
     if spec.lora:
         import peft  # noqa: F401
-    with StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec:
+    if spec.dtype == "mixed" and not spec.fsdp:
+        raise ValueError("--dtype mixed is FSDP2's mixed precision: give --fsdp GPUS, or record --dtype amp (autocast) "
+                         "or bf16")
+    world = contextlib.nullcontext()
+    if spec.fsdp:
+        from .fsdp import fake_process_group
+
+        world = fake_process_group(spec.fsdp)
+    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec:
         model, config = _build(spec)
+        if spec.fsdp:
+            from .fsdp import shard_transformer
+
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if spec.dtype == "mixed" else None
+            shard_transformer(model, mesh, mp_policy=policy)
         opt = _optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
         ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
         for _ in range(spec.steps):
             with rec.step():
-                loss = model(input_ids=ids, labels=ids).loss
+                autocast = torch.autocast("cuda", torch.bfloat16) if spec.dtype == "amp" else contextlib.nullcontext()
+                with autocast:
+                    loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
                 del loss
                 opt.step()

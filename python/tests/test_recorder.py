@@ -306,8 +306,8 @@ class Documented(unittest.TestCase):
 
     def test_the_python(self):
         d = self.scratch()
+        # The first block; the recipes' own (FSDP2's) are run by their tests.
         blocks = _documented("python")
-        self.assertEqual(len(blocks), 1)
         cwd = os.getcwd()
         os.chdir(d)
         try:

@@ -1,0 +1,144 @@
+"""FSDP2 recorded over a fake process group (headroom_gpu.fsdp): rank 0's step under fake tensors
+against the same step with real tensors on the CPU, and the bytes it keeps against
+`fully_shard`'s rules. Skipped, saying so, where torch, transformers or peft is not installed.
+
+    PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest python/tests/test_fsdp.py
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from test_recorder import MISSING, _model_dir  # noqa: E402
+
+WORLD = 4
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Fsdp(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def spec(self, **changes):
+        from headroom_gpu.transformers_step import StepSpec
+
+        return StepSpec(model=_model_dir(self.tmp), **{"batch": 2, "seq": 64, "steps": 2, "fsdp": WORLD, **changes})
+
+    def test_fake_against_real(self):
+        from headroom_gpu.transformers_step import record
+
+        for changes in ({}, {"lora": 4}, {"dtype": "amp"}, {"dtype": "mixed", "lora": 4, "checkpoint": True}):
+            s = self.spec(**changes)
+            fake, real = record(s, fake=True, route_sdpa=False), record(s, fake=False, route_sdpa=False)
+            self.assertEqual(fake.peak, real.peak, changes)
+
+    def test_the_bytes_fully_shard_keeps(self):
+        import torch
+        import transformers
+
+        from headroom_gpu import fsdp
+        from headroom_gpu.transformers_step import record
+
+        rec = record(self.spec(dtype="fp32", steps=1))
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        params = dict(model.named_parameters())
+        allocs = [r for op, r in rec.events if op == "alloc"]
+
+        # AdamW's two moments of each parameter's shard, and no more.
+        moments = sum(r.size for r in allocs if r.term == "optimizer" and r.size > 4)
+        self.assertEqual(moments, 2 * sum(fsdp.shard_bytes(p, WORLD) for p in params.values()))
+
+        # Each layer's all-gather: every rank's padded shard of its parameters, in its forward.
+        layer = [p for n, p in params.items() if n.startswith("model.layers.0.")]
+        gathered = WORLD * sum(fsdp.shard_bytes(p, WORLD) for p in layer)
+        forward = [r for r in allocs if r.when == "step1.forward" and r.site.endswith("model.layers.0")]
+        self.assertIn(gathered, [r.size for r in forward])
+
+        # Where the weights outweigh the activations, more ranks keep less.
+        wide = _model_dir(tempfile.mkdtemp(), hidden_size=256, intermediate_size=512)
+        peaks = [record(dataclasses.replace(self.spec(dtype="fp32", steps=1), model=wide, fsdp=world)).peak
+                 for world in (None, 2, 4)]
+        self.assertEqual(peaks, sorted(peaks, reverse=True))
+        self.assertLess(peaks[2], 0.7 * peaks[0])
+
+    def test_mixed_precision_gathers_bf16_and_keeps_fp32(self):
+        import torch
+        import transformers
+
+        from headroom_gpu import fsdp
+        from headroom_gpu.transformers_step import record
+
+        rec = record(self.spec(dtype="mixed", steps=1))
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        params = dict(model.named_parameters())
+        allocs = [r for op, r in rec.events if op == "alloc"]
+        # fp32 moments of the fp32 shards; each layer gathered as bf16 (half its fp32 shards' bytes).
+        moments = sum(r.size for r in allocs if r.term == "optimizer" and r.size > 4)
+        self.assertEqual(moments, 2 * sum(fsdp.shard_bytes(p, WORLD) for p in params.values()))
+        layer = [p for n, p in params.items() if n.startswith("model.layers.0.")]
+        gathered = WORLD * sum(fsdp.shard_bytes(p, WORLD) for p in layer) // 2
+        forward = [r.size for r in allocs if r.when == "step1.forward" and r.site.endswith("model.layers.0")]
+        self.assertIn(gathered, forward)
+        self.assertNotIn(2 * gathered, forward)
+        with self.assertRaisesRegex(ValueError, "--fsdp"):
+            record(dataclasses.replace(self.spec(dtype="mixed"), fsdp=None))
+
+    def test_a_model_without_layers_is_refused_saying_how(self):
+        import torch
+
+        from headroom_gpu import fsdp
+
+        with self.assertRaisesRegex(ValueError, "fully_shard"):
+            fsdp.layers(torch.nn.Linear(2, 2))
+        with self.assertRaisesRegex(ValueError, "rank"):
+            with fsdp.fake_process_group(2, rank=2):
+                pass
+
+    def test_the_documented_program(self):
+        """docs/RECORDING.md's FSDP2 example runs as shown and records a sharded step."""
+        from test_recorder import _documented
+
+        block = [b for b in _documented("python") if any("fake_process_group" in line for line in b)]
+        self.assertEqual(len(block), 1)
+        cwd = os.getcwd()
+        os.chdir(self.tmp)
+        try:
+            scope = {}
+            exec(compile("\n".join(block[0]), "docs/RECORDING.md", "exec"), scope)
+        finally:
+            os.chdir(cwd)
+        self.assertTrue(os.path.getsize(os.path.join(self.tmp, "fsdp-step.jsonl")) > 0)
+        # AdamW's moments of 4 layers of 1024 × 1024 + 1024, an eighth each.
+        moments = sum(r.size for op, r in scope["rec"].events if op == "alloc" and r.term == "optimizer" and r.size > 4)
+        self.assertEqual(moments, 4 * 2 * (128 * 1024 + 128) * 4)
+
+    def test_the_command_records_and_plan_replays(self):
+        out = os.path.join(self.tmp, "fsdp.jsonl")
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                            "--batch", "2", "--seq", "64", "--steps", "2", "--fsdp", str(WORLD), "--out", out],
+                           capture_output=True, text=True, env=env, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        binary = os.environ.get("HEADROOM_BIN")
+        if not binary:
+            self.skipTest("HEADROOM_BIN is not set: the recording is not replayed")
+        r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        config = os.path.join(_model_dir(self.tmp), "config.json")
+        r = subprocess.run([binary, "plan", "--model", config, "--gpu", "h100", "--program", out],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("fits", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
