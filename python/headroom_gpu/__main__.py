@@ -36,7 +36,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
-    r.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
+    r.add_argument("--steps", type=int, default=3,
+                   help="optimizer steps (default 3): the first makes the optimizer's state, the second is the steady "
+                        "one, and each later step is written as the second repeated (the same operations, sizes and "
+                        "order as recording it, at no cost)")
+    r.add_argument("--record-every-step", action="store_true",
+                   help="run every step under fake tensors instead of repeating the second (for a step that is not "
+                        "the same each time)")
+    r.add_argument("--infer", action="store_true",
+                   help="inference: --steps forwards without gradients (eval mode, torch.no_grad, the config's "
+                        "use_cache), each of --batch sequences of --seq tokens")
+    r.add_argument("--generate", type=int, metavar="N",
+                   help="inference as generate runs it: the prefill of --batch prompts of --seq tokens into "
+                        "transformers' DynamicCache, then N decode steps of one token (greedy)")
     r.add_argument("--kernels", choices=("last", "all", "none"), default="last",
                    help="the kernels each operator runs, for the step time: of the last step (default), of every "
                         "step, or none (a smaller file, planned without a step time)")
@@ -45,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("batch", "seq", "steps", "lora"):
+    for name in ("batch", "seq", "steps", "lora", "generate"):
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name} {v}: must be at least 1")
@@ -55,13 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     _positive(p, args)
+    inference = args.infer or args.generate is not None
+    if inference:
+        for flag, given in (("--checkpoint", args.checkpoint), ("--optimizer", args.optimizer != "adamw")):
+            if given:
+                p.error(f"{flag} is a training flag: leave it out with --infer or --generate")
+    if args.infer and args.generate is not None:
+        p.error("--infer and --generate: choose one (--generate N records the prefill and N decode steps)")
     try:
         from .transformers_step import StepSpec, record
     except ImportError as e:
         print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
-                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, steps=args.steps)
+                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, steps=args.steps,
+                    repeat=not args.record_every_step,
+                    mode="generate" if args.generate is not None else "infer" if args.infer else "train",
+                    new_tokens=args.generate or 0)
     start = time.perf_counter()
     try:
         rec = record(spec)
@@ -71,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     rec.write(args.out, args.kernels)
     seconds = time.perf_counter() - start
     allocs = sum(1 for op, _ in rec.events if op == "alloc")
-    print(f"recorded {spec.steps} steps of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "
+    what = (f"the prefill and {spec.new_tokens} decode steps" if spec.mode == "generate"
+            else f"{spec.steps} forwards" if spec.mode == "infer" else f"{spec.steps} steps")
+    print(f"recorded {what} of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "
           f"in {seconds:.1f} s; wrote {args.out}")
     if rec.sdpa_kernels:
         kernels = ", ".join(f"{k} {n}" for k, n in sorted(rec.sdpa_kernels.items()))
