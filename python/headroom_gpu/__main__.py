@@ -1,7 +1,9 @@
-"""`python -m headroom_gpu record`: record a transformers model's training step without a GPU.
+"""`python -m headroom_gpu record`: record a transformers model's training step, or its inference
+(`--infer`, `--generate N`), without a GPU.
 
     python -m headroom_gpu record --model llama-3-8b/config.json --batch 1 --seq 4096 \\
         --dtype bf16 --optimizer adamw --out step.jsonl
+    python -m headroom_gpu record --model llama-3-8b/config.json --batch 8 --seq 1024 --generate 128 --out gen.jsonl
     headroom plan --model llama-3-8b/config.json --gpu h100-sxm --batch 1 --seq 4096 --program step.jsonl
 
 Exit status: 0 when the step was recorded, 2 on bad input (a missing config, torch or
@@ -20,11 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser(
         "record",
-        help="record a training step under fake tensors (no GPU) as a step program for `headroom plan --program`",
+        help="record a training step, or inference, under fake tensors (no GPU) as a step program for "
+             "`headroom plan --program`",
         description="Builds the model from its config with transformers' AutoModelForCausalLM.from_config under "
         "fake tensors (no memory, no GPU, no weights read), runs --steps optimizer steps of --batch sequences "
-        "of --seq tokens, and writes every allocation and free as the JSONL step program `headroom plan "
-        "--program` replays. Scaled dot-product attention takes the kernel an sm90 GPU takes.",
+        "of --seq tokens (or, with --infer or --generate, inference), and writes every allocation and free as "
+        "the JSONL step program `headroom plan --program` replays. Scaled dot-product attention takes the kernel "
+        "an sm90 GPU takes.",
     )
     r.add_argument("--model", required=True, help="a Hugging Face config.json, or a model directory holding one")
     r.add_argument("--batch", type=int, default=1, help="sequences a step (default 1)")

@@ -62,6 +62,19 @@ class TheFile(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
+class Documented(unittest.TestCase):
+    def test_validation_md_shows_the_files_table(self):
+        """docs/VALIDATION.md's table is the one `recorder_truth.py --table` prints of the file."""
+        import subprocess
+
+        run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "validate", "recorder_truth.py"),
+                              "--table", TRUTH], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(REPO, "docs", "VALIDATION.md"), encoding="utf-8") as f:
+            self.assertIn(run.stdout.strip(), f.read())
+
+
+@unittest.skipIf(MISSING, MISSING)
 class Live(unittest.TestCase):
     """Jobs of the grid run again: the recorder and the CPU agree, and the file holds these figures."""
 
