@@ -273,6 +273,7 @@ class StepRecorder:
         self._hooked: set[int] = set()
         self._stack = contextlib.ExitStack()
         self._step_starts: list[tuple[int, int]] = []  # (events, kernel lines) where each step began
+        self._sdpa_at_start: dict[str, int] = {}  # the attention calls before the last step
 
     # -- what a tensor is -------------------------------------------------------------------
 
@@ -460,6 +461,7 @@ class StepRecorder:
         self._step += 1
         self._phase = FORWARD
         self._step_starts.append((len(self.events), len(self.kernel_lines)))
+        self._sdpa_at_start = dict(self.sdpa_kernels)
         yield self
 
     def repeat_step(self) -> bool:
@@ -481,6 +483,9 @@ class StepRecorder:
         old, new = f"step{self._step}.", f"step{self._step + 1}."
         self._step += 1
         self._step_starts.append((len(self.events), len(self.kernel_lines)))
+        at_start, self._sdpa_at_start = self._sdpa_at_start, dict(self.sdpa_kernels)
+        for kind, calls in self._sdpa_at_start.items():
+            self.sdpa_kernels[kind] = calls + calls - at_start.get(kind, 0)
         copies: dict[int, _Storage] = {}
         shift = len(self.events) - first
         kernel_lines = [(at + shift, self._step, {**line, "at": new + line["at"][len(old):]})

@@ -173,6 +173,7 @@ class RepeatedSteps(unittest.TestCase):
             written = record(StepSpec(model=model, steps=4, **spec))
             self.assertEqual(written._step, 4)
             self.assertEqual(written.peak, recorded.peak, spec)
+            self.assertEqual(written.sdpa_kernels, recorded.sdpa_kernels, spec)
             a, b = recorded.to_jsonl("all").splitlines(), written.to_jsonl("all").splitlines()
             self.assertEqual(len(a), len(b), spec)
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
