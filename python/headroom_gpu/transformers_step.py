@@ -12,9 +12,11 @@ CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -127,8 +129,6 @@ def _infer(rec: StepRecorder, spec: StepSpec, model, config) -> None:
     `DynamicCache`, then N decode steps of one token a sequence, each taking the next token from
     an fp32 copy of the last logits and appending it to the ids, the cache growing by one
     position a step."""
-    import transformers
-
     ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
     if spec.mode == "infer":
         for i in range(spec.steps):
@@ -138,13 +138,21 @@ def _infer(rec: StepRecorder, spec: StepSpec, model, config) -> None:
                 out = model(input_ids=ids)
                 del out
         return
+    generate(model, config, ids, spec.new_tokens, rec.step)
+
+
+def generate(model, config, ids: torch.Tensor, new_tokens: int, each_forward: Any = contextlib.nullcontext) -> None:
+    """Greedy decoding as `model.generate(max_new_tokens=new_tokens)` runs it, each forward inside
+    `each_forward()`: the prefill of `ids` into a `DynamicCache`, then the decode steps."""
+    import transformers
+
     cache = transformers.DynamicCache(config=config)
     # The cache's argument, by the name this version of transformers gives it.
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     tokens = ids
-    for i in range(1 + spec.new_tokens):
-        with rec.step():
+    for _ in range(1 + new_tokens):
+        with each_forward():
             out = model(input_ids=tokens, **{name: cache}, use_cache=True, logits_to_keep=1)
             last = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
             del out

@@ -1,6 +1,6 @@
 """The recorder's CPU truth (scripts/validate/recorder_truth.py, data/validation/recorder_truth.json):
 the live peak it records under fake tensors is the one the same step reaches on the CPU, to the
-byte, on at least 95% of at least 60 jobs over every family, LoRA and inference. A few jobs are run
+byte, on at least 95% of at least 60 jobs over every family, LoRA, inference and generate's decode steps. A few jobs are run
 again here, live, against the figures the file holds. Skipped, saying so, where torch,
 transformers or peft is not installed:
 
@@ -57,6 +57,7 @@ class TheFile(unittest.TestCase):
             self.assertIn(family, families)
         self.assertTrue(any(j["lora"] for j in jobs))
         self.assertTrue(any(j["mode"] == "infer" for j in jobs))
+        self.assertTrue(any(j["mode"] == "generate" for j in jobs))
         self.assertEqual({j["split"] for j in jobs if j["family"] in ("llama", "gpt2")}, {"tuning"})
         self.assertEqual({j["split"] for j in jobs if j["family"] not in ("llama", "gpt2")}, {"check"})
 
@@ -83,7 +84,8 @@ class Live(unittest.TestCase):
         torch.set_num_threads(1)
         cfgs = rt.configs()
         held = {(j["family"], j["mode"], j["precision"], j["attention"], j["lora"]): j for j in _truth()["jobs"]}
-        wanted = (("qwen3", "infer", "fp32", "sdpa", None), ("gpt_neox", "train", "fp32", "sdpa", 4))
+        wanted = (("qwen3", "infer", "fp32", "sdpa", None), ("gpt_neox", "train", "fp32", "sdpa", 4),
+                  ("phi3", "generate", "fp32", "sdpa", None))
         for key in wanted:
             job = next(j for j in rt.jobs() if (j["family"], j["mode"], j["precision"], j["attention"], j["lora"]) == key)
             r = rt.run(job, cfgs)

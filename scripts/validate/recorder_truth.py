@@ -8,8 +8,9 @@ allocator events (scripts/validate/measure.py's method).
 A job is a model built from a small config with measure.py's `build` (random weights, dropout
 off), its inputs (`inputs`), and either a training step (torch.optim.AdamW with foreach, the
 loss's backward, the optimizer step, `zero_grad(set_to_none=True)`; full fine-tuning or peft's
-LoRA over every linear layer) or an inference forward (`torch.no_grad()`, `use_cache=True`, all
-positions' logits).
+LoRA over every linear layer), an inference forward (`torch.no_grad()`, `use_cache=True`, all
+positions' logits), or generate's prefill and decode steps (`headroom_gpu.transformers_step.generate`,
+as `record --generate` runs them).
 
 The two sides run the same code on the same objects:
 - **CPU**: measure.py's method. A warm-up step, then the profiled one; the peak is the bytes of
@@ -94,7 +95,8 @@ def has_sdpa(family, head):
 
 def jobs():
     """Every family: full fine-tuning with each attention it has, LoRA, and the inference forward
-    (decoders), in fp32 at 2 x 128; and bf16 full fine-tuning of every family at 1 x 64."""
+    (decoders), in fp32 at 2 x 128; bf16 full fine-tuning of every family at 1 x 64; and generate's
+    prefill of 2 x 64 and 4 decode steps (decoders, fp32)."""
     out = []
     for family in FAMILIES:
         head = HEAD.get(family, "causal-lm")
@@ -109,6 +111,8 @@ def jobs():
         if head == "causal-lm":
             out.append(dict(mode="infer", family=family, head=head, precision="fp32", attention=attns[0], lora=None,
                             batch=2, seq=128))
+            out.append(dict(mode="generate", family=family, head=head, precision="fp32", attention=attns[0],
+                            lora=None, batch=2, seq=64, new_tokens=4))
     for j in out:
         j["split"] = "tuning" if j["family"] in TUNING else "check"
     return out
@@ -123,7 +127,7 @@ def _model(job, cfg):
         lora = peft.LoraConfig(r=job["lora"], lora_alpha=2 * job["lora"], target_modules="all-linear",
                                lora_dropout=0.0)
         model = peft.get_peft_model(model, lora)
-    if job["mode"] == "infer":
+    if job["mode"] != "train":
         model.eval()
     return model
 
@@ -131,6 +135,16 @@ def _model(job, cfg):
 def _step_fn(job, cfg, model):
     """The step both sides run, and the tensors alive when it starts that measure.py counts."""
     batch = measure.inputs(cfg, job["head"], job["batch"], job["seq"])
+    if job["mode"] == "generate":
+        from headroom_gpu.transformers_step import generate
+
+        batch = {"input_ids": batch["input_ids"]}
+
+        def step():
+            with torch.no_grad(), record_function("forward"):
+                generate(model, model.config, batch["input_ids"], job["new_tokens"])
+
+        return step, batch, None
     if job["mode"] == "infer":
         batch = {"input_ids": batch["input_ids"]}
 
@@ -256,7 +270,8 @@ def table(path):
             rows.append(f"| {split} | {family} | {len(js)} | {exact} | {span} | {worst} B |")
     kinds = (("full fine-tuning, fp32", lambda j: j["mode"] == "train" and not j["lora"] and j["precision"] == "fp32"),
              ("full fine-tuning, bf16", lambda j: j["mode"] == "train" and j["precision"] == "bf16"),
-             ("LoRA, fp32", lambda j: bool(j["lora"])), ("inference forward, fp32", lambda j: j["mode"] == "infer"))
+             ("LoRA, fp32", lambda j: bool(j["lora"])), ("inference forward, fp32", lambda j: j["mode"] == "infer"),
+             ("generate: prefill and 4 decode steps, fp32", lambda j: j["mode"] == "generate"))
     for split in ("tuning", "check"):
         for name, kind in kinds:
             js = [j for j in doc["jobs"] if j["split"] == split and kind(j)]
@@ -270,6 +285,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="the result file to write")
     ap.add_argument("--only", help="run only jobs of this family")
+    ap.add_argument("--mode", help="run only jobs of this mode (train, infer, generate)")
+    ap.add_argument("--into", metavar="FILE", help="a result file whose jobs the jobs run replace or join (in the "
+                                                   "grid's order), written to --out")
     ap.add_argument("--table", metavar="FILE", help="print docs/VALIDATION.md's table of a result file (no run)")
     a = ap.parse_args()
     if a.table:
@@ -280,7 +298,7 @@ def main():
     torch.set_num_threads(1)
     measure.check_method()
     cfgs = configs()
-    todo = [j for j in jobs() if not a.only or j["family"] == a.only]
+    todo = [j for j in jobs() if (not a.only or j["family"] == a.only) and (not a.mode or j["mode"] == a.mode)]
     results = []
     start = time.time()
     for i, job in enumerate(todo):
@@ -292,6 +310,17 @@ def main():
         print(f"[{i + 1}/{len(todo)}] {job['family']} {job['mode']} {job['precision']} {job['attention']} "
               f"lora={job['lora']}: cpu {r.get('cpu_peak_bytes')} recorded {r.get('recorded_peak_bytes')} "
               f"{'exact' if r['exact'] else r.get('failed', 'OFF')} (all storages: {r.get('all_difference_bytes')} B)", file=sys.stderr, flush=True)
+    seconds = round(time.time() - start, 1)
+    if a.into:
+        with open(a.into) as f:
+            earlier = json.load(f)
+        def key(j):
+            return tuple(j.get(k) for k in ("mode", "family", "head", "precision", "attention", "lora", "batch", "seq",
+                                             "new_tokens"))
+
+        by_key = {key(j): j for j in earlier["jobs"]} | {key(r): r for r in results}
+        results = [by_key[key(j)] for j in jobs() if key(j) in by_key]
+        seconds = round(seconds + earlier["seconds"], 1)
     summary = {split: {"jobs": sum(1 for r in results if r["split"] == split),
                        "exact": sum(1 for r in results if r["split"] == split and r["exact"])}
                for split in ("tuning", "check")}
@@ -299,8 +328,10 @@ def main():
                     "scripts/validate/recorder_truth.py",
            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
            "peft": __import__("peft").__version__, "python": platform.python_version(),
-           "tuning_families": list(TUNING), "seconds": round(time.time() - start, 1), "summary": summary,
+           "tuning_families": list(TUNING), "seconds": seconds, "summary": summary,
            "jobs": results}
+    if a.into:
+        out["runs"] = earlier.get("runs", "the grid") + f"; then {len(todo)} jobs run again or added (--into)"
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
