@@ -1,7 +1,9 @@
-"""`python -m headroom_gpu record`: record a transformers model's training step without a GPU.
+"""`python -m headroom_gpu record`: record a transformers model's training step, or its inference
+(`--infer`, `--generate N`), without a GPU.
 
     python -m headroom_gpu record --model llama-3-8b/config.json --batch 1 --seq 4096 \\
         --dtype bf16 --optimizer adamw --out step.jsonl
+    python -m headroom_gpu record --model llama-3-8b/config.json --batch 8 --seq 1024 --generate 128 --out gen.jsonl
     headroom plan --model llama-3-8b/config.json --gpu h100-sxm --batch 1 --seq 4096 --program step.jsonl
 
 Exit status: 0 when the step was recorded, 2 on bad input (a missing config, torch or
@@ -20,11 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser(
         "record",
-        help="record a training step under fake tensors (no GPU) as a step program for `headroom plan --program`",
+        help="record a training step, or inference, under fake tensors (no GPU) as a step program for "
+             "`headroom plan --program`",
         description="Builds the model from its config with transformers' AutoModelForCausalLM.from_config under "
         "fake tensors (no memory, no GPU, no weights read), runs --steps optimizer steps of --batch sequences "
-        "of --seq tokens, and writes every allocation and free as the JSONL step program `headroom plan "
-        "--program` replays. Scaled dot-product attention takes the kernel an sm90 GPU takes.",
+        "of --seq tokens (or, with --infer or --generate, inference), and writes every allocation and free as "
+        "the JSONL step program `headroom plan --program` replays. Scaled dot-product attention takes the kernel "
+        "an sm90 GPU takes.",
     )
     r.add_argument("--model", required=True, help="a Hugging Face config.json, or a model directory holding one")
     r.add_argument("--batch", type=int, default=1, help="sequences a step (default 1)")
@@ -40,8 +44,21 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
     r.add_argument("--fsdp", type=int, metavar="GPUS",
                    help="FSDP2 (fully_shard on each layer and the model) over this many GPUs, rank 0's step recorded "
-                        "in a fake process group; the plan does not add NCCL's buffers (docs/RECORDING.md)")
-    r.add_argument("--steps", type=int, default=3, help="optimizer steps recorded (default 3)")
+                        "in a fake process group; plan it with --gpus GPUS, which adds NCCL's buffers "
+                        "(docs/RECORDING.md)")
+    r.add_argument("--steps", type=int, default=3,
+                   help="optimizer steps (default 3): the first makes the optimizer's state, the second is the steady "
+                        "one, and each later step is written as the second repeated (the same operations, sizes and "
+                        "order as recording it, at no cost)")
+    r.add_argument("--record-every-step", action="store_true",
+                   help="run every step under fake tensors instead of repeating the second (for a step that is not "
+                        "the same each time)")
+    r.add_argument("--infer", action="store_true",
+                   help="inference: --steps forwards without gradients (eval mode, torch.no_grad, the config's "
+                        "use_cache), each of --batch sequences of --seq tokens")
+    r.add_argument("--generate", type=int, metavar="N",
+                   help="inference as generate runs it: the prefill of --batch prompts of --seq tokens into "
+                        "transformers' DynamicCache, then N decode steps of one token (greedy)")
     r.add_argument("--kernels", choices=("last", "all", "none"), default="last",
                    help="the kernels each operator runs, for the step time: of the last step (default), of every "
                         "step, or none (a smaller file, planned without a step time)")
@@ -50,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("batch", "seq", "steps", "lora", "fsdp"):
+    for name in ("batch", "seq", "steps", "lora", "fsdp", "generate"):
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name} {v}: must be at least 1")
@@ -60,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     _positive(p, args)
+    inference = args.infer or args.generate is not None
+    if inference:
+        for flag, given in (("--checkpoint", args.checkpoint), ("--optimizer", args.optimizer != "adamw")):
+            if given:
+                p.error(f"{flag} is a training flag: leave it out with --infer or --generate")
+    if args.infer and args.generate is not None:
+        p.error("--infer and --generate: choose one (--generate N records the prefill and N decode steps)")
     try:
         from .transformers_step import StepSpec, record
     except ImportError as e:
@@ -67,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
                     lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, fsdp=args.fsdp,
-                    steps=args.steps)
+                    steps=args.steps, repeat=not args.record_every_step,
+                    mode="generate" if args.generate is not None else "infer" if args.infer else "train",
+                    new_tokens=args.generate or 0)
     start = time.perf_counter()
     try:
         rec = record(spec)
@@ -77,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     rec.write(args.out, args.kernels)
     seconds = time.perf_counter() - start
     allocs = sum(1 for op, _ in rec.events if op == "alloc")
-    print(f"recorded {spec.steps} steps of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "
+    what = (f"the prefill and {spec.new_tokens} decode steps" if spec.mode == "generate"
+            else f"{spec.steps} forwards" if spec.mode == "infer" else f"{spec.steps} steps")
+    print(f"recorded {what} of {args.model}: {allocs} allocations, live peak {rec.peak} bytes, "
           f"in {seconds:.1f} s; wrote {args.out}")
     if rec.sdpa_kernels:
         kernels = ", ".join(f"{k} {n}" for k, n in sorted(rec.sdpa_kernels.items()))

@@ -94,7 +94,8 @@ class _Tracker(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         except (DynamicOutputShapeException, DataDependentOutputException):
             out = self.recorder._assumed(func, args, kwargs or {})
-        tree_map_only(torch.Tensor, self.recorder._seen, out)
+        for t in _tensors(out):
+            self.recorder._seen(t)
         if self.recorder.kernels and self.recorder._phase != SETUP and getattr(func, "namespace", "") == "aten":
             self.recorder._kernel(func, args, kwargs or {}, out)
         return out
@@ -120,10 +121,29 @@ def _dtype(t: torch.Tensor) -> str:
     return name
 
 
+def _walk(tree: Any, out: list | None = None) -> list:
+    """The tensors in an operator's arguments or outputs: nested tuples, lists and dicts, which
+    is all a dispatched call holds (a walk of its own: pytree's costs more than the recording's
+    other bookkeeping together)."""
+    if out is None:
+        out = []
+    if isinstance(tree, torch.Tensor):
+        out.append(tree)
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, (tuple, list, dict)):
+                _walk(x, out)
+    elif isinstance(tree, dict):
+        _walk(list(tree.values()), out)
+    return out
+
+
 def _tensors(tree: Any) -> list:
-    out: list = []
-    tree_map_only(torch.Tensor, out.append, tree)
-    return [t for t in out for t in _local(t)]
+    """The tensors holding the memory of those in `tree`: a DTensor's local shard, not its
+    global size."""
+    return [x for t in _walk(tree) for x in _local(t)]
 
 
 def _local(t: torch.Tensor) -> list:
@@ -134,13 +154,22 @@ def _local(t: torch.Tensor) -> list:
     return [x for i in inner if isinstance(i, torch.Tensor) for x in _local(i)]
 
 
+_FLOPS: dict = {}
+
+
+def _flop_registry() -> dict:
+    if not _FLOPS:
+        from torch.utils.flop_counter import flop_registry
+
+        _FLOPS.update(flop_registry)
+    return _FLOPS
+
+
 def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
     """What a GPU's kernel for `func` does: its FLOPs (torch.utils.flop_counter's formula, where
     it has one), the bytes its inputs and outputs hold (a roofline's traffic), its dtype, and
     the shape of a matrix multiply or of attention. None for an operator that launches none.
     (The recorder adds `ops`: the operators the host dispatched for it, views among them.)"""
-    from torch.utils.flop_counter import flop_registry
-
     packet = getattr(func, "overloadpacket", None)
     name = getattr(packet, "__name__", str(func))
     if getattr(func, "namespace", "aten") != "aten" or name in _NO_KERNEL or getattr(func, "is_view", False):
@@ -155,6 +184,7 @@ def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
     floating = [t for t in inputs + outputs if t.is_floating_point()]
     line: dict = {"op": "kernel", "name": f"aten::{name}"}
     flops = 0
+    flop_registry = _flop_registry()
     if packet in flop_registry:
         try:
             flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
@@ -257,6 +287,8 @@ class StepRecorder:
         self._names: dict[int, str] = {}
         self._hooked: set[int] = set()
         self._stack = contextlib.ExitStack()
+        self._step_starts: list[tuple[int, int]] = []  # (events, kernel lines) where each step began
+        self._sdpa_at_start: dict[str, int] = {}  # the attention calls before the last step
 
     # -- what a tensor is -------------------------------------------------------------------
 
@@ -453,7 +485,50 @@ class StepRecorder:
         """One optimizer step: its forward begins here."""
         self._step += 1
         self._phase = FORWARD
+        self._step_starts.append((len(self.events), len(self.kernel_lines)))
+        self._sdpa_at_start = dict(self.sdpa_kernels)
         yield self
+
+    def repeat_step(self) -> bool:
+        """Writes one more step as the last one repeated: its allocations and frees, in order, with
+        their sizes, terms and sites, under fresh indices and the next step's name, and its kernels.
+        Call it where the last `step()` has just ended, and only where that step is the steady one
+        (every step after the first does the same thing: the optimizer's state exists, and nothing
+        carries from one step to the next). It refuses, returning False and changing nothing, a step
+        that frees what an earlier step made, which the repeat could not name. The steps so made
+        are the steps recorded, operation for operation (python/tests/test_recorder.py checks it on
+        GPT-2 and Llama), at no dispatch cost."""
+        if not self._step_starts:
+            return False
+        first, kernels_at = self._step_starts[-1]
+        segment = self.events[first:]
+        mine = {id(rec) for op, rec in segment if op == "alloc"}
+        if any(op == "free" and id(rec) not in mine for op, rec in segment):
+            return False
+        old, new = f"step{self._step}.", f"step{self._step + 1}."
+        self._step += 1
+        self._step_starts.append((len(self.events), len(self.kernel_lines)))
+        at_start, self._sdpa_at_start = self._sdpa_at_start, dict(self.sdpa_kernels)
+        for kind, calls in self._sdpa_at_start.items():
+            self.sdpa_kernels[kind] = calls + calls - at_start.get(kind, 0)
+        copies: dict[int, _Storage] = {}
+        shift = len(self.events) - first
+        kernel_lines = [(at + shift, self._step, {**line, "at": new + line["at"][len(old):]})
+                        for at, _, line in self.kernel_lines[kernels_at:]]
+        for op, rec in segment:
+            if op == "alloc":
+                copy = _Storage(self._count, rec.size, new + rec.when[len(old):], rec.term, rec.site)
+                copy.stream = rec.stream
+                self._count += 1
+                copies[id(rec)] = copy
+                self.events.append(("alloc", copy))
+                self.live += copy.size
+                self.peak = max(self.peak, self.live)
+            else:
+                self.events.append(("free", copies[id(rec)]))
+                self.live -= rec.size
+        self.kernel_lines.extend(kernel_lines)
+        return True
 
     def __enter__(self) -> "StepRecorder":
         s = self._stack

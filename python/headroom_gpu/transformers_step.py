@@ -1,5 +1,7 @@
 """The common case, recorded: a transformers causal LM built from its config, trained a few
-steps under fake tensors, as `python -m headroom_gpu record` runs it.
+steps under fake tensors, as `python -m headroom_gpu record` runs it; or run for inference
+(`mode="infer"`: forwards without gradients; `mode="generate"`: generate's prefill and decode
+steps with transformers' DynamicCache).
 
 The model is `AutoModelForCausalLM.from_config` (no weights are read: a config.json, or a
 model directory holding one, is all it needs), optionally wrapped in peft's LoRA over every
@@ -11,8 +13,10 @@ CUDA.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -42,6 +46,9 @@ class StepSpec:
     checkpoint: bool = False
     fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
     steps: int = 3
+    repeat: bool = True  # steps after the second written as the second repeated (StepRecorder.repeat_step)
+    mode: str = "train"  # "train", "infer" (forwards without gradients) or "generate" (prefill, then decode)
+    new_tokens: int = 0  # generate: the decode steps after the prefill
     notes: list = field(default_factory=list)
 
 
@@ -70,7 +77,7 @@ def _build(spec: StepSpec):
     import transformers
 
     config = _config(spec.model)
-    config.use_cache = False
+    config.use_cache = spec.mode != "train"
     dtype = DTYPES[spec.dtype]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -85,7 +92,10 @@ def _build(spec: StepSpec):
 
         lora = peft.LoraConfig(r=spec.lora, lora_alpha=2 * spec.lora, target_modules="all-linear", lora_dropout=0.0)
         model = peft.get_peft_model(model, lora)
-    model.train()
+    if spec.mode == "train":
+        model.train()
+    else:
+        model.eval()
     return model, config
 
 
@@ -114,9 +124,17 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
                 if spec.dtype == "mixed" else None
             shard_transformer(model, mesh, mp_policy=policy)
+        if spec.mode != "train":
+            with torch.no_grad():
+                _infer(rec, spec, model, config)
+            return rec
         opt = _optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
         ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
-        for _ in range(spec.steps):
+        for i in range(spec.steps):
+            # The first step makes the optimizer's state; the second is the steady one, which
+            # every later step repeats.
+            if i >= 2 and spec.repeat and rec.repeat_step():
+                continue
             with rec.step():
                 autocast = torch.autocast("cuda", torch.bfloat16) if spec.dtype == "amp" else contextlib.nullcontext()
                 with autocast:
@@ -126,3 +144,43 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
                 opt.step()
                 opt.zero_grad(set_to_none=True)
     return rec
+
+
+def _infer(rec: StepRecorder, spec: StepSpec, model, config) -> None:
+    """Inference, each forward one step of the recording. `infer`: `spec.steps` forwards of the
+    whole batch with the config's `use_cache` (every position's logits, and the key-value cache a
+    forward returns, freed with its output). `generate`: what `model.generate(max_new_tokens=N)`
+    runs in greedy decoding: the prefill (the last position's logits, `logits_to_keep=1`) into a
+    `DynamicCache`, then N decode steps of one token a sequence, each taking the next token from
+    an fp32 copy of the last logits and appending it to the ids, the cache growing by one
+    position a step."""
+    ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
+    if spec.mode == "infer":
+        for i in range(spec.steps):
+            if i >= 2 and spec.repeat and rec.repeat_step():
+                continue
+            with rec.step():
+                out = model(input_ids=ids)
+                del out
+        return
+    generate(model, config, ids, spec.new_tokens, rec.step)
+
+
+def generate(model, config, ids: torch.Tensor, new_tokens: int, each_forward: Any = contextlib.nullcontext) -> None:
+    """Greedy decoding as `model.generate(max_new_tokens=new_tokens)` runs it, each forward inside
+    `each_forward()`: the prefill of `ids` into a `DynamicCache`, then the decode steps."""
+    import transformers
+
+    cache = transformers.DynamicCache(config=config)
+    # The cache's argument, by the name this version of transformers gives it.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    tokens = ids
+    for _ in range(1 + new_tokens):
+        with each_forward():
+            out = model(input_ids=tokens, **{name: cache}, use_cache=True, logits_to_keep=1)
+            last = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+            del out
+            tokens = last.argmax(dim=-1, keepdim=True)
+            del last
+            ids = torch.cat([ids, tokens], dim=-1)

@@ -94,6 +94,108 @@ class FakeAgainstReal(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
+class Inference(unittest.TestCase):
+    """Inference recorded: a forward without gradients, and generate's prefill and decode steps
+    with the key-value cache, the same under fake tensors as with real ones."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def both(self, **spec):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        s = StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, dtype="bf16", **spec)
+        return record(s, fake=True, route_sdpa=False), record(s, fake=False, route_sdpa=False)
+
+    def test_a_forward_records_no_gradients(self):
+        fake, real = self.both(mode="infer", steps=2)
+        self.assertEqual(fake.peak, real.peak)
+        terms = _terms(fake)
+        self.assertEqual(terms["gradients"] + terms["optimizer"], 0)
+        self.assertGreater(terms["logits"], 0)
+        self.assertEqual({r.when.split(".")[1] for op, r in fake.events if r.when != "setup"}, {"forward"})
+
+    def test_generate_grows_the_cache_a_token_a_step(self):
+        fake, real = self.both(mode="generate", new_tokens=3)
+        self.assertEqual(fake.peak, real.peak)
+        self.assertEqual(fake._step, 4)  # the prefill and three decode steps
+        starts = [a for a, _ in fake._step_starts]
+        live, at = 0, []
+        for i, (op, r) in enumerate(fake.events):
+            live += r.size if op == "alloc" else -r.size
+            if i + 1 in starts[1:]:
+                at.append(live)
+        # Each decode step keeps one more position of keys and values in each of the 2 layers
+        # (2 sequences, 2 key-value heads of 16, bf16) and one more id a sequence (int64).
+        per_token = 2 * 2 * (2 * 2 * 16 * 2) + 2 * 8
+        self.assertEqual([b - a for a, b in zip(at, at[1:])], [per_token, per_token])
+
+    def test_record_infer_then_plan_and_replay(self):
+        model = _model_dir(self.tmp)
+        for flags in (["--infer"], ["--generate", "2"]):
+            out = os.path.join(self.tmp, "infer.jsonl")
+            run = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", model, "--batch", "2",
+                                  "--seq", "64", *flags, "--out", out], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertIn("forward" if flags == ["--infer"] else "decode steps", run.stdout)
+            replay = subprocess.run([_headroom(), "replay", out], capture_output=True, text=True)
+            self.assertEqual(replay.returncode, 0, replay.stderr)
+            plan = subprocess.run([_headroom(), "plan", "--model", model, "--gpu", "l4", "--program", out, "--json"],
+                                  capture_output=True, text=True)
+            self.assertEqual(plan.returncode, 0, plan.stderr)
+            answer = json.loads(plan.stdout)
+            self.assertEqual(answer["peak_phase"], "forward")
+            self.assertEqual(answer["breakdown"]["gradients"] + answer["breakdown"]["optimizer"], 0)
+
+    def test_training_flags_are_refused_with_inference(self):
+        for flags, said in ((["--infer", "--checkpoint"], "--checkpoint is a training flag"),
+                            (["--generate", "2", "--optimizer", "sgd"], "--optimizer is a training flag"),
+                            (["--infer", "--generate", "2"], "choose one"), (["--generate", "0"], "--generate 0")):
+            run = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", "x", *flags, "--out",
+                                  os.devnull], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2, flags)
+            self.assertIn(said, run.stderr)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class RepeatedSteps(unittest.TestCase):
+    """Steps after the second are written as the second repeated: the program is the one that
+    recording every step writes, line for line (operations, ids, sizes, order, kernels)."""
+
+    def test_written_steps_are_the_recorded_steps(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        tmp = tempfile.mkdtemp()
+        gpt2 = os.path.join(REPO, "data", "models", "presets", "gpt2.json")
+        for model, spec in ((gpt2, {"batch": 1, "seq": 64}), (_model_dir(tmp), {"batch": 2, "seq": 64, "lora": 4}),
+                            (_model_dir(tmp), {"batch": 2, "seq": 64, "checkpoint": True, "dtype": "fp32"})):
+            recorded = record(StepSpec(model=model, steps=4, repeat=False, **spec))
+            written = record(StepSpec(model=model, steps=4, **spec))
+            self.assertEqual(written._step, 4)
+            self.assertEqual(written.peak, recorded.peak, spec)
+            self.assertEqual(written.sdpa_kernels, recorded.sdpa_kernels, spec)
+            a, b = recorded.to_jsonl("all").splitlines(), written.to_jsonl("all").splitlines()
+            self.assertEqual(len(a), len(b), spec)
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            self.assertIsNone(first, f"{spec}: line {first}: {a[first] if first else ''} != {b[first] if first else ''}")
+            self.assertTrue(any('"step4.backward' in l for l in b))
+
+    def test_a_step_that_frees_an_earlier_steps_tensor_is_not_repeated(self):
+        from headroom_gpu.recorder import StepRecorder
+
+        with StepRecorder() as rec:
+            kept = None
+            for _ in range(2):
+                with rec.step():
+                    kept = torch.ones(16) * 2  # the earlier step's tensor is freed here
+            n = len(rec.events)
+            self.assertFalse(rec.repeat_step())
+            self.assertEqual(len(rec.events), n)
+            self.assertEqual(rec._step, 2)
+        del kept
+
+
+@unittest.skipIf(MISSING, MISSING)
 class Sdpa(unittest.TestCase):
     """Attention takes the kernel an sm90 GPU takes, and the recording keeps what it keeps."""
 
