@@ -26,6 +26,11 @@ pub struct PoolSummary {
 
 /// The private pools of `device`, by id; empty when the run used none.
 pub fn private_pools(snap: &MemorySnapshot, device: u32) -> Vec<PoolSummary> {
+    private_pools_of(snap, device, &RecordedPools::of(snap, device))
+}
+
+/// [`private_pools`], with the pools the trace shows already read.
+pub fn private_pools_of(snap: &MemorySnapshot, device: u32, recorded: &RecordedPools) -> Vec<PoolSummary> {
     let mut pools: BTreeMap<(u64, u64), PoolSummary> = BTreeMap::new();
     for s in snap.segments.iter().filter(|s| s.device == device && s.pool_id != (0, 0)) {
         let id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
@@ -43,7 +48,6 @@ pub fn private_pools(snap: &MemorySnapshot, device: u32) -> Vec<PoolSummary> {
             }
         }
     }
-    let recorded = RecordedPools::of(snap, device);
     if recorded.any() {
         // Pools the trace shows though none of their segments is left.
         for id in recorded.ids() {

@@ -16,6 +16,7 @@ use headroom_alloc::{AllocatorConfig, BlockState};
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
+use headroom_trace::snapshot_pools::RecordedPools;
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
 use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
 use serde::Serialize;
@@ -164,7 +165,17 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let (recorded, settings_note) = snap.allocator_config();
     let mut sites = Sites::new(&snap.stacks, opts.cpp);
-    let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+    // The start state, inferred once: the private pools it reads are the snapshot's too.
+    let dt = (!trace.is_empty()).then(|| DeviceTrace::new(snap, device));
+    let own;
+    let pools = match &dt {
+        Some(Ok(t)) => t.pools(),
+        _ => {
+            own = RecordedPools::of(snap, device);
+            &own
+        }
+    };
+    let mut r = at_snapshot(snap, device, &mut sites, settings_note, pools);
     if !r.has_frames {
         r.unavailable.push(
             "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
@@ -180,9 +191,10 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     }
     note_times_backwards(&mut r, trace);
 
-    let dt = match DeviceTrace::new(snap, device) {
-        Ok(t) => Some(t),
-        Err(e) => {
+    let dt = match dt {
+        Some(Ok(t)) => Some(t),
+        None => None,
+        Some(Err(e)) => {
             r.notes.push(format!(
                 "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
                  trace's start, and nothing is replayed"
@@ -190,7 +202,6 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             None
         }
     };
-    let plain_walk = || Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
 
     // Replays: the segments at the peak and at the OOM, and the remedies.
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
@@ -204,7 +215,8 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         }
         _ => Default::default(),
     };
-    let walk = || plain_walk().with_block_sizes(&sizes);
+    let first = Walk::new(snap, device, dt.as_ref().map(|t| &t.start)).with_block_sizes(&sizes);
+    let walk = || first.clone();
 
     // Pass 1: the timeline and its peaks.
     let mut w = walk();
@@ -219,25 +231,25 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     // further, and the walks below not on them: they run beside each other.
     let at_peak = tl_peak_next(&r);
     let (state_at_peak, expandable_check) = std::thread::scope(|scope| {
-        let replays = match (&dt, &fidelity) {
+        // Each replay on a thread of its own: the one at the peak is short where the peak
+        // comes early, the expandable one always whole, and the walks take a core meanwhile.
+        let (state, expandable) = match (&dt, &fidelity) {
             (Some(t), Some(f)) => {
-                let (recorded, defragment) = (recorded.clone(), worth_defragmenting(&r));
-                Some(scope.spawn(move || {
-                    let state = state_before(t, recorded.clone(), replay_capacity, &f.recorded, at_peak).ok();
-                    let mut expandable = None;
-                    if !recorded.expandable_segments && defragment {
-                        let mut c = recorded;
-                        c.expandable_segments = true;
-                        expandable = what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok();
-                    }
-                    (state, expandable)
-                }))
+                let config = recorded.clone();
+                let state = scope.spawn(move || state_before(t, config, replay_capacity, &f.recorded, at_peak).ok());
+                let expandable = (!recorded.expandable_segments && worth_defragmenting(&r)).then(|| {
+                    let mut c = recorded.clone();
+                    c.expandable_segments = true;
+                    scope.spawn(move || what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok())
+                });
+                (Some(state), expandable)
             }
-            _ => None,
+            _ => (None, None),
         };
         let peak_sites = walks(&mut r, &walk, &tl, trace, &mut sites, opts);
-        let (state, expandable) =
-            replays.map_or((None, None), |h| h.join().expect("the replays beside the walks do not panic"));
+        let joined = "the replays beside the walks do not panic";
+        let state = state.and_then(|h| h.join().expect(joined));
+        let expandable = expandable.and_then(|h| h.join().expect(joined));
         (state.map(|s| (s, peak_sites)), expandable)
     });
     r.timeline = tl;
@@ -274,7 +286,13 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
 
 /// What the snapshot's own segments tell of `device`, at the moment it was
 /// taken: the report before the trace is read.
-fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_note: Option<String>) -> DeviceReport {
+fn at_snapshot(
+    snap: &MemorySnapshot,
+    device: u32,
+    sites: &mut Sites,
+    settings_note: Option<String>,
+    pools: &RecordedPools,
+) -> DeviceReport {
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let layout_now = Layout::recorded(&snap.segments, device, |stack| sites.of_stack(stack));
     let segments_now = layout_now.fragmentation();
@@ -309,7 +327,7 @@ fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_n
         fragmentation_at_peak_bytes: now.reserved_bytes.saturating_sub(now.allocated_bytes),
         segments_at_peak: None,
         segments_now,
-        pools: crate::pools::private_pools(snap, device),
+        pools: crate::pools::private_pools_of(snap, device, pools),
         most_fragmented: None,
         largest_request_bytes: trace
             .iter()

@@ -45,6 +45,9 @@ pub struct Totals {
 }
 
 /// Walks one device's trace, keeping the live allocations and the totals.
+/// A clone walks again from where the original stands (the report's passes
+/// each clone one built once: building reads the whole trace).
+#[derive(Clone)]
 pub struct Walk<'a> {
     trace: &'a [TraceEvent],
     config: AllocatorConfig,

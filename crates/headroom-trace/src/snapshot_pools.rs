@@ -364,8 +364,9 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                         i >= 2 && matches!(trace[i - 2].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap);
                     if lives[k].why == Why::Presumed && !lives[k].mapped && !flushed {
                         let kind = pool_for(rounded);
-                        let mut blocks = blocks.clone();
-                        blocks.extend(recent.iter().copied());
+                        // The blocks live now and the ones completed just before, without
+                        // copying the map: a trace makes thousands of segments.
+                        recent.sort_unstable();
                         let room = live.values().copied().find(|&o| {
                             let l = &lives[o];
                             o != k
@@ -373,7 +374,7 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                                 && !l.mapped
                                 && l.stream == e.stream
                                 && l.kind == Some(kind)
-                                && fits(config, kind, largest_gap(&blocks, l.addr, l.end), rounded)
+                                && fits(config, kind, largest_gap(&blocks, &recent, l.addr, l.end), rounded)
                         });
                         if let Some(o) = room {
                             let pool = last_on.get(&(e.stream)).copied().or(last).unwrap_or_else(|| {
@@ -415,10 +416,20 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
     }
 }
 
-/// The largest stretch of `[start, end)` no block of `blocks` covers.
-fn largest_gap(blocks: &BTreeMap<u64, u64>, start: u64, end: u64) -> u64 {
+/// The largest stretch of `[start, end)` no block of `blocks` or of `more`
+/// (sorted by address, none of them in `blocks`) covers.
+fn largest_gap(blocks: &BTreeMap<u64, u64>, more: &[(u64, u64)], start: u64, end: u64) -> u64 {
+    let from = more.partition_point(|&(b, _)| b < start);
+    let to = more.partition_point(|&(b, _)| b < end);
+    let mut more = more[from..to].iter().copied().peekable();
+    let mut ours = blocks.range(start..end).map(|(&b, &size)| (b, size)).peekable();
     let (mut at, mut best) = (start, 0);
-    for (&b, &size) in blocks.range(start..end) {
+    // Both in address order, merged.
+    while let Some((b, size)) = match (ours.peek(), more.peek()) {
+        (Some(x), Some(y)) if y.0 < x.0 => more.next(),
+        (Some(_), _) => ours.next(),
+        (None, _) => more.next(),
+    } {
         best = best.max(b.saturating_sub(at));
         at = at.max(b + size);
     }
