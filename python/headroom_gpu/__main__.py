@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum"), default="adamw",
                    help="torch.optim's, foreach as on CUDA (default adamw)")
     r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
+    r.add_argument("--qlora", type=int, metavar="RANK",
+                   help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "
+                        "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
+                        "(gradient checkpointing on); needs bitsandbytes")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
     r.add_argument("--fsdp", type=int, metavar="GPUS",
@@ -50,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("batch", "seq", "steps", "lora", "fsdp"):
+    for name in ("batch", "seq", "steps", "lora", "qlora", "fsdp"):
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name} {v}: must be at least 1")
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
-                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, fsdp=args.fsdp,
+                    lora=args.lora, qlora=args.qlora, attention=args.attention, checkpoint=args.checkpoint, fsdp=args.fsdp,
                     steps=args.steps)
     start = time.perf_counter()
     try:

@@ -41,6 +41,7 @@ class StepSpec:
     attention: str = "sdpa"
     checkpoint: bool = False
     fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
+    qlora: int | None = None  # LoRA of this rank over a 4-bit base (headroom_gpu.qlora)
     steps: int = 3
     notes: list = field(default_factory=list)
 
@@ -94,8 +95,12 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
     # Imported first: a module's import-time tensors (default arguments) are not the step's.
     import transformers  # noqa: F401
 
-    if spec.lora:
+    if spec.lora or spec.qlora:
         import peft  # noqa: F401
+    if spec.qlora:
+        from . import qlora
+
+        qlora.check(spec)
     if spec.dtype == "mixed" and not spec.fsdp:
         raise ValueError("--dtype mixed is FSDP2's mixed precision: give --fsdp GPUS, or record --dtype amp (autocast) "
                          "or bf16")
@@ -104,8 +109,17 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         from .fsdp import fake_process_group
 
         world = fake_process_group(spec.fsdp)
-    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec:
-        model, config = _build(spec)
+    if spec.qlora:
+        config = _config(spec.model)
+        config.use_cache = False
+        meta = qlora.build(config, spec.attention)  # on the meta device: nothing to record
+    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec, \
+            contextlib.ExitStack() as stack:
+        if spec.qlora:
+            model = qlora.prepare(meta, spec.qlora, rec)
+            stack.enter_context(qlora.cuda_kernels(rec))
+        else:
+            model, config = _build(spec)
         if spec.fsdp:
             from .fsdp import shard_transformer
 
