@@ -33,8 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the dtype of the weights, gradients, optimizer state and activations (default bf16); amp: "
                         "fp32 weights and the forward under torch.autocast('cuda', torch.bfloat16), cast as on a GPU; "
                         "mixed (with --fsdp): fp32 shards, layers all-gathered in bf16, gradients reduced in fp32")
-    r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum"), default="adamw",
-                   help="torch.optim's, foreach as on CUDA (default adamw)")
+    r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum", "adamw-8bit"), default="adamw",
+                   help="torch.optim's, foreach as on CUDA (default adamw); adamw-8bit: bitsandbytes' AdamW8bit "
+                        "(needs bitsandbytes)")
     r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
     r.add_argument("--qlora", type=int, metavar="RANK",
                    help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "

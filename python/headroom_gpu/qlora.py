@@ -218,3 +218,25 @@ def check(spec: Any) -> None:
     if spec.dtype != "bf16":
         raise ValueError(f"--qlora computes in bf16 and peft keeps the rest in fp32: --dtype {spec.dtype} does not "
                          "apply (leave --dtype out)")
+
+
+def adamw_8bit(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """bitsandbytes' `AdamW8bit`, itself: its state is made and updated by its own code and its
+    operators' fake implementations (`optimizer_update_8bit_blockwise`)."""
+    reason = available()
+    if reason:
+        raise ValueError(f"--optimizer adamw-8bit: {reason}")
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(params, **kwargs)
+
+
+def adamw_8bit_state_bytes(numel: int, min_8bit_size: int = 4096) -> int:
+    """What `AdamW8bit` keeps for a parameter of `numel` elements, by `Optimizer2State.init_state`
+    (bitsandbytes/optim/optimizer.py, 0.50): two fp32 moments under `min_8bit_size` elements;
+    else two uint8 moments and an fp32 absmax of each block of 256 for each (the two 256-entry
+    quantization maps are shared by every parameter)."""
+    if numel < min_8bit_size:
+        return 2 * numel * 4
+    blocks = -(numel // -256)
+    return 2 * numel + 2 * blocks * 4

@@ -25,7 +25,7 @@ from .recorder import StepRecorder
 # reduce_dtype=torch.float32), torchtitan's default).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": torch.float32,
           "mixed": torch.float32}
-OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw-8bit")
 
 
 @dataclass
@@ -64,6 +64,10 @@ def _optimizer(name: str, params):
         return torch.optim.SGD(params, lr=1e-3, foreach=True)
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    if name == "adamw-8bit":
+        from . import qlora
+
+        return qlora.adamw_8bit(params, lr=1e-5)
     raise ValueError(f"--optimizer {name}: expected one of {', '.join(OPTIMIZERS)}")
 
 

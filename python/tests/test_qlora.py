@@ -199,6 +199,60 @@ class Step(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
+class AdamW8bit(unittest.TestCase):
+    """`--optimizer adamw-8bit`: bitsandbytes' AdamW8bit keeps its state by its rules."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def test_formula_is_adamw8bit_on_real_tensors(self):
+        import bitsandbytes as bnb
+
+        from headroom_gpu.qlora import adamw_8bit_state_bytes
+
+        # Under min_8bit_size (fp32 moments), at it, a partial block of 256, several.
+        params = [torch.nn.Parameter(torch.randn(n)) for n in (3000, 4096, 5000, 70000)]
+        opt = bnb.optim.AdamW8bit(params, lr=1e-3)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+        for p in params:
+            state = {k: v for k, v in opt.state[p].items() if torch.is_tensor(v) and not k.startswith("qmap")}
+            self.assertEqual(adamw_8bit_state_bytes(p.numel()),
+                             sum(v.untyped_storage().nbytes() for v in state.values()), p.numel())
+
+    def test_recorded_state_is_adamw8bit(self):
+        from headroom_gpu.qlora import adamw_8bit_state_bytes
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2, optimizer="adamw-8bit"))
+        recorded = sum(r.size for op, r in rec.events if op == "alloc" and r.term == "optimizer")
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        expected = sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
+        # and the two 256-entry fp32 maps every parameter's state shares.
+        self.assertEqual(recorded, expected + 2 * 256 * 4)
+        # torch's AdamW keeps more: two moments of the parameter's dtype (bf16) a parameter.
+        full = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2))
+        self.assertLess(recorded, sum(r.size for op, r in full.events if op == "alloc" and r.term == "optimizer"))
+
+    def test_qlora_with_adamw8bit_replays(self):
+        binary = os.environ.get("HEADROOM_BIN")
+        if not binary:
+            self.skipTest("set HEADROOM_BIN to a headroom binary to replay the recording")
+        out = os.path.join(self.tmp, "qlora-8bit.jsonl")
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                            "--batch", "1", "--seq", "64", "--steps", "2", "--qlora", "8", "--optimizer", "adamw-8bit",
+                            "--out", out], capture_output=True, text=True, env=env, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        replay = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        self.assertIn("peak alloc", replay.stdout)
+
+
+@unittest.skipIf(MISSING, MISSING)
 class Documented(unittest.TestCase):
     """docs/RECORDING.md's QLoRA command runs as shown. It sits in a `shell` block, apart from the
     `sh` blocks tests/test_recorder.py runs, because it needs bitsandbytes."""
