@@ -23,6 +23,10 @@ in `bitsandbytes/backends/cuda/ops.py`). `cuda_kernels()` runs that decompositio
 operator, so the recording holds those temporaries. The backward is `MatMul4Bit.backward`:
 `dequantize_4bit` (whose fake allocates the compute-dtype weight as the CUDA kernel does) and a
 matmul, recorded as it is.
+
+bitsandbytes' `AdamW8bit` (`adamw_8bit`), which QLoRA recipes pair with it, runs as it is too:
+its state by its own `init_state`, its update by an operator whose fake implementation, like its
+CUDA kernel, allocates nothing.
 """
 
 from __future__ import annotations
