@@ -37,9 +37,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the dtype of the weights, gradients, optimizer state and activations (default bf16); amp: "
                         "fp32 weights and the forward under torch.autocast('cuda', torch.bfloat16), cast as on a GPU; "
                         "mixed (with --fsdp): fp32 shards, layers all-gathered in bf16, gradients reduced in fp32")
-    r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum"), default="adamw",
-                   help="torch.optim's, foreach as on CUDA (default adamw)")
+    r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum", "adamw-8bit"), default="adamw",
+                   help="torch.optim's, foreach as on CUDA (default adamw); adamw-8bit: bitsandbytes' AdamW8bit "
+                        "(needs bitsandbytes)")
     r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
+    r.add_argument("--qlora", type=int, metavar="RANK",
+                   help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "
+                        "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
+                        "(gradient checkpointing on); needs bitsandbytes")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
     r.add_argument("--fsdp", type=int, metavar="GPUS",
@@ -67,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("batch", "seq", "steps", "lora", "fsdp", "generate"):
+    for name in ("batch", "seq", "steps", "lora", "qlora", "fsdp", "generate"):
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name} {v}: must be at least 1")
@@ -90,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
-                    lora=args.lora, attention=args.attention, checkpoint=args.checkpoint, fsdp=args.fsdp,
-                    steps=args.steps, repeat=not args.record_every_step,
+                    lora=args.lora, qlora=args.qlora, attention=args.attention, checkpoint=args.checkpoint,
+                    fsdp=args.fsdp, steps=args.steps, repeat=not args.record_every_step,
                     mode="generate" if args.generate is not None else "infer" if args.infer else "train",
                     new_tokens=args.generate or 0)
     start = time.perf_counter()

@@ -29,7 +29,7 @@ from .recorder import StepRecorder
 # reduce_dtype=torch.float32), torchtitan's default).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": torch.float32,
           "mixed": torch.float32}
-OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw-8bit")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class StepSpec:
     attention: str = "sdpa"
     checkpoint: bool = False
     fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
+    qlora: int | None = None  # LoRA of this rank over a 4-bit base (headroom_gpu.qlora)
     steps: int = 3
     repeat: bool = True  # steps after the second written as the second repeated (StepRecorder.repeat_step)
     mode: str = "train"  # "train", "infer" (forwards without gradients) or "generate" (prefill, then decode)
@@ -70,6 +71,10 @@ def _optimizer(name: str, params):
         return torch.optim.SGD(params, lr=1e-3, foreach=True)
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    if name == "adamw-8bit":
+        from . import qlora
+
+        return qlora.adamw_8bit(params, lr=1e-5)
     raise ValueError(f"--optimizer {name}: expected one of {', '.join(OPTIMIZERS)}")
 
 
@@ -104,8 +109,12 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
     # Imported first: a module's import-time tensors (default arguments) are not the step's.
     import transformers  # noqa: F401
 
-    if spec.lora:
+    if spec.lora or spec.qlora:
         import peft  # noqa: F401
+    if spec.qlora:
+        from . import qlora
+
+        qlora.check(spec)
     if spec.dtype == "mixed" and not spec.fsdp:
         raise ValueError("--dtype mixed is FSDP2's mixed precision: give --fsdp GPUS, or record --dtype amp (autocast) "
                          "or bf16")
@@ -114,8 +123,17 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         from .fsdp import fake_process_group
 
         world = fake_process_group(spec.fsdp)
-    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec:
-        model, config = _build(spec)
+    if spec.qlora:
+        config = _config(spec.model)
+        config.use_cache = False
+        meta = qlora.build(config, spec.attention)  # on the meta device: nothing to record
+    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec, \
+            contextlib.ExitStack() as stack:
+        if spec.qlora:
+            model = qlora.prepare(meta, spec.qlora, rec)
+            stack.enter_context(qlora.cuda_kernels(rec))
+        else:
+            model, config = _build(spec)
         if spec.fsdp:
             from .fsdp import shard_transformer
 

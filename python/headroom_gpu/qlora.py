@@ -1,0 +1,246 @@
+"""QLoRA recorded: LoRA over a 4-bit base (peft + bitsandbytes), as its users set it up.
+
+bitsandbytes quantizes a weight when it moves to the GPU (`Params4bit._quantize`), and its
+CUDA kernels run only on a GPU. The recording uses bitsandbytes' own modules and its own
+quantization code, on fake CPU tensors: `bitsandbytes.functional.quantize_4bit` calls the
+`bitsandbytes::quantize_4bit` operator, whose fake implementation (registered by bitsandbytes)
+allocates what the CUDA kernel does, so each layer stores what bitsandbytes stores, by its rules:
+
+- the packed weight: `ceil(out * in / 2)` bytes of uint8 (two NF4 values a byte);
+- the absmax of each block of 64 weights: with double quantization
+  (`bnb_4bit_use_double_quant`, `compress_statistics=True`) quantized again by
+  `quantize_blockwise(absmax - offset, blocksize=256)`: one uint8 a block, an fp32 absmax of
+  each 256 of them, the 256-entry fp32 dynamic map, and the fp32 offset (the mean); without it,
+  one fp32 a block;
+- the 16-entry fp32 NF4 code (`get_4bit_type`), one a layer.
+
+The forward is `bnb.matmul_4bit` (`MatMul4Bit`), which calls `bitsandbytes::gemm_4bit`. Its fake
+implementation allocates the output alone, but a GPU does more: bitsandbytes' CUDA kernel, for
+more than 1536 rows (a training step's batch × sequence) or an inner size not a multiple of the
+block, dequantizes the absmax into fp32 (`dequantize_blockwise` into a buffer, then `+ offset`),
+the weight into a temporary of the compute dtype, and runs `F.linear` (`_dequant_linear_fallback`
+in `bitsandbytes/backends/cuda/ops.py`). `cuda_kernels()` runs that decomposition in place of the
+operator, so the recording holds those temporaries. The backward is `MatMul4Bit.backward`:
+`dequantize_4bit` (whose fake allocates the compute-dtype weight as the CUDA kernel does) and a
+matmul, recorded as it is.
+
+bitsandbytes' `AdamW8bit` (`adamw_8bit`), which QLoRA recipes pair with it, runs as it is too:
+its state by its own `init_state`, its update by an operator whose fake implementation, like its
+CUDA kernel, allocates nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# bitsandbytes' CUDA `gemm_4bit` dequantizes and runs F.linear past this many rows
+# (`_gemm_4bit_custom_max_m` in bitsandbytes/backends/cuda/ops.py, 0.50).
+CUSTOM_KERNEL_MAX_ROWS = 1536
+QUANT_BLOCKSIZE = 64  # Params4bit's default blocksize
+NESTED_BLOCKSIZE = 256  # quantize_4bit's blocksize for the absmax under double quantization
+
+
+def available() -> str | None:
+    """None where bitsandbytes can be imported; else why not, and the fix."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as e:
+        return f"QLoRA needs bitsandbytes (pip install bitsandbytes==0.50.2): {e}"
+    return None
+
+
+def stored_bytes(out_features: int, in_features: int, double_quant: bool = True,
+                 blocksize: int = QUANT_BLOCKSIZE) -> dict[str, int]:
+    """What bitsandbytes stores for one 4-bit linear layer, by the rules of `quantize_4bit`
+    (functional.py) and its operator's fake implementation (_ops.py): a name for each tensor,
+    and its bytes."""
+    n = out_features * in_features
+    blocks = -(n // -blocksize)
+    out = {"weight": (n + 1) // 2, "code": 16 * 4}
+    if double_quant:
+        out.update({"absmax": blocks, "absmax2": -(blocks // -NESTED_BLOCKSIZE) * 4, "code2": 256 * 4, "offset": 4})
+    else:
+        out["absmax"] = blocks * 4
+    return out
+
+
+class cuda_kernels(TorchDispatchMode):
+    """bitsandbytes' `gemm_4bit` as its CUDA kernel runs it for a training step's rows: the
+    absmax and the weight dequantized into temporaries, then `F.linear`. Enter it inside the
+    recorder, so that the recorder sees the operators it runs instead."""
+
+    def __init__(self, recorder: Any = None):
+        super().__init__()
+        self.assume = getattr(recorder, "_assume", None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.bitsandbytes.gemm_4bit.default:
+            return self._gemm_4bit(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _gemm_4bit(self, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
+                   absmax_code=None, absmax_offset=None):
+        rows = A.numel() // A.shape[-1]
+        if self.assume is not None and rows <= CUSTOM_KERNEL_MAX_ROWS:
+            self.assume(f"bitsandbytes gemm_4bit: {rows} rows recorded as its dequantize-then-matmul path (a GPU "
+                        f"runs its fused kernel up to {CUSTOM_KERNEL_MAX_ROWS} rows where its heuristic says so, "
+                        "without the compute-dtype weight)")
+        # _dequant_linear_fallback, bitsandbytes/backends/cuda/ops.py
+        if absmax_8bit is not None:
+            absmax_dq = torch.ops.bitsandbytes.dequantize_blockwise.default(
+                absmax_8bit, absmax, absmax_code, NESTED_BLOCKSIZE, torch.float32)
+            absmax = absmax_dq + absmax_offset
+            del absmax_dq
+        weight = torch.ops.bitsandbytes.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)
+        del absmax
+        return torch.nn.functional.linear(A, weight, bias)
+
+
+def state_tensors(state: Any) -> list[torch.Tensor]:
+    """The tensors a bitsandbytes `QuantState` holds (its nested state's too)."""
+    out = [getattr(state, k, None) for k in ("absmax", "code", "offset")]
+    nested = getattr(state, "state2", None)
+    if nested is not None:
+        out += state_tensors(nested)
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def replace_linear(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bfloat16, double_quant: bool = True,
+                   quant_type: str = "nf4") -> Any:
+    """Replaces the linear layers of a transformers model built on the meta device by
+    bitsandbytes' `Linear4bit`, as transformers' loader does for `BitsAndBytesConfig(load_in_4bit=
+    True, ...)` (`replace_with_bnb_linear`, the output layer left as it is:
+    `get_keys_to_not_convert`). Run it outside the recorder: nothing is allocated. Returns the
+    `BitsAndBytesConfig`."""
+    import transformers
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                             bnb_4bit_use_double_quant=double_quant,
+                                             bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=torch.uint8)
+    replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
+    model.is_loaded_in_4bit = True  # what peft's prepare_model_for_kbit_training asks
+    return config
+
+
+def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None) -> torch.nn.Module:
+    """Materializes a model built on the meta device (`replace_linear`'s) on `device`, as
+    transformers' loader does: each parameter in its dtype, and each `Linear4bit`'s weight
+    arriving in its compute dtype and quantized by bitsandbytes' `quantize_4bit`, one layer at a
+    time (the full-precision weight freed once quantized). The 4-bit weight is a parameter of
+    the packed bytes carrying its `quant_state`, as bitsandbytes' `Params4bit` does (a fake tensor
+    cannot be wrapped in `Params4bit`). With a `recorder`, the quantization state is tagged as
+    the layer's weights (the recorder tags parameters alone)."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    # quantize_blockwise keeps its 8-bit dynamic map in a global, made on the CPU and moved to the
+    # device on first use (the 1 KiB a GPU keeps): made afresh in each recording, whose fake
+    # tensors it belongs to.
+    bnbf.name2qmap["dynamic"] = torch.empty(256, dtype=torch.float32, device=device)
+    if recorder is not None:
+        recorder.tag(bnbf.name2qmap["dynamic"], "weights", "bitsandbytes")
+    root = type(model).__name__
+    for name, module in list(model.named_modules()):
+        if isinstance(module, bnb.nn.Linear4bit):
+            meta = module.weight
+            full = torch.empty(meta.shape, dtype=module.compute_dtype, device=device)
+            packed, state = bnbf.quantize_4bit(full, blocksize=meta.blocksize,
+                                               compress_statistics=meta.compress_statistics,
+                                               quant_type=meta.quant_type, quant_storage=meta.quant_storage)
+            del full
+            weight = torch.nn.Parameter(packed, requires_grad=False)
+            for key in ("blocksize", "compress_statistics", "quant_type", "quant_storage"):
+                setattr(weight, key, getattr(meta, key))
+            weight.quant_state, weight.bnb_quantized, weight.module = state, True, module
+            module.weight, module.quant_state = weight, state
+            if recorder is not None:
+                for t in state_tensors(state):
+                    recorder.tag(t, "weights", f"{root}.{name}" if name else root)
+        for kind in (module._parameters, module._buffers):
+            for key, t in kind.items():
+                if t is not None and t.is_meta:
+                    new = torch.empty(t.shape, dtype=t.dtype, device=device)
+                    kind[key] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
+                        if kind is module._parameters else new
+    return model
+
+
+def build(config: Any, attention: str) -> torch.nn.Module:
+    """A transformers causal LM of `config` on the meta device, its linear layers bitsandbytes'
+    4-bit ones (bf16 compute, NF4, double quantization: QLoRA's setup), as `from_pretrained(...,
+    quantization_config=BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before
+    loading. Build it outside the recorder (nothing is allocated); `prepare` loads it inside."""
+    import transformers
+    from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is not None:
+        raise RuntimeError("headroom_gpu.qlora.build makes bitsandbytes' modules on the meta device, which fake tensors "
+                           "cannot hold: call it before entering the StepRecorder, and qlora.prepare inside it")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    finally:
+        torch.set_default_dtype(previous)
+    replace_linear(model)
+    return model
+
+
+def prepare(model: torch.nn.Module, rank: int, recorder: Any = None) -> torch.nn.Module:
+    """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
+    `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
+    gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
+    (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32."""
+    import peft
+
+    load(model, recorder=recorder)
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
+                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+    model = peft.get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def check(spec: Any) -> None:
+    """What `record --qlora` records, and what it does not combine with."""
+    reason = available()
+    if reason:
+        raise ValueError(f"--qlora: {reason}")
+    if spec.lora:
+        raise ValueError("--qlora RANK is LoRA over a 4-bit base: give --qlora or --lora, not both")
+    if spec.fsdp:
+        raise ValueError("--qlora with --fsdp is not recorded (FSDP shards of 4-bit weights need "
+                         "bnb_4bit_quant_storage=bfloat16): record --qlora on one GPU")
+    if spec.dtype != "bf16":
+        raise ValueError(f"--qlora computes in bf16 and peft keeps the rest in fp32: --dtype {spec.dtype} does not "
+                         "apply (leave --dtype out)")
+
+
+def adamw_8bit(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """bitsandbytes' `AdamW8bit`, itself: its state is made and updated by its own code and its
+    operators' fake implementations (`optimizer_update_8bit_blockwise`)."""
+    reason = available()
+    if reason:
+        raise ValueError(f"--optimizer adamw-8bit: {reason}")
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(params, **kwargs)
+
+
+def adamw_8bit_state_bytes(numel: int, min_8bit_size: int = 4096) -> int:
+    """What `AdamW8bit` keeps for a parameter of `numel` elements, by `Optimizer2State.init_state`
+    (bitsandbytes/optim/optimizer.py, 0.50): two fp32 moments under `min_8bit_size` elements;
+    else two uint8 moments and an fp32 absmax of each block of 256 for each (the two 256-entry
+    quantization maps are shared by every parameter)."""
+    if numel < min_8bit_size:
+        return 2 * numel * 4
+    blocks = -(numel // -256)
+    return 2 * numel + 2 * blocks * 4

@@ -1,0 +1,284 @@
+"""QLoRA recorded (headroom_gpu.qlora): each 4-bit layer stores what bitsandbytes stores, the
+forward and backward dequantize as bitsandbytes' CUDA kernels do, and `headroom replay` and
+`headroom plan --program` read the recording. Skipped, saying so, where torch, transformers, peft
+or bitsandbytes is not installed:
+
+    pip install torch transformers peft bitsandbytes==0.50.2
+    cd python && HEADROOM_BIN=../target/debug/headroom PYTHONPATH=. python3 -m unittest tests.test_qlora
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import bitsandbytes  # noqa: F401
+    import peft  # noqa: F401
+    import torch
+    import transformers  # noqa: F401
+
+    MISSING = None
+except ImportError as e:  # pragma: no cover - depends on the environment
+    MISSING = ("the QLoRA recorder's tests need torch, transformers, peft and bitsandbytes "
+               f"(pip install torch transformers peft bitsandbytes==0.50.2): {e}")
+
+# A Llama of two layers: its projections are 64×64, 32×64 (grouped key/value) and 128×64, and
+# the output layer stays unquantized, as transformers leaves it.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+
+
+def _model_dir(tmp):
+    d = os.path.join(tmp, "tiny-llama")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(TINY_LLAMA, f)
+    return d
+
+
+def _bnb_bytes(out_features, in_features):
+    """What bitsandbytes' own `quantize_4bit` stores for a real bf16 weight on the CPU, as QLoRA
+    quantizes it (NF4, blocks of 64, double quantization): bytes by QuantState field."""
+    import bitsandbytes.functional as F
+
+    w = torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    packed, s = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    size = lambda t: t.untyped_storage().nbytes()  # noqa: E731
+    return {"weight": size(packed), "absmax": size(s.absmax), "code": size(s.code), "offset": size(s.offset),
+            "absmax2": size(s.state2.absmax), "code2": size(s.state2.code)}
+
+
+@unittest.skipIf(MISSING, MISSING)
+class StoredBytes(unittest.TestCase):
+    """The bytes a 4-bit layer keeps are bitsandbytes' own."""
+
+    def test_formula_is_bitsandbytes_quantize_4bit(self):
+        from headroom_gpu.qlora import stored_bytes
+
+        # 1000 blocks of 64 (4 absmax blocks of 256, the last partial), an odd element count, and
+        # one block.
+        for out_features, in_features in ((320, 200), (7, 9), (8, 8), (4096, 64)):
+            with self.subTest(shape=(out_features, in_features)):
+                self.assertEqual(stored_bytes(out_features, in_features), _bnb_bytes(out_features, in_features))
+
+    def test_recorded_layers_store_bitsandbytes_bytes(self):
+        import bitsandbytes as bnb
+
+        from headroom_gpu import qlora
+        from headroom_gpu.recorder import StepRecorder
+
+        config = transformers.AutoConfig.from_pretrained(_model_dir(tempfile.mkdtemp()))
+        meta = qlora.build(config, "sdpa")
+        with StepRecorder() as rec:
+            model = qlora.prepare(meta, 8, rec)
+            layers = [(n, m) for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+            # 7 projections a layer, 2 layers; the output layer is not quantized.
+            self.assertEqual(len(layers), 14)
+            self.assertNotIn("lm_head", " ".join(n for n, _ in layers))
+            for name, layer in layers:
+                tensors = [layer.weight] + qlora.state_tensors(layer.quant_state)
+                recorded = [rec._storages.get(t.untyped_storage()) for t in tensors]
+                self.assertNotIn(None, recorded, name)
+                expected = _bnb_bytes(layer.out_features, layer.in_features)
+                self.assertEqual(sum(r.size for r in recorded), sum(expected.values()), name)
+                self.assertEqual(recorded[0].size, expected["weight"], name)
+                self.assertEqual({r.term for r in recorded[1:]}, {"weights"}, name)
+                self.assertEqual(layer.weight.dtype, torch.uint8)
+                self.assertFalse(layer.weight.requires_grad)
+            # peft's setup: every other parameter in fp32, the adapters trainable in fp32.
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            self.assertEqual(len(trainable), 14 * 2)
+            self.assertTrue(all(p.dtype == torch.float32 for p in trainable))
+            for p in model.parameters():
+                self.assertIn(p.dtype, (torch.uint8, torch.float32))
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Step(unittest.TestCase):
+    """The step: the 4-bit matmul dequantizes into the compute dtype, the recording replays."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def test_forward_and_backward_dequantize_each_layer_in_bf16(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # 2 × 1024 = 2048 rows: past 1536, where bitsandbytes' CUDA gemm_4bit always dequantizes.
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=1024, steps=2, qlora=8))
+        self.assertEqual([a for a in rec.assumptions if "gemm_4bit" in a], [])
+        def sizes(phase, site):
+            return [r.size for op, r in rec.events
+                    if op == "alloc" and r.when == f"step2.{phase}" and r.site.endswith(site)]
+
+        # q_proj: the 64×64 weight dequantized in bf16 (8,192 B) after its 64 blocks' absmax in
+        # fp32 (256 B, then 256 B more with the offset added).
+        forward = sizes("forward", "layers.0.self_attn.q_proj.base_layer")
+        self.assertEqual(forward.count(64 * 64 * 2), 1, forward)
+        self.assertEqual(forward.count(64 * 4), 2, forward)
+        self.assertEqual(sizes("forward", "layers.1.mlp.gate_proj.base_layer").count(128 * 64 * 2), 1)
+        # The backward dequantizes each of the 6 MLP layers' weights for the input's gradient
+        # (MatMul4Bit's backward), and checkpointing's recomputation of the forward once more
+        # (under the autograd node whose saved tensor asked for it).
+        self.assertEqual(sizes("backward", "MatMul4BitBackward").count(128 * 64 * 2), 2 * 3)
+        self.assertEqual(sizes("backward", "").count(128 * 64 * 2), 2 * 2 * 3)
+
+    def test_few_rows_say_what_is_assumed(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=1, seq=64, steps=1, qlora=4))
+        self.assertTrue(any("gemm_4bit: 64 rows" in a for a in rec.assumptions), rec.assumptions)
+
+    def test_setup_holds_the_4bit_base_and_peft_fp32_rest(self):
+        from headroom_gpu.qlora import stored_bytes
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        qlora = record(StepSpec(model=_model_dir(self.tmp), batch=1, seq=64, steps=1, qlora=8))
+        layers = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)] * 2
+        quantized = sum(sum(stored_bytes(o, i).values()) for o, i in layers)
+        # Setup ends holding the 4-bit layers, the fp32 rest (embeddings, norms, output layer),
+        # the fp32 adapters, bitsandbytes' one dynamic map and the batch's token ids.
+        h, v, r = 64, 256, 8
+        fp32_rest = (2 * v * h + 2 * 2 * h + h) * 4
+        adapters = sum(r * (o + i) for o, i in layers) * 4
+        kept_bytes = 0  # live when the first step begins
+        for op, rec in qlora.events:
+            if op == "alloc" and rec.when != "setup":
+                break
+            kept_bytes += rec.size if op == "alloc" else -rec.size
+        self.assertEqual(kept_bytes, quantized + fp32_rest + adapters + 256 * 4 + _rotary_bytes(h // 4)
+                         + 64 * 8)
+
+    def test_record_command_replays_and_plans(self):
+        binary = os.environ.get("HEADROOM_BIN")
+        if not binary:
+            self.skipTest("set HEADROOM_BIN to a headroom binary to replay the recording")
+        out = os.path.join(self.tmp, "qlora.jsonl")
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                            "--batch", "2", "--seq", "1024", "--steps", "2", "--qlora", "8", "--out", out],
+                           capture_output=True, text=True, env=env, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("recorded 2 steps", r.stdout)
+        replay = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        self.assertIn("peak alloc", replay.stdout)
+        plan = subprocess.run([binary, "plan", "--gpu", "h100", "--model", "gpt2", "--batch", "2", "--seq", "1024",
+                               "--program", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(plan.returncode, 0, plan.stdout + plan.stderr)
+        self.assertIn("fits", plan.stdout.lower())
+
+    def test_build_inside_the_recorder_says_where_it_belongs(self):
+        from headroom_gpu import qlora
+        from headroom_gpu.recorder import StepRecorder
+
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        with StepRecorder(), self.assertRaisesRegex(RuntimeError, "before entering the StepRecorder"):
+            qlora.build(config, "sdpa")
+
+    def test_qlora_with_lora_is_refused(self):
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                            "--qlora", "8", "--lora", "8", "--out", os.path.join(self.tmp, "x.jsonl")],
+                           capture_output=True, text=True, env=env, timeout=300)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not both", r.stderr)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class AdamW8bit(unittest.TestCase):
+    """`--optimizer adamw-8bit`: bitsandbytes' AdamW8bit keeps its state by its rules."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def test_formula_is_adamw8bit_on_real_tensors(self):
+        import bitsandbytes as bnb
+
+        from headroom_gpu.qlora import adamw_8bit_state_bytes
+
+        # Under min_8bit_size (fp32 moments), at it, a partial block of 256, several.
+        params = [torch.nn.Parameter(torch.randn(n)) for n in (3000, 4096, 5000, 70000)]
+        opt = bnb.optim.AdamW8bit(params, lr=1e-3)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+        for p in params:
+            state = {k: v for k, v in opt.state[p].items() if torch.is_tensor(v) and not k.startswith("qmap")}
+            self.assertEqual(adamw_8bit_state_bytes(p.numel()),
+                             sum(v.untyped_storage().nbytes() for v in state.values()), p.numel())
+
+    def test_recorded_state_is_adamw8bit(self):
+        from headroom_gpu.qlora import adamw_8bit_state_bytes
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2, optimizer="adamw-8bit"))
+        recorded = sum(r.size for op, r in rec.events if op == "alloc" and r.term == "optimizer")
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        expected = sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
+        # and the two 256-entry fp32 maps every parameter's state shares.
+        self.assertEqual(recorded, expected + 2 * 256 * 4)
+        # torch's AdamW keeps more: two moments of the parameter's dtype (bf16) a parameter.
+        full = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=64, steps=2))
+        self.assertLess(recorded, sum(r.size for op, r in full.events if op == "alloc" and r.term == "optimizer"))
+
+    def test_qlora_with_adamw8bit_replays(self):
+        binary = os.environ.get("HEADROOM_BIN")
+        if not binary:
+            self.skipTest("set HEADROOM_BIN to a headroom binary to replay the recording")
+        out = os.path.join(self.tmp, "qlora-8bit.jsonl")
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                            "--batch", "1", "--seq", "64", "--steps", "2", "--qlora", "8", "--optimizer", "adamw-8bit",
+                            "--out", out], capture_output=True, text=True, env=env, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        replay = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        self.assertIn("peak alloc", replay.stdout)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Documented(unittest.TestCase):
+    """docs/RECORDING.md's QLoRA command runs as shown. It sits in a `shell` block, apart from the
+    `sh` blocks tests/test_recorder.py runs, because it needs bitsandbytes."""
+
+    def test_the_command(self):
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
+            text = f.read()
+        blocks = text.split("```shell\n")[1:]
+        commands = [l for b in blocks for l in b.split("```")[0].splitlines() if l.startswith("python -m headroom_gpu ")]
+        self.assertEqual(len(commands), 1)
+        self.assertIn("--qlora", commands[0])
+        d = tempfile.mkdtemp()
+        os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))
+        env = {**os.environ, "PYTHONPATH": os.path.join(repo, "python")}
+        args = commands[0].split()[1:]
+        run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env, timeout=900)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertGreater(os.path.getsize(os.path.join(d, args[args.index("--out") + 1])), 0)
+
+
+def _rotary_bytes(head_dim):
+    """Llama's rotary embedding keeps its inverse frequencies, and their original: head_dim / 2
+    fp32 each."""
+    return 2 * head_dim // 2 * 4
+
+
+if __name__ == "__main__":
+    unittest.main()
