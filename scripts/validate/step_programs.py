@@ -33,6 +33,11 @@ must reproduce exactly (`cargo test -p headroom-plan program_templates`).
     .venv/bin/python scripts/validate/step_programs.py --out data/programs/hf.json
     .venv/bin/python scripts/validate/step_programs.py --only llama,qwen2 --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.json
+
+`data/programs/hf.json` holds Llama, Qwen2, Qwen3 and GPT-2; `data/programs/hf-families.json`
+the families recorded since (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM), one key a run
+(`--only mistral/causal-lm/bf16/sdpa/full`) merged with `--merge`. Mixtral is not recorded: its
+experts' tensors follow the routing, which no size law in the batch and sequence describes.
 """
 
 import argparse
@@ -75,12 +80,20 @@ def layer_pattern(family):
 # with a head as wide as the heads' count in fp32 (48 = 12 x 4) a per-head mean is half a head;
 # with 2 key-value heads of 48, half the keys' width (rotate_half) is a head's.
 GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
+# No small multiple of the hidden size, the heads' widths or the vocabulary, nor half or twice one.
+MLP_WIDTH = 1184
 
 
 def config(family, layers):
     cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
-    if family in ("qwen2", "qwen3", "mistral"):
+    if family in ("qwen2", "qwen3", "mistral", "phi3"):
+        # Phi-3 fuses the query, key and value projections: with half as many key-value heads
+        # as heads its output (q + 2 kv) would be 2 q wide, with these it is `qkv` alone.
         cfg.update(GQA)
+    if family in ("gemma", "gemma2", "gpt_neox"):
+        # An MLP four times the hidden size (the small configs') makes an fp32 copy of a
+        # bf16 hidden state as wide as half the MLP's activations: an MLP width of its own.
+        cfg.update({"intermediate_size": MLP_WIDTH})
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
@@ -107,6 +120,7 @@ ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv")
 # Operators whose CPU kernels keep scratch of their own, made and dropped inside one call.
 CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
                "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+CPU_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 # What a tensor made under these operators is, for the planner's GPU rules: SDPA's fused
 # kernel (its outputs replaced by the GPU kernel's), dropout (a GPU keeps a one-byte mask).
 KERNEL_TAGS = (("sdpa", re.compile(r"aten::_scaled_dot_product_\w*attention\w*|ScaledDotProduct\w*Backward")),
@@ -220,10 +234,14 @@ class Job:
                 # CPU's dropout keeps its noise in the activations' dtype; a GPU's fused dropout
                 # keeps a one-byte mask instead.
                 tensor["kernel"] = "dropout-mask"
-            # CPU kernels' own scratch: made and dropped inside one call of such a kernel.
+            # CPU kernels' own scratch: made and dropped inside one call of such a kernel, or
+            # inside one matrix multiply with no operator below it (a 16-bit GEMM's packed
+            # operands, whose size follows the CPU's blocking, not the shapes; cuBLAS on a GPU
+            # works in the workspace the planner adds).
             f = tensor["freed"]
-            tensor["scratch"] = bool(f) and any(
-                name in CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
+            tensor["scratch"] = bool(f) and (
+                any(name in CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
+                or (bool(tensor["ops"]) and tensor["ops"][-1][0] in CPU_GEMMS and f["ops"][-1:] == tensor["ops"][-1:]))
 
     def section_at(self, t):
         return next((name for name, start, end in self.sections if start <= t <= end), None)
@@ -271,6 +289,9 @@ def dims(model, cfg):
     d = infer_recipes.recipes.dims(model, cfg)
     c = model.config
     d["P"] = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 0) or 0
+    if cfg.get("model_type") == "phi3":
+        # Its fused query-key-value projection's width.
+        d["qkv"] = d["q"] + 2 * d["kv"]
     return d
 
 
@@ -292,7 +313,7 @@ def key(family, head, precision, attn, checkpointing):
 
 # --- laws ---------------------------------------------------------------------------------
 
-UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P"]
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv"]
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 

@@ -418,7 +418,10 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
     })
 }
 
-const FILES: &[&str] = &[include_str!("../../../data/programs/hf.json")];
+/// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
+/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM), by the same script.
+const FILES: &[&str] =
+    &[include_str!("../../../data/programs/hf.json"), include_str!("../../../data/programs/hf-families.json")];
 
 /// The template recorded under `key`, parsed (each once per process).
 pub fn template(key: &str) -> Option<&'static Parsed> {

@@ -89,6 +89,8 @@ struct Row {
     /// Measured less predicted, bytes, per phase; and tokens × vocabulary, vocabulary × hidden.
     residuals: [f64; 3],
     scales: [f64; 2],
+    /// Whether a recorded step program planned it (else the closed form's phases).
+    replayed: bool,
 }
 
 fn compare() -> Vec<Row> {
@@ -116,6 +118,7 @@ fn compare() -> Vec<Row> {
         // tensors, no allocator); the closed form's phases elsewhere.
         let cpu = cpu_peaks(&m, &cfg)
             .map(|(p, peak)| ([p.forward as f64, p.backward as f64, p.optimizer_step as f64], peak as f64));
+        let replayed = cpu.is_some();
         let (phases, peak) = cpu.unwrap_or_else(|| {
             let s = closed_form_step(&m, &g, &cfg);
             s.unwrap_or_else(|| panic!("{label}: no phases"))
@@ -140,6 +143,7 @@ fn compare() -> Vec<Row> {
                 res(phases[2], &c["phases"]["optimizer"]),
             ],
             scales: [(cfg.micro_batch * cfg.seq * m.vocab) as f64, (m.vocab * m.hidden) as f64],
+            replayed,
             label,
         });
         assert_eq!(
@@ -199,6 +203,13 @@ fn training_steps_match_the_cpu_ground_truth() {
         eprintln!("{split}: {ok} of {} within ±3%", part.len());
     }
     eprintln!("{within} of {} within ±3%", rows.len());
+    let replayed: Vec<&Row> = rows.iter().filter(|r| r.replayed).collect();
+    eprintln!(
+        "replayed from a recorded step program: {} of {} ({} within ±3%)",
+        replayed.len(),
+        rows.len(),
+        replayed.iter().filter(|r| r.error.abs() <= PEAK_TOLERANCE).count()
+    );
     let mut summed: Vec<f64> = rows.iter().map(|r| r.megatron_error.abs()).collect();
     summed.sort_by(|a, b| a.partial_cmp(b).unwrap());
     eprintln!(

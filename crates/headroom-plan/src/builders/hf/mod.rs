@@ -85,12 +85,15 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
         .ok_or_else(|| "this family, precision, attention and checkpointing were not recorded".to_string())
 }
 
-/// The transformers code whose recording holds for `model`.
+/// The transformers code whose recording holds for `model`: its own model type's where that
+/// was recorded, else the code it shares its layers with (Qwen3's Qwen2, Gemma-2's Gemma).
 fn program_family(model: &Model) -> &'static str {
-    match model.model_type {
-        "qwen3" if program_template::keys().any(|k| k.starts_with("qwen3/")) => "qwen3",
-        "gemma2" if program_template::keys().any(|k| k.starts_with("gemma2/")) => "gemma2",
-        _ => measured_code(model),
+    let own = model.model_type;
+    let prefix = format!("{own}/");
+    if program_template::keys().any(|k| k.starts_with(&prefix)) {
+        own
+    } else {
+        measured_code(model)
     }
 }
 
