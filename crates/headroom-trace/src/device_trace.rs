@@ -2,7 +2,9 @@
 //! what every replay of the trace starts from.
 
 use crate::snapshot::{MemorySnapshot, TraceEvent};
+use crate::snapshot_pools::RecordedPools;
 use crate::start_state::{infer_start, InconsistentTrace, StartState};
+use std::sync::OnceLock;
 
 /// One device's trace in a snapshot, with the allocator's state when the
 /// trace began: inferred once, then checked and replayed under any settings.
@@ -10,13 +12,26 @@ pub struct DeviceTrace<'a> {
     pub snap: &'a MemorySnapshot,
     pub device: u32,
     pub start: StartState,
+    /// The recorded private pools, inferred from the whole trace at the first replay that
+    /// asks: the check and every what-if share them.
+    pools: OnceLock<RecordedPools>,
 }
 
 impl<'a> DeviceTrace<'a> {
     /// The start state inferred under the snapshot's recorded settings.
     pub fn new(snap: &'a MemorySnapshot, device: u32) -> Result<Self, InconsistentTrace> {
         let start = infer_start(snap, device, &snap.allocator_config().0)?;
-        Ok(DeviceTrace { snap, device, start })
+        Ok(DeviceTrace::from_start(snap, device, start))
+    }
+
+    /// The trace from a start state already inferred.
+    pub fn from_start(snap: &'a MemorySnapshot, device: u32, start: StartState) -> Self {
+        DeviceTrace { snap, device, start, pools: OnceLock::new() }
+    }
+
+    /// The recorded run's private pools ([`RecordedPools::of`]).
+    pub fn pools(&self) -> &RecordedPools {
+        self.pools.get_or_init(|| RecordedPools::of(self.snap, self.device))
     }
 
     pub fn trace(&self) -> &'a [TraceEvent] {

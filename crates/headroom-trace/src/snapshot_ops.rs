@@ -11,7 +11,6 @@
 use crate::device_trace::DeviceTrace;
 use crate::jsonl::{TraceLine, TraceOp};
 use crate::memory_snapshot::TraceAction;
-use crate::snapshot_pools::RecordedPools;
 use rustc_hash::FxHashMap;
 
 /// The operations of `t`'s trace, from an empty device.
@@ -33,7 +32,7 @@ pub fn fresh_ops(t: &DeviceTrace) -> Vec<TraceLine> {
             ops.push(TraceLine { line: 0, op: alloc(id, b.requested_size, s.stream, s.pool_id) });
         }
     }
-    let pools = RecordedPools::of(t.snap, t.device);
+    let pools = t.pools();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::Alloc => {

@@ -164,7 +164,7 @@ pub fn check_device_with(
     progress: impl FnMut(usize),
 ) -> Result<Fidelity, SnapshotReplayError> {
     let start = infer_start(snap, device, &config)?;
-    check_from(&DeviceTrace { snap, device, start }, config, capacity, progress)
+    check_from(&DeviceTrace::from_start(snap, device, start), config, capacity, progress)
 }
 
 /// [`check_device_with`] from a start state already inferred under `config`.
@@ -180,13 +180,13 @@ pub fn check_from(
     }
     let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
     let capacity = if maps { capacity } else { CHECK_CAPACITY };
-    let pools = RecordedPools::of(snap, device);
+    let pools = t.pools();
     let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, trace, None)?;
     a.record_device_calls();
     let mut checker = Checker {
         trace,
         config,
-        pools: &pools,
+        pools,
         f: Fidelity {
             device,
             alloc_matched: 0,
@@ -207,7 +207,7 @@ pub fn check_from(
         request: None,
         answer: None,
     };
-    let mut ops = TraceRequests::new(trace, &pools, Vec::new(), Vec::new(), progress);
+    let mut ops = TraceRequests::new(trace, pools, Vec::new(), Vec::new(), progress);
     let mut walk = Walk::default();
     for b in start.segments.iter().flat_map(|s| &s.live) {
         let size = a.allocation_size(b.address).unwrap_or(0);

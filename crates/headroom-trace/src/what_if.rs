@@ -257,11 +257,11 @@ fn replay_prefix(
         let lower = a.memory_limit().map_or(limit, |l| l.min(limit));
         a.set_memory_limit(Some(lower));
     }
-    let pools = RecordedPools::of(t.snap, device);
+    let pools = t.pools();
     let mut walk = Walk::default();
     let mut ops = TraceRequests::new(
         trace,
-        &pools,
+        pools,
         crate::recorded_step::step_starts(t.snap, t.device),
         recorded.empty_cache_calls.clone(),
         progress,
@@ -293,7 +293,7 @@ fn replay_prefix(
     note_peak(&a, &mut w);
     let mut watch = Watch {
         trace,
-        pools: &pools,
+        pools,
         refusals: recorded.refusals.iter().map(|r| r.index).collect(),
         next_refusal: 0,
         request: None,
