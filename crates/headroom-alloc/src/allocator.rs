@@ -1,5 +1,6 @@
-//! `CachingAllocator`: the thread-safe allocator (`Send + Sync`), one mutex
-//! around one device's [`DeviceCachingAllocator`], as in PyTorch.
+//! `CachingAllocator`: the thread-safe allocator (`Send + Sync`), one lock
+//! around one device's [`DeviceCachingAllocator`], as in PyTorch (a mutex
+//! there; here [`AllocLock`], released with a plain store).
 //!
 //! The lock is held across the device call. PyTorch does the same by
 //! default and releases it around `cudaMalloc` only with
@@ -10,6 +11,7 @@
 //! keeps every invariant checkable after every call. A CUDA backend where
 //! `cudaMalloc` stalls other threads is where releasing it would pay.
 
+use crate::alloc_lock::{AllocGuard, AllocLock};
 use crate::caching::{Allocation, DeviceCachingAllocator};
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::device::{DeviceMemory, StreamId};
@@ -18,32 +20,29 @@ use crate::policy::{Policy, PyTorchPolicy};
 use crate::snapshot::Snapshot;
 use crate::validate::InvariantViolation;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
 
 /// A caching allocator that many threads can share.
 pub struct CachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
-    inner: Mutex<DeviceCachingAllocator<D, P>>,
+    inner: AllocLock<DeviceCachingAllocator<D, P>>,
 }
 
 impl<D: DeviceMemory> CachingAllocator<D> {
     /// An allocator with `config` over `device`, making PyTorch's choices.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
-        CachingAllocator { inner: Mutex::new(DeviceCachingAllocator::new(device, config)) }
+        CachingAllocator { inner: AllocLock::new(DeviceCachingAllocator::new(device, config)) }
     }
 }
 
 impl<D: DeviceMemory, P: Policy> CachingAllocator<D, P> {
     /// An allocator with `config` over `device`, making `policy`'s choices.
     pub fn with_policy(device: D, config: AllocatorConfig, policy: P) -> Self {
-        CachingAllocator { inner: Mutex::new(DeviceCachingAllocator::with_policy(device, config, policy)) }
+        CachingAllocator { inner: AllocLock::new(DeviceCachingAllocator::with_policy(device, config, policy)) }
     }
 
     /// Locks the allocator for several calls in a row, or for the calls not
     /// repeated here (history, callbacks, device control).
-    pub fn lock(&self) -> MutexGuard<'_, DeviceCachingAllocator<D, P>> {
-        // A panic while the lock was held leaves no half-done update behind
-        // that matters more than refusing service: carry on.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn lock(&self) -> AllocGuard<'_, DeviceCachingAllocator<D, P>> {
+        self.inner.lock()
     }
 
     /// See [`DeviceCachingAllocator::malloc`].
@@ -103,6 +102,6 @@ impl<D: DeviceMemory, P: Policy> CachingAllocator<D, P> {
 
     /// The single-threaded allocator inside.
     pub fn into_inner(self) -> DeviceCachingAllocator<D, P> {
-        self.inner.into_inner().unwrap_or_else(|e| e.into_inner())
+        self.inner.into_inner()
     }
 }

@@ -3,7 +3,7 @@
 //! making the choices of a [`Policy`] (PyTorch's by default).
 //!
 //! This type is single-threaded (`&mut self`); [`crate::CachingAllocator`]
-//! wraps it in a mutex, as PyTorch wraps each device's state in one.
+//! wraps it in one lock, as PyTorch wraps each device's state in a mutex.
 //!
 //! The malloc path, in PyTorch's order:
 //! 1. complete the frees whose cross-stream events have finished;

@@ -7,11 +7,15 @@
 //! it holds one entry, and a warm malloc+free pair needs two of each. Free
 //! sets are per stream and usually small, so each stream keeps a sorted
 //! vector of packed `size << 64 | addr` keys (a binary search and a short
-//! memmove) and moves to a B-tree only past `SMALL_MAX` entries, back below
-//! `SMALL_MIN`.
+//! memmove) and moves to sorted runs ([`Runs`]) only past `SMALL_MAX` entries,
+//! back below `SMALL_MIN`.
+//!
+//! Past that size the runs, not a B-tree: a replay that keeps thousands of
+//! free blocks on one stream spent a fifth of its time in the B-tree's
+//! searches and removes; the runs' two binary searches over contiguous keys
+//! and a memmove within one run of at most `RUN_MAX` cost about half of it.
 
 use crate::device::StreamId;
-use std::collections::BTreeMap;
 
 // 256, not 64: a policy that maps 2 MiB pages (`headroom`) keeps a few hundred free
 // blocks on a stream where PyTorch's keeps dozens, and at that size the vector's memmove
@@ -30,10 +34,124 @@ fn unpack(k: u128) -> (u64, u64) {
     ((k >> 64) as u64, k as u64)
 }
 
+/// The most entries one run holds before it is split in two.
+const RUN_MAX: usize = 128;
+
+/// Sorted entries as consecutive runs, each non-empty, with each run's last key
+/// beside them: a lookup finds the run by a binary search of `lasts`, then the
+/// entry by one within the run.
+#[derive(Clone, Debug, Default)]
+struct Runs {
+    lasts: Vec<u128>,
+    runs: Vec<Vec<(u128, u32)>>,
+    len: usize,
+}
+
+impl Runs {
+    fn from_sorted(v: Vec<(u128, u32)>) -> Self {
+        let len = v.len();
+        let runs: Vec<Vec<(u128, u32)>> = v.chunks(RUN_MAX / 2).map(<[_]>::to_vec).collect();
+        let lasts = runs.iter().map(|r| r[r.len() - 1].0).collect();
+        Runs { lasts, runs, len }
+    }
+
+    fn into_sorted(self) -> Vec<(u128, u32)> {
+        self.runs.into_iter().flatten().collect()
+    }
+
+    /// The first run whose last key is at least `key` (`runs.len()` if none).
+    #[inline]
+    fn run_at_least(&self, key: u128) -> usize {
+        self.lasts.partition_point(|&l| l < key)
+    }
+
+    #[inline]
+    fn first_at_least(&self, key: u128) -> Option<(u128, u32)> {
+        let run = self.runs.get(self.run_at_least(key))?;
+        // The run's last key is at least `key`, so the search lands inside it.
+        Some(run[run.partition_point(|e| e.0 < key)])
+    }
+
+    fn last_below(&self, key: u128) -> Option<(u128, u32)> {
+        let r = self.run_at_least(key);
+        if let Some(run) = self.runs.get(r) {
+            let at = run.partition_point(|e| e.0 < key);
+            if at > 0 {
+                return Some(run[at - 1]);
+            }
+        }
+        r.checked_sub(1).map(|p| self.runs[p][self.runs[p].len() - 1])
+    }
+
+    /// Inserts; false if the key was already present.
+    #[inline]
+    fn insert(&mut self, key: u128, id: u32) -> bool {
+        if self.runs.is_empty() {
+            self.runs.push(vec![(key, id)]);
+            self.lasts.push(key);
+            self.len = 1;
+            return true;
+        }
+        // A key past every run's last goes at the end of the last run.
+        let r = self.run_at_least(key).min(self.runs.len() - 1);
+        let run = &mut self.runs[r];
+        let Err(at) = run.binary_search_by(|e| e.0.cmp(&key)) else { return false };
+        run.insert(at, (key, id));
+        self.lasts[r] = run[run.len() - 1].0;
+        if run.len() > RUN_MAX {
+            let tail = run.split_off(RUN_MAX / 2);
+            self.lasts[r] = run[run.len() - 1].0;
+            self.lasts.insert(r + 1, tail[tail.len() - 1].0);
+            self.runs.insert(r + 1, tail);
+        }
+        self.len += 1;
+        true
+    }
+
+    #[inline]
+    fn remove(&mut self, key: u128) -> Option<u32> {
+        let r = self.run_at_least(key);
+        let at = self.runs.get(r)?.binary_search_by(|e| e.0.cmp(&key)).ok()?;
+        Some(self.remove_at(r, at).1)
+    }
+
+    /// The first entry at least `key`, removed if `take` agrees.
+    #[inline]
+    fn take_first_at_least_if(&mut self, key: u128, take: impl FnOnce(u128, u32) -> bool) -> Option<(u128, u32)> {
+        let r = self.run_at_least(key);
+        let run = self.runs.get(r)?;
+        let at = run.partition_point(|e| e.0 < key);
+        let (k, id) = run[at];
+        take(k, id).then(|| self.remove_at(r, at))
+    }
+
+    #[inline]
+    fn remove_at(&mut self, r: usize, at: usize) -> (u128, u32) {
+        let run = &mut self.runs[r];
+        let e = run.remove(at);
+        self.len -= 1;
+        match run.last() {
+            Some(&(last, _)) => self.lasts[r] = last,
+            None => {
+                self.runs.remove(r);
+                self.lasts.remove(r);
+            }
+        }
+        e
+    }
+
+    /// The entries from the first at least `key` on, in order.
+    fn starting_at(&self, key: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
+        let r = self.run_at_least(key);
+        let first = self.runs.get(r).map_or(&[][..], |run| &run[run.partition_point(|e| e.0 < key)..]);
+        first.iter().chain(self.runs.iter().skip(r + 1).flatten()).copied()
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Entries {
     Small(Vec<(u128, u32)>),
-    Large(BTreeMap<u128, u32>),
+    Large(Runs),
 }
 
 impl Entries {
@@ -41,7 +159,7 @@ impl Entries {
     fn len(&self) -> usize {
         match self {
             Entries::Small(v) => v.len(),
-            Entries::Large(m) => m.len(),
+            Entries::Large(m) => m.len,
         }
     }
 
@@ -51,14 +169,14 @@ impl Entries {
             #[cfg(test)]
             Entries::Small(v) if tests::BROKEN.get() => v.get(v.partition_point(|e| e.0 <= key)).copied(),
             Entries::Small(v) => v.get(v.partition_point(|e| e.0 < key)).copied(),
-            Entries::Large(m) => m.range(key..).next().map(|(k, v)| (*k, *v)),
+            Entries::Large(m) => m.first_at_least(key),
         }
     }
 
     fn last_below(&self, key: u128) -> Option<(u128, u32)> {
         match self {
             Entries::Small(v) => v.partition_point(|e| e.0 < key).checked_sub(1).map(|i| v[i]),
-            Entries::Large(m) => m.range(..key).next_back().map(|(k, v)| (*k, *v)),
+            Entries::Large(m) => m.last_below(key),
         }
     }
 }
@@ -118,18 +236,12 @@ impl FreeSet {
                 Err(at) => {
                     v.insert(at, (key, id));
                     if v.len() > SMALL_MAX {
-                        *entries = Entries::Large(v.drain(..).collect());
+                        *entries = Entries::Large(Runs::from_sorted(std::mem::take(v)));
                     }
                     true
                 }
             },
-            Entries::Large(m) => match m.entry(key) {
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(id);
-                    true
-                }
-                std::collections::btree_map::Entry::Occupied(_) => false,
-            },
+            Entries::Large(m) => m.insert(key, id),
         };
         self.len += inserted as usize;
         inserted
@@ -144,9 +256,9 @@ impl FreeSet {
         let removed = match entries {
             Entries::Small(v) => v.binary_search_by(|e| e.0.cmp(&key)).ok().map(|at| v.remove(at).1),
             Entries::Large(m) => {
-                let r = m.remove(&key);
-                if m.len() < SMALL_MIN {
-                    *entries = Entries::Small(std::mem::take(m).into_iter().collect());
+                let r = m.remove(key);
+                if m.len < SMALL_MIN {
+                    *entries = Entries::Small(std::mem::take(m).into_sorted());
                 }
                 r
             }
@@ -177,7 +289,7 @@ impl FreeSet {
         let from = pack(hi - lo, 0);
         let hit = match &self.streams[i].1 {
             Entries::Small(v) => v[v.partition_point(|e| e.0 < from)..].iter().copied().find(covers),
-            Entries::Large(m) => m.range(from..).map(|(k, id)| (*k, *id)).find(covers),
+            Entries::Large(m) => m.starting_at(from).find(covers),
         };
         hit.map(|(k, id)| {
             let (s, p) = unpack(k);
@@ -217,13 +329,9 @@ impl FreeSet {
                 (k, id)
             }
             Entries::Large(m) => {
-                let (k, id) = m.range(key..).next().map(|(k, v)| (*k, *v))?;
-                if !take(unpack(k).0, id) {
-                    return None;
-                }
-                m.remove(&k);
-                if m.len() < SMALL_MIN {
-                    self.streams[i].1 = Entries::Small(std::mem::take(m).into_iter().collect());
+                let (k, id) = m.take_first_at_least_if(key, |k, id| take(unpack(k).0, id))?;
+                if m.len < SMALL_MIN {
+                    self.streams[i].1 = Entries::Small(std::mem::take(m).into_sorted());
                 }
                 (k, id)
             }
@@ -262,7 +370,7 @@ impl FreeSet {
         for i in self.in_stream_order() {
             match &self.streams[i].1 {
                 Entries::Small(v) => out.extend(v.iter().map(|e| e.1)),
-                Entries::Large(m) => out.extend(m.values().copied()),
+                Entries::Large(m) => out.extend(m.runs.iter().flatten().map(|e| e.1)),
             }
         }
         out
@@ -285,6 +393,7 @@ mod tests {
     use proptest::prelude::*;
     use proptest::test_runner::{TestError, TestRunner};
     use std::cell::Cell;
+    use std::collections::BTreeMap;
 
     thread_local! {
         /// The negative control: the vector's search skips an exact match (an off-by-one).

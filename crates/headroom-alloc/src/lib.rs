@@ -52,6 +52,7 @@
 //! assert_eq!(alloc.memory_stats()["reserved_bytes.all.current"], 0);
 //! ```
 
+mod alloc_lock;
 mod allocator;
 mod block;
 mod caching;
@@ -80,6 +81,7 @@ mod summary;
 pub mod units;
 mod validate;
 
+pub use alloc_lock::AllocGuard;
 pub use allocator::CachingAllocator;
 pub use caching::{Allocation, DeviceCachingAllocator, FreeMemoryCallback};
 pub use config::{AllocatorConfig, Backend, ConfigError};

@@ -12,8 +12,8 @@ pub struct DeviceTrace<'a> {
     pub snap: &'a MemorySnapshot,
     pub device: u32,
     pub start: StartState,
-    /// The private pools the trace used: read from the whole trace once, for
-    /// every replay of it.
+    /// The recorded private pools, inferred from the whole trace at the first replay that
+    /// asks: the check and every what-if share them.
     pools: OnceLock<RecordedPools>,
 }
 
@@ -24,12 +24,12 @@ impl<'a> DeviceTrace<'a> {
         Ok(DeviceTrace::from_start(snap, device, start))
     }
 
-    /// The trace, from a start state already inferred.
+    /// The trace from a start state already inferred.
     pub fn from_start(snap: &'a MemorySnapshot, device: u32, start: StartState) -> Self {
         DeviceTrace { snap, device, start, pools: OnceLock::new() }
     }
 
-    /// The private pools the trace used ([`RecordedPools::of`]).
+    /// The recorded run's private pools ([`RecordedPools::of`]).
     pub fn pools(&self) -> &RecordedPools {
         self.pools.get_or_init(|| RecordedPools::of(self.snap, self.device))
     }

@@ -73,6 +73,7 @@ use headroom_alloc::sizing::{pool_for, round_size};
 use headroom_alloc::{
     AllocatorConfig, DeviceCachingAllocator, DeviceMemory, MempoolId, Policy, PoolKind, DEFAULT_MEMPOOL,
 };
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap};
 
 /// The largest remainder PyTorch leaves unsplit at the end of a large block (`kSmallSize`).
@@ -133,8 +134,7 @@ impl RecordedPools {
     /// The private-pool segments `device`'s snapshot and trace name, or its trace shows.
     pub fn of(snap: &MemorySnapshot, device: u32) -> Self {
         let trace = snap.device_traces.get(device as usize).map_or(&[][..], |t| &t[..]);
-        let mut lives = lives(snap, device, trace);
-        let named_in_trace = trace.iter().any(|e| e.pool_id != DEFAULT_MEMPOOL);
+        let (mut lives, named_in_trace) = lives(snap, device, trace);
         let mut notes = Vec::new();
         if !named_in_trace && !lives.is_empty() {
             let config = snap.allocator_config().0;
@@ -240,8 +240,20 @@ impl RecordedPools {
     }
 }
 
-/// Every segment's life in `trace`, with the pool the trace or the final state names.
-fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Vec<Life> {
+/// Whether entry `i` of `trace` may be the request that made a segment: the entry before it
+/// is a `segment_alloc` (or map) at its address. PyTorch records a segment's allocation
+/// right before the request it was made for.
+#[inline]
+fn follows_its_segment(trace: &[TraceEvent], i: usize) -> bool {
+    i.checked_sub(1).is_some_and(|p| {
+        let (s, e) = (&trace[p], &trace[i]);
+        matches!(s.action, TraceAction::SegmentAlloc | TraceAction::SegmentMap) && s.addr == e.addr
+    })
+}
+
+/// Every segment's life in `trace`, with the pool the trace or the final state names; and
+/// whether any entry names a private pool.
+fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> (Vec<Life>, bool) {
     let mut lives: Vec<Life> = Vec::new();
     let mut open: BTreeMap<u64, usize> = BTreeMap::new();
     let new = |addr: u64, size: u64, from, e: &TraceEvent, mapped| Life {
@@ -256,7 +268,9 @@ fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Vec<Life> 
         why: if e.pool_id != DEFAULT_MEMPOOL { Why::Named } else { Why::Presumed },
         mapped,
     };
+    let mut named_in_trace = false;
     for (i, e) in trace.iter().enumerate() {
+        named_in_trace |= e.pool_id != DEFAULT_MEMPOOL;
         match e.action {
             TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
                 open.insert(e.addr, lives.len());
@@ -270,13 +284,11 @@ fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Vec<Life> 
                     lives.push(l);
                 }
             },
-            TraceAction::Alloc => {
-                if let Some((_, &k)) = open.range(..=e.addr).next_back() {
-                    let l = &mut lives[k];
-                    if e.addr < l.end && l.maker.is_none() && l.from == Some(i.wrapping_sub(1)) && l.addr == e.addr {
-                        l.maker = Some(i);
-                        l.kind = Some(pool_for(e.size.div_ceil(512) * 512));
-                    }
+            // The segment pushed at the entry before, the open one at this address.
+            TraceAction::Alloc if follows_its_segment(trace, i) => {
+                if let Some(l) = lives.last_mut().filter(|l| e.addr < l.end && l.maker.is_none()) {
+                    l.maker = Some(i);
+                    l.kind = Some(pool_for(e.size.div_ceil(512) * 512));
                 }
             }
             _ => {}
@@ -306,7 +318,7 @@ fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Vec<Life> 
             }),
         }
     }
-    lives
+    (lives, named_in_trace)
 }
 
 /// Whether a free stretch of `gap` bytes in a segment of `kind` would have served a rounded request of `rounded`.
@@ -321,10 +333,13 @@ fn fits(config: &AllocatorConfig, kind: PoolKind, gap: u64, rounded: u64) -> boo
 /// Rule 2: a request that made a segment while a default-pool segment had room for it went elsewhere.
 fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConfig) {
     // The blocks allocated (or waiting on events) now, by address: their rounded sizes.
-    let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+    // Hashed, not ordered: a request that made a segment (one in thousands) sorts them.
+    let mut blocks: FxHashMap<u64, u64> = FxHashMap::default();
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
-    let makers: HashMap<usize, usize> = lives.iter().enumerate().filter_map(|(k, l)| l.maker.map(|m| (m, k))).collect();
-    let made_at: HashMap<usize, usize> = lives.iter().enumerate().filter_map(|(k, l)| l.from.map(|f| (f, k))).collect();
+    // How many of `live` are private pools' segments: none, and no request needs a lookup.
+    let mut live_private = 0usize;
+    let made_at: FxHashMap<usize, usize> =
+        lives.iter().enumerate().filter_map(|(k, l)| l.from.map(|f| (f, k))).collect();
     // The last private request's pool, per stream and overall.
     let mut last_on: HashMap<u64, MempoolId> = HashMap::new();
     let mut last = None;
@@ -348,15 +363,25 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
         match e.action {
             TraceAction::SegmentAlloc => {
                 if let Some(&k) = made_at.get(&i) {
-                    live.insert(e.addr, k);
+                    live_private += usize::from(lives[k].pool != DEFAULT_MEMPOOL);
+                    if let Some(old) = live.insert(e.addr, k) {
+                        live_private -= usize::from(lives[old].pool != DEFAULT_MEMPOOL);
+                    }
                 }
             }
             TraceAction::SegmentFree => {
-                live.remove(&e.addr);
+                if let Some(old) = live.remove(&e.addr) {
+                    live_private -= usize::from(lives[old].pool != DEFAULT_MEMPOOL);
+                }
             }
             TraceAction::Alloc => {
                 let rounded = round_size(config, e.size);
-                if let Some(&k) = makers.get(&i) {
+                let maker = if follows_its_segment(trace, i) {
+                    made_at.get(&(i - 1)).copied().filter(|&k| lives[k].maker == Some(i))
+                } else {
+                    None
+                };
+                if let Some(k) = maker {
                     // After a flush (segments released right before the request's own) the
                     // completions just before it came from the flush's synchronisation: the
                     // search for a free block had not seen them, so nothing is inferred.
@@ -364,9 +389,7 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                         i >= 2 && matches!(trace[i - 2].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap);
                     if lives[k].why == Why::Presumed && !lives[k].mapped && !flushed {
                         let kind = pool_for(rounded);
-                        // The blocks live now and the ones completed just before, without
-                        // copying the map: a trace makes thousands of segments.
-                        recent.sort_unstable();
+                        let mut sorted: Option<Vec<(u64, u64)>> = None;
                         let room = live.values().copied().find(|&o| {
                             let l = &lives[o];
                             o != k
@@ -374,7 +397,16 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                                 && !l.mapped
                                 && l.stream == e.stream
                                 && l.kind == Some(kind)
-                                && fits(config, kind, largest_gap(&blocks, &recent, l.addr, l.end), rounded)
+                                && fits(
+                                    config,
+                                    kind,
+                                    largest_gap(
+                                        sorted.get_or_insert_with(|| by_address(&blocks, &recent)),
+                                        l.addr,
+                                        l.end,
+                                    ),
+                                    rounded,
+                                )
                         });
                         if let Some(o) = room {
                             let pool = last_on.get(&(e.stream)).copied().or(last).unwrap_or_else(|| {
@@ -384,6 +416,10 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                                 }
                                 next_id
                             });
+                            if live.values().any(|&v| v == k) {
+                                live_private +=
+                                    usize::from(lives[k].pool == DEFAULT_MEMPOOL && pool != DEFAULT_MEMPOOL);
+                            }
                             lives[k].pool = pool;
                             lives[k].why = Why::Fit;
                             if lives[o].why == Why::Presumed {
@@ -392,12 +428,15 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
                         }
                     }
                 }
-                let pool = live
-                    .range(..=e.addr)
-                    .next_back()
-                    .map(|(_, &k)| &lives[k])
-                    .filter(|l| e.addr < l.end)
-                    .map_or(DEFAULT_MEMPOOL, |l| l.pool);
+                let pool = if live_private == 0 {
+                    DEFAULT_MEMPOOL
+                } else {
+                    live.range(..=e.addr)
+                        .next_back()
+                        .map(|(_, &k)| &lives[k])
+                        .filter(|l| e.addr < l.end)
+                        .map_or(DEFAULT_MEMPOOL, |l| l.pool)
+                };
                 if pool != DEFAULT_MEMPOOL {
                     last_on.insert(e.stream, pool);
                     last = Some(pool);
@@ -416,20 +455,25 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
     }
 }
 
-/// The largest stretch of `[start, end)` no block of `blocks` or of `more`
-/// (sorted by address, none of them in `blocks`) covers.
-fn largest_gap(blocks: &BTreeMap<u64, u64>, more: &[(u64, u64)], start: u64, end: u64) -> u64 {
-    let from = more.partition_point(|&(b, _)| b < start);
-    let to = more.partition_point(|&(b, _)| b < end);
-    let mut more = more[from..to].iter().copied().peekable();
-    let mut ours = blocks.range(start..end).map(|(&b, &size)| (b, size)).peekable();
+/// The blocks of `blocks` and `recent` (those of `recent` in place of any of `blocks` at
+/// the same address), by address.
+fn by_address(blocks: &FxHashMap<u64, u64>, recent: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> =
+        blocks.iter().filter(|(a, _)| !recent.iter().any(|r| r.0 == **a)).map(|(&a, &s)| (a, s)).collect();
+    let mut recent = recent.to_vec();
+    recent.reverse();
+    recent.sort_by_key(|r| r.0);
+    recent.dedup_by_key(|r| r.0);
+    all.extend(recent);
+    all.sort_unstable_by_key(|b| b.0);
+    all
+}
+
+/// The largest stretch of `[start, end)` no block of `blocks` (sorted by address) covers.
+fn largest_gap(blocks: &[(u64, u64)], start: u64, end: u64) -> u64 {
     let (mut at, mut best) = (start, 0);
-    // Both in address order, merged.
-    while let Some((b, size)) = match (ours.peek(), more.peek()) {
-        (Some(x), Some(y)) if y.0 < x.0 => more.next(),
-        (Some(_), _) => ours.next(),
-        (None, _) => more.next(),
-    } {
+    let from = blocks.partition_point(|b| b.0 < start);
+    for &(b, size) in blocks[from..].iter().take_while(|b| b.0 < end) {
         best = best.max(b.saturating_sub(at));
         at = at.max(b + size);
     }
