@@ -145,6 +145,8 @@ class Inference(unittest.TestCase):
             self.assertEqual(plan.returncode, 0, plan.stderr)
             answer = json.loads(plan.stdout)
             self.assertEqual(answer["peak_phase"], "forward")
+            # Planned as inference: generate's prefill and decode steps, or forwards alike.
+            self.assertEqual((answer["mode"], answer["decode_steps"]), ("infer", None if flags == ["--infer"] else 2))
             self.assertEqual(answer["breakdown"]["gradients"] + answer["breakdown"]["optimizer"], 0)
 
     def test_training_flags_are_refused_with_inference(self):

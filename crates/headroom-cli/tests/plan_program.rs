@@ -236,7 +236,8 @@ fn a_recording_is_planned_with_its_layers_checkpointed() {
     let f = write(
         dir.path(),
         "s.jsonl",
-        "{\"op\":\"alloc\",\"id\":\"0 step1.forward activations MmBackward0\",\"size\":10}\n",
+        "{\"op\":\"alloc\",\"id\":\"0 step1.forward activations MmBackward0\",\"size\":10}\n\
+         {\"op\":\"alloc\",\"id\":\"1 step1.backward gradients MmBackward0\",\"size\":10}\n",
     );
     headroom()
         .args(["plan", "--model", "gpt2", "--gpu", "l4", "--seq", "64", "--program", &f, "--checkpoint", "full"])
@@ -498,4 +499,78 @@ fn a_recording_of_one_rank_gets_nccls_buffers() {
     let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(text.contains("added to the recording: NCCL's buffers over 4 GPUs, 1.50 GiB"), "{text}");
     assert!(text.contains("the recording is one rank's step"), "{text}");
+}
+
+/// An inference recording (`record --infer`, `--generate`) reads as inference: its forwards or
+/// generate's prefill and decode steps, the time of its last timed forward, no training terms;
+/// `--json` says `mode` `infer`. A training recording still reads as training.
+#[test]
+fn an_inference_recording_is_planned_as_inference() {
+    let (forwards, generate) =
+        (recording("gpt2-bf16-b1-s64-infer.jsonl"), recording("gpt2-bf16-b1-s64-generate2.jsonl"));
+    for (rec, header, time) in [
+        (
+            &forwards,
+            "inference: 1 sequences × 64 tokens, 2 forwards without gradients recorded in",
+            "s per forward (step 2 of the recording",
+        ),
+        (
+            &generate,
+            "inference: 1 sequences × 64 tokens, generate's prefill and 2 decode steps recorded in",
+            "s per decode step (step 3 of the recording",
+        ),
+    ] {
+        let out = headroom().args(["plan", "--gpu", "l4", "--program", rec]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(header) && text.contains(time), "{text}");
+        for training in ["training", "optimizer", "  gradients", "backward's", "MFU", "recomputing"] {
+            assert!(!text.contains(training), "{training:?} in an inference plan:\n{text}");
+        }
+        assert!(text.contains("cuBLAS workspace (the forward's thread's)"), "{text}");
+    }
+    let (_, f) = plan(&["--gpu", "l4", "--program", &forwards]);
+    let (_, g) = plan(&["--gpu", "l4", "--model", "gpt2", "--program", &generate]);
+    for (v, steps, decode) in [(&f, 2, Value::Null), (&g, 3, Value::from(2))] {
+        assert_eq!(
+            (&v["mode"], &v["forwards"], &v["decode_steps"]),
+            (&Value::from("infer"), &Value::from(steps), &decode)
+        );
+        for key in ["mfu", "accumulation", "global_batch", "finetune", "optimizer_impl", "recompute_fraction"] {
+            assert!(v[key].is_null(), "{key}: {}", v[key]);
+        }
+        assert_eq!(v["phases"].as_object().unwrap().keys().collect::<Vec<_>>(), ["forward"]);
+        assert!(v["layer_time_s"]["backward"].is_null() && v["step_time_s"].as_f64().unwrap() > 0.0);
+    }
+    // A forward takes in its batch's tokens; a decode step makes one a sequence.
+    let per_s = |v: &Value| v["tokens_per_s"].as_f64().unwrap() * v["step_time_s"].as_f64().unwrap();
+    assert!((per_s(&f) - 64.0).abs() < 1e-6 && (per_s(&g) - 1.0).abs() < 1e-9, "{} {}", per_s(&f), per_s(&g));
+    let (_, train) = plan(&["--gpu", "l4", "--program", &recording("gpt2-bf16-b2-s512.jsonl")]);
+    assert_eq!((&train["mode"], train.get("decode_steps")), (&Value::from("train"), None));
+}
+
+/// Training's levers are refused for an inference recording, saying why, and `--recommend`
+/// searches only the allocator's settings.
+#[test]
+fn training_levers_are_refused_for_an_inference_recording() {
+    let rec = recording("gpt2-bf16-b1-s64-infer.jsonl");
+    headroom()
+        .args(["plan", "--gpu", "l4", "--program", &rec, "--checkpoint", "full"])
+        .assert()
+        .code(2)
+        .stderr(contains("is inference (its steps are forwards, without a backward): there is nothing to recompute"));
+    headroom()
+        .args(["plan", "--gpu", "l4", "--program", &rec, "--recommend", "--global-batch", "8"])
+        .assert()
+        .code(2)
+        .stderr(contains("--global-batch is the sequences of an optimizer step"));
+    let (code, v) = plan(&["--gpu", "l4", "--program", &rec, "--recommend"]);
+    assert_eq!((code, &v["configurations_searched"]), (0, &Value::from(3)));
+    for r in v["recommendations"].as_array().unwrap() {
+        assert_eq!((&r["checkpoint"], &r["micro_batch"]), (&Value::from("none"), &Value::from(1)), "{r}");
+    }
+    // A plan that does not fit proposes no checkpointing.
+    let (code, v) = plan(&["--gpu", "l4", "--gpu-memory", "700MiB", "--program", &rec]);
+    assert_eq!(code, 1);
+    assert!(v["levers"].as_array().unwrap().iter().all(|l| l["lever"] != "checkpointing"), "{}", v["levers"]);
 }

@@ -521,15 +521,50 @@ impl Recording {
         model.model_type == STAND_IN
     }
 
-    /// A line on what the recording holds: its file, allocations and steps.
-    pub fn describe(&self) -> String {
-        let steps = self
-            .program
+    /// The steps the recording holds, numbered from 1 (`step<N>`).
+    pub fn steps(&self) -> u32 {
+        self.program
             .ops
             .iter()
             .filter_map(|o| if let Op::Mark { step, .. } = o { Some(*step) } else { None })
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+
+    /// Whether the recording is of inference: its steps are forwards with neither a backward
+    /// nor an optimizer step, as `record --infer` and `--generate` write them (each forward one
+    /// step). No gradients, no optimizer state: a training plan's levers do not apply.
+    pub fn inference(&self) -> bool {
+        !self.program.ops.iter().any(|o| matches!(o, Op::Mark { phase: Phase::Backward | Phase::OptimizerStep, .. }))
+            && !self.kernels.iter().any(|k| k.phase != Phase::Forward)
+    }
+
+    /// Where the recording is inference as `generate` runs it — a first forward, the prefill,
+    /// then forwards that each allocate at most half what it did, the decode steps of one token
+    /// a sequence over the cache — how many decode steps; `None` for training, for a single
+    /// forward and for forwards alike (`record --infer`: each the same as the first).
+    pub fn decode_steps(&self) -> Option<u32> {
+        let steps = self.steps();
+        if !self.inference() || steps < 2 {
+            return None;
+        }
+        let (b, s) = self.shapes.first().copied().unwrap_or((1, 1));
+        let sizes = self.program.sizes(b, s);
+        let mut made = vec![0u64; steps as usize + 1];
+        let mut step = 0;
+        for op in &self.program.ops {
+            match *op {
+                Op::Mark { step: st, .. } => step = st as usize,
+                Op::Alloc(t) => made[step] += sizes[t as usize],
+                _ => {}
+            }
+        }
+        made[2..].iter().all(|&m| m.saturating_mul(2) <= made[1]).then_some(steps - 1)
+    }
+
+    /// A line on what the recording holds: its file, allocations and steps.
+    pub fn describe(&self) -> String {
+        let steps = self.steps();
         let kernels = match self.timed_kernels().len() {
             0 => String::new(),
             n => format!(", {n} kernels timed"),
@@ -578,6 +613,7 @@ mod tests {
             );
         }
         assert_eq!(r.describe(), "step.jsonl (4 allocations, 1 step)");
+        assert!(!r.inference(), "a step with a backward and an optimizer step is training");
         // Its model is named by the root module of its weights' sites, and has the one layer named.
         assert_eq!((r.model_name(), r.layers()), ("model".to_string(), 1));
         assert_eq!(r.program.to_jsonl(&sizes), text);
@@ -591,6 +627,8 @@ mod tests {
                     {\"op\":\"alloc\",\"id\":\"2 step1.forward activations a.x\",\"size\":8}\n";
         let r = Recording::parse(text.as_bytes(), "runs/my-step.jsonl").unwrap();
         assert_eq!((r.model_name(), r.layers()), ("my-step".to_string(), 0));
+        // Forwards alone are inference.
+        assert!(r.inference() && r.steps() == 1);
         let m = r.stand_in_model();
         assert_eq!(m.layers, 1);
         assert!(m.check().is_ok() && Recording::is_stand_in(&m));

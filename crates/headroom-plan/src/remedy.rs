@@ -221,9 +221,10 @@ fn cascades(asked: &Asked, estimate: &Estimate) -> Vec<Vec<Change>> {
     });
     if let Some(rec) = asked.recording {
         // A recording's program is the one recorded: its optimizer and its kernels; only
-        // checkpointing by layers is made of it, and, where its laws were fitted from shapes
-        // of two micro-batches, a smaller micro-batch (no accumulation: that is the step's own).
-        if estimate.job.checkpointing == Checkpointing::None {
+        // checkpointing by layers is made of it (for a training step: inference has no backward
+        // to recompute for), and, where its laws were fitted from shapes of two micro-batches, a
+        // smaller micro-batch (no accumulation: that is the step's own).
+        if estimate.job.checkpointing == Checkpointing::None && !rec.inference() {
             let set = |q: &mut TrainRequest, _| q.checkpointing = Checkpointing::Full;
             out.push(vec![Change::new(Lever::Checkpointing, "--checkpoint full".into(), set, 0)]);
         }

@@ -186,6 +186,14 @@ impl TrainRequest {
                 recording.path
             )));
         }
+        if recording.inference() && r.checkpointing != Checkpointing::None {
+            return Err(InvalidConfig(format!(
+                "--checkpoint frees a layer's saved activations for the backward to make again, and --program {} is \
+                 inference (its steps are forwards, without a backward): there is nothing to recompute; leave out \
+                 --checkpoint",
+                recording.path
+            )));
+        }
         if let Some(why) = recording.refuses_shape(r.micro_batch, r.seq) {
             return Err(InvalidConfig(why));
         }

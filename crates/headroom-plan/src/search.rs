@@ -350,7 +350,8 @@ impl RecordedSpace {
     /// `held` names it: the allocator settings given; checkpointing by layers where the
     /// recording names layers and its kernels do not say it was recorded with checkpointing;
     /// and, where its laws were fitted from two micro-batches, every power of two that divides
-    /// the global batch (else the recorded one).
+    /// the global batch (else the recorded one). An inference recording has neither
+    /// checkpointing nor accumulation: its levers are the allocator's settings.
     pub fn for_recording(
         recording: &Recording,
         allocators: Vec<(String, Estimator)>,
@@ -361,14 +362,15 @@ impl RecordedSpace {
         let layers = recording.layers();
         let checkpointing = match held {
             Some(c) => vec![c],
-            None if layers > 0 && !recording.recomputes() => {
+            None if layers > 0 && !recording.recomputes() && !recording.inference() => {
                 let mut c = vec![Checkpointing::None, Checkpointing::Full];
                 c.extend((2..layers.min(17)).map(Checkpointing::EveryK));
                 c
             }
             None => vec![Checkpointing::None],
         };
-        let micro_batches = if recording.grows_with(true, "").is_ok() {
+        // Inference has no optimizer step to accumulate micro-batches for: the batch is the recorded one.
+        let micro_batches = if recording.grows_with(true, "").is_ok() && !recording.inference() {
             (0..64)
                 .map(|i| 1u64 << i)
                 .take_while(|&b| b <= global_batch)

@@ -74,6 +74,9 @@ pub(super) fn train(p: &TrainPlan) -> Value {
             "record_again": (p.recommend && p.recording.is_some()).then_some(super::recorded::RECORD_AGAIN),
         }),
     ]);
+    if let Some(r) = p.inference() {
+        inference(&mut v, e, r);
+    }
     if Recording::is_stand_in(p.model) {
         // What only a model's figures give: a recording's own model has none.
         v["trainable_params"] = Value::Null;
@@ -85,6 +88,40 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         }
     }
     v
+}
+
+/// An inference recording's plan: `mode` `infer`, its forwards and decode steps, the step time
+/// of its last timed forward (for a decode step, the tokens it makes a second), and training's
+/// keys null.
+fn inference(v: &mut Value, e: &Estimate, r: &Recording) {
+    v["mode"] = json!("infer");
+    v["forwards"] = json!(r.steps());
+    v["decode_steps"] = json!(r.decode_steps());
+    for key in [
+        "accumulation",
+        "global_batch",
+        "finetune",
+        "offload",
+        "trainable_params",
+        "optimizer_impl",
+        "mfu",
+        "recompute_fraction",
+    ] {
+        v[key] = Value::Null;
+    }
+    v["phases"] = json!({ "forward": e.memory.phase_peaks.forward });
+    if let Some(t) = &e.time {
+        v["layer_time_s"]["backward"] = Value::Null;
+        if r.decode_steps().is_some() {
+            v["tokens_per_s"] = json!(e.job.micro_batch as f64 / t.step_time_s);
+        }
+    }
+    if let Some(Value::Array(rows)) = v.get_mut("recommendations") {
+        for row in rows {
+            row["mfu"] = Value::Null;
+            row["accumulation"] = Value::Null;
+        }
+    }
 }
 
 /// The job as planned.

@@ -72,6 +72,14 @@ struct TrainPlan<'a> {
     context_note: Option<String>,
 }
 
+impl TrainPlan<'_> {
+    /// The recording planned, where it is inference (its steps forwards without a backward:
+    /// `record --infer`, `--generate`): the plan reads as inference, without training's terms.
+    fn inference(&self) -> Option<&Recording> {
+        self.recording.filter(|r| r.inference())
+    }
+}
+
 /// An engine's configuration: for the plan asked about, or for a recommendation.
 struct EngineConfig {
     engine: headroom_plan::emit::Engine,

@@ -1,5 +1,6 @@
 //! What `plan --program` answers beyond a plan: `--recommend` over the levers a recording has,
-//! and what the plan adds to a recording that the recording cannot see.
+//! what the plan adds to a recording that the recording cannot see, and how an inference
+//! recording's steps and time read.
 //!
 //! A recording's levers are the allocator's settings (each `--alloc-conf` and `--policy` given,
 //! `expandable_segments:True`, headroom's policy), checkpointing by layers made of it, and, where
@@ -12,7 +13,7 @@ use super::{PlanArgs, TrainPlan, RECOMMENDATIONS_SHOWN};
 use anyhow::{anyhow, bail, Context, Result};
 use headroom_alloc::units::format_size;
 use headroom_alloc::PolicyName;
-use headroom_plan::estimate::Estimator;
+use headroom_plan::estimate::{Estimate, Estimator};
 use headroom_plan::job::Job;
 use headroom_plan::parallel::NCCL_BYTES;
 use headroom_plan::program::Term;
@@ -58,6 +59,13 @@ fn allocators(a: &PlanArgs) -> Result<Vec<(String, Estimator)>> {
 
 /// `--recommend` with `--program`: the fastest configurations of the recording's levers that fit.
 pub(super) fn search(a: &PlanArgs, recording: &Recording, job: &Job, global_batch: u64) -> Result<Search> {
+    if recording.inference() && a.global_batch.is_some() {
+        bail!(
+            "--global-batch is the sequences of an optimizer step, and --program {} is inference (forwards, no \
+             optimizer step): leave it out; --recommend replays the recorded batch under each allocator setting",
+            recording.path
+        );
+    }
     let held = a.checkpoint_given().then_some(job.train.checkpointing);
     let space = RecordedSpace::for_recording(recording, allocators(a)?, held, job.train.micro_batch, global_batch);
     let data = job.train.parallel.data;
@@ -92,11 +100,13 @@ pub(super) fn additions(p: &TrainPlan) -> Vec<(String, u64, &'static str)> {
         .sum();
     let recorded_own = p.recording.is_some_and(|r| r.program.tensors.iter().any(|t| t.term == Term::Workspace));
     if workspaces > 0 && !recorded_own {
-        out.push((
-            format!("{}'s cuBLAS workspaces (one for the forward's thread, one for the backward's)", p.gpu.name),
-            workspaces,
-            "replayed with the step",
-        ));
+        // Inference has no backward: the forward's thread's workspace alone.
+        let which = if p.inference().is_some() {
+            "'s cuBLAS workspace (the forward's thread's)"
+        } else {
+            "'s cuBLAS workspaces (one for the forward's thread, one for the backward's)"
+        };
+        out.push((format!("{}{which}", p.gpu.name), workspaces, "replayed with the step"));
     }
     if e.job.parallel.gpus() > 1 {
         out.push((
@@ -128,7 +138,17 @@ pub(super) fn additions_json(p: &TrainPlan) -> Value {
 pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
     outln!(*out);
     let (found, shown) = (p.search.recommendations.len(), p.search.recommendations.len().min(10));
-    outln!(
+    if p.inference().is_some() {
+        outln!(
+            *out,
+            "{} configurations of the recording's levers (allocator settings: inference has no checkpointing or \
+             accumulation) for {} sequences a forward; {} replayed, {found} found to fit; the fastest {shown} of them:",
+            p.search.tried,
+            p.estimate.job.micro_batch,
+            p.search.replayed,
+        );
+    } else {
+        outln!(
         *out,
         "{} configurations of the recording's levers (allocator settings, checkpointing by layers, micro-batch) for \
          {} sequences per step, {} of them fit by their tensors; {} replayed, {found} found to fit (every-k's k shown \
@@ -138,6 +158,7 @@ pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
         p.search.fit_by_tensors,
         p.search.replayed,
     );
+    }
     outln!(
         *out,
         "  {:<52} {:<10} {:>6} {:>6} {:>12} {:>10} {:>10}",
@@ -189,5 +210,28 @@ pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
     outln!(*out, "what the recording fixes — record the step again to plan another:");
     for r in RECORD_AGAIN {
         outln!(*out, "  {r}");
+    }
+}
+
+/// An inference recording's time: its last timed forward (a decode step, for generate's), the
+/// tokens it takes in or, decoding, the tokens it makes; no MFU, whose FLOPs are a training
+/// step's.
+pub(super) fn inference_time_lines(out: &mut String, e: &Estimate, r: &Recording) {
+    let Some(t) = &e.time else { return super::text::step_time_lines(out, e, false) };
+    let step = r.timed_kernels().first().map_or(0, |k| k.step);
+    let (what, tokens) = match r.decode_steps() {
+        Some(_) => ("decode step", format!("{:.0} new tokens/s", e.job.micro_batch as f64 / t.step_time_s)),
+        None => ("forward", format!("{:.0} tokens/s", t.tokens_per_s)),
+    };
+    outln!(*out, "step time ≈ {:.3} s per {what} (step {step} of the recording, its kernels; {tokens})", t.step_time_s);
+    super::text::step_time_line(out, &t.breakdown);
+}
+
+/// What an inference recording's steps are: generate's prefill and decode steps, or forwards.
+pub(super) fn forwards(r: &Recording) -> String {
+    let plural = |n: u32| if n == 1 { "" } else { "s" };
+    match r.decode_steps() {
+        Some(n) => format!("generate's prefill and {n} decode step{}", plural(n)),
+        None => format!("{} forward{} without gradients", r.steps(), plural(r.steps())),
     }
 }

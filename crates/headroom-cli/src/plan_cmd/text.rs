@@ -49,6 +49,10 @@ pub(super) fn train(p: &TrainPlan) -> String {
         ("temporary", b.temporary),
         ("framework", b.framework),
     ];
+    // Inference has neither gradients nor optimizer state: its bars are the terms it has.
+    let training = |name: &&str| !matches!(*name, "gradients" | "optimizer");
+    let terms: Vec<(&str, f64)> =
+        terms.into_iter().filter(|(name, _)| p.inference().is_none() || training(name)).collect();
     terms_and_total(&mut out, &terms, e.memory.per_gpu_bytes, p.gpu.memory_bytes, e.verdict.fits);
     memory_lines(&mut out, p);
     super::recorded::additions_text(&mut out, p);
@@ -66,7 +70,10 @@ pub(super) fn train(p: &TrainPlan) -> String {
     if let Some(n) = &p.context_note {
         outln!(out, "note: {n}");
     }
-    step_time_lines(&mut out, e, !Recording::is_stand_in(p.model));
+    match p.inference() {
+        Some(r) => super::recorded::inference_time_lines(&mut out, e, r),
+        None => step_time_lines(&mut out, e, !Recording::is_stand_in(p.model)),
+    }
     if let Some(m) = p.max_batch {
         if m >= MAX_BATCH_SEARCHED {
             outln!(out, "largest micro-batch that fits: at least {m} (the search stops there)");
@@ -90,7 +97,7 @@ pub(super) fn train(p: &TrainPlan) -> String {
 
 /// The step time and where it goes, or why the estimate has none; the model FLOPs
 /// utilization where the model's FLOPs are known (`mfu`: not for a recording's own model).
-fn step_time_lines(out: &mut String, e: &Estimate, mfu: bool) {
+pub(super) fn step_time_lines(out: &mut String, e: &Estimate, mfu: bool) {
     let Some(t) = &e.time else {
         match e.runner.untimed {
             Some(why) => outln!(*out, "step time: not estimated ({why})"),
@@ -114,13 +121,20 @@ fn step_time_lines(out: &mut String, e: &Estimate, mfu: bool) {
 fn job_line(p: &TrainPlan) -> String {
     let (e, cfg) = (&p.estimate, &p.estimate.job);
     if let ProgramSource::Recording(file) = &e.runner.source {
+        let what = match p.inference() {
+            Some(r) => format!(
+                "inference: {} sequences × {} tokens, {}",
+                cfg.micro_batch,
+                cfg.seq,
+                super::recorded::forwards(r)
+            ),
+            None => format!("training: micro-batch {} × {} tokens, the step", cfg.micro_batch, cfg.seq),
+        };
         return format!(
-            "{} on {} ({}), training: micro-batch {} × {} tokens, the step recorded in {file}",
+            "{} on {} ({}), {what} recorded in {file}",
             super::model_label(p.model),
             p.gpu.name,
             format_size(p.gpu.memory_bytes),
-            cfg.micro_batch,
-            cfg.seq,
         );
     }
     format!(
@@ -232,7 +246,7 @@ fn engine_config(out: &mut String, ec: &super::EngineConfig) {
 }
 
 /// Which part of the step time dominates, and for a launch-bound step what users do about it.
-fn step_time_line(out: &mut String, b: &Breakdown) {
+pub(super) fn step_time_line(out: &mut String, b: &Breakdown) {
     let total = b.total().max(f64::MIN_POSITIVE);
     let pct = |x: f64| x / total * 100.0;
     outln!(
@@ -590,14 +604,23 @@ fn memory_lines(out: &mut String, p: &TrainPlan) {
             ProgramSource::Analytic | ProgramSource::Recording(_) => "",
         };
         let ph = &m.phase_peaks;
-        outln!(
-            out,
-            "the peak is in the {} ({code}allocated: forward {}, backward {}, optimizer step {})",
-            phase_name(phase),
-            format_size(ph.forward),
-            format_size(ph.backward),
-            format_size(ph.optimizer_step)
-        );
+        if p.inference().is_some() {
+            outln!(
+                out,
+                "the peak is in the {} (allocated: forward {}; inference, no backward or optimizer step)",
+                phase_name(phase),
+                format_size(ph.forward)
+            );
+        } else {
+            outln!(
+                out,
+                "the peak is in the {} ({code}allocated: forward {}, backward {}, optimizer step {})",
+                phase_name(phase),
+                format_size(ph.forward),
+                format_size(ph.backward),
+                format_size(ph.optimizer_step)
+            );
+        }
     }
     for (label, r) in &p.asked {
         let verdict = if r.verdict.fits {
