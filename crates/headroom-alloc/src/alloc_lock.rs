@@ -12,6 +12,7 @@
 //! wake and is a store.
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -41,7 +42,7 @@ impl<T> AllocLock<T> {
         if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
-        AllocGuard { lock: self }
+        AllocGuard { lock: self, _value: PhantomData }
     }
 
     #[cold]
@@ -71,6 +72,9 @@ impl<T> AllocLock<T> {
 /// The lock held: the value, until it is dropped.
 pub struct AllocGuard<'a, T> {
     lock: &'a AllocLock<T>,
+    /// A guard hands out `&T` and `&mut T`, so it may be shared between threads only where
+    /// `T: Sync` (as `MutexGuard`), which `&AllocLock<T>` alone (`T: Send`) would not ask.
+    _value: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for AllocGuard<'_, T> {
