@@ -35,9 +35,10 @@ must reproduce exactly (`cargo test -p headroom-plan program_templates`).
     .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.json
 
 `data/programs/hf.json` holds Llama, Qwen2, Qwen3 and GPT-2; `data/programs/hf-families.json`
-the families recorded since (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM), one key a run
-(`--only mistral/causal-lm/bf16/sdpa/full`) merged with `--merge`. Mixtral is not recorded: its
-experts' tensors follow the routing, which no size law in the batch and sequence describes.
+the families recorded since (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral,
+Qwen3-MoE), one key a run (`--only mistral/causal-lm/bf16/sdpa/full`) merged with `--merge`.
+Mixtral and Qwen3-MoE run transformers' default experts implementation (`grouped_mm`): every
+tensor of their experts is sized by the tokens times the experts a token, whatever the routing.
 """
 
 import argparse
@@ -65,7 +66,8 @@ CHECK_LAYERS = 7
 # as tensors (on a GPU they stay on the host).
 TINY = 8
 
-DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gpt2", "gpt_neox", "bloom")
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen3_moe", "gpt2", "gpt_neox",
+            "bloom")
 
 
 def layer_pattern(family):
@@ -82,11 +84,20 @@ def layer_pattern(family):
 GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
 # No small multiple of the hidden size, the heads' widths or the vocabulary, nor half or twice one.
 MLP_WIDTH = 1184
+# Experts recorded as 9, 7 of them per token, each 352 wide: the router's tensors a token
+# (its logits, E wide; the chosen experts' weights and indices, k wide) more than 16 bytes at
+# 2 bytes an element and more, and apart from the heads' (12) and key-value heads' (4) counts and widths, and an
+# expert's fused gate and up projection (2 f) apart from the tokens' expert activations (k f),
+# which are equal at k = 2. transformers' default experts implementation (`grouped_mm`) sizes
+# every tensor by the tokens times k, whatever the routing: the sizes are laws in batch and
+# sequence.
+MOE = {"mixtral": {"num_local_experts": 9, "num_experts_per_tok": 7, "intermediate_size": 352},
+       "qwen3_moe": {"num_experts": 9, "num_experts_per_tok": 7, "moe_intermediate_size": 352}}
 
 
 def config(family, layers):
     cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
-    if family in ("qwen2", "qwen3", "mistral", "phi3"):
+    if family in ("qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe"):
         # Phi-3 fuses the query, key and value projections: with half as many key-value heads
         # as heads its output (q + 2 kv) would be 2 q wide, with these it is `qkv` alone.
         cfg.update(GQA)
@@ -94,6 +105,7 @@ def config(family, layers):
         # An MLP four times the hidden size (the small configs') makes an fp32 copy of a
         # bf16 hidden state as wide as half the MLP's activations: an MLP width of its own.
         cfg.update({"intermediate_size": MLP_WIDTH})
+    cfg.update(MOE.get(family, {}))
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
@@ -109,6 +121,10 @@ def extra_config(family):
     llama = measure.recording_config("llama")
     if family == "qwen3":
         return dict(llama, model_type="qwen3", num_key_value_heads=2, use_sliding_window=False)
+    if family == "qwen3_moe":
+        # Every layer sparse (decoder_sparse_step 1, no mlp_only_layers), as the catalog reads it.
+        return dict(llama, model_type="qwen3_moe", num_key_value_heads=2, decoder_sparse_step=1,
+                    mlp_only_layers=[], use_sliding_window=False)
     if family == "gemma2":
         return dict(model_type="gemma2", hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=96, intermediate_size=1024, vocab_size=4096,
@@ -292,6 +308,10 @@ def dims(model, cfg):
     if cfg.get("model_type") == "phi3":
         # Its fused query-key-value projection's width.
         d["qkv"] = d["q"] + 2 * d["kv"]
+    if cfg.get("model_type") == "qwen3_moe":
+        # Qwen3-MoE names its experts' count and width apart from a dense MLP's.
+        d["E"], d["k"], d["f"] = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size
+        d["kf"], d["kh"] = d["k"] * d["f"], d["k"] * d["h"]
     return d
 
 

@@ -419,7 +419,7 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 }
 
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
-/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM), by the same script.
+/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script.
 const FILES: &[&str] =
     &[include_str!("../../../data/programs/hf.json"), include_str!("../../../data/programs/hf-families.json")];
 

@@ -1,6 +1,6 @@
 //! The families recorded into `data/programs/hf-families.json` (Mistral, Phi-3, Gemma,
-//! Gemma-2, GPT-NeoX, BLOOM): each preset of theirs is planned by replaying its own
-//! family's recorded step, and the jobs of those families that an H200 ran
+//! Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE): each preset of theirs is planned by
+//! replaying its own family's recorded step, and the jobs of those families that an H200 ran
 //! (docs/VALIDATION.md, "The step recorder against the GPU") are check rows for the
 //! recordings: no template was fitted to a GPU measurement.
 //!
@@ -49,13 +49,49 @@ fn each_recorded_family_replays_its_own_recording() {
         ("pythia-1b", Precision::Bf16, "gpt_neox/causal-lm/bf16/sdpa/full"),
         ("pythia-1b", Precision::Fp32, "gpt_neox/causal-lm/fp32/sdpa/full"),
         ("bloom-7b1", Precision::Bf16, "bloom/causal-lm/bf16/eager/full"),
+        ("mixtral-8x7b", Precision::Bf16, "mixtral/causal-lm/bf16/sdpa/full"),
+        ("qwen3-30b-a3b", Precision::Bf16, "qwen3_moe/causal-lm/bf16/sdpa/full"),
     ];
     for &(name, precision, key) in jobs {
-        let model = preset_model(name);
+        let model = if name == "qwen3-30b-a3b" { qwen3_30b_a3b() } else { preset_model(name) };
         let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
         let (builder, source) = source(&model, &cfg);
         assert_eq!(builder, "transformers", "{name} {precision:?}");
         assert_eq!(source, ProgramSource::Template(key.to_string()), "{name} {precision:?}");
+    }
+}
+
+/// Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B): 128 experts 768 wide, 8 a token.
+fn qwen3_30b_a3b() -> Model {
+    Model::from_hf_config(
+        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+            "max_position_embeddings": 40960, "tie_word_embeddings": false}"#,
+        "qwen3-30b-a3b",
+    )
+    .expect("qwen3-30b-a3b's config")
+}
+
+/// The mixtures of experts' templates scale every expert's weights by the model's experts
+/// and their width, not by the recorded model's: twice the experts add to the replayed
+/// weights and AdamW's two moments exactly the parameters they add, at 2 bytes each and 4
+/// (a bf16 model's moments are bf16).
+#[test]
+fn a_mixture_of_experts_replays_every_expert_of_its_own() {
+    for model in [preset_model("mixtral-8x7b"), qwen3_30b_a3b()] {
+        let doubled = Model { experts: 2 * model.experts, ..model.clone() };
+        let cfg =
+            TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(1, 512, Precision::Bf16, Optimizer::AdamW) };
+        let [e, e2] = [&model, &doubled].map(|m| estimate(m, &h200(), &cfg));
+        for e in [&e, &e2] {
+            assert!(matches!(e.runner.source, ProgramSource::Template(_)), "{}: {:?}", model.name, e.runner.source);
+        }
+        let added = (doubled.params() - model.params()) as f64;
+        let (b, b2) = (&e.memory.breakdown, &e2.memory.breakdown);
+        assert_eq!(b2.weights - b.weights, 2.0 * added, "{}: weights", model.name);
+        assert_eq!(b2.optimizer - b.optimizer, 4.0 * added, "{}: AdamW's moments", model.name);
     }
 }
 

@@ -210,6 +210,9 @@ fn training_steps_match_the_cpu_ground_truth() {
         rows.len(),
         replayed.iter().filter(|r| r.error.abs() <= PEAK_TOLERANCE).count()
     );
+    for r in &replayed {
+        eprintln!("  replayed: {:<58} peak {:+6.2}%", r.label, r.error * 100.0);
+    }
     let mut summed: Vec<f64> = rows.iter().map(|r| r.megatron_error.abs()).collect();
     summed.sort_by(|a, b| a.partial_cmp(b).unwrap());
     eprintln!(
