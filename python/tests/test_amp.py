@@ -16,7 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_recorder import MISSING, TINY_LLAMA, _model_dir  # noqa: E402
+from test_recorder import MISSING, headroom_or_skip, TINY_LLAMA, _model_dir  # noqa: E402
 
 if not MISSING:
     import torch
@@ -180,9 +180,7 @@ class Step(unittest.TestCase):
         self.assertIn("flash 4 calls", r.stdout)
         with open(out) as f:
             self.assertEqual(json.loads(f.readline()), {"op": "shape", "batch": 2, "seq": 64})
-        binary = os.environ.get("HEADROOM_BIN")
-        if not binary:
-            self.skipTest("HEADROOM_BIN is not set: the recording is not replayed")
+        binary = headroom_or_skip(self)
         r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         config = os.path.join(_model_dir(self.tmp), "config.json")

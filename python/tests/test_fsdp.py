@@ -14,7 +14,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_recorder import MISSING, _model_dir  # noqa: E402
+from test_recorder import MISSING, headroom_or_skip, _model_dir  # noqa: E402
 
 WORLD = 4
 
@@ -128,9 +128,7 @@ class Fsdp(unittest.TestCase):
                             "--batch", "2", "--seq", "64", "--steps", "2", "--fsdp", str(WORLD), "--out", out],
                            capture_output=True, text=True, env=env, timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr)
-        binary = os.environ.get("HEADROOM_BIN")
-        if not binary:
-            self.skipTest("HEADROOM_BIN is not set: the recording is not replayed")
+        binary = headroom_or_skip(self)
         r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         config = os.path.join(_model_dir(self.tmp), "config.json")

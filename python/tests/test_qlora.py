@@ -14,6 +14,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_recorder import headroom_or_skip  # noqa: E402
+
 try:
     import bitsandbytes  # noqa: F401
     import peft  # noqa: F401
@@ -163,9 +166,7 @@ class Step(unittest.TestCase):
                          + 64 * 8)
 
     def test_record_command_replays_and_plans(self):
-        binary = os.environ.get("HEADROOM_BIN")
-        if not binary:
-            self.skipTest("set HEADROOM_BIN to a headroom binary to replay the recording")
+        binary = headroom_or_skip(self)
         out = os.path.join(self.tmp, "qlora.jsonl")
         env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
         r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
@@ -238,9 +239,7 @@ class AdamW8bit(unittest.TestCase):
         self.assertLess(recorded, sum(r.size for op, r in full.events if op == "alloc" and r.term == "optimizer"))
 
     def test_qlora_with_adamw8bit_replays(self):
-        binary = os.environ.get("HEADROOM_BIN")
-        if not binary:
-            self.skipTest("set HEADROOM_BIN to a headroom binary to replay the recording")
+        binary = headroom_or_skip(self)
         out = os.path.join(self.tmp, "qlora-8bit.jsonl")
         env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
         r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),

@@ -261,6 +261,15 @@ def _headroom():
     return headroom_gpu.binary()
 
 
+def headroom_or_skip(test: unittest.TestCase) -> str:
+    """The headroom binary the recordings are replayed with ($HEADROOM_BIN, else the installed
+    wheel's), or the test skipped saying how to give one."""
+    try:
+        return headroom_gpu.binary()
+    except headroom_gpu.HeadroomError as e:
+        test.skipTest(f"no headroom binary to replay the recording: {e}")
+
+
 @unittest.skipIf(MISSING, MISSING)
 class Command(unittest.TestCase):
     def test_record_then_plan(self):
