@@ -9,14 +9,13 @@ saying so, where torch, transformers or peft is not installed, or torch was buil
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_recorder import MISSING, headroom_or_skip, TINY_LLAMA, _model_dir  # noqa: E402
+from test_recorder import MISSING, TINY_LLAMA, _model_dir, assert_replays_and_plans, record_command  # noqa: E402
 
 if not MISSING:
     import torch
@@ -172,23 +171,12 @@ class Step(unittest.TestCase):
 
     def test_the_command_records_and_plan_replays(self):
         out = os.path.join(self.tmp, "amp.jsonl")
-        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
-                            "--batch", "2", "--seq", "64", "--steps", "2", "--dtype", "amp", "--out", out],
-                           capture_output=True, text=True, env=env, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        r = record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "64", "--steps", "2",
+                           "--dtype", "amp")
         self.assertIn("flash 4 calls", r.stdout)
         with open(out) as f:
             self.assertEqual(json.loads(f.readline()), {"op": "shape", "batch": 2, "seq": 64})
-        binary = headroom_or_skip(self)
-        r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        config = os.path.join(_model_dir(self.tmp), "config.json")
-        r = subprocess.run([binary, "plan", "--model", config, "--gpu", "h100", "--program", out],
-                           capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("fits", r.stdout)
-
+        assert_replays_and_plans(self, out)
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,14 +7,13 @@ against the same step with real tensors on the CPU, and the bytes it keeps again
 
 import dataclasses
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_recorder import MISSING, headroom_or_skip, _model_dir  # noqa: E402
+from test_recorder import MISSING, _model_dir, assert_replays_and_plans, record_command  # noqa: E402
 
 WORLD = 4
 
@@ -123,20 +122,10 @@ class Fsdp(unittest.TestCase):
 
     def test_the_command_records_and_plan_replays(self):
         out = os.path.join(self.tmp, "fsdp.jsonl")
-        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
-                            "--batch", "2", "--seq", "64", "--steps", "2", "--fsdp", str(WORLD), "--out", out],
-                           capture_output=True, text=True, env=env, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        binary = headroom_or_skip(self)
-        r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        config = os.path.join(_model_dir(self.tmp), "config.json")
-        r = subprocess.run([binary, "plan", "--model", config, "--gpu", "h100", "--program", out],
-                           capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("fits", r.stdout)
-
+        record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "64", "--steps", "2",
+                       "--fsdp", str(WORLD))
+        # One rank of WORLD: the plan adds NCCL's buffers.
+        assert_replays_and_plans(self, out, "--gpus", str(WORLD))
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,7 +7,6 @@ or bitsandbytes is not installed:
     cd python && HEADROOM_BIN=../target/debug/headroom PYTHONPATH=. python3 -m unittest tests.test_qlora
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_recorder import headroom_or_skip  # noqa: E402
+from test_recorder import _model_dir, assert_replays_and_plans, record_command  # noqa: E402
 
 try:
     import bitsandbytes  # noqa: F401
@@ -27,31 +26,6 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     MISSING = ("the QLoRA recorder's tests need torch, transformers, peft and bitsandbytes "
                f"(pip install torch transformers peft bitsandbytes==0.50.2): {e}")
-
-# A Llama of two layers: its projections are 64×64, 32×64 (grouped key/value) and 128×64, and
-# the output layer stays unquantized, as transformers leaves it.
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-
-
-def _model_dir(tmp):
-    d = os.path.join(tmp, "tiny-llama")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(TINY_LLAMA, f)
-    return d
-
 
 def _bnb_bytes(out_features, in_features):
     """What bitsandbytes' own `quantize_4bit` stores for a real bf16 weight on the CPU, as QLoRA
@@ -166,21 +140,11 @@ class Step(unittest.TestCase):
                          + 64 * 8)
 
     def test_record_command_replays_and_plans(self):
-        binary = headroom_or_skip(self)
         out = os.path.join(self.tmp, "qlora.jsonl")
-        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
-                            "--batch", "2", "--seq", "1024", "--steps", "2", "--qlora", "8", "--out", out],
-                           capture_output=True, text=True, env=env, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        r = record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "1024", "--steps", "2",
+                           "--qlora", "8")
         self.assertIn("recorded 2 steps", r.stdout)
-        replay = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
-        self.assertEqual(replay.returncode, 0, replay.stderr)
-        self.assertIn("peak alloc", replay.stdout)
-        plan = subprocess.run([binary, "plan", "--gpu", "h100", "--model", "gpt2", "--batch", "2", "--seq", "1024",
-                               "--program", out], capture_output=True, text=True, timeout=120)
-        self.assertEqual(plan.returncode, 0, plan.stdout + plan.stderr)
-        self.assertIn("fits", plan.stdout.lower())
+        assert_replays_and_plans(self, out)
 
     def test_build_inside_the_recorder_says_where_it_belongs(self):
         from headroom_gpu import qlora
@@ -239,17 +203,10 @@ class AdamW8bit(unittest.TestCase):
         self.assertLess(recorded, sum(r.size for op, r in full.events if op == "alloc" and r.term == "optimizer"))
 
     def test_qlora_with_adamw8bit_replays(self):
-        binary = headroom_or_skip(self)
         out = os.path.join(self.tmp, "qlora-8bit.jsonl")
-        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
-                            "--batch", "1", "--seq", "64", "--steps", "2", "--qlora", "8", "--optimizer", "adamw-8bit",
-                            "--out", out], capture_output=True, text=True, env=env, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        replay = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
-        self.assertEqual(replay.returncode, 0, replay.stderr)
-        self.assertIn("peak alloc", replay.stdout)
-
+        record_command(self, _model_dir(self.tmp), out, "--batch", "1", "--seq", "64", "--steps", "2",
+                       "--qlora", "8", "--optimizer", "adamw-8bit")
+        assert_replays_and_plans(self, out)
 
 @unittest.skipIf(MISSING, MISSING)
 class Documented(unittest.TestCase):

@@ -261,6 +261,28 @@ def _headroom():
     return headroom_gpu.binary()
 
 
+def record_command(test: unittest.TestCase, model: str, out: str, *flags: str) -> subprocess.CompletedProcess:
+    """`python -m headroom_gpu record --model MODEL FLAGS --out OUT`, which must succeed."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", model, *flags, "--out", out],
+                       capture_output=True, text=True, env=env, timeout=600)
+    test.assertEqual(r.returncode, 0, r.stderr)
+    return r
+
+
+def assert_replays_and_plans(test: unittest.TestCase, out: str, *plan_flags: str) -> None:
+    """The recording `out` goes through `headroom replay` and fits on one H100 under `headroom
+    plan --program` (with `plan_flags`); skipped where no headroom binary is at hand."""
+    binary = headroom_or_skip(test)
+    r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
+    test.assertEqual(r.returncode, 0, r.stderr)
+    test.assertIn("peak alloc", r.stdout)
+    r = subprocess.run([binary, "plan", "--gpu", "h100", "--program", out, *plan_flags],
+                       capture_output=True, text=True, timeout=120)
+    test.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+    test.assertIn("fits", r.stdout)
+
+
 def headroom_or_skip(test: unittest.TestCase) -> str:
     """The headroom binary the recordings are replayed with ($HEADROOM_BIN, else the installed
     wheel's), or the test skipped saying how to give one."""
