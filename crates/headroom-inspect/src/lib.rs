@@ -21,6 +21,7 @@ pub mod oom;
 pub mod page_data;
 pub mod pools;
 pub mod printable;
+mod recommend;
 pub mod recording;
 pub mod report;
 pub mod role;
