@@ -53,12 +53,13 @@ made in `assumptions`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import weakref
 from typing import Any, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
@@ -90,16 +91,29 @@ class _Tracker(TorchDispatchMode):
         self.recorder = recorder
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
+            # A fake tensor's device, which the dispatcher asks for on most operators (two in three
+            # of the calls here): answered as FakeTensorMode answers it, without its dispatch.
+            return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
+        if kwargs is None:
+            kwargs = {}
+        rec = self.recorder
         try:
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
-            out = self.recorder._assumed(func, args, kwargs or {})
+            out = rec._assumed(func, args, kwargs)
         for t in _tensors(out):
-            self.recorder._seen(t)
-        if self.recorder.kernels and self.recorder._phase != SETUP and getattr(func, "namespace", "") == "aten":
-            self.recorder._kernel(func, args, kwargs or {}, out)
+            rec._seen(t)
+        if rec.kernels and rec._phase != SETUP:
+            op = _OPS.get(func)
+            if op is None:
+                op = _OPS[func] = _Op(func)
+            if op.aten:
+                rec._kernel(op, args, kwargs, out)
         return out
 
+
+_PRIM_DEVICE = torch.ops.prim.device.default
 
 # ATen operators that launch no kernel: views and metadata (`OpOverload.is_view` finds the rest),
 # allocations without a fill, and reads of a scalar; other namespaces' (`prim::device`) neither.
@@ -148,11 +162,14 @@ def _tensors(tree: Any) -> list:
 
 def _local(t: torch.Tensor) -> list:
     """The tensors holding `t`'s memory: a DTensor's local shard (what a rank's kernel reads)."""
-    if not is_traceable_wrapper_subclass(t):
+    if type(t) in _PLAIN or not is_traceable_wrapper_subclass(t):
         return [t]
     inner = (getattr(t, name) for name in t.__tensor_flatten__()[0])
     return [x for i in inner if isinstance(i, torch.Tensor) for x in _local(i)]
 
+
+# Tensor types that are no wrapper subclass: asked without `is_traceable_wrapper_subclass`.
+_PLAIN = frozenset((FakeTensor, torch.Tensor, torch.nn.Parameter))
 
 _FLOPS: dict = {}
 
@@ -165,15 +182,36 @@ def _flop_registry() -> dict:
     return _FLOPS
 
 
-def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
-    """What a GPU's kernel for `func` does: its FLOPs (torch.utils.flop_counter's formula, where
+class _Op:
+    """What the recording needs to know of an operator, found once: whether it is ATen's, whether it
+    launches a kernel, its FLOP formula and the shape it keeps."""
+
+    __slots__ = ("aten", "name", "read", "kernel", "flops", "mm", "sdpa", "func")
+
+    def __init__(self, func: Any):
+        self.func = func
+        packet = getattr(func, "overloadpacket", None)
+        self.aten = getattr(func, "namespace", "") == "aten"
+        self.name = getattr(packet, "__name__", str(func))
+        self.read = self.aten and self.name == "_local_scalar_dense"
+        self.kernel = self.aten and self.name not in _NO_KERNEL and not getattr(func, "is_view", False)
+        self.flops = _flop_registry().get(packet) if self.kernel and packet is not None else None
+        self.mm = self.name in ("mm", "addmm", "bmm", "baddbmm")
+        self.sdpa = "_scaled_dot_product_" in self.name
+
+
+_OPS: dict = {}
+
+
+def _kernel_line(op: _Op, args: tuple, kwargs: dict, out: Any) -> dict | None:
+    """What a GPU's kernel for `op` does: its FLOPs (torch.utils.flop_counter's formula, where
     it has one), the bytes its inputs and outputs hold (a roofline's traffic), its dtype, and
-    the shape of a matrix multiply or of attention. None for an operator that launches none.
+    the shape of a matrix multiply or of attention. None for an operator that launches none. The
+    fields after a kernel line's `op` and `at`, in the order they are written.
     (The recorder adds `ops`: the operators the host dispatched for it, views among them.)"""
-    packet = getattr(func, "overloadpacket", None)
-    name = getattr(packet, "__name__", str(func))
-    if getattr(func, "namespace", "aten") != "aten" or name in _NO_KERNEL or getattr(func, "is_view", False):
+    if not op.kernel:
         return None
+    name = op.name
     inputs, outputs = _tensors((args, kwargs)), _tensors(out)
     if not inputs and not outputs:
         return None
@@ -181,29 +219,26 @@ def _kernel_line(func: Any, args: tuple, kwargs: dict, out: Any) -> dict | None:
     traffic = size(inputs) + size(outputs)
     if out is None and name.endswith("_") and args:
         traffic += size(_tensors(args[0]))  # an in-place list (foreach) written back
-    floating = [t for t in inputs + outputs if t.is_floating_point()]
-    line: dict = {"op": "kernel", "name": f"aten::{name}"}
+    both = inputs + outputs
+    first = next((t for t in both if t.is_floating_point()), both[0])
     flops = 0
-    flop_registry = _flop_registry()
-    if packet in flop_registry:
+    if op.flops is not None:
         try:
-            flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+            flops = int(op.flops(*args, **kwargs, out_val=out))
         except Exception:  # a formula that does not take this overload's arguments
             flops = 0
-    line["flops"] = flops
-    line["bytes"] = traffic
-    line["dtype"] = _dtype(floating[0] if floating else (inputs + outputs)[0])
-    if name in ("mm", "addmm", "bmm", "baddbmm"):
+    line: dict = {"name": f"aten::{name}", "flops": flops, "bytes": traffic, "dtype": _dtype(first)}
+    if op.mm:
         a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
         batch = a.shape[0] if a.dim() == 3 else 1
         line["mnk"] = [int(a.shape[-2]), int(b.shape[-1]), int(a.shape[-1])]
         line["batch"] = int(batch)
-    elif "_scaled_dot_product_" in name:
+    elif op.sdpa:
         q, k = args[0], args[1]
         if name.endswith("_backward"):
             q, k = args[1], args[2]  # after the output's gradient
         kind = "flash" if "flash" in name else "efficient" if "efficient" in name else "cudnn"
-        causal = _argument(func, args, kwargs, "is_causal", False)
+        causal = _argument(op.func, args, kwargs, "is_causal", False)
         line["sdpa"] = kind
         line["bhqkd"] = [int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k.shape[2]), int(q.shape[3])]
         line["causal"] = bool(causal)
@@ -315,7 +350,7 @@ class StepRecorder:
 
     def _seen(self, t: torch.Tensor) -> None:
         """Records `t`'s storage if it is new."""
-        if is_traceable_wrapper_subclass(t):
+        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
             # A DTensor (FSDP2's sharded parameters and their optimizer state) holds no memory of its
             # own: its local shard does, made under the subclass's dispatch, which no mode sees.
             for inner in _local(t):
@@ -336,14 +371,15 @@ class StepRecorder:
         self.live += size
         self.peak = max(self.peak, self.live)
 
-    def _kernel(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        """Keeps the kernel `func` runs, if it runs one, after the allocations it made."""
-        if func.overloadpacket.__name__ == "_local_scalar_dense":
+    def _kernel(self, op: _Op, args: tuple, kwargs: dict, out: Any) -> None:
+        """Keeps the kernel `op` runs, if it runs one, after the allocations it made."""
+        if op.read:
             self._reads += 1  # `.item()`: a read the host waits on, no operator of its own
             return
         self._dispatched += 1
-        line = _kernel_line(func, args, kwargs, out)
-        if line is not None:
+        fields = _kernel_line(op, args, kwargs, out)
+        if fields is not None:
+            line = {"op": "kernel", "at": self._when(), **fields}
             if self._dispatched > 1:
                 line["ops"] = self._dispatched
             if self._reads:
@@ -351,7 +387,7 @@ class StepRecorder:
             if self._phase == BACKWARD and self._modules:
                 line["recompute"] = True  # a module's forward run again in the backward (checkpointing)
             self._dispatched = self._reads = 0
-            self.kernel_lines.append((len(self.events), self._step, {"op": "kernel", "at": self._when(), **line}))
+            self.kernel_lines.append((len(self.events), self._step, line))
 
     def _freed(self, rec: _Storage) -> None:
         self._refs.pop(rec.index, None)
@@ -532,6 +568,13 @@ class StepRecorder:
 
     def __enter__(self) -> "StepRecorder":
         s = self._stack
+        if gc.get_freeze_count() == 0:
+            # The objects from before the recording (torch's and transformers' modules, hundreds of
+            # thousands) are not scanned again by each full collection, which took a sixth of a 70B
+            # step's recording. Collection runs as often on the objects the step makes: a storage
+            # a reference cycle holds is freed where it was.
+            gc.freeze()
+            s.callback(gc.unfreeze)
         if self.fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -594,21 +637,24 @@ class StepRecorder:
     def to_jsonl(self, kernels: str = "last") -> str:
         """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention,
         and the kernels of the last step (`kernels="all"`: of every step; `"none"`: none)."""
+        encode = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps's, made once
         lines = []
         if self.shape is not None:
             batch, seq = self.shape
             lines.append(json.dumps({"op": "shape", "batch": batch, "seq": seq}, separators=(",", ":")))
         wanted = [k for k in self.kernel_lines if kernels == "all" or (kernels == "last" and k[1] == self._step)]
         at = 0
+        # An allocation's and a free's line written as json.dumps writes it, without its encoder.
+        quoted = json.encoder.encode_basestring_ascii
         for i, (op, rec) in enumerate(self.events):
             while at < len(wanted) and wanted[at][0] <= i:
-                lines.append(json.dumps(wanted[at][2], separators=(",", ":")))
+                lines.append(encode(wanted[at][2]))
                 at += 1
             if op == "alloc":
-                lines.append(json.dumps({"op": "alloc", "id": rec.id(), "size": rec.size}, separators=(",", ":")))
+                lines.append(f'{{"op":"alloc","id":{quoted(rec.id())},"size":{rec.size}}}')
             else:
-                lines.append(json.dumps({"op": "free", "id": rec.id()}, separators=(",", ":")))
-        lines.extend(json.dumps(k[2], separators=(",", ":")) for k in wanted[at:])
+                lines.append(f'{{"op":"free","id":{quoted(rec.id())}}}')
+        lines.extend(encode(k[2]) for k in wanted[at:])
         return "\n".join(lines) + "\n"
 
     def write(self, path: str, kernels: str = "last") -> None:
