@@ -65,6 +65,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import amp as _amp
+from . import fake_cache as _fake_cache
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -578,6 +579,7 @@ class StepRecorder:
         if self.fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
+            s.enter_context(_fake_cache.faster_cache_keys())
             s.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         nn = torch.nn.modules.module
         s.callback(nn.register_module_forward_pre_hook(self._forward_pre).remove)
