@@ -296,6 +296,10 @@ class StepRecorder:
     `shape`: the `(batch, seq)` the step runs at, written as the program's first line, so that
     `headroom plan` can fit each tensor's size law from the same step recorded at two or three
     shapes (`--program A --program B`).
+
+    While it runs, the objects that existed when it began are frozen out of Python's collector
+    (`gc.freeze`, undone at its end, and left alone where something else froze them): each full
+    collection would otherwise scan torch's and transformers' modules again.
     """
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
