@@ -55,8 +55,8 @@ def available() -> str | None:
     try:
         import torchtune  # noqa: F401
     except ImportError as e:
-        return (f"recording a torchtune recipe needs torchtune and torchao (pip install torchtune==0.6.1 "
-                f"torchao==0.11.0): {e}")
+        return (f"recording a torchtune recipe needs torchtune 0.6.1 and torchao 0.11 (pip install torchtune==0.6.1 "
+                f"torchao==0.11.0; where peft is installed too, put torchao 0.11 apart, docs/RECORDING.md says how): {e}")
     return None
 
 

@@ -1,10 +1,13 @@
 """torchtune's single-device recipes recorded (headroom_gpu.torchtune_recipe): chunked
 cross-entropy, the optimizer in the backward, activation offloading and checkpointing, LoRA and
 8-bit AdamW, each the same under fake tensors as with real ones on the CPU, and each recording
-replayed and planned by headroom. Skipped, saying so, where torchtune is not installed:
+replayed and planned by headroom. Skipped, saying so, where torchtune does not import. torchtune
+0.6.1 needs torchao 0.11, which peft 0.21 refuses (it asks for 0.16 or later, which has dropped what
+torchtune 0.6.1 imports), so torchao goes on the path of these tests only, as .ci/run does:
 
-    pip install torchtune==0.6.1 torchao==0.11.0
-    PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest python/tests/test_torchtune.py
+    pip install torchtune==0.6.1
+    pip install --no-deps --target torchao-0.11 torchao==0.11.0
+    PYTHONPATH=python:torchao-0.11 HEADROOM_BIN=target/debug/headroom python3 -m unittest python/tests/test_torchtune.py
 """
 
 import json
@@ -21,8 +24,8 @@ try:
 
     MISSING = None
 except ImportError as e:  # pragma: no cover - depends on the environment
-    MISSING = ("the torchtune recipes' tests need torchtune and torchao (pip install torchtune==0.6.1 "
-               f"torchao==0.11.0): {e}")
+    MISSING = ("the torchtune recipes' tests need torchtune 0.6.1 and torchao 0.11 (pip install torchtune==0.6.1; "
+               f"pip install --no-deps --target torchao-0.11 torchao==0.11.0; PYTHONPATH=torchao-0.11): {e}")
 
 try:
     import bitsandbytes  # noqa: F401
@@ -44,6 +47,9 @@ TINY_LLAMA_3_2 = {
                      "original_max_position_embeddings": 8192},
 }
 BATCH, SEQ = 2, 64
+# The package, and the path given (where torchao 0.11 is installed apart).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.path.join(REPO, "python"),
+                                                               os.environ.get("PYTHONPATH", "")) if p)}
 ADAMW = {"_component_": "torch.optim.AdamW", "lr": 2e-5}
 
 
@@ -207,7 +213,7 @@ class Command(unittest.TestCase):
             seq = [] if said.startswith("tokenizer") else ["--seq", "64"]
             r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--recipe", recipe, "--model", model,
                                 *seq, *flags, "--out", os.devnull], capture_output=True, text=True,
-                               env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}, timeout=600)
+                               env=ENV, timeout=600)
             self.assertEqual(r.returncode, 2, (changes, flags, r.stderr))
             self.assertIn(said, r.stderr)
             self.assertNotIn("Traceback", r.stderr)
@@ -224,7 +230,7 @@ class Documented(unittest.TestCase):
         os.symlink(os.path.join(REPO, "data"), os.path.join(d, "data"))
         lines = [l for b in _documented("bash") for l in b if "--recipe" in l or l.startswith("tune cp")]
         self.assertGreaterEqual(len(lines), 3)
-        env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
+        env = ENV
         tune = os.path.join(os.path.dirname(sys.executable), "tune")
         for line in lines:
             args = shlex.split(line)
