@@ -31,8 +31,12 @@ def _parser() -> argparse.ArgumentParser:
         "an sm90 GPU takes.",
     )
     r.add_argument("--model", required=True, help="a Hugging Face config.json, or a model directory holding one")
-    r.add_argument("--batch", type=int, default=1, help="sequences a step (default 1)")
-    r.add_argument("--seq", type=int, default=2048, help="tokens a sequence (default 2048)")
+    r.add_argument("--recipe", metavar="YAML",
+                   help="a torchtune single-device recipe's config (full_finetune_single_device or "
+                        "lora_finetune_single_device): its step recorded as torchtune runs it, on torchtune's Llama 3 "
+                        "builder at --model's dimensions (docs/RECORDING.md says which keys are read); needs torchtune")
+    r.add_argument("--batch", type=int, help="sequences a step (default 1; with --recipe, its batch_size)")
+    r.add_argument("--seq", type=int, help="tokens a sequence (default 2048; with --recipe, its tokenizer.max_seq_len)")
     r.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "amp", "mixed"), default="bf16",
                    help="the dtype of the weights, gradients, optimizer state and activations (default bf16); amp: "
                         "fp32 weights and the forward under torch.autocast('cuda', torch.bfloat16), cast as on a GPU; "
@@ -82,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     _positive(p, args)
+    if args.recipe:
+        from .torchtune_recipe import main as recipe_main
+
+        return recipe_main(p, args)
+    args.batch = args.batch or 1
+    args.seq = args.seq or 2048
     inference = args.infer or args.generate is not None
     if inference:
         for flag, given in (("--checkpoint", args.checkpoint), ("--optimizer", args.optimizer != "adamw")):

@@ -323,6 +323,7 @@ class StepRecorder:
         self._count = 0
         self._step = 0
         self._phase = SETUP
+        self._stepping_in_backward = False
         self._modules: list[str] = []
         self._names: dict[int, str] = {}
         self._hooked: set[int] = set()
@@ -347,7 +348,7 @@ class StepRecorder:
     def _term(self) -> str:
         if self._phase == SETUP:
             return "inputs"
-        if self._phase == OPTIMIZER:
+        if self._phase == OPTIMIZER or self._stepping_in_backward:
             return "temporary"
         if self._phase == FORWARD and self._modules and self._modules[-1].rsplit(".", 1)[-1] == "lm_head":
             return "logits"
@@ -486,18 +487,28 @@ class StepRecorder:
             if p.requires_grad and id(p) not in self._hooked:
                 # Only trainable parameters get gradients: a frozen base (LoRA) has no hook.
                 self._hooked.add(id(p))
-                p.register_post_accumulate_grad_hook(lambda q: self.tag(q.grad, "gradients"))
+                p.register_post_accumulate_grad_hook(self._gradient)
         for b in module.buffers(recurse=False):
             self.tag(b, "weights", name)
+
+    def _gradient(self, p: torch.Tensor) -> None:
+        if p.grad is not None:  # None where an optimizer in the backward has stepped and freed it
+            self.tag(p.grad, "gradients")
 
     def _forward_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if self._modules:
             self._modules.pop()
 
     def _optimizer_pre(self, _opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        self._phase = OPTIMIZER
+        if torch._C._current_graph_task_id() != -1:
+            # An optimizer stepped from a gradient hook (optimizer in backward): its step is part of
+            # the backward, its temporaries `temporary`.
+            self._stepping_in_backward = True
+        else:
+            self._phase = OPTIMIZER
 
     def _optimizer_post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        self._stepping_in_backward = False
         for state in opt.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):

@@ -263,7 +263,9 @@ def _headroom():
 
 def record_command(test: unittest.TestCase, model: str, out: str, *flags: str) -> subprocess.CompletedProcess:
     """`python -m headroom_gpu record --model MODEL FLAGS --out OUT`, which must succeed."""
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    # The path given is kept after the package's (a package installed apart, as torchtune's torchao is).
+    path = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", model, *flags, "--out", out],
                        capture_output=True, text=True, env=env, timeout=600)
     test.assertEqual(r.returncode, 0, r.stderr)
