@@ -16,9 +16,9 @@ use headroom_alloc::{AllocatorConfig, BlockState};
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
-use headroom_trace::snapshot_pools::RecordedPools;
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
 use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 /// What to compute.
@@ -165,66 +165,81 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let (recorded, settings_note) = snap.allocator_config();
     let mut sites = Sites::new(&snap.stacks, opts.cpp);
-    // The start state, inferred once: the private pools it reads are the snapshot's too.
-    let dt = (!trace.is_empty()).then(|| DeviceTrace::new(snap, device));
-    let own;
-    let pools = match &dt {
-        Some(Ok(t)) => t.pools(),
-        _ => {
-            own = RecordedPools::of(snap, device);
-            &own
-        }
-    };
-    let mut r = at_snapshot(snap, device, &mut sites, settings_note, pools);
-    if !r.has_frames {
-        r.unavailable.push(
-            "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
-             off, or a PyTorch older than 2.1)"
-                .into(),
-        );
-    }
     if trace.is_empty() {
+        let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+        r.pools = crate::pools::private_pools(snap, device);
+        note_no_frames(&mut r);
         return without_trace(r, snap, device, &mut sites, opts, &recorded);
     }
-    if !r.has_times {
-        r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
-    }
-    note_times_backwards(&mut r, trace);
-
-    let dt = match dt {
-        Some(Ok(t)) => Some(t),
-        None => None,
-        Some(Err(e)) => {
+    // The start state, inferred once: every replay and the walks start from it.
+    let (dt, contradiction) = match DeviceTrace::new(snap, device) {
+        Ok(t) => (Some(t), None),
+        Err(e) => (None, Some(e)),
+    };
+    std::thread::scope(|scope| {
+        // The check (and the private pools it infers first) is a replay of the whole trace
+        // that the snapshot's own figures, the walk's start and the timeline do not wait
+        // for: it runs on a thread of its own meanwhile.
+        let checking = dt.as_ref().map(|t| {
+            let config = recorded.clone();
+            scope.spawn(move || checked(t, config))
+        });
+        let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+        note_no_frames(&mut r);
+        if !r.has_times {
+            r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
+        }
+        note_times_backwards(&mut r, trace);
+        if let Some(e) = &contradiction {
             r.notes.push(format!(
                 "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
                  trace's start, and nothing is replayed"
             ));
-            None
         }
-    };
+        let mut first = Walk::new(snap, device, dt.as_ref().map(|t| &t.start));
+        // Pass 1: the timeline and its peaks, with the rounded requests' sizes; taken again
+        // below where the check's replay knows blocks of other sizes.
+        let mut w = first.clone();
+        let mut tl = timeline(&mut w);
 
-    // Replays: the segments at the peak and at the OOM, and the remedies.
+        let check = checking.map(|h| h.join().expect("the check does not panic"));
+        r.pools = match &dt {
+            Some(t) => crate::pools::private_pools_of(snap, device, t.pools()),
+            None => crate::pools::private_pools(snap, device),
+        };
+        let (memory, fidelity, sizes) = check_recording(&mut r, check);
+        if !sizes.is_empty() {
+            first = first.with_block_sizes(&sizes);
+            w = first.clone();
+            tl = timeline(&mut w);
+        }
+        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), (memory, fidelity), &recorded, &mut sites, opts)
+    })
+}
+
+/// The report's passes over the trace, from the timeline on, and the replays
+/// at the peak, at the OOM and under expandable segments.
+#[allow(clippy::too_many_arguments)]
+fn inspect_trace(
+    mut r: DeviceReport,
+    first: &Walk,
+    tl: Timeline,
+    unmatched_frees: usize,
+    dt: Option<&DeviceTrace>,
+    (memory, fidelity): (RecordedMemory, Option<Fidelity>),
+    recorded: &AllocatorConfig,
+    sites: &mut Sites,
+    opts: &InspectOptions,
+) -> DeviceReport {
+    let trace = first.trace();
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
-    let (memory, fidelity) = check_recording(&mut r, dt.as_ref(), &recorded);
     // Replays run on the device the recording tells of, unbounded where it tells nothing.
     let replay_capacity = memory.capacity(None, UNBOUNDED).0;
-    // Block sizes as the replay handed them out, where it matches the recording.
-    let sizes = match (&dt, &fidelity) {
-        (Some(t), Some(f)) if f.is_exact() => {
-            block_sizes(t, recorded.clone(), replay_capacity, &f.recorded).unwrap_or_default()
-        }
-        _ => Default::default(),
-    };
-    let first = Walk::new(snap, device, dt.as_ref().map(|t| &t.start)).with_block_sizes(&sizes);
     let walk = || first.clone();
-
-    // Pass 1: the timeline and its peaks.
-    let mut w = walk();
-    let tl = timeline(&mut w);
-    if w.unmatched_frees > 0 {
-        r.notes.push(format!("{} frees of blocks the trace never allocated were skipped", w.unmatched_frees));
+    if unmatched_frees > 0 {
+        r.notes.push(format!("{unmatched_frees} frees of blocks the trace never allocated were skipped"));
     }
-    set_peaks(&mut r, &tl, trace, &mut sites);
+    set_peaks(&mut r, &tl, trace, sites);
 
     // The replays the report still needs — the state at the peak, and the same run under
     // expandable segments where fragmentation is worth removing — depend on the walks no
@@ -233,7 +248,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     let (state_at_peak, expandable_check) = std::thread::scope(|scope| {
         // Each replay on a thread of its own: the one at the peak is short where the peak
         // comes early, the expandable one always whole, and the walks take a core meanwhile.
-        let (state, expandable) = match (&dt, &fidelity) {
+        let (state, expandable) = match (dt, &fidelity) {
             (Some(t), Some(f)) => {
                 let config = recorded.clone();
                 let state = scope.spawn(move || state_before(t, config, replay_capacity, &f.recorded, at_peak).ok());
@@ -246,7 +261,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             }
             _ => (None, None),
         };
-        let peak_sites = walks(&mut r, &walk, &tl, trace, &mut sites, opts);
+        let peak_sites = walks(&mut r, &walk, &tl, trace, sites, opts);
         let joined = "the replays beside the walks do not panic";
         let state = state.and_then(|h| h.join().expect(joined));
         let expandable = expandable.and_then(|h| h.join().expect(joined));
@@ -263,12 +278,12 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         if i > 0 {
             w.run_through(i - 1);
         }
-        let mut o = oom_at_entry(&r, trace, i, &w.totals, &mut sites, &memory, &recorded);
+        let mut o = oom_at_entry(&r, trace, i, &w.totals, sites, &memory, recorded);
         o.demand_peak_bytes = demand_peak(walk());
         let bounded = o.capacity_bytes.is_some() || o.memory_limit.is_some();
-        match (&dt, &fidelity) {
+        match (dt, &fidelity) {
             (Some(t), Some(f)) if bounded => {
-                replay_remedies(&mut o, t, &recorded, replay_capacity, &f.recorded, r.ooms_recorded);
+                replay_remedies(&mut o, t, recorded, replay_capacity, &f.recorded, r.ooms_recorded);
             }
             _ if !bounded => r.unavailable.push(
                 "OOM remedies: the `oom` entry does not record the device's free memory (or records more than any \
@@ -279,20 +294,14 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         }
         r.oom = Some(o);
     }
-    recommend::recommend(&mut r, &recorded, expandable_check.map(|w| w.peak_reserved_bytes));
-    name_sites(&mut r, &sites);
+    recommend::recommend(&mut r, recorded, expandable_check.map(|w| w.peak_reserved_bytes));
+    name_sites(&mut r, sites);
     r
 }
 
 /// What the snapshot's own segments tell of `device`, at the moment it was
 /// taken: the report before the trace is read.
-fn at_snapshot(
-    snap: &MemorySnapshot,
-    device: u32,
-    sites: &mut Sites,
-    settings_note: Option<String>,
-    pools: &RecordedPools,
-) -> DeviceReport {
+fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_note: Option<String>) -> DeviceReport {
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let layout_now = Layout::recorded(&snap.segments, device, |stack| sites.of_stack(stack));
     let segments_now = layout_now.fragmentation();
@@ -327,7 +336,8 @@ fn at_snapshot(
         fragmentation_at_peak_bytes: now.reserved_bytes.saturating_sub(now.allocated_bytes),
         segments_at_peak: None,
         segments_now,
-        pools: crate::pools::private_pools_of(snap, device, pools),
+        // Filled in from the private pools the check infers.
+        pools: Vec::new(),
         most_fragmented: None,
         largest_request_bytes: trace
             .iter()
@@ -399,27 +409,58 @@ fn note_times_backwards(r: &mut DeviceReport, trace: &[TraceEvent]) {
     }
 }
 
-/// Checks the replay against the recording, and learns from the check the
-/// device the recorded run had (what it held plus what was free at its OOM)
-/// and any per-process limit: all the report's replays rest on it.
+/// What the check's replay tells, as its thread hands it over: how closely
+/// the replay followed the recording, the device the recorded run had (what
+/// it held plus what was free at its OOM) and any per-process limit, and the
+/// block sizes the replay handed out where it matched the recording.
+struct Checked {
+    fidelity: Fidelity,
+    memory: RecordedMemory,
+    /// A device size an `oom` entry gave that no GPU has (then taken as unknown).
+    device_past_any: Option<u64>,
+    sizes: FxHashMap<usize, u64>,
+}
+
+/// Checks the replay against the recording: all the report's replays rest on it.
+fn checked(t: &DeviceTrace, recorded: AllocatorConfig) -> Result<Checked, String> {
+    // The check's device size matters only to expandable reservations, sized by it.
+    let fidelity = check_from(t, recorded.clone(), UNBOUNDED, |_| {}).map_err(|e| e.to_string())?;
+    let mut memory = RecordedMemory::infer(t, &fidelity.recorded.refusals);
+    // A `device_free` past any GPU would make a device of exabytes: its size is
+    // then unknown, as without one.
+    let device_past_any = memory.device.filter(|&d| d > UNBOUNDED);
+    if device_past_any.is_some() {
+        memory.device = None;
+    }
+    // Block sizes as the replay handed them out, where it matches the recording.
+    let sizes = if fidelity.is_exact() {
+        let capacity = memory.capacity(None, UNBOUNDED).0;
+        block_sizes(t, recorded, capacity, &fidelity.recorded).unwrap_or_default()
+    } else {
+        FxHashMap::default()
+    };
+    Ok(Checked { fidelity, memory, device_past_any, sizes })
+}
+
+/// The check's outcome in the report (`None`: the trace's start state could not be rebuilt).
 fn check_recording(
     r: &mut DeviceReport,
-    dt: Option<&DeviceTrace>,
-    recorded: &AllocatorConfig,
-) -> (RecordedMemory, Option<Fidelity>) {
-    let Some(t) = dt else {
-        r.unavailable
-            .push("segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into());
-        return (RecordedMemory::default(), None);
-    };
-    // The check's device size matters only to expandable reservations, sized by it.
-    let f = match check_from(t, recorded.clone(), UNBOUNDED, |_| {}) {
-        Ok(f) => f,
-        Err(e) => {
+    check: Option<Result<Checked, String>>,
+) -> (RecordedMemory, Option<Fidelity>, FxHashMap<usize, u64>) {
+    let c = match check {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => {
             r.unavailable.push(format!("segments at the peak and OOM remedies: {e}"));
-            return (RecordedMemory::default(), None);
+            return Default::default();
+        }
+        None => {
+            r.unavailable.push(
+                "segments at the peak and OOM remedies: the state the trace began in could not be rebuilt".into(),
+            );
+            return Default::default();
         }
     };
+    let f = c.fidelity;
     r.replay_exact = Some(f.is_exact());
     if !f.is_exact() {
         r.notes.push(format!(
@@ -427,17 +468,24 @@ fn check_recording(
              headroom's model of the run, not the run"
         ));
     }
-    let mut memory = RecordedMemory::infer(t, &f.recorded.refusals);
-    // A `device_free` past any GPU would make a device of exabytes: its size is
-    // then unknown, as without one.
-    if let Some(d) = memory.device.filter(|&d| d > UNBOUNDED) {
+    if let Some(d) = c.device_past_any {
         r.notes.push(format!(
             "an `oom` entry says the device had {d} bytes, more than any GPU has (1 PiB): the device's \
              size is taken as unknown"
         ));
-        memory.device = None;
     }
-    (memory, Some(f))
+    (c.memory, Some(f), c.sizes)
+}
+
+/// Says so where the snapshot recorded no frames.
+fn note_no_frames(r: &mut DeviceReport) {
+    if !r.has_frames {
+        r.unavailable.push(
+            "call sites, phases and roles: the snapshot recorded no frames (`_record_memory_history(stacks=...)` \
+             off, or a PyTorch older than 2.1)"
+                .into(),
+        );
+    }
 }
 
 /// The peaks the timeline found, and the phase of the allocation that reached the peak.

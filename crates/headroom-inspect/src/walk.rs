@@ -77,12 +77,19 @@ impl<'a> Walk<'a> {
                 final_blocks.insert(b.address, (b.size, b.stack));
             }
         }
-        // The last entry touching a finally-live address is the alloc that made it.
+        // The last entry touching a finally-live address is the alloc that made it. Only
+        // those addresses are followed, and the walk back ends once each has been met.
         let mut exact = FxHashMap::default();
         let mut seen = rustc_hash::FxHashSet::default();
         for (i, e) in trace.iter().enumerate().rev() {
-            if is_block_entry(e.action) && seen.insert(e.addr) && e.action == TraceAction::Alloc {
-                if let Some(&(size, _)) = final_blocks.get(&e.addr) {
+            if seen.len() == final_blocks.len() {
+                break;
+            }
+            if !is_block_entry(e.action) {
+                continue;
+            }
+            if let Some(&(size, _)) = final_blocks.get(&e.addr) {
+                if seen.insert(e.addr) && e.action == TraceAction::Alloc {
                     exact.insert(i, size);
                 }
             }
