@@ -291,7 +291,11 @@ fn inference_forwards_match_the_cpu_ground_truth() {
         let m = Model::from_hf_config(&c["config"].to_string(), c["family"].as_str().unwrap()).unwrap();
         let attention = if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa };
         let cfg = InferConfig {
-            runtime: Runtime::Transformers { attention, all_logits: c.get("logits").is_none_or(|l| l == "all") },
+            runtime: Runtime::Transformers {
+                attention,
+                all_logits: c.get("logits").is_none_or(|l| l == "all"),
+                new_tokens: 1,
+            },
             batch: c["batch"].as_u64().unwrap(),
             seq: c["seq"].as_u64().unwrap(),
             weights: if c["precision"] == "bf16" { WeightFormat::Bf16 } else { WeightFormat::Fp32 },
