@@ -53,9 +53,11 @@ const OUTPUT: &str = "Questions and output";
 /// gpu_memory_utilization of the device, less the weights, the peak of its profile run (a
 /// forward of max_num_batched_tokens tokens, then the sampler over max_num_seqs rows) and
 /// the memory outside PyTorch — and how many sequences of --seq tokens that cache holds;
-/// with --framework hf, transformers' own forward with a cache, as generate's first forward
-/// (or, with --all-logits, an evaluation loop) runs it, its temporaries and logits recorded
-/// the same way.
+/// with --framework hf, transformers' own generate (its prompt's forward and --new-tokens'
+/// decode steps, the cache growing a position a step) or, with --all-logits, an evaluation
+/// loop's forward, replayed as its code was recorded tensor by tensor, or where no recording
+/// serves (eager attention, bitsandbytes, other families) its peak moment in closed form; the
+/// plan says which.
 ///
 /// Any other step — your own model, loss, optimizer and wrappers — can be recorded without a
 /// GPU (`python -m headroom_gpu record`, docs/RECORDING.md) and planned with --program.
