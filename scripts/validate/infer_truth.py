@@ -9,7 +9,8 @@ The configs: each family's `wide` small config (measure.py: hidden 384, 6 heads 
 MLP half as wide again, a vocabulary of 6000) at 6 layers (the templates: 5, checked at 7);
 Qwen3 as Qwen2's with Qwen3's model type. The shapes: generate 2 x 100 with 6 new tokens,
 1 x 160 with 12, 3 x 40 with 24 (more decode steps than the planner replays, 16); the forward
-(every position's logits, `torch.no_grad()`, `use_cache=True`) 2 x 100.
+(every position's logits, `torch.no_grad()`, `use_cache=True`) 2 x 100, bf16 and fp32 (the fp32
+forwards added after the rest had run, before any of them ran).
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
@@ -92,9 +93,8 @@ def main():
             for b, s, n in GENERATE:
                 rows.append(measured(family, precision, "generate", b, s, n))
                 print(rows[-1]["family"], precision, b, s, n, rows[-1]["peak_bytes"], flush=True)
-            if precision == "bf16":
-                for b, s in FORWARD:
-                    rows.append(measured(family, precision, "forward", b, s, 1))
+            for b, s in FORWARD:
+                rows.append(measured(family, precision, "forward", b, s, 1))
     with open(args.out, "w") as f:
         json.dump({"about": "scripts/validate/infer_truth.py", "torch": torch.__version__,
                    "transformers": transformers.__version__, "rows": rows}, f, indent=1)

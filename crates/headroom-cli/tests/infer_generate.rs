@@ -50,6 +50,12 @@ fn the_closed_form_plans_what_no_template_serves_and_says_why() {
         assert_eq!(v["planned_from"]["source"], "closed_form", "{extra:?}");
         assert!(v["planned_from"]["why"].as_str().unwrap().contains(why), "{extra:?}: {}", v["planned_from"]);
     }
+    // Mistral-7B's 4,096-token window: its cache stops growing there, which no template holds.
+    let mistral = ["--model", "mistral-7b", "--gpu", "a100-80gb", "--infer", "--framework", "hf", "--seq"];
+    let (_, short) = plan(&[&mistral[..], &["2048"]].concat());
+    assert_eq!(short["planned_from"]["template"], "mistral/generate/bf16/sdpa");
+    let (_, long) = plan(&[&mistral[..], &["4000", "--new-tokens", "200"]].concat());
+    assert!(long["planned_from"]["why"].as_str().unwrap().contains("sliding window"), "{}", long["planned_from"]);
     let (_, vllm) = plan(&["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer"]);
     assert_eq!(vllm["planned_from"]["source"], "engine");
     assert_eq!(vllm["new_tokens"], Value::Null);

@@ -47,6 +47,15 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         WeightFormat::Fp32 => "fp32",
         _ => return Err("transformers' forward was recorded with fp32 and bf16 weights"),
     };
+    let new_tokens = match cfg.runtime {
+        Runtime::Transformers { all_logits: false, new_tokens, .. } => new_tokens,
+        _ => 1,
+    };
+    // transformers' cache keeps a window's tokens in the layers that slide, which the templates
+    // (recorded without a window) do not: a job that reaches past the window is not theirs.
+    if model.sliding_window.is_some_and(|w| cfg.seq + new_tokens - 1 > w) {
+        return Err("the cache of a sliding window was not recorded");
+    }
     if stack_layers(model)[0] < 2 * EDGE {
         return Err("fewer layers than the template keeps at its ends");
     }
