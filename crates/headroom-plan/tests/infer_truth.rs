@@ -5,30 +5,10 @@
 
 use headroom_plan::infer::recorded;
 use headroom_plan::model::Model;
-use headroom_plan::program::{Op, Program};
 use serde_json::Value;
 
 /// Declared with the measurements, before the first run: the inference forwards' tolerance.
 const TOLERANCE: f64 = 0.03;
-
-/// The call's peak, as measured: what is alive when the prompt's forward begins (the model,
-/// the ids and the mask), plus the highest running sum after (the model's construction
-/// before it is not in the measurement).
-fn call_peak(p: &Program, sizes: &[u64]) -> u64 {
-    let (mut live, mut peak, mut begun) = (0u64, 0u64, false);
-    for op in &p.ops {
-        match *op {
-            Op::Mark { step, .. } if step >= 1 => begun = true,
-            Op::Alloc(t) => live += sizes[t as usize],
-            Op::Free(t) => live -= sizes[t as usize],
-            _ => {}
-        }
-        if begun {
-            peak = peak.max(live);
-        }
-    }
-    peak
-}
 
 #[test]
 fn inference_templates_match_real_cpu_runs() {
@@ -47,7 +27,7 @@ fn inference_templates_match_real_cpu_runs() {
         let pasts = if mode == "generate" { recorded::decode_pasts(seq, new_tokens) } else { Vec::new() };
         let p = recorded::program(&m, &key, seq, &pasts, None);
         p.check().expect("well formed");
-        let planned = call_peak(&p, &p.sizes(batch, 1)) as f64;
+        let planned = recorded::call_peak(&p, &p.sizes(batch, 1)) as f64;
         let measured = r["peak_bytes"].as_f64().unwrap();
         let error = planned / measured - 1.0;
         let label = format!(

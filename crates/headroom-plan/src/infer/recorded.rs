@@ -17,7 +17,7 @@ use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::Model;
 use crate::model_units::unit;
-use crate::program::{Law, Phase, Program, TensorId, Term};
+use crate::program::{Law, Op, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Template, EDGE};
 use crate::recipe::measured_code;
 use rustc_hash::FxHashMap as HashMap;
@@ -133,6 +133,25 @@ fn at_length(law: Law, s: f64) -> Law {
         per_sequence: law.per_sequence + law.per_token * s + law.per_token_position * s * s,
         ..Law::default()
     }
+}
+
+/// The live peak from the prompt's forward on: what is alive when it begins (the model, the
+/// ids, the mask) plus the highest running sum after, as a measurement that begins at the call
+/// sees it (the model's construction before it left out).
+pub fn call_peak(p: &Program, sizes: &[u64]) -> u64 {
+    let (mut live, mut peak, mut begun) = (0u64, 0u64, false);
+    for op in &p.ops {
+        match *op {
+            Op::Mark { step, .. } if step >= 1 => begun = true,
+            Op::Alloc(t) => live += sizes[t as usize],
+            Op::Free(t) => live = live.saturating_sub(sizes[t as usize]),
+            _ => {}
+        }
+        if begun {
+            peak = peak.max(live);
+        }
+    }
+    peak
 }
 
 type Instance = (u32, Option<Concrete>);
