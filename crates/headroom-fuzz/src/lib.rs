@@ -118,11 +118,12 @@ fn read_model(data: &[u8]) -> Result<Model, ()> {
     Ok(m)
 }
 
-fn infer_configs(g: &headroom_plan::gpu::GpuSpec, seq: u64) -> [InferConfig; 3] {
+fn infer_configs(g: &headroom_plan::gpu::GpuSpec, seq: u64) -> [InferConfig; 4] {
     [
         Runtime::Vllm(headroom_plan::engine::Engine::vllm_defaults(g)),
-        Runtime::Transformers { attention: Attention::Eager, all_logits: false },
-        Runtime::Transformers { attention: Attention::Sdpa, all_logits: true },
+        Runtime::Transformers { attention: Attention::Eager, all_logits: false, new_tokens: 1 },
+        Runtime::Transformers { attention: Attention::Sdpa, all_logits: true, new_tokens: 1 },
+        Runtime::Transformers { attention: Attention::Sdpa, all_logits: false, new_tokens: 8 },
     ]
     .map(|runtime| InferConfig {
         runtime,

@@ -102,6 +102,9 @@ pub struct EventT {
     pub free: bool,
     pub tensor: u32,
     pub layer: Option<Layer>,
+    /// A free of the previous decode step's instance of `tensor` (an inference template's
+    /// `decode`: the cache a step replaces was made by the step before).
+    pub previous: bool,
 }
 
 /// What the recorder saw at [`Check::layers`] layers, for the expansion's test.
@@ -118,8 +121,19 @@ pub struct Check {
     pub batch: u64,
     pub seq: u64,
     pub setup: SectionCheck,
-    pub step1: SectionCheck,
-    pub step: SectionCheck,
+    /// A training template's steps.
+    #[serde(default)]
+    pub step1: Option<SectionCheck>,
+    #[serde(default)]
+    pub step: Option<SectionCheck>,
+    /// An inference template's prefill (at `seq`) and decode steps (the first at a past of
+    /// `seq`, a later one at `seq + 1`).
+    #[serde(default)]
+    pub prefill: Option<SectionCheck>,
+    #[serde(default)]
+    pub decode1: Option<SectionCheck>,
+    #[serde(default)]
+    pub decode: Option<SectionCheck>,
 }
 
 /// One optimizer step as recorded: allocations above a few bytes, their bytes, the live peak
@@ -206,10 +220,25 @@ pub struct Template {
     /// Where the backward begins in `step1` and `step`.
     pub backward: [usize; 2],
     pub check: Check,
-    pub optimizer_check: OptimizerCheck,
+    /// A training template's recorded optimizer step.
+    pub optimizer_check: Option<OptimizerCheck>,
+    /// An inference template's sections (`data/programs/hf-infer.json`).
+    pub inference: Option<InferenceSections>,
     /// An edge layer's tensor → the middle layer's tensor made in its place: each edge layer's
     /// tensors matched to the middle layer's by the longest common subsequence of their kinds.
     pub analog: FxHashMap<u32, u32>,
+}
+
+/// What an inference template records after its setup: the prompt's forward (with
+/// `generate`, through its first token), the first decode step (its tensors are `decode`'s,
+/// at a past one shorter; it frees what the prefill made) and a later one (its
+/// [`EventT::previous`] frees free what the step before it made). A `forward` template
+/// (every position's logits) has no decode steps.
+#[derive(Clone, Debug, Default)]
+pub struct InferenceSections {
+    pub prefill: Vec<EventT>,
+    pub decode1: Vec<EventT>,
+    pub decode: Vec<EventT>,
 }
 
 #[derive(Deserialize)]
@@ -220,11 +249,21 @@ struct Raw {
     sites: Vec<String>,
     tensors: Vec<(usize, usize, u32, i64, i64, String, i64)>,
     setup: Vec<i64>,
+    #[serde(default)]
     step1: Option<Vec<i64>>,
+    #[serde(default)]
     step: Vec<i64>,
+    #[serde(default)]
     backward: (Option<usize>, Option<usize>),
     check: Check,
-    optimizer_check: OptimizerCheck,
+    #[serde(default)]
+    optimizer_check: Option<OptimizerCheck>,
+    #[serde(default)]
+    prefill: Option<Vec<i64>>,
+    #[serde(default)]
+    decode1: Vec<i64>,
+    #[serde(default)]
+    decode: Vec<i64>,
 }
 
 /// A template's law in units, before a model gives the units their sizes.
@@ -307,7 +346,9 @@ fn events(flat: &[i64], tensors: usize) -> Result<Vec<EventT>, String> {
         .map(|c| {
             let t = u32::try_from(c[1]).ok().filter(|&t| (t as usize) < tensors);
             match (c[0], t) {
-                (0 | 1, Some(tensor)) => Ok(EventT { free: c[0] == 1, tensor, layer: Layer::decode(c[2]) }),
+                (0..=2, Some(tensor)) => {
+                    Ok(EventT { free: c[0] != 0, tensor, layer: Layer::decode(c[2]), previous: c[0] == 2 })
+                }
                 _ => Err(format!("a malformed event {c:?}")),
             }
         })
@@ -362,6 +403,14 @@ impl Parsed {
         let analog = analogs(&tensors);
         let step = events(&raw.step, n)?;
         let step1 = raw.step1.as_deref().map(|s| events(s, n)).transpose()?;
+        let inference = match &raw.prefill {
+            Some(prefill) => Some(InferenceSections {
+                prefill: events(prefill, n)?,
+                decode1: events(&raw.decode1, n)?,
+                decode: events(&raw.decode, n)?,
+            }),
+            None => None,
+        };
         let backward = [
             raw.backward.0.unwrap_or(step1.as_ref().map_or(step.len(), Vec::len)),
             raw.backward.1.unwrap_or(step.len()),
@@ -378,6 +427,7 @@ impl Parsed {
                 backward,
                 check: raw.check,
                 optimizer_check: raw.optimizer_check,
+                inference,
                 analog,
             },
             laws,
@@ -419,9 +469,14 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 }
 
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
-/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script.
-const FILES: &[&str] =
-    &[include_str!("../../../data/programs/hf.json"), include_str!("../../../data/programs/hf-families.json")];
+/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
+/// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys
+/// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`.
+const FILES: &[&str] = &[
+    include_str!("../../../data/programs/hf.json"),
+    include_str!("../../../data/programs/hf-families.json"),
+    include_str!("../../../data/programs/hf-infer.json"),
+];
 
 /// The template recorded under `key`, parsed (each once per process).
 pub fn template(key: &str) -> Option<&'static Parsed> {

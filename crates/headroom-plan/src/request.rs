@@ -370,6 +370,9 @@ pub struct InferRequest {
     pub kv_dtype: Option<KvDtype>,
     pub attention: Attention,
     pub all_logits: bool,
+    /// transformers' `generate`: tokens generated after the prompt of `seq` [1: its first
+    /// forward alone].
+    pub new_tokens: u64,
     pub quantize: Option<Quantize>,
     pub double_quant: bool,
     pub compute_dtype: Option<ComputeDtype>,
@@ -394,6 +397,7 @@ impl Default for InferRequest {
             kv_dtype: None,
             attention: Attention::Sdpa,
             all_logits: false,
+            new_tokens: 1,
             quantize: None,
             double_quant: false,
             compute_dtype: None,
@@ -511,6 +515,17 @@ impl InferRequest {
             (s, Some(_)) => s,
         };
         let serving = server != Server::HuggingFace;
+        if r.new_tokens == 0 {
+            return refuse("--new-tokens must be positive: generate makes one token at least");
+        }
+        if serving && r.new_tokens > 1 {
+            return refuse(
+                "--new-tokens: transformers' generate (--framework hf); a serving engine's --seq is prompt and output",
+            );
+        }
+        if r.all_logits && r.new_tokens > 1 {
+            return refuse("--new-tokens plans generate; --all-logits plans one forward that keeps every logit");
+        }
         if serving && r.all_logits {
             return refuse(
                 "--all-logits: a serving engine keeps the last positions' logits (--all-logits applies to --framework hf)",
@@ -562,7 +577,7 @@ impl InferRequest {
                         kv.name()
                     ));
                 }
-                Runtime::Transformers { attention: r.attention, all_logits: r.all_logits }
+                Runtime::Transformers { attention: r.attention, all_logits: r.all_logits, new_tokens: r.new_tokens }
             }
         })
     }

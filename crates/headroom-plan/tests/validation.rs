@@ -632,7 +632,7 @@ fn bnb_rows(rows: &mut Vec<Row>) {
         ("octocoder, bitsandbytes fp4 (fp32 compute), A100 40GB, 80 tokens", Some(fp4), "9.54"),
     ] {
         let cfg = InferConfig {
-            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false },
+            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false, new_tokens: 1 },
             batch: 1,
             seq: 80,
             weights: WeightFormat::Bf16,

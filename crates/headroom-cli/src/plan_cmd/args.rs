@@ -53,9 +53,11 @@ const OUTPUT: &str = "Questions and output";
 /// gpu_memory_utilization of the device, less the weights, the peak of its profile run (a
 /// forward of max_num_batched_tokens tokens, then the sampler over max_num_seqs rows) and
 /// the memory outside PyTorch — and how many sequences of --seq tokens that cache holds;
-/// with --framework hf, transformers' own forward with a cache, as generate's first forward
-/// (or, with --all-logits, an evaluation loop) runs it, its temporaries and logits recorded
-/// the same way.
+/// with --framework hf, transformers' own generate (its prompt's forward and --new-tokens'
+/// decode steps, the cache growing a position a step) or, with --all-logits, an evaluation
+/// loop's forward, replayed as its code was recorded tensor by tensor, or where no recording
+/// serves (eager attention, bitsandbytes, other families) its peak moment in closed form; the
+/// plan says which.
 ///
 /// Any other step — your own model, loss, optimizer and wrappers — can be recorded without a
 /// GPU (`python -m headroom_gpu record`, docs/RECORDING.md) and planned with --program.
@@ -295,6 +297,11 @@ pub struct PlanArgs {
     /// position's.
     #[arg(long, help_heading = ENGINE)]
     all_logits: bool,
+    /// With --framework hf: generate this many tokens after the prompt of --seq tokens
+    /// (`model.generate(max_new_tokens=N)`, greedy, its cache growing a position a step)
+    /// [default: 1, generate's first forward alone].
+    #[arg(long, value_parser = tokens(), help_heading = ENGINE)]
+    new_tokens: Option<u64>,
     /// vLLM: the share of the GPU's memory the engine may take, weights, profile run and KV
     /// cache together [default: 0.9].
     #[arg(long, value_parser = share, help_heading = ENGINE)]
@@ -421,8 +428,9 @@ impl PlanArgs {
     }
 
     /// The flags given that only `--infer` reads.
-    fn inference_flags(&self) -> [Given; 11] {
+    fn inference_flags(&self) -> [Given; 12] {
         [
+            ("--new-tokens", self.new_tokens.is_some()),
             ("--weights", self.weights.is_some()),
             ("--kv-dtype", self.kv_dtype.is_some()),
             ("--quantize", self.quantize.is_some()),
@@ -563,6 +571,7 @@ impl PlanArgs {
             kv_dtype: self.kv_dtype.or(d.kv_dtype),
             attention: self.attention.unwrap_or(d.attention),
             all_logits: d.all_logits || self.all_logits,
+            new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
             quantize: self.quantize.or(d.quantize),
             double_quant: d.double_quant || self.double_quant,
             compute_dtype: self.compute_dtype.or(d.compute_dtype),

@@ -5,7 +5,7 @@ use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_plan::builders::ProgramSource;
 use headroom_plan::estimate::{Estimate, Memory, RunnerRecord, Timing, Verdict};
 use headroom_plan::gpu::GpuSpec;
-use headroom_plan::infer::Runtime;
+use headroom_plan::infer::{InferSource, Runtime};
 use headroom_plan::job::TrainConfig;
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
@@ -299,6 +299,15 @@ pub(super) fn infer(p: &InferPlan) -> Value {
         "logits": match p.config.runtime {
             Runtime::Vllm(_) | Runtime::Sglang(_) => None,
             Runtime::Transformers { all_logits, .. } => Some(if all_logits { "all" } else { "last" }),
+        },
+        "new_tokens": match p.config.runtime {
+            Runtime::Vllm(_) | Runtime::Sglang(_) => None,
+            Runtime::Transformers { new_tokens, .. } => Some(new_tokens),
+        },
+        "planned_from": match &e.source {
+            InferSource::Engine => json!({ "source": "engine" }),
+            InferSource::Template(key) => json!({ "source": "template", "template": key }),
+            InferSource::ClosedForm(why) => json!({ "source": "closed_form", "why": why }),
         },
         "weights": p.config.weights.name(),
         "quantize": p.config.quantize.map(|q| match q {

@@ -134,6 +134,37 @@ pub(super) fn additions_json(p: &TrainPlan) -> Value {
     Value::Array(rows)
 }
 
+/// An inference recording's recommendations: its levers alone (the allocator; the batch is
+/// the recording's), without training's checkpointing and accumulation columns.
+fn inference_rows(out: &mut String, p: &TrainPlan) {
+    outln!(*out, "  {:<52} {:>9} {:>12} {:>10} {:>10}", "allocator", "sequences", "per GPU", "step (s)", "tokens/s");
+    for r in p.search.recommendations.iter().take(10) {
+        let time = match &r.estimate.time {
+            Some(t) => format!("{:>10.3} {:>10.0}", t.step_time_s, t.tokens_per_s),
+            None => format!("{:>10} {:>10}", "-", "-"),
+        };
+        outln!(
+            *out,
+            "  {:<52} {:>9} {:>12} {time}",
+            r.allocator.as_deref().unwrap_or(""),
+            r.config.micro_batch,
+            format_size(r.estimate.memory.per_gpu_bytes as u64),
+        );
+    }
+    if p.search.recommendations.iter().take(10).any(|r| r.allocator.as_deref().is_some_and(|a| a.contains("--policy")))
+    {
+        outln!(
+            *out,
+            "  (--policy: headroom's allocator in PyTorch's place, loaded before the first CUDA tensor with \
+             headroom_gpu.torch_allocator.use(policy=...))"
+        );
+    }
+    outln!(*out, "what the recording fixes — record it again to plan another:");
+    for r in RECORD_AGAIN.iter().filter(|r| !r.starts_with("optimizer")) {
+        outln!(*out, "  {r}");
+    }
+}
+
 /// A recording's recommendations, as the text shows them.
 pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
     outln!(*out);
@@ -141,12 +172,14 @@ pub(super) fn recommendations_text(out: &mut String, p: &TrainPlan) {
     if p.inference().is_some() {
         outln!(
             *out,
-            "{} configurations of the recording's levers (allocator settings: inference has no checkpointing or \
-             accumulation) for {} sequences a forward; {} replayed, {found} found to fit; the fastest {shown} of them:",
+            "{} configurations of the recording's levers (allocator settings) for {} sequences a forward; {} \
+             replayed, {found} found to fit; the fastest {shown} of them:",
             p.search.tried,
             p.estimate.job.micro_batch,
             p.search.replayed,
         );
+        inference_rows(out, p);
+        return;
     } else {
         outln!(
         *out,

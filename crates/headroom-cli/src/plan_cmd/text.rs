@@ -5,7 +5,7 @@ use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
 use headroom_plan::builders::ProgramSource;
 use headroom_plan::estimate::{Estimate, RunnerRecord, Timing};
-use headroom_plan::infer::Runtime;
+use headroom_plan::infer::{InferSource, Runtime};
 use headroom_plan::job::{Finetune, Offload, PipelineStage};
 use headroom_plan::model::Model;
 use headroom_plan::names::Named;
@@ -340,6 +340,19 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
     }
 }
 
+/// What planned transformers' inference: its recorded program, or the closed form and why.
+fn planned_from(out: &mut String, source: &InferSource) {
+    match source {
+        InferSource::Template(key) => {
+            outln!(out, "planned by replaying transformers' code as recorded tensor by tensor ({key})")
+        }
+        InferSource::ClosedForm(why) => {
+            outln!(out, "planned from its peak moment in closed form (no recorded program: {why})")
+        }
+        InferSource::Engine => {}
+    }
+}
+
 pub(super) fn infer(p: &InferPlan) -> String {
     let (c, e) = (&p.config, &p.estimate);
     let mut out = String::new();
@@ -357,12 +370,14 @@ pub(super) fn infer(p: &InferPlan) -> String {
                 v.gpu_memory_utilization, v.max_num_batched_tokens, v.max_num_seqs
             ),
             Runtime::Sglang(s) => format!("SGLang (mem_fraction_static {})", s.mem_fraction_static),
-            Runtime::Transformers { attention, all_logits } => format!(
+            Runtime::Transformers { attention, all_logits, new_tokens } => format!(
                 "{} ({} weights{}, {} attention)",
                 if all_logits {
-                    "transformers' forward with a cache, every position's logits"
+                    "transformers' forward with a cache, every position's logits".to_string()
+                } else if new_tokens == 1 {
+                    "transformers' generate, its first forward".to_string()
                 } else {
-                    "transformers' generate, its first forward"
+                    format!("transformers' generate of {new_tokens} tokens")
                 },
                 p.config.weights.name(),
                 p.config.quantize.map_or_else(String::new, |q| format!(", linear layers {}", q.describe())),
@@ -457,10 +472,12 @@ pub(super) fn infer(p: &InferPlan) -> String {
             }
         }
         Runtime::Transformers { .. } if e.max_sequences == 0 => {
+            planned_from(&mut out, &e.source);
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", c.seq)
         }
         Runtime::Transformers { .. } => {
+            planned_from(&mut out, &e.source);
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, c.seq)
         }

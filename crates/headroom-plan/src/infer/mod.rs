@@ -12,11 +12,15 @@
 //!   weights and the KV heads.
 //! - SGLang's server (`sglang.rs`, with its share in [`crate::sglang`]): a pool of
 //!   `mem_fraction_static` of the free memory at start-up less the weights, one token a slot.
-//! - Hugging Face transformers' forward with a cache (`transformers.rs`): every layer's keys and
-//!   values, every position's logits, and the temporaries its code allocates, moment by moment
-//!   from [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8
-//!   or 4-bit, and the temporaries their forward allocates in the last layer.
+//! - Hugging Face transformers' `generate` (`transformers.rs`): where its code was recorded
+//!   tensor by tensor (`recorded.rs`, `data/programs/hf-infer.json`), the prompt's forward and
+//!   each decode step as recorded, the cache growing a position a step; elsewhere (bitsandbytes'
+//!   layers, eager attention, the families not recorded) its peak moment in closed form: every
+//!   layer's keys and values, the logits and the temporaries its code allocates, from
+//!   [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8 or
+//!   4-bit, and the temporaries their forward allocates in the last layer.
 
+pub mod recorded;
 mod sglang;
 mod transformers;
 mod vllm;
@@ -84,9 +88,21 @@ pub enum Runtime {
     /// SGLang's server with this share: a token pool of what the share leaves after the weights.
     Sglang(Sglang),
     /// transformers' forward with a cache, with this attention kernel: fp32 or bf16 weights,
-    /// the cache in the weights' dtype; the last position's logits (`generate`'s first
-    /// forward) or, with `all_logits`, every position's (an evaluation loop).
-    Transformers { attention: Attention, all_logits: bool },
+    /// the cache in the weights' dtype; `generate` of `new_tokens` tokens after a prompt of
+    /// the configuration's `seq` (its first forward alone at 1) or, with `all_logits`, one
+    /// forward keeping every position's logits (an evaluation loop).
+    Transformers { attention: Attention, all_logits: bool, new_tokens: u64 },
+}
+
+/// What planned an inference job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InferSource {
+    /// The serving engine's own sizing of its pool.
+    Engine,
+    /// transformers' code as recorded tensor by tensor: the template's key.
+    Template(String),
+    /// transformers' peak moment in closed form, and why no template serves the job.
+    ClosedForm(&'static str),
 }
 
 /// An inference configuration.
@@ -140,6 +156,8 @@ pub struct InferEstimate {
     pub starts: bool,
     /// The allocation that ran out of memory, where one did.
     pub oom: Option<OutOfMemory>,
+    /// What planned it.
+    pub source: InferSource,
     /// Sequences of `seq` tokens the cache holds (with transformers: the largest batch of
     /// `seq` tokens that fits).
     pub max_sequences: u64,
@@ -149,7 +167,16 @@ pub struct InferEstimate {
 
 /// The longest sequence of which `cfg.batch` fit (0 if none does), up to `limit` tokens.
 pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u64 {
-    crate::estimate::largest(limit, |seq| estimate(model, gpu, &InferConfig { seq, ..*cfg }).fits)
+    crate::estimate::largest(limit, |seq| verdict(model, gpu, &InferConfig { seq, ..*cfg }).fits)
+}
+
+/// How much of an estimate to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sizing {
+    /// Everything, the largest batch that fits among it.
+    Full,
+    /// Whether the job fits, and its figures; not the largest batch (a search of its own).
+    Verdict,
 }
 
 /// Why a configuration cannot be estimated.
@@ -181,7 +208,7 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
     if cfg.quantize.is_some() && !matches!(cfg.runtime, Runtime::Transformers { .. }) {
         return Err(Unsupported::QuantizeRuntime);
     }
-    if let Runtime::Transformers { attention, all_logits } = cfg.runtime {
+    if let Runtime::Transformers { attention, all_logits, .. } = cfg.runtime {
         if !matches!(cfg.weights, WeightFormat::Fp32 | WeightFormat::Bf16) {
             return Err(Unsupported::Weights(cfg.weights));
         }
@@ -213,6 +240,7 @@ struct Sized {
     max_sequences: u64,
     max_tokens: u64,
     program: Program,
+    source: InferSource,
 }
 
 /// A device larger than any job: 1 PiB.
@@ -222,7 +250,17 @@ const UNBOUNDED: u64 = 1 << 50;
 /// is estimated as a serving engine): the server's sizing, its program replayed through
 /// PyTorch's caching allocator on what PyTorch can have of the GPU.
 pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
-    let sized = sized(model, gpu, cfg);
+    estimated(model, gpu, cfg, Sizing::Full)
+}
+
+/// [`estimate`] without the search for the largest batch (`max_sequences` and `max_tokens`
+/// are then 0 with transformers).
+pub fn verdict(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
+    estimated(model, gpu, cfg, Sizing::Verdict)
+}
+
+fn estimated(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, sizing: Sizing) -> InferEstimate {
+    let sized = sized(model, gpu, cfg, sizing);
     let capacity = (gpu.memory_bytes as f64 - sized.outside).max(0.0) as u64;
     let mut r = replayed(&sized.program, capacity);
     let oom = r.oom.take();
@@ -246,15 +284,21 @@ pub fn estimate(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimat
         oom,
         max_sequences: sized.max_sequences,
         max_tokens: sized.max_tokens,
+        source: sized.source,
     }
 }
 
-fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> Sized {
-    if let (Runtime::Transformers { attention, all_logits }, WeightFormat::Fp32 | WeightFormat::Bf16) =
+fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, sizing: Sizing) -> Sized {
+    if let (Runtime::Transformers { attention, all_logits, .. }, WeightFormat::Fp32 | WeightFormat::Bf16) =
         (cfg.runtime, cfg.weights)
     {
-        if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits) {
-            return transformers::sized(model, gpu, cfg, recipe);
+        match recorded::key(model, cfg) {
+            Ok(key) => return transformers::replayed_sized(model, gpu, cfg, &key, sizing),
+            Err(why) => {
+                if let Some(recipe) = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits) {
+                    return transformers::sized(model, gpu, cfg, recipe, why, sizing);
+                }
+            }
         }
     }
     match cfg.runtime {
@@ -395,7 +439,7 @@ mod tests {
         let g = gpu("a100-80gb").unwrap();
         let m = preset("llama-2-7b").unwrap();
         let hf = |quantize, batch, seq| InferConfig {
-            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false },
+            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false, new_tokens: 1 },
             batch,
             seq,
             weights: WeightFormat::Bf16,

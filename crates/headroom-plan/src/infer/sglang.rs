@@ -40,5 +40,6 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, s: &Sglang)
         max_sequences,
         max_tokens: (room / per_token) as u64,
         program: p,
+        source: super::InferSource::Engine,
     }
 }

@@ -1,16 +1,85 @@
-//! transformers' forward with a cache as a program: the weights, then its peak moment as
-//! recorded ([`crate::forward_recipe`]) — every layer's keys and values cached by then, the
-//! ids and temporaries of the moment, the logits — with bitsandbytes' temporaries inside a
-//! quantized layer.
+//! transformers' inference as a program: where a template serves the job, its code replayed as
+//! recorded tensor by tensor ([`super::recorded`]); elsewhere the weights, then its peak
+//! moment in closed form ([`crate::forward_recipe`]) — every layer's keys and values cached by
+//! then, the ids and temporaries of the moment, the logits — with bitsandbytes' temporaries
+//! inside a quantized layer.
 
-use super::{allocate_cache, load_weights, replayed, InferConfig, Sized};
+use super::recorded;
+use super::{allocate_cache, load_weights, replayed, InferConfig, InferSource, Runtime, Sized, Sizing};
 use crate::estimate::largest;
 use crate::forward_recipe::{ForwardPeak, ForwardRecipe};
 use crate::gpu::GpuSpec;
 use crate::model::Model;
 use crate::program::{Law, Phase, Program, Term};
+use crate::replay::{replay, ReplaySettings};
+use headroom_alloc::PolicyName;
 
-pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, recipe: &ForwardRecipe) -> Sized {
+/// Whether `program` (laws in the batch) replays at `batch` within `capacity` bytes.
+fn fits_at(program: &Program, batch: u64, capacity: u64) -> bool {
+    let settings = ReplaySettings { capacity, config: Default::default(), policy: PolicyName::PyTorch };
+    replay(program, &program.sizes(batch, 1), &settings).oom.is_none()
+}
+
+/// The job as its template's program: the prompt's forward at the request's batch and length,
+/// and the decode steps its new tokens take ([`recorded::decode_pasts`]); the largest batch
+/// that fits with [`Sizing::Full`].
+pub(super) fn replayed_sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, key: &str, sizing: Sizing) -> Sized {
+    let new_tokens = match cfg.runtime {
+        Runtime::Transformers { all_logits: false, new_tokens, .. } => new_tokens,
+        _ => 1,
+    };
+    let pasts = recorded::decode_pasts(cfg.seq, new_tokens);
+    let outside = gpu.arch.cuda_context_bytes() as f64;
+    let capacity = (gpu.memory_bytes as f64 - outside).max(0.0) as u64;
+    // One program for every batch: its laws are in the batch.
+    let general = recorded::program(model, key, cfg.seq, &pasts, Some(gpu));
+    let max_sequences = match sizing {
+        Sizing::Verdict => 0,
+        Sizing::Full => largest(1 << 40, |batch| fits_at(&general, batch, capacity)),
+    };
+    let mut p = general;
+    let sizes = p.sizes(cfg.batch, 1);
+    for (t, &bytes) in p.tensors.iter_mut().zip(&sizes) {
+        t.law = Law::fixed(bytes as f64);
+    }
+    let peak = p.live_peak(&sizes);
+    // The cache at the peak: the prompt's, or a decode step's past and its token.
+    let cached = match peak.step {
+        0 | 1 => cfg.seq,
+        step => pasts.get(step as usize - 2).map_or(cfg.seq, |past| past + 1),
+    };
+    let kv_cache = model.kv_bytes_per_token(cfg.weights.bytes_per_param()) * (cfg.batch * cached) as f64;
+    let weights = p
+        .tensors
+        .iter()
+        .zip(p.sizes(1, 1))
+        .filter(|(t, _)| t.term == Term::Weights)
+        .map(|(_, bytes)| bytes as f64)
+        .sum::<f64>();
+    let logits = peak.by_term.get(Term::Logits) as f64;
+    Sized {
+        weights,
+        kv_cache,
+        activations: (peak.bytes as f64 - peak.by_term.get(Term::Weights) as f64 - kv_cache - logits).max(0.0),
+        logits,
+        outside,
+        starts: true,
+        serves: true,
+        max_sequences,
+        max_tokens: max_sequences.saturating_mul(cfg.seq),
+        program: p,
+        source: InferSource::Template(key.to_string()),
+    }
+}
+
+pub(super) fn sized(
+    model: &Model,
+    gpu: &GpuSpec,
+    cfg: &InferConfig,
+    recipe: &ForwardRecipe,
+    why: &'static str,
+    sizing: Sizing,
+) -> Sized {
     let width = cfg.weights.bytes_per_param();
     let weights = match cfg.quantize {
         Some(q) => q.weight_bytes(model, width),
@@ -22,7 +91,10 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, recipe: &Fo
     let (peak, p) = at(cfg.batch);
     let fits = |batch: u64| replayed(&at(batch).1, capacity).oom.is_none();
     // The peak grows with the batch, so the largest batch that fits is found by bisection.
-    let max_sequences = largest(1 << 40, fits);
+    let max_sequences = match sizing {
+        Sizing::Verdict => 0,
+        Sizing::Full => largest(1 << 40, fits),
+    };
     Sized {
         weights,
         kv_cache: peak.kv_cache,
@@ -34,6 +106,7 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, recipe: &Fo
         max_sequences,
         max_tokens: max_sequences.saturating_mul(cfg.seq),
         program: p,
+        source: InferSource::ClosedForm(why),
     }
 }
 

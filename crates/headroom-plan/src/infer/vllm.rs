@@ -46,5 +46,6 @@ pub(super) fn sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, e: &Engine)
         max_sequences,
         max_tokens: (room / per_token) as u64,
         program: p,
+        source: super::InferSource::Engine,
     }
 }

@@ -74,11 +74,11 @@ fn new_tensor(t: &mut Template, like: u32, law: Law, site: &str) -> u32 {
 }
 
 fn alloc(tensor: u32, layer: Option<crate::program_template::Layer>) -> EventT {
-    EventT { free: false, tensor, layer }
+    EventT { free: false, tensor, layer, previous: false }
 }
 
 fn free(tensor: u32, layer: Option<crate::program_template::Layer>) -> EventT {
-    EventT { free: true, tensor, layer }
+    EventT { free: true, tensor, layer, previous: false }
 }
 
 /// The events to add before or after, and in place of, a section's events.

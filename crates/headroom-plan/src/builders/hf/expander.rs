@@ -6,8 +6,8 @@ use super::Concrete;
 use crate::program_template::{EventT, Layer, Template, EDGE, RECORDED_LAYERS};
 use rustc_hash::FxHashMap;
 
-pub(super) struct Expander<'t> {
-    pub(super) layers: [u32; 2],
+pub(crate) struct Expander<'t> {
+    pub(crate) layers: [u32; 2],
     /// An edge layer's tensor → the middle layer's tensor made in its place. A tensor made in
     /// one layer and freed in the next (a layer's output, freed once the next layer's residual
     /// add has used it) is freed by an event of the next layer that names the recorded
@@ -17,13 +17,13 @@ pub(super) struct Expander<'t> {
 }
 
 impl<'t> Expander<'t> {
-    pub(super) fn new(t: &'t Template, layers: [u32; 2]) -> Expander<'t> {
+    pub(crate) fn new(t: &'t Template, layers: [u32; 2]) -> Expander<'t> {
         Expander { layers, analog: &t.analog }
     }
 
     /// Concrete layer `n` of `stack` numbered in forward order across the stacks: T5's
     /// encoder (stack 1) before its decoder (stack 0).
-    pub(super) fn numbered(&self, stack: u8, n: u32) -> u32 {
+    pub(crate) fn numbered(&self, stack: u8, n: u32) -> u32 {
         if stack == 1 {
             n
         } else {
@@ -36,7 +36,7 @@ impl<'t> Expander<'t> {
         (EDGE..self.layers[stack as usize].saturating_sub(EDGE)).contains(&c)
     }
 
-    pub(super) fn concrete(&self, n: u8, stack: u8, j: Option<u32>) -> u32 {
+    pub(crate) fn concrete(&self, n: u8, stack: u8, j: Option<u32>) -> u32 {
         let n = n as u32;
         if n < EDGE {
             n
@@ -50,7 +50,7 @@ impl<'t> Expander<'t> {
     /// Which instance of template tensor `tensor`, of home layer `h`, an event at `ctx`
     /// (replica `j` where `ctx` is the middle layer) touches: the tensor made there (the
     /// middle layer's where the layer is one of its replicas) and its concrete layer.
-    pub(super) fn instance(
+    pub(crate) fn instance(
         &self,
         tensor: u32,
         h: Option<Layer>,
@@ -73,7 +73,7 @@ impl<'t> Expander<'t> {
     }
 
     /// The events of a section expanded: (event, replica of the middle layer).
-    pub(super) fn expand(&self, events: &[EventT]) -> Vec<(EventT, Option<u32>)> {
+    pub(crate) fn expand(&self, events: &[EventT]) -> Vec<(EventT, Option<u32>)> {
         let mut out = Vec::with_capacity(events.len() * 2);
         let mut i = 0;
         while i < events.len() {

@@ -1,0 +1,117 @@
+//! `plan --infer --framework hf`: transformers' `generate` replayed from its recorded program
+//! (prompt and decode steps), the closed form where no template serves, and an inference
+//! recording's `--recommend` table with inference's levers only.
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+
+fn plan(args: &[&str]) -> (i32, Value) {
+    let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
+    let code = out.status.code().unwrap();
+    assert!(code < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    (code, serde_json::from_slice(&out.stdout).unwrap())
+}
+
+const HF: [&str; 7] = ["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer", "--framework", "hf"];
+
+#[test]
+fn generate_is_replayed_from_its_template_through_its_decode_steps() {
+    let job = |extra: &[&str]| plan(&[&HF[..], &["--batch", "64", "--seq", "16"], extra].concat()).1;
+    let first = job(&[]);
+    assert_eq!(first["planned_from"]["source"], "template");
+    assert_eq!(first["planned_from"]["template"], "llama/generate/bf16/sdpa");
+    assert_eq!(first["new_tokens"], 1);
+    // 4,000 tokens after a 16-token prompt: the cache at the last step holds 16 + 3,999
+    // positions of 128 KiB for 64 sequences (31.4 GiB), which the prompt's forward never held.
+    let long = job(&["--new-tokens", "4000"]);
+    assert_eq!(long["new_tokens"], 4000);
+    assert_eq!(long["breakdown"]["kv_cache"].as_u64(), Some(64 * (16 + 3999) * 131072));
+    let (a, b) = (first["reserved_bytes"].as_u64().unwrap(), long["reserved_bytes"].as_u64().unwrap());
+    assert!(b > a + (30 << 30), "{a} {b}");
+    assert!(long["allocated_bytes"].as_u64().unwrap() >= long["tensor_bytes"].as_u64().unwrap());
+    // The largest batch is the boundary of the replays.
+    let n = long["max_sequences"].as_u64().unwrap();
+    let fits = |batch: u64| {
+        let b = batch.to_string();
+        plan(&[&HF[..], &["--seq", "16", "--new-tokens", "4000", "--batch", &b]].concat()).1["fits"] == true
+    };
+    assert!(n > 64 && fits(n) && !fits(n + 1), "{n}");
+}
+
+#[test]
+fn the_closed_form_plans_what_no_template_serves_and_says_why() {
+    for (extra, why) in [
+        (&["--attention", "eager"][..], "SDPA"),
+        (&["--quantize", "nf4"][..], "bitsandbytes"),
+        (&["--weights", "fp32"][..], "math path"),
+    ] {
+        let (_, v) = plan(&[&HF[..], extra].concat());
+        assert_eq!(v["planned_from"]["source"], "closed_form", "{extra:?}");
+        assert!(v["planned_from"]["why"].as_str().unwrap().contains(why), "{extra:?}: {}", v["planned_from"]);
+    }
+    // Mistral-7B's 4,096-token window: its cache stops growing there, which no template holds.
+    let mistral = ["--model", "mistral-7b", "--gpu", "a100-80gb", "--infer", "--framework", "hf", "--seq"];
+    let (_, short) = plan(&[&mistral[..], &["2048"]].concat());
+    assert_eq!(short["planned_from"]["template"], "mistral/generate/bf16/sdpa");
+    let (_, long) = plan(&[&mistral[..], &["4000", "--new-tokens", "200"]].concat());
+    assert!(long["planned_from"]["why"].as_str().unwrap().contains("sliding window"), "{}", long["planned_from"]);
+    let (_, vllm) = plan(&["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer"]);
+    assert_eq!(vllm["planned_from"]["source"], "engine");
+    assert_eq!(vllm["new_tokens"], Value::Null);
+}
+
+#[test]
+fn the_text_says_what_planned_it_and_new_tokens_is_refused_where_it_does_not_apply() {
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan"])
+        .args(HF)
+        .args(["--seq", "512", "--new-tokens", "128"])
+        .assert()
+        .success()
+        .stdout(contains("transformers' generate of 128 tokens"))
+        .stdout(contains(
+            "planned by replaying transformers' code as recorded tensor by tensor (llama/generate/bf16/sdpa)",
+        ));
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan"])
+        .args(HF)
+        .args(["--attention", "eager"])
+        .assert()
+        .success()
+        .stdout(contains("planned from its peak moment in closed form (no recorded program: inference was recorded"));
+    for (args, msg) in [
+        (&["--new-tokens", "8"][..], "a serving engine's --seq is prompt and output"),
+        (&["--framework", "hf", "--new-tokens", "8", "--all-logits"], "--all-logits plans one forward"),
+        (&["--framework", "hf", "--new-tokens", "0"], "--new-tokens"),
+        (&["--train", "--new-tokens", "8"], "applies to inference"),
+    ] {
+        Command::cargo_bin("headroom")
+            .unwrap()
+            .args(["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb"])
+            .args(if args.contains(&"--train") { &[][..] } else { &["--infer"][..] })
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(contains(msg));
+    }
+}
+
+#[test]
+fn an_inference_recordings_recommendations_show_inference_levers_only() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::cargo_bin("headroom")
+        .unwrap()
+        .current_dir(root)
+        .args(["plan", "--gpu", "l4", "--program", "data/recordings/gpt2-bf16-b1-s64-generate2.jsonl", "--recommend"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let table = &text[text.find("configurations of the recording's levers").expect("a table")..];
+    let header = table.lines().nth(1).unwrap();
+    assert!(header.contains("allocator") && header.contains("sequences") && header.contains("per GPU"), "{header}");
+    assert!(!header.contains("checkpoint") && !header.contains("accum"), "{header}");
+    assert!(!table.contains("optimizer: record it"), "{table}");
+}

@@ -1,0 +1,308 @@
+//! transformers' inference replayed as recorded, tensor by tensor: the inference templates of
+//! `data/programs/hf-infer.json` ([`crate::program_template`], recorded on CPU by
+//! `scripts/validate/infer_programs.py`) expanded to the model's depth as the training
+//! templates are ([`crate::builders::hf`]), then laid out as the job runs them: the model and
+//! its inputs, the prompt's forward (`generate`'s prefill, or an evaluation loop's forward
+//! with every position's logits), and `generate`'s decode steps, each at its own past length,
+//! the cache it replaces freed by the step after.
+//!
+//! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
+//! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
+//! key-value heads takes SDPA's math path on a GPU, which was not recorded for inference.
+
+use super::{InferConfig, Runtime, WeightFormat};
+use crate::builders::hf::expander::Expander;
+use crate::builders::hf::{is_head, stack_layers, Concrete};
+use crate::gpu::GpuSpec;
+use crate::job::Attention;
+use crate::model::Model;
+use crate::model_units::unit;
+use crate::program::{Law, Op, Phase, Program, TensorId, Term};
+use crate::program_template::{self, EventT, Template, EDGE};
+use crate::recipe::measured_code;
+use rustc_hash::FxHashMap as HashMap;
+
+/// Decode steps replayed at most: the first and the last half of them. A step's tensors grow
+/// by one position of the cache a step, so the last steps hold the most; the steps between
+/// are what the allocator's cache has seen by then, and replaying them all would make a long
+/// generation's plan, and the search for its largest batch, cost a replay per token.
+pub const REPLAYED_STEPS: u64 = 16;
+
+/// The template serving `cfg` on `model`, or why none does.
+pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
+    let Runtime::Transformers { attention, all_logits, .. } = cfg.runtime else {
+        return Err("a serving engine sizes its own cache");
+    };
+    if cfg.quantize.is_some() {
+        return Err("bitsandbytes' quantized layers were not recorded tensor by tensor");
+    }
+    if !matches!(attention, Attention::Sdpa | Attention::Flash) {
+        return Err("inference was recorded with SDPA attention only");
+    }
+    let precision = match cfg.weights {
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::Fp32 if model.kv_heads < model.heads => {
+            return Err("fp32 with grouped key-value heads takes SDPA's math path on a GPU, not recorded for inference")
+        }
+        WeightFormat::Fp32 => "fp32",
+        _ => return Err("transformers' forward was recorded with fp32 and bf16 weights"),
+    };
+    let new_tokens = match cfg.runtime {
+        Runtime::Transformers { all_logits: false, new_tokens, .. } => new_tokens,
+        _ => 1,
+    };
+    // transformers' cache keeps a window's tokens in the layers that slide, which the templates
+    // (recorded without a window) do not: a job that reaches past the window is not theirs.
+    if model.sliding_window.is_some_and(|w| cfg.seq + new_tokens - 1 > w) {
+        return Err("the cache of a sliding window was not recorded");
+    }
+    if stack_layers(model)[0] < 2 * EDGE {
+        return Err("fewer layers than the template keeps at its ends");
+    }
+    let mode = if all_logits { "forward" } else { "generate" };
+    [model.model_type, measured_code(model)]
+        .iter()
+        .map(|family| format!("{family}/{mode}/{precision}/sdpa"))
+        .find(|k| program_template::template(k).is_some())
+        .ok_or("this family was not recorded for inference")
+}
+
+/// The past lengths of the decode steps replayed for `new_tokens` tokens after a prompt of
+/// `prompt`: every step's up to [`REPLAYED_STEPS`], else the first and the last half of them.
+pub fn decode_pasts(prompt: u64, new_tokens: u64) -> Vec<u64> {
+    let steps = new_tokens.saturating_sub(1);
+    if steps <= REPLAYED_STEPS {
+        return (0..steps).map(|i| prompt + i).collect();
+    }
+    let half = REPLAYED_STEPS / 2;
+    (0..half).chain(steps - half..steps).map(|i| prompt + i).collect()
+}
+
+/// The job's program over a prompt of `prompt` tokens, and the decode steps at `pasts` (none
+/// for an evaluation loop's forward), on `gpu` where one is given: each tensor's law in the
+/// batch alone (its section's length given), so `sizes(batch, 1)` sizes it for any batch.
+pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option<&GpuSpec>) -> Program {
+    let parsed = program_template::template(key).expect("a key from `key`");
+    let t = parsed.resolved(&|u| unit(model, u));
+    let ex = Expander::new(&t, stack_layers(model));
+    let head = t.params.iter().position(|p| is_head(&p.name)).filter(|_| model.tied_embeddings).map(|h| h as u32);
+    let mut r = Replay {
+        t: &t,
+        ex: &ex,
+        p: Program::default(),
+        sites: vec![None; t.sites.len()],
+        head,
+        live: HashMap::default(),
+        prev: HashMap::default(),
+        cur: HashMap::default(),
+    };
+    let sections = t.inference.as_ref().expect("an inference template");
+    r.p.mark(0, Phase::Setup);
+    r.section(&t.setup, prompt, false);
+    r.p.mark(1, Phase::Forward);
+    if let Some(g) = gpu {
+        let site = r.p.site("cuBLAS workspace");
+        r.p.alloc(Law::fixed(g.arch.cublas_workspace_bytes() as f64), Term::Workspace, site);
+    }
+    r.section(&sections.prefill, prompt, false);
+    for (i, &past) in pasts.iter().enumerate() {
+        r.p.mark(i as u32 + 2, Phase::Forward);
+        r.section(if i == 0 { &sections.decode1 } else { &sections.decode }, past, true);
+        // What the step before made and this one did not free: none in a recorded step (the
+        // recorder checks), dropped here in the order made so nothing outlives its step.
+        let mut left: Vec<TensorId> = r.prev.drain().map(|(_, id)| id).collect();
+        left.sort_unstable();
+        for id in left {
+            r.p.free(id);
+        }
+        r.prev = std::mem::take(&mut r.cur);
+    }
+    // The job's end: what is left is dropped, in the order made.
+    let mut left: Vec<TensorId> = r.live.drain().chain(r.prev.drain()).map(|(_, id)| id).collect();
+    left.sort_unstable();
+    for id in left {
+        r.p.free(id);
+    }
+    r.p
+}
+
+/// `law` at a length of `s`: a law in the batch alone.
+fn at_length(law: Law, s: f64) -> Law {
+    Law {
+        fixed: law.fixed + law.per_position * s + law.per_position_square * s * s,
+        per_sequence: law.per_sequence + law.per_token * s + law.per_token_position * s * s,
+        ..Law::default()
+    }
+}
+
+/// The live peak from the prompt's forward on: what is alive when it begins (the model, the
+/// ids, the mask) plus the highest running sum after, as a measurement that begins at the call
+/// sees it (the model's construction before it left out).
+pub fn call_peak(p: &Program, sizes: &[u64]) -> u64 {
+    let (mut live, mut peak, mut begun) = (0u64, 0u64, false);
+    for op in &p.ops {
+        match *op {
+            Op::Mark { step, .. } if step >= 1 => begun = true,
+            Op::Alloc(t) => live += sizes[t as usize],
+            Op::Free(t) => live = live.saturating_sub(sizes[t as usize]),
+            _ => {}
+        }
+        if begun {
+            peak = peak.max(live);
+        }
+    }
+    peak
+}
+
+type Instance = (u32, Option<Concrete>);
+
+struct Replay<'a> {
+    t: &'a Template,
+    ex: &'a Expander<'a>,
+    p: Program,
+    sites: Vec<Option<u32>>,
+    /// The head's weight where the model ties it to the embeddings: not a tensor of its own.
+    head: Option<u32>,
+    /// What the setup and the prompt's forward made, and is not freed yet.
+    live: HashMap<Instance, TensorId>,
+    /// What the decode step before made (freed by [`EventT::previous`] events), and this one.
+    prev: HashMap<Instance, TensorId>,
+    cur: HashMap<Instance, TensorId>,
+}
+
+impl Replay<'_> {
+    /// A section's events, its tensors sized at `len` (the prompt, or a decode step's past).
+    fn section(&mut self, events: &[EventT], len: u64, decode: bool) {
+        for (e, j) in self.ex.expand(events) {
+            let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
+            if e.free {
+                let id = if e.previous {
+                    self.prev.remove(&inst)
+                } else {
+                    self.cur.remove(&inst).or_else(|| self.live.remove(&inst))
+                };
+                if let Some(id) = id {
+                    self.p.free(id);
+                }
+                continue;
+            }
+            let x = &self.t.tensors[inst.0 as usize];
+            if x.param.is_some() && x.param == self.head {
+                continue;
+            }
+            let site = self.site(x.site);
+            let id = self.p.alloc(at_length(x.law, len as f64), x.term, site);
+            self.p.tensors[id as usize].layer = inst.1.map(|(stack, n)| self.ex.numbered(stack, n));
+            if decode {
+                self.cur.insert(inst, id);
+            } else {
+                self.live.insert(inst, id);
+            }
+        }
+    }
+
+    fn site(&mut self, s: u32) -> u32 {
+        if let Some(&Some(site)) = self.sites.get(s as usize) {
+            return site;
+        }
+        let site = self.p.site(self.t.sites.get(s as usize).map(String::as_str).unwrap_or(""));
+        if let Some(slot) = self.sites.get_mut(s as usize) {
+            *slot = Some(site);
+        }
+        site
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program_template::SectionCheck;
+
+    /// FNV-1a over the decimal text of each item followed by `;`, as the recorder digests.
+    fn digest(items: &[String]) -> String {
+        let mut h: u64 = 0xcbf29ce484222325;
+        for x in items {
+            for b in x.bytes().chain(std::iter::once(b';')) {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x100000001b3);
+            }
+        }
+        format!("{h:016x}")
+    }
+
+    /// Every inference template, expanded to the depth the recorder checked it at, reproduces
+    /// what the recorder saw there: each event's kind and bytes in order, the live peak, and
+    /// every free frees an instance the expansion made (a decode step's of the step before).
+    #[test]
+    fn inference_templates_expand_as_recorded() {
+        let mut checked = 0;
+        for key in program_template::keys() {
+            let Some(parsed) = program_template::template(key) else { continue };
+            let Some(sections) = parsed.template.inference.clone() else { continue };
+            let dims = parsed.template.dims.clone();
+            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) });
+            let c = &t.check;
+            let ex = Expander::new(&t, [c.layers, c.layers]);
+            let (b, s) = (c.batch as f64, c.seq as f64);
+            let mut made: HashMap<Instance, i64> = HashMap::default();
+            let mut prev: HashMap<Instance, i64> = HashMap::default();
+            let parts: [(&str, &[EventT], Option<&SectionCheck>, f64); 4] = [
+                ("setup", &t.setup, Some(&c.setup), s),
+                ("prefill", &sections.prefill, c.prefill.as_ref(), s),
+                ("decode1", &sections.decode1, c.decode1.as_ref(), s),
+                ("decode", &sections.decode, c.decode.as_ref(), s + 1.0),
+            ];
+            for (name, events, want, len) in parts {
+                let Some(want) = want else {
+                    assert!(events.is_empty(), "{key} {name}: events without a check");
+                    continue;
+                };
+                let decode = name.starts_with("decode");
+                let mut cur: HashMap<Instance, i64> = HashMap::default();
+                let (mut items, mut live, mut peak, mut n) = (Vec::new(), 0i64, 0i64, 0usize);
+                for (e, j) in ex.expand(events) {
+                    let inst = ex.instance(e.tensor, t.tensors[e.tensor as usize].home, e.layer, j);
+                    let bytes = if e.free {
+                        let found = if e.previous {
+                            prev.remove(&inst)
+                        } else {
+                            cur.remove(&inst).or_else(|| made.remove(&inst))
+                        };
+                        assert!(found.is_some(), "{key} {name}: a free of {inst:?}, which the expansion did not make");
+                        found.unwrap_or(0)
+                    } else {
+                        let bytes = t.tensors[inst.0 as usize].law.bytes(b, len) as i64;
+                        if decode {
+                            cur.insert(inst, bytes)
+                        } else {
+                            made.insert(inst, bytes)
+                        };
+                        bytes
+                    };
+                    live += if e.free { -bytes } else { bytes };
+                    peak = peak.max(live);
+                    items.push(if e.free { "f" } else { "a" }.to_string());
+                    items.push(bytes.to_string());
+                    n += 1;
+                }
+                if decode {
+                    prev = cur;
+                }
+                assert_eq!(n, want.events, "{key} {name}: events");
+                assert_eq!(peak as u64, want.peak, "{key} {name}: peak");
+                assert_eq!(digest(&items), want.digest, "{key} {name}: the events in order");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 20, "{checked} inference templates checked");
+    }
+
+    #[test]
+    fn a_long_generation_replays_its_first_and_last_steps() {
+        assert_eq!(decode_pasts(100, 1), Vec::<u64>::new());
+        assert_eq!(decode_pasts(100, 4), vec![100, 101, 102]);
+        let long = decode_pasts(100, 1001);
+        assert_eq!(long.len() as u64, REPLAYED_STEPS);
+        assert_eq!((long[0], long[7], long[8], long[15]), (100, 107, 1092, 1099));
+    }
+}

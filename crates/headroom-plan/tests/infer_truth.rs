@@ -1,0 +1,54 @@
+//! The inference templates against transformers' `generate` and forward run for real on the
+//! CPU (`data/validation/infer_truth.json`, `scripts/validate/infer_truth.py`): configs,
+//! depths and shapes no template was recorded at. The planner's program for each, on the
+//! CPU (no GPU's workspace), its live peak against the measured one.
+
+use headroom_plan::infer::recorded;
+use headroom_plan::model::Model;
+use serde_json::Value;
+
+/// Declared with the measurements, before the first run: the inference forwards' tolerance.
+const TOLERANCE: f64 = 0.03;
+
+#[test]
+fn inference_templates_match_real_cpu_runs() {
+    let text = include_str!("../../../data/validation/infer_truth.json");
+    let doc: Value = serde_json::from_str(text).expect("the ground truth parses");
+    let rows = doc["rows"].as_array().expect("rows");
+    let mut out = Vec::new();
+    for r in rows {
+        let family = r["family"].as_str().unwrap();
+        let m = Model::from_hf_config(&r["config"].to_string(), family).expect("a model");
+        let (batch, seq, new_tokens) =
+            (r["batch"].as_u64().unwrap(), r["seq"].as_u64().unwrap(), r["new_tokens"].as_u64().unwrap());
+        let mode = r["mode"].as_str().unwrap();
+        // The CPU runs its fused SDPA kernel at every precision: the template recorded there.
+        let key = format!("{}/{mode}/{}/sdpa", m.model_type, r["precision"].as_str().unwrap());
+        let pasts = if mode == "generate" { recorded::decode_pasts(seq, new_tokens) } else { Vec::new() };
+        let p = recorded::program(&m, &key, seq, &pasts, None);
+        p.check().expect("well formed");
+        let planned = recorded::call_peak(&p, &p.sizes(batch, 1)) as f64;
+        let measured = r["peak_bytes"].as_f64().unwrap();
+        let error = planned / measured - 1.0;
+        let label = format!(
+            "{key} {batch}×{seq}{}",
+            if mode == "generate" { format!(" +{new_tokens}") } else { String::new() }
+        );
+        out.push((label, r["split"].as_str().unwrap().to_string(), measured, planned, error));
+    }
+    if std::env::var_os("GROUND_TRUTH_TABLE").is_some() {
+        println!("| job | split | measured | planned | error |");
+        println!("|---|---|---:|---:|---:|");
+        for (label, split, measured, planned, error) in &out {
+            println!(
+                "| {label} | {split} | {:.2} MiB | {:.2} MiB | {:+.2}% |",
+                measured / 1048576.0,
+                planned / 1048576.0,
+                error * 100.0
+            );
+        }
+    }
+    assert!(out.len() >= 40, "{} rows", out.len());
+    let outside: Vec<_> = out.iter().filter(|r| r.4.abs() > TOLERANCE).map(|r| (&r.0, r.4)).collect();
+    assert!(outside.is_empty(), "outside ±{}%: {outside:?}", TOLERANCE * 100.0);
+}

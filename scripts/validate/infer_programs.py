@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""What transformers' inference allocates and frees, tensor by tensor, in order: the
+inference programs `headroom plan --infer --framework hf` replays through its allocator.
+
+The same method as `step_programs.py` (the training templates), for two jobs a user runs:
+
+- `generate`: `model.generate(input_ids, attention_mask=..., max_new_tokens=4,
+  do_sample=False)` (greedy, transformers' `DynamicCache`). Its sections: `setup` (the
+  model built, the ids and the mask), `prefill` (from the call to the start of the second
+  forward: the prompt's forward with the last position's logits, the first token chosen),
+  `decode1` (the first decode step: the cache grows from the prompt's length by one), and
+  `decode` (a later one, the third forward). The fourth forward and generate's return are
+  not kept: they end the loop, which the planner ends itself.
+- `forward`: `model(input_ids, use_cache=True)` under `torch.no_grad()`, every position's
+  logits (an evaluation loop): `setup` and `prefill`.
+
+Sizes are laws in the model's dimensions (as step_programs.py's), over the batch and a
+length: the prompt's for `setup` and `prefill`, the cache's length before the step (the
+past) for a decode step, so a step deep into a generation is the recorded step at a longer
+past. A decode step's keys and values are made anew each step (`torch.cat` of the cache and
+the step's token) and the previous step's freed: a free of what the step before made is
+event kind 2, naming this step's tensor made at the same point (the planner frees the
+previous step's instance). `decode1`'s tensors are `decode`'s, made in the same order with
+the same laws at a past one shorter (checked); `decode1` frees what the prefill made.
+
+Recorded at five layers (the middle one repeated by the planner for every layer between) and
+three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
+does (`check`: each section's events, their bytes in order and the live peak, which the
+planner's expansion reproduces; `cargo test -p headroom-plan program_templates`).
+
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import infer_recipes  # noqa: E402
+import measure  # noqa: E402
+import step_programs as sp  # noqa: E402
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral")
+MODES = ("generate", "forward")
+NEW_TOKENS = 4
+SECTIONS = ("setup", "prefill", "decode1", "decode")
+
+
+def key(family, mode, precision, attn):
+    return f"{family}/{mode}/{precision}/{attn}"
+
+
+class InferJob:
+    """One recorded run: every allocation and free in time order, by section and layer."""
+
+    def __init__(self, family, mode, precision, attn, batch, seq, layers):
+        cfg = sp.config(family, layers)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+        torch.manual_seed(0)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
+                infer_recipes.repeats_marked():
+            with record_function("setup"):
+                model = measure.build(cfg, "causal-lm", attn, dtype)
+                model.eval()
+                sp.hook_layers(model, family)
+                ids = measure.inputs(cfg, "causal-lm", batch, seq)["input_ids"]
+                mask = torch.ones_like(ids)
+            ranges = []
+
+            def enter(m, a):
+                ranges.append(record_function("forward"))
+                ranges[-1].__enter__()
+
+            model.register_forward_pre_hook(enter)
+            model.register_forward_hook(lambda m, a, o: ranges.pop().__exit__(None, None, None))
+            with record_function("run"):
+                if mode == "generate":
+                    model.generation_config.pad_token_id = 0
+                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                                         do_sample=False, min_new_tokens=NEW_TOKENS)
+                else:
+                    with torch.no_grad():
+                        out = model(input_ids=ids, use_cache=True)
+            del out
+        self.params = []
+        pattern = sp.layer_pattern(family)
+        for name, p in model.named_parameters():
+            hit = __import__("re").match(pattern.pattern + r"\.", name)
+            layer = ["main", int(hit.group(2))] if hit else None
+            self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
+                                "ptr": p.untyped_storage().data_ptr()})
+        self.dims = sp.dims(model, cfg)
+        persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
+        persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
+        persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in (ids, mask)})
+        self._read(prof, persistent)
+
+    def _read(self, prof, persistent):
+        events = list(prof.profiler.kineto_results.events())
+        self.ranges = sorted(((sp.layer_tag(e.name()), e.start_ns(), e.end_ns()) for e in events
+                              if e.name().startswith("layer:")), key=lambda r: r[2] - r[1])
+        setup = next((e.start_ns(), e.end_ns()) for e in events if e.name() == "setup")
+        run = next((e.start_ns(), e.end_ns()) for e in events if e.name() == "run")
+        # Each step begins where the model's forward begins.
+        forwards = sorted(e.start_ns() for e in events if e.name() == "forward")
+        bounds = [run[0]] + forwards[1:] + [run[1] + 1]
+        names = ["prefill", "decode1", "decode", "rest", "rest", "rest"]
+        self.sections = [("setup", setup[0], setup[1])]
+        for i in range(len(bounds) - 1):
+            self.sections.append((names[i], bounds[i], bounds[i + 1] - 1))
+        allocs = []
+
+        def walk(node, ops):
+            if node.tag == _EventType.Allocation:
+                a = node.extra_fields
+                allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
+                return
+            if node.tag == _EventType.TorchOp and not sp.ANNOTATION.fullmatch(node.name) \
+                    and node.name not in ("run", "forward"):
+                ops = ops + [(node.name, id(node))]
+            for c in node.children:
+                walk(c, ops)
+
+        for root in prof.profiler.kineto_results.experimental_event_tree():
+            walk(root, [])
+        allocs.sort(key=lambda a: a[0])
+        self.tensors, self.events, live = [], [], {}
+        for t, ptr, size, ops in allocs:
+            if size > 0:
+                live[ptr] = len(self.tensors)
+                self.tensors.append({"size": size, "ops": ops, "ptr": ptr, "section": self.section_at(t),
+                                     "layer": self.layer_at(t), "freed": None})
+                self.events.append(("a", live[ptr]))
+            elif ptr in live:
+                i = live.pop(ptr)
+                self.tensors[i]["freed"] = {"ops": ops, "section": self.section_at(t), "layer": self.layer_at(t)}
+                self.events.append(("f", i))
+        for tensor in self.tensors:
+            tensor["role"] = persistent.get(tensor["ptr"]) if tensor["freed"] is None else None
+            tensor["kernel"] = next((tag for tag, rx in sp.KERNEL_TAGS
+                                     if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
+            f = tensor["freed"]
+            tensor["scratch"] = bool(f) and (
+                any(name in sp.CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
+                or (bool(tensor["ops"]) and tensor["ops"][-1][0] in sp.CPU_GEMMS and f["ops"][-1:] == tensor["ops"][-1:]))
+
+    def section_at(self, t):
+        return next((name for name, start, end in self.sections if start <= t <= end), None)
+
+    def layer_at(self, t):
+        inside = next((tag for tag, start, end in self.ranges if start <= t <= end), None)
+        if inside is not None:
+            return inside, inside
+        began = next((start for name, start, end in self.sections if start <= t <= end), 0)
+        ended = [(end, tag) for tag, start, end in self.ranges if began <= start and end < t]
+        return None, (max(ended)[1] if ended else None)
+
+
+def kept(job):
+    """The tensors a template keeps (made in a kept section), and why each other is left out."""
+    keep, left = [], {}
+    for i, t in enumerate(job.tensors):
+        why = None
+        if t["section"] not in SECTIONS:
+            why = "after the kept steps"
+        elif t["scratch"]:
+            why = "CPU kernel scratch"
+        if why:
+            left[why] = left.get(why, 0) + 1
+        else:
+            keep.append(i)
+    return keep, left
+
+
+def home(job, t):
+    tensor = job.tensors[t]
+    role = tensor["role"]
+    if role and role[0] == "param":
+        layer = job.params[role[1]]["layer"]
+        return (layer[0], int(layer[1])) if layer else None
+    inside, last = tensor["layer"]
+    return inside if inside is not None else last
+
+
+def sequence(job, keep):
+    """The kept events by section, [(kind, tensor, layer)], as step_programs.sequence assigns
+    layers: the layer whose module ran; between layers the one that ran last, but in a run
+    that touches three or more layers' tensors (a loop over the layers), each tensor's own."""
+    keep = set(keep)
+    raw = {s: [] for s in SECTIONS}
+    for kind, t in job.events:
+        if t not in keep:
+            continue
+        tensor = job.tensors[t]
+        where = tensor["freed"] if kind == "f" else tensor
+        if where["section"] not in raw:
+            continue
+        inside, last = where["layer"]
+        raw[where["section"]].append([kind, t, inside, last, home(job, t)])
+    out = {}
+    for section, events in raw.items():
+        i = 0
+        while i < len(events):
+            if events[i][2] is not None:
+                i += 1
+                continue
+            end = i
+            while end < len(events) and events[end][2] is None:
+                end += 1
+            homes = {}
+            for e in events[i:end]:
+                if e[4] is not None:
+                    homes.setdefault(e[4][0], set()).add(e[4][1])
+            loop = any(len(v) >= 3 for v in homes.values())
+            for e in events[i:end]:
+                e[2] = (e[4] if e[4] is not None else e[3]) if loop else (e[3] if e[3] is not None else e[4])
+            i = end
+        i = 0
+        while i < len(events):
+            end = i
+            while end < len(events) and events[end][0] == "f":
+                end += 1
+            if end > i + 1:
+                events[i:end] = sorted(events[i:end], key=lambda e: (e[2] or ("", -1), e[1]))
+            i = max(end, i + 1)
+        out[section] = [(k, t, (c[0], int(c[1])) if c else None) for k, t, c, _, _ in events]
+    return out
+
+
+def fit(ns, points, d, param_shapes, what, widths):
+    """A size seen at three (batch, length) points [(b, x1), (b, x2), (b3, x1)] as
+    {kind: {unit: bytes}}: `fixed`, `tok` (b x len), `tok_s` (b x len^2), `seq` (b), `pos`
+    (len), `pos_s` (len^2); a length's law may carry a constant per sequence (a decode step's
+    token beside the past's)."""
+    (b, x1), (_, x2), (b3, _) = points
+    n1, n2, n3 = ns
+    if n1 == n2 == n3:
+        if n1 <= sp.TINY:
+            return {"fixed": {"one": float(n1)}}
+        for shape, units, coef in param_shapes:
+            for w in (2, 4, 1, 8):
+                if n1 == w * shape:
+                    return {"fixed": {units: float(w * coef)}}
+        return {"fixed": sp.per_unit(n1, d, what, widths)}
+    grows_b = n3 * b == n1 * b3
+    if not (grows_b or n3 == n1):
+        raise sp.Unexplained(f"{what}: {ns} bytes at {points} grow with the batch in part")
+    g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
+    kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
+    if g2 * x1 * x1 == g1 * x2 * x2:
+        per = g1 / (x1 * x1)
+        if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per > 16:
+            return {kind_s: {"heads": per / d["heads"]}}
+        return {kind_s: {"one": per}}
+    slope = (g2 - g1) / (x2 - x1)
+    const = g1 - slope * x1
+    if slope == 0:
+        return {kind_1: sp.per_unit(const, d, what, widths)}
+    if slope < 0 or abs(slope - round(slope)) > 1e-9:
+        raise sp.Unexplained(f"{what}: {ns} bytes at {points}: no law")
+    out = {kind: sp.per_unit(slope, d, what, (4, 2, 1, 8) if kind == "pos" else widths)}
+    if abs(const) > 1e-9:
+        if const < 0:
+            raise sp.Unexplained(f"{what}: {ns} bytes at {points}: a negative constant")
+        out[kind_1] = sp.per_unit(const, d, what, widths)
+    return out
+
+
+def law_bytes(lw, b, x, d):
+    total = 0
+    for kind, units in lw.items():
+        for u, c in units.items():
+            v = c
+            for part in u.split("*"):
+                v *= 1 if part == "one" else d[part]
+            total += v * {"fixed": 1, "tok": b * x, "tok_s": b * x * x, "seq": b, "pos": x, "pos_s": x * x}[kind]
+    return total
+
+
+def points(mode, section):
+    """The (batch, length) each recorded shape gives a section's laws: the prompt, or a decode
+    step's past (the prompt plus the steps before it)."""
+    past = {"decode1": 0, "decode": 1}.get(section, 0)
+    return [(b, s + past) for b, s in sp.SHAPES]
+
+
+def template(family, mode, precision, attn):
+    what = key(family, mode, precision, attn)
+    jobs = [isolated(family, mode, precision, attn, b, s, sp.LAYERS) for b, s in sp.SHAPES]
+    deep = isolated(family, mode, precision, attn, *sp.SHAPES[0], sp.CHECK_LAYERS)
+    base = jobs[0]
+    keeps = [kept(j) for j in jobs]
+    seqs = [sequence(j, k[0]) for j, k in zip(jobs, keeps)]
+    for name in SECTIONS:
+        if len({len(s[name]) for s in seqs}) != 1:
+            raise sp.Unexplained(f"{what}: {name} has {[len(s[name]) for s in seqs]} events at {sp.SHAPES}")
+    # Python numbers the CPU wraps as tensors (a GPU keeps them on the host), and a few bytes a
+    # sequence: what is a few bytes at the first shape (the check's) and not a weight or an input.
+    tiny = [set() for _ in jobs]
+    for name in SECTIONS:
+        made = [[t for k, t, _ in s[name] if k == "a"] for s in seqs]
+        for pos in range(len(made[0])):
+            ts = [j.tensors[m[pos]] for j, m in zip(jobs, made)]
+            if ts[0]["size"] <= sp.TINY and ts[0]["role"] is None:
+                for i, m in enumerate(made):
+                    tiny[i].add(m[pos])
+    # Dropped before the events are put in order: a run of frees sorts the same without them.
+    seqs = [sequence(j, [t for t in k[0] if t not in tiny[i]]) for i, (j, k) in enumerate(zip(jobs, keeps))]
+    d = base.dims
+    widths = sp.widths_of("fp32" if precision == "fp32" else "bf16")
+    param_shapes, params = [], []
+    for p in base.params:
+        n = 1
+        for x in p["shape"]:
+            n *= x
+        coef, units = sp.shape_units(p["shape"], d)
+        param_shapes.append((n, units, coef))
+        params.append({"name": p["name"], "units": units, "count": coef, "bytes": p["bytes"], "layer": p["layer"]})
+    # The tensors each section makes, in order, matched across the shapes by position.
+    made = {name: [[t for k, t, _ in s[name] if k == "a"] for s in seqs] for name in SECTIONS}
+    tensors, index = [], {}  # index: (shape 0's tensor) -> template tensor
+    section_of = {}
+    for name in ("setup", "prefill", "decode"):
+        for pos, t in enumerate(made[name][0]):
+            ts = [j.tensors[m[pos]] for j, m in zip(jobs, made[name])]
+            role = ts[0]["role"]
+            if role and role[0] == "param":
+                p = params[role[1]]
+                lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
+            else:
+                lw = fit([x["size"] for x in ts], points(mode, name), d, param_shapes, f"{what} {name} {pos}",
+                         widths)
+            if role and role[0] in ("param", "buffer"):
+                term = "weights"
+            elif role and role[0] == "input":
+                term = "inputs"
+            elif any("V" in u.split("*") for kk, units in lw.items() if kk != "fixed" for u in units):
+                term = "logits"
+            else:
+                term = "activations"
+            leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
+            top = next((n for n, _ in ts[0]["ops"]), "")
+            entry = {"law": lw, "term": term, "site": top if top == leaf else f"{top} > {leaf}"}
+            if role and role[0] == "param":
+                entry["param"] = role[1]
+            if ts[0]["kernel"] == "sdpa":
+                entry["kernel"] = "sdpa"
+            index[t] = len(tensors)
+            section_of[len(tensors)] = name
+            tensors.append(entry)
+    # decode1 makes decode's tensors, at a past one shorter.
+    dec = made["decode"][0]
+    if mode == "generate":
+        if len(made["decode1"][0]) != len(dec):
+            raise sp.Unexplained(f"{what}: decode1 makes {len(made['decode1'][0])} tensors, decode {len(dec)}")
+        for si, (j, m1) in enumerate(zip(jobs, made["decode1"])):
+            b, s = sp.SHAPES[si]
+            for pos, t in enumerate(m1):
+                want = law_bytes(tensors[index[dec[pos]]]["law"], b, s, d)
+                if j.tensors[t]["size"] != want:
+                    raise sp.Unexplained(f"{what}: decode1's tensor {pos} is {j.tensors[t]['size']} bytes at "
+                                         f"{b}x{s}, decode's law gives {want}")
+        for pos, t in enumerate(made["decode1"][0]):
+            index[t] = index[dec[pos]]
+    homes = {}
+    for t, i in index.items():
+        homes.setdefault(i, home(base, t))
+    # Events: decode's frees of what decode1 made are kind 2 (the previous step's instance).
+    prev = set(made["decode1"][0])
+    sections, check_sizes = {}, {}
+    for name in SECTIONS:
+        evs = []
+        for k, t, c in seqs[0][name]:
+            if t not in index:
+                raise sp.Unexplained(f"{what}: {name} frees a tensor made where the template keeps none")
+            kind = 0 if k == "a" else (2 if name == "decode" and t in prev else 1)
+            if name == "decode" and k == "f" and kind == 1 and section_of[index[t]] != "decode":
+                if t not in set(made["decode"][0]):
+                    raise sp.Unexplained(f"{what}: a decode step frees what {section_of[index[t]]} made")
+            evs.append([kind, index[t], list(c) if c else None])
+        sections[name] = evs
+    if mode == "generate":
+        # Nothing a decode step makes may outlive the next one: a step keeps what the one before
+        # made, and no more.
+        freed_later = {t for k, t, _ in seqs[0]["decode"] if k == "f"}
+        for t in made["decode1"][0]:
+            if t not in freed_later and base.tensors[t]["freed"] and \
+                    base.tensors[t]["freed"]["section"] not in ("decode1",):
+                raise sp.Unexplained(f"{what}: decode1's tensor {t} outlives the next step")
+    else:
+        sections["decode1"] = sections["decode"] = []
+    check = {"layers": sp.CHECK_LAYERS, "batch": sp.SHAPES[0][0], "seq": sp.SHAPES[0][1]}
+    dk, _ = kept(deep)
+    dk = [t for t in dk if not (deep.tensors[t]["size"] <= sp.TINY and deep.tensors[t]["role"] is None)]
+    dseq = sequence(deep, dk)
+    for name in SECTIONS:
+        if mode != "generate" and name.startswith("decode"):
+            continue
+        b, s = sp.SHAPES[0]
+        x = s + {"decode1": 0, "decode": 1}.get(name, 0)
+        flat, live, peak, n = [], 0, 0, 0
+        mine = [(k, i, tuple(c) if c else None) for k, i, c in sections[name]]
+        expanded = sp.expand([("a" if k == 0 else "f", (i, k), c) for k, i, c in mine],
+                             {(i, k): homes.get(i) for k, i, _ in mine}, {"main": sp.CHECK_LAYERS})
+        for kind, ((i, k), _) in expanded:
+            at = x - 1 if k == 2 else x
+            nbytes = int(law_bytes(tensors[i]["law"], b, at, d))
+            live += nbytes if kind == "a" else -nbytes
+            peak = max(peak, live)
+            flat += [kind, nbytes]
+            n += 1
+        mine = {"events": n, "peak": peak, "digest": sp.digest(flat)}
+        theirs = sp.check_of([(k, (t, None)) for k, t, _ in dseq[name]], {t: deep.tensors[t]["size"] for t in dk})
+        if mine != theirs:
+            import os
+            if os.environ.get("INFER_PROGRAMS_CACHE"):
+                with open(f"{os.environ['INFER_PROGRAMS_CACHE']}/check-{name}.json", "w") as f:
+                    json.dump({"mine": flat, "theirs": [x for k, t, _ in dseq[name]
+                                                        for x in (k, deep.tensors[t]["size"])],
+                               "sites": [deep.tensors[t]["ops"][-1:] for k, t, _ in dseq[name]],
+                               "layers": [c for k, t, c in dseq[name]]}, f)
+            raise sp.Unexplained(f"{what}: the {name} section at {sp.CHECK_LAYERS} layers is not the template's "
+                                 f"expansion ({theirs} recorded, {mine} expanded)")
+        check[name] = mine
+    return {"dims": d, "params": params, "tensors": tensors, "homes": {str(k): v for k, v in homes.items() if v},
+            **sections, "check": check, "left_out": keeps[0][1]}
+
+
+def isolated(*args):
+    """A recording in a process of its own, so one recording's caches cannot change another's."""
+    import multiprocessing
+    import os
+    import pickle
+    cache = os.environ.get("INFER_PROGRAMS_CACHE")
+    if cache:
+        path = f"{cache}/{'-'.join(map(str, args)).replace('/', '_')}.pickle"
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            job = pool.apply(_run, args)
+        with open(path, "wb") as f:
+            pickle.dump(job, f)
+        return job
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run, args)
+
+
+def _run(*args):
+    job = InferJob(*args)
+    job.__dict__.pop("ranges", None)
+    for t in job.tensors:
+        t["ops"] = [(n, 0) for n, _ in t["ops"]]
+        if t["freed"]:
+            t["freed"]["ops"] = []
+    return job
+
+
+def keys(only):
+    out = []
+    for family in FAMILIES:
+        for mode in MODES:
+            # fp16 lays out as bf16 does, and `plan --weights` has no fp16.
+            for precision in ("bf16", "fp32"):
+                k = key(family, mode, precision, "sdpa")
+                if not only or family in only or k in only:
+                    out.append((family, mode, precision, "sdpa"))
+    return out
+
+
+TERMS = sp.TERMS
+
+
+def compact(t):
+    """A template as the planner reads it (`program_template.rs`): laws and sites in tables;
+    each tensor `[law, term, site, param, -1, kernel, home]`; each section a flat list of
+    `kind, tensor, layer` (0 allocates, 1 frees, 2 frees the previous decode step's)."""
+    if "error" in t or "laws" in t:
+        return t
+    laws, sites, law_index, site_index = [], [], {}, {}
+
+    def layer(c):
+        return -1 if not c else sp.STACKS.index(c[0]) * 100 + int(c[1])
+
+    rows = []
+    for x in t["tensors"]:
+        lk = json.dumps(x["law"], sort_keys=True)
+        if lk not in law_index:
+            law_index[lk] = len(laws)
+            laws.append(x["law"])
+        if x["site"] not in site_index:
+            site_index[x["site"]] = len(sites)
+            sites.append(x["site"])
+        rows.append([law_index[lk], TERMS.index(x["term"]), site_index[x["site"]], x.get("param", -1), -1,
+                     x.get("kernel", "")])
+    for i, r in enumerate(rows):
+        r.append(layer(t["homes"].get(str(i))))
+
+    def flat(events):
+        return [v for k, i, c in events for v in (k, i, layer(c))]
+
+    return {"dims": t["dims"], "params": [[p["name"], p["units"], p["count"], p["bytes"], layer(p["layer"])]
+                                          for p in t["params"]],
+            "laws": laws, "sites": sites, "tensors": rows, "setup": flat(t["setup"]),
+            "prefill": flat(t["prefill"]), "decode1": flat(t["decode1"]), "decode": flat(t["decode"]),
+            "check": t["check"], "left_out": t["left_out"]}
+
+
+def write(path, templates):
+    import transformers
+    head = {"about": "What transformers' inference allocates and frees: scripts/validate/infer_programs.py",
+            "torch": torch.__version__, "transformers": transformers.__version__, "shapes": sp.SHAPES,
+            "layers": sp.LAYERS, "edge": sp.EDGE, "new_tokens": NEW_TOKENS}
+    with open(path, "w") as f:
+        f.write(json.dumps(head, separators=(",", ":"))[:-1])
+        f.write(',"templates":{\n')
+        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(compact(v), separators=(',', ':'))}"
+                           for k, v in sorted(templates.items())))
+        f.write("}}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="comma-separated families, or whole keys (family/mode/precision/attn)")
+    ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
+    args = ap.parse_args()
+    if args.merge:
+        merged = {}
+        for path in args.merge:
+            with open(path) as f:
+                for k, t in json.load(f)["templates"].items():
+                    if "error" in t and k in merged and "error" not in merged[k]:
+                        continue
+                    merged[k] = t
+        write(args.out, merged)
+        return
+    only = set(args.only.split(",")) if args.only else set()
+    out = {}
+    for job in keys(only):
+        name = key(*job)
+        try:
+            out[name] = template(*job)
+            print(f"{name}: {len(out[name]['tensors'])} tensors, left out {out[name]['left_out']}", flush=True)
+        except sp.Unexplained as e:
+            print(f"{name}: not recorded: {e}", file=sys.stderr, flush=True)
+            out[name] = {"error": str(e)}
+        write(args.out, out)
+
+
+if __name__ == "__main__":
+    main()
