@@ -420,7 +420,8 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
 /// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
-/// `hf-more.json`: BERT, T5, and eager attention for the families recorded with SDPA.
+/// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
+/// with SDPA.
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),
     include_str!("../../../data/programs/hf-families.json"),

@@ -7,6 +7,10 @@
 //! The tolerance is the dev grid's, set before the templates were compared: allocated and
 //! reserved within ±5%.
 //!
+//! The model types recorded into `data/programs/hf-more.json` (BERT, T5, Qwen2-MoE, Gemma 3)
+//! are checked the same way against real CPU steps on configs and shapes of their own, within
+//! the CPU ground truth's ±3%.
+//!
 //! `FAMILY_TABLE=1 cargo test -p headroom-plan --test family_templates -- --nocapture`
 //! prints the table docs/VALIDATION.md shows.
 
