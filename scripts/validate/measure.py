@@ -243,6 +243,10 @@ def build(cfg, head, attn, dtype, dropout=False):
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+        # T5's attention keeps its rate as a number read at each forward (`T5Attention.dropout`),
+        # which neither the modules nor the config above reach.
+        if isinstance(getattr(m, "dropout", None), float):
+            m.dropout = 0.0
     for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob",
               "attention_probs_dropout_prob", "dropout_rate", "attention_dropout", "hidden_dropout"):
         if hasattr(model.config, k):

@@ -39,6 +39,9 @@ the families recorded since (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mi
 Qwen3-MoE), one key a run (`--only mistral/causal-lm/bf16/sdpa/full`) merged with `--merge`.
 Mixtral and Qwen3-MoE run transformers' default experts implementation (`grouped_mm`): every
 tensor of their experts is sized by the tokens times the experts a token, whatever the routing.
+`data/programs/hf-more.json` holds what was recorded after those: BERT (masked LM), T5 (its
+encoder stack recorded as a stack of its own), Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's
+text model, and eager attention for families recorded with SDPA.
 """
 
 import argparse
@@ -67,7 +70,7 @@ CHECK_LAYERS = 7
 TINY = 8
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen3_moe", "gpt2", "gpt_neox",
-            "bloom")
+            "bloom", "qwen2_moe", "gemma3_text")
 
 
 def layer_pattern(family):
@@ -92,16 +95,19 @@ MLP_WIDTH = 1184
 # every tensor by the tokens times k, whatever the routing: the sizes are laws in batch and
 # sequence.
 MOE = {"mixtral": {"num_local_experts": 9, "num_experts_per_tok": 7, "intermediate_size": 352},
-       "qwen3_moe": {"num_experts": 9, "num_experts_per_tok": 7, "moe_intermediate_size": 352}}
+       "qwen3_moe": {"num_experts": 9, "num_experts_per_tok": 7, "moe_intermediate_size": 352},
+       # Qwen2-MoE's shared expert 608 wide: no small multiple or half of another width.
+       "qwen2_moe": {"num_experts": 9, "num_experts_per_tok": 7, "moe_intermediate_size": 352,
+                     "shared_expert_intermediate_size": 608}}
 
 
 def config(family, layers):
     cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
-    if family in ("qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe"):
+    if family in ("qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe", "qwen2_moe"):
         # Phi-3 fuses the query, key and value projections: with half as many key-value heads
         # as heads its output (q + 2 kv) would be 2 q wide, with these it is `qkv` alone.
         cfg.update(GQA)
-    if family in ("gemma", "gemma2", "gpt_neox"):
+    if family in ("gemma", "gemma2", "gemma3_text", "gpt_neox"):
         # An MLP four times the hidden size (the small configs') makes an fp32 copy of a
         # bf16 hidden state as wide as half the MLP's activations: an MLP width of its own.
         cfg.update({"intermediate_size": MLP_WIDTH})
@@ -109,6 +115,10 @@ def config(family, layers):
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
+    if family == "gemma3_text":
+        # Sliding layers, the last one global: both of transformers' masks are made, and the
+        # layers repeated are sliding ones, as five of every six of Gemma 3's are.
+        cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     return cfg
 
 
@@ -125,6 +135,15 @@ def extra_config(family):
         # Every layer sparse (decoder_sparse_step 1, no mlp_only_layers), as the catalog reads it.
         return dict(llama, model_type="qwen3_moe", num_key_value_heads=2, decoder_sparse_step=1,
                     mlp_only_layers=[], use_sliding_window=False)
+    if family == "qwen2_moe":
+        # Every layer sparse, as the catalog reads it; attention with biases, as Qwen2's.
+        return dict(llama, model_type="qwen2_moe", num_key_value_heads=2, decoder_sparse_step=1,
+                    mlp_only_layers=[], use_sliding_window=False, qkv_bias=True)
+    if family == "gemma3_text":
+        # A window shorter than the recorded sequences, so the sliding layers' mask is made.
+        return dict(model_type="gemma3_text", hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=96, intermediate_size=1024, vocab_size=4096,
+                    max_position_embeddings=2048, sliding_window=32, query_pre_attn_scalar=96)
     if family == "gemma2":
         return dict(model_type="gemma2", hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=96, intermediate_size=1024, vocab_size=4096,
@@ -308,10 +327,12 @@ def dims(model, cfg):
     if cfg.get("model_type") == "phi3":
         # Its fused query-key-value projection's width.
         d["qkv"] = d["q"] + 2 * d["kv"]
-    if cfg.get("model_type") == "qwen3_moe":
-        # Qwen3-MoE names its experts' count and width apart from a dense MLP's.
+    if cfg.get("model_type") in ("qwen3_moe", "qwen2_moe"):
+        # Qwen's MoE configs name their experts' count and width apart from a dense MLP's.
         d["E"], d["k"], d["f"] = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size
         d["kf"], d["kh"] = d["k"] * d["f"], d["k"] * d["h"]
+    if cfg.get("model_type") == "qwen2_moe":
+        d["fs"] = c.shared_expert_intermediate_size
     return d
 
 
@@ -333,7 +354,7 @@ def key(family, head, precision, attn, checkpointing):
 
 # --- laws ---------------------------------------------------------------------------------
 
-UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv"]
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs"]
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 
@@ -433,7 +454,9 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
             return {kind_1: per_unit(const, d, what, widths)}
         out = {kind: per_unit(slope, d, what, (4, 2, 1, 8) if kind == "pos" else widths)}
         if abs(const) > 1e-9:
-            if const < 0 or const > 64:
+            # A few bytes more (labels padded by one) or fewer (T5's decoder inputs: the
+            # labels shifted right, one position dropped) than the positions make.
+            if abs(const) > 64:
                 raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
             out[kind_1] = {"one": const}
         return out

@@ -5,8 +5,8 @@
 use crate::model::Model;
 
 /// Every unit a template or recipe may name; anything else is refused where they are read.
-pub const UNITS: [&str; 15] =
-    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv"];
+pub const UNITS: [&str; 16] =
+    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv", "fs"];
 
 /// The size of unit `name` in `model` (1 for `one`, and for a name outside [`UNITS`], which
 /// the readers refuse before any size is taken).
@@ -27,6 +27,8 @@ pub fn unit(model: &Model, name: &str) -> f64 {
         "E" => model.experts.max(1),
         "k" => k,
         "P" => model.max_position,
+        // Qwen2-MoE's shared expert's width.
+        "fs" => model.shared_expert,
         _ => 1,
     }) as f64
 }

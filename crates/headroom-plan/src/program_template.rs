@@ -471,11 +471,14 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
 /// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
 /// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys
-/// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`.
+/// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`;
+/// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
+/// with SDPA.
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),
     include_str!("../../../data/programs/hf-families.json"),
     include_str!("../../../data/programs/hf-infer.json"),
+    include_str!("../../../data/programs/hf-more.json"),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

@@ -504,6 +504,7 @@ impl Recording {
             qkv_bias: false,
             experts: 1,
             experts_per_token: 1,
+            shared_expert: 0,
             gated_mlp: false,
             decoder_layers: layers,
             sliding_window: None,

@@ -7,12 +7,16 @@
 //! The tolerance is the dev grid's, set before the templates were compared: allocated and
 //! reserved within ±5%.
 //!
+//! The model types recorded into `data/programs/hf-more.json` (BERT, T5, Qwen2-MoE, Gemma 3)
+//! are checked the same way against real CPU steps on configs and shapes of their own, within
+//! the CPU ground truth's ±3%.
+//!
 //! `FAMILY_TABLE=1 cargo test -p headroom-plan --test family_templates -- --nocapture`
 //! prints the table docs/VALIDATION.md shows.
 
-use headroom_plan::builders::ProgramSource;
+use headroom_plan::builders::{hf, Device, ProgramSource};
 use headroom_plan::gpu::{gpu, GpuSpec};
-use headroom_plan::job::{Attention, Optimizer, Precision, TrainConfig};
+use headroom_plan::job::{Attention, Checkpointing, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use headroom_plan::model::{preset, Model};
 #[path = "support/plan.rs"]
 mod plan;
@@ -158,4 +162,102 @@ fn recorded_families_against_the_h200() {
         }
     }
     assert!(misses.is_empty(), "outside ±5%: {misses:?}");
+}
+
+fn config_model(text: &str, name: &str) -> Model {
+    Model::from_hf_config(text, name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The model types recorded into `data/programs/hf-more.json`, each as `plan --model` reads
+/// it (a preset, or the config.json in `data/models/`), are planned by replaying their own
+/// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (eager
+/// whatever is asked: transformers' T5 has no SDPA path), Qwen2-MoE's shared expert beside
+/// the routed ones, Gemma 3's sliding and global layers.
+#[test]
+fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
+    let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
+    let gemma3 = config_model(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
+    let jobs: &[(&Model, Precision, &str)] = &[
+        (&preset_model("bert-base-uncased"), Precision::Bf16, "bert/masked-lm/bf16/sdpa/full"),
+        (&preset_model("bert-base-uncased"), Precision::Fp32, "bert/masked-lm/fp32/sdpa/full"),
+        (&preset_model("t5-base"), Precision::Bf16, "t5/seq2seq-lm/bf16/eager/full"),
+        (&preset_model("t5-base"), Precision::Fp32, "t5/seq2seq-lm/fp32/eager/full"),
+        (&qwen2_moe, Precision::Bf16, "qwen2_moe/causal-lm/bf16/sdpa/full"),
+        (&gemma3, Precision::Bf16, "gemma3_text/causal-lm/bf16/sdpa/full"),
+    ];
+    for &(model, precision, key) in jobs {
+        let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(2, 512, precision, Optimizer::AdamW) };
+        let (builder, source) = source(model, &cfg);
+        assert_eq!(builder, "transformers", "{} {precision:?}", model.name);
+        assert_eq!(source, ProgramSource::Template(key.to_string()), "{} {precision:?}", model.name);
+    }
+}
+
+/// Where a job has no recording that serves it (Gemma 3 under AMP with checkpointing was not
+/// recorded), the plan falls to the next builder and says how to record the job's own step.
+#[test]
+fn a_job_without_a_recording_says_how_to_record_it() {
+    let gemma3 = config_model(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
+    let cfg = TrainConfig {
+        attention: Attention::Sdpa,
+        checkpointing: Checkpointing::Full,
+        ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW)
+    };
+    let e = estimate(&gemma3, &h200(), &cfg);
+    assert_ne!(e.runner.builder, "transformers");
+    let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
+    assert!(why.contains("gemma3_text/causal-lm/amp/sdpa/ckpt"), "{why}");
+    assert!(why.contains("python -m headroom_gpu record --model CONFIG --out step.jsonl"), "{why}");
+    // T5 was recorded with its output layer tied to the embeddings (t5-base's): T0, whose
+    // output layer is its own, has weights, gradients and moments the template lacks.
+    let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(2, 512, Precision::Bf16, Optimizer::AdamW) };
+    let e = estimate(&preset_model("t0-3b"), &h200(), &cfg);
+    assert_ne!(e.runner.builder, "transformers");
+    let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
+    assert!(why.contains("recorded with its output layer tied to the embeddings"), "{why}");
+    assert!(why.contains("python -m headroom_gpu record"), "{why}");
+}
+
+/// Real CPU steps of the model types recorded since `measure.py`'s grid
+/// (`data/validation/cpu_family_checks.json`, `scripts/validate/family_checks.py`): other
+/// widths, experts, depths and shapes than the recordings'. Each template's replay as the CPU
+/// runs it (`cpu_peaks`: live tensors, no allocator) against the measured peak, within the
+/// CPU ground truth's ±3% (`tests/ground_truth.rs`), set before any comparison; the model's
+/// parameters exactly.
+#[test]
+fn recorded_model_types_against_real_cpu_steps() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/validation/cpu_family_checks.json");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let table = std::env::var_os("FAMILY_TABLE").is_some();
+    if table {
+        println!("| case | template | measured peak | replayed | error |");
+        println!("|---|---|---:|---:|---:|");
+    }
+    let mut misses = Vec::new();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for c in cases {
+        let family = c["family"].as_str().unwrap();
+        let m = config_model(&c["config"].to_string(), family);
+        let precision = if c["precision"] == "bf16" { Precision::Bf16 } else { Precision::Fp32 };
+        let (batch, seq) = (c["batch"].as_u64().unwrap(), c["seq"].as_u64().unwrap());
+        let cfg = TrainConfig {
+            attention: Attention::Sdpa,
+            optimizer_impl: Some(OptimizerImpl::Foreach),
+            ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
+        };
+        let label = format!("{family} {} {batch}×{seq}", c["precision"].as_str().unwrap());
+        assert_eq!(m.params_with(cfg.head), c["params"].as_u64().unwrap(), "{label}: parameters");
+        let key = hf::key(&m, &cfg, Device::Cpu).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (_, peak) = hf::cpu_peaks(&m, &cfg).unwrap_or_else(|| panic!("{label}: no template"));
+        let measured = c["peak_bytes"].as_f64().unwrap();
+        let error = peak as f64 / measured - 1.0;
+        if table {
+            println!("| {label} | `{key}` | {measured:.0} | {peak} | {:+.2}% |", error * 100.0);
+        }
+        if error.abs() > 0.03 {
+            misses.push(format!("{label}: {:+.2}%", error * 100.0));
+        }
+    }
+    assert!(misses.is_empty(), "outside ±3%: {misses:?}");
 }

@@ -13,8 +13,10 @@ const MODEL_TYPES: &[&str] = &[
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "qwen2_moe",
     "gemma",
     "gemma2",
+    "gemma3_text",
     "phi3",
     "gpt2",
     "gpt_bigcode",
@@ -178,6 +180,7 @@ impl<'a> Config<'a> {
             qkv_bias: false,
             experts: 1,
             experts_per_token: 1,
+            shared_expert: 0,
             gated_mlp: false,
             decoder_layers: 0,
             sliding_window: None,
@@ -307,7 +310,7 @@ impl<'a> Config<'a> {
         let hidden = self.need("hidden_size")?;
         let heads = self.need("num_attention_heads")?;
         let layers = self.need("num_hidden_layers")?;
-        let moe = self.model_type == "qwen3_moe";
+        let moe = matches!(self.model_type, "qwen3_moe" | "qwen2_moe");
         if moe {
             self.every_layer_a_mixture()?;
         }
@@ -320,15 +323,29 @@ impl<'a> Config<'a> {
             kv_heads: self.uint("num_key_value_heads")?.unwrap_or(heads),
             head_dim: match self.uint("head_dim")? {
                 Some(d) => d,
+                // Gemma3TextConfig's default, whatever the hidden size.
+                None if self.model_type == "gemma3_text" => 256,
                 None => derived_head_dim(hidden, heads)?,
             },
-            // A Qwen3-MoE expert's width; its `intermediate_size` is a dense layer's, unused.
+            // Qwen2-MoE's shared expert, as wide as its config says (transformers' default 5632).
+            shared_expert: if self.model_type == "qwen2_moe" {
+                self.uint("shared_expert_intermediate_size")?.unwrap_or(5632)
+            } else {
+                0
+            },
+            // A Qwen-MoE expert's width; its `intermediate_size` is a dense layer's, unused.
             intermediate: self.need(if moe { "moe_intermediate_size" } else { "intermediate_size" })?,
             vocab: self.need("vocab_size")?,
             max_position: self.need("max_position_embeddings")?,
             // Each family's default in transformers.
-            tied_embeddings: self.flag("tie_word_embeddings", matches!(self.model_type, "gemma" | "gemma2"))?,
-            qkv_bias: self.model_type == "qwen2" || self.flag("attention_bias", false)?,
+            tied_embeddings: self
+                .flag("tie_word_embeddings", matches!(self.model_type, "gemma" | "gemma2" | "gemma3_text"))?,
+            qkv_bias: match self.model_type {
+                "qwen2" => true,
+                // Qwen2MoeConfig's `qkv_bias`, true unless it says otherwise.
+                "qwen2_moe" => self.flag("qkv_bias", true)?,
+                _ => self.flag("attention_bias", false)?,
+            },
             experts,
             experts_per_token: self.uint("num_experts_per_tok")?.unwrap_or(if experts > 1 { 2 } else { 1 }),
             gated_mlp: true,
@@ -355,9 +372,9 @@ impl<'a> Config<'a> {
     fn sliding(&self, layers: u64) -> Result<(Option<u64>, Vec<u64>), ModelError> {
         let window = match self.model_type {
             // Their configuration classes' default when the key is absent; `null` turns it off.
-            "mistral" | "gemma2" => self.uint_unless_null("sliding_window", 4096)?,
+            "mistral" | "gemma2" | "gemma3_text" => self.uint_unless_null("sliding_window", 4096)?,
             "mixtral" | "phi3" => self.uint("sliding_window")?,
-            "qwen2" | "qwen3" | "qwen3_moe" if self.flag("use_sliding_window", false)? => {
+            "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe" if self.flag("use_sliding_window", false)? => {
                 self.uint_unless_null("sliding_window", 4096)?
             }
             _ => None,
@@ -370,6 +387,11 @@ impl<'a> Config<'a> {
             Some(slides) => (0..layers).filter(|&i| !slides[i as usize]).collect(),
             None => match self.model_type {
                 "gemma2" => (0..layers).filter(|i| i % 2 == 1).collect(),
+                // Gemma 3: every `sliding_window_pattern`-th layer global (Gemma3TextConfig's 6).
+                "gemma3_text" => {
+                    let every = self.uint("sliding_window_pattern")?.unwrap_or(6);
+                    (0..layers).filter(|i| (i + 1) % every == 0).collect()
+                }
                 "qwen2" | "qwen3" => (0..layers.min(self.count("max_window_layers", 28)?)).collect(),
                 _ => Vec::new(),
             },
@@ -456,13 +478,13 @@ impl<'a> Config<'a> {
         }))
     }
 
-    /// Qwen3-MoE may keep some layers dense; the plan counts every layer alike, so such a
-    /// config is refused rather than miscounted.
+    /// Qwen3-MoE and Qwen2-MoE may keep some layers dense; the plan counts every layer alike,
+    /// so such a config is refused rather than miscounted.
     fn every_layer_a_mixture(&self) -> Result<(), ModelError> {
         let dense = !self.list("mlp_only_layers")?.is_empty();
         if dense || self.uint("decoder_sparse_step")?.unwrap_or(1) != 1 {
             return Err(ModelError::Invalid(
-                "a qwen3_moe config with dense layers (mlp_only_layers, decoder_sparse_step); \
+                "a Qwen MoE config with dense layers (mlp_only_layers, decoder_sparse_step); \
                  headroom plans every layer as a mixture of experts"
                     .into(),
             ));

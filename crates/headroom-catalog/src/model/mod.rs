@@ -60,6 +60,9 @@ pub struct Model {
     /// Experts per layer (1 for dense models) and experts used per token.
     pub experts: u64,
     pub experts_per_token: u64,
+    /// The width of the shared expert every token runs beside the routed ones, with its
+    /// one-wide gate (Qwen2-MoE's); 0 where there is none.
+    pub shared_expert: u64,
     /// Three MLP matrices (SwiGLU, GeGLU) rather than two.
     pub gated_mlp: bool,
     /// Blocks with a KV cache: all of them for decoders, none for BERT, T5's decoder stack.
@@ -124,8 +127,8 @@ pub enum ModelError {
     #[error("config.json field `{field}` must be {expected}, not {found}")]
     WrongType { field: &'static str, expected: &'static str, found: &'static str },
     #[error(
-        "model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, \
-         gemma2, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5); a step of any model transformers builds can be recorded \
+        "model type `{0}` is not supported yet (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, \
+         gemma, gemma2, gemma3_text, phi3, gpt2, gpt_neox, bloom, bert, t5, mt5); a step of any model transformers builds can be recorded \
          without a GPU (python -m headroom_gpu record --model CONFIG --out step.jsonl, docs/RECORDING.md) and planned \
          on a GPU with `headroom plan --gpu h100 --program step.jsonl`"
     )]
@@ -196,7 +199,8 @@ impl Model {
                 let attention = h * q + 2 * h * kv + q * h + if self.qkv_bias { q + 2 * kv } else { 0 };
                 let experts = w(self.experts);
                 let mlp = experts * 3 * h * f + if self.experts > 1 { h * experts } else { 0 };
-                v * h * untied + l * (attention + mlp + 2 * h) + h
+                let shared = if self.shared_expert > 0 { 3 * h * w(self.shared_expert) + h } else { 0 };
+                v * h * untied + l * (attention + mlp + shared + 2 * h + self.extra_norms()) + h
             }
         }
     }
@@ -268,6 +272,15 @@ impl Model {
     }
 
     /// Whether positions are a learned table (GPT-2, BERT), so no sequence may be longer.
+    /// Norm weights a layer has beyond the two every gated decoder has: Gemma 3's two around
+    /// its MLP and its queries' and keys' (one head wide each).
+    fn extra_norms(&self) -> u128 {
+        match self.model_type {
+            "gemma3_text" => 2 * self.hidden as u128 + 2 * self.head_dim as u128,
+            _ => 0,
+        }
+    }
+
     pub fn learned_positions(&self) -> bool {
         matches!(self.family, Family::Gpt2 | Family::Bert)
     }
@@ -409,6 +422,7 @@ impl Model {
             qkv_bias: true,
             experts: 1,
             experts_per_token: 1,
+            shared_expert: 0,
             gated_mlp: false,
             decoder_layers: layers,
             sliding_window: None,

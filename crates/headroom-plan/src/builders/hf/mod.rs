@@ -77,12 +77,40 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
     // A family's own recording where it has one for the job; else the code it shares.
     let families = [program_family(model), measured_code(model)];
     let key = |family: &str, attn: &str| format!("{family}/{head}/{precision}/{attn}/{ck}");
-    // Families without an SDPA path in transformers run eager whatever is asked.
-    families
+    // Families without an SDPA path in transformers (none of their recordings SDPA's) run
+    // eager whatever is asked.
+    let recorded: Vec<String> = families
         .iter()
-        .flat_map(|f| [key(f, attention), key(f, "eager")])
-        .find(|k| program_template::template(k).is_some())
-        .ok_or_else(|| "this family, precision, attention and checkpointing were not recorded".to_string())
+        .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
+        .filter(|k| program_template::template(k).is_some())
+        .collect();
+    if let Some(k) = recorded.iter().find(|k| model.tied_embeddings || has_own_head(k)) {
+        return Ok(k.clone());
+    }
+    Err(match recorded.first() {
+        Some(k) => format!(
+            "`{k}` was recorded with its output layer tied to the embeddings, and {}'s is a layer of its own; {RECORD}",
+            model.name
+        ),
+        None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention)),
+    })
+}
+
+/// Whether `family` was recorded with eager attention alone: transformers has no SDPA path
+/// for it (BLOOM, T5, Gemma-2), so SDPA asked runs eager.
+fn no_sdpa(family: &str) -> bool {
+    let prefix = format!("{family}/");
+    !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
+}
+
+/// How to plan a job no template serves: its own step recorded.
+const RECORD: &str = "record this job's own on a CPU (python -m headroom_gpu record --model CONFIG --out \
+     step.jsonl, docs/RECORDING.md) and plan it with --program step.jsonl";
+
+/// Whether template `key` has an output layer of its own: a template recorded with tied
+/// embeddings has no weight, gradient or optimizer state to plan an untied model's with.
+fn has_own_head(key: &str) -> bool {
+    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| is_head(&p.name)))
 }
 
 /// The transformers code whose recording holds for `model`: its own model type's where that

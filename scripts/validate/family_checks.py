@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""CPU ground truth for the model types recorded after `measure.py`'s grid (Qwen2-MoE,
+Gemma 3's text model): real training steps measured as `measure.py` measures them
+(`measure.train_case`: the step's peak of live tensor bytes and each phase's), on configs and
+shapes none of the recordings used — other widths, heads, experts and depths than
+`step_programs.py`'s recording configs, and batch x sequence other than 2x56, 2x88 and 3x56.
+Every case is a check case: nothing was read from them before the templates were recorded.
+
+    .venv/bin/python scripts/validate/family_checks.py --out data/validation/cpu_family_checks.json
+
+`cargo test -p headroom-plan --test family_templates` compares the templates' CPU replay with
+each case (`crates/headroom-plan/tests/family_templates.rs`).
+"""
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import measure  # noqa: E402
+
+# Six and seven layers, other widths than the recordings' (step_programs.config): Qwen2-MoE
+# with 6 experts of 160, 2 a token, a shared expert 320 wide; Gemma 3 with its own five
+# sliding layers to one global, a window shorter than the sequences.
+CONFIGS = {
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=512, moe_intermediate_size=160,
+                      shared_expert_intermediate_size=320, num_experts=6, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[], vocab_size=5000, max_position_embeddings=2048,
+                      tie_word_embeddings=False, use_sliding_window=False),
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=192, num_hidden_layers=7, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=64, intermediate_size=768, vocab_size=5000,
+                        max_position_embeddings=2048, sliding_window=64, query_pre_attn_scalar=64),
+}
+SHAPES = {"fp32": ((2, 192), (1, 320)), "bf16": ((1, 192),)}
+
+
+def cases():
+    for family in CONFIGS:
+        for precision, shapes in SHAPES.items():
+            for batch, seq in shapes:
+                yield dict(mode="train", family=family, size="check", head="causal-lm", precision=precision,
+                           optimizer="adamw", attention="sdpa", checkpointing=False, batch=batch, seq=seq,
+                           split="check")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    start = time.time()
+    results = []
+    for c in cases():
+        cfg = CONFIGS[c["family"]]
+        r = measure.train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
+                               c["checkpointing"], c["batch"], c["seq"])
+        results.append({**c, "config": cfg, **r})
+        print(f"{c} -> {r['peak_bytes']}", file=sys.stderr, flush=True)
+    out = {"about": "CPU ground truth for the model types recorded since: scripts/validate/family_checks.py",
+           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+           "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
