@@ -491,7 +491,7 @@ mod tests {
             prop_assert_eq!(set.find_containing(stream, lo, hi), covering);
             // A walk on from the best fit, by ids (the op's index: arbitrary), taking
             // blocks of even size only.
-            let further = |id: u32, next: u32| id % 3 == 0 && next % 2 == 1;
+            let further = |id: u32, next: u32| id.is_multiple_of(3) && !next.is_multiple_of(2);
             let mut walk = model.range((stream, q, 0)..).take_while(|(k, _)| k.0 == stream).peekable();
             let mut stop = None;
             while let Some((k, v)) = walk.next() {
@@ -500,8 +500,8 @@ mod tests {
                     break;
                 }
             }
-            let taken = stop.filter(|s| s.0 % 2 == 0);
-            prop_assert_eq!(set.take_walking_if(stream, q, further, |size, _| size % 2 == 0), taken);
+            let taken = stop.filter(|s| s.0.is_multiple_of(2));
+            prop_assert_eq!(set.take_walking_if(stream, q, further, |size, _| size.is_multiple_of(2)), taken);
             if let Some((size, ptr, _)) = taken {
                 model.remove(&(stream, size, ptr));
             }
