@@ -552,6 +552,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// from the free set.
     fn get_free_block(&mut self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let expandable_on = self.expandable_active();
         let (policy, config) = (&self.policy, &self.config);
         let arena = &self.arena;
         let pool = match (owner, kind) {
@@ -564,18 +565,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             pool.get_free_blocks_call_count += 1;
         }
         let fits = |found_size| policy.may_serve(config, size, found_size);
-        // Common case in one search: the best fit is an ordinary block.
-        let mut expandable_first = false;
-        let fast = pool.blocks.take_first_at_least_if(stream, size, |found_size, id| {
-            expandable_first = arena[id].is_expandable();
-            !expandable_first && fits(found_size)
+        // Best fit counts the room an expandable block can still grow into: from the
+        // best fit, on to the next block while that one has less room. One search
+        // and a walk along the set (the common case: an ordinary block, no walk).
+        let grow = |id: u32| {
+            let b = &arena[id];
+            b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
+        };
+        let further = |id: u32, next: u32| expandable_on && arena[id].is_expandable() && grow(next) < grow(id);
+        let mut skipped_expandable = false;
+        let found = pool.blocks.take_walking_if(stream, size, further, |found_size, id| {
+            skipped_expandable = !expandable_on && arena[id].is_expandable();
+            !skipped_expandable && fits(found_size)
         });
-        if let Some((_, _, id)) = fast {
+        if let Some((_, _, id)) = found {
             return Some(id);
         }
-        if !expandable_first {
+        if !skipped_expandable {
             return None;
         }
+        // Expandable segments were turned off with blocks of them still free: rare.
         let (found_size, found_ptr, id) = self.pick_free_block(owner, kind, stream, size)?;
         self.pool_mut(owner, kind).blocks.remove(stream, found_size, found_ptr);
         Some(id)

@@ -115,13 +115,31 @@ impl Runs {
         Some(self.remove_at(r, at).1)
     }
 
-    /// The first entry at least `key`, removed if `take` agrees.
+    /// As [`FreeSet::take_walking_if`], over the runs: the search finds the
+    /// first position, the walk steps along the run and into the next one.
     #[inline]
-    fn take_first_at_least_if(&mut self, key: u128, take: impl FnOnce(u128, u32) -> bool) -> Option<(u128, u32)> {
-        let r = self.run_at_least(key);
-        let run = self.runs.get(r)?;
-        let at = run.partition_point(|e| e.0 < key);
-        let (k, id) = run[at];
+    fn take_walking_if(
+        &mut self,
+        key: u128,
+        mut further: impl FnMut(u32, u32) -> bool,
+        take: impl FnOnce(u128, u32) -> bool,
+    ) -> Option<(u128, u32)> {
+        let mut r = self.run_at_least(key);
+        let mut at = self.runs.get(r)?.partition_point(|e| e.0 < key);
+        loop {
+            let next = if at + 1 < self.runs[r].len() {
+                (r, at + 1)
+            } else if r + 1 < self.runs.len() {
+                (r + 1, 0)
+            } else {
+                break;
+            };
+            if !further(self.runs[r][at].1, self.runs[next.0][next.1].1) {
+                break;
+            }
+            (r, at) = next;
+        }
+        let (k, id) = self.runs[r][at];
         take(k, id).then(|| self.remove_at(r, at))
     }
 
@@ -307,21 +325,29 @@ impl FreeSet {
         })
     }
 
-    /// Best fit as [`FreeSet::first_at_least`], removed in the same search if
-    /// `take(size, id)` agrees.
+    /// Best fit, then on along the set while `further(id, next_id)` says the
+    /// entry after the current one is the better; removes the entry the walk
+    /// stops at, in the same search, if `take(size, id)` agrees. One search
+    /// where a walk by [`FreeSet::next_after`] costs one per step and one more
+    /// to remove.
     #[inline]
-    pub fn take_first_at_least_if(
+    pub fn take_walking_if(
         &mut self,
         stream: StreamId,
         size: u64,
+        mut further: impl FnMut(u32, u32) -> bool,
         take: impl FnOnce(u64, u32) -> bool,
     ) -> Option<(u64, u64, u32)> {
         let i = self.stream_index(stream)?;
         let key = pack(size, 0);
         let found = match &mut self.streams[i].1 {
             Entries::Small(v) => {
-                let at = v.partition_point(|e| e.0 < key);
-                let (k, id) = *v.get(at)?;
+                let mut at = v.partition_point(|e| e.0 < key);
+                v.get(at)?;
+                while at + 1 < v.len() && further(v[at].1, v[at + 1].1) {
+                    at += 1;
+                }
+                let (k, id) = v[at];
                 if !take(unpack(k).0, id) {
                     return None;
                 }
@@ -329,7 +355,7 @@ impl FreeSet {
                 (k, id)
             }
             Entries::Large(m) => {
-                let (k, id) = m.take_first_at_least_if(key, |k, id| take(unpack(k).0, id))?;
+                let (k, id) = m.take_walking_if(key, further, |k, id| take(unpack(k).0, id))?;
                 if m.len < SMALL_MIN {
                     self.streams[i].1 = Entries::Small(std::mem::take(m).into_sorted());
                 }
@@ -463,6 +489,22 @@ mod tests {
                 .find(|(k, _)| k.2 <= lo && hi <= k.2 + k.1)
                 .map(|(k, v)| (k.1, k.2, *v));
             prop_assert_eq!(set.find_containing(stream, lo, hi), covering);
+            // A walk on from the best fit, by ids (the op's index: arbitrary), taking
+            // blocks of even size only.
+            let further = |id: u32, next: u32| id.is_multiple_of(3) && !next.is_multiple_of(2);
+            let mut walk = model.range((stream, q, 0)..).take_while(|(k, _)| k.0 == stream).peekable();
+            let mut stop = None;
+            while let Some((k, v)) = walk.next() {
+                stop = Some((k.1, k.2, *v));
+                if !walk.peek().is_some_and(|(_, next)| further(*v, **next)) {
+                    break;
+                }
+            }
+            let taken = stop.filter(|s| s.0.is_multiple_of(2));
+            prop_assert_eq!(set.take_walking_if(stream, q, further, |size, _| size.is_multiple_of(2)), taken);
+            if let Some((size, ptr, _)) = taken {
+                model.remove(&(stream, size, ptr));
+            }
         }
         Ok(())
     }

@@ -3,9 +3,13 @@
 //! what-if with expandable segments. Each pass starts from a freshly inferred
 //! start state (not timed), as a `headroom replay` that runs only that pass
 //! does, so each pays for whatever it reads from the whole trace. Prints each
-//! pass's median and best rate in trace entries per second.
+//! pass's median and best rate in trace entries per second, by the wall clock
+//! and by the thread's own CPU time (on Linux; on a machine shared with other
+//! work, the CPU time is the steadier of the two).
 //!
-//!     cargo run --release -p headroom-trace --example replay_passes -- FILE [ROUNDS]
+//!     cargo run --release -p headroom-trace --example replay_passes -- FILE [ROUNDS] [PASS]
+//!
+//! PASS (`check`, `recorded` or `expandable`) runs that pass alone, for a profile of it.
 
 use headroom_alloc::AllocatorConfig;
 use headroom_trace::device_trace::DeviceTrace;
@@ -14,6 +18,21 @@ use headroom_trace::snapshot_replay::check_from;
 use headroom_trace::what_if::what_if_device;
 use std::time::Instant;
 
+/// Seconds this thread has run on a CPU: the first field of Linux's
+/// `/proc/thread-self/schedstat`, in nanoseconds. `None` elsewhere.
+fn thread_cpu_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse::<f64>().ok().map(|ns| ns / 1e9)
+}
+
+/// The time `f` takes: wall seconds and, where known, CPU seconds.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, Option<f64>) {
+    let (wall, cpu) = (Instant::now(), thread_cpu_s());
+    let out = f();
+    let cpu = cpu.zip(thread_cpu_s()).map(|(a, b)| b - a);
+    (out, wall.elapsed().as_secs_f64(), cpu)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
@@ -21,6 +40,17 @@ fn main() {
         std::process::exit(2);
     };
     let rounds: usize = args.get(1).and_then(|r| r.parse().ok()).unwrap_or(5);
+    let only = match args.get(2).map(String::as_str) {
+        None => None,
+        Some("check") => Some(0),
+        Some("recorded") => Some(1),
+        Some("expandable") => Some(2),
+        Some(other) => {
+            eprintln!("unknown pass {other:?}: use check, recorded or expandable");
+            std::process::exit(2);
+        }
+    };
+    let runs = |k: usize| only.is_none_or(|o| o == k);
     let snap = match read_snapshot_file(path.as_ref()) {
         Ok(s) => s,
         Err(e) => {
@@ -46,23 +76,30 @@ fn main() {
         };
         let calls = check_from(&fresh(), recorded.clone(), 1 << 50, |_| {}).map(|f| f.recorded).unwrap_or_default();
         let mut times: [Vec<f64>; 3] = Default::default();
+        let mut cpu: [Vec<f64>; 3] = Default::default();
         for _ in 0..rounds {
-            let t = fresh();
-            let at = Instant::now();
-            let exact = check_from(&t, recorded.clone(), 1 << 50, |_| {}).is_ok_and(|f| f.is_exact());
-            times[0].push(at.elapsed().as_secs_f64());
-            assert!(exact, "the check found a decision that differs");
-            for (k, config) in [(1, &recorded), (2, &expandable)] {
+            if runs(0) {
                 let t = fresh();
-                let at = Instant::now();
-                let w = what_if_device(&t, config.clone(), 1 << 50, &calls, None, |_| {});
-                times[k].push(at.elapsed().as_secs_f64());
+                let (exact, wall, c) =
+                    timed(|| check_from(&t, recorded.clone(), 1 << 50, |_| {}).is_ok_and(|f| f.is_exact()));
+                times[0].push(wall);
+                cpu[0].extend(c);
+                assert!(exact, "the check found a decision that differs");
+            }
+            for (k, config) in [(1, &recorded), (2, &expandable)].into_iter().filter(|(k, _)| runs(*k)) {
+                let t = fresh();
+                let (w, wall, c) = timed(|| what_if_device(&t, config.clone(), 1 << 50, &calls, None, |_| {}));
+                times[k].push(wall);
+                cpu[k].extend(c);
                 assert!(w.is_ok(), "a what-if failed");
             }
         }
-        for (name, mut ts) in
-            ["check", "what-if, recorded settings", "what-if, expandable segments"].into_iter().zip(times)
+        for ((name, mut ts), mut cs) in
+            ["check", "what-if, recorded settings", "what-if, expandable segments"].into_iter().zip(times).zip(cpu)
         {
+            if ts.is_empty() {
+                continue;
+            }
             ts.sort_by(f64::total_cmp);
             let (median, best) = (ts[ts.len() / 2], ts[0]);
             println!(
@@ -70,6 +107,15 @@ fn main() {
                 n as f64 / median / 1e6,
                 n as f64 / best / 1e6
             );
+            if !cs.is_empty() {
+                cs.sort_by(f64::total_cmp);
+                let (median, best) = (cs[cs.len() / 2], cs[0]);
+                println!(
+                    "    CPU time: median {median:.3} s ({:.1} M entries/s), best {best:.3} s ({:.1} M/s)",
+                    n as f64 / median / 1e6,
+                    n as f64 / best / 1e6
+                );
+            }
         }
     }
 }
