@@ -404,7 +404,8 @@ struct File<'a> {
     templates: BTreeMap<String, &'a RawValue>,
 }
 
-/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`).
+/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`, and
+/// `/lora-all|lora-qv` for adapters).
 fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
     static B: OnceLock<BTreeMap<String, &'static RawValue>> = OnceLock::new();
     B.get_or_init(|| {
@@ -419,9 +420,13 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 }
 
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
-/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script.
-const FILES: &[&str] =
-    &[include_str!("../../../data/programs/hf.json"), include_str!("../../../data/programs/hf-families.json")];
+/// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
+/// `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters' targets.
+const FILES: &[&str] = &[
+    include_str!("../../../data/programs/hf.json"),
+    include_str!("../../../data/programs/hf-families.json"),
+    include_str!("../../../data/programs/hf-lora.json"),
+];
 
 /// The template recorded under `key`, parsed (each once per process).
 pub fn template(key: &str) -> Option<&'static Parsed> {
