@@ -72,9 +72,14 @@ mod tests {
     #[test]
     fn adamw_keeps_state_for_the_adapters_alone() {
         let model = crate::model::preset("llama-3-8b").expect("preset");
-        for checkpointing in [Checkpointing::None, Checkpointing::Full] {
+        let jobs = [
+            (LoraTargets::All, Checkpointing::None),
+            (LoraTargets::All, Checkpointing::Full),
+            (LoraTargets::QueryValue, Checkpointing::None),
+        ];
+        for (targets, checkpointing) in jobs {
             for rank in [8, 16, 64] {
-                let (targets, cfg) = (LoraTargets::All, lora(rank, LoraTargets::All, checkpointing));
+                let cfg = lora(rank, targets, checkpointing);
                 let p = program(&model, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template").program;
                 p.check().expect("well formed");
                 let sizes = p.sizes(cfg.micro_batch, cfg.seq);
@@ -82,9 +87,9 @@ mod tests {
                     p.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == term).map(|(_, &b)| b).sum()
                 };
                 let adapters = adapter_bytes(&model, rank, targets);
-                assert_eq!(of(Term::Optimizer), 2 * adapters, "rank {rank} {checkpointing:?}");
+                assert_eq!(of(Term::Optimizer), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
                 // Two steps' gradients, made once each.
-                assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {checkpointing:?}");
+                assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
             }
         }
     }
