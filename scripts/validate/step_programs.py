@@ -42,6 +42,15 @@ tensor of their experts is sized by the tokens times the experts a token, whatev
 `data/programs/hf-more.json` holds what was recorded after those: BERT (masked LM), T5 (its
 encoder stack recorded as a stack of its own), Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's
 text model, and eager attention for families recorded with SDPA.
+
+`--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.json`, keys ending
+`/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
+wrapped by `get_peft_model` with its defaults before the optimizer is made, the base frozen
+(parameters with no gradient), the adapters at rank `LORA_RANK`, a size apart from every other
+dimension, so the adapters' weights and every tensor as wide as the rank are laws in the unit
+`r` and any rank plans:
+
+    .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --lora all --out a.json
 """
 
 import argparse
@@ -165,8 +174,8 @@ KERNEL_TAGS = (("sdpa", re.compile(r"aten::_scaled_dot_product_\w*attention\w*|S
 class Job:
     """One recorded run: every allocation and free in time order, and what each tensor became."""
 
-    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers):
-        self.what = f"{key(family, head, precision, attn, checkpointing)} {batch}x{seq} L{layers}"
+    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers, adapters=None):
+        self.what = f"{key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
         cfg = config(family, layers)
         if attn == "sdpa":
             # A GPU's fused SDPA kernels drop out inside the kernel (its random state is two
@@ -183,6 +192,8 @@ class Job:
                 infer_recipes.repeats_marked():
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
+                if adapters:
+                    model = lora_model(model, *adapters)
                 if checkpointing:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 hook_layers(model, family)
@@ -205,11 +216,14 @@ class Job:
         pattern = layer_pattern(family)
         self.params = []
         for name, p in model.named_parameters():
+            name = name.removeprefix(PEFT_PREFIX)
             hit = re.match(pattern.pattern + r"\.", name)
             layer = [("enc" if hit.group(1) == "encoder" else "main"), int(hit.group(2))] if hit else None
             self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
                                 "ptr": p.untyped_storage().data_ptr()})
-        self.dims = dims(model, cfg)
+        self.dims = dims(model.get_base_model() if adapters else model, cfg)
+        if adapters:
+            self.dims["r"] = adapters[0]
         self.grads = grads
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
@@ -292,6 +306,31 @@ class Job:
         return None, (max(ended)[1] if ended else None)
 
 
+def strays(events):
+    """Events of the middle layer between events of layers on one side of it (a free of the
+    third layer's tensor after the second layer's backward, when the first layer's input needs
+    no gradient: a frozen embedding under LoRA) happen once, not once a replica: each such run
+    belongs to the layer before it, which reaches the tensor by its distance."""
+    def side(c):
+        return None if c is None else (c[0], c[1] < EDGE)
+
+    i = 0
+    while i < len(events):
+        c = events[i][2]
+        if c is None or c[1] != EDGE:
+            i += 1
+            continue
+        end = i
+        while end < len(events) and events[end][2] == c:
+            end += 1
+        before = next((e[2] for e in reversed(events[:i]) if e[2] and e[2][0] == c[0]), None)
+        after = next((e[2] for e in events[end:] if e[2] and e[2][0] == c[0]), None)
+        if before is not None and after is not None and side(before) == side(after):
+            for e in events[i:end]:
+                e[2] = before
+        i = end
+
+
 def layer_tag(name):
     """("main", 3) for the profiler range `layer:main:3`."""
     stack, n = name[6:].split(":")
@@ -348,13 +387,50 @@ def sdpa_backend(attn):
         yield
 
 
-def key(family, head, precision, attn, checkpointing):
-    return f"{family}/{head}/{precision}/{attn}/{'ckpt' if checkpointing else 'full'}"
+def key(family, head, precision, attn, checkpointing, adapters=None):
+    base = f"{family}/{head}/{precision}/{attn}/{'ckpt' if checkpointing else 'full'}"
+    return f"{base}/lora-{adapters[1]}" if adapters else base
+
+
+# --- adapters -----------------------------------------------------------------------------
+
+# peft's name for the wrapped model, before the model's own parameter names.
+PEFT_PREFIX = "base_model.model."
+# The rank adapters are recorded at: its multiples (2r, 4r, r/2) are no small multiple of any
+# other dimension of the recording configs, so a tensor r wide is told apart by its size.
+LORA_RANK = 22
+
+
+def lora_model(model, rank, targets):
+    """`model` with peft's LoRA adapters as a user's run makes them (`get_peft_model` with
+    its defaults: no dropout, adapters of a 16-bit base autocast to fp32): on every linear
+    layer of the blocks (`all`: peft's "all-linear", the output layer left out) or on the
+    query and value projections (`qv`: peft's default targets for the family)."""
+    import peft
+    import peft.tuners.lora.torchao
+    # peft asks, for every layer it wraps, whether torchao quantized it, and raises where an
+    # older torchao is installed beside it; no layer here is torchao's.
+    peft.tuners.lora.torchao.is_torchao_available = lambda: False
+    # Each adapter made inside its layer's profiler range, as the layers' forward hooks mark
+    # them in the step: the adapter's first weights (fp32, cast to the base's dtype, then
+    # back to fp32) belong to the layer it adapts.
+    create = peft.tuners.lora.LoraModel._create_and_replace
+    if not getattr(create, "layered", False):
+        def layered(self, config, adapter, target, target_name, parent, current_key, **kw):
+            hit = re.search(r"(?:^|\.)(?:layers|h|layer)\.(\d+)\.", current_key)
+            tag = record_function(f"layer:main:{hit.group(1)}") if hit else contextlib.nullcontext()
+            with tag:
+                return create(self, config, adapter, target, target_name, parent, current_key, **kw)
+        layered.layered = True
+        peft.tuners.lora.LoraModel._create_and_replace = layered
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
+                             target_modules="all-linear" if targets == "all" else None)
+    return peft.get_peft_model(model, config)
 
 
 # --- laws ---------------------------------------------------------------------------------
 
-UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs"]
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs", "r"]
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 
@@ -575,6 +651,7 @@ def sequence(job, keep):
             if end > i + 1:
                 events[i:end] = sorted(events[i:end], key=lambda e: (e[5] == "backward", e[2] or ("", -1), e[1]))
             i = max(end, i + 1)
+        strays(events)
         out[section] = [(k, t, (c[0], int(c[1])) if c else None) for k, t, c, _, _, _ in events]
         backward = next((i for i, e in enumerate(events) if e[5] == "backward"), len(events))
         out[section + ":backward"] = backward
@@ -661,10 +738,10 @@ def check_of(events, sizes):
     return {"events": len(events), "peak": peak, "digest": digest(flat)}
 
 
-def template(family, head, precision, attn, checkpointing):
-    what = key(family, head, precision, attn, checkpointing)
-    jobs = [isolated(Job, family, head, precision, attn, checkpointing, b, s, LAYERS) for b, s in SHAPES]
-    deep = isolated(Job, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS)
+def template(family, head, precision, attn, checkpointing, adapters=None):
+    what = key(family, head, precision, attn, checkpointing, adapters)
+    jobs = [isolated(Job, family, head, precision, attn, checkpointing, b, s, LAYERS, adapters) for b, s in SHAPES]
+    deep = isolated(Job, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS, adapters)
     base = jobs[0]
     keeps = [kept(j) for j in jobs]
     if len({len(k) for k, _ in keeps}) != 1:
@@ -776,10 +853,26 @@ def optimizer_check(job):
 
 
 def isolated(fn, *args):
-    """`fn(*args)` in a process of its own, so one recording's caches cannot change another's."""
+    """`fn(*args)` in a process of its own, so one recording's caches cannot change another's.
+    With `STEP_PROGRAMS_CACHE` set to a folder, each run is kept there and read back when asked
+    again (a template whose check fails can be read again without running the model)."""
+    import hashlib
     import multiprocessing
+    import os
+    import pickle
+    cache = os.environ.get("STEP_PROGRAMS_CACHE")
+    path = None
+    if cache:
+        path = os.path.join(cache, hashlib.sha1(repr((fn.__name__,) + args).encode()).hexdigest() + ".pickle")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return pickle.load(f)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_run, (fn.__name__,) + args)
+        job = pool.apply(_run, (fn.__name__,) + args)
+    if path:
+        with open(path, "wb") as f:
+            pickle.dump(job, f)
+    return job
 
 
 def _run(name, *args):
@@ -816,6 +909,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families, or whole keys (family/head/precision/attn/ckpt|full)")
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
+    ap.add_argument("--lora", help="comma-separated adapter targets (all, qv): record LoRA steps at fp32 and bf16 "
+                                   "instead of full fine-tuning")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -831,9 +926,15 @@ def main():
     whole = {k for k in only if "/" in k}
     families = {k for k in only if "/" not in k}
     out = {}
-    for job in keys(families | {k.split("/")[0] for k in whole}):
+    jobs = keys(families | {k.split("/")[0] for k in whole})
+    if args.lora:
+        # SDPA (and, at fp32, its math path, which a GPU takes with grouped key-value heads);
+        # eager only where transformers has no SDPA path.
+        jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
+                and (j[3] != "eager" or j[0] in measure.NO_SDPA) for t in args.lora.split(",")]
+    for job in jobs:
         name = key(*job)
-        if whole and name not in whole and job[0] not in families:
+        if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:
             continue
         try:
             out[name] = template(*job)

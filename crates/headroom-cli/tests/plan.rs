@@ -1161,3 +1161,40 @@ fn model_paths_and_configs_are_named() {
     plan(&cfg).expect(0, "fits");
     plan(dir.path()).expect(0, "fits");
 }
+
+#[test]
+fn lora_on_a_recorded_family_replays_peft_s_recorded_step() {
+    let args = [
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h200",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--attention",
+        "sdpa",
+        "--finetune",
+        "lora",
+        "--lora-rank",
+        "16",
+    ];
+    let (code, j) = plan(&args);
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["program"]["source"], "recorded", "{j}");
+    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa/full/lora-all", "{j}");
+    // Any rank: the rank is a unit of the template's laws.
+    let mut rank = args.to_vec();
+    rank[15] = "64";
+    let (_, j64) = plan(&rank);
+    assert_eq!(j64["program"]["template"], j["program"]["template"], "{j64}");
+    assert!(j64["breakdown"]["optimizer"].as_f64() > j["breakdown"]["optimizer"].as_f64(), "{j64}");
+    // QLoRA's NF4 base is not recorded: the closed form plans it, and says why.
+    let mut qlora = args.to_vec();
+    qlora[13] = "qlora";
+    let (_, j) = plan(&qlora);
+    assert_ne!(j["program"]["source"], "recorded", "{j}");
+}

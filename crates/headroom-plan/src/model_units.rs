@@ -5,8 +5,9 @@
 use crate::model::Model;
 
 /// Every unit a template or recipe may name; anything else is refused where they are read.
-pub const UNITS: [&str; 16] =
-    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv", "fs"];
+/// `r` is a LoRA adapter's rank, which the job gives, not the model (1 here).
+pub const UNITS: [&str; 17] =
+    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv", "fs", "r"];
 
 /// The size of unit `name` in `model` (1 for `one`, and for a name outside [`UNITS`], which
 /// the readers refuse before any size is taken).

@@ -454,7 +454,8 @@ struct File<'a> {
     templates: BTreeMap<String, &'a RawValue>,
 }
 
-/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`).
+/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`, and
+/// `/lora-all|lora-qv` for adapters).
 fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
     static B: OnceLock<BTreeMap<String, &'static RawValue>> = OnceLock::new();
     B.get_or_init(|| {
@@ -473,12 +474,13 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
 /// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys
 /// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`;
 /// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
-/// with SDPA.
+/// with SDPA; `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters' targets.
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),
     include_str!("../../../data/programs/hf-families.json"),
     include_str!("../../../data/programs/hf-infer.json"),
     include_str!("../../../data/programs/hf-more.json"),
+    include_str!("../../../data/programs/hf-lora.json"),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

@@ -308,9 +308,12 @@ fn torchtitans_loss_holds_twelve_bytes_a_logit() {
 fn lora_keeps_a_frozen_base_and_trains_adapters() {
     let m = preset("llama-2-7b").unwrap();
     let g = gpu("a100-80gb").unwrap();
+    // Megatron's closed form: with transformers' code the job replays peft's recorded step
+    // (tests/lora_gpu.rs, tests/lora_truth.rs).
     let lora = |base| TrainConfig {
         finetune: Finetune::Lora { rank: 64, targets: LoraTargets::All, base },
         attention: Attention::Flash,
+        framework: Framework::Megatron,
         ..TrainConfig::new(1, 512, Precision::Mixed, Optimizer::AdamW)
     };
     let e = estimate(&m, &g, &lora(BaseWeights::Native));

@@ -27,6 +27,7 @@
 //! and the embedding's gradient, made last, is added to it — in place in fp32, out of place
 //! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
 
+mod adapters;
 mod autocast;
 pub(crate) mod expander;
 
@@ -34,10 +35,9 @@ use expander::Expander;
 
 use super::optimizer::{self, OptimizerParam};
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram, StateScale};
-use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
+use crate::job::{Attention, Checkpointing, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
-use crate::model_units::unit;
 use crate::program::{Law, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Kernel, Template, EDGE};
 use crate::recipe::{measured_code, measured_precision};
@@ -51,9 +51,7 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
     if cfg.compile {
         return Err("torch.compile's steps were recorded as moments, not tensor by tensor".to_string());
     }
-    if cfg.finetune != crate::job::Finetune::Full {
-        return Err("adapters were not recorded tensor by tensor".to_string());
-    }
+    let adapters = adapters::suffix(cfg)?;
     let precision =
         measured_precision(cfg.precision).ok_or_else(|| "fp8 is not a transformers precision".to_string())?;
     let checkpointed = match cfg.checkpointing {
@@ -76,7 +74,10 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
     let ck = if checkpointed { "ckpt" } else { "full" };
     // A family's own recording where it has one for the job; else the code it shares.
     let families = [program_family(model), measured_code(model)];
-    let key = |family: &str, attn: &str| format!("{family}/{head}/{precision}/{attn}/{ck}");
+    let key = |family: &str, attn: &str| match adapters {
+        Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}/{a}"),
+        None => format!("{family}/{head}/{precision}/{attn}/{ck}"),
+    };
     // Families without an SDPA path in transformers (none of their recordings SDPA's) run
     // eager whatever is asked.
     let recorded: Vec<String> = families
@@ -166,7 +167,7 @@ pub fn program(
 ) -> Result<HfProgram, String> {
     let key = key(model, cfg, device)?;
     let parsed = program_template::template(&key).ok_or_else(|| "not recorded".to_string())?;
-    let mut t = parsed.resolved(&|u| unit(model, u));
+    let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u));
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
         autocast::fp32_pow(&mut t);
     }
@@ -188,8 +189,8 @@ pub(super) const OFFLOAD: &str =
     "CPU offload is planned as DeepSpeed's ZeRO-Offload (--framework deepspeed); FSDP's offload is not modelled";
 
 /// transformers' recorded step as a program builder: one model replica on one GPU, running
-/// transformers' code eagerly with full fine-tuning and no or full checkpointing, where the
-/// family, precision and attention were recorded.
+/// transformers' code eagerly with full fine-tuning or peft's LoRA (`adapters.rs`) and no or
+/// full checkpointing, where the family, precision and attention were recorded.
 pub struct Recorded;
 
 impl Builder for Recorded {
@@ -213,9 +214,6 @@ impl Builder for Recorded {
         }
         if cfg.parallel.gpus() > 1 {
             return Err("its recorded step is one GPU's; with more, the phases plan it".into());
-        }
-        if cfg.finetune != Finetune::Full {
-            return Err("adapters were not recorded tensor by tensor".into());
         }
         key(job.model, cfg, Device::Gpu(job.gpu))?;
         let stacks = if job.model.family == Family::T5 { 2 } else { 1 };

@@ -1,0 +1,107 @@
+//! peft's LoRA over transformers' code, as recorded: which template a LoRA job replays, and
+//! the rank its laws are written in.
+//!
+//! `scripts/validate/step_programs.py --lora all,qv` records peft's step as it records full
+//! fine-tuning (`get_peft_model` with its defaults: no adapter dropout, the adapters of a
+//! 16-bit base autocast to fp32), keyed `family/head/precision/attention/ckpt/lora-TARGETS`
+//! in `data/programs/hf-lora.json`. The adapters' weights and every tensor as wide as the
+//! rank (`x @ A.T` and its gradient) are laws in the unit `r`, recorded at a rank no other
+//! dimension of the recording is a small multiple of, so any rank plans. The frozen base's
+//! weights are parameters with no gradient: `zero_grad` and the optimizer step skip them, as
+//! `torch.optim` does, and AdamW keeps state for the adapters alone.
+//!
+//! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
+//! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
+
+use crate::job::{BaseWeights, Finetune, LoraTargets, TrainConfig};
+use crate::model::Model;
+use crate::model_units;
+
+/// The key suffix of the template that serves `cfg`'s fine-tuning: `None` for full
+/// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision.
+pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
+    match cfg.finetune {
+        Finetune::Full => Ok(None),
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => {
+            Err("QLoRA's NF4 base was not recorded tensor by tensor (bitsandbytes' CPU path is not CUDA's)".into())
+        }
+        Finetune::Lora { base: BaseWeights::Int8, .. } => {
+            Err("LLM.int8's base was not recorded tensor by tensor".into())
+        }
+        Finetune::Lora { targets: LoraTargets::All, .. } => Ok(Some("lora-all")),
+        Finetune::Lora { targets: LoraTargets::QueryValue, .. } => Ok(Some("lora-qv")),
+    }
+}
+
+/// The size of unit `name` for `model` trained as `cfg` asks: the model's dimensions, and
+/// `r`, the job's LoRA rank (1 without adapters, where no template names it).
+pub fn unit(model: &Model, cfg: &TrainConfig, name: &str) -> f64 {
+    match (name, cfg.finetune) {
+        ("r", Finetune::Lora { rank, .. }) => rank as f64,
+        _ => model_units::unit(model, name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builders::hf::program;
+    use crate::builders::{Device, StateScale};
+    use crate::job::{Attention, Checkpointing, Optimizer, Precision};
+    use crate::program::Term;
+
+    fn lora(rank: u64, targets: LoraTargets, checkpointing: Checkpointing) -> TrainConfig {
+        TrainConfig {
+            attention: Attention::Sdpa,
+            checkpointing,
+            finetune: Finetune::Lora { rank, targets, base: BaseWeights::Native },
+            ..TrainConfig::new(2, 512, Precision::Bf16, Optimizer::AdamW)
+        }
+    }
+
+    /// Bytes of the adapters peft adds: r × (inputs + outputs) per targeted linear layer of
+    /// every block, fp32 (peft autocasts a 16-bit base's adapters).
+    fn adapter_bytes(model: &Model, rank: u64, targets: LoraTargets) -> u64 {
+        let per_layer: u64 = targets.of(&model.block_linears()).iter().map(|&(i, o)| rank * (i + o)).sum();
+        4 * per_layer * model.layers
+    }
+
+    /// The optimizer steps the adapters only: AdamW's two moments are twice the adapters'
+    /// bytes, at every rank (the rank a law unit, not the recorded one), and the gradients
+    /// the step keeps are the adapters' (the frozen base's weights get none).
+    #[test]
+    fn adamw_keeps_state_for_the_adapters_alone() {
+        let model = crate::model::preset("llama-3-8b").expect("preset");
+        let jobs = [
+            (LoraTargets::All, Checkpointing::None),
+            (LoraTargets::All, Checkpointing::Full),
+            (LoraTargets::QueryValue, Checkpointing::None),
+        ];
+        for (targets, checkpointing) in jobs {
+            for rank in [8, 16, 64] {
+                let cfg = lora(rank, targets, checkpointing);
+                let p = program(&model, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template").program;
+                p.check().expect("well formed");
+                let sizes = p.sizes(cfg.micro_batch, cfg.seq);
+                let of = |term: Term| -> u64 {
+                    p.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == term).map(|(_, &b)| b).sum()
+                };
+                let adapters = adapter_bytes(&model, rank, targets);
+                assert_eq!(of(Term::Optimizer), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
+                // Two steps' gradients, made once each.
+                assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_bases_are_refused_with_the_reason() {
+        for base in [BaseWeights::Nf4, BaseWeights::Int8] {
+            let cfg = TrainConfig {
+                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base },
+                ..TrainConfig::new(1, 128, Precision::Bf16, Optimizer::AdamW)
+            };
+            assert!(suffix(&cfg).unwrap_err().contains("not recorded"));
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! peft's LoRA steps measured on CPU (`scripts/validate/lora_truth.py`,
+//! `data/validation/lora_cpu_truth.json`) against the planner's replay of the recorded LoRA
+//! templates (`data/programs/hf-lora.json`), as the CPU runs it: the step's live peak and each
+//! phase's, within the CPU ground truth's 3% (tests/ground_truth.rs), set before any
+//! comparison. Every case is a check row, at a depth, shape and rank the templates were not
+//! recorded at; the optimizer state (AdamW's moments of the adapters alone) exactly.
+//!
+//! `cargo test -p headroom-plan --test lora_truth -- --nocapture` prints the table
+//! docs/VALIDATION.md shows.
+
+use headroom_plan::builders::hf::cpu_peaks;
+use headroom_plan::job::{
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
+};
+use headroom_plan::model::Model;
+use serde_json::Value;
+
+const PEAK_TOLERANCE: f64 = 0.03;
+
+fn cases() -> Vec<Value> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/validation/lora_cpu_truth.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("the measured cases")).expect("JSON");
+    v["cases"].as_array().expect("cases").clone()
+}
+
+fn config(c: &Value) -> TrainConfig {
+    let precision = if c["precision"] == "bf16" { Precision::Bf16 } else { Precision::Fp32 };
+    TrainConfig {
+        attention: Attention::Sdpa,
+        checkpointing: if c["checkpointing"] == true { Checkpointing::Full } else { Checkpointing::None },
+        finetune: Finetune::Lora {
+            rank: c["rank"].as_u64().expect("rank"),
+            targets: if c["targets"] == "qv" { LoraTargets::QueryValue } else { LoraTargets::All },
+            base: BaseWeights::Native,
+        },
+        // torch.optim's foreach implementation, as the script runs it on CPU.
+        optimizer_impl: Some(OptimizerImpl::Foreach),
+        ..TrainConfig::new(
+            c["batch"].as_u64().expect("batch"),
+            c["seq"].as_u64().expect("seq"),
+            precision,
+            Optimizer::AdamW,
+        )
+    }
+}
+
+#[test]
+fn lora_steps_replayed_match_peft_s_on_cpu() {
+    let mut misses = Vec::new();
+    println!("| case | measured peak | planned | diff | forward | backward | optimizer step |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for c in cases() {
+        let family = c["family"].as_str().expect("family");
+        let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
+        let cfg = config(&c);
+        let label = format!(
+            "{family} L{} {} {}{} r={} {} {}×{}",
+            c["layers"],
+            c["precision"].as_str().unwrap_or(""),
+            "sdpa",
+            if c["checkpointing"] == true { " ckpt" } else { "" },
+            c["rank"],
+            c["targets"].as_str().unwrap_or(""),
+            c["batch"],
+            c["seq"]
+        );
+        let Some((phases, peak)) = cpu_peaks(&m, &cfg) else {
+            misses.push(format!("{label}: no LoRA template serves it"));
+            continue;
+        };
+        let measured = c["peak_bytes"].as_f64().expect("peak");
+        let err = |p: u64, key: &str| p as f64 / c["phases"][key].as_f64().expect("phase") - 1.0;
+        let e = peak as f64 / measured - 1.0;
+        let errs =
+            [err(phases.forward, "forward"), err(phases.backward, "backward"), err(phases.optimizer_step, "optimizer")];
+        println!(
+            "| {label} | {:.3} MiB | {:.3} MiB | {:+.3}% | {:+.3}% | {:+.3}% | {:+.3}% |",
+            measured / 1048576.0,
+            peak as f64 / 1048576.0,
+            100.0 * e,
+            100.0 * errs[0],
+            100.0 * errs[1],
+            100.0 * errs[2]
+        );
+        if e.abs() > PEAK_TOLERANCE || errs.iter().any(|x| x.abs() > PEAK_TOLERANCE) {
+            misses.push(label);
+        }
+    }
+    assert!(misses.is_empty(), "outside ±{}%: {misses:?}", 100.0 * PEAK_TOLERANCE);
+}
