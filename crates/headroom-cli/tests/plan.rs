@@ -800,13 +800,19 @@ fn an_accumulation_of_two_to_the_31_plans_in_bounded_work() {
     for job in jobs {
         let (_, two) = plan_bounded(d, &[job, &["--accumulation", "2"]].concat(), 60);
         let (_, four) = plan_bounded(d, &[job, &["--accumulation", "4"]].concat(), 60);
+        let (_, eight) = plan_bounded(d, &[job, &["--accumulation", "8"]].concat(), 60);
         let (_, many) = plan_bounded(d, &[job, &["--accumulation", "2147483648"]].concat(), 60);
         let step = |v: &Value| v["step_time_s"].as_f64().unwrap();
         // Each micro-batch past the second adds the same time.
         let each = (step(&four) - step(&two)) / 2.0;
         let added = (step(&many) - step(&two)) / (2147483648.0 - 2.0);
         assert!(each > 0.0 && (added / each - 1.0).abs() < 0.01, "{job:?}: {each} s, then {added} s a micro-batch");
-        assert_eq!(many["per_gpu_bytes"], four["per_gpu_bytes"], "{job:?}: the memory of a step that has repeated");
+        // The allocator's cache settles within the micro-batches a program holds (LoRA's many
+        // small adapter tensors may take one more small segment past the fourth): a step of
+        // more repeats the eighth's memory, and the fourth's within a few small blocks.
+        assert_eq!(many["per_gpu_bytes"], eight["per_gpu_bytes"], "{job:?}: the memory of a step that has repeated");
+        let settled = many["per_gpu_bytes"].as_f64().unwrap() - four["per_gpu_bytes"].as_f64().unwrap();
+        assert!(settled.abs() <= (4u64 << 20) as f64, "{job:?}: {settled} bytes between four micro-batches and many");
     }
     let (_, global) = plan_bounded(
         d,
