@@ -469,6 +469,20 @@ fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
     })
 }
 
+/// FNV-1a over the decimal text of each item followed by `;`, as the recorder digests a
+/// template's `check` (its events in order), for the tests that expand templates.
+#[cfg(test)]
+pub(crate) fn check_digest(items: &[String]) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for x in items {
+        for b in x.bytes().chain(std::iter::once(b';')) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
 /// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
 /// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
 /// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys

@@ -216,19 +216,8 @@ impl Replay<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::program_template::check_digest as digest;
     use crate::program_template::SectionCheck;
-
-    /// FNV-1a over the decimal text of each item followed by `;`, as the recorder digests.
-    fn digest(items: &[String]) -> String {
-        let mut h: u64 = 0xcbf29ce484222325;
-        for x in items {
-            for b in x.bytes().chain(std::iter::once(b';')) {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x100000001b3);
-            }
-        }
-        format!("{h:016x}")
-    }
 
     /// Every inference template, expanded to the depth the recorder checked it at, reproduces
     /// what the recorder saw there: each event's kind and bytes in order, the live peak, and

@@ -556,18 +556,7 @@ fn is_embedding(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// FNV-1a over the decimal text of each item followed by `;`, as the recorder digests.
-    fn digest(items: &[String]) -> String {
-        let mut h: u64 = 0xcbf29ce484222325;
-        for x in items {
-            for b in x.bytes().chain(std::iter::once(b';')) {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x100000001b3);
-            }
-        }
-        format!("{h:016x}")
-    }
+    use crate::program_template::check_digest as digest;
 
     /// Under autocast on a GPU, GPT-2's tanh GELU runs in fp32 from its `pow` on: autocast's
     /// fp32 copy of `c_fc`'s output is made once a layer per forward (twice with checkpointing:
