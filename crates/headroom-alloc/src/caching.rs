@@ -403,10 +403,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let rounded = sizing::round_size(&self.config, size);
         let kind = sizing::pool_for(rounded);
         let alloc_size = sizing::allocation_size(&self.config, rounded);
-        // From here on `place` (the policy's placement stream) decides which blocks and
-        // segments serve the request; `stream` is what the caller and the OOM report see.
-        // A private pool's requests are placed on their own stream: a graph's memory is
-        // laid out as it was asked for, not as a policy plans the default pools.
+        // From here on `place` (the policy's placement stream) decides which blocks and segments serve the request;
+        // `stream` is what the caller and the OOM report see. A private pool's requests are placed on their own stream:
+        // a graph's memory is laid out as it was asked for, not as a policy plans the default pools.
         let placement =
             if owner == DEFAULT_POOL { self.policy.place(rounded, stream) } else { Placement::stream(stream) };
         let mut place = placement.stream;
@@ -427,8 +426,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             found = self.get_free_block(owner, kind, place, rounded);
         }
         let mut rung = 0;
-        // Set when the ladder found no free pages to reclaim: growth then
-        // cannot strand any, and may map ahead.
+        // Set when the ladder found no free pages to reclaim: growth then cannot strand any, and may map ahead.
         let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
         let ahead_after_reclaim = self.policy.reclaim_rule(&self.config).map_ahead_after;
         while found.is_none() {
@@ -504,8 +502,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     fn oom_report(&self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> OomReport {
         let largest = [&self.small, &self.large].iter().filter_map(|p| p.blocks.largest()).max().unwrap_or(0);
-        // PyTorch counts the free blocks of private pools as allocated: only their
-        // pools may use them.
+        // PyTorch counts the free blocks of private pools as allocated: only their pools may use them.
         let in_private_pools: u64 = self
             .private
             .values()
@@ -565,9 +562,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             pool.get_free_blocks_call_count += 1;
         }
         let fits = |found_size| policy.may_serve(config, size, found_size);
-        // Best fit counts the room an expandable block can still grow into: from the
-        // best fit, on to the next block while that one has less room. One search
-        // and a walk along the set (the common case: an ordinary block, no walk).
+        // Best fit counts the room an expandable block can still grow into: from the best fit, on to the next block
+        // while that one has less room. One search and a walk (the common case: an ordinary block, no walk).
         let grow = |id: u32| {
             let b = &arena[id];
             b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
@@ -654,9 +650,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let mut map = size;
         let mut planned = None;
         if self.expandable_active() {
-            // Growth maps ahead of the request where that costs little (as
-            // the policy says; PyTorch's: never): below the peak, or when no
-            // free page is left to reuse. The requests after it find the pages mapped.
+            // Growth maps ahead of the request where that costs little (as the policy says; PyTorch's: never): below
+            // the peak, or when no free page is left to reuse. The requests after it find the pages mapped.
             let reserved = self.total_allocated_memory;
             match growth {
                 Growth::Exact => {}
