@@ -128,14 +128,17 @@ def replace_linear(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bf
     return config
 
 
-def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None) -> torch.nn.Module:
+def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None, scope: Any = None) -> torch.nn.Module:
     """Materializes a model built on the meta device (`replace_linear`'s) on `device`, as
     transformers' loader does: each parameter in its dtype, and each `Linear4bit`'s weight
     arriving in its compute dtype and quantized by bitsandbytes' `quantize_4bit`, one layer at a
     time (the full-precision weight freed once quantized). The 4-bit weight is a parameter of
     the packed bytes carrying its `quant_state`, as bitsandbytes' `Params4bit` does (a fake tensor
     cannot be wrapped in `Params4bit`). With a `recorder`, the quantization state is tagged as
-    the layer's weights (the recorder tags parameters alone)."""
+    the layer's weights (the recorder tags parameters alone). `scope(name)`, where given, is a
+    context entered around each module's loading (the step programs mark each layer's range so)."""
+    import contextlib
+
     import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
 
@@ -147,28 +150,37 @@ def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None) -> t
         recorder.tag(bnbf.name2qmap["dynamic"], "weights", "bitsandbytes")
     root = type(model).__name__
     for name, module in list(model.named_modules()):
-        if isinstance(module, bnb.nn.Linear4bit):
-            meta = module.weight
-            full = torch.empty(meta.shape, dtype=module.compute_dtype, device=device)
-            packed, state = bnbf.quantize_4bit(full, blocksize=meta.blocksize,
-                                               compress_statistics=meta.compress_statistics,
-                                               quant_type=meta.quant_type, quant_storage=meta.quant_storage)
-            del full
-            weight = torch.nn.Parameter(packed, requires_grad=False)
-            for key in ("blocksize", "compress_statistics", "quant_type", "quant_storage"):
-                setattr(weight, key, getattr(meta, key))
-            weight.quant_state, weight.bnb_quantized, weight.module = state, True, module
-            module.weight, module.quant_state = weight, state
-            if recorder is not None:
-                for t in state_tensors(state):
-                    recorder.tag(t, "weights", f"{root}.{name}" if name else root)
-        for kind in (module._parameters, module._buffers):
-            for key, t in kind.items():
-                if t is not None and t.is_meta:
-                    new = torch.empty(t.shape, dtype=t.dtype, device=device)
-                    kind[key] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
-                        if kind is module._parameters else new
+        with scope(name) if scope is not None else contextlib.nullcontext():
+            _load_module(module, name, root, device, recorder)
     return model
+
+
+def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, recorder: Any) -> None:
+    """One module's own parameters and buffers materialized, its 4-bit weight quantized."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    if isinstance(module, bnb.nn.Linear4bit):
+        meta = module.weight
+        full = torch.empty(meta.shape, dtype=module.compute_dtype, device=device)
+        packed, state = bnbf.quantize_4bit(full, blocksize=meta.blocksize,
+                                           compress_statistics=meta.compress_statistics,
+                                           quant_type=meta.quant_type, quant_storage=meta.quant_storage)
+        del full
+        weight = torch.nn.Parameter(packed, requires_grad=False)
+        for key in ("blocksize", "compress_statistics", "quant_type", "quant_storage"):
+            setattr(weight, key, getattr(meta, key))
+        weight.quant_state, weight.bnb_quantized, weight.module = state, True, module
+        module.weight, module.quant_state = weight, state
+        if recorder is not None:
+            for t in state_tensors(state):
+                recorder.tag(t, "weights", f"{root}.{name}" if name else root)
+    for kind in (module._parameters, module._buffers):
+        for key, t in kind.items():
+            if t is not None and t.is_meta:
+                new = torch.empty(t.shape, dtype=t.dtype, device=device)
+                kind[key] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
+                    if kind is module._parameters else new
 
 
 def build(config: Any, attention: str) -> torch.nn.Module:
@@ -193,14 +205,15 @@ def build(config: Any, attention: str) -> torch.nn.Module:
     return model
 
 
-def prepare(model: torch.nn.Module, rank: int, recorder: Any = None) -> torch.nn.Module:
+def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any = None) -> torch.nn.Module:
     """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
     `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
     gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
-    (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32."""
+    (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32.
+    `scope`: as `load`'s."""
     import peft
 
-    load(model, recorder=recorder)
+    load(model, recorder=recorder, scope=scope)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)

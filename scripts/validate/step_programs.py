@@ -389,7 +389,8 @@ def sdpa_backend(attn):
 
 def key(family, head, precision, attn, checkpointing, adapters=None):
     base = f"{family}/{head}/{precision}/{attn}/{'ckpt' if checkpointing else 'full'}"
-    return f"{base}/lora-{adapters[1]}" if adapters else base
+    # (rank, targets) for peft's LoRA; (rank, targets, "qlora") over a 4-bit base.
+    return f"{base}/{adapters[2] if len(adapters) > 2 else 'lora'}-{adapters[1]}" if adapters else base
 
 
 # --- adapters -----------------------------------------------------------------------------
@@ -573,7 +574,8 @@ def kept(job):
             why = "CPU kernel scratch"
         elif t["size"] <= TINY and t["role"] is None:
             why = "a Python number"
-        elif section != "setup" and t["role"] is None and not any(n.startswith("aten::") for n, _ in t["ops"]):
+        elif section != "setup" and t["role"] is None and not any(n.startswith(("aten::", "bitsandbytes::"))
+                                                                  for n, _ in t["ops"]):
             # Checkpointing's saved random-number state (a CPU tensor on a GPU too), made under
             # an autograd node or no operator at all.
             why = "made outside any operator"
@@ -740,8 +742,10 @@ def check_of(events, sizes):
 
 def template(family, head, precision, attn, checkpointing, adapters=None):
     what = key(family, head, precision, attn, checkpointing, adapters)
-    jobs = [isolated(Job, family, head, precision, attn, checkpointing, b, s, LAYERS, adapters) for b, s in SHAPES]
-    deep = isolated(Job, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS, adapters)
+    # QLoRA's step is recorded by the fake recorder with CUDA's rules (qlora_programs.py).
+    cls = qlora_programs().QLoraJob if adapters and adapters[2:] == ("qlora",) else Job
+    jobs = [isolated(cls, family, head, precision, attn, checkpointing, b, s, LAYERS, adapters) for b, s in SHAPES]
+    deep = isolated(cls, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS, adapters)
     base = jobs[0]
     keeps = [kept(j) for j in jobs]
     if len({len(k) for k, _ in keeps}) != 1:
@@ -768,6 +772,9 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         if role and role[0] in ("param", "grad"):
             p = params[role[1]]
             lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
+        elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
+            lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d, f"{what} tensor {pos}",
+                                            widths_of(precision))
         else:
             lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
                      widths_of(precision))
@@ -876,13 +883,18 @@ def isolated(fn, *args):
 
 
 def _run(name, *args):
-    job = globals()[name](*args)
+    job = (globals().get(name) or getattr(qlora_programs(), name))(*args)
     job.__dict__.pop("ranges", None)
     for t in job.tensors:
         t["ops"] = [(n, 0) for n, _ in t["ops"]]
         if t["freed"]:
             t["freed"]["ops"] = []
     return job
+
+
+def qlora_programs():
+    import qlora_programs as q
+    return q
 
 
 def keys(only):
@@ -911,6 +923,8 @@ def main():
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
     ap.add_argument("--lora", help="comma-separated adapter targets (all, qv): record LoRA steps at fp32 and bf16 "
                                    "instead of full fine-tuning")
+    ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
+                                                      "base, bf16 compute, SDPA, checkpointing) under fake tensors")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -932,6 +946,10 @@ def main():
         # eager only where transformers has no SDPA path.
         jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA) for t in args.lora.split(",")]
+    elif args.qlora:
+        # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on.
+        jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
+                if j[2] == "bf16" and j[3] == "sdpa" and j[4] and j[1] == "causal-lm"]
     for job in jobs:
         name = key(*job)
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:

@@ -307,15 +307,25 @@ fn checkpointing(estimate: &Estimate) -> Vec<Change> {
     }
 }
 
-/// Adapters over a frozen base where the job fine-tunes: LoRA, then QLoRA.
+/// Adapters over a frozen base where the job fine-tunes: LoRA, then QLoRA — with gradient
+/// checkpointing, which peft's `prepare_model_for_kbit_training` turns on (and QLoRA's
+/// recorded step has).
 fn adapters(asked: &Asked) -> Vec<Change> {
     let lora = |q: &mut TrainRequest, _| q.finetune = FinetuneMode::Lora;
     let qlora = |q: &mut TrainRequest, _| {
         q.finetune = FinetuneMode::Qlora;
         q.base_weights = None;
+        if q.checkpointing == Checkpointing::None {
+            q.checkpointing = Checkpointing::Full;
+        }
+    };
+    let qlora_flags = if asked.request.checkpointing == Checkpointing::None {
+        "--finetune qlora --checkpoint full"
+    } else {
+        "--finetune qlora"
     };
     let lora = Change::new(Lever::Adapters, "--finetune lora".into(), lora, 0);
-    let qlora = Change::new(Lever::Adapters, "--finetune qlora".into(), qlora, 0);
+    let qlora = Change::new(Lever::Adapters, qlora_flags.into(), qlora, 0);
     match asked.request.finetune {
         FinetuneMode::Full if asked.fine_tuning => vec![lora, qlora],
         FinetuneMode::Lora if asked.request.base_weights.is_none() => vec![qlora],

@@ -10,20 +10,37 @@
 //! weights are parameters with no gradient: `zero_grad` and the optimizer step skip them, as
 //! `torch.optim` does, and AdamW keeps state for the adapters alone.
 //!
-//! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
-//! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
+//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`)
+//! is recorded under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
+//! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
+//! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
+//! into a bf16 temporary, and `prepare_model_for_kbit_training`'s fp32 casts and checkpointing.
+//! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
+//! element), exact where out × in is a multiple of 16,384, as it is for every model whose
+//! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
+//! layer, checkpointing on. LLM.int8's base is not recorded: those jobs are refused here and
+//! planned by the closed form.
 
-use crate::job::{BaseWeights, Finetune, LoraTargets, TrainConfig};
+use crate::job::{BaseWeights, Checkpointing, Finetune, LoraTargets, TrainConfig};
 use crate::model::Model;
 use crate::model_units;
 
 /// The key suffix of the template that serves `cfg`'s fine-tuning: `None` for full
-/// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision.
+/// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision,
+/// `qlora-all` for QLoRA.
 pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
     match cfg.finetune {
         Finetune::Full => Ok(None),
+        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => {
+            if cfg.checkpointing != Checkpointing::Full {
+                return Err("QLoRA's step was recorded as peft's prepare_model_for_kbit_training sets it up, with \
+                            gradient checkpointing on: add --checkpoint full"
+                    .into());
+            }
+            Ok(Some("qlora-all"))
+        }
         Finetune::Lora { base: BaseWeights::Nf4, .. } => {
-            Err("QLoRA's NF4 base was not recorded tensor by tensor (bitsandbytes' CPU path is not CUDA's)".into())
+            Err("QLoRA's step was recorded with adapters on every linear layer: --lora-targets all".into())
         }
         Finetune::Lora { base: BaseWeights::Int8, .. } => {
             Err("LLM.int8's base was not recorded tensor by tensor".into())
@@ -95,13 +112,25 @@ mod tests {
     }
 
     #[test]
-    fn quantized_bases_are_refused_with_the_reason() {
-        for base in [BaseWeights::Nf4, BaseWeights::Int8] {
-            let cfg = TrainConfig {
-                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base },
-                ..TrainConfig::new(1, 128, Precision::Bf16, Optimizer::AdamW)
-            };
-            assert!(suffix(&cfg).unwrap_err().contains("not recorded"));
-        }
+    fn int8_bases_are_refused_with_the_reason() {
+        let cfg = TrainConfig {
+            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Int8 },
+            ..TrainConfig::new(1, 128, Precision::Bf16, Optimizer::AdamW)
+        };
+        assert!(suffix(&cfg).unwrap_err().contains("not recorded"));
+    }
+
+    /// QLoRA replays its template where it is set up as peft sets it up (every linear layer,
+    /// checkpointing on), and otherwise says what to change.
+    #[test]
+    fn qlora_replays_its_template_as_peft_sets_it_up() {
+        let qlora = |targets, checkpointing| TrainConfig {
+            checkpointing,
+            finetune: Finetune::Lora { rank: 16, targets, base: BaseWeights::Nf4 },
+            ..TrainConfig::new(1, 128, Precision::Bf16, Optimizer::AdamW)
+        };
+        assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::Full)), Ok(Some("qlora-all")));
+        assert!(suffix(&qlora(LoraTargets::All, Checkpointing::None)).unwrap_err().contains("--checkpoint full"));
+        assert!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)).unwrap_err().contains("--lora-targets"));
     }
 }

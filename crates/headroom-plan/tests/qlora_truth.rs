@@ -1,0 +1,86 @@
+//! QLoRA's steps as `python -m headroom_gpu record --qlora` records them (fake tensors with
+//! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
+//! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
+//! templates (`data/programs/hf-qlora.json`), as the recording's device runs it (no cuBLAS
+//! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
+//! check, set before any comparison). Every case is a check row, at model widths, a depth, a
+//! shape and a rank the templates were not recorded at.
+//!
+//! `cargo test -p headroom-plan --test qlora_truth -- --nocapture` prints the table
+//! docs/VALIDATION.md shows.
+
+use headroom_plan::builders::hf::cpu_peaks;
+use headroom_plan::job::{
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
+};
+use headroom_plan::model::Model;
+use serde_json::Value;
+
+const PEAK_TOLERANCE: f64 = 0.03;
+
+fn cases() -> Vec<Value> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/validation/qlora_fake_truth.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("the recorded cases")).expect("JSON");
+    v["cases"].as_array().expect("cases").clone()
+}
+
+/// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on, adapters on
+/// every linear layer, torch.optim's AdamW (foreach).
+fn config(c: &Value) -> TrainConfig {
+    TrainConfig {
+        attention: Attention::Sdpa,
+        checkpointing: Checkpointing::Full,
+        finetune: Finetune::Lora {
+            rank: c["rank"].as_u64().expect("rank"),
+            targets: LoraTargets::All,
+            base: BaseWeights::Nf4,
+        },
+        optimizer_impl: Some(OptimizerImpl::Foreach),
+        ..TrainConfig::new(
+            c["batch"].as_u64().expect("batch"),
+            c["seq"].as_u64().expect("seq"),
+            Precision::Bf16,
+            Optimizer::AdamW,
+        )
+    }
+}
+
+#[test]
+fn qlora_steps_replayed_match_the_recorder_s() {
+    let mut misses = Vec::new();
+    println!("| case | recorded peak | planned | diff | forward | backward | optimizer step |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let all = cases();
+    assert!(!all.is_empty(), "no recorded case");
+    for c in all {
+        let family = c["family"].as_str().expect("family");
+        let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
+        let cfg = config(&c);
+        let label = format!(
+            "{family} h{} L{} r={} {}×{}",
+            c["config"]["hidden_size"], c["layers"], c["rank"], c["batch"], c["seq"]
+        );
+        let Some((phases, peak)) = cpu_peaks(&m, &cfg) else {
+            misses.push(format!("{label}: no QLoRA template serves it"));
+            continue;
+        };
+        let recorded = c["peak_bytes"].as_f64().expect("peak");
+        let err = |p: u64, key: &str| p as f64 / c["phases"][key].as_f64().expect("phase") - 1.0;
+        let e = peak as f64 / recorded - 1.0;
+        let errs =
+            [err(phases.forward, "forward"), err(phases.backward, "backward"), err(phases.optimizer_step, "optimizer")];
+        println!(
+            "| {label} | {:.3} MiB | {:.3} MiB | {:+.3}% | {:+.3}% | {:+.3}% | {:+.3}% |",
+            recorded / 1048576.0,
+            peak as f64 / 1048576.0,
+            100.0 * e,
+            100.0 * errs[0],
+            100.0 * errs[1],
+            100.0 * errs[2]
+        );
+        if e.abs() > PEAK_TOLERANCE || errs.iter().any(|x| x.abs() > PEAK_TOLERANCE) {
+            misses.push(label);
+        }
+    }
+    assert!(misses.is_empty(), "outside ±{}%: {misses:?}", 100.0 * PEAK_TOLERANCE);
+}

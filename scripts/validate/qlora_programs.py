@@ -1,0 +1,311 @@
+"""QLoRA's step for the step programs (`step_programs.py --qlora all`): peft's LoRA over
+bitsandbytes' 4-bit base, recorded as `python -m headroom_gpu record --qlora` records it —
+under fake tensors, with CUDA's rules (`headroom_gpu.qlora`: NF4 packing, double-quantized
+absmax, `gemm_4bit` as its dequantize-then-matmul path, `prepare_model_for_kbit_training`'s
+fp32 casts and checkpointing) — and read into the same tensors and events a CPU recording
+under the profiler gives (`step_programs.Job`), so that the law fit, the expansion's check
+and the template writer are the same.
+
+bitsandbytes has no CPU kernels for the CUDA path (its CPU backend dequantizes otherwise), so
+the profiler cannot record it; the fake recorder's operators are the ones CUDA runs, and its
+allocations their outputs. What the profiler gives by time, this gives by the order of the
+recorder's events: a tensor's operator (the one dispatched when it was made or freed), its
+step and phase, and the layer whose module ran (forward and backward hooks, each layer's
+loading, peft's adapters made inside the layer they adapt).
+
+The 4-bit base's tensors are fractions of their layer's weight (out x in elements): the packed
+weight half a byte an element, the dequantized absmax `1/16` (fp32, one a block of 64), its
+8-bit form `1/64`, the second-level absmax `1/4096` (fp32, one a block of 256 blocks), exact
+where out x in is a multiple of 16,384, as every recorded config's and every catalog model's
+(dimensions multiples of 128) is; the NF4 code (16 fp32), the 8-bit dynamic map (256 fp32) and
+the offset are constants.
+"""
+
+import contextlib
+import re
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import step_programs as sp
+
+# Fractions of a quantized layer's elements that bitsandbytes' tensors take, in bytes.
+FRACTIONS = (0.5, 1 / 16, 1 / 64, 1 / 4096)
+# bitsandbytes' constants: the NF4 code (16 fp32) and the dynamic map (256 fp32).
+CONSTANTS = (64, 1024)
+# Heads as the GQA recordings' (12 over 4 key-value heads: no power-of-two ratio, so no
+# weight's fraction equals another's), 80 wide, over a hidden size of 768 (a multiple of the
+# heads, as Llama's config asks): every layer's out x in a multiple of 16,384, so bitsandbytes'
+# blocks divide every weight exactly.
+HEADS = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 80}
+
+
+class _Named(TorchDispatchMode):
+    """Names the operator running while the recorder sees its outputs (or a free inside it)."""
+
+    def __init__(self, rec):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        outer, self.rec.op = self.rec.op, f"{func.namespace}::{func.overloadpacket.__name__}"
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.rec.op = outer
+
+
+def _recorder_class():
+    from headroom_gpu.recorder import StepRecorder
+
+    class Traced(StepRecorder):
+        """The recorder, with each event's operator and section, and the layers' ranges in
+        event order (an event at position k happens at time k; a range opened or closed
+        between events at k - 0.5)."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.op = None
+            self.at = {}
+            self.ranges = []
+
+        def _note(self, before):
+            for k in range(before, len(self.events)):
+                self.at[k] = (self.op, self._when())
+
+        def _seen(self, t):
+            before = len(self.events)
+            super()._seen(t)
+            self._note(before)
+
+        def _freed(self, rec):
+            before = len(self.events)
+            super()._freed(rec)
+            self._note(before)
+
+        @contextlib.contextmanager
+        def mark(self, tag):
+            entry = [tag, len(self.events) - 0.5, None]
+            self.ranges.append(entry)
+            try:
+                yield
+            finally:
+                entry[2] = len(self.events) - 0.5
+
+    return Traced
+
+
+def _layer_of(name):
+    hit = re.search(r"(?:^|\.)(?:layers|h|layer)\.(\d+)(?:\.|$)", name)
+    return f"layer:main:{hit.group(1)}" if hit else None
+
+
+def _hook_layers(model, family, rec):
+    """Each layer's forward and backward marked as a range (the forward's end even where
+    non-reentrant checkpointing stops a recomputation early)."""
+    pattern = sp.layer_pattern(family)
+    for name, m in model.named_modules():
+        hit = pattern.fullmatch(name)
+        if not hit:
+            continue
+        tag = ("main", int(hit.group(2)))
+
+        def enter(m, *a, tag=tag):
+            m._marks = getattr(m, "_marks", [])
+            m._marks.append(rec.mark(tag))
+            m._marks[-1].__enter__()
+
+        def leave(m, *a):
+            if getattr(m, "_marks", None):
+                m._marks.pop().__exit__(None, None, None)
+
+        m.register_forward_pre_hook(enter)
+        m.register_forward_hook(leave, always_call=True)
+        m.register_full_backward_pre_hook(enter)
+        m.register_full_backward_hook(leave)
+
+
+@contextlib.contextmanager
+def _adapters_in_layers(rec):
+    """peft's adapters made inside the range of the layer they adapt."""
+    import peft
+
+    create = peft.tuners.lora.LoraModel._create_and_replace
+
+    def layered(self, config, adapter, target, target_name, parent, current_key, **kw):
+        tag = _layer_of(current_key)
+        with rec.mark(sp.layer_tag(tag)) if tag else contextlib.nullcontext():
+            return create(self, config, adapter, target, target_name, parent, current_key, **kw)
+
+    peft.tuners.lora.LoraModel._create_and_replace = layered
+    try:
+        yield
+    finally:
+        peft.tuners.lora.LoraModel._create_and_replace = create
+
+
+@contextlib.contextmanager
+def _repeats_marked(rec):
+    """transformers' `repeat_kv` marked, as `infer_recipes.repeats_marked` marks it."""
+    import sys
+
+    patched = []
+    for name, mod in list(sys.modules.items()):
+        fn = getattr(mod, "repeat_kv", None) if name.startswith("transformers.") else None
+        if callable(fn):
+            def marked(*args, _fn=fn, **kwargs):
+                with rec.mark("repeat_kv"):
+                    return _fn(*args, **kwargs)
+            setattr(mod, "repeat_kv", marked)
+            patched.append((mod, fn))
+    try:
+        yield
+    finally:
+        for mod, fn in patched:
+            setattr(mod, "repeat_kv", fn)
+
+
+def qlora_config(family, layers):
+    cfg = sp.config(family, layers)
+    cfg.update(HEADS)
+    return cfg
+
+
+class QLoraJob(sp.Job):
+    """`step_programs.Job`'s tensors and events for QLoRA, from the fake recorder."""
+
+    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers, adapters=None):
+        import peft  # noqa: F401  (imported before the recording: its import-time tensors are not the step's)
+        import transformers
+        from headroom_gpu import qlora
+
+        if precision != "bf16" or attn != "sdpa" or not checkpointing or head != "causal-lm":
+            raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA, checkpointing on")
+        self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
+        cfg = qlora_config(family, layers)
+        fields = dict(cfg)
+        config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+        config.use_cache = False
+        meta = qlora.build(config, "sdpa")
+        rank = adapters[0]
+        torch.manual_seed(0)
+        grads = {}
+        rec = _recorder_class()(fake=True, route_sdpa=True, shape=(batch, seq), kernels=False)
+        with rec, contextlib.ExitStack() as stack:
+            stack.enter_context(_adapters_in_layers(rec))
+            stack.enter_context(_Named(rec))
+
+            def scope(name):
+                tag = _layer_of(name)
+                return rec.mark(sp.layer_tag(tag)) if tag else contextlib.nullcontext()
+
+            model = qlora.prepare(meta, rank, rec, scope=scope)
+            stack.enter_context(qlora.cuda_kernels(rec))
+            stack.enter_context(_repeats_marked(rec))
+            _hook_layers(model, family, rec)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
+            ids = torch.randint(0, config.vocab_size, (batch, seq))
+            for step in (1, 2):
+                with rec.step():
+                    loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    del loss
+                    grads[step] = {rec._storages[p.grad.untyped_storage()].index: i
+                                   for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            self._read_fake(rec, model, opt, ids, family, cfg, rank, grads)
+
+    def _read_fake(self, rec, model, opt, ids, family, cfg, rank, grads):
+        pattern = sp.layer_pattern(family)
+        index = lambda t: rec._storages[t.untyped_storage()].index  # noqa: E731
+        self.params = []
+        self.fractions = []
+        persistent = {}
+        for i, (name, p) in enumerate(model.named_parameters()):
+            name = name.removeprefix(sp.PEFT_PREFIX)
+            hit = re.match(pattern.pattern + r"\.", name)
+            layer = ["main", int(hit.group(2))] if hit else None
+            state = getattr(p, "quant_state", None)
+            if state is not None:
+                # The packed weight: half a byte for each of the layer's out x in elements.
+                shape, nbytes = list(state.shape), 0.5
+            else:
+                shape, nbytes = list(p.shape), p.element_size()
+            self.params.append({"name": name, "shape": shape, "bytes": nbytes, "layer": layer})
+            persistent[index(p)] = ("param", i)
+            if state is not None:
+                from headroom_gpu.qlora import state_tensors
+
+                for t in state_tensors(state):
+                    persistent[index(t)] = ("buffer", None)
+        for b in model.buffers():
+            persistent[index(b)] = ("buffer", None)
+        import bitsandbytes.functional as bnbf
+
+        persistent[index(bnbf.name2qmap["dynamic"])] = ("buffer", None)
+        persistent[index(ids)] = ("input", None)
+        for st in opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    persistent[index(v)] = ("state", None)
+        self.dims = sp.dims(model.get_base_model(), cfg)
+        self.dims["r"] = rank
+        self.grads = grads
+        # The profiler's view: sections and layer ranges by time, the innermost range first.
+        self.ranges = sorted(((tag, start, end) for tag, start, end in rec.ranges
+                              if tag != "repeat_kv" and end is not None), key=lambda r: r[2] - r[1])
+        repeats = [(start, end) for tag, start, end in rec.ranges if tag == "repeat_kv" and end is not None]
+        self.sections = []
+        for k in range(len(rec.events)):
+            when = rec.at[k][1]
+            if self.sections and self.sections[-1][0] == when:
+                self.sections[-1][2] = k + 0.5
+            else:
+                self.sections.append([when, k - 0.5, k + 0.5])
+        self.tensors, self.events = [], []
+        for k, (kind, st) in enumerate(rec.events):
+            op, when = rec.at[k]
+            ops = [(op, 0)] if op else []
+            if kind == "alloc":
+                assert st.index == len(self.tensors)
+                self.tensors.append({"size": st.size, "ops": ops, "section": when, "layer": self.layer_at(k),
+                                     "freed": None, "repeat": any(a <= k <= b for a, b in repeats)})
+                self.events.append(("a", st.index))
+            else:
+                self.tensors[st.index]["freed"] = {"ops": ops, "section": when, "layer": self.layer_at(k)}
+                self.events.append(("f", st.index))
+        step_of = {"step1.backward": 1, "step2.backward": 2}
+        for i, tensor in enumerate(self.tensors):
+            role = persistent.get(i) if tensor["freed"] is None else None
+            grad = grads.get(step_of.get(tensor["section"]), {}).get(i)
+            if grad is not None and tensor["freed"] and tensor["freed"]["section"].endswith(".optimizer"):
+                role = ("grad", grad)
+            tensor["role"] = role
+            tensor["kernel"] = next((tag for tag, rx in sp.KERNEL_TAGS
+                                     if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
+            if tensor["repeat"]:
+                tensor["kernel"] = "repeat_kv"
+            tensor["scratch"] = False  # a fake tensor's operators keep none
+        # Each quantized layer's elements as the law fit's parameter shapes: (n, units, coefficient).
+        self.fractions = [(s[0] * s[1], *reversed(sp.shape_units(s, self.dims))) for s in
+                          (p["shape"] for p in self.params if p["bytes"] == 0.5)]
+
+
+def fixed_law(n, param_shapes, fractions, d, what, widths):
+    """A QLoRA tensor of the same size at every shape: a parameter's shape at an element width,
+    a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit."""
+    if n <= sp.TINY:
+        return {"fixed": {"one": float(n)}}
+    for shape, units, coef in param_shapes:
+        for w in (2, 4, 1, 8):
+            if n == w * shape:
+                return {"fixed": {units: float(w * coef)}}
+    for shape, units, coef in fractions:
+        for c in FRACTIONS:
+            if n == c * shape:
+                return {"fixed": {units: c * coef}}
+    if n in CONSTANTS:
+        return {"fixed": {"one": float(n)}}
+    return {"fixed": sp.per_unit(n, d, what, widths)}

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""QLoRA's steps as `python -m headroom_gpu record --qlora RANK` records them (fake tensors,
+CUDA's bitsandbytes rules: `headroom_gpu.qlora`), for the planner's replay of the recorded QLoRA
+templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes and ranks the
+templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
+key-value heads, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88 and 3x56 tokens,
+rank 22).
+
+Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
+noting the phase each allocation and free happens in: the second step's live peak (every
+tensor alive, weights and optimizer state included) per phase, the forward, the backward and
+the optimizer step (with `zero_grad`), as `Program::step_peaks` reads a plan. Every case is a
+check row: nothing in the templates is fitted to them (`cargo test -p headroom-plan --test
+qlora_truth` compares).
+
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --out data/validation/qlora_fake_truth.json
+"""
+
+import argparse
+import json
+import os
+import tempfile
+
+# (family, config, layers, batch, seq, rank): chosen before any comparison, every one away from
+# the recording's dimensions, depth (5), shapes and rank (22); the first two at widths whose
+# heads share key-value heads in a power-of-two ratio, as Llama 3's and Mistral's do.
+CASES = [
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 6, 1, 256, 16),
+    ("llama", {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+               "intermediate_size": 5632, "vocab_size": 32000}, 4, 2, 128, 64),
+    ("llama", {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+               "intermediate_size": 1408, "vocab_size": 4096}, 8, 4, 64, 8),
+]
+
+
+def phased():
+    from headroom_gpu.recorder import StepRecorder
+
+    class Phased(StepRecorder):
+        """The recorder, with the step and phase each event happens in."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.phases = []
+
+        def _seen(self, t):
+            before = len(self.events)
+            super()._seen(t)
+            self.phases += [self._when()] * (len(self.events) - before)
+
+        def _freed(self, rec):
+            before = len(self.events)
+            super()._freed(rec)
+            self.phases += [self._when()] * (len(self.events) - before)
+
+    return Phased
+
+
+def peaks(rec, step=2):
+    """{phase: live peak} of step `step`, a phase holding at least what it began with."""
+    total, out, current = 0, {}, None
+    for (kind, st), when in zip(rec.events, rec.phases):
+        phase = when.split(".")[1] if when.startswith(f"step{step}.") else None
+        if phase != current:
+            current = phase
+            if phase:
+                out[phase] = max(out.get(phase, 0), total)
+        total += st.size if kind == "alloc" else -st.size
+        if phase and kind == "alloc":
+            out[phase] = max(out[phase], total)
+    return out
+
+
+def case(family, fields, layers, batch, seq, rank):
+    from headroom_gpu import transformers_step
+
+    config = {"model_type": family, "num_hidden_layers": layers, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, **fields}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        original = transformers_step.StepRecorder
+        transformers_step.StepRecorder = phased()
+        try:
+            rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
+                                                                      steps=2))
+        finally:
+            transformers_step.StepRecorder = original
+    p = peaks(rec)
+    return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
+            "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import bitsandbytes
+    import peft
+    import torch
+    import transformers
+
+    cases = []
+    for c in CASES:
+        cases.append(case(*c))
+        print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+    about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
+             "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+             "bitsandbytes": bitsandbytes.__version__}
+    with open(args.out, "w") as f:
+        json.dump({**about, "cases": cases}, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
