@@ -76,6 +76,28 @@ fn a_plan_that_does_not_fit_lists_the_levers_each_checked_by_planning_again() {
     assert!(t.contains(fitting[0]["flags"].as_str().unwrap()), "{t}");
 }
 
+/// QLoRA on one GPU with transformers' code replays its recorded step, and says so; the
+/// LoRA job's QLoRA lever is QLoRA as peft sets it up, checkpointing on, replayed the same way.
+#[test]
+fn qlora_is_planned_from_its_recorded_step() {
+    let job = "--model llama-3-8b --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 2048 --checkpoint full";
+    let (code, p) = plan(&args(job));
+    assert_eq!(code, 0, "{p}");
+    assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
+    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all");
+    let (_, t) = text(&args(job));
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/ckpt/qlora-all"), "{t}");
+    // Without checkpointing the transformers builder passes it over, saying what to add.
+    let (_, t) = text(&args("--model llama-3-8b --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 2048"));
+    assert!(t.contains("prepare_model_for_kbit_training sets it up, with gradient checkpointing on"), "{t}");
+    let (_, lora) = plan(&args(LORA_JOB));
+    let levers = lora["levers"].as_array().unwrap();
+    let qlora = levers.iter().find(|l| l["lever"] == "adapters" && l["flags"] == "--finetune qlora --checkpoint full");
+    assert!(qlora.is_some(), "{levers:?}");
+    let (_, again) = plan(&with_flags(&args(LORA_JOB), "--finetune qlora --checkpoint full"));
+    assert_eq!(again["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{}", again["program"]);
+}
+
 #[test]
 fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() {
     let (code, p) = plan(&with_flags(&args(LORA_JOB), "--batch 1 --checkpoint full"));
