@@ -14,6 +14,7 @@ check row: nothing in the templates is fitted to them (`cargo test -p headroom-p
 qlora_truth` compares).
 
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only qwen3 --out data/validation/qlora_fake_truth.json
 """
 
 import argparse
@@ -31,6 +32,14 @@ CASES = [
                "intermediate_size": 5632, "vocab_size": 32000}, 4, 2, 128, 64),
     ("llama", {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
                "intermediate_size": 1408, "vocab_size": 4096}, 8, 4, 64, 8),
+    ("mistral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 3584, "vocab_size": 8000}, 5, 2, 96, 32),
+    # Qwen2-0.5B's widths (its query as wide as the hidden size, biases on the query, key and value).
+    ("qwen2", {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64,
+               "intermediate_size": 4864, "vocab_size": 8000}, 6, 1, 200, 16),
+    # A head of 128, the query twice the hidden size, as Qwen3's small models have.
+    ("qwen3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+               "intermediate_size": 3072, "vocab_size": 8000}, 5, 2, 64, 8),
 ]
 
 
@@ -96,14 +105,21 @@ def case(family, fields, layers, batch, seq, rank):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="comma-separated families: their cases recorded again, the others' kept from --out")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
     import bitsandbytes
     import peft
     import torch
     import transformers
 
     cases = []
+    if only and os.path.exists(args.out):
+        with open(args.out) as f:
+            cases = [c for c in json.load(f)["cases"] if c["family"] not in only]
     for c in CASES:
+        if only and c[0] not in only:
+            continue
         cases.append(case(*c))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",

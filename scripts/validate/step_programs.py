@@ -51,6 +51,14 @@ dimension, so the adapters' weights and every tensor as wide as the rank are law
 `r` and any rank plans:
 
     .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --lora all --out a.json
+
+`--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
+`/bf16/sdpa/ckpt/qlora-all`): peft's LoRA over bitsandbytes' NF4 base as `python -m
+headroom_gpu record --qlora` runs it, under fake tensors with CUDA's rules, since bitsandbytes
+has no CPU kernels for CUDA's path (`qlora_programs.py` reads that recording into the tensors
+and events below):
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.json
 """
 
 import argparse
