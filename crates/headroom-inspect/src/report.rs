@@ -6,10 +6,11 @@ use crate::frames::Phase;
 use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
+use crate::over_time::over_time;
 use crate::recommend;
 use crate::roles::Lifetimes;
 use crate::sites::{group, RoleBytes, SiteBytes, SiteDetail, Sites};
-use crate::step_phases::{step_phases, StepPhases};
+use crate::step_phases::StepPhases;
 use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
 use headroom_alloc::{AllocatorConfig, BlockState};
@@ -576,9 +577,10 @@ fn replay_remedies(
     }
 }
 
-/// Passes 2 to 4 over the trace, after the timeline: the phases of each step, what is
-/// live at the peak, the largest sites' bands, and what grows from one repetition to
-/// the next. Returns the site of each block live at the peak, by address.
+/// The passes over the trace after the timeline: what is live at the peak, then in one
+/// walk the largest sites' bands, the allocations and the phases of each step, then what
+/// grows from one repetition to the next. Returns the site of each block live at the
+/// peak, by address.
 fn walks<'a>(
     r: &mut DeviceReport,
     walk: &impl Fn() -> Walk<'a>,
@@ -587,12 +589,11 @@ fn walks<'a>(
     sites: &mut Sites,
     opts: &InspectOptions,
 ) -> rustc_hash::FxHashMap<u64, u32> {
-    if r.has_frames {
-        r.step_phases = Some(step_phases(&mut walk(), sites));
-    }
-
-    // Pass 2: live at the peak, each block's role what it became (frames name the passes).
+    // The passes of a step, and what each block became (frames name the passes). Sites are
+    // named here in the trace's order, first of all the walks.
     let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
+
+    // Live at the peak, each block's role what it became.
     let mut w = walk();
     if let Some(i) = tl.peak.index {
         w.run_through(i);
@@ -600,13 +601,15 @@ fn walks<'a>(
     fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
     let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
-    // Pass 3: the largest sites' bands under the timeline.
-    r.series = series(walk(), tl, &r.top_sites, opts.series, sites);
-    let each = crate::allocations::allocations(walk(), sites);
+    // The largest sites' bands under the timeline, each allocation, each phase's peak.
+    let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
+    let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
+    r.series = o.series;
+    r.step_phases = o.step_phases;
     (r.allocations.list, r.allocations.dropped) =
-        crate::allocations::largest(each, crate::allocations::MAX_ALLOCATIONS);
+        crate::allocations::largest(o.allocations, crate::allocations::MAX_ALLOCATIONS);
 
-    // Pass 4: repetitions and what grows across them.
+    // Repetitions and what grows across them.
     match leaks::repetitions(trace, sites) {
         Some(reps) => match leaks::suspects(&mut walk(), &reps, sites) {
             Ok(s) => {
@@ -659,62 +662,4 @@ fn fill_sites(r: &mut DeviceReport, (all, roles): (Vec<SiteBytes>, Vec<RoleBytes
     r.other_sites = all.len().saturating_sub(top);
     r.top_sites = all.into_iter().take(top).collect();
     r.roles = roles;
-}
-
-/// Per-site live bytes at each timeline point, for the `n` largest sites at the peak.
-fn series(mut w: Walk, tl: &Timeline, top: &[SiteBytes], n: usize, sites: &mut Sites) -> Vec<SiteSeries> {
-    let chosen: Vec<u32> = top.iter().take(n).map(|s| s.id).collect();
-    let slot = |id: u32| chosen.iter().position(|&c| c == id);
-    let mut bytes = vec![0u64; chosen.len()];
-    // Sites of the blocks live at the start.
-    for l in w.live.values().filter(|l| !l.pending) {
-        if let Some(k) = slot(sites.of(l)) {
-            bytes[k] += l.size;
-        }
-    }
-    let mut out: Vec<SiteSeries> = chosen
-        .iter()
-        .map(|&id| SiteSeries { site: sites.list[id as usize].site.site.clone(), id, bytes: Vec::new() })
-        .collect();
-    let mut points = tl.points.iter().peekable();
-    let record = |out: &mut Vec<SiteSeries>, bytes: &[u64]| {
-        for (s, &b) in out.iter_mut().zip(bytes) {
-            s.bytes.push(b);
-        }
-    };
-    while points.peek().is_some_and(|p| p.index.is_none()) {
-        points.next();
-        record(&mut out, &bytes);
-    }
-    let trace = w.trace();
-    while w.next < trace.len() {
-        let i = w.next;
-        let e = &trace[i];
-        // What this entry takes away, read before it is applied.
-        if let Some(l) = w.live.get(&e.addr).copied() {
-            let gone = !l.pending
-                && matches!(
-                    e.action,
-                    TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
-                );
-            if gone {
-                if let Some(k) = slot(sites.of(&l)) {
-                    bytes[k] -= l.size;
-                }
-            }
-        }
-        w.step();
-        if e.action == TraceAction::Alloc {
-            if let Some(l) = w.live.get(&e.addr).copied() {
-                if let Some(k) = slot(sites.of(&l)) {
-                    bytes[k] += l.size;
-                }
-            }
-        }
-        while points.peek().is_some_and(|p| p.index == Some(i)) {
-            points.next();
-            record(&mut out, &bytes);
-        }
-    }
-    out
 }
