@@ -18,7 +18,7 @@ use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
-use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
+use headroom_trace::what_if::{block_sizes, state_before, what_if_device, WhatIf};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -202,6 +202,14 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         // below where the check's replay knows blocks of other sizes.
         let mut w = first.clone();
         let mut tl = timeline(&mut w);
+        // The expandable-segments what-if waits for the check only for what the check tells
+        // it; where the trace gives it nothing to tell (see `told_nothing`), it begins now,
+        // beside the check, and is used if the report asks for it.
+        let early = dt.as_ref().filter(|_| early_what_if_worth(trace, &recorded, &tl)).map(|t| {
+            let mut c = recorded.clone();
+            c.expandable_segments = true;
+            scope.spawn(move || what_if_device(t, c, UNBOUNDED, &Recorded::default(), None, |_| {}).ok())
+        });
 
         let check = checking.map(|h| h.join().expect("the check does not panic"));
         r.pools = match &dt {
@@ -214,8 +222,32 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             w = first.clone();
             tl = timeline(&mut w);
         }
-        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), (memory, fidelity), &recorded, &mut sites, opts)
+        let checked = (memory, fidelity);
+        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), checked, &recorded, &mut sites, opts, early)
     })
+}
+
+/// Whether to begin the expandable-segments what-if before the check ends: the report
+/// would ask for it (fragmentation worth removing, under settings without expandable
+/// segments; the timeline with the rounded requests' sizes has at least the gap the
+/// replay's exact sizes leave), and the check can tell it nothing: a trace that releases
+/// no segment and records no OOM has no `empty_cache()` call, refusal or limit for a
+/// what-if to repeat, and its device is unbounded (the rule `headroom replay` skips the
+/// check by).
+fn early_what_if_worth(trace: &[TraceEvent], recorded: &AllocatorConfig, tl: &Timeline) -> bool {
+    !recorded.expandable_segments
+        && recommend::worth_defragmenting_in(tl)
+        && !trace
+            .iter()
+            .any(|e| matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom))
+}
+
+/// Whether the check told the what-ifs nothing: the early what-if, replayed on an unbounded
+/// device with nothing recorded to repeat, is then the one the check's findings would run.
+fn told_nothing(replay_capacity: u64, recorded: &Recorded) -> bool {
+    // The pools' notes are the report's, not the replay's.
+    let repeated = Recorded { pool_notes: Vec::new(), ..recorded.clone() };
+    replay_capacity == UNBOUNDED && repeated == Recorded::default()
 }
 
 /// The report's passes over the trace, from the timeline on, and the replays
@@ -231,6 +263,7 @@ fn inspect_trace(
     recorded: &AllocatorConfig,
     sites: &mut Sites,
     opts: &InspectOptions,
+    mut early: Option<std::thread::ScopedJoinHandle<Option<WhatIf>>>,
 ) -> DeviceReport {
     let trace = first.trace();
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
@@ -253,19 +286,24 @@ fn inspect_trace(
             (Some(t), Some(f)) => {
                 let config = recorded.clone();
                 let state = scope.spawn(move || state_before(t, config, replay_capacity, &f.recorded, at_peak).ok());
-                let expandable = (!recorded.expandable_segments && recommend::worth_defragmenting(&r)).then(|| {
+                let wanted = !recorded.expandable_segments && recommend::worth_defragmenting(&r);
+                let usable = early.take().filter(|_| wanted && told_nothing(replay_capacity, &f.recorded));
+                let expandable = (wanted && usable.is_none()).then(|| {
                     let mut c = recorded.clone();
                     c.expandable_segments = true;
                     scope.spawn(move || what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok())
                 });
-                (Some(state), expandable)
+                (Some(state), expandable.map(Ok).or(usable.map(Err)))
             }
             _ => (None, None),
         };
         let peak_sites = walks(&mut r, &walk, &tl, trace, sites, opts);
         let joined = "the replays beside the walks do not panic";
         let state = state.and_then(|h| h.join().expect(joined));
-        let expandable = expandable.and_then(|h| h.join().expect(joined));
+        let expandable = expandable.and_then(|h| match h {
+            Ok(now) => now.join().expect(joined),
+            Err(early) => early.join().expect(joined),
+        });
         (state.map(|s| (s, peak_sites)), expandable)
     });
     r.timeline = tl;
