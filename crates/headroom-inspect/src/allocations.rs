@@ -4,8 +4,9 @@
 //! (PyTorch's memory_viz "active memory timeline").
 
 use crate::sites::{SiteDetail, Sites};
+use crate::walk::Live;
 use crate::walk::Walk;
-use headroom_trace::snapshot::TraceAction;
+use headroom_trace::snapshot::TraceEvent;
 use rustc_hash::FxHashMap;
 
 /// One allocation.
@@ -44,13 +45,18 @@ pub fn largest(mut list: Vec<Allocation>, n: usize) -> (Vec<Allocation>, usize) 
     if list.len() <= n {
         return (list, 0);
     }
-    let mut order: Vec<usize> = (0..list.len()).collect();
-    order.sort_by_key(|&j| (std::cmp::Reverse(list[j].size), j));
-    let mut keep = vec![false; list.len()];
-    for &j in &order[..n] {
-        keep[j] = true;
-    }
     let dropped = list.len() - n;
+    let mut keep = vec![false; list.len()];
+    if n > 0 {
+        // Which are kept is all that matters, not their order among themselves: a selection
+        // of the n first by (size descending, index), not a sort of every allocation. The
+        // index makes each key unique, so the n are the same as a sort's.
+        let mut order: Vec<usize> = (0..list.len()).collect();
+        order.select_nth_unstable_by_key(n - 1, |&j| (std::cmp::Reverse(list[j].size), j));
+        for &j in &order[..n] {
+            keep[j] = true;
+        }
+    }
     let mut k = 0;
     list.retain(|_| {
         k += 1;
@@ -59,68 +65,72 @@ pub fn largest(mut list: Vec<Allocation>, n: usize) -> (Vec<Allocation>, usize) 
     (list, dropped)
 }
 
-/// Walks the whole trace once, from the blocks live at its start.
-pub fn allocations(mut w: Walk, sites: &mut Sites) -> Vec<Allocation> {
-    let trace = w.trace();
-    let mut list = Vec::new();
-    // By the entry that allocated it (a block live at the start: by address), its place in `list`.
-    let mut open: FxHashMap<usize, usize> = FxHashMap::default();
-    let mut before: FxHashMap<u64, usize> = FxHashMap::default();
-    let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(&a, &l)| (a, l)).collect();
-    start.sort_unstable_by_key(|&(a, _)| a);
-    for (addr, l) in start {
-        before.insert(addr, list.len());
-        let site = sites.of(&l);
-        list.push(Allocation { entry: None, time_us: None, end_entry: None, end_time_us: None, size: l.size, site });
+/// Each allocation's life, taken entry by entry as a walk of the whole trace applies
+/// them ([`crate::over_time`]), from the blocks live at its start.
+pub struct Lives {
+    list: Vec<Allocation>,
+    /// By allocation entry: its place in `list` while it is the caller's ([`CLOSED`] else).
+    open: Vec<u32>,
+    /// The blocks live when the trace began, by address: their places in `list`.
+    before: FxHashMap<u64, usize>,
+    /// The latest time seen so far.
+    last: Option<i64>,
+}
+
+const CLOSED: u32 = u32::MAX;
+
+impl Lives {
+    /// From `w` at the trace's start: its live blocks, by address, begin the list.
+    pub fn new(w: &Walk, sites: &mut Sites) -> Lives {
+        let mut lives =
+            Lives { list: Vec::new(), open: vec![CLOSED; w.trace().len()], before: FxHashMap::default(), last: None };
+        let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(&a, &l)| (a, l)).collect();
+        start.sort_unstable_by_key(|&(a, _)| a);
+        for (addr, l) in start {
+            lives.before.insert(addr, lives.list.len());
+            let site = sites.of(&l);
+            let a = Allocation { entry: None, time_us: None, end_entry: None, end_time_us: None, size: l.size, site };
+            lives.list.push(a);
+        }
+        lives
     }
-    let mut last: Option<i64> = None;
-    while w.next < trace.len() {
-        let i = w.next;
-        let e = &trace[i];
+
+    /// Entry `i` (`e`), about to be applied, ends `ended` where it ends a block that
+    /// was the caller's (read before the entry is applied).
+    pub fn before(&mut self, i: usize, e: &TraceEvent, ended: Option<&Live>) {
         if let Some(t) = e.time_us {
-            last = Some(last.map_or(t, |l| l.max(t)));
+            self.last = Some(self.last.map_or(t, |l| l.max(t)));
         }
-        let block = matches!(
-            e.action,
-            TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
-        );
-        w.step_with(|l, began| {
-            if began {
-                open.insert(i, list.len());
-                let a = Allocation {
-                    entry: Some(i),
-                    time_us: last,
-                    end_entry: None,
-                    end_time_us: None,
-                    size: l.size,
-                    site: 0,
-                };
-                list.push(a);
-            } else if block {
-                let k = match l.since {
-                    Some(s) => open.remove(&s),
-                    None => before.remove(&e.addr),
-                };
-                if let Some(k) = k {
-                    list[k].end_entry = Some(i);
-                    list[k].end_time_us = last;
-                }
-            }
-        });
-        // The site of what began here, now that the walk holds it.
-        if let Some(&k) = open.get(&i) {
-            if let Some(l) = w.live.get(&e.addr) {
-                list[k].site = sites.of(l);
-            }
+        let Some(l) = ended else { return };
+        let k = match l.since {
+            Some(s) => Some(std::mem::replace(&mut self.open[s], CLOSED)).filter(|&k| k != CLOSED).map(|k| k as usize),
+            None => self.before.remove(&e.addr),
+        };
+        if let Some(k) = k {
+            self.list[k].end_entry = Some(i);
+            self.list[k].end_time_us = self.last;
         }
     }
-    list
+
+    /// Entry `i` allocated `l`, of `site` (read after the entry is applied).
+    pub fn allocated(&mut self, i: usize, l: &Live, site: u32) {
+        self.open[i] = self.list.len() as u32;
+        let a =
+            Allocation { entry: Some(i), time_us: self.last, end_entry: None, end_time_us: None, size: l.size, site };
+        self.list.push(a);
+    }
+
+    /// In the order they began.
+    pub fn finish(self) -> Vec<Allocation> {
+        self.list
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_trace::snapshot::{MemorySnapshot, TraceEvent};
+    use crate::timeline::Timeline;
+    use headroom_trace::snapshot::{MemorySnapshot, TraceAction};
 
     fn event(action: TraceAction, addr: u64, size: u64, t: i64) -> TraceEvent {
         TraceEvent { action, addr, size, stream: 0, time_us: Some(t), device_free: None, stack: 0, pool_id: (0, 0) }
@@ -138,12 +148,40 @@ mod tests {
             event(TraceAction::FreeCompleted, 0, 1000, 14),
         ]];
         let mut sites = Sites::new(&snap.stacks, false);
-        let list = allocations(Walk::new(&snap, 0, None), &mut sites);
+        let list = crate::over_time::over_time(Walk::new(&snap, 0, None), &Timeline::default(), &[], &mut sites, None)
+            .allocations;
         assert_eq!(list.len(), 2);
         assert_eq!((list[0].entry, list[0].time_us, list[0].size), (Some(1), Some(11), 1024));
         assert_eq!((list[0].end_entry, list[0].end_time_us), (Some(3), Some(13)), "ends when its free is requested");
         assert_eq!((list[1].entry, list[1].end_entry, list[1].size), (Some(2), None, 512), "live at the end");
         let (kept, dropped) = largest(list.clone(), 1);
         assert_eq!((kept, dropped), (vec![list[0]], 1), "the largest kept");
+    }
+
+    /// The selection keeps what a sort of every allocation kept: the largest, the earlier of
+    /// equal ones, in their order.
+    #[test]
+    fn the_largest_as_a_sort_keeps_them() {
+        let list: Vec<Allocation> = (0..500u64)
+            .map(|j| Allocation {
+                entry: Some(j as usize),
+                time_us: None,
+                end_entry: None,
+                end_time_us: None,
+                // Few distinct sizes: many ties, which the earlier must win.
+                size: (j * 7919 % 13) << 10,
+                site: 0,
+            })
+            .collect();
+        for n in [0, 1, 2, 12, 13, 100, 250, 499, 500, 600] {
+            let mut order: Vec<usize> = (0..list.len()).collect();
+            order.sort_by_key(|&j| (std::cmp::Reverse(list[j].size), j));
+            let mut kept: Vec<usize> = order.into_iter().take(n).collect();
+            kept.sort_unstable();
+            let by_sort: Vec<Allocation> = kept.into_iter().map(|j| list[j]).collect();
+            let (got, dropped) = largest(list.clone(), n);
+            assert_eq!(got, by_sort, "n = {n}");
+            assert_eq!(dropped, list.len().saturating_sub(n));
+        }
     }
 }

@@ -18,6 +18,7 @@ pub mod html;
 pub mod layout;
 pub mod leaks;
 pub mod oom;
+pub mod over_time;
 pub mod page_data;
 pub mod pools;
 pub mod printable;

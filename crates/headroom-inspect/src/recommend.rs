@@ -3,6 +3,7 @@
 
 use crate::frames::Phase;
 use crate::report::{DeviceReport, OomExplanation, Recommendation};
+use crate::timeline::{Point, Timeline};
 use headroom_alloc::units::format_size;
 use headroom_alloc::AllocatorConfig;
 
@@ -11,7 +12,17 @@ pub(crate) fn worth_defragmenting(r: &DeviceReport) -> bool {
     let gap = r
         .fragmentation_at_peak_bytes
         .max(r.most_fragmented.map_or(0, |p| p.totals.reserved_bytes.saturating_sub(p.totals.allocated_bytes)));
-    gap >= 256 << 20 && gap * 10 >= r.peak_reserved_bytes
+    worth(gap, r.peak_reserved_bytes)
+}
+
+/// [`worth_defragmenting`] of the report whose peaks `tl` would set.
+pub(crate) fn worth_defragmenting_in(tl: &Timeline) -> bool {
+    let gap = |p: &Point| p.totals.reserved_bytes.saturating_sub(p.totals.allocated_bytes);
+    worth(gap(&tl.peak).max(gap(&tl.most_fragmented)), tl.peak_reserved.totals.reserved_bytes)
+}
+
+fn worth(gap: u64, peak_reserved: u64) -> bool {
+    gap >= 256 << 20 && gap * 10 >= peak_reserved
 }
 
 /// Fragmentation or a lack of memory, as the replays decide: fragmentation only

@@ -6,10 +6,11 @@ use crate::frames::Phase;
 use crate::layout::{Fragmentation, Layout};
 use crate::leaks::{self, LeakSuspect, Repetitions};
 use crate::oom::{self, Remedy};
+use crate::over_time::over_time;
 use crate::recommend;
 use crate::roles::Lifetimes;
 use crate::sites::{group, RoleBytes, SiteBytes, SiteDetail, Sites};
-use crate::step_phases::{step_phases, StepPhases};
+use crate::step_phases::StepPhases;
 use crate::timeline::{timeline, Point, Timeline};
 use crate::walk::{Live, Totals, Walk};
 use headroom_alloc::{AllocatorConfig, BlockState};
@@ -17,7 +18,7 @@ use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{Bounds, RecordedMemory};
 use headroom_trace::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
-use headroom_trace::what_if::{block_sizes, state_before, what_if_device};
+use headroom_trace::what_if::{block_sizes, state_before, what_if_device, WhatIf};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -201,6 +202,14 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         // below where the check's replay knows blocks of other sizes.
         let mut w = first.clone();
         let mut tl = timeline(&mut w);
+        // The expandable-segments what-if waits for the check only for what the check tells
+        // it; where the trace gives it nothing to tell (see `told_nothing`), it begins now,
+        // beside the check, and is used if the report asks for it.
+        let early = dt.as_ref().filter(|_| early_what_if_worth(trace, &recorded, &tl)).map(|t| {
+            let mut c = recorded.clone();
+            c.expandable_segments = true;
+            scope.spawn(move || what_if_device(t, c, UNBOUNDED, &Recorded::default(), None, |_| {}).ok())
+        });
 
         let check = checking.map(|h| h.join().expect("the check does not panic"));
         r.pools = match &dt {
@@ -213,8 +222,32 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             w = first.clone();
             tl = timeline(&mut w);
         }
-        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), (memory, fidelity), &recorded, &mut sites, opts)
+        let checked = (memory, fidelity);
+        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), checked, &recorded, &mut sites, opts, early)
     })
+}
+
+/// Whether to begin the expandable-segments what-if before the check ends: the report
+/// would ask for it (fragmentation worth removing, under settings without expandable
+/// segments; the timeline with the rounded requests' sizes has at least the gap the
+/// replay's exact sizes leave), and the check can tell it nothing: a trace that releases
+/// no segment and records no OOM has no `empty_cache()` call, refusal or limit for a
+/// what-if to repeat, and its device is unbounded (the rule `headroom replay` skips the
+/// check by).
+fn early_what_if_worth(trace: &[TraceEvent], recorded: &AllocatorConfig, tl: &Timeline) -> bool {
+    !recorded.expandable_segments
+        && recommend::worth_defragmenting_in(tl)
+        && !trace
+            .iter()
+            .any(|e| matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom))
+}
+
+/// Whether the check told the what-ifs nothing: the early what-if, replayed on an unbounded
+/// device with nothing recorded to repeat, is then the one the check's findings would run.
+fn told_nothing(replay_capacity: u64, recorded: &Recorded) -> bool {
+    // The pools' notes are the report's, not the replay's.
+    let repeated = Recorded { pool_notes: Vec::new(), ..recorded.clone() };
+    replay_capacity == UNBOUNDED && repeated == Recorded::default()
 }
 
 /// The report's passes over the trace, from the timeline on, and the replays
@@ -230,6 +263,7 @@ fn inspect_trace(
     recorded: &AllocatorConfig,
     sites: &mut Sites,
     opts: &InspectOptions,
+    mut early: Option<std::thread::ScopedJoinHandle<Option<WhatIf>>>,
 ) -> DeviceReport {
     let trace = first.trace();
     let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
@@ -252,19 +286,24 @@ fn inspect_trace(
             (Some(t), Some(f)) => {
                 let config = recorded.clone();
                 let state = scope.spawn(move || state_before(t, config, replay_capacity, &f.recorded, at_peak).ok());
-                let expandable = (!recorded.expandable_segments && recommend::worth_defragmenting(&r)).then(|| {
+                let wanted = !recorded.expandable_segments && recommend::worth_defragmenting(&r);
+                let usable = early.take().filter(|_| wanted && told_nothing(replay_capacity, &f.recorded));
+                let expandable = (wanted && usable.is_none()).then(|| {
                     let mut c = recorded.clone();
                     c.expandable_segments = true;
                     scope.spawn(move || what_if_device(t, c, replay_capacity, &f.recorded, None, |_| {}).ok())
                 });
-                (Some(state), expandable)
+                (Some(state), expandable.map(Ok).or(usable.map(Err)))
             }
             _ => (None, None),
         };
         let peak_sites = walks(&mut r, &walk, &tl, trace, sites, opts);
         let joined = "the replays beside the walks do not panic";
         let state = state.and_then(|h| h.join().expect(joined));
-        let expandable = expandable.and_then(|h| h.join().expect(joined));
+        let expandable = expandable.and_then(|h| match h {
+            Ok(now) => now.join().expect(joined),
+            Err(early) => early.join().expect(joined),
+        });
         (state.map(|s| (s, peak_sites)), expandable)
     });
     r.timeline = tl;
@@ -576,9 +615,10 @@ fn replay_remedies(
     }
 }
 
-/// Passes 2 to 4 over the trace, after the timeline: the phases of each step, what is
-/// live at the peak, the largest sites' bands, and what grows from one repetition to
-/// the next. Returns the site of each block live at the peak, by address.
+/// The passes over the trace after the timeline: what is live at the peak, then in one
+/// walk the largest sites' bands, the allocations and the phases of each step, then what
+/// grows from one repetition to the next. Returns the site of each block live at the
+/// peak, by address.
 fn walks<'a>(
     r: &mut DeviceReport,
     walk: &impl Fn() -> Walk<'a>,
@@ -587,12 +627,11 @@ fn walks<'a>(
     sites: &mut Sites,
     opts: &InspectOptions,
 ) -> rustc_hash::FxHashMap<u64, u32> {
-    if r.has_frames {
-        r.step_phases = Some(step_phases(&mut walk(), sites));
-    }
-
-    // Pass 2: live at the peak, each block's role what it became (frames name the passes).
+    // The passes of a step, and what each block became (frames name the passes). Sites are
+    // named here in the trace's order, first of all the walks.
     let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
+
+    // Live at the peak, each block's role what it became.
     let mut w = walk();
     if let Some(i) = tl.peak.index {
         w.run_through(i);
@@ -600,13 +639,15 @@ fn walks<'a>(
     fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
     let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
-    // Pass 3: the largest sites' bands under the timeline.
-    r.series = series(walk(), tl, &r.top_sites, opts.series, sites);
-    let each = crate::allocations::allocations(walk(), sites);
+    // The largest sites' bands under the timeline, each allocation, each phase's peak.
+    let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
+    let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
+    r.series = o.series;
+    r.step_phases = o.step_phases;
     (r.allocations.list, r.allocations.dropped) =
-        crate::allocations::largest(each, crate::allocations::MAX_ALLOCATIONS);
+        crate::allocations::largest(o.allocations, crate::allocations::MAX_ALLOCATIONS);
 
-    // Pass 4: repetitions and what grows across them.
+    // Repetitions and what grows across them.
     match leaks::repetitions(trace, sites) {
         Some(reps) => match leaks::suspects(&mut walk(), &reps, sites) {
             Ok(s) => {
@@ -659,62 +700,4 @@ fn fill_sites(r: &mut DeviceReport, (all, roles): (Vec<SiteBytes>, Vec<RoleBytes
     r.other_sites = all.len().saturating_sub(top);
     r.top_sites = all.into_iter().take(top).collect();
     r.roles = roles;
-}
-
-/// Per-site live bytes at each timeline point, for the `n` largest sites at the peak.
-fn series(mut w: Walk, tl: &Timeline, top: &[SiteBytes], n: usize, sites: &mut Sites) -> Vec<SiteSeries> {
-    let chosen: Vec<u32> = top.iter().take(n).map(|s| s.id).collect();
-    let slot = |id: u32| chosen.iter().position(|&c| c == id);
-    let mut bytes = vec![0u64; chosen.len()];
-    // Sites of the blocks live at the start.
-    for l in w.live.values().filter(|l| !l.pending) {
-        if let Some(k) = slot(sites.of(l)) {
-            bytes[k] += l.size;
-        }
-    }
-    let mut out: Vec<SiteSeries> = chosen
-        .iter()
-        .map(|&id| SiteSeries { site: sites.list[id as usize].site.site.clone(), id, bytes: Vec::new() })
-        .collect();
-    let mut points = tl.points.iter().peekable();
-    let record = |out: &mut Vec<SiteSeries>, bytes: &[u64]| {
-        for (s, &b) in out.iter_mut().zip(bytes) {
-            s.bytes.push(b);
-        }
-    };
-    while points.peek().is_some_and(|p| p.index.is_none()) {
-        points.next();
-        record(&mut out, &bytes);
-    }
-    let trace = w.trace();
-    while w.next < trace.len() {
-        let i = w.next;
-        let e = &trace[i];
-        // What this entry takes away, read before it is applied.
-        if let Some(l) = w.live.get(&e.addr).copied() {
-            let gone = !l.pending
-                && matches!(
-                    e.action,
-                    TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
-                );
-            if gone {
-                if let Some(k) = slot(sites.of(&l)) {
-                    bytes[k] -= l.size;
-                }
-            }
-        }
-        w.step();
-        if e.action == TraceAction::Alloc {
-            if let Some(l) = w.live.get(&e.addr).copied() {
-                if let Some(k) = slot(sites.of(&l)) {
-                    bytes[k] += l.size;
-                }
-            }
-        }
-        while points.peek().is_some_and(|p| p.index == Some(i)) {
-            points.next();
-            record(&mut out, &bytes);
-        }
-    }
-    out
 }

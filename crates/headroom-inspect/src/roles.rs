@@ -27,15 +27,19 @@ use rustc_hash::FxHashMap;
 pub struct Lifetimes {
     /// By entry: the pass the moment after it belongs to, and that pass's phase.
     pass: Vec<(u32, Phase)>,
-    /// By allocation entry: the entry that freed it, where the trace frees it.
-    freed: FxHashMap<usize, usize>,
+    /// By allocation entry: the entry that freed it ([`NOT_FREED`] where the trace does not,
+    /// or the entry allocates nothing). A vector over the entries: half an allocation's
+    /// entry in a hash map, and no hashing.
+    freed: Vec<u32>,
 }
+
+const NOT_FREED: u32 = u32::MAX;
 
 impl Lifetimes {
     /// Reads `trace` once; `phase` is what an allocation's frames name.
     pub fn new(trace: &[TraceEvent], mut phase: impl FnMut(&TraceEvent) -> Phase) -> Lifetimes {
         let mut pass = Vec::with_capacity(trace.len());
-        let mut freed = FxHashMap::default();
+        let mut freed = vec![NOT_FREED; trace.len()];
         let mut by_addr: FxHashMap<u64, usize> = FxHashMap::default();
         // Before any allocation names a pass the moments are a forward's, as step_phases reads them.
         let (mut now, mut id) = (Phase::Forward, 0u32);
@@ -50,7 +54,7 @@ impl Lifetimes {
                 }
                 TraceAction::FreeRequested | TraceAction::Free => {
                     if let Some(a) = by_addr.remove(&e.addr) {
-                        freed.insert(a, i);
+                        freed[a] = i as u32;
                     }
                 }
                 _ => {}
@@ -60,12 +64,19 @@ impl Lifetimes {
         Lifetimes { pass, freed }
     }
 
+    /// The phase of the moment just after entry `i`: the step's phase [`crate::step_phases`]
+    /// reads each entry's memory into.
+    pub fn phase_after(&self, i: usize) -> Phase {
+        self.pass[i].1
+    }
+
     /// What `live` became, its frames saying `info`.
     pub fn role(&self, live: &Live, info: &StackInfo) -> Role {
         let Some((a, &(made_in, moment))) = live.since.and_then(|a| Some((a, self.pass.get(a)?))) else {
             return info.role;
         };
-        let kept = self.freed.get(&a).and_then(|&f| self.pass.get(f)).is_none_or(|&(freed_in, _)| freed_in != made_in);
+        let freed = self.freed.get(a).copied().filter(|&f| f != NOT_FREED);
+        let kept = freed.and_then(|f| self.pass.get(f as usize)).is_none_or(|&(freed_in, _)| freed_in != made_in);
         let phase = match info.phase {
             // Recorded with Python stacks only, the autograd engine's allocations carry no frames.
             Phase::Unknown if moment == Phase::Backward => Phase::Backward,

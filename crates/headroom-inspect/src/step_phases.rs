@@ -25,10 +25,7 @@
 //! `headroom plan --calibrate` fits its terms to these figures.
 
 use crate::frames::Phase;
-use crate::sites::Sites;
-use crate::walk::Walk;
 use headroom_trace::phase::ByPhase;
-use headroom_trace::recorded_step::step_phase;
 use serde::Serialize;
 
 /// A step's phases as one trace measured them, in bytes allocated (what
@@ -65,30 +62,33 @@ impl StepPhases {
     }
 }
 
-/// Walks the whole trace once from where `walk` stands (its start). The walk
-/// is left at the end.
-pub fn step_phases(walk: &mut Walk, sites: &mut Sites) -> StepPhases {
-    let trace = walk.trace();
-    let start = walk.totals.allocated_bytes;
-    let mut peaks = ByPhase { forward: Some(start), ..ByPhase::default() };
-    let mut phase = Phase::Forward;
-    while walk.next < trace.len() {
-        let e = &trace[walk.next];
-        walk.step();
-        if e.action == headroom_trace::snapshot::TraceAction::Alloc {
-            if let Some(p) = step_phase(sites.info(e.stack).phase, phase) {
-                phase = p;
-            }
-        }
-        let now = walk.totals.allocated_bytes;
-        if let Some(slot) = peaks.get_mut(phase) {
-            *slot = Some(slot.map_or(now, |b| b.max(now)));
+/// Each phase's peak, taken entry by entry as a walk of the trace applies them (the
+/// walk of [`crate::over_time`], beside the timeline's bands and the allocations): the
+/// phases are the moments' passes that [`crate::roles::Lifetimes`] already read.
+pub struct PhasePeaks {
+    start: u64,
+    peaks: ByPhase<Option<u64>>,
+}
+
+impl PhasePeaks {
+    /// From the trace's start, `start` bytes allocated: a forward's moment.
+    pub fn new(start: u64) -> PhasePeaks {
+        PhasePeaks { start, peaks: ByPhase { forward: Some(start), ..ByPhase::default() } }
+    }
+
+    /// An entry applied: the moment after it is in `phase`, with `allocated` bytes.
+    pub fn see(&mut self, phase: Phase, allocated: u64) {
+        if let Some(slot) = self.peaks.get_mut(phase) {
+            *slot = Some(slot.map_or(allocated, |b| b.max(allocated)));
         }
     }
-    StepPhases {
-        start_bytes: start,
-        forward_bytes: peaks.forward,
-        backward_bytes: peaks.backward,
-        optimizer_bytes: peaks.optimizer_step,
+
+    pub fn finish(self) -> StepPhases {
+        StepPhases {
+            start_bytes: self.start,
+            forward_bytes: self.peaks.forward,
+            backward_bytes: self.peaks.backward,
+            optimizer_bytes: self.peaks.optimizer_step,
+        }
     }
 }
