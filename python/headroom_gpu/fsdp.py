@@ -53,6 +53,39 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def storage_resizes(recorder: Any) -> Iterator[None]:
+    """FSDP2 frees each unsharded parameter after its layer runs by resizing its storage to 0
+    bytes, and makes it again by resizing it back (`free_storage` and `alloc_storage` in
+    `torch.distributed.fsdp._fully_shard._fsdp_param`), which no dispatch sees: each resize is
+    told to `recorder.storage_resized`. Nothing where this torch has no FSDP2."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        yield
+        return
+
+    def told(original: Any) -> Any:
+        def resize(tensor: torch.Tensor) -> None:
+            before = tensor.untyped_storage().nbytes()
+            original(tensor)
+            if tensor.untyped_storage().nbytes() != before:
+                recorder.storage_resized(tensor)
+
+        return resize
+
+    patched = [(m, name, getattr(m, name)) for m, name in ((_fsdp_param, "free_storage"),
+                                                         (_fsdp_param, "alloc_storage"),
+                                                         (_fsdp_param_group, "alloc_storage"))]
+    for m, name, original in patched:
+        setattr(m, name, told(original))
+    try:
+        yield
+    finally:
+        for m, name, original in patched:
+            setattr(m, name, original)
+
+
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules transformers says are not to be split (`_no_split_modules`: a model's decoder
     layers), which Accelerate's FSDP2 auto-wrap policy shards one by one."""

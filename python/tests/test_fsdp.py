@@ -5,6 +5,7 @@ against the same step with real tensors on the CPU, and the bytes it keeps again
     PYTHONPATH=python HEADROOM_BIN=target/debug/headroom python3 -m unittest python/tests/test_fsdp.py
 """
 
+import collections
 import dataclasses
 import os
 import sys
@@ -66,6 +67,38 @@ class Fsdp(unittest.TestCase):
                  for world in (None, 2, 4)]
         self.assertEqual(peaks, sorted(peaks, reverse=True))
         self.assertLess(peaks[2], 0.7 * peaks[0])
+
+    def test_each_layer_is_freed_after_it_runs(self):
+        """FSDP2 frees a layer's unsharded parameters by resizing their storage to nothing (no
+        operator a dispatch sees) and makes them again for the backward: the recording holds at
+        most the model's own (the root's: embedding, final norm, output layer) and two layers'
+        (the one running, and the next one prefetched in the backward) at once, of six."""
+        import torch
+        import transformers
+
+        from headroom_gpu import fsdp
+        from headroom_gpu.transformers_step import record
+
+        layers = 6
+        model_dir = _model_dir(tempfile.mkdtemp(), num_hidden_layers=layers)
+        rec = record(dataclasses.replace(self.spec(dtype="fp32", steps=2), model=model_dir))
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        params = dict(model.named_parameters())
+        layer = WORLD * sum(fsdp.shard_bytes(p, WORLD) for n, p in params.items() if n.startswith("model.layers.0."))
+        root = WORLD * sum(fsdp.shard_bytes(p, WORLD) for n, p in params.items() if ".layers." not in n)
+        live, most, made = 0, 0, collections.Counter()
+        for op, r in rec.events:
+            if r.term != "weights" or r.when == "setup":
+                continue
+            live += r.size if op == "alloc" else -r.size
+            most = max(most, live)
+            made[r.when.split(".")[0]] += r.size if op == "alloc" else 0
+        self.assertLessEqual(most, root + 2 * layer)
+        self.assertGreaterEqual(most, root + layer)
+        # Each step gathers every layer again, in its forward and its backward.
+        self.assertGreaterEqual(made["step2"], root + 2 * layers * layer)
 
     def test_mixed_precision_gathers_bf16_and_keeps_fp32(self):
         import torch
