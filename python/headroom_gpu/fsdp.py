@@ -86,6 +86,17 @@ def storage_resizes(recorder: Any) -> Iterator[None]:
             setattr(m, name, original)
 
 
+def sharded_parameters(module: torch.nn.Module) -> list:
+    """The sharded parameters (DTensors) of a module `fully_shard` made an `FSDPModule`, which
+    stand in for the unsharded ones between its runs and are no attribute of it while it runs;
+    none for any other module."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return []
+    group = get_state()._fsdp_param_group
+    return [p.sharded_param for p in group.fsdp_params] if group is not None else []
+
+
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules transformers says are not to be split (`_no_split_modules`: a model's decoder
     layers), which Accelerate's FSDP2 auto-wrap policy shards one by one."""

@@ -66,6 +66,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import amp as _amp
 from . import fake_cache as _fake_cache
+from . import fsdp as _fsdp
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -508,6 +509,8 @@ class StepRecorder:
                 p.register_post_accumulate_grad_hook(self._gradient)
         for b in module.buffers(recurse=False):
             self.tag(b, "weights", name)
+        for p in _fsdp.sharded_parameters(module):
+            self.tag(p, "weights", name)
 
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:  # None where an optimizer in the backward has stepped and freed it
@@ -638,9 +641,7 @@ class StepRecorder:
             torch.nn.Module._apply = _overwriting_apply(original_apply)
             s.callback(setattr, torch.nn.Module, "_apply", original_apply)
         s.enter_context(_Tracker(self))
-        from .fsdp import storage_resizes
-
-        s.enter_context(storage_resizes(self))
+        s.enter_context(_fsdp.storage_resizes(self))
         return self
 
     def _assume_unpacked(self) -> None:

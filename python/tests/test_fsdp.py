@@ -55,6 +55,12 @@ class Fsdp(unittest.TestCase):
         moments = sum(r.size for r in allocs if r.term == "optimizer" and r.size > 4)
         self.assertEqual(moments, 2 * sum(fsdp.shard_bytes(p, WORLD) for p in params.values()))
 
+        # The shards are the weights the rank keeps (with rotary's inverse frequencies, a buffer
+        # fully_shard leaves whole: head_dim / 2 fp32 twice), though no module holds them while it runs.
+        kept = sum(r.size for r in allocs if r.when == "setup" and r.term == "weights")
+        head_dim = config.hidden_size // config.num_attention_heads
+        self.assertEqual(kept, sum(fsdp.shard_bytes(p, WORLD) for p in params.values()) + 2 * head_dim // 2 * 4)
+
         # Each layer's all-gather: every rank's padded shard of its parameters, in its forward.
         layer = [p for n, p in params.items() if n.startswith("model.layers.0.")]
         gathered = WORLD * sum(fsdp.shard_bytes(p, WORLD) for p in layer)
