@@ -166,5 +166,14 @@ class Fsdp(unittest.TestCase):
         # One rank of WORLD: the plan adds NCCL's buffers.
         assert_replays_and_plans(self, out, "--gpus", str(WORLD))
 
+    def test_lora_with_checkpointing_records_and_plans(self):
+        """`--lora RANK --fsdp GPUS --checkpoint`: the adapters sharded with the frozen base in each
+        layer's group (fsdp_qlora's `lora` over a bf16 base)."""
+        out = os.path.join(self.tmp, "fsdp-lora.jsonl")
+        record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "64", "--steps", "2",
+                       "--lora", "4", "--fsdp", str(WORLD), "--checkpoint")
+        assert_replays_and_plans(self, out, "--gpus", str(WORLD))
+
+
 if __name__ == "__main__":
     unittest.main()
