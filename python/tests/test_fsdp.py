@@ -8,6 +8,7 @@ against the same step with real tensors on the CPU, and the bytes it keeps again
 import collections
 import dataclasses
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -158,6 +159,37 @@ class Fsdp(unittest.TestCase):
         # AdamW's moments of 4 layers of 1024 × 1024 + 1024, an eighth each.
         moments = sum(r.size for op, r in scope["rec"].events if op == "alloc" and r.term == "optimizer" and r.size > 4)
         self.assertEqual(moments, 4 * 2 * (128 * 1024 + 128) * 4)
+
+    def test_the_documented_figures(self):
+        """docs/RECORDING.md's GPT-2 `--fsdp 8` figures are what its plans print: the recording's
+        (the command its `sh` block shows, planned as its text shows) and the planner's own."""
+        import re
+
+        from test_recorder import REPO, headroom_or_skip
+
+        binary = headroom_or_skip(self)
+        with open(os.path.join(REPO, "docs", "RECORDING.md"), encoding="utf-8") as f:
+            text = " ".join(f.read().split())
+        found = re.search(r"\(`(headroom plan [^`]*--program gpt2-fsdp8.jsonl)`\): ([0-9.]+ GiB) allocated and "
+                          r"([0-9.]+ GiB) reserved.*?\(`(headroom plan --model gpt2 [^`]*)`\) allocates the same "
+                          r"([0-9.]+ GiB)", text)
+        self.assertIsNotNone(found)
+        plan, allocated, reserved, template, same = found.groups()
+        from test_recorder import _documented
+
+        command = [l for b in _documented("sh") for l in b if l.endswith("--out gpt2-fsdp8.jsonl")]
+        self.assertEqual(len(command), 1)
+        os.symlink(os.path.join(REPO, "data"), os.path.join(self.tmp, "data"))
+        env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
+        run = subprocess.run([sys.executable, *command[0].split()[1:]], cwd=self.tmp, capture_output=True,
+                             text=True, env=env, timeout=900)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        printed = subprocess.run([binary, *plan.split()[1:]], cwd=self.tmp, capture_output=True, text=True,
+                                 timeout=300)
+        self.assertIn(f"allocated {allocated} ", printed.stdout, printed.stderr)
+        self.assertIn(f"reserved {reserved} ", printed.stdout)
+        own = subprocess.run([binary, *template.split()[1:]], capture_output=True, text=True, timeout=300)
+        self.assertIn(f"allocated {same} ", own.stdout, own.stderr)
 
     def test_the_command_records_and_plan_replays(self):
         out = os.path.join(self.tmp, "fsdp.jsonl")

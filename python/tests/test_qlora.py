@@ -339,24 +339,48 @@ class AdamW8bit(unittest.TestCase):
 
 @unittest.skipIf(MISSING, MISSING)
 class Documented(unittest.TestCase):
-    """docs/RECORDING.md's QLoRA command runs as shown. It sits in a `shell` block, apart from the
-    `sh` blocks tests/test_recorder.py runs, because it needs bitsandbytes."""
+    """docs/RECORDING.md's QLoRA commands run as shown. They sit in `shell` blocks, apart from the
+    `sh` blocks tests/test_recorder.py runs, because they need bitsandbytes. The FSDP one is
+    planned as the text says (`headroom plan ... --program` of its output, shown inline), and
+    prints the lines its `text` block shows."""
 
-    def test_the_command(self):
+    def test_the_commands(self):
+        import re
+
+        from test_recorder import _documented, headroom_or_skip
+
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = f.read()
-        blocks = text.split("```shell\n")[1:]
-        commands = [l for b in blocks for l in b.split("```")[0].splitlines() if l.startswith("python -m headroom_gpu ")]
-        self.assertEqual(len(commands), 1)
-        self.assertIn("--qlora", commands[0])
+        commands = [l for b in _documented("shell") for l in b if l.startswith("python -m headroom_gpu ")]
+        self.assertEqual(len(commands), 2)
+        self.assertTrue(all("--qlora" in c for c in commands))
+        self.assertEqual(sum("--fsdp" in c for c in commands), 1)
         d = tempfile.mkdtemp()
         os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))
         env = {**os.environ, "PYTHONPATH": os.path.join(repo, "python")}
-        args = commands[0].split()[1:]
-        run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env, timeout=900)
-        self.assertEqual(run.returncode, 0, run.stderr)
-        self.assertGreater(os.path.getsize(os.path.join(d, args[args.index("--out") + 1])), 0)
+        for line in commands:
+            args = line.split()[1:]
+            run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env,
+                                 timeout=1500)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            out = args[args.index("--out") + 1]
+            self.assertGreater(os.path.getsize(os.path.join(d, out)), 0)
+            if "--fsdp" not in args:
+                continue
+            # The plan the text shows (inline code, wrapped over lines), of this recording.
+            inline = [" ".join(m.split()) for m in re.findall(r"`(headroom plan [^`]*)`", text)]
+            plans = [m for m in inline if m.endswith(f"--program {out}")]
+            self.assertEqual(len(plans), 1, inline)
+            binary = headroom_or_skip(self)
+            plan = subprocess.run([binary, *plans[0].split()[1:]], cwd=d, capture_output=True, text=True,
+                                  timeout=300)
+            self.assertEqual(plan.returncode, 0, plan.stdout + plan.stderr)
+            printed = [l.rstrip() for l in plan.stdout.splitlines()]
+            shown = _documented("text")
+            self.assertEqual(len(shown), 1)
+            for want in shown[0]:
+                self.assertIn(want.rstrip(), printed, plan.stdout)
 
 
 def _rotary_bytes(head_dim):
