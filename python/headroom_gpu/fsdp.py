@@ -53,6 +53,50 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def storage_resizes(recorder: Any) -> Iterator[None]:
+    """FSDP2 frees each unsharded parameter after its layer runs by resizing its storage to 0
+    bytes, and makes it again by resizing it back (`free_storage` and `alloc_storage` in
+    `torch.distributed.fsdp._fully_shard._fsdp_param`), which no dispatch sees: each resize is
+    told to `recorder.storage_resized`. Nothing where this torch has no FSDP2."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        yield
+        return
+
+    def told(original: Any) -> Any:
+        def resize(tensor: torch.Tensor) -> None:
+            before = tensor.untyped_storage().nbytes()
+            original(tensor)
+            if tensor.untyped_storage().nbytes() != before:
+                recorder.storage_resized(tensor)
+
+        return resize
+
+    patched = [(m, name, getattr(m, name)) for m, name in ((_fsdp_param, "free_storage"),
+                                                         (_fsdp_param, "alloc_storage"),
+                                                         (_fsdp_param_group, "alloc_storage"))]
+    for m, name, original in patched:
+        setattr(m, name, told(original))
+    try:
+        yield
+    finally:
+        for m, name, original in patched:
+            setattr(m, name, original)
+
+
+def sharded_parameters(module: torch.nn.Module) -> list:
+    """The sharded parameters (DTensors) of a module `fully_shard` made an `FSDPModule`, which
+    stand in for the unsharded ones between its runs and are no attribute of it while it runs;
+    none for any other module."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return []
+    group = get_state()._fsdp_param_group
+    return [p.sharded_param for p in group.fsdp_params] if group is not None else []
+
+
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules transformers says are not to be split (`_no_split_modules`: a model's decoder
     layers), which Accelerate's FSDP2 auto-wrap policy shards one by one."""

@@ -24,6 +24,12 @@ operator, so the recording holds those temporaries. The backward is `MatMul4Bit.
 `dequantize_4bit` (whose fake allocates the compute-dtype weight as the CUDA kernel does) and a
 matmul, recorded as it is.
 
+With FSDP (`prepare_sharded`), as Answer.AI's fsdp_qlora sets it up: the packed weight stored as
+bf16 (`bnb_4bit_quant_storage=torch.bfloat16`: `ceil(out * in / 2)` bytes as a `(bytes / 2, 1)`
+bf16 tensor), which `fully_shard` shards on dim 0 like any parameter; the `QuantState` is the
+module's attribute, no parameter, so every rank keeps it whole. Each layer's forward all-gathers
+its packed weights with its adapters and norms, then bitsandbytes dequantizes as above.
+
 bitsandbytes' `AdamW8bit` (`adamw_8bit`), which QLoRA recipes pair with it, runs as it is too:
 its state by its own `init_state`, its update by an operator whose fake implementation, like its
 CUDA kernel, allocates nothing.
@@ -110,46 +116,57 @@ def state_tensors(state: Any) -> list[torch.Tensor]:
 
 
 def replace_linear(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bfloat16, double_quant: bool = True,
-                   quant_type: str = "nf4") -> Any:
+                   quant_type: str = "nf4", quant_storage: torch.dtype = torch.uint8) -> Any:
     """Replaces the linear layers of a transformers model built on the meta device by
     bitsandbytes' `Linear4bit`, as transformers' loader does for `BitsAndBytesConfig(load_in_4bit=
     True, ...)` (`replace_with_bnb_linear`, the output layer left as it is:
     `get_keys_to_not_convert`). Run it outside the recorder: nothing is allocated. Returns the
-    `BitsAndBytesConfig`."""
+    `BitsAndBytesConfig`. `quant_storage=torch.bfloat16` is FSDP's: the packed bytes stored as a
+    bf16 tensor of half as many elements, which FSDP shards as it shards the rest."""
     import transformers
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
     from transformers.quantizers.base import get_keys_to_not_convert
 
     config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
                                              bnb_4bit_use_double_quant=double_quant,
-                                             bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=torch.uint8)
+                                             bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=quant_storage)
     replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
     model.is_loaded_in_4bit = True  # what peft's prepare_model_for_kbit_training asks
     return config
 
 
-def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None, scope: Any = None) -> torch.nn.Module:
+def dynamic_map(device: Any = "cpu", recorder: Any = None) -> None:
+    """quantize_blockwise keeps its 8-bit dynamic map in a global, made on the CPU and moved to the
+    device on first use (the 1 KiB a GPU keeps): made afresh in each recording, whose fake
+    tensors it belongs to."""
+    import bitsandbytes.functional as bnbf
+
+    bnbf.name2qmap["dynamic"] = torch.empty(256, dtype=torch.float32, device=device)
+    if recorder is not None:
+        recorder.tag(bnbf.name2qmap["dynamic"], "weights", "bitsandbytes")
+
+
+def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None,
+         part: torch.nn.Module | None = None, scope: Any = None) -> torch.nn.Module:
     """Materializes a model built on the meta device (`replace_linear`'s) on `device`, as
     transformers' loader does: each parameter in its dtype, and each `Linear4bit`'s weight
     arriving in its compute dtype and quantized by bitsandbytes' `quantize_4bit`, one layer at a
     time (the full-precision weight freed once quantized). The 4-bit weight is a parameter of
     the packed bytes carrying its `quant_state`, as bitsandbytes' `Params4bit` does (a fake tensor
     cannot be wrapped in `Params4bit`). With a `recorder`, the quantization state is tagged as
-    the layer's weights (the recorder tags parameters alone). `scope(name)`, where given, is a
-    context entered around each module's loading (the step programs mark each layer's range so)."""
+    the layer's weights (the recorder tags parameters alone). `part`, a module of `model`: that
+    module's meta tensors alone (FSDP loads and shards one layer at a time); without it, every
+    meta tensor, and bitsandbytes' dynamic map. `scope(name)`, where given, is a context entered
+    around each module's loading (the step programs mark each layer's range so)."""
     import contextlib
 
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as bnbf
-
-    # quantize_blockwise keeps its 8-bit dynamic map in a global, made on the CPU and moved to the
-    # device on first use (the 1 KiB a GPU keeps): made afresh in each recording, whose fake
-    # tensors it belongs to.
-    bnbf.name2qmap["dynamic"] = torch.empty(256, dtype=torch.float32, device=device)
-    if recorder is not None:
-        recorder.tag(bnbf.name2qmap["dynamic"], "weights", "bitsandbytes")
+    if part is None:
+        dynamic_map(device, recorder)
+    within = None if part is None else set(map(id, part.modules()))
     root = type(model).__name__
     for name, module in list(model.named_modules()):
+        if within is not None and id(module) not in within:
+            continue
         with scope(name) if scope is not None else contextlib.nullcontext():
             _load_module(module, name, root, device, recorder)
     return model
@@ -160,7 +177,7 @@ def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, rec
     import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
 
-    if isinstance(module, bnb.nn.Linear4bit):
+    if isinstance(module, bnb.nn.Linear4bit) and module.weight.is_meta:
         meta = module.weight
         full = torch.empty(meta.shape, dtype=module.compute_dtype, device=device)
         packed, state = bnbf.quantize_4bit(full, blocksize=meta.blocksize,
@@ -183,7 +200,7 @@ def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, rec
                     if kind is module._parameters else new
 
 
-def build(config: Any, attention: str) -> torch.nn.Module:
+def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:
     """A transformers causal LM of `config` on the meta device, its linear layers bitsandbytes'
     4-bit ones (bf16 compute, NF4, double quantization: QLoRA's setup), as `from_pretrained(...,
     quantization_config=BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before
@@ -201,7 +218,7 @@ def build(config: Any, attention: str) -> torch.nn.Module:
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     finally:
         torch.set_default_dtype(previous)
-    replace_linear(model)
+    replace_linear(model, quant_storage=quant_storage)
     return model
 
 
@@ -222,6 +239,55 @@ def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any 
     return model
 
 
+# fsdp_qlora's LoRA (train.py's defaults: `lora_target_modules="all"`, its list for Llama and
+# Mistral; `lora_alpha=16`, `lora_dropout=0.1`).
+FSDP_QLORA_TARGETS = ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj")
+FSDP_QLORA_ALPHA = 16
+FSDP_QLORA_DROPOUT = 0.1
+
+
+def _gathered_quant_state(module: torch.nn.Module, args: Any) -> None:
+    """The all-gathered weight is a plain parameter without the `quant_state` FSDP drops when it
+    shards; bitsandbytes' `fix_4bit_weight_quant_state_from_module` gives it the module's again,
+    wrapping it in a `Params4bit` (a view: no bytes), which a fake tensor cannot be. Given here
+    before bitsandbytes looks, to the same effect."""
+    if getattr(module.weight, "quant_state", None) is None:
+        module.weight.quant_state = module.quant_state
+
+
+def prepare_sharded(model: torch.nn.Module, rank: int, mesh: Any, recorder: Any = None) -> torch.nn.Module:
+    """Answer.AI's fsdp_qlora setup of `build(..., quant_storage=torch.bfloat16)`'s model, on
+    FSDP2: gradient checkpointing of each decoder layer (non-reentrant, its default), peft's
+    LoRA of `rank` over fsdp_qlora's projections (alpha 16, dropout 0.1), every other
+    parameter frozen and left in bf16 (fsdp_qlora runs no `prepare_model_for_kbit_training`);
+    then each decoder layer loaded (its weights quantized) and sharded with `fully_shard`
+    (`reshard_after_forward=True`, no mixed-precision policy: fsdp_qlora's `bf16` precision), one
+    layer at a time, and the model last. FSDP2 shards each packed bf16 weight and each adapter
+    on dim 0; the `QuantState` is the module's own attribute, which FSDP does not touch: every
+    rank keeps all of it."""
+    import bitsandbytes as bnb
+    import peft
+    from torch.distributed.fsdp import fully_shard
+
+    from .fsdp import layers
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = peft.LoraConfig(r=rank, lora_alpha=FSDP_QLORA_ALPHA, target_modules=list(FSDP_QLORA_TARGETS),
+                           lora_dropout=FSDP_QLORA_DROPOUT)
+    model = peft.get_peft_model(model, lora)
+    dynamic_map(recorder=recorder)
+    for layer in layers(model):
+        load(model, recorder=recorder, part=layer)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    load(model, recorder=recorder)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.register_forward_pre_hook(_gathered_quant_state)
+    model.train()
+    return model
+
+
 def check(spec: Any) -> None:
     """What `record --qlora` records, and what it does not combine with."""
     reason = available()
@@ -229,9 +295,6 @@ def check(spec: Any) -> None:
         raise ValueError(f"--qlora: {reason}")
     if spec.lora:
         raise ValueError("--qlora RANK is LoRA over a 4-bit base: give --qlora or --lora, not both")
-    if spec.fsdp:
-        raise ValueError("--qlora with --fsdp is not recorded (FSDP shards of 4-bit weights need "
-                         "bnb_4bit_quant_storage=bfloat16): record --qlora on one GPU")
     if spec.dtype != "bf16":
         raise ValueError(f"--qlora computes in bf16 and peft keeps the rest in fp32: --dtype {spec.dtype} does not "
                          "apply (leave --dtype out)")

@@ -66,6 +66,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import amp as _amp
 from . import fake_cache as _fake_cache
+from . import fsdp as _fsdp
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -319,6 +320,7 @@ class StepRecorder:
         self.sdpa_kernels: dict[str, int] = {}
         self.assumptions: list[str] = []
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._resized: WeakIdKeyDictionary = WeakIdKeyDictionary()  # freed in place: (term, site)
         self._refs: dict[int, weakref.ref] = {}
         self._count = 0
         self._step = 0
@@ -399,6 +401,23 @@ class StepRecorder:
         self._refs.pop(rec.index, None)
         self.events.append(("free", rec))
         self.live -= rec.size
+
+    def storage_resized(self, t: torch.Tensor) -> None:
+        """`t`'s storage was resized in place (`UntypedStorage.resize_`, which no dispatch sees;
+        FSDP2 frees its unsharded parameters so after a layer runs, and makes them again before it
+        runs next): its bytes so far freed, and what it holds now, if anything, allocated anew, as
+        a GPU's caching allocator sees it."""
+        st = t.untyped_storage()
+        rec = self._storages.get(st)
+        if rec is not None:
+            del self._storages[st]
+            self._freed(rec)
+            self._resized[st] = (rec.term, rec.site)
+        if st.nbytes():
+            self._seen(t)
+            # The same parameter again: what it was for, and whose.
+            if st in self._resized:
+                self._storages[st].term, self._storages[st].site = self._resized.pop(st)
 
     def _assumed(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """An operator whose output depends on the data, which fake tensors do not have: its
@@ -490,6 +509,8 @@ class StepRecorder:
                 p.register_post_accumulate_grad_hook(self._gradient)
         for b in module.buffers(recurse=False):
             self.tag(b, "weights", name)
+        for p in _fsdp.sharded_parameters(module):
+            self.tag(p, "weights", name)
 
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:  # None where an optimizer in the backward has stepped and freed it
@@ -620,6 +641,7 @@ class StepRecorder:
             torch.nn.Module._apply = _overwriting_apply(original_apply)
             s.callback(setattr, torch.nn.Module, "_apply", original_apply)
         s.enter_context(_Tracker(self))
+        s.enter_context(_fsdp.storage_resizes(self))
         return self
 
     def _assume_unpacked(self) -> None:

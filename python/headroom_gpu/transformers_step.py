@@ -115,6 +115,10 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         from . import qlora
 
         qlora.check(spec)
+    if spec.fsdp and spec.optimizer == "adamw-8bit":
+        raise ValueError("--optimizer adamw-8bit with --fsdp: FSDP2's parameters are DTensors, and bitsandbytes' "
+                         "optimizer operators have no DTensor sharding rule, so AdamW8bit cannot step them; "
+                         "leave --optimizer out (torch's AdamW, as fsdp_qlora steps)")
     if spec.dtype == "mixed" and not spec.fsdp:
         raise ValueError("--dtype mixed is FSDP2's mixed precision: give --fsdp GPUS, or record --dtype amp (autocast) "
                          "or bf16")
@@ -126,15 +130,21 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
     if spec.qlora:
         config = _config(spec.model)
         config.use_cache = False
-        meta = qlora.build(config, spec.attention)  # on the meta device: nothing to record
+        # With FSDP, fsdp_qlora's bf16 storage, which FSDP shards like the rest. On the meta
+        # device: nothing to record.
+        meta = qlora.build(config, spec.attention,
+                           quant_storage=torch.bfloat16 if spec.fsdp else torch.uint8)
     with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec, \
             contextlib.ExitStack() as stack:
-        if spec.qlora:
+        if spec.qlora and spec.fsdp:
+            model = qlora.prepare_sharded(meta, spec.qlora, mesh, rec)
+            stack.enter_context(qlora.cuda_kernels(rec))
+        elif spec.qlora:
             model = qlora.prepare(meta, spec.qlora, rec)
             stack.enter_context(qlora.cuda_kernels(rec))
         else:
             model, config = _build(spec)
-        if spec.fsdp:
+        if spec.fsdp and not spec.qlora:
             from .fsdp import shard_transformer
 
             from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -163,6 +163,135 @@ class Step(unittest.TestCase):
         self.assertIn("not both", r.stderr)
 
 
+def _packed_shard_bytes(out_features, in_features, world):
+    """Rank 0's shard of a 4-bit weight stored as bf16 (`bnb_4bit_quant_storage=bfloat16`): the
+    `ceil(out·in / 2)` packed bytes as a (bytes / 2, 1) bf16 tensor, split on dim 0."""
+    return -(-(out_features * in_features // 4) // world) * 2
+
+
+def _rows_bytes(rows, cols, world, itemsize):
+    """Rank 0's shard of a `rows × cols` parameter FSDP2 shards on dim 0."""
+    return -(-rows // world) * cols * itemsize
+
+
+FSDP_WORLD = 2
+# The tiny Llama's linear layers (out, in), by name.
+TINY_LINEAR = {"q_proj": (64, 64), "k_proj": (32, 64), "v_proj": (32, 64), "o_proj": (64, 64),
+               "gate_proj": (128, 64), "up_proj": (128, 64), "down_proj": (64, 128)}
+
+
+def _layer_shard_bytes(rank, world):
+    """Rank 0's shards of one tiny Llama layer under fsdp_qlora's setup: the packed bf16 weights,
+    the two bf16 norms, and fp32 LoRA of `rank` over fsdp_qlora's six projections."""
+    from headroom_gpu.qlora import FSDP_QLORA_TARGETS
+
+    packed = sum(_packed_shard_bytes(o, i, world) for o, i in TINY_LINEAR.values())
+    norms = 2 * _rows_bytes(64, 1, world, 2)
+    adapters = sum(_rows_bytes(rank, i, world, 4) + _rows_bytes(o, rank, world, 4)
+                   for name, (o, i) in TINY_LINEAR.items() if name in FSDP_QLORA_TARGETS)
+    return packed + norms + adapters
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Fsdp(unittest.TestCase):
+    """`--qlora RANK --fsdp GPUS`: Answer.AI's fsdp_qlora setup on FSDP2, one rank recorded over a
+    fake process group. Each packed weight is stored as bf16 and sharded; its QuantState stays
+    whole on every rank; each layer is all-gathered (the packed weights with the adapters and
+    norms) before bitsandbytes dequantizes it."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def test_setup_keeps_each_packed_weights_shard_and_the_whole_quant_state(self):
+        from headroom_gpu.qlora import stored_bytes
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        rank = 5  # an odd rank: each adapter's dim 0 padded to the shards' size
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=1, seq=64, steps=1, qlora=rank, fsdp=FSDP_WORLD))
+        kept = 0  # live when the first step begins
+        for op, r in rec.events:
+            if op == "alloc" and r.when != "setup":
+                break
+            kept += r.size if op == "alloc" else -r.size
+        h, v = 64, 256
+        quant_states = 2 * sum(sum(b for k, b in stored_bytes(o, i).items() if k != "weight")
+                               for o, i in TINY_LINEAR.values())
+        # The embedding and the output layer (bf16, sharded) and the final norm; rotary's inverse
+        # frequencies (a buffer: not sharded); bitsandbytes' dynamic map; the batch's token ids.
+        rest = 2 * _rows_bytes(v, h, FSDP_WORLD, 2) + _rows_bytes(h, 1, FSDP_WORLD, 2)
+        self.assertEqual(kept, 2 * _layer_shard_bytes(rank, FSDP_WORLD) + quant_states + rest
+                         + _rotary_bytes(h // 4) + 256 * 4 + 64 * 8)
+
+    def test_forward_gathers_each_layers_packed_bf16_weights_then_dequantizes(self):
+        import bitsandbytes as bnb
+
+        from torch.distributed.tensor import DTensor
+
+        from headroom_gpu import qlora
+        from headroom_gpu.fsdp import fake_process_group
+        from headroom_gpu.recorder import StepRecorder
+
+        config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
+        config.use_cache = False
+        meta = qlora.build(config, "sdpa", quant_storage=torch.bfloat16)
+        seen = {}
+        with fake_process_group(FSDP_WORLD) as mesh, StepRecorder() as rec:
+            model = qlora.prepare_sharded(meta, 8, mesh, rec)
+            layer = model.base_model.model.model.layers[0]
+            q = layer.self_attn.q_proj.base_layer
+            self.assertIsInstance(q, bnb.nn.Linear4bit)
+            # The shard of the packed weight; the QuantState whole, the module's.
+            self.assertEqual(tuple(q.weight.to_local().shape), (64 * 64 // 4 // FSDP_WORLD, 1))
+            self.assertEqual(q.weight.dtype, torch.bfloat16)
+            self.assertEqual(tuple(q.quant_state.absmax.shape), (64 * 64 // 64,))
+
+            def gathered(module, args):
+                w = module.weight
+                seen.setdefault("weight", (w.dtype, tuple(w.shape), isinstance(w, DTensor)))
+                r = rec._storages[w.untyped_storage()]
+                seen.setdefault("buffers", []).append((r.when, r.size, r.index))
+
+            q.register_forward_pre_hook(gathered)
+            ids = torch.randint(0, config.vocab_size, (2, 1024))
+            with qlora.cuda_kernels(rec), rec.step():
+                model(input_ids=ids, labels=ids).loss.backward()
+        # The layer's unsharded packed weight, bf16, copied out of its all-gather's output (every
+        # rank's shards of the layer's parameters, as bytes: their dtypes differ) into a buffer
+        # of its own, padded shards of every rank.
+        self.assertEqual(seen["weight"], (torch.bfloat16, (64 * 64 // 4, 1), False))
+        # Freed after the layer's forward (reshard_after_forward) and made again for checkpointing's
+        # recomputation in the backward.
+        unsharded = FSDP_WORLD * _packed_shard_bytes(64, 64, FSDP_WORLD)
+        self.assertEqual([(when, size) for when, size, _ in seen["buffers"]],
+                         [("step1.forward", unsharded), ("step1.backward", unsharded)])
+        self.assertEqual(len({index for _, _, index in seen["buffers"]}), 2)
+        allocs = [r for op, r in rec.events if op == "alloc"]
+        gather = FSDP_WORLD * _layer_shard_bytes(8, FSDP_WORLD)
+        layer0 = [r.size for r in allocs if r.when == "step1.forward" and r.site.endswith("layers.0")]
+        self.assertIn(gather, layer0)
+        # Then bitsandbytes dequantizes it into a bf16 temporary (2048 rows: past 1536).
+        forward = [r.size for r in allocs
+                   if r.when == "step1.forward" and r.site.endswith("layers.0.self_attn.q_proj.base_layer")]
+        self.assertEqual(forward.count(64 * 64 * 2), 1, forward)
+        # Resharded after the forward, the layer is gathered again for its backward.
+        backward = [r.size for r in allocs if r.when == "step1.backward"]
+        self.assertGreaterEqual(backward.count(gather), 1)
+
+    def test_adamw8bit_over_dtensors_is_refused_saying_why(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        with self.assertRaisesRegex(ValueError, "DTensor sharding rule"):
+            record(StepSpec(model=_model_dir(self.tmp), steps=1, qlora=8, fsdp=FSDP_WORLD, optimizer="adamw-8bit"))
+
+    def test_record_command_replays_and_plans(self):
+        out = os.path.join(self.tmp, "fsdp-qlora.jsonl")
+        r = record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "1024", "--steps", "2",
+                           "--qlora", "8", "--fsdp", str(FSDP_WORLD))
+        self.assertIn("recorded 2 steps", r.stdout)
+        # One rank of two: the plan adds NCCL's buffers.
+        assert_replays_and_plans(self, out, "--gpus", str(FSDP_WORLD))
+
+
 @unittest.skipIf(MISSING, MISSING)
 class AdamW8bit(unittest.TestCase):
     """`--optimizer adamw-8bit`: bitsandbytes' AdamW8bit keeps its state by its rules."""
@@ -210,24 +339,48 @@ class AdamW8bit(unittest.TestCase):
 
 @unittest.skipIf(MISSING, MISSING)
 class Documented(unittest.TestCase):
-    """docs/RECORDING.md's QLoRA command runs as shown. It sits in a `shell` block, apart from the
-    `sh` blocks tests/test_recorder.py runs, because it needs bitsandbytes."""
+    """docs/RECORDING.md's QLoRA commands run as shown. They sit in `shell` blocks, apart from the
+    `sh` blocks tests/test_recorder.py runs, because they need bitsandbytes. The FSDP one is
+    planned as the text says (`headroom plan ... --program` of its output, shown inline), and
+    prints the lines its `text` block shows."""
 
-    def test_the_command(self):
+    def test_the_commands(self):
+        import re
+
+        from test_recorder import _documented, headroom_or_skip
+
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = f.read()
-        blocks = text.split("```shell\n")[1:]
-        commands = [l for b in blocks for l in b.split("```")[0].splitlines() if l.startswith("python -m headroom_gpu ")]
-        self.assertEqual(len(commands), 1)
-        self.assertIn("--qlora", commands[0])
+        commands = [l for b in _documented("shell") for l in b if l.startswith("python -m headroom_gpu ")]
+        self.assertEqual(len(commands), 2)
+        self.assertTrue(all("--qlora" in c for c in commands))
+        self.assertEqual(sum("--fsdp" in c for c in commands), 1)
         d = tempfile.mkdtemp()
         os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))
         env = {**os.environ, "PYTHONPATH": os.path.join(repo, "python")}
-        args = commands[0].split()[1:]
-        run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env, timeout=900)
-        self.assertEqual(run.returncode, 0, run.stderr)
-        self.assertGreater(os.path.getsize(os.path.join(d, args[args.index("--out") + 1])), 0)
+        for line in commands:
+            args = line.split()[1:]
+            run = subprocess.run([sys.executable, *args], cwd=d, capture_output=True, text=True, env=env,
+                                 timeout=1500)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            out = args[args.index("--out") + 1]
+            self.assertGreater(os.path.getsize(os.path.join(d, out)), 0)
+            if "--fsdp" not in args:
+                continue
+            # The plan the text shows (inline code, wrapped over lines), of this recording.
+            inline = [" ".join(m.split()) for m in re.findall(r"`(headroom plan [^`]*)`", text)]
+            plans = [m for m in inline if m.endswith(f"--program {out}")]
+            self.assertEqual(len(plans), 1, inline)
+            binary = headroom_or_skip(self)
+            plan = subprocess.run([binary, *plans[0].split()[1:]], cwd=d, capture_output=True, text=True,
+                                  timeout=300)
+            self.assertEqual(plan.returncode, 0, plan.stdout + plan.stderr)
+            printed = [l.rstrip() for l in plan.stdout.splitlines()]
+            shown = _documented("text")
+            self.assertEqual(len(shown), 1)
+            for want in shown[0]:
+                self.assertIn(want.rstrip(), printed, plan.stdout)
 
 
 def _rotary_bytes(head_dim):
