@@ -23,6 +23,15 @@ event kind 2, naming this step's tensor made at the same point (the planner free
 previous step's instance). `decode1`'s tensors are `decode`'s, made in the same order with
 the same laws at a past one shorter (checked); `decode1` frees what the prefill made.
 
+The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
+GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
+SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too; the
+keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
+transformers' default experts implementation (every tensor sized by the tokens times the
+experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
+length: past its window transformers keeps a sliding layer's last tokens as a view of the
+step's whole keys, which the templates do not carry, and the planner refuses that.
+
 Recorded at five layers (the middle one repeated by the planner for every layer between) and
 three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
 does (`check`: each section's events, their bytes in order and the live peak, which the
