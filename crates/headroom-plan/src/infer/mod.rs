@@ -15,8 +15,9 @@
 //! - Hugging Face transformers' `generate` (`transformers.rs`): where its code was recorded
 //!   tensor by tensor (`recorded.rs`, `data/programs/hf-infer.json`), the prompt's forward and
 //!   each decode step as recorded, the cache growing a position a step; elsewhere (bitsandbytes'
-//!   layers, eager attention, the families not recorded) its peak moment in closed form: every
-//!   layer's keys and values, the logits and the temporaries its code allocates, from
+//!   layers, most families' eager attention, the families not recorded) its peak moment in
+//!   closed form: every layer's keys and values, the logits and the temporaries its code
+//!   allocates, from
 //!   [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8 or
 //!   4-bit, and the temporaries their forward allocates in the last layer.
 
@@ -201,8 +202,8 @@ pub enum Unsupported {
     QuantizeRuntime,
     #[error(
         "transformers' forward with a cache was measured for decoder-only families (Llama, Mistral, \
-         Qwen2, Qwen3, Gemma, Gemma-2, Gemma-3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2, GPTBigCode, \
-         GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of them: plan it as a serving engine (--framework vllm)"
+         Qwen2, Qwen3, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE, GPT-2, GPTBigCode, GPT-NeoX, BLOOM); \
+         {0} (model_type `{1}`) is none of them: plan it as a serving engine (--framework vllm)"
     )]
     Family(String, &'static str),
     #[error(
@@ -224,8 +225,8 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
         if cfg.tensor > 1 {
             return Err(Unsupported::Tensor);
         }
-        // Families recorded for inference and never measured for the closed form (Gemma-3,
-        // the Qwen MoEs) are planned where a template serves, and refused with its reason elsewhere.
+        // Families recorded for inference and never measured for the closed form (Qwen2-MoE)
+        // are planned where a template serves, and refused with its reason elsewhere.
         if forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits).is_none() {
             return match recorded::key(model, cfg) {
                 Ok(_) => Ok(()),

@@ -6,10 +6,12 @@
 //! with every position's logits), and `generate`'s decode steps, each at its own past length,
 //! the cache it replaces freed by the step after.
 //!
-//! The families (FAMILIES_DOC): with SDPA, and eager attention where transformers has no SDPA
-//! (BLOOM, Gemma-2) and for Llama. A Mixture of Experts runs transformers' default experts
+//! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, GPT-NeoX, Mixtral and
+//! Qwen2-MoE with SDPA (the first five and Phi-3's generate at fp32 too, the rest at bf16);
+//! BLOOM and Gemma-2 (its forward alone) with eager attention, the only one transformers has
+//! for them, and Llama's eager at bf16. A Mixture of Experts runs transformers' default experts
 //! implementation, every tensor sized by the tokens times the experts a token takes, whatever
-//! the routing. Gemma-2's and Gemma-3's sliding layers are served within their window only.
+//! the routing. Sliding layers are served within their window only.
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -76,10 +78,14 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         .filter(|k| program_template::template(k).is_some())
         .collect();
     if recorded.is_empty() {
-        return Err(if family_recorded(model) && attn == "eager" {
-            "this family's inference was not recorded with eager attention"
-        } else {
-            "this family was not recorded for inference"
+        return Err(match (family_recorded(model), attn) {
+            (true, "eager") => {
+                "this family's inference was not recorded with eager attention for this job's mode and precision"
+            }
+            (true, _) => {
+                "this family's inference was not recorded for this job's mode (generate or --all-logits) and precision"
+            }
+            _ => "this family was not recorded for inference",
         });
     }
     // A template recorded with its output layer tied to the embeddings has no head's weight
@@ -319,7 +325,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 20, "{checked} inference templates checked");
+        assert!(checked >= 36, "{checked} inference templates checked");
     }
 
     #[test]
