@@ -23,6 +23,15 @@ event kind 2, naming this step's tensor made at the same point (the planner free
 previous step's instance). `decode1`'s tensors are `decode`'s, made in the same order with
 the same laws at a past one shorter (checked); `decode1` frees what the prefill made.
 
+The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
+GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
+SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too; the
+keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
+transformers' default experts implementation (every tensor sized by the tokens times the
+experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
+length: past its window transformers keeps a sliding layer's last tokens as a view of the
+step's whole keys, which the templates do not carry, and the planner refuses that.
+
 Recorded at five layers (the middle one repeated by the planner for every layer between) and
 three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
 does (`check`: each section's events, their bytes in order and the live peak, which the
@@ -45,10 +54,24 @@ import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import step_programs as sp  # noqa: E402
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral")
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
+            "mixtral", "qwen2_moe", "qwen3_moe")
+# The attention transformers gives a family by default: eager where the family has no SDPA
+# (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them.
+EAGER_ONLY = ("gemma2", "bloom")
 MODES = ("generate", "forward")
 NEW_TOKENS = 4
 SECTIONS = ("setup", "prefill", "decode1", "decode")
+
+
+def config(family, layers):
+    """The training templates' recording config, a sliding window beyond every recorded length:
+    the planner serves a sliding cache only within its window (transformers keeps the window's
+    last tokens as a view of the step's whole keys past it, which the templates do not carry)."""
+    cfg = sp.config(family, layers)
+    if family == "gemma3_text":
+        cfg["sliding_window"] = 4096
+    return cfg
 
 
 def key(family, mode, precision, attn):
@@ -59,7 +82,7 @@ class InferJob:
     """One recorded run: every allocation and free in time order, by section and layer."""
 
     def __init__(self, family, mode, precision, attn, batch, seq, layers):
-        cfg = sp.config(family, layers)
+        cfg = config(family, layers)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
         torch.manual_seed(0)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
@@ -466,10 +489,12 @@ def keys(only):
     for family in FAMILIES:
         for mode in MODES:
             # fp16 lays out as bf16 does, and `plan --weights` has no fp16.
-            for precision in ("bf16", "fp32"):
-                k = key(family, mode, precision, "sdpa")
+            attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
+                [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else [])
+            for precision, attn in attns:
+                k = key(family, mode, precision, attn)
                 if not only or family in only or k in only:
-                    out.append((family, mode, precision, "sdpa"))
+                    out.append((family, mode, precision, attn))
     return out
 
 

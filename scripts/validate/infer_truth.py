@@ -7,10 +7,15 @@ highest running sum of the allocator's events during it.
 
 The configs: each family's `wide` small config (measure.py: hidden 384, 6 heads of 64, its
 MLP half as wide again, a vocabulary of 6000) at 6 layers (the templates: 5, checked at 7);
-Qwen3 as Qwen2's with Qwen3's model type. The shapes: generate 2 x 100 with 6 new tokens,
+Qwen3 as Qwen2's with Qwen3's model type; Gemma-2 and Gemma-3 as Gemma's with their own model
+types (a window of 4096, longer than every shape: the planner serves a sliding cache within its
+window only); Qwen2-MoE and Qwen3-MoE as Qwen2's with 4 experts of 576, 2 a token (Mixtral's
+`wide` experts), Qwen2-MoE's shared expert 768 wide. BLOOM and Gemma-2 run eager attention
+(transformers has no SDPA for them), the rest SDPA, Llama both. The shapes: generate 2 x 100 with 6 new tokens,
 1 x 160 with 12, 3 x 40 with 24 (more decode steps than the planner replays, 16); the forward
 (every position's logits, `torch.no_grad()`, `use_cache=True`) 2 x 100, bf16 and fp32 (the fp32
-forwards added after the rest had run, before any of them ran).
+forwards added after the rest had run, before any of them ran). The families after Mistral
+(`--only`) were added with their templates, the same shapes and tolerance, into the same file.
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
@@ -34,25 +39,35 @@ import measure  # noqa: E402
 LAYERS = 6
 GENERATE = ((2, 100, 6), (1, 160, 12), (3, 40, 24))
 FORWARD = ((2, 100),)
-FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral")
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
+            "mixtral", "qwen2_moe", "qwen3_moe")
+EAGER_ONLY = ("gemma2", "bloom")
+# Whose `wide` config each family's is made from.
+BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 
 
 def config(family):
     small = measure.small_configs()
-    base = small[("qwen2" if family == "qwen3" else family, "wide")]
-    cfg = dict(base)
-    if family == "qwen3":
-        cfg["model_type"] = "qwen3"
+    cfg = dict(small[(BASE.get(family, family), "wide")])
+    if family in BASE:
+        cfg["model_type"] = family
+    if family in ("gemma2", "gemma3_text"):
+        cfg.update(sliding_window=4096, query_pre_attn_scalar=64)
+    if family in ("qwen2_moe", "qwen3_moe"):
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=576, decoder_sparse_step=1,
+                   mlp_only_layers=[])
+    if family == "qwen2_moe":
+        cfg.update(shared_expert_intermediate_size=768, qkv_bias=True)
     for k in ("num_hidden_layers", "n_layer"):
         if k in cfg:
             cfg[k] = LAYERS
     return cfg
 
 
-def measured(family, precision, mode, batch, seq, new_tokens):
+def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
     cfg = config(family)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = measure.build(cfg, "causal-lm", "sdpa", dtype)
+    model = measure.build(cfg, "causal-lm", attn, dtype)
     model.eval()
     model.generation_config.pad_token_id = 0
     g = torch.Generator().manual_seed(1)
@@ -78,26 +93,44 @@ def measured(family, precision, mode, batch, seq, new_tokens):
         live += e[2]
         peak = max(peak, live)
     return {"family": family, "precision": precision, "mode": mode, "batch": batch, "seq": seq,
-            "new_tokens": new_tokens, "config": cfg, "peak_bytes": before + peak, "before_bytes": before,
+            "new_tokens": new_tokens, "attn": attn, "config": cfg, "peak_bytes": before + peak, "before_bytes": before,
             "split": "tuning" if family == "llama" else "check"}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="comma-separated families or family/precision/attn: their rows measured and "
+                                   "put in --out in place of theirs, the others' kept")
     args = ap.parse_args()
     import transformers
+    only = set(args.only.split(",")) if args.only else set()
     rows = []
+    if only:
+        with open(args.out) as f:
+            rows = json.load(f)["rows"]
+    jobs = []
     for family in FAMILIES:
-        for precision in ("bf16", "fp32"):
-            for b, s, n in GENERATE:
-                rows.append(measured(family, precision, "generate", b, s, n))
-                print(rows[-1]["family"], precision, b, s, n, rows[-1]["peak_bytes"], flush=True)
-            for b, s in FORWARD:
-                rows.append(measured(family, precision, "forward", b, s, 1))
-    with open(args.out, "w") as f:
-        json.dump({"about": "scripts/validate/infer_truth.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "rows": rows}, f, indent=1)
+        attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
+            [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else [])
+        jobs += [(family, precision, attn) for precision, attn in attns
+                 if not only or family in only or f"{family}/{precision}/{attn}" in only]
+    done = {(j[0], j[1], j[2]) for j in jobs}
+    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done]
+
+    def write():
+        with open(args.out, "w") as f:
+            json.dump({"about": "scripts/validate/infer_truth.py", "torch": torch.__version__,
+                       "transformers": transformers.__version__, "rows": rows}, f, indent=1)
+
+    for family, precision, attn in jobs:
+        for b, s, n in GENERATE:
+            rows.append(measured(family, precision, "generate", b, s, n, attn))
+            print(family, precision, attn, b, s, n, rows[-1]["peak_bytes"], flush=True)
+        for b, s in FORWARD:
+            rows.append(measured(family, precision, "forward", b, s, 1, attn))
+        write()
+    write()
 
 
 if __name__ == "__main__":

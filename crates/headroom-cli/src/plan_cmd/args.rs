@@ -56,8 +56,8 @@ const OUTPUT: &str = "Questions and output";
 /// with --framework hf, transformers' own generate (its prompt's forward and --new-tokens'
 /// decode steps, the cache growing a position a step) or, with --all-logits, an evaluation
 /// loop's forward, replayed as its code was recorded tensor by tensor, or where no recording
-/// serves (eager attention, bitsandbytes, other families) its peak moment in closed form; the
-/// plan says which.
+/// serves (most families' eager attention, bitsandbytes, the families not recorded) its peak
+/// moment in closed form; the plan says which.
 ///
 /// Any other step — your own model, loss, optimizer and wrappers — can be recorded without a
 /// GPU (`python -m headroom_gpu record`, docs/RECORDING.md) and planned with --program.

@@ -15,8 +15,9 @@
 //! - Hugging Face transformers' `generate` (`transformers.rs`): where its code was recorded
 //!   tensor by tensor (`recorded.rs`, `data/programs/hf-infer.json`), the prompt's forward and
 //!   each decode step as recorded, the cache growing a position a step; elsewhere (bitsandbytes'
-//!   layers, eager attention, the families not recorded) its peak moment in closed form: every
-//!   layer's keys and values, the logits and the temporaries its code allocates, from
+//!   layers, most families' eager attention, the families not recorded) its peak moment in
+//!   closed form: every layer's keys and values, the logits and the temporaries its code
+//!   allocates, from
 //!   [`crate::forward_recipe`]; with bitsandbytes ([`crate::bnb`]), its linear layers int8 or
 //!   4-bit, and the temporaries their forward allocates in the last layer.
 
@@ -167,7 +168,11 @@ pub struct InferEstimate {
 
 /// The longest sequence of which `cfg.batch` fit (0 if none does), up to `limit` tokens.
 pub fn max_seq(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, limit: u64) -> u64 {
-    crate::estimate::largest(limit, |seq| verdict(model, gpu, &InferConfig { seq, ..*cfg }).fits)
+    // A length [`check`] refuses (a template-only family's past its sliding window) does not fit.
+    crate::estimate::largest(limit, |seq| {
+        let c = InferConfig { seq, ..*cfg };
+        check(model, &c).is_ok() && verdict(model, gpu, &c).fits
+    })
 }
 
 /// How much of an estimate to make.
@@ -197,10 +202,15 @@ pub enum Unsupported {
     QuantizeRuntime,
     #[error(
         "transformers' forward with a cache was measured for decoder-only families (Llama, Mistral, \
-         Qwen2, Gemma, Phi-3, Mixtral, GPT-2, GPTBigCode, GPT-NeoX, BLOOM); {0} (model_type `{1}`) is none of \
-         them: plan it as a serving engine (--framework vllm)"
+         Qwen2, Qwen3, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE, GPT-2, GPTBigCode, GPT-NeoX, BLOOM); \
+         {0} (model_type `{1}`) is none of them: plan it as a serving engine (--framework vllm)"
     )]
     Family(String, &'static str),
+    #[error(
+        "transformers' inference of {0} (model_type `{1}`) is planned from its recorded template alone, which \
+         does not serve this job ({2}): plan it as a serving engine (--framework vllm)"
+    )]
+    TemplateOnly(String, &'static str, &'static str),
 }
 
 /// Checks that `cfg` can be estimated for `model`.
@@ -215,8 +225,16 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
         if cfg.tensor > 1 {
             return Err(Unsupported::Tensor);
         }
+        // Families recorded for inference and never measured for the closed form (Qwen2-MoE)
+        // are planned where a template serves, and refused with its reason elsewhere.
         if forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits).is_none() {
-            return Err(Unsupported::Family(model.name.clone(), model.model_type));
+            return match recorded::key(model, cfg) {
+                Ok(_) => Ok(()),
+                Err(why) if recorded::family_recorded(model) => {
+                    Err(Unsupported::TemplateOnly(model.name.clone(), model.model_type, why))
+                }
+                Err(_) => Err(Unsupported::Family(model.name.clone(), model.model_type)),
+            };
         }
     }
     Ok(())

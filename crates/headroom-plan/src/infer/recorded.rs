@@ -6,13 +6,20 @@
 //! with every position's logits), and `generate`'s decode steps, each at its own past length,
 //! the cache it replaces freed by the step after.
 //!
+//! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, GPT-NeoX, Mixtral and
+//! Qwen2-MoE with SDPA (the first five and Phi-3 at fp32 too, the rest at bf16);
+//! BLOOM and Gemma-2 (its forward alone) with eager attention, the only one transformers has
+//! for them, and Llama's eager at bf16. A Mixture of Experts runs transformers' default experts
+//! implementation, every tensor sized by the tokens times the experts a token takes, whatever
+//! the routing. Sliding layers are served within their window only.
+//!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
 //! key-value heads takes SDPA's math path on a GPU, which was not recorded for inference.
 
 use super::{InferConfig, Runtime, WeightFormat};
 use crate::builders::hf::expander::Expander;
-use crate::builders::hf::{is_head, stack_layers, Concrete};
+use crate::builders::hf::{is_head, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::Model;
@@ -36,12 +43,17 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     if cfg.quantize.is_some() {
         return Err("bitsandbytes' quantized layers were not recorded tensor by tensor");
     }
-    if !matches!(attention, Attention::Sdpa | Attention::Flash) {
-        return Err("inference was recorded with SDPA attention only");
-    }
+    // Families without an SDPA path in transformers (BLOOM, Gemma-2) run eager whatever is
+    // asked, and were recorded so; a family's code shared with another (Gemma-2's with Gemma's)
+    // is the other's at the same kernel only.
+    let attn = match attention {
+        _ if no_sdpa(model.model_type) => "eager",
+        Attention::Eager => "eager",
+        Attention::Sdpa | Attention::Flash => "sdpa",
+    };
     let precision = match cfg.weights {
         WeightFormat::Bf16 => "bf16",
-        WeightFormat::Fp32 if model.kv_heads < model.heads => {
+        WeightFormat::Fp32 if attn == "sdpa" && model.kv_heads < model.heads => {
             return Err("fp32 with grouped key-value heads takes SDPA's math path on a GPU, not recorded for inference")
         }
         WeightFormat::Fp32 => "fp32",
@@ -60,11 +72,41 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
-    [model.model_type, measured_code(model)]
+    let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
-        .map(|family| format!("{family}/{mode}/{precision}/sdpa"))
-        .find(|k| program_template::template(k).is_some())
-        .ok_or("this family was not recorded for inference")
+        .map(|family| format!("{family}/{mode}/{precision}/{attn}"))
+        .filter(|k| program_template::template(k).is_some())
+        .collect();
+    if recorded.is_empty() {
+        return Err(match (family_recorded(model), attn) {
+            (true, "eager") => {
+                "this family's inference was not recorded with eager attention for this job's mode and precision"
+            }
+            (true, _) => {
+                "this family's inference was not recorded for this job's mode (generate or --all-logits) and precision"
+            }
+            _ => "this family was not recorded for inference",
+        });
+    }
+    // A template recorded with its output layer tied to the embeddings has no head's weight
+    // to plan an untied model's with.
+    recorded
+        .into_iter()
+        .find(|k| model.tied_embeddings || has_own_head(k))
+        .ok_or("the family was recorded with its output layer tied to the embeddings, and this model's is its own")
+}
+
+/// Whether any inference template is `model`'s family's (or the code it shares).
+pub fn family_recorded(model: &Model) -> bool {
+    let prefixes = [model.model_type, measured_code(model)]
+        .into_iter()
+        .flat_map(|f| ["generate", "forward"].map(|mode| format!("{f}/{mode}/")))
+        .collect::<Vec<_>>();
+    program_template::keys().any(|k| prefixes.iter().any(|p| k.starts_with(p.as_str())))
+}
+
+fn has_own_head(key: &str) -> bool {
+    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| is_head(&p.name)))
 }
 
 /// The past lengths of the decode steps replayed for `new_tokens` tokens after a prompt of
@@ -283,7 +325,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 20, "{checked} inference templates checked");
+        assert!(checked >= 37, "{checked} inference templates checked");
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
 
 /// Whether `family` was recorded with eager attention alone: transformers has no SDPA path
 /// for it (BLOOM, T5, Gemma-2), so SDPA asked runs eager.
-fn no_sdpa(family: &str) -> bool {
+pub(crate) fn no_sdpa(family: &str) -> bool {
     let prefix = format!("{family}/");
     !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
 }
