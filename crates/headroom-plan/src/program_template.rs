@@ -490,7 +490,7 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
 /// with SDPA; `hf-variants.json`: the precisions, kernels and checkpointing recorded after
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
-/// checkpointed fp32 and bf16); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the
+/// checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the
 /// adapters' targets.
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),

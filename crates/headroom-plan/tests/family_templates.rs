@@ -11,7 +11,7 @@
 //! are checked the same way against real CPU steps on configs and shapes of their own, within
 //! the CPU ground truth's ±3%. So are the combinations recorded into
 //! `data/programs/hf-variants.json` (eager attention with checkpointing and in fp32, AMP,
-//! checkpointed fp32 and bf16), a sample of its keys against `cpu_variant_checks.json`.
+//! checkpointed fp32), a sample of its keys against `cpu_variant_checks.json`.
 //!
 //! `FAMILY_TABLE=1 cargo test -p headroom-plan --test family_templates -- --nocapture`
 //! prints the table docs/VALIDATION.md shows.
@@ -191,11 +191,12 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
 
 /// The combinations recorded into `data/programs/hf-variants.json`, asked as a user asks them
 /// (`--attention eager --checkpoint full`, `--precision amp`), are planned by their own recorded
-/// step: eager attention in bf16 with checkpointing and in fp32, AMP for the families recorded
-/// without it, checkpointed fp32 and bf16. On the H200, fp32 with grouped key-value heads takes
+/// step: eager attention in bf16 with checkpointing and in fp32, AMP for families recorded
+/// without it, checkpointed fp32. On the H200, fp32 with grouped key-value heads takes
 /// SDPA's math path (Gemma's).
 #[test]
 fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
+    let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
     let gemma2 = config_model(GEMMA_2_2B, "gemma-2-2b");
     use Attention::{Eager, Sdpa};
     use Checkpointing::{Full as Ckpt, None as Whole};
@@ -203,10 +204,19 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     let jobs: &[(&Model, Precision, Attention, Checkpointing, &str)] = &[
         (&preset_model("mistral-7b"), Bf16, Eager, Ckpt, "mistral/causal-lm/bf16/eager/ckpt"),
         (&preset_model("mistral-7b"), Fp32, Eager, Whole, "mistral/causal-lm/fp32/eager/full"),
+        (&preset_model("qwen2.5-7b"), Bf16, Eager, Ckpt, "qwen2/causal-lm/bf16/eager/ckpt"),
         (&preset_model("qwen2.5-7b"), Fp32, Eager, Whole, "qwen2/causal-lm/fp32/eager/full"),
+        (&preset_model("gpt2"), Bf16, Eager, Ckpt, "gpt2/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("gpt2"), Fp32, Eager, Whole, "gpt2/causal-lm/fp32/eager/full"),
+        (&preset_model("pythia-1b"), Bf16, Eager, Ckpt, "gpt_neox/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("pythia-1b"), Fp32, Eager, Whole, "gpt_neox/causal-lm/fp32/eager/full"),
+        (&preset_model("phi-3-mini"), Bf16, Eager, Ckpt, "phi3/causal-lm/bf16/eager/ckpt"),
         (&preset_model("phi-3-mini"), Fp32, Eager, Whole, "phi3/causal-lm/fp32/eager/full"),
         (&gemma2, Amp, Sdpa, Whole, "gemma2/causal-lm/amp/eager/full"),
         (&preset_model("bloom-7b1"), Amp, Sdpa, Whole, "bloom/causal-lm/amp/eager/full"),
+        (&qwen2_moe, Amp, Sdpa, Whole, "qwen2_moe/causal-lm/amp/sdpa/full"),
+        (&preset_model("gemma-2b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt"),
+        (&gemma2, Fp32, Sdpa, Ckpt, "gemma2/causal-lm/fp32/eager/ckpt"),
     ];
     for &(model, precision, attention, checkpointing, key) in jobs {
         let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
@@ -251,7 +261,7 @@ fn a_job_without_a_recording_says_how_to_record_it() {
 /// (`data/validation/cpu_family_checks.json`, `scripts/validate/family_checks.py`): other
 /// widths, experts, depths and shapes than the recordings'; and of a sample of the keys of
 /// `data/programs/hf-variants.json` (`cpu_variant_checks.json`, `family_checks.py --variants`:
-/// eager attention with checkpointing, AMP, checkpointed fp32 and bf16, at six layers or more
+/// eager attention with checkpointing, AMP, checkpointed fp32, at six layers or more
 /// and shapes no recording used). Each template's replay as the CPU runs it (`cpu_peaks`: live
 /// tensors, no allocator) against the measured peak, within the CPU ground truth's ±3%
 /// (`tests/ground_truth.rs`), set before any comparison; the model's parameters exactly.
