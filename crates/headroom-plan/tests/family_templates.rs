@@ -197,6 +197,7 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
 #[test]
 fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
+    let qwen3 = config_model(include_str!("../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
     let gemma2 = config_model(GEMMA_2_2B, "gemma-2-2b");
     use Attention::{Eager, Sdpa};
     use Checkpointing::{Full as Ckpt, None as Whole};
@@ -206,6 +207,7 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&preset_model("mistral-7b"), Fp32, Eager, Whole, "mistral/causal-lm/fp32/eager/full"),
         (&preset_model("qwen2.5-7b"), Bf16, Eager, Ckpt, "qwen2/causal-lm/bf16/eager/ckpt"),
         (&preset_model("qwen2.5-7b"), Fp32, Eager, Whole, "qwen2/causal-lm/fp32/eager/full"),
+        (&qwen3, Fp32, Eager, Whole, "qwen3/causal-lm/fp32/eager/full"),
         (&preset_model("gpt2"), Bf16, Eager, Ckpt, "gpt2/causal-lm/bf16/eager/ckpt"),
         (&preset_model("gpt2"), Fp32, Eager, Whole, "gpt2/causal-lm/fp32/eager/full"),
         (&preset_model("pythia-1b"), Bf16, Eager, Ckpt, "gpt_neox/causal-lm/bf16/eager/ckpt"),
@@ -214,6 +216,7 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&preset_model("phi-3-mini"), Fp32, Eager, Whole, "phi3/causal-lm/fp32/eager/full"),
         (&gemma2, Amp, Sdpa, Whole, "gemma2/causal-lm/amp/eager/full"),
         (&preset_model("bloom-7b1"), Amp, Sdpa, Whole, "bloom/causal-lm/amp/eager/full"),
+        (&preset_model("bloom-7b1"), Fp32, Sdpa, Ckpt, "bloom/causal-lm/fp32/eager/ckpt"),
         (&qwen2_moe, Amp, Sdpa, Whole, "qwen2_moe/causal-lm/amp/sdpa/full"),
         (&preset_model("gemma-2b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt"),
         (&gemma2, Fp32, Sdpa, Ckpt, "gemma2/causal-lm/fp32/eager/ckpt"),
