@@ -8,6 +8,14 @@ Every case is a check case: nothing was read from them before the templates were
 
     .venv/bin/python scripts/validate/family_checks.py --out data/validation/cpu_family_checks.json
 
+`--variants` measures instead the precisions, kernels and checkpointing recorded into
+`data/programs/hf-variants.json` (eager attention in bf16 with checkpointing, AMP, checkpointed
+fp32), a sample of its keys, each on a config of six layers or more (`measure.py`'s
+`deep` configs, or one of its own for the model types that grid does not build) at a shape no
+recording used:
+
+    .venv/bin/python scripts/validate/family_checks.py --variants --out data/validation/cpu_variant_checks.json
+
 `cargo test -p headroom-plan --test family_templates` compares the templates' CPU replay with
 each case (`crates/headroom-plan/tests/family_templates.rs`).
 """
@@ -38,6 +46,26 @@ CONFIGS = {
 }
 SHAPES = {"fp32": ((2, 192), (1, 320)), "bf16": ((1, 192),)}
 
+# The model type `measure.py` does not build that the sample takes, at six layers and widths
+# of its own: Gemma-2 with its sliding window as Gemma-2's presets have it (4096, longer than
+# the sequences).
+VARIANT_CONFIGS = {
+    "gemma2": dict(model_type="gemma2", hidden_size=192, num_hidden_layers=6, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=64, intermediate_size=768, vocab_size=5000,
+                   max_position_embeddings=2048, sliding_window=4096, query_pre_attn_scalar=64),
+}
+# (family, precision, attention, checkpointing, batch, seq): 16-bit steps at one sequence of
+# 160 (a CPU's 16-bit matrix multiplies are slow), fp32 at 2 x 144.
+VARIANTS = (
+    ("mistral", "bf16", "eager", True, 1, 160),
+    ("gpt2", "bf16", "eager", True, 1, 160),
+    ("gpt_neox", "bf16", "eager", True, 1, 160),
+    ("gemma2", "amp", "eager", False, 1, 160),
+    ("bloom", "amp", "eager", False, 1, 160),
+    ("qwen2_moe", "amp", "sdpa", False, 1, 160),
+    ("gemma2", "fp32", "eager", True, 2, 144),
+)
+
 
 def cases():
     for family in CONFIGS:
@@ -48,20 +76,34 @@ def cases():
                            split="check")
 
 
+def variant_cases():
+    deep = measure.small_configs()
+    for family, precision, attention, checkpointing, batch, seq in VARIANTS:
+        config = CONFIGS.get(family) or VARIANT_CONFIGS.get(family) or deep[(family, "deep")]
+        head = "masked-lm" if family == "bert" else "causal-lm"
+        yield config, dict(mode="train", family=family, size="check", head=head, precision=precision,
+                           optimizer="adamw", attention=attention, checkpointing=checkpointing, batch=batch,
+                           seq=seq, split="check")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--variants", action="store_true",
+                    help="measure the cases of data/programs/hf-variants.json's keys instead")
     a = ap.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     results = []
-    for c in cases():
-        cfg = CONFIGS[c["family"]]
+    chosen = variant_cases() if a.variants else ((CONFIGS[c["family"]], c) for c in cases())
+    for cfg, c in chosen:
         r = measure.train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])
         results.append({**c, "config": cfg, **r})
         print(f"{c} -> {r['peak_bytes']}", file=sys.stderr, flush=True)
-    out = {"about": "CPU ground truth for the model types recorded since: scripts/validate/family_checks.py",
+    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
+             else "CPU ground truth for the model types recorded since")
+    out = {"about": f"{about}: scripts/validate/family_checks.py",
            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
            "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
     with open(a.out, "w") as f:

@@ -488,14 +488,17 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys
 /// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`;
 /// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
-/// with SDPA; `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters' targets;
-/// `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all`), recorded under fake
-/// tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
+/// with SDPA; `hf-variants.json`: the precisions, kernels and checkpointing recorded after
+/// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
+/// checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters'
+/// targets; `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all`), recorded
+/// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),
     include_str!("../../../data/programs/hf-families.json"),
     include_str!("../../../data/programs/hf-infer.json"),
     include_str!("../../../data/programs/hf-more.json"),
+    include_str!("../../../data/programs/hf-variants.json"),
     include_str!("../../../data/programs/hf-lora.json"),
     include_str!("../../../data/programs/hf-qlora.json"),
 ];

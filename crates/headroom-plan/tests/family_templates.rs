@@ -9,7 +9,9 @@
 //!
 //! The model types recorded into `data/programs/hf-more.json` (BERT, T5, Qwen2-MoE, Gemma 3)
 //! are checked the same way against real CPU steps on configs and shapes of their own, within
-//! the CPU ground truth's ±3%.
+//! the CPU ground truth's ±3%. So are the combinations recorded into
+//! `data/programs/hf-variants.json` (eager attention with checkpointing and in fp32, AMP,
+//! checkpointed fp32), a sample of its keys against `cpu_variant_checks.json`.
 //!
 //! `FAMILY_TABLE=1 cargo test -p headroom-plan --test family_templates -- --nocapture`
 //! prints the table docs/VALIDATION.md shows.
@@ -17,7 +19,7 @@
 use headroom_plan::builders::{hf, Device, ProgramSource};
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::job::{Attention, Checkpointing, Optimizer, OptimizerImpl, Precision, TrainConfig};
-use headroom_plan::model::{preset, Model};
+use headroom_plan::model::{preset, Head, Model};
 #[path = "support/plan.rs"]
 mod plan;
 use plan::estimate;
@@ -104,13 +106,7 @@ fn a_mixture_of_experts_replays_every_expert_of_its_own() {
 /// has no SDPA path for it.
 #[test]
 fn a_family_with_recordings_of_its_own_is_not_planned_by_the_code_it_shares() {
-    let gemma2 = Model::from_hf_config(
-        r#"{"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
-            "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}"#,
-        "gemma-2-2b",
-    )
-    .expect("gemma-2-2b's config");
+    let gemma2 = config_model(GEMMA_2_2B, "gemma-2-2b");
     for attention in [Attention::Eager, Attention::Sdpa] {
         let cfg = TrainConfig { attention, ..TrainConfig::new(1, 1024, Precision::Bf16, Optimizer::AdamW) };
         let (_, source) = source(&gemma2, &cfg);
@@ -193,6 +189,52 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
     }
 }
 
+/// The combinations recorded into `data/programs/hf-variants.json`, asked as a user asks them
+/// (`--attention eager --checkpoint full`, `--precision amp`), are planned by their own recorded
+/// step: eager attention in bf16 with checkpointing and in fp32, AMP for families recorded
+/// without it, checkpointed fp32. On the H200, fp32 with grouped key-value heads takes
+/// SDPA's math path (Gemma's).
+#[test]
+fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
+    let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
+    let qwen3 = config_model(include_str!("../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
+    let gemma2 = config_model(GEMMA_2_2B, "gemma-2-2b");
+    use Attention::{Eager, Sdpa};
+    use Checkpointing::{Full as Ckpt, None as Whole};
+    use Precision::{Amp, Bf16, Fp32};
+    let jobs: &[(&Model, Precision, Attention, Checkpointing, &str)] = &[
+        (&preset_model("mistral-7b"), Bf16, Eager, Ckpt, "mistral/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("mistral-7b"), Fp32, Eager, Whole, "mistral/causal-lm/fp32/eager/full"),
+        (&preset_model("qwen2.5-7b"), Bf16, Eager, Ckpt, "qwen2/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("qwen2.5-7b"), Fp32, Eager, Whole, "qwen2/causal-lm/fp32/eager/full"),
+        (&qwen3, Fp32, Eager, Whole, "qwen3/causal-lm/fp32/eager/full"),
+        (&preset_model("gpt2"), Bf16, Eager, Ckpt, "gpt2/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("gpt2"), Fp32, Eager, Whole, "gpt2/causal-lm/fp32/eager/full"),
+        (&preset_model("pythia-1b"), Bf16, Eager, Ckpt, "gpt_neox/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("pythia-1b"), Fp32, Eager, Whole, "gpt_neox/causal-lm/fp32/eager/full"),
+        (&preset_model("phi-3-mini"), Bf16, Eager, Ckpt, "phi3/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("phi-3-mini"), Fp32, Eager, Whole, "phi3/causal-lm/fp32/eager/full"),
+        (&gemma2, Amp, Sdpa, Whole, "gemma2/causal-lm/amp/eager/full"),
+        (&preset_model("bloom-7b1"), Amp, Sdpa, Whole, "bloom/causal-lm/amp/eager/full"),
+        (&preset_model("bloom-7b1"), Fp32, Sdpa, Ckpt, "bloom/causal-lm/fp32/eager/ckpt"),
+        (&qwen2_moe, Amp, Sdpa, Whole, "qwen2_moe/causal-lm/amp/sdpa/full"),
+        (&preset_model("gemma-2b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt"),
+        (&gemma2, Fp32, Sdpa, Ckpt, "gemma2/causal-lm/fp32/eager/ckpt"),
+    ];
+    for &(model, precision, attention, checkpointing, key) in jobs {
+        let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
+        let (builder, source) = source(model, &cfg);
+        let what = format!("{} {precision:?} {attention:?} {checkpointing:?}", model.name);
+        assert_eq!(builder, "transformers", "{what}");
+        assert_eq!(source, ProgramSource::Template(key.to_string()), "{what}");
+    }
+}
+
+/// Gemma-2-2B's config.json (google/gemma-2-2b).
+const GEMMA_2_2B: &str = r#"{"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+    "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}"#;
+
 /// Where a job has no recording that serves it (Gemma 3 under AMP with checkpointing was not
 /// recorded), the plan falls to the next builder and says how to record the job's own step.
 #[test]
@@ -220,44 +262,62 @@ fn a_job_without_a_recording_says_how_to_record_it() {
 
 /// Real CPU steps of the model types recorded since `measure.py`'s grid
 /// (`data/validation/cpu_family_checks.json`, `scripts/validate/family_checks.py`): other
-/// widths, experts, depths and shapes than the recordings'. Each template's replay as the CPU
-/// runs it (`cpu_peaks`: live tensors, no allocator) against the measured peak, within the
-/// CPU ground truth's ±3% (`tests/ground_truth.rs`), set before any comparison; the model's
-/// parameters exactly.
+/// widths, experts, depths and shapes than the recordings'; and of a sample of the keys of
+/// `data/programs/hf-variants.json` (`cpu_variant_checks.json`, `family_checks.py --variants`:
+/// eager attention with checkpointing, AMP, checkpointed fp32, at six layers or more
+/// and shapes no recording used). Each template's replay as the CPU runs it (`cpu_peaks`: live
+/// tensors, no allocator) against the measured peak, within the CPU ground truth's ±3%
+/// (`tests/ground_truth.rs`), set before any comparison; the model's parameters exactly.
 #[test]
 fn recorded_model_types_against_real_cpu_steps() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/validation/cpu_family_checks.json");
-    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let table = std::env::var_os("FAMILY_TABLE").is_some();
     if table {
         println!("| case | template | measured peak | replayed | error |");
         println!("|---|---|---:|---:|---:|");
     }
     let mut misses = Vec::new();
-    let cases = doc["cases"].as_array().unwrap();
-    assert!(!cases.is_empty());
-    for c in cases {
-        let family = c["family"].as_str().unwrap();
-        let m = config_model(&c["config"].to_string(), family);
-        let precision = if c["precision"] == "bf16" { Precision::Bf16 } else { Precision::Fp32 };
-        let (batch, seq) = (c["batch"].as_u64().unwrap(), c["seq"].as_u64().unwrap());
-        let cfg = TrainConfig {
-            attention: Attention::Sdpa,
-            optimizer_impl: Some(OptimizerImpl::Foreach),
-            ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
-        };
-        let label = format!("{family} {} {batch}×{seq}", c["precision"].as_str().unwrap());
-        assert_eq!(m.params_with(cfg.head), c["params"].as_u64().unwrap(), "{label}: parameters");
-        let key = hf::key(&m, &cfg, Device::Cpu).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let (_, peak) = hf::cpu_peaks(&m, &cfg).unwrap_or_else(|| panic!("{label}: no template"));
-        let measured = c["peak_bytes"].as_f64().unwrap();
-        let error = peak as f64 / measured - 1.0;
-        if table {
-            println!("| {label} | `{key}` | {measured:.0} | {peak} | {:+.2}% |", error * 100.0);
-        }
-        if error.abs() > 0.03 {
-            misses.push(format!("{label}: {:+.2}%", error * 100.0));
+    for file in ["cpu_family_checks.json", "cpu_variant_checks.json"] {
+        let path = format!("{}/../../data/validation/{file}", env!("CARGO_MANIFEST_DIR"));
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let cases = doc["cases"].as_array().unwrap();
+        assert!(!cases.is_empty(), "{file}: no cases");
+        for c in cases {
+            misses.extend(replay_against(c, table));
         }
     }
     assert!(misses.is_empty(), "outside ±3%: {misses:?}");
+}
+
+/// One measured case against its template's CPU replay: the miss, if outside ±3%.
+fn replay_against(c: &serde_json::Value, table: bool) -> Option<String> {
+    let family = c["family"].as_str().unwrap();
+    let m = config_model(&c["config"].to_string(), family);
+    let precision = match c["precision"].as_str().unwrap() {
+        "bf16" => Precision::Bf16,
+        "amp" => Precision::Amp,
+        _ => Precision::Fp32,
+    };
+    let (batch, seq) = (c["batch"].as_u64().unwrap(), c["seq"].as_u64().unwrap());
+    let cfg = TrainConfig {
+        attention: if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa },
+        checkpointing: if c["checkpointing"] == true { Checkpointing::Full } else { Checkpointing::None },
+        head: if c["head"] == "masked-lm" { Head::MaskedLm } else { Head::CausalLm },
+        optimizer_impl: Some(OptimizerImpl::Foreach),
+        ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
+    };
+    let label = format!(
+        "{family} {}{}{} {batch}×{seq}",
+        c["precision"].as_str().unwrap(),
+        if c["attention"] == "eager" { " eager" } else { "" },
+        if c["checkpointing"] == true { " ckpt" } else { "" }
+    );
+    assert_eq!(m.params_with(cfg.head), c["params"].as_u64().unwrap(), "{label}: parameters");
+    let key = hf::key(&m, &cfg, Device::Cpu).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let (_, peak) = hf::cpu_peaks(&m, &cfg).unwrap_or_else(|| panic!("{label}: no template"));
+    let measured = c["peak_bytes"].as_f64().unwrap();
+    let error = peak as f64 / measured - 1.0;
+    if table {
+        println!("| {label} | `{key}` | {measured:.0} | {peak} | {:+.2}% |", error * 100.0);
+    }
+    (error.abs() > 0.03).then(|| format!("{label}: {:+.2}%", error * 100.0))
 }

@@ -708,6 +708,8 @@ mod tests {
     #[test]
     fn gemma2_slides_on_every_other_layer() {
         let m = Model::from_hf_config(GEMMA2_9B, "gemma-2-9b").unwrap();
+        // transformers' count of the same config (its four norms a layer counted).
+        assert_eq!(m.params(), 9_241_705_984);
         assert_eq!(m.sliding_window, Some(4096));
         assert_eq!(m.global_layers, (0..21).map(|i| 2 * i + 1).collect::<Vec<u64>>());
         assert!(m.slides(0) && !m.slides(1) && m.slides(40) && !m.slides(41) && !m.slides(42));

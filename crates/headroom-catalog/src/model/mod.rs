@@ -271,16 +271,18 @@ impl Model {
         Ok(())
     }
 
-    /// Whether positions are a learned table (GPT-2, BERT), so no sequence may be longer.
-    /// Norm weights a layer has beyond the two every gated decoder has: Gemma 3's two around
-    /// its MLP and its queries' and keys' (one head wide each).
+    /// Norm weights a layer has beyond the two every gated decoder has: Gemma-2's and Gemma 3's
+    /// two around the MLP (`pre_feedforward_layernorm`, `post_feedforward_layernorm`), and Gemma
+    /// 3's queries' and keys' (one head wide each).
     fn extra_norms(&self) -> u128 {
         match self.model_type {
+            "gemma2" => 2 * self.hidden as u128,
             "gemma3_text" => 2 * self.hidden as u128 + 2 * self.head_dim as u128,
             _ => 0,
         }
     }
 
+    /// Whether positions are a learned table (GPT-2, BERT), so no sequence may be longer.
     pub fn learned_positions(&self) -> bool {
         matches!(self.family, Family::Gpt2 | Family::Bert)
     }

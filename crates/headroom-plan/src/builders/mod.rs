@@ -10,7 +10,7 @@
 //! | builder | framework | serves | the program |
 //! |---|---|---|---|
 //! | `recording` | the user's own | a job that brings its recorded step (`--program`) | [`recorded`]: the recording, replayed as recorded |
-//! | `transformers` | transformers | one GPU, full fine-tuning, no or full checkpointing, eager, a recorded family (`data/programs/`: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE) | [`hf`]: transformers' step recorded tensor by tensor, expanded to the model |
+//! | `transformers` | transformers | one GPU, full fine-tuning, no or full checkpointing, eager, a recorded family, precision, attention and checkpointing (`data/programs/`: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE, BERT, T5, Qwen2-MoE, Gemma 3; which combinations, docs/VALIDATION.md) | [`hf`]: transformers' step recorded tensor by tensor, expanded to the model |
 //! | `torchtitan-pipeline` | torchtitan | FSDP2 over pipeline stages, a dense Llama-style decoder | [`fsdp2::pipeline`]: every pipeline rank by its schedule |
 //! | `torchtitan` | torchtitan | FSDP2 without pipelining, a dense Llama-style decoder | [`fsdp2`]: one rank, stream by stream |
 //! | `transformers-phases` | transformers | one replica per GPU (data parallel, ZeRO), full fine-tuning, no or full checkpointing | [`analytic`] over transformers' recorded phases |
