@@ -22,6 +22,10 @@ frees, and `layer` is the layer it belongs to (the layer whose module ran, or, o
 the layer of the tensor it touches), as `[stack, n]` with n of 0, 1, 2: the planner repeats
 the middle layer's events for every layer between the first and the last.
 
+Each dropout's output (its forward's and its backward's) names the tensor it consumed
+(`sources`): a step without dropout returns the input itself, and the planner's replay of one
+keeps the input alive in the output's place.
+
 Left out and reported: allocations made and freed inside one operator with no operator
 inside it (CPU kernels' own scratch: a GPU kernel keeps its own, which the planner adds
 where it matters), and tensors of a few bytes (Python numbers wrapped as CPU tensors).
