@@ -22,6 +22,10 @@ frees, and `layer` is the layer it belongs to (the layer whose module ran, or, o
 the layer of the tensor it touches), as `[stack, n]` with n of 0, 1, 2: the planner repeats
 the middle layer's events for every layer between the first and the last.
 
+Each dropout's output (its forward's and its backward's) names the tensor it consumed
+(`sources`): a step without dropout returns the input itself, and the planner's replay of one
+keeps the input alive in the output's place.
+
 Left out and reported: allocations made and freed inside one operator with no operator
 inside it (CPU kernels' own scratch: a GPU kernel keeps its own, which the planner adds
 where it matters), and tensors of a few bytes (Python numbers wrapped as CPU tensors).
@@ -67,6 +71,7 @@ and events below):
 
 import argparse
 import contextlib
+import importlib
 import json
 import re
 import sys
@@ -92,6 +97,10 @@ TINY = 8
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen3_moe", "gpt2", "gpt_neox",
             "bloom", "qwen2_moe", "gemma3_text")
+
+
+# The transformers package of a model type whose code lives under another name.
+CODE = {"gemma3_text": "gemma3"}
 
 
 def layer_pattern(family):
@@ -172,7 +181,7 @@ def extra_config(family):
     raise SystemExit(f"no recording config for {family}")
 
 
-ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv")
+ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv|dropout\.pair")
 # Operators whose CPU kernels keep scratch of their own, made and dropped inside one call.
 CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
                "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
@@ -181,6 +190,50 @@ CPU_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 # kernel (its outputs replaced by the GPU kernel's), dropout (a GPU keeps a one-byte mask).
 KERNEL_TAGS = (("sdpa", re.compile(r"aten::_scaled_dot_product_\w*attention\w*|ScaledDotProduct\w*Backward")),
                ("dropout", re.compile(r"aten::dropout|aten::native_dropout\w*|aten::bernoulli_?|NativeDropoutBackward\w*")))
+
+
+class DropoutSources:
+    """Which tensor each dropout consumed, in call order: `(input's storage, output's storage)`
+    for the forward, and for its backward the gradient handed to it and the one it made.
+    Without dropout (a rate of 0, or eval mode) `F.dropout` returns its input itself, and the
+    backward passes the gradient through: a replay of a dropout-free step keeps the input (the
+    gradient) alive as long as the recorded output was, since what saved the output saves the
+    input in its place (T5's `wo` saves its MLP's activation). `F.dropout` is wrapped while
+    this is entered (`nn.Dropout` and T5's attention call it through the module, so a
+    checkpointed layer's recomputation is seen too)."""
+
+    def __init__(self):
+        self.pairs = []
+        self._dropout = None
+
+    def __enter__(self):
+        self._dropout = torch.nn.functional.dropout
+        inner = self._dropout
+
+        def dropout(input, *args, **kwargs):
+            out = inner(input, *args, **kwargs)
+            if isinstance(out, torch.Tensor) and out is not input:
+                self._pair(input, out)
+                if out.grad_fn is not None:
+                    out.grad_fn.register_hook(self._backward)
+            return out
+
+        torch.nn.functional.dropout = dropout
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.dropout = self._dropout
+
+    def _backward(self, grad_inputs, grad_outputs):
+        if grad_inputs[0] is not None:
+            self._pair(grad_outputs[0], grad_inputs[0])
+
+    def _pair(self, given, made):
+        """`made` came of `given`: the pair, and a mark in the profile when (the output is the
+        tensor live at its storage then)."""
+        self.pairs.append((given.untyped_storage().data_ptr(), made.untyped_storage().data_ptr()))
+        with record_function("dropout.pair"):
+            pass
 
 
 class Job:
@@ -200,8 +253,15 @@ class Job:
         kernel = "sdpa" if attn.startswith("sdpa") else attn
         torch.manual_seed(0)
         grads = {}
+        sources = DropoutSources()
+        # The modules that call `repeat_kv` imported before `repeats_marked` patches them: the
+        # model's code and SDPA's integration are otherwise imported when the model is first
+        # built, inside the recording, and their copies of keys and values go unmarked.
+        for module in ("transformers.integrations.sdpa_attention",
+                       f"transformers.models.{CODE.get(family, family)}.modeling_{CODE.get(family, family)}"):
+            importlib.import_module(module)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
-                infer_recipes.repeats_marked():
+                infer_recipes.repeats_marked(), sources:
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
                 if adapters:
@@ -242,9 +302,9 @@ class Job:
         persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in inputs.values()})
         persistent.update({v.untyped_storage().data_ptr(): ("state", None) for st in opt.state.values()
                            for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0})
-        self._read(prof, persistent)
+        self._read(prof, persistent, sources.pairs)
 
-    def _read(self, prof, persistent):
+    def _read(self, prof, persistent, dropouts):
         events = list(prof.profiler.kineto_results.events())
         self.ranges = sorted(((layer_tag(e.name()), e.start_ns(), e.end_ns()) for e in events
                               if e.name().startswith("layer:")), key=lambda r: r[2] - r[1])
@@ -267,7 +327,23 @@ class Job:
             walk(root, [])
         allocs.sort(key=lambda a: a[0])
         self.tensors, self.events, live = [], [], {}
+        # Each dropout's pair, at its mark: the tensors live at their storages then.
+        marks = sorted(e.start_ns() for e in events if e.name() == "dropout.pair")
+        if len(marks) != len(dropouts):
+            raise Unexplained(f"{len(dropouts)} dropouts, {len(marks)} marks of them in the profile")
+        pending = list(zip(marks, dropouts))[::-1]
+
+        def paired(until):
+            while pending and pending[-1][0] < until:
+                _, (given, made) = pending.pop()
+                if made in live and given in live:
+                    out = self.tensors[live[made]]
+                    out["source"] = live[given]
+                    # A dropout's backward's output (the gradient times the noise) is dropout's.
+                    out["kernel_hint"] = "dropout"
+
         for t, ptr, size, ops in allocs:
+            paired(t)
             if size > 0:
                 live[ptr] = len(self.tensors)
                 self.tensors.append({"size": size, "ops": ops, "ptr": ptr, "section": self.section_at(t),
@@ -287,7 +363,8 @@ class Job:
                 role = ("grad", grad)
             tensor["role"] = role
             tensor["kernel"] = next((tag for tag, rx in KERNEL_TAGS
-                                     if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
+                                     if any(rx.fullmatch(name) for name, _ in tensor["ops"])),
+                                    tensor.get("kernel_hint"))
             if tensor["repeat"]:
                 tensor["kernel"] = "repeat_kv"
             leaf = tensor["ops"][-1][0] if tensor["ops"] else ""
@@ -811,6 +888,8 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
             entry[role[0]] = role[1]
         if tensor["kernel"]:
             entry["kernel"] = tensor["kernel"]
+        if tensor.get("source") in index:
+            entry["source"] = index[tensor["source"]]
         index[t] = len(tensors)
         tensors.append(entry)
     seq = sequence(base, keeps[0][0])
@@ -1026,11 +1105,15 @@ def compact(t):
         return [v for k, i, c in events for v in (0 if k == "a" else 1, renumber[i], layer(c))]
 
     step1 = flat(step1) if step1 else None
+    # Each dropout's output (forward or backward) and the tensor it consumed: `[output, input]`.
+    sources = [[renumber[i], renumber[x["source"]]] for i, x in enumerate(t["tensors"])
+               if "source" in x and i in renumber and x["source"] in renumber]
     return {"dims": t["dims"], "params": [[p["name"], p["units"], p["count"], p["bytes"], layer(p["layer"])]
                                           for p in t["params"]],
             "laws": laws, "sites": sites, "tensors": rows, "setup": flat(t["setup"]), "step1": step1,
             "step": flat(t["step"]), "backward": [t.get("step1_backward"), t.get("step_backward")],
-            "check": t["check"], "optimizer_check": t["optimizer_check"], "left_out": t["left_out"]}
+            "check": t["check"], "optimizer_check": t["optimizer_check"], "left_out": t["left_out"],
+            **({"sources": sources} if sources else {})}
 
 
 def write(path, templates):

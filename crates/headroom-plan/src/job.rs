@@ -4,7 +4,7 @@
 //! the planner's floors: it imports only the catalogs (models, GPUs, parallel layouts).
 
 use crate::gpu::GpuSpec;
-use crate::model::{Head, Model};
+use crate::model::{Family, Head, Model};
 use crate::names::{named, Named};
 use crate::parallel::{Parallelism, StageOutputs};
 use crate::recording::Recording;
@@ -91,15 +91,45 @@ pub enum LoraTargets {
 }
 
 impl LoraTargets {
-    /// Of a block's linear layers ([`Model::block_linears`]: query, key, value, output, then
-    /// the MLP's), (inputs, outputs) of those that get adapters.
-    pub fn of(self, linears: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    /// (inputs, outputs) of each linear layer of a block that gets an adapter, as peft wraps
+    /// them: a layer transformers fuses is one layer with one adapter, r × (inputs + outputs),
+    /// not one for each projection it fuses ([`fused_linears`]). Query and value: the
+    /// projections peft targets by default for the family (`q_proj` and `v_proj`; the fused
+    /// query-key-value layer where there is one: GPT-2's `c_attn`).
+    pub fn adapted(self, model: &Model) -> Vec<(u64, u64)> {
+        let linears = fused_linears(model);
         match self {
-            LoraTargets::All => linears.to_vec(),
-            // Query and value: the first and third of the attention projections.
+            LoraTargets::All => linears,
+            LoraTargets::QueryValue if fuses_qkv(model) => vec![linears[0]],
             LoraTargets::QueryValue => vec![linears[0], linears[2]],
         }
     }
+}
+
+/// Whether transformers computes the block's query, key and value in one linear layer:
+/// GPT-2's `c_attn` (a `Conv1D`), GPT-NeoX's and BLOOM's `query_key_value`, Phi-3's `qkv_proj`.
+fn fuses_qkv(model: &Model) -> bool {
+    matches!(model.family, Family::Gpt2 | Family::NeoX | Family::Bloom) || model.model_type == "phi3"
+}
+
+/// A block's linear layers as transformers builds them, (inputs, outputs) each: those of
+/// [`Model::block_linears`] (query, key, value, output, then the MLP's), with the query, key
+/// and value one layer where the family fuses them ([`fuses_qkv`]) and Phi-3's MLP gate and
+/// up projections one (`gate_up_proj`).
+pub fn fused_linears(model: &Model) -> Vec<(u64, u64)> {
+    let l = model.block_linears();
+    let (attention, mlp) = l.split_at(4);
+    let mut out = if fuses_qkv(model) {
+        vec![(attention[0].0, attention[0].1 + attention[1].1 + attention[2].1), attention[3]]
+    } else {
+        attention.to_vec()
+    };
+    if model.model_type == "phi3" && model.gated_mlp {
+        out.extend(mlp.chunks(3).flat_map(|c| [(c[0].0, c[0].1 + c[1].1), c[2]]));
+    } else {
+        out.extend_from_slice(mlp);
+    }
+    out
 }
 
 /// How the frozen base of a LoRA run is stored.

@@ -123,7 +123,7 @@ pub fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
                 _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
             } as f64;
             let linears = model.block_linears();
-            let adapters = layers * targets.of(&linears).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
+            let adapters = layers * targets.adapted(model).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
             let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
             Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
         }
@@ -189,7 +189,7 @@ pub fn updated_tensors(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -
             v
         }
         Finetune::Lora { rank, targets, .. } => {
-            targets.of(&linears).iter().flat_map(|&(i, o)| [(rank * i) as f64, (rank * o) as f64]).collect()
+            targets.adapted(model).iter().flat_map(|&(i, o)| [(rank * i) as f64, (rank * o) as f64]).collect()
         }
     };
     let mut out: Vec<f64> = (0..layers).flat_map(|_| layer.iter().copied()).collect();

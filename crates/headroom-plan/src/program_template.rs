@@ -13,6 +13,8 @@
 //! - `tensors`: `[law, term, site, param, grad, kernel, home]` — what the tensor is a
 //!   parameter or gradient of, the kernel it comes from where the GPU's differs (`sdpa`,
 //!   `dropout`, `dropout-mask`, `repeat_kv`), and its layer;
+//! - `sources`: each dropout's output (forward and backward) and the tensor it consumed,
+//!   which a step without dropout keeps in its place;
 //! - `setup`, `step1`, `step`: the events of building the model, of the first step's
 //!   forward and backward, and of a later one's (`step1` null when they are alike), each
 //!   `kind, tensor, layer` (kind 0 allocates, 1 frees); `backward`: where each step's
@@ -94,6 +96,10 @@ pub struct TensorT {
     pub grad: Option<u32>,
     pub kernel: Kernel,
     pub home: Option<Layer>,
+    /// A dropout's output (its forward's or its backward's): the tensor it consumed, which a
+    /// step without dropout passes on in its place (`F.dropout` at a rate of 0 returns its
+    /// input; the backward passes the gradient through).
+    pub source: Option<u32>,
 }
 
 /// One recorded event.
@@ -258,6 +264,9 @@ struct Raw {
     check: Check,
     #[serde(default)]
     optimizer_check: Option<OptimizerCheck>,
+    /// `[dropout's output, the tensor it consumed]`, where the recorder wrote them.
+    #[serde(default)]
+    sources: Vec<(u32, u32)>,
     #[serde(default)]
     prefill: Option<Vec<i64>>,
     #[serde(default)]
@@ -397,9 +406,16 @@ impl Parsed {
                 grad: index(grad),
                 kernel: kernel(k)?,
                 home,
+                source: None,
             });
         }
         let n = tensors.len();
+        for &(out, input) in &raw.sources {
+            if out as usize >= n || input as usize >= n {
+                return Err("a dropout's source points outside the tensors".into());
+            }
+            tensors[out as usize].source = Some(input);
+        }
         let analog = analogs(&tensors);
         let step = events(&raw.step, n)?;
         let step1 = raw.step1.as_deref().map(|s| events(s, n)).transpose()?;

@@ -36,13 +36,7 @@ const KNOWN_MISSES: &[(&str, &str)] = &[
     ("bloom/base fp32 adamw eager ckpt compiled b2×256", CHECKPOINTED_OVER),
     ("bloom/base fp32 adamw eager ckpt compiled b4×384", CHECKPOINTED_OVER),
     ("gemma/base fp32 adamw sdpa ckpt compiled b4×384", CHECKPOINTED_OVER),
-    ("t5/deep fp32 adamw eager b2×192", DROPOUT_RECORDED),
 ];
-
-const DROPOUT_RECORDED: &str = "T5's template is recorded with its default dropout (0.1), as a GPU plan runs it; \
-     this case is measured without. Replayed without dropout, the dropout's tensors are left out, but with no \
-     dropout `wo` saves the MLP's activation itself, which the recording freed once dropped out: one tokens × d_ff \
-     fp32 tensor a layer that lives to the backward is freed in the replay's forward (4.6% low)";
 
 const SHAPE_PLANNED: &str = "inductor plans each shape's graph apart: at 4 × 384 Phi-3's compiled AMP forward \
      holds AMP's bf16 copies of the output layer's and the MLPs' weights at its peak, which the graphs of the \

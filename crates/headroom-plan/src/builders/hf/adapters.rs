@@ -79,7 +79,7 @@ mod tests {
     /// Bytes of the adapters peft adds: r × (inputs + outputs) per targeted linear layer of
     /// every block, fp32 (peft autocasts a 16-bit base's adapters).
     fn adapter_bytes(model: &Model, rank: u64, targets: LoraTargets) -> u64 {
-        let per_layer: u64 = targets.of(&model.block_linears()).iter().map(|&(i, o)| rank * (i + o)).sum();
+        let per_layer: u64 = targets.adapted(model).iter().map(|&(i, o)| rank * (i + o)).sum();
         4 * per_layer * model.layers
     }
 

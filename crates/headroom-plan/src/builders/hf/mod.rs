@@ -26,9 +26,14 @@
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
 //! and the embedding's gradient, made last, is added to it — in place in fp32, out of place
 //! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
+//!
+//! Without dropout (the CPU replay, as the CPU ground truth is measured), dropout's tensors are
+//! left out and each dropout's output is its input, kept as long as either lived, where the
+//! recording wrote which tensor each dropout consumed (`dropout.rs`).
 
 mod adapters;
 mod autocast;
+mod dropout;
 pub(crate) mod expander;
 
 use expander::Expander;
@@ -430,6 +435,7 @@ impl<'a> Expansion<'a> {
         }
         let (fwd, bwd) = section.split_at(backward.min(section.len()));
         let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::default();
+        let mut passed = dropout::PassedThrough::default();
         // Per layer, the fused SDPA backward's outputs made so far (dq, dk, dv).
         let mut sdpa_grads: HashMap<Option<Concrete>, u32> = HashMap::default();
         let cudnn = self.cudnn_attention();
@@ -444,12 +450,21 @@ impl<'a> Expansion<'a> {
                 let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
                 let (x, layer) = (&self.t.tensors[inst.0 as usize], inst.1);
                 if e.free {
+                    let Some(inst) = passed.free(inst) else { continue };
                     if let Some(id) = live.remove(&inst).or_else(|| self.setup.remove(&inst)) {
                         self.p.free(id);
                     }
                     continue;
                 }
-                let Some(law) = self.law(x) else { continue };
+                let Some(law) = self.law(x) else {
+                    if let (Some(s), false) = (x.source, self.dropout) {
+                        let input = passed.resolve(self.ex.instance(s, self.t.tensors[s as usize].home, e.layer, j));
+                        if live.contains_key(&input) {
+                            passed.pass(inst, input);
+                        }
+                    }
+                    continue;
+                };
                 let site = self.site(x.site);
                 let id = self.p.alloc(law, x.term, site);
                 self.p.tensors[id as usize].layer = layer.map(|(stack, n)| self.ex.numbered(stack, n));
