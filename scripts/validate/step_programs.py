@@ -929,9 +929,10 @@ def main():
     jobs = keys(families | {k.split("/")[0] for k in whole})
     if args.lora:
         # SDPA (and, at fp32, its math path, which a GPU takes with grouped key-value heads);
-        # eager only where transformers has no SDPA path.
+        # eager where transformers has no SDPA path, or where a key asks for it (Gemma-2, whose
+        # full training is recorded with eager attention only).
         jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
-                and (j[3] != "eager" or j[0] in measure.NO_SDPA) for t in args.lora.split(",")]
+                and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     for job in jobs:
         name = key(*job)
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:
