@@ -224,6 +224,10 @@ class Job:
         self.dims = dims(model.get_base_model() if adapters else model, cfg)
         if adapters:
             self.dims["r"] = adapters[0]
+            if any(re.search(r"\.experts\b.*\.lora_A\.", p["name"]) for p in self.params):
+                # peft's LoRA on a stack of experts' weights (E x out x in) is one adapter of
+                # rank E x r over them all: its A and B as wide as `Er`.
+                self.dims["Er"] = self.dims["E"] * adapters[0]
         self.grads = grads
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
@@ -430,7 +434,7 @@ def lora_model(model, rank, targets):
 
 # --- laws ---------------------------------------------------------------------------------
 
-UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs", "r"]
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs", "r", "Er"]
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 

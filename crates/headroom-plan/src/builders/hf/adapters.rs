@@ -34,10 +34,12 @@ pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
 }
 
 /// The size of unit `name` for `model` trained as `cfg` asks: the model's dimensions, and
-/// `r`, the job's LoRA rank (1 without adapters, where no template names it).
+/// `r`, the job's LoRA rank (1 without adapters, where no template names it), and `Er`, the
+/// rank of peft's one adapter over a stack of experts' weights (E × r).
 pub fn unit(model: &Model, cfg: &TrainConfig, name: &str) -> f64 {
     match (name, cfg.finetune) {
         ("r", Finetune::Lora { rank, .. }) => rank as f64,
+        ("Er", Finetune::Lora { rank, .. }) => (rank * model.experts.max(1)) as f64,
         _ => model_units::unit(model, name),
     }
 }
@@ -91,6 +93,37 @@ mod tests {
                 // Two steps' gradients, made once each.
                 assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
             }
+        }
+    }
+
+    /// google/gemma-2-9b's config.json, the fields the planner reads: no preset ships the family.
+    const GEMMA2_9B: &str = r#"{"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336,
+        "vocab_size": 256000, "max_position_embeddings": 8192, "sliding_window": 4096,
+        "query_pre_attn_scalar": 256}"#;
+
+    /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
+    /// every family `--model` names (or a Hub config where no preset ships one).
+    #[test]
+    fn every_recorded_family_plans_lora_from_its_own_template() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let models = [
+            (crate::model::preset("gemma-2b").expect("preset"), "gemma/causal-lm/bf16/sdpa/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager/full/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                "gemma3_text/causal-lm/bf16/sdpa/full/lora-all",
+            ),
+        ];
+        for (model, want) in models {
+            let cfg = lora(16, LoraTargets::All, Checkpointing::None);
+            assert_eq!(
+                crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
         }
     }
 
