@@ -8,7 +8,16 @@
 //! rank (`x @ A.T` and its gradient) are laws in the unit `r`, recorded at a rank no other
 //! dimension of the recording is a small multiple of, so any rank plans. The frozen base's
 //! weights are parameters with no gradient: `zero_grad` and the optimizer step skip them, as
-//! `torch.optim` does, and AdamW keeps state for the adapters alone.
+//! `torch.optim` does, and AdamW keeps state for the adapters alone. peft's "all-linear" wraps
+//! the layers each family has (fused query-key-value projections as one, Qwen2-MoE's shared
+//! expert and its gate) and a stack of experts' weights as one adapter of rank E × r (unit
+//! `Er`); the templates carry the adapters peft made, so the count is peft's
+//! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`).
+//!
+//! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
+//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma and Gemma 3, with eager attention
+//! for Gemma-2; with full checkpointing for Llama and Qwen3; at fp32 for Llama; `lora-qv` for
+//! Llama at bf16. Other jobs fall to the next builder.
 //!
 //! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
 //! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
