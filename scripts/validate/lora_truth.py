@@ -41,6 +41,7 @@ CASES = [
     ("gemma", "bf16", False, 6, 2, 128, 16, "all"),
     ("gemma2", "bf16", False, 6, 1, 96, 8, "all"),
     ("gemma3_text", "bf16", False, 7, 2, 96, 32, "all"),
+    ("phi3", "bf16", False, 6, 2, 112, 16, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
