@@ -42,6 +42,9 @@ CASES = [
     ("gemma2", "bf16", False, 6, 1, 96, 8, "all"),
     ("gemma3_text", "bf16", False, 7, 2, 96, 32, "all"),
     ("phi3", "bf16", False, 6, 2, 112, 16, "all"),
+    ("mixtral", "bf16", False, 6, 2, 64, 8, "all"),
+    ("gpt_neox", "bf16", False, 7, 1, 128, 8, "all"),
+    ("qwen2_moe", "bf16", False, 6, 1, 96, 16, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -53,6 +56,11 @@ CONFIGS = {
     "gemma3_text": dict(model_type="gemma3_text", hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
                         num_key_value_heads=1, head_dim=64, intermediate_size=768, vocab_size=5000,
                         max_position_embeddings=2048, sliding_window=64, query_pre_attn_scalar=64),
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=192, num_hidden_layers=3, num_attention_heads=6,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=512, moe_intermediate_size=160,
+                      shared_expert_intermediate_size=320, num_experts=6, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[], vocab_size=5000, max_position_embeddings=2048,
+                      tie_word_embeddings=False, use_sliding_window=False),
 }
 # Gemma-2's steps were recorded with eager attention alone: the planner plans SDPA asked of
 # it as eager, and so it runs here.

@@ -15,9 +15,9 @@
 //! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`).
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
-//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3 and Phi-3, with eager
-//! attention for Gemma-2; with full checkpointing for Llama and Qwen3; at fp32 for Llama;
-//! `lora-qv` for Llama at bf16. Other jobs fall to the next builder.
+//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral
+//! and Qwen2-MoE, with eager attention for Gemma-2; with full checkpointing for Llama and
+//! Qwen3; at fp32 for Llama; `lora-qv` for Llama at bf16. Other jobs fall to the next builder.
 //!
 //! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
 //! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
@@ -125,6 +125,12 @@ mod tests {
                 "gemma3_text/causal-lm/bf16/sdpa/full/lora-all",
             ),
             (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("mixtral-8x7b").expect("preset"), "mixtral/causal-lm/bf16/sdpa/full/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                "qwen2_moe/causal-lm/bf16/sdpa/full/lora-all",
+            ),
         ];
         for (model, want) in models {
             let cfg = lora(16, LoraTargets::All, Checkpointing::None);
