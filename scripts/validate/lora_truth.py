@@ -45,6 +45,11 @@ CASES = [
     ("mixtral", "bf16", False, 6, 2, 64, 8, "all"),
     ("gpt_neox", "bf16", False, 7, 1, 128, 8, "all"),
     ("qwen2_moe", "bf16", False, 6, 1, 96, 16, "all"),
+    ("bloom", "bf16", False, 6, 2, 96, 16, "all"),
+    ("qwen3_moe", "bf16", False, 7, 2, 64, 32, "all"),
+    # Checkpointing.
+    ("qwen2", "bf16", True, 6, 2, 128, 16, "all"),
+    ("mistral", "bf16", True, 7, 1, 160, 32, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -61,10 +66,15 @@ CONFIGS = {
                       shared_expert_intermediate_size=320, num_experts=6, num_experts_per_tok=2,
                       decoder_sparse_step=1, mlp_only_layers=[], vocab_size=5000, max_position_embeddings=2048,
                       tie_word_embeddings=False, use_sliding_window=False),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=192, num_hidden_layers=3, num_attention_heads=6,
+                      num_key_value_heads=3, head_dim=32, intermediate_size=512, moe_intermediate_size=144,
+                      num_experts=5, num_experts_per_tok=3, decoder_sparse_step=1, mlp_only_layers=[],
+                      vocab_size=5000, max_position_embeddings=2048, tie_word_embeddings=False,
+                      use_sliding_window=False),
 }
-# Gemma-2's steps were recorded with eager attention alone: the planner plans SDPA asked of
-# it as eager, and so it runs here.
-EAGER = {"gemma2"}
+# BLOOM has no SDPA path in transformers, and Gemma-2's steps were recorded with eager
+# attention alone: the planner plans SDPA asked of either as eager, and so they run here.
+EAGER = {"bloom", "gemma2"}
 
 
 def config(family, layers):

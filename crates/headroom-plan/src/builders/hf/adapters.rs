@@ -15,9 +15,10 @@
 //! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`).
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
-//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral
-//! and Qwen2-MoE, with eager attention for Gemma-2; with full checkpointing for Llama and
-//! Qwen3; at fp32 for Llama; `lora-qv` for Llama at bf16. Other jobs fall to the next builder.
+//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
+//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
+//! for Llama, Qwen2, Qwen3 and Mistral; at fp32 for Llama; `lora-qv` for Llama at bf16. Other
+//! jobs fall to the next builder.
 //!
 //! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
 //! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
@@ -105,11 +106,17 @@ mod tests {
         }
     }
 
-    /// google/gemma-2-9b's config.json, the fields the planner reads: no preset ships the family.
+    /// google/gemma-2-9b's and Qwen/Qwen3-30B-A3B's config.json, the fields the planner reads:
+    /// no preset ships either family.
     const GEMMA2_9B: &str = r#"{"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336,
         "vocab_size": 256000, "max_position_embeddings": 8192, "sliding_window": 4096,
         "query_pre_attn_scalar": 256}"#;
+    const QWEN3_30B_A3B: &str = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
+        "tie_word_embeddings": false}"#;
 
     /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
     /// every family `--model` names (or a Hub config where no preset ships one).
@@ -126,11 +133,13 @@ mod tests {
             ),
             (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/lora-all"),
             (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/lora-all"),
             (crate::model::preset("mixtral-8x7b").expect("preset"), "mixtral/causal-lm/bf16/sdpa/full/lora-all"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa/full/lora-all",
             ),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa/full/lora-all"),
         ];
         for (model, want) in models {
             let cfg = lora(16, LoraTargets::All, Checkpointing::None);
