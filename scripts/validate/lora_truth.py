@@ -50,11 +50,19 @@ CASES = [
     # Checkpointing.
     ("qwen2", "bf16", True, 6, 2, 128, 16, "all"),
     ("mistral", "bf16", True, 7, 1, 160, 32, "all"),
+    ("gpt2", "bf16", True, 6, 2, 96, 8, "all"),
+    # The query and value projections alone.
+    ("qwen2", "bf16", False, 6, 2, 96, 16, "qv"),
+    ("qwen3", "bf16", False, 7, 1, 128, 64, "qv"),
+    ("mistral", "bf16", False, 6, 2, 64, 8, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
 # own, none of them the recording's (step_programs.config).
 CONFIGS = {
+    "qwen3": dict(model_type="qwen3", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=48, intermediate_size=704, vocab_size=4096,
+                  max_position_embeddings=2048, tie_word_embeddings=False, use_sliding_window=False),
     "gemma2": dict(model_type="gemma2", hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=64, intermediate_size=768, vocab_size=5000,
                    max_position_embeddings=2048, sliding_window=4096, query_pre_attn_scalar=64),
