@@ -55,6 +55,11 @@ CASES = [
     ("qwen2", "bf16", False, 6, 2, 96, 16, "qv"),
     ("qwen3", "bf16", False, 7, 1, 128, 64, "qv"),
     ("mistral", "bf16", False, 6, 2, 64, 8, "qv"),
+    # fp32.
+    ("qwen2", "fp32", False, 6, 1, 96, 16, "all"),
+    ("qwen3", "fp32", False, 6, 2, 64, 8, "all"),
+    ("mistral", "fp32", False, 7, 1, 128, 32, "all"),
+    ("gpt2", "fp32", False, 6, 2, 96, 16, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

@@ -60,8 +60,9 @@ experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapt
 over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM;
-with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama; and the
-query and value projections' (`lora-qv`) for Llama, Qwen2, Qwen3 and Mistral at bf16.
+with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2,
+Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for Llama, Qwen2,
+Qwen3 and Mistral at bf16.
 """
 
 import argparse

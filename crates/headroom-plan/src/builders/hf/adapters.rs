@@ -17,8 +17,9 @@
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
-//! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama; `lora-qv` for Llama, Qwen2,
-//! Qwen3 and Mistral at bf16. Other jobs fall to the next builder.
+//! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
+//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. Other jobs fall to the next
+//! builder.
 //!
 //! QLoRA's NF4 base and LLM.int8's are not recorded tensor by tensor (bitsandbytes' CPU
 //! kernels are not CUDA's): those jobs are refused here and planned by the closed form.
