@@ -3,15 +3,18 @@
 templates (`data/programs/hf-lora.json`): at depths, shapes and ranks the templates were not
 recorded at (they were at five layers, 2x56, 2x88, 3x56 tokens, rank 22).
 
-Each case builds a family's base config (measure.py's `small_configs`) at its depth, wraps it
-with peft's LoRA as step_programs.py records it (`lora_model`), creates `torch.optim.AdamW`
-(foreach) over the model's parameters and runs a step to make the optimizer state; then a
-second step is measured as measure.py measures one: the storages alive when it starts (weights,
+Each case builds a family's config (measure.py's `small_configs` base, or `CONFIGS` here for
+the families that grid lacks) at its depth, with eager attention where the planner plans it
+so, wraps it with peft's LoRA as step_programs.py records it (`lora_model`), keeps peft's count
+of the trainable parameters, creates `torch.optim.AdamW` (foreach) over the model's parameters
+and runs a step to make the optimizer state; then a second step is measured as measure.py measures one: the storages alive when it starts (weights,
 buffers, optimizer state, inputs) plus the highest running sum of the profiler's allocation
 events, per phase and over the step. Every case is a check row: nothing in the templates is
 fitted to them (`cargo test -p headroom-plan --test lora_truth` compares).
 
     /work/venv-torch/bin/python scripts/validate/lora_truth.py --out data/validation/lora_cpu_truth.json
+    /work/venv-torch/bin/python scripts/validate/lora_truth.py --reuse data/validation/lora_cpu_truth.json \
+        --jobs 2 --out data/validation/lora_cpu_truth.json
 """
 
 import argparse
@@ -33,11 +36,62 @@ CASES = [
     ("qwen2", "bf16", False, 7, 2, 96, 32, "all"),
     ("mistral", "bf16", False, 6, 1, 160, 8, "all"),
     ("llama", "bf16", False, 8, 1, 96, 64, "all"),
+    # The families recorded since, each at a config of its own (measure.py's `base`, or
+    # CONFIGS below), other than its recording config.
+    ("gemma", "bf16", False, 6, 2, 128, 16, "all"),
+    ("gemma2", "bf16", False, 6, 1, 96, 8, "all"),
+    ("gemma3_text", "bf16", False, 7, 2, 96, 32, "all"),
+    ("phi3", "bf16", False, 6, 2, 112, 16, "all"),
+    ("mixtral", "bf16", False, 6, 2, 64, 8, "all"),
+    ("gpt_neox", "bf16", False, 7, 1, 128, 8, "all"),
+    ("qwen2_moe", "bf16", False, 6, 1, 96, 16, "all"),
+    ("bloom", "bf16", False, 6, 2, 96, 16, "all"),
+    ("qwen3_moe", "bf16", False, 7, 2, 64, 32, "all"),
+    # Checkpointing.
+    ("qwen2", "bf16", True, 6, 2, 128, 16, "all"),
+    ("mistral", "bf16", True, 7, 1, 160, 32, "all"),
+    ("gpt2", "bf16", True, 6, 2, 96, 8, "all"),
+    # The query and value projections alone.
+    ("qwen2", "bf16", False, 6, 2, 96, 16, "qv"),
+    ("qwen3", "bf16", False, 7, 1, 128, 64, "qv"),
+    ("mistral", "bf16", False, 6, 2, 64, 8, "qv"),
+    # fp32.
+    ("qwen2", "fp32", False, 6, 1, 96, 16, "all"),
+    ("qwen3", "fp32", False, 6, 2, 64, 8, "all"),
+    ("mistral", "fp32", False, 7, 1, 128, 32, "all"),
+    ("gpt2", "fp32", False, 6, 2, 96, 16, "all"),
 ]
+
+# Families measure.py's grid has no config for: widths, heads, experts and windows of their
+# own, none of them the recording's (step_programs.config).
+CONFIGS = {
+    "qwen3": dict(model_type="qwen3", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=48, intermediate_size=704, vocab_size=4096,
+                  max_position_embeddings=2048, tie_word_embeddings=False, use_sliding_window=False),
+    "gemma2": dict(model_type="gemma2", hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=64, intermediate_size=768, vocab_size=5000,
+                   max_position_embeddings=2048, sliding_window=4096, query_pre_attn_scalar=64),
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=64, intermediate_size=768, vocab_size=5000,
+                        max_position_embeddings=2048, sliding_window=64, query_pre_attn_scalar=64),
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=192, num_hidden_layers=3, num_attention_heads=6,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=512, moe_intermediate_size=160,
+                      shared_expert_intermediate_size=320, num_experts=6, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[], vocab_size=5000, max_position_embeddings=2048,
+                      tie_word_embeddings=False, use_sliding_window=False),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=192, num_hidden_layers=3, num_attention_heads=6,
+                      num_key_value_heads=3, head_dim=32, intermediate_size=512, moe_intermediate_size=144,
+                      num_experts=5, num_experts_per_tok=3, decoder_sparse_step=1, mlp_only_layers=[],
+                      vocab_size=5000, max_position_embeddings=2048, tie_word_embeddings=False,
+                      use_sliding_window=False),
+}
+# BLOOM has no SDPA path in transformers, and Gemma-2's steps were recorded with eager
+# attention alone: the planner plans SDPA asked of either as eager, and so they run here.
+EAGER = {"bloom", "gemma2"}
 
 
 def config(family, layers):
-    cfg = dict(measure.small_configs()[(family, "base")])
+    cfg = dict(CONFIGS[family]) if family in CONFIGS else dict(measure.small_configs()[(family, "base")])
     for k in ("num_hidden_layers", "n_layer"):
         if k in cfg:
             cfg[k] = layers
@@ -48,8 +102,9 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
-    model = measure.build(cfg, "causal-lm", "sdpa", dtype)
+    model = measure.build(cfg, "causal-lm", "eager" if family in EAGER else "sdpa", dtype)
     model = step_programs.lora_model(model, rank, targets)
+    trainable, _ = model.get_nb_trainable_parameters()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -75,31 +130,69 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
     base = weights + state + inp
     return {"family": family, "precision": precision, "checkpointing": checkpointing, "layers": layers,
             "batch": batch, "seq": seq, "rank": rank, "targets": targets, "split": "check", "config": cfg,
+            "attention": "eager" if family in EAGER else "sdpa", "trainable_parameters": trainable,
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
             "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak}
 
 
-def isolated(*args):
-    """`case(*args)` in a process of its own, so one case's caches cannot change another's."""
-    import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(case, args)
+def trainable(family, precision, layers, rank, targets):
+    """peft's count of the trainable parameters of a case's model, without running it."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = measure.build(config(family, layers), "causal-lm", "eager" if family in EAGER else "sdpa", dtype)
+    return step_programs.lora_model(model, rank, targets).get_nb_trainable_parameters()[0]
+
+
+def measured(args):
+    return case(*args)
+
+
+FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--reuse", help="an earlier output (same torch, transformers and peft): its cases are kept, "
+                                    "with peft's trainable count added where it lacks one, and only the others run")
+    ap.add_argument("--jobs", type=int, default=1, help="cases measured at once, each in a process of its own")
     args = ap.parse_args()
+    import multiprocessing
+
     import peft
     import transformers
     out = {"about": "peft LoRA steps measured on CPU: scripts/validate/lora_truth.py", "torch": torch.__version__,
            "transformers": transformers.__version__, "peft": peft.__version__, "cases": []}
-    for c in CASES:
-        out["cases"].append(isolated(*c))
-        print(json.dumps({k: v for k, v in out["cases"][-1].items() if k != "config"}), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    earlier = {}
+    if args.reuse:
+        with open(args.reuse) as f:
+            old = json.load(f)
+        if any(old[k] != out[k] for k in ("torch", "transformers", "peft")):
+            raise SystemExit(f"{args.reuse} was measured with other versions: measure every case anew")
+        earlier = {tuple(c[k] for k in FIELDS): c for c in old["cases"]}
+    todo = [c for c in CASES if c not in earlier]
+    fresh = {}
 
+    def row(c):
+        if c in fresh:
+            return fresh[c]
+        r = earlier[c]
+        r.setdefault("attention", "eager" if c[0] in EAGER else "sdpa")
+        if "trainable_parameters" not in r:
+            r["trainable_parameters"] = trainable(c[0], c[1], c[3], c[6], c[7])
+        return r
+
+    # Each case in a process of its own, so one case's caches cannot change another's; the
+    # output written as each arrives, in CASES' order.
+    with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
+        for c, r in zip(todo, pool.imap(measured, todo)):
+            fresh[c] = r
+            print(json.dumps({k: v for k, v in r.items() if k != "config"}), flush=True)
+            out["cases"] = [row(x) for x in CASES if x in fresh or x in earlier]
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+    out["cases"] = [row(x) for x in CASES]
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -59,6 +59,18 @@ dimension, so the adapters' weights and every tensor as wide as the rank are law
 `r` and any rank plans:
 
     .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --lora all --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --only gemma2/causal-lm/bf16/eager/full --lora all --out b.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-lora.json a.json b.json --out data/programs/hf-lora.json
+
+Eager attention is recorded where transformers has none other (BLOOM) or where the key asks for
+it (Gemma-2, whose full training is recorded eager alone). peft's "all-linear" wraps a stack of
+experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapter of rank E x r
+over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every linear layer's
+adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
+Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM;
+with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2,
+Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for Llama, Qwen2,
+Qwen3 and Mistral at bf16.
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`): peft's LoRA over bitsandbytes' NF4 base as `python -m
@@ -296,6 +308,10 @@ class Job:
         self.dims = dims(model.get_base_model() if adapters else model, cfg)
         if adapters:
             self.dims["r"] = adapters[0]
+            if any(re.search(r"\.experts\b.*\.lora_A\.", p["name"]) for p in self.params):
+                # peft's LoRA on a stack of experts' weights (E x out x in) is one adapter of
+                # rank E x r over them all: its A and B as wide as `Er`.
+                self.dims["Er"] = self.dims["E"] * adapters[0]
         self.grads = grads
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
@@ -520,7 +536,7 @@ def lora_model(model, rank, targets):
 
 # --- laws ---------------------------------------------------------------------------------
 
-UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs", "r"]
+UNITS = ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "qkv", "fs", "r", "Er"]
 COEFFICIENTS = (1, 2, 3, 4, 6, 8, 12, 16, 5, 10, 24, 32)
 
 
@@ -1034,9 +1050,10 @@ def main():
     jobs = keys(families | {k.split("/")[0] for k in whole})
     if args.lora:
         # SDPA (and, at fp32, its math path, which a GPU takes with grouped key-value heads);
-        # eager only where transformers has no SDPA path.
+        # eager where transformers has no SDPA path, or where a key asks for it (Gemma-2, whose
+        # full training is recorded with eager attention only).
         jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
-                and (j[3] != "eager" or j[0] in measure.NO_SDPA) for t in args.lora.split(",")]
+                and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on.
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs

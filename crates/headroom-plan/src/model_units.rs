@@ -5,9 +5,10 @@
 use crate::model::Model;
 
 /// Every unit a template or recipe may name; anything else is refused where they are read.
-/// `r` is a LoRA adapter's rank, which the job gives, not the model (1 here).
-pub const UNITS: [&str; 17] =
-    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv", "fs", "r"];
+/// `r` is a LoRA adapter's rank, which the job gives, not the model (1 here); `Er` the rank of
+/// peft's one adapter over a stack of experts' weights, E × r (E here).
+pub const UNITS: [&str; 18] =
+    ["h", "f", "q", "kv", "kf", "kh", "heads", "kv_heads", "d", "V", "E", "k", "P", "one", "qkv", "fs", "r", "Er"];
 
 /// The size of unit `name` in `model` (1 for `one`, and for a name outside [`UNITS`], which
 /// the readers refuse before any size is taken).
@@ -25,7 +26,7 @@ pub fn unit(model: &Model, name: &str) -> f64 {
         "kv_heads" => model.kv_heads,
         "d" => model.head_dim,
         "V" => model.vocab,
-        "E" => model.experts.max(1),
+        "E" | "Er" => model.experts.max(1),
         "k" => k,
         "P" => model.max_position,
         // Qwen2-MoE's shared expert's width.

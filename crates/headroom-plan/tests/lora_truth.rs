@@ -3,16 +3,20 @@
 //! templates (`data/programs/hf-lora.json`), as the CPU runs it: the step's live peak and each
 //! phase's, within the CPU ground truth's 3% (tests/ground_truth.rs), set before any
 //! comparison. Every case is a check row, at a depth, shape and rank the templates were not
-//! recorded at; the optimizer state (AdamW's moments of the adapters alone) exactly.
+//! recorded at. The adapters the planner's program trains are peft's exactly: their gradients'
+//! bytes are four (fp32, as peft keeps a 16-bit base's adapters) times the trainable
+//! parameters peft counts (`get_nb_trainable_parameters`) on each case's config.
 //!
 //! `cargo test -p headroom-plan --test lora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
-use headroom_plan::builders::hf::cpu_peaks;
+use headroom_plan::builders::hf::{cpu_peaks, program};
+use headroom_plan::builders::{Device, StateScale};
 use headroom_plan::job::{
     Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
 };
 use headroom_plan::model::Model;
+use headroom_plan::program::Term;
 use serde_json::Value;
 
 const PEAK_TOLERANCE: f64 = 0.03;
@@ -26,7 +30,7 @@ fn cases() -> Vec<Value> {
 fn config(c: &Value) -> TrainConfig {
     let precision = if c["precision"] == "bf16" { Precision::Bf16 } else { Precision::Fp32 };
     TrainConfig {
-        attention: Attention::Sdpa,
+        attention: if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa },
         checkpointing: if c["checkpointing"] == true { Checkpointing::Full } else { Checkpointing::None },
         finetune: Finetune::Lora {
             rank: c["rank"].as_u64().expect("rank"),
@@ -57,7 +61,7 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
             "{family} L{} {} {}{} r={} {} {}×{}",
             c["layers"],
             c["precision"].as_str().unwrap_or(""),
-            "sdpa",
+            c["attention"].as_str().unwrap_or("sdpa"),
             if c["checkpointing"] == true { " ckpt" } else { "" },
             c["rank"],
             c["targets"].as_str().unwrap_or(""),
@@ -87,4 +91,33 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
         }
     }
     assert!(misses.is_empty(), "outside ±{}%: {misses:?}", 100.0 * PEAK_TOLERANCE);
+}
+
+/// The program's trainable parameters, from the gradients one step makes: peft's count.
+#[test]
+fn adapters_planned_are_the_parameters_peft_trains() {
+    let mut wrong = Vec::new();
+    for c in cases() {
+        let family = c["family"].as_str().expect("family");
+        let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
+        let cfg = config(&c);
+        let Ok(hf) = program(&m, &cfg, Device::Cpu, 1, &StateScale::default()) else {
+            wrong.push(format!("{family}: no LoRA template serves it"));
+            continue;
+        };
+        let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+        let gradients: u64 =
+            hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+        let peft = c["trainable_parameters"].as_u64().expect("peft's trainable parameters");
+        if gradients != 4 * peft {
+            wrong.push(format!(
+                "{} r={} {}: {} planned, {peft} peft's",
+                hf.key,
+                c["rank"],
+                c["targets"],
+                gradients / 4
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
 }

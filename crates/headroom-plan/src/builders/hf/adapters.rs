@@ -8,7 +8,18 @@
 //! rank (`x @ A.T` and its gradient) are laws in the unit `r`, recorded at a rank no other
 //! dimension of the recording is a small multiple of, so any rank plans. The frozen base's
 //! weights are parameters with no gradient: `zero_grad` and the optimizer step skip them, as
-//! `torch.optim` does, and AdamW keeps state for the adapters alone.
+//! `torch.optim` does, and AdamW keeps state for the adapters alone. peft's "all-linear" wraps
+//! the layers each family has (fused query-key-value projections as one, Qwen2-MoE's shared
+//! expert and its gate) and a stack of experts' weights as one adapter of rank E × r (unit
+//! `Er`); the templates carry the adapters peft made, so the count is peft's
+//! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`).
+//!
+//! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
+//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
+//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
+//! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
+//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. Other jobs fall to the next
+//! builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`)
 //! is recorded under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
@@ -51,10 +62,12 @@ pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
 }
 
 /// The size of unit `name` for `model` trained as `cfg` asks: the model's dimensions, and
-/// `r`, the job's LoRA rank (1 without adapters, where no template names it).
+/// `r`, the job's LoRA rank (1 without adapters, where no template names it), and `Er`, the
+/// rank of peft's one adapter over a stack of experts' weights (E × r).
 pub fn unit(model: &Model, cfg: &TrainConfig, name: &str) -> f64 {
     match (name, cfg.finetune) {
         ("r", Finetune::Lora { rank, .. }) => rank as f64,
+        ("Er", Finetune::Lora { rank, .. }) => (rank * model.experts.max(1)) as f64,
         _ => model_units::unit(model, name),
     }
 }
@@ -108,6 +121,52 @@ mod tests {
                 // Two steps' gradients, made once each.
                 assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
             }
+        }
+    }
+
+    /// google/gemma-2-9b's and Qwen/Qwen3-30B-A3B's config.json, the fields the planner reads:
+    /// no preset ships either family.
+    const GEMMA2_9B: &str = r#"{"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336,
+        "vocab_size": 256000, "max_position_embeddings": 8192, "sliding_window": 4096,
+        "query_pre_attn_scalar": 256}"#;
+    const QWEN3_30B_A3B: &str = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
+        "tie_word_embeddings": false}"#;
+
+    /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
+    /// every family `--model` names (or a Hub config where no preset ships one).
+    #[test]
+    fn every_recorded_family_plans_lora_from_its_own_template() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let models = [
+            (crate::model::preset("gemma-2b").expect("preset"), "gemma/causal-lm/bf16/sdpa/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager/full/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                "gemma3_text/causal-lm/bf16/sdpa/full/lora-all",
+            ),
+            (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/lora-all"),
+            (crate::model::preset("mixtral-8x7b").expect("preset"), "mixtral/causal-lm/bf16/sdpa/full/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                "qwen2_moe/causal-lm/bf16/sdpa/full/lora-all",
+            ),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa/full/lora-all"),
+        ];
+        for (model, want) in models {
+            let cfg = lora(16, LoraTargets::All, Checkpointing::None);
+            assert_eq!(
+                crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
         }
     }
 
