@@ -164,16 +164,21 @@ def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None,
         dynamic_map(device, recorder)
     within = None if part is None else set(map(id, part.modules()))
     root = type(model).__name__
+    # A meta tensor two modules share (a tied output layer's weight is the embedding's) is made
+    # once and shared, as transformers' loader ties them again after loading.
+    made: dict[int, torch.Tensor] = {}
     for name, module in list(model.named_modules()):
         if within is not None and id(module) not in within:
             continue
         with scope(name) if scope is not None else contextlib.nullcontext():
-            _load_module(module, name, root, device, recorder)
+            _load_module(module, name, root, device, recorder, made)
     return model
 
 
-def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, recorder: Any) -> None:
-    """One module's own parameters and buffers materialized, its 4-bit weight quantized."""
+def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, recorder: Any,
+                 made: dict[int, torch.Tensor]) -> None:
+    """One module's own parameters and buffers materialized, its 4-bit weight quantized; `made`,
+    each meta tensor already materialized (by its id), shared where modules share it."""
     import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
 
@@ -195,9 +200,11 @@ def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, rec
     for kind in (module._parameters, module._buffers):
         for key, t in kind.items():
             if t is not None and t.is_meta:
-                new = torch.empty(t.shape, dtype=t.dtype, device=device)
-                kind[key] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
-                    if kind is module._parameters else new
+                if id(t) not in made:
+                    new = torch.empty(t.shape, dtype=t.dtype, device=device)
+                    made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
+                        if kind is module._parameters else new
+                kind[key] = made[id(t)]
 
 
 def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:

@@ -52,6 +52,17 @@ class StoredBytes(unittest.TestCase):
             with self.subTest(shape=(out_features, in_features)):
                 self.assertEqual(stored_bytes(out_features, in_features), _bnb_bytes(out_features, in_features))
 
+    def test_a_tied_output_layer_stays_the_embedding(self):
+        """transformers ties the output layer's weight to the embedding's again after loading:
+        one tensor, which `prepare_model_for_kbit_training` casts to fp32 once."""
+        from headroom_gpu import qlora
+
+        model = qlora.build(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000), "sdpa")
+        self.assertIs(model.lm_head.weight, model.transformer.wte.weight)
+        qlora.load(model)
+        self.assertIs(model.lm_head.weight, model.transformer.wte.weight)
+        self.assertFalse(model.lm_head.weight.is_meta)
+
     def test_recorded_layers_store_bitsandbytes_bytes(self):
         import bitsandbytes as bnb
 
