@@ -43,14 +43,6 @@ CASES = [
     # Phi-3's fused qkv_proj and gate_up_proj, every head its own key-value head, as Phi-3-mini's.
     ("phi3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
               "intermediate_size": 2816, "vocab_size": 8000, "pad_token_id": 0}, 4, 2, 128, 16),
-    # One key-value head of 256 and tied embeddings, as Gemma-2B's.
-    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
-               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 6, 1, 192, 8),
-    ("gpt_neox", {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 8000},
-     4, 2, 96, 32),
-    ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
-                 "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
-                 "sliding_window": None}, 4, 1, 128, 16),
     # Every layer sparse, with a shared expert, as the catalog reads Qwen2-MoE.
     ("qwen2_moe", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
                    "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
