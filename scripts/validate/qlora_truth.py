@@ -48,10 +48,6 @@ CASES = [
                    "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
                    "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 6, 2, 80, 8),
-    # Gemma 3 1B's widths: five sliding layers, then a global one; a window shorter than the sequence.
-    ("gemma3_text", {"hidden_size": 1152, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
-                     "intermediate_size": 6912, "vocab_size": 8000, "sliding_window": 64,
-                     "query_pre_attn_scalar": 256, "tie_word_embeddings": True}, 6, 1, 160, 16),
 ]
 
 
