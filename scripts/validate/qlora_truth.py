@@ -40,6 +40,14 @@ CASES = [
     # A head of 128, the query twice the hidden size, as Qwen3's small models have.
     ("qwen3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
                "intermediate_size": 3072, "vocab_size": 8000}, 5, 2, 64, 8),
+    # Phi-3's fused qkv_proj and gate_up_proj, every head its own key-value head, as Phi-3-mini's.
+    ("phi3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+              "intermediate_size": 2816, "vocab_size": 8000, "pad_token_id": 0}, 4, 2, 128, 16),
+    # Every layer sparse, with a shared expert, as the catalog reads Qwen2-MoE.
+    ("qwen2_moe", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+                   "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
+                   "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 6, 2, 80, 8),
 ]
 
 
