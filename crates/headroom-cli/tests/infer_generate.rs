@@ -56,6 +56,16 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     )
     .unwrap();
     let gemma2 = gemma2.to_str().unwrap();
+    let qwen3_moe = dir.path().join("qwen3-30b-a3b.json");
+    std::fs::write(
+        &qwen3_moe,
+        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+            "tie_word_embeddings": false, "decoder_sparse_step": 1, "mlp_only_layers": []}"#,
+    )
+    .unwrap();
+    let qwen3_moe = qwen3_moe.to_str().unwrap();
     let both = ["generate", "forward"];
     for (model, attention, key, modes) in [
         ("phi-3-mini", "sdpa", "phi3/MODE/bf16/sdpa", &both[..]),
@@ -65,6 +75,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ("bloom-7b1", "sdpa", "bloom/MODE/bf16/eager", &both),
         ("mixtral-8x7b", "sdpa", "mixtral/MODE/bf16/sdpa", &both),
         ("data/models/qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/MODE/bf16/sdpa", &both),
+        (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
