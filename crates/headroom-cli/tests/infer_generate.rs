@@ -3,6 +3,7 @@
 //! recording's `--recommend` table with inference's levers only.
 
 use assert_cmd::Command;
+use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 use serde_json::Value;
 
@@ -76,6 +77,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ("mixtral-8x7b", "sdpa", "mixtral/MODE/bf16/sdpa", &both),
         ("data/models/qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/MODE/bf16/sdpa", &both),
         (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
+        ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
@@ -105,6 +107,18 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     let (_, v) = plan(&args);
     assert_eq!(v["planned_from"]["source"], "closed_form", "{}", v["planned_from"]);
     assert!(v["planned_from"]["why"].as_str().unwrap().contains("not recorded"), "{}", v["planned_from"]);
+    // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
+    // layers keep a view of the step's keys, which the template does not carry, and Gemma-3
+    // has no closed form, so the plan is refused with the reason and the way out.
+    let gemma3 = "data/models/gemma-3-1b.json";
+    let args = ["plan", "--model", gemma3, "--gpu", "h200", "--infer", "--framework", "hf", "--seq", "1024"];
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .current_dir(root)
+        .args(args)
+        .assert()
+        .failure()
+        .stderr(contains("the cache of a sliding window was not recorded").and(contains("--framework vllm")));
 }
 
 #[test]
