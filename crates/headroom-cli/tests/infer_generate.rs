@@ -107,6 +107,30 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     let (_, v) = plan(&args);
     assert_eq!(v["planned_from"]["source"], "closed_form", "{}", v["planned_from"]);
     assert!(v["planned_from"]["why"].as_str().unwrap().contains("not recorded"), "{}", v["planned_from"]);
+    // fp32 where no key-value heads are grouped (a GPU runs grouped ones on SDPA's math path).
+    for (model, key) in [
+        ("gemma-7b", "gemma/MODE/fp32/sdpa"),
+        ("pythia-1b", "gpt_neox/MODE/fp32/sdpa"),
+        ("data/models/qwen1.5-moe-a2.7b.json", "qwen2_moe/MODE/fp32/sdpa"),
+    ] {
+        for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
+            let args = [
+                &["plan", "--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--weights", "fp32"][..],
+                &["--batch", "2", "--seq", "256", "--json"],
+                extra,
+            ]
+            .concat();
+            let out = Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).output().unwrap();
+            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                v["planned_from"]["template"],
+                key.replace("MODE", mode).as_str(),
+                "{args:?}: {}",
+                v["planned_from"]
+            );
+        }
+    }
     // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
     // layers keep a view of the step's keys, which the template does not carry, and Gemma-3
     // has no closed form, so the plan is refused with the reason and the way out.
