@@ -3,6 +3,7 @@
 //! recording's `--recommend` table with inference's levers only.
 
 use assert_cmd::Command;
+use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 use serde_json::Value;
 
@@ -56,6 +57,16 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     )
     .unwrap();
     let gemma2 = gemma2.to_str().unwrap();
+    let qwen3_moe = dir.path().join("qwen3-30b-a3b.json");
+    std::fs::write(
+        &qwen3_moe,
+        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+            "tie_word_embeddings": false, "decoder_sparse_step": 1, "mlp_only_layers": []}"#,
+    )
+    .unwrap();
+    let qwen3_moe = qwen3_moe.to_str().unwrap();
     let both = ["generate", "forward"];
     for (model, attention, key, modes) in [
         ("phi-3-mini", "sdpa", "phi3/MODE/bf16/sdpa", &both[..]),
@@ -65,6 +76,8 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ("bloom-7b1", "sdpa", "bloom/MODE/bf16/eager", &both),
         ("mixtral-8x7b", "sdpa", "mixtral/MODE/bf16/sdpa", &both),
         ("data/models/qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/MODE/bf16/sdpa", &both),
+        (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
+        ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
@@ -94,6 +107,42 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     let (_, v) = plan(&args);
     assert_eq!(v["planned_from"]["source"], "closed_form", "{}", v["planned_from"]);
     assert!(v["planned_from"]["why"].as_str().unwrap().contains("not recorded"), "{}", v["planned_from"]);
+    // fp32 where no key-value heads are grouped (a GPU runs grouped ones on SDPA's math path).
+    for (model, key) in [
+        ("gemma-7b", "gemma/MODE/fp32/sdpa"),
+        ("pythia-1b", "gpt_neox/MODE/fp32/sdpa"),
+        ("data/models/qwen1.5-moe-a2.7b.json", "qwen2_moe/MODE/fp32/sdpa"),
+    ] {
+        for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
+            let args = [
+                &["plan", "--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--weights", "fp32"][..],
+                &["--batch", "2", "--seq", "256", "--json"],
+                extra,
+            ]
+            .concat();
+            let out = Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).output().unwrap();
+            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                v["planned_from"]["template"],
+                key.replace("MODE", mode).as_str(),
+                "{args:?}: {}",
+                v["planned_from"]
+            );
+        }
+    }
+    // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
+    // layers keep a view of the step's keys, which the template does not carry, and Gemma-3
+    // has no closed form, so the plan is refused with the reason and the way out.
+    let gemma3 = "data/models/gemma-3-1b.json";
+    let args = ["plan", "--model", gemma3, "--gpu", "h200", "--infer", "--framework", "hf", "--seq", "1024"];
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .current_dir(root)
+        .args(args)
+        .assert()
+        .failure()
+        .stderr(contains("the cache of a sliding window was not recorded").and(contains("--framework vllm")));
 }
 
 #[test]

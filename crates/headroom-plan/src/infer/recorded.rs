@@ -6,12 +6,12 @@
 //! with every position's logits), and `generate`'s decode steps, each at its own past length,
 //! the cache it replaces freed by the step after.
 //!
-//! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, GPT-NeoX, Mixtral and
-//! Qwen2-MoE with SDPA (the first five and Phi-3 at fp32 too, the rest at bf16);
-//! BLOOM and Gemma-2 (its forward alone) with eager attention, the only one transformers has
-//! for them, and Llama's eager at bf16. A Mixture of Experts runs transformers' default experts
-//! implementation, every tensor sized by the tokens times the experts a token takes, whatever
-//! the routing. Sliding layers are served within their window only.
+//! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-3, GPT-NeoX, Mixtral,
+//! Qwen2-MoE and Qwen3-MoE with SDPA (the first five, Phi-3, Gemma, GPT-NeoX and Qwen2-MoE at fp32
+//! too, the rest at bf16); BLOOM and Gemma-2 (its forward alone) with eager attention, the only one
+//! transformers has for them, and Llama's eager at bf16. A Mixture of Experts runs transformers'
+//! default experts implementation, every tensor sized by the tokens times the experts a token
+//! takes, whatever the routing. Sliding layers are served within their window only.
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
