@@ -9,12 +9,14 @@
 //! `cargo test -p headroom-plan --test qlora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
-use headroom_plan::builders::hf::cpu_peaks;
 use headroom_plan::job::{
     Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
 };
 use headroom_plan::model::Model;
 use serde_json::Value;
+
+#[path = "support/phase_peaks.rs"]
+mod phase_peaks;
 
 const PEAK_TOLERANCE: f64 = 0.03;
 
@@ -60,26 +62,8 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             "{family} h{} L{} r={} {}×{}",
             c["config"]["hidden_size"], c["layers"], c["rank"], c["batch"], c["seq"]
         );
-        let Some((phases, peak)) = cpu_peaks(&m, &cfg) else {
-            misses.push(format!("{label}: no QLoRA template serves it"));
-            continue;
-        };
-        let recorded = c["peak_bytes"].as_f64().expect("peak");
-        let err = |p: u64, key: &str| p as f64 / c["phases"][key].as_f64().expect("phase") - 1.0;
-        let e = peak as f64 / recorded - 1.0;
-        let errs =
-            [err(phases.forward, "forward"), err(phases.backward, "backward"), err(phases.optimizer_step, "optimizer")];
-        println!(
-            "| {label} | {:.3} MiB | {:.3} MiB | {:+.3}% | {:+.3}% | {:+.3}% | {:+.3}% |",
-            recorded / 1048576.0,
-            peak as f64 / 1048576.0,
-            100.0 * e,
-            100.0 * errs[0],
-            100.0 * errs[1],
-            100.0 * errs[2]
-        );
-        if e.abs() > PEAK_TOLERANCE || errs.iter().any(|x| x.abs() > PEAK_TOLERANCE) {
-            misses.push(label);
+        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
+            misses.push(miss);
         }
     }
     assert!(misses.is_empty(), "outside ±{}%: {misses:?}", 100.0 * PEAK_TOLERANCE);

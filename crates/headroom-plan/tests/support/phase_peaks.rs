@@ -1,0 +1,33 @@
+//! A replayed step's live peaks held to a recorded case's (`peak_bytes`, and `phases`:
+//! `forward`, `backward`, `optimizer`): the table row docs/VALIDATION.md shows, printed, and
+//! whether the step's peak and every phase's are within the tolerance.
+
+use headroom_plan::builders::hf::cpu_peaks;
+use headroom_plan::job::TrainConfig;
+use headroom_plan::model::Model;
+use serde_json::Value;
+
+/// `Err` names the case where no template serves it or a peak is outside `tolerance`.
+pub fn within(label: &str, case: &Value, model: &Model, cfg: &TrainConfig, tolerance: f64) -> Result<(), String> {
+    let Some((phases, peak)) = cpu_peaks(model, cfg) else {
+        return Err(format!("{label}: no template serves it"));
+    };
+    let recorded = case["peak_bytes"].as_f64().expect("peak");
+    let err = |p: u64, key: &str| p as f64 / case["phases"][key].as_f64().expect("phase") - 1.0;
+    let e = peak as f64 / recorded - 1.0;
+    let errs =
+        [err(phases.forward, "forward"), err(phases.backward, "backward"), err(phases.optimizer_step, "optimizer")];
+    println!(
+        "| {label} | {:.3} MiB | {:.3} MiB | {:+.3}% | {:+.3}% | {:+.3}% | {:+.3}% |",
+        recorded / 1048576.0,
+        peak as f64 / 1048576.0,
+        100.0 * e,
+        100.0 * errs[0],
+        100.0 * errs[1],
+        100.0 * errs[2]
+    );
+    if e.abs() > tolerance || errs.iter().any(|x| x.abs() > tolerance) {
+        return Err(label.to_string());
+    }
+    Ok(())
+}
