@@ -225,19 +225,22 @@ def recorded_peak(job, cfg):
         for _ in range(2):
             with rec.step():
                 step()
+    return [second_step_peak(rec, least) for least in (SCALAR, 0)], rec.assumptions
+
+
+def second_step_peak(rec, least):
+    """The live peak of `rec`'s second step, counting storages of more than `least` bytes: the
+    bytes live as it starts, then the most live at any event of it or after."""
     start = rec._step_starts[1][0]
-    peaks = []
-    for least in (SCALAR, 0):
-        live = peak = 0
-        for i, (op, r) in enumerate(rec.events):
-            if r.size > least:
-                live += r.size if op == "alloc" else -r.size
-            if i + 1 == start:
-                peak = live
-            elif i >= start:
-                peak = max(peak, live)
-        peaks.append(peak)
-    return peaks, rec.assumptions
+    live = peak = 0
+    for i, (op, r) in enumerate(rec.events):
+        if r.size > least:
+            live += r.size if op == "alloc" else -r.size
+        if i + 1 == start:
+            peak = live
+        elif i >= start:
+            peak = max(peak, live)
+    return peak
 
 
 def run(job, cfgs):

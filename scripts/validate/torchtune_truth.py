@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from recorder_truth import SCALAR, storage_bytes  # noqa: E402
+from recorder_truth import SCALAR, second_step_peak, storage_bytes  # noqa: E402
 
 MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
@@ -144,17 +144,7 @@ def recorded_peak(recipe, model):
     from headroom_gpu import torchtune_recipe as tr
 
     out = tr.record(recipe, model, BATCH, SEQ, steps=2, fake=True, route_sdpa=False)
-    rec = out.rec
-    start = rec._step_starts[1][0]
-    live = peak = 0
-    for i, (op, r) in enumerate(rec.events):
-        if r.size > SCALAR:
-            live += r.size if op == "alloc" else -r.size
-        if i + 1 == start:
-            peak = live
-        elif i >= start:
-            peak = max(peak, live)
-    return peak, out.host_peak, rec.peak
+    return second_step_peak(out.rec, SCALAR), out.host_peak, out.rec.peak
 
 
 def main():

@@ -90,22 +90,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
         let owner = self.owner_or_new(pool_id)?;
         let split = pieces.len() > 1;
-        let mut prev = NIL;
-        let mut ids = Vec::with_capacity(pieces.len());
-        for &(ptr, bsize, l) in &pieces {
+        let ids = self.insert_chain(pieces.iter().map(|&(ptr, bsize, l)| {
             let mut b = Block::new(ptr, bsize, stream, pool, owner);
-            b.prev = prev;
-            if let Some(l) = l {
-                b.allocated = true;
-                b.requested_size = l.requested_size;
-            }
-            let id = self.arena.insert(b);
-            if prev != NIL {
-                self.arena[prev].next = id;
-            }
-            prev = id;
-            ids.push(id);
-        }
+            adopt_live(&mut b, l);
+            b
+        }));
         self.total_allocated_memory += size;
         self.segments.insert(address, SegmentRec { size, stream, pool, owner });
         stats::increase(&mut self.stats.segment, pool, 1);
@@ -236,24 +225,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.expandable.insert(index, ExpandableSegment { base, va_size, page, stream, pool, owner });
         // An adopted reservation is one a request may grow in, like one the allocator made.
         self.largest_reservation = self.largest_reservation.max(va_size);
-        let mut prev = NIL;
-        let mut ids = Vec::with_capacity(pieces.len());
-        for &(ptr, size, mapped, l) in &pieces {
+        let ids = self.insert_chain(pieces.iter().map(|&(ptr, size, mapped, l)| {
             let mut b = Block::new(ptr, size, stream, pool, owner);
-            b.prev = prev;
             b.mapped = mapped;
             b.expandable = index;
-            if let Some(l) = l {
-                b.allocated = true;
-                b.requested_size = l.requested_size;
-            }
-            let id = self.arena.insert(b);
-            if prev != NIL {
-                self.arena[prev].next = id;
-            }
-            prev = id;
-            ids.push(id);
-        }
+            adopt_live(&mut b, l);
+            b
+        }));
         for (&id, &(ptr, size, mapped, l)) in ids.iter().zip(&pieces) {
             match (mapped, l) {
                 (_, Some(l)) => {
@@ -278,6 +256,33 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.total_allocated_memory += mapped;
         stats::increase(&mut self.stats.reserved_bytes, pool, mapped);
         Ok(())
+    }
+}
+
+impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
+    /// Puts one segment's blocks, given in address order, into the arena linked as the
+    /// segment's chain (`prev`/`next`), and returns their ids in the same order.
+    fn insert_chain(&mut self, blocks: impl ExactSizeIterator<Item = Block>) -> Vec<u32> {
+        let mut prev = NIL;
+        let mut ids = Vec::with_capacity(blocks.len());
+        for mut b in blocks {
+            b.prev = prev;
+            let id = self.arena.insert(b);
+            if prev != NIL {
+                self.arena[prev].next = id;
+            }
+            prev = id;
+            ids.push(id);
+        }
+        ids
+    }
+}
+
+/// Marks `b` as the live block `l` describes, or leaves it free where there is none.
+fn adopt_live(b: &mut Block, l: Option<&LiveBlock>) {
+    if let Some(l) = l {
+        b.allocated = true;
+        b.requested_size = l.requested_size;
     }
 }
 
