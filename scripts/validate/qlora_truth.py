@@ -48,6 +48,9 @@ CASES = [
                    "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
                    "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 6, 2, 80, 8),
+    # One key-value head of 256 and tied embeddings, as Gemma-2B's.
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 6, 1, 192, 8),
 ]
 
 
