@@ -252,6 +252,10 @@ class QLoraJob(sp.Job):
                     persistent[index(v)] = ("state", None)
         self.dims = sp.dims(model.get_base_model(), cfg)
         self.dims["r"] = rank
+        if any(re.search(r"\.experts\b.*\.lora_A\.", p["name"]) for p in self.params):
+            # peft's LoRA on a stack of experts' weights: one adapter of rank E x r (`Er`), as
+            # `step_programs.Job` reads it.
+            self.dims["Er"] = self.dims["E"] * rank
         self.grads = grads
         # The profiler's view: sections and layer ranges by time, the innermost range first.
         self.ranges = sorted(((tag, start, end) for tag, start, end in rec.ranges

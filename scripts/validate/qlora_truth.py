@@ -51,6 +51,10 @@ CASES = [
     # One key-value head of 256 and tied embeddings, as Gemma-2B's.
     ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
                "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 6, 1, 192, 8),
+    # Eight experts, two a token, as Mixtral-8x7B's.
+    ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
+                 "sliding_window": None}, 4, 1, 128, 16),
 ]
 
 
