@@ -55,6 +55,11 @@ CASES = [
     ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
                  "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
                  "sliding_window": None}, 4, 1, 128, 16),
+    # Every layer sparse, with no shared expert, as the catalog reads Qwen3-MoE.
+    ("qwen3_moe", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+                   "intermediate_size": 3072, "moe_intermediate_size": 384, "num_experts": 16,
+                   "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "use_sliding_window": False, "vocab_size": 8000}, 4, 2, 64, 8),
 ]
 
 
