@@ -60,7 +60,17 @@ CASES = [
                    "intermediate_size": 3072, "moe_intermediate_size": 384, "num_experts": 16,
                    "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "use_sliding_window": False, "vocab_size": 8000}, 4, 2, 64, 8),
+    # ALiBi, the query, key and value fused, heads of 128 and tied embeddings, as BLOOM-7b1's.
+    ("bloom", {"hidden_size": 1024, "n_layer": 5, "n_head": 8, "vocab_size": 8000, "tie_word_embeddings": True},
+     5, 2, 96, 16),
+    # Sliding and global layers in turn, logits soft-capped, tied embeddings, as Gemma-2-9B's.
+    ("gemma2", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
+                "intermediate_size": 4096, "vocab_size": 8000, "sliding_window": 4096, "query_pre_attn_scalar": 128,
+                "tie_word_embeddings": True}, 6, 1, 160, 8),
 ]
+# Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
+# steps are recorded eager alone (the planner runs both eager whatever is asked).
+EAGER = {"bloom", "gemma2"}
 
 
 def phased():
@@ -113,8 +123,9 @@ def case(family, fields, layers, batch, seq, rank):
         original = transformers_step.StepRecorder
         transformers_step.StepRecorder = phased()
         try:
+            attention = "eager" if family in EAGER else "sdpa"
             rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
-                                                                      steps=2))
+                                                                      steps=2, attention=attention))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)

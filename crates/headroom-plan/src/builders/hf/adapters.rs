@@ -21,8 +21,9 @@
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. Other jobs fall to the next
 //! builder.
 //!
-//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`)
-//! is recorded under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
+//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
+//! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone) is recorded
+//! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
 //! into a bf16 temporary, and `prepare_model_for_kbit_training`'s fp32 casts and checkpointing.
@@ -194,6 +195,10 @@ mod tests {
             (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa"),
             (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa"),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa"),
+            // Eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's steps are
+            // recorded eager alone, so SDPA asked of either plans eager.
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager"),
         ];
         let cfg = TrainConfig {
             attention: Attention::Sdpa,
