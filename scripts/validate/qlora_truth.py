@@ -3,8 +3,8 @@
 CUDA's bitsandbytes rules: `headroom_gpu.qlora`), for the planner's replay of the recorded QLoRA
 templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes and ranks the
 templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
-key-value heads, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88 and 3x56 tokens,
-rank 22).
+key-value heads, BLOOM's 12 of 64, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88
+and 3x56 tokens, rank 22).
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
