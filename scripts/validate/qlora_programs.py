@@ -167,7 +167,11 @@ def _repeats_marked(rec):
 
 def qlora_config(family, layers):
     cfg = sp.config(family, layers)
-    cfg.update(HEADS)
+    if family == "bloom":
+        # No key-value heads or head width of its own: the hidden size over the heads (64).
+        cfg.update(hidden_size=HEADS["hidden_size"], n_head=HEADS["num_attention_heads"])
+    else:
+        cfg.update(HEADS)
     return cfg
 
 
@@ -179,14 +183,15 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn != "sdpa" or not checkpointing or head != "causal-lm":
-            raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA, checkpointing on")
+        if precision != "bf16" or attn not in ("sdpa", "eager") or not checkpointing or head != "causal-lm":
+            raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
+                                 "checkpointing on")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
         cfg = qlora_config(family, layers)
         fields = dict(cfg)
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
         config.use_cache = False
-        meta = qlora.build(config, "sdpa")
+        meta = qlora.build(config, attn)
         rank = adapters[0]
         torch.manual_seed(0)
         grads = {}
@@ -252,6 +257,10 @@ class QLoraJob(sp.Job):
                     persistent[index(v)] = ("state", None)
         self.dims = sp.dims(model.get_base_model(), cfg)
         self.dims["r"] = rank
+        if any(re.search(r"\.experts\b.*\.lora_A\.", p["name"]) for p in self.params):
+            # peft's LoRA on a stack of experts' weights: one adapter of rank E x r (`Er`), as
+            # `step_programs.Job` reads it.
+            self.dims["Er"] = self.dims["E"] * rank
         self.grads = grads
         # The profiler's view: sections and layer ranges by time, the innermost range first.
         self.ranges = sorted(((tag, start, end) for tag, start, end in rec.ranges

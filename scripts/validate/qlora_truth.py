@@ -3,8 +3,8 @@
 CUDA's bitsandbytes rules: `headroom_gpu.qlora`), for the planner's replay of the recorded QLoRA
 templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes and ranks the
 templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
-key-value heads, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88 and 3x56 tokens,
-rank 22).
+key-value heads, BLOOM's 12 of 64, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88
+and 3x56 tokens, rank 22).
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
@@ -48,7 +48,29 @@ CASES = [
                    "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
                    "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 6, 2, 80, 8),
+    # One key-value head of 256 and tied embeddings, as Gemma-2B's.
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 6, 1, 192, 8),
+    # Eight experts, two a token, as Mixtral-8x7B's.
+    ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
+                 "sliding_window": None}, 4, 1, 128, 16),
+    # Every layer sparse, with no shared expert, as the catalog reads Qwen3-MoE.
+    ("qwen3_moe", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+                   "intermediate_size": 3072, "moe_intermediate_size": 384, "num_experts": 16,
+                   "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "use_sliding_window": False, "vocab_size": 8000}, 4, 2, 64, 8),
+    # ALiBi, the query, key and value fused, heads of 128 and tied embeddings, as BLOOM-7b1's.
+    ("bloom", {"hidden_size": 1024, "n_layer": 5, "n_head": 8, "vocab_size": 8000, "tie_word_embeddings": True},
+     5, 2, 96, 16),
+    # Sliding and global layers in turn, logits soft-capped, tied embeddings, as Gemma-2-9B's.
+    ("gemma2", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
+                "intermediate_size": 4096, "vocab_size": 8000, "sliding_window": 4096, "query_pre_attn_scalar": 128,
+                "tie_word_embeddings": True}, 6, 1, 160, 8),
 ]
+# Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
+# steps are recorded eager alone (the planner runs both eager whatever is asked).
+EAGER = {"bloom", "gemma2"}
 
 
 def phased():
@@ -101,8 +123,9 @@ def case(family, fields, layers, batch, seq, rank):
         original = transformers_step.StepRecorder
         transformers_step.StepRecorder = phased()
         try:
+            attention = "eager" if family in EAGER else "sdpa"
             rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
-                                                                      steps=2))
+                                                                      steps=2, attention=attention))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)

@@ -73,10 +73,11 @@ Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for L
 Qwen3 and Mistral at bf16.
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
-`/bf16/sdpa/ckpt/qlora-all`): peft's LoRA over bitsandbytes' NF4 base as `python -m
-headroom_gpu record --qlora` runs it, under fake tensors with CUDA's rules, since bitsandbytes
-has no CPU kernels for CUDA's path (`qlora_programs.py` reads that recording into the tensors
-and events below):
+`/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where transformers has no SDPA path
+(BLOOM) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`)): peft's
+LoRA over bitsandbytes' NF4 base as `python -m headroom_gpu record --qlora` runs it, under fake
+tensors with CUDA's rules, since bitsandbytes has no CPU kernels for CUDA's path
+(`qlora_programs.py` reads that recording into the tensors and events below):
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.json
 """
@@ -1055,9 +1056,11 @@ def main():
         jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
-        # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on.
+        # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on;
+        # SDPA, or eager where transformers has none (BLOOM) or a key asks for it (Gemma-2).
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
-                if j[2] == "bf16" and j[3] == "sdpa" and j[4] and j[1] == "causal-lm"]
+                if j[2] == "bf16" and j[4] and j[1] == "causal-lm"
+                and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
     for job in jobs:
         name = key(*job)
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:

@@ -21,8 +21,9 @@
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. Other jobs fall to the next
 //! builder.
 //!
-//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`)
-//! is recorded under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
+//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
+//! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone) is recorded
+//! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
 //! into a bf16 temporary, and `prepare_model_for_kbit_training`'s fp32 casts and checkpointing.
@@ -167,6 +168,49 @@ mod tests {
                 "{}",
                 model.name
             );
+        }
+    }
+
+    /// `--finetune qlora --checkpoint full` on a GPU replays each QLoRA-recorded family's own
+    /// step, expanded to the model's depth: a preset of every family `--model` names (or a Hub
+    /// config where no preset ships one).
+    #[test]
+    fn every_qlora_recorded_family_plans_from_its_own_template() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let models = [
+            (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa"),
+            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa"),
+            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa"),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                "qwen3/causal-lm/bf16/sdpa",
+            ),
+            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                "qwen2_moe/causal-lm/bf16/sdpa",
+            ),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa"),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa"),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa"),
+            // Eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's steps are
+            // recorded eager alone, so SDPA asked of either plans eager.
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager"),
+        ];
+        let cfg = TrainConfig {
+            attention: Attention::Sdpa,
+            checkpointing: Checkpointing::Full,
+            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+            ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
+        };
+        for (model, want) in models {
+            let want = format!("{want}/ckpt/qlora-all");
+            assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
+            let planned = program(&model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
+            assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
         }
     }
 
