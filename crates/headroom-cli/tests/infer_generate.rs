@@ -79,6 +79,8 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
         ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
+        // An encoder's inference is its forward.
+        ("bert-base-uncased", "sdpa", "bert/MODE/bf16/sdpa", &["forward"]),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
             if !modes.contains(&mode) {
@@ -101,6 +103,25 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
                 format!("planned by replaying transformers' code as recorded tensor by tensor ({key})"),
             ));
         }
+    }
+    // BERT generates nothing: its plan is the forward without --all-logits too, and generate is
+    // refused with the way out.
+    let bert = ["--model", "bert-base-uncased", "--gpu", "h200", "--infer", "--batch", "2", "--seq", "256"];
+    let (_, v) = plan(&[&bert[..], &["--weights", "fp32"]].concat());
+    assert_eq!(v["planned_from"]["template"], "bert/forward/fp32/sdpa", "{}", v["planned_from"]);
+    assert_eq!(v["breakdown"]["kv_cache"].as_u64(), Some(0));
+    for (args, says) in [
+        ([&bert[..], &["--new-tokens", "8"]].concat(), "generates no tokens; its inference is one forward"),
+        ([&bert[..], &["--framework", "vllm"]].concat(), "plan its forward with --framework hf"),
+    ] {
+        Command::cargo_bin("headroom")
+            .unwrap()
+            .current_dir(root)
+            .arg("plan")
+            .args(&args)
+            .assert()
+            .code(2)
+            .stderr(contains(says).and(contains("panicked").not()));
     }
     // Gemma-2's generate was not recorded (its check not reproduced): the closed form, saying so.
     let args = ["--model", gemma2, "--gpu", "h200", "--infer", "--framework", "hf", "--batch", "2", "--seq", "256"];

@@ -11,7 +11,8 @@
 //! too, the rest at bf16); BLOOM and Gemma-2 (its forward alone) with eager attention, the only one
 //! transformers has for them, and Llama's eager at bf16. A Mixture of Experts runs transformers'
 //! default experts implementation, every tensor sized by the tokens times the experts a token
-//! takes, whatever the routing. Sliding layers are served within their window only.
+//! takes, whatever the routing. Sliding layers are served within their window only. BERT's
+//! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache.
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -22,7 +23,7 @@ use crate::builders::hf::expander::Expander;
 use crate::builders::hf::{is_head, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::model_units::unit;
 use crate::program::{Law, Op, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Template, EDGE};
@@ -68,10 +69,17 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     if model.sliding_window.is_some_and(|w| cfg.seq + new_tokens - 1 > w) {
         return Err("the cache of a sliding window was not recorded");
     }
-    if stack_layers(model)[0] < 2 * EDGE {
+    // T5's encoder is a stack of its own, as deep as the template's ends at least.
+    if stack_layers(model).iter().any(|&n| n > 0 && n < 2 * EDGE) || stack_layers(model)[0] == 0 {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
+    if mode == "generate" && model.family == Family::T5 {
+        // A decode step's tensors grow with the decoder's past and with the encoder's input
+        // (cross-attention's scores): two lengths, where a template's section has one.
+        return Err("T5's generate was not recorded (a decode step is sized by the encoder's input and the \
+                    decoder's past, two lengths); its forward was (--all-logits)");
+    }
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
         .map(|family| format!("{family}/{mode}/{precision}/{attn}"))
