@@ -79,6 +79,10 @@ def config(family, layers):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
+    if family == "t5":
+        # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
+        # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
+        cfg["feed_forward_proj"] = "relu"
     return cfg
 
 

@@ -20,7 +20,7 @@ forwards added after the rest had run, before any of them ran). The families aft
 BERT (a masked LM: an encoder, its forward alone, no cache) and T5 (a sequence-to-sequence LM:
 its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`;
 its generate was not recorded) were added with their forward templates, all check: their `wide`
-configs at 6 layers (T5: 6 a stack), BERT with SDPA, T5 eager (transformers' T5 attention is its
+configs at 6 layers (T5: 6 a stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its
 own), bf16 and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance.
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
@@ -68,6 +68,9 @@ def config(family):
                    mlp_only_layers=[])
     if family == "qwen2_moe":
         cfg.update(shared_expert_intermediate_size=768, qkv_bias=True)
+    if family == "t5":
+        # T5 v1.0's MLP, as its template was recorded (ReLU, tied output layer).
+        cfg.update(feed_forward_proj="relu")
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = LAYERS

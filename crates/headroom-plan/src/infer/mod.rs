@@ -235,7 +235,10 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                     let way_out = match model.family {
                         Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
                         Family::T5 if !all_logits => "plan its forward (--all-logits)",
-                        Family::T5 => "plan its forward with bf16 or fp32 weights, without --quantize",
+                        Family::T5 => {
+                            "T5's forward is planned for v1.0's models (a ReLU MLP, the output layer tied to the \
+                             embeddings: t5-base, t5-large) with bf16 or fp32 weights, without --quantize"
+                        }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };
                     Err(Unsupported::TemplateOnly(model.name.clone(), model.model_type, why, way_out))
