@@ -55,10 +55,18 @@ import measure  # noqa: E402
 import step_programs as sp  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
-            "mixtral", "qwen2_moe", "qwen3_moe")
+            "mixtral", "qwen2_moe", "qwen3_moe", "bert", "t5")
+# What each family is built as: BERT as a masked LM, T5 as a sequence-to-sequence LM, every
+# other family as a causal LM (step_programs.py's heads).
+HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
+# Families with no generate: an encoder runs one forward over its input.
+FORWARD_ONLY = ("bert",)
+# T5's generate decodes at a length of its own beside the encoder's, which a section's laws
+# (in one length) do not carry: its forward alone is recorded.
+NO_GENERATE = FORWARD_ONLY + ("t5",)
 # The attention transformers gives a family by default: eager where the family has no SDPA
 # (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them.
-EAGER_ONLY = ("gemma2", "bloom")
+EAGER_ONLY = ("gemma2", "bloom", "t5")
 MODES = ("generate", "forward")
 NEW_TOKENS = 4
 SECTIONS = ("setup", "prefill", "decode1", "decode")
@@ -71,6 +79,10 @@ def config(family, layers):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
+    if family == "t5":
+        # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
+        # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
+        cfg["feed_forward_proj"] = "relu"
     return cfg
 
 
@@ -88,10 +100,20 @@ class InferJob:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
                 infer_recipes.repeats_marked():
             with record_function("setup"):
-                model = measure.build(cfg, "causal-lm", attn, dtype)
+                head = HEADS.get(family, "causal-lm")
+                model = measure.build(cfg, head, attn, dtype)
                 model.eval()
                 sp.hook_layers(model, family)
-                ids = measure.inputs(cfg, "causal-lm", batch, seq)["input_ids"]
+                given = measure.inputs(cfg, head, batch, seq)
+                ids = given["input_ids"]
+                # T5's evaluation forward: the decoder's input as long as the encoder's (labels
+                # of the input's length, shifted right, as a training step's).
+                # (Shifted as `_shift_right` shifts them, without its temporary copy.)
+                labels = given["labels"]
+                extra = {"decoder_input_ids": torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)} \
+                    if family == "t5" else {}
+                del labels
+                del given
                 mask = torch.ones_like(ids)
             ranges = []
 
@@ -108,19 +130,21 @@ class InferJob:
                                          do_sample=False, min_new_tokens=NEW_TOKENS)
                 else:
                     with torch.no_grad():
-                        out = model(input_ids=ids, use_cache=True)
+                        # An encoder keeps no cache.
+                        cache = {} if family in FORWARD_ONLY else {"use_cache": True}
+                        out = model(input_ids=ids, **cache, **extra)
             del out
         self.params = []
         pattern = sp.layer_pattern(family)
         for name, p in model.named_parameters():
             hit = __import__("re").match(pattern.pattern + r"\.", name)
-            layer = ["main", int(hit.group(2))] if hit else None
+            layer = ["enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))] if hit else None
             self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
                                 "ptr": p.untyped_storage().data_ptr()})
         self.dims = sp.dims(model, cfg)
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
-        persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in (ids, mask)})
+        persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in (ids, mask, *extra.values())})
         self._read(prof, persistent)
 
     def _read(self, prof, persistent):
@@ -429,7 +453,8 @@ def template(family, mode, precision, attn):
         flat, live, peak, n = [], 0, 0, 0
         mine = [(k, i, tuple(c) if c else None) for k, i, c in sections[name]]
         expanded = sp.expand([("a" if k == 0 else "f", (i, k), c) for k, i, c in mine],
-                             {(i, k): homes.get(i) for k, i, _ in mine}, {"main": sp.CHECK_LAYERS})
+                             {(i, k): homes.get(i) for k, i, _ in mine},
+                             {"main": sp.CHECK_LAYERS, "enc": sp.CHECK_LAYERS})
         for kind, ((i, k), _) in expanded:
             at = x - 1 if k == 2 else x
             nbytes = int(law_bytes(tensors[i]["law"], b, at, d))
@@ -488,6 +513,8 @@ def keys(only):
     out = []
     for family in FAMILIES:
         for mode in MODES:
+            if mode == "generate" and family in NO_GENERATE:
+                continue
             # fp16 lays out as bf16 does, and `plan --weights` has no fp16.
             attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
                 [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else [])

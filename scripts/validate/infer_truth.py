@@ -17,6 +17,12 @@ window only); Qwen2-MoE and Qwen3-MoE as Qwen2's with 4 experts of 576, 2 a toke
 forwards added after the rest had run, before any of them ran). The families after Mistral
 (`--only`) were added with their templates, the same shapes and tolerance, into the same file.
 
+BERT (a masked LM: an encoder, its forward alone, no cache) and T5 (a sequence-to-sequence LM:
+its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`;
+its generate was not recorded) were added with their forward templates, all check: their `wide`
+configs at 6 layers (T5: 6 a stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its
+own), bf16 and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance.
+
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
 planner's live peak within 3% of the measured one (the inference forwards' tolerance in
@@ -39,9 +45,13 @@ import measure  # noqa: E402
 LAYERS = 6
 GENERATE = ((2, 100, 6), (1, 160, 12), (3, 40, 24))
 FORWARD = ((2, 100),)
+ENCODER_FORWARD = ((2, 100), (1, 160))
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
-            "mixtral", "qwen2_moe", "qwen3_moe")
-EAGER_ONLY = ("gemma2", "bloom")
+            "mixtral", "qwen2_moe", "qwen3_moe", "bert", "t5")
+EAGER_ONLY = ("gemma2", "bloom", "t5")
+# Families recorded for their forward alone, and how each is built.
+FORWARD_ONLY = ("bert", "t5")
+HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 # Whose `wide` config each family's is made from.
 BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 
@@ -58,7 +68,10 @@ def config(family):
                    mlp_only_layers=[])
     if family == "qwen2_moe":
         cfg.update(shared_expert_intermediate_size=768, qkv_bias=True)
-    for k in ("num_hidden_layers", "n_layer"):
+    if family == "t5":
+        # T5 v1.0's MLP, as its template was recorded (ReLU, tied output layer).
+        cfg.update(feed_forward_proj="relu")
+    for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = LAYERS
     return cfg
@@ -67,13 +80,19 @@ def config(family):
 def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
     cfg = config(family)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = measure.build(cfg, "causal-lm", attn, dtype)
+    model = measure.build(cfg, HEADS.get(family, "causal-lm"), attn, dtype)
     model.eval()
-    model.generation_config.pad_token_id = 0
+    if mode == "generate":
+        model.generation_config.pad_token_id = 0
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g)
+    # T5's decoder input as long as the encoder's (labels shifted right); an encoder keeps no cache.
+    labels = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g)
+    extra = {"decoder_input_ids": torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)} \
+        if family == "t5" else {}
+    cache = {} if family == "bert" else {"use_cache": True}
     mask = torch.ones_like(ids)
-    before = measure.storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids, mask])
+    before = measure.storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids, mask, *extra.values()])
 
     def run():
         if mode == "generate":
@@ -81,7 +100,7 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
                                  min_new_tokens=new_tokens, do_sample=False)
         else:
             with torch.no_grad():
-                out = model(input_ids=ids, use_cache=True)
+                out = model(input_ids=ids, **cache, **extra)
         del out
 
     gc.collect()
@@ -124,10 +143,10 @@ def main():
                        "transformers": transformers.__version__, "rows": rows}, f, indent=1)
 
     for family, precision, attn in jobs:
-        for b, s, n in GENERATE:
+        for b, s, n in () if family in FORWARD_ONLY else GENERATE:
             rows.append(measured(family, precision, "generate", b, s, n, attn))
             print(family, precision, attn, b, s, n, rows[-1]["peak_bytes"], flush=True)
-        for b, s in FORWARD:
+        for b, s in ENCODER_FORWARD if family in FORWARD_ONLY else FORWARD:
             rows.append(measured(family, precision, "forward", b, s, 1, attn))
         write()
     write()

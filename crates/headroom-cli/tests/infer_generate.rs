@@ -79,6 +79,10 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
         ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
+        // An encoder's inference is its forward; T5's evaluation forward runs eager whatever
+        // is asked (transformers' T5 attention is its own).
+        ("bert-base-uncased", "sdpa", "bert/MODE/bf16/sdpa", &["forward"]),
+        ("t5-base", "sdpa", "t5/MODE/bf16/eager", &["forward"]),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
             if !modes.contains(&mode) {
@@ -101,6 +105,43 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
                 format!("planned by replaying transformers' code as recorded tensor by tensor ({key})"),
             ));
         }
+    }
+    // BERT generates nothing: its plan is the forward without --all-logits too, and generate is
+    // refused with the way out; T5's generate was not recorded, and is refused with the reason.
+    let bert = ["--model", "bert-base-uncased", "--gpu", "h200", "--infer", "--batch", "2", "--seq", "256"];
+    // T5 v1.1 (flan-t5-base's config): a gated MLP, which the T5 template (v1.0's) does not have.
+    let flan = dir.path().join("flan-t5-base.json");
+    std::fs::write(
+        &flan,
+        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
+            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": false, "relative_attention_num_buckets": 32}"#,
+    )
+    .unwrap();
+    let flan = flan.to_str().unwrap();
+    let (_, v) = plan(&[&bert[..], &["--weights", "fp32"]].concat());
+    assert_eq!(v["planned_from"]["template"], "bert/forward/fp32/sdpa", "{}", v["planned_from"]);
+    assert_eq!(v["breakdown"]["kv_cache"].as_u64(), Some(0));
+    for (args, says) in [
+        ([&bert[..], &["--new-tokens", "8"]].concat(), "generates no tokens; its inference is one forward"),
+        ([&bert[..], &["--framework", "vllm"]].concat(), "plan its forward with --framework hf"),
+        (
+            ["--model", "t5-base", "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
+            "T5's generate was not recorded",
+        ),
+        (
+            ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits"].to_vec(),
+            "this model's is gated",
+        ),
+    ] {
+        Command::cargo_bin("headroom")
+            .unwrap()
+            .current_dir(root)
+            .arg("plan")
+            .args(&args)
+            .assert()
+            .code(2)
+            .stderr(contains(says).and(contains("panicked").not()));
     }
     // Gemma-2's generate was not recorded (its check not reproduced): the closed form, saying so.
     let args = ["--model", gemma2, "--gpu", "h200", "--infer", "--framework", "hf", "--batch", "2", "--seq", "256"];

@@ -428,11 +428,24 @@ impl InferRequest {
                 r.batch, r.seq
             ));
         }
+        // An encoder (BERT) generates nothing and keeps no cache: its inference is one forward
+        // over the input, which transformers runs and a serving engine does not.
         if !model.generates() {
-            return refuse(format!(
-                "{} is an encoder: --infer plans generation with a KV cache; plan its training instead",
-                model.name
-            ));
+            if matches!(r.server, Server::Vllm | Server::Sglang) {
+                return refuse(format!(
+                    "{} is an encoder: it keeps no KV cache and generates no tokens for {} to serve; plan its \
+                     forward with --framework hf",
+                    model.name,
+                    r.server.name()
+                ));
+            }
+            if r.new_tokens > 1 {
+                return refuse(format!(
+                    "--new-tokens {}: {} is an encoder and generates no tokens; its inference is one forward over \
+                     the input: drop --new-tokens",
+                    r.new_tokens, model.name
+                ));
+            }
         }
         if model.learned_positions() && r.seq > model.max_position {
             return refuse(format!(
@@ -473,8 +486,15 @@ impl InferRequest {
         if tensor == 0 || !model.heads.is_multiple_of(tensor) {
             return refuse(format!("--tp {tensor} does not divide the {} attention heads", model.heads));
         }
+        let runtime = match self.runtime(gpu, tensor, !model.generates())? {
+            // Every position's logits, as an encoder's forward computes them.
+            Runtime::Transformers { attention, .. } if !model.generates() => {
+                Runtime::Transformers { attention, all_logits: true, new_tokens: 1 }
+            }
+            runtime => runtime,
+        };
         let config = InferConfig {
-            runtime: self.runtime(gpu, tensor)?,
+            runtime,
             tensor,
             batch: r.batch,
             seq: r.seq,
@@ -490,8 +510,9 @@ impl InferRequest {
     }
 
     /// Who runs the forward, with its settings: bitsandbytes runs inside transformers, so
-    /// `--quantize` picks transformers' forward, as `--offload` picks DeepSpeed for training.
-    fn runtime(&self, gpu: &GpuSpec, tensor: u64) -> Result<Runtime, InvalidConfig> {
+    /// `--quantize` picks transformers' forward, as `--offload` picks DeepSpeed for training,
+    /// and so does an `encoder`, which no serving engine runs.
+    fn runtime(&self, gpu: &GpuSpec, tensor: u64, encoder: bool) -> Result<Runtime, InvalidConfig> {
         let r = self;
         let engine_flags = [
             ("--gpu-memory-utilization", r.gpu_memory_utilization.is_some()),
@@ -504,6 +525,7 @@ impl InferRequest {
         }
         let server = match (r.server, r.quantize) {
             (Server::Auto, Some(_)) => Server::HuggingFace,
+            (Server::Auto, None) if encoder => Server::HuggingFace,
             (Server::Vllm | Server::Sglang, Some(_)) => {
                 return refuse(format!(
                     "--quantize: bitsandbytes quantizes transformers' linear layers as it loads them (--framework hf); \

@@ -372,7 +372,9 @@ pub(super) fn infer(p: &InferPlan) -> String {
             Runtime::Sglang(s) => format!("SGLang (mem_fraction_static {})", s.mem_fraction_static),
             Runtime::Transformers { attention, all_logits, new_tokens } => format!(
                 "{} ({} weights{}, {} attention)",
-                if all_logits {
+                if all_logits && !p.model.generates() {
+                    "transformers' forward, every position's logits".to_string()
+                } else if all_logits {
                     "transformers' forward with a cache, every position's logits".to_string()
                 } else if new_tokens == 1 {
                     "transformers' generate, its first forward".to_string()

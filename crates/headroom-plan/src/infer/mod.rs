@@ -31,7 +31,7 @@ use crate::engine::Engine;
 use crate::forward_recipe::forward_recipe;
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::program::{Law, Program, TensorId, Term};
 use crate::replay::{replay, OutOfMemory, ReplaySettings, Replayed};
 use crate::sglang::Sglang;
@@ -208,9 +208,9 @@ pub enum Unsupported {
     Family(String, &'static str),
     #[error(
         "transformers' inference of {0} (model_type `{1}`) is planned from its recorded template alone, which \
-         does not serve this job ({2}): plan it as a serving engine (--framework vllm)"
+         does not serve this job ({2}): {3}"
     )]
-    TemplateOnly(String, &'static str, &'static str),
+    TemplateOnly(String, &'static str, &'static str, &'static str),
 }
 
 /// Checks that `cfg` can be estimated for `model`.
@@ -231,7 +231,17 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
             return match recorded::key(model, cfg) {
                 Ok(_) => Ok(()),
                 Err(why) if recorded::family_recorded(model) => {
-                    Err(Unsupported::TemplateOnly(model.name.clone(), model.model_type, why))
+                    // An encoder has no serving engine to plan instead; T5's forward was recorded.
+                    let way_out = match model.family {
+                        Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
+                        Family::T5 if !all_logits => "plan its forward (--all-logits)",
+                        Family::T5 => {
+                            "T5's forward is planned for v1.0's models (a ReLU MLP, the output layer tied to the \
+                             embeddings: t5-base, t5-large) with bf16 or fp32 weights, without --quantize"
+                        }
+                        _ => "plan it as a serving engine (--framework vllm)",
+                    };
+                    Err(Unsupported::TemplateOnly(model.name.clone(), model.model_type, why, way_out))
                 }
                 Err(_) => Err(Unsupported::Family(model.name.clone(), model.model_type)),
             };

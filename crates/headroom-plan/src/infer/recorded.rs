@@ -11,7 +11,10 @@
 //! too, the rest at bf16); BLOOM and Gemma-2 (its forward alone) with eager attention, the only one
 //! transformers has for them, and Llama's eager at bf16. A Mixture of Experts runs transformers'
 //! default experts implementation, every tensor sized by the tokens times the experts a token
-//! takes, whatever the routing. Sliding layers are served within their window only.
+//! takes, whatever the routing. Sliding layers are served within their window only. BERT's
+//! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache. T5's
+//! evaluation forward (v1.0's ReLU MLP, tied), eager, at bf16 and fp32, its encoder a stack of
+//! its own; not its `generate`, whose decode steps are sized by two lengths.
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -22,7 +25,7 @@ use crate::builders::hf::expander::Expander;
 use crate::builders::hf::{is_head, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::model_units::unit;
 use crate::program::{Law, Op, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Template, EDGE};
@@ -68,10 +71,17 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     if model.sliding_window.is_some_and(|w| cfg.seq + new_tokens - 1 > w) {
         return Err("the cache of a sliding window was not recorded");
     }
-    if stack_layers(model)[0] < 2 * EDGE {
+    // T5's encoder is a stack of its own, as deep as the template's ends at least.
+    if stack_layers(model).iter().any(|&n| n > 0 && n < 2 * EDGE) || stack_layers(model)[0] == 0 {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
+    if mode == "generate" && model.family == Family::T5 {
+        // A decode step's tensors grow with the decoder's past and with the encoder's input
+        // (cross-attention's scores): two lengths, where a template's section has one.
+        return Err("T5's generate was not recorded: a decode step is sized by the encoder's input and by the \
+                    decoder's past, two lengths, where a template's section has one");
+    }
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
         .map(|family| format!("{family}/{mode}/{precision}/{attn}"))
@@ -88,6 +98,13 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
             _ => "this family was not recorded for inference",
         });
     }
+    // T5 comes with either MLP (v1.0's one ReLU projection in, v1.1's gated pair): a template
+    // plans the one it was recorded with.
+    let recorded: Vec<String> =
+        recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
+    if recorded.is_empty() {
+        return Err("T5's inference was recorded with v1.0's MLP (one ReLU projection in), and this model's is gated");
+    }
     // A template recorded with its output layer tied to the embeddings has no head's weight
     // to plan an untied model's with.
     recorded
@@ -103,6 +120,11 @@ pub fn family_recorded(model: &Model) -> bool {
         .flat_map(|f| ["generate", "forward"].map(|mode| format!("{f}/{mode}/")))
         .collect::<Vec<_>>();
     program_template::keys().any(|k| prefixes.iter().any(|p| k.starts_with(p.as_str())))
+}
+
+/// Whether the template's MLP is gated (T5 v1.1's `wi_0` and `wi_1`).
+fn gated(key: &str) -> bool {
+    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| p.name.contains(".wi_0.")))
 }
 
 fn has_own_head(key: &str) -> bool {
@@ -325,7 +347,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 37, "{checked} inference templates checked");
+        assert!(checked >= 51, "{checked} inference templates checked");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::{allocate_cache, load_weights, replayed, InferConfig, InferSource, Ru
 use crate::estimate::largest;
 use crate::forward_recipe::{ForwardPeak, ForwardRecipe};
 use crate::gpu::GpuSpec;
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, Term};
 use crate::replay::{replay, ReplaySettings};
 use headroom_alloc::PolicyName;
@@ -48,7 +48,10 @@ pub(super) fn replayed_sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, ke
         0 | 1 => cfg.seq,
         step => pasts.get(step as usize - 2).map_or(cfg.seq, |past| past + 1),
     };
-    let kv_cache = model.kv_bytes_per_token(cfg.weights.bytes_per_param()) * (cfg.batch * cached) as f64;
+    // T5's decoder caches its cross-attention's keys and values over the encoder's input
+    // beside its own (its forward's decoder input as long as the encoder's).
+    let caches = if model.family == Family::T5 { 2.0 } else { 1.0 };
+    let kv_cache = caches * model.kv_bytes_per_token(cfg.weights.bytes_per_param()) * (cfg.batch * cached) as f64;
     let weights = p
         .tensors
         .iter()
