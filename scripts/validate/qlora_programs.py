@@ -38,6 +38,13 @@ CONSTANTS = (64, 1024)
 # heads, as Llama's config asks): every layer's out x in a multiple of 16,384, so bitsandbytes'
 # blocks divide every weight exactly.
 HEADS = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 80}
+# bitsandbytes' blocks behind FRACTIONS: (bytes a block, elements a block).
+BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
+# The MLP width of its own some families are recorded at (`step_programs.MLP_WIDTH`, 1,184) makes
+# 1,184 x 768 elements, 55.5 blocks of 16,384: its second-level absmax rounds up to 56 and fits
+# no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
+# twice the hidden size, the heads' widths, the vocabulary or the rank) with whole blocks.
+MLP_WIDTH = 1216
 
 
 class _Named(TorchDispatchMode):
@@ -168,6 +175,12 @@ def _repeats_marked(rec):
 def qlora_config(family, layers):
     cfg = sp.config(family, layers)
     cfg.update(HEADS)
+    if family == "gpt_neox":
+        # Its attention reads no key-value heads and no head width (12 heads of 64), but its
+        # rotary embedding would take `head_dim`'s 80 and rotate a quarter of that of a head of 64.
+        del cfg["num_key_value_heads"], cfg["head_dim"]
+    if cfg.get("intermediate_size") == sp.MLP_WIDTH:
+        cfg["intermediate_size"] = MLP_WIDTH
     return cfg
 
 
@@ -306,6 +319,14 @@ def fixed_law(n, param_shapes, fractions, d, what, widths):
         for c in FRACTIONS:
             if n == c * shape:
                 return {"fixed": {units: c * coef}}
+    for shape, units, coef in fractions:
+        for block_bytes, elements in BLOCKS:
+            if shape % elements and n == block_bytes * -(-shape // elements):
+                # A law in out x in is exact only for whole blocks (every catalog model's): any
+                # other reading of these bytes (a unit, the rank) would be a coincidence.
+                raise sp.Unexplained(f"{what}: {n} bytes are bitsandbytes' blocks of {elements} of a {shape}-element "
+                                     f"weight rounded up, no law in its out x in: record at widths whose out x in "
+                                     f"is a multiple of 16,384")
     if n in CONSTANTS:
         return {"fixed": {"one": float(n)}}
     return {"fixed": sp.per_unit(n, d, what, widths)}
