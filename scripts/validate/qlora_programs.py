@@ -306,19 +306,32 @@ class QLoraJob(sp.Job):
                           (p["shape"] for p in self.params if p["bytes"] == 0.5)]
 
 
-def fixed_law(n, param_shapes, fractions, d, what, widths):
+def fixed_law(n, param_shapes, fractions, d, what, widths, ops=()):
     """A QLoRA tensor of the same size at every shape: a parameter's shape at an element width,
-    a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit."""
+    a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit. What
+    bitsandbytes' operators make is read as a fraction first: at the recorded hidden size of 768
+    an h x h layer's 8-bit absmax (h^2 / 64 bytes) is as large as a fused query-key-value bias in
+    fp32 (12 h)."""
     if n <= sp.TINY:
         return {"fixed": {"one": float(n)}}
-    for shape, units, coef in param_shapes:
-        for w in (2, 4, 1, 8):
-            if n == w * shape:
-                return {"fixed": {units: float(w * coef)}}
-    for shape, units, coef in fractions:
-        for c in FRACTIONS:
-            if n == c * shape:
-                return {"fixed": {units: c * coef}}
+
+    def copy():
+        for shape, units, coef in param_shapes:
+            for w in (2, 4, 1, 8):
+                if n == w * shape:
+                    return {"fixed": {units: float(w * coef)}}
+
+    def fraction():
+        for shape, units, coef in fractions:
+            for c in FRACTIONS:
+                if n == c * shape:
+                    return {"fixed": {units: c * coef}}
+
+    quantized = any(name.startswith("bitsandbytes::") for name, _ in ops)
+    for read in (fraction, copy) if quantized else (copy, fraction):
+        hit = read()
+        if hit:
+            return hit
     for shape, units, coef in fractions:
         for block_bytes, elements in BLOCKS:
             if shape % elements and n == block_bytes * -(-shape // elements):
