@@ -38,6 +38,13 @@ CONSTANTS = (64, 1024)
 # heads, as Llama's config asks): every layer's out x in a multiple of 16,384, so bitsandbytes'
 # blocks divide every weight exactly.
 HEADS = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 80}
+# bitsandbytes' blocks behind FRACTIONS: (bytes a block, elements a block).
+BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
+# The MLP width of its own some families are recorded at (`step_programs.MLP_WIDTH`, 1,184) makes
+# 1,184 x 768 elements, 55.5 blocks of 16,384: its second-level absmax rounds up to 56 and fits
+# no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
+# twice the hidden size, the heads' widths, the vocabulary or the rank) with whole blocks.
+MLP_WIDTH = 1216
 
 
 class _Named(TorchDispatchMode):
@@ -172,6 +179,12 @@ def qlora_config(family, layers):
         cfg.update(hidden_size=HEADS["hidden_size"], n_head=HEADS["num_attention_heads"])
     else:
         cfg.update(HEADS)
+    if family == "gpt_neox":
+        # Its attention reads no key-value heads and no head width (12 heads of 64), but its
+        # rotary embedding would take `head_dim`'s 80 and rotate a quarter of that of a head of 64.
+        del cfg["num_key_value_heads"], cfg["head_dim"]
+    if cfg.get("intermediate_size") == sp.MLP_WIDTH:
+        cfg["intermediate_size"] = MLP_WIDTH
     return cfg
 
 
@@ -302,19 +315,40 @@ class QLoraJob(sp.Job):
                           (p["shape"] for p in self.params if p["bytes"] == 0.5)]
 
 
-def fixed_law(n, param_shapes, fractions, d, what, widths):
+def fixed_law(n, param_shapes, fractions, d, what, widths, ops=()):
     """A QLoRA tensor of the same size at every shape: a parameter's shape at an element width,
-    a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit."""
+    a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit. What
+    bitsandbytes' operators make is read as a fraction first: at the recorded hidden size of 768
+    an h x h layer's 8-bit absmax (h^2 / 64 bytes) is as large as a fused query-key-value bias in
+    fp32 (12 h)."""
     if n <= sp.TINY:
         return {"fixed": {"one": float(n)}}
-    for shape, units, coef in param_shapes:
-        for w in (2, 4, 1, 8):
-            if n == w * shape:
-                return {"fixed": {units: float(w * coef)}}
+
+    def copy():
+        for shape, units, coef in param_shapes:
+            for w in (2, 4, 1, 8):
+                if n == w * shape:
+                    return {"fixed": {units: float(w * coef)}}
+
+    def fraction():
+        for shape, units, coef in fractions:
+            for c in FRACTIONS:
+                if n == c * shape:
+                    return {"fixed": {units: c * coef}}
+
+    quantized = any(name.startswith("bitsandbytes::") for name, _ in ops)
+    for read in (fraction, copy) if quantized else (copy, fraction):
+        hit = read()
+        if hit:
+            return hit
     for shape, units, coef in fractions:
-        for c in FRACTIONS:
-            if n == c * shape:
-                return {"fixed": {units: c * coef}}
+        for block_bytes, elements in BLOCKS:
+            if shape % elements and n == block_bytes * -(-shape // elements):
+                # A law in out x in is exact only for whole blocks (every catalog model's): any
+                # other reading of these bytes (a unit, the rank) would be a coincidence.
+                raise sp.Unexplained(f"{what}: {n} bytes are bitsandbytes' blocks of {elements} of a {shape}-element "
+                                     f"weight rounded up, no law in its out x in: record at widths whose out x in "
+                                     f"is a multiple of 16,384")
     if n in CONSTANTS:
         return {"fixed": {"one": float(n)}}
     return {"fixed": sp.per_unit(n, d, what, widths)}

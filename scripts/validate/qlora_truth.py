@@ -67,6 +67,21 @@ CASES = [
     ("gemma2", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
                 "intermediate_size": 4096, "vocab_size": 8000, "sliding_window": 4096, "query_pre_attn_scalar": 128,
                 "tie_word_embeddings": True}, 6, 1, 160, 8),
+    # GPT-2's fused c_attn (a Conv1D) and learned positions, its output layer tied as every GPT-2's
+    # is, SDPA given its causal mask (memory-efficient attention's logsumexp padded to 32
+    # positions: 100 is not a multiple).
+    ("gpt2", {"n_embd": 1024, "n_head": 16, "n_layer": 6, "n_positions": 4096, "vocab_size": 8000,
+              "tie_word_embeddings": True}, 6, 2, 100, 16),
+    # Gemma 3's query and key norms, one key-value head of 256, five sliding layers to one global
+    # (its default pattern) and a window the sequence passes, its output layer tied, as
+    # Gemma-3-1B's.
+    ("gemma3_text", {"hidden_size": 640, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                     "intermediate_size": 2048, "vocab_size": 8000, "sliding_window": 64,
+                     "query_pre_attn_scalar": 256, "tie_word_embeddings": True}, 7, 1, 150, 8),
+    # GPT-NeoX's fused query_key_value, a quarter of each head rotated and parallel residuals,
+    # untied, as Pythia's.
+    ("gpt_neox", {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 8000,
+                  "rotary_pct": 0.25, "use_parallel_residual": True}, 5, 3, 72, 32),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # steps are recorded eager alone (the planner runs both eager whatever is asked).

@@ -608,9 +608,24 @@ class Unexplained(Exception):
     pass
 
 
+# CUDA's memory-efficient attention (SDPA with a mask) keeps its softmax statistics, the
+# logsumexp, fp32 per head for the sequence rounded up to this many positions (`kAlignLSE`).
+PAD = 32
+
+
+def padded_law(sizes, d, what, widths):
+    """`tok32`: bytes per token of each sequence rounded up to PAD positions, where the sizes
+    at SHAPES are one such law; None otherwise."""
+    per = {n / (b * -(-s // PAD) * PAD) for n, (b, s) in zip(sizes, SHAPES)}
+    if len(per) != 1:
+        return None
+    return {"tok32": per_unit(per.pop(), d, what, widths)}
+
+
 def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
     """A tensor's size seen at the three SHAPES, as {kind: {unit: bytes}} with kind
-    `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s)."""
+    `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s), or,
+    where none of those fits, `tok32` (b x s rounded up to PAD)."""
     (b, s1), (_, s2), (b3, _) = SHAPES
     if n1 == n2 == n3:
         if n1 <= TINY:
@@ -640,6 +655,9 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
             # A few bytes more (labels padded by one) or fewer (T5's decoder inputs: the
             # labels shifted right, one position dropped) than the positions make.
             if abs(const) > 64:
+                padded = padded_law((n1, n2, n3), d, what, widths)
+                if padded:
+                    return padded
                 raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
             out[kind_1] = {"one": const}
         return out
@@ -880,7 +898,7 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
             lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
         elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
             lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d, f"{what} tensor {pos}",
-                                            widths_of(precision))
+                                            widths_of(precision), tensor["ops"])
         else:
             lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
                      widths_of(precision))

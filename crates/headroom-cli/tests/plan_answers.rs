@@ -76,6 +76,26 @@ fn a_plan_that_does_not_fit_lists_the_levers_each_checked_by_planning_again() {
     assert!(t.contains(fitting[0]["flags"].as_str().unwrap()), "{t}");
 }
 
+/// Each family whose QLoRA step was recorded beyond Llama's plans QLoRA from its own template:
+/// GPT-2 (fused `c_attn`), Gemma 3 (query and key norms, sliding layers; Gemma-3-1B's
+/// config.json) and GPT-NeoX (fused `query_key_value`).
+#[test]
+fn every_recorded_family_plans_qlora_from_its_own_template() {
+    let gemma3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json");
+    for (model, family) in [("gpt2", "gpt2"), (gemma3, "gemma3_text"), ("pythia-1b", "gpt_neox")] {
+        let job = format!(
+            "--model {model} --gpu h100 --finetune qlora --lora-rank 16 --batch 2 --seq 1024 --checkpoint full"
+        );
+        let want = format!("{family}/causal-lm/bf16/sdpa/ckpt/qlora-all");
+        let (code, p) = plan(&args(&job));
+        assert_eq!(code, 0, "{p}");
+        assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
+        assert_eq!(p["program"]["template"], want.as_str(), "{}", p["program"]);
+        let (_, t) = text(&args(&job));
+        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+    }
+}
+
 /// QLoRA on one GPU with transformers' code replays its recorded step, and says so; the
 /// LoRA job's QLoRA lever is QLoRA as peft sets it up, checkpointing on, replayed the same way.
 #[test]

@@ -85,7 +85,7 @@ pub type PhasePeaks = headroom_trace::phase::ByPhase<u64>;
 
 /// How a tensor's bytes follow the micro-batch `b` and the sequence length `s`:
 /// `fixed + per_token·b·s + per_token_position·b·s² + per_sequence·b + per_position·s
-/// + per_position_square·s²`.
+/// + per_position_square·s² + per_padded_token·b·⌈s/32⌉·32`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Law {
     pub fixed: f64,
@@ -97,7 +97,14 @@ pub struct Law {
     pub per_position: f64,
     /// The same, s × s: a causal mask shared by the batch, T5's position bias.
     pub per_position_square: f64,
+    /// Per token of each sequence rounded up to [`PADDED_POSITIONS`]: CUDA's memory-efficient
+    /// attention keeps its softmax statistics (the logsumexp, fp32 a head) so padded.
+    pub per_padded_token: f64,
 }
+
+/// The multiple CUDA's memory-efficient attention pads its logsumexp's positions to
+/// (`kAlignLSE` in PyTorch's `attention.cu`).
+pub const PADDED_POSITIONS: f64 = 32.0;
 
 /// Two laws' tensors together: each coefficient summed.
 impl std::ops::Add for Law {
@@ -111,6 +118,7 @@ impl std::ops::Add for Law {
             per_sequence: self.per_sequence + b.per_sequence,
             per_position: self.per_position + b.per_position,
             per_position_square: self.per_position_square + b.per_position_square,
+            per_padded_token: self.per_padded_token + b.per_padded_token,
         }
     }
 }
@@ -131,7 +139,8 @@ impl Law {
             + self.per_token_position * b * s * s
             + self.per_sequence * b
             + self.per_position * s
-            + self.per_position_square * s * s;
+            + self.per_position_square * s * s
+            + self.per_padded_token * b * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS;
         if v.is_nan() || v <= 0.0 {
             0
         } else {
@@ -147,13 +156,17 @@ impl Law {
             per_sequence: self.per_sequence * k,
             per_position: self.per_position * k,
             per_position_square: self.per_position_square * k,
+            per_padded_token: self.per_padded_token * k,
         }
     }
 
     /// Whether the size grows with the batch (what gradient accumulation and a smaller
     /// micro-batch shrink).
     pub fn grows_with_batch(&self) -> bool {
-        self.per_token != 0.0 || self.per_token_position != 0.0 || self.per_sequence != 0.0
+        self.per_token != 0.0
+            || self.per_token_position != 0.0
+            || self.per_sequence != 0.0
+            || self.per_padded_token != 0.0
     }
 }
 

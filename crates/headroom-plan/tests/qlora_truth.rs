@@ -58,9 +58,15 @@ fn qlora_steps_replayed_match_the_recorder_s() {
         let family = c["family"].as_str().expect("family");
         let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
         let cfg = config(&c);
+        // GPT-2's config names its hidden size `n_embd`.
+        let hidden = c["config"].get("hidden_size").or_else(|| c["config"].get("n_embd"));
         let label = format!(
             "{family} h{} L{} r={} {}×{}",
-            c["config"]["hidden_size"], c["layers"], c["rank"], c["batch"], c["seq"]
+            hidden.unwrap_or(&Value::Null),
+            c["layers"],
+            c["rank"],
+            c["batch"],
+            c["seq"]
         );
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
             misses.push(miss);

@@ -27,7 +27,7 @@ use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::{Family, Model};
 use crate::model_units::unit;
-use crate::program::{Law, Op, Phase, Program, TensorId, Term};
+use crate::program::{Law, Op, Phase, Program, TensorId, Term, PADDED_POSITIONS};
 use crate::program_template::{self, EventT, Template, EDGE};
 use crate::recipe::measured_code;
 use rustc_hash::FxHashMap as HashMap;
@@ -194,7 +194,10 @@ pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option
 fn at_length(law: Law, s: f64) -> Law {
     Law {
         fixed: law.fixed + law.per_position * s + law.per_position_square * s * s,
-        per_sequence: law.per_sequence + law.per_token * s + law.per_token_position * s * s,
+        per_sequence: law.per_sequence
+            + law.per_token * s
+            + law.per_token_position * s * s
+            + law.per_padded_token * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS,
         ..Law::default()
     }
 }

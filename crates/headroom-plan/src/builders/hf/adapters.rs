@@ -30,8 +30,14 @@
 //! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
 //! element), exact where out × in is a multiple of 16,384, as it is for every model whose
 //! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
-//! layer, checkpointing on. LLM.int8's base is not recorded: those jobs are refused here and
-//! planned by the closed form.
+//! layer, checkpointing on. Recorded for Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen2-MoE, GPT-2,
+//! Gemma 3 and GPT-NeoX (docs/VALIDATION.md, "QLoRA replayed from its recorded step"). Two
+//! things of the recording the replay keeps: the fp32 activations take SDPA's memory-efficient
+//! kernel wherever no key-value head is shared or a mask is given, whose logsumexp pads each
+//! sequence to 32 positions (the law's `per_padded_token`); and `Linear4bit` casts a layer's
+//! bias to the compute dtype in its first forward, a parameter step 1 makes and every later
+//! step keeps. LLM.int8's base is not recorded: those jobs are refused here and planned by the
+//! closed form.
 
 use crate::job::{BaseWeights, Checkpointing, Finetune, LoraTargets, TrainConfig};
 use crate::model::Model;

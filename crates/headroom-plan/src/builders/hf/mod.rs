@@ -465,9 +465,20 @@ impl<'a> Expansion<'a> {
                     }
                     continue;
                 };
+                // A parameter given a new storage inside the step (bitsandbytes' Linear4bit casts
+                // its bias to the compute dtype in its first forward) lives on as the setup's
+                // tensors do, made once.
+                let parameter = x.param.is_some() && x.grad.is_none();
+                if parameter && self.setup.contains_key(&inst) {
+                    continue;
+                }
                 let site = self.site(x.site);
                 let id = self.p.alloc(law, x.term, site);
                 self.p.tensors[id as usize].layer = layer.map(|(stack, n)| self.ex.numbered(stack, n));
+                if parameter {
+                    self.setup.insert(inst, id);
+                    continue;
+                }
                 if cudnn && part == Phase::Backward && x.kernel == Kernel::Sdpa {
                     let n = sdpa_grads.entry(layer).or_insert(0);
                     *n += 1;
