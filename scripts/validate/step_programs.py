@@ -643,7 +643,9 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
         kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
         if g2 * s1 * s1 == g1 * s2 * s2:
             per = g1 / (s1 * s1)
-            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per > 16:
+            # Bytes per position pair at least a byte a head (bf16 scores over 8 heads: 16)
+            # are per head: an eager attention's scores, T5's position bias.
+            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per >= 2 * d["heads"]:
                 return {kind_s: {"heads": per / d["heads"]}}
             return {kind_s: {"one": per}}
         slope = (g2 - g1) / (s2 - s1)
