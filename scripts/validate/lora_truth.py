@@ -67,6 +67,8 @@ CASES = [
     ("bert", "bf16", False, 7, 1, 160, 8, "qv"),
     ("t5", "bf16", False, 6, 2, 96, 16, "all"),
     ("t5", "bf16", False, 5, 1, 128, 32, "qv"),
+    ("bert", "fp32", False, 6, 1, 96, 16, "all"),
+    ("t5", "bf16", True, 6, 2, 64, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

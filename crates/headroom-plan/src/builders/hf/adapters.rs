@@ -20,8 +20,9 @@
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets: peft wraps BERT's masked-LM head's transform too, and T5's decoder's
-//! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
+//! targets, BERT's `lora-all` at fp32 and T5's with full checkpointing: peft wraps BERT's
+//! masked-LM head's transform too, and T5's decoder's cross-attention
+//! ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`)
 //! is recorded under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
