@@ -60,6 +60,15 @@ CASES = [
     ("qwen3", "fp32", False, 6, 2, 64, 8, "all"),
     ("mistral", "fp32", False, 7, 1, 128, 32, "all"),
     ("gpt2", "fp32", False, 6, 2, 96, 16, "all"),
+    # BERT as a masked LM (peft's plain PeftModel: it has no masked-LM task type) and T5 as a
+    # sequence-to-sequence LM (SEQ_2_SEQ_LM), at measure.py's `deep` configs (widths and heads
+    # other than the recording's); T5's layers a stack, its encoder's and its decoder's.
+    ("bert", "bf16", False, 6, 2, 128, 16, "all"),
+    ("bert", "bf16", False, 7, 1, 160, 8, "qv"),
+    ("t5", "bf16", False, 6, 2, 96, 16, "all"),
+    ("t5", "bf16", False, 5, 1, 128, 32, "qv"),
+    ("bert", "fp32", False, 6, 1, 96, 16, "all"),
+    ("t5", "bf16", True, 6, 2, 64, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -85,14 +94,20 @@ CONFIGS = {
                       vocab_size=5000, max_position_embeddings=2048, tie_word_embeddings=False,
                       use_sliding_window=False),
 }
-# BLOOM has no SDPA path in transformers, and Gemma-2's steps were recorded with eager
-# attention alone: the planner plans SDPA asked of either as eager, and so they run here.
-EAGER = {"bloom", "gemma2"}
+# measure.py's base BERT is the recording's config: its `deep` one, as T5's.
+DEEP = {"bert", "t5"}
+# BLOOM and T5 have no SDPA path in transformers, and Gemma-2's steps were recorded with eager
+# attention alone: the planner plans SDPA asked of any of them as eager, and so they run here.
+EAGER = {"bloom", "gemma2", "t5"}
+HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 
 
 def config(family, layers):
-    cfg = dict(CONFIGS[family]) if family in CONFIGS else dict(measure.small_configs()[(family, "base")])
-    for k in ("num_hidden_layers", "n_layer"):
+    if family in CONFIGS:
+        cfg = dict(CONFIGS[family])
+    else:
+        cfg = dict(measure.small_configs()[(family, "deep" if family in DEEP else "base")])
+    for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
     return cfg
@@ -102,13 +117,14 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
-    model = measure.build(cfg, "causal-lm", "eager" if family in EAGER else "sdpa", dtype)
-    model = step_programs.lora_model(model, rank, targets)
+    head = HEADS.get(family, "causal-lm")
+    model = measure.build(cfg, head, "eager" if family in EAGER else "sdpa", dtype)
+    model = step_programs.lora_model(model, head, rank, targets)
     trainable, _ = model.get_nb_trainable_parameters()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch_inputs = measure.inputs(cfg, "causal-lm", batch, seq)
+    batch_inputs = measure.inputs(cfg, head, batch, seq)
 
     def step():
         with record_function("forward"):
@@ -138,8 +154,9 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
 def trainable(family, precision, layers, rank, targets):
     """peft's count of the trainable parameters of a case's model, without running it."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = measure.build(config(family, layers), "causal-lm", "eager" if family in EAGER else "sdpa", dtype)
-    return step_programs.lora_model(model, rank, targets).get_nb_trainable_parameters()[0]
+    head = HEADS.get(family, "causal-lm")
+    model = measure.build(config(family, layers), head, "eager" if family in EAGER else "sdpa", dtype)
+    return step_programs.lora_model(model, head, rank, targets).get_nb_trainable_parameters()[0]
 
 
 def measured(args):

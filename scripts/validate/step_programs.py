@@ -70,7 +70,11 @@ adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM;
 with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for Llama, Qwen2,
-Qwen3 and Mistral at bf16.
+Qwen3 and Mistral at bf16. BERT (a masked LM: peft has no task type for one, so a plain
+`PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16
+with both targets, BERT's every linear layer at fp32 and T5's with full checkpointing: "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
+cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
+`q` and `v` (its cross-attention's too).
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where transformers has no SDPA path
@@ -118,7 +122,8 @@ CODE = {"gemma3_text": "gemma3"}
 
 def layer_pattern(family):
     if family == "t5":
-        return re.compile(r"(encoder|decoder)\.block\.(\d+)")
+        # After any prefix: peft's wrapper names the model `base_model.model`.
+        return re.compile(r"(?:.*\.)?(encoder|decoder)\.block\.(\d+)")
     return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
@@ -154,6 +159,11 @@ def config(family, layers):
         # An MLP four times the hidden size (the small configs') makes an fp32 copy of a
         # bf16 hidden state as wide as half the MLP's activations: an MLP width of its own.
         cfg.update({"intermediate_size": MLP_WIDTH})
+    if family == "bert":
+        # Its small config's MLP is four times the hidden size and its position table twice it:
+        # an fp32 copy of a bf16 hidden state (peft's adapters' input) would be as wide as half
+        # the MLP's activations, or a position a token. Widths of their own.
+        cfg.update({"intermediate_size": MLP_WIDTH, "max_position_embeddings": 1000})
     cfg.update(MOE.get(family, {}))
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
@@ -278,7 +288,7 @@ class Job:
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
                 if adapters:
-                    model = lora_model(model, *adapters)
+                    model = lora_model(model, head, *adapters)
                 if checkpointing:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 hook_layers(model, family)
@@ -508,11 +518,17 @@ PEFT_PREFIX = "base_model.model."
 LORA_RANK = 22
 
 
-def lora_model(model, rank, targets):
+# peft's task type for each head: a sequence-to-sequence LM wrapped as one (its generate and
+# its decoder's inputs); peft has none for a masked LM, which is wrapped as a plain PeftModel.
+PEFT_TASK = {"causal-lm": "CAUSAL_LM", "seq2seq-lm": "SEQ_2_SEQ_LM", "masked-lm": None}
+
+
+def lora_model(model, head, rank, targets):
     """`model` with peft's LoRA adapters as a user's run makes them (`get_peft_model` with
     its defaults: no dropout, adapters of a 16-bit base autocast to fp32): on every linear
     layer of the blocks (`all`: peft's "all-linear", the output layer left out) or on the
-    query and value projections (`qv`: peft's default targets for the family)."""
+    query and value projections (`qv`: peft's default targets for the family: BERT's `query`
+    and `value`, T5's `q` and `v`)."""
     import peft
     import peft.tuners.lora.torchao
     # peft asks, for every layer it wraps, whether torchao quantized it, and raises where an
@@ -524,13 +540,14 @@ def lora_model(model, rank, targets):
     create = peft.tuners.lora.LoraModel._create_and_replace
     if not getattr(create, "layered", False):
         def layered(self, config, adapter, target, target_name, parent, current_key, **kw):
-            hit = re.search(r"(?:^|\.)(?:layers|h|layer)\.(\d+)\.", current_key)
-            tag = record_function(f"layer:main:{hit.group(1)}") if hit else contextlib.nullcontext()
+            hit = re.search(r"(?:^|\.)(?:(encoder)\.block|decoder\.block|layers|h|layer)\.(\d+)\.", current_key)
+            stack = "enc" if hit and hit.group(1) else "main"
+            tag = record_function(f"layer:{stack}:{hit.group(2)}") if hit else contextlib.nullcontext()
             with tag:
                 return create(self, config, adapter, target, target_name, parent, current_key, **kw)
         layered.layered = True
         peft.tuners.lora.LoraModel._create_and_replace = layered
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type=PEFT_TASK[head],
                              target_modules="all-linear" if targets == "all" else None)
     return peft.get_peft_model(model, config)
 
@@ -642,7 +659,9 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
         kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
         if g2 * s1 * s1 == g1 * s2 * s2:
             per = g1 / (s1 * s1)
-            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per > 16:
+            # Bytes per position pair at least a byte a head (bf16 scores over 8 heads: 16)
+            # are per head: an eager attention's scores, T5's position bias.
+            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per >= 2 * d["heads"]:
                 return {kind_s: {"heads": per / d["heads"]}}
             return {kind_s: {"one": per}}
         slope = (g2 - g1) / (s2 - s1)

@@ -160,8 +160,8 @@ fn persistent_params(model: &Model, cfg: &TrainConfig, forward: &[u64]) -> f64 {
         Finetune::Full => 0.0,
         Finetune::Lora { rank, targets, .. } => {
             let small = |n: u64| if n <= PARAM_PERSISTENCE_THRESHOLD { n } else { 0 };
-            let per_layer: u64 = targets.adapted(model).iter().map(|&(i, o)| small(rank * i) + small(rank * o)).sum();
-            model.layers as f64 * per_layer as f64
+            targets.adapters(model, cfg.head).iter().map(|&(i, o)| small(rank * i) + small(rank * o)).sum::<u64>()
+                as f64
         }
     };
     base + adapters

@@ -104,6 +104,31 @@ impl LoraTargets {
             LoraTargets::QueryValue => vec![linears[0], linears[2]],
         }
     }
+
+    /// (inputs, outputs) of every linear layer of the model that gets an adapter, as peft
+    /// wraps them with `head` on top: each block's ([`LoraTargets::adapted`]), and where a
+    /// model has more than its blocks' — T5's decoder blocks attend to the encoder's output
+    /// through a second set of query, key, value and output projections (`EncDecAttention`,
+    /// whose `q` and `v` peft's default targets match too); BERT's masked-LM head has a
+    /// transform (`cls.predictions.transform.dense`, h × h) that "all-linear" wraps, its
+    /// output layer left out as every family's is.
+    pub fn adapters(self, model: &Model, head: Head) -> Vec<(u64, u64)> {
+        let block = self.adapted(model);
+        let mut out: Vec<(u64, u64)> = (0..model.layers).flat_map(|_| block.iter().copied()).collect();
+        match model.family {
+            Family::T5 => {
+                let attention = &fused_linears(model)[..4];
+                let cross = match self {
+                    LoraTargets::All => attention.to_vec(),
+                    LoraTargets::QueryValue => vec![attention[0], attention[2]],
+                };
+                out.extend((0..model.decoder_layers).flat_map(|_| cross.iter().copied()));
+            }
+            Family::Bert if self == LoraTargets::All && head != Head::SeqCls => out.push((model.hidden, model.hidden)),
+            _ => {}
+        }
+        out
+    }
 }
 
 /// Whether transformers computes the block's query, key and value in one linear layer:

@@ -123,7 +123,12 @@ pub fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
                 _ => model.layers.div_ceil(cfg.parallel.pipeline.max(1)),
             } as f64;
             let linears = model.block_linears();
-            let adapters = layers * targets.adapted(model).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t;
+            let adapters = match stage {
+                PipelineStage::Only => {
+                    targets.adapters(model, cfg.head).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t
+                }
+                _ => layers * targets.adapted(model).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>() as f64 / t,
+            };
             let linear = layers * linears.iter().map(|&(i, o)| i * o).sum::<u64>() as f64 / t;
             Share { trainable: adapters, frozen_linear: linear.min(all), frozen_other: (all - linear).max(0.0) }
         }
@@ -181,18 +186,24 @@ pub fn updated_tensors(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -
         _ => model.layers.div_ceil(par.pipeline.max(1)),
     };
     let linears = model.block_linears();
-    let layer: Vec<f64> = match cfg.finetune {
+    let adapters = |linears: &[(u64, u64)], rank: u64| -> Vec<f64> {
+        linears.iter().flat_map(|&(i, o)| [(rank * i) as f64, (rank * o) as f64]).collect()
+    };
+    let mut out: Vec<f64> = match cfg.finetune {
         Finetune::Full => {
             let linear: u64 = linears.iter().map(|&(i, o)| i * o).sum();
             let mut v: Vec<f64> = linears.iter().map(|&(i, o)| (i * o) as f64).collect();
             v.push(model.layer_params().saturating_sub(linear) as f64);
-            v
+            (0..layers).flat_map(|_| v.iter().copied()).collect()
+        }
+        Finetune::Lora { rank, targets, .. } if stage == PipelineStage::Only => {
+            adapters(&targets.adapters(model, cfg.head), rank)
         }
         Finetune::Lora { rank, targets, .. } => {
-            targets.adapted(model).iter().flat_map(|&(i, o)| [(rank * i) as f64, (rank * o) as f64]).collect()
+            let v = adapters(&targets.adapted(model), rank);
+            (0..layers).flat_map(|_| v.iter().copied()).collect()
         }
     };
-    let mut out: Vec<f64> = (0..layers).flat_map(|_| layer.iter().copied()).collect();
     let in_layers: f64 = out.iter().sum();
     let t = par.tensor.max(1) as f64;
     // What trains outside the layers: the embedding, the head, the final norm.

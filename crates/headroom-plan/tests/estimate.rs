@@ -309,6 +309,9 @@ fn torchtitans_loss_holds_twelve_bytes_a_logit() {
 /// r = 16, counted by peft 0.21 over transformers 5.24's model of each preset's config. A
 /// layer transformers fuses gets one adapter: GPT-2's `c_attn`, GPT-NeoX's and BLOOM's
 /// `query_key_value`, Phi-3's `qkv_proj` and `gate_up_proj` (Phi-3 has no default targets).
+/// BERT (`BertForMaskedLM`, no task type) adds its masked-LM head's transform to "all-linear";
+/// T5 (`T5ForConditionalGeneration`, `SEQ_2_SEQ_LM`) its decoder's cross-attention, whose `q`
+/// and `v` are among the default targets too.
 #[test]
 fn lora_trains_the_adapters_peft_makes() {
     let g = gpu("h100-sxm").unwrap();
@@ -319,6 +322,10 @@ fn lora_trains_the_adapters_peft_makes() {
         ("bloom-7b1", 31_457_280, Some(7_864_320)),
         ("phi-3-mini", 25_165_824, None),
         ("llama-3-8b", 41_943_040, Some(6_815_744)),
+        ("bert-base-uncased", 2_678_784, Some(589_824)),
+        ("bert-large-uncased", 7_110_656, Some(1_572_864)),
+        ("t5-base", 6_488_064, Some(1_769_472)),
+        ("t5-large", 17_301_504, Some(4_718_592)),
     ];
     for (name, all, qv) in cases {
         let m = preset(name).unwrap();

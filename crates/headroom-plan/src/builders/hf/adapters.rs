@@ -18,8 +18,11 @@
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. Other jobs fall to the next
-//! builder.
+//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
+//! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
+//! targets, BERT's `lora-all` at fp32 and T5's with full checkpointing: peft wraps BERT's
+//! masked-LM head's transform too, and T5's decoder's cross-attention
+//! ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone) is recorded
@@ -165,6 +168,8 @@ mod tests {
                 "qwen2_moe/causal-lm/bf16/sdpa/full/lora-all",
             ),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("bert-base-uncased").expect("preset"), "bert/masked-lm/bf16/sdpa/full/lora-all"),
+            (crate::model::preset("t5-base").expect("preset"), "t5/seq2seq-lm/bf16/eager/full/lora-all"),
         ];
         for (model, want) in models {
             let cfg = lora(16, LoraTargets::All, Checkpointing::None);
@@ -174,6 +179,15 @@ mod tests {
                 "{}",
                 model.name
             );
+        }
+        // BERT's and T5's query and value adapters (peft's default targets for them).
+        for (name, want) in [
+            ("bert-large-uncased", "bert/masked-lm/bf16/sdpa/full/lora-qv"),
+            ("t5-large", "t5/seq2seq-lm/bf16/eager/full/lora-qv"),
+        ] {
+            let model = crate::model::preset(name).expect("preset");
+            let cfg = lora(16, LoraTargets::QueryValue, Checkpointing::None);
+            assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(), Ok(want), "{name}");
         }
     }
 
