@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU ground truth for the model types recorded after `measure.py`'s grid (Qwen2-MoE,
-Gemma 3's text model): real training steps measured as `measure.py` measures them
+Gemma 3's text model, T5 v1.0): real training steps measured as `measure.py` measures them
 (`measure.train_case`: the step's peak of live tensor bytes and each phase's), on configs and
 shapes none of the recordings used — other widths, heads, experts and depths than
 `step_programs.py`'s recording configs, and batch x sequence other than 2x56, 2x88 and 3x56.
@@ -15,6 +15,11 @@ fp32), a sample of its keys, each on a config of six layers or more (`measure.py
 recording used:
 
     .venv/bin/python scripts/validate/family_checks.py --variants --out data/validation/cpu_variant_checks.json
+
+`--only t5` measures one model type's cases again (here T5 v1.0's, `T5_V1`), keeping the
+file's others:
+
+    .venv/bin/python scripts/validate/family_checks.py --only t5 --out data/validation/cpu_family_checks.json
 
 `cargo test -p headroom-plan --test family_templates` compares the templates' CPU replay with
 each case (`crates/headroom-plan/tests/family_templates.rs`).
@@ -46,6 +51,12 @@ CONFIGS = {
 }
 SHAPES = {"fp32": ((2, 192), (1, 320)), "bf16": ((1, 192),)}
 
+# T5 v1.0 (one ReLU projection in, tied: t5-base's kind), recorded so since `measure.py`'s T5
+# (v1.1's gated MLP) was measured: its `deep` config, four blocks a stack, with v1.0's MLP;
+# eager (transformers' T5 has no SDPA path), each of the four recorded keys.
+T5_V1 = dict(measure.small_configs()[("t5", "deep")], feed_forward_proj="relu")
+T5_CASES = (("fp32", False, 2, 192), ("fp32", True, 2, 192), ("bf16", False, 1, 192), ("bf16", True, 1, 192))
+
 # The model type `measure.py` does not build that the sample takes, at six layers and widths
 # of its own: Gemma-2 with its sliding window as Gemma-2's presets have it (4096, longer than
 # the sequences).
@@ -74,6 +85,10 @@ def cases():
                 yield dict(mode="train", family=family, size="check", head="causal-lm", precision=precision,
                            optimizer="adamw", attention="sdpa", checkpointing=False, batch=batch, seq=seq,
                            split="check")
+    for precision, checkpointing, batch, seq in T5_CASES:
+        yield dict(mode="train", family="t5", size="check", head="seq2seq-lm", precision=precision,
+                   optimizer="adamw", attention="eager", checkpointing=checkpointing, batch=batch, seq=seq,
+                   split="check")
 
 
 def variant_cases():
@@ -91,11 +106,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", action="store_true",
                     help="measure the cases of data/programs/hf-variants.json's keys instead")
+    ap.add_argument("--only", help="measure only this model type's cases, keeping --out's others")
     a = ap.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     results = []
-    chosen = variant_cases() if a.variants else ((CONFIGS[c["family"]], c) for c in cases())
+    if a.only:
+        with open(a.out) as f:
+            results = [c for c in json.load(f)["cases"] if c["family"] != a.only]
+    chosen = variant_cases() if a.variants else ((T5_V1 if c["family"] == "t5" else CONFIGS[c["family"]], c)
+                                                 for c in cases())
+    chosen = ((cfg, c) for cfg, c in chosen if not a.only or c["family"] == a.only)
     for cfg, c in chosen:
         r = measure.train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])

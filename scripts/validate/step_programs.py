@@ -44,12 +44,16 @@ Qwen3-MoE), one key a run (`--only mistral/causal-lm/bf16/sdpa/full`) merged wit
 Mixtral and Qwen3-MoE run transformers' default experts implementation (`grouped_mm`): every
 tensor of their experts is sized by the tokens times the experts a token, whatever the routing.
 `data/programs/hf-more.json` holds what was recorded after those: BERT (masked LM), T5 (its
-encoder stack recorded as a stack of its own), Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's
-text model, and eager attention for families recorded with SDPA. `data/programs/hf-variants.json`
-holds the combinations recorded after those for families the files above hold: eager attention
-in bf16 with checkpointing and in fp32 (Mistral, Qwen2, GPT-2, GPT-NeoX, Phi-3; Qwen3 in fp32),
-AMP (Gemma-2, BLOOM, Qwen2-MoE) and checkpointed fp32 (Gemma with SDPA's math path, Gemma-2,
-BLOOM), one `--only KEY` run each merged with `--merge`.
+encoder stack recorded as a stack of its own; v1.0's ReLU MLP, tied, the catalog's T5 presets'),
+Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's text model, and eager attention for families
+recorded with SDPA. `data/programs/hf-variants.json` holds the combinations recorded after those
+for families the files above hold: eager attention in bf16 with checkpointing and in fp32
+(Mistral, Qwen2, GPT-2, GPT-NeoX, Phi-3; Qwen3 in fp32), AMP (Gemma-2, BLOOM, Qwen2-MoE) and
+checkpointed fp32 (Gemma with SDPA's math path, Gemma-2, BLOOM), one `--only KEY` run each
+merged with `--merge`. T5 is recorded with v1.0's ReLU MLP; `--gated` records it with v1.1's
+gated MLP (flan-t5, T0, mT5) under keys ending `/gated`, into the same file:
+
+    .venv/bin/python scripts/validate/step_programs.py --gated --only t5/seq2seq-lm/bf16/eager/full --out a.json
 
 `--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.json`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
@@ -90,6 +94,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import re
 import sys
 
@@ -118,6 +123,10 @@ DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mi
 
 # The transformers package of a model type whose code lives under another name.
 CODE = {"gemma3_text": "gemma3"}
+
+
+# Set (by `--gated`) to record T5 with v1.1's gated MLP, under keys ending `/gated`.
+GATED_T5 = "STEP_PROGRAMS_GATED_T5"
 
 
 def layer_pattern(family):
@@ -172,6 +181,11 @@ def config(family, layers):
         # Sliding layers, the last one global: both of transformers' masks are made, and the
         # layers repeated are sliding ones, as five of every six of Gemma 3's are.
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    if family == "t5":
+        # T5 v1.0's MLP (one ReLU projection in: the catalog's t5-base, t5-large and t5-3b), or
+        # with `--gated` v1.1's gated pair (flan-t5, T0, mT5); tied either way. Read from the
+        # environment: each recording runs in a process of its own (`isolated`).
+        cfg["feed_forward_proj"] = "gated-gelu" if os.environ.get(GATED_T5) else "relu"
     return cfg
 
 
@@ -1068,6 +1082,8 @@ def main():
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
     ap.add_argument("--lora", help="comma-separated adapter targets (all, qv): record LoRA steps at fp32 and bf16 "
                                    "instead of full fine-tuning")
+    ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
+                                                          "v1.0's ReLU one, under keys ending /gated")
     ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
                                                       "base, bf16 compute, SDPA, checkpointing) under fake tensors")
     args = ap.parse_args()
@@ -1098,8 +1114,11 @@ def main():
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
                 if j[2] == "bf16" and j[4] and j[1] == "causal-lm"
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
+    if args.gated:
+        os.environ[GATED_T5] = "1"
+        jobs = [j for j in jobs if j[0] == "t5" and len(j) == 5]
     for job in jobs:
-        name = key(*job)
+        name = key(*job) + ("/gated" if args.gated else "")
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:
             continue
         try:

@@ -250,14 +250,48 @@ fn a_job_without_a_recording_says_how_to_record_it() {
     let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
     assert!(why.contains("gemma3_text/causal-lm/amp/sdpa/ckpt"), "{why}");
     assert!(why.contains("python -m headroom_gpu record --model CONFIG --out step.jsonl"), "{why}");
-    // T5 was recorded with its output layer tied to the embeddings (t5-base's): T0, whose
-    // output layer is its own, has weights, gradients and moments the template lacks.
+    // T5 was recorded tied (t5-base's, and v1.1's gated MLP tied): T0, mT0 and an untied
+    // v1.0, whose output layer is their own, have weights, gradients and moments the
+    // templates lack.
     let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(2, 512, Precision::Bf16, Optimizer::AdamW) };
-    let e = estimate(&preset_model("t0-3b"), &h200(), &cfg);
-    assert_ne!(e.runner.builder, "transformers");
-    let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
-    assert!(why.contains("recorded with its output layer tied to the embeddings"), "{why}");
-    assert!(why.contains("python -m headroom_gpu record"), "{why}");
+    let untied = config_model(&t5_config("relu", false), "t5-small-untied");
+    for model in [&untied, &preset_model("t0-3b"), &preset_model("mt0-xxl")] {
+        let e = estimate(model, &h200(), &cfg);
+        assert_ne!(e.runner.builder, "transformers", "{}", model.name);
+        let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
+        assert!(why.contains("recorded with its output layer tied to the embeddings"), "{}: {why}", model.name);
+        assert!(why.contains("python -m headroom_gpu record"), "{why}");
+    }
+}
+
+/// A T5 config.json at T5-small's sizes with feed-forward `proj`, tied or not.
+fn t5_config(proj: &str, tied: bool) -> String {
+    format!(
+        r#"{{"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6,
+        "vocab_size": 32128, "feed_forward_proj": "{proj}", "tie_word_embeddings": {tied}}}"#
+    )
+}
+
+/// T5's two MLPs replay their own recordings: v1.0's ReLU projection (t5-base, t5-large,
+/// t5-3b) the plain keys, v1.1's gated pair (a tied flan-t5-like config) the keys ending
+/// `/gated`; neither plans the other's projections.
+#[test]
+fn t5_replays_the_recording_of_its_own_mlp() {
+    let gated = config_model(&t5_config("gated-gelu", true), "t5-small-gated");
+    let jobs: &[(&Model, Precision, Checkpointing, &str)] = &[
+        (&preset_model("t5-base"), Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt"),
+        (&preset_model("t5-large"), Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt"),
+        (&gated, Precision::Bf16, Checkpointing::None, "t5/seq2seq-lm/bf16/eager/full/gated"),
+        (&gated, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/gated"),
+        (&gated, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated"),
+        (&gated, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/gated"),
+    ];
+    for &(model, precision, checkpointing, key) in jobs {
+        let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, precision, Optimizer::AdamW) };
+        let (builder, source) = source(model, &cfg);
+        assert_eq!(builder, "transformers", "{} {precision:?}", model.name);
+        assert_eq!(source, ProgramSource::Template(key.to_string()), "{} {precision:?}", model.name);
+    }
 }
 
 /// Real CPU steps of the model types recorded since `measure.py`'s grid

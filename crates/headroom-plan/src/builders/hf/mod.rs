@@ -77,11 +77,14 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
         Attention::Sdpa | Attention::Flash => "sdpa",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
+    // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base), or v1.1's gated pair
+    // (flan-t5, T0, mT5), recorded under keys of their own.
+    let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
     // A family's own recording where it has one for the job; else the code it shares.
     let families = [program_family(model), measured_code(model)];
     let key = |family: &str, attn: &str| match adapters {
-        Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}/{a}"),
-        None => format!("{family}/{head}/{precision}/{attn}/{ck}"),
+        Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}/{a}"),
+        None => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}"),
     };
     // Families without an SDPA path in transformers (none of their recordings SDPA's) run
     // eager whatever is asked.
@@ -90,6 +93,9 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
         .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
         .filter(|k| program_template::template(k).is_some())
         .collect();
+    // A template plans the MLP it was recorded with, whatever its key says.
+    let recorded: Vec<String> =
+        recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
     if let Some(k) = recorded.iter().find(|k| model.tied_embeddings || has_own_head(k)) {
         return Ok(k.clone());
     }
@@ -117,6 +123,11 @@ const RECORD: &str = "record this job's own on a CPU (python -m headroom_gpu rec
 /// embeddings has no weight, gradient or optimizer state to plan an untied model's with.
 fn has_own_head(key: &str) -> bool {
     program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| is_head(&p.name)))
+}
+
+/// Whether template `key`'s MLP is gated (T5 v1.1's `wi_0` and `wi_1`).
+fn gated(key: &str) -> bool {
+    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| p.name.contains(".wi_0.")))
 }
 
 /// The transformers code whose recording holds for `model`: its own model type's where that
