@@ -255,9 +255,10 @@ fn tensor_and_pipeline_parallelism_lora_and_offload_from_the_command_line() {
             .code(2)
             .stderr(contains(msg));
     }
+    // An encoder's inference is one forward: it generates no tokens.
     Command::cargo_bin("headroom")
         .unwrap()
-        .args(["plan", "--model", "bert-base-uncased", "--gpu", "l4", "--infer"])
+        .args(["plan", "--model", "bert-base-uncased", "--gpu", "l4", "--infer", "--seq", "512", "--new-tokens", "8"])
         .assert()
         .code(2)
         .stderr(contains("encoder"));
@@ -585,13 +586,14 @@ fn transformers_inference_plans_its_own_forward() {
     ] {
         refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
-    // An encoder-decoder generates, but transformers' forward was measured for decoders only.
+    // An encoder-decoder's generate is not recorded (its decode steps grow two lengths, the
+    // encoder's and the decoder's); its evaluation forward is, and the refusal says so.
     Command::cargo_bin("headroom")
         .unwrap()
         .args(["plan", "--model", "t5-base", "--gpu", "l4", "--infer", "--framework", "hf"])
         .assert()
         .code(2)
-        .stderr(contains("decoder-only families"));
+        .stderr(contains("--all-logits"));
     // Nothing fits: said in words, not as a batch of 0.
     Command::cargo_bin("headroom")
         .unwrap()
