@@ -71,6 +71,16 @@ def config(family, layers):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
+    if family == "gemma2":
+        # Gemma-2 alternates sliding and global layers, whose caches grow in different orders
+        # (a sliding layer concatenates keys and values before it lets the previous step's go, a
+        # global one frees each as it replaces it), and the planner repeats the middle recorded
+        # layer, a sliding one, for every layer between the edges. At five layers this is
+        # Gemma-2's own alternation; deeper, the layers between are the middle one's kind, as
+        # the planner lays them out.
+        kind = ("sliding_attention", "full_attention")
+        cfg["layer_types"] = [kind[min(i, sp.EDGE) % 2] if i < layers - sp.EDGE
+                              else kind[(sp.LAYERS - layers + i) % 2] for i in range(layers)]
     return cfg
 
 
