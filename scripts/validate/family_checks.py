@@ -16,6 +16,11 @@ recording used:
 
     .venv/bin/python scripts/validate/family_checks.py --variants --out data/validation/cpu_variant_checks.json
 
+`--only` measures the named cases alone (`family/precision/attention/ckpt|full`) and keeps the
+file's other cases:
+
+    .venv/bin/python scripts/validate/family_checks.py --variants --only qwen3/bf16/eager/ckpt --out data/validation/cpu_variant_checks.json
+
 `cargo test -p headroom-plan --test family_templates` compares the templates' CPU replay with
 each case (`crates/headroom-plan/tests/family_templates.rs`).
 """
@@ -64,6 +69,13 @@ VARIANTS = (
     ("bloom", "amp", "eager", False, 1, 160),
     ("qwen2_moe", "amp", "sdpa", False, 1, 160),
     ("gemma2", "fp32", "eager", True, 2, 144),
+    ("qwen3", "bf16", "eager", True, 1, 160),
+    ("gemma", "bf16", "eager", True, 1, 160),
+    ("gemma", "fp32", "eager", False, 2, 144),
+    ("bert", "bf16", "sdpa", True, 1, 160),
+    ("gemma3_text", "amp", "sdpa", False, 1, 160),
+    ("gemma3_text", "fp32", "sdpa", True, 2, 144),
+    ("qwen2_moe", "fp32", "sdpa", True, 2, 144),
 )
 
 
@@ -78,6 +90,8 @@ def cases():
 
 def variant_cases():
     deep = measure.small_configs()
+    # Qwen3 as Qwen2's deep config with Qwen3's code (its queries' and keys' norms).
+    deep[("qwen3", "deep")] = {**deep[("qwen2", "deep")], "model_type": "qwen3"}
     for family, precision, attention, checkpointing, batch, seq in VARIANTS:
         config = CONFIGS.get(family) or VARIANT_CONFIGS.get(family) or deep[(family, "deep")]
         head = "masked-lm" if family == "bert" else "causal-lm"
@@ -91,24 +105,44 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", action="store_true",
                     help="measure the cases of data/programs/hf-variants.json's keys instead")
+    ap.add_argument("--only", help="comma-separated cases (family/precision/attention/ckpt|full) measured into "
+                                   "--out in place of theirs, the file's other cases kept")
     a = ap.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     results = []
     chosen = variant_cases() if a.variants else ((CONFIGS[c["family"]], c) for c in cases())
+    if a.only:
+        only = set(a.only.split(","))
+
+        def name(c):
+            return f"{c['family']}/{c['precision']}/{c['attention']}/{'ckpt' if c['checkpointing'] else 'full'}"
+
+        with open(a.out) as f:
+            kept = json.load(f)
+        start -= kept["seconds"]  # the file's time, the cases kept included
+        kept = kept["cases"]
+        chosen = [(cfg, c) for cfg, c in chosen if name(c) in only]
+        results = [c for c in kept if name(c) not in only]
+    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
+             else "CPU ground truth for the model types recorded since")
+
+    def write():
+        out = {"about": f"{about}: scripts/validate/family_checks.py",
+               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+               "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+
     for cfg, c in chosen:
         r = measure.train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])
         results.append({**c, "config": cfg, **r})
         print(f"{c} -> {r['peak_bytes']}", file=sys.stderr, flush=True)
-    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
-             else "CPU ground truth for the model types recorded since")
-    out = {"about": f"{about}: scripts/validate/family_checks.py",
-           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-           "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+        if a.only:
+            write()
+    write()
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@
 //!
 //! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE with SDPA (at fp32 too, but Mixtral); BLOOM and Gemma-2 with eager
-//! attention, the only one transformers has for them (BLOOM's forward at bf16 alone), and
-//! Llama's eager at bf16. A Mixture of Experts runs transformers'
+//! attention, the only one transformers has for them (at bf16 and fp32), and Llama's eager at
+//! bf16. A Mixture of Experts runs transformers'
 //! default experts implementation, every tensor sized by the tokens times the experts a token
 //! takes, whatever the routing. Sliding layers are served within their window only.
 //!
