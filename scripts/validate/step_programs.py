@@ -47,9 +47,10 @@ tensor of their experts is sized by the tokens times the experts a token, whatev
 encoder stack recorded as a stack of its own), Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's
 text model, and eager attention for families recorded with SDPA. `data/programs/hf-variants.json`
 holds the combinations recorded after those for families the files above hold: eager attention
-in bf16 with checkpointing and in fp32 (Mistral, Qwen2, GPT-2, GPT-NeoX, Phi-3; Qwen3 in fp32),
-AMP (Gemma-2, BLOOM, Qwen2-MoE) and checkpointed fp32 (Gemma with SDPA's math path, Gemma-2,
-BLOOM), one `--only KEY` run each merged with `--merge`.
+in bf16 with checkpointing and in fp32 (Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Phi-3, Gemma),
+AMP (Gemma-2, BLOOM, Qwen2-MoE, Gemma 3), checkpointed fp32 (Gemma and Gemma 3 with SDPA's math
+path, Gemma 3 and Qwen2-MoE with SDPA, Gemma-2, BLOOM) and checkpointed bf16 (BERT), one
+`--only KEY` run each merged with `--merge`.
 
 `--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.json`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
