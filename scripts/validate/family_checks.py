@@ -16,10 +16,11 @@ recording used:
 
     .venv/bin/python scripts/validate/family_checks.py --variants --out data/validation/cpu_variant_checks.json
 
-`--only t5` measures one model type's cases again (here T5 v1.0's, `T5_V1`), keeping the
-file's others:
+`--only` measures the named cases alone — a model type (`t5`: here T5 v1.0's, `T5_V1`) or cases
+(`family/precision/attention/ckpt|full`), comma-separated — and keeps the file's other cases:
 
     .venv/bin/python scripts/validate/family_checks.py --only t5 --out data/validation/cpu_family_checks.json
+    .venv/bin/python scripts/validate/family_checks.py --variants --only qwen3/bf16/eager/ckpt --out data/validation/cpu_variant_checks.json
 
 `cargo test -p headroom-plan --test family_templates` compares the templates' CPU replay with
 each case (`crates/headroom-plan/tests/family_templates.rs`).
@@ -75,6 +76,13 @@ VARIANTS = (
     ("bloom", "amp", "eager", False, 1, 160),
     ("qwen2_moe", "amp", "sdpa", False, 1, 160),
     ("gemma2", "fp32", "eager", True, 2, 144),
+    ("qwen3", "bf16", "eager", True, 1, 160),
+    ("gemma", "bf16", "eager", True, 1, 160),
+    ("gemma", "fp32", "eager", False, 2, 144),
+    ("bert", "bf16", "sdpa", True, 1, 160),
+    ("gemma3_text", "amp", "sdpa", False, 1, 160),
+    ("gemma3_text", "fp32", "sdpa", True, 2, 144),
+    ("qwen2_moe", "fp32", "sdpa", True, 2, 144),
 )
 
 
@@ -93,6 +101,8 @@ def cases():
 
 def variant_cases():
     deep = measure.small_configs()
+    # Qwen3 as Qwen2's deep config with Qwen3's code (its queries' and keys' norms).
+    deep[("qwen3", "deep")] = {**deep[("qwen2", "deep")], "model_type": "qwen3"}
     for family, precision, attention, checkpointing, batch, seq in VARIANTS:
         config = CONFIGS.get(family) or VARIANT_CONFIGS.get(family) or deep[(family, "deep")]
         head = "masked-lm" if family == "bert" else "causal-lm"
@@ -106,30 +116,46 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", action="store_true",
                     help="measure the cases of data/programs/hf-variants.json's keys instead")
-    ap.add_argument("--only", help="measure only this model type's cases, keeping --out's others")
+    ap.add_argument("--only", help="comma-separated model types or cases (family/precision/attention/ckpt|full) "
+                                   "measured into --out in place of theirs, the file's other cases kept")
     a = ap.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     results = []
-    if a.only:
-        with open(a.out) as f:
-            results = [c for c in json.load(f)["cases"] if c["family"] != a.only]
     chosen = variant_cases() if a.variants else ((T5_V1 if c["family"] == "t5" else CONFIGS[c["family"]], c)
                                                  for c in cases())
-    chosen = ((cfg, c) for cfg, c in chosen if not a.only or c["family"] == a.only)
+    if a.only:
+        only = set(a.only.split(","))
+
+        def named(c):
+            name = f"{c['family']}/{c['precision']}/{c['attention']}/{'ckpt' if c['checkpointing'] else 'full'}"
+            return name in only or c["family"] in only
+
+        with open(a.out) as f:
+            kept = json.load(f)
+        start -= kept["seconds"]  # the file's time, the cases kept included
+        kept = kept["cases"]
+        chosen = [(cfg, c) for cfg, c in chosen if named(c)]
+        results = [c for c in kept if not named(c)]
+    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
+             else "CPU ground truth for the model types recorded since")
+
+    def write():
+        out = {"about": f"{about}: scripts/validate/family_checks.py",
+               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+               "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+
     for cfg, c in chosen:
         r = measure.train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
                                c["checkpointing"], c["batch"], c["seq"])
         results.append({**c, "config": cfg, **r})
         print(f"{c} -> {r['peak_bytes']}", file=sys.stderr, flush=True)
-    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
-             else "CPU ground truth for the model types recorded since")
-    out = {"about": f"{about}: scripts/validate/family_checks.py",
-           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-           "python": platform.python_version(), "seconds": round(time.time() - start, 1), "cases": results}
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+        if a.only:
+            write()
+    write()
 
 
 if __name__ == "__main__":

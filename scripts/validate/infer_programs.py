@@ -83,6 +83,16 @@ def config(family, layers):
         # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
         # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
         cfg["feed_forward_proj"] = "relu"
+    if family == "gemma2":
+        # Gemma-2 alternates sliding and global layers, whose caches grow in different orders
+        # (a sliding layer concatenates keys and values before it lets the previous step's go, a
+        # global one frees each as it replaces it), and the planner repeats the middle recorded
+        # layer, a sliding one, for every layer between the edges. At five layers this is
+        # Gemma-2's own alternation; deeper, the layers between are the middle one's kind, as
+        # the planner lays them out.
+        kind = ("sliding_attention", "full_attention")
+        cfg["layer_types"] = [kind[min(i, sp.EDGE) % 2] if i < layers - sp.EDGE
+                              else kind[(sp.LAYERS - layers + i) % 2] for i in range(layers)]
     return cfg
 
 

@@ -199,6 +199,7 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
     let qwen3 = config_model(include_str!("../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
     let gemma2 = config_model(GEMMA_2_2B, "gemma-2-2b");
+    let gemma3 = config_model(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
     use Attention::{Eager, Sdpa};
     use Checkpointing::{Full as Ckpt, None as Whole};
     use Precision::{Amp, Bf16, Fp32};
@@ -208,6 +209,12 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&preset_model("qwen2.5-7b"), Bf16, Eager, Ckpt, "qwen2/causal-lm/bf16/eager/ckpt"),
         (&preset_model("qwen2.5-7b"), Fp32, Eager, Whole, "qwen2/causal-lm/fp32/eager/full"),
         (&qwen3, Fp32, Eager, Whole, "qwen3/causal-lm/fp32/eager/full"),
+        (&qwen3, Bf16, Eager, Ckpt, "qwen3/causal-lm/bf16/eager/ckpt"),
+        (&preset_model("gemma-7b"), Fp32, Eager, Whole, "gemma/causal-lm/fp32/eager/full"),
+        (&preset_model("gemma-7b"), Bf16, Eager, Ckpt, "gemma/causal-lm/bf16/eager/ckpt"),
+        (&qwen2_moe, Fp32, Sdpa, Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt"),
+        (&gemma3, Amp, Sdpa, Whole, "gemma3_text/causal-lm/amp/sdpa/full"),
+        (&gemma3, Fp32, Sdpa, Ckpt, "gemma3_text/causal-lm/fp32/sdpa-math/ckpt"),
         (&preset_model("gpt2"), Bf16, Eager, Ckpt, "gpt2/causal-lm/bf16/eager/ckpt"),
         (&preset_model("gpt2"), Fp32, Eager, Whole, "gpt2/causal-lm/fp32/eager/full"),
         (&preset_model("pythia-1b"), Bf16, Eager, Ckpt, "gpt_neox/causal-lm/bf16/eager/ckpt"),

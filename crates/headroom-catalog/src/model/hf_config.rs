@@ -556,6 +556,15 @@ mod tests {
     }
 
     #[test]
+    fn qwen3_counts_its_queries_and_keys_norms() {
+        let cfg = include_str!("../../../../data/models/qwen3-1.7b.json");
+        let m = Model::from_hf_config(cfg, "qwen3-1.7b").unwrap();
+        // transformers' count of Qwen/Qwen3-1.7B's config: `q_norm` and `k_norm`, 128 wide
+        // each, are 7,168 of them over 28 layers.
+        assert_eq!(m.params(), 1_720_574_976);
+    }
+
+    #[test]
     fn qwen3_moe_counts_its_experts_at_their_own_width() {
         let cfg = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
             "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
@@ -564,7 +573,9 @@ mod tests {
             "decoder_sparse_step": 1, "mlp_only_layers": []}"#;
         let m = Model::from_hf_config(cfg, "qwen3-30b-a3b").unwrap();
         assert_eq!((m.experts, m.experts_per_token, m.intermediate), (128, 8, 768));
-        // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B of them active a token (its model card).
+        // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B of them active a token (its model card);
+        // transformers' count of the same config, its queries' and keys' norms included.
+        assert_eq!(m.params(), 30_532_122_624);
         assert_eq!(m.params() / 100_000_000, 305);
         assert_eq!(m.active_params() / 100_000_000, 33);
         // Dense layers among the experts are refused, not miscounted.

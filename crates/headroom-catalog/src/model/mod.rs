@@ -273,10 +273,11 @@ impl Model {
 
     /// Norm weights a layer has beyond the two every gated decoder has: Gemma-2's and Gemma 3's
     /// two around the MLP (`pre_feedforward_layernorm`, `post_feedforward_layernorm`), and Gemma
-    /// 3's queries' and keys' (one head wide each).
+    /// 3's, Qwen3's and Qwen3-MoE's queries' and keys' (`q_norm`, `k_norm`, one head wide each).
     fn extra_norms(&self) -> u128 {
         match self.model_type {
             "gemma2" => 2 * self.hidden as u128,
+            "qwen3" | "qwen3_moe" => 2 * self.head_dim as u128,
             "gemma3_text" => 2 * self.hidden as u128 + 2 * self.head_dim as u128,
             _ => 0,
         }

@@ -7,9 +7,9 @@
 //! the cache it replaces freed by the step after.
 //!
 //! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE with SDPA (the first five, Phi-3, Gemma, GPT-NeoX and Qwen2-MoE at fp32
-//! too, the rest at bf16); BLOOM and Gemma-2 (its forward alone) with eager attention, the only one
-//! transformers has for them, and Llama's eager at bf16. A Mixture of Experts runs transformers'
+//! Qwen2-MoE and Qwen3-MoE with SDPA (at fp32 too, but Mixtral); BLOOM and Gemma-2 with eager
+//! attention, the only one transformers has for them (at bf16 and fp32), and Llama's eager at
+//! bf16. A Mixture of Experts runs transformers'
 //! default experts implementation, every tensor sized by the tokens times the experts a token
 //! takes, whatever the routing. Sliding layers are served within their window only. BERT's
 //! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache. T5's
