@@ -115,6 +115,16 @@ class _Tracker(TorchDispatchMode):
         return out
 
 
+class _CompilingTracker(_Tracker):
+    """The tracker while compiled steps are recorded: off while Dynamo and Inductor compile (which
+    they do only without such a mode on the stack), on while the compiled graphs run
+    (headroom_gpu.compiled)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 _PRIM_DEVICE = torch.ops.prim.device.default
 
 # ATen operators that launch no kernel: views and metadata (`OpOverload.is_view` finds the rest),
@@ -296,7 +306,9 @@ class StepRecorder:
     ground truth does). `route_sdpa`: route scaled dot-product attention as an sm90 GPU does.
     `shape`: the `(batch, seq)` the step runs at, written as the program's first line, so that
     `headroom plan` can fit each tensor's size law from the same step recorded at two or three
-    shapes (`--program A --program B`).
+    shapes (`--program A --program B`). `compile`: record what `torch.compile` (Inductor, its
+    default) compiles as Inductor partitions it, its graphs' operators run eagerly
+    (headroom_gpu.compiled); without it Dynamo leaves every frame eager under the recorder.
 
     While it runs, the objects that existed when it began are frozen out of Python's collector
     (`gc.freeze`, undone at its end, and left alone where something else froze them): each full
@@ -304,8 +316,13 @@ class StepRecorder:
     """
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
-                 packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True):
+                 packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True,
+                 compile: bool = False):
         self.fake = fake
+        self.compile = compile
+        self.compiled_graphs: list = []  # headroom_gpu.compiled.Graph: each forward graph's saves
+        self._param_sites: dict[int, str] = {}  # a parameter's module, for those a compiled graph takes
+        self._graph_breaks = 0
         self.shape = shape
         self.kernels = kernels
         self.kernel_lines: list[tuple[int, int, dict]] = []
@@ -489,18 +506,34 @@ class StepRecorder:
     # -- hooks ------------------------------------------------------------------------------
 
     def _name(self, module: torch.nn.Module) -> str:
+        module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule: the module it compiled
         name = self._names.get(id(module))
         if name is None:
             # A module first seen outside any named one is a root: its tree is named from it.
             root = type(module).__name__
             for sub, m in module.named_modules():
                 self._names.setdefault(id(m), f"{root}.{sub}" if sub else root)
+                for p in m.parameters(recurse=False):
+                    self._param_sites.setdefault(id(p), self._names[id(m)])
             name = self._names[id(module)]
         return name
 
     def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        if torch.compiler.is_compiling() or (self.compile and isinstance(module, torch.fx.GraphModule)):
+            # Dynamo tracing the hook (it runs nothing in the graph), or a compiled graph run: its
+            # operators are the compiled module's.
+            return
         name = self._name(module)
         self._modules.append(name)
+        if self.compile and module is not getattr(module, "_orig_mod", module):
+            # torch.compile(module): the modules inside run no hooks; their parameters are the graph's.
+            for m in module._orig_mod.modules():
+                self._own(m, self._name(m))
+            return
+        self._own(module, name)
+
+    def _own(self, module: torch.nn.Module, name: str) -> None:
+        """Tags `module`'s own parameters and buffers, and hooks its trainable parameters' gradients."""
         for p in module.parameters(recurse=False):
             self.tag(p, "weights", name)
             if p.requires_grad and id(p) not in self._hooked:
@@ -512,15 +545,29 @@ class StepRecorder:
         for p in _fsdp.sharded_parameters(module):
             self.tag(p, "weights", name)
 
+    def compiled_parameter(self, p: torch.nn.Parameter, path: str) -> None:
+        """A parameter a compiled graph takes as an input (`path`: its module, as Dynamo found it),
+        which no module hook tagged where the module ran inside the graph."""
+        if torch.compiler.is_compiling():
+            return
+        self.tag(p, "weights", self._param_sites.get(id(p), path))
+        if p.requires_grad and id(p) not in self._hooked:
+            self._hooked.add(id(p))
+            p.register_post_accumulate_grad_hook(self._gradient)
+
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:  # None where an optimizer in the backward has stepped and freed it
             self.tag(p.grad, "gradients")
 
-    def _forward_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
+    def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if torch.compiler.is_compiling() or (self.compile and isinstance(module, torch.fx.GraphModule)):
+            return
         if self._modules:
             self._modules.pop()
 
     def _optimizer_pre(self, _opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if torch._C._current_graph_task_id() != -1:
             # An optimizer stepped from a gradient hook (optimizer in backward): its step is part of
             # the backward, its temporaries `temporary`.
@@ -529,6 +576,8 @@ class StepRecorder:
             self._phase = OPTIMIZER
 
     def _optimizer_post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._stepping_in_backward = False
         for state in opt.state.values():
             for v in state.values():
@@ -537,6 +586,8 @@ class StepRecorder:
 
     def _backward(self, original):
         def backward(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return original(*args, **kwargs)  # AOTAutograd tracing the joint graph
             if self._phase != SETUP:
                 self._phase = BACKWARD
             try:
@@ -640,9 +691,33 @@ class StepRecorder:
             original_apply = torch.nn.Module._apply
             torch.nn.Module._apply = _overwriting_apply(original_apply)
             s.callback(setattr, torch.nn.Module, "_apply", original_apply)
-        s.enter_context(_Tracker(self))
+        if self.compile:
+            from . import compiled
+
+            s.enter_context(compiled.recording(self))
+            self._graph_breaks = compiled.graph_breaks()
+            s.callback(self._assume_compiled)
+        s.enter_context(_CompilingTracker(self) if self.compile else _Tracker(self))
         s.enter_context(_fsdp.storage_resizes(self))
         return self
+
+    def _assume_compiled(self) -> None:
+        from . import compiled
+
+        if not self.compiled_graphs:
+            self._assume("torch.compile: nothing was compiled (the step calls no torch.compile with Inductor, its "
+                         "default backend); the step recorded eagerly")
+            return
+        saved = sum(g.saved_bytes for g in self.compiled_graphs)
+        self._assume(f"torch.compile: {len(self.compiled_graphs)} forward graphs, partitioned as Inductor's "
+                     f"min_cut_rematerialization_partition partitions them; what they save for the backward is exact "
+                     f"({saved} bytes in all)")
+        self._assume("torch.compile: the graphs' operators run eagerly, each its own kernel, each intermediate a "
+                     "fused kernel would keep in registers allocated: the transient memory inside a graph is an "
+                     "upper bound")
+        breaks = compiled.graph_breaks() - self._graph_breaks
+        if breaks:
+            self._assume(f"torch.compile: {breaks} graph breaks; the code between the graphs recorded eagerly")
 
     def _assume_unpacked(self) -> None:
         """transformers looks for packed sequences in the position ids, a decision on data that fake

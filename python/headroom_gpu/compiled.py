@@ -1,0 +1,167 @@
+"""A `torch.compile`d step, recorded under fake tensors: what Inductor's partitioner saves for
+the backward, exactly, and its graphs' operators run eagerly.
+
+`StepRecorder(compile=True)` (`python -m headroom_gpu record --compile`) makes each
+`torch.compile` that asks for Inductor (its default backend, and `nn.Module.compile`) compile
+with `compile_fx`, Inductor's own entry point: Dynamo's graph, Inductor's decompositions and
+joint-graph passes, AOTAutograd's functionalization and `min_cut_rematerialization_partition`
+as Inductor calls it. Only the last stage differs: where Inductor would generate kernels from
+each partitioned graph (`inner_compile`), the graph runs as it is, operator by operator, under
+the recorder. So the tensors the forward keeps for the backward are the ones the compiled step
+keeps on a GPU, and the recorder sees them made and freed; but an intermediate that a fused
+kernel keeps in registers is allocated here as an eager operator's output, so the transient
+memory inside a graph is an upper bound, and each operator is its own kernel.
+
+Dynamo does not trace a frame while a `TorchDispatchMode` that does not
+`ignore_compile_internals` is on the stack (torch/_dynamo/convert_frame.py: "non-infra torch
+dispatch mode present"): it runs the frame eagerly instead. The recorder's mode says it ignores
+compilation while recording compiled steps, so Dynamo compiles with the recorder's mode off and
+the graphs run with it on; the recorder's hooks do nothing while Dynamo traces them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclass
+class Graph:
+    """One forward graph the partitioner made: what it saves for the backward, beyond its
+    inputs (the parameters and the batch, which exist anyway), as (name, bytes) each."""
+
+    saved: list
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(size for _, size in self.saved)
+
+
+def forward_saves(gm: torch.fx.GraphModule, user_outputs: int) -> list:
+    """`(name, bytes)` of each tensor the partitioned forward `gm` keeps for the backward and
+    made itself (graph inputs and their views are the parameters' and the batch's memory)."""
+    inputs = set()
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(v, torch.Tensor):
+            inputs.add(_storage_key(v))
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    seen = set()
+    out = []
+    for a in output.args[0][user_outputs:]:
+        v = getattr(a, "meta", {}).get("val")
+        if not isinstance(v, torch.Tensor):
+            continue
+        key = _storage_key(v)
+        if key in inputs or key in seen:
+            continue
+        seen.add(key)
+        out.append((a.name, int(v.untyped_storage().nbytes())))
+    return out
+
+
+def _storage_key(v: torch.Tensor) -> int:
+    return id(v.untyped_storage())  # the tracing's fake tensors share a view's storage with its base
+
+
+def _user_outputs(gm: torch.fx.GraphModule) -> int:
+    """How many of the forward graph's outputs are the user's, from AOTAutograd's metadata."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    if meta is None:
+        raise RuntimeError("torch.compile: AOTAutograd's forward metadata is not at hand (TracingContext."
+                           "fw_metadata), so what the forward saves cannot be told from what it returns")
+    # tokens are split out before; then the mutated inputs, the outputs, their bases, and the
+    # random state's offset where random operators are functionalized (ViewAndMutationMeta).
+    return meta.num_forward
+
+
+def _eager_inner(graphs: list, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+    """Inductor's `inner_compile`, replaced: the partitioned graph runs operator by operator."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    if not kwargs.get("is_backward", False) and not kwargs.get("is_inference", False):
+        graphs.append(Graph(forward_saves(gm, _user_outputs(gm))))
+    return make_boxed_func(gm.forward)
+
+
+def backend(rec: Any) -> Any:
+    """Inductor's `compile_fx`, each partitioned graph run eagerly, each forward graph's saves kept
+    in `rec.compiled_graphs`; the parameters the graph takes told to `rec` each time it runs (no
+    hook of the modules inside it runs)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        run = compile_fx(gm, example_inputs, inner_compile=partial(_eager_inner, rec.compiled_graphs))
+        paths = []
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                arg = n.meta.get("grapharg")
+                source = getattr(arg, "source", None)
+                name = getattr(source, "name", "") if source is not None else ""
+                paths.append(source_path(name() if callable(name) else str(name)))
+
+        def compiled_step(*args: Any) -> Any:
+            for p, path in zip(args, paths):
+                if isinstance(p, torch.nn.Parameter):
+                    rec.compiled_parameter(p, path)
+            return run(*args)
+
+        return compiled_step
+
+    return compile_graph
+
+
+_SOURCE = re.compile(r"_modules\['([^']+)'\]")
+
+
+def source_path(source: str) -> str:
+    """A module's dotted path from a Dynamo source (`L['self']._modules['h']._modules['0']`)."""
+    return ".".join(_SOURCE.findall(source))
+
+
+@contextlib.contextmanager
+def recording(rec: Any) -> Iterator[None]:
+    """`torch.compile` (and so `nn.Module.compile`) with Inductor compiling through `backend`,
+    and Inductor's and AOTAutograd's caches off (a cached graph skips the partition it would
+    report), Dynamo's compiled code dropped on entry and on exit (code compiled outside runs
+    real kernels; code compiled here runs eager operators)."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    original = torch.compile
+    recording_backend = backend(rec)
+
+    def compile(model: Any = None, *, backend: Any = "inductor", mode: Any = None, options: Any = None,
+                **kwargs: Any) -> Any:
+        if backend == "inductor":
+            # mode and options choose among Inductor's kernels and CUDA graphs, none of which run here.
+            backend, mode, options = recording_backend, None, None
+        return original(model, backend=backend, mode=mode, options=options, **kwargs)
+
+    torch._dynamo.reset()
+    saved = inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache
+    inductor_config.fx_graph_cache = False
+    functorch_config.enable_autograd_cache = False
+    torch.compile = compile
+    try:
+        yield
+    finally:
+        torch.compile = original
+        inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = saved
+        torch._dynamo.reset()
+
+
+def graph_breaks() -> int:
+    """Dynamo's graph breaks so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
