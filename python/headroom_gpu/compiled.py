@@ -36,6 +36,7 @@ class Graph:
     inputs (the parameters and the batch, which exist anyway), as (name, bytes) each."""
 
     saved: list
+    step: int = 0  # the last step that ran it
 
     @property
     def saved_bytes(self) -> int:
@@ -99,7 +100,9 @@ def backend(rec: Any) -> Any:
     from torch._inductor.compile_fx import compile_fx
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        first = len(rec.compiled_graphs)
         run = compile_fx(gm, example_inputs, inner_compile=partial(_eager_inner, rec.compiled_graphs))
+        graphs = rec.compiled_graphs[first:]
         paths = []
         for n in gm.graph.nodes:
             if n.op == "placeholder":
@@ -112,6 +115,8 @@ def backend(rec: Any) -> Any:
             for p, path in zip(args, paths):
                 if isinstance(p, torch.nn.Parameter):
                     rec.compiled_parameter(p, path)
+            for g in graphs:
+                g.step = rec._step
             return run(*args)
 
         return compiled_step

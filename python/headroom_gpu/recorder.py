@@ -124,8 +124,23 @@ class _CompilingTracker(_Tracker):
     def ignore_compile_internals(cls) -> bool:
         return True
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # The attention kernels a compiled graph runs, counted as it runs them (the routing in the
+        # graph was traced once; counting there would make the graph depend on the count).
+        kind = _SDPA_FORWARD.get(func)
+        if kind is not None:
+            self.recorder.sdpa_kernels[kind] = self.recorder.sdpa_kernels.get(kind, 0) + 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_SDPA_FORWARD = {torch.ops.aten._scaled_dot_product_flash_attention.default: _sdpa.FLASH,
+                 torch.ops.aten._scaled_dot_product_efficient_attention.default: _sdpa.EFFICIENT}
+
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+
+UNPACKED = ("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records the mask "
+            "packing needs)")
 
 # ATen operators that launch no kernel: views and metadata (`OpOverload.is_view` finds the rest),
 # allocations without a fill, and reads of a scalar; other namespaces' (`prim::device`) neither.
@@ -704,20 +719,25 @@ class StepRecorder:
     def _assume_compiled(self) -> None:
         from . import compiled
 
+        if self._unpacked_in_graph:
+            self._assume(UNPACKED)
         if not self.compiled_graphs:
             self._assume("torch.compile: nothing was compiled (the step calls no torch.compile with Inductor, its "
                          "default backend); the step recorded eagerly")
             return
-        saved = sum(g.saved_bytes for g in self.compiled_graphs)
+        last = max(g.step for g in self.compiled_graphs)
+        saved = sum(g.saved_bytes for g in self.compiled_graphs if g.step == last)
         self._assume(f"torch.compile: {len(self.compiled_graphs)} forward graphs, partitioned as Inductor's "
                      f"min_cut_rematerialization_partition partitions them; what they save for the backward is exact "
-                     f"({saved} bytes in all)")
+                     f"({saved} bytes in step {last})")
         self._assume("torch.compile: the graphs' operators run eagerly, each its own kernel, each intermediate a "
                      "fused kernel would keep in registers allocated: the transient memory inside a graph is an "
                      "upper bound")
         breaks = compiled.graph_breaks() - self._graph_breaks
         if breaks:
             self._assume(f"torch.compile: {breaks} graph breaks; the code between the graphs recorded eagerly")
+
+    _unpacked_in_graph = False
 
     def _assume_unpacked(self) -> None:
         """transformers looks for packed sequences in the position ids, a decision on data that fake
@@ -738,8 +758,12 @@ class StepRecorder:
             mask = original(position_ids)
             if mask is not None:
                 (mask[:, -1] == 0).all()
-            self._assume("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records "
-                         "the mask packing needs)")
+            if torch.compiler.is_compiling():
+                # Traced by Dynamo: the note is added after the step, as reading the notes here would
+                # make the graph depend on them (and compile again once the note is there).
+                self._unpacked_in_graph = True
+            else:
+                self._assume(UNPACKED)
             return None
 
         masking_utils.find_packed_sequence_indices = unpacked

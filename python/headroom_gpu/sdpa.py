@@ -60,7 +60,8 @@ def routed(original: Callable[..., torch.Tensor], chosen: dict) -> Callable[...,
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                      enable_gqa=False):
         kind = backend(query, key, value, attn_mask, is_causal, enable_gqa)
-        chosen[kind] = chosen.get(kind, 0) + 1
+        if not torch.compiler.is_compiling():  # a compiled graph's calls are counted as they run (recorder)
+            chosen[kind] = chosen.get(kind, 0) + 1
         if kind == FLASH:
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale)[0]
