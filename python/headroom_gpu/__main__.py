@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--compile", action="store_true",
                    help="torch.compile the model (Inductor): what its forward graphs save for the backward is what "
                         "Inductor's partitioner saves, the graphs' operators run eagerly (each fused kernel's "
-                        "intermediates allocated: the transient memory inside a graph is an upper bound)")
+                        "intermediates allocated: the transient memory inside a graph is an upper bound; no kernels, "
+                        "so no step time); not with --fsdp, --qlora or --generate")
     r.add_argument("--fsdp", type=int, metavar="GPUS",
                    help="FSDP2 (fully_shard on each layer and the model) over this many GPUs, rank 0's step recorded "
                         "in a fake process group; plan it with --gpus GPUS, which adds NCCL's buffers "

@@ -86,11 +86,13 @@ def _user_outputs(gm: torch.fx.GraphModule) -> int:
 
 def _eager_inner(graphs: list, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
     """Inductor's `inner_compile`, replaced: the partitioned graph runs operator by operator."""
-    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._dynamo.backends.debugging import boxed_nop
 
     if not kwargs.get("is_backward", False) and not kwargs.get("is_inference", False):
         graphs.append(Graph(forward_saves(gm, _user_outputs(gm))))
-    return make_boxed_func(gm.forward)
+    # Boxed, as Inductor's compiled graphs are: the graph takes its inputs' list and clears it, so
+    # each input (a saved activation, in the backward) is freed after its last use, not at the end.
+    return boxed_nop(gm, example_inputs)
 
 
 def backend(rec: Any) -> Any:

@@ -335,6 +335,9 @@ class StepRecorder:
                  compile: bool = False):
         self.fake = fake
         self.compile = compile
+        # A compiled graph's eager operators are not the kernels Inductor generates (a fused kernel
+        # is many operators): timing them would be a time of some other step, so none are kept.
+        kernels = kernels and not compile
         self.compiled_graphs: list = []  # headroom_gpu.compiled.Graph: each forward graph's saves
         self._param_sites: dict[int, str] = {}  # a parameter's module, for those a compiled graph takes
         self._graph_breaks = 0
@@ -729,10 +732,10 @@ class StepRecorder:
         saved = sum(g.saved_bytes for g in self.compiled_graphs if g.step == last)
         self._assume(f"torch.compile: {len(self.compiled_graphs)} forward graphs, partitioned as Inductor's "
                      f"min_cut_rematerialization_partition partitions them; what they save for the backward is exact "
-                     f"({saved} bytes in step {last})")
-        self._assume("torch.compile: the graphs' operators run eagerly, each its own kernel, each intermediate a "
-                     "fused kernel would keep in registers allocated: the transient memory inside a graph is an "
-                     "upper bound")
+                     f"({saved} bytes made in the graphs in step {last}, beyond their inputs)")
+        self._assume("torch.compile: the graphs' operators run eagerly, each intermediate a fused kernel would keep "
+                     "in registers allocated: the transient memory inside a graph is an upper bound; no kernels are "
+                     "written (they are not Inductor's), so the plan has no step time")
         breaks = compiled.graph_breaks() - self._graph_breaks
         if breaks:
             self._assume(f"torch.compile: {breaks} graph breaks; the code between the graphs recorded eagerly")

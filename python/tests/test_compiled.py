@@ -135,5 +135,35 @@ class CompiledStep(unittest.TestCase):
         self.assertEqual(sorted(inductor_saves), recorded)
 
 
+@unittest.skipIf(MISSING, MISSING)
+class Command(unittest.TestCase):
+    def test_record_compile_then_plan(self):
+        """`record --compile` on a tiny Llama: the compiled step's notes, a recording `headroom
+        plan --program` plans (without a step time), and the flags it is not recorded with refused."""
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        sys.path.insert(0, os.path.dirname(__file__))
+        from test_recorder import _model_dir, assert_replays_and_plans, record_command
+
+        tmp = tempfile.mkdtemp()
+        model = _model_dir(tmp)
+        out = os.path.join(tmp, "compiled.jsonl")
+        run = record_command(self, model, out, "--batch", "2", "--seq", "64", "--compile")
+        self.assertIn("assumed: torch.compile: 1 forward graphs", run.stdout)
+        self.assertIn("upper bound", run.stdout)
+        with open(out, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f]
+        self.assertFalse([line for line in lines if line["op"] == "kernel"])
+        assert_replays_and_plans(self, out)
+        r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", model, "--compile",
+                            "--generate", "4", "--out", os.devnull], capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--compile with --generate", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
