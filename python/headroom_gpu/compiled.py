@@ -67,7 +67,9 @@ def forward_saves(gm: torch.fx.GraphModule, user_outputs: int) -> list:
 
 
 def _storage_key(v: torch.Tensor) -> int:
-    return id(v.untyped_storage())  # the tracing's fake tensors share a view's storage with its base
+    # The storage itself (its C++ object: a Python wrapper is made anew each time), which the
+    # tracing's fake tensors share between a view and its base.
+    return v.untyped_storage()._cdata
 
 
 def _user_outputs(gm: torch.fx.GraphModule) -> int:
