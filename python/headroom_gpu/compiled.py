@@ -169,6 +169,25 @@ def recording(rec: Any) -> Iterator[None]:
         torch._dynamo.reset()
 
 
+def notes(graphs: list, breaks: int) -> list:
+    """What a compiled recording assumes, for its `assumed:` lines: of `graphs` (the forward
+    graphs compiled) and Dynamo's graph `breaks`."""
+    if not graphs:
+        return ["torch.compile: nothing was compiled (the step calls no torch.compile with Inductor, its default "
+                "backend); the step recorded eagerly"]
+    last = max(g.step for g in graphs)
+    saved = sum(g.saved_bytes for g in graphs if g.step == last)
+    out = [f"torch.compile: {len(graphs)} forward graphs, partitioned as Inductor's "
+           f"min_cut_rematerialization_partition partitions them; what they save for the backward is exact "
+           f"({saved} bytes made in the graphs in step {last}, beyond their inputs)",
+           "torch.compile: the graphs' operators run eagerly, each intermediate a fused kernel would keep in "
+           "registers allocated: the transient memory inside a graph is an upper bound; no kernels are written "
+           "(they are not Inductor's), so the plan has no step time"]
+    if breaks:
+        out.append(f"torch.compile: {breaks} graph breaks; the code between the graphs recorded eagerly")
+    return out
+
+
 def graph_breaks() -> int:
     """Dynamo's graph breaks so far in this process."""
     from torch._dynamo.utils import counters

@@ -724,21 +724,8 @@ class StepRecorder:
 
         if self._unpacked_in_graph:
             self._assume(UNPACKED)
-        if not self.compiled_graphs:
-            self._assume("torch.compile: nothing was compiled (the step calls no torch.compile with Inductor, its "
-                         "default backend); the step recorded eagerly")
-            return
-        last = max(g.step for g in self.compiled_graphs)
-        saved = sum(g.saved_bytes for g in self.compiled_graphs if g.step == last)
-        self._assume(f"torch.compile: {len(self.compiled_graphs)} forward graphs, partitioned as Inductor's "
-                     f"min_cut_rematerialization_partition partitions them; what they save for the backward is exact "
-                     f"({saved} bytes made in the graphs in step {last}, beyond their inputs)")
-        self._assume("torch.compile: the graphs' operators run eagerly, each intermediate a fused kernel would keep "
-                     "in registers allocated: the transient memory inside a graph is an upper bound; no kernels are "
-                     "written (they are not Inductor's), so the plan has no step time")
-        breaks = compiled.graph_breaks() - self._graph_breaks
-        if breaks:
-            self._assume(f"torch.compile: {breaks} graph breaks; the code between the graphs recorded eagerly")
+        for note in compiled.notes(self.compiled_graphs, compiled.graph_breaks() - self._graph_breaks):
+            self._assume(note)
 
     _unpacked_in_graph = False
 

@@ -3,7 +3,7 @@
 same step compiled by Inductor for real on the CPU: how much the recording's graphs, run as
 eager operators, overstate the compiled step's live peak.
 
-    PYTHONPATH=python python3 scripts/validate/compiled_recording.py [--json]
+    PYTHONPATH=python python3 scripts/validate/compiled_recording.py --out data/validation/compiled_recording.json
 
 Each job is recorder_truth.py's training step (measure.py's small config of the family, fp32,
 2 x 128, AdamW with foreach) with `torch.compile(model)`:
@@ -77,7 +77,7 @@ def measured(job, cfg, compile):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--out", help="write the figures as JSON to this file")
     ap.add_argument("--only", choices=FAMILIES, help="one family")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -92,10 +92,13 @@ def main():
                "recorded_eager_peak_bytes": rec_eager, "eager_peak_bytes": measured(job, cfg, False)}
         row["upper_bound_gap"] = (rec_compiled - row["inductor_peak_bytes"]) / row["inductor_peak_bytes"]
         rows.append(row)
-        if not a.json:
-            print(row, flush=True)
-    if a.json:
-        print(json.dumps({"torch": torch.__version__, "jobs": rows}))
+        print(row, flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"about": "a compiled step's recording against Inductor on the CPU: "
+                                "scripts/validate/compiled_recording.py", "torch": torch.__version__, "jobs": rows},
+                      f, indent=1)
+            f.write("\n")
     return 0
 
 
