@@ -125,8 +125,8 @@ class _CompilingTracker(_Tracker):
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # The attention kernels a compiled graph runs, counted as it runs them (the routing in the
-        # graph was traced once; counting there would make the graph depend on the count).
+        # The attention kernels, counted as they run, in a compiled graph or out of one (the routing
+        # in a graph was traced once; counting there would make the graph depend on the count).
         kind = _SDPA_FORWARD.get(func)
         if kind is not None:
             self.recorder.sdpa_kernels[kind] = self.recorder.sdpa_kernels.get(kind, 0) + 1
@@ -701,7 +701,8 @@ class StepRecorder:
         if self.route_sdpa:
             f = torch.nn.functional
             original = f.scaled_dot_product_attention
-            f.scaled_dot_product_attention = _amp.autocast_first(_sdpa.routed(original, self.sdpa_kernels))
+            routed = _sdpa.routed(original, self.sdpa_kernels, count=not self.compile)
+            f.scaled_dot_product_attention = _amp.autocast_first(routed)
             s.callback(setattr, f, "scaled_dot_product_attention", original)
         s.enter_context(_amp.cuda_autocast())  # torch.autocast("cuda") casts as on a GPU
         self._assume_unpacked()
