@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
+    r.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (Inductor): what its forward graphs save for the backward is what "
+                        "Inductor's partitioner saves, the graphs' operators run eagerly (each fused kernel's "
+                        "intermediates allocated: the transient memory inside a graph is an upper bound; no kernels, "
+                        "so no step time); not with --fsdp, --qlora or --generate")
     r.add_argument("--fsdp", type=int, metavar="GPUS",
                    help="FSDP2 (fully_shard on each layer and the model) over this many GPUs, rank 0's step recorded "
                         "in a fake process group; plan it with --gpus GPUS, which adds NCCL's buffers "
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
                     lora=args.lora, qlora=args.qlora, attention=args.attention, checkpoint=args.checkpoint,
-                    fsdp=args.fsdp, steps=args.steps, repeat=not args.record_every_step,
+                    fsdp=args.fsdp, compile=args.compile, steps=args.steps, repeat=not args.record_every_step,
                     mode="generate" if args.generate is not None else "infer" if args.infer else "train",
                     new_tokens=args.generate or 0)
     start = time.perf_counter()

@@ -115,7 +115,32 @@ class _Tracker(TorchDispatchMode):
         return out
 
 
+class _CompilingTracker(_Tracker):
+    """The tracker while compiled steps are recorded: off while Dynamo and Inductor compile (which
+    they do only without such a mode on the stack), on while the compiled graphs run
+    (headroom_gpu.compiled)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # The attention kernels, counted as they run, in a compiled graph or out of one (the routing
+        # in a graph was traced once; counting there would make the graph depend on the count).
+        kind = _SDPA_FORWARD.get(func)
+        if kind is not None:
+            self.recorder.sdpa_kernels[kind] = self.recorder.sdpa_kernels.get(kind, 0) + 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_SDPA_FORWARD = {torch.ops.aten._scaled_dot_product_flash_attention.default: _sdpa.FLASH,
+                 torch.ops.aten._scaled_dot_product_efficient_attention.default: _sdpa.EFFICIENT}
+
+
 _PRIM_DEVICE = torch.ops.prim.device.default
+
+UNPACKED = ("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records the mask "
+            "packing needs)")
 
 # ATen operators that launch no kernel: views and metadata (`OpOverload.is_view` finds the rest),
 # allocations without a fill, and reads of a scalar; other namespaces' (`prim::device`) neither.
@@ -296,7 +321,9 @@ class StepRecorder:
     ground truth does). `route_sdpa`: route scaled dot-product attention as an sm90 GPU does.
     `shape`: the `(batch, seq)` the step runs at, written as the program's first line, so that
     `headroom plan` can fit each tensor's size law from the same step recorded at two or three
-    shapes (`--program A --program B`).
+    shapes (`--program A --program B`). `compile`: record what `torch.compile` (Inductor, its
+    default) compiles as Inductor partitions it, its graphs' operators run eagerly
+    (headroom_gpu.compiled); without it Dynamo leaves every frame eager under the recorder.
 
     While it runs, the objects that existed when it began are frozen out of Python's collector
     (`gc.freeze`, undone at its end, and left alone where something else froze them): each full
@@ -304,8 +331,16 @@ class StepRecorder:
     """
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
-                 packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True):
+                 packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True,
+                 compile: bool = False):
         self.fake = fake
+        self.compile = compile
+        # A compiled graph's eager operators are not the kernels Inductor generates (a fused kernel
+        # is many operators): timing them would be a time of some other step, so none are kept.
+        kernels = kernels and not compile
+        self.compiled_graphs: list = []  # headroom_gpu.compiled.Graph: each forward graph's saves
+        self._param_sites: dict[int, str] = {}  # a parameter's module, for those a compiled graph takes
+        self._graph_breaks = 0
         self.shape = shape
         self.kernels = kernels
         self.kernel_lines: list[tuple[int, int, dict]] = []
@@ -489,18 +524,34 @@ class StepRecorder:
     # -- hooks ------------------------------------------------------------------------------
 
     def _name(self, module: torch.nn.Module) -> str:
+        module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule: the module it compiled
         name = self._names.get(id(module))
         if name is None:
             # A module first seen outside any named one is a root: its tree is named from it.
             root = type(module).__name__
             for sub, m in module.named_modules():
                 self._names.setdefault(id(m), f"{root}.{sub}" if sub else root)
+                for p in m.parameters(recurse=False):
+                    self._param_sites.setdefault(id(p), self._names[id(m)])
             name = self._names[id(module)]
         return name
 
     def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        if torch.compiler.is_compiling() or (self.compile and isinstance(module, torch.fx.GraphModule)):
+            # Dynamo tracing the hook (it runs nothing in the graph), or a compiled graph run: its
+            # operators are the compiled module's.
+            return
         name = self._name(module)
         self._modules.append(name)
+        if self.compile and module is not getattr(module, "_orig_mod", module):
+            # torch.compile(module): the modules inside run no hooks; their parameters are the graph's.
+            for m in module._orig_mod.modules():
+                self._own(m, self._name(m))
+            return
+        self._own(module, name)
+
+    def _own(self, module: torch.nn.Module, name: str) -> None:
+        """Tags `module`'s own parameters and buffers, and hooks its trainable parameters' gradients."""
         for p in module.parameters(recurse=False):
             self.tag(p, "weights", name)
             if p.requires_grad and id(p) not in self._hooked:
@@ -512,15 +563,29 @@ class StepRecorder:
         for p in _fsdp.sharded_parameters(module):
             self.tag(p, "weights", name)
 
+    def compiled_parameter(self, p: torch.nn.Parameter, path: str) -> None:
+        """A parameter a compiled graph takes as an input (`path`: its module, as Dynamo found it),
+        which no module hook tagged where the module ran inside the graph."""
+        if torch.compiler.is_compiling():
+            return
+        self.tag(p, "weights", self._param_sites.get(id(p), path))
+        if p.requires_grad and id(p) not in self._hooked:
+            self._hooked.add(id(p))
+            p.register_post_accumulate_grad_hook(self._gradient)
+
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:  # None where an optimizer in the backward has stepped and freed it
             self.tag(p.grad, "gradients")
 
-    def _forward_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
+    def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if torch.compiler.is_compiling() or (self.compile and isinstance(module, torch.fx.GraphModule)):
+            return
         if self._modules:
             self._modules.pop()
 
     def _optimizer_pre(self, _opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if torch._C._current_graph_task_id() != -1:
             # An optimizer stepped from a gradient hook (optimizer in backward): its step is part of
             # the backward, its temporaries `temporary`.
@@ -529,6 +594,8 @@ class StepRecorder:
             self._phase = OPTIMIZER
 
     def _optimizer_post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._stepping_in_backward = False
         for state in opt.state.values():
             for v in state.values():
@@ -537,6 +604,8 @@ class StepRecorder:
 
     def _backward(self, original):
         def backward(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return original(*args, **kwargs)  # AOTAutograd tracing the joint graph
             if self._phase != SETUP:
                 self._phase = BACKWARD
             try:
@@ -632,7 +701,8 @@ class StepRecorder:
         if self.route_sdpa:
             f = torch.nn.functional
             original = f.scaled_dot_product_attention
-            f.scaled_dot_product_attention = _amp.autocast_first(_sdpa.routed(original, self.sdpa_kernels))
+            routed = _sdpa.routed(original, self.sdpa_kernels, count=not self.compile)
+            f.scaled_dot_product_attention = _amp.autocast_first(routed)
             s.callback(setattr, f, "scaled_dot_product_attention", original)
         s.enter_context(_amp.cuda_autocast())  # torch.autocast("cuda") casts as on a GPU
         self._assume_unpacked()
@@ -640,9 +710,25 @@ class StepRecorder:
             original_apply = torch.nn.Module._apply
             torch.nn.Module._apply = _overwriting_apply(original_apply)
             s.callback(setattr, torch.nn.Module, "_apply", original_apply)
-        s.enter_context(_Tracker(self))
+        if self.compile:
+            from . import compiled
+
+            s.enter_context(compiled.recording(self))
+            self._graph_breaks = compiled.graph_breaks()
+            s.callback(self._assume_compiled)
+        s.enter_context(_CompilingTracker(self) if self.compile else _Tracker(self))
         s.enter_context(_fsdp.storage_resizes(self))
         return self
+
+    def _assume_compiled(self) -> None:
+        from . import compiled
+
+        if self._unpacked_in_graph:
+            self._assume(UNPACKED)
+        for note in compiled.notes(self.compiled_graphs, compiled.graph_breaks() - self._graph_breaks):
+            self._assume(note)
+
+    _unpacked_in_graph = False
 
     def _assume_unpacked(self) -> None:
         """transformers looks for packed sequences in the position ids, a decision on data that fake
@@ -663,8 +749,12 @@ class StepRecorder:
             mask = original(position_ids)
             if mask is not None:
                 (mask[:, -1] == 0).all()
-            self._assume("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records "
-                         "the mask packing needs)")
+            if torch.compiler.is_compiling():
+                # Traced by Dynamo: the note is added after the step, as reading the notes here would
+                # make the graph depend on them (and compile again once the note is there).
+                self._unpacked_in_graph = True
+            else:
+                self._assume(UNPACKED)
             return None
 
         masking_utils.find_packed_sequence_indices = unpacked

@@ -53,14 +53,16 @@ def _additive(attn_mask: Any, dtype: torch.dtype) -> Any:
     return bias.masked_fill_(attn_mask.logical_not(), float("-inf"))
 
 
-def routed(original: Callable[..., torch.Tensor], chosen: dict) -> Callable[..., torch.Tensor]:
+def routed(original: Callable[..., torch.Tensor], chosen: dict, count: bool = True) -> Callable[..., torch.Tensor]:
     """`torch.nn.functional.scaled_dot_product_attention` by the GPU's rule; `chosen` counts
-    the calls each kernel took."""
+    the calls each kernel took (`count=False`: counted by the caller, as a compiled step's
+    recorder counts the kernels its graphs run)."""
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                      enable_gqa=False):
         kind = backend(query, key, value, attn_mask, is_causal, enable_gqa)
-        chosen[kind] = chosen.get(kind, 0) + 1
+        if count:
+            chosen[kind] = chosen.get(kind, 0) + 1
         if kind == FLASH:
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale)[0]

@@ -87,6 +87,7 @@ class Recipe:
     clip_grad_norm: float | None
     checkpointing: bool
     offloading: bool
+    compile: bool = False
     notes: list = field(default_factory=list)
 
 
@@ -125,9 +126,6 @@ def read(path: str) -> Recipe:
     if extra:
         raise ValueError(f"model.{extra[0]}: the model's dimensions come from --model's config.json; leave "
                          f"{', '.join('model.' + k for k in extra)} out of the recipe")
-    if cfg.get("compile"):
-        raise ValueError("compile: True: the recorder records eager PyTorch's operators; set compile: False "
-                         "(a compiled step's memory is planned by `headroom plan --compile`)")
     dtype = str(cfg.get("dtype", "fp32"))
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype: {dtype}: torchtune's recipes train in bf16 or fp32")
@@ -159,7 +157,8 @@ def read(path: str) -> Recipe:
                   accumulation=accumulation, optimizer_in_bwd=in_bwd,
                   clip_grad_norm=None if clip is None else float(clip),
                   checkpointing=bool(cfg.get("enable_activation_checkpointing", False)),
-                  offloading=bool(cfg.get("enable_activation_offloading", False)), notes=notes)
+                  offloading=bool(cfg.get("enable_activation_offloading", False)),
+                  compile=bool(cfg.get("compile", False)), notes=notes)
 
 
 def model_args(config_path: str, family: str) -> dict:
@@ -362,14 +361,20 @@ class RecipeStep:
         net = self.net = _build(recipe, model)
         if recipe.lora:
             set_trainable_params(net, get_adapter_params(net))
+        if recipe.compile:
+            # Each layer's, as the recipe compiles them (StepRecorder(compile=True) records them).
+            training.compile_model(net, verbose=False)
         if recipe.checkpointing:
             training.set_activation_checkpointing(net, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
         self.handling = training.get_act_offloading_ctx_manager(net, recipe.offloading)
         if recipe.loss.endswith("CEWithChunkedOutputLoss"):
             self.loss_fn = CEWithChunkedOutputLoss(num_output_chunks=recipe.chunks, ignore_index=self.ignore)
-            net.set_num_output_chunks(self.loss_fn.num_output_chunks)
         else:
             self.loss_fn = torch.nn.CrossEntropyLoss(ignore_index=self.ignore)
+        if recipe.compile:
+            self.loss_fn = training.compile_loss(self.loss_fn, verbose=False)
+        if recipe.loss.endswith("CEWithChunkedOutputLoss"):
+            net.set_num_output_chunks(self.loss_fn.num_output_chunks)
         self.optimizers: list = []
         self.opt = None
         if recipe.optimizer_in_bwd:
@@ -443,7 +448,7 @@ def record(recipe: Recipe, model: str, batch: int | None = None, seq: int | None
     if not seq:
         raise ValueError(f"--recipe {recipe.path}: tokenizer.max_seq_len is null: give --seq, the tokens a sequence")
     with one_stream_offloading() as host, sized_rope_scaling(fake), \
-            StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(batch, seq)) as rec:
+            StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(batch, seq), compile=recipe.compile) as rec:
         step = RecipeStep(recipe, model, batch, seq, tag=rec.tag)
         for i in range(steps):
             if i >= 2 and repeat and rec.repeat_step():
@@ -486,7 +491,8 @@ def main(parser: Any, args: Any) -> int:
     features = [name for name, on in (("chunked cross-entropy", recipe.loss.endswith("CEWithChunkedOutputLoss")),
                                       ("optimizer in backward", recipe.optimizer_in_bwd),
                                       ("activation checkpointing", recipe.checkpointing),
-                                      ("activation offloading", recipe.offloading)) if on]
+                                      ("activation offloading", recipe.offloading),
+                                      ("torch.compile", recipe.compile)) if on]
     print(f"recipe: {', '.join(features) or 'no memory feature'}; {recipe.optimizer}; {recipe.dtype}; "
           f"{recipe.accumulation} micro-batch{'es' if recipe.accumulation > 1 else ''} a step")
     if recipe.offloading:

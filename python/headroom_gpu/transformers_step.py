@@ -44,6 +44,7 @@ class StepSpec:
     lora: int | None = None
     attention: str = "sdpa"
     checkpoint: bool = False
+    compile: bool = False  # torch.compile(model) with Inductor, recorded as headroom_gpu.compiled records it
     fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
     qlora: int | None = None  # LoRA of this rank over a 4-bit base (headroom_gpu.qlora)
     steps: int = 3
@@ -119,6 +120,10 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         raise ValueError("--optimizer adamw-8bit with --fsdp: FSDP2's parameters are DTensors, and bitsandbytes' "
                          "optimizer operators have no DTensor sharding rule, so AdamW8bit cannot step them; "
                          "leave --optimizer out (torch's AdamW, as fsdp_qlora steps)")
+    if spec.compile and (spec.fsdp or spec.qlora or spec.mode == "generate"):
+        flag = "--fsdp" if spec.fsdp else "--qlora" if spec.qlora else "--generate"
+        raise ValueError(f"--compile with {flag}: not recorded (the compiled recording covers a model's training step "
+                         "and its inference forward); leave --compile out")
     if spec.dtype == "mixed" and not spec.fsdp:
         raise ValueError("--dtype mixed is FSDP2's mixed precision: give --fsdp GPUS, or record --dtype amp (autocast) "
                          "or bf16")
@@ -134,7 +139,8 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         # device: nothing to record.
         meta = qlora.build(config, spec.attention,
                            quant_storage=torch.bfloat16 if spec.fsdp else torch.uint8)
-    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq)) as rec, \
+    with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq),
+                                     compile=spec.compile) as rec, \
             contextlib.ExitStack() as stack:
         if spec.qlora and spec.fsdp:
             model = qlora.prepare_sharded(meta, spec.qlora, mesh, rec)
@@ -152,11 +158,14 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
                 if spec.dtype == "mixed" else None
             shard_transformer(model, mesh, mp_policy=policy)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if spec.compile:
+            model = torch.compile(model)
         if spec.mode != "train":
             with torch.no_grad():
                 _infer(rec, spec, model, config)
             return rec
-        opt = _optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
+        opt = _optimizer(spec.optimizer, params)
         ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
         for i in range(spec.steps):
             # The first step makes the optimizer's state; the second is the steady one, which

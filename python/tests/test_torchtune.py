@@ -187,7 +187,8 @@ class Command(unittest.TestCase):
     def test_each_recipe_replays_and_plans(self):
         cases = [("1B_lora_single_device.yaml", {"gradient_accumulation_steps": 2}, "chunked cross-entropy"),
                  ("1B_full_single_device.yaml", {"optimizer": ADAMW, "enable_activation_offloading": True},
-                  "host memory of activation offloading")]
+                  "host memory of activation offloading"),
+                 ("1B_full_single_device.yaml", {"optimizer": ADAMW, "compile": True}, "torch.compile")]
         if not NO_BNB:
             cases.append(("1B_full_single_device.yaml", {}, "optimizer in backward"))
         for name, changes, said in cases:
@@ -202,7 +203,6 @@ class Command(unittest.TestCase):
     def test_what_is_not_recorded_is_refused(self):
         model = _model(self.tmp)
         cases = [({"model": {"_component_": "torchtune.models.qwen2_5.qwen2_5_0_5b"}}, [], "model._component_"),
-                 ({"compile": True}, [], "compile: True"),
                  ({"fsdp_cpu_offload": True}, [], "fsdp_cpu_offload"),
                  ({"optimizer_in_bwd": True, "gradient_accumulation_steps": 4}, [], "gradient_accumulation_steps: 1"),
                  ({"loss": {"_component_": "torchtune.modules.loss.LinearCrossEntropyLoss"}}, [], "loss._component_"),
