@@ -310,10 +310,7 @@ def fit(ns, points, d, param_shapes, what, widths):
     g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
     kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
     if g2 * x1 * x1 == g1 * x2 * x2:
-        per = g1 / (x1 * x1)
-        if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per > 16:
-            return {kind_s: {"heads": per / d["heads"]}}
-        return {kind_s: {"one": per}}
+        return sp.pair_law(kind_s, g1 / (x1 * x1), d["heads"])
     slope = (g2 - g1) / (x2 - x1)
     const = g1 - slope * x1
     if slope == 0:

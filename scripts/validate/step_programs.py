@@ -52,7 +52,7 @@ for families the files above hold: eager attention in bf16 with checkpointing an
 checkpointed fp32 (Gemma and Gemma 3 with SDPA's math path, Gemma 3 and Qwen2-MoE with SDPA,
 Gemma-2, BLOOM) and checkpointed bf16 (BERT), one `--only KEY` run each merged with `--merge`. T5
 is recorded with v1.0's ReLU MLP; `--gated` records it with v1.1's gated MLP (flan-t5, T0, mT5)
-under keys ending `/gated`, into the same file:
+under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/gated/lora-all`):
 
     .venv/bin/python scripts/validate/step_programs.py --gated --only t5/seq2seq-lm/bf16/eager/full --out a.json
 
@@ -106,6 +106,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
+from per_head_laws import pair_law  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
 # Recorded at five layers: the first two and the last two as they are, the middle one repeated
@@ -126,7 +127,7 @@ DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mi
 CODE = {"gemma3_text": "gemma3"}
 
 
-# Set (by `--gated`) to record T5 with v1.1's gated MLP, under keys ending `/gated`.
+# Set (by `--gated`) to record T5 with v1.1's gated MLP, under keys with `/gated` after the checkpointing.
 GATED_T5 = "STEP_PROGRAMS_GATED_T5"
 
 
@@ -673,12 +674,7 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
         g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
         kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
         if g2 * s1 * s1 == g1 * s2 * s2:
-            per = g1 / (s1 * s1)
-            # Bytes per position pair at least a byte a head (bf16 scores over 8 heads: 16)
-            # are per head: an eager attention's scores, T5's position bias.
-            if abs(per - round(per)) < 1e-9 and per % d["heads"] == 0 and per >= 2 * d["heads"]:
-                return {kind_s: {"heads": per / d["heads"]}}
-            return {kind_s: {"one": per}}
+            return pair_law(kind_s, g1 / (s1 * s1), d["heads"])
         slope = (g2 - g1) / (s2 - s1)
         const = g1 - slope * s1
         if slope == 0 and grows_b:
@@ -1084,7 +1080,8 @@ def main():
     ap.add_argument("--lora", help="comma-separated adapter targets (all, qv): record LoRA steps at fp32 and bf16 "
                                    "instead of full fine-tuning")
     ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
-                                                          "v1.0's ReLU one, under keys ending /gated")
+                                                          "v1.0's ReLU one, under keys with /gated after the "
+                                                          "checkpointing (before a LoRA suffix)")
     ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
                                                       "base, bf16 compute, SDPA, checkpointing) under fake tensors")
     args = ap.parse_args()
@@ -1117,9 +1114,13 @@ def main():
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
     if args.gated:
         os.environ[GATED_T5] = "1"
-        jobs = [j for j in jobs if j[0] == "t5" and len(j) == 5]
+        jobs = [j for j in jobs if j[0] == "t5"]
     for job in jobs:
-        name = key(*job) + ("/gated" if args.gated else "")
+        name = key(*job)
+        if args.gated:
+            # `/gated` after the checkpointing, before any adapters' suffix, as the planner asks.
+            base = key(*job[:5])
+            name = f"{base}/gated{name[len(base):]}"
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:
             continue
         try:

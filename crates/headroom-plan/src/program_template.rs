@@ -563,4 +563,27 @@ mod tests {
         assert_eq!((at(1, 32), at(1, 33), at(4, 1024)), (1536, 3072, 196_608));
         assert!(law.grows_with_batch());
     }
+
+    /// A tensor of a whole number of at least two bytes a head for each position pair is per
+    /// head (an eager attention's scores, T5's position bias), and is planned with the model's
+    /// heads: a template read with the recorders' older rule, which took such tensors as per
+    /// head only above 16 bytes a pair, would plan them the same whatever the heads
+    /// (`scripts/validate/per_head_laws.py` reads them again).
+    #[test]
+    fn no_template_plans_a_per_head_pair_tensor_whatever_the_heads() {
+        let mut stale = Vec::new();
+        for key in keys() {
+            let raw: serde_json::Value = serde_json::from_str(bundled()[key].get()).expect("JSON");
+            let Some(heads) = raw["dims"]["heads"].as_f64().filter(|&h| h > 0.0) else { continue };
+            for law in raw["laws"].as_array().into_iter().flatten() {
+                for kind in ["tok_s", "pos_s"] {
+                    let Some(per) = law[kind]["one"].as_f64() else { continue };
+                    if per.fract() == 0.0 && per % heads == 0.0 && per >= 2.0 * heads {
+                        stale.push(format!("{key}: {kind} {per} bytes a pair at {heads} heads"));
+                    }
+                }
+            }
+        }
+        assert!(stale.is_empty(), "per-head laws read as constants:\n{}", stale.join("\n"));
+    }
 }
