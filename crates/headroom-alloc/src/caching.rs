@@ -410,6 +410,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             if owner == DEFAULT_POOL { self.policy.place(rounded, stream) } else { Placement::stream(stream) };
         let mut place = placement.stream;
         let mut found = None;
+        // Set when the free set kept the found block's remainder in its place (`Take::Shrink`).
+        let mut shrunk = None;
         if let Some(slot) = placement.at {
             if kind == PoolKind::Large && self.expandable_active() {
                 found = self.carve_at(kind, place, slot, rounded)?;
@@ -420,11 +422,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         if found.is_none() {
-            found = self.get_free_block(owner, kind, place, rounded);
+            (found, shrunk) = self.get_free_block(owner, kind, place, rounded).unzip();
         }
         if found.is_none() && self.trigger_free_memory_callbacks()? {
-            found = self.get_free_block(owner, kind, place, rounded);
+            (found, shrunk) = self.get_free_block(owner, kind, place, rounded).unzip();
         }
+        let shrunk = shrunk.unwrap_or(false);
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then cannot strand any, and may map ahead.
         let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
@@ -470,7 +473,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             return Err(self.out_of_memory(size, rounded, alloc_size, stream));
         };
         let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
-        let a = self.alloc_found_block(id, place, rounded, size, split);
+        debug_assert!(!shrunk || split, "the free set kept a remainder of a block not split");
+        let a = self.alloc_found_block(id, place, rounded, size, split, shrunk);
         self.policy.on_alloc(a.ptr, a.size, place);
         Ok(a)
     }
@@ -542,83 +546,6 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // Frees that wait for events did not make memory reusable yet; PyTorch
         // retries the search all the same when a callback reports progress.
         Ok(freed)
-    }
-
-    /// `get_free_block`: best fit on the request's stream, with the
-    /// expandable-segment and oversize rules. Removes the block it returns
-    /// from the free set.
-    fn get_free_block(&mut self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
-        let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let expandable_on = self.expandable_active();
-        let (policy, config) = (&self.policy, &self.config);
-        let arena = &self.arena;
-        let pool = match (owner, kind) {
-            (DEFAULT_POOL, PoolKind::Small) => &mut self.small,
-            (DEFAULT_POOL, PoolKind::Large) => &mut self.large,
-            (_, PoolKind::Small) => &mut self.private.get_mut(&owner).expect("a live pool").small,
-            (_, PoolKind::Large) => &mut self.private.get_mut(&owner).expect("a live pool").large,
-        };
-        if gc_clock {
-            pool.get_free_blocks_call_count += 1;
-        }
-        let fits = |found_size| policy.may_serve(config, size, found_size);
-        // Best fit counts the room an expandable block can still grow into: from the best fit, on to the next block
-        // while that one has less room. One search and a walk (the common case: an ordinary block, no walk).
-        let grow = |id: u32| {
-            let b = &arena[id];
-            b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
-        };
-        let further = |id: u32, next: u32| expandable_on && arena[id].is_expandable() && grow(next) < grow(id);
-        let mut skipped_expandable = false;
-        let found = pool.blocks.take_walking_if(stream, size, further, |found_size, id| {
-            skipped_expandable = !expandable_on && arena[id].is_expandable();
-            !skipped_expandable && fits(found_size)
-        });
-        if let Some((_, _, id)) = found {
-            return Some(id);
-        }
-        if !skipped_expandable {
-            return None;
-        }
-        // Expandable segments were turned off with blocks of them still free: rare.
-        let (found_size, found_ptr, id) = self.pick_free_block(owner, kind, stream, size)?;
-        self.pool_mut(owner, kind).blocks.remove(stream, found_size, found_ptr);
-        Some(id)
-    }
-
-    /// The block `get_free_block` would take, without taking it: best fit,
-    /// with the expandable-segment and oversize rules.
-    fn pick_free_block(&self, owner: u32, kind: PoolKind, stream: StreamId, size: u64) -> Option<(u64, u64, u32)> {
-        let expandable_on = self.expandable_active();
-        let arena = &self.arena;
-        let pool = self.pool(owner, kind);
-        let fits = |found_size| self.policy.may_serve(&self.config, size, found_size);
-        let (mut found_size, mut found_ptr, mut id) = pool.blocks.first_at_least(stream, size)?;
-        if arena[id].is_expandable() {
-            if expandable_on {
-                // Best fit counts the room an expandable block can still grow into.
-                let grow = |id: u32| {
-                    let b = &arena[id];
-                    b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
-                };
-                while arena[id].is_expandable() {
-                    match pool.blocks.next_after(stream, found_size, found_ptr) {
-                        Some((s, p, n)) if grow(n) < grow(id) => (found_size, found_ptr, id) = (s, p, n),
-                        _ => break,
-                    }
-                }
-            } else {
-                // Expandable segments were turned off: honour it by skipping their blocks.
-                loop {
-                    let (s, p, n) = pool.blocks.next_after(stream, found_size, found_ptr)?;
-                    (found_size, found_ptr, id) = (s, p, n);
-                    if !arena[n].is_expandable() {
-                        break;
-                    }
-                }
-            }
-        }
-        fits(found_size).then_some((found_size, found_ptr, id))
     }
 
     /// Whether a request of `size` bytes on `stream` would be served now from
@@ -718,7 +645,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// `alloc_found_block`: hands out the front of block `id`, splitting the rest off.
-    fn alloc_found_block(&mut self, id: u32, stream: StreamId, size: u64, orig_size: u64, split: bool) -> Allocation {
+    /// `in_set`: the free set holds the rest already ([`Self::get_free_block`]).
+    fn alloc_found_block(
+        &mut self,
+        id: u32,
+        stream: StreamId,
+        size: u64,
+        orig_size: u64,
+        split: bool,
+        in_set: bool,
+    ) -> Allocation {
         let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
         let already_split = self.arena[id].is_split();
         let expandable = self.arena[id].is_expandable();
@@ -738,7 +674,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             r.ptr += size;
             r.size -= size;
             let rem_size = r.size;
-            self.insert_into_blocks(rem);
+            if in_set {
+                // As `insert_into_blocks` does: the remainder's GC age restarts.
+                self.arena[rem].gc_count_base = self.pool(owner, kind).get_free_blocks_call_count;
+            } else {
+                self.insert_into_blocks(rem);
+            }
             if !expandable {
                 if already_split {
                     // An inactive split block shrinks by `size`.

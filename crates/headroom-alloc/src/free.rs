@@ -179,14 +179,22 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.trace_in(Action::FreeCompleted, ptr, requested, stream, owner);
         let mut net_blocks = 0i64;
         let mut net_bytes = 0i64;
+        // A free-set entry of a neighbour absorbed, left for the merged block to take over.
+        let mut vacated = None;
         for candidate in [prev, next] {
-            let subsumed = self.try_merge_blocks(id, candidate);
+            let Some((subsumed, entry)) = self.absorb(id, candidate) else { continue };
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
             }
+            if let Some((size, ptr)) = entry.and_then(|e| vacated.replace(e)) {
+                self.pool_mut(owner, kind).blocks.remove(stream, size, ptr);
+            }
         }
-        self.insert_into_blocks(id);
+        match vacated {
+            Some(entry) => self.insert_into_blocks_in_place_of(id, entry),
+            None => self.insert_into_blocks(id),
+        }
         let b = &self.arena[id];
         if b.is_split() {
             net_blocks += 1;
@@ -208,15 +216,29 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// not waiting for events, and equally mapped. `dst` must not be in a
     /// free set. Returns the bytes absorbed.
     pub(crate) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+        let Some((size, entry)) = self.absorb(dst, src) else { return 0 };
+        if let Some((s_size, s_ptr)) = entry {
+            let d = &self.arena[dst];
+            let (stream, kind, owner) = (d.stream, d.pool, d.owner);
+            self.pool_mut(owner, kind).blocks.remove(stream, s_size, s_ptr);
+        }
+        size
+    }
+
+    /// As [`Self::try_merge_blocks`], but a mapped `src`'s free-set entry (its
+    /// size and address, on `dst`'s stream) is returned, not removed: the caller
+    /// removes it, or has the merged block take it over. None if nothing merged.
+    fn absorb(&mut self, dst: u32, src: u32) -> Option<(u64, Option<(u64, u64)>)> {
         if src == NIL {
-            return 0;
+            return None;
         }
         let s = &self.arena[src];
         if !s.is_reusable() || s.mapped != self.arena[dst].mapped {
-            return 0;
+            return None;
         }
         let (s_ptr, s_size, s_prev, s_next, s_mapped, s_stream) = (s.ptr, s.size, s.prev, s.next, s.mapped, s.stream);
         let (kind, owner) = (s.pool, s.owner);
+        debug_assert_eq!(s_stream, self.arena[dst].stream, "a segment's blocks share its stream");
         if self.arena[dst].prev == src {
             let d = &mut self.arena[dst];
             d.ptr = s_ptr;
@@ -231,14 +253,26 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             }
         }
         self.arena[dst].size += s_size;
-        let pool = self.pool_mut(owner, kind);
-        if s_mapped {
-            pool.blocks.remove(s_stream, s_size, s_ptr);
+        let entry = if s_mapped {
+            Some((s_size, s_ptr))
         } else {
-            pool.unmapped.remove(&(s_stream, s_ptr));
-        }
+            self.pool_mut(owner, kind).unmapped.remove(&(s_stream, s_ptr));
+            None
+        };
         self.arena.remove(src);
-        s_size
+        Some((s_size, entry))
+    }
+
+    /// As [`Self::insert_into_blocks`], in place of the entry (size, ptr) on the
+    /// block's stream, which goes: the two moves of a remove and an insert made one.
+    fn insert_into_blocks_in_place_of(&mut self, id: u32, (old_size, old_ptr): (u64, u64)) {
+        let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
+        let clock = self.pool(owner, kind).get_free_blocks_call_count;
+        let b = &mut self.arena[id];
+        b.gc_count_base = clock;
+        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
+        let replaced = self.pool_mut(owner, kind).blocks.replace(stream, (old_size, old_ptr), (size, ptr), id);
+        debug_assert_eq!(replaced, Some(true), "block {ptr:#x}: the entry it takes over was not free, or it was");
     }
 
     /// Puts a free mapped block into its pool's free set and restarts its GC age.

@@ -37,26 +37,126 @@ fn unpack(k: u128) -> (u64, u64) {
 /// The most entries one run holds before it is split in two.
 const RUN_MAX: usize = 128;
 
+/// Sorted keys with their block ids beside them, in two vectors: an insert or
+/// remove moves 20 bytes an entry after it, not the 32 of a `(u128, u32)`
+/// pair padded to the key's alignment, and a search reads keys only.
+#[derive(Clone, Debug, Default)]
+struct Sorted {
+    keys: Vec<u128>,
+    ids: Vec<u32>,
+}
+
+impl Sorted {
+    #[inline]
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The position of the first key at least `key`.
+    #[inline]
+    fn lower_bound(&self, key: u128) -> usize {
+        self.keys.partition_point(|&k| k < key)
+    }
+
+    #[inline]
+    fn at(&self, i: usize) -> (u128, u32) {
+        (self.keys[i], self.ids[i])
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> Option<(u128, u32)> {
+        Some((*self.keys.get(i)?, self.ids[i]))
+    }
+
+    #[inline]
+    fn last_key(&self) -> Option<u128> {
+        self.keys.last().copied()
+    }
+
+    /// Inserts; false if the key was already present.
+    #[inline]
+    fn insert(&mut self, key: u128, id: u32) -> bool {
+        let at = self.lower_bound(key);
+        if self.keys.get(at) == Some(&key) {
+            return false;
+        }
+        self.keys.insert(at, key);
+        self.ids.insert(at, id);
+        true
+    }
+
+    #[inline]
+    fn remove_at(&mut self, i: usize) -> (u128, u32) {
+        (self.keys.remove(i), self.ids.remove(i))
+    }
+
+    /// The position of exactly `key`, if present.
+    #[inline]
+    fn find(&self, key: u128) -> Option<usize> {
+        let at = self.lower_bound(key);
+        (self.keys.get(at) == Some(&key)).then_some(at)
+    }
+
+    /// Gives the entry at `old` the key `key` (not present) and the id `id`, moving
+    /// only the entries between its old and new places.
+    #[inline]
+    fn replace_at(&mut self, old: usize, key: u128, id: u32) {
+        let to = self.lower_bound(key);
+        if to <= old {
+            self.keys.copy_within(to..old, to + 1);
+            self.ids.copy_within(to..old, to + 1);
+            (self.keys[to], self.ids[to]) = (key, id);
+        } else {
+            self.keys.copy_within(old + 1..to, old);
+            self.ids.copy_within(old + 1..to, old);
+            (self.keys[to - 1], self.ids[to - 1]) = (key, id);
+        }
+    }
+
+    fn split_off(&mut self, at: usize) -> Sorted {
+        Sorted { keys: self.keys.split_off(at), ids: self.ids.split_off(at) }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        self.keys.iter().copied().zip(self.ids.iter().copied())
+    }
+
+    /// The entries from position `from` on.
+    fn iter_from(&self, from: usize) -> impl Iterator<Item = (u128, u32)> + '_ {
+        self.keys[from..].iter().copied().zip(self.ids[from..].iter().copied())
+    }
+}
+
 /// Sorted entries as consecutive runs, each non-empty, with each run's last key
 /// beside them: a lookup finds the run by a binary search of `lasts`, then the
 /// entry by one within the run.
 #[derive(Clone, Debug, Default)]
 struct Runs {
     lasts: Vec<u128>,
-    runs: Vec<Vec<(u128, u32)>>,
+    runs: Vec<Sorted>,
     len: usize,
 }
 
 impl Runs {
-    fn from_sorted(v: Vec<(u128, u32)>) -> Self {
+    fn from_sorted(v: Sorted) -> Self {
         let len = v.len();
-        let runs: Vec<Vec<(u128, u32)>> = v.chunks(RUN_MAX / 2).map(<[_]>::to_vec).collect();
-        let lasts = runs.iter().map(|r| r[r.len() - 1].0).collect();
+        let runs: Vec<Sorted> = v
+            .keys
+            .chunks(RUN_MAX / 2)
+            .zip(v.ids.chunks(RUN_MAX / 2))
+            .map(|(k, i)| Sorted { keys: k.to_vec(), ids: i.to_vec() })
+            .collect();
+        let lasts = runs.iter().map(|r| r.keys[r.len() - 1]).collect();
         Runs { lasts, runs, len }
     }
 
-    fn into_sorted(self) -> Vec<(u128, u32)> {
-        self.runs.into_iter().flatten().collect()
+    fn into_sorted(self) -> Sorted {
+        let mut out = Sorted { keys: Vec::with_capacity(self.len), ids: Vec::with_capacity(self.len) };
+        for r in self.runs {
+            out.keys.extend(r.keys);
+            out.ids.extend(r.ids);
+        }
+        out
     }
 
     /// The first run whose last key is at least `key` (`runs.len()` if none).
@@ -69,25 +169,25 @@ impl Runs {
     fn first_at_least(&self, key: u128) -> Option<(u128, u32)> {
         let run = self.runs.get(self.run_at_least(key))?;
         // The run's last key is at least `key`, so the search lands inside it.
-        Some(run[run.partition_point(|e| e.0 < key)])
+        Some(run.at(run.lower_bound(key)))
     }
 
     fn last_below(&self, key: u128) -> Option<(u128, u32)> {
         let r = self.run_at_least(key);
         if let Some(run) = self.runs.get(r) {
-            let at = run.partition_point(|e| e.0 < key);
+            let at = run.lower_bound(key);
             if at > 0 {
-                return Some(run[at - 1]);
+                return Some(run.at(at - 1));
             }
         }
-        r.checked_sub(1).map(|p| self.runs[p][self.runs[p].len() - 1])
+        r.checked_sub(1).map(|p| self.runs[p].at(self.runs[p].len() - 1))
     }
 
     /// Inserts; false if the key was already present.
     #[inline]
     fn insert(&mut self, key: u128, id: u32) -> bool {
         if self.runs.is_empty() {
-            self.runs.push(vec![(key, id)]);
+            self.runs.push(Sorted { keys: vec![key], ids: vec![id] });
             self.lasts.push(key);
             self.len = 1;
             return true;
@@ -95,13 +195,14 @@ impl Runs {
         // A key past every run's last goes at the end of the last run.
         let r = self.run_at_least(key).min(self.runs.len() - 1);
         let run = &mut self.runs[r];
-        let Err(at) = run.binary_search_by(|e| e.0.cmp(&key)) else { return false };
-        run.insert(at, (key, id));
-        self.lasts[r] = run[run.len() - 1].0;
+        if !run.insert(key, id) {
+            return false;
+        }
+        self.lasts[r] = run.keys[run.len() - 1];
         if run.len() > RUN_MAX {
             let tail = run.split_off(RUN_MAX / 2);
-            self.lasts[r] = run[run.len() - 1].0;
-            self.lasts.insert(r + 1, tail[tail.len() - 1].0);
+            self.lasts[r] = run.keys[run.len() - 1];
+            self.lasts.insert(r + 1, tail.keys[tail.len() - 1]);
             self.runs.insert(r + 1, tail);
         }
         self.len += 1;
@@ -111,8 +212,24 @@ impl Runs {
     #[inline]
     fn remove(&mut self, key: u128) -> Option<u32> {
         let r = self.run_at_least(key);
-        let at = self.runs.get(r)?.binary_search_by(|e| e.0.cmp(&key)).ok()?;
+        let at = self.runs.get(r)?.find(key)?;
         Some(self.remove_at(r, at).1)
+    }
+
+    /// Replaces `old` by `key` with `id`: in place within a run where both
+    /// belong to the same one. None if `old` is absent; false if `key` is present.
+    #[inline]
+    fn replace(&mut self, old: u128, key: u128, id: u32) -> Option<bool> {
+        let r = self.run_at_least(old);
+        let at = self.runs.get(r)?.find(old)?;
+        if self.run_at_least(key).min(self.runs.len() - 1) == r && self.runs[r].find(key).is_none() {
+            let run = &mut self.runs[r];
+            run.replace_at(at, key, id);
+            self.lasts[r] = run.keys[run.len() - 1];
+            return Some(true);
+        }
+        self.remove_at(r, at);
+        Some(self.insert(key, id))
     }
 
     /// As [`FreeSet::take_walking_if`], over the runs: the search finds the
@@ -122,10 +239,10 @@ impl Runs {
         &mut self,
         key: u128,
         mut further: impl FnMut(u32, u32) -> bool,
-        take: impl FnOnce(u128, u32) -> bool,
-    ) -> Option<(u128, u32)> {
+        take: impl FnOnce(u128, u32) -> Take,
+    ) -> Option<((u128, u32), Take)> {
         let mut r = self.run_at_least(key);
-        let mut at = self.runs.get(r)?.partition_point(|e| e.0 < key);
+        let mut at = self.runs.get(r)?.lower_bound(key);
         loop {
             let next = if at + 1 < self.runs[r].len() {
                 (r, at + 1)
@@ -134,22 +251,40 @@ impl Runs {
             } else {
                 break;
             };
-            if !further(self.runs[r][at].1, self.runs[next.0][next.1].1) {
+            if !further(self.runs[r].ids[at], self.runs[next.0].ids[next.1]) {
                 break;
             }
             (r, at) = next;
         }
-        let (k, id) = self.runs[r][at];
-        take(k, id).then(|| self.remove_at(r, at))
+        let (k, id) = self.runs[r].at(at);
+        let t = take(k, id);
+        match t {
+            Take::Leave => return None,
+            Take::Remove => {
+                self.remove_at(r, at);
+            }
+            Take::Shrink { size, ptr } => {
+                let new = pack(size, ptr);
+                debug_assert!(new < k, "a remainder sorts before its block");
+                if self.run_at_least(new) == r {
+                    self.runs[r].replace_at(at, new, id);
+                    self.lasts[r] = self.runs[r].keys[self.runs[r].len() - 1];
+                } else {
+                    self.remove_at(r, at);
+                    self.insert(new, id);
+                }
+            }
+        }
+        Some(((k, id), t))
     }
 
     #[inline]
     fn remove_at(&mut self, r: usize, at: usize) -> (u128, u32) {
         let run = &mut self.runs[r];
-        let e = run.remove(at);
+        let e = run.remove_at(at);
         self.len -= 1;
-        match run.last() {
-            Some(&(last, _)) => self.lasts[r] = last,
+        match run.last_key() {
+            Some(last) => self.lasts[r] = last,
             None => {
                 self.runs.remove(r);
                 self.lasts.remove(r);
@@ -161,14 +296,18 @@ impl Runs {
     /// The entries from the first at least `key` on, in order.
     fn starting_at(&self, key: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
         let r = self.run_at_least(key);
-        let first = self.runs.get(r).map_or(&[][..], |run| &run[run.partition_point(|e| e.0 < key)..]);
-        first.iter().chain(self.runs.iter().skip(r + 1).flatten()).copied()
+        let first = self.runs.get(r).map(|run| run.iter_from(run.lower_bound(key)));
+        first.into_iter().flatten().chain(self.runs.iter().skip(r + 1).flat_map(Sorted::iter))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        self.runs.iter().flat_map(Sorted::iter)
     }
 }
 
 #[derive(Clone, Debug)]
 enum Entries {
-    Small(Vec<(u128, u32)>),
+    Small(Sorted),
     Large(Runs),
 }
 
@@ -185,18 +324,31 @@ impl Entries {
     fn first_at_least(&self, key: u128) -> Option<(u128, u32)> {
         match self {
             #[cfg(test)]
-            Entries::Small(v) if tests::BROKEN.get() => v.get(v.partition_point(|e| e.0 <= key)).copied(),
-            Entries::Small(v) => v.get(v.partition_point(|e| e.0 < key)).copied(),
+            Entries::Small(v) if tests::BROKEN.get() => v.get(v.keys.partition_point(|&k| k <= key)),
+            Entries::Small(v) => v.get(v.lower_bound(key)),
             Entries::Large(m) => m.first_at_least(key),
         }
     }
 
     fn last_below(&self, key: u128) -> Option<(u128, u32)> {
         match self {
-            Entries::Small(v) => v.partition_point(|e| e.0 < key).checked_sub(1).map(|i| v[i]),
+            Entries::Small(v) => v.lower_bound(key).checked_sub(1).map(|i| v.at(i)),
             Entries::Large(m) => m.last_below(key),
         }
     }
+}
+
+/// What [`FreeSet::take_walking_if`] does with the entry it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Nothing: the entry stays.
+    Leave,
+    /// Removes it.
+    Remove,
+    /// Keeps its id under the smaller key (size, ptr), absent from the set: the
+    /// block's remainder once its front is handed out. Moves only the entries
+    /// between the two places, where a remove and an insert move all after each.
+    Shrink { size: u64, ptr: u64 },
 }
 
 /// A free set; see the module documentation.
@@ -237,7 +389,7 @@ impl FreeSet {
             Some(i) => i,
             None => {
                 let i = self.streams.len();
-                self.streams.push((stream, Entries::Small(Vec::new())));
+                self.streams.push((stream, Entries::Small(Sorted::default())));
                 if i == FEW_STREAMS {
                     self.index = self.streams.iter().enumerate().map(|(i, (s, _))| (*s, i as u32)).collect();
                 } else if i > FEW_STREAMS {
@@ -249,16 +401,13 @@ impl FreeSet {
         let key = pack(size, ptr);
         let entries = &mut self.streams[i].1;
         let inserted = match entries {
-            Entries::Small(v) => match v.binary_search_by(|e| e.0.cmp(&key)) {
-                Ok(_) => false,
-                Err(at) => {
-                    v.insert(at, (key, id));
-                    if v.len() > SMALL_MAX {
-                        *entries = Entries::Large(Runs::from_sorted(std::mem::take(v)));
-                    }
-                    true
+            Entries::Small(v) => {
+                let inserted = v.insert(key, id);
+                if v.len() > SMALL_MAX {
+                    *entries = Entries::Large(Runs::from_sorted(std::mem::take(v)));
                 }
-            },
+                inserted
+            }
             Entries::Large(m) => m.insert(key, id),
         };
         self.len += inserted as usize;
@@ -272,7 +421,7 @@ impl FreeSet {
         let key = pack(size, ptr);
         let entries = &mut self.streams[i].1;
         let removed = match entries {
-            Entries::Small(v) => v.binary_search_by(|e| e.0.cmp(&key)).ok().map(|at| v.remove(at).1),
+            Entries::Small(v) => v.find(key).map(|at| v.remove_at(at).1),
             Entries::Large(m) => {
                 let r = m.remove(key);
                 if m.len < SMALL_MIN {
@@ -286,6 +435,42 @@ impl FreeSet {
             // Keep empty streams: a stream that freed once usually frees again.
         }
         removed
+    }
+
+    /// Removes (size, ptr) and inserts (new_size, new_ptr) with `id`, as
+    /// [`FreeSet::remove`] then [`FreeSet::insert`] would, moving only the
+    /// entries between the two places where it can: a block that shrinks as its
+    /// front is handed out, or grows as it absorbs a free neighbour, mostly stays
+    /// near where it was. None if (size, ptr) was absent (nothing is inserted
+    /// then); otherwise whether the new key was inserted.
+    #[inline]
+    pub fn replace(&mut self, stream: StreamId, old: (u64, u64), new: (u64, u64), id: u32) -> Option<bool> {
+        let i = self.stream_index(stream)?;
+        let (old, key) = (pack(old.0, old.1), pack(new.0, new.1));
+        let entries = &mut self.streams[i].1;
+        let inserted = match entries {
+            Entries::Small(v) => {
+                let at = v.find(old)?;
+                if v.find(key).is_some() {
+                    v.remove_at(at);
+                    false
+                } else {
+                    v.replace_at(at, key, id);
+                    true
+                }
+            }
+            Entries::Large(m) => {
+                let inserted = m.replace(old, key, id)?;
+                if m.len < SMALL_MIN {
+                    *entries = Entries::Small(std::mem::take(m).into_sorted());
+                }
+                inserted
+            }
+        };
+        if !inserted {
+            self.len -= 1;
+        }
+        Some(inserted)
     }
 
     /// The block under exactly this key.
@@ -306,7 +491,7 @@ impl FreeSet {
         };
         let from = pack(hi - lo, 0);
         let hit = match &self.streams[i].1 {
-            Entries::Small(v) => v[v.partition_point(|e| e.0 < from)..].iter().copied().find(covers),
+            Entries::Small(v) => v.iter_from(v.lower_bound(from)).find(covers),
             Entries::Large(m) => m.starting_at(from).find(covers),
         };
         hit.map(|(k, id)| {
@@ -326,43 +511,56 @@ impl FreeSet {
     }
 
     /// Best fit, then on along the set while `further(id, next_id)` says the
-    /// entry after the current one is the better; removes the entry the walk
-    /// stops at, in the same search, if `take(size, id)` agrees. One search
-    /// where a walk by [`FreeSet::next_after`] costs one per step and one more
-    /// to remove.
+    /// entry after the current one is the better; then does with the entry the
+    /// walk stops at what `take(size, ptr, id)` says, in the same search: one
+    /// search where a walk by [`FreeSet::next_after`] costs one per step and one
+    /// more to remove. Returns the entry unless it was left.
     #[inline]
     pub fn take_walking_if(
         &mut self,
         stream: StreamId,
         size: u64,
         mut further: impl FnMut(u32, u32) -> bool,
-        take: impl FnOnce(u64, u32) -> bool,
+        take: impl FnOnce(u64, u64, u32) -> Take,
     ) -> Option<(u64, u64, u32)> {
         let i = self.stream_index(stream)?;
         let key = pack(size, 0);
-        let found = match &mut self.streams[i].1 {
+        let take = |k: u128, id: u32| {
+            let (s, p) = unpack(k);
+            take(s, p, id)
+        };
+        let (found, t) = match &mut self.streams[i].1 {
             Entries::Small(v) => {
-                let mut at = v.partition_point(|e| e.0 < key);
+                let mut at = v.lower_bound(key);
                 v.get(at)?;
-                while at + 1 < v.len() && further(v[at].1, v[at + 1].1) {
+                while at + 1 < v.len() && further(v.ids[at], v.ids[at + 1]) {
                     at += 1;
                 }
-                let (k, id) = v[at];
-                if !take(unpack(k).0, id) {
-                    return None;
+                let (k, id) = v.at(at);
+                let t = take(k, id);
+                match t {
+                    Take::Leave => return None,
+                    Take::Remove => {
+                        v.remove_at(at);
+                    }
+                    Take::Shrink { size, ptr } => {
+                        debug_assert!(pack(size, ptr) < k, "a remainder sorts before its block");
+                        v.replace_at(at, pack(size, ptr), id);
+                    }
                 }
-                v.remove(at);
-                (k, id)
+                ((k, id), t)
             }
             Entries::Large(m) => {
-                let (k, id) = m.take_walking_if(key, further, |k, id| take(unpack(k).0, id))?;
+                let found = m.take_walking_if(key, further, take)?;
                 if m.len < SMALL_MIN {
                     self.streams[i].1 = Entries::Small(std::mem::take(m).into_sorted());
                 }
-                (k, id)
+                found
             }
         };
-        self.len -= 1;
+        if t == Take::Remove {
+            self.len -= 1;
+        }
         let (s, p) = unpack(found.0);
         Some((s, p, found.1))
     }
@@ -395,8 +593,8 @@ impl FreeSet {
         let mut out = Vec::with_capacity(self.len);
         for i in self.in_stream_order() {
             match &self.streams[i].1 {
-                Entries::Small(v) => out.extend(v.iter().map(|e| e.1)),
-                Entries::Large(m) => out.extend(m.runs.iter().flatten().map(|e| e.1)),
+                Entries::Small(v) => out.extend_from_slice(&v.ids),
+                Entries::Large(m) => out.extend(m.iter().map(|e| e.1)),
             }
         }
         out
@@ -426,10 +624,15 @@ mod tests {
         pub(super) static BROKEN: Cell<bool> = const { Cell::new(false) };
     }
 
-    type Op = (u64, u64, u64, bool);
+    /// (stream, size, ptr, what): what is [`INSERT`], [`REMOVE`] or [`REPLACE`] (of
+    /// the key by the one of size `ptr + 1` at address `size`).
+    type Op = (u64, u64, u64, u8);
+    const REMOVE: u8 = 0;
+    const INSERT: u8 = 1;
+    const REPLACE: u8 = 2;
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
-        proptest::collection::vec((0u64..3, 1u64..200, 0u64..50, any::<bool>()), 1..600)
+        proptest::collection::vec((0u64..3, 1u64..200, 0u64..50, 0u8..3), 1..600)
     }
 
     proptest! {
@@ -445,9 +648,12 @@ mod tests {
     #[test]
     fn switches_to_the_tree_and_back_with_the_same_answers() {
         let n = 3 * SMALL_MAX as u64;
-        let mut ops: Vec<Op> = (0..n).map(|i| (0, 1 + i % 97, i, true)).collect();
-        ops.extend((0..n / 8).map(|i| (1, 1 + i % 5, i, true)));
-        ops.extend((0..n - SMALL_MIN as u64 / 2).map(|i| (0, 1 + i % 97, i, false)));
+        let mut ops: Vec<Op> = (0..n).map(|i| (0, 1 + i % 97, i, INSERT)).collect();
+        ops.extend((0..n / 8).map(|i| (1, 1 + i % 5, i, INSERT)));
+        // Replaces within a run and across runs, while the stream is large.
+        ops.extend((0..n / 4).map(|i| (0, 1 + (3 * i) % 97, 3 * i, REPLACE)));
+        ops.extend((0..n).map(|i| (0, 1 + i % 97, i, REMOVE)));
+        ops.extend((0..n / 4 - SMALL_MIN as u64 / 2).map(|i| (0, 3 * i + 1, 1 + (3 * i) % 97, REMOVE)));
         same_answers(ops).unwrap();
     }
 
@@ -464,12 +670,20 @@ mod tests {
     fn same_answers(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let mut set = FreeSet::default();
         let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
-        for (n, (stream, size, ptr, insert)) in ops.into_iter().enumerate() {
-            if insert {
+        for (n, (stream, size, ptr, what)) in ops.into_iter().enumerate() {
+            if what == INSERT {
                 let fresh = !model.contains_key(&(stream, size, ptr));
                 prop_assert_eq!(set.insert(stream, size, ptr, n as u32), fresh);
                 if fresh {
                     model.insert((stream, size, ptr), n as u32);
+                }
+            } else if what == REPLACE {
+                let had = model.remove(&(stream, size, ptr));
+                let new = (stream, ptr + 1, size);
+                let want = had.map(|_| !model.contains_key(&new));
+                prop_assert_eq!(set.replace(stream, (size, ptr), (ptr + 1, size), n as u32), want);
+                if want == Some(true) {
+                    model.insert(new, n as u32);
                 }
             } else {
                 prop_assert_eq!(set.remove(stream, size, ptr), model.remove(&(stream, size, ptr)));
@@ -500,10 +714,23 @@ mod tests {
                     break;
                 }
             }
+            // Blocks of even size are taken, those of a size divisible by 4 shrunk by one byte
+            // at the front (where that key is free), the others left.
             let taken = stop.filter(|s| s.0.is_multiple_of(2));
-            prop_assert_eq!(set.take_walking_if(stream, q, further, |size, _| size.is_multiple_of(2)), taken);
-            if let Some((size, ptr, _)) = taken {
+            let shrunk = taken.filter(|s| s.0.is_multiple_of(4) && !model.contains_key(&(stream, s.0 - 1, s.1 + 1)));
+            let take = |size: u64, ptr: u64, _| match () {
+                _ if !size.is_multiple_of(2) => Take::Leave,
+                _ if size.is_multiple_of(4) && !model.contains_key(&(stream, size - 1, ptr + 1)) => {
+                    Take::Shrink { size: size - 1, ptr: ptr + 1 }
+                }
+                _ => Take::Remove,
+            };
+            prop_assert_eq!(set.take_walking_if(stream, q, further, take), taken);
+            if let Some((size, ptr, id)) = taken {
                 model.remove(&(stream, size, ptr));
+                if shrunk.is_some() {
+                    model.insert((stream, size - 1, ptr + 1), id);
+                }
             }
         }
         Ok(())

@@ -54,6 +54,7 @@
 
 mod alloc_lock;
 mod allocator;
+mod best_fit;
 mod block;
 mod caching;
 pub mod config;

@@ -54,8 +54,11 @@ pub(crate) struct TraceRequests<'a, F> {
     trace: &'a [TraceEvent],
     pools: &'a RecordedPools,
     next: usize,
-    /// Operations of the entry being read, last first.
-    queued: Vec<Op<Mark>>,
+    /// Operations of the entry being read, in order, `queued[head..len]` still to come:
+    /// an array, not a queue that allocates, since an entry makes at most six.
+    queued: [Op<Mark>; 6],
+    head: usize,
+    len: usize,
     pub(crate) slots: AddressSlots,
     /// Frees requested but completed later (the block was used on another stream): recorded
     /// address -> the stand-in stream whose event holds it.
@@ -81,7 +84,9 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             trace,
             pools,
             next: 0,
-            queued: Vec::with_capacity(6),
+            queued: [Op::CompleteEvents; 6],
+            head: 0,
+            len: 0,
             slots: AddressSlots::default(),
             delayed: FxHashMap::default(),
             next_stand_in: STAND_IN_STREAMS,
@@ -95,10 +100,10 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
     /// Queues entry `i`'s operations.
     fn read(&mut self, i: usize) {
         let (trace, e) = (self.trace, &self.trace[i]);
-        let mut ops: [Option<Op<Mark>>; 6] = [None; 6];
+        let ops = &mut self.queued;
         let mut n = 0;
         let mut push = |op| {
-            ops[n] = Some(op);
+            ops[n] = op;
             n += 1;
         };
         if self.step_starts.next_if_eq(&i).is_some() {
@@ -165,7 +170,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             }
             _ => {}
         }
-        self.queued.extend(ops[..n].iter().rev().flatten());
+        (self.head, self.len) = (0, n);
     }
 }
 
@@ -174,8 +179,9 @@ impl<F: FnMut(usize)> Iterator for TraceRequests<'_, F> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if let Some(op) = self.queued.pop() {
-                return Some((self.next - 1, op));
+            if self.head < self.len {
+                self.head += 1;
+                return Some((self.next - 1, self.queued[self.head - 1]));
             }
             let i = self.next;
             if i >= self.trace.len() {
