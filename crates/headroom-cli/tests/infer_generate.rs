@@ -71,7 +71,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     for (model, attention, key, modes) in [
         ("phi-3-mini", "sdpa", "phi3/MODE/bf16/sdpa", &both[..]),
         ("gemma-2b", "sdpa", "gemma/MODE/bf16/sdpa", &both),
-        (gemma2, "sdpa", "gemma2/MODE/bf16/eager", &["forward"]),
+        (gemma2, "sdpa", "gemma2/MODE/bf16/eager", &both),
         ("pythia-1b", "sdpa", "gpt_neox/MODE/bf16/sdpa", &both),
         ("bloom-7b1", "sdpa", "bloom/MODE/bf16/eager", &both),
         ("mixtral-8x7b", "sdpa", "mixtral/MODE/bf16/sdpa", &both),
@@ -143,14 +143,12 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
             .code(2)
             .stderr(contains(says).and(contains("panicked").not()));
     }
-    // Gemma-2's generate was not recorded (its check not reproduced): the closed form, saying so.
-    let args = ["--model", gemma2, "--gpu", "h200", "--infer", "--framework", "hf", "--batch", "2", "--seq", "256"];
-    let (_, v) = plan(&args);
-    assert_eq!(v["planned_from"]["source"], "closed_form", "{}", v["planned_from"]);
-    assert!(v["planned_from"]["why"].as_str().unwrap().contains("not recorded"), "{}", v["planned_from"]);
-    // fp32 where no key-value heads are grouped (a GPU runs grouped ones on SDPA's math path).
+    // fp32 where no key-value heads are grouped (a GPU runs grouped ones on SDPA's math path),
+    // and with eager attention (BLOOM, Gemma-2) where they are or not.
     for (model, key) in [
         ("gemma-7b", "gemma/MODE/fp32/sdpa"),
+        ("bloom-7b1", "bloom/MODE/fp32/eager"),
+        (gemma2, "gemma2/MODE/fp32/eager"),
         ("pythia-1b", "gpt_neox/MODE/fp32/sdpa"),
         ("data/models/qwen1.5-moe-a2.7b.json", "qwen2_moe/MODE/fp32/sdpa"),
     ] {
