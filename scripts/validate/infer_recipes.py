@@ -106,15 +106,16 @@ def timeline(family, precision, attn, batch, seq, last):
 
 
 @contextlib.contextmanager
-def repeats_marked():
-    """Marks transformers' `repeat_kv` (keys and values copied once per query head) with a
-    profiler range, so its copies are told apart from the queries of the same size."""
+def repeats_marked(mark=record_function):
+    """Marks transformers' `repeat_kv` (keys and values copied once per query head) with
+    `mark("repeat_kv")` (a profiler range, or a recorder's own mark), so its copies are told
+    apart from the queries of the same size."""
     patched = []
     for name, mod in list(sys.modules.items()):
         fn = getattr(mod, "repeat_kv", None) if name.startswith("transformers.") else None
         if callable(fn) and not getattr(fn, "_marked", False):
             def marked(*args, _fn=fn, **kwargs):
-                with record_function("repeat_kv"):
+                with mark("repeat_kv"):
                     return _fn(*args, **kwargs)
             marked._marked = True
             setattr(mod, "repeat_kv", marked)

@@ -151,27 +151,6 @@ def _adapters_in_layers(rec):
         peft.tuners.lora.LoraModel._create_and_replace = create
 
 
-@contextlib.contextmanager
-def _repeats_marked(rec):
-    """transformers' `repeat_kv` marked, as `infer_recipes.repeats_marked` marks it."""
-    import sys
-
-    patched = []
-    for name, mod in list(sys.modules.items()):
-        fn = getattr(mod, "repeat_kv", None) if name.startswith("transformers.") else None
-        if callable(fn):
-            def marked(*args, _fn=fn, **kwargs):
-                with rec.mark("repeat_kv"):
-                    return _fn(*args, **kwargs)
-            setattr(mod, "repeat_kv", marked)
-            patched.append((mod, fn))
-    try:
-        yield
-    finally:
-        for mod, fn in patched:
-            setattr(mod, "repeat_kv", fn)
-
-
 def qlora_config(family, layers):
     cfg = sp.config(family, layers)
     if family == "bloom":
@@ -219,7 +198,7 @@ class QLoraJob(sp.Job):
 
             model = qlora.prepare(meta, rank, rec, scope=scope)
             stack.enter_context(qlora.cuda_kernels(rec))
-            stack.enter_context(_repeats_marked(rec))
+            stack.enter_context(sp.infer_recipes.repeats_marked(rec.mark))
             _hook_layers(model, family, rec)
             trainable = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
