@@ -97,20 +97,33 @@ impl Sorted {
         (self.keys.get(at) == Some(&key)).then_some(at)
     }
 
-    /// Gives the entry at `old` the key `key` (not present) and the id `id`, moving
-    /// only the entries between its old and new places.
+    /// Gives the entry at `old` the key `key` and the id `id`, moving only the
+    /// entries between its old and new places; or, where `key` is present already,
+    /// removes the entry at `old` and returns false. One search, of the side of
+    /// `old` the key moves to: a block that shrinks sorts before its old place,
+    /// one that grows after it.
     #[inline]
-    fn replace_at(&mut self, old: usize, key: u128, id: u32) {
-        let to = self.lower_bound(key);
-        if to <= old {
+    fn replace_at(&mut self, old: usize, key: u128, id: u32) -> bool {
+        if key < self.keys[old] {
+            let to = self.keys[..old].partition_point(|&k| k < key);
+            if self.keys[to] == key {
+                self.remove_at(old);
+                return false;
+            }
             self.keys.copy_within(to..old, to + 1);
             self.ids.copy_within(to..old, to + 1);
             (self.keys[to], self.ids[to]) = (key, id);
         } else {
+            let to = old + 1 + self.keys[old + 1..].partition_point(|&k| k < key);
+            if self.keys.get(to) == Some(&key) {
+                self.remove_at(old);
+                return false;
+            }
             self.keys.copy_within(old + 1..to, old);
             self.ids.copy_within(old + 1..to, old);
             (self.keys[to - 1], self.ids[to - 1]) = (key, id);
         }
+        true
     }
 
     fn split_off(&mut self, at: usize) -> Sorted {
@@ -183,6 +196,14 @@ impl Runs {
         r.checked_sub(1).map(|p| self.runs[p].at(self.runs[p].len() - 1))
     }
 
+    /// Whether `key`'s place is in run `r` (as [`Runs::insert`] would find it): after
+    /// the run before, and not past this run's last unless it is the last run. Two
+    /// comparisons, where a search of the runs would take a dozen.
+    #[inline]
+    fn holds_place_of(&self, r: usize, key: u128) -> bool {
+        (r == 0 || self.lasts[r - 1] < key) && (r + 1 == self.runs.len() || key <= self.lasts[r])
+    }
+
     /// Inserts; false if the key was already present.
     #[inline]
     fn insert(&mut self, key: u128, id: u32) -> bool {
@@ -222,11 +243,13 @@ impl Runs {
     fn replace(&mut self, old: u128, key: u128, id: u32) -> Option<bool> {
         let r = self.run_at_least(old);
         let at = self.runs.get(r)?.find(old)?;
-        if self.run_at_least(key).min(self.runs.len() - 1) == r && self.runs[r].find(key).is_none() {
+        if self.holds_place_of(r, key) {
             let run = &mut self.runs[r];
-            run.replace_at(at, key, id);
+            let inserted = run.replace_at(at, key, id);
+            // Not inserted: `key` is in this run, so the run is not empty.
             self.lasts[r] = run.keys[run.len() - 1];
-            return Some(true);
+            self.len -= usize::from(!inserted);
+            return Some(inserted);
         }
         self.remove_at(r, at);
         Some(self.insert(key, id))
@@ -266,8 +289,9 @@ impl Runs {
             Take::Shrink { size, ptr } => {
                 let new = pack(size, ptr);
                 debug_assert!(new < k, "a remainder sorts before its block");
-                if self.run_at_least(new) == r {
-                    self.runs[r].replace_at(at, new, id);
+                if self.holds_place_of(r, new) {
+                    let shrunk = self.runs[r].replace_at(at, new, id);
+                    debug_assert!(shrunk, "a remainder's key is absent");
                     self.lasts[r] = self.runs[r].keys[self.runs[r].len() - 1];
                 } else {
                     self.remove_at(r, at);
@@ -451,13 +475,7 @@ impl FreeSet {
         let inserted = match entries {
             Entries::Small(v) => {
                 let at = v.find(old)?;
-                if v.find(key).is_some() {
-                    v.remove_at(at);
-                    false
-                } else {
-                    v.replace_at(at, key, id);
-                    true
-                }
+                v.replace_at(at, key, id)
             }
             Entries::Large(m) => {
                 let inserted = m.replace(old, key, id)?;
@@ -545,7 +563,8 @@ impl FreeSet {
                     }
                     Take::Shrink { size, ptr } => {
                         debug_assert!(pack(size, ptr) < k, "a remainder sorts before its block");
-                        v.replace_at(at, pack(size, ptr), id);
+                        let shrunk = v.replace_at(at, pack(size, ptr), id);
+                        debug_assert!(shrunk, "a remainder's key is absent");
                     }
                 }
                 ((k, id), t)

@@ -42,6 +42,14 @@ fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
     !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
 }
 
+/// Whether the next of `marked` is entry `i`, and if so, on to the one after it.
+#[inline]
+fn next_is((marked, next): &mut (Vec<usize>, usize), i: usize) -> bool {
+    let hit = marked.get(*next) == Some(&i);
+    *next += usize::from(hit);
+    hit
+}
+
 fn is_segment_event(a: TraceAction) -> bool {
     matches!(
         a,
@@ -66,8 +74,10 @@ pub(crate) struct TraceRequests<'a, F> {
     next_stand_in: u64,
     /// Where the burst of completions being read ends: the first entry after it.
     burst_until: usize,
-    step_starts: std::iter::Peekable<std::vec::IntoIter<usize>>,
-    empty_cache_calls: std::iter::Peekable<std::vec::IntoIter<usize>>,
+    /// The entries to mark, ascending, each with the position of the next one to come: a
+    /// comparison an entry, where a peekable iterator checked its peeked state first.
+    step_starts: (Vec<usize>, usize),
+    empty_cache_calls: (Vec<usize>, usize),
     pub(crate) progress: F,
 }
 
@@ -91,8 +101,8 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             delayed: FxHashMap::default(),
             next_stand_in: STAND_IN_STREAMS,
             burst_until: 0,
-            step_starts: step_starts.into_iter().peekable(),
-            empty_cache_calls: empty_cache_calls.into_iter().peekable(),
+            step_starts: (step_starts, 0),
+            empty_cache_calls: (empty_cache_calls, 0),
             progress,
         }
     }
@@ -106,10 +116,10 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             ops[n] = op;
             n += 1;
         };
-        if self.step_starts.next_if_eq(&i).is_some() {
+        if next_is(&mut self.step_starts, i) {
             push(Op::Mark(Mark::StepBegins));
         }
-        if self.empty_cache_calls.next_if_eq(&i).is_some() {
+        if next_is(&mut self.empty_cache_calls, i) {
             push(Op::Mark(Mark::EmptyCache));
             push(Op::EmptyCache);
         }

@@ -151,12 +151,20 @@ impl Walk {
         (ptr < FAILED).then_some(Allocation { ptr, size })
     }
 
+    /// Grows the table to hold `slot`: inlined to the one comparison of the usual
+    /// case (the slot is there), the growth apart.
+    #[inline]
     fn reach(&mut self, slot: Slot) {
-        let n = slot as usize + 1;
-        if self.ptr.len() < n {
-            self.ptr.resize(n, EMPTY);
-            self.size.resize(n, 0);
+        if self.ptr.len() <= slot as usize {
+            self.grow(slot);
         }
+    }
+
+    #[cold]
+    fn grow(&mut self, slot: Slot) {
+        let n = slot as usize + 1;
+        self.ptr.resize(n, EMPTY);
+        self.size.resize(n, 0);
     }
 
     /// Runs `ops` (each with its position) through `alloc`, telling `observer`.
