@@ -375,13 +375,12 @@ impl<R: Read, V: Clone> Machine<R, V> {
 
     /// Moves the key-value pairs above stack height `m` (a MARK just
     /// closed, so only values stand there) into `into`.
+    ///
+    /// One `extend` of known length (a trace entry's eight pairs, at every
+    /// entry): a single capacity check, not one per pair.
     fn pairs_above(stack: &mut Vec<Option<V>>, m: usize, into: &mut Vec<(V, V)>) {
-        into.reserve((stack.len() - m) / 2);
-        for pair in stack[m..].chunks_exact(2) {
-            if let [Some(k), Some(v)] = pair {
-                into.push((k.clone(), v.clone()));
-            }
-        }
+        let value = |v: &Option<V>| v.clone().expect("only values stand above a closed MARK");
+        into.extend(stack[m..].chunks_exact(2).map(|pair| (value(&pair[0]), value(&pair[1]))));
         stack.truncate(m);
     }
 
@@ -427,6 +426,11 @@ impl<R: Read, V: Clone> Machine<R, V> {
                     ),
                 );
             }
+            if i == memo.len() {
+                // Python's picklers number the memo densely: each put is the next slot.
+                memo.push(entry);
+                return Ok(());
+            }
             memo.resize_with(i + 1, || Memo::Building);
         }
         memo[i] = entry;
@@ -452,10 +456,10 @@ impl<R: Read, V: Clone> Machine<R, V> {
     #[inline(always)]
     fn memo_get_run<B: Builder<Value = V>>(&mut self, b: &mut B) -> Result<(), PickleError> {
         loop {
-            let (pos, buf) = (self.input.pos, &self.input.buf);
-            let (index, len) = match buf.get(pos..pos + 5).filter(|_| pos + 5 <= self.input.end) {
+            let pos = self.input.pos;
+            let (index, len) = match self.input.buf.get(pos..self.input.end) {
                 Some([b'h', i, ..]) => (*i as u64, 2),
-                Some([b'j', a, b2, c, d]) => (u32::from_le_bytes([*a, *b2, *c, *d]) as u64, 5),
+                Some([b'j', a, b2, c, d, ..]) => (u32::from_le_bytes([*a, *b2, *c, *d]) as u64, 5),
                 _ => return Ok(()),
             };
             let at = self.input.offset();

@@ -273,23 +273,29 @@ impl<'a> Fields<'a> {
 }
 
 /// An unsigned field; `what` names the record for messages (built only for one).
+/// Inline: a trace entry reads four, and nearly all are plain ints.
+#[inline]
 fn uint_of(b: &mut SnapshotBuilder, f: &Fields, k: u32, what: impl Fn() -> String) -> Option<u64> {
-    let key = KNOWN[k as usize];
     match f.get(k) {
         Some(V::Int(i)) if *i >= 0 => Some(*i as u64),
         Some(V::UInt(u)) => Some(*u),
         Some(V::Bool(x)) => Some(*x as u64),
         None => None,
-        Some(other) => {
-            let kind = b.kind(other);
-            let shown = match other {
-                V::Int(i) => format!("{kind} ({i})"),
-                _ => kind.to_string(),
-            };
-            b.fail(format!("{}: '{key}' is {shown}, expected an int of at least 0", what()));
-            None
-        }
+        Some(other) => not_uint(b, k, other, &what),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn not_uint(b: &mut SnapshotBuilder, k: u32, other: &V, what: &dyn Fn() -> String) -> Option<u64> {
+    let key = KNOWN[k as usize];
+    let kind = b.kind(other);
+    let shown = match other {
+        V::Int(i) => format!("{kind} ({i})"),
+        _ => kind.to_string(),
+    };
+    b.fail(format!("{}: '{key}' is {shown}, expected an int of at least 0", what()));
+    None
 }
 
 fn stack_of(v: Option<&V>) -> StackId {
@@ -360,7 +366,7 @@ impl Builder for SnapshotBuilder {
         self.items_read += 2 * items.len() as u64;
         let f = Fields::new(items);
         if let Some(action) = f.get(const { id("action") }) {
-            return self.entry(items, *action);
+            return self.entry(&f, *action);
         }
         if f.has(const { id("filename") }) && f.has(const { id("line") }) {
             let text = |b: &mut Self, k: u32| match f.get(k) {
@@ -382,10 +388,10 @@ impl Builder for SnapshotBuilder {
             return V::Frame(fid);
         }
         if f.has(const { id("state") }) && f.has(const { id("size") }) && !f.has(const { id("blocks") }) {
-            return self.block(items);
+            return self.block(&f);
         }
         if f.has(const { id("blocks") }) {
-            return self.segment(items);
+            return self.segment(&f);
         }
         self.dicts.push(items.to_vec());
         V::Dict(self.dicts.len() as u32 - 1)
@@ -393,8 +399,7 @@ impl Builder for SnapshotBuilder {
 }
 
 impl SnapshotBuilder {
-    fn entry(&mut self, items: &[(V, V)], action: V) -> V {
-        let f = Fields::new(items);
+    fn entry(&mut self, f: &Fields, action: V) -> V {
         let n = self.entries.len();
         let what = || format!("trace entry {n}");
         let action = match &action {
@@ -404,10 +409,10 @@ impl SnapshotBuilder {
                 return self.fail(format!("{}: 'action' is {k}, expected a str", what()));
             }
         };
-        let addr = uint_of(self, &f, const { id("addr") }, what).unwrap_or(0);
-        let size = uint_of(self, &f, const { id("size") }, what).unwrap_or(0);
-        let stream = uint_of(self, &f, const { id("stream") }, what).unwrap_or(0);
-        let device_free = uint_of(self, &f, const { id("device_free") }, what);
+        let addr = uint_of(self, f, const { id("addr") }, what).unwrap_or(0);
+        let size = uint_of(self, f, const { id("size") }, what).unwrap_or(0);
+        let stream = uint_of(self, f, const { id("stream") }, what).unwrap_or(0);
+        let device_free = uint_of(self, f, const { id("device_free") }, what);
         // PyTorch records microseconds since the epoch: a negative, NaN or
         // infinite time is no moment, and taken at face value it would put the
         // peak 292,000 years before the trace or every event at 0.
@@ -442,13 +447,12 @@ impl SnapshotBuilder {
         V::Entry(n as u32)
     }
 
-    fn block(&mut self, items: &[(V, V)]) -> V {
-        let f = Fields::new(items);
+    fn block(&mut self, f: &Fields) -> V {
         let nb = self.blocks.len();
         let what = || format!("block {nb}");
-        let size = uint_of(self, &f, const { id("size") }, what).unwrap_or(0);
+        let size = uint_of(self, f, const { id("size") }, what).unwrap_or(0);
         // 0 marks "not given": the segment fills it in from the running sum.
-        let address = uint_of(self, &f, const { id("address") }, what).unwrap_or(0);
+        let address = uint_of(self, f, const { id("address") }, what).unwrap_or(0);
         let state = match f.get(const { id("state") }).and_then(|v| self.text(v)) {
             Some("active_allocated") => BlockState::ActiveAllocated,
             Some("active_pending_free") | Some("active_awaiting_free") => BlockState::ActivePendingFree,
@@ -461,7 +465,7 @@ impl SnapshotBuilder {
                 ));
             }
         };
-        let mut requested_size = uint_of(self, &f, const { id("requested_size") }, what).unwrap_or(0);
+        let mut requested_size = uint_of(self, f, const { id("requested_size") }, what).unwrap_or(0);
         let mut stack = stack_of(f.get(const { id("frames") }));
         // PyTorch 2.0: the block's history, most recent last.
         if let Some(h) = f.get(const { id("history") }).and_then(|h| self.list_items(h)) {
@@ -476,16 +480,15 @@ impl SnapshotBuilder {
         V::Block(self.blocks.len() as u32 - 1)
     }
 
-    fn segment(&mut self, items: &[(V, V)]) -> V {
-        let f = Fields::new(items);
+    fn segment(&mut self, f: &Fields) -> V {
         let ns = self.segments.len();
         let what = || format!("segment {ns}");
-        let device = uint_of(self, &f, const { id("device") }, what).unwrap_or(0);
+        let device = uint_of(self, f, const { id("device") }, what).unwrap_or(0);
         let Ok(device) = u32::try_from(device) else {
             return self.fail(format!("{}: device {device}", what()));
         };
-        let address = uint_of(self, &f, const { id("address") }, what).unwrap_or(0);
-        let stream = uint_of(self, &f, const { id("stream") }, what).unwrap_or(0);
+        let address = uint_of(self, f, const { id("address") }, what).unwrap_or(0);
+        let stream = uint_of(self, f, const { id("stream") }, what).unwrap_or(0);
         let pool = match f.get(const { id("segment_type") }).and_then(|v| self.text(v)) {
             Some("small") => Some(PoolKind::Small),
             Some("large") => Some(PoolKind::Large),
@@ -522,7 +525,7 @@ impl SnapshotBuilder {
             blocks.push(blk);
         }
         let sum = blocks.iter().try_fold(0u64, |s, b| s.checked_add(b.size));
-        let total_size = match (uint_of(self, &f, const { id("total_size") }, what), sum) {
+        let total_size = match (uint_of(self, f, const { id("total_size") }, what), sum) {
             (Some(t), _) => t,
             (None, Some(sum)) => sum,
             (None, None) => return self.fail(format!("{}: its blocks' sizes add up past 2^64 bytes", what())),

@@ -284,10 +284,17 @@ struct Checker<'a> {
 
 type CheckAllocator = DeviceCachingAllocator<ReplayDevice>;
 
+/// A segment event headroom's allocator made: (action, address, size).
+type SegmentCall = (TraceAction, u64, u64);
+
 impl Checker<'_> {
-    fn diverge(&mut self, i: usize, message: String) {
+    /// Records the first divergence. The message is made only for that one: a replay that
+    /// departs from the recording departs at most of its requests, and formatting each
+    /// message took a quarter of such a check's time.
+    fn diverge(&mut self, i: usize, message: impl FnOnce() -> String) {
         if self.f.first_divergence.is_none() {
-            self.f.first_divergence = Some(Divergence { index: i, message, context: context(self.trace, i) });
+            self.f.first_divergence =
+                Some(Divergence { index: i, message: message(), context: context(self.trace, i) });
         }
     }
 
@@ -299,7 +306,7 @@ impl Checker<'_> {
             (Some(r), WalkError::Alloc { error, .. }) if r == i && self.answer.is_none() => {
                 self.answer = Some(Err(first_line(error)))
             }
-            _ => self.diverge(i, format!("free of {:#x}: {e}", self.trace[i].addr)),
+            _ => self.diverge(i, || format!("free of {:#x}: {e}", self.trace[i].addr)),
         }
     }
 
@@ -317,42 +324,41 @@ impl Checker<'_> {
     /// recording the first that differs.
     fn compare(&mut self, a: &mut CheckAllocator, mut pending: Vec<usize>, at: usize) {
         let trace = self.trace;
-        let ours: Vec<(TraceAction, u64, u64)> =
+        let ours: Vec<SegmentCall> =
             a.drain_history().filter_map(|e| segment_action(e.action).map(|x| (x, e.addr, e.size))).collect();
         self.f.segment_total += pending.len();
-        let mut first_bad = None;
+        // The first call that differs (with headroom's call there, if it made one), or
+        // headroom's first call past the recorded ones; described only where it is the
+        // replay's first divergence.
+        let mut first_bad: Option<(usize, Option<SegmentCall>)> = None;
         for (k, &i) in pending.iter().enumerate() {
             let r = &trace[i];
             match ours.get(k) {
                 Some(&(act, addr, size)) if act == r.action && addr == r.addr && size == r.size => {
                     self.f.segment_matched += 1
                 }
-                Some(&(act, addr, size)) => {
-                    first_bad.get_or_insert((
-                        i,
-                        format!("recorded {}, headroom {} {addr:#x} {size}", describe(i, r), act.name()),
-                    ));
-                }
-                None => {
-                    first_bad
-                        .get_or_insert((i, format!("recorded {}, headroom made no such device call", describe(i, r))));
+                made => {
+                    first_bad.get_or_insert((i, made.copied()));
                 }
             }
         }
-        if first_bad.is_none() && ours.len() > pending.len() {
-            let (act, addr, size) = ours[pending.len()];
-            first_bad = Some((
-                at,
-                format!("headroom made a device call the recorded run did not: {} {addr:#x} {size}", act.name()),
-            ));
-        }
+        let extra = ours.get(pending.len()).copied();
         pending.clear();
         if self.pending.is_empty() {
             // The buffer is kept for the next request's events.
             self.pending = pending;
         }
-        if let Some((j, m)) = first_bad {
-            self.diverge(j, m);
+        match (first_bad, extra) {
+            (Some((j, Some((act, addr, size)))), _) => self.diverge(j, || {
+                format!("recorded {}, headroom {} {addr:#x} {size}", describe(j, &trace[j]), act.name())
+            }),
+            (Some((j, None)), _) => {
+                self.diverge(j, || format!("recorded {}, headroom made no such device call", describe(j, &trace[j])))
+            }
+            (None, Some((act, addr, size))) => self.diverge(at, || {
+                format!("headroom made a device call the recorded run did not: {} {addr:#x} {size}", act.name())
+            }),
+            (None, None) => {}
         }
     }
 
@@ -362,7 +368,7 @@ impl Checker<'_> {
         self.f.recorded.empty_cache_calls.extend(released.first());
         self.pools.release_freed(a, self.trace, released.iter().copied());
         if a.empty_cache().is_err() {
-            self.diverge(at, "empty_cache failed".into());
+            self.diverge(at, || "empty_cache failed".into());
         }
         self.compare(a, released, at);
     }
@@ -433,7 +439,7 @@ impl Checker<'_> {
         a.device_mut().inner_mut().sim_mut().clear_next_addresses();
         if e.action == TraceAction::Oom {
             if a.release_unmapped_segments().is_err() {
-                self.diverge(i, "releasing the reservation a failed request made failed".into());
+                self.diverge(i, || "releasing the reservation a failed request made failed".into());
             }
             // Reserved after the flush that preceded the failure, as PyTorch reports it.
             let reserved = a.reserved_bytes();
@@ -451,17 +457,17 @@ impl Checker<'_> {
                 if ptr == e.addr {
                     self.f.alloc_matched += 1;
                 } else {
-                    self.diverge(i, format!("recorded address {:#x}, headroom chose {ptr:#x}", e.addr));
+                    self.diverge(i, || format!("recorded address {:#x}, headroom chose {ptr:#x}", e.addr));
                 }
             }
             (TraceAction::Alloc, failure) => {
                 self.f.alloc_total += 1;
                 let why = failure.and_then(Result::err).unwrap_or_default();
-                self.diverge(i, format!("the recorded run allocated here; headroom failed: {why}"));
+                self.diverge(i, || format!("the recorded run allocated here; headroom failed: {why}"));
             }
             (_, Some(Ok(ptr))) => {
                 self.f.oom_total += 1;
-                self.diverge(i, format!("the recorded run ran out of memory here; headroom served it at {ptr:#x}"));
+                self.diverge(i, || format!("the recorded run ran out of memory here; headroom served it at {ptr:#x}"));
             }
             (_, _) => {
                 self.f.oom_total += 1;
@@ -484,7 +490,7 @@ impl Observer<ReplayDevice, PyTorchPolicy> for Checker<'_> {
             Mark::Free if !self.pending.is_empty() => self.empty_cache(a, i),
             Mark::UnknownFree => {
                 let addr = self.trace[i].addr;
-                self.diverge(i, format!("free of {addr:#x}: {}", AllocError::InvalidPointer(addr)));
+                self.diverge(i, || format!("free of {addr:#x}: {}", AllocError::InvalidPointer(addr)));
             }
             Mark::Completed { stream, at_next_request: false } => {
                 a.device_mut().inner_mut().sim_mut().complete_events_on(stream)

@@ -224,21 +224,22 @@ fn add_mapped_runs(
 /// freed in it, the lowest address allocated above it while it lived.
 fn barriers(trace: &[TraceEvent], live: &FxHashMap<u64, Live>) -> BTreeMap<u64, u64> {
     let mut barrier: BTreeMap<u64, u64> = BTreeMap::new();
-    let unknown: Vec<(u64, usize)> =
-        live.iter().filter(|(_, l)| l.size.is_none()).map(|(&a, l)| (a, l.freed_at.unwrap_or(0))).collect();
+    // By the entry that frees each, followed with a cursor as the trace is read forwards.
+    let mut unknown: Vec<(usize, u64)> =
+        live.iter().filter(|(_, l)| l.size.is_none()).map(|(&a, l)| (l.freed_at.unwrap_or(0), a)).collect();
     if unknown.is_empty() {
         return barrier;
     }
-    let mut still_live: BTreeMap<u64, ()> = unknown.iter().map(|&(a, _)| (a, ())).collect();
-    let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-    for &(a, f) in &unknown {
-        ends.entry(f).or_default().push(a);
-    }
+    unknown.sort_unstable();
+    let mut still_live: BTreeMap<u64, ()> = unknown.iter().map(|&(_, a)| (a, ())).collect();
+    let mut gone = unknown.iter().peekable();
     for (i, e) in trace.iter().enumerate() {
-        if let Some(gone) = ends.get(&i) {
-            for a in gone {
-                still_live.remove(a);
-            }
+        while let Some((_, a)) = gone.next_if(|&&(f, _)| f == i) {
+            still_live.remove(a);
+        }
+        // Past the last of them, no allocation is above a block still to be placed.
+        if still_live.is_empty() {
+            break;
         }
         if e.action == TraceAction::Alloc {
             if let Some((&below, _)) = still_live.range(..e.addr).next_back() {
