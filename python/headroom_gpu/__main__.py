@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--qlora", type=int, metavar="RANK",
                    help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "
                         "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
-                        "(gradient checkpointing on); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
+                        "(gradient checkpointing on), the model's own head (T5: sequence-to-sequence LM; BERT: "
+                        "masked LM; else causal LM); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")

@@ -120,7 +120,7 @@ def replace_linear(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bf
     """Replaces the linear layers of a transformers model built on the meta device by
     bitsandbytes' `Linear4bit`, as transformers' loader does for `BitsAndBytesConfig(load_in_4bit=
     True, ...)` (`replace_with_bnb_linear`, the output layer left as it is:
-    `get_keys_to_not_convert`). Run it outside the recorder: nothing is allocated. Returns the
+    `get_keys_to_not_convert`, and the modules the model keeps in fp32, made fp32). Run it outside the recorder: nothing is allocated. Returns the
     `BitsAndBytesConfig`. `quant_storage=torch.bfloat16` is FSDP's: the packed bytes stored as a
     bf16 tensor of half as many elements, which FSDP shards as it shards the rest."""
     import transformers
@@ -130,7 +130,17 @@ def replace_linear(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bf
     config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
                                              bnb_4bit_use_double_quant=double_quant,
                                              bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=quant_storage)
-    replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
+    # transformers' bitsandbytes quantizer leaves the output layer and the modules the model keeps
+    # in fp32 (`get_modules_to_not_convert`), and loads the latter in fp32.
+    keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model) + keep,
+                            quantization_config=config)
+    if keep:
+        from transformers.quantizers.quantizers_utils import should_convert_module
+
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and not should_convert_module(name, keep):
+                module.to(torch.float32)
     model.is_loaded_in_4bit = True  # what peft's prepare_model_for_kbit_training asks
     return config
 
@@ -207,22 +217,49 @@ def _load_module(module: torch.nn.Module, name: str, root: str, device: Any, rec
                 kind[key] = made[id(t)]
 
 
-def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:
-    """A transformers causal LM of `config` on the meta device, its linear layers bitsandbytes'
-    4-bit ones (bf16 compute, NF4, double quantization: QLoRA's setup), as `from_pretrained(...,
-    quantization_config=BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before
-    loading. Build it outside the recorder (nothing is allocated); `prepare` loads it inside."""
+# The transformers class of each head QLoRA records, and peft's task type for it: a causal LM's
+# and a masked LM's adapters wrapped in a plain `PeftModel` (peft has no task type for a masked
+# LM), a sequence-to-sequence LM's as one (`SEQ_2_SEQ_LM`: its decoder's inputs and generate).
+HEADS = {"causal-lm": ("AutoModelForCausalLM", None), "masked-lm": ("AutoModelForMaskedLM", None),
+         "seq2seq-lm": ("AutoModelForSeq2SeqLM", "SEQ_2_SEQ_LM")}
+
+
+def head(config: Any) -> str:
+    """The head a model of `config` is trained with: the one its `architectures` names, else a
+    sequence-to-sequence LM for an encoder-decoder (T5), a masked LM for an encoder transformers
+    builds as one (BERT), and a causal LM otherwise."""
+    for arch in getattr(config, "architectures", None) or []:
+        for suffix, name in (("ForCausalLM", "causal-lm"), ("ForMaskedLM", "masked-lm"),
+                             ("ForConditionalGeneration", "seq2seq-lm")):
+            if arch.endswith(suffix) and not (name == "seq2seq-lm" and not config.is_encoder_decoder):
+                return name
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq-lm"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return "masked-lm" if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal-lm"
+
+
+def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
+          model_head: str | None = None) -> torch.nn.Module:
+    """A transformers model of `config` with its `model_head` (`head(config)`'s where not given)
+    on the meta device, its linear layers bitsandbytes' 4-bit ones (bf16 compute, NF4, double
+    quantization: QLoRA's setup), as `from_pretrained(..., quantization_config=
+    BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before loading: the modules the
+    model keeps in fp32 (`_keep_in_fp32_modules`, T5's `wo`) stay full linear layers in fp32. Build
+    it outside the recorder (nothing is allocated); `prepare` loads it inside."""
     import transformers
     from torch._guards import detect_fake_mode
 
     if detect_fake_mode() is not None:
         raise RuntimeError("headroom_gpu.qlora.build makes bitsandbytes' modules on the meta device, which fake tensors "
                            "cannot hold: call it before entering the StepRecorder, and qlora.prepare inside it")
+    auto = getattr(transformers, HEADS[model_head or head(config)][0])
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+            model = auto.from_config(config, attn_implementation=attention)
     finally:
         torch.set_default_dtype(previous)
     replace_linear(model, quant_storage=quant_storage)
@@ -233,14 +270,15 @@ def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any 
     """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
     `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
     gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
-    (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32.
-    `scope`: as `load`'s."""
+    (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32, with the
+    task type of the model's head (`HEADS`). `scope`: as `load`'s."""
     import peft
 
     load(model, recorder=recorder, scope=scope)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+    lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,
+                           task_type=HEADS[head(model.config)][1])
     model = peft.get_peft_model(model, lora)
     model.train()
     return model

@@ -764,13 +764,17 @@ class StepRecorder:
         self._stack.close()
 
     def to_jsonl(self, kernels: str = "last") -> str:
-        """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention,
-        and the kernels of the last step (`kernels="all"`: of every step; `"none"`: none)."""
+        """The step program: docs/TRACE_FORMAT.md's lines, ids by the step programs' convention
+        (a compiled step marked `{"op":"compiled"}`), and the kernels of the last step
+        (`kernels="all"`: of every step; `"none"`: none)."""
         encode = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps's, made once
         lines = []
         if self.shape is not None:
             batch, seq = self.shape
             lines.append(json.dumps({"op": "shape", "batch": batch, "seq": seq}, separators=(",", ":")))
+        if self.compile:
+            # The planner's cue that the step has no kernels to time by design (docs/TRACE_FORMAT.md).
+            lines.append('{"op":"compiled"}')
         wanted = [k for k in self.kernel_lines if kernels == "all" or (kernels == "last" and k[1] == self._step)]
         at = 0
         # An allocation's and a free's line written as json.dumps writes it, without its encoder.

@@ -5,7 +5,8 @@ steps with transformers' DynamicCache).
 
 The model is `AutoModelForCausalLM.from_config` (no weights are read: a config.json, or a
 model directory holding one, is all it needs), optionally wrapped in peft's LoRA over every
-linear layer; the batch is `batch` sequences of `seq` random token ids that are their own
+linear layer; with QLoRA, the head the model is trained with (`qlora.head`: T5's
+sequence-to-sequence LM, BERT's masked LM, a causal LM otherwise); the batch is `batch` sequences of `seq` random token ids that are their own
 labels, with no padding; the optimizer is torch.optim's, with foreach on as it is by default on
 CUDA.
 """

@@ -138,8 +138,9 @@ class CompiledStep(unittest.TestCase):
 @unittest.skipIf(MISSING, MISSING)
 class Command(unittest.TestCase):
     def test_record_compile_then_plan(self):
-        """`record --compile` on a tiny Llama: the compiled step's notes, a recording `headroom
-        plan --program` plans (without a step time), and the flags it is not recorded with refused."""
+        """`record --compile` on a tiny Llama: the compiled step's notes, a recording marked
+        compiled that `headroom plan --program` plans (without a step time, saying why), and the
+        flags it is not recorded with refused."""
         import json
         import os
         import subprocess
@@ -158,7 +159,10 @@ class Command(unittest.TestCase):
         with open(out, encoding="utf-8") as f:
             lines = [json.loads(line) for line in f]
         self.assertFalse([line for line in lines if line["op"] == "kernel"])
-        assert_replays_and_plans(self, out)
+        self.assertEqual(lines[1], {"op": "compiled"})
+        text = assert_replays_and_plans(self, out)
+        self.assertIn("step time: not estimated (the step was recorded compiled", text)
+        self.assertIn("record the step without --compile", text)
         r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", model, "--compile",
                             "--generate", "4", "--out", os.devnull], capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 2, r.stderr)

@@ -174,6 +174,66 @@ class Step(unittest.TestCase):
         self.assertIn("not both", r.stderr)
 
 
+TINY_BERT = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+TINY_T5 = {"model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 2,
+           "vocab_size": 256, "feed_forward_proj": "relu", "decoder_start_token_id": 0, "pad_token_id": 0}
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Heads(unittest.TestCase):
+    """BERT is recorded as a masked LM in a plain PeftModel (peft has no task type for one), T5 as
+    a sequence-to-sequence LM (SEQ_2_SEQ_LM) whose `wo` stays a full fp32 layer, as transformers'
+    bitsandbytes quantizer keeps it (`_keep_in_fp32_modules`); `record --qlora` records both."""
+
+    def prepared(self, fields, attention):
+        from headroom_gpu import qlora
+        from headroom_gpu.recorder import StepRecorder
+
+        fields = dict(fields)
+        config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+        meta = qlora.build(config, attention)
+        with StepRecorder(fake=True) as rec:
+            model = qlora.prepare(meta, 4, rec)
+        return model
+
+    def test_bert_is_a_masked_lm_in_a_plain_peft_model(self):
+        import bitsandbytes as bnb
+
+        model = self.prepared(TINY_BERT, "sdpa")
+        self.assertIs(type(model), peft.PeftModel)
+        base = model.get_base_model()
+        self.assertIsInstance(base, transformers.BertForMaskedLM)
+        # The masked-LM head's transform is a linear layer like the others: 4-bit, adapted.
+        self.assertIsInstance(base.cls.predictions.transform.dense.base_layer, bnb.nn.Linear4bit)
+        self.assertNotIsInstance(base.cls.predictions.decoder, bnb.nn.Linear4bit)
+
+    def test_t5_is_a_seq2seq_lm_with_its_wo_in_fp32(self):
+        import bitsandbytes as bnb
+
+        model = self.prepared(TINY_T5, "eager")
+        self.assertIsInstance(model, peft.PeftModelForSeq2SeqLM)
+        block = model.get_base_model().decoder.block[0]
+        self.assertIsInstance(block.layer[1].EncDecAttention.q.base_layer, bnb.nn.Linear4bit)
+        wo = block.layer[2].DenseReluDense.wo.base_layer
+        self.assertIs(type(wo), torch.nn.Linear)
+        self.assertEqual(wo.weight.dtype, torch.float32)
+
+    def test_record_command_records_bert_and_t5(self):
+        import json
+
+        for name, fields, attention in (("bert", TINY_BERT, "sdpa"), ("t5", TINY_T5, "eager")):
+            d = os.path.join(tempfile.mkdtemp(), name)
+            os.makedirs(d)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(fields, f)
+            out = os.path.join(d, "qlora.jsonl")
+            r = record_command(self, d, out, "--batch", "2", "--seq", "32", "--steps", "2", "--qlora", "4",
+                               "--attention", attention)
+            self.assertIn("recorded 2 steps", r.stdout)
+            assert_replays_and_plans(self, out)
+
+
 def _packed_shard_bytes(out_features, in_features, world):
     """Rank 0's shard of a 4-bit weight stored as bf16 (`bnb_4bit_quant_storage=bfloat16`): the
     `ceil(out·in / 2)` packed bytes as a (bytes / 2, 1) bf16 tensor, split on dim 0."""

@@ -272,9 +272,10 @@ def record_command(test: unittest.TestCase, model: str, out: str, *flags: str) -
     return r
 
 
-def assert_replays_and_plans(test: unittest.TestCase, out: str, *plan_flags: str) -> None:
+def assert_replays_and_plans(test: unittest.TestCase, out: str, *plan_flags: str) -> str:
     """The recording `out` goes through `headroom replay` and fits on one H100 under `headroom
-    plan --program` (with `plan_flags`); skipped where no headroom binary is at hand."""
+    plan --program` (with `plan_flags`), whose text is returned; skipped where no headroom binary
+    is at hand."""
     binary = headroom_or_skip(test)
     r = subprocess.run([binary, "replay", out], capture_output=True, text=True, timeout=120)
     test.assertEqual(r.returncode, 0, r.stderr)
@@ -283,6 +284,7 @@ def assert_replays_and_plans(test: unittest.TestCase, out: str, *plan_flags: str
                        capture_output=True, text=True, timeout=120)
     test.assertEqual(r.returncode, 0, r.stdout + r.stderr)
     test.assertIn("fits", r.stdout)
+    return r.stdout
 
 
 def headroom_or_skip(test: unittest.TestCase) -> str:

@@ -103,33 +103,62 @@ def _recorder_class():
 
 
 def _layer_of(name):
-    hit = re.search(r"(?:^|\.)(?:layers|h|layer)\.(\d+)(?:\.|$)", name)
-    return f"layer:main:{hit.group(1)}" if hit else None
+    """The layer range of a module or parameter path: T5's encoder blocks a stack of their own
+    (`enc`), its decoder's and every other family's layers the main one."""
+    hit = re.search(r"(?:^|\.)(?:(encoder)\.block|decoder\.block|layers|h|layer)\.(\d+)(?:\.|$)", name)
+    return f"layer:{'enc' if hit.group(1) else 'main'}:{hit.group(2)}" if hit else None
+
+
+def _first_tensor(value):
+    """The first tensor of a module's input or output (a tensor, or a tuple or list holding one)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return getattr(value, "last_hidden_state", None)
 
 
 def _hook_layers(model, family, rec):
     """Each layer's forward and backward marked as a range (the forward's end even where
-    non-reentrant checkpointing stops a recomputation early)."""
+    non-reentrant checkpointing stops a recomputation early). The backward's range opens when the
+    gradient of the layer's output is made and closes when its input's is, by hooks on those two
+    tensors: a module's full backward hooks would wrap its inputs and outputs in autograd nodes of
+    their own, which keep the gradient the layer hands down alive until the hooks have run (one
+    b x s x h fp32 tensor more at the backward's peak than `record --qlora`'s step, at BERT's
+    recorded shape)."""
     pattern = sp.layer_pattern(family)
     for name, m in model.named_modules():
         hit = pattern.fullmatch(name)
         if not hit:
             continue
-        tag = ("main", int(hit.group(2)))
+        tag = ("enc" if hit.group(1) == "encoder" else "main", int(hit.group(2)))
 
         def enter(m, *a, tag=tag):
             m._marks = getattr(m, "_marks", [])
             m._marks.append(rec.mark(tag))
             m._marks[-1].__enter__()
 
-        def leave(m, *a):
+        def leave(m, args, output, tag=tag):
             if getattr(m, "_marks", None):
                 m._marks.pop().__exit__(None, None, None)
+            out, given = _first_tensor(output), _first_tensor(args)
+            if out is None or given is None or not (out.requires_grad and given.requires_grad):
+                return
+            m._grad_marks = getattr(m, "_grad_marks", [])
+
+            def grad_out(grad, m=m):
+                m._grad_marks.append(rec.mark(tag))
+                m._grad_marks[-1].__enter__()
+
+            def grad_in(grad, m=m):
+                if m._grad_marks:
+                    m._grad_marks.pop().__exit__(None, None, None)
+
+            out.register_hook(grad_out)
+            given.register_hook(grad_in)
 
         m.register_forward_pre_hook(enter)
         m.register_forward_hook(leave, always_call=True)
-        m.register_full_backward_pre_hook(enter)
-        m.register_full_backward_hook(leave)
 
 
 @contextlib.contextmanager
@@ -153,7 +182,14 @@ def _adapters_in_layers(rec):
 
 def qlora_config(family, layers):
     cfg = sp.config(family, layers)
-    if family == "bloom":
+    if family == "bert":
+        # Its heads are the hidden size over their count (64 each): no key-value heads of its own.
+        cfg.update(hidden_size=HEADS["hidden_size"], num_attention_heads=HEADS["num_attention_heads"])
+    elif family == "t5":
+        # T5 names its widths its own way (d_model, num_heads, d_kv); its ReLU MLP of 640 makes
+        # 30 blocks of 16,384 with the hidden size.
+        cfg.update(d_model=HEADS["hidden_size"], num_heads=HEADS["num_attention_heads"], d_kv=HEADS["head_dim"])
+    elif family == "bloom":
         # No key-value heads or head width of its own: the hidden size over the heads (64).
         cfg.update(hidden_size=HEADS["hidden_size"], n_head=HEADS["num_attention_heads"])
     else:
@@ -175,15 +211,15 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn not in ("sdpa", "eager") or not checkpointing or head != "causal-lm":
+        if precision != "bf16" or attn not in ("sdpa", "eager") or not checkpointing or head not in qlora.HEADS:
             raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
-                                 "checkpointing on")
+                                 f"checkpointing on, with a head of {', '.join(qlora.HEADS)}")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
         cfg = qlora_config(family, layers)
         fields = dict(cfg)
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
         config.use_cache = False
-        meta = qlora.build(config, attn)
+        meta = qlora.build(config, attn, model_head=head)
         rank = adapters[0]
         torch.manual_seed(0)
         grads = {}
@@ -223,7 +259,7 @@ class QLoraJob(sp.Job):
         for i, (name, p) in enumerate(model.named_parameters()):
             name = name.removeprefix(sp.PEFT_PREFIX)
             hit = re.match(pattern.pattern + r"\.", name)
-            layer = ["main", int(hit.group(2))] if hit else None
+            layer = ["enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))] if hit else None
             state = getattr(p, "quant_state", None)
             if state is not None:
                 # The packed weight: half a byte for each of the layer's out x in elements.

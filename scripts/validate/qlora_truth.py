@@ -3,8 +3,9 @@
 CUDA's bitsandbytes rules: `headroom_gpu.qlora`), for the planner's replay of the recorded QLoRA
 templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes and ranks the
 templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
-key-value heads, BLOOM's 12 of 64, an MLP of 704, a vocabulary of 4096, five layers, 2x56, 2x88
-and 3x56 tokens, rank 22).
+key-value heads, BLOOM's and BERT's 12 of 64, T5's 12 of 80, an MLP of 704, a vocabulary of
+4096, five layers (T5: five a stack), 2x56, 2x88 and 3x56 tokens, rank 22). BERT is trained as
+a masked LM and T5 as a sequence-to-sequence LM, the heads `record --qlora` gives them.
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
@@ -82,10 +83,20 @@ CASES = [
     # untied, as Pythia's.
     ("gpt_neox", {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 8000,
                   "rotary_pct": 0.25, "use_parallel_residual": True}, 5, 3, 72, 32),
+    # A masked LM (peft's plain PeftModel), its masked-LM head's transform adapted too, heads of 64
+    # and the decoder tied to the embeddings, as bert-large's.
+    ("bert", {"hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 8000,
+              "tie_word_embeddings": True}, 4, 2, 128, 16),
+    # A sequence-to-sequence LM (peft's SEQ_2_SEQ_LM): v1.0's ReLU MLP, its `wo` kept a full fp32
+    # layer (`_keep_in_fp32_modules`), the decoder's cross-attention adapted, tied, at t5-large's
+    # widths (16 heads of 64, the query as wide as the hidden size, an MLP of 4,096).
+    ("t5", {"d_model": 1024, "num_heads": 16, "d_kv": 64, "d_ff": 4096, "num_layers": 4, "num_decoder_layers": 4,
+            "feed_forward_proj": "relu", "vocab_size": 8000, "tie_word_embeddings": True,
+            "decoder_start_token_id": 0, "pad_token_id": 0}, 4, 1, 160, 8),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
-# steps are recorded eager alone (the planner runs both eager whatever is asked).
-EAGER = {"bloom", "gemma2"}
+# and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
+EAGER = {"bloom", "gemma2", "t5"}
 
 
 def phased():

@@ -82,8 +82,9 @@ cross-attention, and peft's default targets for them are BERT's `query` and `val
 `q` and `v` (its cross-attention's too).
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
-`/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where transformers has no SDPA path
-(BLOOM) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`)): peft's
+`/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
+path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
+BERT as a masked LM, T5 as a sequence-to-sequence LM, each with peft's task type for it): peft's
 LoRA over bitsandbytes' NF4 base as `python -m headroom_gpu record --qlora` runs it, under fake
 tensors with CUDA's rules, since bitsandbytes has no CPU kernels for CUDA's path
 (`qlora_programs.py` reads that recording into the tensors and events below):
@@ -504,6 +505,9 @@ def dims(model, cfg):
         d["kf"], d["kh"] = d["k"] * d["f"], d["k"] * d["h"]
     if cfg.get("model_type") == "qwen2_moe":
         d["fs"] = c.shared_expert_intermediate_size
+    if cfg.get("model_type") == "t5":
+        # Its position bias's rows: a count of its own, read as a coefficient, not a unit.
+        d["buckets"] = c.relative_attention_num_buckets
     return d
 
 
@@ -696,10 +700,15 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
 
 def shape_units(shape, d):
     """A parameter's shape as (coefficient, product of units): (1, "q*h"), or (3, "h*h") for
-    GPT-2's fused query-key-value projection (h x 3h)."""
+    GPT-2's fused query-key-value projection (h x 3h), or (32, "heads") for T5's position bias
+    (its buckets x heads)."""
     coef, names = 1, []
     for n in shape:
         if n == 1:
+            continue
+        if n == d.get("buckets"):
+            # T5's relative position buckets (32 in every T5 config): a count, no model dimension.
+            coef *= n
             continue
         hit = next(((c, u) for c in (1, 2, 3, 4) for u in UNITS if d.get(u) and n == c * d[u]), None)
         if hit is None:
@@ -1108,9 +1117,9 @@ def main():
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on;
-        # SDPA, or eager where transformers has none (BLOOM) or a key asks for it (Gemma-2).
+        # SDPA, or eager where the recordings have none (BLOOM, T5) or a key asks for it (Gemma-2).
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
-                if j[2] == "bf16" and j[4] and j[1] == "causal-lm"
+                if j[2] == "bf16" and j[4]
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
     if args.gated:
         os.environ[GATED_T5] = "1"

@@ -96,6 +96,27 @@ fn every_recorded_family_plans_qlora_from_its_own_template() {
     }
 }
 
+/// BERT's and T5's QLoRA replay their own templates: BERT trained as a masked LM, T5 as a
+/// sequence-to-sequence LM with eager attention (its steps are recorded eager alone, so the SDPA
+/// asked plans eager), where they fell to the closed form before.
+#[test]
+fn bert_and_t5_plan_qlora_from_their_own_templates() {
+    for (model, want) in [
+        ("bert-base-uncased", "bert/masked-lm/bf16/sdpa/ckpt/qlora-all"),
+        ("t5-base", "t5/seq2seq-lm/bf16/eager/ckpt/qlora-all"),
+    ] {
+        let job =
+            format!("--model {model} --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 512 --checkpoint full");
+        let (code, p) = plan(&args(&job));
+        assert_eq!(code, 0, "{p}");
+        assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
+        assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
+        assert_eq!(p["program"]["template"], want, "{}", p["program"]);
+        let (_, t) = text(&args(&job));
+        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+    }
+}
+
 /// QLoRA on one GPU with transformers' code replays its recorded step, and says so; the
 /// LoRA job's QLoRA lever is QLoRA as peft sets it up, checkpointing on, replayed the same way.
 #[test]

@@ -1,6 +1,7 @@
 //! `headroom plan --program`: a recorded step replayed as `plan` replays its own programs.
 
 use assert_cmd::Command;
+use predicates::boolean::PredicateBooleanExt;
 use predicates::str::contains;
 use serde_json::Value;
 use std::path::Path;
@@ -209,6 +210,42 @@ fn a_recording_is_timed_from_its_kernels_and_one_without_is_not() {
     assert_eq!(code, 1);
     let levers = v["levers"].as_array().unwrap();
     assert!(!levers.is_empty() && levers.iter().all(|l| l["step_time_s"].is_null()), "{v}");
+}
+
+/// A compiled step (`record --compile`, which marks it `{"op":"compiled"}`) holds no kernels by
+/// design: the plan says why it has no step time and points to the eager recording, not to
+/// recording it again (which would give the same); a compiled line after an operation is
+/// refused with its line.
+#[test]
+fn a_compiled_recording_says_why_it_has_no_step_time() {
+    let rec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/recordings/llama-tiny-compiled-b2-s64.jsonl");
+    let args = ["--gpu", "h100", "--program", rec];
+    let (code, v) = plan(&args);
+    assert_eq!(code, 0);
+    assert_eq!(v["program"]["source"], "recording");
+    for k in ["step_time_s", "step_time_breakdown", "tokens_per_s", "mfu"] {
+        assert!(v.get(k).is_some_and(Value::is_null), "{k}: {v}");
+    }
+    let text = String::from_utf8(headroom().arg("plan").args(args).output().unwrap().stdout).unwrap();
+    let untimed: Vec<&str> = text.lines().filter(|l| l.starts_with("step time")).collect();
+    assert_eq!(untimed.len(), 1, "{text}");
+    assert!(untimed[0].starts_with("step time: not estimated (the step was recorded compiled"), "{text}");
+    assert!(untimed[0].contains("record the step without --compile"), "{text}");
+    assert!(!text.contains("record it again to time it"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let late = dir.path().join("late.jsonl");
+    let body = std::fs::read_to_string(rec).unwrap();
+    let mut lines: Vec<&str> = body.lines().collect();
+    let marker = lines.remove(1);
+    assert_eq!(marker, r#"{"op":"compiled"}"#);
+    lines.insert(2, marker);
+    std::fs::write(&late, lines.join("\n")).unwrap();
+    headroom()
+        .args(["plan", "--gpu", "h100", "--program", late.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(contains("line 3").and(contains("a compiled line comes before any operation")));
 }
 
 /// A recording made without checkpointing, planned with it: each layer's saved activations are

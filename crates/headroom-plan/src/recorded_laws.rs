@@ -165,7 +165,8 @@ impl Recording {
         // Kernels time one shape: those of the first file that has any, said with its shape.
         let kernels = recordings.iter().find(|r| !r.kernels.is_empty()).map(|r| r.kernels.clone()).unwrap_or_default();
         let kernels_at = recordings.iter().find(|r| !r.kernels.is_empty()).and_then(|r| r.shapes.first().copied());
-        Ok(Recording { path, program, shapes, inexact, events: Vec::new(), kernels, kernels_at })
+        let compiled = recordings.iter().any(|r| r.compiled);
+        Ok(Recording { path, program, shapes, inexact, events: Vec::new(), kernels, kernels_at, compiled })
     }
 
     /// Whether the recordings tell how the step grows with the micro-batch (`batch`) or with

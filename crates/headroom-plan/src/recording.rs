@@ -17,6 +17,10 @@
 //! matrix multiply or of attention. A recording that holds them is timed from them
 //! ([`crate::time::recorded`]); one that does not is planned without a step time.
 //!
+//! A step recorded compiled (`record --compile`) says so in a `{"op":"compiled"}` line before
+//! its operations: its graphs ran operator by operator, not as Inductor's kernels, so it holds
+//! no kernel lines, and the plan says why it has no step time.
+//!
 //! Every malformed line is refused with the file's name and the line's number, and says what
 //! was expected: a plan made from a program that is not the one recorded would be wrong with
 //! confidence.
@@ -52,6 +56,9 @@ pub struct Recording {
     /// The shape, `(batch, seq)`, the kernels were recorded at, where the file says it: they
     /// time that shape only.
     pub kernels_at: Option<(u64, u64)>,
+    /// Whether the step was recorded compiled (`torch.compile` through Inductor's graphs, each
+    /// operator run eagerly): no kernel of it is Inductor's, so none is timed.
+    pub compiled: bool,
 }
 
 /// One kernel of the recorded step: an operator a GPU runs as a kernel.
@@ -279,6 +286,7 @@ struct Reader {
     /// Each layer met, by its list's path and index.
     layers: HashMap<(String, u32), u32>,
     shape: Option<(u64, u64)>,
+    compiled: bool,
     /// Each operation read: its line and its key (see [`Recording::events`]).
     events: Vec<(usize, String)>,
 }
@@ -299,7 +307,7 @@ impl Reader {
             Some((name, _)) => Err(format!("{:?} takes no \"{name}\"", line.op)),
             None => Ok(()),
         };
-        if line.op != "shape" {
+        if line.op != "shape" && line.op != "compiled" {
             let id = line.id.as_ref().map_or(String::new(), |v| id_text(Some(v)).unwrap_or_default());
             self.events.push((number, format!("{} {id:?} stream {}", line.op, line.stream.unwrap_or(0))));
         }
@@ -323,6 +331,14 @@ impl Reader {
                         .into()),
                 }
             }
+            "compiled" => {
+                only(&[("id", line.id.is_some()), ("size", line.size.is_some()), ("stream", line.stream.is_some())])?;
+                if !self.events.is_empty() || self.compiled {
+                    return Err("a compiled line comes before any operation, and once".into());
+                }
+                self.compiled = true;
+                Ok(())
+            }
             "alloc" => {
                 let id = id_text(line.id.as_ref())?;
                 let size = line.size.ok_or("an alloc needs a \"size\" in bytes")?;
@@ -341,8 +357,8 @@ impl Reader {
                 Ok(())
             }
             other => Err(format!(
-                "{other:?}: a step program holds alloc, free, empty_cache and kernel, after its shape line (replay \
-                 other traces with `headroom replay`)"
+                "{other:?}: a step program holds alloc, free, empty_cache and kernel, after its shape and compiled \
+                 lines (replay other traces with `headroom replay`)"
             )),
         }
     }
@@ -420,7 +436,7 @@ impl Recording {
                 reader.line(i + 1, text).map_err(|why| err(i + 1, why))?;
             }
         }
-        let Reader { program, shape, events, kernels, .. } = reader;
+        let Reader { program, shape, events, kernels, compiled, .. } = reader;
         if program.allocations() == 0 {
             return Err(err(0, "holds no allocation: record a step (python -m headroom_gpu record) first".into()));
         }
@@ -435,6 +451,7 @@ impl Recording {
             kernels_at: shape.filter(|_| !kernels.is_empty()),
             events,
             kernels,
+            compiled,
         })
     }
 

@@ -58,8 +58,8 @@ fn qlora_steps_replayed_match_the_recorder_s() {
         let family = c["family"].as_str().expect("family");
         let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
         let cfg = config(&c);
-        // GPT-2's config names its hidden size `n_embd`.
-        let hidden = c["config"].get("hidden_size").or_else(|| c["config"].get("n_embd"));
+        // GPT-2's config names its hidden size `n_embd`, T5's `d_model`.
+        let hidden = ["hidden_size", "n_embd", "d_model"].iter().find_map(|k| c["config"].get(*k));
         let label = format!(
             "{family} h{} L{} r={} {}×{}",
             hidden.unwrap_or(&Value::Null),

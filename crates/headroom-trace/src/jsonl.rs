@@ -132,6 +132,10 @@ pub fn read_trace<R: BufRead>(mut reader: R) -> Result<Vec<TraceLine>, TraceErro
             shape_seen = true;
             continue;
         }
+        if out.is_empty() && compiled_line(text, n)? {
+            // A step program's note that it was recorded compiled, before its operations.
+            continue;
+        }
         if is_kernel(text, n)? {
             continue;
         }
@@ -150,6 +154,20 @@ pub fn shape_line(text: &str, line: usize) -> Result<Option<(u64, u64)>, TraceEr
     let f = Line { fields: &fields, line };
     f.only(&["op", "batch", "seq"])?;
     Ok(Some((f.uint("batch", "")?, f.uint("seq", "")?)))
+}
+
+/// Whether the line is a step program's `{"op":"compiled"}`: its step was recorded under
+/// `torch.compile` (what `headroom plan --program` says of its step time), no operation.
+pub fn compiled_line(text: &str, line: usize) -> Result<bool, TraceError> {
+    if !text.contains("\"compiled\"") {
+        return Ok(false);
+    }
+    let Ok(fields) = serde_json::from_str::<Fields>(text) else { return Ok(false) };
+    if fields.get("op").and_then(Value::as_str) != Some("compiled") {
+        return Ok(false);
+    }
+    Line { fields: &fields, line }.only(&["op"])?;
+    Ok(true)
 }
 
 /// The fields of one line in the order written; a repeated key is an error
@@ -387,6 +405,20 @@ mod tests {
         let twice = b"{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n";
         let e = read_trace(&twice[..]).unwrap_err().to_string();
         assert!(e.contains("line 2: a step program's shape line comes first"), "{e}");
+    }
+
+    /// A step program's compiled line, before its operations, is a note for the planner: the
+    /// replay skips it; after an operation, or with a field of its own, it is refused.
+    #[test]
+    fn a_step_programs_compiled_line_is_no_operation() {
+        let text = b"{\"op\":\"shape\",\"batch\":4,\"seq\":8}\n{\"op\":\"compiled\"}\n{\"op\":\"empty_cache\"}\n";
+        let t = read_trace(&text[..]).unwrap();
+        assert_eq!(t, vec![TraceLine { line: 3, op: TraceOp::EmptyCache }]);
+        let after = b"{\"op\":\"empty_cache\"}\n{\"op\":\"compiled\"}\n";
+        let e = read_trace(&after[..]).unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let e = read_trace(&b"{\"op\":\"compiled\",\"graphs\":2}\n"[..]).unwrap_err().to_string();
+        assert!(e.contains("graphs"), "{e}");
     }
 
     /// A step program's kernel lines are notes for the planner's time: the replay skips them.

@@ -18,7 +18,9 @@
 //! job's GPU, by the planner's kernel model ([`crate::time::recorded`]) — with gradient
 //! accumulation, which only `--recommend`'s rows have, its forward and backward once a
 //! micro-batch and its optimizer step once; one that holds none,
-//! or is planned with checkpointing it was not recorded with, is not timed.
+//! or is planned with checkpointing it was not recorded with, is not timed. A step recorded
+//! compiled holds none by design (its graphs' operators are not Inductor's kernels), and the plan
+//! points to the same step recorded eagerly for a time.
 
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram};
 use crate::job::{Checkpointing, Framework, Job, PipelineStage};
@@ -53,6 +55,12 @@ impl Builder for UserRecording {
             Some(_) if job.train.parallel.gpus() > 1 => {
                 Some("the recorded kernels hold no collectives: a step over several GPUs is not timed from them")
             }
+            Some(r) if r.compiled => Some(
+                "the step was recorded compiled, through Inductor's graphs run operator by operator, and the kernels \
+                 Inductor would generate from them are not in the recording: record the step without --compile and \
+                 plan that recording for a time estimate (the eager step's, which the compiled one usually beats); \
+                 this recording's memory stands",
+            ),
             Some(r) if r.kernels.is_empty() => {
                 Some("the recording holds the step's allocations but not its kernels: record it again to time it")
             }

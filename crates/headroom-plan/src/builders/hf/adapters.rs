@@ -25,7 +25,7 @@
 //! ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
-//! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone) is recorded
+//! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone) is recorded
 //! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
@@ -33,8 +33,10 @@
 //! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
 //! element), exact where out × in is a multiple of 16,384, as it is for every model whose
 //! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
-//! layer, checkpointing on. Recorded for Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen2-MoE, GPT-2,
-//! Gemma 3 and GPT-NeoX (docs/VALIDATION.md, "QLoRA replayed from its recorded step"). Two
+//! layer, checkpointing on. Recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
+//! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
+//! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
+//! "QLoRA replayed from its recorded step"). Two
 //! things of the recording the replay keeps: the fp32 activations take SDPA's memory-efficient
 //! kernel wherever no key-value head is shared or a mask is given, whose logsumexp pads each
 //! sequence to 32 positions (the law's `per_padded_token`); and `Linear4bit` casts a layer's
@@ -219,6 +221,10 @@ mod tests {
             // recorded eager alone, so SDPA asked of either plans eager.
             (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
             (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager"),
+            // BERT trains as a masked LM, T5 as a sequence-to-sequence LM (eager: its steps are
+            // recorded eager alone).
+            (preset("bert-base-uncased"), "bert/masked-lm/bf16/sdpa"),
+            (preset("t5-base"), "t5/seq2seq-lm/bf16/eager"),
         ];
         let cfg = TrainConfig {
             attention: Attention::Sdpa,
