@@ -77,6 +77,7 @@ CASES = [
     ("t5", "bf16", False, 7, 1, 112, 16, "all", "v1.0"),
     ("t5", "bf16", False, 6, 2, 80, 8, "qv", "v1.0"),
     ("t5", "bf16", True, 6, 1, 128, 32, "all", "v1.0"),
+    ("t5", "fp32", False, 6, 2, 64, 16, "all", "v1.0"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
