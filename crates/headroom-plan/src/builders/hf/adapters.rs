@@ -20,10 +20,10 @@
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets, BERT's and T5's `lora-all` at fp32 and with full checkpointing at bf16 (T5's keys
-//! v1.0's ReLU MLP, v1.1's gated one under `/gated` at bf16): peft wraps BERT's
-//! masked-LM head's transform too, and T5's decoder's cross-attention
-//! ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
+//! targets, BERT's and T5's `lora-all` at fp32 and with full checkpointing at bf16, T5's
+//! checkpointed at fp32 too (T5's keys v1.0's ReLU MLP, v1.1's gated one under `/gated` at
+//! bf16): peft wraps BERT's masked-LM head's transform too, and T5's decoder's
+//! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone) is recorded
