@@ -192,6 +192,40 @@ mod tests {
         }
     }
 
+    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them: t5-base
+    /// (v1.0's MLP) at fp32 with and without checkpointing and at bf16 checkpointed, BERT at
+    /// fp32 and at bf16 checkpointed, each planned from its own template; T5 v1.1's gated MLP
+    /// has no fp32 LoRA recording and is not planned from v1.0's.
+    #[test]
+    fn bert_and_t5_plan_lora_at_each_precision_and_checkpointing_recorded() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let at = |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::All, checkpointing) };
+        let t5 = crate::model::preset("t5-base").expect("preset");
+        let bert = crate::model::preset("bert-base-uncased").expect("preset");
+        let jobs = [
+            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
+            (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
+            (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
+            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-all"),
+            (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
+        ];
+        for (model, precision, checkpointing, want) in jobs {
+            let cfg = at(precision, checkpointing);
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
+            let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
+            assert!(planned.is_ok(), "{want}: {:?}", planned.err());
+        }
+        let gated = Model { gated_mlp: true, ..t5 };
+        let e = crate::builders::hf::key(&gated, &at(Precision::Fp32, Checkpointing::None), Device::Gpu(&h200))
+            .expect_err("no gated fp32 LoRA recording");
+        assert!(e.contains("/fp32/") && e.contains("/full/gated/lora-all` was recorded"), "{e}");
+    }
+
     /// `--finetune qlora --checkpoint full` on a GPU replays each QLoRA-recorded family's own
     /// step, expanded to the model's depth: a preset of every family `--model` names (or a Hub
     /// config where no preset ships one).
