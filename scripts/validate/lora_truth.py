@@ -80,6 +80,7 @@ CASES = [
     ("t5", "fp32", False, 6, 2, 64, 16, "all", "v1.0"),
     ("bert", "bf16", True, 7, 2, 96, 32, "all"),
     ("t5", "fp32", True, 6, 1, 96, 8, "all", "v1.0"),
+    ("bert", "fp32", True, 6, 2, 80, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

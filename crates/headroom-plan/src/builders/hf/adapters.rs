@@ -20,9 +20,9 @@
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets, BERT's and T5's `lora-all` at fp32 and with full checkpointing at bf16, T5's
-//! checkpointed at fp32 too (T5's keys v1.0's ReLU MLP, v1.1's gated one under `/gated` at
-//! bf16): peft wraps BERT's masked-LM head's transform too, and T5's decoder's
+//! targets, and their `lora-all` at fp32 and with full checkpointing at both precisions (T5's
+//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated` at bf16): peft wraps BERT's masked-LM
+//! head's transform too, and T5's decoder's
 //! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
@@ -192,10 +192,10 @@ mod tests {
         }
     }
 
-    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them: t5-base
-    /// (v1.0's MLP) at fp32 with and without checkpointing and at bf16 checkpointed, BERT at
-    /// fp32 and at bf16 checkpointed, each planned from its own template; T5 v1.1's gated MLP
-    /// has no fp32 LoRA recording and is not planned from v1.0's.
+    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them (t5-base with
+    /// v1.0's MLP): at fp32 with and without checkpointing and at bf16 checkpointed, each
+    /// planned from its own template; T5 v1.1's gated MLP has no fp32 LoRA recording and is not
+    /// planned from v1.0's.
     #[test]
     fn bert_and_t5_plan_lora_at_each_precision_and_checkpointing_recorded() {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
@@ -207,6 +207,7 @@ mod tests {
             (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
             (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
             (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-all"),
+            (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
             (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
         ];
         for (model, precision, checkpointing, want) in jobs {
