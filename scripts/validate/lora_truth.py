@@ -4,7 +4,9 @@ templates (`data/programs/hf-lora.json`): at depths, shapes and ranks the templa
 recorded at (they were at five layers, 2x56, 2x88, 3x56 tokens, rank 22).
 
 Each case builds a family's config (measure.py's `small_configs` base, or `CONFIGS` here for
-the families that grid lacks) at its depth, with eager attention where the planner plans it
+the families that grid lacks) at its depth, in the case's variant of the family where it comes
+in more than one (`VARIANTS`: T5 v1.0's ReLU MLP or v1.1's gated one, each planned from a
+template of its own), with eager attention where the planner plans it
 so, wraps it with peft's LoRA as step_programs.py records it (`lora_model`), keeps peft's count
 of the trainable parameters, creates `torch.optim.AdamW` (foreach) over the model's parameters
 and runs a step to make the optimizer state; then a second step is measured as measure.py measures one: the storages alive when it starts (weights,
@@ -29,8 +31,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import measure  # noqa: E402
 import step_programs  # noqa: E402
 
-# (family, precision, checkpointing, layers, batch, seq, rank, targets): chosen before any
-# comparison, every one away from the recording's depth (5), shapes and rank (22).
+# (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant]): chosen
+# before any comparison, every one away from the recording's depth (5), shapes and rank (22).
+# The variant names one of VARIANTS' changes to the family's config; a case without one runs
+# the family's config as it is.
 CASES = [
     ("llama", "bf16", False, 6, 2, 128, 16, "all"),
     ("qwen2", "bf16", False, 7, 2, 96, 32, "all"),
@@ -65,10 +69,20 @@ CASES = [
     # other than the recording's); T5's layers a stack, its encoder's and its decoder's.
     ("bert", "bf16", False, 6, 2, 128, 16, "all"),
     ("bert", "bf16", False, 7, 1, 160, 8, "qv"),
-    ("t5", "bf16", False, 6, 2, 96, 16, "all"),
-    ("t5", "bf16", False, 5, 1, 128, 32, "qv"),
+    ("t5", "bf16", False, 6, 2, 96, 16, "all", "v1.1"),
+    ("t5", "bf16", False, 5, 1, 128, 32, "qv", "v1.1"),
     ("bert", "fp32", False, 6, 1, 96, 16, "all"),
-    ("t5", "bf16", True, 6, 2, 64, 8, "all"),
+    ("t5", "bf16", True, 6, 2, 64, 8, "all", "v1.1"),
+    # T5 v1.0 (t5-base's one ReLU projection in), planned from the templates recorded with it.
+    ("t5", "bf16", False, 7, 1, 112, 16, "all", "v1.0"),
+    ("t5", "bf16", False, 6, 2, 80, 8, "qv", "v1.0"),
+    ("t5", "bf16", True, 6, 1, 128, 32, "all", "v1.0"),
+    ("t5", "fp32", False, 6, 2, 64, 16, "all", "v1.0"),
+    ("bert", "bf16", True, 7, 2, 96, 32, "all"),
+    ("t5", "fp32", True, 6, 1, 96, 8, "all", "v1.0"),
+    ("bert", "fp32", True, 6, 2, 80, 8, "all"),
+    ("t5", "fp32", False, 7, 2, 64, 8, "all", "v1.1"),
+    ("t5", "fp32", True, 6, 2, 96, 16, "all", "v1.1"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -94,6 +108,12 @@ CONFIGS = {
                       vocab_size=5000, max_position_embeddings=2048, tie_word_embeddings=False,
                       use_sliding_window=False),
 }
+# The variants a family comes in, each a change to its config. T5: v1.0's MLP is one ReLU
+# projection in (t5-base, t5-large, t5-3b), v1.1's a gated-GELU pair (flan-t5, T0, mT5);
+# measure.py's T5 configs are v1.1's. The planner picks a T5 template by its MLP.
+VARIANTS = {
+    "t5": {"v1.0": dict(feed_forward_proj="relu"), "v1.1": dict(feed_forward_proj="gated-gelu")},
+}
 # measure.py's base BERT is the recording's config: its `deep` one, as T5's.
 DEEP = {"bert", "t5"}
 # BLOOM and T5 have no SDPA path in transformers, and Gemma-2's steps were recorded with eager
@@ -102,20 +122,28 @@ EAGER = {"bloom", "gemma2", "t5"}
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 
 
-def config(family, layers):
+def config(family, layers, variant=None):
     if family in CONFIGS:
         cfg = dict(CONFIGS[family])
     else:
         cfg = dict(measure.small_configs()[(family, "deep" if family in DEEP else "base")])
+    if variant is not None:
+        cfg.update(VARIANTS[family][variant])
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = layers
     return cfg
 
 
-def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
+def variant_of(family, cfg):
+    """Which of VARIANTS' changes `cfg` carries (None for a family with one variant)."""
+    return next((v for v, change in VARIANTS.get(family, {}).items()
+                 if all(cfg.get(k) == x for k, x in change.items())), None)
+
+
+def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    cfg = config(family, layers)
+    cfg = config(family, layers, variant)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
     model = measure.build(cfg, head, "eager" if family in EAGER else "sdpa", dtype)
@@ -145,17 +173,18 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets):
     _, per, peak, _ = measure.profiled(step)
     base = weights + state + inp
     return {"family": family, "precision": precision, "checkpointing": checkpointing, "layers": layers,
-            "batch": batch, "seq": seq, "rank": rank, "targets": targets, "split": "check", "config": cfg,
+            "batch": batch, "seq": seq, "rank": rank, "targets": targets, "variant": variant, "split": "check",
+            "config": cfg,
             "attention": "eager" if family in EAGER else "sdpa", "trainable_parameters": trainable,
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
             "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak}
 
 
-def trainable(family, precision, layers, rank, targets):
+def trainable(family, precision, layers, rank, targets, variant=None):
     """peft's count of the trainable parameters of a case's model, without running it."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     head = HEADS.get(family, "causal-lm")
-    model = measure.build(config(family, layers), head, "eager" if family in EAGER else "sdpa", dtype)
+    model = measure.build(config(family, layers, variant), head, "eager" if family in EAGER else "sdpa", dtype)
     return step_programs.lora_model(model, head, rank, targets).get_nb_trainable_parameters()[0]
 
 
@@ -163,7 +192,9 @@ def measured(args):
     return case(*args)
 
 
-FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets")
+FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets", "variant")
+# Every case with all of FIELDS, the variant None where it names none.
+CASES = [c + (None,) * (len(FIELDS) - len(c)) for c in CASES]
 
 
 def main():
@@ -185,6 +216,9 @@ def main():
             old = json.load(f)
         if any(old[k] != out[k] for k in ("torch", "transformers", "peft")):
             raise SystemExit(f"{args.reuse} was measured with other versions: measure every case anew")
+        for c in old["cases"]:
+            # A row measured before cases named their variant: the one its config carries.
+            c.setdefault("variant", variant_of(c["family"], c["config"]))
         earlier = {tuple(c[k] for k in FIELDS): c for c in old["cases"]}
     todo = [c for c in CASES if c not in earlier]
     fresh = {}
@@ -195,7 +229,7 @@ def main():
         r = earlier[c]
         r.setdefault("attention", "eager" if c[0] in EAGER else "sdpa")
         if "trainable_parameters" not in r:
-            r["trainable_parameters"] = trainable(c[0], c[1], c[3], c[6], c[7])
+            r["trainable_parameters"] = trainable(c[0], c[1], c[3], c[6], c[7], c[8])
         return r
 
     # Each case in a process of its own, so one case's caches cannot change another's; the

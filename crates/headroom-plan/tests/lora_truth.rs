@@ -5,7 +5,9 @@
 //! comparison. Every case is a check row, at a depth, shape and rank the templates were not
 //! recorded at. The adapters the planner's program trains are peft's exactly: their gradients'
 //! bytes are four (fp32, as peft keeps a 16-bit base's adapters) times the trainable
-//! parameters peft counts (`get_nb_trainable_parameters`) on each case's config.
+//! parameters peft counts (`get_nb_trainable_parameters`) on each case's config. A case of a
+//! family that comes in variants names its own (T5's v1.0 and v1.1, by their MLPs), and is
+//! planned from the templates recorded with that variant.
 //!
 //! `cargo test -p headroom-plan --test lora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
@@ -60,8 +62,9 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
         let family = c["family"].as_str().expect("family");
         let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
         let cfg = config(&c);
+        let variant = c["variant"].as_str().map(|v| format!(" {v}")).unwrap_or_default();
         let label = format!(
-            "{family} L{} {} {}{} r={} {} {}×{}",
+            "{family}{variant} L{} {} {}{} r={} {} {}×{}",
             c["layers"],
             c["precision"].as_str().unwrap_or(""),
             c["attention"].as_str().unwrap_or("sdpa"),
@@ -104,5 +107,39 @@ fn adapters_planned_are_the_parameters_peft_trains() {
             ));
         }
     }
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+/// Whether T5 variant `v` has v1.1's gated MLP (flan-t5, T0, mT5) rather than v1.0's one
+/// ReLU projection in (t5-base): its templates are the ones keyed `.../gated/...`.
+fn gated_variant(v: &str) -> bool {
+    match v {
+        "v1.0" => false,
+        "v1.1" => true,
+        _ => panic!("lora_truth.py's VARIANTS has T5's v1.0 and v1.1, not {v}"),
+    }
+}
+
+/// A case's model is built as its variant's (the config carried in the case), and planned
+/// from the templates recorded with that variant's MLP: both T5 variants are checked.
+#[test]
+fn each_t5_variant_is_planned_from_its_own_templates() {
+    let mut wrong = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in cases().iter().filter(|c| c["family"] == "t5") {
+        let v = c["variant"].as_str().expect("every T5 case names its variant");
+        seen.insert(v.to_string());
+        let m = Model::from_hf_config(&c["config"].to_string(), "t5").expect("config");
+        if m.gated_mlp != gated_variant(v) {
+            wrong.push(format!("{v}: the config's MLP is {}", if m.gated_mlp { "gated" } else { "ReLU" }));
+            continue;
+        }
+        match program(&m, &config(c), Device::Cpu, 1, &StateScale::default()) {
+            Ok(hf) if hf.key.contains("/gated/") == gated_variant(v) => {}
+            Ok(hf) => wrong.push(format!("{v} r={} {}: planned from {}", c["rank"], c["targets"], hf.key)),
+            Err(e) => wrong.push(format!("{v}: {e}")),
+        }
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["v1.0", "v1.1"], "the cases check both of T5's variants");
     assert!(wrong.is_empty(), "{wrong:?}");
 }

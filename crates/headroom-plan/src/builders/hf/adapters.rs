@@ -20,9 +20,10 @@
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets, BERT's `lora-all` at fp32 and T5's with full checkpointing: peft wraps BERT's
-//! masked-LM head's transform too, and T5's decoder's cross-attention
-//! ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
+//! targets, and their `lora-all` at fp32 and with full checkpointing at both precisions (T5's
+//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`): peft wraps BERT's masked-LM
+//! head's transform too, and T5's decoder's
+//! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone) is recorded
@@ -190,6 +191,41 @@ mod tests {
             let model = crate::model::preset(name).expect("preset");
             let cfg = lora(16, LoraTargets::QueryValue, Checkpointing::None);
             assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(), Ok(want), "{name}");
+        }
+    }
+
+    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them: at fp32
+    /// with and without checkpointing and at bf16 checkpointed, each planned from its own
+    /// template, t5-base (v1.0's MLP) from the plain keys and a gated T5 from the `/gated` ones.
+    #[test]
+    fn bert_and_t5_plan_lora_at_each_precision_and_checkpointing_recorded() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let at = |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::All, checkpointing) };
+        let t5 = crate::model::preset("t5-base").expect("preset");
+        // flan-t5's MLP at t5-base's dimensions (tied, as T5 was recorded).
+        let gated = Model { gated_mlp: true, ..t5.clone() };
+        let bert = crate::model::preset("bert-base-uncased").expect("preset");
+        let jobs = [
+            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
+            (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
+            (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
+            (&gated, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
+            (&gated, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
+            (&gated, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-all"),
+            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-all"),
+            (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
+            (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
+        ];
+        for (model, precision, checkpointing, want) in jobs {
+            let cfg = at(precision, checkpointing);
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
+            let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
+            assert!(planned.is_ok(), "{want}: {:?}", planned.err());
         }
     }
 
