@@ -266,15 +266,17 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
     return model
 
 
-def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any = None) -> torch.nn.Module:
+def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any = None,
+            device: Any = "cpu") -> torch.nn.Module:
     """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
     `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
     gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
     (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32, with the
-    task type of the model's head (`HEADS`). `scope`: as `load`'s."""
+    task type of the model's head (`HEADS`). `scope` and `device`: as `load`'s (`"cuda"` sets the
+    same job up on a GPU, where bitsandbytes quantizes with its own kernels)."""
     import peft
 
-    load(model, recorder=recorder, scope=scope)
+    load(model, device=device, recorder=recorder, scope=scope)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,

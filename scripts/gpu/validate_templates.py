@@ -95,6 +95,9 @@ def jobs():
         job("qwen3-30b-a3b(4L) qlora r16 2x1024", layers(QWEN3_30B_A3B, 4), "qlora", batch=2, checkpoint=True),
         job("phi-3-mini qlora r16 2x2048", preset("phi-3-mini"), "qlora", batch=2, seq=2048, checkpoint=True),
         job("gemma2-2b qlora r16 2x1024", GEMMA2_2B, "qlora", attention="eager", batch=2, checkpoint=True),
+        job("bert-large qlora r16 8x512", preset("bert-large-uncased"), "qlora", batch=8, seq=512, checkpoint=True),
+        job("t5-large qlora r16 4x512", preset("t5-large"), "qlora", attention="eager", batch=4, seq=512,
+            checkpoint=True),
         # T5 v1.0 (ReLU MLP) training, and BERT.
         job("t5-base fp32 2x512", preset("t5-base"), "train", dtype="fp32", attention="eager", batch=2, seq=512),
         job("t5-base bf16 2x512", preset("t5-base"), "train", attention="eager", batch=2, seq=512),
@@ -124,6 +127,10 @@ def jobs():
         job("pythia-1b lora r16 4x2048", preset("pythia-1b"), "lora", batch=4, seq=2048),
         job("bert-base lora r16 16x512", preset("bert-base-uncased"), "lora", batch=16, seq=512),
         job("t5-base lora r16 4x512", preset("t5-base"), "lora", attention="eager", batch=4, seq=512),
+        job("t5-base lora fp32 r16 4x512", preset("t5-base"), "lora", dtype="fp32", attention="eager", batch=4,
+            seq=512),
+        job("bert-base lora ckpt r16 16x512", preset("bert-base-uncased"), "lora", batch=16, seq=512,
+            checkpoint=True),
         job("mixtral-8x7b(4L) lora r16 1x2048", layers(preset("mixtral-8x7b"), 4), "lora", seq=2048),
     ]
 
@@ -195,22 +202,23 @@ def build(j, torch, transformers, device):
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     dtype = torch.bfloat16 if j["dtype"] == "bf16" else torch.float32
     if j["kind"] == "qlora":
-        # headroom_gpu.qlora's setup (the recorder's): transformers' bitsandbytes modules built on
-        # the meta device, each layer quantized by bitsandbytes as it lands on the GPU, then
-        # peft's prepare_model_for_kbit_training and LoRA on every linear layer.
-        import peft
-
+        # headroom_gpu.qlora's setup, the recorder's: transformers' bitsandbytes modules built on
+        # the meta device with the model's own head, each layer quantized by bitsandbytes as it
+        # lands on the GPU, then peft's prepare_model_for_kbit_training and LoRA on every linear
+        # layer.
         sys.path.insert(0, os.path.join(ROOT, "python"))
         from headroom_gpu import qlora
 
         config.use_cache = False
-        model = qlora.build(config, j["attention"])
-        qlora.load(model, device=device)
-        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
-                                                     gradient_checkpointing_kwargs={"use_reentrant": False})
-        lora = peft.LoraConfig(r=j["rank"], lora_alpha=2 * j["rank"], target_modules="all-linear", lora_dropout=0.0)
-        model = peft.get_peft_model(model, lora)
-        model.train()
+        model = qlora.prepare(qlora.build(config, j["attention"]), j["rank"], device=device)
+        # A meta model's buffers arrive uninitialized, which fake tensors never read but a GPU
+        # does: BERT's embeddings gather by their position and token-type ids.
+        with torch.no_grad():
+            for name, buf in model.named_buffers():
+                if name.endswith("position_ids"):
+                    buf.copy_(torch.arange(buf.shape[-1], device=buf.device).expand_as(buf))
+                elif name.endswith("token_type_ids"):
+                    buf.zero_()
         return model, config
     cls = getattr(transformers, HEAD_CLASS.get(model_type, "AutoModelForCausalLM"))
     if j["kind"] == "train" or j["kind"] == "lora":
