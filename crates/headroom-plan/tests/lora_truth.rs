@@ -143,3 +143,46 @@ fn each_t5_variant_is_planned_from_its_own_templates() {
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["v1.0", "v1.1"], "the cases check both of T5's variants");
     assert!(wrong.is_empty(), "{wrong:?}");
 }
+
+/// Under checkpointing, what the loss's graph holds after the backward lives through the
+/// optimizer step, as the profiler showed tensor by tensor for T5 v1.0 fp32 at 1 × 96: the
+/// encoder's and the decoder's input embeddings' outputs (leaves peft's
+/// `enable_input_require_grads` makes require a gradient) and their `.grad`s, batch × seq ×
+/// hidden × 4 bytes each, and the decoder's cross-attention zero position bias (T5Attention
+/// makes it require a gradient under checkpointing) and its `.grad`, heads × seq² × 4 each.
+/// Only the step's parameters' gradients are the step's otherwise at that point.
+#[test]
+fn what_the_loss_holds_lives_through_the_optimizer_step() {
+    use headroom_plan::program::{Op, Phase};
+    let c = cases()
+        .into_iter()
+        .find(|c| {
+            c["family"] == "t5" && c["checkpointing"] == true && c["precision"] == "fp32" && c["variant"] == "v1.0"
+        })
+        .expect("lora_truth.py's T5 v1.0 fp32 checkpointed case");
+    let m = Model::from_hf_config(&c["config"].to_string(), "t5").expect("config");
+    let cfg = config(&c);
+    let hf = program(&m, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template serves it");
+    let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+    let (mut in_step, mut held) = (false, None);
+    let mut live = std::collections::BTreeSet::new();
+    for op in &hf.program.ops {
+        match *op {
+            Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
+            Op::Mark { step: 2, phase: Phase::OptimizerStep } => {
+                held = Some(live.iter().map(|&t: &u32| sizes[t as usize]).sum::<u64>());
+                break;
+            }
+            Op::Alloc(t) if in_step && hf.program.tensors[t as usize].term != Term::Gradients => {
+                live.insert(t);
+            }
+            Op::Free(t) => {
+                live.remove(&t);
+            }
+            _ => {}
+        }
+    }
+    let (b, s) = (cfg.micro_batch, cfg.seq);
+    let (h, heads) = (m.hidden, m.heads);
+    assert_eq!(held, Some(2 * (2 * b * s * h * 4) + 2 * heads * s * s * 4));
+}

@@ -53,6 +53,12 @@ impl PassedThrough {
             None => Some(inst),
         }
     }
+
+    /// Whether `inst` stands for a dropout output not freed yet that `outlives` says is
+    /// never freed in the step.
+    pub(super) fn stands_for(&self, inst: Instance, outlives: impl Fn(u32) -> bool) -> bool {
+        self.output.iter().any(|(out, input)| *input == inst && outlives(out.0))
+    }
 }
 
 #[cfg(test)]

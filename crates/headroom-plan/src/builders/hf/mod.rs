@@ -47,6 +47,7 @@ use crate::program::{Law, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Kernel, Template, EDGE};
 use crate::recipe::{measured_code, measured_precision};
 use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::FxHashSet as HashSet;
 
 /// A concrete layer: (stack, index).
 pub(crate) type Concrete = (u8, u32);
@@ -403,8 +404,9 @@ impl<'a> Expansion<'a> {
             let section: &[EventT] =
                 if step == 1 { self.t.step1.as_deref().unwrap_or(&self.t.step) } else { &self.t.step };
             let backward = self.t.backward[if step == 1 && self.t.step1.is_some() { 0 } else { 1 }];
+            let mut held = Vec::new();
             for micro in 1..=super::micro_batches_built(self.cfg) {
-                self.micro_batch(section, backward, step, micro == 1);
+                held = self.micro_batch(section, backward, step, micro == 1, held);
             }
             self.p.mark(step, Phase::OptimizerStep);
             let grads: Vec<Option<TensorId>> = std::mem::take(&mut self.grads);
@@ -412,6 +414,10 @@ impl<'a> Expansion<'a> {
             // zero_grad(set_to_none=True): every gradient dropped, in parameter order.
             for g in grads.iter().flatten() {
                 self.p.free(*g);
+            }
+            // The loss goes with the step, and what its graph held with it.
+            for id in held {
+                self.p.free(id);
             }
             self.grads = vec![None; self.params.len()];
         }
@@ -437,8 +443,17 @@ impl<'a> Expansion<'a> {
     }
 
     /// One micro-batch's forward and backward. The first micro-batch of a step makes the
-    /// gradients; a later one adds its own to them and drops it.
-    fn micro_batch(&mut self, section: &[EventT], backward: usize, step: u32, first: bool) {
+    /// gradients; a later one adds its own to them and drops it. `held` is what the previous
+    /// micro-batch's loss still holds, dropped when this forward's loss takes its name;
+    /// returns what this one's holds.
+    fn micro_batch(
+        &mut self,
+        section: &[EventT],
+        backward: usize,
+        step: u32,
+        first: bool,
+        held: Vec<TensorId>,
+    ) -> Vec<TensorId> {
         let gpu = matches!(self.device, Device::Gpu(_));
         self.p.mark(step, Phase::Forward);
         if gpu && step == 1 && first {
@@ -452,6 +467,9 @@ impl<'a> Expansion<'a> {
         let cudnn = self.cudnn_attention();
         for (part, events) in [(Phase::Forward, fwd), (Phase::Backward, bwd)] {
             if part == Phase::Backward {
+                for &id in &held {
+                    self.p.free(id);
+                }
                 self.p.mark(step, Phase::Backward);
                 if gpu && step == 1 && first {
                     self.workspace();
@@ -514,13 +532,29 @@ impl<'a> Expansion<'a> {
                 }
             }
         }
-        // What the step made and did not free (a template keeps nothing of a step but its
-        // gradients): dropped with the step, in the order made.
-        let mut left: Vec<TensorId> = live.into_values().collect();
-        left.sort_unstable();
-        for id in left {
-            self.p.free(id);
+        // What the recorded step made and never freed is what the loss's graph holds after
+        // the backward — under checkpointing, the leaves made to require a gradient (the
+        // input embeddings' output, which `enable_input_require_grads` marks for peft; T5's
+        // zero position bias) and their `.grad`s: a script's `loss` keeps them through the
+        // optimizer step and `zero_grad`, until the next forward's loss replaces it or the
+        // step's loop ends (with dropout off, a gradient passed through a dropout the
+        // recording never freed is the tensor it consumed). What else is left (a dropout's
+        // input whose last free the replay without dropout does not see) goes now, as before;
+        // in the order made.
+        let freed: HashSet<u32> = section.iter().filter(|e| e.free).map(|e| e.tensor).collect();
+        let outlives = |t: u32| !freed.contains(&t);
+        let mut left: Vec<(bool, TensorId)> =
+            live.into_iter().map(|(inst, id)| (outlives(inst.0) || passed.stands_for(inst, outlives), id)).collect();
+        left.sort_unstable_by_key(|&(_, id)| id);
+        let mut held = Vec::new();
+        for (kept, id) in left {
+            if kept {
+                held.push(id);
+            } else {
+                self.p.free(id);
+            }
         }
+        held
     }
 
     /// A gradient made for parameter `k`: kept as its `.grad`, or added to the one kept.
