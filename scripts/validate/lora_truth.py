@@ -83,6 +83,7 @@ CASES = [
     ("bert", "fp32", True, 6, 2, 80, 8, "all"),
     ("t5", "fp32", False, 7, 2, 64, 8, "all", "v1.1"),
     ("t5", "fp32", True, 6, 2, 96, 16, "all", "v1.1"),
+    ("bert", "fp32", False, 7, 2, 96, 16, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
