@@ -20,7 +20,7 @@
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets, BERT's `lora-qv` at fp32, and their `lora-all` at fp32 and with full
+//! targets, their `lora-qv` at fp32, and their `lora-all` at fp32 and with full
 //! checkpointing at both precisions (T5's
 //! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`): peft wraps BERT's masked-LM
 //! head's transform too, and T5's decoder's
@@ -238,8 +238,12 @@ mod tests {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let at =
             |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::QueryValue, checkpointing) };
+        let t5 = crate::model::preset("t5-base").expect("preset");
         let bert = crate::model::preset("bert-base-uncased").expect("preset");
-        let jobs = [(&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-qv")];
+        let jobs = [
+            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-qv"),
+            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-qv"),
+        ];
         for (model, precision, checkpointing, want) in jobs {
             let cfg = at(precision, checkpointing);
             assert_eq!(
