@@ -85,6 +85,7 @@ CASES = [
     ("t5", "fp32", True, 6, 2, 96, 16, "all", "v1.1"),
     ("bert", "fp32", False, 7, 2, 96, 16, "qv"),
     ("t5", "fp32", False, 6, 1, 112, 32, "qv", "v1.0"),
+    ("bert", "bf16", True, 6, 1, 128, 8, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
