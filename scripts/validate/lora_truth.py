@@ -86,6 +86,7 @@ CASES = [
     ("bert", "fp32", False, 7, 2, 96, 16, "qv"),
     ("t5", "fp32", False, 6, 1, 112, 32, "qv", "v1.0"),
     ("bert", "bf16", True, 6, 1, 128, 8, "qv"),
+    ("bert", "fp32", True, 7, 1, 112, 32, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
