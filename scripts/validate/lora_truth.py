@@ -83,6 +83,12 @@ CASES = [
     ("bert", "fp32", True, 6, 2, 80, 8, "all"),
     ("t5", "fp32", False, 7, 2, 64, 8, "all", "v1.1"),
     ("t5", "fp32", True, 6, 2, 96, 16, "all", "v1.1"),
+    ("bert", "fp32", False, 7, 2, 96, 16, "qv"),
+    ("t5", "fp32", False, 6, 1, 112, 32, "qv", "v1.0"),
+    ("bert", "bf16", True, 6, 1, 128, 8, "qv"),
+    ("bert", "fp32", True, 7, 1, 112, 32, "qv"),
+    ("t5", "bf16", True, 7, 2, 64, 16, "qv", "v1.0"),
+    ("t5", "fp32", True, 6, 2, 80, 16, "qv", "v1.0"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

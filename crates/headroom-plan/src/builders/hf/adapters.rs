@@ -19,9 +19,9 @@
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
 //! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
-//! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, both
-//! targets, and their `lora-all` at fp32 and with full checkpointing at both precisions (T5's
-//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`): peft wraps BERT's masked-LM
+//! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
+//! and with full checkpointing at both precisions, both targets (T5's
+//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone): peft wraps BERT's masked-LM
 //! head's transform too, and T5's decoder's
 //! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
@@ -215,6 +215,37 @@ mod tests {
             (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-all"),
             (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
             (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
+        ];
+        for (model, precision, checkpointing, want) in jobs {
+            let cfg = at(precision, checkpointing);
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
+            let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
+            assert!(planned.is_ok(), "{want}: {:?}", planned.err());
+        }
+    }
+
+    /// BERT's and T5's query and value adapters (peft's default targets for them) at each
+    /// precision and checkpointing recorded for them, each planned from its own template
+    /// (t5-base: v1.0's MLP).
+    #[test]
+    fn bert_and_t5_plan_lora_qv_at_each_precision_and_checkpointing_recorded() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let at =
+            |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::QueryValue, checkpointing) };
+        let t5 = crate::model::preset("t5-base").expect("preset");
+        let bert = crate::model::preset("bert-base-uncased").expect("preset");
+        let jobs = [
+            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-qv"),
+            (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-qv"),
+            (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-qv"),
+            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-qv"),
+            (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-qv"),
+            (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-qv"),
         ];
         for (model, precision, checkpointing, want) in jobs {
             let cfg = at(precision, checkpointing);
