@@ -194,61 +194,39 @@ mod tests {
         }
     }
 
-    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them: at fp32
-    /// with and without checkpointing and at bf16 checkpointed, each planned from its own
-    /// template, t5-base (v1.0's MLP) from the plain keys and a gated T5 from the `/gated` ones.
+    /// BERT's and T5's LoRA at each precision and checkpointing recorded for them, on every
+    /// linear layer and on the query and value projections (peft's default targets for them):
+    /// each planned from its own template, t5-base (v1.0's MLP) from the plain keys and a gated
+    /// T5 from the `/gated` ones.
     #[test]
     fn bert_and_t5_plan_lora_at_each_precision_and_checkpointing_recorded() {
+        use {
+            Checkpointing::Full as Ckpt, Checkpointing::None as NoCkpt, LoraTargets::All, LoraTargets::QueryValue as Qv,
+        };
         let h200 = crate::gpu::gpu("h200").expect("gpu");
-        let at = |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::All, checkpointing) };
         let t5 = crate::model::preset("t5-base").expect("preset");
         // flan-t5's MLP at t5-base's dimensions (tied, as T5 was recorded).
         let gated = Model { gated_mlp: true, ..t5.clone() };
         let bert = crate::model::preset("bert-base-uncased").expect("preset");
         let jobs = [
-            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
-            (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
-            (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
-            (&gated, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
-            (&gated, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
-            (&gated, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-all"),
-            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-all"),
-            (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
-            (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
+            (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
+            (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
+            (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
+            (&gated, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
+            (&gated, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
+            (&gated, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-all"),
+            (&bert, All, Precision::Fp32, NoCkpt, "bert/masked-lm/fp32/sdpa/full/lora-all"),
+            (&bert, All, Precision::Fp32, Ckpt, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
+            (&bert, All, Precision::Bf16, Ckpt, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
+            (&t5, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-qv"),
+            (&t5, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-qv"),
+            (&t5, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-qv"),
+            (&bert, Qv, Precision::Fp32, NoCkpt, "bert/masked-lm/fp32/sdpa/full/lora-qv"),
+            (&bert, Qv, Precision::Bf16, Ckpt, "bert/masked-lm/bf16/sdpa/ckpt/lora-qv"),
+            (&bert, Qv, Precision::Fp32, Ckpt, "bert/masked-lm/fp32/sdpa/ckpt/lora-qv"),
         ];
-        for (model, precision, checkpointing, want) in jobs {
-            let cfg = at(precision, checkpointing);
-            assert_eq!(
-                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(want),
-                "{}",
-                model.name
-            );
-            let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
-            assert!(planned.is_ok(), "{want}: {:?}", planned.err());
-        }
-    }
-
-    /// BERT's and T5's query and value adapters (peft's default targets for them) at each
-    /// precision and checkpointing recorded for them, each planned from its own template
-    /// (t5-base: v1.0's MLP).
-    #[test]
-    fn bert_and_t5_plan_lora_qv_at_each_precision_and_checkpointing_recorded() {
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
-        let at =
-            |precision, checkpointing| TrainConfig { precision, ..lora(16, LoraTargets::QueryValue, checkpointing) };
-        let t5 = crate::model::preset("t5-base").expect("preset");
-        let bert = crate::model::preset("bert-base-uncased").expect("preset");
-        let jobs = [
-            (&t5, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/lora-qv"),
-            (&t5, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/lora-qv"),
-            (&t5, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/lora-qv"),
-            (&bert, Precision::Fp32, Checkpointing::None, "bert/masked-lm/fp32/sdpa/full/lora-qv"),
-            (&bert, Precision::Bf16, Checkpointing::Full, "bert/masked-lm/bf16/sdpa/ckpt/lora-qv"),
-            (&bert, Precision::Fp32, Checkpointing::Full, "bert/masked-lm/fp32/sdpa/ckpt/lora-qv"),
-        ];
-        for (model, precision, checkpointing, want) in jobs {
-            let cfg = at(precision, checkpointing);
+        for (model, targets, precision, checkpointing, want) in jobs {
+            let cfg = TrainConfig { precision, ..lora(16, targets, checkpointing) };
             assert_eq!(
                 crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
                 Ok(want),
