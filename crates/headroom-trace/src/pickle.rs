@@ -18,7 +18,13 @@
 
 use std::io::{self, Read};
 
+mod plain_dict;
+
 /// Turns pickled values into the caller's values, bottom-up.
+///
+/// The scalar constructors (`none` to `float`) may be called more than once
+/// for the same bytes (a dict's run of pairs matched, then read again by the
+/// general path when the match stops): they must only make the value.
 pub trait Builder {
     type Value: Clone;
     fn none(&mut self) -> Self::Value;
@@ -597,8 +603,10 @@ impl<R: Read, V: Clone> Machine<R, V> {
                     self.push_open(Items::List(items));
                 }
                 b'}' => {
-                    let items = self.done.dict();
-                    self.push_open(Items::Dict(items));
+                    if !self.plain_dict(b, at)? {
+                        let items = self.done.dict();
+                        self.push_open(Items::Dict(items));
+                    }
                 }
                 b')' => {
                     let v = b.tuple(&[]);

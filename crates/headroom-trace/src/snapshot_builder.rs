@@ -127,8 +127,9 @@ pub(crate) struct SnapshotBuilder {
     entries: Vec<TraceEvent>,
     blocks: Vec<Block>,
     segments: Vec<Segment>,
-    /// Action by string id, for the strings that name one.
-    actions: FxHashMap<u32, TraceAction>,
+    /// Action by string id, for the strings that name one: interned first,
+    /// so their ids are small and a vector indexes them (one per entry).
+    actions: Vec<Option<TraceAction>>,
     /// The first record that did not make sense; reported once reading ends.
     error: Option<String>,
     /// Items of every container read: a bound on what the file can honestly
@@ -154,7 +155,7 @@ impl SnapshotBuilder {
             entries: Vec::new(),
             blocks: Vec::new(),
             segments: Vec::new(),
-            actions: FxHashMap::default(),
+            actions: Vec::new(),
             error: None,
             items_read: 0,
             copied: 0,
@@ -164,7 +165,11 @@ impl SnapshotBuilder {
         }
         for (name, action) in TraceAction::NAMES {
             let i = b.intern(name);
-            b.actions.insert(i, action);
+            let i = i as usize;
+            if b.actions.len() <= i {
+                b.actions.resize(i + 1, None);
+            }
+            b.actions[i] = Some(action);
         }
         b
     }
@@ -403,7 +408,7 @@ impl SnapshotBuilder {
         let n = self.entries.len();
         let what = || format!("trace entry {n}");
         let action = match &action {
-            V::Str(i) => self.actions.get(i).copied().unwrap_or(TraceAction::Other),
+            V::Str(i) => self.actions.get(*i as usize).copied().flatten().unwrap_or(TraceAction::Other),
             other => {
                 let k = self.kind(other);
                 return self.fail(format!("{}: 'action' is {k}, expected a str", what()));
