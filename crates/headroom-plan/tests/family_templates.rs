@@ -227,6 +227,10 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&qwen2_moe, Amp, Sdpa, Whole, "qwen2_moe/causal-lm/amp/sdpa/full"),
         (&preset_model("gemma-2b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt"),
         (&gemma2, Fp32, Sdpa, Ckpt, "gemma2/causal-lm/fp32/eager/ckpt"),
+        (&preset_model("mixtral-8x7b"), Fp32, Sdpa, Whole, "mixtral/causal-lm/fp32/sdpa-math/full"),
+        (&preset_model("mixtral-8x7b"), Fp32, Sdpa, Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt"),
+        (&preset_model("gemma-7b"), Fp32, Sdpa, Whole, "gemma/causal-lm/fp32/sdpa/full"),
+        (&preset_model("gemma-7b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt"),
     ];
     for &(model, precision, attention, checkpointing, key) in jobs {
         let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
