@@ -191,9 +191,10 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
 
 /// The combinations recorded into `data/programs/hf-variants.json`, asked as a user asks them
 /// (`--attention eager --checkpoint full`, `--precision amp`), are planned by their own recorded
-/// step: eager attention in bf16 with checkpointing and in fp32, AMP for families recorded
-/// without it, checkpointed fp32. On the H200, fp32 with grouped key-value heads takes
-/// SDPA's math path (Gemma's).
+/// step: eager attention in bf16 with checkpointing and in fp32 (and in bf16 for the mixtures
+/// of experts, Gemma 3 and BERT), AMP for families recorded without it, checkpointed fp32. On
+/// the H200, fp32 with grouped key-value heads takes SDPA's math path (Gemma-2B's, Mixtral's),
+/// and with as many key-value heads as heads SDPA's fused kernel (Gemma-7B's).
 #[test]
 fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
@@ -231,9 +232,17 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&preset_model("mixtral-8x7b"), Fp32, Sdpa, Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt"),
         (&preset_model("gemma-7b"), Fp32, Sdpa, Whole, "gemma/causal-lm/fp32/sdpa/full"),
         (&preset_model("gemma-7b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt"),
+        (&preset_model("mixtral-8x7b"), Bf16, Eager, Whole, "mixtral/causal-lm/bf16/eager/full"),
+        (&preset_model("mixtral-8x7b"), Fp32, Eager, Whole, "mixtral/causal-lm/fp32/eager/full"),
+        (&preset_model("bert-base-uncased"), Bf16, Eager, Whole, "bert/masked-lm/bf16/eager/full"),
+        (&preset_model("bert-base-uncased"), Fp32, Eager, Whole, "bert/masked-lm/fp32/eager/full"),
+        (&qwen2_moe, Bf16, Eager, Whole, "qwen2_moe/causal-lm/bf16/eager/full"),
+        (&qwen2_moe, Fp32, Eager, Whole, "qwen2_moe/causal-lm/fp32/eager/full"),
+        (&gemma3, Bf16, Eager, Whole, "gemma3_text/causal-lm/bf16/eager/full"),
+        (&gemma3, Fp32, Eager, Whole, "gemma3_text/causal-lm/fp32/eager/full"),
     ];
     for &(model, precision, attention, checkpointing, key) in jobs {
-        let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
+        let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 512, precision, Optimizer::AdamW) };
         let (builder, source) = source(model, &cfg);
         let what = format!("{} {precision:?} {attention:?} {checkpointing:?}", model.name);
         assert_eq!(builder, "transformers", "{what}");
