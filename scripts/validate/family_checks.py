@@ -9,10 +9,10 @@ Every case is a check case: nothing was read from them before the templates were
     .venv/bin/python scripts/validate/family_checks.py --out data/validation/cpu_family_checks.json
 
 `--variants` measures instead the precisions, kernels and checkpointing recorded into
-`data/programs/hf-variants.json` (eager attention in bf16 with checkpointing, AMP, checkpointed
-fp32), a sample of its keys, each on a config of six layers or more (`measure.py`'s
-`deep` configs, or one of its own for the model types that grid does not build) at a shape no
-recording used:
+`data/programs/hf-variants.json` (eager attention in bf16 with checkpointing and without, AMP,
+checkpointed fp32, fp32 with SDPA's fused kernel), a sample of its keys, each on a config of six
+layers or more (`measure.py`'s `deep` configs, T5 v1.0's `T5_V1`, or one of its own for the model
+types that grid does not build) at a shape no recording used:
 
     .venv/bin/python scripts/validate/family_checks.py --variants --out data/validation/cpu_variant_checks.json
 
@@ -83,6 +83,13 @@ VARIANTS = (
     ("gemma3_text", "amp", "sdpa", False, 1, 160),
     ("gemma3_text", "fp32", "sdpa", True, 2, 144),
     ("qwen2_moe", "fp32", "sdpa", True, 2, 144),
+    ("gemma", "fp32", "sdpa", False, 2, 144),
+    ("mixtral", "bf16", "eager", False, 1, 160),
+    ("bert", "bf16", "eager", False, 1, 160),
+    ("qwen2_moe", "fp32", "eager", False, 2, 144),
+    ("gemma3_text", "bf16", "eager", False, 1, 160),
+    ("t5", "amp", "eager", False, 1, 160),
+    ("t5", "amp", "eager", True, 1, 160),
 )
 
 
@@ -104,8 +111,10 @@ def variant_cases():
     # Qwen3 as Qwen2's deep config with Qwen3's code (its queries' and keys' norms).
     deep[("qwen3", "deep")] = {**deep[("qwen2", "deep")], "model_type": "qwen3"}
     for family, precision, attention, checkpointing, batch, seq in VARIANTS:
-        config = CONFIGS.get(family) or VARIANT_CONFIGS.get(family) or deep[(family, "deep")]
-        head = "masked-lm" if family == "bert" else "causal-lm"
+        # T5 as its v1.0 check config (`T5_V1`), as the templates without `/gated` record it.
+        config = CONFIGS.get(family) or VARIANT_CONFIGS.get(family) or (T5_V1 if family == "t5" else None) \
+            or deep[(family, "deep")]
+        head = {"bert": "masked-lm", "t5": "seq2seq-lm"}.get(family, "causal-lm")
         yield config, dict(mode="train", family=family, size="check", head=head, precision=precision,
                            optimizer="adamw", attention=attention, checkpointing=checkpointing, batch=batch,
                            seq=seq, split="check")

@@ -48,9 +48,12 @@ encoder stack recorded as a stack of its own; v1.0's ReLU MLP, tied, the catalog
 Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's text model, and eager attention for families
 recorded with SDPA. `data/programs/hf-variants.json` holds the combinations recorded after those
 for families the files above hold: eager attention in bf16 with checkpointing and in fp32
-(Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Phi-3, Gemma), AMP (Gemma-2, BLOOM, Qwen2-MoE, Gemma 3),
-checkpointed fp32 (Gemma and Gemma 3 with SDPA's math path, Gemma 3 and Qwen2-MoE with SDPA,
-Gemma-2, BLOOM) and checkpointed bf16 (BERT), one `--only KEY` run each merged with `--merge`. T5
+(Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Phi-3, Gemma), in bf16 and fp32 (Mixtral, Qwen2-MoE,
+Gemma 3) and in bf16 (BERT); AMP (Gemma-2, BLOOM, Qwen2-MoE, Gemma 3, and T5 with either MLP,
+with and without checkpointing); fp32 with SDPA's math path (Mixtral, with and without
+checkpointing; Gemma and Gemma 3 checkpointed) and with SDPA's fused kernel (Gemma, with and
+without checkpointing); checkpointed fp32 (Gemma 3 and Qwen2-MoE with SDPA, Gemma-2, BLOOM) and
+checkpointed bf16 (BERT), one `--only KEY` run each merged with `--merge`. T5
 is recorded with v1.0's ReLU MLP; `--gated` records it with v1.1's gated MLP (flan-t5, T0, mT5)
 under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/gated/lora-all`):
 

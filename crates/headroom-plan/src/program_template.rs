@@ -509,7 +509,7 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
 /// with SDPA; `hf-variants.json`: the precisions, kernels and checkpointing recorded after
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
-/// checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters'
+/// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters'
 /// targets; `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all`), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
 const FILES: &[&str] = &[

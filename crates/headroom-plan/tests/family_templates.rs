@@ -191,9 +191,10 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
 
 /// The combinations recorded into `data/programs/hf-variants.json`, asked as a user asks them
 /// (`--attention eager --checkpoint full`, `--precision amp`), are planned by their own recorded
-/// step: eager attention in bf16 with checkpointing and in fp32, AMP for families recorded
-/// without it, checkpointed fp32. On the H200, fp32 with grouped key-value heads takes
-/// SDPA's math path (Gemma's).
+/// step: eager attention in bf16 with checkpointing and in fp32 (and in bf16 for the mixtures
+/// of experts, Gemma 3 and BERT), AMP for families recorded without it, checkpointed fp32. On
+/// the H200, fp32 with grouped key-value heads takes SDPA's math path (Gemma-2B's, Mixtral's),
+/// and with as many key-value heads as heads SDPA's fused kernel (Gemma-7B's).
 #[test]
 fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     let qwen2_moe = config_model(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
@@ -227,9 +228,21 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         (&qwen2_moe, Amp, Sdpa, Whole, "qwen2_moe/causal-lm/amp/sdpa/full"),
         (&preset_model("gemma-2b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt"),
         (&gemma2, Fp32, Sdpa, Ckpt, "gemma2/causal-lm/fp32/eager/ckpt"),
+        (&preset_model("mixtral-8x7b"), Fp32, Sdpa, Whole, "mixtral/causal-lm/fp32/sdpa-math/full"),
+        (&preset_model("mixtral-8x7b"), Fp32, Sdpa, Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt"),
+        (&preset_model("gemma-7b"), Fp32, Sdpa, Whole, "gemma/causal-lm/fp32/sdpa/full"),
+        (&preset_model("gemma-7b"), Fp32, Sdpa, Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt"),
+        (&preset_model("mixtral-8x7b"), Bf16, Eager, Whole, "mixtral/causal-lm/bf16/eager/full"),
+        (&preset_model("mixtral-8x7b"), Fp32, Eager, Whole, "mixtral/causal-lm/fp32/eager/full"),
+        (&preset_model("bert-base-uncased"), Bf16, Eager, Whole, "bert/masked-lm/bf16/eager/full"),
+        (&preset_model("bert-base-uncased"), Fp32, Eager, Whole, "bert/masked-lm/fp32/eager/full"),
+        (&qwen2_moe, Bf16, Eager, Whole, "qwen2_moe/causal-lm/bf16/eager/full"),
+        (&qwen2_moe, Fp32, Eager, Whole, "qwen2_moe/causal-lm/fp32/eager/full"),
+        (&gemma3, Bf16, Eager, Whole, "gemma3_text/causal-lm/bf16/eager/full"),
+        (&gemma3, Fp32, Eager, Whole, "gemma3_text/causal-lm/fp32/eager/full"),
     ];
     for &(model, precision, attention, checkpointing, key) in jobs {
-        let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 1024, precision, Optimizer::AdamW) };
+        let cfg = TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 512, precision, Optimizer::AdamW) };
         let (builder, source) = source(model, &cfg);
         let what = format!("{} {precision:?} {attention:?} {checkpointing:?}", model.name);
         assert_eq!(builder, "transformers", "{what}");
@@ -298,6 +311,25 @@ fn t5_replays_the_recording_of_its_own_mlp() {
         let (builder, source) = source(model, &cfg);
         assert_eq!(builder, "transformers", "{} {precision:?}", model.name);
         assert_eq!(source, ProgramSource::Template(key.to_string()), "{} {precision:?}", model.name);
+    }
+}
+
+/// T5 under AMP replays its own recording: v1.0's ReLU MLP on a GPU as on the CPU; v1.1's gated
+/// GELU, whose `pow` CUDA's autocast runs in fp32 where the CPU's recording ran it in bf16, on the
+/// CPU alone: on a GPU the job passes to the next builder and says why.
+#[test]
+fn t5_under_amp_replays_its_recording_where_the_autocasts_agree() {
+    let gated = config_model(&t5_config("gated-gelu", true), "t5-small-gated");
+    for (checkpointing, ck) in [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")] {
+        let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW) };
+        let (builder, source) = source(&preset_model("t5-base"), &cfg);
+        assert_eq!(builder, "transformers", "t5-base {ck}");
+        assert_eq!(source, ProgramSource::Template(format!("t5/seq2seq-lm/amp/eager/{ck}")), "t5-base {ck}");
+        assert_eq!(hf::key(&gated, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}/gated")));
+        let e = estimate(&gated, &h200(), &cfg);
+        assert_ne!(e.runner.builder, "transformers", "gated {ck}");
+        let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
+        assert!(why.contains("gated GELU in fp32"), "{why}");
     }
 }
 

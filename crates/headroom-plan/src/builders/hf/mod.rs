@@ -20,7 +20,8 @@
 //!   backward's thread, kept for the life of the process.
 //! - under autocast, `pow` runs in fp32 (CUDA's autocast lists it, the CPU's does not), so
 //!   the tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
-//!   (`autocast.rs`).
+//!   (`autocast.rs`); T5 v1.1's gated GELU is not rewritten so, and its AMP templates plan
+//!   the CPU alone (a GPU's job passes to the next builder, saying why).
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
@@ -81,6 +82,13 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
     // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base), or v1.1's gated pair
     // (flan-t5, T0, mT5), recorded under keys of their own.
     let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
+    if !mlp.is_empty() && cfg.precision == Precision::Amp && matches!(device, Device::Gpu(_)) {
+        // The CPU's autocast, which the step was recorded under, runs its tanh GELU's `pow`
+        // in bf16; CUDA's in fp32, and `autocast.rs` rewrites GPT-2's MLP for it, not T5's.
+        return Err("CUDA's autocast runs the `pow` of T5 v1.1's gated GELU in fp32, where the step recorded on \
+             the CPU ran it in bf16; the rewrite for it knows GPT-2's MLP alone"
+            .to_string());
+    }
     // A family's own recording where it has one for the job; else the code it shares.
     let families = [program_family(model), measured_code(model)];
     let key = |family: &str, attn: &str| match adapters {
