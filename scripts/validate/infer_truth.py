@@ -18,10 +18,13 @@ forwards added after the rest had run, before any of them ran). The families aft
 (`--only`) were added with their templates, the same shapes and tolerance, into the same file.
 
 BERT (a masked LM: an encoder, its forward alone, no cache) and T5 (a sequence-to-sequence LM:
-its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`;
-its generate was not recorded) were added with their forward templates, all check: their `wide`
-configs at 6 layers (T5: 6 a stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its
-own), bf16 and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance.
+its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`)
+were added with their forward templates, all check: their `wide` configs at 6 layers (T5: 6 a
+stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its own), bf16
+and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance. T5's
+`generate` was added with its template (`--only t5 --mode generate`, the forward rows kept), at
+the decoders' generate shapes (the encoder's input 2 x 100, 1 x 160 and 3 x 40; the decoder's
+past to 23, beyond the 16 steps the planner replays), check rows, the same tolerance.
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
@@ -50,7 +53,9 @@ FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemm
             "mixtral", "qwen2_moe", "qwen3_moe", "bert", "t5")
 EAGER_ONLY = ("gemma2", "bloom", "t5")
 # Families recorded for their forward alone, and how each is built.
-FORWARD_ONLY = ("bert", "t5")
+FORWARD_ONLY = ("bert",)
+# Whose forward runs at ENCODER_FORWARD's shapes.
+ENCODERS = ("bert", "t5")
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 # Whose `wide` config each family's is made from.
 BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
@@ -89,7 +94,7 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
     # T5's decoder input as long as the encoder's (labels shifted right); an encoder keeps no cache.
     labels = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g)
     extra = {"decoder_input_ids": torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)} \
-        if family == "t5" else {}
+        if family == "t5" and mode == "forward" else {}
     cache = {} if family == "bert" else {"use_cache": True}
     mask = torch.ones_like(ids)
     before = measure.storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids, mask, *extra.values()])
@@ -121,6 +126,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families or family/precision/attn: their rows measured and "
                                    "put in --out in place of theirs, the others' kept")
+    ap.add_argument("--mode", choices=("generate", "forward"),
+                    help="with --only: this mode's rows alone measured, the other's kept")
     args = ap.parse_args()
     import transformers
     only = set(args.only.split(",")) if args.only else set()
@@ -135,7 +142,9 @@ def main():
         jobs += [(family, precision, attn) for precision, attn in attns
                  if not only or family in only or f"{family}/{precision}/{attn}" in only]
     done = {(j[0], j[1], j[2]) for j in jobs}
-    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done]
+    modes = (args.mode,) if args.mode else ("generate", "forward")
+    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done
+            or r["mode"] not in modes]
 
     def write():
         with open(args.out, "w") as f:
@@ -143,10 +152,10 @@ def main():
                        "transformers": transformers.__version__, "rows": rows}, f, indent=1)
 
     for family, precision, attn in jobs:
-        for b, s, n in () if family in FORWARD_ONLY else GENERATE:
+        for b, s, n in () if family in FORWARD_ONLY or "generate" not in modes else GENERATE:
             rows.append(measured(family, precision, "generate", b, s, n, attn))
             print(family, precision, attn, b, s, n, rows[-1]["peak_bytes"], flush=True)
-        for b, s in ENCODER_FORWARD if family in FORWARD_ONLY else FORWARD:
+        for b, s in () if "forward" not in modes else ENCODER_FORWARD if family in ENCODERS else FORWARD:
             rows.append(measured(family, precision, "forward", b, s, 1, attn))
         write()
     write()
