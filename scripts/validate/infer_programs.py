@@ -38,7 +38,8 @@ the same laws at a past one shorter (checked); `decode1` frees what the prefill 
 The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
 GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
 SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too;
-BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied); the
+BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; with `--gated`
+v1.1's gated MLP, keys ending `/gated`); the
 keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
 transformers' default experts implementation (every tensor sized by the tokens times the
 experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
@@ -52,10 +53,12 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
 
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --gated --only t5/generate/bf16/eager --out a.json
 """
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -94,7 +97,12 @@ def config(family, layers):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
-    if family == "t5":
+    if family == "t5" and os.environ.get(sp.GATED_T5):
+        # With `--gated`, T5 v1.1's: its gated MLP, and `tie_word_embeddings` false as v1.1's
+        # configs have it (flan-t5, T0, mT5). transformers (5.x) ties T5's output layer to the
+        # embeddings whatever the config says; the flag turns off the decoder's output scaling.
+        cfg["tie_word_embeddings"] = False
+    elif family == "t5":
         # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
         # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
         cfg["feed_forward_proj"] = "relu"
@@ -675,6 +683,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families, or whole keys (family/mode/precision/attn)")
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
+    ap.add_argument("--gated", action="store_true", help="record T5 v1.1 (its gated MLP, its config's "
+                                                          "tie_word_embeddings false) under keys ending /gated")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -687,9 +697,13 @@ def main():
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()
+    if args.gated:
+        os.environ[sp.GATED_T5] = "1"
     out = {}
     for job in keys(only):
-        name = key(*job)
+        if args.gated and job[0] != "t5":
+            continue
+        name = key(*job) + ("/gated" if args.gated else "")
         try:
             out[name] = template(*job)
             print(f"{name}: {len(out[name]['tensors'])} tensors, left out {out[name]['left_out']}", flush=True)

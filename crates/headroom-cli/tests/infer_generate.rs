@@ -120,6 +120,25 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     )
     .unwrap();
     let flan = flan.to_str().unwrap();
+    // A gated T5 with its output layer tied to the embeddings: v1.1's generate template.
+    let gated = dir.path().join("t5-gated-tied.json");
+    std::fs::write(
+        &gated,
+        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
+            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": true, "relative_attention_num_buckets": 32}"#,
+    )
+    .unwrap();
+    for weights in ["bf16", "fp32"] {
+        let args = ["--model", gated.to_str().unwrap(), "--gpu", "h200", "--infer", "--framework", "hf"];
+        let (_, v) = plan(&[&args[..], &["--weights", weights, "--new-tokens", "8"]].concat());
+        assert_eq!(
+            v["planned_from"]["template"],
+            format!("t5/generate/{weights}/eager/gated"),
+            "{}",
+            v["planned_from"]
+        );
+    }
     let (_, v) = plan(&[&bert[..], &["--weights", "fp32"]].concat());
     assert_eq!(v["planned_from"]["template"], "bert/forward/fp32/sdpa", "{}", v["planned_from"]);
     assert_eq!(v["breakdown"]["kv_cache"].as_u64(), Some(0));
@@ -128,7 +147,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ([&bert[..], &["--framework", "vllm"]].concat(), "plan its forward with --framework hf"),
         (
             ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
-            "this model's is gated",
+            "recorded with its output layer tied to the embeddings",
         ),
         (
             ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits"].to_vec(),

@@ -21,7 +21,8 @@
 //! (cross-attention's scores and mask), as the template says
 //! ([`program_template::TensorT::by_encoder`]);
 //! the cross-attention's keys and values, made over the encoder's output in the first decoder
-//! step, are kept to the end.
+//! step, are kept to the end. T5 v1.1's gated MLP's `generate` too, under keys ending `/gated`,
+//! its output layer tied to the embeddings (as transformers 5 ties every T5's).
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -83,11 +84,18 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
+    // T5 v1.1's (its MLP gated, its output layer its own) under keys of their own, as its
+    // training templates are.
+    let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
-        .map(|family| format!("{family}/{mode}/{precision}/{attn}"))
+        .map(|family| format!("{family}/{mode}/{precision}/{attn}{mlp}"))
         .filter(|k| program_template::template(k).is_some())
         .collect();
+    if recorded.is_empty() && !mlp.is_empty() {
+        return Err("T5's inference was recorded for this job's mode with v1.0's MLP (one ReLU projection in), \
+                    and this model's is gated");
+    }
     if recorded.is_empty() {
         return Err(match (family_recorded(model), attn) {
             (true, "eager") => {
@@ -100,7 +108,7 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         });
     }
     // T5 comes with either MLP (v1.0's one ReLU projection in, v1.1's gated pair): a template
-    // plans the one it was recorded with.
+    // plans the one it was recorded with, whatever its key says.
     let recorded: Vec<String> =
         recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
     if recorded.is_empty() {
@@ -373,7 +381,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 62, "{checked} inference templates checked");
+        assert!(checked >= 64, "{checked} inference templates checked");
     }
 
     /// T5's generate: its decoder starts from its one start token, so a decode step is at the
