@@ -14,6 +14,18 @@ The same method as `step_programs.py` (the training templates), for two jobs a u
 - `forward`: `model(input_ids, use_cache=True)` under `torch.no_grad()`, every position's
   logits (an evaluation loop): `setup` and `prefill`.
 
+An encoder-decoder's `generate` (T5's, `ENCODER_DECODER`) runs its encoder once over the
+input, in `prefill` with the decoder's first step from its start token (one token: every
+tensor there sized by the input's length). Its decode steps grow two lengths: the decoder's
+past (its self-attention's cache, 1 in `decode1`, 2 in `decode`) and the encoder's input
+(cross-attention's scores and mask; its keys and values, made in the first decoder step over
+the encoder's output, are kept, transformers' `EncoderDecoderCache`). Each tensor grows with
+one of them: recorded with one new token more, the fourth forward (`decode2`, the past one
+longer, read for its laws alone) beside `decode` at the three shapes tells which
+(`fit_decode`: the same bytes at the longer input, a law in the past; the same in the longer
+past, a law in the input, the tensor listed in the template's `by_encoder`); a tensor that
+grows with both is refused. `decode1` is checked against those laws at a past of 1.
+
 Sizes are laws in the model's dimensions (as step_programs.py's), over the batch and a
 length: the prompt's for `setup` and `prefill`, the cache's length before the step (the
 past) for a decode step, so a step deep into a generation is the recorded step at a longer
@@ -25,7 +37,9 @@ the same laws at a past one shorter (checked); `decode1` frees what the prefill 
 
 The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
 GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
-SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too; the
+SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too;
+BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; with `--gated`
+v1.1's gated MLP, keys ending `/gated`); the
 keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
 transformers' default experts implementation (every tensor sized by the tokens times the
 experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
@@ -39,10 +53,12 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
 
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --gated --only t5/generate/bf16/eager --out a.json
 """
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -61,9 +77,11 @@ FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemm
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 # Families with no generate: an encoder runs one forward over its input.
 FORWARD_ONLY = ("bert",)
-# T5's generate decodes at a length of its own beside the encoder's, which a section's laws
-# (in one length) do not carry: its forward alone is recorded.
-NO_GENERATE = FORWARD_ONLY + ("t5",)
+NO_GENERATE = FORWARD_ONLY
+# Families whose generate runs an encoder once over the input and a decoder from one start
+# token: a decode step's tensors are sized by the encoder's input (cross-attention's) or by the
+# decoder's past (its own cache's), each by one of the two (`fit_decode`).
+ENCODER_DECODER = ("t5",)
 # The attention transformers gives a family by default: eager where the family has no SDPA
 # (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them.
 EAGER_ONLY = ("gemma2", "bloom", "t5")
@@ -79,7 +97,12 @@ def config(family, layers):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
-    if family == "t5":
+    if family == "t5" and os.environ.get(sp.GATED_T5):
+        # With `--gated`, T5 v1.1's: its gated MLP, and `tie_word_embeddings` false as v1.1's
+        # configs have it (flan-t5, T0, mT5). transformers (5.x) ties T5's output layer to the
+        # embeddings whatever the config says; the flag turns off the decoder's output scaling.
+        cfg["tie_word_embeddings"] = False
+    elif family == "t5":
         # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
         # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
         cfg["feed_forward_proj"] = "relu"
@@ -121,7 +144,7 @@ class InferJob:
                 # (Shifted as `_shift_right` shifts them, without its temporary copy.)
                 labels = given["labels"]
                 extra = {"decoder_input_ids": torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)} \
-                    if family == "t5" else {}
+                    if family == "t5" and mode == "forward" else {}
                 del labels
                 del given
                 mask = torch.ones_like(ids)
@@ -136,8 +159,11 @@ class InferJob:
             with record_function("run"):
                 if mode == "generate":
                     model.generation_config.pad_token_id = 0
-                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                                         do_sample=False, min_new_tokens=NEW_TOKENS)
+                    # An encoder-decoder's fourth forward is a whole decode step too (`decode2`,
+                    # its decoder's past one longer than `decode`'s), read for its laws alone.
+                    n = NEW_TOKENS + (family in ENCODER_DECODER)
+                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                                         do_sample=False, min_new_tokens=n)
                 else:
                     with torch.no_grad():
                         # An encoder keeps no cache.
@@ -166,7 +192,7 @@ class InferJob:
         # Each step begins where the model's forward begins.
         forwards = sorted(e.start_ns() for e in events if e.name() == "forward")
         bounds = [run[0]] + forwards[1:] + [run[1] + 1]
-        names = ["prefill", "decode1", "decode", "rest", "rest", "rest"]
+        names = ["prefill", "decode1", "decode", "decode2", "rest", "rest", "rest"]
         self.sections = [("setup", setup[0], setup[1])]
         for i in range(len(bounds) - 1):
             self.sections.append((names[i], bounds[i], bounds[i + 1] - 1))
@@ -343,8 +369,64 @@ def points(mode, section):
     return [(b, s + past) for b, s in sp.SHAPES]
 
 
+def first_past(family, mode, s):
+    """The decoder's past in the first decode step: the prompt's length, or one (the start
+    token) where an encoder took the prompt."""
+    return 1 if mode == "generate" and family in ENCODER_DECODER else s
+
+
+def fit_decode(ns, past, what, fit_at):
+    """An encoder-decoder's decode step's tensor, seen at shape 0, at shape 1 (a longer
+    encoder input), at shape 2 (a larger batch) and in the step after shape 0's (a longer
+    decoder past), as (its law, whether its length is the encoder's input): the law in the
+    one length it grows with, the other held (`fit_at(ns, points)` fits one length); `past`:
+    shape 0's in `decode`."""
+    n0, n_enc, n_batch, n_past = ns
+    (b, s), (_, s2), (b3, _) = sp.SHAPES
+    if n0 == n_enc:
+        return fit_at([n0, n_past, n_batch], [(b, past), (b, past + 1), (b3, past)]), False
+    if n0 == n_past:
+        return fit_at([n0, n_enc, n_batch], [(b, s), (b, s2), (b3, s)]), True
+    raise sp.Unexplained(f"{what}: {ns} bytes grow with the encoder's input and with the decoder's past")
+
+
+def per_head(lw, heads):
+    """`lw` per head where it is one query position's scores against a length (a decode step's
+    attention, the decoder's start token's against the encoder's input: `b x heads x 1 x len`):
+    a whole number of at least two bytes a head each position, read by `per_unit` as bytes
+    (`one`) at or under 16 a position. Its constant (the step's own position) with it."""
+    grows = [c for kind in ("tok", "pos") for u, c in lw.get(kind, {}).items() if u == "one"]
+    if not grows or any(c % heads or c < 2 * heads for c in grows):
+        return lw
+    return {kind: {("heads" if u == "one" and c % heads == 0 else u): (c / heads if u == "one" and c % heads == 0
+                                                                      else c) for u, c in units.items()}
+            for kind, units in lw.items()}
+
+
+def tiny_sets(jobs, seqs, enc_dec, what):
+    """Python numbers the CPU wraps as tensors (a GPU keeps them on the host), and a few bytes a
+    sequence: what is a few bytes at the first shape (the check's) and not a weight or an input,
+    each job's tensors matched to the first's by position. An encoder-decoder's first decode
+    step (its decoder's past 1) is judged at the next step's sizes: a few bytes a position of
+    the past are a few bytes there, and more in a long generation."""
+    tiny = [set() for _ in jobs]
+    for name in SECTIONS:
+        made = [[t for k, t, _ in s[name] if k == "a"] for s in seqs]
+        src = "decode" if enc_dec and name == "decode1" else name
+        ref = [t for k, t, _ in seqs[0][src] if k == "a"]
+        if len(ref) != len(made[0]):
+            raise sp.Unexplained(f"{what}: decode1 makes {len(made[0])} tensors, decode {len(ref)}")
+        for pos in range(len(made[0])):
+            t0 = jobs[0].tensors[ref[pos]]
+            if t0["size"] <= sp.TINY and t0["role"] is None:
+                for i, m in enumerate(made):
+                    tiny[i].add(m[pos])
+    return tiny
+
+
 def template(family, mode, precision, attn):
     what = key(family, mode, precision, attn)
+    enc_dec = mode == "generate" and family in ENCODER_DECODER
     jobs = [isolated(family, mode, precision, attn, b, s, sp.LAYERS) for b, s in sp.SHAPES]
     deep = isolated(family, mode, precision, attn, *sp.SHAPES[0], sp.CHECK_LAYERS)
     base = jobs[0]
@@ -353,16 +435,7 @@ def template(family, mode, precision, attn):
     for name in SECTIONS:
         if len({len(s[name]) for s in seqs}) != 1:
             raise sp.Unexplained(f"{what}: {name} has {[len(s[name]) for s in seqs]} events at {sp.SHAPES}")
-    # Python numbers the CPU wraps as tensors (a GPU keeps them on the host), and a few bytes a
-    # sequence: what is a few bytes at the first shape (the check's) and not a weight or an input.
-    tiny = [set() for _ in jobs]
-    for name in SECTIONS:
-        made = [[t for k, t, _ in s[name] if k == "a"] for s in seqs]
-        for pos in range(len(made[0])):
-            ts = [j.tensors[m[pos]] for j, m in zip(jobs, made)]
-            if ts[0]["size"] <= sp.TINY and ts[0]["role"] is None:
-                for i, m in enumerate(made):
-                    tiny[i].add(m[pos])
+    tiny = tiny_sets(jobs, seqs, enc_dec, what)
     # Dropped before the events are put in order: a run of frees sorts the same without them.
     seqs = [sequence(j, [t for t in k[0] if t not in tiny[i]]) for i, (j, k) in enumerate(zip(jobs, keeps))]
     d = base.dims
@@ -377,18 +450,34 @@ def template(family, mode, precision, attn):
         params.append({"name": p["name"], "units": units, "count": coef, "bytes": p["bytes"], "layer": p["layer"]})
     # The tensors each section makes, in order, matched across the shapes by position.
     made = {name: [[t for k, t, _ in s[name] if k == "a"] for s in seqs] for name in SECTIONS}
+    if enc_dec:
+        # The step after `decode` at shape 0, made as `decode` makes (kept as `sequence` keeps,
+        # what `decode` drops as a few bytes dropped at the same places).
+        after = [i for i, t in enumerate(base.tensors) if t["section"] == "decode2" and not t["scratch"]]
+        decode = [t for k, t, _ in sequence(base, keeps[0][0])["decode"] if k == "a"]
+        if len(after) != len(decode):
+            raise sp.Unexplained(f"{what}: decode2 makes {len(after)} tensors, decode {len(decode)}")
+        after = [t for t, d in zip(after, decode) if d not in tiny[0]]
     tensors, index = [], {}  # index: (shape 0's tensor) -> template tensor
     section_of = {}
     for name in ("setup", "prefill", "decode"):
         for pos, t in enumerate(made[name][0]):
             ts = [j.tensors[m[pos]] for j, m in zip(jobs, made[name])]
             role = ts[0]["role"]
+            by_encoder = False
             if role and role[0] == "param":
                 p = params[role[1]]
                 lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
+            elif enc_dec and name == "decode":
+                lw, by_encoder = fit_decode([x["size"] for x in ts] + [base.tensors[after[pos]]["size"]],
+                                            first_past(family, mode, sp.SHAPES[0][1]) + 1, f"{what} {name} {pos}",
+                                            lambda ns, pts: fit(ns, pts, d, param_shapes, f"{what} {name} {pos}",
+                                                                widths))
             else:
                 lw = fit([x["size"] for x in ts], points(mode, name), d, param_shapes, f"{what} {name} {pos}",
                          widths)
+            if enc_dec and not role:
+                lw = per_head(lw, d["heads"])
             if role and role[0] in ("param", "buffer"):
                 term = "weights"
             elif role and role[0] == "input":
@@ -404,6 +493,8 @@ def template(family, mode, precision, attn):
                 entry["param"] = role[1]
             if ts[0]["kernel"] == "sdpa":
                 entry["kernel"] = "sdpa"
+            if by_encoder:
+                entry["by_encoder"] = True
             index[t] = len(tensors)
             section_of[len(tensors)] = name
             tensors.append(entry)
@@ -415,7 +506,8 @@ def template(family, mode, precision, attn):
         for si, (j, m1) in enumerate(zip(jobs, made["decode1"])):
             b, s = sp.SHAPES[si]
             for pos, t in enumerate(m1):
-                want = law_bytes(tensors[index[dec[pos]]]["law"], b, s, d)
+                x = tensors[index[dec[pos]]]
+                want = law_bytes(x["law"], b, s if x.get("by_encoder") else first_past(family, mode, s), d)
                 if j.tensors[t]["size"] != want:
                     raise sp.Unexplained(f"{what}: decode1's tensor {pos} is {j.tensors[t]['size']} bytes at "
                                          f"{b}x{s}, decode's law gives {want}")
@@ -450,20 +542,21 @@ def template(family, mode, precision, attn):
         sections["decode1"] = sections["decode"] = []
     check = {"layers": sp.CHECK_LAYERS, "batch": sp.SHAPES[0][0], "seq": sp.SHAPES[0][1]}
     dk, _ = kept(deep)
-    dk = [t for t in dk if not (deep.tensors[t]["size"] <= sp.TINY and deep.tensors[t]["role"] is None)]
+    small = tiny_sets([deep], [sequence(deep, dk)], enc_dec, what)[0]
+    dk = [t for t in dk if t not in small]
     dseq = sequence(deep, dk)
     for name in SECTIONS:
         if mode != "generate" and name.startswith("decode"):
             continue
         b, s = sp.SHAPES[0]
-        x = s + {"decode1": 0, "decode": 1}.get(name, 0)
+        x = s if name in ("setup", "prefill") else first_past(family, mode, s) + (name == "decode")
         flat, live, peak, n = [], 0, 0, 0
         mine = [(k, i, tuple(c) if c else None) for k, i, c in sections[name]]
         expanded = sp.expand([("a" if k == 0 else "f", (i, k), c) for k, i, c in mine],
                              {(i, k): homes.get(i) for k, i, _ in mine},
                              {"main": sp.CHECK_LAYERS, "enc": sp.CHECK_LAYERS})
         for kind, ((i, k), _) in expanded:
-            at = x - 1 if k == 2 else x
+            at = s if tensors[i].get("by_encoder") else x - 1 if k == 2 else x
             nbytes = int(law_bytes(tensors[i]["law"], b, at, d))
             live += nbytes if kind == "a" else -nbytes
             peak = max(peak, live)
@@ -483,7 +576,7 @@ def template(family, mode, precision, attn):
                                  f"expansion ({theirs} recorded, {mine} expanded)")
         check[name] = mine
     return {"dims": d, "params": params, "tensors": tensors, "homes": {str(k): v for k, v in homes.items() if v},
-            **sections, "check": check, "left_out": keeps[0][1]}
+            **sections, "check": check, "left_out": keeps[0][1], **({"encoder_decoder": True} if enc_dec else {})}
 
 
 def isolated(*args):
@@ -563,10 +656,12 @@ def compact(t):
     def flat(events):
         return [v for k, i, c in events for v in (k, i, layer(c))]
 
+    by_encoder = [i for i, x in enumerate(t["tensors"]) if x.get("by_encoder")]
     return {"dims": t["dims"], "params": [[p["name"], p["units"], p["count"], p["bytes"], layer(p["layer"])]
                                           for p in t["params"]],
             "laws": laws, "sites": sites, "tensors": rows, "setup": flat(t["setup"]),
             "prefill": flat(t["prefill"]), "decode1": flat(t["decode1"]), "decode": flat(t["decode"]),
+            **({"by_encoder": by_encoder} if t.get("encoder_decoder") else {}),
             "check": t["check"], "left_out": t["left_out"]}
 
 
@@ -588,6 +683,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families, or whole keys (family/mode/precision/attn)")
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
+    ap.add_argument("--gated", action="store_true", help="record T5 v1.1 (its gated MLP, its config's "
+                                                          "tie_word_embeddings false) under keys ending /gated")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -600,9 +697,13 @@ def main():
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()
+    if args.gated:
+        os.environ[sp.GATED_T5] = "1"
     out = {}
     for job in keys(only):
-        name = key(*job)
+        if args.gated and job[0] != "t5":
+            continue
+        name = key(*job) + ("/gated" if args.gated else "")
         try:
             out[name] = template(*job)
             print(f"{name}: {len(out[name]['tensors'])} tensors, left out {out[name]['left_out']}", flush=True)

@@ -18,10 +18,18 @@ forwards added after the rest had run, before any of them ran). The families aft
 (`--only`) were added with their templates, the same shapes and tolerance, into the same file.
 
 BERT (a masked LM: an encoder, its forward alone, no cache) and T5 (a sequence-to-sequence LM:
-its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`;
-its generate was not recorded) were added with their forward templates, all check: their `wide`
-configs at 6 layers (T5: 6 a stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its
-own), bf16 and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance.
+its evaluation forward, the decoder's input as long as the encoder's, with `use_cache=True`)
+were added with their forward templates, all check: their `wide` configs at 6 layers (T5: 6 a
+stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its own), bf16
+and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance. T5's
+`generate` was added with its template (`--only t5 --mode generate`, the forward rows kept), at
+the decoders' generate shapes (the encoder's input 2 x 100, 1 x 160 and 3 x 40; the decoder's
+past to 23, beyond the 16 steps the planner replays), check rows, the same tolerance; then
+(declared after those rows were seen: two of the three peak in the prompt's forward, the
+encoder's) 2 x 16 with 300 new tokens (`LONG_DECODE`), where the last decode step, its
+decoder's cache 300 positions, decides the peak, check rows, the same tolerance. T5 v1.1's
+`generate` (`--gated --only t5 --mode generate`: its gated MLP, `tie_word_embeddings` false) at
+the same four shapes, with its `/gated` templates, check rows, the same tolerance.
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
@@ -46,17 +54,21 @@ LAYERS = 6
 GENERATE = ((2, 100, 6), (1, 160, 12), (3, 40, 24))
 FORWARD = ((2, 100),)
 ENCODER_FORWARD = ((2, 100), (1, 160))
+# An encoder-decoder's long generation after a short input: its decode steps decide the peak.
+LONG_DECODE = ((2, 16, 300),)
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
             "mixtral", "qwen2_moe", "qwen3_moe", "bert", "t5")
 EAGER_ONLY = ("gemma2", "bloom", "t5")
 # Families recorded for their forward alone, and how each is built.
-FORWARD_ONLY = ("bert", "t5")
+FORWARD_ONLY = ("bert",)
+# Whose forward runs at ENCODER_FORWARD's shapes.
+ENCODERS = ("bert", "t5")
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 # Whose `wide` config each family's is made from.
 BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 
 
-def config(family):
+def config(family, gated=False):
     small = measure.small_configs()
     cfg = dict(small[(BASE.get(family, family), "wide")])
     if family in BASE:
@@ -68,7 +80,11 @@ def config(family):
                    mlp_only_layers=[])
     if family == "qwen2_moe":
         cfg.update(shared_expert_intermediate_size=768, qkv_bias=True)
-    if family == "t5":
+    if family == "t5" and gated:
+        # T5 v1.1's: its gated MLP and `tie_word_embeddings` false, as its `/gated` templates were
+        # recorded (transformers ties T5's output layer whatever; the flag turns off a scaling).
+        cfg.update(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    elif family == "t5":
         # T5 v1.0's MLP, as its template was recorded (ReLU, tied output layer).
         cfg.update(feed_forward_proj="relu")
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
@@ -77,8 +93,8 @@ def config(family):
     return cfg
 
 
-def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
-    cfg = config(family)
+def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", gated=False):
+    cfg = config(family, gated)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = measure.build(cfg, HEADS.get(family, "causal-lm"), attn, dtype)
     model.eval()
@@ -89,7 +105,7 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
     # T5's decoder input as long as the encoder's (labels shifted right); an encoder keeps no cache.
     labels = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g)
     extra = {"decoder_input_ids": torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)} \
-        if family == "t5" else {}
+        if family == "t5" and mode == "forward" else {}
     cache = {} if family == "bert" else {"use_cache": True}
     mask = torch.ones_like(ids)
     before = measure.storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids, mask, *extra.values()])
@@ -113,7 +129,7 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa"):
         peak = max(peak, live)
     return {"family": family, "precision": precision, "mode": mode, "batch": batch, "seq": seq,
             "new_tokens": new_tokens, "attn": attn, "config": cfg, "peak_bytes": before + peak, "before_bytes": before,
-            "split": "tuning" if family == "llama" else "check"}
+            "split": "tuning" if family == "llama" else "check", **({"gated": True} if gated else {})}
 
 
 def main():
@@ -121,6 +137,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families or family/precision/attn: their rows measured and "
                                    "put in --out in place of theirs, the others' kept")
+    ap.add_argument("--gated", action="store_true", help="T5 v1.1 (its gated MLP): its rows, beside v1.0's")
+    ap.add_argument("--mode", choices=("generate", "forward"),
+                    help="with --only: this mode's rows alone measured, the other's kept")
     args = ap.parse_args()
     import transformers
     only = set(args.only.split(",")) if args.only else set()
@@ -135,7 +154,12 @@ def main():
         jobs += [(family, precision, attn) for precision, attn in attns
                  if not only or family in only or f"{family}/{precision}/{attn}" in only]
     done = {(j[0], j[1], j[2]) for j in jobs}
-    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done]
+    modes = (args.mode,) if args.mode else ("generate", "forward")
+    if args.gated:
+        jobs = [j for j in jobs if j[0] == "t5"]
+        done = {(j[0], j[1], j[2]) for j in jobs}
+    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done
+            or r["mode"] not in modes or r.get("gated", False) != args.gated]
 
     def write():
         with open(args.out, "w") as f:
@@ -143,11 +167,12 @@ def main():
                        "transformers": transformers.__version__, "rows": rows}, f, indent=1)
 
     for family, precision, attn in jobs:
-        for b, s, n in () if family in FORWARD_ONLY else GENERATE:
-            rows.append(measured(family, precision, "generate", b, s, n, attn))
+        for b, s, n in () if family in FORWARD_ONLY or "generate" not in modes else \
+                GENERATE + (LONG_DECODE if family == "t5" else ()):
+            rows.append(measured(family, precision, "generate", b, s, n, attn, args.gated))
             print(family, precision, attn, b, s, n, rows[-1]["peak_bytes"], flush=True)
-        for b, s in ENCODER_FORWARD if family in FORWARD_ONLY else FORWARD:
-            rows.append(measured(family, precision, "forward", b, s, 1, attn))
+        for b, s in () if "forward" not in modes else ENCODER_FORWARD if family in ENCODERS else FORWARD:
+            rows.append(measured(family, precision, "forward", b, s, 1, attn, args.gated))
         write()
     write()
 

@@ -79,10 +79,10 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
         ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
-        // An encoder's inference is its forward; T5's evaluation forward runs eager whatever
-        // is asked (transformers' T5 attention is its own).
+        // An encoder's inference is its forward; T5's generate and evaluation forward run eager
+        // whatever is asked (transformers' T5 attention is its own).
         ("bert-base-uncased", "sdpa", "bert/MODE/bf16/sdpa", &["forward"]),
-        ("t5-base", "sdpa", "t5/MODE/bf16/eager", &["forward"]),
+        ("t5-base", "sdpa", "t5/MODE/bf16/eager", &both),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
             if !modes.contains(&mode) {
@@ -107,7 +107,8 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         }
     }
     // BERT generates nothing: its plan is the forward without --all-logits too, and generate is
-    // refused with the way out; T5's generate was not recorded, and is refused with the reason.
+    // refused with the way out; T5 v1.1's generate and forward (its MLP gated) are refused with the
+    // reason.
     let bert = ["--model", "bert-base-uncased", "--gpu", "h200", "--infer", "--batch", "2", "--seq", "256"];
     // T5 v1.1 (flan-t5-base's config): a gated MLP, which the T5 template (v1.0's) does not have.
     let flan = dir.path().join("flan-t5-base.json");
@@ -119,6 +120,25 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     )
     .unwrap();
     let flan = flan.to_str().unwrap();
+    // A gated T5 with its output layer tied to the embeddings: v1.1's generate template.
+    let gated = dir.path().join("t5-gated-tied.json");
+    std::fs::write(
+        &gated,
+        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
+            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": true, "relative_attention_num_buckets": 32}"#,
+    )
+    .unwrap();
+    for weights in ["bf16", "fp32"] {
+        let args = ["--model", gated.to_str().unwrap(), "--gpu", "h200", "--infer", "--framework", "hf"];
+        let (_, v) = plan(&[&args[..], &["--weights", weights, "--new-tokens", "8"]].concat());
+        assert_eq!(
+            v["planned_from"]["template"],
+            format!("t5/generate/{weights}/eager/gated"),
+            "{}",
+            v["planned_from"]
+        );
+    }
     let (_, v) = plan(&[&bert[..], &["--weights", "fp32"]].concat());
     assert_eq!(v["planned_from"]["template"], "bert/forward/fp32/sdpa", "{}", v["planned_from"]);
     assert_eq!(v["breakdown"]["kv_cache"].as_u64(), Some(0));
@@ -126,8 +146,8 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ([&bert[..], &["--new-tokens", "8"]].concat(), "generates no tokens; its inference is one forward"),
         ([&bert[..], &["--framework", "vllm"]].concat(), "plan its forward with --framework hf"),
         (
-            ["--model", "t5-base", "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
-            "T5's generate was not recorded",
+            ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
+            "recorded with its output layer tied to the embeddings",
         ),
         (
             ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits"].to_vec(),

@@ -586,14 +586,14 @@ fn transformers_inference_plans_its_own_forward() {
     ] {
         refused(&[&["--model", "llama-3-8b", "--gpu", "a100-80gb", "--infer"][..], args].concat(), msg);
     }
-    // An encoder-decoder's generate is not recorded (its decode steps grow two lengths, the
-    // encoder's and the decoder's); its evaluation forward is, and the refusal says so.
+    // An encoder-decoder's generate is replayed as recorded, its decode steps at the decoder's
+    // past and the encoder's input.
     Command::cargo_bin("headroom")
         .unwrap()
         .args(["plan", "--model", "t5-base", "--gpu", "l4", "--infer", "--framework", "hf"])
         .assert()
-        .code(2)
-        .stderr(contains("--all-logits"));
+        .success()
+        .stdout(contains("(t5/generate/bf16/eager)"));
     // Nothing fits: said in words, not as a batch of 0.
     Command::cargo_bin("headroom")
         .unwrap()

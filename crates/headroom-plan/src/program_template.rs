@@ -100,6 +100,21 @@ pub struct TensorT {
     /// step without dropout passes on in its place (`F.dropout` at a rate of 0 returns its
     /// input; the backward passes the gradient through).
     pub source: Option<u32>,
+    /// Made in an encoder-decoder's decode step and sized by the encoder's input (its
+    /// cross-attention's scores and mask), not by the decoder's past.
+    pub by_encoder: bool,
+}
+
+impl TensorT {
+    /// The length this tensor, made in a decode step, is sized at: the encoder's input
+    /// `prompt`, or the decoder's `past`.
+    pub fn decode_length(&self, prompt: u64, past: u64) -> u64 {
+        if self.by_encoder {
+            prompt
+        } else {
+            past
+        }
+    }
 }
 
 /// One recorded event.
@@ -133,7 +148,8 @@ pub struct Check {
     #[serde(default)]
     pub step: Option<SectionCheck>,
     /// An inference template's prefill (at `seq`) and decode steps (the first at a past of
-    /// `seq`, a later one at `seq + 1`).
+    /// `seq`, a later one at `seq + 1`; an encoder-decoder's at a decoder's past of 1 and 2,
+    /// its tensors sized by the encoder's input at `seq`).
     #[serde(default)]
     pub prefill: Option<SectionCheck>,
     #[serde(default)]
@@ -178,6 +194,7 @@ fn analogs(tensors_of: &[TensorT]) -> FxHashMap<u32, u32> {
             && x.kernel == y.kernel
             && x.param.is_some() == y.param.is_some()
             && x.grad.is_some() == y.grad.is_some()
+            && x.by_encoder == y.by_encoder
     };
     let mut out = FxHashMap::default();
     for (&layer, tensors) in &by_layer {
@@ -245,6 +262,22 @@ pub struct InferenceSections {
     pub prefill: Vec<EventT>,
     pub decode1: Vec<EventT>,
     pub decode: Vec<EventT>,
+    /// An encoder-decoder's `generate` (T5's): the encoder runs once over the prompt in the
+    /// prefill, its decoder from one start token, so a decode step's past is the decoder's
+    /// (1 in the first), and a decode step's tensor [`TensorT::by_encoder`] is sized by the
+    /// encoder's input instead.
+    pub encoder_decoder: bool,
+}
+
+impl InferenceSections {
+    /// The decoder's past in the first decode step after a prompt of `prompt` tokens.
+    pub fn first_past(&self, prompt: u64) -> u64 {
+        if self.encoder_decoder {
+            1
+        } else {
+            prompt
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -273,6 +306,10 @@ struct Raw {
     decode1: Vec<i64>,
     #[serde(default)]
     decode: Vec<i64>,
+    /// An encoder-decoder's `generate`: the decode steps' tensors sized by the encoder's input
+    /// (present, if empty, for every encoder-decoder's).
+    #[serde(default)]
+    by_encoder: Option<Vec<u32>>,
 }
 
 /// A template's law in units, before a model gives the units their sizes.
@@ -410,9 +447,13 @@ impl Parsed {
                 kernel: kernel(k)?,
                 home,
                 source: None,
+                by_encoder: false,
             });
         }
         let n = tensors.len();
+        for &i in raw.by_encoder.iter().flatten() {
+            tensors.get_mut(i as usize).ok_or("a tensor sized by the encoder's input is none")?.by_encoder = true;
+        }
         for &(out, input) in &raw.sources {
             if out as usize >= n || input as usize >= n {
                 return Err("a dropout's source points outside the tensors".into());
@@ -427,6 +468,7 @@ impl Parsed {
                 prefill: events(prefill, n)?,
                 decode1: events(&raw.decode1, n)?,
                 decode: events(&raw.decode, n)?,
+                encoder_decoder: raw.by_encoder.is_some(),
             }),
             None => None,
         };

@@ -234,10 +234,10 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                     // An encoder has no serving engine to plan instead; T5's forward was recorded.
                     let way_out = match model.family {
                         Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
-                        Family::T5 if !all_logits => "plan its forward (--all-logits)",
                         Family::T5 => {
-                            "T5's forward is planned for v1.0's models (a ReLU MLP, the output layer tied to the \
-                             embeddings: t5-base, t5-large) with bf16 or fp32 weights, without --quantize"
+                            "T5's generate and forward are planned for v1.0's models (a ReLU MLP, the output \
+                             layer tied to the embeddings: t5-base, t5-large), and its generate for v1.1's gated \
+                             MLP with the output layer tied, with bf16 or fp32 weights, without --quantize"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };

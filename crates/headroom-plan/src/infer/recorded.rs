@@ -12,9 +12,17 @@
 //! bf16. A Mixture of Experts runs transformers'
 //! default experts implementation, every tensor sized by the tokens times the experts a token
 //! takes, whatever the routing. Sliding layers are served within their window only. BERT's
-//! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache. T5's
-//! evaluation forward (v1.0's ReLU MLP, tied), eager, at bf16 and fp32, its encoder a stack of
-//! its own; not its `generate`, whose decode steps are sized by two lengths.
+//! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache. T5 (v1.0's
+//! ReLU MLP, tied), eager, at bf16 and fp32, its encoder a stack of its own: its evaluation
+//! forward, and its `generate`: the encoder once over the prompt and the decoder's first step
+//! from its start token in the prefill (every tensor sized by the prompt, the decoder's one
+//! token fixed), then decode steps at the decoder's past (1 in the first), each tensor sized by
+//! one of two lengths, the decoder's past (its self-attention's cache) or the encoder's input
+//! (cross-attention's scores and mask), as the template says
+//! ([`program_template::TensorT::by_encoder`]);
+//! the cross-attention's keys and values, made over the encoder's output in the first decoder
+//! step, are kept to the end. T5 v1.1's gated MLP's `generate` too, under keys ending `/gated`,
+//! its output layer tied to the embeddings (as transformers 5 ties every T5's).
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -76,17 +84,18 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
-    if mode == "generate" && model.family == Family::T5 {
-        // A decode step's tensors grow with the decoder's past and with the encoder's input
-        // (cross-attention's scores): two lengths, where a template's section has one.
-        return Err("T5's generate was not recorded: a decode step is sized by the encoder's input and by the \
-                    decoder's past, two lengths, where a template's section has one");
-    }
+    // T5 v1.1's (its MLP gated, its output layer its own) under keys of their own, as its
+    // training templates are.
+    let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
-        .map(|family| format!("{family}/{mode}/{precision}/{attn}"))
+        .map(|family| format!("{family}/{mode}/{precision}/{attn}{mlp}"))
         .filter(|k| program_template::template(k).is_some())
         .collect();
+    if recorded.is_empty() && !mlp.is_empty() {
+        return Err("T5's inference was recorded for this job's mode with v1.0's MLP (one ReLU projection in), \
+                    and this model's is gated");
+    }
     if recorded.is_empty() {
         return Err(match (family_recorded(model), attn) {
             (true, "eager") => {
@@ -99,7 +108,7 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         });
     }
     // T5 comes with either MLP (v1.0's one ReLU projection in, v1.1's gated pair): a template
-    // plans the one it was recorded with.
+    // plans the one it was recorded with, whatever its key says.
     let recorded: Vec<String> =
         recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
     if recorded.is_empty() {
@@ -142,9 +151,23 @@ pub fn decode_pasts(prompt: u64, new_tokens: u64) -> Vec<u64> {
     (0..half).chain(steps - half..steps).map(|i| prompt + i).collect()
 }
 
+/// The decode steps' pasts for `new_tokens` tokens after a prompt of `prompt` with the
+/// template `key` ([`decode_pasts`]): the decoder's, which in an encoder-decoder starts from
+/// its one start token whatever the prompt.
+pub fn generate_pasts(key: &str, prompt: u64, new_tokens: u64) -> Vec<u64> {
+    decode_pasts(decoder_input(key, prompt), new_tokens)
+}
+
+/// The tokens the template `key`'s first forward feeds its decoder after a prompt of `prompt`:
+/// the prompt, but T5's start token alone in its `generate`.
+pub fn decoder_input(key: &str, prompt: u64) -> u64 {
+    program_template::template(key).and_then(|t| t.template.inference.as_ref()).map_or(prompt, |s| s.first_past(prompt))
+}
+
 /// The job's program over a prompt of `prompt` tokens, and the decode steps at `pasts` (none
-/// for an evaluation loop's forward), on `gpu` where one is given: each tensor's law in the
-/// batch alone (its section's length given), so `sizes(batch, 1)` sizes it for any batch.
+/// for an evaluation loop's forward; [`generate_pasts`]), on `gpu` where one is given: each
+/// tensor's law in the batch alone (its section's length given), so `sizes(batch, 1)` sizes
+/// it for any batch.
 pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option<&GpuSpec>) -> Program {
     let parsed = program_template::template(key).expect("a key from `key`");
     let t = parsed.resolved(&|u| unit(model, u));
@@ -153,6 +176,7 @@ pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option
     let mut r = Replay {
         t: &t,
         ex: &ex,
+        prompt,
         p: Program::default(),
         sites: vec![None; t.sites.len()],
         head,
@@ -226,6 +250,8 @@ type Instance = (u32, Option<Concrete>);
 struct Replay<'a> {
     t: &'a Template,
     ex: &'a Expander<'a>,
+    /// The prompt's length: an encoder-decoder's decode step sizes its cross-attention by it.
+    prompt: u64,
     p: Program,
     sites: Vec<Option<u32>>,
     /// The head's weight where the model ties it to the embeddings: not a tensor of its own.
@@ -238,7 +264,8 @@ struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    /// A section's events, its tensors sized at `len` (the prompt, or a decode step's past).
+    /// A section's events, its tensors sized at `len` (the prompt, or a decode step's past;
+    /// an encoder-decoder's cross-attention in a decode step at the prompt).
     fn section(&mut self, events: &[EventT], len: u64, decode: bool) {
         for (e, j) in self.ex.expand(events) {
             let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
@@ -258,6 +285,7 @@ impl Replay<'_> {
                 continue;
             }
             let site = self.site(x.site);
+            let len = if decode { x.decode_length(self.prompt, len) } else { len };
             let id = self.p.alloc(at_length(x.law, len as f64), x.term, site);
             self.p.tensors[id as usize].layer = inst.1.map(|(stack, n)| self.ex.numbered(stack, n));
             if decode {
@@ -302,11 +330,12 @@ mod tests {
             let (b, s) = (c.batch as f64, c.seq as f64);
             let mut made: HashMap<Instance, i64> = HashMap::default();
             let mut prev: HashMap<Instance, i64> = HashMap::default();
+            let past = sections.first_past(c.seq) as f64;
             let parts: [(&str, &[EventT], Option<&SectionCheck>, f64); 4] = [
                 ("setup", &t.setup, Some(&c.setup), s),
                 ("prefill", &sections.prefill, c.prefill.as_ref(), s),
-                ("decode1", &sections.decode1, c.decode1.as_ref(), s),
-                ("decode", &sections.decode, c.decode.as_ref(), s + 1.0),
+                ("decode1", &sections.decode1, c.decode1.as_ref(), past),
+                ("decode", &sections.decode, c.decode.as_ref(), past + 1.0),
             ];
             for (name, events, want, len) in parts {
                 let Some(want) = want else {
@@ -327,7 +356,9 @@ mod tests {
                         assert!(found.is_some(), "{key} {name}: a free of {inst:?}, which the expansion did not make");
                         found.unwrap_or(0)
                     } else {
-                        let bytes = t.tensors[inst.0 as usize].law.bytes(b, len) as i64;
+                        let x = &t.tensors[inst.0 as usize];
+                        let len = if decode { x.decode_length(c.seq, len as u64) as f64 } else { len };
+                        let bytes = x.law.bytes(b, len) as i64;
                         if decode {
                             cur.insert(inst, bytes)
                         } else {
@@ -350,7 +381,46 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 51, "{checked} inference templates checked");
+        assert!(checked >= 64, "{checked} inference templates checked");
+    }
+
+    /// T5's generate: its decoder starts from its one start token, so a decode step is at the
+    /// decoder's past whatever the prompt. The last step's self-attention caches (`aten::cat`: a
+    /// key and a value a decoder layer, and the generated ids) grow with that past, and not with
+    /// the prompt; its cross-attention's scores (`aten::softmax`, every head of every decoder
+    /// layer) grow with the prompt, at its length.
+    #[test]
+    fn t5_decode_steps_are_sized_by_the_decoders_past_and_the_encoders_input() {
+        let t5 = crate::model::preset("t5-base").expect("preset");
+        let key = "t5/generate/bf16/eager";
+        assert_eq!(generate_pasts(key, 512, 4), vec![1, 2, 3]);
+        assert_eq!(decoder_input(key, 512), 1);
+        assert_eq!(decoder_input("t5/forward/bf16/eager", 512), 512);
+        // Bytes made at sites containing `site` in the last decode step, for one sequence.
+        let last = |prompt: u64, past: u64, site: &str| {
+            let p = program(&t5, key, prompt, &[1, past], None);
+            let sizes = p.sizes(1, 1);
+            let (mut step, mut bytes) = (0, 0u64);
+            for op in &p.ops {
+                match *op {
+                    Op::Mark { step: s, .. } => step = s,
+                    Op::Alloc(t) if step == 3 && p.sites[p.tensors[t as usize].site as usize].contains(site) => {
+                        bytes += sizes[t as usize]
+                    }
+                    _ => {}
+                }
+            }
+            bytes
+        };
+        let (layers, kv, heads) = (t5.decoder_layers, t5.kv_heads * t5.head_dim, t5.heads);
+        // 100 positions more of the past: a key and a value of kv bf16 elements a layer, and
+        // 100 more int64 ids.
+        assert_eq!(last(512, 199, "aten::cat") - last(512, 99, "aten::cat"), 100 * (layers * 2 * kv * 2 + 8));
+        assert_eq!(last(1024, 99, "aten::cat"), last(512, 99, "aten::cat"));
+        // 512 positions more of the prompt: a bf16 score a head a layer for each; the
+        // self-attention's scores the same.
+        assert_eq!(last(1024, 99, "softmax") - last(512, 99, "softmax"), 512 * layers * heads * 2);
+        assert_eq!(last(512, 199, "softmax") - last(512, 99, "softmax"), 100 * layers * heads * 2);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub(super) fn replayed_sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, ke
         Runtime::Transformers { all_logits: false, new_tokens, .. } => new_tokens,
         _ => 1,
     };
-    let pasts = recorded::decode_pasts(cfg.seq, new_tokens);
+    let pasts = recorded::generate_pasts(key, cfg.seq, new_tokens);
     let outside = gpu.arch.cuda_context_bytes() as f64;
     let capacity = (gpu.memory_bytes as f64 - outside).max(0.0) as u64;
     // One program for every batch: its laws are in the batch.
@@ -43,15 +43,18 @@ pub(super) fn replayed_sized(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, ke
         t.law = Law::fixed(bytes as f64);
     }
     let peak = p.live_peak(&sizes);
-    // The cache at the peak: the prompt's, or a decode step's past and its token.
+    // The decoder's cache at the peak: its input's in the first forward (the prompt, or T5's
+    // start token in generate, the prompt in its evaluation forward), or a decode step's past
+    // and its token.
+    let first = recorded::decoder_input(key, cfg.seq);
     let cached = match peak.step {
-        0 | 1 => cfg.seq,
-        step => pasts.get(step as usize - 2).map_or(cfg.seq, |past| past + 1),
+        0 | 1 => first,
+        step => pasts.get(step as usize - 2).map_or(first, |past| past + 1),
     };
     // T5's decoder caches its cross-attention's keys and values over the encoder's input
-    // beside its own (its forward's decoder input as long as the encoder's).
-    let caches = if model.family == Family::T5 { 2.0 } else { 1.0 };
-    let kv_cache = caches * model.kv_bytes_per_token(cfg.weights.bytes_per_param()) * (cfg.batch * cached) as f64;
+    // beside its own.
+    let cross = if model.family == Family::T5 { cfg.seq } else { 0 };
+    let kv_cache = model.kv_bytes_per_token(cfg.weights.bytes_per_param()) * (cfg.batch * (cached + cross)) as f64;
     let weights = p
         .tensors
         .iter()
