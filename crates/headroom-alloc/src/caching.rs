@@ -261,6 +261,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.history.iter_mut().flat_map(|h| h.entries.drain(..))
     }
 
+    /// Trace entries the history holds now (0 without history): a replay that finds none
+    /// since its last [`Self::drain_history`] knows without draining that no call was made.
+    pub fn history_len(&self) -> usize {
+        self.history.as_ref().map_or(0, |h| h.entries.len())
+    }
+
     /// Trace entries the history has let go of to keep its `max_entries` (0 without history).
     pub fn history_dropped(&self) -> u64 {
         self.history.as_ref().map_or(0, |h| h.dropped)

@@ -404,11 +404,15 @@ fn a_device_call_history_keeps_the_segment_actions_alone() {
     a.record_device_calls();
     let p = a.malloc(3 * MIB, 0).unwrap().ptr;
     let q = a.malloc(4096, 0).unwrap().ptr;
+    let mapped = a.history_len();
+    assert!(mapped > 0, "each request mapped memory");
     a.free(p).unwrap();
     a.free(q).unwrap();
+    assert_eq!(a.history_len(), mapped, "frees that release nothing add nothing");
     a.empty_cache().unwrap();
     let kept: Vec<Action> = a.drain_history().map(|e| e.action).collect();
-    assert!(!kept.is_empty());
+    assert!(kept.len() > mapped, "empty_cache unmapped");
+    assert_eq!(a.history_len(), 0, "drained");
     assert!(
         kept.iter().all(|x| matches!(
             x,
