@@ -237,7 +237,8 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                         Family::T5 if !all_logits => "plan its forward (--all-logits)",
                         Family::T5 => {
                             "T5's forward is planned for v1.0's models (a ReLU MLP, the output layer tied to the \
-                             embeddings: t5-base, t5-large) with bf16 or fp32 weights, without --quantize"
+                             embeddings: t5-base, t5-large) and v1.1's (a gated MLP, an output layer of its own: \
+                             flan-t5, T0, mT5) with bf16 or fp32 weights, without --quantize"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };
