@@ -23,6 +23,14 @@ its generate was not recorded) were added with their forward templates, all chec
 configs at 6 layers (T5: 6 a stack, v1.0's ReLU MLP), BERT with SDPA, T5 eager (transformers' T5 attention is its
 own), bf16 and fp32, the forward at 2 x 100 and 1 x 160 (`ENCODER_FORWARD`), the same tolerance.
 
+SDPA's math path at fp32 (`sdpa-math`, asked for with `sdpa_kernel([SDPBackend.MATH])`: a GPU's
+path for fp32 with grouped key-value heads) was added with its templates for every family
+recorded on it (`GROUPED`), in the same configs (Phi-3's with 2 key-value heads of its 6, as
+the planner takes the path only where they are grouped; Qwen2's, Qwen3's, Gemma's, Gemma-3's and
+the Qwen MoEs' `wide` configs have one, multi-query), the same shapes and tolerance; and T5 v1.1
+(`--only t5/bf16/eager/gated`: its gated MLP, its output layer its own) with its forward
+templates, at T5's shapes. Their rows carry `attn` `sdpa-math`, or `variant` `gated`.
+
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
 planner's live peak within 3% of the measured one (the inference forwards' tolerance in
