@@ -34,6 +34,10 @@ JOBS = [
     ("qwen2-0.5b", "bf16", 8, 1024, 256),
     ("gpt2-medium", "bf16", 4, 1024, 64),
     ("gpt2-medium", "fp32", 2, 1024, 64),
+    # fp32 with grouped key-value heads: SDPA's math path (the `sdpa-math` templates), the
+    # backend PyTorch picks reported beside the peaks.
+    ("llama-1b", "fp32", 2, 1024, 64),
+    ("qwen2-0.5b", "fp32", 4, 1024, 64),
 ]
 
 
@@ -50,11 +54,22 @@ with torch.device("cuda"):
 model.eval(); model.generation_config.pad_token_id = 0
 ids = torch.randint(0, config.vocab_size, ({batch}, {prompt}), device="cuda")
 mask = torch.ones_like(ids)
+# The SDPA backend a layer's call gets (no mask, so transformers passes enable_gqa where the
+# key-value heads are grouped): torch._fused_sdp_choice's ids are 0 math, 1 flash, 2 efficient, 3 cuDNN.
+h = config.num_attention_heads
+kv = getattr(config, "num_key_value_heads", None) or h
+d = getattr(config, "head_dim", None) or config.hidden_size // h
+q = torch.empty(1, h, 8, d, device="cuda", dtype=model.dtype)
+k = torch.empty(1, kv, 8, d, device="cuda", dtype=model.dtype)
+backend = ["math", "flash", "efficient", "cudnn", "overrideable"][torch._fused_sdp_choice(
+    q, k, k, is_causal=True, enable_gqa=kv < h)]
+del q, k
 torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
 out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens={new_tokens}, min_new_tokens={new_tokens},
                      do_sample=False)
 torch.cuda.synchronize()
-print(json.dumps({{"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}}))
+print(json.dumps({{"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
+                  "sdpa": backend}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode != 0:
@@ -112,7 +127,7 @@ def main():
             if not p or "error" in p:
                 continue
             a, v = p["allocated_bytes"], p["reserved_bytes"]
-            print(f"| {r['job']} | {m['allocated'] / gib:.2f} GiB | {m['reserved'] / gib:.2f} GiB | {label} | "
+            print(f"| {r['job']}, SDPA {m.get('sdpa', '?')} | {m['allocated'] / gib:.2f} GiB | {m['reserved'] / gib:.2f} GiB | {label} | "
                   f"{a / gib:.2f} GiB | {a / m['allocated'] - 1:+.2%} | {v / gib:.2f} GiB | {v / m['reserved'] - 1:+.2%} |")
 
 

@@ -38,13 +38,23 @@ the same laws at a past one shorter (checked); `decode1` frees what the prefill 
 The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
 GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
 SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too;
-BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; with `--gated`
-v1.1's gated MLP, keys ending `/gated`); the
+BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; v1.1's gated MLP
+under keys ending `/gated`); the
 keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
 transformers' default experts implementation (every tensor sized by the tokens times the
 experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
 length: past its window transformers keeps a sliding layer's last tokens as a view of the
 step's whole keys, which the templates do not carry, and the planner refuses that.
+
+At fp32 the families whose released models group their key-value heads (`GROUPED`) are
+recorded on SDPA's math path too (`<family>/<mode>/fp32/sdpa-math`), asked for on the CPU
+(`sdpa_kernel([SDPBackend.MATH])`) as step_programs.py records training's: a GPU takes it for
+fp32 with grouped heads (no fused kernel takes them; transformers passes `enable_gqa` where the
+mask is none, as in generate's and the forward's), and keeps the keys and values copied to
+every query head and the scores and probabilities of every query against every key. BERT's
+masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack of its own)
+are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
+gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
 Recorded at five layers (the middle one repeated by the planner for every layer between) and
 three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
@@ -53,7 +63,8 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
 
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
-    /work/venv-torch/bin/python scripts/validate/infer_programs.py --gated --only t5/generate/bf16/eager --out a.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --only t5/forward/bf16/eager/gated --out b.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.json a.json b.json --out data/programs/hf-infer.json
 """
 
 import argparse
@@ -85,23 +96,33 @@ ENCODER_DECODER = ("t5",)
 # The attention transformers gives a family by default: eager where the family has no SDPA
 # (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them.
 EAGER_ONLY = ("gemma2", "bloom", "t5")
+# Families whose released models group their key-value heads (Gemma's 2B one, MQA), which a
+# GPU runs at fp32 on SDPA's math path (no fused kernel takes fp32 with grouped heads, and
+# transformers passes `enable_gqa` when there is no mask): recorded at fp32 on that path too
+# (`sdpa-math`), asked for on the CPU as step_programs.py asks for it. Each recording config
+# groups its key-value heads (step_programs.py's GQA, Llama's 8 over 4, Gemma's and Gemma-3's
+# 4 over 2), so the math path's copies of keys and values at every query head are recorded.
+GROUPED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma3_text", "phi3")
+# T5 comes with v1.0's MLP (one ReLU projection in, tied: t5-base) or v1.1's gated pair with an
+# output layer of its own (flan-t5, T0, mT5): the second recorded under keys ending `/gated`.
+VARIANTS = {"t5": ("", "gated")}
 MODES = ("generate", "forward")
 NEW_TOKENS = 4
 SECTIONS = ("setup", "prefill", "decode1", "decode")
 
 
-def config(family, layers):
+def config(family, layers, variant=""):
     """The training templates' recording config, a sliding window beyond every recorded length:
     the planner serves a sliding cache only within its window (transformers keeps the window's
     last tokens as a view of the step's whole keys past it, which the templates do not carry)."""
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
-    if family == "t5" and os.environ.get(sp.GATED_T5):
-        # With `--gated`, T5 v1.1's: its gated MLP, and `tie_word_embeddings` false as v1.1's
-        # configs have it (flan-t5, T0, mT5). transformers (5.x) ties T5's output layer to the
-        # embeddings whatever the config says; the flag turns off the decoder's output scaling.
-        cfg["tie_word_embeddings"] = False
+    if family == "t5" and variant == "gated":
+        # T5 v1.1's gated MLP (`wi_0`, `wi_1`, gelu) and its decoder's output unscaled, as
+        # `tie_word_embeddings: false` in v1.1's config.json says (`T5Config` reads it so); the
+        # output layer is untied after the model is built (`untie_t5`).
+        cfg.update(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     elif family == "t5":
         # T5 v1.0's MLP (one ReLU projection in, not v1.1's gated pair), with its output layer
         # tied to the embeddings: the T5 a tied template serves (v1.1's is untied, and gated).
@@ -119,22 +140,33 @@ def config(family, layers):
     return cfg
 
 
-def key(family, mode, precision, attn):
-    return f"{family}/{mode}/{precision}/{attn}"
+def key(family, mode, precision, attn, variant=""):
+    return f"{family}/{mode}/{precision}/{attn}" + (f"/{variant}" if variant else "")
+
+
+def untie_t5(model):
+    """T5 v1.1's output layer, a weight of its own. transformers 5 builds every T5 tied
+    (`T5Config` sets `tie_word_embeddings`), and unties it only when a checkpoint holds both
+    weights with different values, as v1.1's (flan-t5's, T0's, mT5's) do: made here as loading
+    one leaves it, a parameter beside the embeddings."""
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    model.all_tied_weights_keys.pop("lm_head.weight", None)
 
 
 class InferJob:
     """One recorded run: every allocation and free in time order, by section and layer."""
 
-    def __init__(self, family, mode, precision, attn, batch, seq, layers):
-        cfg = config(family, layers)
+    def __init__(self, family, mode, precision, attn, batch, seq, layers, variant=""):
+        cfg = config(family, layers, variant)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
         torch.manual_seed(0)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
                 infer_recipes.repeats_marked():
             with record_function("setup"):
                 head = HEADS.get(family, "causal-lm")
-                model = measure.build(cfg, head, attn, dtype)
+                model = measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
+                if variant == "gated":
+                    untie_t5(model)
                 model.eval()
                 sp.hook_layers(model, family)
                 given = measure.inputs(cfg, head, batch, seq)
@@ -156,7 +188,8 @@ class InferJob:
 
             model.register_forward_pre_hook(enter)
             model.register_forward_hook(lambda m, a, o: ranges.pop().__exit__(None, None, None))
-            with record_function("run"):
+            # `sdpa-math` asked for on the CPU, whose fused kernel would run otherwise.
+            with record_function("run"), sp.sdpa_backend(attn):
                 if mode == "generate":
                     model.generation_config.pad_token_id = 0
                     # An encoder-decoder's fourth forward is a whole decode step too (`decode2`,
@@ -424,11 +457,11 @@ def tiny_sets(jobs, seqs, enc_dec, what):
     return tiny
 
 
-def template(family, mode, precision, attn):
-    what = key(family, mode, precision, attn)
+def template(family, mode, precision, attn, variant=""):
+    what = key(family, mode, precision, attn, variant)
     enc_dec = mode == "generate" and family in ENCODER_DECODER
-    jobs = [isolated(family, mode, precision, attn, b, s, sp.LAYERS) for b, s in sp.SHAPES]
-    deep = isolated(family, mode, precision, attn, *sp.SHAPES[0], sp.CHECK_LAYERS)
+    jobs = [isolated(family, mode, precision, attn, b, s, sp.LAYERS, variant) for b, s in sp.SHAPES]
+    deep = isolated(family, mode, precision, attn, *sp.SHAPES[0], sp.CHECK_LAYERS, variant)
     base = jobs[0]
     keeps = [kept(j) for j in jobs]
     seqs = [sequence(j, k[0]) for j, k in zip(jobs, keeps)]
@@ -617,11 +650,13 @@ def keys(only):
                 continue
             # fp16 lays out as bf16 does, and `plan --weights` has no fp16.
             attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
-                [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else [])
+                [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else []) \
+                + ([("fp32", "sdpa-math")] if family in GROUPED else [])
             for precision, attn in attns:
-                k = key(family, mode, precision, attn)
-                if not only or family in only or k in only:
-                    out.append((family, mode, precision, attn))
+                for variant in VARIANTS.get(family, ("",)):
+                    k = key(family, mode, precision, attn, variant)
+                    if not only or family in only or k in only:
+                        out.append((family, mode, precision, attn, variant))
     return out
 
 
@@ -681,10 +716,8 @@ def write(path, templates):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", help="comma-separated families, or whole keys (family/mode/precision/attn)")
+    ap.add_argument("--only", help="comma-separated families, or whole keys (family/mode/precision/attn[/gated])")
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
-    ap.add_argument("--gated", action="store_true", help="record T5 v1.1 (its gated MLP, its config's "
-                                                          "tie_word_embeddings false) under keys ending /gated")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -697,13 +730,9 @@ def main():
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()
-    if args.gated:
-        os.environ[sp.GATED_T5] = "1"
     out = {}
     for job in keys(only):
-        if args.gated and job[0] != "t5":
-            continue
-        name = key(*job) + ("/gated" if args.gated else "")
+        name = key(*job)
         try:
             out[name] = template(*job)
             print(f"{name}: {len(out[name]['tensors'])} tensors, left out {out[name]['left_out']}", flush=True)

@@ -28,8 +28,16 @@ past to 23, beyond the 16 steps the planner replays), check rows, the same toler
 (declared after those rows were seen: two of the three peak in the prompt's forward, the
 encoder's) 2 x 16 with 300 new tokens (`LONG_DECODE`), where the last decode step, its
 decoder's cache 300 positions, decides the peak, check rows, the same tolerance. T5 v1.1's
-`generate` (`--gated --only t5 --mode generate`: its gated MLP, `tie_word_embeddings` false) at
+`generate` (`--only t5/bf16/eager/gated,t5/fp32/eager/gated --mode generate`: its gated MLP) at
 the same four shapes, with its `/gated` templates, check rows, the same tolerance.
+
+SDPA's math path at fp32 (`sdpa-math`, asked for with `sdpa_kernel([SDPBackend.MATH])`: a GPU's
+path for fp32 with grouped key-value heads) was added with its templates for every family
+recorded on it (`GROUPED`), in the same configs (Phi-3's with 2 key-value heads of its 6, as
+the planner takes the path only where they are grouped; Qwen2's, Qwen3's, Gemma's, Gemma-3's and
+the Qwen MoEs' `wide` configs have one, multi-query), the same shapes and tolerance; and T5 v1.1
+(`--only t5/bf16/eager/gated`: its gated MLP, its output layer its own) with its forward
+templates, at T5's shapes. Their rows carry `attn` `sdpa-math`, or `variant` `gated`.
 
 The split, declared before the first run: Llama (the family the recorder was developed on)
 is tuning, the other families are check. The tolerance, declared before the first run: the
@@ -48,7 +56,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import infer_programs  # noqa: E402
 import measure  # noqa: E402
+import step_programs as sp  # noqa: E402
 
 LAYERS = 6
 GENERATE = ((2, 100, 6), (1, 160, 12), (3, 40, 24))
@@ -64,11 +74,17 @@ FORWARD_ONLY = ("bert",)
 # Whose forward runs at ENCODER_FORWARD's shapes.
 ENCODERS = ("bert", "t5")
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
+# Families whose rows are measured on SDPA's math path at fp32 too (`sdpa-math`, asked for on
+# the CPU): a GPU's path for fp32 with grouped key-value heads.
+GROUPED = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma3_text", "mixtral", "qwen2_moe",
+           "qwen3_moe")
+# T5 v1.1's gated MLP, its rows apart from v1.0's.
+VARIANTS = {"t5": ("", "gated")}
 # Whose `wide` config each family's is made from.
 BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 
 
-def config(family, gated=False):
+def config(family, attn="sdpa", variant=""):
     small = measure.small_configs()
     cfg = dict(small[(BASE.get(family, family), "wide")])
     if family in BASE:
@@ -80,23 +96,28 @@ def config(family, gated=False):
                    mlp_only_layers=[])
     if family == "qwen2_moe":
         cfg.update(shared_expert_intermediate_size=768, qkv_bias=True)
-    if family == "t5" and gated:
-        # T5 v1.1's: its gated MLP and `tie_word_embeddings` false, as its `/gated` templates were
-        # recorded (transformers ties T5's output layer whatever; the flag turns off a scaling).
+    if family == "t5" and variant == "gated":
+        # T5 v1.1's gated MLP, its output layer its own (`infer_programs.untie_t5`).
         cfg.update(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     elif family == "t5":
         # T5 v1.0's MLP, as its template was recorded (ReLU, tied output layer).
         cfg.update(feed_forward_proj="relu")
+    if attn == "sdpa-math" and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
+        # The math path's rows in a config that groups its key-value heads (Phi-3's `wide` has
+        # as many as heads), as the planner takes that path for such a model only.
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"] // 3
     for k in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
         if k in cfg:
             cfg[k] = LAYERS
     return cfg
 
 
-def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", gated=False):
-    cfg = config(family, gated)
+def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", variant=""):
+    cfg = config(family, attn, variant)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = measure.build(cfg, HEADS.get(family, "causal-lm"), attn, dtype)
+    model = measure.build(cfg, HEADS.get(family, "causal-lm"), "sdpa" if attn == "sdpa-math" else attn, dtype)
+    if variant == "gated":
+        infer_programs.untie_t5(model)
     model.eval()
     if mode == "generate":
         model.generation_config.pad_token_id = 0
@@ -120,7 +141,7 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", gated
         del out
 
     gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, sp.sdpa_backend(attn):
         run()
     live = peak = 0
     for e in sorted((e.start_ns(), i, e.nbytes()) for i, e in
@@ -129,15 +150,14 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", gated
         peak = max(peak, live)
     return {"family": family, "precision": precision, "mode": mode, "batch": batch, "seq": seq,
             "new_tokens": new_tokens, "attn": attn, "config": cfg, "peak_bytes": before + peak, "before_bytes": before,
-            "split": "tuning" if family == "llama" else "check", **({"gated": True} if gated else {})}
+            "split": "tuning" if family == "llama" else "check", **({"variant": variant} if variant else {})}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", help="comma-separated families or family/precision/attn: their rows measured and "
+    ap.add_argument("--only", help="comma-separated families or family/precision/attn[/gated]: their rows measured and "
                                    "put in --out in place of theirs, the others' kept")
-    ap.add_argument("--gated", action="store_true", help="T5 v1.1 (its gated MLP): its rows, beside v1.0's")
     ap.add_argument("--mode", choices=("generate", "forward"),
                     help="with --only: this mode's rows alone measured, the other's kept")
     args = ap.parse_args()
@@ -150,29 +170,30 @@ def main():
     jobs = []
     for family in FAMILIES:
         attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
-            [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else [])
-        jobs += [(family, precision, attn) for precision, attn in attns
-                 if not only or family in only or f"{family}/{precision}/{attn}" in only]
-    done = {(j[0], j[1], j[2]) for j in jobs}
+            [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else []) \
+            + ([("fp32", "sdpa-math")] if family in GROUPED else [])
+        jobs += [(family, precision, attn, variant) for precision, attn in attns
+                 for variant in VARIANTS.get(family, ("",))
+                 if not only or family in only
+                 or f"{family}/{precision}/{attn}" + (f"/{variant}" if variant else "") in only]
+    done = set(jobs)
     modes = (args.mode,) if args.mode else ("generate", "forward")
-    if args.gated:
-        jobs = [j for j in jobs if j[0] == "t5"]
-        done = {(j[0], j[1], j[2]) for j in jobs}
-    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa")) not in done
-            or r["mode"] not in modes or r.get("gated", False) != args.gated]
+    rows = [r for r in rows if (r["family"], r["precision"], r.get("attn", "sdpa"), r.get("variant", "")) not in done
+            or r["mode"] not in modes]
 
     def write():
         with open(args.out, "w") as f:
             json.dump({"about": "scripts/validate/infer_truth.py", "torch": torch.__version__,
                        "transformers": transformers.__version__, "rows": rows}, f, indent=1)
 
-    for family, precision, attn in jobs:
+    for family, precision, attn, variant in jobs:
         for b, s, n in () if family in FORWARD_ONLY or "generate" not in modes else \
                 GENERATE + (LONG_DECODE if family == "t5" else ()):
-            rows.append(measured(family, precision, "generate", b, s, n, attn, args.gated))
-            print(family, precision, attn, b, s, n, rows[-1]["peak_bytes"], flush=True)
+            rows.append(measured(family, precision, "generate", b, s, n, attn, variant))
+            print(family, precision, attn, variant, b, s, n, rows[-1]["peak_bytes"], flush=True)
         for b, s in () if "forward" not in modes else ENCODER_FORWARD if family in ENCODERS else FORWARD:
-            rows.append(measured(family, precision, "forward", b, s, 1, attn, args.gated))
+            rows.append(measured(family, precision, "forward", b, s, 1, attn, variant))
+            print(family, precision, attn, variant, b, s, rows[-1]["peak_bytes"], flush=True)
         write()
     write()
 

@@ -110,7 +110,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     // refused with the way out; T5 v1.1's generate and forward (its MLP gated) are refused with the
     // reason.
     let bert = ["--model", "bert-base-uncased", "--gpu", "h200", "--infer", "--batch", "2", "--seq", "256"];
-    // T5 v1.1 (flan-t5-base's config): a gated MLP, which the T5 template (v1.0's) does not have.
+    // T5 v1.1 (flan-t5-base's config): a gated MLP and an output layer of its own, its template's.
     let flan = dir.path().join("flan-t5-base.json");
     std::fs::write(
         &flan,
@@ -149,10 +149,6 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
             ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
             "recorded with its output layer tied to the embeddings",
         ),
-        (
-            ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits"].to_vec(),
-            "this model's is gated",
-        ),
     ] {
         Command::cargo_bin("headroom")
             .unwrap()
@@ -163,10 +159,19 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
             .code(2)
             .stderr(contains(says).and(contains("panicked").not()));
     }
-    // fp32 where no key-value heads are grouped (a GPU runs grouped ones on SDPA's math path),
-    // and with eager attention (BLOOM, Gemma-2) where they are or not.
+    // fp32 where no key-value heads are grouped, SDPA's math path where they are (a GPU's: no
+    // fused kernel takes them, Gemma-2B's one among them too), and eager attention (BLOOM,
+    // Gemma-2) where they are or not.
     for (model, key) in [
         ("gemma-7b", "gemma/MODE/fp32/sdpa"),
+        ("gemma-2b", "gemma/MODE/fp32/sdpa-math"),
+        ("llama-3-8b", "llama/MODE/fp32/sdpa-math"),
+        ("mistral-7b", "mistral/MODE/fp32/sdpa-math"),
+        ("mixtral-8x7b", "mixtral/MODE/fp32/sdpa-math"),
+        ("qwen2.5-7b", "qwen2/MODE/fp32/sdpa-math"),
+        ("data/models/qwen3-1.7b.json", "qwen3/MODE/fp32/sdpa-math"),
+        (qwen3_moe, "qwen3_moe/MODE/fp32/sdpa-math"),
+        ("data/models/gemma-3-1b.json", "gemma3_text/MODE/fp32/sdpa-math"),
         ("bloom-7b1", "bloom/MODE/fp32/eager"),
         (gemma2, "gemma2/MODE/fp32/eager"),
         ("pythia-1b", "gpt_neox/MODE/fp32/sdpa"),
@@ -190,6 +195,28 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
             );
         }
     }
+    // T5 v1.1's forward, at both precisions: its own output layer among the weights (the same
+    // config tied plans the same template without it), v1.0's from its own template.
+    let flan_tied = dir.path().join("flan-t5-base-tied.json");
+    let text = std::fs::read_to_string(flan)
+        .unwrap()
+        .replace(r#""tie_word_embeddings": false"#, r#""tie_word_embeddings": true"#);
+    std::fs::write(&flan_tied, text).unwrap();
+    for (weights, key, width) in
+        [("bf16", "t5/forward/bf16/eager/gated", 2), ("fp32", "t5/forward/fp32/eager/gated", 4)]
+    {
+        let job = |model: &str| {
+            let args = ["--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits", "--weights"];
+            plan(&[&args[..], &[weights, "--batch", "2", "--seq", "256"]].concat()).1
+        };
+        let (v, tied) = (job(flan), job(flan_tied.to_str().unwrap()));
+        assert_eq!(v["planned_from"]["template"], key, "{}", v["planned_from"]);
+        assert_eq!(tied["planned_from"]["template"], key, "{}", tied["planned_from"]);
+        let head = v["breakdown"]["weights"].as_u64().unwrap() - tied["breakdown"]["weights"].as_u64().unwrap();
+        assert_eq!(head, 32128 * 768 * width);
+        let v10 = job("t5-base");
+        assert_eq!(v10["planned_from"]["template"], key.replace("/gated", ""), "{}", v10["planned_from"]);
+    }
     // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
     // layers keep a view of the step's keys, which the template does not carry, and Gemma-3
     // has no closed form, so the plan is refused with the reason and the way out.
@@ -206,7 +233,9 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
 
 #[test]
 fn the_closed_form_plans_what_no_template_serves_and_says_why() {
-    for (extra, why) in [(&["--quantize", "nf4"][..], "bitsandbytes"), (&["--weights", "fp32"][..], "math path")] {
+    for (extra, why) in
+        [(&["--quantize", "nf4"][..], "bitsandbytes"), (&["--weights", "fp32", "--attention", "eager"][..], "eager")]
+    {
         let (_, v) = plan(&[&HF[..], extra].concat());
         assert_eq!(v["planned_from"]["source"], "closed_form", "{extra:?}");
         assert!(v["planned_from"]["why"].as_str().unwrap().contains(why), "{extra:?}: {}", v["planned_from"]);

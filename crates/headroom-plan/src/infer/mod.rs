@@ -236,8 +236,9 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                         Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
                         Family::T5 => {
                             "T5's generate and forward are planned for v1.0's models (a ReLU MLP, the output \
-                             layer tied to the embeddings: t5-base, t5-large), and its generate for v1.1's gated \
-                             MLP with the output layer tied, with bf16 or fp32 weights, without --quantize"
+                             layer tied to the embeddings: t5-base, t5-large), its forward for v1.1's (a gated MLP, \
+                             an output layer of its own: flan-t5, T0, mT5) and its generate for v1.1's with the \
+                             output layer tied, with bf16 or fp32 weights, without --quantize"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };
@@ -287,8 +288,29 @@ pub fn verdict(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate
     estimated(model, gpu, cfg, Sizing::Verdict)
 }
 
+/// [`verdict`] from the closed form where transformers' forward has one, whatever template
+/// serves the job: the CPU ground truth's plan of a forward whose CPU run took a kernel other
+/// than a GPU's (SDPA's fused kernel where a GPU takes the math path).
+pub fn closed_form_verdict(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> InferEstimate {
+    let sized = closed_form(model, gpu, cfg).unwrap_or_else(|| sized(model, gpu, cfg, Sizing::Verdict));
+    estimate_of(sized, gpu)
+}
+
+fn closed_form(model: &Model, gpu: &GpuSpec, cfg: &InferConfig) -> Option<Sized> {
+    let (Runtime::Transformers { attention, all_logits, .. }, WeightFormat::Fp32 | WeightFormat::Bf16) =
+        (cfg.runtime, cfg.weights)
+    else {
+        return None;
+    };
+    let recipe = forward_recipe(model, cfg.weights == WeightFormat::Bf16, attention, all_logits)?;
+    Some(transformers::sized(model, gpu, cfg, recipe, "the closed form asked for", Sizing::Verdict))
+}
+
 fn estimated(model: &Model, gpu: &GpuSpec, cfg: &InferConfig, sizing: Sizing) -> InferEstimate {
-    let sized = sized(model, gpu, cfg, sizing);
+    estimate_of(sized(model, gpu, cfg, sizing), gpu)
+}
+
+fn estimate_of(sized: Sized, gpu: &GpuSpec) -> InferEstimate {
     let capacity = (gpu.memory_bytes as f64 - sized.outside).max(0.0) as u64;
     let mut r = replayed(&sized.program, capacity);
     let oom = r.oom.take();

@@ -7,14 +7,16 @@
 //! the cache it replaces freed by the step after.
 //!
 //! The families: Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE with SDPA (at fp32 too, but Mixtral); BLOOM and Gemma-2 with eager
-//! attention, the only one transformers has for them (at bf16 and fp32), and Llama's eager at
-//! bf16. A Mixture of Experts runs transformers'
-//! default experts implementation, every tensor sized by the tokens times the experts a token
-//! takes, whatever the routing. Sliding layers are served within their window only. BERT's
-//! masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache. T5 (v1.0's
-//! ReLU MLP, tied), eager, at bf16 and fp32, its encoder a stack of its own: its evaluation
-//! forward, and its `generate`: the encoder once over the prompt and the decoder's first step
+//! Qwen2-MoE and Qwen3-MoE with SDPA (at fp32 too, but Mixtral), and at fp32 on SDPA's math
+//! path (`sdpa-math`) each of them whose released models group their key-value heads (all but
+//! GPT-2 and GPT-NeoX); BLOOM and Gemma-2 with eager attention, the only one transformers has
+//! for them (at bf16 and fp32), and Llama's eager at bf16. A Mixture of Experts runs
+//! transformers' default experts implementation, every tensor sized by the tokens times the
+//! experts a token takes, whatever the routing. Sliding layers are served within their window
+//! only. BERT's masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache.
+//! T5, eager, at bf16 and fp32, its encoder a stack of its own: its evaluation forward, v1.0's
+//! (a ReLU MLP, tied) and v1.1's (a gated MLP and an output layer of its own, keys ending
+//! `/gated`); and its `generate`: the encoder once over the prompt and the decoder's first step
 //! from its start token in the prefill (every tensor sized by the prompt, the decoder's one
 //! token fixed), then decode steps at the decoder's past (1 in the first), each tensor sized by
 //! one of two lengths, the decoder's past (its self-attention's cache) or the encoder's input
@@ -26,7 +28,9 @@
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
-//! key-value heads takes SDPA's math path on a GPU, which was not recorded for inference.
+//! key-value heads takes SDPA's math path on a GPU, recorded on the CPU by asking for it: the
+//! keys and values copied to every query head, and the scores and probabilities of every
+//! query against every key.
 
 use super::{InferConfig, Runtime, WeightFormat};
 use crate::builders::hf::expander::Expander;
@@ -57,18 +61,19 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     // Families without an SDPA path in transformers (BLOOM, Gemma-2) run eager whatever is
     // asked, and were recorded so; a family's code shared with another (Gemma-2's with Gemma's)
     // is the other's at the same kernel only.
+    let precision = match cfg.weights {
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::Fp32 => "fp32",
+        _ => return Err("transformers' forward was recorded with fp32 and bf16 weights"),
+    };
+    // A GPU runs fp32 with grouped key-value heads on SDPA's math path, as training's
+    // (`builders::hf::sdpa_math`): no fused kernel takes them, and transformers passes
+    // `enable_gqa` where generate's and the forward's mask is none. Recorded so.
     let attn = match attention {
         _ if no_sdpa(model.model_type) => "eager",
         Attention::Eager => "eager",
+        Attention::Sdpa | Attention::Flash if precision == "fp32" && model.kv_heads < model.heads => "sdpa-math",
         Attention::Sdpa | Attention::Flash => "sdpa",
-    };
-    let precision = match cfg.weights {
-        WeightFormat::Bf16 => "bf16",
-        WeightFormat::Fp32 if attn == "sdpa" && model.kv_heads < model.heads => {
-            return Err("fp32 with grouped key-value heads takes SDPA's math path on a GPU, not recorded for inference")
-        }
-        WeightFormat::Fp32 => "fp32",
-        _ => return Err("transformers' forward was recorded with fp32 and bf16 weights"),
     };
     let new_tokens = match cfg.runtime {
         Runtime::Transformers { all_logits: false, new_tokens, .. } => new_tokens,
@@ -84,8 +89,8 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         return Err("fewer layers than the template keeps at its ends");
     }
     let mode = if all_logits { "forward" } else { "generate" };
-    // T5 v1.1's (its MLP gated, its output layer its own) under keys of their own, as its
-    // training templates are.
+    // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base, tied), or v1.1's gated
+    // pair (flan-t5, T0, mT5), recorded under keys of their own, as its training templates are.
     let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
@@ -107,12 +112,11 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
             _ => "this family was not recorded for inference",
         });
     }
-    // T5 comes with either MLP (v1.0's one ReLU projection in, v1.1's gated pair): a template
-    // plans the one it was recorded with, whatever its key says.
+    // A template plans the MLP it was recorded with, whatever its key says.
     let recorded: Vec<String> =
         recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
     if recorded.is_empty() {
-        return Err("T5's inference was recorded with v1.0's MLP (one ReLU projection in), and this model's is gated");
+        return Err("T5's inference was not recorded with this model's MLP");
     }
     // A template recorded with its output layer tied to the embeddings has no head's weight
     // to plan an untied model's with.
@@ -381,7 +385,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 64, "{checked} inference templates checked");
+        assert!(checked >= 86, "{checked} inference templates checked");
     }
 
     /// T5's generate: its decoder starts from its one start token, so a decode step is at the
