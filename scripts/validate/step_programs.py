@@ -543,12 +543,20 @@ LORA_RANK = 22
 PEFT_TASK = {"causal-lm": "CAUSAL_LM", "seq2seq-lm": "SEQ_2_SEQ_LM", "masked-lm": None}
 
 
+# The query and value targets of the families peft's table of defaults
+# (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`) lacks, where `get_peft_model` asks for
+# them: the MoE families' `q_proj` and `v_proj`, as their dense kin's defaults are; Phi-3's
+# fused `qkv_proj`, as peft's defaults for the other fused families are their fused layer
+# (GPT-2's `c_attn`, GPT-NeoX's and BLOOM's `query_key_value`): no adapter can wrap a part of one.
+QV_TARGETS = {"phi3": ["qkv_proj"], "qwen2_moe": ["q_proj", "v_proj"], "qwen3_moe": ["q_proj", "v_proj"]}
+
+
 def lora_model(model, head, rank, targets):
     """`model` with peft's LoRA adapters as a user's run makes them (`get_peft_model` with
     its defaults: no dropout, adapters of a 16-bit base autocast to fp32): on every linear
     layer of the blocks (`all`: peft's "all-linear", the output layer left out) or on the
     query and value projections (`qv`: peft's default targets for the family: BERT's `query`
-    and `value`, T5's `q` and `v`)."""
+    and `value`, T5's `q` and `v`, GPT-2's fused `c_attn`; `QV_TARGETS` where peft has none)."""
     import peft
     import peft.tuners.lora.torchao
     # peft asks, for every layer it wraps, whether torchao quantized it, and raises where an
@@ -567,8 +575,9 @@ def lora_model(model, head, rank, targets):
                 return create(self, config, adapter, target, target_name, parent, current_key, **kw)
         layered.layered = True
         peft.tuners.lora.LoraModel._create_and_replace = layered
+    qv = QV_TARGETS.get(model.config.model_type)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type=PEFT_TASK[head],
-                             target_modules="all-linear" if targets == "all" else None)
+                             target_modules="all-linear" if targets == "all" else qv)
     return peft.get_peft_model(model, config)
 
 
