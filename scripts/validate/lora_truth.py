@@ -89,6 +89,12 @@ CASES = [
     ("bert", "fp32", True, 7, 1, 112, 32, "qv"),
     ("t5", "bf16", True, 7, 2, 64, 16, "qv", "v1.0"),
     ("t5", "fp32", True, 6, 2, 80, 16, "qv", "v1.0"),
+    # The decoder families' checkpointed steps.
+    ("gemma", "bf16", True, 7, 1, 128, 8, "all"),
+    ("phi3", "bf16", True, 6, 2, 96, 32, "all"),
+    ("bloom", "bf16", True, 7, 1, 112, 8, "all"),
+    ("mixtral", "bf16", True, 7, 1, 64, 16, "all"),
+    ("qwen2_moe", "bf16", True, 7, 2, 64, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

@@ -72,8 +72,8 @@ it (Gemma-2, whose full training is recorded eager alone). peft's "all-linear" w
 experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapter of rank E x r
 over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
-Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM;
-with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2,
+Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM,
+each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for Llama, Qwen2,
 Qwen3 and Mistral at bf16. BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,

@@ -16,8 +16,8 @@
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
-//! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
+//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
+//! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
 //! and with full checkpointing at both precisions, both targets (T5's
@@ -210,7 +210,6 @@ mod tests {
         // Keyed by what follows `{family}/causal-lm/bf16/{attention}/`.
         const ALL: &[&str] = &["full/lora-all", "ckpt/lora-all"];
         const ALL_QV: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv"];
-        const FULL: &[&str] = &["full/lora-all"];
         let models = [
             (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa", ALL_QV),
             (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa", ALL_QV),
@@ -235,9 +234,9 @@ mod tests {
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa",
-                FULL,
+                ALL,
             ),
-            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", FULL),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", ALL),
         ];
         let jobs = [
             (All, NoCkpt, "full/lora-all"),
