@@ -18,7 +18,10 @@
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
+//! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM
+//! and Gemma-2 (a fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it:
+//! peft's default target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft
+//! has no default for). BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
 //! and with full checkpointing at both precisions, both targets (T5's
 //! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone): peft wraps BERT's masked-LM
@@ -219,17 +222,17 @@ mod tests {
                 "qwen3/causal-lm/bf16/sdpa",
                 ALL_QV,
             ),
-            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", ALL),
-            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL),
-            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL),
+            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL_QV),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL_QV),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 "gemma3_text/causal-lm/bf16/sdpa",
                 ALL,
             ),
-            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", ALL),
-            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", ALL),
-            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL),
+            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL_QV),
             (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", ALL),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
