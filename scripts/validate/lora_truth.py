@@ -100,6 +100,7 @@ CASES = [
     ("gpt_neox", "bf16", False, 6, 2, 112, 8, "qv"),
     ("phi3", "bf16", False, 7, 1, 128, 16, "qv"),
     ("gemma2", "bf16", False, 6, 2, 80, 32, "qv"),
+    ("qwen3_moe", "bf16", False, 6, 2, 64, 8, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
