@@ -19,7 +19,7 @@
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
-//! Gemma-2, Gemma 3 and Qwen3-MoE (a fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it:
+//! Gemma-2, Gemma 3, Qwen2-MoE and Qwen3-MoE (a fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it:
 //! peft's default target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft
 //! has no default for). BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
@@ -237,7 +237,7 @@ mod tests {
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa",
-                ALL,
+                ALL_QV,
             ),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", ALL_QV),
         ];
