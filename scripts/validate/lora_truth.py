@@ -101,6 +101,7 @@ CASES = [
     ("phi3", "bf16", False, 7, 1, 128, 16, "qv"),
     ("gemma2", "bf16", False, 6, 2, 80, 32, "qv"),
     ("qwen3_moe", "bf16", False, 6, 2, 64, 8, "qv"),
+    ("llama", "bf16", True, 7, 2, 96, 16, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

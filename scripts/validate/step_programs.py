@@ -74,9 +74,9 @@ over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM,
 each without and with full checkpointing; at fp32 for Llama, Qwen2,
-Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3
-and Qwen3-MoE (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
-`QV_TARGETS`' for Phi-3 and Qwen3-MoE, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
+Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
+Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for Llama (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
+`QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
@@ -549,7 +549,11 @@ PEFT_TASK = {"causal-lm": "CAUSAL_LM", "seq2seq-lm": "SEQ_2_SEQ_LM", "masked-lm"
 # them: the MoE families' `q_proj` and `v_proj`, as their dense kin's defaults are; Phi-3's
 # fused `qkv_proj`, as peft's defaults for the other fused families are their fused layer
 # (GPT-2's `c_attn`, GPT-NeoX's and BLOOM's `query_key_value`): no adapter can wrap a part of one.
-QV_TARGETS = {"phi3": ["qkv_proj"], "qwen2_moe": ["q_proj", "v_proj"], "qwen3_moe": ["q_proj", "v_proj"]}
+# Mixtral's default (`q_proj`, `v_proj`) is in the table, but peft 0.21 rewrites a Mixtral
+# config's targets for transformers 5's fused experts before it fills in the default, leaving
+# none (`NoMatchingPeftModuleError`): a user's run names them, as this does.
+QV_TARGETS = {"phi3": ["qkv_proj"], "qwen2_moe": ["q_proj", "v_proj"], "qwen3_moe": ["q_proj", "v_proj"],
+              "mixtral": ["q_proj", "v_proj"]}
 
 
 def lora_model(model, head, rank, targets):
