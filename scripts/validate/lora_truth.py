@@ -102,6 +102,8 @@ CASES = [
     ("gemma2", "bf16", False, 6, 2, 80, 32, "qv"),
     ("qwen3_moe", "bf16", False, 6, 2, 64, 8, "qv"),
     ("llama", "bf16", True, 7, 2, 96, 16, "qv"),
+    ("gpt2", "bf16", True, 6, 1, 128, 8, "qv"),
+    ("mistral", "bf16", True, 6, 2, 80, 32, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

@@ -19,10 +19,11 @@
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
-//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for Llama (a
+//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for
+//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX and Phi-3 (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
-//! for). BERT (masked LM, with SDPA) and
+//! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
 //! and with full checkpointing at both precisions, both targets (T5's
 //! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone): peft wraps BERT's masked-LM
@@ -216,14 +217,14 @@ mod tests {
         const EVERY: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv", "ckpt/lora-qv"];
         let models = [
             (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa", EVERY),
-            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa", ALL_QV),
-            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa", EVERY),
+            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa", EVERY),
             (
                 config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
                 "qwen3/causal-lm/bf16/sdpa",
-                ALL_QV,
+                EVERY,
             ),
-            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", EVERY),
             (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL_QV),
             (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL_QV),
             (
@@ -231,8 +232,8 @@ mod tests {
                 "gemma3_text/causal-lm/bf16/sdpa",
                 ALL_QV,
             ),
-            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", ALL_QV),
-            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", EVERY),
+            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", EVERY),
             (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL_QV),
             (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", ALL_QV),
             (
