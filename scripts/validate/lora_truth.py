@@ -89,6 +89,21 @@ CASES = [
     ("bert", "fp32", True, 7, 1, 112, 32, "qv"),
     ("t5", "bf16", True, 7, 2, 64, 16, "qv", "v1.0"),
     ("t5", "fp32", True, 6, 2, 80, 16, "qv", "v1.0"),
+    # The decoder families' checkpointed steps, their query and value projections alone (a
+    # fused query-key-value layer whole, as peft's defaults take it), and both together.
+    ("gemma", "bf16", True, 7, 1, 128, 8, "all"),
+    ("phi3", "bf16", True, 6, 2, 96, 32, "all"),
+    ("bloom", "bf16", True, 7, 1, 112, 8, "all"),
+    ("mixtral", "bf16", True, 7, 1, 64, 16, "all"),
+    ("qwen2_moe", "bf16", True, 7, 2, 64, 8, "all"),
+    ("gpt2", "bf16", False, 7, 2, 96, 16, "qv"),
+    ("gpt_neox", "bf16", False, 6, 2, 112, 8, "qv"),
+    ("phi3", "bf16", False, 7, 1, 128, 16, "qv"),
+    ("gemma2", "bf16", False, 6, 2, 80, 32, "qv"),
+    ("qwen3_moe", "bf16", False, 6, 2, 64, 8, "qv"),
+    ("llama", "bf16", True, 7, 2, 96, 16, "qv"),
+    ("gpt2", "bf16", True, 6, 1, 128, 8, "qv"),
+    ("mistral", "bf16", True, 6, 2, 80, 32, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

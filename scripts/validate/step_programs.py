@@ -75,10 +75,11 @@ it (Gemma-2, whose full training is recorded eager alone). peft's "all-linear" w
 experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapter of rank E x r
 over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
-Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM;
-with full checkpointing for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2,
-Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) for Llama, Qwen2,
-Qwen3 and Mistral at bf16. BERT (a masked LM: peft has no task type for one, so a plain
+Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM,
+each without and with full checkpointing; at fp32 for Llama, Qwen2,
+Qwen3, Mistral and GPT-2; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
+Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX and Phi-3 (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
+`QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
@@ -546,12 +547,24 @@ LORA_RANK = 22
 PEFT_TASK = {"causal-lm": "CAUSAL_LM", "seq2seq-lm": "SEQ_2_SEQ_LM", "masked-lm": None}
 
 
+# The query and value targets of the families peft's table of defaults
+# (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`) lacks, where `get_peft_model` asks for
+# them: the MoE families' `q_proj` and `v_proj`, as their dense kin's defaults are; Phi-3's
+# fused `qkv_proj`, as peft's defaults for the other fused families are their fused layer
+# (GPT-2's `c_attn`, GPT-NeoX's and BLOOM's `query_key_value`): no adapter can wrap a part of one.
+# Mixtral's default (`q_proj`, `v_proj`) is in the table, but peft 0.21 rewrites a Mixtral
+# config's targets for transformers 5's fused experts before it fills in the default, leaving
+# none (`NoMatchingPeftModuleError`): a user's run names them, as this does.
+QV_TARGETS = {"phi3": ["qkv_proj"], "qwen2_moe": ["q_proj", "v_proj"], "qwen3_moe": ["q_proj", "v_proj"],
+              "mixtral": ["q_proj", "v_proj"]}
+
+
 def lora_model(model, head, rank, targets):
     """`model` with peft's LoRA adapters as a user's run makes them (`get_peft_model` with
     its defaults: no dropout, adapters of a 16-bit base autocast to fp32): on every linear
     layer of the blocks (`all`: peft's "all-linear", the output layer left out) or on the
     query and value projections (`qv`: peft's default targets for the family: BERT's `query`
-    and `value`, T5's `q` and `v`)."""
+    and `value`, T5's `q` and `v`, GPT-2's fused `c_attn`; `QV_TARGETS` where peft has none)."""
     import peft
     import peft.tuners.lora.torchao
     # peft asks, for every layer it wraps, whether torchao quantized it, and raises where an
@@ -570,8 +583,9 @@ def lora_model(model, head, rank, targets):
                 return create(self, config, adapter, target, target_name, parent, current_key, **kw)
         layered.layered = True
         peft.tuners.lora.LoraModel._create_and_replace = layered
+    qv = QV_TARGETS.get(model.config.model_type)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type=PEFT_TASK[head],
-                             target_modules="all-linear" if targets == "all" else None)
+                             target_modules="all-linear" if targets == "all" else qv)
     return peft.get_peft_model(model, config)
 
 

@@ -5,7 +5,7 @@
 //! error that names the engine that can.
 
 use crate::job::{BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Precision, TrainConfig};
-use crate::model::Model;
+use crate::model::{Family, Model};
 use crate::parallel::GPUS_PER_NODE;
 use serde_json::json;
 
@@ -56,7 +56,7 @@ fn mixed(p: Precision) -> &'static str {
 }
 
 /// TRL's command-line flags for the adapters (`trl sft` and scripts built on its `ModelConfig`).
-fn peft_flags(cfg: &TrainConfig) -> Vec<String> {
+fn peft_flags(model: &Model, cfg: &TrainConfig) -> Vec<String> {
     match cfg.finetune {
         Finetune::Full => vec![],
         Finetune::Lora { rank, targets, base } => {
@@ -66,7 +66,7 @@ fn peft_flags(cfg: &TrainConfig) -> Vec<String> {
                 format!("--lora_alpha {}", 2 * rank),
                 match targets {
                     LoraTargets::All => "--lora_target_modules all-linear".to_string(),
-                    LoraTargets::QueryValue => "--lora_target_modules q_proj v_proj".to_string(),
+                    LoraTargets::QueryValue => format!("--lora_target_modules {}", query_value_modules(model)),
                 },
             ];
             match base {
@@ -76,6 +76,21 @@ fn peft_flags(cfg: &TrainConfig) -> Vec<String> {
             }
             v
         }
+    }
+}
+
+/// The module names of the query and value projections as peft's default targets name them
+/// for the family (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`): the fused
+/// query-key-value layer where transformers fuses them, as the planner counts the adapters
+/// (`LoraTargets::adapted`).
+fn query_value_modules(model: &Model) -> &'static str {
+    match model.family {
+        Family::Gpt2 => "c_attn",
+        Family::NeoX | Family::Bloom => "query_key_value",
+        Family::Bert => "query value",
+        Family::T5 => "q v",
+        Family::GatedDecoder if model.model_type == "phi3" => "qkv_proj",
+        Family::GatedDecoder => "q_proj v_proj",
     }
 }
 
@@ -149,7 +164,7 @@ fn emit_text(engine: Engine, model: &Model, cfg: &TrainConfig) -> Result<String,
     };
     match engine {
         Engine::DeepSpeed => deepspeed(cfg, zero),
-        Engine::Fsdp => fsdp(cfg, zero),
+        Engine::Fsdp => fsdp(model, cfg, zero),
         Engine::Accelerate => accelerate(cfg, zero),
         Engine::Megatron => megatron(model, cfg),
         Engine::Torchtitan => unreachable!("written above"),
@@ -190,7 +205,7 @@ fn deepspeed(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
 }
 
 /// `torchrun` with the Hugging Face Trainer's FSDP arguments.
-fn fsdp(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
+fn fsdp(model: &Model, cfg: &TrainConfig, zero: u8) -> Result<String, String> {
     let (par, ckpt, accumulation) = (&cfg.parallel, cfg.checkpointing != Checkpointing::None, cfg.accumulation);
     let sharding = match zero {
         3 => "full_shard",
@@ -226,7 +241,7 @@ fn fsdp(cfg: &TrainConfig, zero: u8) -> Result<String, String> {
     if ckpt {
         args.push("--gradient_checkpointing".into());
     }
-    args.extend(peft_flags(cfg));
+    args.extend(peft_flags(model, cfg));
     Ok(args.join(" \\\n  "))
 }
 
@@ -406,6 +421,23 @@ mod tests {
         let fsdp = emit(Engine::Fsdp, &m(), &qlora).unwrap();
         assert!(fsdp.contains("--lora_r 16") && fsdp.contains("--load_in_4bit"));
         assert!(emit(Engine::Megatron, &m(), &qlora).is_err());
+        // The query and value projections by the names the family's modules have: a fused
+        // query-key-value layer where transformers fuses them, as peft's defaults target it.
+        let qv = TrainConfig {
+            finetune: Finetune::Lora { rank: 8, targets: LoraTargets::QueryValue, base: BaseWeights::Native },
+            ..cfg()
+        };
+        for (preset, modules) in [
+            ("llama-3-8b", "q_proj v_proj"),
+            ("gpt2", "c_attn"),
+            ("pythia-1b", "query_key_value"),
+            ("bloom-7b1", "query_key_value"),
+            ("phi-3-mini", "qkv_proj"),
+        ] {
+            let model = crate::model::preset(preset).unwrap();
+            let fsdp = emit(Engine::Fsdp, &model, &qv).unwrap();
+            assert!(fsdp.ends_with(&format!("--lora_target_modules {modules}")), "{preset}: {fsdp}");
+        }
         let tp = TrainConfig {
             parallel: Parallelism { data: 4, tensor: 8, pipeline: 2, zero_stage: 1, ..Parallelism::default() },
             ..cfg()

@@ -16,9 +16,14 @@
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM; with full checkpointing
-//! for Llama, Qwen2, Qwen3, Mistral and GPT-2; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2; `lora-qv` for Llama, Qwen2, Qwen3 and Mistral at bf16. BERT (masked LM, with SDPA) and
+//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
+//! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
+//! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
+//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for
+//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX and Phi-3 (a
+//! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
+//! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
+//! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
 //! and with full checkpointing at both precisions, both targets (T5's
 //! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone): peft wraps BERT's masked-LM
@@ -191,6 +196,90 @@ mod tests {
             let model = crate::model::preset(name).expect("preset");
             let cfg = lora(16, LoraTargets::QueryValue, Checkpointing::None);
             assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(), Ok(want), "{name}");
+        }
+    }
+
+    /// Every decoder family's bf16 LoRA with and without full checkpointing, on every linear
+    /// layer and on the query and value projections, each planned from its own template: a
+    /// fused query-key-value layer (GPT-2's, GPT-NeoX's, BLOOM's, Phi-3's) takes one adapter
+    /// for its whole output, as peft's default targets wrap it, and the planner's trainable
+    /// count is the template's.
+    #[test]
+    fn every_decoder_family_plans_lora_with_and_without_checkpointing_and_both_targets() {
+        use {
+            Checkpointing::Full as Ckpt, Checkpointing::None as NoCkpt, LoraTargets::All, LoraTargets::QueryValue as Qv,
+        };
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        // Keyed by what follows `{family}/causal-lm/bf16/{attention}/`.
+        const ALL_QV: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv"];
+        const EVERY: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv", "ckpt/lora-qv"];
+        let models = [
+            (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa", EVERY),
+            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa", EVERY),
+            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa", EVERY),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                "qwen3/causal-lm/bf16/sdpa",
+                EVERY,
+            ),
+            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", EVERY),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL_QV),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL_QV),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                "gemma3_text/causal-lm/bf16/sdpa",
+                ALL_QV,
+            ),
+            (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", EVERY),
+            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", EVERY),
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL_QV),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", ALL_QV),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                "qwen2_moe/causal-lm/bf16/sdpa",
+                ALL_QV,
+            ),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", ALL_QV),
+        ];
+        let jobs = [
+            (All, NoCkpt, "full/lora-all"),
+            (All, Ckpt, "ckpt/lora-all"),
+            (Qv, NoCkpt, "full/lora-qv"),
+            (Qv, Ckpt, "ckpt/lora-qv"),
+        ];
+        for (model, prefix, recorded) in &models {
+            for &(targets, checkpointing, suffix) in jobs.iter().filter(|j| recorded.contains(&j.2)) {
+                let want = format!("{prefix}/{suffix}");
+                let cfg = lora(16, targets, checkpointing);
+                assert_eq!(
+                    crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)),
+                    Ok(want.clone()),
+                    "{}",
+                    model.name
+                );
+                let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(&want);
+                let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+                let gradients: u64 = hf
+                    .program
+                    .tensors
+                    .iter()
+                    .zip(&sizes)
+                    .filter(|(t, _)| t.term == Term::Gradients)
+                    .map(|(_, &b)| b)
+                    .sum();
+                // peft's "all-linear" puts one adapter of rank E × r over a stack of experts'
+                // weights, which the template carries (tests/lora_truth.rs holds it to peft's
+                // count) and `adapters` does not: the experts' layers are counted apart.
+                if targets == All && model.experts > 1 {
+                    continue;
+                }
+                let adapters: u64 =
+                    targets.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
+                // fp32 adapters, two steps' gradients, each made once.
+                assert_eq!(gradients, 2 * 4 * adapters, "{want}");
+            }
         }
     }
 
