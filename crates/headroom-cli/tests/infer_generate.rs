@@ -107,48 +107,14 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         }
     }
     // BERT generates nothing: its plan is the forward without --all-logits too, and generate is
-    // refused with the way out; T5 v1.1's generate and forward (its MLP gated) are refused with the
-    // reason.
+    // refused with the way out.
     let bert = ["--model", "bert-base-uncased", "--gpu", "h200", "--infer", "--batch", "2", "--seq", "256"];
-    // T5 v1.1 (flan-t5-base's config): a gated MLP and an output layer of its own, its template's.
-    let flan = dir.path().join("flan-t5-base.json");
-    std::fs::write(
-        &flan,
-        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
-            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
-            "tie_word_embeddings": false, "relative_attention_num_buckets": 32}"#,
-    )
-    .unwrap();
-    let flan = flan.to_str().unwrap();
-    // A gated T5 with its output layer tied to the embeddings: v1.1's generate template.
-    let gated = dir.path().join("t5-gated-tied.json");
-    std::fs::write(
-        &gated,
-        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
-            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
-            "tie_word_embeddings": true, "relative_attention_num_buckets": 32}"#,
-    )
-    .unwrap();
-    for weights in ["bf16", "fp32"] {
-        let args = ["--model", gated.to_str().unwrap(), "--gpu", "h200", "--infer", "--framework", "hf"];
-        let (_, v) = plan(&[&args[..], &["--weights", weights, "--new-tokens", "8"]].concat());
-        assert_eq!(
-            v["planned_from"]["template"],
-            format!("t5/generate/{weights}/eager/gated"),
-            "{}",
-            v["planned_from"]
-        );
-    }
     let (_, v) = plan(&[&bert[..], &["--weights", "fp32"]].concat());
     assert_eq!(v["planned_from"]["template"], "bert/forward/fp32/sdpa", "{}", v["planned_from"]);
     assert_eq!(v["breakdown"]["kv_cache"].as_u64(), Some(0));
     for (args, says) in [
         ([&bert[..], &["--new-tokens", "8"]].concat(), "generates no tokens; its inference is one forward"),
         ([&bert[..], &["--framework", "vllm"]].concat(), "plan its forward with --framework hf"),
-        (
-            ["--model", flan, "--gpu", "h200", "--infer", "--framework", "hf", "--new-tokens", "8"].to_vec(),
-            "recorded with its output layer tied to the embeddings",
-        ),
     ] {
         Command::cargo_bin("headroom")
             .unwrap()
@@ -195,28 +161,6 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
             );
         }
     }
-    // T5 v1.1's forward, at both precisions: its own output layer among the weights (the same
-    // config tied plans the same template without it), v1.0's from its own template.
-    let flan_tied = dir.path().join("flan-t5-base-tied.json");
-    let text = std::fs::read_to_string(flan)
-        .unwrap()
-        .replace(r#""tie_word_embeddings": false"#, r#""tie_word_embeddings": true"#);
-    std::fs::write(&flan_tied, text).unwrap();
-    for (weights, key, width) in
-        [("bf16", "t5/forward/bf16/eager/gated", 2), ("fp32", "t5/forward/fp32/eager/gated", 4)]
-    {
-        let job = |model: &str| {
-            let args = ["--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits", "--weights"];
-            plan(&[&args[..], &[weights, "--batch", "2", "--seq", "256"]].concat()).1
-        };
-        let (v, tied) = (job(flan), job(flan_tied.to_str().unwrap()));
-        assert_eq!(v["planned_from"]["template"], key, "{}", v["planned_from"]);
-        assert_eq!(tied["planned_from"]["template"], key, "{}", tied["planned_from"]);
-        let head = v["breakdown"]["weights"].as_u64().unwrap() - tied["breakdown"]["weights"].as_u64().unwrap();
-        assert_eq!(head, 32128 * 768 * width);
-        let v10 = job("t5-base");
-        assert_eq!(v10["planned_from"]["template"], key.replace("/gated", ""), "{}", v10["planned_from"]);
-    }
     // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
     // layers keep a view of the step's keys, which the template does not carry, and Gemma-3
     // has no closed form, so the plan is refused with the reason and the way out.
@@ -229,6 +173,64 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         .assert()
         .failure()
         .stderr(contains("the cache of a sliding window was not recorded").and(contains("--framework vllm")));
+}
+
+/// T5 v1.1 (flan-t5: a gated MLP, an output layer of its own) plans `generate` and the
+/// forward from its `/gated` templates, with its head's weight; the same config tied plans
+/// them without it, and v1.0 (t5-base) from its own.
+#[test]
+fn t5_v1_1_plans_generate_and_the_forward_with_its_own_output_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    // T5 v1.1 (flan-t5-base's config): a gated MLP and an output layer of its own, its template's.
+    let flan = dir.path().join("flan-t5-base.json");
+    std::fs::write(
+        &flan,
+        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
+            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": false, "relative_attention_num_buckets": 32}"#,
+    )
+    .unwrap();
+    let flan = flan.to_str().unwrap();
+    // A gated T5 with its output layer tied to the embeddings: v1.1's template, without its head.
+    let gated = dir.path().join("t5-gated-tied.json");
+    std::fs::write(
+        &gated,
+        r#"{"model_type": "t5", "d_model": 768, "d_ff": 2048, "d_kv": 64, "num_heads": 12, "num_layers": 12,
+            "num_decoder_layers": 12, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": true, "relative_attention_num_buckets": 32}"#,
+    )
+    .unwrap();
+    // T5 v1.1's generate, at both precisions: flan-t5's output layer among the weights, the
+    // same config tied planned from the same template without it.
+    for (weights, width) in [("bf16", 2), ("fp32", 4)] {
+        let job = |model: &str| {
+            let args = ["--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--weights", weights];
+            plan(&[&args[..], &["--new-tokens", "8"]].concat()).1
+        };
+        let (v, tied) = (job(flan), job(gated.to_str().unwrap()));
+        let key = format!("t5/generate/{weights}/eager/gated");
+        assert_eq!(v["planned_from"]["template"], key.as_str(), "{}", v["planned_from"]);
+        assert_eq!(tied["planned_from"]["template"], key.as_str(), "{}", tied["planned_from"]);
+        let head = v["breakdown"]["weights"].as_u64().unwrap() - tied["breakdown"]["weights"].as_u64().unwrap();
+        assert_eq!(head, 32128 * 768 * width);
+    }
+    // T5 v1.1's forward, at both precisions: its own output layer among the weights (the same
+    // config tied plans the same template without it), v1.0's from its own template.
+    for (weights, key, width) in
+        [("bf16", "t5/forward/bf16/eager/gated", 2), ("fp32", "t5/forward/fp32/eager/gated", 4)]
+    {
+        let job = |model: &str| {
+            let args = ["--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--all-logits", "--weights"];
+            plan(&[&args[..], &[weights, "--batch", "2", "--seq", "256"]].concat()).1
+        };
+        let (v, tied) = (job(flan), job(gated.to_str().unwrap()));
+        assert_eq!(v["planned_from"]["template"], key, "{}", v["planned_from"]);
+        assert_eq!(tied["planned_from"]["template"], key, "{}", tied["planned_from"]);
+        let head = v["breakdown"]["weights"].as_u64().unwrap() - tied["breakdown"]["weights"].as_u64().unwrap();
+        assert_eq!(head, 32128 * 768 * width);
+        let v10 = job("t5-base");
+        assert_eq!(v10["planned_from"]["template"], key.replace("/gated", ""), "{}", v10["planned_from"]);
+    }
 }
 
 #[test]

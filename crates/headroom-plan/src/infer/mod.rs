@@ -236,9 +236,8 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                         Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
                         Family::T5 => {
                             "T5's generate and forward are planned for v1.0's models (a ReLU MLP, the output \
-                             layer tied to the embeddings: t5-base, t5-large), its forward for v1.1's (a gated MLP, \
-                             an output layer of its own: flan-t5, T0, mT5) and its generate for v1.1's with the \
-                             output layer tied, with bf16 or fp32 weights, without --quantize"
+                             layer tied to the embeddings: t5-base, t5-large) and v1.1's (a gated MLP, an output \
+                             layer of its own: flan-t5, T0, mT5), with bf16 or fp32 weights, without --quantize"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };

@@ -23,8 +23,9 @@
 //! (cross-attention's scores and mask), as the template says
 //! ([`program_template::TensorT::by_encoder`]);
 //! the cross-attention's keys and values, made over the encoder's output in the first decoder
-//! step, are kept to the end. T5 v1.1's gated MLP's `generate` too, under keys ending `/gated`,
-//! its output layer tied to the embeddings (as transformers 5 ties every T5's).
+//! step, are kept to the end. T5 v1.1's `generate` too, under keys ending `/gated`: its gated
+//! MLP and an output layer of its own, untied as a loaded v1.1 checkpoint's is (transformers 5
+//! ties every T5's when it builds one).
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
