@@ -20,7 +20,7 @@
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for
-//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX and Phi-3 (a
+//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, Gemma-2 and Gemma 3 (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -225,12 +225,12 @@ mod tests {
                 EVERY,
             ),
             (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", EVERY),
-            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL_QV),
-            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL_QV),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", EVERY),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", EVERY),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 "gemma3_text/causal-lm/bf16/sdpa",
-                ALL_QV,
+                EVERY,
             ),
             (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", EVERY),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", EVERY),
