@@ -20,7 +20,8 @@
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for
-//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, Gemma-2 and Gemma 3 (a
+//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, Gemma-2, Gemma 3, BLOOM and
+//! Mixtral (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -234,8 +235,8 @@ mod tests {
             ),
             (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", EVERY),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", EVERY),
-            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL_QV),
-            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", EVERY),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", EVERY),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa",
