@@ -4,7 +4,7 @@
 //! CPU (no GPU's workspace), its live peak against the measured one.
 
 use headroom_plan::infer::recorded;
-use headroom_plan::model::{Family, Model};
+use headroom_plan::model::Model;
 use serde_json::Value;
 
 /// Declared with the measurements, before the first run: the inference forwards' tolerance.
