@@ -19,8 +19,7 @@
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
-//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, and with full checkpointing for
-//! Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX and Phi-3 (a
+//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -213,7 +212,6 @@ mod tests {
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         // Keyed by what follows `{family}/causal-lm/bf16/{attention}/`.
-        const ALL_QV: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv"];
         const EVERY: &[&str] = &["full/lora-all", "ckpt/lora-all", "full/lora-qv", "ckpt/lora-qv"];
         let models = [
             (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa", EVERY),
@@ -225,23 +223,23 @@ mod tests {
                 EVERY,
             ),
             (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa", EVERY),
-            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", ALL_QV),
-            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", ALL_QV),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa", EVERY),
+            (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager", EVERY),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 "gemma3_text/causal-lm/bf16/sdpa",
-                ALL_QV,
+                EVERY,
             ),
             (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa", EVERY),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa", EVERY),
-            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", ALL_QV),
-            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", ALL_QV),
+            (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager", EVERY),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa", EVERY),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa",
-                ALL_QV,
+                EVERY,
             ),
-            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", ALL_QV),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa", EVERY),
         ];
         let jobs = [
             (All, NoCkpt, "full/lora-all"),
