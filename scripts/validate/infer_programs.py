@@ -369,7 +369,8 @@ def fit(ns, points, d, param_shapes, what, widths):
     g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
     kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
     if g2 * x1 * x1 == g1 * x2 * x2:
-        return sp.pair_law(kind_s, g1 / (x1 * x1), d["heads"])
+        # Bytes a pair; per head or not by what made it (`per_head_laws.head_law`).
+        return {kind_s: {"one": g1 / (x1 * x1)}}
     slope = (g2 - g1) / (x2 - x1)
     const = g1 - slope * x1
     if slope == 0:
@@ -509,6 +510,10 @@ def template(family, mode, precision, attn, variant=""):
             else:
                 lw = fit([x["size"] for x in ts], points(mode, name), d, param_shapes, f"{what} {name} {pos}",
                          widths)
+            leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
+            top = next((n for n, _ in ts[0]["ops"]), "")
+            if not (role and role[0] == "param"):
+                lw = sp.head_law(lw, d["heads"], leaf)
             if enc_dec and not role:
                 lw = per_head(lw, d["heads"])
             if role and role[0] in ("param", "buffer"):
@@ -519,8 +524,6 @@ def template(family, mode, precision, attn, variant=""):
                 term = "logits"
             else:
                 term = "activations"
-            leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
-            top = next((n for n, _ in ts[0]["ops"]), "")
             entry = {"law": lw, "term": term, "site": top if top == leaf else f"{top} > {leaf}"}
             if role and role[0] == "param":
                 entry["param"] = role[1]

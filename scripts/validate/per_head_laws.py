@@ -1,17 +1,27 @@
-"""Reads recorded templates' position-pair laws again by the recorder's present rule.
+"""Reads recorded templates' laws again by the recorders' present per-head rule.
 
-Until 2026-11-28 the recorders (`step_programs.py`, `infer_programs.py`) took a tensor of a
-fixed number of bytes a position pair (`tok_s`, `pos_s`) as one per head only above 16 bytes a
-pair, so the templates recorded with 8 heads in bf16 (16 bytes a pair) or 4 heads (8 and 16)
-kept an eager attention's scores and probabilities, and T5's position bias, the same size
-whatever a model's heads. `pair_law` (below, the rule both recorders use) now takes any whole number of at least two
-bytes a head as per head. A law is a function of the three recorded sizes alone, so this
-applies the rule to what each template recorded, as recording it again would, and changes no
-size at the recording's own widths (each template's seven-layer check is unchanged):
+A law is a function of the three recorded sizes, and a tensor of a fixed number of bytes a
+position pair (`tok_s`, `pos_s`) is per head or the same whatever the heads by a rule the
+recorders (`step_programs.py`, `infer_programs.py`) share, `head_law` below:
 
-    python3 scripts/validate/per_head_laws.py data/programs/hf-*.json [--check]
+- Until 2026-11-28 such a tensor was per head only above 16 bytes a pair, so the templates
+  recorded with 8 heads in bf16 (16 bytes a pair) or 4 heads (8 and 16) kept an eager
+  attention's scores and probabilities, and T5's position bias, the same size whatever a
+  model's heads. Any whole number of at least two bytes a head is now per head.
+- Until 2026-11-29 one byte a head was never per head, so SDPA's math path kept
+  `_safe_softmax`'s bools (`isneginf` over the scores, `all` over their rows) the size of the
+  recording's heads: 8 bytes a pair for Llama at 32 heads. What made a tensor now decides it
+  with its bytes: a bool these operators make is per head at one byte a head, a mask's one
+  byte a pair is not.
 
-`--check` changes nothing and exits 1 where a template still holds such a law.
+This applies the rule to what each template recorded, as recording it again would, and
+changes no size at the recording's own widths (each template's seven-layer check is
+unchanged). Where one law stood for tensors the rule now reads apart (Gemma-3's 4-byte
+`isneginf` at 4 heads beside its fp32 mask), each tensor gets its own:
+
+    python3 scripts/validate/per_head_laws.py data/programs/hf*.json [--check]
+
+`--check` changes nothing and exits 1 where a template still holds a law to read again.
 """
 
 import argparse
@@ -19,32 +29,69 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+PAIRS = ("tok_s", "pos_s")
+
+# What `_safe_softmax` (SDPA's math path: aten/src/ATen/native/transformers/attention.cpp)
+# makes to find the rows a mask fills with -inf, one bool a head: `isneginf` over the scores
+# (b x heads x s x s, or x past in a decode step) and `all` over each row (b x heads x s x 1).
+PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 
 
-def pair_law(kind_s, per, heads):
-    """A law of `per` bytes a position pair (`kind_s`: `tok_s` or `pos_s`): per head where `per`
-    is a whole number of at least two bytes a head — an eager attention's scores and
-    probabilities, T5's position bias (bf16 over 8 heads: 16 bytes a pair) — and otherwise the
-    same whatever the heads, as a mask's one byte or one 16-bit element a pair is. The
-    recorders' rule (`step_programs.law`, `infer_programs`), kept here apart from torch."""
-    if abs(per - round(per)) < 1e-9 and per % heads == 0 and per >= 2 * heads:
-        return {kind_s: {"heads": per / heads}}
-    return {kind_s: {"one": per}}
+def op_of(site):
+    """The operator that made a tensor, from its site (`top > leaf`, or `leaf`)."""
+    return site.rsplit(" > ", 1)[-1]
+
+
+def heads_of(per, heads, least):
+    """`per` bytes as bytes a head, where they are a whole number of at least `least` a head."""
+    if abs(per - round(per)) < 1e-9 and per % heads == 0 and per >= least * heads:
+        return per / heads
+    return None
+
+
+def head_law(law, heads, op=""):
+    """`law` (bytes `one` as the sizes gave them) read by the rule, for a tensor `op` made.
+
+    A position pair's bytes are per head where they are a whole number of at least two a head —
+    an eager attention's scores and probabilities, T5's position bias (bf16 over 8 heads: 16
+    bytes a pair) — and otherwise the same whatever the heads, as a mask's one byte or one
+    16-bit element a pair is. A bool of `PER_HEAD_BOOLS` is per head at one byte a head, in
+    every length it grows with (a decode step's `isneginf` is `b x heads x (past + 1)`)."""
+    if not heads:
+        return law
+    least = 1 if op in PER_HEAD_BOOLS else 2
+    grows = [k for k in law if k != "fixed"]
+    if op in PER_HEAD_BOOLS:
+        if not grows or any(set(law[k]) != {"one"} or heads_of(law[k]["one"], heads, 1) is None for k in grows):
+            return law
+        return {k: ({"heads": heads_of(u["one"], heads, 1)} if k != "fixed" else u) for k, u in law.items()}
+    out = dict(law)
+    for k in PAIRS:
+        if k in law and set(law[k]) == {"one"}:
+            per = heads_of(law[k]["one"], heads, least)
+            if per is not None:
+                out[k] = {"heads": per}
+    return out
 
 
 def relaw(template):
-    """The keys of `template`'s laws read again, in place; how many changed."""
+    """`template`'s tensors' laws read again in place (split where tensors sharing a law now
+    read apart, the table in order of first use, as the recorders write it); how many tensors
+    changed."""
     heads = template["dims"].get("heads")
-    changed = 0
-    for i, law in enumerate(template["laws"]):
-        if heads and len(law) == 1:
-            (kind, units), = law.items()
-            if kind in ("tok_s", "pos_s") and set(units) == {"one"}:
-                new = pair_law(kind, units["one"], heads)
-                if new != law:
-                    template["laws"][i] = new
-                    changed += 1
+    laws, sites, rows = template["laws"], template["sites"], template["tensors"]
+    new_laws = [head_law(laws[r[0]], heads, op_of(sites[r[2]])) for r in rows]
+    changed = sum(new != laws[r[0]] for new, r in zip(new_laws, rows))
+    if not changed:
+        return 0
+    table, index = [], {}
+    for new, r in zip(new_laws, rows):
+        k = json.dumps(new, sort_keys=True)
+        if k not in index:
+            index[k] = len(table)
+            table.append(new)
+        r[0] = index[k]
+    template["laws"] = table
     return changed
 
 
@@ -71,10 +118,12 @@ def main():
         if "templates" not in data:
             continue
         for key, template in sorted(data["templates"].items()):
+            if "laws" not in template:
+                continue  # a recording that failed, kept with its reason
             n = relaw(template)
             if n:
                 stale += 1
-                print(f"{os.path.basename(path)} {key}: {n} law(s) per head")
+                print(f"{os.path.basename(path)} {key}: {n} tensor(s) read again")
         if not args.check:
             write(path, data)
     if args.check and stale:

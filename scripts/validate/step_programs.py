@@ -111,7 +111,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
-from per_head_laws import pair_law  # noqa: E402
+from per_head_laws import head_law, relaw  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
 # Recorded at five layers: the first two and the last two as they are, the middle one repeated
@@ -655,7 +655,10 @@ def reclassified(t, precision):
             else:
                 new[kind] = per_unit(bytes_, d, "reclassify", position_widths(kind, precision))
         out.append(new)
-    return dict(t, laws=out)
+    t = dict(t, laws=out, tensors=[list(r) for r in t["tensors"]])
+    # `per_unit` reads a bool `_safe_softmax` makes per head (a few bytes a token) as bytes.
+    relaw(t)
+    return t
 
 
 class Unexplained(Exception):
@@ -695,7 +698,8 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
         g1, g2 = (n1 / b, n2 / b) if grows_b else (n1, n2)
         kind, kind_s, kind_1 = ("tok", "tok_s", "seq") if grows_b else ("pos", "pos_s", "fixed")
         if g2 * s1 * s1 == g1 * s2 * s2:
-            return pair_law(kind_s, g1 / (s1 * s1), d["heads"])
+            # Bytes a pair; per head or not by what made it (`per_head_laws.head_law`).
+            return {kind_s: {"one": g1 / (s1 * s1)}}
         slope = (g2 - g1) / (s2 - s1)
         const = g1 - slope * s1
         if slope == 0 and grows_b:
@@ -958,6 +962,10 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         else:
             lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
                      widths_of(precision))
+        leaf = next((name for name, _ in reversed(tensor["ops"])), "")
+        top = next((name for name, _ in tensor["ops"]), "")
+        if not (role and role[0] in ("param", "grad")):
+            lw = head_law(lw, d["heads"], leaf)
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":
@@ -972,8 +980,6 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
             term = "temporary"  # AMP's 16-bit copies of the weights
         else:
             term = "activations"
-        leaf = next((name for name, _ in reversed(tensor["ops"])), "")
-        top = next((name for name, _ in tensor["ops"]), "")
         entry = {"law": lw, "term": term, "site": top if top == leaf else f"{top} > {leaf}"}
         if role and role[0] in ("param", "grad"):
             entry[role[0]] = role[1]

@@ -606,26 +606,98 @@ mod tests {
         assert!(law.grows_with_batch());
     }
 
-    /// A tensor of a whole number of at least two bytes a head for each position pair is per
-    /// head (an eager attention's scores, T5's position bias), and is planned with the model's
-    /// heads: a template read with the recorders' older rule, which took such tensors as per
-    /// head only above 16 bytes a pair, would plan them the same whatever the heads
-    /// (`scripts/validate/per_head_laws.py` reads them again).
-    #[test]
-    fn no_template_plans_a_per_head_pair_tensor_whatever_the_heads() {
+    /// What `_safe_softmax` (SDPA's math path) makes to find the rows a mask fills with -inf,
+    /// one bool a head: `isneginf` over the scores, `all` over each row.
+    const PER_HEAD_BOOLS: [&str; 2] = ["aten::isneginf", "aten::all"];
+
+    /// Where `bytes` (a law's `one`, a length's) would be per head if planned so: a whole number
+    /// of at least `least` bytes a head.
+    fn per_head(bytes: f64, heads: f64, least: f64) -> bool {
+        bytes.fract() == 0.0 && bytes % heads == 0.0 && bytes >= least * heads
+    }
+
+    /// Each tensor's law read as constant in the heads where what made it says it is per head:
+    /// `key: site: kind bytes`.
+    fn stale_per_head_laws(key: &str, raw: &serde_json::Value) -> Vec<String> {
         let mut stale = Vec::new();
-        for key in keys() {
-            let raw: serde_json::Value = serde_json::from_str(bundled()[key].get()).expect("JSON");
-            let Some(heads) = raw["dims"]["heads"].as_f64().filter(|&h| h > 0.0) else { continue };
-            for law in raw["laws"].as_array().into_iter().flatten() {
-                for kind in ["tok_s", "pos_s"] {
-                    let Some(per) = law[kind]["one"].as_f64() else { continue };
-                    if per.fract() == 0.0 && per % heads == 0.0 && per >= 2.0 * heads {
-                        stale.push(format!("{key}: {kind} {per} bytes a pair at {heads} heads"));
-                    }
+        let Some(heads) = raw["dims"]["heads"].as_f64().filter(|&h| h > 0.0) else { return stale };
+        let laws = raw["laws"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let sites = raw["sites"].as_array().map(Vec::as_slice).unwrap_or_default();
+        for row in raw["tensors"].as_array().into_iter().flatten() {
+            let (Some(law), Some(site)) = (
+                row[0].as_u64().and_then(|i| laws.get(i as usize)),
+                row[2].as_u64().and_then(|i| sites.get(i as usize)).and_then(|s| s.as_str()),
+            ) else {
+                stale.push(format!("{key}: a tensor points outside the tables"));
+                continue;
+            };
+            let op = site.rsplit(" > ").next().unwrap_or(site);
+            let bool_op = PER_HEAD_BOOLS.contains(&op);
+            for (kind, units) in law.as_object().into_iter().flatten() {
+                let Some(per) = units["one"].as_f64() else { continue };
+                let pair = kind == "tok_s" || kind == "pos_s";
+                if (pair && per_head(per, heads, if bool_op { 1.0 } else { 2.0 }))
+                    || (bool_op && kind != "fixed" && per_head(per, heads, 1.0))
+                {
+                    stale.push(format!("{key}: {site}: {kind} {per} bytes at {heads} heads"));
                 }
             }
         }
+        stale
+    }
+
+    /// A tensor of a whole number of at least two bytes a head for each position pair is per
+    /// head (an eager attention's scores, T5's position bias), and so is a bool `_safe_softmax`
+    /// makes at one byte a head, in every length it grows with: each is planned with the
+    /// model's heads. A template read with an older rule (per head only above 16 bytes a pair;
+    /// never at one byte a head) would plan them the same whatever the heads: at Llama-3-8B's
+    /// 32 heads, the 8 bytes a pair `isneginf` made at the recording's 8 are a quarter of its
+    /// size (`scripts/validate/per_head_laws.py` reads them again).
+    #[test]
+    fn no_template_plans_a_per_head_pair_tensor_whatever_the_heads() {
+        let mut stale = std::collections::BTreeSet::new();
+        for key in keys() {
+            let raw: serde_json::Value = serde_json::from_str(bundled()[key].get()).expect("JSON");
+            stale.extend(stale_per_head_laws(key, &raw));
+        }
+        let stale: Vec<_> = stale.into_iter().collect();
         assert!(stale.is_empty(), "per-head laws read as constants:\n{}", stale.join("\n"));
+    }
+
+    /// The test above fails on what the older rules left: `_safe_softmax`'s `isneginf` at one
+    /// byte a head (8 bytes a pair at Llama's 8 recorded heads) and its `all` over a decode
+    /// step's past, an eager attention's bf16 scores at 16 bytes a pair; and it leaves a mask
+    /// (one byte a pair, or Gemma-3's fp32 one at 4 bytes beside 4 heads) alone.
+    #[test]
+    fn the_per_head_test_fails_on_a_bool_per_head_tensor_planned_per_pair() {
+        let raw = serde_json::json!({
+            "dims": {"heads": 8.0},
+            "laws": [{"tok_s": {"one": 8.0}}, {"tok": {"one": 8.0}, "seq": {"one": 8.0}},
+                     {"tok_s": {"one": 16.0}}, {"pos_s": {"one": 1.0}}, {"tok_s": {"heads": 1.0}}],
+            "sites": ["aten::scaled_dot_product_attention > aten::isneginf",
+                      "aten::scaled_dot_product_attention > aten::all", "aten::softmax", "aten::tril"],
+            "tensors": [[0, 3, 0], [1, 3, 1], [2, 3, 2], [3, 3, 3], [4, 3, 0]],
+        });
+        let stale = stale_per_head_laws("t", &raw);
+        assert_eq!(stale.len(), 4, "{stale:?}");
+        assert!(stale[0].contains("isneginf: tok_s 8 bytes"), "{stale:?}");
+        assert!(stale[1].contains("all: seq 8") || stale[1].contains("all: tok 8"), "{stale:?}");
+        assert!(stale[3].contains("softmax: tok_s 16"), "{stale:?}");
+        let gemma3 = serde_json::json!({
+            "dims": {"heads": 4.0},
+            "laws": [{"tok_s": {"one": 4.0}}, {"tok_s": {"heads": 1.0}}],
+            "sites": ["aten::scaled_dot_product_attention > aten::where",
+                      "aten::scaled_dot_product_attention > aten::isneginf"],
+            "tensors": [[0, 3, 0], [1, 3, 1]],
+        });
+        assert!(stale_per_head_laws("t", &gemma3).is_empty());
+        let shared = serde_json::json!({
+            "dims": {"heads": 4.0},
+            "laws": [{"tok_s": {"one": 4.0}}],
+            "sites": ["aten::scaled_dot_product_attention > aten::where",
+                      "aten::scaled_dot_product_attention > aten::isneginf"],
+            "tensors": [[0, 3, 0], [0, 3, 1]],
+        });
+        assert_eq!(stale_per_head_laws("t", &shared).len(), 1);
     }
 }
