@@ -74,7 +74,7 @@ def main():
     snapshots = sorted((SHARED / "fixtures/pytorch-snapshots").glob("*.pickle"))
     snapshots += sorted((SHARED / "gpu/snapshots").glob("*.pickle.gz"))
     if AGAINST:
-        return against_expandable(snapshots + [ROOT / "data/snapshots/qwen3-1.7b-train.pickle"])
+        return against_expandable(snapshots + [ROOT / "data/snapshots/qwen3-1.7b-train.pickle.gz"])
     print("| snapshot | steps | " + " | ".join(f"`{p}` peak GiB / calls by step / steady / device ms" for p in POLICIES) + " |")
     print("|---|---:|" + "---|" * len(POLICIES))
     for path in snapshots:

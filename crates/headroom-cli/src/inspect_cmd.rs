@@ -36,11 +36,11 @@ use std::path::{Path, PathBuf};
 /// Exit status: 0 when the report was made, 2 on bad input.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples (from the repository's root; the snapshot ships in data/):\n  \
-                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle\n  \
-                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --html report.html   # open it in any browser, offline\n  \
-                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --json\n  \
-                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --chrome-trace memory.json   # open in ui.perfetto.dev\n  \
-                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle --top 5")]
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle.gz\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle.gz --html report.html   # open it in any browser, offline\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle.gz --json\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle.gz --chrome-trace memory.json   # open in ui.perfetto.dev\n  \
+                  headroom inspect data/snapshots/qwen3-1.7b-train.pickle.gz --top 5")]
 pub struct InspectArgs {
     /// Snapshot files (pickle or JSON, as `torch.cuda.memory._dump_snapshot` writes them).
     #[arg(required = true, value_name = "SNAPSHOT")]

@@ -55,9 +55,9 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples (from the repository's root; the files ship in data/):\n  \
                   headroom replay data/traces/gpt2-small-train.jsonl\n  \
-                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --check\n  \
-                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --alloc-conf '' --alloc-conf expandable_segments:True --capacity 16.25GiB\n  \
-                  headroom replay data/snapshots/qwen3-1.7b-train.pickle --policy pytorch --policy expandable --policy headroom\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle.gz --check\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle.gz --alloc-conf '' --alloc-conf expandable_segments:True --capacity 16.25GiB\n  \
+                  headroom replay data/snapshots/qwen3-1.7b-train.pickle.gz --policy pytorch --policy expandable --policy headroom\n  \
                   headroom replay data/traces/gpt2-small-train.jsonl --capacity 4GiB --json\n  \
                   headroom replay data/traces/gpt2-small-train.jsonl --snapshot-out snap.pickle   # open at pytorch.org/memory_viz")]
 pub struct ReplayArgs {

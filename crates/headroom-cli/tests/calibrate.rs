@@ -537,7 +537,7 @@ fn calibration_refuses_another_models_snapshot_and_contradictory_shapes() {
 #[test]
 fn a_calibration_shape_past_two_to_the_32_tokens_is_refused_not_wrapped() {
     let repo = repo();
-    let (q, s) = (repo.join("data/models/qwen3-1.7b.json"), repo.join("data/snapshots/qwen3-1.7b-train.pickle"));
+    let (q, s) = (repo.join("data/models/qwen3-1.7b.json"), repo.join("data/snapshots/qwen3-1.7b-train.pickle.gz"));
     let job = [
         "plan",
         "--model",

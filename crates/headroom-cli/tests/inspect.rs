@@ -96,7 +96,7 @@ fn bad_input_is_named_and_exits_2() {
 }
 
 fn bundled() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle")
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle.gz")
 }
 
 fn json_of(args: &[&std::ffi::OsStr]) -> Value {

@@ -975,7 +975,7 @@ fn the_dumped_program_never_replaces_an_input_and_is_whole_or_absent() {
     let d = dir.path();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     std::fs::copy(repo.join("data/models/qwen3-1.7b.json"), d.join("q.json")).unwrap();
-    std::fs::copy(repo.join("data/snapshots/qwen3-1.7b-train.pickle"), d.join("s.pickle")).unwrap();
+    std::fs::copy(repo.join("data/snapshots/qwen3-1.7b-train.pickle.gz"), d.join("s.pickle")).unwrap();
     std::os::unix::fs::symlink("q.json", d.join("link.json")).unwrap();
     let config = std::fs::read(d.join("q.json")).unwrap();
     let snapshot = std::fs::read(d.join("s.pickle")).unwrap();

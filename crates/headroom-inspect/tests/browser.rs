@@ -492,9 +492,9 @@ fn zoomed_in_each_allocation_is_its_own_band() {
     if !chromium() {
         return;
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle.gz");
     let snap = headroom_trace::snapshot::read_snapshot_file(&path).unwrap();
-    let report = inspect("qwen3-1.7b-train.pickle", &snap, &[], &InspectOptions::default());
+    let report = inspect("qwen3-1.7b-train.pickle.gz", &snap, &[], &InspectOptions::default());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("report.html");
     std::fs::write(&file, html::render(&[report], None)).unwrap();

@@ -1,4 +1,4 @@
-//! The snapshot the repository ships (data/snapshots/qwen3-1.7b-train.pickle:
+//! The snapshot the repository ships (data/snapshots/qwen3-1.7b-train.pickle.gz:
 //! Qwen3-1.7B built on an H200 under `torch.device("cuda")`, two AdamW steps,
 //! C++ and Python frames) says what its memory is.
 
@@ -8,7 +8,7 @@ use headroom_trace::snapshot::{read_snapshot_file, TraceAction};
 use std::path::PathBuf;
 
 fn report() -> DeviceReport {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle.gz");
     let snap = read_snapshot_file(&path).unwrap();
     inspect_device(&snap, 0, &InspectOptions::default())
 }
@@ -76,9 +76,9 @@ fn building_the_model_is_not_a_repetition_of_the_workload() {
 /// page stays small.
 #[test]
 fn the_html_report_holds_each_allocation() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/snapshots/qwen3-1.7b-train.pickle.gz");
     let snap = read_snapshot_file(&path).unwrap();
-    let report = headroom_inspect::inspect("qwen3-1.7b-train.pickle", &snap, &[0], &InspectOptions::default());
+    let report = headroom_inspect::inspect("qwen3-1.7b-train.pickle.gz", &snap, &[0], &InspectOptions::default());
     let page = headroom_inspect::html::render(std::slice::from_ref(&report), None);
     let start = page.find("<script type=\"application/json\" class=\"hr-data\">").unwrap();
     let data = &page[start..];

@@ -1,6 +1,6 @@
 //! A synthesized step program against the same job recorded on a GPU.
 //!
-//! `data/snapshots/qwen3-1.7b-train.pickle` is what PyTorch recorded on an H200 (torch 2.11,
+//! `data/snapshots/qwen3-1.7b-train.pickle.gz` is what PyTorch recorded on an H200 (torch 2.11,
 //! transformers 5.17) for Qwen3-1.7B built from its config and trained in bf16 without
 //! checkpointing for two steps of `torch.optim.AdamW` at one sequence of 512 tokens, from
 //! before the model was built. The planner's program for that job — its template, recorded
@@ -48,7 +48,7 @@ struct Recorded {
 }
 
 fn recorded() -> Recorded {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/snapshots/qwen3-1.7b-train.pickle");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/snapshots/qwen3-1.7b-train.pickle.gz");
     let snap = read_snapshot_file(std::path::Path::new(path)).expect("the shipped snapshot reads");
     let t = DeviceTrace::new(&snap, 0).expect("its start state");
     let (mut live, mut reserved) = (t.start.allocated_bytes(), t.start.reserved_bytes());

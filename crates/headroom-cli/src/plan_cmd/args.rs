@@ -86,7 +86,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
-                        headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle --calibrate-batch 1 --calibrate-seq 512\n  \
+                        headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle.gz --calibrate-batch 1 --calibrate-seq 512\n  \
                         headroom plan --model gpt2 --gpu l4 --batch 4 --seq 1024 --program data/recordings/gpt2-bf16-b4-s1024.jsonl\n  \
                         headroom plan --model gpt2 --gpu l4 --program data/recordings/gpt2-bf16-b2-s512.jsonl --program data/recordings/gpt2-bf16-b4-s1024.jsonl --max-batch\n  \
                         headroom plan --gpu l4 --gpu-memory 6GiB --program data/recordings/gpt2-bf16-b4-s1024.jsonl --recommend\n  \
