@@ -259,7 +259,8 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("meta"):
-            model = auto.from_config(config, attn_implementation=attention)
+            # bf16 whatever the config's `torch_dtype`, as from_pretrained's torch_dtype=torch.bfloat16.
+            model = auto.from_config(config, attn_implementation=attention, dtype=torch.bfloat16)
     finally:
         torch.set_default_dtype(previous)
     replace_linear(model, quant_storage=quant_storage)

@@ -89,7 +89,11 @@ def _build(spec: StepSpec):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention)
+        # `dtype` given: from_config builds in the config's own (a Hub config.json's `torch_dtype`,
+        # the dtype its checkpoint was saved in) ahead of the default dtype, so a bf16 config asked
+        # for fp32 would be trained in bf16.
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention,
+                                                              dtype=dtype)
     finally:
         torch.set_default_dtype(previous)
     if spec.checkpoint:

@@ -238,6 +238,46 @@ class Sdpa(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
+class JobDtype(unittest.TestCase):
+    """`--dtype` is the weights' dtype whatever the config says: a Hub config.json carries the
+    dtype its checkpoint was saved in (`torch_dtype`), which `from_config` builds in unless told
+    otherwise, and a 1.7B model's fp32 step recorded in bf16 is 12 GB short."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def test_the_jobs_dtype_wins_over_the_configs(self):
+        from headroom_gpu.transformers_step import StepSpec, _build
+
+        wanted = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": torch.float32}
+        for saved in (None, "bfloat16", "float16", "float32"):
+            model = _model_dir(self.tmp, **({"torch_dtype": saved} if saved else {}))
+            for dtype, want in wanted.items():
+                built, _ = _build(StepSpec(model=model, dtype=dtype))
+                self.assertEqual({p.dtype for p in built.parameters()}, {want}, f"--dtype {dtype}, config {saved}")
+            self.assertEqual(torch.get_default_dtype(), torch.float32)
+
+    def test_record_dtype_fp32_of_a_bf16_config(self):
+        model = _model_dir(self.tmp, torch_dtype="bfloat16")
+        steps = {}
+        for dtype in ("fp32", "bf16"):
+            out = os.path.join(self.tmp, f"{dtype}.jsonl")
+            steps[dtype] = record_command(self, model, out, "--dtype", dtype, "--batch", "2", "--seq", "64",
+                                          "--steps", "1").stdout
+        # fp32 with grouped heads takes SDPA's math path on an sm90 GPU; flash is bf16 and fp16 only.
+        self.assertIn("math 2 calls", steps["fp32"])
+        self.assertIn("flash 2 calls", steps["bf16"])
+        peak = {d: int(s.split("live peak ")[1].split()[0]) for d, s in steps.items()}
+        # Weights, gradients and AdamW's two moments, all live at the first optimizer step: 16 bytes a
+        # parameter in fp32, 8 in bf16.
+        from headroom_gpu.transformers_step import StepSpec, _build
+
+        params = sum(p.numel() for p in _build(StepSpec(model=model))[0].parameters())
+        self.assertGreaterEqual(peak["fp32"], 16 * params)
+        self.assertGreaterEqual(peak["fp32"] - peak["bf16"], 8 * params)
+
+
+@unittest.skipIf(MISSING, MISSING)
 class DataDependent(unittest.TestCase):
     def test_operators_on_data_get_a_stated_assumption(self):
         from headroom_gpu.recorder import StepRecorder

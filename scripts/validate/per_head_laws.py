@@ -13,11 +13,16 @@ recorders (`step_programs.py`, `infer_programs.py`) share, `head_law` below:
   recording's heads: 8 bytes a pair for Llama at 32 heads. What made a tensor now decides it
   with its bytes: a bool these operators make is per head at one byte a head, a mask's one
   byte a pair is not.
+- Until the same day a decode step's scores and probabilities (b x heads x 1 x past: `tok`
+  and `seq` at a fixed count of bytes a position) were read as bytes at 16 or fewer a
+  position, as int64 ids of that many bytes are. The operators that make them (`is_scores`)
+  now make them per head at two bytes a head and more.
 
 This applies the rule to what each template recorded, as recording it again would, and
 changes no size at the recording's own widths (each template's seven-layer check is
 unchanged). Where one law stood for tensors the rule now reads apart (Gemma-3's 4-byte
-`isneginf` at 4 heads beside its fp32 mask), each tensor gets its own:
+`isneginf` at 4 heads beside its fp32 mask, Gemma-2's decode-step scores beside an int64
+mask), each tensor gets its own:
 
     python3 scripts/validate/per_head_laws.py data/programs/hf*.json [--check]
 
@@ -36,6 +41,15 @@ PAIRS = ("tok_s", "pos_s")
 # (b x heads x s x s, or x past in a decode step) and `all` over each row (b x heads x s x 1).
 PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 
+# What makes a decode step's attention scores and probabilities (b x heads x 1 x past): the
+# scores' matmul (eager's `matmul > bmm`, Bloom's `baddbmm`, SDPA's math path's `bmm`) and the
+# softmax (its output, `_softmax`, or the `empty_strided` under `softmax` it writes into). A
+# decode step's law grows with the past (`tok`) and has the step's own position as a constant
+# (`seq`), both a fixed count of bytes a position: per head there, where by bytes alone 16 bytes
+# a position (bf16 over 8 heads) are as likely two int64 ids.
+SCORE_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax")
+SCORE_SITES = ("aten::softmax > aten::empty_strided",)
+
 
 def op_of(site):
     """The operator that made a tensor, from its site (`top > leaf`, or `leaf`)."""
@@ -49,18 +63,31 @@ def heads_of(per, heads, least):
     return None
 
 
+def is_scores(site):
+    """Whether the tensor a site made is attention's scores or probabilities (`SCORE_OPS`)."""
+    return op_of(site) in SCORE_OPS or site in SCORE_SITES
+
+
 def head_law(law, heads, op=""):
-    """`law` (bytes `one` as the sizes gave them) read by the rule, for a tensor `op` made.
+    """`law` (bytes `one` as the sizes gave them) read by the rule, for a tensor made at site `op`
+    (`top > leaf`, or the leaf operator alone).
 
     A position pair's bytes are per head where they are a whole number of at least two a head —
     an eager attention's scores and probabilities, T5's position bias (bf16 over 8 heads: 16
     bytes a pair) — and otherwise the same whatever the heads, as a mask's one byte or one
     16-bit element a pair is. A bool of `PER_HEAD_BOOLS` is per head at one byte a head, in
-    every length it grows with (a decode step's `isneginf` is `b x heads x (past + 1)`)."""
+    every length it grows with (a decode step's `isneginf` is `b x heads x (past + 1)`), and so
+    are scores and probabilities (`is_scores`) at two bytes a head: a decode step's one query
+    position against the past, and its constant with it."""
     if not heads:
         return law
+    site, op = op, op_of(op)
     least = 1 if op in PER_HEAD_BOOLS else 2
     grows = [k for k in law if k != "fixed"]
+    if is_scores(site) and any(k in law for k in ("tok", "pos")):
+        if any(set(law[k]) != {"one"} or heads_of(law[k]["one"], heads, 2) is None for k in law):
+            return law
+        return {k: {"heads": heads_of(u["one"], heads, 2)} for k, u in law.items()}
     if op in PER_HEAD_BOOLS:
         if not grows or any(set(law[k]) != {"one"} or heads_of(law[k]["one"], heads, 1) is None for k in grows):
             return law
@@ -80,7 +107,7 @@ def relaw(template):
     changed."""
     heads = template["dims"].get("heads")
     laws, sites, rows = template["laws"], template["sites"], template["tensors"]
-    new_laws = [head_law(laws[r[0]], heads, op_of(sites[r[2]])) for r in rows]
+    new_laws = [head_law(laws[r[0]], heads, sites[r[2]]) for r in rows]
     changed = sum(new != laws[r[0]] for new, r in zip(new_laws, rows))
     if not changed:
         return 0

@@ -965,7 +965,7 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         leaf = next((name for name, _ in reversed(tensor["ops"])), "")
         top = next((name for name, _ in tensor["ops"]), "")
         if not (role and role[0] in ("param", "grad")):
-            lw = head_law(lw, d["heads"], leaf)
+            lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}")
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":

@@ -610,6 +610,12 @@ mod tests {
     /// one bool a head: `isneginf` over the scores, `all` over each row.
     const PER_HEAD_BOOLS: [&str; 2] = ["aten::isneginf", "aten::all"];
 
+    /// What makes attention's scores and probabilities: the scores' matmul (eager's, Bloom's
+    /// `baddbmm`, SDPA's math path's) and the softmax. A decode step's (b × heads × 1 × past)
+    /// grow with the past at a fixed count of bytes a position, as int64 ids do.
+    const SCORE_OPS: [&str; 3] = ["aten::bmm", "aten::baddbmm", "aten::_softmax"];
+    const SCORE_SITES: [&str; 1] = ["aten::softmax > aten::empty_strided"];
+
     /// Where `bytes` (a law's `one`, a length's) would be per head if planned so: a whole number
     /// of at least `least` bytes a head.
     fn per_head(bytes: f64, heads: f64, least: f64) -> bool {
@@ -633,11 +639,14 @@ mod tests {
             };
             let op = site.rsplit(" > ").next().unwrap_or(site);
             let bool_op = PER_HEAD_BOOLS.contains(&op);
+            let scores = SCORE_OPS.contains(&op) || SCORE_SITES.contains(&site);
             for (kind, units) in law.as_object().into_iter().flatten() {
                 let Some(per) = units["one"].as_f64() else { continue };
                 let pair = kind == "tok_s" || kind == "pos_s";
+                let past = kind == "tok" || kind == "pos";
                 if (pair && per_head(per, heads, if bool_op { 1.0 } else { 2.0 }))
                     || (bool_op && kind != "fixed" && per_head(per, heads, 1.0))
+                    || (scores && past && per_head(per, heads, 2.0))
                 {
                     stale.push(format!("{key}: {site}: {kind} {per} bytes at {heads} heads"));
                 }
@@ -648,9 +657,10 @@ mod tests {
 
     /// A tensor of a whole number of at least two bytes a head for each position pair is per
     /// head (an eager attention's scores, T5's position bias), and so is a bool `_safe_softmax`
-    /// makes at one byte a head, in every length it grows with: each is planned with the
-    /// model's heads. A template read with an older rule (per head only above 16 bytes a pair;
-    /// never at one byte a head) would plan them the same whatever the heads: at Llama-3-8B's
+    /// makes at one byte a head, in every length it grows with, and a decode step's scores and
+    /// probabilities (b × heads × 1 × past) at two bytes a head a position: each is planned
+    /// with the model's heads. A template read with an older rule (per head only above 16 bytes
+    /// a pair; never at one byte a head) would plan them the same whatever the heads: at Llama-3-8B's
     /// 32 heads, the 8 bytes a pair `isneginf` made at the recording's 8 are a quarter of its
     /// size (`scripts/validate/per_head_laws.py` reads them again).
     #[test]
@@ -699,5 +709,32 @@ mod tests {
             "tensors": [[0, 3, 0], [0, 3, 1]],
         });
         assert_eq!(stale_per_head_laws("t", &shared).len(), 1);
+    }
+
+    /// A decode step's scores and probabilities read as bytes a position (Llama's bf16 over 8
+    /// recorded heads: 16 bytes, a quarter of Llama-3-8B's 32 heads) fail the test; int64 ids
+    /// of the same 8 or 16 bytes a position, made by `cat`, and a decode step's bf16 mask
+    /// (`where`, 2 bytes a position) do not, nor scores already per head, nor an elementwise
+    /// operator's output (`to`), whose site int64 tensors share.
+    #[test]
+    fn the_per_head_test_fails_on_a_decode_steps_scores_planned_per_position() {
+        let raw = serde_json::json!({
+            "dims": {"heads": 8.0},
+            "laws": [{"tok": {"one": 16.0}, "seq": {"one": 16.0}}, {"tok": {"one": 8.0}, "seq": {"one": 8.0}},
+                     {"tok": {"one": 2.0}, "seq": {"one": 2.0}}, {"tok": {"heads": 2.0}, "seq": {"heads": 2.0}}],
+            "sites": ["aten::matmul > aten::bmm", "aten::baddbmm", "aten::softmax > aten::_softmax",
+                      "aten::softmax > aten::empty_strided",
+                      "aten::scaled_dot_product_attention > aten::_softmax", "aten::cat", "aten::where",
+                      "aten::to > aten::empty_strided"],
+            "tensors": [[0, 3, 0], [0, 3, 1], [0, 3, 2], [0, 3, 3], [0, 3, 4], [0, 3, 5], [1, 3, 5],
+                        [2, 3, 6], [3, 3, 0], [3, 3, 2], [0, 3, 7]],
+        });
+        let stale = stale_per_head_laws("t", &raw);
+        assert_eq!(stale.len(), 5, "{stale:?}");
+        for (i, op) in ["bmm", "baddbmm", "softmax > aten::_softmax", "empty_strided", "_softmax"].iter().enumerate() {
+            assert!(stale[i].contains(op), "{op}: {stale:?}");
+        }
+        assert!(stale.iter().all(|s| s.contains(": tok 16 bytes at 8 heads")), "{stale:?}");
+        assert!(!stale.iter().any(|s| s.contains("cat") || s.contains("where") || s.contains("aten::to")), "{stale:?}");
     }
 }
