@@ -7,8 +7,8 @@
 //! it holds one entry, and a warm malloc+free pair needs two of each. Free
 //! sets are per stream and usually small, so each stream keeps a sorted
 //! vector of packed `size << 64 | addr` keys (a binary search and a short
-//! memmove) and moves to size classes ([`Classes`]) only past `SMALL_MAX`
-//! entries, back below `SMALL_MIN`.
+//! memmove) and moves to size classes ([`Classes`]) only past `CLASSES_PAST`
+//! entries, back below `CLASSES_BELOW`.
 //!
 //! Past that size the classes, not one order: each class is such a vector of
 //! its own, or past `SMALL_MAX` entries of one class (thousands of free blocks
@@ -28,6 +28,12 @@ mod classes;
 // 100,000 allocations under PyTorch's policy 15–30% less).
 const SMALL_MAX: usize = 256;
 const SMALL_MIN: usize = 64;
+
+/// A stream's free set moves to size classes past this many blocks, and back below
+/// `CLASSES_BELOW`: past 64 a class's search and shorter memmove cost less than the one
+/// vector's (docs/PERFORMANCE.md, "Replay passes, seventh round").
+const CLASSES_PAST: usize = 64;
+const CLASSES_BELOW: usize = 16;
 
 #[inline]
 fn pack(size: u64, ptr: u64) -> u128 {
@@ -388,7 +394,7 @@ impl FreeSet {
         let inserted = match entries {
             Entries::Small(v) => {
                 let inserted = v.insert(key, id);
-                if v.len() > SMALL_MAX {
+                if v.len() > CLASSES_PAST {
                     *entries = Entries::Large(Box::new(Classes::from_sorted(std::mem::take(v))));
                 }
                 inserted
@@ -409,7 +415,7 @@ impl FreeSet {
             Entries::Small(v) => v.find(key).map(|at| v.remove_at(at).1),
             Entries::Large(m) => {
                 let r = m.remove(key);
-                if m.len() < SMALL_MIN {
+                if m.len() < CLASSES_BELOW {
                     let v = m.to_sorted();
                     *entries = Entries::Small(v);
                 }
@@ -441,7 +447,7 @@ impl FreeSet {
             }
             Entries::Large(m) => {
                 let inserted = m.replace(old, key, id)?;
-                if m.len() < SMALL_MIN {
+                if m.len() < CLASSES_BELOW {
                     let v = m.to_sorted();
                     *entries = Entries::Small(v);
                 }
@@ -534,7 +540,7 @@ impl FreeSet {
             }
             Entries::Large(m) => {
                 let found = m.take_walking_if(key, further, take)?;
-                if m.len() < SMALL_MIN {
+                if m.len() < CLASSES_BELOW {
                     let v = m.to_sorted();
                     self.streams[i].1 = Entries::Small(v);
                 }
@@ -619,7 +625,7 @@ mod tests {
     }
 
     /// Sizes spread over many size classes (none a multiple of 512, so that a class holds
-    /// several sizes), mostly inserts: streams pass `SMALL_MAX` and come back.
+    /// several sizes), mostly inserts: streams pass `CLASSES_PAST` and come back.
     fn spread_ops() -> impl Strategy<Value = Vec<Op>> {
         let what = prop_oneof![3 => Just(INSERT), 1 => Just(REMOVE), 1 => Just(REPLACE)];
         proptest::collection::vec((0u64..2, 1u64..400, 0u64..40, what), 300..1200).prop_map(|ops| {
@@ -646,7 +652,8 @@ mod tests {
         }
     }
 
-    /// Past `SMALL_MAX` blocks on a stream and back below `SMALL_MIN`, with another
+    /// Past `SMALL_MAX` blocks on a stream (and in one class) and back below `SMALL_MIN`
+    /// and `CLASSES_BELOW`, with another
     /// stream beside it: the random cases above rarely grow a stream that far.
     #[test]
     fn switches_to_the_tree_and_back_with_the_same_answers() {
