@@ -368,11 +368,15 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Records a trace entry of `owner`'s pool (PyTorch's `record_trace` with its `mempool_id`).
     #[inline]
     pub(crate) fn trace_in(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, owner: u32) {
-        if self.history.is_none() {
+        let Some(h) = self.history.as_ref() else { return };
+        let time_us = self.explicit_time.unwrap_or(self.clock);
+        // The clock counts every entry, kept or not: a kept entry's time is its place in the whole history.
+        self.clock += 1;
+        if !h.keeps(action) {
+            // A history of device calls only, for a request or a free: the entry, its pool
+            // looked up and its stream mapped, would be made only to be dropped.
             return;
         }
-        let time_us = self.explicit_time.unwrap_or(self.clock);
-        self.clock += 1;
         let stream = self.policy.stream_of(stream);
         let pool_id = self.mempool_id(owner);
         if let Some(h) = self.history.as_mut() {

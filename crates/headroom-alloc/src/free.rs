@@ -97,6 +97,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// during it are the graph's to order), or complete at once if none are left.
     pub(crate) fn insert_events_deferred_until_no_capture(&mut self) -> Result<(), AllocError> {
         debug_assert!(self.captures.is_empty());
+        // Every request asks first; outside graph captures there is never anything to do.
+        if self.deferred.is_empty() {
+            return Ok(());
+        }
         for id in std::mem::take(&mut self.deferred) {
             if let Some(during) = self.capture_stream_uses.remove(&id) {
                 if let Some(uses) = self.stream_uses.get_mut(&id) {

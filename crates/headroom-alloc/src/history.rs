@@ -78,13 +78,15 @@ impl History {
         History { max_entries: max_entries.max(1), entries: VecDeque::new(), dropped: 0, device_calls_only: false }
     }
 
+    /// Whether an entry of `action` is kept: every one, or only the device calls.
+    #[inline]
+    pub fn keeps(&self, action: Action) -> bool {
+        !self.device_calls_only
+            || matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+    }
+
     pub fn push(&mut self, e: TraceEntry) {
-        if self.device_calls_only
-            && !matches!(
-                e.action,
-                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
-            )
-        {
+        if !self.keeps(e.action) {
             return;
         }
         if self.entries.len() == self.max_entries {
