@@ -2,7 +2,8 @@
 bitsandbytes' 4-bit base, recorded as `python -m headroom_gpu record --qlora` records it —
 under fake tensors, with CUDA's rules (`headroom_gpu.qlora`: NF4 packing, double-quantized
 absmax, `gemm_4bit` as its dequantize-then-matmul path, `prepare_model_for_kbit_training`'s
-fp32 casts and checkpointing) — and read into the same tensors and events a CPU recording
+fp32 casts, and its checkpointing where the key asks for it: `/ckpt`, its default, or `/full`,
+`use_gradient_checkpointing=False`) — and read into the same tensors and events a CPU recording
 under the profiler gives (`step_programs.Job`), so that the law fit, the expansion's check
 and the template writer are the same.
 
@@ -211,9 +212,9 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn not in ("sdpa", "eager") or not checkpointing or head not in qlora.HEADS:
+        if precision != "bf16" or attn not in ("sdpa", "eager") or head not in qlora.HEADS:
             raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
-                                 f"checkpointing on, with a head of {', '.join(qlora.HEADS)}")
+                                 f"with a head of {', '.join(qlora.HEADS)}")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
         cfg = qlora_config(family, layers)
         fields = dict(cfg)
@@ -232,7 +233,7 @@ class QLoraJob(sp.Job):
                 tag = _layer_of(name)
                 return rec.mark(sp.layer_tag(tag)) if tag else contextlib.nullcontext()
 
-            model = qlora.prepare(meta, rank, rec, scope=scope)
+            model = qlora.prepare(meta, rank, rec, scope=scope, checkpointing=checkpointing)
             stack.enter_context(qlora.cuda_kernels(rec))
             stack.enter_context(sp.infer_recipes.repeats_marked(rec.mark))
             _hook_layers(model, family, rec)
