@@ -46,6 +46,10 @@ BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
 # no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
 # twice the hidden size, the heads' widths, the vocabulary or the rank) with whole blocks.
 MLP_WIDTH = 1216
+# Qwen2-MoE's shared expert likewise: 832 = 13 x 64, whole blocks with the hidden size of 768, and
+# no small multiple, half or twice another width of its recording config (the experts' 352, the
+# heads' 960 and 320, the rank).
+SHARED_EXPERT_WIDTH = 832
 
 
 class _Named(TorchDispatchMode):
@@ -201,6 +205,10 @@ def qlora_config(family, layers):
         del cfg["num_key_value_heads"], cfg["head_dim"]
     if cfg.get("intermediate_size") == sp.MLP_WIDTH:
         cfg["intermediate_size"] = MLP_WIDTH
+    if family == "qwen2_moe":
+        # Its shared expert is a linear layer bitsandbytes quantizes (the routed experts' stacks
+        # are not): `step_programs`' 608 makes 608 x 768 elements, 28.5 blocks of 16,384.
+        cfg["shared_expert_intermediate_size"] = SHARED_EXPERT_WIDTH
     return cfg
 
 
