@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
+    r.add_argument("--no-checkpoint", action="store_true",
+                   help="with --qlora: prepare_model_for_kbit_training(use_gradient_checkpointing=False), every "
+                        "layer's activations kept for the backward")
     r.add_argument("--compile", action="store_true",
                    help="torch.compile the model (Inductor): what its forward graphs save for the backward is what "
                         "Inductor's partitioner saves, the graphs' operators run eagerly (each fused kernel's "
@@ -104,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         for flag, given in (("--checkpoint", args.checkpoint), ("--optimizer", args.optimizer != "adamw")):
             if given:
                 p.error(f"{flag} is a training flag: leave it out with --infer or --generate")
+    if args.no_checkpoint and not args.qlora:
+        p.error("--no-checkpoint turns off the checkpointing --qlora's setup turns on: without --qlora, "
+                "checkpointing is off unless --checkpoint is given")
+    if args.no_checkpoint and args.fsdp:
+        p.error("--no-checkpoint with --fsdp: fsdp_qlora's setup checkpoints every layer, and is recorded so alone")
+    if args.no_checkpoint and args.checkpoint:
+        p.error("--checkpoint and --no-checkpoint: choose one")
     if args.infer and args.generate is not None:
         p.error("--infer and --generate: choose one (--generate N records the prefill and N decode steps)")
     try:
@@ -112,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: recording needs torch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
-                    lora=args.lora, qlora=args.qlora, attention=args.attention, checkpoint=args.checkpoint,
+                    lora=args.lora, qlora=args.qlora, qlora_checkpoint=not args.no_checkpoint,
+                    attention=args.attention, checkpoint=args.checkpoint,
                     fsdp=args.fsdp, compile=args.compile, steps=args.steps, repeat=not args.record_every_step,
                     mode="generate" if args.generate is not None else "infer" if args.infer else "train",
                     new_tokens=args.generate or 0)

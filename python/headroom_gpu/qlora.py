@@ -268,17 +268,19 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
 
 
 def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any = None,
-            device: Any = "cpu") -> torch.nn.Module:
+            device: Any = "cpu", checkpointing: bool = True) -> torch.nn.Module:
     """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
     `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
     gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
     (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32, with the
     task type of the model's head (`HEADS`). `scope` and `device`: as `load`'s (`"cuda"` sets the
-    same job up on a GPU, where bitsandbytes quantizes with its own kernels)."""
+    same job up on a GPU, where bitsandbytes quantizes with its own kernels). `checkpointing=False`:
+    `prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)`, the same casts with
+    every layer's activations kept for the backward."""
     import peft
 
     load(model, device=device, recorder=recorder, scope=scope)
-    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,
                            task_type=HEADS[head(model.config)][1])

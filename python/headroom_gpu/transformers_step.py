@@ -48,6 +48,9 @@ class StepSpec:
     compile: bool = False  # torch.compile(model) with Inductor, recorded as headroom_gpu.compiled records it
     fsdp: int | None = None  # FSDP2 over this many ranks (a fake process group), rank 0 recorded
     qlora: int | None = None  # LoRA of this rank over a 4-bit base (headroom_gpu.qlora)
+    # QLoRA's checkpointing, which prepare_model_for_kbit_training turns on by default; False:
+    # use_gradient_checkpointing=False.
+    qlora_checkpoint: bool = True
     steps: int = 3
     repeat: bool = True  # steps after the second written as the second repeated (StepRecorder.repeat_step)
     mode: str = "train"  # "train", "infer" (forwards without gradients) or "generate" (prefill, then decode)
@@ -151,7 +154,7 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
             model = qlora.prepare_sharded(meta, spec.qlora, mesh, rec)
             stack.enter_context(qlora.cuda_kernels(rec))
         elif spec.qlora:
-            model = qlora.prepare(meta, spec.qlora, rec)
+            model = qlora.prepare(meta, spec.qlora, rec, checkpointing=spec.qlora_checkpoint)
             stack.enter_context(qlora.cuda_kernels(rec))
         else:
             model, config = _build(spec)

@@ -124,6 +124,27 @@ class Step(unittest.TestCase):
         self.assertEqual(sizes("backward", "MatMul4BitBackward").count(128 * 64 * 2), 2 * 3)
         self.assertEqual(sizes("backward", "").count(128 * 64 * 2), 2 * 2 * 3)
 
+    def test_without_checkpointing_the_backward_recomputes_nothing(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # prepare_model_for_kbit_training(use_gradient_checkpointing=False): the backward
+        # dequantizes each of the 6 MLP layers' weights once, for the input's gradient, with no
+        # recomputed forward's dequantization beside it.
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=1024, steps=2, qlora=8,
+                              qlora_checkpoint=False))
+        backward = [r.size for op, r in rec.events if op == "alloc" and r.when == "step2.backward"]
+        self.assertEqual(backward.count(128 * 64 * 2), 2 * 3)
+
+    def test_no_checkpoint_is_for_qlora_alone(self):
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        for flags, says in ((["--no-checkpoint"], "without --qlora"),
+                            (["--qlora", "8", "--no-checkpoint", "--checkpoint"], "choose one")):
+            r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                                *flags, "--out", os.path.join(self.tmp, "x.jsonl")],
+                               capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(says, r.stderr)
+
     def test_few_rows_say_what_is_assumed(self):
         from headroom_gpu.transformers_step import StepSpec, record
 

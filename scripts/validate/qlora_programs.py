@@ -2,7 +2,8 @@
 bitsandbytes' 4-bit base, recorded as `python -m headroom_gpu record --qlora` records it —
 under fake tensors, with CUDA's rules (`headroom_gpu.qlora`: NF4 packing, double-quantized
 absmax, `gemm_4bit` as its dequantize-then-matmul path, `prepare_model_for_kbit_training`'s
-fp32 casts and checkpointing) — and read into the same tensors and events a CPU recording
+fp32 casts, and its checkpointing where the key asks for it: `/ckpt`, its default, or `/full`,
+`use_gradient_checkpointing=False`) — and read into the same tensors and events a CPU recording
 under the profiler gives (`step_programs.Job`), so that the law fit, the expansion's check
 and the template writer are the same.
 
@@ -45,6 +46,10 @@ BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
 # no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
 # twice the hidden size, the heads' widths, the vocabulary or the rank) with whole blocks.
 MLP_WIDTH = 1216
+# Qwen2-MoE's shared expert likewise: 832 = 13 x 64, whole blocks with the hidden size of 768, and
+# no small multiple, half or twice another width of its recording config (the experts' 352, the
+# heads' 960 and 320, the rank).
+SHARED_EXPERT_WIDTH = 832
 
 
 class _Named(TorchDispatchMode):
@@ -200,6 +205,10 @@ def qlora_config(family, layers):
         del cfg["num_key_value_heads"], cfg["head_dim"]
     if cfg.get("intermediate_size") == sp.MLP_WIDTH:
         cfg["intermediate_size"] = MLP_WIDTH
+    if family == "qwen2_moe":
+        # Its shared expert is a linear layer bitsandbytes quantizes (the routed experts' stacks
+        # are not): `step_programs`' 608 makes 608 x 768 elements, 28.5 blocks of 16,384.
+        cfg["shared_expert_intermediate_size"] = SHARED_EXPERT_WIDTH
     return cfg
 
 
@@ -211,9 +220,9 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn not in ("sdpa", "eager") or not checkpointing or head not in qlora.HEADS:
+        if precision != "bf16" or attn not in ("sdpa", "eager") or head not in qlora.HEADS:
             raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
-                                 f"checkpointing on, with a head of {', '.join(qlora.HEADS)}")
+                                 f"with a head of {', '.join(qlora.HEADS)}")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
         cfg = qlora_config(family, layers)
         fields = dict(cfg)
@@ -232,7 +241,7 @@ class QLoraJob(sp.Job):
                 tag = _layer_of(name)
                 return rec.mark(sp.layer_tag(tag)) if tag else contextlib.nullcontext()
 
-            model = qlora.prepare(meta, rank, rec, scope=scope)
+            model = qlora.prepare(meta, rank, rec, scope=scope, checkpointing=checkpointing)
             stack.enter_context(qlora.cuda_kernels(rec))
             stack.enter_context(sp.infer_recipes.repeats_marked(rec.mark))
             _hook_layers(model, family, rec)

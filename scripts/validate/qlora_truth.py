@@ -5,7 +5,9 @@ templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes a
 templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
 key-value heads, BLOOM's and BERT's 12 of 64, T5's 12 of 80, an MLP of 704, a vocabulary of
 4096, five layers (T5: five a stack), 2x56, 2x88 and 3x56 tokens, rank 22). BERT is trained as
-a masked LM and T5 as a sequence-to-sequence LM, the heads `record --qlora` gives them.
+a masked LM and T5 as a sequence-to-sequence LM, the heads `record --qlora` gives them. Each
+family's first case is recorded again without checkpointing (`record --qlora --no-checkpoint`),
+against the templates recorded without it.
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
@@ -16,6 +18,7 @@ qlora_truth` compares).
 
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only qwen3 --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only gpt2 --checkpoint off --out data/validation/qlora_fake_truth.json
 """
 
 import argparse
@@ -94,6 +97,10 @@ CASES = [
             "feed_forward_proj": "relu", "vocab_size": 8000, "tie_word_embeddings": True,
             "decoder_start_token_id": 0, "pad_token_id": 0}, 4, 1, 160, 8),
 ]
+# QLoRA without checkpointing (`prepare_model_for_kbit_training(model, use_gradient_checkpointing=
+# False)`, `record --qlora --no-checkpoint`), checked against the `.../full/qlora-all` templates:
+# each family's first case above, unchanged, chosen before those templates were recorded.
+NO_CHECKPOINT = list({c[0]: c for c in reversed(CASES)}.values())[::-1]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -137,7 +144,7 @@ def peaks(rec, step=2):
     return out
 
 
-def case(family, fields, layers, batch, seq, rank):
+def case(family, fields, layers, batch, seq, rank, checkpoint=True):
     from headroom_gpu import transformers_step
 
     config = {"model_type": family, "num_hidden_layers": layers, "max_position_embeddings": 4096,
@@ -151,20 +158,25 @@ def case(family, fields, layers, batch, seq, rank):
         try:
             attention = "eager" if family in EAGER else "sdpa"
             rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
-                                                                      steps=2, attention=attention))
+                                                                      qlora_checkpoint=checkpoint, steps=2,
+                                                                      attention=attention))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)
     return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
-            "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
+            "checkpoint": checkpoint, "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="comma-separated families: their cases recorded again, the others' kept from --out")
+    ap.add_argument("--checkpoint", choices=("on", "off", "both"), default="both",
+                    help="the cases with checkpointing (CASES), without (NO_CHECKPOINT), or both (default); "
+                         "with --only, the other kind's cases of those families are kept from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
+    kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
     import bitsandbytes
     import peft
     import torch
@@ -173,11 +185,13 @@ def main():
     cases = []
     if only and os.path.exists(args.out):
         with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"] if c["family"] not in only]
-    for c in CASES:
+            cases = [c for c in json.load(f)["cases"]
+                     if c["family"] not in only or c.get("checkpoint", True) not in kinds]
+    todo = [(c, True) for c in CASES if True in kinds] + [(c, False) for c in NO_CHECKPOINT if False in kinds]
+    for c, checkpoint in todo:
         if only and c[0] not in only:
             continue
-        cases.append(case(*c))
+        cases.append(case(*c, checkpoint=checkpoint))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,

@@ -88,12 +88,16 @@ cross-attention, and peft's default targets for them are BERT's `query` and `val
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
+`/full/qlora-all` without checkpointing, as `prepare_model_for_kbit_training(model,
+use_gradient_checkpointing=False)` sets it up;
 BERT as a masked LM, T5 as a sequence-to-sequence LM, each with peft's task type for it): peft's
 LoRA over bitsandbytes' NF4 base as `python -m headroom_gpu record --qlora` runs it, under fake
 tensors with CUDA's rules, since bitsandbytes has no CPU kernels for CUDA's path
 (`qlora_programs.py` reads that recording into the tensors and events below):
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --qlora all --out a.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora.json a.json --out data/programs/hf-qlora.json
 """
 
 import argparse
@@ -1115,7 +1119,8 @@ def main():
                                                           "v1.0's ReLU one, under keys with /gated after the "
                                                           "checkpointing (before a LoRA suffix)")
     ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
-                                                      "base, bf16 compute, SDPA, checkpointing) under fake tensors")
+                                                      "base, bf16 compute, SDPA, with and without checkpointing) under fake "
+                                                      "tensors")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -1139,10 +1144,11 @@ def main():
         jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
-        # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, checkpointing on;
-        # SDPA, or eager where the recordings have none (BLOOM, T5) or a key asks for it (Gemma-2).
+        # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, with checkpointing
+        # (its default) and without (`use_gradient_checkpointing=False`); SDPA, or eager where the
+        # recordings have none (BLOOM, T5) or a key asks for it (Gemma-2).
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
-                if j[2] == "bf16" and j[4]
+                if j[2] == "bf16"
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
     if args.gated:
         os.environ[GATED_T5] = "1"

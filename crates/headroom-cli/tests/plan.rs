@@ -1200,12 +1200,13 @@ fn lora_on_a_recorded_family_replays_peft_s_recorded_step() {
     let (_, j64) = plan(&rank);
     assert_eq!(j64["program"]["template"], j["program"]["template"], "{j64}");
     assert!(j64["breakdown"]["optimizer"].as_f64() > j["breakdown"]["optimizer"].as_f64(), "{j64}");
-    // QLoRA was recorded with checkpointing on, as prepare_model_for_kbit_training sets it up:
-    // without it the closed form plans the job; with it, QLoRA's own recorded step.
+    // QLoRA replays its own recorded step, without checkpointing
+    // (`use_gradient_checkpointing=False`) and with it (prepare_model_for_kbit_training's default).
     let mut qlora = args.to_vec();
     qlora[13] = "qlora";
     let (_, j) = plan(&qlora);
-    assert_ne!(j["program"]["source"], "recorded", "{j}");
+    assert_eq!(j["program"]["source"], "recorded", "{j}");
+    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa/full/qlora-all", "{j}");
     let (_, j) = plan(&[&qlora[..], &["--checkpoint", "full"]].concat());
     assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{j}");
 }

@@ -117,8 +117,9 @@ fn bert_and_t5_plan_qlora_from_their_own_templates() {
     }
 }
 
-/// QLoRA on one GPU with transformers' code replays its recorded step, and says so; the
-/// LoRA job's QLoRA lever is QLoRA as peft sets it up, checkpointing on, replayed the same way.
+/// QLoRA on one GPU with transformers' code replays its recorded step, with checkpointing or
+/// without, and says so; the LoRA job's QLoRA lever is QLoRA as peft sets it up by default,
+/// checkpointing on, replayed the same way.
 #[test]
 fn qlora_is_planned_from_its_recorded_step() {
     let job = "--model llama-3-8b --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 2048 --checkpoint full";
@@ -128,9 +129,17 @@ fn qlora_is_planned_from_its_recorded_step() {
     assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all");
     let (_, t) = text(&args(job));
     assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/ckpt/qlora-all"), "{t}");
-    // Without checkpointing the transformers builder passes it over, saying what to add.
-    let (_, t) = text(&args("--model llama-3-8b --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 2048"));
-    assert!(t.contains("prepare_model_for_kbit_training sets it up, with gradient checkpointing on"), "{t}");
+    // Without checkpointing (`use_gradient_checkpointing=False`), its own recorded step, which
+    // keeps every layer's activations: above the checkpointed plan (past the H100's 80 GB here,
+    // where checkpointing is the lever that fits it).
+    let no_ckpt = "--model llama-3-8b --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 2048";
+    let (_, full) = plan(&args(no_ckpt));
+    let levers = full["levers"].as_array().unwrap();
+    assert!(levers.iter().any(|l| l["flags"] == "--checkpoint full" && l["fits"] == true), "{levers:?}");
+    assert_eq!(full["program"]["template"], "llama/causal-lm/bf16/sdpa/full/qlora-all", "{}", full["program"]);
+    assert!(full["breakdown"]["activations"].as_f64() > p["breakdown"]["activations"].as_f64(), "{full} {p}");
+    let (_, t) = text(&args(no_ckpt));
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/full/qlora-all"), "{t}");
     let (_, lora) = plan(&args(LORA_JOB));
     let levers = lora["levers"].as_array().unwrap();
     let qlora = levers.iter().find(|l| l["lever"] == "adapters" && l["flags"] == "--finetune qlora --checkpoint full");

@@ -552,7 +552,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// with SDPA; `hf-variants.json`: the precisions, kernels and checkpointing recorded after
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
 /// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters'
-/// targets; `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all`), recorded
+/// targets; `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
+/// checkpointing, `/full/qlora-all`), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
 const FILES: &[&str] = &[
     include_str!("../../../data/programs/hf.json"),

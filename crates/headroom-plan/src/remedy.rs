@@ -307,9 +307,9 @@ fn checkpointing(estimate: &Estimate) -> Vec<Change> {
     }
 }
 
-/// Adapters over a frozen base where the job fine-tunes: LoRA, then QLoRA — with gradient
-/// checkpointing, which peft's `prepare_model_for_kbit_training` turns on (and QLoRA's
-/// recorded step has).
+/// Adapters over a frozen base where the job fine-tunes: LoRA, then QLoRA as peft sets it up by
+/// default — with gradient checkpointing, which `prepare_model_for_kbit_training` turns on
+/// unless told not to.
 fn adapters(asked: &Asked) -> Vec<Change> {
     let lora = |q: &mut TrainRequest, _| q.finetune = FinetuneMode::Lora;
     let qlora = |q: &mut TrainRequest, _| {

@@ -26,12 +26,13 @@ fn cases() -> Vec<Value> {
     v["cases"].as_array().expect("cases").clone()
 }
 
-/// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on, adapters on
-/// every linear layer, torch.optim's AdamW (foreach).
+/// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on (off where the
+/// case was recorded with `--no-checkpoint`), adapters on every linear layer, torch.optim's
+/// AdamW (foreach).
 fn config(c: &Value) -> TrainConfig {
     TrainConfig {
         attention: Attention::Sdpa,
-        checkpointing: Checkpointing::Full,
+        checkpointing: if checkpointed(c) { Checkpointing::Full } else { Checkpointing::None },
         finetune: Finetune::Lora {
             rank: c["rank"].as_u64().expect("rank"),
             targets: LoraTargets::All,
@@ -45,6 +46,11 @@ fn config(c: &Value) -> TrainConfig {
             Optimizer::AdamW,
         )
     }
+}
+
+/// Cases recorded before the field was written were all checkpointed.
+fn checkpointed(c: &Value) -> bool {
+    c.get("checkpoint").and_then(Value::as_bool).unwrap_or(true)
 }
 
 #[test]
@@ -61,12 +67,13 @@ fn qlora_steps_replayed_match_the_recorder_s() {
         // GPT-2's config names its hidden size `n_embd`, T5's `d_model`.
         let hidden = ["hidden_size", "n_embd", "d_model"].iter().find_map(|k| c["config"].get(*k));
         let label = format!(
-            "{family} h{} L{} r={} {}×{}",
+            "{family} h{} L{} r={} {}×{}{}",
             hidden.unwrap_or(&Value::Null),
             c["layers"],
             c["rank"],
             c["batch"],
-            c["seq"]
+            c["seq"],
+            if checkpointed(&c) { "" } else { ", no checkpointing" }
         );
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
             misses.push(miss);

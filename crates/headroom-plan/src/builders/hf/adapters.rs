@@ -30,7 +30,8 @@
 //! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
-//! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone) is recorded
+//! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and
+//! `.../full/qlora-all` without checkpointing) is recorded
 //! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
@@ -38,7 +39,8 @@
 //! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
 //! element), exact where out × in is a multiple of 16,384, as it is for every model whose
 //! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
-//! layer, checkpointing on. Recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
+//! layer, checkpointing on (`prepare_model_for_kbit_training`'s default) or off
+//! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). Recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
 //! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
 //! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
 //! "QLoRA replayed from its recorded step"). Two
@@ -49,7 +51,7 @@
 //! step keeps. LLM.int8's base is not recorded: those jobs are refused here and planned by the
 //! closed form.
 
-use crate::job::{BaseWeights, Checkpointing, Finetune, LoraTargets, TrainConfig};
+use crate::job::{BaseWeights, Finetune, LoraTargets, TrainConfig};
 use crate::model::Model;
 use crate::model_units;
 
@@ -59,14 +61,7 @@ use crate::model_units;
 pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
     match cfg.finetune {
         Finetune::Full => Ok(None),
-        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => {
-            if cfg.checkpointing != Checkpointing::Full {
-                return Err("QLoRA's step was recorded as peft's prepare_model_for_kbit_training sets it up, with \
-                            gradient checkpointing on: add --checkpoint full"
-                    .into());
-            }
-            Ok(Some("qlora-all"))
-        }
+        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => Ok(Some("qlora-all")),
         Finetune::Lora { base: BaseWeights::Nf4, .. } => {
             Err("QLoRA's step was recorded with adapters on every linear layer: --lora-targets all".into())
         }
@@ -321,9 +316,10 @@ mod tests {
         }
     }
 
-    /// `--finetune qlora --checkpoint full` on a GPU replays each QLoRA-recorded family's own
-    /// step, expanded to the model's depth: a preset of every family `--model` names (or a Hub
-    /// config where no preset ships one).
+    /// `--finetune qlora` on a GPU replays each QLoRA-recorded family's own step, with
+    /// checkpointing and without (`prepare_model_for_kbit_training(model,
+    /// use_gradient_checkpointing=False)`), expanded to the model's depth: a preset of every
+    /// family `--model` names (or a Hub config where no preset ships one).
     #[test]
     fn every_qlora_recorded_family_plans_from_its_own_template() {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
@@ -353,19 +349,56 @@ mod tests {
             // recorded eager alone).
             (preset("bert-base-uncased"), "bert/masked-lm/bf16/sdpa"),
             (preset("t5-base"), "t5/seq2seq-lm/bf16/eager"),
+            (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa"),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                "gemma3_text/causal-lm/bf16/sdpa",
+            ),
+            (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa"),
         ];
-        let cfg = TrainConfig {
-            attention: Attention::Sdpa,
-            checkpointing: Checkpointing::Full,
-            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
-            ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
-        };
-        for (model, want) in models {
-            let want = format!("{want}/ckpt/qlora-all");
-            assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
-            let planned = program(&model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
-            assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
+        for (checkpointing, ck) in [(Checkpointing::Full, "ckpt"), (Checkpointing::None, "full")] {
+            let cfg = TrainConfig {
+                attention: Attention::Sdpa,
+                checkpointing,
+                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+                ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
+            };
+            for (model, want) in &models {
+                let want = format!("{want}/{ck}/qlora-all");
+                assert_eq!(crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
+                let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
+                assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
+            }
         }
+    }
+
+    /// Without checkpointing QLoRA keeps every layer's activations for the backward: its replay
+    /// peaks above the checkpointed one's at the same job, with the same weights and optimizer
+    /// state (the 4-bit base, the fp32 adapters and AdamW's moments are the same tensors).
+    #[test]
+    fn qlora_without_checkpointing_keeps_every_layer_s_activations() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let model = crate::model::preset("gpt2").expect("preset");
+        let plan = |checkpointing| {
+            let cfg = TrainConfig {
+                attention: Attention::Sdpa,
+                checkpointing,
+                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+                ..TrainConfig::new(4, 1024, Precision::Bf16, Optimizer::AdamW)
+            };
+            let p = program(&model, &cfg, Device::Gpu(&h200), 2, &StateScale::default())
+                .expect("a recorded QLoRA step")
+                .program;
+            p.check().expect("well formed");
+            let sizes = p.sizes(cfg.micro_batch, cfg.seq);
+            let of = |term: Term| -> u64 {
+                p.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == term).map(|(_, &b)| b).sum()
+            };
+            (of(Term::Weights), of(Term::Optimizer), p.live_peak(&sizes).bytes)
+        };
+        let (full, ckpt) = (plan(Checkpointing::None), plan(Checkpointing::Full));
+        assert_eq!((full.0, full.1), (ckpt.0, ckpt.1), "weights and optimizer state");
+        assert!(full.2 > ckpt.2, "peak without checkpointing {} <= with {}", full.2, ckpt.2);
     }
 
     #[test]
@@ -378,7 +411,7 @@ mod tests {
     }
 
     /// QLoRA replays its template where it is set up as peft sets it up (every linear layer,
-    /// checkpointing on), and otherwise says what to change.
+    /// with checkpointing or without), and otherwise says what to change.
     #[test]
     fn qlora_replays_its_template_as_peft_sets_it_up() {
         let qlora = |targets, checkpointing| TrainConfig {
@@ -387,7 +420,7 @@ mod tests {
             ..TrainConfig::new(1, 128, Precision::Bf16, Optimizer::AdamW)
         };
         assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::Full)), Ok(Some("qlora-all")));
-        assert!(suffix(&qlora(LoraTargets::All, Checkpointing::None)).unwrap_err().contains("--checkpoint full"));
+        assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::None)), Ok(Some("qlora-all")));
         assert!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)).unwrap_err().contains("--lora-targets"));
     }
 }

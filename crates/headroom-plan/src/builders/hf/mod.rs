@@ -113,6 +113,13 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
             "`{k}` was recorded with its output layer tied to the embeddings, and {}'s is a layer of its own; {RECORD}",
             model.name
         ),
+        // peft's prepare_model_for_kbit_training turns checkpointing on by default, and every
+        // QLoRA-recorded family has that step.
+        None if adapters == Some("qlora-all") && !checkpointed => format!(
+            "no step `{}` was recorded (QLoRA without gradient checkpointing); add --checkpoint full, as peft's \
+             prepare_model_for_kbit_training sets it up by default, or {RECORD}",
+            key(families[0], attention)
+        ),
         None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention)),
     })
 }
