@@ -68,6 +68,7 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -79,6 +80,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
+import quant_infer as qi  # noqa: E402
 import step_programs as sp  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
@@ -118,7 +120,7 @@ def config(family, layers, variant=""):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
-    if family == "t5" and variant == "gated":
+    if family == "t5" and "gated" in qi.parts(variant):
         # T5 v1.1's gated MLP (`wi_0`, `wi_1`, gelu) and its decoder's output unscaled, as
         # `tie_word_embeddings: false` in v1.1's config.json says (`T5Config` reads it so); the
         # output layer is untied after the model is built (`untie_t5`).
@@ -137,7 +139,8 @@ def config(family, layers, variant=""):
         kind = ("sliding_attention", "full_attention")
         cfg["layer_types"] = [kind[min(i, sp.EDGE) % 2] if i < layers - sp.EDGE
                               else kind[(sp.LAYERS - layers + i) % 2] for i in range(layers)]
-    return cfg
+    # bitsandbytes' blocks whole in every quantized weight (quant_infer.py).
+    return qi.config(cfg, family, layers) if qi.quant_of(variant) else cfg
 
 
 def key(family, mode, precision, attn, variant=""):
@@ -158,14 +161,18 @@ class InferJob:
 
     def __init__(self, family, mode, precision, attn, batch, seq, layers, variant=""):
         cfg = config(family, layers, variant)
+        quant = qi.quant_of(variant)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
         torch.manual_seed(0)
+        head = HEADS.get(family, "causal-lm")
+        # Built on the meta device outside the profiler (nothing allocated), loaded inside it.
+        meta = qi.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn) if quant else None
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
-                infer_recipes.repeats_marked():
+                infer_recipes.repeats_marked(), qi.CudaPath() if quant else contextlib.nullcontext():
             with record_function("setup"):
-                head = HEADS.get(family, "causal-lm")
-                model = measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
-                if variant == "gated":
+                model = qi.load(meta) if quant else \
+                    measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
+                if "gated" in qi.parts(variant):
                     untie_t5(model)
                 model.eval()
                 sp.hook_layers(model, family)
@@ -208,11 +215,14 @@ class InferJob:
         for name, p in model.named_parameters():
             hit = __import__("re").match(pattern.pattern + r"\.", name)
             layer = ["enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))] if hit else None
-            self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
+            shape, nbytes = qi.param_entry(p)
+            self.params.append({"name": name, "shape": shape, "bytes": nbytes, "layer": layer,
                                 "ptr": p.untyped_storage().data_ptr()})
         self.dims = sp.dims(model, cfg)
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
+        if quant:
+            persistent.update({ptr: ("buffer", None) for ptr in qi.persistent(model)})
         persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in (ids, mask, *extra.values())})
         self._read(prof, persistent)
 
@@ -348,7 +358,7 @@ def sequence(job, keep):
     return out
 
 
-def fit(ns, points, d, param_shapes, what, widths):
+def fit(ns, points, d, param_shapes, what, widths, fractions=None, ops=()):
     """A size seen at three (batch, length) points [(b, x1), (b, x2), (b3, x1)] as
     {kind: {unit: bytes}}: `fixed`, `tok` (b x len), `tok_s` (b x len^2), `seq` (b), `pos`
     (len), `pos_s` (len^2); a length's law may carry a constant per sequence (a decode step's
@@ -356,6 +366,9 @@ def fit(ns, points, d, param_shapes, what, widths):
     (b, x1), (_, x2), (b3, _) = points
     n1, n2, n3 = ns
     if n1 == n2 == n3:
+        if fractions:
+            # A 4-bit model's: bitsandbytes' fractions of a layer's weight read too (quant_infer.py).
+            return qi.fixed_law(n1, param_shapes, fractions, d, what, widths, ops)
         if n1 <= sp.TINY:
             return {"fixed": {"one": float(n1)}}
         for shape, units, coef in param_shapes:
@@ -473,6 +486,7 @@ def template(family, mode, precision, attn, variant=""):
     seqs = [sequence(j, [t for t in k[0] if t not in tiny[i]]) for i, (j, k) in enumerate(zip(jobs, keeps))]
     d = base.dims
     widths = sp.widths_of("fp32" if precision == "fp32" else "bf16")
+    fracs = qi.fractions(base.params, d)
     param_shapes, params = [], []
     for p in base.params:
         n = 1
@@ -505,10 +519,10 @@ def template(family, mode, precision, attn, variant=""):
                 lw, by_encoder = fit_decode([x["size"] for x in ts] + [base.tensors[after[pos]]["size"]],
                                             first_past(family, mode, sp.SHAPES[0][1]) + 1, f"{what} {name} {pos}",
                                             lambda ns, pts: fit(ns, pts, d, param_shapes, f"{what} {name} {pos}",
-                                                                widths))
+                                                                widths, fracs, ts[0]["ops"]))
             else:
                 lw = fit([x["size"] for x in ts], points(mode, name), d, param_shapes, f"{what} {name} {pos}",
-                         widths)
+                         widths, fracs, ts[0]["ops"])
             if enc_dec and not role:
                 lw = per_head(lw, d["heads"])
             if role and role[0] in ("param", "buffer"):
@@ -652,8 +666,10 @@ def keys(only):
             attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
                 [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else []) \
                 + ([("fp32", "sdpa-math")] if family in GROUPED else [])
-            for precision, attn in attns:
-                for variant in VARIANTS.get(family, ("",)):
+            # bitsandbytes' 4-bit layers at bf16 compute, over the attention a bf16 model runs.
+            quants = [("bf16", attns[0][1], q) for q in qi.QUANTS]
+            for precision, attn, quant in [(p, a, "") for p, a in attns] + quants:
+                for variant in ["/".join(filter(None, (v, quant))) for v in VARIANTS.get(family, ("",))]:
                     k = key(family, mode, precision, attn, variant)
                     if not only or family in only or k in only:
                         out.append((family, mode, precision, attn, variant))

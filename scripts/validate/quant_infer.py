@@ -1,0 +1,170 @@
+"""Inference over bitsandbytes' 4-bit linear layers for `infer_programs.py` (keys ending `/nf4`):
+a model as `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16),
+torch_dtype=torch.bfloat16)` loads it, recorded under the CPU profiler as the other inference
+templates are, with bitsandbytes' CUDA operators' allocations in place of its CPU ones.
+
+bitsandbytes quantizes a weight when it moves to the GPU and its CUDA kernels run only on a GPU;
+its CPU backend quantizes and multiplies otherwise (its own packing, `_convert_weight_packed_for_cpu`,
+at the first forward). So the model is built and loaded as `headroom_gpu.qlora` builds and loads
+it (transformers' `replace_with_bnb_linear`, each weight arriving in bf16 and quantized, the full
+weight freed), and `CudaPath` answers bitsandbytes' operators with what their CUDA kernels
+(`bitsandbytes/backends/cuda/ops.py`, 0.50.2) allocate, in their order:
+
+- `quantize_4bit`: the fp32 absmax of each block of 64, then the packed weight, `ceil(n / 2)`
+  uint8; `quantize_blockwise` (double quantization of that absmax, blocks of 256): its fp32
+  absmax, then one uint8 an element. What qlora.py's `stored_bytes` lists.
+- `gemm_4bit`, which `matmul_4bit` calls for any input when no gradient is asked (inference):
+  at `CUSTOM_FLOOR_ROWS` rows or fewer (a decode step's one token a sequence, at the recorded
+  batches of 2 and 3) the fused kernel, which makes its output alone; over it, the
+  dequantize-then-matmul path (`_dequant_linear_fallback`): the absmax dequantized into an fp32
+  buffer, that plus the offset, the weight dequantized into a temporary of the compute dtype, then
+  `F.linear`, each temporary freed as the function returns. That is the path past 1536 rows; from
+  5 to 1536 rows bitsandbytes asks a per-architecture heuristic (`_gemm_4bit_use_custom_cuda`),
+  which on a Hopper GPU mostly picks this path too. Recorded so for every prompt (the higher
+  of the two: one layer's weight in bf16 more), and stated in `ASSUMED`.
+
+The values are zeros (no kernel runs): generate's tokens are chosen from zero logits, which
+changes no tensor's size (`min_new_tokens` keeps it going).
+"""
+
+import contextlib
+
+import torch
+from torch.profiler import record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import qlora_programs as qp
+import step_programs as sp
+
+# The 4-bit formats recorded, as a key's last part.
+QUANTS = ("nf4",)
+# bitsandbytes' `_GEMM_4BIT_CUSTOM_FLOOR_M`: at this many rows or fewer its fused kernel runs.
+CUSTOM_FLOOR_ROWS = 4
+ASSUMED = ("bitsandbytes gemm_4bit: a prompt's forward recorded on its dequantize-then-matmul path (a GPU takes it "
+           "past 1536 rows, and from 5 where its per-architecture heuristic says so), a decode step of up to "
+           f"{CUSTOM_FLOOR_ROWS} sequences on its fused kernel (no dequantized weight)")
+
+
+def parts(variant):
+    """A key's variant as its parts: T5's `gated`, and a quantization of `QUANTS`."""
+    return [p for p in variant.split("/") if p]
+
+
+def quant_of(variant):
+    return next((p for p in parts(variant) if p in QUANTS), None)
+
+
+class CudaPath(TorchDispatchMode):
+    """bitsandbytes' operators as its CUDA kernels allocate (the module's docstring)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.bitsandbytes.quantize_4bit.default:
+            return _quantize_4bit(*args, **kwargs)
+        if func is torch.ops.bitsandbytes.quantize_blockwise.default:
+            return _quantize_blockwise(*args, **kwargs)
+        if func is torch.ops.bitsandbytes.gemm_4bit.default:
+            return _gemm_4bit(*args, **kwargs)
+        if func.namespace == "bitsandbytes":
+            raise sp.Unexplained(f"bitsandbytes' {func} has no CUDA allocations recorded here")
+        return func(*args, **kwargs)
+
+
+def _quantize_4bit(A, blocksize, quant_type, quant_storage):
+    n = A.numel()
+    absmax = torch.zeros((-(n // -blocksize),), dtype=torch.float32)
+    out = torch.zeros(((n + 1) // (quant_storage.itemsize * 2), 1), dtype=quant_storage)
+    return out, absmax
+
+
+def _quantize_blockwise(A, code, blocksize):
+    n = A.numel()
+    absmax = torch.zeros((-(n // -blocksize),), dtype=torch.float32)
+    out = torch.zeros(A.shape, dtype=torch.uint8)
+    return out, absmax
+
+
+def _gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
+               absmax_offset=None):
+    rows = A.numel() // A.shape[-1]
+    if rows <= CUSTOM_FLOOR_ROWS:
+        # _gemm_4bit_kernel_impl: the output alone.
+        return torch.zeros((*A.shape[:-1], shapeB[0]), dtype=A.dtype)
+    # _dequant_linear_fallback, line for line (its locals live until it returns).
+    if absmax_8bit is not None:
+        absmax_dq = torch.zeros(absmax_8bit.shape, dtype=torch.float32)
+        absmax = absmax_dq + absmax_offset
+    B_dq = torch.zeros(shapeB, dtype=A.dtype)
+    return torch.nn.functional.linear(A, B_dq, bias)
+
+
+def config(cfg, family, layers):
+    """The inference recording's config at widths whose every quantized weight is whole blocks of
+    bitsandbytes' (qlora_programs.py's)."""
+    return qp.qlora_config(family, layers, cfg)
+
+
+def build(cfg, head, attn):
+    """`cfg`'s model on the meta device with bitsandbytes' 4-bit layers (`qlora.build`): NF4, double
+    quantization, bf16 compute, the rest bf16."""
+    import transformers
+
+    from headroom_gpu import qlora
+
+    fields = dict(cfg)
+    config_ = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    return qlora.build(config_, attn, model_head=head)
+
+
+def load(model):
+    """`build`'s model loaded on the CPU (inside the profiler, under `CudaPath`), each layer's weight
+    quantized; bitsandbytes' CPU repacking at the first forward turned off (a GPU has none)."""
+    import bitsandbytes as bnb
+
+    from headroom_gpu import qlora
+
+    def scope(name):
+        # Each layer's loading inside its range, as its forward is: what it stores is the layer's.
+        tag = qp._layer_of(name)
+        return record_function(tag) if tag else contextlib.nullcontext()
+
+    qlora.load(model, device="cpu", scope=scope)
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+    return model
+
+
+def param_entry(p):
+    """A parameter's shape and bytes an element: a packed 4-bit weight as its layer's out x in at
+    half a byte."""
+    state = getattr(p, "quant_state", None)
+    if state is not None:
+        return list(state.shape), 0.5
+    return list(p.shape), p.element_size()
+
+
+def persistent(model):
+    """The storages bitsandbytes keeps beside the parameters: each layer's quantization state, and
+    the 8-bit dynamic map."""
+    import bitsandbytes.functional as bnbf
+
+    from headroom_gpu.qlora import state_tensors
+
+    out = [bnbf.name2qmap["dynamic"]]
+    for p in model.parameters():
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            out += state_tensors(state)
+    return [t.untyped_storage().data_ptr() for t in out]
+
+
+def fractions(params, dims):
+    """Each quantized layer's (out x in, units, coefficient), for `fixed_law`."""
+    return [(s[0] * s[1], *reversed(sp.shape_units(s, dims))) for s in
+            (p["shape"] for p in params if p["bytes"] == 0.5)]
+
+
+def fixed_law(n, param_shapes, fracs, d, what, widths, ops):
+    return qp.fixed_law(n, param_shapes, fracs, d, what, widths, ops)
