@@ -132,6 +132,16 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         .ok_or("the family was recorded with its output layer tied to the embeddings, and this model's is its own")
 }
 
+/// What a template recorded over bitsandbytes' 4-bit layers assumed of its CUDA kernels, which
+/// choose by rows (`gemm_4bit` in bitsandbytes/backends/cuda/ops.py, 0.50), for the plan to say.
+pub fn assumed(key: &str) -> Option<&'static str> {
+    key.ends_with("/nf4").then_some(
+        "bitsandbytes' gemm_4bit as recorded: each layer's weight dequantized into a bf16 temporary in the \
+         prompt's forward (a GPU's path past 1536 rows, and from 5 where its heuristic picks it), none in a decode \
+         step (the fused kernel, up to 4 sequences; past that a GPU may dequantize too: one layer's weight more)",
+    )
+}
+
 /// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 with
 /// double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`, the one
 /// recorded, `scripts/validate/quant_infer.py`), or why no template serves it.
@@ -544,7 +554,10 @@ mod quantized {
         for op in &p.ops {
             match *op {
                 Op::Mark { step: s, .. } => step = s,
-                Op::Alloc(t) if sizes[t as usize] == mlp && p.sites[p.tensors[t as usize].site as usize].contains("gemm_4bit") => {
+                Op::Alloc(t)
+                    if sizes[t as usize] == mlp
+                        && p.sites[p.tensors[t as usize].site as usize].contains("gemm_4bit") =>
+                {
                     if step == 1 {
                         prompt += 1
                     } else if step >= 2 {
@@ -558,7 +571,8 @@ mod quantized {
         assert_eq!((prompt, decode), (3 * 32, 0));
         let plain = program(&m, "llama/generate/bf16/sdpa", 256, &generate_pasts(KEY, 256, 4), None);
         let peak = |p: &Program| p.live_peak(&p.sizes(1, 1)).bytes;
-        let weights = |p: &Program| sized(p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum::<u64>();
+        let weights =
+            |p: &Program| sized(p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum::<u64>();
         // Beyond its weights, the 4-bit model's peak holds a dequantized MLP weight more.
         assert!(peak(&p) - weights(&p) >= peak(&plain) - weights(&plain) + mlp);
     }
