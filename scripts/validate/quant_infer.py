@@ -21,8 +21,9 @@ weight freed), and `CudaPath` answers bitsandbytes' operators with what their CU
   buffer, that plus the offset, the weight dequantized into a temporary of the compute dtype, then
   `F.linear`, each temporary freed as the function returns. That is the path past 1536 rows; from
   5 to 1536 rows bitsandbytes asks a per-architecture heuristic (`_gemm_4bit_use_custom_cuda`),
-  which on a Hopper GPU mostly picks this path too. Recorded so for every prompt (the higher
-  of the two: one layer's weight in bf16 more), and stated in `ASSUMED`.
+  which for a weight of 4M elements or more picks the fused kernel up to 512 rows on most GPUs.
+  Recorded so for every prompt (the higher of the two: one layer's weight in bf16 more, where the
+  GPU takes the fused kernel), and stated in `ASSUMED`.
 
 The values are zeros (no kernel runs): generate's tokens are chosen from zero logits, which
 changes no tensor's size (`min_new_tokens` keeps it going).
@@ -41,8 +42,9 @@ import step_programs as sp
 QUANTS = ("nf4",)
 # bitsandbytes' `_GEMM_4BIT_CUSTOM_FLOOR_M`: at this many rows or fewer its fused kernel runs.
 CUSTOM_FLOOR_ROWS = 4
-ASSUMED = ("bitsandbytes gemm_4bit: a prompt's forward recorded on its dequantize-then-matmul path (a GPU takes it "
-           "past 1536 rows, and from 5 where its per-architecture heuristic says so), a decode step of up to "
+ASSUMED = ("bitsandbytes gemm_4bit: a prompt's forward recorded on its dequantize-then-matmul path (a GPU's past 1536 "
+           "rows; from 5 to 1536 its per-architecture heuristic chooses, and for a weight of 4M elements or more picks "
+           "the fused kernel up to 512 rows, without the dequantized weight), a decode step of up to "
            f"{CUSTOM_FLOOR_ROWS} sequences on its fused kernel (no dequantized weight)")
 
 

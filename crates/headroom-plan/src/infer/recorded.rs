@@ -137,8 +137,10 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
 pub fn assumed(key: &str) -> Option<&'static str> {
     key.ends_with("/nf4").then_some(
         "bitsandbytes' gemm_4bit as recorded: each layer's weight dequantized into a bf16 temporary in the \
-         prompt's forward (a GPU's path past 1536 rows, and from 5 where its heuristic picks it), none in a decode \
-         step (the fused kernel, up to 4 sequences; past that a GPU may dequantize too: one layer's weight more)",
+         prompt's forward (a GPU's path past 1536 rows; under that its heuristic may pick the fused kernel, for a \
+         weight of 4M elements or more up to 512 rows, and the plan is high by one layer's weight), none in a \
+         decode step (the fused kernel, up to 4 sequences; past that a GPU may dequantize too: one layer's weight \
+         more)",
     )
 }
 
