@@ -56,6 +56,12 @@ masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack
 are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
+Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`, at
+bf16 with the attention a bf16 model of the family runs), as `quant_infer.py` records them: loaded
+and quantized as transformers loads them, bitsandbytes' operators allocating what their CUDA
+kernels allocate, at widths whose every quantized weight is whole blocks (qlora_programs.py's);
+each such template carries what its recording assumed of the kernels (`assumed`).
+
 Recorded at five layers (the middle one repeated by the planner for every layer between) and
 three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
 does (`check`: each section's events, their bytes in order and the live peak, which the
@@ -64,6 +70,7 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only t5/forward/bf16/eager/gated --out b.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa/nf4 --out c.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.json a.json b.json --out data/programs/hf-infer.json
 """
 

@@ -27,6 +27,12 @@
 //! MLP and an output layer of its own, untied as a loaded v1.1 checkpoint's is (transformers 5
 //! ties every T5's when it builds one).
 //!
+//! Over bitsandbytes' 4-bit layers (`--quantize nf4 --double-quant --compute-dtype bf16` over a
+//! bf16 load: keys ending `/nf4`), recorded with bitsandbytes' CUDA operators' allocations
+//! (`scripts/validate/quant_infer.py`): each layer's weight quantized as it loads, the prompt's
+//! forward dequantizing each weight into a bf16 temporary, a decode step on the fused kernel
+//! ([`assumed`]).
+//!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
 //! key-value heads takes SDPA's math path on a GPU, recorded on the CPU by asking for it: the
