@@ -173,11 +173,11 @@ class InferJob:
         torch.manual_seed(0)
         head = HEADS.get(family, "causal-lm")
         # Built on the meta device outside the profiler (nothing allocated), loaded inside it.
-        meta = qi.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn) if quant else None
+        meta = qi.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, quant) if quant else None
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
                 infer_recipes.repeats_marked(), qi.CudaPath() if quant else contextlib.nullcontext():
             with record_function("setup"):
-                model = qi.load(meta) if quant else \
+                model = qi.load(meta, quant) if quant else \
                     measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
                 if "gated" in qi.parts(variant):
                     untie_t5(model)
@@ -725,8 +725,9 @@ def compact(t):
 
 def stated(k, t):
     """A template with what its recording assumed of kernels the CPU does not run (quant_infer.py)."""
-    if qi.quant_of(k.split("/", 4)[4] if k.count("/") >= 4 else "") and "error" not in t:
-        t = {**t, "assumed": qi.ASSUMED}
+    quant = qi.quant_of(k.split("/", 4)[4] if k.count("/") >= 4 else "")
+    if quant and "error" not in t:
+        t = {**t, "assumed": qi.ASSUMED if quant == "nf4" else qi.ASSUMED_INT8}
     return t
 
 

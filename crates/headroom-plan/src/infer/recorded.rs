@@ -141,6 +141,13 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
 /// What a template recorded over bitsandbytes' 4-bit layers assumed of its CUDA kernels, which
 /// choose by rows (`gemm_4bit` in bitsandbytes/backends/cuda/ops.py, 0.50), for the plan to say.
 pub fn assumed(key: &str) -> Option<&'static str> {
+    if key.ends_with("/int8") {
+        return Some(
+            "bitsandbytes' LLM.int8() as recorded: no input column above its 6.0 threshold (the recording's inputs \
+             are zeros); a real model's few outlier columns (about 6) add each layer's input columns in the compute \
+             dtype and the weight's in fp16, a few bytes a token and a row",
+        );
+    }
     key.ends_with("/nf4").then_some(
         "bitsandbytes' gemm_4bit as recorded: each layer's weight dequantized into a bf16 temporary in the \
          prompt's forward (a GPU's path past 1536 rows; under that its heuristic may pick the fused kernel, for a \
@@ -151,11 +158,15 @@ pub fn assumed(key: &str) -> Option<&'static str> {
 }
 
 /// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 with
-/// double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`, the one
-/// recorded, `scripts/validate/quant_infer.py`), or why no template serves it.
+/// double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`), or
+/// LLM.int8() over a bf16 load (the ones recorded, `scripts/validate/quant_infer.py`), or why no
+/// template serves it.
 fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'static str> {
     match quantize {
-        Bnb::Int8 => Err("bitsandbytes' 8-bit layers were not recorded tensor by tensor"),
+        Bnb::Int8 if weights != WeightFormat::Bf16 => {
+            Err("bitsandbytes' 8-bit layers were recorded over a bf16 load (--weights bf16)")
+        }
+        Bnb::Int8 => Ok("/int8"),
         Bnb::FourBit { quant_type: QuantType::Fp4, .. } => {
             Err("bitsandbytes' 4-bit layers were recorded as NF4 (--quantize nf4), not FP4")
         }
@@ -516,8 +527,8 @@ mod quantized {
         let m = preset("llama-3-8b").expect("preset");
         assert_eq!(key(&m, &hf(Some(NF4), WeightFormat::Bf16)).as_deref(), Ok(KEY));
         assert_eq!(key(&m, &hf(None, WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa"));
+        assert_eq!(key(&m, &hf(Some(Bnb::Int8), WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa/int8"));
         let refused = [
-            Bnb::Int8,
             Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Bf16 },
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Bf16 },
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Fp32 },
@@ -544,6 +555,23 @@ mod quantized {
         let block = 2 * stored(q * h) + 2 * stored(kv * h) + 3 * stored(f * h) + 2 * h * 2;
         let want = layers * block + 2 * vocab * h * 2 + h * 2 + 256 * 4 + 2 * 64 * 4;
         let p = program(&m, KEY, 256, &[], None);
+        let weights: u64 = sized(&p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum();
+        assert_eq!(weights, want);
+    }
+
+    /// Llama-3-8B's LLM.int8() weights as the template replays them, by bitsandbytes' rules
+    /// (`Int8Params._quantize`, `int8_vectorwise_quant`), by hand: each linear layer of the 32
+    /// blocks keeps its int8 weight (`CB`, a byte an element) and an fp32 scale a row (`SCB`);
+    /// the embeddings, the head and the norms stay bf16; and the rotary embedding's two 64-entry
+    /// fp32 frequency buffers.
+    #[test]
+    fn the_int8_weights_are_bitsandbytes_stored_bytes() {
+        let m = preset("llama-3-8b").expect("preset");
+        let (h, q, kv, f, layers, vocab) = (4096u64, 4096u64, 1024u64, 14336u64, 32u64, 128_256u64);
+        let stored = |k: u64, n: u64| k * n + 4 * n;
+        let block = stored(h, q) + 2 * stored(h, kv) + stored(q, h) + 2 * stored(h, f) + stored(f, h) + 2 * h * 2;
+        let want = layers * block + 2 * vocab * h * 2 + h * 2 + 2 * 64 * 4;
+        let p = program(&m, "llama/generate/bf16/sdpa/int8", 256, &[], None);
         let weights: u64 = sized(&p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum();
         assert_eq!(weights, want);
     }
