@@ -68,5 +68,50 @@ class CudaPath(unittest.TestCase):
             self.assertEqual(((out_features, in_features), torch.bfloat16) in made, dequantized, rows)
 
 
+
+@unittest.skipIf(MISSING, MISSING or "")
+class Int8(unittest.TestCase):
+    """LLM.int8(): each layer keeps its int8 weight and an fp32 scale a row; a forward makes the
+    int32 product of the quantized input and weight, and dequantizes it to fp16 before the cast to
+    the input's dtype."""
+
+    def setUp(self):
+        cfg = qi.config(sp.config("llama", 2), "llama", 2)
+        self.model = qi.build(cfg, "causal-lm", "sdpa", "int8")
+        with qi.CudaPath():
+            qi.load(self.model, "int8")
+        # Evaluation, as the recording runs it (in training bitsandbytes takes another path on a CPU).
+        self.model.eval()
+
+    def test_each_layer_stores_its_int8_weight_and_row_scales(self):
+        layers = [m for m in self.model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+        self.assertEqual(len(layers), 2 * 7)
+        for m in layers:
+            self.assertEqual(m.weight.dtype, torch.int8)
+            self.assertEqual(m.weight.untyped_storage().nbytes(), m.out_features * m.in_features)
+            self.assertEqual(m.weight.SCB.untyped_storage().nbytes(), 4 * m.out_features)
+
+    def test_a_forward_makes_the_int32_product_and_its_fp16_dequantization(self):
+        layer = next(m for m in self.model.modules() if isinstance(m, bnb.nn.Linear8bitLt))
+        made = []
+
+        class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, torch.Tensor):
+                        made.append((tuple(t.shape), t.dtype))
+                return out
+
+        rows = 6
+        x = torch.zeros(rows, layer.in_features, dtype=torch.bfloat16)
+        with torch.no_grad(), Seen(), qi.CudaPath():
+            y = layer(x)
+        self.assertEqual((tuple(y.shape), y.dtype), ((rows, layer.out_features), torch.bfloat16))
+        for want in (((rows, layer.in_features), torch.int8), ((rows, layer.out_features), torch.int32),
+                     ((rows, layer.out_features), torch.float16)):
+            self.assertIn(want, made)
+
+
 if __name__ == "__main__":
     unittest.main()

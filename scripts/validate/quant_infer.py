@@ -1,4 +1,5 @@
-"""Inference over bitsandbytes' 4-bit linear layers for `infer_programs.py` (keys ending `/nf4`):
+"""Inference over bitsandbytes' 4-bit and 8-bit linear layers for `infer_programs.py` (keys ending
+`/nf4` and `/int8`). 4-bit:
 a model as `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
 bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16),
 torch_dtype=torch.bfloat16)` loads it, recorded under the CPU profiler as the other inference
@@ -24,6 +25,16 @@ weight freed), and `CudaPath` answers bitsandbytes' operators with what their CU
   which for a weight of 4M elements or more picks the fused kernel up to 512 rows on most GPUs.
   Recorded so for every prompt (the higher of the two: one layer's weight in bf16 more, where the
   GPU takes the fused kernel), and stated in `ASSUMED`.
+
+LLM.int8() (keys ending `/int8`): `Linear8bitLt` as `BitsAndBytesConfig(load_in_8bit=True)` loads
+it (threshold 6.0, no fp16 weights kept): each weight arriving in bf16, copied to fp16 and quantized
+by `int8_vectorwise_quant` (`Int8Params._quantize`: the int8 weight `CB` and an fp32 scale a row
+`SCB`). A forward is `MatMul8bitLt`'s fast path (no gradient): the input cast to fp16 and quantized a
+row at a time (`int8_vectorwise_quant`: an fp32 scale a row, the int8 input, and at the threshold
+the input's `abs() >= 6.0` and its column-wise `any`), `int8_linear_matmul`'s int32 product,
+`int8_mm_dequant`'s fp16 output and its cast to bf16 (`int8_mixed_scaled_mm` and `int8_scaled_mm`
+are bitsandbytes' own compositions of these, run as written). The outlier columns are the data's:
+the recording's inputs are zeros and have none (`ASSUMED_INT8`).
 
 The values are zeros (no kernel runs): generate's tokens are chosen from zero logits, which
 changes no tensor's size (`min_new_tokens` keeps it going).
