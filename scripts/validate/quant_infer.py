@@ -34,7 +34,7 @@ row at a time (`int8_vectorwise_quant`: an fp32 scale a row, the int8 input, and
 the input's `abs() >= 6.0` and its column-wise `any`), `int8_linear_matmul`'s int32 product,
 `int8_mm_dequant`'s fp16 output and its cast to bf16 (`int8_mixed_scaled_mm` and `int8_scaled_mm`
 are bitsandbytes' own compositions of these, run as written). The outlier columns are the data's:
-the recording's inputs are zeros and have none (`ASSUMED_INT8`).
+the recording's weights and inputs are zeros, and have none (`ASSUMED_INT8`).
 
 The values are zeros (no kernel runs): generate's tokens are chosen from zero logits, which
 changes no tensor's size (`min_new_tokens` keeps it going).
@@ -207,8 +207,8 @@ def fixed_law(n, param_shapes, fracs, d, what, widths, ops):
 # LLM.int8() (`--quantize int8`, keys ending `/int8`): bitsandbytes' `Linear8bitLt` as
 # `BitsAndBytesConfig(load_in_8bit=True)` loads it (threshold 6.0, no fp16 weights kept).
 INT8_THRESHOLD = 6.0
-ASSUMED_INT8 = ("bitsandbytes LLM.int8(): no input column above the 6.0 threshold (the recording's inputs are "
-                "zeros); a real model's few outlier columns (about 6) add each layer's input columns in the compute "
+ASSUMED_INT8 = ("bitsandbytes LLM.int8(): no input column above the 6.0 threshold (the recording's weights and "
+                "inputs are zeros); a real model's few outlier columns (about 6) add each layer's input columns in the compute "
                 "dtype and the weight's in fp16, a few bytes a token and a row")
 
 
@@ -295,7 +295,7 @@ def load_int8(model):
     """`build_int8`'s model loaded on the CPU (inside the profiler, under `CudaPath`): each
     `Linear8bitLt`'s weight arriving in bf16 and quantized as `Int8Params._quantize` does on its
     way to the GPU (an fp16 copy, `int8_vectorwise_quant`: the int8 weight `CB` and an fp32 scale a
-    row `SCB`), each layer inside its range; every other meta tensor made in its dtype."""
+    row `SCB`), each layer inside its range; every other meta tensor made in its dtype, as zeros."""
     import bitsandbytes as bnb
 
     made = {}
@@ -313,7 +313,9 @@ def load_int8(model):
                 for key, t in kind.items():
                     if t is not None and t.is_meta:
                         if id(t) not in made:
-                            new = torch.empty(t.shape, dtype=t.dtype)
+                            # Zeros, so that no layer's input reaches the outlier threshold
+                            # (ASSUMED_INT8): uninitialized memory would decide it.
+                            new = torch.zeros(t.shape, dtype=t.dtype)
                             made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
                                 if kind is module._parameters else new
                         kind[key] = made[id(t)]

@@ -143,9 +143,9 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
 pub fn assumed(key: &str) -> Option<&'static str> {
     if key.ends_with("/int8") {
         return Some(
-            "bitsandbytes' LLM.int8() as recorded: no input column above its 6.0 threshold (the recording's inputs \
-             are zeros); a real model's few outlier columns (about 6) add each layer's input columns in the compute \
-             dtype and the weight's in fp16, a few bytes a token and a row",
+            "bitsandbytes' LLM.int8() as recorded: no input column above its 6.0 threshold (the recording's weights \
+             and inputs are zeros); a real model's few outlier columns (about 6) add each layer's input columns in the \
+             compute dtype and the weight's in fp16, a few bytes a token and a row",
         );
     }
     key.ends_with("/nf4").then_some(
