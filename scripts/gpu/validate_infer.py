@@ -13,6 +13,15 @@ fitted to these jobs.
 
     cargo build --release -p headroom-cli
     python3 scripts/gpu/validate_infer.py --headroom target/release/headroom --before /path/to/headroom-main
+    python3 scripts/gpu/validate_infer.py --headroom target/release/headroom --weights int4
+
+`--weights int4`: the same models over bitsandbytes' 4-bit layers, loaded as
+`from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16))`
+loads them (`headroom_gpu.qlora.build` and `load` on the GPU: each weight arriving in bf16 and
+quantized by bitsandbytes' CUDA kernels), planned with `--quantize nf4 --double-quant
+--compute-dtype bf16` (the `…/nf4` templates, whose prompt's forward was recorded on
+bitsandbytes' dequantize-then-matmul path: the measured peak says whether the GPU took it).
 
 Needs torch with CUDA and transformers. Without a GPU it says so and exits 2.
 """
@@ -39,6 +48,13 @@ JOBS = [
     ("llama-1b", "fp32", 2, 1024, 64),
     ("qwen2-0.5b", "fp32", 4, 1024, 64),
 ]
+# bitsandbytes' NF4 layers (`--weights int4`): a decode step of up to 4 sequences on its fused
+# kernel, and of 8 (past its floor, its heuristic's choice).
+INT4_JOBS = [
+    ("llama-1b", "nf4", 1, 512, 64),
+    ("llama-1b", "nf4", 4, 2048, 128),
+    ("qwen2-0.5b", "nf4", 8, 1024, 256),
+]
 
 
 def measure(name, dtype, batch, prompt, new_tokens):
@@ -48,9 +64,15 @@ import json, torch, transformers
 cfg = {CONFIGS[name]!r}
 fields = dict(cfg); mt = fields.pop("model_type")
 config = transformers.AutoConfig.for_model(mt, **fields)
-with torch.device("cuda"):
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                                          dtype=torch.{ {"bf16": "bfloat16", "fp32": "float32"}[dtype]})
+if {dtype!r} == "nf4":
+    import sys
+    sys.path.insert(0, "python")
+    from headroom_gpu import qlora
+    model = qlora.load(qlora.build(config, "sdpa", model_head="causal-lm"), device="cuda")
+else:
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                              dtype=torch.{ {"bf16": "bfloat16", "fp32": "float32", "nf4": "bfloat16"}[dtype]})
 model.eval(); model.generation_config.pad_token_id = 0
 ids = torch.randint(0, config.vocab_size, ({batch}, {prompt}), device="cuda")
 mask = torch.ones_like(ids)
@@ -79,7 +101,10 @@ print(json.dumps({{"allocated": torch.cuda.max_memory_allocated(), "reserved": t
 
 def predict(headroom, path, gpu_memory, dtype, batch, prompt, new_tokens):
     args = [headroom, "plan", "--model", path, "--gpu", "h200", "--gpu-memory", str(gpu_memory), "--infer",
-            "--framework", "hf", "--weights", dtype, "--batch", str(batch), "--seq", str(prompt), "--json"]
+            "--framework", "hf", "--weights", "bf16" if dtype == "nf4" else dtype, "--batch", str(batch), "--seq", str(prompt), "--json"]
+    if dtype == "nf4":
+        # Before --json, which the fallback below keeps last but for --new-tokens.
+        args[-1:-1] = ["--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"]
     if new_tokens > 1:
         args += ["--new-tokens", str(new_tokens)]
     r = subprocess.run(args, capture_output=True, text=True)
@@ -96,12 +121,14 @@ def main():
     ap.add_argument("--headroom", default="target/release/headroom")
     ap.add_argument("--before", help="a headroom binary of the planner before (the closed form)")
     ap.add_argument("--out", default="infer-gpu.json")
+    ap.add_argument("--weights", choices=("16", "int4"), default="16",
+                    help="16: JOBS (bf16 and fp32); int4: INT4_JOBS, over bitsandbytes' NF4 layers")
     args = ap.parse_args()
     torch, _ = gpu_env.require("validate_infer", args.headroom, "measures generate on the GPU")
     gpu_memory = torch.cuda.get_device_properties(0).total_memory
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, dtype, batch, prompt, new_tokens in JOBS:
+        for name, dtype, batch, prompt, new_tokens in INT4_JOBS if args.weights == "int4" else JOBS:
             path = os.path.join(tmp, f"{name}.json")
             with open(path, "w") as f:
                 json.dump(CONFIGS[name], f)

@@ -56,6 +56,12 @@ masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack
 are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
+Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`, at
+bf16 with the attention a bf16 model of the family runs), as `quant_infer.py` records them: loaded
+and quantized as transformers loads them, bitsandbytes' operators allocating what their CUDA
+kernels allocate, at widths whose every quantized weight is whole blocks (qlora_programs.py's);
+each such template carries what its recording assumed of the kernels (`assumed`).
+
 Recorded at five layers (the middle one repeated by the planner for every layer between) and
 three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_programs.py
 does (`check`: each section's events, their bytes in order and the live peak, which the
@@ -64,10 +70,12 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only t5/forward/bf16/eager/gated --out b.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa/nf4 --out c.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.json a.json b.json --out data/programs/hf-infer.json
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -79,6 +87,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
+import quant_infer as qi  # noqa: E402
 import step_programs as sp  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
@@ -118,7 +127,7 @@ def config(family, layers, variant=""):
     cfg = sp.config(family, layers)
     if family == "gemma3_text":
         cfg["sliding_window"] = 4096
-    if family == "t5" and variant == "gated":
+    if family == "t5" and "gated" in qi.parts(variant):
         # T5 v1.1's gated MLP (`wi_0`, `wi_1`, gelu) and its decoder's output unscaled, as
         # `tie_word_embeddings: false` in v1.1's config.json says (`T5Config` reads it so); the
         # output layer is untied after the model is built (`untie_t5`).
@@ -137,7 +146,8 @@ def config(family, layers, variant=""):
         kind = ("sliding_attention", "full_attention")
         cfg["layer_types"] = [kind[min(i, sp.EDGE) % 2] if i < layers - sp.EDGE
                               else kind[(sp.LAYERS - layers + i) % 2] for i in range(layers)]
-    return cfg
+    # bitsandbytes' blocks whole in every quantized weight (quant_infer.py).
+    return qi.config(cfg, family, layers) if qi.quant_of(variant) else cfg
 
 
 def key(family, mode, precision, attn, variant=""):
@@ -158,14 +168,18 @@ class InferJob:
 
     def __init__(self, family, mode, precision, attn, batch, seq, layers, variant=""):
         cfg = config(family, layers, variant)
+        quant = qi.quant_of(variant)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
         torch.manual_seed(0)
+        head = HEADS.get(family, "causal-lm")
+        # Built on the meta device outside the profiler (nothing allocated), loaded inside it.
+        meta = qi.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, quant) if quant else None
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
-                infer_recipes.repeats_marked():
+                infer_recipes.repeats_marked(), qi.CudaPath() if quant else contextlib.nullcontext():
             with record_function("setup"):
-                head = HEADS.get(family, "causal-lm")
-                model = measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
-                if variant == "gated":
+                model = qi.load(meta, quant) if quant else \
+                    measure.build(cfg, head, "sdpa" if attn == "sdpa-math" else attn, dtype)
+                if "gated" in qi.parts(variant):
                     untie_t5(model)
                 model.eval()
                 sp.hook_layers(model, family)
@@ -208,11 +222,14 @@ class InferJob:
         for name, p in model.named_parameters():
             hit = __import__("re").match(pattern.pattern + r"\.", name)
             layer = ["enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))] if hit else None
-            self.params.append({"name": name, "shape": list(p.shape), "bytes": p.element_size(), "layer": layer,
+            shape, nbytes = qi.param_entry(p)
+            self.params.append({"name": name, "shape": shape, "bytes": nbytes, "layer": layer,
                                 "ptr": p.untyped_storage().data_ptr()})
         self.dims = sp.dims(model, cfg)
         persistent = {p["ptr"]: ("param", i) for i, p in enumerate(self.params)}
         persistent.update({b.untyped_storage().data_ptr(): ("buffer", None) for b in model.buffers()})
+        if quant:
+            persistent.update({ptr: ("buffer", None) for ptr in qi.persistent(model)})
         persistent.update({t.untyped_storage().data_ptr(): ("input", None) for t in (ids, mask, *extra.values())})
         self._read(prof, persistent)
 
@@ -348,7 +365,7 @@ def sequence(job, keep):
     return out
 
 
-def fit(ns, points, d, param_shapes, what, widths):
+def fit(ns, points, d, param_shapes, what, widths, fractions=None, ops=()):
     """A size seen at three (batch, length) points [(b, x1), (b, x2), (b3, x1)] as
     {kind: {unit: bytes}}: `fixed`, `tok` (b x len), `tok_s` (b x len^2), `seq` (b), `pos`
     (len), `pos_s` (len^2); a length's law may carry a constant per sequence (a decode step's
@@ -356,6 +373,9 @@ def fit(ns, points, d, param_shapes, what, widths):
     (b, x1), (_, x2), (b3, _) = points
     n1, n2, n3 = ns
     if n1 == n2 == n3:
+        if fractions:
+            # A 4-bit model's: bitsandbytes' fractions of a layer's weight read too (quant_infer.py).
+            return qi.fixed_law(n1, param_shapes, fractions, d, what, widths, ops)
         if n1 <= sp.TINY:
             return {"fixed": {"one": float(n1)}}
         for shape, units, coef in param_shapes:
@@ -474,6 +494,7 @@ def template(family, mode, precision, attn, variant=""):
     seqs = [sequence(j, [t for t in k[0] if t not in tiny[i]]) for i, (j, k) in enumerate(zip(jobs, keeps))]
     d = base.dims
     widths = sp.widths_of("fp32" if precision == "fp32" else "bf16")
+    fracs = qi.fractions(base.params, d)
     param_shapes, params = [], []
     for p in base.params:
         n = 1
@@ -506,10 +527,10 @@ def template(family, mode, precision, attn, variant=""):
                 lw, by_encoder = fit_decode([x["size"] for x in ts] + [base.tensors[after[pos]]["size"]],
                                             first_past(family, mode, sp.SHAPES[0][1]) + 1, f"{what} {name} {pos}",
                                             lambda ns, pts: fit(ns, pts, d, param_shapes, f"{what} {name} {pos}",
-                                                                widths))
+                                                                widths, fracs, ts[0]["ops"]))
             else:
                 lw = fit([x["size"] for x in ts], points(mode, name), d, param_shapes, f"{what} {name} {pos}",
-                         widths)
+                         widths, fracs, ts[0]["ops"])
             leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
             top = next((n for n, _ in ts[0]["ops"]), "")
             if not (role and role[0] == "param"):
@@ -655,8 +676,10 @@ def keys(only):
             attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
                 [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else []) \
                 + ([("fp32", "sdpa-math")] if family in GROUPED else [])
-            for precision, attn in attns:
-                for variant in VARIANTS.get(family, ("",)):
+            # bitsandbytes' 4-bit layers at bf16 compute, over the attention a bf16 model runs.
+            quants = [("bf16", attns[0][1], q) for q in qi.QUANTS]
+            for precision, attn, quant in [(p, a, "") for p, a in attns] + quants:
+                for variant in ["/".join(filter(None, (v, quant))) for v in VARIANTS.get(family, ("",))]:
                     k = key(family, mode, precision, attn, variant)
                     if not only or family in only or k in only:
                         out.append((family, mode, precision, attn, variant))
@@ -703,6 +726,14 @@ def compact(t):
             "check": t["check"], "left_out": t["left_out"]}
 
 
+def stated(k, t):
+    """A template with what its recording assumed of kernels the CPU does not run (quant_infer.py)."""
+    quant = qi.quant_of(k.split("/", 4)[4] if k.count("/") >= 4 else "")
+    if quant and "error" not in t:
+        t = {**t, "assumed": qi.ASSUMED if quant == "nf4" else qi.ASSUMED_INT8}
+    return t
+
+
 def write(path, templates):
     import transformers
     head = {"about": "What transformers' inference allocates and frees: scripts/validate/infer_programs.py",
@@ -711,7 +742,7 @@ def write(path, templates):
     with open(path, "w") as f:
         f.write(json.dumps(head, separators=(",", ":"))[:-1])
         f.write(',"templates":{\n')
-        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(compact(v), separators=(',', ':'))}"
+        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(stated(k, compact(v)), separators=(',', ':'))}"
                            for k, v in sorted(templates.items())))
         f.write("}}\n")
 

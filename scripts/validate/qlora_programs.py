@@ -185,8 +185,9 @@ def _adapters_in_layers(rec):
         peft.tuners.lora.LoraModel._create_and_replace = create
 
 
-def qlora_config(family, layers):
-    cfg = sp.config(family, layers)
+def qlora_config(family, layers, cfg=None):
+    """`cfg` (step_programs.py's config of `family` where not given) at QLoRA's recording widths."""
+    cfg = dict(cfg or sp.config(family, layers))
     if family == "bert":
         # Its heads are the hidden size over their count (64 each): no key-value heads of its own.
         cfg.update(hidden_size=HEADS["hidden_size"], num_attention_heads=HEADS["num_attention_heads"])

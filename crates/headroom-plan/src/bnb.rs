@@ -128,9 +128,10 @@ impl Bnb {
                 let packed = w.div_ceil(2) as f64;
                 let blocks = w.div_ceil(BLOCKSIZE);
                 let absmax = if double_quant {
-                    // uint8 absmax, fp32 second-level absmax, the fp32 offset; the second
-                    // level's 256-entry code is shared by every layer (`name2qmap`).
-                    blocks as f64 + 4.0 * blocks.div_ceil(DOUBLE_QUANT_BLOCKSIZE) as f64 + 4.0
+                    // uint8 absmax, fp32 second-level absmax, the fp32 offset, and the second
+                    // level's 256-entry fp32 code, which `quantize_blockwise` copies into each
+                    // layer's state (`code.to(A.device, copy=True)`, bitsandbytes 0.50).
+                    blocks as f64 + 4.0 * blocks.div_ceil(DOUBLE_QUANT_BLOCKSIZE) as f64 + 4.0 + 4.0 * 256.0
                 } else {
                     4.0 * blocks as f64
                 };
@@ -215,10 +216,10 @@ mod tests {
         let blocks = n * n / 64;
         assert_eq!(FP4.stored_bytes(n, n), (n * n / 2 + 4 * blocks + 64) as f64);
         // Double quantization: a byte a block, and an fp32 absmax per 256 blocks (0.127 bit a
-        // weight in all, QLoRA §3).
+        // weight in all, QLoRA §3), with the layer's copy of the 256-entry fp32 code.
         let dq = Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Bf16 };
         let overhead = dq.stored_bytes(n, n) - (n * n / 2 + 64) as f64;
-        assert_eq!(overhead, (blocks + 4 * blocks / 256 + 4) as f64);
+        assert_eq!(overhead, (blocks + 4 * blocks / 256 + 4 + 1024) as f64);
         assert!((overhead * 8.0 / (n * n) as f64 - 0.127).abs() < 0.001);
     }
 

@@ -281,7 +281,10 @@ pub struct PlanArgs {
     /// two weights a byte with an fp32 absmax per 64, the whole weight dequantized for each
     /// layer's multiply over the prompt (bitsandbytes up to 0.49; 0.50's fused kernel skips
     /// that copy). The head, embeddings, norms and a mixture's experts keep --weights' dtype
-    /// (fp32, or bf16 for any 16-bit load), as do the activations and the cache.
+    /// (fp32, or bf16 for any 16-bit load), as do the activations and the cache. int8, and nf4
+    /// with --double-quant and --compute-dtype bf16 (QLoRA's load), over bf16 weights are
+    /// replayed from transformers' and bitsandbytes' code as recorded where the family was; the
+    /// rest is planned in closed form.
     #[arg(long, value_parser = named::<Quantize>(), help_heading = ENGINE)]
     quantize: Option<Quantize>,
     /// With --quantize nf4 or fp4: bnb_4bit_use_double_quant — the absmax values quantized

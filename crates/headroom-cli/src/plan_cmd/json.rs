@@ -306,7 +306,10 @@ pub(super) fn infer(p: &InferPlan) -> Value {
         },
         "planned_from": match &e.source {
             InferSource::Engine => json!({ "source": "engine" }),
-            InferSource::Template(key) => json!({ "source": "template", "template": key }),
+            InferSource::Template(key) => match headroom_plan::infer::recorded::assumed(key) {
+                Some(assumed) => json!({ "source": "template", "template": key, "assumed": assumed }),
+                None => json!({ "source": "template", "template": key }),
+            },
             InferSource::ClosedForm(why) => json!({ "source": "closed_form", "why": why }),
         },
         "weights": p.config.weights.name(),

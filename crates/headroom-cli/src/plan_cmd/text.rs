@@ -344,7 +344,10 @@ fn recommendations(out: &mut String, p: &TrainPlan) {
 fn planned_from(out: &mut String, source: &InferSource) {
     match source {
         InferSource::Template(key) => {
-            outln!(out, "planned by replaying transformers' code as recorded tensor by tensor ({key})")
+            outln!(out, "planned by replaying transformers' code as recorded tensor by tensor ({key})");
+            if let Some(assumed) = headroom_plan::infer::recorded::assumed(key) {
+                outln!(out, "  {assumed}")
+            }
         }
         InferSource::ClosedForm(why) => {
             outln!(out, "planned from its peak moment in closed form (no recorded program: {why})")

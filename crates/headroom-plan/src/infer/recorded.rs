@@ -27,6 +27,12 @@
 //! MLP and an output layer of its own, untied as a loaded v1.1 checkpoint's is (transformers 5
 //! ties every T5's when it builds one).
 //!
+//! Over bitsandbytes' 4-bit layers (`--quantize nf4 --double-quant --compute-dtype bf16` over a
+//! bf16 load: keys ending `/nf4`), recorded with bitsandbytes' CUDA operators' allocations
+//! (`scripts/validate/quant_infer.py`): each layer's weight quantized as it loads, the prompt's
+//! forward dequantizing each weight into a bf16 temporary, a decode step on the fused kernel
+//! ([`assumed`]).
+//!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
 //! key-value heads takes SDPA's math path on a GPU, recorded on the CPU by asking for it: the
@@ -34,6 +40,7 @@
 //! query against every key.
 
 use super::{InferConfig, Runtime, WeightFormat};
+use crate::bnb::{Bnb, ComputeDtype, QuantType};
 use crate::builders::hf::expander::Expander;
 use crate::builders::hf::{is_head, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
@@ -56,9 +63,10 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     let Runtime::Transformers { attention, all_logits, .. } = cfg.runtime else {
         return Err("a serving engine sizes its own cache");
     };
-    if cfg.quantize.is_some() {
-        return Err("bitsandbytes' quantized layers were not recorded tensor by tensor");
-    }
+    let quant = match cfg.quantize {
+        None => "",
+        Some(q) => quant_suffix(q, cfg.weights)?,
+    };
     // Families without an SDPA path in transformers (BLOOM, Gemma-2) run eager whatever is
     // asked, and were recorded so; a family's code shared with another (Gemma-2's with Gemma's)
     // is the other's at the same kernel only.
@@ -95,12 +103,15 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
     let recorded: Vec<String> = [model.model_type, measured_code(model)]
         .iter()
-        .map(|family| format!("{family}/{mode}/{precision}/{attn}{mlp}"))
+        .map(|family| format!("{family}/{mode}/{precision}/{attn}{mlp}{quant}"))
         .filter(|k| program_template::template(k).is_some())
         .collect();
     if recorded.is_empty() && !mlp.is_empty() {
         return Err("T5's inference was recorded for this job's mode with v1.0's MLP (one ReLU projection in), \
                     and this model's is gated");
+    }
+    if recorded.is_empty() && !quant.is_empty() {
+        return Err("this family's inference was not recorded with bitsandbytes' 4-bit layers for this job's mode");
     }
     if recorded.is_empty() {
         return Err(match (family_recorded(model), attn) {
@@ -125,6 +136,51 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         .into_iter()
         .find(|k| model.tied_embeddings || has_own_head(k))
         .ok_or("the family was recorded with its output layer tied to the embeddings, and this model's is its own")
+}
+
+/// What a template recorded over bitsandbytes' 4-bit layers assumed of its CUDA kernels, which
+/// choose by rows (`gemm_4bit` in bitsandbytes/backends/cuda/ops.py, 0.50), for the plan to say.
+pub fn assumed(key: &str) -> Option<&'static str> {
+    if key.ends_with("/int8") {
+        return Some(
+            "bitsandbytes' LLM.int8() as recorded: no input column above its 6.0 threshold (the recording's weights \
+             and inputs are zeros); a real model's few outlier columns (about 6) add each layer's input columns in the \
+             compute dtype and the weight's in fp16, a few bytes a token and a row",
+        );
+    }
+    key.ends_with("/nf4").then_some(
+        "bitsandbytes' gemm_4bit as recorded: each layer's weight dequantized into a bf16 temporary in the \
+         prompt's forward (a GPU's path past 1536 rows; under that its heuristic may pick the fused kernel, for a \
+         weight of 4M elements or more up to 512 rows, and the plan is high by one layer's weight), none in a \
+         decode step (the fused kernel, up to 4 sequences; past that a GPU may dequantize too: one layer's weight \
+         more)",
+    )
+}
+
+/// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 with
+/// double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`), or
+/// LLM.int8() over a bf16 load (the ones recorded, `scripts/validate/quant_infer.py`), or why no
+/// template serves it.
+fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'static str> {
+    match quantize {
+        Bnb::Int8 if weights != WeightFormat::Bf16 => {
+            Err("bitsandbytes' 8-bit layers were recorded over a bf16 load (--weights bf16)")
+        }
+        Bnb::Int8 => Ok("/int8"),
+        Bnb::FourBit { quant_type: QuantType::Fp4, .. } => {
+            Err("bitsandbytes' 4-bit layers were recorded as NF4 (--quantize nf4), not FP4")
+        }
+        Bnb::FourBit { double_quant: false, .. } => {
+            Err("bitsandbytes' 4-bit layers were recorded with double quantization (--double-quant)")
+        }
+        Bnb::FourBit { compute: ComputeDtype::Fp32 | ComputeDtype::Fp16, .. } => {
+            Err("bitsandbytes' 4-bit layers were recorded with bf16 compute (--compute-dtype bf16)")
+        }
+        Bnb::FourBit { .. } if weights != WeightFormat::Bf16 => {
+            Err("bitsandbytes' 4-bit layers were recorded over a bf16 load (--weights bf16)")
+        }
+        Bnb::FourBit { .. } => Ok("/nf4"),
+    }
 }
 
 /// Whether any inference template is `model`'s family's (or the code it shares).
@@ -435,5 +491,125 @@ mod tests {
         let long = decode_pasts(100, 1001);
         assert_eq!(long.len() as u64, REPLAYED_STEPS);
         assert_eq!((long[0], long[7], long[8], long[15]), (100, 107, 1092, 1099));
+    }
+}
+
+#[cfg(test)]
+mod quantized {
+    use super::*;
+    use crate::bnb::{Bnb, ComputeDtype, QuantType};
+    use crate::model::preset;
+
+    const NF4: Bnb = Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Bf16 };
+    const KEY: &str = "llama/generate/bf16/sdpa/nf4";
+
+    fn hf(quantize: Option<Bnb>, weights: WeightFormat) -> InferConfig {
+        InferConfig {
+            runtime: Runtime::Transformers { attention: Attention::Sdpa, all_logits: false, new_tokens: 4 },
+            batch: 1,
+            seq: 256,
+            weights,
+            kv_bytes: 2.0,
+            tensor: 1,
+            quantize: Some(quantize).flatten(),
+        }
+    }
+
+    /// Bytes each tensor of `p` takes for one sequence, with its site.
+    fn sized(p: &Program) -> Vec<(u64, Term, &str)> {
+        p.tensors.iter().zip(p.sizes(1, 1)).map(|(t, b)| (b, t.term, p.sites[t.site as usize].as_str())).collect()
+    }
+
+    /// The 4-bit template serves NF4 with double quantization and bf16 compute over a bf16 load,
+    /// and every other bitsandbytes load is left to the closed form with its reason.
+    #[test]
+    fn nf4_with_double_quantization_and_bf16_compute_is_replayed() {
+        let m = preset("llama-3-8b").expect("preset");
+        assert_eq!(key(&m, &hf(Some(NF4), WeightFormat::Bf16)).as_deref(), Ok(KEY));
+        assert_eq!(key(&m, &hf(None, WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa"));
+        assert_eq!(key(&m, &hf(Some(Bnb::Int8), WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa/int8"));
+        let refused = [
+            Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Bf16 },
+            Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Bf16 },
+            Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Fp32 },
+        ];
+        for q in refused {
+            let why = key(&m, &hf(Some(q), WeightFormat::Bf16)).expect_err("not recorded");
+            assert!(why.contains("bitsandbytes"), "{q:?}: {why}");
+        }
+        assert!(key(&m, &hf(Some(NF4), WeightFormat::Fp32)).is_err());
+    }
+
+    /// Llama-3-8B's weights as the template replays them are bitsandbytes' by its rules
+    /// (`quantize_4bit` and `quantize_blockwise` in bitsandbytes 0.50.2's functional.py), by
+    /// hand: each of the 7 linear layers of the 32 blocks keeps its packed weight (half a byte
+    /// an element), one uint8 absmax a block of 64, an fp32 absmax a block of 256 of those, the
+    /// fp32 offset, the 16-entry fp32 NF4 code and its own copy of the 256-entry fp32 dynamic map
+    /// (`code.to(A.device, copy=True)`); the embeddings, the head and the norms stay bf16; the
+    /// dynamic map itself (1 KiB), and the rotary embedding's two 64-entry fp32 frequency buffers.
+    #[test]
+    fn the_4bit_weights_are_bitsandbytes_stored_bytes() {
+        let m = preset("llama-3-8b").expect("preset");
+        let (h, q, kv, f, layers, vocab) = (4096u64, 4096u64, 1024u64, 14336u64, 32u64, 128_256u64);
+        let stored = |n: u64| n / 2 + n / 64 + 4 * (n / 64 / 256) + 4 + 16 * 4 + 256 * 4;
+        let block = 2 * stored(q * h) + 2 * stored(kv * h) + 3 * stored(f * h) + 2 * h * 2;
+        let want = layers * block + 2 * vocab * h * 2 + h * 2 + 256 * 4 + 2 * 64 * 4;
+        let p = program(&m, KEY, 256, &[], None);
+        let weights: u64 = sized(&p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum();
+        assert_eq!(weights, want);
+    }
+
+    /// Llama-3-8B's LLM.int8() weights as the template replays them, by bitsandbytes' rules
+    /// (`Int8Params._quantize`, `int8_vectorwise_quant`), by hand: each linear layer of the 32
+    /// blocks keeps its int8 weight (`CB`, a byte an element) and an fp32 scale a row (`SCB`);
+    /// the embeddings, the head and the norms stay bf16; and the rotary embedding's two 64-entry
+    /// fp32 frequency buffers.
+    #[test]
+    fn the_int8_weights_are_bitsandbytes_stored_bytes() {
+        let m = preset("llama-3-8b").expect("preset");
+        let (h, q, kv, f, layers, vocab) = (4096u64, 4096u64, 1024u64, 14336u64, 32u64, 128_256u64);
+        let stored = |k: u64, n: u64| k * n + 4 * n;
+        let block = stored(h, q) + 2 * stored(h, kv) + stored(q, h) + 2 * stored(h, f) + stored(f, h) + 2 * h * 2;
+        let want = layers * block + 2 * vocab * h * 2 + h * 2 + 2 * 64 * 4;
+        let p = program(&m, "llama/generate/bf16/sdpa/int8", 256, &[], None);
+        let weights: u64 = sized(&p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum();
+        assert_eq!(weights, want);
+    }
+
+    /// The prompt's forward dequantizes each layer's weight into a bf16 temporary before its
+    /// matmul (the largest an MLP weight, 14336 x 4096 x 2 bytes); a decode step of one token a
+    /// sequence runs bitsandbytes' fused kernel, which makes no such temporary.
+    #[test]
+    fn the_prompt_dequantizes_each_weight_and_a_decode_step_does_not() {
+        let m = preset("llama-3-8b").expect("preset");
+        let p = program(&m, KEY, 256, &generate_pasts(KEY, 256, 4), None);
+        let mlp = 14336 * 4096 * 2;
+        let mut step = 0;
+        let (mut prompt, mut decode) = (0, 0);
+        let sizes = p.sizes(1, 1);
+        for op in &p.ops {
+            match *op {
+                Op::Mark { step: s, .. } => step = s,
+                Op::Alloc(t)
+                    if sizes[t as usize] == mlp
+                        && p.sites[p.tensors[t as usize].site as usize].contains("gemm_4bit") =>
+                {
+                    if step == 1 {
+                        prompt += 1
+                    } else if step >= 2 {
+                        decode += 1
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Three MLP weights a block (gate, up, down).
+        assert_eq!((prompt, decode), (3 * 32, 0));
+        let plain = program(&m, "llama/generate/bf16/sdpa", 256, &generate_pasts(KEY, 256, 4), None);
+        let peak = |p: &Program| p.live_peak(&p.sizes(1, 1)).bytes;
+        let weights =
+            |p: &Program| sized(p).iter().filter(|(_, t, _)| *t == Term::Weights).map(|(b, _, _)| b).sum::<u64>();
+        // Beyond its weights, the 4-bit model's peak holds a dequantized MLP weight more.
+        assert!(peak(&p) - weights(&p) >= peak(&plain) - weights(&plain) + mlp);
     }
 }
