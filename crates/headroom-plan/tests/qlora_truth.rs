@@ -68,7 +68,7 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             c["batch"],
             c["seq"]
         );
-        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
+        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, None, PEAK_TOLERANCE) {
             misses.push(miss);
         }
     }

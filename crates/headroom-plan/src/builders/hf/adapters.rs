@@ -263,17 +263,48 @@ mod tests {
                     .filter(|(t, _)| t.term == Term::Gradients)
                     .map(|(_, &b)| b)
                     .sum();
-                // peft's "all-linear" puts one adapter of rank E × r over a stack of experts'
-                // weights, which the template carries (tests/lora_truth.rs holds it to peft's
-                // count) and `adapters` does not: the experts' layers are counted apart.
-                if targets == All && model.experts > 1 {
-                    continue;
-                }
+                // The mixtures of experts' too: one adapter of rank E × r over a stack of
+                // experts' weights, as peft makes it and the template carries it.
                 let adapters: u64 =
                     targets.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
                 // fp32 adapters, two steps' gradients, each made once.
                 assert_eq!(gradients, 2 * 4 * adapters, "{want}");
             }
+        }
+    }
+
+    /// fp32 LoRA on a GPU replays the attention the GPU runs: SDPA's math path where the model
+    /// groups its key-value heads (no fused kernel takes fp32 with them), SDPA's fused kernel
+    /// where it has as many key-value heads as heads, eager attention where transformers has
+    /// no SDPA path (BLOOM) or the family's steps were recorded eager alone (Gemma-2). Each is
+    /// planned, its adapters' gradients the count the plan prints.
+    #[test]
+    fn fp32_lora_replays_the_attention_a_gpu_runs() {
+        use Checkpointing::{Full as Ckpt, None as NoCkpt};
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let jobs = [
+            (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (preset("mistral-7b"), NoCkpt, "mistral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("qwen2.5-7b"), NoCkpt, "qwen2/causal-lm/fp32/sdpa-math/full/lora-all"),
+        ];
+        for (model, checkpointing, want) in &jobs {
+            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(*want),
+                "{}",
+                model.name
+            );
+            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
+            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+            let gradients: u64 =
+                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+            let adapters: u64 =
+                LoraTargets::All.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
+            // Two steps' fp32 gradients, each made once.
+            assert_eq!(gradients, 2 * 4 * adapters, "{want}");
         }
     }
 
