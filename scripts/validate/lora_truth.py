@@ -114,6 +114,11 @@ CASES = [
     ("llama", "fp32", True, 6, 2, 96, 32, "all", None, "sdpa-math"),
     ("qwen3", "fp32", False, 7, 2, 64, 16, "all", None, "sdpa-math"),
     ("mistral", "fp32", True, 7, 1, 128, 16, "all", None, "sdpa-math"),
+    ("mixtral", "fp32", False, 6, 1, 96, 8, "all", None, "sdpa-math"),
+    ("qwen2", "fp32", True, 6, 2, 80, 8, "all", None, "sdpa-math"),
+    # fp32 with the attention each family's fp32 full fine-tuning was recorded with.
+    ("gemma2", "fp32", False, 6, 2, 64, 16, "all"),
+    ("phi3", "fp32", False, 6, 1, 128, 16, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
