@@ -18,7 +18,10 @@
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
+//! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
+//! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3 (Llama, Mistral, Qwen2 and Gemma
+//! checkpointed too), with SDPA for Phi-3, Gemma and GPT-NeoX and eager for BLOOM and Gemma-2;
+//! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -283,11 +286,35 @@ mod tests {
         use Checkpointing::{Full as Ckpt, None as NoCkpt};
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let jobs = [
             (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-all"),
             (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             (preset("mistral-7b"), NoCkpt, "mistral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("mistral-7b"), Ckpt, "mistral/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             (preset("qwen2.5-7b"), NoCkpt, "qwen2/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("qwen2.5-7b"), Ckpt, "qwen2/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                NoCkpt,
+                "qwen3/causal-lm/fp32/sdpa-math/full/lora-all",
+            ),
+            (preset("mixtral-8x7b"), NoCkpt, "mixtral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                NoCkpt,
+                "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-all",
+            ),
+            // One key-value head for eight.
+            (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            // As many key-value heads as heads (32 and 32, 16 and 16): SDPA's fused kernel.
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+            // No SDPA path in transformers.
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
         ];
         for (model, checkpointing, want) in &jobs {
             let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
