@@ -119,12 +119,19 @@ CASES = [
     ("gemma", "fp32", True, 7, 1, 112, 8, "all", None, "sdpa-math"),
     ("gemma", "fp32", False, 6, 2, 80, 16, "all", None, "sdpa-math"),
     ("gemma3_text", "fp32", False, 6, 2, 96, 8, "all", None, "sdpa-math"),
+    ("mixtral", "fp32", True, 6, 2, 64, 16, "all", None, "sdpa-math"),
+    ("qwen3", "fp32", True, 6, 1, 160, 16, "all", None, "sdpa-math"),
+    ("gemma3_text", "fp32", True, 6, 1, 128, 16, "all", None, "sdpa-math"),
     # fp32 with the attention each family's fp32 full fine-tuning was recorded with.
     ("gemma2", "fp32", False, 6, 2, 64, 16, "all"),
     ("phi3", "fp32", False, 6, 1, 128, 16, "all"),
     ("gemma", "fp32", False, 7, 2, 96, 8, "all"),
     ("gpt_neox", "fp32", False, 6, 2, 112, 16, "all"),
     ("bloom", "fp32", False, 7, 1, 96, 16, "all"),
+    ("gpt2", "fp32", True, 7, 2, 64, 16, "all"),
+    ("phi3", "fp32", True, 7, 2, 96, 8, "all"),
+    ("qwen2_moe", "fp32", False, 6, 2, 96, 16, "all"),
+    ("gemma2", "fp32", True, 7, 1, 112, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

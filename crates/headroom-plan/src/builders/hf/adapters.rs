@@ -19,8 +19,9 @@
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
-//! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3 (Llama, Mistral, Qwen2 and Gemma
-//! checkpointed too), with SDPA for Phi-3, Gemma and GPT-NeoX and eager for BLOOM and Gemma-2;
+//! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
+//! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager
+//! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
@@ -299,22 +300,41 @@ mod tests {
                 NoCkpt,
                 "qwen3/causal-lm/fp32/sdpa-math/full/lora-all",
             ),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                Ckpt,
+                "qwen3/causal-lm/fp32/sdpa-math/ckpt/lora-all",
+            ),
             (preset("mixtral-8x7b"), NoCkpt, "mixtral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 NoCkpt,
                 "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-all",
+            ),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                Ckpt,
+                "gemma3_text/causal-lm/fp32/sdpa-math/ckpt/lora-all",
             ),
             // One key-value head for eight.
             (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-all"),
             (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             // As many key-value heads as heads (32 and 32, 16 and 16): SDPA's fused kernel.
             (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                NoCkpt,
+                "qwen2_moe/causal-lm/fp32/sdpa/full/lora-all",
+            ),
             (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
             (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
         ];
         for (model, checkpointing, want) in &jobs {
             let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
