@@ -7,7 +7,9 @@ Each case builds a family's config (measure.py's `small_configs` base, or `CONFI
 the families that grid lacks) at its depth, in the case's variant of the family where it comes
 in more than one (`VARIANTS`: T5 v1.0's ReLU MLP or v1.1's gated one, each planned from a
 template of its own), with eager attention where the planner plans it
-so, wraps it with peft's LoRA as step_programs.py records it (`lora_model`), keeps peft's count
+so, or on SDPA's math path where the case asks for it (`sdpa-math`: the path a GPU takes for
+fp32 with grouped key-value heads, which the CPU takes when asked, as step_programs.py records
+it), wraps it with peft's LoRA as step_programs.py records it (`lora_model`), keeps peft's count
 of the trainable parameters, creates `torch.optim.AdamW` (foreach) over the model's parameters
 and runs a step to make the optimizer state; then a second step is measured as measure.py measures one: the storages alive when it starts (weights,
 buffers, optimizer state, inputs) plus the highest running sum of the profiler's allocation
@@ -31,10 +33,11 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import measure  # noqa: E402
 import step_programs  # noqa: E402
 
-# (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant]): chosen
-# before any comparison, every one away from the recording's depth (5), shapes and rank (22).
-# The variant names one of VARIANTS' changes to the family's config; a case without one runs
-# the family's config as it is.
+# (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant[, attention]]):
+# chosen before any comparison, every one away from the recording's depth (5), shapes and rank
+# (22). The variant names one of VARIANTS' changes to the family's config; a case without one
+# runs the family's config as it is. The attention is the family's own (`attention_of`) unless
+# a case names `sdpa-math`.
 CASES = [
     ("llama", "bf16", False, 6, 2, 128, 16, "all"),
     ("qwen2", "bf16", False, 7, 2, 96, 32, "all"),
@@ -104,6 +107,31 @@ CASES = [
     ("llama", "bf16", True, 7, 2, 96, 16, "qv"),
     ("gpt2", "bf16", True, 6, 1, 128, 8, "qv"),
     ("mistral", "bf16", True, 6, 2, 80, 32, "qv"),
+    # fp32 on SDPA's math path (a GPU's for fp32 with grouped key-value heads), asked for here.
+    ("llama", "fp32", False, 7, 1, 128, 16, "all", None, "sdpa-math"),
+    ("mistral", "fp32", False, 6, 2, 96, 8, "all", None, "sdpa-math"),
+    ("qwen2", "fp32", False, 6, 1, 128, 32, "all", None, "sdpa-math"),
+    ("llama", "fp32", True, 6, 2, 96, 32, "all", None, "sdpa-math"),
+    ("qwen3", "fp32", False, 7, 2, 64, 16, "all", None, "sdpa-math"),
+    ("mistral", "fp32", True, 7, 1, 128, 16, "all", None, "sdpa-math"),
+    ("mixtral", "fp32", False, 6, 1, 96, 8, "all", None, "sdpa-math"),
+    ("qwen2", "fp32", True, 6, 2, 80, 8, "all", None, "sdpa-math"),
+    ("gemma", "fp32", True, 7, 1, 112, 8, "all", None, "sdpa-math"),
+    ("gemma", "fp32", False, 6, 2, 80, 16, "all", None, "sdpa-math"),
+    ("gemma3_text", "fp32", False, 6, 2, 96, 8, "all", None, "sdpa-math"),
+    ("mixtral", "fp32", True, 6, 2, 64, 16, "all", None, "sdpa-math"),
+    ("qwen3", "fp32", True, 6, 1, 160, 16, "all", None, "sdpa-math"),
+    ("gemma3_text", "fp32", True, 6, 1, 128, 16, "all", None, "sdpa-math"),
+    # fp32 with the attention each family's fp32 full fine-tuning was recorded with.
+    ("gemma2", "fp32", False, 6, 2, 64, 16, "all"),
+    ("phi3", "fp32", False, 6, 1, 128, 16, "all"),
+    ("gemma", "fp32", False, 7, 2, 96, 8, "all"),
+    ("gpt_neox", "fp32", False, 6, 2, 112, 16, "all"),
+    ("bloom", "fp32", False, 7, 1, 96, 16, "all"),
+    ("gpt2", "fp32", True, 7, 2, 64, 16, "all"),
+    ("phi3", "fp32", True, 7, 2, 96, 8, "all"),
+    ("qwen2_moe", "fp32", False, 6, 2, 96, 16, "all"),
+    ("gemma2", "fp32", True, 7, 1, 112, 8, "all"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -143,6 +171,10 @@ EAGER = {"bloom", "gemma2", "t5"}
 HEADS = {"bert": "masked-lm", "t5": "seq2seq-lm"}
 
 
+def attention_of(family):
+    return "eager" if family in EAGER else "sdpa"
+
+
 def config(family, layers, variant=None):
     if family in CONFIGS:
         cfg = dict(CONFIGS[family])
@@ -162,12 +194,13 @@ def variant_of(family, cfg):
                  if all(cfg.get(k) == x for k, x in change.items())), None)
 
 
-def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None):
+def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None, attention=None):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers, variant)
+    attention = attention or attention_of(family)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
-    model = measure.build(cfg, head, "eager" if family in EAGER else "sdpa", dtype)
+    model = measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype)
     model = step_programs.lora_model(model, head, rank, targets)
     trainable, _ = model.get_nb_trainable_parameters()
     if checkpointing:
@@ -176,9 +209,9 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
     batch_inputs = measure.inputs(cfg, head, batch, seq)
 
     def step():
-        with record_function("forward"):
+        with record_function("forward"), step_programs.sdpa_backend(attention):
             loss = model(**batch_inputs).loss
-        with record_function("backward"):
+        with record_function("backward"), step_programs.sdpa_backend(attention):
             loss.backward()
         with record_function("optimizer"):
             opt.step()
@@ -196,7 +229,7 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
     return {"family": family, "precision": precision, "checkpointing": checkpointing, "layers": layers,
             "batch": batch, "seq": seq, "rank": rank, "targets": targets, "variant": variant, "split": "check",
             "config": cfg,
-            "attention": "eager" if family in EAGER else "sdpa", "trainable_parameters": trainable,
+            "attention": attention, "trainable_parameters": trainable,
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
             "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak}
 
@@ -213,9 +246,12 @@ def measured(args):
     return case(*args)
 
 
-FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets", "variant")
-# Every case with all of FIELDS, the variant None where it names none.
-CASES = [c + (None,) * (len(FIELDS) - len(c)) for c in CASES]
+FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets", "variant",
+          "attention")
+# Every case with all of FIELDS, the variant None where it names none, the attention the
+# family's own where it names none.
+CASES = [c + (None,) * (len(FIELDS) - 1 - len(c)) + (attention_of(c[0]),) if len(c) < len(FIELDS) else c
+         for c in CASES]
 
 
 def main():
@@ -240,6 +276,7 @@ def main():
         for c in old["cases"]:
             # A row measured before cases named their variant: the one its config carries.
             c.setdefault("variant", variant_of(c["family"], c["config"]))
+            c.setdefault("attention", attention_of(c["family"]))
         earlier = {tuple(c[k] for k in FIELDS): c for c in old["cases"]}
     todo = [c for c in CASES if c not in earlier]
     fresh = {}
@@ -248,7 +285,6 @@ def main():
         if c in fresh:
             return fresh[c]
         r = earlier[c]
-        r.setdefault("attention", "eager" if c[0] in EAGER else "sdpa")
         if "trainable_parameters" not in r:
             r["trainable_parameters"] = trainable(c[0], c[1], c[3], c[6], c[7], c[8])
         return r

@@ -95,10 +95,12 @@ impl LoraTargets {
     /// them: a layer transformers fuses is one layer with one adapter, r × (inputs + outputs),
     /// not one for each projection it fuses ([`fused_linears`]). Query and value: the
     /// projections peft targets by default for the family (`q_proj` and `v_proj`; the fused
-    /// query-key-value layer where there is one: GPT-2's `c_attn`).
+    /// query-key-value layer where there is one: GPT-2's `c_attn`). A mixture of experts'
+    /// MLP is wrapped as [`moe_adapted`] says.
     pub fn adapted(self, model: &Model) -> Vec<(u64, u64)> {
         let linears = fused_linears(model);
         match self {
+            LoraTargets::All if model.experts > 1 => linears[..4].iter().copied().chain(moe_adapted(model)).collect(),
             LoraTargets::All => linears,
             LoraTargets::QueryValue if fuses_qkv(model) => vec![linears[0]],
             LoraTargets::QueryValue => vec![linears[0], linears[2]],
@@ -129,6 +131,25 @@ impl LoraTargets {
         }
         out
     }
+}
+
+/// The adapters "all-linear" gives a mixture of experts' MLP under peft 0.21 and transformers
+/// 5, as (inputs, outputs) whose sum times the rank is the adapters' parameters. transformers
+/// 5 keeps each layer's experts as two stacked weights (`gate_up_proj`, E × 2f × h;
+/// `down_proj`, E × h × f) and its router as no `nn.Linear`. For the model types transformers
+/// converts as Mixtral's or Qwen2-MoE's (Mixtral and Qwen3-MoE here), peft rewrites the
+/// per-expert targets to those stacks: the router's weight gets an adapter (h → E), and each
+/// stack one of rank E × r over all its experts, 2E × r for `gate_up_proj` (the gate's and
+/// the up projection's ranks summed), so A is (2E r) × h and B 2f × (2E r). Qwen2-MoE's own
+/// type is no such conversion's, and "all-linear" wraps its `nn.Linear`s alone: the shared
+/// expert's three and its one-wide gate, no routed expert and no router.
+fn moe_adapted(model: &Model) -> Vec<(u64, u64)> {
+    let (h, f, e) = (model.hidden, model.intermediate, model.experts);
+    if model.model_type == "qwen2_moe" {
+        let s = model.shared_expert;
+        return vec![(h, s), (h, s), (s, h), (h, 1)];
+    }
+    vec![(h, e), (2 * e * h, 2 * e * 2 * f), (e * f, e * h)]
 }
 
 /// Whether transformers computes the block's query, key and value in one linear layer:

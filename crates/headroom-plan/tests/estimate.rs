@@ -311,7 +311,9 @@ fn torchtitans_loss_holds_twelve_bytes_a_logit() {
 /// `query_key_value`, Phi-3's `qkv_proj` and `gate_up_proj` (Phi-3 has no default targets).
 /// BERT (`BertForMaskedLM`, no task type) adds its masked-LM head's transform to "all-linear";
 /// T5 (`T5ForConditionalGeneration`, `SEQ_2_SEQ_LM`) its decoder's cross-attention, whose `q`
-/// and `v` are among the default targets too.
+/// and `v` are among the default targets too. Mixtral's experts are stacks of weights under
+/// transformers 5: peft wraps each stack with one adapter of rank 8 × r (`down_proj`) or
+/// 16 × r (`gate_up_proj`), and its router too.
 #[test]
 fn lora_trains_the_adapters_peft_makes() {
     let g = gpu("h100-sxm").unwrap();
@@ -322,6 +324,7 @@ fn lora_trains_the_adapters_peft_makes() {
         ("bloom-7b1", 31_457_280, Some(7_864_320)),
         ("phi-3-mini", 25_165_824, None),
         ("llama-3-8b", 41_943_040, Some(6_815_744)),
+        ("mixtral-8x7b", 359_665_664, Some(6_815_744)),
         ("bert-base-uncased", 2_678_784, Some(589_824)),
         ("bert-large-uncased", 7_110_656, Some(1_572_864)),
         ("t5-base", 6_488_064, Some(1_769_472)),

@@ -9,15 +9,21 @@
 //! family that comes in variants names its own (T5's v1.0 and v1.1, by their MLPs), and is
 //! planned from the templates recorded with that variant.
 //!
+//! A case measured on SDPA's math path (`attention: sdpa-math`, asked for on the CPU as a GPU
+//! takes it for fp32 with grouped key-value heads) is planned from the `…/sdpa-math/…`
+//! template the GPU's job picks, not the fused kernel's the CPU's job would.
+//!
 //! `cargo test -p headroom-plan --test lora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
-use headroom_plan::builders::hf::program;
+use headroom_plan::builders::hf::{math_key, program, program_of, HfProgram};
 use headroom_plan::builders::{Device, StateScale};
 use headroom_plan::job::{
-    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, PipelineStage, Precision,
+    TrainConfig,
 };
 use headroom_plan::model::Model;
+use headroom_plan::placement::share;
 use headroom_plan::program::Term;
 use serde_json::Value;
 
@@ -53,6 +59,19 @@ fn config(c: &Value) -> TrainConfig {
     }
 }
 
+/// The template a case replays where it is not the one its CPU job picks: SDPA's math path's.
+fn template_key(c: &Value, m: &Model, cfg: &TrainConfig) -> Option<String> {
+    (c["attention"] == "sdpa-math").then(|| math_key(m, cfg).expect("a math-path key"))
+}
+
+/// The case's program on the CPU, from [`template_key`]'s template where it names one.
+fn planned(c: &Value, m: &Model, cfg: &TrainConfig, steps: u32) -> Result<HfProgram, String> {
+    match template_key(c, m, cfg) {
+        Some(key) => program_of(m, cfg, Device::Cpu, &key, steps, &StateScale::default()),
+        None => program(m, cfg, Device::Cpu, steps, &StateScale::default()),
+    }
+}
+
 #[test]
 fn lora_steps_replayed_match_peft_s_on_cpu() {
     let mut misses = Vec::new();
@@ -74,7 +93,8 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
             c["batch"],
             c["seq"]
         );
-        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
+        let key = template_key(&c, &m, &cfg);
+        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, key.as_deref(), PEAK_TOLERANCE) {
             misses.push(miss);
         }
     }
@@ -89,7 +109,7 @@ fn adapters_planned_are_the_parameters_peft_trains() {
         let family = c["family"].as_str().expect("family");
         let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
         let cfg = config(&c);
-        let Ok(hf) = program(&m, &cfg, Device::Cpu, 1, &StateScale::default()) else {
+        let Ok(hf) = planned(&c, &m, &cfg, 1) else {
             wrong.push(format!("{family}: no LoRA template serves it"));
             continue;
         };
@@ -105,6 +125,26 @@ fn adapters_planned_are_the_parameters_peft_trains() {
                 c["targets"],
                 gradients / 4
             ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+/// The trainable parameters `plan` prints (`placement::share`, from the model's linear layers)
+/// are peft's count on each case's config: the mixtures of experts' too, whose stacks of
+/// experts' weights peft 0.21 wraps whole under transformers 5 (Mixtral's, Qwen3-MoE's) or
+/// leaves unwrapped (Qwen2-MoE's), where one adapter an expert was counted before.
+#[test]
+fn printed_trainable_parameters_are_peft_s() {
+    let mut wrong = Vec::new();
+    for c in cases() {
+        let family = c["family"].as_str().expect("family");
+        let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
+        let cfg = config(&c);
+        let printed = share(&m, &cfg, PipelineStage::Only).trainable.round() as u64;
+        let peft = c["trainable_parameters"].as_u64().expect("peft's trainable parameters");
+        if printed != peft {
+            wrong.push(format!("{family} r={} {}: {printed} printed, {peft} peft's", c["rank"], c["targets"]));
         }
     }
     assert!(wrong.is_empty(), "{wrong:?}");

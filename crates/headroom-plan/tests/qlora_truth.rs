@@ -75,7 +75,7 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             c["seq"],
             if checkpointed(&c) { "" } else { ", no checkpointing" }
         );
-        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, PEAK_TOLERANCE) {
+        if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, None, PEAK_TOLERANCE) {
             misses.push(miss);
         }
     }

@@ -2,14 +2,26 @@
 //! `forward`, `backward`, `optimizer`): the table row docs/VALIDATION.md shows, printed, and
 //! whether the step's peak and every phase's are within the tolerance.
 
-use headroom_plan::builders::hf::cpu_peaks;
+use headroom_plan::builders::hf::{cpu_peaks, cpu_peaks_of};
 use headroom_plan::job::TrainConfig;
 use headroom_plan::model::Model;
 use serde_json::Value;
 
-/// `Err` names the case where no template serves it or a peak is outside `tolerance`.
-pub fn within(label: &str, case: &Value, model: &Model, cfg: &TrainConfig, tolerance: f64) -> Result<(), String> {
-    let Some((phases, peak)) = cpu_peaks(model, cfg) else {
+/// `Err` names the case where no template serves it or a peak is outside `tolerance`. `key`
+/// names the template replayed where it is not the one the CPU's job picks (SDPA's math path).
+pub fn within(
+    label: &str,
+    case: &Value,
+    model: &Model,
+    cfg: &TrainConfig,
+    key: Option<&str>,
+    tolerance: f64,
+) -> Result<(), String> {
+    let peaks = match key {
+        Some(k) => cpu_peaks_of(model, cfg, k),
+        None => cpu_peaks(model, cfg),
+    };
+    let Some((phases, peak)) = peaks else {
         return Err(format!("{label}: no template serves it"));
     };
     let recorded = case["peak_bytes"].as_f64().expect("peak");

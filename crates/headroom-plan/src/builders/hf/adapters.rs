@@ -18,7 +18,11 @@
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2; `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
+//! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
+//! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
+//! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager
+//! for BLOOM and Gemma-2 (checkpointed too);
+//! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -258,17 +262,91 @@ mod tests {
                     .filter(|(t, _)| t.term == Term::Gradients)
                     .map(|(_, &b)| b)
                     .sum();
-                // peft's "all-linear" puts one adapter of rank E × r over a stack of experts'
-                // weights, which the template carries (tests/lora_truth.rs holds it to peft's
-                // count) and `adapters` does not: the experts' layers are counted apart.
-                if targets == All && model.experts > 1 {
-                    continue;
-                }
+                // The mixtures of experts' too: one adapter of rank E × r over a stack of
+                // experts' weights, as peft makes it and the template carries it.
                 let adapters: u64 =
                     targets.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
                 // fp32 adapters, two steps' gradients, each made once.
                 assert_eq!(gradients, 2 * 4 * adapters, "{want}");
             }
+        }
+    }
+
+    /// fp32 LoRA on a GPU replays the attention the GPU runs: SDPA's math path where the model
+    /// groups its key-value heads (no fused kernel takes fp32 with them), SDPA's fused kernel
+    /// where it has as many key-value heads as heads, eager attention where transformers has
+    /// no SDPA path (BLOOM) or the family's steps were recorded eager alone (Gemma-2). Each is
+    /// planned, its adapters' gradients the count the plan prints.
+    #[test]
+    fn fp32_lora_replays_the_attention_a_gpu_runs() {
+        use Checkpointing::{Full as Ckpt, None as NoCkpt};
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let jobs = [
+            (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (preset("mistral-7b"), NoCkpt, "mistral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("mistral-7b"), Ckpt, "mistral/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (preset("qwen2.5-7b"), NoCkpt, "qwen2/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("qwen2.5-7b"), Ckpt, "qwen2/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                NoCkpt,
+                "qwen3/causal-lm/fp32/sdpa-math/full/lora-all",
+            ),
+            (
+                config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
+                Ckpt,
+                "qwen3/causal-lm/fp32/sdpa-math/ckpt/lora-all",
+            ),
+            (preset("mixtral-8x7b"), NoCkpt, "mixtral/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                NoCkpt,
+                "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-all",
+            ),
+            (
+                config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
+                Ckpt,
+                "gemma3_text/causal-lm/fp32/sdpa-math/ckpt/lora-all",
+            ),
+            // One key-value head for eight.
+            (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
+            // As many key-value heads as heads (32 and 32, 16 and 16): SDPA's fused kernel.
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-all"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                NoCkpt,
+                "qwen2_moe/causal-lm/fp32/sdpa/full/lora-all",
+            ),
+            (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
+            // No SDPA path in transformers.
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
+            (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
+        ];
+        for (model, checkpointing, want) in &jobs {
+            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(*want),
+                "{}",
+                model.name
+            );
+            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
+            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+            let gradients: u64 =
+                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+            let adapters: u64 =
+                LoraTargets::All.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
+            // Two steps' fp32 gradients, each made once.
+            assert_eq!(gradients, 2 * 4 * adapters, "{want}");
         }
     }
 

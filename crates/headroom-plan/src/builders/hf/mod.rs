@@ -55,6 +55,18 @@ pub(crate) type Concrete = (u8, u32);
 
 /// The template key for a job, and whether SDPA takes the math path.
 pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, String> {
+    key_on_path(model, cfg, device, sdpa_math(model, cfg.precision, device))
+}
+
+/// The key of the template SDPA's math path plans for a job asking for SDPA (`…/sdpa-math/…`,
+/// the path a GPU takes for fp32 with grouped key-value heads), on the CPU: a CPU takes that
+/// path only when asked for it (`sdpa_kernel([SDPBackend.MATH])`), as the check rows of those
+/// templates are measured.
+pub fn math_key(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
+    key_on_path(model, cfg, Device::Cpu, true)
+}
+
+fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> Result<String, String> {
     if cfg.compile {
         return Err("torch.compile's steps were recorded as moments, not tensor by tensor".to_string());
     }
@@ -75,7 +87,7 @@ pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, S
     };
     let attention = match cfg.attention {
         Attention::Eager => "eager",
-        Attention::Sdpa | Attention::Flash if sdpa_math(model, cfg.precision, device) => "sdpa-math",
+        Attention::Sdpa | Attention::Flash if math => "sdpa-math",
         Attention::Sdpa | Attention::Flash => "sdpa",
     };
     let ck = if checkpointed { "ckpt" } else { "full" };
@@ -197,8 +209,19 @@ pub fn program(
     steps: u32,
     scale: &StateScale,
 ) -> Result<HfProgram, String> {
-    let key = key(model, cfg, device)?;
-    let parsed = program_template::template(&key).ok_or_else(|| "not recorded".to_string())?;
+    program_of(model, cfg, device, &key(model, cfg, device)?, steps, scale)
+}
+
+/// [`program`] from template `key`, whichever key the job would pick.
+pub fn program_of(
+    model: &Model,
+    cfg: &TrainConfig,
+    device: Device,
+    key: &str,
+    steps: u32,
+    scale: &StateScale,
+) -> Result<HfProgram, String> {
+    let parsed = program_template::template(key).ok_or_else(|| format!("no step `{key}` was recorded"))?;
     let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u));
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
         autocast::fp32_pow(&mut t);
@@ -212,8 +235,8 @@ pub fn program(
     }
     let ex = Expander::new(&t, layers);
     let mut b = Expansion::new(model, cfg, device, &t, &ex, scale);
-    b.build(&key, steps)?;
-    Ok(HfProgram { program: b.p, key })
+    b.build(key, steps)?;
+    Ok(HfProgram { program: b.p, key: key.to_string() })
 }
 
 /// Why transformers' builders leave CPU offload to DeepSpeed's.
@@ -272,7 +295,12 @@ impl Builder for Recorded {
 /// step (tensors only, as the CPU ground truth measures them). `None` where no template
 /// serves the job.
 pub fn cpu_peaks(model: &Model, cfg: &TrainConfig) -> Option<(crate::program::PhasePeaks, u64)> {
-    let hf = program(model, cfg, Device::Cpu, 2, &StateScale::default()).ok()?;
+    cpu_peaks_of(model, cfg, &key(model, cfg, Device::Cpu).ok()?)
+}
+
+/// [`cpu_peaks`] of template `key` ([`math_key`]'s, for one).
+pub fn cpu_peaks_of(model: &Model, cfg: &TrainConfig, key: &str) -> Option<(crate::program::PhasePeaks, u64)> {
+    let hf = program_of(model, cfg, Device::Cpu, key, 2, &StateScale::default()).ok()?;
     let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
     Some(hf.program.step_peaks(&sizes, 2))
 }
