@@ -9,17 +9,17 @@ bytes a head as per head. A law is a function of the three recorded sizes alone,
 applies the rule to what each template recorded, as recording it again would, and changes no
 size at the recording's own widths (each template's seven-layer check is unchanged):
 
-    python3 scripts/validate/per_head_laws.py data/programs/hf-*.json [--check]
+    python3 scripts/validate/per_head_laws.py data/programs/hf-*.tpl [--check]
 
 `--check` changes nothing and exits 1 where a template still holds such a law.
 """
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import template_file  # noqa: E402
 
 
 def pair_law(kind_s, per, heads):
@@ -48,17 +48,6 @@ def relaw(template):
     return changed
 
 
-def write(path, data):
-    """The file as the recorders write it: the header, then one template a line by key."""
-    head = {k: v for k, v in data.items() if k != "templates"}
-    with open(path, "w") as f:
-        f.write(json.dumps(head, separators=(",", ":"))[:-1])
-        f.write(',"templates":{\n')
-        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(v, separators=(',', ':'))}"
-                           for k, v in sorted(data["templates"].items())))
-        f.write("}}\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
@@ -66,17 +55,14 @@ def main():
     args = ap.parse_args()
     stale = 0
     for path in args.files:
-        with open(path) as f:
-            data = json.load(f)
-        if "templates" not in data:
-            continue
+        data = template_file.read(path)
         for key, template in sorted(data["templates"].items()):
             n = relaw(template)
             if n:
                 stale += 1
                 print(f"{os.path.basename(path)} {key}: {n} law(s) per head")
         if not args.check:
-            write(path, data)
+            template_file.write(path, data, packed=template_file.is_packed(path))
     if args.check and stale:
         sys.exit(1)
 
