@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The shipped step templates (`data/programs/hf-*.json`) against the GPU, one job at a time.
+"""The shipped step templates (`data/programs/hf-*.tpl`) against the GPU, one job at a time.
 
 Each job is a Hugging Face model built from its config (random weights: nothing is downloaded)
 and run as a user runs it on the GPU: full fine-tuning, LoRA or QLoRA (peft + bitsandbytes) for

@@ -9,7 +9,7 @@ Every case is a check case: nothing was read from them before the templates were
     .venv/bin/python scripts/validate/family_checks.py --out data/validation/cpu_family_checks.json
 
 `--variants` measures instead the precisions, kernels and checkpointing recorded into
-`data/programs/hf-variants.json` (eager attention in bf16 with checkpointing and without, AMP,
+`data/programs/hf-variants.tpl` (eager attention in bf16 with checkpointing and without, AMP,
 checkpointed fp32, fp32 with SDPA's fused kernel), a sample of its keys, each on a config of six
 layers or more (`measure.py`'s `deep` configs, T5 v1.0's `T5_V1`, or one of its own for the model
 types that grid does not build) at a shape no recording used:
@@ -124,7 +124,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", action="store_true",
-                    help="measure the cases of data/programs/hf-variants.json's keys instead")
+                    help="measure the cases of data/programs/hf-variants.tpl's keys instead")
     ap.add_argument("--only", help="comma-separated model types or cases (family/precision/attention/ckpt|full) "
                                    "measured into --out in place of theirs, the file's other cases kept")
     a = ap.parse_args()
@@ -146,7 +146,7 @@ def main():
         kept = kept["cases"]
         chosen = [(cfg, c) for cfg, c in chosen if named(c)]
         results = [c for c in kept if not named(c)]
-    about = ("CPU ground truth for hf-variants.json's keys" if a.variants
+    about = ("CPU ground truth for hf-variants.tpl's keys" if a.variants
              else "CPU ground truth for the model types recorded since")
 
     def write():

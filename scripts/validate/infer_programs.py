@@ -40,7 +40,7 @@ GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recordi
 SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too;
 BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; v1.1's gated MLP
 under keys ending `/gated`); the
-keys shipped are those data/programs/hf-infer.json holds. A Mixture of Experts runs
+keys shipped are those data/programs/hf-infer.tpl holds. A Mixture of Experts runs
 transformers' default experts implementation (every tensor sized by the tokens times the
 experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
 length: past its window transformers keeps a sliding layer's last tokens as a view of the
@@ -67,11 +67,11 @@ three shapes (batch x prompt 2x56, 2x88, 3x56), checked at seven layers as step_
 does (`check`: each section's events, their bytes in order and the live peak, which the
 planner's expansion reproduces; `cargo test -p headroom-plan program_templates`).
 
-    /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --out data/programs/hf-infer.tpl
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa --out a.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only t5/forward/bf16/eager/gated --out b.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa/nf4 --out c.json
-    /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.json a.json b.json --out data/programs/hf-infer.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.tpl a.json b.json c.json --out data/programs/hf-infer.tpl
 """
 
 import argparse
@@ -89,6 +89,7 @@ import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import quant_infer as qi  # noqa: E402
 import step_programs as sp  # noqa: E402
+import template_file  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "mistral", "phi3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "bloom",
             "mixtral", "qwen2_moe", "qwen3_moe", "bert", "t5")
@@ -735,16 +736,13 @@ def stated(k, t):
 
 
 def write(path, templates):
+    """`templates` in the planner's form, to `path` (packed where it ends in `.tpl`)."""
     import transformers
-    head = {"about": "What transformers' inference allocates and frees: scripts/validate/infer_programs.py",
-            "torch": torch.__version__, "transformers": transformers.__version__, "shapes": sp.SHAPES,
-            "layers": sp.LAYERS, "edge": sp.EDGE, "new_tokens": NEW_TOKENS}
-    with open(path, "w") as f:
-        f.write(json.dumps(head, separators=(",", ":"))[:-1])
-        f.write(',"templates":{\n')
-        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(stated(k, compact(v)), separators=(',', ':'))}"
-                           for k, v in sorted(templates.items())))
-        f.write("}}\n")
+    template_file.write(path, {
+        "about": "What transformers' inference allocates and frees: scripts/validate/infer_programs.py",
+        "torch": torch.__version__, "transformers": transformers.__version__, "shapes": sp.SHAPES,
+        "layers": sp.LAYERS, "edge": sp.EDGE, "new_tokens": NEW_TOKENS,
+        "templates": {k: stated(k, compact(v)) for k, v in templates.items()}})
 
 
 def main():
@@ -756,11 +754,10 @@ def main():
     if args.merge:
         merged = {}
         for path in args.merge:
-            with open(path) as f:
-                for k, t in json.load(f)["templates"].items():
-                    if "error" in t and k in merged and "error" not in merged[k]:
-                        continue
-                    merged[k] = t
+            for k, t in template_file.read(path)["templates"].items():
+                if "error" in t and k in merged and "error" not in merged[k]:
+                    continue
+                merged[k] = t
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Ground truth for the inference templates (`data/programs/hf-infer.json`): transformers'
+"""Ground truth for the inference templates (`data/programs/hf-infer.tpl`): transformers'
 `generate` and an evaluation loop's forward run for real on the CPU, at configs, depths and
 shapes none of the templates was recorded at, each measured by the profiler's allocator
 events: the storages alive when the call begins (the weights, buffers, ids and mask) plus the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """peft LoRA training steps measured on CPU, for the planner's replay of the recorded LoRA
-templates (`data/programs/hf-lora.json`): at depths, shapes and ranks the templates were not
+templates (`data/programs/hf-lora.tpl`): at depths, shapes and ranks the templates were not
 recorded at (they were at five layers, 2x56, 2x88, 3x56 tokens, rank 22).
 
 Each case builds a family's config (measure.py's `small_configs` base, or `CONFIGS` here for

@@ -24,7 +24,7 @@ unchanged). Where one law stood for tensors the rule now reads apart (Gemma-3's 
 `isneginf` at 4 heads beside its fp32 mask, Gemma-2's decode-step scores beside an int64
 mask), each tensor gets its own:
 
-    python3 scripts/validate/per_head_laws.py data/programs/hf*.json [--check]
+    python3 scripts/validate/per_head_laws.py data/programs/hf*.tpl [--check]
 
 `--check` changes nothing and exits 1 where a template still holds a law to read again.
 """
@@ -49,6 +49,9 @@ PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 # a position (bf16 over 8 heads) are as likely two int64 ids.
 SCORE_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax")
 SCORE_SITES = ("aten::softmax > aten::empty_strided",)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import template_file  # noqa: E402
 
 
 def op_of(site):
@@ -122,17 +125,6 @@ def relaw(template):
     return changed
 
 
-def write(path, data):
-    """The file as the recorders write it: the header, then one template a line by key."""
-    head = {k: v for k, v in data.items() if k != "templates"}
-    with open(path, "w") as f:
-        f.write(json.dumps(head, separators=(",", ":"))[:-1])
-        f.write(',"templates":{\n')
-        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(v, separators=(',', ':'))}"
-                           for k, v in sorted(data["templates"].items())))
-        f.write("}}\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
@@ -140,10 +132,7 @@ def main():
     args = ap.parse_args()
     stale = 0
     for path in args.files:
-        with open(path) as f:
-            data = json.load(f)
-        if "templates" not in data:
-            continue
+        data = template_file.read(path)
         for key, template in sorted(data["templates"].items()):
             if "laws" not in template:
                 continue  # a recording that failed, kept with its reason
@@ -152,7 +141,7 @@ def main():
                 stale += 1
                 print(f"{os.path.basename(path)} {key}: {n} tensor(s) read again")
         if not args.check:
-            write(path, data)
+            template_file.write(path, data, packed=template_file.is_packed(path))
     if args.check and stale:
         sys.exit(1)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """QLoRA's steps as `python -m headroom_gpu record --qlora RANK` records them (fake tensors,
 CUDA's bitsandbytes rules: `headroom_gpu.qlora`), for the planner's replay of the recorded QLoRA
-templates (`data/programs/hf-qlora.json`): at model dimensions, depths, shapes and ranks the
+templates (`data/programs/hf-qlora.tpl`): at model dimensions, depths, shapes and ranks the
 templates were not recorded at (they were at a hidden size of 768, 12 heads of 80 over 4
 key-value heads, BLOOM's and BERT's 12 of 64, T5's 12 of 80, an MLP of 704, a vocabulary of
 4096, five layers (T5: five a stack), 2x56, 2x88 and 3x56 tokens, rank 22). BERT is trained as

@@ -34,19 +34,23 @@ Each template also stores what the recorder saw at four layers (`check`): the al
 and the live peak at one shape, which the planner's expansion of the three-layer template
 must reproduce exactly (`cargo test -p headroom-plan program_templates`).
 
-    .venv/bin/python scripts/validate/step_programs.py --out data/programs/hf.json
+    .venv/bin/python scripts/validate/step_programs.py --out data/programs/hf.tpl
     .venv/bin/python scripts/validate/step_programs.py --only llama,qwen2 --out a.json
-    .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.json
+    .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.tpl
 
-`data/programs/hf.json` holds Llama, Qwen2, Qwen3 and GPT-2; `data/programs/hf-families.json`
+`--out` and `--merge` take the packed form the planner bundles (`.tpl`) and the recorders' JSON
+alike (`template_file.py`; docs/TRACE_FORMAT.md, "Program templates"): a path ending in `.tpl`
+is written packed, any other as JSON.
+
+`data/programs/hf.tpl` holds Llama, Qwen2, Qwen3 and GPT-2; `data/programs/hf-families.tpl`
 the families recorded since (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral,
 Qwen3-MoE), one key a run (`--only mistral/causal-lm/bf16/sdpa/full`) merged with `--merge`.
 Mixtral and Qwen3-MoE run transformers' default experts implementation (`grouped_mm`): every
 tensor of their experts is sized by the tokens times the experts a token, whatever the routing.
-`data/programs/hf-more.json` holds what was recorded after those: BERT (masked LM), T5 (its
+`data/programs/hf-more.tpl` holds what was recorded after those: BERT (masked LM), T5 (its
 encoder stack recorded as a stack of its own; v1.0's ReLU MLP, tied, the catalog's T5 presets'),
 Qwen2-MoE (a shared expert, unit `fs`), Gemma 3's text model, and eager attention for families
-recorded with SDPA. `data/programs/hf-variants.json` holds the combinations recorded after those
+recorded with SDPA. `data/programs/hf-variants.tpl` holds the combinations recorded after those
 for families the files above hold: eager attention in bf16 with checkpointing and in fp32
 (Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Phi-3, Gemma), in bf16 and fp32 (Mixtral, Qwen2-MoE,
 Gemma 3) and in bf16 (BERT); AMP (Gemma-2, BLOOM, Qwen2-MoE, Gemma 3, and T5 with either MLP,
@@ -59,7 +63,7 @@ under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/ga
 
     .venv/bin/python scripts/validate/step_programs.py --gated --only t5/seq2seq-lm/bf16/eager/full --out a.json
 
-`--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.json`, keys ending
+`--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.tpl`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
 wrapped by `get_peft_model` with its defaults before the optimizer is made, the base frozen
 (parameters with no gradient), the adapters at rank `LORA_RANK`, a size apart from every other
@@ -68,12 +72,12 @@ dimension, so the adapters' weights and every tensor as wide as the rank are law
 
     .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --lora all --out a.json
     .venv/bin/python scripts/validate/step_programs.py --only gemma2/causal-lm/bf16/eager/full --lora all --out b.json
-    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-lora.json a.json b.json --out data/programs/hf-lora.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-lora.tpl a.json b.json --out data/programs/hf-lora.tpl
 
 Eager attention is recorded where transformers has none other (BLOOM) or where the key asks for
 it (Gemma-2, whose full training is recorded eager alone). peft's "all-linear" wraps a stack of
 experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapter of rank E x r
-over them all: its weights are laws in the unit `Er`. `hf-lora.json` holds every linear layer's
+over them all: its weights are laws in the unit `Er`. `hf-lora.tpl` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM,
 each without and with full checkpointing; at fp32 for Llama, Qwen2,
@@ -88,7 +92,7 @@ at fp32 and with full checkpointing at both precisions, with both targets (T5 wi
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
 `q` and `v` (its cross-attention's too).
 
-`--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.json`, keys ending
+`--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
 `/full/qlora-all` without checkpointing, as `prepare_model_for_kbit_training(model,
@@ -98,9 +102,9 @@ LoRA over bitsandbytes' NF4 base as `python -m headroom_gpu record --qlora` runs
 tensors with CUDA's rules, since bitsandbytes has no CPU kernels for CUDA's path
 (`qlora_programs.py` reads that recording into the tensors and events below):
 
-    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.tpl
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --qlora all --out a.json
-    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora.json a.json --out data/programs/hf-qlora.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora.tpl a.json --out data/programs/hf-qlora.tpl
 """
 
 import argparse
@@ -118,6 +122,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
+import template_file  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
@@ -1128,11 +1133,10 @@ def main():
     if args.merge:
         merged = {}
         for path in args.merge:
-            with open(path) as f:
-                for k, t in json.load(f)["templates"].items():
-                    if "error" in t and k in merged and "error" not in merged[k]:
-                        continue  # a failed recording never replaces a good one
-                    merged[k] = reclassified(t, k.split("/")[2]) if "laws" in t else t
+            for k, t in template_file.read(path)["templates"].items():
+                if "error" in t and k in merged and "error" not in merged[k]:
+                    continue  # a failed recording never replaces a good one
+                merged[k] = reclassified(t, k.split("/")[2]) if "laws" in t else t
         write(args.out, merged)
         return
     only = set(args.only.split(",")) if args.only else set()
@@ -1236,16 +1240,12 @@ def compact(t):
 
 
 def write(path, templates):
+    """`templates` in the planner's form, to `path` (packed where it ends in `.tpl`)."""
     import transformers
-    head = {"about": "What a transformers training job allocates and frees: scripts/validate/step_programs.py",
-            "torch": torch.__version__, "transformers": transformers.__version__, "shapes": SHAPES,
-            "layers": LAYERS, "edge": EDGE}
-    with open(path, "w") as f:
-        f.write(json.dumps(head, separators=(",", ":"))[:-1])
-        f.write(',"templates":{\n')
-        f.write(",\n".join(f"{json.dumps(k)}:{json.dumps(compact(v), separators=(',', ':'))}"
-                           for k, v in sorted(templates.items())))
-        f.write("}}\n")
+    template_file.write(path, {
+        "about": "What a transformers training job allocates and frees: scripts/validate/step_programs.py",
+        "torch": torch.__version__, "transformers": transformers.__version__, "shapes": SHAPES,
+        "layers": LAYERS, "edge": EDGE, "templates": {k: compact(v) for k, v in templates.items()}})
 
 
 if __name__ == "__main__":

@@ -65,4 +65,5 @@ pub mod request;
 pub mod search;
 pub mod sglang;
 pub mod step_recipe;
+mod template_file;
 pub mod time;

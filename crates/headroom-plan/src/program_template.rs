@@ -1,5 +1,5 @@
 //! What a transformers training job allocates and frees, tensor by tensor, as recorded:
-//! the program templates of `data/programs/*.json`.
+//! the program templates of `data/programs/*.tpl`.
 //!
 //! `scripts/validate/step_programs.py` runs each family's code (per head, precision,
 //! attention kernel and checkpointing) on CPU the way a user's script does — the model
@@ -29,9 +29,9 @@
 
 use crate::model_units;
 use crate::program::{Law, Term};
+use crate::template_file::{self, Entry};
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
@@ -245,7 +245,7 @@ pub struct Template {
     pub check: Check,
     /// A training template's recorded optimizer step.
     pub optimizer_check: Option<OptimizerCheck>,
-    /// An inference template's sections (`data/programs/hf-infer.json`).
+    /// An inference template's sections (`data/programs/hf-infer.tpl`).
     pub inference: Option<InferenceSections>,
     /// An edge layer's tensor → the middle layer's tensor made in its place: each edge layer's
     /// tensors matched to the middle layer's by the longest common subsequence of their kinds.
@@ -509,22 +509,20 @@ impl Parsed {
     }
 }
 
-#[derive(Deserialize)]
-struct File<'a> {
-    #[serde(borrow)]
-    templates: BTreeMap<String, &'a RawValue>,
-}
-
-/// Every bundled template, unparsed, by key (`family/head/precision/attention/full|ckpt`, and
-/// `/lora-all|lora-qv` for adapters).
-fn bundled() -> &'static BTreeMap<String, &'static RawValue> {
-    static B: OnceLock<BTreeMap<String, &'static RawValue>> = OnceLock::new();
+/// Every bundled template, deflated, by key (`family/head/precision/attention/full|ckpt`, and
+/// `/lora-all|lora-qv` for adapters): the files' indexes alone, nothing inflated.
+fn bundled() -> &'static BTreeMap<&'static str, Entry> {
+    static B: OnceLock<BTreeMap<&'static str, Entry>> = OnceLock::new();
     B.get_or_init(|| {
         let mut all = BTreeMap::new();
-        for text in FILES {
-            let f: File<'static> = serde_json::from_str(text)
-                .unwrap_or_else(|e| panic!("the bundled program templates do not parse: {e}"));
-            all.extend(f.templates);
+        for (name, bytes) in FILES {
+            let entries = template_file::index(bytes)
+                .unwrap_or_else(|e| panic!("the bundled program templates {name} do not read: {e}"));
+            for (key, entry) in entries {
+                if all.insert(key, entry).is_some() {
+                    panic!("the program template {key} is bundled twice ({name} and another file)");
+                }
+            }
         }
         all
     })
@@ -544,25 +542,25 @@ pub(crate) fn check_digest(items: &[String]) -> String {
     format!("{h:016x}")
 }
 
-/// `hf.json`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.json`: the families recorded since
+/// `hf.tpl`: Llama, Qwen2, Qwen3 and GPT-2; `hf-families.tpl`: the families recorded since
 /// (Mistral, Phi-3, Gemma, Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE), by the same script;
-/// `hf-infer.json`: inference (`generate` and an evaluation loop's forward, keys
+/// `hf-infer.tpl`: inference (`generate` and an evaluation loop's forward, keys
 /// `family/generate|forward/precision/attention`), by `scripts/validate/infer_programs.py`;
-/// `hf-more.json`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
-/// with SDPA; `hf-variants.json`: the precisions, kernels and checkpointing recorded after
+/// `hf-more.tpl`: BERT, T5, Qwen2-MoE, Gemma 3, and eager attention for families recorded
+/// with SDPA; `hf-variants.tpl`: the precisions, kernels and checkpointing recorded after
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
-/// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.json`: peft's LoRA steps (`--lora`), keyed with the adapters'
-/// targets; `hf-qlora.json`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
+/// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.tpl`: peft's LoRA steps (`--lora`), keyed with the adapters'
+/// targets; `hf-qlora.tpl`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
 /// checkpointing, `/full/qlora-all`), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
-const FILES: &[&str] = &[
-    include_str!("../../../data/programs/hf.json"),
-    include_str!("../../../data/programs/hf-families.json"),
-    include_str!("../../../data/programs/hf-infer.json"),
-    include_str!("../../../data/programs/hf-more.json"),
-    include_str!("../../../data/programs/hf-variants.json"),
-    include_str!("../../../data/programs/hf-lora.json"),
-    include_str!("../../../data/programs/hf-qlora.json"),
+const FILES: &[(&str, &[u8])] = &[
+    ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
+    ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
+    ("hf-infer.tpl", include_bytes!("../../../data/programs/hf-infer.tpl")),
+    ("hf-more.tpl", include_bytes!("../../../data/programs/hf-more.tpl")),
+    ("hf-variants.tpl", include_bytes!("../../../data/programs/hf-variants.tpl")),
+    ("hf-lora.tpl", include_bytes!("../../../data/programs/hf-lora.tpl")),
+    ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).
@@ -573,12 +571,12 @@ pub fn template(key: &str) -> Option<&'static Parsed> {
     if let Some(p) = cache.get(key) {
         return Some(p);
     }
-    let raw = bundled().get(key)?;
+    let text = bundled().get(key)?.inflate().unwrap_or_else(|e| panic!("the program template {key} {e}"));
     // A recording that failed is kept with its reason: no template.
-    if raw.get().starts_with("{\"error\"") {
+    if text.starts_with("{\"error\"") {
         return None;
     }
-    let parsed = Parsed::parse(raw.get()).unwrap_or_else(|e| panic!("the program template {key} is malformed: {e}"));
+    let parsed = Parsed::parse(&text).unwrap_or_else(|e| panic!("the program template {key} is malformed: {e}"));
     let leaked: &'static Parsed = Box::leak(Box::new(parsed));
     cache.insert(key.to_string(), leaked);
     Some(leaked)
@@ -586,12 +584,28 @@ pub fn template(key: &str) -> Option<&'static Parsed> {
 
 /// Every bundled key, for tests.
 pub fn keys() -> impl Iterator<Item = &'static str> {
-    bundled().keys().map(String::as_str)
+    bundled().keys().copied()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `data/programs/` holds the bundled files and nothing else: a template file recorded or
+    /// merged there in the recorders' text (`.json`) and not packed, or a new file not
+    /// listed in [`FILES`], would be left out of every plan.
+    #[test]
+    fn every_file_of_the_programs_folder_is_bundled() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/programs");
+        let mut found: Vec<String> = std::fs::read_dir(&dir)
+            .expect("data/programs")
+            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        found.sort();
+        let mut bundled: Vec<String> = FILES.iter().map(|(name, _)| name.to_string()).collect();
+        bundled.sort();
+        assert_eq!(found, bundled, "pack each with scripts/validate/template_file.py pack IN.json OUT.tpl");
+    }
 
     /// `tok32`: memory-efficient attention's logsumexp, fp32 for each of 12 heads, at the
     /// sizes the QLoRA recorder saw for GPT-2 at 2 × 56, 2 × 88 and 3 × 56 tokens (6,144, 9,216
@@ -668,7 +682,8 @@ mod tests {
     fn no_template_plans_a_per_head_pair_tensor_whatever_the_heads() {
         let mut stale = std::collections::BTreeSet::new();
         for key in keys() {
-            let raw: serde_json::Value = serde_json::from_str(bundled()[key].get()).expect("JSON");
+            let raw: serde_json::Value =
+                serde_json::from_str(&bundled()[key].inflate().expect("inflates")).expect("JSON");
             stale.extend(stale_per_head_laws(key, &raw));
         }
         let stale: Vec<_> = stale.into_iter().collect();

@@ -1,4 +1,4 @@
-//! The families recorded into `data/programs/hf-families.json` (Mistral, Phi-3, Gemma,
+//! The families recorded into `data/programs/hf-families.tpl` (Mistral, Phi-3, Gemma,
 //! Gemma-2, GPT-NeoX, BLOOM, Mixtral, Qwen3-MoE): each preset of theirs is planned by
 //! replaying its own family's recorded step, and the jobs of those families that an H200 ran
 //! (docs/VALIDATION.md, "The step recorder against the GPU") are check rows for the
@@ -7,10 +7,10 @@
 //! The tolerance is the dev grid's, set before the templates were compared: allocated and
 //! reserved within ±5%.
 //!
-//! The model types recorded into `data/programs/hf-more.json` (BERT, T5, Qwen2-MoE, Gemma 3)
+//! The model types recorded into `data/programs/hf-more.tpl` (BERT, T5, Qwen2-MoE, Gemma 3)
 //! are checked the same way against real CPU steps on configs and shapes of their own, within
 //! the CPU ground truth's ±3%. So are the combinations recorded into
-//! `data/programs/hf-variants.json` (eager attention with checkpointing and in fp32, AMP,
+//! `data/programs/hf-variants.tpl` (eager attention with checkpointing and in fp32, AMP,
 //! checkpointed fp32), a sample of its keys against `cpu_variant_checks.json`.
 //!
 //! `FAMILY_TABLE=1 cargo test -p headroom-plan --test family_templates -- --nocapture`
@@ -164,7 +164,7 @@ fn config_model(text: &str, name: &str) -> Model {
     Model::from_hf_config(text, name).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// The model types recorded into `data/programs/hf-more.json`, each as `plan --model` reads
+/// The model types recorded into `data/programs/hf-more.tpl`, each as `plan --model` reads
 /// it (a preset, or the config.json in `data/models/`), are planned by replaying their own
 /// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (eager
 /// whatever is asked: transformers' T5 has no SDPA path), Qwen2-MoE's shared expert beside
@@ -189,7 +189,7 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
     }
 }
 
-/// The combinations recorded into `data/programs/hf-variants.json`, asked as a user asks them
+/// The combinations recorded into `data/programs/hf-variants.tpl`, asked as a user asks them
 /// (`--attention eager --checkpoint full`, `--precision amp`), are planned by their own recorded
 /// step: eager attention in bf16 with checkpointing and in fp32 (and in bf16 for the mixtures
 /// of experts, Gemma 3 and BERT), AMP for families recorded without it, checkpointed fp32. On
@@ -336,7 +336,7 @@ fn t5_under_amp_replays_its_recording_where_the_autocasts_agree() {
 /// Real CPU steps of the model types recorded since `measure.py`'s grid
 /// (`data/validation/cpu_family_checks.json`, `scripts/validate/family_checks.py`): other
 /// widths, experts, depths and shapes than the recordings'; and of a sample of the keys of
-/// `data/programs/hf-variants.json` (`cpu_variant_checks.json`, `family_checks.py --variants`:
+/// `data/programs/hf-variants.tpl` (`cpu_variant_checks.json`, `family_checks.py --variants`:
 /// eager attention with checkpointing, AMP, checkpointed fp32, at six layers or more
 /// and shapes no recording used). Each template's replay as the CPU runs it (`cpu_peaks`: live
 /// tensors, no allocator) against the measured peak, within the CPU ground truth's ±3%

@@ -1,6 +1,6 @@
 //! peft's LoRA steps measured on CPU (`scripts/validate/lora_truth.py`,
 //! `data/validation/lora_cpu_truth.json`) against the planner's replay of the recorded LoRA
-//! templates (`data/programs/hf-lora.json`), as the CPU runs it: the step's live peak and each
+//! templates (`data/programs/hf-lora.tpl`), as the CPU runs it: the step's live peak and each
 //! phase's, within the CPU ground truth's 3% (tests/ground_truth.rs), set before any
 //! comparison. Every case is a check row, at a depth, shape and rank the templates were not
 //! recorded at. The adapters the planner's program trains are peft's exactly: their gradients'

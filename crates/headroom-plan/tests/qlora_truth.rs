@@ -1,7 +1,7 @@
 //! QLoRA's steps as `python -m headroom_gpu record --qlora` records them (fake tensors with
 //! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
 //! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
-//! templates (`data/programs/hf-qlora.json`), as the recording's device runs it (no cuBLAS
+//! templates (`data/programs/hf-qlora.tpl`), as the recording's device runs it (no cuBLAS
 //! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
 //! check, set before any comparison). Every case is a check row, at model widths, a depth, a
 //! shape and a rank the templates were not recorded at.

@@ -1,6 +1,6 @@
 //! Checkpointing as a transform, against transformers' checkpointed steps as recorded.
 //!
-//! `data/programs/hf.json` holds transformers' training step recorded tensor by tensor both
+//! `data/programs/hf.tpl` holds transformers' training step recorded tensor by tensor both
 //! without checkpointing and under `gradient_checkpointing_enable()` (torch.utils.checkpoint
 //! around every decoder layer), for GPT-2, Llama, Qwen2 and Qwen3 at three precisions. The
 //! transform of the first ([`recompute::checkpoint_layers`]) is compared with the second: the

@@ -13,7 +13,7 @@
 //! - SGLang's server (`sglang.rs`, with its share in [`crate::sglang`]): a pool of
 //!   `mem_fraction_static` of the free memory at start-up less the weights, one token a slot.
 //! - Hugging Face transformers' `generate` (`transformers.rs`): where its code was recorded
-//!   tensor by tensor (`recorded.rs`, `data/programs/hf-infer.json`), the prompt's forward and
+//!   tensor by tensor (`recorded.rs`, `data/programs/hf-infer.tpl`), the prompt's forward and
 //!   each decode step as recorded, the cache growing a position a step; elsewhere (bitsandbytes'
 //!   layers, most families' eager attention, the families not recorded) its peak moment in
 //!   closed form: every layer's keys and values, the logits and the temporaries its code

@@ -1,5 +1,5 @@
 //! transformers' inference replayed as recorded, tensor by tensor: the inference templates of
-//! `data/programs/hf-infer.json` ([`crate::program_template`], recorded on CPU by
+//! `data/programs/hf-infer.tpl` ([`crate::program_template`], recorded on CPU by
 //! `scripts/validate/infer_programs.py`) expanded to the model's depth as the training
 //! templates are ([`crate::builders::hf`]), then laid out as the job runs them: the model and
 //! its inputs, the prompt's forward (`generate`'s prefill, or an evaluation loop's forward

@@ -4,7 +4,7 @@
 //! `scripts/validate/step_programs.py --lora all,qv` records peft's step as it records full
 //! fine-tuning (`get_peft_model` with its defaults: no adapter dropout, the adapters of a
 //! 16-bit base autocast to fp32), keyed `family/head/precision/attention/ckpt/lora-TARGETS`
-//! in `data/programs/hf-lora.json`. The adapters' weights and every tensor as wide as the
+//! in `data/programs/hf-lora.tpl`. The adapters' weights and every tensor as wide as the
 //! rank (`x @ A.T` and its gradient) are laws in the unit `r`, recorded at a rank no other
 //! dimension of the recording is a small multiple of, so any rank plans. The frozen base's
 //! weights are parameters with no gradient: `zero_grad` and the optimizer step skip them, as
@@ -33,7 +33,7 @@
 //! head's transform too, and T5's decoder's
 //! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
-//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.json`,
+//! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and
 //! `.../full/qlora-all` without checkpointing) is recorded
 //! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
