@@ -9,6 +9,7 @@ mod advice;
 mod args;
 mod calibration;
 mod config;
+mod infer_text;
 mod json;
 mod recorded;
 mod text;
@@ -119,7 +120,7 @@ pub fn run(a: PlanArgs) -> Result<Outcome> {
             config::json(file, &mut v);
             format!("{}\n", serde_json::to_string_pretty(&v)?)
         } else {
-            text::infer(&plan) + &config::text_lines(file)
+            infer_text::infer(&plan) + &config::text_lines(file)
         };
         // An engine that starts serves what its pool holds at once and queues the rest.
         return Ok(Outcome::new(out, if plan.estimate.starts { 0 } else { 1 }));
