@@ -323,11 +323,22 @@ mod tests {
                 NoCkpt,
                 "qwen2_moe/causal-lm/fp32/sdpa/full/lora-all",
             ),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                Ckpt,
+                "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-all",
+            ),
+            // 32 heads over 4 key-value heads: the math path.
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), NoCkpt, "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-all"),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
             (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
+            (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
         ];
