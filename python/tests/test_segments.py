@@ -81,6 +81,15 @@ class Segments(unittest.TestCase):
         # what keeps the first segment from serving `y`: the 64 MiB tensor split from it
         self.assertIn("segment   1, 2,048 MiB: 64.0 MiB live in 1 blocks", text)
 
+    def test_a_file_that_is_no_snapshot_is_named(self):
+        with self.assertRaises(SystemExit) as e:
+            segments.load(os.path.join(ROOT, "README.md"))
+        self.assertIn("README.md: not a readable snapshot", str(e.exception.code))
+        with self.assertRaises(SystemExit) as e:
+            segments.main(["--program", os.path.join(self.tmp, "none.jsonl"), "--capacity", "1",
+                           "--headroom", os.path.join(self.tmp, "no-binary")])
+        self.assertIn("cannot run", str(e.exception.code))
+
     def test_a_program_without_its_capacity_is_refused(self):
         with self.assertRaises(SystemExit) as e, redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             segments.main(["--program", "x.jsonl"])

@@ -32,11 +32,17 @@ MIB = 1 << 20
 
 def load(path):
     """A snapshot, pickled or JSON, gzip-compressed or not."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return json.loads(raw) if raw.lstrip()[:1] == b"{" else pickle.loads(raw)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        snap = json.loads(raw) if raw.lstrip()[:1] == b"{" else pickle.loads(raw)
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise SystemExit(f"segments: {path}: not a readable snapshot ({e})") from None
+    if not isinstance(snap, dict) or "segments" not in snap:
+        raise SystemExit(f"segments: {path}: not a PyTorch memory snapshot (no segments)")
+    return snap
 
 
 def _frame_label(frames):
@@ -126,8 +132,11 @@ def replay(headroom, program, capacity):
     """The plan's program replayed by headroom; its final snapshot (JSON)."""
     with tempfile.TemporaryDirectory() as tmp:
         snap = os.path.join(tmp, "plan.json")
-        r = subprocess.run([headroom, "replay", program, "--capacity", str(capacity), "--snapshot-out", snap],
-                           capture_output=True, text=True)
+        try:
+            r = subprocess.run([headroom, "replay", program, "--capacity", str(capacity), "--snapshot-out", snap],
+                               capture_output=True, text=True)
+        except OSError as e:
+            raise SystemExit(f"segments: cannot run {headroom} ({e.strerror}); give --headroom the binary") from None
         if r.returncode != 0:
             raise SystemExit(f"segments: headroom replay {program} failed ({r.returncode}): {r.stderr.strip()}")
         with open(snap) as f:
