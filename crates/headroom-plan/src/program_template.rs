@@ -14,7 +14,8 @@
 //!   parameter or gradient of, the kernel it comes from where the GPU's differs (`sdpa`,
 //!   `dropout`, `dropout-mask`, `repeat_kv`), and its layer;
 //! - `sources`: each dropout's output (forward and backward) and the tensor it consumed,
-//!   which a step without dropout keeps in its place;
+//!   which a step without dropout keeps in its place (the copies another model or batch gets
+//!   as views, `repeat_kv`'s and BLOOM's reshapes, have theirs read from the events: `views`);
 //! - `setup`, `step1`, `step`: the events of building the model, of the first step's
 //!   forward and backward, and of a later one's (`step1` null when they are alike), each
 //!   `kind, tensor, layer` (kind 0 allocates, 1 frees); `backward`: where each step's
@@ -26,6 +27,8 @@
 //! expansion reproduces exactly (tested). The optimizer step is not in the template: the
 //! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
 //! (foreach) step it is tested against.
+
+mod views;
 
 use crate::model_units;
 use crate::program::{Law, Term};
@@ -103,6 +106,10 @@ pub struct TensorT {
     /// Made in an encoder-decoder's decode step and sized by the encoder's input (its
     /// cross-attention's scores and mask), not by the decoder's past.
     pub by_encoder: bool,
+    /// BLOOM's query, key or value reshaped to batch × heads from its fused query-key-value
+    /// output ([`TensorT::source`]): a copy at the recording's batches, a view of that output
+    /// at a batch of one (`program_template/views.rs`).
+    pub batch_view: bool,
 }
 
 impl TensorT {
@@ -448,6 +455,7 @@ impl Parsed {
                 home,
                 source: None,
                 by_encoder: false,
+                batch_view: false,
             });
         }
         let n = tensors.len();
@@ -460,9 +468,12 @@ impl Parsed {
             }
             tensors[out as usize].source = Some(input);
         }
-        let analog = analogs(&tensors);
         let step = events(&raw.step, n)?;
         let step1 = raw.step1.as_deref().map(|s| events(s, n)).transpose()?;
+        let recorded: Vec<&[EventT]> = step1.as_deref().into_iter().chain([step.as_slice()]).collect();
+        views::repeat_kv_sources(&mut tensors, &laws, &recorded);
+        views::batch_view_sources(&mut tensors, &laws, &raw.sites, &recorded);
+        let analog = analogs(&tensors);
         let inference = match &raw.prefill {
             Some(prefill) => Some(InferenceSections {
                 prefill: events(prefill, n)?,

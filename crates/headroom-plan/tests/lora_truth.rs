@@ -226,3 +226,47 @@ fn what_the_loss_holds_lives_through_the_optimizer_step() {
     let (h, heads) = (m.hidden, m.heads);
     assert_eq!(held, Some(2 * (2 * b * s * h * 4) + 2 * heads * s * s * 4));
 }
+
+/// BLOOM reshapes the query of its fused query-key-value output to batch × heads: a copy at a
+/// batch of two or more, a view at a batch of one, which the attention's `baddbmm` saves, so
+/// each layer's fused output (3 × hidden a token) stays alive for the backward in the copy's
+/// place, as the CPU's profile of the fp32 case at 1 × 96 showed. At the start of step 2's
+/// backward, the plan at a batch of one holds one fused output a layer and at two none (at 100
+/// tokens, where a fused output is not as large as a layer's attention scores: at 96 with 8
+/// heads it is).
+#[test]
+fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
+    use headroom_plan::program::{Op, Phase};
+    let c = cases()
+        .into_iter()
+        .find(|c| c["family"] == "bloom" && c["precision"] == "fp32" && c["checkpointing"] == false)
+        .expect("lora_truth.py's BLOOM fp32 case");
+    let m = Model::from_hf_config(&c["config"].to_string(), "bloom").expect("config");
+    let fused_at_backward = |batch: u64| {
+        let cfg = TrainConfig { micro_batch: batch, seq: 100, ..config(&c) };
+        let hf = program(&m, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template serves it");
+        let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+        let mut live = std::collections::BTreeSet::new();
+        let (mut in_step, mut at_backward) = (false, None);
+        for op in &hf.program.ops {
+            match *op {
+                Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
+                Op::Mark { step: 2, phase: Phase::Backward } => {
+                    at_backward = Some(live.clone());
+                    break;
+                }
+                Op::Alloc(t) if in_step => {
+                    live.insert(t);
+                }
+                Op::Free(t) => {
+                    live.remove(&t);
+                }
+                _ => {}
+            }
+        }
+        let fused = 3 * batch * cfg.seq * m.hidden * 4;
+        at_backward.expect("a backward").iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
+    };
+    assert_eq!(c["batch"], 1);
+    assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
+}

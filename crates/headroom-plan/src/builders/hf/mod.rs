@@ -234,7 +234,7 @@ pub fn program_of(
         }
     }
     let ex = Expander::new(&t, layers);
-    let mut b = Expansion::new(model, cfg, device, &t, &ex, scale);
+    let mut b = Expansion::new(model, cfg, device, &t, &ex, scale, key);
     b.build(key, steps)?;
     Ok(HfProgram { program: b.p, key: key.to_string() })
 }
@@ -332,6 +332,23 @@ struct Expansion<'a> {
     /// names a site, and interning by name at each would cost a search of the sites (and a
     /// copy of the name) per allocation.
     sites: Vec<Option<u32>>,
+    /// Whether the keys and values are copied once a query head where the recording's
+    /// `repeat_kv` copied them ([`repeat_kv_copies`]).
+    repeat_kv_copies: bool,
+}
+
+/// Whether a model's attention copies its keys and values once a query head where template
+/// `key`'s `repeat_kv` did. With grouped key-value heads `repeat_kv` copies them. With as many
+/// key-value heads as heads it returns them, and with one it returns a view (stride 0 across
+/// the heads): SDPA's fused kernels take that view as it is, but a matmul (eager attention,
+/// SDPA's math path) folds the batch into the heads, which copies the view once the batch is
+/// more than one, and saves the copy for the backward as it saved `repeat_kv`'s (the CPU's
+/// profile of Gemma 3 on the math path at 2 × 96). Where nothing is copied, what the attention
+/// saves is the key or value itself (`TensorT::source`).
+fn repeat_kv_copies(model: &Model, cfg: &TrainConfig, key: &str) -> bool {
+    let (kv, heads) = (model.kv_heads, model.heads);
+    let folded = key.contains("/eager/") || key.contains("/sdpa-math/");
+    (kv > 1 && kv < heads) || (kv == 1 && heads > 1 && folded && cfg.micro_batch > 1)
 }
 
 impl<'a> Expansion<'a> {
@@ -342,6 +359,7 @@ impl<'a> Expansion<'a> {
         t: &'a Template,
         ex: &'a Expander<'a>,
         scale: &'a StateScale,
+        key: &str,
     ) -> Self {
         let head = t.params.iter().position(|p| is_head(&p.name));
         let embedding = t.params.iter().position(|p| is_embedding(&p.name));
@@ -364,6 +382,7 @@ impl<'a> Expansion<'a> {
             grads: Vec::new(),
             dropout: has_dropout(model) && matches!(device, Device::Gpu(_)),
             sites: vec![None; t.sites.len()],
+            repeat_kv_copies: repeat_kv_copies(model, cfg, key),
         };
         b.expand_params();
         b
@@ -403,8 +422,11 @@ impl<'a> Expansion<'a> {
     /// A template tensor's law on this device, or `None` where the device makes no such tensor.
     fn law(&self, x: &program_template::TensorT) -> Option<Law> {
         let law = x.law;
+        if x.batch_view && self.model.family == Family::Bloom && self.cfg.micro_batch == 1 {
+            return None;
+        }
         match x.kernel {
-            Kernel::RepeatKv if !(self.model.kv_heads > 1 && self.model.kv_heads < self.model.heads) => None,
+            Kernel::RepeatKv if !self.repeat_kv_copies => None,
             Kernel::Dropout if !self.dropout => None,
             Kernel::DropoutMask if !self.dropout => None,
             Kernel::DropoutMask => Some(law.scaled(1.0 / activation_bytes(self.cfg.precision))),
@@ -529,7 +551,10 @@ impl<'a> Expansion<'a> {
                     continue;
                 }
                 let Some(law) = self.law(x) else {
-                    if let (Some(s), false) = (x.source, self.dropout) {
+                    // A dropout left out, a `repeat_kv` that copies nothing (one key-value
+                    // head, or as many as heads) or a reshape that is a view at this batch:
+                    // its output is its input, alive as long as either would have been.
+                    if let Some(s) = x.source {
                         let input = passed.resolve(self.ex.instance(s, self.t.tensors[s as usize].home, e.layer, j));
                         if live.contains_key(&input) {
                             passed.pass(inst, input);

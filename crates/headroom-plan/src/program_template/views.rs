@@ -1,0 +1,172 @@
+//! Copies a recording made that another model or another shape gets as views, and what each
+//! of them copied, read from the template's own events (the recorders did not write it).
+//! Where no copy is made, what saved the copy saves the tensor it would have copied, alive until
+//! the copy would have been freed: the planner replays that as it replays a dropout that returns
+//! its input ([`TensorT::source`](super::TensorT::source)).
+//!
+//! - transformers' `repeat_kv`: a template recorded with grouped key-value heads (12 heads over
+//!   4) holds its copies of the keys and values, one a query head, which the attention saves in
+//!   place of the keys and values themselves (freed at the end of the attention). A model with
+//!   as many key-value heads as heads gets the tensor itself, and one with a single key-value
+//!   head a view (the expanded dimension merges with one of size 1). A copy is as wide as the
+//!   query where what it copies is as wide as the keys (the unit `q` in its law is `kv` in
+//!   theirs), made in the same layer and alive when the copy is made; the key's copy is made,
+//!   then the value's, and each takes the latest such tensor not taken before it. The key and
+//!   the value are the same size, so which of the two a copy names changes no byte.
+//! - BLOOM's attention splits its fused query-key-value output into views and reshapes each to
+//!   batch × heads (`reshape(batch_size * num_heads, ...)`): a copy at a batch of two or more
+//!   (the batch's stride is not the heads' times their count), a view of the fused output at a
+//!   batch of one, which then stays alive for the backward in their place. Such a copy is a
+//!   third of the fused output's size, made by `aten::reshape` after it in the same layer and
+//!   before the layer's attention scores (the reshape after them, of the attention's output, is
+//!   a copy at any batch).
+
+use super::{EventT, Kernel, LawKind, TensorT, UnitLaw};
+
+/// `law` with the unit `q` (heads × head width) read as `kv` (key-value heads × head width).
+fn as_keys(law: &UnitLaw) -> UnitLaw {
+    UnitLaw(law.0.iter().map(|(kind, u, c)| (*kind, if u == "q" { "kv".to_string() } else { u.clone() }, *c)).collect())
+}
+
+/// Sets [`TensorT::source`] of every `repeat_kv` copy without one that `sections` show consuming
+/// a tensor; a copy no such tensor explains keeps none (the planner replays it as before: gone
+/// where no copy is made).
+pub(super) fn repeat_kv_sources(tensors: &mut [TensorT], laws: &[UnitLaw], sections: &[&[EventT]]) {
+    let mut taken = vec![false; tensors.len()];
+    for section in sections {
+        let mut live: Vec<&EventT> = Vec::new();
+        for e in section.iter() {
+            if e.free {
+                if let Some(at) = live.iter().rposition(|l| l.tensor == e.tensor) {
+                    live.remove(at);
+                }
+                continue;
+            }
+            let x = &tensors[e.tensor as usize];
+            if x.kernel == Kernel::RepeatKv && x.source.is_none() {
+                let wanted = as_keys(&laws[x.law_index]);
+                let found = live.iter().rev().filter(|l| l.layer == e.layer).map(|l| l.tensor).find(|&s| {
+                    let y = &tensors[s as usize];
+                    !taken[s as usize] && y.kernel != Kernel::RepeatKv && laws[y.law_index] == wanted
+                });
+                if let Some(s) = found {
+                    taken[s as usize] = true;
+                    tensors[e.tensor as usize].source = Some(s);
+                }
+            }
+            live.push(e);
+        }
+    }
+}
+
+/// Whether `whole` is three times `part`, term for term.
+fn thrice(whole: &UnitLaw, part: &UnitLaw) -> bool {
+    whole.0.len() == part.0.len()
+        && !part.0.is_empty()
+        && whole.0.iter().zip(&part.0).all(|((k, u, c), (k2, u2, c2))| k == k2 && u == u2 && *c == 3.0 * c2)
+}
+
+/// Marks [`TensorT::batch_view`] (with its source) each reshape `sections` show folding a third
+/// of a fused query-key-value output into batch × heads before the layer's scores: what BLOOM's
+/// attention makes. The planner reads the mark for BLOOM alone.
+pub(super) fn batch_view_sources(tensors: &mut [TensorT], laws: &[UnitLaw], sites: &[String], sections: &[&[EventT]]) {
+    for section in sections {
+        // The tensors alive, each with where it was made; per layer, where its latest scores
+        // (a position pair's bytes) were made.
+        let mut live: Vec<(&EventT, usize)> = Vec::new();
+        let mut scores: Vec<(Option<super::Layer>, usize)> = Vec::new();
+        for (at, e) in section.iter().enumerate() {
+            if e.free {
+                if let Some(i) = live.iter().rposition(|(l, _)| l.tensor == e.tensor) {
+                    live.remove(i);
+                }
+                continue;
+            }
+            let x = &tensors[e.tensor as usize];
+            let law = &laws[x.law_index];
+            let reshape = sites.get(x.site as usize).is_some_and(|s| s.starts_with("aten::reshape"));
+            if reshape && x.source.is_none() {
+                let fused = live
+                    .iter()
+                    .rev()
+                    .filter(|(l, _)| l.layer == e.layer)
+                    .find(|(l, _)| thrice(&laws[tensors[l.tensor as usize].law_index], law));
+                if let Some(&(f, made)) = fused {
+                    let scored = scores.iter().any(|&(l, s)| l == e.layer && s > made);
+                    if !scored {
+                        tensors[e.tensor as usize].source = Some(f.tensor);
+                        tensors[e.tensor as usize].batch_view = true;
+                    }
+                }
+            }
+            if law.0.iter().any(|(k, _, _)| *k == LawKind::TokenPosition) {
+                scores.retain(|&(l, _)| l != e.layer);
+                scores.push((e.layer, at));
+            }
+            live.push((e, at));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{keys, template, Layer};
+    use super::*;
+
+    /// Each layer's events of a template's forward (its first `backward` events of `step`).
+    fn forward_of(t: &super::super::Template, layer: Layer) -> Vec<EventT> {
+        t.step[..t.backward[1]].iter().filter(|e| e.layer == Some(layer) && !e.free).copied().collect()
+    }
+
+    /// Gemma 3's QLoRA template (12 heads over 4, sliding layers 0 to 3, the last global): each
+    /// sliding layer copies its key and its value once, each copy naming a distinct tensor as
+    /// wide as the keys made in its layer; the global layer (SDPA's math path with
+    /// `enable_gqa`, no mask) copies nothing.
+    #[test]
+    fn each_repeat_kv_copy_names_the_key_or_value_it_copied() {
+        let parsed = template("gemma3_text/causal-lm/bf16/sdpa/full/qlora-all").expect("recorded");
+        let t = &parsed.template;
+        for n in 0..5u8 {
+            let made = forward_of(t, Layer { stack: 0, n });
+            let copies: Vec<&TensorT> =
+                made.iter().map(|e| &t.tensors[e.tensor as usize]).filter(|x| x.kernel == Kernel::RepeatKv).collect();
+            assert_eq!(copies.len(), if n < 4 { 2 } else { 0 }, "layer {n}");
+            let sources: Vec<u32> = copies.iter().map(|x| x.source.expect("a source")).collect();
+            assert!(sources.len() < 2 || sources[0] != sources[1], "layer {n}: one tensor for both");
+            for (x, &s) in copies.iter().zip(&sources) {
+                assert!(made.iter().any(|e| e.tensor == s), "layer {n}: its source is made in the layer");
+                assert_eq!(parsed.laws[t.tensors[s as usize].law_index], as_keys(&parsed.laws[x.law_index]));
+            }
+        }
+    }
+
+    /// BLOOM's templates: each layer's forward reshapes the query of its fused query-key-value
+    /// output to batch × heads, and under checkpointing (no cache to copy them into) the key and
+    /// the value too; no reshape after the scores (the attention's output) is read as one. A
+    /// checkpointed layer's recomputation makes the same three, read as views where its sites
+    /// name the reshape (some recordings name them by the backward's node alone: those copies are
+    /// as large as the fused output they would view, and are left as they are).
+    #[test]
+    fn bloom_s_batch_views_are_the_query_key_and_value_of_the_fused_output() {
+        // The QLoRA recorder names a reshape's copy `aten::clone` and runs without a cache:
+        // it copies the query, the key and the value, three copies as large as the fused
+        // output they would view at a batch of one, left as they are.
+        let bloom: Vec<&str> = keys().filter(|k| k.starts_with("bloom/causal-lm/") && !k.contains("qlora")).collect();
+        assert!(bloom.len() >= 11, "{bloom:?}");
+        for key in bloom {
+            let parsed = template(key).expect("listed");
+            let t = &parsed.template;
+            let middle = Layer { stack: 0, n: 2 };
+            let forward = forward_of(t, middle).iter().filter(|e| t.tensors[e.tensor as usize].batch_view).count();
+            let all = t.tensors.iter().filter(|x| x.batch_view && x.home == Some(middle)).count();
+            let expected = if key.contains("/ckpt") { 3 } else { 1 };
+            assert_eq!(forward, expected, "{key}: the middle layer's forward's views");
+            let recomputed = if key.contains("/ckpt") { [expected, 2 * expected] } else { [expected; 2] };
+            assert!(recomputed.contains(&all), "{key}: the middle layer's views, {all}");
+            for x in t.tensors.iter().filter(|x| x.batch_view) {
+                let fused = &parsed.laws[t.tensors[x.source.expect("a source") as usize].law_index];
+                assert!(thrice(fused, &parsed.laws[x.law_index]), "{key}");
+            }
+        }
+    }
+}
