@@ -127,6 +127,12 @@ impl Arena {
         self.vacant.push(id);
     }
 
+    /// The live block `id`, if there is one.
+    #[inline]
+    pub fn get(&self, id: u32) -> Option<&Block> {
+        self.slots.get(id as usize).filter(|b| b.live)
+    }
+
     /// Every live block with its id, in id order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &Block)> {
         self.slots.iter().enumerate().filter(|(_, b)| b.live).map(|(i, b)| (i as u32, b))

@@ -111,6 +111,9 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Allocated blocks by address (PyTorch's `allocated_blocks`); blocks
     /// waiting for cross-stream events are reachable through `events`.
     pub(crate) active: FxHashMap<u64, u32>,
+    /// Whether `active` is kept: a caller that frees by [`crate::BlockId`] alone (a
+    /// replay's walk) turns it off, and `active` stays empty until it is turned on.
+    pub(crate) pointer_map: bool,
     /// The streams recorded on allocated blocks (`record_stream`), by block.
     pub(crate) stream_uses: FxHashMap<u32, Vec<StreamId>>,
     /// Non-expandable segments by base address.
@@ -173,6 +176,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             deferred: Vec::new(),
             capture_stream_uses: FxHashMap::default(),
             active: FxHashMap::default(),
+            pointer_map: true,
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),
             expandable: BTreeMap::new(),
@@ -399,8 +403,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     /// `malloc` into `owner`'s pools.
     pub(crate) fn malloc_in(&mut self, size: u64, stream: StreamId, owner: u32) -> Result<Allocation, AllocError> {
+        self.malloc_block_in(size, stream, owner).map(|(a, _)| a)
+    }
+
+    /// `malloc_in`, with the block handed out ([`NIL`] for a zero-byte request).
+    pub(crate) fn malloc_block_in(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        owner: u32,
+    ) -> Result<(Allocation, u32), AllocError> {
         if size == 0 {
-            return Ok(Allocation { ptr: 0, size: 0 });
+            return Ok((Allocation { ptr: 0, size: 0 }, NIL));
         }
         if size >= sizing::ONE_EXABYTE {
             let rounded = size;
@@ -484,9 +498,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         };
         let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
         debug_assert!(!shrunk || split, "the free set kept a remainder of a block not split");
-        let a = self.alloc_found_block(id, place, rounded, size, split, shrunk);
+        let (a, block) = self.alloc_found_block(id, place, rounded, size, split, shrunk);
         self.policy.on_alloc(a.ptr, a.size, place);
-        Ok(a)
+        Ok((a, block))
     }
 
     fn out_of_memory(&mut self, size: u64, rounded: u64, alloc_size: u64, stream: StreamId) -> AllocError {
@@ -664,7 +678,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         orig_size: u64,
         split: bool,
         in_set: bool,
-    ) -> Allocation {
+    ) -> (Allocation, u32) {
         let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
         let already_split = self.arena[id].is_split();
         let expandable = self.arena[id].is_expandable();
@@ -713,7 +727,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         b.allocated = true;
         b.requested_size = orig_size;
         let (ptr, bsize) = (b.ptr, b.size);
-        self.active.insert(ptr, block);
+        if self.pointer_map {
+            self.active.insert(ptr, block);
+        }
         let s = &mut self.stats;
         stats::increase(&mut s.allocation, kind, 1);
         stats::increase(&mut s.allocated_bytes, kind, bsize);
@@ -724,12 +740,12 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             self.stats.oversize_allocations.increase(1);
         }
         self.trace_in(Action::Alloc, ptr, orig_size, stream, owner);
-        Allocation { ptr, size: bsize }
+        (Allocation { ptr, size: bsize }, block)
     }
 
     /// Rounded size of the live allocation at `ptr`.
     pub fn allocation_size(&self, ptr: u64) -> Option<u64> {
-        self.active.get(&ptr).map(|&id| self.arena[id].size)
+        self.allocated_block(ptr).map(|id| self.arena[id].size)
     }
 
     /// Bytes currently obtained from the device.

@@ -28,7 +28,15 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if ptr == 0 {
             return Ok(());
         }
-        let id = self.active.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let id = match self.active.remove(&ptr) {
+            Some(id) => id,
+            None => self.allocated_block(ptr).ok_or(AllocError::InvalidPointer(ptr))?,
+        };
+        self.free_found(id, ptr)
+    }
+
+    /// `free` of block `id`, allocated at `ptr`, already out of the pointer map.
+    pub(crate) fn free_found(&mut self, id: u32, ptr: u64) -> Result<(), AllocError> {
         self.policy.on_free(ptr);
         let b = &mut self.arena[id];
         debug_assert!(b.allocated);
@@ -60,10 +68,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if ptr == 0 {
             return Ok(());
         }
-        let id = *self.active.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let id = self.allocated_block(ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        self.record_stream_found(id, stream);
+        Ok(())
+    }
+
+    /// `record_stream` of allocated block `id`.
+    pub(crate) fn record_stream_found(&mut self, id: u32, stream: StreamId) {
         let own = self.policy.stream_of(self.arena[id].stream);
         if stream == own {
-            return Ok(());
+            return;
         }
         self.arena[id].has_stream_uses = true;
         let uses = self.stream_uses.entry(id).or_default();
@@ -78,7 +92,6 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                 during.push(stream);
             }
         }
-        Ok(())
     }
 
     fn insert_events(&mut self, id: u32) -> Result<(), AllocError> {
@@ -119,7 +132,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// in record order per stream, stopping at a stream's first pending event.
     /// Only called with no capture underway (event queries are illegal during one).
     pub(crate) fn process_events(&mut self) -> Result<(), AllocError> {
-        self.insert_events_deferred_until_no_capture()?;
+        // Asked here, not only inside: every request comes this way, and the call alone
+        // cost more than the question.
+        if !self.deferred.is_empty() {
+            self.insert_events_deferred_until_no_capture()?;
+        }
         if self.events.is_empty() {
             return Ok(());
         }

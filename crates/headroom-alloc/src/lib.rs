@@ -70,6 +70,7 @@ mod history;
 mod mempool;
 mod page_history;
 mod physical;
+mod pointer_map;
 pub mod policy;
 mod private_pool;
 mod release;
@@ -93,6 +94,7 @@ pub use error::{AllocError, Oom, OomKind, OomReport};
 pub use faulty::FaultyDevice;
 pub use history::{Action, TraceEntry};
 pub use mempool::{CaptureFilter, MempoolId, PrivatePoolInfo, DEFAULT_MEMPOOL};
+pub use pointer_map::BlockId;
 pub use policy::{
     ExpandableFit, ExpandablePolicy, HeadroomPolicy, LifetimePolicy, NamedPolicy, PlannedPolicy, Policy, PolicyName,
     PyTorchPolicy,

@@ -105,7 +105,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         for (&id, &(ptr, bsize, l)) in ids.iter().zip(&pieces) {
             match l {
                 Some(l) => {
-                    self.active.insert(ptr, id);
+                    if self.pointer_map {
+                        self.active.insert(ptr, id);
+                    }
                     let s = &mut self.stats;
                     stats::increase(&mut s.allocation, pool, 1);
                     stats::increase(&mut s.allocated_bytes, pool, bsize);
@@ -235,7 +237,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         for (&id, &(ptr, size, mapped, l)) in ids.iter().zip(&pieces) {
             match (mapped, l) {
                 (_, Some(l)) => {
-                    self.active.insert(ptr, id);
+                    if self.pointer_map {
+                        self.active.insert(ptr, id);
+                    }
                     let s = &mut self.stats;
                     stats::increase(&mut s.allocation, pool, 1);
                     stats::increase(&mut s.allocated_bytes, pool, size);

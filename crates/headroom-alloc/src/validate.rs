@@ -145,7 +145,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     if b.allocated {
                         n_active += 1;
                         ensure!(
-                            self.active.get(&b.ptr) == Some(&id),
+                            !self.pointer_map || self.active.get(&b.ptr) == Some(&id),
                             "allocated block {:#x} is missing from the allocated map",
                             b.ptr
                         );
@@ -239,7 +239,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             );
         }
         ensure!(
-            self.active.len() == n_active,
+            self.active.len() == if self.pointer_map { n_active } else { 0 },
             "allocated map holds {} entries for {} allocated blocks",
             self.active.len(),
             n_active

@@ -26,6 +26,7 @@
 //! assert_eq!(report.peak_reserved_bytes, 20 << 20);
 //! ```
 
+mod address_slots;
 pub mod compressed;
 pub mod device_trace;
 pub mod jsonl;

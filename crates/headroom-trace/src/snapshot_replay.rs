@@ -211,12 +211,16 @@ pub fn check_from(
     let mut walk = Walk::default();
     for b in start.segments.iter().flat_map(|s| &s.live) {
         let size = a.allocation_size(b.address).unwrap_or(0);
-        walk.adopt(ops.slots.allocated(b.address), Allocation { ptr: b.address, size });
+        walk.adopt(ops.slots.allocated(b.address), Allocation { ptr: b.address, size }, &a);
     }
+    // The walk holds every block's id from here: the allocator's map of addresses would be
+    // a second map of the same allocations.
+    a.keep_pointer_map(false);
     // A call the allocator refused is a decision that differed; the check goes on.
     while let Err(e) = walk.run(&mut a, &mut ops, &mut checker) {
         checker.refused(e);
     }
+    a.keep_pointer_map(true);
     if !checker.pending.is_empty() {
         checker.empty_cache(&mut a, trace.len().saturating_sub(1));
     }

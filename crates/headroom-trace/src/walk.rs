@@ -19,7 +19,9 @@
 //! goes on, and its trace still frees what it tried to allocate), and it may
 //! be allocated again.
 
-use headroom_alloc::{AllocError, Allocation, DeviceCachingAllocator, DeviceMemory, MempoolId, Oom, Policy, StreamId};
+use headroom_alloc::{
+    AllocError, Allocation, BlockId, DeviceCachingAllocator, DeviceMemory, MempoolId, Oom, Policy, StreamId,
+};
 
 /// An allocation's name in a walk: an index into its table of live blocks.
 pub type Slot = u32;
@@ -124,25 +126,35 @@ const EMPTY: u64 = u64::MAX;
 const FAILED: u64 = u64::MAX - 1;
 
 /// The live blocks of a walk, by slot. Slots are dense: the table grows to the
-/// highest slot named.
+/// highest slot named. Each slot holds its block's id beside its address, so that
+/// a free or a `record_stream` names the block to the allocator without its map
+/// of addresses: one map of a replay's allocations, where there were two.
 #[derive(Clone, Debug, Default)]
 pub struct Walk {
     ptr: Vec<u64>,
     size: Vec<u64>,
+    block: Vec<BlockId>,
 }
 
 impl Walk {
     /// A walk of about `slots` slots.
     pub fn with_slots(slots: usize) -> Self {
-        Walk { ptr: vec![EMPTY; slots], size: vec![0; slots] }
+        Walk { ptr: vec![EMPTY; slots], size: vec![0; slots], block: vec![BlockId::NONE; slots] }
     }
 
     /// `slot` holds `block` already: a block live when the recording began,
-    /// which the allocator adopted.
-    pub fn adopt(&mut self, slot: Slot, block: Allocation) {
+    /// which the allocator adopted (its id looked up at `alloc`'s map of addresses,
+    /// which must be kept until then).
+    pub fn adopt<D: DeviceMemory, P: Policy>(
+        &mut self,
+        slot: Slot,
+        block: Allocation,
+        alloc: &DeviceCachingAllocator<D, P>,
+    ) {
         self.reach(slot);
-        self.ptr[slot as usize] = block.ptr;
-        self.size[slot as usize] = block.size;
+        let s = slot as usize;
+        (self.ptr[s], self.size[s]) = (block.ptr, block.size);
+        self.block[s] = alloc.block_id(block.ptr).unwrap_or(BlockId::NONE);
     }
 
     /// The block `slot` holds, if it is live.
@@ -165,6 +177,7 @@ impl Walk {
         let n = slot as usize + 1;
         self.ptr.resize(n, EMPTY);
         self.size.resize(n, 0);
+        self.block.resize(n, BlockId::NONE);
     }
 
     /// Runs `ops` (each with its position) through `alloc`, telling `observer`.
@@ -189,9 +202,9 @@ impl Walk {
                     if self.ptr[s] < FAILED {
                         return Err(WalkError::AlreadyLive { at, slot });
                     }
-                    match alloc.malloc_in_pool(size, stream, pool) {
-                        Ok(block) => {
-                            (self.ptr[s], self.size[s]) = (block.ptr, block.size);
+                    match alloc.malloc_block_in_pool(size, stream, pool) {
+                        Ok((block, id)) => {
+                            (self.ptr[s], self.size[s], self.block[s]) = (block.ptr, block.size, id);
                             observer.allocated(at, slot, block, alloc);
                         }
                         Err(error) => {
@@ -212,14 +225,23 @@ impl Walk {
                     ptr => {
                         // Not live after a free, whether or not the allocator took it.
                         self.ptr[slot as usize] = EMPTY;
-                        alloc.free(ptr).map_err(wrap)?;
+                        match self.block[slot as usize] {
+                            // Adopted where the allocator had no block: by address, as before ids.
+                            BlockId::NONE => alloc.free(ptr),
+                            id => alloc.free_block_id(id, ptr),
+                        }
+                        .map_err(wrap)?;
                         observer.freed(at, slot, Allocation { ptr, size: self.size[slot as usize] });
                     }
                 },
                 Op::RecordStream { slot, stream } => match self.ptr.get(slot as usize).copied().unwrap_or(EMPTY) {
                     EMPTY => return Err(WalkError::NotLive { at, slot }),
                     FAILED => {}
-                    ptr => alloc.record_stream(ptr, stream).map_err(wrap)?,
+                    ptr => match self.block[slot as usize] {
+                        BlockId::NONE => alloc.record_stream(ptr, stream),
+                        id => alloc.record_stream_block_id(id, ptr, stream),
+                    }
+                    .map_err(wrap)?,
                 },
                 Op::CompleteEvents => alloc.device_mut().synchronize().map_err(|e| wrap(AllocError::Device(e)))?,
                 Op::EmptyCache => alloc.empty_cache().map_err(wrap)?,
@@ -233,46 +255,7 @@ impl Walk {
     }
 }
 
-/// Slots named by address, for replays of a recording, whose allocations are
-/// named by where the recorded run placed them: an address is a slot from its
-/// allocation to its free, and a freed slot is used again.
-#[derive(Clone, Debug, Default)]
-pub struct AddressSlots {
-    slot_of: rustc_hash::FxHashMap<u64, Slot>,
-    unused: Vec<Slot>,
-    slots: Slot,
-}
-
-impl AddressSlots {
-    /// A slot no address names (a request the recorded run could not serve),
-    /// for [`AddressSlots::give_back`] once its operations are queued.
-    pub fn take(&mut self) -> Slot {
-        self.unused.pop().unwrap_or_else(|| {
-            self.slots += 1;
-            self.slots - 1
-        })
-    }
-
-    /// A slot for the block now live at `address`.
-    pub fn allocated(&mut self, address: u64) -> Slot {
-        let slot = self.take();
-        self.slot_of.insert(address, slot);
-        slot
-    }
-
-    /// The slot of the block at `address`, which stops being live: `None` for
-    /// an address no live block has.
-    pub fn freed(&mut self, address: u64) -> Option<Slot> {
-        let slot = self.slot_of.remove(&address)?;
-        self.unused.push(slot);
-        Some(slot)
-    }
-
-    /// `slot`, taken and no longer needed.
-    pub fn give_back(&mut self, slot: Slot) {
-        self.unused.push(slot);
-    }
-}
+pub use crate::address_slots::AddressSlots;
 
 #[cfg(test)]
 mod tests {
@@ -343,7 +326,7 @@ mod tests {
         let mut a = DeviceCachingAllocator::new(SimDevice::new(100 * MIB), AllocatorConfig::default());
         let b = a.malloc(MIB, 0).unwrap();
         let mut walk = Walk::default();
-        walk.adopt(5, b);
+        walk.adopt(5, b, &a);
         let mut log = Log::default();
         walk.run(&mut a, [(0, Op::Free { slot: 5 })], &mut log).unwrap();
         assert_eq!(log.0, ["0 free 5 1048576"]);

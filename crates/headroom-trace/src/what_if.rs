@@ -267,8 +267,11 @@ fn replay_prefix(
         progress,
     );
     for (address, block) in start {
-        walk.adopt(ops.slots.allocated(address), block);
+        walk.adopt(ops.slots.allocated(address), block, &a);
     }
+    // The walk holds every block's id from here: the allocator's map of addresses would be
+    // a second map of the same allocations.
+    a.keep_pointer_map(false);
     let mut w = WhatIf {
         device,
         operations: trace.len(),
@@ -305,6 +308,7 @@ fn replay_prefix(
     };
     walk.run(&mut a, &mut ops, &mut watch)
         .map_err(|e| SnapshotReplayError::Unsupported { device, message: format!("entry {}: {e}", e.at()) })?;
+    a.keep_pointer_map(true);
     watch.end_step(&a);
     let mut w = watch.w;
     let calls = a.device().inner().calls();
