@@ -38,6 +38,7 @@ pub struct StackInfo {
 }
 
 /// Classifies the stacks of one snapshot, each once.
+#[derive(Clone)]
 pub struct Classifier<'a> {
     stacks: &'a Stacks,
     cpp: bool,

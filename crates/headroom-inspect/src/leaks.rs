@@ -75,6 +75,18 @@ pub fn repetitions(trace: &[TraceEvent], sites: &mut Sites) -> Option<Repetition
     Some(Repetitions { starts, marker_site })
 }
 
+/// The repetitions of `walk`'s trace and what grows across them, from where `walk` stands
+/// (the trace's start); the report's reason where there are none to read.
+pub fn search(walk: &mut Walk, sites: &mut Sites) -> Result<(Repetitions, Vec<LeakSuspect>), String> {
+    let reps = repetitions(walk.trace(), sites).ok_or_else(|| {
+        "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \
+         allocations), so growth per repetition cannot be measured"
+            .to_string()
+    })?;
+    let s = suspects(walk, &reps, sites).map_err(|why| why.0)?;
+    Ok((reps, s))
+}
+
 /// A repetition that keeps more than this share of what it allocates is
 /// not a step of a loop but a stage of one (the layers of a forward pass,
 /// which keep their activations for backward).

@@ -173,7 +173,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         return without_trace(r, snap, device, &mut sites, opts, &recorded);
     }
     // The start state, inferred once: every replay and the walks start from it.
-    let (dt, contradiction) = match DeviceTrace::new(snap, device) {
+    let (dt, contradiction) = match DeviceTrace::with_pools(snap, device) {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e)),
     };
@@ -631,38 +631,40 @@ fn walks<'a>(
     // named here in the trace's order, first of all the walks.
     let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
 
-    // Live at the peak, each block's role what it became.
-    let mut w = walk();
-    if let Some(i) = tl.peak.index {
-        w.run_through(i);
-    }
-    fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
-    let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
+    // The leak search takes a core of its own beside the walks below, where the replay at
+    // the peak leaves one mostly idle. It names sites in a copy of the table: the walks below
+    // name every site it would (each allocation's, and the blocks' live at the start), so the
+    // table numbers them as before, and its suspects carry site names, not numbers.
+    std::thread::scope(|scope| {
+        let (mut own, mut w) = (sites.clone(), walk());
+        let leaking = scope.spawn(move || leaks::search(&mut w, &mut own));
 
-    // The largest sites' bands under the timeline, each allocation, each phase's peak.
-    let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
-    let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
-    r.series = o.series;
-    r.step_phases = o.step_phases;
-    (r.allocations.list, r.allocations.dropped) =
-        crate::allocations::largest(o.allocations, crate::allocations::MAX_ALLOCATIONS);
+        // Live at the peak, each block's role what it became.
+        let mut w = walk();
+        if let Some(i) = tl.peak.index {
+            w.run_through(i);
+        }
+        fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
+        let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
 
-    // Repetitions and what grows across them.
-    match leaks::repetitions(trace, sites) {
-        Some(reps) => match leaks::suspects(&mut walk(), &reps, sites) {
-            Ok(s) => {
+        // The largest sites' bands under the timeline, each allocation, each phase's peak.
+        let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
+        let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
+        r.series = o.series;
+        r.step_phases = o.step_phases;
+        (r.allocations.list, r.allocations.dropped) =
+            crate::allocations::largest(o.allocations, crate::allocations::MAX_ALLOCATIONS);
+
+        // Repetitions and what grows across them.
+        match leaking.join().expect("the leak search does not panic") {
+            Ok((reps, s)) => {
                 r.leak_suspects = s;
                 r.repetitions = Some(reps);
             }
-            Err(why) => r.unavailable.push(why.0),
-        },
-        None => r.unavailable.push(
-            "leak suspects: the trace does not repeat (fewer than three evenly spread repetitions of the same \
-             allocations), so growth per repetition cannot be measured"
-                .into(),
-        ),
-    }
-    peak_sites
+            Err(why) => r.unavailable.push(why),
+        }
+        peak_sites
+    })
 }
 
 /// The sites the report's views name, each with what pointing at it shows.

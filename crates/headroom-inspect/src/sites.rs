@@ -9,6 +9,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 /// Call sites numbered in the order they are first met.
+#[derive(Clone)]
 pub struct Sites<'a> {
     classifier: Classifier<'a>,
     stacks: &'a Stacks,

@@ -24,6 +24,20 @@ impl<'a> DeviceTrace<'a> {
         Ok(DeviceTrace::from_start(snap, device, start))
     }
 
+    /// [`DeviceTrace::new`], with the private pools inferred beside the start state on a
+    /// thread of their own: each reads the whole trace, neither needs the other, and the
+    /// first replay needs both.
+    pub fn with_pools(snap: &'a MemorySnapshot, device: u32) -> Result<Self, InconsistentTrace> {
+        std::thread::scope(|scope| {
+            let pools = scope.spawn(|| RecordedPools::of(snap, device));
+            let t = DeviceTrace::new(snap, device);
+            let pools = pools.join().expect("inferring the private pools does not panic");
+            t.inspect(|t| {
+                let _ = t.pools.set(pools);
+            })
+        })
+    }
+
     /// The trace from a start state already inferred.
     pub fn from_start(snap: &'a MemorySnapshot, device: u32, start: StartState) -> Self {
         DeviceTrace { snap, device, start, pools: OnceLock::new() }

@@ -87,3 +87,16 @@ fn the_pools_inspect_lists_are_the_recorded_ones() {
     assert_eq!(requests_by_pool(&recording("h200-cuda-graph.pickle")), [((1, 0), 16)]);
     assert_eq!(requests_by_pool(&recording("h200-mempool.pickle")), [((0, 1), 3)]);
 }
+
+#[test]
+fn pools_inferred_beside_the_start_state_are_the_ones_inferred_at_the_first_replay() {
+    use headroom_trace::device_trace::DeviceTrace;
+    for name in ["h200-cuda-graph.pickle", "h200-mempool.pickle"] {
+        let snap = recording(name);
+        let beside = DeviceTrace::with_pools(&snap, 0).unwrap();
+        let later = DeviceTrace::new(&snap, 0).unwrap();
+        assert!(!beside.pools().ids().is_empty(), "{name}: a recording with private pools");
+        assert_eq!(format!("{:?}", beside.pools()), format!("{:?}", later.pools()), "{name}");
+        assert_eq!(beside.start, later.start, "{name}");
+    }
+}
