@@ -46,9 +46,10 @@ bitsandbytes' CUDA kernels allocate, which this CPU cannot run): so these rows c
 templates' laws in the model's dimensions, depth, shapes and decode steps against a real run,
 not bitsandbytes' CUDA kernels themselves. The cases, declared before their templates were
 recorded: NF4 for Qwen2-MoE, BERT and T5 (v1.0), LLM.int8() for Gemma, Phi-3 and Mixtral, at the
-`wide` configs and shapes above (no quantized weight of them needs whole blocks of 16,384: BERT's
-and Phi-3's 384 x 576 is 13.5, so bitsandbytes' second-level absmax rounds up), the same
-tolerance, check rows; a row carries `quant`. Their first measurement put BERT's NF4 forward at
+`wide` configs and shapes above (nothing makes their 4-bit weights whole blocks of 16,384:
+Qwen2-MoE's key and value projections, 64 x 384, and T5's MLP, 960 x 384, are not, so
+bitsandbytes' second-level absmax rounds up there), the same tolerance, check rows; a row carries
+`quant`. Their first measurement put BERT's NF4 forward at
 1 x 160 at -3.00% (2 x 100: -2.10%): its peak falls inside the MLP's output layer, where
 oneDNN's bf16 `addmm` holds a scratch buffer of 338 KiB beside the dequantized weight, which the
 template leaves out as every template leaves out a CPU kernel's scratch (a GPU's cuBLAS has none).
