@@ -1,7 +1,8 @@
 """scripts/validate/quant_infer.py: a model of bitsandbytes' 4-bit layers loaded on the CPU with
 bitsandbytes' CUDA operators' allocations (`CudaPath`) stores what `qlora.stored_bytes` says
 bitsandbytes stores, layer by layer; and a forward takes the dequantize-then-matmul path over
-more than 4 rows and the fused kernel's at 4 or fewer.
+more than 4 rows and the fused kernel's at 4 or fewer; LLM.int8()'s layers likewise; BERT's buffers
+loaded as zeros, T5's `wo` kept in fp32.
 
     PYTHONPATH=python python3 -m unittest python/tests/test_quant_infer.py
 """
@@ -111,6 +112,36 @@ class Int8(unittest.TestCase):
         for want in (((rows, layer.in_features), torch.int8), ((rows, layer.out_features), torch.int32),
                      ((rows, layer.out_features), torch.float16)):
             self.assertIn(want, made)
+
+
+@unittest.skipIf(MISSING, MISSING or "")
+class Families(unittest.TestCase):
+    """What the other families' recordings need of the loading: BERT's index buffers, and T5's
+    modules kept in fp32."""
+
+    def test_a_4bit_model_loads_its_buffers_as_zeros_and_bert_runs_its_forward(self):
+        cfg = qi.config(sp.config("bert", 2), "bert", 2)
+        model = qi.build(cfg, "masked-lm", "sdpa")
+        with qi.CudaPath():
+            qi.load(model)
+        model.eval()
+        self.assertTrue(all(not b.any() for b in model.buffers()), "a buffer left with leftover memory")
+        ids = torch.zeros(2, 8, dtype=torch.long)
+        with torch.no_grad(), qi.CudaPath():
+            out = model(input_ids=ids)
+        self.assertEqual(tuple(out.logits.shape), (2, 8, cfg["vocab_size"]))
+
+    def test_int8_t5_keeps_wo_a_full_linear_layer_in_fp32(self):
+        cfg = qi.config(sp.config("t5", 2), "t5", 2)
+        model = qi.build(cfg, "seq2seq-lm", "eager", "int8")
+        with qi.CudaPath():
+            qi.load(model, "int8")
+        wo = [m for n, m in model.named_modules() if n.endswith(".wo")]
+        self.assertTrue(wo)
+        for m in wo:
+            self.assertNotIsInstance(m, bnb.nn.Linear8bitLt)
+            self.assertEqual(m.weight.dtype, torch.float32)
+        self.assertTrue(any(isinstance(m, bnb.nn.Linear8bitLt) for m in model.modules()))
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack
 are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
-Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`, at
-bf16 with the attention a bf16 model of the family runs), as `quant_infer.py` records them: loaded
+Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`) and
+LLM.int8() (keys ending `/int8`), every family, at bf16 with the attention a bf16 model of the
+family runs, as `quant_infer.py` records them: loaded
 and quantized as transformers loads them, bitsandbytes' operators allocating what their CUDA
 kernels allocate, at widths whose every quantized weight is whole blocks (qlora_programs.py's);
 each such template carries what its recording assumed of the kernels (`assumed`).

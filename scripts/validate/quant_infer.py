@@ -154,6 +154,12 @@ def load(model, quant="nf4"):
     for m in model.modules():
         if isinstance(m, bnb.nn.Linear4bit):
             m.support_avx512bf16_for_cpu = False
+    # `qlora.load` leaves every tensor it makes uninitialized (a fake tensor has no values): here
+    # they are real, and an index buffer (BERT's `token_type_ids`, its positions) read from leftover
+    # memory stops the forward. Zeroed in place, which allocates nothing.
+    with torch.no_grad():
+        for t in (*model.buffers(), *(p for p in model.parameters() if getattr(p, "quant_state", None) is None)):
+            t.zero_()
     return model
 
 
@@ -178,8 +184,8 @@ def int8_state(model):
     return out
 
 
-def persistent(model):
-    """The storages bitsandbytes keeps beside the parameters: each layer's quantization state, and
+def kept_tensors(model):
+    """The tensors bitsandbytes keeps beside the parameters: each layer's quantization state, and
     the 8-bit dynamic map."""
     import bitsandbytes.functional as bnbf
 
@@ -191,7 +197,12 @@ def persistent(model):
         state = getattr(p, "quant_state", None)
         if state is not None:
             out += state_tensors(state)
-    return [t.untyped_storage().data_ptr() for t in out]
+    return out
+
+
+def persistent(model):
+    """`kept_tensors`' storages, by address."""
+    return [t.untyped_storage().data_ptr() for t in kept_tensors(model)]
 
 
 def fractions(params, dims):
@@ -288,6 +299,13 @@ def build_int8(cfg, head, attn):
     keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model) + keep,
                             quantization_config=bnb_config)
+    if keep:
+        # Loaded in fp32, as `qlora.replace_linear` loads them (T5's `wo`).
+        from transformers.quantizers.quantizers_utils import should_convert_module
+
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and not should_convert_module(name, keep):
+                module.to(torch.float32)
     return model
 
 

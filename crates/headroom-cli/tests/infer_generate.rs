@@ -218,6 +218,61 @@ fn t5_v1_1_plans_generate_and_the_forward_with_its_own_output_layer() {
     }
 }
 
+/// Inference over bitsandbytes' layers (NF4 with double quantization and bf16 compute, and
+/// LLM.int8(), over a bf16 load) is replayed from each family's own quantized template, which
+/// says what its recording assumed of bitsandbytes' kernels.
+#[test]
+fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let nf4 = ["--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"];
+    let int8 = ["--quantize", "int8"];
+    let qwen2_moe = "data/models/qwen1.5-moe-a2.7b.json";
+    let both = ["generate", "forward"];
+    let cases: [(&str, &[&str], &str, &[&str]); 15] = [
+        (qwen2_moe, &nf4, "qwen2_moe/MODE/bf16/sdpa/nf4", &both),
+        ("bert-base-uncased", &nf4, "bert/MODE/bf16/sdpa/nf4", &["forward"]),
+        ("t5-base", &nf4, "t5/MODE/bf16/eager/nf4", &both),
+        ("t0-3b", &nf4, "t5/MODE/bf16/eager/gated/nf4", &both),
+        ("phi-3-mini", &int8, "phi3/MODE/bf16/sdpa/int8", &both),
+        ("gemma-2b", &int8, "gemma/MODE/bf16/sdpa/int8", &both),
+        ("data/models/gemma-3-1b.json", &int8, "gemma3_text/MODE/bf16/sdpa/int8", &both),
+        ("mixtral-8x7b", &int8, "mixtral/MODE/bf16/sdpa/int8", &both),
+        ("pythia-1b", &int8, "gpt_neox/MODE/bf16/sdpa/int8", &both),
+        ("gpt2", &int8, "gpt2/MODE/bf16/sdpa/int8", &both),
+        ("bloom-7b1", &int8, "bloom/MODE/bf16/eager/int8", &both),
+        (qwen2_moe, &int8, "qwen2_moe/MODE/bf16/sdpa/int8", &both),
+        ("bert-base-uncased", &int8, "bert/MODE/bf16/sdpa/int8", &["forward"]),
+        ("t5-base", &int8, "t5/MODE/bf16/eager/int8", &both),
+        ("t0-3b", &int8, "t5/MODE/bf16/eager/gated/int8", &both),
+    ];
+    for (model, quantize, key, modes) in cases {
+        for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
+            if !modes.contains(&mode) {
+                continue;
+            }
+            let args = [
+                &["plan", "--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--batch", "2"][..],
+                &["--seq", "256"],
+                quantize,
+                extra,
+            ]
+            .concat();
+            let out =
+                Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).arg("--json").output().unwrap();
+            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let key = key.replace("MODE", mode);
+            assert_eq!(v["planned_from"]["source"], "template", "{args:?}: {}", v["planned_from"]);
+            assert_eq!(v["planned_from"]["template"], key.as_str(), "{args:?}");
+            let kernel = if key.ends_with("/int8") { "LLM.int8()" } else { "gemm_4bit" };
+            assert!(v["planned_from"]["assumed"].as_str().unwrap().contains(kernel), "{}", v["planned_from"]);
+            Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).assert().success().stdout(contains(
+                format!("planned by replaying transformers' code as recorded tensor by tensor ({key})"),
+            ));
+        }
+    }
+}
+
 #[test]
 fn the_closed_form_plans_what_no_template_serves_and_says_why() {
     for (extra, why) in

@@ -233,11 +233,16 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                 Err(why) if recorded::family_recorded(model) => {
                     // An encoder has no serving engine to plan instead; T5's forward was recorded.
                     let way_out = match model.family {
-                        Family::Bert => "plan its forward with bf16 or fp32 weights and SDPA attention",
+                        Family::Bert => {
+                            "plan its forward with bf16 or fp32 weights and SDPA attention, or over bitsandbytes' \
+                             layers with bf16 weights (--quantize int8, or --quantize nf4 --double-quant \
+                             --compute-dtype bf16)"
+                        }
                         Family::T5 => {
                             "T5's generate and forward are planned for v1.0's models (a ReLU MLP, the output \
                              layer tied to the embeddings: t5-base, t5-large) and v1.1's (a gated MLP, an output \
-                             layer of its own: flan-t5, T0, mT5), with bf16 or fp32 weights, without --quantize"
+                             layer of its own: flan-t5, T0, mT5), with bf16 or fp32 weights, or over bitsandbytes' layers \
+                             with bf16 weights (--quantize int8, or --quantize nf4 --double-quant --compute-dtype bf16)"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };

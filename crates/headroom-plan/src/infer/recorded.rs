@@ -111,7 +111,11 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
                     and this model's is gated");
     }
     if recorded.is_empty() && !quant.is_empty() {
-        return Err("this family's inference was not recorded with bitsandbytes' 4-bit layers for this job's mode");
+        return Err(if quant == "/int8" {
+            "this family's inference was not recorded with bitsandbytes' LLM.int8() layers for this job's mode"
+        } else {
+            "this family's inference was not recorded with bitsandbytes' 4-bit layers for this job's mode"
+        });
     }
     if recorded.is_empty() {
         return Err(match (family_recorded(model), attn) {
