@@ -1126,9 +1126,10 @@ def main():
     ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
                                                           "v1.0's ReLU one, under keys with /gated after the "
                                                           "checkpointing (before a LoRA suffix)")
-    ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
-                                                      "base, bf16 compute, SDPA, with and without checkpointing) under fake "
-                                                      "tensors")
+    ap.add_argument("--qlora", choices=("all", "qv"), help="record QLoRA's step (LoRA on every linear layer of a "
+                                                             "4-bit base, or on its query and value projections: qv; "
+                                                             "bf16 compute, SDPA, with and without checkpointing) "
+                                                             "under fake tensors")
     args = ap.parse_args()
     if args.merge:
         merged = {}
