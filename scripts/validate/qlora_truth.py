@@ -133,11 +133,12 @@ QV_CASES = [
     # The fused query_key_value one adapter, a quarter of each head rotated, untied.
     ("gpt_neox", {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 8000,
                   "rotary_pct": 0.25, "use_parallel_residual": True}, 4, 2, 80, 16),
-    # Eight experts, two a token: their stacks frozen in bf16 (bitsandbytes quantizes linear layers
-    # alone), no adapter on them.
+    # Eight experts, two a token: their stacks frozen (bitsandbytes quantizes linear layers alone),
+    # no adapter on them. Written at three layers, moved to six before its template was recorded:
+    # the plan keeps two layers at each end, so no model of fewer than four plans.
     ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
                  "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
-                 "sliding_window": None}, 3, 2, 64, 8),
+                 "sliding_window": None}, 6, 2, 64, 8),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
