@@ -61,14 +61,12 @@ use crate::model_units;
 
 /// The key suffix of the template that serves `cfg`'s fine-tuning: `None` for full
 /// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision,
-/// `qlora-all` for QLoRA.
+/// `qlora-all` or `qlora-qv` for QLoRA.
 pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
     match cfg.finetune {
         Finetune::Full => Ok(None),
         Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => Ok(Some("qlora-all")),
-        Finetune::Lora { base: BaseWeights::Nf4, .. } => {
-            Err("QLoRA's step was recorded with adapters on every linear layer: --lora-targets all".into())
-        }
+        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::QueryValue, .. } => Ok(Some("qlora-qv")),
         Finetune::Lora { base: BaseWeights::Int8, .. } => {
             Err("LLM.int8's base was not recorded tensor by tensor".into())
         }
@@ -499,8 +497,8 @@ mod tests {
         assert!(suffix(&cfg).unwrap_err().contains("not recorded"));
     }
 
-    /// QLoRA replays its template where it is set up as peft sets it up (every linear layer,
-    /// with checkpointing or without), and otherwise says what to change.
+    /// QLoRA replays the template of the targets asked (every linear layer, or the query and
+    /// value projections), with checkpointing or without.
     #[test]
     fn qlora_replays_its_template_as_peft_sets_it_up() {
         let qlora = |targets, checkpointing| TrainConfig {
@@ -510,6 +508,7 @@ mod tests {
         };
         assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::Full)), Ok(Some("qlora-all")));
         assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::None)), Ok(Some("qlora-all")));
-        assert!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)).unwrap_err().contains("--lora-targets"));
+        assert_eq!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)), Ok(Some("qlora-qv")));
+        assert_eq!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::None)), Ok(Some("qlora-qv")));
     }
 }
