@@ -503,6 +503,28 @@ class Documented(unittest.TestCase):
                 self.assertIn(want.rstrip(), printed, plan.stdout)
 
 
+@unittest.skipIf(MISSING, MISSING)
+class Targets(unittest.TestCase):
+    """`record --lora-targets qv` wraps what the recorded `lora-qv` and `qlora-qv` steps wrap."""
+
+    def test_query_and_value_targets_are_the_recorded_steps(self):
+        from headroom_gpu import qlora
+
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
+        try:
+            import step_programs
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(qlora.QV_TARGETS, step_programs.QV_TARGETS)
+        llama = transformers.LlamaConfig()
+        self.assertEqual(qlora.target_modules(llama, "all"), "all-linear")
+        self.assertIsNone(qlora.target_modules(llama, "qv"))  # peft's default: q_proj, v_proj
+        self.assertEqual(qlora.target_modules(transformers.Phi3Config(), "qv"), ["qkv_proj"])
+        with self.assertRaisesRegex(ValueError, "one of all, qv"):
+            qlora.target_modules(llama, "mlp")
+
+
 def _rotary_bytes(head_dim):
     """Llama's rotary embedding keeps its inverse frequencies, and their original: head_dim / 2
     fp32 each."""
