@@ -43,11 +43,14 @@
 //! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
 //! element), exact where out × in is a multiple of 16,384, as it is for every model whose
 //! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
-//! layer, checkpointing on (`prepare_model_for_kbit_training`'s default) or off
-//! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). Recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
+//! layer (`qlora-all`), or on the query and value projections (`qlora-qv`, `--qlora qv`: the
+//! targets `lora-qv` has), checkpointing on (`prepare_model_for_kbit_training`'s default) or off
+//! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). `qlora-all`
+//! recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
 //! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
 //! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
-//! "QLoRA replayed from its recorded step"). Two
+//! "QLoRA replayed from its recorded step"), with and without checkpointing; `qlora-qv` with
+//! checkpointing for the same families, and without it for those docs/VALIDATION.md lists. Two
 //! things of the recording the replay keeps: the fp32 activations take SDPA's memory-efficient
 //! kernel wherever no key-value head is shared or a mask is given, whose logsumexp pads each
 //! sequence to 32 positions (the law's `per_padded_token`); and `Linear4bit` casts a layer's
@@ -405,7 +408,8 @@ mod tests {
 
     /// `--finetune qlora` on a GPU replays each QLoRA-recorded family's own step, with
     /// checkpointing and without (`prepare_model_for_kbit_training(model,
-    /// use_gradient_checkpointing=False)`), expanded to the model's depth: a preset of every
+    /// use_gradient_checkpointing=False)`), and with checkpointing on the query and value
+    /// projections (`--lora-targets qv`), expanded to the model's depth: a preset of every
     /// family `--model` names (or a Hub config where no preset ships one).
     #[test]
     fn every_qlora_recorded_family_plans_from_its_own_template() {
@@ -443,15 +447,20 @@ mod tests {
             ),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa"),
         ];
-        for (checkpointing, ck) in [(Checkpointing::Full, "ckpt"), (Checkpointing::None, "full")] {
+        let jobs = [
+            (LoraTargets::All, Checkpointing::Full, "ckpt/qlora-all"),
+            (LoraTargets::All, Checkpointing::None, "full/qlora-all"),
+            (LoraTargets::QueryValue, Checkpointing::Full, "ckpt/qlora-qv"),
+        ];
+        for (targets, checkpointing, suffix) in jobs {
             let cfg = TrainConfig {
                 attention: Attention::Sdpa,
                 checkpointing,
-                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+                finetune: Finetune::Lora { rank: 16, targets, base: BaseWeights::Nf4 },
                 ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
             };
             for (model, want) in &models {
-                let want = format!("{want}/{ck}/qlora-all");
+                let want = format!("{want}/{suffix}");
                 assert_eq!(crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
                 let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
                 assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
