@@ -44,9 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum", "adamw-8bit"), default="adamw",
                    help="torch.optim's, foreach as on CUDA (default adamw); adamw-8bit: bitsandbytes' AdamW8bit "
                         "(needs bitsandbytes)")
-    r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
+    r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer (--lora-targets qv: the query "
+                                                                 "and value projections)")
     r.add_argument("--qlora", type=int, metavar="RANK",
-                   help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "
+                   help="QLoRA: peft LoRA of this rank over every linear layer (--lora-targets qv: the query and "
+                        "value projections) of a 4-bit base (bitsandbytes NF4, "
                         "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
                         "(gradient checkpointing on), the model's own head (T5: sequence-to-sequence LM; BERT: "
                         "masked LM; else causal LM); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
