@@ -49,8 +49,8 @@
 //! recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
 //! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
 //! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
-//! "QLoRA replayed from its recorded step"), with and without checkpointing; `qlora-qv` with
-//! checkpointing for the same families, and without it for those docs/VALIDATION.md lists. Two
+//! "QLoRA replayed from its recorded step"), with and without checkpointing; `qlora-qv` for the
+//! same families, with and without checkpointing. Two
 //! things of the recording the replay keeps: the fp32 activations take SDPA's memory-efficient
 //! kernel wherever no key-value head is shared or a mask is given, whose logsumexp pads each
 //! sequence to 32 positions (the law's `per_padded_token`); and `Linear4bit` casts a layer's
@@ -408,7 +408,7 @@ mod tests {
 
     /// `--finetune qlora` on a GPU replays each QLoRA-recorded family's own step, with
     /// checkpointing and without (`prepare_model_for_kbit_training(model,
-    /// use_gradient_checkpointing=False)`), and with checkpointing on the query and value
+    /// use_gradient_checkpointing=False)`), on every linear layer and on the query and value
     /// projections (`--lora-targets qv`), expanded to the model's depth: a preset of every
     /// family `--model` names (or a Hub config where no preset ships one).
     #[test]
@@ -451,6 +451,7 @@ mod tests {
             (LoraTargets::All, Checkpointing::Full, "ckpt/qlora-all"),
             (LoraTargets::All, Checkpointing::None, "full/qlora-all"),
             (LoraTargets::QueryValue, Checkpointing::Full, "ckpt/qlora-qv"),
+            (LoraTargets::QueryValue, Checkpointing::None, "full/qlora-qv"),
         ];
         for (targets, checkpointing, suffix) in jobs {
             let cfg = TrainConfig {
