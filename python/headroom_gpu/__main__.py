@@ -44,13 +44,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--optimizer", choices=("adamw", "sgd", "sgd-momentum", "adamw-8bit"), default="adamw",
                    help="torch.optim's, foreach as on CUDA (default adamw); adamw-8bit: bitsandbytes' AdamW8bit "
                         "(needs bitsandbytes)")
-    r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer")
+    r.add_argument("--lora", type=int, metavar="RANK", help="peft LoRA of this rank over every linear layer (--lora-targets qv: the query "
+                                                                 "and value projections)")
     r.add_argument("--qlora", type=int, metavar="RANK",
-                   help="QLoRA: peft LoRA of this rank over every linear layer of a 4-bit base (bitsandbytes NF4, "
+                   help="QLoRA: peft LoRA of this rank over every linear layer (--lora-targets qv: the query and "
+                        "value projections) of a 4-bit base (bitsandbytes NF4, "
                         "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
                         "(gradient checkpointing on), the model's own head (T5: sequence-to-sequence LM; BERT: "
                         "masked LM; else causal LM); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")
+    r.add_argument("--lora-targets", choices=("all", "qv"), default="all",
+                   help="the layers --lora's and --qlora's adapters wrap: every linear layer (all, default) or the "
+                        "query and value projections (qv: peft's default targets for the family, e.g. q_proj and "
+                        "v_proj; a fused query-key-value layer as one)")
     r.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="transformers' attn_implementation")
     r.add_argument("--checkpoint", action="store_true", help="gradient checkpointing (transformers', non-reentrant)")
     r.add_argument("--no-checkpoint", action="store_true",
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
                     lora=args.lora, qlora=args.qlora, qlora_checkpoint=not args.no_checkpoint,
+                    lora_targets=args.lora_targets,
                     attention=args.attention, checkpoint=args.checkpoint,
                     fsdp=args.fsdp, compile=args.compile, steps=args.steps, repeat=not args.record_every_step,
                     mode="generate" if args.generate is not None else "infer" if args.infer else "train",

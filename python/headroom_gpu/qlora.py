@@ -267,22 +267,48 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
     return model
 
 
+# LoRA's targets: every linear layer (peft's "all-linear"), or the query and value projections.
+TARGETS = ("all", "qv")
+# The query and value projections of the families peft's table of defaults
+# (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`) lacks, named as a user's run names them:
+# the MoE families' `q_proj` and `v_proj`, as their dense kin's defaults are; Phi-3's fused
+# `qkv_proj`, as peft's defaults for the other fused families are their fused layer (GPT-2's
+# `c_attn`, GPT-NeoX's and BLOOM's `query_key_value`): no adapter can wrap a part of one.
+# Mixtral's default (`q_proj`, `v_proj`) is in the table, but peft 0.21 rewrites a Mixtral config's
+# targets for transformers 5's fused experts before it fills the default in, leaving none
+# (`NoMatchingPeftModuleError`). The same table as the recorded LoRA steps'
+# (`scripts/validate/step_programs.py`, `QV_TARGETS`).
+QV_TARGETS = {"phi3": ["qkv_proj"], "qwen2_moe": ["q_proj", "v_proj"], "qwen3_moe": ["q_proj", "v_proj"],
+              "mixtral": ["q_proj", "v_proj"]}
+
+
+def target_modules(config: Any, targets: str = "all") -> Any:
+    """peft's `target_modules` for `targets` (`TARGETS`) of a model of `config`: "all-linear", or
+    the family's query and value projections (`QV_TARGETS`; None, peft's default for the family,
+    where the table lacks it)."""
+    if targets not in TARGETS:
+        raise ValueError(f"LoRA targets {targets!r}: one of {', '.join(TARGETS)}")
+    return "all-linear" if targets == "all" else QV_TARGETS.get(config.model_type)
+
+
 def prepare(model: torch.nn.Module, rank: int, recorder: Any = None, scope: Any = None,
-            device: Any = "cpu", checkpointing: bool = True) -> torch.nn.Module:
+            device: Any = "cpu", checkpointing: bool = True, targets: str = "all") -> torch.nn.Module:
     """Loads `build`'s model (quantizing it) and sets QLoRA up as peft's documentation does:
     `prepare_model_for_kbit_training` (every parameter frozen, the 16-bit ones cast to fp32,
     gradient checkpointing on, non-reentrant) and LoRA of `rank` over every linear layer
     (`target_modules="all-linear"`, alpha 2·rank, no dropout), peft's adapters in fp32, with the
-    task type of the model's head (`HEADS`). `scope` and `device`: as `load`'s (`"cuda"` sets the
+    task type of the model's head (`HEADS`). `targets="qv"`: the adapters on the query and value
+    projections alone (`target_modules`). `scope` and `device`: as `load`'s (`"cuda"` sets the
     same job up on a GPU, where bitsandbytes quantizes with its own kernels). `checkpointing=False`:
     `prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)`, the same casts with
     every layer's activations kept for the backward."""
     import peft
 
+    modules = target_modules(model.config, targets)
     load(model, device=device, recorder=recorder, scope=scope)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,
+    lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, lora_dropout=0.0,
                            task_type=HEADS[head(model.config)][1])
     model = peft.get_peft_model(model, lora)
     model.train()

@@ -51,6 +51,9 @@ class StepSpec:
     # QLoRA's checkpointing, which prepare_model_for_kbit_training turns on by default; False:
     # use_gradient_checkpointing=False.
     qlora_checkpoint: bool = True
+    # --lora's and --qlora's adapters: every linear layer ("all") or the query and value
+    # projections ("qv", headroom_gpu.qlora.target_modules).
+    lora_targets: str = "all"
     steps: int = 3
     repeat: bool = True  # steps after the second written as the second repeated (StepRecorder.repeat_step)
     mode: str = "train"  # "train", "infer" (forwards without gradients) or "generate" (prefill, then decode)
@@ -104,7 +107,10 @@ def _build(spec: StepSpec):
     if spec.lora:
         import peft
 
-        lora = peft.LoraConfig(r=spec.lora, lora_alpha=2 * spec.lora, target_modules="all-linear", lora_dropout=0.0)
+        from .qlora import target_modules
+
+        lora = peft.LoraConfig(r=spec.lora, lora_alpha=2 * spec.lora, lora_dropout=0.0,
+                               target_modules=target_modules(config, spec.lora_targets))
         model = peft.get_peft_model(model, lora)
     if spec.mode == "train":
         model.train()
@@ -124,6 +130,11 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         from . import qlora
 
         qlora.check(spec)
+    if spec.lora_targets != "all" and not (spec.lora or spec.qlora):
+        raise ValueError(f"--lora-targets {spec.lora_targets}: the adapters of --lora or --qlora; give one of them")
+    if spec.lora_targets != "all" and spec.qlora and spec.fsdp:
+        raise ValueError(f"--lora-targets {spec.lora_targets} with --fsdp: fsdp_qlora's setup names its own targets "
+                         "(k, q, v, up, down and gate projections), and is recorded so alone")
     if spec.fsdp and spec.optimizer == "adamw-8bit":
         raise ValueError("--optimizer adamw-8bit with --fsdp: FSDP2's parameters are DTensors, and bitsandbytes' "
                          "optimizer operators have no DTensor sharding rule, so AdamW8bit cannot step them; "
@@ -154,7 +165,8 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
             model = qlora.prepare_sharded(meta, spec.qlora, mesh, rec)
             stack.enter_context(qlora.cuda_kernels(rec))
         elif spec.qlora:
-            model = qlora.prepare(meta, spec.qlora, rec, checkpointing=spec.qlora_checkpoint)
+            model = qlora.prepare(meta, spec.qlora, rec, checkpointing=spec.qlora_checkpoint,
+                                  targets=spec.lora_targets)
             stack.enter_context(qlora.cuda_kernels(rec))
         else:
             model, config = _build(spec)

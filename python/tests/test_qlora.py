@@ -171,6 +171,34 @@ class Step(unittest.TestCase):
         self.assertEqual(kept_bytes, quantized + fp32_rest + adapters + 256 * 4 + _rotary_bytes(h // 4)
                          + 64 * 8)
 
+    def test_query_and_value_targets_adapt_those_projections_alone(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        def setup_bytes(targets):
+            rec = record(StepSpec(model=_model_dir(self.tmp), batch=1, seq=64, steps=1, qlora=8,
+                                  lora_targets=targets))
+            kept = 0
+            for op, r in rec.events:
+                if op == "alloc" and r.when != "setup":
+                    return kept
+                kept += r.size if op == "alloc" else -r.size
+
+        # The same 4-bit base: the setups differ by the fp32 adapters of every linear layer but
+        # the query (64 x 64) and value (32 x 64) projections, in each of the 2 layers.
+        r = 8
+        others = [(32, 64), (64, 64), (128, 64), (128, 64), (64, 128)]
+        self.assertEqual(setup_bytes("all") - setup_bytes("qv"), 2 * sum(r * (o + i) for o, i in others) * 4)
+
+    def test_lora_targets_without_adapters_or_with_fsdp_are_refused(self):
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        for flags, says in ((["--lora-targets", "qv"], "give one of them"),
+                            (["--qlora", "8", "--fsdp", "2", "--lora-targets", "qv"], "fsdp_qlora")):
+            r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                                *flags, "--out", os.path.join(self.tmp, "x.jsonl")],
+                               capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(says, r.stderr)
+
     def test_record_command_replays_and_plans(self):
         out = os.path.join(self.tmp, "qlora.jsonl")
         r = record_command(self, _model_dir(self.tmp), out, "--batch", "2", "--seq", "1024", "--steps", "2",
@@ -473,6 +501,28 @@ class Documented(unittest.TestCase):
             self.assertEqual(len(shown), 1)
             for want in shown[0]:
                 self.assertIn(want.rstrip(), printed, plan.stdout)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Targets(unittest.TestCase):
+    """`record --lora-targets qv` wraps what the recorded `lora-qv` and `qlora-qv` steps wrap."""
+
+    def test_query_and_value_targets_are_the_recorded_steps(self):
+        from headroom_gpu import qlora
+
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
+        try:
+            import step_programs
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(qlora.QV_TARGETS, step_programs.QV_TARGETS)
+        llama = transformers.LlamaConfig()
+        self.assertEqual(qlora.target_modules(llama, "all"), "all-linear")
+        self.assertIsNone(qlora.target_modules(llama, "qv"))  # peft's default: q_proj, v_proj
+        self.assertEqual(qlora.target_modules(transformers.Phi3Config(), "qv"), ["qkv_proj"])
+        with self.assertRaisesRegex(ValueError, "one of all, qv"):
+            qlora.target_modules(llama, "mlp")
 
 
 def _rotary_bytes(head_dim):

@@ -1,9 +1,10 @@
-"""QLoRA's step for the step programs (`step_programs.py --qlora all`): peft's LoRA over
+"""QLoRA's step for the step programs (`step_programs.py --qlora all|qv`): peft's LoRA over
 bitsandbytes' 4-bit base, recorded as `python -m headroom_gpu record --qlora` records it —
 under fake tensors, with CUDA's rules (`headroom_gpu.qlora`: NF4 packing, double-quantized
 absmax, `gemm_4bit` as its dequantize-then-matmul path, `prepare_model_for_kbit_training`'s
 fp32 casts, and its checkpointing where the key asks for it: `/ckpt`, its default, or `/full`,
-`use_gradient_checkpointing=False`) — and read into the same tensors and events a CPU recording
+`use_gradient_checkpointing=False`; the adapters on every linear layer, `all`, or on the query
+and value projections, `qv`, the same targets as the LoRA steps' `lora-qv`) — and read into the same tensors and events a CPU recording
 under the profiler gives (`step_programs.Job`), so that the law fit, the expansion's check
 and the template writer are the same.
 
@@ -242,7 +243,7 @@ class QLoraJob(sp.Job):
                 tag = _layer_of(name)
                 return rec.mark(sp.layer_tag(tag)) if tag else contextlib.nullcontext()
 
-            model = qlora.prepare(meta, rank, rec, scope=scope, checkpointing=checkpointing)
+            model = qlora.prepare(meta, rank, rec, scope=scope, checkpointing=checkpointing, targets=adapters[1])
             stack.enter_context(qlora.cuda_kernels(rec))
             stack.enter_context(sp.infer_recipes.repeats_marked(rec.mark))
             _hook_layers(model, family, rec)

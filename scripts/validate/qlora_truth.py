@@ -7,7 +7,8 @@ key-value heads, BLOOM's and BERT's 12 of 64, T5's 12 of 80, an MLP of 704, a vo
 4096, five layers (T5: five a stack), 2x56, 2x88 and 3x56 tokens, rank 22). BERT is trained as
 a masked LM and T5 as a sequence-to-sequence LM, the heads `record --qlora` gives them. Each
 family's first case is recorded again without checkpointing (`record --qlora --no-checkpoint`),
-against the templates recorded without it.
+against the templates recorded without it; `QV_CASES` with the adapters on the query and value
+projections alone (`record --qlora --lora-targets qv`), against the `qlora-qv` templates.
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
@@ -19,6 +20,7 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only qwen3 --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only gpt2 --checkpoint off --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only llama --targets qv --out data/validation/qlora_fake_truth.json
 """
 
 import argparse
@@ -101,6 +103,43 @@ CASES = [
 # False)`, `record --qlora --no-checkpoint`), checked against the `.../full/qlora-all` templates:
 # each family's first case above, unchanged, chosen before those templates were recorded.
 NO_CHECKPOINT = list({c[0]: c for c in reversed(CASES)}.values())[::-1]
+# QLoRA on the query and value projections (`record --qlora --lora-targets qv`, peft's default
+# targets for the family: a fused query-key-value layer one adapter), checked against the
+# `.../ckpt/qlora-qv` templates: (family, config, layers, batch, seq, rank), chosen before those
+# templates were recorded, at widths, depths, shapes and ranks neither they nor the cases above
+# use.
+QV_CASES = [
+    # Grouped key-value heads four to one, as Llama 3's.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+               "intermediate_size": 3584, "vocab_size": 8000}, 6, 2, 112, 16),
+    # A hidden size of 1,280 over 20 heads of 64 and 4 key-value heads.
+    ("mistral", {"hidden_size": 1280, "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 3456, "vocab_size": 8000}, 4, 1, 224, 8),
+    # Qwen2-0.5B's widths, biases on the query, key and value.
+    ("qwen2", {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64,
+               "intermediate_size": 4864, "vocab_size": 8000}, 5, 3, 64, 32),
+    # A head of 128, the query twice the hidden size.
+    ("qwen3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+               "intermediate_size": 3072, "vocab_size": 8000}, 4, 1, 176, 16),
+    # One key-value head of 256, tied embeddings.
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 5, 2, 96, 16),
+    # The fused qkv_proj one adapter.
+    ("phi3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+              "intermediate_size": 2816, "vocab_size": 8000, "pad_token_id": 0}, 5, 1, 160, 8),
+    # The fused c_attn (a Conv1D) one adapter, tied.
+    ("gpt2", {"n_embd": 1024, "n_head": 16, "n_layer": 5, "n_positions": 4096, "vocab_size": 8000,
+              "tie_word_embeddings": True}, 5, 1, 136, 32),
+    # The fused query_key_value one adapter, a quarter of each head rotated, untied.
+    ("gpt_neox", {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 8000,
+                  "rotary_pct": 0.25, "use_parallel_residual": True}, 4, 2, 80, 16),
+    # Eight experts, two a token: their stacks frozen (bitsandbytes quantizes linear layers alone),
+    # no adapter on them. Written at three layers, moved to six before its template was recorded:
+    # the plan keeps two layers at each end, so no model of fewer than four plans.
+    ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
+                 "sliding_window": None}, 6, 2, 64, 8),
+]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -144,7 +183,7 @@ def peaks(rec, step=2):
     return out
 
 
-def case(family, fields, layers, batch, seq, rank, checkpoint=True):
+def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all"):
     from headroom_gpu import transformers_step
 
     config = {"model_type": family, "num_hidden_layers": layers, "max_position_embeddings": 4096,
@@ -159,12 +198,12 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True):
             attention = "eager" if family in EAGER else "sdpa"
             rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
                                                                       qlora_checkpoint=checkpoint, steps=2,
-                                                                      attention=attention))
+                                                                      attention=attention, lora_targets=targets))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)
     return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
-            "checkpoint": checkpoint, "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
+            "checkpoint": checkpoint, **({"targets": targets} if targets != "all" else {}), "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
 def main():
@@ -174,24 +213,30 @@ def main():
     ap.add_argument("--checkpoint", choices=("on", "off", "both"), default="both",
                     help="the cases with checkpointing (CASES), without (NO_CHECKPOINT), or both (default); "
                          "with --only, the other kind's cases of those families are kept from --out")
+    ap.add_argument("--targets", choices=("all", "qv", "both"), default="both",
+                    help="the cases with adapters on every linear layer (CASES, NO_CHECKPOINT), on the query and "
+                         "value projections (QV_CASES), or both (default); with --only, the others are kept from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
+    targets = {"all": ["all"], "qv": ["qv"], "both": ["all", "qv"]}[args.targets]
     import bitsandbytes
     import peft
     import torch
     import transformers
 
     cases = []
-    if only and os.path.exists(args.out):
+    if (only or len(kinds) < 2 or len(targets) < 2) and os.path.exists(args.out):
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"]
-                     if c["family"] not in only or c.get("checkpoint", True) not in kinds]
-    todo = [(c, True) for c in CASES if True in kinds] + [(c, False) for c in NO_CHECKPOINT if False in kinds]
-    for c, checkpoint in todo:
-        if only and c[0] not in only:
+                     if only and c["family"] not in only or c.get("checkpoint", True) not in kinds
+                     or c.get("targets", "all") not in targets]
+    todo = [(c, True, "all") for c in CASES if True in kinds] + \
+        [(c, False, "all") for c in NO_CHECKPOINT if False in kinds] + [(c, True, "qv") for c in QV_CASES if True in kinds]
+    for c, checkpoint, t in todo:
+        if only and c[0] not in only or t not in targets:
             continue
-        cases.append(case(*c, checkpoint=checkpoint))
+        cases.append(case(*c, checkpoint=checkpoint, targets=t))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,

@@ -100,10 +100,14 @@ use_gradient_checkpointing=False)` sets it up;
 BERT as a masked LM, T5 as a sequence-to-sequence LM, each with peft's task type for it): peft's
 LoRA over bitsandbytes' NF4 base as `python -m headroom_gpu record --qlora` runs it, under fake
 tensors with CUDA's rules, since bitsandbytes has no CPU kernels for CUDA's path
-(`qlora_programs.py` reads that recording into the tensors and events below):
+(`qlora_programs.py` reads that recording into the tensors and events below). `--qlora qv` records
+it with the adapters on the query and value projections alone (keys ending `/qlora-qv`), the
+targets the LoRA steps' `lora-qv` have (`QV_TARGETS` where peft has no default; the same table as
+`headroom_gpu.qlora.QV_TARGETS`):
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama --qlora all --out data/programs/hf-qlora.tpl
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --qlora all --out a.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/ckpt --qlora qv --out b.json
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora.tpl a.json --out data/programs/hf-qlora.tpl
 """
 
@@ -1126,9 +1130,10 @@ def main():
     ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
                                                           "v1.0's ReLU one, under keys with /gated after the "
                                                           "checkpointing (before a LoRA suffix)")
-    ap.add_argument("--qlora", choices=("all",), help="record QLoRA's step (LoRA on every linear layer of a 4-bit "
-                                                      "base, bf16 compute, SDPA, with and without checkpointing) under fake "
-                                                      "tensors")
+    ap.add_argument("--qlora", choices=("all", "qv"), help="record QLoRA's step (LoRA on every linear layer of a "
+                                                             "4-bit base, or on its query and value projections: qv; "
+                                                             "bf16 compute, SDPA, with and without checkpointing) "
+                                                             "under fake tensors")
     args = ap.parse_args()
     if args.merge:
         merged = {}

@@ -148,6 +148,33 @@ fn qlora_is_planned_from_its_recorded_step() {
     assert_eq!(again["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{}", again["program"]);
 }
 
+/// QLoRA with its adapters on the query and value projections (peft's `target_modules=["q_proj",
+/// "v_proj"]`, `--lora-targets qv`) replays its own recorded step, and says so: the same 4-bit
+/// base as every linear layer's with fewer adapters, so fewer trainable parameters, less
+/// optimizer state and a lower peak.
+#[test]
+fn qlora_on_query_and_value_replays_its_own_recorded_step() {
+    let all = "--model llama-3-8b --gpu h200 --finetune qlora --lora-rank 16 --batch 2 --seq 1024 --checkpoint full";
+    let qv = format!("{all} --lora-targets qv");
+    let (code, p) = plan(&args(&qv));
+    assert_eq!(code, 0, "{p}");
+    assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
+    assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
+    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-qv", "{}", p["program"]);
+    let (_, t) = text(&args(&qv));
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/ckpt/qlora-qv"), "{t}");
+    let (_, a) = plan(&args(all));
+    assert_eq!(a["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{}", a["program"]);
+    let b = |j: &Value, term: &str| j["breakdown"][term].as_f64().unwrap();
+    // Llama-3-8B's q_proj and v_proj at rank 16: 32 × 16 × ((4096 + 4096) + (4096 + 1024)).
+    assert_eq!(p["trainable_params"].as_f64(), Some(6_815_744.0), "{p}");
+    assert!(b(&p, "optimizer") < b(&a, "optimizer"), "{p} {a}");
+    let allocated = |j: &Value| j["allocated_bytes"].as_f64().unwrap();
+    assert!(allocated(&p) < allocated(&a), "{p} {a}");
+    // The same 4-bit base; the adapters' fp32 weights (and, at the peak, their casts) fewer.
+    assert!(b(&p, "weights") < b(&a, "weights") && b(&p, "weights") > 0.95 * b(&a, "weights"), "{p} {a}");
+}
+
 #[test]
 fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() {
     let (code, p) = plan(&with_flags(&args(LORA_JOB), "--batch 1 --checkpoint full"));

@@ -562,7 +562,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
 /// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.tpl`: peft's LoRA steps (`--lora`), keyed with the adapters'
 /// targets; `hf-qlora.tpl`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
-/// checkpointing, `/full/qlora-all`), recorded
+/// checkpointing, `/full/qlora-all`; `/ckpt/qlora-qv` and `/full/qlora-qv` with the adapters on
+/// the query and value projections), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),

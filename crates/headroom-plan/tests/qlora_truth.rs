@@ -1,7 +1,8 @@
 //! QLoRA's steps as `python -m headroom_gpu record --qlora` records them (fake tensors with
 //! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
 //! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
-//! templates (`data/programs/hf-qlora.tpl`), as the recording's device runs it (no cuBLAS
+//! templates (`data/programs/hf-qlora.tpl`; `qlora-qv` for the cases with adapters on the query and
+//! value projections alone), as the recording's device runs it (no cuBLAS
 //! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
 //! check, set before any comparison). Every case is a check row, at model widths, a depth, a
 //! shape and a rank the templates were not recorded at.
@@ -27,15 +28,16 @@ fn cases() -> Vec<Value> {
 }
 
 /// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on (off where the
-/// case was recorded with `--no-checkpoint`), adapters on every linear layer, torch.optim's
-/// AdamW (foreach).
+/// case was recorded with `--no-checkpoint`), adapters on every linear layer (on the query and
+/// value projections where the case was recorded with `--lora-targets qv`), torch.optim's AdamW
+/// (foreach).
 fn config(c: &Value) -> TrainConfig {
     TrainConfig {
         attention: Attention::Sdpa,
         checkpointing: if checkpointed(c) { Checkpointing::Full } else { Checkpointing::None },
         finetune: Finetune::Lora {
             rank: c["rank"].as_u64().expect("rank"),
-            targets: LoraTargets::All,
+            targets: if query_value(c) { LoraTargets::QueryValue } else { LoraTargets::All },
             base: BaseWeights::Nf4,
         },
         optimizer_impl: Some(OptimizerImpl::Foreach),
@@ -46,6 +48,11 @@ fn config(c: &Value) -> TrainConfig {
             Optimizer::AdamW,
         )
     }
+}
+
+/// Cases without the field have adapters on every linear layer.
+fn query_value(c: &Value) -> bool {
+    c.get("targets").and_then(Value::as_str) == Some("qv")
 }
 
 /// Cases recorded before the field was written were all checkpointed.
@@ -67,10 +74,11 @@ fn qlora_steps_replayed_match_the_recorder_s() {
         // GPT-2's config names its hidden size `n_embd`, T5's `d_model`.
         let hidden = ["hidden_size", "n_embd", "d_model"].iter().find_map(|k| c["config"].get(*k));
         let label = format!(
-            "{family} h{} L{} r={} {}×{}{}",
+            "{family} h{} L{} r={}{} {}×{}{}",
             hidden.unwrap_or(&Value::Null),
             c["layers"],
             c["rank"],
+            if query_value(&c) { " q,v" } else { "" },
             c["batch"],
             c["seq"],
             if checkpointed(&c) { "" } else { ", no checkpointing" }

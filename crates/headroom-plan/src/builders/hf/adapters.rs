@@ -43,11 +43,14 @@
 //! Every such tensor is a fraction of its layer's out × in (1/2, 1/16, 1/64, 1/4096 bytes an
 //! element), exact where out × in is a multiple of 16,384, as it is for every model whose
 //! widths are multiples of 128. QLoRA is planned as peft sets it up: adapters on every linear
-//! layer, checkpointing on (`prepare_model_for_kbit_training`'s default) or off
-//! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). Recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
+//! layer (`qlora-all`), or on the query and value projections (`qlora-qv`, `--qlora qv`: the
+//! targets `lora-qv` has), checkpointing on (`prepare_model_for_kbit_training`'s default) or off
+//! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). `qlora-all`
+//! recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
 //! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
 //! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
-//! "QLoRA replayed from its recorded step"). Two
+//! "QLoRA replayed from its recorded step"), with and without checkpointing; `qlora-qv` for the
+//! same families, with and without checkpointing. Two
 //! things of the recording the replay keeps: the fp32 activations take SDPA's memory-efficient
 //! kernel wherever no key-value head is shared or a mask is given, whose logsumexp pads each
 //! sequence to 32 positions (the law's `per_padded_token`); and `Linear4bit` casts a layer's
@@ -61,14 +64,12 @@ use crate::model_units;
 
 /// The key suffix of the template that serves `cfg`'s fine-tuning: `None` for full
 /// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision,
-/// `qlora-all` for QLoRA.
+/// `qlora-all` or `qlora-qv` for QLoRA.
 pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
     match cfg.finetune {
         Finetune::Full => Ok(None),
         Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => Ok(Some("qlora-all")),
-        Finetune::Lora { base: BaseWeights::Nf4, .. } => {
-            Err("QLoRA's step was recorded with adapters on every linear layer: --lora-targets all".into())
-        }
+        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::QueryValue, .. } => Ok(Some("qlora-qv")),
         Finetune::Lora { base: BaseWeights::Int8, .. } => {
             Err("LLM.int8's base was not recorded tensor by tensor".into())
         }
@@ -407,7 +408,8 @@ mod tests {
 
     /// `--finetune qlora` on a GPU replays each QLoRA-recorded family's own step, with
     /// checkpointing and without (`prepare_model_for_kbit_training(model,
-    /// use_gradient_checkpointing=False)`), expanded to the model's depth: a preset of every
+    /// use_gradient_checkpointing=False)`), on every linear layer and on the query and value
+    /// projections (`--lora-targets qv`), expanded to the model's depth: a preset of every
     /// family `--model` names (or a Hub config where no preset ships one).
     #[test]
     fn every_qlora_recorded_family_plans_from_its_own_template() {
@@ -445,15 +447,21 @@ mod tests {
             ),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa"),
         ];
-        for (checkpointing, ck) in [(Checkpointing::Full, "ckpt"), (Checkpointing::None, "full")] {
+        let jobs = [
+            (LoraTargets::All, Checkpointing::Full, "ckpt/qlora-all"),
+            (LoraTargets::All, Checkpointing::None, "full/qlora-all"),
+            (LoraTargets::QueryValue, Checkpointing::Full, "ckpt/qlora-qv"),
+            (LoraTargets::QueryValue, Checkpointing::None, "full/qlora-qv"),
+        ];
+        for (targets, checkpointing, suffix) in jobs {
             let cfg = TrainConfig {
                 attention: Attention::Sdpa,
                 checkpointing,
-                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+                finetune: Finetune::Lora { rank: 16, targets, base: BaseWeights::Nf4 },
                 ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
             };
             for (model, want) in &models {
-                let want = format!("{want}/{ck}/qlora-all");
+                let want = format!("{want}/{suffix}");
                 assert_eq!(crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
                 let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
                 assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
@@ -499,8 +507,8 @@ mod tests {
         assert!(suffix(&cfg).unwrap_err().contains("not recorded"));
     }
 
-    /// QLoRA replays its template where it is set up as peft sets it up (every linear layer,
-    /// with checkpointing or without), and otherwise says what to change.
+    /// QLoRA replays the template of the targets asked (every linear layer, or the query and
+    /// value projections), with checkpointing or without.
     #[test]
     fn qlora_replays_its_template_as_peft_sets_it_up() {
         let qlora = |targets, checkpointing| TrainConfig {
@@ -510,6 +518,7 @@ mod tests {
         };
         assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::Full)), Ok(Some("qlora-all")));
         assert_eq!(suffix(&qlora(LoraTargets::All, Checkpointing::None)), Ok(Some("qlora-all")));
-        assert!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)).unwrap_err().contains("--lora-targets"));
+        assert_eq!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::Full)), Ok(Some("qlora-qv")));
+        assert_eq!(suffix(&qlora(LoraTargets::QueryValue, Checkpointing::None)), Ok(Some("qlora-qv")));
     }
 }

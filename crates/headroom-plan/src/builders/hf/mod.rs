@@ -127,7 +127,7 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
         ),
         // peft's prepare_model_for_kbit_training turns checkpointing on by default, and every
         // QLoRA-recorded family has that step.
-        None if adapters == Some("qlora-all") && !checkpointed => format!(
+        None if adapters.is_some_and(|a| a.starts_with("qlora-")) && !checkpointed => format!(
             "no step `{}` was recorded (QLoRA without gradient checkpointing); add --checkpoint full, as peft's \
              prepare_model_for_kbit_training sets it up by default, or {RECORD}",
             key(families[0], attention)
