@@ -24,7 +24,8 @@
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3 and Mistral, each checkpointed too (a
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma and Gemma 3, each
+//! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -373,6 +374,7 @@ mod tests {
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let qwen3 = || config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
+        let gemma3 = || config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
         let jobs = [
             (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
@@ -382,6 +384,11 @@ mod tests {
             (preset("mistral-7b"), Ckpt, "mistral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             (qwen3(), NoCkpt, "qwen3/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (qwen3(), Ckpt, "qwen3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // One key-value head for eight (Gemma-2B), and for four (Gemma 3 1B).
+            (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (gemma3(), NoCkpt, "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (gemma3(), Ckpt, "gemma3_text/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
         ];
         for (model, checkpointing, want) in &jobs {
             let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::QueryValue, *checkpointing) };
