@@ -149,6 +149,8 @@ CASES = [
     ("qwen2", "fp32", True, 7, 1, 128, 8, "qv", None, "sdpa-math"),
     ("mistral", "fp32", False, 7, 1, 112, 32, "qv", None, "sdpa-math"),
     ("qwen3", "fp32", True, 6, 2, 80, 16, "qv", None, "sdpa-math"),
+    ("gemma", "fp32", False, 7, 2, 64, 16, "qv", None, "sdpa-math"),
+    ("gemma3_text", "fp32", True, 7, 1, 112, 32, "qv", None, "sdpa-math"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
