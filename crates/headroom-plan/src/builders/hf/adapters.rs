@@ -24,7 +24,7 @@
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma and Gemma 3, each
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3 and Mixtral, each
 //! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -389,6 +389,8 @@ mod tests {
             (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             (gemma3(), NoCkpt, "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (gemma3(), Ckpt, "gemma3_text/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (preset("mixtral-8x7b"), NoCkpt, "mixtral/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
         ];
         for (model, checkpointing, want) in &jobs {
             let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::QueryValue, *checkpointing) };
