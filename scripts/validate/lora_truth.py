@@ -151,6 +151,8 @@ CASES = [
     ("qwen3", "fp32", True, 6, 2, 80, 16, "qv", None, "sdpa-math"),
     ("gemma", "fp32", False, 7, 2, 64, 16, "qv", None, "sdpa-math"),
     ("gemma3_text", "fp32", True, 7, 1, 112, 32, "qv", None, "sdpa-math"),
+    ("mixtral", "fp32", False, 7, 1, 80, 16, "qv", None, "sdpa-math"),
+    ("phi3", "fp32", True, 7, 2, 64, 8, "qv", None, "sdpa-math"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
