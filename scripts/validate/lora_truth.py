@@ -132,6 +132,27 @@ CASES = [
     ("phi3", "fp32", True, 7, 2, 96, 8, "all"),
     ("qwen2_moe", "fp32", False, 6, 2, 96, 16, "all"),
     ("gemma2", "fp32", True, 7, 1, 112, 8, "all"),
+    # fp32 LoRA of the mixtures of experts and Phi-3 on SDPA's math path, and the checkpointed
+    # fp32 LoRA of Qwen2-MoE, Gemma, GPT-NeoX (SDPA) and BLOOM (eager).
+    ("qwen3_moe", "fp32", False, 6, 2, 96, 16, "all", None, "sdpa-math"),
+    ("qwen3_moe", "fp32", True, 7, 1, 128, 8, "all", None, "sdpa-math"),
+    ("qwen2_moe", "fp32", False, 7, 1, 112, 8, "all", None, "sdpa-math"),
+    ("qwen2_moe", "fp32", True, 6, 2, 80, 16, "all", None, "sdpa-math"),
+    ("phi3", "fp32", False, 7, 2, 80, 32, "all", None, "sdpa-math"),
+    ("phi3", "fp32", True, 6, 1, 160, 16, "all", None, "sdpa-math"),
+    ("qwen2_moe", "fp32", True, 7, 1, 96, 32, "all"),
+    ("gemma", "fp32", True, 6, 2, 96, 16, "all"),
+    ("gpt_neox", "fp32", True, 7, 1, 128, 8, "all"),
+    ("bloom", "fp32", True, 6, 2, 80, 32, "all"),
+    # fp32 on SDPA's math path, the query and value projections alone.
+    ("llama", "fp32", False, 6, 2, 96, 16, "qv", None, "sdpa-math"),
+    ("qwen2", "fp32", True, 7, 1, 128, 8, "qv", None, "sdpa-math"),
+    ("mistral", "fp32", False, 7, 1, 112, 32, "qv", None, "sdpa-math"),
+    ("qwen3", "fp32", True, 6, 2, 80, 16, "qv", None, "sdpa-math"),
+    ("gemma", "fp32", False, 7, 2, 64, 16, "qv", None, "sdpa-math"),
+    ("gemma3_text", "fp32", True, 7, 1, 112, 32, "qv", None, "sdpa-math"),
+    ("mixtral", "fp32", False, 7, 1, 80, 16, "qv", None, "sdpa-math"),
+    ("phi3", "fp32", True, 7, 2, 64, 8, "qv", None, "sdpa-math"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

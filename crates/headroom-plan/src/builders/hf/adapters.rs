@@ -23,7 +23,9 @@
 //! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
-//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing (a
+//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral and Phi-3, each
+//! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -359,6 +361,57 @@ mod tests {
                 LoraTargets::All.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
             // Two steps' fp32 gradients, each made once.
             assert_eq!(gradients, 2 * 4 * adapters, "{want}");
+        }
+    }
+
+    /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
+    /// as every linear layer's does: SDPA's math path for models that group their key-value
+    /// heads. Each is planned from its own `lora-qv` template, its adapters' gradients those
+    /// of the two projections peft wraps.
+    #[test]
+    fn fp32_query_value_lora_replays_the_attention_a_gpu_runs() {
+        use Checkpointing::{Full as Ckpt, None as NoCkpt};
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        let qwen3 = || config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
+        let gemma3 = || config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
+        let phi3_grouped = || Model { kv_heads: 8, ..preset("phi-3-mini") };
+        let jobs = [
+            (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (preset("qwen2.5-7b"), NoCkpt, "qwen2/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("qwen2.5-7b"), Ckpt, "qwen2/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (preset("mistral-7b"), NoCkpt, "mistral/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("mistral-7b"), Ckpt, "mistral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (qwen3(), NoCkpt, "qwen3/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (qwen3(), Ckpt, "qwen3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // One key-value head for eight (Gemma-2B), and for four (Gemma 3 1B).
+            (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (gemma3(), NoCkpt, "gemma3_text/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (gemma3(), Ckpt, "gemma3_text/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            (preset("mixtral-8x7b"), NoCkpt, "mixtral/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // Phi-3-mini's widths with Phi-3-medium's grouping (four heads a key-value head):
+            // its fused `qkv_proj` one adapter.
+            (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+        ];
+        for (model, checkpointing, want) in &jobs {
+            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::QueryValue, *checkpointing) };
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(*want),
+                "{}",
+                model.name
+            );
+            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
+            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+            let gradients: u64 =
+                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+            // Two steps' fp32 gradients, each made once.
+            assert_eq!(gradients, 2 * adapter_bytes(model, 16, LoraTargets::QueryValue), "{want}");
         }
     }
 
