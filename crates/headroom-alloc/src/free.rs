@@ -203,6 +203,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // A free-set entry of a neighbour absorbed, left for the merged block to take over.
         let mut vacated = None;
         for candidate in [prev, next] {
+            // Asked here, not only inside: a segment of one block (every large warm pair)
+            // has no neighbour, and the call alone cost more than the question.
+            if candidate == NIL {
+                continue;
+            }
             let Some((subsumed, entry)) = self.absorb(id, candidate) else { continue };
             if subsumed > 0 {
                 net_blocks -= 1;
@@ -287,23 +292,24 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// As [`Self::insert_into_blocks`], in place of the entry (size, ptr) on the
     /// block's stream, which goes: the two moves of a remove and an insert made one.
     fn insert_into_blocks_in_place_of(&mut self, id: u32, (old_size, old_ptr): (u64, u64)) {
-        let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
-        let clock = self.pool(owner, kind).get_free_blocks_call_count;
-        let b = &mut self.arena[id];
-        b.gc_count_base = clock;
-        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
-        let replaced = self.pool_mut(owner, kind).blocks.replace(stream, (old_size, old_ptr), (size, ptr), id);
+        let b = &self.arena[id];
+        let (kind, owner, stream, size, ptr) = (b.pool, b.owner, b.stream, b.size, b.ptr);
+        // One look-up of the pool for its clock and its free set.
+        let pool = self.pool_mut(owner, kind);
+        let clock = pool.get_free_blocks_call_count;
+        let replaced = pool.blocks.replace(stream, (old_size, old_ptr), (size, ptr), id);
+        self.arena[id].gc_count_base = clock;
         debug_assert_eq!(replaced, Some(true), "block {ptr:#x}: the entry it takes over was not free, or it was");
     }
 
     /// Puts a free mapped block into its pool's free set and restarts its GC age.
     pub(crate) fn insert_into_blocks(&mut self, id: u32) {
-        let (kind, owner) = (self.arena[id].pool, self.arena[id].owner);
-        let clock = self.pool(owner, kind).get_free_blocks_call_count;
-        let b = &mut self.arena[id];
-        b.gc_count_base = clock;
-        let (stream, size, ptr) = (b.stream, b.size, b.ptr);
-        let inserted = self.pool_mut(owner, kind).blocks.insert(stream, size, ptr, id);
+        let b = &self.arena[id];
+        let (kind, owner, stream, size, ptr) = (b.pool, b.owner, b.stream, b.size, b.ptr);
+        let pool = self.pool_mut(owner, kind);
+        let clock = pool.get_free_blocks_call_count;
+        let inserted = pool.blocks.insert(stream, size, ptr, id);
+        self.arena[id].gc_count_base = clock;
         debug_assert!(inserted, "block {ptr:#x} was already free");
     }
 }

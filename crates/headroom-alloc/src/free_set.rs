@@ -88,7 +88,13 @@ impl Sorted {
     #[inline]
     fn insert(&mut self, key: u128, id: u32) -> bool {
         let at = self.lower_bound(key);
-        if self.keys.get(at) == Some(&key) {
+        if at == self.keys.len() {
+            // Past the last key (into an empty set, the common warm case): a push.
+            self.keys.push(key);
+            self.ids.push(id);
+            return true;
+        }
+        if self.keys[at] == key {
             return false;
         }
         self.keys.insert(at, key);
@@ -98,6 +104,13 @@ impl Sorted {
 
     #[inline]
     fn remove_at(&mut self, i: usize) -> (u128, u32) {
+        // The last entry (a set of one, the common warm case) is popped: `Vec::remove`
+        // calls `memmove` even to move nothing.
+        if i + 1 == self.keys.len() {
+            if let (Some(k), Some(id)) = (self.keys.pop(), self.ids.pop()) {
+                return (k, id);
+            }
+        }
         (self.keys.remove(i), self.ids.remove(i))
     }
 
@@ -121,8 +134,12 @@ impl Sorted {
                 self.remove_at(old);
                 return false;
             }
-            self.keys.copy_within(to..old, to + 1);
-            self.ids.copy_within(to..old, to + 1);
+            // The common shrink keeps its place (the set's smallest, or one just above a
+            // smaller block): no move, and no call to `memmove` for nothing.
+            if to < old {
+                self.keys.copy_within(to..old, to + 1);
+                self.ids.copy_within(to..old, to + 1);
+            }
             (self.keys[to], self.ids[to]) = (key, id);
         } else {
             let to = old + 1 + self.keys[old + 1..].partition_point(|&k| k < key);
@@ -130,8 +147,10 @@ impl Sorted {
                 self.remove_at(old);
                 return false;
             }
-            self.keys.copy_within(old + 1..to, old);
-            self.ids.copy_within(old + 1..to, old);
+            if old + 1 < to {
+                self.keys.copy_within(old + 1..to, old);
+                self.ids.copy_within(old + 1..to, old);
+            }
             (self.keys[to - 1], self.ids[to - 1]) = (key, id);
         }
         true

@@ -10,6 +10,7 @@ pub(crate) const ONE_EXABYTE: u64 = 1 << 60;
 
 /// `round_size`: at least 512 bytes; a multiple of 512, or of the
 /// power-of-two division step where `roundup_power2_divisions` applies.
+#[inline]
 pub fn round_size(cfg: &AllocatorConfig, size: u64) -> u64 {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
