@@ -49,7 +49,10 @@ recorded: NF4 for Qwen2-MoE, BERT and T5 (v1.0), LLM.int8() for Gemma, Phi-3 and
 `wide` configs and shapes above (nothing makes their 4-bit weights whole blocks of 16,384:
 Qwen2-MoE's key and value projections, 64 x 384, and T5's MLP, 960 x 384, are not, so
 bitsandbytes' second-level absmax rounds up there), the same tolerance, check rows; a row carries
-`quant`. Their first measurement put BERT's NF4 forward at
+`quant`. LLM.int8() for GPT-2, GPT-NeoX, BLOOM, T5 (v1.0, its `wo` kept fp32), BERT (its
+forward), Qwen2-MoE, Qwen3-MoE, Gemma-2 and Gemma 3 was declared after those rows were measured,
+before any of its own: the same configs, shapes and tolerance, check rows, each against its peak
+without the CPU kernels' scratch (below). Their first measurement put BERT's NF4 forward at
 1 x 160 at -3.00% (2 x 100: -2.10%): its peak falls inside the MLP's output layer, where
 oneDNN's bf16 `addmm` holds a scratch buffer of 338 KiB beside the dequantized weight, which the
 template leaves out as every template leaves out a CPU kernel's scratch (a GPU's cuBLAS has none).
@@ -65,6 +68,7 @@ docs/VALIDATION.md). `cargo test -p headroom-plan --test infer_truth` plans ever
 
     /work/venv-torch/bin/python scripts/validate/infer_truth.py --out data/validation/infer_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_truth.py --quant nf4 --out data/validation/infer_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_truth.py --quant int8 --only gpt2,bloom --out data/validation/infer_truth.json
 """
 
 import argparse
@@ -104,7 +108,9 @@ GROUPED = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma3_text",
 # T5 v1.1's gated MLP, its rows apart from v1.0's.
 VARIANTS = {"t5": ("", "gated")}
 # The quantized rows (`--quant`): bitsandbytes' format -> the families measured over it.
-QUANTIZED = {"nf4": ("qwen2_moe", "bert", "t5"), "int8": ("gemma", "phi3", "mixtral")}
+QUANTIZED = {"nf4": ("qwen2_moe", "bert", "t5"),
+             "int8": ("gemma", "phi3", "mixtral", "gpt2", "gpt_neox", "bloom", "t5", "bert", "qwen2_moe", "qwen3_moe",
+                      "gemma2", "gemma3_text")}
 # Whose `wide` config each family's is made from.
 BASE = {"qwen3": "qwen2", "gemma2": "gemma", "gemma3_text": "gemma", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 

@@ -8,7 +8,8 @@ key-value heads, BLOOM's and BERT's 12 of 64, T5's 12 of 80, an MLP of 704, a vo
 a masked LM and T5 as a sequence-to-sequence LM, the heads `record --qlora` gives them. Each
 family's first case is recorded again without checkpointing (`record --qlora --no-checkpoint`),
 against the templates recorded without it; `QV_CASES` with the adapters on the query and value
-projections alone (`record --qlora --lora-targets qv`), against the `qlora-qv` templates.
+projections alone (`record --qlora --lora-targets qv`), against the `qlora-qv` templates, and
+`FULL_QV_CASES` so without checkpointing, against the `full/qlora-qv` templates.
 
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
@@ -21,6 +22,7 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only qwen3 --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only gpt2 --checkpoint off --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only llama --targets qv --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --checkpoint off --targets qv --out data/validation/qlora_fake_truth.json
 """
 
 import argparse
@@ -140,6 +142,48 @@ QV_CASES = [
                  "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
                  "sliding_window": None}, 6, 2, 64, 8),
 ]
+# QLoRA on the query and value projections without checkpointing (`record --qlora --lora-targets
+# qv --no-checkpoint`), checked against the `.../full/qlora-qv` templates: (family, config, layers,
+# batch, seq, rank), chosen after those templates were recorded and before any case was measured
+# against them, at widths, depths, shapes and ranks neither the templates nor the cases above use;
+# first the seven families no query-value case covers, then Phi-3, whose checkpointed query-value
+# case is the furthest off. Every quantized layer whole blocks of 16,384 (bitsandbytes' rounding
+# is checked by the cases above; these check the expansion without recomputation).
+FULL_QV_CASES = [
+    # A shared expert beside four routed experts of 704, 8 heads of 128 over 2 key-value heads.
+    ("qwen2_moe", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                   "intermediate_size": 2816, "moe_intermediate_size": 704, "shared_expert_intermediate_size": 2816,
+                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 5, 1, 144, 32),
+    # A hidden size of 1,280 over 10 heads of 128 and 2 key-value heads, eight experts of 512.
+    ("qwen3_moe", {"hidden_size": 1280, "num_attention_heads": 10, "num_key_value_heads": 2, "head_dim": 128,
+                   "intermediate_size": 3456, "moe_intermediate_size": 512, "num_experts": 8,
+                   "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "use_sliding_window": False, "vocab_size": 8000}, 4, 3, 48, 16),
+    # The fused query_key_value one adapter, 12 heads of 128, ALiBi, tied.
+    ("bloom", {"hidden_size": 1536, "n_layer": 4, "n_head": 12, "vocab_size": 8000, "tie_word_embeddings": True},
+     4, 1, 200, 8),
+    # Sliding and global layers in turn, 8 heads of 128 over 4 key-value heads, tied.
+    ("gemma2", {"hidden_size": 1280, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
+                "intermediate_size": 3584, "vocab_size": 8000, "sliding_window": 4096, "query_pre_attn_scalar": 128,
+                "tie_word_embeddings": True}, 5, 2, 72, 32),
+    # Gemma-3-1B's widths (1,152 over 4 heads of 256, one key-value head, an MLP of 6,912), five
+    # sliding layers to one global and a window the sequence passes, tied.
+    ("gemma3_text", {"hidden_size": 1152, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                     "intermediate_size": 6912, "vocab_size": 8000, "sliding_window": 128,
+                     "query_pre_attn_scalar": 256, "tie_word_embeddings": True}, 7, 2, 160, 16),
+    # A masked LM at 8 heads of 64 on 512, six layers, tied.
+    ("bert", {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048, "vocab_size": 8000,
+              "tie_word_embeddings": True}, 6, 4, 64, 8),
+    # A sequence-to-sequence LM at t5-small's widths (8 heads of 64 on 512, v1.0's ReLU MLP of
+    # 2,048, its `wo` fp32), five layers a stack, tied.
+    ("t5", {"d_model": 512, "num_heads": 8, "d_kv": 64, "d_ff": 2048, "num_layers": 5, "num_decoder_layers": 5,
+            "feed_forward_proj": "relu", "vocab_size": 8000, "tie_word_embeddings": True,
+            "decoder_start_token_id": 0, "pad_token_id": 0}, 5, 2, 96, 16),
+    # The fused qkv_proj one adapter, 20 heads of 64 on 1,280, each its own key-value head.
+    ("phi3", {"hidden_size": 1280, "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 64,
+              "intermediate_size": 3456, "vocab_size": 8000, "pad_token_id": 0}, 6, 2, 64, 16),
+]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -215,7 +259,8 @@ def main():
                          "with --only, the other kind's cases of those families are kept from --out")
     ap.add_argument("--targets", choices=("all", "qv", "both"), default="both",
                     help="the cases with adapters on every linear layer (CASES, NO_CHECKPOINT), on the query and "
-                         "value projections (QV_CASES), or both (default); with --only, the others are kept from --out")
+                         "value projections (QV_CASES with checkpointing, FULL_QV_CASES without), or both (default); "
+                         "with --only, the others are kept from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
@@ -232,7 +277,8 @@ def main():
                      if only and c["family"] not in only or c.get("checkpoint", True) not in kinds
                      or c.get("targets", "all") not in targets]
     todo = [(c, True, "all") for c in CASES if True in kinds] + \
-        [(c, False, "all") for c in NO_CHECKPOINT if False in kinds] + [(c, True, "qv") for c in QV_CASES if True in kinds]
+        [(c, False, "all") for c in NO_CHECKPOINT if False in kinds] + [(c, True, "qv") for c in QV_CASES if True in kinds] + \
+        [(c, False, "qv") for c in FULL_QV_CASES if False in kinds]
     for c, checkpoint, t in todo:
         if only and c[0] not in only or t not in targets:
             continue
