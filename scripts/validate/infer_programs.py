@@ -79,10 +79,10 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 
 import torch
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -165,6 +165,17 @@ def untie_t5(model):
     model.all_tied_weights_keys.pop("lm_head.weight", None)
 
 
+# The marks an inference recording puts in its profile: the training recordings' and the call's
+# own ranges.
+MARKS = re.compile(sp.ANNOTATION.pattern + "|run|forward")
+
+
+def allocations(prof):
+    """An inference profile's allocator events with the operators each happened inside
+    (`step_programs.allocations`), this recording's marks left out."""
+    return sp.allocations(prof, MARKS)
+
+
 class InferJob:
     """One recorded run: every allocation and free in time order, by section and layer."""
 
@@ -222,7 +233,7 @@ class InferJob:
         self.params = []
         pattern = sp.layer_pattern(family)
         for name, p in model.named_parameters():
-            hit = __import__("re").match(pattern.pattern + r"\.", name)
+            hit = re.match(pattern.pattern + r"\.", name)
             layer = ["enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))] if hit else None
             shape, nbytes = qi.param_entry(p)
             self.params.append({"name": name, "shape": shape, "bytes": nbytes, "layer": layer,
@@ -248,22 +259,7 @@ class InferJob:
         self.sections = [("setup", setup[0], setup[1])]
         for i in range(len(bounds) - 1):
             self.sections.append((names[i], bounds[i], bounds[i + 1] - 1))
-        allocs = []
-
-        def walk(node, ops):
-            if node.tag == _EventType.Allocation:
-                a = node.extra_fields
-                allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
-                return
-            if node.tag == _EventType.TorchOp and not sp.ANNOTATION.fullmatch(node.name) \
-                    and node.name not in ("run", "forward"):
-                ops = ops + [(node.name, id(node))]
-            for c in node.children:
-                walk(c, ops)
-
-        for root in prof.profiler.kineto_results.experimental_event_tree():
-            walk(root, [])
-        allocs.sort(key=lambda a: a[0])
+        allocs = allocations(prof)
         self.tensors, self.events, live = [], [], {}
         for t, ptr, size, ops in allocs:
             if size > 0:
@@ -279,10 +275,7 @@ class InferJob:
             tensor["role"] = persistent.get(tensor["ptr"]) if tensor["freed"] is None else None
             tensor["kernel"] = next((tag for tag, rx in sp.KERNEL_TAGS
                                      if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
-            f = tensor["freed"]
-            tensor["scratch"] = bool(f) and (
-                any(name in sp.CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
-                or (bool(tensor["ops"]) and tensor["ops"][-1][0] in sp.CPU_GEMMS and f["ops"][-1:] == tensor["ops"][-1:]))
+            tensor["scratch"] = bool(tensor["freed"]) and sp.cpu_scratch(tensor["ops"], tensor["freed"]["ops"])
 
     def section_at(self, t):
         return next((name for name, start, end in self.sections if start <= t <= end), None)

@@ -78,7 +78,6 @@ import json
 import sys
 
 import torch
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -198,33 +197,18 @@ def measured(family, precision, mode, batch, seq, new_tokens, attn="sdpa", varia
 
 def scratch_free_peak(prof):
     """The highest running sum of the allocator's events less the CPU kernels' own scratch, by the
-    rule the templates leave it out by (`infer_programs.InferJob._read`): made and freed inside one
-    call of a CPU matrix multiply or of the CPU's flash attention, which a GPU's kernels do not
-    allocate. (oneDNN's bf16 `addmm` makes a buffer of a few hundred KiB that dies inside it: at
-    the peak of a 4-bit model's forward, where each layer's weight is dequantized beside it.)"""
-    allocs = []
-
-    def walk(node, ops):
-        if node.tag == _EventType.Allocation:
-            a = node.extra_fields
-            allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
-            return
-        if node.tag == _EventType.TorchOp:
-            ops = ops + [(node.name, id(node))]
-        for c in node.children:
-            walk(c, ops)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root, [])
-    allocs.sort(key=lambda a: a[0])
+    rule the templates leave it out by (`step_programs.cpu_scratch`, as `infer_programs.InferJob`
+    reads its recordings), which a GPU's kernels do not allocate. (oneDNN's bf16 `addmm` makes a
+    buffer of a few hundred KiB that dies inside it: at the peak of a 4-bit model's forward, where
+    each layer's weight is dequantized beside it.)"""
+    allocs = infer_programs.allocations(prof)
     made, scratch = {}, set()
     for i, (_, ptr, size, ops) in enumerate(allocs):
         if size > 0:
             made[ptr] = (i, ops)
         elif ptr in made:
             j, at = made.pop(ptr)
-            if (at and at[-1][0] in sp.CPU_GEMMS and ops[-1:] == at[-1:]) or \
-                    any(name in sp.CPU_KERNELS and (name, n) in ops for name, n in at):
+            if sp.cpu_scratch(at, ops):
                 scratch.update((i, j))
     live = peak = 0
     for i, (_, _, size, _) in enumerate(allocs):

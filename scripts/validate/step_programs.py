@@ -248,6 +248,40 @@ ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv|dropout\.pai
 CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
                "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
 CPU_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def allocations(prof, marks=ANNOTATION):
+    """The allocator's events of a profile in time order, each (time, ptr, size, ops): `ops` the
+    operators it happened inside, outermost first, each (name, node id), less the ranges `marks`
+    names (a recording's own marks are no operators: `cpu_scratch` reads the innermost one)."""
+    allocs = []
+
+    def walk(node, ops):
+        if node.tag == _EventType.Allocation:
+            a = node.extra_fields
+            allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
+            return
+        if node.tag == _EventType.TorchOp and not marks.fullmatch(node.name):
+            ops = ops + [(node.name, id(node))]
+        for c in node.children:
+            walk(c, ops)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root, [])
+    allocs.sort(key=lambda a: a[0])
+    return allocs
+
+
+def cpu_scratch(made, freed):
+    """Whether a tensor made inside the operators `made` and freed inside `freed` (`allocations`'
+    stacks) is a CPU kernel's own scratch, which the templates leave out: made and dropped inside
+    one call of such a kernel, or inside one matrix multiply with no operator below it (a 16-bit
+    GEMM's packed operands, whose size follows the CPU's blocking, not the shapes; cuBLAS on a GPU
+    works in the workspace the planner adds)."""
+    return any(name in CPU_KERNELS and (name, n) in freed for name, n in made) \
+        or (bool(made) and made[-1][0] in CPU_GEMMS and freed[-1:] == made[-1:])
+
+
 # What a tensor made under these operators is, for the planner's GPU rules: SDPA's fused
 # kernel (its outputs replaced by the GPU kernel's), dropout (a GPU keeps a one-byte mask).
 KERNEL_TAGS = (("sdpa", re.compile(r"aten::_scaled_dot_product_\w*attention\w*|ScaledDotProduct\w*Backward")),
@@ -377,21 +411,7 @@ class Job:
         self.sections = [(e.name(), e.start_ns(), e.end_ns()) for e in events
                          if e.name() == "setup" or re.fullmatch(r"step\d\.\w+", e.name())]
         repeats = [(e.start_ns(), e.end_ns()) for e in events if e.name() == "repeat_kv"]
-        allocs = []
-
-        def walk(node, ops):
-            if node.tag == _EventType.Allocation:
-                a = node.extra_fields
-                allocs.append((node.start_time_ns, a.ptr, a.alloc_size, ops))
-                return
-            if node.tag == _EventType.TorchOp and not ANNOTATION.fullmatch(node.name):
-                ops = ops + [(node.name, id(node))]
-            for c in node.children:
-                walk(c, ops)
-
-        for root in prof.profiler.kineto_results.experimental_event_tree():
-            walk(root, [])
-        allocs.sort(key=lambda a: a[0])
+        allocs = allocations(prof)
         self.tensors, self.events, live = [], [], {}
         # Each dropout's pair, at its mark: the tensors live at their storages then.
         marks = sorted(e.start_ns() for e in events if e.name() == "dropout.pair")
@@ -438,14 +458,7 @@ class Job:
                 # CPU's dropout keeps its noise in the activations' dtype; a GPU's fused dropout
                 # keeps a one-byte mask instead.
                 tensor["kernel"] = "dropout-mask"
-            # CPU kernels' own scratch: made and dropped inside one call of such a kernel, or
-            # inside one matrix multiply with no operator below it (a 16-bit GEMM's packed
-            # operands, whose size follows the CPU's blocking, not the shapes; cuBLAS on a GPU
-            # works in the workspace the planner adds).
-            f = tensor["freed"]
-            tensor["scratch"] = bool(f) and (
-                any(name in CPU_KERNELS and (name, n) in f["ops"] for name, n in tensor["ops"])
-                or (bool(tensor["ops"]) and tensor["ops"][-1][0] in CPU_GEMMS and f["ops"][-1:] == tensor["ops"][-1:]))
+            tensor["scratch"] = bool(tensor["freed"]) and cpu_scratch(tensor["ops"], tensor["freed"]["ops"])
 
     def section_at(self, t):
         return next((name for name, start, end in self.sections if start <= t <= end), None)
