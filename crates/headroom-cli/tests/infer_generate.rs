@@ -16,6 +16,26 @@ fn plan(args: &[&str]) -> (i32, Value) {
 
 const HF: [&str; 7] = ["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer", "--framework", "hf"];
 
+/// `headroom ARGS` from the repository's root (its bundled model files), which plans from
+/// template `key`: its `--json` names the template and its text, exiting as the JSON did (1
+/// where the job does not fit), says it replayed it. The JSON.
+fn planned_from_template(args: &[&str], key: &str) -> Value {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::cargo_bin("headroom").unwrap().current_dir(root).args(args).arg("--json").output().unwrap();
+    assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["planned_from"]["source"], "template", "{args:?}: {}", v["planned_from"]);
+    assert_eq!(v["planned_from"]["template"], key, "{args:?}: {}", v["planned_from"]);
+    Command::cargo_bin("headroom")
+        .unwrap()
+        .current_dir(root)
+        .args(args)
+        .assert()
+        .code(out.status.code().unwrap())
+        .stdout(contains(format!("planned by replaying transformers' code as recorded tensor by tensor ({key})")));
+    v
+}
+
 #[test]
 fn generate_is_replayed_from_its_template_through_its_decode_steps() {
     let job = |extra: &[&str]| plan(&[&HF[..], &["--batch", "64", "--seq", "16"], extra].concat()).1;
@@ -94,16 +114,7 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
                 extra,
             ]
             .concat();
-            let out =
-                Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).arg("--json").output().unwrap();
-            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let key = key.replace("MODE", mode);
-            assert_eq!(v["planned_from"]["source"], "template", "{args:?}: {}", v["planned_from"]);
-            assert_eq!(v["planned_from"]["template"], key.as_str(), "{args:?}");
-            Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).assert().success().stdout(contains(
-                format!("planned by replaying transformers' code as recorded tensor by tensor ({key})"),
-            ));
+            planned_from_template(&args, &key.replace("MODE", mode));
         }
     }
     // BERT generates nothing: its plan is the forward without --all-logits too, and generate is
@@ -146,19 +157,11 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
             let args = [
                 &["plan", "--model", model, "--gpu", "h200", "--infer", "--framework", "hf", "--weights", "fp32"][..],
-                &["--batch", "2", "--seq", "256", "--json"],
+                &["--batch", "2", "--seq", "256"],
                 extra,
             ]
             .concat();
-            let out = Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).output().unwrap();
-            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-            assert_eq!(
-                v["planned_from"]["template"],
-                key.replace("MODE", mode).as_str(),
-                "{args:?}: {}",
-                v["planned_from"]
-            );
+            planned_from_template(&args, &key.replace("MODE", mode));
         }
     }
     // Gemma-3 was recorded within its window (512 tokens for the 1B): past it the sliding
@@ -223,7 +226,6 @@ fn t5_v1_1_plans_generate_and_the_forward_with_its_own_output_layer() {
 /// says what its recording assumed of bitsandbytes' kernels.
 #[test]
 fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let nf4 = ["--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"];
     let int8 = ["--quantize", "int8"];
     let qwen2_moe = "data/models/qwen1.5-moe-a2.7b.json";
@@ -257,18 +259,9 @@ fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template
                 extra,
             ]
             .concat();
-            let out =
-                Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).arg("--json").output().unwrap();
-            assert!(out.status.code().unwrap() < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let key = key.replace("MODE", mode);
-            assert_eq!(v["planned_from"]["source"], "template", "{args:?}: {}", v["planned_from"]);
-            assert_eq!(v["planned_from"]["template"], key.as_str(), "{args:?}");
+            let v = planned_from_template(&args, &key.replace("MODE", mode));
             let kernel = if key.ends_with("/int8") { "LLM.int8()" } else { "gemm_4bit" };
             assert!(v["planned_from"]["assumed"].as_str().unwrap().contains(kernel), "{}", v["planned_from"]);
-            Command::cargo_bin("headroom").unwrap().current_dir(root).args(&args).assert().success().stdout(contains(
-                format!("planned by replaying transformers' code as recorded tensor by tensor ({key})"),
-            ));
         }
     }
 }
