@@ -276,9 +276,9 @@ def main():
             cases = [c for c in json.load(f)["cases"]
                      if only and c["family"] not in only or c.get("checkpoint", True) not in kinds
                      or c.get("targets", "all") not in targets]
-    todo = [(c, True, "all") for c in CASES if True in kinds] + \
-        [(c, False, "all") for c in NO_CHECKPOINT if False in kinds] + [(c, True, "qv") for c in QV_CASES if True in kinds] + \
-        [(c, False, "qv") for c in FULL_QV_CASES if False in kinds]
+    todo = [(c, checkpoint, t) for group, checkpoint, t in ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"),
+                                                        (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
+            if checkpoint in kinds for c in group]
     for c, checkpoint, t in todo:
         if only and c[0] not in only or t not in targets:
             continue
