@@ -84,7 +84,7 @@ impl Lives {
     pub fn new(w: &Walk, sites: &mut Sites) -> Lives {
         let mut lives =
             Lives { list: Vec::new(), open: vec![CLOSED; w.trace().len()], before: FxHashMap::default(), last: None };
-        let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(&a, &l)| (a, l)).collect();
+        let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(a, &l)| (a, l)).collect();
         start.sort_unstable_by_key(|&(a, _)| a);
         for (addr, l) in start {
             lives.before.insert(addr, lives.list.len());

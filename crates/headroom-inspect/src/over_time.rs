@@ -66,11 +66,7 @@ pub fn over_time(
         let i = w.next;
         let e = &trace[i];
         // What this entry takes away from the caller, read before it is applied.
-        let block = matches!(
-            e.action,
-            TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
-        );
-        let ended = if block { w.live.get(&e.addr).filter(|l| !l.pending).copied() } else { None };
+        let ended = w.named_by_next().filter(|l| !l.pending).copied();
         if let Some(l) = &ended {
             if let Some(k) = slot(sites.of(l)) {
                 bytes[k] -= l.size;
@@ -79,7 +75,7 @@ pub fn over_time(
         lives.before(i, e, ended.as_ref());
         w.step();
         if e.action == TraceAction::Alloc {
-            if let Some(l) = w.live.get(&e.addr).copied() {
+            if let Some(l) = w.allocated_by(i).copied() {
                 let site = sites.of(&l);
                 if let Some(k) = slot(site) {
                     bytes[k] += l.size;
