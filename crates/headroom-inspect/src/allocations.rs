@@ -148,8 +148,9 @@ mod tests {
             event(TraceAction::FreeCompleted, 0, 1000, 14),
         ]];
         let mut sites = Sites::new(&snap.stacks, false);
-        let list = crate::over_time::over_time(Walk::new(&snap, 0, None), &Timeline::default(), &[], &mut sites, None)
-            .allocations;
+        let list =
+            crate::over_time::over_time(Walk::new(&snap, 0, None), &Timeline::default(), &[], &mut sites, None, true)
+                .allocations;
         assert_eq!(list.len(), 2);
         assert_eq!((list[0].entry, list[0].time_us, list[0].size), (Some(1), Some(11), 1024));
         assert_eq!((list[0].end_entry, list[0].end_time_us), (Some(3), Some(13)), "ends when its free is requested");

@@ -31,11 +31,14 @@ pub struct InspectOptions {
     pub top: usize,
     /// Call sites given their own band in the timeline.
     pub series: usize,
+    /// Each allocation's life ([`DeviceReport::allocations`]), which only the HTML report
+    /// draws: a list as long as the trace's allocations while it is built.
+    pub allocations: bool,
 }
 
 impl Default for InspectOptions {
     fn default() -> Self {
-        InspectOptions { cpp: false, top: 20, series: 8 }
+        InspectOptions { cpp: false, top: 20, series: 8, allocations: true }
     }
 }
 
@@ -697,7 +700,7 @@ fn walks<'a>(
 
         // The largest sites' bands under the timeline, each allocation, each phase's peak.
         let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
-        let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
+        let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref(), opts.allocations);
         r.series = o.series;
         r.step_phases = o.step_phases;
         (r.allocations.list, r.allocations.dropped) =
