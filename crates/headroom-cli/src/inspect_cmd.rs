@@ -76,7 +76,13 @@ pub fn run(args: InspectArgs) -> Result<Outcome> {
     if args.html.is_some() && args.html == args.chrome_trace {
         bail!("--html and --chrome-trace name the same file; give each its own");
     }
-    let opts = InspectOptions { cpp: args.cpp, top: args.top as usize, ..Default::default() };
+    // Each allocation's life is drawn by the HTML report alone.
+    let opts = InspectOptions {
+        cpp: args.cpp,
+        top: args.top as usize,
+        allocations: args.html.is_some(),
+        ..Default::default()
+    };
     let mut reports = Vec::new();
     let mut snaps = Vec::new();
     for path in &args.snapshots {

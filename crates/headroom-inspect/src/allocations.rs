@@ -84,7 +84,7 @@ impl Lives {
     pub fn new(w: &Walk, sites: &mut Sites) -> Lives {
         let mut lives =
             Lives { list: Vec::new(), open: vec![CLOSED; w.trace().len()], before: FxHashMap::default(), last: None };
-        let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(&a, &l)| (a, l)).collect();
+        let mut start: Vec<_> = w.live.iter().filter(|(_, l)| !l.pending).map(|(a, &l)| (a, l)).collect();
         start.sort_unstable_by_key(|&(a, _)| a);
         for (addr, l) in start {
             lives.before.insert(addr, lives.list.len());
@@ -148,8 +148,9 @@ mod tests {
             event(TraceAction::FreeCompleted, 0, 1000, 14),
         ]];
         let mut sites = Sites::new(&snap.stacks, false);
-        let list = crate::over_time::over_time(Walk::new(&snap, 0, None), &Timeline::default(), &[], &mut sites, None)
-            .allocations;
+        let list =
+            crate::over_time::over_time(Walk::new(&snap, 0, None), &Timeline::default(), &[], &mut sites, None, true)
+                .allocations;
         assert_eq!(list.len(), 2);
         assert_eq!((list[0].entry, list[0].time_us, list[0].size), (Some(1), Some(11), 1024));
         assert_eq!((list[0].end_entry, list[0].end_time_us), (Some(3), Some(13)), "ends when its free is requested");

@@ -28,14 +28,15 @@ pub struct OverTime {
 }
 
 /// Walks the whole trace from where `w` stands (its start): the bands of the
-/// `chosen` sites at `tl`'s points, the allocations, and with `lifetimes` the
-/// phases' peaks.
+/// `chosen` sites at `tl`'s points, with `allocations` the allocations (none
+/// otherwise), and with `lifetimes` the phases' peaks.
 pub fn over_time(
     mut w: Walk,
     tl: &Timeline,
     chosen: &[u32],
     sites: &mut Sites,
     lifetimes: Option<&Lifetimes>,
+    allocations: bool,
 ) -> OverTime {
     let slot = |id: u32| chosen.iter().position(|&c| c == id);
     let mut bytes = vec![0u64; chosen.len()];
@@ -45,7 +46,7 @@ pub fn over_time(
             bytes[k] += l.size;
         }
     }
-    let mut lives = Lives::new(&w, sites);
+    let mut lives = allocations.then(|| Lives::new(&w, sites));
     let mut phases = lifetimes.map(|_| PhasePeaks::new(w.totals.allocated_bytes));
     let mut series: Vec<SiteSeries> = chosen
         .iter()
@@ -66,25 +67,25 @@ pub fn over_time(
         let i = w.next;
         let e = &trace[i];
         // What this entry takes away from the caller, read before it is applied.
-        let block = matches!(
-            e.action,
-            TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted | TraceAction::Free
-        );
-        let ended = if block { w.live.get(&e.addr).filter(|l| !l.pending).copied() } else { None };
+        let ended = w.named_by_next().filter(|l| !l.pending).copied();
         if let Some(l) = &ended {
             if let Some(k) = slot(sites.of(l)) {
                 bytes[k] -= l.size;
             }
         }
-        lives.before(i, e, ended.as_ref());
+        if let Some(lives) = &mut lives {
+            lives.before(i, e, ended.as_ref());
+        }
         w.step();
         if e.action == TraceAction::Alloc {
-            if let Some(l) = w.live.get(&e.addr).copied() {
+            if let Some(l) = w.allocated_by(i).copied() {
                 let site = sites.of(&l);
                 if let Some(k) = slot(site) {
                     bytes[k] += l.size;
                 }
-                lives.allocated(i, &l, site);
+                if let Some(lives) = &mut lives {
+                    lives.allocated(i, &l, site);
+                }
             }
         }
         if let (Some(p), Some(t)) = (&mut phases, lifetimes) {
@@ -95,5 +96,9 @@ pub fn over_time(
             record(&mut series, &bytes);
         }
     }
-    OverTime { series, allocations: lives.finish(), step_phases: phases.map(PhasePeaks::finish) }
+    OverTime {
+        series,
+        allocations: lives.map(Lives::finish).unwrap_or_default(),
+        step_phases: phases.map(PhasePeaks::finish),
+    }
 }

@@ -43,12 +43,13 @@ pub fn recording(snap: &MemorySnapshot, device: u32) -> Recording {
             TraceAction::Alloc => {
                 out.has_frames |= e.stack != 0;
                 let phase = classifier.info(e.stack).phase;
+                let i = walk.next;
                 walk.step();
-                let bytes = walk.live.get(&e.addr).map_or(0, |l| l.size);
+                let bytes = walk.allocated_by(i).map_or(0, |l| l.size);
                 Some(Moment::Alloc { bytes, phase })
             }
             TraceAction::FreeRequested | TraceAction::Free => {
-                let before = walk.live.get(&e.addr).filter(|l| !l.pending).map(|l| (l.size, l.since.is_none()));
+                let before = walk.named_by_next().filter(|l| !l.pending).map(|l| (l.size, l.since.is_none()));
                 walk.step();
                 before.map(|(bytes, before_trace)| Moment::Free { bytes, before_trace })
             }

@@ -31,11 +31,14 @@ pub struct InspectOptions {
     pub top: usize,
     /// Call sites given their own band in the timeline.
     pub series: usize,
+    /// Each allocation's life ([`DeviceReport::allocations`]), which only the HTML report
+    /// draws: a list as long as the trace's allocations while it is built.
+    pub allocations: bool,
 }
 
 impl Default for InspectOptions {
     fn default() -> Self {
-        InspectOptions { cpp: false, top: 20, series: 8 }
+        InspectOptions { cpp: false, top: 20, series: 8, allocations: true }
     }
 }
 
@@ -167,7 +170,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
     let (recorded, settings_note) = snap.allocator_config();
     let mut sites = Sites::new(&snap.stacks, opts.cpp);
     if trace.is_empty() {
-        let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+        let mut r = at_snapshot(snap, device, &TraceFacts::default(), &mut sites, settings_note);
         r.pools = crate::pools::private_pools(snap, device);
         note_no_frames(&mut r);
         return without_trace(r, snap, device, &mut sites, opts, &recorded);
@@ -185,12 +188,13 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             let config = recorded.clone();
             scope.spawn(move || checked(t, config))
         });
-        let mut r = at_snapshot(snap, device, &mut sites, settings_note);
+        let facts = TraceFacts::of(trace);
+        let mut r = at_snapshot(snap, device, &facts, &mut sites, settings_note);
         note_no_frames(&mut r);
         if !r.has_times {
             r.unavailable.push("times: the trace recorded none (PyTorch before 2.4); moments are entry indices".into());
         }
-        note_times_backwards(&mut r, trace);
+        note_times_backwards(&mut r, &facts);
         if let Some(e) = &contradiction {
             r.notes.push(format!(
                 "the trace contradicts the snapshot's final segments ({e}); totals are counted from zero at the \
@@ -205,7 +209,7 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
         // The expandable-segments what-if waits for the check only for what the check tells
         // it; where the trace gives it nothing to tell (see `told_nothing`), it begins now,
         // beside the check, and is used if the report asks for it.
-        let early = dt.as_ref().filter(|_| early_what_if_worth(trace, &recorded, &tl)).map(|t| {
+        let early = dt.as_ref().filter(|_| early_what_if_worth(&facts, &recorded, &tl)).map(|t| {
             let mut c = recorded.clone();
             c.expandable_segments = true;
             scope.spawn(move || what_if_device(t, c, UNBOUNDED, &Recorded::default(), None, |_| {}).ok())
@@ -223,7 +227,20 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
             tl = timeline(&mut w);
         }
         let checked = (memory, fidelity);
-        inspect_trace(r, &first, tl, w.unmatched_frees, dt.as_ref(), checked, &recorded, &mut sites, opts, early)
+        let oom_at = facts.first_oom;
+        inspect_trace(
+            r,
+            &first,
+            tl,
+            w.unmatched_frees,
+            dt.as_ref(),
+            checked,
+            &recorded,
+            &mut sites,
+            opts,
+            early,
+            oom_at,
+        )
     })
 }
 
@@ -234,12 +251,52 @@ pub fn inspect_device(snap: &MemorySnapshot, device: u32, opts: &InspectOptions)
 /// no segment and records no OOM has no `empty_cache()` call, refusal or limit for a
 /// what-if to repeat, and its device is unbounded (the rule `headroom replay` skips the
 /// check by).
-fn early_what_if_worth(trace: &[TraceEvent], recorded: &AllocatorConfig, tl: &Timeline) -> bool {
-    !recorded.expandable_segments
-        && recommend::worth_defragmenting_in(tl)
-        && !trace
-            .iter()
-            .any(|e| matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom))
+fn early_what_if_worth(facts: &TraceFacts, recorded: &AllocatorConfig, tl: &Timeline) -> bool {
+    !recorded.expandable_segments && recommend::worth_defragmenting_in(tl) && !facts.releases_or_oom
+}
+
+/// What the report reads of every entry apart from the walks, taken in one pass: a trace of a
+/// million entries is a hundred megabytes, and each pass over it reads them all again.
+#[derive(Default)]
+struct TraceFacts {
+    has_times: bool,
+    largest_request_bytes: u64,
+    ooms: usize,
+    first_oom: Option<usize>,
+    /// A segment released, or an OOM recorded.
+    releases_or_oom: bool,
+    /// The first entry whose time is before the one before it: (entry, its time, that time).
+    backwards: Option<(usize, i64, i64)>,
+}
+
+impl TraceFacts {
+    fn of(trace: &[TraceEvent]) -> TraceFacts {
+        let mut f = TraceFacts::default();
+        let mut last: Option<i64> = None;
+        for (i, e) in trace.iter().enumerate() {
+            if let Some(t) = e.time_us {
+                f.has_times = true;
+                if f.backwards.is_none() {
+                    if let Some(l) = last.filter(|&l| t < l) {
+                        f.backwards = Some((i, t, l));
+                    }
+                    last = Some(t);
+                }
+            }
+            match e.action {
+                TraceAction::Alloc => f.largest_request_bytes = f.largest_request_bytes.max(e.size),
+                TraceAction::Oom => {
+                    f.largest_request_bytes = f.largest_request_bytes.max(e.size);
+                    f.ooms += 1;
+                    f.first_oom.get_or_insert(i);
+                    f.releases_or_oom = true;
+                }
+                TraceAction::SegmentFree | TraceAction::SegmentUnmap => f.releases_or_oom = true,
+                _ => {}
+            }
+        }
+        f
+    }
 }
 
 /// Whether the check told the what-ifs nothing: the early what-if, replayed on an unbounded
@@ -264,9 +321,9 @@ fn inspect_trace(
     sites: &mut Sites,
     opts: &InspectOptions,
     mut early: Option<std::thread::ScopedJoinHandle<Option<WhatIf>>>,
+    oom_at: Option<usize>,
 ) -> DeviceReport {
     let trace = first.trace();
-    let oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
     // Replays run on the device the recording tells of, unbounded where it tells nothing.
     let replay_capacity = memory.capacity(None, UNBOUNDED).0;
     let walk = || first.clone();
@@ -297,7 +354,7 @@ fn inspect_trace(
             }
             _ => (None, None),
         };
-        let peak_sites = walks(&mut r, &walk, &tl, trace, sites, opts);
+        let peak_sites = walks(&mut r, &walk, &tl, sites, opts);
         let joined = "the replays beside the walks do not panic";
         let state = state.and_then(|h| h.join().expect(joined));
         let expandable = expandable.and_then(|h| match h {
@@ -340,7 +397,13 @@ fn inspect_trace(
 
 /// What the snapshot's own segments tell of `device`, at the moment it was
 /// taken: the report before the trace is read.
-fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_note: Option<String>) -> DeviceReport {
+fn at_snapshot(
+    snap: &MemorySnapshot,
+    device: u32,
+    facts: &TraceFacts,
+    sites: &mut Sites,
+    settings_note: Option<String>,
+) -> DeviceReport {
     let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
     let layout_now = Layout::recorded(&snap.segments, device, |stack| sites.of_stack(stack));
     let segments_now = layout_now.fragmentation();
@@ -360,7 +423,7 @@ fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_n
         device,
         trace_entries: trace.len(),
         has_frames: !snap.stacks.frames.is_empty(),
-        has_times: trace.iter().any(|e| e.time_us.is_some()),
+        has_times: facts.has_times,
         now,
         start: None,
         peak_allocated_bytes: now.allocated_bytes,
@@ -378,15 +441,10 @@ fn at_snapshot(snap: &MemorySnapshot, device: u32, sites: &mut Sites, settings_n
         // Filled in from the private pools the check infers.
         pools: Vec::new(),
         most_fragmented: None,
-        largest_request_bytes: trace
-            .iter()
-            .filter(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom))
-            .map(|e| e.size)
-            .max()
-            .unwrap_or(0),
+        largest_request_bytes: facts.largest_request_bytes,
         repetitions: None,
         leak_suspects: Vec::new(),
-        ooms_recorded: trace.iter().filter(|e| e.action == TraceAction::Oom).count(),
+        ooms_recorded: facts.ooms,
         oom: None,
         replay_exact: None,
         recommendations: Vec::new(),
@@ -433,18 +491,12 @@ fn without_trace(
 
 /// PyTorch's clock only moves forward; a trace whose times do not was
 /// edited or merged, and its "seconds into the trace" can be negative.
-fn note_times_backwards(r: &mut DeviceReport, trace: &[TraceEvent]) {
-    let mut last = None;
-    for (i, t) in trace.iter().enumerate().filter_map(|(i, e)| e.time_us.map(|t| (i, t))) {
-        if last.is_some_and(|l| t < l) {
-            r.notes.push(format!(
-                "times go backwards at entry {i} ({t} µs after {} µs): moments are placed by entry, and times are \
-                 shown as recorded",
-                last.unwrap_or_default()
-            ));
-            break;
-        }
-        last = Some(t);
+fn note_times_backwards(r: &mut DeviceReport, facts: &TraceFacts) {
+    if let Some((i, t, last)) = facts.backwards {
+        r.notes.push(format!(
+            "times go backwards at entry {i} ({t} µs after {last} µs): moments are placed by entry, and times are \
+             shown as recorded"
+        ));
     }
 }
 
@@ -623,13 +675,12 @@ fn walks<'a>(
     r: &mut DeviceReport,
     walk: &impl Fn() -> Walk<'a>,
     tl: &Timeline,
-    trace: &[TraceEvent],
     sites: &mut Sites,
     opts: &InspectOptions,
 ) -> rustc_hash::FxHashMap<u64, u32> {
     // The passes of a step, and what each block became (frames name the passes). Sites are
     // named here in the trace's order, first of all the walks.
-    let lifetimes = r.has_frames.then(|| Lifetimes::new(trace, |e| sites.info(e.stack).phase));
+    let lifetimes = r.has_frames.then(|| Lifetimes::new(&walk(), |e| sites.info(e.stack).phase));
 
     // The leak search takes a core of its own beside the walks below, where the replay at
     // the peak leaves one mostly idle. It names sites in a copy of the table: the walks below
@@ -645,11 +696,11 @@ fn walks<'a>(
             w.run_through(i);
         }
         fill_sites(r, group(w.live.values(), sites, lifetimes.as_ref()), opts.top);
-        let peak_sites = w.live.iter().map(|(&a, l)| (a, sites.of(l))).collect();
+        let peak_sites = w.live.iter().map(|(a, l)| (a, sites.of(l))).collect();
 
         // The largest sites' bands under the timeline, each allocation, each phase's peak.
         let chosen: Vec<u32> = r.top_sites.iter().take(opts.series).map(|s| s.id).collect();
-        let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref());
+        let o = over_time(walk(), tl, &chosen, sites, lifetimes.as_ref(), opts.allocations);
         r.series = o.series;
         r.step_phases = o.step_phases;
         (r.allocations.list, r.allocations.dropped) =

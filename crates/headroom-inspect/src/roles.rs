@@ -17,10 +17,9 @@
 
 use crate::frames::{Phase, StackInfo};
 pub use crate::role::Role;
-use crate::walk::Live;
+use crate::walk::{Live, Walk};
 use headroom_trace::recorded_step::step_phase;
 use headroom_trace::snapshot::{TraceAction, TraceEvent};
-use rustc_hash::FxHashMap;
 
 /// The passes of a trace and when each allocation was freed: what a block
 /// became.
@@ -36,25 +35,34 @@ pub struct Lifetimes {
 const NOT_FREED: u32 = u32::MAX;
 
 impl Lifetimes {
-    /// Reads `trace` once; `phase` is what an allocation's frames name.
-    pub fn new(trace: &[TraceEvent], mut phase: impl FnMut(&TraceEvent) -> Phase) -> Lifetimes {
+    /// Reads the trace of `walk`, which stands at its start, once; `phase` is what an
+    /// allocation's frames name.
+    pub fn new(walk: &Walk, mut phase: impl FnMut(&TraceEvent) -> Phase) -> Lifetimes {
+        let trace = walk.trace();
         let mut pass = Vec::with_capacity(trace.len());
         let mut freed = vec![NOT_FREED; trace.len()];
-        let mut by_addr: FxHashMap<u64, usize> = FxHashMap::default();
+        // By slot, the allocation whose free is still to be requested: the walk's slots name
+        // the blocks, so no address is looked up.
+        let mut by_slot = vec![NOT_FREED; walk.slots()];
         // Before any allocation names a pass the moments are a forward's, as step_phases reads them.
         let (mut now, mut id) = (Phase::Forward, 0u32);
         for (i, e) in trace.iter().enumerate() {
             match e.action {
                 TraceAction::Alloc => {
-                    by_addr.insert(e.addr, i);
+                    if let Some(s) = walk.slot_named(i) {
+                        by_slot[s] = i as u32;
+                    }
                     if let Some(p) = step_phase(phase(e), now).filter(|&p| p != now) {
                         now = p;
                         id += 1;
                     }
                 }
                 TraceAction::FreeRequested | TraceAction::Free => {
-                    if let Some(a) = by_addr.remove(&e.addr) {
-                        freed[a] = i as u32;
+                    if let Some(s) = walk.slot_named(i) {
+                        let a = std::mem::replace(&mut by_slot[s], NOT_FREED);
+                        if a != NOT_FREED {
+                            freed[a as usize] = i as u32;
+                        }
                     }
                 }
                 _ => {}

@@ -77,6 +77,26 @@ impl AddressSlots {
         Some(slot)
     }
 
+    /// The slot of the block live at `address`, which stays live (a free requested
+    /// but not yet done): `None` for an address no live block has.
+    pub fn slot_of(&self, address: u64) -> Option<Slot> {
+        if address == VACANT {
+            return self.at_max;
+        }
+        if self.table.is_empty() {
+            return None;
+        }
+        let mask = self.table.len() - 1;
+        let mut i = self.home(address);
+        loop {
+            match self.table[i] {
+                (VACANT, _) => return None,
+                (a, slot) if a == address => return Some(slot),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
     /// `slot`, taken and no longer needed.
     pub fn give_back(&mut self, slot: Slot) {
         self.unused.push(slot);
@@ -162,6 +182,7 @@ mod tests {
                     model.insert(address, want);
                     prop_assert_eq!(s.allocated(address), want);
                 } else {
+                    prop_assert_eq!(s.slot_of(address), model.get(&address).copied());
                     let want = model.remove(&address);
                     if let Some(w) = want {
                         unused.push(w);
