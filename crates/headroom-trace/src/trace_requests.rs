@@ -136,11 +136,8 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
         }
         let compared = self.compared;
         match e.action {
-            a_ if is_segment_event(a_) => {
-                if compared {
-                    push(Op::Mark(Mark::Segment))
-                }
-            }
+            // Uncompared, a segment event makes nothing (the last arm).
+            a_ if compared && is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
             TraceAction::Alloc | TraceAction::Oom => {
                 let failed = e.action == TraceAction::Oom;
                 // A request the recorded run failed holds nothing: its block, if this run
