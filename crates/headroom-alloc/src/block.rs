@@ -28,7 +28,11 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// The owner of the default pools' blocks (PyTorch's `MempoolId_t` (0, 0)).
 pub(crate) const DEFAULT_POOL: u32 = 0;
 
+/// 64 bytes, aligned to 64: one cache line a block. A replay touches a few thousand
+/// blocks in no order (the best fit's, its neighbours', the one freed), and at 72
+/// bytes each spanned two lines (docs/PERFORMANCE.md, "Replay passes, ninth round").
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 pub(crate) struct Block {
     pub ptr: u64,
     /// Rounded size; what the stats count.
@@ -49,16 +53,21 @@ pub(crate) struct Block {
     pub mapped: bool,
     /// The expandable segment this block lies in, or `NIL`.
     pub expandable: u32,
-    /// Cross-stream events still pending before the block may be reused.
+    /// Cross-stream events still pending before the block may be reused;
+    /// [`VACANT`] once the arena slot is vacant (no block waits on that many).
     pub event_count: u32,
     /// Other streams used the allocated block (`record_stream`); the list is
     /// kept beside the arena so that a block fits in one cache line.
     pub has_stream_uses: bool,
     /// The pool's search count when the block was last freed (GC age).
     pub gc_count_base: u64,
-    /// False once the arena slot is vacant.
-    pub live: bool,
 }
+
+/// The `event_count` of a vacant arena slot: a liveness flag of its own would
+/// take the block past one cache line.
+const VACANT: u32 = u32::MAX;
+
+const _: () = assert!(std::mem::size_of::<Block>() == 64);
 
 impl Block {
     #[inline]
@@ -78,8 +87,13 @@ impl Block {
             event_count: 0,
             has_stream_uses: false,
             gc_count_base: 0,
-            live: true,
         }
+    }
+
+    /// False once the arena slot is vacant.
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.event_count != VACANT
     }
 
     #[inline]
@@ -123,19 +137,19 @@ impl Arena {
     #[inline]
     pub fn remove(&mut self, id: u32) {
         let b = &mut self.slots[id as usize];
-        b.live = false;
+        b.event_count = VACANT;
         self.vacant.push(id);
     }
 
     /// The live block `id`, if there is one.
     #[inline]
     pub fn get(&self, id: u32) -> Option<&Block> {
-        self.slots.get(id as usize).filter(|b| b.live)
+        self.slots.get(id as usize).filter(|b| b.is_live())
     }
 
     /// Every live block with its id, in id order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &Block)> {
-        self.slots.iter().enumerate().filter(|(_, b)| b.live).map(|(i, b)| (i as u32, b))
+        self.slots.iter().enumerate().filter(|(_, b)| b.is_live()).map(|(i, b)| (i as u32, b))
     }
 }
 

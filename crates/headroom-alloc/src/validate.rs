@@ -97,7 +97,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             loop {
                 let b = &self.arena[id];
                 reached += 1;
-                ensure!(b.live, "block {id} is linked but vacant");
+                ensure!(b.is_live(), "block {id} is linked but vacant");
                 ensure!(b.prev == prev, "block {:#x}: prev link broken", b.ptr);
                 ensure!(
                     b.stream == stream && b.pool == kind && b.expandable == exp && b.owner == owner,

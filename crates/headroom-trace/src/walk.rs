@@ -125,21 +125,31 @@ impl WalkError {
 const EMPTY: u64 = u64::MAX;
 const FAILED: u64 = u64::MAX - 1;
 
+/// A slot: its block's address (or `EMPTY`, `FAILED`), size and the allocator's id.
+/// One entry, not three vectors: the walk reads all three together, and a slot is
+/// then one cache line, not three (docs/PERFORMANCE.md, "Replay passes, ninth round").
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    ptr: u64,
+    size: u64,
+    block: BlockId,
+}
+
+const UNHELD: Held = Held { ptr: EMPTY, size: 0, block: BlockId::NONE };
+
 /// The live blocks of a walk, by slot. Slots are dense: the table grows to the
 /// highest slot named. Each slot holds its block's id beside its address, so that
 /// a free or a `record_stream` names the block to the allocator without its map
 /// of addresses: one map of a replay's allocations, where there were two.
 #[derive(Clone, Debug, Default)]
 pub struct Walk {
-    ptr: Vec<u64>,
-    size: Vec<u64>,
-    block: Vec<BlockId>,
+    held: Vec<Held>,
 }
 
 impl Walk {
     /// A walk of about `slots` slots.
     pub fn with_slots(slots: usize) -> Self {
-        Walk { ptr: vec![EMPTY; slots], size: vec![0; slots], block: vec![BlockId::NONE; slots] }
+        Walk { held: vec![UNHELD; slots] }
     }
 
     /// `slot` holds `block` already: a block live when the recording began,
@@ -152,32 +162,34 @@ impl Walk {
         alloc: &DeviceCachingAllocator<D, P>,
     ) {
         self.reach(slot);
-        let s = slot as usize;
-        (self.ptr[s], self.size[s]) = (block.ptr, block.size);
-        self.block[s] = alloc.block_id(block.ptr).unwrap_or(BlockId::NONE);
+        let id = alloc.block_id(block.ptr).unwrap_or(BlockId::NONE);
+        self.held[slot as usize] = Held { ptr: block.ptr, size: block.size, block: id };
     }
 
     /// The block `slot` holds, if it is live.
     pub fn live(&self, slot: Slot) -> Option<Allocation> {
-        let (&ptr, &size) = (self.ptr.get(slot as usize)?, self.size.get(slot as usize)?);
-        (ptr < FAILED).then_some(Allocation { ptr, size })
+        let h = self.held.get(slot as usize)?;
+        (h.ptr < FAILED).then_some(Allocation { ptr: h.ptr, size: h.size })
+    }
+
+    /// The slot's address, or `EMPTY` past the table.
+    #[inline]
+    fn ptr(&self, slot: Slot) -> u64 {
+        self.held.get(slot as usize).map_or(EMPTY, |h| h.ptr)
     }
 
     /// Grows the table to hold `slot`: inlined to the one comparison of the usual
     /// case (the slot is there), the growth apart.
     #[inline]
     fn reach(&mut self, slot: Slot) {
-        if self.ptr.len() <= slot as usize {
+        if self.held.len() <= slot as usize {
             self.grow(slot);
         }
     }
 
     #[cold]
     fn grow(&mut self, slot: Slot) {
-        let n = slot as usize + 1;
-        self.ptr.resize(n, EMPTY);
-        self.size.resize(n, 0);
-        self.block.resize(n, BlockId::NONE);
+        self.held.resize(slot as usize + 1, UNHELD);
     }
 
     /// Runs `ops` (each with its position) through `alloc`, telling `observer`.
@@ -199,45 +211,47 @@ impl Walk {
                 Op::Alloc { slot, size, stream, pool } => {
                     self.reach(slot);
                     let s = slot as usize;
-                    if self.ptr[s] < FAILED {
+                    if self.held[s].ptr < FAILED {
                         return Err(WalkError::AlreadyLive { at, slot });
                     }
                     match alloc.malloc_block_in_pool(size, stream, pool) {
                         Ok((block, id)) => {
-                            (self.ptr[s], self.size[s], self.block[s]) = (block.ptr, block.size, id);
+                            self.held[s] = Held { ptr: block.ptr, size: block.size, block: id };
                             observer.allocated(at, slot, block, alloc);
                         }
                         Err(error) => {
                             let oom = error.into_oom().map_err(wrap)?;
-                            self.ptr[s] = FAILED;
+                            self.held[s].ptr = FAILED;
                             if observer.failed(at, slot, oom, alloc) == Flow::Stop {
                                 return Ok(());
                             }
                         }
                     }
                 }
-                Op::Free { slot } => match self.ptr.get(slot as usize).copied().unwrap_or(EMPTY) {
+                Op::Free { slot } => match self.ptr(slot) {
                     EMPTY => return Err(WalkError::NotLive { at, slot }),
                     FAILED => {
-                        self.ptr[slot as usize] = EMPTY;
+                        self.held[slot as usize].ptr = EMPTY;
                         observer.skipped_free(at, slot);
                     }
                     ptr => {
+                        let h = &mut self.held[slot as usize];
                         // Not live after a free, whether or not the allocator took it.
-                        self.ptr[slot as usize] = EMPTY;
-                        match self.block[slot as usize] {
+                        h.ptr = EMPTY;
+                        let (size, block) = (h.size, h.block);
+                        match block {
                             // Adopted where the allocator had no block: by address, as before ids.
                             BlockId::NONE => alloc.free(ptr),
                             id => alloc.free_block_id(id, ptr),
                         }
                         .map_err(wrap)?;
-                        observer.freed(at, slot, Allocation { ptr, size: self.size[slot as usize] });
+                        observer.freed(at, slot, Allocation { ptr, size });
                     }
                 },
-                Op::RecordStream { slot, stream } => match self.ptr.get(slot as usize).copied().unwrap_or(EMPTY) {
+                Op::RecordStream { slot, stream } => match self.ptr(slot) {
                     EMPTY => return Err(WalkError::NotLive { at, slot }),
                     FAILED => {}
-                    ptr => match self.block[slot as usize] {
+                    ptr => match self.held[slot as usize].block {
                         BlockId::NONE => alloc.record_stream(ptr, stream),
                         id => alloc.record_stream_block_id(id, ptr, stream),
                     }

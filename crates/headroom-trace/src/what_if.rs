@@ -265,7 +265,8 @@ fn replay_prefix(
         crate::recorded_step::step_starts(t.snap, t.device),
         recorded.empty_cache_calls.clone(),
         progress,
-    );
+    )
+    .uncompared();
     for (address, block) in start {
         walk.adopt(ops.slots.allocated(address), block, &a);
     }
@@ -467,7 +468,7 @@ impl<A: FnMut(usize, u64)> Observer<ReplayDevice, NamedPolicy> for Watch<'_, A> 
                 }
             }
             Mark::Completed { stream, at_next_request: true } => self.at_next_request.push(stream),
-            // What the check compares; a what-if decides for itself.
+            // What the check compares; a what-if decides for itself (and is not given them).
             Mark::Segment | Mark::Free | Mark::UnknownFree => {}
             Mark::Completed { stream, at_next_request: false } => {
                 a.device_mut().inner_mut().sim_mut().complete_events_on(stream)
