@@ -100,12 +100,15 @@ class _Tracker(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         rec = self.recorder
+        rec._summing = None
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
             out = rec._assumed(func, args, kwargs)
         for t in _tensors(out):
             rec._seen(t)
+        if func is _ADD and rec._accumulating is not None:
+            rec._gradient_sum(args, out)
         if rec.kernels and rec._phase != SETUP:
             op = _OPS.get(func)
             if op is None:
@@ -138,6 +141,7 @@ _SDPA_FORWARD = {torch.ops.aten._scaled_dot_product_flash_attention.default: _sd
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_ADD = torch.ops.aten.add.Tensor
 
 UNPACKED = ("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records the mask "
             "packing needs)")
@@ -367,6 +371,8 @@ class StepRecorder:
         self._stack = contextlib.ExitStack()
         self._step_starts: list[tuple[int, int]] = []  # (events, kernel lines) where each step began
         self._sdpa_at_start: dict[str, int] = {}  # the attention calls before the last step
+        self._accumulating: Any = None  # the autograd node whose gradients the engine is summing
+        self._summing: tuple | None = None  # a gradient sum that may be the in-place one (`_gradient_sum`)
 
     # -- what a tensor is -------------------------------------------------------------------
 
@@ -411,8 +417,11 @@ class StepRecorder:
         self._storages[st] = rec
         self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
         self.events.append(("alloc", rec))
+        self._peak_before = self.peak
         self.live += size
         self.peak = max(self.peak, self.live)
+
+    _peak_before = 0
 
     def _kernel(self, op: _Op, args: tuple, kwargs: dict, out: Any) -> None:
         """Keeps the kernel `op` runs, if it runs one, after the allocations it made."""
@@ -432,7 +441,86 @@ class StepRecorder:
             self._dispatched = self._reads = 0
             self.kernel_lines.append((len(self.events), self._step, line))
 
+    # -- autograd's gradient sums ------------------------------------------------------------
+    #
+    # Where a tensor's gradient arrives along two paths (a residual, a parameter used twice, a
+    # tied embedding, LoRA's adapter beside its base layer), the autograd engine sums the two in
+    # the consumer's input buffer (`InputBuffer::accumulate`, torch/csrc/autograd/input_buffer.cpp):
+    # in place into the first (`old_var.add_(var)`) where grad mode is off and nothing else holds
+    # it or its storage, a dense tensor of no subclass; out of place otherwise. While a
+    # TorchDispatchMode is on, every tensor counts as a subclass (`isTensorSubclassLike`), so
+    # under the recorder each sum is a new tensor a GPU does not make. The recorder knows a sum
+    # the engine made by when it runs: after its producer's function has returned (a post hook
+    # on each node that feeds such a buffer), still under that node. It records the sum as the
+    # GPU makes it: in the first gradient's storage, where that storage is freed as the sum
+    # replaces it (then nothing else held it).
+
+    def _hook_sums(self, roots: Any) -> None:
+        """Hooks every node of the graph behind `roots` whose gradient meets another one in a
+        consumer's input buffer."""
+        if roots is None:
+            return
+        roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
+        nodes: dict[int, Any] = {}
+        fed: dict[tuple[int, int], int] = {}
+        stack = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if id(node) in nodes:
+                continue
+            nodes[id(node)] = node
+            for nxt, nr in node.next_functions:
+                if nxt is not None:
+                    fed[(id(nxt), nr)] = fed.get((id(nxt), nr), 0) + 1
+                    stack.append(nxt)
+        for node in nodes.values():
+            if any(nxt is not None and fed[(id(nxt), nr)] > 1 for nxt, nr in node.next_functions):
+                node.register_hook(self._after_node)
+
+    def _after_node(self, _grad_inputs: Any, _grad_outputs: Any) -> None:
+        # The engine hands the node's gradients to their consumers' buffers next, under this node.
+        self._accumulating = torch._C._current_autograd_node()
+
+    def _gradient_sum(self, args: tuple, out: Any) -> None:
+        """An `add` the engine may have run to sum two gradients: kept as a candidate for the
+        in-place sum until the first gradient's storage is freed (`_freed`)."""
+        if self._phase != BACKWARD or torch.is_grad_enabled() or torch._C._current_autograd_node() is not \
+                self._accumulating:
+            return
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not isinstance(out, torch.Tensor) or first.shape != out.shape \
+                or first.layout != torch.strided or type(first) not in _PLAIN:
+            return
+        from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+        if not is_non_overlapping_and_dense(first):
+            return
+        try:
+            st, old = out.untyped_storage(), self._storages.get(first.untyped_storage())
+        except (NotImplementedError, RuntimeError):
+            return
+        new = self._storages.get(st)
+        if old is None or new is None or not self.events or self.events[-1] != ("alloc", new):
+            return
+        self._summing = (new, old, st, self._peak_before)
+
     def _freed(self, rec: _Storage) -> None:
+        summing, self._summing = self._summing, None
+        if summing is not None and summing[1] is rec and self.events[-1] == ("alloc", summing[0]):
+            # The engine's sum replaced the first gradient, which nothing else held: a GPU added into
+            # it. The sum is that storage (its allocation gone, its free the first gradient's).
+            new, _, st, peak = summing
+            self.events.pop()
+            for i in range(len(self.kernel_lines) - 1, -1, -1):  # the sum's kernel: before the next event
+                if self.kernel_lines[i][0] <= len(self.events):
+                    break
+                self.kernel_lines[i] = (len(self.events), *self.kernel_lines[i][1:])
+            self.live -= new.size
+            self.peak = peak
+            self._refs.pop(new.index, None)
+            self._storages[st] = rec
+            self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
+            return
         self._refs.pop(rec.index, None)
         self.events.append(("free", rec))
         self.live -= rec.size
@@ -608,6 +696,7 @@ class StepRecorder:
                 return original(*args, **kwargs)  # AOTAutograd tracing the joint graph
             if self._phase != SETUP:
                 self._phase = BACKWARD
+            self._hook_sums(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             try:
                 return original(*args, **kwargs)
             except RuntimeError as e:
@@ -617,6 +706,8 @@ class StepRecorder:
                     "the backward of fake CUDA tensors needs a GPU's context, and this machine has none: build the "
                     "model and the inputs on the CPU (leave out .cuda() and device='cuda'); the recording is the same "
                     "and attention is still routed as on an sm90 GPU") from e
+            finally:
+                self._accumulating = self._summing = None
 
         return backward
 
