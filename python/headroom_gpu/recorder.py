@@ -67,6 +67,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import amp as _amp
 from . import fake_cache as _fake_cache
 from . import fsdp as _fsdp
+from .fake_apply import overwriting_apply as _overwriting_apply
+from .gradient_sums import PLAIN as _PLAIN
+from .gradient_sums import GradientSums
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -76,10 +79,11 @@ _PHASE_ORDER = {SETUP: 0, FORWARD: 1, BACKWARD: 2, OPTIMIZER: 3}
 class _Storage:
     """One storage of the recording: its allocation, and what it is."""
 
-    __slots__ = ("index", "size", "when", "term", "site", "stream")
+    __slots__ = ("index", "size", "when", "term", "site", "stream", "node")
 
     def __init__(self, index: int, size: int, when: str, term: str, site: str):
         self.index, self.size, self.when, self.term, self.site, self.stream = index, size, when, term, site, 0
+        self.node = 0  # the autograd node that made it in the backward (`StepRecorder._node`), else 0
 
     def id(self) -> str:
         return f"{self.index} {self.when} {self.term} {self.site}"
@@ -107,7 +111,7 @@ class _Tracker(TorchDispatchMode):
             out = rec._assumed(func, args, kwargs)
         for t in _tensors(out):
             rec._seen(t)
-        if func is _ADD and rec._accumulating is not None:
+        if func is _ADD and rec._phase == BACKWARD:
             rec._gradient_sum(args, out)
         if rec.kernels and rec._phase != SETUP:
             op = _OPS.get(func)
@@ -199,8 +203,6 @@ def _local(t: torch.Tensor) -> list:
     return [x for i in inner if isinstance(i, torch.Tensor) for x in _local(i)]
 
 
-# Tensor types that are no wrapper subclass: asked without `is_traceable_wrapper_subclass`.
-_PLAIN = frozenset((FakeTensor, torch.Tensor, torch.nn.Parameter))
 
 _FLOPS: dict = {}
 
@@ -285,40 +287,7 @@ def _argument(func: Any, args: tuple, kwargs: dict, name: str, default: Any) -> 
     return args[i] if i < len(args) else default
 
 
-def _overwriting_apply(original: Any) -> Any:
-    """`Module._apply` (what `.to()`, `.float()`, `.cuda()` run) for a module of fake
-    parameters. PyTorch swaps a fake parameter's contents in place, which fails once anything
-    holds a weak reference to it (peft's adapters moved to their base layer's device fail so):
-    a converted parameter replaces the old one instead, as
-    `torch.__future__.set_overwrite_module_params_on_conversion(True)` does for real ones."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def _apply(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
-        own = list(module._parameters.values()) + list(module._buffers.values())
-        if not any(isinstance(t, FakeTensor) for t in own):
-            if recurse:
-                for child in module.children():
-                    _apply(child, fn)
-            return original(module, fn, recurse=False)
-        if recurse:
-            for child in module.children():
-                _apply(child, fn)
-        for key, param in module._parameters.items():
-            if param is None:
-                continue
-            with torch.no_grad():
-                applied = fn(param)
-            if applied is not param:
-                module._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
-        for key, buf in module._buffers.items():
-            if buf is not None:
-                module._buffers[key] = fn(buf)
-        return module
-
-    return _apply
-
-
-class StepRecorder:
+class StepRecorder(GradientSums):
     """A context manager that records the step run inside it; see the module's documentation.
 
     `fake`: run under `FakeTensorMode` (the default; `False` records real tensors, as the CPU
@@ -371,8 +340,6 @@ class StepRecorder:
         self._stack = contextlib.ExitStack()
         self._step_starts: list[tuple[int, int]] = []  # (events, kernel lines) where each step began
         self._sdpa_at_start: dict[str, int] = {}  # the attention calls before the last step
-        self._accumulating: Any = None  # the autograd node whose gradients the engine is summing
-        self._summing: tuple | None = None  # a gradient sum that may be the in-place one (`_gradient_sum`)
 
     # -- what a tensor is -------------------------------------------------------------------
 
@@ -413,6 +380,8 @@ class StepRecorder:
             return
         size = int(st.nbytes())
         rec = _Storage(self._count, size, self._when(), self._term(), self._site())
+        if self._phase == BACKWARD:
+            rec.node = self._node()
         self._count += 1
         self._storages[st] = rec
         self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
@@ -420,8 +389,6 @@ class StepRecorder:
         self._peak_before = self.peak
         self.live += size
         self.peak = max(self.peak, self.live)
-
-    _peak_before = 0
 
     def _kernel(self, op: _Op, args: tuple, kwargs: dict, out: Any) -> None:
         """Keeps the kernel `op` runs, if it runs one, after the allocations it made."""
@@ -441,85 +408,8 @@ class StepRecorder:
             self._dispatched = self._reads = 0
             self.kernel_lines.append((len(self.events), self._step, line))
 
-    # -- autograd's gradient sums ------------------------------------------------------------
-    #
-    # Where a tensor's gradient arrives along two paths (a residual, a parameter used twice, a
-    # tied embedding, LoRA's adapter beside its base layer), the autograd engine sums the two in
-    # the consumer's input buffer (`InputBuffer::accumulate`, torch/csrc/autograd/input_buffer.cpp):
-    # in place into the first (`old_var.add_(var)`) where grad mode is off and nothing else holds
-    # it or its storage, a dense tensor of no subclass; out of place otherwise. While a
-    # TorchDispatchMode is on, every tensor counts as a subclass (`isTensorSubclassLike`), so
-    # under the recorder each sum is a new tensor a GPU does not make. The recorder knows a sum
-    # the engine made by when it runs: after its producer's function has returned (a post hook
-    # on each node that feeds such a buffer), still under that node. It records the sum as the
-    # GPU makes it: in the first gradient's storage, where that storage is freed as the sum
-    # replaces it (then nothing else held it).
-
-    def _hook_sums(self, roots: Any) -> None:
-        """Hooks every node of the graph behind `roots` whose gradient meets another one in a
-        consumer's input buffer."""
-        if roots is None:
-            return
-        roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
-        nodes: dict[int, Any] = {}
-        fed: dict[tuple[int, int], int] = {}
-        stack = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
-        while stack:
-            node = stack.pop()
-            if id(node) in nodes:
-                continue
-            nodes[id(node)] = node
-            for nxt, nr in node.next_functions:
-                if nxt is not None:
-                    fed[(id(nxt), nr)] = fed.get((id(nxt), nr), 0) + 1
-                    stack.append(nxt)
-        for node in nodes.values():
-            if any(nxt is not None and fed[(id(nxt), nr)] > 1 for nxt, nr in node.next_functions):
-                node.register_hook(self._after_node)
-
-    def _after_node(self, _grad_inputs: Any, _grad_outputs: Any) -> None:
-        # The engine hands the node's gradients to their consumers' buffers next, under this node.
-        self._accumulating = torch._C._current_autograd_node()
-
-    def _gradient_sum(self, args: tuple, out: Any) -> None:
-        """An `add` the engine may have run to sum two gradients: kept as a candidate for the
-        in-place sum until the first gradient's storage is freed (`_freed`)."""
-        if self._phase != BACKWARD or torch.is_grad_enabled() or torch._C._current_autograd_node() is not \
-                self._accumulating:
-            return
-        first = args[0] if args else None
-        if not isinstance(first, torch.Tensor) or not isinstance(out, torch.Tensor) or first.shape != out.shape \
-                or first.layout != torch.strided or type(first) not in _PLAIN:
-            return
-        from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-
-        if not is_non_overlapping_and_dense(first):
-            return
-        try:
-            st, old = out.untyped_storage(), self._storages.get(first.untyped_storage())
-        except (NotImplementedError, RuntimeError):
-            return
-        new = self._storages.get(st)
-        if old is None or new is None or not self.events or self.events[-1] != ("alloc", new):
-            return
-        self._summing = (new, old, st, self._peak_before)
-
     def _freed(self, rec: _Storage) -> None:
-        summing, self._summing = self._summing, None
-        if summing is not None and summing[1] is rec and self.events[-1] == ("alloc", summing[0]):
-            # The engine's sum replaced the first gradient, which nothing else held: a GPU added into
-            # it. The sum is that storage (its allocation gone, its free the first gradient's).
-            new, _, st, peak = summing
-            self.events.pop()
-            for i in range(len(self.kernel_lines) - 1, -1, -1):  # the sum's kernel: before the next event
-                if self.kernel_lines[i][0] <= len(self.events):
-                    break
-                self.kernel_lines[i] = (len(self.events), *self.kernel_lines[i][1:])
-            self.live -= new.size
-            self.peak = peak
-            self._refs.pop(new.index, None)
-            self._storages[st] = rec
-            self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
+        if self._merged(rec):
             return
         self._refs.pop(rec.index, None)
         self.events.append(("free", rec))
@@ -696,7 +586,6 @@ class StepRecorder:
                 return original(*args, **kwargs)  # AOTAutograd tracing the joint graph
             if self._phase != SETUP:
                 self._phase = BACKWARD
-            self._hook_sums(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             try:
                 return original(*args, **kwargs)
             except RuntimeError as e:
@@ -707,7 +596,7 @@ class StepRecorder:
                     "model and the inputs on the CPU (leave out .cuda() and device='cuda'); the recording is the same "
                     "and attention is still routed as on an sm90 GPU") from e
             finally:
-                self._accumulating = self._summing = None
+                self._last_node = self._summing = None
 
         return backward
 
