@@ -172,8 +172,10 @@ def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None,
 
     import bitsandbytes as bnb
 
-    if part is None and any(isinstance(m, bnb.nn.Linear4bit) and m.weight.compress_statistics for m in model.modules()):
-        # Only double quantization's `quantize_blockwise` uses the map: without it no GPU holds one.
+    # Only double quantization's `quantize_blockwise` uses the map: without it no GPU holds one. (A
+    # layer FSDP has sharded holds a DTensor, fsdp_qlora's double-quantized weight.)
+    if part is None and any(isinstance(m, bnb.nn.Linear4bit) and getattr(m.weight, "compress_statistics", True)
+                            for m in model.modules()):
         dynamic_map(device, recorder)
     within = None if part is None else set(map(id, part.modules()))
     root = type(model).__name__

@@ -505,8 +505,9 @@ class Documented(unittest.TestCase):
         with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = f.read()
         commands = [l for b in _documented("shell") for l in b if l.startswith("python -m headroom_gpu ")]
-        self.assertEqual(len(commands), 2)
+        self.assertEqual(len(commands), 3)
         self.assertTrue(all("--qlora" in c for c in commands))
+        self.assertEqual(sum("--double-quant off" in c for c in commands), 1)
         self.assertEqual(sum("--fsdp" in c for c in commands), 1)
         d = tempfile.mkdtemp()
         os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))
