@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
                         "(gradient checkpointing on), the model's own head (T5: sequence-to-sequence LM; BERT: "
                         "masked LM; else causal LM); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")
+    r.add_argument("--base-weights", choices=("nf4", "fp4"), default="nf4",
+                   help="with --qlora: the 4-bit data type (bnb_4bit_quant_type; default nf4, QLoRA's); fp4 stores "
+                        "the same bytes")
+    r.add_argument("--double-quant", choices=("on", "off"), default="on",
+                   help="with --qlora: bnb_4bit_use_double_quant (default on, QLoRA's: each block's absmax "
+                        "quantized again to a byte); off keeps an fp32 absmax a block of 64")
     r.add_argument("--lora-targets", choices=("all", "qv"), default="all",
                    help="the layers --lora's and --qlora's adapters wrap: every linear layer (all, default) or the "
                         "query and value projections (qv: peft's default targets for the family, e.g. q_proj and "
@@ -120,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--no-checkpoint with --fsdp: fsdp_qlora's setup checkpoints every layer, and is recorded so alone")
     if args.no_checkpoint and args.checkpoint:
         p.error("--checkpoint and --no-checkpoint: choose one")
+    for flag, given in (("--base-weights", args.base_weights != "nf4"), ("--double-quant", args.double_quant != "on")):
+        if given and not args.qlora:
+            p.error(f"{flag} sets --qlora's 4-bit base: add --qlora RANK")
     if args.infer and args.generate is not None:
         p.error("--infer and --generate: choose one (--generate N records the prefill and N decode steps)")
     try:
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = StepSpec(model=args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, optimizer=args.optimizer,
                     lora=args.lora, qlora=args.qlora, qlora_checkpoint=not args.no_checkpoint,
+                    qlora_quant_type=args.base_weights, qlora_double_quant=args.double_quant == "on",
                     lora_targets=args.lora_targets,
                     attention=args.attention, checkpoint=args.checkpoint,
                     fsdp=args.fsdp, compile=args.compile, steps=args.steps, repeat=not args.record_every_step,

@@ -166,11 +166,16 @@ def load(model: torch.nn.Module, device: Any = "cpu", recorder: Any = None,
     cannot be wrapped in `Params4bit`). With a `recorder`, the quantization state is tagged as
     the layer's weights (the recorder tags parameters alone). `part`, a module of `model`: that
     module's meta tensors alone (FSDP loads and shards one layer at a time); without it, every
-    meta tensor, and bitsandbytes' dynamic map. `scope(name)`, where given, is a context entered
+    meta tensor, and bitsandbytes' dynamic map where a layer is double-quantized. `scope(name)`, where given, is a context entered
     around each module's loading (the step programs mark each layer's range so)."""
     import contextlib
 
-    if part is None:
+    import bitsandbytes as bnb
+
+    # Only double quantization's `quantize_blockwise` uses the map: without it no GPU holds one. (A
+    # layer FSDP has sharded holds a DTensor, fsdp_qlora's double-quantized weight.)
+    if part is None and any(isinstance(m, bnb.nn.Linear4bit) and getattr(m.weight, "compress_statistics", True)
+                            for m in model.modules()):
         dynamic_map(device, recorder)
     within = None if part is None else set(map(id, part.modules()))
     root = type(model).__name__
@@ -240,14 +245,19 @@ def head(config: Any) -> str:
     return "masked-lm" if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal-lm"
 
 
+QUANT_TYPES = ("nf4", "fp4")
+
+
 def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
-          model_head: str | None = None) -> torch.nn.Module:
+          model_head: str | None = None, quant_type: str = "nf4", double_quant: bool = True) -> torch.nn.Module:
     """A transformers model of `config` with its `model_head` (`head(config)`'s where not given)
     on the meta device, its linear layers bitsandbytes' 4-bit ones (bf16 compute, NF4, double
-    quantization: QLoRA's setup), as `from_pretrained(..., quantization_config=
-    BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before loading: the modules the
-    model keeps in fp32 (`_keep_in_fp32_modules`, T5's `wo`) stay full linear layers in fp32. Build
-    it outside the recorder (nothing is allocated); `prepare` loads it inside."""
+    quantization: QLoRA's setup; `quant_type="fp4"` and `double_quant=False` set
+    `bnb_4bit_quant_type` and `bnb_4bit_use_double_quant` otherwise), as `from_pretrained(...,
+    quantization_config=BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before
+    loading: the modules the model keeps in fp32 (`_keep_in_fp32_modules`, T5's `wo`) stay full
+    linear layers in fp32. Build it outside the recorder (nothing is allocated); `prepare` loads
+    it inside."""
     import transformers
     from torch._guards import detect_fake_mode
 
@@ -263,7 +273,9 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
             model = auto.from_config(config, attn_implementation=attention, dtype=torch.bfloat16)
     finally:
         torch.set_default_dtype(previous)
-    replace_linear(model, quant_storage=quant_storage)
+    if quant_type not in QUANT_TYPES:
+        raise ValueError(f"bnb_4bit_quant_type {quant_type!r}: one of {', '.join(QUANT_TYPES)}")
+    replace_linear(model, quant_storage=quant_storage, quant_type=quant_type, double_quant=double_quant)
     return model
 
 
@@ -374,6 +386,9 @@ def check(spec: Any) -> None:
     if spec.dtype != "bf16":
         raise ValueError(f"--qlora computes in bf16 and peft keeps the rest in fp32: --dtype {spec.dtype} does not "
                          "apply (leave --dtype out)")
+    if spec.fsdp and (spec.qlora_quant_type != "nf4" or not spec.qlora_double_quant):
+        raise ValueError("--base-weights and --double-quant with --fsdp: fsdp_qlora's setup is NF4 with double "
+                         "quantization, and is recorded so alone")
 
 
 def adamw_8bit(params: Any, **kwargs: Any) -> torch.optim.Optimizer:

@@ -67,6 +67,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import amp as _amp
 from . import fake_cache as _fake_cache
 from . import fsdp as _fsdp
+from .fake_apply import overwriting_apply as _overwriting_apply
+from .gradient_sums import PLAIN as _PLAIN
+from .gradient_sums import GradientSums
 from . import sdpa as _sdpa
 
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer"
@@ -76,10 +79,11 @@ _PHASE_ORDER = {SETUP: 0, FORWARD: 1, BACKWARD: 2, OPTIMIZER: 3}
 class _Storage:
     """One storage of the recording: its allocation, and what it is."""
 
-    __slots__ = ("index", "size", "when", "term", "site", "stream")
+    __slots__ = ("index", "size", "when", "term", "site", "stream", "node")
 
     def __init__(self, index: int, size: int, when: str, term: str, site: str):
         self.index, self.size, self.when, self.term, self.site, self.stream = index, size, when, term, site, 0
+        self.node = 0  # the autograd node that made it in the backward (`StepRecorder._node`), else 0
 
     def id(self) -> str:
         return f"{self.index} {self.when} {self.term} {self.site}"
@@ -100,12 +104,15 @@ class _Tracker(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         rec = self.recorder
+        rec._summing = None
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
             out = rec._assumed(func, args, kwargs)
         for t in _tensors(out):
             rec._seen(t)
+        if func is _ADD and rec._phase == BACKWARD:
+            rec._gradient_sum(args, out)
         if rec.kernels and rec._phase != SETUP:
             op = _OPS.get(func)
             if op is None:
@@ -138,6 +145,7 @@ _SDPA_FORWARD = {torch.ops.aten._scaled_dot_product_flash_attention.default: _sd
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_ADD = torch.ops.aten.add.Tensor
 
 UNPACKED = ("transformers: one sequence a row, none packed (StepRecorder(packed_sequences=True) records the mask "
             "packing needs)")
@@ -195,8 +203,6 @@ def _local(t: torch.Tensor) -> list:
     return [x for i in inner if isinstance(i, torch.Tensor) for x in _local(i)]
 
 
-# Tensor types that are no wrapper subclass: asked without `is_traceable_wrapper_subclass`.
-_PLAIN = frozenset((FakeTensor, torch.Tensor, torch.nn.Parameter))
 
 _FLOPS: dict = {}
 
@@ -281,40 +287,7 @@ def _argument(func: Any, args: tuple, kwargs: dict, name: str, default: Any) -> 
     return args[i] if i < len(args) else default
 
 
-def _overwriting_apply(original: Any) -> Any:
-    """`Module._apply` (what `.to()`, `.float()`, `.cuda()` run) for a module of fake
-    parameters. PyTorch swaps a fake parameter's contents in place, which fails once anything
-    holds a weak reference to it (peft's adapters moved to their base layer's device fail so):
-    a converted parameter replaces the old one instead, as
-    `torch.__future__.set_overwrite_module_params_on_conversion(True)` does for real ones."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def _apply(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
-        own = list(module._parameters.values()) + list(module._buffers.values())
-        if not any(isinstance(t, FakeTensor) for t in own):
-            if recurse:
-                for child in module.children():
-                    _apply(child, fn)
-            return original(module, fn, recurse=False)
-        if recurse:
-            for child in module.children():
-                _apply(child, fn)
-        for key, param in module._parameters.items():
-            if param is None:
-                continue
-            with torch.no_grad():
-                applied = fn(param)
-            if applied is not param:
-                module._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
-        for key, buf in module._buffers.items():
-            if buf is not None:
-                module._buffers[key] = fn(buf)
-        return module
-
-    return _apply
-
-
-class StepRecorder:
+class StepRecorder(GradientSums):
     """A context manager that records the step run inside it; see the module's documentation.
 
     `fake`: run under `FakeTensorMode` (the default; `False` records real tensors, as the CPU
@@ -407,10 +380,13 @@ class StepRecorder:
             return
         size = int(st.nbytes())
         rec = _Storage(self._count, size, self._when(), self._term(), self._site())
+        if self._phase == BACKWARD:
+            rec.node = self._node()
         self._count += 1
         self._storages[st] = rec
         self._refs[rec.index] = weakref.ref(st, lambda _, rec=rec: self._freed(rec))
         self.events.append(("alloc", rec))
+        self._peak_before = self.peak
         self.live += size
         self.peak = max(self.peak, self.live)
 
@@ -433,6 +409,8 @@ class StepRecorder:
             self.kernel_lines.append((len(self.events), self._step, line))
 
     def _freed(self, rec: _Storage) -> None:
+        if self._merged(rec):
+            return
         self._refs.pop(rec.index, None)
         self.events.append(("free", rec))
         self.live -= rec.size
@@ -617,6 +595,8 @@ class StepRecorder:
                     "the backward of fake CUDA tensors needs a GPU's context, and this machine has none: build the "
                     "model and the inputs on the CPU (leave out .cuda() and device='cuda'); the recording is the same "
                     "and attention is still routed as on an sm90 GPU") from e
+            finally:
+                self._last_node = self._summing = None
 
         return backward
 

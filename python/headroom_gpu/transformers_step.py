@@ -51,6 +51,9 @@ class StepSpec:
     # QLoRA's checkpointing, which prepare_model_for_kbit_training turns on by default; False:
     # use_gradient_checkpointing=False.
     qlora_checkpoint: bool = True
+    # QLoRA's base: bnb_4bit_quant_type ("nf4" or "fp4") and bnb_4bit_use_double_quant.
+    qlora_quant_type: str = "nf4"
+    qlora_double_quant: bool = True
     # --lora's and --qlora's adapters: every linear layer ("all") or the query and value
     # projections ("qv", headroom_gpu.qlora.target_modules).
     lora_targets: str = "all"
@@ -157,7 +160,8 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         # With FSDP, fsdp_qlora's bf16 storage, which FSDP shards like the rest. On the meta
         # device: nothing to record.
         meta = qlora.build(config, spec.attention,
-                           quant_storage=torch.bfloat16 if spec.fsdp else torch.uint8)
+                           quant_storage=torch.bfloat16 if spec.fsdp else torch.uint8,
+                           quant_type=spec.qlora_quant_type, double_quant=spec.qlora_double_quant)
     with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq),
                                      compile=spec.compile) as rec, \
             contextlib.ExitStack() as stack:

@@ -27,16 +27,19 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     MISSING = ("the QLoRA recorder's tests need torch, transformers, peft and bitsandbytes "
                f"(pip install torch transformers peft bitsandbytes==0.50.2): {e}")
 
-def _bnb_bytes(out_features, in_features):
+def _bnb_bytes(out_features, in_features, quant_type="nf4", double_quant=True):
     """What bitsandbytes' own `quantize_4bit` stores for a real bf16 weight on the CPU, as QLoRA
-    quantizes it (NF4, blocks of 64, double quantization): bytes by QuantState field."""
+    quantizes it (NF4, blocks of 64, double quantization, unless told otherwise): bytes by
+    QuantState field."""
     import bitsandbytes.functional as F
 
     w = torch.randn(out_features, in_features, dtype=torch.bfloat16)
-    packed, s = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    packed, s = F.quantize_4bit(w, blocksize=64, compress_statistics=double_quant, quant_type=quant_type)
     size = lambda t: t.untyped_storage().nbytes()  # noqa: E731
-    return {"weight": size(packed), "absmax": size(s.absmax), "code": size(s.code), "offset": size(s.offset),
-            "absmax2": size(s.state2.absmax), "code2": size(s.state2.code)}
+    out = {"weight": size(packed), "absmax": size(s.absmax), "code": size(s.code)}
+    if double_quant:
+        out.update({"offset": size(s.offset), "absmax2": size(s.state2.absmax), "code2": size(s.state2.code)})
+    return out
 
 
 @unittest.skipIf(MISSING, MISSING)
@@ -51,6 +54,35 @@ class StoredBytes(unittest.TestCase):
         for out_features, in_features in ((320, 200), (7, 9), (8, 8), (4096, 64)):
             with self.subTest(shape=(out_features, in_features)):
                 self.assertEqual(stored_bytes(out_features, in_features), _bnb_bytes(out_features, in_features))
+
+    def test_fp4_and_no_double_quantization_store_bitsandbytes_bytes(self):
+        """`record --qlora --base-weights fp4 / --double-quant off`: each layer keeps what
+        bitsandbytes' `quantize_4bit` keeps with that setting, and the dynamic map is made only for
+        double quantization."""
+        import bitsandbytes as bnb
+
+        from headroom_gpu import qlora
+        from headroom_gpu.recorder import StepRecorder
+
+        config = transformers.AutoConfig.from_pretrained(_model_dir(tempfile.mkdtemp()))
+        for quant_type, double_quant in (("fp4", True), ("nf4", False), ("fp4", False)):
+            meta = qlora.build(config, "sdpa", quant_type=quant_type, double_quant=double_quant)
+            with StepRecorder() as rec:
+                model = qlora.prepare(meta, 8, rec)
+                for name, layer in model.named_modules():
+                    if not isinstance(layer, bnb.nn.Linear4bit):
+                        continue
+                    self.assertEqual(layer.quant_state.quant_type, quant_type)
+                    tensors = [layer.weight] + qlora.state_tensors(layer.quant_state)
+                    got = sum(rec._storages.get(t.untyped_storage()).size for t in tensors)
+                    expected = _bnb_bytes(layer.out_features, layer.in_features, quant_type, double_quant)
+                    self.assertEqual(got, sum(expected.values()), (name, quant_type, double_quant))
+                    self.assertEqual(got, sum(qlora.stored_bytes(layer.out_features, layer.in_features,
+                                                                double_quant).values()))
+                maps = [r for op, r in rec.events if op == "alloc" and r.site == "bitsandbytes"]
+                self.assertEqual(len(maps), 1 if double_quant else 0, (quant_type, double_quant))
+        with self.assertRaises(ValueError):
+            qlora.build(config, "sdpa", quant_type="int4")
 
     def test_a_tied_output_layer_stays_the_embedding(self):
         """transformers ties the output layer's weight to the embedding's again after loading:
@@ -473,8 +505,9 @@ class Documented(unittest.TestCase):
         with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = f.read()
         commands = [l for b in _documented("shell") for l in b if l.startswith("python -m headroom_gpu ")]
-        self.assertEqual(len(commands), 2)
+        self.assertEqual(len(commands), 3)
         self.assertTrue(all("--qlora" in c for c in commands))
+        self.assertEqual(sum("--double-quant off" in c for c in commands), 1)
         self.assertEqual(sum("--fsdp" in c for c in commands), 1)
         d = tempfile.mkdtemp()
         os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))

@@ -159,6 +159,93 @@ class Inference(unittest.TestCase):
             self.assertIn(said, run.stderr)
 
 
+def _cpu_peak(step, alive):
+    """A step's live peak with real tensors and no dispatch mode, as a GPU runs it: the storages
+    alive as it starts plus the highest running sum of the CPU allocator's events (storages of more
+    than 8 bytes: a CPU kernel wraps Python numbers in tensors of its own, a GPU's takes them as
+    arguments)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in alive}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
+                    if e.name() == "[memory]")
+    live = peak = 0
+    for _, _, nbytes in events:
+        if abs(nbytes) > 8:
+            live += nbytes
+            peak = max(peak, live)
+    return sum(n for n in seen.values() if n > 8) + peak
+
+
+def _recorded_peak(rec):
+    """The recording's live peak in its last step, of storages of more than 8 bytes."""
+    start = rec._step_starts[-1][0]
+    live = peak = 0
+    for i, (op, r) in enumerate(rec.events):
+        if r.size > 8:
+            live += r.size if op == "alloc" else -r.size
+        if i + 1 == start:
+            peak = live
+        elif i >= start:
+            peak = max(peak, live)
+    return peak
+
+
+@unittest.skipIf(MISSING, MISSING)
+class GradientSums(unittest.TestCase):
+    """Where two gradients of one tensor meet, autograd sums them in place on a GPU (into the
+    first, `InputBuffer::accumulate`), and adds a later micro-batch's gradient into `.grad` in
+    place (`AccumulateGrad`): the recording makes no tensor for either sum, so its peak is the
+    one the same step reaches with real tensors and no dispatch mode."""
+
+    def steps(self, build, step):
+        """`step(*build())` twice with real tensors (the second measured), and twice recorded
+        under fake tensors: both peaks. Each step frees its gradients at its end."""
+        from headroom_gpu.recorder import StepRecorder
+
+        torch.manual_seed(0)
+        made = build()
+        step(*made)
+        alive = [t for t in made if isinstance(t, torch.Tensor)]
+        alive += [p for m in made if isinstance(m, torch.nn.Module) for p in m.parameters()]
+        real = _cpu_peak(lambda: step(*made), alive)
+        with StepRecorder(route_sdpa=False) as rec:
+            made = build()
+            for _ in range(2):
+                with rec.step():
+                    step(*made)
+        return _recorded_peak(rec), real, rec
+
+    def test_a_weight_used_twice(self):
+        # The sum of the weight's two gradients comes last in the backward, with the two and the
+        # input's gradient live: an out-of-place sum is the step's peak.
+        def build():
+            return torch.nn.Parameter(torch.randn(512, 512)), torch.randn(256, 512)
+
+        def step(w, x):
+            ((x @ w).relu() @ w).sum().backward()
+            w.grad = None
+
+        recorded, real, rec = self.steps(build, step)
+        self.assertEqual(recorded, real)
+        weight_sized = [r for op, r in rec.events if op == "alloc" and r.when == "step2.backward" and r.size == 512 * 512 * 4]
+        self.assertEqual(len(weight_sized), 2, "the two gradients of the weight, the sum in the first")
+
+    def test_two_micro_batches_accumulate_into_the_gradient(self):
+        def build():
+            return torch.nn.Linear(512, 512, bias=False), torch.randn(256, 512)
+
+        def step(layer, x):
+            for half in x.chunk(2):
+                layer(half).square().sum().backward()
+            layer.weight.grad = None
+
+        recorded, real, _ = self.steps(build, step)
+        self.assertEqual(recorded, real)
+
+
 @unittest.skipIf(MISSING, MISSING)
 class RepeatedSteps(unittest.TestCase):
     """Steps after the second are written as the second repeated: the program is the one that

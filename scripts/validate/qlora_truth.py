@@ -23,6 +23,7 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only gpt2 --checkpoint off --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only llama --targets qv --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --checkpoint off --targets qv --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --variants --out data/validation/qlora_fake_truth.json
 """
 
 import argparse
@@ -184,6 +185,29 @@ FULL_QV_CASES = [
     ("phi3", {"hidden_size": 1280, "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 64,
               "intermediate_size": 3456, "vocab_size": 8000, "pad_token_id": 0}, 6, 2, 64, 16),
 ]
+# QLoRA's base stored otherwise than QLoRA's NF4 with double quantization (`record --qlora
+# --base-weights fp4`, `--double-quant off`), against the templates replayed with the same storage
+# (`headroom plan --base-weights fp4`, `--double-quant off`): (family, config, layers, batch, seq,
+# rank, checkpoint, quant type, double quantization), chosen before any was recorded, at widths,
+# depths, shapes and ranks neither the templates nor the cases above use (every weight whole
+# blocks of 64).
+VARIANT_CASES = [
+    # Heads of 128 over a hidden size of 1,536, three query heads a key-value head.
+    ("llama", {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 128,
+               "intermediate_size": 4096, "vocab_size": 8000}, 5, 1, 192, 16, True, "nf4", False),
+    ("llama", {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 128,
+               "intermediate_size": 4096, "vocab_size": 8000}, 5, 1, 192, 16, True, "fp4", True),
+    # Qwen2-0.5B's widths, without checkpointing.
+    ("qwen2", {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64,
+               "intermediate_size": 4864, "vocab_size": 8000}, 4, 2, 96, 8, False, "nf4", False),
+    # One key-value head of 256, tied embeddings.
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 5, 1, 160, 8, True,
+     "nf4", False),
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 5, 1, 160, 8, True,
+     "fp4", True),
+]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -199,15 +223,18 @@ def phased():
             super().__init__(**kw)
             self.phases = []
 
+        def _sync(self):
+            # A free can take an allocation back (a gradient sum made in place): one phase an event.
+            del self.phases[len(self.events):]
+            self.phases += [self._when()] * (len(self.events) - len(self.phases))
+
         def _seen(self, t):
-            before = len(self.events)
             super()._seen(t)
-            self.phases += [self._when()] * (len(self.events) - before)
+            self._sync()
 
         def _freed(self, rec):
-            before = len(self.events)
             super()._freed(rec)
-            self.phases += [self._when()] * (len(self.events) - before)
+            self._sync()
 
     return Phased
 
@@ -227,7 +254,8 @@ def peaks(rec, step=2):
     return out
 
 
-def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all"):
+def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all", quant_type="nf4",
+         double_quant=True):
     from headroom_gpu import transformers_step
 
     config = {"model_type": family, "num_hidden_layers": layers, "max_position_embeddings": 4096,
@@ -242,12 +270,16 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all
             attention = "eager" if family in EAGER else "sdpa"
             rec = transformers_step.record(transformers_step.StepSpec(model=path, batch=batch, seq=seq, qlora=rank,
                                                                       qlora_checkpoint=checkpoint, steps=2,
-                                                                      attention=attention, lora_targets=targets))
+                                                                      attention=attention, lora_targets=targets,
+                                                                      qlora_quant_type=quant_type,
+                                                                      qlora_double_quant=double_quant))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)
     return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
-            "checkpoint": checkpoint, **({"targets": targets} if targets != "all" else {}), "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
+            "checkpoint": checkpoint, **({"targets": targets} if targets != "all" else {}),
+            **({"quant_type": quant_type} if quant_type != "nf4" else {}),
+            **({"double_quant": False} if not double_quant else {}), "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
 def main():
@@ -261,6 +293,8 @@ def main():
                     help="the cases with adapters on every linear layer (CASES, NO_CHECKPOINT), on the query and "
                          "value projections (QV_CASES with checkpointing, FULL_QV_CASES without), or both (default); "
                          "with --only, the others are kept from --out")
+    ap.add_argument("--variants", action="store_true",
+                    help="record VARIANT_CASES alone (FP4, no double quantization), the other cases kept from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
@@ -271,19 +305,30 @@ def main():
     import transformers
 
     cases = []
-    if (only or len(kinds) < 2 or len(targets) < 2) and os.path.exists(args.out):
+    variant = lambda c: "quant_type" in c or "double_quant" in c  # noqa: E731
+    if args.variants:
+        with open(args.out) as f:
+            cases = [c for c in json.load(f)["cases"] if not variant(c)]
+        for c in VARIANT_CASES:
+            cases.append(case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8]))
+            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+    elif (only or len(kinds) < 2 or len(targets) < 2) and os.path.exists(args.out):
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"]
-                     if only and c["family"] not in only or c.get("checkpoint", True) not in kinds
+                     if variant(c) or only and c["family"] not in only or c.get("checkpoint", True) not in kinds
                      or c.get("targets", "all") not in targets]
     todo = [(c, checkpoint, t) for group, checkpoint, t in ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"),
                                                         (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
             if checkpoint in kinds for c in group]
-    for c, checkpoint, t in todo:
+    for c, checkpoint, t in [] if args.variants else todo:
         if only and c[0] not in only or t not in targets:
             continue
         cases.append(case(*c, checkpoint=checkpoint, targets=t))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+    if not (args.variants or only or len(kinds) < 2 or len(targets) < 2):
+        for c in VARIANT_CASES:
+            cases.append(case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8]))
+            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
              "bitsandbytes": bitsandbytes.__version__}

@@ -114,6 +114,40 @@ fn bitsandbytes_quantizes_transformers_linear_layers_and_bad_combinations_are_na
     refused(&["--model", "llama-2-7b", "--gpu", "a100-40gb", "--quantize", "int8"], "--infer");
 }
 
+/// QLoRA's base stored as asked: FP4 takes NF4's bytes, and without double quantization every
+/// layer keeps an fp32 absmax a block of 64 (the replayed step rewritten by bitsandbytes' rule).
+#[test]
+fn qlora_s_base_format_and_double_quantization() {
+    let base = ["--model", "llama-3-8b", "--gpu", "h200", "--batch", "1", "--seq", "256", "--finetune", "qlora"];
+    let run = |extra: &[&str]| plan(&[&base[..], extra].concat());
+    let (code, nf4) = run(&[]);
+    assert_eq!(code, 0);
+    assert_eq!(nf4["base_quantization"]["format"], "nf4");
+    assert_eq!(nf4["base_quantization"]["double_quant"], true);
+    let (_, fp4) = run(&["--base-weights", "fp4"]);
+    assert_eq!(fp4["base_quantization"]["format"], "fp4");
+    let (_, plain) = run(&["--double-quant", "off"]);
+    assert_eq!(plain["base_quantization"]["double_quant"], false);
+    assert_eq!(plain["runner"], nf4["runner"], "the same recorded step");
+    let w = |v: &Value| v["breakdown"]["weights"].as_f64().unwrap();
+    assert_eq!(w(&fp4), w(&nf4));
+    // 0.5 − 0.127 bit a weight over Llama-3-8B's 6.98 B quantized weights: about 0.30 GiB.
+    let more = (w(&plain) - w(&nf4)) / (1u64 << 30) as f64;
+    assert!((0.28..0.36).contains(&more), "{more}");
+    let (_, on) = run(&["--double-quant", "on"]);
+    assert_eq!(w(&on), w(&nf4));
+    prints(
+        &[&base[..], &["--base-weights", "fp4", "--double-quant", "off"]].concat(),
+        0,
+        "bitsandbytes fp4, bf16 compute",
+    );
+    refused(
+        &["--model", "llama-3-8b", "--gpu", "h200", "--finetune", "lora", "--double-quant", "off"],
+        "4-bit LoRA base",
+    );
+    refused(&["--model", "llama-3-8b", "--gpu", "h200", "--double-quant", "off"], "4-bit LoRA base");
+}
+
 #[test]
 fn inference_and_hf_configs() {
     let dir = tempfile::tempdir().unwrap();

@@ -328,7 +328,7 @@ fn temporaries(job: &Job, sh: &Share) -> f64 {
             4.0 * model.layer_params() as f64 / t
         };
     }
-    if let Finetune::Lora { base: BaseWeights::Int8 | BaseWeights::Nf4, .. } = cfg.finetune {
+    if let Finetune::Lora { base: BaseWeights::Int8 | BaseWeights::Nf4 | BaseWeights::Fp4, .. } = cfg.finetune {
         let largest = model.block_linears().iter().map(|&(i, o)| i * o).max().unwrap_or(0);
         temporary += 2.0 * largest as f64 / t;
     }

@@ -70,7 +70,15 @@ fn peft_flags(model: &Model, cfg: &TrainConfig) -> Vec<String> {
                 },
             ];
             match base {
-                BaseWeights::Nf4 => v.push("--load_in_4bit --use_bnb_nested_quant".into()),
+                BaseWeights::Nf4 | BaseWeights::Fp4 => {
+                    v.push("--load_in_4bit".into());
+                    if base == BaseWeights::Fp4 {
+                        v.push("--bnb_4bit_quant_type fp4".into());
+                    }
+                    if cfg.double_quant {
+                        v.push("--use_bnb_nested_quant".into());
+                    }
+                }
                 BaseWeights::Int8 => v.push("--load_in_8bit".into()),
                 BaseWeights::Native => {}
             }

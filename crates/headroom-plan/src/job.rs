@@ -185,8 +185,19 @@ pub enum BaseWeights {
     Native,
     /// bitsandbytes LLM.int8: 1 byte plus a scale per row.
     Int8,
-    /// QLoRA's NormalFloat4 with double quantization: 4.127 bits.
+    /// QLoRA's 4-bit NormalFloat (`bnb_4bit_quant_type="nf4"`): 4.127 bits a weight with double
+    /// quantization ([`TrainConfig::double_quant`]), 4.5 without.
     Nf4,
+    /// bitsandbytes' 4-bit float (`bnb_4bit_quant_type="fp4"`): the same bytes as NF4 (another
+    /// 16-value code to the same packed nibbles and absmax).
+    Fp4,
+}
+
+impl BaseWeights {
+    /// Whether bitsandbytes stores the base in 4 bits (QLoRA's `Linear4bit`).
+    pub fn four_bit(self) -> bool {
+        matches!(self, BaseWeights::Nf4 | BaseWeights::Fp4)
+    }
 }
 
 /// Full fine-tuning or adapters.
@@ -234,6 +245,10 @@ pub struct TrainConfig {
     pub compile_loss: bool,
     /// AdamW's implementation; `None`: torch's default for the device (foreach on CUDA).
     pub optimizer_impl: Option<OptimizerImpl>,
+    /// A 4-bit LoRA base's `bnb_4bit_use_double_quant`: each block's absmax quantized again to
+    /// a byte, with an fp32 absmax per 256 of them (QLoRA's setup, the default), or kept in
+    /// fp32, one a block of 64. Read only with a 4-bit base ([`BaseWeights::four_bit`]).
+    pub double_quant: bool,
 }
 
 /// Whose code runs a training step. [`Framework::Auto`] is a request, not an answer: the
@@ -300,6 +315,7 @@ named!(BaseWeights {
     Native => ("native", "the training precision's width"),
     Int8 => ("int8", "bitsandbytes LLM.int8"),
     Nf4 => ("nf4", "QLoRA's NormalFloat4"),
+    Fp4 => ("fp4", "bitsandbytes' 4-bit float, stored as NF4 is"),
 });
 
 impl Named for Offload {
@@ -345,6 +361,7 @@ impl TrainConfig {
             compile: false,
             compile_loss: false,
             optimizer_impl: None,
+            double_quant: true,
         }
     }
 
@@ -572,7 +589,7 @@ impl Finetune {
     pub fn name(self) -> &'static str {
         match self {
             Finetune::Full => "full",
-            Finetune::Lora { base: BaseWeights::Nf4, .. } => "qlora",
+            Finetune::Lora { base: BaseWeights::Nf4 | BaseWeights::Fp4, .. } => "qlora",
             Finetune::Lora { base: BaseWeights::Int8, .. } => "lora-int8",
             Finetune::Lora { .. } => "lora",
         }

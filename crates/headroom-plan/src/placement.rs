@@ -136,13 +136,14 @@ pub fn share(model: &Model, cfg: &TrainConfig, stage: PipelineStage) -> Share {
 }
 
 /// bitsandbytes' format of a quantized LoRA base, as peft's recipes load it: LLM.int8(), or
-/// QLoRA's NF4 with double quantization and bf16 compute.
+/// QLoRA's 4 bits (NF4 or FP4, with or without double quantization) and bf16 compute.
 pub fn base_format(cfg: &TrainConfig) -> Option<Bnb> {
+    let four_bit =
+        |quant_type| Bnb::FourBit { quant_type, double_quant: cfg.double_quant, compute: ComputeDtype::Bf16 };
     match cfg.finetune {
         Finetune::Lora { base: BaseWeights::Int8, .. } => Some(Bnb::Int8),
-        Finetune::Lora { base: BaseWeights::Nf4, .. } => {
-            Some(Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Bf16 })
-        }
+        Finetune::Lora { base: BaseWeights::Nf4, .. } => Some(four_bit(QuantType::Nf4)),
+        Finetune::Lora { base: BaseWeights::Fp4, .. } => Some(four_bit(QuantType::Fp4)),
         _ => None,
     }
 }

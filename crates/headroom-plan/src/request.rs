@@ -82,6 +82,8 @@ pub struct TrainRequest {
     pub lora_targets: Option<LoraTargets>,
     /// [default: the training width; NF4 for QLoRA].
     pub base_weights: Option<BaseWeights>,
+    /// A 4-bit base's double quantization [default: on, QLoRA's].
+    pub double_quant: Option<bool>,
     pub offload: Offload,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -114,6 +116,7 @@ impl Default for TrainRequest {
             lora_rank: None,
             lora_targets: None,
             base_weights: None,
+            double_quant: None,
             offload: Offload::None,
             precision: Precision::Mixed,
             optimizer: Optimizer::AdamW,
@@ -243,6 +246,16 @@ impl TrainRequest {
                  torchtitan, or write --compile alone for the whole model",
             );
         }
+        let finetune = self.finetune()?;
+        if let Some(on) = r.double_quant {
+            if !matches!(finetune, Finetune::Lora { base, .. } if base.four_bit()) {
+                return refuse(format!(
+                    "--double-quant {}: bitsandbytes' setting of a 4-bit LoRA base (--finetune qlora, or --base-weights \
+                     nf4 or fp4)",
+                    if on { "on" } else { "off" }
+                ));
+            }
+        }
         Ok(TrainConfig {
             micro_batch: r.micro_batch,
             seq: r.seq,
@@ -270,13 +283,14 @@ impl TrainRequest {
                 }),
                 replicate: r.replicate,
             },
-            finetune: self.finetune()?,
+            finetune,
             offload: r.offload,
             framework: r.framework,
             head: r.head,
             compile: r.compile != Compile::Off,
             compile_loss: r.compile == Compile::All,
             optimizer_impl: r.optimizer_impl,
+            double_quant: r.double_quant.unwrap_or(true),
         })
     }
 

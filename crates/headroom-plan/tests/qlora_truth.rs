@@ -2,7 +2,8 @@
 //! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
 //! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
 //! templates (`data/programs/hf-qlora.tpl`; `qlora-qv` for the cases with adapters on the query and
-//! value projections alone), as the recording's device runs it (no cuBLAS
+//! value projections alone; FP4 or no double quantization where the case was recorded so, the
+//! templates' double-quantized NF4 state rewritten by bitsandbytes' rule), as the recording's device runs it (no cuBLAS
 //! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
 //! check, set before any comparison). Every case is a check row, at model widths, a depth, a
 //! shape and a rank the templates were not recorded at. A row outside the tolerance fails the
@@ -48,8 +49,14 @@ fn config(c: &Value) -> TrainConfig {
         finetune: Finetune::Lora {
             rank: c["rank"].as_u64().expect("rank"),
             targets: if query_value(c) { LoraTargets::QueryValue } else { LoraTargets::All },
-            base: BaseWeights::Nf4,
+            base: if c.get("quant_type").and_then(Value::as_str) == Some("fp4") {
+                BaseWeights::Fp4
+            } else {
+                BaseWeights::Nf4
+            },
         },
+        // Cases without the field were recorded as QLoRA sets the base up: double-quantized.
+        double_quant: c.get("double_quant").and_then(Value::as_bool).unwrap_or(true),
         optimizer_impl: Some(OptimizerImpl::Foreach),
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
@@ -93,6 +100,13 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             c["seq"],
             if checkpointed(&c) { "" } else { ", no checkpointing" }
         );
+        let label = match (c.get("quant_type").and_then(Value::as_str), c.get("double_quant").and_then(Value::as_bool))
+        {
+            (Some(q), Some(false)) => format!("{label}, {q} without double quantization"),
+            (Some(q), _) => format!("{label}, {q}"),
+            (None, Some(false)) => format!("{label}, no double quantization"),
+            _ => label,
+        };
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, None, PEAK_TOLERANCE) {
             misses.push(miss);
         }

@@ -176,7 +176,8 @@ pub struct PlanArgs {
     #[arg(long, value_parser = named::<Head>(), help_heading = JOB)]
     head: Option<Head>,
     /// Full fine-tuning, LoRA adapters over a frozen base, or QLoRA (LoRA over a 4-bit NF4
-    /// base) [default: full].
+    /// base with double quantization; --base-weights fp4 and --double-quant off change its
+    /// storage) [default: full].
     #[arg(long, value_parser = named::<FinetuneMode>(), help_heading = JOB)]
     finetune: Option<FinetuneMode>,
     /// LoRA rank (with --finetune lora or qlora) [default: 16].
@@ -186,7 +187,9 @@ pub struct PlanArgs {
     /// and value projections [default: all].
     #[arg(long, value_parser = named::<LoraTargets>(), help_heading = JOB)]
     lora_targets: Option<LoraTargets>,
-    /// Storage of the frozen base under LoRA (qlora implies nf4).
+    /// Storage of the frozen base under LoRA (qlora implies nf4). fp4 stores what nf4 stores
+    /// (two weights a byte and the same absmax; only the 16-value code differs): a QLoRA job
+    /// with either replays the same recorded step.
     #[arg(long, value_parser = named::<BaseWeights>(), help_heading = JOB)]
     base_weights: Option<BaseWeights>,
     /// The model run through torch.compile: what its graphs hold at each moment of the step
@@ -287,10 +290,17 @@ pub struct PlanArgs {
     /// rest is planned in closed form.
     #[arg(long, value_parser = named::<Quantize>(), help_heading = ENGINE)]
     quantize: Option<Quantize>,
-    /// With --quantize nf4 or fp4: bnb_4bit_use_double_quant — the absmax values quantized
-    /// again to a byte each, with an fp32 absmax per 256 (0.127 bit a weight instead of 0.5).
-    #[arg(long, help_heading = ENGINE)]
-    double_quant: bool,
+    /// With --quantize nf4 or fp4, or a 4-bit LoRA base (--finetune qlora):
+    /// bnb_4bit_use_double_quant — each block of 64 weights' absmax quantized again to a byte,
+    /// with an fp32 absmax per 256 of them (0.127 bit a weight), or kept in fp32 (off: 0.5 bit
+    /// a weight, and no absmax to dequantize before each layer's weight). QLoRA replays its
+    /// recorded step with each layer's stored state and dequantization changed by bitsandbytes'
+    /// rule. `--double-quant` alone is on [default: off with --quantize, transformers' default;
+    /// on with --finetune qlora, QLoRA's].
+    #[arg(long, num_args = 0..=1, default_missing_value = "on", value_name = "on|off",
+          value_parser = clap::builder::PossibleValuesParser::new(["on", "off"]).map(|s| s == "on"),
+          help_heading = ENGINE)]
+    double_quant: Option<bool>,
     /// With --quantize nf4 or fp4: bnb_4bit_compute_dtype, the dtype each layer casts its
     /// input and dequantized weight to [default: fp32, transformers' default].
     #[arg(long, value_parser = named::<ComputeDtype>(), help_heading = ENGINE)]
@@ -431,13 +441,12 @@ impl PlanArgs {
     }
 
     /// The flags given that only `--infer` reads.
-    fn inference_flags(&self) -> [Given; 12] {
+    fn inference_flags(&self) -> [Given; 11] {
         [
             ("--new-tokens", self.new_tokens.is_some()),
             ("--weights", self.weights.is_some()),
             ("--kv-dtype", self.kv_dtype.is_some()),
             ("--quantize", self.quantize.is_some()),
-            ("--double-quant", self.double_quant),
             ("--compute-dtype", self.compute_dtype.is_some()),
             ("--all-logits", self.all_logits),
             ("--gpu-memory-utilization", self.gpu_memory_utilization.is_some()),
@@ -525,6 +534,7 @@ impl PlanArgs {
             lora_rank: self.lora_rank.or(d.lora_rank),
             lora_targets: self.lora_targets.or(d.lora_targets),
             base_weights: self.base_weights.or(d.base_weights),
+            double_quant: self.double_quant.or(d.double_quant),
             offload: self.offload.unwrap_or(d.offload),
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),
@@ -576,7 +586,7 @@ impl PlanArgs {
             all_logits: d.all_logits || self.all_logits,
             new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
             quantize: self.quantize.or(d.quantize),
-            double_quant: d.double_quant || self.double_quant,
+            double_quant: self.double_quant.unwrap_or(d.double_quant),
             compute_dtype: self.compute_dtype.or(d.compute_dtype),
             gpu_memory_utilization: self.gpu_memory_utilization.or(d.gpu_memory_utilization),
             max_num_batched_tokens: self.max_num_batched_tokens.or(d.max_num_batched_tokens),

@@ -101,6 +101,7 @@ fn inference(v: &mut Value, e: &Estimate, r: &Recording) {
         "accumulation",
         "global_batch",
         "finetune",
+        "base_quantization",
         "offload",
         "trainable_params",
         "optimizer_impl",
@@ -139,6 +140,7 @@ fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
         "accumulation": cfg.accumulation,
         "global_batch": cfg.global_batch(),
         "finetune": cfg.finetune.name(),
+        "base_quantization": headroom_plan::placement::base_format(cfg).map(quantization),
         "offload": cfg.offload.name(),
     })
 }
@@ -313,12 +315,7 @@ pub(super) fn infer(p: &InferPlan) -> Value {
             InferSource::ClosedForm(why) => json!({ "source": "closed_form", "why": why }),
         },
         "weights": p.config.weights.name(),
-        "quantize": p.config.quantize.map(|q| match q {
-            headroom_plan::bnb::Bnb::Int8 => json!({ "format": "int8" }),
-            headroom_plan::bnb::Bnb::FourBit { double_quant, compute, .. } => json!({
-                "format": q.format(), "double_quant": double_quant, "compute_dtype": compute.name(),
-            }),
-        }),
+        "quantize": p.config.quantize.map(quantization),
         "reserved_bytes": bytes(e.reserved_bytes),
         "breakdown": {
             "weights": bytes(e.weights), "gradients": 0, "optimizer": 0, "activations": bytes(e.activations),
@@ -386,4 +383,14 @@ fn calibration(c: &super::calibration::Calibrated) -> Value {
             "phase": phase_name(e.oom.phase),
         })),
     })
+}
+
+/// bitsandbytes' quantization: its format, and a 4-bit one's double quantization and compute dtype.
+fn quantization(q: headroom_plan::bnb::Bnb) -> Value {
+    match q {
+        headroom_plan::bnb::Bnb::Int8 => json!({ "format": "int8" }),
+        headroom_plan::bnb::Bnb::FourBit { double_quant, compute, .. } => json!({
+            "format": q.format(), "double_quant": double_quant, "compute_dtype": compute.name(),
+        }),
+    }
 }

@@ -143,7 +143,20 @@ fn job_line(p: &TrainPlan) -> String {
         format_size(p.gpu.memory_bytes),
         match cfg.finetune {
             Finetune::Full => "training".to_string(),
-            f => format!("{} fine-tuning ({} trainable parameters)", f.name(), e.memory.trainable_params),
+            f => match headroom_plan::placement::base_format(cfg) {
+                // QLoRA's own setup goes without saying; another 4-bit storage is named.
+                Some(b @ headroom_plan::bnb::Bnb::FourBit { quant_type, double_quant, .. })
+                    if quant_type != headroom_plan::bnb::QuantType::Nf4 || !double_quant =>
+                {
+                    format!(
+                        "{} fine-tuning ({}; {} trainable parameters)",
+                        f.name(),
+                        b.describe(),
+                        e.memory.trainable_params
+                    )
+                }
+                _ => format!("{} fine-tuning ({} trainable parameters)", f.name(), e.memory.trainable_params),
+            },
         },
         cfg.micro_batch,
         cfg.seq,

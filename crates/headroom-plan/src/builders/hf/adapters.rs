@@ -70,8 +70,12 @@ use crate::model_units;
 pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
     match cfg.finetune {
         Finetune::Full => Ok(None),
-        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::All, .. } => Ok(Some("qlora-all")),
-        Finetune::Lora { base: BaseWeights::Nf4, targets: LoraTargets::QueryValue, .. } => Ok(Some("qlora-qv")),
+        Finetune::Lora { base: BaseWeights::Nf4 | BaseWeights::Fp4, targets: LoraTargets::All, .. } => {
+            Ok(Some("qlora-all"))
+        }
+        Finetune::Lora { base: BaseWeights::Nf4 | BaseWeights::Fp4, targets: LoraTargets::QueryValue, .. } => {
+            Ok(Some("qlora-qv"))
+        }
         Finetune::Lora { base: BaseWeights::Int8, .. } => {
             Err("LLM.int8's base was not recorded tensor by tensor".into())
         }

@@ -45,7 +45,7 @@ pub(super) fn fp32_pow(t: &mut Template) {
 }
 
 /// The op a site names: its last part (`… > aten::mul` is `aten::mul`).
-fn op(t: &Template, x: u32) -> &str {
+pub(super) fn op(t: &Template, x: u32) -> &str {
     let site = t.sites.get(t.tensors[x as usize].site as usize).map(String::as_str).unwrap_or("");
     site.rsplit(" > ").next().unwrap_or(site)
 }

@@ -36,12 +36,13 @@ mod adapters;
 mod autocast;
 mod dropout;
 pub(crate) mod expander;
+mod quant_state;
 
 use expander::Expander;
 
 use super::optimizer::{self, OptimizerParam};
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram, StateScale};
-use crate::job::{Attention, Checkpointing, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
+use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::Head;
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
@@ -225,6 +226,9 @@ pub fn program_of(
     let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u));
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
         autocast::fp32_pow(&mut t);
+    }
+    if matches!(cfg.finetune, Finetune::Lora { base, .. } if base.four_bit()) && !cfg.double_quant {
+        quant_state::without_double_quant(&mut t).map_err(|e| format!("`{key}`: {e}"))?;
     }
     let layers = stack_layers(model);
     let stacks_used = t.tensors.iter().filter_map(|x| x.home).map(|h| h.stack).collect::<Vec<_>>();
