@@ -536,7 +536,7 @@ def template(family, mode, precision, attn, variant=""):
             leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
             top = next((n for n, _ in ts[0]["ops"]), "")
             if not (role and role[0] == "param"):
-                lw = sp.head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}")
+                lw = sp.head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
             if enc_dec and not role:
                 lw = per_head(lw, d["heads"])
             if role and role[0] in ("param", "buffer"):

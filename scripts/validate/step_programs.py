@@ -129,6 +129,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import template_file  # noqa: E402
+from law_ambiguity import law_rivals  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
@@ -167,6 +168,16 @@ def layer_pattern(family):
 # with a head as wide as the heads' count in fp32 (48 = 12 x 4) a per-head mean is half a head;
 # with 2 key-value heads of 48, half the keys' width (rotate_half) is a head's.
 GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
+# Llama's and the Gemma families' heads, recorded after their templates held laws read in the
+# wrong heads' count (law_ambiguity.py): 15 heads of 40 over 5 key-value heads. No ratio among a
+# query's, a key's and a head's widths (3, 5, 15) is one of element widths (2, 4, or 0.5 of
+# rotate_half's halves), where GQA's 4 key-value heads make a key four heads wide (half a bf16
+# key reads as an fp32 head) and 8 over 4 or 4 over 2 make an fp32 key as large as a bf16
+# query; a key-value head count of 5 puts the keys' per-head statistics (20 bytes a token in
+# fp32) above the few bytes a token read as bytes. The hidden size 240, a multiple of the heads
+# (Gemma-2's and Gemma 3's configs refuse another): no power of two takes an odd count of heads.
+HEADS_APART = {"hidden_size": 240, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 40}
+HEADS_APART_FAMILIES = ("llama", "gemma", "gemma2", "gemma3_text")
 # No small multiple of the hidden size, the heads' widths or the vocabulary, nor half or twice one.
 MLP_WIDTH = 1184
 # Experts recorded as 9, 7 of them per token, each 352 wide: the router's tensors a token
@@ -189,6 +200,8 @@ def config(family, layers):
         # Phi-3 fuses the query, key and value projections: with half as many key-value heads
         # as heads its output (q + 2 kv) would be 2 q wide, with these it is `qkv` alone.
         cfg.update(GQA)
+    if family in HEADS_APART_FAMILIES:
+        cfg.update(HEADS_APART)
     if family in ("gemma", "gemma2", "gemma3_text", "gpt_neox"):
         # An MLP four times the hidden size (the small configs') makes an fp32 copy of a
         # bf16 hidden state as wide as half the MLP's activations: an MLP width of its own.
@@ -983,7 +996,13 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         leaf = next((name for name, _ in reversed(tensor["ops"])), "")
         top = next((name for name, _ in tensor["ops"]), "")
         if not (role and role[0] in ("param", "grad")):
-            lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}")
+            lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
+            rival = law_rivals(lw, d)
+            if rival:
+                kind, mine, others = rival[0]
+                raise Unexplained(f"{what} tensor {pos} ({top} > {leaf}): its {kind} law {mine} reads as well as "
+                                  f"{others} at {d['heads']} heads over {d.get('kv_heads')} of {d.get('d')}: "
+                                  f"record it at heads whose ratios no element widths share (law_ambiguity.py)")
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":
