@@ -15,7 +15,7 @@ sequence, or fixed, no other of them of a different size at the recording makes 
 as one bf16 or fp32 element a unit. A recording that breaks it is an error (`step_programs.py`
 refuses to write a template with such a law), not a silent choice; the way out is a recording
 config whose heads' ratios no element widths share: 15 query heads over 5 key-value heads of
-40 (`step_programs.HEADS_APART`), where 12 over 4 still lets half a bf16 key (rotate_half's)
+40 (`step_programs.GQA`), where 12 over 4 still lets half a bf16 key (rotate_half's)
 read as an fp32 head (`kv` = 4 `d`), and 8 over 4 or 4 over 2 an fp32 key as a bf16 query.
 
     python3 scripts/validate/law_ambiguity.py data/programs/hf*.tpl [--check] [--verbose]

@@ -54,7 +54,7 @@ PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 # `kv_heads`. At the recordings' 4 heads over 2 (16 and 8 bytes) or a key's 4 (16) these are a
 # few bytes a token, which `per_unit` reads as bytes, the same whatever the model's heads. The
 # mean plus epsilon (`aten::add`) is left as it was read: decode steps add int64 positions of
-# the same few bytes a sequence. Recorded at 5 key-value heads (`step_programs.HEADS_APART`),
+# the same few bytes a sequence. Recorded at 5 key-value heads (`step_programs.GQA`),
 # each is 20 bytes or more a token, which `per_unit` reads as the unit it is.
 NORM_SITES = ("aten::mean", "aten::rsqrt",
               "autograd::engine::evaluate_function: MulBackward0 > aten::sum",
