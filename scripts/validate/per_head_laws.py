@@ -17,6 +17,10 @@ recorders (`step_programs.py`, `infer_programs.py`) share, `head_law` below:
   and `seq` at a fixed count of bytes a position) were read as bytes at 16 or fewer a
   position, as int64 ids of that many bytes are. The operators that make them (`is_scores`)
   now make them per head at two bytes a head and more.
+- Until 2026-11-29 the statistics of a norm over each head (Qwen3's and Gemma 3's key and query
+  norms, one fp32 element a head a token) were bytes a token at 16 or fewer: the same whatever a
+  model's key-value heads. What made them (`NORM_SITES`) now reads them per query head or per
+  key-value head (`norm_law`).
 
 This applies the rule to what each template recorded, as recording it again would, and
 changes no size at the recording's own widths (each template's seven-layer check is
@@ -47,8 +51,11 @@ PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 # decode step's law grows with the past (`tok`) and has the step's own position as a constant
 # (`seq`), both a fixed count of bytes a position: per head there, where by bytes alone 16 bytes
 # a position (bf16 over 8 heads) are as likely two int64 ids.
+SCORE_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax")
+SCORE_SITES = ("aten::softmax > aten::empty_strided",)
+
 # What an RMS norm over each head makes (Qwen3's and Gemma 3's `q_norm` and `k_norm`, in fp32
-# whatever the job's precision): the mean of squares, plus epsilon, its `rsqrt`, and in the
+# whatever the job's precision): the mean of squares and its `rsqrt`, and in the
 # backward the gradient reaching `rsqrt` and its two steps; and SDPA's CPU kernel's fp32
 # logsumexp, one a head. One fp32 element a head a token: a query's norm `heads` wide, a key's
 # `kv_heads`. At the recordings' 4 heads over 2 (16 and 8 bytes) or a key's 4 (16) these are a
@@ -61,8 +68,6 @@ NORM_SITES = ("aten::mean", "aten::rsqrt",
               "autograd::engine::evaluate_function: RsqrtBackward0 > aten::pow",
               "autograd::engine::evaluate_function: RsqrtBackward0 > aten::mul",
               "aten::scaled_dot_product_attention > aten::empty")
-SCORE_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax")
-SCORE_SITES = ("aten::softmax > aten::empty_strided",)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import template_file  # noqa: E402
