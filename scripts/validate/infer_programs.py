@@ -111,8 +111,9 @@ EAGER_ONLY = ("gemma2", "bloom", "t5")
 # GPU runs at fp32 on SDPA's math path (no fused kernel takes fp32 with grouped heads, and
 # transformers passes `enable_gqa` when there is no mask): recorded at fp32 on that path too
 # (`sdpa-math`), asked for on the CPU as step_programs.py asks for it. Each recording config
-# groups its key-value heads (step_programs.py's GQA, Llama's 8 over 4, Gemma's and Gemma-3's
-# 4 over 2), so the math path's copies of keys and values at every query head are recorded.
+# groups its key-value heads (step_programs.py's GQA, 15 over 5; the bundled templates of
+# Llama at 8 over 4 and Gemma's and Gemma-3's at 4 over 2 were recorded before it), so the math
+# path's copies of keys and values at every query head are recorded.
 GROUPED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma3_text", "phi3")
 # T5 comes with v1.0's MLP (one ReLU projection in, tied: t5-base) or v1.1's gated pair with an
 # output layer of its own (flan-t5, T0, mT5): the second recorded under keys ending `/gated`.
@@ -529,7 +530,7 @@ def template(family, mode, precision, attn, variant=""):
             leaf = next((n for n, _ in reversed(ts[0]["ops"])), "")
             top = next((n for n, _ in ts[0]["ops"]), "")
             if not (role and role[0] == "param"):
-                lw = sp.head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}")
+                lw = sp.head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
             if enc_dec and not role:
                 lw = per_head(lw, d["heads"])
             if role and role[0] in ("param", "buffer"):

@@ -17,6 +17,10 @@ recorders (`step_programs.py`, `infer_programs.py`) share, `head_law` below:
   and `seq` at a fixed count of bytes a position) were read as bytes at 16 or fewer a
   position, as int64 ids of that many bytes are. The operators that make them (`is_scores`)
   now make them per head at two bytes a head and more.
+- Until 2026-11-29 the statistics of a norm over each head (Qwen3's and Gemma 3's key and query
+  norms, one fp32 element a head a token) were bytes a token at 16 or fewer: the same whatever a
+  model's key-value heads. What made them (`NORM_SITES`) now reads them per query head or per
+  key-value head (`norm_law`).
 
 This applies the rule to what each template recorded, as recording it again would, and
 changes no size at the recording's own widths (each template's seven-layer check is
@@ -50,6 +54,21 @@ PER_HEAD_BOOLS = ("aten::isneginf", "aten::all")
 SCORE_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax")
 SCORE_SITES = ("aten::softmax > aten::empty_strided",)
 
+# What an RMS norm over each head makes (Qwen3's and Gemma 3's `q_norm` and `k_norm`, in fp32
+# whatever the job's precision): the mean of squares and its `rsqrt`, and in the
+# backward the gradient reaching `rsqrt` and its two steps; and SDPA's CPU kernel's fp32
+# logsumexp, one a head. One fp32 element a head a token: a query's norm `heads` wide, a key's
+# `kv_heads`. At the recordings' 4 heads over 2 (16 and 8 bytes) or a key's 4 (16) these are a
+# few bytes a token, which `per_unit` reads as bytes, the same whatever the model's heads. The
+# mean plus epsilon (`aten::add`) is left as it was read: decode steps add int64 positions of
+# the same few bytes a sequence. Recorded at 5 key-value heads (`step_programs.GQA`),
+# each is 20 bytes or more a token, which `per_unit` reads as the unit it is.
+NORM_SITES = ("aten::mean", "aten::rsqrt",
+              "autograd::engine::evaluate_function: MulBackward0 > aten::sum",
+              "autograd::engine::evaluate_function: RsqrtBackward0 > aten::pow",
+              "autograd::engine::evaluate_function: RsqrtBackward0 > aten::mul",
+              "aten::scaled_dot_product_attention > aten::empty")
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import template_file  # noqa: E402
 
@@ -71,7 +90,27 @@ def is_scores(site):
     return op_of(site) in SCORE_OPS or site in SCORE_SITES
 
 
-def head_law(law, heads, op=""):
+def norm_law(law, heads, kv_heads, site):
+    """`law` read per head where a per-head norm made it (`NORM_SITES`): a token's (or, in a
+    decode step, a sequence's) few bytes that are one fp32 element a query head (`heads`) or a
+    key-value head (`kv_heads`); otherwise `law` itself. A hidden state's norm (one element a
+    token) stays bytes."""
+    if site not in NORM_SITES:
+        return law
+    out = dict(law)
+    for kind in ("tok", "seq"):
+        units = law.get(kind)
+        if not units or set(units) != {"one"}:
+            continue
+        n = units["one"] / 4
+        if n >= 2 and n == heads:
+            out[kind] = {"heads": 4.0}
+        elif n >= 2 and kv_heads and n == kv_heads:
+            out[kind] = {"kv_heads": 4.0}
+    return out
+
+
+def head_law(law, heads, op="", kv_heads=None):
     """`law` (bytes `one` as the sizes gave them) read by the rule, for a tensor made at site `op`
     (`top > leaf`, or the leaf operator alone).
 
@@ -84,6 +123,7 @@ def head_law(law, heads, op=""):
     position against the past, and its constant with it."""
     if not heads:
         return law
+    law = norm_law(law, heads, kv_heads, op)
     site, op = op, op_of(op)
     least = 1 if op in PER_HEAD_BOOLS else 2
     grows = [k for k in law if k != "fixed"]
@@ -108,9 +148,10 @@ def relaw(template):
     """`template`'s tensors' laws read again in place (split where tensors sharing a law now
     read apart, the table in order of first use, as the recorders write it); how many tensors
     changed."""
-    heads = template["dims"].get("heads")
+    heads, kv_heads = template["dims"].get("heads"), template["dims"].get("kv_heads")
     laws, sites, rows = template["laws"], template["sites"], template["tensors"]
-    new_laws = [head_law(laws[r[0]], heads, sites[r[2]]) for r in rows]
+    new_laws = [head_law(laws[r[0]], heads, sites[r[2]], kv_heads) if r[3] == -1 and r[4] == -1 else laws[r[0]]
+                for r in rows]
     changed = sum(new != laws[r[0]] for new, r in zip(new_laws, rows))
     if not changed:
         return 0

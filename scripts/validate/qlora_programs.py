@@ -35,8 +35,8 @@ import step_programs as sp
 FRACTIONS = (0.5, 1 / 16, 1 / 64, 1 / 4096)
 # bitsandbytes' constants: the NF4 code (16 fp32) and the dynamic map (256 fp32).
 CONSTANTS = (64, 1024)
-# Heads as the GQA recordings' (12 over 4 key-value heads: no power-of-two ratio, so no
-# weight's fraction equals another's), 80 wide, over a hidden size of 768 (a multiple of the
+# Heads of 12 over 4 key-value heads (no power-of-two ratio, so no weight's fraction equals
+# another's, and no law of the recorded QLoRA steps has a rival reading: law_ambiguity.py), 80 wide, over a hidden size of 768 (a multiple of the
 # heads, as Llama's config asks): every layer's out x in a multiple of 16,384, so bitsandbytes'
 # blocks divide every weight exactly.
 HEADS = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 80}

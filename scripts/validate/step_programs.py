@@ -30,6 +30,12 @@ Left out and reported: allocations made and freed inside one operator with no op
 inside it (CPU kernels' own scratch: a GPU kernel keeps its own, which the planner adds
 where it matters), and tensors of a few bytes (Python numbers wrapped as CPU tensors).
 
+A law is read from bytes at one model, so the recording config must let no two readings give
+the same bytes: where heads over key-value heads is an element widths' ratio (8 over 4, 4 over
+2), an fp32 key reads as a bf16 query. A recording with a law a tied unit could read as well
+(`law_ambiguity.py`) is refused, not written; the grouped families are recorded at 15 heads
+over 5 (`GQA`).
+
 Each template also stores what the recorder saw at four layers (`check`): the allocations
 and the live peak at one shape, which the planner's expansion of the three-layer template
 must reproduce exactly (`cargo test -p headroom-plan program_templates`).
@@ -129,6 +135,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import template_file  # noqa: E402
+from law_ambiguity import law_rivals  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
@@ -161,17 +168,25 @@ def layer_pattern(family):
     return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
-# Grouped key-value heads recorded as 12 heads of 40 over 4 key-value heads. Every width the
-# layers make must be told apart by its size: with a power-of-two ratio of heads to key-value
-# heads an fp32 key is as wide as half a bf16 query (12 over 3: kv x 4 bytes = q x 1), and
-# with a head as wide as the heads' count in fp32 (48 = 12 x 4) a per-head mean is half a head;
-# with 2 key-value heads of 48, half the keys' width (rotate_half) is a head's.
-GQA = {"num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 40}
+# Grouped key-value heads recorded as 15 heads of 40 over 5 key-value heads, at a hidden size of
+# 240 (a multiple of the heads: Gemma-2's, Gemma 3's and Phi-3's configs refuse another; no power
+# of two takes an odd count). Every width the layers make must be told apart by its size
+# (`law_ambiguity.py` refuses a recording where two readings give the same bytes): with a
+# power-of-two ratio of heads to key-value heads (8 over 4, 4 over 2: Llama's and the Gemma
+# families' templates until 2026-11-29) an fp32 key is as large as a bf16 query; with 4
+# key-value heads (12 over 4: the other grouped families' until then) a key is four heads wide,
+# so half a bf16 key (rotate_half's) reads as an fp32 head; with a head as wide as the heads'
+# count in fp32 (48 = 12 x 4) a per-head mean is half a head. Among 15, 5 and 40 no ratio is
+# one of element widths, and 5 key-value heads put a key's per-head fp32 statistics (20 bytes a
+# token) above the few bytes a token read as bytes.
+GQA = {"hidden_size": 240, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 40}
+GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "gemma", "gemma2",
+                "gemma3_text")
 # No small multiple of the hidden size, the heads' widths or the vocabulary, nor half or twice one.
 MLP_WIDTH = 1184
 # Experts recorded as 9, 7 of them per token, each 352 wide: the router's tensors a token
 # (its logits, E wide; the chosen experts' weights and indices, k wide) more than 16 bytes at
-# 2 bytes an element and more, and apart from the heads' (12) and key-value heads' (4) counts and widths, and an
+# 2 bytes an element and more, and apart from the heads' (15) and key-value heads' (5) counts and widths, and an
 # expert's fused gate and up projection (2 f) apart from the tokens' expert activations (k f),
 # which are equal at k = 2. transformers' default experts implementation (`grouped_mm`) sizes
 # every tensor by the tokens times k, whatever the routing: the sizes are laws in batch and
@@ -185,7 +200,7 @@ MOE = {"mixtral": {"num_local_experts": 9, "num_experts_per_tok": 7, "intermedia
 
 def config(family, layers):
     cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
-    if family in ("qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe", "qwen2_moe"):
+    if family in GQA_FAMILIES:
         # Phi-3 fuses the query, key and value projections: with half as many key-value heads
         # as heads its output (q + 2 kv) would be 2 q wide, with these it is `qkv` alone.
         cfg.update(GQA)
@@ -996,7 +1011,13 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         leaf = next((name for name, _ in reversed(tensor["ops"])), "")
         top = next((name for name, _ in tensor["ops"]), "")
         if not (role and role[0] in ("param", "grad")):
-            lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}")
+            lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
+            rival = law_rivals(lw, d)
+            if rival:
+                kind, mine, others = rival[0]
+                raise Unexplained(f"{what} tensor {pos} ({top} > {leaf}): its {kind} law {mine} reads as well as "
+                                  f"{others} at {d['heads']} heads over {d.get('kv_heads')} of {d.get('d')}: "
+                                  f"record it at heads whose ratios no element widths share (law_ambiguity.py)")
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":

@@ -1,0 +1,100 @@
+"""scripts/validate/law_ambiguity.py and per_head_laws.py's per-head norms: a recording whose
+heads cannot tell two laws apart is named, and the templates recorded at 15 heads over 5 hold
+no such law.
+
+    python3 -m unittest python/tests/test_law_ambiguity.py
+"""
+
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
+import law_ambiguity  # noqa: E402
+import per_head_laws  # noqa: E402
+import template_file  # noqa: E402
+
+PROGRAMS = os.path.join(ROOT, "data", "programs")
+
+
+def dims(hidden, heads, kv_heads, d):
+    return {"h": hidden, "f": 1184, "q": heads * d, "kv": kv_heads * d, "kf": 1184, "kh": hidden, "heads": heads,
+            "kv_heads": kv_heads, "d": d, "V": 4096, "E": 1, "k": 1, "one": 1, "P": 2048}
+
+
+class Rivals(unittest.TestCase):
+    def test_an_fp32_key_reads_as_a_bf16_query_at_twice_the_key_value_heads(self):
+        """At 8 heads over 4 of 48, an fp32 key (192 x 4 bytes a token) is a bf16 query (384 x 2)."""
+        d = dims(256, 8, 4, 48)
+        self.assertEqual(law_ambiguity.rivals(4 * d["kv"], d, "q"), [{"kv": 4.0}])
+        self.assertEqual(law_ambiguity.law_rivals({"tok": {"q": 2.0}}, d), [("tok", {"q": 2.0}, [{"kv": 4.0}])])
+        # Gemma's 4 over 2 of 96: the same, and a bf16 key is an fp32 head.
+        g = dims(256, 4, 2, 96)
+        self.assertEqual(law_ambiguity.rivals(2 * g["kv"], g, "kv"), [{"d": 4.0}])
+
+    def test_four_key_value_heads_make_half_a_bf16_key_an_fp32_head(self):
+        """12 over 4 of 40 (the GQA recordings): rotate_half's half of a bf16 key (kv x 1 byte) is an
+        fp32 head (d x 4): the two read apart only where the key-value heads are not four."""
+        d = dims(256, 12, 4, 40)
+        self.assertEqual(law_ambiguity.law_rivals({"tok": {"kv": 1.0}}, d), [("tok", {"kv": 1.0}, [{"d": 4.0}])])
+        self.assertEqual(law_ambiguity.law_rivals({"tok": {"q": 2.0}}, d), [])
+
+    def test_fifteen_heads_over_five_read_every_width_one_way(self):
+        d = dims(240, 15, 5, 40)
+        for unit in ("q", "kv", "d", "heads", "kv_heads"):
+            for per in (0.5, 1.0, 2.0, 4.0, 8.0):
+                self.assertEqual(law_ambiguity.rivals(per * d[unit], d, unit), [], f"{unit} x {per}")
+
+    def test_bytes_a_token_and_pair_laws_have_no_rival(self):
+        d = dims(256, 4, 2, 96)
+        self.assertEqual(law_ambiguity.law_rivals({"tok": {"one": 8.0}, "tok_s": {"heads": 2.0}}, d), [])
+        self.assertEqual(law_ambiguity.law_rivals({"fixed": {"q*h": 2.0}}, d), [])
+
+    def test_the_recorded_templates_at_fifteen_over_five_hold_no_rival_law(self):
+        """Every bundled template recorded at 15 heads over 5 passes the check its recording made;
+        one recorded at 4 over 2 of a LoRA step does not."""
+        seen = flagged = 0
+        for name in sorted(os.listdir(PROGRAMS)):
+            data = template_file.read(os.path.join(PROGRAMS, name))
+            for key, t in data["templates"].items():
+                if "laws" not in t:
+                    continue
+                if (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (15, 5):
+                    seen += 1
+                    self.assertEqual(law_ambiguity.audit(t), [], key)
+                elif (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (4, 2) and "/bf16/" in key \
+                        and key.endswith("/lora-all"):
+                    flagged += bool(law_ambiguity.audit(t))
+        self.assertGreater(seen, 0)
+        self.assertGreater(flagged, 0)
+
+
+class KeyNorms(unittest.TestCase):
+    def test_a_key_norm_s_statistics_are_a_key_value_head_each(self):
+        """Qwen3's and Gemma 3's norms over each head of the keys and queries, in fp32: one
+        element a head a token, read per head, where a hidden state's norm (one element a token)
+        stays bytes."""
+        law = per_head_laws.norm_law
+        self.assertEqual(law({"tok": {"one": 16.0}}, 12, 4, "aten::rsqrt"), {"tok": {"kv_heads": 4.0}})
+        self.assertEqual(law({"tok": {"one": 16.0}}, 4, 2, "aten::mean"), {"tok": {"heads": 4.0}})
+        self.assertEqual(law({"tok": {"one": 8.0}}, 4, 2,
+                             "autograd::engine::evaluate_function: RsqrtBackward0 > aten::pow"),
+                         {"tok": {"kv_heads": 4.0}})
+        self.assertEqual(law({"seq": {"one": 8.0}}, 4, 2, "aten::rsqrt"), {"seq": {"kv_heads": 4.0}})
+        self.assertEqual(law({"tok": {"one": 4.0}}, 4, 2, "aten::rsqrt"), {"tok": {"one": 4.0}})
+        # A decode step's int64 positions plus one: as many bytes, another operator.
+        self.assertEqual(law({"seq": {"one": 8.0}}, 4, 2, "aten::add"), {"seq": {"one": 8.0}})
+
+    def test_no_bundled_template_reads_a_head_norm_as_bytes(self):
+        stale = []
+        for name in sorted(os.listdir(PROGRAMS)):
+            data = template_file.read(os.path.join(PROGRAMS, name))
+            for key, t in data["templates"].items():
+                if "laws" in t and per_head_laws.relaw(t):
+                    stale.append(f"{name} {key}")
+        self.assertEqual(stale, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
