@@ -275,6 +275,27 @@ mod tests {
         }
     }
 
+    /// Each job's fp32 LoRA of `targets` (rank 16) on an H200 is planned from the template named
+    /// beside it, and trains the adapters peft makes: two steps' fp32 gradients of them, each
+    /// made once.
+    fn plans_fp32_lora_from(targets: LoraTargets, jobs: &[(Model, Checkpointing, &str)]) {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        for (model, checkpointing, want) in jobs {
+            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, targets, *checkpointing) };
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(*want),
+                "{}",
+                model.name
+            );
+            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
+            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+            let gradients: u64 =
+                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+            assert_eq!(gradients, 2 * adapter_bytes(model, 16, targets), "{want}");
+        }
+    }
+
     /// fp32 LoRA on a GPU replays the attention the GPU runs: SDPA's math path where the model
     /// groups its key-value heads (no fused kernel takes fp32 with them), SDPA's fused kernel
     /// where it has as many key-value heads as heads, eager attention where transformers has
@@ -283,7 +304,6 @@ mod tests {
     #[test]
     fn fp32_lora_replays_the_attention_a_gpu_runs() {
         use Checkpointing::{Full as Ckpt, None as NoCkpt};
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let jobs = [
@@ -345,23 +365,7 @@ mod tests {
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
         ];
-        for (model, checkpointing, want) in &jobs {
-            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
-            assert_eq!(
-                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(*want),
-                "{}",
-                model.name
-            );
-            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
-            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-            let gradients: u64 =
-                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
-            let adapters: u64 =
-                LoraTargets::All.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
-            // Two steps' fp32 gradients, each made once.
-            assert_eq!(gradients, 2 * 4 * adapters, "{want}");
-        }
+        plans_fp32_lora_from(LoraTargets::All, &jobs);
     }
 
     /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
@@ -371,7 +375,6 @@ mod tests {
     #[test]
     fn fp32_query_value_lora_replays_the_attention_a_gpu_runs() {
         use Checkpointing::{Full as Ckpt, None as NoCkpt};
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let qwen3 = || config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
@@ -398,21 +401,7 @@ mod tests {
             (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
         ];
-        for (model, checkpointing, want) in &jobs {
-            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::QueryValue, *checkpointing) };
-            assert_eq!(
-                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(*want),
-                "{}",
-                model.name
-            );
-            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
-            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-            let gradients: u64 =
-                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
-            // Two steps' fp32 gradients, each made once.
-            assert_eq!(gradients, 2 * adapter_bytes(model, 16, LoraTargets::QueryValue), "{want}");
-        }
+        plans_fp32_lora_from(LoraTargets::QueryValue, &jobs);
     }
 
     /// BERT's and T5's LoRA at each precision and checkpointing recorded for them, on every
