@@ -24,7 +24,8 @@
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral and Phi-3, each
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral and Phi-3, and
+//! with SDPA for GPT-2, Phi-3, Gemma and Qwen2-MoE (in `data/programs/hf-lora-fp32.tpl`), each
 //! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -370,7 +371,7 @@ mod tests {
 
     /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
     /// as every linear layer's does: SDPA's math path for models that group their key-value
-    /// heads. Each is planned from its own `lora-qv` template, its adapters' gradients those
+    /// heads, its fused kernel for those with as many key-value heads as heads. Each is planned from its own `lora-qv` template, its adapters' gradients those
     /// of the two projections peft wraps.
     #[test]
     fn fp32_query_value_lora_replays_the_attention_a_gpu_runs() {
@@ -380,6 +381,8 @@ mod tests {
         let qwen3 = || config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
         let gemma3 = || config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
         let phi3_grouped = || Model { kv_heads: 8, ..preset("phi-3-mini") };
+        let qwen2_moe =
+            || config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
         let jobs = [
             (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
@@ -400,6 +403,15 @@ mod tests {
             // its fused `qkv_proj` one adapter.
             (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // As many key-value heads as heads: SDPA's fused kernel.
+            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (qwen2_moe(), NoCkpt, "qwen2_moe/causal-lm/fp32/sdpa/full/lora-qv"),
+            (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
         ];
         plans_fp32_lora_from(LoraTargets::QueryValue, &jobs);
     }
