@@ -24,8 +24,9 @@
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral and Phi-3, and
-//! with SDPA for GPT-2, Phi-3, Gemma and Qwen2-MoE (in `data/programs/hf-lora-fp32.tpl`), each
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
+//! Phi-3 and (in `data/programs/hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma,
+//! Qwen2-MoE and GPT-NeoX and eager for BLOOM and Gemma-2 (in `hf-lora-fp32.tpl` too), each
 //! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -371,7 +372,8 @@ mod tests {
 
     /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
     /// as every linear layer's does: SDPA's math path for models that group their key-value
-    /// heads, its fused kernel for those with as many key-value heads as heads. Each is planned from its own `lora-qv` template, its adapters' gradients those
+    /// heads, its fused kernel for those with as many key-value heads as heads, eager attention
+    /// for BLOOM and Gemma-2. Each is planned from its own `lora-qv` template, its adapters' gradients those
     /// of the two projections peft wraps.
     #[test]
     fn fp32_query_value_lora_replays_the_attention_a_gpu_runs() {
@@ -412,6 +414,16 @@ mod tests {
             (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (qwen2_moe(), NoCkpt, "qwen2_moe/causal-lm/fp32/sdpa/full/lora-qv"),
             (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            // 32 heads over 4 key-value heads: the math path.
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), NoCkpt, "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // No SDPA path in transformers (BLOOM), or recorded eager alone (Gemma-2).
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-qv"),
+            (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-qv"),
+            (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-qv"),
+            (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
         ];
         plans_fp32_lora_from(LoraTargets::QueryValue, &jobs);
     }
