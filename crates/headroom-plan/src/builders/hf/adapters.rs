@@ -20,13 +20,13 @@
 //! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
 //! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
 //! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
-//! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager
+//! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager
 //! for BLOOM and Gemma-2 (checkpointed too);
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
 //! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
 //! Phi-3 and (in `data/programs/hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma,
-//! Qwen2-MoE and GPT-NeoX and eager for BLOOM and Gemma-2 (in `hf-lora-fp32.tpl` too), each
+//! Qwen2-MoE, GPT-NeoX and Llama and eager for BLOOM and Gemma-2 (in `hf-lora-fp32.tpl` too), each
 //! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -277,13 +277,13 @@ mod tests {
         }
     }
 
-    /// Each job's fp32 LoRA of `targets` (rank 16) on an H200 is planned from the template named
-    /// beside it, and trains the adapters peft makes: two steps' fp32 gradients of them, each
-    /// made once.
-    fn plans_fp32_lora_from(targets: LoraTargets, jobs: &[(Model, Checkpointing, &str)]) {
+    /// Each job's fp32 LoRA of `targets` (rank 16) with `attention` asked on an H200 is planned
+    /// from the template named beside it, and trains the adapters peft makes: two steps' fp32
+    /// gradients of them, each made once.
+    fn plans_fp32_lora_from(targets: LoraTargets, attention: Attention, jobs: &[(Model, Checkpointing, &str)]) {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         for (model, checkpointing, want) in jobs {
-            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, targets, *checkpointing) };
+            let cfg = TrainConfig { precision: Precision::Fp32, attention, ..lora(16, targets, *checkpointing) };
             assert_eq!(
                 crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
                 Ok(*want),
@@ -361,13 +361,16 @@ mod tests {
             (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
+            // Llama 2's 32 heads and 32 key-value heads: SDPA's fused kernel.
+            (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
             (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
         ];
-        plans_fp32_lora_from(LoraTargets::All, &jobs);
+        plans_fp32_lora_from(LoraTargets::All, Attention::Sdpa, &jobs);
     }
 
     /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
@@ -414,6 +417,8 @@ mod tests {
             (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (qwen2_moe(), NoCkpt, "qwen2_moe/causal-lm/fp32/sdpa/full/lora-qv"),
             (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             // 32 heads over 4 key-value heads: the math path.
@@ -425,7 +430,7 @@ mod tests {
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-qv"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
         ];
-        plans_fp32_lora_from(LoraTargets::QueryValue, &jobs);
+        plans_fp32_lora_from(LoraTargets::QueryValue, Attention::Sdpa, &jobs);
     }
 
     /// BERT's and T5's LoRA at each precision and checkpointing recorded for them, on every
