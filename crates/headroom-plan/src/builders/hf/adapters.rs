@@ -21,12 +21,12 @@
 //! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
 //! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
 //! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager
-//! for BLOOM and Gemma-2 (checkpointed too);
+//! for BLOOM and Gemma-2 (checkpointed too) and (in `hf-lora-fp32.tpl`) Llama, checkpointed too;
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
 //! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
 //! Phi-3 and (in `data/programs/hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma,
-//! Qwen2-MoE, GPT-NeoX and Llama and eager for BLOOM and Gemma-2 (in `hf-lora-fp32.tpl` too), each
+//! Qwen2-MoE, GPT-NeoX and Llama and eager for BLOOM, Gemma-2 and Llama (in `hf-lora-fp32.tpl` too), each
 //! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
@@ -280,13 +280,18 @@ mod tests {
     /// Each job's fp32 LoRA of `targets` (rank 16) with `attention` asked on an H200 is planned
     /// from the template named beside it, and trains the adapters peft makes: two steps' fp32
     /// gradients of them, each made once.
-    fn plans_fp32_lora_from(targets: LoraTargets, attention: Attention, jobs: &[(Model, Checkpointing, &str)]) {
+    fn plans_fp32_lora_from<K: AsRef<str>>(
+        targets: LoraTargets,
+        attention: Attention,
+        jobs: &[(Model, Checkpointing, K)],
+    ) {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         for (model, checkpointing, want) in jobs {
+            let want = want.as_ref();
             let cfg = TrainConfig { precision: Precision::Fp32, attention, ..lora(16, targets, *checkpointing) };
             assert_eq!(
                 crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(*want),
+                Ok(want),
                 "{}",
                 model.name
             );
@@ -431,6 +436,26 @@ mod tests {
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
         ];
         plans_fp32_lora_from(LoraTargets::QueryValue, Attention::Sdpa, &jobs);
+    }
+
+    /// fp32 LoRA with eager attention asked replays the eager step of the model's own family,
+    /// on every linear layer and on the query and value projections, with and without
+    /// checkpointing.
+    #[test]
+    fn fp32_lora_with_eager_attention_replays_the_eager_step() {
+        let models = [("llama-3-8b", "llama"), ("llama-2-7b", "llama")];
+        for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+            let jobs: Vec<_> = models
+                .iter()
+                .flat_map(|&(name, family)| {
+                    [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
+                        let model = crate::model::preset(name).expect("preset");
+                        (model, checkpointing, format!("{family}/causal-lm/fp32/eager/{ck}/{suffix}"))
+                    })
+                })
+                .collect();
+            plans_fp32_lora_from(targets, Attention::Eager, &jobs);
+        }
     }
 
     /// BERT's and T5's LoRA at each precision and checkpointing recorded for them, on every
