@@ -84,7 +84,7 @@ each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for
 Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM
-and Gemma-2 (checkpointed too) and (into `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2 and Mistral, checkpointed too; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
+and Gemma-2 (checkpointed too) and (into `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral and Qwen2, checkpointed too; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
 Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing, and at fp32 on SDPA's math path
 (`--only llama/causal-lm/fp32/sdpa-math/full --lora qv`) for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3,
 Mixtral and Phi-3, and with SDPA (`--only gpt2/causal-lm/fp32/sdpa/full --lora qv`, merged into

@@ -21,7 +21,7 @@
 //! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
 //! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
 //! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager
-//! for BLOOM and Gemma-2 (checkpointed too) and (in `hf-lora-fp32.tpl`) Llama, GPT-2 and Mistral, checkpointed too;
+//! for BLOOM and Gemma-2 (checkpointed too) and (in `hf-lora-fp32.tpl`) Llama, GPT-2, Mistral and Qwen2, checkpointed too;
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
 //! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
