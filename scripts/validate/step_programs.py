@@ -89,7 +89,7 @@ Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing, and 
 (`--only llama/causal-lm/fp32/sdpa-math/full --lora qv`) for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3,
 Mixtral and Phi-3, and with SDPA (`--only gpt2/causal-lm/fp32/sdpa/full --lora qv`, merged into
 `data/programs/hf-lora-fp32.tpl`, as `hf-lora.tpl` nears 2 MiB) for GPT-2, Phi-3, Gemma, Qwen2-MoE,
-GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma-2, Llama, GPT-2 and Mistral (into that file too),
+GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral and Qwen2 (into that file too),
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
