@@ -164,7 +164,7 @@ CASES = [
     ("bloom", "fp32", False, 6, 1, 112, 16, "qv"),
     ("gemma2", "fp32", True, 7, 2, 80, 8, "qv"),
     # fp32 with SDPA's fused kernel for Llama (Llama 2's 32 heads and 32), and eager attention
-    # asked for Llama, GPT-2, Mistral and Qwen2.
+    # asked for Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma.
     ("llama", "fp32", True, 6, 2, 112, 16, "all"),
     ("llama", "fp32", False, 7, 1, 80, 32, "qv"),
     ("llama", "fp32", False, 6, 2, 96, 8, "qv", None, "eager"),
@@ -174,6 +174,8 @@ CASES = [
     ("mistral", "fp32", False, 7, 2, 80, 16, "all", None, "eager"),
     ("mistral", "fp32", True, 6, 1, 112, 8, "qv", None, "eager"),
     ("qwen2", "fp32", True, 7, 2, 64, 32, "all", None, "eager"),
+    ("phi3", "fp32", False, 6, 2, 96, 16, "qv", None, "eager"),
+    ("gemma", "fp32", True, 7, 1, 96, 8, "all", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
