@@ -21,14 +21,14 @@
 //! SDPA's math path (a GPU's for fp32 with grouped key-value heads) for Llama, Mistral, Qwen2,
 //! Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for Phi-3 (checkpointed
 //! too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM and
-//! Gemma-2 (checkpointed too) and (in `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral
-//! and Qwen2, checkpointed too;
+//! Gemma-2 (checkpointed too) and (in `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral,
+//! Qwen2, Phi-3 and Gemma, checkpointed too;
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
 //! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
 //! Phi-3 and (in `hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma, Qwen2-MoE,
-//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral and Qwen2 (in
-//! `hf-lora-fp32.tpl` too), each checkpointed too (a
+//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and
+//! Gemma (in `hf-lora-fp32.tpl` too), each checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -451,6 +451,9 @@ mod tests {
             ("gpt2-xl", "gpt2"),
             ("mistral-7b", "mistral"),
             ("qwen2.5-7b", "qwen2"),
+            ("phi-3-mini", "phi3"),
+            ("gemma-2b", "gemma"),
+            ("gemma-7b", "gemma"),
         ];
         for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
             let jobs: Vec<_> = models
