@@ -153,6 +153,29 @@ CASES = [
     ("gemma3_text", "fp32", True, 7, 1, 112, 32, "qv", None, "sdpa-math"),
     ("mixtral", "fp32", False, 7, 1, 80, 16, "qv", None, "sdpa-math"),
     ("phi3", "fp32", True, 7, 2, 64, 8, "qv", None, "sdpa-math"),
+    # fp32, the query and value projections alone, with each family's own attention (SDPA's
+    # fused kernel, eager for BLOOM and Gemma-2) and Qwen3-MoE on the math path.
+    ("gpt2", "fp32", False, 6, 2, 80, 16, "qv"),
+    ("phi3", "fp32", True, 7, 1, 96, 16, "qv"),
+    ("gemma", "fp32", False, 6, 1, 128, 8, "qv"),
+    ("qwen2_moe", "fp32", False, 7, 2, 64, 16, "qv"),
+    ("qwen3_moe", "fp32", True, 6, 1, 112, 8, "qv", None, "sdpa-math"),
+    ("gpt_neox", "fp32", True, 6, 2, 96, 32, "qv"),
+    ("bloom", "fp32", False, 6, 1, 112, 16, "qv"),
+    ("gemma2", "fp32", True, 7, 2, 80, 8, "qv"),
+    # fp32 with SDPA's fused kernel for Llama (Llama 2's 32 heads and 32), and eager attention
+    # asked for Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma.
+    ("llama", "fp32", True, 6, 2, 112, 16, "all"),
+    ("llama", "fp32", False, 7, 1, 80, 32, "qv"),
+    ("llama", "fp32", False, 6, 2, 96, 8, "qv", None, "eager"),
+    ("llama", "fp32", True, 7, 1, 128, 16, "all", None, "eager"),
+    ("gpt2", "fp32", True, 7, 1, 112, 16, "all", None, "eager"),
+    ("gpt2", "fp32", False, 6, 2, 64, 32, "qv", None, "eager"),
+    ("mistral", "fp32", False, 7, 2, 80, 16, "all", None, "eager"),
+    ("mistral", "fp32", True, 6, 1, 112, 8, "qv", None, "eager"),
+    ("qwen2", "fp32", True, 7, 2, 64, 32, "all", None, "eager"),
+    ("phi3", "fp32", False, 6, 2, 96, 16, "qv", None, "eager"),
+    ("gemma", "fp32", True, 7, 1, 96, 8, "all", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

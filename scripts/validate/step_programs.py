@@ -89,11 +89,14 @@ Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemm
 each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for
-Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager for BLOOM
-and Gemma-2 (checkpointed too); and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
+Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM
+and Gemma-2 (checkpointed too) and (into `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma, checkpointed too; and the query and value projections' (`lora-qv`) at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM, Gemma-2, Gemma 3,
 Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing, and at fp32 on SDPA's math path
 (`--only llama/causal-lm/fp32/sdpa-math/full --lora qv`) for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3,
-Mixtral and Phi-3, each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
+Mixtral and Phi-3, and with SDPA (`--only gpt2/causal-lm/fp32/sdpa/full --lora qv`, merged into
+`data/programs/hf-lora-fp32.tpl`, as `hf-lora.tpl` nears 2 MiB) for GPT-2, Phi-3, Gemma, Qwen2-MoE,
+GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma (into that file too),
+each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's

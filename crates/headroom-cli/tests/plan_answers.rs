@@ -117,25 +117,32 @@ fn bert_and_t5_plan_qlora_from_their_own_templates() {
     }
 }
 
-/// fp32 LoRA of the query and value projections alone replays its own recorded step on SDPA's
-/// math path (what a GPU runs for fp32 with Llama 3's grouped key-value heads), with
+/// fp32 LoRA of the query and value projections alone replays its own recorded step: on SDPA's
+/// math path where the model groups its key-value heads (what a GPU runs for fp32 with Llama
+/// 3's), on SDPA's fused kernel where it has as many as heads (GPT-2, Phi-3-mini), with
 /// checkpointing and without, and says so; its adapters are fewer than every linear layer's.
 #[test]
 fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
-    let job = "--model llama-3-8b --gpu h200 --batch 1 --seq 256 --finetune lora --precision fp32 --lora-targets qv";
-    let (_, all) = plan(&with_flags(&args(job), "--lora-targets all"));
-    for (flags, want) in [
-        ("--checkpoint none", "llama/causal-lm/fp32/sdpa-math/full/lora-qv"),
-        ("--checkpoint full", "llama/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+    for (model, prefix) in [
+        ("llama-3-8b", "llama/causal-lm/fp32/sdpa-math"),
+        ("gpt2", "gpt2/causal-lm/fp32/sdpa"),
+        ("phi-3-mini", "phi3/causal-lm/fp32/sdpa"),
     ] {
-        let (code, p) = plan(&with_flags(&args(job), flags));
-        assert_eq!(code, 0, "{p}");
-        assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
-        assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-        assert_eq!(p["program"]["template"], want, "{}", p["program"]);
-        assert!(p["trainable_params"].as_f64() < all["trainable_params"].as_f64(), "{p}");
-        let (_, t) = text(&with_flags(&args(job), flags));
-        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+        let job = format!(
+            "--model {model} --gpu h200 --batch 1 --seq 256 --finetune lora --precision fp32 --lora-targets qv"
+        );
+        let (_, all) = plan(&with_flags(&args(&job), "--lora-targets all"));
+        for (flags, ck) in [("--checkpoint none", "full"), ("--checkpoint full", "ckpt")] {
+            let want = format!("{prefix}/{ck}/lora-qv");
+            let (code, p) = plan(&with_flags(&args(&job), flags));
+            assert_eq!(code, 0, "{p}");
+            assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
+            assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
+            assert_eq!(p["program"]["template"], want.as_str(), "{}", p["program"]);
+            assert!(p["trainable_params"].as_f64() < all["trainable_params"].as_f64(), "{p}");
+            let (_, t) = text(&with_flags(&args(&job), flags));
+            assert!(t.contains(&format!("recorded as {want}")), "{t}");
+        }
     }
 }
 

@@ -561,7 +561,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// with SDPA; `hf-variants.tpl`: the precisions, kernels and checkpointing recorded after
 /// those for families they hold (eager attention in bf16 with checkpointing and in fp32, AMP,
 /// fp32 with SDPA's math path or fused kernel, checkpointed fp32); `hf-lora.tpl`: peft's LoRA steps (`--lora`), keyed with the adapters'
-/// targets; `hf-qlora.tpl`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
+/// targets; `hf-lora-fp32.tpl`: the fp32 LoRA steps recorded once `hf-lora.tpl` neared 2 MiB
+/// (the query and value projections' with each family's own attention); `hf-qlora.tpl`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
 /// checkpointing, `/full/qlora-all`; `/ckpt/qlora-qv` and `/full/qlora-qv` with the adapters on
 /// the query and value projections), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
@@ -572,6 +573,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-more.tpl", include_bytes!("../../../data/programs/hf-more.tpl")),
     ("hf-variants.tpl", include_bytes!("../../../data/programs/hf-variants.tpl")),
     ("hf-lora.tpl", include_bytes!("../../../data/programs/hf-lora.tpl")),
+    ("hf-lora-fp32.tpl", include_bytes!("../../../data/programs/hf-lora-fp32.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
 ];
 

@@ -17,15 +17,18 @@
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
 //! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
-//! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and
-//! GPT-2 with SDPA, on SDPA's math path (a GPU's for fp32 with grouped key-value heads) for
-//! Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA
-//! for Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2, eager
-//! for BLOOM and Gemma-2 (checkpointed too);
+//! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and GPT-2 with SDPA, on
+//! SDPA's math path (a GPU's for fp32 with grouped key-value heads) for Llama, Mistral, Qwen2,
+//! Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for Phi-3 (checkpointed
+//! too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM and
+//! Gemma-2 (checkpointed too) and (in `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral,
+//! Qwen2, Phi-3 and Gemma, checkpointed too;
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral and Phi-3, each
-//! checkpointed too (a
+//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
+//! Phi-3 and (in `hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma, Qwen2-MoE,
+//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and
+//! Gemma (in `hf-lora-fp32.tpl` too), each checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
@@ -279,6 +282,32 @@ mod tests {
         }
     }
 
+    /// Each job's fp32 LoRA of `targets` (rank 16) with `attention` asked on an H200 is planned
+    /// from the template named beside it, and trains the adapters peft makes: two steps' fp32
+    /// gradients of them, each made once.
+    fn plans_fp32_lora_from<K: AsRef<str>>(
+        targets: LoraTargets,
+        attention: Attention,
+        jobs: &[(Model, Checkpointing, K)],
+    ) {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        for (model, checkpointing, want) in jobs {
+            let want = want.as_ref();
+            let cfg = TrainConfig { precision: Precision::Fp32, attention, ..lora(16, targets, *checkpointing) };
+            assert_eq!(
+                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
+                Ok(want),
+                "{}",
+                model.name
+            );
+            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
+            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+            let gradients: u64 =
+                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
+            assert_eq!(gradients, 2 * adapter_bytes(model, 16, targets), "{want}");
+        }
+    }
+
     /// fp32 LoRA on a GPU replays the attention the GPU runs: SDPA's math path where the model
     /// groups its key-value heads (no fused kernel takes fp32 with them), SDPA's fused kernel
     /// where it has as many key-value heads as heads, eager attention where transformers has
@@ -287,7 +316,6 @@ mod tests {
     #[test]
     fn fp32_lora_replays_the_attention_a_gpu_runs() {
         use Checkpointing::{Full as Ckpt, None as NoCkpt};
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let jobs = [
@@ -343,44 +371,33 @@ mod tests {
             (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
+            // Llama 2's 32 heads and 32 key-value heads: SDPA's fused kernel.
+            (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
             (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
         ];
-        for (model, checkpointing, want) in &jobs {
-            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::All, *checkpointing) };
-            assert_eq!(
-                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(*want),
-                "{}",
-                model.name
-            );
-            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
-            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-            let gradients: u64 =
-                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
-            let adapters: u64 =
-                LoraTargets::All.adapters(model, crate::model::Head::CausalLm).iter().map(|&(i, o)| 16 * (i + o)).sum();
-            // Two steps' fp32 gradients, each made once.
-            assert_eq!(gradients, 2 * 4 * adapters, "{want}");
-        }
+        plans_fp32_lora_from(LoraTargets::All, Attention::Sdpa, &jobs);
     }
 
     /// fp32 LoRA on the query and value projections alone replays the attention a GPU runs,
     /// as every linear layer's does: SDPA's math path for models that group their key-value
-    /// heads. Each is planned from its own `lora-qv` template, its adapters' gradients those
+    /// heads, its fused kernel for those with as many key-value heads as heads, eager attention
+    /// for BLOOM and Gemma-2. Each is planned from its own `lora-qv` template, its adapters' gradients those
     /// of the two projections peft wraps.
     #[test]
     fn fp32_query_value_lora_replays_the_attention_a_gpu_runs() {
         use Checkpointing::{Full as Ckpt, None as NoCkpt};
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let qwen3 = || config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b");
         let gemma3 = || config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
         let phi3_grouped = || Model { kv_heads: 8, ..preset("phi-3-mini") };
+        let qwen2_moe =
+            || config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b");
         let jobs = [
             (preset("llama-3-8b"), NoCkpt, "llama/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (preset("llama-3-8b"), Ckpt, "llama/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
@@ -401,21 +418,58 @@ mod tests {
             // its fused `qkv_proj` one adapter.
             (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // As many key-value heads as heads: SDPA's fused kernel.
+            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (qwen2_moe(), NoCkpt, "qwen2_moe/causal-lm/fp32/sdpa/full/lora-qv"),
+            (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-qv"),
+            // 32 heads over 4 key-value heads: the math path.
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), NoCkpt, "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
+            // No SDPA path in transformers (BLOOM), or recorded eager alone (Gemma-2).
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-qv"),
+            (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-qv"),
+            (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-qv"),
+            (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
         ];
-        for (model, checkpointing, want) in &jobs {
-            let cfg = TrainConfig { precision: Precision::Fp32, ..lora(16, LoraTargets::QueryValue, *checkpointing) };
-            assert_eq!(
-                crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
-                Ok(*want),
-                "{}",
-                model.name
-            );
-            let hf = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect(want);
-            let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-            let gradients: u64 =
-                hf.program.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Gradients).map(|(_, &b)| b).sum();
-            // Two steps' fp32 gradients, each made once.
-            assert_eq!(gradients, 2 * adapter_bytes(model, 16, LoraTargets::QueryValue), "{want}");
+        plans_fp32_lora_from(LoraTargets::QueryValue, Attention::Sdpa, &jobs);
+    }
+
+    /// fp32 LoRA with eager attention asked replays the eager step of the model's own family,
+    /// on every linear layer and on the query and value projections, with and without
+    /// checkpointing.
+    #[test]
+    fn fp32_lora_with_eager_attention_replays_the_eager_step() {
+        let models = [
+            ("llama-3-8b", "llama"),
+            ("llama-2-7b", "llama"),
+            ("gpt2", "gpt2"),
+            ("gpt2-xl", "gpt2"),
+            ("mistral-7b", "mistral"),
+            ("qwen2.5-7b", "qwen2"),
+            ("phi-3-mini", "phi3"),
+            ("gemma-2b", "gemma"),
+            ("gemma-7b", "gemma"),
+        ];
+        for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+            let jobs: Vec<_> = models
+                .iter()
+                .flat_map(|&(name, family)| {
+                    [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
+                        let model = crate::model::preset(name).expect("preset");
+                        (model, checkpointing, format!("{family}/causal-lm/fp32/eager/{ck}/{suffix}"))
+                    })
+                })
+                .collect();
+            plans_fp32_lora_from(targets, Attention::Eager, &jobs);
         }
     }
 
