@@ -979,7 +979,8 @@ fn inference_flags_are_refused_on_every_training_plan() {
     let cases: [(&[&str], &str); 7] = [
         (&["--train", "--quantize", "int8"], "--quantize"),
         (&["--finetune", "qlora", "--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"], "--quantize"),
-        (&["--finetune", "qlora", "--double-quant"], "--double-quant"),
+        // `--double-quant` is QLoRA's too now (`qlora_s_base_format_and_double_quantization`).
+        (&["--finetune", "qlora", "--compute-dtype", "bf16"], "--compute-dtype"),
         (&["--finetune", "lora", "--weights", "int4"], "--weights"),
         (&["--checkpoint", "full", "--kv-dtype", "fp8"], "--kv-dtype"),
         (&["--zero", "3", "--gpus", "2", "--max-num-seqs", "8"], "--max-num-seqs"),
