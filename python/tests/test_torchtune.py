@@ -127,10 +127,13 @@ class FakeAgainstReal(unittest.TestCase):
         inside, real = self.both("1B_full_single_device.yaml", optimizer=ADAMW)
         self.assertEqual(inside.rec.peak, real.rec.peak)
         # AdamW after the backward holds every gradient at once (the tied embedding's among them);
-        # in the backward, a parameter's gradient is freed once it is stepped.
+        # in the backward, a parameter's gradient is freed once it is stepped. The tied embedding's
+        # first gradient (the output layer's) waits in the engine's buffer for the embedding's, and
+        # the sum is made in its storage as a GPU makes it, so it is a gradient from the output
+        # layer's backward on, beside the one being stepped: at most two of the largest.
         largest = TINY_LLAMA_3_2["vocab_size"] * TINY_LLAMA_3_2["hidden_size"] * 2
         self.assertGreater(_live_peak(after.rec, "gradients"), 2 * largest)
-        self.assertLessEqual(_live_peak(inside.rec, "gradients"), largest)
+        self.assertLessEqual(_live_peak(inside.rec, "gradients"), 2 * largest)
 
     def test_chunked_cross_entropy_upcasts_a_chunk_at_a_time(self):
         chunked, real = self.both("1B_full_single_device.yaml", optimizer_in_bwd=False, optimizer=ADAMW)
