@@ -49,6 +49,7 @@ pub mod snapshot_replay;
 pub mod start_allocator;
 pub mod start_state;
 pub mod synth;
+pub mod trace_index;
 mod trace_requests;
 pub mod walk;
 pub mod what_if;

@@ -160,7 +160,8 @@ impl CapacitySource {
 pub fn recorded_peak_reserved(t: &DeviceTrace) -> u64 {
     let mut now = t.start.reserved_bytes();
     let mut peak = now;
-    for e in t.snap.device_traces.get(t.device as usize).map_or(&[][..], Vec::as_slice) {
+    let trace = t.trace();
+    for e in t.index().segment_events().iter().map(|&i| &trace[i]) {
         match e.action {
             TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
                 now = now.saturating_add(e.size);

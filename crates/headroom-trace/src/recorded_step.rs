@@ -21,7 +21,7 @@
 //! already ask for.
 
 use crate::phase::{ByPhase, Phase};
-use crate::snapshot::{MemorySnapshot, TraceAction};
+use crate::snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use std::fmt;
 
 /// What one moment of a trace did.
@@ -98,27 +98,52 @@ impl StepBoundary {
 /// recorded without frames, or without an optimizer, is one step.
 pub fn step_starts(snap: &MemorySnapshot, device: u32) -> Vec<usize> {
     let Some(trace) = snap.device_traces.get(device as usize) else { return Vec::new() };
-    // Stacks are interned: each is read once.
-    let mut optimizer: Vec<Option<bool>> = vec![None; snap.stacks.stacks.len()];
-    let mut boundary = StepBoundary::default();
-    let mut starts = Vec::new();
-    for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == TraceAction::Alloc) {
+    let mut starts = StepStarts::new(snap);
+    for (i, e) in trace.iter().enumerate() {
+        starts.see(snap, i, e);
+    }
+    starts.starts
+}
+
+/// [`step_starts`] found entry by entry, so that a walk reading the trace for other things
+/// finds them too ([`crate::trace_index::TraceIndex`]).
+pub(crate) struct StepStarts {
+    /// Whether each interned stack is the optimizer step's: each is read once.
+    optimizer: Vec<Option<bool>>,
+    boundary: StepBoundary,
+    pub(crate) starts: Vec<usize>,
+}
+
+impl StepStarts {
+    pub(crate) fn new(snap: &MemorySnapshot) -> Self {
+        StepStarts {
+            optimizer: vec![None; snap.stacks.stacks.len()],
+            boundary: StepBoundary::default(),
+            starts: Vec::new(),
+        }
+    }
+
+    /// Entry `i`, `e`, of the trace, after every entry before it.
+    #[inline]
+    pub(crate) fn see(&mut self, snap: &MemorySnapshot, i: usize, e: &TraceEvent) {
+        if e.action != TraceAction::Alloc {
+            return;
+        }
         let k = e.stack as usize;
-        let o = match optimizer.get(k).copied().flatten() {
+        let o = match self.optimizer.get(k).copied().flatten() {
             Some(o) => o,
             None => {
                 let o = snap.stacks.frames_of(e.stack).any(|(file, _, _)| file.contains("/torch/optim/"));
-                if let Some(slot) = optimizer.get_mut(k) {
+                if let Some(slot) = self.optimizer.get_mut(k) {
                     *slot = Some(o);
                 }
                 o
             }
         };
-        if boundary.begins(o) {
-            starts.push(i);
+        if self.boundary.begins(o) {
+            self.starts.push(i);
         }
     }
-    starts
 }
 
 /// Whether a step made the optimizer's state (the run keeps more after it than before).

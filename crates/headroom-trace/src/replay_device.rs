@@ -33,15 +33,7 @@ impl DeviceCall {
     pub fn of_trace(trace: &[TraceEvent]) -> Vec<DeviceCall> {
         trace
             .iter()
-            .filter(|e| {
-                matches!(
-                    e.action,
-                    TraceAction::SegmentAlloc
-                        | TraceAction::SegmentFree
-                        | TraceAction::SegmentMap
-                        | TraceAction::SegmentUnmap
-                )
-            })
+            .filter(|e| crate::trace_index::is_segment_event(e.action))
             .map(|e| DeviceCall { action: e.action, addr: e.addr, size: e.size })
             .collect()
     }

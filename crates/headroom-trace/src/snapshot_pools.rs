@@ -69,6 +69,7 @@
 //! segments in the same order.
 
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
+use crate::trace_index::TraceIndex;
 use headroom_alloc::sizing::{pool_for, round_size};
 use headroom_alloc::{
     AllocatorConfig, DeviceCachingAllocator, DeviceMemory, MempoolId, Policy, PoolKind, DEFAULT_MEMPOOL,
@@ -133,8 +134,13 @@ pub struct RecordedPools {
 impl RecordedPools {
     /// The private-pool segments `device`'s snapshot and trace name, or its trace shows.
     pub fn of(snap: &MemorySnapshot, device: u32) -> Self {
+        RecordedPools::of_index(snap, device, &TraceIndex::of(snap, device))
+    }
+
+    /// [`RecordedPools::of`], from the trace's index made already.
+    pub fn of_index(snap: &MemorySnapshot, device: u32, index: &TraceIndex) -> Self {
         let trace = snap.device_traces.get(device as usize).map_or(&[][..], |t| &t[..]);
-        let (mut lives, named_in_trace) = lives(snap, device, trace);
+        let (mut lives, named_in_trace) = lives(snap, device, trace, index);
         let mut notes = Vec::new();
         if !named_in_trace && !lives.is_empty() {
             let config = snap.allocator_config().0;
@@ -252,8 +258,9 @@ fn follows_its_segment(trace: &[TraceEvent], i: usize) -> bool {
 }
 
 /// Every segment's life in `trace`, with the pool the trace or the final state names; and
-/// whether any entry names a private pool.
-fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> (Vec<Life>, bool) {
+/// whether any entry names a private pool. Read from the segment events alone (`index`):
+/// the request that made a segment is the entry right after its `segment_alloc`.
+fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent], index: &TraceIndex) -> (Vec<Life>, bool) {
     let mut lives: Vec<Life> = Vec::new();
     let mut open: BTreeMap<u64, usize> = BTreeMap::new();
     let new = |addr: u64, size: u64, from, e: &TraceEvent, mapped| Life {
@@ -268,13 +275,22 @@ fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> (Vec<Life>
         why: if e.pool_id != DEFAULT_MEMPOOL { Why::Named } else { Why::Presumed },
         mapped,
     };
-    let mut named_in_trace = false;
-    for (i, e) in trace.iter().enumerate() {
-        named_in_trace |= e.pool_id != DEFAULT_MEMPOOL;
+    let named_in_trace = index.names_a_pool();
+    for &i in index.segment_events() {
+        let e = &trace[i];
         match e.action {
             TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
                 open.insert(e.addr, lives.len());
                 lives.push(new(e.addr, e.size, Some(i), e, e.action == TraceAction::SegmentMap));
+                // The segment just pushed, the open one at this address.
+                let m = i + 1;
+                if trace.get(m).is_some_and(|r| r.action == TraceAction::Alloc) && follows_its_segment(trace, m) {
+                    let r = &trace[m];
+                    if let Some(l) = lives.last_mut().filter(|l| r.addr < l.end && l.maker.is_none()) {
+                        l.maker = Some(m);
+                        l.kind = Some(pool_for(r.size.div_ceil(512) * 512));
+                    }
+                }
             }
             TraceAction::SegmentFree | TraceAction::SegmentUnmap => match open.remove(&e.addr) {
                 Some(k) => lives[k].until = Some(i),
@@ -284,13 +300,6 @@ fn lives(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> (Vec<Life>
                     lives.push(l);
                 }
             },
-            // The segment pushed at the entry before, the open one at this address.
-            TraceAction::Alloc if follows_its_segment(trace, i) => {
-                if let Some(l) = lives.last_mut().filter(|l| e.addr < l.end && l.maker.is_none()) {
-                    l.maker = Some(i);
-                    l.kind = Some(pool_for(e.size.div_ceil(512) * 512));
-                }
-            }
             _ => {}
         }
     }
@@ -348,7 +357,14 @@ fn infer_by_fit(lives: &mut [Life], trace: &[TraceEvent], config: &AllocatorConf
     // synchronisation of a flush, or from the request's own search, and are
     // not counted as free for it.
     let mut recent: Vec<(u64, u64)> = Vec::new();
-    for (i, e) in trace.iter().enumerate() {
+    // Past the last request that made a segment the rule may place, the walk would only keep
+    // its books: a rule's verdict on a segment changes only segments made before it.
+    let Some(until) =
+        lives.iter().filter(|l| l.from.is_some() && l.why == Why::Presumed && !l.mapped).filter_map(|l| l.maker).max()
+    else {
+        return;
+    };
+    for (i, e) in trace[..=until].iter().enumerate() {
         if !matches!(
             e.action,
             TraceAction::FreeCompleted

@@ -178,10 +178,11 @@ pub fn check_from(
     if let Some(e) = unsupported(device, &config) {
         return Err(e);
     }
-    let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
+    let maps = t.index().maps(trace);
     let capacity = if maps { capacity } else { CHECK_CAPACITY };
     let pools = t.pools();
-    let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, trace, None)?;
+    let calls_end = t.index().calls_end(trace);
+    let mut a = allocator_at(start, config.clone(), PyTorchPolicy, capacity, device, calls_end, None)?;
     a.record_device_calls();
     let mut checker = Checker {
         trace,

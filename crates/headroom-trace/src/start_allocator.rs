@@ -4,7 +4,6 @@
 //! The check and every what-if start here.
 
 use crate::replay_device::{DeviceCall, RecordedDevice};
-use crate::snapshot::TraceEvent;
 use crate::start_state::{InconsistentTrace, StartState};
 use headroom_alloc::{
     AllocatorConfig, Backend, DeviceCachingAllocator, ExpandableLayout, FaultyDevice, LiveBlock, Policy, SimDevice,
@@ -36,17 +35,18 @@ pub(crate) fn unsupported(device: u32, config: &AllocatorConfig) -> Option<Snaps
 }
 
 /// The allocator as the trace began on `device`: `start` adopted on a device of `capacity`
-/// bytes that follows `script` (the recorded device's calls) where one is given.
+/// bytes that follows `script` (the recorded device's calls) where one is given. The device
+/// picks its own addresses above `calls_end`, the end of the highest range the trace's
+/// device calls name ([`crate::trace_index::TraceIndex::calls_end`]).
 pub(crate) fn allocator_at<P: Policy>(
     start: &StartState,
     config: AllocatorConfig,
     policy: P,
     capacity: u64,
     device: u32,
-    trace: &[TraceEvent],
+    calls_end: u64,
     script: Option<Vec<DeviceCall>>,
 ) -> Result<DeviceCachingAllocator<ReplayDevice, P>, SnapshotReplayError> {
-    let trace_end = DeviceCall::of_trace(trace).iter().map(|c| c.addr.saturating_add(c.size)).max().unwrap_or(0);
     if start.reserved_bytes() > capacity {
         return Err(SnapshotReplayError::Capacity {
             device,
@@ -65,7 +65,7 @@ pub(crate) fn allocator_at<P: Policy>(
     let bad = |m: String| SnapshotReplayError::Unsupported { device, message: m };
     // The device's own addresses stay clear of every one the recording names,
     // which a replay may be told to use later.
-    let named = trace_end.max(start.segments.iter().map(|s| s.address + s.size).max().unwrap_or(0));
+    let named = calls_end.max(start.segments.iter().map(|s| s.address + s.size).max().unwrap_or(0));
     a.device_mut().inner_mut().sim_mut().keep_own_addresses_above(named);
     for s in start.segments.iter().filter(|s| !s.expandable) {
         a.device_mut().inner_mut().sim_mut().adopt_segment(s.address, s.size).map_err(|e| bad(e.to_string()))?;

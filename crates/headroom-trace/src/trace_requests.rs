@@ -6,6 +6,7 @@
 
 use crate::memory_snapshot::{TraceAction, TraceEvent};
 use crate::snapshot_pools::RecordedPools;
+use crate::trace_index::is_segment_event;
 use crate::walk::{AddressSlots, Op};
 use rustc_hash::FxHashMap;
 
@@ -48,13 +49,6 @@ fn next_is((marked, next): &mut (Vec<usize>, usize), i: usize) -> bool {
     let hit = marked.get(*next) == Some(&i);
     *next += usize::from(hit);
     hit
-}
-
-fn is_segment_event(a: TraceAction) -> bool {
-    matches!(
-        a,
-        TraceAction::SegmentAlloc | TraceAction::SegmentFree | TraceAction::SegmentMap | TraceAction::SegmentUnmap
-    )
 }
 
 /// The trace's entries as a walk's operations, each at its entry's index.

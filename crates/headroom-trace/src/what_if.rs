@@ -262,7 +262,7 @@ fn replay_prefix(
     let mut ops = TraceRequests::new(
         trace,
         pools,
-        crate::recorded_step::step_starts(t.snap, t.device),
+        t.index().step_starts().to_vec(),
         recorded.empty_cache_calls.clone(),
         progress,
     )
@@ -338,8 +338,10 @@ fn start(
             if let Some(e) = unsupported(device, &config) {
                 return Err(e);
             }
-            let script = crate::replay_device::DeviceCall::of_trace(t.trace());
-            let a = allocator_at(start, config, policy.build(), capacity, device, t.trace(), Some(script))?;
+            let (index, trace) = (t.index(), t.trace());
+            let script = index.device_calls(trace);
+            let a =
+                allocator_at(start, config, policy.build(), capacity, device, index.calls_end(trace), Some(script))?;
             let blocks = live
                 .iter()
                 .map(|(b, _, _)| {
@@ -355,7 +357,7 @@ fn start(
                     message: crate::replay::ASYNC_NOT_SIMULATED.to_string(),
                 });
             }
-            let mut a = allocator_at(&StartState::default(), config, policy.build(), capacity, device, &[], None)?;
+            let mut a = allocator_at(&StartState::default(), config, policy.build(), capacity, device, 0, None)?;
             let mut blocks = Vec::with_capacity(live.len());
             for (b, stream, pool) in live {
                 let got = a.malloc_in_pool(b.requested_size.max(1), stream, pool).map_err(|e| {

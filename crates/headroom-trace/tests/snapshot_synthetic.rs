@@ -9,10 +9,13 @@ use headroom_alloc::AllocatorConfig;
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::jsonl::{TraceLine, TraceOp};
 use headroom_trace::recorded_memory::recorded_peak_reserved;
+use headroom_trace::recorded_step::step_starts;
 use headroom_trace::replay::{replay, ReplayOptions};
+use headroom_trace::replay_device::DeviceCall;
 use headroom_trace::snapshot::{read_snapshot, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::{check_device, check_from, Fidelity};
+use headroom_trace::trace_index::TraceIndex;
 use headroom_trace::what_if::what_if_device;
 
 const MIB: u64 = 1 << 20;
@@ -86,6 +89,21 @@ fn assert_exact(f: &Fidelity, what: &str) {
     println!("{what}: {f}, {} live at start", f.live_at_start);
 }
 
+/// The trace's index says what the walks of the whole trace it stands for say.
+fn assert_index_reads_the_trace(snap: &MemorySnapshot, device: u32) {
+    let trace = &snap.device_traces[device as usize];
+    let index = TraceIndex::of(snap, device);
+    let calls = DeviceCall::of_trace(trace);
+    assert!(!calls.is_empty(), "device {device}: the trace makes device calls");
+    assert_eq!(index.device_calls(trace), calls, "device {device}");
+    assert_eq!(index.step_starts(), step_starts(snap, device), "device {device}");
+    let end = calls.iter().map(|c| c.addr + c.size).max();
+    assert_eq!(index.calls_end(trace), end.unwrap_or(0), "device {device}");
+    let maps = trace.iter().any(|e| e.action == TraceAction::SegmentMap);
+    assert_eq!(index.maps(trace), maps, "device {device}");
+    assert!(!index.names_a_pool(), "device {device}: no private pool");
+}
+
 #[test]
 fn blocks_used_on_other_streams_free_when_their_events_complete() {
     let snap = recorded(&workload(200), 80 << 30, usize::MAX);
@@ -117,6 +135,7 @@ fn the_allocators_own_flush_replays_in_order() {
         .filter(|w| w[0].action == TraceAction::SegmentFree && w[1].action == TraceAction::SegmentAlloc)
         .count();
     assert!(flushes > 5, "{flushes} flushes");
+    assert_index_reads_the_trace(&snap, 0);
     let f = check_device(&snap, 0, 160 * MIB, |_| {}).unwrap();
     assert!(f.segment_total > 100);
     assert_exact(&f, "flushes");
@@ -183,6 +202,8 @@ fn several_devices_with_expandable_segments_and_ooms_replay_as_recorded() {
     let ooms: usize = snap.device_traces.iter().flatten().filter(|e| e.action == TraceAction::Oom).count();
     assert!(ooms > 0, "the small devices ran out of memory");
     for device in snap.devices() {
+        assert_index_reads_the_trace(&snap, device);
+        assert!(TraceIndex::of(&snap, device).maps(&snap.device_traces[device as usize]), "device {device}");
         let t = DeviceTrace::new(&snap, device).unwrap();
         assert!(
             t.start.segments.iter().any(|s| s.expandable),
