@@ -570,10 +570,10 @@ mod tests {
             (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
-                "qwen2_moe/causal-lm/bf16/sdpa-math",
+                "qwen2_moe/causal-lm/bf16/sdpa",
             ),
             (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa-math"),
-            (preset("gemma-7b"), "gemma/causal-lm/bf16/sdpa-math"),
+            (preset("gemma-7b"), "gemma/causal-lm/bf16/sdpa"),
             (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa-math"),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa-math"),
             // Eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's steps are
