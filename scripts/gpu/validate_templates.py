@@ -102,6 +102,9 @@ def jobs():
         job("llama-3-8b qlora r16 no-ckpt 1x2048", preset("llama-3-8b"), "qlora", seq=2048),
         job("gpt2 qlora r16 no-ckpt 4x1024", preset("gpt2"), "qlora", batch=4, seq=1024),
         job("bert-large qlora r16 no-ckpt 8x512", preset("bert-large-uncased"), "qlora", batch=8, seq=512),
+        # QLoRA of heads that are their own key-value heads: fp32 SDPA on the memory-efficient kernel.
+        job("phi-3-mini qlora-qv r16 no-ckpt 1x1024", preset("phi-3-mini"), "qlora", targets="qv"),
+        job("llama-2-7b qlora-qv r16 no-ckpt 1x1024", preset("llama-2-7b"), "qlora", targets="qv"),
         # T5 v1.0 (ReLU MLP) training, and BERT.
         job("t5-base fp32 2x512", preset("t5-base"), "train", dtype="fp32", attention="eager", batch=2, seq=512),
         job("t5-base bf16 2x512", preset("t5-base"), "train", attention="eager", batch=2, seq=512),
@@ -209,13 +212,13 @@ def build(j, torch, transformers, device):
         # headroom_gpu.qlora's setup, the recorder's: transformers' bitsandbytes modules built on
         # the meta device with the model's own head, each layer quantized by bitsandbytes as it
         # lands on the GPU, then peft's prepare_model_for_kbit_training (use_gradient_checkpointing
-        # as the job asks) and LoRA on every linear layer.
+        # as the job asks) and LoRA on every linear layer (or the query and value projections).
         sys.path.insert(0, os.path.join(ROOT, "python"))
         from headroom_gpu import qlora
 
         config.use_cache = False
         model = qlora.prepare(qlora.build(config, j["attention"]), j["rank"], device=device,
-                              checkpointing=j["checkpoint"])
+                              checkpointing=j["checkpoint"], targets=j["targets"])
         # A meta model's buffers arrive uninitialized, which fake tensors never read but a GPU
         # does: BERT's embeddings gather by their position and token-type ids.
         with torch.no_grad():

@@ -35,13 +35,19 @@ import step_programs as sp
 FRACTIONS = (0.5, 1 / 16, 1 / 64, 1 / 4096)
 # bitsandbytes' constants: the NF4 code (16 fp32) and the dynamic map (256 fp32).
 CONSTANTS = (64, 1024)
-# Heads of 12 over 4 key-value heads (no power-of-two ratio, so no weight's fraction equals
+# Heads of 12 over 4 key-value heads for the math path's keys (`sdpa-math`), or over 12 for the
+# memory-efficient kernel's (`sdpa`: `qlora_config(grouped=False)`) (no power-of-two ratio, so no weight's fraction equals
 # another's, and no law of the recorded QLoRA steps has a rival reading: law_ambiguity.py), 80 wide, over a hidden size of 768 (a multiple of the
 # heads, as Llama's config asks): every layer's out x in a multiple of 16,384, so bitsandbytes'
 # blocks divide every weight exactly.
 HEADS = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 80}
 # bitsandbytes' blocks behind FRACTIONS: (bytes a block, elements a block).
 BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
+# The attention each key records, as transformers names it.
+ATTENTION = {"sdpa": "sdpa", "sdpa-math": "sdpa", "eager": "eager"}
+# The kernel a GPU runs for the key's SDPA (`headroom_gpu.sdpa`), held to the recording: fp32
+# (QLoRA's), so the fused one is the memory-efficient kernel.
+KERNELS = {"sdpa": "efficient", "sdpa-math": "math", "eager": None}
 # The MLP width of its own some families are recorded at (`step_programs.MLP_WIDTH`, 1,184) makes
 # 1,184 x 768 elements, 55.5 blocks of 16,384: its second-level absmax rounds up to 56 and fits
 # no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
@@ -186,8 +192,9 @@ def _adapters_in_layers(rec):
         peft.tuners.lora.LoraModel._create_and_replace = create
 
 
-def qlora_config(family, layers, cfg=None):
-    """`cfg` (step_programs.py's config of `family` where not given) at QLoRA's recording widths."""
+def qlora_config(family, layers, cfg=None, grouped=True):
+    """`cfg` (step_programs.py's config of `family` where not given) at QLoRA's recording widths;
+    `grouped=False`: every head its own key-value head (Llama 2's, Phi-3-mini's)."""
     cfg = dict(cfg or sp.config(family, layers))
     if family == "bert":
         # Its heads are the hidden size over their count (64 each): no key-value heads of its own.
@@ -201,6 +208,8 @@ def qlora_config(family, layers, cfg=None):
         cfg.update(hidden_size=HEADS["hidden_size"], n_head=HEADS["num_attention_heads"])
     else:
         cfg.update(HEADS)
+    if not grouped and "num_key_value_heads" in cfg:
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     if family == "gpt_neox":
         # Its attention reads no key-value heads and no head width (12 heads of 64), but its
         # rotary embedding would take `head_dim`'s 80 and rotate a quarter of that of a head of 64.
@@ -222,15 +231,22 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn not in ("sdpa", "eager") or head not in qlora.HEADS:
+        if precision != "bf16" or attn not in ATTENTION or head not in qlora.HEADS:
             raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
                                  f"with a head of {', '.join(qlora.HEADS)}")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
-        cfg = qlora_config(family, layers)
+        if attn == "sdpa-math" and family not in sp.GQA_FAMILIES:
+            raise sp.Unexplained(f"{self.what}: SDPA's math path is recorded over grouped key-value heads, which "
+                                 f"{family} has no setting for")
+        # prepare_model_for_kbit_training casts the embeddings and norms to fp32, and
+        # Linear4bit returns its input's dtype, so SDPA runs in fp32: a GPU's memory-efficient
+        # kernel over heads that are their own key-value heads (`sdpa`), its math path over
+        # grouped ones (`sdpa-math`), which the kernel cannot take.
+        cfg = qlora_config(family, layers, grouped=attn != "sdpa")
         fields = dict(cfg)
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
         config.use_cache = False
-        meta = qlora.build(config, attn, model_head=head)
+        meta = qlora.build(config, ATTENTION[attn], model_head=head)
         rank = adapters[0]
         torch.manual_seed(0)
         grads = {}
@@ -259,6 +275,13 @@ class QLoraJob(sp.Job):
                                    for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+            wanted = KERNELS[attn]
+            # A mask (Gemma 3's sliding layers) has transformers copy the key-value heads with
+            # `repeat_kv`, which the memory-efficient kernel takes: only the math path's key
+            # may hold both.
+            ran = set(rec.sdpa_kernels)
+            if wanted and (wanted not in ran or attn == "sdpa" and ran != {wanted}):
+                raise sp.Unexplained(f"{self.what}: SDPA ran {dict(rec.sdpa_kernels)}, where the key is {wanted}'s")
             self._read_fake(rec, model, opt, ids, family, cfg, rank, grads)
 
     def _read_fake(self, rec, model, opt, ids, family, cfg, rank, grads):

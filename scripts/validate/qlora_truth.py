@@ -24,6 +24,10 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only llama --targets qv --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --checkpoint off --targets qv --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --variants --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --ungrouped --out data/validation/qlora_fake_truth.json
+
+`UNGROUPED_CASES` have every head its own key-value head, whose fp32 attention (QLoRA's) a GPU
+runs on the memory-efficient kernel: against the `.../bf16/sdpa/...` templates recorded so.
 """
 
 import argparse
@@ -208,6 +212,32 @@ VARIANT_CASES = [
                "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 5, 1, 160, 8, True,
      "fp4", True),
 ]
+# QLoRA of models whose every head is its own key-value head (Llama 2's, Gemma-7B's,
+# Qwen1.5-MoE's), whose fp32 attention a GPU runs on the memory-efficient kernel, checked against
+# the `.../bf16/sdpa/...` templates recorded so (the grouped families' math-path recordings are
+# `.../bf16/sdpa-math/...`): (family, config, layers, batch, seq, rank, checkpoint, targets),
+# chosen before any was measured, at widths, depths, shapes and ranks the templates and the
+# cases above do not use.
+UNGROUPED_CASES = [
+    # Llama 2's layout at 20 heads of 64 on 1,280, the query and value adapted, no checkpointing
+    # (Llama-2-7B's `--lora-targets qv` plan).
+    ("llama", {"hidden_size": 1280, "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 64,
+               "intermediate_size": 3456, "vocab_size": 8000}, 5, 2, 96, 16, False, "qv"),
+    # 16 heads of 64 on 1,024, every linear layer adapted, checkpointed.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+               "intermediate_size": 2752, "vocab_size": 8000}, 6, 1, 224, 8, True, "all"),
+    # Gemma-7B's layout: heads of 256, each its own key-value head, the query wider than the
+    # hidden size (8 heads on 1,024; Gemma-7B's 16 on 3,072), tied, no checkpointing.
+    ("gemma", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 256,
+               "intermediate_size": 4096, "vocab_size": 8000, "tie_word_embeddings": True}, 5, 1, 128, 16, False,
+     "all"),
+    # Qwen1.5-MoE's layout: 16 heads of 64 over 16, a shared expert beside the routed ones,
+    # checkpointed, the query and value adapted.
+    ("qwen2_moe", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+                   "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
+                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 5, 2, 64, 16, True, "qv"),
+]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -282,6 +312,22 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all
             **({"double_quant": False} if not double_quant else {}), "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
+def case_fields(c):
+    """An UNGROUPED_CASES entry as `case_key` reads a recorded case."""
+    family, fields, layers, batch, seq, rank, checkpoint, targets = c
+    return (family, json.dumps(fields, sort_keys=True), layers, batch, seq, rank, checkpoint, targets)
+
+
+def case_key(c):
+    """A recorded case's family, config (less what `case` adds), depth, shape, rank, checkpointing
+    and targets."""
+    fields = {k: v for k, v in c["config"].items()
+              if k not in ("model_type", "num_hidden_layers", "max_position_embeddings", "tie_word_embeddings")
+              or k == "tie_word_embeddings" and v}
+    return (c["family"], json.dumps(fields, sort_keys=True), c["layers"], c["batch"], c["seq"], c["rank"],
+            c.get("checkpoint", True), c.get("targets", "all"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -295,6 +341,9 @@ def main():
                          "with --only, the others are kept from --out")
     ap.add_argument("--variants", action="store_true",
                     help="record VARIANT_CASES alone (FP4, no double quantization), the other cases kept from --out")
+    ap.add_argument("--ungrouped", action="store_true",
+                    help="record UNGROUPED_CASES alone (every head its own key-value head), the other cases kept "
+                         "from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
@@ -306,7 +355,14 @@ def main():
 
     cases = []
     variant = lambda c: "quant_type" in c or "double_quant" in c  # noqa: E731
-    if args.variants:
+    ungrouped = [case_fields(c) for c in UNGROUPED_CASES]
+    if args.ungrouped:
+        with open(args.out) as f:
+            cases = [c for c in json.load(f)["cases"] if case_key(c) not in ungrouped]
+        for c in UNGROUPED_CASES:
+            cases.append(case(*c[:6], checkpoint=c[6], targets=c[7]))
+            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+    elif args.variants:
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"] if not variant(c)]
         for c in VARIANT_CASES:
@@ -320,14 +376,17 @@ def main():
     todo = [(c, checkpoint, t) for group, checkpoint, t in ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"),
                                                         (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
             if checkpoint in kinds for c in group]
-    for c, checkpoint, t in [] if args.variants else todo:
+    for c, checkpoint, t in [] if args.variants or args.ungrouped else todo:
         if only and c[0] not in only or t not in targets:
             continue
         cases.append(case(*c, checkpoint=checkpoint, targets=t))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
-    if not (args.variants or only or len(kinds) < 2 or len(targets) < 2):
+    if not (args.variants or args.ungrouped or only or len(kinds) < 2 or len(targets) < 2):
         for c in VARIANT_CASES:
             cases.append(case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8]))
+            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+        for c in UNGROUPED_CASES:
+            cases.append(case(*c[:6], checkpoint=c[6], targets=c[7]))
             print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,

@@ -106,6 +106,9 @@ cross-attention, and peft's default targets for them are BERT's `query` and `val
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
+QLoRA's SDPA runs in fp32, so a family with grouped key-value heads (`GQA_FAMILIES`) is recorded
+under `/bf16/sdpa-math/` over grouped heads (a GPU's math path) and under `/bf16/sdpa/` with every
+head its own key-value head (the memory-efficient kernel; `qlora_programs.py`);
 `/full/qlora-all` without checkpointing, as `prepare_model_for_kbit_training(model,
 use_gradient_checkpointing=False)` sets it up;
 BERT as a masked LM, T5 as a sequence-to-sequence LM, each with peft's task type for it): peft's
@@ -1198,9 +1201,13 @@ def main():
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, with checkpointing
         # (its default) and without (`use_gradient_checkpointing=False`); SDPA, or eager where the
         # recordings have none (BLOOM, T5) or a key asks for it (Gemma-2).
+        # SDPA runs in fp32 under QLoRA (qlora_programs.py): the families with grouped key-value
+        # heads are recorded twice, `sdpa` with every head its own key-value head (the fused
+        # kernel's) and `sdpa-math` with grouped heads (the math path's).
         jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
                 if j[2] == "bf16"
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
+        jobs += [j[:3] + ("sdpa-math",) + j[4:] for j in jobs if j[3] == "sdpa" and j[0] in GQA_FAMILIES]
     if args.gated:
         os.environ[GATED_T5] = "1"
         jobs = [j for j in jobs if j[0] == "t5"]

@@ -1236,12 +1236,13 @@ fn lora_on_a_recorded_family_replays_peft_s_recorded_step() {
     assert_eq!(j64["program"]["template"], j["program"]["template"], "{j64}");
     assert!(j64["breakdown"]["optimizer"].as_f64() > j["breakdown"]["optimizer"].as_f64(), "{j64}");
     // QLoRA replays its own recorded step, without checkpointing
-    // (`use_gradient_checkpointing=False`) and with it (prepare_model_for_kbit_training's default).
+    // (`use_gradient_checkpointing=False`) and with it (prepare_model_for_kbit_training's default):
+    // SDPA's math path, which a GPU runs for QLoRA's fp32 attention over Llama 3's grouped heads.
     let mut qlora = args.to_vec();
     qlora[13] = "qlora";
     let (_, j) = plan(&qlora);
     assert_eq!(j["program"]["source"], "recorded", "{j}");
-    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa/full/qlora-all", "{j}");
+    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa-math/full/qlora-all", "{j}");
     let (_, j) = plan(&[&qlora[..], &["--checkpoint", "full"]].concat());
-    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{j}");
+    assert_eq!(j["program"]["template"], "llama/causal-lm/bf16/sdpa-math/ckpt/qlora-all", "{j}");
 }

@@ -82,11 +82,15 @@ fn a_plan_that_does_not_fit_lists_the_levers_each_checked_by_planning_again() {
 #[test]
 fn every_recorded_family_plans_qlora_from_its_own_template() {
     let gemma3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json");
-    for (model, family) in [("gpt2", "gpt2"), (gemma3, "gemma3_text"), ("pythia-1b", "gpt_neox")] {
+    // QLoRA's attention runs in fp32: Gemma 3's one key-value head on SDPA's math path, GPT-2's
+    // and Pythia's heads (their own key-value heads) on the memory-efficient kernel.
+    for (model, family, attention) in
+        [("gpt2", "gpt2", "sdpa"), (gemma3, "gemma3_text", "sdpa-math"), ("pythia-1b", "gpt_neox", "sdpa")]
+    {
         let job = format!(
             "--model {model} --gpu h100 --finetune qlora --lora-rank 16 --batch 2 --seq 1024 --checkpoint full"
         );
-        let want = format!("{family}/causal-lm/bf16/sdpa/ckpt/qlora-all");
+        let want = format!("{family}/causal-lm/bf16/{attention}/ckpt/qlora-all");
         let (code, p) = plan(&args(&job));
         assert_eq!(code, 0, "{p}");
         assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
@@ -155,9 +159,9 @@ fn qlora_is_planned_from_its_recorded_step() {
     let (code, p) = plan(&args(job));
     assert_eq!(code, 0, "{p}");
     assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all");
+    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa-math/ckpt/qlora-all");
     let (_, t) = text(&args(job));
-    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/ckpt/qlora-all"), "{t}");
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa-math/ckpt/qlora-all"), "{t}");
     // Without checkpointing (`use_gradient_checkpointing=False`), its own recorded step, which
     // keeps every layer's activations: above the checkpointed plan (past the H100's 80 GB here,
     // where checkpointing is the lever that fits it).
@@ -165,16 +169,16 @@ fn qlora_is_planned_from_its_recorded_step() {
     let (_, full) = plan(&args(no_ckpt));
     let levers = full["levers"].as_array().unwrap();
     assert!(levers.iter().any(|l| l["flags"] == "--checkpoint full" && l["fits"] == true), "{levers:?}");
-    assert_eq!(full["program"]["template"], "llama/causal-lm/bf16/sdpa/full/qlora-all", "{}", full["program"]);
+    assert_eq!(full["program"]["template"], "llama/causal-lm/bf16/sdpa-math/full/qlora-all", "{}", full["program"]);
     assert!(full["breakdown"]["activations"].as_f64() > p["breakdown"]["activations"].as_f64(), "{full} {p}");
     let (_, t) = text(&args(no_ckpt));
-    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/full/qlora-all"), "{t}");
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa-math/full/qlora-all"), "{t}");
     let (_, lora) = plan(&args(LORA_JOB));
     let levers = lora["levers"].as_array().unwrap();
     let qlora = levers.iter().find(|l| l["lever"] == "adapters" && l["flags"] == "--finetune qlora --checkpoint full");
     assert!(qlora.is_some(), "{levers:?}");
     let (_, again) = plan(&with_flags(&args(LORA_JOB), "--finetune qlora --checkpoint full"));
-    assert_eq!(again["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{}", again["program"]);
+    assert_eq!(again["program"]["template"], "llama/causal-lm/bf16/sdpa-math/ckpt/qlora-all", "{}", again["program"]);
 }
 
 /// QLoRA with its adapters on the query and value projections (peft's `target_modules=["q_proj",
@@ -189,11 +193,11 @@ fn qlora_on_query_and_value_replays_its_own_recorded_step() {
     assert_eq!(code, 0, "{p}");
     assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
     assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-qv", "{}", p["program"]);
+    assert_eq!(p["program"]["template"], "llama/causal-lm/bf16/sdpa-math/ckpt/qlora-qv", "{}", p["program"]);
     let (_, t) = text(&args(&qv));
-    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa/ckpt/qlora-qv"), "{t}");
+    assert!(t.contains("recorded as llama/causal-lm/bf16/sdpa-math/ckpt/qlora-qv"), "{t}");
     let (_, a) = plan(&args(all));
-    assert_eq!(a["program"]["template"], "llama/causal-lm/bf16/sdpa/ckpt/qlora-all", "{}", a["program"]);
+    assert_eq!(a["program"]["template"], "llama/causal-lm/bf16/sdpa-math/ckpt/qlora-all", "{}", a["program"]);
     let b = |j: &Value, term: &str| j["breakdown"][term].as_f64().unwrap();
     // Llama-3-8B's q_proj and v_proj at rank 16: 32 × 16 × ((4096 + 4096) + (4096 + 1024)).
     assert_eq!(p["trainable_params"].as_f64(), Some(6_815_744.0), "{p}");

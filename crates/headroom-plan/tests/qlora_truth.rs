@@ -26,11 +26,7 @@ const PEAK_TOLERANCE: f64 = 0.03;
 /// Rows outside the tolerance whose cause is traced and not fixed (docs/VALIDATION.md, "Without
 /// checkpointing, on the query and value projections"): held outside, so that the row's fix
 /// takes it off this list, and no other row may join it.
-const KNOWN_MISSES: [&str; 1] = [
-    // The template's SDPA math path (recorded over grouped key-value heads) planned where the
-    // case's ungrouped heads take the memory-efficient kernel: −3.419%.
-    "phi3 h1280 L6 r=16 q,v 2×64, no checkpointing",
-];
+const KNOWN_MISSES: [&str; 0] = [];
 
 fn cases() -> Vec<Value> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/validation/qlora_fake_truth.json");

@@ -124,7 +124,7 @@ mod tests {
     /// `enable_gqa`, no mask) copies nothing.
     #[test]
     fn each_repeat_kv_copy_names_the_key_or_value_it_copied() {
-        let parsed = template("gemma3_text/causal-lm/bf16/sdpa/full/qlora-all").expect("recorded");
+        let parsed = template("gemma3_text/causal-lm/bf16/sdpa-math/full/qlora-all").expect("recorded");
         let t = &parsed.template;
         for n in 0..5u8 {
             let made = forward_of(t, Layer { stack: 0, n });

@@ -40,7 +40,10 @@
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and
-//! `.../full/qlora-all` without checkpointing) is recorded
+//! `.../full/qlora-all` without checkpointing; its SDPA runs in fp32, so families with grouped
+//! key-value heads are recorded over grouped heads on SDPA's math path, `.../bf16/sdpa-math/...`,
+//! and with every head its own key-value head on the memory-efficient kernel, `.../bf16/sdpa/...`,
+//! the key picked by the planned model's heads) is recorded
 //! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight
@@ -85,6 +88,11 @@ pub fn suffix(cfg: &TrainConfig) -> Result<Option<&'static str>, String> {
         Finetune::Lora { targets: LoraTargets::All, .. } => Ok(Some("lora-all")),
         Finetune::Lora { targets: LoraTargets::QueryValue, .. } => Ok(Some("lora-qv")),
     }
+}
+
+/// Whether the job is QLoRA's: LoRA over a 4-bit base.
+pub fn qlora(cfg: &TrainConfig) -> bool {
+    matches!(cfg.finetune, Finetune::Lora { base: BaseWeights::Nf4 | BaseWeights::Fp4, .. })
 }
 
 /// The size of unit `name` for `model` trained as `cfg` asks: the model's dimensions, and
@@ -147,6 +155,26 @@ mod tests {
                 // Two steps' gradients, made once each.
                 assert_eq!(of(Term::Gradients), 2 * adapters, "rank {rank} {targets:?} {checkpointing:?}");
             }
+        }
+    }
+
+    /// peft's adapters are fp32 over any base, so mixed precision (the CLI's default) adds no
+    /// fp32 master copy of them and keeps AdamW's moments as wide as they are: the state is
+    /// the same as bf16's, LoRA's and QLoRA's.
+    #[test]
+    fn mixed_precision_keeps_no_master_copy_of_the_fp32_adapters() {
+        let model = crate::model::preset("llama-2-7b").expect("preset");
+        for base in [BaseWeights::Native, BaseWeights::Nf4] {
+            let cfg = TrainConfig {
+                finetune: Finetune::Lora { rank: 16, targets: LoraTargets::QueryValue, base },
+                precision: Precision::Mixed,
+                ..lora(16, LoraTargets::QueryValue, Checkpointing::None)
+            };
+            let p = program(&model, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a template").program;
+            let sizes = p.sizes(cfg.micro_batch, cfg.seq);
+            let optimizer: u64 =
+                p.tensors.iter().zip(&sizes).filter(|(t, _)| t.term == Term::Optimizer).map(|(_, &b)| b).sum();
+            assert_eq!(optimizer, 2 * adapter_bytes(&model, 16, LoraTargets::QueryValue), "{base:?}");
         }
     }
 
@@ -527,22 +555,27 @@ mod tests {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
         let preset = |name: &str| crate::model::preset(name).expect("preset");
+        // QLoRA's SDPA runs in fp32: grouped key-value heads on the math path's template
+        // (`sdpa-math`), heads that are their own key-value heads on the memory-efficient
+        // kernel's (`sdpa`).
         let models = [
-            (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa"),
-            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa"),
-            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa"),
+            (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa-math"),
+            (preset("llama-2-7b"), "llama/causal-lm/bf16/sdpa"),
+            (preset("mistral-7b"), "mistral/causal-lm/bf16/sdpa-math"),
+            (preset("qwen2.5-7b"), "qwen2/causal-lm/bf16/sdpa-math"),
             (
                 config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"),
-                "qwen3/causal-lm/bf16/sdpa",
+                "qwen3/causal-lm/bf16/sdpa-math",
             ),
             (preset("phi-3-mini"), "phi3/causal-lm/bf16/sdpa"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
                 "qwen2_moe/causal-lm/bf16/sdpa",
             ),
-            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa"),
-            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa"),
-            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa"),
+            (preset("gemma-2b"), "gemma/causal-lm/bf16/sdpa-math"),
+            (preset("gemma-7b"), "gemma/causal-lm/bf16/sdpa"),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa-math"),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa-math"),
             // Eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's steps are
             // recorded eager alone, so SDPA asked of either plans eager.
             (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
@@ -554,7 +587,7 @@ mod tests {
             (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa"),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
-                "gemma3_text/causal-lm/bf16/sdpa",
+                "gemma3_text/causal-lm/bf16/sdpa-math",
             ),
             (preset("pythia-1b"), "gpt_neox/causal-lm/bf16/sdpa"),
         ];
@@ -573,11 +606,38 @@ mod tests {
             };
             for (model, want) in &models {
                 let want = format!("{want}/{suffix}");
-                assert_eq!(crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)), Ok(want), "{}", model.name);
+                assert_eq!(
+                    crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)),
+                    Ok(want.clone()),
+                    "{}",
+                    model.name
+                );
+                // The steps were recorded with a GPU's rules: the CPU's check rows take the same.
+                assert_eq!(crate::builders::hf::key(model, &cfg, Device::Cpu), Ok(want), "{}", model.name);
                 let planned = program(model, &cfg, Device::Gpu(&h200), 2, &StateScale::default());
                 assert!(planned.is_ok(), "{}: {:?}", model.name, planned.err());
             }
         }
+    }
+
+    /// A family whose QLoRA was recorded over grouped heads alone plans a model of it whose
+    /// heads are not grouped from the math path's template: over, not refused.
+    #[test]
+    fn qlora_of_ungrouped_heads_without_their_template_plans_the_math_path() {
+        let model = Model::from_hf_config(
+            r#"{"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+                "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936, "max_position_embeddings": 32768}"#,
+            "qwen3-mha",
+        )
+        .expect("config");
+        let cfg = TrainConfig {
+            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+            ..lora(16, LoraTargets::All, Checkpointing::Full)
+        };
+        assert_eq!(
+            crate::builders::hf::key(&model, &cfg, Device::Cpu).as_deref(),
+            Ok("qwen3/causal-lm/bf16/sdpa-math/ckpt/qlora-all")
+        );
     }
 
     /// Without checkpointing QLoRA keeps every layer's activations for the backward: its replay

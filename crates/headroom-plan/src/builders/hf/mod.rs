@@ -14,7 +14,10 @@
 //! - SDPA runs the kernel PyTorch picks for the dtype and head layout
 //!   (research/sdpa-backends.md): a fused kernel keeps what the CPU's fused kernel keeps
 //!   (the output and its log-sum-exp); fp32 with grouped key-value heads takes the math path,
-//!   recorded on CPU as its own template (`sdpa-math`), whose s × s probabilities it keeps;
+//!   recorded on CPU as its own template (`sdpa-math`), whose s × s probabilities it keeps.
+//!   QLoRA's attention runs in fp32 whatever its compute dtype, and its templates were
+//!   recorded with a GPU's rules: over grouped heads (`sdpa-math`) and over heads that are
+//!   their own key-value heads (`sdpa`, the memory-efficient kernel), picked by the model's;
 //! - dropout keeps a one-byte mask where the CPU keeps its noise in the activations' dtype;
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
 //!   backward's thread, kept for the life of the process.
@@ -56,7 +59,7 @@ pub(crate) type Concrete = (u8, u32);
 
 /// The template key for a job, and whether SDPA takes the math path.
 pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, String> {
-    key_on_path(model, cfg, device, sdpa_math(model, cfg.precision, device))
+    key_on_path(model, cfg, device, sdpa_math(model, cfg, device))
 }
 
 /// The key of the template SDPA's math path plans for a job asking for SDPA (`…/sdpa-math/…`,
@@ -110,11 +113,20 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     };
     // Families without an SDPA path in transformers (none of their recordings SDPA's) run
     // eager whatever is asked.
-    let recorded: Vec<String> = families
-        .iter()
-        .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
-        .filter(|k| program_template::template(k).is_some())
-        .collect();
+    let on = |attention: &str| -> Vec<String> {
+        families
+            .iter()
+            .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
+            .filter(|k| program_template::template(k).is_some())
+            .collect()
+    };
+    let mut recorded = on(attention);
+    if recorded.is_empty() && attention == "sdpa" && adapters::qlora(cfg) {
+        // QLoRA's fused kernel recorded for the families with models whose every head is its
+        // own key-value head in the catalog; another family's such model plans the math path's
+        // template, which keeps the s × s probabilities the kernel does not: a plan above the step.
+        recorded = on("sdpa-math");
+    }
     // A template plans the MLP it was recorded with, whatever its key says.
     let recorded: Vec<String> =
         recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
@@ -174,9 +186,19 @@ fn program_family(model: &Model) -> &'static str {
 /// Whether a GPU runs SDPA as its composite math path: no fused kernel takes fp32 with
 /// grouped key-value heads (flash and cuDNN need 16 bits; PyTorch 2.11's memory-efficient
 /// kernel needs as many key-value heads as heads), and transformers passes `enable_gqa`
-/// when there is no mask (research/sdpa-backends.md §1, §3).
-pub fn sdpa_math(model: &Model, precision: Precision, device: Device) -> bool {
-    matches!(device, Device::Gpu(_)) && precision == Precision::Fp32 && model.kv_heads < model.heads
+/// when there is no mask (research/sdpa-backends.md §1, §3). QLoRA's steps were recorded
+/// with CUDA's rules on either device (bitsandbytes' CUDA path has no CPU kernels), so its
+/// check rows take the path a GPU takes.
+pub fn sdpa_math(model: &Model, cfg: &TrainConfig, device: Device) -> bool {
+    let cuda = matches!(device, Device::Gpu(_)) || adapters::qlora(cfg);
+    cuda && attention_fp32(cfg) && model.kv_heads < model.heads
+}
+
+/// Whether SDPA's inputs are fp32: an fp32 job's, and QLoRA's, whose embeddings and norms
+/// peft's `prepare_model_for_kbit_training` casts to fp32 and whose 4-bit layers return their
+/// input's dtype, whatever the compute dtype.
+fn attention_fp32(cfg: &TrainConfig) -> bool {
+    cfg.precision == Precision::Fp32 || adapters::qlora(cfg)
 }
 
 /// Bytes an activation element takes in the job's precision.
@@ -348,10 +370,12 @@ struct Expansion<'a> {
 /// SDPA's math path) folds the batch into the heads, which copies the view once the batch is
 /// more than one, and saves the copy for the backward as it saved `repeat_kv`'s (the CPU's
 /// profile of Gemma 3 on the math path at 2 × 96). Where nothing is copied, what the attention
-/// saves is the key or value itself (`TensorT::source`).
+/// saves is the key or value itself (`TensorT::source`). Under QLoRA a GPU's rules route
+/// SDPA, and `repeat_kv`'s output (made where there is a mask) is no longer grouped, so in
+/// fp32 it goes to the memory-efficient kernel, not the math path.
 fn repeat_kv_copies(model: &Model, cfg: &TrainConfig, key: &str) -> bool {
     let (kv, heads) = (model.kv_heads, model.heads);
-    let folded = key.contains("/eager/") || key.contains("/sdpa-math/");
+    let folded = key.contains("/eager/") || key.contains("/sdpa-math/") && !adapters::qlora(cfg);
     (kv > 1 && kv < heads) || (kv == 1 && heads > 1 && folded && cfg.micro_batch > 1)
 }
 
@@ -468,6 +492,15 @@ impl<'a> Expansion<'a> {
             }
         }
         let states = self.optimizer_params();
+        // peft makes its adapters fp32 whatever the base's dtype (`autocast_adapter_dtype`), and
+        // torch.optim keeps their moments in their own dtype: no fp32 master copy for mixed
+        // precision to add, and moments as wide as the recorded parameter.
+        let optimizer_cfg = match self.cfg.finetune {
+            Finetune::Lora { .. } if self.cfg.precision == Precision::Mixed => {
+                TrainConfig { precision: Precision::Bf16, ..*self.cfg }
+            }
+            _ => *self.cfg,
+        };
         let mut opt = optimizer::State::default();
         for step in 1..=steps {
             let section: &[EventT] =
@@ -479,7 +512,7 @@ impl<'a> Expansion<'a> {
             }
             self.p.mark(step, Phase::OptimizerStep);
             let grads: Vec<Option<TensorId>> = std::mem::take(&mut self.grads);
-            optimizer::step(&mut self.p, &mut opt, &states, &grads, self.cfg, self.device);
+            optimizer::step(&mut self.p, &mut opt, &states, &grads, &optimizer_cfg, self.device);
             // zero_grad(set_to_none=True): every gradient dropped, in parameter order.
             for g in grads.iter().flatten() {
                 self.p.free(*g);
@@ -659,7 +692,7 @@ impl<'a> Expansion<'a> {
         matches!(self.device, Device::Gpu(g) if matches!(g.arch, crate::gpu::Arch::Hopper | crate::gpu::Arch::Blackwell))
             && matches!(self.cfg.precision, Precision::Bf16 | Precision::Amp | Precision::Mixed)
             && matches!(self.cfg.attention, Attention::Sdpa | Attention::Flash)
-            && !sdpa_math(self.model, self.cfg.precision, self.device)
+            && !attention_fp32(self.cfg)
     }
 
     /// What cuDNN's attention backward takes for a moment once it has made the gradients
