@@ -33,6 +33,7 @@ pub mod jsonl;
 pub mod memory_snapshot;
 pub mod phase;
 pub mod pickle;
+mod prefault;
 pub mod py;
 pub mod recorded_memory;
 pub mod recorded_step;

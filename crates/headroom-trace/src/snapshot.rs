@@ -26,7 +26,13 @@ use std::io::{self, BufRead, Read};
 
 /// Reads a snapshot, pickle or JSON, telling them apart by their first byte;
 /// gzip-compressed, it is decompressed as it is read.
-pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, SnapshotError> {
+pub fn read_snapshot<R: BufRead>(reader: R) -> Result<MemorySnapshot, SnapshotError> {
+    read_snapshot_of(reader, None)
+}
+
+/// [`read_snapshot`] of a file of `file_bytes` (as stored), which sizes the tables of an
+/// uncompressed pickle before reading.
+fn read_snapshot_of<R: BufRead>(mut reader: R, file_bytes: Option<u64>) -> Result<MemorySnapshot, SnapshotError> {
     let gzip = crate::compressed::is_gzip(reader.fill_buf()?);
     let mut reader = crate::compressed::decompressing(reader)?;
     // A byte-order mark before JSON, as editors on Windows write one: skipped, as in traces and configs.
@@ -53,6 +59,9 @@ pub fn read_snapshot<R: BufRead>(mut reader: R) -> Result<MemorySnapshot, Snapsh
         match first {
             Some(0x80) => {
                 let proto = reader.fill_buf()?.get(1).copied().unwrap_or(0);
+                if let Some(n) = file_bytes.filter(|_| !gzip) {
+                    b.expect_bytes(n);
+                }
                 (read_pickle(&mut reader, &mut b)?, format!("pickle protocol {proto}"))
             }
             Some(b'{') | Some(b'[') => (read_json(reader, &mut b)?, "JSON".to_string()),
@@ -90,7 +99,7 @@ pub fn read_snapshot_file_with(
     let total = f.metadata().map(|m| m.len()).unwrap_or(0);
     // Progress counts the file's own bytes, compressed or not.
     let counted = Counted { inner: f, done: 0, reported: 0, total, progress };
-    read_snapshot(io::BufReader::with_capacity(1 << 16, counted))
+    read_snapshot_of(io::BufReader::with_capacity(1 << 16, counted), Some(total))
 }
 
 /// A reader that reports how far it has read.

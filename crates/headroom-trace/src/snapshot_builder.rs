@@ -9,6 +9,7 @@ use crate::memory_snapshot::{
     Block, Frame, MemorySnapshot, RecordedSettings, Segment, StackId, Stacks, TraceAction, TraceEvent,
 };
 use crate::pickle::{Builder, PickleError};
+use crate::prefault::Prefault;
 use headroom_alloc::{BlockState, PoolKind};
 use rustc_hash::FxHashMap;
 use std::io;
@@ -114,8 +115,24 @@ const fn const_eq(a: &str, b: &str) -> bool {
     true
 }
 
+/// Files smaller than this are read without a [`Prefault`]: their faults are few.
+const PREFAULT_FROM: u64 = 16 << 20;
+
+/// Bytes of the file the entry table is reserved by, one entry for each: PyTorch's entries
+/// (action, address, size, stream, time and frames, their keys memo fetches) take 70 or more
+/// in a pickle, so a recorded trace fits with room to spare, and only address space is
+/// reserved, not memory. A file of smaller entries outgrows it, and the table then grows as
+/// it is read.
+const FILE_BYTES_AN_ENTRY: u64 = 32;
+
+/// Entries between the reports to the [`Prefault`] of how far the table is written.
+const ENTRIES_A_STRIDE: usize = crate::prefault::STRIDE / std::mem::size_of::<TraceEvent>();
+
 /// The tables of records and generic containers read so far.
 pub(crate) struct SnapshotBuilder {
+    /// The entry table's pages made present ahead of its writes ([`SnapshotBuilder::expect_bytes`]);
+    /// first, so it stops before the table is dropped.
+    prefault: Option<Prefault>,
     strings: Vec<Box<str>>,
     string_ids: FxHashMap<Box<str>, u32>,
     frames: Vec<Frame>,
@@ -144,6 +161,7 @@ pub(crate) struct SnapshotBuilder {
 impl SnapshotBuilder {
     pub(crate) fn new() -> Self {
         let mut b = SnapshotBuilder {
+            prefault: None,
             strings: Vec::new(),
             string_ids: FxHashMap::default(),
             frames: Vec::new(),
@@ -172,6 +190,31 @@ impl SnapshotBuilder {
             b.actions[i] = Some(action);
         }
         b
+    }
+
+    /// A pickle of `file_bytes` is to be read: the entry table is reserved for the most
+    /// entries a file that long can hold, and its pages are made present ahead of the
+    /// entries on a thread of their own ([`Prefault`]) where the file is large enough for
+    /// that to matter. A reservation the system refuses is no error: the table then grows
+    /// as it is read, as without this.
+    pub(crate) fn expect_bytes(&mut self, file_bytes: u64) {
+        if file_bytes >= PREFAULT_FROM {
+            self.reserve_entries(usize::try_from(file_bytes / FILE_BYTES_AN_ENTRY).unwrap_or(usize::MAX));
+        }
+    }
+
+    /// Room for `most` entries, made present ahead of the entries written.
+    pub(crate) fn reserve_entries(&mut self, most: usize) {
+        if self.entries.is_empty() && self.prefault.is_none() && self.entries.try_reserve_exact(most).is_ok() {
+            self.prefault = Prefault::ahead_of(&self.entries);
+        }
+    }
+
+    /// The entry table grows (and moves) on the next push: the prefault, which holds its
+    /// range, stops first.
+    #[cold]
+    fn entries_full(&mut self) {
+        self.prefault = None;
     }
 
     fn intern(&mut self, s: &str) -> u32 {
@@ -448,6 +491,15 @@ impl SnapshotBuilder {
             Some([V::Int(a), V::Int(b)]) if *a >= 0 && *b >= 0 => (*a as u64, *b as u64),
             _ => (0, 0),
         };
+        if self.prefault.is_some() {
+            if n == self.entries.capacity() {
+                self.entries_full();
+            } else if n.is_multiple_of(ENTRIES_A_STRIDE) {
+                if let Some(p) = &self.prefault {
+                    p.written(n * std::mem::size_of::<TraceEvent>());
+                }
+            }
+        }
         self.entries.push(TraceEvent { action, addr, size, stream, time_us, device_free, stack, pool_id });
         V::Entry(n as u32)
     }
@@ -551,6 +603,11 @@ impl SnapshotBuilder {
 
     /// The snapshot from the top-level value.
     pub(crate) fn finish(mut self, root: V) -> Result<MemorySnapshot, SnapshotError> {
+        if self.prefault.take().is_some() {
+            // The reservation was for the most entries the file could hold: what was not
+            // used goes back, with the pages made present beyond the last entry.
+            self.entries.shrink_to_fit();
+        }
         if let Some(e) = self.error.take() {
             return Err(SnapshotError::Shape(e));
         }
