@@ -30,6 +30,7 @@ import torch
 from torch.profiler import record_function
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import case_table  # noqa: E402
 import measure  # noqa: E402
 import step_programs  # noqa: E402
 
@@ -357,9 +358,8 @@ def main():
     # Each case in a process of its own, so one case's caches cannot change another's; the
     # output written as each arrives, in CASES' order.
     with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for c, r in zip(todo, pool.imap(measured, todo)):
+        for c, r in case_table.measured(todo, measured, "config", pool.imap):
             fresh[c] = r
-            print(json.dumps({k: v for k, v in r.items() if k != "config"}), flush=True)
             out["cases"] = [row(x) for x in CASES if x in fresh or x in earlier]
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)
