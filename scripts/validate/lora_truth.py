@@ -177,15 +177,13 @@ CASES = [
     ("qwen2", "fp32", True, 7, 2, 64, 32, "all", None, "eager"),
     ("phi3", "fp32", False, 6, 2, 96, 16, "qv", None, "eager"),
     ("gemma", "fp32", True, 7, 1, 96, 8, "all", None, "eager"),
-    # Eager attention asked for Gemma 3, GPT-NeoX, the mixtures of experts and BERT, and T5
-    # v1.1 as its checkpoints are (its output layer its own: T0's, mT0's).
+    # Eager attention asked for Gemma 3, GPT-NeoX, the mixtures of experts and BERT.
     ("gemma3_text", "fp32", True, 7, 2, 80, 16, "all", None, "eager"),
     ("gpt_neox", "fp32", False, 6, 1, 128, 16, "qv", None, "eager"),
     ("mixtral", "fp32", True, 6, 2, 64, 8, "all", None, "eager"),
     ("qwen2_moe", "fp32", False, 7, 1, 96, 16, "qv", None, "eager"),
     ("qwen3_moe", "fp32", False, 6, 2, 80, 8, "all", None, "eager"),
     ("bert", "fp32", True, 6, 1, 128, 16, "all", None, "eager"),
-    ("t5", "fp32", False, 6, 2, 80, 16, "qv", "v1.1-untied"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -213,12 +211,9 @@ CONFIGS = {
 }
 # The variants a family comes in, each a change to its config. T5: v1.0's MLP is one ReLU
 # projection in (t5-base, t5-large, t5-3b), v1.1's a gated-GELU pair (flan-t5, T0, mT5);
-# measure.py's T5 configs are v1.1's, tied; `v1.1-untied` is v1.1 as its checkpoints are, its
-# output layer a weight of its own (`step_programs.untie_t5`). The planner picks a T5 template by
-# its MLP, and an untied model one with an output layer of its own.
+# measure.py's T5 configs are v1.1's. The planner picks a T5 template by its MLP.
 VARIANTS = {
-    "t5": {"v1.0": dict(feed_forward_proj="relu"), "v1.1": dict(feed_forward_proj="gated-gelu"),
-           "v1.1-untied": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)},
+    "t5": {"v1.0": dict(feed_forward_proj="relu"), "v1.1": dict(feed_forward_proj="gated-gelu")},
 }
 # measure.py's base BERT is the recording's config: its `deep` one, as T5's.
 DEEP = {"bert", "t5"}
@@ -251,21 +246,13 @@ def variant_of(family, cfg):
                  if all(cfg.get(k) == x for k, x in change.items())), None)
 
 
-def untied(family, cfg, model):
-    """`model` with T5's output layer a weight of its own where its config unties it, as a
-    v1.1 checkpoint loads (transformers builds every T5 tied)."""
-    if family == "t5" and cfg.get("tie_word_embeddings") is False:
-        step_programs.untie_t5(model)
-    return model
-
-
 def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None, attention=None):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers, variant)
     attention = attention or attention_of(family)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
-    model = untied(family, cfg, measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype))
+    model = measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype)
     model = step_programs.lora_model(model, head, rank, targets)
     trainable, _ = model.get_nb_trainable_parameters()
     if checkpointing:
@@ -303,8 +290,7 @@ def trainable(family, precision, layers, rank, targets, variant=None):
     """peft's count of the trainable parameters of a case's model, without running it."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     head = HEADS.get(family, "causal-lm")
-    cfg = config(family, layers, variant)
-    model = untied(family, cfg, measure.build(cfg, head, "eager" if family in EAGER else "sdpa", dtype))
+    model = measure.build(config(family, layers, variant), head, "eager" if family in EAGER else "sdpa", dtype)
     return step_programs.lora_model(model, head, rank, targets).get_nb_trainable_parameters()[0]
 
 

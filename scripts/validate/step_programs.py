@@ -69,6 +69,13 @@ under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/ga
 
     .venv/bin/python scripts/validate/step_programs.py --gated --only t5/seq2seq-lm/bf16/eager/full --out a.json
 
+`--untied` with `--gated` records v1.1 as its checkpoints are (flan-t5's, T0's and mT5's config.json
+say `tie_word_embeddings: false`): its output layer a weight of its own (`untie_t5`), so the
+template plans those models, and a tied one without the head's weight. Without it T5 is tied,
+and a tied template plans no untied model:
+
+    .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/fp32/eager/full --lora all --out a.json
+
 `--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.tpl`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
 wrapped by `get_peft_model` with its defaults before the optimizer is made, the base frozen
@@ -99,7 +106,11 @@ GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
-at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
+at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone;
+with `--gated --untied`, v1.1 as its checkpoints are, its output layer its own, its every linear layer's at fp32);
+and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,
+checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT
+(`--only bert/masked-lm/fp32/eager/full,bert/masked-lm/fp32/eager/ckpt --lora all,qv`): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
 `q` and `v` (its cross-attention's too).
 
