@@ -180,17 +180,12 @@ def _cpu_peak(step, alive):
 
 
 def _recorded_peak(rec):
-    """The recording's live peak in its last step, of storages of more than 8 bytes."""
-    start = rec._step_starts[-1][0]
-    live = peak = 0
-    for i, (op, r) in enumerate(rec.events):
-        if r.size > 8:
-            live += r.size if op == "alloc" else -r.size
-        if i + 1 == start:
-            peak = live
-        elif i >= start:
-            peak = max(peak, live)
-    return peak
+    """The recording's live peak in its second (last) step, of storages of more than 8 bytes:
+    the recorder's CPU truth's walk (`scripts/validate/recorder_truth.py`)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "validate"))
+    import recorder_truth
+
+    return recorder_truth.second_step_peak(rec, recorder_truth.SCALAR)
 
 
 @unittest.skipIf(MISSING, MISSING)

@@ -157,13 +157,8 @@ def key(family, mode, precision, attn, variant=""):
     return f"{family}/{mode}/{precision}/{attn}" + (f"/{variant}" if variant else "")
 
 
-def untie_t5(model):
-    """T5 v1.1's output layer, a weight of its own. transformers 5 builds every T5 tied
-    (`T5Config` sets `tie_word_embeddings`), and unties it only when a checkpoint holds both
-    weights with different values, as v1.1's (flan-t5's, T0's, mT5's) do: made here as loading
-    one leaves it, a parameter beside the embeddings."""
-    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
-    model.all_tied_weights_keys.pop("lm_head.weight", None)
+# T5 v1.1's output layer, a weight of its own, as the training recordings make it.
+untie_t5 = sp.untie_t5
 
 
 # The marks an inference recording puts in its profile: the training recordings' and the call's

@@ -30,6 +30,7 @@ import torch
 from torch.profiler import record_function
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import case_table  # noqa: E402
 import measure  # noqa: E402
 import step_programs  # noqa: E402
 
@@ -176,6 +177,13 @@ CASES = [
     ("qwen2", "fp32", True, 7, 2, 64, 32, "all", None, "eager"),
     ("phi3", "fp32", False, 6, 2, 96, 16, "qv", None, "eager"),
     ("gemma", "fp32", True, 7, 1, 96, 8, "all", None, "eager"),
+    # Eager attention asked for Gemma 3, GPT-NeoX, the mixtures of experts and BERT.
+    ("gemma3_text", "fp32", True, 7, 2, 80, 16, "all", None, "eager"),
+    ("gpt_neox", "fp32", False, 6, 1, 128, 16, "qv", None, "eager"),
+    ("mixtral", "fp32", True, 6, 2, 64, 8, "all", None, "eager"),
+    ("qwen2_moe", "fp32", False, 7, 1, 96, 16, "qv", None, "eager"),
+    ("qwen3_moe", "fp32", False, 6, 2, 80, 8, "all", None, "eager"),
+    ("bert", "fp32", True, 6, 1, 128, 16, "all", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -336,9 +344,8 @@ def main():
     # Each case in a process of its own, so one case's caches cannot change another's; the
     # output written as each arrives, in CASES' order.
     with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for c, r in zip(todo, pool.imap(measured, todo)):
+        for c, r in case_table.measured(todo, measured, "config", pool.imap):
             fresh[c] = r
-            print(json.dumps({k: v for k, v in r.items() if k != "config"}), flush=True)
             out["cases"] = [row(x) for x in CASES if x in fresh or x in earlier]
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)

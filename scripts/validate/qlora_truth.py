@@ -33,7 +33,11 @@ runs on the memory-efficient kernel: against the `.../bf16/sdpa/...` templates r
 import argparse
 import json
 import os
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import case_table  # noqa: E402
 
 # (family, config, layers, batch, seq, rank): chosen before any comparison, every one away from
 # the recording's dimensions, depth (5), shapes and rank (22); the first two at widths whose
@@ -328,6 +332,16 @@ def case_key(c):
             c.get("checkpoint", True), c.get("targets", "all"))
 
 
+def variant_case(c):
+    """A row of VARIANT_CASES recorded: its checkpointing, quant type and double quantization."""
+    return case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8])
+
+
+def ungrouped_case(c):
+    """A row of UNGROUPED_CASES recorded: its checkpointing and targets."""
+    return case(*c[:6], checkpoint=c[6], targets=c[7])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -359,35 +373,25 @@ def main():
     if args.ungrouped:
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"] if case_key(c) not in ungrouped]
-        for c in UNGROUPED_CASES:
-            cases.append(case(*c[:6], checkpoint=c[6], targets=c[7]))
-            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+        cases += [r for _, r in case_table.measured(UNGROUPED_CASES, ungrouped_case, "assumptions")]
     elif args.variants:
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"] if not variant(c)]
-        for c in VARIANT_CASES:
-            cases.append(case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8]))
-            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+        cases += [r for _, r in case_table.measured(VARIANT_CASES, variant_case, "assumptions")]
     elif (only or len(kinds) < 2 or len(targets) < 2) and os.path.exists(args.out):
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"]
                      if variant(c) or only and c["family"] not in only or c.get("checkpoint", True) not in kinds
                      or c.get("targets", "all") not in targets]
-    todo = [(c, checkpoint, t) for group, checkpoint, t in ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"),
-                                                        (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
-            if checkpoint in kinds for c in group]
-    for c, checkpoint, t in [] if args.variants or args.ungrouped else todo:
-        if only and c[0] not in only or t not in targets:
-            continue
-        cases.append(case(*c, checkpoint=checkpoint, targets=t))
-        print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+    groups = ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"), (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
+    todo = [] if args.variants or args.ungrouped else [
+        (c, checkpoint, t) for group, checkpoint, t in groups
+        if checkpoint in kinds and t in targets for c in group if not only or c[0] in only]
+    cases += [r for _, r in case_table.measured(todo, lambda x: case(*x[0], checkpoint=x[1], targets=x[2]),
+                                                 "assumptions")]
     if not (args.variants or args.ungrouped or only or len(kinds) < 2 or len(targets) < 2):
-        for c in VARIANT_CASES:
-            cases.append(case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8]))
-            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
-        for c in UNGROUPED_CASES:
-            cases.append(case(*c[:6], checkpoint=c[6], targets=c[7]))
-            print(json.dumps({k: v for k, v in cases[-1].items() if k != "assumptions"}), flush=True)
+        cases += [r for _, r in case_table.measured(VARIANT_CASES, variant_case, "assumptions")]
+        cases += [r for _, r in case_table.measured(UNGROUPED_CASES, ungrouped_case, "assumptions")]
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
              "bitsandbytes": bitsandbytes.__version__}

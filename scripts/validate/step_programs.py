@@ -69,6 +69,13 @@ under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/ga
 
     .venv/bin/python scripts/validate/step_programs.py --gated --only t5/seq2seq-lm/bf16/eager/full --out a.json
 
+`--untied` with `--gated` records v1.1 as its checkpoints are (flan-t5's, T0's and mT5's config.json
+say `tie_word_embeddings: false`): its output layer a weight of its own (`untie_t5`), so the
+template plans those models, and a tied one without the head's weight. Without it T5 is tied,
+and a tied template plans no untied model:
+
+    .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/fp32/eager/full --lora all --out a.json
+
 `--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.tpl`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
 wrapped by `get_peft_model` with its defaults before the optimizer is made, the base frozen
@@ -99,7 +106,11 @@ GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
-at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
+at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone;
+with `--gated --untied`, v1.1 as its checkpoints are, its output layer its own, its every linear layer's at fp32);
+and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,
+checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT
+(`--only bert/masked-lm/fp32/eager/full,bert/masked-lm/fp32/eager/ckpt --lora all,qv`): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
 `q` and `v` (its cross-attention's too).
 
@@ -165,6 +176,9 @@ CODE = {"gemma3_text": "gemma3"}
 
 # Set (by `--gated`) to record T5 with v1.1's gated MLP, under keys with `/gated` after the checkpointing.
 GATED_T5 = "STEP_PROGRAMS_GATED_T5"
+# Set (by `--untied`, with `--gated`) to record T5 v1.1 as its checkpoints are (flan-t5's, T0's,
+# mT5's): its output layer a weight of its own (`untie_t5`), the decoder's output unscaled.
+UNTIED_T5 = "STEP_PROGRAMS_UNTIED_T5"
 
 
 def layer_pattern(family):
@@ -229,10 +243,23 @@ def config(family, layers):
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     if family == "t5":
         # T5 v1.0's MLP (one ReLU projection in: the catalog's t5-base, t5-large and t5-3b), or
-        # with `--gated` v1.1's gated pair (flan-t5, T0, mT5); tied either way. Read from the
-        # environment: each recording runs in a process of its own (`isolated`).
+        # with `--gated` v1.1's gated pair (flan-t5, T0, mT5); tied unless `--untied`. Read from
+        # the environment: each recording runs in a process of its own (`isolated`).
         cfg["feed_forward_proj"] = "gated-gelu" if os.environ.get(GATED_T5) else "relu"
+        if os.environ.get(UNTIED_T5):
+            # `T5Config` reads the flag as v1.1's config.json says it: no scaling of the
+            # decoder's output before the output layer.
+            cfg["tie_word_embeddings"] = False
     return cfg
+
+
+def untie_t5(model):
+    """T5 v1.1's output layer, a weight of its own. transformers 5 builds every T5 tied
+    (`T5Config` sets `tie_word_embeddings`), and unties it only when a checkpoint holds both
+    weights with different values, as v1.1's (flan-t5's, T0's, mT5's) do: made here as loading
+    one leaves it, a parameter beside the embeddings."""
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    model.all_tied_weights_keys.pop("lm_head.weight", None)
 
 
 def measure_families():
@@ -381,6 +408,8 @@ class Job:
                 infer_recipes.repeats_marked(), sources:
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
+                if family == "t5" and os.environ.get(UNTIED_T5):
+                    untie_t5(model)
                 if adapters:
                     model = lora_model(model, head, *adapters)
                 if checkpointing:
@@ -1172,6 +1201,8 @@ def main():
     ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
                                                           "v1.0's ReLU one, under keys with /gated after the "
                                                           "checkpointing (before a LoRA suffix)")
+    ap.add_argument("--untied", action="store_true", help="with --gated: T5 v1.1 as its checkpoints are, its output "
+                                                          "layer a weight of its own (tied otherwise)")
     ap.add_argument("--qlora", choices=("all", "qv"), help="record QLoRA's step (LoRA on every linear layer of a "
                                                              "4-bit base, or on its query and value projections: qv; "
                                                              "bf16 compute, SDPA, with and without checkpointing) "
@@ -1208,6 +1239,10 @@ def main():
                 if j[2] == "bf16"
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
         jobs += [j[:3] + ("sdpa-math",) + j[4:] for j in jobs if j[3] == "sdpa" and j[0] in GQA_FAMILIES]
+    if args.untied and not args.gated:
+        ap.error("--untied is T5 v1.1's output layer: give it with --gated")
+    if args.untied:
+        os.environ[UNTIED_T5] = "1"
     if args.gated:
         os.environ[GATED_T5] = "1"
         jobs = [j for j in jobs if j[0] == "t5"]

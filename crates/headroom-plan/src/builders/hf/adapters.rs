@@ -22,19 +22,23 @@
 //! Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for Phi-3 (checkpointed
 //! too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM and
 //! Gemma-2 (checkpointed too) and (in `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral,
-//! Qwen2, Phi-3 and Gemma, checkpointed too;
+//! Qwen2, Phi-3, Gemma, Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT, checkpointed
+//! too;
 //! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
 //! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
 //! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
 //! Phi-3 and (in `hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma, Qwen2-MoE,
-//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and
-//! Gemma (in `hf-lora-fp32.tpl` too), each checkpointed too (a
+//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3, Gemma,
+//! Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT (in `hf-lora-fp32.tpl` too), each
+//! checkpointed too (a
 //! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
 //! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
 //! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
 //! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
 //! and with full checkpointing at both precisions, both targets (T5's
-//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone): peft wraps BERT's masked-LM
+//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone; v1.1's
+//! `lora-all` at fp32 recorded with its output layer its own, as T0's and mT0's is, which plans
+//! a tied model too): peft wraps BERT's masked-LM
 //! head's transform too, and T5's decoder's
 //! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
 //!
@@ -123,11 +127,13 @@ mod tests {
         }
     }
 
-    /// Bytes of the adapters peft adds: r × (inputs + outputs) per targeted linear layer of
-    /// every block, fp32 (peft autocasts a 16-bit base's adapters).
+    /// Bytes of the adapters peft adds: r × (inputs + outputs) per targeted linear layer
+    /// ([`LoraTargets::adapters`]), fp32 (peft autocasts a 16-bit base's adapters).
     fn adapter_bytes(model: &Model, rank: u64, targets: LoraTargets) -> u64 {
-        let per_layer: u64 = targets.adapted(model).iter().map(|&(i, o)| rank * (i + o)).sum();
-        4 * per_layer * model.layers
+        // Every adapter peft makes: each block's, T5's decoder's cross-attention's and BERT's
+        // masked-LM transform's.
+        let head = lora(rank, targets, Checkpointing::None).head;
+        4 * targets.adapters(model, head).iter().map(|&(i, o)| rank * (i + o)).sum::<u64>()
     }
 
     /// The optimizer steps the adapters only: AdamW's two moments are twice the adapters'
@@ -476,24 +482,35 @@ mod tests {
     /// checkpointing.
     #[test]
     fn fp32_lora_with_eager_attention_replays_the_eager_step() {
+        let preset = |name: &str| crate::model::preset(name).expect("preset");
+        let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
+        // Each model and the key its family's templates start with.
         let models = [
-            ("llama-3-8b", "llama"),
-            ("llama-2-7b", "llama"),
-            ("gpt2", "gpt2"),
-            ("gpt2-xl", "gpt2"),
-            ("mistral-7b", "mistral"),
-            ("qwen2.5-7b", "qwen2"),
-            ("phi-3-mini", "phi3"),
-            ("gemma-2b", "gemma"),
-            ("gemma-7b", "gemma"),
+            (preset("llama-3-8b"), "llama/causal-lm"),
+            (preset("llama-2-7b"), "llama/causal-lm"),
+            (preset("gpt2"), "gpt2/causal-lm"),
+            (preset("gpt2-xl"), "gpt2/causal-lm"),
+            (preset("mistral-7b"), "mistral/causal-lm"),
+            (preset("qwen2.5-7b"), "qwen2/causal-lm"),
+            (preset("phi-3-mini"), "phi3/causal-lm"),
+            (preset("gemma-2b"), "gemma/causal-lm"),
+            (preset("gemma-7b"), "gemma/causal-lm"),
+            (config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"), "gemma3_text/causal-lm"),
+            (preset("pythia-1b"), "gpt_neox/causal-lm"),
+            (preset("mixtral-8x7b"), "mixtral/causal-lm"),
+            (
+                config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
+                "qwen2_moe/causal-lm",
+            ),
+            (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm"),
+            (preset("bert-base-uncased"), "bert/masked-lm"),
         ];
         for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
             let jobs: Vec<_> = models
                 .iter()
-                .flat_map(|&(name, family)| {
+                .flat_map(|(model, family)| {
                     [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                        let model = crate::model::preset(name).expect("preset");
-                        (model, checkpointing, format!("{family}/causal-lm/fp32/eager/{ck}/{suffix}"))
+                        (model.clone(), checkpointing, format!("{family}/fp32/eager/{ck}/{suffix}"))
                     })
                 })
                 .collect();
@@ -512,10 +529,16 @@ mod tests {
         };
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let t5 = crate::model::preset("t5-base").expect("preset");
-        // flan-t5's MLP at t5-base's dimensions (tied, as T5 was recorded).
+        // flan-t5's MLP at t5-base's dimensions, tied: the fp32 templates, recorded untied, plan
+        // it without the head's weight; the bf16 one was recorded tied.
         let gated = Model { gated_mlp: true, ..t5.clone() };
         let bert = crate::model::preset("bert-base-uncased").expect("preset");
+        // T5 v1.1 as its checkpoints are, its output layer its own: the fp32 every-linear-layer
+        // templates, recorded untied.
+        let t0 = crate::model::preset("t0-3b").expect("preset");
         let jobs = [
+            (&t0, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
+            (&t0, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
             (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
             (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
             (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
