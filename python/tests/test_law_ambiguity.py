@@ -70,6 +70,43 @@ class Rivals(unittest.TestCase):
         self.assertGreater(flagged, 0)
 
 
+class Refused(unittest.TestCase):
+    """The recorders refuse a law with a rival reading (`step_programs.refuse_rivals`, which
+    `infer_programs.py` calls too), and bitsandbytes' inference is recorded at 15 heads over 5
+    wherever the family's config takes a hidden size apart from its heads."""
+
+    def setUp(self):
+        try:
+            import step_programs  # noqa: F401  (torch and transformers)
+        except ImportError as e:
+            self.skipTest(f"the recorders need torch: {e}")
+
+    def test_a_recording_with_a_rival_law_is_refused(self):
+        import step_programs as sp
+
+        with self.assertRaisesRegex(sp.Unexplained, "reads as well as"):
+            sp.refuse_rivals({"tok": {"kv": 4.0}}, dims(256, 8, 4, 48), "t tensor 3")
+        sp.refuse_rivals({"tok": {"kv": 4.0}}, dims(240, 15, 5, 40), "t tensor 3")
+
+    def test_quantized_inference_records_grouped_heads_at_fifteen_over_five(self):
+        import quant_infer as qi
+        import step_programs as sp
+
+        for family in ("qwen2", "qwen3", "mistral", "phi3", "mixtral"):
+            cfg = qi.config(sp.config(family, 5), family, 5)
+            heads, kv_heads, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+            self.assertEqual((heads, kv_heads), (15, 5), family)
+            # Every projection whole blocks of 16,384 elements (bitsandbytes' second-level absmax).
+            for out in (heads * d, kv_heads * d):
+                self.assertEqual(out * cfg["hidden_size"] % 16384, 0, family)
+            d_ = dims(cfg["hidden_size"], heads, kv_heads, d)
+            for unit in ("q", "kv", "d"):
+                for per in (0.5, 1.0, 2.0, 4.0):
+                    self.assertEqual(law_ambiguity.law_rivals({"tok": {unit: per}}, d_), [], (family, unit, per))
+        # Llama's config refuses a hidden size that is not a multiple of its heads.
+        self.assertEqual(qi.config(sp.config("llama", 5), "llama", 5)["num_attention_heads"], 12)
+
+
 class KeyNorms(unittest.TestCase):
     def test_a_key_norm_s_statistics_are_a_key_value_head_each(self):
         """Qwen3's and Gemma 3's norms over each head of the keys and queries, in fp32: one

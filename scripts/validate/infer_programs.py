@@ -26,7 +26,8 @@ longer, read for its laws alone) beside `decode` at the three shapes tells which
 past, a law in the input, the tensor listed in the template's `by_encoder`); a tensor that
 grows with both is refused. `decode1` is checked against those laws at a past of 1.
 
-Sizes are laws in the model's dimensions (as step_programs.py's), over the batch and a
+Sizes are laws in the model's dimensions (as step_programs.py's; a law the recording's heads
+cannot tell from another is refused as there, `step_programs.refuse_rivals`), over the batch and a
 length: the prompt's for `setup` and `prefill`, the cache's length before the step (the
 past) for a decode step, so a step deep into a generation is the recorded step at a longer
 past. A decode step's keys and values are made anew each step (`torch.cat` of the cache and
@@ -112,8 +113,8 @@ EAGER_ONLY = ("gemma2", "bloom", "t5")
 # transformers passes `enable_gqa` when there is no mask): recorded at fp32 on that path too
 # (`sdpa-math`), asked for on the CPU as step_programs.py asks for it. Each recording config
 # groups its key-value heads (step_programs.py's GQA, 15 over 5; the bundled templates of
-# Llama at 8 over 4 and Gemma's and Gemma-3's at 4 over 2 were recorded before it), so the math
-# path's copies of keys and values at every query head are recorded.
+# Gemma's and Gemma-3's at 4 over 2 were recorded before it), so the math path's copies of keys
+# and values at every query head are recorded.
 GROUPED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma3_text", "phi3")
 # T5 comes with v1.0's MLP (one ReLU projection in, tied: t5-base) or v1.1's gated pair with an
 # output layer of its own (flan-t5, T0, mT5): the second recorded under keys ending `/gated`.
@@ -528,6 +529,8 @@ def template(family, mode, precision, attn, variant=""):
                 lw = sp.head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
             if enc_dec and not role:
                 lw = per_head(lw, d["heads"])
+            if not (role and role[0] == "param"):
+                sp.refuse_rivals(lw, d, f"{what} {name} {pos} ({top} > {leaf})")
             if role and role[0] in ("param", "buffer"):
                 term = "weights"
             elif role and role[0] == "input":

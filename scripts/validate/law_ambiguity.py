@@ -13,7 +13,9 @@ The invariant: a law of a recorded template reads one way only. For each unit th
 counts tie (`q`, `kv`, `d`, `heads`, `kv_heads`) a law holds, a width a token, a position, a
 sequence, or fixed, no other of them of a different size at the recording makes the same bytes
 as one bf16 or fp32 element a unit. A recording that breaks it is an error (`step_programs.py`
-refuses to write a template with such a law), not a silent choice; the way out is a recording
+and `infer_programs.py` refuse to write a template with such a law; the planner's own audit,
+`crates/headroom-plan/src/program_template/law_ambiguity.rs`, fails its test on a bundled one
+not listed as waiting, and `headroom plan` says when it plans from one), not a silent choice; the way out is a recording
 config whose heads' ratios no element widths share: 15 query heads over 5 key-value heads of
 40 (`step_programs.GQA`), where 12 over 4 still lets half a bf16 key (rotate_half's)
 read as an fp32 head (`kv` = 4 `d`), and 8 over 4 or 4 over 2 an fp32 key as a bf16 query.

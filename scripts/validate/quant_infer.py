@@ -115,10 +115,23 @@ def _gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8b
     return torch.nn.functional.linear(A, B_dq, bias)
 
 
+# Grouped heads as 15 over 5 (`step_programs.GQA`'s ratios: no law reads two ways,
+# `law_ambiguity.py`), 64 wide over qlora_programs.py's hidden size of 768: every projection's
+# out x in whole blocks (960 x 768 and 320 x 768, Phi-3's fused 1,600 x 768). qlora_programs.py's
+# 12 over 4 of 80 makes a key four heads wide, so half a bf16 key (rotate_half's) reads as an fp32
+# head. Llama's, Gemma-2's and Gemma 3's configs refuse a hidden size that is not a multiple of the
+# heads, and no multiple of 15 near 768 keeps every weight whole blocks: theirs stay at 12 over 4.
+GQA = {"num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64}
+GQA_FAMILIES = tuple(f for f in sp.GQA_FAMILIES if f not in ("llama", "gemma2", "gemma3_text"))
+
+
 def config(cfg, family, layers):
     """The inference recording's config at widths whose every quantized weight is whole blocks of
-    bitsandbytes' (qlora_programs.py's)."""
-    return qp.qlora_config(family, layers, cfg)
+    bitsandbytes' (qlora_programs.py's), grouped heads 15 over 5 where the family's config takes it."""
+    cfg = qp.qlora_config(family, layers, cfg)
+    if family in GQA_FAMILIES:
+        cfg.update(GQA)
+    return cfg
 
 
 def build(cfg, head, attn, quant="nf4"):

@@ -218,6 +218,17 @@ MOE = {"mixtral": {"num_local_experts": 9, "num_experts_per_tok": 7, "intermedia
                      "shared_expert_intermediate_size": 608}}
 
 
+def refuse_rivals(lw, d, what):
+    """Refuses a law the recording's dimensions `d` cannot tell from another (`law_ambiguity.py`):
+    right at the recording's heads, it would be wrong on a model with other head ratios."""
+    rival = law_rivals(lw, d)
+    if rival:
+        kind, mine, others = rival[0]
+        raise Unexplained(f"{what}: its {kind} law {mine} reads as well as {others} at {d['heads']} heads over "
+                          f"{d.get('kv_heads')} of {d.get('d')}: record it at heads whose ratios no element "
+                          f"widths share (law_ambiguity.py)")
+
+
 def config(family, layers):
     cfg = dict(measure.recording_config(family)) if family in measure_families() else extra_config(family)
     if family in GQA_FAMILIES:
@@ -1047,12 +1058,7 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         top = next((name for name, _ in tensor["ops"]), "")
         if not (role and role[0] in ("param", "grad")):
             lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
-            rival = law_rivals(lw, d)
-            if rival:
-                kind, mine, others = rival[0]
-                raise Unexplained(f"{what} tensor {pos} ({top} > {leaf}): its {kind} law {mine} reads as well as "
-                                  f"{others} at {d['heads']} heads over {d.get('kv_heads')} of {d.get('d')}: "
-                                  f"record it at heads whose ratios no element widths share (law_ambiguity.py)")
+            refuse_rivals(lw, d, f"{what} tensor {pos} ({top} > {leaf})")
         if role and role[0] == "param" or role and role[0] == "buffer":
             term = "weights"
         elif role and role[0] == "grad":

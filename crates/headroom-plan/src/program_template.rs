@@ -28,6 +28,7 @@
 //! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
 //! (foreach) step it is tested against.
 
+pub mod law_ambiguity;
 mod views;
 
 use crate::model_units;
