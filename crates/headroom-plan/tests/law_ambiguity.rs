@@ -12,21 +12,6 @@ use std::collections::BTreeSet;
 /// 15 heads over 5. The list only shrinks: a key recorded again fails the test until it is
 /// taken off.
 const WAITING: &[&str] = &[
-    // hf.tpl: Llama recorded at 8 heads over 4, Qwen2 and Qwen3 at 12 over 4.
-    "llama/causal-lm/amp/sdpa/ckpt",
-    "llama/causal-lm/amp/sdpa/full",
-    "llama/causal-lm/bf16/sdpa/ckpt",
-    "llama/causal-lm/bf16/sdpa/full",
-    "llama/causal-lm/fp32/sdpa-math/ckpt",
-    "llama/causal-lm/fp32/sdpa-math/full",
-    "llama/causal-lm/fp32/sdpa/ckpt",
-    "llama/causal-lm/fp32/sdpa/full",
-    "qwen2/causal-lm/amp/sdpa/ckpt",
-    "qwen2/causal-lm/amp/sdpa/full",
-    "qwen2/causal-lm/bf16/sdpa/ckpt",
-    "qwen2/causal-lm/bf16/sdpa/full",
-    "qwen3/causal-lm/bf16/sdpa/ckpt",
-    "qwen3/causal-lm/bf16/sdpa/full",
     // hf-families.tpl: the grouped families at 12 heads over 4, Gemma at 4 over 2.
     "gemma/causal-lm/amp/sdpa/full",
     "gemma/causal-lm/bf16/sdpa/ckpt",
@@ -85,8 +70,6 @@ const WAITING: &[&str] = &[
     "qwen2_moe/causal-lm/bf16/eager/full",
     "qwen3/causal-lm/bf16/eager/ckpt",
     // hf-lora.tpl: peft's LoRA steps over the grouped families' configs before 15 over 5.
-    "gemma/causal-lm/bf16/sdpa/ckpt/lora-all",
-    "gemma/causal-lm/bf16/sdpa/ckpt/lora-qv",
     "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all",
     "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-qv",
     "gemma/causal-lm/fp32/sdpa-math/full/lora-all",
@@ -106,10 +89,6 @@ const WAITING: &[&str] = &[
     "llama/causal-lm/fp32/sdpa-math/full/lora-all",
     "llama/causal-lm/fp32/sdpa-math/full/lora-qv",
     "llama/causal-lm/fp32/sdpa/full/lora-all",
-    "mistral/causal-lm/bf16/sdpa/ckpt/lora-all",
-    "mistral/causal-lm/bf16/sdpa/ckpt/lora-qv",
-    "mistral/causal-lm/bf16/sdpa/full/lora-all",
-    "mistral/causal-lm/bf16/sdpa/full/lora-qv",
     "mixtral/causal-lm/bf16/sdpa/ckpt/lora-all",
     "mixtral/causal-lm/bf16/sdpa/ckpt/lora-qv",
     "mixtral/causal-lm/bf16/sdpa/full/lora-all",
@@ -120,7 +99,6 @@ const WAITING: &[&str] = &[
     "phi3/causal-lm/bf16/sdpa/full/lora-qv",
     "qwen2/causal-lm/bf16/sdpa/ckpt/lora-all",
     "qwen2/causal-lm/bf16/sdpa/ckpt/lora-qv",
-    "qwen2/causal-lm/bf16/sdpa/full/lora-all",
     "qwen2/causal-lm/bf16/sdpa/full/lora-qv",
     "qwen2_moe/causal-lm/bf16/sdpa/ckpt/lora-all",
     "qwen2_moe/causal-lm/bf16/sdpa/ckpt/lora-qv",
