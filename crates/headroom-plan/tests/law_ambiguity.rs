@@ -13,13 +13,6 @@ use std::collections::BTreeSet;
 /// taken off.
 const WAITING: &[&str] = &[
     // hf-families.tpl: the grouped families at 12 heads over 4, Gemma at 4 over 2.
-    "gemma/causal-lm/amp/sdpa/full",
-    "gemma/causal-lm/bf16/sdpa/ckpt",
-    "gemma/causal-lm/bf16/sdpa/full",
-    "gemma/causal-lm/fp32/sdpa-math/full",
-    "gemma2/causal-lm/bf16/eager/ckpt",
-    "gemma2/causal-lm/bf16/eager/full",
-    "gemma2/causal-lm/fp32/eager/full",
     "mistral/causal-lm/amp/sdpa/ckpt",
     "mistral/causal-lm/amp/sdpa/full",
     "mistral/causal-lm/bf16/sdpa/ckpt",
@@ -35,7 +28,6 @@ const WAITING: &[&str] = &[
     "qwen3_moe/causal-lm/bf16/sdpa/ckpt",
     "qwen3_moe/causal-lm/bf16/sdpa/full",
     // hf-more.tpl: Qwen2-MoE at 12 heads over 4, Gemma 3 at 4 over 2.
-    "gemma/causal-lm/bf16/eager/full",
     "llama/causal-lm/bf16/eager/ckpt",
     "llama/causal-lm/bf16/eager/full",
     "llama/causal-lm/fp32/eager/full",
@@ -46,13 +38,6 @@ const WAITING: &[&str] = &[
     "qwen2_moe/causal-lm/bf16/sdpa/full",
     "qwen3/causal-lm/bf16/eager/full",
     // hf-variants.tpl: Llama at 8 heads over 4, the other grouped families at 12 over 4, Gemma's at 4 over 2.
-    "gemma/causal-lm/bf16/eager/ckpt",
-    "gemma/causal-lm/fp32/eager/full",
-    "gemma/causal-lm/fp32/sdpa-math/ckpt",
-    "gemma/causal-lm/fp32/sdpa/ckpt",
-    "gemma/causal-lm/fp32/sdpa/full",
-    "gemma2/causal-lm/amp/eager/full",
-    "gemma2/causal-lm/fp32/eager/ckpt",
     "mistral/causal-lm/bf16/eager/ckpt",
     "mixtral/causal-lm/bf16/eager/full",
     "phi3/causal-lm/bf16/eager/ckpt",
