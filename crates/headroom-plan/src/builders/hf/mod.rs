@@ -40,166 +40,25 @@ mod autocast;
 mod dropout;
 pub(crate) mod expander;
 mod quant_state;
+mod template_key;
+
+use template_key::attention_fp32;
+pub(crate) use template_key::no_sdpa;
+pub use template_key::{key, math_key, sdpa_math};
 
 use expander::Expander;
 
 use super::optimizer::{self, OptimizerParam};
 use super::{Builder, Built, Context, Device, ProgramSource, RankProgram, StateScale};
-use crate::job::{Attention, Checkpointing, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
-use crate::model::Head;
+use crate::job::{Attention, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
 use crate::program_template::{self, EventT, Kernel, Template, EDGE};
-use crate::recipe::{measured_code, measured_precision};
 use rustc_hash::FxHashMap as HashMap;
 use rustc_hash::FxHashSet as HashSet;
 
 /// A concrete layer: (stack, index).
 pub(crate) type Concrete = (u8, u32);
-
-/// The template key for a job, and whether SDPA takes the math path.
-pub fn key(model: &Model, cfg: &TrainConfig, device: Device) -> Result<String, String> {
-    key_on_path(model, cfg, device, sdpa_math(model, cfg, device))
-}
-
-/// The key of the template SDPA's math path plans for a job asking for SDPA (`…/sdpa-math/…`,
-/// the path a GPU takes for fp32 with grouped key-value heads), on the CPU: a CPU takes that
-/// path only when asked for it (`sdpa_kernel([SDPBackend.MATH])`), as the check rows of those
-/// templates are measured.
-pub fn math_key(model: &Model, cfg: &TrainConfig) -> Result<String, String> {
-    key_on_path(model, cfg, Device::Cpu, true)
-}
-
-fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> Result<String, String> {
-    if cfg.compile {
-        return Err("torch.compile's steps were recorded as moments, not tensor by tensor".to_string());
-    }
-    let adapters = adapters::suffix(cfg)?;
-    let precision =
-        measured_precision(cfg.precision).ok_or_else(|| "fp8 is not a transformers precision".to_string())?;
-    let checkpointed = match cfg.checkpointing {
-        Checkpointing::None => false,
-        Checkpointing::Full => true,
-        _ => return Err("transformers checkpoints whole layers or none".to_string()),
-    };
-    let head = match cfg.head {
-        Head::SeqCls => return Err("no classification step was recorded".to_string()),
-        _ if model.family == Family::T5 => "seq2seq-lm",
-        Head::MaskedLm => "masked-lm",
-        Head::CausalLm if model.generates() => "causal-lm",
-        Head::CausalLm => "masked-lm",
-    };
-    let attention = match cfg.attention {
-        Attention::Eager => "eager",
-        Attention::Sdpa | Attention::Flash if math => "sdpa-math",
-        Attention::Sdpa | Attention::Flash => "sdpa",
-    };
-    let ck = if checkpointed { "ckpt" } else { "full" };
-    // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base), or v1.1's gated pair
-    // (flan-t5, T0, mT5), recorded under keys of their own.
-    let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
-    if !mlp.is_empty() && cfg.precision == Precision::Amp && matches!(device, Device::Gpu(_)) {
-        // The CPU's autocast, which the step was recorded under, runs its tanh GELU's `pow`
-        // in bf16; CUDA's in fp32, and `autocast.rs` rewrites GPT-2's MLP for it, not T5's.
-        return Err("CUDA's autocast runs the `pow` of T5 v1.1's gated GELU in fp32, where the step recorded on \
-             the CPU ran it in bf16; the rewrite for it knows GPT-2's MLP alone"
-            .to_string());
-    }
-    // A family's own recording where it has one for the job; else the code it shares.
-    let families = [program_family(model), measured_code(model)];
-    let key = |family: &str, attn: &str| match adapters {
-        Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}/{a}"),
-        None => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}"),
-    };
-    // Families without an SDPA path in transformers (none of their recordings SDPA's) run
-    // eager whatever is asked.
-    let on = |attention: &str| -> Vec<String> {
-        families
-            .iter()
-            .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
-            .filter(|k| program_template::template(k).is_some())
-            .collect()
-    };
-    let mut recorded = on(attention);
-    if recorded.is_empty() && attention == "sdpa" && adapters::qlora(cfg) {
-        // QLoRA's fused kernel recorded for the families with models whose every head is its
-        // own key-value head in the catalog; another family's such model plans the math path's
-        // template, which keeps the s × s probabilities the kernel does not: a plan above the step.
-        recorded = on("sdpa-math");
-    }
-    // A template plans the MLP it was recorded with, whatever its key says.
-    let recorded: Vec<String> =
-        recorded.into_iter().filter(|k| model.family != Family::T5 || gated(k) == model.gated_mlp).collect();
-    if let Some(k) = recorded.iter().find(|k| model.tied_embeddings || has_own_head(k)) {
-        return Ok(k.clone());
-    }
-    Err(match recorded.first() {
-        Some(k) => format!(
-            "`{k}` was recorded with its output layer tied to the embeddings, and {}'s is a layer of its own; {RECORD}",
-            model.name
-        ),
-        // peft's prepare_model_for_kbit_training turns checkpointing on by default, and every
-        // QLoRA-recorded family has that step.
-        None if adapters.is_some_and(|a| a.starts_with("qlora-")) && !checkpointed => format!(
-            "no step `{}` was recorded (QLoRA without gradient checkpointing); add --checkpoint full, as peft's \
-             prepare_model_for_kbit_training sets it up by default, or {RECORD}",
-            key(families[0], attention)
-        ),
-        None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention)),
-    })
-}
-
-/// Whether `family` was recorded with eager attention alone: transformers has no SDPA path
-/// for it (BLOOM, T5, Gemma-2), so SDPA asked runs eager.
-pub(crate) fn no_sdpa(family: &str) -> bool {
-    let prefix = format!("{family}/");
-    !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
-}
-
-/// How to plan a job no template serves: its own step recorded.
-const RECORD: &str = "record this job's own on a CPU (python -m headroom_gpu record --model CONFIG --out \
-     step.jsonl, docs/RECORDING.md) and plan it with --program step.jsonl";
-
-/// Whether template `key` has an output layer of its own: a template recorded with tied
-/// embeddings has no weight, gradient or optimizer state to plan an untied model's with.
-fn has_own_head(key: &str) -> bool {
-    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| is_head(&p.name)))
-}
-
-/// Whether template `key`'s MLP is gated (T5 v1.1's `wi_0` and `wi_1`).
-fn gated(key: &str) -> bool {
-    program_template::template(key).is_some_and(|t| t.template.params.iter().any(|p| p.name.contains(".wi_0.")))
-}
-
-/// The transformers code whose recording holds for `model`: its own model type's where that
-/// was recorded, else the code it shares its layers with (Qwen3's Qwen2, Gemma-2's Gemma).
-fn program_family(model: &Model) -> &'static str {
-    let own = model.model_type;
-    let prefix = format!("{own}/");
-    if program_template::keys().any(|k| k.starts_with(&prefix)) {
-        own
-    } else {
-        measured_code(model)
-    }
-}
-
-/// Whether a GPU runs SDPA as its composite math path: no fused kernel takes fp32 with
-/// grouped key-value heads (flash and cuDNN need 16 bits; PyTorch 2.11's memory-efficient
-/// kernel needs as many key-value heads as heads), and transformers passes `enable_gqa`
-/// when there is no mask (research/sdpa-backends.md §1, §3). QLoRA's steps were recorded
-/// with CUDA's rules on either device (bitsandbytes' CUDA path has no CPU kernels), so its
-/// check rows take the path a GPU takes.
-pub fn sdpa_math(model: &Model, cfg: &TrainConfig, device: Device) -> bool {
-    let cuda = matches!(device, Device::Gpu(_)) || adapters::qlora(cfg);
-    cuda && attention_fp32(cfg) && model.kv_heads < model.heads
-}
-
-/// Whether SDPA's inputs are fp32: an fp32 job's, and QLoRA's, whose embeddings and norms
-/// peft's `prepare_model_for_kbit_training` casts to fp32 and whose 4-bit layers return their
-/// input's dtype, whatever the compute dtype.
-fn attention_fp32(cfg: &TrainConfig) -> bool {
-    cfg.precision == Precision::Fp32 || adapters::qlora(cfg)
-}
 
 /// Bytes an activation element takes in the job's precision.
 fn activation_bytes(p: Precision) -> f64 {
@@ -732,6 +591,7 @@ fn is_embedding(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::Checkpointing;
     use crate::program_template::check_digest as digest;
 
     /// Under autocast on a GPU, GPT-2's tanh GELU runs in fp32 from its `pow` on: autocast's
