@@ -1070,7 +1070,9 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         elif any("V" in u.split("*") for kinds in lw.values() for u in kinds if kinds is not lw.get("fixed")):
             term = "logits"
         elif "fixed" in lw and len(lw) == 1 and tensor["size"] > 4096:
-            term = "temporary"  # AMP's 16-bit copies of the weights
+            # Copies of weights, sized by no shape: AMP's 16-bit casts, and peft's merged expert
+            # stacks (W + s * B @ A), which autograd keeps from a layer's forward to its backward.
+            term = "temporary"
         else:
             term = "activations"
         entry = {"law": lw, "term": term, "site": top if top == leaf else f"{top} > {leaf}"}

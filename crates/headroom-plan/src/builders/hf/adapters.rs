@@ -12,7 +12,10 @@
 //! the layers each family has (fused query-key-value projections as one, Qwen2-MoE's shared
 //! expert and its gate) and a stack of experts' weights as one adapter of rank E × r (unit
 //! `Er`); the templates carry the adapters peft made, so the count is peft's
-//! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`).
+//! (`tests/lora_truth.rs` holds it to `get_nb_trainable_parameters`). peft's forward folds
+//! such an adapter into a merged stack as large as the experts' weights, which `grouped_mm`
+//! saves for the backward: without checkpointing a second copy of every layer's experts
+//! (`tests/moe_lora_merged_experts.rs`).
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
