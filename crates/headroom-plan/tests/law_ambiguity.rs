@@ -12,21 +12,6 @@ use std::collections::BTreeSet;
 /// 15 heads over 5. The list only shrinks: a key recorded again fails the test until it is
 /// taken off.
 const WAITING: &[&str] = &[
-    // hf-families.tpl: the grouped families at 12 heads over 4, Gemma at 4 over 2.
-    "mistral/causal-lm/amp/sdpa/ckpt",
-    "mistral/causal-lm/amp/sdpa/full",
-    "mistral/causal-lm/bf16/sdpa/ckpt",
-    "mistral/causal-lm/bf16/sdpa/full",
-    "mixtral/causal-lm/amp/sdpa/ckpt",
-    "mixtral/causal-lm/amp/sdpa/full",
-    "mixtral/causal-lm/bf16/sdpa/ckpt",
-    "mixtral/causal-lm/bf16/sdpa/full",
-    "phi3/causal-lm/amp/sdpa/ckpt",
-    "phi3/causal-lm/amp/sdpa/full",
-    "phi3/causal-lm/bf16/sdpa/ckpt",
-    "phi3/causal-lm/bf16/sdpa/full",
-    "qwen3_moe/causal-lm/bf16/sdpa/ckpt",
-    "qwen3_moe/causal-lm/bf16/sdpa/full",
     // hf-more.tpl: Qwen2-MoE at 12 heads over 4, Gemma 3 at 4 over 2.
     "llama/causal-lm/bf16/eager/ckpt",
     "llama/causal-lm/bf16/eager/full",
