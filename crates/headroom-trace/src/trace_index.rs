@@ -8,7 +8,6 @@
 //! (docs/PERFORMANCE.md, "Replay passes, tenth round"). The segment events are a few
 //! thousand of those entries, so each of those readings walks this index instead.
 
-use crate::entry_slots::{Code, EntrySlots};
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::recorded_step::StepStarts;
 use crate::replay_device::DeviceCall;
@@ -32,10 +31,6 @@ pub struct TraceIndex {
     names_a_pool: bool,
     /// The entries at which steps 2, 3, … begin ([`crate::recorded_step::step_starts`]).
     step_starts: Vec<usize>,
-    /// Each entry's slot code ([`crate::entry_slots`]).
-    slots: Vec<u32>,
-    /// The slots the trace's own allocations use: `0..slot_count`.
-    slot_count: u32,
 }
 
 impl TraceIndex {
@@ -45,28 +40,14 @@ impl TraceIndex {
         let mut segment_events = Vec::new();
         let mut names_a_pool = false;
         let mut steps = StepStarts::new(snap);
-        let mut slots = EntrySlots::with_capacity(trace.len());
         for (i, e) in trace.iter().enumerate() {
             names_a_pool |= e.pool_id != DEFAULT_MEMPOOL;
             if is_segment_event(e.action) {
                 segment_events.push(i);
             }
             steps.see(snap, i, e);
-            slots.see(trace, i);
         }
-        let slot_count = slots.count();
-        TraceIndex { segment_events, names_a_pool, step_starts: steps.starts, slots: slots.codes, slot_count }
-    }
-
-    /// Entry `i`'s slot code.
-    #[inline]
-    pub(crate) fn slot_code(&self, i: usize) -> Code {
-        Code::of(self.slots[i])
-    }
-
-    /// The slots the trace's own allocations use: `0..slot_count()`.
-    pub(crate) fn slot_count(&self) -> u32 {
-        self.slot_count
+        TraceIndex { segment_events, names_a_pool, step_starts: steps.starts }
     }
 
     /// The entries that are device calls, ascending.
