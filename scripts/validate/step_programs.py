@@ -514,10 +514,12 @@ class Job:
                                     tensor.get("kernel_hint"))
             if tensor["repeat"]:
                 tensor["kernel"] = "repeat_kv"
-            leaf = tensor["ops"][-1][0] if tensor["ops"] else ""
-            if tensor["kernel"] == "dropout" and leaf in ("aten::empty_like", "aten::bernoulli_", "aten::bernoulli"):
+            made_by = {name for name, _ in tensor["ops"]}
+            if (tensor["kernel"] == "dropout" and "aten::dropout" in made_by
+                    and made_by & {"aten::empty_like", "aten::bernoulli_", "aten::bernoulli"}):
                 # CPU's dropout keeps its noise in the activations' dtype; a GPU's fused dropout
-                # keeps a one-byte mask instead.
+                # keeps a one-byte mask instead. The noise is made by `aten::empty_like`, which
+                # profiles with `aten::empty_strided` beneath it: any operator of the chain.
                 tensor["kernel"] = "dropout-mask"
             tensor["scratch"] = bool(tensor["freed"]) and cpu_scratch(tensor["ops"], tensor["freed"]["ops"])
 

@@ -395,6 +395,19 @@ fn kernel(name: &str) -> Result<Kernel, String> {
     })
 }
 
+/// CPU's `aten::dropout` makes its noise with `aten::empty_like`, which profiles as
+/// `aten::empty_strided` beneath it, and the recorder's rule for the mask looked at that
+/// last operator alone: every template recorded so far tags the noise `dropout`, a GPU plan
+/// kept it in the activations' dtype, and GPT-2's fp32 and bf16 steps at 4 × 2048 on an H200
+/// were planned 3 and 1 bytes an element of each dropout too high. The noise is the one
+/// tensor `aten::dropout` makes with that operator (its output comes of `aten::mul`).
+fn mask_of_cpu_dropout(kernel: Kernel, site: &str) -> Kernel {
+    match kernel {
+        Kernel::Dropout if site == "aten::dropout > aten::empty_strided" => Kernel::DropoutMask,
+        other => other,
+    }
+}
+
 fn events(flat: &[i64], tensors: usize) -> Result<Vec<EventT>, String> {
     if !flat.len().is_multiple_of(3) {
         return Err("a section's length is not a multiple of 3".into());
@@ -452,7 +465,7 @@ impl Parsed {
                 site,
                 param: index(param),
                 grad: index(grad),
-                kernel: kernel(k)?,
+                kernel: mask_of_cpu_dropout(kernel(k)?, &raw.sites[site as usize]),
                 home,
                 source: None,
                 by_encoder: false,
@@ -620,6 +633,32 @@ mod tests {
         let mut bundled: Vec<String> = FILES.iter().map(|(name, _)| name.to_string()).collect();
         bundled.sort();
         assert_eq!(found, bundled, "pack each with scripts/validate/template_file.py pack IN.json OUT.tpl");
+    }
+
+    /// Every dropout of GPT-2's, BERT's and T5's recorded steps keeps its noise as a mask (one
+    /// byte an element on a GPU) and its output as dropout's output: no noise is left tagged as
+    /// an output, which a GPU plan would keep in the activations' dtype.
+    #[test]
+    fn cpu_dropout_noise_is_read_as_the_gpu_s_mask() {
+        let (mut masks, mut outputs) = (0, 0);
+        for key in keys().filter(|k| ["gpt2/", "bert/", "t5/"].iter().any(|f| k.starts_with(f))) {
+            let Some(t) = template(key).map(|p| &p.template) else { continue };
+            for x in &t.tensors {
+                let site = t.sites[x.site as usize].as_str();
+                match x.kernel {
+                    Kernel::DropoutMask => {
+                        assert_eq!(site, "aten::dropout > aten::empty_strided", "{key}");
+                        masks += 1;
+                    }
+                    Kernel::Dropout if site.starts_with("aten::dropout") => {
+                        assert_eq!(site, "aten::dropout > aten::mul", "{key}: dropout's noise left as its output");
+                        outputs += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(masks > 0 && masks == outputs, "{masks} masks, {outputs} outputs");
     }
 
     /// `tok32`: memory-efficient attention's logsumexp, fp32 for each of 12 heads, at the

@@ -97,8 +97,9 @@ fn the_transform_of_an_uncheckpointed_step_is_the_checkpointed_step_as_recorded(
     assert!(met >= MET, "{met} of {rows} rows within the tolerances, where {MET} were");
 }
 
-/// Rows within the tolerances on 2026-11-28 (docs/VALIDATION.md).
-const MET: usize = 65;
+/// Rows within the tolerances on 2026-11-29, once GPT-2's dropout kept one-byte masks on a GPU
+/// (65 before; docs/VALIDATION.md lists the misses).
+const MET: usize = 63;
 
 /// A transformed step frees every activation it makes, the recomputed ones included.
 fn assert_everything_made_is_freed(p: &headroom_plan::program::Program, b: u64, s: u64) {
