@@ -25,6 +25,7 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --checkpoint off --targets qv --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --variants --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --ungrouped --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --ungrouped --only qwen2 --out data/validation/qlora_fake_truth.json
 
 `UNGROUPED_CASES` have every head its own key-value head, whose fp32 attention (QLoRA's) a GPU
 runs on the memory-efficient kernel: against the `.../bf16/sdpa/...` templates recorded so.
@@ -241,6 +242,32 @@ UNGROUPED_CASES = [
                    "intermediate_size": 2816, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 2048,
                    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "qkv_bias": True, "use_sliding_window": False, "vocab_size": 8000}, 5, 2, 64, 16, True, "qv"),
+    # Added with the `sdpa` QLoRA templates of Qwen2, Mistral, Qwen3, Mixtral and Qwen3-MoE, chosen
+    # before any was measured. Qwen1.5's layout (Qwen1.5-7B's 32 heads of 128 over 32, biases on the
+    # query, key and value) at 10 heads of 128 on 1,280, every linear layer adapted, checkpointed.
+    ("qwen2", {"hidden_size": 1280, "num_attention_heads": 10, "num_key_value_heads": 10, "head_dim": 128,
+               "intermediate_size": 3456, "vocab_size": 8000}, 6, 1, 208, 16, True, "all"),
+    # Qwen1.5-0.5B's heads (16 of 64 over 16 on 1,024), the query and value adapted, no checkpointing.
+    ("qwen2", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 4, 2, 120, 8, False, "qv"),
+    # Mistral's code at 12 heads of 128 over 12 on 1,536, every linear layer adapted, no checkpointing.
+    ("mistral", {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 128,
+                 "intermediate_size": 4096, "vocab_size": 8000}, 4, 1, 168, 32, False, "all"),
+    # Qwen3's query and key norms, heads of 128 (the query twice the hidden size) over 16,
+    # checkpointed, the query and value adapted.
+    ("qwen3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
+               "intermediate_size": 3072, "vocab_size": 8000}, 6, 2, 104, 8, True, "qv"),
+    # Eight experts, two a token, 16 heads of 64 over 16, every linear layer adapted, no
+    # checkpointing.
+    ("mixtral", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+                 "intermediate_size": 1792, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 8000,
+                 "sliding_window": None}, 5, 1, 184, 16, False, "all"),
+    # Every layer sparse, no shared expert, 8 heads of 128 over 8 on 1,024, checkpointed, the query
+    # and value adapted.
+    ("qwen3_moe", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128,
+                   "intermediate_size": 3072, "moe_intermediate_size": 384, "num_experts": 8,
+                   "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "use_sliding_window": False, "vocab_size": 8000}, 4, 3, 40, 16, True, "qv"),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
@@ -356,8 +383,8 @@ def main():
     ap.add_argument("--variants", action="store_true",
                     help="record VARIANT_CASES alone (FP4, no double quantization), the other cases kept from --out")
     ap.add_argument("--ungrouped", action="store_true",
-                    help="record UNGROUPED_CASES alone (every head its own key-value head), the other cases kept "
-                         "from --out")
+                    help="record UNGROUPED_CASES alone (every head its own key-value head; with --only, those "
+                         "families'), the other cases kept from --out")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     kinds = {"on": [True], "off": [False], "both": [True, False]}[args.checkpoint]
@@ -369,11 +396,13 @@ def main():
 
     cases = []
     variant = lambda c: "quant_type" in c or "double_quant" in c  # noqa: E731
-    ungrouped = [case_fields(c) for c in UNGROUPED_CASES]
     if args.ungrouped:
+        # With --only, those families' ungrouped cases alone, the others kept from --out.
+        todo = [c for c in UNGROUPED_CASES if not only or c[0] in only]
+        redo = [case_fields(c) for c in todo]
         with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"] if case_key(c) not in ungrouped]
-        cases += [r for _, r in case_table.measured(UNGROUPED_CASES, ungrouped_case, "assumptions")]
+            cases = [c for c in json.load(f)["cases"] if case_key(c) not in redo]
+        cases += [r for _, r in case_table.measured(todo, ungrouped_case, "assumptions")]
     elif args.variants:
         with open(args.out) as f:
             cases = [c for c in json.load(f)["cases"] if not variant(c)]

@@ -198,6 +198,11 @@ mod tests {
         "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
         "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
         "tie_word_embeddings": false}"#;
+    /// Qwen/Qwen1.5-7B's config.json, the fields the planner reads: Qwen2's code with every head
+    /// its own key-value head.
+    const QWEN1_5_7B: &str = r#"{"model_type": "qwen2", "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 151936,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": false}"#;
 
     /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
     /// every family `--model` names (or a Hub config where no preset ships one).
@@ -584,6 +589,7 @@ mod tests {
         // QLoRA's SDPA runs in fp32: grouped key-value heads on the math path's template
         // (`sdpa-math`), heads that are their own key-value heads on the memory-efficient
         // kernel's (`sdpa`).
+        let ungrouped = |m: Model| Model { kv_heads: m.heads, ..m };
         let models = [
             (preset("llama-3-8b"), "llama/causal-lm/bf16/sdpa-math"),
             (preset("llama-2-7b"), "llama/causal-lm/bf16/sdpa"),
@@ -602,6 +608,16 @@ mod tests {
             (preset("gemma-7b"), "gemma/causal-lm/bf16/sdpa"),
             (preset("mixtral-8x7b"), "mixtral/causal-lm/bf16/sdpa-math"),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa-math"),
+            // Qwen1.5's layout (Qwen2's code, every head its own key-value head), and the other
+            // grouped families' configs so.
+            (config(QWEN1_5_7B, "qwen1.5-7b"), "qwen2/causal-lm/bf16/sdpa"),
+            (ungrouped(preset("mistral-7b")), "mistral/causal-lm/bf16/sdpa"),
+            (
+                ungrouped(config(include_str!("../../../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b")),
+                "qwen3/causal-lm/bf16/sdpa",
+            ),
+            (ungrouped(preset("mixtral-8x7b")), "mixtral/causal-lm/bf16/sdpa"),
+            (ungrouped(config(QWEN3_30B_A3B, "qwen3-30b-a3b")), "qwen3_moe/causal-lm/bf16/sdpa"),
             // Eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's steps are
             // recorded eager alone, so SDPA asked of either plans eager.
             (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
@@ -646,23 +662,21 @@ mod tests {
         }
     }
 
-    /// A family whose QLoRA was recorded over grouped heads alone plans a model of it whose
-    /// heads are not grouped from the math path's template: over, not refused.
+    /// A family whose QLoRA was recorded over grouped heads alone (Gemma 3, whose catalog model
+    /// groups them) plans a model of it whose heads are not grouped from the math path's
+    /// template: over, not refused.
     #[test]
     fn qlora_of_ungrouped_heads_without_their_template_plans_the_math_path() {
-        let model = Model::from_hf_config(
-            r#"{"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
-                "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936, "max_position_embeddings": 32768}"#,
-            "qwen3-mha",
-        )
-        .expect("config");
+        let gemma3 = Model::from_hf_config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b")
+            .expect("config");
+        let model = Model { kv_heads: gemma3.heads, ..gemma3 };
         let cfg = TrainConfig {
             finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
             ..lora(16, LoraTargets::All, Checkpointing::Full)
         };
         assert_eq!(
             crate::builders::hf::key(&model, &cfg, Device::Cpu).as_deref(),
-            Ok("qwen3/causal-lm/bf16/sdpa-math/ckpt/qlora-all")
+            Ok("gemma3_text/causal-lm/bf16/sdpa-math/ckpt/qlora-all")
         );
     }
 

@@ -73,9 +73,9 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     };
     let mut recorded = on(attention);
     if recorded.is_empty() && attention == "sdpa" && adapters::qlora(cfg) {
-        // QLoRA's fused kernel recorded for the families with models whose every head is its
-        // own key-value head in the catalog; another family's such model plans the math path's
-        // template, which keeps the s × s probabilities the kernel does not: a plan above the step.
+        // QLoRA's fused kernel is recorded for every family with grouped heads but Gemma 3: an
+        // ungrouped model of it plans the math path's template, which keeps the s × s
+        // probabilities the kernel does not, a plan above the step.
         recorded = on("sdpa-math");
     }
     // A template plans the MLP it was recorded with, whatever its key says.
