@@ -12,24 +12,6 @@ use std::collections::BTreeSet;
 /// 15 heads over 5. The list only shrinks: a key recorded again fails the test until it is
 /// taken off.
 const WAITING: &[&str] = &[
-    // hf-more.tpl: Qwen2-MoE at 12 heads over 4, Gemma 3 at 4 over 2.
-    "llama/causal-lm/bf16/eager/ckpt",
-    "llama/causal-lm/bf16/eager/full",
-    "llama/causal-lm/fp32/eager/full",
-    "mistral/causal-lm/bf16/eager/full",
-    "phi3/causal-lm/bf16/eager/full",
-    "qwen2/causal-lm/bf16/eager/full",
-    "qwen2_moe/causal-lm/bf16/sdpa/ckpt",
-    "qwen2_moe/causal-lm/bf16/sdpa/full",
-    "qwen3/causal-lm/bf16/eager/full",
-    // hf-variants.tpl: Llama at 8 heads over 4, the other grouped families at 12 over 4, Gemma's at 4 over 2.
-    "mistral/causal-lm/bf16/eager/ckpt",
-    "mixtral/causal-lm/bf16/eager/full",
-    "phi3/causal-lm/bf16/eager/ckpt",
-    "qwen2/causal-lm/bf16/eager/ckpt",
-    "qwen2_moe/causal-lm/amp/sdpa/full",
-    "qwen2_moe/causal-lm/bf16/eager/full",
-    "qwen3/causal-lm/bf16/eager/ckpt",
     // hf-lora.tpl: peft's LoRA steps over the grouped families' configs before 15 over 5.
     "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all",
     "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-qv",
