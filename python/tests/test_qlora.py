@@ -566,3 +566,43 @@ def _rotary_bytes(head_dim):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(MISSING, MISSING)
+class StateLaws(unittest.TestCase):
+    """The QLoRA recorder reads a quantized weight's bitsandbytes state as a fraction of that
+    weight's elements, even where its bytes at the recording are also a width's."""
+
+    def setUp(self):
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
+        try:
+            import step_programs
+        finally:
+            sys.path.pop(0)
+        self.sp = step_programs
+        self.qp = step_programs.qlora_programs()
+        # The grouped recording's widths: 12 heads of 80 over 4, a hidden size of 768.
+        self.d = {"h": 768, "q": 960, "kv": 320, "f": 2048, "heads": 12, "kv_heads": 4, "d": 80}
+        shapes = [(960, 768), (320, 768), (320, 768), (768, 960), (2048, 768), (2048, 768), (768, 2048)]
+        self.fractions = [(a * b, *reversed(step_programs.shape_units((a, b), self.d))) for a, b in shapes]
+        # The weights as parameters, and the query's fp32 bias: 4 q bytes, as large as a key
+        # projection's 8-bit absmax (320 x 768 / 64 = 3,840).
+        self.params = self.fractions + [(960, "q", 1), (320, "kv", 1)]
+
+    def law(self, n, weight):
+        return self.qp.fixed_law(n, self.params, self.fractions, self.d, "tensor", self.sp.widths_of("bf16"), (),
+                                 weight)
+
+    def test_a_weights_absmax_is_its_fraction_not_a_width(self):
+        key = self.fractions[1]
+        self.assertEqual(self.law(3840, None), {"fixed": {"q": 4.0}})  # by bytes alone: the bias's reading
+        self.assertEqual(self.law(3840, key), {"fixed": {"kv*h": 1 / 64}})
+        # Double quantization's fp32 absmax of the absmax: one element a 256 blocks of 64.
+        self.assertEqual(self.law(60, key), {"fixed": {"kv*h": 1 / 4096}})
+        # The dynamic map the nested state quantizes with: a constant.
+        self.assertEqual(self.law(1024, key), {"fixed": {"one": 1024.0}})
+
+    def test_state_no_fraction_of_its_weight_explains_is_refused(self):
+        with self.assertRaisesRegex(self.sp.Unexplained, "no fraction of its elements"):
+            self.law(3000, self.fractions[1])

@@ -290,6 +290,7 @@ class QLoraJob(sp.Job):
         self.params = []
         self.fractions = []
         persistent = {}
+        states = {}  # tensor index -> position in params of the weight whose QuantState holds it
         for i, (name, p) in enumerate(model.named_parameters()):
             name = name.removeprefix(sp.PEFT_PREFIX)
             hit = re.match(pattern.pattern + r"\.", name)
@@ -307,6 +308,7 @@ class QLoraJob(sp.Job):
 
                 for t in state_tensors(state):
                     persistent[index(t)] = ("buffer", None)
+                    states.setdefault(index(t), i)
         for b in model.buffers():
             persistent[index(b)] = ("buffer", None)
         import bitsandbytes.functional as bnbf
@@ -360,18 +362,34 @@ class QLoraJob(sp.Job):
                 tensor["kernel"] = "repeat_kv"
             tensor["scratch"] = False  # a fake tensor's operators keep none
         # Each quantized layer's elements as the law fit's parameter shapes: (n, units, coefficient).
-        self.fractions = [(s[0] * s[1], *reversed(sp.shape_units(s, self.dims))) for s in
-                          (p["shape"] for p in self.params if p["bytes"] == 0.5)]
+        def elements(s):
+            return (s[0] * s[1], *reversed(sp.shape_units(s, self.dims)))
+
+        self.fractions = [elements(p["shape"]) for p in self.params if p["bytes"] == 0.5]
+        # Each state tensor's own weight, as `fixed_law`'s `weight`: bitsandbytes sizes it by that
+        # weight's elements alone, whatever width its bytes also equal at the recording.
+        self.state_weights = {t: elements(self.params[i]["shape"]) for t, i in states.items()}
 
 
-def fixed_law(n, param_shapes, fractions, d, what, widths, ops=()):
+def fixed_law(n, param_shapes, fractions, d, what, widths, ops=(), weight=None):
     """A QLoRA tensor of the same size at every shape: a parameter's shape at an element width,
     a fraction of a quantized layer's elements, one of bitsandbytes' constants, or a unit. What
     bitsandbytes' operators make is read as a fraction first: at the recorded hidden size of 768
     an h x h layer's 8-bit absmax (h^2 / 64 bytes) is as large as a fused query-key-value bias in
-    fp32 (12 h)."""
+    fp32 (12 h). The state of a known quantized weight (`weight`: its elements, units and
+    coefficient) is read as a fraction of that weight's elements or as a constant, never as a width:
+    a key projection's absmax (kv x h / 64) at 320 x 768 is also four bytes a query element (960)."""
     if n <= sp.TINY:
         return {"fixed": {"one": float(n)}}
+    if weight is not None:
+        shape, units, coef = weight
+        hit = next((c for c in FRACTIONS if n == c * shape), None)
+        if hit is not None:
+            return {"fixed": {units: hit * coef}}
+        if n in CONSTANTS:
+            return {"fixed": {"one": float(n)}}
+        raise sp.Unexplained(f"{what}: {n} bytes of bitsandbytes' state of a {shape}-element weight ({units}) "
+                             f"are no fraction of its elements ({FRACTIONS}) and none of its constants")
 
     def copy():
         for shape, units, coef in param_shapes:

@@ -1052,7 +1052,7 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
             lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
         elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
             lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d, f"{what} tensor {pos}",
-                                            widths_of(precision), tensor["ops"])
+                                            widths_of(precision), tensor["ops"], base.state_weights.get(t))
         else:
             lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
                      widths_of(precision))
