@@ -53,7 +53,8 @@ class Rivals(unittest.TestCase):
 
     def test_the_recorded_templates_at_fifteen_over_five_hold_no_rival_law(self):
         """Every bundled template recorded at 15 heads over 5 passes the check its recording made;
-        one recorded at 4 over 2 of a LoRA step does not."""
+        bitsandbytes' inference of a family whose config takes no 15 heads at whole blocks,
+        recorded at 12 over 4, does not (`tests/law_ambiguity.rs` lists those waiting)."""
         seen = flagged = 0
         for name in sorted(os.listdir(PROGRAMS)):
             data = template_file.read(os.path.join(PROGRAMS, name))
@@ -63,8 +64,8 @@ class Rivals(unittest.TestCase):
                 if (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (15, 5):
                     seen += 1
                     self.assertEqual(law_ambiguity.audit(t), [], key)
-                elif (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (4, 2) and "/bf16/" in key \
-                        and key.endswith("/lora-all"):
+                elif (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (12, 4) \
+                        and key.endswith(("/int8", "/nf4")):
                     flagged += bool(law_ambiguity.audit(t))
         self.assertGreater(seen, 0)
         self.assertGreater(flagged, 0)

@@ -24,16 +24,24 @@ fn plan(args: &[&str]) -> (String, Value) {
 }
 
 /// Each plan, training and inference, carries the caveat exactly where the planner finds one
-/// for its template at its model: the sentence in the text and `--json`, and the count. Gemma
-/// 2B's templates were recorded at 4 heads over 2 and are read at its 8 heads over 1
-/// (`headroom-plan`'s `tests/law_ambiguity.rs` lists them until they are recorded again).
+/// for its template at its model: the sentence in the text and `--json`, and the count.
+/// LLM.int8() inference of Llama was recorded at 12 heads over 4 (no 15 heads make whole
+/// bitsandbytes blocks at its recording's width) and is read at Llama-3-8B's 32 over 8
+/// (`headroom-plan`'s `tests/law_ambiguity.rs` lists it until it is recorded again); the other
+/// plans' templates were recorded again at 15 over 5 and say nothing.
 #[test]
 fn a_plan_from_a_template_whose_laws_read_two_ways_says_so() {
-    for (model, infer) in [("gemma-2b", true), ("gemma-2b", false), ("llama-3-8b", true), ("gemma-7b", true)] {
+    let mut warned = 0;
+    for (model, extra) in [
+        ("gemma-2b", &["--infer"][..]),
+        ("gemma-2b", &[][..]),
+        ("llama-3-8b", &["--infer"][..]),
+        ("gemma-7b", &["--infer"][..]),
+        ("llama-3-8b", &["--infer", "--quantize", "int8"][..]),
+    ] {
+        let infer = extra.contains(&"--infer");
         let mut args = vec!["--model", model, "--gpu", "a100-80gb", "--framework", "hf", "--seq", "512"];
-        if infer {
-            args.push("--infer");
-        }
+        args.extend_from_slice(extra);
         let (text, v) = plan(&args);
         let source = if infer { &v["planned_from"] } else { &v["program"] };
         let key = source["template"].as_str().unwrap_or_else(|| panic!("{args:?}: no template: {source}"));
@@ -44,6 +52,7 @@ fn a_plan_from_a_template_whose_laws_read_two_ways_says_so() {
                 assert_eq!(source["caveat"], c.describe(), "{args:?}");
                 assert_eq!(source["rival_law_tensors"], c.tensors, "{args:?}");
                 assert!(c.describe().contains(key) && c.describe().contains("15 heads over 5"));
+                warned += 1;
             }
             None => {
                 assert!(!text.contains("caveat: the recorded template"), "{args:?}: {text}");
@@ -51,4 +60,5 @@ fn a_plan_from_a_template_whose_laws_read_two_ways_says_so() {
             }
         }
     }
+    assert!(warned > 0, "no plan here carries a caveat: name a job whose template is still waiting");
 }
