@@ -29,15 +29,17 @@
 //! (foreach) step it is tested against.
 
 pub mod law_ambiguity;
+mod unit_law;
 mod views;
 
-use crate::model_units;
 use crate::program::{Law, Term};
 use crate::template_file::{self, Entry};
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
+use unit_law::LawKind;
+pub use unit_law::UnitLaw;
 
 /// Layers kept as recorded at each end of a stack.
 pub const EDGE: u32 = 2;
@@ -318,66 +320,6 @@ struct Raw {
     /// (present, if empty, for every encoder-decoder's).
     #[serde(default)]
     by_encoder: Option<Vec<u32>>,
-}
-
-/// A template's law in units, before a model gives the units their sizes.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct UnitLaw(Vec<(LawKind, String, f64)>);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LawKind {
-    Fixed,
-    Token,
-    TokenPosition,
-    Sequence,
-    Position,
-    PositionSquare,
-    PaddedToken,
-}
-
-impl UnitLaw {
-    fn parse(raw: &BTreeMap<String, BTreeMap<String, f64>>) -> Result<UnitLaw, String> {
-        let mut out = Vec::new();
-        for (kind, units) in raw {
-            let kind = match kind.as_str() {
-                "fixed" => LawKind::Fixed,
-                "tok" => LawKind::Token,
-                "tok_s" => LawKind::TokenPosition,
-                "seq" => LawKind::Sequence,
-                "pos" => LawKind::Position,
-                "pos_s" => LawKind::PositionSquare,
-                "tok32" => LawKind::PaddedToken,
-                other => return Err(format!("unknown law kind `{other}`")),
-            };
-            for (u, c) in units {
-                for part in u.split('*') {
-                    if !model_units::UNITS.contains(&part) {
-                        return Err(format!("unknown unit `{part}`"));
-                    }
-                }
-                out.push((kind, u.clone(), *c));
-            }
-        }
-        Ok(UnitLaw(out))
-    }
-
-    /// The law in bytes for a model whose units are `units`.
-    pub fn resolve(&self, units: &dyn Fn(&str) -> f64) -> Law {
-        let mut law = Law::default();
-        for (kind, u, c) in &self.0 {
-            let v = c * u.split('*').map(units).product::<f64>();
-            match kind {
-                LawKind::Fixed => law.fixed += v,
-                LawKind::Token => law.per_token += v,
-                LawKind::TokenPosition => law.per_token_position += v,
-                LawKind::Sequence => law.per_sequence += v,
-                LawKind::Position => law.per_position += v,
-                LawKind::PositionSquare => law.per_position_square += v,
-                LawKind::PaddedToken => law.per_padded_token += v,
-            }
-        }
-        law
-    }
 }
 
 fn term(code: usize) -> Result<Term, String> {
