@@ -543,12 +543,7 @@ class Targets(unittest.TestCase):
     def test_query_and_value_targets_are_the_recorded_steps(self):
         from headroom_gpu import qlora
 
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
-        try:
-            import step_programs
-        finally:
-            sys.path.pop(0)
+        step_programs = _step_programs()
         self.assertEqual(qlora.QV_TARGETS, step_programs.QV_TARGETS)
         llama = transformers.LlamaConfig()
         self.assertEqual(qlora.target_modules(llama, "all"), "all-linear")
@@ -558,14 +553,22 @@ class Targets(unittest.TestCase):
             qlora.target_modules(llama, "mlp")
 
 
+def _step_programs():
+    """scripts/validate/step_programs.py, the recorder the templates come from."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
+    try:
+        import step_programs
+    finally:
+        sys.path.pop(0)
+    return step_programs
+
+
 def _rotary_bytes(head_dim):
     """Llama's rotary embedding keeps its inverse frequencies, and their original: head_dim / 2
     fp32 each."""
     return 2 * head_dim // 2 * 4
 
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 @unittest.skipIf(MISSING, MISSING)
@@ -574,12 +577,7 @@ class StateLaws(unittest.TestCase):
     weight's elements, even where its bytes at the recording are also a width's."""
 
     def setUp(self):
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        sys.path.insert(0, os.path.join(repo, "scripts", "validate"))
-        try:
-            import step_programs
-        finally:
-            sys.path.pop(0)
+        step_programs = _step_programs()
         self.sp = step_programs
         self.qp = step_programs.qlora_programs()
         # The grouped recording's widths: 12 heads of 80 over 4, a hidden size of 768.
@@ -606,3 +604,7 @@ class StateLaws(unittest.TestCase):
     def test_state_no_fraction_of_its_weight_explains_is_refused(self):
         with self.assertRaisesRegex(self.sp.Unexplained, "no fraction of its elements"):
             self.law(3000, self.fractions[1])
+
+
+if __name__ == "__main__":
+    unittest.main()
