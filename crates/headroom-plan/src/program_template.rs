@@ -28,6 +28,7 @@
 //! planner makes it for the implementation asked; `optimizer_check` is the recorded AdamW
 //! (foreach) step it is tested against.
 
+mod dropout_mask;
 pub mod law_ambiguity;
 mod unit_law;
 mod views;
@@ -73,8 +74,8 @@ pub enum Kernel {
     Sdpa,
     /// Dropout's output (or its backward's).
     Dropout,
-    /// Dropout's noise, kept for the backward: the activations' dtype on CPU, one byte an
-    /// element on a GPU.
+    /// Dropout's noise, kept for the backward: the dropped tensor's dtype on CPU, one byte an
+    /// element on a GPU ([`TensorT::mask`]).
     DropoutMask,
     /// transformers' `repeat_kv` copies of keys and values, made only between one key-value
     /// head (a view) and one per query head (no copy).
@@ -113,6 +114,10 @@ pub struct TensorT {
     /// output ([`TensorT::source`]): a copy at the recording's batches, a view of that output
     /// at a batch of one (`program_template/views.rs`).
     pub batch_view: bool,
+    /// A dropout's noise ([`Kernel::DropoutMask`]) as a GPU keeps it, once
+    /// [`Parsed::resolved`] sizes it: one byte for each element of what it dropped, whatever
+    /// that tensor's dtype (`program_template/dropout_mask.rs`).
+    pub mask: Option<Law>,
 }
 
 impl TensorT {
@@ -412,6 +417,7 @@ impl Parsed {
                 source: None,
                 by_encoder: false,
                 batch_view: false,
+                mask: None,
             });
         }
         let n = tensors.len();
@@ -468,6 +474,9 @@ impl Parsed {
         let mut t = self.template.clone();
         for x in &mut t.tensors {
             x.law = self.laws[x.law_index].resolve(units);
+            if x.kernel == Kernel::DropoutMask {
+                x.mask = dropout_mask::elements(&self.laws[x.law_index], &t.dims).map(|e| e.resolve(units));
+            }
         }
         for (p, law) in t.params.iter_mut().zip(&self.param_laws) {
             p.law = law.resolve(units);

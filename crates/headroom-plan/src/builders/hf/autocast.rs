@@ -67,6 +67,7 @@ fn new_tensor(t: &mut Template, like: u32, law: Law, site: &str) -> u32 {
     x.law = law;
     x.site = s;
     x.kernel = Kernel::None;
+    x.mask = None;
     x.param = None;
     x.grad = None;
     t.tensors.push(x);

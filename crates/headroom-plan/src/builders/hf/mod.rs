@@ -18,7 +18,7 @@
 //!   QLoRA's attention runs in fp32 whatever its compute dtype, and its templates were
 //!   recorded with a GPU's rules: over grouped heads (`sdpa-math`) and over heads that are
 //!   their own key-value heads (`sdpa`, the memory-efficient kernel), picked by the model's;
-//! - dropout keeps a one-byte mask where the CPU keeps its noise in the activations' dtype;
+//! - dropout keeps a one-byte mask where the CPU keeps its noise in the dropped tensor's dtype;
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
 //!   backward's thread, kept for the life of the process.
 //! - under autocast, `pow` runs in fp32 (CUDA's autocast lists it, the CPU's does not), so
@@ -316,7 +316,12 @@ impl<'a> Expansion<'a> {
             Kernel::RepeatKv if !self.repeat_kv_copies => None,
             Kernel::Dropout if !self.dropout => None,
             Kernel::DropoutMask if !self.dropout => None,
-            Kernel::DropoutMask => Some(law.scaled(1.0 / activation_bytes(self.cfg.precision))),
+            // Each mask at one byte for each element it covers, whatever the dtype of what it
+            // dropped (fp32 embeddings under autocast); the step's activation width where the
+            // recording's law reads as no dropped shape.
+            Kernel::DropoutMask => {
+                Some(x.mask.unwrap_or_else(|| law.scaled(1.0 / activation_bytes(self.cfg.precision))))
+            }
             _ => Some(match x.term {
                 Term::Weights => law.scaled(self.scale.weights),
                 Term::Gradients => law.scaled(self.scale.gradients),
@@ -630,6 +635,40 @@ mod tests {
                 assert_eq!(copies.len(), 2 * copies_per_step, "{checkpointing:?}");
                 assert!(copies.iter().all(|&b| b == 116_391_936), "{copies:?}");
             }
+        }
+    }
+
+    /// CUDA's fused dropout keeps a bool mask: every dropout of GPT-2 medium at 8 × 888 tokens
+    /// keeps 7,274,496 bytes (one a hidden element) on an H200 in bf16, fp32 and under
+    /// autocast, where the embeddings' dropout takes an fp32 input (`../shared/gpu/snapshots/
+    /// native-gpt2-medium-b8`: its `dropout_cuda` masks, the embeddings' and each block's,
+    /// are all 7,274,496 bytes).
+    #[test]
+    fn a_gpu_keeps_one_byte_a_dropped_element_whatever_its_dtype() {
+        use crate::job::Optimizer;
+        use crate::program::Op;
+        let model = crate::model::preset("gpt2-medium").expect("preset");
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        for precision in [Precision::Amp, Precision::Bf16, Precision::Fp32] {
+            let cfg =
+                TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(8, 888, precision, Optimizer::AdamW) };
+            let p = program(&model, &cfg, Device::Gpu(&h200), 1, &StateScale::default()).expect("a template").program;
+            let sizes = p.sizes(8, 888);
+            let masks: Vec<u64> = p
+                .ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Alloc(id)
+                        if p.sites[p.tensors[*id as usize].site as usize] == "aten::dropout > aten::empty_strided" =>
+                    {
+                        Some(sizes[*id as usize])
+                    }
+                    _ => None,
+                })
+                .collect();
+            // The embeddings' and two a block.
+            assert_eq!(masks.len(), 1 + 2 * model.layers as usize, "{precision:?}");
+            assert!(masks.iter().all(|&b| b == 7_274_496), "{precision:?}: {masks:?}");
         }
     }
 
