@@ -76,6 +76,8 @@
 use crate::job::{BaseWeights, Finetune, LoraTargets, TrainConfig};
 use crate::model::Model;
 use crate::model_units;
+use crate::program::{Law, Term};
+use crate::program_template::Template;
 
 /// The key suffix of the template that serves `cfg`'s fine-tuning: `None` for full
 /// fine-tuning, `lora-all` or `lora-qv` for LoRA over a base in the training precision,
@@ -111,6 +113,27 @@ pub fn unit(model: &Model, cfg: &TrainConfig, name: &str) -> f64 {
         ("Er", Finetune::Lora { rank, .. }) => (rank * model.experts.max(1)) as f64,
         _ => model_units::unit(model, name),
     }
+}
+
+/// peft's folds of an adapter into its stack of experts filed with the activations, where the
+/// recorder filed them with the temporaries (its term for a tensor whose size follows no
+/// shape): each is `torch.baddbmm`'s new tensor W + s · B @ A, as large as the stack, that
+/// `grouped_mm` multiplies the tokens by and autograd saves for the input's gradient, from the
+/// layer's forward (or its recomputation, under checkpointing) to its backward, as it saves an
+/// activation. What `baddbmm` makes beneath it (`aten::empty`) is its own scratch and stays
+/// temporary; BLOOM's attention scores (`baddbmm` too) grow with the tokens and were
+/// activations already. The count refiled.
+pub(super) fn merged_experts_saved(t: &mut Template) -> usize {
+    let mut refiled = 0;
+    for i in 0..t.tensors.len() {
+        let fold = super::autocast::op(t, i as u32) == "aten::baddbmm";
+        let x = &mut t.tensors[i];
+        if fold && x.term == Term::Temporary && x.param.is_none() && x.law == Law::fixed(x.law.fixed) {
+            x.term = Term::Activations;
+            refiled += 1;
+        }
+    }
+    refiled
 }
 
 #[cfg(test)]

@@ -105,6 +105,9 @@ pub fn program_of(
 ) -> Result<HfProgram, String> {
     let parsed = program_template::template(key).ok_or_else(|| format!("no step `{key}` was recorded"))?;
     let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u));
+    if matches!(cfg.finetune, Finetune::Lora { .. }) {
+        adapters::merged_experts_saved(&mut t);
+    }
     if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
         autocast::fp32_pow(&mut t);
     }
