@@ -7,7 +7,7 @@
 //! | term | formula | source (research/estimation.md) |
 //! |---|---|---|
 //! | weights, gradients, optimizer | bytes/param by precision and optimizer, for the parameters on the GPU's pipeline stage ÷ tensor parallelism, ÷ data parallelism for the ZeRO-sharded ones; LoRA: frozen base at its width plus adapters with full states; offloaded states leave the GPU | §1.1–§1.4 |
-//! | activations | per layer sbh·(c₀ + c₁·f/h) at the activation width, plus the attention core: 5as²b (eager) or 4asb (SDPA/flash); ÷t (the replicated 10·sbh stays without sequence parallelism), ÷ context parallelism; × the micro-batches a 1F1B stage holds (first stage: L layers' worth), × 1 + (p−1)/(p·v) interleaved; by checkpoint policy | §2.1, §2.3, §2.5, §8.4 |
+//! | activations | per layer sbh·(c₀ + c₁·f/h) at the activation width, plus the attention core: 5as²b (eager) or 4asb (SDPA/flash); ÷t (the replicated 10·sbh stays without sequence parallelism), ÷ context parallelism; × the micro-batches a 1F1B stage holds (first stage: L layers' worth), × 1 + (p−1)/(p·v) interleaved; by checkpoint policy. Under peft's LoRA of every linear layer of Mixtral or Qwen3-MoE, each layer's merged expert stacks too: E × 3·f·h at the activation width ([`merged_experts`]) | §2.1, §2.3, §2.5, §8.4 |
 //! | logits | b·s·V/t on the last stage × the bytes the loss holds at its peak: Hugging Face's loss upcasts the 16-bit logits to fp32 and keeps both, log-softmax keeps its fp32 output, and the backward makes an fp32 gradient and its 16-bit copy: 2 + 4 + 4 + 4 + 2 = 16 bytes (12 in fp32) | §2.4 |
 //! | temporary | cuBLAS workspace; ZeRO-3's gathered layer (4 × layer params), or under pipelining the stage's parameters gathered in 16 bits (FSDP2 keeps them from a micro-batch's forward to its backward); under DeepSpeed its gradient bucket and ZeRO-3's parameters still gathered at the turn to the backward ([`deepspeed`]); a dequantized QLoRA matrix; the offload gradient bucket | §1.4, §4.1 |
 //! | framework | CUDA context; NCCL buffers with more than one GPU | §4.1, §9 |
@@ -137,6 +137,26 @@ pub fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
     LayerActivations { kept: linear + core, core, input }
 }
 
+/// Bytes of one layer's expert stacks as peft merges them, kept for the backward: peft 0.21's
+/// "all-linear" wraps each of transformers 5's stacked expert parameters (`gate_up_proj`,
+/// E × 2f × h, and `down_proj`, E × h × f) of Mixtral and Qwen3-MoE in a `ParamWrapper`, whose
+/// forward folds the adapter into a new tensor as large as the stack (W + s · B @ A, one
+/// `torch.baddbmm`, in the compute dtype: autocast's 16 bits under AMP, the 16-bit experts a
+/// 4-bit base leaves unquantized) that `grouped_mm` saves for the input's gradient
+/// (docs/VALIDATION.md, "The merged expert weights of peft's LoRA"). None where peft wraps no
+/// stack: Qwen2-MoE's experts (transformers' conversion table names no pattern for
+/// `qwen2_moe`), adapters on the query and value projections alone, a dense model, or LoRA
+/// that is not peft's over transformers' code (`transformers` false: Megatron's keeps the
+/// frozen weights and adds the adapters' activations beside them).
+pub fn merged_experts(model: &Model, cfg: &TrainConfig, transformers: bool) -> f64 {
+    let wrapped = matches!(model.model_type, "mixtral" | "qwen3_moe") && model.experts > 1;
+    if !transformers || !wrapped || !matches!(cfg.finetune, Finetune::Lora { targets: LoraTargets::All, .. }) {
+        return 0.0;
+    }
+    let t = cfg.parallel.tensor.max(1) as f64;
+    (model.experts * 3 * model.intermediate * model.hidden) as f64 * activation_width(cfg.precision) / t
+}
+
 /// What one layer keeps under torchtitan's per-op checkpointing: its input, the outputs of
 /// the first, third, ... matrix multiply of the block (wq, wv, w1, w2 in a Llama block), and
 /// the attention kernel's output and log-sum-exp (eager attention's batched products are not
@@ -264,7 +284,8 @@ pub fn memory(job: &Job, stage: PipelineStage, transformers: bool, held_back: f6
     }
     br.temporary = temporaries(job, &sh);
     br.framework = job.outside_allocator();
-    let (activations, recompute_fraction, note) = activations(job, stage, &br, held_back);
+    let merged = merged_experts(model, cfg, transformers);
+    let (activations, recompute_fraction, note) = activations(job, stage, &br, held_back, merged);
     br.activations = activations;
     let mut m = StageMemory {
         breakdown: br,
@@ -385,9 +406,19 @@ pub fn recompute_fraction(job: &Job) -> f64 {
 
 /// The activations the stage keeps under the job's checkpoint policy, the share of a forward
 /// the backward recomputes, and why no schedule fits where optimal checkpointing finds none.
-fn activations(job: &Job, stage: PipelineStage, br: &Breakdown, held_back: f64) -> (f64, f64, Option<String>) {
+/// `merged`: what a layer keeps beside its activations whatever the tokens (peft's merged
+/// expert stacks, [`merged_experts`]): every layer's without checkpointing, the recomputed
+/// layer's with it.
+fn activations(
+    job: &Job,
+    stage: PipelineStage,
+    br: &Breakdown,
+    held_back: f64,
+    merged: f64,
+) -> (f64, f64, Option<String>) {
     let (model, cfg) = (job.model, &job.train);
-    let LayerActivations { kept: per_layer, core, input: hidden_state } = layer_activations(model, cfg);
+    let LayerActivations { kept, core, input: hidden_state } = layer_activations(model, cfg);
+    let per_layer = kept + merged;
     let l = layers_held(model, cfg, stage);
     let lp = model.layers.div_ceil(cfg.parallel.pipeline.max(1)) as f64;
     let recompute = recompute_fraction(job);
@@ -540,6 +571,13 @@ fn transformers_phases(m: &mut StageMemory, job: &Job, r: &Recipe, sh: &Share) {
         let whole = g * model.params() as f64;
         let scale = if whole > 0.0 { (parts.gradients / whole).min(1.0) } else { 1.0 };
         (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base, scale);
+    }
+    // peft's merged expert stacks: every layer's from its forward to its backward, or under
+    // checkpointing the one layer's its forward or recomputation makes.
+    let merged = merged_experts(model, cfg, true) * if checkpointed { 1.0 } else { model.layers as f64 };
+    for p in [&mut ph.forward, &mut ph.backward] {
+        p.activations += merged;
+        p.total += merged;
     }
     let (_, peak) = ph.peak();
     br.gradients = peak.gradients;

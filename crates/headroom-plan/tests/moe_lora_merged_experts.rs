@@ -35,6 +35,11 @@ fn qwen3_30b_a3b() -> Model {
     Model::from_hf_config(QWEN3_30B_A3B, "qwen3-30b-a3b").expect("Qwen3-30B-A3B's config")
 }
 
+fn qwen15() -> Model {
+    Model::from_hf_config(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b")
+        .expect("Qwen1.5-MoE-A2.7B's config")
+}
+
 fn lora(precision: Precision, attention: Attention, targets: LoraTargets, checkpointing: Checkpointing) -> TrainConfig {
     TrainConfig {
         attention,
@@ -128,9 +133,7 @@ fn checkpointed_the_peak_holds_one_layers_merged_experts() {
 /// query and value projections of the other two.
 #[test]
 fn no_merged_experts_where_peft_wraps_no_expert() {
-    let qwen15 =
-        Model::from_hf_config(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b")
-            .expect("Qwen1.5-MoE-A2.7B's config");
+    let qwen15 = qwen15();
     let jobs = [
         (qwen15.clone(), Precision::Fp32, Attention::Eager, LoraTargets::All),
         (qwen15, Precision::Bf16, Attention::Sdpa, LoraTargets::All),
@@ -176,4 +179,47 @@ fn the_merged_experts_are_filed_with_the_activations() {
     let b = &e.memory.breakdown;
     assert!(b.activations >= live as f64, "activations {} below the merged stacks' {live}", b.activations);
     assert!(b.temporary < layer_stacks(&model, 4) as f64, "temporary {}", b.temporary);
+}
+
+/// The closed form counts the merged stacks where peft makes them: one layer's stacks at the
+/// step's width (fp32 4 bytes, bf16 2) for Mixtral's and Qwen3-MoE's LoRA of every linear
+/// layer under transformers' code; none for Qwen2-MoE, for the query and value projections,
+/// for full fine-tuning, or for Megatron's LoRA (no peft).
+#[test]
+fn the_closed_form_counts_one_layers_merged_experts() {
+    use headroom_plan::closed_form::merged_experts;
+    for model in [qwen3_30b_a3b(), preset("mixtral-8x7b").expect("preset")] {
+        for (precision, width) in [(Precision::Fp32, 4), (Precision::Bf16, 2)] {
+            let cfg = lora(precision, Attention::Sdpa, LoraTargets::All, Checkpointing::None);
+            assert_eq!(merged_experts(&model, &cfg, true), layer_stacks(&model, width) as f64, "{}", model.name);
+            assert_eq!(merged_experts(&model, &cfg, false), 0.0, "{}: Megatron's LoRA", model.name);
+            let qv = lora(precision, Attention::Sdpa, LoraTargets::QueryValue, Checkpointing::None);
+            assert_eq!(merged_experts(&model, &qv, true), 0.0, "{}: query and value", model.name);
+            let full = TrainConfig { finetune: Finetune::Full, ..cfg };
+            assert_eq!(merged_experts(&model, &full, true), 0.0, "{}: full fine-tuning", model.name);
+        }
+    }
+    let cfg = lora(Precision::Bf16, Attention::Sdpa, LoraTargets::All, Checkpointing::None);
+    assert_eq!(merged_experts(&qwen15(), &cfg, true), 0.0, "Qwen2-MoE's experts are not wrapped");
+}
+
+/// The search's screen (the closed form) and the replay agree on what fits an H200 for every
+/// mixture's LoRA of every linear layer at 1 × 256, with and without checkpointing, in fp32
+/// (eager) and bf16 (SDPA): the screen said Qwen3-30B-A3B's fp32 and Mixtral's bf16 steps
+/// without checkpointing fit (133.04 and 93.15 GiB) where the replay does not (241.48 and
+/// 182.97 GiB), so a search kept what a plan then refused.
+#[test]
+fn the_screen_and_the_replay_agree_on_what_fits() {
+    let h200 = gpu("h200").expect("h200 is a preset");
+    for model in [qwen3_30b_a3b(), preset("mixtral-8x7b").expect("preset"), qwen15()] {
+        for (precision, attention) in [(Precision::Fp32, Attention::Eager), (Precision::Bf16, Attention::Sdpa)] {
+            for checkpointing in [Checkpointing::None, Checkpointing::Full] {
+                let cfg = lora(precision, attention, LoraTargets::All, checkpointing);
+                let job = plan::job(&model, &h200, &cfg);
+                let screened = headroom_plan::estimate::Estimator::default().screen(&job).is_some();
+                let replayed = plan::estimate(&model, &h200, &cfg).verdict.fits;
+                assert_eq!(screened, replayed, "{} {precision:?} {checkpointing:?}", model.name);
+            }
+        }
+    }
 }
