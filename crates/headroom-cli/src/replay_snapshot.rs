@@ -12,7 +12,7 @@ use headroom_alloc::PolicyName;
 use headroom_alloc::{AllocatorConfig, Snapshot};
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::recorded_memory::{CapacitySource, RecordedMemory};
-use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot, TraceAction};
+use headroom_trace::snapshot::{read_snapshot_file_with, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
 use headroom_trace::what_if::{live_peak_bytes, what_if, Setup, StartFrom, WhatIf};
@@ -164,7 +164,9 @@ impl Replay<'_> {
             runs: Vec::new(),
             skipped: None,
         };
-        let trace = match DeviceTrace::new(self.snap, device) {
+        // The trace's index (each entry's slot among it) and private pools are made on a second
+        // core beside the start state, once for the check and every what-if.
+        let trace = match DeviceTrace::with_pools(self.snap, device) {
             Ok(t) => {
                 let s = &t.start;
                 r.start = Some(Start {
@@ -187,7 +189,7 @@ impl Replay<'_> {
         // Only the check tells the allocator's own flushes from `empty_cache()` calls, and what a
         // refusal says of the device: a trace that releases no segment and records no OOM has
         // neither, and its what-ifs need nothing from a check the user did not ask for.
-        let check = self.args.check || releases(self.snap, &trace);
+        let check = self.args.check || trace.index().releases(trace.trace());
         if check {
             self.check(&trace, &mut r);
         } else {
@@ -263,16 +265,6 @@ impl Replay<'_> {
         }
         Ok(())
     }
-}
-
-/// Whether the device's trace releases a segment or records an OOM: what
-/// only a check can explain.
-fn releases(snap: &MemorySnapshot, t: &DeviceTrace) -> bool {
-    snap.device_traces.get(t.device as usize).is_some_and(|trace| {
-        trace
-            .iter()
-            .any(|e| matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom))
-    })
 }
 
 /// Nothing replayed is no answer: exit 0 would say every allocation was

@@ -1,20 +1,26 @@
 //! Times each replay pass over a snapshot's trace, in rounds: the check against
 //! every recorded decision, the what-if under the recorded settings, and the
-//! what-if with expandable segments. Each pass starts from a freshly inferred
-//! start state (not timed), as a `headroom replay` that runs only that pass
-//! does, so each pays for whatever it reads from the whole trace. Prints each
-//! pass's median and best rate in trace entries per second, by the wall clock
-//! and by the thread's own CPU time (on Linux; on a machine shared with other
-//! work, the CPU time is the steadier of the two).
+//! what-if with expandable segments. Each pass starts from a freshly made
+//! `DeviceTrace` (not timed): its start state, and the trace's index and private
+//! pools made beside it on a second thread, as `headroom replay` and `inspect`
+//! make them before their first pass. Prints each pass's median and best rate in
+//! trace entries per second, by the wall clock and by the thread's own CPU time
+//! (on Linux; on a machine shared with other work, the CPU time is the steadier
+//! of the two), and the medians of the start state and of the index.
 //!
-//!     cargo run --release -p headroom-trace --example replay_passes -- FILE [ROUNDS] [PASS]
+//!     cargo run --release -p headroom-trace --example replay_passes -- FILE [ROUNDS] [PASS] [own-index]
 //!
-//! PASS (`check`, `recorded` or `expandable`) runs that pass alone, for a profile of it.
+//! PASS (`check`, `recorded` or `expandable`; `all` for the three) runs that pass
+//! alone, for a profile of it. `own-index`: the index and pools are made inside the
+//! timed pass, on its thread, as builds before the twelfth round of
+//! docs/PERFORMANCE.md's replay passes did.
 
 use headroom_alloc::AllocatorConfig;
 use headroom_trace::device_trace::DeviceTrace;
 use headroom_trace::snapshot::read_snapshot_file;
 use headroom_trace::snapshot_replay::check_from;
+use headroom_trace::start_state::infer_start;
+use headroom_trace::trace_index::TraceIndex;
 use headroom_trace::what_if::what_if_device;
 use std::time::Instant;
 
@@ -36,17 +42,25 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, Option<f64>) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: replay_passes FILE [ROUNDS]");
+        eprintln!("usage: replay_passes FILE [ROUNDS] [PASS] [own-index]");
         std::process::exit(2);
     };
     let rounds: usize = args.get(1).and_then(|r| r.parse().ok()).unwrap_or(5);
     let only = match args.get(2).map(String::as_str) {
-        None => None,
+        None | Some("all") => None,
         Some("check") => Some(0),
         Some("recorded") => Some(1),
         Some("expandable") => Some(2),
         Some(other) => {
             eprintln!("unknown pass {other:?}: use check, recorded or expandable");
+            std::process::exit(2);
+        }
+    };
+    let own_index = match args.get(3).map(String::as_str) {
+        None => false,
+        Some("own-index") => true,
+        Some(other) => {
+            eprintln!("unknown mode {other:?}: use own-index or nothing");
             std::process::exit(2);
         }
     };
@@ -67,17 +81,24 @@ fn main() {
     let expandable: AllocatorConfig = expandable;
     for device in snap.devices() {
         let n = snap.device_traces.get(device as usize).map_or(0, Vec::len);
-        let fresh = || match DeviceTrace::new(&snap, device) {
+        let made = |t| match t {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("device {device}: {e}");
                 std::process::exit(2);
             }
         };
+        let fresh =
+            || made(if own_index { DeviceTrace::new(&snap, device) } else { DeviceTrace::with_pools(&snap, device) });
         let calls = check_from(&fresh(), recorded.clone(), 1 << 50, |_| {}).map(|f| f.recorded).unwrap_or_default();
         let mut times: [Vec<f64>; 3] = Default::default();
         let mut cpu: [Vec<f64>; 3] = Default::default();
+        let (mut start_s, mut index_s) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
+            let (_, _, c) = timed(|| infer_start(&snap, device, &recorded));
+            start_s.extend(c);
+            let (_, _, c) = timed(|| TraceIndex::of(&snap, device));
+            index_s.extend(c);
             if runs(0) {
                 let t = fresh();
                 let (exact, wall, c) =
@@ -92,6 +113,12 @@ fn main() {
                 times[k].push(wall);
                 cpu[k].extend(c);
                 assert!(w.is_ok(), "a what-if failed");
+            }
+        }
+        for (name, mut cs) in [("start state", start_s), ("trace index", index_s)] {
+            if !cs.is_empty() {
+                cs.sort_by(f64::total_cmp);
+                println!("device {device}, {name} (made before the passes): CPU time median {:.3} s", cs[cs.len() / 2]);
             }
         }
         for ((name, mut ts), mut cs) in

@@ -97,6 +97,11 @@ impl AddressSlots {
         }
     }
 
+    /// The slots taken so far: `0..count()`.
+    pub fn count(&self) -> Slot {
+        self.slots
+    }
+
     /// `slot`, taken and no longer needed.
     pub fn give_back(&mut self, slot: Slot) {
         self.unused.push(slot);

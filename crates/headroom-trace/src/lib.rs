@@ -29,6 +29,7 @@
 mod address_slots;
 pub mod compressed;
 pub mod device_trace;
+mod entry_slots;
 pub mod jsonl;
 pub mod memory_snapshot;
 pub mod phase;

@@ -208,11 +208,11 @@ pub fn check_from(
         request: None,
         answer: None,
     };
-    let mut ops = TraceRequests::new(trace, pools, Vec::new(), Vec::new(), progress);
+    let mut ops = TraceRequests::new(trace, t.index(), pools, Vec::new(), Vec::new(), progress);
     let mut walk = Walk::default();
     for b in start.segments.iter().flat_map(|s| &s.live) {
         let size = a.allocation_size(b.address).unwrap_or(0);
-        walk.adopt(ops.slots.allocated(b.address), Allocation { ptr: b.address, size }, &a);
+        walk.adopt(ops.adopt(b.address), Allocation { ptr: b.address, size }, &a);
     }
     // The walk holds every block's id from here: the allocator's map of addresses would be
     // a second map of the same allocations.

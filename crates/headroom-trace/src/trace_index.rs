@@ -1,13 +1,20 @@
-//! What every replay of a device's trace reads from it besides its requests and frees — the
-//! segment events, whether any entry names a private pool, where steps begin — found in one
-//! walk of the entries.
+//! What every replay of a device's trace reads from it besides the entries themselves — the
+//! segment events, whether any entry names a private pool or records an OOM, where steps
+//! begin, and each entry's allocation slot ([`crate::entry_slots`]) — found in one walk of
+//! the entries.
 //!
 //! A trace entry is 88 bytes and a real trace holds millions: each walk of it streams
 //! hundreds of megabytes from memory, and the pools' inference, the recorded device's
 //! script, the recorded peak and the steps each made one of their own
 //! (docs/PERFORMANCE.md, "Replay passes, tenth round"). The segment events are a few
 //! thousand of those entries, so each of those readings walks this index instead.
+//!
+//! A [`crate::device_trace::DeviceTrace`] makes it once, beside the start state on a thread
+//! of its own, and the check and every what-if of that trace share it: the slots' probes of a
+//! map of addresses are then paid once per trace, not once per pass (docs/PERFORMANCE.md,
+//! "Replay passes, eleventh round" and "twelfth round").
 
+use crate::entry_slots::{Code, EntrySlots};
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::recorded_step::StepStarts;
 use crate::replay_device::DeviceCall;
@@ -29,8 +36,14 @@ pub struct TraceIndex {
     segment_events: Vec<usize>,
     /// Whether any entry names a private pool (`pool_id`).
     names_a_pool: bool,
+    /// Whether any entry is an OOM the recorded run reported.
+    records_an_oom: bool,
     /// The entries at which steps 2, 3, … begin ([`crate::recorded_step::step_starts`]).
     step_starts: Vec<usize>,
+    /// Each entry's slot code ([`crate::entry_slots`]).
+    slots: Vec<u32>,
+    /// The slots the trace's own allocations use: `0..slot_count`.
+    slot_count: u32,
 }
 
 impl TraceIndex {
@@ -39,15 +52,38 @@ impl TraceIndex {
         let trace = snap.device_traces.get(device as usize).map_or(&[][..], Vec::as_slice);
         let mut segment_events = Vec::new();
         let mut names_a_pool = false;
+        let mut records_an_oom = false;
         let mut steps = StepStarts::new(snap);
+        let mut slots = EntrySlots::with_capacity(trace.len());
         for (i, e) in trace.iter().enumerate() {
             names_a_pool |= e.pool_id != DEFAULT_MEMPOOL;
+            records_an_oom |= e.action == TraceAction::Oom;
             if is_segment_event(e.action) {
                 segment_events.push(i);
             }
             steps.see(snap, i, e);
+            slots.see(trace, i);
         }
-        TraceIndex { segment_events, names_a_pool, step_starts: steps.starts }
+        let slot_count = slots.count();
+        TraceIndex {
+            segment_events,
+            names_a_pool,
+            records_an_oom,
+            step_starts: steps.starts,
+            slots: slots.codes,
+            slot_count,
+        }
+    }
+
+    /// Entry `i`'s slot code.
+    #[inline]
+    pub(crate) fn slot_code(&self, i: usize) -> Code {
+        Code::of(self.slots[i])
+    }
+
+    /// The slots the trace's own allocations use: `0..slot_count()`.
+    pub(crate) fn slot_count(&self) -> u32 {
+        self.slot_count
     }
 
     /// The entries that are device calls, ascending.
@@ -58,6 +94,20 @@ impl TraceIndex {
     /// Whether any entry names a private pool.
     pub fn names_a_pool(&self) -> bool {
         self.names_a_pool
+    }
+
+    /// Whether any entry is an OOM the recorded run reported.
+    pub fn records_an_oom(&self) -> bool {
+        self.records_an_oom
+    }
+
+    /// Whether the trace releases a segment (`segment_free`, `segment_unmap`) or records an OOM.
+    pub fn releases(&self, trace: &[TraceEvent]) -> bool {
+        self.records_an_oom
+            || self
+                .segment_events
+                .iter()
+                .any(|&i| matches!(trace[i].action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
     }
 
     /// The entries at which steps 2, 3, … begin.
@@ -111,6 +161,10 @@ mod tests {
                 assert_eq!(index.step_starts(), step_starts(&snap, device), "{name}");
                 assert_eq!(index.names_a_pool(), trace.iter().any(|e| e.pool_id != DEFAULT_MEMPOOL), "{name}");
                 assert_eq!(index.maps(trace), trace.iter().any(|e| e.action == TraceAction::SegmentMap), "{name}");
+                let releases = trace.iter().any(|e| {
+                    matches!(e.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
+                });
+                assert_eq!(index.releases(trace), releases, "{name}");
                 let end = DeviceCall::of_trace(trace).iter().map(|c| c.addr.saturating_add(c.size)).max();
                 assert_eq!(index.calls_end(trace), end.unwrap_or(0), "{name}");
                 seen += 1;

@@ -4,10 +4,11 @@
 //! what-if ([`crate::what_if`]) walk this one reading; each observer acts on the marks it
 //! needs and passes over the others.
 
+use crate::entry_slots::Code;
 use crate::memory_snapshot::{TraceAction, TraceEvent};
 use crate::snapshot_pools::RecordedPools;
-use crate::trace_index::is_segment_event;
-use crate::walk::{AddressSlots, Op};
+use crate::trace_index::{is_segment_event, TraceIndex};
+use crate::walk::{Op, Slot};
 use rustc_hash::FxHashMap;
 
 /// Streams that stand for "another stream used this block": far above any stream a snapshot
@@ -36,11 +37,15 @@ pub(crate) enum Mark {
     Completed { stream: u64, at_next_request: bool },
 }
 
-/// Whether the free requested at entry `i` completes later than it is requested (the block
-/// was used on another stream: its memory waits for an event), rather than at once, in the
-/// entry that follows.
-fn completes_later(trace: &[TraceEvent], i: usize) -> bool {
-    !matches!(trace.get(i + 1), Some(n) if n.action == TraceAction::FreeCompleted && n.addr == trace[i].addr)
+/// The slot a free of `code`, of the block at `address`, frees: `None` where no live block
+/// has that address.
+#[inline]
+fn freed(adopted: &mut FxHashMap<u64, Slot>, code: Code, address: u64) -> Option<Slot> {
+    match code {
+        Code::Slot(slot) => Some(slot),
+        Code::Open => adopted.remove(&address),
+        _ => None,
+    }
 }
 
 /// Whether the next of `marked` is entry `i`, and if so, on to the one after it.
@@ -54,6 +59,8 @@ fn next_is((marked, next): &mut (Vec<usize>, usize), i: usize) -> bool {
 /// The trace's entries as a walk's operations, each at its entry's index.
 pub(crate) struct TraceRequests<'a, F> {
     trace: &'a [TraceEvent],
+    /// Each entry's slot, resolved by the index's walk: no map of addresses is probed here.
+    index: &'a TraceIndex,
     pools: &'a RecordedPools,
     next: usize,
     /// Operations of the entry being read, in order, `queued[head..len]` still to come:
@@ -61,13 +68,13 @@ pub(crate) struct TraceRequests<'a, F> {
     queued: [Op<Mark>; 6],
     head: usize,
     len: usize,
-    pub(crate) slots: AddressSlots,
-    /// Frees requested but completed later (the block was used on another stream): recorded
-    /// address -> the stand-in stream whose event holds it.
-    delayed: FxHashMap<u64, u64>,
+    /// The blocks live when the trace began, by address, each with its slot (numbered after
+    /// the trace's own), until freed or allocated over: the slots of the frees the index
+    /// left open.
+    adopted: FxHashMap<u64, Slot>,
+    next_adopted: Slot,
+    /// The stand-in stream of the next free requested that completes later.
     next_stand_in: u64,
-    /// Where the burst of completions being read ends: the first entry after it.
-    burst_until: usize,
     /// The entries to mark, ascending, each with the position of the next one to come: a
     /// comparison an entry, where a peekable iterator checked its peeked state first.
     step_starts: (Vec<usize>, usize),
@@ -83,6 +90,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
     /// `step_starts` and `empty_cache_calls`: the entries to mark as such, ascending.
     pub(crate) fn new(
         trace: &'a [TraceEvent],
+        index: &'a TraceIndex,
         pools: &'a RecordedPools,
         step_starts: Vec<usize>,
         empty_cache_calls: Vec<usize>,
@@ -90,20 +98,28 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
     ) -> Self {
         TraceRequests {
             trace,
+            index,
             pools,
             next: 0,
             queued: [Op::CompleteEvents; 6],
             head: 0,
             len: 0,
-            slots: AddressSlots::default(),
-            delayed: FxHashMap::default(),
+            adopted: FxHashMap::default(),
+            next_adopted: index.slot_count(),
             next_stand_in: STAND_IN_STREAMS,
-            burst_until: 0,
             step_starts: (step_starts, 0),
             empty_cache_calls: (empty_cache_calls, 0),
             compared: true,
             progress,
         }
+    }
+
+    /// The slot of the block live at `address` when the trace began.
+    pub(crate) fn adopt(&mut self, address: u64) -> Slot {
+        let slot = self.next_adopted;
+        self.next_adopted += 1;
+        self.adopted.insert(address, slot);
+        slot
     }
 
     /// Leaves out the marks only a comparison with the recorded run reads.
@@ -114,7 +130,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
 
     /// Queues entry `i`'s operations.
     fn read(&mut self, i: usize) {
-        let (trace, e) = (self.trace, &self.trace[i]);
+        let e = &self.trace[i];
         let ops = &mut self.queued;
         let mut n = 0;
         let mut push = |op| {
@@ -129,30 +145,32 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             push(Op::EmptyCache);
         }
         let compared = self.compared;
-        match e.action {
+        let code = self.index.slot_code(i);
+        match (e.action, code) {
             // Uncompared, a segment event makes nothing (the last arm).
-            a_ if compared && is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
-            TraceAction::Alloc | TraceAction::Oom => {
+            (a_, _) if compared && is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
+            (TraceAction::Alloc | TraceAction::Oom, Code::Slot(slot)) => {
                 let failed = e.action == TraceAction::Oom;
                 // A request the recorded run failed holds nothing: its block, if this run
                 // serves it, is freed at once.
-                let slot = if failed { self.slots.take() } else { self.slots.allocated(e.addr) };
+                if !failed && !self.adopted.is_empty() {
+                    // The block live there at the start is no longer named by its address.
+                    self.adopted.remove(&e.addr);
+                }
                 push(Op::Mark(Mark::Request { failed }));
                 push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(i, e) });
                 push(Op::Mark(Mark::Answered));
                 if failed {
                     push(Op::Free { slot });
-                    self.slots.give_back(slot);
                 }
             }
             // A free whose completion comes later: the block waits on an event, as it did in
             // the recorded run, on a stream of its own, so it becomes reusable exactly when
             // the trace says.
-            TraceAction::FreeRequested if completes_later(trace, i) => {
+            (TraceAction::FreeRequested, _) if code != Code::Nothing => {
                 let stream = self.next_stand_in;
                 self.next_stand_in += 1;
-                self.delayed.insert(e.addr, stream);
-                match self.slots.freed(e.addr) {
+                match freed(&mut self.adopted, code, e.addr) {
                     Some(slot) => {
                         push(Op::RecordStream { slot, stream });
                         push(Op::Free { slot });
@@ -161,29 +179,21 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
                     None => {}
                 }
             }
-            TraceAction::FreeCompleted if self.delayed.contains_key(&e.addr) => {
-                let stream = self.delayed.remove(&e.addr).unwrap_or_default();
-                // Completions right before segments are released, or before an OOM, come
-                // from the synchronisation that releasing begins with (PyTorch's
-                // synchronize_and_free_events): the events stay pending until then. Others
-                // were found complete when the next request began (process_events). Had a
-                // block completed there and been able to serve the request, nothing would
-                // have been released, so the two readings differ in nothing else. Found once
-                // per burst: a burst of n completions is then read once, not n times.
-                if self.burst_until <= i {
-                    self.burst_until =
-                        i + 1 + trace[i + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
-                }
-                let at_next_request = trace.get(self.burst_until).is_some_and(|n| {
-                    matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap | TraceAction::Oom)
-                });
+            // Completions right before segments are released, or before an OOM, come from
+            // the synchronisation that releasing begins with (PyTorch's
+            // synchronize_and_free_events): the events stay pending until then. Others were
+            // found complete when the next request began (process_events). Had a block
+            // completed there and been able to serve the request, nothing would have been
+            // released, so the two readings differ in nothing else.
+            (TraceAction::FreeCompleted, Code::Completed { k, at_next_request }) => {
+                let stream = STAND_IN_STREAMS + u64::from(k);
                 push(Op::Mark(Mark::Completed { stream, at_next_request }));
             }
-            TraceAction::FreeCompleted | TraceAction::Free => {
+            (TraceAction::FreeCompleted | TraceAction::Free, _) => {
                 if compared {
                     push(Op::Mark(Mark::Free));
                 }
-                match self.slots.freed(e.addr) {
+                match freed(&mut self.adopted, code, e.addr) {
                     Some(slot) => push(Op::Free { slot }),
                     None if compared => push(Op::Mark(Mark::UnknownFree)),
                     None => {}

@@ -261,6 +261,7 @@ fn replay_prefix(
     let mut walk = Walk::default();
     let mut ops = TraceRequests::new(
         trace,
+        t.index(),
         pools,
         t.index().step_starts().to_vec(),
         recorded.empty_cache_calls.clone(),
@@ -268,7 +269,7 @@ fn replay_prefix(
     )
     .uncompared();
     for (address, block) in start {
-        walk.adopt(ops.slots.allocated(address), block, &a);
+        walk.adopt(ops.adopt(address), block, &a);
     }
     // The walk holds every block's id from here: the allocator's map of addresses would be
     // a second map of the same allocations.
