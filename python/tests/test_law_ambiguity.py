@@ -1,6 +1,6 @@
 """scripts/validate/law_ambiguity.py and per_head_laws.py's per-head norms: a recording whose
-heads cannot tell two laws apart is named, and the templates recorded at 15 heads over 5 hold
-no such law.
+heads cannot tell two laws apart, or whose head widths are other widths, is named, and no
+bundled template is one.
 
     python3 -m unittest python/tests/test_law_ambiguity.py
 """
@@ -51,24 +51,29 @@ class Rivals(unittest.TestCase):
         self.assertEqual(law_ambiguity.law_rivals({"tok": {"one": 8.0}, "tok_s": {"heads": 2.0}}, d), [])
         self.assertEqual(law_ambiguity.law_rivals({"fixed": {"q*h": 2.0}}, d), [])
 
-    def test_the_recorded_templates_at_fifteen_over_five_hold_no_rival_law(self):
-        """Every bundled template recorded at 15 heads over 5 passes the check its recording made;
-        bitsandbytes' inference of a family whose config takes no 15 heads at whole blocks,
-        recorded at 12 over 4, does not (`tests/law_ambiguity.rs` lists those waiting)."""
-        seen = flagged = 0
+    def test_no_bundled_template_holds_a_rival_law_or_shares_a_head_width(self):
+        """Every bundled template passes the checks its recording made: no law with a rival
+        reading, and no head-tied width as wide as another width of its recording."""
+        seen = 0
         for name in sorted(os.listdir(PROGRAMS)):
             data = template_file.read(os.path.join(PROGRAMS, name))
             for key, t in data["templates"].items():
                 if "laws" not in t:
                     continue
-                if (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (15, 5):
-                    seen += 1
-                    self.assertEqual(law_ambiguity.audit(t), [], key)
-                elif (t["dims"].get("heads"), t["dims"].get("kv_heads")) == (12, 4) \
-                        and key.endswith(("/int8", "/nf4")):
-                    flagged += bool(law_ambiguity.audit(t))
+                seen += 1
+                self.assertEqual(law_ambiguity.audit(t), [], key)
+                self.assertEqual(law_ambiguity.shared_widths(t["dims"], key.split("/")[0]), [], key)
         self.assertGreater(seen, 0)
-        self.assertGreater(flagged, 0)
+
+
+class SharedWidths(unittest.TestCase):
+    def test_a_query_as_wide_as_the_hidden_size_is_named_where_a_head_has_a_width_of_its_own(self):
+        """15 heads of 128 on a hidden size of 1,920: a query's weight reads as `h*h`, wrong on a
+        Gemma whose query is not its hidden size; GPT-2's query is its hidden size in every GPT-2."""
+        d = dims(1920, 15, 5, 128)
+        self.assertEqual(law_ambiguity.shared_widths(d, "gemma2"), [("q", "h"), ("q", "kh")])
+        self.assertEqual(law_ambiguity.shared_widths(d, "gpt2"), [])
+        self.assertEqual(law_ambiguity.shared_widths(dims(2880, 15, 5, 256), "gemma2"), [])
 
 
 class Refused(unittest.TestCase):
@@ -104,8 +109,23 @@ class Refused(unittest.TestCase):
             for unit in ("q", "kv", "d"):
                 for per in (0.5, 1.0, 2.0, 4.0):
                     self.assertEqual(law_ambiguity.law_rivals({"tok": {unit: per}}, d_), [], (family, unit, per))
-        # Llama's config refuses a hidden size that is not a multiple of its heads.
-        self.assertEqual(qi.config(sp.config("llama", 5), "llama", 5)["num_attention_heads"], 12)
+        # Llama's, Gemma-2's and Gemma 3's configs refuse a hidden size that is not a multiple of
+        # their heads: 15 heads of 256 on 2,880, the query 3,840 wide, not the hidden size.
+        for family in ("llama", "gemma2", "gemma3_text"):
+            cfg = qi.config(sp.config(family, 5), family, 5)
+            heads, kv_heads, d, h = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+                                     cfg["hidden_size"])
+            self.assertEqual((heads, kv_heads, h % heads), (15, 5, 0), family)
+            for out in (heads * d, kv_heads * d, cfg["intermediate_size"]):
+                self.assertEqual(out * h % 16384, 0, family)
+            self.assertEqual(law_ambiguity.shared_widths(dims(h, heads, kv_heads, d), family), [], family)
+
+    def test_a_recording_whose_query_is_its_hidden_size_is_refused(self):
+        import step_programs as sp
+
+        with self.assertRaisesRegex(sp.Unexplained, "recorded where q = h"):
+            sp.refuse_shared_widths(dims(1920, 15, 5, 128), "llama")
+        sp.refuse_shared_widths(dims(1920, 15, 5, 128), "gpt2")
 
 
 class KeyNorms(unittest.TestCase):

@@ -9,21 +9,24 @@ key-value heads (or 4 over 2), an fp32 key (`kv` x 4 bytes a token) is as large 
 query (`q` x 2): the law chosen is right at the recording's heads and wrong twice over on a
 model whose heads are not twice its key-value heads (Llama 3 8B's 32 over 8).
 
-The invariant: a law of a recorded template reads one way only. For each unit the heads'
-counts tie (`q`, `kv`, `d`, `heads`, `kv_heads`) a law holds, a width a token, a position, a
-sequence, or fixed, no other of them of a different size at the recording makes the same bytes
-as one bf16 or fp32 element a unit. A recording that breaks it is an error (`step_programs.py`
-and `infer_programs.py` refuse to write a template with such a law; the planner's own audit,
-`crates/headroom-plan/src/program_template/law_ambiguity.rs`, fails its test on a bundled one
-not listed as waiting, and `headroom plan` says when it plans from one), not a silent choice; the way out is a recording
-config whose heads' ratios no element widths share: 15 query heads over 5 key-value heads of
-40 (`step_programs.GQA`), where 12 over 4 still lets half a bf16 key (rotate_half's)
-read as an fp32 head (`kv` = 4 `d`), and 8 over 4 or 4 over 2 an fp32 key as a bf16 query.
+The invariant: a law of a recorded template reads one way only. For each unit the heads' counts
+tie (`q`, `kv`, `d`, `heads`, `kv_heads`) a law holds, a width a token, a position, a sequence,
+or fixed, no other of them of a different size at the recording makes the same bytes as one bf16
+or fp32 element a unit; and where the family's config gives a head a width of its own, none of
+`q`, `kv`, `d` is as wide as another of the recording's widths (`h`, `f`, ...: `shared_widths`).
+A recording that breaks it is an error, not a silent choice: `step_programs.py` and
+`infer_programs.py` refuse to write a template with such a law, the three recorders one recorded
+at such widths (`step_programs.dims`), and the planner's own audit
+(`crates/headroom-plan/src/program_template/law_ambiguity.rs`) fails its test on a bundled one.
+The way out is a recording config whose heads' ratios no element widths share: 15 query heads
+over 5 key-value heads of 40 (`step_programs.GQA`), where 12 over 4 still lets half a bf16 key
+(rotate_half's) read as an fp32 head (`kv` = 4 `d`), and 8 over 4 or 4 over 2 an fp32 key as a
+bf16 query.
 
     python3 scripts/validate/law_ambiguity.py data/programs/hf*.tpl [--check] [--verbose]
 
-prints each template holding a law with a rival reading, with the count of its tensors that
-have one; `--check` exits 1 where any does.
+prints each template recorded at shared widths or holding a law with a rival reading (with the
+count of its tensors that have one); `--check` exits 1 where any does.
 """
 
 import argparse
@@ -44,6 +47,21 @@ TIED = {"q": ("kv", "d"), "kv": ("q", "d"), "d": ("q", "kv"), "heads": ("kv_head
 ELEMENT_BYTES = (2, 4)
 # At or below this many bytes a unit's worth, `per_unit` reads a law as bytes (`one`), not a unit.
 SMALL = 16
+# The model's other widths a head-tied one can share a size with at a recording.
+WIDTHS = ("h", "f", "kf", "kh", "V", "P", "qkv", "fs", "r", "Er")
+# Families whose config gives a head no width of its own: a query, key and value are the hidden
+# size wide in every model of the family, so `h` read for `q` is right on all of them.
+HEAD_WIDTH_IS_HIDDEN = ("gpt2", "bert", "bloom", "gpt_neox")
+
+
+def shared_widths(d, family):
+    """The head-tied widths (`q`, `kv`, `d`) the recording's dimensions `d` give the size of another
+    of the model's widths: `[(tied, other)]`. A tensor that follows one reads as the other (a
+    query's weight as `h*h` at a query as wide as the hidden size), right at the recording and
+    wrong on a model of `family` whose heads are not the hidden size over their count (Gemma's)."""
+    if family in HEAD_WIDTH_IS_HIDDEN:
+        return []
+    return [(u, v) for u in ("q", "kv", "d") if d.get(u) for v in WIDTHS if d.get(v) == d[u]]
 
 
 def rivals(nbytes, d, unit):
@@ -104,6 +122,10 @@ def main():
         for key, t in sorted(template_file.read(path)["templates"].items()):
             if "laws" not in t:
                 continue
+            shared = shared_widths(t["dims"], key.split("/")[0])
+            if shared:
+                found += 1
+                print(f"{os.path.basename(path)} {key}: recorded where {', '.join(f'{u} = {v}' for u, v in shared)}")
             hits = audit(t)
             if not hits:
                 continue

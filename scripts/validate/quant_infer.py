@@ -119,18 +119,30 @@ def _gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8b
 # `law_ambiguity.py`), 64 wide over qlora_programs.py's hidden size of 768: every projection's
 # out x in whole blocks (960 x 768 and 320 x 768, Phi-3's fused 1,600 x 768). qlora_programs.py's
 # 12 over 4 of 80 makes a key four heads wide, so half a bf16 key (rotate_half's) reads as an fp32
-# head. Llama's, Gemma-2's and Gemma 3's configs refuse a hidden size that is not a multiple of the
-# heads, and no multiple of 15 near 768 keeps every weight whole blocks: theirs stay at 12 over 4.
+# head.
 GQA = {"num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64}
-GQA_FAMILIES = tuple(f for f in sp.GQA_FAMILIES if f not in ("llama", "gemma2", "gemma3_text"))
+# Llama's, Gemma-2's and Gemma 3's configs take no hidden size that is not a multiple of the heads.
+# A hidden size of 15 a and heads of d make the query's weight 225 a d elements, whole blocks of
+# 16,384 where a d holds 2^14; at a = d the query is as wide as the hidden size and its laws read
+# `h` for `q` (a Gemma's query is not), and a, d in a ratio of 2 or 4 (or a over d of 4/3: the
+# key-value width a quarter of the hidden size) make two widths read as one at two element
+# widths. 15 heads of 256 over 5 on a hidden size of 2,880 (a = 192): the query 3,840 wide, the
+# key 1,280; the MLP's 1,792 = 7 x 256 (whole blocks with 2,880) no small multiple, half or twice
+# of the other widths or of the vocabulary.
+GQA_WIDE = {"hidden_size": 2880, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 256,
+            "intermediate_size": 1792}
+WIDE_FAMILIES = ("llama", "gemma2", "gemma3_text")
+GQA_FAMILIES = tuple(f for f in sp.GQA_FAMILIES if f not in WIDE_FAMILIES)
 
 
 def config(cfg, family, layers):
     """The inference recording's config at widths whose every quantized weight is whole blocks of
-    bitsandbytes' (qlora_programs.py's), grouped heads 15 over 5 where the family's config takes it."""
+    bitsandbytes' (qlora_programs.py's), grouped heads 15 over 5."""
     cfg = qp.qlora_config(family, layers, cfg)
     if family in GQA_FAMILIES:
         cfg.update(GQA)
+    elif family in WIDE_FAMILIES:
+        cfg.update(GQA_WIDE)
     return cfg
 
 

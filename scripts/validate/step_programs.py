@@ -152,7 +152,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import template_file  # noqa: E402
-from law_ambiguity import law_rivals  # noqa: E402
+from law_ambiguity import law_rivals, shared_widths  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
@@ -606,7 +606,18 @@ def dims(model, cfg):
     if cfg.get("model_type") == "t5":
         # Its position bias's rows: a count of its own, read as a coefficient, not a unit.
         d["buckets"] = c.relative_attention_num_buckets
+    refuse_shared_widths(d, cfg.get("model_type"))
     return d
+
+
+def refuse_shared_widths(d, family):
+    """Refuses a recording whose head-tied widths are other widths of it (`law_ambiguity.py`): a
+    tensor that follows one would read as the other."""
+    shared = shared_widths(d, family)
+    if shared:
+        raise Unexplained(f"{family}: recorded where {', '.join(f'{u} = {v}' for u, v in shared)}, a tensor "
+                          "following one reads as the other: record it at a head width of its own "
+                          "(law_ambiguity.py's shared_widths)")
 
 
 @contextlib.contextmanager

@@ -5,19 +5,15 @@ use super::text::{max_seq_line, terms_and_total, terms_only};
 use super::InferPlan;
 use headroom_alloc::units::format_size;
 use headroom_plan::infer::{InferSource, Runtime};
-use headroom_plan::model::Model;
 use headroom_plan::names::Named;
 
 /// What planned transformers' inference: its recorded program, or the closed form and why.
-fn planned_from(out: &mut String, source: &InferSource, model: &Model) {
+fn planned_from(out: &mut String, source: &InferSource) {
     match source {
         InferSource::Template(key) => {
             outln!(out, "planned by replaying transformers' code as recorded tensor by tensor ({key})");
             if let Some(assumed) = headroom_plan::infer::recorded::assumed(key) {
                 outln!(out, "  {assumed}")
-            }
-            if let Some(c) = headroom_plan::program_template::law_ambiguity::caveat(key, model) {
-                outln!(out, "caveat: {}", c.describe())
             }
         }
         InferSource::ClosedForm(why) => {
@@ -148,12 +144,12 @@ pub(super) fn infer(p: &InferPlan) -> String {
             }
         }
         Runtime::Transformers { .. } if e.max_sequences == 0 => {
-            planned_from(&mut out, &e.source, p.model);
+            planned_from(&mut out, &e.source);
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: none (not one sequence of {} tokens)", c.seq)
         }
         Runtime::Transformers { .. } => {
-            planned_from(&mut out, &e.source, p.model);
+            planned_from(&mut out, &e.source);
             terms_and_total(&mut out, &terms, e.per_gpu_bytes, p.gpu.memory_bytes, e.fits);
             outln!(out, "largest batch that fits: {} sequences of {} tokens", e.max_sequences, c.seq)
         }

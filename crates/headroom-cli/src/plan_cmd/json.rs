@@ -49,7 +49,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
     let e = &p.estimate;
     let mut v = merged([
         job(p.model, p.gpu, &e.job),
-        runner(&e.runner, p.model),
+        runner(&e.runner),
         memory(&e.memory, &e.verdict),
         e.time.as_ref().map_or_else(untimed, time),
         json!({
@@ -146,12 +146,10 @@ fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
 }
 
 /// Who built the program.
-fn runner(r: &RunnerRecord, model: &Model) -> Value {
+fn runner(r: &RunnerRecord) -> Value {
     let source = match &r.source {
         ProgramSource::Template(key) => {
-            let mut v = json!({"source": r.source.name(), "template": key});
-            rival_laws(&mut v, key, model);
-            v
+            json!({"source": r.source.name(), "template": key})
         }
         ProgramSource::Recording(file) => json!({"source": r.source.name(), "file": file}),
         ProgramSource::Fsdp2 | ProgramSource::Analytic => json!({"source": r.source.name()}),
@@ -168,15 +166,6 @@ fn runner(r: &RunnerRecord, model: &Model) -> Value {
         "compile": r.compiled,
         "optimizer_impl": r.optimizer_impl.name(),
     })
-}
-
-/// A template's laws that read two ways at its recording and give other bytes at `model`'s
-/// heads: their count and the caveat, in the program's source.
-fn rival_laws(v: &mut Value, key: &str, model: &Model) {
-    if let Some(c) = headroom_plan::program_template::law_ambiguity::caveat(key, model) {
-        v["rival_law_tensors"] = json!(c.tensors);
-        v["caveat"] = json!(c.describe());
-    }
 }
 
 /// What the replay measured, and the verdict.
@@ -326,7 +315,6 @@ pub(super) fn infer(p: &InferPlan) -> Value {
                 if let Some(assumed) = headroom_plan::infer::recorded::assumed(key) {
                     v["assumed"] = json!(assumed);
                 }
-                rival_laws(&mut v, key, p.model);
                 v
             }
             InferSource::ClosedForm(why) => json!({ "source": "closed_form", "why": why }),

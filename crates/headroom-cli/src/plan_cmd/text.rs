@@ -37,11 +37,6 @@ pub(super) fn train(p: &TrainPlan) -> String {
         outln!(out, "{}", layout_line(&cfg.parallel, cfg.offload, cfg.deepspeed(), fsdp2(&e.runner)));
     }
     outln!(out, "{}", runner_line(&e.runner));
-    if let ProgramSource::Template(key) = &e.runner.source {
-        if let Some(c) = headroom_plan::program_template::law_ambiguity::caveat(key, p.model) {
-            outln!(out, "caveat: {}", c.describe());
-        }
-    }
     outln!(out);
     let b = &e.memory.breakdown;
     let terms = [

@@ -6,13 +6,11 @@
 //! readings. With 8 query heads over 4 key-value heads an fp32 key (`kv` × 4 bytes a token) is
 //! as large as a bf16 query (`q` × 2): whichever the recorder took is right at the recording's
 //! heads and wrong on a model whose heads are not twice its key-value heads (Llama 3 8B's 32
-//! over 8). The recorders refuse such a law; a template recorded before they did may still
-//! hold one, and a plan from it says so ([`caveat`]). Recording it again at 15 heads over 5
-//! (`step_programs.GQA`, whose ratios no element widths share) removes it.
+//! over 8). The recorders refuse such a law, and `tests/law_ambiguity.rs` holds every bundled
+//! template to it: a recording at 15 heads over 5 (`step_programs.GQA`, whose ratios no element
+//! widths share) has none.
 
 use super::{LawKind, Parsed};
-use crate::model::Model;
-use crate::model_units;
 use std::collections::BTreeMap;
 
 /// Units the heads' counts tie together, each with those it can be mistaken for: a query is
@@ -27,6 +25,11 @@ const TIED: [(&str, &[&str]); 5] =
 const ELEMENT_BYTES: [f64; 2] = [2.0, 4.0];
 /// At or below this many bytes a unit's worth the recorders read a law as bytes (`one`).
 const SMALL: f64 = 16.0;
+/// The model's other widths a head-tied one can share a size with at a recording.
+const WIDTHS: [&str; 10] = ["h", "f", "kf", "kh", "V", "P", "qkv", "fs", "r", "Er"];
+/// Families whose config gives a head no width of its own: a query, key and value are the
+/// hidden size wide in every model of the family, so `h` read for `q` is right on all of them.
+const HEAD_WIDTH_IS_HIDDEN: [&str; 4] = ["gpt2", "bert", "bloom", "gpt_neox"];
 
 /// A reading of one term of a law: `per` bytes a `unit`.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,6 +88,25 @@ fn kind_name(kind: LawKind) -> &'static str {
 }
 
 impl Parsed {
+    /// The head-tied widths (`q`, `kv`, `d`) the recording gave the size of another of the
+    /// model's widths, each with that width (`law_ambiguity.py`'s `shared_widths`): a tensor
+    /// that follows one reads as the other (a query's weight as `h*h` where the query was as
+    /// wide as the hidden size), right at the recording and wrong on a model of `family` whose
+    /// heads are not the hidden size over their count (Gemma's).
+    pub fn shared_widths(&self, family: &str) -> Vec<(&'static str, &'static str)> {
+        if HEAD_WIDTH_IS_HIDDEN.contains(&family) {
+            return Vec::new();
+        }
+        let dims = &self.template.dims;
+        let size = |u: &str| dims.get(u).copied().filter(|&s| s > 0.0);
+        let mut out = Vec::new();
+        for tied in ["q", "kv", "d"] {
+            let Some(s) = size(tied) else { continue };
+            out.extend(WIDTHS.iter().filter(|&&w| size(w) == Some(s)).map(|&w| (tied, w)));
+        }
+        out
+    }
+
     /// The tensors whose law has a rival reading at the recording's dimensions, parameters and
     /// gradients left out (their laws come from their shapes): `law_ambiguity.py`'s `audit`.
     pub fn rival_laws(&self) -> Vec<RivalLaw> {
@@ -119,60 +141,6 @@ impl Parsed {
         }
         out
     }
-}
-
-/// What a plan says of the template it was planned from when that holds laws with a rival
-/// reading that gives other bytes at the planned model's heads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caveat {
-    /// The template's key.
-    pub template: String,
-    /// Its tensors whose size at the planned model depends on which reading is right.
-    pub tensors: usize,
-    /// The heads it was recorded at: query heads, key-value heads.
-    pub recorded_heads: (u64, u64),
-}
-
-impl Caveat {
-    /// The caveat in a sentence, for the plan's text (after `caveat: `) and `--json`.
-    pub fn describe(&self) -> String {
-        let (heads, kv_heads) = self.recorded_heads;
-        format!(
-            "the recorded template {} holds {} tensor{} whose size law its recording ({heads} heads over \
-             {kv_heads}) cannot tell from another that gives other bytes at this model's heads; recording it again \
-             at 15 heads over 5 removes the doubt",
-            self.template,
-            self.tensors,
-            if self.tensors == 1 { "" } else { "s" },
-        )
-    }
-}
-
-/// Whether `parsed` (recorded as `key`) holds laws whose rival reading gives other bytes at
-/// the heads `unit` sizes: the count of such tensors, or none.
-fn caveat_of(key: &str, parsed: &Parsed, unit: &dyn Fn(&str) -> f64) -> Option<Caveat> {
-    let mut tensors: Vec<u32> = parsed
-        .rival_laws()
-        .into_iter()
-        .filter(|r| {
-            let mine = r.mine.per * unit(r.mine.unit);
-            r.rivals.iter().any(|o| (o.per * unit(o.unit) - mine).abs() > 1e-6)
-        })
-        .map(|r| r.tensor)
-        .collect();
-    tensors.dedup();
-    let dims = &parsed.template.dims;
-    let count = |u: &str| dims.get(u).copied().unwrap_or(0.0) as u64;
-    (!tensors.is_empty()).then(|| Caveat {
-        template: key.to_string(),
-        tensors: tensors.len(),
-        recorded_heads: (count("heads"), count("kv_heads")),
-    })
-}
-
-/// The caveat a plan of `model` from the bundled template `key` carries, if any.
-pub fn caveat(key: &str, model: &Model) -> Option<Caveat> {
-    caveat_of(key, super::template(key)?, &|u| model_units::unit(model, u))
 }
 
 #[cfg(test)]
@@ -240,33 +208,5 @@ mod tests {
         assert_eq!(found[0].kind, "tok");
         assert_eq!(found[0].mine, Reading { unit: "kv", per: 4.0 });
         assert_eq!(found[1].rivals, vec![Reading { unit: "kv", per: 4.0 }]);
-    }
-
-    /// A plan is warned where the rival reading gives other bytes at its model's heads (32 over
-    /// 8: an fp32 key a quarter of a bf16 query, not a half), not where the model's heads are
-    /// twice its key-value heads as the recording's were.
-    #[test]
-    fn a_caveat_counts_the_tensors_whose_bytes_depend_on_the_reading() {
-        let p = parsed(
-            serde_json::json!({"heads": 8.0, "kv_heads": 4.0, "d": 48.0, "q": 384.0, "kv": 192.0, "h": 256.0}),
-            serde_json::json!([{"tok": {"kv": 4.0}}, {"tok": {"h": 2.0}}]),
-            serde_json::json!([[0, 3, 0, -1, -1, "", -1], [0, 3, 0, -1, -1, "", -1], [1, 3, 0, -1, -1, "", -1]]),
-        );
-        let units = |heads: f64, kv_heads: f64| {
-            move |u: &str| match u {
-                "heads" => heads,
-                "kv_heads" => kv_heads,
-                "d" => 128.0,
-                "q" => heads * 128.0,
-                "kv" => kv_heads * 128.0,
-                _ => 1.0,
-            }
-        };
-        let c = caveat_of("llama/generate/bf16/sdpa", &p, &units(32.0, 8.0)).expect("a caveat at 32 over 8");
-        assert_eq!((c.tensors, c.recorded_heads), (2, (8, 4)));
-        let text = c.describe();
-        assert!(text.contains("llama/generate/bf16/sdpa holds 2 tensors"), "{text}");
-        assert!(text.contains("(8 heads over 4)") && text.contains("15 heads over 5"), "{text}");
-        assert_eq!(caveat_of("k", &p, &units(16.0, 8.0)), None);
     }
 }
