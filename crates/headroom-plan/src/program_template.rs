@@ -39,7 +39,7 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 use unit_law::LawKind;
-pub use unit_law::UnitLaw;
+pub use unit_law::{DecoderLength, UnitLaw};
 
 /// Layers kept as recorded at each end of a stack.
 pub const EDGE: u32 = 2;
@@ -151,6 +151,10 @@ pub struct Check {
     pub layers: u32,
     pub batch: u64,
     pub seq: u64,
+    /// A sequence-to-sequence template recorded with its decoder at a length of its own: that
+    /// length at the check's shape (absent where the decoder was as long as the encoder).
+    #[serde(default)]
+    pub target_seq: Option<u64>,
     pub setup: SectionCheck,
     /// A training template's steps.
     #[serde(default)]
@@ -463,16 +467,23 @@ impl Parsed {
         })
     }
 
-    /// The template with every law in bytes for the units `units` gives.
-    pub fn resolved(&self, units: &dyn Fn(&str) -> f64) -> Template {
+    /// The template with every law in bytes for the units `units` gives, its decoder (a
+    /// sequence-to-sequence template's) `decoder` long.
+    pub fn resolved(&self, units: &dyn Fn(&str) -> f64, decoder: DecoderLength) -> Template {
         let mut t = self.template.clone();
         for x in &mut t.tensors {
-            x.law = self.laws[x.law_index].resolve(units);
+            x.law = self.laws[x.law_index].resolve(units, decoder);
         }
         for (p, law) in t.params.iter_mut().zip(&self.param_laws) {
-            p.law = law.resolve(units);
+            p.law = law.resolve(units, decoder);
         }
         t
+    }
+
+    /// Whether the template was recorded with its decoder at a length of its own, so that its
+    /// laws read the decoder's length apart from the encoder's.
+    pub fn decoder_length_apart(&self) -> bool {
+        self.template.check.target_seq.is_some() || self.laws.iter().any(UnitLaw::in_target)
     }
 }
 
@@ -610,7 +621,9 @@ mod tests {
     fn a_padded_token_law_rounds_each_sequence_up_to_32_positions() {
         let raw: BTreeMap<String, BTreeMap<String, f64>> =
             serde_json::from_str(r#"{"tok32": {"heads": 4.0}}"#).expect("JSON");
-        let law = UnitLaw::parse(&raw).expect("a known kind").resolve(&|u| if u == "heads" { 12.0 } else { 1.0 });
+        let law = UnitLaw::parse(&raw)
+            .expect("a known kind")
+            .resolve(&|u| if u == "heads" { 12.0 } else { 1.0 }, DecoderLength::Encoder);
         let at = |b: u64, s: u64| law.bytes(b as f64, s as f64);
         assert_eq!((at(2, 56), at(2, 88), at(3, 56)), (6144, 9216, 9216));
         assert_eq!((at(1, 32), at(1, 33), at(4, 1024)), (1536, 3072, 196_608));

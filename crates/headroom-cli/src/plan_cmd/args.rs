@@ -136,9 +136,14 @@ pub struct PlanArgs {
     /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
     pub batch: Option<u64>,
-    /// Sequence length in tokens [default: 2048].
+    /// Sequence length in tokens [default: 2048]; an encoder-decoder's (T5's) encoder input.
     #[arg(long, value_parser = tokens(), help_heading = JOB)]
     pub seq: Option<u64>,
+    /// An encoder-decoder's (T5's) decoder length in tokens: its labels, shifted right into the
+    /// decoder, often far shorter than the input (a class name, a summary) [default: --seq].
+    /// Refused for a model with one stack (a decoder or an encoder), whose length is --seq.
+    #[arg(long, value_name = "N", value_parser = tokens(), help_heading = JOB)]
+    pub target_seq: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)
     /// [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
@@ -458,9 +463,10 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 27] {
+    fn training_flags(&self) -> [Given; 28] {
         [
             ("--train", self.train),
+            ("--target-seq", self.target_seq.is_some()),
             ("--program", !self.program.is_empty()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
@@ -518,6 +524,7 @@ impl PlanArgs {
         Ok(TrainRequest {
             micro_batch: self.batch.unwrap_or(d.micro_batch),
             seq: self.seq.unwrap_or(d.seq),
+            target_seq: self.target_seq.or(d.target_seq),
             accumulation: self.accumulation.unwrap_or(d.accumulation),
             gpus: self.gpus.unwrap_or(d.gpus),
             tensor: self.tp.unwrap_or(d.tensor),
