@@ -84,6 +84,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
+                        headroom plan --model t0-3b --gpu a100-80gb --precision fp32 --batch 8 --seq 64 --target-seq 4 --finetune lora --lora-rank 8 --lora-targets qv\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle.gz --calibrate-batch 1 --calibrate-seq 512\n  \
