@@ -12,6 +12,8 @@ state, an input). It does this at three shapes (batch x sequence 2x56, 2x88, 3x5
 each tensor's size as a law in the model's dimensions: bytes fixed (a parameter's shape, in
 units such as `q*h`), per token, per token x position (eager attention's s x s), per
 sequence, per position or per position squared, each a sum of `coefficient x unit product`.
+A sequence-to-sequence step (T5) is recorded at four shapes whose decoder has a length of its
+own (`TARGET_SHAPES`), and its decoder's tensors are written in that length (`target_law`).
 
 A template has three sections: `setup` (the model and the inputs), `step1` (the first step's
 forward and backward) and `step` (a later one's). The optimizer step and `zero_grad` are
