@@ -31,6 +31,8 @@ fn a_model_with_one_stack_refuses_a_decoder_length() {
         "bert-base-uncased is an encoder",
     );
     refused(&["--model", "t0-3b", "--gpu", "h100-sxm", "--target-seq", "0"], "--target-seq");
+    let recording = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/recordings/gpt2-bf16-b4-s1024.jsonl");
+    refused(&["--gpu", "l4", "--program", recording, "--target-seq", "8"], "--target-seq shapes the step program");
     refused(
         &["--model", "t0-3b", "--gpu", "h100-sxm", "--infer", "--target-seq", "4"],
         "--target-seq applies to training",
