@@ -34,11 +34,12 @@ import case_table  # noqa: E402
 import measure  # noqa: E402
 import step_programs  # noqa: E402
 
-# (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant[, attention]]):
-# chosen before any comparison, every one away from the recording's depth (5), shapes and rank
-# (22). The variant names one of VARIANTS' changes to the family's config; a case without one
-# runs the family's config as it is. The attention is the family's own (`attention_of`) unless
-# a case names `sdpa-math`.
+# (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant[, attention[,
+# target_seq]]]): chosen before any comparison, every one away from the recording's depth (5),
+# shapes and rank (22). The variant names one of VARIANTS' changes to the family's config; a
+# case without one runs the family's config as it is. The attention is the family's own
+# (`attention_of`) unless a case names `sdpa-math`. A sequence-to-sequence case's decoder is
+# `seq` tokens long unless it names its own length (`target_seq`: its labels' tokens).
 CASES = [
     ("llama", "bf16", False, 6, 2, 128, 16, "all"),
     ("qwen2", "bf16", False, 7, 2, 96, 32, "all"),
@@ -184,6 +185,11 @@ CASES = [
     ("qwen2_moe", "fp32", False, 7, 1, 96, 16, "qv", None, "eager"),
     ("qwen3_moe", "fp32", False, 6, 2, 80, 8, "all", None, "eager"),
     ("bert", "fp32", True, 6, 1, 128, 16, "all", None, "eager"),
+    # T5 v1.1 untied (T0's, mT0's), its query and value projections, its decoder shorter than
+    # its encoder (a sequence-to-sequence job's labels: peft's seq2seq example pads them to the
+    # longest class name), planned from the templates recorded at two lengths.
+    ("t5", "fp32", False, 6, 2, 80, 16, "qv", "v1.1-untied", "eager", 12),
+    ("t5", "fp32", True, 7, 1, 96, 8, "qv", "v1.1-untied", "eager", 5),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -213,8 +219,12 @@ CONFIGS = {
 # projection in (t5-base, t5-large, t5-3b), v1.1's a gated-GELU pair (flan-t5, T0, mT5);
 # measure.py's T5 configs are v1.1's. The planner picks a T5 template by its MLP.
 VARIANTS = {
-    "t5": {"v1.0": dict(feed_forward_proj="relu"), "v1.1": dict(feed_forward_proj="gated-gelu")},
+    "t5": {"v1.0": dict(feed_forward_proj="relu"), "v1.1": dict(feed_forward_proj="gated-gelu"),
+           # v1.1 as its checkpoints are (T0, mT0, flan-t5): its output layer a weight of its own
+           # (`step_programs.untie_t5`, after the model is built).
+           "v1.1-untied": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)},
 }
+UNTIED = {"v1.1-untied"}
 # measure.py's base BERT is the recording's config: its `deep` one, as T5's.
 DEEP = {"bert", "t5"}
 # BLOOM and T5 have no SDPA path in transformers, and Gemma-2's steps were recorded with eager
@@ -246,19 +256,22 @@ def variant_of(family, cfg):
                  if all(cfg.get(k) == x for k, x in change.items())), None)
 
 
-def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None, attention=None):
+def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None, attention=None,
+         target_seq=None):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers, variant)
     attention = attention or attention_of(family)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
     model = measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype)
+    if variant in UNTIED:
+        step_programs.untie_t5(model)
     model = step_programs.lora_model(model, head, rank, targets)
     trainable, _ = model.get_nb_trainable_parameters()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch_inputs = measure.inputs(cfg, head, batch, seq)
+    batch_inputs = measure.inputs(cfg, head, batch, seq, target_seq)
 
     def step():
         with record_function("forward"), step_programs.sdpa_backend(attention):
@@ -279,7 +292,8 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
     _, per, peak, _ = measure.profiled(step)
     base = weights + state + inp
     return {"family": family, "precision": precision, "checkpointing": checkpointing, "layers": layers,
-            "batch": batch, "seq": seq, "rank": rank, "targets": targets, "variant": variant, "split": "check",
+            "batch": batch, "seq": seq, "target_seq": target_seq, "rank": rank, "targets": targets,
+            "variant": variant, "split": "check",
             "config": cfg,
             "attention": attention, "trainable_parameters": trainable,
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
@@ -291,6 +305,8 @@ def trainable(family, precision, layers, rank, targets, variant=None):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     head = HEADS.get(family, "causal-lm")
     model = measure.build(config(family, layers, variant), head, "eager" if family in EAGER else "sdpa", dtype)
+    if variant in UNTIED:
+        step_programs.untie_t5(model)
     return step_programs.lora_model(model, head, rank, targets).get_nb_trainable_parameters()[0]
 
 
@@ -299,11 +315,18 @@ def measured(args):
 
 
 FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets", "variant",
-          "attention")
-# Every case with all of FIELDS, the variant None where it names none, the attention the
-# family's own where it names none.
-CASES = [c + (None,) * (len(FIELDS) - 1 - len(c)) + (attention_of(c[0]),) if len(c) < len(FIELDS) else c
-         for c in CASES]
+          "attention", "target_seq")
+
+
+def whole(c):
+    """Case `c` with all of FIELDS: the variant None where it names none, the attention the
+    family's own where it names none, the decoder length None (as long as the encoder's)."""
+    if len(c) < 10:
+        c = c + (None,) * (9 - len(c)) + (attention_of(c[0]),)
+    return c + (None,) * (len(FIELDS) - len(c))
+
+
+CASES = [whole(c) for c in CASES]
 
 
 def main():
@@ -329,6 +352,7 @@ def main():
             # A row measured before cases named their variant: the one its config carries.
             c.setdefault("variant", variant_of(c["family"], c["config"]))
             c.setdefault("attention", attention_of(c["family"]))
+            c.setdefault("target_seq", None)
         earlier = {tuple(c[k] for k in FIELDS): c for c in old["cases"]}
     todo = [c for c in CASES if c not in earlier]
     fresh = {}

@@ -255,14 +255,16 @@ def build(cfg, head, attn, dtype, dropout=False):
     return model
 
 
-def inputs(cfg, head, batch, seq):
+def inputs(cfg, head, batch, seq, target=None):
+    """A batch of `seq` tokens; a sequence-to-sequence job's labels (its decoder's input,
+    shifted right) `target` tokens long, or `seq` where not given."""
     vocab = cfg.get("vocab_size")
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     if head == "seq-cls":
         return {"input_ids": ids, "labels": torch.randint(0, 2, (batch,), generator=g)}
     if head == "seq2seq-lm":
-        return {"input_ids": ids, "labels": torch.randint(0, vocab, (batch, seq), generator=g)}
+        return {"input_ids": ids, "labels": torch.randint(0, vocab, (batch, target or seq), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 

@@ -38,7 +38,8 @@ import json
 import os
 import sys
 
-PAIRS = ("tok_s", "pos_s")
+# Position pairs: the encoder's (s x s), the decoder's (t x t), and the cross-attention's (t x s).
+PAIRS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s")
 
 # What `_safe_softmax` (SDPA's math path: aten/src/ATen/native/transformers/attention.cpp)
 # makes to find the rows a mask fills with -inf, one bool a head: `isneginf` over the scores

@@ -12,6 +12,8 @@ state, an input). It does this at three shapes (batch x sequence 2x56, 2x88, 3x5
 each tensor's size as a law in the model's dimensions: bytes fixed (a parameter's shape, in
 units such as `q*h`), per token, per token x position (eager attention's s x s), per
 sequence, per position or per position squared, each a sum of `coefficient x unit product`.
+A sequence-to-sequence step (T5) is recorded at four shapes whose decoder has a length of its
+own (`TARGET_SHAPES`), and its decoder's tensors are written in that length (`target_law`).
 
 A template has three sections: `setup` (the model and the inputs), `step1` (the first step's
 forward and backward) and `step` (a later one's). The optimizer step and `zero_grad` are
@@ -394,8 +396,9 @@ class DropoutSources:
 class Job:
     """One recorded run: every allocation and free in time order, and what each tensor became."""
 
-    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers, adapters=None):
-        self.what = f"{key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
+    def __init__(self, family, head, precision, attn, checkpointing, batch, seq, layers, adapters=None, target=None):
+        shape = f"{batch}x{seq}" + (f"->{target}" if target else "")
+        self.what = f"{key(family, head, precision, attn, checkpointing, adapters)} {shape} L{layers}"
         cfg = config(family, layers)
         if attn == "sdpa":
             # A GPU's fused SDPA kernels drop out inside the kernel (its random state is two
@@ -427,7 +430,7 @@ class Job:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 hook_layers(model, family)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-                inputs = measure.inputs(cfg, head, batch, seq)
+                inputs = measure.inputs(cfg, head, batch, seq, target)
             for step in (1, 2):
                 with record_function(f"step{step}.forward"), sdpa_backend(attn):
                     if precision == "amp":
@@ -740,7 +743,7 @@ def widths_of(precision):
 def position_widths(kind, precision):
     """Widths for a law of `kind`: what the batch shares per position (rotary tables) is
     computed in fp32 whatever the job's precision."""
-    return (4, 2, 1, 8) if kind == "pos" else widths_of(precision)
+    return (4, 2, 1, 8) if kind in ("pos", "tpos") else widths_of(precision)
 
 
 def reclassified(t, precision):
@@ -755,7 +758,7 @@ def reclassified(t, precision):
                 new[kind] = units
                 continue
             bytes_ = sum(c * (1 if u == "one" else d[u]) for u, c in units.items())
-            if kind in ("tok_s", "pos_s"):
+            if kind in PAIR_KINDS:
                 new[kind] = units
             else:
                 new[kind] = per_unit(bytes_, d, "reclassify", position_widths(kind, precision))
@@ -764,6 +767,10 @@ def reclassified(t, precision):
     # `per_unit` reads a bool `_safe_softmax` makes per head (a few bytes a token) as bytes.
     relaw(t)
     return t
+
+
+# Laws of bytes a pair of positions: the encoder's, the decoder's and the cross-attention's.
+PAIR_KINDS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s")
 
 
 class Unexplained(Exception):
@@ -775,20 +782,20 @@ class Unexplained(Exception):
 PAD = 32
 
 
-def padded_law(sizes, d, what, widths):
+def padded_law(sizes, d, what, widths, shapes=SHAPES):
     """`tok32`: bytes per token of each sequence rounded up to PAD positions, where the sizes
-    at SHAPES are one such law; None otherwise."""
-    per = {n / (b * -(-s // PAD) * PAD) for n, (b, s) in zip(sizes, SHAPES)}
+    at `shapes` are one such law; None otherwise."""
+    per = {n / (b * -(-s // PAD) * PAD) for n, (b, s) in zip(sizes, shapes)}
     if len(per) != 1:
         return None
     return {"tok32": per_unit(per.pop(), d, what, widths)}
 
 
-def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
-    """A tensor's size seen at the three SHAPES, as {kind: {unit: bytes}} with kind
+def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8), shapes=SHAPES):
+    """A tensor's size seen at the three `shapes` (SHAPES), as {kind: {unit: bytes}} with kind
     `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s), or,
     where none of those fits, `tok32` (b x s rounded up to PAD)."""
-    (b, s1), (_, s2), (b3, _) = SHAPES
+    (b, s1), (_, s2), (b3, _) = shapes
     if n1 == n2 == n3:
         if n1 <= TINY:
             return {"fixed": {"one": float(n1)}}
@@ -815,13 +822,43 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8)):
             # A few bytes more (labels padded by one) or fewer (T5's decoder inputs: the
             # labels shifted right, one position dropped) than the positions make.
             if abs(const) > 64:
-                padded = padded_law((n1, n2, n3), d, what, widths)
+                padded = padded_law((n1, n2, n3), d, what, widths, shapes)
                 if padded:
                     return padded
-                raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES}: no law")
+                raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {shapes}: no law")
             out[kind_1] = {"one": const}
         return out
-    raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {SHAPES} grow with the batch in part")
+    raise Unexplained(f"{what}: {n1}, {n2}, {n3} bytes at {shapes} grow with the batch in part")
+
+
+# A sequence-to-sequence job's shapes, (batch, encoder length, decoder length): SHAPES with a
+# decoder of its own length, and a fourth shape whose decoder alone is longer, so that each
+# tensor's law reads the encoder's length (`s`) and the decoder's (`t`) apart.
+TARGET_SHAPES = ((2, 56, 24), (2, 88, 24), (3, 56, 24), (2, 56, 40))
+
+# A law read in the decoder's length, as the kinds the planner reads it by: b x t, b x t x t
+# (the decoder's self-attention), t, t x t (its position bias).
+TARGET_KINDS = {"tok": "ttok", "tok_s": "ttok_t", "pos": "tpos", "pos_s": "tpos_t", "seq": "seq", "fixed": "fixed"}
+
+
+def target_law(sizes, d, param_shapes, what, widths=(2, 4, 1, 8)):
+    """A tensor's size seen at the four TARGET_SHAPES, as `law` reads it, in the encoder's
+    length (kinds as `law`'s), the decoder's (`ttok`, `ttok_t`, `tpos`, `tpos_t`), or both
+    (`ttok_s`: b x t x s, the cross-attention's scores; `tpos_s`: t x s, its position bias)."""
+    n1, n2, n3, n4 = sizes
+    (b, s1, t1), (_, s2, _), (b3, _, _), (_, _, t2) = TARGET_SHAPES
+    if n4 == n1:
+        return law(n1, n2, n3, d, param_shapes, what, widths, ((b, s1), (b, s2), (b3, s1)))
+    if n2 == n1:
+        lw = law(n1, n4, n3, d, param_shapes, what, widths, ((b, t1), (b, t2), (b3, t1)))
+        if "tok32" in lw:
+            raise Unexplained(f"{what}: {sizes} bytes at {TARGET_SHAPES}: padded in the decoder's length")
+        return {TARGET_KINDS[k]: v for k, v in lw.items()}
+    grows_b = n3 * b == n1 * b3
+    if (grows_b or n3 == n1) and n2 * s1 == n1 * s2 and n4 * t1 == n1 * t2:
+        per = n1 / (s1 * t1 * (b if grows_b else 1))
+        return {("ttok_s" if grows_b else "tpos_s"): {"one": per}}
+    raise Unexplained(f"{what}: {sizes} bytes at {TARGET_SHAPES}: no law in the two lengths")
 
 
 def shape_units(shape, d):
@@ -1033,12 +1070,18 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
     what = key(family, head, precision, attn, checkpointing, adapters)
     # QLoRA's step is recorded by the fake recorder with CUDA's rules (qlora_programs.py).
     cls = qlora_programs().QLoraJob if adapters and adapters[2:] == ("qlora",) else Job
-    jobs = [isolated(cls, family, head, precision, attn, checkpointing, b, s, LAYERS, adapters) for b, s in SHAPES]
-    deep = isolated(cls, family, head, precision, attn, checkpointing, *SHAPES[0], CHECK_LAYERS, adapters)
+    # A sequence-to-sequence job's decoder at a length of its own (TARGET_SHAPES), so that
+    # its laws read the two lengths apart; QLoRA's fake recorder runs one length.
+    two_lengths = head == "seq2seq-lm" and cls is Job
+    shapes = TARGET_SHAPES if two_lengths else SHAPES
+    jobs = [isolated(cls, family, head, precision, attn, checkpointing, *shape[:2], LAYERS, adapters, *shape[2:])
+            for shape in shapes]
+    deep = isolated(cls, family, head, precision, attn, checkpointing, *shapes[0][:2], CHECK_LAYERS, adapters,
+                    *shapes[0][2:])
     base = jobs[0]
     keeps = [kept(j) for j in jobs]
     if len({len(k) for k, _ in keeps}) != 1:
-        raise Unexplained(f"{what}: the step allocates {[len(k) for k, _ in keeps]} tensors at {SHAPES}")
+        raise Unexplained(f"{what}: the step allocates {[len(k) for k, _ in keeps]} tensors at {shapes}")
     d = base.dims
     param_shapes = []
     params = []
@@ -1064,6 +1107,8 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
             lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d, f"{what} tensor {pos}",
                                             widths_of(precision), tensor["ops"], base.state_weights.get(t))
+        elif two_lengths:
+            lw = target_law([x["size"] for x in ts], d, param_shapes, f"{what} tensor {pos}", widths_of(precision))
         else:
             lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
                      widths_of(precision))
@@ -1110,7 +1155,9 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
     deep_seq = {k: v for k, v in sequence(deep, deep_keep).items() if ":" not in k}
     sizes = {index[t]: base.tensors[t]["size"] for t in index}
     stacks = {c[0] for events in seq.values() for _, _, c in events if c}
-    check = {"layers": CHECK_LAYERS, "batch": SHAPES[0][0], "seq": SHAPES[0][1]}
+    check = {"layers": CHECK_LAYERS, "batch": shapes[0][0], "seq": shapes[0][1]}
+    if two_lengths:
+        check["target_seq"] = shapes[0][2]
     for name, events in seq.items():
         mine = check_of(expand([(k, index[t], c) for k, t, c in events], homes, {s: CHECK_LAYERS for s in stacks}),
                         sizes)

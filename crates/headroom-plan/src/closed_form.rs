@@ -114,10 +114,6 @@ pub fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
     let c1 = if model.gated_mlp { k.c1_gated } else { k.c1_mlp };
     // sbh coefficients in 16-bit units.
     let mut coef = k.c0 + c1 * f_over_h;
-    if model.family == Family::T5 {
-        // The decoder's cross-attention block: attention (11) and its norm (2), averaged over all blocks.
-        coef += 13.0 * model.decoder_layers as f64 / model.layers as f64;
-    }
     let linear_inputs = k.c0_linear_inputs + k.c1_linear_inputs * f_over_h;
     if let Finetune::Lora { targets: LoraTargets::QueryValue, .. } = cfg.finetune {
         // A frozen linear layer without an adapter saves no input (autograd saves what a required gradient needs);
@@ -128,12 +124,25 @@ pub fn layer_activations(model: &Model, cfg: &TrainConfig) -> LayerActivations {
         coef -= linear_inputs / 2.0;
     }
     let replicated = if t > 1.0 && !par.sequence_parallel { k.c0_replicated } else { 0.0 };
-    let linear = s_local * b * h * (replicated + (coef - replicated) / t) * width;
-    let core = match cfg.attention {
-        Attention::Eager => 5.0 * a * s_local * s * b * width / t,
-        Attention::Sdpa | Attention::Flash => 4.0 * a * s_local * b / t,
+    // Tokens a block's tensors are sized by, averaged over the model's blocks (each `·s_local·b`
+    // below): a decoder's or an encoder's own; T5's encoder blocks at the encoder's input, its
+    // decoder blocks at the decoder's length (`--target-seq`), and its decoder's cross-attention
+    // block — attention (11) and its norm (2) — at the decoder's length but for the keys and
+    // values (4 of the 13), which the encoder's output sizes.
+    let (block, cross, scores, per_head) = if model.family == Family::T5 {
+        let (dec, l) = (model.decoder_layers as f64, model.layers as f64);
+        let enc = l - dec;
+        let r = cfg.decoder_seq() as f64 / s;
+        ((enc + dec * r) / l, dec * (9.0 * r + 4.0) / l, (enc + dec * r * r) / l, (enc + dec * r) / l)
+    } else {
+        (1.0, 0.0, 1.0, 1.0)
     };
-    let input = s_local * b * h * 2.0 * width / if par.sequence_parallel { t } else { 1.0 };
+    let linear = s_local * b * h * (block * (replicated + (coef - replicated) / t) + cross / t) * width;
+    let core = match cfg.attention {
+        Attention::Eager => 5.0 * a * s_local * s * b * width / t * scores,
+        Attention::Sdpa | Attention::Flash => 4.0 * a * s_local * b / t * per_head,
+    };
+    let input = block * s_local * b * h * 2.0 * width / if par.sequence_parallel { t } else { 1.0 };
     LayerActivations { kept: linear + core, core, input }
 }
 
@@ -324,7 +333,9 @@ fn logits(model: &Model, cfg: &TrainConfig) -> f64 {
     // torchtitan deletes the 16-bit logits before the backward, where the loss peaks.
     let low = if cfg.framework == Framework::Torchtitan { 0.0 } else { k.logits_low_precision_copies };
     let per_logit = 4.0 * k.logits_fp32_copies + if width < 4.0 { width * low } else { 0.0 };
-    cfg.seq as f64 / c * cfg.micro_batch as f64 * model.vocab as f64 * per_logit / t
+    // T5's logits are its decoder's, at the decoder's length.
+    let positions = if model.family == Family::T5 { cfg.decoder_seq() } else { cfg.seq };
+    positions as f64 / c * cfg.micro_batch as f64 * model.vocab as f64 * per_logit / t
 }
 
 /// What the step gathers, buckets or dequantizes beside the model states, with the cuBLAS
@@ -611,5 +622,27 @@ mod tests {
         let shallow = Model { layers: 32, decoder_layers: 32, ..m.clone() };
         let job = Job::new(&shallow, &g, TrainConfig::new(8, 512, Precision::Mixed, Optimizer::AdamW)).unwrap();
         assert_eq!(layer_chain(&job, &Breakdown::default(), per_layer, 1024.0).stages.len(), 32);
+    }
+
+    /// T5's blocks at their stacks' own lengths: a decoder as long as the encoder is the job
+    /// without `--target-seq`; a decoder of `t` tokens keeps its blocks' tensors at `t` (the
+    /// cross-attention's keys and values at the encoder's `s`), its self-attention's scores at
+    /// t², and its logits at `t`.
+    #[test]
+    fn t5_s_decoder_blocks_and_logits_follow_the_decoder_s_length() {
+        let t0 = crate::model::preset("t0-3b").unwrap();
+        let cfg = |target_seq| TrainConfig {
+            attention: Attention::Eager,
+            target_seq,
+            ..TrainConfig::new(8, 64, Precision::Fp32, Optimizer::AdamW)
+        };
+        let (none, same, short) = (cfg(None), cfg(Some(64)), cfg(Some(4)));
+        assert_eq!(layer_activations(&t0, &none), layer_activations(&t0, &same));
+        assert_eq!(logits(&t0, &none), logits(&t0, &same));
+        assert_eq!(logits(&t0, &short) * 16.0, logits(&t0, &none));
+        let (a, b) = (layer_activations(&t0, &none), layer_activations(&t0, &short));
+        assert!(b.kept < a.kept && b.input < a.input && b.core < a.core);
+        // The encoder's half of the blocks stays whole.
+        assert!(b.input > a.input / 2.0 && b.core > a.core / 2.0);
     }
 }

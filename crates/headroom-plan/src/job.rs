@@ -221,7 +221,12 @@ pub enum Offload {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TrainConfig {
     pub micro_batch: u64,
+    /// Tokens a sequence: an encoder-decoder's encoder input.
     pub seq: u64,
+    /// An encoder-decoder's decoder length (its labels, shifted right into the decoder), where
+    /// it is not `seq`: a sequence-to-sequence job's targets are often far shorter than its
+    /// inputs. `None`: the decoder as long as the encoder.
+    pub target_seq: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches).
     pub accumulation: u64,
     pub precision: Precision,
@@ -348,6 +353,7 @@ impl TrainConfig {
         TrainConfig {
             micro_batch,
             seq,
+            target_seq: None,
             accumulation: 1,
             precision,
             optimizer,
@@ -386,6 +392,25 @@ impl TrainConfig {
                 "the global batch, {} × {} accumulated × {} data-parallel GPUs, is more than 2^64 sequences",
                 self.micro_batch, self.accumulation, self.parallel.data
             ));
+        }
+        if let Some(t) = self.target_seq {
+            if model.family != Family::T5 {
+                return Err(format!(
+                    "--target-seq {t}: the decoder's length of an encoder-decoder model, and {} is {} (one stack, \
+                     whose length is --seq)",
+                    model.name,
+                    if model.family == Family::Bert { "an encoder" } else { "a decoder" }
+                ));
+            }
+            if t == 0 {
+                return Err("--target-seq must be positive".into());
+            }
+            if self.micro_batch.checked_mul(t).is_none_or(|n| n > MOST_TOKENS) {
+                return Err(format!(
+                    "a micro-batch of {} × {t} decoder tokens is more than 2^32 tokens: no GPU holds that",
+                    self.micro_batch
+                ));
+            }
         }
         let torchtitan = self.framework == Framework::Torchtitan;
         self.parallel.why_not(model, self.seq, !torchtitan)?;
@@ -458,6 +483,16 @@ impl TrainConfig {
     /// (ZeRO-Offload is DeepSpeed's; the other engines' offload is planned with their name).
     pub fn deepspeed(&self) -> bool {
         self.framework == Framework::DeepSpeed || (self.framework == Framework::Auto && self.offload != Offload::None)
+    }
+
+    /// An encoder-decoder's decoder length: `--target-seq`, or the encoder's where not given.
+    pub fn decoder_seq(&self) -> u64 {
+        self.target_seq.unwrap_or(self.seq)
+    }
+
+    /// Whether the job's decoder is a length of its own, not the encoder's.
+    pub fn decoder_length_apart(&self) -> bool {
+        self.target_seq.is_some_and(|t| t != self.seq)
     }
 
     /// Sequences per optimizer step over all data-parallel replicas.

@@ -40,7 +40,7 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 use unit_law::LawKind;
-pub use unit_law::UnitLaw;
+pub use unit_law::{DecoderLength, UnitLaw};
 
 /// Layers kept as recorded at each end of a stack.
 pub const EDGE: u32 = 2;
@@ -156,6 +156,10 @@ pub struct Check {
     pub layers: u32,
     pub batch: u64,
     pub seq: u64,
+    /// A sequence-to-sequence template recorded with its decoder at a length of its own: that
+    /// length at the check's shape (absent where the decoder was as long as the encoder).
+    #[serde(default)]
+    pub target_seq: Option<u64>,
     pub setup: SectionCheck,
     /// A training template's steps.
     #[serde(default)]
@@ -469,19 +473,26 @@ impl Parsed {
         })
     }
 
-    /// The template with every law in bytes for the units `units` gives.
-    pub fn resolved(&self, units: &dyn Fn(&str) -> f64) -> Template {
+    /// The template with every law in bytes for the units `units` gives, its decoder (a
+    /// sequence-to-sequence template's) `decoder` long.
+    pub fn resolved(&self, units: &dyn Fn(&str) -> f64, decoder: DecoderLength) -> Template {
         let mut t = self.template.clone();
         for x in &mut t.tensors {
-            x.law = self.laws[x.law_index].resolve(units);
+            x.law = self.laws[x.law_index].resolve(units, decoder);
             if x.kernel == Kernel::DropoutMask {
-                x.mask = dropout_mask::elements(&self.laws[x.law_index], &t.dims).map(|e| e.resolve(units));
+                x.mask = dropout_mask::elements(&self.laws[x.law_index], &t.dims).map(|e| e.resolve(units, decoder));
             }
         }
         for (p, law) in t.params.iter_mut().zip(&self.param_laws) {
-            p.law = law.resolve(units);
+            p.law = law.resolve(units, decoder);
         }
         t
+    }
+
+    /// Whether the template was recorded with its decoder at a length of its own, so that its
+    /// laws read the decoder's length apart from the encoder's.
+    pub fn decoder_length_apart(&self) -> bool {
+        self.template.check.target_seq.is_some() || self.laws.iter().any(UnitLaw::in_target)
     }
 }
 
@@ -594,12 +605,23 @@ mod tests {
         let (mut masks, mut outputs) = (0, 0);
         for key in keys().filter(|k| ["gpt2/", "bert/", "t5/"].iter().any(|f| k.starts_with(f))) {
             let Some(t) = template(key).map(|p| &p.template) else { continue };
+            let (mut forward, mut recomputed) = (0, 0);
             for x in &t.tensors {
                 let site = t.sites[x.site as usize].as_str();
                 match x.kernel {
+                    // A checkpointed step recorded since the recorder reads the whole chain makes
+                    // its recomputed dropouts' noise inside the backward, the site named by the
+                    // autograd node whose saved tensors asked for the recomputation.
+                    Kernel::DropoutMask
+                        if key.contains("/ckpt/")
+                            && site.starts_with("autograd::engine::evaluate_function: ")
+                            && site.ends_with(" > aten::empty_strided") =>
+                    {
+                        recomputed += 1
+                    }
                     Kernel::DropoutMask => {
                         assert_eq!(site, "aten::dropout > aten::empty_strided", "{key}");
-                        masks += 1;
+                        forward += 1;
                     }
                     Kernel::Dropout if site.starts_with("aten::dropout") => {
                         assert_eq!(site, "aten::dropout > aten::mul", "{key}: dropout's noise left as its output");
@@ -608,6 +630,9 @@ mod tests {
                     _ => {}
                 }
             }
+            // Checkpointing recomputes the dropouts of the layers it checkpoints, no more.
+            assert!(recomputed <= forward, "{key}: {recomputed} recomputed masks, {forward} in the forward");
+            masks += forward;
         }
         assert!(masks > 0 && masks == outputs, "{masks} masks, {outputs} outputs");
     }
@@ -619,7 +644,9 @@ mod tests {
     fn a_padded_token_law_rounds_each_sequence_up_to_32_positions() {
         let raw: BTreeMap<String, BTreeMap<String, f64>> =
             serde_json::from_str(r#"{"tok32": {"heads": 4.0}}"#).expect("JSON");
-        let law = UnitLaw::parse(&raw).expect("a known kind").resolve(&|u| if u == "heads" { 12.0 } else { 1.0 });
+        let law = UnitLaw::parse(&raw)
+            .expect("a known kind")
+            .resolve(&|u| if u == "heads" { 12.0 } else { 1.0 }, DecoderLength::Encoder);
         let at = |b: u64, s: u64| law.bytes(b as f64, s as f64);
         assert_eq!((at(2, 56), at(2, 88), at(3, 56)), (6144, 9216, 9216));
         assert_eq!((at(1, 32), at(1, 33), at(4, 1024)), (1536, 3072, 196_608));

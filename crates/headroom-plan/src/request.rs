@@ -59,6 +59,8 @@ named!(Compile {
 pub struct TrainRequest {
     pub micro_batch: u64,
     pub seq: u64,
+    /// An encoder-decoder's decoder length [default: `seq`].
+    pub target_seq: Option<u64>,
     pub accumulation: u64,
     /// GPUs in the job; data parallelism is what tensor × pipeline × context leaves.
     pub gpus: u64,
@@ -100,6 +102,7 @@ impl Default for TrainRequest {
         TrainRequest {
             micro_batch: 1,
             seq: 2048,
+            target_seq: None,
             accumulation: 1,
             gpus: 1,
             tensor: 1,
@@ -154,6 +157,7 @@ impl TrainRequest {
         let d = TrainRequest::default();
         let r = self;
         let set = [
+            ("--target-seq", r.target_seq.is_some()),
             ("--accumulation", r.accumulation != d.accumulation),
             ("--tp", r.tensor != d.tensor),
             ("--pp", r.pipeline != d.pipeline),
@@ -259,6 +263,7 @@ impl TrainRequest {
         Ok(TrainConfig {
             micro_batch: r.micro_batch,
             seq: r.seq,
+            target_seq: r.target_seq,
             accumulation: r.accumulation,
             precision: r.precision,
             optimizer: r.optimizer,

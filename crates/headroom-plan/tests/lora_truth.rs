@@ -50,6 +50,8 @@ fn config(c: &Value) -> TrainConfig {
         },
         // torch.optim's foreach implementation, as the script runs it on CPU.
         optimizer_impl: Some(OptimizerImpl::Foreach),
+        // A sequence-to-sequence case's decoder length, where it names its own.
+        target_seq: c["target_seq"].as_u64(),
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),
@@ -83,7 +85,7 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
         let cfg = config(&c);
         let variant = c["variant"].as_str().map(|v| format!(" {v}")).unwrap_or_default();
         let label = format!(
-            "{family}{variant} L{} {} {}{} r={} {} {}×{}",
+            "{family}{variant} L{} {} {}{} r={} {} {}×{}{}",
             c["layers"],
             c["precision"].as_str().unwrap_or(""),
             c["attention"].as_str().unwrap_or("sdpa"),
@@ -91,7 +93,8 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
             c["rank"],
             c["targets"].as_str().unwrap_or(""),
             c["batch"],
-            c["seq"]
+            c["seq"],
+            c["target_seq"].as_u64().map(|t| format!("→{t}")).unwrap_or_default()
         );
         let key = template_key(&c, &m, &cfg);
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, key.as_deref(), PEAK_TOLERANCE) {
@@ -155,8 +158,8 @@ fn printed_trainable_parameters_are_peft_s() {
 fn gated_variant(v: &str) -> bool {
     match v {
         "v1.0" => false,
-        "v1.1" => true,
-        _ => panic!("lora_truth.py's VARIANTS has T5's v1.0 and v1.1, not {v}"),
+        "v1.1" | "v1.1-untied" => true,
+        _ => panic!("lora_truth.py's VARIANTS has T5's v1.0, v1.1 and v1.1-untied, not {v}"),
     }
 }
 
@@ -180,7 +183,11 @@ fn each_t5_variant_is_planned_from_its_own_templates() {
             Err(e) => wrong.push(format!("{v}: {e}")),
         }
     }
-    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["v1.0", "v1.1"], "the cases check both of T5's variants");
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["v1.0", "v1.1", "v1.1-untied"],
+        "the cases check each of T5's variants"
+    );
     assert!(wrong.is_empty(), "{wrong:?}");
 }
 
@@ -269,4 +276,22 @@ fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
     };
     assert_eq!(c["batch"], 1);
     assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
+}
+
+/// A case whose decoder is a length of its own is planned from a template recorded at two
+/// lengths (its laws read the decoder's length apart), never from one recorded with the
+/// decoder as long as the encoder.
+#[test]
+fn a_decoder_of_its_own_length_is_planned_from_a_template_recorded_at_two_lengths() {
+    let mut seen = 0;
+    for c in cases().iter().filter(|c| c["target_seq"].is_u64()) {
+        let m = Model::from_hf_config(&c["config"].to_string(), "t5").expect("config");
+        let cfg = config(c);
+        assert_ne!(cfg.target_seq, Some(cfg.seq), "a case at two lengths has two");
+        let hf = program(&m, &cfg, Device::Cpu, 1, &StateScale::default()).expect("a template serves it");
+        let parsed = headroom_plan::program_template::template(&hf.key).expect("bundled");
+        assert!(parsed.decoder_length_apart(), "{} was recorded at one length", hf.key);
+        seen += 1;
+    }
+    assert!(seen >= 2, "{seen} cases at two lengths");
 }

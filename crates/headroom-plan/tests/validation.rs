@@ -37,7 +37,7 @@ use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::job::{
     Attention, BaseWeights, Checkpointing, Finetune, Framework, LoraTargets, Offload, Optimizer, Precision, TrainConfig,
 };
-use headroom_plan::model::{preset, Model};
+use headroom_plan::model::{preset, Family, Model};
 use headroom_plan::parallel::{Parallelism, StageOutputs};
 use headroom_plan::placement::model_states;
 use headroom_plan::sglang::Sglang;
@@ -561,6 +561,9 @@ fn fit_rows(rows: &mut Vec<Row>) {
 /// peft's LoRA runs on one A100 80GB (its README's table, and its DeepSpeed example's log),
 /// fp32 weights, batches of 8 tweets; the README gives no sequence length: 64 tokens is
 /// taken, the length that puts the plain runs (tuning rows for it) near their figures.
+/// T0_3B's and mt0-xxl's plain runs train a decoder of the script's `target_max_length`
+/// ([`PEFT_TARGET_TOKENS`]); their ZeRO-3 runs are encoded with the decoder as long as the
+/// encoder, as before (docs/VALIDATION.md, "A decoder length of its own").
 fn deepspeed_rows(rows: &mut Vec<Row>) {
     let a100 = gpu("a100-80gb").unwrap();
     let lora = Finetune::Lora { rank: 8, targets: LoraTargets::QueryValue, base: BaseWeights::Native };
@@ -594,12 +597,17 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
             "bloom-7b1" => "bloomz-7b1",
             other => other,
         };
+        let seq2seq = m.family == Family::T5;
+        let target_seq = seq2seq.then_some(PEFT_TARGET_TOKENS);
         rows.push(tuning(number(
             "peft README",
-            format!("{name} LoRA, 1 A100 80GB, 8 × 64 tokens"),
+            match target_seq {
+                Some(t) => format!("{name} LoRA, 1 A100 80GB, 8 × 64 tokens into a decoder of {t}"),
+                None => format!("{name} LoRA, 1 A100 80GB, 8 × 64 tokens"),
+            },
             "peak allocated",
             plain,
-            estimate(&m, &a100, &cfg(false)).memory.allocated_bytes / 1e9,
+            estimate(&m, &a100, &TrainConfig { target_seq, ..cfg(false) }).memory.allocated_bytes / 1e9,
             "GB",
             Check::Within(Class::JobPeak),
         )));
@@ -615,6 +623,14 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
         ));
     }
 }
+
+/// The decoder length of peft's sequence-to-sequence LoRA example
+/// (`peft_lora_seq2seq_accelerate_ds_zero3_offload.py`): its labels, padded to
+/// `target_max_length`, the longest of RAFT twitter_complaints' class names (`Unlabeled`,
+/// `complaint`, `no complaint`) in tokens with the end-of-sequence token. T0's tokenizer is
+/// not at hand offline: `Unlabeled` is taken as three SentencePiece pieces (`▁Un`, `label`,
+/// `ed`), so four tokens (docs/VALIDATION.md gives the rows at three and five too).
+const PEFT_TARGET_TOKENS: u64 = 4;
 
 /// transformers' "Optimizing LLMs for Speed and Memory" guide: bigcode/octocoder (StarCoder's
 /// 15.5B GPTBigCode) on one A100 40GB through `pipeline("text-generation")`, a 20-odd-token

@@ -84,6 +84,7 @@ const OUTPUT: &str = "Questions and output";
                         headroom plan --model llama-3.1-8b --gpu h100-sxm --infer --framework vllm --seq 16000 --gpu-memory-utilization 0.85 --max-num-seqs 256\n  \
                         headroom plan --model llama-3-70b --gpu h100-sxm --gpus 4 --tp 4 --infer --framework sglang --seq 8192 --batch 32\n  \
                         headroom plan --model t0-3b --gpu a100-40gb --precision fp32 --batch 8 --seq 64 --finetune lora --zero 3 --offload params\n  \
+                        headroom plan --model t0-3b --gpu a100-80gb --precision fp32 --batch 8 --seq 64 --target-seq 4 --finetune lora --lora-rank 8 --lora-targets qv\n  \
                         headroom plan --model llama-3.1-8b --gpu a100-80gb --infer --framework hf --attention eager --batch 2 --seq 8192\n  \
                         headroom plan --model data/models/octocoder.json --gpu a100-40gb --infer --seq 80 --quantize fp4\n  \
                         headroom plan --model data/models/qwen3-1.7b.json --gpu h200 --precision bf16 --attention sdpa --batch 4 --seq 2048 --calibrate data/snapshots/qwen3-1.7b-train.pickle.gz --calibrate-batch 1 --calibrate-seq 512\n  \
@@ -136,9 +137,14 @@ pub struct PlanArgs {
     /// Micro-batch (training) or concurrent sequences (inference) [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
     pub batch: Option<u64>,
-    /// Sequence length in tokens [default: 2048].
+    /// Sequence length in tokens [default: 2048]; an encoder-decoder's (T5's) encoder input.
     #[arg(long, value_parser = tokens(), help_heading = JOB)]
     pub seq: Option<u64>,
+    /// An encoder-decoder's (T5's) decoder length in tokens: its labels, shifted right into the
+    /// decoder, often far shorter than the input (a class name, a summary) [default: --seq].
+    /// Refused for a model with one stack (a decoder or an encoder), whose length is --seq.
+    #[arg(long, value_name = "N", value_parser = tokens(), help_heading = JOB)]
+    pub target_seq: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)
     /// [default: 1].
     #[arg(long, value_parser = positive(), help_heading = JOB)]
@@ -458,9 +464,10 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 27] {
+    fn training_flags(&self) -> [Given; 28] {
         [
             ("--train", self.train),
+            ("--target-seq", self.target_seq.is_some()),
             ("--program", !self.program.is_empty()),
             ("--accumulation", self.accumulation.is_some()),
             ("--global-batch", self.global_batch.is_some()),
@@ -518,6 +525,7 @@ impl PlanArgs {
         Ok(TrainRequest {
             micro_batch: self.batch.unwrap_or(d.micro_batch),
             seq: self.seq.unwrap_or(d.seq),
+            target_seq: self.target_seq.or(d.target_seq),
             accumulation: self.accumulation.unwrap_or(d.accumulation),
             gpus: self.gpus.unwrap_or(d.gpus),
             tensor: self.tp.unwrap_or(d.tensor),

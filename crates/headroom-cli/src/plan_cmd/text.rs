@@ -160,7 +160,10 @@ fn job_line(p: &TrainPlan) -> String {
         },
         cfg.micro_batch,
         cfg.seq,
-        if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
+        match cfg.target_seq {
+            Some(t) => format!(" into a decoder of {t}"),
+            None => String::new(),
+        } + &if cfg.accumulation > 1 { format!(" × {} accumulated", cfg.accumulation) } else { String::new() },
         cfg.precision.name(),
         cfg.optimizer.name(),
         cfg.attention.name(),

@@ -233,6 +233,15 @@ fn transformers_phases(job: &Job) -> Result<(), String> {
     if !matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full) {
         return Err(format!("transformers checkpoints whole layers or none, not {}", cfg.checkpointing.spelling()));
     }
+    if cfg.decoder_length_apart() {
+        return Err(format!(
+            "transformers' phases of {} were recorded with the decoder as long as the encoder: a decoder of \
+             --target-seq {} apart from --seq {} is planned in closed form",
+            job.model.model_type,
+            cfg.decoder_seq(),
+            cfg.seq
+        ));
+    }
     if closed_form::hf_recipe(job.model, cfg).is_none() {
         return Err(format!(
             "no recorded activations of {} at {} with {} attention",

@@ -48,7 +48,7 @@ use crate::job::Attention;
 use crate::model::{Family, Model};
 use crate::model_units::unit;
 use crate::program::{Law, Op, Phase, Program, TensorId, Term, PADDED_POSITIONS};
-use crate::program_template::{self, EventT, Template, EDGE};
+use crate::program_template::{self, DecoderLength, EventT, Template, EDGE};
 use crate::recipe::measured_code;
 use rustc_hash::FxHashMap as HashMap;
 
@@ -235,7 +235,7 @@ pub fn decoder_input(key: &str, prompt: u64) -> u64 {
 /// it for any batch.
 pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option<&GpuSpec>) -> Program {
     let parsed = program_template::template(key).expect("a key from `key`");
-    let t = parsed.resolved(&|u| unit(model, u));
+    let t = parsed.resolved(&|u| unit(model, u), DecoderLength::Encoder);
     let ex = Expander::new(&t, stack_layers(model));
     let head = t.params.iter().position(|p| is_head(&p.name)).filter(|_| model.tied_embeddings).map(|h| h as u32);
     let mut r = Replay {
@@ -389,7 +389,10 @@ mod tests {
             let Some(parsed) = program_template::template(key) else { continue };
             let Some(sections) = parsed.template.inference.clone() else { continue };
             let dims = parsed.template.dims.clone();
-            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) });
+            let t = parsed.resolved(
+                &|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) },
+                DecoderLength::Encoder,
+            );
             let c = &t.check;
             let ex = Expander::new(&t, [c.layers, c.layers]);
             let (b, s) = (c.batch as f64, c.seq as f64);

@@ -21,8 +21,19 @@
 use super::unit_law::{LawKind, UnitLaw};
 use std::collections::BTreeMap;
 
-/// What a dropout drops, by how it grows.
-const DROPPED: [(LawKind, &str); 3] = [(LawKind::Token, "h"), (LawKind::Token, "f"), (LawKind::TokenPosition, "heads")];
+/// What a dropout drops, by how it grows: in a decoder of a length of its own (a
+/// sequence-to-sequence template recorded at two lengths) its hidden states and MLP a decoder
+/// token, its self-attention's probabilities a decoder token and position, its
+/// cross-attention's a decoder token and encoder position.
+const DROPPED: [(LawKind, &str); 7] = [
+    (LawKind::Token, "h"),
+    (LawKind::Token, "f"),
+    (LawKind::TokenPosition, "heads"),
+    (LawKind::TargetToken, "h"),
+    (LawKind::TargetToken, "f"),
+    (LawKind::TargetTokenTargetPosition, "heads"),
+    (LawKind::TargetTokenPosition, "heads"),
+];
 /// The widths the CPU keeps noise at: bf16 (or fp16), fp32.
 const WIDTHS: [f64; 2] = [2.0, 4.0];
 
@@ -74,6 +85,11 @@ mod tests {
         assert_eq!(read(LawKind::Token, "P", 2.0), one(LawKind::Token, "h"));
         assert_eq!(read(LawKind::Token, "h", 3.0), None);
         assert_eq!(read(LawKind::Fixed, "h", 2.0), None);
+        // A decoder of its own length: its hidden states, and its cross-attention's
+        // probabilities (a decoder token and an encoder position).
+        assert_eq!(read(LawKind::TargetToken, "h", 4.0), one(LawKind::TargetToken, "h"));
+        assert_eq!(read(LawKind::TargetTokenPosition, "heads", 4.0), one(LawKind::TargetTokenPosition, "heads"));
+        assert_eq!(read(LawKind::TargetToken, "heads", 4.0), None);
     }
 
     /// Every dropout noise of every bundled template reads as a dropped shape at an element

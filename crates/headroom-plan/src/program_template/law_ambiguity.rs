@@ -84,6 +84,12 @@ fn kind_name(kind: LawKind) -> &'static str {
         LawKind::Position => "pos",
         LawKind::PositionSquare => "pos_s",
         LawKind::PaddedToken => "tok32",
+        LawKind::TargetToken => "ttok",
+        LawKind::TargetTokenTargetPosition => "ttok_t",
+        LawKind::TargetTokenPosition => "ttok_s",
+        LawKind::TargetPosition => "tpos",
+        LawKind::TargetPositionSquare => "tpos_t",
+        LawKind::TargetPositionPosition => "tpos_s",
     }
 }
 
@@ -118,10 +124,18 @@ impl Parsed {
             }
             let terms = &self.laws[t.law_index].0;
             for (kind, unit, per) in terms {
-                // A pair's law (`tok_s`, `pos_s`) is per head already or bytes; a kind with
-                // more than one term is a sum the recorder solved for, not one reading.
-                if matches!(kind, LawKind::TokenPosition | LawKind::PositionSquare)
-                    || terms.iter().filter(|(k, _, _)| k == kind).count() != 1
+                // A pair's law (`tok_s`, `pos_s`, and the decoder's and cross-attention's) is per
+                // head already or bytes; a kind with more than one term is a sum the recorder
+                // solved for, not one reading.
+                if matches!(
+                    kind,
+                    LawKind::TokenPosition
+                        | LawKind::PositionSquare
+                        | LawKind::TargetTokenTargetPosition
+                        | LawKind::TargetTokenPosition
+                        | LawKind::TargetPositionSquare
+                        | LawKind::TargetPositionPosition
+                ) || terms.iter().filter(|(k, _, _)| k == kind).count() != 1
                     || unit.contains('*')
                     || unit == "one"
                 {

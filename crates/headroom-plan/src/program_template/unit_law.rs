@@ -1,5 +1,11 @@
 //! A recorded tensor's size law in the model's units (`h`, `kv`, `V`, products such as `q*h`),
 //! read from a template before a model gives the units their sizes.
+//!
+//! A sequence-to-sequence template recorded with its decoder at a length of its own (its
+//! check's `target_seq`) writes its decoder's tensors in that length, `t`, apart from the
+//! encoder's, `s`: the job's decoder length folds them into the planner's [`Law`] in `b` and
+//! `s`, as the decoder's own length where the job gives one, or as `s` where the decoder is
+//! as long as the encoder ([`DecoderLength`]).
 
 use crate::model_units;
 use crate::program::Law;
@@ -10,7 +16,10 @@ use std::collections::BTreeMap;
 pub struct UnitLaw(pub(super) Vec<(LawKind, String, f64)>);
 
 /// How a law's term grows: with nothing, the tokens, each token's positions, the sequences,
-/// the positions, their square, or the tokens padded to 32 positions a sequence.
+/// the positions, their square, or the tokens padded to 32 positions a sequence; and in a
+/// decoder's length `t`: its tokens (b·t), its self-attention's pairs (b·t·t), the
+/// cross-attention's pairs (b·t·s), its positions (t), their square (t·t), and the
+/// cross-attention's positions shared by the batch (t·s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum LawKind {
     Fixed,
@@ -20,6 +29,36 @@ pub(super) enum LawKind {
     Position,
     PositionSquare,
     PaddedToken,
+    TargetToken,
+    TargetTokenTargetPosition,
+    TargetTokenPosition,
+    TargetPosition,
+    TargetPositionSquare,
+    TargetPositionPosition,
+}
+
+impl LawKind {
+    /// Whether the term grows with the decoder's own length.
+    fn in_target(self) -> bool {
+        matches!(
+            self,
+            LawKind::TargetToken
+                | LawKind::TargetTokenTargetPosition
+                | LawKind::TargetTokenPosition
+                | LawKind::TargetPosition
+                | LawKind::TargetPositionSquare
+                | LawKind::TargetPositionPosition
+        )
+    }
+}
+
+/// The decoder's length a law is resolved at.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DecoderLength {
+    /// As long as the encoder's input, whatever `s` the law is evaluated at.
+    Encoder,
+    /// A length of its own, fixed by the job (`--target-seq`).
+    Tokens(f64),
 }
 
 impl UnitLaw {
@@ -34,6 +73,12 @@ impl UnitLaw {
                 "pos" => LawKind::Position,
                 "pos_s" => LawKind::PositionSquare,
                 "tok32" => LawKind::PaddedToken,
+                "ttok" => LawKind::TargetToken,
+                "ttok_t" => LawKind::TargetTokenTargetPosition,
+                "ttok_s" => LawKind::TargetTokenPosition,
+                "tpos" => LawKind::TargetPosition,
+                "tpos_t" => LawKind::TargetPositionSquare,
+                "tpos_s" => LawKind::TargetPositionPosition,
                 other => return Err(format!("unknown law kind `{other}`")),
             };
             for (u, c) in units {
@@ -48,21 +93,72 @@ impl UnitLaw {
         Ok(UnitLaw(out))
     }
 
-    /// The law in bytes for a model whose units are `units`.
-    pub fn resolve(&self, units: &dyn Fn(&str) -> f64) -> Law {
+    /// Whether any term grows with a decoder's own length.
+    pub fn in_target(&self) -> bool {
+        self.0.iter().any(|(kind, _, _)| kind.in_target())
+    }
+
+    /// The law in bytes for a model whose units are `units`, its decoder `decoder` long.
+    pub fn resolve(&self, units: &dyn Fn(&str) -> f64, decoder: DecoderLength) -> Law {
         let mut law = Law::default();
         for (kind, u, c) in &self.0 {
             let v = c * u.split('*').map(units).product::<f64>();
-            match kind {
-                LawKind::Fixed => law.fixed += v,
-                LawKind::Token => law.per_token += v,
-                LawKind::TokenPosition => law.per_token_position += v,
-                LawKind::Sequence => law.per_sequence += v,
-                LawKind::Position => law.per_position += v,
-                LawKind::PositionSquare => law.per_position_square += v,
-                LawKind::PaddedToken => law.per_padded_token += v,
+            match (kind, decoder) {
+                (LawKind::Fixed, _) => law.fixed += v,
+                (LawKind::Token, _) => law.per_token += v,
+                (LawKind::TokenPosition, _) => law.per_token_position += v,
+                (LawKind::Sequence, _) => law.per_sequence += v,
+                (LawKind::Position, _) => law.per_position += v,
+                (LawKind::PositionSquare, _) => law.per_position_square += v,
+                (LawKind::PaddedToken, _) => law.per_padded_token += v,
+                (LawKind::TargetToken, DecoderLength::Encoder) => law.per_token += v,
+                (LawKind::TargetTokenTargetPosition | LawKind::TargetTokenPosition, DecoderLength::Encoder) => {
+                    law.per_token_position += v
+                }
+                (LawKind::TargetPosition, DecoderLength::Encoder) => law.per_position += v,
+                (LawKind::TargetPositionSquare | LawKind::TargetPositionPosition, DecoderLength::Encoder) => {
+                    law.per_position_square += v
+                }
+                (LawKind::TargetToken, DecoderLength::Tokens(t)) => law.per_sequence += v * t,
+                (LawKind::TargetTokenTargetPosition, DecoderLength::Tokens(t)) => law.per_sequence += v * t * t,
+                (LawKind::TargetTokenPosition, DecoderLength::Tokens(t)) => law.per_token += v * t,
+                (LawKind::TargetPosition, DecoderLength::Tokens(t)) => law.fixed += v * t,
+                (LawKind::TargetPositionSquare, DecoderLength::Tokens(t)) => law.fixed += v * t * t,
+                (LawKind::TargetPositionPosition, DecoderLength::Tokens(t)) => law.per_position += v * t,
             }
         }
         law
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(kind: &str) -> UnitLaw {
+        let raw = BTreeMap::from([(kind.to_string(), BTreeMap::from([("one".to_string(), 4.0)]))]);
+        UnitLaw::parse(&raw).expect("a known kind")
+    }
+
+    /// Each decoder-length term at b = 2, s = 56, t = 24: the decoder's own length where the
+    /// job gives one, the encoder's where it does not, whatever `s` the law is then read at.
+    #[test]
+    fn a_decoder_term_reads_the_job_s_decoder_length() {
+        let (b, s, t) = (2.0, 56.0, 24.0);
+        for (kind, own, as_encoder) in [
+            ("ttok", b * t, b * s),
+            ("ttok_t", b * t * t, b * s * s),
+            ("ttok_s", b * t * s, b * s * s),
+            ("tpos", t, s),
+            ("tpos_t", t * t, s * s),
+            ("tpos_s", t * s, s * s),
+        ] {
+            let law = parsed(kind);
+            assert!(law.in_target(), "{kind}");
+            let one = |_: &str| 1.0;
+            assert_eq!(law.resolve(&one, DecoderLength::Tokens(t)).bytes(b, s), (4.0 * own) as u64, "{kind}");
+            assert_eq!(law.resolve(&one, DecoderLength::Encoder).bytes(b, s), (4.0 * as_encoder) as u64, "{kind}");
+        }
+        assert!(!parsed("tok").in_target());
     }
 }

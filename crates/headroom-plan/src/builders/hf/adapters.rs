@@ -564,12 +564,14 @@ mod tests {
         // it without the head's weight; the bf16 one was recorded tied.
         let gated = Model { gated_mlp: true, ..t5.clone() };
         let bert = crate::model::preset("bert-base-uncased").expect("preset");
-        // T5 v1.1 as its checkpoints are, its output layer its own: the fp32 every-linear-layer
-        // templates, recorded untied.
+        // T5 v1.1 as its checkpoints are, its output layer its own: the fp32 templates, recorded
+        // untied (the query and value projections' at two lengths, the decoder's own).
         let t0 = crate::model::preset("t0-3b").expect("preset");
         let jobs = [
             (&t0, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
             (&t0, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
+            (&t0, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-qv"),
+            (&t0, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-qv"),
             (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
             (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
             (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),

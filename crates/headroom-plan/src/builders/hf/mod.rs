@@ -53,7 +53,7 @@ use super::{Builder, Built, Context, Device, ProgramSource, RankProgram, StateSc
 use crate::job::{Attention, Finetune, Framework, Job, Offload, PipelineStage, Precision, TrainConfig};
 use crate::model::{Family, Model};
 use crate::program::{Law, Phase, Program, TensorId, Term};
-use crate::program_template::{self, EventT, Kernel, Template, EDGE};
+use crate::program_template::{self, DecoderLength, EventT, Kernel, Template, EDGE};
 use rustc_hash::FxHashMap as HashMap;
 use rustc_hash::FxHashSet as HashSet;
 
@@ -104,7 +104,7 @@ pub fn program_of(
     scale: &StateScale,
 ) -> Result<HfProgram, String> {
     let parsed = program_template::template(key).ok_or_else(|| format!("no step `{key}` was recorded"))?;
-    let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u));
+    let mut t = parsed.resolved(&|u| adapters::unit(model, cfg, u), decoder_length(parsed, cfg, key)?);
     if matches!(cfg.finetune, Finetune::Lora { .. }) {
         adapters::merged_experts_saved(&mut t);
     }
@@ -125,6 +125,22 @@ pub fn program_of(
     let mut b = Expansion::new(model, cfg, device, &t, &ex, scale, key);
     b.build(key, steps)?;
     Ok(HfProgram { program: b.p, key: key.to_string() })
+}
+
+/// The decoder length template `key` is read at for `cfg`: the job's `--target-seq` where the
+/// template was recorded with its decoder at a length of its own; the encoder's where the job's
+/// decoder is as long. A template recorded with one length for both stacks wrote each decoder
+/// tensor's law in that one length, so it cannot plan a decoder of another: refused, saying so.
+fn decoder_length(parsed: &program_template::Parsed, cfg: &TrainConfig, key: &str) -> Result<DecoderLength, String> {
+    match cfg.target_seq {
+        Some(t) if parsed.decoder_length_apart() => Ok(DecoderLength::Tokens(t as f64)),
+        Some(t) if t != cfg.seq => Err(format!(
+            "`{key}` was recorded with its decoder as long as its encoder, one length for both stacks, so it \
+             cannot plan a decoder of --target-seq {t} apart from --seq {}",
+            cfg.seq
+        )),
+        _ => Ok(DecoderLength::Encoder),
+    }
 }
 
 /// Why transformers' builders leave CPU offload to DeepSpeed's.
@@ -158,7 +174,10 @@ impl Builder for Recorded {
         if cfg.parallel.gpus() > 1 {
             return Err("its recorded step is one GPU's; with more, the phases plan it".into());
         }
-        key(job.model, cfg, Device::Gpu(job.gpu))?;
+        let k = key(job.model, cfg, Device::Gpu(job.gpu))?;
+        if let Some(parsed) = program_template::template(&k) {
+            decoder_length(parsed, cfg, &k)?;
+        }
         let stacks = if job.model.family == Family::T5 { 2 } else { 1 };
         if stack_layers(job.model)[..stacks].iter().any(|&n| n < 2 * EDGE) {
             return Err("fewer layers a stack than the template keeps at its ends".into());
@@ -689,7 +708,11 @@ mod tests {
                 continue;
             }
             let dims = parsed.template.dims.clone();
-            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) });
+            let decoder = match parsed.template.check.target_seq {
+                Some(t) => DecoderLength::Tokens(t as f64),
+                None => DecoderLength::Encoder,
+            };
+            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) }, decoder);
             let c = &t.check;
             let ex = Expander::new(&t, [c.layers, c.layers]);
             // The instances live, across the sections: a step frees what the setup made.
