@@ -443,6 +443,7 @@ mod tests {
                 stream: 0,
                 pool: PoolKind::Large,
                 expandable: false,
+                reserved_from: 0,
                 pool_id: Default::default(),
                 live: live.clone(),
             }],

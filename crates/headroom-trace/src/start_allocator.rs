@@ -90,9 +90,11 @@ pub(crate) fn allocator_at<P: Policy>(
 /// mapped then, with their live blocks. A snapshot lists runs, not
 /// reservations: consecutive runs of one stream and pool go into one
 /// reservation starting at the first of them (growth maps a reservation from
-/// its base up), of PyTorch's size for this device or, where the next
-/// reservation's first run comes sooner, up to it — reservations never
-/// overlap.
+/// its base up) or, where the trace later maps pages below that run in the same
+/// reservation ([`StartSegment::reserved_from`]), at the lowest of those,
+/// which were unmapped when the trace began; of PyTorch's size for this device
+/// or, where the next reservation's first run comes sooner, up to it —
+/// reservations never overlap.
 fn expandable_reservations<P: Policy>(
     a: &DeviceCachingAllocator<ReplayDevice, P>,
     start: &StartState,
@@ -111,8 +113,11 @@ fn expandable_reservations<P: Policy>(
             }
             _ => {
                 let (page, va_size) = a.expandable_reservation(s.pool);
+                let from = s.reserved_from;
+                let reaches =
+                    from < s.address && (s.address - from).is_multiple_of(page) && from + va_size >= s.address + s.size;
                 let layout = ExpandableLayout {
-                    base: s.address,
+                    base: if reaches { from } else { s.address },
                     va_size,
                     page,
                     stream: s.stream,

@@ -23,6 +23,12 @@
 //! the trace began are the final ones with the trace's `segment_map`s undone
 //! and its `segment_unmap`s redone; each becomes a [`StartSegment`] with
 //! `expandable` set, and the replay rebuilds the reservations around them.
+//! A run need not begin its reservation: pages below it may have been
+//! unmapped before the trace began (a release unmaps whole free pages and
+//! keeps the reservation while any page stays mapped), and PyTorch maps the
+//! lowest unmapped pages of a stream's reservations first. So each run also
+//! carries the lowest address the trace maps below it in what can only be its
+//! own reservation (`reserved_from`).
 
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use headroom_alloc::config::{SMALL_BUFFER, SMALL_SIZE};
@@ -39,6 +45,11 @@ pub struct StartSegment {
     pub stream: StreamId,
     pub pool: PoolKind,
     pub expandable: bool,
+    /// Expandable runs: the lowest address the trace maps below the run, on the run's stream,
+    /// pool id and page grid, while the reservation holding the run is still mapped and above
+    /// the segment before it: the reservation reaches down at least that far. The run's own
+    /// address where the trace maps nothing below it.
+    pub reserved_from: u64,
     /// `segment_pool_id`: (0, 0), or a private pool's (CUDA graphs, `MemPool`).
     pub pool_id: MempoolId,
     /// Blocks live then, by address.
@@ -121,7 +132,9 @@ pub fn infer_start(
     segs.retain(|_, s| !s.3);
     add_mapped_runs(&mut segs, &mapped, &owners, trace, config).map_err(fail)?;
     let barrier = barriers(trace, &live);
-    place_blocks(&segs, live, &barrier, config).map_err(fail)
+    let mut state = place_blocks(&segs, live, &barrier, config).map_err(fail)?;
+    reservations_below(&mut state.segments, trace, config);
+    Ok(state)
 }
 
 /// The segments, live blocks and mapped ranges the snapshot ends with.
@@ -215,6 +228,17 @@ fn add_mapped_runs(
             let block = trace.iter().find(|e| held(e.action) && (start..end).contains(&e.addr));
             block.map(|e| sizing::pool_for(sizing::round_size(config, e.size)))
         });
+        // Nor blocks: a large pool maps and unmaps whole large pages only, so a run, or a
+        // map or unmap in it, that is not is the small pool's.
+        let pool = pool.or_else(|| {
+            let large_page = sizing::expandable_page_size(config, PoolKind::Large);
+            let paged = |e: &TraceEvent| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap);
+            let small = !(end - start).is_multiple_of(large_page)
+                || trace
+                    .iter()
+                    .any(|e| paged(e) && (start..end).contains(&e.addr) && !e.size.is_multiple_of(large_page));
+            small.then_some(PoolKind::Small)
+        });
         segs.insert(start, (end - start, stream, pool, true, pool_id));
     }
     Ok(())
@@ -266,7 +290,8 @@ fn place_blocks(
     for (&address, &(size, stream, pool, expandable, pool_id)) in segs {
         let pool = pool.unwrap_or(if size == SMALL_BUFFER && !expandable { PoolKind::Small } else { PoolKind::Large });
         let end = address + size;
-        let mut seg = StartSegment { address, size, stream, pool, expandable, pool_id, live: Vec::new() };
+        let mut seg =
+            StartSegment { address, size, stream, pool, expandable, pool_id, reserved_from: address, live: Vec::new() };
         while let Some((a, _)) = blocks.peek() {
             if *a < address {
                 let a = *a;
@@ -295,6 +320,70 @@ fn place_blocks(
         return Err(format!("block {a:#x}, live when the trace began, lies in no segment"));
     }
     Ok(state)
+}
+
+/// Sets each expandable run's `reserved_from`. A map below a run, on the run's
+/// stream and page grid, while bytes of the run's reservation are still
+/// mapped, falls in the run's reservation or in one of the same stream below
+/// it; the latter would hold a run of its own when the trace began (it was
+/// mapped), and maps are looked for only above the segment before the run.
+/// Another owner's maps and unmaps below the run raise that floor above them:
+/// reservations never overlap. (A reservation of the stream opened in the trace
+/// below the run begins a whole reservation's size below it, too far down for
+/// the run's reservation to reach; the replay then keeps the run's address.)
+fn reservations_below(segments: &mut [StartSegment], trace: &[TraceEvent], config: &AllocatorConfig) {
+    if !segments.iter().any(|s| s.expandable) {
+        return;
+    }
+    let calls: Vec<&TraceEvent> =
+        trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)).collect();
+    for k in 0..segments.len() {
+        if !segments[k].expandable {
+            continue;
+        }
+        let floor = k.checked_sub(1).map_or(0, |j| segments[j].address + segments[j].size);
+        segments[k].reserved_from = lowest_map_below(&segments[k], floor, &calls, config);
+    }
+}
+
+/// [`reservations_below`] for one run, the segment below it ending at `floor`.
+fn lowest_map_below(s: &StartSegment, mut floor: u64, calls: &[&TraceEvent], config: &AllocatorConfig) -> u64 {
+    let page = sizing::expandable_page_size(config, s.pool);
+    let large_page = sizing::expandable_page_size(config, PoolKind::Large);
+    let end = s.address + s.size;
+    // Bytes of the run's stream mapped in [floor, end): while there are some, the
+    // reservation has not been released (it is, once every page of it is unmapped).
+    let mut mapped = s.size;
+    let mut below = Vec::new();
+    for e in calls {
+        let (a, b) = (e.addr.max(floor), e.addr.saturating_add(e.size).min(end));
+        if a >= b {
+            continue;
+        }
+        let is_map = e.action == TraceAction::SegmentMap;
+        if e.stream != s.stream || e.pool_id != s.pool_id {
+            if e.addr < s.address {
+                floor = floor.max(e.addr.saturating_add(e.size).min(s.address));
+            }
+            continue;
+        }
+        if !is_map {
+            mapped = mapped.saturating_sub(b - a);
+            if mapped == 0 {
+                break;
+            }
+            continue;
+        }
+        // A small-pool map is one 2 MiB page (its blocks are at most 1 MiB), never a whole
+        // number of large pages: the size says which pool's reservation was grown.
+        let pool = if e.size.is_multiple_of(large_page) { PoolKind::Large } else { PoolKind::Small };
+        let on_grid = pool == s.pool && e.addr < s.address && (s.address - e.addr).is_multiple_of(page);
+        if on_grid && e.addr >= floor {
+            below.push(e.addr);
+        }
+        mapped += b - a;
+    }
+    below.into_iter().filter(|&a| a >= floor).min().unwrap_or(s.address)
 }
 
 /// Sizes of the blocks of `seg` the trace freed, now that their neighbours
