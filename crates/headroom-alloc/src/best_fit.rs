@@ -43,10 +43,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let b = &arena[id];
             b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
         };
-        let further = |id: u32, next: u32| expandable_on && arena[id].is_expandable() && grow(next) < grow(id);
+        let walks = |id: u32| expandable_on && arena[id].is_expandable();
+        let further = |id: u32, next: u32| grow(next) < grow(id);
         let mut skipped_expandable = false;
         let mut shrunk = false;
-        let found = pool.blocks.take_walking_if(stream, size, further, |found_size, found_ptr, id| {
+        let found = pool.blocks.take_walking_if(stream, size, walks, further, |found_size, found_ptr, id| {
             skipped_expandable = !expandable_on && arena[id].is_expandable();
             if skipped_expandable || !fits(found_size) {
                 Take::Leave

@@ -516,8 +516,9 @@ impl FreeSet {
         })
     }
 
-    /// Best fit, then on along the set while `further(id, next_id)` says the
-    /// entry after the current one is the better; then does with the entry the
+    /// Best fit, then on along the set while `walks(id)` says the current entry
+    /// may be passed over and `further(id, next_id)` that the entry after it is
+    /// the better; then does with the entry the
     /// walk stops at what `take(size, ptr, id)` says, in the same search: one
     /// search where a walk by [`FreeSet::next_after`] costs one per step and one
     /// more to remove. Returns the entry unless it was left.
@@ -526,6 +527,7 @@ impl FreeSet {
         &mut self,
         stream: StreamId,
         size: u64,
+        walks: impl Fn(u32) -> bool,
         mut further: impl FnMut(u32, u32) -> bool,
         take: impl FnOnce(u64, u64, u32) -> Take,
     ) -> Option<(u64, u64, u32)> {
@@ -539,7 +541,7 @@ impl FreeSet {
             Entries::Small(v) => {
                 let mut at = v.lower_bound(key);
                 v.get(at)?;
-                while at + 1 < v.len() && further(v.ids[at], v.ids[at + 1]) {
+                while at + 1 < v.len() && walks(v.ids[at]) && further(v.ids[at], v.ids[at + 1]) {
                     at += 1;
                 }
                 let (k, id) = v.at(at);
@@ -558,7 +560,7 @@ impl FreeSet {
                 ((k, id), t)
             }
             Entries::Large(m) => {
-                let found = m.take_walking_if(key, further, take)?;
+                let found = m.take_walking_if(key, walks, further, take)?;
                 if m.len() < CLASSES_BELOW {
                     let v = m.to_sorted();
                     self.streams[i].1 = Entries::Small(v);
@@ -734,7 +736,8 @@ mod tests {
             prop_assert_eq!(set.find_containing(stream, lo, hi), covering);
             // A walk on from the best fit, by ids (the op's index: arbitrary), taking
             // blocks of even size only.
-            let further = |id: u32, next: u32| id.is_multiple_of(3) && !next.is_multiple_of(2);
+            let walks = |id: u32| id.is_multiple_of(3);
+            let further = |id: u32, next: u32| walks(id) && !next.is_multiple_of(2);
             let mut walk = model.range((stream, q, 0)..).take_while(|(k, _)| k.0 == stream).peekable();
             let mut stop = None;
             while let Some((k, v)) = walk.next() {
@@ -754,7 +757,7 @@ mod tests {
                 }
                 _ => Take::Remove,
             };
-            prop_assert_eq!(set.take_walking_if(stream, q, further, take), taken);
+            prop_assert_eq!(set.take_walking_if(stream, q, walks, |_, next| !next.is_multiple_of(2), take), taken);
             if let Some((size, ptr, id)) = taken {
                 model.remove(&(stream, size, ptr));
                 if shrunk.is_some() {

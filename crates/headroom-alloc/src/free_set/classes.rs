@@ -345,6 +345,7 @@ impl Classes {
     pub(super) fn take_walking_if(
         &mut self,
         key: u128,
+        walks: impl Fn(u32) -> bool,
         mut further: impl FnMut(u32, u32) -> bool,
         take: impl FnOnce(u128, u32) -> Take,
     ) -> Option<((u128, u32), Take)> {
@@ -356,7 +357,9 @@ impl Classes {
                 (0, 0)
             }
         };
-        loop {
+        // The next entry is looked for only where the walk may pass this one: an ordinary
+        // block never is, and the search of the next class cost more than the question.
+        while walks(self.buckets[c].id_at(pos)) {
             let next = match self.buckets[c].next_pos(pos) {
                 Some(p) => (c, p),
                 None => match self.next_class(c) {
