@@ -184,6 +184,11 @@ CASES = [
     ("qwen2_moe", "fp32", False, 7, 1, 96, 16, "qv", None, "eager"),
     ("qwen3_moe", "fp32", False, 6, 2, 80, 8, "all", None, "eager"),
     ("bert", "fp32", True, 6, 1, 128, 16, "all", None, "eager"),
+    # bf16 with eager attention asked for the mixtures of experts (peft's merged expert stacks
+    # under transformers' eager attention).
+    ("mixtral", "bf16", False, 7, 1, 80, 16, "all", None, "eager"),
+    ("qwen3_moe", "bf16", True, 6, 2, 64, 16, "all", None, "eager"),
+    ("qwen2_moe", "bf16", False, 6, 2, 80, 8, "qv", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
