@@ -190,6 +190,11 @@ CASES = [
     # longest class name), planned from the templates recorded at two lengths.
     ("t5", "fp32", False, 6, 2, 80, 16, "qv", "v1.1-untied", "eager", 12),
     ("t5", "fp32", True, 7, 1, 96, 8, "qv", "v1.1-untied", "eager", 5),
+    # bf16 with eager attention asked for the mixtures of experts (peft's merged expert stacks
+    # under transformers' eager attention).
+    ("mixtral", "bf16", False, 7, 1, 80, 16, "all", None, "eager"),
+    ("qwen3_moe", "bf16", True, 6, 2, 64, 16, "all", None, "eager"),
+    ("qwen2_moe", "bf16", False, 6, 2, 80, 8, "qv", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

@@ -90,12 +90,13 @@ dimension, so the adapters' weights and every tensor as wide as the rank are law
     .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-lora.tpl a.json b.json --out data/programs/hf-lora.tpl
 
 Eager attention is recorded where transformers has none other (BLOOM) or where the key asks for
-it (Gemma-2, whose full training is recorded eager alone). peft's "all-linear" wraps a stack of
+it (Gemma-2, whose full training is recorded eager alone; `--attention eager` asked of the others:
+`--only mixtral/causal-lm/bf16/eager/full,mixtral/causal-lm/bf16/eager/ckpt --lora all,qv`). peft's "all-linear" wraps a stack of
 experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapter of rank E x r
 over them all: its weights are laws in the unit `Er`. `hf-lora.tpl` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
-Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM,
-each without and with full checkpointing; at fp32 for Llama, Qwen2,
+Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM,
+Mixtral, Qwen2-MoE and Qwen3-MoE (both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for
 Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM

@@ -19,8 +19,8 @@
 //!
 //! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
 //! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2 and BLOOM, each without and with
-//! full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and GPT-2 with SDPA, on
+//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM, Mixtral, Qwen2-MoE and
+//! Qwen3-MoE (both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and GPT-2 with SDPA, on
 //! SDPA's math path (a GPU's for fp32 with grouped key-value heads) for Llama, Mistral, Qwen2,
 //! Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for Phi-3 (checkpointed
 //! too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM and
@@ -355,10 +355,21 @@ mod tests {
         attention: Attention,
         jobs: &[(Model, Checkpointing, K)],
     ) {
+        plans_lora_from(Precision::Fp32, targets, attention, jobs);
+    }
+
+    /// As [`plans_fp32_lora_from`] at `precision`: peft keeps a 16-bit base's adapters in fp32,
+    /// so their gradients are fp32 at either precision.
+    fn plans_lora_from<K: AsRef<str>>(
+        precision: Precision,
+        targets: LoraTargets,
+        attention: Attention,
+        jobs: &[(Model, Checkpointing, K)],
+    ) {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         for (model, checkpointing, want) in jobs {
             let want = want.as_ref();
-            let cfg = TrainConfig { precision: Precision::Fp32, attention, ..lora(16, targets, *checkpointing) };
+            let cfg = TrainConfig { precision, attention, ..lora(16, targets, *checkpointing) };
             assert_eq!(
                 crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)).as_deref(),
                 Ok(want),
@@ -513,10 +524,44 @@ mod tests {
     /// checkpointing.
     #[test]
     fn fp32_lora_with_eager_attention_replays_the_eager_step() {
+        for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+            let jobs = eager_jobs(&eager_models(), "fp32", suffix);
+            plans_fp32_lora_from(targets, Attention::Eager, &jobs);
+        }
+    }
+
+    /// bf16 LoRA with eager attention asked replays the bf16 eager step of the families recorded
+    /// so (`data/programs/hf-lora.tpl`): the mixtures of experts' merged expert stacks
+    /// among what it keeps, where Megatron's closed form, with no peft, planned them.
+    #[test]
+    fn bf16_lora_with_eager_attention_replays_the_eager_step() {
+        let recorded = ["mixtral/", "qwen3_moe/", "qwen2_moe/"];
+        let models: Vec<_> =
+            eager_models().into_iter().filter(|(_, key)| recorded.iter().any(|f| key.starts_with(f))).collect();
+        assert_eq!(models.len(), recorded.len());
+        for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+            plans_lora_from(Precision::Bf16, targets, Attention::Eager, &eager_jobs(&models, "bf16", suffix));
+        }
+    }
+
+    /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay.
+    fn eager_jobs(models: &[(Model, &str)], precision: &str, suffix: &str) -> Vec<(Model, Checkpointing, String)> {
+        models
+            .iter()
+            .flat_map(|(model, family)| {
+                [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
+                    (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}/{suffix}"))
+                })
+            })
+            .collect()
+    }
+
+    /// A model of each family recorded with eager attention asked, and the key its family's
+    /// templates start with.
+    fn eager_models() -> Vec<(Model, &'static str)> {
         let preset = |name: &str| crate::model::preset(name).expect("preset");
         let config = |text: &str, name: &str| Model::from_hf_config(text, name).expect("config");
-        // Each model and the key its family's templates start with.
-        let models = [
+        vec![
             (preset("llama-3-8b"), "llama/causal-lm"),
             (preset("llama-2-7b"), "llama/causal-lm"),
             (preset("gpt2"), "gpt2/causal-lm"),
@@ -535,18 +580,7 @@ mod tests {
             ),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm"),
             (preset("bert-base-uncased"), "bert/masked-lm"),
-        ];
-        for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
-            let jobs: Vec<_> = models
-                .iter()
-                .flat_map(|(model, family)| {
-                    [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                        (model.clone(), checkpointing, format!("{family}/fp32/eager/{ck}/{suffix}"))
-                    })
-                })
-                .collect();
-            plans_fp32_lora_from(targets, Attention::Eager, &jobs);
-        }
+        ]
     }
 
     /// BERT's and T5's LoRA at each precision and checkpointing recorded for them, on every
