@@ -12,6 +12,10 @@ use headroom_trace::snapshot::{read_snapshot, MemorySnapshot, TraceAction};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
 use headroom_trace::snapshot_replay::check_from;
 
+#[path = "support/synthetic_workload.rs"]
+mod synthetic_workload;
+use synthetic_workload::workload;
+
 const MIB: u64 = 1 << 20;
 
 /// The run as the allocator holds it at the end, every entry of its history kept.
@@ -73,59 +77,13 @@ fn a_page_unmapped_below_the_first_mapped_run_is_mapped_again_first() {
     assert!(f.is_exact(), "{:?}", f.first_divergence);
 }
 
-/// Steps of allocations on three streams, some used on another stream before they are
-/// freed, events completing now and then, a share of each step kept alive across steps,
-/// the cache emptied now and then: `seed` picks which.
-fn workload(seed: u64, steps: usize) -> Vec<TraceLine> {
-    let mut list = Vec::new();
-    let mut state = seed | 1;
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
-    let mut kept: Vec<String> = Vec::new();
-    for step in 0..steps {
-        let mut temps = Vec::new();
-        for k in 0..1 + rand(14) {
-            let id = format!("s{step}k{k}");
-            let size = match rand(4) {
-                0 => 512 + rand(4096),
-                1 => MIB + rand(3 * MIB),
-                _ => 6 * MIB + rand(20 * MIB),
-            };
-            list.push(TraceOp::Alloc { id: id.clone(), size, stream: rand(3) });
-            if rand(3) == 0 {
-                list.push(TraceOp::RecordStream { id: id.clone(), stream: 3 + rand(2) });
-            }
-            temps.push(id);
-        }
-        if rand(3) == 0 {
-            kept.push(temps.pop().expect("one a step at least"));
-        }
-        if kept.len() > 6 {
-            list.push(TraceOp::Free { id: kept.remove(rand(kept.len() as u64) as usize) });
-        }
-        for id in temps {
-            list.push(TraceOp::Free { id });
-        }
-        match rand(6) {
-            0 | 1 => list.push(TraceOp::CompleteEvents),
-            2 => list.push(TraceOp::EmptyCache),
-            _ => {}
-        }
-    }
-    ops(list)
-}
-
 /// A run of the small pool's that the final segments no longer show and no block of the
 /// trace lies in: its pool is the small one, as its size (one 2 MiB page, not a whole
 /// number of large pages) says, and it is rebuilt in a reservation of 2 MiB pages.
 #[test]
 fn a_small_run_unmapped_early_in_the_trace_is_rebuilt_in_the_small_pool() {
     let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let full = recorded(&workload(13832693973753839578, 31), &config, 48 * MIB);
+    let full = recorded(&workload(13832693973753839578, 31, true), &config, 48 * MIB);
     let dropped = (full.device_traces[0].len() as f64 * 0.28348827530721377) as usize;
     let snap = cut(&full, dropped);
     let t = DeviceTrace::new(&snap, 0).unwrap();

@@ -6,7 +6,7 @@
 
 use headroom_alloc::{AllocatorConfig, PolicyName};
 use headroom_trace::device_trace::DeviceTrace;
-use headroom_trace::jsonl::{TraceLine, TraceOp};
+use headroom_trace::jsonl::TraceLine;
 use headroom_trace::replay::{replay, ReplayOptions};
 use headroom_trace::snapshot::{read_snapshot, MemorySnapshot};
 use headroom_trace::snapshot_file::{write_snapshot, SnapshotFormat};
@@ -14,51 +14,11 @@ use headroom_trace::snapshot_replay::{check_from, Fidelity, Recorded};
 use headroom_trace::what_if::{live_peak_bytes, what_if, Setup, StartFrom, WhatIf};
 use proptest::prelude::*;
 
-const MIB: u64 = 1 << 20;
+#[path = "support/synthetic_workload.rs"]
+mod synthetic_workload;
+use synthetic_workload::workload;
 
-/// Steps of allocations on three streams, some used on another stream before they are
-/// freed, events completing now and then, a share of each step kept alive across steps.
-fn workload(seed: u64, steps: usize) -> Vec<TraceLine> {
-    let mut ops = Vec::new();
-    let mut push = |op| ops.push(TraceLine { line: ops.len() + 1, op });
-    let mut state = seed | 1;
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
-    let mut kept: Vec<String> = Vec::new();
-    for step in 0..steps {
-        let mut temps = Vec::new();
-        for k in 0..1 + rand(14) {
-            let id = format!("s{step}k{k}");
-            let size = match rand(4) {
-                0 => 512 + rand(4096),
-                1 => MIB + rand(3 * MIB),
-                _ => 6 * MIB + rand(20 * MIB),
-            };
-            push(TraceOp::Alloc { id: id.clone(), size, stream: rand(3) });
-            if rand(3) == 0 {
-                push(TraceOp::RecordStream { id: id.clone(), stream: 3 + rand(2) });
-            }
-            temps.push(id);
-        }
-        if rand(3) == 0 {
-            kept.push(temps.pop().expect("one a step at least"));
-        }
-        if kept.len() > 6 {
-            push(TraceOp::Free { id: kept.remove(rand(kept.len() as u64) as usize) });
-        }
-        for id in temps {
-            push(TraceOp::Free { id });
-        }
-        if rand(3) == 0 {
-            push(TraceOp::CompleteEvents);
-        }
-    }
-    ops
-}
+const MIB: u64 = 1 << 20;
 
 /// The run recorded as PyTorch would dump it, keeping the last `history` entries.
 fn recorded(ops: &[TraceLine], config: &AllocatorConfig, capacity: u64, history: usize) -> MemorySnapshot {
@@ -111,7 +71,7 @@ proptest! {
         } else {
             AllocatorConfig::default()
         };
-        let snap = recorded(&workload(seed, steps), &config, capacity, history);
+        let snap = recorded(&workload(seed, steps, false), &config, capacity, history);
         let Ok(alone) = DeviceTrace::new(&snap, 0) else {
             // The start state cannot be inferred: then no pass runs, shared or not.
             prop_assert!(DeviceTrace::with_pools(&snap, 0).is_err());
