@@ -55,7 +55,9 @@ _LISTS = {
 # `AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE` names the overload it wraps and the C++ signature
 # it redispatches to, not that signature's overload name: the target, from
 # native_functions.yaml. An entry this map lacks is refused when the policy is read.
-_APPEND_DTYPE_TARGET = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+_APPEND_DTYPE_TARGET = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+                        # Named dimensions' overload: in the header up to torch 2.14.
+                        "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype"}
 
 # Registered in autocast_mode.cpp rather than by the header's lists, besides the refusal of
 # binary_cross_entropy: cuDNN's own operators, which a CPU tensor never reaches.
@@ -112,8 +114,11 @@ def _policy_of_header() -> dict[str, str]:
         policy[f"aten::{source}"] = FP32_APPEND_DTYPE
     policy["aten::binary_cross_entropy"] = BANNED
     has = torch._C._dispatch_has_kernel_for_dispatch_key
+    known = set(torch._C._dispatch_get_all_op_names())
     for name, kind in _CPP_POLICY.items():
-        if has(name, "AutocastCUDA"):
+        # Asking about an operator the installed torch lacks raises (linalg_matrix_sqrth is newer
+        # than torch 2.11).
+        if name in known and has(name, "AutocastCUDA"):
             policy[name] = kind
     return policy
 

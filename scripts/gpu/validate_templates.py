@@ -50,6 +50,12 @@ QWEN3_30B_A3B = {
     "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
 }
 
+QWEN15_7B = {
+    "model_type": "qwen2", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 151936, "max_position_embeddings": 32768,
+    "tie_word_embeddings": False, "rope_theta": 1000000.0,
+}
+
 
 def preset(name):
     with open(os.path.join(ROOT, "data/models/presets", f"{name}.json")) as f:
@@ -72,14 +78,35 @@ def layers(cfg, n):
 
 
 def job(name, cfg, kind, dtype="bf16", attention="sdpa", batch=1, seq=1024, checkpoint=False, rank=16,
-        targets="all", new_tokens=0):
+        targets="all", new_tokens=0, target=None, quantize=None):
+    """`target`: T5's labels' length (the decoder's), `seq` where not given. `quantize="nf4"`: an
+    inference job over bitsandbytes' NF4 layers (double quantization, bf16 compute)."""
     return dict(name=name, config=cfg, kind=kind, dtype=dtype, attention=attention, batch=batch, seq=seq,
-                checkpoint=checkpoint, rank=rank, targets=targets, new_tokens=new_tokens)
+                checkpoint=checkpoint, rank=rank, targets=targets, new_tokens=new_tokens, target=target,
+                quantize=quantize)
 
 
 def jobs():
     """In order of value (docs/GPU.md's owed lists, newest first)."""
     return [
+        # The seventh and sixth sessions' lists (2026-11-29), chosen before any ran.
+        # peft's seq2seq LoRA script at T0_3B's shape: labels of 4 tokens.
+        job("t0-3b lora-qv r8 fp32 8x64->4", preset("t0-3b"), "lora", dtype="fp32", attention="eager", batch=8,
+            seq=64, rank=8, targets="qv", target=4),
+        # Dropout's one-byte masks of fp32 tensors under AMP.
+        job("t5-base amp eager 8x512", preset("t5-base"), "train", dtype="amp", attention="eager", batch=8, seq=512),
+        job("bert-base amp 8x512", preset("bert-base-uncased"), "train", dtype="amp",
+            batch=8, seq=512),
+        # NF4 inference, the templates recorded again at 15 heads of 256 over 5.
+        job("gemma2-9b nf4 generate 4x2048+16", GEMMA2_9B, "generate", attention="eager", batch=4, seq=2048,
+            new_tokens=16, quantize="nf4"),
+        job("llama-2-7b nf4 generate 4x2048+16", preset("llama-2-7b"), "generate", batch=4, seq=2048, new_tokens=16,
+            quantize="nf4"),
+        # peft's merged expert stacks kept for the backward (LoRA of every linear, no checkpointing).
+        job("mixtral-8x7b(4L) lora eager r16 1x256", layers(preset("mixtral-8x7b"), 4), "lora", attention="eager",
+            seq=256),
+        # QLoRA of ungrouped Qwen1.5-7B: fp32 SDPA on the memory-efficient kernel.
+        job("qwen1.5-7b qlora-qv r16 no-ckpt 1x1024", QWEN15_7B, "qlora", targets="qv"),
         # Position-pair laws now read per head: eager attention at real head counts.
         job("bloom-7b1 bf16 eager 1x2048", preset("bloom-7b1"), "train", attention="eager", seq=2048),
         job("gemma2-9b(8L) bf16 eager 2x2048", layers(GEMMA2_9B, 8), "train", attention="eager", batch=2, seq=2048),
@@ -164,8 +191,12 @@ PEFT_TASK = {"bert": None, "t5": "SEQ_2_SEQ_LM"}
 def plan_args(j, path):
     args = ["plan", "--model", path, "--gpu", "h200", "--gpu-memory", str(H200_BYTES), "--batch", str(j["batch"]),
             "--seq", str(j["seq"]), "--attention", j["attention"], "--json"]
+    if j.get("target"):
+        args += ["--target-seq", str(j["target"])]
     if j["kind"] in ("infer", "generate"):
         args += ["--infer", "--framework", "hf", "--weights", j["dtype"]]
+        if j.get("quantize"):
+            args += ["--quantize", j["quantize"], "--double-quant", "--compute-dtype", "bf16"]
         if j["kind"] == "generate":
             args += ["--new-tokens", str(j["new_tokens"])]
         elif j["config"]["model_type"] != "bert":
@@ -228,6 +259,16 @@ def build(j, torch, transformers, device):
                 elif name.endswith("token_type_ids"):
                     buf.zero_()
         return model, config
+    if j.get("quantize"):
+        # Inference over NF4 layers, loaded as from_pretrained loads a BitsAndBytesConfig(load_in_4bit,
+        # bnb_4bit_use_double_quant, bnb_4bit_compute_dtype=bfloat16): each weight arriving in bf16
+        # and quantized as it lands (validate_infer.py's `--weights int4`).
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        from headroom_gpu import qlora
+
+        model = qlora.load(qlora.build(config, j["attention"], model_head="causal-lm"), device=device)
+        model.eval()
+        return model, config
     cls = getattr(transformers, HEAD_CLASS.get(model_type, "AutoModelForCausalLM"))
     if j["kind"] == "train" or j["kind"] == "lora":
         config.use_cache = False
@@ -245,9 +286,12 @@ def build(j, torch, transformers, device):
     return model, config
 
 
-def measure_one(j, device="cuda"):
+def measure_one(j, device="cuda", snapshot=None):
     """The job's peaks on the GPU. `device="cpu"` runs the same code on the CPU with no figures: a
-    smoke test of the jobs before a GPU's time is spent on them."""
+    smoke test of the jobs before a GPU's time is spent on them. `snapshot`: a file to write the
+    caching allocator's snapshot of the whole job to (`_record_memory_history` from its first
+    request, Python frames included), to set beside the plan's program segment by segment
+    (scripts/validate/segments.py)."""
     import torch
     import transformers
 
@@ -261,6 +305,8 @@ def measure_one(j, device="cuda"):
             versions[lib] = None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+        if snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     model, config = build(j, torch, transformers, device)
     model_type = j["config"]["model_type"]
     vocab = config.vocab_size
@@ -269,7 +315,7 @@ def measure_one(j, device="cuda"):
     if j["kind"] in ("train", "lora", "qlora"):
         batch = {"input_ids": ids, "labels": ids.clone()}
         if model_type == "t5":
-            batch["labels"] = torch.randint(0, vocab, (b, s), device=device)
+            batch["labels"] = torch.randint(0, vocab, (b, j.get("target") or s), device=device)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True)
         for _ in range(3):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=j["dtype"] == "amp"):
@@ -298,6 +344,9 @@ def measure_one(j, device="cuda"):
     if not cuda:
         return versions
     torch.cuda.synchronize()
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
     return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(), **versions}
 
 
@@ -404,6 +453,7 @@ def main():
     one = sub.add_parser("one", help="one job given as JSON (measure runs each so)")
     one.add_argument("job")
     one.add_argument("--device", default="cuda", help="cpu: run the job's code without figures (a smoke test)")
+    one.add_argument("--snapshot", help="write the job's allocator snapshot (a pickle) here")
     t = sub.add_parser("table", help="a markdown table of plan against GPU")
     t.add_argument("--plans", required=True)
     t.add_argument("--measured", required=True)
@@ -413,7 +463,7 @@ def main():
     if args.verb == "measure":
         return measure(args)
     if args.verb == "one":
-        print(json.dumps(measure_one(json.loads(args.job), args.device)))
+        print(json.dumps(measure_one(json.loads(args.job), args.device, args.snapshot)))
         return 0
     return table(args)
 
