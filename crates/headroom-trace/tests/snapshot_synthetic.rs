@@ -18,6 +18,10 @@ use headroom_trace::snapshot_replay::{check_device, check_from, Fidelity};
 use headroom_trace::trace_index::TraceIndex;
 use headroom_trace::what_if::what_if_device;
 
+#[path = "support/xorshift.rs"]
+mod xorshift;
+use xorshift::xorshift;
+
 const MIB: u64 = 1 << 20;
 
 /// A deterministic workload: steps of allocations on three streams, some
@@ -26,13 +30,7 @@ const MIB: u64 = 1 << 20;
 fn workload(steps: usize) -> Vec<TraceLine> {
     let mut ops = Vec::new();
     let mut push = |op| ops.push(TraceLine { line: ops.len() + 1, op });
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut rand = xorshift(0x2545_f491_4f6c_dd1d);
     let mut kept: Vec<String> = Vec::new();
     for step in 0..steps {
         let mut temps = Vec::new();

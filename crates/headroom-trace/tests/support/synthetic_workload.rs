@@ -5,17 +5,15 @@
 
 use headroom_trace::jsonl::{TraceLine, TraceOp};
 
+#[path = "xorshift.rs"]
+mod xorshift;
+use xorshift::xorshift;
+
 const MIB: u64 = 1 << 20;
 
 pub fn workload(seed: u64, steps: usize, empty_cache: bool) -> Vec<TraceLine> {
     let mut list = Vec::new();
-    let mut state = seed | 1;
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut rand = xorshift(seed);
     let mut kept: Vec<String> = Vec::new();
     for step in 0..steps {
         let mut temps = Vec::new();
