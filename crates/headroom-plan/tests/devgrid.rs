@@ -32,8 +32,16 @@ const BEGIN: &str = "<!-- devgrid:begin -->\n";
 const END: &str = "<!-- devgrid:end -->";
 const ALLOCATED_WITHIN: usize = 34;
 const RESERVED_WITHIN: usize = 33;
-/// Rows read while the GPU rules were built.
-const TUNING: &[&str] = &["llama-1b-train-bf16-none-sdpa-1x512", "llama-1b-train-bf16-none-sdpa-4x2048"];
+/// Rows read while the GPU rules were built: the first two for SDPA's kernels, dropout's masks
+/// and cuBLAS's workspaces; the checkpointed 4×2048 three for cuDNN's backward workspace and
+/// CUDA's softmax backward (their allocator snapshots, docs/VALIDATION.md).
+const TUNING: &[&str] = &[
+    "llama-1b-train-bf16-none-sdpa-1x512",
+    "llama-1b-train-bf16-none-sdpa-4x2048",
+    "llama-1b-train-bf16-full-sdpa-4x2048",
+    "llama-1b-train-fp32-full-sdpa-4x2048",
+    "llama-1b-train-amp-full-sdpa-4x2048",
+];
 
 fn shared() -> Option<PathBuf> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/gpu"));

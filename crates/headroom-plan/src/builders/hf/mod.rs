@@ -499,12 +499,26 @@ impl<'a> Expansion<'a> {
                     self.setup.insert(inst, id);
                     continue;
                 }
-                if cudnn && part == Phase::Backward && x.kernel == Kernel::Sdpa {
+                // Counted among the backward's own outputs only: under checkpointing the
+                // recomputed forward's output and statistics are SDPA's too, and the workspace
+                // comes after the third gradient (dv), not the first.
+                if cudnn
+                    && part == Phase::Backward
+                    && x.kernel == Kernel::Sdpa
+                    && self.t.sites[x.site as usize].contains("Backward0 > ")
+                    && self.t.sites[x.site as usize].contains("ScaledDotProduct")
+                {
                     let n = sdpa_grads.entry(layer).or_insert(0);
                     *n += 1;
                     if *n == 3 {
                         self.attention_workspace();
                     }
+                }
+                if gpu
+                    && part == Phase::Backward
+                    && self.t.sites[x.site as usize].ends_with("aten::_softmax_backward_data")
+                {
+                    self.softmax_backward_product(law, x.term, site);
                 }
                 match x.grad.map(|g| self.param_index.get(&(g, layer)).copied()) {
                     None => {
@@ -582,15 +596,34 @@ impl<'a> Expansion<'a> {
     }
 
     /// What cuDNN's attention backward takes for a moment once it has made the gradients
-    /// of the queries, keys and values: fp32 accumulators of all three and the softmax
-    /// statistics per head (seen on an H200 with torch 2.11: 8 MiB + 32 KiB for Qwen3-1.7B at
-    /// 512 tokens, and 256 bytes beside: `../shared/gpu/snapshots/qwen3-1.7b-*`).
+    /// of the queries, keys and values: the workspace cuDNN's graph asks for, which PyTorch
+    /// allocates as one byte tensor. On an H200 with torch 2.11 (cuDNN 9.19) it is 8 bytes per
+    /// token for each query head's dimension, 4 for each query head's softmax statistic, and
+    /// 256 bytes beside, whatever the key-value heads: 8 MiB + 32 KiB + 256 for Qwen3-1.7B at
+    /// 512 tokens (16 heads over 8, head_dim 128: `../shared/gpu/snapshots/qwen3-1.7b-*`),
+    /// 135,266,560 bytes for Llama-1B at 4 × 2048 (32 heads over 8, head_dim 64:
+    /// docs/VALIDATION.md, "Llama-1B's checkpointed reserved rows"). Read as fp32 accumulators
+    /// of all three gradients, Qwen3's 2:1 grouping fitted (q + 2·kv)·d as well; Llama-1B's
+    /// 4:1 does not (101,712,128 bytes), so the keys' and values' share is per query head.
     fn attention_workspace(&mut self) {
         let m = self.model;
-        let per_token = 4.0 * ((m.heads + 2 * m.kv_heads) * m.head_dim + m.heads) as f64;
+        let per_token = 4.0 * (2 * m.heads * m.head_dim + m.heads) as f64;
         let site = self.p.site("cuDNN attention backward workspace");
         let law = Law { fixed: 256.0, ..Law::per_token(per_token) };
         let id = self.p.alloc(law, Term::Activations, site);
+        self.p.free(id);
+    }
+
+    /// CUDA's softmax backward (`softmax_backward_cuda_out` in PyTorch's
+    /// `aten/src/ATen/native/cuda/SoftMax.cu`: `Tensor tmp = grad * output;`) multiplies the
+    /// incoming gradient by the softmax's output into a temporary once it has made the
+    /// gradient, and frees it when it returns: the math path's probabilities once more for a
+    /// moment, per layer (an H200 with torch 2.11, Llama-1B fp32 at 4 × 2048: a third 2 GiB
+    /// block after `_softmax_backward_data`'s, freed at once). The CPU's recording holds
+    /// none. Planned at the gradient's size, which is the incoming one's but where a half
+    /// input's softmax was taken in fp32 (the product is then twice as wide).
+    fn softmax_backward_product(&mut self, law: Law, term: Term, site: u32) {
+        let id = self.p.alloc(law, term, site);
         self.p.free(id);
     }
 
