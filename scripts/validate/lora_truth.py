@@ -268,7 +268,7 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
     attention = attention or attention_of(family)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
-    model = measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype)
+    model = measure.no_cache(measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype))
     if variant in UNTIED:
         step_programs.untie_t5(model)
     model = step_programs.lora_model(model, head, rank, targets)

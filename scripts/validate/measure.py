@@ -255,6 +255,20 @@ def build(cfg, head, attn, dtype, dropout=False):
     return model
 
 
+def no_cache(model):
+    """`model` set to build no key-value cache in its forward, as a training script sets it
+    (`config.use_cache = False`: the GPU runs' `headroom_gpu`, QLoRA's recording and
+    scripts/gpu/validate_templates.py all train so). With the config's default (`use_cache:
+    true` in every causal LM's config) transformers makes a `DynamicCache` in a training
+    forward too, and its update copies each layer's keys and values (`torch.cat` onto an empty
+    cache); SDPA then saves the copies, not the value that is a view of a fused query-key-value
+    projection's output, and that output is freed in the forward where a run without the
+    cache keeps it to the backward (Phi-3's `qkv_proj`, GPT-NeoX's `query_key_value`: the
+    query's and the key's widths a token a layer planned low on an H200)."""
+    model.config.use_cache = False
+    return model
+
+
 def inputs(cfg, head, batch, seq, target=None):
     """A batch of `seq` tokens; a sequence-to-sequence job's labels (its decoder's input,
     shifted right) `target` tokens long, or `seq` where not given."""

@@ -3,7 +3,8 @@
 order: the step programs `headroom plan` replays through its allocator.
 
 For each family's recording config (`measure.recording_config`: every model dimension a
-distinct size) at three layers, this runs the job as a user's script does — the model built,
+distinct size) at three layers, this runs the job as a user's script does — the model built
+(its key-value cache off, as a training script sets it: `measure.no_cache`),
 `torch.optim.AdamW` created, then two steps of forward with the loss, backward, `opt.step()`
 and `opt.zero_grad(set_to_none=True)` — under the profiler, and keeps every allocation and
 free of the CPU allocator, with the operator that made it, the layer whose module was running
@@ -423,6 +424,7 @@ class Job:
                 infer_recipes.repeats_marked(), sources:
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
+                measure.no_cache(model)
                 if family == "t5" and os.environ.get(UNTIED_T5):
                     untie_t5(model)
                 if adapters:

@@ -1,0 +1,52 @@
+"""The step recorders' training models build no key-value cache (`measure.no_cache`), as the
+GPU's training runs have them: with the config's default, transformers makes a `DynamicCache` in
+a training forward and copies each layer's key and value onto it, and SDPA saves the copies in
+place of the value, a view of Phi-3's fused query-key-value output (docs/VALIDATION.md, "LoRA on
+an H200").
+
+    python3 -m unittest python/tests/test_no_cache.py
+"""
+
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
+
+
+class NoCache(unittest.TestCase):
+    def setUp(self):
+        try:
+            import step_programs  # noqa: F401  (torch and transformers)
+        except ImportError as e:
+            self.skipTest(f"the recorders need torch: {e}")
+
+    def forward(self, cached):
+        import measure
+        import step_programs as sp
+        import torch
+
+        cfg = sp.config("phi3", 2)
+        model = measure.build(cfg, "causal-lm", "sdpa", torch.bfloat16)
+        if not cached:
+            measure.no_cache(model)
+        batch = measure.inputs(cfg, "causal-lm", 1, 16)
+        return model(**batch)
+
+    @staticmethod
+    def caches(out):
+        # The output's fields that are caches, whatever transformers names the field.
+        from transformers import Cache
+        return [v for v in out.values() if isinstance(v, Cache)]
+
+    def test_a_training_forward_keeps_no_cache_once_it_is_turned_off(self):
+        self.assertEqual(self.caches(self.forward(cached=False)), [])
+
+    def test_the_configs_default_would_make_one(self):
+        # What the recordings before `no_cache` ran: a cache in the training forward.
+        self.assertEqual(len(self.caches(self.forward(cached=True))), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
