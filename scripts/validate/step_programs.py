@@ -84,7 +84,7 @@ runs it; `amp-cuda` under CUDA's autocast policy (`headroom_gpu.amp.cuda_autocas
 `layer_norm`, `pow` and the losses in fp32 where the CPU keeps a bf16 input's dtype, so T5's
 cross-attention probabilities (bf16 scores plus a bf16 zero bias) are fp32 there and bf16
 here. A GPU's AMP plan replays `amp-cuda` where it was recorded (T5 v1.0, full and
-checkpointed; T5 v1.1 untied, full; BERT with SDPA), held to an H200 in docs/VALIDATION.md:
+checkpointed; T5 v1.1 untied, the same; BERT with SDPA), held to an H200 in docs/VALIDATION.md:
 
     .venv/bin/python scripts/validate/step_programs.py --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json
     .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json

@@ -27,8 +27,7 @@
 //!   dtype. Where only the CPU's (`…/amp/…`) was recorded, `pow` is rewritten to fp32: the
 //!   tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
 //!   (`autocast.rs`); T5 v1.1's gated GELU is not rewritten so, and without an `amp-cuda`
-//!   template (its checkpointed step) its AMP plans the CPU alone (a GPU's job passes to the
-//!   next builder, saying why).
+//!   template its AMP plans the CPU alone (a GPU's job passes to the next builder, saying why).
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
