@@ -274,6 +274,8 @@ def build(j, torch, transformers, device):
         config.use_cache = False
     with torch.device(device):
         model = cls.from_config(config, attn_implementation=j["attention"], dtype=dtype)
+        if model_type == "t5" and j["config"].get("tie_word_embeddings") is False:
+            untie_t5(torch, model)
     if j["kind"] == "lora":
         import peft
 
@@ -284,6 +286,17 @@ def build(j, torch, transformers, device):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train(j["kind"] in ("train", "lora"))
     return model, config
+
+
+def untie_t5(torch, model):
+    """T5 v1.1's output layer a weight of its own, as loading its checkpoint (flan-t5's, T0's,
+    mT5's: both weights, different values) leaves it. transformers 5 builds every T5 tied from
+    a config, `tie_word_embeddings: false` or not, and the plan of such a config is the untied
+    model's: T0-3B's output layer (263,192,576 bytes) was the whole of the two's difference
+    (docs/VALIDATION.md). As scripts/validate/step_programs.py's `untie_t5` records it."""
+    if model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr():
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+        getattr(model, "all_tied_weights_keys", {}).pop("lm_head.weight", None)
 
 
 def measure_one(j, device="cuda", snapshot=None):

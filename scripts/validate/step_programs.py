@@ -79,6 +79,17 @@ and a tied template plans no untied model:
 
     .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/fp32/eager/full --lora all --out a.json
 
+AMP is recorded twice. `amp` runs the forward under the CPU's autocast, as the CPU ground truth
+runs it; `amp-cuda` under CUDA's autocast policy (`headroom_gpu.amp.cuda_autocast`,
+`torch.autocast("cuda", torch.bfloat16)` on CPU tensors), as a GPU runs it: CUDA runs `softmax`,
+`layer_norm`, `pow` and the losses in fp32 where the CPU keeps a bf16 input's dtype, so T5's
+cross-attention probabilities (bf16 scores plus a bf16 zero bias) are fp32 there and bf16
+here. A GPU's AMP plan replays `amp-cuda` where it was recorded (T5 v1.0, full and
+checkpointed; T5 v1.1 untied, the same; BERT with SDPA), held to an H200 in docs/VALIDATION.md:
+
+    .venv/bin/python scripts/validate/step_programs.py --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json
+
 `--lora all,qv` records peft's LoRA step instead (`data/programs/hf-lora.tpl`, keys ending
 `/lora-all` or `/lora-qv`), at fp32 and bf16 with SDPA (and its math path at fp32): the model
 wrapped by `get_peft_model` with its defaults before the optimizer is made, the base frozen
@@ -158,6 +169,24 @@ import measure  # noqa: E402
 import template_file  # noqa: E402
 from law_ambiguity import law_rivals, shared_widths  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
+
+sys.path.insert(0, os.path.join(__file__.rsplit("/", 1)[0], "..", "..", "python"))
+from headroom_gpu import amp as cuda_amp  # noqa: E402
+
+# AMP recorded under CUDA's autocast policy (`headroom_gpu.amp.cuda_autocast`): the step a GPU
+# runs, where `amp` is the CPU's autocast (its `softmax`, `layer_norm`, `pow` and losses keep a
+# bf16 input's dtype, where CUDA's run them in fp32). The planner plans a GPU's AMP job with
+# the `amp-cuda` template where one is recorded, a CPU's with `amp`.
+AMP_CUDA = "amp-cuda"
+
+
+def cuda_policy():
+    """`headroom_gpu.amp.cuda_autocast()` over ATen's operators alone: transformers imports
+    torchvision, whose `nms` and `roi_align` have CPU autocast kernels of their own, outside
+    `aten` (CUDA's autocast registers theirs in torchvision too, and no model here calls them)."""
+    ops = cuda_amp._cpu_autocast_ops()
+    cuda_amp._cpu_autocast_ops = lambda: frozenset(n for n in ops if n.startswith("aten::"))
+    return cuda_amp.cuda_autocast()
 
 SHAPES = ((2, 56), (2, 88), (3, 56))
 # Recorded at five layers: the first two and the last two as they are, the middle one repeated
@@ -395,6 +424,29 @@ class DropoutSources:
             pass
 
 
+def steps(model, inputs, opt, precision, attn, grads):
+    """Two steps as a user's script runs them: forward with the loss (under autocast for AMP),
+    backward, `opt.step()`, `opt.zero_grad(set_to_none=True)`; each step's gradients' storages
+    into `grads`."""
+    for step in (1, 2):
+        with record_function(f"step{step}.forward"), sdpa_backend(attn):
+            if precision == "amp":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(**inputs).loss
+            elif precision == AMP_CUDA:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(**inputs).loss
+            else:
+                loss = model(**inputs).loss
+        with record_function(f"step{step}.backward"), sdpa_backend(attn):
+            loss.backward()
+        grads[step] = {p.grad.untyped_storage().data_ptr(): i
+                       for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
+        with record_function(f"step{step}.optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
 class Job:
     """One recorded run: every allocation and free in time order, and what each tensor became."""
 
@@ -434,20 +486,11 @@ class Job:
                 hook_layers(model, family)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
                 inputs = measure.inputs(cfg, head, batch, seq, target)
-            for step in (1, 2):
-                with record_function(f"step{step}.forward"), sdpa_backend(attn):
-                    if precision == "amp":
-                        with torch.autocast("cpu", dtype=torch.bfloat16):
-                            loss = model(**inputs).loss
-                    else:
-                        loss = model(**inputs).loss
-                with record_function(f"step{step}.backward"), sdpa_backend(attn):
-                    loss.backward()
-                grads[step] = {p.grad.untyped_storage().data_ptr(): i
-                               for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
-                with record_function(f"step{step}.optimizer"):
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
+            # CUDA's policy for the whole of each step: a checkpointed layer's forward, run again
+            # in the backward under the autocast state it saved, casts as a GPU's does too.
+            policy = cuda_policy() if precision == AMP_CUDA else contextlib.nullcontext()
+            with policy:
+                steps(model, inputs, opt, precision, attn, grads)
         pattern = layer_pattern(family)
         self.params = []
         for name, p in model.named_parameters():
@@ -1254,7 +1297,7 @@ def keys(only):
             continue
         head = "causal-lm" if family in DECODERS else ("masked-lm" if family == "bert" else "seq2seq-lm")
         attns = ["eager"] if family in measure.NO_SDPA else ["eager", "sdpa"]
-        for precision in ("fp32", "bf16", "amp"):
+        for precision in ("fp32", "bf16", "amp", AMP_CUDA):
             kinds = attns + (["sdpa-math"] if precision == "fp32" and "sdpa" in attns else [])
             for attn in kinds:
                 for ckpt in (False, True):

@@ -314,22 +314,28 @@ fn t5_replays_the_recording_of_its_own_mlp() {
     }
 }
 
-/// T5 under AMP replays its own recording: v1.0's ReLU MLP on a GPU as on the CPU; v1.1's gated
-/// GELU, whose `pow` CUDA's autocast runs in fp32 where the CPU's recording ran it in bf16, on the
-/// CPU alone: on a GPU the job passes to the next builder and says why.
+/// T5 under AMP replays its own recording: on a GPU as recorded under CUDA's autocast policy
+/// (`amp-cuda`), on the CPU as recorded under the CPU's (`amp`). v1.1's gated GELU, whose `pow`
+/// CUDA's autocast runs in fp32 where the CPU's recording ran it in bf16, has GPU recordings
+/// of its own, untied as its checkpoints are, which plan a tied config too.
 #[test]
 fn t5_under_amp_replays_its_recording_where_the_autocasts_agree() {
     let gated = config_model(&t5_config("gated-gelu", true), "t5-small-gated");
+    let untied = config_model(&t5_config("gated-gelu", false), "t5-small-gated-untied");
+    let t5_base = preset_model("t5-base");
     for (checkpointing, ck) in [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")] {
         let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW) };
-        let (builder, source) = source(&preset_model("t5-base"), &cfg);
+        let (builder, planned) = source(&t5_base, &cfg);
         assert_eq!(builder, "transformers", "t5-base {ck}");
-        assert_eq!(source, ProgramSource::Template(format!("t5/seq2seq-lm/amp/eager/{ck}")), "t5-base {ck}");
+        assert_eq!(planned, ProgramSource::Template(format!("t5/seq2seq-lm/amp-cuda/eager/{ck}")), "t5-base {ck}");
+        assert_eq!(hf::key(&t5_base, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}")));
         assert_eq!(hf::key(&gated, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}/gated")));
-        let e = estimate(&gated, &h200(), &cfg);
-        assert_ne!(e.runner.builder, "transformers", "gated {ck}");
-        let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
-        assert!(why.contains("gated GELU in fp32"), "{why}");
+        for model in [&gated, &untied] {
+            let (builder, planned) = source(model, &cfg);
+            assert_eq!(builder, "transformers", "{} {ck}", model.name);
+            let key = format!("t5/seq2seq-lm/amp-cuda/eager/{ck}/gated");
+            assert_eq!(planned, ProgramSource::Template(key), "{} {ck}", model.name);
+        }
     }
 }
 

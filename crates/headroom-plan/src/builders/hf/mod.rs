@@ -21,10 +21,13 @@
 //! - dropout keeps a one-byte mask where the CPU keeps its noise in the dropped tensor's dtype;
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
 //!   backward's thread, kept for the life of the process.
-//! - under autocast, `pow` runs in fp32 (CUDA's autocast lists it, the CPU's does not), so
-//!   the tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
-//!   (`autocast.rs`); T5 v1.1's gated GELU is not rewritten so, and its AMP templates plan
-//!   the CPU alone (a GPU's job passes to the next builder, saying why).
+//! - under autocast a GPU plans the template recorded under CUDA's autocast policy
+//!   (`…/amp-cuda/…`, `headroom_gpu.amp`) where there is one: CUDA runs `softmax`,
+//!   `layer_norm`, `pow` and the losses in fp32, where the CPU's autocast keeps a bf16 input's
+//!   dtype. Where only the CPU's (`…/amp/…`) was recorded, `pow` is rewritten to fp32: the
+//!   tanh GELU of GPT-2's MLP keeps fp32 tensors where the CPU kept bf16 ones
+//!   (`autocast.rs`); T5 v1.1's gated GELU is not rewritten so, and without an `amp-cuda`
+//!   template its AMP plans the CPU alone (a GPU's job passes to the next builder, saying why).
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
@@ -108,7 +111,9 @@ pub fn program_of(
     if matches!(cfg.finetune, Finetune::Lora { .. }) {
         adapters::merged_experts_saved(&mut t);
     }
-    if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp {
+    // A template recorded under CUDA's autocast policy ran its `pow` in fp32 already.
+    let cuda_policy = key.split('/').nth(2) == Some(template_key::AMP_CUDA);
+    if matches!(device, Device::Gpu(_)) && cfg.precision == Precision::Amp && !cuda_policy {
         autocast::fp32_pow(&mut t);
     }
     if matches!(cfg.finetune, Finetune::Lora { base, .. } if base.four_bit()) && !cfg.double_quant {

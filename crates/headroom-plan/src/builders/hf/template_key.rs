@@ -25,20 +25,43 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     if cfg.compile {
         return Err("torch.compile's steps were recorded as moments, not tensor by tensor".to_string());
     }
-    let adapters = adapters::suffix(cfg)?;
     let precision =
         measured_precision(cfg.precision).ok_or_else(|| "fp8 is not a transformers precision".to_string())?;
-    let checkpointed = match cfg.checkpointing {
-        Checkpointing::None => false,
-        Checkpointing::Full => true,
-        _ => return Err("transformers checkpoints whole layers or none".to_string()),
-    };
+    if !matches!(cfg.checkpointing, Checkpointing::None | Checkpointing::Full) {
+        return Err("transformers checkpoints whole layers or none".to_string());
+    }
+    if cfg.head == Head::SeqCls {
+        return Err("no classification step was recorded".to_string());
+    }
+    // A GPU's AMP step as recorded under CUDA's autocast policy (`amp-cuda`), where it was:
+    // CUDA runs `softmax`, `layer_norm`, `pow` and the losses in fp32 where the CPU's autocast,
+    // which `amp` was recorded under, keeps a bf16 input's dtype (T5's cross-attention
+    // probabilities, bf16 scores plus a bf16 bias, are fp32 on a GPU and bf16 on the CPU).
+    if cfg.precision == Precision::Amp && matches!(device, Device::Gpu(_)) {
+        if let Ok(k) = key_with_precision(model, cfg, device, math, AMP_CUDA) {
+            return Ok(k);
+        }
+    }
+    key_with_precision(model, cfg, device, math, precision)
+}
+
+/// The precision of the AMP templates recorded under CUDA's autocast policy.
+pub(super) const AMP_CUDA: &str = "amp-cuda";
+
+fn key_with_precision(
+    model: &Model,
+    cfg: &TrainConfig,
+    device: Device,
+    math: bool,
+    precision: &str,
+) -> Result<String, String> {
+    let adapters = adapters::suffix(cfg)?;
+    let checkpointed = cfg.checkpointing == Checkpointing::Full;
     let head = match cfg.head {
-        Head::SeqCls => return Err("no classification step was recorded".to_string()),
         _ if model.family == Family::T5 => "seq2seq-lm",
         Head::MaskedLm => "masked-lm",
         Head::CausalLm if model.generates() => "causal-lm",
-        Head::CausalLm => "masked-lm",
+        Head::CausalLm | Head::SeqCls => "masked-lm",
     };
     let attention = match cfg.attention {
         Attention::Eager => "eager",
@@ -49,7 +72,7 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base), or v1.1's gated pair
     // (flan-t5, T0, mT5), recorded under keys of their own.
     let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
-    if !mlp.is_empty() && cfg.precision == Precision::Amp && matches!(device, Device::Gpu(_)) {
+    if !mlp.is_empty() && precision == "amp" && matches!(device, Device::Gpu(_)) {
         // The CPU's autocast, which the step was recorded under, runs its tanh GELU's `pow`
         // in bf16; CUDA's in fp32, and `autocast.rs` rewrites GPT-2's MLP for it, not T5's.
         return Err("CUDA's autocast runs the `pow` of T5 v1.1's gated GELU in fp32, where the step recorded on \
