@@ -13,7 +13,9 @@ the profiler cannot record it; the fake recorder's operators are the ones CUDA r
 allocations their outputs. What the profiler gives by time, this gives by the order of the
 recorder's events: a tensor's operator (the one dispatched when it was made or freed), its
 step and phase, and the layer whose module ran (forward and backward hooks, each layer's
-loading, peft's adapters made inside the layer they adapt).
+loading, peft's adapters made inside the layer they adapt), and what each `F.dropout` call made
+(its noise a GPU's one-byte mask, its output and its backward's the tensor each consumed where a
+replay has no dropout: `_dropouts`).
 
 The 4-bit base's tensors are fractions of their layer's weight (out x in elements): the packed
 weight half a byte an element, the dequantized absmax `1/16` (fp32, one a block of 64), its
@@ -192,6 +194,49 @@ def _adapters_in_layers(rec):
         peft.tuners.lora.LoraModel._create_and_replace = create
 
 
+@contextlib.contextmanager
+def _dropouts(rec, pairs):
+    """Each dropout's call a range of its own (`dropout`), and `pairs` each dropout's tensors by
+    their index in the recording: `(input, output)` for the forward, and for its backward the
+    gradient handed to it and the one it made (`step_programs.DropoutSources`' pairs, which the
+    profiler's storages give there). The CPU's `aten::dropout` (fake tensors' too) makes its
+    noise with `aten::empty_like` in the input's dtype, where CUDA's fused dropout keeps a bool
+    mask; the one operator the recorder names cannot tell the noise from any other
+    `empty_like` without the range around it. `nn.Dropout` calls `F.dropout` through the
+    module, so a checkpointed layer's recomputation is seen too."""
+    inner = torch.nn.functional.dropout
+
+    def index(t):
+        st = rec._storages.get(t.untyped_storage())
+        return None if st is None else st.index
+
+    def pair(given, made):
+        if given is not None and made is not None:
+            pairs.append((index(given), index(made)))
+
+    def backward(grad_inputs, grad_outputs):
+        pair(grad_outputs[0], grad_inputs[0])
+
+    def dropout(input, *args, **kwargs):
+        with rec.mark(DROPOUT):
+            out = inner(input, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and out is not input:
+            pair(input, out)
+            if out.grad_fn is not None:
+                out.grad_fn.register_hook(backward)
+        return out
+
+    torch.nn.functional.dropout = dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = inner
+
+
+# The range `_dropouts` marks each dropout's call with.
+DROPOUT = "dropout"
+
+
 def qlora_config(family, layers, cfg=None, grouped=True):
     """`cfg` (step_programs.py's config of `family` where not given) at QLoRA's recording widths;
     `grouped=False`: every head its own key-value head (Llama 2's, Phi-3-mini's)."""
@@ -262,6 +307,8 @@ class QLoraJob(sp.Job):
             model = qlora.prepare(meta, rank, rec, scope=scope, checkpointing=checkpointing, targets=adapters[1])
             stack.enter_context(qlora.cuda_kernels(rec))
             stack.enter_context(sp.infer_recipes.repeats_marked(rec.mark))
+            dropouts = []
+            stack.enter_context(_dropouts(rec, dropouts))
             _hook_layers(model, family, rec)
             trainable = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
@@ -282,9 +329,9 @@ class QLoraJob(sp.Job):
             ran = set(rec.sdpa_kernels)
             if wanted and (wanted not in ran or attn == "sdpa" and ran != {wanted}):
                 raise sp.Unexplained(f"{self.what}: SDPA ran {dict(rec.sdpa_kernels)}, where the key is {wanted}'s")
-            self._read_fake(rec, model, opt, ids, family, cfg, rank, grads)
+            self._read_fake(rec, model, opt, ids, family, cfg, rank, grads, dropouts)
 
-    def _read_fake(self, rec, model, opt, ids, family, cfg, rank, grads):
+    def _read_fake(self, rec, model, opt, ids, family, cfg, rank, grads, dropouts):
         pattern = sp.layer_pattern(family)
         index = lambda t: rec._storages[t.untyped_storage()].index  # noqa: E731
         self.params = []
@@ -328,8 +375,9 @@ class QLoraJob(sp.Job):
         self.grads = grads
         # The profiler's view: sections and layer ranges by time, the innermost range first.
         self.ranges = sorted(((tag, start, end) for tag, start, end in rec.ranges
-                              if tag != "repeat_kv" and end is not None), key=lambda r: r[2] - r[1])
+                              if tag not in ("repeat_kv", DROPOUT) and end is not None), key=lambda r: r[2] - r[1])
         repeats = [(start, end) for tag, start, end in rec.ranges if tag == "repeat_kv" and end is not None]
+        dropped = [(start, end) for tag, start, end in rec.ranges if tag == DROPOUT and end is not None]
         self.sections = []
         for k in range(len(rec.events)):
             when = rec.at[k][1]
@@ -341,6 +389,9 @@ class QLoraJob(sp.Job):
         for k, (kind, st) in enumerate(rec.events):
             op, when = rec.at[k]
             ops = [(op, 0)] if op else []
+            if kind == "alloc" and any(a <= k <= b for a, b in dropped):
+                # Made inside `F.dropout`: its site names the dropout, as the profiler's chain does.
+                ops = [("aten::dropout", 0)] + ops
             if kind == "alloc":
                 assert st.index == len(self.tensors)
                 self.tensors.append({"size": st.size, "ops": ops, "section": when, "layer": self.layer_at(k),
@@ -360,7 +411,17 @@ class QLoraJob(sp.Job):
                                      if any(rx.fullmatch(name) for name, _ in tensor["ops"])), None)
             if tensor["repeat"]:
                 tensor["kernel"] = "repeat_kv"
+            if tensor["ops"][:1] == [("aten::dropout", 0)]:
+                # The noise (`empty_like`, in the activations' dtype on the CPU) is a GPU's
+                # one-byte mask; the rest dropout's output.
+                tensor["kernel"] = "dropout-mask" if tensor["ops"][-1][0] == "aten::empty_like" else "dropout"
             tensor["scratch"] = False  # a fake tensor's operators keep none
+        for given, made in dropouts:
+            if given is not None and made is not None and made != given:
+                # A dropout's output (forward) or its backward's (the gradient times the noise):
+                # the tensor it consumed where a replay has no dropout.
+                self.tensors[made]["source"] = given
+                self.tensors[made]["kernel"] = self.tensors[made]["kernel"] or "dropout"
         # Each quantized layer's elements as the law fit's parameter shapes: (n, units, coefficient).
         def elements(s):
             return (s[0] * s[1], *reversed(sp.shape_units(s, self.dims)))

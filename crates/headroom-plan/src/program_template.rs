@@ -597,46 +597,6 @@ mod tests {
         assert_eq!(found, bundled, "pack each with scripts/validate/template_file.py pack IN.json OUT.tpl");
     }
 
-    /// Every dropout of GPT-2's, BERT's and T5's recorded steps keeps its noise as a mask (one
-    /// byte an element on a GPU) and its output as dropout's output: no noise is left tagged as
-    /// an output, which a GPU plan would keep in the activations' dtype.
-    #[test]
-    fn cpu_dropout_noise_is_read_as_the_gpu_s_mask() {
-        let (mut masks, mut outputs) = (0, 0);
-        for key in keys().filter(|k| ["gpt2/", "bert/", "t5/"].iter().any(|f| k.starts_with(f))) {
-            let Some(t) = template(key).map(|p| &p.template) else { continue };
-            let (mut forward, mut recomputed) = (0, 0);
-            for x in &t.tensors {
-                let site = t.sites[x.site as usize].as_str();
-                match x.kernel {
-                    // A checkpointed step recorded since the recorder reads the whole chain makes
-                    // its recomputed dropouts' noise inside the backward, the site named by the
-                    // autograd node whose saved tensors asked for the recomputation.
-                    Kernel::DropoutMask
-                        if key.split('/').any(|part| part == "ckpt")
-                            && site.starts_with("autograd::engine::evaluate_function: ")
-                            && site.ends_with(" > aten::empty_strided") =>
-                    {
-                        recomputed += 1
-                    }
-                    Kernel::DropoutMask => {
-                        assert_eq!(site, "aten::dropout > aten::empty_strided", "{key}");
-                        forward += 1;
-                    }
-                    Kernel::Dropout if site.starts_with("aten::dropout") => {
-                        assert_eq!(site, "aten::dropout > aten::mul", "{key}: dropout's noise left as its output");
-                        outputs += 1;
-                    }
-                    _ => {}
-                }
-            }
-            // Checkpointing recomputes the dropouts of the layers it checkpoints, no more.
-            assert!(recomputed <= forward, "{key}: {recomputed} recomputed masks, {forward} in the forward");
-            masks += forward;
-        }
-        assert!(masks > 0 && masks == outputs, "{masks} masks, {outputs} outputs");
-    }
-
     /// `tok32`: memory-efficient attention's logsumexp, fp32 for each of 12 heads, at the
     /// sizes the QLoRA recorder saw for GPT-2 at 2 × 56, 2 × 88 and 3 × 56 tokens (6,144, 9,216
     /// and 9,216 bytes): each sequence padded to 32 positions, no law in b × s.

@@ -248,16 +248,18 @@ pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option
         live: HashMap::default(),
         prev: HashMap::default(),
         cur: HashMap::default(),
+        workspace: None,
     };
     let sections = t.inference.as_ref().expect("an inference template");
     r.p.mark(0, Phase::Setup);
     r.section(&t.setup, prompt, false);
     r.p.mark(1, Phase::Forward);
-    if let Some(g) = gpu {
-        let site = r.p.site("cuBLAS workspace");
-        r.p.alloc(Law::fixed(g.arch.cublas_workspace_bytes() as f64), Term::Workspace, site);
+    r.workspace = gpu.map(|g| g.arch.cublas_workspace_bytes());
+    if !t.sites.iter().any(|s| matrix_multiply(s)) {
+        r.cublas_workspace();
     }
     r.section(&sections.prefill, prompt, false);
+    r.cublas_workspace();
     for (i, &past) in pasts.iter().enumerate() {
         r.p.mark(i as u32 + 2, Phase::Forward);
         r.section(if i == 0 { &sections.decode1 } else { &sections.decode }, past, true);
@@ -277,6 +279,15 @@ pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option
         r.p.free(id);
     }
     r.p
+}
+
+/// Whether a template site is a matrix multiply cuBLAS runs on a GPU (its innermost operator).
+fn matrix_multiply(site: &str) -> bool {
+    let leaf = site.rsplit(" > ").next().unwrap_or(site);
+    matches!(
+        leaf,
+        "aten::mm" | "aten::bmm" | "aten::addmm" | "aten::baddbmm" | "aten::addbmm" | "aten::_addmm_activation"
+    )
 }
 
 /// `law` at a length of `s`: a law in the batch alone.
@@ -326,6 +337,8 @@ struct Replay<'a> {
     /// What the decode step before made (freed by [`EventT::previous`] events), and this one.
     prev: HashMap<Instance, TensorId>,
     cur: HashMap<Instance, TensorId>,
+    /// A GPU's cuBLAS workspace bytes until it is made ([`Replay::cublas_workspace`]).
+    workspace: Option<u64>,
 }
 
 impl Replay<'_> {
@@ -358,6 +371,23 @@ impl Replay<'_> {
             } else {
                 self.live.insert(inst, id);
             }
+            if self.workspace.is_some() && matrix_multiply(&self.t.sites[x.site as usize]) {
+                self.cublas_workspace();
+            }
+        }
+    }
+
+    /// The cuBLAS workspace, where a GPU's is still to be made: cuBLAS takes it from the caching
+    /// allocator inside the first matrix multiply, after that multiply's output. Made at the
+    /// forward's start instead, it took the free block the embedding's output takes on a GPU:
+    /// Llama-2-7B in NF4 at 4 × 2048 on an H200 put its embedding (64 MiB) in an 86 MiB block the
+    /// loading left free and the workspace (32 MiB) in a segment of its own, and the plan, the
+    /// other way round, made a 64 MiB segment, which moved every later placement of the prompt's
+    /// forward and the decode steps' caches (docs/VALIDATION.md, "QLoRA and NF4 inference on an H200").
+    fn cublas_workspace(&mut self) {
+        if let Some(bytes) = self.workspace.take() {
+            let site = self.p.site("cuBLAS workspace");
+            self.p.alloc(Law::fixed(bytes as f64), Term::Workspace, site);
         }
     }
 
@@ -545,6 +575,30 @@ mod quantized {
             assert!(why.contains("bitsandbytes"), "{q:?}: {why}");
         }
         assert!(key(&m, &hf(Some(NF4), WeightFormat::Fp32)).is_err());
+    }
+
+    /// A GPU's cuBLAS workspace comes right after the first matrix multiply's output (the first
+    /// layer's query projection, dequantized then multiplied), not before the embedding.
+    #[test]
+    fn the_workspace_follows_the_first_matrix_multiply() {
+        let m = preset("llama-2-7b").expect("preset");
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let p = program(&m, KEY, 256, &decode_pasts(256, 4), Some(&h200));
+        let made: Vec<&str> = p
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                crate::program::Op::Alloc(id) => Some(p.sites[p.tensors[*id as usize].site as usize].as_str()),
+                _ => None,
+            })
+            .collect();
+        let at = made.iter().position(|s| *s == "cuBLAS workspace").expect("a workspace");
+        assert!(matrix_multiply(made[at - 1]), "made after {}", made[at - 1]);
+        assert!(!made[..at - 1].iter().any(|s| matrix_multiply(s)), "a matrix multiply before the workspace");
+        assert_eq!(made.iter().filter(|s| **s == "cuBLAS workspace").count(), 1);
+        assert!(made[..at].iter().any(|s| s.contains("embedding")), "the embedding after the workspace");
+        let cpu = program(&m, KEY, 256, &decode_pasts(256, 4), None);
+        assert!(!cpu.sites.iter().any(|s| s == "cuBLAS workspace"));
     }
 
     /// Llama-3-8B's weights as the template replays them are bitsandbytes' by its rules

@@ -107,4 +107,66 @@ mod tests {
         }
         assert!(masks > 0, "no dropout noise in the bundled templates");
     }
+
+    /// Every dropout of GPT-2's, BERT's and T5's recorded steps keeps its noise as a mask (one
+    /// byte an element on a GPU) and its output as dropout's output: no noise is left tagged as
+    /// an output, which a GPU plan would keep in the activations' dtype.
+    #[test]
+    fn cpu_dropout_noise_is_read_as_the_gpu_s_mask() {
+        let (mut masks, mut outputs) = (0, 0);
+        for key in keys().filter(|k| ["gpt2/", "bert/", "t5/"].iter().any(|f| k.starts_with(f))) {
+            let Some(t) = template(key).map(|p| &p.template) else { continue };
+            let (mut forward, mut recomputed) = (0, 0);
+            // QLoRA's fake recorder names a recomputed dropout as it names the forward's; what a
+            // checkpointed step's backward makes is the recomputation. Non-reentrant
+            // checkpointing stops recomputing once the last saved tensor is back: a layer's last
+            // dropout's noise is saved, its output is not, and is never made again.
+            let qlora = key.contains("/qlora-");
+            let step1 = t.step1.as_deref().map(|s| &s[t.backward[0].min(s.len())..]).unwrap_or(&[]);
+            let in_backward: std::collections::HashSet<u32> = step1
+                .iter()
+                .chain(&t.step[t.backward[1].min(t.step.len())..])
+                .filter(|e| !e.free)
+                .map(|e| e.tensor)
+                .collect();
+            for (i, x) in t.tensors.iter().enumerate() {
+                let site = t.sites[x.site as usize].as_str();
+                let checkpointed = key.split('/').any(|part| part == "ckpt");
+                let recomputation = qlora && checkpointed && in_backward.contains(&(i as u32));
+                match x.kernel {
+                    Kernel::DropoutMask | Kernel::Dropout if recomputation && site.starts_with("aten::dropout") => {
+                        recomputed += usize::from(x.kernel == Kernel::DropoutMask);
+                    }
+                    // A checkpointed step recorded since the recorder reads the whole chain makes
+                    // its recomputed dropouts' noise inside the backward, the site named by the
+                    // autograd node whose saved tensors asked for the recomputation.
+                    Kernel::DropoutMask
+                        if checkpointed
+                            && site.starts_with("autograd::engine::evaluate_function: ")
+                            && site.ends_with(" > aten::empty_strided") =>
+                    {
+                        recomputed += 1
+                    }
+                    Kernel::DropoutMask => {
+                        // QLoRA's fake recorder names the operator dispatched (`empty_like`), the
+                        // profiler the allocation's leaf beneath it.
+                        let noise = if key.contains("/qlora-") { "aten::empty_like" } else { "aten::empty_strided" };
+                        assert_eq!(site, format!("aten::dropout > {noise}"), "{key}");
+                        forward += 1;
+                    }
+                    Kernel::Dropout if site.starts_with("aten::dropout") => {
+                        assert_eq!(site, "aten::dropout > aten::mul", "{key}: dropout's noise left as its output");
+                        outputs += 1;
+                    }
+                    _ => {}
+                }
+            }
+            // Checkpointing recomputes the dropouts of the layers it checkpoints, no more.
+            assert!(recomputed <= forward, "{key}: {recomputed} recomputed masks, {forward} in the forward");
+            // QLoRA's recordings of these families run their dropouts (their configs' defaults).
+            assert!(!qlora || forward > 0, "{key}: no dropout noise read as a mask");
+            masks += forward;
+        }
+        assert!(masks > 0 && masks == outputs, "{masks} masks, {outputs} outputs");
+    }
 }

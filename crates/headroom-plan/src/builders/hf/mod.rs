@@ -19,6 +19,8 @@
 //!   recorded with a GPU's rules: over grouped heads (`sdpa-math`) and over heads that are
 //!   their own key-value heads (`sdpa`, the memory-efficient kernel), picked by the model's;
 //! - dropout keeps a one-byte mask where the CPU keeps its noise in the dropped tensor's dtype;
+//! - QLoRA's setup empties the allocator's cache after peft's fp32 casts, as
+//!   `prepare_model_for_kbit_training` does where CUDA is available (`kbit_cache.rs`);
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
 //!   backward's thread, kept for the life of the process.
 //! - under autocast a GPU plans the template recorded under CUDA's autocast policy
@@ -42,6 +44,7 @@ mod adapters;
 mod autocast;
 mod dropout;
 pub(crate) mod expander;
+mod kbit_cache;
 mod quant_state;
 mod template_key;
 
@@ -294,7 +297,8 @@ impl<'a> Expansion<'a> {
             tied,
             setup: HashMap::default(),
             grads: Vec::new(),
-            dropout: has_dropout(model) && matches!(device, Device::Gpu(_)),
+            // QLoRA's CPU replay is its fake recording's run (`record --qlora`), dropout and all.
+            dropout: has_dropout(model) && (matches!(device, Device::Gpu(_)) || adapters::qlora(cfg)),
             sites: vec![None; t.sites.len()],
             repeat_kv_copies: repeat_kv_copies(model, cfg, key),
         };
@@ -343,6 +347,8 @@ impl<'a> Expansion<'a> {
             Kernel::RepeatKv if !self.repeat_kv_copies => None,
             Kernel::Dropout if !self.dropout => None,
             Kernel::DropoutMask if !self.dropout => None,
+            // The CPU keeps its noise as recorded, in the dropped tensor's dtype.
+            Kernel::DropoutMask if !matches!(self.device, Device::Gpu(_)) => Some(law),
             // Each mask at one byte for each element it covers, whatever the dtype of what it
             // dropped (fp32 embeddings under autocast); the step's activation width where the
             // recording's law reads as no dropped shape.
@@ -362,7 +368,16 @@ impl<'a> Expansion<'a> {
         let _ = site;
         self.p.mark(0, Phase::Setup);
         let setup = self.ex.expand(&self.t.setup);
+        let mut emptied = if adapters::qlora(self.cfg) && matches!(self.device, Device::Gpu(_)) {
+            kbit_cache::emptied_before(self.t)
+        } else {
+            None
+        };
         for (e, j) in setup {
+            if !e.free && emptied == Some(e.tensor) {
+                self.p.empty_cache();
+                emptied = None;
+            }
             let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
             let x = &self.t.tensors[inst.0 as usize];
             if e.free {
