@@ -18,7 +18,9 @@ in bf16. The tensors a step keeps differ accordingly.
   `AT_FORALL_FP32_SET_OPT_DTYPE`, `AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE`,
   `AT_FORALL_PROMOTE`) and applied as `autocast_mode.h` applies it (`cached_cast`: a float32 leaf
   parameter's cast is kept until the outermost autocast region ends); an operator CPU autocast
-  casts and CUDA's does not runs uncast; `binary_cross_entropy` is refused as on CUDA.
+  casts and CUDA's does not runs uncast; `binary_cross_entropy` is refused as on CUDA;
+- other libraries' operators (`torchvision::roi_align`) are cast as their libraries' own CUDA
+  autocast kernels cast them (`cuda_autocast`'s documentation says how).
 
 The kernels are Python kernels at the `AutocastCPU` key (`torch.library`), above autograd, so
 the casts are in the autograd graph and the backward keeps what a GPU's keeps; leaving the
@@ -36,7 +38,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 LOWER_PRECISION_FP = "lower_precision_fp"
 FP32 = "fp32"
@@ -94,8 +96,10 @@ def cuda_policy() -> dict[str, str]:
     return dict(_read_policy())
 
 
-def _policy_of_header() -> dict[str, str]:
-    text = _header()
+def _policy_of_header(text: str | None = None) -> dict[str, str]:
+    """CUDA's autocast policy as `autocast_mode.h`'s `text` (the installed torch's when None)
+    lists it."""
+    text = _header() if text is None else text
     policy: dict[str, str] = {}
     for macro, kind in _LISTS.items():
         start = text.find(f"#define {macro}(_)")
@@ -124,23 +128,26 @@ def _policy_of_header() -> dict[str, str]:
 
 
 def cuda_registered() -> set[str]:
-    """The operators the installed torch registers a CUDA autocast kernel for (its dispatcher's
-    word, against which `cuda_policy` is checked)."""
+    """The `aten` operators the installed torch registers a CUDA autocast kernel for (its
+    dispatcher's word, against which `cuda_policy` is checked). Other libraries' operators are
+    cast by their own kernels (`cuda_autocast`)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return {n for n in torch._C._dispatch_get_all_op_names() if has(n, "AutocastCUDA")} - _CPP_ONLY
+    return {n for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith("aten::") and has(n, "AutocastCUDA")} - _CPP_ONLY
 
 
 @functools.lru_cache(maxsize=None)
 def _cpu_autocast_ops() -> frozenset[str]:
     """The operators CPU autocast has kernels for (read before any of ours are registered)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return frozenset(n for n in torch._C._dispatch_get_all_op_names() if has(n, "AutocastCPU"))
+    return frozenset(n for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith("aten::") and has(n, "AutocastCPU"))
 
 
 def _op(name: str) -> Any:
-    qualified = name.split("::", 1)[1]
+    namespace, qualified = name.split("::", 1)
     op, _, overload = qualified.partition(".")
-    return getattr(getattr(torch.ops.aten, op), overload or "default")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
 
 
 class _Policy:
@@ -236,6 +243,114 @@ def _uncast(name: str) -> Callable[..., Any]:
     return fallthrough
 
 
+def _by_argument(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A call's arguments by their schema's names, however the caller passed them (Python by
+    keyword, C++ every one positionally)."""
+    named = {a.name: v for a, v in zip(schema.arguments, args)}
+    named.update(kwargs)
+    return named
+
+
+def _dtypes(x: Any) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: t.dtype, x)
+
+
+class _LibraryKernel:
+    """Another library's operator that its library gives a CUDA autocast kernel and no CPU one
+    (torchvision's `roi_pool`, `ps_roi_align`, `deform_conv2d`...): a GPU runs that kernel, C++
+    whose casts are not listed anywhere, so they are asked of it: the kernel runs on fake CUDA
+    tensors of the call's dtypes, and the dtypes it hands the operator and returns are applied to
+    the CPU's tensors, once per operator and dtypes. Where the kernel cannot run on fake tensors
+    the operator runs uncast, and the recording says so."""
+
+    def __init__(self, name: str, policy: _Policy, assume: Callable[[str], None]) -> None:
+        self.name, self.policy, self.assume = name, policy, assume
+        self.op = _op(name)
+        self.known: dict[tuple, tuple[dict[str, Any], Any] | None] = {}
+
+    def casts(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], Any] | None:
+        """The dtypes the CUDA kernel passes the operator, by argument, and those it returns."""
+        from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+        op, schema, seen = self.op, self.op._schema, []
+
+        class Inner(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, a: tuple = (), k: dict | None = None) -> Any:
+                if func is op and not seen:
+                    seen.append(_dtypes(_by_argument(schema, a, k or {})))
+                return func(*a, **(k or {}))
+
+        def cuda(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cuda")
+
+        dtype = torch.get_autocast_dtype("cpu")
+        was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+        with unset_fake_temporarily(), _disable_current_modes():
+            # A shape environment: detection's operators (nms) return data-dependent sizes.
+            with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+                a, k = tree_map_only(torch.Tensor, cuda, (args, kwargs))
+                torch.set_autocast_enabled("cuda", True)
+                torch.set_autocast_dtype("cuda", dtype)
+                try:
+                    with Inner():
+                        out = op(*a, **k)
+                finally:
+                    torch.set_autocast_enabled("cuda", was[0])
+                    torch.set_autocast_dtype("cuda", was[1])
+        return (seen[0], _dtypes(out)) if seen else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = (tuple(t.dtype for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)),
+               torch.get_autocast_dtype("cpu"))
+        if key not in self.known:
+            reason = "it does not call the operator"
+            try:
+                self.known[key] = self.casts(args, kwargs)
+            except Exception as e:  # noqa: BLE001 - any failure of the library's kernel on fake tensors
+                self.known[key] = None
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+            if self.known[key] is None:
+                self.assume(f"{self.name}: run without its library's CUDA autocast casts, which its kernel "
+                            f"did not show on fake CUDA tensors ({reason})")
+        found = self.known[key]
+        with torch._C._ExcludeDispatchKeyGuard(self.policy.exclude):
+            if found is None:
+                return self.op(*args, **kwargs)
+            into, returned = found
+            named = _by_argument(self.op._schema, args, kwargs)
+            cast = {n: _cast_like(self.policy, v, into.get(n)) for n, v in named.items()}
+            given = [a.name for a in self.op._schema.arguments][:len(args)]
+            out = self.op(*[cast[n] for n in given], **{n: v for n, v in cast.items() if n not in given})
+            return _cast_like(None, out, returned)
+
+
+def _cast_like(policy: _Policy | None, value: Any, dtypes: Any) -> Any:
+    """`value`'s tensors cast to `dtypes` (the same structure; `None` leaves it as it is):
+    through autocast's cache where `policy` is given and the tensor is one it casts."""
+    if dtypes is None:
+        return value
+    leaves, spec = tree_flatten(value)
+    targets = tree_flatten(dtypes)[0]
+    if len(targets) != len(leaves):
+        return value
+    cast = []
+    for t, to in zip(leaves, targets):
+        if isinstance(t, torch.Tensor) and isinstance(to, torch.dtype) and t.dtype != to:
+            t = policy.cast(to, t) if policy is not None and policy.eligible(t) else t.to(to)
+        cast.append(t)
+    return tree_unflatten(cast, spec)
+
+
+def _library_ops() -> tuple[set[str], set[str]]:
+    """Other libraries' operators (every namespace but `aten`) with an `AutocastCPU` kernel, and
+    with an `AutocastCUDA` one."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = [n for n in torch._C._dispatch_get_all_op_names() if not n.startswith("aten::")]
+    return {n for n in names if has(n, "AutocastCPU")}, {n for n in names if has(n, "AutocastCUDA")}
+
+
 _ACTIVE: list[_Policy] = []
 
 
@@ -256,21 +371,46 @@ def autocast_first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
+def _warn(note: str) -> None:
+    warnings.warn(f"the recording assumes: {note}", stacklevel=2)
+
+
 @contextlib.contextmanager
-def cuda_autocast() -> Iterator[dict[str, str]]:
+def cuda_autocast(assume: Callable[[str], None] = _warn) -> Iterator[dict[str, str]]:
     """While active, `torch.autocast("cuda", ...)` autocasts CPU tensors as CUDA's autocast casts
-    CUDA tensors. Yields the policy (`aten::op.overload` → policy) it applies."""
+    CUDA tensors. Yields the policy (`aten::op.overload` → policy) it applies to PyTorch's own
+    operators; `assume` is told of any other library's operator whose casts could not be read.
+
+    Other libraries register operators in namespaces of their own (`torchvision::roi_align`), and
+    some give them autocast kernels. CUDA autocast's fallback is a fallthrough, so on a GPU such
+    an operator is cast by its library's `AutocastCUDA` kernel or not at all:
+
+    - a CUDA kernel and a CPU one: the CPU one is left to run. A library writes its autocast
+      wrapper once and registers it for each device's key (torchvision's `roi_align` and `nms`:
+      fp32 inputs, the output back in the input's dtype, on either key);
+    - a CUDA kernel only: its casts are read from it on fake CUDA tensors (`_LibraryKernel`);
+    - a CPU kernel only: the operator runs uncast, as the GPU's fallthrough runs it."""
     policy_of = cuda_policy()
     policy = _Policy()
     cpu_only = _cpu_autocast_ops() - set(policy_of)
-    lib = torch.library.Library("aten", "IMPL")
+    library_cpu, library_cuda = _library_ops()
+    libs = {"aten": torch.library.Library("aten", "IMPL")}
+
+    def lib(name: str) -> Any:
+        namespace = name.split("::", 1)[0]
+        if namespace not in libs:
+            libs[namespace] = torch.library.Library(namespace, "IMPL")
+        return libs[namespace]
     from torch.amp import autocast_mode
 
     original_init = autocast_mode.autocast.__init__
     original_clear = torch.clear_autocast_cache
 
     def init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
-        if device_type == "cuda":
+        # Where CUDA's own autocast is already on, the step's tensors are fake CUDA tensors cast by
+        # CUDA's own kernels, and its regions stay CUDA's: a `torch.autocast("cuda", enabled=False)`
+        # inside (transformers' rotary embeddings, up to 5.17) switches CUDA's off, not the CPU's.
+        if device_type == "cuda" and not torch.is_autocast_enabled("cuda"):
             # CUDA's default dtype (float16), not the CPU's (bfloat16).
             dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
             device_type = "cpu"
@@ -283,10 +423,16 @@ def cuda_autocast() -> Iterator[dict[str, str]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
+            # allow_override: a library's own kernel registered with torch.library (from Python)
+            # is overridden as a C++ one is, until the context ends.
             for name, kind in policy_of.items():
-                lib.impl(name.split("::", 1)[1], policy.kernel(name, kind), "AutocastCPU")
-            for name in cpu_only:
-                lib.impl(name.split("::", 1)[1], _uncast(name), "AutocastCPU", with_keyset=True)
+                lib(name).impl(name.split("::", 1)[1], policy.kernel(name, kind), "AutocastCPU", allow_override=True)
+            for name in cpu_only | (library_cpu - library_cuda):
+                lib(name).impl(name.split("::", 1)[1], _uncast(name), "AutocastCPU", with_keyset=True,
+                               allow_override=True)
+            for name in library_cuda - library_cpu:
+                lib(name).impl(name.split("::", 1)[1], _LibraryKernel(name, policy, assume), "AutocastCPU",
+                               allow_override=True)
         autocast_mode.autocast.__init__ = init
         torch.clear_autocast_cache = clear
         _ACTIVE.append(policy)
@@ -296,5 +442,6 @@ def cuda_autocast() -> Iterator[dict[str, str]]:
             _ACTIVE.remove(policy)
         torch.clear_autocast_cache = original_clear
         autocast_mode.autocast.__init__ = original_init
-        lib._destroy()
+        for each in libs.values():
+            each._destroy()
         policy.clear()

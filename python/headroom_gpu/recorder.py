@@ -653,6 +653,15 @@ class StepRecorder(GradientSums):
         return True
 
     def __enter__(self) -> "StepRecorder":
+        try:
+            return self._enter()
+        except BaseException:
+            # What was entered before the failure (the fake mode, the hooks, the patches) is undone:
+            # left on, it would make every later recording and model in the process fail.
+            self._stack.close()
+            raise
+
+    def _enter(self) -> "StepRecorder":
         s = self._stack
         if gc.get_freeze_count() == 0:
             # The objects from before the recording (torch's and transformers' modules, hundreds of
@@ -684,7 +693,7 @@ class StepRecorder(GradientSums):
             routed = _sdpa.routed(original, self.sdpa_kernels, count=not self.compile)
             f.scaled_dot_product_attention = _amp.autocast_first(routed)
             s.callback(setattr, f, "scaled_dot_product_attention", original)
-        s.enter_context(_amp.cuda_autocast())  # torch.autocast("cuda") casts as on a GPU
+        s.enter_context(_amp.cuda_autocast(self._assume))  # torch.autocast("cuda") casts as on a GPU
         self._assume_unpacked()
         if self.fake:
             original_apply = torch.nn.Module._apply
