@@ -713,40 +713,6 @@ mod tests {
         }
     }
 
-    /// CUDA's fused dropout keeps a bool mask: every dropout of GPT-2 medium at 8 × 888 tokens
-    /// keeps 7,274,496 bytes (one a hidden element) on an H200 in bf16, fp32 and under
-    /// autocast, where the embeddings' dropout takes an fp32 input (`../shared/gpu/snapshots/
-    /// native-gpt2-medium-b8`: its `dropout_cuda` masks, the embeddings' and each block's,
-    /// are all 7,274,496 bytes).
-    #[test]
-    fn a_gpu_keeps_one_byte_a_dropped_element_whatever_its_dtype() {
-        use crate::job::Optimizer;
-        use crate::program::Op;
-        let model = crate::model::preset("gpt2-medium").expect("preset");
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
-        for precision in [Precision::Amp, Precision::Bf16, Precision::Fp32] {
-            let cfg =
-                TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(8, 888, precision, Optimizer::AdamW) };
-            let p = program(&model, &cfg, Device::Gpu(&h200), 1, &StateScale::default()).expect("a template").program;
-            let sizes = p.sizes(8, 888);
-            let masks: Vec<u64> = p
-                .ops
-                .iter()
-                .filter_map(|op| match op {
-                    Op::Alloc(id)
-                        if p.sites[p.tensors[*id as usize].site as usize] == "aten::dropout > aten::empty_strided" =>
-                    {
-                        Some(sizes[*id as usize])
-                    }
-                    _ => None,
-                })
-                .collect();
-            // The embeddings' and two a block.
-            assert_eq!(masks.len(), 1 + 2 * model.layers as usize, "{precision:?}");
-            assert!(masks.iter().all(|&b| b == 7_274_496), "{precision:?}: {masks:?}");
-        }
-    }
-
     /// Every template, expanded to the depth the recorder checked it at, reproduces what the
     /// recorder saw at that depth: each event's kind and bytes, in order, and every free
     /// frees a tensor the expansion made (the instance, not only one of the same size: a
