@@ -218,7 +218,7 @@ pub fn check_from(
     // a second map of the same allocations.
     a.keep_pointer_map(false);
     // A call the allocator refused is a decision that differed; the check goes on.
-    while let Err(e) = walk.run(&mut a, &mut ops, &mut checker) {
+    while let Err(e) = ops.walk(&mut walk, &mut a, &mut checker) {
         checker.refused(e);
     }
     a.keep_pointer_map(true);

@@ -8,7 +8,8 @@ use crate::entry_slots::Code;
 use crate::memory_snapshot::{TraceAction, TraceEvent};
 use crate::snapshot_pools::RecordedPools;
 use crate::trace_index::{is_segment_event, TraceIndex};
-use crate::walk::{Op, Slot};
+use crate::walk::{Flow, Observer, Op, Slot, Walk, WalkError};
+use headroom_alloc::{DeviceCachingAllocator, DeviceMemory, Policy};
 use rustc_hash::FxHashMap;
 
 /// Streams that stand for "another stream used this block": far above any stream a snapshot
@@ -58,16 +59,23 @@ fn next_is((marked, next): &mut (Vec<usize>, usize), i: usize) -> bool {
 
 /// The trace's entries as a walk's operations, each at its entry's index.
 pub(crate) struct TraceRequests<'a, F> {
+    entries: Entries<'a>,
+    next: usize,
+    /// What is left of the entry a walk stopped at (an error, or the observer's stop),
+    /// `left[head..len]`, to be walked first when the walk goes on: an array, not a queue
+    /// that allocates, since an entry makes at most six operations.
+    left: [Op<Mark>; 6],
+    head: usize,
+    len: usize,
+    pub(crate) progress: F,
+}
+
+/// What reads an entry into its operations: the trace, and what the reading keeps.
+struct Entries<'a> {
     trace: &'a [TraceEvent],
     /// Each entry's slot, resolved by the index's walk: no map of addresses is probed here.
     index: &'a TraceIndex,
     pools: &'a RecordedPools,
-    next: usize,
-    /// Operations of the entry being read, in order, `queued[head..len]` still to come:
-    /// an array, not a queue that allocates, since an entry makes at most six.
-    queued: [Op<Mark>; 6],
-    head: usize,
-    len: usize,
     /// The blocks live when the trace began, by address, each with its slot (numbered after
     /// the trace's own), until freed or allocated over: the slots of the frees the index
     /// left open.
@@ -83,7 +91,6 @@ pub(crate) struct TraceRequests<'a, F> {
     /// `UnknownFree`) are made: the check's, not a what-if's, which decides for itself
     /// and would pass over one mark or two of every entry.
     compared: bool,
-    pub(crate) progress: F,
 }
 
 impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
@@ -97,46 +104,104 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
         progress: F,
     ) -> Self {
         TraceRequests {
-            trace,
-            index,
-            pools,
+            entries: Entries {
+                trace,
+                index,
+                pools,
+                adopted: FxHashMap::default(),
+                next_adopted: index.slot_count(),
+                next_stand_in: STAND_IN_STREAMS,
+                step_starts: (step_starts, 0),
+                empty_cache_calls: (empty_cache_calls, 0),
+                compared: true,
+            },
             next: 0,
-            queued: [Op::CompleteEvents; 6],
+            left: [Op::CompleteEvents; 6],
             head: 0,
             len: 0,
-            adopted: FxHashMap::default(),
-            next_adopted: index.slot_count(),
-            next_stand_in: STAND_IN_STREAMS,
-            step_starts: (step_starts, 0),
-            empty_cache_calls: (empty_cache_calls, 0),
-            compared: true,
             progress,
         }
     }
 
     /// The slot of the block live at `address` when the trace began.
     pub(crate) fn adopt(&mut self, address: u64) -> Slot {
-        let slot = self.next_adopted;
-        self.next_adopted += 1;
-        self.adopted.insert(address, slot);
+        let e = &mut self.entries;
+        let slot = e.next_adopted;
+        e.next_adopted += 1;
+        e.adopted.insert(address, slot);
         slot
     }
 
     /// Leaves out the marks only a comparison with the recorded run reads.
     pub(crate) fn uncompared(mut self) -> Self {
-        self.compared = false;
+        self.entries.compared = false;
         self
     }
 
-    /// Queues entry `i`'s operations.
-    fn read(&mut self, i: usize) {
+    /// Walks the entries through `alloc`, from where the last walk stopped, telling
+    /// `observer`; stops as [`Walk::run`] does, and goes on from there when called again.
+    /// Each operation goes to the walk as the entry is read, not through a queue and an
+    /// iterator: the walk's step, inlined at each place an operation is made, knows which
+    /// it is (docs/PERFORMANCE.md, "Replay passes, fourteenth round").
+    pub(crate) fn walk<D, P, O>(
+        &mut self,
+        walk: &mut Walk,
+        alloc: &mut DeviceCachingAllocator<D, P>,
+        observer: &mut O,
+    ) -> Result<(), WalkError>
+    where
+        D: DeviceMemory,
+        P: Policy,
+        O: Observer<D, P, Mark = Mark>,
+    {
+        while self.head < self.len {
+            let op = self.left[self.head];
+            self.head += 1;
+            if walk.step(alloc, self.next - 1, op, observer)? == Flow::Stop {
+                return Ok(());
+            }
+        }
+        (self.head, self.len) = (0, 0);
+        let n = self.entries.trace.len();
+        while self.next < n {
+            let i = self.next;
+            if i.is_multiple_of(65536) {
+                (self.progress)(i);
+            }
+            self.next += 1;
+            // Set once a step errs or stops: the entry's operations after it are kept.
+            let mut halted: Option<Result<(), WalkError>> = None;
+            let (left, len) = (&mut self.left, &mut self.len);
+            self.entries.read(
+                i,
+                #[inline(always)]
+                |op| {
+                    if halted.is_some() {
+                        left[*len] = op;
+                        *len += 1;
+                        return;
+                    }
+                    match walk.step(alloc, i, op, observer) {
+                        Ok(Flow::Continue) => {}
+                        Ok(Flow::Stop) => halted = Some(Ok(())),
+                        Err(e) => halted = Some(Err(e)),
+                    }
+                },
+            );
+            if let Some(out) = halted {
+                self.head = 0;
+                return out;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Entries<'_> {
+    /// Hands entry `i`'s operations to `push`, in order.
+    #[inline(always)]
+    fn read(&mut self, i: usize, mut push: impl FnMut(Op<Mark>)) {
         let e = &self.trace[i];
-        let ops = &mut self.queued;
-        let mut n = 0;
-        let mut push = |op| {
-            ops[n] = op;
-            n += 1;
-        };
         if next_is(&mut self.step_starts, i) {
             push(Op::Mark(Mark::StepBegins));
         }
@@ -201,28 +266,91 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             }
             _ => {}
         }
-        (self.head, self.len) = (0, n);
     }
 }
 
-impl<F: FnMut(usize)> Iterator for TraceRequests<'_, F> {
-    type Item = (usize, Op<Mark>);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory_snapshot::{MemorySnapshot, Stacks};
+    use headroom_alloc::units::MIB;
+    use headroom_alloc::{AllocError, Allocation, AllocatorConfig, Oom, SimDevice};
 
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.head < self.len {
-                self.head += 1;
-                return Some((self.next - 1, self.queued[self.head - 1]));
+    /// Logs what it is told, and refuses the marks of the entries in `refuse` once each.
+    struct Log {
+        seen: Vec<String>,
+        refuse: Vec<usize>,
+    }
+
+    impl<D: DeviceMemory, P: Policy> Observer<D, P> for Log {
+        type Mark = Mark;
+        fn mark(&mut self, i: usize, m: Mark, _: &mut DeviceCachingAllocator<D, P>) -> Result<(), AllocError> {
+            self.seen.push(format!("{i} {m:?}"));
+            match self.refuse.iter().position(|&r| r == i) {
+                Some(at) => {
+                    self.refuse.remove(at);
+                    Err(AllocError::InvalidPointer(i as u64))
+                }
+                None => Ok(()),
             }
-            let i = self.next;
-            if i >= self.trace.len() {
-                return None;
-            }
-            if i.is_multiple_of(65536) {
-                (self.progress)(i);
-            }
-            self.next += 1;
-            self.read(i);
         }
+        fn allocated(&mut self, i: usize, slot: Slot, b: Allocation, _: &DeviceCachingAllocator<D, P>) {
+            self.seen.push(format!("{i} alloc {slot} {}", b.size));
+        }
+        fn freed(&mut self, i: usize, slot: Slot, _: Allocation) {
+            self.seen.push(format!("{i} free {slot}"));
+        }
+        fn failed(&mut self, _: usize, _: Slot, _: Oom, _: &DeviceCachingAllocator<D, P>) -> Flow {
+            Flow::Continue
+        }
+    }
+
+    fn entry(action: TraceAction, addr: u64) -> TraceEvent {
+        TraceEvent { action, addr, size: MIB, stream: 0, time_us: None, device_free: None, stack: 0, pool_id: (0, 0) }
+    }
+
+    /// Walks the trace, called again after each error as the check does; the log and the errors' entries.
+    fn walked(trace: Vec<TraceEvent>, refuse: Vec<usize>) -> (Vec<String>, Vec<usize>) {
+        // `stacks[0]`, the empty stack, is every snapshot's.
+        let stacks = Stacks { stacks: vec![Box::default()], ..Default::default() };
+        let snap = MemorySnapshot { device_traces: vec![trace], stacks, ..Default::default() };
+        let index = TraceIndex::of(&snap, 0);
+        let pools = RecordedPools::default();
+        let trace = &snap.device_traces[0];
+        let mut ops = TraceRequests::new(trace, &index, &pools, Vec::new(), Vec::new(), |_| {});
+        let mut a = DeviceCachingAllocator::new(SimDevice::new(100 * MIB), AllocatorConfig::default());
+        let (mut walk, mut log) = (Walk::default(), Log { seen: Vec::new(), refuse });
+        let mut errors = Vec::new();
+        while let Err(e) = ops.walk(&mut walk, &mut a, &mut log) {
+            errors.push(e.at());
+        }
+        (log.seen, errors)
+    }
+
+    #[test]
+    fn a_walk_stopped_by_an_error_goes_on_with_the_rest_of_its_entry() {
+        let trace = vec![
+            entry(TraceAction::Alloc, 0x1000),
+            entry(TraceAction::Alloc, 0x2000),
+            entry(TraceAction::FreeRequested, 0x1000),
+            entry(TraceAction::FreeCompleted, 0x1000),
+        ];
+        let (whole, none) = walked(trace.clone(), Vec::new());
+        assert!(none.is_empty());
+        let want = [
+            "0 Request { failed: false }",
+            "0 alloc 0 1048576",
+            "0 Answered",
+            "1 Request { failed: false }",
+            "1 alloc 1 1048576",
+            "1 Answered",
+            "3 Free",
+            "3 free 0",
+        ];
+        assert_eq!(whole, want);
+        // The request's mark refused: its allocation and answer still come, then the rest.
+        let (refused, errors) = walked(trace.clone(), vec![1, 3]);
+        assert_eq!(errors, [1, 3]);
+        assert_eq!(refused, whole);
     }
 }

@@ -206,66 +206,88 @@ impl Walk {
         O: Observer<D, P>,
     {
         for (at, op) in ops {
-            let wrap = |error| WalkError::Alloc { at, error };
-            match op {
-                Op::Alloc { slot, size, stream, pool } => {
-                    self.reach(slot);
-                    let s = slot as usize;
-                    if self.held[s].ptr < FAILED {
-                        return Err(WalkError::AlreadyLive { at, slot });
-                    }
-                    match alloc.malloc_block_in_pool(size, stream, pool) {
-                        Ok((block, id)) => {
-                            self.held[s] = Held { ptr: block.ptr, size: block.size, block: id };
-                            observer.allocated(at, slot, block, alloc);
-                        }
-                        Err(error) => {
-                            let oom = error.into_oom().map_err(wrap)?;
-                            self.held[s].ptr = FAILED;
-                            if observer.failed(at, slot, oom, alloc) == Flow::Stop {
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-                Op::Free { slot } => match self.ptr(slot) {
-                    EMPTY => return Err(WalkError::NotLive { at, slot }),
-                    FAILED => {
-                        self.held[slot as usize].ptr = EMPTY;
-                        observer.skipped_free(at, slot);
-                    }
-                    ptr => {
-                        let h = &mut self.held[slot as usize];
-                        // Not live after a free, whether or not the allocator took it.
-                        h.ptr = EMPTY;
-                        let (size, block) = (h.size, h.block);
-                        match block {
-                            // Adopted where the allocator had no block: by address, as before ids.
-                            BlockId::NONE => alloc.free(ptr),
-                            id => alloc.free_block_id(id, ptr),
-                        }
-                        .map_err(wrap)?;
-                        observer.freed(at, slot, Allocation { ptr, size });
-                    }
-                },
-                Op::RecordStream { slot, stream } => match self.ptr(slot) {
-                    EMPTY => return Err(WalkError::NotLive { at, slot }),
-                    FAILED => {}
-                    ptr => match self.held[slot as usize].block {
-                        BlockId::NONE => alloc.record_stream(ptr, stream),
-                        id => alloc.record_stream_block_id(id, ptr, stream),
-                    }
-                    .map_err(wrap)?,
-                },
-                Op::CompleteEvents => alloc.device_mut().synchronize().map_err(|e| wrap(AllocError::Device(e)))?,
-                Op::EmptyCache => alloc.empty_cache().map_err(wrap)?,
-                Op::EmptyPool(pool) => alloc.empty_cache_pool(pool).map_err(wrap)?,
-                Op::ReleasePool(pool) => alloc.release_pool(pool).map_err(wrap)?,
-                Op::SetFraction(f) => alloc.set_memory_fraction(f).map_err(wrap)?,
-                Op::Mark(m) => observer.mark(at, m, alloc).map_err(wrap)?,
+            if self.step(alloc, at, op, observer)? == Flow::Stop {
+                return Ok(());
             }
         }
         Ok(())
+    }
+
+    /// Runs one operation: [`Walk::run`]'s body, for a reader that hands each operation to
+    /// the walk as it reads it. Inlined where the operation is made, the `match` on it
+    /// folds away: a trace's reader calls the allocator or the observer directly, where an
+    /// iterator made each operation, queued it and matched it again (docs/PERFORMANCE.md,
+    /// "Replay passes, fourteenth round").
+    #[inline(always)]
+    pub fn step<D, P, O>(
+        &mut self,
+        alloc: &mut DeviceCachingAllocator<D, P>,
+        at: usize,
+        op: Op<O::Mark>,
+        observer: &mut O,
+    ) -> Result<Flow, WalkError>
+    where
+        D: DeviceMemory,
+        P: Policy,
+        O: Observer<D, P>,
+    {
+        let wrap = |error| WalkError::Alloc { at, error };
+        match op {
+            Op::Alloc { slot, size, stream, pool } => {
+                self.reach(slot);
+                let s = slot as usize;
+                if self.held[s].ptr < FAILED {
+                    return Err(WalkError::AlreadyLive { at, slot });
+                }
+                match alloc.malloc_block_in_pool(size, stream, pool) {
+                    Ok((block, id)) => {
+                        self.held[s] = Held { ptr: block.ptr, size: block.size, block: id };
+                        observer.allocated(at, slot, block, alloc);
+                    }
+                    Err(error) => {
+                        let oom = error.into_oom().map_err(wrap)?;
+                        self.held[s].ptr = FAILED;
+                        return Ok(observer.failed(at, slot, oom, alloc));
+                    }
+                }
+            }
+            Op::Free { slot } => match self.ptr(slot) {
+                EMPTY => return Err(WalkError::NotLive { at, slot }),
+                FAILED => {
+                    self.held[slot as usize].ptr = EMPTY;
+                    observer.skipped_free(at, slot);
+                }
+                ptr => {
+                    let h = &mut self.held[slot as usize];
+                    // Not live after a free, whether or not the allocator took it.
+                    h.ptr = EMPTY;
+                    let (size, block) = (h.size, h.block);
+                    match block {
+                        // Adopted where the allocator had no block: by address, as before ids.
+                        BlockId::NONE => alloc.free(ptr),
+                        id => alloc.free_block_id(id, ptr),
+                    }
+                    .map_err(wrap)?;
+                    observer.freed(at, slot, Allocation { ptr, size });
+                }
+            },
+            Op::RecordStream { slot, stream } => match self.ptr(slot) {
+                EMPTY => return Err(WalkError::NotLive { at, slot }),
+                FAILED => {}
+                ptr => match self.held[slot as usize].block {
+                    BlockId::NONE => alloc.record_stream(ptr, stream),
+                    id => alloc.record_stream_block_id(id, ptr, stream),
+                }
+                .map_err(wrap)?,
+            },
+            Op::CompleteEvents => alloc.device_mut().synchronize().map_err(|e| wrap(AllocError::Device(e)))?,
+            Op::EmptyCache => alloc.empty_cache().map_err(wrap)?,
+            Op::EmptyPool(pool) => alloc.empty_cache_pool(pool).map_err(wrap)?,
+            Op::ReleasePool(pool) => alloc.release_pool(pool).map_err(wrap)?,
+            Op::SetFraction(f) => alloc.set_memory_fraction(f).map_err(wrap)?,
+            Op::Mark(m) => observer.mark(at, m, alloc).map_err(wrap)?,
+        }
+        Ok(Flow::Continue)
     }
 }
 

@@ -308,7 +308,7 @@ fn replay_prefix(
         on_alloc,
         w,
     };
-    walk.run(&mut a, &mut ops, &mut watch)
+    ops.walk(&mut walk, &mut a, &mut watch)
         .map_err(|e| SnapshotReplayError::Unsupported { device, message: format!("entry {}: {e}", e.at()) })?;
     a.keep_pointer_map(true);
     watch.end_step(&a);
