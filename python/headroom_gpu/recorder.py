@@ -42,7 +42,9 @@ checkpointed module's forward ran it again in the backward). `write` writes the 
 (`kernels="all"`: every step's; `"none"`: none), from which `headroom plan --program` times the
 step; `StepRecorder(kernels=False)` keeps none.
 
-Scaled dot-product attention is routed as an sm90 GPU routes it ([`headroom_gpu.sdpa`]).
+Scaled dot-product attention is routed as an sm90 GPU routes it ([`headroom_gpu.sdpa`]), and
+dropout keeps CUDA's one-byte mask where the CPU would keep noise in the input's dtype
+([`headroom_gpu.dropout`]).
 Operators whose output depends on data that fake tensors do not have (`nonzero`,
 `masked_select`, `.item()`; MoE routing goes through them) get a stated assumption instead of a
 crash: `data_dependent_fraction` of the elements kept (default 1: every token routed to every
@@ -65,6 +67,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import amp as _amp
+from . import dropout as _dropout
 from . import fake_cache as _fake_cache
 from . import fsdp as _fsdp
 from .fake_apply import overwriting_apply as _overwriting_apply
@@ -297,6 +300,9 @@ class StepRecorder(GradientSums):
     shapes (`--program A --program B`). `compile`: record what `torch.compile` (Inductor, its
     default) compiles as Inductor partitions it, its graphs' operators run eagerly
     (headroom_gpu.compiled); without it Dynamo leaves every frame eager under the recorder.
+    `cuda_dropout`: dropout keeps CUDA's one-byte mask (`headroom_gpu.dropout`, the default);
+    `False` keeps the CPU's noise in the input's dtype, as the templates' recorders record it
+    and tag it for the planner to size by device.
 
     While it runs, the objects that existed when it began are frozen out of Python's collector
     (`gc.freeze`, undone at its end, and left alone where something else froze them): each full
@@ -305,8 +311,9 @@ class StepRecorder(GradientSums):
 
     def __init__(self, fake: bool = True, route_sdpa: bool = True, data_dependent_fraction: float = 1.0,
                  packed_sequences: bool = False, shape: tuple[int, int] | None = None, kernels: bool = True,
-                 compile: bool = False):
+                 compile: bool = False, cuda_dropout: bool = True):
         self.fake = fake
+        self.cuda_dropout = cuda_dropout
         self.compile = compile
         # A compiled graph's eager operators are not the kernels Inductor generates (a fused kernel
         # is many operators): timing them would be a time of some other step, so none are kept.
@@ -694,6 +701,10 @@ class StepRecorder(GradientSums):
             f.scaled_dot_product_attention = _amp.autocast_first(routed)
             s.callback(setattr, f, "scaled_dot_product_attention", original)
         s.enter_context(_amp.cuda_autocast(self._assume))  # torch.autocast("cuda") casts as on a GPU
+        if self.cuda_dropout and not self.compile:
+            # Dropout keeps CUDA's one-byte mask, not the CPU's noise in the input's dtype. A compiled
+            # graph's dropout is Inductor's to lower, and left to it.
+            s.enter_context(_dropout.cuda_dropout())
         self._assume_unpacked()
         if self.fake:
             original_apply = torch.nn.Module._apply

@@ -171,10 +171,10 @@ class Fsdp(unittest.TestCase):
         with open(os.path.join(REPO, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = " ".join(f.read().split())
         found = re.search(r"\(`(headroom plan [^`]*--program gpt2-fsdp8.jsonl)`\): ([0-9.]+ GiB) allocated and "
-                          r"([0-9.]+ GiB) reserved.*?\(`(headroom plan --model gpt2 [^`]*)`\) allocates the same "
+                          r"([0-9.]+ GiB) reserved.*?\(`(headroom plan --model gpt2 [^`]*)`\) allocates "
                           r"([0-9.]+ GiB)", text)
         self.assertIsNotNone(found)
-        plan, allocated, reserved, template, same = found.groups()
+        plan, allocated, reserved, template, own_allocated = found.groups()
         from test_recorder import _documented
 
         command = [l for b in _documented("sh") for l in b if l.endswith("--out gpt2-fsdp8.jsonl")]
@@ -189,7 +189,7 @@ class Fsdp(unittest.TestCase):
         self.assertIn(f"allocated {allocated} ", printed.stdout, printed.stderr)
         self.assertIn(f"reserved {reserved} ", printed.stdout)
         own = subprocess.run([binary, *template.split()[1:]], capture_output=True, text=True, timeout=300)
-        self.assertIn(f"allocated {same} ", own.stdout, own.stderr)
+        self.assertIn(f"allocated {own_allocated} ", own.stdout, own.stderr)
 
     def test_the_command_records_and_plan_replays(self):
         out = os.path.join(self.tmp, "fsdp.jsonl")

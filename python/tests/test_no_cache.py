@@ -11,17 +11,11 @@ import os
 import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_recorders import NeedsRecorders  # noqa: E402  (scripts/validate on the path too)
 
 
-class NoCache(unittest.TestCase):
-    def setUp(self):
-        try:
-            import step_programs  # noqa: F401  (torch and transformers)
-        except ImportError as e:
-            self.skipTest(f"the recorders need torch: {e}")
-
+class NoCache(NeedsRecorders):
     def forward(self, cached):
         import measure
         import step_programs as sp

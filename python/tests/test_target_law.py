@@ -9,20 +9,14 @@ import os
 import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_recorders import ROOT, NeedsRecorders  # noqa: E402  (scripts/validate on the path too)
 import template_file  # noqa: E402
 
 DIMS = {"h": 240, "f": 520, "q": 240, "kv": 240, "heads": 6, "d": 40, "V": 3000}
 
 
-class TargetLaw(unittest.TestCase):
-    def setUp(self):
-        try:
-            import step_programs  # noqa: F401  (torch and transformers)
-        except ImportError as e:
-            self.skipTest(f"the recorders need torch: {e}")
-
+class TargetLaw(NeedsRecorders):
     def sizes(self, fn):
         import step_programs as sp
         return [fn(b, s, t) for b, s, t in sp.TARGET_SHAPES]

@@ -85,7 +85,9 @@ def _recorder_class():
         between events at k - 0.5)."""
 
         def __init__(self, **kw):
-            super().__init__(**kw)
+            # The CPU's dropout: `_dropouts` tags its noise `dropout-mask`, which the planner sizes
+            # by device (one byte an element on a GPU), as for the CPU profiler's templates.
+            super().__init__(cuda_dropout=False, **kw)
             self.op = None
             self.at = {}
             self.ranges = []

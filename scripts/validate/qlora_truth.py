@@ -281,7 +281,9 @@ def phased():
         """The recorder, with the step and phase each event happens in."""
 
         def __init__(self, **kw):
-            super().__init__(**kw)
+            # The CPU's dropout, as the templates are recorded and `qlora_truth`'s replay on the
+            # CPU device plans them: noise in the input's dtype, not CUDA's one-byte mask.
+            super().__init__(cuda_dropout=False, **kw)
             self.phases = []
 
         def _sync(self):

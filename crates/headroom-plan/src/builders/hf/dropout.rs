@@ -91,26 +91,13 @@ mod tests {
     fn a_gpu_keeps_one_byte_a_dropped_element_whatever_its_dtype() {
         use super::super::*;
         use crate::job::Optimizer;
-        use crate::program::Op;
         let model = crate::model::preset("gpt2-medium").expect("preset");
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         for precision in [Precision::Amp, Precision::Bf16, Precision::Fp32] {
             let cfg =
                 TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(8, 888, precision, Optimizer::AdamW) };
             let p = program(&model, &cfg, Device::Gpu(&h200), 1, &StateScale::default()).expect("a template").program;
-            let sizes = p.sizes(8, 888);
-            let masks: Vec<u64> = p
-                .ops
-                .iter()
-                .filter_map(|op| match op {
-                    Op::Alloc(id)
-                        if p.sites[p.tensors[*id as usize].site as usize] == "aten::dropout > aten::empty_strided" =>
-                    {
-                        Some(sizes[*id as usize])
-                    }
-                    _ => None,
-                })
-                .collect();
+            let masks = super::super::tests::sizes_at(&p, 8, 888, |site| site == "aten::dropout > aten::empty_strided");
             // The embeddings' and two a block.
             assert_eq!(masks.len(), 1 + 2 * model.layers as usize, "{precision:?}");
             assert!(masks.iter().all(|&b| b == 7_274_496), "{precision:?}: {masks:?}");

@@ -674,6 +674,21 @@ mod tests {
     use crate::job::Checkpointing;
     use crate::program_template::check_digest as digest;
 
+    /// The size at `batch` × `seq` of each allocation, in program order, of a tensor whose site
+    /// `at` accepts: what a GPU test reads of the tensors one operator chain makes.
+    pub(super) fn sizes_at(p: &crate::program::Program, batch: u64, seq: u64, at: impl Fn(&str) -> bool) -> Vec<u64> {
+        let sizes = p.sizes(batch, seq);
+        p.ops
+            .iter()
+            .filter_map(|op| match op {
+                crate::program::Op::Alloc(id) if at(&p.sites[p.tensors[*id as usize].site as usize]) => {
+                    Some(sizes[*id as usize])
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Under autocast on a GPU, GPT-2's tanh GELU runs in fp32 from its `pow` on: autocast's
     /// fp32 copy of `c_fc`'s output is made once a layer per forward (twice with checkpointing:
     /// the recomputation), at the size the H200 recorded for GPT-2 medium at 8 × 888 tokens
@@ -681,7 +696,6 @@ mod tests {
     #[test]
     fn gpt2_autocast_runs_the_tanh_gelu_in_fp32_on_a_gpu() {
         use crate::job::Optimizer;
-        use crate::program::Op;
         let model = crate::model::preset("gpt2-medium").expect("preset");
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         for (checkpointing, forwards) in [(Checkpointing::None, 1), (Checkpointing::Full, 2)] {
@@ -694,19 +708,7 @@ mod tests {
             {
                 let p = program(&model, &cfg, device, 2, &StateScale::default()).expect("a template serves it").program;
                 p.check().expect("well formed");
-                let sizes = p.sizes(8, 888);
-                let copies: Vec<u64> = p
-                    .ops
-                    .iter()
-                    .filter_map(|op| match op {
-                        Op::Alloc(id)
-                            if p.sites[p.tensors[*id as usize].site as usize].starts_with("aten::pow > aten::to") =>
-                        {
-                            Some(sizes[*id as usize])
-                        }
-                        _ => None,
-                    })
-                    .collect();
+                let copies = sizes_at(&p, 8, 888, |site| site.starts_with("aten::pow > aten::to"));
                 assert_eq!(copies.len(), 2 * copies_per_step, "{checkpointing:?}");
                 assert!(copies.iter().all(|&b| b == 116_391_936), "{copies:?}");
             }
