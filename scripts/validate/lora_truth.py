@@ -195,6 +195,12 @@ CASES = [
     ("mixtral", "bf16", False, 7, 1, 80, 16, "all", None, "eager"),
     ("qwen3_moe", "bf16", True, 6, 2, 64, 16, "all", None, "eager"),
     ("qwen2_moe", "bf16", False, 6, 2, 80, 8, "qv", None, "eager"),
+    # bf16 with eager attention asked for the families recorded with SDPA (Llama and GPT-2 of
+    # the ten, both targets, with and without checkpointing).
+    ("llama", "bf16", False, 7, 1, 112, 16, "all", None, "eager"),
+    ("llama", "bf16", True, 6, 2, 80, 8, "qv", None, "eager"),
+    ("gpt2", "bf16", True, 6, 2, 80, 8, "all", None, "eager"),
+    ("gpt2", "bf16", False, 7, 1, 128, 32, "qv", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

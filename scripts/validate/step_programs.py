@@ -108,7 +108,9 @@ experts' weights (Mixtral's and Qwen3-MoE's `grouped_mm` experts) with one adapt
 over them all: its weights are laws in the unit `Er`. `hf-lora.tpl` holds every linear layer's
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM,
-Mixtral, Qwen2-MoE and Qwen3-MoE (both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2,
+Mixtral, Qwen2-MoE, Qwen3-MoE and (merged into `data/programs/hf-lora-eager.tpl`, as `hf-lora.tpl`
+nears 2 MiB) Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma and Phi-3 (`--only
+phi3/causal-lm/bf16/eager/full,phi3/causal-lm/bf16/eager/ckpt --lora all,qv`; both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for
 Phi-3 (checkpointed too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM

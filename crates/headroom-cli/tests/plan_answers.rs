@@ -150,6 +150,42 @@ fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
     }
 }
 
+/// bf16 LoRA with eager attention asked replays each family's own recorded step
+/// (`data/programs/hf-lora-eager.tpl`), with checkpointing and without, for every linear
+/// layer's adapters and the query and value projections', where it passed over transformers to
+/// the closed form before: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and GPT-2, families recorded
+/// with SDPA.
+#[test]
+fn bf16_eager_lora_of_every_family_replays_its_own_recorded_step() {
+    let qwen3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen3-1.7b.json");
+    for (model, prefix) in [
+        ("llama-3-8b", "llama/causal-lm"),
+        ("mistral-7b", "mistral/causal-lm"),
+        ("qwen2.5-7b", "qwen2/causal-lm"),
+        (qwen3, "qwen3/causal-lm"),
+        ("phi-3-mini", "phi3/causal-lm"),
+        ("gemma-2b", "gemma/causal-lm"),
+        ("gpt2", "gpt2/causal-lm"),
+    ] {
+        let job = format!(
+            "--model {model} --gpu h200 --batch 1 --seq 512 --finetune lora --precision bf16 --attention eager"
+        );
+        for (checkpoint, ck) in [("none", "full"), ("full", "ckpt")] {
+            for targets in ["all", "qv"] {
+                let flags = format!("--checkpoint {checkpoint} --lora-targets {targets}");
+                let want = format!("{prefix}/bf16/eager/{ck}/lora-{targets}");
+                let (code, p) = plan(&with_flags(&args(&job), &flags));
+                assert_eq!(code, 0, "{p}");
+                assert_eq!(p["runner"]["builder"], "transformers", "{want}: {}", p["runner"]);
+                assert_eq!(p["program"]["source"], "recorded", "{want}: {}", p["program"]);
+                assert_eq!(p["program"]["template"], want.as_str(), "{}", p["program"]);
+            }
+        }
+        let (_, t) = text(&args(&job));
+        assert!(t.contains(&format!("recorded as {prefix}/bf16/eager/full/lora-all")), "{t}");
+    }
+}
+
 /// QLoRA on one GPU with transformers' code replays its recorded step, with checkpointing or
 /// without, and says so; the LoRA job's QLoRA lever is QLoRA as peft sets it up by default,
 /// checkpointing on, replayed the same way.

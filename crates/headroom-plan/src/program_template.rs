@@ -550,6 +550,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-variants.tpl", include_bytes!("../../../data/programs/hf-variants.tpl")),
     ("hf-lora.tpl", include_bytes!("../../../data/programs/hf-lora.tpl")),
     ("hf-lora-fp32.tpl", include_bytes!("../../../data/programs/hf-lora-fp32.tpl")),
+    ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")), // bf16 LoRA, eager asked
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
 ];
 
