@@ -1339,8 +1339,9 @@ def main():
     if args.lora:
         # SDPA (and, at fp32, its math path, which a GPU takes with grouped key-value heads);
         # eager where transformers has no SDPA path, or where a key asks for it (Gemma-2, whose
-        # full training is recorded with eager attention only).
-        jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
+        # full training is recorded with eager attention only). AMP (fp32 weights and adapters,
+        # the forward under autocast) where a key asks for it.
+        jobs = [j + ((LORA_RANK, t),) for j in jobs if (j[2] in ("fp32", "bf16") or key(*j) in whole)
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, with checkpointing

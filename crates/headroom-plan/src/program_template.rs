@@ -551,6 +551,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-lora.tpl", include_bytes!("../../../data/programs/hf-lora.tpl")),
     ("hf-lora-fp32.tpl", include_bytes!("../../../data/programs/hf-lora-fp32.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
+    ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).
