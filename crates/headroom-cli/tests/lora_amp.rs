@@ -31,15 +31,26 @@ fn model(name: &str) -> String {
     }
 }
 
+/// A model of each family whose AMP LoRA step was recorded, the attention its keys were
+/// recorded with, and the key's prefix (a config.json of `data/models/` where no preset is).
+const RECORDED: &[(&str, &str, &str)] = &[
+    ("llama-3-8b", "sdpa", "llama/causal-lm/amp-cuda/sdpa"),
+    ("qwen2.5-7b", "sdpa", "qwen2/causal-lm/amp-cuda/sdpa"),
+    ("mistral-7b", "sdpa", "mistral/causal-lm/amp-cuda/sdpa"),
+    ("qwen3-1.7b.json", "sdpa", "qwen3/causal-lm/amp-cuda/sdpa"),
+    ("mixtral-8x7b", "sdpa", "mixtral/causal-lm/amp-cuda/sdpa"),
+    ("qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/causal-lm/amp-cuda/sdpa"),
+];
+
 /// Each family's AMP LoRA job on an H200, both adapter targets, with and without full
 /// checkpointing: planned by transformers' builder from the `amp-cuda` template of its own.
 #[test]
 fn amp_lora_replays_the_step_recorded_under_cuda_s_autocast() {
-    for (name, prefix) in [("llama-3-8b", "llama/causal-lm/amp-cuda/sdpa")] {
+    for (name, attention, prefix) in RECORDED {
         for (ck, ck_key) in [("none", "full"), ("full", "ckpt")] {
             for targets in ["all", "qv"] {
                 let job = args(&format!(
-                    "--model {} --gpu h200 --batch 1 --seq 256 --finetune lora --precision amp --attention sdpa \
+                    "--model {} --gpu h200 --batch 1 --seq 256 --finetune lora --precision amp --attention {attention} \
                      --lora-targets {targets} --checkpoint {ck}",
                     model(name)
                 ));
