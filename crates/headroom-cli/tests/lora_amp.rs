@@ -65,6 +65,12 @@ const RECORDED: &[(&str, &str, &str)] = &[
     ("qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/causal-lm/amp-cuda/sdpa"),
     ("gemma-2b", "sdpa", "gemma/causal-lm/amp-cuda/sdpa"),
     ("qwen3-30b-a3b.json", "sdpa", "qwen3_moe/causal-lm/amp-cuda/sdpa"),
+    ("phi-3-mini", "sdpa", "phi3/causal-lm/amp-cuda/sdpa"),
+    ("gpt2", "sdpa", "gpt2/causal-lm/amp-cuda/sdpa"),
+    ("pythia-1b", "sdpa", "gpt_neox/causal-lm/amp-cuda/sdpa"),
+    // transformers has no SDPA path for BLOOM: the SDPA asked runs eager.
+    ("bloom-7b1", "sdpa", "bloom/causal-lm/amp-cuda/eager"),
+    ("bert-base-uncased", "sdpa", "bert/masked-lm/amp-cuda/sdpa"),
 ];
 
 /// Each family's AMP LoRA job on an H200, both adapter targets, with and without full

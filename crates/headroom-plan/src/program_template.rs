@@ -542,6 +542,7 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// checkpointing, `/full/qlora-all`; `/ckpt/qlora-qv` and `/full/qlora-qv` with the adapters on
 /// the query and value projections), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
+/// `hf-lora-amp.tpl`: LoRA under AMP (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),

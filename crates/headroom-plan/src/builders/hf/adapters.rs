@@ -41,9 +41,14 @@
 //! and with full checkpointing at both precisions, both targets (T5's
 //! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone; v1.1's
 //! `lora-all` at fp32 recorded with its output layer its own, as T0's and mT0's is, which plans
-//! a tied model too): peft wraps BERT's masked-LM
-//! head's transform too, and T5's decoder's
-//! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
+//! a tied model too): peft wraps BERT's masked-LM head's transform too, and T5's decoder's
+//! cross-attention ([`LoraTargets::adapters`]). Under AMP (an fp32 base and adapters, bf16
+//! autocast), the step recorded under CUDA's autocast policy (`…/amp-cuda/…`, in
+//! `data/programs/hf-lora-amp.tpl`), both targets, without and with full checkpointing, for
+//! Llama, Qwen2, Mistral, Qwen3, Gemma, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE,
+//! BLOOM and BERT: autocast casts a frozen weight anew at every matmul (it caches those that
+//! require a gradient alone), and the matmul keeps the bf16 copy for its backward. Other jobs
+//! fall to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and
