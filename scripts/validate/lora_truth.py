@@ -13,7 +13,10 @@ it), wraps it with peft's LoRA as step_programs.py records it (`lora_model`), ke
 of the trainable parameters, creates `torch.optim.AdamW` (foreach) over the model's parameters
 and runs a step to make the optimizer state; then a second step is measured as measure.py measures one: the storages alive when it starts (weights,
 buffers, optimizer state, inputs) plus the highest running sum of the profiler's allocation
-events, per phase and over the step. Every case is a check row: nothing in the templates is
+events, per phase and over the step. A case at `amp-cuda` is AMP as a GPU runs it: fp32 weights
+and adapters, each step under CUDA's autocast policy (`step_programs.cuda_policy`, the forward
+under `torch.autocast("cuda", torch.bfloat16)`), as step_programs.py records its `amp-cuda`
+templates (`data/programs/hf-lora-amp.tpl`). Every case is a check row: nothing in the templates is
 fitted to them (`cargo test -p headroom-plan --test lora_truth` compares).
 
     /work/venv-torch/bin/python scripts/validate/lora_truth.py --out data/validation/lora_cpu_truth.json
@@ -22,6 +25,7 @@ fitted to them (`cargo test -p headroom-plan --test lora_truth` compares).
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -201,6 +205,12 @@ CASES = [
     ("llama", "bf16", True, 6, 2, 80, 8, "qv", None, "eager"),
     ("gpt2", "bf16", True, 6, 2, 80, 8, "all", None, "eager"),
     ("gpt2", "bf16", False, 7, 1, 128, 32, "qv", None, "eager"),
+    # AMP as a GPU runs it (`amp-cuda`: fp32 weights and adapters, the step under CUDA's
+    # autocast policy, as step_programs.py records it), planned from the `…/amp-cuda/…`
+    # template a GPU's AMP job picks.
+    ("llama", "amp-cuda", False, 6, 2, 96, 16, "all"),
+    ("llama", "amp-cuda", True, 7, 1, 128, 8, "all"),
+    ("llama", "amp-cuda", False, 7, 2, 80, 32, "qv"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -284,8 +294,11 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     batch_inputs = measure.inputs(cfg, head, batch, seq, target_seq)
 
+    amp = precision == step_programs.AMP_CUDA
+
     def step():
-        with record_function("forward"), step_programs.sdpa_backend(attention):
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+        with record_function("forward"), step_programs.sdpa_backend(attention), autocast:
             loss = model(**batch_inputs).loss
         with record_function("backward"), step_programs.sdpa_backend(attention):
             loss.backward()
@@ -295,12 +308,15 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
             opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    step()
-    gc.collect()
-    weights = measure.storage_bytes(list(model.parameters()) + list(model.buffers()))
-    state = measure.storage_bytes(list(measure.state_tensors(opt)))
-    inp = measure.storage_bytes(batch_inputs.values())
-    _, per, peak, _ = measure.profiled(step)
+    # CUDA's autocast policy over both steps, as step_programs.py records `amp-cuda`: a
+    # checkpointed layer's forward, run again in the backward, casts as a GPU's does too.
+    with step_programs.cuda_policy() if amp else contextlib.nullcontext():
+        step()
+        gc.collect()
+        weights = measure.storage_bytes(list(model.parameters()) + list(model.buffers()))
+        state = measure.storage_bytes(list(measure.state_tensors(opt)))
+        inp = measure.storage_bytes(batch_inputs.values())
+        _, per, peak, _ = measure.profiled(step)
     base = weights + state + inp
     return {"family": family, "precision": precision, "checkpointing": checkpointing, "layers": layers,
             "batch": batch, "seq": seq, "target_seq": target_seq, "rank": rank, "targets": targets,

@@ -131,6 +131,23 @@ checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
 `q` and `v` (its cross-attention's too).
 
+LoRA under AMP (a model loaded in fp32, peft's adapters fp32 over it, the forward under bf16
+autocast: `Trainer(bf16=True)`) is recorded where an AMP key is asked by name, under CUDA's
+autocast policy (`amp-cuda`, the key a GPU's AMP job looks up first), into
+`data/programs/hf-lora-amp.tpl` (keys `…/amp-cuda/…/lora-all` and `…/lora-qv`):
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/amp-cuda/sdpa/full,llama/causal-lm/amp-cuda/sdpa/ckpt --lora all,qv --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-lora-amp.tpl a.json --out data/programs/hf-lora-amp.tpl
+
+Autocast casts a frozen fp32 weight to bf16 at every matmul, uncached (its cache keeps the casts
+of weights that require a gradient alone), and the matmul keeps the copy for its backward:
+without checkpointing every layer's bf16 copy of its weights lives until the backward, as on a
+GPU. Recorded, both targets, without and with full checkpointing: Llama, Qwen2, Mistral, Qwen3,
+Gemma, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE with SDPA, BLOOM eager and BERT
+with SDPA; not Gemma 3, Gemma-2 (`…/amp-cuda/eager/…`) or T5 (`--gated --untied` for T0's and
+mT0's), whose AMP LoRA jobs pass to the next builder. No `amp` (the CPU's autocast) LoRA step is
+recorded: a CPU's AMP LoRA plan passes to the next builder.
+
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
@@ -1313,7 +1330,7 @@ def main():
     ap.add_argument("--only", help="comma-separated families, or whole keys (family/head/precision/attn/ckpt|full)")
     ap.add_argument("--merge", nargs="*", help="merge these outputs (later ones win) instead of recording")
     ap.add_argument("--lora", help="comma-separated adapter targets (all, qv): record LoRA steps at fp32 and bf16 "
-                                   "instead of full fine-tuning")
+                                   "(AMP where --only names an AMP key) instead of full fine-tuning")
     ap.add_argument("--gated", action="store_true", help="record T5 with v1.1's gated MLP (gated-gelu) instead of "
                                                           "v1.0's ReLU one, under keys with /gated after the "
                                                           "checkpointing (before a LoRA suffix)")
@@ -1341,8 +1358,9 @@ def main():
     if args.lora:
         # SDPA (and, at fp32, its math path, which a GPU takes with grouped key-value heads);
         # eager where transformers has no SDPA path, or where a key asks for it (Gemma-2, whose
-        # full training is recorded with eager attention only).
-        jobs = [j + ((LORA_RANK, t),) for j in jobs if j[2] in ("fp32", "bf16")
+        # full training is recorded with eager attention only). AMP (fp32 weights and adapters,
+        # the forward under autocast) where a key asks for it.
+        jobs = [j + ((LORA_RANK, t),) for j in jobs if (j[2] in ("fp32", "bf16") or key(*j) in whole)
                 and (j[3] != "eager" or j[0] in measure.NO_SDPA or key(*j) in whole) for t in args.lora.split(",")]
     elif args.qlora:
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, with checkpointing

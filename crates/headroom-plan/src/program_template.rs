@@ -542,6 +542,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// checkpointing, `/full/qlora-all`; `/ckpt/qlora-qv` and `/full/qlora-qv` with the adapters on
 /// the query and value projections), recorded
 /// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
+/// `hf-lora-eager.tpl`: bf16 LoRA with eager attention asked of families recorded with SDPA;
+/// `hf-lora-amp.tpl`: LoRA under AMP (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -550,8 +552,9 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-variants.tpl", include_bytes!("../../../data/programs/hf-variants.tpl")),
     ("hf-lora.tpl", include_bytes!("../../../data/programs/hf-lora.tpl")),
     ("hf-lora-fp32.tpl", include_bytes!("../../../data/programs/hf-lora-fp32.tpl")),
-    ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")), // bf16 LoRA, eager asked
+    ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
+    ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

@@ -9,6 +9,10 @@
 //! family that comes in variants names its own (T5's v1.0 and v1.1, by their MLPs), and is
 //! planned from the templates recorded with that variant.
 //!
+//! A case measured under CUDA's autocast policy (`precision: amp-cuda`: fp32 weights and
+//! adapters, the forward under `torch.autocast("cuda")` as step_programs.py records it) is
+//! planned from the `…/amp-cuda/…` template a GPU's AMP job picks (`data/programs/hf-lora-amp.tpl`).
+//!
 //! A case measured on SDPA's math path (`attention: sdpa-math`, asked for on the CPU as a GPU
 //! takes it for fp32 with grouped key-value heads) is planned from the `…/sdpa-math/…`
 //! template the GPU's job picks, not the fused kernel's the CPU's job would.
@@ -16,8 +20,9 @@
 //! `cargo test -p headroom-plan --test lora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
-use headroom_plan::builders::hf::{math_key, program, program_of, HfProgram};
+use headroom_plan::builders::hf::{key, math_key, program, program_of, HfProgram};
 use headroom_plan::builders::{Device, StateScale};
+use headroom_plan::gpu::gpu;
 use headroom_plan::job::{
     Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, PipelineStage, Precision,
     TrainConfig,
@@ -39,7 +44,11 @@ fn cases() -> Vec<Value> {
 }
 
 fn config(c: &Value) -> TrainConfig {
-    let precision = if c["precision"] == "bf16" { Precision::Bf16 } else { Precision::Fp32 };
+    let precision = match c["precision"].as_str() {
+        Some("bf16") => Precision::Bf16,
+        Some("amp-cuda") => Precision::Amp,
+        _ => Precision::Fp32,
+    };
     TrainConfig {
         attention: if c["attention"] == "eager" { Attention::Eager } else { Attention::Sdpa },
         checkpointing: if c["checkpointing"] == true { Checkpointing::Full } else { Checkpointing::None },
@@ -61,8 +70,15 @@ fn config(c: &Value) -> TrainConfig {
     }
 }
 
-/// The template a case replays where it is not the one its CPU job picks: SDPA's math path's.
+/// The template a case replays where it is not the one its CPU job picks: SDPA's math path's,
+/// or, for AMP measured under CUDA's autocast policy, the `…/amp-cuda/…` one a GPU's job picks.
 fn template_key(c: &Value, m: &Model, cfg: &TrainConfig) -> Option<String> {
+    if c["precision"] == "amp-cuda" {
+        let h200 = gpu("h200").expect("h200 is a preset");
+        let k = key(m, cfg, Device::Gpu(&h200)).expect("an AMP LoRA key");
+        assert!(k.contains("/amp-cuda/"), "a GPU's AMP job replays {k}");
+        return Some(k);
+    }
     (c["attention"] == "sdpa-math").then(|| math_key(m, cfg).expect("a math-path key"))
 }
 

@@ -17,34 +17,21 @@
 //! saves for the backward: without checkpointing a second copy of every layer's experts
 //! (`tests/moe_lora_merged_experts.rs`).
 //!
-//! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"): `lora-all` at bf16
-//! with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3, Phi-3, GPT-NeoX, Mixtral,
-//! Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM, Mixtral, Qwen2-MoE,
-//! Qwen3-MoE and (in `data/programs/hf-lora-eager.tpl`) Llama, Qwen2, Qwen3, Mistral, GPT-2,
-//! Gemma and Phi-3 (both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2, Qwen3, Mistral and GPT-2 with SDPA, on
-//! SDPA's math path (a GPU's for fp32 with grouped key-value heads) for Llama, Mistral, Qwen2,
-//! Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for Phi-3 (checkpointed
-//! too), Gemma, GPT-NeoX and Qwen2-MoE, checkpointed for GPT-2 and Llama, eager for BLOOM and
-//! Gemma-2 (checkpointed too) and (in `data/programs/hf-lora-fp32.tpl`) Llama, GPT-2, Mistral,
-//! Qwen2, Phi-3, Gemma, Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT, checkpointed
-//! too;
-//! `lora-qv` at bf16 for Llama, Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX, Phi-3, Gemma, BLOOM,
-//! Gemma-2, Gemma 3, Mixtral, Qwen2-MoE and Qwen3-MoE, each without and with full checkpointing,
-//! and at fp32 on SDPA's math path for Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Mixtral,
-//! Phi-3 and (in `hf-lora-fp32.tpl`) Qwen3-MoE, with SDPA for GPT-2, Phi-3, Gemma, Qwen2-MoE,
-//! GPT-NeoX and Llama and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3, Gemma,
-//! Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT (in `hf-lora-fp32.tpl` too), each
-//! checkpointed too (a
-//! fused query-key-value layer one adapter, as [`LoraTargets::adapted`] counts it: peft's default
-//! target for GPT-2, GPT-NeoX and BLOOM, and the one named for Phi-3, which peft has no default
-//! for; the MoE families' `q_proj` and `v_proj` named too). BERT (masked LM, with SDPA) and
-//! T5 (sequence-to-sequence LM, eager: transformers has no SDPA path for it) at bf16, at fp32
-//! and with full checkpointing at both precisions, both targets (T5's
-//! keys v1.0's ReLU MLP, v1.1's gated one under `/gated`, its `lora-qv` at bf16 alone; v1.1's
-//! `lora-all` at fp32 recorded with its output layer its own, as T0's and mT0's is, which plans
-//! a tied model too): peft wraps BERT's masked-LM
-//! head's transform too, and T5's decoder's
-//! cross-attention ([`LoraTargets::adapters`]). Other jobs fall to the next builder.
+//! Recorded (docs/VALIDATION.md, "LoRA replayed from peft's recorded step"; the keys themselves:
+//! `scripts/validate/template_file.py keys data/programs/hf-lora*.tpl`): each family at bf16
+//! and fp32, both targets, without and with full checkpointing, with the attention a GPU runs
+//! for it (SDPA, its math path for fp32 with grouped key-value heads, or eager where
+//! transformers has nothing else) and, for most families, with eager attention asked; a fused query-key-value layer
+//! is one adapter, as [`LoraTargets::adapted`] counts it (peft's default target for GPT-2,
+//! GPT-NeoX and BLOOM, the one named for Phi-3, which peft has no default for; the MoE families'
+//! `q_proj` and `v_proj` named too). peft wraps BERT's masked-LM head's transform too, and T5's
+//! decoder's cross-attention ([`LoraTargets::adapters`]); T5's keys hold v1.0's ReLU MLP, and
+//! v1.1's gated one under `/gated` (its `lora-all` at fp32 recorded with its output layer its
+//! own, as T0's and mT0's is, which plans a tied model too). Under AMP (an fp32 base and
+//! adapters, bf16 autocast) the step is recorded under CUDA's autocast policy (`…/amp-cuda/…`,
+//! `data/programs/hf-lora-amp.tpl`): autocast casts a frozen weight anew at every matmul (it
+//! caches those that require a gradient alone), and the matmul keeps the bf16 copy for its
+//! backward. What is not recorded (docs/VALIDATION.md says which) falls to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and
