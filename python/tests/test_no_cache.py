@@ -1,8 +1,8 @@
-"""The step recorders' training models build no key-value cache (`measure.no_cache`), as the
-GPU's training runs have them: with the config's default, transformers makes a `DynamicCache` in
-a training forward and copies each layer's key and value onto it, and SDPA saves the copies in
-place of the value, a view of Phi-3's fused query-key-value output (docs/VALIDATION.md, "LoRA on
-an H200").
+"""The step recorders' training models, and the CPU ground truth's (`measure.train_case`), build
+no key-value cache (`measure.no_cache`), as the GPU's training runs have them: with the config's
+default, transformers makes a `DynamicCache` in a training forward and copies each layer's key and
+value onto it, and SDPA saves the copies in place of the value, a view of Phi-3's fused
+query-key-value output (docs/VALIDATION.md, "LoRA on an H200").
 
     python3 -m unittest python/tests/test_no_cache.py
 """
@@ -36,6 +36,26 @@ class NoCache(NeedsRecorders):
 
     def test_a_training_forward_keeps_no_cache_once_it_is_turned_off(self):
         self.assertEqual(self.caches(self.forward(cached=False)), [])
+
+    def test_the_cpu_ground_truth_steps_build_none_either(self):
+        # measure.py's training steps (the CPU truth the replayed templates are held to) build
+        # their model as the recorders do.
+        import measure
+        import step_programs as sp
+
+        built, real = [], measure.build
+
+        def build(*args, **kwargs):
+            built.append(real(*args, **kwargs))
+            return built[-1]
+
+        measure.build = build
+        try:
+            measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16)
+        finally:
+            measure.build = real
+        self.assertEqual(len(built), 1)
+        self.assertFalse(built[0].config.use_cache)
 
     def test_the_configs_default_would_make_one(self):
         # What the recordings before `no_cache` ran: a cache in the training forward.

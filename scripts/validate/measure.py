@@ -18,6 +18,13 @@ rounding, flash kernels).
 The method is checked first on a step computed by hand (`check_method`); the run
 stops if it disagrees. `--compiled` runs only the torch.compile'd steps (each in a process
 of its own).
+
+A training step's model is built with its key-value cache off (`no_cache`), as the step
+recorders build the model the planner replays. `--replace` measures some cases again in an
+earlier output's places (here Phi-3's deep training step without checkpointing, with SDPA):
+
+    .venv/bin/python scripts/validate/measure.py --only phi3 --size deep --training --uncheckpointed --attention sdpa \
+        --replace data/validation/cpu_ground_truth.json --out data/validation/cpu_ground_truth.json
 """
 
 import argparse
@@ -299,7 +306,8 @@ def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batc
         # Each case compiles its own model: graphs cached for an earlier one would count
         # against dynamo's recompilation limit.
         torch._dynamo.reset()
-    model = build(cfg, head, attn, dtype)
+    # The cache off, as the step recorders build the model the planner replays (`no_cache`).
+    model = no_cache(build(cfg, head, attn, dtype))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]
@@ -461,6 +469,24 @@ def compiled_case(c, cfg):
         return pool.apply(_case, (c, cfg))
 
 
+def replaced(path, run):
+    """The earlier output at `path` with each case `run` measured again in its place (the same
+    job: every field of the grid's case); the versions and seconds of each run noted."""
+    with open(path) as f:
+        doc = json.load(f)
+    fields = ("mode", "family", "size", "head", "precision", "optimizer", "attention", "checkpointing", "batch",
+              "seq", "compiled", "logits")
+    job = lambda c: tuple(c.get(k) for k in fields)  # noqa: E731
+    fresh = {job(c): c for c in run["cases"]}
+    missing = set(fresh) - {job(c) for c in doc["cases"]}
+    if missing:
+        raise SystemExit(f"{path} has no case {sorted(missing)[0]}")
+    doc["cases"] = [fresh.get(job(c), c) for c in doc["cases"]]
+    doc["note"] = (doc.get("note", "") + f" {len(fresh)} cases measured again with torch {run['torch']}, "
+                   f"transformers {run['transformers']} ({run['seconds']} s).").strip()
+    return doc
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -473,6 +499,11 @@ def main():
     ap.add_argument("--precision", help="run only cases at this precision (fp32, bf16, amp)")
     ap.add_argument("--checkpointed", action="store_true", help="run only cases with gradient checkpointing")
     ap.add_argument("--merge", nargs="+", help="result files whose cases to join into --out (no run)")
+    ap.add_argument("--attention", help="run only cases with this attention (eager, sdpa)")
+    ap.add_argument("--uncheckpointed", action="store_true", help="run only cases without checkpointing")
+    ap.add_argument("--training", action="store_true", help="run only training steps not torch.compile'd")
+    ap.add_argument("--replace", help="an earlier output: the cases run here take the places of its cases of the "
+                                      "same job, and the whole is written to --out")
     a = ap.parse_args()
     if a.merge:
         merged = None
@@ -505,6 +536,12 @@ def main():
         cases = [c for c in cases if c["precision"] == a.precision]
     if a.checkpointed:
         cases = [c for c in cases if c["checkpointing"]]
+    if a.uncheckpointed:
+        cases = [c for c in cases if not c.get("checkpointing")]
+    if a.attention:
+        cases = [c for c in cases if c.get("attention") == a.attention]
+    if a.training:
+        cases = [c for c in cases if c["mode"] == "train" and not c.get("compiled")]
     i, n = (int(x) for x in a.shard.split("/"))
     cases = cases[i::n]
     if a.limit:
@@ -534,6 +571,8 @@ def main():
         "seconds": round(time.time() - start, 1),
         "cases": results,
     }
+    if a.replace:
+        out = replaced(a.replace, out)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

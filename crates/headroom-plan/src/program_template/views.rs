@@ -140,12 +140,13 @@ mod tests {
         }
     }
 
-    /// BLOOM's templates: each layer's forward reshapes the query of its fused query-key-value
-    /// output to batch × heads, and under checkpointing or where the recording made no cache
-    /// (no cache to copy them into: the AMP LoRA steps) the key and the value too; no reshape after the scores (the attention's output) is read as one. A
-    /// checkpointed layer's recomputation makes the same three, read as views where its sites
-    /// name the reshape (some recordings name them by the backward's node alone: those copies are
-    /// as large as the fused output they would view, and are left as they are).
+    /// BLOOM's templates: each layer's forward reshapes the query, the key and the value of its
+    /// fused query-key-value output to batch × heads, and a recording made with the key-value
+    /// cache on (the config's default, before `measure.no_cache`) the query alone; no reshape
+    /// after the scores (the attention's output) is read as one. A checkpointed layer's
+    /// recomputation makes the same three, read as views where its sites name the reshape (some
+    /// recordings name them by the backward's node alone: those copies are as large as the fused
+    /// output they would view, and are left as they are).
     #[test]
     fn bloom_s_batch_views_are_the_query_key_and_value_of_the_fused_output() {
         // The QLoRA recorder names a reshape's copy `aten::clone` and runs without a cache:
@@ -159,8 +160,8 @@ mod tests {
             let middle = Layer { stack: 0, n: 2 };
             let forward = forward_of(t, middle).iter().filter(|e| t.tensors[e.tensor as usize].batch_view).count();
             let all = t.tensors.iter().filter(|x| x.batch_view && x.home == Some(middle)).count();
-            // Recorded without a cache (`measure.no_cache`, as the recordings made since train),
-            // a layer without checkpointing copies all three as well.
+            // A recording made with the key-value cache copied the key and the value onto it
+            // (`aten::cat` in the layer's forward), leaving the query alone to view.
             let cached = forward_of(t, middle)
                 .iter()
                 .any(|e| t.sites.get(t.tensors[e.tensor as usize].site as usize).is_some_and(|s| s == "aten::cat"));
