@@ -134,7 +134,7 @@ cross-attention, and peft's default targets for them are BERT's `query` and `val
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
 eager attention asked of a family recorded with SDPA goes to `data/programs/hf-qlora-eager.tpl`,
 as `hf-qlora.tpl` nears 2 MiB (`--only llama/causal-lm/bf16/eager/full,llama/causal-lm/bf16/eager/ckpt`,
-then `--qlora qv`: Llama's four keys; Qwen2, Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT, Mixtral,
+then `--qlora qv`: Llama's and Qwen2's four keys each; Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT, Mixtral,
 Qwen3, Gemma 3, Qwen2-MoE and Qwen3-MoE have no eager QLoRA step recorded yet);
 QLoRA's SDPA runs in fp32, so a family with grouped key-value heads (`GQA_FAMILIES`) is recorded
 under `/bf16/sdpa-math/` over grouped heads (a GPU's math path) and under `/bf16/sdpa/` with every

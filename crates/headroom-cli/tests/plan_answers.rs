@@ -240,7 +240,7 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
 
 /// The presets whose eager QLoRA steps are recorded (`data/programs/hf-qlora-eager.tpl`), each
 /// with its family and head.
-const EAGER_QLORA: &[(&str, &str)] = &[("llama-3-8b", "llama/causal-lm")];
+const EAGER_QLORA: &[(&str, &str)] = &[("llama-3-8b", "llama/causal-lm"), ("qwen2.5-7b", "qwen2/causal-lm")];
 
 #[test]
 fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() {
