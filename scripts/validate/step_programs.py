@@ -151,6 +151,10 @@ recorded: a CPU's AMP LoRA plan passes to the next builder.
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
+eager attention asked of a family recorded with SDPA goes to `data/programs/hf-qlora-eager.tpl`,
+as `hf-qlora.tpl` nears 2 MiB (`--only llama/causal-lm/bf16/eager/full,llama/causal-lm/bf16/eager/ckpt`,
+then `--qlora qv`: Llama's and Qwen2's four keys each; Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT, Mixtral,
+Qwen3, Gemma 3, Qwen2-MoE and Qwen3-MoE have no eager QLoRA step recorded yet);
 QLoRA's SDPA runs in fp32, so a family with grouped key-value heads (`GQA_FAMILIES`) is recorded
 under `/bf16/sdpa-math/` over grouped heads (a GPU's math path) and under `/bf16/sdpa/` with every
 head its own key-value head (the memory-efficient kernel; `qlora_programs.py`);

@@ -244,6 +244,40 @@ fn qlora_on_query_and_value_replays_its_own_recorded_step() {
     assert!(b(&p, "weights") < b(&a, "weights") && b(&p, "weights") > 0.95 * b(&a, "weights"), "{p} {a}");
 }
 
+/// QLoRA with eager attention asked (`attn_implementation="eager"`) replays its own recorded
+/// step, with checkpointing and without, either target, where it fell to Megatron's closed
+/// form before; without checkpointing, every layer's activations kept, above the checkpointed
+/// step.
+#[test]
+fn qlora_with_eager_attention_replays_its_own_recorded_step() {
+    for (model, prefix) in EAGER_QLORA {
+        for targets in ["all", "qv"] {
+            let job = format!(
+                "--model {model} --gpu h200 --finetune qlora --precision bf16 --batch 2 --seq 1024 --attention eager \
+                 --lora-targets {targets}"
+            );
+            let mut acts = Vec::new();
+            for (ck, flags) in [("ckpt", " --checkpoint full"), ("full", "")] {
+                let job = format!("{job}{flags}");
+                let want = format!("{prefix}/bf16/eager/{ck}/qlora-{targets}");
+                let (code, p) = plan(&args(&job));
+                assert_eq!(code, 0, "{p}");
+                assert_eq!(p["runner"]["builder"], "transformers", "{job}: {}", p["runner"]);
+                assert_eq!(p["program"]["source"], "recorded", "{job}: {}", p["program"]);
+                assert_eq!(p["program"]["template"], want.as_str(), "{job}: {}", p["program"]);
+                let (_, t) = text(&args(&job));
+                assert!(t.contains(&format!("recorded as {want}")), "{t}");
+                acts.push(p["breakdown"]["activations"].as_f64().unwrap());
+            }
+            assert!(acts[1] > acts[0], "{job}: {acts:?}");
+        }
+    }
+}
+
+/// The presets whose eager QLoRA steps are recorded (`data/programs/hf-qlora-eager.tpl`), each
+/// with its family and head.
+const EAGER_QLORA: &[(&str, &str)] = &[("llama-3-8b", "llama/causal-lm"), ("qwen2.5-7b", "qwen2/causal-lm")];
+
 #[test]
 fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() {
     let (code, p) = plan(&with_flags(&args(LORA_JOB), "--batch 1 --checkpoint full"));

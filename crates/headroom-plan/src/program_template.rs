@@ -541,9 +541,11 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// (the query and value projections' with each family's own attention); `hf-qlora.tpl`: QLoRA's (`--qlora`, keys ending `/ckpt/qlora-all` and, without
 /// checkpointing, `/full/qlora-all`; `/ckpt/qlora-qv` and `/full/qlora-qv` with the adapters on
 /// the query and value projections), recorded
-/// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`).
-/// `hf-lora-eager.tpl`: bf16 LoRA with eager attention asked of families recorded with SDPA;
-/// `hf-lora-amp.tpl`: LoRA under AMP (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
+/// under fake tensors with CUDA's bitsandbytes rules (`scripts/validate/qlora_programs.py`);
+/// `hf-qlora-eager.tpl`: QLoRA's with eager attention asked of families recorded with SDPA,
+/// recorded once `hf-qlora.tpl` neared 2 MiB; `hf-lora-eager.tpl`: bf16 LoRA with eager
+/// attention asked of families recorded with SDPA; `hf-lora-amp.tpl`: LoRA under AMP
+/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -555,6 +557,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
     ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
+    ("hf-qlora-eager.tpl", include_bytes!("../../../data/programs/hf-qlora-eager.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).
