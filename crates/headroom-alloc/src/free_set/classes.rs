@@ -309,6 +309,10 @@ impl Classes {
 
     /// Replaces `old` by `key` with `id`: within its class where both are of one.
     /// None if `old` is absent; false if `key` is present (and `old` is gone).
+    /// Across classes, the two buckets' remove and insert with the classes already
+    /// known: a merged block leaves its class at about every other free, and finding
+    /// both classes again cost about an eighth of the move (docs/PERFORMANCE.md, "Replay
+    /// passes, fifteenth round").
     #[inline]
     pub(super) fn replace(&mut self, old: u128, key: u128, id: u32) -> Option<bool> {
         let (from, to) = (class_of(old), class_of(key));
@@ -317,8 +321,12 @@ impl Classes {
             self.len -= usize::from(!inserted);
             return Some(inserted);
         }
-        self.remove(old)?;
-        Some(self.insert(key, id))
+        self.buckets[from].remove(old)?;
+        self.unmark_if_empty(from);
+        let inserted = self.buckets[to].insert(key, id);
+        self.mark(to);
+        self.len -= usize::from(!inserted);
+        Some(inserted)
     }
 
     #[inline]
