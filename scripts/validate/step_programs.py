@@ -109,7 +109,7 @@ over them all: its weights are laws in the unit `Er`. `hf-lora.tpl` holds every 
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM,
 Mixtral, Qwen2-MoE, Qwen3-MoE and (merged into `data/programs/hf-lora-eager.tpl`, as `hf-lora.tpl`
-nears 2 MiB) Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma and Phi-3 (`--only
+nears 2 MiB) Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Phi-3, GPT-NeoX and BERT (`--only
 phi3/causal-lm/bf16/eager/full,phi3/causal-lm/bf16/eager/ckpt --lora all,qv`; both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for

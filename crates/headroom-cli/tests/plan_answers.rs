@@ -153,8 +153,8 @@ fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
 /// bf16 LoRA with eager attention asked replays each family's own recorded step
 /// (`data/programs/hf-lora-eager.tpl`), with checkpointing and without, for every linear
 /// layer's adapters and the query and value projections', where it passed over transformers to
-/// the closed form before: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and GPT-2, families recorded
-/// with SDPA.
+/// the closed form before: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, GPT-2, GPT-NeoX and BERT,
+/// families recorded with SDPA.
 #[test]
 fn bf16_eager_lora_of_every_family_replays_its_own_recorded_step() {
     let qwen3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen3-1.7b.json");
@@ -166,6 +166,8 @@ fn bf16_eager_lora_of_every_family_replays_its_own_recorded_step() {
         ("phi-3-mini", "phi3/causal-lm"),
         ("gemma-2b", "gemma/causal-lm"),
         ("gpt2", "gpt2/causal-lm"),
+        ("pythia-1b", "gpt_neox/causal-lm"),
+        ("bert-base-uncased", "bert/masked-lm"),
     ] {
         let job = format!(
             "--model {model} --gpu h200 --batch 1 --seq 512 --finetune lora --precision bf16 --attention eager"
