@@ -109,7 +109,7 @@ over them all: its weights are laws in the unit `Er`. `hf-lora.tpl` holds every 
 adapters (`lora-all`) at bf16 with SDPA for Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 3,
 Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE, with eager attention for Gemma-2, BLOOM,
 Mixtral, Qwen2-MoE, Qwen3-MoE and (merged into `data/programs/hf-lora-eager.tpl`, as `hf-lora.tpl`
-nears 2 MiB) Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Phi-3, GPT-NeoX and BERT (`--only
+nears 2 MiB) Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Phi-3, GPT-NeoX, BERT and Gemma 3 (`--only
 phi3/causal-lm/bf16/eager/full,phi3/causal-lm/bf16/eager/ckpt --lora all,qv`; both targets), each without and with full checkpointing; at fp32 for Llama, Qwen2,
 Qwen3, Mistral and GPT-2, on SDPA's math path (`--only llama/causal-lm/fp32/sdpa-math/full`) for
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma and Gemma 3, each checkpointed too; with SDPA for
@@ -153,8 +153,8 @@ recorded: a CPU's AMP LoRA plan passes to the next builder.
 path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
 eager attention asked of a family recorded with SDPA goes to `data/programs/hf-qlora-eager.tpl`,
 as `hf-qlora.tpl` nears 2 MiB (`--only llama/causal-lm/bf16/eager/full,llama/causal-lm/bf16/eager/ckpt`,
-then `--qlora qv`: Llama's and Qwen2's four keys each; Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT, Mixtral,
-Qwen3, Gemma 3, Qwen2-MoE and Qwen3-MoE have no eager QLoRA step recorded yet);
+then `--qlora qv`: the four keys each of Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX,
+Qwen3, Gemma 3 and BERT; Mixtral, Qwen2-MoE and Qwen3-MoE have no eager QLoRA step recorded yet);
 QLoRA's SDPA runs in fp32, so a family with grouped key-value heads (`GQA_FAMILIES`) is recorded
 under `/bf16/sdpa-math/` over grouped heads (a GPU's math path) and under `/bf16/sdpa/` with every
 head its own key-value head (the memory-efficient kernel; `qlora_programs.py`);

@@ -64,6 +64,8 @@ const RECORDED: &[(&str, &str, &str)] = &[
     ("mixtral-8x7b", "sdpa", "mixtral/causal-lm/amp-cuda/sdpa"),
     ("qwen1.5-moe-a2.7b.json", "sdpa", "qwen2_moe/causal-lm/amp-cuda/sdpa"),
     ("gemma-2b", "sdpa", "gemma/causal-lm/amp-cuda/sdpa"),
+    ("gemma-3-1b.json", "sdpa", "gemma3_text/causal-lm/amp-cuda/sdpa"),
+    ("gemma-2-2b.json", "eager", "gemma2/causal-lm/amp-cuda/eager"),
     ("qwen3-30b-a3b.json", "sdpa", "qwen3_moe/causal-lm/amp-cuda/sdpa"),
     ("phi-3-mini", "sdpa", "phi3/causal-lm/amp-cuda/sdpa"),
     ("gpt2", "sdpa", "gpt2/causal-lm/amp-cuda/sdpa"),

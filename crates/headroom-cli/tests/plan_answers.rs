@@ -153,11 +153,12 @@ fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
 /// bf16 LoRA with eager attention asked replays each family's own recorded step
 /// (`data/programs/hf-lora-eager.tpl`), with checkpointing and without, for every linear
 /// layer's adapters and the query and value projections', where it passed over transformers to
-/// the closed form before: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, GPT-2, GPT-NeoX and BERT,
-/// families recorded with SDPA.
+/// the closed form before: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT and
+/// Gemma 3, families recorded with SDPA.
 #[test]
 fn bf16_eager_lora_of_every_family_replays_its_own_recorded_step() {
     let qwen3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen3-1.7b.json");
+    let gemma3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json");
     for (model, prefix) in [
         ("llama-3-8b", "llama/causal-lm"),
         ("mistral-7b", "mistral/causal-lm"),
@@ -168,6 +169,7 @@ fn bf16_eager_lora_of_every_family_replays_its_own_recorded_step() {
         ("gpt2", "gpt2/causal-lm"),
         ("pythia-1b", "gpt_neox/causal-lm"),
         ("bert-base-uncased", "bert/masked-lm"),
+        (gemma3, "gemma3_text/causal-lm"),
     ] {
         let job = format!(
             "--model {model} --gpu h200 --batch 1 --seq 512 --finetune lora --precision bf16 --attention eager"
@@ -255,7 +257,7 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
     for (model, prefix) in EAGER_QLORA {
         for targets in ["all", "qv"] {
             let job = format!(
-                "--model {model} --gpu h200 --finetune qlora --precision bf16 --batch 2 --seq 1024 --attention eager \
+                "--model {model} --gpu h200 --finetune qlora --precision bf16 --batch 2 --seq 512 --attention eager \
                  --lora-targets {targets}"
             );
             let mut acts = Vec::new();
@@ -278,7 +280,18 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
 
 /// The presets whose eager QLoRA steps are recorded (`data/programs/hf-qlora-eager.tpl`), each
 /// with its family and head.
-const EAGER_QLORA: &[(&str, &str)] = &[("llama-3-8b", "llama/causal-lm"), ("qwen2.5-7b", "qwen2/causal-lm")];
+const EAGER_QLORA: &[(&str, &str)] = &[
+    ("llama-3-8b", "llama/causal-lm"),
+    ("qwen2.5-7b", "qwen2/causal-lm"),
+    ("mistral-7b", "mistral/causal-lm"),
+    ("gemma-2b", "gemma/causal-lm"),
+    ("phi-3-mini", "phi3/causal-lm"),
+    ("gpt2", "gpt2/causal-lm"),
+    ("pythia-1b", "gpt_neox/causal-lm"),
+    (concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen3-1.7b.json"), "qwen3/causal-lm"),
+    (concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json"), "gemma3_text/causal-lm"),
+    ("bert-base-uncased", "bert/masked-lm"),
+];
 
 #[test]
 fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() {
