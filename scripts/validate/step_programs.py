@@ -154,7 +154,7 @@ path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/b
 eager attention asked of a family recorded with SDPA goes to `data/programs/hf-qlora-eager.tpl`,
 as `hf-qlora.tpl` nears 2 MiB (`--only llama/causal-lm/bf16/eager/full,llama/causal-lm/bf16/eager/ckpt`,
 then `--qlora qv`: the four keys each of Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX,
-Qwen3, Gemma 3 and BERT; Mixtral, Qwen2-MoE and Qwen3-MoE have no eager QLoRA step recorded yet);
+Qwen3, Gemma 3, BERT, Mixtral, Qwen2-MoE and Qwen3-MoE);
 QLoRA's SDPA runs in fp32, so a family with grouped key-value heads (`GQA_FAMILIES`) is recorded
 under `/bf16/sdpa-math/` over grouped heads (a GPU's math path) and under `/bf16/sdpa/` with every
 head its own key-value head (the memory-efficient kernel; `qlora_programs.py`);

@@ -73,6 +73,8 @@ const RECORDED: &[(&str, &str, &str)] = &[
     // transformers has no SDPA path for BLOOM: the SDPA asked runs eager.
     ("bloom-7b1", "sdpa", "bloom/causal-lm/amp-cuda/eager"),
     ("bert-base-uncased", "sdpa", "bert/masked-lm/amp-cuda/sdpa"),
+    // Nor for T5: eager, whatever is asked.
+    ("t5-base", "sdpa", "t5/seq2seq-lm/amp-cuda/eager"),
 ];
 
 /// Each family's AMP LoRA job on an H200, both adapter targets, with and without full

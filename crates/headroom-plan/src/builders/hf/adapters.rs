@@ -35,7 +35,7 @@
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
 //! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and for eager
-//! attention asked of ten families recorded with SDPA in `hf-qlora-eager.tpl` (not the MoE ones), and
+//! attention asked of the thirteen families recorded with SDPA in `hf-qlora-eager.tpl`, and
 //! `.../full/qlora-all` without checkpointing; its SDPA runs in fp32, so families with grouped
 //! key-value heads are recorded over grouped heads on SDPA's math path, `.../bf16/sdpa-math/...`,
 //! and with every head its own key-value head on the memory-efficient kernel, `.../bf16/sdpa/...`,
