@@ -87,19 +87,46 @@ impl Sorted {
     /// Inserts; false if the key was already present.
     #[inline]
     fn insert(&mut self, key: u128, id: u32) -> bool {
-        let at = self.lower_bound(key);
-        if at == self.keys.len() {
-            // Past the last key (into an empty set, the common warm case): a push.
+        // Past the last key (into an empty set: the warm case, and most inserts into a size
+        // class, whose sets hold one or two blocks): a push, inlined, with no search and no
+        // call (docs/PERFORMANCE.md, "Replay passes, sixteenth round").
+        if self.keys.last().is_none_or(|&last| last < key) {
             self.keys.push(key);
             self.ids.push(id);
             return true;
         }
+        self.insert_before_last(key, id)
+    }
+
+    /// [`Sorted::insert`] of a key not past the last.
+    fn insert_before_last(&mut self, key: u128, id: u32) -> bool {
+        let at = self.lower_bound(key);
+        debug_assert!(at < self.keys.len(), "a key past the last is pushed");
         if self.keys[at] == key {
             return false;
         }
         self.keys.insert(at, key);
         self.ids.insert(at, id);
+        debug_assert!(at == 0 || self.keys[at - 1] < key, "the keys stay sorted");
+        debug_assert!(self.keys[at + 1] > key, "the keys stay sorted");
         true
+    }
+
+    /// Removes `key`; its id if it was present. The last key (a set of one: most removes
+    /// from a size class) is popped with no search.
+    #[inline]
+    fn remove(&mut self, key: u128) -> Option<u32> {
+        if self.keys.last() == Some(&key) {
+            self.keys.pop();
+            return self.ids.pop();
+        }
+        self.remove_before_last(key)
+    }
+
+    /// [`Sorted::remove`] of a key not the last.
+    fn remove_before_last(&mut self, key: u128) -> Option<u32> {
+        let at = self.find(key)?;
+        Some(self.remove_at(at).1)
     }
 
     #[inline]
@@ -431,7 +458,7 @@ impl FreeSet {
         let key = pack(size, ptr);
         let entries = &mut self.streams[i].1;
         let removed = match entries {
-            Entries::Small(v) => v.find(key).map(|at| v.remove_at(at).1),
+            Entries::Small(v) => v.remove(key),
             Entries::Large(m) => {
                 let r = m.remove(key);
                 if m.len() < CLASSES_BELOW {

@@ -140,12 +140,15 @@ impl Bucket {
 
     #[inline]
     fn remove(&mut self, key: u128) -> Option<u32> {
-        let removed = match self {
-            Bucket::Small(v) => v.find(key).map(|at| v.remove_at(at).1),
-            Bucket::Runs(m) => m.remove(key),
-        };
-        self.settle();
-        removed
+        match self {
+            // A sorted vector never needs settling.
+            Bucket::Small(v) => v.remove(key),
+            Bucket::Runs(m) => {
+                let removed = m.remove(key);
+                self.settle();
+                removed
+            }
+        }
     }
 
     #[inline]
