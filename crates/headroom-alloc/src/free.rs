@@ -254,6 +254,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// As [`Self::try_merge_blocks`], but a mapped `src`'s free-set entry (its
     /// size and address, on `dst`'s stream) is returned, not removed: the caller
     /// removes it, or has the merged block take it over. None if nothing merged.
+    /// Inlined: `free_block` calls it for each neighbour of every free, and as a call of
+    /// its own it saved and restored registers for a few loads and compares.
+    #[inline(always)]
     fn absorb(&mut self, dst: u32, src: u32) -> Option<(u64, Option<(u64, u64)>)> {
         if src == NIL {
             return None;
