@@ -114,8 +114,23 @@ impl Bucket {
     }
 
     /// Inserts; false if the key was already present.
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, key: u128, id: u32) -> bool {
+        // A push onto a sorted vector (most inserts: a class mostly holds none or one block)
+        // inlined where the class is found; the rest a call (the compiler made the whole of
+        // it one, so that every push paid a call).
+        if let Bucket::Small(v) = self {
+            if v.len() < SMALL_MAX && v.keys.last().is_none_or(|&last| last < key) {
+                v.keys.push(key);
+                v.ids.push(id);
+                return true;
+            }
+        }
+        self.insert_within(key, id)
+    }
+
+    /// [`Bucket::insert`] past its inlined push.
+    fn insert_within(&mut self, key: u128, id: u32) -> bool {
         match self {
             Bucket::Small(v) => {
                 let inserted = v.insert(key, id);
