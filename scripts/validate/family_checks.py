@@ -90,6 +90,28 @@ VARIANTS = (
     ("gemma3_text", "bf16", "eager", False, 1, 160),
     ("t5", "amp", "eager", False, 1, 160),
     ("t5", "amp", "eager", True, 1, 160),
+    # Full fine-tuning's last gaps, chosen before the templates were recorded: eager AMP with
+    # and without checkpointing, checkpointed eager fp32, checkpointed AMP with SDPA,
+    # checkpointed eager bf16 (BERT, Mixtral).
+    ("llama", "amp", "eager", False, 1, 160),
+    ("llama", "amp", "eager", True, 1, 160),
+    ("mistral", "amp", "eager", True, 1, 160),
+    ("qwen2", "amp", "eager", False, 1, 160),
+    ("mixtral", "amp", "eager", False, 1, 160),
+    ("phi3", "amp", "eager", True, 1, 160),
+    ("gemma", "amp", "eager", False, 1, 160),
+    ("gpt2", "amp", "eager", False, 1, 160),
+    ("gpt_neox", "amp", "eager", True, 1, 160),
+    ("bert", "amp", "eager", False, 1, 160),
+    ("bloom", "amp", "eager", True, 1, 160),
+    ("llama", "fp32", "eager", True, 2, 144),
+    ("qwen2", "fp32", "eager", True, 2, 144),
+    ("gpt2", "fp32", "eager", True, 2, 144),
+    ("gemma", "amp", "sdpa", True, 1, 160),
+    ("gpt_neox", "amp", "sdpa", True, 1, 160),
+    ("bert", "amp", "sdpa", True, 1, 160),
+    ("bert", "bf16", "eager", True, 1, 160),
+    ("mixtral", "bf16", "eager", True, 1, 160),
 )
 
 

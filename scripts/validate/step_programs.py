@@ -66,7 +66,11 @@ Gemma 3) and in bf16 (BERT); AMP (Gemma-2, BLOOM, Qwen2-MoE, Gemma 3, and T5 wit
 with and without checkpointing); fp32 with SDPA's math path (Mixtral, with and without
 checkpointing; Gemma and Gemma 3 checkpointed) and with SDPA's fused kernel (Gemma, with and
 without checkpointing); checkpointed fp32 (Gemma 3 and Qwen2-MoE with SDPA, Gemma-2, BLOOM) and
-checkpointed bf16 (BERT), one `--only KEY` run each merged with `--merge`. T5
+checkpointed bf16 (BERT); and, for full fine-tuning's last gaps, eager AMP with and without
+checkpointing (Llama, Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT; BLOOM's
+checkpointed), checkpointed eager fp32 (Llama, Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2,
+GPT-NeoX), checkpointed AMP with SDPA (Gemma, GPT-NeoX, BERT) and checkpointed eager bf16
+(BERT, Mixtral), one `--only KEY` run each (or several keys a run) merged with `--merge`. T5
 is recorded with v1.0's ReLU MLP; `--gated` records it with v1.1's gated MLP (flan-t5, T0, mT5)
 under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/gated/lora-all`):
 
@@ -85,7 +89,14 @@ runs it; `amp-cuda` under CUDA's autocast policy (`headroom_gpu.amp.cuda_autocas
 `layer_norm`, `pow` and the losses in fp32 where the CPU keeps a bf16 input's dtype, so T5's
 cross-attention probabilities (bf16 scores plus a bf16 zero bias) are fp32 there and bf16
 here. A GPU's AMP plan replays `amp-cuda` where it was recorded (T5 v1.0, full and
-checkpointed; T5 v1.1 untied, the same; BERT with SDPA), held to an H200 in docs/VALIDATION.md:
+checkpointed; T5 v1.1 untied, the same; BERT with SDPA, checkpointed too, and eager; GPT-2 and
+GPT-NeoX eager, GPT-NeoX's SDPA checkpointed), the T5 and BERT SDPA rows held to an H200 in
+docs/VALIDATION.md. It is recorded where a step under CUDA's policy makes other tensors than
+under the CPU's: GPT-2's tanh GELU runs in fp32; the CPU's autocast promotes `cat`'s inputs,
+copying GPT-NeoX's unrotated query and key part to fp32, CUDA's does not; BERT's eager softmax,
+its head's LayerNorm and its loss. Llama, Mistral, Mixtral, Qwen2, Gemma and BLOOM make the same
+tensors under both (their softmax and norms run in fp32 by their own casts), and Phi-3 differs by
+copies of no elements: their `amp` step plans a GPU too:
 
     .venv/bin/python scripts/validate/step_programs.py --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json
     .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/amp-cuda/eager/full --out a.json

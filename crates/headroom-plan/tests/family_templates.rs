@@ -339,6 +339,40 @@ fn t5_under_amp_replays_its_recording_where_the_autocasts_agree() {
     }
 }
 
+/// Eager AMP of GPT-2, GPT-NeoX and BERT (and checkpointed AMP with SDPA of the last two),
+/// recorded under both autocasts: CUDA's policy makes other tensors than the CPU's there (GPT-2's
+/// tanh GELU in fp32; no fp32 copy of GPT-NeoX's unrotated query and key for `cat`; BERT's eager
+/// softmax, its head's LayerNorm and its loss), so a GPU's job replays `amp-cuda` and the CPU's
+/// `amp`.
+#[test]
+fn full_amp_replays_the_autocast_of_its_device() {
+    let jobs = [
+        ("gpt2", "gpt2/causal-lm", Attention::Eager, "eager"),
+        ("pythia-1b", "gpt_neox/causal-lm", Attention::Eager, "eager"),
+        ("pythia-1b", "gpt_neox/causal-lm", Attention::Sdpa, "sdpa"),
+        ("bert-base-uncased", "bert/masked-lm", Attention::Eager, "eager"),
+        ("bert-base-uncased", "bert/masked-lm", Attention::Sdpa, "sdpa"),
+    ];
+    for (name, prefix, attention, attn) in jobs {
+        let model = preset_model(name);
+        for (checkpointing, ck) in [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")] {
+            if attn == "sdpa" && ck == "full" {
+                continue; // recorded before, under one autocast or the other
+            }
+            let cfg =
+                TrainConfig { attention, checkpointing, ..TrainConfig::new(1, 512, Precision::Amp, Optimizer::AdamW) };
+            let (builder, planned) = source(&model, &cfg);
+            assert_eq!(builder, "transformers", "{name} {attn} {ck}");
+            assert_eq!(
+                planned,
+                ProgramSource::Template(format!("{prefix}/amp-cuda/{attn}/{ck}")),
+                "{name} {attn} {ck}"
+            );
+            assert_eq!(hf::key(&model, &cfg, Device::Cpu), Ok(format!("{prefix}/amp/{attn}/{ck}")), "{name}");
+        }
+    }
+}
+
 /// Real CPU steps of the model types recorded since `measure.py`'s grid
 /// (`data/validation/cpu_family_checks.json`, `scripts/validate/family_checks.py`): other
 /// widths, experts, depths and shapes than the recordings'; and of a sample of the keys of
