@@ -34,7 +34,8 @@ fn cases() -> Vec<Value> {
     v["cases"].as_array().expect("cases").clone()
 }
 
-/// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on (off where the
+/// QLoRA as `record --qlora` sets it up: bf16 compute (AMP or fp32 where the case was recorded
+/// with `--dtype amp` or `--dtype fp32`), SDPA, checkpointing on (off where the
 /// case was recorded with `--no-checkpoint`), adapters on every linear layer (on the query and
 /// value projections where the case was recorded with `--lora-targets qv`), torch.optim's AdamW
 /// (foreach).
@@ -57,9 +58,20 @@ fn config(c: &Value) -> TrainConfig {
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),
-            Precision::Bf16,
+            precision(c),
             Optimizer::AdamW,
         )
+    }
+}
+
+/// Cases without the field were recorded computing in bf16 outside autocast; `amp` under
+/// CUDA's autocast (planned from the `…/amp-cuda/…` templates), `fp32` computing in fp32.
+fn precision(c: &Value) -> Precision {
+    match c.get("precision").and_then(Value::as_str) {
+        None => Precision::Bf16,
+        Some("amp") => Precision::Amp,
+        Some("fp32") => Precision::Fp32,
+        Some(other) => panic!("a case recorded at {other}"),
     }
 }
 
@@ -102,6 +114,10 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             (Some(q), _) => format!("{label}, {q}"),
             (None, Some(false)) => format!("{label}, no double quantization"),
             _ => label,
+        };
+        let label = match c.get("precision").and_then(Value::as_str) {
+            Some(p) => format!("{label}, {p}"),
+            None => label,
         };
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, None, PEAK_TOLERANCE) {
             misses.push(miss);
