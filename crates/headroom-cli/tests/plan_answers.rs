@@ -307,6 +307,7 @@ fn qlora_at_amp_and_fp32_replays_its_own_recorded_step() {
 /// checkpointing, key less its checkpointing and adapters).
 const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
     // BLOOM and T5 have no SDPA path in transformers: SDPA asked plans their eager step.
+    ("bert-base-uncased", "amp", "eager", "ckpt", "bert/masked-lm/amp-cuda/eager"),
     ("bert-base-uncased", "amp", "sdpa", "ckpt", "bert/masked-lm/amp-cuda/sdpa"),
     ("bloom-7b1", "amp", "eager", "ckpt", "bloom/causal-lm/amp-cuda/eager"),
     ("bloom-7b1", "amp", "sdpa", "ckpt", "bloom/causal-lm/amp-cuda/eager"),
@@ -314,23 +315,30 @@ const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
     ("gemma-7b", "amp", "sdpa", "ckpt", "gemma/causal-lm/amp-cuda/sdpa"),
     ("gpt2", "amp", "eager", "ckpt", "gpt2/causal-lm/amp-cuda/eager"),
     ("gpt2", "amp", "sdpa", "ckpt", "gpt2/causal-lm/amp-cuda/sdpa"),
+    ("pythia-1b", "amp", "eager", "ckpt", "gpt_neox/causal-lm/amp-cuda/eager"),
     ("pythia-1b", "amp", "sdpa", "ckpt", "gpt_neox/causal-lm/amp-cuda/sdpa"),
     ("llama-3-8b", "amp", "eager", "ckpt", "llama/causal-lm/amp-cuda/eager"),
     ("llama-3-8b", "amp", "sdpa", "ckpt", "llama/causal-lm/amp-cuda/sdpa"),
     ("llama-3-8b", "amp", "sdpa", "full", "llama/causal-lm/amp-cuda/sdpa"),
     ("mistral-7b", "amp", "eager", "ckpt", "mistral/causal-lm/amp-cuda/eager"),
     ("mistral-7b", "amp", "sdpa", "ckpt", "mistral/causal-lm/amp-cuda/sdpa"),
+    ("mistral-7b", "amp", "sdpa", "full", "mistral/causal-lm/amp-cuda/sdpa"),
     ("mixtral-8x7b", "amp", "sdpa", "ckpt", "mixtral/causal-lm/amp-cuda/sdpa"),
+    ("phi-3-mini", "amp", "eager", "ckpt", "phi3/causal-lm/amp-cuda/eager"),
     ("phi-3-mini", "amp", "sdpa", "ckpt", "phi3/causal-lm/amp-cuda/sdpa"),
     ("qwen2.5-7b", "amp", "eager", "ckpt", "qwen2/causal-lm/amp-cuda/eager"),
     ("qwen2.5-7b", "amp", "sdpa", "ckpt", "qwen2/causal-lm/amp-cuda/sdpa"),
+    ("qwen2.5-7b", "amp", "sdpa", "full", "qwen2/causal-lm/amp-cuda/sdpa"),
     ("t5-base", "amp", "eager", "ckpt", "t5/seq2seq-lm/amp-cuda/eager"),
     ("t5-base", "amp", "sdpa", "ckpt", "t5/seq2seq-lm/amp-cuda/eager"),
     ("bert-base-uncased", "fp32", "sdpa", "ckpt", "bert/masked-lm/fp32/sdpa"),
+    ("gemma-7b", "fp32", "sdpa", "ckpt", "gemma/causal-lm/fp32/sdpa"),
     ("gpt2", "fp32", "sdpa", "ckpt", "gpt2/causal-lm/fp32/sdpa"),
+    ("llama-3-8b", "fp32", "eager", "ckpt", "llama/causal-lm/fp32/eager"),
     ("llama-3-8b", "fp32", "sdpa", "ckpt", "llama/causal-lm/fp32/sdpa-math"),
     ("mistral-7b", "fp32", "sdpa", "ckpt", "mistral/causal-lm/fp32/sdpa-math"),
     ("phi-3-mini", "fp32", "sdpa", "ckpt", "phi3/causal-lm/fp32/sdpa"),
+    ("qwen2.5-7b", "fp32", "eager", "ckpt", "qwen2/causal-lm/fp32/eager"),
     ("qwen2.5-7b", "fp32", "sdpa", "ckpt", "qwen2/causal-lm/fp32/sdpa-math"),
 ];
 

@@ -1,7 +1,7 @@
 //! QLoRA's steps as `python -m headroom_gpu record --qlora` records them (fake tensors with
 //! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
 //! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
-//! templates (`data/programs/hf-qlora.tpl`; `qlora-qv` for the cases with adapters on the query and
+//! templates (`data/programs/hf-qlora.tpl`; `hf-qlora-amp.tpl` and `hf-qlora-fp32.tpl` for the cases recorded at AMP and fp32; `qlora-qv` for the cases with adapters on the query and
 //! value projections alone; FP4 or no double quantization where the case was recorded so, the
 //! templates' double-quantized NF4 state rewritten by bitsandbytes' rule), as the recording's device runs it (no cuBLAS
 //! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
