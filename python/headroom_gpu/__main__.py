@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--qlora", type=int, metavar="RANK",
                    help="QLoRA: peft LoRA of this rank over every linear layer (--lora-targets qv: the query and "
                         "value projections) of a 4-bit base (bitsandbytes NF4, "
-                        "double quantization, bf16 compute), set up by peft's prepare_model_for_kbit_training "
+                        "double quantization, bf16 compute; --dtype fp32 computes in fp32, --dtype amp in bf16 "
+                        "under torch.autocast('cuda', torch.bfloat16) as Trainer(bf16=True) runs it), set up by "
+                        "peft's prepare_model_for_kbit_training "
                         "(gradient checkpointing on), the model's own head (T5: sequence-to-sequence LM; BERT: "
                         "masked LM; else causal LM); with --fsdp, Answer.AI's fsdp_qlora setup (the 4-bit weights "
                         "stored as bf16 and sharded, its LoRA targets, the rest frozen in bf16); needs bitsandbytes")

@@ -20,7 +20,10 @@ in bf16. The tensors a step keeps differ accordingly.
   parameter's cast is kept until the outermost autocast region ends); an operator CPU autocast
   casts and CUDA's does not runs uncast; `binary_cross_entropy` is refused as on CUDA;
 - other libraries' operators (`torchvision::roi_align`) are cast as their libraries' own CUDA
-  autocast kernels cast them (`cuda_autocast`'s documentation says how).
+  autocast kernels cast them (`cuda_autocast`'s documentation says how);
+- `torch.is_autocast_enabled()` without a device, which asks about CUDA's autocast, answers for
+  the CPU's that stands for it (peft's 4-bit LoRA layers ask it whether to cast their adapters'
+  output back to the layer's dtype themselves).
 
 The kernels are Python kernels at the `AutocastCPU` key (`torch.library`), above autograd, so
 the casts are in the autograd graph and the backward keeps what a GPU's keeps; leaving the
@@ -420,6 +423,16 @@ def cuda_autocast(assume: Callable[[str], None] = _warn) -> Iterator[dict[str, s
         policy.clear()
         original_clear()
 
+    original_enabled = torch.is_autocast_enabled
+
+    def enabled(*args: Any, **kwargs: Any) -> bool:
+        # Without a device, `torch.is_autocast_enabled()` asks about CUDA's autocast, which the
+        # CPU's stands for here: peft's 4-bit LoRA layers ask it whether to cast their adapters'
+        # output back to the layer's dtype (not under autocast) or leave it to autocast.
+        if not args and not kwargs:
+            return original_enabled() or original_enabled("cpu")
+        return original_enabled(*args, **kwargs)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
@@ -435,12 +448,14 @@ def cuda_autocast(assume: Callable[[str], None] = _warn) -> Iterator[dict[str, s
                                allow_override=True)
         autocast_mode.autocast.__init__ = init
         torch.clear_autocast_cache = clear
+        torch.is_autocast_enabled = enabled
         _ACTIVE.append(policy)
         yield policy_of
     finally:
         if policy in _ACTIVE:
             _ACTIVE.remove(policy)
         torch.clear_autocast_cache = original_clear
+        torch.is_autocast_enabled = original_enabled
         autocast_mode.autocast.__init__ = original_init
         for each in libs.values():
             each._destroy()

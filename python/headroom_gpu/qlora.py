@@ -248,16 +248,30 @@ def head(config: Any) -> str:
 QUANT_TYPES = ("nf4", "fp4")
 
 
+# What each precision of `record --qlora --dtype` sets bitsandbytes' compute dtype
+# (`bnb_4bit_compute_dtype`, which is also the dtype the model is loaded in) to:
+# - `bf16`: QLoRA as peft's documentation sets it up, the step outside autocast;
+# - `fp32`: a base computing in fp32 (`bnb_4bit_compute_dtype=torch.float32`, loaded with
+#   `torch_dtype=torch.float32`): each layer's dequantized weight fp32;
+# - `amp`: `Trainer(bf16=True)` over QLoRA's bf16 setup: the same model, the step under
+#   `torch.autocast("cuda", torch.bfloat16)`, so that the fp32 adapters, norms' outputs and
+#   attention run in bf16 where autocast casts them.
+# `prepare_model_for_kbit_training` casts every parameter that is not 4-bit to fp32 whatever the
+# precision, and peft keeps the adapters fp32 (`autocast_adapter_dtype`).
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "amp": torch.bfloat16}
+
+
 def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
-          model_head: str | None = None, quant_type: str = "nf4", double_quant: bool = True) -> torch.nn.Module:
+          model_head: str | None = None, quant_type: str = "nf4", double_quant: bool = True,
+          compute_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     """A transformers model of `config` with its `model_head` (`head(config)`'s where not given)
     on the meta device, its linear layers bitsandbytes' 4-bit ones (bf16 compute, NF4, double
     quantization: QLoRA's setup; `quant_type="fp4"` and `double_quant=False` set
-    `bnb_4bit_quant_type` and `bnb_4bit_use_double_quant` otherwise), as `from_pretrained(...,
-    quantization_config=BitsAndBytesConfig(...), torch_dtype=torch.bfloat16)` builds it before
-    loading: the modules the model keeps in fp32 (`_keep_in_fp32_modules`, T5's `wo`) stay full
-    linear layers in fp32. Build it outside the recorder (nothing is allocated); `prepare` loads
-    it inside."""
+    `bnb_4bit_quant_type` and `bnb_4bit_use_double_quant` otherwise, `compute_dtype=torch.float32`
+    `bnb_4bit_compute_dtype`), as `from_pretrained(..., quantization_config=BitsAndBytesConfig(...),
+    torch_dtype=compute_dtype)` builds it before loading: the modules the model keeps in fp32
+    (`_keep_in_fp32_modules`, T5's `wo`) stay full linear layers in fp32. Build it outside the
+    recorder (nothing is allocated); `prepare` loads it inside."""
     import transformers
     from torch._guards import detect_fake_mode
 
@@ -266,16 +280,17 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
                            "cannot hold: call it before entering the StepRecorder, and qlora.prepare inside it")
     auto = getattr(transformers, HEADS[model_head or head(config)][0])
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(compute_dtype)
     try:
         with torch.device("meta"):
-            # bf16 whatever the config's `torch_dtype`, as from_pretrained's torch_dtype=torch.bfloat16.
-            model = auto.from_config(config, attn_implementation=attention, dtype=torch.bfloat16)
+            # The compute dtype whatever the config's `torch_dtype`, as from_pretrained's torch_dtype.
+            model = auto.from_config(config, attn_implementation=attention, dtype=compute_dtype)
     finally:
         torch.set_default_dtype(previous)
     if quant_type not in QUANT_TYPES:
         raise ValueError(f"bnb_4bit_quant_type {quant_type!r}: one of {', '.join(QUANT_TYPES)}")
-    replace_linear(model, quant_storage=quant_storage, quant_type=quant_type, double_quant=double_quant)
+    replace_linear(model, compute_dtype=compute_dtype, quant_storage=quant_storage, quant_type=quant_type,
+                   double_quant=double_quant)
     return model
 
 
@@ -383,9 +398,12 @@ def check(spec: Any) -> None:
         raise ValueError(f"--qlora: {reason}")
     if spec.lora:
         raise ValueError("--qlora RANK is LoRA over a 4-bit base: give --qlora or --lora, not both")
-    if spec.dtype != "bf16":
-        raise ValueError(f"--qlora computes in bf16 and peft keeps the rest in fp32: --dtype {spec.dtype} does not "
-                         "apply (leave --dtype out)")
+    if spec.dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"--qlora with --dtype {spec.dtype}: QLoRA is recorded computing in bf16 (default), in fp32 "
+                         "(--dtype fp32) or in bf16 under autocast (--dtype amp); peft keeps the rest in fp32")
+    if spec.fsdp and spec.dtype != "bf16":
+        raise ValueError(f"--dtype {spec.dtype} with --fsdp: fsdp_qlora's setup computes in bf16 outside autocast, "
+                         "and is recorded so alone")
     if spec.fsdp and (spec.qlora_quant_type != "nf4" or not spec.qlora_double_quant):
         raise ValueError("--base-weights and --double-quant with --fsdp: fsdp_qlora's setup is NF4 with double "
                          "quantization, and is recorded so alone")

@@ -161,7 +161,8 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
         # device: nothing to record.
         meta = qlora.build(config, spec.attention,
                            quant_storage=torch.bfloat16 if spec.fsdp else torch.uint8,
-                           quant_type=spec.qlora_quant_type, double_quant=spec.qlora_double_quant)
+                           quant_type=spec.qlora_quant_type, double_quant=spec.qlora_double_quant,
+                           compute_dtype=qlora.COMPUTE_DTYPES[spec.dtype])
     with world as mesh, StepRecorder(fake=fake, route_sdpa=route_sdpa, shape=(spec.batch, spec.seq),
                                      compile=spec.compile) as rec, \
             contextlib.ExitStack() as stack:

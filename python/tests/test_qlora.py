@@ -156,6 +156,46 @@ class Step(unittest.TestCase):
         self.assertEqual(sizes("backward", "MatMul4BitBackward").count(128 * 64 * 2), 2 * 3)
         self.assertEqual(sizes("backward", "").count(128 * 64 * 2), 2 * 2 * 3)
 
+    def test_fp32_compute_dequantizes_each_layer_in_fp32(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # bnb_4bit_compute_dtype=torch.float32: q_proj's 64×64 weight dequantized in fp32
+        # (16,384 B), none in bf16; the base's fp32 attention on SDPA's math path (grouped heads).
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=1024, steps=2, qlora=8, dtype="fp32"))
+        forward = [r.size for op, r in rec.events if op == "alloc" and r.when == "step2.forward"
+                   and r.site.endswith("layers.0.self_attn.q_proj.base_layer")]
+        self.assertEqual(forward.count(64 * 64 * 4), 1, forward)
+        self.assertEqual(forward.count(64 * 64 * 2), 0, forward)
+        self.assertEqual(set(rec.sdpa_kernels), {"math"})
+
+    def test_amp_computes_in_bf16_and_attends_in_bf16_under_autocast(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # Trainer(bf16=True) over QLoRA: the same bf16 dequantization, and SDPA's fp32 inputs cast
+        # to bf16 by CUDA's autocast, so the fused flash kernel where QLoRA outside autocast takes
+        # the math path (grouped heads in fp32); the recomputation under the forward's autocast.
+        spec = dict(model=_model_dir(self.tmp), batch=2, seq=1024, steps=1, qlora=8)
+        amp = record(StepSpec(**spec, dtype="amp"))
+        self.assertEqual(amp.sdpa_kernels, {"flash": 4})
+        self.assertEqual(record(StepSpec(**spec)).sdpa_kernels, {"math": 4})
+        forward = [r.size for op, r in amp.events if op == "alloc" and r.when == "step1.forward"
+                   and r.site.endswith("layers.0.self_attn.q_proj.base_layer")]
+        self.assertEqual(forward.count(64 * 64 * 2), 1, forward)
+
+    def test_amp_adapters_output_is_left_to_autocast_as_on_a_gpu(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # peft's 4-bit LoRA layer casts its adapters' bf16 output back to fp32 unless
+        # `torch.is_autocast_enabled()` (CUDA's) says autocast is on, which on a GPU it is:
+        # no fp32 copy of the adapters' output (2 × 1024 × 64 × 4 B for q_proj) in the forward.
+        rec = record(StepSpec(model=_model_dir(self.tmp), batch=2, seq=1024, steps=1, qlora=8, dtype="amp",
+                              qlora_checkpoint=False))
+        copies = [r.size for op, r in rec.events if op == "alloc" and r.when == "step1.forward"
+                  and r.site.endswith("layers.0.self_attn.q_proj") and r.size == 2 * 1024 * 64 * 4]
+        # peft's clone of the base layer's output and its sum with the adapters': two, where a
+        # third would be the adapters' output copied to fp32.
+        self.assertEqual(len(copies), 2, copies)
+
     def test_without_checkpointing_the_backward_recomputes_nothing(self):
         from headroom_gpu.transformers_step import StepSpec, record
 
@@ -245,6 +285,16 @@ class Step(unittest.TestCase):
         config = transformers.AutoConfig.from_pretrained(_model_dir(self.tmp))
         with StepRecorder(), self.assertRaisesRegex(RuntimeError, "before entering the StepRecorder"):
             qlora.build(config, "sdpa")
+
+    def test_precisions_qlora_does_not_record_are_refused(self):
+        env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+        for flags, says in ((["--qlora", "8", "--dtype", "fp16"], "--dtype amp"),
+                            (["--qlora", "8", "--fsdp", "2", "--dtype", "fp32"], "fsdp_qlora")):
+            r = subprocess.run([sys.executable, "-m", "headroom_gpu", "record", "--model", _model_dir(self.tmp),
+                                *flags, "--out", os.path.join(self.tmp, "x.jsonl")],
+                               capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(says, r.stderr)
 
     def test_qlora_with_lora_is_refused(self):
         env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -505,9 +555,10 @@ class Documented(unittest.TestCase):
         with open(os.path.join(repo, "docs", "RECORDING.md"), encoding="utf-8") as f:
             text = f.read()
         commands = [l for b in _documented("shell") for l in b if l.startswith("python -m headroom_gpu ")]
-        self.assertEqual(len(commands), 3)
+        self.assertEqual(len(commands), 4)
         self.assertTrue(all("--qlora" in c for c in commands))
         self.assertEqual(sum("--double-quant off" in c for c in commands), 1)
+        self.assertEqual(sum("--dtype amp" in c for c in commands), 1)
         self.assertEqual(sum("--fsdp" in c for c in commands), 1)
         d = tempfile.mkdtemp()
         os.symlink(os.path.join(repo, "data"), os.path.join(d, "data"))

@@ -48,8 +48,15 @@ BLOCKS = ((1, 2), (4, 64), (1, 64), (4, 16384))
 # The attention each key records, as transformers names it.
 ATTENTION = {"sdpa": "sdpa", "sdpa-math": "sdpa", "eager": "eager"}
 # The kernel a GPU runs for the key's SDPA (`headroom_gpu.sdpa`), held to the recording: fp32
-# (QLoRA's), so the fused one is the memory-efficient kernel.
+# (QLoRA's at bf16 and fp32 compute), so the fused one is the memory-efficient kernel.
 KERNELS = {"sdpa": "efficient", "sdpa-math": "math", "eager": None}
+# Under autocast (`amp-cuda`) CUDA's policy casts SDPA's fp32 inputs to bf16, which the fused
+# kernels take over grouped heads too: flash without a mask, the memory-efficient kernel with one
+# (GPT-2's). Never the math path, which has no `amp-cuda` key.
+FUSED = {"flash", "efficient"}
+# QLoRA's precisions as the keys name them: bitsandbytes' compute dtype (`headroom_gpu.qlora.
+# COMPUTE_DTYPES`; `amp-cuda` is `record --qlora --dtype amp`, under CUDA's autocast policy).
+COMPUTE = {"bf16": "bf16", "fp32": "fp32", sp.AMP_CUDA: "amp"}
 # The MLP width of its own some families are recorded at (`step_programs.MLP_WIDTH`, 1,184) makes
 # 1,184 x 768 elements, 55.5 blocks of 16,384: its second-level absmax rounds up to 56 and fits
 # no law in out x in. 1,216 = 19 x 64 keeps that width's purpose (no small multiple, half or
@@ -278,22 +285,26 @@ class QLoraJob(sp.Job):
         import transformers
         from headroom_gpu import qlora
 
-        if precision != "bf16" or attn not in ATTENTION or head not in qlora.HEADS:
-            raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 compute, SDPA (or eager attention), "
-                                 f"with a head of {', '.join(qlora.HEADS)}")
+        if precision not in COMPUTE or attn not in ATTENTION or head not in qlora.HEADS:
+            raise sp.Unexplained("QLoRA is recorded as peft sets it up: bf16 or fp32 compute, or bf16 under CUDA's "
+                                 f"autocast ({', '.join(COMPUTE)}), SDPA (or eager attention), with a head of "
+                                 f"{', '.join(qlora.HEADS)}")
         self.what = f"{sp.key(family, head, precision, attn, checkpointing, adapters)} {batch}x{seq} L{layers}"
-        if attn == "sdpa-math" and family not in sp.GQA_FAMILIES:
-            raise sp.Unexplained(f"{self.what}: SDPA's math path is recorded over grouped key-value heads, which "
-                                 f"{family} has no setting for")
+        amp = precision == sp.AMP_CUDA
+        if attn == "sdpa-math" and (family not in sp.GQA_FAMILIES or amp):
+            raise sp.Unexplained(f"{self.what}: SDPA's math path is recorded over grouped key-value heads in fp32, "
+                                 f"which {family} has no setting for or autocast casts to bf16")
         # prepare_model_for_kbit_training casts the embeddings and norms to fp32, and
-        # Linear4bit returns its input's dtype, so SDPA runs in fp32: a GPU's memory-efficient
-        # kernel over heads that are their own key-value heads (`sdpa`), its math path over
-        # grouped ones (`sdpa-math`), which the kernel cannot take.
-        cfg = qlora_config(family, layers, grouped=attn != "sdpa")
+        # Linear4bit returns its input's dtype, so outside autocast SDPA runs in fp32: a GPU's
+        # memory-efficient kernel over heads that are their own key-value heads (`sdpa`), its
+        # math path over grouped ones (`sdpa-math`), which the kernel cannot take. Under
+        # autocast it runs in bf16 on a fused kernel, over grouped heads too.
+        cfg = qlora_config(family, layers, grouped=attn != "sdpa" or amp)
         fields = dict(cfg)
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
         config.use_cache = False
-        meta = qlora.build(config, ATTENTION[attn], model_head=head)
+        meta = qlora.build(config, ATTENTION[attn], model_head=head,
+                           compute_dtype=qlora.COMPUTE_DTYPES[COMPUTE[precision]])
         rank = adapters[0]
         torch.manual_seed(0)
         grads = {}
@@ -317,7 +328,10 @@ class QLoraJob(sp.Job):
             ids = torch.randint(0, config.vocab_size, (batch, seq))
             for step in (1, 2):
                 with rec.step():
-                    loss = model(input_ids=ids, labels=ids).loss
+                    # `Trainer(bf16=True)`'s autocast, cast as CUDA's is (the recorder's
+                    # `headroom_gpu.amp.cuda_autocast`).
+                    with torch.autocast("cuda", torch.bfloat16) if amp else contextlib.nullcontext():
+                        loss = model(input_ids=ids, labels=ids).loss
                     loss.backward()
                     del loss
                     grads[step] = {rec._storages[p.grad.untyped_storage()].index: i
@@ -329,7 +343,10 @@ class QLoraJob(sp.Job):
             # `repeat_kv`, which the memory-efficient kernel takes: only the math path's key
             # may hold both.
             ran = set(rec.sdpa_kernels)
-            if wanted and (wanted not in ran or attn == "sdpa" and ran != {wanted}):
+            if amp and attn == "sdpa" and not (ran and ran <= FUSED):
+                raise sp.Unexplained(f"{self.what}: SDPA ran {dict(rec.sdpa_kernels)}, where the key is the fused "
+                                     "kernels'")
+            if wanted and not amp and (wanted not in ran or attn == "sdpa" and ran != {wanted}):
                 raise sp.Unexplained(f"{self.what}: SDPA ran {dict(rec.sdpa_kernels)}, where the key is {wanted}'s")
             self._read_fake(rec, model, opt, ids, family, cfg, rank, grads, dropouts)
 

@@ -26,9 +26,12 @@ qlora_truth` compares).
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --variants --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --ungrouped --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --ungrouped --only qwen2 --out data/validation/qlora_fake_truth.json
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --precisions --out data/validation/qlora_fake_truth.json
 
 `UNGROUPED_CASES` have every head its own key-value head, whose fp32 attention (QLoRA's) a GPU
 runs on the memory-efficient kernel: against the `.../bf16/sdpa/...` templates recorded so.
+`PRECISION_CASES` are QLoRA under autocast (`--dtype amp`) and computing in fp32 (`--dtype fp32`):
+against the `.../amp-cuda/...` and `.../fp32/...` templates.
 """
 
 import argparse
@@ -269,6 +272,27 @@ UNGROUPED_CASES = [
                    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "use_sliding_window": False, "vocab_size": 8000}, 4, 3, 40, 16, True, "qv"),
 ]
+# QLoRA at the other precisions `record --qlora` records (`--dtype amp`: the step under
+# `torch.autocast("cuda", torch.bfloat16)`, as `Trainer(bf16=True)` runs it; `--dtype fp32`:
+# `bnb_4bit_compute_dtype=torch.float32`), checked against the `.../amp-cuda/...` and `.../fp32/...`
+# templates (`data/programs/hf-qlora-amp.tpl`, `hf-qlora-fp32.tpl`): (family, config, layers, batch,
+# seq, rank, checkpoint, precision), chosen before any was measured and before the templates they
+# check were all recorded, at widths, depths, shapes and ranks neither the templates nor the cases
+# above use; the tolerance is the other QLoRA rows' 3%.
+PRECISION_CASES = [
+    # Llama 3's layout (16 heads of 64 over 4 key-value heads) under autocast, checkpointed.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 6, 2, 96, 16, True, "amp"),
+    # Llama 2's layout (every head its own key-value head) under autocast: the same fused kernel.
+    ("llama", {"hidden_size": 1280, "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 64,
+               "intermediate_size": 3456, "vocab_size": 8000}, 5, 1, 160, 8, True, "amp"),
+    # Mistral's code, 8 heads of 128 over 2, under autocast, checkpointed.
+    ("mistral", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                 "intermediate_size": 3584, "vocab_size": 8000}, 4, 2, 72, 32, True, "amp"),
+    # fp32 compute over Llama 3's layout (16 heads of 64 over 8), checkpointed: SDPA's math path.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 5, 2, 80, 32, True, "fp32"),
+]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
 EAGER = {"bloom", "gemma2", "t5"}
@@ -318,7 +342,7 @@ def peaks(rec, step=2):
 
 
 def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all", quant_type="nf4",
-         double_quant=True):
+         double_quant=True, precision="bf16"):
     from headroom_gpu import transformers_step
 
     config = {"model_type": family, "num_hidden_layers": layers, "max_position_embeddings": 4096,
@@ -335,14 +359,17 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all
                                                                       qlora_checkpoint=checkpoint, steps=2,
                                                                       attention=attention, lora_targets=targets,
                                                                       qlora_quant_type=quant_type,
-                                                                      qlora_double_quant=double_quant))
+                                                                      qlora_double_quant=double_quant,
+                                                                      dtype=precision))
         finally:
             transformers_step.StepRecorder = original
     p = peaks(rec)
     return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
             "checkpoint": checkpoint, **({"targets": targets} if targets != "all" else {}),
             **({"quant_type": quant_type} if quant_type != "nf4" else {}),
-            **({"double_quant": False} if not double_quant else {}), "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
+            **({"double_quant": False} if not double_quant else {}),
+            **({"precision": precision} if precision != "bf16" else {}),
+            "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
 def case_fields(c):
@@ -366,6 +393,11 @@ def variant_case(c):
     return case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8])
 
 
+def precision_case(c):
+    """A row of PRECISION_CASES recorded: its checkpointing and precision."""
+    return case(*c[:6], checkpoint=c[6], precision=c[7])
+
+
 def ungrouped_case(c):
     """A row of UNGROUPED_CASES recorded: its checkpointing and targets."""
     return case(*c[:6], checkpoint=c[6], targets=c[7])
@@ -384,6 +416,8 @@ def main():
                          "with --only, the others are kept from --out")
     ap.add_argument("--variants", action="store_true",
                     help="record VARIANT_CASES alone (FP4, no double quantization), the other cases kept from --out")
+    ap.add_argument("--precisions", action="store_true",
+                    help="record PRECISION_CASES alone (AMP and fp32 compute), the other cases kept from --out")
     ap.add_argument("--ungrouped", action="store_true",
                     help="record UNGROUPED_CASES alone (every head its own key-value head; with --only, those "
                          "families'), the other cases kept from --out")
@@ -398,7 +432,12 @@ def main():
 
     cases = []
     variant = lambda c: "quant_type" in c or "double_quant" in c  # noqa: E731
-    if args.ungrouped:
+    precise = lambda c: "precision" in c  # noqa: E731
+    if args.precisions:
+        with open(args.out) as f:
+            cases = [c for c in json.load(f)["cases"] if not precise(c)]
+        cases += [r for _, r in case_table.measured(PRECISION_CASES, precision_case, "assumptions")]
+    elif args.ungrouped:
         # With --only, those families' ungrouped cases alone, the others kept from --out.
         todo = [c for c in UNGROUPED_CASES if not only or c[0] in only]
         redo = [case_fields(c) for c in todo]
@@ -415,14 +454,15 @@ def main():
                      if variant(c) or only and c["family"] not in only or c.get("checkpoint", True) not in kinds
                      or c.get("targets", "all") not in targets]
     groups = ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"), (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
-    todo = [] if args.variants or args.ungrouped else [
+    todo = [] if args.variants or args.ungrouped or args.precisions else [
         (c, checkpoint, t) for group, checkpoint, t in groups
         if checkpoint in kinds and t in targets for c in group if not only or c[0] in only]
     cases += [r for _, r in case_table.measured(todo, lambda x: case(*x[0], checkpoint=x[1], targets=x[2]),
                                                  "assumptions")]
-    if not (args.variants or args.ungrouped or only or len(kinds) < 2 or len(targets) < 2):
+    if not (args.variants or args.ungrouped or args.precisions or only or len(kinds) < 2 or len(targets) < 2):
         cases += [r for _, r in case_table.measured(VARIANT_CASES, variant_case, "assumptions")]
         cases += [r for _, r in case_table.measured(UNGROUPED_CASES, ungrouped_case, "assumptions")]
+        cases += [r for _, r in case_table.measured(PRECISION_CASES, precision_case, "assumptions")]
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
              "bitsandbytes": bitsandbytes.__version__}

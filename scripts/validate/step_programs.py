@@ -1353,8 +1353,9 @@ def main():
                                                           "layer a weight of its own (tied otherwise)")
     ap.add_argument("--qlora", choices=("all", "qv"), help="record QLoRA's step (LoRA on every linear layer of a "
                                                              "4-bit base, or on its query and value projections: qv; "
-                                                             "bf16 compute, SDPA, with and without checkpointing) "
-                                                             "under fake tensors")
+                                                             "bf16 compute, SDPA, with and without checkpointing; "
+                                                             "fp32 compute and AMP, amp-cuda, where --only names "
+                                                             "the key) under fake tensors")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -1384,10 +1385,15 @@ def main():
         # SDPA runs in fp32 under QLoRA (qlora_programs.py): the families with grouped key-value
         # heads are recorded twice, `sdpa` with every head its own key-value head (the fused
         # kernel's) and `sdpa-math` with grouped heads (the math path's).
-        jobs = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
+        # fp32 compute and AMP (bf16 compute under CUDA's autocast, `amp-cuda`) where a key asks
+        # for them by name: at fp32 SDPA's math path too (grouped heads), under autocast SDPA in bf16
+        # on a fused kernel over grouped heads, no math path.
+        bf16 = [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
                 if j[2] == "bf16"
                 and (j[3] == "sdpa" or j[3] == "eager" and (j[0] in measure.NO_SDPA or key(*j) in whole))]
-        jobs += [j[:3] + ("sdpa-math",) + j[4:] for j in jobs if j[3] == "sdpa" and j[0] in GQA_FAMILIES]
+        bf16 += [j[:3] + ("sdpa-math",) + j[4:] for j in bf16 if j[3] == "sdpa" and j[0] in GQA_FAMILIES]
+        jobs = bf16 + [j + ((LORA_RANK, args.qlora, "qlora"),) for j in jobs
+                       if j[2] in ("fp32", AMP_CUDA) and key(*j) in whole]
     if args.untied and not args.gated:
         ap.error("--untied is T5 v1.1's output layer: give it with --gated")
     if args.untied:

@@ -279,6 +279,73 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
     }
 }
 
+/// `--finetune qlora` at `--precision amp` (peft's QLoRA under `Trainer(bf16=True)`'s autocast)
+/// and `--precision fp32` (`bnb_4bit_compute_dtype=torch.float32`) on an H200 replays the step
+/// recorded at that precision (`data/programs/hf-qlora-amp.tpl`, `hf-qlora-fp32.tpl`), not
+/// Megatron's closed form: AMP's under CUDA's autocast policy (`amp-cuda`), its SDPA bf16 after
+/// autocast (`sdpa`, whatever the heads), fp32's SDPA fp32 (`sdpa-math` over grouped heads).
+#[test]
+fn qlora_at_amp_and_fp32_replays_its_own_recorded_step() {
+    for (model, precision, attention, ck, want) in QLORA_PRECISIONS {
+        let flags = if *ck == "ckpt" { " --checkpoint full" } else { "" };
+        let job = format!(
+            "--model {model} --gpu h200 --finetune qlora --precision {precision} --attention {attention} --batch 1 \
+             --seq 512{flags}"
+        );
+        let want = format!("{want}/{ck}/qlora-all");
+        let (code, p) = plan(&args(&job));
+        assert!(code < 2, "{p}");
+        assert_eq!(p["runner"]["builder"], "transformers", "{job}: {}", p["runner"]);
+        assert_eq!(p["program"]["source"], "recorded", "{job}: {}", p["program"]);
+        assert_eq!(p["program"]["template"], want.as_str(), "{job}: {}", p["program"]);
+        let (_, t) = text(&args(&job));
+        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+    }
+}
+
+/// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
+/// checkpointing, key less its checkpointing and adapters).
+const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
+    // BLOOM and T5 have no SDPA path in transformers: SDPA asked plans their eager step.
+    ("bert-base-uncased", "amp", "eager", "ckpt", "bert/masked-lm/amp-cuda/eager"),
+    ("bert-base-uncased", "amp", "sdpa", "ckpt", "bert/masked-lm/amp-cuda/sdpa"),
+    ("bloom-7b1", "amp", "eager", "ckpt", "bloom/causal-lm/amp-cuda/eager"),
+    ("bloom-7b1", "amp", "sdpa", "ckpt", "bloom/causal-lm/amp-cuda/eager"),
+    ("gemma-7b", "amp", "eager", "ckpt", "gemma/causal-lm/amp-cuda/eager"),
+    ("gemma-7b", "amp", "sdpa", "ckpt", "gemma/causal-lm/amp-cuda/sdpa"),
+    ("gpt2", "amp", "eager", "ckpt", "gpt2/causal-lm/amp-cuda/eager"),
+    ("gpt2", "amp", "sdpa", "ckpt", "gpt2/causal-lm/amp-cuda/sdpa"),
+    ("pythia-1b", "amp", "eager", "ckpt", "gpt_neox/causal-lm/amp-cuda/eager"),
+    ("pythia-1b", "amp", "sdpa", "ckpt", "gpt_neox/causal-lm/amp-cuda/sdpa"),
+    ("llama-3-8b", "amp", "eager", "ckpt", "llama/causal-lm/amp-cuda/eager"),
+    ("llama-3-8b", "amp", "sdpa", "ckpt", "llama/causal-lm/amp-cuda/sdpa"),
+    ("llama-3-8b", "amp", "sdpa", "full", "llama/causal-lm/amp-cuda/sdpa"),
+    ("mistral-7b", "amp", "eager", "ckpt", "mistral/causal-lm/amp-cuda/eager"),
+    ("mistral-7b", "amp", "sdpa", "ckpt", "mistral/causal-lm/amp-cuda/sdpa"),
+    ("mistral-7b", "amp", "sdpa", "full", "mistral/causal-lm/amp-cuda/sdpa"),
+    ("mixtral-8x7b", "amp", "eager", "ckpt", "mixtral/causal-lm/amp-cuda/eager"),
+    ("mixtral-8x7b", "amp", "sdpa", "ckpt", "mixtral/causal-lm/amp-cuda/sdpa"),
+    ("phi-3-mini", "amp", "eager", "ckpt", "phi3/causal-lm/amp-cuda/eager"),
+    ("phi-3-mini", "amp", "sdpa", "ckpt", "phi3/causal-lm/amp-cuda/sdpa"),
+    ("qwen2.5-7b", "amp", "eager", "ckpt", "qwen2/causal-lm/amp-cuda/eager"),
+    ("qwen2.5-7b", "amp", "sdpa", "ckpt", "qwen2/causal-lm/amp-cuda/sdpa"),
+    ("qwen2.5-7b", "amp", "sdpa", "full", "qwen2/causal-lm/amp-cuda/sdpa"),
+    ("t5-base", "amp", "eager", "ckpt", "t5/seq2seq-lm/amp-cuda/eager"),
+    ("t5-base", "amp", "sdpa", "ckpt", "t5/seq2seq-lm/amp-cuda/eager"),
+    ("bert-base-uncased", "fp32", "sdpa", "ckpt", "bert/masked-lm/fp32/sdpa"),
+    ("bloom-7b1", "fp32", "eager", "ckpt", "bloom/causal-lm/fp32/eager"),
+    ("bloom-7b1", "fp32", "sdpa", "ckpt", "bloom/causal-lm/fp32/eager"),
+    ("gemma-7b", "fp32", "sdpa", "ckpt", "gemma/causal-lm/fp32/sdpa"),
+    ("gpt2", "fp32", "sdpa", "ckpt", "gpt2/causal-lm/fp32/sdpa"),
+    ("pythia-1b", "fp32", "sdpa", "ckpt", "gpt_neox/causal-lm/fp32/sdpa"),
+    ("llama-3-8b", "fp32", "eager", "ckpt", "llama/causal-lm/fp32/eager"),
+    ("llama-3-8b", "fp32", "sdpa", "ckpt", "llama/causal-lm/fp32/sdpa-math"),
+    ("mistral-7b", "fp32", "sdpa", "ckpt", "mistral/causal-lm/fp32/sdpa-math"),
+    ("phi-3-mini", "fp32", "sdpa", "ckpt", "phi3/causal-lm/fp32/sdpa"),
+    ("qwen2.5-7b", "fp32", "eager", "ckpt", "qwen2/causal-lm/fp32/eager"),
+    ("qwen2.5-7b", "fp32", "sdpa", "ckpt", "qwen2/causal-lm/fp32/sdpa-math"),
+];
+
 /// The presets whose eager QLoRA steps are recorded (`data/programs/hf-qlora-eager.tpl`), each
 /// with its family and head.
 const EAGER_QLORA: &[(&str, &str)] = &[

@@ -1,7 +1,7 @@
 //! QLoRA's steps as `python -m headroom_gpu record --qlora` records them (fake tensors with
 //! CUDA's bitsandbytes rules; `scripts/validate/qlora_truth.py`,
 //! `data/validation/qlora_fake_truth.json`) against the planner's replay of the recorded QLoRA
-//! templates (`data/programs/hf-qlora.tpl`; `qlora-qv` for the cases with adapters on the query and
+//! templates (`data/programs/hf-qlora.tpl`; `hf-qlora-amp.tpl` and `hf-qlora-fp32.tpl` for the cases recorded at AMP and fp32; `qlora-qv` for the cases with adapters on the query and
 //! value projections alone; FP4 or no double quantization where the case was recorded so, the
 //! templates' double-quantized NF4 state rewritten by bitsandbytes' rule), as the recording's device runs it (no cuBLAS
 //! workspace): the step's live peak and each phase's, within 3% (the tolerance of the LoRA
@@ -34,7 +34,8 @@ fn cases() -> Vec<Value> {
     v["cases"].as_array().expect("cases").clone()
 }
 
-/// QLoRA as `record --qlora` sets it up: bf16 compute, SDPA, checkpointing on (off where the
+/// QLoRA as `record --qlora` sets it up: bf16 compute (AMP or fp32 where the case was recorded
+/// with `--dtype amp` or `--dtype fp32`), SDPA, checkpointing on (off where the
 /// case was recorded with `--no-checkpoint`), adapters on every linear layer (on the query and
 /// value projections where the case was recorded with `--lora-targets qv`), torch.optim's AdamW
 /// (foreach).
@@ -57,9 +58,20 @@ fn config(c: &Value) -> TrainConfig {
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),
-            Precision::Bf16,
+            precision(c),
             Optimizer::AdamW,
         )
+    }
+}
+
+/// Cases without the field were recorded computing in bf16 outside autocast; `amp` under
+/// CUDA's autocast (planned from the `…/amp-cuda/…` templates), `fp32` computing in fp32.
+fn precision(c: &Value) -> Precision {
+    match c.get("precision").and_then(Value::as_str) {
+        None => Precision::Bf16,
+        Some("amp") => Precision::Amp,
+        Some("fp32") => Precision::Fp32,
+        Some(other) => panic!("a case recorded at {other}"),
     }
 }
 
@@ -102,6 +114,10 @@ fn qlora_steps_replayed_match_the_recorder_s() {
             (Some(q), _) => format!("{label}, {q}"),
             (None, Some(false)) => format!("{label}, no double quantization"),
             _ => label,
+        };
+        let label = match c.get("precision").and_then(Value::as_str) {
+            Some(p) => format!("{label}, {p}"),
+            None => label,
         };
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, None, PEAK_TOLERANCE) {
             misses.push(miss);

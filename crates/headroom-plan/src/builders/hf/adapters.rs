@@ -39,7 +39,9 @@
 //! `.../full/qlora-all` without checkpointing; its SDPA runs in fp32, so families with grouped
 //! key-value heads are recorded over grouped heads on SDPA's math path, `.../bf16/sdpa-math/...`,
 //! and with every head its own key-value head on the memory-efficient kernel, `.../bf16/sdpa/...`,
-//! the key picked by the planned model's heads) is recorded
+//! the key picked by the planned model's heads; at fp32 compute `.../fp32/...` in
+//! `hf-qlora-fp32.tpl`, and under AMP `.../amp-cuda/sdpa/...` in `hf-qlora-amp.tpl`, autocast
+//! casting SDPA's inputs to bf16 for a fused kernel whatever the heads) is recorded
 //! under fake tensors with CUDA's rules, bitsandbytes' own modules and operators
 //! (`scripts/validate/qlora_programs.py`, `python/headroom_gpu/qlora.py`): the NF4 base packed
 //! half a byte a weight, its double-quantized absmax, `gemm_4bit` dequantizing each weight

@@ -37,7 +37,9 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     // CUDA runs `softmax`, `layer_norm`, `pow` and the losses in fp32 where the CPU's autocast,
     // which `amp` was recorded under, keeps a bf16 input's dtype (T5's cross-attention
     // probabilities, bf16 scores plus a bf16 bias, are fp32 on a GPU and bf16 on the CPU).
-    if cfg.precision == Precision::Amp && matches!(device, Device::Gpu(_)) {
+    // QLoRA's steps were recorded with CUDA's rules on either device (bitsandbytes' CUDA path has
+    // no CPU kernels), its AMP step under CUDA's autocast policy alone.
+    if cfg.precision == Precision::Amp && (matches!(device, Device::Gpu(_)) || adapters::qlora(cfg)) {
         if let Ok(k) = key_with_precision(model, cfg, device, math, AMP_CUDA) {
             return Ok(k);
         }
@@ -168,9 +170,44 @@ pub fn sdpa_math(model: &Model, cfg: &TrainConfig, device: Device) -> bool {
     cuda && attention_fp32(cfg) && model.kv_heads < model.heads
 }
 
-/// Whether SDPA's inputs are fp32: an fp32 job's, and QLoRA's, whose embeddings and norms
-/// peft's `prepare_model_for_kbit_training` casts to fp32 and whose 4-bit layers return their
-/// input's dtype, whatever the compute dtype.
+/// Whether SDPA's inputs are fp32: an fp32 job's, and QLoRA's outside autocast, whose embeddings
+/// and norms peft's `prepare_model_for_kbit_training` casts to fp32 and whose 4-bit layers return
+/// their input's dtype, whatever the compute dtype. Under autocast (AMP) CUDA's policy casts
+/// SDPA's inputs to bf16, QLoRA's too.
 pub(super) fn attention_fp32(cfg: &TrainConfig) -> bool {
-    cfg.precision == Precision::Fp32 || adapters::qlora(cfg)
+    cfg.precision == Precision::Fp32 || adapters::qlora(cfg) && cfg.precision != Precision::Amp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{BaseWeights, Finetune, LoraTargets, Optimizer};
+
+    fn qlora(precision: Precision) -> TrainConfig {
+        TrainConfig {
+            attention: Attention::Sdpa,
+            checkpointing: Checkpointing::Full,
+            finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Nf4 },
+            ..TrainConfig::new(1, 512, precision, Optimizer::AdamW)
+        }
+    }
+
+    /// QLoRA under AMP attends in bf16 (CUDA's autocast casts SDPA's fp32 inputs), so grouped
+    /// heads take the fused kernel's `…/amp-cuda/sdpa/…` step, on a GPU and, the steps being
+    /// recorded with a GPU's rules, on the CPU; at bf16 and fp32 compute its SDPA is fp32, and
+    /// grouped heads take the math path.
+    #[test]
+    fn qlora_under_amp_attends_in_bf16_and_otherwise_in_fp32() {
+        let h200 = crate::gpu::gpu("h200").expect("gpu");
+        let llama = crate::model::preset("llama-3-8b").expect("preset");
+        for device in [Device::Gpu(&h200), Device::Cpu] {
+            assert_eq!(
+                key(&llama, &qlora(Precision::Amp), device).as_deref(),
+                Ok("llama/causal-lm/amp-cuda/sdpa/ckpt/qlora-all")
+            );
+            assert!(!sdpa_math(&llama, &qlora(Precision::Amp), device));
+            assert!(sdpa_math(&llama, &qlora(Precision::Fp32), device));
+            assert!(sdpa_math(&llama, &qlora(Precision::Bf16), device));
+        }
+    }
 }
