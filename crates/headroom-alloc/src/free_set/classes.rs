@@ -349,12 +349,34 @@ impl Classes {
 
     #[inline]
     pub(super) fn first_at_least(&self, key: u128) -> Option<(u128, u32)> {
+        let (c, p) = self.first_place(key)?;
+        Some(self.buckets[c].at(p))
+    }
+
+    /// Whether class `c` holds an entry, by its bit.
+    #[inline(always)]
+    fn holds(&self, c: usize) -> bool {
+        let held = self.words[c / 64] & (1 << (c % 64)) != 0;
+        debug_assert_eq!(held, self.buckets[c].len() > 0, "class {c}'s bit follows its entries");
+        held
+    }
+
+    /// The class and place of the first entry at least `key`. The request's own class
+    /// is searched only when its bit says it holds anything: most best fits find it
+    /// empty and take the next class's first entry (docs/PERFORMANCE.md, "Replay passes,
+    /// sixteenth round"), and the search of an empty bucket cost more than the bit.
+    /// Inlined into the best fit: as a call of its own it cost more than it saved.
+    #[inline(always)]
+    fn first_place(&self, key: u128) -> Option<(usize, Pos)> {
         let c = class_of(key);
-        if let Some(p) = self.buckets[c].lower(key) {
-            return Some(self.buckets[c].at(p));
+        if self.holds(c) {
+            if let Some(p) = self.buckets[c].lower(key) {
+                return Some((c, p));
+            }
         }
         let n = self.next_class(c)?;
-        Some(self.buckets[n].at((0, 0)))
+        debug_assert!(self.buckets[n].len() > 0, "the next class holds an entry");
+        Some((n, (0, 0)))
     }
 
     pub(super) fn last_below(&self, key: u128) -> Option<(u128, u32)> {
@@ -375,14 +397,7 @@ impl Classes {
         mut further: impl FnMut(u32, u32) -> bool,
         take: impl FnOnce(u128, u32) -> Take,
     ) -> Option<((u128, u32), Take)> {
-        let mut c = class_of(key);
-        let mut pos = match self.buckets[c].lower(key) {
-            Some(p) => p,
-            None => {
-                c = self.next_class(c)?;
-                (0, 0)
-            }
-        };
+        let (mut c, mut pos) = self.first_place(key)?;
         // The next entry is looked for only where the walk may pass this one: an ordinary
         // block never is, and the search of the next class cost more than the question.
         while walks(self.buckets[c].id_at(pos)) {
