@@ -545,7 +545,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-qlora-eager.tpl`: QLoRA's with eager attention asked of families recorded with SDPA,
 /// recorded once `hf-qlora.tpl` neared 2 MiB; `hf-lora-eager.tpl`: bf16 LoRA with eager
 /// attention asked of families recorded with SDPA; `hf-lora-amp.tpl`: LoRA under AMP
-/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
+/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy); `hf-lora-amp-eager.tpl`:
+/// LoRA under AMP with eager attention asked of families recorded with SDPA.
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -557,6 +558,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
     ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
+    ("hf-lora-amp-eager.tpl", include_bytes!("../../../data/programs/hf-lora-amp-eager.tpl")),
     ("hf-qlora-eager.tpl", include_bytes!("../../../data/programs/hf-qlora-eager.tpl")),
 ];
 
