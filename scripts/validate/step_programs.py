@@ -450,7 +450,12 @@ class DropoutSources:
 def steps(model, inputs, opt, precision, attn, grads):
     """Two steps as a user's script runs them: forward with the loss (under autocast for AMP),
     backward, `opt.step()`, `opt.zero_grad(set_to_none=True)`; each step's gradients' storages
-    into `grads`."""
+    into `grads`. Returns the last step's loss, for the caller to hold while the profiler runs,
+    as a script's `loss` is held until the next forward's replaces it: what its graph keeps after
+    the backward (under checkpointing, the leaf `enable_input_require_grads` makes of the input
+    embeddings' output, and its `.grad`) is never freed in the recorded step, which the planner
+    reads as held through the optimizer step. Freed as `steps` returned, it would read as living
+    from one step into the next and be left out."""
     for step in (1, 2):
         with record_function(f"step{step}.forward"), sdpa_backend(attn):
             if precision == "amp":
@@ -468,6 +473,7 @@ def steps(model, inputs, opt, precision, attn, grads):
         with record_function(f"step{step}.optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
+    return loss
 
 
 class Job:
@@ -513,7 +519,9 @@ class Job:
             # in the backward under the autocast state it saved, casts as a GPU's does too.
             policy = cuda_policy() if precision == AMP_CUDA else contextlib.nullcontext()
             with policy:
-                steps(model, inputs, opt, precision, attn, grads)
+                held = steps(model, inputs, opt, precision, attn, grads)
+        # The last loss let go once the profiler has stopped (`steps`).
+        del held
         pattern = layer_pattern(family)
         self.params = []
         for name, p in model.named_parameters():
