@@ -108,7 +108,11 @@ fn amp_lora_replays_the_step_recorded_under_cuda_s_autocast() {
 
 /// A model of each family recorded with SDPA whose AMP LoRA step was recorded with eager attention
 /// asked too (`data/programs/hf-lora-amp-eager.tpl`), and its keys' prefix.
-const EAGER_RECORDED: &[(&str, &str)] = &[("llama-3-8b", "llama/causal-lm/amp-cuda/eager")];
+const EAGER_RECORDED: &[(&str, &str)] = &[
+    ("llama-3-8b", "llama/causal-lm/amp-cuda/eager"),
+    ("mistral-7b", "mistral/causal-lm/amp-cuda/eager"),
+    ("qwen2.5-7b", "qwen2/causal-lm/amp-cuda/eager"),
+];
 
 /// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
 /// full checkpointing, replays its own `…/amp-cuda/eager/…` template, where it fell to
