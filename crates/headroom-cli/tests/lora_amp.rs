@@ -112,6 +112,8 @@ const EAGER_RECORDED: &[(&str, &str)] = &[
     ("llama-3-8b", "llama/causal-lm/amp-cuda/eager"),
     ("mistral-7b", "mistral/causal-lm/amp-cuda/eager"),
     ("qwen2.5-7b", "qwen2/causal-lm/amp-cuda/eager"),
+    ("mixtral-8x7b", "mixtral/causal-lm/amp-cuda/eager"),
+    ("phi-3-mini", "phi3/causal-lm/amp-cuda/eager"),
 ];
 
 /// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
