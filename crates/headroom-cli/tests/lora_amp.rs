@@ -114,6 +114,10 @@ const EAGER_RECORDED: &[(&str, &str)] = &[
     ("qwen2.5-7b", "qwen2/causal-lm/amp-cuda/eager"),
     ("mixtral-8x7b", "mixtral/causal-lm/amp-cuda/eager"),
     ("phi-3-mini", "phi3/causal-lm/amp-cuda/eager"),
+    ("gemma-7b", "gemma/causal-lm/amp-cuda/eager"),
+    ("gpt2", "gpt2/causal-lm/amp-cuda/eager"),
+    ("pythia-1b", "gpt_neox/causal-lm/amp-cuda/eager"),
+    ("bert-base-uncased", "bert/masked-lm/amp-cuda/eager"),
 ];
 
 /// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
