@@ -118,6 +118,8 @@ const EAGER_RECORDED: &[(&str, &str)] = &[
     ("gpt2", "gpt2/causal-lm/amp-cuda/eager"),
     ("pythia-1b", "gpt_neox/causal-lm/amp-cuda/eager"),
     ("bert-base-uncased", "bert/masked-lm/amp-cuda/eager"),
+    ("qwen3-1.7b.json", "qwen3/causal-lm/amp-cuda/eager"),
+    ("gemma-3-1b.json", "gemma3_text/causal-lm/amp-cuda/eager"),
 ];
 
 /// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
