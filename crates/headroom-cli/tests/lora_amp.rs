@@ -120,6 +120,8 @@ const EAGER_RECORDED: &[(&str, &str)] = &[
     ("bert-base-uncased", "bert/masked-lm/amp-cuda/eager"),
     ("qwen3-1.7b.json", "qwen3/causal-lm/amp-cuda/eager"),
     ("gemma-3-1b.json", "gemma3_text/causal-lm/amp-cuda/eager"),
+    ("qwen1.5-moe-a2.7b.json", "qwen2_moe/causal-lm/amp-cuda/eager"),
+    ("qwen3-30b-a3b.json", "qwen3_moe/causal-lm/amp-cuda/eager"),
 ];
 
 /// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
