@@ -148,8 +148,9 @@ Gemma-2 and T5 v1.0 eager and BERT with SDPA; not T5 v1.1 (`--gated --untied` fo
 mT0's), whose AMP LoRA jobs pass to the next builder. With eager attention asked of the families
 recorded with SDPA (`…/amp-cuda/eager/…`), into `data/programs/hf-lora-amp-eager.tpl`: Llama,
 Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT, Qwen3, Gemma 3, Qwen2-MoE and
-Qwen3-MoE, every family recorded with SDPA, both targets, without and with full checkpointing (a fused query-key-value layer recorded with the model's cache off, as every
-training step here is):
+Qwen3-MoE, every family recorded with SDPA, both targets, without and with full checkpointing
+(a fused query-key-value layer recorded with the model's cache off, as every training step here
+is):
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only mistral/causal-lm/amp-cuda/eager/full,mistral/causal-lm/amp-cuda/eager/ckpt --lora all --out a.json
 
