@@ -163,8 +163,8 @@ checkpointing, the leaf `enable_input_require_grads` makes of the input embeddin
 its `.grad`) is never freed in the recorded step, and the planner holds it through the optimizer
 step. Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
 pair out as living from one step into the next (`left_out` counts four such tensors where these
-count two) and plan the optimizer step about 1% low on CPU: `hf-lora-eager.tpl`'s and
-`hf-lora-amp.tpl`'s checkpointed keys but Llama's and GPT-2's bf16 eager ones, recorded again.
+count two) and plan the optimizer step about 1% low on CPU: `hf-lora-amp.tpl`'s checkpointed
+keys (`hf-lora-eager.tpl`'s are recorded again).
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
