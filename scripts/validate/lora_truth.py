@@ -16,7 +16,7 @@ buffers, optimizer state, inputs) plus the highest running sum of the profiler's
 events, per phase and over the step. A case at `amp-cuda` is AMP as a GPU runs it: fp32 weights
 and adapters, each step under CUDA's autocast policy (`step_programs.cuda_policy`, the forward
 under `torch.autocast("cuda", torch.bfloat16)`), as step_programs.py records its `amp-cuda`
-templates (`data/programs/hf-lora-amp.tpl`). Every case is a check row: nothing in the templates is
+templates (`data/programs/hf-lora-amp.tpl`; with eager attention asked, `hf-lora-amp-eager.tpl`). Every case is a check row: nothing in the templates is
 fitted to them (`cargo test -p headroom-plan --test lora_truth` compares).
 
     /work/venv-torch/bin/python scripts/validate/lora_truth.py --out data/validation/lora_cpu_truth.json
@@ -211,6 +211,18 @@ CASES = [
     ("llama", "amp-cuda", False, 6, 2, 96, 16, "all"),
     ("llama", "amp-cuda", True, 7, 1, 128, 8, "all"),
     ("llama", "amp-cuda", False, 7, 2, 80, 32, "qv"),
+    # AMP as a GPU runs it with eager attention asked of the families recorded with SDPA,
+    # planned from the `…/amp-cuda/eager/…` templates (`data/programs/hf-lora-amp-eager.tpl`):
+    # both targets, with and without checkpointing, a fused query-key-value layer among them.
+    ("llama", "amp-cuda", False, 7, 1, 96, 16, "all", None, "eager"),
+    ("mistral", "amp-cuda", True, 6, 2, 80, 8, "all", None, "eager"),
+    ("qwen2", "amp-cuda", False, 6, 1, 128, 8, "qv", None, "eager"),
+    ("gpt2", "amp-cuda", False, 6, 2, 64, 32, "qv", None, "eager"),
+    ("phi3", "amp-cuda", True, 7, 1, 112, 16, "qv", None, "eager"),
+    ("gemma", "amp-cuda", True, 6, 2, 64, 16, "all", None, "eager"),
+    ("gpt_neox", "amp-cuda", False, 7, 2, 80, 16, "all", None, "eager"),
+    ("mixtral", "amp-cuda", False, 6, 1, 64, 16, "all", None, "eager"),
+    ("bert", "amp-cuda", True, 6, 1, 96, 8, "all", None, "eager"),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their

@@ -154,10 +154,28 @@ Autocast casts a frozen fp32 weight to bf16 at every matmul, uncached (its cache
 of weights that require a gradient alone), and the matmul keeps the copy for its backward:
 without checkpointing every layer's bf16 copy of its weights lives until the backward, as on a
 GPU. Recorded, both targets, without and with full checkpointing: Llama, Qwen2, Mistral, Qwen3,
-Gemma, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE with SDPA, BLOOM eager and BERT
-with SDPA; not Gemma 3, Gemma-2 (`…/amp-cuda/eager/…`) or T5 (`--gated --untied` for T0's and
-mT0's), whose AMP LoRA jobs pass to the next builder. No `amp` (the CPU's autocast) LoRA step is
-recorded: a CPU's AMP LoRA plan passes to the next builder.
+Gemma, Gemma 3, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE with SDPA, BLOOM,
+Gemma-2 and T5 v1.0 eager and BERT with SDPA; not T5 v1.1 (`--gated --untied` for T0's and
+mT0's), whose AMP LoRA jobs pass to the next builder. With eager attention asked of the families
+recorded with SDPA (`…/amp-cuda/eager/…`), into `data/programs/hf-lora-amp-eager.tpl`: Llama,
+Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT, Qwen3, Gemma 3, Qwen2-MoE and
+Qwen3-MoE, every family recorded with SDPA, both targets, without and with full checkpointing
+(a fused query-key-value layer recorded with the model's cache off, as every training step here
+is):
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only mistral/causal-lm/amp-cuda/eager/full,mistral/causal-lm/amp-cuda/eager/ckpt --lora all --out a.json
+
+No `amp` (the CPU's autocast) LoRA step is recorded: a CPU's AMP LoRA plan passes to the next
+builder.
+
+The last step's loss is held while the profiler runs (`steps` returns it), as a script's `loss`
+is held until the next forward's replaces it: what its graph keeps after the backward (under
+checkpointing, the leaf `enable_input_require_grads` makes of the input embeddings' output, and
+its `.grad`) is never freed in the recorded step, and the planner holds it through the optimizer
+step. Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
+pair out as living from one step into the next (`left_out` counts four such tensors where these
+count two) and plan the optimizer step about 1% low on CPU: `hf-lora-amp.tpl`'s checkpointed
+keys (`hf-lora-eager.tpl`'s are recorded again).
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
@@ -461,7 +479,12 @@ class DropoutSources:
 def steps(model, inputs, opt, precision, attn, grads):
     """Two steps as a user's script runs them: forward with the loss (under autocast for AMP),
     backward, `opt.step()`, `opt.zero_grad(set_to_none=True)`; each step's gradients' storages
-    into `grads`."""
+    into `grads`. Returns the last step's loss, for the caller to hold while the profiler runs,
+    as a script's `loss` is held until the next forward's replaces it: what its graph keeps after
+    the backward (under checkpointing, the leaf `enable_input_require_grads` makes of the input
+    embeddings' output, and its `.grad`) is never freed in the recorded step, which the planner
+    reads as held through the optimizer step. Freed as `steps` returned, it would read as living
+    from one step into the next and be left out."""
     for step in (1, 2):
         with record_function(f"step{step}.forward"), sdpa_backend(attn):
             if precision == "amp":
@@ -479,6 +502,7 @@ def steps(model, inputs, opt, precision, attn, grads):
         with record_function(f"step{step}.optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
+    return loss
 
 
 class Job:
@@ -524,7 +548,9 @@ class Job:
             # in the backward under the autocast state it saved, casts as a GPU's does too.
             policy = cuda_policy() if precision == AMP_CUDA else contextlib.nullcontext()
             with policy:
-                steps(model, inputs, opt, precision, attn, grads)
+                held = steps(model, inputs, opt, precision, attn, grads)
+        # The last loss let go once the profiler has stopped (`steps`).
+        del held
         pattern = layer_pattern(family)
         self.params = []
         for name, p in model.named_parameters():

@@ -2,7 +2,9 @@
 //! `Trainer(bf16=True)` over a model loaded in fp32) replays its recorded step on a GPU: the
 //! step recorded under CUDA's autocast policy (`…/amp-cuda/…/lora-all|lora-qv`,
 //! `data/programs/hf-lora-amp.tpl`), with checkpointing and without, where it fell to
-//! Megatron's closed form before ("no step `…/amp/…/lora-all` was recorded").
+//! Megatron's closed form before ("no step `…/amp/…/lora-all` was recorded"); with eager
+//! attention asked of a family recorded with SDPA, its own `…/amp-cuda/eager/…` step
+//! (`data/programs/hf-lora-amp-eager.tpl`).
 
 use assert_cmd::Command;
 use serde_json::Value;
@@ -92,6 +94,52 @@ fn amp_lora_replays_the_step_recorded_under_cuda_s_autocast() {
                 ));
                 let want = format!("{prefix}/{ck_key}/lora-{targets}");
                 // Mixtral's fp32 base alone passes an H200's memory: an answer either way.
+                let (_, out) = plan(&job, true);
+                let p: Value = serde_json::from_str(&out).unwrap();
+                assert_eq!(p["runner"]["builder"], "transformers", "{name}: {}", p["runner"]);
+                assert_eq!(p["program"]["source"], "recorded", "{name}: {}", p["program"]);
+                assert_eq!(p["program"]["template"], want.as_str(), "{name}: {}", p["program"]);
+                let (_, t) = plan(&job, false);
+                assert!(t.contains(&format!("recorded as {want}")), "{t}");
+            }
+        }
+    }
+}
+
+/// A model of each family recorded with SDPA whose AMP LoRA step was recorded with eager attention
+/// asked too (`data/programs/hf-lora-amp-eager.tpl`), and its keys' prefix.
+const EAGER_RECORDED: &[(&str, &str)] = &[
+    ("llama-3-8b", "llama/causal-lm/amp-cuda/eager"),
+    ("mistral-7b", "mistral/causal-lm/amp-cuda/eager"),
+    ("qwen2.5-7b", "qwen2/causal-lm/amp-cuda/eager"),
+    ("mixtral-8x7b", "mixtral/causal-lm/amp-cuda/eager"),
+    ("phi-3-mini", "phi3/causal-lm/amp-cuda/eager"),
+    ("gemma-7b", "gemma/causal-lm/amp-cuda/eager"),
+    ("gpt2", "gpt2/causal-lm/amp-cuda/eager"),
+    ("pythia-1b", "gpt_neox/causal-lm/amp-cuda/eager"),
+    ("bert-base-uncased", "bert/masked-lm/amp-cuda/eager"),
+    ("qwen3-1.7b.json", "qwen3/causal-lm/amp-cuda/eager"),
+    ("gemma-3-1b.json", "gemma3_text/causal-lm/amp-cuda/eager"),
+    ("qwen1.5-moe-a2.7b.json", "qwen2_moe/causal-lm/amp-cuda/eager"),
+    ("qwen3-30b-a3b.json", "qwen3_moe/causal-lm/amp-cuda/eager"),
+];
+
+/// Each such family's AMP LoRA job with eager attention asked, both targets, with and without
+/// full checkpointing, replays its own `…/amp-cuda/eager/…` template, where it fell to
+/// Megatron's closed form before ("no step `…/amp/eager/full/lora-all` was recorded"), not the
+/// SDPA one.
+#[test]
+fn eager_amp_lora_replays_its_own_recorded_step() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, prefix) in EAGER_RECORDED {
+        for (ck, ck_key) in [("none", "full"), ("full", "ckpt")] {
+            for targets in ["all", "qv"] {
+                let job = args(&format!(
+                    "--model {} --gpu h200 --batch 1 --seq 512 --finetune lora --precision amp --attention eager \
+                     --lora-targets {targets} --checkpoint {ck}",
+                    model(name, dir.path())
+                ));
+                let want = format!("{prefix}/{ck_key}/lora-{targets}");
                 let (_, out) = plan(&job, true);
                 let p: Value = serde_json::from_str(&out).unwrap();
                 assert_eq!(p["runner"]["builder"], "transformers", "{name}: {}", p["runner"]);

@@ -545,9 +545,10 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-qlora-eager.tpl`: QLoRA's with eager attention asked of families recorded with SDPA,
 /// recorded once `hf-qlora.tpl` neared 2 MiB; `hf-lora-eager.tpl`: bf16 LoRA with eager
 /// attention asked of families recorded with SDPA; `hf-lora-amp.tpl`: LoRA under AMP
-/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy); `hf-qlora-amp.tpl`: QLoRA
-/// under AMP (`…/amp-cuda/…/qlora-*`: bf16 compute, the step under CUDA's autocast policy);
-/// `hf-qlora-fp32.tpl`: QLoRA computing in fp32 (`…/fp32/…/qlora-*`).
+/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy); `hf-lora-amp-eager.tpl`:
+/// LoRA under AMP with eager attention asked of families recorded with SDPA; `hf-qlora-amp.tpl`:
+/// QLoRA under AMP (`…/amp-cuda/…/qlora-*`: bf16 compute, the step under CUDA's autocast
+/// policy); `hf-qlora-fp32.tpl`: QLoRA computing in fp32 (`…/fp32/…/qlora-*`).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -559,6 +560,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-lora-eager.tpl", include_bytes!("../../../data/programs/hf-lora-eager.tpl")),
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
     ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
+    ("hf-lora-amp-eager.tpl", include_bytes!("../../../data/programs/hf-lora-amp-eager.tpl")),
     ("hf-qlora-eager.tpl", include_bytes!("../../../data/programs/hf-qlora-eager.tpl")),
     ("hf-qlora-amp.tpl", include_bytes!("../../../data/programs/hf-qlora-amp.tpl")),
     ("hf-qlora-fp32.tpl", include_bytes!("../../../data/programs/hf-qlora-fp32.tpl")),
