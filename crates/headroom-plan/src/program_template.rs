@@ -545,7 +545,10 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// `hf-qlora-eager.tpl`: QLoRA's with eager attention asked of families recorded with SDPA,
 /// recorded once `hf-qlora.tpl` neared 2 MiB; `hf-lora-eager.tpl`: bf16 LoRA with eager
 /// attention asked of families recorded with SDPA; `hf-lora-amp.tpl`: LoRA under AMP
-/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy).
+/// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy); `hf-cache.tpl`: the steps
+/// of the families that fuse the query, key and value recorded with the config's `use_cache`
+/// on (`…/full/cache`, `…/full/cache/lora-*`; `step_programs.py --use-cache`), every other
+/// file's being recorded with it off.
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -558,6 +561,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-qlora.tpl", include_bytes!("../../../data/programs/hf-qlora.tpl")),
     ("hf-lora-amp.tpl", include_bytes!("../../../data/programs/hf-lora-amp.tpl")),
     ("hf-qlora-eager.tpl", include_bytes!("../../../data/programs/hf-qlora-eager.tpl")),
+    ("hf-cache.tpl", include_bytes!("../../../data/programs/hf-cache.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).
