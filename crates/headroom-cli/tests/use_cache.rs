@@ -72,16 +72,18 @@ fn the_text_says_which_the_plan_assumed_where_it_matters() {
 
 #[test]
 fn a_job_whose_half_was_not_recorded_says_so() {
-    // Phi-3's eager full fine-tuning in bf16 is recorded with the cache on alone or off alone
-    // until both are: whichever half it lacks, the plan names the half it replayed.
-    for setting in ["true", "false"] {
-        let args = ["--model", "phi-3-mini", "--gpu", "h200", "--precision", "bf16", "--attention", "eager"];
-        let v = plan(&[&args[..], &["--batch", "1", "--seq", "512", "--use-cache", setting]].concat());
-        let c = &v["use_cache"];
-        assert_eq!(c["asked"], setting == "true");
-        let key = v["program"]["template"].as_str().unwrap();
-        assert_eq!(c["recorded"], key.contains("/cache"), "{key}");
-    }
+    // Phi-3's fp32 LoRA with SDPA on every linear layer is recorded with the cache off alone:
+    // asked with it on, the plan replays that half and says the cache's copies are not in it.
+    let args = ["--model", "phi-3-mini", "--gpu", "h200", "--precision", "fp32", "--attention", "sdpa"];
+    let args = [&args[..], &["--finetune", "lora", "--batch", "1", "--seq", "512"]].concat();
+    let v = plan(&args);
+    assert_eq!(v["program"]["template"], "phi3/causal-lm/fp32/sdpa/full/lora-all");
+    assert_eq!(v["use_cache"], serde_json::json!({"asked": true, "recorded": false}));
+    let t = text(&args);
+    assert!(
+        t.contains("key-value cache: on asked (--use-cache true), but only the step with it off was recorded"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -440,7 +440,7 @@ mod tests {
             (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
-            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/cache/lora-all"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
@@ -481,12 +481,12 @@ mod tests {
             (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // Phi-3-mini's widths with Phi-3-medium's grouping (four heads a key-value head):
             // its fused `qkv_proj` one adapter.
-            (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/cache/lora-qv"),
             (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // As many key-value heads as heads: SDPA's fused kernel.
-            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-qv"),
-            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-qv"),
             (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
@@ -494,13 +494,13 @@ mod tests {
             (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-qv"),
             (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-qv"),
-            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             // 32 heads over 4 key-value heads: the math path.
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), NoCkpt, "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // No SDPA path in transformers (BLOOM), or recorded eager alone (Gemma-2).
-            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-qv"),
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/cache/lora-qv"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-qv"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-qv"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
@@ -533,13 +533,17 @@ mod tests {
         }
     }
 
-    /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay.
+    /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay:
+    /// with the key-value cache on (transformers' default) where a fused query-key-value
+    /// family's fp32 eager LoRA was recorded so (`…/full/cache/…`).
     fn eager_jobs(models: &[(Model, &str)], precision: &str, suffix: &str) -> Vec<(Model, Checkpointing, String)> {
         models
             .iter()
             .flat_map(|(model, family)| {
+                let fused = ["gpt2/", "phi3/", "gpt_neox/"].iter().any(|f| family.starts_with(f));
                 [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                    (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}/{suffix}"))
+                    let cache = if fused && ck == "full" && precision == "fp32" { "/cache" } else { "" };
+                    (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}{cache}/{suffix}"))
                 })
             })
             .collect()
