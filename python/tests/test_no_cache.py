@@ -57,6 +57,27 @@ class NoCache(NeedsRecorders):
         self.assertEqual(len(built), 1)
         self.assertFalse(built[0].config.use_cache)
 
+    def test_the_cpu_ground_truth_keeps_the_configs_default_when_asked(self):
+        # `measure.py --use-cache`: the rows the templates recorded with the cache (`…/cache`)
+        # are held to, each saying which cache it was measured with.
+        import measure
+        import step_programs as sp
+
+        built, real = [], measure.build
+
+        def build(*args, **kwargs):
+            built.append(real(*args, **kwargs))
+            return built[-1]
+
+        measure.build = build
+        try:
+            rows = [measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16,
+                                       use_cache=on) for on in (True, False)]
+        finally:
+            measure.build = real
+        self.assertEqual([m.config.use_cache for m in built], [True, False])
+        self.assertEqual([r["use_cache"] for r in rows], [True, False])
+
     def test_the_configs_default_would_make_one(self):
         # What the recordings before `no_cache` ran: a cache in the training forward.
         self.assertEqual(len(self.caches(self.forward(cached=True))), 1)

@@ -305,11 +305,12 @@ mod tests {
             (Qv, NoCkpt, "full/lora-qv"),
             (Qv, Ckpt, "ckpt/lora-qv"),
         ];
-        // Every decoder family is recorded at every one of them.
+        // Every decoder family is recorded at every one of them, with the key-value cache off
+        // (a fused query-key-value family's step with it on is `…/full/cache/…`, where recorded).
         for (model, prefix) in &models {
             for &(targets, checkpointing, suffix) in &jobs {
                 let want = format!("{prefix}/{suffix}");
-                let cfg = lora(16, targets, checkpointing);
+                let cfg = TrainConfig { use_cache: false, ..lora(16, targets, checkpointing) };
                 assert_eq!(
                     crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)),
                     Ok(want.clone()),

@@ -268,6 +268,21 @@ mod tests {
         assert_eq!(cache_assumed(&llama, &cfg(true, Checkpointing::None), &on), None);
     }
 
+    /// peft's LoRA over a fused family with the cache on replays the LoRA step recorded so.
+    #[test]
+    fn lora_of_a_fused_family_with_the_cache_replays_its_cache_on_step() {
+        use crate::job::{BaseWeights, Finetune, LoraTargets};
+        let cases = [("gpt2-medium", "gpt2/causal-lm/bf16/sdpa/full/cache")];
+        for (name, prefix) in cases {
+            let model = preset(name).expect("a preset");
+            for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+                let finetune = Finetune::Lora { rank: 16, targets, base: BaseWeights::Native };
+                let c = TrainConfig { finetune, ..cfg(true, Checkpointing::None) };
+                assert_eq!(key(&model, &c, Device::Cpu).unwrap(), format!("{prefix}/{suffix}"), "{name}");
+            }
+        }
+    }
+
     /// `/cache` follows the checkpointing (and T5's `/gated`) and precedes the adapters, and only
     /// a fused family's step without checkpointing is recorded so.
     #[test]
