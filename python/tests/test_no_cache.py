@@ -78,6 +78,24 @@ class NoCache(NeedsRecorders):
         self.assertEqual([m.config.use_cache for m in built], [True, False])
         self.assertEqual([r["use_cache"] for r in rows], [True, False])
 
+    def test_the_recorder_keeps_qlora_s_cache_off(self):
+        # `--use-cache` records the config's default; QLoRA's recorder turns it off, as peft's
+        # QLoRA scripts do, so the two are refused together before anything is recorded.
+        import contextlib
+        import io
+        import step_programs as sp
+
+        argv = sys.argv
+        sys.argv = ["step_programs.py", "--use-cache", "--qlora", "all", "--only", "gpt2", "--out", os.devnull]
+        err = io.StringIO()
+        try:
+            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(err):
+                sp.main()
+        finally:
+            sys.argv = argv
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("--use-cache", err.getvalue())
+
     def test_the_configs_default_would_make_one(self):
         # What the recordings before `no_cache` ran: a cache in the training forward.
         self.assertEqual(len(self.caches(self.forward(cached=True))), 1)

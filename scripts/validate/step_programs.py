@@ -47,6 +47,16 @@ must reproduce exactly (`cargo test -p headroom-plan program_templates`).
     .venv/bin/python scripts/validate/step_programs.py --only llama,qwen2 --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.tpl
 
+`--use-cache` records the training forward with the config's `use_cache` left on (transformers'
+default: a `DynamicCache` built, each layer's key and value copied into it) under keys with
+`/cache` after the checkpointing (`…/full/cache`, `…/full/cache/lora-all`), merged into
+`data/programs/hf-cache.tpl`. The families that fuse the query, key and value (GPT-2, Phi-3,
+GPT-NeoX, BLOOM) are recorded so, the planner's `--use-cache` picking the half; checkpointed keys
+are left out (transformers turns the cache off under checkpointing):
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --use-cache --only gpt2/causal-lm/bf16/sdpa/full --lora all,qv --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-cache.tpl a.json --out data/programs/hf-cache.tpl
+
 `--out` and `--merge` take the packed form the planner bundles (`.tpl`) and the recorders' JSON
 alike (`template_file.py`; docs/TRACE_FORMAT.md, "Program templates"): a path ending in `.tpl`
 is written packed, any other as JSON.

@@ -264,8 +264,9 @@ pub struct PlanArgs {
     #[arg(long, value_parser = checkpointing, help_heading = LEVERS)]
     pub checkpoint: Option<Checkpointing>,
     /// transformers' `model.config.use_cache` in the training forward. true, transformers'
-    /// default and what a script gets unless it sets `model.config.use_cache = False`: the
-    /// forward builds a DynamicCache and copies each layer's key and value into it. Under
+    /// default, what a script gets unless it sets `model.config.use_cache = False` and what the
+    /// dev grid's GPU runs measured: the forward builds a DynamicCache and copies each layer's
+    /// key and value into it. Under
     /// --checkpoint full it changes nothing (transformers turns the cache off). It moves the
     /// peak of the families that fuse the query, key and value into one layer (GPT-2, Phi-3,
     /// GPT-NeoX, BLOOM), recorded both ways; any other family plans either setting from one

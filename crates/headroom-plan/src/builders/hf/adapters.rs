@@ -217,7 +217,8 @@ mod tests {
         "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": false}"#;
 
     /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
-    /// every family `--model` names (or a Hub config where no preset ships one).
+    /// every family `--model` names (or a Hub config where no preset ships one), with the
+    /// key-value cache on (transformers' default) where a fused family was recorded so.
     #[test]
     fn every_recorded_family_plans_lora_from_its_own_template() {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
@@ -229,9 +230,9 @@ mod tests {
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 "gemma3_text/causal-lm/bf16/sdpa/full/lora-all",
             ),
-            (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/lora-all"),
-            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/lora-all"),
-            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/lora-all"),
+            (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/cache/lora-all"),
+            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/cache/lora-all"),
+            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/cache/lora-all"),
             (crate::model::preset("mixtral-8x7b").expect("preset"), "mixtral/causal-lm/bf16/sdpa/full/lora-all"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
