@@ -57,6 +57,45 @@ class NoCache(NeedsRecorders):
         self.assertEqual(len(built), 1)
         self.assertFalse(built[0].config.use_cache)
 
+    def test_the_cpu_ground_truth_keeps_the_configs_default_when_asked(self):
+        # `measure.py --use-cache`: the rows the templates recorded with the cache (`…/cache`)
+        # are held to, each saying which cache it was measured with.
+        import measure
+        import step_programs as sp
+
+        built, real = [], measure.build
+
+        def build(*args, **kwargs):
+            built.append(real(*args, **kwargs))
+            return built[-1]
+
+        measure.build = build
+        try:
+            rows = [measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16,
+                                       use_cache=on) for on in (True, False)]
+        finally:
+            measure.build = real
+        self.assertEqual([m.config.use_cache for m in built], [True, False])
+        self.assertEqual([r["use_cache"] for r in rows], [True, False])
+
+    def test_the_recorder_keeps_qlora_s_cache_off(self):
+        # `--use-cache` records the config's default; QLoRA's recorder turns it off, as peft's
+        # QLoRA scripts do, so the two are refused together before anything is recorded.
+        import contextlib
+        import io
+        import step_programs as sp
+
+        argv = sys.argv
+        sys.argv = ["step_programs.py", "--use-cache", "--qlora", "all", "--only", "gpt2", "--out", os.devnull]
+        err = io.StringIO()
+        try:
+            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(err):
+                sp.main()
+        finally:
+            sys.argv = argv
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("--use-cache", err.getvalue())
+
     def test_the_configs_default_would_make_one(self):
         # What the recordings before `no_cache` ran: a cache in the training forward.
         self.assertEqual(len(self.caches(self.forward(cached=True))), 1)

@@ -336,7 +336,9 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
             "config": cfg,
             "attention": attention, "trainable_parameters": trainable,
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
-            "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak}
+            "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak,
+            # A row without this field was measured before `measure.no_cache`: with the cache on.
+            "use_cache": False}
 
 
 def trainable(family, precision, layers, rank, targets, variant=None):

@@ -25,6 +25,16 @@ earlier output's places (here Phi-3's deep training step without checkpointing, 
 
     .venv/bin/python scripts/validate/measure.py --only phi3 --size deep --training --uncheckpointed --attention sdpa \
         --replace data/validation/cpu_ground_truth.json --out data/validation/cpu_ground_truth.json
+
+`--use-cache` builds them with the config's `use_cache` left on (transformers' default), as the
+templates recorded with `step_programs.py --use-cache` (keys with `/cache`) are; each training row
+says which (`use_cache`; a row without it was measured before `no_cache`, with the cache on).
+Such rows are added to an output with `--merge`:
+
+    .venv/bin/python scripts/validate/measure.py --use-cache --only gpt2 --size deep --training --uncheckpointed \
+        --attention sdpa --precision fp32 --out gpt2-cache.json
+    .venv/bin/python scripts/validate/measure.py --merge data/validation/cpu_ground_truth.json gpt2-cache.json \
+        --out data/validation/cpu_ground_truth.json
 """
 
 import argparse
@@ -300,14 +310,18 @@ def optimizer(name, params):
     raise ValueError(name)
 
 
-def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batch, seq, compiled=False):
+def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batch, seq, compiled=False,
+               use_cache=False):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     if compiled:
         # Each case compiles its own model: graphs cached for an earlier one would count
         # against dynamo's recompilation limit.
         torch._dynamo.reset()
-    # The cache off, as the step recorders build the model the planner replays (`no_cache`).
-    model = no_cache(build(cfg, head, attn, dtype))
+    # The cache off, as the step recorders build the model the planner replays (`no_cache`);
+    # with `use_cache`, the config's default, as the templates recorded with `--use-cache` are.
+    model = build(cfg, head, attn, dtype)
+    if not use_cache:
+        no_cache(model)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]
@@ -349,6 +363,7 @@ def train_case(family, cfg, head, precision, opt_name, attn, checkpointing, batc
         "phases": phases,
         "peak_bytes": base + peak,
         "peak_phase": max(per, key=per.get),
+        "use_cache": use_cache,
     }
 
 
@@ -476,7 +491,9 @@ def replaced(path, run):
         doc = json.load(f)
     fields = ("mode", "family", "size", "head", "precision", "optimizer", "attention", "checkpointing", "batch",
               "seq", "compiled", "logits")
-    job = lambda c: tuple(c.get(k) for k in fields)  # noqa: E731
+    # A training case without `use_cache` was measured before `no_cache`: with the config's
+    # default, the cache on.
+    job = lambda c: tuple(c.get(k) for k in fields) + (c.get("use_cache", c["mode"] == "train"),)  # noqa: E731
     fresh = {job(c): c for c in run["cases"]}
     missing = set(fresh) - {job(c) for c in doc["cases"]}
     if missing:
@@ -502,6 +519,10 @@ def main():
     ap.add_argument("--attention", help="run only cases with this attention (eager, sdpa)")
     ap.add_argument("--uncheckpointed", action="store_true", help="run only cases without checkpointing")
     ap.add_argument("--training", action="store_true", help="run only training steps not torch.compile'd")
+    ap.add_argument("--use-cache", action="store_true",
+                    help="build the training steps' models with the config's use_cache left on (transformers' "
+                         "default), as the templates recorded with step_programs.py --use-cache; the rows say "
+                         "use_cache: true (add them to an output with --merge)")
     ap.add_argument("--replace", help="an earlier output: the cases run here take the places of its cases of the "
                                       "same job, and the whole is written to --out")
     a = ap.parse_args()
@@ -554,7 +575,7 @@ def main():
                 r = compiled_case(c, cfg)
             elif c["mode"] == "train":
                 r = train_case(c["family"], cfg, c["head"], c["precision"], c["optimizer"], c["attention"],
-                               c["checkpointing"], c["batch"], c["seq"])
+                               c["checkpointing"], c["batch"], c["seq"], use_cache=a.use_cache)
             else:
                 r = infer_case(c["family"], cfg, c["head"], c["precision"], c["attention"], c["batch"], c["seq"],
                                c.get("logits", "all"))

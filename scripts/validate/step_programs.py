@@ -47,6 +47,16 @@ must reproduce exactly (`cargo test -p headroom-plan program_templates`).
     .venv/bin/python scripts/validate/step_programs.py --only llama,qwen2 --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json --out data/programs/hf.tpl
 
+`--use-cache` records the training forward with the config's `use_cache` left on (transformers'
+default: a `DynamicCache` built, each layer's key and value copied into it) under keys with
+`/cache` after the checkpointing (`…/full/cache`, `…/full/cache/lora-all`), merged into
+`data/programs/hf-cache.tpl`. The families that fuse the query, key and value (GPT-2, Phi-3,
+GPT-NeoX, BLOOM) are recorded so, the planner's `--use-cache` picking the half; checkpointed keys
+are left out (transformers turns the cache off under checkpointing):
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --use-cache --only gpt2/causal-lm/bf16/sdpa/full --lora all,qv --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-cache.tpl a.json --out data/programs/hf-cache.tpl
+
 `--out` and `--merge` take the packed form the planner bundles (`.tpl`) and the recorders' JSON
 alike (`template_file.py`; docs/TRACE_FORMAT.md, "Program templates"): a path ending in `.tpl`
 is written packed, any other as JSON.
@@ -264,6 +274,9 @@ GATED_T5 = "STEP_PROGRAMS_GATED_T5"
 # Set (by `--untied`, with `--gated`) to record T5 v1.1 as its checkpoints are (flan-t5's, T0's,
 # mT5's): its output layer a weight of its own (`untie_t5`), the decoder's output unscaled.
 UNTIED_T5 = "STEP_PROGRAMS_UNTIED_T5"
+# Set (by `--use-cache`) to record the training forward with the config's `use_cache` left on,
+# transformers' default, under keys with `/cache` after the checkpointing (and T5's `/gated`).
+USE_CACHE = "STEP_PROGRAMS_USE_CACHE"
 
 
 def layer_pattern(family):
@@ -534,7 +547,8 @@ class Job:
                 infer_recipes.repeats_marked(), sources:
             with record_function("setup"):
                 model = measure.build(cfg, head, kernel, dtype, dropout=True)
-                measure.no_cache(model)
+                if not os.environ.get(USE_CACHE):
+                    measure.no_cache(model)
                 if family == "t5" and os.environ.get(UNTIED_T5):
                     untie_t5(model)
                 if adapters:
@@ -1319,7 +1333,10 @@ def isolated(fn, *args):
     cache = os.environ.get("STEP_PROGRAMS_CACHE")
     path = None
     if cache:
-        path = os.path.join(cache, hashlib.sha1(repr((fn.__name__,) + args).encode()).hexdigest() + ".pickle")
+        # The switches the spawned process reads from the environment are part of the run.
+        switches = tuple(os.environ.get(v) for v in (GATED_T5, UNTIED_T5, USE_CACHE))
+        what = repr((fn.__name__,) + args + ((switches,) if any(switches) else ()))
+        path = os.path.join(cache, hashlib.sha1(what.encode()).hexdigest() + ".pickle")
         if os.path.exists(path):
             with open(path, "rb") as f:
                 return pickle.load(f)
@@ -1382,6 +1399,11 @@ def main():
                                                              "bf16 compute, SDPA, with and without checkpointing; "
                                                              "fp32 compute and AMP, amp-cuda, where --only names "
                                                              "the key) under fake tensors")
+    ap.add_argument("--use-cache", action="store_true",
+                    help="record the training forward with the config's use_cache left on (transformers' default: "
+                         "a DynamicCache built and each layer's keys and values copied into it), under keys with "
+                         "/cache after the checkpointing; checkpointed keys are left out (transformers turns the "
+                         "cache off under checkpointing)")
     args = ap.parse_args()
     if args.merge:
         merged = {}
@@ -1427,12 +1449,17 @@ def main():
     if args.gated:
         os.environ[GATED_T5] = "1"
         jobs = [j for j in jobs if j[0] == "t5"]
+    if args.use_cache:
+        if args.qlora:
+            ap.error("--use-cache: QLoRA's recorder sets use_cache = False, as peft's QLoRA scripts do")
+        os.environ[USE_CACHE] = "1"
+        jobs = [j for j in jobs if not j[4]]
     for job in jobs:
         name = key(*job)
-        if args.gated:
-            # `/gated` after the checkpointing, before any adapters' suffix, as the planner asks.
-            base = key(*job[:5])
-            name = f"{base}/gated{name[len(base):]}"
+        # `/gated`, then `/cache`, after the checkpointing and before any adapters' suffix, as
+        # the planner asks.
+        base = key(*job[:5])
+        name = base + ("/gated" if args.gated else "") + ("/cache" if args.use_cache else "") + name[len(base):]
         if whole and name not in whole and key(*job[:5]) not in whole and job[0] not in families:
             continue
         try:

@@ -127,17 +127,20 @@ fn bert_and_t5_plan_qlora_from_their_own_templates() {
 /// checkpointing and without, and says so; its adapters are fewer than every linear layer's.
 #[test]
 fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
-    for (model, prefix) in [
-        ("llama-3-8b", "llama/causal-lm/fp32/sdpa-math"),
-        ("gpt2", "gpt2/causal-lm/fp32/sdpa"),
-        ("phi-3-mini", "phi3/causal-lm/fp32/sdpa"),
+    // GPT-2's and Phi-3's fused query-key-value layer without checkpointing: the step recorded
+    // with the key-value cache, transformers' default (--use-cache).
+    for (model, prefix, cache) in [
+        ("llama-3-8b", "llama/causal-lm/fp32/sdpa-math", ""),
+        ("gpt2", "gpt2/causal-lm/fp32/sdpa", "/cache"),
+        ("phi-3-mini", "phi3/causal-lm/fp32/sdpa", "/cache"),
     ] {
         let job = format!(
             "--model {model} --gpu h200 --batch 1 --seq 256 --finetune lora --precision fp32 --lora-targets qv"
         );
         let (_, all) = plan(&with_flags(&args(&job), "--lora-targets all"));
         for (flags, ck) in [("--checkpoint none", "full"), ("--checkpoint full", "ckpt")] {
-            let want = format!("{prefix}/{ck}/lora-qv");
+            let cache = if ck == "full" { cache } else { "" };
+            let want = format!("{prefix}/{ck}{cache}/lora-qv");
             let (code, p) = plan(&with_flags(&args(&job), flags));
             assert_eq!(code, 0, "{p}");
             assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);

@@ -154,7 +154,7 @@ fn moe_adapted(model: &Model) -> Vec<(u64, u64)> {
 
 /// Whether transformers computes the block's query, key and value in one linear layer:
 /// GPT-2's `c_attn` (a `Conv1D`), GPT-NeoX's and BLOOM's `query_key_value`, Phi-3's `qkv_proj`.
-fn fuses_qkv(model: &Model) -> bool {
+pub fn fuses_qkv(model: &Model) -> bool {
     matches!(model.family, Family::Gpt2 | Family::NeoX | Family::Bloom) || model.model_type == "phi3"
 }
 
@@ -254,6 +254,13 @@ pub struct TrainConfig {
     /// a byte, with an fp32 absmax per 256 of them (QLoRA's setup, the default), or kept in
     /// fp32, one a block of 64. Read only with a 4-bit base ([`BaseWeights::four_bit`]).
     pub double_quant: bool,
+    /// transformers' `config.use_cache` in the training forward: on (every causal LM's config
+    /// default, which a script that does not set `model.config.use_cache = False` trains with),
+    /// its forward builds a `DynamicCache` and copies each layer's key and value into it. Under
+    /// gradient checkpointing transformers turns it off whatever is set. It moves a peak where
+    /// the query, key and value are one fused projection ([`fuses_qkv`]); elsewhere a copy only
+    /// stands in for what it copies.
+    pub use_cache: bool,
 }
 
 /// Whose code runs a training step. [`Framework::Auto`] is a request, not an answer: the
@@ -368,6 +375,7 @@ impl TrainConfig {
             compile_loss: false,
             optimizer_impl: None,
             double_quant: true,
+            use_cache: true,
         }
     }
 

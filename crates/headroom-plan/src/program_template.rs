@@ -548,7 +548,10 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// (`…/amp-cuda/…/lora-*`, recorded under CUDA's autocast policy); `hf-lora-amp-eager.tpl`:
 /// LoRA under AMP with eager attention asked of families recorded with SDPA; `hf-qlora-amp.tpl`:
 /// QLoRA under AMP (`…/amp-cuda/…/qlora-*`: bf16 compute, the step under CUDA's autocast
-/// policy); `hf-qlora-fp32.tpl`: QLoRA computing in fp32 (`…/fp32/…/qlora-*`).
+/// policy); `hf-qlora-fp32.tpl`: QLoRA computing in fp32 (`…/fp32/…/qlora-*`); `hf-cache.tpl`:
+/// the steps of the families that fuse the query, key and value recorded with the config's
+/// `use_cache` on (`…/full/cache`, `…/full/cache/lora-*`; `step_programs.py --use-cache`), every
+/// other file's being recorded with it off.
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -564,6 +567,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-qlora-eager.tpl", include_bytes!("../../../data/programs/hf-qlora-eager.tpl")),
     ("hf-qlora-amp.tpl", include_bytes!("../../../data/programs/hf-qlora-amp.tpl")),
     ("hf-qlora-fp32.tpl", include_bytes!("../../../data/programs/hf-qlora-fp32.tpl")),
+    ("hf-cache.tpl", include_bytes!("../../../data/programs/hf-cache.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

@@ -86,6 +86,8 @@ pub struct TrainRequest {
     pub base_weights: Option<BaseWeights>,
     /// A 4-bit base's double quantization [default: on, QLoRA's].
     pub double_quant: Option<bool>,
+    /// transformers' `config.use_cache` in the training forward [default: on, transformers'].
+    pub use_cache: Option<bool>,
     pub offload: Offload,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -120,6 +122,7 @@ impl Default for TrainRequest {
             lora_targets: None,
             base_weights: None,
             double_quant: None,
+            use_cache: None,
             offload: Offload::None,
             precision: Precision::Mixed,
             optimizer: Optimizer::AdamW,
@@ -185,6 +188,7 @@ impl TrainRequest {
                 !matches!(r.checkpointing, Checkpointing::None | Checkpointing::Full | Checkpointing::EveryK(_)),
             ),
             ("--compile", r.compile != d.compile),
+            ("--use-cache", r.use_cache.is_some()),
         ];
         if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
             return Err(InvalidConfig(format!(
@@ -296,6 +300,9 @@ impl TrainRequest {
             compile_loss: r.compile == Compile::All,
             optimizer_impl: r.optimizer_impl,
             double_quant: r.double_quant.unwrap_or(true),
+            // Every causal LM's config says `use_cache: true`, and transformers builds the cache
+            // in a training forward unless the script turns it off.
+            use_cache: r.use_cache.unwrap_or(true),
         })
     }
 

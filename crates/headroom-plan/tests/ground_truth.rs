@@ -73,10 +73,17 @@ fn config(c: &Value) -> TrainConfig {
             _ => Head::CausalLm,
         },
         compile: c["compiled"] == true,
+        use_cache: use_cache(c),
         // measure.py runs torch.optim's foreach implementation on CPU too.
         optimizer_impl: Some(OptimizerImpl::Foreach),
         ..TrainConfig::new(c["batch"].as_u64().unwrap(), c["seq"].as_u64().unwrap(), precision, optimizer)
     }
+}
+
+/// The key-value cache a case was measured with: its `use_cache`, where it says; a case without
+/// it was measured before `measure.no_cache`, with the config's default (on).
+fn use_cache(c: &Value) -> bool {
+    c["use_cache"].as_bool().unwrap_or(true)
 }
 
 struct Row {
@@ -102,7 +109,7 @@ fn compare() -> Vec<Row> {
         let e = estimate(&m, &g, &cfg);
         let measured = c["peak_bytes"].as_f64().unwrap();
         let label = format!(
-            "{}/{}{} {} {} {}{}{} b{}×{}",
+            "{}/{}{} {} {} {}{}{}{} b{}×{}",
             c["family"].as_str().unwrap(),
             c["size"].as_str().unwrap(),
             if c["head"] == "seq-cls" { " seq-cls" } else { "" },
@@ -111,6 +118,8 @@ fn compare() -> Vec<Row> {
             c["attention"].as_str().unwrap(),
             if c["checkpointing"] == true { " ckpt" } else { "" },
             if c["compiled"] == true { " compiled" } else { "" },
+            // A case measured again with the cache on beside its row without it.
+            if c["use_cache"] == true { " use_cache" } else { "" },
             c["batch"],
             c["seq"]
         );

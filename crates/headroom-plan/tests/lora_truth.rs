@@ -61,6 +61,8 @@ fn config(c: &Value) -> TrainConfig {
         optimizer_impl: Some(OptimizerImpl::Foreach),
         // A sequence-to-sequence case's decoder length, where it names its own.
         target_seq: c["target_seq"].as_u64(),
+        // A case without `use_cache` was measured before `measure.no_cache`: with the cache on.
+        use_cache: c["use_cache"].as_bool().unwrap_or(true),
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),

@@ -263,6 +263,16 @@ pub struct PlanArgs {
     /// optimal [default: none].
     #[arg(long, value_parser = checkpointing, help_heading = LEVERS)]
     pub checkpoint: Option<Checkpointing>,
+    /// transformers' `model.config.use_cache` in the training forward. true, transformers'
+    /// default, what a script gets unless it sets `model.config.use_cache = False` and what the
+    /// dev grid's GPU runs measured: the forward builds a DynamicCache and copies each layer's
+    /// key and value into it. Under
+    /// --checkpoint full it changes nothing (transformers turns the cache off). It moves the
+    /// peak of the families that fuse the query, key and value into one layer (GPT-2, Phi-3,
+    /// GPT-NeoX, BLOOM), recorded both ways; any other family plans either setting from one
+    /// recording [default: true].
+    #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool), help_heading = LEVERS)]
+    use_cache: Option<bool>,
     /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the
     /// parameters (needs --zero 3) [default: none].
     #[arg(long, value_parser = named::<Offload>(), help_heading = LEVERS)]
@@ -464,7 +474,7 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 28] {
+    fn training_flags(&self) -> [Given; 29] {
         [
             ("--train", self.train),
             ("--target-seq", self.target_seq.is_some()),
@@ -488,6 +498,7 @@ impl PlanArgs {
             ("--zero", self.zero.is_some()),
             ("--dp-replicate", self.dp_replicate.is_some()),
             ("--checkpoint", self.checkpoint.is_some()),
+            ("--use-cache", self.use_cache.is_some()),
             ("--offload", self.offload.is_some()),
             ("--alloc-conf", !self.alloc_conf.is_empty()),
             ("--policy", !self.policy.is_empty()),
@@ -543,6 +554,7 @@ impl PlanArgs {
             lora_targets: self.lora_targets.or(d.lora_targets),
             base_weights: self.base_weights.or(d.base_weights),
             double_quant: self.double_quant.or(d.double_quant),
+            use_cache: self.use_cache.or(d.use_cache),
             offload: self.offload.unwrap_or(d.offload),
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),

@@ -50,6 +50,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
     let mut v = merged([
         job(p.model, p.gpu, &e.job),
         runner(&e.runner),
+        json!({ "use_cache": use_cache(p.model, &e.job, &e.runner) }),
         memory(&e.memory, &e.verdict),
         e.time.as_ref().map_or_else(untimed, time),
         json!({
@@ -143,6 +144,14 @@ fn job(model: &Model, gpu: &GpuSpec, cfg: &TrainConfig) -> Value {
         "base_quantization": headroom_plan::placement::base_format(cfg).map(quantization),
         "offload": cfg.offload.name(),
     })
+}
+
+/// transformers' key-value cache as the plan assumed it and as its template was recorded, where
+/// it moves the peak; null elsewhere.
+fn use_cache(model: &Model, cfg: &TrainConfig, r: &RunnerRecord) -> Value {
+    let ProgramSource::Template(key) = &r.source else { return Value::Null };
+    headroom_plan::builders::hf::cache_assumed(model, cfg, key)
+        .map_or(Value::Null, |c| json!({"asked": c.asked, "recorded": c.recorded}))
 }
 
 /// Who built the program.

@@ -3,7 +3,7 @@
 
 use super::{max_seq_searched, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
-use headroom_plan::builders::ProgramSource;
+use headroom_plan::builders::{hf, ProgramSource};
 use headroom_plan::estimate::{Estimate, RunnerRecord, Timing};
 use headroom_plan::job::{Finetune, Offload, PipelineStage};
 use headroom_plan::model::Model;
@@ -37,6 +37,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
         outln!(out, "{}", layout_line(&cfg.parallel, cfg.offload, cfg.deepspeed(), fsdp2(&e.runner)));
     }
     outln!(out, "{}", runner_line(&e.runner));
+    if let Some(line) = cache_line(p) {
+        outln!(out, "{line}");
+    }
     outln!(out);
     let b = &e.memory.breakdown;
     let terms = [
@@ -189,6 +192,30 @@ fn runner_line(r: &RunnerRecord) -> String {
         line.push_str(&format!(" (passed over {})", passed.join("; ")));
     }
     line
+}
+
+/// What the plan assumed of transformers' key-value cache, where it moves the peak.
+fn cache_line(p: &TrainPlan) -> Option<String> {
+    let key =
+        p.estimate.runner.source.detail().filter(|_| matches!(p.estimate.runner.source, ProgramSource::Template(_)))?;
+    let c = hf::cache_assumed(p.model, &p.estimate.job, key)?;
+    let on = |b: bool| if b { "on" } else { "off" };
+    Some(if c.asked == c.recorded {
+        format!(
+            "key-value cache: {} in the training forward (--use-cache {}{}), as the step was recorded",
+            on(c.asked),
+            c.asked,
+            if c.asked { ", transformers' default" } else { "" }
+        )
+    } else {
+        format!(
+            "key-value cache: {} asked (--use-cache {}), but only the step with it {} was recorded for this job: the \
+             plan is off by the cache's copies of each layer's key and value",
+            on(c.asked),
+            c.asked,
+            on(c.recorded)
+        )
+    })
 }
 
 /// The recorded template the program was expanded from, where it was.

@@ -219,7 +219,8 @@ mod tests {
         "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": false}"#;
 
     /// `--finetune lora` on a GPU replays each recorded family's own LoRA step: a preset of
-    /// every family `--model` names (or a Hub config where no preset ships one).
+    /// every family `--model` names (or a Hub config where no preset ships one), with the
+    /// key-value cache on (transformers' default) where a fused family was recorded so.
     #[test]
     fn every_recorded_family_plans_lora_from_its_own_template() {
         let h200 = crate::gpu::gpu("h200").expect("gpu");
@@ -231,9 +232,9 @@ mod tests {
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),
                 "gemma3_text/causal-lm/bf16/sdpa/full/lora-all",
             ),
-            (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/lora-all"),
-            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/lora-all"),
-            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/lora-all"),
+            (crate::model::preset("phi-3-mini").expect("preset"), "phi3/causal-lm/bf16/sdpa/full/cache/lora-all"),
+            (crate::model::preset("pythia-1b").expect("preset"), "gpt_neox/causal-lm/bf16/sdpa/full/cache/lora-all"),
+            (crate::model::preset("bloom-7b1").expect("preset"), "bloom/causal-lm/bf16/eager/full/cache/lora-all"),
             (crate::model::preset("mixtral-8x7b").expect("preset"), "mixtral/causal-lm/bf16/sdpa/full/lora-all"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
@@ -307,11 +308,12 @@ mod tests {
             (Qv, NoCkpt, "full/lora-qv"),
             (Qv, Ckpt, "ckpt/lora-qv"),
         ];
-        // Every decoder family is recorded at every one of them.
+        // Every decoder family is recorded at every one of them, with the key-value cache off
+        // (a fused query-key-value family's step with it on is `…/full/cache/…`, where recorded).
         for (model, prefix) in &models {
             for &(targets, checkpointing, suffix) in &jobs {
                 let want = format!("{prefix}/{suffix}");
-                let cfg = lora(16, targets, checkpointing);
+                let cfg = TrainConfig { use_cache: false, ..lora(16, targets, checkpointing) };
                 assert_eq!(
                     crate::builders::hf::key(model, &cfg, Device::Gpu(&h200)),
                     Ok(want.clone()),
@@ -442,7 +444,7 @@ mod tests {
             (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // No SDPA path in transformers.
-            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-all"),
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/cache/lora-all"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-all"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-all"),
@@ -483,12 +485,12 @@ mod tests {
             (preset("mixtral-8x7b"), Ckpt, "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // Phi-3-mini's widths with Phi-3-medium's grouping (four heads a key-value head):
             // its fused `qkv_proj` one adapter.
-            (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/lora-qv"),
+            (phi3_grouped(), NoCkpt, "phi3/causal-lm/fp32/sdpa-math/full/cache/lora-qv"),
             (phi3_grouped(), Ckpt, "phi3/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // As many key-value heads as heads: SDPA's fused kernel.
-            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("gpt2"), NoCkpt, "gpt2/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-qv"),
-            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-qv"),
             (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-qv"),
@@ -496,13 +498,13 @@ mod tests {
             (qwen2_moe(), Ckpt, "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             (preset("llama-2-7b"), NoCkpt, "llama/causal-lm/fp32/sdpa/full/lora-qv"),
             (preset("llama-2-7b"), Ckpt, "llama/causal-lm/fp32/sdpa/ckpt/lora-qv"),
-            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/cache/lora-qv"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-qv"),
             // 32 heads over 4 key-value heads: the math path.
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), NoCkpt, "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-qv"),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-qv"),
             // No SDPA path in transformers (BLOOM), or recorded eager alone (Gemma-2).
-            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/lora-qv"),
+            (preset("bloom-7b1"), NoCkpt, "bloom/causal-lm/fp32/eager/full/cache/lora-qv"),
             (preset("bloom-7b1"), Ckpt, "bloom/causal-lm/fp32/eager/ckpt/lora-qv"),
             (config(GEMMA2_9B, "gemma-2-9b"), NoCkpt, "gemma2/causal-lm/fp32/eager/full/lora-qv"),
             (config(GEMMA2_9B, "gemma-2-9b"), Ckpt, "gemma2/causal-lm/fp32/eager/ckpt/lora-qv"),
@@ -535,13 +537,17 @@ mod tests {
         }
     }
 
-    /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay.
+    /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay:
+    /// with the key-value cache on (transformers' default) where a fused query-key-value
+    /// family's fp32 eager LoRA was recorded so (`…/full/cache/…`).
     fn eager_jobs(models: &[(Model, &str)], precision: &str, suffix: &str) -> Vec<(Model, Checkpointing, String)> {
         models
             .iter()
             .flat_map(|(model, family)| {
+                let fused = ["gpt2/", "phi3/", "gpt_neox/"].iter().any(|f| family.starts_with(f));
                 [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                    (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}/{suffix}"))
+                    let cache = if fused && ck == "full" && precision == "fp32" { "/cache" } else { "" };
+                    (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}{cache}/{suffix}"))
                 })
             })
             .collect()

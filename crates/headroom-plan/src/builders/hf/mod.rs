@@ -50,7 +50,7 @@ mod template_key;
 
 use template_key::attention_fp32;
 pub(crate) use template_key::no_sdpa;
-pub use template_key::{key, math_key, sdpa_math};
+pub use template_key::{cache_assumed, cache_matters, cache_recorded, key, math_key, sdpa_math, CacheAssumed};
 
 use expander::Expander;
 

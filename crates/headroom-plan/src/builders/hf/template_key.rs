@@ -1,9 +1,17 @@
 //! Which recorded template plans a job: its key (family, head, precision, attention,
-//! checkpointing, MLP, adapters), the code a family shares where it has no recording of its
-//! own, and the SDPA kernel a GPU runs for the job's dtype and heads.
+//! checkpointing, MLP, key-value cache, adapters), the code a family shares where it has no
+//! recording of its own, and the SDPA kernel a GPU runs for the job's dtype and heads.
+//!
+//! A key reads `FAMILY/HEAD/PRECISION/ATTENTION/full|ckpt[/gated][/cache][/ADAPTERS]`. `/cache`
+//! marks a step recorded with the config's `use_cache` on (transformers' default: a
+//! `DynamicCache` built in the training forward, each layer's key and value copied into it);
+//! a key without it was recorded with the cache off. Only the families that fuse the query,
+//! key and value into one projection ([`fuses_qkv`]) are recorded both ways, since only there
+//! the copies move a peak; any other family's one key plans either setting, and a checkpointed
+//! step is the same either way (transformers turns the cache off under checkpointing).
 
 use super::{adapters, is_head, Device};
-use crate::job::{Attention, Checkpointing, Precision, TrainConfig};
+use crate::job::{fuses_qkv, Attention, Checkpointing, Precision, TrainConfig};
 use crate::model::{Family, Head, Model};
 use crate::program_template;
 use crate::recipe::{measured_code, measured_precision};
@@ -38,13 +46,17 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
     // which `amp` was recorded under, keeps a bf16 input's dtype (T5's cross-attention
     // probabilities, bf16 scores plus a bf16 bias, are fp32 on a GPU and bf16 on the CPU).
     // QLoRA's steps were recorded with CUDA's rules on either device (bitsandbytes' CUDA path has
-    // no CPU kernels), its AMP step under CUDA's autocast policy alone.
+    // no CPU kernels), its AMP step under CUDA's autocast policy alone. The job's own key-value
+    // cache comes first, under either policy: the cache's copies move a fused family's peak more
+    // than the policy's fp32 `pow`, which the CPU's is rewritten for.
     if cfg.precision == Precision::Amp && (matches!(device, Device::Gpu(_)) || adapters::qlora(cfg)) {
-        if let Ok(k) = key_with_precision(model, cfg, device, math, AMP_CUDA) {
-            return Ok(k);
+        for (p, either_cache) in [(AMP_CUDA, false), (precision, false), (AMP_CUDA, true)] {
+            if let Ok(k) = key_with_precision(model, cfg, device, math, p, either_cache) {
+                return Ok(k);
+            }
         }
     }
-    key_with_precision(model, cfg, device, math, precision)
+    key_with_precision(model, cfg, device, math, precision, true)
 }
 
 /// The precision of the AMP templates recorded under CUDA's autocast policy.
@@ -56,6 +68,7 @@ fn key_with_precision(
     device: Device,
     math: bool,
     precision: &str,
+    either_cache: bool,
 ) -> Result<String, String> {
     let adapters = adapters::suffix(cfg)?;
     let checkpointed = cfg.checkpointing == Checkpointing::Full;
@@ -83,25 +96,35 @@ fn key_with_precision(
     }
     // A family's own recording where it has one for the job; else the code it shares.
     let families = [program_family(model), measured_code(model)];
-    let key = |family: &str, attn: &str| match adapters {
-        Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}/{a}"),
-        None => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}"),
+    let key = |family: &str, attn: &str, cache: bool| {
+        let cache = if cache { CACHE } else { "" };
+        match adapters {
+            Some(a) => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}{cache}/{a}"),
+            None => format!("{family}/{head}/{precision}/{attn}/{ck}{mlp}{cache}"),
+        }
     };
     // Families without an SDPA path in transformers (none of their recordings SDPA's) run
     // eager whatever is asked.
-    let on = |attention: &str| -> Vec<String> {
+    let on = |attention: &str, cache: bool| -> Vec<String> {
         families
             .iter()
-            .flat_map(|f| [key(f, attention)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager"))))
+            .flat_map(|f| [key(f, attention, cache)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager", cache))))
             .filter(|k| program_template::template(k).is_some())
             .collect()
     };
-    let mut recorded = on(attention);
+    let cache = cache_matters(model, cfg) && cfg.use_cache;
+    let mut recorded = on(attention, cache);
     if recorded.is_empty() && attention == "sdpa" && adapters::qlora(cfg) {
         // QLoRA's fused kernel is recorded for every family with grouped heads but Gemma 3: an
         // ungrouped model of it plans the math path's template, which keeps the s × s
         // probabilities the kernel does not, a plan above the step.
-        recorded = on("sdpa-math");
+        recorded = on("sdpa-math", cache);
+    }
+    if recorded.is_empty() && either_cache && cache_matters(model, cfg) {
+        // The other half where the asked one was not recorded: the plan names the half it
+        // replayed ([`cache_recorded`]), and the peak it gives differs from the job's by the
+        // cache's copies.
+        recorded = on(attention, !cache);
     }
     // A template plans the MLP it was recorded with, whatever its key says.
     let recorded: Vec<String> =
@@ -119,10 +142,43 @@ fn key_with_precision(
         None if adapters.is_some_and(|a| a.starts_with("qlora-")) && !checkpointed => format!(
             "no step `{}` was recorded (QLoRA without gradient checkpointing); add --checkpoint full, as peft's \
              prepare_model_for_kbit_training sets it up by default, or {RECORD}",
-            key(families[0], attention)
+            key(families[0], attention, cache)
         ),
-        None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention)),
+        None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention, cache)),
     })
+}
+
+/// The key segment of a step recorded with the key-value cache on.
+const CACHE: &str = "/cache";
+
+/// Whether the key-value cache moves the peak of `cfg`'s step for `model`: a training forward
+/// without checkpointing (transformers turns the cache off under it) of a family that fuses
+/// the query, key and value, where SDPA saves the cache's copies of the key and value in place
+/// of views of the fused output, or eager attention its products of them.
+pub fn cache_matters(model: &Model, cfg: &TrainConfig) -> bool {
+    fuses_qkv(model) && cfg.checkpointing == Checkpointing::None
+}
+
+/// The key-value cache a plan from template `key` assumed, where the cache moves the peak
+/// ([`cache_matters`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheAssumed {
+    /// The job's `use_cache`.
+    pub asked: bool,
+    /// The template's: where it differs from `asked`, the asked half was not recorded and the
+    /// plan is off by the cache's copies.
+    pub recorded: bool,
+}
+
+/// What a plan of `cfg` for `model` from template `key` assumed of the key-value cache; `None`
+/// where the cache moves no peak.
+pub fn cache_assumed(model: &Model, cfg: &TrainConfig, key: &str) -> Option<CacheAssumed> {
+    cache_matters(model, cfg).then(|| CacheAssumed { asked: cfg.use_cache, recorded: cache_recorded(key) })
+}
+
+/// Whether template `key` was recorded with the key-value cache on.
+pub fn cache_recorded(key: &str) -> bool {
+    key.split('/').any(|part| part == &CACHE[1..])
 }
 
 /// Whether `family` was recorded with eager attention alone: transformers has no SDPA path
@@ -182,6 +238,7 @@ pub(super) fn attention_fp32(cfg: &TrainConfig) -> bool {
 mod tests {
     use super::*;
     use crate::job::{BaseWeights, Finetune, LoraTargets, Optimizer};
+    use crate::model::preset;
 
     fn qlora(precision: Precision) -> TrainConfig {
         TrainConfig {
@@ -208,6 +265,76 @@ mod tests {
             assert!(!sdpa_math(&llama, &qlora(Precision::Amp), device));
             assert!(sdpa_math(&llama, &qlora(Precision::Fp32), device));
             assert!(sdpa_math(&llama, &qlora(Precision::Bf16), device));
+        }
+    }
+
+    fn cfg(use_cache: bool, checkpointing: Checkpointing) -> TrainConfig {
+        TrainConfig { use_cache, checkpointing, ..TrainConfig::new(1, 512, Precision::Bf16, Optimizer::AdamW) }
+    }
+
+    #[test]
+    fn a_fused_family_plans_each_setting_from_its_own_recording() {
+        let gpt2 = preset("gpt2-medium").expect("a preset");
+        assert_eq!(
+            key(&gpt2, &cfg(true, Checkpointing::None), Device::Cpu).unwrap(),
+            "gpt2/causal-lm/bf16/sdpa/full/cache"
+        );
+        assert_eq!(key(&gpt2, &cfg(false, Checkpointing::None), Device::Cpu).unwrap(), "gpt2/causal-lm/bf16/sdpa/full");
+        // transformers turns the cache off under checkpointing: one recording either way.
+        for on in [true, false] {
+            assert_eq!(
+                key(&gpt2, &cfg(on, Checkpointing::Full), Device::Cpu).unwrap(),
+                "gpt2/causal-lm/bf16/sdpa/ckpt"
+            );
+            assert_eq!(cache_assumed(&gpt2, &cfg(on, Checkpointing::Full), "gpt2/causal-lm/bf16/sdpa/ckpt"), None);
+        }
+        let c = cfg(true, Checkpointing::None);
+        assert_eq!(
+            cache_assumed(&gpt2, &c, &key(&gpt2, &c, Device::Cpu).unwrap()),
+            Some(CacheAssumed { asked: true, recorded: true })
+        );
+    }
+
+    #[test]
+    fn a_family_with_projections_of_their_own_plans_either_setting_from_one_key() {
+        let llama = preset("llama-3-8b").expect("a preset");
+        let on = key(&llama, &cfg(true, Checkpointing::None), Device::Cpu).unwrap();
+        assert_eq!(on, key(&llama, &cfg(false, Checkpointing::None), Device::Cpu).unwrap());
+        assert!(!cache_recorded(&on), "{on}");
+        assert_eq!(cache_assumed(&llama, &cfg(true, Checkpointing::None), &on), None);
+    }
+
+    /// peft's LoRA over a fused family with the cache on replays the LoRA step recorded so.
+    #[test]
+    fn lora_of_a_fused_family_with_the_cache_replays_its_cache_on_step() {
+        let cases = [
+            ("gpt2-medium", "gpt2/causal-lm/bf16/sdpa/full/cache"),
+            ("phi-3-mini", "phi3/causal-lm/bf16/sdpa/full/cache"),
+            ("pythia-1b", "gpt_neox/causal-lm/bf16/sdpa/full/cache"),
+            ("bloom-7b1", "bloom/causal-lm/bf16/eager/full/cache"),
+        ];
+        for (name, prefix) in cases {
+            let model = preset(name).expect("a preset");
+            for (targets, suffix) in [(LoraTargets::All, "lora-all"), (LoraTargets::QueryValue, "lora-qv")] {
+                let finetune = Finetune::Lora { rank: 16, targets, base: BaseWeights::Native };
+                let c = TrainConfig { finetune, ..cfg(true, Checkpointing::None) };
+                assert_eq!(key(&model, &c, Device::Cpu).unwrap(), format!("{prefix}/{suffix}"), "{name}");
+            }
+        }
+    }
+
+    /// `/cache` follows the checkpointing (and T5's `/gated`) and precedes the adapters, and only
+    /// a fused family's step without checkpointing is recorded so.
+    #[test]
+    fn every_key_recorded_with_the_cache_is_a_fused_family_s_uncheckpointed_step() {
+        let fused = ["gpt2/", "phi3/", "gpt_neox/", "bloom/"];
+        let cached: Vec<&str> = program_template::keys().filter(|k| cache_recorded(k)).collect();
+        assert!(!cached.is_empty());
+        for k in cached {
+            let parts: Vec<&str> = k.split('/').collect();
+            assert!(fused.iter().any(|f| k.starts_with(f)), "{k}");
+            assert_eq!((parts[4], parts[5]), ("full", "cache"), "{k}");
+            assert!(parts.len() == 6 || parts[6].starts_with("lora-"), "{k}");
         }
     }
 }

@@ -1,0 +1,98 @@
+//! `headroom plan --use-cache`: transformers' key-value cache in a training forward, which
+//! moves the peak of the families that fuse the query, key and value (GPT-2's `c_attn`) and
+//! no other's (Llama's projections are their own), and nothing under checkpointing.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn plan(args: &[&str]) -> Value {
+    let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
+    assert!(out.status.code().unwrap() < 2, "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn text(args: &[&str]) -> String {
+    let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).output().unwrap();
+    assert!(out.status.code().unwrap() < 2, "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn job<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["--model", model, "--gpu", "h200", "--precision", "bf16", "--attention", "sdpa"];
+    a.extend_from_slice(&["--batch", "4", "--seq", "1024"]);
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn the_cache_changes_a_gpt2_plan_and_not_a_llama_one() {
+    let on = plan(&job("gpt2-medium", &["--use-cache", "true"]));
+    let off = plan(&job("gpt2-medium", &["--use-cache", "false"]));
+    let default = plan(&job("gpt2-medium", &[]));
+    assert_eq!(on["program"]["template"], "gpt2/causal-lm/bf16/sdpa/full/cache");
+    assert_eq!(off["program"]["template"], "gpt2/causal-lm/bf16/sdpa/full");
+    assert_eq!(on["use_cache"], serde_json::json!({"asked": true, "recorded": true}));
+    assert_eq!(off["use_cache"], serde_json::json!({"asked": false, "recorded": false}));
+    // The copies of each layer's key and value, which a run without the cache does not make.
+    let (a_on, a_off) = (on["allocated_bytes"].as_u64().unwrap(), off["allocated_bytes"].as_u64().unwrap());
+    assert!(a_on > a_off, "cache on {a_on} B, off {a_off} B");
+    // transformers' default is the cache on.
+    assert_eq!(default["allocated_bytes"], on["allocated_bytes"]);
+    assert_eq!(default["use_cache"], on["use_cache"]);
+
+    let on = plan(&job("llama-3-8b", &["--use-cache", "true"]));
+    let off = plan(&job("llama-3-8b", &["--use-cache", "false"]));
+    assert_eq!(on["program"]["template"], off["program"]["template"]);
+    assert_eq!(on["allocated_bytes"], off["allocated_bytes"]);
+    assert_eq!(on["reserved_bytes"], off["reserved_bytes"]);
+    assert_eq!(on["use_cache"], Value::Null, "the cache moves no peak of Llama's");
+}
+
+#[test]
+fn under_checkpointing_the_cache_changes_nothing() {
+    let on = plan(&job("gpt2-medium", &["--use-cache", "true", "--checkpoint", "full"]));
+    let off = plan(&job("gpt2-medium", &["--use-cache", "false", "--checkpoint", "full"]));
+    assert_eq!(on["program"]["template"], "gpt2/causal-lm/bf16/sdpa/ckpt");
+    assert_eq!(on["allocated_bytes"], off["allocated_bytes"]);
+    assert_eq!(on["use_cache"], Value::Null);
+}
+
+#[test]
+fn the_text_says_which_the_plan_assumed_where_it_matters() {
+    let gpt2 = text(&job("gpt2-medium", &[]));
+    assert!(
+        gpt2.contains("key-value cache: on in the training forward (--use-cache true, transformers' default)"),
+        "{gpt2}"
+    );
+    let off = text(&job("gpt2-medium", &["--use-cache", "false"]));
+    assert!(off.contains("key-value cache: off in the training forward (--use-cache false)"), "{off}");
+    let llama = text(&job("llama-3-8b", &[]));
+    assert!(!llama.contains("key-value cache:"), "{llama}");
+}
+
+#[test]
+fn a_job_whose_half_was_not_recorded_says_so() {
+    // Phi-3's fp32 LoRA with SDPA on every linear layer is recorded with the cache off alone:
+    // asked with it on, the plan replays that half and says the cache's copies are not in it.
+    let args = ["--model", "phi-3-mini", "--gpu", "h200", "--precision", "fp32", "--attention", "sdpa"];
+    let args = [&args[..], &["--finetune", "lora", "--batch", "1", "--seq", "512"]].concat();
+    let v = plan(&args);
+    assert_eq!(v["program"]["template"], "phi3/causal-lm/fp32/sdpa/full/lora-all");
+    assert_eq!(v["use_cache"], serde_json::json!({"asked": true, "recorded": false}));
+    let t = text(&args);
+    assert!(
+        t.contains("key-value cache: on asked (--use-cache true), but only the step with it off was recorded"),
+        "{t}"
+    );
+}
+
+#[test]
+fn the_flag_is_training_s() {
+    let out = Command::cargo_bin("headroom")
+        .unwrap()
+        .args(["plan", "--model", "gpt2", "--gpu", "h200", "--infer", "--use-cache", "false"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--use-cache applies to training"));
+}
