@@ -58,7 +58,7 @@ import contextlib
 import gc
 import json
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
@@ -337,6 +337,7 @@ class StepRecorder(GradientSums):
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._resized: WeakIdKeyDictionary = WeakIdKeyDictionary()  # freed in place: (term, site)
         self._refs: dict[int, weakref.ref] = {}
+        self._handed: dict[int, _Storage] = {}  # index -> the repeated step's copy in its place
         self._count = 0
         self._step = 0
         self._phase = SETUP
@@ -419,6 +420,10 @@ class StepRecorder(GradientSums):
         if self._merged(rec):
             return
         self._refs.pop(rec.index, None)
+        # A repeated step freed this tensor's place in the program and handed it to its own copy
+        # (`repeat_step`): the copy is what dies now.
+        while rec.index in self._handed:
+            rec = self._handed.pop(rec.index)
         self.events.append(("free", rec))
         self.live -= rec.size
 
@@ -622,17 +627,21 @@ class StepRecorder(GradientSums):
         """Writes one more step as the last one repeated: its allocations and frees, in order, with
         their sizes, terms and sites, under fresh indices and the next step's name, and its kernels.
         Call it where the last `step()` has just ended, and only where that step is the steady one
-        (every step after the first does the same thing: the optimizer's state exists, and nothing
-        carries from one step to the next). It refuses, returning False and changing nothing, a step
-        that frees what an earlier step made, which the repeat could not name. The steps so made
-        are the steps recorded, operation for operation (python/tests/test_recorder.py checks it on
-        GPT-2 and Llama), at no dispatch cost."""
+        (every step after the first does the same thing: the optimizer's state exists). What the
+        step frees of the step before it (a script's `loss`, held until the next forward's replaces
+        it, and what its graph keeps) the repeat frees of the last step: its counterpart, the
+        allocation of the same phase, size and site at the same rank. It refuses, returning False
+        and changing nothing, a step that frees what has no counterpart, which the repeat could not
+        name. The steps so made are the steps recorded, operation for operation
+        (python/tests/test_recorder.py checks it on GPT-2 and Llama), at no dispatch cost."""
         if not self._step_starts:
             return False
         first, kernels_at = self._step_starts[-1]
         segment = self.events[first:]
         mine = {id(rec) for op, rec in segment if op == "alloc"}
-        if any(op == "free" and id(rec) not in mine for op, rec in segment):
+        earlier = {id(rec) for op, rec in segment if op == "free" and id(rec) not in mine}
+        counterparts = self._counterparts(earlier) if earlier else {}
+        if counterparts is None:
             return False
         old, new = f"step{self._step}.", f"step{self._step + 1}."
         self._step += 1
@@ -653,11 +662,47 @@ class StepRecorder(GradientSums):
                 self.events.append(("alloc", copy))
                 self.live += copy.size
                 self.peak = max(self.peak, self.live)
-            else:
+            elif id(rec) in copies:
                 self.events.append(("free", copies[id(rec)]))
                 self.live -= rec.size
+            else:
+                # The last step's counterpart goes; its copy in this step lives on in its place,
+                # and is what the counterpart's storage frees when it dies.
+                gone = counterparts[id(rec)]
+                self.events.append(("free", gone))
+                self.live -= gone.size
+        for gone in counterparts.values():
+            self._handed[gone.index] = copies[id(gone)]
         self.kernel_lines.extend(kernel_lines)
         return True
+
+    def _counterparts(self, earlier: set[int]) -> Optional[dict[int, "_Storage"]]:
+        """For each of the step before the last's allocations in `earlier` (by `id`), the last
+        step's allocation in its place: the same phase, size and site, at the same rank among
+        those. None where one has none."""
+        if len(self._step_starts) < 2:
+            return None
+        before, last = self._step_starts[-2][0], self._step_starts[-1][0]
+
+        def ranked(events: list) -> dict:
+            seen: dict[tuple, int] = {}
+            out = {}
+            for op, rec in events:
+                if op != "alloc":
+                    continue
+                key = (rec.when.partition(".")[2], rec.size, rec.site)
+                seen[key] = seen.get(key, -1) + 1
+                out[id(rec)] = (key, seen[key], rec)
+            return out
+
+        prev = ranked(self.events[before:last])
+        place = {(key, n): rec for key, n, rec in ranked(self.events[last:]).values()}
+        found = {}
+        for i in earlier:
+            if i not in prev or prev[i][:2] not in place:
+                return None
+            found[i] = place[prev[i][:2]]
+        return found
 
     def __enter__(self) -> "StepRecorder":
         try:

@@ -192,6 +192,11 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
             return rec
         opt = _optimizer(spec.optimizer, params)
         ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq))
+        # Held as a script holds its `loss`, until the next forward's replaces it: what the graph
+        # keeps after the backward (under checkpointing, the leaf `enable_input_require_grads`
+        # makes of the input embeddings' output, and its gradient) lives through the optimizer
+        # step and the next forward. The last one is let go after the recording.
+        loss = None
         for i in range(spec.steps):
             # The first step makes the optimizer's state; the second is the steady one, which
             # every later step repeats.
@@ -202,9 +207,9 @@ def record(spec: StepSpec, fake: bool = True, route_sdpa: bool = True) -> StepRe
                 with autocast:
                     loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
-                del loss
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+    del loss
     return rec
 
 

@@ -252,7 +252,8 @@ class RepeatedSteps(unittest.TestCase):
         tmp = tempfile.mkdtemp()
         gpt2 = os.path.join(REPO, "data", "models", "presets", "gpt2.json")
         for model, spec in ((gpt2, {"batch": 1, "seq": 64}), (_model_dir(tmp), {"batch": 2, "seq": 64, "lora": 4}),
-                            (_model_dir(tmp), {"batch": 2, "seq": 64, "checkpoint": True, "dtype": "fp32"})):
+                            (_model_dir(tmp), {"batch": 2, "seq": 64, "checkpoint": True, "dtype": "fp32"}),
+                            (_model_dir(tmp), {"batch": 2, "seq": 64, "checkpoint": True, "lora": 4})):
             recorded = record(StepSpec(model=model, steps=4, repeat=False, **spec))
             written = record(StepSpec(model=model, steps=4, **spec))
             self.assertEqual(written._step, 4)
@@ -264,19 +265,59 @@ class RepeatedSteps(unittest.TestCase):
             self.assertIsNone(first, f"{spec}: line {first}: {a[first] if first else ''} != {b[first] if first else ''}")
             self.assertTrue(any('"step4.backward' in l for l in b))
 
-    def test_a_step_that_frees_an_earlier_steps_tensor_is_not_repeated(self):
+    def test_the_loss_and_what_its_graph_keeps_live_until_the_next_forward(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        # As a script holds `loss` until the next forward's replaces it: under checkpointing,
+        # peft's leaf of the input embeddings' output and its gradient live through the optimizer
+        # step too (2 x 64 tokens x 32 wide, fp32), freed by the next step's forward.
+        rec = record(StepSpec(model=_model_dir(tempfile.mkdtemp()), batch=2, seq=64, steps=3, repeat=False,
+                              lora=4, checkpoint=True))
+        third = rec._step_starts[2][0]
+        held = sorted((r.when, r.size, r.site.rsplit(".", 1)[-1]) for op, r in rec.events[third:]
+                      if op == "free" and r.when.startswith("step2."))
+        self.assertEqual(held, [("step2.backward", 2 * 64 * 32 * 4, "ToCopyBackward0"),
+                                ("step2.forward", 4, "model"),
+                                ("step2.forward", 2 * 64 * 32 * 4, "embed_tokens")])
+        # Freed in the forward: before the third step's backward makes anything.
+        backward = next(i for i, (op, r) in enumerate(rec.events) if r.when == "step3.backward")
+        last = max(i for i, (op, r) in enumerate(rec.events) if op == "free" and r.when.startswith("step2.")
+                   and i >= third)
+        self.assertLess(last, backward)
+
+    def test_a_step_that_frees_an_earlier_steps_tensor_without_a_counterpart_is_not_repeated(self):
         from headroom_gpu.recorder import StepRecorder
 
         with StepRecorder() as rec:
             kept = None
-            for _ in range(2):
+            for n in (16, 32):
                 with rec.step():
-                    kept = torch.ones(16) * 2  # the earlier step's tensor is freed here
+                    kept = torch.ones(n) * 2  # the earlier step's tensor, of another size, freed here
             n = len(rec.events)
             self.assertFalse(rec.repeat_step())
             self.assertEqual(len(rec.events), n)
             self.assertEqual(rec._step, 2)
         del kept
+
+    def test_what_a_step_frees_of_the_step_before_the_repeat_frees_of_the_last(self):
+        from headroom_gpu.recorder import StepRecorder
+
+        # A script's `loss`, held until the next forward's replaces it.
+        with StepRecorder() as rec:
+            held = None
+            for _ in range(2):
+                with rec.step():
+                    held = torch.full((16,), 2.0)
+            self.assertTrue(rec.repeat_step())
+            self.assertTrue(rec.repeat_step())
+            allocs = [r for op, r in rec.events if op == "alloc" and r.size == 64]
+            freed = [r for op, r in rec.events if op == "free" and r.size == 64]
+            self.assertEqual([r.when for r in allocs], [f"step{i}.forward" for i in (1, 2, 3, 4)])
+            # Each step frees the one before's; the last's lives on.
+            self.assertEqual(freed, allocs[:3])
+            self.assertEqual(rec.live, 64 + sum(r.size for op, r in rec.events if op == "alloc" and r.size != 64)
+                             - sum(r.size for op, r in rec.events if op == "free" and r.size != 64))
+        del held
 
 
 @unittest.skipIf(MISSING, MISSING)

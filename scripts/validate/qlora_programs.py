@@ -326,6 +326,10 @@ class QLoraJob(sp.Job):
             trainable = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
             ids = torch.randint(0, config.vocab_size, (batch, seq))
+            # Held as a script holds its `loss`, until the next forward's replaces it (as
+            # `step_programs.steps` holds it): under checkpointing, the leaf peft's
+            # `enable_input_require_grads` makes of the input embeddings' output and its gradient
+            # live through the optimizer step. The last one is let go after the recording.
             for step in (1, 2):
                 with rec.step():
                     # `Trainer(bf16=True)`'s autocast, cast as CUDA's is (the recorder's
@@ -333,7 +337,6 @@ class QLoraJob(sp.Job):
                     with torch.autocast("cuda", torch.bfloat16) if amp else contextlib.nullcontext():
                         loss = model(input_ids=ids, labels=ids).loss
                     loss.backward()
-                    del loss
                     grads[step] = {rec._storages[p.grad.untyped_storage()].index: i
                                    for i, (_, p) in enumerate(model.named_parameters()) if p.grad is not None}
                     opt.step()
