@@ -37,29 +37,10 @@ class NoCache(NeedsRecorders):
     def test_a_training_forward_keeps_no_cache_once_it_is_turned_off(self):
         self.assertEqual(self.caches(self.forward(cached=False)), [])
 
-    def test_the_cpu_ground_truth_steps_build_none_either(self):
-        # measure.py's training steps (the CPU truth the replayed templates are held to) build
-        # their model as the recorders do.
-        import measure
-        import step_programs as sp
-
-        built, real = [], measure.build
-
-        def build(*args, **kwargs):
-            built.append(real(*args, **kwargs))
-            return built[-1]
-
-        measure.build = build
-        try:
-            measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16)
-        finally:
-            measure.build = real
-        self.assertEqual(len(built), 1)
-        self.assertFalse(built[0].config.use_cache)
-
-    def test_the_cpu_ground_truth_keeps_the_configs_default_when_asked(self):
-        # `measure.py --use-cache`: the rows the templates recorded with the cache (`…/cache`)
-        # are held to, each saying which cache it was measured with.
+    @staticmethod
+    def train_cases(*use_cache):
+        """`measure.train_case` of a 2-layer Phi-3 for each `use_cache` (None: the default), and
+        the models it built."""
         import measure
         import step_programs as sp
 
@@ -72,9 +53,22 @@ class NoCache(NeedsRecorders):
         measure.build = build
         try:
             rows = [measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16,
-                                       use_cache=on) for on in (True, False)]
+                                       **({} if on is None else {"use_cache": on})) for on in use_cache]
         finally:
             measure.build = real
+        return rows, built
+
+    def test_the_cpu_ground_truth_steps_build_none_either(self):
+        # measure.py's training steps (the CPU truth the replayed templates are held to) build
+        # their model as the recorders do.
+        _, built = self.train_cases(None)
+        self.assertEqual(len(built), 1)
+        self.assertFalse(built[0].config.use_cache)
+
+    def test_the_cpu_ground_truth_keeps_the_configs_default_when_asked(self):
+        # `measure.py --use-cache`: the rows the templates recorded with the cache (`…/cache`)
+        # are held to, each saying which cache it was measured with.
+        rows, built = self.train_cases(True, False)
         self.assertEqual([m.config.use_cache for m in built], [True, False])
         self.assertEqual([r["use_cache"] for r in rows], [True, False])
 

@@ -8,20 +8,9 @@
 //! part for `cat`; BERT's eager softmax, its head's LayerNorm and its loss), the CPU's
 //! (`…/amp/…`) where the two make the same.
 
-use assert_cmd::Command;
-use serde_json::Value;
+mod support;
 
-fn plan(args: &[String], json: bool) -> String {
-    let mut cmd = Command::cargo_bin("headroom").unwrap();
-    cmd.arg("plan").args(args);
-    if json {
-        cmd.arg("--json");
-    }
-    let out = cmd.output().unwrap();
-    let code = out.status.code().unwrap();
-    assert!(code < 2, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
+use support::assert_replays;
 
 /// (preset, precision, attention, checkpointing, the key its plan replays).
 const JOBS: &[(&str, &str, &str, &str, &str)] = &[
@@ -71,13 +60,7 @@ fn each_job_replays_its_own_recorded_step() {
         .split_whitespace()
         .map(String::from)
         .collect();
-        let what = format!("{model} {precision} {attention} --checkpoint {ck}");
-        let p: Value = serde_json::from_str(&plan(&job, true)).unwrap();
-        assert_eq!(p["runner"]["builder"], "transformers", "{what}: {}", p["runner"]);
-        assert_eq!(p["program"]["source"], "recorded", "{what}: {}", p["program"]);
-        assert_eq!(p["program"]["template"], *want, "{what}: {}", p["program"]);
-        let text = plan(&job, false);
-        assert!(text.contains(&format!("recorded as {want}")), "{what}: {text}");
-        assert!(!text.contains("passed over transformers"), "{what}: {text}");
+        let (_, text) = assert_replays(&job, want);
+        assert!(!text.contains("passed over transformers"), "{job:?}: {text}");
     }
 }

@@ -6,8 +6,10 @@
 //! attention asked of a family recorded with SDPA, its own `…/amp-cuda/eager/…` step
 //! (`data/programs/hf-lora-amp-eager.tpl`).
 
+mod support;
+
 use assert_cmd::Command;
-use serde_json::Value;
+use support::assert_replays;
 
 fn plan(args: &[String], json: bool) -> (i32, String) {
     let mut cmd = Command::cargo_bin("headroom").unwrap();
@@ -92,15 +94,8 @@ fn amp_lora_replays_the_step_recorded_under_cuda_s_autocast() {
                      --lora-targets {targets} --checkpoint {ck}",
                     model(name, dir.path())
                 ));
-                let want = format!("{prefix}/{ck_key}/lora-{targets}");
                 // Mixtral's fp32 base alone passes an H200's memory: an answer either way.
-                let (_, out) = plan(&job, true);
-                let p: Value = serde_json::from_str(&out).unwrap();
-                assert_eq!(p["runner"]["builder"], "transformers", "{name}: {}", p["runner"]);
-                assert_eq!(p["program"]["source"], "recorded", "{name}: {}", p["program"]);
-                assert_eq!(p["program"]["template"], want.as_str(), "{name}: {}", p["program"]);
-                let (_, t) = plan(&job, false);
-                assert!(t.contains(&format!("recorded as {want}")), "{t}");
+                assert_replays(&job, &format!("{prefix}/{ck_key}/lora-{targets}"));
             }
         }
     }
@@ -139,14 +134,7 @@ fn eager_amp_lora_replays_its_own_recorded_step() {
                      --lora-targets {targets} --checkpoint {ck}",
                     model(name, dir.path())
                 ));
-                let want = format!("{prefix}/{ck_key}/lora-{targets}");
-                let (_, out) = plan(&job, true);
-                let p: Value = serde_json::from_str(&out).unwrap();
-                assert_eq!(p["runner"]["builder"], "transformers", "{name}: {}", p["runner"]);
-                assert_eq!(p["program"]["source"], "recorded", "{name}: {}", p["program"]);
-                assert_eq!(p["program"]["template"], want.as_str(), "{name}: {}", p["program"]);
-                let (_, t) = plan(&job, false);
-                assert!(t.contains(&format!("recorded as {want}")), "{t}");
+                assert_replays(&job, &format!("{prefix}/{ck_key}/lora-{targets}"));
             }
         }
     }

@@ -2,8 +2,11 @@
 //! planning the job again with it; the allocator's cache where a job that fits reserves far
 //! more than it allocates.
 
+mod support;
+
 use assert_cmd::Command;
 use serde_json::Value;
+use support::assert_replays;
 
 fn plan(args: &[String]) -> (i32, Value) {
     let out = Command::cargo_bin("headroom").unwrap().arg("plan").args(args).arg("--json").output().unwrap();
@@ -90,13 +93,8 @@ fn every_recorded_family_plans_qlora_from_its_own_template() {
         let job = format!(
             "--model {model} --gpu h100 --finetune qlora --lora-rank 16 --batch 2 --seq 1024 --checkpoint full"
         );
-        let want = format!("{family}/causal-lm/bf16/{attention}/ckpt/qlora-all");
-        let (code, p) = plan(&args(&job));
-        assert_eq!(code, 0, "{p}");
-        assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-        assert_eq!(p["program"]["template"], want.as_str(), "{}", p["program"]);
-        let (_, t) = text(&args(&job));
-        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+        let (p, _) = assert_replays(&args(&job), &format!("{family}/causal-lm/bf16/{attention}/ckpt/qlora-all"));
+        assert_eq!(p["fits"], true, "{p}");
     }
 }
 
@@ -111,13 +109,8 @@ fn bert_and_t5_plan_qlora_from_their_own_templates() {
     ] {
         let job =
             format!("--model {model} --gpu h100 --finetune qlora --lora-rank 16 --batch 4 --seq 512 --checkpoint full");
-        let (code, p) = plan(&args(&job));
-        assert_eq!(code, 0, "{p}");
-        assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
-        assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-        assert_eq!(p["program"]["template"], want, "{}", p["program"]);
-        let (_, t) = text(&args(&job));
-        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+        let (p, _) = assert_replays(&args(&job), want);
+        assert_eq!(p["fits"], true, "{p}");
     }
 }
 
@@ -140,15 +133,9 @@ fn fp32_query_value_lora_is_planned_from_its_recorded_step() {
         let (_, all) = plan(&with_flags(&args(&job), "--lora-targets all"));
         for (flags, ck) in [("--checkpoint none", "full"), ("--checkpoint full", "ckpt")] {
             let cache = if ck == "full" { cache } else { "" };
-            let want = format!("{prefix}/{ck}{cache}/lora-qv");
-            let (code, p) = plan(&with_flags(&args(&job), flags));
-            assert_eq!(code, 0, "{p}");
-            assert_eq!(p["runner"]["builder"], "transformers", "{}", p["runner"]);
-            assert_eq!(p["program"]["source"], "recorded", "{}", p["program"]);
-            assert_eq!(p["program"]["template"], want.as_str(), "{}", p["program"]);
+            let (p, _) = assert_replays(&with_flags(&args(&job), flags), &format!("{prefix}/{ck}{cache}/lora-qv"));
+            assert_eq!(p["fits"], true, "{p}");
             assert!(p["trainable_params"].as_f64() < all["trainable_params"].as_f64(), "{p}");
-            let (_, t) = text(&with_flags(&args(&job), flags));
-            assert!(t.contains(&format!("recorded as {want}")), "{t}");
         }
     }
 }
@@ -267,14 +254,8 @@ fn qlora_with_eager_attention_replays_its_own_recorded_step() {
             for (ck, flags) in [("ckpt", " --checkpoint full"), ("full", "")] {
                 let job = format!("{job}{flags}");
                 let want = format!("{prefix}/bf16/eager/{ck}/qlora-{targets}");
-                let (code, p) = plan(&args(&job));
                 // Mixtral's step without checkpointing passes an H200's memory: an answer either way.
-                assert!(code < 2, "{p}");
-                assert_eq!(p["runner"]["builder"], "transformers", "{job}: {}", p["runner"]);
-                assert_eq!(p["program"]["source"], "recorded", "{job}: {}", p["program"]);
-                assert_eq!(p["program"]["template"], want.as_str(), "{job}: {}", p["program"]);
-                let (_, t) = text(&args(&job));
-                assert!(t.contains(&format!("recorded as {want}")), "{t}");
+                let (p, _) = assert_replays(&args(&job), &want);
                 acts.push(p["breakdown"]["activations"].as_f64().unwrap());
             }
             assert!(acts[1] > acts[0], "{job}: {acts:?}");
@@ -295,14 +276,7 @@ fn qlora_at_amp_and_fp32_replays_its_own_recorded_step() {
             "--model {model} --gpu h200 --finetune qlora --precision {precision} --attention {attention} --batch 1 \
              --seq 512{flags}"
         );
-        let want = format!("{want}/{ck}/qlora-all");
-        let (code, p) = plan(&args(&job));
-        assert!(code < 2, "{p}");
-        assert_eq!(p["runner"]["builder"], "transformers", "{job}: {}", p["runner"]);
-        assert_eq!(p["program"]["source"], "recorded", "{job}: {}", p["program"]);
-        assert_eq!(p["program"]["template"], want.as_str(), "{job}: {}", p["program"]);
-        let (_, t) = text(&args(&job));
-        assert!(t.contains(&format!("recorded as {want}")), "{t}");
+        assert_replays(&args(&job), &format!("{want}/{ck}/qlora-all"));
     }
 }
 

@@ -291,3 +291,18 @@ pub fn llama_config(extra: &str) -> String {
 pub fn arg(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")
 }
+
+/// Plans `job` (`headroom plan`'s arguments) with `--json` and as text, and asserts that the
+/// answer replays the recorded step `want` through transformers' builder, saying so in both;
+/// an answer either way (fits or not). Returns the JSON answer and the text.
+pub fn assert_replays(job: &[String], want: &str) -> (Value, String) {
+    let json = headroom_run(&[&["plan".to_string()], job, &["--json".to_string()]].concat());
+    assert!(json.code < 2, "{job:?}: {}", json.stderr);
+    let p = json.json();
+    assert_eq!(p["runner"]["builder"], "transformers", "{job:?}: {}", p["runner"]);
+    assert_eq!(p["program"]["source"], "recorded", "{job:?}: {}", p["program"]);
+    assert_eq!(p["program"]["template"], want, "{job:?}: {}", p["program"]);
+    let text = headroom_run(&[&["plan".to_string()], job].concat());
+    assert!(text.stdout.contains(&format!("recorded as {want}")), "{job:?}: {}", text.stdout);
+    (p, text.stdout)
+}
