@@ -50,15 +50,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // so without that room it never has less to grow into. Asked first, it spares the look-up of the next entry
         // that most walks made only to stop (docs/PERFORMANCE.md, "Replay passes, eighteenth round").
         let walks = |id: u32| {
-            expandable_on && {
-                let b = &arena[id];
-                b.is_expandable() && b.next != NIL && !arena[b.next].mapped
-            }
+            let b = &arena[id];
+            b.is_expandable() && b.next != NIL && !arena[b.next].mapped
         };
         let further = |id: u32, next: u32| grow(next) < grow(id);
         let mut skipped_expandable = false;
         let mut shrunk = false;
-        let found = pool.blocks.take_walking_if(stream, size, walks, further, |found_size, found_ptr, id| {
+        let take = |found_size, found_ptr, id| {
             skipped_expandable = !expandable_on && arena[id].is_expandable();
             if skipped_expandable || !fits(found_size) {
                 Take::Leave
@@ -68,7 +66,14 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             } else {
                 Take::Remove
             }
-        });
+        };
+        // Without expandable segments nothing walks: a search of its own with no walk in it, not one that
+        // asks at every best fit whether to walk.
+        let found = if expandable_on {
+            pool.blocks.take_walking_if(stream, size, walks, further, take)
+        } else {
+            pool.blocks.take_walking_if(stream, size, |_| false, |_, _| false, take)
+        };
         if let Some((_, _, id)) = found {
             #[cfg(debug_assertions)]
             debug_assert_eq!(picked.map(|p| p.2), Some(id), "best fit takes the block pick_free_block picks");
