@@ -23,6 +23,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         stream: StreamId,
         size: u64,
     ) -> Option<(u32, bool)> {
+        // The walk below stops early where it cannot go on; the full walk (`pick_free_block`) must agree.
+        #[cfg(debug_assertions)]
+        let picked = self.pick_free_block(owner, kind, stream, size);
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
         let expandable_on = self.expandable_active();
         let (policy, config) = (&self.policy, &self.config);
@@ -43,11 +46,17 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             let b = &arena[id];
             b.size + if b.next != NIL && !arena[b.next].mapped { arena[b.next].size } else { 0 }
         };
-        let walks = |id: u32| expandable_on && arena[id].is_expandable();
+        // Only a block with unmapped room after it is ever passed over: the entry after it is at least as large,
+        // so without that room it never has less to grow into. Asked first, it spares the look-up of the next entry
+        // that most walks made only to stop (docs/PERFORMANCE.md, "Replay passes, eighteenth round").
+        let walks = |id: u32| {
+            let b = &arena[id];
+            b.is_expandable() && b.next != NIL && !arena[b.next].mapped
+        };
         let further = |id: u32, next: u32| grow(next) < grow(id);
         let mut skipped_expandable = false;
         let mut shrunk = false;
-        let found = pool.blocks.take_walking_if(stream, size, walks, further, |found_size, found_ptr, id| {
+        let take = |found_size, found_ptr, id| {
             skipped_expandable = !expandable_on && arena[id].is_expandable();
             if skipped_expandable || !fits(found_size) {
                 Take::Leave
@@ -57,10 +66,21 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             } else {
                 Take::Remove
             }
-        });
+        };
+        // Without expandable segments nothing walks: a search of its own with no walk in it, not one that
+        // asks at every best fit whether to walk.
+        let found = if expandable_on {
+            pool.blocks.take_walking_if(stream, size, walks, further, take)
+        } else {
+            pool.blocks.take_walking_if(stream, size, |_| false, |_, _| false, take)
+        };
         if let Some((_, _, id)) = found {
+            #[cfg(debug_assertions)]
+            debug_assert_eq!(picked.map(|p| p.2), Some(id), "best fit takes the block pick_free_block picks");
             return Some((id, shrunk));
         }
+        #[cfg(debug_assertions)]
+        debug_assert!(skipped_expandable || picked.is_none(), "best fit found nothing where pick_free_block did");
         if !skipped_expandable {
             return None;
         }

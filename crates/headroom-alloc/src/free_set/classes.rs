@@ -39,7 +39,8 @@ fn class_of(key: u128) -> usize {
 /// A place in a class: (run, position), the run 0 in a sorted vector.
 type Pos = (usize, usize);
 
-/// One class's entries.
+/// One class's entries. An empty class is always a sorted vector (runs go back to one
+/// below `SMALL_MIN` entries): [`Classes::put`] pushes onto it without looking.
 #[derive(Clone, Debug)]
 enum Bucket {
     Small(Sorted),
@@ -257,11 +258,75 @@ impl Classes {
     #[inline]
     fn unmark_if_empty(&mut self, c: usize) {
         if self.buckets[c].len() == 0 {
-            self.words[c / 64] &= !(1 << (c % 64));
-            if self.words[c / 64] == 0 {
-                self.summary &= !(1 << (c / 64));
+            self.unmark(c);
+        }
+    }
+
+    /// Clears class `c`'s bit: it holds nothing now.
+    #[inline(always)]
+    fn unmark(&mut self, c: usize) {
+        debug_assert_eq!(self.buckets[c].len(), 0, "class {c} is left empty");
+        self.words[c / 64] &= !(1 << (c % 64));
+        if self.words[c / 64] == 0 {
+            self.summary &= !(1 << (c / 64));
+        }
+    }
+
+    /// Inserts into class `c`, the key's; false if the key was already present. A class
+    /// its bit says is empty (most classes a block moves to) takes the key with no
+    /// comparison: an empty class is a sorted vector, and a push keeps it sorted.
+    #[inline(always)]
+    fn put(&mut self, c: usize, key: u128, id: u32) -> bool {
+        debug_assert_eq!(c, class_of(key));
+        if !self.holds(c) {
+            debug_assert!(matches!(self.buckets[c], Bucket::Small(_)), "an empty class is a sorted vector");
+            if let Bucket::Small(v) = &mut self.buckets[c] {
+                v.keys.push(key);
+                v.ids.push(id);
+                self.mark(c);
+                return true;
             }
         }
+        self.buckets[c].insert(key, id)
+    }
+
+    /// Removes `key` from class `c`, the key's; clears its bit where that leaves it empty.
+    /// A class of one (most classes a block leaves) is emptied with no search, and its
+    /// bit cleared without looking at it again.
+    #[inline(always)]
+    fn take_out(&mut self, c: usize, key: u128) -> Option<u32> {
+        debug_assert_eq!(c, class_of(key));
+        if let Bucket::Small(v) = &mut self.buckets[c] {
+            if v.len() == 1 {
+                if v.keys[0] != key {
+                    return None;
+                }
+                let id = v.ids[0];
+                v.keys.clear();
+                v.ids.clear();
+                self.unmark(c);
+                return Some(id);
+            }
+        }
+        let removed = self.buckets[c].remove(key)?;
+        self.unmark_if_empty(c);
+        Some(removed)
+    }
+
+    /// Removes the entry at `pos` of class `c`, as [`Self::take_out`] its key.
+    #[inline(always)]
+    fn take_out_at(&mut self, c: usize, pos: Pos) {
+        if let Bucket::Small(v) = &mut self.buckets[c] {
+            if v.len() == 1 {
+                debug_assert_eq!(pos, (0, 0));
+                v.keys.clear();
+                v.ids.clear();
+                self.unmark(c);
+                return;
+            }
+        }
+        self.buckets[c].remove_at(pos);
+        self.unmark_if_empty(c);
     }
 
     /// The first class after `c` that holds an entry.
@@ -309,19 +374,15 @@ impl Classes {
     /// Inserts; false if the key was already present.
     #[inline]
     pub(super) fn insert(&mut self, key: u128, id: u32) -> bool {
-        let c = class_of(key);
-        let inserted = self.buckets[c].insert(key, id);
-        self.mark(c);
+        let inserted = self.put(class_of(key), key, id);
         self.len += usize::from(inserted);
         inserted
     }
 
     #[inline]
     pub(super) fn remove(&mut self, key: u128) -> Option<u32> {
-        let c = class_of(key);
-        let removed = self.buckets[c].remove(key)?;
+        let removed = self.take_out(class_of(key), key)?;
         self.len -= 1;
-        self.unmark_if_empty(c);
         Some(removed)
     }
 
@@ -339,10 +400,10 @@ impl Classes {
             self.len -= usize::from(!inserted);
             return Some(inserted);
         }
-        self.buckets[from].remove(old)?;
-        self.unmark_if_empty(from);
-        let inserted = self.buckets[to].insert(key, id);
-        self.mark(to);
+        // Most moves leave a class of one and go to an empty class (docs/PERFORMANCE.md,
+        // "Replay passes, eighteenth round"): both told so by the bitmap and the length.
+        self.take_out(from, old)?;
+        let inserted = self.put(to, key, id);
         self.len -= usize::from(!inserted);
         Some(inserted)
     }
@@ -418,9 +479,8 @@ impl Classes {
         match t {
             Take::Leave => return None,
             Take::Remove => {
-                self.buckets[c].remove_at(pos);
+                self.take_out_at(c, pos);
                 self.len -= 1;
-                self.unmark_if_empty(c);
             }
             Take::Shrink { size, ptr } => {
                 let new = pack(size, ptr);
@@ -429,11 +489,9 @@ impl Classes {
                 if to == c {
                     self.buckets[c].shrink_at(pos, new, id);
                 } else {
-                    self.buckets[c].remove_at(pos);
-                    self.unmark_if_empty(c);
-                    let inserted = self.buckets[to].insert(new, id);
+                    self.take_out_at(c, pos);
+                    let inserted = self.put(to, new, id);
                     debug_assert!(inserted, "a remainder's key is absent");
-                    self.mark(to);
                 }
             }
         }
