@@ -4,7 +4,8 @@ held until the next forward's replaces it: under checkpointing, the leaf peft's
 the step's backward, through the optimizer step (docs/VALIDATION.md, "LoRA under AMP with eager
 attention asked"). Let go inside the profile, the second step's pair read as living from one step
 into the next and were left out of the template, which then planned the optimizer step without
-them (1% low for a checkpointed eager LoRA step).
+them (1% low for a checkpointed eager LoRA step). T5 holds three such leaves and their
+gradients, six tensors a step.
 
     PYTHONPATH=python /work/venv-torch/bin/python -m unittest python/tests/test_held_loss.py
 """
@@ -43,6 +44,43 @@ class HeldLoss(NeedsRecorders):
         self.assertEqual(len(across), 2, [self.job.tensors[i]["ops"][:2] for i in across])
         self.assertIn(first, across)
         self.assertEqual(self.job.tensors[first]["freed"]["section"], "step2.forward")
+
+
+class HeldLossT5(NeedsRecorders):
+    """T5's graph holds three leaves under checkpointing where a decoder-only model's holds one:
+    the encoder's and the decoder's input embeddings' outputs (`enable_input_require_grads`) and
+    the decoder's cross-attention zero position bias (T5Attention makes it require a gradient
+    under checkpointing), each with its `.grad`. The first step's six live into the second
+    step's forward and are left out; the second step's six are kept. With the loss let go
+    inside the profile, the second step's read as living into the next too: twelve left out."""
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            import step_programs as sp
+        except ImportError:
+            return
+        cls.job = sp.Job("t5", "seq2seq-lm", sp.AMP_CUDA, "eager", True, 2, 16, 2, (sp.LORA_RANK, "qv"))
+        cls.keep, cls.left = sp.kept(cls.job)
+        cls.tiny = sp.TINY
+
+    def test_the_second_step_s_three_leaves_and_their_gradients_are_kept(self):
+        never = [i for i, x in enumerate(self.job.tensors) if x["section"].startswith("step2")
+                 and x["freed"] is None and x["size"] > self.tiny]
+        self.assertEqual(len(never), 6, [self.job.tensors[i]["ops"][:1] for i in never])
+        self.assertEqual(sorted(self.job.tensors[i]["ops"][0][0] for i in never
+                                if self.job.tensors[i]["section"] == "step2.forward"),
+                         ["aten::embedding", "aten::embedding", "aten::zeros"])
+        for i in never:
+            self.assertIn(i, self.keep)
+
+    def test_only_the_first_step_s_six_live_into_the_next(self):
+        across = sorted(i for i, why in self.left.items() if why == "lives from one step into the next")
+        self.assertEqual(len(across), 6, [(self.job.tensors[i]["section"], self.job.tensors[i]["ops"][:1])
+                                          for i in across])
+        for i in across:
+            self.assertTrue(self.job.tensors[i]["section"].startswith("step1."))
+            self.assertEqual(self.job.tensors[i]["freed"]["section"], "step2.forward")
 
 
 if __name__ == "__main__":

@@ -183,9 +183,12 @@ is held until the next forward's replaces it: what its graph keeps after the bac
 checkpointing, the leaf `enable_input_require_grads` makes of the input embeddings' output, and
 its `.grad`) is never freed in the recorded step, and the planner holds it through the optimizer
 step. Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
-pair out as living from one step into the next (`left_out` counts four such tensors where these
-count two) and plan the optimizer step about 1% low on CPU: `hf-lora-amp.tpl`'s checkpointed
-keys (`hf-lora-eager.tpl`'s are recorded again).
+pair out as living from one step into the next (`left_out` counted four such tensors where these
+count two) and planned the optimizer step about 1% low on CPU; `hf-lora-eager.tpl`'s and
+`hf-lora-amp.tpl`'s checkpointed keys are recorded again. T5's graph holds three such leaves,
+each with its `.grad` (the encoder's and the decoder's input embeddings' outputs, and the
+cross-attention's zero position bias T5Attention makes require a gradient under checkpointing):
+six left out (the first step's), twelve by the recorder that let the loss go.
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
