@@ -420,7 +420,7 @@ mod tests {
             (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-all"),
             (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             // As many key-value heads as heads (32 and 32, 16 and 16): SDPA's fused kernel.
-            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/cache/lora-all"),
             (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
@@ -545,8 +545,9 @@ mod tests {
             .iter()
             .flat_map(|(model, family)| {
                 let fused = ["gpt2/", "phi3/", "gpt_neox/"].iter().any(|f| family.starts_with(f));
+                let both = precision == "fp32" || family.starts_with("phi3/");
                 [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                    let cache = if fused && ck == "full" && precision == "fp32" { "/cache" } else { "" };
+                    let cache = if fused && both && ck == "full" { "/cache" } else { "" };
                     (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}{cache}/{suffix}"))
                 })
             })
