@@ -72,12 +72,12 @@ fn the_text_says_which_the_plan_assumed_where_it_matters() {
 
 #[test]
 fn a_job_whose_half_was_not_recorded_says_so() {
-    // Phi-3's fp32 LoRA with SDPA on every linear layer is recorded with the cache off alone:
-    // asked with it on, the plan replays that half and says the cache's copies are not in it.
-    let args = ["--model", "phi-3-mini", "--gpu", "h200", "--precision", "fp32", "--attention", "sdpa"];
-    let args = [&args[..], &["--finetune", "lora", "--batch", "1", "--seq", "512"]].concat();
+    // QLoRA's steps are recorded with the cache off alone (`qlora_programs.py` sets
+    // `use_cache = False`, as peft's QLoRA scripts do): Phi-3's without checkpointing, asked
+    // with it on, replays that half and says the cache's copies are not in it.
+    let args = ["--model", "phi-3-mini", "--gpu", "h200", "--finetune", "qlora", "--batch", "1", "--seq", "512"];
     let v = plan(&args);
-    assert_eq!(v["program"]["template"], "phi3/causal-lm/fp32/sdpa/full/lora-all");
+    assert_eq!(v["program"]["template"], "phi3/causal-lm/bf16/sdpa/full/qlora-all");
     assert_eq!(v["use_cache"], serde_json::json!({"asked": true, "recorded": false}));
     let t = text(&args);
     assert!(
@@ -95,4 +95,74 @@ fn the_flag_is_training_s() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--use-cache applies to training"));
+}
+
+/// The jobs of the fused families whose step was recorded both ways plan the half they ask
+/// for, either way, and say the step was recorded so: each job as `(preset, precision,
+/// attention, LoRA's targets or `full` for full fine-tuning, key of the half without the
+/// cache)`, the half with it the key with `/cache` after `full`.
+const BOTH_HALVES: &[(&str, &str, &str, &str, &str)] = &[
+    ("phi-3-mini", "amp", "eager", "all", "phi3/causal-lm/amp-cuda/eager/full/lora-all"),
+    ("phi-3-mini", "amp", "eager", "qv", "phi3/causal-lm/amp-cuda/eager/full/lora-qv"),
+    ("phi-3-mini", "amp", "eager", "full", "phi3/causal-lm/amp/eager/full"),
+    ("gpt2", "amp", "eager", "all", "gpt2/causal-lm/amp-cuda/eager/full/lora-all"),
+    ("gpt2", "amp", "eager", "qv", "gpt2/causal-lm/amp-cuda/eager/full/lora-qv"),
+    ("gpt2", "amp", "eager", "full", "gpt2/causal-lm/amp-cuda/eager/full"),
+    ("pythia-1b", "amp", "eager", "all", "gpt_neox/causal-lm/amp-cuda/eager/full/lora-all"),
+    ("pythia-1b", "amp", "eager", "qv", "gpt_neox/causal-lm/amp-cuda/eager/full/lora-qv"),
+    ("pythia-1b", "amp", "eager", "full", "gpt_neox/causal-lm/amp-cuda/eager/full"),
+    ("phi-3-mini", "amp", "sdpa", "all", "phi3/causal-lm/amp-cuda/sdpa/full/lora-all"),
+    ("phi-3-mini", "amp", "sdpa", "qv", "phi3/causal-lm/amp-cuda/sdpa/full/lora-qv"),
+    ("phi-3-mini", "bf16", "eager", "all", "phi3/causal-lm/bf16/eager/full/lora-all"),
+    ("phi-3-mini", "bf16", "eager", "qv", "phi3/causal-lm/bf16/eager/full/lora-qv"),
+    ("phi-3-mini", "fp32", "eager", "all", "phi3/causal-lm/fp32/eager/full/lora-all"),
+    ("phi-3-mini", "fp32", "eager", "qv", "phi3/causal-lm/fp32/eager/full/lora-qv"),
+    ("phi-3-mini", "fp32", "sdpa", "all", "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+    ("phi-3-mini", "fp32", "sdpa", "qv", "phi3/causal-lm/fp32/sdpa/full/lora-qv"),
+    ("gpt2", "amp", "sdpa", "all", "gpt2/causal-lm/amp-cuda/sdpa/full/lora-all"),
+    ("gpt2", "amp", "sdpa", "qv", "gpt2/causal-lm/amp-cuda/sdpa/full/lora-qv"),
+    ("gpt2", "bf16", "eager", "all", "gpt2/causal-lm/bf16/eager/full/lora-all"),
+    ("gpt2", "bf16", "eager", "qv", "gpt2/causal-lm/bf16/eager/full/lora-qv"),
+    ("pythia-1b", "amp", "sdpa", "all", "gpt_neox/causal-lm/amp-cuda/sdpa/full/lora-all"),
+    ("pythia-1b", "amp", "sdpa", "qv", "gpt_neox/causal-lm/amp-cuda/sdpa/full/lora-qv"),
+    ("pythia-1b", "bf16", "eager", "all", "gpt_neox/causal-lm/bf16/eager/full/lora-all"),
+    ("pythia-1b", "bf16", "eager", "qv", "gpt_neox/causal-lm/bf16/eager/full/lora-qv"),
+    ("pythia-1b", "fp32", "sdpa", "all", "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+    ("pythia-1b", "fp32", "sdpa", "qv", "gpt_neox/causal-lm/fp32/sdpa/full/lora-qv"),
+    ("pythia-1b", "fp32", "eager", "all", "gpt_neox/causal-lm/fp32/eager/full/lora-all"),
+    ("pythia-1b", "fp32", "eager", "qv", "gpt_neox/causal-lm/fp32/eager/full/lora-qv"),
+    ("bloom-7b1", "amp", "sdpa", "all", "bloom/causal-lm/amp-cuda/eager/full/lora-all"),
+    ("bloom-7b1", "amp", "sdpa", "qv", "bloom/causal-lm/amp-cuda/eager/full/lora-qv"),
+    ("bloom-7b1", "fp32", "sdpa", "all", "bloom/causal-lm/fp32/eager/full/lora-all"),
+    ("bloom-7b1", "fp32", "sdpa", "qv", "bloom/causal-lm/fp32/eager/full/lora-qv"),
+];
+
+#[test]
+fn each_job_recorded_both_ways_plans_the_half_it_asks_for() {
+    for &(model, precision, attention, targets, without) in BOTH_HALVES {
+        let with = match without.strip_suffix("/full") {
+            Some(base) => format!("{base}/full/cache"),
+            None => without.replacen("/full/", "/full/cache/", 1),
+        };
+        let finetune: &[&str] = match targets {
+            "full" => &["--finetune", "full"],
+            _ => &["--finetune", "lora", "--lora-targets", targets],
+        };
+        let job = ["--model", model, "--gpu", "h200", "--precision", precision, "--attention", attention];
+        let job = [&job[..], finetune, &["--batch", "1", "--seq", "512"]].concat();
+        for (cache, asked, key, line) in [
+            ("true", true, with.as_str(), "key-value cache: on in the training forward (--use-cache true, transformers' default), as the step was recorded"),
+            ("false", false, without, "key-value cache: off in the training forward (--use-cache false), as the step was recorded"),
+        ] {
+            let args = [&job[..], &["--use-cache", cache]].concat();
+            let v = plan(&args);
+            assert_eq!(v["program"]["template"], key, "{args:?}");
+            assert_eq!(v["use_cache"], serde_json::json!({"asked": asked, "recorded": asked}), "{args:?}");
+            let t = text(&args);
+            assert!(t.contains(&format!("recorded as {key}\n")), "{args:?}: {t}");
+            assert!(t.contains(line), "{args:?}: {t}");
+            assert!(!t.contains("was recorded for this job") && !t.contains("not recorded"), "{args:?}: {t}");
+            assert!(!v.to_string().contains("not recorded"), "{args:?}: {v}");
+        }
+    }
 }

@@ -420,7 +420,7 @@ mod tests {
             (preset("gemma-2b"), NoCkpt, "gemma/causal-lm/fp32/sdpa-math/full/lora-all"),
             (preset("gemma-2b"), Ckpt, "gemma/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             // As many key-value heads as heads (32 and 32, 16 and 16): SDPA's fused kernel.
-            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("phi-3-mini"), NoCkpt, "phi3/causal-lm/fp32/sdpa/full/cache/lora-all"),
             (preset("phi-3-mini"), Ckpt, "phi3/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (
                 config(include_str!("../../../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"),
@@ -437,7 +437,7 @@ mod tests {
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), Ckpt, "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-all"),
             (preset("gemma-7b"), NoCkpt, "gemma/causal-lm/fp32/sdpa/full/lora-all"),
             (preset("gemma-7b"), Ckpt, "gemma/causal-lm/fp32/sdpa/ckpt/lora-all"),
-            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/lora-all"),
+            (preset("pythia-1b"), NoCkpt, "gpt_neox/causal-lm/fp32/sdpa/full/cache/lora-all"),
             (preset("pythia-1b"), Ckpt, "gpt_neox/causal-lm/fp32/sdpa/ckpt/lora-all"),
             (preset("gpt2"), Ckpt, "gpt2/causal-lm/fp32/sdpa/ckpt/lora-all"),
             // Llama 2's 32 heads and 32 key-value heads: SDPA's fused kernel.
@@ -538,15 +538,15 @@ mod tests {
     }
 
     /// Each model's jobs with and without checkpointing at `precision`, and the keys they replay:
-    /// with the key-value cache on (transformers' default) where a fused query-key-value
-    /// family's fp32 eager LoRA was recorded so (`…/full/cache/…`).
+    /// a fused query-key-value family's without checkpointing with the key-value cache on
+    /// (transformers' default, `…/full/cache/…`), as its eager LoRA is recorded both ways.
     fn eager_jobs(models: &[(Model, &str)], precision: &str, suffix: &str) -> Vec<(Model, Checkpointing, String)> {
         models
             .iter()
             .flat_map(|(model, family)| {
                 let fused = ["gpt2/", "phi3/", "gpt_neox/"].iter().any(|f| family.starts_with(f));
                 [(Checkpointing::None, "full"), (Checkpointing::Full, "ckpt")].map(|(checkpointing, ck)| {
-                    let cache = if fused && ck == "full" && precision == "fp32" { "/cache" } else { "" };
+                    let cache = if fused && ck == "full" { "/cache" } else { "" };
                     (model.clone(), checkpointing, format!("{family}/{precision}/eager/{ck}{cache}/{suffix}"))
                 })
             })
