@@ -219,12 +219,12 @@ autocast, `Trainer(bf16=True)`) is recorded where `--only` names the key, into
 under autocast a fused kernel over grouped heads, no `sdpa-math`). `amp-cuda`, every linear layer
 (`qlora-all`): checkpointed, every family of the plan sweep (Llama, Mistral, Qwen2, Mixtral,
 Gemma, Phi-3, GPT-2, GPT-NeoX and BERT with SDPA and eager, BLOOM and T5 eager); without
-checkpointing, Llama, Mistral, Qwen2, Mixtral, Gemma and Phi-3 with SDPA and eager. `fp32`:
-checkpointed, SDPA (`sdpa-math` for Llama, Mistral and Qwen2; `sdpa` for Gemma, Phi-3, GPT-2,
+checkpointing, Llama, Mistral, Qwen2, Mixtral, Gemma, Phi-3 and GPT-2 with SDPA and eager. `fp32`:
+checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` for Gemma, Phi-3, GPT-2,
 GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
 BLOOM and T5); without checkpointing, Llama, Mistral, Qwen2 and Mixtral (`sdpa-math` and eager),
-GPT-2 and GPT-NeoX (`sdpa` and eager), BLOOM and BERT (eager). Several keys a run, one file each
-precision:
+Gemma, Phi-3, GPT-2, GPT-NeoX and BERT (`sdpa` and eager), BLOOM and T5 (eager). Several keys a
+run, one file each precision:
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only gemma/causal-lm/amp-cuda/sdpa/full,gemma/causal-lm/amp-cuda/eager/full --qlora all --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora-amp.tpl a.json --out data/programs/hf-qlora-amp.tpl

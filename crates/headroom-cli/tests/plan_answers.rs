@@ -338,6 +338,8 @@ const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
     // use_gradient_checkpointing=False)`).
     ("gemma-7b", "amp", "eager", "full", "gemma/causal-lm/amp-cuda/eager"),
     ("gemma-7b", "amp", "sdpa", "full", "gemma/causal-lm/amp-cuda/sdpa"),
+    ("gpt2", "amp", "eager", "full", "gpt2/causal-lm/amp-cuda/eager"),
+    ("gpt2", "amp", "sdpa", "full", "gpt2/causal-lm/amp-cuda/sdpa"),
     ("llama-3-8b", "amp", "eager", "full", "llama/causal-lm/amp-cuda/eager"),
     ("mistral-7b", "amp", "eager", "full", "mistral/causal-lm/amp-cuda/eager"),
     ("mixtral-8x7b", "amp", "eager", "full", "mixtral/causal-lm/amp-cuda/eager"),
@@ -382,6 +384,14 @@ const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
     ("mixtral-8x7b", "fp32", "sdpa", "full", "mixtral/causal-lm/fp32/sdpa-math"),
     ("qwen2.5-7b", "fp32", "eager", "full", "qwen2/causal-lm/fp32/eager"),
     ("qwen2.5-7b", "fp32", "sdpa", "full", "qwen2/causal-lm/fp32/sdpa-math"),
+    ("bert-base-uncased", "fp32", "sdpa", "full", "bert/masked-lm/fp32/sdpa"),
+    ("mixtral-8x7b", "fp32", "sdpa", "ckpt", "mixtral/causal-lm/fp32/sdpa-math"),
+    ("t5-base", "fp32", "eager", "full", "t5/seq2seq-lm/fp32/eager"),
+    ("t5-base", "fp32", "sdpa", "full", "t5/seq2seq-lm/fp32/eager"),
+    ("gemma-7b", "fp32", "eager", "full", "gemma/causal-lm/fp32/eager"),
+    ("gemma-7b", "fp32", "sdpa", "full", "gemma/causal-lm/fp32/sdpa"),
+    ("phi-3-mini", "fp32", "eager", "full", "phi3/causal-lm/fp32/eager"),
+    ("phi-3-mini", "fp32", "sdpa", "full", "phi3/causal-lm/fp32/sdpa"),
 ];
 
 /// The presets whose eager QLoRA steps are recorded (`data/programs/hf-qlora-eager.tpl`), each
