@@ -219,7 +219,7 @@ autocast, `Trainer(bf16=True)`) is recorded where `--only` names the key, into
 under autocast a fused kernel over grouped heads, no `sdpa-math`). `amp-cuda`, every linear layer
 (`qlora-all`): checkpointed, every family of the plan sweep (Llama, Mistral, Qwen2, Mixtral,
 Gemma, Phi-3, GPT-2, GPT-NeoX and BERT with SDPA and eager, BLOOM and T5 eager); without
-checkpointing, Llama, Mistral, Qwen2, Mixtral, Gemma, Phi-3 and GPT-2 with SDPA and eager. `fp32`:
+checkpointing, the same. `fp32`:
 checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` for Gemma, Phi-3, GPT-2,
 GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
 BLOOM and T5); without checkpointing, Llama, Mistral, Qwen2 and Mixtral (`sdpa-math` and eager),
