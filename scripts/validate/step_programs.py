@@ -214,6 +214,23 @@ targets the LoRA steps' `lora-qv` have (`QV_TARGETS` where peft has no default; 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/full --qlora all --out a.json
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only llama/causal-lm/bf16/sdpa/ckpt --qlora qv --out b.json
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora.tpl a.json --out data/programs/hf-qlora.tpl
+
+QLoRA at fp32 compute (`…/fp32/…`) and under AMP (`…/amp-cuda/…`: bf16 compute under CUDA's
+autocast, `Trainer(bf16=True)`) is recorded where `--only` names the key, into
+`data/programs/hf-qlora-fp32.tpl` and `data/programs/hf-qlora-amp.tpl` (at fp32 SDPA's math path,
+`sdpa-math`, over grouped heads and the memory-efficient kernel, `sdpa`, over ungrouped ones;
+under autocast a fused kernel over grouped heads, no `sdpa-math`). `amp-cuda`, every linear layer
+(`qlora-all`): checkpointed, every family of the plan sweep (Llama, Mistral, Qwen2, Mixtral,
+Gemma, Phi-3, GPT-2, GPT-NeoX and BERT with SDPA and eager, BLOOM and T5 eager); without
+checkpointing, the same. `fp32`:
+checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` for Gemma, Phi-3, GPT-2,
+GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
+BLOOM and T5); without checkpointing, Llama, Mistral, Qwen2 and Mixtral (`sdpa-math` and eager),
+Gemma, Phi-3, GPT-2, GPT-NeoX and BERT (`sdpa` and eager), BLOOM and T5 (eager). Several keys a
+run, one file each precision:
+
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only gemma/causal-lm/amp-cuda/sdpa/full,gemma/causal-lm/amp-cuda/eager/full --qlora all --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora-amp.tpl a.json --out data/programs/hf-qlora-amp.tpl
 """
 
 import argparse
