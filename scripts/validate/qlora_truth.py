@@ -372,12 +372,6 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all
             "peak_bytes": max(p.values()), "phases": p, "assumptions": rec.assumptions}
 
 
-def case_fields(c):
-    """An UNGROUPED_CASES entry as `case_key` reads a recorded case."""
-    family, fields, layers, batch, seq, rank, checkpoint, targets = c
-    return (family, json.dumps(fields, sort_keys=True), layers, batch, seq, rank, checkpoint, targets)
-
-
 def case_key(c):
     """A recorded case's family, config (less what `case` adds), depth, shape, rank, checkpointing
     and targets."""
@@ -388,19 +382,39 @@ def case_key(c):
             c.get("checkpoint", True), c.get("targets", "all"))
 
 
-def variant_case(c):
-    """A row of VARIANT_CASES recorded: its checkpointing, quant type and double quantization."""
-    return case(*c[:6], checkpoint=c[6], quant_type=c[7], double_quant=c[8])
+def identity(c):
+    """What tells a recorded case from every other: `case_key`, the base's storage and the
+    precision."""
+    return case_key(c) + (c.get("quant_type", "nf4"), c.get("double_quant", True), c.get("precision", "bf16"))
 
 
-def precision_case(c):
-    """A row of PRECISION_CASES recorded: its checkpointing and precision."""
-    return case(*c[:6], checkpoint=c[6], precision=c[7])
+def in_place(old, cases):
+    """`cases` in the order of `old` (a case recorded again where it was), then the new ones."""
+    fresh = {identity(c): c for c in cases}
+    out = [fresh.pop(identity(c)) for c in old if identity(c) in fresh]
+    return out + list(fresh.values())
 
 
-def ungrouped_case(c):
-    """A row of UNGROUPED_CASES recorded: its checkpointing and targets."""
-    return case(*c[:6], checkpoint=c[6], targets=c[7])
+def _ungrouped(c):
+    """Whether a recorded case is a row of UNGROUPED_CASES."""
+    return case_key(c) in {(f, json.dumps(fields, sort_keys=True), *rest) for f, fields, *rest in UNGROUPED_CASES}
+
+
+# The cases recorded by a switch of their own (`--variants`, `--ungrouped`, `--precisions`): their
+# rows, what a row's fields after the rank name (`case`'s arguments), and which recorded cases are
+# theirs. A run of the other cases keeps them from --out.
+SWITCHED = {
+    "variants": (VARIANT_CASES, ("checkpoint", "quant_type", "double_quant"),
+                 lambda c: "quant_type" in c or "double_quant" in c),
+    "ungrouped": (UNGROUPED_CASES, ("checkpoint", "targets"), _ungrouped),
+    "precisions": (PRECISION_CASES, ("checkpoint", "precision"), lambda c: "precision" in c),
+}
+
+
+def switched_case(kind):
+    """`case` for a row of the `kind` group of SWITCHED."""
+    names = SWITCHED[kind][1]
+    return lambda c: case(*c[:6], **dict(zip(names, c[6:])))
 
 
 def main():
@@ -415,9 +429,11 @@ def main():
                          "value projections (QV_CASES with checkpointing, FULL_QV_CASES without), or both (default); "
                          "with --only, the others are kept from --out")
     ap.add_argument("--variants", action="store_true",
-                    help="record VARIANT_CASES alone (FP4, no double quantization), the other cases kept from --out")
+                    help="record VARIANT_CASES alone (FP4, no double quantization; with --only, those families'), the "
+                         "other cases kept from --out")
     ap.add_argument("--precisions", action="store_true",
-                    help="record PRECISION_CASES alone (AMP and fp32 compute), the other cases kept from --out")
+                    help="record PRECISION_CASES alone (AMP and fp32 compute; with --only, those families'), the other "
+                         "cases kept from --out")
     ap.add_argument("--ungrouped", action="store_true",
                     help="record UNGROUPED_CASES alone (every head its own key-value head; with --only, those "
                          "families'), the other cases kept from --out")
@@ -430,44 +446,37 @@ def main():
     import torch
     import transformers
 
-    cases = []
-    variant = lambda c: "quant_type" in c or "double_quant" in c  # noqa: E731
-    precise = lambda c: "precision" in c  # noqa: E731
-    if args.precisions:
+    switch = next((k for k in SWITCHED if getattr(args, k)), None)
+    partial = switch or only or len(kinds) < 2 or len(targets) < 2
+    cases, old = [], []
+    if partial and os.path.exists(args.out):
         with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"] if not precise(c)]
-        cases += [r for _, r in case_table.measured(PRECISION_CASES, precision_case, "assumptions")]
-    elif args.ungrouped:
-        # With --only, those families' ungrouped cases alone, the others kept from --out.
-        todo = [c for c in UNGROUPED_CASES if not only or c[0] in only]
-        redo = [case_fields(c) for c in todo]
-        with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"] if case_key(c) not in redo]
-        cases += [r for _, r in case_table.measured(todo, ungrouped_case, "assumptions")]
-    elif args.variants:
-        with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"] if not variant(c)]
-        cases += [r for _, r in case_table.measured(VARIANT_CASES, variant_case, "assumptions")]
-    elif (only or len(kinds) < 2 or len(targets) < 2) and os.path.exists(args.out):
-        with open(args.out) as f:
-            cases = [c for c in json.load(f)["cases"]
-                     if variant(c) or only and c["family"] not in only or c.get("checkpoint", True) not in kinds
-                     or c.get("targets", "all") not in targets]
+            old = json.load(f)["cases"]
+        if switch:
+            # That group's cases (with --only, those families') recorded again, every other kept.
+            mine = SWITCHED[switch][2]
+            cases = [c for c in old if not mine(c) or only and c["family"] not in only]
+        else:
+            cases = [c for c in old
+                     if any(mine(c) for _, _, mine in SWITCHED.values()) or only and c["family"] not in only
+                     or c.get("checkpoint", True) not in kinds or c.get("targets", "all") not in targets]
+    elif switch:
+        raise SystemExit(f"qlora_truth: --{switch} records one group into an existing --out; {args.out} is missing")
     groups = ((CASES, True, "all"), (NO_CHECKPOINT, False, "all"), (QV_CASES, True, "qv"), (FULL_QV_CASES, False, "qv"))
-    todo = [] if args.variants or args.ungrouped or args.precisions else [
+    todo = [] if switch else [
         (c, checkpoint, t) for group, checkpoint, t in groups
         if checkpoint in kinds and t in targets for c in group if not only or c[0] in only]
     cases += [r for _, r in case_table.measured(todo, lambda x: case(*x[0], checkpoint=x[1], targets=x[2]),
                                                  "assumptions")]
-    if not (args.variants or args.ungrouped or args.precisions or only or len(kinds) < 2 or len(targets) < 2):
-        cases += [r for _, r in case_table.measured(VARIANT_CASES, variant_case, "assumptions")]
-        cases += [r for _, r in case_table.measured(UNGROUPED_CASES, ungrouped_case, "assumptions")]
-        cases += [r for _, r in case_table.measured(PRECISION_CASES, precision_case, "assumptions")]
+    for kind, (rows, _, _) in SWITCHED.items():
+        if kind == switch or not partial:
+            todo = [c for c in rows if not only or c[0] in only]
+            cases += [r for _, r in case_table.measured(todo, switched_case(kind), "assumptions")]
     about = {"about": "QLoRA steps as `record --qlora` records them: scripts/validate/qlora_truth.py",
              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
              "bitsandbytes": bitsandbytes.__version__}
     with open(args.out, "w") as f:
-        json.dump({**about, "cases": cases}, f, indent=1)
+        json.dump({**about, "cases": in_place(old, cases)}, f, indent=1)
         f.write("\n")
 
 
