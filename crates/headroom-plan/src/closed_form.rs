@@ -13,7 +13,9 @@
 //! | framework | CUDA context; NCCL buffers with more than one GPU | §4.1, §9 |
 //!
 //! Where transformers' code runs the layers ([`crate::phases`]), the activations, logits and
-//! temporaries are its recorded phases' instead.
+//! temporaries are its recorded phases' instead: recorded with the key-value cache on, and
+//! without it ([`TrainConfig::use_cache`] false) moved by what SDPA saves in its place
+//! ([`without_cache`]).
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::deepspeed;
