@@ -90,6 +90,33 @@ class NoCache(NeedsRecorders):
         self.assertEqual(e.exception.code, 2)
         self.assertIn("--use-cache", err.getvalue())
 
+    def test_the_lora_truth_s_cases_say_which_cache_they_ran(self):
+        # lora_truth.py's cases run without the cache unless one turns it on, and each row says
+        # which; a row measured before `no_cache` (no `use_cache`, the cache on) stays its listed
+        # case's on a reuse, not its twin's with the cache.
+        import lora_truth
+        import measure
+
+        built, real = [], measure.build
+
+        def build(*args, **kwargs):
+            built.append(real(*args, **kwargs))
+            return built[-1]
+
+        measure.build = build
+        try:
+            rows = [lora_truth.case("phi3", "fp32", False, 2, 1, 16, 4, "qv", use_cache=on) for on in (True, False)]
+        finally:
+            measure.build = real
+        self.assertEqual([m.config.use_cache for m in built], [True, False])
+        self.assertEqual([r["use_cache"] for r in rows], [True, False])
+        listed = lora_truth.whole(("phi3", "fp32", False, 2, 1, 16, 4, "qv"))
+        twin = lora_truth.whole(("phi3", "fp32", False, 2, 1, 16, 4, "qv", None, None, None, True))
+        self.assertEqual((listed[-1], twin[-1], listed[:-1]), (False, True, twin[:-1]))
+        legacy = {k: v for k, v in rows[0].items() if k != "use_cache"}
+        self.assertEqual(lora_truth.earlier_case(legacy), listed)
+        self.assertEqual(lora_truth.earlier_case(rows[0]), twin)
+
     def test_the_configs_default_would_make_one(self):
         # What the recordings before `no_cache` ran: a cache in the training forward.
         self.assertEqual(len(self.caches(self.forward(cached=True))), 1)

@@ -16,7 +16,12 @@ buffers, optimizer state, inputs) plus the highest running sum of the profiler's
 events, per phase and over the step. A case at `amp-cuda` is AMP as a GPU runs it: fp32 weights
 and adapters, each step under CUDA's autocast policy (`step_programs.cuda_policy`, the forward
 under `torch.autocast("cuda", torch.bfloat16)`), as step_programs.py records its `amp-cuda`
-templates (`data/programs/hf-lora-amp.tpl`; with eager attention asked, `hf-lora-amp-eager.tpl`). Every case is a check row: nothing in the templates is
+templates (`data/programs/hf-lora-amp.tpl`; with eager attention asked, `hf-lora-amp-eager.tpl`). A case
+builds its model with the key-value cache off (`measure.no_cache`) unless it turns it on
+(`use_cache`, the config's default: the training forward builds a `DynamicCache`), and is then
+planned from the template recorded with it (`…/cache/…`, `data/programs/hf-cache.tpl`); each row
+says which (`use_cache`; a row without it was measured before `no_cache`, with the cache on,
+and is kept for its case). Every case is a check row: nothing in the templates is
 fitted to them (`cargo test -p headroom-plan --test lora_truth` compares).
 
     /work/venv-torch/bin/python scripts/validate/lora_truth.py --out data/validation/lora_cpu_truth.json
@@ -39,11 +44,13 @@ import measure  # noqa: E402
 import step_programs  # noqa: E402
 
 # (family, precision, checkpointing, layers, batch, seq, rank, targets[, variant[, attention[,
-# target_seq]]]): chosen before any comparison, every one away from the recording's depth (5),
-# shapes and rank (22). The variant names one of VARIANTS' changes to the family's config; a
-# case without one runs the family's config as it is. The attention is the family's own
-# (`attention_of`) unless a case names `sdpa-math`. A sequence-to-sequence case's decoder is
-# `seq` tokens long unless it names its own length (`target_seq`: its labels' tokens).
+# target_seq[, use_cache]]]]): chosen before any comparison, every one away from the recording's
+# depth (5), shapes and rank (22). The variant names one of VARIANTS' changes to the family's
+# config; a case without one runs the family's config as it is. The attention is the family's
+# own (`attention_of`) unless a case names `sdpa-math`. A sequence-to-sequence case's decoder is
+# `seq` tokens long unless it names its own length (`target_seq`: its labels' tokens). The
+# key-value cache is off (`measure.no_cache`, as a training script sets it) unless a case turns
+# it on (`use_cache`: the config's default left as it is).
 CASES = [
     ("llama", "bf16", False, 6, 2, 128, 16, "all"),
     ("qwen2", "bf16", False, 7, 2, 96, 32, "all"),
@@ -223,6 +230,30 @@ CASES = [
     ("gpt_neox", "amp-cuda", False, 7, 2, 80, 16, "all", None, "eager"),
     ("mixtral", "amp-cuda", False, 6, 1, 64, 16, "all", None, "eager"),
     ("bert", "amp-cuda", True, 6, 1, 96, 8, "all", None, "eager"),
+    # The key-value cache on (`use_cache`, transformers' default in a training forward:
+    # `DynamicCache` copies each layer's key and value), planned from the `…/cache/…` keys
+    # (`data/programs/hf-cache.tpl`): the families that fuse the query, key and value, where
+    # the cache moves the peak, without checkpointing (transformers turns the cache off under
+    # it). Each case without the cache above, for GPT-2, Phi-3 and GPT-NeoX, with it too; and
+    # AMP with SDPA and Phi-3's eager AMP, each both ways.
+    ("phi3", "bf16", False, 6, 2, 112, 16, "all", None, None, None, True),
+    ("gpt_neox", "bf16", False, 7, 1, 128, 8, "all", None, None, None, True),
+    ("gpt2", "bf16", False, 7, 2, 96, 16, "qv", None, None, None, True),
+    ("gpt_neox", "bf16", False, 6, 2, 112, 8, "qv", None, None, None, True),
+    ("phi3", "bf16", False, 7, 1, 128, 16, "qv", None, None, None, True),
+    ("phi3", "fp32", False, 6, 1, 128, 16, "all", None, None, None, True),
+    ("gpt_neox", "fp32", False, 6, 2, 112, 16, "all", None, None, None, True),
+    ("gpt2", "bf16", False, 7, 1, 128, 32, "qv", None, "eager", None, True),
+    ("gpt2", "amp-cuda", False, 6, 2, 64, 32, "qv", None, "eager", None, True),
+    ("gpt_neox", "amp-cuda", False, 7, 2, 80, 16, "all", None, "eager", None, True),
+    ("gpt2", "amp-cuda", False, 7, 1, 112, 16, "all"),
+    ("gpt2", "amp-cuda", False, 7, 1, 112, 16, "all", None, None, None, True),
+    ("phi3", "amp-cuda", False, 6, 2, 80, 8, "qv"),
+    ("phi3", "amp-cuda", False, 6, 2, 80, 8, "qv", None, None, None, True),
+    ("gpt_neox", "amp-cuda", False, 6, 1, 144, 32, "qv"),
+    ("gpt_neox", "amp-cuda", False, 6, 1, 144, 32, "qv", None, None, None, True),
+    ("phi3", "amp-cuda", False, 7, 2, 64, 16, "all", None, "eager"),
+    ("phi3", "amp-cuda", False, 7, 2, 64, 16, "all", None, "eager", None, True),
 ]
 
 # Families measure.py's grid has no config for: widths, heads, experts and windows of their
@@ -290,13 +321,15 @@ def variant_of(family, cfg):
 
 
 def case(family, precision, checkpointing, layers, batch, seq, rank, targets, variant=None, attention=None,
-         target_seq=None):
+         target_seq=None, use_cache=False):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cfg = config(family, layers, variant)
     attention = attention or attention_of(family)
     # Dropout off, as measure.py's cases run (the planner plans a CPU step without it).
     head = HEADS.get(family, "causal-lm")
-    model = measure.no_cache(measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype))
+    model = measure.build(cfg, head, "eager" if attention == "eager" else "sdpa", dtype)
+    if not use_cache:
+        measure.no_cache(model)
     if variant in UNTIED:
         step_programs.untie_t5(model)
     model = step_programs.lora_model(model, head, rank, targets)
@@ -338,7 +371,7 @@ def case(family, precision, checkpointing, layers, batch, seq, rank, targets, va
             "weight_bytes": weights, "optimizer_state_bytes": state, "input_bytes": inp,
             "phases": {k: base + v for k, v in per.items()}, "peak_bytes": base + peak,
             # A row without this field was measured before `measure.no_cache`: with the cache on.
-            "use_cache": False}
+            "use_cache": use_cache}
 
 
 def trainable(family, precision, layers, rank, targets, variant=None):
@@ -356,15 +389,25 @@ def measured(args):
 
 
 FIELDS = ("family", "precision", "checkpointing", "layers", "batch", "seq", "rank", "targets", "variant",
-          "attention", "target_seq")
+          "attention", "target_seq", "use_cache")
 
 
 def whole(c):
     """Case `c` with all of FIELDS: the variant None where it names none, the attention the
-    family's own where it names none, the decoder length None (as long as the encoder's)."""
-    if len(c) < 10:
-        c = c + (None,) * (9 - len(c)) + (attention_of(c[0]),)
-    return c + (None,) * (len(FIELDS) - len(c))
+    family's own where it names none, the decoder length None (as long as the encoder's), the
+    key-value cache off where it does not turn it on."""
+    if len(c) < 10 or c[9] is None:
+        c = c[:9] + (None,) * (9 - len(c)) + (attention_of(c[0]),) + c[10:]
+    if len(c) < 11:
+        c = c + (None,)
+    return c + (False,) * (len(FIELDS) - len(c))
+
+
+def earlier_case(row):
+    """The case an earlier output's row measured. A row without `use_cache` was measured before
+    `measure.no_cache`, with the cache on, and stands for its case as listed (without the cache):
+    kept, and read as measured with it (the truth test reads it so)."""
+    return tuple(row[k] for k in FIELDS[:-1]) + (row.get("use_cache", False),)
 
 
 CASES = [whole(c) for c in CASES]
@@ -394,7 +437,7 @@ def main():
             c.setdefault("variant", variant_of(c["family"], c["config"]))
             c.setdefault("attention", attention_of(c["family"]))
             c.setdefault("target_seq", None)
-        earlier = {tuple(c[k] for k in FIELDS): c for c in old["cases"]}
+        earlier = {earlier_case(c): c for c in old["cases"]}
     todo = [c for c in CASES if c not in earlier]
     fresh = {}
 

@@ -48,6 +48,26 @@ fn the_cache_changes_a_gpt2_plan_and_not_a_llama_one() {
     assert_eq!(on["use_cache"], Value::Null, "the cache moves no peak of Llama's");
 }
 
+/// Over two GPUs transformers' phases plan the job in closed form (its recorded step is one
+/// GPU's): the setting reaches it too. Its recipes were recorded with the cache on, so the
+/// default plans them as they are, and without the cache GPT-2's plan is lower by the copies of
+/// each layer's key and value, Phi-3's higher by the fused output and rotated key SDPA keeps in
+/// their place.
+#[test]
+fn the_closed_form_plans_either_setting() {
+    let two = |model, cache| plan(&job(model, &["--gpus", "2", "--use-cache", cache]));
+    for (model, lower_without) in [("gpt2-medium", true), ("phi-3-mini", false)] {
+        let (on, off) = (two(model, "true"), two(model, "false"));
+        assert_eq!(on["runner"]["builder"], "transformers-phases", "{model}");
+        assert_eq!(off["runner"]["builder"], "transformers-phases", "{model}");
+        let (a_on, a_off) = (on["allocated_bytes"].as_u64().unwrap(), off["allocated_bytes"].as_u64().unwrap());
+        assert_eq!(a_off < a_on, lower_without, "{model}: cache on {a_on} B, off {a_off} B");
+        assert_ne!(a_on, a_off, "{model}");
+        let default = plan(&job(model, &["--gpus", "2"]));
+        assert_eq!(default["allocated_bytes"], on["allocated_bytes"], "{model}: the default is the cache on");
+    }
+}
+
 #[test]
 fn under_checkpointing_the_cache_changes_nothing() {
     let on = plan(&job("gpt2-medium", &["--use-cache", "true", "--checkpoint", "full"]));

@@ -13,7 +13,9 @@
 //! | framework | CUDA context; NCCL buffers with more than one GPU | §4.1, §9 |
 //!
 //! Where transformers' code runs the layers ([`crate::phases`]), the activations, logits and
-//! temporaries are its recorded phases' instead.
+//! temporaries are its recorded phases' instead: recorded with the key-value cache on, and
+//! without it ([`TrainConfig::use_cache`] false) moved by what SDPA saves in its place
+//! ([`without_cache`]).
 
 use crate::checkpoint::{self, Chain, Loss, Stage};
 use crate::deepspeed;
@@ -524,6 +526,37 @@ fn optimal(
     }
 }
 
+/// Bytes a token a layer that transformers' training forward without its key-value cache
+/// keeps beyond the same forward with it, the one its recipes were recorded with
+/// (`scripts/validate/step_recipes.py` leaves the config's `use_cache` on); 0 with the cache.
+/// The cache moves what SDPA saves where the query, key and value are views of one fused
+/// projection's output ([`crate::job::fuses_qkv`]), without checkpointing (transformers turns
+/// the cache off under it): with the cache, its update copies the key and the value
+/// (`torch.cat` onto an empty `DynamicCache`) and SDPA saves the copies. GPT-2's query is a view
+/// of the fused output too, so that output stays either way and the copies come on top:
+/// without the cache, two key-value widths fewer. Phi-3's and GPT-NeoX's rotated query and key
+/// are new tensors: without the cache SDPA saves the value as a view, keeping the fused output
+/// (a query and two key-value widths) and the rotated key where the copies were, a query and a
+/// key-value width more. Eager attention's matmuls save copies of their own either way (every
+/// eager step recorded both ways had the same peak), and BLOOM has no SDPA path.
+pub fn without_cache(model: &Model, cfg: &TrainConfig) -> f64 {
+    if cfg.use_cache
+        || !crate::job::fuses_qkv(model)
+        || cfg.checkpointing != Checkpointing::None
+        || cfg.attention == Attention::Eager
+    {
+        return 0.0;
+    }
+    let (q, kv) = ((model.heads * model.head_dim) as f64, (model.kv_heads * model.head_dim) as f64);
+    let width = activation_width(cfg.precision);
+    match model.family {
+        Family::Gpt2 => -2.0 * kv * width,
+        Family::NeoX => (q + kv) * width,
+        _ if model.model_type == "phi3" => (q + kv) * width,
+        _ => 0.0,
+    }
+}
+
 /// The step as transformers' code runs it, by its recorded phases ([`crate::phases`]): the
 /// activations, logits and temporaries of the phase that peaks.
 fn transformers_phases(m: &mut StageMemory, job: &Job, r: &Recipe, sh: &Share) {
@@ -584,11 +617,13 @@ fn transformers_phases(m: &mut StageMemory, job: &Job, r: &Recipe, sh: &Share) {
         (ph.forward, ph.backward) = sr.peaks(model, b, s, model.layers as f64, base, scale);
     }
     // peft's merged expert stacks: every layer's from its forward to its backward, or under
-    // checkpointing the one layer's its forward or recomputation makes.
+    // checkpointing the one layer's its forward or recomputation makes. The recipes were
+    // recorded with the key-value cache on: without it, what each layer keeps in its place.
     let merged = merged_experts(model, cfg, true) * if checkpointed { 1.0 } else { model.layers as f64 };
+    let cache = without_cache(model, cfg) * b * s * model.layers as f64;
     for p in [&mut ph.forward, &mut ph.backward] {
-        p.activations += merged;
-        p.total += merged;
+        p.activations += merged + cache;
+        p.total += merged + cache;
     }
     let (_, peak) = ph.peak();
     br.gradients = peak.gradients;
@@ -644,5 +679,51 @@ mod tests {
         assert!(b.kept < a.kept && b.input < a.input && b.core < a.core);
         // The encoder's half of the blocks stays whole.
         assert!(b.input > a.input / 2.0 && b.core > a.core / 2.0);
+    }
+
+    /// transformers' phases with and without the key-value cache (`--use-cache`): the recipes
+    /// hold the cache's step, and without it the forward's and the backward's peaks move by
+    /// every layer's difference in what SDPA saves: GPT-2's key and value copies gone, Phi-3's
+    /// and GPT-NeoX's fused output and rotated key kept in their place. Eager attention, BLOOM,
+    /// checkpointing and the families whose projections are their own plan either setting alike.
+    #[test]
+    fn the_phases_plan_the_step_without_the_cache_by_what_sdpa_saves_in_its_place() {
+        let g = crate::gpu::gpu("h200").unwrap();
+        let phases = |name: &str, attention: Attention, checkpointing: Checkpointing, use_cache: bool| {
+            let m = crate::model::preset(name).unwrap();
+            let cfg = TrainConfig {
+                attention,
+                checkpointing,
+                use_cache,
+                ..TrainConfig::new(2, 1024, Precision::Bf16, Optimizer::AdamW)
+            };
+            let job = Job::new(&m, &g, cfg).unwrap();
+            let ph = memory(&job, PipelineStage::Only, true, 0.0).phases.expect("transformers' phases");
+            (ph.forward.total, ph.backward.total)
+        };
+        let moved = |name: &str, attention: Attention, checkpointing: Checkpointing| {
+            let (on, off) =
+                (phases(name, attention, checkpointing, true), phases(name, attention, checkpointing, false));
+            assert_eq!(off.0 - on.0, off.1 - on.1, "{name}: both phases move alike");
+            off.0 - on.0
+        };
+        let tokens_layers_bytes = |name: &str| {
+            let m = crate::model::preset(name).unwrap();
+            (2.0 * 1024.0 * m.layers as f64 * 2.0, (m.heads * m.head_dim) as f64, (m.kv_heads * m.head_dim) as f64)
+        };
+        let (n, _, kv) = tokens_layers_bytes("gpt2-medium");
+        assert_eq!(moved("gpt2-medium", Attention::Sdpa, Checkpointing::None), -2.0 * kv * n);
+        for name in ["phi-3-mini", "pythia-1b"] {
+            let (n, q, kv) = tokens_layers_bytes(name);
+            assert_eq!(moved(name, Attention::Sdpa, Checkpointing::None), (q + kv) * n, "{name}");
+        }
+        for (name, attention, checkpointing) in [
+            ("gpt2-medium", Attention::Eager, Checkpointing::None),
+            ("gpt2-medium", Attention::Sdpa, Checkpointing::Full),
+            ("bloom-7b1", Attention::Eager, Checkpointing::None),
+            ("llama-3-8b", Attention::Sdpa, Checkpointing::None),
+        ] {
+            assert_eq!(moved(name, attention, checkpointing), 0.0, "{name} {attention:?} {checkpointing:?}");
+        }
     }
 }

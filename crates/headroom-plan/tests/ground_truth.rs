@@ -118,8 +118,13 @@ fn compare() -> Vec<Row> {
             c["attention"].as_str().unwrap(),
             if c["checkpointing"] == true { " ckpt" } else { "" },
             if c["compiled"] == true { " compiled" } else { "" },
-            // A case measured again with the cache on beside its row without it.
-            if c["use_cache"] == true { " use_cache" } else { "" },
+            // A case measured with the cache on beside its row without it, or without it beside
+            // its row measured before `no_cache` (with it).
+            match c["use_cache"].as_bool() {
+                Some(true) => " use_cache",
+                Some(false) => " no_cache",
+                None => "",
+            },
             c["batch"],
             c["seq"]
         );
@@ -221,6 +226,18 @@ fn training_steps_match_the_cpu_ground_truth() {
     );
     for r in &replayed {
         eprintln!("  replayed: {:<58} peak {:+6.2}%", r.label, r.error * 100.0);
+    }
+    // The steps measured with the key-value cache set either way (`use_cache`), beside the
+    // same jobs' rows measured before `no_cache` (with it).
+    for r in rows.iter().filter(|r| r.label.contains(" no_cache") || r.label.contains(" use_cache")) {
+        eprintln!(
+            "  cache set: {:<58} {:<6} peak {:+6.2}%  fwd {:+6.2}% bwd {:+6.2}%",
+            r.label,
+            r.split,
+            r.error * 100.0,
+            r.phase_errors[0] * 100.0,
+            r.phase_errors[1] * 100.0
+        );
     }
     let mut summed: Vec<f64> = rows.iter().map(|r| r.megatron_error.abs()).collect();
     summed.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -103,7 +103,7 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
         let cfg = config(&c);
         let variant = c["variant"].as_str().map(|v| format!(" {v}")).unwrap_or_default();
         let label = format!(
-            "{family}{variant} L{} {} {}{} r={} {} {}×{}{}",
+            "{family}{variant} L{} {} {}{} r={} {} {}×{}{}{}",
             c["layers"],
             c["precision"].as_str().unwrap_or(""),
             c["attention"].as_str().unwrap_or("sdpa"),
@@ -112,7 +112,10 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
             c["targets"].as_str().unwrap_or(""),
             c["batch"],
             c["seq"],
-            c["target_seq"].as_u64().map(|t| format!("→{t}")).unwrap_or_default()
+            c["target_seq"].as_u64().map(|t| format!("→{t}")).unwrap_or_default(),
+            // A case measured with the cache on beside its twin without it (lora_truth.py's
+            // `use_cache` cases); a row measured before `no_cache` says nothing.
+            if c["use_cache"] == true { " cache" } else { "" }
         );
         let key = template_key(&c, &m, &cfg);
         if let Err(miss) = phase_peaks::within(&label, &c, &m, &cfg, key.as_deref(), PEAK_TOLERANCE) {
@@ -120,6 +123,45 @@ fn lora_steps_replayed_match_peft_s_on_cpu() {
         }
     }
     assert!(misses.is_empty(), "outside ±{}%: {misses:?}", 100.0 * PEAK_TOLERANCE);
+}
+
+/// The cases measured with the key-value cache on (`use_cache`) of the families whose query,
+/// key and value are one projection replay a template recorded with it (`…/cache/…`), each
+/// beside a case of the same job without it that replays one recorded without it: the check
+/// rows hold each half to its own step, not to the other half.
+#[test]
+fn each_cache_half_is_replayed_from_its_own_recording() {
+    use headroom_plan::builders::hf::{cache_matters, cache_recorded};
+    let all = cases();
+    let job = |c: &Value| {
+        ["family", "precision", "attention", "layers", "batch", "seq", "rank", "targets"].map(|k| c[k].to_string())
+    };
+    let mut halves = std::collections::BTreeMap::<_, Vec<bool>>::new();
+    let mut wrong = Vec::new();
+    for c in all.iter().filter(|c| c["use_cache"].is_boolean()) {
+        let family = c["family"].as_str().expect("family");
+        let m = Model::from_hf_config(&c["config"].to_string(), family).expect("config");
+        let cfg = config(c);
+        if !cache_matters(&m, &cfg) {
+            continue;
+        }
+        let key = match planned(c, &m, &cfg, 1) {
+            Ok(hf) => hf.key,
+            Err(e) => {
+                wrong.push(format!("{family}: {e}"));
+                continue;
+            }
+        };
+        if cache_recorded(&key) != cfg.use_cache {
+            wrong.push(format!("{} with use_cache {} replays {key}", job(c).join(" "), cfg.use_cache));
+        }
+        halves.entry(job(c)).or_default().push(cfg.use_cache);
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
+    let on: Vec<_> = halves.iter().filter(|(_, h)| h.contains(&true)).collect();
+    assert!(on.len() >= 12, "{} jobs measured with the cache", on.len());
+    let alone: Vec<_> = on.iter().filter(|(_, h)| !h.contains(&false)).map(|(j, _)| j.join(" ")).collect();
+    assert!(alone.is_empty(), "measured with the cache and not without: {alone:?}");
 }
 
 /// The program's trainable parameters, from the gradients one step makes: peft's count.
