@@ -469,7 +469,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, growth)?
                 }
                 Rung::AllocateUnderPeak => {
-                    let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+                    let peak = self.stats.reserved_bytes.all().peak.max(0) as u64;
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
@@ -547,10 +547,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             device_total: self.device_total,
             device_free: self.device.mem_get_info().free,
             allowed: self.allowed_memory_maximum,
-            allocated: self.stats.allocated_bytes[0].current as u64,
-            reserved: self.stats.reserved_bytes[0].current as u64,
+            allocated: self.stats.allocated_bytes.all().current as u64,
+            reserved: self.stats.reserved_bytes.all().current as u64,
             largest_free_block: largest,
-            split_fragment_bytes: self.stats.inactive_split_bytes[0].current as u64,
+            split_fragment_bytes: self.stats.inactive_split_bytes.all().current as u64,
             free_in_private_pools: in_private_pools,
         }
     }
@@ -760,7 +760,7 @@ impl<D: DeviceMemory, P: Policy> std::fmt::Debug for DeviceCachingAllocator<D, P
             .field("device_index", &self.device_index)
             .field("config", &self.config.raw)
             .field("reserved_bytes", &self.total_allocated_memory)
-            .field("allocated_bytes", &self.stats.allocated_bytes[0].current)
+            .field("allocated_bytes", &self.stats.allocated_bytes.all().current)
             .field("blocks", &self.arena.iter().count())
             .finish()
     }
