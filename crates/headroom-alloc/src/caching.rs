@@ -454,8 +454,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let shrunk = shrunk.unwrap_or(false);
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then cannot strand any, and may map ahead.
-        let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
-        let ahead_after_reclaim = self.policy.reclaim_rule(&self.config).map_ahead_after;
+        // Asked only when the ladder is climbed: under a policy named at run time each question is a `match`,
+        // and most requests find a cached block (docs/PERFORMANCE.md, "Replay passes, nineteenth round").
+        let (mut nothing_to_reclaim, ahead_after_reclaim) = if found.is_none() {
+            (
+                !self.policy.ladder().contains(&Rung::ReclaimFreePages),
+                self.policy.reclaim_rule(&self.config).map_ahead_after,
+            )
+        } else {
+            (false, false)
+        };
         while found.is_none() {
             let Some(&step) = self.policy.ladder().get(rung) else { break };
             rung += 1;
