@@ -89,7 +89,7 @@ fn run_workload<P: Policy>(a: &mut DeviceCachingAllocator<SimDevice, P>, ops: &[
         }
     }
     let s = a.stats();
-    (s.reserved_bytes[0].peak, s.allocated_bytes[0].peak)
+    (s.reserved_bytes.all().peak, s.allocated_bytes.all().peak)
 }
 
 fn random_allocations(c: &mut Criterion) {

@@ -454,8 +454,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let shrunk = shrunk.unwrap_or(false);
         let mut rung = 0;
         // Set when the ladder found no free pages to reclaim: growth then cannot strand any, and may map ahead.
-        let mut nothing_to_reclaim = !self.policy.ladder().contains(&Rung::ReclaimFreePages);
-        let ahead_after_reclaim = self.policy.reclaim_rule(&self.config).map_ahead_after;
+        // Asked only when the ladder is climbed: under a policy named at run time each question is a `match`,
+        // and most requests find a cached block (docs/PERFORMANCE.md, "Replay passes, nineteenth round").
+        let (mut nothing_to_reclaim, ahead_after_reclaim) = if found.is_none() {
+            (
+                !self.policy.ladder().contains(&Rung::ReclaimFreePages),
+                self.policy.reclaim_rule(&self.config).map_ahead_after,
+            )
+        } else {
+            (false, false)
+        };
         while found.is_none() {
             let Some(&step) = self.policy.ladder().get(rung) else { break };
             rung += 1;
@@ -469,7 +477,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, growth)?
                 }
                 Rung::AllocateUnderPeak => {
-                    let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+                    let peak = self.stats.reserved_bytes.all().peak.max(0) as u64;
                     self.alloc_block(owner, kind, place, rounded, alloc_size, false, Growth::UnderPeak(peak))?
                 }
                 Rung::ReclaimFreePages => {
@@ -547,10 +555,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             device_total: self.device_total,
             device_free: self.device.mem_get_info().free,
             allowed: self.allowed_memory_maximum,
-            allocated: self.stats.allocated_bytes[0].current as u64,
-            reserved: self.stats.reserved_bytes[0].current as u64,
+            allocated: self.stats.allocated_bytes.all().current as u64,
+            reserved: self.stats.reserved_bytes.all().current as u64,
             largest_free_block: largest,
-            split_fragment_bytes: self.stats.inactive_split_bytes[0].current as u64,
+            split_fragment_bytes: self.stats.inactive_split_bytes.all().current as u64,
             free_in_private_pools: in_private_pools,
         }
     }
@@ -760,7 +768,7 @@ impl<D: DeviceMemory, P: Policy> std::fmt::Debug for DeviceCachingAllocator<D, P
             .field("device_index", &self.device_index)
             .field("config", &self.config.raw)
             .field("reserved_bytes", &self.total_allocated_memory)
-            .field("allocated_bytes", &self.stats.allocated_bytes[0].current)
+            .field("allocated_bytes", &self.stats.allocated_bytes.all().current)
             .field("blocks", &self.arena.iter().count())
             .finish()
     }

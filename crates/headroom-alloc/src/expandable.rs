@@ -190,8 +190,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let fresh = self.pool(DEFAULT_POOL, kind).unmapped.get(&(stream, seg.base)).copied();
         if let Some(head) = fresh.filter(|&id| self.arena[id].size == seg.va_size) {
             let arena = slot.arena.max(slot.offset + size).next_multiple_of(seg.page).min(seg.va_size);
-            let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
-            let allocated = self.stats.allocated_bytes[0].current.max(0) as u64;
+            let peak = self.stats.reserved_bytes.all().peak.max(0) as u64;
+            let allocated = self.stats.allocated_bytes.all().current.max(0) as u64;
             if allocated + arena > peak {
                 return Ok(None);
             }
@@ -361,7 +361,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             have += self.arena[c].size;
             c = self.arena[c].next;
         }
-        let peak = self.stats.reserved_bytes[0].peak.max(0) as u64;
+        let peak = self.stats.reserved_bytes.all().peak.max(0) as u64;
         let budget_left = self.policy.keep_budget(peak).saturating_sub(self.kept_excess);
         // A small-pool page the run maps again after a reclaim, wanted back at
         // the peak while a quarter of reserved memory sits free: what the
@@ -373,7 +373,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // it is climbing, and the page would spend the budget on the climb.
         if kind == PoolKind::Small && budget_left > 0 {
             let excess = (self.total_allocated_memory + want).saturating_sub(peak);
-            let free = self.total_allocated_memory.saturating_sub(self.stats.allocated_bytes[0].current.max(0) as u64);
+            let free =
+                self.total_allocated_memory.saturating_sub(self.stats.allocated_bytes.all().current.max(0) as u64);
             if excess <= budget_left
                 && free >= self.total_allocated_memory / TRADE_FREE_DIVISOR
                 && self.growth_pages(grow, want).is_some_and(|(lo, hi)| self.page_history.keeps_any(lo, hi))

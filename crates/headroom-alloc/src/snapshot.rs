@@ -73,7 +73,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// `torch.cuda.memory._snapshot()`. Records a `snapshot` trace entry when
     /// history is on, as PyTorch does.
     pub fn snapshot(&mut self) -> Snapshot {
-        let active_bytes = self.stats.active_bytes[0].current as u64;
+        let active_bytes = self.stats.active_bytes.all().current as u64;
         self.trace(Action::Snapshot, 0, active_bytes, 0);
         let mut segments = Vec::new();
         let heads: Vec<u32> = self.arena.iter().filter(|(_, b)| b.prev == NIL).map(|(i, _)| i).collect();

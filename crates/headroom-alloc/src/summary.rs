@@ -71,10 +71,11 @@ pub fn memory_summary(stats: &DeviceStats, device: u32, abbreviated: bool) -> St
     ];
     for (array, name, f) in metrics {
         lines.push("-".repeat(WIDTH));
-        lines.push(row(name, &array[0], &array[0], f));
+        let all = array.all();
+        lines.push(row(name, &all, &all, f));
         if !abbreviated {
-            lines.push(row("      from large pool", &array[2], &array[0], f));
-            lines.push(row("      from small pool", &array[1], &array[0], f));
+            lines.push(row("      from large pool", &array.large_pool(), &all, f));
+            lines.push(row("      from small pool", &array.small_pool(), &all, f));
         }
     }
     for (s, name) in

@@ -9,8 +9,10 @@
 //!    allocated map; the sets hold nothing else. Only allocated blocks carry
 //!    stream uses.
 //! 4. Each pending block's event count equals its queued events.
-//! 5. Every statistic's `current` equals a recount, "all" equals small plus
-//!    large, and allocated ≤ reserved ≤ device memory.
+//! 5. Every statistic's `current` equals a recount, no peak is below its
+//!    current, the peak of "all" (the one part of "all" kept, not summed) lies
+//!    between the larger pool peak and the sum of both, and allocated ≤
+//!    reserved ≤ device memory.
 //! 6. Each physical allocation of several pages lies in one expandable
 //!    segment on its pages' bounds, overlaps no other, and is mapped
 //!    throughout (no unmapped block meets it).
@@ -287,17 +289,21 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         ];
         for (name, a, f) in checks {
             let (small, large) = (f(&pools[0]), f(&pools[1]));
-            ensure!(a[1].current == small, "{name}.small_pool.current is {}, recount {small}", a[1].current);
-            ensure!(a[2].current == large, "{name}.large_pool.current is {}, recount {large}", a[2].current);
-            ensure!(
-                a[0].current == small + large,
-                "{name}.all.current is {}, pools sum to {}",
-                a[0].current,
-                small + large
-            );
-            for (p, st) in a.iter().enumerate() {
+            let (s_pool, l_pool, all) = (a.small_pool(), a.large_pool(), a.all());
+            ensure!(s_pool.current == small, "{name}.small_pool.current is {}, recount {small}", s_pool.current);
+            ensure!(l_pool.current == large, "{name}.large_pool.current is {}, recount {large}", l_pool.current);
+            for (p, st) in a.to_array().iter().enumerate() {
                 ensure!(st.peak >= st.current, "{name}[{p}] peak below current: {st:?}");
             }
+            // "all" is the pools' sum, its peak kept apart: at least either pool's
+            // peak (the other's current is never negative) and at most their sum.
+            ensure!(
+                all.peak >= s_pool.peak.max(l_pool.peak) && all.peak <= s_pool.peak + l_pool.peak,
+                "{name}.all.peak {} outside the pools' peaks {} and {}",
+                all.peak,
+                s_pool.peak,
+                l_pool.peak
+            );
         }
         ensure!(
             s.oversize_allocations.current == oversize_allocs,
@@ -309,13 +315,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             "oversize_segments is {}, recount {oversize_segs}",
             s.oversize_segments.current
         );
-        let reserved = s.reserved_bytes[0].current;
+        let reserved = s.reserved_bytes.all().current;
         ensure!(
             self.total_allocated_memory as i64 == reserved,
             "total_allocated_memory {} != reserved {reserved}",
             self.total_allocated_memory
         );
-        ensure!(s.allocated_bytes[0].current <= reserved, "allocated exceeds reserved");
+        ensure!(s.allocated_bytes.all().current <= reserved, "allocated exceeds reserved");
         ensure!(reserved as u64 <= self.device_total, "reserved exceeds the device");
         Ok(())
     }

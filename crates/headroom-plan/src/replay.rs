@@ -138,7 +138,7 @@ pub fn replay(program: &Program, sizes: &[u64], settings: &ReplaySettings) -> Re
         out.oom = Some(OutOfMemory { at: When { op, ..at }, term, site: format!("{site} ({e})"), oom });
     }
     let stats = alloc.stats();
-    out.peak_reserved = out.peak_reserved.max(stats.reserved_bytes[0].peak.max(0) as u64);
+    out.peak_reserved = out.peak_reserved.max(stats.reserved_bytes.all().peak.max(0) as u64);
     out.device_mallocs = stats.num_device_alloc.max(0) as u64;
     out.device_frees = stats.num_device_free.max(0) as u64;
     out.alloc_retries = stats.num_alloc_retries.max(0) as u64;

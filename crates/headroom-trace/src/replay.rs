@@ -127,10 +127,10 @@ pub fn replay_on<D: DeviceMemory>(
     let s = a.stats();
     let report = ReplayReport {
         operations: ops.len(),
-        peak_allocated_bytes: s.allocated_bytes[0].peak as u64,
-        peak_reserved_bytes: s.reserved_bytes[0].peak as u64,
-        final_allocated_bytes: s.allocated_bytes[0].current as u64,
-        final_reserved_bytes: s.reserved_bytes[0].current as u64,
+        peak_allocated_bytes: s.allocated_bytes.all().peak as u64,
+        peak_reserved_bytes: s.reserved_bytes.all().peak as u64,
+        final_allocated_bytes: s.allocated_bytes.all().current as u64,
+        final_reserved_bytes: s.reserved_bytes.all().current as u64,
         num_device_alloc: s.num_device_alloc as u64,
         num_device_free: s.num_device_free as u64,
         num_alloc_retries: s.num_alloc_retries as u64,

@@ -14,7 +14,7 @@
 //! map of addresses are then paid once per trace, not once per pass (docs/PERFORMANCE.md,
 //! "Replay passes, eleventh round" and "twelfth round").
 
-use crate::entry_slots::{Code, EntrySlots};
+use crate::entry_slots::EntrySlots;
 use crate::memory_snapshot::{MemorySnapshot, TraceAction, TraceEvent};
 use crate::recorded_step::StepStarts;
 use crate::replay_device::DeviceCall;
@@ -75,10 +75,10 @@ impl TraceIndex {
         }
     }
 
-    /// Entry `i`'s slot code.
+    /// Every entry's slot code, packed ([`crate::entry_slots::Code::of`] reads one), one per entry of the trace.
     #[inline]
-    pub(crate) fn slot_code(&self, i: usize) -> Code {
-        Code::of(self.slots[i])
+    pub(crate) fn slot_codes(&self) -> &[u32] {
+        &self.slots
     }
 
     /// The slots the trace's own allocations use: `0..slot_count()`.

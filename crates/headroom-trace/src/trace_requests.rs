@@ -162,18 +162,23 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             }
         }
         (self.head, self.len) = (0, 0);
-        let n = self.entries.trace.len();
-        while self.next < n {
-            let i = self.next;
+        // The entries and their codes walked side by side from where the last walk stopped:
+        // no index into either is checked against its length at each entry.
+        let (trace, codes) = (self.entries.trace, self.entries.index.slot_codes());
+        debug_assert!(codes.len() >= trace.len(), "a code for every entry");
+        let from = self.next;
+        for (k, (e, &c)) in trace[from..].iter().zip(&codes[from..]).enumerate() {
+            let i = from + k;
             if i.is_multiple_of(65536) {
                 (self.progress)(i);
             }
-            self.next += 1;
             // Set once a step errs or stops: the entry's operations after it are kept.
             let mut halted: Option<Result<(), WalkError>> = None;
             let (left, len) = (&mut self.left, &mut self.len);
             self.entries.read(
                 i,
+                e,
+                Code::of(c),
                 #[inline(always)]
                 |op| {
                     if halted.is_some() {
@@ -189,19 +194,23 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
                 },
             );
             if let Some(out) = halted {
+                self.next = i + 1;
                 self.head = 0;
                 return out;
             }
         }
+        self.next = trace.len();
         Ok(())
     }
 }
 
 impl Entries<'_> {
-    /// Hands entry `i`'s operations to `push`, in order.
+    /// Hands entry `i`'s operations to `push`, in order: `e` is the entry, `code` its slot code.
+    /// One `match` on the action, each arm reading the code it needs, where a match on the
+    /// pair tested for a segment event first at every entry (docs/PERFORMANCE.md, "Replay
+    /// passes, nineteenth round").
     #[inline(always)]
-    fn read(&mut self, i: usize, mut push: impl FnMut(Op<Mark>)) {
-        let e = &self.trace[i];
+    fn read(&mut self, i: usize, e: &TraceEvent, code: Code, mut push: impl FnMut(Op<Mark>)) {
         if next_is(&mut self.step_starts, i) {
             push(Op::Mark(Mark::StepBegins));
         }
@@ -210,11 +219,9 @@ impl Entries<'_> {
             push(Op::EmptyCache);
         }
         let compared = self.compared;
-        let code = self.index.slot_code(i);
-        match (e.action, code) {
-            // Uncompared, a segment event makes nothing (the last arm).
-            (a_, _) if compared && is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
-            (TraceAction::Alloc | TraceAction::Oom, Code::Slot(slot)) => {
+        match e.action {
+            TraceAction::Alloc | TraceAction::Oom => {
+                let Code::Slot(slot) = code else { return };
                 let failed = e.action == TraceAction::Oom;
                 // A request the recorded run failed holds nothing: its block, if this run
                 // serves it, is freed at once.
@@ -232,7 +239,10 @@ impl Entries<'_> {
             // A free whose completion comes later: the block waits on an event, as it did in
             // the recorded run, on a stream of its own, so it becomes reusable exactly when
             // the trace says.
-            (TraceAction::FreeRequested, _) if code != Code::Nothing => {
+            TraceAction::FreeRequested => {
+                if code == Code::Nothing {
+                    return;
+                }
                 let stream = self.next_stand_in;
                 self.next_stand_in += 1;
                 match freed(&mut self.adopted, code, e.addr) {
@@ -244,17 +254,18 @@ impl Entries<'_> {
                     None => {}
                 }
             }
-            // Completions right before segments are released, or before an OOM, come from
-            // the synchronisation that releasing begins with (PyTorch's
-            // synchronize_and_free_events): the events stay pending until then. Others were
-            // found complete when the next request began (process_events). Had a block
-            // completed there and been able to serve the request, nothing would have been
-            // released, so the two readings differ in nothing else.
-            (TraceAction::FreeCompleted, Code::Completed { k, at_next_request }) => {
-                let stream = STAND_IN_STREAMS + u64::from(k);
-                push(Op::Mark(Mark::Completed { stream, at_next_request }));
-            }
-            (TraceAction::FreeCompleted | TraceAction::Free, _) => {
+            TraceAction::FreeCompleted | TraceAction::Free => {
+                // Completions right before segments are released, or before an OOM, come
+                // from the synchronisation that releasing begins with (PyTorch's
+                // synchronize_and_free_events): the events stay pending until then. Others
+                // were found complete when the next request began (process_events). Had a
+                // block completed there and been able to serve the request, nothing would
+                // have been released, so the two readings differ in nothing else.
+                if let (TraceAction::FreeCompleted, Code::Completed { k, at_next_request }) = (e.action, code) {
+                    let stream = STAND_IN_STREAMS + u64::from(k);
+                    push(Op::Mark(Mark::Completed { stream, at_next_request }));
+                    return;
+                }
                 if compared {
                     push(Op::Mark(Mark::Free));
                 }
@@ -264,6 +275,8 @@ impl Entries<'_> {
                     None => {}
                 }
             }
+            // Uncompared, a segment event makes nothing.
+            a_ if compared && is_segment_event(a_) => push(Op::Mark(Mark::Segment)),
             _ => {}
         }
     }

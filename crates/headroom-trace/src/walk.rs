@@ -366,6 +366,6 @@ mod tests {
         let mut log = Log::default();
         walk.run(&mut a, [(0, Op::Free { slot: 5 })], &mut log).unwrap();
         assert_eq!(log.0, ["0 free 5 1048576"]);
-        assert_eq!(a.stats().allocated_bytes[0].current, 0);
+        assert_eq!(a.stats().allocated_bytes.all().current, 0);
     }
 }

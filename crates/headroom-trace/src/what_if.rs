@@ -138,8 +138,8 @@ pub fn what_if(
     let (mut a, mut w) =
         replay_prefix(t, setup, capacity, recorded, history, usize::MAX, Hooks { progress, on_alloc: |_, _| {} })?;
     let s = a.stats();
-    w.peak_allocated_bytes = s.allocated_bytes[0].peak as u64;
-    w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes[0].peak as u64);
+    w.peak_allocated_bytes = s.allocated_bytes.all().peak as u64;
+    w.peak_reserved_bytes = w.peak_reserved_bytes.max(s.reserved_bytes.all().peak as u64);
     w.num_device_alloc = s.num_device_alloc as u64;
     w.num_device_free = s.num_device_free as u64;
     w.device_calls_followed = a.device().inner().calls_followed();
@@ -278,7 +278,7 @@ fn replay_prefix(
         device,
         operations: trace.len(),
         start_reserved_bytes: a.reserved_bytes(),
-        start_allocated_bytes: a.stats().allocated_bytes[0].current as u64,
+        start_allocated_bytes: a.stats().allocated_bytes.all().current as u64,
         peak_allocated_bytes: 0,
         peak_reserved_bytes: 0,
         unallocated_at_reserved_peak_bytes: 0,
@@ -381,7 +381,7 @@ fn note_peak(a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>, w: &mut What
     let reserved = a.reserved_bytes();
     if reserved > w.peak_reserved_bytes {
         w.peak_reserved_bytes = reserved;
-        w.unallocated_at_reserved_peak_bytes = reserved - a.stats().allocated_bytes[0].current as u64;
+        w.unallocated_at_reserved_peak_bytes = reserved - a.stats().allocated_bytes.all().current as u64;
     }
 }
 
