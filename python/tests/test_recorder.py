@@ -191,7 +191,7 @@ def _recorded_peak(rec):
 @unittest.skipIf(MISSING, MISSING)
 class GradientSums(unittest.TestCase):
     """Where two gradients of one tensor meet, autograd sums them in place on a GPU (into the
-    first, `InputBuffer::accumulate`), and adds a later micro-batch's gradient into `.grad` in
+    first, `InputBuffer::accumulate`; out of place where the first is a view), and adds a later micro-batch's gradient into `.grad` in
     place (`AccumulateGrad`): the recording makes no tensor for either sum, so its peak is the
     one the same step reaches with real tensors and no dispatch mode."""
 
