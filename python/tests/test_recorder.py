@@ -191,9 +191,10 @@ def _recorded_peak(rec):
 @unittest.skipIf(MISSING, MISSING)
 class GradientSums(unittest.TestCase):
     """Where two gradients of one tensor meet, autograd sums them in place on a GPU (into the
-    first, `InputBuffer::accumulate`; out of place where the first is a view), and adds a later micro-batch's gradient into `.grad` in
-    place (`AccumulateGrad`): the recording makes no tensor for either sum, so its peak is the
-    one the same step reaches with real tensors and no dispatch mode."""
+    first, `InputBuffer::accumulate`), out of place where the first is a view, and adds a later
+    micro-batch's gradient into `.grad` in place (`AccumulateGrad`): the recording makes a tensor
+    for a sum where the engine does, so its peak is the one the same step reaches with real
+    tensors and no dispatch mode."""
 
     def steps(self, build, step):
         """`step(*build())` twice with real tensors (the second measured), and twice recorded
