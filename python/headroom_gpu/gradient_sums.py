@@ -4,7 +4,10 @@ Where a tensor's gradient arrives along two paths (a residual, a parameter used 
 tied embedding, LoRA's adapter beside its base layer), the autograd engine sums the two in
 the consumer's input buffer (`InputBuffer::accumulate`, torch/csrc/autograd/input_buffer.cpp):
 in place into the first (`old_var.add_(var)`) where grad mode is off and nothing else holds
-it or its storage, a dense tensor of no subclass; out of place otherwise. While a
+it or its storage, a dense tensor of no subclass; out of place otherwise. A first gradient that
+is a view (what `ViewBackward0` gives for a linear layer's input of more than two dimensions,
+`grad.view(input's shape)`) holds its base, which shares its storage: the engine adds out of
+place, and the storage of both is freed as the sum replaces the view. While a
 TorchDispatchMode is on, every tensor counts as a subclass (`isTensorSubclassLike`), so
 under the recorder each sum is a new tensor a GPU does not make. The engine sums under the
 node that made the second gradient, after its function has returned; the first was made
@@ -57,7 +60,9 @@ class GradientSums:
             return
         from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-        if not is_non_overlapping_and_dense(first):
+        if not is_non_overlapping_and_dense(first) or first._is_view():
+            # A view's storage is also its base's, which the view holds (`_base`): never the
+            # buffer's alone.
             return
         try:
             st, old = out.untyped_storage(), self._storages.get(first.untyped_storage())

@@ -191,9 +191,10 @@ def _recorded_peak(rec):
 @unittest.skipIf(MISSING, MISSING)
 class GradientSums(unittest.TestCase):
     """Where two gradients of one tensor meet, autograd sums them in place on a GPU (into the
-    first, `InputBuffer::accumulate`), and adds a later micro-batch's gradient into `.grad` in
-    place (`AccumulateGrad`): the recording makes no tensor for either sum, so its peak is the
-    one the same step reaches with real tensors and no dispatch mode."""
+    first, `InputBuffer::accumulate`), out of place where the first is a view, and adds a later
+    micro-batch's gradient into `.grad` in place (`AccumulateGrad`): the recording makes a tensor
+    for a sum where the engine does, so its peak is the one the same step reaches with real
+    tensors and no dispatch mode."""
 
     def steps(self, build, step):
         """`step(*build())` twice with real tensors (the second measured), and twice recorded
@@ -227,6 +228,43 @@ class GradientSums(unittest.TestCase):
         self.assertEqual(recorded, real)
         weight_sized = [r for op, r in rec.events if op == "alloc" and r.when == "step2.backward" and r.size == 512 * 512 * 4]
         self.assertEqual(len(weight_sized), 2, "the two gradients of the weight, the sum in the first")
+
+    def test_an_adapter_beside_its_base_layer(self):
+        # T5's feed-forward under QLoRA (docs/VALIDATION.md, "T5's and the MoE models' moves,
+        # traced"): `wo` an fp32 layer with peft's adapter beside it, so the gradient of its
+        # input (after `wi` and the ReLU) arrives from the base layer and from `lora_A`. Each is
+        # `ViewBackward0`'s view of a matrix multiply's output (the input has three dimensions),
+        # which holds that output: the engine adds the two out of place, and the sum, with the
+        # two and the ReLU's saved output live, is the step's peak.
+        import peft
+
+        class FeedForward(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wi = torch.nn.Linear(64, 1024, bias=False)
+                self.wo = torch.nn.Linear(1024, 64, bias=False)
+
+            def forward(self, x):
+                return self.wo(torch.relu(self.wi(x)))
+
+        def build():
+            model = peft.get_peft_model(FeedForward(), peft.LoraConfig(r=8, target_modules=["wo"]))
+            # The frozen layer's input needs a gradient, as under checkpointing with
+            # `enable_input_require_grads`: the sum is of an activation's gradient, not a weight's.
+            return model, torch.randn(1, 160, 64, requires_grad=True)
+
+        def step(model, x):
+            model(x).square().sum().backward()
+            x.grad = None
+            for p in model.parameters():
+                p.grad = None
+
+        recorded, real, rec = self.steps(build, step)
+        self.assertEqual(recorded, real)
+        wide = [r.site for op, r in rec.events if op == "alloc" and r.when == "step2.backward"
+                and r.size == 160 * 1024 * 4]
+        # wo's input's two gradients, their sum, and the ReLU's backward's output.
+        self.assertEqual(wide, ["MmBackward0", "MmBackward0", "ViewBackward0", "ReluBackward0"])
 
     def test_two_micro_batches_accumulate_into_the_gradient(self):
         def build():
