@@ -207,17 +207,32 @@ impl Builder for Recorded {
 
 /// A training step as the CPU the templates were recorded on runs it, from its recorded
 /// program: the live peak of a steady step's forward, backward and optimizer step, and of the
-/// step (tensors only, as the CPU ground truth measures them). `None` where no template
-/// serves the job.
+/// step (tensors only, as the CPU ground truth measures them), where the step before it let
+/// its loss go as it ended (`measure.py`'s step returns the loss as a number, and what its
+/// graph held goes with it): the second step, whose forward holds nothing of the first's
+/// loss. `None` where no template serves the job.
 pub fn cpu_peaks(model: &Model, cfg: &TrainConfig) -> Option<(crate::program::PhasePeaks, u64)> {
     cpu_peaks_of(model, cfg, &key(model, cfg, Device::Cpu).ok()?)
 }
 
 /// [`cpu_peaks`] of template `key` ([`math_key`]'s, for one).
 pub fn cpu_peaks_of(model: &Model, cfg: &TrainConfig, key: &str) -> Option<(crate::program::PhasePeaks, u64)> {
-    let hf = program_of(model, cfg, Device::Cpu, key, 2, &StateScale::default()).ok()?;
+    step_peaks_of(model, cfg, key, 2)
+}
+
+/// [`cpu_peaks`] where the script holds its `loss` until the next forward's replaces it
+/// (`record --qlora`, `transformers_step.record`): the third step, the first whose forward
+/// holds what the step before's loss holds. The recording leaves the first step's out of
+/// `step1` (it lives from one step into the next), so the second step's forward holds none.
+pub fn cpu_peaks_loss_held(model: &Model, cfg: &TrainConfig) -> Option<(crate::program::PhasePeaks, u64)> {
+    step_peaks_of(model, cfg, &key(model, cfg, Device::Cpu).ok()?, 3)
+}
+
+/// Step `step`'s peaks (the last of the program) of template `key`, replayed as the CPU runs it.
+fn step_peaks_of(model: &Model, cfg: &TrainConfig, key: &str, step: u32) -> Option<(crate::program::PhasePeaks, u64)> {
+    let hf = program_of(model, cfg, Device::Cpu, key, step, &StateScale::default()).ok()?;
     let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-    Some(hf.program.step_peaks(&sizes, 2))
+    Some(hf.program.step_peaks(&sizes, step))
 }
 
 /// Layers of each stack: a decoder's, or T5's decoder and encoder.
@@ -408,11 +423,17 @@ impl<'a> Expansion<'a> {
             _ => *self.cfg,
         };
         let mut opt = optimizer::State::default();
+        // What the last loss's graph holds: a script's `loss` outlives its step, through the
+        // optimizer step, `zero_grad` and the next step's forward, until that forward's loss
+        // takes its name (`micro_batch` frees it then, as between micro-batches). The recording
+        // leaves the first step's out of `step1` (it lives from one step into the next:
+        // `step_programs.kept`), so the second step's forward holds none, and each forward
+        // from the third step's on holds the step before's.
+        let mut held = Vec::new();
         for step in 1..=steps {
             let section: &[EventT] =
                 if step == 1 { self.t.step1.as_deref().unwrap_or(&self.t.step) } else { &self.t.step };
             let backward = self.t.backward[if step == 1 && self.t.step1.is_some() { 0 } else { 1 }];
-            let mut held = Vec::new();
             for micro in 1..=super::micro_batches_built(self.cfg) {
                 held = self.micro_batch(section, backward, step, micro == 1, held);
             }
@@ -423,11 +444,11 @@ impl<'a> Expansion<'a> {
             for g in grads.iter().flatten() {
                 self.p.free(*g);
             }
-            // The loss goes with the step, and what its graph held with it.
-            for id in held {
-                self.p.free(id);
-            }
             self.grads = vec![None; self.params.len()];
+        }
+        // The loop ends: the last loss goes, and what its graph held with it.
+        for id in held {
+            self.p.free(id);
         }
         Ok(())
     }
@@ -452,8 +473,8 @@ impl<'a> Expansion<'a> {
 
     /// One micro-batch's forward and backward. The first micro-batch of a step makes the
     /// gradients; a later one adds its own to them and drops it. `held` is what the previous
-    /// micro-batch's loss still holds, dropped when this forward's loss takes its name;
-    /// returns what this one's holds.
+    /// micro-batch's loss still holds (the previous step's last, for a step's first), dropped
+    /// when this forward's loss takes its name; returns what this one's holds.
     fn micro_batch(
         &mut self,
         section: &[EventT],
@@ -561,8 +582,8 @@ impl<'a> Expansion<'a> {
         // the backward — under checkpointing, the leaves made to require a gradient (the
         // input embeddings' output, which `enable_input_require_grads` marks for peft; T5's
         // zero position bias) and their `.grad`s: a script's `loss` keeps them through the
-        // optimizer step and `zero_grad`, until the next forward's loss replaces it or the
-        // step's loop ends (with dropout off, a gradient passed through a dropout the
+        // optimizer step, `zero_grad` and the next forward, until that forward's loss replaces
+        // it or the steps' loop ends (with dropout off, a gradient passed through a dropout the
         // recording never freed is the tensor it consumed). What else is left (a dropout's
         // input whose last free the replay without dropout does not see) goes now, as before;
         // in the order made.
