@@ -9,6 +9,10 @@
 //! shape and a rank the templates were not recorded at. A row outside the tolerance fails the
 //! test unless its cause is traced and named in `KNOWN_MISSES`.
 //!
+//! `record --qlora` holds each step's loss until the next forward's replaces it, so the
+//! recorded second step's forward holds what the first's loss holds; the plan's first such
+//! forward is its third step's (`cpu_peaks_loss_held`), which is the step compared.
+//!
 //! `cargo test -p headroom-plan --test qlora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
