@@ -2,18 +2,14 @@
 //! `forward`, `backward`, `optimizer`): the table row docs/VALIDATION.md shows, printed, and
 //! whether the step's peak and every phase's are within the tolerance.
 
-// Each test that includes this reads the replay its truth's script asks for: `within` or
-// `against`.
-#![allow(dead_code)]
-
 use headroom_plan::builders::hf::{cpu_peaks, cpu_peaks_of};
 use headroom_plan::job::TrainConfig;
 use headroom_plan::model::Model;
-use headroom_plan::program::PhasePeaks;
 use serde_json::Value;
 
 /// `Err` names the case where no template serves it or a peak is outside `tolerance`. `key`
 /// names the template replayed where it is not the one the CPU's job picks (SDPA's math path).
+/// `cfg.loss_lives` is the loop the truth's script ran: it picks the steady step compared.
 pub fn within(
     label: &str,
     case: &Value,
@@ -26,11 +22,6 @@ pub fn within(
         Some(k) => cpu_peaks_of(model, cfg, k),
         None => cpu_peaks(model, cfg),
     };
-    against(label, case, peaks, tolerance)
-}
-
-/// [`within`] of peaks replayed otherwise (`None`: no template serves the case).
-pub fn against(label: &str, case: &Value, peaks: Option<(PhasePeaks, u64)>, tolerance: f64) -> Result<(), String> {
     let Some((phases, peak)) = peaks else {
         return Err(format!("{label}: no template serves it"));
     };
