@@ -329,7 +329,8 @@ class QLoraJob(sp.Job):
             # Held as a script holds its `loss`, until the next forward's replaces it (as
             # `step_programs.steps` holds it): under checkpointing, the leaf peft's
             # `enable_input_require_grads` makes of the input embeddings' output and its gradient
-            # live through the optimizer step. The last one is let go after the recording.
+            # live through the optimizer step and the next forward. The last one is let go after
+            # the recording.
             for step in (1, 2):
                 with rec.step():
                     # `Trainer(bf16=True)`'s autocast, cast as CUDA's is (the recorder's

@@ -14,9 +14,11 @@ projections alone (`record --qlora --lora-targets qv`), against the `qlora-qv` t
 Each case is `transformers_step.record` — the code `record --qlora` runs — with the recorder
 noting the phase each allocation and free happens in: the second step's live peak (every
 tensor alive, weights and optimizer state included) per phase, the forward, the backward and
-the optimizer step (with `zero_grad`), as `Program::step_peaks` reads a plan. Every case is a
-check row: nothing in the templates is fitted to them (`cargo test -p headroom-plan --test
-qlora_truth` compares).
+the optimizer step (with `zero_grad`), as `Program::step_peaks` reads a plan. The second step's
+forward holds what the first's loss holds (`record` keeps `loss` until the next forward's
+replaces it); the plan's first step has none of it, so the test reads the plan's third. Every
+case is a check row: nothing in the templates is fitted to them (`cargo test -p headroom-plan
+--test qlora_truth` compares).
 
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --out data/validation/qlora_fake_truth.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/qlora_truth.py --only qwen3 --out data/validation/qlora_fake_truth.json

@@ -181,8 +181,8 @@ builder.
 The last step's loss is held while the profiler runs (`steps` returns it), as a script's `loss`
 is held until the next forward's replaces it: what its graph keeps after the backward (under
 checkpointing, the leaf `enable_input_require_grads` makes of the input embeddings' output, and
-its `.grad`) is never freed in the recorded step, and the planner holds it through the optimizer
-step. Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
+its `.grad`) is never freed in the recorded step, and the planner holds it as long as the job's
+loop keeps its loss (`headroom plan --loss-lives`). Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
 pair out as living from one step into the next (`left_out` counted four such tensors where these
 count two) and planned the optimizer step about 1% low on CPU; `hf-lora-eager.tpl`'s and
 `hf-lora-amp.tpl`'s checkpointed keys are recorded again. T5's graph holds three such leaves,
@@ -516,8 +516,8 @@ def steps(model, inputs, opt, precision, attn, grads):
     as a script's `loss` is held until the next forward's replaces it: what its graph keeps after
     the backward (under checkpointing, the leaf `enable_input_require_grads` makes of the input
     embeddings' output, and its `.grad`) is never freed in the recorded step, which the planner
-    reads as held through the optimizer step. Freed as `steps` returned, it would read as living
-    from one step into the next and be left out."""
+    reads as held by the loss, for as long as the job's loop keeps it (`--loss-lives`). Freed as
+    `steps` returned, it would read as living from one step into the next and be left out."""
     for step in (1, 2):
         with record_function(f"step{step}.forward"), sdpa_backend(attn):
             if precision == "amp":

@@ -136,6 +136,7 @@ fn settings_a_recording_brings_are_refused_by_name() {
         (&["--framework", "hf"], "--framework shapes"),
         (&["--attention", "eager"], "--attention shapes"),
         (&["--accumulation", "4"], "--accumulation shapes"),
+        (&["--loss-lives", "inline"], "--loss-lives shapes"),
         (&["--max-batch"], "--max-batch: --program"),
         (&["--max-seq"], "record the step at two or three shapes"),
         (&["--infer"], "cannot be used with"),

@@ -261,6 +261,30 @@ pub struct TrainConfig {
     /// the query, key and value are one fused projection ([`fuses_qkv`]); elsewhere a copy only
     /// stands in for what it copies.
     pub use_cache: bool,
+    /// How long the training loop keeps the step's `loss`, and with it what the loss's autograd
+    /// graph holds after the backward (under checkpointing with peft, the input embeddings' output
+    /// that `enable_input_require_grads` makes require a gradient, and its `.grad`; T5's zero
+    /// position bias). Read by transformers' recorded step, where its template keeps such tensors.
+    pub loss_lives: LossLife,
+}
+
+/// How long a training loop keeps the step's `loss` tensor (and so its autograd graph, and what
+/// that graph holds after `loss.backward()`): the loop, not the model, decides it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LossLife {
+    /// transformers' `Trainer.training_step` (and TRL's trainers, which run it) returns
+    /// `loss.detach()`: the loss goes as each micro-batch's backward ends, before the optimizer
+    /// step, as in a loop that runs `del loss` after `loss.backward()`.
+    #[default]
+    Trainer,
+    /// A step function that returns `loss.item()`: the loss lives through the optimizer step and
+    /// `zero_grad`, and goes as the function returns (between its micro-batches, when the next
+    /// forward's loss replaces it).
+    Function,
+    /// A plain loop body, `loss = model(**batch).loss; loss.backward(); opt.step();
+    /// opt.zero_grad()`: the loss lives on through the next step's forward, until that
+    /// forward's loss replaces it, and the last goes as the loop ends.
+    Inline,
 }
 
 /// Whose code runs a training step. [`Framework::Auto`] is a request, not an answer: the
@@ -294,6 +318,12 @@ named!(Framework {
     DeepSpeed => ("deepspeed", "DeepSpeed's ZeRO engine over transformers (implied by --offload)"),
     Megatron => ("megatron", "Megatron-LM"),
     Torchtitan => ("torchtitan", "torchtitan (PyTorch's FSDP2, TP, PP and CP)"),
+});
+
+named!(LossLife {
+    Trainer => ("trainer", "transformers' Trainer and TRL's trainers (training_step returns loss.detach()), or a loop that runs del loss after loss.backward(): freed as each backward ends"),
+    Function => ("function", "a step function that returns loss.item(): freed as it returns, after the optimizer step and zero_grad"),
+    Inline => ("inline", "a loop body loss = model(**batch).loss; loss.backward(); opt.step(); opt.zero_grad(): held through the next forward, until the next loss replaces it"),
 });
 
 named!(Precision {
@@ -376,6 +406,7 @@ impl TrainConfig {
             optimizer_impl: None,
             double_quant: true,
             use_cache: true,
+            loss_lives: LossLife::Trainer,
         }
     }
 

@@ -11,8 +11,8 @@ use crate::engine::Engine;
 use crate::gpu::GpuSpec;
 use crate::infer::{InferConfig, Runtime, WeightFormat};
 use crate::job::{
-    Attention, BaseWeights, Checkpointing, Finetune, Framework, Job, LoraTargets, Offload, Optimizer, OptimizerImpl,
-    Precision, TrainConfig, MOST_TOKENS,
+    Attention, BaseWeights, Checkpointing, Finetune, Framework, Job, LoraTargets, LossLife, Offload, Optimizer,
+    OptimizerImpl, Precision, TrainConfig, MOST_TOKENS,
 };
 use crate::model::{Head, Model};
 use crate::names::{named, Named};
@@ -88,6 +88,9 @@ pub struct TrainRequest {
     pub double_quant: Option<bool>,
     /// transformers' `config.use_cache` in the training forward [default: on, transformers'].
     pub use_cache: Option<bool>,
+    /// How long the training loop keeps the step's `loss` [default: transformers' `Trainer`'s,
+    /// freed as each backward ends].
+    pub loss_lives: Option<LossLife>,
     pub offload: Offload,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -123,6 +126,7 @@ impl Default for TrainRequest {
             base_weights: None,
             double_quant: None,
             use_cache: None,
+            loss_lives: None,
             offload: Offload::None,
             precision: Precision::Mixed,
             optimizer: Optimizer::AdamW,
@@ -189,6 +193,7 @@ impl TrainRequest {
             ),
             ("--compile", r.compile != d.compile),
             ("--use-cache", r.use_cache.is_some()),
+            ("--loss-lives", r.loss_lives.is_some()),
         ];
         if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
             return Err(InvalidConfig(format!(
@@ -303,6 +308,9 @@ impl TrainRequest {
             // Every causal LM's config says `use_cache: true`, and transformers builds the cache
             // in a training forward unless the script turns it off.
             use_cache: r.use_cache.unwrap_or(true),
+            // The most common runner of transformers' models: `Trainer.training_step` returns
+            // `loss.detach()`, so the loss goes with each micro-batch's backward.
+            loss_lives: r.loss_lives.unwrap_or_default(),
         })
     }
 

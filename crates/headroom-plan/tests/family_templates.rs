@@ -18,7 +18,7 @@
 
 use headroom_plan::builders::{hf, Device, ProgramSource};
 use headroom_plan::gpu::{gpu, GpuSpec};
-use headroom_plan::job::{Attention, Checkpointing, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use headroom_plan::job::{Attention, Checkpointing, LossLife, Optimizer, OptimizerImpl, Precision, TrainConfig};
 use headroom_plan::model::{preset, Head, Model};
 #[path = "support/plan.rs"]
 mod plan;
@@ -421,6 +421,8 @@ fn replay_against(c: &serde_json::Value, table: bool) -> Option<String> {
         checkpointing: if c["checkpointing"] == true { Checkpointing::Full } else { Checkpointing::None },
         head: if c["head"] == "masked-lm" { Head::MaskedLm } else { Head::CausalLm },
         optimizer_impl: Some(OptimizerImpl::Foreach),
+        // family_checks.py runs measure.py's step function, which returns the loss as a number.
+        loss_lives: LossLife::Function,
         ..TrainConfig::new(batch, seq, precision, Optimizer::AdamW)
     };
     let label = format!(

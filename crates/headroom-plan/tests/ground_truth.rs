@@ -19,7 +19,9 @@ use headroom_plan::builders::hf::cpu_peaks;
 use headroom_plan::gpu::{gpu, GpuSpec};
 use headroom_plan::infer::{self, InferConfig, Runtime, WeightFormat};
 use headroom_plan::job::PipelineStage;
-use headroom_plan::job::{Attention, Checkpointing, Framework, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use headroom_plan::job::{
+    Attention, Checkpointing, Framework, LossLife, Optimizer, OptimizerImpl, Precision, TrainConfig,
+};
 use headroom_plan::model::Head;
 use headroom_plan::model::Model;
 #[path = "support/plan.rs"]
@@ -74,6 +76,8 @@ fn config(c: &Value) -> TrainConfig {
         },
         compile: c["compiled"] == true,
         use_cache: use_cache(c),
+        // measure.py's step function returns the loss as a number.
+        loss_lives: LossLife::Function,
         // measure.py runs torch.optim's foreach implementation on CPU too.
         optimizer_impl: Some(OptimizerImpl::Foreach),
         ..TrainConfig::new(c["batch"].as_u64().unwrap(), c["seq"].as_u64().unwrap(), precision, optimizer)

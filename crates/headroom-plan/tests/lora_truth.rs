@@ -24,8 +24,8 @@ use headroom_plan::builders::hf::{key, math_key, program, program_of, HfProgram}
 use headroom_plan::builders::{Device, StateScale};
 use headroom_plan::gpu::gpu;
 use headroom_plan::job::{
-    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, PipelineStage, Precision,
-    TrainConfig,
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, LossLife, Optimizer, OptimizerImpl, PipelineStage,
+    Precision, TrainConfig,
 };
 use headroom_plan::model::Model;
 use headroom_plan::placement::share;
@@ -63,6 +63,8 @@ fn config(c: &Value) -> TrainConfig {
         target_seq: c["target_seq"].as_u64(),
         // A case without `use_cache` was measured before `measure.no_cache`: with the cache on.
         use_cache: c["use_cache"].as_bool().unwrap_or(true),
+        // lora_truth.py's step function returns the loss as a number.
+        loss_lives: LossLife::Function,
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),

@@ -2,7 +2,7 @@
 
 use headroom_plan::emit::Engine;
 use headroom_plan::infer::WeightFormat;
-use headroom_plan::job::{Attention, Framework, LoraTargets, Offload, Optimizer, PipelineStage, Precision};
+use headroom_plan::job::{Attention, Framework, LoraTargets, LossLife, Offload, Optimizer, PipelineStage, Precision};
 use headroom_plan::model::Head;
 use headroom_plan::names::Named;
 
@@ -29,6 +29,7 @@ fn every_name_reads_back_as_its_value() {
     round_trips::<PipelineStage>();
     round_trips::<Engine>();
     round_trips::<WeightFormat>();
+    round_trips::<LossLife>();
 }
 
 /// The names docs/JSON.md publishes.
@@ -43,6 +44,9 @@ fn published_names_stay() {
     assert_eq!(Offload::OptimizerAndParams.arg(), "params");
     assert_eq!(PipelineStage::Only.name(), "only");
     assert_eq!(Head::SeqCls.name(), "seq-cls");
+    let loops: Vec<&str> = LossLife::ALL.iter().map(|l| l.name()).collect();
+    assert_eq!(loops, ["trainer", "function", "inline"]);
+    assert_eq!(LossLife::default(), LossLife::Trainer);
 }
 
 /// The plan's `--json` keeps its phase names (`peak_phase`, `phases`): the optimizer step is

@@ -9,11 +9,16 @@
 //! shape and a rank the templates were not recorded at. A row outside the tolerance fails the
 //! test unless its cause is traced and named in `KNOWN_MISSES`.
 //!
+//! `record --qlora` holds each step's loss until the next forward's replaces it (an `inline`
+//! loop, `LossLife::Inline`), so the recorded second step's forward holds what the first's loss
+//! holds; the plan's first such forward is its third step's, which `cpu_peaks` compares.
+//!
 //! `cargo test -p headroom-plan --test qlora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.
 
 use headroom_plan::job::{
-    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, Optimizer, OptimizerImpl, Precision, TrainConfig,
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, LossLife, Optimizer, OptimizerImpl, Precision,
+    TrainConfig,
 };
 use headroom_plan::model::Model;
 use serde_json::Value;
@@ -55,6 +60,8 @@ fn config(c: &Value) -> TrainConfig {
         // Cases without the field were recorded as QLoRA sets the base up: double-quantized.
         double_quant: c.get("double_quant").and_then(Value::as_bool).unwrap_or(true),
         optimizer_impl: Some(OptimizerImpl::Foreach),
+        // `record --qlora` keeps `loss` until the next forward's replaces it.
+        loss_lives: LossLife::Inline,
         ..TrainConfig::new(
             c["batch"].as_u64().expect("batch"),
             c["seq"].as_u64().expect("seq"),

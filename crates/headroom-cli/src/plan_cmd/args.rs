@@ -13,8 +13,8 @@ use headroom_plan::emit::Engine;
 use headroom_plan::estimate::Estimator;
 use headroom_plan::infer::WeightFormat;
 use headroom_plan::job::{
-    Attention, BaseWeights, Checkpointing, Framework, LoraTargets, Offload, Optimizer, OptimizerImpl, Precision,
-    MOST_TOKENS,
+    Attention, BaseWeights, Checkpointing, Framework, LoraTargets, LossLife, Offload, Optimizer, OptimizerImpl,
+    Precision, MOST_TOKENS,
 };
 use headroom_plan::model::Head;
 use headroom_plan::names::Named;
@@ -273,6 +273,13 @@ pub struct PlanArgs {
     /// recording [default: true].
     #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool), help_heading = LEVERS)]
     use_cache: Option<bool>,
+    /// How long the training loop keeps the step's loss, and with it what the loss's graph
+    /// holds after the backward: under --checkpoint full, T5's zero position bias and, with LoRA or
+    /// QLoRA, the input embeddings' output that peft's enable_input_require_grads makes require
+    /// a gradient, each with its .grad. It moves the plan only where the step's loss holds such
+    /// tensors, which the plan's text names [default: trainer].
+    #[arg(long, value_parser = named::<LossLife>(), help_heading = LEVERS)]
+    loss_lives: Option<LossLife>,
     /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the
     /// parameters (needs --zero 3) [default: none].
     #[arg(long, value_parser = named::<Offload>(), help_heading = LEVERS)]
@@ -474,7 +481,7 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 29] {
+    fn training_flags(&self) -> [Given; 30] {
         [
             ("--train", self.train),
             ("--target-seq", self.target_seq.is_some()),
@@ -499,6 +506,7 @@ impl PlanArgs {
             ("--dp-replicate", self.dp_replicate.is_some()),
             ("--checkpoint", self.checkpoint.is_some()),
             ("--use-cache", self.use_cache.is_some()),
+            ("--loss-lives", self.loss_lives.is_some()),
             ("--offload", self.offload.is_some()),
             ("--alloc-conf", !self.alloc_conf.is_empty()),
             ("--policy", !self.policy.is_empty()),
@@ -555,6 +563,7 @@ impl PlanArgs {
             base_weights: self.base_weights.or(d.base_weights),
             double_quant: self.double_quant.or(d.double_quant),
             use_cache: self.use_cache.or(d.use_cache),
+            loss_lives: self.loss_lives.or(d.loss_lives),
             offload: self.offload.unwrap_or(d.offload),
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),

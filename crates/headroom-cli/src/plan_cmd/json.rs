@@ -2,7 +2,7 @@
 //! whole bytes; enum values are the library's stable names ([`Named`]).
 
 use super::{max_seq_searched, InferPlan, TrainPlan, MAX_BATCH_SEARCHED};
-use headroom_plan::builders::ProgramSource;
+use headroom_plan::builders::{Device, ProgramSource};
 use headroom_plan::estimate::{Estimate, Memory, RunnerRecord, Timing, Verdict};
 use headroom_plan::gpu::GpuSpec;
 use headroom_plan::infer::{InferSource, Runtime};
@@ -51,6 +51,7 @@ pub(super) fn train(p: &TrainPlan) -> Value {
         job(p.model, p.gpu, &e.job),
         runner(&e.runner),
         json!({ "use_cache": use_cache(p.model, &e.job, &e.runner) }),
+        loss_lives(p),
         memory(&e.memory, &e.verdict),
         e.time.as_ref().map_or_else(untimed, time),
         json!({
@@ -152,6 +153,20 @@ fn use_cache(model: &Model, cfg: &TrainConfig, r: &RunnerRecord) -> Value {
     let ProgramSource::Template(key) = &r.source else { return Value::Null };
     headroom_plan::builders::hf::cache_assumed(model, cfg, key)
         .map_or(Value::Null, |c| json!({"asked": c.asked, "recorded": c.recorded}))
+}
+
+/// How long the loop keeps the loss, as planned (`--loss-lives`), and whether the recorded step's
+/// loss holds anything after the backward for it to keep; a recording's loop is its own (null).
+fn loss_lives(p: &TrainPlan) -> Value {
+    let e = &p.estimate;
+    match &e.runner.source {
+        ProgramSource::Recording(_) => json!({ "loss_lives": null, "loss_held": null }),
+        ProgramSource::Template(key) => json!({
+            "loss_lives": e.job.loss_lives.name(),
+            "loss_held": headroom_plan::builders::hf::loss_holds(p.model, &e.job, Device::Gpu(p.gpu), key),
+        }),
+        _ => json!({ "loss_lives": e.job.loss_lives.name(), "loss_held": null }),
+    }
 }
 
 /// Who built the program.

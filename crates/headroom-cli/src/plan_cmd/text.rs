@@ -3,7 +3,7 @@
 
 use super::{max_seq_searched, TrainPlan, MAX_BATCH_SEARCHED};
 use headroom_alloc::units::format_size;
-use headroom_plan::builders::{hf, ProgramSource};
+use headroom_plan::builders::{hf, Device, ProgramSource};
 use headroom_plan::estimate::{Estimate, RunnerRecord, Timing};
 use headroom_plan::job::{Finetune, Offload, PipelineStage};
 use headroom_plan::model::Model;
@@ -38,6 +38,9 @@ pub(super) fn train(p: &TrainPlan) -> String {
     }
     outln!(out, "{}", runner_line(&e.runner));
     if let Some(line) = cache_line(p) {
+        outln!(out, "{line}");
+    }
+    if let Some(line) = loss_line(p) {
         outln!(out, "{line}");
     }
     outln!(out);
@@ -215,6 +218,16 @@ fn cache_line(p: &TrainPlan) -> Option<String> {
             c.asked,
             on(c.recorded)
         )
+    })
+}
+
+/// How long the loop keeps the loss, where the recorded step's loss holds something after the
+/// backward (the input embeddings' output and its gradient, under checkpointing with peft).
+fn loss_line(p: &TrainPlan) -> Option<String> {
+    let ProgramSource::Template(key) = &p.estimate.runner.source else { return None };
+    let life = p.estimate.job.loss_lives;
+    hf::loss_holds(p.model, &p.estimate.job, Device::Gpu(p.gpu), key).then(|| {
+        format!("loss, and what its graph holds after the backward (--loss-lives {}): {}", life.name(), life.help())
     })
 }
 

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 /// `Err` names the case where no template serves it or a peak is outside `tolerance`. `key`
 /// names the template replayed where it is not the one the CPU's job picks (SDPA's math path).
+/// `cfg.loss_lives` is the loop the truth's script ran: it picks the steady step compared.
 pub fn within(
     label: &str,
     case: &Value,

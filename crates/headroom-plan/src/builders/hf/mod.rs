@@ -45,9 +45,11 @@ mod autocast;
 mod dropout;
 pub(crate) mod expander;
 mod kbit_cache;
+mod loss_life;
 mod quant_state;
 mod template_key;
 
+pub use loss_life::loss_holds;
 use template_key::attention_fp32;
 pub(crate) use template_key::no_sdpa;
 pub use template_key::{cache_assumed, cache_matters, cache_recorded, key, math_key, sdpa_math, CacheAssumed};
@@ -86,6 +88,8 @@ pub struct HfProgram {
     pub program: Program,
     /// The template it was made from.
     pub key: String,
+    /// The most tensors a micro-batch's loss held after its backward: what `loss_lives` keeps.
+    pub loss_held: usize,
 }
 
 /// The job's program: the model built, then `steps` optimizer steps of `cfg.accumulation`
@@ -132,7 +136,7 @@ pub fn program_of(
     let ex = Expander::new(&t, layers);
     let mut b = Expansion::new(model, cfg, device, &t, &ex, scale, key);
     b.build(key, steps)?;
-    Ok(HfProgram { program: b.p, key: key.to_string() })
+    Ok(HfProgram { program: b.p, key: key.to_string(), loss_held: b.loss_held })
 }
 
 /// The decoder length template `key` is read at for `cfg`: the job's `--target-seq` where the
@@ -207,17 +211,20 @@ impl Builder for Recorded {
 
 /// A training step as the CPU the templates were recorded on runs it, from its recorded
 /// program: the live peak of a steady step's forward, backward and optimizer step, and of the
-/// step (tensors only, as the CPU ground truth measures them). `None` where no template
-/// serves the job.
+/// step (tensors only, as the CPU ground truth measures them), the job's loop keeping its loss
+/// as `cfg.loss_lives` says (`measure.py`'s step function returns it as a number: `function`;
+/// `record --qlora` keeps it: `inline`). `None` where no template serves the job.
 pub fn cpu_peaks(model: &Model, cfg: &TrainConfig) -> Option<(crate::program::PhasePeaks, u64)> {
     cpu_peaks_of(model, cfg, &key(model, cfg, Device::Cpu).ok()?)
 }
 
-/// [`cpu_peaks`] of template `key` ([`math_key`]'s, for one).
+/// [`cpu_peaks`] of template `key` ([`math_key`]'s, for one): the first steady step's, the last
+/// of the program.
 pub fn cpu_peaks_of(model: &Model, cfg: &TrainConfig, key: &str) -> Option<(crate::program::PhasePeaks, u64)> {
-    let hf = program_of(model, cfg, Device::Cpu, key, 2, &StateScale::default()).ok()?;
+    let step = loss_life::steady_step(cfg.loss_lives);
+    let hf = program_of(model, cfg, Device::Cpu, key, step, &StateScale::default()).ok()?;
     let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-    Some(hf.program.step_peaks(&sizes, 2))
+    Some(hf.program.step_peaks(&sizes, step))
 }
 
 /// Layers of each stack: a decoder's, or T5's decoder and encoder.
@@ -250,6 +257,8 @@ struct Expansion<'a> {
     /// Whether the keys and values are copied once a query head where the recording's
     /// `repeat_kv` copied them ([`repeat_kv_copies`]).
     repeat_kv_copies: bool,
+    /// [`HfProgram::loss_held`].
+    loss_held: usize,
 }
 
 /// Whether a model's attention copies its keys and values once a query head where template
@@ -301,6 +310,7 @@ impl<'a> Expansion<'a> {
             dropout: has_dropout(model) && (matches!(device, Device::Gpu(_)) || adapters::qlora(cfg)),
             sites: vec![None; t.sites.len()],
             repeat_kv_copies: repeat_kv_copies(model, cfg, key),
+            loss_held: 0,
         };
         b.expand_params();
         b
@@ -408,13 +418,16 @@ impl<'a> Expansion<'a> {
             _ => *self.cfg,
         };
         let mut opt = optimizer::State::default();
+        // What the last loss's graph holds, for as long as the loop keeps the loss (`loss_life`).
+        let mut held = Vec::new();
         for step in 1..=steps {
             let section: &[EventT] =
                 if step == 1 { self.t.step1.as_deref().unwrap_or(&self.t.step) } else { &self.t.step };
             let backward = self.t.backward[if step == 1 && self.t.step1.is_some() { 0 } else { 1 }];
-            let mut held = Vec::new();
             for micro in 1..=super::micro_batches_built(self.cfg) {
                 held = self.micro_batch(section, backward, step, micro == 1, held);
+                self.loss_held = self.loss_held.max(held.len());
+                held = loss_life::backward_ended(self.cfg.loss_lives, &mut self.p, held);
             }
             self.p.mark(step, Phase::OptimizerStep);
             let grads: Vec<Option<TensorId>> = std::mem::take(&mut self.grads);
@@ -423,12 +436,10 @@ impl<'a> Expansion<'a> {
             for g in grads.iter().flatten() {
                 self.p.free(*g);
             }
-            // The loss goes with the step, and what its graph held with it.
-            for id in held {
-                self.p.free(id);
-            }
             self.grads = vec![None; self.params.len()];
+            held = loss_life::step_ended(self.cfg.loss_lives, &mut self.p, held);
         }
+        loss_life::loop_ended(&mut self.p, held);
         Ok(())
     }
 
@@ -452,8 +463,9 @@ impl<'a> Expansion<'a> {
 
     /// One micro-batch's forward and backward. The first micro-batch of a step makes the
     /// gradients; a later one adds its own to them and drops it. `held` is what the previous
-    /// micro-batch's loss still holds, dropped when this forward's loss takes its name;
-    /// returns what this one's holds.
+    /// micro-batch's loss still holds (the previous step's last, for a step's first, where the
+    /// loop keeps its loss: `inline`), dropped when this forward's loss takes its name; returns
+    /// what this one's holds.
     fn micro_batch(
         &mut self,
         section: &[EventT],
@@ -560,9 +572,8 @@ impl<'a> Expansion<'a> {
         // What the recorded step made and never freed is what the loss's graph holds after
         // the backward — under checkpointing, the leaves made to require a gradient (the
         // input embeddings' output, which `enable_input_require_grads` marks for peft; T5's
-        // zero position bias) and their `.grad`s: a script's `loss` keeps them through the
-        // optimizer step and `zero_grad`, until the next forward's loss replaces it or the
-        // step's loop ends (with dropout off, a gradient passed through a dropout the
+        // zero position bias) and their `.grad`s: they live as long as the loop keeps its
+        // `loss` (`loss_life`; with dropout off, a gradient passed through a dropout the
         // recording never freed is the tensor it consumed). What else is left (a dropout's
         // input whose last free the replay without dropout does not see) goes now, as before;
         // in the order made.
