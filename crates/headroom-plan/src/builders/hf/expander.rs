@@ -230,4 +230,58 @@ mod tests {
         }
         assert!(checked > 0, "no template was checked");
     }
+    /// The inference templates likewise: at each depth from `2 × EDGE`, each free names an
+    /// instance the expansion made (a decode step's [`EventT::previous`] frees, one the step
+    /// before made).
+    #[test]
+    fn every_depth_frees_what_it_makes_in_inference() {
+        let mut checked = 0;
+        for key in program_template::keys() {
+            let Some(parsed) = program_template::template(key) else { continue };
+            let Some(sections) = parsed.template.inference.clone() else { continue };
+            let t = parsed.resolved(&|_| 1.0, DecoderLength::Encoder);
+            for n in 2 * EDGE..=RECORDED_LAYERS + 1 {
+                let ex = Expander::new(&t, [n, n]);
+                let mut made = HashSet::new();
+                let mut previous = HashSet::new();
+                let parts: [(&str, &[EventT]); 4] = [
+                    ("setup", &t.setup),
+                    ("prefill", &sections.prefill),
+                    ("decode1", &sections.decode1),
+                    ("decode", &sections.decode),
+                ];
+                for (name, events) in parts {
+                    let decode = name.starts_with("decode");
+                    let mut current = HashSet::new();
+                    for (e, j) in ex.expand(events) {
+                        let inst = ex.instance(e.tensor, t.tensors[e.tensor as usize].home, e.layer, j);
+                        if !e.free {
+                            if decode {
+                                current.insert(inst)
+                            } else {
+                                made.insert(inst)
+                            };
+                            continue;
+                        }
+                        let found = if e.previous {
+                            previous.remove(&inst)
+                        } else {
+                            current.remove(&inst) || made.remove(&inst)
+                        };
+                        assert!(
+                            found,
+                            "{key} at {n} layers, {name}: a free of {inst:?} (recorded as tensor {} of {:?}, freed \
+                             in {:?}), which the expansion did not make or freed already",
+                            e.tensor, t.tensors[e.tensor as usize].home, e.layer
+                        );
+                    }
+                    if decode {
+                        previous = current;
+                    }
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked > 0, "no inference template was checked");
+    }
 }
