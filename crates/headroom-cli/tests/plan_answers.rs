@@ -283,6 +283,31 @@ fn qlora_at_amp_and_fp32_replays_its_own_recorded_step() {
     }
 }
 
+/// `--lora-targets qv` (peft's query and value projections) at AMP and fp32 replays the
+/// `qlora-qv` step recorded for the job (`data/programs/hf-qlora-amp.tpl`, `hf-qlora-fp32.tpl`),
+/// never the `qlora-all` one of the same family, which adapts every linear layer.
+#[test]
+fn qlora_qv_at_amp_and_fp32_replays_its_own_recorded_step() {
+    for (preset, precision) in QLORA_QV_PRECISIONS {
+        let jobs: Vec<_> = QLORA_PRECISIONS.iter().filter(|j| j.0 == *preset && j.1 == *precision).collect();
+        // Both attentions, with and without checkpointing: a pair the table lacks fails here,
+        // not passes with nothing asserted.
+        assert_eq!(jobs.len(), 4, "{preset} {precision}: {} jobs in QLORA_PRECISIONS", jobs.len());
+        for (model, precision, attention, ck, want) in jobs {
+            let flags = if *ck == "ckpt" { " --checkpoint full" } else { "" };
+            let job = format!(
+                "--model {model} --gpu h200 --finetune qlora --lora-targets qv --precision {precision} \
+                 --attention {attention} --batch 1 --seq 512{flags}"
+            );
+            assert_replays(&args(&job), &format!("{want}/{ck}/qlora-qv"));
+        }
+    }
+}
+
+/// The presets and precisions whose `qlora-qv` steps are recorded at AMP and fp32, each for
+/// both attentions, with and without checkpointing (the jobs of [`QLORA_PRECISIONS`]).
+const QLORA_QV_PRECISIONS: &[(&str, &str)] = &[("llama-3-8b", "amp"), ("mistral-7b", "amp")];
+
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
 /// checkpointing, key less its checkpointing and adapters).
 const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
