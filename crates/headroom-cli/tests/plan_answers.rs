@@ -306,7 +306,8 @@ fn qlora_qv_at_amp_and_fp32_replays_its_own_recorded_step() {
 
 /// The presets and precisions whose `qlora-qv` steps are recorded at AMP and fp32, each for
 /// both attentions, with and without checkpointing (the jobs of [`QLORA_PRECISIONS`]).
-const QLORA_QV_PRECISIONS: &[(&str, &str)] = &[("llama-3-8b", "amp"), ("mistral-7b", "amp")];
+const QLORA_QV_PRECISIONS: &[(&str, &str)] =
+    &[("llama-3-8b", "amp"), ("mistral-7b", "amp"), ("qwen2.5-7b", "amp"), ("gemma-7b", "amp")];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
 /// checkpointing, key less its checkpointing and adapters).
