@@ -330,6 +330,14 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "mixtral/causal-lm/amp-cuda/sdpa/full",
     "mixtral/causal-lm/amp-cuda/eager/ckpt",
     "mixtral/causal-lm/amp-cuda/eager/full",
+    "gpt2/causal-lm/amp-cuda/sdpa/ckpt",
+    "gpt2/causal-lm/amp-cuda/sdpa/full",
+    "gpt2/causal-lm/amp-cuda/eager/ckpt",
+    "gpt2/causal-lm/amp-cuda/eager/full",
+    "gpt_neox/causal-lm/amp-cuda/sdpa/ckpt",
+    "gpt_neox/causal-lm/amp-cuda/sdpa/full",
+    "gpt_neox/causal-lm/amp-cuda/eager/ckpt",
+    "gpt_neox/causal-lm/amp-cuda/eager/full",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
