@@ -338,6 +338,14 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "gpt_neox/causal-lm/amp-cuda/sdpa/full",
     "gpt_neox/causal-lm/amp-cuda/eager/ckpt",
     "gpt_neox/causal-lm/amp-cuda/eager/full",
+    "bert/masked-lm/amp-cuda/sdpa/ckpt",
+    "bert/masked-lm/amp-cuda/sdpa/full",
+    "bert/masked-lm/amp-cuda/eager/ckpt",
+    "bert/masked-lm/amp-cuda/eager/full",
+    "bloom/causal-lm/amp-cuda/eager/ckpt",
+    "bloom/causal-lm/amp-cuda/eager/full",
+    "t5/seq2seq-lm/amp-cuda/eager/ckpt",
+    "t5/seq2seq-lm/amp-cuda/eager/full",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
