@@ -300,6 +300,9 @@ PRECISION_CASES = [
     # Mistral's code, 8 heads of 128 over 2, under autocast without checkpointing.
     ("mistral", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
                  "intermediate_size": 3584, "vocab_size": 8000}, 6, 2, 64, 16, False, "amp", "qv"),
+    # fp32 compute over 16 heads of 64 over 8, checkpointed: SDPA's math path.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 6, 1, 200, 32, True, "fp32", "qv"),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).

@@ -346,6 +346,14 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "bloom/causal-lm/amp-cuda/eager/full",
     "t5/seq2seq-lm/amp-cuda/eager/ckpt",
     "t5/seq2seq-lm/amp-cuda/eager/full",
+    "llama/causal-lm/fp32/sdpa-math/ckpt",
+    "llama/causal-lm/fp32/sdpa-math/full",
+    "llama/causal-lm/fp32/eager/ckpt",
+    "llama/causal-lm/fp32/eager/full",
+    "mistral/causal-lm/fp32/sdpa-math/ckpt",
+    "mistral/causal-lm/fp32/sdpa-math/full",
+    "mistral/causal-lm/fp32/eager/ckpt",
+    "mistral/causal-lm/fp32/eager/full",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
