@@ -354,6 +354,18 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "mistral/causal-lm/fp32/sdpa-math/full",
     "mistral/causal-lm/fp32/eager/ckpt",
     "mistral/causal-lm/fp32/eager/full",
+    "qwen2/causal-lm/fp32/sdpa-math/ckpt",
+    "qwen2/causal-lm/fp32/sdpa-math/full",
+    "qwen2/causal-lm/fp32/eager/ckpt",
+    "qwen2/causal-lm/fp32/eager/full",
+    "gemma/causal-lm/fp32/sdpa/ckpt",
+    "gemma/causal-lm/fp32/sdpa/full",
+    "gemma/causal-lm/fp32/eager/ckpt",
+    "gemma/causal-lm/fp32/eager/full",
+    "phi3/causal-lm/fp32/sdpa/ckpt",
+    "phi3/causal-lm/fp32/sdpa/full",
+    "phi3/causal-lm/fp32/eager/ckpt",
+    "phi3/causal-lm/fp32/eager/full",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
