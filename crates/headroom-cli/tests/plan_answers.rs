@@ -375,10 +375,12 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "gpt_neox/causal-lm/fp32/eager/ckpt",
     "gpt_neox/causal-lm/fp32/eager/full",
     "mixtral/causal-lm/fp32/sdpa-math/full",
+    "mixtral/causal-lm/fp32/sdpa-math/ckpt",
     "mixtral/causal-lm/fp32/eager/ckpt",
     "mixtral/causal-lm/fp32/eager/full",
     "bloom/causal-lm/fp32/eager/ckpt",
     "bloom/causal-lm/fp32/eager/full",
+    "bert/masked-lm/fp32/sdpa/ckpt",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
