@@ -381,6 +381,8 @@ const QLORA_QV_RECORDED: &[&str] = &[
     "bloom/causal-lm/fp32/eager/ckpt",
     "bloom/causal-lm/fp32/eager/full",
     "bert/masked-lm/fp32/sdpa/ckpt",
+    "bert/masked-lm/fp32/sdpa/full",
+    "bert/masked-lm/fp32/eager/ckpt",
 ];
 
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
