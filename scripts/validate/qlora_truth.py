@@ -278,7 +278,7 @@ UNGROUPED_CASES = [
 # `torch.autocast("cuda", torch.bfloat16)`, as `Trainer(bf16=True)` runs it; `--dtype fp32`:
 # `bnb_4bit_compute_dtype=torch.float32`), checked against the `.../amp-cuda/...` and `.../fp32/...`
 # templates (`data/programs/hf-qlora-amp.tpl`, `hf-qlora-fp32.tpl`): (family, config, layers, batch,
-# seq, rank, checkpoint, precision), chosen before any was measured and before the templates they
+# seq, rank, checkpoint, precision[, targets]), chosen before any was measured and before the templates they
 # check were all recorded, at widths, depths, shapes and ranks neither the templates nor the cases
 # above use; the tolerance is the other QLoRA rows' 3%.
 PRECISION_CASES = [
@@ -294,6 +294,17 @@ PRECISION_CASES = [
     # fp32 compute over Llama 3's layout (16 heads of 64 over 8), checkpointed: SDPA's math path.
     ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
                "intermediate_size": 2816, "vocab_size": 8000}, 5, 2, 80, 32, True, "fp32"),
+    # The query and value projections' adapters alone (`--lora-targets qv`), against the
+    # `…/qlora-qv` templates: chosen before those templates were recorded and before any was
+    # measured. Llama 3's layout under autocast, checkpointed.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 4, 1, 176, 8, True, "amp", "qv"),
+    # Mistral's code, 8 heads of 128 over 2, under autocast without checkpointing.
+    ("mistral", {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                 "intermediate_size": 3584, "vocab_size": 8000}, 6, 2, 64, 16, False, "amp", "qv"),
+    # fp32 compute over 16 heads of 64 over 8, checkpointed: SDPA's math path.
+    ("llama", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
+               "intermediate_size": 2816, "vocab_size": 8000}, 6, 1, 200, 32, True, "fp32", "qv"),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
 # and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
@@ -409,7 +420,7 @@ SWITCHED = {
     "variants": (VARIANT_CASES, ("checkpoint", "quant_type", "double_quant"),
                  lambda c: "quant_type" in c or "double_quant" in c),
     "ungrouped": (UNGROUPED_CASES, ("checkpoint", "targets"), _ungrouped),
-    "precisions": (PRECISION_CASES, ("checkpoint", "precision"), lambda c: "precision" in c),
+    "precisions": (PRECISION_CASES, ("checkpoint", "precision", "targets"), lambda c: "precision" in c),
 }
 
 

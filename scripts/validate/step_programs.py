@@ -226,8 +226,9 @@ checkpointing, the same. `fp32`:
 checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` for Gemma, Phi-3, GPT-2,
 GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
 BLOOM and T5); without checkpointing, Llama, Mistral, Qwen2 and Mixtral (`sdpa-math` and eager),
-Gemma, Phi-3, GPT-2, GPT-NeoX and BERT (`sdpa` and eager), BLOOM and T5 (eager). Several keys a
-run, one file each precision:
+Gemma, Phi-3, GPT-2, GPT-NeoX and BERT (`sdpa` and eager), BLOOM and T5 (eager). The query and
+value projections (`--qlora qv`, `qlora-qv`): every key above under AMP; at fp32 all but BERT's eager
+step without checkpointing and T5's. Several keys a run, one file each precision:
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only gemma/causal-lm/amp-cuda/sdpa/full,gemma/causal-lm/amp-cuda/eager/full --qlora all --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora-amp.tpl a.json --out data/programs/hf-qlora-amp.tpl

@@ -283,6 +283,108 @@ fn qlora_at_amp_and_fp32_replays_its_own_recorded_step() {
     }
 }
 
+/// `--lora-targets qv` (peft's query and value projections) at AMP and fp32 replays the
+/// `qlora-qv` step recorded for the job (`data/programs/hf-qlora-amp.tpl`, `hf-qlora-fp32.tpl`),
+/// never the `qlora-all` one of the same family, which adapts every linear layer.
+#[test]
+fn qlora_qv_at_amp_and_fp32_replays_its_own_recorded_step() {
+    for recorded in QLORA_QV_RECORDED {
+        let jobs: Vec<_> = QLORA_PRECISIONS.iter().filter(|j| format!("{}/{}", j.4, j.3) == *recorded).collect();
+        // A key no job of the table plans fails here, not passes with nothing asserted.
+        assert!(!jobs.is_empty(), "{recorded}: no job of QLORA_PRECISIONS plans it");
+        for (model, precision, attention, ck, want) in jobs {
+            let flags = if *ck == "ckpt" { " --checkpoint full" } else { "" };
+            let job = format!(
+                "--model {model} --gpu h200 --finetune qlora --lora-targets qv --precision {precision} \
+                 --attention {attention} --batch 1 --seq 512{flags}"
+            );
+            assert_replays(&args(&job), &format!("{want}/{ck}/qlora-qv"));
+        }
+    }
+}
+
+/// The `qlora-qv` steps recorded at AMP and fp32, less their adapters' suffix: each replayed by
+/// the jobs of [`QLORA_PRECISIONS`] whose `qlora-all` key it is the counterpart of.
+const QLORA_QV_RECORDED: &[&str] = &[
+    "llama/causal-lm/amp-cuda/sdpa/ckpt",
+    "llama/causal-lm/amp-cuda/sdpa/full",
+    "llama/causal-lm/amp-cuda/eager/ckpt",
+    "llama/causal-lm/amp-cuda/eager/full",
+    "mistral/causal-lm/amp-cuda/sdpa/ckpt",
+    "mistral/causal-lm/amp-cuda/sdpa/full",
+    "mistral/causal-lm/amp-cuda/eager/ckpt",
+    "mistral/causal-lm/amp-cuda/eager/full",
+    "qwen2/causal-lm/amp-cuda/sdpa/ckpt",
+    "qwen2/causal-lm/amp-cuda/sdpa/full",
+    "qwen2/causal-lm/amp-cuda/eager/ckpt",
+    "qwen2/causal-lm/amp-cuda/eager/full",
+    "gemma/causal-lm/amp-cuda/sdpa/ckpt",
+    "gemma/causal-lm/amp-cuda/sdpa/full",
+    "gemma/causal-lm/amp-cuda/eager/ckpt",
+    "gemma/causal-lm/amp-cuda/eager/full",
+    "phi3/causal-lm/amp-cuda/sdpa/ckpt",
+    "phi3/causal-lm/amp-cuda/sdpa/full",
+    "phi3/causal-lm/amp-cuda/eager/ckpt",
+    "phi3/causal-lm/amp-cuda/eager/full",
+    "mixtral/causal-lm/amp-cuda/sdpa/ckpt",
+    "mixtral/causal-lm/amp-cuda/sdpa/full",
+    "mixtral/causal-lm/amp-cuda/eager/ckpt",
+    "mixtral/causal-lm/amp-cuda/eager/full",
+    "gpt2/causal-lm/amp-cuda/sdpa/ckpt",
+    "gpt2/causal-lm/amp-cuda/sdpa/full",
+    "gpt2/causal-lm/amp-cuda/eager/ckpt",
+    "gpt2/causal-lm/amp-cuda/eager/full",
+    "gpt_neox/causal-lm/amp-cuda/sdpa/ckpt",
+    "gpt_neox/causal-lm/amp-cuda/sdpa/full",
+    "gpt_neox/causal-lm/amp-cuda/eager/ckpt",
+    "gpt_neox/causal-lm/amp-cuda/eager/full",
+    "bert/masked-lm/amp-cuda/sdpa/ckpt",
+    "bert/masked-lm/amp-cuda/sdpa/full",
+    "bert/masked-lm/amp-cuda/eager/ckpt",
+    "bert/masked-lm/amp-cuda/eager/full",
+    "bloom/causal-lm/amp-cuda/eager/ckpt",
+    "bloom/causal-lm/amp-cuda/eager/full",
+    "t5/seq2seq-lm/amp-cuda/eager/ckpt",
+    "t5/seq2seq-lm/amp-cuda/eager/full",
+    "llama/causal-lm/fp32/sdpa-math/ckpt",
+    "llama/causal-lm/fp32/sdpa-math/full",
+    "llama/causal-lm/fp32/eager/ckpt",
+    "llama/causal-lm/fp32/eager/full",
+    "mistral/causal-lm/fp32/sdpa-math/ckpt",
+    "mistral/causal-lm/fp32/sdpa-math/full",
+    "mistral/causal-lm/fp32/eager/ckpt",
+    "mistral/causal-lm/fp32/eager/full",
+    "qwen2/causal-lm/fp32/sdpa-math/ckpt",
+    "qwen2/causal-lm/fp32/sdpa-math/full",
+    "qwen2/causal-lm/fp32/eager/ckpt",
+    "qwen2/causal-lm/fp32/eager/full",
+    "gemma/causal-lm/fp32/sdpa/ckpt",
+    "gemma/causal-lm/fp32/sdpa/full",
+    "gemma/causal-lm/fp32/eager/ckpt",
+    "gemma/causal-lm/fp32/eager/full",
+    "phi3/causal-lm/fp32/sdpa/ckpt",
+    "phi3/causal-lm/fp32/sdpa/full",
+    "phi3/causal-lm/fp32/eager/ckpt",
+    "phi3/causal-lm/fp32/eager/full",
+    "gpt2/causal-lm/fp32/sdpa/ckpt",
+    "gpt2/causal-lm/fp32/sdpa/full",
+    "gpt2/causal-lm/fp32/eager/ckpt",
+    "gpt2/causal-lm/fp32/eager/full",
+    "gpt_neox/causal-lm/fp32/sdpa/ckpt",
+    "gpt_neox/causal-lm/fp32/sdpa/full",
+    "gpt_neox/causal-lm/fp32/eager/ckpt",
+    "gpt_neox/causal-lm/fp32/eager/full",
+    "mixtral/causal-lm/fp32/sdpa-math/full",
+    "mixtral/causal-lm/fp32/sdpa-math/ckpt",
+    "mixtral/causal-lm/fp32/eager/ckpt",
+    "mixtral/causal-lm/fp32/eager/full",
+    "bloom/causal-lm/fp32/eager/ckpt",
+    "bloom/causal-lm/fp32/eager/full",
+    "bert/masked-lm/fp32/sdpa/ckpt",
+    "bert/masked-lm/fp32/sdpa/full",
+    "bert/masked-lm/fp32/eager/ckpt",
+];
+
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
 /// checkpointing, key less its checkpointing and adapters).
 const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
