@@ -7,6 +7,7 @@ query-key-value output (docs/VALIDATION.md, "LoRA on an H200").
     python3 -m unittest python/tests/test_no_cache.py
 """
 
+import contextlib
 import os
 import sys
 import unittest
@@ -38,11 +39,10 @@ class NoCache(NeedsRecorders):
         self.assertEqual(self.caches(self.forward(cached=False)), [])
 
     @staticmethod
-    def train_cases(*use_cache):
-        """`measure.train_case` of a 2-layer Phi-3 for each `use_cache` (None: the default), and
-        the models it built."""
+    @contextlib.contextmanager
+    def builds():
+        """The models `measure.build` makes inside the block, in order."""
         import measure
-        import step_programs as sp
 
         built, real = [], measure.build
 
@@ -52,10 +52,20 @@ class NoCache(NeedsRecorders):
 
         measure.build = build
         try:
-            rows = [measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16,
-                                       **({} if on is None else {"use_cache": on})) for on in use_cache]
+            yield built
         finally:
             measure.build = real
+
+    @classmethod
+    def train_cases(cls, *use_cache):
+        """`measure.train_case` of a 2-layer Phi-3 for each `use_cache` (None: the default), and
+        the models it built."""
+        import measure
+        import step_programs as sp
+
+        with cls.builds() as built:
+            rows = [measure.train_case("phi3", sp.config("phi3", 2), "causal-lm", "fp32", "adamw", "sdpa", False, 1, 16,
+                                       **({} if on is None else {"use_cache": on})) for on in use_cache]
         return rows, built
 
     def test_the_cpu_ground_truth_steps_build_none_either(self):
@@ -75,7 +85,6 @@ class NoCache(NeedsRecorders):
     def test_the_recorder_keeps_qlora_s_cache_off(self):
         # `--use-cache` records the config's default; QLoRA's recorder turns it off, as peft's
         # QLoRA scripts do, so the two are refused together before anything is recorded.
-        import contextlib
         import io
         import step_programs as sp
 
@@ -95,19 +104,9 @@ class NoCache(NeedsRecorders):
         # which; a row measured before `no_cache` (no `use_cache`, the cache on) stays its listed
         # case's on a reuse, not its twin's with the cache.
         import lora_truth
-        import measure
 
-        built, real = [], measure.build
-
-        def build(*args, **kwargs):
-            built.append(real(*args, **kwargs))
-            return built[-1]
-
-        measure.build = build
-        try:
+        with self.builds() as built:
             rows = [lora_truth.case("phi3", "fp32", False, 2, 1, 16, 4, "qv", use_cache=on) for on in (True, False)]
-        finally:
-            measure.build = real
         self.assertEqual([m.config.use_cache for m in built], [True, False])
         self.assertEqual([r["use_cache"] for r in rows], [True, False])
         listed = lora_truth.whole(("phi3", "fp32", False, 2, 1, 16, 4, "qv"))
