@@ -110,9 +110,10 @@ pub struct TensorT {
     /// Made in an encoder-decoder's decode step and sized by the encoder's input (its
     /// cross-attention's scores and mask), not by the decoder's past.
     pub by_encoder: bool,
-    /// BLOOM's query, key or value reshaped to batch × heads from its fused query-key-value
-    /// output ([`TensorT::source`]): a copy at the recording's batches, a view of that output
-    /// at a batch of one (`program_template/views.rs`).
+    /// A query, key or value folded to batch × heads (BLOOM's reshapes and eager attention's
+    /// `matmul` of a fused query-key-value output, SDPA's math path's of its scaled query;
+    /// [`TensorT::source`] what it copies): a copy at the recording's batches, a view at a batch
+    /// of one (`program_template/views.rs`).
     pub batch_view: bool,
     /// A dropout's noise ([`Kernel::DropoutMask`]) as a GPU keeps it, once
     /// [`Parsed::resolved`] sizes it: one byte for each element of what it dropped, whatever

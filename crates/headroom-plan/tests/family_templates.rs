@@ -257,7 +257,9 @@ const GEMMA_2_2B: &str = r#"{"model_type": "gemma2", "hidden_size": 2304, "inter
     "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}"#;
 
 /// Where a job has no recording that serves it (Gemma 3 under AMP with checkpointing was not
-/// recorded), the plan falls to the next builder and says how to record the job's own step.
+/// recorded), the plan falls to the next builder and says how to record the job's own step:
+/// the key named is the one a GPU's AMP job looks up first (`amp-cuda`, not the CPU's `amp`),
+/// and the recorder's command asks for the job's precision.
 #[test]
 fn a_job_without_a_recording_says_how_to_record_it() {
     let gemma3 = config_model(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
@@ -269,8 +271,9 @@ fn a_job_without_a_recording_says_how_to_record_it() {
     let e = estimate(&gemma3, &h200(), &cfg);
     assert_ne!(e.runner.builder, "transformers");
     let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
-    assert!(why.contains("gemma3_text/causal-lm/amp/sdpa/ckpt"), "{why}");
-    assert!(why.contains("python -m headroom_gpu record --model CONFIG --out step.jsonl"), "{why}");
+    // The key a GPU's AMP job looks up first, and the recorder's name for that precision.
+    assert!(why.contains("no step `gemma3_text/causal-lm/amp-cuda/sdpa/ckpt` was recorded"), "{why}");
+    assert!(why.contains("python -m headroom_gpu record --model CONFIG --dtype amp --out step.jsonl"), "{why}");
     // T5 was recorded tied (t5-base's, and v1.1's gated MLP tied): T0, mT0 and an untied
     // v1.0, whose output layer is their own, have weights, gradients and moments the
     // templates lack.

@@ -340,6 +340,50 @@ fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
     assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
 }
 
+/// GPT-2's eager attention with the key-value cache on: `torch.matmul` folds the query (a view
+/// of the fused `c_attn` output) into batch × heads, a copy at a batch of two or more
+/// (`gpt2/…/eager/full/cache/lora-qv` was recorded at two and three) and a view at one, which
+/// the scores' `bmm` saves, so each layer's fused output (3 × hidden a token) stays alive for the
+/// backward beside the cache's copies of the key and value (the case measured at 1 × 128 with
+/// the cache). At the start of step 2's backward the plan at a batch of one holds one fused
+/// output a layer, at two none.
+#[test]
+fn gpt2_with_the_cache_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
+    use headroom_plan::program::{Op, Phase};
+    let c = cases()
+        .into_iter()
+        .find(|c| c["family"] == "gpt2" && c["attention"] == "eager" && c["use_cache"] == true && c["batch"] == 1)
+        .expect("lora_truth.py's GPT-2 eager case with the cache at a batch of one");
+    let m = Model::from_hf_config(&c["config"].to_string(), "gpt2").expect("config");
+    let fused_at_backward = |batch: u64| {
+        let cfg = TrainConfig { micro_batch: batch, ..config(&c) };
+        let hf = program(&m, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template serves it");
+        assert!(hf.key.contains("/eager/full/cache/"), "{}", hf.key);
+        let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
+        let mut live = std::collections::BTreeSet::new();
+        let (mut in_step, mut at_backward) = (false, None);
+        for op in &hf.program.ops {
+            match *op {
+                Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
+                Op::Mark { step: 2, phase: Phase::Backward } => {
+                    at_backward = Some(live.clone());
+                    break;
+                }
+                Op::Alloc(t) if in_step => {
+                    live.insert(t);
+                }
+                Op::Free(t) => {
+                    live.remove(&t);
+                }
+                _ => {}
+            }
+        }
+        let fused = 3 * batch * cfg.seq * m.hidden * 2;
+        at_backward.expect("a backward").iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
+    };
+    assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
+}
+
 /// A case whose decoder is a length of its own is planned from a template recorded at two
 /// lengths (its laws read the decoder's length apart), never from one recorded with the
 /// decoder as long as the encoder.

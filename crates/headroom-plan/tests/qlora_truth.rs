@@ -132,3 +132,37 @@ fn qlora_steps_replayed_match_the_recorder_s() {
     }
     assert_eq!(misses, KNOWN_MISSES, "outside ±{}%", 100.0 * PEAK_TOLERANCE);
 }
+
+/// SDPA's math path folds the scaled query into batch × heads for its `bmm`: a copy at a batch
+/// of two or more, a view at one (`program_template/views.rs`, `query_fold`). Qwen3's q,v case at
+/// 1 × 176 (16 heads over 8, the math path) is planned without the fold's copy, one a layer's
+/// attention in each forward; the same job at a batch of two makes it.
+#[test]
+fn the_math_path_s_query_fold_is_a_view_at_a_batch_of_one() {
+    use headroom_plan::builders::hf::program;
+    use headroom_plan::builders::{Device, StateScale};
+    use headroom_plan::program::{Op, Phase};
+    let c = cases()
+        .into_iter()
+        .find(|c| c["family"] == "qwen3" && c["layers"] == 4 && c["batch"] == 1 && query_value(c))
+        .expect("qlora_truth.py's Qwen3 q,v case at a batch of one");
+    let m = Model::from_hf_config(&c["config"].to_string(), "qwen3").expect("config");
+    let clones = |batch: u64| {
+        let cfg = TrainConfig { micro_batch: batch, ..config(&c) };
+        let hf = program(&m, &cfg, Device::Cpu, 3, &StateScale::default()).expect("a QLoRA template serves it");
+        assert!(hf.key.contains("/sdpa-math/ckpt/qlora-qv"), "{}", hf.key);
+        let mut forward = false;
+        let mut n = 0;
+        for op in &hf.program.ops {
+            match *op {
+                Op::Mark { step, phase } => forward = step == 3 && phase == Phase::Forward,
+                Op::Alloc(t) if forward => {
+                    n += usize::from(hf.program.sites[hf.program.tensors[t as usize].site as usize] == "aten::clone")
+                }
+                _ => {}
+            }
+        }
+        n
+    };
+    assert_eq!(clones(2) - clones(1), c["layers"].as_u64().expect("layers") as usize);
+}

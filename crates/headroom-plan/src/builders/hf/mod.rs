@@ -350,7 +350,10 @@ impl<'a> Expansion<'a> {
     /// A template tensor's law on this device, or `None` where the device makes no such tensor.
     fn law(&self, x: &program_template::TensorT) -> Option<Law> {
         let law = x.law;
-        if x.batch_view && self.model.family == Family::Bloom && self.cfg.micro_batch == 1 {
+        // A fold into batch × heads is a view at a batch of one (`program_template/views.rs`): of
+        // a fused query-key-value output, or of SDPA's math path's scaled query.
+        let query_fold = self.t.sites.get(x.site as usize).is_some_and(|s| s == "aten::clone");
+        if x.batch_view && (crate::job::fuses_qkv(self.model) || query_fold) && self.cfg.micro_batch == 1 {
             return None;
         }
         match x.kernel {

@@ -55,6 +55,11 @@ fn key_on_path(model: &Model, cfg: &TrainConfig, device: Device, math: bool) -> 
                 return Ok(k);
             }
         }
+        // Where neither policy was recorded, the key to record is the one looked up first, the
+        // step under CUDA's autocast policy (`step_programs.py --only …/amp-cuda/…`, as `record
+        // --dtype amp` runs it), not the CPU's `amp`, which this job would plan only rewritten.
+        return key_with_precision(model, cfg, device, math, precision, true)
+            .or_else(|_| key_with_precision(model, cfg, device, math, AMP_CUDA, true));
     }
     key_with_precision(model, cfg, device, math, precision, true)
 }
@@ -132,19 +137,20 @@ fn key_with_precision(
     if let Some(k) = recorded.iter().find(|k| model.tied_embeddings || has_own_head(k)) {
         return Ok(k.clone());
     }
+    let record = record_hint(cfg.precision);
     Err(match recorded.first() {
         Some(k) => format!(
-            "`{k}` was recorded with its output layer tied to the embeddings, and {}'s is a layer of its own; {RECORD}",
+            "`{k}` was recorded with its output layer tied to the embeddings, and {}'s is a layer of its own; {record}",
             model.name
         ),
         // peft's prepare_model_for_kbit_training turns checkpointing on by default, and every
         // QLoRA-recorded family has that step.
         None if adapters.is_some_and(|a| a.starts_with("qlora-")) && !checkpointed => format!(
             "no step `{}` was recorded (QLoRA without gradient checkpointing); add --checkpoint full, as peft's \
-             prepare_model_for_kbit_training sets it up by default, or {RECORD}",
+             prepare_model_for_kbit_training sets it up by default, or {record}",
             key(families[0], attention, cache)
         ),
-        None => format!("no step `{}` was recorded; {RECORD}", key(families[0], attention, cache)),
+        None => format!("no step `{}` was recorded; {record}", key(families[0], attention, cache)),
     })
 }
 
@@ -188,9 +194,19 @@ pub(crate) fn no_sdpa(family: &str) -> bool {
     !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
 }
 
-/// How to plan a job no template serves: its own step recorded.
-const RECORD: &str = "record this job's own on a CPU (python -m headroom_gpu record --model CONFIG --out \
-     step.jsonl, docs/RECORDING.md) and plan it with --program step.jsonl";
+/// How to plan a job no template serves: its own step recorded, at the job's precision
+/// (`record --dtype amp` runs the forward under CUDA's autocast policy, the `amp-cuda` keys').
+fn record_hint(precision: Precision) -> String {
+    let dtype = match precision {
+        Precision::Amp => " --dtype amp",
+        Precision::Fp32 => " --dtype fp32",
+        _ => "",
+    };
+    format!(
+        "record this job's own on a CPU (python -m headroom_gpu record --model CONFIG{dtype} --out step.jsonl, \
+         docs/RECORDING.md) and plan it with --program step.jsonl"
+    )
+}
 
 /// Whether template `key` has an output layer of its own: a template recorded with tied
 /// embeddings has no weight, gradient or optimizer state to plan an untied model's with.
