@@ -266,6 +266,12 @@ pub struct TrainConfig {
     /// that `enable_input_require_grads` makes require a gradient, and its `.grad`; T5's zero
     /// position bias). Read by transformers' recorded step, where its template keeps such tensors.
     pub loss_lives: LossLife,
+    /// The model built from its config on the GPU (transformers' `from_config` under
+    /// `torch.device("cuda")`), where `from_pretrained` builds it on the meta device and loads
+    /// the weights: `nn.Linear` makes a tied output layer's own weight after the model's last
+    /// weight, and tying the embeddings frees it, which moves where the step's segments fall.
+    /// Read by transformers' step program; off by default (a model loaded).
+    pub built_on_device: bool,
 }
 
 /// How long a training loop keeps the step's `loss` tensor (and so its autograd graph, and what
@@ -407,6 +413,7 @@ impl TrainConfig {
             double_quant: true,
             use_cache: true,
             loss_lives: LossLife::Trainer,
+            built_on_device: false,
         }
     }
 

@@ -91,6 +91,9 @@ pub struct TrainRequest {
     /// How long the training loop keeps the step's `loss` [default: transformers' `Trainer`'s,
     /// freed as each backward ends].
     pub loss_lives: Option<LossLife>,
+    /// The model built from its config on the GPU (`from_config` under `torch.device("cuda")`)
+    /// [default: off, a model loaded].
+    pub built_on_device: Option<bool>,
     pub offload: Offload,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -127,6 +130,7 @@ impl Default for TrainRequest {
             double_quant: None,
             use_cache: None,
             loss_lives: None,
+            built_on_device: None,
             offload: Offload::None,
             precision: Precision::Mixed,
             optimizer: Optimizer::AdamW,
@@ -194,6 +198,7 @@ impl TrainRequest {
             ("--compile", r.compile != d.compile),
             ("--use-cache", r.use_cache.is_some()),
             ("--loss-lives", r.loss_lives.is_some()),
+            ("--built-on-device", r.built_on_device.is_some()),
         ];
         if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
             return Err(InvalidConfig(format!(
@@ -311,6 +316,8 @@ impl TrainRequest {
             // The most common runner of transformers' models: `Trainer.training_step` returns
             // `loss.detach()`, so the loss goes with each micro-batch's backward.
             loss_lives: r.loss_lives.unwrap_or_default(),
+            // `from_pretrained` builds on the meta device and loads the weights.
+            built_on_device: r.built_on_device.unwrap_or(false),
         })
     }
 

@@ -280,6 +280,13 @@ pub struct PlanArgs {
     /// tensors, which the plan's text names [default: trainer].
     #[arg(long, value_parser = named::<LossLife>(), help_heading = LEVERS)]
     loss_lives: Option<LossLife>,
+    /// The model built from its config on the GPU (transformers' from_config under
+    /// torch.device("cuda")), where from_pretrained builds it on the meta device and loads
+    /// the weights: a tied output layer's own weight is made after the model's last weight and
+    /// freed as the embeddings are tied, which moves where the step's segments fall
+    /// [default: false].
+    #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool), help_heading = LEVERS)]
+    built_on_device: Option<bool>,
     /// CPU offload (DeepSpeed ZeRO-Offload): the optimizer, or the optimizer and the
     /// parameters (needs --zero 3) [default: none].
     #[arg(long, value_parser = named::<Offload>(), help_heading = LEVERS)]
@@ -481,7 +488,7 @@ impl PlanArgs {
     }
 
     /// The flags given that only training reads.
-    fn training_flags(&self) -> [Given; 30] {
+    fn training_flags(&self) -> [Given; 31] {
         [
             ("--train", self.train),
             ("--target-seq", self.target_seq.is_some()),
@@ -507,6 +514,7 @@ impl PlanArgs {
             ("--checkpoint", self.checkpoint.is_some()),
             ("--use-cache", self.use_cache.is_some()),
             ("--loss-lives", self.loss_lives.is_some()),
+            ("--built-on-device", self.built_on_device.is_some()),
             ("--offload", self.offload.is_some()),
             ("--alloc-conf", !self.alloc_conf.is_empty()),
             ("--policy", !self.policy.is_empty()),
@@ -564,6 +572,7 @@ impl PlanArgs {
             double_quant: self.double_quant.or(d.double_quant),
             use_cache: self.use_cache.or(d.use_cache),
             loss_lives: self.loss_lives.or(d.loss_lives),
+            built_on_device: self.built_on_device.or(d.built_on_device),
             offload: self.offload.unwrap_or(d.offload),
             precision: self.precision.unwrap_or(d.precision),
             optimizer: self.optimizer.unwrap_or(d.optimizer),

@@ -22,7 +22,9 @@
 //! - QLoRA's setup empties the allocator's cache after peft's fp32 casts, as
 //!   `prepare_model_for_kbit_training` does where CUDA is available (`kbit_cache.rs`);
 //! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
-//!   backward's thread, kept for the life of the process.
+//!   backward's thread, kept for the life of the process;
+//! - the token embedding's backward over more than 3,072 tokens sums them by partial segments
+//!   in a buffer it frees at once (`embedding_backward.rs`);
 //! - under autocast a GPU plans the template recorded under CUDA's autocast policy
 //!   (`…/amp-cuda/…`, `headroom_gpu.amp`) where there is one: CUDA runs `softmax`,
 //!   `layer_norm`, `pow` and the losses in fp32, where the CPU's autocast keeps a bf16 input's
@@ -33,8 +35,14 @@
 //!
 //! Tied embeddings: a template recorded with an untied head plans a tied model by dropping
 //! the head's weight; the head's gradient, made first in the backward, is the shared one,
-//! and the embedding's gradient, made last, is added to it — in place in fp32, out of place
-//! in 16 bits (one more table for a moment), as PyTorch's `AccumulateGrad` does.
+//! and the embedding's gradient, made last, is added to it. The head's is a view
+//! (`TBackward0`'s), which the engine adds out of place (one more table for a moment, both
+//! freed) but under autocast, where the weight's cast (`ToCopyBackward0`) makes it anew and
+//! the sum is made in place (the CPU's profile of GPT-2's tied embedding: `aten::add` in bf16
+//! and fp32; an H200's snapshot of Llama-1B at fp32, docs/VALIDATION.md).
+//!
+//! A model built on the device (`built_on_device`) makes a tied head's own weight and frees it
+//! before the first step (`on_device.rs`).
 //!
 //! Without dropout (the CPU replay, as the CPU ground truth is measured), dropout's tensors are
 //! left out and each dropout's output is its input, kept as long as either lived, where the
@@ -43,9 +51,11 @@
 mod adapters;
 mod autocast;
 mod dropout;
+mod embedding_backward;
 pub(crate) mod expander;
 mod kbit_cache;
 mod loss_life;
+mod on_device;
 mod quant_state;
 mod template_key;
 
@@ -410,6 +420,10 @@ impl<'a> Expansion<'a> {
                 self.setup.insert(inst, id);
             }
         }
+        let embedding = self.t.params.iter().find(|p| is_embedding(&p.name));
+        if let (true, true, Some(e)) = (self.cfg.built_on_device, self.model.tied_embeddings, embedding) {
+            on_device::tied_head_made_and_freed(&mut self.p, e.law.scaled(self.scale.weights));
+        }
         let states = self.optimizer_params();
         // peft makes its adapters fp32 whatever the base's dtype (`autocast_adapter_dtype`), and
         // torch.optim keeps their moments in their own dtype: no fp32 master copy for mixed
@@ -555,6 +569,11 @@ impl<'a> Expansion<'a> {
                 {
                     self.softmax_backward_product(law, x.term, site);
                 }
+                // T5's shared table is looked up twice, at two lengths: not planned.
+                if gpu && x.grad.is_some() && embedding_backward::made_by(&self.t.sites[x.site as usize]) {
+                    let tokens = if self.model.family == Family::T5 { 0 } else { self.cfg.micro_batch * self.cfg.seq };
+                    embedding_backward::per_segment_sums(&mut self.p, self.model, tokens);
+                }
                 match x.grad.map(|g| self.param_index.get(&(g, layer)).copied()) {
                     None => {
                         live.insert(inst, id);
@@ -606,8 +625,14 @@ impl<'a> Expansion<'a> {
             None if first_micro_batch => self.grads[k] = Some(id),
             None => self.p.free(id),
             Some(kept) => {
-                // AccumulateGrad: in place in fp32; 16-bit sums are made anew.
-                if self.cfg.precision == Precision::Fp32 || self.cfg.precision == Precision::Amp {
+                // AccumulateGrad: in place in fp32; 16-bit sums are made anew. The tied head's
+                // gradient and the embedding's meet in one backward, the head's first: a view
+                // (`TBackward0`'s) the engine adds out of place, but under autocast, where the
+                // weight's cast makes it anew (`ToCopyBackward0`).
+                let tied = self.tied.and_then(|(_, e)| self.param_index.get(&(e, None)).copied());
+                let tied_sum = first_micro_batch && tied == Some(k);
+                let fp32 = self.cfg.precision == Precision::Fp32 && !tied_sum;
+                if fp32 || self.cfg.precision == Precision::Amp {
                     self.p.free(id);
                 } else {
                     let sum = self.p.alloc(law, Term::Gradients, site);
@@ -683,109 +708,4 @@ fn is_embedding(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::job::Checkpointing;
-    use crate::program_template::check_digest as digest;
-
-    /// The size at `batch` × `seq` of each allocation, in program order, of a tensor whose site
-    /// `at` accepts: what a GPU test reads of the tensors one operator chain makes.
-    pub(super) fn sizes_at(p: &crate::program::Program, batch: u64, seq: u64, at: impl Fn(&str) -> bool) -> Vec<u64> {
-        let sizes = p.sizes(batch, seq);
-        p.ops
-            .iter()
-            .filter_map(|op| match op {
-                crate::program::Op::Alloc(id) if at(&p.sites[p.tensors[*id as usize].site as usize]) => {
-                    Some(sizes[*id as usize])
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Under autocast on a GPU, GPT-2's tanh GELU runs in fp32 from its `pow` on: autocast's
-    /// fp32 copy of `c_fc`'s output is made once a layer per forward (twice with checkpointing:
-    /// the recomputation), at the size the H200 recorded for GPT-2 medium at 8 × 888 tokens
-    /// (116,391,936 bytes), and the programs stay well formed; on the CPU, none.
-    #[test]
-    fn gpt2_autocast_runs_the_tanh_gelu_in_fp32_on_a_gpu() {
-        use crate::job::Optimizer;
-        let model = crate::model::preset("gpt2-medium").expect("preset");
-        let h200 = crate::gpu::gpu("h200").expect("gpu");
-        for (checkpointing, forwards) in [(Checkpointing::None, 1), (Checkpointing::Full, 2)] {
-            let cfg = TrainConfig {
-                attention: Attention::Sdpa,
-                checkpointing,
-                ..TrainConfig::new(8, 888, Precision::Amp, Optimizer::AdamW)
-            };
-            for (device, copies_per_step) in [(Device::Gpu(&h200), forwards * model.layers as usize), (Device::Cpu, 0)]
-            {
-                let p = program(&model, &cfg, device, 2, &StateScale::default()).expect("a template serves it").program;
-                p.check().expect("well formed");
-                let copies = sizes_at(&p, 8, 888, |site| site.starts_with("aten::pow > aten::to"));
-                assert_eq!(copies.len(), 2 * copies_per_step, "{checkpointing:?}");
-                assert!(copies.iter().all(|&b| b == 116_391_936), "{copies:?}");
-            }
-        }
-    }
-
-    /// Every template, expanded to the depth the recorder checked it at, reproduces what the
-    /// recorder saw at that depth: each event's kind and bytes, in order, and every free
-    /// frees a tensor the expansion made (the instance, not only one of the same size: a
-    /// free that names no tensor made would leave a layer's output live to the step's end).
-    #[test]
-    fn program_templates_expand_as_recorded() {
-        let mut checked = 0;
-        for key in program_template::keys() {
-            let Some(parsed) = program_template::template(key) else { continue };
-            // Inference templates are checked by `infer::recorded`'s tests.
-            if parsed.template.inference.is_some() {
-                continue;
-            }
-            let dims = parsed.template.dims.clone();
-            let decoder = match parsed.template.check.target_seq {
-                Some(t) => DecoderLength::Tokens(t as f64),
-                None => DecoderLength::Encoder,
-            };
-            let t = parsed.resolved(&|u| if u == "one" { 1.0 } else { dims.get(u).copied().unwrap_or(1.0) }, decoder);
-            let c = &t.check;
-            let ex = Expander::new(&t, [c.layers, c.layers]);
-            // The instances live, across the sections: a step frees what the setup made.
-            let mut made: HashMap<(u32, Option<Concrete>), i64> = HashMap::default();
-            let sections: [(&str, &[EventT], &program_template::SectionCheck); 3] = [
-                ("setup", &t.setup, &c.setup),
-                ("step1", t.step1.as_deref().unwrap_or(&t.step), c.step1.as_ref().expect("a training check")),
-                ("step", &t.step, c.step.as_ref().expect("a training check")),
-            ];
-            for (name, events, want) in sections {
-                let mut items = Vec::new();
-                let (mut live, mut peak, mut n) = (0i64, 0i64, 0usize);
-                let (mut by_instance, mut instance_peak) = (0i64, 0i64);
-                for (e, j) in ex.expand(events) {
-                    let bytes = t.tensors[e.tensor as usize].law.bytes(c.batch as f64, c.seq as f64) as i64;
-                    live += if e.free { -bytes } else { bytes };
-                    peak = peak.max(live);
-                    let inst = ex.instance(e.tensor, t.tensors[e.tensor as usize].home, e.layer, j);
-                    if e.free {
-                        let b = made.remove(&inst);
-                        assert!(b.is_some(), "{key} {name}: a free of {inst:?}, which the expansion did not make");
-                        by_instance -= b.unwrap_or(0);
-                    } else {
-                        made.insert(inst, bytes);
-                        by_instance += bytes;
-                        instance_peak = instance_peak.max(by_instance);
-                    }
-                    items.push(if e.free { "f".to_string() } else { "a".to_string() });
-                    items.push(bytes.to_string());
-                    n += 1;
-                }
-                assert_eq!(n, want.events, "{key} {name}: events");
-                assert_eq!(peak as u64, want.peak, "{key} {name}: peak");
-                assert_eq!(instance_peak as u64, want.peak, "{key} {name}: peak, tensor by tensor");
-                assert_eq!(digest(&items), want.digest, "{key} {name}: the events in order");
-            }
-            checked += 1;
-        }
-        assert!(checked > 0, "no template was checked");
-    }
-}
+mod tests;
