@@ -504,8 +504,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let Some(id) = found else {
             return Err(self.out_of_memory(size, rounded, alloc_size, stream));
         };
-        let split = sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
-        debug_assert!(!shrunk || split, "the free set kept a remainder of a block not split");
+        // A remainder the free set kept is a split the best fit already judged: not judged again.
+        debug_assert!(
+            !shrunk || sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded),
+            "the free set kept a remainder of a block not split"
+        );
+        let split =
+            shrunk || sizing::should_split(&self.config, self.expandable_active(), kind, self.arena[id].size, rounded);
         let (a, block) = self.alloc_found_block(id, place, rounded, size, split, shrunk);
         self.policy.on_alloc(a.ptr, a.size, place);
         Ok((a, block))

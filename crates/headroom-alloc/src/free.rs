@@ -35,7 +35,10 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.free_found(id, ptr)
     }
 
-    /// `free` of block `id`, allocated at `ptr`, already out of the pointer map.
+    /// `free` of block `id`, allocated at `ptr`, already out of the pointer map. Inlined
+    /// into its two callers: as a call of its own between `free_block_id` and `free_block`
+    /// it saved and restored registers for a few loads and stores at every free.
+    #[inline]
     pub(crate) fn free_found(&mut self, id: u32, ptr: u64) -> Result<(), AllocError> {
         self.policy.on_free(ptr);
         let b = &mut self.arena[id];
@@ -198,25 +201,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         let (ptr, original_size, requested, stream, kind, owner, prev, next) =
             (b.ptr, b.size, b.requested_size, b.stream, b.pool, b.owner, b.prev, b.next);
         self.trace_in(Action::FreeCompleted, ptr, requested, stream, owner);
-        let mut net_blocks = 0i64;
-        let mut net_bytes = 0i64;
-        // A free-set entry of a neighbour absorbed, left for the merged block to take over.
-        let mut vacated = None;
-        for candidate in [prev, next] {
-            // Asked here, not only inside: a segment of one block (every large warm pair)
-            // has no neighbour, and the call alone cost more than the question.
-            if candidate == NIL {
-                continue;
-            }
-            let Some((subsumed, entry)) = self.absorb(id, candidate) else { continue };
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
-            if let Some((size, ptr)) = entry.and_then(|e| vacated.replace(e)) {
-                self.pool_mut(owner, kind).blocks.remove(stream, size, ptr);
-            }
+        let mut merged = Merged { blocks: 0, bytes: 0, vacated: None };
+        // Asked here, not only inside: a segment of one block (every large warm pair) has no
+        // neighbour, and the call alone cost more than the question. Two steps written out,
+        // not a loop over `[prev, next]`, whose array iterator cost about 14 instructions a
+        // free (docs/PERFORMANCE.md, "Replay passes, twentieth round").
+        if prev != NIL {
+            self.merge_neighbour(id, prev, &mut merged);
         }
+        if next != NIL {
+            self.merge_neighbour(id, next, &mut merged);
+        }
+        let Merged { blocks: mut net_blocks, bytes: mut net_bytes, vacated } = merged;
         match vacated {
             Some(entry) => self.insert_into_blocks_in_place_of(id, entry),
             None => self.insert_into_blocks(id),
@@ -236,6 +232,23 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         stats::decrease(&mut s.active, kind, 1);
         stats::decrease(&mut s.active_bytes, kind, original_size);
         stats::decrease(&mut s.requested_bytes, kind, requested);
+    }
+
+    /// One neighbour's part of `free_block`'s merge: `src` absorbed into `id` if it may be,
+    /// counted in `merged`, and its free-set entry left for the merged block to take over,
+    /// or removed where another's was left already.
+    #[inline(always)]
+    fn merge_neighbour(&mut self, id: u32, src: u32, merged: &mut Merged) {
+        let Some((subsumed, entry)) = self.absorb(id, src) else { return };
+        if subsumed > 0 {
+            merged.blocks -= 1;
+            merged.bytes -= subsumed as i64;
+        }
+        if let Some((size, ptr)) = entry.and_then(|e| merged.vacated.replace(e)) {
+            let b = &self.arena[id];
+            let (stream, kind, owner) = (b.stream, b.pool, b.owner);
+            self.pool_mut(owner, kind).blocks.remove(stream, size, ptr);
+        }
     }
 
     /// `try_merge_blocks`: absorbs neighbour `src` into `dst` if `src` is free,
@@ -315,6 +328,15 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         self.arena[id].gc_count_base = clock;
         debug_assert!(inserted, "block {ptr:#x} was already free");
     }
+}
+
+/// What `free_block`'s merge has done so far: the net change in split blocks and their
+/// bytes, and the free-set entry (size, address) of a neighbour absorbed, left for the
+/// merged block to take over.
+struct Merged {
+    blocks: i64,
+    bytes: i64,
+    vacated: Option<(u64, u64)>,
 }
 
 /// Applies a net change (of split blocks or their bytes) to a statistic.

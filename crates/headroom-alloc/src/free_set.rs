@@ -19,8 +19,10 @@
 
 use crate::device::StreamId;
 use classes::Classes;
+use sorted::Sorted;
 
 mod classes;
+mod sorted;
 
 // 256, not 64: a policy that maps 2 MiB pages (`headroom`) keeps a few hundred free
 // blocks on a stream where PyTorch's keeps dozens, and at that size the vector's memmove
@@ -47,155 +49,6 @@ fn unpack(k: u128) -> (u64, u64) {
 
 /// The most entries one run holds before it is split in two.
 const RUN_MAX: usize = 128;
-
-/// Sorted keys with their block ids beside them, in two vectors: an insert or
-/// remove moves 20 bytes an entry after it, not the 32 of a `(u128, u32)`
-/// pair padded to the key's alignment, and a search reads keys only.
-#[derive(Clone, Debug, Default)]
-struct Sorted {
-    keys: Vec<u128>,
-    ids: Vec<u32>,
-}
-
-impl Sorted {
-    #[inline]
-    fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// The position of the first key at least `key`.
-    #[inline]
-    fn lower_bound(&self, key: u128) -> usize {
-        self.keys.partition_point(|&k| k < key)
-    }
-
-    #[inline]
-    fn at(&self, i: usize) -> (u128, u32) {
-        (self.keys[i], self.ids[i])
-    }
-
-    #[inline]
-    fn get(&self, i: usize) -> Option<(u128, u32)> {
-        Some((*self.keys.get(i)?, self.ids[i]))
-    }
-
-    #[inline]
-    fn last_key(&self) -> Option<u128> {
-        self.keys.last().copied()
-    }
-
-    /// Inserts; false if the key was already present.
-    #[inline]
-    fn insert(&mut self, key: u128, id: u32) -> bool {
-        // Past the last key (into an empty set: the warm case, and most inserts into a size
-        // class, whose sets hold one or two blocks): a push, inlined, with no search and no
-        // call (docs/PERFORMANCE.md, "Replay passes, sixteenth round").
-        if self.keys.last().is_none_or(|&last| last < key) {
-            self.keys.push(key);
-            self.ids.push(id);
-            return true;
-        }
-        self.insert_before_last(key, id)
-    }
-
-    /// [`Sorted::insert`] of a key not past the last.
-    fn insert_before_last(&mut self, key: u128, id: u32) -> bool {
-        let at = self.lower_bound(key);
-        debug_assert!(at < self.keys.len(), "a key past the last is pushed");
-        if self.keys[at] == key {
-            return false;
-        }
-        self.keys.insert(at, key);
-        self.ids.insert(at, id);
-        debug_assert!(at == 0 || self.keys[at - 1] < key, "the keys stay sorted");
-        debug_assert!(self.keys[at + 1] > key, "the keys stay sorted");
-        true
-    }
-
-    /// Removes `key`; its id if it was present. The last key (a set of one: most removes
-    /// from a size class) is popped with no search.
-    #[inline]
-    fn remove(&mut self, key: u128) -> Option<u32> {
-        if self.keys.last() == Some(&key) {
-            self.keys.pop();
-            return self.ids.pop();
-        }
-        self.remove_before_last(key)
-    }
-
-    /// [`Sorted::remove`] of a key not the last.
-    fn remove_before_last(&mut self, key: u128) -> Option<u32> {
-        let at = self.find(key)?;
-        Some(self.remove_at(at).1)
-    }
-
-    #[inline]
-    fn remove_at(&mut self, i: usize) -> (u128, u32) {
-        // The last entry (a set of one, the common warm case) is popped: `Vec::remove`
-        // calls `memmove` even to move nothing.
-        if i + 1 == self.keys.len() {
-            if let (Some(k), Some(id)) = (self.keys.pop(), self.ids.pop()) {
-                return (k, id);
-            }
-        }
-        (self.keys.remove(i), self.ids.remove(i))
-    }
-
-    /// The position of exactly `key`, if present.
-    #[inline]
-    fn find(&self, key: u128) -> Option<usize> {
-        let at = self.lower_bound(key);
-        (self.keys.get(at) == Some(&key)).then_some(at)
-    }
-
-    /// Gives the entry at `old` the key `key` and the id `id`, moving only the
-    /// entries between its old and new places; or, where `key` is present already,
-    /// removes the entry at `old` and returns false. One search, of the side of
-    /// `old` the key moves to: a block that shrinks sorts before its old place,
-    /// one that grows after it.
-    #[inline]
-    fn replace_at(&mut self, old: usize, key: u128, id: u32) -> bool {
-        if key < self.keys[old] {
-            let to = self.keys[..old].partition_point(|&k| k < key);
-            if self.keys[to] == key {
-                self.remove_at(old);
-                return false;
-            }
-            // The common shrink keeps its place (the set's smallest, or one just above a
-            // smaller block): no move, and no call to `memmove` for nothing.
-            if to < old {
-                self.keys.copy_within(to..old, to + 1);
-                self.ids.copy_within(to..old, to + 1);
-            }
-            (self.keys[to], self.ids[to]) = (key, id);
-        } else {
-            let to = old + 1 + self.keys[old + 1..].partition_point(|&k| k < key);
-            if self.keys.get(to) == Some(&key) {
-                self.remove_at(old);
-                return false;
-            }
-            if old + 1 < to {
-                self.keys.copy_within(old + 1..to, old);
-                self.ids.copy_within(old + 1..to, old);
-            }
-            (self.keys[to - 1], self.ids[to - 1]) = (key, id);
-        }
-        true
-    }
-
-    fn split_off(&mut self, at: usize) -> Sorted {
-        Sorted { keys: self.keys.split_off(at), ids: self.ids.split_off(at) }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
-        self.keys.iter().copied().zip(self.ids.iter().copied())
-    }
-
-    /// The entries from position `from` on.
-    fn iter_from(&self, from: usize) -> impl Iterator<Item = (u128, u32)> + '_ {
-        self.keys[from..].iter().copied().zip(self.ids[from..].iter().copied())
-    }
-}
 
 /// Sorted entries as consecutive runs, each non-empty, with each run's last key
 /// beside them: a lookup finds the run by a binary search of `lasts`, then the

@@ -129,14 +129,22 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// The owner index of pool `id`, which is made (with a use count of 1)
-    /// if it does not exist: what a replay or an adopted segment names.
+    /// if it does not exist: what a replay or an adopted segment names. Inlined to the
+    /// comparison that answers for the default pools (a replay's every request asks, and
+    /// the call cost more than the answer); a private pool's look-up is a call.
+    #[inline]
     pub(crate) fn owner_or_new(&mut self, id: MempoolId) -> Result<u32, AllocError> {
-        match id {
-            DEFAULT_MEMPOOL => Ok(DEFAULT_POOL),
-            _ => match self.pool_owners.get(&id) {
-                Some(&o) => Ok(o),
-                None => self.create_or_incref_pool(id),
-            },
+        if id == DEFAULT_MEMPOOL {
+            return Ok(DEFAULT_POOL);
+        }
+        self.private_owner_or_new(id)
+    }
+
+    /// [`Self::owner_or_new`] of a private pool.
+    fn private_owner_or_new(&mut self, id: MempoolId) -> Result<u32, AllocError> {
+        match self.pool_owners.get(&id) {
+            Some(&o) => Ok(o),
+            None => self.create_or_incref_pool(id),
         }
     }
 

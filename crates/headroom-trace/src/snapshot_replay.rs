@@ -376,6 +376,7 @@ impl Checker<'_> {
     }
 
     /// The program's `empty_cache()`, which released the segments recorded since the last request.
+    #[inline(never)]
     fn empty_cache(&mut self, a: &mut CheckAllocator, at: usize) {
         let released = std::mem::take(&mut self.pending);
         self.f.recorded.empty_cache_calls.extend(released.first());
@@ -386,7 +387,15 @@ impl Checker<'_> {
         self.compare(a, released, at);
     }
 
+    /// A free of an address no live block has: a decision that differed.
+    #[inline(never)]
+    fn unknown_free(&mut self, i: usize) {
+        let addr = self.trace[i].addr;
+        self.diverge(i, || format!("free of {addr:#x}: {}", AllocError::InvalidPointer(addr)));
+    }
+
     /// A segment event: the device is told the address the next call should get.
+    #[inline(never)]
     fn segment(&mut self, a: &mut CheckAllocator, i: usize) {
         let e = &self.trace[i];
         if e.action == TraceAction::SegmentAlloc {
@@ -412,8 +421,20 @@ impl Checker<'_> {
     }
 
     /// Before a request: the device told to refuse where the recorded one did,
-    /// and the releases of the program's `empty_cache()` made.
+    /// and the releases of the program's `empty_cache()` made. Inlined where the mark is
+    /// made: most requests come after no segment event and were served, and for them this
+    /// is a store; the rest is a call ([`Self::request_after_events`]).
+    #[inline(always)]
     fn request(&mut self, a: &mut CheckAllocator, i: usize) {
+        if !self.pending.is_empty() || self.trace[i].action == TraceAction::Oom {
+            return self.request_after_events(a, i);
+        }
+        (self.request, self.answer) = (Some(i), None);
+    }
+
+    /// [`Self::request`] after segment events, or of a request the recorded run failed.
+    #[inline(never)]
+    fn request_after_events(&mut self, a: &mut CheckAllocator, i: usize) {
         let (trace, e) = (self.trace, &self.trace[i]);
         let is_new = |j: &usize| matches!(trace[*j].action, TraceAction::SegmentAlloc | TraceAction::SegmentMap);
         let new = self.pending.iter().any(is_new);
@@ -446,7 +467,26 @@ impl Checker<'_> {
     }
 
     /// After a request: its device calls and its block compared with the recorded ones.
+    /// Inlined where the mark is made: most requests make no device call, were recorded
+    /// making none, and got the recorded address, and for them the comparison is a few
+    /// loads; the rest is a call ([`Self::answered_in_full`]). Both leave the same state.
+    #[inline(always)]
     fn answered(&mut self, a: &mut CheckAllocator, i: usize) {
+        let e = &self.trace[i];
+        let matched = matches!(self.answer, Some(Ok(ptr)) if ptr == e.addr);
+        if !(matched && e.action == TraceAction::Alloc && self.pending.is_empty() && a.history_len() == 0) {
+            return self.answered_in_full(a, i);
+        }
+        a.device_mut().refuse_allocations(false);
+        a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+        (self.request, self.answer) = (None, None);
+        self.f.alloc_total += 1;
+        self.f.alloc_matched += 1;
+    }
+
+    /// [`Self::answered`], for any request.
+    #[inline(never)]
+    fn answered_in_full(&mut self, a: &mut CheckAllocator, i: usize) {
         let e = &self.trace[i];
         a.device_mut().refuse_allocations(false);
         a.device_mut().inner_mut().sim_mut().clear_next_addresses();
@@ -493,6 +533,10 @@ impl Checker<'_> {
 impl Observer<ReplayDevice, PyTorchPolicy> for Checker<'_> {
     type Mark = Mark;
 
+    /// Inlined into the walk, where each mark is a constant: a call for each of the three
+    /// marks of a request, and the `match` inside it, cost more than what most of them do
+    /// (docs/PERFORMANCE.md, "Replay passes, twentieth round").
+    #[inline(always)]
     fn mark(&mut self, i: usize, mark: Mark, a: &mut CheckAllocator) -> Result<(), AllocError> {
         match mark {
             Mark::Segment => self.segment(a, i),
@@ -501,10 +545,7 @@ impl Observer<ReplayDevice, PyTorchPolicy> for Checker<'_> {
             // A free after segments were released since the last request: the program's
             // `empty_cache()` released them.
             Mark::Free if !self.pending.is_empty() => self.empty_cache(a, i),
-            Mark::UnknownFree => {
-                let addr = self.trace[i].addr;
-                self.diverge(i, || format!("free of {addr:#x}: {}", AllocError::InvalidPointer(addr)));
-            }
+            Mark::UnknownFree => self.unknown_free(i),
             Mark::Completed { stream, at_next_request: false } => {
                 a.device_mut().inner_mut().sim_mut().complete_events_on(stream)
             }

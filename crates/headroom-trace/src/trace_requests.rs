@@ -57,6 +57,14 @@ fn next_is((marked, next): &mut (Vec<usize>, usize), i: usize) -> bool {
     hit
 }
 
+/// The entry at which [`next_is`] can next say yes for `marked`, the entries before `from`
+/// read: its next one if that is not before `from` (`usize::MAX` if it is, or if none is
+/// left: entries are read in order, so one already passed is never met again).
+#[inline]
+fn next_at((marked, next): &(Vec<usize>, usize), from: usize) -> usize {
+    marked.get(*next).copied().filter(|&m| m >= from).unwrap_or(usize::MAX)
+}
+
 /// The trace's entries as a walk's operations, each at its entry's index.
 pub(crate) struct TraceRequests<'a, F> {
     entries: Entries<'a>,
@@ -87,6 +95,10 @@ struct Entries<'a> {
     /// comparison an entry, where a peekable iterator checked its peeked state first.
     step_starts: (Vec<usize>, usize),
     empty_cache_calls: (Vec<usize>, usize),
+    /// The first entry either list above may mark ([`next_at`]): one comparison an entry
+    /// where asking both lists cost about a dozen instructions (docs/PERFORMANCE.md,
+    /// "Replay passes, twentieth round").
+    next_marked: usize,
     /// Whether the marks only a comparison with the recorded run reads (`Segment`, `Free`,
     /// `UnknownFree`) are made: the check's, not a what-if's, which decides for itself
     /// and would pass over one mark or two of every entry.
@@ -103,6 +115,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
         empty_cache_calls: Vec<usize>,
         progress: F,
     ) -> Self {
+        let first = step_starts.first().copied().unwrap_or(usize::MAX);
         TraceRequests {
             entries: Entries {
                 trace,
@@ -111,6 +124,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
                 adopted: FxHashMap::default(),
                 next_adopted: index.slot_count(),
                 next_stand_in: STAND_IN_STREAMS,
+                next_marked: first.min(empty_cache_calls.first().copied().unwrap_or(usize::MAX)),
                 step_starts: (step_starts, 0),
                 empty_cache_calls: (empty_cache_calls, 0),
                 compared: true,
@@ -211,12 +225,15 @@ impl Entries<'_> {
     /// passes, nineteenth round").
     #[inline(always)]
     fn read(&mut self, i: usize, e: &TraceEvent, code: Code, mut push: impl FnMut(Op<Mark>)) {
-        if next_is(&mut self.step_starts, i) {
-            push(Op::Mark(Mark::StepBegins));
-        }
-        if next_is(&mut self.empty_cache_calls, i) {
-            push(Op::Mark(Mark::EmptyCache));
-            push(Op::EmptyCache);
+        if i == self.next_marked {
+            if next_is(&mut self.step_starts, i) {
+                push(Op::Mark(Mark::StepBegins));
+            }
+            if next_is(&mut self.empty_cache_calls, i) {
+                push(Op::Mark(Mark::EmptyCache));
+                push(Op::EmptyCache);
+            }
+            self.next_marked = next_at(&self.step_starts, i + 1).min(next_at(&self.empty_cache_calls, i + 1));
         }
         let compared = self.compared;
         match e.action {

@@ -433,12 +433,53 @@ impl<A: FnMut(usize, u64)> Watch<'_, A> {
 impl<A: FnMut(usize, u64)> Observer<ReplayDevice, NamedPolicy> for Watch<'_, A> {
     type Mark = Mark;
 
+    /// Inlined into the walk, where each mark is a constant. Most requests were served in
+    /// the recorded run with no refusal there, and their two marks are a store each here;
+    /// as a call each, with the whole `match` inside, they cost more than the rest of the
+    /// observer (docs/PERFORMANCE.md, "Replay passes, twentieth round"). The rest is
+    /// [`Watch::mark_in_full`], which leaves the same state for those two.
+    #[inline(always)]
     fn mark(
         &mut self,
         i: usize,
         mark: Mark,
         a: &mut DeviceCachingAllocator<ReplayDevice, NamedPolicy>,
     ) -> Result<(), AllocError> {
+        match mark {
+            // `refused_here` would find no refusal at `i` and move past none.
+            Mark::Request { failed: false } if self.refusals.get(self.next_refusal).is_none_or(|&r| r > i) => {
+                self.request = Some((false, false));
+            }
+            Mark::Answered if self.request == Some((false, false)) && self.at_next_request.is_empty() => {
+                self.request = None;
+            }
+            // What the check compares; a what-if decides for itself (and is not given them).
+            Mark::Segment | Mark::Free | Mark::UnknownFree => {}
+            _ => self.mark_in_full(i, mark, a),
+        }
+        Ok(())
+    }
+
+    fn allocated(&mut self, i: usize, _: Slot, b: Allocation, a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>) {
+        note_peak(a, &mut self.w);
+        match self.request {
+            Some((true, _)) => self.w.recorded_ooms_served += 1,
+            _ => (self.on_alloc)(i, b.size),
+        }
+    }
+
+    fn failed(&mut self, i: usize, _: Slot, oom: Oom, _: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>) -> Flow {
+        if let Some((false, _)) = self.request {
+            self.w.ooms.push(WhatIfOom { index: i, oom });
+        }
+        Flow::Continue
+    }
+}
+
+impl<A: FnMut(usize, u64)> Watch<'_, A> {
+    /// Any mark: [`Observer::mark`]'s every case.
+    #[inline(never)]
+    fn mark_in_full(&mut self, i: usize, mark: Mark, a: &mut DeviceCachingAllocator<ReplayDevice, NamedPolicy>) {
         match mark {
             Mark::StepBegins => self.end_step(a),
             Mark::EmptyCache => self.pools.release_freed(a, self.trace, RecordedPools::burst(self.trace, i)),
@@ -471,27 +512,10 @@ impl<A: FnMut(usize, u64)> Observer<ReplayDevice, NamedPolicy> for Watch<'_, A> 
                 }
             }
             Mark::Completed { stream, at_next_request: true } => self.at_next_request.push(stream),
-            // What the check compares; a what-if decides for itself (and is not given them).
             Mark::Segment | Mark::Free | Mark::UnknownFree => {}
             Mark::Completed { stream, at_next_request: false } => {
                 a.device_mut().inner_mut().sim_mut().complete_events_on(stream)
             }
         }
-        Ok(())
-    }
-
-    fn allocated(&mut self, i: usize, _: Slot, b: Allocation, a: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>) {
-        note_peak(a, &mut self.w);
-        match self.request {
-            Some((true, _)) => self.w.recorded_ooms_served += 1,
-            _ => (self.on_alloc)(i, b.size),
-        }
-    }
-
-    fn failed(&mut self, i: usize, _: Slot, oom: Oom, _: &DeviceCachingAllocator<ReplayDevice, NamedPolicy>) -> Flow {
-        if let Some((false, _)) = self.request {
-            self.w.ooms.push(WhatIfOom { index: i, oom });
-        }
-        Flow::Continue
     }
 }
