@@ -176,8 +176,7 @@ fn each_loop_frees_the_pair_where_its_loss_goes() {
         // The pair, found where a kept loss holds it past its micro-batch: the same tensors in
         // each loop's program, which differ only in where they are freed.
         let inline = planned(accumulation, LossLife::Inline);
-        let pairs: Vec<(TensorId, (u32, u32))> =
-            outliving(&inline).into_iter().map(|x| (x.id, x.made)).collect();
+        let pairs: Vec<(TensorId, (u32, u32))> = outliving(&inline).into_iter().map(|x| (x.id, x.made)).collect();
         assert_eq!(pairs.len() as u32, 2 * STEPS * m, "accumulation {accumulation}: {pairs:?}");
         let trainer = planned(accumulation, LossLife::Trainer);
         let function = planned(accumulation, LossLife::Function);
