@@ -182,13 +182,15 @@ The last step's loss is held while the profiler runs (`steps` returns it), as a 
 is held until the next forward's replaces it: what its graph keeps after the backward (under
 checkpointing, the leaf `enable_input_require_grads` makes of the input embeddings' output, and
 its `.grad`) is never freed in the recorded step, and the planner holds it as long as the job's
-loop keeps its loss (`headroom plan --loss-lives`). Checkpointed LoRA steps recorded while `steps` let the loss go inside the profile left the
-pair out as living from one step into the next (`left_out` counted four such tensors where these
-count two) and planned the optimizer step about 1% low on CPU; `hf-lora-eager.tpl`'s and
-`hf-lora-amp.tpl`'s checkpointed keys are recorded again. T5's graph holds three such leaves,
-each with its `.grad` (the encoder's and the decoder's input embeddings' outputs, and the
-cross-attention's zero position bias T5Attention makes require a gradient under checkpointing):
-six left out (the first step's), twelve by the recorder that let the loss go.
+loop keeps its loss (`headroom plan --loss-lives`). The first step's pair, freed in the second
+step's forward where the new loss takes the name, is kept in `step1` as held there, its free left
+out (`held_into_step2`), so the plan's first step makes it as the job's does and frees it where
+the job's loop lets its loss go. Templates recorded before 2026-11-30 left it out as living from
+one step into the next (`left_out` counted two such tensors); checkpointed LoRA steps recorded
+while `steps` let the loss go inside the profile left out both steps' pairs (four) and planned
+the optimizer step about 1% low on CPU. T5's graph holds three such leaves, each with its
+`.grad` (the encoder's and the decoder's input embeddings' outputs, and the cross-attention's
+zero position bias T5Attention makes require a gradient under checkpointing): six a step.
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
@@ -1028,6 +1030,19 @@ KEPT_SECTIONS = {"setup": "setup", "step1.forward": "step1", "step1.backward": "
                  "step2.forward": "step", "step2.backward": "step"}
 
 
+def held_into_step2(t):
+    """Whether tensor `t` is what the first step's loss holds after its backward: made in the
+    first step and freed in the second step's forward, where the new loss takes the name
+    (`loss = model(...).loss`) and the old one's graph goes. Under checkpointing with peft, the
+    leaf `enable_input_require_grads` makes of the input embeddings' output and its `.grad` (T5's
+    three leaves and theirs). A template keeps it in `step1` as held there, never freed: the
+    planner frees it where the job's loop lets its loss go (`--loss-lives`), as it frees the
+    later steps' pair (`step`'s, which the recording never frees)."""
+    freed = t["freed"]
+    return (KEPT_SECTIONS.get(t["section"]) == "step1" and freed is not None
+            and freed["section"] == "step2.forward" and not (t["role"] and t["role"][0] == "grad"))
+
+
 def kept(job):
     """The tensors a template keeps, by index, and why each other one is left out."""
     keep, left = [], {}
@@ -1046,6 +1061,8 @@ def kept(job):
             # Checkpointing's saved random-number state (a CPU tensor on a GPU too), made under
             # an autograd node or no operator at all.
             why = "made outside any operator"
+        elif held_into_step2(t):
+            pass
         elif freed and freed["section"] != t["section"] and KEPT_SECTIONS.get(freed["section"]) != section \
                 and not (t["role"] and t["role"][0] == "grad") and not (section == "setup"
                                                                         and freed["section"].startswith("step1")):
@@ -1054,6 +1071,14 @@ def kept(job):
             left[i] = why
         else:
             keep.append(i)
+    held = [i for i in keep if held_into_step2(job.tensors[i])]
+    # The second step's loss holds what the first's did (the recording never frees it): as many
+    # tensors, or the first step's pair is something else.
+    never = [i for i in keep if job.tensors[i]["freed"] is None and job.tensors[i]["role"] is None
+             and KEPT_SECTIONS.get(job.tensors[i]["section"]) == "step"]
+    if len(held) != len(never):
+        raise Unexplained(f"{job.what}: the first step's loss holds {len(held)} tensors into the second step's "
+                          f"forward, the second's {len(never)} past its end")
     return keep, left
 
 
@@ -1085,6 +1110,8 @@ def sequence(job, keep):
             section = KEPT_SECTIONS.get(tensor["freed"]["section"])
             if section is None:
                 continue  # zero_grad's frees of the gradients: the planner makes them
+            if held_into_step2(tensor):
+                continue  # the first step's loss goes where the job's loop lets it go: the planner's
             inside, last = tensor["freed"]["layer"]
         else:
             section = KEPT_SECTIONS[tensor["section"]]

@@ -19,7 +19,11 @@
 //! - `setup`, `step1`, `step`: the events of building the model, of the first step's
 //!   forward and backward, and of a later one's (`step1` null when they are alike), each
 //!   `kind, tensor, layer` (kind 0 allocates, 1 frees); `backward`: where each step's
-//!   backward begins.
+//!   backward begins. What a step's loss holds after its backward (under checkpointing with
+//!   peft, the input embeddings' leaf and its `.grad`) is made in its section and never freed
+//!   there, `step1`'s as `step`'s: the planner frees it where the job's loop lets its loss go
+//!   (`builders::hf::loss_life`). Templates recorded before 2026-11-30 leave the first step's
+//!   out of `step1`.
 //!
 //! A layer is `stack × 100 + n` with n in 0..5: the planner keeps the first [`EDGE`] and
 //! the last [`EDGE`] layers as recorded and repeats the middle one for every layer between

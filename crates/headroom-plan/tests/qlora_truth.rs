@@ -11,7 +11,9 @@
 //!
 //! `record --qlora` holds each step's loss until the next forward's replaces it (an `inline`
 //! loop, `LossLife::Inline`), so the recorded second step's forward holds what the first's loss
-//! holds; the plan's first such forward is its third step's, which `cpu_peaks` compares.
+//! holds; the plan's third step's forward holds the second's, whether or not the template keeps
+//! the first step's pair in `step1` (those recorded before 2026-11-30 do not), and `cpu_peaks`
+//! compares the third step.
 //!
 //! `cargo test -p headroom-plan --test qlora_truth -- --nocapture` prints the table
 //! docs/VALIDATION.md shows.

@@ -51,10 +51,12 @@ fn free(p: &mut Program, held: Vec<TensorId>) {
 }
 
 /// The first steady step of a replay: one whose forward holds what the loop holds of the step
-/// before's loss. The recording leaves the first step's pair out of `step1` (it lives from one
-/// step into the next: `step_programs.kept`), so with an `inline` loop the second step's forward
-/// holds none, and the third is the first to hold the second's; a loop that lets its loss go
-/// within the step carries nothing over, and its second step is steady.
+/// before's loss. A template recorded since 2026-11-30 keeps the first step's pair in `step1`, as
+/// held there (`step_programs.held_into_step2`), so with an `inline` loop its second step's forward
+/// holds the first's and is steady; one recorded before left it out (as living from one step into
+/// the next), so its second step's forward holds none and its third is the first to hold the
+/// second's. The third is steady for both. A loop that lets its loss go within the step carries
+/// nothing over, and its second step is steady.
 pub(super) fn steady_step(life: LossLife) -> u32 {
     match life {
         LossLife::Inline => 3,
@@ -65,6 +67,6 @@ pub(super) fn steady_step(life: LossLife) -> u32 {
 /// Whether template `key`'s step, as `device` runs it for `cfg`, leaves anything held by the
 /// loss after its backward: where it does, how long the loop keeps its loss moves the plan.
 pub fn loss_holds(model: &Model, cfg: &TrainConfig, device: Device, key: &str) -> bool {
-    // The first step's pair is not in the template (`steady_step`): the second step holds it.
+    // The second step holds it whether or not the template's `step1` does (`steady_step`).
     super::program_of(model, cfg, device, key, 2, &StateScale::default()).is_ok_and(|hf| hf.loss_held > 0)
 }
