@@ -8,8 +8,8 @@ distinct size) at three layers, this runs the job as a user's script does — th
 `torch.optim.AdamW` created, then two steps of forward with the loss, backward, `opt.step()`
 and `opt.zero_grad(set_to_none=True)` — under the profiler, and keeps every allocation and
 free of the CPU allocator, with the operator that made it, the layer whose module was running
-(forward and backward hooks), and what the tensor became (a parameter, a gradient, optimizer
-state, an input). It does this at three shapes (batch x sequence 2x56, 2x88, 3x56) and writes
+(forward hooks; in the backward, hooks on its output's and input's gradients), and what the
+tensor became (a parameter, a gradient, optimizer state, an input). It does this at three shapes (batch x sequence 2x56, 2x88, 3x56) and writes
 each tensor's size as a law in the model's dimensions: bytes fixed (a parameter's shape, in
 units such as `q*h`), per token, per token x position (eager attention's s x s), per
 sequence, per position or per position squared, each a sum of `coefficient x unit product`.
@@ -243,6 +243,7 @@ import json
 import os
 import re
 import sys
+import weakref
 
 import torch
 from torch._C._profiler import _EventType
@@ -714,7 +715,37 @@ def layer_tag(name):
     return stack, int(n)
 
 
+def when_all(tensors, fn):
+    """`fn()` once the gradients of all `tensors` that this backward makes are made, as
+    `register_multi_grad_hook` calls it, holding no gradient and no tensor: that function's
+    hooks keep the tensors' nodes, and a leaf's node (`AccumulateGrad`) keeps the leaf, which then
+    outlives the loss that held it."""
+    refs = [weakref.ref(t) for t in tensors]
+    state = {"task": None, "left": 0}
+
+    def hook(_):
+        task = torch._C._current_graph_task_id()
+        if state["task"] != task:
+            live = [r() for r in refs]
+            state["task"], state["left"] = task, sum(
+                torch._C._will_engine_execute_node(torch.autograd.graph._get_grad_fn_or_grad_acc(t))
+                for t in live if t is not None) if len(refs) > 1 else 1
+        state["left"] -= 1
+        if state["left"] == 0:
+            fn()
+
+    for t in tensors:
+        t.register_hook(hook)
+
+
 def hook_layers(model, family):
+    """Each layer's forward and backward marked as a profiler range `layer:main:n`. The backward's
+    range opens when the gradient of the layer's output is complete and closes when that of its
+    input is, by hooks on those tensors (`when_all`) that keep no gradient: a
+    module's full backward hooks (`BackwardHook`) keep the output's gradient (`grad_outputs`)
+    until the input's is made, and a gradient held so is never the one the engine sums into in
+    place (`InputBuffer::accumulate` wants its storage held by the buffer alone), so the residual
+    sum of a pre-norm layer, in place on a GPU, would be recorded as a new tensor a layer."""
     pattern = layer_pattern(family)
     for name, m in model.named_modules():
         hit = pattern.fullmatch(name)
@@ -730,10 +761,28 @@ def hook_layers(model, family):
         def leave(m, *a):
             m._ranges.pop().__exit__(None, None, None)
 
+        def left(m, args, out, enter=enter):
+            leave(m)
+            if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+                # No backward, or a checkpointed layer's forward run again inside the backward,
+                # whose graph the backward never runs.
+                return
+            outs = [t for t in (out if isinstance(out, tuple) else (out,))
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            ins = [t for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs and ins:
+                # With no input that takes a gradient the range would be empty (a full backward
+                # hook's too: it calls the hook as the output's gradient arrives).
+                when_all(ins, lambda m=m: leave(m))
+                if len(outs) == 1 and outs[0].grad_fn is not None:
+                    # After the tensor hooks on the output, which the next layer's input is: the
+                    # next layer's range closes before this one opens.
+                    outs[0].grad_fn.register_prehook(lambda *_, m=m, enter=enter: enter(m))
+                else:
+                    when_all(outs, lambda m=m, enter=enter: enter(m))
+
         m.register_forward_pre_hook(enter)
-        m.register_forward_hook(leave)
-        m.register_full_backward_pre_hook(enter)
-        m.register_full_backward_hook(leave)
+        m.register_forward_hook(left)
 
 
 def dims(model, cfg):
