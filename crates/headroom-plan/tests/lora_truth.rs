@@ -296,6 +296,27 @@ fn what_the_loss_holds_lives_through_the_optimizer_step() {
     assert_eq!(held, Some(2 * (2 * b * s * h * 4) + 2 * heads * s * s * 4));
 }
 
+/// The tensors made in step 2's forward and still alive as its backward begins.
+fn made_in_step_2_and_live_at_its_backward(p: &headroom_plan::program::Program) -> std::collections::BTreeSet<u32> {
+    use headroom_plan::program::{Op, Phase};
+    let mut live = std::collections::BTreeSet::new();
+    let mut in_step = false;
+    for op in &p.ops {
+        match *op {
+            Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
+            Op::Mark { step: 2, phase: Phase::Backward } => return live,
+            Op::Alloc(t) if in_step => {
+                live.insert(t);
+            }
+            Op::Free(t) => {
+                live.remove(&t);
+            }
+            _ => {}
+        }
+    }
+    panic!("step 2 has no backward")
+}
+
 /// BLOOM reshapes the query of its fused query-key-value output to batch × heads: a copy at a
 /// batch of two or more, a view at a batch of one, which the attention's `baddbmm` saves, so
 /// each layer's fused output (3 × hidden a token) stays alive for the backward in the copy's
@@ -305,7 +326,6 @@ fn what_the_loss_holds_lives_through_the_optimizer_step() {
 /// heads it is).
 #[test]
 fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
-    use headroom_plan::program::{Op, Phase};
     let c = cases()
         .into_iter()
         .find(|c| c["family"] == "bloom" && c["precision"] == "fp32" && c["checkpointing"] == false)
@@ -315,26 +335,9 @@ fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
         let cfg = TrainConfig { micro_batch: batch, seq: 100, ..config(&c) };
         let hf = program(&m, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template serves it");
         let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-        let mut live = std::collections::BTreeSet::new();
-        let (mut in_step, mut at_backward) = (false, None);
-        for op in &hf.program.ops {
-            match *op {
-                Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
-                Op::Mark { step: 2, phase: Phase::Backward } => {
-                    at_backward = Some(live.clone());
-                    break;
-                }
-                Op::Alloc(t) if in_step => {
-                    live.insert(t);
-                }
-                Op::Free(t) => {
-                    live.remove(&t);
-                }
-                _ => {}
-            }
-        }
+        let at_backward = made_in_step_2_and_live_at_its_backward(&hf.program);
         let fused = 3 * batch * cfg.seq * m.hidden * 4;
-        at_backward.expect("a backward").iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
+        at_backward.iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
     };
     assert_eq!(c["batch"], 1);
     assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
@@ -349,7 +352,6 @@ fn bloom_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
 /// output a layer, at two none.
 #[test]
 fn gpt2_with_the_cache_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
-    use headroom_plan::program::{Op, Phase};
     let c = cases()
         .into_iter()
         .find(|c| c["family"] == "gpt2" && c["attention"] == "eager" && c["use_cache"] == true && c["batch"] == 1)
@@ -360,26 +362,9 @@ fn gpt2_with_the_cache_at_a_batch_of_one_keeps_each_layer_s_fused_output() {
         let hf = program(&m, &cfg, Device::Cpu, 2, &StateScale::default()).expect("a LoRA template serves it");
         assert!(hf.key.contains("/eager/full/cache/"), "{}", hf.key);
         let sizes = hf.program.sizes(cfg.micro_batch, cfg.seq);
-        let mut live = std::collections::BTreeSet::new();
-        let (mut in_step, mut at_backward) = (false, None);
-        for op in &hf.program.ops {
-            match *op {
-                Op::Mark { step: 2, phase: Phase::Forward } => in_step = true,
-                Op::Mark { step: 2, phase: Phase::Backward } => {
-                    at_backward = Some(live.clone());
-                    break;
-                }
-                Op::Alloc(t) if in_step => {
-                    live.insert(t);
-                }
-                Op::Free(t) => {
-                    live.remove(&t);
-                }
-                _ => {}
-            }
-        }
+        let at_backward = made_in_step_2_and_live_at_its_backward(&hf.program);
         let fused = 3 * batch * cfg.seq * m.hidden * 2;
-        at_backward.expect("a backward").iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
+        at_backward.iter().filter(|&&t| sizes[t as usize] == fused).count() as u64
     };
     assert_eq!((fused_at_backward(1), fused_at_backward(2)), (m.layers, 0));
 }
