@@ -88,15 +88,23 @@ impl Sorted {
         Some(self.remove_at(at).1)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove_at(&mut self, i: usize) -> (u128, u32) {
         // The last entry (a set of one, the common warm case) is popped: `Vec::remove`
-        // calls `memmove` even to move nothing.
+        // calls `memmove` even to move nothing. Inline, where as a call of its own the pop
+        // cost about 40 instructions (docs/PERFORMANCE.md, "Warm malloc + free pair,
+        // twenty-first round").
         if i + 1 == self.keys.len() {
             if let (Some(k), Some(id)) = (self.keys.pop(), self.ids.pop()) {
                 return (k, id);
             }
         }
+        self.remove_before_last_at(i)
+    }
+
+    /// [`Sorted::remove_at`] of an entry not the last.
+    #[inline(never)]
+    fn remove_before_last_at(&mut self, i: usize) -> (u128, u32) {
         let (k, id) = (self.keys[i], self.ids[i]);
         let after = self.keys.len() - i - 1;
         move_within(&mut self.keys, i + 1, after, i);
@@ -118,8 +126,28 @@ impl Sorted {
     /// removes the entry at `old` and returns false. One search, of the side of
     /// `old` the key moves to: a block that shrinks sorts before its old place,
     /// one that grows after it.
-    #[inline]
+    #[inline(always)]
     pub(super) fn replace_at(&mut self, old: usize, key: u128, id: u32) -> bool {
+        // Where the key still sorts between the entry's neighbours it takes the entry's
+        // place with no search and no move: a remainder shrinking in a set of one, or a
+        // block growing by a neighbour it absorbed, as in every warm pair. Written inline,
+        // a few comparisons, where the call with its searches cost about 60 instructions
+        // (docs/PERFORMANCE.md, "Warm malloc + free pair, twenty-first round").
+        let keys = &self.keys[..];
+        debug_assert!(old < keys.len(), "the entry replaced is in the set");
+        let after_prev = old == 0 || keys[old - 1] < key;
+        if after_prev && keys.get(old + 1).is_none_or(|&next| key < next) {
+            self.keys[old] = key;
+            self.ids[old] = id;
+            return true;
+        }
+        self.replace_at_moving(old, key, id)
+    }
+
+    /// [`Sorted::replace_at`] of a key that sorts past a neighbour of the entry's place
+    /// (or equals one).
+    #[inline(never)]
+    fn replace_at_moving(&mut self, old: usize, key: u128, id: u32) -> bool {
         if key < self.keys[old] {
             let to = self.keys[..old].partition_point(|&k| k < key);
             if self.keys[to] == key {
