@@ -68,19 +68,69 @@ impl PoolKind {
     }
 }
 
+/// One pool's stat, kept as its peak and the room below it (`slack`, peak less current,
+/// never negative) where [`Stat`] keeps the current value: a rise then costs one
+/// subtraction that sets the flags for the rare new peak, where a current value is
+/// added to and compared with the peak (docs/PERFORMANCE.md, "Warm malloc + free pair,
+/// twenty-first round").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PoolStat {
+    peak: i64,
+    slack: i64,
+    allocated: i64,
+    freed: i64,
+}
+
+impl PoolStat {
+    #[inline(always)]
+    fn current(&self) -> i64 {
+        self.peak - self.slack
+    }
+
+    #[inline(always)]
+    fn stat(&self) -> Stat {
+        Stat { current: self.current(), peak: self.peak, allocated: self.allocated, freed: self.freed }
+    }
+
+    #[inline(always)]
+    fn increase(&mut self, n: u64) {
+        self.allocated += n as i64;
+        self.slack -= n as i64;
+        if self.slack < 0 {
+            self.raise_peak();
+        }
+    }
+
+    /// Out of line and cold so that the rise stays a subtraction and a branch: written
+    /// inline, the compiler made every rise a maximum with its moves.
+    #[cold]
+    #[inline(never)]
+    fn raise_peak(&mut self) {
+        self.peak -= self.slack;
+        self.slack = 0;
+    }
+
+    #[inline(always)]
+    fn decrease(&mut self, n: u64) {
+        self.freed += n as i64;
+        self.slack += n as i64;
+    }
+}
+
 /// A stat for "all", "small_pool" and "large_pool" (PyTorch's `StatArray`).
 ///
 /// Only the two pools are counted. "all" is their sum, worked out when read: its
 /// current value and its totals are the pools' added, since every change goes to
-/// exactly one pool. Its peak is not: the pools peak at different moments, so it is
-/// kept, raised where the sum passes it. Updating "all" beside the pool cost about
-/// half of a request's statistics (docs/PERFORMANCE.md, "Replay passes, nineteenth
-/// round"). Invariant (checked by `validate`): `small.peak.max(large.peak) <=
-/// all.peak <= small.peak + large.peak`, with both pools' currents never negative.
+/// exactly one pool. Its peak is not: the pools peak at different moments, so the
+/// room below it (`all_slack`: the peak less the sum) is kept, and a rise past it
+/// raises the peak. Updating "all" beside the pool cost about half of a request's
+/// statistics (docs/PERFORMANCE.md, "Replay passes, nineteenth round"). Invariant
+/// (checked by `validate`): `small.peak.max(large.peak) <= all.peak <= small.peak +
+/// large.peak`, with both pools' currents never negative.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatArray {
-    pools: [Stat; 2],
-    all_peak: i64,
+    pools: [PoolStat; 2],
+    all_slack: i64,
 }
 
 impl StatArray {
@@ -88,9 +138,10 @@ impl StatArray {
     #[inline]
     pub fn all(&self) -> Stat {
         let [s, l] = &self.pools;
+        let current = s.current() + l.current();
         Stat {
-            current: s.current + l.current,
-            peak: self.all_peak,
+            current,
+            peak: current + self.all_slack,
             allocated: s.allocated + l.allocated,
             freed: s.freed + l.freed,
         }
@@ -99,58 +150,72 @@ impl StatArray {
     /// The "small_pool" stat.
     #[inline]
     pub fn small_pool(&self) -> Stat {
-        self.pools[0]
+        self.pools[0].stat()
     }
 
     /// The "large_pool" stat.
     #[inline]
     pub fn large_pool(&self) -> Stat {
-        self.pools[1]
+        self.pools[1].stat()
     }
 
     /// The stat of one pool.
     #[inline]
     pub fn pool(&self, kind: PoolKind) -> Stat {
-        self.pools[kind.pool_index()]
+        self.pools[kind.pool_index()].stat()
     }
 
     /// By PyTorch's `StatType` index: 0 = all, 1 = small_pool, 2 = large_pool.
     pub fn get(&self, index: usize) -> Option<Stat> {
         match index {
             0 => Some(self.all()),
-            1 => Some(self.pools[0]),
-            2 => Some(self.pools[1]),
+            1 => Some(self.small_pool()),
+            2 => Some(self.large_pool()),
             _ => None,
         }
     }
 
     /// "all", "small_pool", "large_pool", in PyTorch's order.
     pub fn to_array(&self) -> [Stat; 3] {
-        [self.all(), self.pools[0], self.pools[1]]
+        [self.all(), self.small_pool(), self.large_pool()]
     }
 
     fn reset_peak(&mut self) {
-        self.pools.iter_mut().for_each(Stat::reset_peak);
-        self.all_peak = self.pools[0].current + self.pools[1].current;
+        for p in &mut self.pools {
+            p.peak = p.current();
+            p.slack = 0;
+        }
+        self.all_slack = 0;
     }
 
     fn reset_accumulated(&mut self) {
-        self.pools.iter_mut().for_each(Stat::reset_accumulated);
+        for p in &mut self.pools {
+            p.allocated = 0;
+            p.freed = 0;
+        }
     }
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn increase(a: &mut StatArray, pool: PoolKind, n: u64) {
     a.pools[pool.pool_index()].increase(n);
-    let all = a.pools[0].current + a.pools[1].current;
-    if all > a.all_peak {
-        a.all_peak = all;
+    a.all_slack -= n as i64;
+    if a.all_slack < 0 {
+        raise_all_peak(a);
     }
 }
 
-#[inline]
+/// As [`PoolStat::raise_peak`], for "all".
+#[cold]
+#[inline(never)]
+fn raise_all_peak(a: &mut StatArray) {
+    a.all_slack = 0;
+}
+
+#[inline(always)]
 pub(crate) fn decrease(a: &mut StatArray, pool: PoolKind, n: u64) {
     a.pools[pool.pool_index()].decrease(n);
+    a.all_slack += n as i64;
 }
 
 /// The allocator's statistics, field for field PyTorch's `DeviceStats`.
