@@ -153,18 +153,28 @@ impl Arena {
     }
 }
 
+// Indexing is unchecked. Invariant: every id indexed was handed out by `Arena::insert`
+// (a slot's index, and slots are never dropped, so it stays below `slots.len()`), or is
+// a live block's `prev` or `next` other than `NIL`, itself such an id; ids from outside
+// the crate (`BlockId`) go through `Arena::get`, which checks. The checks cost a compare
+// and a branch at each of the dozen or so blocks a warm pair indexes (docs/PERFORMANCE.md,
+// "Warm malloc + free pair, twenty-first round"); debug builds keep them.
 impl std::ops::Index<u32> for Arena {
     type Output = Block;
-    #[inline]
+    #[inline(always)]
     fn index(&self, id: u32) -> &Block {
-        &self.slots[id as usize]
+        debug_assert!((id as usize) < self.slots.len(), "block {id} was never handed out");
+        // SAFETY: in bounds by the invariant above.
+        unsafe { self.slots.get_unchecked(id as usize) }
     }
 }
 
 impl std::ops::IndexMut<u32> for Arena {
-    #[inline]
+    #[inline(always)]
     fn index_mut(&mut self, id: u32) -> &mut Block {
-        &mut self.slots[id as usize]
+        debug_assert!((id as usize) < self.slots.len(), "block {id} was never handed out");
+        // SAFETY: in bounds by the invariant above.
+        unsafe { self.slots.get_unchecked_mut(id as usize) }
     }
 }
 
