@@ -110,7 +110,7 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     pub(crate) capture_stream_uses: FxHashMap<u32, Vec<StreamId>>,
     /// Allocated blocks by address (PyTorch's `allocated_blocks`); blocks
     /// waiting for cross-stream events are reachable through `events`.
-    pub(crate) active: FxHashMap<u64, u32>,
+    pub(crate) active: crate::addr_map::AddrMap,
     /// Whether `active` is kept: a caller that frees by [`crate::BlockId`] alone (a
     /// replay's walk) turns it off, and `active` stays empty until it is turned on.
     pub(crate) pointer_map: bool,
@@ -175,7 +175,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             captures: Vec::new(),
             deferred: Vec::new(),
             capture_stream_uses: FxHashMap::default(),
-            active: FxHashMap::default(),
+            active: Default::default(),
             pointer_map: true,
             stream_uses: FxHashMap::default(),
             segments: BTreeMap::new(),

@@ -28,7 +28,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if ptr == 0 {
             return Ok(());
         }
-        let id = match self.active.remove(&ptr) {
+        let id = match self.active.remove(ptr) {
             Some(id) => id,
             None => self.allocated_block(ptr).ok_or(AllocError::InvalidPointer(ptr))?,
         };

@@ -52,6 +52,7 @@
 //! assert_eq!(alloc.memory_stats()["reserved_bytes.all.current"], 0);
 //! ```
 
+mod addr_map;
 mod alloc_lock;
 mod allocator;
 mod best_fit;

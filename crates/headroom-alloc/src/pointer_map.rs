@@ -47,7 +47,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// The allocated block at `ptr`: from the map, or without it by a walk of every block.
     pub(crate) fn allocated_block(&self, ptr: u64) -> Option<u32> {
         if self.pointer_map {
-            return self.active.get(&ptr).copied();
+            return self.active.get(ptr);
         }
         self.arena.iter().find(|(_, b)| b.allocated && b.ptr == ptr).map(|(id, _)| id)
     }
@@ -84,7 +84,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         }
         let id = self.allocated_at(id, ptr)?;
         if self.pointer_map {
-            self.active.remove(&ptr);
+            self.active.remove(ptr);
         }
         self.free_found(id, ptr)
     }

@@ -147,7 +147,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
                     if b.allocated {
                         n_active += 1;
                         ensure!(
-                            !self.pointer_map || self.active.get(&b.ptr) == Some(&id),
+                            !self.pointer_map || self.active.get(b.ptr) == Some(id),
                             "allocated block {:#x} is missing from the allocated map",
                             b.ptr
                         );
