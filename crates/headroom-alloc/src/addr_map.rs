@@ -217,7 +217,13 @@ mod tests {
                 1 => 0x7f00_0000_0000 + (r >> 8) % span * 2 * 1024 * 1024,
                 _ => (r >> 8) % (span / 8 + 1) * 512 * 4096,
             };
-            let insert = if step < 30_000 { r >> 60 < 11 } else if step < 70_000 { r >> 60 < 8 } else { r >> 60 < 3 };
+            let insert = if step < 30_000 {
+                r >> 60 < 11
+            } else if step < 70_000 {
+                r >> 60 < 8
+            } else {
+                r >> 60 < 3
+            };
             if insert {
                 let id = step;
                 map.insert(addr, id);

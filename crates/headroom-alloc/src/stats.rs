@@ -139,12 +139,7 @@ impl StatArray {
     pub fn all(&self) -> Stat {
         let [s, l] = &self.pools;
         let current = s.current() + l.current();
-        Stat {
-            current,
-            peak: current + self.all_slack,
-            allocated: s.allocated + l.allocated,
-            freed: s.freed + l.freed,
-        }
+        Stat { current, peak: current + self.all_slack, allocated: s.allocated + l.allocated, freed: s.freed + l.freed }
     }
 
     /// The "small_pool" stat.
