@@ -207,6 +207,8 @@ pub fn check_from(
         clusters: Default::default(),
         request: None,
         answer: None,
+        // The first answer clears whatever the start state left told.
+        told: true,
     };
     let mut ops = TraceRequests::new(trace, t.index(), pools, Vec::new(), Vec::new(), progress);
     let mut walk = Walk::default();
@@ -285,6 +287,10 @@ struct Checker<'a> {
     request: Option<usize>,
     /// How the allocator answered it: the block's address, or the first line of its error.
     answer: Option<Result<u64, String>>,
+    /// Whether a segment event told the device an address since its addresses were last
+    /// cleared: most requests follow none, and clearing two empty queues at each answer cost
+    /// about six instructions (docs/PERFORMANCE.md, "Replay passes, twenty-first round").
+    told: bool,
 }
 
 type CheckAllocator = DeviceCachingAllocator<ReplayDevice>;
@@ -400,6 +406,7 @@ impl Checker<'_> {
         let e = &self.trace[i];
         if e.action == TraceAction::SegmentAlloc {
             a.device_mut().inner_mut().sim_mut().push_next_address(e.addr);
+            self.told = true;
         }
         // A map that does not touch the ranges mapped so far opens a new
         // expandable segment: its reservation starts there.
@@ -412,6 +419,7 @@ impl Checker<'_> {
                 _ => {
                     if !a.device().inner().sim().is_reserved(e.addr) {
                         a.device_mut().inner_mut().sim_mut().push_next_reservation(e.addr);
+                        self.told = true;
                     }
                     self.clusters.insert(e.addr, end);
                 }
@@ -423,10 +431,11 @@ impl Checker<'_> {
     /// Before a request: the device told to refuse where the recorded one did,
     /// and the releases of the program's `empty_cache()` made. Inlined where the mark is
     /// made: most requests come after no segment event and were served, and for them this
-    /// is a store; the rest is a call ([`Self::request_after_events`]).
+    /// is a store; the rest is a call ([`Self::request_after_events`]). `failed`: the entry is
+    /// an OOM, as the mark says (not read again from the trace).
     #[inline(always)]
-    fn request(&mut self, a: &mut CheckAllocator, i: usize) {
-        if !self.pending.is_empty() || self.trace[i].action == TraceAction::Oom {
+    fn request(&mut self, a: &mut CheckAllocator, i: usize, failed: bool) {
+        if !self.pending.is_empty() || failed {
             return self.request_after_events(a, i);
         }
         (self.request, self.answer) = (Some(i), None);
@@ -470,15 +479,19 @@ impl Checker<'_> {
     /// Inlined where the mark is made: most requests make no device call, were recorded
     /// making none, and got the recorded address, and for them the comparison is a few
     /// loads; the rest is a call ([`Self::answered_in_full`]). Both leave the same state.
+    /// `addr` and `failed`: the entry's recorded address, and whether it is an OOM, as the
+    /// mark carries them (not read again from the trace).
     #[inline(always)]
-    fn answered(&mut self, a: &mut CheckAllocator, i: usize) {
-        let e = &self.trace[i];
-        let matched = matches!(self.answer, Some(Ok(ptr)) if ptr == e.addr);
-        if !(matched && e.action == TraceAction::Alloc && self.pending.is_empty() && a.history_len() == 0) {
+    fn answered(&mut self, a: &mut CheckAllocator, i: usize, addr: u64, failed: bool) {
+        let matched = matches!(self.answer, Some(Ok(ptr)) if ptr == addr);
+        if !(matched && !failed && self.pending.is_empty() && a.history_len() == 0) {
             return self.answered_in_full(a, i);
         }
         a.device_mut().refuse_allocations(false);
-        a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+        if self.told {
+            a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+            self.told = false;
+        }
         (self.request, self.answer) = (None, None);
         self.f.alloc_total += 1;
         self.f.alloc_matched += 1;
@@ -490,6 +503,7 @@ impl Checker<'_> {
         let e = &self.trace[i];
         a.device_mut().refuse_allocations(false);
         a.device_mut().inner_mut().sim_mut().clear_next_addresses();
+        self.told = false;
         if e.action == TraceAction::Oom {
             if a.release_unmapped_segments().is_err() {
                 self.diverge(i, || "releasing the reservation a failed request made failed".into());
@@ -540,8 +554,8 @@ impl Observer<ReplayDevice, PyTorchPolicy> for Checker<'_> {
     fn mark(&mut self, i: usize, mark: Mark, a: &mut CheckAllocator) -> Result<(), AllocError> {
         match mark {
             Mark::Segment => self.segment(a, i),
-            Mark::Request { .. } => self.request(a, i),
-            Mark::Answered => self.answered(a, i),
+            Mark::Request { failed } => self.request(a, i, failed),
+            Mark::Answered { addr, failed } => self.answered(a, i, addr, failed),
             // A free after segments were released since the last request: the program's
             // `empty_cache()` released them.
             Mark::Free if !self.pending.is_empty() => self.empty_cache(a, i),

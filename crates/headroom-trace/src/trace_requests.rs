@@ -27,8 +27,9 @@ pub(crate) enum Mark {
     EmptyCache,
     /// A request comes; `failed`: the recorded run could not serve it (an `oom` entry).
     Request { failed: bool },
-    /// The request was answered.
-    Answered,
+    /// The request was answered; `addr`, `failed`: the entry's recorded address, and whether
+    /// the recorded run failed it, carried for the check (which read them from the trace again).
+    Answered { addr: u64, failed: bool },
     /// A free comes (one that completes at once).
     Free,
     /// A free of an address no live block has.
@@ -192,7 +193,7 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
             self.entries.read(
                 i,
                 e,
-                Code::of(c),
+                c,
                 #[inline(always)]
                 |op| {
                     if halted.is_some() {
@@ -219,12 +220,13 @@ impl<'a, F: FnMut(usize)> TraceRequests<'a, F> {
 }
 
 impl Entries<'_> {
-    /// Hands entry `i`'s operations to `push`, in order: `e` is the entry, `code` its slot code.
-    /// One `match` on the action, each arm reading the code it needs, where a match on the
-    /// pair tested for a segment event first at every entry (docs/PERFORMANCE.md, "Replay
-    /// passes, nineteenth round").
+    /// Hands entry `i`'s operations to `push`, in order: `e` is the entry, `c` its slot code.
+    /// One `match` on the action, where a match on the pair tested for a segment event first
+    /// at every entry (docs/PERFORMANCE.md, "Replay passes, nineteenth round"), each arm
+    /// decoding the code as far as it reads it: decoded whole before the `match`, it cost every
+    /// entry about seven instructions ("twenty-first round").
     #[inline(always)]
-    fn read(&mut self, i: usize, e: &TraceEvent, code: Code, mut push: impl FnMut(Op<Mark>)) {
+    fn read(&mut self, i: usize, e: &TraceEvent, c: u32, mut push: impl FnMut(Op<Mark>)) {
         if i == self.next_marked {
             if next_is(&mut self.step_starts, i) {
                 push(Op::Mark(Mark::StepBegins));
@@ -238,7 +240,7 @@ impl Entries<'_> {
         let compared = self.compared;
         match e.action {
             TraceAction::Alloc | TraceAction::Oom => {
-                let Code::Slot(slot) = code else { return };
+                let Code::Slot(slot) = Code::of(c) else { return };
                 let failed = e.action == TraceAction::Oom;
                 // A request the recorded run failed holds nothing: its block, if this run
                 // serves it, is freed at once.
@@ -248,7 +250,7 @@ impl Entries<'_> {
                 }
                 push(Op::Mark(Mark::Request { failed }));
                 push(Op::Alloc { slot, size: e.size, stream: e.stream, pool: self.pools.pool_of(i, e) });
-                push(Op::Mark(Mark::Answered));
+                push(Op::Mark(Mark::Answered { addr: e.addr, failed }));
                 if failed {
                     push(Op::Free { slot });
                 }
@@ -257,6 +259,7 @@ impl Entries<'_> {
             // the recorded run, on a stream of its own, so it becomes reusable exactly when
             // the trace says.
             TraceAction::FreeRequested => {
+                let code = Code::of(c);
                 if code == Code::Nothing {
                     return;
                 }
@@ -278,6 +281,7 @@ impl Entries<'_> {
                 // were found complete when the next request began (process_events). Had a
                 // block completed there and been able to serve the request, nothing would
                 // have been released, so the two readings differ in nothing else.
+                let code = Code::of(c);
                 if let (TraceAction::FreeCompleted, Code::Completed { k, at_next_request }) = (e.action, code) {
                     let stream = STAND_IN_STREAMS + u64::from(k);
                     push(Op::Mark(Mark::Completed { stream, at_next_request }));
@@ -370,10 +374,10 @@ mod tests {
         let want = [
             "0 Request { failed: false }",
             "0 alloc 0 1048576",
-            "0 Answered",
+            "0 Answered { addr: 4096, failed: false }",
             "1 Request { failed: false }",
             "1 alloc 1 1048576",
-            "1 Answered",
+            "1 Answered { addr: 8192, failed: false }",
             "3 Free",
             "3 free 0",
         ];

@@ -450,7 +450,7 @@ impl<A: FnMut(usize, u64)> Observer<ReplayDevice, NamedPolicy> for Watch<'_, A> 
             Mark::Request { failed: false } if self.refusals.get(self.next_refusal).is_none_or(|&r| r > i) => {
                 self.request = Some((false, false));
             }
-            Mark::Answered if self.request == Some((false, false)) && self.at_next_request.is_empty() => {
+            Mark::Answered { .. } if self.request == Some((false, false)) && self.at_next_request.is_empty() => {
                 self.request = None;
             }
             // What the check compares; a what-if decides for itself (and is not given them).
@@ -494,7 +494,7 @@ impl<A: FnMut(usize, u64)> Watch<'_, A> {
                 }
                 self.request = Some((failed, refused));
             }
-            Mark::Answered => {
+            Mark::Answered { .. } => {
                 match self.request.take() {
                     Some((true, refused)) => {
                         a.device_mut().refuse_allocations(false);
