@@ -42,7 +42,7 @@
 use super::{InferConfig, Runtime, WeightFormat};
 use crate::bnb::{Bnb, ComputeDtype, QuantType};
 use crate::builders::hf::expander::Expander;
-use crate::builders::hf::{is_head, no_sdpa, stack_layers, Concrete};
+use crate::builders::hf::{is_head, matrix_multiply, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::{Family, Model};
@@ -279,15 +279,6 @@ pub fn program(model: &Model, key: &str, prompt: u64, pasts: &[u64], gpu: Option
         r.p.free(id);
     }
     r.p
-}
-
-/// Whether a template site is a matrix multiply cuBLAS runs on a GPU (its innermost operator).
-fn matrix_multiply(site: &str) -> bool {
-    let leaf = site.rsplit(" > ").next().unwrap_or(site);
-    matches!(
-        leaf,
-        "aten::mm" | "aten::bmm" | "aten::addmm" | "aten::baddbmm" | "aten::addbmm" | "aten::_addmm_activation"
-    )
 }
 
 /// `law` at a length of `s`: a law in the batch alone.

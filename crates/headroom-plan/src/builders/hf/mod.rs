@@ -21,8 +21,9 @@
 //! - dropout keeps a one-byte mask where the CPU keeps its noise in the dropped tensor's dtype;
 //! - QLoRA's setup empties the allocator's cache after peft's fp32 casts, as
 //!   `prepare_model_for_kbit_training` does where CUDA is available (`kbit_cache.rs`);
-//! - cuBLAS takes a workspace at the first matrix multiply of the forward and another for the
-//!   backward's thread, kept for the life of the process;
+//! - cuBLAS takes a workspace inside the first matrix multiply of the forward, after its
+//!   output, and another in the backward's first (the autograd engine's thread), kept for
+//!   the life of the process;
 //! - the token embedding's backward over more than 3,072 tokens sums them by partial segments
 //!   in a buffer it frees at once (`embedding_backward.rs`);
 //! - under autocast a GPU plans the template recorded under CUDA's autocast policy
@@ -493,9 +494,10 @@ impl<'a> Expansion<'a> {
     ) -> Vec<TensorId> {
         let gpu = matches!(self.device, Device::Gpu(_));
         self.p.mark(step, Phase::Forward);
-        if gpu && step == 1 && first {
-            self.workspace();
-        }
+        // Each thread's cuBLAS workspace is made inside its first matrix multiply, after that
+        // multiply's output: the forward's (the loop's thread) and the backward's (the
+        // autograd engine's), once for the process.
+        let mut workspace_due = gpu && step == 1 && first;
         let (fwd, bwd) = section.split_at(backward.min(section.len()));
         let mut live: HashMap<(u32, Option<Concrete>), TensorId> = HashMap::default();
         let mut passed = dropout::PassedThrough::default();
@@ -507,10 +509,11 @@ impl<'a> Expansion<'a> {
                 for &id in &held {
                     self.p.free(id);
                 }
-                self.p.mark(step, Phase::Backward);
-                if gpu && step == 1 && first {
+                if workspace_due {
                     self.workspace();
                 }
+                self.p.mark(step, Phase::Backward);
+                workspace_due = gpu && step == 1 && first;
             }
             for (e, j) in self.ex.expand(events) {
                 let inst = self.ex.instance(e.tensor, self.t.tensors[e.tensor as usize].home, e.layer, j);
@@ -544,6 +547,10 @@ impl<'a> Expansion<'a> {
                 let site = self.site(x.site);
                 let id = self.p.alloc(law, x.term, site);
                 self.p.tensors[id as usize].layer = layer.map(|(stack, n)| self.ex.numbered(stack, n));
+                if workspace_due && matrix_multiply(&self.t.sites[x.site as usize]) {
+                    self.workspace();
+                    workspace_due = false;
+                }
                 if parameter {
                     self.setup.insert(inst, id);
                     continue;
@@ -590,6 +597,9 @@ impl<'a> Expansion<'a> {
                     Some(Some(k)) => self.grad(Some(k), id, law, site, first),
                 }
             }
+        }
+        if workspace_due {
+            self.workspace();
         }
         // What the recorded step made and never freed is what the loss's graph holds after
         // the backward — under checkpointing, the leaves made to require a gradient (the
@@ -693,6 +703,18 @@ impl<'a> Expansion<'a> {
             self.p.alloc(Law::fixed(gpu.arch.cublas_workspace_bytes() as f64), Term::Workspace, site);
         }
     }
+}
+
+/// Whether a template site is a matrix multiply cuBLAS runs on a GPU (its innermost operator):
+/// the first on a thread makes that thread's workspace (`getCurrentCUDABlasHandle` sets it
+/// from the caching allocator when `at::cuda::blas` first asks for the handle, after the
+/// operator has made its output).
+pub(crate) fn matrix_multiply(site: &str) -> bool {
+    let leaf = site.rsplit(" > ").next().unwrap_or(site);
+    matches!(
+        leaf,
+        "aten::mm" | "aten::bmm" | "aten::addmm" | "aten::baddbmm" | "aten::addbmm" | "aten::_addmm_activation"
+    )
 }
 
 pub(crate) fn is_head(name: &str) -> bool {

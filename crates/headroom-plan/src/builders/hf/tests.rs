@@ -44,6 +44,34 @@ fn gpt2_autocast_runs_the_tanh_gelu_in_fp32_on_a_gpu() {
     }
 }
 
+/// On a GPU each thread's cuBLAS workspace comes right after its first matrix multiply's output,
+/// as PyTorch makes it (`getCurrentCUDABlasHandle`): the forward's after the first product the
+/// template records, the backward's after the output layer's weight gradient; once a process.
+#[test]
+fn the_workspaces_follow_each_threads_first_matrix_multiply() {
+    use crate::job::Optimizer;
+    let model = crate::model::preset("llama-2-7b").expect("preset");
+    let h200 = crate::gpu::gpu("h200").expect("gpu");
+    let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(1, 512, Precision::Bf16, Optimizer::AdamW) };
+    let p = program(&model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect("a template serves it").program;
+    p.check().expect("well formed");
+    let made: Vec<&str> = p
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            crate::program::Op::Alloc(id) => Some(p.sites[p.tensors[*id as usize].site as usize].as_str()),
+            _ => None,
+        })
+        .collect();
+    let at: Vec<usize> = (0..made.len()).filter(|&i| made[i] == "cuBLAS workspace").collect();
+    assert_eq!(at.len(), 2, "one workspace a thread");
+    for &i in &at {
+        assert!(matrix_multiply(made[i - 1]), "made after {}", made[i - 1]);
+    }
+    assert!(!made[..at[0] - 1].iter().any(|s| matrix_multiply(s)), "a matrix multiply before the forward's");
+    assert!(made[at[1] - 1].contains("MmBackward0"), "the backward's after {}", made[at[1] - 1]);
+}
+
 /// Every template, expanded to the depth the recorder checked it at, reproduces what the
 /// recorder saw at that depth: each event's kind and bytes, in order, and every free
 /// frees a tensor the expansion made (the instance, not only one of the same size: a
