@@ -27,8 +27,8 @@ WIDE = [2, 32, 64]
 
 
 def small_model(family, dropout):
-    """A three-layer model of width 64: Llama (pre-norm, RMSNorm, no dropout) or GPT-2 (pre-norm,
-    LayerNorm, dropout on each residual branch where `dropout`)."""
+    """A three-layer model of width 64: Llama (pre-norm, RMSNorm, no dropout), T5 (three blocks a
+    stack) or GPT-2 (pre-norm, LayerNorm, dropout on each residual branch where `dropout`)."""
     import torch
     import transformers
 
@@ -37,6 +37,11 @@ def small_model(family, dropout):
         cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                        num_key_value_heads=2, num_hidden_layers=3, vocab_size=256)
         model = transformers.LlamaForCausalLM(cfg)
+    elif family == "t5":
+        # Two stacks, and blocks that pass the position bias on beside the hidden state.
+        cfg = transformers.T5Config(d_model=64, d_ff=128, d_kv=16, num_heads=4, num_layers=3, vocab_size=256,
+                                    dropout_rate=0.1 if dropout else 0.0, decoder_start_token_id=0)
+        model = transformers.T5ForConditionalGeneration(cfg)
     else:
         p = 0.1 if dropout else 0.0
         cfg = transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=256, n_positions=64,
@@ -102,15 +107,18 @@ class LayerMarks(NeedsRecorders):
 
     def test_the_marks_leave_the_engines_sums_as_they_are(self):
         for name, marks in self.marking_paths().items():
-            for family in ("llama", "gpt2"):
+            for family in ("llama", "gpt2", "t5"):
                 for checkpointing in (False, True):
                     with self.subTest(marks=name, family=family, checkpointing=checkpointing):
                         plain, _ = backward_adds(family, None, checkpointing)
                         marked, ranges = backward_adds(family, marks, checkpointing)
                         self.assertEqual(marked, plain)
-                        # The residual sums in place: two a layer.
+                        # The residual sums in place: two a layer (three in T5's decoder).
                         self.assertGreaterEqual(plain["aten::add_"], 6)
-                        self.assertEqual(ranges, ["layer:main:2", "layer:main:1", "layer:main:0"])
+                        layers = ["layer:main:2", "layer:main:1", "layer:main:0"]
+                        if family == "t5":
+                            layers += ["layer:enc:2", "layer:enc:1", "layer:enc:0"]
+                        self.assertEqual(ranges, layers)
 
     def test_a_mark_that_holds_the_gradient_moves_one_sum_a_layer(self):
         """What the test above would see of marks that hold a gradient: the full backward hooks'."""

@@ -78,14 +78,16 @@ def hook_layers(model, family):
                 # No backward, or a checkpointed layer's forward run again inside the backward,
                 # whose graph the backward never runs.
                 return
-            outs = [t for t in (out if isinstance(out, tuple) else (out,))
-                    if isinstance(t, torch.Tensor) and t.requires_grad]
-            ins = [t for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
-            if outs and ins:
+            # The hidden state in and out, the first tensor of each: T5's blocks pass the position
+            # bias on too, whose gradient is complete only once every block's backward has run.
+            outs = [next((t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                          if isinstance(t, torch.Tensor)), None)]
+            ins = [next((t for t in args if isinstance(t, torch.Tensor)), None)]
+            if all(t is not None and t.requires_grad for t in outs + ins):
                 # With no input that takes a gradient the range would be empty (a full backward
                 # hook's too: it calls the hook as the output's gradient arrives).
                 when_all(ins, lambda m=m: leave(m))
-                if len(outs) == 1 and outs[0].grad_fn is not None:
+                if outs[0].grad_fn is not None:
                     # After the tensor hooks on the output, which the next layer's input is: the
                     # next layer's range closes before this one opens.
                     outs[0].grad_fn.register_prehook(lambda *_, m=m, enter=enter: enter(m))
