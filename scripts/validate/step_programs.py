@@ -243,7 +243,6 @@ import json
 import os
 import re
 import sys
-import weakref
 
 import torch
 from torch._C._profiler import _EventType
@@ -253,6 +252,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import template_file  # noqa: E402
+from layer_marks import hook_layers, layer_pattern, layer_tag  # noqa: E402
 from law_ambiguity import law_rivals, shared_widths  # noqa: E402
 from per_head_laws import head_law, relaw  # noqa: E402
 
@@ -301,13 +301,6 @@ UNTIED_T5 = "STEP_PROGRAMS_UNTIED_T5"
 # Set (by `--use-cache`) to record the training forward with the config's `use_cache` left on,
 # transformers' default, under keys with `/cache` after the checkpointing (and T5's `/gated`).
 USE_CACHE = "STEP_PROGRAMS_USE_CACHE"
-
-
-def layer_pattern(family):
-    if family == "t5":
-        # After any prefix: peft's wrapper names the model `base_model.model`.
-        return re.compile(r"(?:.*\.)?(encoder|decoder)\.block\.(\d+)")
-    return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
 
 
 # Grouped key-value heads recorded as 15 heads of 40 over 5 key-value heads, at a hidden size of
@@ -508,9 +501,17 @@ class DropoutSources:
     def _pair(self, given, made):
         """`made` came of `given`: the pair, and a mark in the profile when (the output is the
         tensor live at its storage then)."""
-        self.pairs.append((given.untyped_storage().data_ptr(), made.untyped_storage().data_ptr()))
+        self.pairs.append((storage_ptr(given), storage_ptr(made)))
         with record_function("dropout.pair"):
             pass
+
+
+def storage_ptr(t):
+    """The address of `t`'s storage, with no storage object made: one made of a gradient in the
+    backward outlives it (the storage keeps it for Python) and holds the storage, which then never
+    takes autograd's sum in place (`InputBuffer::accumulate` wants a storage `use_count` of 1);
+    the residual's gradient that a dropout's backward is handed is the first of such a sum."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 def steps(model, inputs, opt, precision, attn, grads):
@@ -707,82 +708,6 @@ def strays(events):
             for e in events[i:end]:
                 e[2] = before
         i = end
-
-
-def layer_tag(name):
-    """("main", 3) for the profiler range `layer:main:3`."""
-    stack, n = name[6:].split(":")
-    return stack, int(n)
-
-
-def when_all(tensors, fn):
-    """`fn()` once the gradients of all `tensors` that this backward makes are made, as
-    `register_multi_grad_hook` calls it, holding no gradient and no tensor: that function's
-    hooks keep the tensors' nodes, and a leaf's node (`AccumulateGrad`) keeps the leaf, which then
-    outlives the loss that held it."""
-    refs = [weakref.ref(t) for t in tensors]
-    state = {"task": None, "left": 0}
-
-    def hook(_):
-        task = torch._C._current_graph_task_id()
-        if state["task"] != task:
-            live = [r() for r in refs]
-            state["task"], state["left"] = task, sum(
-                torch._C._will_engine_execute_node(torch.autograd.graph._get_grad_fn_or_grad_acc(t))
-                for t in live if t is not None) if len(refs) > 1 else 1
-        state["left"] -= 1
-        if state["left"] == 0:
-            fn()
-
-    for t in tensors:
-        t.register_hook(hook)
-
-
-def hook_layers(model, family):
-    """Each layer's forward and backward marked as a profiler range `layer:main:n`. The backward's
-    range opens when the gradient of the layer's output is complete and closes when that of its
-    input is, by hooks on those tensors (`when_all`) that keep no gradient: a
-    module's full backward hooks (`BackwardHook`) keep the output's gradient (`grad_outputs`)
-    until the input's is made, and a gradient held so is never the one the engine sums into in
-    place (`InputBuffer::accumulate` wants its storage held by the buffer alone), so the residual
-    sum of a pre-norm layer, in place on a GPU, would be recorded as a new tensor a layer."""
-    pattern = layer_pattern(family)
-    for name, m in model.named_modules():
-        hit = pattern.fullmatch(name)
-        if not hit:
-            continue
-        tag = f"{'enc' if hit.group(1) == 'encoder' else 'main'}:{hit.group(2)}"
-
-        def enter(m, *a, tag=tag):
-            m._ranges = getattr(m, "_ranges", [])
-            m._ranges.append(record_function(f"layer:{tag}"))
-            m._ranges[-1].__enter__()
-
-        def leave(m, *a):
-            m._ranges.pop().__exit__(None, None, None)
-
-        def left(m, args, out, enter=enter):
-            leave(m)
-            if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
-                # No backward, or a checkpointed layer's forward run again inside the backward,
-                # whose graph the backward never runs.
-                return
-            outs = [t for t in (out if isinstance(out, tuple) else (out,))
-                    if isinstance(t, torch.Tensor) and t.requires_grad]
-            ins = [t for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
-            if outs and ins:
-                # With no input that takes a gradient the range would be empty (a full backward
-                # hook's too: it calls the hook as the output's gradient arrives).
-                when_all(ins, lambda m=m: leave(m))
-                if len(outs) == 1 and outs[0].grad_fn is not None:
-                    # After the tensor hooks on the output, which the next layer's input is: the
-                    # next layer's range closes before this one opens.
-                    outs[0].grad_fn.register_prehook(lambda *_, m=m, enter=enter: enter(m))
-                else:
-                    when_all(outs, lambda m=m, enter=enter: enter(m))
-
-        m.register_forward_pre_hook(enter)
-        m.register_forward_hook(left)
 
 
 def dims(model, cfg):

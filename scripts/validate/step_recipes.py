@@ -62,13 +62,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import recipes  # noqa: E402
-
-def layer_pattern(family):
-    """A layer's module name, with its stack for T5: `model.layers.7`, `encoder.block.3`
-    (T5's blocks hold sub-layers named `layer.0`, which are not layers here)."""
-    if family == "t5":
-        return re.compile(r"(encoder|decoder)\.block\.(\d+)")
-    return re.compile(r"()(?:.*\.)?(?:layers|h|layer)\.(\d+)")
+from layer_marks import hook_layers, layer_pattern  # noqa: E402
 
 
 def profiled_step(forward, model, inputs, precision):
@@ -111,19 +105,7 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
             continue
         stack, n = "enc" if hit.group(1) == "encoder" else "main", int(hit.group(2))
         layers[stack] = max(layers[stack], n + 1)
-
-        def enter(m, *a, tag=f"{stack}:{n}"):
-            m._ranges = getattr(m, "_ranges", [])
-            m._ranges.append(record_function(f"layer:{tag}"))
-            m._ranges[-1].__enter__()
-
-        def leave(m, *a):
-            m._ranges.pop().__exit__(None, None, None)
-
-        m.register_forward_pre_hook(enter)
-        m.register_forward_hook(leave)
-        m.register_full_backward_pre_hook(enter)
-        m.register_full_backward_hook(leave)
+    hook_layers(model, family)
 
     prof, events, phases = profiled_step(model, model, inputs, precision)
 
