@@ -37,8 +37,9 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     /// `free` of block `id`, allocated at `ptr`, already out of the pointer map. Inlined
     /// into its two callers: as a call of its own between `free_block_id` and `free_block`
-    /// it saved and restored registers for a few loads and stores at every free.
-    #[inline]
+    /// it saved and restored registers for a few loads and stores at every free (`#[inline]`
+    /// alone left it a call).
+    #[inline(always)]
     pub(crate) fn free_found(&mut self, id: u32, ptr: u64) -> Result<(), AllocError> {
         self.policy.on_free(ptr);
         let b = &mut self.arena[id];
