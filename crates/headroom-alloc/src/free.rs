@@ -60,7 +60,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         } else if pending {
             self.insert_events(id)?;
         } else {
-            self.free_block(id);
+            self.free_block_inline(id);
         }
         Ok(())
     }
@@ -197,6 +197,13 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
 
     /// `free_block`: the block is reusable now; merge it with free neighbours.
     pub(crate) fn free_block(&mut self, id: u32) {
+        self.free_block_inline(id);
+    }
+
+    /// [`Self::free_block`], inlined into `free_found`, the caller of every free that
+    /// waits for no event: as a call of its own it saved and restored registers at each.
+    #[inline(always)]
+    fn free_block_inline(&mut self, id: u32) {
         let b = &self.arena[id];
         debug_assert!(b.is_reusable());
         let (ptr, original_size, requested, stream, kind, owner, prev, next) =
