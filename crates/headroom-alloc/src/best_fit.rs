@@ -26,7 +26,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         // The walk below stops early where it cannot go on; the full walk (`pick_free_block`) must agree.
         #[cfg(debug_assertions)]
         let picked = self.pick_free_block(owner, kind, stream, size);
-        let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let gc_clock = self.gc_clock;
         let expandable_on = self.expandable_active();
         let (policy, config) = (&self.policy, &self.config);
         let arena = &self.arena;

@@ -139,6 +139,9 @@ pub struct DeviceCachingAllocator<D: DeviceMemory, P: Policy = PyTorchPolicy> {
     /// Bytes currently obtained from the device (= reserved).
     pub(crate) total_allocated_memory: u64,
     pub(crate) allowed_memory_maximum: Option<u64>,
+    /// Whether searches age blocks for garbage collection (a limit and a threshold set): kept
+    /// where those change, not asked at each best fit.
+    pub(crate) gc_clock: bool,
     pub(crate) stats: DeviceStats,
     pub(crate) history: Option<History>,
     pub(crate) clock: i64,
@@ -188,6 +191,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             events: BTreeMap::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
+            gc_clock: false,
             stats: DeviceStats::default(),
             history: None,
             clock: 0,
@@ -300,6 +304,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     fn apply_fraction(&mut self, fraction: f64) {
         self.allowed_memory_maximum =
             (fraction < 1.0).then(|| (fraction * self.device.mem_get_info().total as f64) as u64);
+        self.refresh_gc_clock();
+    }
+
+    fn refresh_gc_clock(&mut self) {
+        self.gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
     }
 
     /// Limits reserved memory to `bytes` (`None`: no limit), as a fraction
@@ -307,6 +316,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// bytes and not as a fraction of a device whose size is not.
     pub fn set_memory_limit(&mut self, bytes: Option<u64>) {
         self.allowed_memory_maximum = bytes;
+        self.refresh_gc_clock();
     }
 
     /// The reserved-memory limit, if a fraction is set.
@@ -317,8 +327,11 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string at run time
     /// (`torch._C._accelerator_setAllocatorSettings`).
     pub fn set_allocator_settings(&mut self, conf: &str) -> Result<(), crate::config::ConfigError> {
-        self.config.apply(conf)?;
+        let applied = self.config.apply(conf);
+        self.refresh_gc_clock();
+        applied?;
         self.policy.configure(&mut self.config);
+        self.refresh_gc_clock();
         Ok(())
     }
 
@@ -373,7 +386,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     #[inline]
     pub(crate) fn trace_in(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, owner: u32) {
         let Some(h) = self.history.as_ref() else { return };
-        let time_us = self.explicit_time.unwrap_or(self.clock);
+        let clock = self.clock;
         // The clock counts every entry, kept or not: a kept entry's time is its place in the whole history.
         self.clock += 1;
         if !h.keeps(action) {
@@ -381,6 +394,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             // looked up and its stream mapped, would be made only to be dropped.
             return;
         }
+        let time_us = self.explicit_time.unwrap_or(clock);
         let stream = self.policy.stream_of(stream);
         let pool_id = self.mempool_id(owner);
         if let Some(h) = self.history.as_mut() {

@@ -32,14 +32,18 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             Some(id) => id,
             None => self.allocated_block(ptr).ok_or(AllocError::InvalidPointer(ptr))?,
         };
-        self.free_found(id, ptr)
+        self.free_found::<false>(id, ptr)
     }
 
     /// `free` of block `id`, allocated at `ptr`, already out of the pointer map. Inlined
     /// into its two callers: as a call of its own between `free_block_id` and `free_block`
-    /// it saved and restored registers for a few loads and stores at every free.
-    #[inline]
-    pub(crate) fn free_found(&mut self, id: u32, ptr: u64) -> Result<(), AllocError> {
+    /// it saved and restored registers for a few loads and stores at every free (`#[inline]`
+    /// alone left it a call). `INLINE_BLOCK`: `free_block`'s body inlined here too, as
+    /// `free_block_id` (a replay's free) has it; `free` (by address) keeps the call, with
+    /// which its warm 4 KiB pair counts fewer instructions (docs/PERFORMANCE.md, "Replay
+    /// passes, twenty-second round").
+    #[inline(always)]
+    pub(crate) fn free_found<const INLINE_BLOCK: bool>(&mut self, id: u32, ptr: u64) -> Result<(), AllocError> {
         self.policy.on_free(ptr);
         let b = &mut self.arena[id];
         debug_assert!(b.allocated);
@@ -58,6 +62,8 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
             self.deferred.push(id);
         } else if pending {
             self.insert_events(id)?;
+        } else if INLINE_BLOCK {
+            self.free_block_inline(id);
         } else {
             self.free_block(id);
         }
@@ -195,7 +201,16 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
     }
 
     /// `free_block`: the block is reusable now; merge it with free neighbours.
+    #[inline(never)]
     pub(crate) fn free_block(&mut self, id: u32) {
+        self.free_block_inline(id);
+    }
+
+    /// [`Self::free_block`], inlined into `free_block_id`'s `free_found`, the caller of a
+    /// replay's every free that waits for no event: as a call of its own it saved and
+    /// restored registers at each.
+    #[inline(always)]
+    fn free_block_inline(&mut self, id: u32) {
         let b = &self.arena[id];
         debug_assert!(b.is_reusable());
         let (ptr, original_size, requested, stream, kind, owner, prev, next) =

@@ -86,7 +86,7 @@ impl<D: DeviceMemory, P: Policy> DeviceCachingAllocator<D, P> {
         if self.pointer_map {
             self.active.remove(ptr);
         }
-        self.free_found(id, ptr)
+        self.free_found::<true>(id, ptr)
     }
 
     /// [`Self::record_stream`] of the block `id` allocated at `ptr`, found without the map.
