@@ -112,6 +112,10 @@ struct Undone {
     // Hashed while walking (a million inserts and removes in a long trace), sorted after.
     live: FxHashMap<u64, Live>,
     mapped: BTreeMap<u64, u64>,
+    /// The entries that map or unmap pages, last first: found by the walk that undoes the
+    /// trace, so that the owners of expandable ranges and the reservations below the runs
+    /// read a few of them, not another walk of millions of entries.
+    paged: Vec<usize>,
 }
 
 /// The state of `device` when its trace began, under `config` (the recorded settings).
@@ -124,22 +128,24 @@ pub fn infer_start(
     let empty = Vec::new();
     let trace = snap.device_traces.get(device as usize).unwrap_or(&empty);
     let mut undone = final_state(snap, device);
-    let owners = expandable_owners(snap, device, trace);
     undo_trace(trace, &mut undone).map_err(fail)?;
-    let Undone { mut segs, live, mapped } = undone;
+    let Undone { mut segs, live, mapped, paged } = undone;
+    let paged: Vec<&TraceEvent> = paged.iter().rev().map(|&i| &trace[i]).collect();
+    let owners = expandable_owners(snap, device, &paged);
     // What remains mapped was mapped before the trace began: each run is a
     // segment of its own, owned by whoever holds (or later holds) its start.
     segs.retain(|_, s| !s.3);
     add_mapped_runs(&mut segs, &mapped, &owners, trace, config).map_err(fail)?;
     let barrier = barriers(trace, &live);
     let mut state = place_blocks(&segs, live, &barrier, config).map_err(fail)?;
-    reservations_below(&mut state.segments, trace, config);
+    reservations_below(&mut state.segments, &paged, config);
     Ok(state)
 }
 
 /// The segments, live blocks and mapped ranges the snapshot ends with.
 fn final_state(snap: &MemorySnapshot, device: u32) -> Undone {
-    let mut u = Undone { segs: BTreeMap::new(), live: FxHashMap::default(), mapped: BTreeMap::new() };
+    let mut u =
+        Undone { segs: BTreeMap::new(), live: FxHashMap::default(), mapped: BTreeMap::new(), paged: Vec::new() };
     for s in snap.segments.iter().filter(|s| s.device == device) {
         if s.is_expandable {
             add_range(&mut u.mapped, s.address, s.address + s.total_size);
@@ -153,14 +159,15 @@ fn final_state(snap: &MemorySnapshot, device: u32) -> Undone {
     u
 }
 
-/// Who owns each expandable range, from the final runs and the trace's maps and unmaps.
-fn expandable_owners(snap: &MemorySnapshot, device: u32, trace: &[TraceEvent]) -> Owners {
+/// Who owns each expandable range, from the final runs and `paged`, the trace's maps and
+/// unmaps in order.
+fn expandable_owners(snap: &MemorySnapshot, device: u32, paged: &[&TraceEvent]) -> Owners {
     let mut owners = Owners::new();
     for s in snap.segments.iter().filter(|s| s.device == device && s.is_expandable) {
         let pool_id = (s.pool_id.0 as u64, s.pool_id.1 as u64);
         owners.insert(s.address, (s.address + s.total_size, s.stream, s.pool, pool_id));
     }
-    for e in trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)) {
+    for e in paged {
         owners.entry(e.addr).or_insert((e.addr.saturating_add(e.size), e.stream, None, e.pool_id));
     }
     owners
@@ -189,11 +196,16 @@ fn undo_trace(trace: &[TraceEvent], u: &mut Undone) -> Result<(), String> {
                 u.segs.insert(e.addr, (e.size, e.stream, None, false, e.pool_id));
             }
             // Expandable segments: the mapped ranges, undone the same way.
-            // As above: the guard unmaps the range.
-            TraceAction::SegmentMap if !remove_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size)) => {
-                return Err(format!("entry {i}: segment_map of {:#x}, which is not mapped later", e.addr));
+            TraceAction::SegmentMap => {
+                u.paged.push(i);
+                if !remove_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size)) {
+                    return Err(format!("entry {i}: segment_map of {:#x}, which is not mapped later", e.addr));
+                }
             }
-            TraceAction::SegmentUnmap => add_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size)),
+            TraceAction::SegmentUnmap => {
+                u.paged.push(i);
+                add_range(&mut u.mapped, e.addr, e.addr.saturating_add(e.size));
+            }
             _ => {}
         }
     }
@@ -330,19 +342,18 @@ fn place_blocks(
 /// Another owner's maps and unmaps below the run raise that floor above them:
 /// reservations never overlap. (A reservation of the stream opened in the trace
 /// below the run begins a whole reservation's size below it, too far down for
-/// the run's reservation to reach; the replay then keeps the run's address.)
-fn reservations_below(segments: &mut [StartSegment], trace: &[TraceEvent], config: &AllocatorConfig) {
+/// the run's reservation to reach; the replay then keeps the run's address.) `calls`: the
+/// trace's maps and unmaps, in order.
+fn reservations_below(segments: &mut [StartSegment], calls: &[&TraceEvent], config: &AllocatorConfig) {
     if !segments.iter().any(|s| s.expandable) {
         return;
     }
-    let calls: Vec<&TraceEvent> =
-        trace.iter().filter(|e| matches!(e.action, TraceAction::SegmentMap | TraceAction::SegmentUnmap)).collect();
     for k in 0..segments.len() {
         if !segments[k].expandable {
             continue;
         }
         let floor = k.checked_sub(1).map_or(0, |j| segments[j].address + segments[j].size);
-        segments[k].reserved_from = lowest_map_below(&segments[k], floor, &calls, config);
+        segments[k].reserved_from = lowest_map_below(&segments[k], floor, calls, config);
     }
 }
 
