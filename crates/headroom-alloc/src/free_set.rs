@@ -22,6 +22,7 @@ use classes::Classes;
 use sorted::Sorted;
 
 mod classes;
+mod gapped;
 mod sorted;
 
 // 256, not 64: a policy that maps 2 MiB pages (`headroom`) keeps a few hundred free

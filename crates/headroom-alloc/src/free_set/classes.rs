@@ -12,6 +12,7 @@
 //! anything is found by a bitmap. The set holds exactly the entries it did
 //! and answers in the same order: PyTorch's `BlockComparatorSize`.
 
+use super::gapped::Gapped;
 use super::{pack, Runs, Sorted, Take, SMALL_MAX, SMALL_MIN};
 
 /// Sizes below `1 << (GRAIN_BITS + SUB_BITS)` (32 KiB) are classed by 512 bytes, larger
@@ -43,13 +44,13 @@ type Pos = (usize, usize);
 /// below `SMALL_MIN` entries): [`Classes::put`] pushes onto it without looking.
 #[derive(Clone, Debug)]
 enum Bucket {
-    Small(Sorted),
+    Small(Gapped),
     Runs(Runs),
 }
 
 impl Default for Bucket {
     fn default() -> Self {
-        Bucket::Small(Sorted::default())
+        Bucket::Small(Gapped::default())
     }
 }
 
@@ -88,7 +89,7 @@ impl Bucket {
     #[inline]
     fn id_at(&self, (r, at): Pos) -> u32 {
         match self {
-            Bucket::Small(v) => v.ids[at],
+            Bucket::Small(v) => v.id_at(at),
             Bucket::Runs(m) => m.runs[r].ids[at],
         }
     }
@@ -121,9 +122,8 @@ impl Bucket {
         // inlined where the class is found; the rest a call (the compiler made the whole of
         // it one, so that every push paid a call).
         if let Bucket::Small(v) = self {
-            if v.len() < SMALL_MAX && v.keys.last().is_none_or(|&last| last < key) {
-                v.keys.push(key);
-                v.ids.push(id);
+            if v.len() < SMALL_MAX && v.last_key().is_none_or(|last| last < key) {
+                v.push(key, id);
                 return true;
             }
         }
@@ -136,7 +136,7 @@ impl Bucket {
             Bucket::Small(v) => {
                 let inserted = v.insert(key, id);
                 if v.len() > SMALL_MAX {
-                    *self = Bucket::Runs(Runs::from_sorted(std::mem::take(v)));
+                    *self = Bucket::Runs(Runs::from_sorted(std::mem::take(v).into_sorted()));
                 }
                 inserted
             }
@@ -149,7 +149,7 @@ impl Bucket {
     fn settle(&mut self) {
         if let Bucket::Runs(m) = self {
             if m.len < SMALL_MIN {
-                *self = Bucket::Small(std::mem::take(m).into_sorted());
+                *self = Bucket::Small(std::mem::take(m).into_sorted().into());
             }
         }
     }
@@ -281,8 +281,7 @@ impl Classes {
         if !self.holds(c) {
             debug_assert!(matches!(self.buckets[c], Bucket::Small(_)), "an empty class is a sorted vector");
             if let Bucket::Small(v) = &mut self.buckets[c] {
-                v.keys.push(key);
-                v.ids.push(id);
+                v.push(key, id);
                 self.mark(c);
                 return true;
             }
@@ -298,12 +297,11 @@ impl Classes {
         debug_assert_eq!(c, class_of(key));
         if let Bucket::Small(v) = &mut self.buckets[c] {
             if v.len() == 1 {
-                if v.keys[0] != key {
+                let (first, id) = v.at(0);
+                if first != key {
                     return None;
                 }
-                let id = v.ids[0];
-                v.keys.clear();
-                v.ids.clear();
+                v.clear();
                 self.unmark(c);
                 return Some(id);
             }
@@ -319,8 +317,7 @@ impl Classes {
         if let Bucket::Small(v) = &mut self.buckets[c] {
             if v.len() == 1 {
                 debug_assert_eq!(pos, (0, 0));
-                v.keys.clear();
-                v.ids.clear();
+                v.clear();
                 self.unmark(c);
                 return;
             }

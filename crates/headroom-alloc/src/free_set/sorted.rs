@@ -148,28 +148,11 @@ impl Sorted {
     /// (or equals one).
     #[inline(never)]
     fn replace_at_moving(&mut self, old: usize, key: u128, id: u32) -> bool {
-        if key < self.keys[old] {
-            let to = self.keys[..old].partition_point(|&k| k < key);
-            if self.keys[to] == key {
-                self.remove_at(old);
-                return false;
-            }
-            // The common shrink keeps its place (the set's smallest, or one just above a
-            // smaller block): no move.
-            move_within(&mut self.keys, to, old - to, to + 1);
-            move_within(&mut self.ids, to, old - to, to + 1);
-            (self.keys[to], self.ids[to]) = (key, id);
-        } else {
-            let to = old + 1 + self.keys[old + 1..].partition_point(|&k| k < key);
-            if self.keys.get(to) == Some(&key) {
-                self.remove_at(old);
-                return false;
-            }
-            move_within(&mut self.keys, old + 1, to - old - 1, old);
-            move_within(&mut self.ids, old + 1, to - old - 1, old);
-            (self.keys[to - 1], self.ids[to - 1]) = (key, id);
+        if replace_moving(&mut self.keys, &mut self.ids, old, key, id) {
+            return true;
         }
-        true
+        self.remove_at(old);
+        false
     }
 
     pub(super) fn split_off(&mut self, at: usize) -> Sorted {
@@ -191,7 +174,7 @@ impl Sorted {
 /// and stores: a call of `memmove` cost 38 instructions on average, however little it moved, and
 /// nothing at all for no move (docs/PERFORMANCE.md, "Replay passes, twentieth round").
 #[inline(always)]
-fn move_within<T: Copy>(v: &mut [T], from: usize, len: usize, to: usize) {
+pub(super) fn move_within<T: Copy>(v: &mut [T], from: usize, len: usize, to: usize) {
     match len {
         0 => {}
         1 => v.copy_within(from..from + 1, to),
@@ -199,4 +182,32 @@ fn move_within<T: Copy>(v: &mut [T], from: usize, len: usize, to: usize) {
         3 => v.copy_within(from..from + 3, to),
         _ => v.copy_within(from..from + len, to),
     }
+}
+
+/// The moving half of [`Sorted::replace_at`] over sorted `keys` with their `ids`: the
+/// entry at `old` takes `key` and `id`, and only the entries between its old and new
+/// places move. False, with nothing moved, where `key` is present already (the caller
+/// then removes the entry at `old`).
+#[inline(always)]
+pub(super) fn replace_moving(keys: &mut [u128], ids: &mut [u32], old: usize, key: u128, id: u32) -> bool {
+    if key < keys[old] {
+        let to = keys[..old].partition_point(|&k| k < key);
+        if keys[to] == key {
+            return false;
+        }
+        // The common shrink keeps its place (the set's smallest, or one just above a
+        // smaller block): no move.
+        move_within(keys, to, old - to, to + 1);
+        move_within(ids, to, old - to, to + 1);
+        (keys[to], ids[to]) = (key, id);
+    } else {
+        let to = old + 1 + keys[old + 1..].partition_point(|&k| k < key);
+        if keys.get(to) == Some(&key) {
+            return false;
+        }
+        move_within(keys, old + 1, to - old - 1, old);
+        move_within(ids, old + 1, to - old - 1, old);
+        (keys[to - 1], ids[to - 1]) = (key, id);
+    }
+    true
 }
