@@ -28,8 +28,9 @@ last (the embeddings), each with where it is: `forward_top`, `forward_head`,
 encoder's blocks are counted apart (`below_enc`, `above_enc`, a `layer_enc` unit) and its
 moments include the encoder's top and bottom blocks and the gap between the stacks
 (`forward_enc_top`, `forward_mid`, `backward_mid`, `backward_enc_top`,
-`backward_enc_bottom`). Moments another dominates term by term are dropped. A tensor that
-fits no unit stops the run.
+`backward_enc_bottom`). Moments another dominates term by term are dropped. A CPU kernel's
+own scratch is left out first, as the step programs leave it out (`cpu_scratch_events`); a
+tensor that fits no unit stops the run.
 
     .venv/bin/python scripts/validate/step_recipes.py --out data/recipes/hf_steps.json   # 40 CPU-minutes
     # or in halves, side by side, then merged:
