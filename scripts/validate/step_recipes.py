@@ -28,8 +28,9 @@ last (the embeddings), each with where it is: `forward_top`, `forward_head`,
 encoder's blocks are counted apart (`below_enc`, `above_enc`, a `layer_enc` unit) and its
 moments include the encoder's top and bottom blocks and the gap between the stacks
 (`forward_enc_top`, `forward_mid`, `backward_mid`, `backward_enc_top`,
-`backward_enc_bottom`). Moments another dominates term by term are dropped. A tensor that
-fits no unit stops the run.
+`backward_enc_bottom`). Moments another dominates term by term are dropped. A CPU kernel's
+own scratch is left out first, as the step programs leave it out (`cpu_scratch_events`); a
+tensor that fits no unit stops the run.
 
     .venv/bin/python scripts/validate/step_recipes.py --out data/recipes/hf_steps.json   # 40 CPU-minutes
     # or in halves, side by side, then merged:
@@ -62,6 +63,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import recipes  # noqa: E402
+import step_programs  # noqa: E402
 from layer_marks import hook_layers, layer_pattern  # noqa: E402
 
 
@@ -123,10 +125,11 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
     def phase_at(t):
         return next((p for p, (start, end) in phases.items() if start <= t <= end), None)
 
+    scratch = cpu_scratch_events(prof)
     mp = prof._memory_profile()
     out = []
     for t, action, (key, _), nbytes in mp.timeline:
-        if action in (Action.CREATE, Action.DESTROY):
+        if action in (Action.CREATE, Action.DESTROY) and (t, abs(nbytes)) not in scratch:
             out.append((phase_at(t), layer_at(t), key, nbytes, action == Action.CREATE))
     d = recipes.dims(model, cfg)
     c = model.config
@@ -141,6 +144,22 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
             params[key] = params.get(key, 0) + p.numel()
     layer_params = {stack: params.get((stack, n - 1), 0) for stack, n in layers.items()}
     return out, d, layers, layer_params
+
+
+def cpu_scratch_events(prof):
+    """(time, bytes) of each allocation and free of the CPU kernels' own scratch, by the rule
+    the step programs leave it out by (`step_programs.cpu_scratch`): a 16-bit GEMM's packed
+    operands follow the CPU's blocking (an AVX-512 bf16 core packs rows of 64, an affine size
+    in the tokens), not the model's dimensions, and a GPU's cuBLAS makes none of them."""
+    live, out = {}, set()
+    for t, ptr, size, ops in step_programs.allocations(prof):
+        if size > 0:
+            live[ptr] = (t, size, ops)
+        elif ptr in live:
+            t0, made, made_ops = live.pop(ptr)
+            if step_programs.cpu_scratch(made_ops, ops):
+                out |= {(t0, made), (t, made)}
+    return out
 
 
 # Where each moment is, as a position in the forward's order of layers: T5's encoder

@@ -269,6 +269,19 @@ impl Program {
         (self.sites.len() - 1) as u32
     }
 
+    /// The site of each allocation, in program order: where a tensor is made relative to
+    /// its neighbours (a GPU's cuBLAS workspace right after a thread's first matrix
+    /// multiply) is what a program's order promises and its sizes do not show.
+    pub fn alloc_sites(&self) -> Vec<&str> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Alloc(id) => Some(self.sites[self.tensors[*id as usize].site as usize].as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Adds a tensor (not yet allocated).
     pub fn tensor(&mut self, law: Law, term: Term, site: u32) -> TensorId {
         self.tensors.push(Tensor { law, term, site, stream: 0, layer: None });

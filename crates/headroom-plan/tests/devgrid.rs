@@ -248,10 +248,10 @@ fn programs(rows: &[Row], on_device: bool) -> Vec<(&Program, Vec<u64>)> {
         .collect()
 }
 
-/// The jobs like for like: reserved as planned (the plain table's), with the model built on the
-/// device as the grid built it, in the grid's process, and both; allocated with both; and what
-/// each job found allocated as it began, in the replay and on the GPU.
-/// The table like for like, and how many jobs "both" plans within ±5%: reserved, allocated.
+/// The jobs like for like, as a table: reserved as planned (the plain table's), with the model
+/// built on the device as the grid built it, in the grid's process, and both; allocated with
+/// both; and what each job found allocated as it began, in the replay and on the GPU. With it,
+/// how many jobs "both" plans within ±5%: reserved, allocated.
 fn like_for_like(rows: &[Row]) -> (String, usize, usize) {
     let capacity = rows[0].plain.memory.capacity_bytes as u64;
     assert!(rows.iter().all(|r| r.plain.memory.capacity_bytes as u64 == capacity), "one device");

@@ -575,14 +575,7 @@ mod quantized {
         let m = preset("llama-2-7b").expect("preset");
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let p = program(&m, KEY, 256, &decode_pasts(256, 4), Some(&h200));
-        let made: Vec<&str> = p
-            .ops
-            .iter()
-            .filter_map(|op| match op {
-                crate::program::Op::Alloc(id) => Some(p.sites[p.tensors[*id as usize].site as usize].as_str()),
-                _ => None,
-            })
-            .collect();
+        let made = p.alloc_sites();
         let at = made.iter().position(|s| *s == "cuBLAS workspace").expect("a workspace");
         assert!(matrix_multiply(made[at - 1]), "made after {}", made[at - 1]);
         assert!(!made[..at - 1].iter().any(|s| matrix_multiply(s)), "a matrix multiply before the workspace");

@@ -55,14 +55,7 @@ fn the_workspaces_follow_each_threads_first_matrix_multiply() {
     let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(1, 512, Precision::Bf16, Optimizer::AdamW) };
     let p = program(&model, &cfg, Device::Gpu(&h200), 2, &StateScale::default()).expect("a template serves it").program;
     p.check().expect("well formed");
-    let made: Vec<&str> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            crate::program::Op::Alloc(id) => Some(p.sites[p.tensors[*id as usize].site as usize].as_str()),
-            _ => None,
-        })
-        .collect();
+    let made = p.alloc_sites();
     let at: Vec<usize> = (0..made.len()).filter(|&i| made[i] == "cuBLAS workspace").collect();
     assert_eq!(at.len(), 2, "one workspace a thread");
     for &i in &at {
