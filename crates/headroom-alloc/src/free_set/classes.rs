@@ -42,7 +42,12 @@ type Pos = (usize, usize);
 
 /// One class's entries. An empty class is always a sorted vector (runs go back to one
 /// below `SMALL_MIN` entries): [`Classes::put`] pushes onto it without looking.
+///
+/// Aligned to 64 bytes, one cache line a class: its 64 bytes aligned to 8 could span two
+/// lines each, and a best fit, a free and a replace each read a class or two of the 3,200
+/// picked by size, in no order (docs/PERFORMANCE.md, "Replay passes, twenty-fourth round").
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 enum Bucket {
     Small(Gapped),
     Runs(Runs),
@@ -213,6 +218,8 @@ impl Bucket {
         }
     }
 }
+
+const _: () = assert!(std::mem::size_of::<Bucket>() == 64);
 
 /// See the module documentation.
 #[derive(Clone, Debug)]
