@@ -4,11 +4,11 @@
 //!
 //! Why: a class holding many free blocks is used from its front. The best fit takes
 //! a class's first entry (the smallest block, lowest address), and a block freed into
-//! a class mostly sorts within its first few entries. In `run.pickle`'s replay under
-//! expandable segments, nearly every remove from a class of four or more entries was
-//! of its first, and a `memmove` of the entries after it, about 80 instructions each,
-//! was the largest single cost left in the allocator (docs/PERFORMANCE.md, "Replay
-//! passes, twenty-third round (the allocator)").
+//! a class mostly sorts within its first few entries. In `run.pickle`'s check pass,
+//! nearly every remove from a class of four or more entries was of its first, and a
+//! `memmove` of the entries after it, about 80 instructions each, was the largest
+//! single cost left in the allocator (docs/PERFORMANCE.md, "Replay passes,
+//! twenty-third round (the allocator)").
 
 use super::sorted::{move_within, replace_moving, Sorted};
 
