@@ -112,15 +112,25 @@ impl Gapped {
         self.entries.last().map(|e| e.key)
     }
 
-    /// Appends a key past the last: inline into an empty set.
-    #[inline]
+    /// Appends a key past the last: inline into an empty set (most pushes: a class
+    /// mostly holds none or one block), inlined where the class is found; the rest a
+    /// call, so that the spill of an inline entry does not grow every caller.
+    #[inline(always)]
     pub(super) fn push(&mut self, key: u128, id: u32) {
         debug_assert!(self.last_key().is_none_or(|last| last < key), "a push keeps the keys sorted");
+        if self.head == 0 && self.entries.is_empty() {
+            (self.key, self.id, self.head) = (key, id, INLINE);
+        } else {
+            self.push_more(key, id);
+        }
+    }
+
+    /// [`Gapped::push`] onto a set that holds an entry.
+    #[inline(never)]
+    fn push_more(&mut self, key: u128, id: u32) {
         if self.inline() {
             self.entries.extend([Entry { key: self.key, id: self.id }, Entry { key, id }]);
             self.head = 0;
-        } else if self.entries.is_empty() {
-            (self.key, self.id, self.head) = (key, id, INLINE);
         } else {
             self.entries.push(Entry { key, id });
         }
