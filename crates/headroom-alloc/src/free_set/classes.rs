@@ -46,6 +46,8 @@ type Pos = (usize, usize);
 /// Aligned to 64 bytes, one cache line a class: its 64 bytes aligned to 8 could span two
 /// lines each, and a best fit, a free and a replace each read a class or two of the 3,200
 /// picked by size, in no order (docs/PERFORMANCE.md, "Replay passes, twenty-fourth round").
+/// A class of one holds its entry inline ([`Gapped`]), so that this line is all a best fit
+/// or a free of it reads ("Replay passes, twenty-fifth round").
 #[derive(Clone, Debug)]
 #[repr(align(64))]
 enum Bucket {
@@ -281,14 +283,14 @@ impl Classes {
 
     /// Inserts into class `c`, the key's; false if the key was already present. A class
     /// its bit says is empty (most classes a block moves to) takes the key with no
-    /// comparison: an empty class is a sorted vector, and a push keeps it sorted.
+    /// comparison: an empty class is a sorted vector, and takes its one entry inline.
     #[inline(always)]
     fn put(&mut self, c: usize, key: u128, id: u32) -> bool {
         debug_assert_eq!(c, class_of(key));
         if !self.holds(c) {
             debug_assert!(matches!(self.buckets[c], Bucket::Small(_)), "an empty class is a sorted vector");
             if let Bucket::Small(v) = &mut self.buckets[c] {
-                v.push(key, id);
+                v.push_into_empty(key, id);
                 self.mark(c);
                 return true;
             }

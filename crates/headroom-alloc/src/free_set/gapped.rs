@@ -112,25 +112,23 @@ impl Gapped {
         self.entries.last().map(|e| e.key)
     }
 
-    /// Appends a key past the last: inline into an empty set (most pushes: a class
-    /// mostly holds none or one block), inlined where the class is found; the rest a
-    /// call, so that the spill of an inline entry does not grow every caller.
+    /// Takes the one entry of an empty set, inline: a push into a class its bit says is
+    /// empty (most pushes: a class mostly holds none or one block), with nothing to ask.
     #[inline(always)]
-    pub(super) fn push(&mut self, key: u128, id: u32) {
-        debug_assert!(self.last_key().is_none_or(|last| last < key), "a push keeps the keys sorted");
-        if self.head == 0 && self.entries.is_empty() {
-            (self.key, self.id, self.head) = (key, id, INLINE);
-        } else {
-            self.push_more(key, id);
-        }
+    pub(super) fn push_into_empty(&mut self, key: u128, id: u32) {
+        debug_assert!(self.head == 0 && self.entries.is_empty(), "an empty set has no room");
+        (self.key, self.id, self.head) = (key, id, INLINE);
     }
 
-    /// [`Gapped::push`] onto a set that holds an entry.
-    #[inline(never)]
-    fn push_more(&mut self, key: u128, id: u32) {
+    /// Appends a key past the last: inline into an empty set.
+    #[inline]
+    pub(super) fn push(&mut self, key: u128, id: u32) {
+        debug_assert!(self.last_key().is_none_or(|last| last < key), "a push keeps the keys sorted");
         if self.inline() {
             self.entries.extend([Entry { key: self.key, id: self.id }, Entry { key, id }]);
             self.head = 0;
+        } else if self.entries.is_empty() {
+            self.push_into_empty(key, id);
         } else {
             self.entries.push(Entry { key, id });
         }

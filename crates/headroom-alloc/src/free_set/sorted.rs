@@ -1,5 +1,5 @@
 //! `Sorted`: a free set's sorted keys with their block ids, the vector that a small
-//! stream's set and each size class are made of, and its moves.
+//! stream's set and each run of a crowded size class are made of, and its moves.
 
 /// Sorted keys with their block ids beside them, in two vectors: an insert or
 /// remove moves 20 bytes an entry after it, not the 32 of a `(u128, u32)`
