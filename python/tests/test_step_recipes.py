@@ -3,8 +3,7 @@ activation checkpointing saves `torch.get_rng_state()` at every checkpointed lay
 `fork_rng` another at its recomputation; on CUDA `torch.cuda.get_rng_state()` too), a host tensor
 on a GPU as well, which `step_recipes.py` leaves out by the call that makes it
 (`rng_state_events`). Recorded, it is a fixed tensor the recipe counts as bytes per parameter of
-a layer (`layer`), and it keeps a moment's place alive (docs/VALIDATION.md, "The residual sum
-under the layer marks").
+a layer (`layer`) (docs/VALIDATION.md, "`headroom plan` against real training steps on CPU").
 
 Two rules tell it in the recorded data, each from what a layer can hold:
 - in fp32 and bf16 (no autocast) a layer holds no fixed-size tensor before its backward: no
