@@ -29,7 +29,8 @@ encoder's blocks are counted apart (`below_enc`, `above_enc`, a `layer_enc` unit
 moments include the encoder's top and bottom blocks and the gap between the stacks
 (`forward_enc_top`, `forward_mid`, `backward_mid`, `backward_enc_top`,
 `backward_enc_bottom`). Moments another dominates term by term are dropped. A CPU kernel's
-own scratch is left out first, as the step programs leave it out (`cpu_scratch_events`); a
+own scratch is left out first, as the step programs leave it out (`cpu_scratch_events`), and so
+is the generator state checkpointing saves, a host tensor on a GPU too (`rng_state_events`); a
 tensor that fits no unit stops the run.
 
     .venv/bin/python scripts/validate/step_recipes.py --out data/recipes/hf_steps.json   # 40 CPU-minutes
@@ -37,6 +38,9 @@ tensor that fits no unit stops the run.
     .venv/bin/python scripts/validate/step_recipes.py --only llama,qwen2,phi3,gpt2,bloom --out a.json &
     .venv/bin/python scripts/validate/step_recipes.py --only mistral,gemma,mixtral,gpt_neox,bert --out b.json
     .venv/bin/python scripts/validate/step_recipes.py --merge a.json b.json --out data/recipes/hf_steps.json
+
+`--keys` records only the recipes whose key matches (the SDPA checkpointed ones: `--keys
+'*/sdpa/ckpt'`), to be merged with the others.
 
 `--compiled` adds the steps run through `torch.compile` (fp32, bf16 and AMP, every decoder, no
 checkpointing; keys ending `/compiled`), whose layers run inside one graph where nothing can
@@ -49,6 +53,7 @@ plus `below` per layer (`forward_compiled`, `backward_compiled`; see `compiled_r
 
 import argparse
 import difflib
+import fnmatch
 import json
 import re
 import sys
@@ -125,7 +130,12 @@ def timeline(family, head, precision, attn, checkpointing, batch, seq):
     def phase_at(t):
         return next((p for p, (start, end) in phases.items() if start <= t <= end), None)
 
-    scratch = cpu_scratch_events(prof)
+    states = rng_state_events(prof)
+    if checkpointing and not states:
+        # Non-reentrant checkpointing saves the generator's state at every layer: none found
+        # means the profile no longer names the call, and the states would be counted.
+        raise SystemExit(f"{family}: no generator state found in a checkpointed step")
+    scratch = cpu_scratch_events(prof) | states
     mp = prof._memory_profile()
     out = []
     for t, action, (key, _), nbytes in mp.timeline:
@@ -162,6 +172,43 @@ def cpu_scratch_events(prof):
     return out
 
 
+# `torch.Generator.get_state` as the profiler's Python tracer names its calls: what
+# `torch.get_rng_state` and `torch.cuda.get_rng_state` call.
+GENERATOR_STATE = re.compile(r"<built-in method get_state of torch\._C\.Generator object")
+
+
+def rng_state_events(prof):
+    """(time, bytes) of each allocation and free of a generator's state, as non-reentrant
+    checkpointing saves it (`torch.get_rng_state()` at each checkpointed layer's forward, and
+    `fork_rng`'s at its recomputation; on CUDA `torch.cuda.get_rng_state()` too): a host tensor
+    on a GPU as well, never device memory, which the step programs leave out as made outside
+    any operator. Told by the call that makes it (the profile's Python stack, `with_stack`),
+    not by its size."""
+    allocs = []
+
+    def walk(node, inside):
+        if node.tag == _EventType.Allocation:
+            a = node.extra_fields
+            allocs.append((node.start_time_ns, a.ptr, a.alloc_size, inside))
+            return
+        inside = inside or (node.tag in (_EventType.PyCall, _EventType.PyCCall)
+                            and bool(GENERATOR_STATE.match(node.name)))
+        for c in node.children:
+            walk(c, inside)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root, False)
+    live, out = {}, set()
+    for t, ptr, size, inside in sorted(allocs, key=lambda a: a[0]):
+        if size > 0:
+            live[ptr] = (t, size, inside)
+        elif ptr in live:
+            t0, made, state = live.pop(ptr)
+            if state:
+                out |= {(t0, made), (t, made)}
+    return out
+
+
 # Where each moment is, as a position in the forward's order of layers: T5's encoder
 # blocks 0..E-1, then the main stack's (T5's decoder, every other model's layers) E..E+L-1;
 # between two layers, a half.
@@ -183,7 +230,7 @@ def moments(events, layers):
     e, m = layers["enc"], layers["main"]
     top, bottom, enc_top, enc_bottom = ("main", m - 1), ("main", 0), ("enc", e - 1), ("enc", 0)
     live, out = {}, []
-    seen_backward = set()
+    seen_forward, seen_backward = set(), set()
     for phase, layer, key, nbytes, create in events:
         if not create:
             live.pop(key, None)
@@ -191,11 +238,16 @@ def moments(events, layers):
         live[key] = (layer, nbytes)
         made = {w for w, _ in live.values()}
         if phase == "forward":
+            if layer is not None:
+                seen_forward.add(layer)
             if layer == top:
                 where = "forward_top"
             elif e and layer == enc_top:
                 where = "forward_enc_top"
-            elif layer is None and top in made:
+            elif layer is None and top in seen_forward:
+                # After the top layer's forward, whether or not a tensor it made is alive: under
+                # checkpointing none may be by the logits (a 16-bit model's final norm keeps its
+                # own fp32 copy of the top layer's output).
                 where = "forward_head"
             elif layer is None and e and enc_top in made:
                 where = "forward_mid"
@@ -582,6 +634,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", help="families, comma-separated (run halves side by side, then --merge)")
     ap.add_argument("--merge", nargs="+", help="recipe files to merge into --out")
+    ap.add_argument("--keys", help="only the recipes whose key matches one of these patterns, comma-separated "
+                                   "(fnmatch: '*/sdpa/ckpt')")
     ap.add_argument("--compiled", action="store_true",
                     help="record the torch.compile'd steps (every decoder) into --out, keeping its others")
     ap.add_argument("--precision", default="fp32,bf16,amp", help="with --compiled: precisions, comma-separated")
@@ -619,8 +673,11 @@ def main():
             for precision in ("fp32", "bf16", "amp"):
                 for attn in ("eager",) if family in measure.NO_SDPA else ("eager", "sdpa"):
                     for ck in (False, True):
+                        key = f"{family}/{head}/{precision}/{attn}/{'ckpt' if ck else 'full'}"
+                        if a.keys and not any(fnmatch.fnmatchcase(key, k) for k in a.keys.split(",")):
+                            continue
                         r = recipe(family, head, precision, attn, ck)
-                        out[f"{family}/{head}/{precision}/{attn}/{'ckpt' if ck else 'full'}"] = r
+                        out[key] = r
                         print(family, head, precision, attn, ck, len(r["moments"]), "moments", file=sys.stderr, flush=True)
                         write(a.out, out)  # as it goes: a full run takes the better part of an hour
     write(a.out, out)
