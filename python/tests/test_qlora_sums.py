@@ -1,0 +1,50 @@
+"""scripts/validate/qlora_sums.py: a QLoRA template's out-of-place gradient sums known by the first
+gradient freed right after each, and no bundled QLoRA key without checkpointing keeps a sum a GPU
+adds in place (a sum summed into again, what a recording made before `gradient_sums` holds).
+
+    python3 -m unittest python/tests/test_qlora_sums.py
+"""
+
+import glob
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
+import qlora_sums  # noqa: E402
+import template_file  # noqa: E402
+
+
+def template(sites_freed):
+    """A backward of hidden-sized tensors: for each site, a tensor made there, then a sum
+    (`aten::add`), then that tensor freed, as the engine replaces a first gradient by the sum."""
+    sites = ["aten::add"] + sorted(set(sites_freed))
+    laws = [{"tok": {"h": 4.0}}]
+    tensors, step = [], []
+    for site in sites_freed:
+        first, total = len(tensors), len(tensors) + 1
+        tensors += [[0, 3, sites.index(site)], [0, 3, 0]]
+        step += [0, first, 1, 0, total, 1, 1, first, 1, 1, total, 1]
+    return {"laws": laws, "sites": sites, "tensors": tensors, "step": step, "backward": [0, 0]}
+
+
+class Sums(unittest.TestCase):
+    def test_a_sum_is_named_by_the_first_gradient_it_replaced(self):
+        c = qlora_sums.sums(template(["aten::mm", "aten::add", "aten::mm"]))
+        # The second sum replaced a sum, itself an `aten::add` followed by no free (`-`).
+        self.assertEqual(dict(c), {"aten::mm": 2, "aten::add": 1, "-": 1})
+
+    def test_no_bundled_qlora_key_without_checkpointing_keeps_a_sum_summed_into_again(self):
+        stale = []
+        files = sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf-qlora*.tpl")))
+        self.assertEqual(len(files), 4)
+        for path in files:
+            for key, t in template_file.read(path)["templates"].items():
+                if "error" not in t and "/ckpt/" not in key and qlora_sums.sums(t)["aten::add"]:
+                    stale.append(key)
+        self.assertEqual(stale, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
