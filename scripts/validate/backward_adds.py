@@ -21,11 +21,11 @@ hook at all.
     python3 scripts/validate/backward_adds.py data/programs/hf.tpl [FILE ...] [--all]
 
 `--recorder` lists, of each file, only the keys whose sums include the recorder's: the adds at
-the site of the family's norm's input-gradient node (`NORM_SITE`), less those a checkpointed
+the site of the family's norm's input-gradient node (`norm_site`), less those a checkpointed
 key's recomputation makes at that same site (`RECOMPUTE_SITE`), read from the key's twin at a
 precision whose norm sums elsewhere (`?` where no twin tells them apart: recording the key
 again settles it). GPT-NeoX's parallel residual and BERT's post-norm blocks sum at their norm
-node on any device and are never listed. Keys the validation tests replay come first:
+node on any device and are never listed:
 
     python3 scripts/validate/backward_adds.py data/programs/hf-lora.tpl --recorder
 """
