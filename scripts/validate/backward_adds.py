@@ -19,6 +19,15 @@ second residual add). `python/tests/test_layer_marks.py` counts the engine's own
 hook at all.
 
     python3 scripts/validate/backward_adds.py data/programs/hf.tpl [FILE ...] [--all]
+
+`--recorder` lists, of each file, only the keys whose sums include the recorder's: the adds at
+the site of the family's norm's input-gradient node (`norm_site`), less those a checkpointed
+key's recomputation makes at that same site (`RECOMPUTE_SITE`), read from the key's twin at a
+precision whose norm sums elsewhere (`?` where no twin tells them apart: recording the key
+again settles it). GPT-NeoX's parallel residual and BERT's post-norm blocks sum at their norm
+node on any device and are never listed:
+
+    python3 scripts/validate/backward_adds.py data/programs/hf-lora.tpl --recorder
 """
 
 import argparse
@@ -58,13 +67,72 @@ def backward_adds(t):
     return by_layer
 
 
+# The node whose input gradient is a norm's: where a hook that held the residual's gradient
+# made the layer's residual sum out of place. RMSNorm ends in a multiply by its weight, after a
+# cast back to bf16 where it computes in fp32 (Gemma's: `type_as`); T5's casts before the multiply.
+LAYER_NORM = {"gpt2", "bloom"}
+OWN_NORM_SUMS = {"gpt_neox", "bert"}
+
+
+def norm_site(family, precision):
+    if family in OWN_NORM_SUMS:
+        return None
+    if family in LAYER_NORM:
+        return "NativeLayerNormBackward0"
+    return "ToCopyBackward0" if precision == "bf16" and family != "t5" else "MulBackward0"
+
+
+# The first node of a checkpointed layer's backward, inside which the recomputed forward's
+# adds of hidden states (the first residual add, peft's adapters' sums) are made. GPT-2's
+# checkpointed LoRA keys recorded under the present marks keep two `NativeLayerNormBackward0`
+# adds a layer too (not traced), so its norm's site is the recomputation's as well.
+RECOMPUTE_SITE = {
+    "gemma2": ("MulBackward0",), "gemma3_text": ("MulBackward0",), "t5": ("MulBackward0",),
+    "gpt2": ("MulBackward0", "NativeLayerNormBackward0"), "qwen2_moe": ("MulBackward0",),
+    "mixtral": ("IndexBackward0",), "qwen3_moe": ("IndexBackward0",),
+}
+
+
+def per_layer(by_layer, node):
+    """The most adds a layer (of the layers marked) whose site's node is `node`."""
+    counts = [sum(c for s, c in by_layer[n].items() if s.rpartition(" > ")[0].endswith(": " + node))
+              for n in by_layer if n >= 0]
+    return max(counts, default=0)
+
+
+def recorder_sums(key, templates):
+    """The recorder's residual sums a layer in `templates[key]`: an int, or None where the
+    recomputation's adds share the norm's site and no twin tells how many are the recomputation's."""
+    family, _, precision = key.split("/")[:3]
+    site = norm_site(family, precision)
+    by_layer = backward_adds(templates[key])
+    if site is None or by_layer is None:
+        return 0
+    n = per_layer(by_layer, site)
+    if "/ckpt" not in key or site not in RECOMPUTE_SITE.get(family, ("MmBackward0",)) or not n:
+        return n
+    for other in ("bf16", "fp32"):
+        twin = key.replace(f"/{precision}/", f"/{other}/", 1).replace("/sdpa-math/", "/sdpa/")
+        for twin in (twin, twin.replace("/sdpa/", "/sdpa-math/")):
+            if twin != key and twin in templates and norm_site(family, other) != site:
+                return n - per_layer(backward_adds(templates[twin]), site)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--all", action="store_true", help="list keys with no such sum too")
+    ap.add_argument("--recorder", action="store_true", help="list only the keys with the recorder's sums")
     args = ap.parse_args()
     for path in args.files:
         templates = template_file.read(path)["templates"]
+        if args.recorder:
+            for key in sorted(templates):
+                n = recorder_sums(key, templates)
+                if n is None or n > 0:
+                    print(f"{os.path.basename(path)}\t{key}\t{'?' if n is None else n} a layer")
+            continue
         for key in sorted(templates):
             by_layer = backward_adds(templates[key])
             if by_layer is None:
