@@ -108,6 +108,7 @@ pub fn program(
     // beside them outside the layers as one block. The backward makes its gradients of the
     // logits whether or not its peak is at the loss: where it is not, its logits term is what
     // the peak holds elsewhere. A compiled step's loss is fused: its logits stay one block.
+    // The terms are sums of the recipes' coefficients: compared within f64's rounding.
     let loss_tensors =
         m.phases.map(|ph| ph.loss).filter(|l| l.forward() > 0.0 && l.forward() <= fwd_logits * (1.0 + 1e-9));
     let loss_backward_outside = match loss_tensors {
@@ -138,14 +139,8 @@ pub fn program(
             let alloc_logits = |p: &mut Program, bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, l_site);
             let (logits, log_softmax) = match loss_tensors {
                 Some(l) => {
-                    let logits = [l.logits, l.upcast].into_iter().filter(|&b| b > 0.0).map(|b| alloc_logits(&mut p, b));
-                    let mut logits: Vec<TensorId> = logits.collect();
-                    let log_softmax = alloc_logits(&mut p, l.log_softmax);
-                    let outside = fwd_logits - l.forward();
-                    if outside >= 1.0 {
-                        logits.push(alloc_logits(&mut p, outside));
-                    }
-                    (logits, Some(log_softmax))
+                    let (gone, log_softmax) = loss_forward_tensors(&mut p, &l, fwd_logits, l_site);
+                    (gone, Some(log_softmax))
                 }
                 None => (loss_forward.iter().map(|k| alloc_logits(&mut p, fwd_logits * k)).collect(), None),
             };
@@ -166,19 +161,7 @@ pub fn program(
             let (outside, at_loss) = loss_backward_outside;
             let mut loss = None;
             if let (Some(l), Some(log_softmax)) = (loss_tensors, log_softmax) {
-                let nll = alloc_logits(&mut p, l.gradient);
-                let of_log_softmax = alloc_logits(&mut p, l.gradient);
-                if at_loss && outside >= 1.0 {
-                    loss = Some(alloc_logits(&mut p, outside));
-                }
-                p.free(log_softmax);
-                p.free(nll);
-                // The upcast's backward casts the gradient back; the head's backward reads it.
-                let downcast = (l.gradient_downcast > 0.0).then(|| alloc_logits(&mut p, l.gradient_downcast));
-                p.free(of_log_softmax);
-                if let Some(d) = downcast {
-                    p.free(d);
-                }
+                loss = loss_gradients(&mut p, &l, log_softmax, if at_loss { outside } else { 0.0 }, l_site);
             }
             if !at_loss && outside > 0.0 {
                 loss = Some(alloc_logits(&mut p, outside));
@@ -221,6 +204,50 @@ pub fn program(
         }
     }
     p
+}
+
+/// The forward's loss tensors ([`crate::phases::LossTensors`]) and what the phase's logits
+/// term holds beyond them: the tensors that go with the loss function, and log-softmax's
+/// output, which its backward reads.
+fn loss_forward_tensors(
+    p: &mut Program,
+    l: &crate::phases::LossTensors,
+    term: f64,
+    site: u32,
+) -> (Vec<TensorId>, TensorId) {
+    let mut alloc = |bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, site);
+    let mut gone: Vec<TensorId> = [l.logits, l.upcast].into_iter().filter(|&b| b > 0.0).map(&mut alloc).collect();
+    let log_softmax = alloc(l.log_softmax);
+    let outside = term - l.forward();
+    if outside >= 1.0 {
+        gone.push(alloc(outside));
+    }
+    (gone, log_softmax)
+}
+
+/// The backward's gradients of the logits, made beside log-softmax's output and `outside`
+/// (what the backward's logits term holds beyond them at its peak), which stays alive and is
+/// returned; the rest go as the loss's backward ends.
+fn loss_gradients(
+    p: &mut Program,
+    l: &crate::phases::LossTensors,
+    log_softmax: TensorId,
+    outside: f64,
+    site: u32,
+) -> Option<TensorId> {
+    let alloc = |p: &mut Program, bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, site);
+    let nll = alloc(p, l.gradient);
+    let of_log_softmax = alloc(p, l.gradient);
+    let outside = (outside >= 1.0).then(|| alloc(p, outside));
+    p.free(log_softmax);
+    p.free(nll);
+    // The upcast's backward casts the gradient back; the head's backward reads it.
+    let downcast = (l.gradient_downcast > 0.0).then(|| alloc(p, l.gradient_downcast));
+    p.free(of_log_softmax);
+    if let Some(d) = downcast {
+        p.free(d);
+    }
+    outside
 }
 
 /// Bytes per parameter element of the weights the optimizer steps over.
