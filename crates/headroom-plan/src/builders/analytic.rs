@@ -443,6 +443,7 @@ impl Builder for Torchtitan {
 mod tests {
     use super::*;
     use crate::job::{Attention, Optimizer, Precision};
+    use crate::parallel::Parallelism;
     use crate::program::Op;
     use crate::replay::{replay, ReplaySettings};
     use headroom_alloc::PolicyName;
@@ -450,8 +451,9 @@ mod tests {
     /// A phase's logits laid out as the loss's tensors, each of its width: the backward's fp32
     /// gradients of the logits take the forward's fp32 upcast's block, so the caching allocator
     /// reserves at most the 16-bit logits' block and one fp32 gradient's beyond what the step
-    /// allocates. Laid out as one block a phase, the backward's 12 bytes a logit could not reuse
-    /// the forward's 10 and reserved them beside it (10.4 GiB here).
+    /// allocates. README's ZeRO-3 job, whose backward peaks at the loss: laid out as one block a
+    /// phase, the backward's 12 bytes a logit could not reuse the forward's 10 and reserved them
+    /// beside it (10 bytes a logit beyond what it allocated).
     #[test]
     fn the_backward_s_gradients_of_the_logits_reuse_the_forward_s_blocks() {
         let m = crate::model::preset("llama-3-8b").unwrap();
@@ -459,6 +461,7 @@ mod tests {
         let cfg = TrainConfig {
             attention: Attention::Flash,
             checkpointing: Checkpointing::Full,
+            parallel: Parallelism::data_parallel(8, 3),
             ..TrainConfig::new(1, 8192, Precision::Mixed, Optimizer::AdamW)
         };
         let job = Job::new(&m, &g, cfg).unwrap();
