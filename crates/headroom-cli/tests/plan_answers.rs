@@ -511,19 +511,22 @@ fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() 
     assert!(p["levers"].as_array().unwrap().iter().any(|l| l["flags"] == "--finetune lora"), "{p}");
 }
 
-/// The issue's 8-GPU Qwen job: "framework" is mostly the caching allocator's reserved but
-/// free memory, which expandable segments saves; the plan said neither.
+/// The issue's 8-GPU Qwen job showed a "framework" term that was mostly the caching
+/// allocator's reserved but free memory, which expandable segments saves, and the plan said
+/// neither. That job's cache came from its logits replayed as one block and is gone with the
+/// loss's tensors laid out apart; a recorded Llama-2 step still reserves 16 GiB beyond what
+/// it allocates.
 #[test]
 fn a_plan_that_reserves_far_more_than_it_allocates_names_the_cache_and_the_setting() {
     let job = args(
-        "--model qwen2.5-7b --gpu a100-80gb --gpus 8 --zero 3 --batch 8 --seq 2048 --precision bf16 --finetune full \
-         --checkpoint full",
+        "--model llama-2-7b --gpu a100-80gb --precision bf16 --batch 8 --seq 4096 --attention flash --checkpoint full",
     );
     let (code, p) = plan(&job);
     assert_eq!(code, 0);
     let c = &p["allocator_cache"];
     let (reserved, allocated) = (c["reserved_bytes"].as_u64().unwrap(), c["allocated_bytes"].as_u64().unwrap());
-    assert!(reserved as f64 > 1.5 * allocated as f64, "{c}");
+    // The note's own threshold: a quarter of what is allocated.
+    assert!(reserved as f64 >= 1.25 * allocated as f64, "{c}");
     assert_eq!(c["setting"], "expandable_segments:True");
     // The figure under expandable segments is the plan's own under that setting.
     let (_, expandable) = plan(&with_flags(&job, "--alloc-conf expandable_segments:True"));

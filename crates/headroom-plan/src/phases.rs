@@ -82,6 +82,54 @@ pub struct Phases {
     pub forward: PhasePeak,
     pub backward: PhasePeak,
     pub optimizer: PhasePeak,
+    /// The tensors of the vocabulary's width that make the phases' logits.
+    pub loss: LossTensors,
+}
+
+/// The loss's tensors of the vocabulary's width, in bytes, as an eager step makes them apart:
+/// the caching allocator reuses the forward's blocks for the backward's by their sizes, which
+/// one sum of them would hide. All zero where the loss is fused into a compiled graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossTensors {
+    /// The model's logits, in its width.
+    pub logits: f64,
+    /// Their fp32 copy where the loss upcasts 16-bit logits; none otherwise.
+    pub upcast: f64,
+    /// log-softmax's output, which its backward reads.
+    pub log_softmax: f64,
+    /// Each of the backward's two gradients of the logits in the loss's width: `nll_loss`'s
+    /// and `log_softmax`'s.
+    pub gradient: f64,
+    /// The gradient cast back to the logits' width, where the loss upcast them.
+    pub gradient_downcast: f64,
+}
+
+impl LossTensors {
+    fn of(p: &StepParts) -> LossTensors {
+        if p.compiled {
+            return LossTensors::default();
+        }
+        let n = p.tokens * p.logit_width;
+        let upcast = p.loss_bytes > p.logit_bytes;
+        let cast = |bytes: f64| if upcast { bytes * n } else { 0.0 };
+        LossTensors {
+            logits: p.logit_bytes * n,
+            upcast: cast(p.loss_bytes),
+            log_softmax: p.loss_bytes * n,
+            gradient: p.loss_bytes * n,
+            gradient_downcast: cast(p.logit_bytes),
+        }
+    }
+
+    /// What the forward holds of them at the loss.
+    pub fn forward(&self) -> f64 {
+        self.logits + self.upcast + self.log_softmax
+    }
+
+    /// What the backward holds of them at its start: log-softmax's output beside both gradients.
+    pub fn backward(&self) -> f64 {
+        self.log_softmax + 2.0 * self.gradient
+    }
 }
 
 impl Phases {
@@ -139,7 +187,7 @@ pub fn phases(p: &StepParts) -> Phases {
         backward = end;
     }
     let optimizer = peak(p.gradients, (0.0, 0.0), 0.0, p.optimizer_temp);
-    Phases { forward, backward, optimizer }
+    Phases { forward, backward, optimizer, loss: LossTensors::of(p) }
 }
 
 /// What a phase holds whatever the shape's activations: weights, state, inputs.

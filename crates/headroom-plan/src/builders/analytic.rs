@@ -103,6 +103,18 @@ pub fn program(
         (false, true) => (&[2.0 / 16.0, 4.0 / 16.0, 4.0 / 16.0], &[4.0 / 16.0, 2.0 / 16.0]),
         (false, false) => (&[4.0 / 12.0, 4.0 / 12.0], &[4.0 / 12.0]),
     };
+    // A phase's logits are the loss's tensors, each of its own width (the caching allocator
+    // reuses the forward's blocks for the backward's only by size), and what the phase holds
+    // beside them outside the layers as one block. The backward makes its gradients of the
+    // logits whether or not its peak is at the loss: where it is not, its logits term is what
+    // the peak holds elsewhere. A compiled step's loss is fused: its logits stay one block.
+    // The terms are sums of the recipes' coefficients: compared within f64's rounding.
+    let loss_tensors =
+        m.phases.map(|ph| ph.loss).filter(|l| l.forward() > 0.0 && l.forward() <= fwd_logits * (1.0 + 1e-9));
+    let loss_backward_outside = match loss_tensors {
+        Some(l) if bwd_logits >= l.backward() * (1.0 - 1e-9) => (bwd_logits - l.backward(), true),
+        _ => (bwd_logits, false),
+    };
     // Temporaries a phase model names (AMP's weight copies) are made layer by layer and kept
     // for the forward, as autocast's cache keeps them; the others (ZeRO-3's gathered layer,
     // a dequantized base matrix, a bucket) are a layer's own, made and dropped around it.
@@ -124,21 +136,36 @@ pub fn program(
                 }
                 acts.push(p.alloc(Law::fixed(per_layer), Term::Activations, a_site));
             }
-            let logits: Vec<TensorId> =
-                loss_forward.iter().map(|k| p.alloc(Law::fixed(fwd_logits * k), Term::Logits, l_site)).collect();
+            let alloc_logits = |p: &mut Program, bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, l_site);
+            let (logits, log_softmax) = match loss_tensors {
+                Some(l) => {
+                    let (gone, log_softmax) = loss_forward_tensors(&mut p, &l, fwd_logits, l_site);
+                    (gone, Some(log_softmax))
+                }
+                None => (loss_forward.iter().map(|k| alloc_logits(&mut p, fwd_logits * k)).collect(), None),
+            };
             for t in cache {
                 p.free(t);
             }
             p.mark(step, Phase::Backward);
             // Without a phase model the closed form's logits are every copy the loss holds at
             // its peak: the backward's gradients of the logits join the forward's copies, then
-            // all go. With one, the phase model counts the backward's apart.
+            // all go. With one, the phase model counts the backward's apart: the logits and
+            // their upcast are gone with the forward's loss function, log-softmax's output is
+            // saved for its backward, which makes both gradients beside it.
             let grads_of_logits: Vec<TensorId> =
-                loss_backward.iter().map(|k| p.alloc(Law::fixed(fwd_logits * k), Term::Logits, l_site)).collect();
+                loss_backward.iter().map(|k| alloc_logits(&mut p, fwd_logits * k)).collect();
             for l in logits.into_iter().chain(grads_of_logits) {
                 p.free(l);
             }
-            let loss = (bwd_logits > 0.0).then(|| p.alloc(Law::fixed(bwd_logits), Term::Logits, l_site));
+            let (outside, at_loss) = loss_backward_outside;
+            let mut loss = None;
+            if let (Some(l), Some(log_softmax)) = (loss_tensors, log_softmax) {
+                loss = loss_gradients(&mut p, &l, log_softmax, if at_loss { outside } else { 0.0 }, l_site);
+            }
+            if !at_loss && outside > 0.0 {
+                loss = Some(alloc_logits(&mut p, outside));
+            }
             // Under checkpointing the backward holds one layer's full keep beside the kept inputs.
             let recompute = (checkpointed && bwd_act > fwd_act)
                 .then(|| p.alloc(Law::fixed(bwd_act - fwd_act), Term::Activations, a_site));
@@ -177,6 +204,50 @@ pub fn program(
         }
     }
     p
+}
+
+/// The forward's loss tensors ([`crate::phases::LossTensors`]) and what the phase's logits
+/// term holds beyond them: the tensors that go with the loss function, and log-softmax's
+/// output, which its backward reads.
+fn loss_forward_tensors(
+    p: &mut Program,
+    l: &crate::phases::LossTensors,
+    term: f64,
+    site: u32,
+) -> (Vec<TensorId>, TensorId) {
+    let mut alloc = |bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, site);
+    let mut gone: Vec<TensorId> = [l.logits, l.upcast].into_iter().filter(|&b| b > 0.0).map(&mut alloc).collect();
+    let log_softmax = alloc(l.log_softmax);
+    let outside = term - l.forward();
+    if outside >= 1.0 {
+        gone.push(alloc(outside));
+    }
+    (gone, log_softmax)
+}
+
+/// The backward's gradients of the logits, made beside log-softmax's output and `outside`
+/// (what the backward's logits term holds beyond them at its peak), which stays alive and is
+/// returned; the rest go as the loss's backward ends.
+fn loss_gradients(
+    p: &mut Program,
+    l: &crate::phases::LossTensors,
+    log_softmax: TensorId,
+    outside: f64,
+    site: u32,
+) -> Option<TensorId> {
+    let alloc = |p: &mut Program, bytes: f64| p.alloc(Law::fixed(bytes), Term::Logits, site);
+    let nll = alloc(p, l.gradient);
+    let of_log_softmax = alloc(p, l.gradient);
+    let outside = (outside >= 1.0).then(|| alloc(p, outside));
+    p.free(log_softmax);
+    p.free(nll);
+    // The upcast's backward casts the gradient back; the head's backward reads it.
+    let downcast = (l.gradient_downcast > 0.0).then(|| alloc(p, l.gradient_downcast));
+    p.free(of_log_softmax);
+    if let Some(d) = downcast {
+        p.free(d);
+    }
+    outside
 }
 
 /// Bytes per parameter element of the weights the optimizer steps over.
@@ -365,5 +436,61 @@ impl Builder for Torchtitan {
 
     fn build(&self, job: &Job, cx: &Context) -> Result<Built, String> {
         Ok(build(job, cx, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Attention, Optimizer, Precision};
+    use crate::parallel::Parallelism;
+    use crate::program::Op;
+    use crate::replay::{replay, ReplaySettings};
+    use headroom_alloc::PolicyName;
+
+    /// A phase's logits laid out as the loss's tensors, each of its width: the backward's fp32
+    /// gradients of the logits take the forward's fp32 upcast's block, so the caching allocator
+    /// reserves at most the 16-bit logits' block and one fp32 gradient's beyond what the step
+    /// allocates. README's ZeRO-3 job, whose backward peaks at the loss: laid out as one block a
+    /// phase, the backward's 12 bytes a logit could not reuse the forward's 10 and reserved them
+    /// beside it (10 bytes a logit beyond what it allocated).
+    #[test]
+    fn the_backward_s_gradients_of_the_logits_reuse_the_forward_s_blocks() {
+        let m = crate::model::preset("llama-3-8b").unwrap();
+        let g = crate::gpu::gpu("h100-sxm").unwrap();
+        let cfg = TrainConfig {
+            attention: Attention::Flash,
+            checkpointing: Checkpointing::Full,
+            parallel: Parallelism::data_parallel(8, 3),
+            ..TrainConfig::new(1, 8192, Precision::Mixed, Optimizer::AdamW)
+        };
+        let job = Job::new(&m, &g, cfg).unwrap();
+        let stage = closed_form::memory(&job, PipelineStage::Only, true, 0.0);
+        let loss = stage.phases.expect("transformers' phases").loss;
+        let n = 8192.0 * m.vocab as f64;
+        assert_eq!(
+            (loss.logits, loss.upcast, loss.log_softmax, loss.gradient, loss.gradient_downcast),
+            (2.0 * n, 4.0 * n, 4.0 * n, 4.0 * n, 2.0 * n)
+        );
+        let p = program(&job.train, &stage, 0.0, m.layers, 1, &[], Device::Gpu(&g));
+        let sizes = p.sizes(1, 1);
+        let logits: Vec<u64> = p
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Alloc(t) if p.tensors[t as usize].term == Term::Logits => Some(sizes[t as usize]),
+                _ => None,
+            })
+            .collect();
+        let n = n as u64;
+        assert_eq!(logits, [2 * n, 4 * n, 4 * n, 4 * n, 4 * n, 2 * n]);
+        let settings = ReplaySettings { capacity: 1 << 40, config: Default::default(), policy: PolicyName::PyTorch };
+        let r = replay(&p, &sizes, &settings);
+        assert!(
+            r.peak_reserved - r.peak_allocated < 6 * n,
+            "{} reserved, {} allocated",
+            r.peak_reserved,
+            r.peak_allocated
+        );
     }
 }
