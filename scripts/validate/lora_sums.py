@@ -10,8 +10,9 @@ unless it is one the engine makes with no hook (docs/VALIDATION.md, "The residua
 in place in the other templates"): under checkpointing the recomputed forward's residual add,
 run as the layer's first backward node unpacks a saved tensor (GPT-2's, Gemma-2's, Gemma 3's and
 T5's at `MulBackward0`, once a layer, twice with every linear layer's adapters, Gemma 3's three
-times, as its recording under the new marks makes them; BERT's post-norm
-blocks twice at `NativeLayerNormBackward0`), and GPT-NeoX's parallel residual outside autocast
+times and GPT-2's at fp32 four, as their recordings under the new marks make them; BERT's post-norm
+blocks twice at `NativeLayerNormBackward0`, seven times with every linear layer's adapters, as
+its fp32 eager key recorded again keeps them), and GPT-NeoX's parallel residual outside autocast
 (`NativeLayerNormBackward0`, once a layer). `ViewBackward0` sums are the engine's everywhere.
 What this counts is the adds beyond those, a layer: a key listed with none was recorded with
 no hook's sum, or one this rule does not tell from the engine's (recording it again settles it).
@@ -39,10 +40,12 @@ def own(key, node):
     family, _, precision, _, ckpt = key.split("/")[:5]
     all_linear = key.endswith("/lora-all")
     if ckpt == "ckpt" and node == "MulBackward0" and family in ("gpt2", "gemma2", "gemma3_text", "t5"):
-        return (3 if family == "gemma3_text" else 2) if all_linear else 1
+        if not all_linear:
+            return 1
+        return 3 if family == "gemma3_text" else 4 if (family, precision) == ("gpt2", "fp32") else 2
     if node == "NativeLayerNormBackward0":
         if family == "bert" and ckpt == "ckpt":
-            return 2
+            return 7 if all_linear else 2
         if family == "gpt_neox" and not precision.startswith("amp"):
             return 1
     return 0
