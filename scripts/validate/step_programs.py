@@ -419,8 +419,12 @@ def extra_config(family):
 
 ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv|dropout\.pair")
 # Operators whose CPU kernels keep scratch of their own, made and dropped inside one call.
+# `aten::histc` (a mixture of experts' tokens per expert, transformers' grouped experts) keeps
+# its bin edges and one histogram per intra-op thread, so the recording would follow the
+# recording machine's thread count; CUDA's histc allocates only its output.
 CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
-               "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+               "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+               "aten::histc")
 CPU_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 

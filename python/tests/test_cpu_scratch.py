@@ -1,0 +1,59 @@
+"""The step recorders leave out what a CPU kernel makes and drops inside one call
+(`step_programs.cpu_scratch`). A mixture of experts counts its tokens per expert with
+`torch.histc` (transformers' grouped experts, a float input on a CPU): its CPU kernel keeps the
+bin edges and one histogram per intra-op thread, so a template that kept them would read 4 bytes
+an expert recorded with one thread and 8 with two (docs/VALIDATION.md, "Qwen2-MoE's router
+histogram and one scan for the layer marks' sums"). Only the output stays, whatever the threads.
+
+    cd python && python3 -m unittest tests/test_cpu_scratch.py
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_recorders import NeedsRecorders  # noqa: E402  (scripts/validate on the path too)
+
+EXPERTS = 9
+
+
+class HistcScratch(NeedsRecorders):
+    def kept_and_left(self, threads):
+        """The sizes of what `torch.histc` allocates under `threads` intra-op threads, split into
+        what the recorders keep and what they leave out as scratch."""
+        import step_programs as sp
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            # Top-2 of 9 experts for 2×56 tokens, sorted, as the grouped experts hand them over.
+            ids = torch.randint(0, EXPERTS, (2 * 56 * 2,)).sort().values.float()
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                out = torch.histc(ids, bins=EXPERTS, min=0, max=EXPERTS - 1)
+        finally:
+            torch.set_num_threads(before)
+        made, kept, left = {}, [], []
+        for _, ptr, size, ops in sp.allocations(prof):
+            if size > 0:
+                made[ptr] = (size, ops)
+            elif ptr in made:
+                size, at = made.pop(ptr)
+                (left if sp.cpu_scratch(at, ops) else kept).append(size)
+        kept += [size for size, _ in made.values()]  # alive after the call: the output
+        self.assertEqual(out.numel(), EXPERTS)
+        return sorted(kept), sorted(left)
+
+    def test_only_the_output_is_kept_whatever_the_threads(self):
+        for threads in (1, 2):
+            with self.subTest(threads=threads):
+                kept, left = self.kept_and_left(threads)
+                self.assertEqual(kept, [EXPERTS * 4])
+                # The bin edges and the per-thread histograms: what a thread count changes.
+                self.assertEqual(sum(left), (EXPERTS + 1) * 4 + threads * EXPERTS * 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
