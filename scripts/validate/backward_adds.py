@@ -20,12 +20,16 @@ hook at all.
 
     python3 scripts/validate/backward_adds.py data/programs/hf.tpl [FILE ...] [--all]
 
-`--recorder` lists, of each file, only the keys whose sums include the recorder's: the adds at
-the site of the family's norm's input-gradient node (`norm_site`), less those a checkpointed
-key's recomputation makes at that same site (`RECOMPUTE_SITE`), read from the key's twin at a
-precision whose norm sums elsewhere (`?` where no twin tells them apart: recording the key
-again settles it). GPT-NeoX's parallel residual and BERT's post-norm blocks sum at their norm
-node on any device and are never listed:
+`--recorder` lists, of each file, only the keys whose sums include the old layer marks' hooks'
+(`marks_sums`, the one rule `lora_sums.py` ranks by too, for every template, with adapters or
+without): the adds at the nodes where a hook that held a layer's gradient made the residual sum
+(`mark_nodes`: the norm's input-gradient node, `MulBackward0` for an fp32 or AMP RMSNorm and T5's,
+`ToCopyBackward0` for a bf16 one, `NativeLayerNormBackward0` for GPT-2's, BLOOM's, GPT-NeoX's and
+BERT's LayerNorm, and at bf16 BERT's peft casts of a layer's input, `ToCopyBackward0`), beyond the
+engine's own there a layer (`own`: under checkpointing the recomputation's adds at Gemma-2's,
+Gemma 3's, Qwen2-MoE's and T5's `MulBackward0`, BERT's post-norm blocks, GPT-NeoX's parallel
+residual outside autocast), summed over the layers, by node. QLoRA's templates, recorded with
+fake tensors, name no autograd node (`qlora_sums.py` scans them):
 
     python3 scripts/validate/backward_adds.py data/programs/hf-lora.tpl --recorder
 """
@@ -49,8 +53,8 @@ def hidden_sized(law):
 def backward_adds(t):
     """{layer: Counter(site)} of the out-of-place hidden-sized sums in `t`'s later steps'
     backward (the first step's where no later one is recorded apart)."""
-    if "error" in t:
-        return None
+    if "error" in t or "backward" not in t:
+        return None  # a failed recording, or an inference template
     step = t["step"]
     start = t["backward"][1]
     start = len(step) // 3 if start is None else start
@@ -67,56 +71,70 @@ def backward_adds(t):
     return by_layer
 
 
-# The node whose input gradient is a norm's: where a hook that held the residual's gradient
-# made the layer's residual sum out of place. RMSNorm ends in a multiply by its weight, after a
-# cast back to bf16 where it computes in fp32 (Gemma's: `type_as`); T5's casts before the multiply.
-LAYER_NORM = {"gpt2", "bloom"}
-OWN_NORM_SUMS = {"gpt_neox", "bert"}
+# Where the old layer marks' hook made a layer's residual sum out of place: the node whose input
+# gradient is the norm's (RMSNorm ends in a multiply by its weight, after a cast back to bf16
+# where it computes in fp32, Gemma's `type_as` too; T5's casts before the multiply), and for
+# BERT's post-norm layers at bf16 also peft's casts of the layer's input to its fp32 adapters.
+LAYER_NORM = {"gpt2", "bloom", "gpt_neox", "bert"}
 
 
-def norm_site(family, precision):
-    if family in OWN_NORM_SUMS:
-        return None
+def mark_nodes(family, precision):
+    """The autograd nodes at which a key's backward made the old marks' residual sums."""
     if family in LAYER_NORM:
-        return "NativeLayerNormBackward0"
-    return "ToCopyBackward0" if precision == "bf16" and family != "t5" else "MulBackward0"
+        return ("NativeLayerNormBackward0", "ToCopyBackward0") if (family, precision) == ("bert", "bf16") \
+            else ("NativeLayerNormBackward0",)
+    return ("ToCopyBackward0",) if precision == "bf16" and family != "t5" else ("MulBackward0",)
 
 
-# The first node of a checkpointed layer's backward, inside which the recomputed forward's
-# adds of hidden states (the first residual add, peft's adapters' sums) are made. GPT-2's
-# checkpointed LoRA keys recorded under the present marks keep two `NativeLayerNormBackward0`
-# adds a layer too (not traced), so its norm's site is the recomputation's as well.
-RECOMPUTE_SITE = {
-    "gemma2": ("MulBackward0",), "gemma3_text": ("MulBackward0",), "t5": ("MulBackward0",),
-    "gpt2": ("MulBackward0", "NativeLayerNormBackward0"), "qwen2_moe": ("MulBackward0",),
-    "mixtral": ("IndexBackward0",), "qwen3_moe": ("IndexBackward0",),
+# The adds a layer the engine makes itself at those nodes, with no hook (measured in keys recorded
+# under the present marks, or in their bf16 twins where the node is not the bf16 key's norm's):
+# under checkpointing the recomputed forward's residual add and peft's adapters' sums, run inside
+# the first node of the layer's backward as it unpacks a saved tensor (`torch.utils.checkpoint`
+# stops the recomputation once the last saved tensor is made); BERT's post-norm blocks under
+# checkpointing; GPT-NeoX's parallel residual outside autocast, at its norm. By (family, targets)
+# with `None` for a key without adapters.
+RECOMPUTED = {  # checkpointed keys, at `MulBackward0`
+    "gemma2": {None: 1, "qv": 1, "all": 3},
+    "gemma3_text": {None: 1, "qv": 1, "all": 3},
+    "qwen2_moe": {None: 1, "qv": 1, "all": 3},
+    "t5": {None: 1, "qv": 1, "all": 2},
 }
+BERT_CHECKPOINTED = {None: 2, "qv": 2, "all": 7}  # at `NativeLayerNormBackward0`
 
 
-def per_layer(by_layer, node):
-    """The most adds a layer (of the layers marked) whose site's node is `node`."""
-    counts = [sum(c for s, c in by_layer[n].items() if s.rpartition(" > ")[0].endswith(": " + node))
-              for n in by_layer if n >= 0]
-    return max(counts, default=0)
+def own(key, node):
+    """The sums a layer the engine makes itself at `node` for `key`."""
+    family, _, precision, _, ckpt = key.split("/")[:5]
+    last = key.rsplit("/", 1)[-1]
+    targets = last.split("-", 1)[1] if last.startswith("lora-") else None
+    if ckpt == "ckpt" and node == "MulBackward0" and family in RECOMPUTED:
+        return RECOMPUTED[family][targets]
+    if node == "NativeLayerNormBackward0":
+        if family == "bert" and ckpt == "ckpt":
+            return BERT_CHECKPOINTED[targets]
+        if family == "gpt_neox" and not precision.startswith("amp"):
+            return 1
+    return 0
 
 
-def recorder_sums(key, templates):
-    """The recorder's residual sums a layer in `templates[key]`: an int, or None where the
-    recomputation's adds share the norm's site and no twin tells how many are the recomputation's."""
+def marks_sums(key, t):
+    """{node: count} of the old marks' residual sums in `t`, over the backward's layers: the
+    hidden-sized adds at `mark_nodes` beyond the engine's own (`own`), a layer at a time."""
     family, _, precision = key.split("/")[:3]
-    site = norm_site(family, precision)
-    by_layer = backward_adds(templates[key])
-    if site is None or by_layer is None:
-        return 0
-    n = per_layer(by_layer, site)
-    if "/ckpt" not in key or site not in RECOMPUTE_SITE.get(family, ("MmBackward0",)) or not n:
-        return n
-    for other in ("bf16", "fp32"):
-        twin = key.replace(f"/{precision}/", f"/{other}/", 1).replace("/sdpa-math/", "/sdpa/")
-        for twin in (twin, twin.replace("/sdpa/", "/sdpa-math/")):
-            if twin != key and twin in templates and norm_site(family, other) != site:
-                return n - per_layer(backward_adds(templates[twin]), site)
-    return None
+    nodes = mark_nodes(family, precision)
+    extra = collections.Counter()
+    for n, sites in (backward_adds(t) or {}).items():
+        if n < 0:
+            continue
+        at = collections.Counter()
+        for site, count in sites.items():
+            node = site.rpartition(" > ")[0].rpartition(": ")[2]
+            if node in nodes:
+                at[node] += count
+        for node, count in at.items():
+            if count > own(key, node):
+                extra[node] += count - own(key, node)
+    return dict(extra)
 
 
 def main():
@@ -129,9 +147,10 @@ def main():
         templates = template_file.read(path)["templates"]
         if args.recorder:
             for key in sorted(templates):
-                n = recorder_sums(key, templates)
-                if n is None or n > 0:
-                    print(f"{os.path.basename(path)}\t{key}\t{'?' if n is None else n} a layer")
+                extra = marks_sums(key, templates[key])
+                if extra:
+                    print(f"{os.path.basename(path)}\t{key}\t{sum(extra.values())} over the layers\t"
+                          + ", ".join(f"{s} x{c}" for s, c in sorted(extra.items())))
             continue
         for key in sorted(templates):
             by_layer = backward_adds(templates[key])
