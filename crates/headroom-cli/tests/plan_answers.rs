@@ -514,12 +514,13 @@ fn a_plan_that_fits_says_no_levers_and_adapters_only_where_the_job_fine_tunes() 
 /// The issue's 8-GPU Qwen job showed a "framework" term that was mostly the caching
 /// allocator's reserved but free memory, which expandable segments saves, and the plan said
 /// neither. That job's cache came from its logits replayed as one block and is gone with the
-/// loss's tensors laid out apart; a recorded Llama-2 step still reserves 16 GiB beyond what
-/// it allocates.
+/// loss's tensors laid out apart; a recorded Llama-2 LoRA step still reserves a third more
+/// than it allocates (README's example, well clear of the note's threshold).
 #[test]
 fn a_plan_that_reserves_far_more_than_it_allocates_names_the_cache_and_the_setting() {
     let job = args(
-        "--model llama-2-7b --gpu a100-80gb --precision bf16 --batch 8 --seq 4096 --attention flash --checkpoint full",
+        "--model llama-2-7b --gpu a100-80gb --precision bf16 --finetune lora --batch 16 --seq 4096 --attention flash \
+         --checkpoint full",
     );
     let (code, p) = plan(&job);
     assert_eq!(code, 0);
@@ -531,7 +532,11 @@ fn a_plan_that_reserves_far_more_than_it_allocates_names_the_cache_and_the_setti
     // The figure under expandable segments is the plan's own under that setting.
     let (_, expandable) = plan(&with_flags(&job, "--alloc-conf expandable_segments:True"));
     assert_eq!(c["expandable_reserved_bytes"], expandable["reserved_bytes"], "{expandable}");
-    assert!(c["expandable_reserved_bytes"].as_u64().unwrap() < allocated + (1 << 30));
+    // It allocates what it did and reserves less: an expandable segment keeps what the step
+    // frees mapped, so not all the cache goes.
+    assert_eq!(c["expandable_allocated_bytes"].as_u64(), Some(allocated), "{c}");
+    let kept = c["expandable_reserved_bytes"].as_u64().unwrap();
+    assert!(kept < reserved && kept >= allocated, "{c}");
     let (_, t) = text(&job);
     assert!(t.contains("the caching allocator's cache") && t.contains("expandable_segments:True"), "{t}");
     // Under expandable segments already, nothing to say.
