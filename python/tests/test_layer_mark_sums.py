@@ -81,8 +81,11 @@ class Rule(unittest.TestCase):
         self.assertEqual(listed("bert/masked-lm/fp32/eager/full/lora-qv", {"NativeLayerNormBackward0": 1}),
                          {"NativeLayerNormBackward0": 5})
         # At bf16 peft casts the layer's input to its fp32 adapters: the sums of its gradient.
-        self.assertEqual(listed("bert/masked-lm/bf16/sdpa/full/lora-qv", {"ToCopyBackward0": 1}),
-                         {"ToCopyBackward0": 5})
+        self.assertEqual(listed("bert/masked-lm/bf16/sdpa/full/lora-qv", {"ToCopyBackward0": 1, "ViewBackward0": 1}),
+                         {"ToCopyBackward0": 5, "ViewBackward0": 5})
+        # A view's sum is the engine's everywhere else (its base holds the storage).
+        self.assertEqual(listed("bert/masked-lm/fp32/sdpa/full/lora-qv", {"ViewBackward0": 1}), {})
+        self.assertEqual(listed("llama/causal-lm/bf16/sdpa/full/lora-qv", {"ViewBackward0": 2}), {})
 
     def test_an_inference_template_has_no_backward_to_scan(self):
         self.assertEqual(backward_adds.marks_sums("llama/forward/bf16/sdpa", {"dims": {}}), {})

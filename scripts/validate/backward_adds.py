@@ -11,7 +11,8 @@ hook, a storage object made of the gradient) made the residual sum a new tensor 
 a GPU's step adds in place (docs/VALIDATION.md, "The residual sum under the layer marks").
 A key is listed with the layers that have such a sum, the count a layer and the sites. Some are
 the engine's own, on any device: a sum whose first gradient is a view (`ViewBackward0 >
-aten::add`: a linear layer's input gradient, `grad.view(...)`, which holds its base's storage),
+aten::add`: a linear layer's input gradient, `grad.view(...)`, which holds its base's storage;
+not BERT's at bf16, below),
 and, under checkpointing, one add a layer that is no sum: the recomputed forward's first
 residual add, run inside the first node of the layer's backward as it unpacks a saved tensor
 (`torch.utils.checkpoint` stops the recomputation once the last saved tensor is made, before the
@@ -25,7 +26,8 @@ hook at all.
 without): the adds at the nodes where a hook that held a layer's gradient made the residual sum
 (`mark_nodes`: the norm's input-gradient node, `MulBackward0` for an fp32 or AMP RMSNorm and T5's,
 `ToCopyBackward0` for a bf16 one, `NativeLayerNormBackward0` for GPT-2's, BLOOM's, GPT-NeoX's and
-BERT's LayerNorm, and at bf16 BERT's peft casts of a layer's input, `ToCopyBackward0`), beyond the
+BERT's LayerNorm, and at bf16 BERT's sums into a layer's input gradient, `ToCopyBackward0` and
+`ViewBackward0`), beyond the
 engine's own there a layer (`own`: under checkpointing the recomputation's adds at Gemma-2's,
 Gemma 3's, Qwen2-MoE's and T5's `MulBackward0`, BERT's post-norm blocks, GPT-NeoX's parallel
 residual outside autocast), summed over the layers, by node. QLoRA's templates, recorded with
@@ -74,15 +76,17 @@ def backward_adds(t):
 # Where the old layer marks' hook made a layer's residual sum out of place: the node whose input
 # gradient is the norm's (RMSNorm ends in a multiply by its weight, after a cast back to bf16
 # where it computes in fp32, Gemma's `type_as` too; T5's casts before the multiply), and for
-# BERT's post-norm layers at bf16 also peft's casts of the layer's input to its fp32 adapters.
+# BERT's post-norm layers at bf16 also the sums into its layer's input gradient, from peft's
+# casts of the input to its fp32 adapters and the linear layers' views (its bf16 `lora-qv`
+# recorded under the present marks keeps neither).
 LAYER_NORM = {"gpt2", "bloom", "gpt_neox", "bert"}
 
 
 def mark_nodes(family, precision):
     """The autograd nodes at which a key's backward made the old marks' residual sums."""
     if family in LAYER_NORM:
-        return ("NativeLayerNormBackward0", "ToCopyBackward0") if (family, precision) == ("bert", "bf16") \
-            else ("NativeLayerNormBackward0",)
+        return ("NativeLayerNormBackward0", "ToCopyBackward0", "ViewBackward0") \
+            if (family, precision) == ("bert", "bf16") else ("NativeLayerNormBackward0",)
     return ("ToCopyBackward0",) if precision == "bf16" and family != "t5" else ("MulBackward0",)
 
 
