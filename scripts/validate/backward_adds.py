@@ -101,7 +101,7 @@ RECOMPUTED = {  # checkpointed keys, at `MulBackward0`
     "gemma2": {None: 1, "qv": 1, "all": 3},
     "gemma3_text": {None: 1, "qv": 1, "all": 3},
     "qwen2_moe": {None: 1, "qv": 1, "all": 3},
-    "t5": {None: 1, "qv": 1, "all": 2},
+    "t5": {None: 1, "qv": 1, "all": 3},
 }
 BERT_CHECKPOINTED = {None: 2, "qv": 2, "all": 7}  # at `NativeLayerNormBackward0`
 
