@@ -39,11 +39,11 @@ fn a_model_with_one_stack_refuses_a_decoder_length() {
     );
 }
 
-/// T0-3B's fp32 LoRA of every linear layer was recorded with its decoder as long as its encoder:
-/// asked for a decoder of its own, the plan passes over the template, saying why, and plans the
-/// closed form, whose activations and logits shrink with the decoder.
+/// T0-3B's fp32 LoRA of every linear layer is recorded with its decoder at a length of its own
+/// (24 tokens against the encoder's): a decoder shorter than the encoder is the same template
+/// replayed, with less to keep.
 #[test]
-fn a_template_recorded_at_one_length_passes_a_decoder_of_another() {
+fn a_template_recorded_with_a_decoder_of_its_own_plans_a_shorter_one() {
     let job = [
         "--model",
         "t0-3b",
@@ -57,6 +57,41 @@ fn a_template_recorded_at_one_length_passes_a_decoder_of_another() {
         "all",
         "--attention",
         "eager",
+        "--batch",
+        "1",
+        "--seq",
+        "256",
+    ];
+    let one = plan(&job);
+    assert_eq!(one["runner"]["builder"], "transformers");
+    let same = plan(&[&job[..], &["--target-seq", "256"]].concat());
+    assert_eq!(allocated(&same), allocated(&one), "a decoder as long as the encoder is the job without the flag");
+    let short = plan(&[&job[..], &["--target-seq", "16"]].concat());
+    assert_eq!(short["runner"]["builder"], "transformers", "{}", short["runner"]);
+    assert_eq!(short["runner"]["source"], one["runner"]["source"]);
+    assert!(allocated(&short) < allocated(&one), "{} {}", allocated(&short), allocated(&one));
+}
+
+/// T5's checkpointed QLoRA of every linear layer was recorded with its decoder as long as its
+/// encoder: asked for a decoder of its own, the plan passes over the template, saying why, and
+/// plans the closed form, whose activations and logits shrink with the decoder.
+#[test]
+fn a_template_recorded_at_one_length_passes_a_decoder_of_another() {
+    let job = [
+        "--model",
+        "t5-base",
+        "--gpu",
+        "h200",
+        "--precision",
+        "bf16",
+        "--finetune",
+        "qlora",
+        "--lora-targets",
+        "all",
+        "--attention",
+        "eager",
+        "--checkpoint",
+        "full",
         "--batch",
         "1",
         "--seq",
