@@ -76,7 +76,10 @@ class Rule(unittest.TestCase):
 
     def test_bert_s_post_norm_blocks(self):
         self.assertEqual(listed("bert/masked-lm/fp32/eager/ckpt/lora-all", {"NativeLayerNormBackward0": 7}), {})
-        self.assertEqual(listed("bert/masked-lm/fp32/eager/ckpt/lora-qv", {"NativeLayerNormBackward0": 4}),
+        # Four a layer with adapters on the query and value (its bf16 key recorded under the
+        # present marks keeps four): two more are the marks'.
+        self.assertEqual(listed("bert/masked-lm/fp32/eager/ckpt/lora-qv", {"NativeLayerNormBackward0": 4}), {})
+        self.assertEqual(listed("bert/masked-lm/fp32/eager/ckpt/lora-qv", {"NativeLayerNormBackward0": 6}),
                          {"NativeLayerNormBackward0": 10})
         self.assertEqual(listed("bert/masked-lm/fp32/eager/full/lora-qv", {"NativeLayerNormBackward0": 1}),
                          {"NativeLayerNormBackward0": 5})
@@ -101,7 +104,8 @@ PRESENT = {
                     "phi3/causal-lm/fp32/sdpa/ckpt/lora-all", "llama/causal-lm/bf16/sdpa/full/lora-qv",
                     "t5/seq2seq-lm/bf16/eager/ckpt/lora-all", "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all",
                     "t5/seq2seq-lm/fp32/eager/ckpt/lora-qv", "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-all",
-                    "qwen2_moe/causal-lm/bf16/sdpa/ckpt/lora-all", "mixtral/causal-lm/bf16/sdpa/ckpt/lora-all"],
+                    "qwen2_moe/causal-lm/bf16/sdpa/ckpt/lora-all", "mixtral/causal-lm/bf16/sdpa/ckpt/lora-all",
+                    "bert/masked-lm/bf16/sdpa/ckpt/lora-qv"],
     "hf-lora-fp32.tpl": ["gemma2/causal-lm/fp32/eager/ckpt/lora-qv", "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-qv",
                          "gpt2/causal-lm/fp32/eager/ckpt/lora-all", "bert/masked-lm/fp32/eager/ckpt/lora-all",
                          "qwen2_moe/causal-lm/fp32/eager/full/lora-qv", "gemma3_text/causal-lm/fp32/eager/ckpt/lora-all"],

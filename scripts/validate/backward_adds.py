@@ -103,7 +103,7 @@ RECOMPUTED = {  # checkpointed keys, at `MulBackward0`
     "qwen2_moe": {None: 1, "qv": 1, "all": 3},
     "t5": {None: 1, "qv": 1, "all": 3},
 }
-BERT_CHECKPOINTED = {None: 2, "qv": 2, "all": 7}  # at `NativeLayerNormBackward0`
+BERT_CHECKPOINTED = {None: 2, "qv": 4, "all": 7}  # at `NativeLayerNormBackward0`
 
 
 def own(key, node):
