@@ -20,6 +20,17 @@ fn allocated(v: &Value) -> u64 {
     v["allocated_bytes"].as_u64().expect("allocated_bytes")
 }
 
+/// `job` planned from its template, and the same with a decoder as long as its encoder, which is
+/// the job without the flag: the first plan.
+fn replayed_with_the_encoder_s_length(job: &[&str]) -> Value {
+    let one = plan(job);
+    assert_eq!(one["runner"]["builder"], "transformers");
+    let same = plan(&[job, &["--target-seq", "256"]].concat());
+    assert_eq!(same["runner"]["builder"], "transformers");
+    assert_eq!(allocated(&same), allocated(&one), "a decoder as long as the encoder is the job without the flag");
+    one
+}
+
 #[test]
 fn a_model_with_one_stack_refuses_a_decoder_length() {
     refused(
@@ -44,28 +55,12 @@ fn a_model_with_one_stack_refuses_a_decoder_length() {
 /// replayed, with less to keep.
 #[test]
 fn a_template_recorded_with_a_decoder_of_its_own_plans_a_shorter_one() {
-    let job = [
-        "--model",
-        "t0-3b",
-        "--gpu",
-        "h200",
-        "--precision",
-        "fp32",
-        "--finetune",
-        "lora",
-        "--lora-targets",
-        "all",
-        "--attention",
-        "eager",
-        "--batch",
-        "1",
-        "--seq",
-        "256",
-    ];
-    let one = plan(&job);
-    assert_eq!(one["runner"]["builder"], "transformers");
-    let same = plan(&[&job[..], &["--target-seq", "256"]].concat());
-    assert_eq!(allocated(&same), allocated(&one), "a decoder as long as the encoder is the job without the flag");
+    let job: Vec<&str> =
+        "--model t0-3b --gpu h200 --precision fp32 --finetune lora --lora-targets all --attention eager \
+                          --batch 1 --seq 256"
+            .split_whitespace()
+            .collect();
+    let one = replayed_with_the_encoder_s_length(&job);
     let short = plan(&[&job[..], &["--target-seq", "16"]].concat());
     assert_eq!(short["runner"]["builder"], "transformers", "{}", short["runner"]);
     assert_eq!(short["runner"]["source"], one["runner"]["source"]);
@@ -77,31 +72,12 @@ fn a_template_recorded_with_a_decoder_of_its_own_plans_a_shorter_one() {
 /// plans the closed form, whose activations and logits shrink with the decoder.
 #[test]
 fn a_template_recorded_at_one_length_passes_a_decoder_of_another() {
-    let job = [
-        "--model",
-        "t5-base",
-        "--gpu",
-        "h200",
-        "--precision",
-        "bf16",
-        "--finetune",
-        "qlora",
-        "--lora-targets",
-        "all",
-        "--attention",
-        "eager",
-        "--checkpoint",
-        "full",
-        "--batch",
-        "1",
-        "--seq",
-        "256",
-    ];
-    let one = plan(&job);
-    assert_eq!(one["runner"]["builder"], "transformers");
-    let same = plan(&[&job[..], &["--target-seq", "256"]].concat());
-    assert_eq!(same["runner"]["builder"], "transformers");
-    assert_eq!(allocated(&same), allocated(&one), "a decoder as long as the encoder is the job without the flag");
+    let job: Vec<&str> =
+        "--model t5-base --gpu h200 --precision bf16 --finetune qlora --lora-targets all --attention eager \
+                          --checkpoint full --batch 1 --seq 256"
+            .split_whitespace()
+            .collect();
+    replayed_with_the_encoder_s_length(&job);
     let short = plan(&[&job[..], &["--target-seq", "16"]].concat());
     assert_ne!(short["runner"]["builder"], "transformers");
     let why = short["runner"]["passed"][0]["why"].as_str().expect("a reason");
