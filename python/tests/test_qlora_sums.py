@@ -26,11 +26,7 @@ import template_file  # noqa: E402
 
 # `hf-qlora.tpl`'s keys recorded before a view's sum was made out of place and not yet recorded
 # again: recording one takes it off this list, and no other key may join it.
-OWED = [
-    "mixtral/causal-lm/bf16/sdpa/full/qlora-qv",
-    "qwen2_moe/causal-lm/bf16/sdpa/full/qlora-qv",
-    "qwen3_moe/causal-lm/bf16/sdpa/full/qlora-qv",
-]
+OWED = []
 
 
 def template(sites_freed):
