@@ -16,10 +16,23 @@ before `gradient_sums`); anything else is listed by its site. Under checkpointin
 also runs the recomputed forward, whose adds (a residual's, LoRA's `result + lora_B(...)`) are no
 gradient sums and are counted with the rest.
 
-    python3 scripts/validate/qlora_sums.py data/programs/hf-qlora.tpl [FILE ...] [--stale]
+    python3 scripts/validate/qlora_sums.py data/programs/hf-qlora.tpl [FILE ...] [--stale | --viewless]
 
 `--stale` lists only the keys without checkpointing (`/full/`) that have a sum summed into
 again: under checkpointing a recomputed forward's add of an add looks the same.
+
+`--viewless` lists the keys whose later step's backward has no out-of-place sum of a view at
+all, of any width (`view_sums`): an adapted projection's input gradient sums the 4-bit base's
+and the adapter's, and at bf16 and fp32 compute one of them arrives first as the view of a
+matrix product's output, which the engine does not add into (a hidden state at the attention's
+and the MLP's input, the MLP's and the attention output's widths at their output projections:
+4 a step for the query and value projections at five layers, 19 for every linear layer). A
+key recorded before that sum was made out of place (2026-11-30 noon) has none. Under AMP
+(`amp-cuda`) every linear layer's input gradient comes through autocast's cast
+(`ToCopyBackward0`), a new tensor, and no key has one; they are not listed. Nor are BERT's
+query-value keys: its `qlora-qv` without checkpointing, recorded again under the rule, is the
+bundled key event for event, with none (its adapted projections' input, the previous block's
+LayerNorm's output, gets its first gradient from the residual).
 """
 
 import argparse
@@ -49,10 +62,37 @@ def sums(t):
     return out
 
 
+def view_sums(t):
+    """How many of `t`'s later step's backward's `aten::add` allocations, of any law, are followed
+    right away by the free of a tensor of their law made by `aten::mm`: the engine's own
+    out-of-place sums into a gradient that is the view of a matrix product's output."""
+    step, start = t["step"], t["backward"][1]
+    tensors, sites = t["tensors"], t["sites"]
+    n = 0
+    for i in range(start, len(step) // 3):
+        kind, tensor, _ = step[3 * i: 3 * i + 3]
+        law, _, site = tensors[tensor][:3]
+        if kind != 0 or sites[site] != "aten::add":
+            continue
+        nxt = step[3 * i + 3: 3 * i + 5]
+        if len(nxt) == 2 and nxt[0] == 1 and tensors[nxt[1]][0] == law and sites[tensors[nxt[1]][2]] == "aten::mm":
+            n += 1
+    return n
+
+
+def viewless(key, t):
+    """Whether `t` (not under AMP) has no out-of-place sum of a view: a recording made before a
+    view's sum was made out of place."""
+    if "/amp-cuda/" in key or "/amp/" in key or (key.startswith("bert/") and key.endswith("/qlora-qv")):
+        return False
+    return view_sums(t) == 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--stale", action="store_true", help="only keys without checkpointing with a sum summed into again")
+    ap.add_argument("--viewless", action="store_true", help="only keys (not under AMP) with no out-of-place sum of a view")
     args = ap.parse_args()
     for path in args.files:
         templates = template_file.read(path)["templates"]
@@ -62,8 +102,12 @@ def main():
             c = sums(templates[key])
             if args.stale and (not c["aten::add"] or "/ckpt/" in key):
                 continue
+            if args.viewless:
+                if viewless(key, templates[key]):
+                    print(f"{os.path.basename(path)}\t{key}")
+                continue
             print(f"{os.path.basename(path)}\t{key}\t{sum(c.values())}\t"
-                  + ", ".join(f"{s} x{n}" for s, n in c.most_common()))
+                  + ", ".join(f"{s} x{n}" for s, n in c.most_common()) + f"\tviews {view_sums(templates[key])}")
 
 
 if __name__ == "__main__":
