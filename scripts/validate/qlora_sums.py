@@ -45,39 +45,34 @@ import template_file  # noqa: E402
 from backward_adds import hidden_sized  # noqa: E402
 
 
-def sums(t):
-    """Counter(site of the tensor freed right after) of the hidden-sized `aten::add` allocations
-    in `t`'s later step's backward; `-` where the next event frees nothing of the sum's law."""
-    step, start = t["step"], t["backward"][1]
-    tensors, sites, laws = t["tensors"], t["sites"], t["laws"]
-    out = collections.Counter()
-    for i in range(start, len(step) // 3):
-        kind, tensor, _ = step[3 * i: 3 * i + 3]
-        law, _, site = tensors[tensor][:3]
-        if kind != 0 or sites[site] != "aten::add" or not hidden_sized(laws[law]):
-            continue
-        nxt = step[3 * i + 3: 3 * i + 5]
-        freed = len(nxt) == 2 and nxt[0] == 1 and tensors[nxt[1]][0] == law
-        out[sites[tensors[nxt[1]][2]] if freed else "-"] += 1
-    return out
-
-
-def view_sums(t):
-    """How many of `t`'s later step's backward's `aten::add` allocations, of any law, are followed
-    right away by the free of a tensor of their law made by `aten::mm`: the engine's own
-    out-of-place sums into a gradient that is the view of a matrix product's output."""
+def backward_adds(t):
+    """Each `aten::add` allocation in `t`'s later step's backward, as (its law, the site of the
+    tensor of that law freed by the very next event, or `None` where that event frees nothing of
+    the sum's law): the one walk both counts below read."""
     step, start = t["step"], t["backward"][1]
     tensors, sites = t["tensors"], t["sites"]
-    n = 0
     for i in range(start, len(step) // 3):
         kind, tensor, _ = step[3 * i: 3 * i + 3]
         law, _, site = tensors[tensor][:3]
         if kind != 0 or sites[site] != "aten::add":
             continue
         nxt = step[3 * i + 3: 3 * i + 5]
-        if len(nxt) == 2 and nxt[0] == 1 and tensors[nxt[1]][0] == law and sites[tensors[nxt[1]][2]] == "aten::mm":
-            n += 1
-    return n
+        freed = len(nxt) == 2 and nxt[0] == 1 and tensors[nxt[1]][0] == law
+        yield law, sites[tensors[nxt[1]][2]] if freed else None
+
+
+def sums(t):
+    """Counter(site of the tensor freed right after) of the hidden-sized `aten::add` allocations
+    in `t`'s later step's backward; `-` where the next event frees nothing of the sum's law."""
+    laws = t["laws"]
+    return collections.Counter(freed or "-" for law, freed in backward_adds(t) if hidden_sized(laws[law]))
+
+
+def view_sums(t):
+    """How many of `t`'s later step's backward's `aten::add` allocations, of any law, are followed
+    right away by the free of a tensor of their law made by `aten::mm`: the engine's own
+    out-of-place sums into a gradient that is the view of a matrix product's output."""
+    return sum(freed == "aten::mm" for _, freed in backward_adds(t))
 
 
 def viewless(key, t):
@@ -99,12 +94,12 @@ def main():
         for key in sorted(templates):
             if "error" in templates[key]:
                 continue
-            c = sums(templates[key])
-            if args.stale and (not c["aten::add"] or "/ckpt/" in key):
-                continue
             if args.viewless:
                 if viewless(key, templates[key]):
                     print(f"{os.path.basename(path)}\t{key}")
+                continue
+            c = sums(templates[key])
+            if args.stale and (not c["aten::add"] or "/ckpt/" in key):
                 continue
             print(f"{os.path.basename(path)}\t{key}\t{sum(c.values())}\t"
                   + ", ".join(f"{s} x{n}" for s, n in c.most_common()) + f"\tviews {view_sums(templates[key])}")
