@@ -27,16 +27,6 @@ import template_file  # noqa: E402
 # file: recording one takes it off this list, and no other key may join it.
 OWED = {
     "hf-qlora-eager.tpl": [
-        "bert/masked-lm/bf16/eager/ckpt/qlora-all",
-        "bert/masked-lm/bf16/eager/full/qlora-all",
-        "gpt_neox/causal-lm/bf16/eager/ckpt/qlora-all",
-        "gpt_neox/causal-lm/bf16/eager/ckpt/qlora-qv",
-        "gpt_neox/causal-lm/bf16/eager/full/qlora-all",
-        "gpt_neox/causal-lm/bf16/eager/full/qlora-qv",
-        "mixtral/causal-lm/bf16/eager/ckpt/qlora-all",
-        "mixtral/causal-lm/bf16/eager/ckpt/qlora-qv",
-        "mixtral/causal-lm/bf16/eager/full/qlora-all",
-        "mixtral/causal-lm/bf16/eager/full/qlora-qv",
         "qwen2_moe/causal-lm/bf16/eager/ckpt/qlora-all",
         "qwen2_moe/causal-lm/bf16/eager/ckpt/qlora-qv",
         "qwen2_moe/causal-lm/bf16/eager/full/qlora-all",
