@@ -26,16 +26,6 @@ import template_file  # noqa: E402
 # The keys recorded before a view's sum was made out of place and not yet recorded again, by
 # file: recording one takes it off this list, and no other key may join it.
 OWED = {
-    "hf-qlora-eager.tpl": [
-        "qwen2_moe/causal-lm/bf16/eager/ckpt/qlora-all",
-        "qwen2_moe/causal-lm/bf16/eager/ckpt/qlora-qv",
-        "qwen2_moe/causal-lm/bf16/eager/full/qlora-all",
-        "qwen2_moe/causal-lm/bf16/eager/full/qlora-qv",
-        "qwen3_moe/causal-lm/bf16/eager/ckpt/qlora-all",
-        "qwen3_moe/causal-lm/bf16/eager/ckpt/qlora-qv",
-        "qwen3_moe/causal-lm/bf16/eager/full/qlora-all",
-        "qwen3_moe/causal-lm/bf16/eager/full/qlora-qv",
-    ],
     "hf-qlora-fp32.tpl": [
         "bert/masked-lm/fp32/eager/ckpt/qlora-all",
         "bert/masked-lm/fp32/eager/full/qlora-all",
