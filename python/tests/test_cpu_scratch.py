@@ -102,20 +102,6 @@ class InferenceHistcScratch(NeedsRecorders):
 # The training keys recorded before the recorders left the router's histograms out and not yet
 # recorded again, by file: recording one takes it off this list, and no other key may join it.
 OWED = {
-    "hf-families.tpl": [
-        "mixtral/causal-lm/amp/sdpa/ckpt",
-        "mixtral/causal-lm/amp/sdpa/full",
-        "mixtral/causal-lm/bf16/sdpa/ckpt",
-        "mixtral/causal-lm/bf16/sdpa/full",
-        "mixtral/causal-lm/fp32/sdpa/ckpt",
-        "mixtral/causal-lm/fp32/sdpa/full",
-        "qwen3_moe/causal-lm/amp/sdpa/ckpt",
-        "qwen3_moe/causal-lm/amp/sdpa/full",
-        "qwen3_moe/causal-lm/bf16/sdpa/ckpt",
-        "qwen3_moe/causal-lm/bf16/sdpa/full",
-        "qwen3_moe/causal-lm/fp32/sdpa/ckpt",
-        "qwen3_moe/causal-lm/fp32/sdpa/full",
-    ],
     "hf-lora-amp-eager.tpl": [
         "mixtral/causal-lm/amp-cuda/eager/full/lora-all",
     ],
