@@ -27,25 +27,10 @@ import template_file  # noqa: E402
 # file: recording one takes it off this list, and no other key may join it.
 OWED = {
     "hf-qlora-fp32.tpl": [
-        "bert/masked-lm/fp32/eager/ckpt/qlora-all",
-        "bert/masked-lm/fp32/eager/full/qlora-all",
-        "bert/masked-lm/fp32/sdpa/ckpt/qlora-all",
-        "bert/masked-lm/fp32/sdpa/full/qlora-all",
-        "bloom/causal-lm/fp32/eager/ckpt/qlora-all",
-        "bloom/causal-lm/fp32/eager/full/qlora-all",
-        "mistral/causal-lm/fp32/eager/ckpt/qlora-all",
-        "mistral/causal-lm/fp32/eager/full/qlora-all",
-        "mistral/causal-lm/fp32/sdpa-math/ckpt/qlora-all",
-        "mistral/causal-lm/fp32/sdpa-math/full/qlora-all",
         "mixtral/causal-lm/fp32/eager/ckpt/qlora-all",
-        "mixtral/causal-lm/fp32/eager/ckpt/qlora-qv",
         "mixtral/causal-lm/fp32/eager/full/qlora-all",
-        "mixtral/causal-lm/fp32/eager/full/qlora-qv",
         "mixtral/causal-lm/fp32/sdpa-math/ckpt/qlora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/ckpt/qlora-qv",
         "mixtral/causal-lm/fp32/sdpa-math/full/qlora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/full/qlora-qv",
-        "t5/seq2seq-lm/fp32/eager/full/qlora-all",
     ],
 }
 
