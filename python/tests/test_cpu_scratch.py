@@ -102,15 +102,6 @@ class InferenceHistcScratch(NeedsRecorders):
 # The training keys recorded before the recorders left the router's histograms out and not yet
 # recorded again, by file: recording one takes it off this list, and no other key may join it.
 OWED = {
-    "hf-lora-amp-eager.tpl": [
-        "mixtral/causal-lm/amp-cuda/eager/full/lora-all",
-    ],
-    "hf-lora-fp32.tpl": [
-        "mixtral/causal-lm/fp32/eager/ckpt/lora-all",
-        "qwen2_moe/causal-lm/fp32/eager/full/lora-qv",
-        "qwen3_moe/causal-lm/fp32/eager/full/lora-all",
-        "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-qv",
-    ],
     "hf-lora.tpl": [
         "mixtral/causal-lm/bf16/eager/full/lora-all",
         "mixtral/causal-lm/bf16/sdpa/ckpt/lora-all",
