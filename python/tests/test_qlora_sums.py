@@ -5,9 +5,9 @@ adds in place (a sum summed into again, what a recording made before `gradient_s
 A key recorded since a sum whose first gradient is a view was made out of place has such sums
 (an adapted projection's input gradient, the base's and the adapter's) unless under AMP, where
 every linear layer's input gradient comes through autocast's cast, or at BERT's query and value
-projections, whose input gets its first gradient from the residual, and no AMP key has one. The
-keys recorded before that rule and not yet recorded again are listed in `OWED` (docs/VALIDATION.md,
-"The QLoRA keys recorded before a view's sum was made out of place, recorded again").
+projections, whose input gets its first gradient from the residual, and no AMP key has one. Every
+bundled key was recorded under that rule (docs/VALIDATION.md, "hf-qlora-fp32.tpl recorded again
+with the backward's out-of-place sums of a view"): a key without such a sum shows by file.
 
     python3 -m unittest python/tests/test_qlora_sums.py
 """
@@ -21,18 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts", "validate"))
 import qlora_sums  # noqa: E402
 import template_file  # noqa: E402
-
-
-# The keys recorded before a view's sum was made out of place and not yet recorded again, by
-# file: recording one takes it off this list, and no other key may join it.
-OWED = {
-    "hf-qlora-fp32.tpl": [
-        "mixtral/causal-lm/fp32/eager/ckpt/qlora-all",
-        "mixtral/causal-lm/fp32/eager/full/qlora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/ckpt/qlora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/full/qlora-all",
-    ],
-}
 
 
 def template(sites_freed):
@@ -64,7 +52,7 @@ class Sums(unittest.TestCase):
         self.assertFalse(qlora_sums.viewless("bert/masked-lm/bf16/sdpa/full/qlora-qv", t))
         self.assertTrue(qlora_sums.viewless("bert/masked-lm/bf16/sdpa/full/qlora-all", t))
 
-    def test_no_key_lacks_a_view_s_sum_but_those_owed_and_amp_none_has_one(self):
+    def test_no_key_lacks_a_view_s_sum_and_amp_none_has_one(self):
         viewless, amp = {}, []
         for path in sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf-qlora*.tpl"))):
             for key, t in template_file.read(path)["templates"].items():
@@ -74,8 +62,7 @@ class Sums(unittest.TestCase):
                     viewless.setdefault(os.path.basename(path), []).append(key)
                 if "/amp-cuda/" in key and qlora_sums.view_sums(t):
                     amp.append(key)
-        self.assertEqual({name: sorted(keys) for name, keys in viewless.items()},
-                         {name: keys for name, keys in OWED.items() if keys})
+        self.assertEqual(viewless, {})
         self.assertEqual(amp, [])
 
     def test_no_bundled_qlora_key_without_checkpointing_keeps_a_sum_summed_into_again(self):
