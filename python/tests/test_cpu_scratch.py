@@ -103,24 +103,9 @@ class InferenceHistcScratch(NeedsRecorders):
 # recorded again, by file: recording one takes it off this list, and no other key may join it.
 OWED = {
     "hf-lora.tpl": [
-        "mixtral/causal-lm/bf16/eager/full/lora-all",
-        "mixtral/causal-lm/bf16/sdpa/ckpt/lora-all",
-        "mixtral/causal-lm/bf16/sdpa/full/lora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/ckpt/lora-all",
-        "mixtral/causal-lm/fp32/sdpa-math/full/lora-all",
         "mixtral/causal-lm/fp32/sdpa-math/full/lora-qv",
         "qwen2_moe/causal-lm/bf16/eager/full/lora-qv",
-        "qwen2_moe/causal-lm/bf16/sdpa/ckpt/lora-all",
-        "qwen2_moe/causal-lm/bf16/sdpa/full/lora-all",
-        "qwen2_moe/causal-lm/fp32/sdpa-math/ckpt/lora-all",
-        "qwen2_moe/causal-lm/fp32/sdpa-math/full/lora-all",
-        "qwen2_moe/causal-lm/fp32/sdpa/ckpt/lora-all",
-        "qwen2_moe/causal-lm/fp32/sdpa/full/lora-all",
-        "qwen3_moe/causal-lm/bf16/eager/ckpt/lora-all",
-        "qwen3_moe/causal-lm/bf16/sdpa/full/lora-all",
         "qwen3_moe/causal-lm/bf16/sdpa/full/lora-qv",
-        "qwen3_moe/causal-lm/fp32/sdpa-math/ckpt/lora-all",
-        "qwen3_moe/causal-lm/fp32/sdpa-math/full/lora-all",
     ],
     "hf-more.tpl": [
         "qwen2_moe/causal-lm/bf16/sdpa/ckpt",
