@@ -102,16 +102,6 @@ class InferenceHistcScratch(NeedsRecorders):
 # The training keys recorded before the recorders left the router's histograms out and not yet
 # recorded again, by file: recording one takes it off this list, and no other key may join it.
 OWED = {
-    "hf-lora.tpl": [
-        "mixtral/causal-lm/fp32/sdpa-math/full/lora-qv",
-        "qwen2_moe/causal-lm/bf16/eager/full/lora-qv",
-        "qwen3_moe/causal-lm/bf16/sdpa/full/lora-qv",
-    ],
-    "hf-more.tpl": [
-        "qwen2_moe/causal-lm/bf16/sdpa/ckpt",
-        "qwen2_moe/causal-lm/bf16/sdpa/full",
-        "qwen2_moe/causal-lm/fp32/sdpa/full",
-    ],
     "hf-variants.tpl": [
         "mixtral/causal-lm/amp/eager/ckpt",
         "mixtral/causal-lm/amp/eager/full",
