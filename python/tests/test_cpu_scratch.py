@@ -5,9 +5,8 @@ bin edges and one histogram per intra-op thread, so a template that kept them wo
 an expert recorded with one thread and 8 with two (docs/VALIDATION.md, "Qwen2-MoE's router
 histogram and one scan for the layer marks' sums"). Only the output stays, whatever the threads:
 in the training recorders' reading (`step_programs.allocations`) and in the inference recorder's
-(`infer_programs.InferJob`, its sections and the tensors `infer_programs.kept` keeps). No
-bundled template keeps the histograms but the training keys recorded before that reading and not
-yet recorded again, listed by file in `OWED`.
+(`infer_programs.InferJob`, its sections and the tensors `infer_programs.kept` keeps). Every
+bundled template was recorded under that reading, and none keeps the histograms.
 
     cd python && python3 -m unittest tests/test_cpu_scratch.py
 """
@@ -99,24 +98,6 @@ class InferenceHistcScratch(NeedsRecorders):
                 self.assertEqual(scratch, (EXPERTS + 1) * 4 + threads * EXPERTS * 4)
 
 
-# The training keys recorded before the recorders left the router's histograms out and not yet
-# recorded again, by file: recording one takes it off this list, and no other key may join it.
-OWED = {
-    "hf-variants.tpl": [
-        "mixtral/causal-lm/amp/eager/ckpt",
-        "mixtral/causal-lm/amp/eager/full",
-        "mixtral/causal-lm/bf16/eager/ckpt",
-        "mixtral/causal-lm/bf16/eager/full",
-        "mixtral/causal-lm/fp32/eager/ckpt",
-        "mixtral/causal-lm/fp32/eager/full",
-        "mixtral/causal-lm/fp32/sdpa-math/ckpt",
-        "mixtral/causal-lm/fp32/sdpa-math/full",
-        "qwen2_moe/causal-lm/amp/sdpa/full",
-        "qwen2_moe/causal-lm/bf16/eager/full",
-        "qwen2_moe/causal-lm/fp32/eager/full",
-        "qwen2_moe/causal-lm/fp32/sdpa/ckpt",
-    ],
-}
 
 
 def histograms(t):
@@ -125,7 +106,7 @@ def histograms(t):
 
 
 class Bundled(unittest.TestCase):
-    def test_no_template_keeps_the_histograms_but_those_owed(self):
+    def test_no_template_keeps_the_histograms(self):
         found = {}
         files = sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf*.tpl")))
         self.assertGreater(len(files), 10)
@@ -133,8 +114,7 @@ class Bundled(unittest.TestCase):
             for key, t in template_file.read(path)["templates"].items():
                 if "error" not in t and histograms(t):
                     found.setdefault(os.path.basename(path), []).append(key)
-        self.assertEqual({name: sorted(keys) for name, keys in found.items()},
-                         {name: keys for name, keys in OWED.items() if keys})
+        self.assertEqual(found, {})
 
 
 if __name__ == "__main__":
