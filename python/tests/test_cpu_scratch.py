@@ -98,8 +98,6 @@ class InferenceHistcScratch(NeedsRecorders):
                 self.assertEqual(scratch, (EXPERTS + 1) * 4 + threads * EXPERTS * 4)
 
 
-
-
 def histograms(t):
     """How many of a template's tensors are a CPU histc's histograms (`aten::histc > aten::empty`)."""
     return sum(1 for e in t["tensors"] if t["sites"][e[2]] == "aten::histc > aten::empty")

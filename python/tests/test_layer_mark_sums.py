@@ -112,5 +112,6 @@ class Bundled(unittest.TestCase):
                     found[f"{os.path.basename(path)} {key}"] = dict(extra)
         self.assertEqual(found, {})
 
+
 if __name__ == "__main__":
     unittest.main()
