@@ -28,11 +28,13 @@ matrix product's output, which the engine does not add into (a hidden state at t
 and the MLP's input, the MLP's and the attention output's widths at their output projections:
 4 a step for the query and value projections at five layers, 19 for every linear layer). A
 key recorded before that sum was made out of place (2026-11-30 noon) has none. Under AMP
-(`amp-cuda`) every linear layer's input gradient comes through autocast's cast
-(`ToCopyBackward0`), a new tensor, and no key has one; they are not listed. Nor are BERT's
-query-value keys: its `qlora-qv` without checkpointing, recorded again under the rule, is the
-bundled key event for event, with none (its adapted projections' input, the previous block's
-LayerNorm's output, gets its first gradient from the residual).
+(`amp-cuda`) a linear layer's input that autocast casts gets its gradient through the cast
+(`ToCopyBackward0`), a new tensor; the attention's output is bf16 already, so the output
+projection's input gradient is a view's sum there too: `qlora-all` has one a layer (5 a step; T5
+15, its three attentions), `qlora-qv` none. BERT's query-value keys have none either: its
+`qlora-qv` without checkpointing, recorded again under the rule, is the bundled key event for
+event (its adapted projections' input, the previous block's LayerNorm's output, gets its first
+gradient from the residual). Neither is listed.
 """
 
 import argparse
@@ -76,9 +78,11 @@ def view_sums(t):
 
 
 def viewless(key, t):
-    """Whether `t` (not under AMP) has no out-of-place sum of a view: a recording made before a
-    view's sum was made out of place."""
-    if "/amp-cuda/" in key or "/amp/" in key or (key.startswith("bert/") and key.endswith("/qlora-qv")):
+    """Whether `t` has no out-of-place sum of a view where it should have one: a recording made
+    before a view's sum was made out of place. Under AMP only `qlora-all` has one (the output
+    projection's input, the attention's bf16 output)."""
+    amp = "/amp-cuda/" in key or "/amp/" in key
+    if (amp and key.endswith("/qlora-qv")) or (key.startswith("bert/") and key.endswith("/qlora-qv")):
         return False
     return view_sums(t) == 0
 
@@ -87,7 +91,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--stale", action="store_true", help="only keys without checkpointing with a sum summed into again")
-    ap.add_argument("--viewless", action="store_true", help="only keys (not under AMP) with no out-of-place sum of a view")
+    ap.add_argument("--viewless", action="store_true",
+                    help="only keys with no out-of-place sum of a view where they should have one")
     args = ap.parse_args()
     for path in args.files:
         templates = template_file.read(path)["templates"]
