@@ -11,13 +11,12 @@ bundled template was recorded under that reading, and none keeps the histograms.
     cd python && python3 -m unittest tests/test_cpu_scratch.py
 """
 
-import glob
 import os
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_recorders import ROOT, NeedsRecorders  # noqa: E402  (scripts/validate on the path too)
+from step_recorders import NeedsRecorders  # noqa: E402  (scripts/validate on the path too)
 import template_file  # noqa: E402
 
 EXPERTS = 9
@@ -105,13 +104,12 @@ def histograms(t):
 
 class Bundled(unittest.TestCase):
     def test_no_template_keeps_the_histograms(self):
-        found = {}
-        files = sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf*.tpl")))
+        found, files = {}, set()
+        for name, key, t in template_file.bundled():
+            files.add(name)
+            if histograms(t):
+                found.setdefault(name, []).append(key)
         self.assertGreater(len(files), 10)
-        for path in files:
-            for key, t in template_file.read(path)["templates"].items():
-                if "error" not in t and histograms(t):
-                    found.setdefault(os.path.basename(path), []).append(key)
         self.assertEqual(found, {})
 
 

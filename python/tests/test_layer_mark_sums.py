@@ -8,7 +8,6 @@ holds such a sum.
     python3 -m unittest python/tests/test_layer_mark_sums.py
 """
 
-import glob
 import os
 import sys
 import unittest
@@ -100,16 +99,13 @@ class Bundled(unittest.TestCase):
         # Every training key was recorded again under the present marks (docs/VALIDATION.md,
         # issue 46's sections of 2026-11-30 and 2026-12-01): a key recorded under the old marks, or
         # a recorder that made a hook's sum again, shows here by file and key.
-        found = {}
-        files = sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf*.tpl")))
+        found, files = {}, set()
+        for name, key, t in template_file.bundled():
+            files.add(name)
+            extra = backward_adds.marks_sums(key, t)
+            if extra:
+                found[f"{name} {key}"] = dict(extra)
         self.assertGreater(len(files), 10)
-        for path in files:
-            for key, t in template_file.read(path)["templates"].items():
-                if "error" in t:
-                    continue
-                extra = backward_adds.marks_sums(key, t)
-                if extra:
-                    found[f"{os.path.basename(path)} {key}"] = dict(extra)
         self.assertEqual(found, {})
 
 

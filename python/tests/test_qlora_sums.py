@@ -14,7 +14,6 @@ without such a sum shows by file.
     python3 -m unittest python/tests/test_qlora_sums.py
 """
 
-import glob
 import os
 import sys
 import unittest
@@ -57,25 +56,21 @@ class Sums(unittest.TestCase):
 
     def test_no_key_lacks_a_view_s_sum_and_amp_s_qlora_qv_none_has_one(self):
         viewless, amp = {}, []
-        for path in sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf-qlora*.tpl"))):
-            for key, t in template_file.read(path)["templates"].items():
-                if "error" in t:
-                    continue
-                if qlora_sums.viewless(key, t):
-                    viewless.setdefault(os.path.basename(path), []).append(key)
-                if "/amp-cuda/" in key and key.endswith("/qlora-qv") and qlora_sums.view_sums(t):
-                    amp.append(key)
+        for name, key, t in template_file.bundled("hf-qlora*.tpl"):
+            if qlora_sums.viewless(key, t):
+                viewless.setdefault(name, []).append(key)
+            if "/amp-cuda/" in key and key.endswith("/qlora-qv") and qlora_sums.view_sums(t):
+                amp.append(key)
         self.assertEqual(viewless, {})
         self.assertEqual(amp, [])
 
     def test_no_bundled_qlora_key_without_checkpointing_keeps_a_sum_summed_into_again(self):
-        stale = []
-        files = sorted(glob.glob(os.path.join(ROOT, "data", "programs", "hf-qlora*.tpl")))
+        stale, files = [], set()
+        for name, key, t in template_file.bundled("hf-qlora*.tpl"):
+            files.add(name)
+            if "/ckpt/" not in key and qlora_sums.sums(t)["aten::add"]:
+                stale.append(key)
         self.assertEqual(len(files), 4)
-        for path in files:
-            for key, t in template_file.read(path)["templates"].items():
-                if "error" not in t and "/ckpt/" not in key and qlora_sums.sums(t)["aten::add"]:
-                    stale.append(key)
         self.assertEqual(stale, [])
 
 

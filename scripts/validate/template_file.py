@@ -27,6 +27,7 @@ conflict, named, and nothing is written. It is git's merge driver for these file
 """
 
 import argparse
+import glob
 import json
 import os
 import struct
@@ -136,6 +137,17 @@ def template(path, key):
         if k == key:
             return _inflate(blob, data, k, *rest, path)
     return None
+
+
+def bundled(pattern="hf*.tpl"):
+    """Every template the repository ships under `data/programs` whose file name matches
+    `pattern`, but the keys whose recording failed: (file name, key, template), the files in name
+    order. The tests that hold every bundled template to a rule read them so."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "programs")
+    for path in sorted(glob.glob(os.path.join(root, pattern))):
+        for key, t in read(path)["templates"].items():
+            if "error" not in t:
+                yield os.path.basename(path), key, t
 
 
 def pack(data):
