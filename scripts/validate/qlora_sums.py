@@ -82,7 +82,7 @@ def viewless(key, t):
     before a view's sum was made out of place. Under AMP only `qlora-all` has one (the output
     projection's input, the attention's bf16 output)."""
     amp = "/amp-cuda/" in key or "/amp/" in key
-    if (amp and key.endswith("/qlora-qv")) or (key.startswith("bert/") and key.endswith("/qlora-qv")):
+    if key.endswith("/qlora-qv") and (amp or key.startswith("bert/")):
         return False
     return view_sums(t) == 0
 
