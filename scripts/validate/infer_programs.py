@@ -38,7 +38,7 @@ the same laws at a past one shorter (checked); `decode1` frees what the prefill 
 
 The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
 GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
-SDPA, or eager where transformers has none (BLOOM, Gemma-2), and Llama's eager at bf16 too;
+SDPA and eager attention, or eager alone where transformers has no SDPA (BLOOM, Gemma-2);
 BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; v1.1's gated MLP
 under keys ending `/gated`); the
 keys shipped are those data/programs/hf-infer.tpl holds. A Mixture of Experts runs
@@ -58,8 +58,8 @@ are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
 Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`) and
-LLM.int8() (keys ending `/int8`), every family, at bf16 with the attention a bf16 model of the
-family runs, as `quant_infer.py` records them: loaded
+LLM.int8() (keys ending `/int8`), every family, at bf16 with each attention a bf16 model of the
+family runs (SDPA and eager), as `quant_infer.py` records them: loaded
 and quantized as transformers loads them, bitsandbytes' operators allocating what their CUDA
 kernels allocate, at widths whose every quantized weight is whole blocks (qlora_programs.py's);
 each such template carries what its recording assumed of the kernels (`assumed`).
@@ -667,11 +667,12 @@ def keys(only):
             if mode == "generate" and family in NO_GENERATE:
                 continue
             # fp16 lays out as bf16 does, and `plan --weights` has no fp16.
+            # Eager attention too wherever transformers offers both, as `--attention eager` asks.
             attns = [("bf16", "eager"), ("fp32", "eager")] if family in EAGER_ONLY else \
-                [("bf16", "sdpa"), ("fp32", "sdpa")] + ([("bf16", "eager")] if family == "llama" else []) \
+                [("bf16", "sdpa"), ("fp32", "sdpa"), ("bf16", "eager"), ("fp32", "eager")] \
                 + ([("fp32", "sdpa-math")] if family in GROUPED else [])
-            # bitsandbytes' 4-bit layers at bf16 compute, over the attention a bf16 model runs.
-            quants = [("bf16", attns[0][1], q) for q in qi.QUANTS]
+            # bitsandbytes' layers at bf16 compute, over each attention a bf16 model of the family runs.
+            quants = [("bf16", a, q) for p, a in attns if p == "bf16" for q in qi.QUANTS]
             for precision, attn, quant in [(p, a, "") for p, a in attns] + quants:
                 for variant in ["/".join(filter(None, (v, quant))) for v in VARIANTS.get(family, ("",))]:
                     k = key(family, mode, precision, attn, variant)

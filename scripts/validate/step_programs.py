@@ -80,7 +80,12 @@ checkpointed bf16 (BERT); and, for full fine-tuning's last gaps, eager AMP with 
 checkpointing (Llama, Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT; BLOOM's
 checkpointed), checkpointed eager fp32 (Llama, Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2,
 GPT-NeoX), checkpointed AMP with SDPA (Gemma, GPT-NeoX, BERT) and checkpointed eager bf16
-(BERT, Mixtral), one `--only KEY` run each (or several keys a run) merged with `--merge`. T5
+(BERT, Mixtral); then each family's own where a job planned from no recording or from the
+code it shares (Qwen3 from Qwen2's, Gemma-2 from Gemma's): checkpointed eager bf16 and fp32 for
+Gemma 3, Qwen2-MoE and Qwen3-MoE (Qwen3-MoE's without checkpointing too, and its fp32 on SDPA's
+math path), AMP under CUDA's policy (`amp-cuda`) eager with and without checkpointing and SDPA
+checkpointed for the three, Qwen3's checkpointed eager fp32 and eager AMP, Gemma-2's checkpointed
+AMP; one `--only KEY` run each (or several keys a run) merged with `--merge`. T5
 is recorded with v1.0's ReLU MLP; `--gated` records it with v1.1's gated MLP (flan-t5, T0, mT5)
 under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/gated/lora-all`):
 
@@ -147,7 +152,7 @@ each checkpointed too (a fused query-key-value layer wrapped whole: peft's defau
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone;
 with `--gated --untied`, v1.1 as its checkpoints are, its output layer its own, its every linear layer's at fp32);
 and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,
-checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE and BERT
+checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3 and BERT
 (`--only bert/masked-lm/fp32/eager/full,bert/masked-lm/fp32/eager/ckpt --lora all,qv`): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
 cross-attention, and peft's default targets for them are BERT's `query` and `value` and T5's
 `q` and `v` (its cross-attention's too).
@@ -229,8 +234,12 @@ checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` fo
 GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
 BLOOM and T5); without checkpointing, Llama, Mistral, Qwen2 and Mixtral (`sdpa-math` and eager),
 Gemma, Phi-3, GPT-2, GPT-NeoX and BERT (`sdpa` and eager), BLOOM and T5 (eager). The query and
-value projections (`--qlora qv`, `qlora-qv`): every key above under AMP; at fp32 all but BERT's eager
-step without checkpointing and T5's. Several keys a run, one file each precision:
+value projections (`--qlora qv`, `qlora-qv`): every key above under AMP and at fp32. Then every
+family's own where a job planned from no recording or from the code it shares, both targets,
+with and without checkpointing: at fp32 Gemma on SDPA's math path (Gemma-2B's one key-value head),
+Gemma-2 eager, Gemma 3, Qwen3 and Qwen3-MoE on the math path and eager, Qwen2-MoE with SDPA and
+eager; under AMP Gemma-2 eager, Gemma 3, Qwen3, Qwen2-MoE and Qwen3-MoE with SDPA and eager.
+Several keys a run, one file each precision:
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only gemma/causal-lm/amp-cuda/sdpa/full,gemma/causal-lm/amp-cuda/eager/full --qlora all --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora-amp.tpl a.json --out data/programs/hf-qlora-amp.tpl

@@ -62,7 +62,7 @@ fn generate_is_replayed_from_its_template_through_its_decode_steps() {
 
 /// The families recorded for inference beside Llama's SDPA are replayed from their own
 /// templates, at their own attention: BLOOM and Gemma-2 eager whatever is asked (transformers
-/// has no SDPA for them), Llama's eager as asked; each in the modes recorded for it.
+/// has no SDPA for them), the others' eager as asked; each in the modes recorded for it.
 #[test]
 fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -99,6 +99,9 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         (qwen3_moe, "sdpa", "qwen3_moe/MODE/bf16/sdpa", &both),
         ("data/models/gemma-3-1b.json", "sdpa", "gemma3_text/MODE/bf16/sdpa", &both),
         ("llama-3.1-8b", "eager", "llama/MODE/bf16/eager", &both),
+        ("mistral-7b", "eager", "mistral/MODE/bf16/eager", &both),
+        ("data/models/qwen1.5-moe-a2.7b.json", "eager", "qwen2_moe/MODE/bf16/eager", &both),
+        ("bert-base-uncased", "eager", "bert/MODE/bf16/eager", &["forward"]),
         // An encoder's inference is its forward; T5's generate and evaluation forward run eager
         // whatever is asked (transformers' T5 attention is its own).
         ("bert-base-uncased", "sdpa", "bert/MODE/bf16/sdpa", &["forward"]),
@@ -269,7 +272,7 @@ fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template
 #[test]
 fn the_closed_form_plans_what_no_template_serves_and_says_why() {
     for (extra, why) in
-        [(&["--quantize", "nf4"][..], "bitsandbytes"), (&["--weights", "fp32", "--attention", "eager"][..], "eager")]
+        [(&["--quantize", "nf4"][..], "bitsandbytes"), (&["--weights", "fp32", "--quantize", "int8"][..], "bf16 load")]
     {
         let (_, v) = plan(&[&HF[..], extra].concat());
         assert_eq!(v["planned_from"]["source"], "closed_form", "{extra:?}");
@@ -281,9 +284,9 @@ fn the_closed_form_plans_what_no_template_serves_and_says_why() {
     assert_eq!(short["planned_from"]["template"], "mistral/generate/bf16/sdpa");
     let (_, long) = plan(&[&mistral[..], &["4000", "--new-tokens", "200"]].concat());
     assert!(long["planned_from"]["why"].as_str().unwrap().contains("sliding window"), "{}", long["planned_from"]);
-    // Mistral's eager attention was not recorded for inference.
+    // Eager attention asked of a family recorded with SDPA replays its own eager recording.
     let (_, eager) = plan(&[&mistral[..], &["2048", "--attention", "eager"]].concat());
-    assert!(eager["planned_from"]["why"].as_str().unwrap().contains("eager"), "{}", eager["planned_from"]);
+    assert_eq!(eager["planned_from"]["template"], "mistral/generate/bf16/eager");
     let (_, vllm) = plan(&["--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--infer"]);
     assert_eq!(vllm["planned_from"]["source"], "engine");
     assert_eq!(vllm["new_tokens"], Value::Null);

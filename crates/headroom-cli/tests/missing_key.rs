@@ -8,9 +8,10 @@ mod support;
 
 use support::{headroom_in, Run};
 
-fn plan(args: &str) -> Run {
+const GEMMA3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json");
+
+fn plan(model: &str, args: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
-    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/models/gemma-3-1b.json");
     let mut all = vec!["plan", "--model", model, "--gpu", "h200", "--batch", "1", "--seq", "512"];
     all.extend(args.split_whitespace());
     let run = headroom_in(dir.path(), &all);
@@ -18,18 +19,21 @@ fn plan(args: &str) -> Run {
     run
 }
 
-/// Gemma 3's checkpointed AMP step was recorded under neither policy, nor its QLoRA step under
-/// AMP: the plan names the key a GPU looks up first, no `…/amp/…` key, and the recorder's
-/// command at the job's precision.
+/// T0's LoRA and QLoRA steps under AMP (T5 v1.1 with an output layer of its own) were recorded
+/// under neither policy: the plan names the key a GPU looks up first, no `…/amp/…` key, and the
+/// recorder's command at the job's precision.
 #[test]
 fn a_gpu_s_amp_job_names_the_amp_cuda_key_it_looked_up() {
-    let run = plan("--precision amp --attention sdpa --checkpoint full");
-    run.expect(run.code, "passed over transformers: no step `gemma3_text/causal-lm/amp-cuda/sdpa/ckpt` was recorded");
+    let run = plan("t0-3b", "--precision amp --finetune lora --checkpoint full");
+    run.expect(
+        run.code,
+        "passed over transformers: no step `t5/seq2seq-lm/amp-cuda/sdpa/ckpt/gated/lora-all` was recorded",
+    );
     run.expect(run.code, "python -m headroom_gpu record --model CONFIG --dtype amp --out step.jsonl");
     assert!(!run.stdout.contains("/amp/"), "{}", run.stdout);
     // QLoRA's AMP steps were recorded under CUDA's policy alone, on either device.
-    let run = plan("--precision amp --finetune qlora --checkpoint full");
-    run.expect(run.code, "no step `gemma3_text/causal-lm/amp-cuda/sdpa/ckpt/qlora-all` was recorded");
+    let run = plan("t0-3b", "--precision amp --finetune qlora --checkpoint full");
+    run.expect(run.code, "no step `t5/seq2seq-lm/amp-cuda/sdpa/ckpt/gated/qlora-all` was recorded");
     assert!(!run.stdout.contains("/amp/"), "{}", run.stdout);
 }
 
@@ -37,6 +41,6 @@ fn a_gpu_s_amp_job_names_the_amp_cuda_key_it_looked_up() {
 /// before.
 #[test]
 fn a_recorded_cpu_amp_step_still_plans_the_job() {
-    plan("--precision amp --attention sdpa --checkpoint none")
+    plan(GEMMA3, "--precision amp --attention sdpa --checkpoint none")
         .expect(0, "recorded as gemma3_text/causal-lm/amp/sdpa/full");
 }

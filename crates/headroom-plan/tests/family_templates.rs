@@ -18,7 +18,10 @@
 
 use headroom_plan::builders::{hf, Device, ProgramSource};
 use headroom_plan::gpu::{gpu, GpuSpec};
-use headroom_plan::job::{Attention, Checkpointing, LossLife, Optimizer, OptimizerImpl, Precision, TrainConfig};
+use headroom_plan::job::{
+    Attention, BaseWeights, Checkpointing, Finetune, LoraTargets, LossLife, Optimizer, OptimizerImpl, Precision,
+    TrainConfig,
+};
 use headroom_plan::model::{preset, Head, Model};
 #[path = "support/plan.rs"]
 mod plan;
@@ -256,23 +259,22 @@ const GEMMA_2_2B: &str = r#"{"model_type": "gemma2", "hidden_size": 2304, "inter
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
     "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}"#;
 
-/// Where a job has no recording that serves it (Gemma 3 under AMP with checkpointing was not
-/// recorded), the plan falls to the next builder and says how to record the job's own step:
-/// the key named is the one a GPU's AMP job looks up first (`amp-cuda`, not the CPU's `amp`),
-/// and the recorder's command asks for the job's precision.
+/// Where a job has no recording that serves it (T0's LoRA under AMP: T5 v1.1 with an output
+/// layer of its own was not recorded so), the plan falls to the next builder and says how to
+/// record the job's own step: the key named is the one a GPU's AMP job looks up first
+/// (`amp-cuda`, not the CPU's `amp`), and the recorder's command asks for the job's precision.
 #[test]
 fn a_job_without_a_recording_says_how_to_record_it() {
-    let gemma3 = config_model(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b");
     let cfg = TrainConfig {
         attention: Attention::Sdpa,
-        checkpointing: Checkpointing::Full,
+        finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Native },
         ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW)
     };
-    let e = estimate(&gemma3, &h200(), &cfg);
+    let e = estimate(&preset_model("t0-3b"), &h200(), &cfg);
     assert_ne!(e.runner.builder, "transformers");
     let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
     // The key a GPU's AMP job looks up first, and the recorder's name for that precision.
-    assert!(why.contains("no step `gemma3_text/causal-lm/amp-cuda/sdpa/ckpt` was recorded"), "{why}");
+    assert!(why.contains("no step `t5/seq2seq-lm/amp-cuda/sdpa/full/gated/lora-all` was recorded"), "{why}");
     assert!(why.contains("python -m headroom_gpu record --model CONFIG --dtype amp --out step.jsonl"), "{why}");
     // T5 was recorded tied (t5-base's, and v1.1's gated MLP tied): T0, mT0 and an untied
     // v1.0, whose output layer is their own, have weights, gradients and moments the

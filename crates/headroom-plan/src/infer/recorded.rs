@@ -40,7 +40,7 @@
 //! query against every key.
 
 use super::{InferConfig, Runtime, WeightFormat};
-use crate::bnb::{Bnb, ComputeDtype, QuantType};
+use crate::bnb::{Bnb, ComputeDtype};
 use crate::builders::hf::expander::Expander;
 use crate::builders::hf::{is_head, matrix_multiply, no_sdpa, stack_layers, Concrete};
 use crate::gpu::GpuSpec;
@@ -161,8 +161,8 @@ pub fn assumed(key: &str) -> Option<&'static str> {
     )
 }
 
-/// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 with
-/// double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`), or
+/// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 (or
+/// FP4) with double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`), or
 /// LLM.int8() over a bf16 load (the ones recorded, `scripts/validate/quant_infer.py`), or why no
 /// template serves it.
 fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'static str> {
@@ -171,9 +171,9 @@ fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'
             Err("bitsandbytes' 8-bit layers were recorded over a bf16 load (--weights bf16)")
         }
         Bnb::Int8 => Ok("/int8"),
-        Bnb::FourBit { quant_type: QuantType::Fp4, .. } => {
-            Err("bitsandbytes' 4-bit layers were recorded as NF4 (--quantize nf4), not FP4")
-        }
+        // FP4 is NF4's layout with another 16-value code: bitsandbytes 0.50 quantizes, stores and
+        // dequantizes both through the same CUDA functions, `quant_type` picking the code
+        // (`backends/cuda/ops.py`), so NF4's recording is FP4's tensor for tensor.
         Bnb::FourBit { double_quant: false, .. } => {
             Err("bitsandbytes' 4-bit layers were recorded with double quantization (--double-quant)")
         }
@@ -548,7 +548,7 @@ mod quantized {
         p.tensors.iter().zip(p.sizes(1, 1)).map(|(t, b)| (b, t.term, p.sites[t.site as usize].as_str())).collect()
     }
 
-    /// The 4-bit template serves NF4 with double quantization and bf16 compute over a bf16 load,
+    /// The 4-bit template serves NF4 (and FP4) with double quantization and bf16 compute over a bf16 load,
     /// and every other bitsandbytes load is left to the closed form with its reason.
     #[test]
     fn nf4_with_double_quantization_and_bf16_compute_is_replayed() {
@@ -556,8 +556,9 @@ mod quantized {
         assert_eq!(key(&m, &hf(Some(NF4), WeightFormat::Bf16)).as_deref(), Ok(KEY));
         assert_eq!(key(&m, &hf(None, WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa"));
         assert_eq!(key(&m, &hf(Some(Bnb::Int8), WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa/int8"));
+        let fp4 = Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Bf16 };
+        assert_eq!(key(&m, &hf(Some(fp4), WeightFormat::Bf16)).as_deref(), Ok(KEY), "FP4 is NF4's layout");
         let refused = [
-            Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Bf16 },
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Bf16 },
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Fp32 },
         ];
