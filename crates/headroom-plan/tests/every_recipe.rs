@@ -27,6 +27,9 @@ use headroom_plan::job::{
     Attention, BaseWeights, Checkpointing, Device, Finetune, LoraTargets, Optimizer, Precision, TrainConfig,
 };
 use headroom_plan::model::{preset, Model};
+#[path = "support/hub_configs.rs"]
+mod hub_configs;
+use hub_configs::{GEMMA_2_2B, QWEN3_30B_A3B};
 
 /// A model of each type, its catalog preset or a config.json as the Hub ships it.
 fn models() -> Vec<Model> {
@@ -50,21 +53,8 @@ fn models() -> Vec<Model> {
     out.push(config(include_str!("../../../data/models/qwen3-1.7b.json"), "qwen3-1.7b"));
     out.push(config(include_str!("../../../data/models/qwen1.5-moe-a2.7b.json"), "qwen1.5-moe-a2.7b"));
     out.push(config(include_str!("../../../data/models/gemma-3-1b.json"), "gemma-3-1b"));
-    // google/gemma-2-2b's and Qwen/Qwen3-30B-A3B's config.json, the fields the catalog reads.
-    out.push(config(
-        r#"{"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
-            "max_position_embeddings": 8192, "query_pre_attn_scalar": 256, "sliding_window": 4096}"#,
-        "gemma-2-2b",
-    ));
-    out.push(config(
-        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
-            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
-            "max_position_embeddings": 40960, "tie_word_embeddings": false}"#,
-        "qwen3-30b-a3b",
-    ));
+    out.push(config(GEMMA_2_2B, "gemma-2-2b"));
+    out.push(config(QWEN3_30B_A3B, "qwen3-30b-a3b"));
     out
 }
 

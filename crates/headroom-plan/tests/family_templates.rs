@@ -23,8 +23,11 @@ use headroom_plan::job::{
     TrainConfig,
 };
 use headroom_plan::model::{preset, Head, Model};
+#[path = "support/hub_configs.rs"]
+mod hub_configs;
 #[path = "support/plan.rs"]
 mod plan;
+use hub_configs::{GEMMA_2_2B, QWEN3_30B_A3B};
 use plan::estimate;
 
 const TOLERANCE: f64 = 0.05;
@@ -71,17 +74,9 @@ fn each_recorded_family_replays_its_own_recording() {
     }
 }
 
-/// Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B): 128 experts 768 wide, 8 a token.
+/// Qwen3-30B-A3B, as its config.json says.
 fn qwen3_30b_a3b() -> Model {
-    Model::from_hf_config(
-        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
-            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
-            "max_position_embeddings": 40960, "tie_word_embeddings": false}"#,
-        "qwen3-30b-a3b",
-    )
-    .expect("qwen3-30b-a3b's config")
+    Model::from_hf_config(QWEN3_30B_A3B, "qwen3-30b-a3b").expect("qwen3-30b-a3b's config")
 }
 
 /// The mixtures of experts' templates scale every expert's weights by the model's experts
@@ -253,11 +248,6 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
         assert_eq!(source, ProgramSource::Template(key.to_string()), "{what}");
     }
 }
-
-/// Gemma-2-2B's config.json (google/gemma-2-2b).
-const GEMMA_2_2B: &str = r#"{"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
-    "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}"#;
 
 /// Where a job has no recording that serves it (T0's LoRA under AMP: T5 v1.1 with an output
 /// layer of its own was not recorded so), the plan falls to the next builder and says how to
