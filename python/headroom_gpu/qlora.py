@@ -263,13 +263,14 @@ COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "amp": torch.bf
 
 def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
           model_head: str | None = None, quant_type: str = "nf4", double_quant: bool = True,
-          compute_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+          compute_dtype: torch.dtype = torch.bfloat16, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """A transformers model of `config` with its `model_head` (`head(config)`'s where not given)
     on the meta device, its linear layers bitsandbytes' 4-bit ones (bf16 compute, NF4, double
     quantization: QLoRA's setup; `quant_type="fp4"` and `double_quant=False` set
     `bnb_4bit_quant_type` and `bnb_4bit_use_double_quant` otherwise, `compute_dtype=torch.float32`
     `bnb_4bit_compute_dtype`), as `from_pretrained(..., quantization_config=BitsAndBytesConfig(...),
-    torch_dtype=compute_dtype)` builds it before loading: the modules the model keeps in fp32
+    torch_dtype=compute_dtype)` builds it before loading (`dtype`, where given, that `torch_dtype`
+    apart from the compute dtype: the dtype of what stays unquantized): the modules the model keeps in fp32
     (`_keep_in_fp32_modules`, T5's `wo`) stay full linear layers in fp32. Build it outside the
     recorder (nothing is allocated); `prepare` loads it inside."""
     import transformers
@@ -279,19 +280,41 @@ def build(config: Any, attention: str, quant_storage: torch.dtype = torch.uint8,
         raise RuntimeError("headroom_gpu.qlora.build makes bitsandbytes' modules on the meta device, which fake tensors "
                            "cannot hold: call it before entering the StepRecorder, and qlora.prepare inside it")
     auto = getattr(transformers, HEADS[model_head or head(config)][0])
+    dtype = dtype or compute_dtype
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(compute_dtype)
+    torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            # The compute dtype whatever the config's `torch_dtype`, as from_pretrained's torch_dtype.
-            model = auto.from_config(config, attn_implementation=attention, dtype=compute_dtype)
+            # `dtype` whatever the config's `torch_dtype`, as from_pretrained's torch_dtype.
+            model = auto.from_config(config, attn_implementation=attention, dtype=dtype)
     finally:
         torch.set_default_dtype(previous)
+    untie(model)
     if quant_type not in QUANT_TYPES:
         raise ValueError(f"bnb_4bit_quant_type {quant_type!r}: one of {', '.join(QUANT_TYPES)}")
     replace_linear(model, compute_dtype=compute_dtype, quant_storage=quant_storage, quant_type=quant_type,
                    double_quant=double_quant)
     return model
+
+
+def untie(model: torch.nn.Module) -> None:
+    """Gives the output layer a weight of its own where the config says it has one and
+    `from_config` tied it anyway. transformers 5's `T5Config` reads a config.json's
+    `tie_word_embeddings: false` (T5 v1.1's: flan-t5's, T0's, mT5's) as `scale_decoder_outputs`
+    off and sets the flag itself true; T5 is built tied and untied only when a checkpoint holds
+    both weights with different values, as v1.1's do. A model of such a config is made here as
+    loading its checkpoint leaves it: a meta parameter beside the embeddings, which `load` makes
+    and `prepare_model_for_kbit_training` casts to fp32 like the embeddings."""
+    config = model.config
+    own = getattr(config, "tie_word_embeddings", True) is False or getattr(config, "scale_decoder_outputs", True) is False
+    out, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if not own or out is None or out.weight is not embeddings.weight:
+        return
+    out.weight = torch.nn.Parameter(torch.empty_like(embeddings.weight, device="meta"),
+                                    requires_grad=embeddings.weight.requires_grad)
+    for name, module in model.named_modules():
+        if module is out:
+            getattr(model, "all_tied_weights_keys", {}).pop(f"{name}.weight", None)
 
 
 # LoRA's targets: every linear layer (peft's "all-linear"), or the query and value projections.

@@ -350,6 +350,18 @@ class Heads(unittest.TestCase):
         self.assertIs(type(wo), torch.nn.Linear)
         self.assertEqual(wo.weight.dtype, torch.float32)
 
+    def test_t5_v1_1_keeps_an_output_layer_of_its_own(self):
+        """T5 v1.1's config (flan-t5's, T0's) says `tie_word_embeddings: false`: its output layer
+        is a weight of its own, as loading its checkpoint leaves it, cast to fp32 beside the
+        embeddings; v1.0's stays the embedding."""
+        untied = self.prepared(dict(TINY_T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False), "eager")
+        base = untied.get_base_model()
+        self.assertIsNot(base.lm_head.weight, base.shared.weight)
+        self.assertEqual(base.lm_head.weight.dtype, torch.float32)
+        self.assertFalse(base.lm_head.weight.requires_grad)
+        tied = self.prepared(TINY_T5, "eager").get_base_model()
+        self.assertIs(tied.lm_head.weight, tied.shared.weight)
+
     def test_record_command_records_bert_and_t5(self):
         import json
 

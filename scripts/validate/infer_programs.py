@@ -57,8 +57,10 @@ masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack
 are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
-Over bitsandbytes' 4-bit layers (NF4, double quantization, bf16 compute: keys ending `/nf4`) and
-LLM.int8() (keys ending `/int8`), every family, at bf16 with each attention a bf16 model of the
+Over bitsandbytes' 4-bit layers as QLoRA loads them (NF4, double quantization, bf16 compute: keys
+ending `/nf4`) and as `BitsAndBytesConfig(load_in_4bit=True)` loads them by default (no double
+quantization, fp32 compute: keys ending `/nf4-fp32-nodq`, in `data/programs/hf-infer-4bit.tpl`),
+and LLM.int8() (keys ending `/int8`), every family, at bf16 with each attention a bf16 model of the
 family runs (SDPA and eager), as `quant_infer.py` records them: loaded
 and quantized as transformers loads them, bitsandbytes' operators allocating what their CUDA
 kernels allocate, at widths whose every quantized weight is whole blocks (qlora_programs.py's);
@@ -74,6 +76,8 @@ planner's expansion reproduces; `cargo test -p headroom-plan program_templates`)
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --only t5/forward/bf16/eager/gated --out b.json
     PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa/nf4 --out c.json
     /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer.tpl a.json b.json c.json --out data/programs/hf-infer.tpl
+    PYTHONPATH=python /work/venv-torch/bin/python scripts/validate/infer_programs.py --only llama/generate/bf16/sdpa/nf4-fp32-nodq --out d.json
+    /work/venv-torch/bin/python scripts/validate/infer_programs.py --merge data/programs/hf-infer-4bit.tpl d.json --out data/programs/hf-infer-4bit.tpl
 """
 
 import argparse
@@ -725,7 +729,7 @@ def stated(k, t):
     """A template with what its recording assumed of kernels the CPU does not run (quant_infer.py)."""
     quant = qi.quant_of(k.split("/", 4)[4] if k.count("/") >= 4 else "")
     if quant and "error" not in t:
-        t = {**t, "assumed": qi.ASSUMED if quant == "nf4" else qi.ASSUMED_INT8}
+        t = {**t, "assumed": qi.ASSUMED_INT8 if quant == "int8" else qi.ASSUMED}
     return t
 
 

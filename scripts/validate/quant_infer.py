@@ -1,9 +1,13 @@
 """Inference over bitsandbytes' 4-bit and 8-bit linear layers for `infer_programs.py` (keys ending
-`/nf4` and `/int8`). 4-bit:
+`/nf4`, `/nf4-fp32-nodq` and `/int8`). 4-bit:
 a model as `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
 bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16),
-torch_dtype=torch.bfloat16)` loads it, recorded under the CPU profiler as the other inference
-templates are, with bitsandbytes' CUDA operators' allocations in place of its CPU ones.
+torch_dtype=torch.bfloat16)` loads it (QLoRA's load, `/nf4`), or with `BitsAndBytesConfig(load_in_4bit=True)`'s
+defaults (`/nf4-fp32-nodq`: no double quantization, so each layer keeps its fp32 absmax; fp32
+compute, so `Linear4bit.forward` casts each layer's input to fp32, dequantizes its weight into an
+fp32 temporary and casts the output back, its bias made fp32 in place at the first forward),
+recorded under the CPU profiler as the other inference templates are, with bitsandbytes' CUDA
+operators' allocations in place of its CPU ones.
 
 bitsandbytes quantizes a weight when it moves to the GPU and its CUDA kernels run only on a GPU;
 its CPU backend quantizes and multiplies otherwise (its own packing, `_convert_weight_packed_for_cpu`,
@@ -49,8 +53,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import qlora_programs as qp
 import step_programs as sp
 
-# The 4-bit formats recorded, as a key's last part.
-QUANTS = ("nf4", "int8")
+# The formats recorded, as a key's last part: 4-bit as QLoRA loads it (`nf4`: double
+# quantization, bf16 compute) and as `BitsAndBytesConfig(load_in_4bit=True)` loads it by default
+# (`nf4-fp32-nodq`: no double quantization, fp32 compute, over the same bf16 load), and LLM.int8().
+# FP4 stores and runs as NF4 does (the same packed bytes, absmax and kernels; only the 16-entry
+# code's values differ), so the planner plans either from these.
+QUANTS = ("nf4", "int8", "nf4-fp32-nodq")
+# bitsandbytes' settings of each 4-bit format: `bnb_4bit_use_double_quant`, `bnb_4bit_compute_dtype`.
+FOUR_BIT = {"nf4": (True, torch.bfloat16), "nf4-fp32-nodq": (False, torch.float32)}
 # bitsandbytes' `_GEMM_4BIT_CUSTOM_FLOOR_M`: at this many rows or fewer its fused kernel runs.
 CUSTOM_FLOOR_ROWS = 4
 ASSUMED = ("bitsandbytes gemm_4bit: a prompt's forward recorded on its dequantize-then-matmul path (a GPU's past 1536 "
@@ -147,8 +157,8 @@ def config(cfg, family, layers):
 
 
 def build(cfg, head, attn, quant="nf4"):
-    """`cfg`'s model on the meta device with bitsandbytes' 4-bit layers (`qlora.build`): NF4, double
-    quantization, bf16 compute, the rest bf16."""
+    """`cfg`'s model on the meta device with bitsandbytes' 4-bit layers (`qlora.build`): NF4 with
+    `FOUR_BIT`'s double quantization and compute dtype for `quant`, the rest bf16."""
     import transformers
 
     from headroom_gpu import qlora
@@ -157,7 +167,9 @@ def build(cfg, head, attn, quant="nf4"):
         return build_int8(cfg, head, attn)
     fields = dict(cfg)
     config_ = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
-    return qlora.build(config_, attn, model_head=head)
+    double_quant, compute = FOUR_BIT[quant]
+    return qlora.build(config_, attn, model_head=head, double_quant=double_quant, compute_dtype=compute,
+                       dtype=torch.bfloat16)
 
 
 def load(model, quant="nf4"):

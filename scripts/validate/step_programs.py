@@ -94,9 +94,13 @@ under keys with `/gated` after the checkpointing (`…/full/gated`, `…/full/ga
 `--untied` with `--gated` records v1.1 as its checkpoints are (flan-t5's, T0's and mT5's config.json
 say `tie_word_embeddings: false`): its output layer a weight of its own (`untie_t5`), so the
 template plans those models, and a tied one without the head's weight. Without it T5 is tied,
-and a tied template plans no untied model:
+and a tied template plans no untied model. Every `/gated` training key is recorded so: full
+fine-tuning, LoRA and QLoRA (whose loader, `headroom_gpu.qlora.build`, unties the head as the
+config says), both targets, at bf16, fp32 and under CUDA's autocast (`amp-cuda`), without and
+with checkpointing; only the CPU's `amp` keys are tied (the CPU ground truth's T5 is):
 
     .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/fp32/eager/full --lora all --out a.json
+    .venv/bin/python scripts/validate/step_programs.py --gated --untied --only t5/seq2seq-lm/bf16/eager/full,t5/seq2seq-lm/bf16/eager/ckpt --qlora qv --out b.json
 
 AMP is recorded twice. `amp` runs the forward under the CPU's autocast, as the CPU ground truth
 runs it; `amp-cuda` under CUDA's autocast policy (`headroom_gpu.amp.cuda_autocast`,
@@ -149,8 +153,8 @@ GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
 `PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
-at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated` v1.1's, its query and value projections at bf16 alone;
-with `--gated --untied`, v1.1 as its checkpoints are, its output layer its own, its every linear layer's at fp32);
+at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated --untied`
+v1.1's as its checkpoints are, its output layer its own);
 and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,
 checkpointed too) for Gemma 3, GPT-NeoX, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3 and BERT
 (`--only bert/masked-lm/fp32/eager/full,bert/masked-lm/fp32/eager/ckpt --lora all,qv`): "all-linear" wraps BERT's masked-LM head's transform and T5's decoder's
@@ -170,8 +174,8 @@ of weights that require a gradient alone), and the matmul keeps the copy for its
 without checkpointing every layer's bf16 copy of its weights lives until the backward, as on a
 GPU. Recorded, both targets, without and with full checkpointing: Llama, Qwen2, Mistral, Qwen3,
 Gemma, Gemma 3, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2-MoE and Qwen3-MoE with SDPA, BLOOM,
-Gemma-2 and T5 v1.0 eager and BERT with SDPA; not T5 v1.1 (`--gated --untied` for T0's and
-mT0's), whose AMP LoRA jobs pass to the next builder. With eager attention asked of the families
+Gemma-2, T5 v1.0 and T5 v1.1 (`--gated --untied`: T0's and mT0's) eager and BERT with SDPA.
+With eager attention asked of the families
 recorded with SDPA (`…/amp-cuda/eager/…`), into `data/programs/hf-lora-amp-eager.tpl`: Llama,
 Mistral, Mixtral, Qwen2, Phi-3, Gemma, GPT-2, GPT-NeoX, BERT, Qwen3, Gemma 3, Qwen2-MoE and
 Qwen3-MoE, every family recorded with SDPA, both targets, without and with full checkpointing

@@ -224,17 +224,24 @@ fn t5_v1_1_plans_generate_and_the_forward_with_its_own_output_layer() {
     }
 }
 
-/// Inference over bitsandbytes' layers (NF4 with double quantization and bf16 compute, and
-/// LLM.int8(), over a bf16 load) is replayed from each family's own quantized template, which
-/// says what its recording assumed of bitsandbytes' kernels.
+/// Inference over bitsandbytes' layers (4-bit as QLoRA loads it, NF4 with double quantization
+/// and bf16 compute; 4-bit as transformers loads it by default, `--quantize nf4` or `fp4` alone;
+/// and LLM.int8(), each over a bf16 load) is replayed from each family's own quantized template,
+/// which says what its recording assumed of bitsandbytes' kernels.
 #[test]
 fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template() {
     let nf4 = ["--quantize", "nf4", "--double-quant", "--compute-dtype", "bf16"];
+    let defaults = ["--quantize", "nf4"];
+    let fp4 = ["--quantize", "fp4"];
     let int8 = ["--quantize", "int8"];
     let qwen2_moe = "data/models/qwen1.5-moe-a2.7b.json";
     let both = ["generate", "forward"];
-    let cases: [(&str, &[&str], &str, &[&str]); 15] = [
+    let cases: [(&str, &[&str], &str, &[&str]); 19] = [
         (qwen2_moe, &nf4, "qwen2_moe/MODE/bf16/sdpa/nf4", &both),
+        ("llama-3-8b", &defaults, "llama/MODE/bf16/sdpa/nf4-fp32-nodq", &both),
+        ("bert-base-uncased", &fp4, "bert/MODE/bf16/sdpa/nf4-fp32-nodq", &["forward"]),
+        ("t0-3b", &defaults, "t5/MODE/bf16/eager/gated/nf4-fp32-nodq", &both),
+        (qwen2_moe, &fp4, "qwen2_moe/MODE/bf16/sdpa/nf4-fp32-nodq", &both),
         ("bert-base-uncased", &nf4, "bert/MODE/bf16/sdpa/nf4", &["forward"]),
         ("t5-base", &nf4, "t5/MODE/bf16/eager/nf4", &both),
         ("t0-3b", &nf4, "t5/MODE/bf16/eager/gated/nf4", &both),
@@ -271,9 +278,10 @@ fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template
 
 #[test]
 fn the_closed_form_plans_what_no_template_serves_and_says_why() {
-    for (extra, why) in
-        [(&["--quantize", "nf4"][..], "bitsandbytes"), (&["--weights", "fp32", "--quantize", "int8"][..], "bf16 load")]
-    {
+    for (extra, why) in [
+        (&["--quantize", "nf4", "--double-quant"][..], "bitsandbytes"),
+        (&["--weights", "fp32", "--quantize", "int8"][..], "bf16 load"),
+    ] {
         let (_, v) = plan(&[&HF[..], extra].concat());
         assert_eq!(v["planned_from"]["source"], "closed_form", "{extra:?}");
         assert!(v["planned_from"]["why"].as_str().unwrap().contains(why), "{extra:?}: {}", v["planned_from"]);
@@ -309,7 +317,7 @@ fn the_text_says_what_planned_it_and_new_tokens_is_refused_where_it_does_not_app
         .unwrap()
         .args(["plan"])
         .args(HF)
-        .args(["--quantize", "nf4"])
+        .args(["--quantize", "nf4", "--double-quant"])
         .assert()
         .success()
         .stdout(contains("planned from its peak moment in closed form (no recorded program: bitsandbytes"));

@@ -19,21 +19,32 @@ fn plan(model: &str, args: &str) -> Run {
     run
 }
 
-/// T0's LoRA and QLoRA steps under AMP (T5 v1.1 with an output layer of its own) were recorded
-/// under neither policy: the plan names the key a GPU looks up first, no `…/amp/…` key, and the
-/// recorder's command at the job's precision.
+/// Gemma 3's LoRA and QLoRA steps under AMP were recorded with its output layer tied, as its
+/// checkpoints are: a config with a layer of its own has weights those steps lack, and the plan
+/// names the key a GPU looks up first, no `…/amp/…` key, and the recorder's command at the
+/// job's precision.
 #[test]
 fn a_gpu_s_amp_job_names_the_amp_cuda_key_it_looked_up() {
-    let run = plan("t0-3b", "--precision amp --finetune lora --checkpoint full");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gemma-3-1b-untied.json");
+    let text = std::fs::read_to_string(GEMMA3).unwrap();
+    let brace = text.rfind('}').expect("a JSON object");
+    std::fs::write(&config, format!("{}, \"tie_word_embeddings\": false}}", text[..brace].trim_end())).unwrap();
+    let untied = config.to_str().unwrap();
+    let run = plan(untied, "--precision amp --finetune lora --checkpoint full --attention sdpa");
     run.expect(
         run.code,
-        "passed over transformers: no step `t5/seq2seq-lm/amp-cuda/sdpa/ckpt/gated/lora-all` was recorded",
+        "passed over transformers: `gemma3_text/causal-lm/amp-cuda/sdpa/ckpt/lora-all` was recorded with its output \
+         layer tied",
     );
     run.expect(run.code, "python -m headroom_gpu record --model CONFIG --dtype amp --out step.jsonl");
     assert!(!run.stdout.contains("/amp/"), "{}", run.stdout);
     // QLoRA's AMP steps were recorded under CUDA's policy alone, on either device.
-    let run = plan("t0-3b", "--precision amp --finetune qlora --checkpoint full");
-    run.expect(run.code, "no step `t5/seq2seq-lm/amp-cuda/sdpa/ckpt/gated/qlora-all` was recorded");
+    let run = plan(untied, "--precision amp --finetune qlora --checkpoint full --attention sdpa");
+    run.expect(
+        run.code,
+        "`gemma3_text/causal-lm/amp-cuda/sdpa/ckpt/qlora-all` was recorded with its output layer tied",
+    );
     assert!(!run.stdout.contains("/amp/"), "{}", run.stdout);
 }
 

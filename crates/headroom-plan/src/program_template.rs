@@ -556,7 +556,8 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// policy); `hf-qlora-fp32.tpl`: QLoRA computing in fp32 (`…/fp32/…/qlora-*`); `hf-cache.tpl`:
 /// the steps of the families that fuse the query, key and value recorded with the config's
 /// `use_cache` on (`…/full/cache`, `…/full/cache/lora-*`; `step_programs.py --use-cache`), every
-/// other file's being recorded with it off.
+/// other file's being recorded with it off; `hf-infer-4bit.tpl`: inference over 4-bit layers as
+/// transformers loads them by default (`…/nf4-fp32-nodq`: no double quantization, fp32 compute).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -573,6 +574,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-qlora-amp.tpl", include_bytes!("../../../data/programs/hf-qlora-amp.tpl")),
     ("hf-qlora-fp32.tpl", include_bytes!("../../../data/programs/hf-qlora-fp32.tpl")),
     ("hf-cache.tpl", include_bytes!("../../../data/programs/hf-cache.tpl")),
+    ("hf-infer-4bit.tpl", include_bytes!("../../../data/programs/hf-infer-4bit.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

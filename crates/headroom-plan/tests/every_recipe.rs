@@ -9,11 +9,13 @@
 //! So is its inference with transformers (`--infer --framework hf`): generate's prefill and
 //! decode steps and the evaluation forward (`--all-logits`; an encoder's only one), over bf16
 //! and fp32 weights, with SDPA or eager attention asked, and over bitsandbytes' LLM.int8() and
-//! 4-bit layers (NF4 and FP4 as QLoRA loads them) at bf16.
+//! 4-bit layers at bf16.
 //!
-//! T5 is held here with v1.0's MLP (t5-base); v1.1's checkpoints (flan-t5, T0, mT5: a gated MLP
-//! and an output layer of their own) are recorded for inference, and for training only under
-//! AMP's full fine-tuning and fp32 LoRA.
+//! T5 is held here with either MLP: v1.0's (t5-base, tied) and v1.1's (T0-3B, as flan-t5's and
+//! mT5's checkpoints: a gated MLP and an output layer of its own).
+//!
+//! The 4-bit inference loads are QLoRA's (double quantization, bf16 compute) and transformers'
+//! defaults (`BitsAndBytesConfig(load_in_4bit=True)`: neither), each over NF4 and FP4.
 //!
 //! The lookups are the planner's own (`hf::key`, `infer::recorded::key`), on an H200; that each
 //! template expands and replays as recorded is `program_templates`' (`cargo test -p
@@ -46,6 +48,7 @@ fn models() -> Vec<Model> {
         "bloom-7b1",
         "bert-base-uncased",
         "t5-base",
+        "t0-3b",
     ]
     .iter()
     .map(|name| preset(name).unwrap_or_else(|e| panic!("{name}: {e}")))
@@ -95,13 +98,14 @@ fn every_training_recipe_of_every_model_type_replays_its_own_familys_step() {
             }
         }
     }
-    assert_eq!(jobs, 16 * 5 * 3 * 2 * 2);
+    assert_eq!(jobs, 17 * 5 * 3 * 2 * 2);
     assert!(misses.is_empty(), "{} of {jobs} jobs:\n{}", misses.len(), misses.join("\n"));
 }
 
 #[test]
 fn every_inference_of_every_model_type_replays_its_own_familys_recording() {
-    let four_bit = |quant_type| Bnb::FourBit { quant_type, double_quant: true, compute: ComputeDtype::Bf16 };
+    let qlora = |quant_type| Bnb::FourBit { quant_type, double_quant: true, compute: ComputeDtype::Bf16 };
+    let defaults = |quant_type| Bnb::FourBit { quant_type, double_quant: false, compute: ComputeDtype::Fp32 };
     let mut misses = Vec::new();
     let mut jobs = 0;
     for model in models() {
@@ -115,8 +119,10 @@ fn every_inference_of_every_model_type_replays_its_own_familys_recording() {
                 (WeightFormat::Bf16, None),
                 (WeightFormat::Fp32, None),
                 (WeightFormat::Bf16, Some(Bnb::Int8)),
-                (WeightFormat::Bf16, Some(four_bit(QuantType::Nf4))),
-                (WeightFormat::Bf16, Some(four_bit(QuantType::Fp4))),
+                (WeightFormat::Bf16, Some(qlora(QuantType::Nf4))),
+                (WeightFormat::Bf16, Some(qlora(QuantType::Fp4))),
+                (WeightFormat::Bf16, Some(defaults(QuantType::Nf4))),
+                (WeightFormat::Bf16, Some(defaults(QuantType::Fp4))),
             ] {
                 for attention in [Attention::Sdpa, Attention::Eager] {
                     let cfg = InferConfig {
@@ -142,6 +148,6 @@ fn every_inference_of_every_model_type_replays_its_own_familys_recording() {
             }
         }
     }
-    assert_eq!(jobs, (15 * 2 + 1) * 5 * 2);
+    assert_eq!(jobs, (16 * 2 + 1) * 7 * 2);
     assert!(misses.is_empty(), "{} of {jobs} jobs:\n{}", misses.len(), misses.join("\n"));
 }

@@ -249,35 +249,43 @@ fn eager_amp_and_checkpointed_variants_replay_their_own_recordings() {
     }
 }
 
-/// Where a job has no recording that serves it (T0's LoRA under AMP: T5 v1.1 with an output
-/// layer of its own was not recorded so), the plan falls to the next builder and says how to
-/// record the job's own step: the key named is the one a GPU's AMP job looks up first
+/// Where no recording serves a job (Gemma 3 with an output layer of its own: its steps were
+/// recorded tied, as Gemma 3's checkpoints are), the plan falls to the next builder and says how
+/// to record the job's own step: the key named is the one a GPU's AMP job looks up first
 /// (`amp-cuda`, not the CPU's `amp`), and the recorder's command asks for the job's precision.
 #[test]
 fn a_job_without_a_recording_says_how_to_record_it() {
+    let untied = config_model(&untied_gemma3(), "gemma-3-1b-untied");
     let cfg = TrainConfig {
         attention: Attention::Sdpa,
         finetune: Finetune::Lora { rank: 16, targets: LoraTargets::All, base: BaseWeights::Native },
         ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW)
     };
-    let e = estimate(&preset_model("t0-3b"), &h200(), &cfg);
+    let e = estimate(&untied, &h200(), &cfg);
     assert_ne!(e.runner.builder, "transformers");
     let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
     // The key a GPU's AMP job looks up first, and the recorder's name for that precision.
-    assert!(why.contains("no step `t5/seq2seq-lm/amp-cuda/sdpa/full/gated/lora-all` was recorded"), "{why}");
+    assert!(
+        why.contains("`gemma3_text/causal-lm/amp-cuda/sdpa/full/lora-all` was recorded with its output layer tied"),
+        "{why}"
+    );
     assert!(why.contains("python -m headroom_gpu record --model CONFIG --dtype amp --out step.jsonl"), "{why}");
-    // T5 was recorded tied (t5-base's, and v1.1's gated MLP tied): T0, mT0 and an untied
-    // v1.0, whose output layer is their own, have weights, gradients and moments the
-    // templates lack.
+    // T5 v1.0 was recorded tied (t5-base's): an untied one has an output layer's weight,
+    // gradient and moments its templates lack.
     let cfg = TrainConfig { attention: Attention::Sdpa, ..TrainConfig::new(2, 512, Precision::Bf16, Optimizer::AdamW) };
     let untied = config_model(&t5_config("relu", false), "t5-small-untied");
-    for model in [&untied, &preset_model("t0-3b"), &preset_model("mt0-xxl")] {
-        let e = estimate(model, &h200(), &cfg);
-        assert_ne!(e.runner.builder, "transformers", "{}", model.name);
-        let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
-        assert!(why.contains("recorded with its output layer tied to the embeddings"), "{}: {why}", model.name);
-        assert!(why.contains("python -m headroom_gpu record"), "{why}");
-    }
+    let e = estimate(&untied, &h200(), &cfg);
+    assert_ne!(e.runner.builder, "transformers");
+    let why = &e.runner.passed.iter().find(|p| p.builder == "transformers").expect("transformers passed over").why;
+    assert!(why.contains("recorded with its output layer tied to the embeddings"), "{why}");
+    assert!(why.contains("python -m headroom_gpu record"), "{why}");
+}
+
+/// Gemma 3 1B's config.json with an output layer of its own.
+fn untied_gemma3() -> String {
+    let text = include_str!("../../../data/models/gemma-3-1b.json");
+    let brace = text.rfind('}').expect("a JSON object");
+    format!("{}, \"tie_word_embeddings\": false}}", text[..brace].trim_end())
 }
 
 /// A T5 config.json at T5-small's sizes with feed-forward `proj`, tied or not.
@@ -289,11 +297,14 @@ fn t5_config(proj: &str, tied: bool) -> String {
 }
 
 /// T5's two MLPs replay their own recordings: v1.0's ReLU projection (t5-base, t5-large,
-/// t5-3b) the plain keys, v1.1's gated pair (a tied flan-t5-like config) the keys ending
-/// `/gated`; neither plans the other's projections.
+/// t5-3b) the plain keys, v1.1's gated pair the keys ending `/gated`, recorded with an output
+/// layer of its own as T0's, mT0's and flan-t5's checkpoints have, which plans a tied config
+/// too; neither MLP plans the other's projections.
 #[test]
 fn t5_replays_the_recording_of_its_own_mlp() {
     let gated = config_model(&t5_config("gated-gelu", true), "t5-small-gated");
+    let t0 = preset_model("t0-3b");
+    let mt0 = preset_model("mt0-xxl");
     let jobs: &[(&Model, Precision, Checkpointing, &str)] = &[
         (&preset_model("t5-base"), Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt"),
         (&preset_model("t5-large"), Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt"),
@@ -301,6 +312,9 @@ fn t5_replays_the_recording_of_its_own_mlp() {
         (&gated, Precision::Fp32, Checkpointing::None, "t5/seq2seq-lm/fp32/eager/full/gated"),
         (&gated, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated"),
         (&gated, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/gated"),
+        (&t0, Precision::Bf16, Checkpointing::None, "t5/seq2seq-lm/bf16/eager/full/gated"),
+        (&t0, Precision::Fp32, Checkpointing::Full, "t5/seq2seq-lm/fp32/eager/ckpt/gated"),
+        (&mt0, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated"),
     ];
     for &(model, precision, checkpointing, key) in jobs {
         let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, precision, Optimizer::AdamW) };

@@ -314,10 +314,11 @@ pub struct PlanArgs {
     /// two weights a byte with an fp32 absmax per 64, the whole weight dequantized for each
     /// layer's multiply over the prompt (bitsandbytes up to 0.49; 0.50's fused kernel skips
     /// that copy). The head, embeddings, norms and a mixture's experts keep --weights' dtype
-    /// (fp32, or bf16 for any 16-bit load), as do the activations and the cache. int8, and nf4
-    /// or fp4 (stored as nf4 is) with --double-quant and --compute-dtype bf16 (QLoRA's load),
-    /// over bf16 weights are replayed from transformers' and bitsandbytes' code as recorded where
-    /// the family was; the rest is planned in closed form.
+    /// (fp32, or bf16 for any 16-bit load), as do the activations and the cache. Over bf16
+    /// weights, int8, and nf4 or fp4 (stored as nf4 is) as transformers loads them by default
+    /// (`--quantize nf4` alone: no double quantization, fp32 compute) or as QLoRA loads them
+    /// (`--double-quant --compute-dtype bf16`) are replayed from transformers' and bitsandbytes'
+    /// code as recorded where the family was; the rest is planned in closed form.
     #[arg(long, value_parser = named::<Quantize>(), help_heading = ENGINE)]
     quantize: Option<Quantize>,
     /// With --quantize nf4 or fp4, or a 4-bit LoRA base (--finetune qlora):

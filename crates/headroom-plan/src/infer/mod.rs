@@ -235,14 +235,15 @@ pub fn check(model: &Model, cfg: &InferConfig) -> Result<(), Unsupported> {
                     let way_out = match model.family {
                         Family::Bert => {
                             "plan its forward with bf16 or fp32 weights and SDPA attention, or over bitsandbytes' \
-                             layers with bf16 weights (--quantize int8, or --quantize nf4 --double-quant \
-                             --compute-dtype bf16)"
+                             layers with bf16 weights (--quantize int8; --quantize nf4 or fp4 alone, transformers' \
+                             defaults; or with --double-quant --compute-dtype bf16, QLoRA's)"
                         }
                         Family::T5 => {
                             "T5's generate and forward are planned for v1.0's models (a ReLU MLP, the output \
                              layer tied to the embeddings: t5-base, t5-large) and v1.1's (a gated MLP, an output \
                              layer of its own: flan-t5, T0, mT5), with bf16 or fp32 weights, or over bitsandbytes' layers \
-                             with bf16 weights (--quantize int8, or --quantize nf4 --double-quant --compute-dtype bf16)"
+                             with bf16 weights (--quantize int8; --quantize nf4 or fp4 alone, transformers' \
+                             defaults; or with --double-quant --compute-dtype bf16, QLoRA's)"
                         }
                         _ => "plan it as a serving engine (--framework vllm)",
                     };
@@ -503,10 +504,10 @@ mod tests {
         };
         let recipe = forward_recipe(&m, true, Attention::Sdpa, false).unwrap();
         for q in [
-            // (LLM.int8() and NF4 with double quantization and bf16 compute over a bf16 load are
-            // replayed from their templates: `recorded::quantized`.)
+            // (LLM.int8() and 4-bit as QLoRA and transformers' defaults load it over a bf16 load
+            // are replayed from their templates: `recorded::quantized`.)
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Bf16 },
-            Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: false, compute: ComputeDtype::Fp32 },
+            Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Fp32 },
         ] {
             let (batch, seq) = (1, 512);
             let e = estimate(&m, &g, &hf(Some(q), batch, seq));

@@ -28,10 +28,12 @@
 //! ties every T5's when it builds one).
 //!
 //! Over bitsandbytes' 4-bit layers (`--quantize nf4 --double-quant --compute-dtype bf16` over a
-//! bf16 load: keys ending `/nf4`), recorded with bitsandbytes' CUDA operators' allocations
-//! (`scripts/validate/quant_infer.py`): each layer's weight quantized as it loads, the prompt's
-//! forward dequantizing each weight into a bf16 temporary, a decode step on the fused kernel
-//! ([`assumed`]).
+//! bf16 load: keys ending `/nf4`; and as `BitsAndBytesConfig(load_in_4bit=True)` loads them by
+//! default, `--quantize nf4` or `fp4` alone: keys ending `/nf4-fp32-nodq`), recorded with
+//! bitsandbytes' CUDA operators' allocations (`scripts/validate/quant_infer.py`): each layer's
+//! weight quantized as it loads (its fp32 absmax kept, or quantized again), the prompt's forward
+//! dequantizing each weight into a temporary of the compute dtype (at fp32 each layer's input
+//! cast to it and its output back), a decode step on the fused kernel ([`assumed`]).
 //!
 //! A GPU adds a cuBLAS workspace at the first matrix multiply, kept for the life of the
 //! process. SDPA's fused kernels keep what the CPU's fused kernel keeps; fp32 with grouped
@@ -152,6 +154,15 @@ pub fn assumed(key: &str) -> Option<&'static str> {
              compute dtype and the weight's in fp16, a few bytes a token and a row",
         );
     }
+    if key.ends_with(FOUR_BIT_DEFAULTS) {
+        return Some(
+            "bitsandbytes' gemm_4bit as recorded: each layer's input cast to fp32 and its weight dequantized into an \
+             fp32 temporary in the prompt's forward (a GPU's path past 1536 rows; under that its heuristic may pick \
+             the fused kernel, for a weight of 4M elements or more up to 512 rows, and the plan is high by one \
+             layer's weight in fp32), none in a decode step (the fused kernel, up to 4 sequences; past that a GPU \
+             may dequantize too: one layer's weight more)",
+        );
+    }
     key.ends_with("/nf4").then_some(
         "bitsandbytes' gemm_4bit as recorded: each layer's weight dequantized into a bf16 temporary in the \
          prompt's forward (a GPU's path past 1536 rows; under that its heuristic may pick the fused kernel, for a \
@@ -161,10 +172,15 @@ pub fn assumed(key: &str) -> Option<&'static str> {
     )
 }
 
-/// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`: NF4 (or
-/// FP4) with double quantization and bf16 compute over a bf16 load (QLoRA's `BitsAndBytesConfig`), or
-/// LLM.int8() over a bf16 load (the ones recorded, `scripts/validate/quant_infer.py`), or why no
-/// template serves it.
+/// The last part of the keys recorded over 4-bit layers as `BitsAndBytesConfig(load_in_4bit=True)`
+/// loads them by default: no double quantization, fp32 compute.
+const FOUR_BIT_DEFAULTS: &str = "/nf4-fp32-nodq";
+
+/// The key's last part for bitsandbytes' layers as `quantize` loads them over `weights`, each over
+/// a bf16 load: NF4 (or FP4) with double quantization and bf16 compute (QLoRA's
+/// `BitsAndBytesConfig`), or without double quantization at fp32 compute (transformers' defaults),
+/// or LLM.int8() (the ones recorded, `scripts/validate/quant_infer.py`); or why no template serves
+/// it.
 fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'static str> {
     match quantize {
         Bnb::Int8 if weights != WeightFormat::Bf16 => {
@@ -174,16 +190,14 @@ fn quant_suffix(quantize: Bnb, weights: WeightFormat) -> Result<&'static str, &'
         // FP4 is NF4's layout with another 16-value code: bitsandbytes 0.50 quantizes, stores and
         // dequantizes both through the same CUDA functions, `quant_type` picking the code
         // (`backends/cuda/ops.py`), so NF4's recording is FP4's tensor for tensor.
-        Bnb::FourBit { double_quant: false, .. } => {
-            Err("bitsandbytes' 4-bit layers were recorded with double quantization (--double-quant)")
-        }
-        Bnb::FourBit { compute: ComputeDtype::Fp32 | ComputeDtype::Fp16, .. } => {
-            Err("bitsandbytes' 4-bit layers were recorded with bf16 compute (--compute-dtype bf16)")
-        }
         Bnb::FourBit { .. } if weights != WeightFormat::Bf16 => {
             Err("bitsandbytes' 4-bit layers were recorded over a bf16 load (--weights bf16)")
         }
-        Bnb::FourBit { .. } => Ok("/nf4"),
+        Bnb::FourBit { double_quant: true, compute: ComputeDtype::Bf16, .. } => Ok("/nf4"),
+        Bnb::FourBit { double_quant: false, compute: ComputeDtype::Fp32, .. } => Ok(FOUR_BIT_DEFAULTS),
+        Bnb::FourBit { .. } => Err("bitsandbytes' 4-bit layers were recorded as QLoRA loads them (--double-quant on \
+             --compute-dtype bf16) and as transformers loads them by default (--double-quant off --compute-dtype fp32), \
+             not with this mix"),
     }
 }
 
@@ -548,19 +562,27 @@ mod quantized {
         p.tensors.iter().zip(p.sizes(1, 1)).map(|(t, b)| (b, t.term, p.sites[t.site as usize].as_str())).collect()
     }
 
-    /// The 4-bit template serves NF4 (and FP4) with double quantization and bf16 compute over a bf16 load,
-    /// and every other bitsandbytes load is left to the closed form with its reason.
+    /// The 4-bit templates serve NF4 (and FP4) over a bf16 load as QLoRA loads it (double
+    /// quantization, bf16 compute) and as transformers loads it by default (neither), and every
+    /// other bitsandbytes load is left to the closed form with its reason.
     #[test]
-    fn nf4_with_double_quantization_and_bf16_compute_is_replayed() {
+    fn four_bit_loads_as_qlora_and_transformers_load_them_are_replayed() {
         let m = preset("llama-3-8b").expect("preset");
         assert_eq!(key(&m, &hf(Some(NF4), WeightFormat::Bf16)).as_deref(), Ok(KEY));
         assert_eq!(key(&m, &hf(None, WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa"));
         assert_eq!(key(&m, &hf(Some(Bnb::Int8), WeightFormat::Bf16)).as_deref(), Ok("llama/generate/bf16/sdpa/int8"));
         let fp4 = Bnb::FourBit { quant_type: QuantType::Fp4, double_quant: true, compute: ComputeDtype::Bf16 };
         assert_eq!(key(&m, &hf(Some(fp4), WeightFormat::Bf16)).as_deref(), Ok(KEY), "FP4 is NF4's layout");
+        for quant_type in [QuantType::Nf4, QuantType::Fp4] {
+            let defaults = Bnb::FourBit { quant_type, double_quant: false, compute: ComputeDtype::Fp32 };
+            let want = "llama/generate/bf16/sdpa/nf4-fp32-nodq";
+            assert_eq!(key(&m, &hf(Some(defaults), WeightFormat::Bf16)).as_deref(), Ok(want), "{quant_type:?}");
+            assert!(assumed(want).is_some_and(|a| a.contains("fp32 temporary")));
+        }
         let refused = [
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Bf16 },
             Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: true, compute: ComputeDtype::Fp32 },
+            Bnb::FourBit { quant_type: QuantType::Nf4, double_quant: false, compute: ComputeDtype::Fp16 },
         ];
         for q in refused {
             let why = key(&m, &hf(Some(q), WeightFormat::Bf16)).expect_err("not recorded");

@@ -26,8 +26,8 @@
 //! GPT-NeoX and BLOOM, the one named for Phi-3, which peft has no default for; the MoE families'
 //! `q_proj` and `v_proj` named too). peft wraps BERT's masked-LM head's transform too, and T5's
 //! decoder's cross-attention ([`LoraTargets::adapters`]); T5's keys hold v1.0's ReLU MLP, and
-//! v1.1's gated one under `/gated` (its `lora-all` at fp32 recorded with its output layer its
-//! own, as T0's and mT0's is, which plans a tied model too). Under AMP (an fp32 base and
+//! v1.1's gated one under `/gated` (recorded with its output layer its own, as T0's and mT0's
+//! is, which plans a tied model too). Under AMP (an fp32 base and
 //! adapters, bf16 autocast) the step is recorded under CUDA's autocast policy (`…/amp-cuda/…`,
 //! `data/programs/hf-lora-amp.tpl`): autocast casts a frozen weight anew at every matmul (it
 //! caches those that require a gradient alone), and the matmul keeps the bf16 copy for its
@@ -591,18 +591,22 @@ mod tests {
         };
         let h200 = crate::gpu::gpu("h200").expect("gpu");
         let t5 = crate::model::preset("t5-base").expect("preset");
-        // flan-t5's MLP at t5-base's dimensions, tied: the fp32 templates, recorded untied, plan
-        // it without the head's weight; the bf16 one was recorded tied.
+        // flan-t5's MLP at t5-base's dimensions, tied: the templates, recorded untied, plan it
+        // without the head's weight.
         let gated = Model { gated_mlp: true, ..t5.clone() };
         let bert = crate::model::preset("bert-base-uncased").expect("preset");
-        // T5 v1.1 as its checkpoints are, its output layer its own: the fp32 templates, recorded
-        // untied (the query and value projections' at two lengths, the decoder's own).
+        // T5 v1.1 as its checkpoints are, its output layer its own (the query and value
+        // projections' at two lengths, the decoder's own).
         let t0 = crate::model::preset("t0-3b").expect("preset");
         let jobs = [
             (&t0, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
             (&t0, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
             (&t0, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-qv"),
             (&t0, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-qv"),
+            (&t0, All, Precision::Bf16, NoCkpt, "t5/seq2seq-lm/bf16/eager/full/gated/lora-all"),
+            (&t0, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-qv"),
+            (&t0, All, Precision::Amp, NoCkpt, "t5/seq2seq-lm/amp-cuda/eager/full/gated/lora-all"),
+            (&t0, Qv, Precision::Amp, Ckpt, "t5/seq2seq-lm/amp-cuda/eager/ckpt/gated/lora-qv"),
             (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
             (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
             (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
