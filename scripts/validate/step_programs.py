@@ -152,7 +152,7 @@ Mixtral and Phi-3, and with SDPA (`--only gpt2/causal-lm/fp32/sdpa/full --lora q
 GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma (into that file too),
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
-`PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, its only attention in transformers) at bf16,
+`PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, `measure.NO_SDPA`'s, though transformers 5.24 has SDPA for it) at bf16,
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated --untied`
 v1.1's as its checkpoints are, its output layer its own);
 and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,

@@ -388,7 +388,8 @@ const QLORA_QV_RECORDED: &[&str] = &[
 /// QLoRA jobs at AMP and fp32 and the template each replays: (preset, precision, attention,
 /// checkpointing, key less its checkpointing and adapters).
 const QLORA_PRECISIONS: &[(&str, &str, &str, &str, &str)] = &[
-    // BLOOM and T5 have no SDPA path in transformers: SDPA asked plans their eager step.
+    // BLOOM has no SDPA path in transformers and T5 was recorded eager: SDPA asked plans
+    // their eager step.
     ("bert-base-uncased", "amp", "eager", "ckpt", "bert/masked-lm/amp-cuda/eager"),
     ("bert-base-uncased", "amp", "sdpa", "ckpt", "bert/masked-lm/amp-cuda/sdpa"),
     ("bloom-7b1", "amp", "eager", "ckpt", "bloom/causal-lm/amp-cuda/eager"),

@@ -165,8 +165,8 @@ fn config_model(text: &str, name: &str) -> Model {
 
 /// The model types recorded into `data/programs/hf-more.tpl`, each as `plan --model` reads
 /// it (a preset, or the config.json in `data/models/`), are planned by replaying their own
-/// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (eager
-/// whatever is asked: transformers' T5 has no SDPA path), Qwen2-MoE's shared expert beside
+/// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (recorded
+/// eager, which SDPA asked replays), Qwen2-MoE's shared expert beside
 /// the routed ones, Gemma 3's sliding and global layers.
 #[test]
 fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {

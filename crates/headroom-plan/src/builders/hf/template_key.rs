@@ -187,8 +187,11 @@ pub fn cache_recorded(key: &str) -> bool {
     key.split('/').any(|part| part == &CACHE[1..])
 }
 
-/// Whether `family` was recorded with eager attention alone: transformers has no SDPA path
-/// for it (BLOOM, T5, Gemma-2), so SDPA asked runs eager.
+/// Whether `family` was recorded with eager attention alone, so SDPA asked replays the eager
+/// step: BLOOM and Gemma-2, which transformers runs eager whatever is asked, and T5, which
+/// transformers 5.24 runs with SDPA where asked (its default since transformers#47014) but
+/// whose steps were recorded eager, a plan high there by the scores and probabilities eager
+/// keeps (docs/VALIDATION.md, "T5 v1.1 with its own output layer").
 pub(crate) fn no_sdpa(family: &str) -> bool {
     let prefix = format!("{family}/");
     !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
