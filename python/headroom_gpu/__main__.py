@@ -24,9 +24,10 @@ def _parser() -> argparse.ArgumentParser:
         "record",
         help="record a training step, or inference, under fake tensors (no GPU) as a step program for "
              "`headroom plan --program`",
-        description="Builds the model from its config with transformers' AutoModelForCausalLM.from_config under "
-        "fake tensors (no memory, no GPU, no weights read), runs --steps optimizer steps of --batch sequences "
-        "of --seq tokens (or, with --infer or --generate, inference), and writes every allocation and free as "
+        description="Builds the model from its config with transformers' from_config, with the head it is trained "
+        "with (T5: sequence-to-sequence LM; BERT: masked LM; else causal LM), under fake tensors (no memory, no "
+        "GPU, no weights read), runs --steps optimizer steps of --batch sequences of --seq tokens (or, with "
+        "--infer or --generate, a causal LM's inference), and writes every allocation and free as "
         "the JSONL step program `headroom plan --program` replays. Scaled dot-product attention takes the kernel "
         "an sm90 GPU takes.",
     )

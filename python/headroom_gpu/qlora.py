@@ -303,15 +303,16 @@ def untie(model: torch.nn.Module) -> None:
     `tie_word_embeddings: false` (T5 v1.1's: flan-t5's, T0's, mT5's) as `scale_decoder_outputs`
     off and sets the flag itself true; T5 is built tied and untied only when a checkpoint holds
     both weights with different values, as v1.1's do. A model of such a config is made here as
-    loading its checkpoint leaves it: a meta parameter beside the embeddings, which `load` makes
-    and `prepare_model_for_kbit_training` casts to fp32 like the embeddings."""
+    loading its checkpoint leaves it: a parameter beside the embeddings, on their device (on the
+    meta device, QLoRA's `build`, one that `load` makes and `prepare_model_for_kbit_training`
+    casts to fp32 like the embeddings; under the recorder's fake tensors, the full and LoRA
+    steps', one the recording allocates as it allocates every weight)."""
     config = model.config
     own = getattr(config, "tie_word_embeddings", True) is False or getattr(config, "scale_decoder_outputs", True) is False
     out, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     if not own or out is None or out.weight is not embeddings.weight:
         return
-    out.weight = torch.nn.Parameter(torch.empty_like(embeddings.weight, device="meta"),
-                                    requires_grad=embeddings.weight.requires_grad)
+    out.weight = torch.nn.Parameter(torch.empty_like(embeddings.weight), requires_grad=embeddings.weight.requires_grad)
     for name, module in model.named_modules():
         if module is out:
             getattr(model, "all_tied_weights_keys", {}).pop(f"{name}.weight", None)

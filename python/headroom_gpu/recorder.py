@@ -726,7 +726,9 @@ class StepRecorder(GradientSums):
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             s.enter_context(_fake_cache.faster_cache_keys())
-            s.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            s.enter_context(_fake_cache.whole_storages(mode))
+            s.enter_context(mode)
         nn = torch.nn.modules.module
         s.callback(nn.register_module_forward_pre_hook(self._forward_pre).remove)
         # always_call: a forward stopped early (non-reentrant checkpointing stops its recomputation

@@ -1,14 +1,16 @@
-"""The common case, recorded: a transformers causal LM built from its config, trained a few
-steps under fake tensors, as `python -m headroom_gpu record` runs it; or run for inference
-(`mode="infer"`: forwards without gradients; `mode="generate"`: generate's prefill and decode
-steps with transformers' DynamicCache).
+"""The common case, recorded: a transformers model built from its config, trained a few
+steps under fake tensors, as `python -m headroom_gpu record` runs it; or a causal LM run for
+inference (`mode="infer"`: forwards without gradients; `mode="generate"`: generate's prefill and
+decode steps with transformers' DynamicCache).
 
-The model is `AutoModelForCausalLM.from_config` (no weights are read: a config.json, or a
-model directory holding one, is all it needs), optionally wrapped in peft's LoRA over every
-linear layer; with QLoRA, the head the model is trained with (`qlora.head`: T5's
-sequence-to-sequence LM, BERT's masked LM, a causal LM otherwise); the batch is `batch` sequences of `seq` random token ids that are their own
-labels, with no padding; the optimizer is torch.optim's, with foreach on as it is by default on
-CUDA.
+The model is built with the head it is trained with (`qlora.head`: T5's sequence-to-sequence
+LM, BERT's masked LM, a causal LM otherwise) by `from_config` (no weights are read: a
+config.json, or a model directory holding one, is all it needs), its output layer its own where
+the config says so (`qlora.untie`: T5 v1.1's), optionally wrapped in peft's LoRA over every
+linear layer with the head's task type, or set up as QLoRA; the batch is `batch` sequences of
+`seq` random token ids that are their own labels (T5's decoder reads them shifted right, as long
+as the input), with no padding; the optimizer is torch.optim's, with foreach on as it is by
+default on CUDA.
 """
 
 from __future__ import annotations
@@ -92,8 +94,15 @@ def _optimizer(name: str, params):
 def _build(spec: StepSpec):
     import transformers
 
+    from .qlora import HEADS, head, target_modules, untie
+
     config = _config(spec.model)
     config.use_cache = spec.mode != "train"
+    model_head = head(config)
+    if spec.mode != "train" and model_head != "causal-lm":
+        raise ValueError(f"--infer and --generate record a causal LM's inference, and {config.model_type} is "
+                         f"trained as a {model_head.replace('-', ' ')}: plan its inference with `headroom plan "
+                         "--infer` (T5's and BERT's are recorded there), or record its training step")
     dtype = DTYPES[spec.dtype]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -101,19 +110,19 @@ def _build(spec: StepSpec):
         # `dtype` given: from_config builds in the config's own (a Hub config.json's `torch_dtype`,
         # the dtype its checkpoint was saved in) ahead of the default dtype, so a bf16 config asked
         # for fp32 would be trained in bf16.
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention,
-                                                              dtype=dtype)
+        auto = getattr(transformers, HEADS[model_head][0])
+        model = auto.from_config(config, attn_implementation=spec.attention, dtype=dtype)
     finally:
         torch.set_default_dtype(previous)
+    untie(model)
     if spec.checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.lora:
         import peft
 
-        from .qlora import target_modules
-
         lora = peft.LoraConfig(r=spec.lora, lora_alpha=2 * spec.lora, lora_dropout=0.0,
-                               target_modules=target_modules(config, spec.lora_targets))
+                               target_modules=target_modules(config, spec.lora_targets),
+                               task_type=HEADS[model_head][1])
         model = peft.get_peft_model(model, lora)
     if spec.mode == "train":
         model.train()

@@ -76,3 +76,36 @@ class FasterCacheKeys(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(MISSING, MISSING)
+class WholeStorages(unittest.TestCase):
+    """The memory-efficient attention's bias gradient is made with its last dimension padded to
+    16 and sliced back (`_efficient_attention_backward`): every call's output holds the padded
+    storage, as CUDA allocates it, not only the first's (a cache hit would make it anew spanning
+    the slice alone)."""
+
+    def grad_bias(self, mode):
+        with mode:
+            q = torch.empty(2, 4, 56, 16, device="cuda")
+            bias = torch.empty(2, 4, 56, 56, device="cuda")
+            out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, bias, True)
+            return torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+                out, q, q, q, bias, out, lse, seed, offset, 0.0, [True, True, True, True])[3]
+
+    def test_every_call_holds_the_padded_storage(self):
+        mode = fake_tensor.FakeTensorMode()
+        padded = 2 * 4 * 56 * 64 * 4
+        with fake_cache.whole_storages(mode):
+            for _ in range(3):
+                g = self.grad_bias(mode)
+                self.assertEqual(g.shape, (2, 4, 56, 56))
+                self.assertEqual(g.untyped_storage().nbytes(), padded)
+        self.assertNotIn("_validate_output_for_cache_entry", vars(mode))
+
+    def test_spanned_bytes(self):
+        with fake_tensor.FakeTensorMode():
+            base = torch.empty(2, 3, 64)
+            self.assertEqual(fake_cache.spanned_bytes(base), 2 * 3 * 64 * 4)
+            self.assertEqual(fake_cache.spanned_bytes(base[..., :56]), (2 * 3 * 64 - 8) * 4)
+            self.assertEqual(fake_cache.spanned_bytes(torch.empty(0, 5)), 0)

@@ -19,7 +19,7 @@ import headroom_gpu
 try:
     import peft  # noqa: F401
     import torch
-    import transformers  # noqa: F401
+    import transformers
 
     MISSING = None
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -495,6 +495,72 @@ def headroom_or_skip(test: unittest.TestCase) -> str:
         return headroom_gpu.binary()
     except headroom_gpu.HeadroomError as e:
         test.skipTest(f"no headroom binary to replay the recording: {e}")
+
+
+# T5 v1.1 (flan-t5's, T0's layout) of two layers a stack, and BERT of two layers.
+TINY_T5_V1_1 = {"model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 2,
+                "vocab_size": 256, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+                "decoder_start_token_id": 0, "pad_token_id": 0, "architectures": ["T5ForConditionalGeneration"]}
+TINY_BERT = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+
+
+@unittest.skipIf(MISSING, MISSING)
+class Heads(unittest.TestCase):
+    """A full or LoRA step is recorded with the head the model trains with: T5 as a
+    sequence-to-sequence LM (its output layer its own where the config says so, as its checkpoint
+    loads), BERT as a masked LM; T5's SDPA on the memory-efficient kernel, which takes its position
+    bias as a mask (with a gradient, the full fine-tuning's)."""
+
+    def record(self, fields, **spec):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        d = os.path.join(tempfile.mkdtemp(), fields["model_type"])
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(fields, f)
+        return d, record(StepSpec(model=d, batch=2, seq=64, **{"steps": 2, **spec}))
+
+    def test_t5_trains_as_a_seq2seq_lm_with_its_own_output_layer(self):
+        for spec in ({}, {"lora": 4}, {"lora": 4, "lora_targets": "qv"}, {"dtype": "fp32", "checkpoint": True}):
+            with self.subTest(**spec):
+                _, rec = self.record(TINY_T5_V1_1, **spec)
+                # Two encoder layers' self-attention, two decoder layers' self- and
+                # cross-attention, in each of two steps (and again in each backward, checkpointed).
+                self.assertEqual(rec.sdpa_kernels, {"efficient": 24 if spec.get("checkpoint") else 12})
+                logits = [r for op, r in rec.events if op == "alloc" and r.term == "logits"]
+                self.assertTrue(logits, "the sequence-to-sequence LM's logits")
+
+    def test_t5_v1_1_is_built_untied_and_v1_0_tied(self):
+        from headroom_gpu.transformers_step import StepSpec, _build
+
+        d, _ = self.record(TINY_T5_V1_1, steps=1)
+        model, _ = _build(StepSpec(model=d, lora=4))
+        base = model.get_base_model()
+        self.assertIsInstance(base, transformers.T5ForConditionalGeneration)
+        self.assertIsNot(base.lm_head.weight, base.shared.weight)
+        d, _ = self.record(dict(TINY_T5_V1_1, feed_forward_proj="relu", tie_word_embeddings=True), steps=1)
+        model, _ = _build(StepSpec(model=d))
+        self.assertIs(model.lm_head.weight, model.shared.weight)
+
+    def test_bert_trains_as_a_masked_lm(self):
+        _, rec = self.record(TINY_BERT, lora=4)
+        self.assertTrue(rec.peak > 0)
+
+    def test_the_command_records_t5_and_plans_it(self):
+        d, _ = self.record(TINY_T5_V1_1, steps=1)
+        out = os.path.join(d, "step.jsonl")
+        r = record_command(self, d, out, "--batch", "2", "--seq", "64", "--steps", "2")
+        self.assertIn("recorded 2 steps", r.stdout)
+        self.assertIn("efficient", r.stdout)
+        assert_replays_and_plans(self, out)
+
+    def test_inference_of_t5_is_refused_saying_where_it_is_planned(self):
+        from headroom_gpu.transformers_step import StepSpec, record
+
+        d, _ = self.record(TINY_T5_V1_1, steps=1)
+        with self.assertRaisesRegex(ValueError, "headroom plan --infer"):
+            record(StepSpec(model=d, batch=1, seq=16, mode="infer"))
 
 
 @unittest.skipIf(MISSING, MISSING)

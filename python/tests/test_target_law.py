@@ -36,6 +36,18 @@ class TargetLaw(NeedsRecorders):
         self.assertEqual(self.law(lambda b, s, t: 4 * 6 * t * s), {"tpos_s": {"one": 24.0}})
         self.assertEqual(self.law(lambda b, s, t: 8 * b * t - 8 * b), {"ttok": {"one": 8.0}, "seq": {"one": -8.0}})
 
+    def test_the_memory_efficient_kernel_s_padding_is_read_in_either_length(self):
+        """Its log-sum-exp pads the queries to 32 positions, its bias gradient the positions
+        attended to, to 16: the encoder's pairs (56 and 88 to 64 and 96), the decoder's (24 and 40
+        to 32 and 48) and the cross-attention's (the encoder's positions)."""
+        def up(n, to):
+            return -(-n // to) * to
+
+        self.assertEqual(self.law(lambda b, s, t: 4 * 6 * b * up(t, 32)), {"ttok32": {"heads": 4.0}})
+        self.assertEqual(self.law(lambda b, s, t: 2 * 6 * b * s * up(s, 16)), {"tok_s16": {"one": 12.0}})
+        self.assertEqual(self.law(lambda b, s, t: 2 * 6 * b * t * up(t, 16)), {"ttok_t16": {"one": 12.0}})
+        self.assertEqual(self.law(lambda b, s, t: 2 * 6 * b * t * up(s, 16)), {"ttok_s16": {"one": 12.0}})
+
     def test_a_size_in_no_law_of_the_two_lengths_is_refused(self):
         import step_programs as sp
         with self.assertRaises(sp.Unexplained):

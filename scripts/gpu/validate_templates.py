@@ -89,6 +89,11 @@ def job(name, cfg, kind, dtype="bf16", attention="sdpa", batch=1, seq=1024, chec
 def jobs():
     """In order of value (docs/GPU.md's owed lists, newest first)."""
     return [
+        # T5 with SDPA as transformers 5.24 runs it (2026-12-02): the memory-efficient kernel, its
+        # position bias the mask, recorded on the kernel's CPU stand-in.
+        job("t0-3b qlora sdpa r16 1x1024", preset("t0-3b"), "qlora", batch=1, seq=1024),
+        job("t5-base bf16 sdpa 4x512", preset("t5-base"), "train", batch=4, seq=512),
+        job("t5-base lora sdpa r16 4x512", preset("t5-base"), "lora", batch=4, seq=512),
         # The seventh and sixth sessions' lists (2026-11-29), chosen before any ran.
         # peft's seq2seq LoRA script at T0_3B's shape: labels of 4 tokens.
         job("t0-3b lora-qv r8 fp32 8x64->4", preset("t0-3b"), "lora", dtype="fp32", attention="eager", batch=8,

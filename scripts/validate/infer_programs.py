@@ -39,8 +39,9 @@ the same laws at a past one shorter (checked); `decode1` frees what the prefill 
 The families (`FAMILIES`): Llama, Qwen2, Qwen3, GPT-2, Mistral, Phi-3, Gemma, Gemma-2, Gemma-3,
 GPT-NeoX, BLOOM, Mixtral, Qwen2-MoE and Qwen3-MoE, in step_programs.py's recording configs, with
 SDPA and eager attention, or eager alone where transformers has no SDPA (BLOOM, Gemma-2);
-BERT's forward, and T5's forward and generate (eager, v1.0's ReLU MLP, tied; v1.1's gated MLP
-under keys ending `/gated`); the
+BERT's forward, and T5's forward and generate (SDPA, routed as a GPU routes it onto the
+memory-efficient kernel's CPU stand-in, `step_programs.gpu_sdpa`, and eager; v1.0's ReLU MLP,
+tied; v1.1's gated MLP under keys ending `/gated`); the
 keys shipped are those data/programs/hf-infer.tpl holds. A Mixture of Experts runs
 transformers' default experts implementation (every tensor sized by the tokens times the
 experts a token takes, whatever the routing). Gemma-3's window is set beyond every recorded
@@ -53,7 +54,7 @@ recorded on SDPA's math path too (`<family>/<mode>/fp32/sdpa-math`), asked for o
 fp32 with grouped heads (no fused kernel takes them; transformers passes `enable_gqa` where the
 mask is none, as in generate's and the forward's), and keeps the keys and values copied to
 every query head and the scores and probabilities of every query against every key. BERT's
-masked-LM forward (SDPA) and T5's evaluation forward (eager, its encoder a stack of its own)
+masked-LM forward (SDPA) and T5's evaluation forward (SDPA and eager, its encoder a stack of its own)
 are recorded alone; T5 with v1.0's MLP (ReLU, tied: t5-base) and with v1.1's (`/gated`: a
 gated-GELU pair, its output layer its own, the decoder's output unscaled: flan-t5, T0, mT5).
 
@@ -110,8 +111,9 @@ NO_GENERATE = FORWARD_ONLY
 # decoder's past (its own cache's), each by one of the two (`fit_decode`).
 ENCODER_DECODER = ("t5",)
 # The attention transformers gives a family by default: eager where the family has no SDPA
-# (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them.
-EAGER_ONLY = ("gemma2", "bloom", "t5")
+# (Gemma-2's softcapping, BLOOM's ALiBi), as the training templates record them. T5's SDPA is
+# recorded as a GPU runs it, on the memory-efficient kernel (`step_programs.ROUTED_SDPA`).
+EAGER_ONLY = ("gemma2", "bloom")
 # Families whose released models group their key-value heads (Gemma's 2B one, MQA), which a
 # GPU runs at fp32 on SDPA's math path (no fused kernel takes fp32 with grouped heads, and
 # transformers passes `enable_gqa` when there is no mask): recorded at fp32 on that path too
@@ -216,8 +218,11 @@ class InferJob:
 
             model.register_forward_pre_hook(enter)
             model.register_forward_hook(lambda m, a, o: ranges.pop().__exit__(None, None, None))
-            # `sdpa-math` asked for on the CPU, whose fused kernel would run otherwise.
-            with record_function("run"), sp.sdpa_backend(attn):
+            # `sdpa-math` asked for on the CPU, whose fused kernel would run otherwise; T5's SDPA
+            # routed as a GPU routes it.
+            routed = sp.gpu_sdpa(f"{family}/{mode}") if family in sp.ROUTED_SDPA and attn == "sdpa" \
+                else contextlib.nullcontext()
+            with record_function("run"), sp.sdpa_backend(attn), routed:
                 if mode == "generate":
                     model.generation_config.pad_token_id = 0
                     # An encoder-decoder's fourth forward is a whole decode step too (`decode2`,

@@ -86,7 +86,8 @@ def law_rivals(law, d):
     """Each single-unit term of `law` with a rival reading: `[(kind, {unit: bytes}, rivals)]`."""
     out = []
     for kind, units in law.items():
-        if kind in ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s") or len(units) != 1:
+        if kind in ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s", "tok_s16", "ttok_t16", "ttok_s16") \
+                or len(units) != 1:
             continue
         (unit, per), = units.items()
         if "*" in unit or unit == "one":

@@ -38,8 +38,10 @@ import json
 import os
 import sys
 
-# Position pairs: the encoder's (s x s), the decoder's (t x t), and the cross-attention's (t x s).
-PAIRS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s")
+# Position pairs: the encoder's (s x s), the decoder's (t x t), and the cross-attention's (t x s);
+# and the same with the positions attended to padded to 16 (the memory-efficient kernel's bias
+# gradient: step_programs.padded_pairs).
+PAIRS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s", "tok_s16", "ttok_t16", "ttok_s16")
 
 # What `_safe_softmax` (SDPA's math path: aten/src/ATen/native/transformers/attention.cpp)
 # makes to find the rows a mask fills with -inf, one bool a head: `isneginf` over the scores

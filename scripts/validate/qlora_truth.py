@@ -307,7 +307,9 @@ PRECISION_CASES = [
                "intermediate_size": 2816, "vocab_size": 8000}, 6, 1, 200, 32, True, "fp32", "qv"),
 ]
 # Families recorded with eager attention: transformers has no SDPA path for BLOOM, and Gemma-2's
-# and T5's steps are recorded eager alone (the planner runs them eager whatever is asked).
+# steps are recorded eager alone (the planner runs them eager whatever is asked); T5's cases were
+# recorded eager before its SDPA steps were, and are planned with eager asked (a case written
+# with `attention` says which it ran).
 EAGER = {"bloom", "gemma2", "t5"}
 
 
@@ -378,7 +380,7 @@ def case(family, fields, layers, batch, seq, rank, checkpoint=True, targets="all
             transformers_step.StepRecorder = original
     p = peaks(rec)
     return {"family": family, "config": config, "layers": layers, "batch": batch, "seq": seq, "rank": rank,
-            "checkpoint": checkpoint, **({"targets": targets} if targets != "all" else {}),
+            "checkpoint": checkpoint, "attention": attention, **({"targets": targets} if targets != "all" else {}),
             **({"quant_type": quant_type} if quant_type != "nf4" else {}),
             **({"double_quant": False} if not double_quant else {}),
             **({"precision": precision} if precision != "bf16" else {}),

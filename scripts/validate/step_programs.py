@@ -152,7 +152,7 @@ Mixtral and Phi-3, and with SDPA (`--only gpt2/causal-lm/fp32/sdpa/full --lora q
 GPT-NeoX and Llama, on SDPA's math path for Qwen3-MoE and eager for BLOOM, Gemma-2, Llama, GPT-2, Mistral, Qwen2, Phi-3 and Gemma (into that file too),
 each checkpointed too (a fused query-key-value layer wrapped whole: peft's default target for GPT-2, GPT-NeoX and BLOOM,
 `QV_TARGETS`' for Phi-3 and the MoE families, which peft has no default for). BERT (a masked LM: peft has no task type for one, so a plain
-`PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, `measure.NO_SDPA`'s, though transformers 5.24 has SDPA for it) at bf16,
+`PeftModel`; SDPA) and T5 (`SEQ_2_SEQ_LM`; eager, and with SDPA in `hf-t5-sdpa.tpl`, below) at bf16,
 at fp32 and with full checkpointing at both precisions, with both targets (T5 with v1.0's MLP, and with `--gated --untied`
 v1.1's as its checkpoints are, its output layer its own);
 and with eager attention asked at fp32 (into `hf-lora-fp32.tpl`, both targets,
@@ -203,7 +203,8 @@ zero position bias T5Attention makes require a gradient under checkpointing): si
 
 `--qlora all` records QLoRA's step instead (`data/programs/hf-qlora.tpl`, keys ending
 `/bf16/sdpa/ckpt/qlora-all`, or `/bf16/eager/ckpt/qlora-all` where the recordings have no SDPA
-path (BLOOM, T5) or the key asks for eager attention (`--only gemma2/causal-lm/bf16/eager/ckpt`);
+path (BLOOM; T5's SDPA is in `hf-t5-sdpa.tpl`, below) or the key asks for eager attention
+(`--only gemma2/causal-lm/bf16/eager/ckpt`);
 eager attention asked of a family recorded with SDPA goes to `data/programs/hf-qlora-eager.tpl`,
 as `hf-qlora.tpl` nears 2 MiB (`--only llama/causal-lm/bf16/eager/full,llama/causal-lm/bf16/eager/ckpt`,
 then `--qlora qv`: the four keys each of Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, GPT-NeoX,
@@ -232,7 +233,7 @@ autocast, `Trainer(bf16=True)`) is recorded where `--only` names the key, into
 `sdpa-math`, over grouped heads and the memory-efficient kernel, `sdpa`, over ungrouped ones;
 under autocast a fused kernel over grouped heads, no `sdpa-math`). `amp-cuda`, every linear layer
 (`qlora-all`): checkpointed, every family of the plan sweep (Llama, Mistral, Qwen2, Mixtral,
-Gemma, Phi-3, GPT-2, GPT-NeoX and BERT with SDPA and eager, BLOOM and T5 eager); without
+Gemma, Phi-3, GPT-2, GPT-NeoX and BERT with SDPA and eager, BLOOM and T5 eager; T5's SDPA below); without
 checkpointing, the same. `fp32`:
 checkpointed, SDPA (`sdpa-math` for Llama, Mistral, Qwen2 and Mixtral; `sdpa` for Gemma, Phi-3, GPT-2,
 GPT-NeoX and BERT) and eager (Llama, Qwen2, Mistral, Mixtral, Gemma, Phi-3, GPT-2, GPT-NeoX, BERT,
@@ -247,6 +248,26 @@ Several keys a run, one file each precision:
 
     PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only gemma/causal-lm/amp-cuda/sdpa/full,gemma/causal-lm/amp-cuda/eager/full --qlora all --out a.json
     .venv/bin/python scripts/validate/step_programs.py --merge data/programs/hf-qlora-amp.tpl a.json --out data/programs/hf-qlora-amp.tpl
+
+T5 with SDPA (`t5/seq2seq-lm/PRECISION/sdpa/...`, `data/programs/hf-t5-sdpa.tpl`): transformers 5.24
+runs T5's attention through SDPA (its default since transformers#47014), its relative position
+bias the mask, so a GPU runs the memory-efficient kernel (`headroom_gpu.sdpa`: a mask, no grouped
+heads), which keeps the output, the bias and a log-sum-exp where eager keeps each head's scores
+and probabilities. The CPU runs SDPA with a mask that requires a gradient (the full fine-tuning's,
+whose bias trains) on its math path, so the step is recorded as a GPU runs it (`ROUTED_SDPA`,
+`gpu_sdpa`): each call routed by the GPU's rule onto the kernel's CPU stand-in
+(`efficient_on_cpu`: its outputs and gradients allocated as CUDA allocates them, the log-sum-exp
+padded to 32 positions, `tok32`/`ttok32`, the bias's gradient to 16 columns, `tok_s16`, `ttok_t16`,
+`ttok_s16`); QLoRA's recorder routes it so under fake tensors. Every training key T5 has eager is
+recorded with SDPA too, v1.0 tied and v1.1 (`--gated --untied`) untied, but the CPU's `amp`,
+recorded on the CPU's own kernel (a CPU job's):
+
+    T=t5/seq2seq-lm; K=$T/fp32/sdpa/full,$T/fp32/sdpa/ckpt,$T/bf16/sdpa/full,$T/bf16/sdpa/ckpt,$T/amp-cuda/sdpa/full,$T/amp-cuda/sdpa/ckpt
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only $K,$T/amp/sdpa/full,$T/amp/sdpa/ckpt --out a.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only $K --lora all,qv --out b.json
+    PYTHONPATH=python .venv/bin/python scripts/validate/step_programs.py --only $K --qlora all --out c.json
+    (and each again with --gated --untied; --qlora qv)
+    .venv/bin/python scripts/validate/step_programs.py --merge a.json b.json c.json ... --out data/programs/hf-t5-sdpa.tpl
 """
 
 import argparse
@@ -262,6 +283,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import efficient_on_cpu  # noqa: E402
 import infer_recipes  # noqa: E402
 import measure  # noqa: E402
 import template_file  # noqa: E402
@@ -435,9 +457,11 @@ ANNOTATION = re.compile(r"setup|step\d\.\w+|layer:\w+:\d+|repeat_kv|dropout\.pai
 # `aten::histc` (a mixture of experts' tokens per expert, transformers' grouped experts) keeps
 # its bin edges and one histogram per intra-op thread, so the recording would follow the
 # recording machine's thread count; CUDA's histc allocates only its output.
+# The memory-efficient kernel's CPU stand-in (`efficient_on_cpu`) works in the math path's
+# scratch, which a GPU's kernel keeps in registers and shared memory.
 CPU_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
                "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-               "aten::histc")
+               "aten::histc") + efficient_on_cpu.OPERATORS
 CPU_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
@@ -603,7 +627,9 @@ class Job:
             # CUDA's policy for the whole of each step: a checkpointed layer's forward, run again
             # in the backward under the autocast state it saved, casts as a GPU's does too.
             policy = cuda_policy() if precision == AMP_CUDA else contextlib.nullcontext()
-            with policy:
+            routed = gpu_sdpa(self.what) if family in ROUTED_SDPA and attn == "sdpa" and precision != "amp" \
+                else contextlib.nullcontext()
+            with policy, routed:
                 held = steps(model, inputs, opt, precision, attn, grads)
         # The last loss let go once the profiler has stopped (`steps`).
         del held
@@ -769,6 +795,32 @@ def sdpa_backend(attn):
         yield
 
 
+# Families whose SDPA the CPU runs on another path than a GPU, recorded as a GPU runs it: T5, whose
+# mask is the position bias, trained in a full fine-tuning, where the CPU takes the math path
+# and keeps the probabilities, and a GPU the memory-efficient kernel (`efficient_on_cpu`). Not
+# under the CPU's autocast (`amp`), whose keys plan a CPU's own AMP step.
+ROUTED_SDPA = {"t5"}
+
+
+@contextlib.contextmanager
+def gpu_sdpa(what):
+    """SDPA routed by a GPU's rule (`headroom_gpu.sdpa`), after CUDA autocast's casts where its
+    policy is active, onto `efficient_on_cpu`'s kernel: the memory-efficient kernel alone, for
+    the families of ROUTED_SDPA, whose masks a GPU hands to no other."""
+    from headroom_gpu import sdpa
+    f = torch.nn.functional
+    original = f.scaled_dot_product_attention
+    chosen = {}
+    with efficient_on_cpu.registered():
+        f.scaled_dot_product_attention = cuda_amp.autocast_first(sdpa.routed(original, chosen))
+        try:
+            yield
+        finally:
+            f.scaled_dot_product_attention = original
+    if set(chosen) != {sdpa.EFFICIENT}:
+        raise Unexplained(f"{what}: SDPA ran {chosen}, where a GPU runs the memory-efficient kernel alone")
+
+
 def key(family, head, precision, attn, checkpointing, adapters=None):
     base = f"{family}/{head}/{precision}/{attn}/{'ckpt' if checkpointing else 'full'}"
     # (rank, targets) for peft's LoRA; (rank, targets, "qlora") over a 4-bit base.
@@ -904,7 +956,7 @@ def reclassified(t, precision):
 
 
 # Laws of bytes a pair of positions: the encoder's, the decoder's and the cross-attention's.
-PAIR_KINDS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s")
+PAIR_KINDS = ("tok_s", "pos_s", "ttok_t", "tpos_t", "ttok_s", "tpos_s", "tok_s16", "ttok_t16", "ttok_s16")
 
 
 class Unexplained(Exception):
@@ -925,10 +977,27 @@ def padded_law(sizes, d, what, widths, shapes=SHAPES):
     return {"tok32": per_unit(per.pop(), d, what, widths)}
 
 
+# The memory-efficient kernel's gradient of the bias it was handed (T5's position bias, which
+# trains) is made with its last dimension, the positions attended to, rounded up to this many
+# (`attention_backward.cu`), and sliced back.
+PAD_COLUMNS = 16
+
+
+def padded_pairs(sizes, shapes=SHAPES):
+    """`tok_s16`: bytes a token and a position it attends to rounded up to PAD_COLUMNS, where
+    the sizes at `shapes` are one such law (bytes a pair, read per head as every pair's is:
+    `per_head_laws`); None otherwise."""
+    per = {n / (b * s * (-(-s // PAD_COLUMNS) * PAD_COLUMNS)) for n, (b, s) in zip(sizes, shapes)}
+    if len(per) != 1:
+        return None
+    return {"tok_s16": {"one": per.pop()}}
+
+
 def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8), shapes=SHAPES):
     """A tensor's size seen at the three `shapes` (SHAPES), as {kind: {unit: bytes}} with kind
     `fixed`, `tok` (b x s), `tok_s` (b x s x s), `seq` (b), `pos` (s), `pos_s` (s x s), or,
-    where none of those fits, `tok32` (b x s rounded up to PAD)."""
+    where none of those fits, `tok32` (b x s rounded up to PAD) or `tok_s16` (b x s x s, the
+    positions attended to rounded up to PAD_COLUMNS)."""
     (b, s1), (_, s2), (b3, _) = shapes
     if n1 == n2 == n3:
         if n1 <= TINY:
@@ -948,6 +1017,10 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8), shapes=SHAPES):
             return {kind_s: {"one": g1 / (s1 * s1)}}
         slope = (g2 - g1) / (s2 - s1)
         const = g1 - slope * s1
+        # No line in s: the memory-efficient kernel's padded bias gradient, where it is one.
+        pairs = grows_b and abs(const) > 64 and padded_pairs((n1, n2, n3), shapes)
+        if pairs:
+            return pairs
         if slope == 0 and grows_b:
             # The same for every length: per sequence.
             return {kind_1: per_unit(const, d, what, widths)}
@@ -971,27 +1044,32 @@ def law(n1, n2, n3, d, param_shapes, what, widths=(2, 4, 1, 8), shapes=SHAPES):
 TARGET_SHAPES = ((2, 56, 24), (2, 88, 24), (3, 56, 24), (2, 56, 40))
 
 # A law read in the decoder's length, as the kinds the planner reads it by: b x t, b x t x t
-# (the decoder's self-attention), t, t x t (its position bias).
-TARGET_KINDS = {"tok": "ttok", "tok_s": "ttok_t", "pos": "tpos", "pos_s": "tpos_t", "seq": "seq", "fixed": "fixed"}
+# (the decoder's self-attention), t, t x t (its position bias), b x t padded to PAD positions.
+TARGET_KINDS = {"tok": "ttok", "tok_s": "ttok_t", "pos": "tpos", "pos_s": "tpos_t", "seq": "seq", "fixed": "fixed",
+                "tok32": "ttok32", "tok_s16": "ttok_t16"}
 
 
 def target_law(sizes, d, param_shapes, what, widths=(2, 4, 1, 8)):
     """A tensor's size seen at the four TARGET_SHAPES, as `law` reads it, in the encoder's
-    length (kinds as `law`'s), the decoder's (`ttok`, `ttok_t`, `tpos`, `tpos_t`), or both
-    (`ttok_s`: b x t x s, the cross-attention's scores; `tpos_s`: t x s, its position bias)."""
+    length (kinds as `law`'s), the decoder's (`ttok`, `ttok_t`, `tpos`, `tpos_t`, `ttok32`: the
+    memory-efficient kernel's log-sum-exp over the decoder's queries, `ttok_t16`: its bias
+    gradient over them), or both (`ttok_s`: b x t x s, the cross-attention's scores; `tpos_s`:
+    t x s, its position bias; `ttok_s16`: b x t x s padded, its bias gradient)."""
     n1, n2, n3, n4 = sizes
     (b, s1, t1), (_, s2, _), (b3, _, _), (_, _, t2) = TARGET_SHAPES
     if n4 == n1:
         return law(n1, n2, n3, d, param_shapes, what, widths, ((b, s1), (b, s2), (b3, s1)))
     if n2 == n1:
         lw = law(n1, n4, n3, d, param_shapes, what, widths, ((b, t1), (b, t2), (b3, t1)))
-        if "tok32" in lw:
-            raise Unexplained(f"{what}: {sizes} bytes at {TARGET_SHAPES}: padded in the decoder's length")
         return {TARGET_KINDS[k]: v for k, v in lw.items()}
     grows_b = n3 * b == n1 * b3
     if (grows_b or n3 == n1) and n2 * s1 == n1 * s2 and n4 * t1 == n1 * t2:
         per = n1 / (s1 * t1 * (b if grows_b else 1))
         return {("ttok_s" if grows_b else "tpos_s"): {"one": per}}
+    # The cross-attention's bias gradient, its encoder positions padded (`padded_pairs`).
+    per = {n / (bb * t * (-(-s // PAD_COLUMNS) * PAD_COLUMNS)) for n, (bb, s, t) in zip(sizes, TARGET_SHAPES)}
+    if grows_b and len(per) == 1:
+        return {"ttok_s16": {"one": per.pop()}}
     raise Unexplained(f"{what}: {sizes} bytes at {TARGET_SHAPES}: no law in the two lengths")
 
 
@@ -1260,19 +1338,25 @@ def template(family, head, precision, attn, checkpointing, adapters=None):
         tensor = ts[0]
         role = tensor["role"]
         section = KEPT_SECTIONS[tensor["section"]]
-        if role and role[0] in ("param", "grad"):
-            p = params[role[1]]
-            lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
-        elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
-            lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d, f"{what} tensor {pos}",
-                                            widths_of(precision), tensor["ops"], base.state_weights.get(t))
-        elif two_lengths:
-            lw = target_law([x["size"] for x in ts], d, param_shapes, f"{what} tensor {pos}", widths_of(precision))
-        else:
-            lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
-                     widths_of(precision))
         leaf = next((name for name, _ in reversed(tensor["ops"])), "")
         top = next((name for name, _ in tensor["ops"]), "")
+        try:
+            if role and role[0] in ("param", "grad"):
+                p = params[role[1]]
+                lw = {"fixed": {p["units"]: float(p["bytes"] * p["count"])}}
+            elif hasattr(base, "fractions") and len({x["size"] for x in ts}) == 1:
+                lw = qlora_programs().fixed_law(ts[0]["size"], param_shapes, base.fractions, d,
+                                                f"{what} tensor {pos}", widths_of(precision), tensor["ops"],
+                                                base.state_weights.get(t))
+            elif two_lengths:
+                lw = target_law([x["size"] for x in ts], d, param_shapes, f"{what} tensor {pos}",
+                                widths_of(precision))
+            else:
+                lw = law(ts[0]["size"], ts[1]["size"], ts[2]["size"], d, param_shapes, f"{what} tensor {pos}",
+                         widths_of(precision))
+        except Unexplained as e:
+            # Which operator made it, for whoever reads why a key was not recorded.
+            raise Unexplained(f"{e} (made by {top} > {leaf}, {tensor['section']})") from None
         if not (role and role[0] in ("param", "grad")):
             lw = head_law(lw, d["heads"], top if top == leaf else f"{top} > {leaf}", d.get("kv_heads"))
             refuse_rivals(lw, d, f"{what} tensor {pos} ({top} > {leaf})")
@@ -1412,7 +1496,7 @@ def keys(only):
         if only and family not in only:
             continue
         head = "causal-lm" if family in DECODERS else ("masked-lm" if family == "bert" else "seq2seq-lm")
-        attns = ["eager"] if family in measure.NO_SDPA else ["eager", "sdpa"]
+        attns = ["eager"] if family in measure.NO_SDPA and family not in ROUTED_SDPA else ["eager", "sdpa"]
         for precision in ("fp32", "bf16", "amp", AMP_CUDA):
             kinds = attns + (["sdpa-math"] if precision == "fp32" and "sdpa" in attns else [])
             for attn in kinds:
@@ -1468,7 +1552,8 @@ def main():
     elif args.qlora:
         # As peft's prepare_model_for_kbit_training sets it up: bf16 compute, with checkpointing
         # (its default) and without (`use_gradient_checkpointing=False`); SDPA, or eager where the
-        # recordings have none (BLOOM, T5) or a key asks for it (Gemma-2).
+        # recordings have none (BLOOM), or had none (T5, now recorded with both), or a key asks
+        # for it (Gemma-2).
         # SDPA runs in fp32 under QLoRA (qlora_programs.py): the families with grouped key-value
         # heads are recorded twice, `sdpa` with every head its own key-value head (the fused
         # kernel's) and `sdpa-math` with grouped heads (the math path's).

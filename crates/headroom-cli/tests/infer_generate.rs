@@ -102,10 +102,11 @@ fn every_recorded_family_plans_generate_and_the_forward_from_its_template() {
         ("mistral-7b", "eager", "mistral/MODE/bf16/eager", &both),
         ("data/models/qwen1.5-moe-a2.7b.json", "eager", "qwen2_moe/MODE/bf16/eager", &both),
         ("bert-base-uncased", "eager", "bert/MODE/bf16/eager", &["forward"]),
-        // An encoder's inference is its forward; T5's generate and evaluation forward run eager
-        // whatever is asked (transformers' T5 attention is its own).
+        // An encoder's inference is its forward; T5's generate and evaluation forward run the
+        // attention asked (SDPA on the memory-efficient kernel, its position bias the mask).
         ("bert-base-uncased", "sdpa", "bert/MODE/bf16/sdpa", &["forward"]),
-        ("t5-base", "sdpa", "t5/MODE/bf16/eager", &both),
+        ("t5-base", "sdpa", "t5/MODE/bf16/sdpa", &both),
+        ("t5-base", "eager", "t5/MODE/bf16/eager", &both),
     ] {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {
             if !modes.contains(&mode) {
@@ -211,7 +212,7 @@ fn t5_v1_1_plans_generate_and_the_forward_with_its_own_output_layer() {
                 plan(&[&args[..], extra].concat()).1
             };
             let (v, tied) = (job(&flan), job(&gated));
-            let key = format!("t5/{mode}/{weights}/eager/gated");
+            let key = format!("t5/{mode}/{weights}/sdpa/gated");
             assert_eq!(v["planned_from"]["template"], key.as_str(), "{}", v["planned_from"]);
             assert_eq!(tied["planned_from"]["template"], key.as_str(), "{}", tied["planned_from"]);
             let head = v["breakdown"]["weights"].as_u64().unwrap() - tied["breakdown"]["weights"].as_u64().unwrap();
@@ -240,11 +241,11 @@ fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template
         (qwen2_moe, &nf4, "qwen2_moe/MODE/bf16/sdpa/nf4", &both),
         ("llama-3-8b", &defaults, "llama/MODE/bf16/sdpa/nf4-fp32-nodq", &both),
         ("bert-base-uncased", &fp4, "bert/MODE/bf16/sdpa/nf4-fp32-nodq", &["forward"]),
-        ("t0-3b", &defaults, "t5/MODE/bf16/eager/gated/nf4-fp32-nodq", &both),
+        ("t0-3b", &defaults, "t5/MODE/bf16/sdpa/gated/nf4-fp32-nodq", &both),
         (qwen2_moe, &fp4, "qwen2_moe/MODE/bf16/sdpa/nf4-fp32-nodq", &both),
         ("bert-base-uncased", &nf4, "bert/MODE/bf16/sdpa/nf4", &["forward"]),
-        ("t5-base", &nf4, "t5/MODE/bf16/eager/nf4", &both),
-        ("t0-3b", &nf4, "t5/MODE/bf16/eager/gated/nf4", &both),
+        ("t5-base", &nf4, "t5/MODE/bf16/sdpa/nf4", &both),
+        ("t0-3b", &nf4, "t5/MODE/bf16/sdpa/gated/nf4", &both),
         ("phi-3-mini", &int8, "phi3/MODE/bf16/sdpa/int8", &both),
         ("gemma-2b", &int8, "gemma/MODE/bf16/sdpa/int8", &both),
         ("data/models/gemma-3-1b.json", &int8, "gemma3_text/MODE/bf16/sdpa/int8", &both),
@@ -254,8 +255,8 @@ fn every_recorded_family_over_bitsandbytes_layers_replays_its_quantized_template
         ("bloom-7b1", &int8, "bloom/MODE/bf16/eager/int8", &both),
         (qwen2_moe, &int8, "qwen2_moe/MODE/bf16/sdpa/int8", &both),
         ("bert-base-uncased", &int8, "bert/MODE/bf16/sdpa/int8", &["forward"]),
-        ("t5-base", &int8, "t5/MODE/bf16/eager/int8", &both),
-        ("t0-3b", &int8, "t5/MODE/bf16/eager/gated/int8", &both),
+        ("t5-base", &int8, "t5/MODE/bf16/sdpa/int8", &both),
+        ("t0-3b", &int8, "t5/MODE/bf16/sdpa/gated/int8", &both),
     ];
     for (model, quantize, key, modes) in cases {
         for (mode, extra) in [("generate", &["--new-tokens", "8"][..]), ("forward", &["--all-logits"][..])] {

@@ -77,8 +77,9 @@ const RECORDED: &[(&str, &str, &str)] = &[
     // transformers has no SDPA path for BLOOM: the SDPA asked runs eager.
     ("bloom-7b1", "sdpa", "bloom/causal-lm/amp-cuda/eager"),
     ("bert-base-uncased", "sdpa", "bert/masked-lm/amp-cuda/sdpa"),
-    // Nor for T5: eager, whatever is asked.
-    ("t5-base", "sdpa", "t5/seq2seq-lm/amp-cuda/eager"),
+    // T5's SDPA on the memory-efficient kernel, its position bias the mask.
+    ("t5-base", "sdpa", "t5/seq2seq-lm/amp-cuda/sdpa"),
+    ("t5-base", "eager", "t5/seq2seq-lm/amp-cuda/eager"),
 ];
 
 /// The key segment of a job's step without checkpointing for the families that fuse the query,

@@ -627,7 +627,7 @@ fn transformers_inference_plans_its_own_forward() {
         .args(["plan", "--model", "t5-base", "--gpu", "l4", "--infer", "--framework", "hf"])
         .assert()
         .success()
-        .stdout(contains("(t5/generate/bf16/eager)"));
+        .stdout(contains("(t5/generate/bf16/sdpa)"));
     // Nothing fits: said in words, not as a batch of 0.
     Command::cargo_bin("headroom")
         .unwrap()

@@ -85,7 +85,8 @@ pub type PhasePeaks = headroom_trace::phase::ByPhase<u64>;
 
 /// How a tensor's bytes follow the micro-batch `b` and the sequence length `s`:
 /// `fixed + per_token·b·s + per_token_position·b·s² + per_sequence·b + per_position·s
-/// + per_position_square·s² + per_padded_token·b·⌈s/32⌉·32`.
+/// + per_position_square·s² + per_padded_token·b·⌈s/32⌉·32
+/// + per_token_padded_position·b·s·⌈s/16⌉·16 + per_sequence_padded_position·b·⌈s/16⌉·16`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Law {
     pub fixed: f64,
@@ -100,7 +101,18 @@ pub struct Law {
     /// Per token of each sequence rounded up to [`PADDED_POSITIONS`]: CUDA's memory-efficient
     /// attention keeps its softmax statistics (the logsumexp, fp32 a head) so padded.
     pub per_padded_token: f64,
+    /// Per token and position it attends to, the positions rounded up to [`PADDED_COLUMNS`]:
+    /// the gradient of the bias CUDA's memory-efficient attention was handed (T5's position
+    /// bias, which trains), made with its last dimension so padded.
+    pub per_token_padded_position: f64,
+    /// Per sequence and position rounded up to [`PADDED_COLUMNS`]: the same gradient where the
+    /// queries are a decoder of a length the job fixes (T5's cross-attention, b × t × s).
+    pub per_sequence_padded_position: f64,
 }
+
+/// The multiple CUDA's memory-efficient attention pads the last dimension of its bias's
+/// gradient to (`attention_backward.cu`).
+pub const PADDED_COLUMNS: f64 = 16.0;
 
 /// The multiple CUDA's memory-efficient attention pads its logsumexp's positions to
 /// (`kAlignLSE` in PyTorch's `attention.cu`).
@@ -119,6 +131,8 @@ impl std::ops::Add for Law {
             per_position: self.per_position + b.per_position,
             per_position_square: self.per_position_square + b.per_position_square,
             per_padded_token: self.per_padded_token + b.per_padded_token,
+            per_token_padded_position: self.per_token_padded_position + b.per_token_padded_position,
+            per_sequence_padded_position: self.per_sequence_padded_position + b.per_sequence_padded_position,
         }
     }
 }
@@ -140,7 +154,11 @@ impl Law {
             + self.per_sequence * b
             + self.per_position * s
             + self.per_position_square * s * s
-            + self.per_padded_token * b * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS;
+            + self.per_padded_token * b * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS
+            + (self.per_token_padded_position * s + self.per_sequence_padded_position)
+                * b
+                * (s / PADDED_COLUMNS).ceil()
+                * PADDED_COLUMNS;
         if v.is_nan() || v <= 0.0 {
             0
         } else {
@@ -157,6 +175,8 @@ impl Law {
             per_position: self.per_position * k,
             per_position_square: self.per_position_square * k,
             per_padded_token: self.per_padded_token * k,
+            per_token_padded_position: self.per_token_padded_position * k,
+            per_sequence_padded_position: self.per_sequence_padded_position * k,
         }
     }
 
@@ -167,6 +187,8 @@ impl Law {
             || self.per_token_position != 0.0
             || self.per_sequence != 0.0
             || self.per_padded_token != 0.0
+            || self.per_token_padded_position != 0.0
+            || self.per_sequence_padded_position != 0.0
     }
 }
 

@@ -557,7 +557,10 @@ pub(crate) fn check_digest(items: &[String]) -> String {
 /// the steps of the families that fuse the query, key and value recorded with the config's
 /// `use_cache` on (`…/full/cache`, `…/full/cache/lora-*`; `step_programs.py --use-cache`), every
 /// other file's being recorded with it off; `hf-infer-4bit.tpl`: inference over 4-bit layers as
-/// transformers loads them by default (`…/nf4-fp32-nodq`: no double quantization, fp32 compute).
+/// transformers loads them by default (`…/nf4-fp32-nodq`: no double quantization, fp32 compute);
+/// `hf-t5-sdpa.tpl`: T5's training steps with SDPA (`t5/seq2seq-lm/…/sdpa/…`: full, LoRA and
+/// QLoRA, every precision, v1.0 and v1.1), on the memory-efficient kernel a GPU runs for its
+/// position bias (recorded on the kernel's CPU stand-in, `scripts/validate/efficient_on_cpu.py`).
 const FILES: &[(&str, &[u8])] = &[
     ("hf.tpl", include_bytes!("../../../data/programs/hf.tpl")),
     ("hf-families.tpl", include_bytes!("../../../data/programs/hf-families.tpl")),
@@ -575,6 +578,7 @@ const FILES: &[(&str, &[u8])] = &[
     ("hf-qlora-fp32.tpl", include_bytes!("../../../data/programs/hf-qlora-fp32.tpl")),
     ("hf-cache.tpl", include_bytes!("../../../data/programs/hf-cache.tpl")),
     ("hf-infer-4bit.tpl", include_bytes!("../../../data/programs/hf-infer-4bit.tpl")),
+    ("hf-t5-sdpa.tpl", include_bytes!("../../../data/programs/hf-t5-sdpa.tpl")),
 ];
 
 /// The template recorded under `key`, parsed (each once per process).

@@ -165,8 +165,8 @@ fn config_model(text: &str, name: &str) -> Model {
 
 /// The model types recorded into `data/programs/hf-more.tpl`, each as `plan --model` reads
 /// it (a preset, or the config.json in `data/models/`), are planned by replaying their own
-/// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (recorded
-/// eager, which SDPA asked replays), Qwen2-MoE's shared expert beside
+/// recorded step, not by the closed form: BERT as a masked LM, T5's two stacks (SDPA on the
+/// memory-efficient kernel, `hf-t5-sdpa.tpl`), Qwen2-MoE's shared expert beside
 /// the routed ones, Gemma 3's sliding and global layers.
 #[test]
 fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
@@ -175,8 +175,8 @@ fn bert_t5_qwen2_moe_and_gemma3_replay_their_own_recordings() {
     let jobs: &[(&Model, Precision, &str)] = &[
         (&preset_model("bert-base-uncased"), Precision::Bf16, "bert/masked-lm/bf16/sdpa/full"),
         (&preset_model("bert-base-uncased"), Precision::Fp32, "bert/masked-lm/fp32/sdpa/full"),
-        (&preset_model("t5-base"), Precision::Bf16, "t5/seq2seq-lm/bf16/eager/full"),
-        (&preset_model("t5-base"), Precision::Fp32, "t5/seq2seq-lm/fp32/eager/full"),
+        (&preset_model("t5-base"), Precision::Bf16, "t5/seq2seq-lm/bf16/sdpa/full"),
+        (&preset_model("t5-base"), Precision::Fp32, "t5/seq2seq-lm/fp32/sdpa/full"),
         (&qwen2_moe, Precision::Bf16, "qwen2_moe/causal-lm/bf16/sdpa/full"),
         (&gemma3, Precision::Bf16, "gemma3_text/causal-lm/bf16/sdpa/full"),
     ];
@@ -299,7 +299,8 @@ fn t5_config(proj: &str, tied: bool) -> String {
 /// T5's two MLPs replay their own recordings: v1.0's ReLU projection (t5-base, t5-large,
 /// t5-3b) the plain keys, v1.1's gated pair the keys ending `/gated`, recorded with an output
 /// layer of its own as T0's, mT0's and flan-t5's checkpoints have, which plans a tied config
-/// too; neither MLP plans the other's projections.
+/// too; neither MLP plans the other's projections. Each with SDPA and with eager attention
+/// asked, recorded both ways.
 #[test]
 fn t5_replays_the_recording_of_its_own_mlp() {
     let gated = config_model(&t5_config("gated-gelu", true), "t5-small-gated");
@@ -317,10 +318,13 @@ fn t5_replays_the_recording_of_its_own_mlp() {
         (&mt0, Precision::Bf16, Checkpointing::Full, "t5/seq2seq-lm/bf16/eager/ckpt/gated"),
     ];
     for &(model, precision, checkpointing, key) in jobs {
-        let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, precision, Optimizer::AdamW) };
-        let (builder, source) = source(model, &cfg);
-        assert_eq!(builder, "transformers", "{} {precision:?}", model.name);
-        assert_eq!(source, ProgramSource::Template(key.to_string()), "{} {precision:?}", model.name);
+        for (attention, name) in [(Attention::Sdpa, "sdpa"), (Attention::Eager, "eager")] {
+            let cfg = TrainConfig { checkpointing, attention, ..TrainConfig::new(2, 512, precision, Optimizer::AdamW) };
+            let (builder, source) = source(model, &cfg);
+            assert_eq!(builder, "transformers", "{} {precision:?} {name}", model.name);
+            let key = key.replace("/eager/", &format!("/{name}/"));
+            assert_eq!(source, ProgramSource::Template(key), "{} {precision:?}", model.name);
+        }
     }
 }
 
@@ -337,13 +341,15 @@ fn t5_under_amp_replays_its_recording_where_the_autocasts_agree() {
         let cfg = TrainConfig { checkpointing, ..TrainConfig::new(2, 512, Precision::Amp, Optimizer::AdamW) };
         let (builder, planned) = source(&t5_base, &cfg);
         assert_eq!(builder, "transformers", "t5-base {ck}");
-        assert_eq!(planned, ProgramSource::Template(format!("t5/seq2seq-lm/amp-cuda/eager/{ck}")), "t5-base {ck}");
-        assert_eq!(hf::key(&t5_base, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}")));
-        assert_eq!(hf::key(&gated, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}/gated")));
+        assert_eq!(planned, ProgramSource::Template(format!("t5/seq2seq-lm/amp-cuda/sdpa/{ck}")), "t5-base {ck}");
+        assert_eq!(hf::key(&t5_base, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/sdpa/{ck}")));
+        assert_eq!(hf::key(&gated, &cfg, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/sdpa/{ck}/gated")));
+        let eager = TrainConfig { attention: Attention::Eager, ..cfg };
+        assert_eq!(hf::key(&gated, &eager, Device::Cpu), Ok(format!("t5/seq2seq-lm/amp/eager/{ck}/gated")));
         for model in [&gated, &untied] {
             let (builder, planned) = source(model, &cfg);
             assert_eq!(builder, "transformers", "{} {ck}", model.name);
-            let key = format!("t5/seq2seq-lm/amp-cuda/eager/{ck}/gated");
+            let key = format!("t5/seq2seq-lm/amp-cuda/sdpa/{ck}/gated");
             assert_eq!(planned, ProgramSource::Template(key), "{} {ck}", model.name);
         }
     }

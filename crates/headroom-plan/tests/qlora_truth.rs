@@ -42,13 +42,14 @@ fn cases() -> Vec<Value> {
 }
 
 /// QLoRA as `record --qlora` sets it up: bf16 compute (AMP or fp32 where the case was recorded
-/// with `--dtype amp` or `--dtype fp32`), SDPA, checkpointing on (off where the
+/// with `--dtype amp` or `--dtype fp32`), the attention it was recorded with ([`attention`]),
+/// checkpointing on (off where the
 /// case was recorded with `--no-checkpoint`), adapters on every linear layer (on the query and
 /// value projections where the case was recorded with `--lora-targets qv`), torch.optim's AdamW
 /// (foreach).
 fn config(c: &Value) -> TrainConfig {
     TrainConfig {
-        attention: Attention::Sdpa,
+        attention: attention(c),
         checkpointing: if checkpointed(c) { Checkpointing::Full } else { Checkpointing::None },
         finetune: Finetune::Lora {
             rank: c["rank"].as_u64().expect("rank"),
@@ -81,6 +82,18 @@ fn precision(c: &Value) -> Precision {
         Some("amp") => Precision::Amp,
         Some("fp32") => Precision::Fp32,
         Some(other) => panic!("a case recorded at {other}"),
+    }
+}
+
+/// The attention a case ran: its `attention` where written, else `qlora_truth.py`'s rule when it
+/// was not (eager for BLOOM, Gemma-2 and T5, SDPA for every other family).
+fn attention(c: &Value) -> Attention {
+    match c.get("attention").and_then(Value::as_str) {
+        Some("eager") => Attention::Eager,
+        Some("sdpa") => Attention::Sdpa,
+        Some(other) => panic!("a case recorded with {other} attention"),
+        None if ["bloom", "gemma2", "t5"].contains(&c["family"].as_str().expect("family")) => Attention::Eager,
+        None => Attention::Sdpa,
     }
 }
 

@@ -613,6 +613,9 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
         };
         let seq2seq = m.family == Family::T5;
         let target_seq = seq2seq.then_some(PEFT_TARGET_TOKENS);
+        // The README's runs predate T5's SDPA path in transformers (transformers#47014): its
+        // attention was its own, eager.
+        let attention = if seq2seq { Attention::Eager } else { cfg(false).attention };
         rows.push(tuning(number(
             "peft README",
             match target_seq {
@@ -621,7 +624,7 @@ fn deepspeed_rows(rows: &mut Vec<Row>) {
             },
             "peak allocated",
             plain,
-            estimate(&m, &a100, &TrainConfig { target_seq, ..cfg(false) }).memory.allocated_bytes / 1e9,
+            estimate(&m, &a100, &TrainConfig { target_seq, attention, ..cfg(false) }).memory.allocated_bytes / 1e9,
             "GB",
             Check::Within(Class::JobPeak),
         )));

@@ -14,7 +14,8 @@
 //! transformers' default experts implementation, every tensor sized by the tokens times the
 //! experts a token takes, whatever the routing. Sliding layers are served within their window
 //! only. BERT's masked-LM forward with SDPA at bf16 and fp32: an encoder's inference, no cache.
-//! T5, eager, at bf16 and fp32, its encoder a stack of its own: its evaluation forward, v1.0's
+//! T5, with SDPA (on the memory-efficient kernel, which takes its position bias as a mask) and
+//! eager, at bf16 and fp32, its encoder a stack of its own: its evaluation forward, v1.0's
 //! (a ReLU MLP, tied) and v1.1's (a gated MLP and an output layer of its own, keys ending
 //! `/gated`); and its `generate`: the encoder once over the prompt and the decoder's first step
 //! from its start token in the prefill (every tensor sized by the prompt, the decoder's one
@@ -49,7 +50,7 @@ use crate::gpu::GpuSpec;
 use crate::job::Attention;
 use crate::model::{Family, Model};
 use crate::model_units::unit;
-use crate::program::{Law, Op, Phase, Program, TensorId, Term, PADDED_POSITIONS};
+use crate::program::{Law, Op, Phase, Program, TensorId, Term, PADDED_COLUMNS, PADDED_POSITIONS};
 use crate::program_template::{self, DecoderLength, EventT, Template, EDGE};
 use crate::recipe::measured_code;
 use rustc_hash::FxHashMap as HashMap;
@@ -70,8 +71,8 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
         Some(q) => quant_suffix(q, cfg.weights)?,
     };
     // Families without an SDPA path in transformers (BLOOM, Gemma-2) run eager whatever is
-    // asked, and were recorded so; a family's code shared with another (Gemma-2's with Gemma's)
-    // is the other's at the same kernel only.
+    // asked, and were recorded so ([`no_sdpa`]); a family's code shared with another (Gemma-2's
+    // with Gemma's) is the other's at the same kernel only.
     let precision = match cfg.weights {
         WeightFormat::Bf16 => "bf16",
         WeightFormat::Fp32 => "fp32",
@@ -80,8 +81,9 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     // A GPU runs fp32 with grouped key-value heads on SDPA's math path, as training's
     // (`builders::hf::sdpa_math`): no fused kernel takes them, and transformers passes
     // `enable_gqa` where generate's and the forward's mask is none. Recorded so.
+    let mode = if all_logits { "forward" } else { "generate" };
     let attn = match attention {
-        _ if no_sdpa(model.model_type) => "eager",
+        _ if no_sdpa(model.model_type, mode) => "eager",
         Attention::Eager => "eager",
         Attention::Sdpa | Attention::Flash if precision == "fp32" && model.kv_heads < model.heads => "sdpa-math",
         Attention::Sdpa | Attention::Flash => "sdpa",
@@ -99,7 +101,6 @@ pub fn key(model: &Model, cfg: &InferConfig) -> Result<String, &'static str> {
     if stack_layers(model).iter().any(|&n| n > 0 && n < 2 * EDGE) || stack_layers(model)[0] == 0 {
         return Err("fewer layers than the template keeps at its ends");
     }
-    let mode = if all_logits { "forward" } else { "generate" };
     // T5 comes with either MLP: v1.0's one ReLU projection in (t5-base, tied), or v1.1's gated
     // pair (flan-t5, T0, mT5), recorded under keys of their own, as its training templates are.
     let mlp = if model.family == Family::T5 && model.gated_mlp { "/gated" } else { "" };
@@ -302,7 +303,10 @@ fn at_length(law: Law, s: f64) -> Law {
         per_sequence: law.per_sequence
             + law.per_token * s
             + law.per_token_position * s * s
-            + law.per_padded_token * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS,
+            + law.per_padded_token * (s / PADDED_POSITIONS).ceil() * PADDED_POSITIONS
+            + (law.per_token_padded_position * s + law.per_sequence_padded_position)
+                * (s / PADDED_COLUMNS).ceil()
+                * PADDED_COLUMNS,
         ..Law::default()
     }
 }

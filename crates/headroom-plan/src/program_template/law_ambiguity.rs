@@ -90,6 +90,10 @@ fn kind_name(kind: LawKind) -> &'static str {
         LawKind::TargetPosition => "tpos",
         LawKind::TargetPositionSquare => "tpos_t",
         LawKind::TargetPositionPosition => "tpos_s",
+        LawKind::TargetPaddedToken => "ttok32",
+        LawKind::TokenPaddedPosition => "tok_s16",
+        LawKind::TargetTokenTargetPaddedPosition => "ttok_t16",
+        LawKind::TargetTokenPaddedPosition => "ttok_s16",
     }
 }
 
@@ -124,9 +128,9 @@ impl Parsed {
             }
             let terms = &self.laws[t.law_index].0;
             for (kind, unit, per) in terms {
-                // A pair's law (`tok_s`, `pos_s`, and the decoder's and cross-attention's) is per
-                // head already or bytes; a kind with more than one term is a sum the recorder
-                // solved for, not one reading.
+                // A pair's law (`tok_s`, `pos_s`, the decoder's and cross-attention's, and each
+                // padded to 16 positions attended to) is per head already or bytes; a kind with
+                // more than one term is a sum the recorder solved for, not one reading.
                 if matches!(
                     kind,
                     LawKind::TokenPosition
@@ -135,6 +139,9 @@ impl Parsed {
                         | LawKind::TargetTokenPosition
                         | LawKind::TargetPositionSquare
                         | LawKind::TargetPositionPosition
+                        | LawKind::TokenPaddedPosition
+                        | LawKind::TargetTokenTargetPaddedPosition
+                        | LawKind::TargetTokenPaddedPosition
                 ) || terms.iter().filter(|(k, _, _)| k == kind).count() != 1
                     || unit.contains('*')
                     || unit == "one"

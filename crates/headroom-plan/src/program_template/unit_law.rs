@@ -8,7 +8,7 @@
 //! as long as the encoder ([`DecoderLength`]).
 
 use crate::model_units;
-use crate::program::Law;
+use crate::program::{Law, PADDED_COLUMNS, PADDED_POSITIONS};
 use std::collections::BTreeMap;
 
 /// A template's law in units, before a model gives the units their sizes.
@@ -18,8 +18,12 @@ pub struct UnitLaw(pub(super) Vec<(LawKind, String, f64)>);
 /// How a law's term grows: with nothing, the tokens, each token's positions, the sequences,
 /// the positions, their square, or the tokens padded to 32 positions a sequence; and in a
 /// decoder's length `t`: its tokens (b·t), its self-attention's pairs (b·t·t), the
-/// cross-attention's pairs (b·t·s), its positions (t), their square (t·t), and the
-/// cross-attention's positions shared by the batch (t·s).
+/// cross-attention's pairs (b·t·s), its positions (t), their square (t·t), the
+/// cross-attention's positions shared by the batch (t·s), and its tokens padded to 32
+/// positions a sequence (the memory-efficient kernel's log-sum-exp over the decoder's queries).
+/// The memory-efficient kernel's bias gradient pads the positions attended to up to a multiple
+/// of 16: the encoder's pairs (b·s·⌈s/16⌉·16), the decoder's (b·t·⌈t/16⌉·16) and the
+/// cross-attention's (b·t·⌈s/16⌉·16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum LawKind {
     Fixed,
@@ -35,6 +39,10 @@ pub(super) enum LawKind {
     TargetPosition,
     TargetPositionSquare,
     TargetPositionPosition,
+    TargetPaddedToken,
+    TokenPaddedPosition,
+    TargetTokenTargetPaddedPosition,
+    TargetTokenPaddedPosition,
 }
 
 impl LawKind {
@@ -48,6 +56,9 @@ impl LawKind {
                 | LawKind::TargetPosition
                 | LawKind::TargetPositionSquare
                 | LawKind::TargetPositionPosition
+                | LawKind::TargetPaddedToken
+                | LawKind::TargetTokenTargetPaddedPosition
+                | LawKind::TargetTokenPaddedPosition
         )
     }
 }
@@ -79,6 +90,10 @@ impl UnitLaw {
                 "tpos" => LawKind::TargetPosition,
                 "tpos_t" => LawKind::TargetPositionSquare,
                 "tpos_s" => LawKind::TargetPositionPosition,
+                "ttok32" => LawKind::TargetPaddedToken,
+                "tok_s16" => LawKind::TokenPaddedPosition,
+                "ttok_t16" => LawKind::TargetTokenTargetPaddedPosition,
+                "ttok_s16" => LawKind::TargetTokenPaddedPosition,
                 other => return Err(format!("unknown law kind `{other}`")),
             };
             for (u, c) in units {
@@ -125,6 +140,23 @@ impl UnitLaw {
                 (LawKind::TargetPosition, DecoderLength::Tokens(t)) => law.fixed += v * t,
                 (LawKind::TargetPositionSquare, DecoderLength::Tokens(t)) => law.fixed += v * t * t,
                 (LawKind::TargetPositionPosition, DecoderLength::Tokens(t)) => law.per_position += v * t,
+                (LawKind::TargetPaddedToken, DecoderLength::Encoder) => law.per_padded_token += v,
+                (LawKind::TargetPaddedToken, DecoderLength::Tokens(t)) => {
+                    law.per_sequence += v * (t / PADDED_POSITIONS).ceil() * PADDED_POSITIONS
+                }
+                (
+                    LawKind::TokenPaddedPosition
+                    | LawKind::TargetTokenTargetPaddedPosition
+                    | LawKind::TargetTokenPaddedPosition,
+                    DecoderLength::Encoder,
+                ) => law.per_token_padded_position += v,
+                (LawKind::TokenPaddedPosition, DecoderLength::Tokens(_)) => law.per_token_padded_position += v,
+                (LawKind::TargetTokenTargetPaddedPosition, DecoderLength::Tokens(t)) => {
+                    law.per_sequence += v * t * (t / PADDED_COLUMNS).ceil() * PADDED_COLUMNS
+                }
+                (LawKind::TargetTokenPaddedPosition, DecoderLength::Tokens(t)) => {
+                    law.per_sequence_padded_position += v * t
+                }
             }
         }
         law
@@ -152,6 +184,13 @@ mod tests {
             ("tpos", t, s),
             ("tpos_t", t * t, s * s),
             ("tpos_s", t * s, s * s),
+            // The memory-efficient kernel's log-sum-exp over the decoder's queries: 24 and 56
+            // positions padded to 32 and 64.
+            ("ttok32", b * 32.0, b * 64.0),
+            // The memory-efficient kernel's bias gradient, its last dimension padded to 16:
+            // 24 positions to 32, 56 to 64.
+            ("ttok_t16", b * t * 32.0, b * s * 64.0),
+            ("ttok_s16", b * t * 64.0, b * s * 64.0),
         ] {
             let law = parsed(kind);
             assert!(law.in_target(), "{kind}");
@@ -160,5 +199,11 @@ mod tests {
             assert_eq!(law.resolve(&one, DecoderLength::Encoder).bytes(b, s), (4.0 * as_encoder) as u64, "{kind}");
         }
         assert!(!parsed("tok").in_target());
+        // The encoder's own pairs so padded, whatever the decoder.
+        let law = parsed("tok_s16");
+        assert!(!law.in_target());
+        for decoder in [DecoderLength::Tokens(t), DecoderLength::Encoder] {
+            assert_eq!(law.resolve(&|_| 1.0, decoder).bytes(b, s), (4.0 * b * s * 64.0) as u64);
+        }
     }
 }

@@ -21,7 +21,8 @@
 //! `scripts/validate/template_file.py keys data/programs/hf-lora*.tpl`): each family at bf16
 //! and fp32, both targets, without and with full checkpointing, with the attention a GPU runs
 //! for it (SDPA, its math path for fp32 with grouped key-value heads, or eager where
-//! transformers has nothing else) and, for most families, with eager attention asked; a fused query-key-value layer
+//! transformers has nothing else; T5's SDPA, on the memory-efficient kernel, in
+//! `hf-t5-sdpa.tpl`) and, for most families, with eager attention asked; a fused query-key-value layer
 //! is one adapter, as [`LoraTargets::adapted`] counts it (peft's default target for GPT-2,
 //! GPT-NeoX and BLOOM, the one named for Phi-3, which peft has no default for; the MoE families'
 //! `q_proj` and `v_proj` named too). peft wraps BERT's masked-LM head's transform too, and T5's
@@ -34,7 +35,8 @@
 //! backward. What is not recorded (docs/VALIDATION.md says which) falls to the next builder.
 //!
 //! QLoRA (`--qlora all`, keyed `.../bf16/sdpa/ckpt/qlora-all` in `data/programs/hf-qlora.tpl`,
-//! `.../bf16/eager/ckpt/qlora-all` for BLOOM, Gemma-2 and T5, recorded eager alone, and for eager
+//! `.../bf16/eager/ckpt/qlora-all` for BLOOM and Gemma-2, recorded eager alone, and T5, whose
+//! SDPA steps are in `hf-t5-sdpa.tpl`, and for eager
 //! attention asked of the thirteen families recorded with SDPA in `hf-qlora-eager.tpl`, and
 //! `.../full/qlora-all` without checkpointing; its SDPA runs in fp32, so families with grouped
 //! key-value heads are recorded over grouped heads on SDPA's math path, `.../bf16/sdpa-math/...`,
@@ -53,7 +55,7 @@
 //! targets `lora-qv` has), checkpointing on (`prepare_model_for_kbit_training`'s default) or off
 //! (`use_gradient_checkpointing=False`, or TRL's `gradient_checkpointing=False`). `qlora-all`
 //! recorded for every decoder family (eager for BLOOM and Gemma-2), BERT
-//! as a masked LM (peft's plain `PeftModel`) and T5 v1.0 as a sequence-to-sequence LM (eager,
+//! as a masked LM (peft's plain `PeftModel`) and T5 as a sequence-to-sequence LM (SDPA and eager,
 //! `SEQ_2_SEQ_LM`, its `wo` a full fp32 layer as transformers keeps it) (docs/VALIDATION.md,
 //! "QLoRA replayed from its recorded step"), with and without checkpointing; `qlora-qv` for the
 //! same families, with and without checkpointing. Two
@@ -242,7 +244,7 @@ mod tests {
             ),
             (config(QWEN3_30B_A3B, "qwen3-30b-a3b"), "qwen3_moe/causal-lm/bf16/sdpa/full/lora-all"),
             (crate::model::preset("bert-base-uncased").expect("preset"), "bert/masked-lm/bf16/sdpa/full/lora-all"),
-            (crate::model::preset("t5-base").expect("preset"), "t5/seq2seq-lm/bf16/eager/full/lora-all"),
+            (crate::model::preset("t5-base").expect("preset"), "t5/seq2seq-lm/bf16/sdpa/full/lora-all"),
         ];
         for (model, want) in models {
             let cfg = lora(16, LoraTargets::All, Checkpointing::None);
@@ -256,12 +258,19 @@ mod tests {
         // BERT's and T5's query and value adapters (peft's default targets for them).
         for (name, want) in [
             ("bert-large-uncased", "bert/masked-lm/bf16/sdpa/full/lora-qv"),
-            ("t5-large", "t5/seq2seq-lm/bf16/eager/full/lora-qv"),
+            ("t5-large", "t5/seq2seq-lm/bf16/sdpa/full/lora-qv"),
         ] {
             let model = crate::model::preset(name).expect("preset");
             let cfg = lora(16, LoraTargets::QueryValue, Checkpointing::None);
             assert_eq!(crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(), Ok(want), "{name}");
         }
+        // T5 with eager attention asked replays its eager step, recorded beside the SDPA one.
+        let model = crate::model::preset("t5-large").expect("preset");
+        let cfg = TrainConfig { attention: Attention::Eager, ..lora(16, LoraTargets::QueryValue, Checkpointing::None) };
+        assert_eq!(
+            crate::builders::hf::key(&model, &cfg, Device::Gpu(&h200)).as_deref(),
+            Ok("t5/seq2seq-lm/bf16/eager/full/lora-qv")
+        );
     }
 
     /// Every decoder family's bf16 LoRA with and without full checkpointing, on every linear
@@ -599,26 +608,26 @@ mod tests {
         // projections' at two lengths, the decoder's own).
         let t0 = crate::model::preset("t0-3b").expect("preset");
         let jobs = [
-            (&t0, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
-            (&t0, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
-            (&t0, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-qv"),
-            (&t0, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-qv"),
-            (&t0, All, Precision::Bf16, NoCkpt, "t5/seq2seq-lm/bf16/eager/full/gated/lora-all"),
-            (&t0, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-qv"),
-            (&t0, All, Precision::Amp, NoCkpt, "t5/seq2seq-lm/amp-cuda/eager/full/gated/lora-all"),
-            (&t0, Qv, Precision::Amp, Ckpt, "t5/seq2seq-lm/amp-cuda/eager/ckpt/gated/lora-qv"),
-            (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-all"),
-            (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-all"),
-            (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-all"),
-            (&gated, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/gated/lora-all"),
-            (&gated, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/gated/lora-all"),
-            (&gated, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/gated/lora-all"),
+            (&t0, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/sdpa/full/gated/lora-all"),
+            (&t0, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/sdpa/ckpt/gated/lora-all"),
+            (&t0, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/sdpa/full/gated/lora-qv"),
+            (&t0, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/sdpa/ckpt/gated/lora-qv"),
+            (&t0, All, Precision::Bf16, NoCkpt, "t5/seq2seq-lm/bf16/sdpa/full/gated/lora-all"),
+            (&t0, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/sdpa/ckpt/gated/lora-qv"),
+            (&t0, All, Precision::Amp, NoCkpt, "t5/seq2seq-lm/amp-cuda/sdpa/full/gated/lora-all"),
+            (&t0, Qv, Precision::Amp, Ckpt, "t5/seq2seq-lm/amp-cuda/sdpa/ckpt/gated/lora-qv"),
+            (&t5, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/sdpa/full/lora-all"),
+            (&t5, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/sdpa/ckpt/lora-all"),
+            (&t5, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/sdpa/ckpt/lora-all"),
+            (&gated, All, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/sdpa/full/gated/lora-all"),
+            (&gated, All, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/sdpa/ckpt/gated/lora-all"),
+            (&gated, All, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/sdpa/ckpt/gated/lora-all"),
             (&bert, All, Precision::Fp32, NoCkpt, "bert/masked-lm/fp32/sdpa/full/lora-all"),
             (&bert, All, Precision::Fp32, Ckpt, "bert/masked-lm/fp32/sdpa/ckpt/lora-all"),
             (&bert, All, Precision::Bf16, Ckpt, "bert/masked-lm/bf16/sdpa/ckpt/lora-all"),
-            (&t5, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/eager/full/lora-qv"),
-            (&t5, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/eager/ckpt/lora-qv"),
-            (&t5, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/eager/ckpt/lora-qv"),
+            (&t5, Qv, Precision::Fp32, NoCkpt, "t5/seq2seq-lm/fp32/sdpa/full/lora-qv"),
+            (&t5, Qv, Precision::Bf16, Ckpt, "t5/seq2seq-lm/bf16/sdpa/ckpt/lora-qv"),
+            (&t5, Qv, Precision::Fp32, Ckpt, "t5/seq2seq-lm/fp32/sdpa/ckpt/lora-qv"),
             (&bert, Qv, Precision::Fp32, NoCkpt, "bert/masked-lm/fp32/sdpa/full/lora-qv"),
             (&bert, Qv, Precision::Bf16, Ckpt, "bert/masked-lm/bf16/sdpa/ckpt/lora-qv"),
             (&bert, Qv, Precision::Fp32, Ckpt, "bert/masked-lm/fp32/sdpa/ckpt/lora-qv"),
@@ -682,10 +691,10 @@ mod tests {
             // recorded eager alone, so SDPA asked of either plans eager.
             (preset("bloom-7b1"), "bloom/causal-lm/bf16/eager"),
             (config(GEMMA2_9B, "gemma-2-9b"), "gemma2/causal-lm/bf16/eager"),
-            // BERT trains as a masked LM, T5 as a sequence-to-sequence LM (eager: its steps are
-            // recorded eager alone).
+            // BERT trains as a masked LM, T5 as a sequence-to-sequence LM (its SDPA on the
+            // memory-efficient kernel, its position bias the mask).
             (preset("bert-base-uncased"), "bert/masked-lm/bf16/sdpa"),
-            (preset("t5-base"), "t5/seq2seq-lm/bf16/eager"),
+            (preset("t5-base"), "t5/seq2seq-lm/bf16/sdpa"),
             (preset("gpt2"), "gpt2/causal-lm/bf16/sdpa"),
             (
                 config(include_str!("../../../../../data/models/gemma-3-1b.json"), "gemma-3-1b"),

@@ -113,7 +113,9 @@ fn key_with_precision(
     let on = |attention: &str, cache: bool| -> Vec<String> {
         families
             .iter()
-            .flat_map(|f| [key(f, attention, cache)].into_iter().chain(no_sdpa(f).then(|| key(f, "eager", cache))))
+            .flat_map(|f| {
+                [key(f, attention, cache)].into_iter().chain(no_sdpa(f, head).then(|| key(f, "eager", cache)))
+            })
             .filter(|k| program_template::template(k).is_some())
             .collect()
     };
@@ -187,13 +189,13 @@ pub fn cache_recorded(key: &str) -> bool {
     key.split('/').any(|part| part == &CACHE[1..])
 }
 
-/// Whether `family` was recorded with eager attention alone, so SDPA asked replays the eager
-/// step: BLOOM and Gemma-2, which transformers runs eager whatever is asked, and T5, which
-/// transformers 5.24 runs with SDPA where asked (its default since transformers#47014) but
-/// whose steps were recorded eager, a plan high there by the scores and probabilities eager
-/// keeps (docs/VALIDATION.md, "T5 v1.1 with its own output layer").
-pub(crate) fn no_sdpa(family: &str) -> bool {
-    let prefix = format!("{family}/");
+/// Whether `family`'s jobs of `head` (a training head, or inference's `forward` or `generate`)
+/// were recorded with eager attention alone, so SDPA asked replays the eager step: BLOOM and
+/// Gemma-2, which transformers runs eager whatever is asked. (T5, which transformers 5.24 runs
+/// with SDPA where asked, its default since transformers#47014, is recorded both ways:
+/// docs/VALIDATION.md, "T5 with SDPA".)
+pub(crate) fn no_sdpa(family: &str, head: &str) -> bool {
+    let prefix = format!("{family}/{head}/");
     !program_template::keys().any(|k| k.starts_with(&prefix) && k.contains("/sdpa"))
 }
 
